@@ -1,0 +1,203 @@
+"""Reading a bar file and finding its columns.
+
+* :func:`read_table` reads a CSV (optionally compressed) or Parquet file into a DataFrame.
+* :func:`find_columns` matches ``open/high/low/close`` (required) and ``volume`` (optional)
+  case-insensitively, ignoring every other column, and finds the timestamps: the column named by
+  ``data.timestamp_column``, else the one column called timestamp/datetime/date/time/gmt time/...
+  (any case), else a datetime index (Parquet).
+* :func:`parse_timestamps` turns the timestamp values into a :class:`pandas.DatetimeIndex`.
+
+Every failure raises :class:`~foxdqn.errors.DataError` naming the file (``source``), the column
+and/or the first bad row.
+"""
+import importlib.util
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Optional, Union
+
+import numpy as np
+import pandas as pd
+
+from foxdqn.data.rows import describe_row
+from foxdqn.errors import DataError
+
+PRICE_COLUMNS = ("open", "high", "low", "close")
+VOLUME_COLUMN = "volume"
+#: Timestamp column names recognised by auto-detection (compared case-insensitively).
+TIMESTAMP_NAMES = (
+    "timestamp", "datetime", "date_time", "date", "time", "gmt time", "local time",
+    "open_time", "open time",
+)
+CSV_SUFFIXES = (".csv", ".csv.gz", ".csv.bz2", ".csv.zip", ".csv.xz", ".csv.zst")
+PARQUET_SUFFIXES = (".parquet", ".pq")
+
+
+def read_table(path: Union[str, Path]) -> pd.DataFrame:
+    """Read a CSV or Parquet file of bars, all columns as stored (no conversion).
+
+    Raises:
+        DataError: the file does not exist, has an unsupported suffix, cannot be parsed, has no data
+            rows, or is Parquet and pyarrow is not installed (``pip install pyarrow``).
+    """
+    path = Path(path).expanduser()
+    if not path.is_file():
+        raise DataError(f"{path}: data file not found (data.path must name an existing CSV or Parquet file)")
+    name = path.name.lower()
+    if name.endswith(PARQUET_SUFFIXES):
+        if importlib.util.find_spec("pyarrow") is None:
+            raise DataError(f"{path}: reading Parquet files needs pyarrow: pip install pyarrow")
+        kind, reader = "Parquet", pd.read_parquet
+    elif name.endswith(CSV_SUFFIXES):
+        kind, reader = "CSV", _read_csv
+    else:
+        raise DataError(
+            f"{path}: unsupported file type; allowed: {', '.join(CSV_SUFFIXES + PARQUET_SUFFIXES)}"
+        )
+    try:
+        frame = reader(path)
+    except Exception as exc:  # pandas/pyarrow raise many types; all mean "cannot parse"
+        detail = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise DataError(f"{path}: cannot parse the file as {kind}: {detail}") from None
+    if len(frame) == 0:
+        raise DataError(f"{path}: the file has no data rows")
+    return frame
+
+
+def _read_csv(path: Path) -> pd.DataFrame:
+    # index_col=False: a row with more fields than the header is an error, not a silent index.
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", pd.errors.ParserWarning)
+        return pd.read_csv(path, index_col=False)
+
+
+@dataclass
+class Columns:
+    """Where the data lives in a frame: raw timestamp values and the matched OHLC(V) columns."""
+
+    timestamp_name: str              # column (or index) name as spelled in the file
+    timestamp_values: pd.Series      # raw values, one per row, in file order
+    prices: dict[str, pd.Series]     # "open"/"high"/"low"/"close" -> raw column
+    volume: Optional[pd.Series]      # raw volume column or None
+
+
+def find_columns(frame: pd.DataFrame, source: str, timestamp_column: Optional[str] = None) -> Columns:
+    """Match the OHLC(V) and timestamp columns of ``frame`` (names compared case-insensitively).
+
+    Raises:
+        DataError: a required column is missing (the message lists the columns found), two columns
+            match the same name, the named timestamp column is absent, or no timestamp column /
+            datetime index can be found (or several candidates are found).
+    """
+    by_name: dict[str, list[str]] = {}
+    for column in frame.columns:
+        by_name.setdefault(str(column).strip().lower(), []).append(column)
+    found = ", ".join(str(c).replace("\n", "\\n").replace("\r", "\\r") for c in frame.columns) or "(none)"
+
+    def pick(key: str) -> Optional[str]:
+        matches = by_name.get(key, [])
+        if len(matches) > 1:
+            raise DataError(
+                f"{source}: columns {', '.join(map(str, matches))} all match {key!r} "
+                "(names are matched case-insensitively); keep only one"
+            )
+        return matches[0] if matches else None
+
+    missing = [key for key in PRICE_COLUMNS if pick(key) is None]
+    if missing:
+        raise DataError(
+            f"{source}: missing required column(s) {', '.join(missing)} (matched case-insensitively); "
+            f"found columns: {found}; need open, high, low, close, optional volume and a timestamp column"
+        )
+    prices = {key: frame[pick(key)] for key in PRICE_COLUMNS}
+    volume_name = pick(VOLUME_COLUMN)
+    volume = frame[volume_name] if volume_name is not None else None
+    name, values = _find_timestamps(frame, source, timestamp_column, pick, found)
+    return Columns(name, values.reset_index(drop=True), {k: v.reset_index(drop=True) for k, v in prices.items()},
+                   None if volume is None else volume.reset_index(drop=True))
+
+
+def _find_timestamps(frame, source, timestamp_column, pick, found) -> tuple[str, pd.Series]:
+    index_name = str(frame.index.name).strip().lower() if frame.index.name is not None else None
+    if timestamp_column is not None:
+        key = timestamp_column.strip().lower()
+        column = pick(key)
+        if column is not None:
+            return str(column), frame[column]
+        if index_name == key:
+            return str(frame.index.name), frame.index.to_series()
+        raise DataError(
+            f"{source}: timestamp column {timestamp_column!r} (data.timestamp_column) not found; "
+            f"found columns: {found}"
+        )
+    candidates = [pick(key) for key in TIMESTAMP_NAMES if pick(key) is not None]
+    if len(candidates) > 1:
+        raise DataError(
+            f"{source}: several possible timestamp columns ({', '.join(map(str, candidates))}); "
+            "set data.timestamp_column to the one holding the bar times"
+        )
+    if candidates:
+        return str(candidates[0]), frame[candidates[0]]
+    if isinstance(frame.index, pd.DatetimeIndex) or index_name in TIMESTAMP_NAMES:
+        return str(frame.index.name or "index"), frame.index.to_series()
+    raise DataError(
+        f"{source}: no timestamp column found; found columns: {found}; name it one of "
+        f"{', '.join(TIMESTAMP_NAMES)} (any case), set data.timestamp_column, or store a datetime index (Parquet)"
+    )
+
+
+def parse_timestamps(values: pd.Series, source: str, column: str, fmt: Optional[str] = None) -> pd.DatetimeIndex:
+    """Parse timestamp values into a :class:`pandas.DatetimeIndex` (one entry per row).
+
+    Accepts datetimes, strings (format inferred unless ``fmt`` is given; mixed UTC offsets are
+    converted to UTC) and numbers: 8-digit integers as ``YYYYMMDD`` dates, other numbers as a Unix
+    epoch (unit s/ms/us/ns inferred from the magnitude).
+
+    Raises:
+        DataError: naming the column and the first data row (1-based) that is missing or unparsable.
+    """
+    values = pd.Series(values).reset_index(drop=True)
+    missing = values.isna() | values.astype(str).str.strip().eq("")
+    if missing.any():
+        row = int(np.flatnonzero(missing.to_numpy())[0])
+        raise DataError(f"{source}: column {column!r} has a missing timestamp at {describe_row(row)}")
+    if pd.api.types.is_datetime64_any_dtype(values):
+        return pd.DatetimeIndex(values)
+    if pd.api.types.is_numeric_dtype(values) and not pd.api.types.is_bool_dtype(values):
+        return _parse_numeric(values, source, column)
+    for utc in (False, True):
+        try:
+            return pd.DatetimeIndex(pd.to_datetime(values, format=fmt, utc=utc))
+        except (ValueError, TypeError, OverflowError):
+            if fmt is not None:
+                break
+    coerced = pd.to_datetime(values, format=fmt, errors="coerce", utc=True)
+    bad = np.flatnonzero(coerced.isna().to_numpy())
+    row = int(bad[0]) if len(bad) else 0
+    expected = f"format {fmt!r}" if fmt else "a date/time such as 2020-01-31 or 2020-01-31 13:00:00"
+    raise DataError(
+        f"{source}: column {column!r} has an unparsable timestamp {str(values.iloc[row])!r} at "
+        f"{describe_row(row)}; expected {expected}, in one consistent format"
+    )
+
+
+def _parse_numeric(values: pd.Series, source: str, column: str) -> pd.DatetimeIndex:
+    numbers = values.to_numpy(dtype=np.float64)
+    if np.all((numbers >= 1e7) & (numbers < 1e8) & (numbers == np.round(numbers))):
+        what = "YYYYMMDD dates"
+        parsed = pd.to_datetime(values.astype(np.int64).astype(str), format="%Y%m%d", errors="coerce")
+    else:
+        magnitude = float(np.median(np.abs(numbers)))
+        unit = "s" if magnitude < 1e11 else "ms" if magnitude < 1e14 else "us" if magnitude < 1e17 else "ns"
+        what = f"Unix epoch times in {unit}"
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            parsed = pd.to_datetime(values, unit=unit, errors="coerce")
+    bad = np.flatnonzero(pd.isna(parsed))
+    if len(bad):
+        row = int(bad[0])
+        raise DataError(
+            f"{source}: column {column!r} holds numbers read as {what}, but {str(values.iloc[row])!r} at "
+            f"{describe_row(row)} is not a valid one; write the timestamps as ISO dates/times"
+        )
+    return pd.DatetimeIndex(parsed)
