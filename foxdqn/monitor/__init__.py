@@ -1,0 +1,107 @@
+"""Host-side monitoring: progress display, CSV and TensorBoard metric logs.
+
+Nothing here touches device tensors: callers pass Python numbers (read from the device once per
+log interval); tensors are rejected with ``TypeError``.
+
+* :class:`MetricsLogger` - one ``log(step, metrics)`` call fans out to ``run_dir/metrics.csv``
+  (:class:`~foxdqn.monitor.csv_log.CsvLogger`) and ``run_dir/tb/``
+  (:class:`~foxdqn.monitor.tensorboard_log.TensorBoardLogger`).
+* :class:`~foxdqn.monitor.progress.TrainProgress` - progress bar / plain progress lines.
+"""
+from __future__ import annotations
+
+import numbers
+import os
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from foxdqn.monitor.csv_log import CsvLogger
+from foxdqn.monitor.progress import TrainProgress
+
+__all__ = ["MetricsLogger", "CsvLogger", "TrainProgress", "TensorBoardLogger"]
+
+STEP_COLUMN = "step"
+"""Name of the CSV column holding ``step`` (always the first column)."""
+
+
+def __getattr__(name: str) -> Any:
+    # TensorBoardLogger is exported lazily: importing it pulls in tensorboard (~1 s).
+    if name == "TensorBoardLogger":
+        from foxdqn.monitor.tensorboard_log import TensorBoardLogger
+
+        return TensorBoardLogger
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+class MetricsLogger:
+    """Log metric dicts to ``run_dir/metrics.csv`` and (optionally) TensorBoard ``run_dir/tb/``.
+
+    Args:
+        run_dir: the run's output directory (created if missing).
+        tensorboard: also write TensorBoard event files under ``run_dir/tb``.
+
+    Usage::
+
+        with MetricsLogger(run_dir) as logger:
+            logger.log(env_steps, {"train/loss": 0.12, "train/epsilon": 0.3})
+
+    Raises:
+        OSError: the directory or files cannot be created.
+    """
+
+    def __init__(self, run_dir: str | os.PathLike[str], tensorboard: bool = True) -> None:
+        self.run_dir = Path(run_dir)
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        self.csv = CsvLogger(self.run_dir / "metrics.csv")
+        self.tb: Any = None
+        if tensorboard:
+            from foxdqn.monitor.tensorboard_log import TensorBoardLogger
+
+            try:
+                self.tb = TensorBoardLogger(self.run_dir / "tb")
+            except BaseException:
+                self.csv.close()
+                raise
+
+    def log(self, step: int, metrics: Mapping[str, Any]) -> None:
+        """Write one row ``{"step": step, **metrics}`` to the CSV and each numeric value to
+        TensorBoard at ``global_step=step``.
+
+        Args:
+            step: x value of the row (e.g. environment steps), an integer.
+            metrics: name -> Python number (or string / ``None``: CSV only). Names like
+                ``"train/loss"`` group the TensorBoard plots. Must not contain ``"step"``.
+
+        Raises:
+            ValueError: ``metrics`` contains the key ``"step"``.
+            TypeError: ``step`` is not an integer, a name is not a string or a value is a tensor.
+            RuntimeError: the logger is closed.
+        """
+        if STEP_COLUMN in metrics:
+            raise ValueError(
+                f"metrics must not contain the key {STEP_COLUMN!r}: pass it as the step argument"
+            )
+        if isinstance(step, bool) or not isinstance(step, numbers.Integral):
+            raise TypeError(f"step must be an integer, got {step!r}")
+        step = int(step)
+        self.csv.log({STEP_COLUMN: step, **metrics})
+        if self.tb is not None:
+            self.tb.log(step, metrics)
+
+    def flush(self) -> None:
+        """Flush TensorBoard (the CSV is flushed on every row)."""
+        if self.tb is not None:
+            self.tb.flush()
+
+    def close(self) -> None:
+        """Close both sinks (idempotent)."""
+        self.csv.close()
+        if self.tb is not None:
+            self.tb.close()
+
+    def __enter__(self) -> MetricsLogger:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

@@ -1,0 +1,230 @@
+"""Training progress display: a ``rich`` progress bar on a terminal, plain lines otherwise.
+
+Three modes, chosen when :class:`TrainProgress` is created:
+
+* **rich** (the stream is an interactive terminal, or a Jupyter notebook): a live bar with the
+  columns description | bar | completed/total env steps | steps/s | elapsed | remaining | text
+  field (the ``fields`` of the last :meth:`TrainProgress.update`, e.g.
+  ``epsilon=0.1 loss=0.0123 return=1.5``);
+* **plain** (the stream is not a terminal: CI logs, ``nohup``, redirected output): one line
+  per :meth:`~TrainProgress.update` call, but at most one every ``plain_interval_s`` seconds
+  (default 30 s). The first update is always printed, and so is the final state: the update
+  that reaches ``total`` and, on close, the last update if it was throttled. A line looks like::
+
+      [train] 120,000/1,000,000 env steps (12.0%) | 41,237 steps/s | 0:00:03 | loss=0.0123
+
+  steps/s there is the rate since the previous printed line;
+* **disabled** (``enabled=False``): every method is a no-op (tests, quiet runs).
+
+Host side only: ``update`` receives a Python ``int`` and a dict of Python floats; it never
+touches device tensors (the caller reads them at its log interval).
+"""
+from __future__ import annotations
+
+import math
+import numbers
+import sys
+import time
+from collections.abc import Mapping
+from typing import Any, TextIO
+
+from rich.console import Console
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    ProgressColumn,
+    TextColumn,
+    TimeElapsedColumn,
+    TimeRemainingColumn,
+)
+from rich.text import Text
+
+__all__ = ["TrainProgress", "format_fields"]
+
+
+def _fmt_value(v: Any) -> str:
+    if isinstance(v, bool):
+        return str(v)
+    if isinstance(v, numbers.Integral):
+        return str(int(v))
+    if isinstance(v, numbers.Real):
+        f = float(v)
+        return f"{f:.4g}" if math.isfinite(f) else str(f)
+    return str(v)
+
+
+def format_fields(fields: Mapping[str, Any]) -> str:
+    """``{"epsilon": 0.1, "loss": 0.01234567}`` -> ``"epsilon=0.1 loss=0.01235"`` (4 significant
+    digits for floats, in the order given)."""
+    return " ".join(f"{k}={_fmt_value(v)}" for k, v in fields.items())
+
+
+def _fmt_duration(seconds: float) -> str:
+    s = int(max(seconds, 0.0))
+    return f"{s // 3600}:{s % 3600 // 60:02d}:{s % 60:02d}"
+
+
+class TrainProgress:
+    """Progress of a training run measured in environment steps (context manager).
+
+    Args:
+        total: total environment steps of the run (> 0).
+        enabled: ``False`` makes every method a no-op.
+        description: label shown before the bar / at the start of plain lines.
+        plain_interval_s: minimum seconds between two plain lines (plain mode only, >= 0).
+        file: output stream; default ``sys.stderr`` (stdout stays free for results).
+        force_terminal: ``True``/``False`` overrides the terminal detection of ``file``
+            (``None``: detect, as ``rich.console.Console`` does).
+
+    Usage::
+
+        with TrainProgress(total=1_000_000) as progress:
+            ...
+            progress.update(env_steps, {"epsilon": eps, "loss": loss, "return": mean_ret})
+
+    Raises:
+        ValueError: ``total`` is not a positive integer or ``plain_interval_s`` is negative.
+    """
+
+    def __init__(
+        self,
+        total: int,
+        *,
+        enabled: bool = True,
+        description: str = "train",
+        plain_interval_s: float = 30.0,
+        file: TextIO | None = None,
+        force_terminal: bool | None = None,
+    ) -> None:
+        if isinstance(total, bool) or not isinstance(total, numbers.Integral) or total <= 0:
+            raise ValueError(f"total must be a positive integer (env steps), got {total!r}")
+        if not (plain_interval_s >= 0.0):
+            raise ValueError(f"plain_interval_s must be >= 0 seconds, got {plain_interval_s!r}")
+        self.total = int(total)
+        self.enabled = bool(enabled)
+        self.description = description
+        self.plain_interval_s = float(plain_interval_s)
+        self._file: TextIO = file if file is not None else sys.stderr
+        self._started = False
+        self._progress: Any = None
+        self._task: Any = None
+        # plain-mode state
+        self._t0 = 0.0
+        self._last_print_t = 0.0
+        self._last_print_steps = 0
+        self._printed_any = False
+        self._pending: tuple[int, dict[str, Any]] | None = None  # last throttled update
+
+        self.mode = "disabled"
+        if self.enabled:
+            console = Console(file=self._file, force_terminal=force_terminal)
+            self._console = console
+            self.mode = "rich" if (console.is_terminal or console.is_jupyter) else "plain"
+
+    # ------------------------------------------------------------------ lifecycle
+    def start(self) -> TrainProgress:
+        """Start the display (called by ``__enter__``); idempotent."""
+        if self._started or self.mode == "disabled":
+            self._started = True
+            return self
+        self._started = True
+        self._t0 = time.monotonic()
+        self._last_print_t = self._t0
+        if self.mode == "rich":
+            self._progress = Progress(
+                TextColumn("[bold]{task.description}"),
+                BarColumn(bar_width=30),
+                MofNCompleteColumn(),
+                TextColumn("env steps"),
+                _StepsPerSecondColumn(),
+                TimeElapsedColumn(),
+                TimeRemainingColumn(),
+                TextColumn("{task.fields[info]}"),
+                console=self._console,
+            )
+            self._progress.start()
+            self._task = self._progress.add_task(self.description, total=self.total, info="")
+        return self
+
+    def close(self) -> None:
+        """Stop the display; in plain mode print the last update if it was throttled.
+        Idempotent."""
+        if not self._started:
+            return
+        self._started = False
+        if self.mode == "rich" and self._progress is not None:
+            self._progress.stop()
+            self._progress = None
+        elif self.mode == "plain" and self._pending is not None:
+            steps, fields = self._pending
+            self._print_line(steps, fields, time.monotonic())
+
+    def __enter__(self) -> TrainProgress:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # ------------------------------------------------------------------ updates
+    def update(self, env_steps: int, fields: Mapping[str, Any] | None = None) -> None:
+        """Report progress.
+
+        Args:
+            env_steps: environment steps completed so far (absolute, not an increment).
+            fields: values for the text field, e.g. ``{"epsilon": 0.1, "loss": 0.012,
+                "return": 1.5}`` (Python numbers; shown with 4 significant digits).
+
+        Raises:
+            RuntimeError: the progress is enabled but not started (use it as a context manager
+                or call :meth:`start`).
+        """
+        if self.mode == "disabled":
+            return
+        if not self._started:
+            raise RuntimeError(
+                "TrainProgress is not started: use `with TrainProgress(...)` or call .start()"
+            )
+        fields = dict(fields or {})
+        steps = int(env_steps)
+        if self.mode == "rich":
+            self._progress.update(self._task, completed=steps, info=format_fields(fields))
+            return
+        now = time.monotonic()
+        due = (
+            not self._printed_any
+            or steps >= self.total
+            or now - self._last_print_t >= self.plain_interval_s
+        )
+        if due:
+            self._print_line(steps, fields, now)
+        else:
+            self._pending = (steps, fields)
+
+    def _print_line(self, steps: int, fields: dict[str, Any], now: float) -> None:
+        dt = now - self._last_print_t
+        rate = (steps - self._last_print_steps) / dt if dt > 0 else 0.0
+        pct = 100.0 * steps / self.total
+        parts = [
+            f"[{self.description}] {steps:,}/{self.total:,} env steps ({pct:.1f}%)",
+            f"{rate:,.0f} steps/s",
+            _fmt_duration(now - self._t0),
+        ]
+        text = format_fields(fields)
+        if text:
+            parts.append(text)
+        print(" | ".join(parts), file=self._file, flush=True)
+        self._printed_any = True
+        self._last_print_t = now
+        self._last_print_steps = steps
+        self._pending = None
+
+
+class _StepsPerSecondColumn(ProgressColumn):
+    """Renders the task's recent speed (rich's moving estimate) as ``12,345 steps/s``."""
+
+    def render(self, task: Any) -> Text:
+        speed = task.finished_speed or task.speed
+        if speed is None:
+            return Text("? steps/s", style="progress.data.speed")
+        return Text(f"{speed:,.0f} steps/s", style="progress.data.speed")

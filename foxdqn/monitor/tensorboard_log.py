@@ -1,0 +1,84 @@
+"""Scalar logging to TensorBoard through :class:`torch.utils.tensorboard.SummaryWriter`.
+
+Host side only: values must be Python (or NumPy) numbers; tensors are rejected with
+``TypeError`` so that logging never forces a device synchronisation. Keys are TensorBoard tags;
+use ``"<group>/<name>"`` (e.g. ``"train/loss"``, ``"eval/sharpe"``) so TensorBoard groups them.
+"""
+from __future__ import annotations
+
+import numbers
+import os
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+__all__ = ["TensorBoardLogger"]
+
+
+class TensorBoardLogger:
+    """Write scalars to a TensorBoard event file in ``logdir``.
+
+    Args:
+        logdir: directory for the ``events.out.tfevents.*`` file (created if missing).
+        flush_secs: the writer flushes pending events at least this often (seconds).
+
+    Raises:
+        OSError: ``logdir`` cannot be created.
+    """
+
+    def __init__(self, logdir: str | os.PathLike[str], flush_secs: int = 30) -> None:
+        # Imported lazily: importing tensorboard costs ~1 s and is not needed elsewhere.
+        from torch.utils.tensorboard import SummaryWriter
+
+        self.logdir = Path(logdir)
+        self.logdir.mkdir(parents=True, exist_ok=True)
+        self._writer: Any = SummaryWriter(log_dir=str(self.logdir), flush_secs=flush_secs)
+
+    def log(self, step: int, metrics: Mapping[str, Any]) -> None:
+        """Add one scalar per numeric entry of ``metrics`` at ``global_step=step``.
+
+        Args:
+            step: the x value (e.g. environment steps), a non-negative integer.
+            metrics: tag -> number (int, float, bool or NumPy scalar; NaN/inf are logged as is).
+                ``None`` and string values are skipped (they have no scalar plot).
+
+        Raises:
+            RuntimeError: the logger is closed.
+            TypeError: ``step`` is not an integer, a tag is not a string or a value is a tensor
+                or another non-scalar object.
+        """
+        if self._writer is None:
+            raise RuntimeError(f"TensorBoardLogger({self.logdir}) is closed")
+        if isinstance(step, bool) or not isinstance(step, numbers.Integral):
+            raise TypeError(f"step must be an integer, got {step!r}")
+        for tag, value in metrics.items():
+            if not isinstance(tag, str):
+                raise TypeError(f"TensorBoard tags must be str, got {tag!r}")
+            if value is None or isinstance(value, str):
+                continue
+            if type(value).__module__.split(".")[0] == "torch":
+                raise TypeError(
+                    f"{tag}: got a {type(value).__name__}; log host values, never tensors"
+                )
+            try:
+                v = float(value)
+            except (TypeError, ValueError):
+                raise TypeError(f"{tag}: value {value!r} is not a number") from None
+            self._writer.add_scalar(tag, v, global_step=int(step))
+
+    def flush(self) -> None:
+        """Write pending events to disk now."""
+        if self._writer is not None:
+            self._writer.flush()
+
+    def close(self) -> None:
+        """Flush and close the event file (idempotent)."""
+        if self._writer is not None:
+            self._writer.close()
+            self._writer = None
+
+    def __enter__(self) -> TensorBoardLogger:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
