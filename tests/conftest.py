@@ -1,14 +1,16 @@
 """Test configuration.
 
-TRITON_INTERPRET=1 must be set before any Triton kernel module is imported (it is read at
-``@triton.jit`` time) so that kernels run on CPU tensors in the interpreter.
+Without CUDA, TRITON_INTERPRET=1 is set before any Triton kernel module is imported (it is read
+at ``@triton.jit`` time) so that kernels run on CPU tensors in Triton's interpreter. With CUDA the
+kernels compile for the GPU; tests marked ``gpu`` run only there.
 """
 import os
 
-os.environ.setdefault("TRITON_INTERPRET", "1")
+import pytest
+import torch
 
-import pytest  # noqa: E402
-import torch  # noqa: E402
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
 
 
 def pytest_collection_modifyitems(config, items):

@@ -1,0 +1,258 @@
+"""C51 categorical projection of the distributional Bellman target.
+
+Source: Bellemare, Dabney & Munos (2017), "A Distributional Perspective on Reinforcement
+Learning", Algorithm 1 (categorical algorithm), lines "Tz_j <- [r + gamma z_j]_{V_min}^{V_max}",
+"b_j <- (Tz_j - V_min)/dz", "l <- floor(b_j), u <- ceil(b_j)", "m_l += p_j (u - b_j)",
+"m_u += p_j (b_j - l)".
+
+Kernel approach (deterministic, no atomics). Algorithm 1 scatters each source atom j onto its
+two neighbours l = floor(b_j) and u = ceil(b_j). The same projection is written as a gather:
+
+    m_i = sum_j p_j * max(0, 1 - |b_j - i|)          ("hat" weight of atom i seen from b_j)
+
+For l < u the hat gives atom l the weight 1 - (b_j - l) = u - b_j and atom u the weight
+b_j - l, exactly Algorithm 1; every other atom gets 0. When b_j lands exactly on an atom
+(l == u) the hat gives that atom weight 1 and its neighbours 0: the whole p_j goes to that atom
+(the usual fix of Algorithm 1, where both terms would be 0 and the mass would be lost). Each
+program owns a block of rows and evaluates the K x K hat matrix in register tiles of
+[BLOCK_B, BLOCK_I, BLOCK_J] (output atoms i x source atoms j), looping over j (and over i when
+K > BLOCK_I), so each output atom is a fixed-order sum in registers: bitwise reproducible.
+
+Edge-case rules (kernel and reference agree):
+
+* b_j is clamped to [0, K - 1] after the division by dz, so a rounding error in
+  (v_max - v_min) / dz can never index atom K.
+* Mass is conserved: every output row sums to its input row sum (up to f32 rounding), also
+  for rows that do not sum to 1.
+* NaN/Inf: an output row is all-NaN when any p_j of that row is NaN or +-Inf, or any
+  unclipped Tz_j = r + d * z_j is NaN (r or d NaN, d = +-Inf with z_j = 0, Inf - Inf).
+  r = +-Inf alone is clipped like any other value (all mass at v_max / v_min).
+* discounts may be any finite value (0 for terminal transitions: all mass on the atom(s)
+  around clip(r)); negative values are projected the same way.
+"""
+from __future__ import annotations
+
+import math
+import os
+
+import torch
+import triton
+import triton.language as tl
+from torch.library import triton_op, wrap_triton
+
+from foxdqn.errors import ConfigError
+
+# Decided when @triton.jit runs (module import): kernels then run on CPU tensors.
+_INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"
+
+# Register-tile budget (elements of the [BLOCK_B, BLOCK_I, BLOCK_J] hat tile) per program.
+_CUDA_TILE = 2048  # default 4 warps -> 16 f32 per thread per live tile
+_INTERP_TILE = 1 << 18  # the interpreter runs one numpy op per tile: big tiles are cheaper
+
+
+# ----------------------------------------------------------------------------- kernel
+@triton.jit
+def _c51_project_kernel(
+    p_ptr,  # (B, K) f32, row stride stride_pb, unit atom stride
+    r_ptr,  # (B,) f32
+    d_ptr,  # (B,) f32
+    out_ptr,  # (B, K) f32, row stride stride_ob, unit atom stride
+    B,
+    K,
+    stride_pb,
+    stride_ob,
+    v_min,  # f32 run constant
+    v_max,  # f32 run constant
+    dz,  # f32 (v_max - v_min) / (K - 1)
+    k_last,  # f32 K - 1
+    BLOCK_B: tl.constexpr,
+    BLOCK_I: tl.constexpr,
+    BLOCK_J: tl.constexpr,
+):
+    pid = tl.program_id(0)
+    rows = pid * BLOCK_B + tl.arange(0, BLOCK_B)  # (BB,)
+    row_ok = rows < B
+    rows64 = rows.to(tl.int64)
+    r = tl.load(r_ptr + rows64, mask=row_ok, other=0.0)  # (BB,)
+    d = tl.load(d_ptr + rows64, mask=row_ok, other=0.0)  # (BB,)
+
+    for i0 in range(0, K, BLOCK_I):
+        ii = i0 + tl.arange(0, BLOCK_I)  # (BI,) output atoms
+        i_f = ii.to(tl.float32)
+        acc = tl.zeros((BLOCK_B, BLOCK_I), dtype=tl.float32)
+        n_bad = tl.zeros((BLOCK_B,), dtype=tl.int32)
+        for j0 in range(0, K, BLOCK_J):
+            jj = j0 + tl.arange(0, BLOCK_J)  # (BJ,) source atoms
+            ok = row_ok[:, None] & (jj < K)[None, :]  # (BB, BJ)
+            p = tl.load(p_ptr + rows64[:, None] * stride_pb + jj[None, :], mask=ok, other=0.0)
+            z = v_min + jj.to(tl.float32) * dz  # (BJ,) support z_j
+            tz = r[:, None] + d[:, None] * z[None, :]  # (BB, BJ) Tz_j before clipping
+            bad = (tz != tz) | (p != p) | (tl.abs(p) == float("inf"))
+            n_bad += tl.sum(tl.where(ok & bad, 1, 0), axis=1)
+            tz = tl.minimum(tl.maximum(tz, v_min), v_max)  # clip to [v_min, v_max]
+            b = (tz - v_min) / dz  # fractional atom index b_j
+            b = tl.minimum(tl.maximum(b, 0.0), k_last)
+            # hat weight of output atom i for source atom j: (BB, BI, BJ)
+            w = tl.maximum(1.0 - tl.abs(b[:, None, :] - i_f[None, :, None]), 0.0)
+            contrib = tl.where(ok[:, None, :], p[:, None, :] * w, 0.0)
+            acc += tl.sum(contrib, axis=2)
+        res = tl.where(n_bad[:, None] > 0, float("nan"), acc)
+        out_ok = row_ok[:, None] & (ii < K)[None, :]
+        tl.store(out_ptr + rows64[:, None] * stride_ob + ii[None, :], res, mask=out_ok)
+
+
+# ----------------------------------------------------------------------------- launcher
+def _launch_config(B: int, K: int, interpret: bool) -> tuple[int, int, int]:
+    """Return (BLOCK_B, BLOCK_I, BLOCK_J) for a [B, K] projection."""
+    k_pow = triton.next_power_of_2(K)
+    if interpret:
+        block_i = min(k_pow, 256)
+        block_j = min(k_pow, 256)
+        budget = _INTERP_TILE
+    else:
+        block_i = min(k_pow, 256)
+        block_j = max(1, min(k_pow, 16, _CUDA_TILE // block_i))
+        budget = _CUDA_TILE
+    block_b = max(1, min(budget // (block_i * block_j), 64, triton.next_power_of_2(B)))
+    return block_b, block_i, block_j
+
+
+def _c51_project_launch(
+    next_probs: torch.Tensor,
+    rewards: torch.Tensor,
+    discounts: torch.Tensor,
+    v_min: float,
+    v_max: float,
+    blocks: tuple[int, int, int] | None = None,
+) -> torch.Tensor:
+    """Allocate the (B, K) output and launch the kernel (``blocks`` overrides the tiling)."""
+    if next_probs.stride(-1) != 1:
+        next_probs = next_probs.contiguous()
+    rewards = rewards.contiguous()
+    discounts = discounts.contiguous()
+    B, K = next_probs.shape
+    out = torch.empty((B, K), dtype=torch.float32, device=next_probs.device)
+    if B == 0:
+        return out
+    if blocks is None:
+        blocks = _launch_config(B, K, interpret=not next_probs.is_cuda)
+    block_b, block_i, block_j = blocks
+    dz = (v_max - v_min) / (K - 1)
+    grid = (triton.cdiv(B, block_b),)
+    wrap_triton(_c51_project_kernel)[grid](
+        next_probs, rewards, discounts, out,
+        B, K, next_probs.stride(0), out.stride(0),
+        float(v_min), float(v_max), float(dz), float(K - 1),
+        BLOCK_B=block_b, BLOCK_I=block_i, BLOCK_J=block_j,
+    )
+    return out
+
+
+@triton_op("foxdqn::c51_project", mutates_args=())
+def _c51_project_op(
+    next_probs: torch.Tensor, rewards: torch.Tensor, discounts: torch.Tensor, v_min: float, v_max: float
+) -> torch.Tensor:
+    # Registered op: composes with torch.compile (the kernel is visible to Inductor) and CUDA
+    # graph capture (output allocated here, no host sync). Also runs under TRITON_INTERPRET=1.
+    return _c51_project_launch(next_probs, rewards, discounts, v_min, v_max)
+
+
+# ----------------------------------------------------------------------------- reference
+def _check_support(num_atoms: int, v_min: float, v_max: float) -> None:
+    if num_atoms < 2:
+        raise ConfigError(f"c51_project: num_atoms (K) must be >= 2, got {num_atoms}")
+    if not (math.isfinite(v_min) and math.isfinite(v_max)):
+        raise ConfigError(f"c51_project: v_min and v_max must be finite, got v_min={v_min}, v_max={v_max}")
+    if not v_min < v_max:
+        raise ConfigError(f"c51_project: v_min must be < v_max, got v_min={v_min}, v_max={v_max}")
+
+
+def _check_inputs(next_probs: torch.Tensor, rewards: torch.Tensor, discounts: torch.Tensor) -> None:
+    if next_probs.dim() != 2:
+        raise ValueError(f"c51_project: next_probs must be [B, K], got shape {tuple(next_probs.shape)}")
+    B = next_probs.shape[0]
+    for name, t in (("rewards", rewards), ("discounts", discounts)):
+        if tuple(t.shape) != (B,):
+            raise ValueError(f"c51_project: {name} must have shape [{B}], got {tuple(t.shape)}")
+        if t.device != next_probs.device:
+            raise ValueError(f"c51_project: {name} is on {t.device}, next_probs on {next_probs.device}")
+
+
+def c51_project_reference(
+    next_probs: torch.Tensor, rewards: torch.Tensor, discounts: torch.Tensor, v_min: float, v_max: float
+) -> torch.Tensor:
+    """Plain-torch C51 projection (Bellemare et al. 2017, Algorithm 1), vectorised with scatter_add.
+
+    Same contract as :func:`c51_project`; works for any floating dtype and device. On CUDA
+    ``scatter_add_`` uses atomics, so this reference is not bitwise deterministic there.
+    """
+    _check_inputs(next_probs, rewards, discounts)
+    B, K = next_probs.shape
+    _check_support(K, v_min, v_max)
+    dz = (v_max - v_min) / (K - 1)
+    p = next_probs
+    z = torch.arange(K, device=p.device, dtype=p.dtype) * dz + v_min  # (K,) support
+    tz = rewards[:, None] + discounts[:, None] * z[None, :]  # (B, K) Tz_j before clipping
+    bad = torch.isnan(tz).any(dim=1) | ~torch.isfinite(p).all(dim=1)  # (B,) NaN rows
+    tz = tz.clamp(v_min, v_max)  # Tz_j <- [r + d z_j] clipped
+    b = ((tz - v_min) / dz).clamp(0, K - 1)  # b_j in [0, K-1]
+    b = torch.where(torch.isnan(b), torch.zeros_like(b), b)  # NaN rows: keep indices valid
+    lo = b.floor()
+    hi = b.ceil()
+    on_atom = (lo == hi).to(p.dtype)  # b_j exactly on an atom: whole p_j to l
+    m = torch.zeros_like(p)
+    m.scatter_add_(1, lo.long(), p * (hi - b) + p * on_atom)  # m_l += p_j (u - b_j)
+    m.scatter_add_(1, hi.long(), p * (b - lo))  # m_u += p_j (b_j - l)
+    return torch.where(bad[:, None], torch.full_like(m, float("nan")), m)
+
+
+# ----------------------------------------------------------------------------- public
+def c51_project(
+    next_probs: torch.Tensor,
+    rewards: torch.Tensor,
+    discounts: torch.Tensor,
+    v_min: float,
+    v_max: float,
+    backend: str = "auto",
+) -> torch.Tensor:
+    """Project the distributional Bellman target onto the fixed C51 support.
+
+    Bellemare, Dabney & Munos (2017), Algorithm 1. Support z_i = v_min + i * dz,
+    dz = (v_max - v_min) / (K - 1), i = 0..K-1. For each row:
+    Tz_j = clip(r + d * z_j, v_min, v_max), b_j = (Tz_j - v_min) / dz (clamped to [0, K-1]),
+    l = floor(b_j), u = ceil(b_j); m_l += p_j (u - b_j), m_u += p_j (b_j - l); when l == u
+    (b_j exactly on an atom) the whole p_j goes to that atom.
+
+    Args:
+        next_probs: (B, K) float32 probabilities of the next state's selected action (rows
+            normally sum to 1; any row sum is conserved). Unit stride along K.
+        rewards: (B,) float32 (n-step discounted) rewards, in return units.
+        discounts: (B,) float32 gamma^n, 0 where the episode terminated.
+        v_min, v_max: support bounds (Python floats; run constants, baked into a captured
+            graph). Need v_min < v_max, both finite.
+        backend: "auto" (Triton for CUDA tensors, reference for CPU), "triton" (on CPU needs
+            TRITON_INTERPRET=1 before import), or "torch" (reference).
+
+    Returns:
+        (B, K) float32 projected target distribution m (new tensor). A row is all-NaN when any
+        of its p_j is NaN/Inf or any unclipped Tz_j is NaN. No gradient (targets are constants).
+
+    Raises:
+        ConfigError (a ValueError): K < 2 ("num_atoms"), v_min >= v_max or non-finite bounds.
+        ValueError: wrong shapes/devices, non-float32 input for the Triton backend, unknown backend.
+        RuntimeError: backend="triton" on CPU tensors without TRITON_INTERPRET=1.
+    """
+    _check_inputs(next_probs, rewards, discounts)
+    _check_support(next_probs.shape[1], v_min, v_max)
+    if backend == "auto":
+        backend = "triton" if next_probs.is_cuda else "torch"
+    if backend == "torch":
+        return c51_project_reference(next_probs, rewards, discounts, v_min, v_max)
+    if backend != "triton":
+        raise ValueError(f"c51_project: backend must be 'auto', 'triton' or 'torch', got {backend!r}")
+    for name, t in (("next_probs", next_probs), ("rewards", rewards), ("discounts", discounts)):
+        if t.dtype != torch.float32:
+            raise ValueError(f"c51_project: {name} must be float32 for the Triton backend, got {t.dtype}")
+    if not next_probs.is_cuda and not _INTERPRET:
+        raise RuntimeError("c51_project: backend='triton' on CPU tensors needs TRITON_INTERPRET=1 set before import")
+    return torch.ops.foxdqn.c51_project(next_probs, rewards, discounts, float(v_min), float(v_max))
