@@ -1,0 +1,7 @@
+"""Triton kernels with plain-torch references (one op per file).
+
+Each ``foxdqn/ops/<op>.py`` holds the kernel(s), the launcher, ``<op>_reference`` and the public
+``<op>(..., backend="auto")`` that runs the kernel for CUDA tensors and the reference for CPU
+tensors. Import the op modules directly (``from foxdqn.ops.c51_project import c51_project``); this
+package does not import Triton eagerly.
+"""

@@ -1,0 +1,164 @@
+"""Layout of the host ring of guard records (shared by the training guard and the Q monitor).
+
+Source: ../reference/zero_sync_hot_path.md, Components A and B ("pinned host memory"), and
+the hot-loop contract rule 5 in ARCHITECTURE.md.
+
+The ring is a ``float64`` tensor ``[R, RECORD_SIZE]`` (``RECORD_SIZE == 16``) in pinned CPU
+memory when CUDA is available (Triton kernels store into it directly, eagerly and from CUDA
+graph replay) and in plain CPU memory otherwise. Step ``s`` writes slot ``s mod R`` (Python
+modulo, computed on the device from the step tensor). ``float64`` holds every step number
+below 2**53 exactly.
+
+Field indices (columns):
+
+====  ==================  ===========================================================
+col   name                written by / meaning
+====  ==================  ===========================================================
+0     STEP                guard: the step number; written FIRST (opens the record)
+1     HALT_NAN            guard: 1.0 if loss or grad norm is NaN or +/-Inf
+2     HALT_LOSS_CLIP      guard: 1.0 if loss > loss_clip
+3     HALT_GRAD_COLLAPSE  guard: 1.0 if the collapse counter exceeded the patience
+4     CLIPPED_LOSS        guard: loss, or loss_clip where loss > loss_clip (NaN stays NaN)
+5     RAW_LOSS            guard: loss as given
+6     RAW_GRAD_NORM       guard: gradient norm before clipping, as given
+7     SKIP                guard: 1.0 if this step's optimizer update was skipped
+8     COLLAPSE_COUNT      guard: consecutive collapsed steps after this step
+9     Q_MIN               q_stats: min over all B x A Q-values (NaN if any is NaN)
+10    Q_MAX               q_stats: max over all B x A Q-values (NaN if any is NaN)
+11    Q_MEAN              q_stats: mean over all B x A Q-values
+12    Q_DIVERGENCE        q_stats: 1.0 if |Q_MIN| or |Q_MAX| > threshold or any entry non-finite
+13    HALTED              guard: the device halt latch after this step (1.0 once any halt fired)
+14    Q_STEP              q_stats: the step whose Q-values fill columns 9-12; written FIRST by q_stats
+15    COMMIT              guard: equal to STEP, written LAST; the record is complete iff COMMIT == STEP
+====  ==================  ===========================================================
+
+Columns 13 and 14 were "reserved" in the first layout; they now carry the halt latch (so a
+host that missed the record where a halt fired still sees that the run is halted) and the
+freshness marker of the Q columns (so a step without ``q_stats`` is not mistaken for one with
+it). A fresh ring holds ``STEP == COMMIT == Q_STEP == -1``, NaN in the Q value columns and 0
+elsewhere: no record is complete.
+
+Write protocol (a seqlock; see ``host_ring.HostRingReader`` for the reader side):
+``q_stats`` (runs before the guard in a training step) writes Q_STEP, then columns 9-12; the
+guard writes STEP, then columns 1-8 and 13, then COMMIT. On CUDA each kernel puts a
+system-scope fence between these groups so the host observes them in this order.
+"""
+from __future__ import annotations
+
+import torch
+
+STEP = 0
+HALT_NAN = 1
+HALT_LOSS_CLIP = 2
+HALT_GRAD_COLLAPSE = 3
+CLIPPED_LOSS = 4
+RAW_LOSS = 5
+RAW_GRAD_NORM = 6
+SKIP = 7
+COLLAPSE_COUNT = 8
+Q_MIN = 9
+Q_MAX = 10
+Q_MEAN = 11
+Q_DIVERGENCE = 12
+HALTED = 13
+Q_STEP = 14
+COMMIT = 15
+
+RECORD_SIZE = 16
+RING_DTYPE = torch.float64
+
+FIELD_NAMES: dict[int, str] = {
+    STEP: "step",
+    HALT_NAN: "halt_nan",
+    HALT_LOSS_CLIP: "halt_loss_clip",
+    HALT_GRAD_COLLAPSE: "halt_grad_collapse",
+    CLIPPED_LOSS: "clipped_loss",
+    RAW_LOSS: "raw_loss",
+    RAW_GRAD_NORM: "raw_grad_norm",
+    SKIP: "skip",
+    COLLAPSE_COUNT: "collapse_count",
+    Q_MIN: "q_min",
+    Q_MAX: "q_max",
+    Q_MEAN: "q_mean",
+    Q_DIVERGENCE: "q_divergence",
+    HALTED: "halted",
+    Q_STEP: "q_step",
+    COMMIT: "commit",
+}
+
+# Columns written by each op (the reference implementations write exactly these).
+GUARD_FIELDS = (STEP, HALT_NAN, HALT_LOSS_CLIP, HALT_GRAD_COLLAPSE, CLIPPED_LOSS, RAW_LOSS,
+                RAW_GRAD_NORM, SKIP, COLLAPSE_COUNT, HALTED, COMMIT)
+QSTATS_FIELDS = (Q_STEP, Q_MIN, Q_MAX, Q_MEAN, Q_DIVERGENCE)
+
+
+def new_ring(ring_size: int = 64, pin_memory: bool | None = None) -> torch.Tensor:
+    """Allocate and initialise an empty record ring.
+
+    Args:
+        ring_size: number of records R (>= 1). It must exceed the number of steps between two
+            host polls, or records are overwritten before the host sees them.
+        pin_memory: pin the host memory (needed for kernels to store into it); default: pin
+            exactly when CUDA is available.
+
+    Returns:
+        ``float64`` CPU tensor ``[R, 16]`` with ``STEP == COMMIT == Q_STEP == -1``, NaN in
+        Q_MIN/Q_MAX/Q_MEAN and 0 elsewhere.
+
+    Raises:
+        ValueError: ``ring_size < 1``.
+    """
+    if int(ring_size) < 1:
+        raise ValueError(f"ring_size must be >= 1, got {ring_size}")
+    if pin_memory is None:
+        pin_memory = torch.cuda.is_available()
+    ring = torch.empty((int(ring_size), RECORD_SIZE), dtype=RING_DTYPE, pin_memory=bool(pin_memory))
+    reset_ring(ring)
+    return ring
+
+
+def reset_ring(ring: torch.Tensor) -> None:
+    """Mark every record of ``ring`` empty, in place (host memory; not for use during replay)."""
+    check_ring(ring)
+    ring.zero_()
+    ring[:, STEP] = -1.0
+    ring[:, COMMIT] = -1.0
+    ring[:, Q_STEP] = -1.0
+    ring[:, Q_MIN:Q_MEAN + 1] = float("nan")
+
+
+def check_ring(ring: torch.Tensor) -> None:
+    """Raise ``ValueError`` unless ``ring`` is a contiguous ``float64 [R, 16]`` tensor, R >= 1."""
+    if not isinstance(ring, torch.Tensor):
+        raise ValueError(f"ring must be a torch.Tensor, got {type(ring).__name__}")
+    if ring.dtype != RING_DTYPE or ring.dim() != 2 or ring.shape[1] != RECORD_SIZE or ring.shape[0] < 1:
+        raise ValueError(
+            f"ring must be a float64 tensor [R, {RECORD_SIZE}] with R >= 1, "
+            f"got {ring.dtype} {tuple(ring.shape)}")
+    if not ring.is_contiguous():
+        raise ValueError("ring must be contiguous")
+
+
+def write_record(ring: torch.Tensor, step: torch.Tensor, values: torch.Tensor, cols: list[int]) -> None:
+    """``ring[step mod R, cols] = values`` (the reference ops' ring write).
+
+    No sync when ``ring`` and ``step`` share a device (and then capturable in a CUDA graph);
+    when the ring is on the host and the values on CUDA, the slot is only known on the device,
+    so this makes blocking device-to-host copies (a sync; use the Triton ops on CUDA).
+    """
+    n = ring.shape[0]
+    if ring.device != values.device:
+        values = values.to(ring.device)  # blocking copies: a sync
+        step = step.to(ring.device)
+    slot = torch.remainder(step.to(torch.int64), n).reshape(1).expand(len(cols))
+    ring.index_put_((slot, _col_index(cols, ring.device)), values.to(ring.dtype))
+
+
+def _col_index(cols: list[int], device: torch.device) -> torch.Tensor:
+    """int64 tensor of ``cols`` built on ``device`` from aranges (no host-to-device copy)."""
+    runs, start = [], 0
+    for i in range(1, len(cols) + 1):
+        if i == len(cols) or cols[i] != cols[i - 1] + 1:
+            runs.append(torch.arange(cols[start], cols[i - 1] + 1, dtype=torch.int64, device=device))
+            start = i
+    return runs[0] if len(runs) == 1 else torch.cat(runs)

@@ -1,0 +1,374 @@
+"""Training guard: NaN/Inf, loss-clip and gradient-collapse halts decided on the device.
+
+Source: ../reference/zero_sync_hot_path.md, Component A ("GPU Training Guard"), extended: the
+collapse patience counter, the halt latch and the skip flag live on the device, and the result
+of every step is written as a record into the pinned host ring (layout: :mod:`foxdqn.ops.record`)
+that the host polls without waiting (:class:`foxdqn.ops.host_ring.HostRingReader`).
+
+Per step, in one kernel launch (one program, scalar code):
+
+* ``halt_nan``           = loss or grad_norm is NaN or +/-Inf
+* ``halt_loss_clip``     = loss > loss_clip                       (loss == loss_clip: no flag)
+* ``collapsed``          = step >= warmup_steps and grad_norm < collapse_threshold
+* ``collapse_count``     = collapse_count + 1 if collapsed else 0  (a normal step resets it)
+* ``halt_grad_collapse`` = collapsed and collapse_count > patience (after the update above), i.e.
+  it fires on the (patience+1)-th consecutive collapsed step after warm-up and on every further one
+* ``halted``             = halted or any halt flag                (a latch: stays 1.0)
+* ``skip``               = halted (after the update)              (1.0 also for the bad step itself)
+* ``clipped_loss``       = loss_clip if loss > loss_clip else loss (NaN and -Inf pass through)
+* accumulators ``acc`` (float32 [4]) = [loss_sum, grad_norm_sum, count, skipped_count]:
+  loss and grad_norm are added (and count incremented) for every step where BOTH are finite,
+  whether or not the update was skipped; skipped_count counts steps with skip == 1.
+* ring slot ``step mod R``: STEP, the three flags, CLIPPED_LOSS, RAW_LOSS, RAW_GRAD_NORM, SKIP,
+  COLLAPSE_COUNT, HALTED, then COMMIT = STEP last (system fence before it on CUDA).
+
+Comparisons are IEEE: a NaN loss never trips the clip, a NaN norm never counts as collapsed
+(and resets the counter), but both trip ``halt_nan``. ``+Inf`` loss trips ``halt_nan`` and
+``halt_loss_clip`` together.
+
+The skip flag is the ``found_inf`` of torch's fused Adam/AdamW: a float32 0-d tensor on the
+parameters' device; the fused kernels skip the update (and the step counter is restored) iff
+``*found_inf == 1.0``. Attach it once, before capture: ``optimizer.found_inf = guard.skip``
+(torch/optim/adam.py reads ``getattr(self, "found_inf", None)`` in ``step``).
+"""
+from __future__ import annotations
+
+import os
+
+import torch
+import triton
+import triton.language as tl
+
+from foxdqn.errors import ConfigError
+from foxdqn.ops import record as R
+from foxdqn.ops.host_ring import HostRingReader
+
+
+# ---------------------------------------------------------------------------------------------
+# Triton kernel
+# ---------------------------------------------------------------------------------------------
+@triton.jit
+def _sys_fence(x):
+    # System-scope release fence (orders the preceding stores to pinned host memory before
+    # the following ones as seen by the host). NVIDIA only; the interpreter never reaches it.
+    return tl.inline_asm_elementwise("fence.acq_rel.sys;\n\tmov.b32 $0, $1;", "=r,r", [x],
+                                     dtype=tl.int32, is_pure=False, pack=1)
+
+
+@triton.jit
+def _training_guard_kernel(
+    loss_ptr, norm_ptr, step_ptr, clip_ptr, thr_ptr, warmup_ptr, patience_ptr,  # inputs (0-d)
+    count_ptr, acc_ptr, skip_ptr, halted_ptr, ring_ptr,                          # state / outputs
+    ring_size,
+    RECORD: tl.constexpr, SYS_FENCE: tl.constexpr,
+):
+    loss = tl.load(loss_ptr).to(tl.float32)
+    norm = tl.load(norm_ptr).to(tl.float32)
+    step = tl.load(step_ptr).to(tl.int64)
+    clip = tl.load(clip_ptr).to(tl.float32)
+    thr = tl.load(thr_ptr).to(tl.float32)
+    warmup = tl.load(warmup_ptr).to(tl.int64)
+    patience = tl.load(patience_ptr).to(tl.int64)
+    count_old = tl.load(count_ptr).to(tl.int64)
+    halted_old = tl.load(halted_ptr)
+
+    INF = float("inf")
+    loss_bad = (loss != loss) | (tl.abs(loss) == INF)
+    norm_bad = (norm != norm) | (tl.abs(norm) == INF)
+    halt_nan = loss_bad | norm_bad
+    halt_clip = loss > clip
+    collapsed = (step >= warmup) & (norm < thr)
+    count_new = tl.where(collapsed, count_old + 1, 0)
+    halt_collapse = collapsed & (count_new > patience)
+    halted = (halted_old != 0.0) | halt_nan | halt_clip | halt_collapse
+    skip_f = tl.where(halted, 1.0, 0.0).to(tl.float32)
+    clipped = tl.where(loss > clip, clip, loss)
+
+    # device state
+    tl.store(count_ptr, count_new.to(count_ptr.dtype.element_ty))
+    tl.store(halted_ptr, skip_f)
+    tl.store(skip_ptr, skip_f)
+    tl.store(acc_ptr + 0, tl.load(acc_ptr + 0) + tl.where(halt_nan, 0.0, loss))
+    tl.store(acc_ptr + 1, tl.load(acc_ptr + 1) + tl.where(halt_nan, 0.0, norm))
+    tl.store(acc_ptr + 2, tl.load(acc_ptr + 2) + tl.where(halt_nan, 0.0, 1.0))
+    tl.store(acc_ptr + 3, tl.load(acc_ptr + 3) + skip_f)
+
+    # host record: STEP first, fields, COMMIT last
+    slot = step % ring_size
+    slot = tl.where(slot < 0, slot + ring_size, slot)
+    base = ring_ptr + slot * RECORD
+    step_f = step.to(tl.float64)
+    tl.store(base + 0, step_f)
+    if SYS_FENCE:
+        _sys_fence(count_new.to(tl.int32))
+    tl.store(base + 1, tl.where(halt_nan, 1.0, 0.0).to(tl.float64))
+    tl.store(base + 2, tl.where(halt_clip, 1.0, 0.0).to(tl.float64))
+    tl.store(base + 3, tl.where(halt_collapse, 1.0, 0.0).to(tl.float64))
+    tl.store(base + 4, clipped.to(tl.float64))
+    tl.store(base + 5, loss.to(tl.float64))
+    tl.store(base + 6, norm.to(tl.float64))
+    tl.store(base + 7, skip_f.to(tl.float64))
+    tl.store(base + 8, count_new.to(tl.float64))
+    tl.store(base + 13, skip_f.to(tl.float64))
+    if SYS_FENCE:
+        _sys_fence(count_new.to(tl.int32))
+    tl.store(base + 15, step_f)
+
+
+# ---------------------------------------------------------------------------------------------
+# Launcher (registered with torch.library so it composes with torch.compile / graph capture)
+# ---------------------------------------------------------------------------------------------
+def _use_sys_fence(t: torch.Tensor) -> bool:
+    # The fence is NVIDIA PTX: not on ROCm, not under the interpreter (TRITON_INTERPRET=1 at import).
+    interpreted = type(_training_guard_kernel).__name__ == "InterpretedFunction"
+    return t.is_cuda and torch.version.hip is None and not interpreted
+
+
+@torch.library.triton_op(
+    "foxdqn::training_guard",
+    mutates_args={"collapse_count", "acc", "skip", "halted", "ring"},
+)
+def _training_guard_op(
+    loss: torch.Tensor, grad_norm: torch.Tensor, step: torch.Tensor, loss_clip: torch.Tensor,
+    collapse_threshold: torch.Tensor, warmup_steps: torch.Tensor, patience: torch.Tensor,
+    collapse_count: torch.Tensor, acc: torch.Tensor, skip: torch.Tensor, halted: torch.Tensor,
+    ring: torch.Tensor,
+) -> None:
+    # One program, one warp: the guard is scalar code. Outputs are caller-owned buffers.
+    torch.library.wrap_triton(_training_guard_kernel)[(1,)](
+        loss, grad_norm, step, loss_clip, collapse_threshold, warmup_steps, patience,
+        collapse_count, acc, skip, halted, ring,
+        ring.shape[0],
+        RECORD=R.RECORD_SIZE, SYS_FENCE=_use_sys_fence(loss),
+        num_warps=1,
+    )
+
+
+# ---------------------------------------------------------------------------------------------
+# Reference (plain torch; the CPU path)
+# ---------------------------------------------------------------------------------------------
+_GUARD_COLS = list(R.GUARD_FIELDS)
+
+
+def training_guard_reference(
+    loss, grad_norm, step, loss_clip, collapse_threshold, warmup_steps, patience,
+    collapse_count, acc, skip, halted, ring,
+) -> None:
+    """Plain-torch reference of :func:`training_guard` (same arguments, same in-place writes).
+
+    Never synchronises when the ring lives on the same device as the inputs (CPU runs). When
+    the inputs are on CUDA and the ring in host memory, the slot index is only known on the
+    device, so the reference copies the record to the host (one blocking device-to-host copy):
+    use the Triton op on CUDA.
+    """
+    loss = loss.to(torch.float32)
+    norm = grad_norm.to(torch.float32)
+    step = step.to(torch.int64)
+    clip = loss_clip.to(torch.float32)
+    inf = float("inf")
+    loss_bad = torch.isnan(loss) | (loss.abs() == inf)
+    norm_bad = torch.isnan(norm) | (norm.abs() == inf)
+    halt_nan = loss_bad | norm_bad
+    halt_clip = loss > clip
+    collapsed = (step >= warmup_steps.to(torch.int64)) & (norm < collapse_threshold.to(torch.float32))
+    count_new = torch.where(collapsed, collapse_count.to(torch.int64) + 1, torch.zeros_like(step))
+    halt_collapse = collapsed & (count_new > patience.to(torch.int64))
+    now_halted = (halted != 0) | halt_nan | halt_clip | halt_collapse
+    skip_f = now_halted.to(torch.float32)
+    clipped = torch.where(loss > clip, clip, loss)
+
+    collapse_count.copy_(count_new)
+    halted.copy_(skip_f)
+    skip.copy_(skip_f)
+    finite = ~(loss_bad | norm_bad)
+    zero = torch.zeros_like(loss)
+    acc.add_(torch.stack([torch.where(finite, loss, zero), torch.where(finite, norm, zero),
+                          finite.to(torch.float32), skip_f]).to(acc.dtype))
+
+    f64 = torch.float64
+    values = torch.stack([  # in the order of R.GUARD_FIELDS
+        step.to(f64), halt_nan.to(f64), halt_clip.to(f64), halt_collapse.to(f64), clipped.to(f64),
+        loss.to(f64), norm.to(f64), skip_f.to(f64), count_new.to(f64), skip_f.to(f64), step.to(f64),
+    ])
+    R.write_record(ring, step, values, _GUARD_COLS)
+
+
+# ---------------------------------------------------------------------------------------------
+# Public function
+# ---------------------------------------------------------------------------------------------
+def _check_scalar(name: str, t, dtypes: tuple[torch.dtype, ...]) -> None:
+    if not isinstance(t, torch.Tensor) or t.dim() != 0 or t.dtype not in dtypes:
+        got = f"{t.dtype} {tuple(t.shape)}" if isinstance(t, torch.Tensor) else type(t).__name__
+        raise ValueError(f"{name} must be a 0-d tensor of dtype {' or '.join(map(str, dtypes))}, got {got}")
+
+
+def _check_guard_args(loss, grad_norm, step, loss_clip, collapse_threshold, warmup_steps, patience,
+                      collapse_count, acc, skip, halted, ring) -> None:
+    f32, ints = (torch.float32,), (torch.int32, torch.int64)
+    _check_scalar("loss", loss, f32)
+    _check_scalar("grad_norm", grad_norm, f32)
+    _check_scalar("step", step, (torch.int64,))
+    _check_scalar("loss_clip", loss_clip, f32)
+    _check_scalar("collapse_threshold", collapse_threshold, f32)
+    _check_scalar("warmup_steps", warmup_steps, (torch.int64,))
+    _check_scalar("patience", patience, (torch.int64,))
+    _check_scalar("collapse_count", collapse_count, ints)
+    _check_scalar("skip", skip, f32)
+    _check_scalar("halted", halted, f32)
+    if not isinstance(acc, torch.Tensor) or acc.shape != (4,) or acc.dtype != torch.float32 or not acc.is_contiguous():
+        raise ValueError(f"acc must be a contiguous float32 tensor [4], got {getattr(acc, 'dtype', acc)} "
+                         f"{tuple(getattr(acc, 'shape', ()))}")
+    R.check_ring(ring)
+    dev = loss.device
+    for name, t in (("grad_norm", grad_norm), ("step", step), ("loss_clip", loss_clip),
+                    ("collapse_threshold", collapse_threshold), ("warmup_steps", warmup_steps),
+                    ("patience", patience), ("collapse_count", collapse_count), ("acc", acc),
+                    ("skip", skip), ("halted", halted)):
+        if t.device != dev:
+            raise ValueError(f"{name} is on {t.device} but loss is on {dev}: all guard tensors but "
+                             "the ring must share one device")
+    # (skipped while capturing: is_pinned queries the driver; the check ran at warm-up)
+    if (dev.type == "cuda" and ring.device.type == "cpu"
+            and not torch.cuda.is_current_stream_capturing() and not ring.is_pinned()):
+        raise ValueError("ring must be in pinned host memory (record.new_ring) for a CUDA guard")
+
+
+def _require_triton(t: torch.Tensor) -> None:
+    if not t.is_cuda and os.environ.get("TRITON_INTERPRET") != "1":
+        raise RuntimeError("backend='triton' on CPU tensors needs TRITON_INTERPRET=1 set before "
+                           "foxdqn.ops is imported")
+
+
+def training_guard(
+    loss: torch.Tensor, grad_norm: torch.Tensor, step: torch.Tensor, loss_clip: torch.Tensor,
+    collapse_threshold: torch.Tensor, warmup_steps: torch.Tensor, patience: torch.Tensor,
+    collapse_count: torch.Tensor, acc: torch.Tensor, skip: torch.Tensor, halted: torch.Tensor,
+    ring: torch.Tensor, backend: str = "auto",
+) -> None:
+    """Check one training step on the device and record it in the host ring (one launch).
+
+    Source: zero_sync_hot_path.md Component A (extended with patience, latch and skip flag).
+    The rules are in the module docstring.
+
+    Args (all tensors on one device, except ``ring``):
+        loss: float32 0-d, the training loss of this update.
+        grad_norm: float32 0-d, the global gradient norm BEFORE clipping.
+        step: int64 0-d, the update number (selects ring slot ``step mod R``).
+        loss_clip: float32 0-d, loss above this halts (default in TrainingGuard: 1e6).
+        collapse_threshold: float32 0-d, e.g. learning rate x multiplier; 0 disables.
+        warmup_steps: int64 0-d, no collapse check while ``step < warmup_steps``.
+        patience: int64 0-d (>= 0), collapse halts after more than this many consecutive
+            collapsed steps.
+        collapse_count: int32/int64 0-d, mutated: consecutive collapsed steps.
+        acc: float32 [4], mutated: += [loss, grad_norm, 1, 0] for steps with both finite,
+            and acc[3] += skip.
+        skip: float32 0-d, written: 1.0 = skip this update (use as fused Adam ``found_inf``).
+        halted: float32 0-d, mutated: the halt latch.
+        ring: float64 [R, 16] record ring (pinned host memory for CUDA inputs, or any tensor
+            on the inputs' device); slot ``step mod R`` columns 0-8, 13, 15 written.
+        backend: "auto" (Triton for CUDA tensors, torch reference for CPU), "triton", "torch".
+
+    Raises:
+        ValueError: wrong dtype, shape or device of an argument, or an unknown backend.
+        RuntimeError: backend="triton" on CPU tensors without TRITON_INTERPRET=1.
+    """
+    args = (loss, grad_norm, step, loss_clip, collapse_threshold, warmup_steps, patience,
+            collapse_count, acc, skip, halted, ring)
+    _check_guard_args(*args)
+    if backend == "auto":
+        backend = "triton" if loss.is_cuda else "torch"
+    if backend == "torch":
+        training_guard_reference(*args)
+    elif backend == "triton":
+        _require_triton(loss)
+        _training_guard_op(*args)
+    else:
+        raise ValueError(f"backend must be 'auto', 'triton' or 'torch', got {backend!r}")
+
+
+# ---------------------------------------------------------------------------------------------
+# Host-side owner of the device state and the ring
+# ---------------------------------------------------------------------------------------------
+class TrainingGuard:
+    """Owns the guard's device state, thresholds and host ring.
+
+    Args:
+        device: device of the training tensors.
+        loss_clip: a loss above this halts (float, units of the loss).
+        collapse_threshold: a post-warm-up gradient norm below this counts as collapsed
+            (learning rate x multiplier); 0 disables the check.
+        warmup_steps: steps without the collapse check.
+        patience: consecutive collapsed steps tolerated (the (patience+1)-th halts).
+        ring_size: records in the host ring (> updates between two host polls).
+
+    Attributes (0-d device tensors unless noted; update thresholds in place, e.g.
+    ``guard.collapse_threshold.fill_(x)`` or ``torch.mul(lr, k, out=guard.collapse_threshold)``
+    inside the graph, never by rebinding, so a captured graph sees the new values):
+        loss_clip, collapse_threshold (float32); warmup_steps, patience (int64);
+        collapse_count (int64); acc (float32 [4]); skip, halted (float32);
+        ring (float64 [R, 16] host tensor, pinned when CUDA is available); reader.
+
+    Raises:
+        ConfigError: negative patience or warm-up, ring_size < 1, NaN loss_clip.
+    """
+
+    def __init__(self, device, loss_clip: float = 1e6, collapse_threshold: float = 0.0,
+                 warmup_steps: int = 0, patience: int = 0, ring_size: int = 64) -> None:
+        if int(ring_size) < 1:
+            raise ConfigError(f"guard.ring_size must be >= 1, got {ring_size}")
+        if int(patience) < 0:
+            raise ConfigError(f"guard.patience must be >= 0, got {patience}")
+        if int(warmup_steps) < 0:
+            raise ConfigError(f"guard.warmup_steps must be >= 0, got {warmup_steps}")
+        if loss_clip != loss_clip:
+            raise ConfigError("guard.loss_clip must be a number, got NaN")
+        dev = torch.device(device)
+        if dev.type == "cuda" and dev.index is None:
+            dev = torch.device("cuda", torch.cuda.current_device())
+        self.device = dev
+        f32, i64 = torch.float32, torch.int64
+        self.loss_clip = torch.tensor(float(loss_clip), dtype=f32, device=dev)
+        self.collapse_threshold = torch.tensor(float(collapse_threshold), dtype=f32, device=dev)
+        self.warmup_steps = torch.tensor(int(warmup_steps), dtype=i64, device=dev)
+        self.patience = torch.tensor(int(patience), dtype=i64, device=dev)
+        self.collapse_count = torch.zeros((), dtype=i64, device=dev)
+        self.acc = torch.zeros(4, dtype=f32, device=dev)
+        self.skip = torch.zeros((), dtype=f32, device=dev)
+        self.halted = torch.zeros((), dtype=f32, device=dev)
+        self.ring = R.new_ring(ring_size)
+        self.reader = HostRingReader(self.ring)
+
+    def check(self, loss: torch.Tensor, grad_norm: torch.Tensor, step: torch.Tensor) -> torch.Tensor:
+        """Launch the guard for this update and return ``self.skip`` (fused Adam ``found_inf``).
+
+        Args: loss, grad_norm float32 0-d; step int64 0-d; on ``self.device``. No sync.
+        """
+        training_guard(loss, grad_norm, step, self.loss_clip, self.collapse_threshold,
+                       self.warmup_steps, self.patience, self.collapse_count, self.acc,
+                       self.skip, self.halted, self.ring)
+        return self.skip
+
+    def read_accumulators(self) -> dict:
+        """One device-to-host copy (a sync: call at log boundaries only).
+
+        Returns: ``mean_loss``, ``mean_grad_norm`` (float, NaN when count == 0; over steps
+        with finite loss and norm), ``count`` (int, such steps), ``skipped`` (int, skipped updates).
+        """
+        a = self.acc.to("cpu").tolist()
+        count = a[2]
+        return {
+            "mean_loss": a[0] / count if count > 0 else float("nan"),
+            "mean_grad_norm": a[1] / count if count > 0 else float("nan"),
+            "count": int(count),
+            "skipped": int(a[3]),
+        }
+
+    def reset_accumulators(self) -> None:
+        """Zero the accumulators on the device (no sync)."""
+        self.acc.zero_()
+
+    def reset_halt(self) -> None:
+        """Clear the latch, skip flag and collapse counter on the device (no sync)."""
+        self.halted.zero_()
+        self.skip.zero_()
+        self.collapse_count.zero_()

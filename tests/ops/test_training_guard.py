@@ -1,0 +1,515 @@
+"""training_guard: Triton kernel vs torch reference vs a pure-Python model of the rules;
+TrainingGuard; HostRingReader; the skip flag as fused Adam's found_inf."""
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from foxdqn.errors import ConfigError
+from foxdqn.ops import record as R
+from foxdqn.ops.host_ring import HostRingReader
+from foxdqn.ops.training_guard import TrainingGuard, training_guard, training_guard_reference
+
+F32, I64 = torch.float32, torch.int64
+NAN, INF = float("nan"), float("inf")
+STATE_KEYS = ("collapse_count", "acc", "skip", "halted", "ring")
+
+
+# ---------------------------------------------------------------------------------------------
+# helpers
+# ---------------------------------------------------------------------------------------------
+def assert_close_report(actual, expected, *, rtol=0.0, atol=0.0, name=""):
+    """Compare with NaN and +/-Inf mismatches reported separately from value mismatches."""
+    a = actual.detach().cpu().double().flatten()
+    e = expected.detach().cpu().double().flatten()
+    assert a.shape == e.shape, f"{name}: shape {a.shape} != {e.shape}"
+    msgs = []
+    nan_a, nan_e = torch.isnan(a), torch.isnan(e)
+    if not torch.equal(nan_a, nan_e):
+        msgs.append(f"NaN mismatch at {(nan_a != nan_e).nonzero().flatten().tolist()[:8]}")
+    for sign, label in ((1, "+Inf"), (-1, "-Inf")):
+        ia, ie = a == sign * INF, e == sign * INF
+        if not torch.equal(ia, ie):
+            msgs.append(f"{label} mismatch at {(ia != ie).nonzero().flatten().tolist()[:8]}")
+    fin = torch.isfinite(a) & torch.isfinite(e)
+    bad = fin & ((a - e).abs() > atol + rtol * e.abs())
+    if bad.any():
+        i = int(bad.nonzero()[0])
+        msgs.append(f"{int(bad.sum())} values differ; first at {i}: {a[i].item()!r} vs {e[i].item()!r}")
+    if msgs:
+        raise AssertionError(f"{name}: " + "; ".join(msgs))
+
+
+def new_state(count_dtype=I64, ring_size=8, device="cpu", pin=False):
+    return dict(
+        collapse_count=torch.zeros((), dtype=count_dtype, device=device),
+        acc=torch.zeros(4, dtype=F32, device=device),
+        skip=torch.zeros((), dtype=F32, device=device),
+        halted=torch.zeros((), dtype=F32, device=device),
+        ring=R.new_ring(ring_size, pin_memory=pin),
+    )
+
+
+def new_params(loss_clip=1e6, threshold=0.0, warmup=0, patience=0, device="cpu"):
+    return dict(
+        loss_clip=torch.tensor(loss_clip, dtype=F32, device=device),
+        collapse_threshold=torch.tensor(threshold, dtype=F32, device=device),
+        warmup_steps=torch.tensor(warmup, dtype=I64, device=device),
+        patience=torch.tensor(patience, dtype=I64, device=device),
+    )
+
+
+def call(backend, state, params, loss, norm, step, device="cpu"):
+    training_guard(torch.tensor(loss, dtype=F32, device=device), torch.tensor(norm, dtype=F32, device=device),
+                   torch.tensor(step, dtype=I64, device=device), **params, **state, backend=backend)
+
+
+def assert_state_equal(a, b, where=""):
+    for k in STATE_KEYS:
+        assert a[k].dtype == b[k].dtype, (k, a[k].dtype, b[k].dtype)
+        assert_close_report(a[k], b[k], name=f"{k} {where}")
+
+
+class Model:
+    """Pure-Python statement of the guard rules (module docstring of training_guard)."""
+
+    def __init__(self, loss_clip, threshold, warmup, patience):
+        self.clip, self.thr = np.float32(loss_clip), np.float32(threshold)
+        self.warmup, self.patience = warmup, patience
+        self.count, self.halted = 0, False
+        self.acc = np.zeros(4, dtype=np.float32)
+
+    def step(self, loss, norm, step):
+        loss, norm = np.float32(loss), np.float32(norm)
+        with np.errstate(invalid="ignore"):
+            halt_nan = not (np.isfinite(loss) and np.isfinite(norm))
+            halt_clip = bool(loss > self.clip)
+            collapsed = step >= self.warmup and bool(norm < self.thr)
+        self.count = self.count + 1 if collapsed else 0
+        halt_collapse = collapsed and self.count > self.patience
+        self.halted = self.halted or halt_nan or halt_clip or halt_collapse
+        if not halt_nan:
+            self.acc[0] += loss
+            self.acc[1] += norm
+            self.acc[2] += np.float32(1)
+        self.acc[3] += np.float32(self.halted)
+        clipped = self.clip if loss > self.clip else loss
+        return dict(halt_nan=halt_nan, halt_clip=halt_clip, halt_collapse=halt_collapse,
+                    count=self.count, halted=self.halted, clipped=float(clipped),
+                    loss=float(loss), norm=float(norm))
+
+    def check(self, state, out, step):
+        assert int(state["collapse_count"]) == self.count
+        assert float(state["halted"]) == float(self.halted) == float(state["skip"])
+        assert_close_report(state["acc"], torch.from_numpy(self.acc.copy()), name="acc vs model")
+        rec = state["ring"][step % state["ring"].shape[0]].cpu()
+        expect = {R.STEP: step, R.HALT_NAN: out["halt_nan"], R.HALT_LOSS_CLIP: out["halt_clip"],
+                  R.HALT_GRAD_COLLAPSE: out["halt_collapse"], R.CLIPPED_LOSS: out["clipped"],
+                  R.RAW_LOSS: out["loss"], R.RAW_GRAD_NORM: out["norm"], R.SKIP: out["halted"],
+                  R.COLLAPSE_COUNT: out["count"], R.HALTED: out["halted"], R.COMMIT: step}
+        cols = list(expect)
+        assert_close_report(rec[cols], torch.tensor([float(expect[c]) for c in cols], dtype=torch.float64),
+                            name=f"record of step {step} vs model")
+
+
+# ---------------------------------------------------------------------------------------------
+# single-step flag table (kernel == reference == golden)
+# ---------------------------------------------------------------------------------------------
+# (loss, norm, step, clip, thr, warmup, patience, count0, halted0) -> (nan, clip, collapse, count, skip)
+CASES = {
+    "normal": ((1.0, 1.0, 10, 1e6, 0.1, 0, 0, 0, 0.0), (0, 0, 0, 0, 0)),
+    "nan_loss": ((NAN, 1.0, 10, 1e6, 0.1, 0, 0, 0, 0.0), (1, 0, 0, 0, 1)),
+    "+inf_loss": ((INF, 1.0, 10, 1e6, 0.1, 0, 0, 0, 0.0), (1, 1, 0, 0, 1)),
+    "-inf_loss": ((-INF, 1.0, 10, 1e6, 0.1, 0, 0, 0, 0.0), (1, 0, 0, 0, 1)),
+    "nan_norm_resets_count": ((1.0, NAN, 10, 1e6, 0.1, 0, 5, 3, 0.0), (1, 0, 0, 0, 1)),
+    "+inf_norm": ((1.0, INF, 10, 1e6, 0.1, 0, 0, 0, 0.0), (1, 0, 0, 0, 1)),
+    "-inf_norm_is_also_collapsed": ((1.0, -INF, 10, 1e6, 0.1, 0, 0, 0, 0.0), (1, 0, 1, 1, 1)),
+    "loss_at_clip": ((1e6, 1.0, 10, 1e6, 0.1, 0, 0, 0, 0.0), (0, 0, 0, 0, 0)),
+    "loss_above_clip": ((1000000.0625, 1.0, 10, 1e6, 0.1, 0, 0, 0, 0.0), (0, 1, 0, 0, 1)),
+    "negative_huge_loss": ((-1e30, 1.0, 10, 1e6, 0.1, 0, 0, 0, 0.0), (0, 0, 0, 0, 0)),
+    "norm_at_threshold": ((1.0, 0.1, 10, 1e6, 0.1, 0, 0, 4, 0.0), (0, 0, 0, 0, 0)),
+    "collapse_patience0": ((1.0, 0.05, 10, 1e6, 0.1, 0, 0, 0, 0.0), (0, 0, 1, 1, 1)),
+    "collapse_within_patience": ((1.0, 0.05, 10, 1e6, 0.1, 0, 2, 1, 0.0), (0, 0, 0, 2, 0)),
+    "collapse_exceeds_patience": ((1.0, 0.05, 10, 1e6, 0.1, 0, 2, 2, 0.0), (0, 0, 1, 3, 1)),
+    "warmup_last_step": ((1.0, 0.05, 9, 1e6, 0.1, 10, 0, 7, 0.0), (0, 0, 0, 0, 0)),
+    "warmup_first_checked": ((1.0, 0.05, 10, 1e6, 0.1, 10, 0, 0, 0.0), (0, 0, 1, 1, 1)),
+    "threshold_zero_disables": ((1.0, 0.0, 10, 1e6, 0.0, 0, 0, 0, 0.0), (0, 0, 0, 0, 0)),
+    "nan_and_clip_and_collapse": ((INF, -INF, 10, 1e6, 0.1, 0, 0, 0, 0.0), (1, 1, 1, 1, 1)),
+    "clip_and_collapse": ((2e6, 0.01, 10, 1e6, 0.1, 0, 0, 0, 0.0), (0, 1, 1, 1, 1)),
+    "latched_skips_good_step": ((1.0, 1.0, 10, 1e6, 0.1, 0, 0, 0, 1.0), (0, 0, 0, 0, 1)),
+    "nan_clip_threshold": ((5.0, 1.0, 10, NAN, 0.1, 0, 0, 0, 0.0), (0, 0, 0, 0, 0)),
+}
+
+
+@pytest.mark.parametrize("count_dtype", [I64, torch.int32])
+@pytest.mark.parametrize("case", list(CASES))
+def test_flag_table(case, count_dtype):
+    (loss, norm, step, clip, thr, warmup, pat, count0, halted0), (nan, clipf, col, count, skip) = CASES[case]
+    states = {}
+    for backend in ("triton", "torch"):
+        st = new_state(count_dtype)
+        st["collapse_count"].fill_(count0)
+        st["halted"].fill_(halted0)
+        call(backend, st, new_params(clip, thr, warmup, pat), loss, norm, step)
+        states[backend] = st
+    assert_state_equal(states["triton"], states["torch"], case)
+    st = states["triton"]
+    rec = st["ring"][step % 8]
+    assert (rec[R.HALT_NAN].item(), rec[R.HALT_LOSS_CLIP].item(), rec[R.HALT_GRAD_COLLAPSE].item()) == (nan, clipf, col)
+    assert int(st["collapse_count"]) == count == rec[R.COLLAPSE_COUNT].item()
+    assert st["skip"].item() == skip == rec[R.SKIP].item() == st["halted"].item() == rec[R.HALTED].item()
+    assert rec[R.STEP].item() == rec[R.COMMIT].item() == step
+    assert_close_report(rec[R.RAW_LOSS], torch.tensor(loss, dtype=F32), name="raw loss")
+    assert_close_report(rec[R.RAW_GRAD_NORM], torch.tensor(norm, dtype=F32), name="raw norm")
+    expected_clipped = clip if loss > clip else loss
+    assert_close_report(rec[R.CLIPPED_LOSS], torch.tensor(expected_clipped, dtype=F32), name="clipped")
+    # q_stats columns untouched
+    assert rec[R.Q_STEP] == -1 and torch.isnan(rec[R.Q_MIN:R.Q_MEAN + 1]).all() and rec[R.Q_DIVERGENCE] == 0
+
+
+# ---------------------------------------------------------------------------------------------
+# sequences: full state after each call
+# ---------------------------------------------------------------------------------------------
+def _sequence(seed, n=60):
+    rng = np.random.default_rng(seed)
+    losses = [1.0, 2.5, 0.125, 100.0, 100.5, NAN, INF, -INF, -3.0]
+    lp = np.array([30, 20, 20, 4, 2, 1, 1, 1, 3], dtype=float)
+    norms = [1.0, 0.5, 0.05, 0.1, 0.0, NAN, INF]
+    seq = []
+    streak = 0
+    for _ in range(n):
+        if streak == 0 and rng.random() < 0.15:
+            streak = int(rng.integers(1, 6))  # a run of collapsed norms
+        if streak:
+            norm, streak = 0.05, streak - 1
+        else:
+            norm = norms[rng.choice(len(norms), p=np.array([40, 20, 5, 5, 2, 1, 1]) / 74)]
+        seq.append((losses[rng.choice(len(losses), p=lp / lp.sum())], norm))
+    return seq
+
+
+@pytest.mark.parametrize("count_dtype", [I64, torch.int32])
+@pytest.mark.parametrize("seed, warmup, patience", [(0, 0, 0), (1, 5, 2), (2, 3, 3), (3, 100, 1)])
+def test_sequence_matches_reference_and_model(seed, warmup, patience, count_dtype):
+    params = new_params(loss_clip=100.0, threshold=0.1, warmup=warmup, patience=patience)
+    kern, ref = new_state(count_dtype, ring_size=7), new_state(count_dtype, ring_size=7)
+    model = Model(100.0, 0.1, warmup, patience)
+    for step, (loss, norm) in enumerate(_sequence(seed)):
+        call("triton", kern, params, loss, norm, step)
+        call("torch", ref, params, loss, norm, step)
+        out = model.step(loss, norm, step)
+        assert_state_equal(kern, ref, f"after step {step}")
+        model.check(kern, out, step)
+
+
+def test_collapse_fires_exactly_after_patience():
+    params = new_params(threshold=0.1, warmup=2, patience=3)
+    st = new_state()
+    fired = []
+    for step in range(10):
+        call("triton", st, params, 1.0, 0.01, step)  # collapsed from step 2 (end of warm-up) on
+        fired.append(int(st["ring"][step % 8, R.HALT_GRAD_COLLAPSE].item()))
+    # counts: steps 0,1 -> 0 (warm-up); step 2 -> 1, 3 -> 2, 4 -> 3, 5 -> 4 > 3 fires
+    assert fired == [0, 0, 0, 0, 0, 1, 1, 1, 1, 1]
+    assert int(st["collapse_count"]) == 8
+
+
+def test_normal_step_resets_counter():
+    params = new_params(threshold=0.1, patience=2)
+    st = new_state()
+    for step, norm in enumerate([0.01, 0.01, 1.0, 0.01, 0.01, 0.01]):
+        call("triton", st, params, 1.0, norm, step)
+        if step == 1:
+            assert int(st["collapse_count"]) == 2
+        if step == 2:
+            assert int(st["collapse_count"]) == 0
+    assert int(st["collapse_count"]) == 3 and st["skip"].item() == 1.0
+    assert [st["ring"][s, R.HALT_GRAD_COLLAPSE].item() for s in range(6)] == [0, 0, 0, 0, 0, 1]
+
+
+def test_accumulators_over_sequence():
+    guard = TrainingGuard("cpu", loss_clip=10.0)
+    seq = [(1.0, 2.0), (3.0, 4.0), (NAN, 1.0), (20.0, 1.0), (2.0, INF), (5.0, 6.0)]
+    for step, (loss, norm) in enumerate(seq):
+        guard.check(torch.tensor(loss), torch.tensor(norm), torch.tensor(step))
+    acc = guard.read_accumulators()
+    # finite steps: 0, 1, 3 (clipped but finite), 5; skipped: 2 (nan) and everything after (latch)
+    assert acc["count"] == 4 and acc["skipped"] == 4
+    assert acc["mean_loss"] == pytest.approx((1 + 3 + 20 + 5) / 4)
+    assert acc["mean_grad_norm"] == pytest.approx((2 + 4 + 1 + 6) / 4)
+    guard.reset_accumulators()
+    acc = guard.read_accumulators()
+    assert acc["count"] == 0 and acc["skipped"] == 0 and math.isnan(acc["mean_loss"])
+
+
+@pytest.mark.parametrize("step", [-1, -9, 0, 7, 8, 2**40 + 3])
+def test_slot_is_python_modulo(step):
+    states = {}
+    for backend in ("triton", "torch"):
+        st = new_state(ring_size=8)
+        call(backend, st, new_params(), 1.0, 1.0, step)
+        states[backend] = st
+    assert_state_equal(states["triton"], states["torch"])
+    assert states["triton"]["ring"][step % 8, R.COMMIT].item() == float(step)
+
+
+def test_ring_of_one():
+    kern, ref = new_state(ring_size=1), new_state(ring_size=1)
+    for step in range(3):
+        call("triton", kern, new_params(), 1.0 + step, 1.0, step)
+        call("torch", ref, new_params(), 1.0 + step, 1.0, step)
+    assert_state_equal(kern, ref)
+    assert kern["ring"][0, R.STEP] == 2
+
+
+# ---------------------------------------------------------------------------------------------
+# TrainingGuard
+# ---------------------------------------------------------------------------------------------
+def test_thresholds_change_in_place():
+    guard = TrainingGuard("cpu", collapse_threshold=0.0)
+    guard.check(torch.tensor(1.0), torch.tensor(0.01), torch.tensor(0))
+    assert guard.skip.item() == 0.0
+    guard.collapse_threshold.fill_(0.1)
+    skip = guard.check(torch.tensor(1.0), torch.tensor(0.01), torch.tensor(1))
+    assert skip is guard.skip and skip.item() == 1.0
+    rec = guard.reader.latest()
+    assert rec["halt_grad_collapse"] and rec["step"] == 1
+    guard.reset_halt()
+    guard.collapse_threshold.fill_(0.0)
+    guard.check(torch.tensor(1.0), torch.tensor(0.01), torch.tensor(2))
+    assert guard.skip.item() == 0.0
+
+
+@pytest.mark.parametrize(
+    "kwargs", [dict(ring_size=0), dict(patience=-1), dict(warmup_steps=-5), dict(loss_clip=NAN)])
+def test_guard_config_errors(kwargs):
+    with pytest.raises(ConfigError):
+        TrainingGuard("cpu", **kwargs)
+
+
+def test_guard_attributes():
+    guard = TrainingGuard("cpu", loss_clip=5.0, collapse_threshold=0.2, warmup_steps=3, patience=4, ring_size=16)
+    assert guard.ring.shape == (16, R.RECORD_SIZE) and guard.ring.dtype == torch.float64
+    assert guard.loss_clip.dtype == F32 and guard.loss_clip.dim() == 0 and guard.loss_clip.item() == 5.0
+    assert guard.warmup_steps.dtype == I64 and guard.patience.item() == 4
+    assert guard.skip.dtype == F32 and guard.skip.dim() == 0
+    assert isinstance(guard.reader, HostRingReader) and guard.reader.latest() is None
+
+
+def test_skip_flag_drives_fused_adam_found_inf():
+    torch.manual_seed(0)
+    p = torch.nn.Parameter(torch.randn(5))
+    opt = torch.optim.Adam([p], lr=0.1, fused=True)
+    guard = TrainingGuard("cpu", loss_clip=100.0)
+    opt.found_inf = guard.skip  # read by Adam.step (as GradScaler does)
+    history = []
+    for step, loss in enumerate([1.0, 2.0, NAN, 1.0]):
+        p.grad = torch.ones(5)
+        before = p.detach().clone()
+        guard.check(torch.tensor(loss), torch.linalg.vector_norm(p.grad), torch.tensor(step))
+        opt.step()
+        history.append((not torch.equal(p.detach(), before), opt.state[p]["step"].item()))
+    # updates at steps 0, 1; the NaN step and the latched step after it leave p and the step count alone
+    assert history == [(True, 1.0), (True, 2.0), (False, 2.0), (False, 2.0)]
+
+
+# ---------------------------------------------------------------------------------------------
+# HostRingReader
+# ---------------------------------------------------------------------------------------------
+def test_reader_empty_ring():
+    reader = HostRingReader(R.new_ring(4, pin_memory=False))
+    assert reader.latest() is None and reader.records() == [] and reader.first_halt() is None
+    assert HostRingReader.halt_reason(None) is None
+
+
+def test_reader_newest_complete_record_and_torn_records():
+    guard = TrainingGuard("cpu", ring_size=4)
+    for step in range(11):
+        guard.check(torch.tensor(float(step)), torch.tensor(1.0), torch.tensor(step))
+    rec = guard.reader.latest()
+    assert rec["step"] == 10 and rec["raw_loss"] == 10.0 and not rec["skip"]
+    assert [r["step"] for r in guard.reader.records()] == [7, 8, 9, 10]
+    assert HostRingReader.halt_reason(rec) is None
+    # a record being written (STEP advanced, COMMIT not yet) is ignored
+    guard.ring[10 % 4, R.STEP] = 14.0
+    assert guard.reader.latest()["step"] == 9
+    # a torn record (COMMIT from an older lap) is ignored
+    guard.ring[10 % 4, R.STEP] = 10.0
+    guard.ring[10 % 4, R.COMMIT] = 6.0
+    assert guard.reader.latest()["step"] == 9
+    assert [r["step"] for r in guard.reader.records()] == [7, 8, 9]
+
+
+def test_reader_halt_reasons():
+    guard = TrainingGuard("cpu", loss_clip=10.0, ring_size=8)
+    for step, (loss, norm) in enumerate([(1.0, 1.0), (INF, 1.0), (1.0, 1.0)]):
+        guard.check(torch.tensor(loss), torch.tensor(norm), torch.tensor(step))
+    latest = guard.reader.latest()
+    assert latest["step"] == 2 and latest["halted"] and latest["skip"]
+    assert HostRingReader.halt_reason(latest) == "halted (latched by an earlier step) as of step 2"
+    first = guard.reader.first_halt()
+    assert first["step"] == 1
+    assert HostRingReader.halt_reason(first).startswith("halt_nan, halt_loss_clip at step 1 (loss=inf")
+
+
+def test_reader_rejects_bad_ring():
+    with pytest.raises(ValueError):
+        HostRingReader(torch.zeros(4, 16))  # float32
+
+
+@pytest.mark.parametrize(
+    "key, value, match",
+    [
+        ("loss", torch.tensor([1.0]), "loss"),
+        ("grad_norm", torch.tensor(1.0, dtype=torch.float64), "grad_norm"),
+        ("step", torch.tensor(1), None),
+        ("step", torch.tensor(1, dtype=torch.int32), "step"),
+        ("acc", torch.zeros(3), "acc"),
+        ("collapse_count", torch.tensor(0.0), "collapse_count"),
+        ("ring", torch.zeros(4, 16), "ring"),
+    ],
+)
+def test_bad_arguments(key, value, match):
+    args = dict(loss=torch.tensor(1.0), grad_norm=torch.tensor(1.0), step=torch.tensor(0),
+                **new_params(), **new_state())
+    args[key] = value
+    if match is None:
+        training_guard(**args)
+        return
+    with pytest.raises(ValueError, match=match):
+        training_guard(**args)
+
+
+# ---------------------------------------------------------------------------------------------
+# GPU
+# ---------------------------------------------------------------------------------------------
+def _cpu_copy(state):
+    return {k: (v.clone() if k == "ring" else v.cpu().clone()) for k, v in state.items()}
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("count_dtype", [I64, torch.int32])
+def test_gpu_sequence_matches_reference(count_dtype):
+    dev = "cuda"
+    gpu = new_state(count_dtype, ring_size=7, device=dev, pin=True)
+    assert gpu["ring"].is_pinned()
+    ref = new_state(count_dtype, ring_size=7)
+    p_gpu = new_params(100.0, 0.1, 5, 2, device=dev)
+    p_ref = new_params(100.0, 0.1, 5, 2)
+    for step, (loss, norm) in enumerate(_sequence(1)):
+        call("auto", gpu, p_gpu, loss, norm, step, device=dev)
+        call("torch", ref, p_ref, loss, norm, step)
+        torch.cuda.synchronize()
+        assert_state_equal(_cpu_copy(gpu), ref, f"after step {step}")
+
+
+@pytest.mark.gpu
+def test_gpu_graph_replay_pinned_ring_visible_and_no_sync():
+    dev = torch.device("cuda")
+    guard = TrainingGuard(dev, loss_clip=100.0, collapse_threshold=0.1, warmup_steps=3, patience=1, ring_size=8)
+    loss = torch.zeros((), device=dev)
+    norm = torch.ones((), device=dev)
+    step = torch.zeros((), dtype=I64, device=dev)
+
+    def body():
+        guard.check(loss, norm, step)
+        step.add_(1)
+
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        body()  # warm-up: compiles the kernel; writes step 0
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        body()
+    torch.cuda.synchronize()
+
+    ref = new_state(I64, ring_size=8)
+    p_ref = new_params(100.0, 0.1, 3, 1)
+    call("torch", ref, p_ref, 0.0, 1.0, 0)
+    seq = [(1.0, 1.0), (2.0, 0.05), (3.0, 0.05), (4.0, 1.0), (5.0, 0.05), (6.0, 0.05), (7.0, 0.05), (NAN, 1.0),
+           (1.0, 1.0), (200.0, 1.0)]
+    for i, (l_val, n_val) in enumerate(seq, start=1):
+        loss.fill_(l_val)
+        norm.fill_(n_val)
+        torch.cuda.set_sync_debug_mode("error")
+        try:
+            graph.replay()
+        finally:
+            torch.cuda.set_sync_debug_mode(0)
+        torch.cuda.synchronize()
+        call("torch", ref, p_ref, l_val, n_val, i)
+        gpu_state = {"collapse_count": guard.collapse_count, "acc": guard.acc, "skip": guard.skip,
+                     "halted": guard.halted, "ring": guard.ring}
+        assert_state_equal(_cpu_copy(gpu_state), ref, f"after replay {i}")
+        assert guard.reader.latest()["step"] == i  # visible in pinned memory after synchronize
+    assert guard.reader.first_halt()["step"] == 6  # collapsed at 5, 6 (after warm-up 3): 2 > 1
+
+
+@pytest.mark.gpu
+def test_gpu_eager_no_sync():
+    dev = torch.device("cuda")
+    guard = TrainingGuard(dev)
+    loss, norm, step = torch.tensor(1.0, device=dev), torch.tensor(1.0, device=dev), torch.tensor(0, device=dev)
+    guard.check(loss, norm, step)  # compile first
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        for _ in range(5):
+            guard.check(loss, norm, step)
+            step.add_(1)
+    finally:
+        torch.cuda.set_sync_debug_mode(0)
+    torch.cuda.synchronize()
+    assert guard.reader.latest()["step"] == 4
+    assert guard.read_accumulators()["count"] == 6
+
+
+@pytest.mark.gpu
+def test_gpu_fused_adam_skips_inside_graph():
+    dev = torch.device("cuda")
+    torch.manual_seed(0)
+    p = torch.nn.Parameter(torch.randn(64, device=dev))
+    opt = torch.optim.Adam([p], lr=0.01, fused=True, capturable=True)
+    guard = TrainingGuard(dev, loss_clip=1e6)
+    opt.found_inf = guard.skip
+    g = torch.randn(64, device=dev)
+    p.grad = g.clone()
+    loss = torch.ones((), device=dev)
+    step = torch.zeros((), dtype=I64, device=dev)
+
+    def body():
+        p.grad.copy_(g)
+        guard.check(loss, torch.linalg.vector_norm(p.grad), step)
+        opt.step()
+        step.add_(1)
+
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(2):
+            body()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        body()
+    torch.cuda.synchronize()
+
+    def replay():
+        before, before_step = p.detach().clone(), opt.state[p]["step"].clone()
+        torch.cuda.set_sync_debug_mode("error")
+        try:
+            graph.replay()
+        finally:
+            torch.cuda.set_sync_debug_mode(0)
+        torch.cuda.synchronize()
+        return (not torch.equal(p.detach(), before)), (opt.state[p]["step"] - before_step).item()
+
+    assert replay() == (True, 1.0)
+    loss.fill_(float("nan"))
+    assert replay() == (False, 0.0)  # the bad step itself is skipped in the same replay
+    loss.fill_(1.0)
+    assert replay() == (False, 0.0)  # latched
+    assert guard.reader.first_halt()["halt_nan"]
