@@ -1,0 +1,254 @@
+"""Typed configuration schema, registered with Hydra's ConfigStore.
+
+``conf/train.yaml`` (shipped inside the package, so a wheel install has it) composes on top of
+:class:`TrainConfig`: a key that is not in the schema, or a value of the wrong type, fails at
+compose time. :func:`finalize` then checks ranges and cross-field rules (raising
+:class:`~foxdqn.errors.ConfigError` naming the dotted field) and applies the ``debug`` caps.
+
+Groups mirror the package: ``data`` (foxdqn.data), ``env`` (foxdqn.envs), ``model`` (foxdqn.nn
+encoders), ``head`` (foxdqn.nn heads), ``replay`` (foxdqn.replay), ``agent`` (foxdqn.step),
+``guard`` (foxdqn.ops.training_guard), ``debug``.
+"""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any, List, Optional
+
+from hydra.core.config_store import ConfigStore
+from omegaconf import DictConfig, OmegaConf
+
+from foxdqn.data.config import DataConfig
+from foxdqn.envs.trading import ExecutionConfig
+from foxdqn.errors import ConfigError
+
+DEVICES = ("auto", "cpu", "cuda")
+GRAPH_MODES = ("auto", "on", "off")
+ENCODERS = ("mlp",)
+HEADS = ("q", "dueling")
+REPLAYS = ("uniform",)
+ACTIVATIONS = ("relu", "gelu", "tanh", "silu")
+
+
+@dataclass
+class EnvConfig:
+    """Batched trading environment (foxdqn.envs.trading)."""
+
+    name: str = "trading"
+    num_envs: int = 32  # N envs stepped together
+    window: int = 32  # W bars of features in each observation
+    episode_length: int = 256  # L steps per training episode
+    dtype: str = "float32"  # accounting precision: float32 | float64
+    execution: ExecutionConfig = field(default_factory=ExecutionConfig)
+
+
+@dataclass
+class ModelConfig:
+    """Observation encoder (foxdqn.nn)."""
+
+    encoder: str = "mlp"
+    hidden: List[int] = field(default_factory=lambda: [256, 256])
+    activation: str = "relu"
+
+
+@dataclass
+class HeadConfig:
+    """Q head. ``dueling``: Wang et al. 2016 eq. 9 (mean-subtracted advantages)."""
+
+    name: str = "dueling"
+    double: bool = True  # Double DQN target (van Hasselt et al. 2016, eq. 4)
+
+
+@dataclass
+class ReplayConfig:
+    """Replay memory on the training device (foxdqn.replay)."""
+
+    name: str = "uniform"
+    capacity: int = 100_000
+
+
+@dataclass
+class AgentConfig:
+    """DQN training schedule (Mnih et al. 2015) and optimiser."""
+
+    total_env_steps: int = 400_000  # env transitions collected over the whole run (all envs)
+    steps_per_iter: int = 4  # T env steps per env per iteration (collect phase)
+    updates_per_iter: int = 1  # K gradient updates per iteration (train phase)
+    learning_starts: int = 5_000  # env transitions collected before the first update
+    batch_size: int = 128
+    gamma: float = 0.99
+    lr: float = 3e-4
+    adam_eps: float = 1e-5
+    grad_clip: float = 10.0  # max global gradient L2 norm
+    huber_delta: float = 1.0
+    tau: float = 0.005  # Polyak (EMA) target update: θ' ← (1 − τ) θ' + τ θ, every update
+    eps_start: float = 1.0
+    eps_end: float = 0.05
+    eps_decay_fraction: float = 0.5  # epsilon decays linearly over this fraction of total_env_steps
+    reward_scale: float = 100.0  # rewards (log-equity changes) are multiplied by this for the TD target
+
+
+@dataclass
+class GuardConfig:
+    """On-device training guard (ops.training_guard; zero_sync_hot_path.md component A)."""
+
+    loss_clip: float = 1.0e6
+    collapse_multiplier: float = 0.0  # gradient-collapse threshold = lr × multiplier (0 disables)
+    collapse_patience: int = 100
+    warmup_updates: int = 100
+    q_divergence: float = 1.0e4  # |Q| above this is a divergence (Q-value monitor)
+    ring_size: int = 64
+
+
+@dataclass
+class EvalConfig:
+    """Out-of-sample evaluation (foxdqn.evaluate)."""
+
+    split: str = "test"
+    interval_env_steps: int = 0  # validation evaluations during training (0 = only at the end)
+
+
+@dataclass
+class LogConfig:
+    interval_env_steps: int = 20_000  # one device→host readback per interval
+    tensorboard: bool = True
+    progress: bool = True
+
+
+@dataclass
+class DebugConfig:
+    """Caps applied after composition (so they win over any experiment): ``debug=smoke``."""
+
+    name: Optional[str] = None
+    max_env_steps: Optional[int] = None
+    max_num_envs: Optional[int] = None
+    max_batch_size: Optional[int] = None
+    max_learning_starts: Optional[int] = None
+    max_replay_capacity: Optional[int] = None
+    max_hidden: Optional[int] = None
+    inject_nan_at_step: Optional[int] = None  # poison the loss at this update (guard test)
+
+
+@dataclass
+class TrainConfig:
+    experiment: str = "eurusd_dqn"
+    seed: int = 0
+    device: str = "auto"
+    graph: str = "auto"
+    data: DataConfig = field(default_factory=DataConfig)
+    env: EnvConfig = field(default_factory=EnvConfig)
+    model: ModelConfig = field(default_factory=ModelConfig)
+    head: HeadConfig = field(default_factory=HeadConfig)
+    replay: ReplayConfig = field(default_factory=ReplayConfig)
+    agent: AgentConfig = field(default_factory=AgentConfig)
+    guard: GuardConfig = field(default_factory=GuardConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
+    log: LogConfig = field(default_factory=LogConfig)
+    debug: DebugConfig = field(default_factory=DebugConfig)
+
+
+def register_configs() -> None:
+    """Register the schema as ``train_schema`` (train.yaml lists it first in its defaults)."""
+    cs = ConfigStore.instance()
+    cs.store(name="train_schema", node=TrainConfig)
+
+
+def _choice(value: Any, allowed: tuple, name: str) -> None:
+    if value not in allowed:
+        raise ConfigError(f"{name}={value!r} is not allowed; choose one of {', '.join(map(str, allowed))}")
+
+
+def _positive(value: float, name: str, allow_zero: bool = False) -> None:
+    if value < 0 or (value == 0 and not allow_zero):
+        raise ConfigError(f"{name}={value} must be {'>= 0' if allow_zero else '> 0'}")
+
+
+def _unit(value: float, name: str, lo_open: bool = False, hi_open: bool = False) -> None:
+    lo_ok = value > 0 if lo_open else value >= 0
+    hi_ok = value < 1 if hi_open else value <= 1
+    if not (lo_ok and hi_ok):
+        raise ConfigError(f"{name}={value} must be in {'(' if lo_open else '['}0, 1{')' if hi_open else ']'}")
+
+
+def to_object(cfg: DictConfig | TrainConfig) -> TrainConfig:
+    """Turn a composed DictConfig into a :class:`TrainConfig` instance (a copy)."""
+    if isinstance(cfg, TrainConfig):
+        return dataclasses.replace(cfg)
+    obj = OmegaConf.to_object(cfg)
+    if not isinstance(obj, TrainConfig):  # composed without the schema (should not happen)
+        obj = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(TrainConfig), cfg))
+    return obj
+
+
+def apply_debug(cfg: TrainConfig) -> TrainConfig:
+    """Apply the ``debug`` caps in place and return ``cfg``."""
+    d = cfg.debug
+    if d.max_env_steps is not None:
+        cfg.agent.total_env_steps = min(cfg.agent.total_env_steps, d.max_env_steps)
+        cfg.log.interval_env_steps = min(cfg.log.interval_env_steps, max(1, d.max_env_steps // 4))
+        if cfg.eval.interval_env_steps:
+            cfg.eval.interval_env_steps = min(cfg.eval.interval_env_steps, max(1, d.max_env_steps // 2))
+    if d.max_num_envs is not None:
+        cfg.env.num_envs = min(cfg.env.num_envs, d.max_num_envs)
+    if d.max_batch_size is not None:
+        cfg.agent.batch_size = min(cfg.agent.batch_size, d.max_batch_size)
+    if d.max_learning_starts is not None:
+        cfg.agent.learning_starts = min(cfg.agent.learning_starts, d.max_learning_starts)
+    if d.max_replay_capacity is not None:
+        cfg.replay.capacity = min(cfg.replay.capacity, d.max_replay_capacity)
+    if d.max_hidden is not None:
+        cfg.model.hidden = [min(h, d.max_hidden) for h in cfg.model.hidden]
+    return cfg
+
+
+def validate(cfg: TrainConfig) -> None:
+    """Check ranges and cross-field rules. Raises ConfigError naming the dotted field."""
+    _choice(cfg.device, DEVICES, "device")
+    _choice(cfg.graph, GRAPH_MODES, "graph")
+    cfg.data.validate()
+    e = cfg.env
+    _choice(e.name, ("trading",), "env.name")
+    _choice(e.dtype, ("float32", "float64"), "env.dtype")
+    for name in ("num_envs", "window", "episode_length"):
+        _positive(getattr(e, name), f"env.{name}")
+    e.execution.validate("env.execution")
+    _choice(cfg.model.encoder, ENCODERS, "model.encoder")
+    _choice(cfg.model.activation, ACTIVATIONS, "model.activation")
+    if not cfg.model.hidden or any(h <= 0 for h in cfg.model.hidden):
+        raise ConfigError(f"model.hidden={list(cfg.model.hidden)} must be a non-empty list of positive widths")
+    _choice(cfg.head.name, HEADS, "head.name")
+    _choice(cfg.replay.name, REPLAYS, "replay.name")
+    a = cfg.agent
+    for name in ("total_env_steps", "steps_per_iter", "updates_per_iter", "batch_size", "lr", "adam_eps",
+                 "grad_clip", "huber_delta", "reward_scale"):
+        _positive(getattr(a, name), f"agent.{name}")
+    _positive(a.learning_starts, "agent.learning_starts", allow_zero=True)
+    _unit(a.gamma, "agent.gamma", hi_open=False)
+    _unit(a.tau, "agent.tau", lo_open=True)
+    _unit(a.eps_start, "agent.eps_start")
+    _unit(a.eps_end, "agent.eps_end")
+    _unit(a.eps_decay_fraction, "agent.eps_decay_fraction", lo_open=True)
+    if cfg.replay.capacity < a.batch_size:
+        raise ConfigError(f"replay.capacity={cfg.replay.capacity} must be >= agent.batch_size={a.batch_size}")
+    if cfg.replay.capacity < e.num_envs:
+        raise ConfigError(f"replay.capacity={cfg.replay.capacity} must be >= env.num_envs={e.num_envs}")
+    g = cfg.guard
+    _positive(g.loss_clip, "guard.loss_clip")
+    _positive(g.collapse_multiplier, "guard.collapse_multiplier", allow_zero=True)
+    _positive(g.collapse_patience, "guard.collapse_patience", allow_zero=True)
+    _positive(g.warmup_updates, "guard.warmup_updates", allow_zero=True)
+    _positive(g.q_divergence, "guard.q_divergence")
+    _positive(g.ring_size, "guard.ring_size")
+    _choice(cfg.eval.split, ("train", "val", "test"), "eval.split")
+    _positive(cfg.eval.interval_env_steps, "eval.interval_env_steps", allow_zero=True)
+    _positive(cfg.log.interval_env_steps, "log.interval_env_steps")
+
+
+def finalize(cfg: DictConfig | TrainConfig) -> TrainConfig:
+    """Composed config → validated :class:`TrainConfig` with the debug caps applied."""
+    obj = apply_debug(to_object(cfg))
+    validate(obj)
+    return obj
+
+
+register_configs()

@@ -1,0 +1,83 @@
+"""Out-of-sample evaluation: the greedy agent against buy-and-hold and flat on one split.
+
+Each policy walks one evaluation-mode env (foxdqn.envs.trading, ``eval_mode=True``) once through
+the split, deterministically, under the same execution model and costs as training. Metrics
+come from :func:`foxdqn.metrics.performance_summary` with the bar frequency inferred from the
+timestamps (``MarketData.bars_per_year``). This walk reads the device every bar; it is not the
+training hot loop.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from foxdqn.envs.actions import compose
+from foxdqn.metrics import performance_summary
+
+# Baselines as fixed actions: exposure index 4 (+1) / 2 (flat), market order, normal urgency.
+BUY_AND_HOLD_ACTION = int(compose(torch.tensor(4), torch.tensor(0), torch.tensor(1)))
+FLAT_ACTION = int(compose(torch.tensor(2), torch.tensor(0), torch.tensor(1)))
+
+
+def _walk(cfg, market, split, device, policy) -> dict:
+    from foxdqn.step.state import make_env
+
+    gen = torch.Generator(device=device)
+    gen.manual_seed(cfg.seed)
+    env = make_env(cfg, market, split, device, gen, eval_mode=True)
+    return env.run_policy(policy)
+
+
+def evaluate(cfg, market, online: torch.nn.Module, device: torch.device, split: str = "test") -> dict:
+    """Run agent, buy-and-hold and flat on ``split``.
+
+    Returns ``{"curves": {name: walk dict}, "metrics": {name: metrics dict}}`` where a walk dict
+    holds numpy arrays (equity [S+1], exposure [S], ...) from ``TradingEnv.run_policy``.
+    """
+    online.eval()
+
+    @torch.no_grad()
+    def greedy(obs, env):
+        return online(obs.to(torch.float32)).argmax(dim=1)
+
+    def const(a):
+        return lambda obs, env: torch.full((obs.shape[0],), a, dtype=torch.int64, device=obs.device)
+
+    walks = {
+        "agent": _walk(cfg, market, split, device, greedy),
+        "buy_and_hold": _walk(cfg, market, split, device, const(BUY_AND_HOLD_ACTION)),
+        "flat": _walk(cfg, market, split, device, const(FLAT_ACTION)),
+    }
+    online.train()
+    metrics = {
+        name: performance_summary(np.asarray(w["equity"], dtype=np.float64),
+                                  np.asarray(w["exposure"], dtype=np.float64),
+                                  market.bars_per_year, trades=int(w["trades"]))
+        for name, w in walks.items()
+    }
+    return {"curves": walks, "metrics": metrics}
+
+
+def write_report(out_dir: Path, result: dict, market, split: str, title: str, extra: dict) -> dict:
+    """Write ``eval/summary.json`` and ``eval/equity.png`` atomically; returns the summary."""
+    from foxdqn.evaluate_plot import plot_equity
+    from foxdqn.io_atomic import write_json_atomic
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    agent = result["curves"]["agent"]
+    index = np.asarray(agent["index"], dtype=np.int64)  # bar of each equity point, [S+1]
+    ts = market.timestamps
+    summary = {
+        **extra,
+        "split": split,
+        "bars": int(len(index) - 1),
+        "period": [str(ts[index[0]]), str(ts[index[-1]])],
+        "bars_per_year": float(market.bars_per_year),
+        "metrics": result["metrics"],
+    }
+    curves = {name: np.asarray(w["equity"], dtype=np.float64) for name, w in result["curves"].items()}
+    plot_equity(out_dir / "equity.png", ts[index], curves, title)
+    write_json_atomic(out_dir / "summary.json", summary)
+    return summary

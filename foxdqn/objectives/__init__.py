@@ -1,0 +1,4 @@
+"""Training objectives."""
+from foxdqn.objectives.dqn import TDOutput, double_dqn_loss
+
+__all__ = ["TDOutput", "double_dqn_loss"]

@@ -1,0 +1,4 @@
+"""Replay memories on the training device."""
+from foxdqn.replay.buffer import Batch, ReplayBuffer
+
+__all__ = ["Batch", "ReplayBuffer"]

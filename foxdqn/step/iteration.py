@@ -1,0 +1,70 @@
+"""One training iteration = T collect steps of N envs + K gradient updates.
+
+``graph: off`` runs :meth:`Iteration.body` eagerly (the CPU path). ``graph: on`` runs the same
+``body`` a few times eagerly on a side stream to warm up (allocating gradients and Adam state,
+compiling Triton kernels — these warm-up runs are real iterations and are counted), then captures
+one call of ``body`` into a ``torch.cuda.CUDAGraph`` with the run's generator registered, and from
+then on each iteration is exactly one ``graph.replay()``. Nothing in ``body`` reads the device from
+Python, so there is nothing else to launch and nothing to wait for (ARCHITECTURE.md contracts 1–4).
+"""
+from __future__ import annotations
+
+import torch
+
+from foxdqn.step.collect import collect_step
+from foxdqn.step.state import TrainState
+from foxdqn.step.update import update_step
+
+WARMUP_ITERATIONS = 3
+
+
+class Iteration:
+    """Callable training iteration.
+
+    Args:
+        state: the run's :class:`TrainState`.
+        use_graph: capture into a CUDA graph (requires a CUDA device).
+        collect_steps: env steps of all N envs per iteration (T; default ``agent.steps_per_iter``).
+        updates: gradient updates per iteration (K; default ``agent.updates_per_iter``; 0 for the
+            collect-only iterations before ``agent.learning_starts``).
+    """
+
+    def __init__(self, state: TrainState, use_graph: bool, collect_steps: int | None = None,
+                 updates: int | None = None):
+        self.s = state
+        self.use_graph = use_graph
+        a = state.cfg.agent
+        self.collect_steps = a.steps_per_iter if collect_steps is None else collect_steps
+        self.updates = a.updates_per_iter if updates is None else updates
+        self.graph: torch.cuda.CUDAGraph | None = None
+        self._eager_runs = 0
+
+    def body(self) -> None:
+        s = self.s
+        for _ in range(self.collect_steps):
+            collect_step(s)
+        for _ in range(self.updates):
+            update_step(s)
+
+    def __call__(self) -> None:
+        if not self.use_graph:
+            self.body()
+            return
+        if self.graph is not None:
+            self.graph.replay()
+            return
+        side = torch.cuda.Stream(self.s.device)
+        side.wait_stream(torch.cuda.current_stream(self.s.device))
+        if self._eager_runs < WARMUP_ITERATIONS:
+            with torch.cuda.stream(side):
+                self.body()
+            torch.cuda.current_stream(self.s.device).wait_stream(side)
+            self._eager_runs += 1
+            return
+        torch.cuda.synchronize(self.s.device)
+        graph = torch.cuda.CUDAGraph()
+        graph.register_generator_state(self.s.generator)
+        with torch.cuda.graph(graph):
+            self.body()
+        self.graph = graph
+        graph.replay()

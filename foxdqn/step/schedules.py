@@ -1,0 +1,32 @@
+"""Schedules evaluated on the device from a device step counter.
+
+Every value that changes during training is computed inside the step from device tensors
+(ARCHITECTURE.md, hot-loop contract 3): a Python float used inside a CUDA-graph capture would be
+frozen forever. The schedule's parameters are 0-d device tensors too, so changing them in place
+(``copy_``) takes effect at the next replay without a recapture.
+"""
+from __future__ import annotations
+
+import torch
+
+
+class LinearSchedule:
+    """value(step) = start + (end − start) · min(step / duration, 1).
+
+    Args:
+        start, end: values at step 0 and at ``duration`` and after.
+        duration: steps of the linear part (> 0), in the counter's units.
+        device: where the parameters live.
+
+    ``__call__(step)``: step int64 0-d device tensor → float32 0-d device tensor.
+    """
+
+    def __init__(self, start: float, end: float, duration: float, device: torch.device):
+        f32 = dict(device=device, dtype=torch.float32)
+        self.start = torch.tensor(float(start), **f32)
+        self.end = torch.tensor(float(end), **f32)
+        self.duration = torch.tensor(max(float(duration), 1.0), **f32)
+
+    def __call__(self, step: torch.Tensor) -> torch.Tensor:
+        frac = torch.clamp(step.to(torch.float32) / self.duration, max=1.0)
+        return self.start + (self.end - self.start) * frac

@@ -1,0 +1,65 @@
+"""Monitoring accumulators kept on the device, read back once per log interval.
+
+The collect and update phases add into :attr:`DeviceStats.acc` and :attr:`DeviceStats.actions`
+with device ops only. :meth:`DeviceStats.snapshot` copies everything the log needs into pinned
+host memory on a side stream (CUDA) and waits for that one copy: at most one host
+synchronisation per log interval (ARCHITECTURE.md, hot-loop contract 6).
+"""
+from __future__ import annotations
+
+import torch
+
+# acc fields
+EP_RETURN_SUM, EP_COUNT, EP_LEN_SUM, REWARD_SUM, TRANSITIONS, TRADES = range(6)
+NUM_FIELDS = 6
+
+
+class DeviceStats:
+    """acc: float64 [NUM_FIELDS]; actions: float64 [num_actions] counts of executed actions."""
+
+    def __init__(self, num_actions: int, num_envs: int, device: torch.device):
+        self.device = device
+        self.acc = torch.zeros(NUM_FIELDS, dtype=torch.float64, device=device)
+        self.actions = torch.zeros(num_actions, dtype=torch.float64, device=device)
+        self._n = torch.tensor(float(num_envs), dtype=torch.float64, device=device)
+        self._ones = torch.ones(num_envs, dtype=torch.float64, device=device)
+        self._side = torch.cuda.Stream(device) if device.type == "cuda" else None
+        self._host = None
+
+    def add_step(self, action: torch.Tensor, reward: torch.Tensor, episode_done: torch.Tensor,
+                 episode_return: torch.Tensor, episode_len: torch.Tensor, traded: torch.Tensor) -> None:
+        """Accumulate one env step of N envs (all [N] tensors; reward in log-equity units)."""
+        done = episode_done.to(torch.float64)
+        upd = torch.stack([
+            (episode_return.to(torch.float64) * done).sum(),
+            done.sum(),
+            (episode_len.to(torch.float64) * done).sum(),
+            reward.to(torch.float64).sum(),
+            self._n,
+            traded.to(torch.float64).sum(),
+        ])
+        self.acc.add_(upd)
+        self.actions.index_add_(0, action, self._ones)
+
+    def snapshot(self, *extra: torch.Tensor) -> torch.Tensor:
+        """Copy acc, actions and ``extra`` device tensors (flattened, as float64) to the host in one
+        transfer; returns a CPU float64 tensor [NUM_FIELDS + A + Σ extra sizes]."""
+        parts = [self.acc, self.actions] + [e.reshape(-1).to(torch.float64) for e in extra]
+        if self._side is None:
+            return torch.cat(parts).clone()
+        main = torch.cuda.current_stream(self.device)
+        flat = torch.cat(parts)
+        if self._host is None or self._host.numel() != flat.numel():
+            self._host = torch.empty(flat.numel(), dtype=torch.float64, pin_memory=True)
+        self._side.wait_stream(main)
+        with torch.cuda.stream(self._side):
+            self._host.copy_(flat, non_blocking=True)
+            flat.record_stream(self._side)
+            done = torch.cuda.Event()
+            done.record(self._side)
+        done.synchronize()  # the one host synchronisation of the log interval
+        return self._host.clone()
+
+    def reset(self) -> None:
+        self.acc.zero_()
+        self.actions.zero_()

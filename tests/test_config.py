@@ -1,0 +1,51 @@
+"""Every experiment composes; bad overrides are refused with the field named."""
+from pathlib import Path
+
+import pytest
+
+from foxdqn.errors import ConfigError
+from foxdqn.train import load_config
+
+EXPERIMENTS = sorted(p.stem for p in (Path(__file__).parents[1] / "foxdqn" / "conf" / "experiment").glob("*.yaml"))
+
+
+def test_experiments_found():
+    assert {"eurusd_dqn", "googl_dqn"} <= set(EXPERIMENTS)
+
+
+@pytest.mark.parametrize("name", EXPERIMENTS)
+@pytest.mark.parametrize("debug", [[], ["debug=smoke"]])
+def test_experiment_composes(name, debug):
+    cfg = load_config([f"+experiment={name}", *debug])
+    assert cfg.experiment == name
+    if debug:
+        assert cfg.agent.total_env_steps <= cfg.debug.max_env_steps
+        assert cfg.env.num_envs <= cfg.debug.max_num_envs
+
+
+def test_default_is_eurusd_dqn():
+    assert load_config([]) == load_config(["+experiment=eurusd_dqn"])
+
+
+def test_smoke_caps_win_over_experiment():
+    cfg = load_config(["+experiment=eurusd_dqn", "debug=smoke", "agent.total_env_steps=10000000"])
+    assert cfg.agent.total_env_steps == cfg.debug.max_env_steps
+
+
+@pytest.mark.parametrize("override, field", [
+    ("agent.gamma=1.5", "agent.gamma"),
+    ("agent.batch_size=0", "agent.batch_size"),
+    ("device=tpu", "device"),
+    ("graph=sometimes", "graph"),
+    ("head=c99", "head"),
+    ("agent.lr=abc", "agent.lr"),
+    ("agent.no_such_key=1", "no_such_key"),
+    ("+experiment=nope", "experiment"),
+    ("replay.capacity=8", "replay.capacity"),
+    ("model.hidden=[]", "model.hidden"),
+])
+def test_bad_override_names_field(override, field):
+    with pytest.raises(ConfigError) as info:
+        load_config([override])
+    assert field in str(info.value)
+    assert "\n" not in str(info.value)

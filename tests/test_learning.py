@@ -1,0 +1,62 @@
+"""Learning check: on a steadily rising series a short run ends long and beats flat.
+
+The same predicate is applied to a uniformly random agent, which must fail it, so the check
+can fail.
+"""
+import math
+
+import numpy as np
+import torch
+
+from foxdqn.data import market_data_from_frame
+from foxdqn.data.synthetic import make_synthetic_ohlcv
+from foxdqn.evaluate import evaluate
+from foxdqn.step.iteration import Iteration
+from foxdqn.step.state import build_state
+from foxdqn.train import load_config
+
+OVERRIDES = [
+    "device=cpu", "log.progress=false", "env.num_envs=16", "env.window=8", "env.episode_length=64",
+    "model.hidden=[64,64]", "agent.batch_size=64", "agent.learning_starts=512", "agent.lr=1e-3",
+    "agent.total_env_steps=16384", "agent.steps_per_iter=2", "agent.updates_per_iter=2",
+    "agent.eps_decay_fraction=0.5", "replay.capacity=16384",
+]
+
+
+def _setup():
+    cfg = load_config(OVERRIDES)
+    frame = make_synthetic_ohlcv(1500, drift_per_bar=1e-3, vol=1e-3, seed=3)
+    market = market_data_from_frame(frame, cfg.data, cfg.env.window, cfg.env.episode_length)
+    return cfg, market
+
+
+def ends_long_and_beats_flat(result) -> bool:
+    walk = result["curves"]["agent"]
+    exposure = np.asarray(walk["exposure"], dtype=np.float64)
+    m = result["metrics"]
+    return bool(exposure[-1] > 0 and exposure.mean() >= 0.5
+                and m["agent"]["total_return"] > m["flat"]["total_return"] + 0.01)
+
+
+def test_short_run_ends_long_and_beats_flat():
+    cfg, market = _setup()
+    s = build_state(cfg, market, torch.device("cpu"))
+    per_iter = cfg.env.num_envs * cfg.agent.steps_per_iter
+    warm = math.ceil(cfg.agent.learning_starts / per_iter)
+    collect, full = Iteration(s, False, updates=0), Iteration(s, False)
+    for it in range(math.ceil(cfg.agent.total_env_steps / per_iter)):
+        (collect if it < warm else full)()
+    result = evaluate(cfg, market, s.online, torch.device("cpu"), split="test")
+    assert ends_long_and_beats_flat(result), result["metrics"]
+
+
+def test_random_agent_fails_the_check():
+    cfg, market = _setup()
+    gen = torch.Generator().manual_seed(0)
+
+    class RandomPolicy(torch.nn.Module):
+        def forward(self, obs):
+            return torch.rand(obs.shape[0], 45, generator=gen)
+
+    result = evaluate(cfg, market, RandomPolicy(), torch.device("cpu"), split="test")
+    assert not ends_long_and_beats_flat(result)

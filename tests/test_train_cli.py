@@ -1,0 +1,76 @@
+"""``python -m foxdqn.train`` end to end (CPU, debug=smoke): outputs, bad input, exit codes."""
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from foxdqn.data.synthetic import make_synthetic_ohlcv, write_csv
+
+ROOT = Path(__file__).resolve().parents[1]
+METRIC_KEYS = {"total_return", "sharpe", "sortino", "max_drawdown", "profit_factor", "hit_rate", "turnover",
+               "num_trades"}
+
+
+def run(args, cwd):
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    return subprocess.run([sys.executable, "-m", "foxdqn.train", *args], cwd=cwd, env=env,
+                          capture_output=True, text=True, timeout=300)
+
+
+def assert_outputs(run_dir: Path):
+    for rel in ["config.yaml", "metrics.csv", "checkpoints/last.pt", "eval/summary.json", "eval/equity.png"]:
+        assert (run_dir / rel).is_file() and (run_dir / rel).stat().st_size > 0, rel
+    assert list((run_dir / "tb").glob("events.out.tfevents.*"))
+    summary = json.loads((run_dir / "eval" / "summary.json").read_text())
+    assert set(summary["metrics"]) == {"agent", "buy_and_hold", "flat"}
+    for m in summary["metrics"].values():
+        assert METRIC_KEYS <= set(m)
+    assert summary["metrics"]["flat"]["total_return"] == 0
+    return summary
+
+
+def test_default_smoke_writes_every_output(tmp_path):
+    res = run(["debug=smoke", f"hydra.run.dir={tmp_path / 'run'}"], cwd=tmp_path)
+    assert res.returncode == 0, res.stderr[-2000:]
+    summary = assert_outputs(tmp_path / "run")
+    assert summary["experiment"] == "eurusd_dqn"
+    assert "outputs:" in res.stdout
+
+
+@pytest.mark.parametrize("kind", ["googl", "csv"])
+def test_other_data_smoke(tmp_path, kind):
+    if kind == "googl":
+        args = ["+experiment=googl_dqn"]
+    else:
+        csv = write_csv(make_synthetic_ohlcv(1500, drift_per_bar=2e-4, vol=3e-3, seed=5), tmp_path / "my bars.csv")
+        args = [f"data.path={csv}"]
+    res = run([*args, "debug=smoke", f"hydra.run.dir={tmp_path / 'run'}"], cwd=tmp_path)
+    assert res.returncode == 0, res.stderr[-2000:]
+    assert_outputs(tmp_path / "run")
+
+
+def _bad_csv(tmp_path):
+    df = make_synthetic_ohlcv(400, seed=1)
+    df = df.drop(columns=["low"])
+    return write_csv(df, tmp_path / "no_low.csv")
+
+
+@pytest.mark.parametrize("args, needle", [
+    (["agent.gamma=2"], "agent.gamma"),
+    (["agent.lr=fast"], "agent.lr"),
+    (["+experiment=nope"], "experiment"),
+    (["data.path=/no/such/file.csv"], "/no/such/file.csv"),
+    (["BAD_CSV"], "low"),
+    (["env.execution.taker_fee_bps=-1"], "env.execution.taker_fee_bps"),
+])
+def test_bad_input_one_line_exit_2_no_run_dir(tmp_path, args, needle):
+    args = [f"data.path={_bad_csv(tmp_path)}" if a == "BAD_CSV" else a for a in args]
+    res = run([*args, f"hydra.run.dir={tmp_path / 'run'}"], cwd=tmp_path)
+    assert res.returncode == 2, (res.returncode, res.stderr[-2000:])
+    lines = [ln for ln in res.stderr.splitlines() if ln.strip()]
+    assert len(lines) == 1, res.stderr
+    assert needle in lines[0] and "Traceback" not in res.stderr
+    assert not (tmp_path / "run").exists()
