@@ -1,0 +1,116 @@
+"""``make bench``: run every section, print a table, write bench/results/.
+
+Writes ``bench/results/<date>_<gpu>.csv`` (every row tagged with GPU name, torch and triton
+versions and date), ``<date>_<gpu>.md`` (tables with ratios measured in this run) and
+``<date>_<gpu>.png`` (chart). On CPU only the eager rows run; the GPU rows need CUDA.
+
+Usage: ``python -m bench.run [--sections step,e2e,ops] [--out DIR]``.
+"""
+from __future__ import annotations
+
+import argparse
+import importlib
+import pkgutil
+import re
+import sys
+import traceback
+from pathlib import Path
+
+import pandas as pd
+import torch
+
+from bench.common import RESULTS, tags, write_csv
+
+
+def _ops_rows(device: str) -> list[dict]:
+    import bench.ops as ops_pkg
+
+    rows = []
+    for mod in sorted(m.name for m in pkgutil.iter_modules(ops_pkg.__path__) if m.name.startswith("bench_")):
+        try:
+            rows += importlib.import_module(f"bench.ops.{mod}").rows(device)
+        except Exception as exc:
+            rows.append({"section": "ops", "op": mod, "provider": "error", "note": f"{type(exc).__name__}: {exc}"[:200]})
+            traceback.print_exc()
+    return rows
+
+
+def _section(name: str, device: str) -> list[dict]:
+    if name == "ops":
+        if device != "cuda":
+            print("ops section: the Triton kernels need CUDA; skipped on CPU", file=sys.stderr)
+            return []
+        return _ops_rows(device)
+    module = importlib.import_module(f"bench.{name}_bench")
+    return module.rows(device)
+
+
+def _ratios(df: pd.DataFrame) -> str:
+    parts = []
+    step = df[df.section == "step"] if "section" in df else df.iloc[0:0]
+    if len(step):
+        p = step.pivot_table(index=["features", "size"], columns="provider", values="ms_per_update")
+        if "graph" in p:
+            p["eager/graph"] = p["eager"] / p["graph"]
+            if "torch.compile" in p:
+                p["compile/graph"] = p["torch.compile"] / p["graph"]
+        parts.append("## step: ms per update\n\n" + p.round(4).to_markdown())
+    e2e = df[df.section == "e2e"] if "section" in df else df.iloc[0:0]
+    if len(e2e):
+        cols = [c for c in ("features", "size", "provider", "env_steps_per_s", "updates_per_s") if c in e2e]
+        parts.append("## end to end\n\n" + e2e[cols].to_markdown(index=False, floatfmt=".4g"))
+    ops = df[df.section == "ops"] if "section" in df else df.iloc[0:0]
+    if len(ops) and "ms" in ops:
+        p = ops.pivot_table(index=["op", "size"], columns="provider", values="ms")
+        if "triton" in p and "torch.compile" in p:
+            p["compile/triton"] = p["torch.compile"] / p["triton"]
+        if "triton" in p and "torch" in p:
+            p["torch/triton"] = p["torch"] / p["triton"]
+        parts.append("## ops: ms (median)\n\n" + p.round(5).to_markdown())
+    return "\n\n".join(parts)
+
+
+def _chart(df: pd.DataFrame, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    step = df[df.section == "step"]
+    if not len(step):
+        return
+    p = step.pivot_table(index=["features", "size"], columns="provider", values="ms_per_update")
+    ax = p.plot.barh(figsize=(9, 1 + 0.5 * len(p)), logx=True)
+    ax.set_xlabel("ms per update (log)")
+    ax.set_title(f"foxdqn step: {df['gpu'].iloc[0]}")
+    plt.tight_layout()
+    plt.savefig(path, dpi=110)
+    plt.close()
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--sections", default="step,e2e,ops")
+    ap.add_argument("--out", default=str(RESULTS))
+    args = ap.parse_args(argv)
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    if device == "cpu":
+        print("No CUDA device: running the eager rows only; graph, torch.compile and ops rows need CUDA.")
+    t = tags()
+    rows = []
+    for name in args.sections.split(","):
+        rows += [{**t, **r} for r in _section(name.strip(), device)]
+    df = pd.DataFrame(rows)
+    slug = re.sub(r"[^A-Za-z0-9]+", "-", t["gpu"]).strip("-")
+    stem = Path(args.out) / f"{t['date'][:10]}_{slug}"
+    write_csv(rows, stem.with_suffix(".csv"))
+    md = f"# foxdqn bench — {t['gpu']}, torch {t['torch']}, triton {t['triton']}, {t['date']}\n\n" + _ratios(df)
+    stem.with_suffix(".md").write_text(md + "\n")
+    _chart(df, stem.with_suffix(".png"))
+    print(md)
+    print(f"\nwrote {stem}.csv, .md, .png")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
