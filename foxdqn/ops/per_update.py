@@ -1,0 +1,322 @@
+"""Priority writes into the blocked sum: TD-error updates and insertion of fresh slots.
+
+Source: Schaul et al. 2016, "Prioritized Experience Replay", §3.3 (proportional variant):
+priority ``p_i = |delta_i| + eps``, stored leaf ``p_i^alpha`` (eq. 1), new transitions get the
+maximal priority seen so far. No host synchronisation, fixed shapes, CUDA-graph capturable
+(zero_sync_hot_path.md "Goal", "Component A": a bad step is skipped on the device through a
+0-d ``skip`` flag written by the training guard; ARCHITECTURE.md hot-loop contract 1, 3, 5).
+
+``per_update`` = three kernels:
+
+1. ``_per_zero_kernel``: ``leaves[idx] = 0`` for every touched slot.
+2. ``_per_scatter_max_kernel``: ``atomic_max(leaves[idx], (|td| + eps)^alpha)``. Leaves are
+   >= 0, so after step 1 the float ``atomic_max`` leaves the largest value among duplicates:
+   order-independent, hence deterministic. A non-finite ``|td|`` (NaN, Inf) uses the
+   ``max_priority`` read before this update instead (the item stays sampleable and cannot
+   poison the sums; normally the guard's ``skip`` flag catches such a step first).
+3. ``_per_block_sum_kernel``: item ``k`` recomputes ``block_sums[idx_k // block]`` as the f32
+   sum of the block's leaves, unless item ``k-1`` touched the same block (then that one does);
+   two items that touch the same block non-adjacently both write the same value (same data,
+   same reduction), so the result is deterministic and each block costs one read when the
+   indices are sorted or contiguous (the usual ring-buffer insert). It also raises
+   ``max_priority`` by ``atomic_max`` over the finite raw priorities of the batch.
+
+``per_insert`` = ``_per_insert_kernel`` (``leaves[idx] = max_priority^alpha``) + kernel 3
+without the max update.
+
+Rules: duplicates -> the largest ``|td|`` wins; ``skip`` (0-d f32) != 0 -> nothing is written
+(leaves, block sums, ``max_priority`` bit-identical); indices must lie in ``[0, capacity)``
+(the kernels ignore others, the reference raises an index error); ``td_abs`` is taken in
+absolute value again (a signed TD error is accepted); ``alpha == 0`` gives leaf 1 for every
+priority including 0 (``0^0 = 1``).
+"""
+from typing import Optional
+
+import torch
+import triton
+import triton.language as tl
+
+from foxdqn.ops.per_state import PERState
+
+__all__ = ["per_update", "per_update_reference", "per_insert", "per_insert_reference"]
+
+_ZERO_BLOCK = 1024  # items per program of the elementwise kernels
+_SUM_TILE = 1024  # elements per program of the block-sum kernel (ITEMS * block)
+
+
+# ----------------------------------------------------------------------------------------------
+# Triton kernels
+# ----------------------------------------------------------------------------------------------
+@triton.jit
+def _leaf_value(q, alpha):
+    # q^alpha for q >= 0 (no libdevice pow: exp2/log2 work in the interpreter too); 0^0 = 1.
+    pw = tl.exp2(alpha * tl.log2(tl.where(q > 0, q, 1.0)))
+    return tl.where(q > 0, pw, tl.where(alpha == 0.0, 1.0, 0.0))
+
+
+@triton.jit
+def _per_zero_kernel(leaves_ptr, idx_ptr, skip_ptr, N, CAPACITY: tl.constexpr, HAS_SKIP: tl.constexpr,
+                     BLOCK_N: tl.constexpr):
+    n = N
+    if HAS_SKIP:  # skip folded into the item count (a skipped call touches nothing)
+        n = tl.where(tl.load(skip_ptr).to(tl.float32) == 0.0, N, 0)
+    k = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    m = k < n
+    idx = tl.load(idx_ptr + k, mask=m, other=0).to(tl.int64)
+    m = m & (idx >= 0) & (idx < CAPACITY)
+    tl.store(leaves_ptr + idx, tl.zeros([BLOCK_N], dtype=tl.float32), mask=m)
+
+
+@triton.jit
+def _per_scatter_max_kernel(leaves_ptr, idx_ptr, td_ptr, maxp_ptr, alpha_ptr, eps_ptr, skip_ptr, N,
+                            CAPACITY: tl.constexpr, HAS_SKIP: tl.constexpr, BLOCK_N: tl.constexpr):
+    n = N
+    if HAS_SKIP:  # skip folded into the item count (a skipped call touches nothing)
+        n = tl.where(tl.load(skip_ptr).to(tl.float32) == 0.0, N, 0)
+    k = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    m = k < n
+    idx = tl.load(idx_ptr + k, mask=m, other=0).to(tl.int64)
+    m = m & (idx >= 0) & (idx < CAPACITY)
+    a = tl.abs(tl.load(td_ptr + k, mask=m, other=0.0).to(tl.float32))
+    finite = (a == a) & (a < float("inf"))
+    q = tl.where(finite, a + tl.load(eps_ptr), tl.load(maxp_ptr))
+    v = _leaf_value(q, tl.load(alpha_ptr))
+    tl.atomic_max(leaves_ptr + idx, v, mask=m)
+
+
+@triton.jit
+def _per_insert_kernel(leaves_ptr, idx_ptr, maxp_ptr, alpha_ptr, N, CAPACITY: tl.constexpr,
+                       BLOCK_N: tl.constexpr):
+    k = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    m = k < N
+    idx = tl.load(idx_ptr + k, mask=m, other=0).to(tl.int64)
+    m = m & (idx >= 0) & (idx < CAPACITY)
+    v = _leaf_value(tl.load(maxp_ptr), tl.load(alpha_ptr))
+    tl.store(leaves_ptr + idx, tl.zeros([BLOCK_N], dtype=tl.float32) + v, mask=m)
+
+
+@triton.jit
+def _per_block_sum_kernel(leaves_ptr, block_sums_ptr, idx_ptr, td_ptr, maxp_ptr, eps_ptr, skip_ptr, N,
+                          CAPACITY: tl.constexpr, BLOCK: tl.constexpr, ITEMS: tl.constexpr,
+                          HAS_SKIP: tl.constexpr, UPDATE_MAX: tl.constexpr):
+    n = N
+    if HAS_SKIP:  # skip folded into the item count (a skipped call touches nothing)
+        n = tl.where(tl.load(skip_ptr).to(tl.float32) == 0.0, N, 0)
+    k = tl.program_id(0) * ITEMS + tl.arange(0, ITEMS)  # (I,)
+    km = k < n
+    idx = tl.load(idx_ptr + k, mask=km, other=0).to(tl.int64)
+    valid = km & (idx >= 0) & (idx < CAPACITY)
+    prev = tl.load(idx_ptr + k - 1, mask=km & (k > 0), other=-1).to(tl.int64)
+    prev_ok = (prev >= 0) & (prev < CAPACITY)
+    blk = tl.maximum(idx, 0) // BLOCK
+    prev_blk = tl.where(prev_ok, tl.maximum(prev, 0) // BLOCK, -1)
+    do = valid & (prev_blk != blk)  # first item of a run touching this block
+    offs = tl.arange(0, BLOCK)
+    pos = blk[:, None] * BLOCK + offs[None, :]  # (I, BLOCK)
+    lv = tl.load(leaves_ptr + pos, mask=do[:, None], other=0.0)
+    tl.store(block_sums_ptr + blk, tl.sum(lv, axis=1), mask=do)
+    if UPDATE_MAX:
+        a = tl.abs(tl.load(td_ptr + k, mask=valid, other=0.0).to(tl.float32))
+        finite = (a == a) & (a < float("inf"))
+        q = tl.where(valid & finite, a + tl.load(eps_ptr), 0.0)
+        qm = tl.max(q, axis=0)
+        # max_priority only grows, so a stale read can only cause a redundant atomic, never a
+        # missed one; most programs skip the same-address atomic this way.
+        tl.atomic_max(maxp_ptr, qm, mask=qm > tl.load(maxp_ptr))
+
+
+# ----------------------------------------------------------------------------------------------
+# Launchers
+# ----------------------------------------------------------------------------------------------
+def _sum_items(block: int, n: int) -> int:
+    items = max(1, _SUM_TILE // block)
+    return max(1, min(items, 1 << max(0, (n - 1).bit_length())))
+
+
+def _per_update_launch(leaves, block_sums, max_priority, indices, td_abs, alpha, eps, skip, block, capacity,
+                       launch=None):
+    wrap = launch if launch is not None else (lambda kern: kern)
+    n = indices.shape[0]
+    if n == 0:
+        return
+    has_skip = skip is not None
+    skip_t = skip if has_skip else td_abs  # dummy pointer, never read (not aliased with a written arg)
+    grid = (triton.cdiv(n, _ZERO_BLOCK),)
+    wrap(_per_zero_kernel)[grid](leaves, indices, skip_t, n, CAPACITY=capacity, HAS_SKIP=has_skip,
+                                 BLOCK_N=_ZERO_BLOCK, num_warps=4)
+    wrap(_per_scatter_max_kernel)[grid](leaves, indices, td_abs, max_priority, alpha, eps, skip_t, n,
+                                        CAPACITY=capacity, HAS_SKIP=has_skip, BLOCK_N=_ZERO_BLOCK, num_warps=4)
+    items = _sum_items(block, n)
+    wrap(_per_block_sum_kernel)[(triton.cdiv(n, items),)](
+        leaves, block_sums, indices, td_abs, max_priority, eps, skip_t, n,
+        CAPACITY=capacity, BLOCK=block, ITEMS=items, HAS_SKIP=has_skip, UPDATE_MAX=True, num_warps=4,
+    )
+
+
+def _per_insert_launch(leaves, block_sums, max_priority, alpha, indices, block, capacity, launch=None):
+    wrap = launch if launch is not None else (lambda kern: kern)
+    n = indices.shape[0]
+    if n == 0:
+        return
+    wrap(_per_insert_kernel)[(triton.cdiv(n, _ZERO_BLOCK),)](
+        leaves, indices, max_priority, alpha, n, CAPACITY=capacity, BLOCK_N=_ZERO_BLOCK, num_warps=4
+    )
+    items = _sum_items(block, n)
+    wrap(_per_block_sum_kernel)[(triton.cdiv(n, items),)](
+        leaves, block_sums, indices, indices, max_priority, alpha, alpha, n,  # td/eps/skip: unused dummies
+        CAPACITY=capacity, BLOCK=block, ITEMS=items, HAS_SKIP=False, UPDATE_MAX=False, num_warps=4,
+    )
+
+
+@torch.library.triton_op("foxdqn::per_update", mutates_args=("leaves", "block_sums", "max_priority"))
+def _per_update_op(
+    leaves: torch.Tensor,
+    block_sums: torch.Tensor,
+    max_priority: torch.Tensor,
+    indices: torch.Tensor,
+    td_abs: torch.Tensor,
+    alpha: torch.Tensor,
+    eps: torch.Tensor,
+    skip: Optional[torch.Tensor],
+    block: int,
+    capacity: int,
+) -> None:
+    _per_update_launch(leaves, block_sums, max_priority, indices, td_abs, alpha, eps, skip, block, capacity,
+                       torch.library.wrap_triton)
+
+
+@torch.library.triton_op("foxdqn::per_insert", mutates_args=("leaves", "block_sums"))
+def _per_insert_op(
+    leaves: torch.Tensor,
+    block_sums: torch.Tensor,
+    max_priority: torch.Tensor,
+    alpha: torch.Tensor,
+    indices: torch.Tensor,
+    block: int,
+    capacity: int,
+) -> None:
+    _per_insert_launch(leaves, block_sums, max_priority, alpha, indices, block, capacity, torch.library.wrap_triton)
+
+
+# ----------------------------------------------------------------------------------------------
+# References (plain torch: scatter_reduce amax + per-touched-block sums)
+# ----------------------------------------------------------------------------------------------
+def _touched_block_sums_(state: PERState, idx: torch.Tensor, apply: Optional[torch.Tensor]) -> None:
+    blk = idx // state.block
+    sums = state.leaves.view(state.num_blocks, state.block)[blk].sum(dim=1)  # (N,)
+    if apply is not None:
+        sums = torch.where(apply, sums, state.block_sums[blk])
+    state.block_sums.index_put_((blk,), sums)  # duplicates write identical values
+
+
+def per_update_reference(state: PERState, indices: torch.Tensor, td_abs: torch.Tensor,
+                         skip: Optional[torch.Tensor] = None) -> None:
+    """Plain-torch :func:`per_update` (same rules), in place, no host sync."""
+    if indices.shape[0] == 0:
+        return
+    idx = indices.to(torch.int64)
+    a = td_abs.to(torch.float32).abs()
+    finite = torch.isfinite(a)
+    q = torch.where(finite, a + state.eps, state.max_priority)  # raw priority, Schaul §3.3
+    v = q.pow(state.alpha)  # torch.pow(0, 0) = 1
+    apply = None
+    if skip is not None:
+        apply = skip.to(torch.float32) == 0.0
+        v = torch.where(apply, v, state.leaves[idx])  # skipped: write back the old leaves
+    state.leaves.scatter_reduce_(0, idx, v, reduce="amax", include_self=False)  # duplicates: max wins
+    _touched_block_sums_(state, idx, apply)
+    qmax = torch.where(finite, q, torch.zeros_like(q)).amax()
+    new_max = torch.maximum(state.max_priority, qmax)
+    if apply is not None:
+        new_max = torch.where(apply, new_max, state.max_priority)
+    state.max_priority.copy_(new_max)
+
+
+def per_insert_reference(state: PERState, indices: torch.Tensor) -> None:
+    """Plain-torch :func:`per_insert`, in place, no host sync."""
+    if indices.shape[0] == 0:
+        return
+    idx = indices.to(torch.int64)
+    v = state.max_priority.pow(state.alpha).expand(idx.shape[0])
+    state.leaves.scatter_(0, idx, v)
+    _touched_block_sums_(state, idx, None)
+
+
+# ----------------------------------------------------------------------------------------------
+# Public ops
+# ----------------------------------------------------------------------------------------------
+def _check_indices(name: str, state: PERState, indices: torch.Tensor) -> None:
+    if not isinstance(indices, torch.Tensor) or indices.dim() != 1 or indices.dtype not in (torch.int64, torch.int32):
+        raise ValueError(f"{name}: indices must be a 1-D int64 (or int32) tensor")
+    if indices.device != state.leaves.device:
+        raise ValueError(f"{name}: indices are on {indices.device}, the state on {state.leaves.device}")
+
+
+def _backend(name: str, state: PERState, backend: str) -> str:
+    if backend == "auto":
+        return "triton" if state.leaves.is_cuda else "torch"
+    if backend not in ("triton", "torch"):
+        raise ValueError(f"{name}: backend must be 'auto', 'triton' or 'torch', got {backend!r}")
+    return backend
+
+
+def per_update(state: PERState, indices: torch.Tensor, td_abs: torch.Tensor,
+               skip: Optional[torch.Tensor] = None, backend: str = "auto") -> None:
+    """Write new priorities for sampled slots after a learning step (Schaul §3.3), in place.
+
+    For each ``k``: raw priority ``q_k = |td_abs[k]| + eps`` (``max_priority`` as read before
+    this call when ``td_abs[k]`` is NaN or Inf), ``leaves[indices[k]] = q_k^alpha``; when a slot
+    appears several times, the largest ``q`` wins (order-independent, deterministic). Then the
+    sums of the touched blocks are recomputed from their leaves and
+    ``max_priority = max(max_priority, max of the finite q_k)``.
+
+    Args:
+        state: :class:`PERState`; ``leaves``, ``block_sums`` and ``max_priority`` are written.
+        indices: int64 ``[N]`` slots in ``[0, capacity)`` (usually the sampled batch).
+        td_abs: float ``[N]``, ``|TD error|`` per item (absolute value is taken again).
+        skip: optional 0-d f32 device tensor; any value != 0 (1.0: the training guard's skip
+            flag) leaves the whole state bit-identical.
+        backend: ``"auto"`` | ``"triton"`` | ``"torch"``.
+
+    Raises:
+        ValueError: wrong rank, dtype or device of an argument; shape mismatch; unknown backend.
+    """
+    _check_indices("per_update", state, indices)
+    if not isinstance(td_abs, torch.Tensor) or td_abs.shape != indices.shape or not td_abs.dtype.is_floating_point:
+        raise ValueError(f"per_update: td_abs must be a float tensor of shape {tuple(indices.shape)}")
+    if td_abs.device != state.leaves.device:
+        raise ValueError(f"per_update: td_abs is on {td_abs.device}, the state on {state.leaves.device}")
+    if skip is not None and (not isinstance(skip, torch.Tensor) or skip.dim() != 0
+                             or skip.device != state.leaves.device):
+        raise ValueError("per_update: skip must be a 0-d tensor on the state's device (or None)")
+    if _backend("per_update", state, backend) == "torch":
+        per_update_reference(state, indices, td_abs, skip)
+        return
+    torch.ops.foxdqn.per_update(
+        state.leaves, state.block_sums, state.max_priority, indices, td_abs, state.alpha, state.eps,
+        skip, state.block, state.capacity,
+    )
+
+
+def per_insert(state: PERState, indices: torch.Tensor, backend: str = "auto") -> None:
+    """Give freshly written slots the maximal priority seen so far (Schaul §3.3), in place.
+
+    ``leaves[indices] = max_priority^alpha`` (duplicates write the same value), then the sums of
+    the touched blocks are recomputed. ``max_priority`` is not changed.
+
+    Args:
+        state: :class:`PERState`; ``leaves`` and ``block_sums`` are written.
+        indices: int64 ``[N]`` slots in ``[0, capacity)`` just written by the replay buffer
+            (contiguous or sorted indices cost one block read per touched block).
+        backend: ``"auto"`` | ``"triton"`` | ``"torch"``.
+
+    Raises:
+        ValueError: wrong rank, dtype or device of ``indices``; unknown backend.
+    """
+    _check_indices("per_insert", state, indices)
+    if _backend("per_insert", state, backend) == "torch":
+        per_insert_reference(state, indices)
+        return
+    torch.ops.foxdqn.per_insert(
+        state.leaves, state.block_sums, state.max_priority, state.alpha, indices, state.block, state.capacity
+    )

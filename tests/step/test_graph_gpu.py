@@ -1,0 +1,81 @@
+"""The captured iteration on CUDA: same results as eager, no host syncs, one launch per iteration."""
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+sys.path.insert(0, str(Path(__file__).parent))
+from helpers import small_state  # noqa: E402
+
+from foxdqn.step.iteration import WARMUP_ITERATIONS, Iteration  # noqa: E402
+
+pytestmark = pytest.mark.gpu
+HEADS = ["q", "dueling"]
+
+
+def _run(use_graph: bool, head: str, iters: int = 50):
+    s, _ = small_state([f"head={head}", "agent.updates_per_iter=2"], device="cuda")
+    collect, full = Iteration(s, use_graph, updates=0), Iteration(s, use_graph)
+    for _ in range(4):
+        collect()
+    losses = []
+    for _ in range(iters):
+        full()
+        losses.append(s.guard.acc[0].clone())
+    torch.cuda.synchronize()
+    return s, torch.stack(losses)
+
+
+@pytest.mark.parametrize("head", HEADS)
+def test_graph_equals_eager_after_50_iterations(head):
+    torch.backends.cudnn.deterministic = True
+    se, le = _run(False, head)
+    sg, lg = _run(True, head)
+    assert sg.guard.acc[2].item() == se.guard.acc[2].item() == 100  # every update counted
+    torch.testing.assert_close(lg, le, rtol=1e-5, atol=1e-6)
+    for a, b in zip(sg.online.parameters(), se.online.parameters()):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+    for a, b in zip(sg.target.parameters(), se.target.parameters()):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+    assert torch.equal(sg.replay.action, se.replay.action)
+
+
+def _captured(head="dueling"):
+    s, _ = small_state([f"head={head}"], device="cuda")
+    collect, full = Iteration(s, True, updates=0), Iteration(s, True)
+    for _ in range(4):
+        collect()
+    for _ in range(WARMUP_ITERATIONS + 2):
+        full()
+    assert full.graph is not None
+    torch.cuda.synchronize()
+    return s, full
+
+
+def test_steady_state_under_sync_debug_error():
+    s, full = _captured()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        for _ in range(10):
+            full()
+            s.guard.reader.latest()
+    finally:
+        torch.cuda.set_sync_debug_mode(0)
+    torch.cuda.synchronize()
+
+
+def test_one_graph_launch_per_iteration():
+    from torch.profiler import ProfilerActivity, profile
+
+    s, full = _captured()
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        for _ in range(5):
+            full()
+        torch.cuda.synchronize()
+    names = [e.name for e in prof.events()]
+    graph_launches = sum(1 for n in names if n.startswith("cudaGraphLaunch"))
+    kernel_launches = sum(1 for n in names if n in ("cudaLaunchKernel", "cuLaunchKernel", "cudaLaunchKernelExC",
+                                                    "cuLaunchKernelEx"))
+    assert graph_launches == 5
+    assert kernel_launches == 0
