@@ -25,8 +25,8 @@ from foxdqn.ops.per_state import PERState
 from foxdqn.ops.per_update import per_update, per_update_reference
 
 CAPACITIES = (1_000_000, 10_000_000)
-BATCHES = (256, 512, 4096)
-MODES = ("graph", "eager")
+BATCHES = (512, 4096)
+MODES = ("graph",)
 PROVIDERS = ("triton", "torch", "torch.compile")
 QUANTILES = [0.5, 0.2, 0.8]
 
