@@ -1,0 +1,257 @@
+r"""Batched, device-resident, CUDA-graph-capturable CartPole (Gymnasium ``CartPole-v1``).
+
+:class:`CartPoleEnv` steps ``N`` independent cart-pole systems with the dynamics, termination,
+reward, time limit and reset distribution of Gymnasium's ``CartPole-v1``
+(``gymnasium/envs/classic_control/cartpole.py``, ``CartPoleEnv`` with the default ``"euler"``
+kinematics integrator and ``sutton_barto_reward=False``, wrapped by ``TimeLimit`` with
+``max_episode_steps=500``), itself the cart-pole of Barto, Sutton & Anderson (1983),
+"Neuronlike adaptive elements that can solve difficult learning control problems", with the
+equations of motion of Florian (2007), "Correct equations for the dynamics of the cart-pole
+system" (frictionless case).
+
+State and observation
+---------------------
+The state of env ``i`` is ``(x, x_dot, theta, theta_dot)``: cart position (m), cart velocity
+(m/s), pole angle from upright (rad, positive = clockwise) and pole angular velocity (rad/s).
+Like Gymnasium, the state is kept and integrated in float64 whatever the env ``dtype``; the
+observation ``[N, 4]`` is the state cast to ``dtype`` (Gymnasium returns it cast to float32,
+which is what ``dtype=torch.float32``, the default, gives).
+
+Dynamics (one step, ``tau = 0.02`` s, explicit Euler)
+----------------------------------------------------
+Action 1 pushes the cart right with ``force = +10`` N, any other action pushes it left with
+``-10`` N (Gymnasium asserts ``action in {0, 1}``; no range check is done here since it would
+need a sync). With gravity ``g = 9.8`` m/s², cart mass 1.0 kg, pole mass ``m_p = 0.1`` kg,
+half-pole length ``l = 0.5`` m, total mass ``M = 1.1`` kg::
+
+    temp      = (force + m_p*l * theta_dot**2 * sin(theta)) / M
+    theta_acc = (g*sin(theta) - cos(theta)*temp) / (l * (4/3 - m_p*cos(theta)**2 / M))
+    x_acc     = temp - m_p*l * theta_acc * cos(theta) / M
+    x += tau*x_dot;  x_dot += tau*x_acc;  theta += tau*theta_dot;  theta_dot += tau*theta_acc
+
+(the same operations in the same order as Gymnasium, so float64 results agree to rounding).
+
+Episodes
+--------
+* reward: ``+1`` on every step, including the terminating one (Gymnasium's default reward);
+* ``terminated``: after the step ``|x| > 2.4`` m or ``|theta| > 12 * 2*pi/360`` rad (12°);
+* ``truncated``: the step was the episode's ``max_episode_steps``-th (500) and the episode did
+  not terminate on it. Gymnasium's ``TimeLimit`` reports ``truncated=True`` on that step even
+  when it also terminates; here, as in :class:`foxdqn.envs.TradingEnv`, termination takes
+  precedence and the two flags are never both true (so ``terminated`` alone decides the
+  bootstrap mask);
+* reset: each of the 4 state variables uniform in ``[-0.05, 0.05]`` (Gymnasium:
+  ``np_random.uniform(-0.05, 0.05, size=4)``), drawn from the env's generator.
+
+Envs that end are reset inside the same :meth:`CartPoleEnv.step` (auto-reset, branch-free with
+``torch.where``): ``StepOut.next_obs`` is the observation before the reset (store it in
+replay), ``StepOut.obs`` the one after (act on it).
+
+Graph capture
+-------------
+:meth:`CartPoleEnv.reset_all`, :meth:`CartPoleEnv.observe`, :meth:`CartPoleEnv.step` and
+:meth:`CartPoleEnv.set_state` only launch fixed-shape tensor ops on the env device, never read
+a device value on the host and update the state tensors in place. Their only randomness is the
+``generator`` given to the constructor: one ``rand`` of ``[N, 4]`` float64 per
+:meth:`~CartPoleEnv.reset_all` and per :meth:`~CartPoleEnv.step` (drawn for every env, whether
+or not it resets, so the generator advances by the same amount on every step). To capture
+them in a ``torch.cuda.CUDAGraph`` register the generator first:
+``graph.register_generator_state(env.generator)``.
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from foxdqn.errors import ConfigError
+
+from .trading import StepOut
+
+__all__ = ["CartPoleEnv"]
+
+# Gymnasium CartPole-v1 constants (gymnasium/envs/classic_control/cartpole.py).
+GRAVITY = 9.8  # m/s^2
+MASSCART = 1.0  # kg
+MASSPOLE = 0.1  # kg
+TOTAL_MASS = MASSPOLE + MASSCART  # kg
+LENGTH = 0.5  # m, half the pole's length
+POLEMASS_LENGTH = MASSPOLE * LENGTH  # kg m
+FORCE_MAG = 10.0  # N
+TAU = 0.02  # s between state updates
+THETA_THRESHOLD_RADIANS = 12 * 2 * math.pi / 360  # 12 degrees
+X_THRESHOLD = 2.4  # m
+RESET_LOW, RESET_HIGH = -0.05, 0.05  # uniform reset bounds of every state variable
+MAX_EPISODE_STEPS = 500  # CartPole-v1 TimeLimit
+
+_STATE_DTYPE = torch.float64  # Gymnasium integrates in float64
+
+
+class CartPoleEnv:
+    """``N`` vectorised ``CartPole-v1`` systems (see the module docstring).
+
+    Args:
+        num_envs: ``N >= 1``.
+        device: where the state tensors live.
+        generator: ``torch.Generator`` on ``device``; the only source of randomness (resets).
+        dtype: floating dtype of observations and rewards (the state is float64 regardless).
+        max_episode_steps: time limit ``>= 1`` (``CartPole-v1``: 500).
+
+    Raises:
+        ConfigError: invalid ``num_envs``, ``dtype``, ``generator`` or ``max_episode_steps``.
+
+    Attributes:
+        num_envs: ``N``.  obs_dim: 4.  num_actions: 2 (0 = push left, 1 = push right).
+        device, dtype, generator, max_episode_steps: as given.
+        state: ``[N, 4]`` float64 ``(x [m], x_dot [m/s], theta [rad], theta_dot [rad/s])``.
+        steps: ``[N]`` int64, steps taken in the current episode.
+    """
+
+    obs_dim = 4
+    num_actions = 2
+
+    def __init__(
+        self,
+        num_envs: int,
+        device: torch.device | str,
+        generator: torch.Generator,
+        dtype: torch.dtype = torch.float32,
+        max_episode_steps: int = MAX_EPISODE_STEPS,
+    ) -> None:
+        num_envs = _positive_int(num_envs, "env.num_envs")
+        max_episode_steps = _positive_int(max_episode_steps, "env.max_episode_steps")
+        if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
+            raise ConfigError(f"env.dtype: must be a floating torch dtype, got {dtype!r}")
+        device = torch.device(device)
+        _check_generator(generator, device)
+        self.num_envs = num_envs
+        self.device = device
+        self.dtype = dtype
+        self.generator = generator
+        self.max_episode_steps = max_episode_steps
+        self.state = torch.zeros(num_envs, 4, device=device, dtype=_STATE_DTYPE)
+        self.steps = torch.zeros(num_envs, device=device, dtype=torch.long)
+        self._force_right = torch.tensor(FORCE_MAG, device=device, dtype=_STATE_DTYPE)
+        self._force_left = torch.tensor(-FORCE_MAG, device=device, dtype=_STATE_DTYPE)
+        # state stays all-zero (upright, at rest, no randomness drawn) until reset_all()
+
+    # ------------------------------------------------------------------ device-side API
+
+    def reset_all(self) -> Tensor:
+        """Start a fresh episode in every env (state uniform in ``[-0.05, 0.05]^4``). Sync-free.
+
+        Returns:
+            ``[N, 4]`` observation (dtype).
+        """
+        self.state.copy_(self._draw_starts())
+        self.steps.zero_()
+        return self.observe()
+
+    def observe(self) -> Tensor:
+        """Observation of the current state, ``[N, 4]`` dtype (no side effects, sync-free)."""
+        return self.state.to(dtype=self.dtype, copy=True)
+
+    def set_state(self, state: Tensor, elapsed_steps: Tensor | None = None) -> Tensor:
+        """Overwrite the state of every env (for tests and custom starts). Sync-free.
+
+        Args:
+            state: ``[N, 4]`` float ``(x [m], x_dot [m/s], theta [rad], theta_dot [rad/s])``;
+                copied (converted to float64).
+            elapsed_steps: optional ``[N]`` integer steps already taken in the episode (the
+                time limit counts from it); default 0, a fresh episode.
+
+        Returns:
+            ``[N, 4]`` observation (dtype) of the new state.
+
+        Raises:
+            ValueError: ``state`` / ``elapsed_steps`` of the wrong shape.
+        """
+        if tuple(state.shape) != (self.num_envs, 4):
+            raise ValueError(f"state: must have shape ({self.num_envs}, 4), got {tuple(state.shape)}")
+        self.state.copy_(state)
+        if elapsed_steps is None:
+            self.steps.zero_()
+        else:
+            if tuple(elapsed_steps.shape) != (self.num_envs,):
+                raise ValueError(
+                    f"elapsed_steps: must have shape ({self.num_envs},), got {tuple(elapsed_steps.shape)}"
+                )
+            self.steps.copy_(elapsed_steps)
+        return self.observe()
+
+    def step(self, action: Tensor) -> StepOut:
+        """Apply ``action`` (``[N]`` int64; 1 = push right, anything else = push left) to every env.
+
+        Returns:
+            :class:`~foxdqn.envs.StepOut`: ``next_obs`` / ``obs`` ``[N, 4]`` dtype (before / after
+            auto-reset), ``reward`` ``[N]`` dtype (1 on every step), ``terminated`` /
+            ``truncated`` ``[N]`` bool, ``info`` with ``[N]`` tensors ``episode_return`` (dtype,
+            the finished episode's undiscounted return = its length, else 0), ``episode_done``
+            (bool), ``episode_length`` (int64, else 0) and ``fill`` (bool, all False; kept for
+            the trading monitor).
+        """
+        x, x_dot, theta, theta_dot = self.state.unbind(1)
+        force = torch.where(action == 1, self._force_right, self._force_left)
+        costheta = torch.cos(theta)
+        sintheta = torch.sin(theta)
+        temp = (force + POLEMASS_LENGTH * theta_dot.square() * sintheta) / TOTAL_MASS
+        thetaacc = (GRAVITY * sintheta - costheta * temp) / (
+            LENGTH * (4.0 / 3.0 - MASSPOLE * costheta.square() / TOTAL_MASS)
+        )
+        xacc = temp - POLEMASS_LENGTH * thetaacc * costheta / TOTAL_MASS
+        x1 = x + TAU * x_dot
+        x_dot1 = x_dot + TAU * xacc
+        theta1 = theta + TAU * theta_dot
+        theta_dot1 = theta_dot + TAU * thetaacc
+        state1 = torch.stack([x1, x_dot1, theta1, theta_dot1], dim=1)
+
+        terminated = (
+            (x1 < -X_THRESHOLD)
+            | (x1 > X_THRESHOLD)
+            | (theta1 < -THETA_THRESHOLD_RADIANS)
+            | (theta1 > THETA_THRESHOLD_RADIANS)
+        )
+        steps1 = self.steps + 1
+        truncated = (steps1 >= self.max_episode_steps) & ~terminated
+        done = terminated | truncated
+        reward = torch.ones(self.num_envs, device=self.device, dtype=self.dtype)
+        zero = torch.zeros((), device=self.device, dtype=self.dtype)
+        info = {
+            "episode_return": torch.where(done, steps1.to(self.dtype), zero),
+            "episode_done": done,
+            "episode_length": torch.where(done, steps1, torch.zeros_like(steps1)),
+            "fill": torch.zeros_like(done),
+        }
+        next_obs = state1.to(self.dtype)
+
+        starts = self._draw_starts()
+        self.state.copy_(torch.where(done.unsqueeze(1), starts, state1))
+        self.steps.copy_(steps1.masked_fill(done, 0))
+        return StepOut(
+            next_obs=next_obs, reward=reward, terminated=terminated, truncated=truncated, obs=self.observe(),
+            info=info,
+        )
+
+    # ------------------------------------------------------------------ internals
+
+    def _draw_starts(self) -> Tensor:
+        u = torch.rand(self.num_envs, 4, device=self.device, dtype=_STATE_DTYPE, generator=self.generator)
+        return RESET_LOW + (RESET_HIGH - RESET_LOW) * u
+
+
+def _positive_int(value, where: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
+        raise ConfigError(f"{where}: must be an integer >= 1, got {value!r}")
+    return int(value)
+
+
+def _check_generator(generator, device: torch.device) -> None:
+    if not isinstance(generator, torch.Generator):
+        raise ConfigError(f"env.generator: must be a torch.Generator, got {type(generator).__name__}")
+    if generator.device.type != device.type:
+        raise ConfigError(
+            f"env.generator: generator is on {generator.device} but the env is on {device}; "
+            "create it with torch.Generator(device=<env device>)"
+        )
