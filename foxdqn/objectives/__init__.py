@@ -1,4 +1,5 @@
-"""Training objectives."""
-from foxdqn.objectives.dqn import TDOutput, double_dqn_loss
+"""Training objectives: one loss class per algorithm."""
+from foxdqn.objectives.base import LossOutput, Objective
+from foxdqn.objectives.dqn import DQNObjective, double_dqn_target
 
-__all__ = ["TDOutput", "double_dqn_loss"]
+__all__ = ["LossOutput", "Objective", "DQNObjective", "double_dqn_target"]

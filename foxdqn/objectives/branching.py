@@ -1,0 +1,101 @@
+r"""Branching Dueling Q-network loss (BDQ): Tavakoli, Pardo & Kormushev 2018, "Action Branching
+Architectures for Deep Reinforcement Learning".
+
+The batch action is the joint (factored) index; it is split into one sub-action per branch,
+``a = Σ_d a_d · stride_d`` (trading: ``exposure·9 + order_type·3 + urgency``). With D branches:
+
+Target, the paper's mean operator (eq. 6), with Double-DQN action selection per branch::
+
+    y = R + discount · (1/D) Σ_d Q_d^target(s', argmax_{a'_d} Q_d^online(s', a'_d))
+
+(``double=False``: ``max_{a'_d} Q_d^target(s', a'_d)``). R is the n-step discounted reward sum
+and ``discount = γ^m``, 0 where the episode terminated in the window (no bootstrap). One shared
+target y for all branches.
+
+Loss per sample: ``(1/D) Σ_d Huber_δ(Q_d(s, a_d) − y)``. The paper (eq. 7) averages the
+*squared* error over branches; here the squared error is replaced by the Huber penalty with
+threshold δ (``agent.huber_delta``; quadratic ``½x²`` for ``|x| ≤ δ`` and ``δ(|x| − ½δ)``
+beyond, ``torch.nn.functional.huber_loss``), as in the project's other TD losses (Mnih et al.
+2015 error clipping). The batch loss is ``Σ_b weight_b · per_sample_b / B``.
+
+The PER signal is ``td_abs = (1/D) Σ_d |Q_d(s, a_d) − y|`` (detached); the monitored Q values
+are the joint ``[B, Π n_d]`` mean-over-branches Q of the sampled states (detached), the same as
+``online(obs)``.
+"""
+from __future__ import annotations
+
+import math
+import numbers
+
+import torch
+import torch.nn.functional as F
+
+from foxdqn.errors import ConfigError
+from foxdqn.nn.branching import combine_branches, factor_branches
+from foxdqn.objectives.base import LossOutput, Objective, weighted_mean
+
+__all__ = ["BranchingObjective", "branching_target"]
+
+
+def branching_target(online, target, next_obs, reward, discount, double: bool = True) -> torch.Tensor:
+    """Mean-operator TD target y (paper eq. 6), float32 ``[B]``, no grad.
+
+    Args:
+        online, target: :class:`foxdqn.nn.branching.BranchingNetwork` (``branch_q(obs)`` → list
+            of ``[B, n_d]``).
+        next_obs: float32 ``[B, D_obs]``; reward, discount: float32 ``[B]``.
+        double: per-branch argmax of the online network evaluated by the target network.
+    """
+    with torch.no_grad():
+        q_next_target = target.branch_q(next_obs)                                   # D × (B, n_d)
+        if double:
+            q_next_online = online.branch_q(next_obs)
+            q_next = [qt.gather(1, qo.argmax(dim=1, keepdim=True)).squeeze(1)
+                      for qt, qo in zip(q_next_target, q_next_online)]               # D × (B,)
+        else:
+            q_next = [qt.max(dim=1).values for qt in q_next_target]
+        return reward + discount * torch.stack(q_next, dim=0).mean(dim=0)
+
+
+class BranchingObjective(Objective):
+    """BDQ loss for :class:`foxdqn.nn.branching.BranchingNetwork` (``action.mode=branching``).
+
+    Args:
+        online, target: branching networks obs ``[B, D_obs]`` → ``branch_q``: D × ``[B, n_d]``.
+        double: Double-DQN action selection per branch (``objective.double``).
+        huber_delta: Huber threshold δ > 0 in reward units (``agent.huber_delta``).
+
+    ``forward(batch)`` → :class:`~foxdqn.objectives.base.LossOutput`: loss float32 0-d,
+    td_abs float32 ``[B]`` = mean over branches of ``|Q_d(s, a_d) − y|``, q_values float32
+    ``[B, Π n_d]`` (45 for trading). ``batch.action`` is the joint index (int64 ``[B]``).
+
+    Raises:
+        ConfigError: ``huber_delta`` not a finite number > 0.
+    """
+
+    def __init__(self, online, target, double: bool = True, huber_delta: float = 1.0):
+        super().__init__(online, target)
+        if (isinstance(huber_delta, bool) or not isinstance(huber_delta, numbers.Real)
+                or not math.isfinite(huber_delta) or huber_delta <= 0):
+            raise ConfigError(f"agent.huber_delta: must be a finite number > 0, got {huber_delta!r}")
+        self.double = bool(double)
+        self.huber_delta = float(huber_delta)
+        self.branch_sizes = tuple(online.branch_sizes)
+
+    def forward_with_q(self, batch):
+        """(LossOutput, joint Q ``[B, Π n_d]`` with grad) — like ``DQNObjective.forward_with_q``."""
+        q_branches = self.online.branch_q(batch.obs)                                # D × (B, n_d), grad
+        actions = factor_branches(batch.action, self.branch_sizes)                  # D × (B,)
+        q_sa = torch.stack([q.gather(1, a[:, None]).squeeze(1)
+                            for q, a in zip(q_branches, actions)], dim=0)           # (D, B)
+        y = branching_target(self.online, self.target, batch.next_obs, batch.reward, batch.discount,
+                             self.double)                                           # (B,)
+        y_b = y.unsqueeze(0).expand_as(q_sa)                                        # (D, B)
+        per_sample = F.huber_loss(q_sa, y_b, reduction="none", delta=self.huber_delta).mean(dim=0)  # (B,)
+        td_abs = (q_sa.detach() - y_b).abs().mean(dim=0)                           # (B,)
+        q_all = combine_branches(q_branches)                                        # (B, Π n_d)
+        loss = weighted_mean(per_sample, batch.weight)
+        return LossOutput(loss, td_abs, q_all.detach()), q_all
+
+    def forward(self, batch) -> LossOutput:
+        return self.forward_with_q(batch)[0]

@@ -1,0 +1,85 @@
+"""Implicit Q-Learning for discrete actions (Kostrikov, Nair & Levine 2021, §4, eqs. 5–6).
+
+    L_V(ψ) = E_{(s,a)~D}[ L₂^τ( Q_θ̂(s, a) − V_ψ(s) ) ],   L₂^τ(u) = |τ − 1{u < 0}| u²     (eq. 5)
+    L_Q(θ) = E_{(s,a,s')~D}[ ( R + discount · V_ψ(s') − Q_θ(s, a) )² ]                    (eq. 6)
+
+Q_θ̂ is the target network (Polyak copy of Q_θ), so L_V sends no gradient to Q; V_ψ(s') in L_Q is
+detached, so L_Q sends none to V. The total loss is L_Q + L_V and one optimizer step trains
+both (V's parameters come from :meth:`IQLObjective.extra_parameters`). The expectile τ → 1
+makes V approach max_a over the dataset's actions (in-sample maximum, no out-of-data action is
+ever queried). Eq. 7 (advantage-weighted policy extraction) is not needed for discrete
+actions: acting stays greedy on Q.
+
+Both terms use the replay importance weights (Σ_b w_b · ℓ_b / B): each is an expectation over
+the replay distribution. For distributional heads, Q is the network's expected Q
+(``forward(obs)``), trained by the squared error of eq. 6.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+
+from foxdqn.errors import ConfigError
+from foxdqn.objectives.base import LossOutput, Objective, weighted_mean
+
+
+def expectile_loss(diff: torch.Tensor, tau: float) -> torch.Tensor:
+    """IQL eq. 5 asymmetric square L₂^τ(u) = |τ − 1{u < 0}| · u², elementwise.
+
+    Args:
+        diff: float32 [...] u = Q_target(s, a) − V(s).
+        tau: expectile in (0, 1).
+
+    Returns:
+        float32 [...], differentiable w.r.t. ``diff`` (the indicator is piecewise constant).
+    """
+    weight = torch.where(diff < 0, 1.0 - tau, tau)  # |τ − 1{u<0}|
+    return weight * diff.square()
+
+
+class IQLObjective(Objective):
+    """IQL value (expectile) and Q (TD to V(s')) losses.
+
+    Args:
+        online, target: Q networks obs [B, D] → Q [B, A].
+        value_net: :class:`foxdqn.nn.iql_value.IQLValueNetwork`, obs [B, D] → V [B]
+            (registered as a submodule; trained via :meth:`extra_parameters`, no target copy).
+        expectile_tau: τ in (0, 1) (``objective.iql_expectile``; 0.7 for the paper's locomotion
+            tasks, 0.9 for AntMaze).
+
+    ``forward(batch) -> LossOutput``: loss float32 0-d = Σ_b w_b (L_Q,b + L_V,b) / B;
+    td_abs float32 [B] = |R + discount · V(s') − Q(s, a)| (detached); q_values float32 [B, A]
+    online Q at s (detached). ``forward_with_q`` also returns that Q with gradient (for CQL).
+
+    Raises:
+        ConfigError: ``objective.iql_expectile`` not in (0, 1).
+    """
+
+    def __init__(self, online, target, value_net: torch.nn.Module, expectile_tau: float = 0.7):
+        if isinstance(expectile_tau, bool) or not isinstance(expectile_tau, (int, float)) \
+                or not (math.isfinite(expectile_tau) and 0.0 < expectile_tau < 1.0):
+            raise ConfigError(f"objective.iql_expectile must be in (0, 1), got {expectile_tau!r}")
+        super().__init__(online, target)
+        self.value_net = value_net
+        self.expectile_tau = float(expectile_tau)
+
+    def forward_with_q(self, batch) -> tuple[LossOutput, torch.Tensor]:
+        action = batch.action[:, None]  # (B, 1)
+        q_all = self.online(batch.obs)  # (B, A), with grad
+        q_sa = q_all.gather(1, action).squeeze(1)  # (B,)
+        v_s = self.value_net(batch.obs)  # (B,), with grad
+        with torch.no_grad():
+            q_target_sa = self.target(batch.obs).gather(1, action).squeeze(1)  # (B,) Q_θ̂(s, a)
+            y = batch.reward + batch.discount * self.value_net(batch.next_obs)  # (B,) eq. 6 target
+        loss_v = expectile_loss(q_target_sa - v_s, self.expectile_tau)  # (B,) eq. 5
+        td = y - q_sa  # (B,)
+        loss_q = td.square()  # (B,) eq. 6
+        loss = weighted_mean(loss_q, batch.weight) + weighted_mean(loss_v, batch.weight)
+        return LossOutput(loss, td.detach().abs(), q_all.detach()), q_all
+
+    def forward(self, batch) -> LossOutput:
+        return self.forward_with_q(batch)[0]
+
+    def extra_parameters(self) -> list:
+        return list(self.value_net.parameters())
