@@ -7,7 +7,8 @@ compose time. :func:`finalize` then checks ranges and cross-field rules (raising
 
 Groups mirror the package: ``data`` (foxdqn.data), ``env`` (foxdqn.envs), ``model`` (foxdqn.nn
 encoders), ``head`` (foxdqn.nn heads), ``replay`` (foxdqn.replay), ``agent`` (foxdqn.step),
-``guard`` (foxdqn.ops.training_guard), ``debug``.
+``objective`` (foxdqn.objectives), ``action`` (foxdqn.actions), ``guard``
+(foxdqn.ops.training_guard), ``debug``.
 """
 from __future__ import annotations
 
@@ -24,9 +25,12 @@ from foxdqn.errors import ConfigError
 
 DEVICES = ("auto", "cpu", "cuda")
 GRAPH_MODES = ("auto", "on", "off")
-ENCODERS = ("mlp",)
-HEADS = ("q", "dueling")
-REPLAYS = ("uniform",)
+ENCODERS = ("mlp", "attention")
+HEADS = ("q", "dueling", "c51", "iqn")
+REPLAYS = ("uniform", "per")
+ENVS = ("trading", "cartpole", "bitflip")
+ACTION_MODES = ("factored", "exposure_routed", "branching")
+TARGET_UPDATES = ("polyak", "hard")
 ACTIVATIONS = ("relu", "gelu", "tanh", "silu")
 
 
@@ -34,11 +38,12 @@ ACTIVATIONS = ("relu", "gelu", "tanh", "silu")
 class EnvConfig:
     """Batched trading environment (foxdqn.envs.trading)."""
 
-    name: str = "trading"
+    name: str = "trading"  # trading | cartpole | bitflip
     num_envs: int = 32  # N envs stepped together
-    window: int = 32  # W bars of features in each observation
-    episode_length: int = 256  # L steps per training episode
-    dtype: str = "float32"  # accounting precision: float32 | float64
+    window: int = 32  # W bars of features in each observation (trading)
+    episode_length: int = 256  # L steps per training episode (trading)
+    dtype: str = "float32"  # accounting precision: float32 | float64 (trading)
+    n_bits: int = 10  # bit-flipping: n bits, episode length n
     execution: ExecutionConfig = field(default_factory=ExecutionConfig)
 
 
@@ -46,25 +51,60 @@ class EnvConfig:
 class ModelConfig:
     """Observation encoder (foxdqn.nn)."""
 
-    encoder: str = "mlp"
-    hidden: List[int] = field(default_factory=lambda: [256, 256])
+    encoder: str = "mlp"  # mlp | attention
+    hidden: List[int] = field(default_factory=lambda: [256, 256])  # mlp widths
     activation: str = "relu"
+    width: int = 64  # attention: model width
+    heads: int = 4  # attention heads
+    layers: int = 2  # attention blocks
+    pooling: str = "mean"  # attention: mean | last
 
 
 @dataclass
 class HeadConfig:
     """Q head. ``dueling``: Wang et al. 2016 eq. 9 (mean-subtracted advantages)."""
 
-    name: str = "dueling"
+    name: str = "dueling"  # q | dueling | c51 | iqn
     double: bool = True  # Double DQN target (van Hasselt et al. 2016, eq. 4)
+    dueling: bool = False  # dueling streams inside the c51 / iqn heads
+    atoms: int = 51  # c51: atoms K on the support [v_min, v_max]
+    v_min: float = -10.0
+    v_max: float = 10.0
+    num_quantiles: int = 32  # iqn: N sampled τ for the online quantiles
+    num_target_quantiles: int = 32  # iqn: N' sampled τ' for the target
+    num_quantiles_policy: int = 32  # iqn: K fixed τ for acting
+    embedding_dim: int = 64  # iqn: cosine embedding size n
+    kappa: float = 1.0  # iqn: quantile Huber threshold κ
 
 
 @dataclass
 class ReplayConfig:
     """Replay memory on the training device (foxdqn.replay)."""
 
-    name: str = "uniform"
+    name: str = "uniform"  # uniform | per
     capacity: int = 100_000
+    n_step: int = 1  # n-step returns (n ≥ 1), truncated at episode ends
+    alpha: float = 0.6  # per: priority exponent α
+    beta_start: float = 0.4  # per: IS exponent β₀, annealed to 1 over the run's updates
+    eps: float = 1.0e-6  # per: ε added to |TD|
+    her: bool = False  # hindsight relabelling, "future" strategy (goal-conditioned envs)
+    her_k: int = 4  # her: relabelled goals per original
+
+
+@dataclass
+class ObjectiveConfig:
+    """Extra objective terms (foxdqn.objectives)."""
+
+    cql_alpha: float = 0.0  # CQL α (Kumar et al. 2020); 0 = off
+    iql: bool = False  # IQL (Kostrikov et al. 2021): V by expectile regression, Q toward r + γV(s')
+    iql_expectile: float = 0.7  # IQL expectile τ
+
+
+@dataclass
+class ActionConfig:
+    """How the network's output becomes an env action (trading: 45 factored actions)."""
+
+    mode: str = "factored"  # factored | exposure_routed | branching
 
 
 @dataclass
@@ -82,6 +122,8 @@ class AgentConfig:
     grad_clip: float = 10.0  # max global gradient L2 norm
     huber_delta: float = 1.0
     tau: float = 0.005  # Polyak (EMA) target update: θ' ← (1 − τ) θ' + τ θ, every update
+    target_update: str = "polyak"  # polyak | hard (copy every hard_update_period updates)
+    hard_update_period: int = 1000
     eps_start: float = 1.0
     eps_end: float = 0.05
     eps_decay_fraction: float = 0.5  # epsilon decays linearly over this fraction of total_env_steps
@@ -139,6 +181,8 @@ class TrainConfig:
     env: EnvConfig = field(default_factory=EnvConfig)
     model: ModelConfig = field(default_factory=ModelConfig)
     head: HeadConfig = field(default_factory=HeadConfig)
+    objective: ObjectiveConfig = field(default_factory=ObjectiveConfig)
+    action: ActionConfig = field(default_factory=ActionConfig)
     replay: ReplayConfig = field(default_factory=ReplayConfig)
     agent: AgentConfig = field(default_factory=AgentConfig)
     guard: GuardConfig = field(default_factory=GuardConfig)
@@ -205,19 +249,61 @@ def validate(cfg: TrainConfig) -> None:
     """Check ranges and cross-field rules. Raises ConfigError naming the dotted field."""
     _choice(cfg.device, DEVICES, "device")
     _choice(cfg.graph, GRAPH_MODES, "graph")
-    cfg.data.validate()
     e = cfg.env
-    _choice(e.name, ("trading",), "env.name")
+    _choice(e.name, ENVS, "env.name")
+    if e.name == "trading":
+        cfg.data.validate()
     _choice(e.dtype, ("float32", "float64"), "env.dtype")
-    for name in ("num_envs", "window", "episode_length"):
+    for name in ("num_envs", "window", "episode_length", "n_bits"):
         _positive(getattr(e, name), f"env.{name}")
     e.execution.validate("env.execution")
-    _choice(cfg.model.encoder, ENCODERS, "model.encoder")
-    _choice(cfg.model.activation, ACTIVATIONS, "model.activation")
-    if not cfg.model.hidden or any(h <= 0 for h in cfg.model.hidden):
-        raise ConfigError(f"model.hidden={list(cfg.model.hidden)} must be a non-empty list of positive widths")
-    _choice(cfg.head.name, HEADS, "head.name")
-    _choice(cfg.replay.name, REPLAYS, "replay.name")
+    m = cfg.model
+    _choice(m.encoder, ENCODERS, "model.encoder")
+    _choice(m.activation, ACTIVATIONS, "model.activation")
+    if not m.hidden or any(h <= 0 for h in m.hidden):
+        raise ConfigError(f"model.hidden={list(m.hidden)} must be a non-empty list of positive widths")
+    for name in ("width", "heads", "layers"):
+        _positive(getattr(m, name), f"model.{name}")
+    if m.encoder == "attention":
+        _choice(m.pooling, ("mean", "last"), "model.pooling")
+        if m.width % m.heads:
+            raise ConfigError(f"model.width={m.width} must be a multiple of model.heads={m.heads}")
+        if e.name != "trading":
+            raise ConfigError(f"model.encoder=attention attends over the trading observation window; env.name={e.name!r}")
+    h = cfg.head
+    _choice(h.name, HEADS, "head.name")
+    if h.name == "c51":
+        if h.atoms < 2:
+            raise ConfigError(f"head.atoms={h.atoms} must be >= 2")
+        if not h.v_min < h.v_max:
+            raise ConfigError(f"head.v_min={h.v_min} must be < head.v_max={h.v_max}")
+    if h.name == "iqn":
+        for name in ("num_quantiles", "num_target_quantiles", "num_quantiles_policy", "embedding_dim"):
+            _positive(getattr(h, name), f"head.{name}")
+        _positive(h.kappa, "head.kappa", allow_zero=True)
+    o = cfg.objective
+    _positive(o.cql_alpha, "objective.cql_alpha", allow_zero=True)
+    _unit(o.iql_expectile, "objective.iql_expectile", lo_open=True, hi_open=True)
+    if o.iql and h.name in ("c51", "iqn"):
+        raise ConfigError(f"objective.iql=true trains a scalar Q toward r + γV(s'); head.name={h.name!r} is "
+                          "distributional (use head=q or head=dueling)")
+    _choice(cfg.action.mode, ACTION_MODES, "action.mode")
+    if cfg.action.mode != "factored" and e.name != "trading":
+        raise ConfigError(f"action.mode={cfg.action.mode!r} needs env.name=trading (got {e.name!r})")
+    if cfg.action.mode == "branching" and (h.name != "dueling" or o.iql):
+        raise ConfigError(f"action.mode=branching uses its own branching dueling head; set head=dueling "
+                          f"(got head.name={h.name!r}{', objective.iql=true' if o.iql else ''})")
+    r = cfg.replay
+    _choice(r.name, REPLAYS, "replay.name")
+    _positive(r.n_step, "replay.n_step")
+    _unit(r.alpha, "replay.alpha")
+    _unit(r.beta_start, "replay.beta_start")
+    _positive(r.eps, "replay.eps")
+    _positive(r.her_k, "replay.her_k")
+    if r.her and e.name != "bitflip":
+        raise ConfigError(f"replay.her=true needs a goal-conditioned env (env.name=bitflip); got env.name={e.name!r}")
+    if r.her and r.n_step != 1:
+        raise ConfigError(f"replay.her=true needs replay.n_step=1 (got {r.n_step})")
     a = cfg.agent
     for name in ("total_env_steps", "steps_per_iter", "updates_per_iter", "batch_size", "lr", "adam_eps",
                  "grad_clip", "huber_delta", "reward_scale"):
@@ -225,9 +311,14 @@ def validate(cfg: TrainConfig) -> None:
     _positive(a.learning_starts, "agent.learning_starts", allow_zero=True)
     _unit(a.gamma, "agent.gamma", hi_open=False)
     _unit(a.tau, "agent.tau", lo_open=True)
+    _choice(a.target_update, TARGET_UPDATES, "agent.target_update")
+    _positive(a.hard_update_period, "agent.hard_update_period")
     _unit(a.eps_start, "agent.eps_start")
     _unit(a.eps_end, "agent.eps_end")
     _unit(a.eps_decay_fraction, "agent.eps_decay_fraction", lo_open=True)
+    if cfg.replay.capacity < (cfg.replay.n_step + 1) * e.num_envs:
+        raise ConfigError(f"replay.capacity={cfg.replay.capacity} must be >= (replay.n_step + 1) * env.num_envs = "
+                          f"{(cfg.replay.n_step + 1) * e.num_envs}")
     if cfg.replay.capacity < a.batch_size:
         raise ConfigError(f"replay.capacity={cfg.replay.capacity} must be >= agent.batch_size={a.batch_size}")
     if cfg.replay.capacity < e.num_envs:

@@ -22,16 +22,18 @@ FLAT_ACTION = int(compose(torch.tensor(2), torch.tensor(0), torch.tensor(1)))
 
 
 def _walk(cfg, market, split, device, policy) -> dict:
-    from foxdqn.step.state import make_env
+    from foxdqn.step.build import build_env
 
     gen = torch.Generator(device=device)
     gen.manual_seed(cfg.seed)
-    env = make_env(cfg, market, split, device, gen, eval_mode=True)
+    env = build_env(cfg, market, split, device, gen, eval_mode=True)
     return env.run_policy(policy)
 
 
-def evaluate(cfg, market, online: torch.nn.Module, device: torch.device, split: str = "test") -> dict:
-    """Run agent, buy-and-hold and flat on ``split``.
+def evaluate(cfg, market, online: torch.nn.Module, device: torch.device, split: str = "test",
+             action_mode=None) -> dict:
+    """Run agent, buy-and-hold and flat on ``split``. ``action_mode`` maps the network's action
+    to the env's factored action (None: the network acts over the 45 factored actions).
 
     Returns ``{"curves": {name: walk dict}, "metrics": {name: metrics dict}}`` where a walk dict
     holds numpy arrays (equity [S+1], exposure [S], ...) from ``TradingEnv.run_policy``.
@@ -40,7 +42,8 @@ def evaluate(cfg, market, online: torch.nn.Module, device: torch.device, split: 
 
     @torch.no_grad()
     def greedy(obs, env):
-        return online(obs.to(torch.float32)).argmax(dim=1)
+        action = online(obs.to(torch.float32)).argmax(dim=1)
+        return action if action_mode is None else action_mode.to_env(action, env)
 
     def const(a):
         return lambda obs, env: torch.full((obs.shape[0],), a, dtype=torch.int64, device=obs.device)
@@ -81,3 +84,44 @@ def write_report(out_dir: Path, result: dict, market, split: str, title: str, ex
     plot_equity(out_dir / "equity.png", ts[index], curves, title)
     write_json_atomic(out_dir / "summary.json", summary)
     return summary
+
+
+@torch.no_grad()
+def evaluate_episodes(cfg, online: torch.nn.Module, action_mode, device: torch.device, episodes: int = 100,
+                      num_envs: int = 32) -> dict:
+    """Greedy return over ``episodes`` finished episodes of a non-trading env (CartPole, bit flipping).
+
+    Runs ``num_envs`` envs from a fixed seed until ``episodes`` episodes have ended (or
+    ``episodes × max_episode_steps / num_envs`` steps), reading the finished episodes' returns on the host.
+    Returns mean/std/min/max return, mean length and, for goal-conditioned envs, the success rate.
+    """
+    from foxdqn.step.build import build_env
+
+    gen = torch.Generator(device=device)
+    gen.manual_seed(cfg.seed + 1)
+    env = build_env(cfg, None, "test", device, gen, num_envs=num_envs)
+    obs = env.reset_all().to(torch.float32)
+    returns, lengths, success = [], [], []
+    max_steps = int(getattr(env, "max_episode_steps", 1000))
+    online.eval()
+    for _ in range(max(1, episodes * max_steps // num_envs + max_steps)):
+        out = env.step(action_mode.to_env(online(obs).argmax(dim=1), env))
+        obs = out.obs.to(torch.float32)
+        done = out.info["episode_done"].cpu().numpy()
+        if done.any():
+            returns += out.info["episode_return"].cpu().numpy()[done].tolist()
+            lengths += out.info["episode_length"].cpu().numpy()[done].tolist()
+            if "is_success" in out.info:
+                success += out.info["is_success"].cpu().numpy()[done].tolist()
+        if len(returns) >= episodes:
+            break
+    online.train()
+    r = np.asarray(returns[:episodes], dtype=np.float64)
+    result = {"episodes": int(r.size), "mean_return": float(r.mean()) if r.size else float("nan"),
+              "std_return": float(r.std()) if r.size else float("nan"),
+              "min_return": float(r.min()) if r.size else float("nan"),
+              "max_return": float(r.max()) if r.size else float("nan"),
+              "mean_length": float(np.mean(lengths[:episodes])) if lengths else float("nan")}
+    if success:
+        result["success_rate"] = float(np.mean(success[:episodes]))
+    return result

@@ -18,7 +18,8 @@ import torch
 from foxdqn.checkpoint import save_checkpoint
 from foxdqn.config import TrainConfig
 from foxdqn.errors import ConfigError, HaltError
-from foxdqn.evaluate import evaluate, write_report
+from foxdqn.evaluate import evaluate, evaluate_episodes, write_report
+from foxdqn.io_atomic import write_json_atomic
 from foxdqn.step import stats as S
 from foxdqn.step.iteration import Iteration
 from foxdqn.step.state import TrainState, build_state, resolve_device
@@ -66,6 +67,13 @@ class Snapshotter:
             "mean_max_q": q[0] / q[1] if q[1] else float("nan"),
         }
         return row
+
+
+def _evaluate_val(s: TrainState, market) -> dict:
+    """Validation metrics of the greedy agent (trading: val split; others: 20 episodes)."""
+    if s.cfg.env.name == "trading":
+        return evaluate(s.cfg, market, s.online, s.device, split="val", action_mode=s.action_mode)["metrics"]["agent"]
+    return evaluate_episodes(s.cfg, s.online, s.action_mode, s.device, episodes=20)
 
 
 def train(cfg: TrainConfig, market, run_dir: Path) -> dict:
@@ -118,8 +126,7 @@ def train(cfg: TrainConfig, market, run_dir: Path) -> dict:
                     progress.update(env_steps, {"eps": row["epsilon"], "loss": row["loss"],
                                                 "ep_ret": recent_return})
                 if eval_every and (it + 1) % eval_every == 0 and it < total_iters - 1:
-                    val = evaluate(cfg, market, s.online, device, split="val")["metrics"]["agent"]
-                    logger.log(env_steps, {f"val/{k}": v for k, v in val.items()})
+                    logger.log(env_steps, {f"val/{k}": v for k, v in _evaluate_val(s, market).items()})
     finally:
         if device.type == "cuda":
             torch.cuda.synchronize(device)
@@ -128,11 +135,10 @@ def train(cfg: TrainConfig, market, run_dir: Path) -> dict:
     if halt is not None:
         (run_dir / "HALTED").write_text(halt + "\n")
         raise HaltError(f"{halt}; last good weights saved to {ckpt}")
-    result = evaluate(cfg, market, s.online, device, split=cfg.eval.split)
     wall = time.perf_counter() - t0
     extra = {
         "experiment": cfg.experiment,
-        "data": market.source,
+        "data": market.source if market is not None else None,
         "device": str(device),
         "gpu": torch.cuda.get_device_name(device) if device.type == "cuda" else None,
         "graph": graph,
@@ -142,6 +148,12 @@ def train(cfg: TrainConfig, market, run_dir: Path) -> dict:
         "wall_time_s": round(wall, 2),
         "checkpoint": str(ckpt.relative_to(run_dir)),
     }
+    if cfg.env.name != "trading":
+        summary = {**extra, "env": cfg.env.name,
+                   "metrics": {"agent": evaluate_episodes(cfg, s.online, s.action_mode, device)}}
+        write_json_atomic(run_dir / "eval" / "summary.json", summary)
+        return summary
+    result = evaluate(cfg, market, s.online, device, split=cfg.eval.split, action_mode=s.action_mode)
     data_name = cfg.data.name if cfg.data.path is None else Path(cfg.data.path).name
     title = f"{cfg.experiment}: {data_name}, {cfg.eval.split} split"
     return write_report(run_dir / "eval", result, market, cfg.eval.split, title, extra)

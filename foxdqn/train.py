@@ -86,7 +86,8 @@ def _precheck(argv: list[str]) -> None:
 
     try:
         cfg = load_config(overrides)
-        load_market_data(cfg.data, cfg.env.window, cfg.env.episode_length)
+        if cfg.env.name == "trading":
+            load_market_data(cfg.data, cfg.env.window, cfg.env.episode_length)
     except FoxdqnError as exc:
         _fail(str(exc))
 
@@ -94,6 +95,15 @@ def _precheck(argv: list[str]) -> None:
 def _print_summary(summary: dict, run_dir: Path) -> None:
     from rich.console import Console
     from rich.table import Table
+
+    if "split" not in summary:  # episodic env (CartPole, bit flipping)
+        console = Console()
+        m = summary["metrics"]["agent"]
+        console.print(f"[bold]{summary['experiment']}[/bold] greedy evaluation: " +
+                      ", ".join(f"{k}={v:.4g}" for k, v in m.items()))
+        console.print(f"[bold]outputs:[/bold] {run_dir.resolve()}  (wall {summary['wall_time_s']} s on "
+                      f"{summary['gpu'] or summary['device']})")
+        return
 
     table = Table(title=f"{summary.get('experiment')} — {summary['split']} split, {summary['bars']} bars "
                         f"({summary['period'][0]} → {summary['period'][1]})")
@@ -118,7 +128,7 @@ def _run(cfg: DictConfig) -> float:
 
     try:
         tc = finalize(cfg)
-        market = load_market_data(tc.data, tc.env.window, tc.env.episode_length)
+        market = load_market_data(tc.data, tc.env.window, tc.env.episode_length) if tc.env.name == "trading" else None
         run_dir = Path(HydraConfig.get().runtime.output_dir)
         write_text_atomic(run_dir / "config.yaml", OmegaConf.to_yaml(OmegaConf.structured(tc)))
         summary = train(tc, market, run_dir)
@@ -127,7 +137,8 @@ def _run(cfg: DictConfig) -> float:
     except HaltError as exc:
         _fail(f"training halted: {exc}", code=HaltError.exit_code)
     _print_summary(summary, run_dir)
-    return float(summary["metrics"]["agent"]["sharpe"])
+    agent = summary["metrics"]["agent"]
+    return float(agent.get("sharpe", agent.get("mean_return", float("nan"))))
 
 
 def main() -> None:

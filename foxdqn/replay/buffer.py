@@ -1,8 +1,17 @@
-"""Uniform replay ring buffer that lives on the training device.
+"""Replay ring buffer on the training device, time-major, with n-step returns built at sample time.
 
-All bookkeeping (write pointer, size) is in device tensors, so :meth:`ReplayBuffer.add` and
-:meth:`ReplayBuffer.sample` never read device memory into Python and can run inside a CUDA
-graph. Shapes are fixed: ``add`` always writes ``N`` rows (one per env).
+Storage is ``[T, N, ...]``: one time row per collect step of the N envs, so the transitions of
+one env are consecutive rows of its column. That makes n-step returns (and HER's "future" goals,
+``her.py``) a fixed-shape gather at sample time instead of per-env bookkeeping at insert time:
+
+    R_t = Σ_{k<m} γ^k r_{t+k},   discount = γ^m · (1 − terminal_{t+m−1}),   s' = next_obs_{t+m−1}
+
+where m ≤ n stops at the first step that ended the episode (terminated or truncated), so a
+window never crosses an episode boundary (Sutton & Barto 2018, §7.1; Hessel et al. 2018). The
+n−1 newest time rows are not sampled (their windows are not complete yet).
+
+All bookkeeping (write row, rows written) is in device tensors: :meth:`ReplayBuffer.add` and
+:meth:`ReplayBuffer.sample` never read device memory into Python and run inside a CUDA graph.
 """
 from __future__ import annotations
 
@@ -10,75 +19,142 @@ from typing import NamedTuple
 
 import torch
 
+from foxdqn.errors import ConfigError
+
 
 class Batch(NamedTuple):
-    """A sampled batch. obs/next_obs float32 [B, D]; action int64 [B]; reward float32 [B];
-    done float32 [B] (1.0 = terminal: no bootstrap); index int64 [B] (buffer rows)."""
+    """A sampled batch (all on the device).
+
+    obs, next_obs: float32 [B, D]; action: int64 [B]; reward: float32 [B], the n-step discounted
+    reward sum; discount: float32 [B], γ^m or 0 where the episode terminated in the window;
+    weight: float32 [B] importance weights (ones for uniform); index: int64 [B] flat rows t·N + e.
+    """
 
     obs: torch.Tensor
     action: torch.Tensor
     reward: torch.Tensor
     next_obs: torch.Tensor
-    done: torch.Tensor
+    discount: torch.Tensor
+    weight: torch.Tensor
     index: torch.Tensor
 
 
 class ReplayBuffer:
-    """Ring buffer of transitions (s, a, r, s', terminal).
+    """Uniform replay of transitions (s, a, r, s', terminal, episode end).
 
     Args:
-        capacity: C rows.
+        capacity: transitions kept (rounded down to a multiple of ``num_envs``).
+        num_envs: N, transitions written per :meth:`add`.
         obs_dim: D.
-        device: the training device (all storage lives there).
+        device: where everything lives.
+        n_step: n ≥ 1 (``replay.n_step``).
+        gamma: discount γ per env step.
 
-    ``ptr`` (int64 0-d) is the next row to write, ``size`` (int64 0-d) the number of valid
-    rows, both on the device.
+    Raises:
+        ConfigError: capacity < (n_step + 1) · num_envs, or n_step < 1.
     """
 
-    def __init__(self, capacity: int, obs_dim: int, device: torch.device):
-        self.capacity = capacity
-        self.device = device
+    def __init__(self, capacity: int, num_envs: int, obs_dim: int, device: torch.device, n_step: int = 1,
+                 gamma: float = 0.99):
+        if n_step < 1:
+            raise ConfigError(f"replay.n_step={n_step} must be >= 1")
+        rows = capacity // num_envs
+        if rows < n_step + 1:
+            raise ConfigError(f"replay.capacity={capacity} must hold at least (n_step + 1) * env.num_envs = "
+                              f"{(n_step + 1) * num_envs} transitions")
+        self.rows, self.num_envs, self.obs_dim = rows, num_envs, obs_dim
+        self.capacity = rows * num_envs
+        self.device, self.n_step, self.gamma = device, n_step, gamma
         f32 = dict(device=device, dtype=torch.float32)
-        self.obs = torch.zeros(capacity, obs_dim, **f32)
-        self.next_obs = torch.zeros(capacity, obs_dim, **f32)
-        self.action = torch.zeros(capacity, dtype=torch.int64, device=device)
-        self.reward = torch.zeros(capacity, **f32)
-        self.done = torch.zeros(capacity, **f32)
-        self.ptr = torch.zeros((), dtype=torch.int64, device=device)
-        self.size = torch.zeros((), dtype=torch.int64, device=device)
-        self._arange_cache: dict[int, torch.Tensor] = {}
+        self.obs = torch.zeros(rows, num_envs, obs_dim, **f32)
+        self.next_obs = torch.zeros(rows, num_envs, obs_dim, **f32)
+        self.action = torch.zeros(rows, num_envs, dtype=torch.int64, device=device)
+        self.reward = torch.zeros(rows, num_envs, **f32)
+        self.terminal = torch.zeros(rows, num_envs, **f32)  # 1.0: s' is terminal (no bootstrap)
+        self.ended = torch.zeros(rows, num_envs, **f32)  # 1.0: the episode ended here (terminal or truncated)
+        self.episode = torch.zeros(rows, num_envs, dtype=torch.int64, device=device)  # per-env episode number
+        self.ptr = torch.zeros((), dtype=torch.int64, device=device)  # next time row to write
+        self.written = torch.zeros((), dtype=torch.int64, device=device)  # time rows ever written
+        self._episode_now = torch.zeros(num_envs, dtype=torch.int64, device=device)
+        self._k = torch.arange(n_step, device=device)  # (n,)
+        self._gamma_k = gamma ** torch.arange(n_step, device=device, dtype=torch.float64)
+        self._gamma_k = self._gamma_k.to(torch.float32)  # (n,) γ^k
+        self._gamma_m = (gamma ** torch.arange(n_step + 1, device=device, dtype=torch.float64)).to(torch.float32)
+        self.relabeler = None  # a her.HindsightRelabeler for goal-conditioned envs
 
-    def _arange(self, n: int) -> torch.Tensor:
-        if n not in self._arange_cache:
-            self._arange_cache[n] = torch.arange(n, device=self.device)
-        return self._arange_cache[n]
+    def set_relabeler(self, relabeler) -> None:
+        """Attach HER (``replay.her``); needs ``n_step == 1``."""
+        if self.n_step != 1:
+            raise ConfigError(f"replay.her=true needs replay.n_step=1 (got {self.n_step})")
+        self.relabeler = relabeler
 
-    def add(self, obs, action, reward, next_obs, done) -> torch.Tensor:
-        """Write N transitions at the ring pointer. obs/next_obs [N, D], action [N] int64,
-        reward [N], done [N] (bool or float). Returns the written rows, int64 [N]."""
-        n = action.shape[0]
-        rows = (self.ptr + self._arange(n)) % self.capacity
-        self.obs.index_copy_(0, rows, obs.to(torch.float32))
-        self.next_obs.index_copy_(0, rows, next_obs.to(torch.float32))
-        self.action.index_copy_(0, rows, action)
-        self.reward.index_copy_(0, rows, reward.to(torch.float32))
-        self.done.index_copy_(0, rows, done.to(torch.float32))
-        self.ptr.copy_((self.ptr + n) % self.capacity)
-        self.size.copy_(torch.clamp(self.size + n, max=self.capacity))
-        return rows
+    # ---------------------------------------------------------------- insert
+    def add(self, obs, action, reward, next_obs, terminated, truncated) -> None:
+        """Write one time row: N transitions. obs/next_obs [N, D]; action [N] int64; reward [N]
+        (already scaled); terminated, truncated [N] bool."""
+        row = self.ptr.view(1)  # index tensors, never a 0-d tensor in [] (that would read it on the host)
+        ended = (terminated | truncated).to(torch.float32)
+        self.obs.index_copy_(0, row, obs.to(torch.float32)[None])
+        self.next_obs.index_copy_(0, row, next_obs.to(torch.float32)[None])
+        self.action.index_copy_(0, row, action[None])
+        self.reward.index_copy_(0, row, reward.to(torch.float32)[None])
+        self.terminal.index_copy_(0, row, terminated.to(torch.float32)[None])
+        self.ended.index_copy_(0, row, ended[None])
+        self.episode.index_copy_(0, row, self._episode_now[None])
+        self._episode_now.add_(ended.to(torch.int64))
+        self._after_add(row)
+        self.ptr.copy_((self.ptr + 1) % self.rows)
+        self.written.add_(1)
 
-    def sample_index(self, batch_size: int, generator: torch.Generator) -> torch.Tensor:
-        """Uniform rows in [0, size), int64 [B]; size is read on the device (no sync)."""
-        u = torch.rand(batch_size, device=self.device, generator=generator)
-        idx = (u * self.size.to(torch.float32)).to(torch.int64)
-        return torch.minimum(idx, torch.clamp(self.size - 1, min=0))
+    def _after_add(self, row: torch.Tensor) -> None:
+        """Hook for subclasses (PER sets the priorities of the new rows); row: int64 [1]."""
 
-    def gather(self, index: torch.Tensor) -> Batch:
-        return Batch(self.obs[index], self.action[index], self.reward[index], self.next_obs[index],
-                     self.done[index], index)
+    # ---------------------------------------------------------------- sample
+    def filled(self) -> torch.Tensor:
+        """Time rows holding data (int64 0-d)."""
+        return torch.clamp(self.written, max=self.rows)
+
+    def age(self, t: torch.Tensor) -> torch.Tensor:
+        """Rows written after row ``t`` (0 = newest row), int64 like ``t``."""
+        return (self.ptr - 1 - t) % self.rows
+
+    def sample_index(self, batch_size: int, generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+        """Uniform (time row, env) over rows whose n-step window is complete; weights are ones."""
+        u = torch.rand(2, batch_size, device=self.device, generator=generator)
+        filled = self.filled()
+        valid = torch.clamp(filled - (self.n_step - 1), min=1)
+        oldest = (self.ptr - filled) % self.rows
+        t = (oldest + (u[0] * valid.to(torch.float32)).to(torch.int64).clamp(max=valid - 1)) % self.rows
+        e = (u[1] * self.num_envs).to(torch.int64).clamp(max=self.num_envs - 1)
+        return t * self.num_envs + e, torch.ones(batch_size, device=self.device)
+
+    def gather(self, index: torch.Tensor, weight: torch.Tensor) -> Batch:
+        """n-step batch for flat rows ``index`` (int64 [B])."""
+        t, e = index // self.num_envs, index % self.num_envs
+        if self.n_step == 1:
+            return Batch(self.obs[t, e], self.action[t, e], self.reward[t, e], self.next_obs[t, e],
+                         self.gamma * (1.0 - self.terminal[t, e]), weight, index)
+        tk = (t[:, None] + self._k[None, :]) % self.rows  # (B, n)
+        ek = e[:, None].expand_as(tk)
+        ended = self.ended[tk, ek]  # (B, n)
+        # alive_k = 1 while no earlier step of the window ended the episode
+        alive = torch.cumprod(torch.cat([torch.ones_like(ended[:, :1]), 1.0 - ended[:, :-1]], dim=1), dim=1)
+        reward = (self.reward[tk, ek] * alive * self._gamma_k).sum(dim=1)
+        m = alive.sum(dim=1).to(torch.int64)  # steps in the window, 1..n
+        last = tk.gather(1, (m - 1)[:, None]).squeeze(1)
+        discount = self._gamma_m[m] * (1.0 - self.terminal[last, e])
+        return Batch(self.obs[t, e], self.action[t, e], reward, self.next_obs[last, e], discount, weight, index)
 
     def sample(self, batch_size: int, generator: torch.Generator) -> Batch:
-        return self.gather(self.sample_index(batch_size, generator))
+        index, weight = self.sample_index(batch_size, generator)
+        batch = self.gather(index, weight)
+        if self.relabeler is not None:
+            batch = self.relabeler.relabel(self, batch, generator)
+        return batch
+
+    def update_priorities(self, index: torch.Tensor, td_abs: torch.Tensor, skip: torch.Tensor) -> None:
+        """No-op for uniform replay (PER overrides)."""
 
     def state_dict(self) -> dict:
-        return {k: getattr(self, k) for k in ("obs", "next_obs", "action", "reward", "done", "ptr", "size")}
+        names = ("obs", "next_obs", "action", "reward", "terminal", "ended", "episode", "ptr", "written")
+        return {k: getattr(self, k) for k in names}

@@ -21,11 +21,12 @@ def epsilon_greedy(q: torch.Tensor, eps: torch.Tensor, generator: torch.Generato
 def collect_step(s: TrainState) -> None:
     with torch.no_grad():
         eps = s.epsilon(s.env_steps)
-        action = epsilon_greedy(s.online(s.obs), eps, s.generator)
-    out = s.env.step(action)
-    s.replay.add(s.obs, action, out.reward * s.cfg.agent.reward_scale, out.next_obs, out.terminated)
+        action = epsilon_greedy(s.online(s.obs), eps, s.generator)  # network action
+    env_action = s.action_mode.to_env(action, s.env)  # e.g. exposure → routed factored action
+    out = s.env.step(env_action)
+    s.replay.add(s.obs, action, out.reward * s.cfg.agent.reward_scale, out.next_obs, out.terminated, out.truncated)
     s.obs.copy_(out.obs)
     s.env_steps.add_(action.shape[0])
     info = out.info
-    s.stats.add_step(action, out.reward, info["episode_done"], info["episode_return"],
+    s.stats.add_step(env_action, out.reward, info["episode_done"], info["episode_return"],
                      info["episode_length"], info["fill"])

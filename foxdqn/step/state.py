@@ -1,29 +1,25 @@
 """Everything one training run keeps on the device, built from the config.
 
-:func:`build_state` is the single place that turns a validated :class:`~foxdqn.config.TrainConfig`
-and a :class:`~foxdqn.data.MarketData` into live objects: environment, online/target networks,
-fused Adam with a tensor learning rate, replay, schedules, guard, Q monitor, monitoring
-accumulators and the dedicated random generator. The collect and update functions
+:func:`build_state` turns a validated :class:`~foxdqn.config.TrainConfig` (and, for trading, a
+:class:`~foxdqn.data.MarketData`) into live objects: environment, action mode, online/target
+networks, objective, fused Adam with a tensor learning rate, replay, schedules, guard, Q monitor,
+monitoring accumulators and the dedicated random generator. The collect and update functions
 (``collect.py``, ``update.py``) read and mutate these objects with device ops only.
 """
 from __future__ import annotations
 
 import copy
+import math
 from dataclasses import dataclass
 
 import torch
 
 from foxdqn.config import TrainConfig
-from foxdqn.envs.actions import NUM_ACTIONS
-from foxdqn.envs.trading import TradingEnv
-from foxdqn.nn import build_qnet
 from foxdqn.ops.qvalue_stats import QValueMonitor
 from foxdqn.ops.training_guard import TrainingGuard
-from foxdqn.replay import ReplayBuffer
+from foxdqn.step.build import build_action_mode, build_env, build_network, build_objective, build_replay
 from foxdqn.step.schedules import LinearSchedule
 from foxdqn.step.stats import DeviceStats
-
-_DTYPES = {"float32": torch.float32, "float64": torch.float64}
 
 
 def resolve_device(name: str) -> torch.device:
@@ -37,18 +33,29 @@ def resolve_device(name: str) -> torch.device:
     return torch.device(name)
 
 
+def total_updates(cfg: TrainConfig) -> int:
+    """Gradient updates the run will make (host arithmetic on the schedule, no device read)."""
+    a = cfg.agent
+    per_iter = cfg.env.num_envs * a.steps_per_iter
+    iters = max(1, math.ceil(a.total_env_steps / per_iter))
+    warm = min(iters, math.ceil(a.learning_starts / per_iter))
+    return (iters - warm) * a.updates_per_iter
+
+
 @dataclass
 class TrainState:
     cfg: TrainConfig
     device: torch.device
-    env: TradingEnv
+    env: object  # TradingEnv | CartPoleEnv | BitFlipEnv
+    action_mode: object  # foxdqn.actions.modes.*
     online: torch.nn.Module
     target: torch.nn.Module
+    objective: torch.nn.Module
     optimizer: torch.optim.Optimizer
     lr: torch.Tensor  # float32 0-d, the optimizer's learning rate (change in place)
     tau: torch.Tensor  # float32 0-d, Polyak τ
-    gamma: float
-    replay: ReplayBuffer
+    hard_period: torch.Tensor  # int64 0-d, hard target update period (agent.target_update=hard)
+    replay: object  # foxdqn.replay.ReplayBuffer
     epsilon: LinearSchedule  # of env_steps
     guard: TrainingGuard
     qmon: QValueMonitor
@@ -57,60 +64,52 @@ class TrainState:
     obs: torch.Tensor  # float32 [N, D] observations for the next action
     env_steps: torch.Tensor  # int64 0-d, transitions collected (all envs)
     updates: torch.Tensor  # int64 0-d, gradient updates attempted
-    tau_eff: torch.Tensor  # float32 0-d scratch: τ·(1 − skip)
+    tau_eff: torch.Tensor  # float32 0-d scratch: this update's target-update weight
     nan_at: torch.Tensor  # int64 0-d, update at which the loss is poisoned (−1 = never)
-    online_params: list
-    target_params: list
-
-    @property
-    def num_actions(self) -> int:
-        return NUM_ACTIONS
-
-
-def make_env(cfg: TrainConfig, market, split: str, device: torch.device, generator: torch.Generator,
-             num_envs: int | None = None, eval_mode: bool = False) -> TradingEnv:
-    """Trading env over one split of ``market`` (a foxdqn.data.MarketData)."""
-    return TradingEnv(
-        open=market.open, high=market.high, low=market.low, close=market.close,
-        spread=market.spread, features=market.features, split=market.splits[split],
-        num_envs=1 if eval_mode else (num_envs or cfg.env.num_envs), window=cfg.env.window,
-        episode_length=cfg.env.episode_length, execution=cfg.env.execution, device=device,
-        dtype=_DTYPES[cfg.env.dtype], generator=generator, eval_mode=eval_mode,
-        volatility=market.volatility, median_spread=market.median_spread,
-        median_volatility=market.median_volatility,
-    )
+    trainable: list  # parameters trained by Adam (online + objective extras)
+    target_params: list  # Polyak/hard targets ...
+    source_params: list  # ... and what they follow
 
 
 def build_state(cfg: TrainConfig, market, device: torch.device) -> TrainState:
     torch.manual_seed(cfg.seed)
     gen = torch.Generator(device=device)
     gen.manual_seed(cfg.seed)
-    env = make_env(cfg, market, "train", device, gen)
-    online = build_qnet(cfg.model, cfg.head, env.obs_dim, NUM_ACTIONS).to(device)
+    env = build_env(cfg, market, "train", device, gen)
+    mode = build_action_mode(cfg, env)
+    online = build_network(cfg, env, mode.num_actions).to(device)
     target = copy.deepcopy(online).requires_grad_(False)
+    objective = build_objective(cfg, online, target, env, gen)
     f32 = dict(device=device, dtype=torch.float32)
     a = cfg.agent
     lr = torch.tensor(a.lr, **f32)
+    trainable = list(online.parameters()) + list(objective.extra_parameters())
     opt_kwargs = dict(lr=lr, eps=a.adam_eps, fused=True)
     if device.type == "cuda":
         opt_kwargs["capturable"] = True
-    optimizer = torch.optim.Adam(online.parameters(), **opt_kwargs)
-    replay = ReplayBuffer(cfg.replay.capacity, env.obs_dim, device)
+    optimizer = torch.optim.Adam(trainable, **opt_kwargs)
+    updates = torch.zeros((), dtype=torch.int64, device=device)
+    replay = build_replay(cfg, env, device, updates, total_updates(cfg))
     eps = LinearSchedule(a.eps_start, a.eps_end, a.eps_decay_fraction * a.total_env_steps, device)
     g = cfg.guard
     guard = TrainingGuard(device, loss_clip=g.loss_clip, collapse_threshold=a.lr * g.collapse_multiplier,
                           warmup_steps=g.warmup_updates, patience=g.collapse_patience, ring_size=g.ring_size)
     qmon = QValueMonitor(guard.ring, device, threshold=g.q_divergence)
     optimizer.found_inf = guard.skip  # fused Adam skips the update on the device when skip == 1
+    targets, sources = list(target.parameters()), list(online.parameters())
+    for tgt, src in objective.polyak_pairs():
+        targets, sources = targets + list(tgt), sources + list(src)
     nan_at = cfg.debug.inject_nan_at_step
+    env_actions = getattr(env, "num_actions", 45)
     return TrainState(
-        cfg=cfg, device=device, env=env, online=online, target=target, optimizer=optimizer, lr=lr,
-        tau=torch.tensor(a.tau, **f32), gamma=a.gamma, replay=replay, epsilon=eps, guard=guard, qmon=qmon,
-        stats=DeviceStats(NUM_ACTIONS, env.num_envs, device), generator=gen,
+        cfg=cfg, device=device, env=env, action_mode=mode, online=online, target=target, objective=objective,
+        optimizer=optimizer, lr=lr, tau=torch.tensor(a.tau, **f32),
+        hard_period=torch.tensor(a.hard_update_period, dtype=torch.int64, device=device),
+        replay=replay, epsilon=eps, guard=guard, qmon=qmon,
+        stats=DeviceStats(env_actions, env.num_envs, device), generator=gen,
         obs=env.reset_all().to(torch.float32).clone(),
-        env_steps=torch.zeros((), dtype=torch.int64, device=device),
-        updates=torch.zeros((), dtype=torch.int64, device=device),
+        env_steps=torch.zeros((), dtype=torch.int64, device=device), updates=updates,
         tau_eff=torch.zeros((), **f32),
         nan_at=torch.tensor(-1 if nan_at is None else int(nan_at), dtype=torch.int64, device=device),
-        online_params=list(online.parameters()), target_params=list(target.parameters()),
+        trainable=trainable, target_params=targets, source_params=sources,
     )

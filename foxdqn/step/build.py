@@ -1,0 +1,135 @@
+"""Builders: config → environment, action mode, network, objective, replay.
+
+Each builder reads one config group (mirroring ``conf/``) and returns a live object; the
+imports of optional features are local so a run only loads what it uses.
+"""
+from __future__ import annotations
+
+import torch
+
+from foxdqn.config import TrainConfig
+
+_DTYPES = {"float32": torch.float32, "float64": torch.float64}
+
+
+def build_env(cfg: TrainConfig, market, split: str, device: torch.device, generator: torch.Generator,
+              num_envs: int | None = None, eval_mode: bool = False):
+    """The configured environment. ``market`` (foxdqn.data.MarketData) is used by ``trading`` only."""
+    n = 1 if eval_mode else (num_envs or cfg.env.num_envs)
+    name = cfg.env.name
+    if name == "cartpole":
+        from foxdqn.envs.cartpole import CartPoleEnv
+
+        return CartPoleEnv(n, device, generator)
+    if name == "bitflip":
+        from foxdqn.envs.bitflip import BitFlipEnv
+
+        return BitFlipEnv(n, cfg.env.n_bits, device, generator)
+    from foxdqn.envs.trading import TradingEnv
+
+    return TradingEnv(
+        open=market.open, high=market.high, low=market.low, close=market.close,
+        spread=market.spread, features=market.features, split=market.splits[split],
+        num_envs=n, window=cfg.env.window, episode_length=cfg.env.episode_length,
+        execution=cfg.env.execution, device=device, dtype=_DTYPES[cfg.env.dtype], generator=generator,
+        eval_mode=eval_mode, volatility=market.volatility, median_spread=market.median_spread,
+        median_volatility=market.median_volatility,
+    )
+
+
+def build_action_mode(cfg: TrainConfig, env):
+    from foxdqn.actions.modes import build_action_mode as _build
+
+    return _build(cfg.action.mode, env)
+
+
+def num_features(env) -> int:
+    """F, features per bar of a trading observation (obs_dim = W·F + 2)."""
+    return (env.obs_dim - 2) // env.window
+
+
+def build_encoder(cfg: TrainConfig, env):
+    m = cfg.model
+    if m.encoder == "attention":
+        from foxdqn.nn.attention import AttentionEncoder
+
+        return AttentionEncoder(env.obs_dim, env.window, num_features(env), m.width, m.heads, m.layers,
+                                pooling=m.pooling)
+    from foxdqn.nn.mlp import MLPEncoder
+
+    return MLPEncoder(env.obs_dim, list(m.hidden), m.activation)
+
+
+def build_network(cfg: TrainConfig, env, num_actions: int) -> torch.nn.Module:
+    """Online network obs [B, D] → expected Q [B, num_actions]."""
+    h = cfg.head
+    encoder = build_encoder(cfg, env)
+    if cfg.action.mode == "branching":
+        from foxdqn.nn.branching import BranchingHead, BranchingNetwork
+
+        return BranchingNetwork(encoder, BranchingHead(encoder.out_dim))
+    if h.name == "c51":
+        from foxdqn.nn.c51 import C51Head, C51Network
+
+        return C51Network(encoder, C51Head(encoder.out_dim, num_actions, h.atoms, h.v_min, h.v_max, h.dueling))
+    if h.name == "iqn":
+        from foxdqn.nn.iqn import IQNHead, IQNNetwork
+
+        return IQNNetwork(encoder, IQNHead(encoder.out_dim, num_actions, h.embedding_dim, h.dueling),
+                          h.num_quantiles_policy)
+    from foxdqn.nn.heads import DuelingHead, QHead
+    from foxdqn.nn.qnet import QNetwork
+
+    head = DuelingHead if h.name == "dueling" else QHead
+    return QNetwork(encoder, head(encoder.out_dim, num_actions))
+
+
+def build_objective(cfg: TrainConfig, online, target, env, generator: torch.Generator):
+    """The loss: head's TD loss (or IQL / branching), plus CQL when ``objective.cql_alpha`` > 0."""
+    h, o, a = cfg.head, cfg.objective, cfg.agent
+    if cfg.action.mode == "branching":
+        from foxdqn.objectives.branching import BranchingObjective
+
+        objective = BranchingObjective(online, target, double=h.double, huber_delta=a.huber_delta)
+    elif o.iql:
+        from foxdqn.nn.iql_value import IQLValueNetwork
+        from foxdqn.objectives.iql import IQLObjective
+
+        value = IQLValueNetwork(build_encoder(cfg, env)).to(next(online.parameters()).device)
+        objective = IQLObjective(online, target, value, o.iql_expectile)
+    elif h.name == "c51":
+        from foxdqn.objectives.c51 import C51Objective
+
+        objective = C51Objective(online, target, double=h.double)
+    elif h.name == "iqn":
+        from foxdqn.objectives.iqn import IQNObjective
+
+        objective = IQNObjective(online, target, h.num_quantiles, h.num_target_quantiles, h.kappa, generator,
+                                 double=h.double)
+    else:
+        from foxdqn.objectives.dqn import DQNObjective
+
+        objective = DQNObjective(online, target, double=h.double, huber_delta=a.huber_delta)
+    if o.cql_alpha > 0:
+        from foxdqn.objectives.cql import CQLObjective
+
+        objective = CQLObjective(objective, o.cql_alpha)
+    return objective
+
+
+def build_replay(cfg: TrainConfig, env, device: torch.device, updates: torch.Tensor, total_updates: int):
+    """Device replay: uniform or PER, n-step, HER for goal-conditioned envs."""
+    from foxdqn.replay import PrioritizedReplayBuffer, ReplayBuffer
+
+    r, gamma = cfg.replay, cfg.agent.gamma
+    if r.name == "per":
+        replay = PrioritizedReplayBuffer(r.capacity, env.num_envs, env.obs_dim, device, r.n_step, gamma,
+                                         alpha=r.alpha, beta_start=r.beta_start, beta_updates=max(total_updates, 1),
+                                         eps=r.eps, updates=updates)
+    else:
+        replay = ReplayBuffer(r.capacity, env.num_envs, env.obs_dim, device, r.n_step, gamma)
+    if r.her:
+        from foxdqn.replay.her import HindsightRelabeler
+
+        replay.set_relabeler(HindsightRelabeler(env, r.her_k, gamma, cfg.agent.reward_scale))
+    return replay
