@@ -18,10 +18,30 @@ program owns a block of rows and evaluates the K x K hat matrix in register tile
 [BLOCK_B, BLOCK_I, BLOCK_J] (output atoms i x source atoms j), looping over j (and over i when
 K > BLOCK_I), so each output atom is a fixed-order sum in registers: bitwise reproducible.
 
+Float32 rounding. In float32, b_j near atom K - 1 has an ulp of up to 2^-23 (K - 1) (3.6e-5 at
+K = 300), so any float32 projection differs from exact arithmetic by about that much times the mass
+that moves (the whole row for a terminal transition, where every b_j is the same). To make the
+kernel agree with the float32 reference to summation-order noise rather than to that bound, it
+rounds every step exactly like the reference's separate torch ops: z_j = fl(fl(j * dz) + v_min),
+Tz_j = fl(r + fl(d * z_j)), b_j = fl(fl(Tz_j - v_min) * inv_dz). The multiplies use
+``libdevice.mul_rn`` when compiled, which the compiler cannot contract with the following add
+into an FMA (a contracted fma(d, z_j, r) rounds once and moves b_j by an ulp at atom boundaries);
+the interpreter (numpy) never contracts, so it uses a plain ``*``. The hat weights are then
+identical (|b_j - i| and 1 - |b_j - i| are exact for the two neighbours of b_j); only the order of
+the final sums differs (CUDA ``scatter_add_`` in the reference is atomic).
+
+Scalar arguments. The float run constants reach the kernel as fp32 from an eager launch but as
+fp64 from Inductor (it types Python-float kernel arguments fp64), so the kernel casts them to fp32
+first; otherwise fp64 would promote the accumulator inside the loop.
+
 Edge-case rules (kernel and reference agree):
 
-* b_j is clamped to [0, K - 1] after the division by dz, so a rounding error in
-  (v_max - v_min) / dz can never index atom K.
+* b_j = (Tz_j - v_min) * inv_dz with inv_dz = (K - 1) / (v_max - v_min) rounded once to the
+  input dtype: a multiply, not a division, in kernel and reference alike (torch on CUDA turns a
+  division by a Python scalar into exactly this reciprocal multiply anyway, while the CPU divides;
+  one explicit multiply makes the reference device-independent).
+* b_j is clamped to [0, K - 1] after that multiply, so a rounding error in inv_dz can never
+  index atom K.
 * Mass is conserved: every output row sums to its input row sum (up to f32 rounding), also
   for rows that do not sum to 1.
 * NaN/Inf: an output row is all-NaN when any p_j of that row is NaN or +-Inf, or any
@@ -39,6 +59,7 @@ import torch
 import triton
 import triton.language as tl
 from torch.library import triton_op, wrap_triton
+from triton.language.extra import libdevice
 
 from foxdqn.errors import ConfigError
 
@@ -51,6 +72,23 @@ _INTERP_TILE = 1 << 18  # the interpreter runs one numpy op per tile: big tiles 
 
 
 # ----------------------------------------------------------------------------- kernel
+if _INTERPRET:
+
+    @triton.jit
+    def _mul_rn(a, b):
+        # The interpreter evaluates each op in numpy, rounding it on its own: never contracted.
+        return a * b
+
+else:
+
+    @triton.jit
+    def _mul_rn(a, b):
+        # Round-to-nearest multiply (PTX mul.rn[.ftz].f32) that ptxas/LLVM may not fuse with a
+        # following add into an FMA, so a * b + c rounds twice, exactly like two separate torch ops.
+        # (.ftz flushes float32 subnormal products to 0: irrelevant for j * dz, d * z_j, b_j.)
+        return libdevice.mul_rn(a, b)
+
+
 @triton.jit
 def _c51_project_kernel(
     p_ptr,  # (B, K) f32, row stride stride_pb, unit atom stride
@@ -61,14 +99,22 @@ def _c51_project_kernel(
     K,
     stride_pb,
     stride_ob,
-    v_min,  # f32 run constant
-    v_max,  # f32 run constant
-    dz,  # f32 (v_max - v_min) / (K - 1)
-    k_last,  # f32 K - 1
+    v_min,  # float run constant (fp32 when launched eagerly, fp64 from Inductor)
+    v_max,  # float run constant
+    dz,  # float (v_max - v_min) / (K - 1)
+    inv_dz,  # float (K - 1) / (v_max - v_min)
+    k_last,  # float K - 1
     BLOCK_B: tl.constexpr,
     BLOCK_I: tl.constexpr,
     BLOCK_J: tl.constexpr,
 ):
+    # fp32 in every path (tl.cast also accepts the plain Python float of the interpreter), so no
+    # fp64 scalar promotes the loop-carried accumulator.
+    v_min = tl.cast(v_min, tl.float32)
+    v_max = tl.cast(v_max, tl.float32)
+    dz = tl.cast(dz, tl.float32)
+    inv_dz = tl.cast(inv_dz, tl.float32)
+    k_last = tl.cast(k_last, tl.float32)
     pid = tl.program_id(0)
     rows = pid * BLOCK_B + tl.arange(0, BLOCK_B)  # (BB,)
     row_ok = rows < B
@@ -85,12 +131,12 @@ def _c51_project_kernel(
             jj = j0 + tl.arange(0, BLOCK_J)  # (BJ,) source atoms
             ok = row_ok[:, None] & (jj < K)[None, :]  # (BB, BJ)
             p = tl.load(p_ptr + rows64[:, None] * stride_pb + jj[None, :], mask=ok, other=0.0)
-            z = v_min + jj.to(tl.float32) * dz  # (BJ,) support z_j
-            tz = r[:, None] + d[:, None] * z[None, :]  # (BB, BJ) Tz_j before clipping
+            z = _mul_rn(jj.to(tl.float32), dz) + v_min  # (BJ,) support z_j, rounded like the reference
+            tz = r[:, None] + _mul_rn(d[:, None], z[None, :])  # (BB, BJ) Tz_j before clipping
             bad = (tz != tz) | (p != p) | (tl.abs(p) == float("inf"))
             n_bad += tl.sum(tl.where(ok & bad, 1, 0), axis=1)
             tz = tl.minimum(tl.maximum(tz, v_min), v_max)  # clip to [v_min, v_max]
-            b = (tz - v_min) / dz  # fractional atom index b_j
+            b = _mul_rn(tz - v_min, inv_dz)  # fractional atom index b_j (not fused into b - i)
             b = tl.minimum(tl.maximum(b, 0.0), k_last)
             # hat weight of output atom i for source atom j: (BB, BI, BJ)
             w = tl.maximum(1.0 - tl.abs(b[:, None, :] - i_f[None, :, None]), 0.0)
@@ -138,11 +184,12 @@ def _c51_project_launch(
         blocks = _launch_config(B, K, interpret=not next_probs.is_cuda)
     block_b, block_i, block_j = blocks
     dz = (v_max - v_min) / (K - 1)
+    inv_dz = (K - 1) / (v_max - v_min)
     grid = (triton.cdiv(B, block_b),)
     wrap_triton(_c51_project_kernel)[grid](
         next_probs, rewards, discounts, out,
         B, K, next_probs.stride(0), out.stride(0),
-        float(v_min), float(v_max), float(dz), float(K - 1),
+        float(v_min), float(v_max), float(dz), float(inv_dz), float(K - 1),
         BLOCK_B=block_b, BLOCK_I=block_i, BLOCK_J=block_j,
     )
     return out
@@ -161,6 +208,10 @@ def _c51_project_op(
 def _check_support(num_atoms: int, v_min: float, v_max: float) -> None:
     if num_atoms < 2:
         raise ConfigError(f"c51_project: num_atoms (K) must be >= 2, got {num_atoms}")
+    if torch.compiler.is_compiling():
+        # Dynamo may trace v_min / v_max as symbolic floats and cannot put math.isfinite of one in
+        # a graph (a graph break under fullgraph=True); the bounds are checked on eager calls.
+        return
     if not (math.isfinite(v_min) and math.isfinite(v_max)):
         raise ConfigError(f"c51_project: v_min and v_max must be finite, got v_min={v_min}, v_max={v_max}")
     if not v_min < v_max:
@@ -190,12 +241,13 @@ def c51_project_reference(
     B, K = next_probs.shape
     _check_support(K, v_min, v_max)
     dz = (v_max - v_min) / (K - 1)
+    inv_dz = (K - 1) / (v_max - v_min)
     p = next_probs
     z = torch.arange(K, device=p.device, dtype=p.dtype) * dz + v_min  # (K,) support
     tz = rewards[:, None] + discounts[:, None] * z[None, :]  # (B, K) Tz_j before clipping
     bad = torch.isnan(tz).any(dim=1) | ~torch.isfinite(p).all(dim=1)  # (B,) NaN rows
     tz = tz.clamp(v_min, v_max)  # Tz_j <- [r + d z_j] clipped
-    b = ((tz - v_min) / dz).clamp(0, K - 1)  # b_j in [0, K-1]
+    b = ((tz - v_min) * inv_dz).clamp(0, K - 1)  # b_j in [0, K-1]; one multiply, like the kernel
     b = torch.where(torch.isnan(b), torch.zeros_like(b), b)  # NaN rows: keep indices valid
     lo = b.floor()
     hi = b.ceil()
@@ -219,7 +271,8 @@ def c51_project(
 
     Bellemare, Dabney & Munos (2017), Algorithm 1. Support z_i = v_min + i * dz,
     dz = (v_max - v_min) / (K - 1), i = 0..K-1. For each row:
-    Tz_j = clip(r + d * z_j, v_min, v_max), b_j = (Tz_j - v_min) / dz (clamped to [0, K-1]),
+    Tz_j = clip(r + d * z_j, v_min, v_max), b_j = (Tz_j - v_min) / dz (computed as a multiply
+    by (K - 1) / (v_max - v_min) rounded to float32; clamped to [0, K-1]),
     l = floor(b_j), u = ceil(b_j); m_l += p_j (u - b_j), m_u += p_j (b_j - l); when l == u
     (b_j exactly on an atom) the whole p_j goes to that atom.
 
@@ -229,7 +282,8 @@ def c51_project(
         rewards: (B,) float32 (n-step discounted) rewards, in return units.
         discounts: (B,) float32 gamma^n, 0 where the episode terminated.
         v_min, v_max: support bounds (Python floats; run constants, baked into a captured
-            graph). Need v_min < v_max, both finite.
+            graph). Need v_min < v_max, both finite (checked on eager calls; skipped while
+            torch.compile traces).
         backend: "auto" (Triton for CUDA tensors, reference for CPU), "triton" (on CPU needs
             TRITON_INTERPRET=1 before import), or "torch" (reference).
 

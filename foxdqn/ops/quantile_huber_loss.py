@@ -34,6 +34,9 @@ is itself a registered op; Inductor sees both Triton kernels). Unlike an ``autog
 wrapper, the differentiable op itself is ``torch.ops.foxdqn.quantile_huber_loss``.
 Double backward is not supported.
 
+Scalar arguments: kappa and 1/N' reach the kernels as fp32 from an eager launch but as fp64 from
+Inductor (it types Python-float kernel arguments fp64); the kernels cast them to fp32 first.
+
 NaN/Inf: the kernels evaluate the same IEEE expressions as the reference, so a NaN in a row's
 quantiles, targets or taus makes that row's loss NaN (+-Inf deltas give +Inf). In the gradient,
 entry (b, i) is NaN when delta_bij is NaN for some j or tau_bi is NaN (NaN propagates through
@@ -72,13 +75,17 @@ def _qhl_fwd_kernel(
     stride_qb,
     stride_tb,
     stride_taub,
-    kappa,  # f32 > 0 (unused when KAPPA_ZERO)
-    inv_nt,  # f32 1 / N'
+    kappa,  # float > 0 (unused when KAPPA_ZERO); fp32 from an eager launch, fp64 from Inductor
+    inv_nt,  # float 1 / N'
     KAPPA_ZERO: tl.constexpr,
     BLOCK_B: tl.constexpr,
     BLOCK_I: tl.constexpr,
     BLOCK_J: tl.constexpr,
 ):
+    # fp32 in every path (tl.cast also takes the interpreter's plain Python float): an fp64
+    # scalar would promote the loop-carried accumulator to fp64.
+    kappa = tl.cast(kappa, tl.float32)
+    inv_nt = tl.cast(inv_nt, tl.float32)
     pid = tl.program_id(0)
     rows = pid * BLOCK_B + tl.arange(0, BLOCK_B)  # (BB,)
     row_ok = rows < B
@@ -121,13 +128,15 @@ def _qhl_bwd_kernel(
     stride_qb,
     stride_tb,
     stride_taub,
-    kappa,
+    kappa,  # float, as in the forward kernel
     inv_nt,
     KAPPA_ZERO: tl.constexpr,
     BLOCK_B: tl.constexpr,
     BLOCK_I: tl.constexpr,
     BLOCK_J: tl.constexpr,
 ):
+    kappa = tl.cast(kappa, tl.float32)
+    inv_nt = tl.cast(inv_nt, tl.float32)
     pid = tl.program_id(0)
     rows = pid * BLOCK_B + tl.arange(0, BLOCK_B)
     row_ok = rows < B
@@ -262,6 +271,10 @@ _qhl_op.register_autograd(_qhl_backward, setup_context=_qhl_setup_context)
 
 # ----------------------------------------------------------------------------- reference
 def _check_kappa(kappa: float) -> None:
+    if torch.compiler.is_compiling():
+        # Dynamo traces a Python-float kappa as a symbolic float and cannot put math.isfinite of
+        # one in a graph (a graph break under fullgraph=True); kappa is checked on eager calls.
+        return
     if not (math.isfinite(kappa) and kappa >= 0):
         raise ConfigError(f"quantile_huber_loss: kappa must be a finite float >= 0, got {kappa}")
 
@@ -328,7 +341,8 @@ def quantile_huber_loss(
             detached; treated as constants either way).
         taus: (B, N) float32 quantile fractions in (0, 1) (a broadcast (N,) -> (B, N) view with
             row stride 0 is fine); treated as constants.
-        kappa: Huber threshold in return units, >= 0 (Python float, a run constant).
+        kappa: Huber threshold in return units, >= 0 (Python float, a run constant; checked
+            on eager calls, not while torch.compile traces).
         backend: "auto" (Triton for CUDA tensors, reference for CPU), "triton" (on CPU needs
             TRITON_INTERPRET=1 before import), or "torch" (reference).
 

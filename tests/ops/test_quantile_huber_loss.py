@@ -326,3 +326,26 @@ def test_gpu_torch_compile_with_backward(kappa):
     out_eager.backward()
     torch.testing.assert_close(out, out_eager, atol=1e-4, rtol=1e-5)
     torch.testing.assert_close(q.grad, q_eager.grad, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.gpu
+def test_gpu_torch_compile_kappa_argument():
+    # kappa as a function argument: from the second value on Dynamo recompiles with it symbolic
+    # (automatic dynamic), so the eager-only kappa check must not break the graph, and Inductor
+    # passes it to the kernels as an fp64 scalar, which they cast to fp32 (an fp64 kappa would
+    # promote the fp32 loop-carried accumulator and fail to compile).
+    q0, t, tau, w = _case(129, 32, 16, seed=6, device="cuda")
+
+    def fn(q, t, tau, w, kappa):
+        return (quantile_huber_loss(q, t, tau, kappa) * w).sum()
+
+    compiled = torch.compile(fn, fullgraph=True)
+    for kappa in (1.0, 2.5, 0.5, 0.0):
+        q = q0.clone().requires_grad_(True)
+        out = compiled(q, t, tau, w, kappa)
+        out.backward()
+        q_eager = q0.clone().requires_grad_(True)
+        out_eager = fn(q_eager, t, tau, w, kappa)
+        out_eager.backward()
+        torch.testing.assert_close(out, out_eager, atol=1e-4, rtol=1e-5)
+        torch.testing.assert_close(q.grad, q_eager.grad, atol=1e-5, rtol=1e-5)
