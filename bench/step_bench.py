@@ -1,9 +1,15 @@
 """Step section: ms per gradient update, eager vs torch.compile vs one CUDA graph, in one run.
 
-For each feature set × size, K updates are timed per call and divided by K. Ratios are
-eager/graph and compile/graph from the same process. On CPU only the eager rows run.
+Feature sets: every experiment's (its config as shipped), plus ``full`` = dueling C51 + CQL +
+PER + 3-step returns. Sizes: (batch 256, MLP 2×256), (batch 1024, MLP 3×512), (batch 4096,
+attention encoder, trading sets only). K updates are timed per call and divided by K; ratios
+eager/graph and compile/graph come from the same process. ``torch.compile`` (default mode) of
+the update function is measured for the batch-256 size of a few sets (``COMPILE_SETS``): its
+compile time dominates the section. On CPU only the eager rows run.
 """
 from __future__ import annotations
+
+from pathlib import Path
 
 import torch
 
@@ -12,42 +18,53 @@ from bench.harness import make_state
 from foxdqn.step.iteration import Iteration
 from foxdqn.step.update import update_step
 
-FEATURE_SETS = {
-    "dqn": ["head=q"],
-    "dueling_double": ["head=dueling"],
-}
+EXPERIMENTS = sorted(p.stem for p in (Path(__file__).parents[1] / "foxdqn" / "conf" / "experiment").glob("*.yaml"))
+FULL = ["+experiment=eurusd_c51", "head.dueling=true", "objective=cql", "replay=per", "replay.n_step=3"]
 SIZES = {
     "b256_mlp2x256": ["agent.batch_size=256", "model.hidden=[256,256]"],
     "b1024_mlp3x512": ["agent.batch_size=1024", "model.hidden=[512,512,512]"],
+    "b4096_attention": ["agent.batch_size=4096", "model=attention"],
 }
 K = 8
+COMPILE_SIZES = ("b256_mlp2x256",)
+COMPILE_SETS = ("eurusd_dqn", "eurusd_c51", "eurusd_iqn", "full")  # compile time is minutes per set
 
 
-def rows(device: str = "cuda") -> list[dict]:
+def feature_sets() -> dict[str, list[str]]:
+    sets = {name: [f"+experiment={name}"] for name in EXPERIMENTS}
+    sets["full"] = FULL
+    return sets
+
+
+def rows(device: str = "cuda", sets: dict | None = None, sizes: dict | None = None) -> list[dict]:
     out = []
-    for fname, fover in FEATURE_SETS.items():
-        for sname, sover in SIZES.items():
-            over = [*fover, *sover, "replay.capacity=65536", f"agent.updates_per_iter={K}"]
+    for fname, fover in (sets or feature_sets()).items():
+        trading = not any(x in " ".join(fover) for x in ("cartpole", "bitflip"))
+        for sname, sover in (sizes or SIZES).items():
+            if "attention" in sname and not trading:
+                continue
+            over = [*fover, *sover, "replay.capacity=262144", f"agent.updates_per_iter={K}", "env.num_envs=64"]
             base = {"section": "step", "features": fname, "size": sname}
             s = make_state(over, device)
             eager = Iteration(s, use_graph=False, collect_steps=0, updates=K)
-            ms = time_ms(eager)[0] / K
-            out.append({**base, "provider": "eager", "ms_per_update": ms})
+            out.append({**base, "provider": "eager", "ms_per_update": time_ms(eager)[0] / K})
             if device != "cuda":
                 continue
-            try:
-                compiled_update = torch.compile(update_step)
+            if sname in COMPILE_SIZES and fname in COMPILE_SETS:
+                try:
+                    compiled_update = torch.compile(update_step)
 
-                def run_compiled():
-                    for _ in range(K):
-                        compiled_update(s)
+                    def run_compiled():
+                        for _ in range(K):
+                            compiled_update(s)
 
-                out.append({**base, "provider": "torch.compile", "ms_per_update": time_ms(run_compiled)[0] / K})
-            except Exception as exc:  # report, do not hide
-                out.append({**base, "provider": "torch.compile", "ms_per_update": float("nan"),
-                            "note": f"{type(exc).__name__}: {str(exc)[:120]}"})
+                    out.append({**base, "provider": "torch.compile", "ms_per_update": time_ms(run_compiled)[0] / K})
+                except Exception as exc:  # report, do not hide
+                    out.append({**base, "provider": "torch.compile", "ms_per_update": float("nan"),
+                                "note": f"{type(exc).__name__}: {str(exc)[:160]}"})
             graph = Iteration(s, use_graph=True, collect_steps=0, updates=K)
             for _ in range(5):
                 graph()
             out.append({**base, "provider": "graph", "ms_per_update": time_ms(graph)[0] / K})
+            print(out[-1], flush=True)
     return out

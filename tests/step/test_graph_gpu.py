@@ -6,18 +6,17 @@ import pytest
 import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
-from helpers import small_state  # noqa: E402
+from helpers import EXPERIMENTS, experiment_state  # noqa: E402
 
 from foxdqn.step.iteration import WARMUP_ITERATIONS, Iteration  # noqa: E402
 
 pytestmark = pytest.mark.gpu
-HEADS = ["q", "dueling"]
 
 
-def _run(use_graph: bool, head: str, iters: int = 50):
-    s, _ = small_state([f"head={head}", "agent.updates_per_iter=2"], device="cuda")
+def _run(use_graph: bool, name: str, iters: int = 50):
+    s, _ = experiment_state(name, device="cuda")
     collect, full = Iteration(s, use_graph, updates=0), Iteration(s, use_graph)
-    for _ in range(4):
+    for _ in range(6):
         collect()
     losses = []
     for _ in range(iters):
@@ -27,12 +26,12 @@ def _run(use_graph: bool, head: str, iters: int = 50):
     return s, torch.stack(losses)
 
 
-@pytest.mark.parametrize("head", HEADS)
-def test_graph_equals_eager_after_50_iterations(head):
+@pytest.mark.parametrize("name", EXPERIMENTS)
+def test_graph_equals_eager_after_50_iterations(name):
     torch.backends.cudnn.deterministic = True
-    se, le = _run(False, head)
-    sg, lg = _run(True, head)
-    assert sg.guard.acc[2].item() == se.guard.acc[2].item() == 100  # every update counted
+    se, le = _run(False, name)
+    sg, lg = _run(True, name)
+    assert sg.guard.acc[2].item() == se.guard.acc[2].item() == 100  # every update counted (50 × 2)
     torch.testing.assert_close(lg, le, rtol=1e-5, atol=1e-6)
     for a, b in zip(sg.online.parameters(), se.online.parameters()):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
@@ -41,8 +40,8 @@ def test_graph_equals_eager_after_50_iterations(head):
     assert torch.equal(sg.replay.action, se.replay.action)
 
 
-def _captured(head="dueling"):
-    s, _ = small_state([f"head={head}"], device="cuda")
+def _captured(name="eurusd_dqn"):
+    s, _ = experiment_state(name, device="cuda")
     collect, full = Iteration(s, True, updates=0), Iteration(s, True)
     for _ in range(4):
         collect()
@@ -53,8 +52,9 @@ def _captured(head="dueling"):
     return s, full
 
 
-def test_steady_state_under_sync_debug_error():
-    s, full = _captured()
+@pytest.mark.parametrize("name", EXPERIMENTS)
+def test_steady_state_under_sync_debug_error(name):
+    s, full = _captured(name)
     torch.cuda.set_sync_debug_mode("error")
     try:
         for _ in range(10):
@@ -75,7 +75,11 @@ def test_one_graph_launch_per_iteration():
         torch.cuda.synchronize()
     names = [e.name for e in prof.events()]
     graph_launches = sum(1 for n in names if n.startswith("cudaGraphLaunch"))
-    kernel_launches = sum(1 for n in names if n in ("cudaLaunchKernel", "cuLaunchKernel", "cudaLaunchKernelExC",
-                                                    "cuLaunchKernelEx"))
+    launches = [n for n in names if n in ("cudaLaunchKernel", "cuLaunchKernel", "cudaLaunchKernelExC",
+                                          "cuLaunchKernelEx", "cudaMemsetAsync", "cudaMemcpyAsync")]
+    kernels = sorted({e.name for e in prof.events() if e.device_type.name == "CUDA"})
+    print("launches outside the graph:", len(launches), "CUDA activity:", kernels[:20])
     assert graph_launches == 5
-    assert kernel_launches == 0
+    # torch's graph replay refreshes the registered Philox generator's seed/offset with small fill
+    # kernels before each launch (CUDAGraph::replay → replay_prologue); nothing of ours runs outside
+    assert len(launches) <= 2 * 5, (launches, kernels)

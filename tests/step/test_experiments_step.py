@@ -1,0 +1,31 @@
+"""The eager step runs for every experiment's feature combination, without a host sync."""
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+sys.path.insert(0, str(Path(__file__).parent))
+from helpers import EXPERIMENTS, experiment_state  # noqa: E402
+from test_no_sync import _forbid  # noqa: E402
+
+from foxdqn.step.iteration import Iteration  # noqa: E402
+
+
+@pytest.mark.parametrize("name", EXPERIMENTS)
+def test_eager_step_every_experiment(monkeypatch, name):
+    s, _ = experiment_state(name)
+    collect, full = Iteration(s, False, updates=0), Iteration(s, False)
+    for _ in range(6):
+        collect()
+    full()  # allocates Adam state
+    before = [p.detach().clone() for p in s.online.parameters()]
+    with monkeypatch.context() as m:
+        _forbid(m)
+        for _ in range(3):
+            full()
+            s.guard.reader.latest()
+    assert int(s.updates) == 8
+    assert s.guard.reader.halt_reason(s.guard.reader.latest()) is None
+    assert any(not torch.equal(a, b) for a, b in zip(before, s.online.parameters()))  # it learned something
+    assert all(torch.isfinite(p).all() for p in s.online.parameters())
