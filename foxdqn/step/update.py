@@ -35,7 +35,8 @@ def update_step(s: TrainState) -> None:
     s.qmon.update(out.q_values, s.updates)
     skip = s.guard.check(loss.detach(), grad_norm.detach(), s.updates)
     s.optimizer.step()  # found_inf = skip
-    w = target_weight(s, skip)
-    torch._foreach_lerp_(s.target_params, s.source_params, [w] * len(s.target_params))
+    with torch.no_grad():  # else the targets would join the autograd graph (and keep it alive)
+        w = target_weight(s, skip)
+        torch._foreach_lerp_(s.target_params, s.source_params, [w] * len(s.target_params))
     s.replay.update_priorities(batch.index, out.td_abs, skip)
     s.updates.add_(1)

@@ -29,3 +29,5 @@ def test_eager_step_every_experiment(monkeypatch, name):
     assert s.guard.reader.halt_reason(s.guard.reader.latest()) is None
     assert any(not torch.equal(a, b) for a, b in zip(before, s.online.parameters()))  # it learned something
     assert all(torch.isfinite(p).all() for p in s.online.parameters())
+    # the target update must not attach the targets to the autograd graph
+    assert all(p.is_leaf and p.grad_fn is None for p in s.target.parameters())
