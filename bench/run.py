@@ -1,8 +1,7 @@
 """``make bench``: run every section, print a table, write bench/results/.
 
-Writes ``bench/results/<date>_<gpu>.csv`` (every row tagged with GPU name, torch and triton
-versions and date), ``<date>_<gpu>.md`` (tables with ratios measured in this run) and
-``<date>_<gpu>.png`` (chart). On CPU only the eager rows run; the GPU rows need CUDA.
+Writes ``bench/results/<date>_<gpu>_<sections>.csv`` (every row tagged with GPU name, torch and
+triton versions and date), ``.md`` (tables with ratios measured in this run) and ``.png`` (chart). On CPU only the eager rows run; the GPU rows need CUDA.
 
 Usage: ``python -m bench.run [--sections step,e2e,ops] [--out DIR]``.
 """
@@ -102,7 +101,8 @@ def main(argv=None) -> int:
         rows += [{**t, **r} for r in _section(name.strip(), device)]
     df = pd.DataFrame(rows)
     slug = re.sub(r"[^A-Za-z0-9]+", "-", t["gpu"]).strip("-")
-    stem = Path(args.out) / f"{t['date'][:10]}_{slug}"
+    sections = args.sections.replace(",", "-")
+    stem = Path(args.out) / f"{t['date'][:10]}_{slug}_{sections}"
     write_csv(rows, stem.with_suffix(".csv"))
     md = f"# foxdqn bench — {t['gpu']}, torch {t['torch']}, triton {t['triton']}, {t['date']}\n\n" + _ratios(df)
     stem.with_suffix(".md").write_text(md + "\n")
