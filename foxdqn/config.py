@@ -128,6 +128,7 @@ class AgentConfig:
     eps_end: float = 0.05
     eps_decay_fraction: float = 0.5  # epsilon decays linearly over this fraction of total_env_steps
     reward_scale: float = 100.0  # rewards (log-equity changes) are multiplied by this for the TD target
+    matmul_precision: str = "high"  # CUDA float32 matmuls: highest (IEEE fp32) | high (TF32) | medium
 
 
 @dataclass
@@ -312,6 +313,7 @@ def validate(cfg: TrainConfig) -> None:
     _unit(a.gamma, "agent.gamma", hi_open=False)
     _unit(a.tau, "agent.tau", lo_open=True)
     _choice(a.target_update, TARGET_UPDATES, "agent.target_update")
+    _choice(a.matmul_precision, ("highest", "high", "medium"), "agent.matmul_precision")
     _positive(a.hard_update_period, "agent.hard_update_period")
     _unit(a.eps_start, "agent.eps_start")
     _unit(a.eps_end, "agent.eps_end")

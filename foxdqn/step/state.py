@@ -72,6 +72,8 @@ class TrainState:
 
 
 def build_state(cfg: TrainConfig, market, device: torch.device) -> TrainState:
+    if device.type == "cuda":
+        torch.set_float32_matmul_precision(cfg.agent.matmul_precision)
     torch.manual_seed(cfg.seed)
     gen = torch.Generator(device=device)
     gen.manual_seed(cfg.seed)

@@ -27,8 +27,9 @@ def update_step(s: TrainState) -> None:
     a = s.cfg.agent
     batch = s.replay.sample(a.batch_size, s.generator)
     out = s.objective(batch)
-    # debug.inject_nan_at_step: poison the loss at one update, decided on the device
-    loss = out.loss + torch.where(s.updates == s.nan_at, float("nan"), 0.0)
+    loss = out.loss
+    if s.cfg.debug.inject_nan_at_step is not None:  # poison the loss at one update, decided on the device
+        loss = loss + torch.where(s.updates == s.nan_at, float("nan"), 0.0)
     s.optimizer.zero_grad(set_to_none=False)
     loss.backward()
     grad_norm = torch.nn.utils.clip_grad_norm_(s.trainable, a.grad_clip, foreach=True)
