@@ -43,9 +43,25 @@ def test_smoke_caps_win_over_experiment():
     ("+experiment=nope", "experiment"),
     ("replay.capacity=8", "replay.capacity"),
     ("model.hidden=[]", "model.hidden"),
+    # incompatible or invalid feature settings, refused at start with the field named
+    ("head=c51 head.v_min=5 head.v_max=1", "head.v_min"),
+    ("head=c51 head.atoms=1", "head.atoms"),
+    ("head=iqn head.num_quantiles=0", "head.num_quantiles"),
+    ("head=iqn head.kappa=-1", "head.kappa"),
+    ("replay.her=true", "replay.her"),
+    ("replay.n_step=0", "replay.n_step"),
+    ("+experiment=bitflip_her replay.n_step=3", "replay.n_step"),
+    ("objective=iql head=c51", "objective.iql"),
+    ("objective.cql_alpha=-1", "objective.cql_alpha"),
+    ("objective.iql_expectile=1.0", "objective.iql_expectile"),
+    ("action=branching head=c51", "action.mode"),
+    ("+experiment=cartpole_dqn action=exposure_routed", "action.mode"),
+    ("+experiment=cartpole_dqn model=attention", "model.encoder"),
+    ("model=attention model.width=30 model.heads=4", "model.width"),
+    ("replay=per replay.alpha=2", "replay.alpha"),
 ])
 def test_bad_override_names_field(override, field):
     with pytest.raises(ConfigError) as info:
-        load_config([override])
+        load_config(override.split())
     assert field in str(info.value)
     assert "\n" not in str(info.value)

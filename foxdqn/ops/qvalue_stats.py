@@ -172,6 +172,9 @@ def qvalue_stats_reference(q: torch.Tensor, step: torch.Tensor, acc: torch.Tenso
 # ---------------------------------------------------------------------------------------------
 # Public function
 # ---------------------------------------------------------------------------------------------
+# Dynamo runs this op as an opaque call (a graph break): Inductor cannot treat the pinned host
+# ring written from a CUDA kernel as a device argument. CUDA-graph capture is unaffected.
+@torch.compiler.disable
 def qvalue_stats(q: torch.Tensor, step: torch.Tensor, acc: torch.Tensor, ring: torch.Tensor,
                  threshold: torch.Tensor, backend: str = "auto") -> None:
     """Q-value statistics of one batch into the device accumulator and the host ring.

@@ -239,6 +239,9 @@ def _require_triton(t: torch.Tensor) -> None:
                            "foxdqn.ops is imported")
 
 
+# Dynamo runs this op as an opaque call (a graph break): Inductor cannot treat the pinned host
+# ring written from a CUDA kernel as a device argument. CUDA-graph capture is unaffected.
+@torch.compiler.disable
 def training_guard(
     loss: torch.Tensor, grad_norm: torch.Tensor, step: torch.Tensor, loss_clip: torch.Tensor,
     collapse_threshold: torch.Tensor, warmup_steps: torch.Tensor, patience: torch.Tensor,
