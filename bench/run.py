@@ -97,13 +97,13 @@ def main(argv=None) -> int:
         print("No CUDA device: running the eager rows only; graph, torch.compile and ops rows need CUDA.")
     t = tags()
     rows = []
-    for name in args.sections.split(","):
-        rows += [{**t, **r} for r in _section(name.strip(), device)]
-    df = pd.DataFrame(rows)
     slug = re.sub(r"[^A-Za-z0-9]+", "-", t["gpu"]).strip("-")
     sections = args.sections.replace(",", "-")
     stem = Path(args.out) / f"{t['date'][:10]}_{slug}_{sections}"
-    write_csv(rows, stem.with_suffix(".csv"))
+    for name in args.sections.split(","):
+        rows += [{**t, **r} for r in _section(name.strip(), device)]
+        write_csv(rows, stem.with_suffix(".csv"))  # after every section: a time-out keeps what ran
+    df = pd.DataFrame(rows)
     md = f"# foxdqn bench — {t['gpu']}, torch {t['torch']}, triton {t['triton']}, {t['date']}\n\n" + _ratios(df)
     stem.with_suffix(".md").write_text(md + "\n")
     _chart(df, stem.with_suffix(".png"))

@@ -3,14 +3,23 @@
 Without CUDA, TRITON_INTERPRET=1 is set before any Triton kernel module is imported (it is read
 at ``@triton.jit`` time) so that kernels run on CPU tensors in Triton's interpreter. With CUDA the
 kernels compile for the GPU; tests marked ``gpu`` run only there.
+
+This folder goes on ``sys.path`` so that every test file imports the shared helpers of
+``tests/support.py`` with ``from support import ...``.
 """
 import os
+import sys
+from pathlib import Path
 
 import pytest
 import torch
 
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
+
+_TESTS = str(Path(__file__).parent)
+if _TESTS not in sys.path:
+    sys.path.insert(0, _TESTS)
 
 
 def pytest_collection_modifyitems(config, items):

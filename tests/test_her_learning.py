@@ -3,15 +3,14 @@
 The same budget, network and schedule with and without hindsight relabelling: HER must reach a
 greedy success rate ≥ 0.9 and plain DQN must not (so the test fails if HER makes no difference).
 """
-import math
-
 import pytest
 import torch
 
 from foxdqn.evaluate import evaluate_episodes
-from foxdqn.step.iteration import Iteration
 from foxdqn.step.state import build_state
 from foxdqn.train import load_config
+
+from support import train_eager
 
 BUDGET = ["device=cpu", "env.n_bits=10", "env.num_envs=16", "agent.total_env_steps=80000",
           "agent.learning_starts=2000", "agent.batch_size=128", "model.hidden=[128]", "replay.capacity=100000",
@@ -21,11 +20,7 @@ BUDGET = ["device=cpu", "env.n_bits=10", "env.num_envs=16", "agent.total_env_ste
 def success_rate(experiment: str) -> float:
     cfg = load_config([f"+experiment={experiment}", *BUDGET])
     s = build_state(cfg, None, torch.device("cpu"))
-    per_iter = cfg.env.num_envs * cfg.agent.steps_per_iter
-    warm = math.ceil(cfg.agent.learning_starts / per_iter)
-    collect, full = Iteration(s, False, updates=0), Iteration(s, False)
-    for it in range(math.ceil(cfg.agent.total_env_steps / per_iter)):
-        (collect if it < warm else full)()
+    train_eager(s, cfg)
     return evaluate_episodes(cfg, s.online, s.action_mode, torch.device("cpu"), episodes=200)["success_rate"]
 
 

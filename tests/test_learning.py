@@ -3,17 +3,16 @@
 The same predicate is applied to a uniformly random agent, which must fail it, so the check
 can fail.
 """
-import math
-
 import numpy as np
 import torch
 
 from foxdqn.data import market_data_from_frame
 from foxdqn.data.synthetic import make_synthetic_ohlcv
 from foxdqn.evaluate import evaluate
-from foxdqn.step.iteration import Iteration
 from foxdqn.step.state import build_state
 from foxdqn.train import load_config
+
+from support import train_eager
 
 OVERRIDES = [
     "device=cpu", "log.progress=false", "env.num_envs=16", "env.window=8", "env.episode_length=64",
@@ -41,11 +40,7 @@ def ends_long_and_beats_flat(result) -> bool:
 def test_short_run_ends_long_and_beats_flat():
     cfg, market = _setup()
     s = build_state(cfg, market, torch.device("cpu"))
-    per_iter = cfg.env.num_envs * cfg.agent.steps_per_iter
-    warm = math.ceil(cfg.agent.learning_starts / per_iter)
-    collect, full = Iteration(s, False, updates=0), Iteration(s, False)
-    for it in range(math.ceil(cfg.agent.total_env_steps / per_iter)):
-        (collect if it < warm else full)()
+    train_eager(s, cfg)
     result = evaluate(cfg, market, s.online, torch.device("cpu"), split="test")
     assert ends_long_and_beats_flat(result), result["metrics"]
 

@@ -10,6 +10,8 @@ Run: ``python -m bench.ops.bench_c51_project`` (needs CUDA). Nothing runs at imp
 """
 from __future__ import annotations
 
+from bench.ops.common import bench_ms, op_row, print_table
+
 V_MIN, V_MAX = -10.0, 10.0
 SIZES = [(32, 51), (256, 51), (1024, 51), (4096, 51), (65536, 51), (1024, 101), (4096, 256)]
 
@@ -27,7 +29,6 @@ def _inputs(num_rows: int, k: int, device: str):
 def rows(device: str = "cuda") -> list[dict]:
     """One row per (size, provider): ms (median of triton.testing.do_bench), p20_ms, p80_ms, gbps."""
     import torch
-    from triton.testing import do_bench
 
     from foxdqn.ops.c51_project import c51_project, c51_project_reference
 
@@ -45,18 +46,9 @@ def rows(device: str = "cuda") -> list[dict]:
             "torch.compile": lambda: compiled(p, r, d, V_MIN, V_MAX),
         }
         for provider, fn in providers.items():
-            fn()  # compile / warm up
-            ms, p20, p80 = do_bench(fn, warmup=25, rep=100, quantiles=[0.5, 0.2, 0.8])
-            out.append({
-                "section": "ops", "op": "c51_project", "size": f"B={num_rows},K={k}", "provider": provider,
-                "ms": float(ms), "p20_ms": float(p20), "p80_ms": float(p80), "gbps": nbytes / (ms * 1e-3) / 1e9,
-            })
+            out.append(op_row("c51_project", f"B={num_rows},K={k}", provider, *bench_ms(fn), nbytes=nbytes))
     return out
 
 
 if __name__ == "__main__":
-    results = rows()
-    print(f"{'op':<14}{'size':<18}{'provider':<15}{'ms':>10}{'p20_ms':>10}{'p80_ms':>10}{'GB/s':>10}")
-    for row in results:
-        print(f"{row['op']:<14}{row['size']:<18}{row['provider']:<15}{row['ms']:>10.4f}{row['p20_ms']:>10.4f}"
-              f"{row['p80_ms']:>10.4f}{row['gbps']:>10.1f}")
+    print_table(rows())

@@ -20,6 +20,7 @@ import torch
 import triton
 import triton.testing
 
+from bench.ops.common import QUANTILES, op_row, print_table
 from foxdqn.ops.per_sample import per_sample, per_sample_reference
 from foxdqn.ops.per_state import PERState
 from foxdqn.ops.per_update import per_update, per_update_reference
@@ -28,7 +29,6 @@ CAPACITIES = (1_000_000, 10_000_000)
 BATCHES = (512, 4096)
 MODES = ("graph",)
 PROVIDERS = ("triton", "torch", "torch.compile")
-QUANTILES = [0.5, 0.2, 0.8]
 
 
 def _human(n: int) -> str:
@@ -109,25 +109,11 @@ def rows(device: str = "cuda", capacities=CAPACITIES, batches=BATCHES, modes=MOD
                     except Exception as exc:  # keep the other rows; report the failure in the table
                         print(f"bench_per: {op} {provider} C={_human(cap)} B={batch} {mode} failed: {exc!r}")
                         continue
-                    out.append({
-                        "section": "ops",
-                        "op": op,
-                        "size": f"C={_human(cap)} B={batch} {mode}",
-                        "provider": provider,
-                        "ms": float(ms),
-                        "p20_ms": float(p20),
-                        "p80_ms": float(p80),
-                        "gbps": None,
-                    })
+                    size = f"C={_human(cap)} B={batch} {mode}"
+                    out.append(op_row(op, size, provider, float(ms), float(p20), float(p80)))  # gbps None
         del st
         torch.cuda.empty_cache()
     return out
-
-
-def _print_table(rs: list) -> None:
-    print(f"{'op':<18} {'size':<22} {'provider':<14} {'ms':>9} {'p20_ms':>9} {'p80_ms':>9}")
-    for r in rs:
-        print(f"{r['op']:<18} {r['size']:<22} {r['provider']:<14} {r['ms']:>9.4f} {r['p20_ms']:>9.4f} {r['p80_ms']:>9.4f}")
 
 
 if __name__ == "__main__":
@@ -135,6 +121,6 @@ if __name__ == "__main__":
     ap.add_argument("--quick", action="store_true", help="1M capacity, batch 512, graph mode only")
     args = ap.parse_args()
     if args.quick:
-        _print_table(rows("cuda", capacities=(1_000_000,), batches=(512,), modes=("graph",)))
+        print_table(rows("cuda", capacities=(1_000_000,), batches=(512,), modes=("graph",)))
     else:
-        _print_table(rows("cuda"))
+        print_table(rows("cuda"))

@@ -12,6 +12,8 @@ Run: ``python -m bench.ops.bench_quantile_huber_loss`` (needs CUDA). Nothing run
 """
 from __future__ import annotations
 
+from bench.ops.common import bench_ms, op_row, print_table
+
 KAPPA = 1.0
 # (B, N, N')
 SIZES = [(32, 64, 64), (256, 32, 32), (1024, 64, 64), (32, 200, 200), (4096, 64, 64), (4096, 200, 200)]
@@ -30,7 +32,6 @@ def _inputs(num_rows: int, n: int, n_target: int, device: str):
 def rows(device: str = "cuda") -> list[dict]:
     """One row per (op, size, provider): ms (median of triton.testing.do_bench), p20_ms, p80_ms, gbps."""
     import torch
-    from triton.testing import do_bench
 
     from foxdqn.ops.quantile_huber_loss import quantile_huber_loss, quantile_huber_loss_reference
 
@@ -60,19 +61,9 @@ def rows(device: str = "cuda") -> list[dict]:
                 ("quantile_huber_loss", fwd, fwd_bytes),
                 ("quantile_huber_loss_fwd_bwd", fwd_bwd, fwd_bytes + bwd_bytes),
             ):
-                fn()  # compile / warm up
-                ms, p20, p80 = do_bench(fn, warmup=25, rep=100, quantiles=[0.5, 0.2, 0.8])
-                out.append({
-                    "section": "ops", "op": op, "size": f"B={num_rows},N={n},N'={n_target}", "provider": provider,
-                    "ms": float(ms), "p20_ms": float(p20), "p80_ms": float(p80),
-                    "gbps": nbytes / (ms * 1e-3) / 1e9,
-                })
+                out.append(op_row(op, f"B={num_rows},N={n},N'={n_target}", provider, *bench_ms(fn), nbytes=nbytes))
     return out
 
 
 if __name__ == "__main__":
-    results = rows()
-    print(f"{'op':<30}{'size':<22}{'provider':<15}{'ms':>10}{'p20_ms':>10}{'p80_ms':>10}{'GB/s':>10}")
-    for row in results:
-        print(f"{row['op']:<30}{row['size']:<22}{row['provider']:<15}{row['ms']:>10.4f}{row['p20_ms']:>10.4f}"
-              f"{row['p80_ms']:>10.4f}{row['gbps']:>10.1f}")
+    print_table(rows())

@@ -9,17 +9,9 @@ Run: ``python -m bench.ops.bench_qvalue_stats`` (needs CUDA). Nothing runs at im
 """
 from __future__ import annotations
 
-import sys
+from bench.ops.common import print_table, provider_rows
 
 SIZES = [(32, 5), (256, 45), (1024, 45), (8192, 64), (65536, 64)]
-
-
-def _time(fn) -> tuple[float, float, float]:
-    import triton.testing
-
-    fn()
-    med, p20, p80 = triton.testing.do_bench(fn, quantiles=[0.5, 0.2, 0.8])
-    return float(med), float(p20), float(p80)
 
 
 def rows(device: str = "cuda") -> list[dict]:
@@ -44,25 +36,9 @@ def rows(device: str = "cuda") -> list[dict]:
             "torch": lambda: qvalue_stats_reference(q, step, acc, dev_ring, thr),
             "torch.compile": lambda: compiled(q, step, acc, dev_ring, thr),
         }
-        nbytes = B * A * 4
-        for name, fn in providers.items():
-            try:
-                med, p20, p80 = _time(fn)
-            except Exception as exc:
-                print(f"bench_qvalue_stats: {name} {B}x{A}: {type(exc).__name__}: {exc}", file=sys.stderr)
-                continue
-            out.append({"section": "ops", "op": "qvalue_stats", "size": f"B={B} A={A}", "provider": name,
-                        "ms": med, "p20_ms": p20, "p80_ms": p80, "gbps": nbytes / (med * 1e-3) / 1e9})
+        out += provider_rows("bench_qvalue_stats", "qvalue_stats", f"B={B} A={A}", providers, nbytes=B * A * 4)
     return out
 
 
-def _print_table(rs: list[dict]) -> None:
-    print(f"{'op':<16} {'size':<18} {'provider':<14} {'ms':>10} {'p20_ms':>10} {'p80_ms':>10} {'GB/s':>8}")
-    for r in rs:
-        gbps = "-" if r["gbps"] is None else f"{r['gbps']:.1f}"
-        print(f"{r['op']:<16} {r['size']:<18} {r['provider']:<14} {r['ms']:>10.4f} {r['p20_ms']:>10.4f} "
-              f"{r['p80_ms']:>10.4f} {gbps:>8}")
-
-
 if __name__ == "__main__":
-    _print_table(rows())
+    print_table(rows())

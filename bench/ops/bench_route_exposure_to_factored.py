@@ -8,17 +8,9 @@ Run: ``python -m bench.ops.bench_route_exposure_to_factored`` (needs CUDA). Noth
 """
 from __future__ import annotations
 
-import sys
+from bench.ops.common import print_table, provider_rows
 
 SIZES = [256, 4096, 65536, 1 << 20, 1 << 24]
-
-
-def _time(fn) -> tuple[float, float, float]:
-    import triton.testing
-
-    fn()
-    med, p20, p80 = triton.testing.do_bench(fn, quantiles=[0.5, 0.2, 0.8])
-    return float(med), float(p20), float(p80)
 
 
 def rows(device: str = "cuda") -> list[dict]:
@@ -43,25 +35,10 @@ def rows(device: str = "cuda") -> list[dict]:
             "torch": lambda: route_exposure_to_factored_reference(e, s, ms, v, mv),
             "torch.compile": lambda: compiled(e, s, ms, v, mv),
         }
-        nbytes = n * (8 + 4 + 4 + 8)
-        for name, fn in providers.items():
-            try:
-                med, p20, p80 = _time(fn)
-            except Exception as exc:
-                print(f"bench_route_exposure_to_factored: {name} N={n}: {type(exc).__name__}: {exc}", file=sys.stderr)
-                continue
-            out.append({"section": "ops", "op": "route_exposure_to_factored", "size": f"N={n}", "provider": name,
-                        "ms": med, "p20_ms": p20, "p80_ms": p80, "gbps": nbytes / (med * 1e-3) / 1e9})
+        out += provider_rows("bench_route_exposure_to_factored", "route_exposure_to_factored", f"N={n}", providers,
+                             nbytes=n * (8 + 4 + 4 + 8))
     return out
 
 
-def _print_table(rs: list[dict]) -> None:
-    print(f"{'op':<28} {'size':<12} {'provider':<14} {'ms':>10} {'p20_ms':>10} {'p80_ms':>10} {'GB/s':>8}")
-    for r in rs:
-        gbps = "-" if r["gbps"] is None else f"{r['gbps']:.1f}"
-        print(f"{r['op']:<28} {r['size']:<12} {r['provider']:<14} {r['ms']:>10.4f} {r['p20_ms']:>10.4f} "
-              f"{r['p80_ms']:>10.4f} {gbps:>8}")
-
-
 if __name__ == "__main__":
-    _print_table(rows())
+    print_table(rows())

@@ -9,15 +9,7 @@ Run: ``python -m bench.ops.bench_training_guard`` (needs CUDA). Nothing runs at 
 """
 from __future__ import annotations
 
-import sys
-
-
-def _time(fn) -> tuple[float, float, float]:
-    import triton.testing
-
-    fn()  # compile / warm up outside the timed region
-    med, p20, p80 = triton.testing.do_bench(fn, quantiles=[0.5, 0.2, 0.8])
-    return float(med), float(p20), float(p80)
+from bench.ops.common import print_table, provider_rows
 
 
 def rows(device: str = "cuda") -> list[dict]:
@@ -46,24 +38,9 @@ def rows(device: str = "cuda") -> list[dict]:
             "torch": lambda: training_guard_reference(**args),
             "torch.compile": lambda: compiled(**args),
         }
-        for name, fn in providers.items():
-            try:
-                med, p20, p80 = _time(fn)
-            except Exception as exc:  # a provider that cannot run this configuration is reported, not fatal
-                print(f"bench_training_guard: {name} ring={ring_where}: {type(exc).__name__}: {exc}", file=sys.stderr)
-                continue
-            out.append({"section": "ops", "op": "training_guard", "size": f"R={ring_size} ring={ring_where}",
-                        "provider": name, "ms": med, "p20_ms": p20, "p80_ms": p80, "gbps": None})
+        out += provider_rows("bench_training_guard", "training_guard", f"R={ring_size} ring={ring_where}", providers)
     return out
 
 
-def _print_table(rs: list[dict]) -> None:
-    print(f"{'op':<16} {'size':<22} {'provider':<14} {'ms':>10} {'p20_ms':>10} {'p80_ms':>10} {'GB/s':>8}")
-    for r in rs:
-        gbps = "-" if r["gbps"] is None else f"{r['gbps']:.1f}"
-        print(f"{r['op']:<16} {r['size']:<22} {r['provider']:<14} {r['ms']:>10.4f} {r['p20_ms']:>10.4f} "
-              f"{r['p80_ms']:>10.4f} {gbps:>8}")
-
-
 if __name__ == "__main__":
-    _print_table(rows())
+    print_table(rows())

@@ -54,7 +54,7 @@ from torch import Tensor
 
 from foxdqn.errors import ConfigError
 
-from .cartpole import _check_generator, _positive_int
+from .cartpole import _check_generator, _positive_int, _set_elapsed_steps
 from .trading import StepOut
 
 __all__ = ["BitFlipEnv"]
@@ -154,14 +154,7 @@ class BitFlipEnv:
                 raise ValueError(f"{name}: must have shape {shape}, got {tuple(t.shape)}")
         self.state.copy_(state != 0)
         self.goal.copy_(goal != 0)
-        if elapsed_steps is None:
-            self.steps.zero_()
-        else:
-            if tuple(elapsed_steps.shape) != (self.num_envs,):
-                raise ValueError(
-                    f"elapsed_steps: must have shape ({self.num_envs},), got {tuple(elapsed_steps.shape)}"
-                )
-            self.steps.copy_(elapsed_steps)
+        _set_elapsed_steps(self.steps, elapsed_steps, self.num_envs)
         return self.observe()
 
     def step(self, action: Tensor) -> StepOut:

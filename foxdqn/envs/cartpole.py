@@ -171,14 +171,7 @@ class CartPoleEnv:
         if tuple(state.shape) != (self.num_envs, 4):
             raise ValueError(f"state: must have shape ({self.num_envs}, 4), got {tuple(state.shape)}")
         self.state.copy_(state)
-        if elapsed_steps is None:
-            self.steps.zero_()
-        else:
-            if tuple(elapsed_steps.shape) != (self.num_envs,):
-                raise ValueError(
-                    f"elapsed_steps: must have shape ({self.num_envs},), got {tuple(elapsed_steps.shape)}"
-                )
-            self.steps.copy_(elapsed_steps)
+        _set_elapsed_steps(self.steps, elapsed_steps, self.num_envs)
         return self.observe()
 
     def step(self, action: Tensor) -> StepOut:
@@ -245,6 +238,20 @@ def _positive_int(value, where: str) -> int:
     if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
         raise ConfigError(f"{where}: must be an integer >= 1, got {value!r}")
     return int(value)
+
+
+def _set_elapsed_steps(steps: Tensor, elapsed_steps: Tensor | None, num_envs: int) -> None:
+    """``steps.copy_(elapsed_steps)``, or ``steps.zero_()`` when ``elapsed_steps`` is None. Sync-free.
+
+    Raises:
+        ValueError: ``elapsed_steps`` is not of shape ``[num_envs]``.
+    """
+    if elapsed_steps is None:
+        steps.zero_()
+    else:
+        if tuple(elapsed_steps.shape) != (num_envs,):
+            raise ValueError(f"elapsed_steps: must have shape ({num_envs},), got {tuple(elapsed_steps.shape)}")
+        steps.copy_(elapsed_steps)
 
 
 def _check_generator(generator, device: torch.device) -> None:

@@ -10,7 +10,7 @@ from foxdqn.envs.actions import compose
 from foxdqn.errors import ConfigError
 from foxdqn.ops.route_exposure_to_factored import route_exposure_to_factored_reference
 
-SYNC_METHODS = ("item", "tolist", "cpu", "numpy", "__bool__", "__int__", "__float__", "__index__")
+from support import forbid_syncs
 
 M_S, M_V = 2e-4, 1e-2
 # multiples of the medians and the order type / urgency the rule gives (written out by hand):
@@ -36,16 +36,6 @@ class FakeMarketEnv:
 class NonTradingEnv:
     num_actions = 2
     device = torch.device("cpu")
-
-
-def forbid_syncs(monkeypatch):
-    def make_raiser(name):
-        def raiser(self, *a, **k):
-            raise AssertionError(f"host sync: Tensor.{name} called")
-        return raiser
-
-    for name in SYNC_METHODS:
-        monkeypatch.setattr(torch.Tensor, name, make_raiser(name))
 
 
 def grid():

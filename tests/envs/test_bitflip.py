@@ -7,7 +7,7 @@ import torch
 from foxdqn.envs.bitflip import BitFlipEnv
 from foxdqn.errors import ConfigError
 
-SYNC_METHODS = ("item", "tolist", "cpu", "numpy", "__bool__", "__float__", "__int__", "__index__")
+from support import capture_env_step, forbid_syncs
 
 
 def _env(N, n, seed=0, device="cpu", **kw):
@@ -195,17 +195,6 @@ def test_invalid_arguments():
         _env(2, 3).set_state(torch.zeros(2, 3), torch.zeros(2, 4))
 
 
-def _forbid_syncs(monkeypatch):
-    def make(name):
-        def raiser(self, *args, **kwargs):
-            raise AssertionError(f"host sync: Tensor.{name} called")
-
-        return raiser
-
-    for name in SYNC_METHODS:
-        monkeypatch.setattr(torch.Tensor, name, make(name))
-
-
 @pytest.mark.parametrize("n", [4, 70])  # exact non-zero mask draw, and the wide-goal fallback
 def test_env_never_syncs(monkeypatch, n):
     N, T = 32, 20
@@ -213,7 +202,7 @@ def test_env_never_syncs(monkeypatch, n):
     gen = torch.Generator().manual_seed(0)
     actions = torch.randint(0, n, (T, N), generator=gen)
 
-    _forbid_syncs(monkeypatch)
+    forbid_syncs(monkeypatch)
     for probe in (lambda t: t.item(), lambda t: bool(t), lambda t: float(t), lambda t: [0, 1][t]):
         with pytest.raises(AssertionError, match="host sync"):
             probe(torch.tensor(1))
@@ -236,25 +225,6 @@ def test_env_never_syncs(monkeypatch, n):
     assert int(done.min()) >= T // n
 
 
-def _capture_step(env, action):
-    """Warm up on a side stream (sync debug mode on), then capture one ``env.step(action)``."""
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    torch.cuda.set_sync_debug_mode("error")
-    try:
-        with torch.cuda.stream(stream):
-            for _ in range(3):
-                env.step(action)
-        torch.cuda.current_stream().wait_stream(stream)
-        graph = torch.cuda.CUDAGraph()
-        graph.register_generator_state(env.generator)
-        with torch.cuda.graph(graph):
-            out = env.step(action)
-    finally:
-        torch.cuda.set_sync_debug_mode("default")
-    return graph, out
-
-
 @pytest.mark.gpu
 @pytest.mark.parametrize("n", [8, 70])
 def test_graph_replay_matches_eager(n):
@@ -263,7 +233,7 @@ def test_graph_replay_matches_eager(n):
     ref = _env(N, n, device="cuda", seed=1)
     env.reset_all()
     action = torch.zeros(N, dtype=torch.long, device="cuda")
-    graph, out = _capture_step(env, action)
+    graph, out = capture_env_step(env, action)
     gen = torch.Generator(device="cuda").manual_seed(0)
     done = torch.zeros(N, dtype=torch.long, device="cuda")
     starts = []

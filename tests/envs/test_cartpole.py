@@ -10,7 +10,7 @@ from foxdqn.envs import TradingEnv
 from foxdqn.envs.cartpole import CartPoleEnv
 from foxdqn.errors import ConfigError
 
-SYNC_METHODS = ("item", "tolist", "cpu", "numpy", "__bool__", "__float__", "__int__", "__index__")
+from support import capture_env_step, forbid_syncs
 
 # a linear balancing controller (push right when w·obs > 0) that keeps every start upright for
 # 500 steps: it drives episodes to the time limit
@@ -205,17 +205,6 @@ def test_not_goal_conditioned():
     assert not getattr(TradingEnv, "goal_conditioned", False)
 
 
-def _forbid_syncs(monkeypatch):
-    def make(name):
-        def raiser(self, *args, **kwargs):
-            raise AssertionError(f"host sync: Tensor.{name} called")
-
-        return raiser
-
-    for name in SYNC_METHODS:
-        monkeypatch.setattr(torch.Tensor, name, make(name))
-
-
 def test_env_never_syncs(monkeypatch):
     N, T = 32, 40
     env = _env(N, dtype=torch.float32, max_episode_steps=8)  # truncations as well as terminations
@@ -223,7 +212,7 @@ def test_env_never_syncs(monkeypatch):
     actions = torch.randint(0, 2, (T, N), generator=gen)
     elapsed = torch.zeros(N, dtype=torch.long)
 
-    _forbid_syncs(monkeypatch)
+    forbid_syncs(monkeypatch)
     for probe in (lambda t: t.item(), lambda t: bool(t), lambda t: float(t), lambda t: [0, 1][t]):
         with pytest.raises(AssertionError, match="host sync"):
             probe(torch.tensor(1))
@@ -242,25 +231,6 @@ def test_env_never_syncs(monkeypatch):
     assert int(done.min()) >= 5
 
 
-def _capture_step(env, action):
-    """Warm up on a side stream (sync debug mode on), then capture one ``env.step(action)``."""
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    torch.cuda.set_sync_debug_mode("error")
-    try:
-        with torch.cuda.stream(stream):
-            for _ in range(3):
-                env.step(action)
-        torch.cuda.current_stream().wait_stream(stream)
-        graph = torch.cuda.CUDAGraph()
-        graph.register_generator_state(env.generator)
-        with torch.cuda.graph(graph):
-            out = env.step(action)
-    finally:
-        torch.cuda.set_sync_debug_mode("default")
-    return graph, out
-
-
 @pytest.mark.gpu
 def test_graph_replay_matches_eager_dynamics():
     N = 256
@@ -268,7 +238,7 @@ def test_graph_replay_matches_eager_dynamics():
     ref = _env(N, dtype=torch.float32, device="cuda", seed=1, max_episode_steps=50)
     env.reset_all()
     action = torch.zeros(N, dtype=torch.long, device="cuda")
-    graph, out = _capture_step(env, action)
+    graph, out = capture_env_step(env, action)
     gen = torch.Generator(device="cuda").manual_seed(0)
     done = torch.zeros(N, dtype=torch.long, device="cuda")
     starts = []

@@ -4,27 +4,9 @@ import torch
 
 from foxdqn.envs import NUM_ACTIONS, ExecutionConfig
 
+from support import capture_env_step
+
 pytestmark = pytest.mark.gpu
-
-
-def _capture_step(env, action, warmup_actions):
-    """Warm up on a side stream (sync debug mode on), then capture one ``env.step(action)``."""
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    torch.cuda.set_sync_debug_mode("error")
-    try:
-        with torch.cuda.stream(stream):
-            for a in warmup_actions:
-                action.copy_(a)
-                env.step(action)
-        torch.cuda.current_stream().wait_stream(stream)
-        graph = torch.cuda.CUDAGraph()
-        graph.register_generator_state(env.generator)
-        with torch.cuda.graph(graph):
-            out = env.step(action)
-    finally:
-        torch.cuda.set_sync_debug_mode("default")
-    return graph, out
 
 
 def test_graph_replay_matches_eager(make_env, make_arrays):
@@ -38,7 +20,7 @@ def test_graph_replay_matches_eager(make_env, make_arrays):
     graphed.reset_all()
     eager.reset_all()
     action = torch.zeros(N, dtype=torch.long, device="cuda")
-    graph, out = _capture_step(graphed, action, actions[:3])
+    graph, out = capture_env_step(graphed, action, actions[:3])
     for k in range(3):
         eager.step(actions[k])
     for k in range(3, 15):
@@ -60,7 +42,7 @@ def test_graph_replay_with_random_starts(make_env, make_arrays):
     env.reset_all()
     action = torch.zeros(N, dtype=torch.long, device="cuda")
     gen = torch.Generator(device="cuda").manual_seed(0)
-    graph, out = _capture_step(env, action, torch.randint(0, NUM_ACTIONS, (3, N), device="cuda", generator=gen))
+    graph, out = capture_env_step(env, action, torch.randint(0, NUM_ACTIONS, (3, N), device="cuda", generator=gen))
     done = torch.zeros(N, dtype=torch.long, device="cuda")
     starts = []
     for _ in range(40):

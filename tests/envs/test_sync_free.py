@@ -4,18 +4,7 @@ import torch
 
 from foxdqn.envs import NUM_ACTIONS
 
-SYNC_METHODS = ("item", "tolist", "cpu", "numpy", "__bool__", "__float__", "__int__", "__index__")
-
-
-def _forbid_syncs(monkeypatch):
-    def make(name):
-        def raiser(self, *args, **kwargs):
-            raise AssertionError(f"host sync: Tensor.{name} called")
-
-        return raiser
-
-    for name in SYNC_METHODS:
-        monkeypatch.setattr(torch.Tensor, name, make(name))
+from support import forbid_syncs
 
 
 @pytest.mark.parametrize("eval_mode", [False, True])
@@ -27,7 +16,7 @@ def test_env_never_syncs(make_env, make_arrays, monkeypatch, eval_mode):
     gen = torch.Generator().manual_seed(0)
     actions = torch.randint(0, NUM_ACTIONS, (20, num_envs), generator=gen)
 
-    _forbid_syncs(monkeypatch)
+    forbid_syncs(monkeypatch)
     # the patch is live: each of these would sync
     for probe in (lambda t: t.item(), lambda t: t.tolist(), lambda t: bool(t), lambda t: float(t),
                   lambda t: t.cpu(), lambda t: t.numpy(), lambda t: int(t), lambda t: [0, 1][t]):

@@ -9,9 +9,10 @@ from torch import nn
 from foxdqn.errors import ConfigError
 from foxdqn.nn.attention import AttentionEncoder
 
+from support import forbid_syncs
+
 W, F, WIDTH, HEADS = 5, 3, 16, 4
 OBS_DIM = W * F + 2
-SYNC_METHODS = ("item", "tolist", "cpu", "numpy", "__bool__", "__int__", "__float__", "__index__")
 
 
 def make(pooling="mean", layers=2, dropout=0.0, generator=None, activation="relu", seed=0):
@@ -28,16 +29,6 @@ def swap_bars(obs, i, j):
     bars = obs[:, : W * F].reshape(-1, W, F).clone()
     bars[:, [i, j]] = bars[:, [j, i]]
     return torch.cat([bars.reshape(-1, W * F), obs[:, W * F:]], dim=1)
-
-
-def forbid_syncs(monkeypatch):
-    def make_raiser(name):
-        def raiser(self, *a, **k):
-            raise AssertionError(f"host sync: Tensor.{name} called")
-        return raiser
-
-    for name in SYNC_METHODS:
-        monkeypatch.setattr(torch.Tensor, name, make_raiser(name))
 
 
 @pytest.mark.parametrize("pooling", ["mean", "last"])

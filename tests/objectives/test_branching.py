@@ -16,17 +16,7 @@ from foxdqn.objectives.base import LossOutput
 from foxdqn.objectives.branching import BranchingObjective, branching_target
 from foxdqn.replay.buffer import Batch
 
-SYNC_METHODS = ("item", "tolist", "cpu", "numpy", "__bool__", "__int__", "__float__", "__index__")
-
-
-def forbid_syncs(monkeypatch):
-    def make_raiser(name):
-        def raiser(self, *a, **k):
-            raise AssertionError(f"host sync: Tensor.{name} called")
-        return raiser
-
-    for name in SYNC_METHODS:
-        monkeypatch.setattr(torch.Tensor, name, make_raiser(name))
+from support import forbid_syncs
 
 
 def make_batch(obs, action, reward, next_obs, discount, weight):

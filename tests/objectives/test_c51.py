@@ -17,6 +17,8 @@ from foxdqn.nn.mlp import MLPEncoder
 from foxdqn.objectives.c51 import C51Objective
 from foxdqn.replay.buffer import Batch
 
+from support import one_hot
+
 LN2, LN3 = math.log(2.0), math.log(3.0)
 
 
@@ -29,10 +31,6 @@ def table_c51(logits, v_min=-1.0, v_max=1.0) -> C51Network:
         net.head.logits.weight.copy_(t.reshape(S, A * K).T)
         net.head.logits.bias.zero_()
     return net
-
-
-def one_hot(states, n=2):
-    return torch.nn.functional.one_hot(torch.tensor(states), n).float()
 
 
 # Support z = [-1, 0, 1] (K = 3, Δz = 1). Two states s0, s1; two actions.

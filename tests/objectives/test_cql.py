@@ -5,14 +5,11 @@ import math
 
 import pytest
 import torch
-from torch import nn
 
 from foxdqn.errors import ConfigError
 from foxdqn.nn.c51 import C51Head, C51Network
-from foxdqn.nn.heads import QHead
 from foxdqn.nn.iql_value import IQLValueNetwork
 from foxdqn.nn.mlp import MLPEncoder
-from foxdqn.nn.qnet import QNetwork
 from foxdqn.objectives.base import LossOutput, Objective
 from foxdqn.objectives.c51 import C51Objective
 from foxdqn.objectives.cql import CQLObjective, cql_term, loss_and_q
@@ -20,19 +17,7 @@ from foxdqn.objectives.dqn import DQNObjective
 from foxdqn.objectives.iql import IQLObjective
 from foxdqn.replay.buffer import Batch
 
-
-def table_q(q) -> QNetwork:
-    """Q network with Q(one-hot s, a) = q[s][a]."""
-    t = torch.tensor(q, dtype=torch.float32)  # (S, A)
-    net = QNetwork(MLPEncoder(t.shape[0], []), QHead(t.shape[0], t.shape[1]))
-    with torch.no_grad():
-        net.head.q.weight.copy_(t.T)
-        net.head.q.bias.zero_()
-    return net
-
-
-def one_hot(states, n=2):
-    return nn.functional.one_hot(torch.tensor(states), n).float()
+from support import one_hot, table_q
 
 
 # Q(s0) = [1, 2, 3], Q(s1) = [0, 0, 0]

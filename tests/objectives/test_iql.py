@@ -3,24 +3,14 @@ from __future__ import annotations
 
 import pytest
 import torch
-from torch import nn
 
 from foxdqn.errors import ConfigError
-from foxdqn.nn.heads import QHead
 from foxdqn.nn.iql_value import IQLValueNetwork
 from foxdqn.nn.mlp import MLPEncoder
-from foxdqn.nn.qnet import QNetwork
 from foxdqn.objectives.iql import IQLObjective, expectile_loss
 from foxdqn.replay.buffer import Batch
 
-
-def table_q(q) -> QNetwork:
-    t = torch.tensor(q, dtype=torch.float32)  # (S, A)
-    net = QNetwork(MLPEncoder(t.shape[0], []), QHead(t.shape[0], t.shape[1]))
-    with torch.no_grad():
-        net.head.q.weight.copy_(t.T)
-        net.head.q.bias.zero_()
-    return net
+from support import one_hot, table_q
 
 
 def table_v(v) -> IQLValueNetwork:
@@ -29,10 +19,6 @@ def table_v(v) -> IQLValueNetwork:
         net.value.weight.copy_(torch.tensor([v]))
         net.value.bias.zero_()
     return net
-
-
-def one_hot(states, n=2):
-    return nn.functional.one_hot(torch.tensor(states), n).float()
 
 
 # online Q: s0 [1, 2], s1 [0.5, -1];  target Q: s0 [1.5, 3], s1 [0, 0];  V: s0 2, s1 1

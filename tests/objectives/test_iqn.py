@@ -16,6 +16,8 @@ from foxdqn.nn.mlp import MLPEncoder
 from foxdqn.objectives.iqn import IQNObjective
 from foxdqn.replay.buffer import Batch
 
+from support import one_hot
+
 
 class LinearTauHead(nn.Module):
     """Z_τ(s, a) = (h @ base)[a] + τ: h [B, S] one-hot, taus [B, N] -> [B, N, A]."""
@@ -39,10 +41,6 @@ def stub_net(base) -> IQNNetwork:
 ONLINE, TARGET = [[0.0, 1.0], [2.0, 0.0]], [[0.0, 0.0], [0.0, 3.0]]
 TAUS = torch.tensor([[0.2, 0.6], [0.2, 0.6]])  # (B, N=2)
 TARGET_TAUS = torch.tensor([[0.0, 0.4], [0.0, 0.4]])  # (B, N'=2)
-
-
-def one_hot(states):
-    return nn.functional.one_hot(torch.tensor(states), 2).float()
 
 
 def batch():

@@ -20,32 +20,12 @@ from foxdqn.ops.c51_project import (
     c51_project_reference,
 )
 
+from support import assert_close_nan, capture_graph, no_host_sync, require_compiled_kernels
+
 NAN = float("nan")
 INF = float("inf")
 
-
-@pytest.fixture(autouse=True)
-def _gpu_tests_need_compiled_kernels(request):
-    # tests/conftest.py defaults TRITON_INTERPRET=1; on the GPU machine the `gpu` tests must run
-    # compiled kernels (graph capture and sync checks are meaningless in the interpreter).
-    if "gpu" in request.keywords and _INTERPRET:
-        pytest.fail("GPU tests need compiled Triton kernels: run them with TRITON_INTERPRET=0")
-
-
-def assert_close_nan(actual: torch.Tensor, expected: torch.Tensor, atol: float = 1e-5, rtol: float = 1e-5) -> None:
-    """assert_close that reports NaN and Inf mismatches separately from value mismatches."""
-    assert actual.shape == expected.shape, f"shape {tuple(actual.shape)} != {tuple(expected.shape)}"
-    a, e = actual.detach().cpu().double(), expected.detach().cpu().double()
-    nan_a, nan_e = torch.isnan(a), torch.isnan(e)
-    if not torch.equal(nan_a, nan_e):
-        idx = (nan_a != nan_e).nonzero()[:5].tolist()
-        raise AssertionError(f"NaN mismatch at {idx} (actual NaNs {int(nan_a.sum())}, expected {int(nan_e.sum())})")
-    inf_a, inf_e = torch.isinf(a) & ~nan_a, torch.isinf(e) & ~nan_e
-    if not (torch.equal(inf_a, inf_e) and torch.equal(a[inf_a], e[inf_e])):
-        idx = ((inf_a != inf_e) | (inf_a & (a != e))).nonzero()[:5].tolist()
-        raise AssertionError(f"Inf mismatch at {idx}")
-    fin = ~(nan_a | inf_a)
-    torch.testing.assert_close(a[fin], e[fin], atol=atol, rtol=rtol)
+_gpu_tests_need_compiled_kernels = require_compiled_kernels(_INTERPRET)
 
 
 def naive_project(p, r, d, v_min, v_max):
@@ -347,15 +327,7 @@ def test_gpu_nan_rows():
 def test_gpu_cuda_graph_capture_and_replay():
     num_rows, k = 256, 51
     p, r, d = (x.cuda() for x in _random_case(num_rows, k, seed=1))
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        for _ in range(3):
-            c51_project(p, r, d, -10.0, 10.0)
-    torch.cuda.current_stream().wait_stream(s)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        out = c51_project(p, r, d, -10.0, 10.0)
+    graph, out = capture_graph(lambda: c51_project(p, r, d, -10.0, 10.0), warmup=3)
     for seed in (2, 3):
         p2, r2, d2 = (x.cuda() for x in _random_case(num_rows, k, seed=seed))
         p.copy_(p2)
@@ -372,12 +344,9 @@ def test_gpu_no_host_sync():
     p, r, d = (x.cuda() for x in _random_case(512, 51, seed=4))
     c51_project(p, r, d, -10.0, 10.0)  # warm-up: kernel compilation outside the check
     torch.cuda.synchronize()
-    torch.cuda.set_sync_debug_mode("error")
-    try:
+    with no_host_sync():
         for _ in range(3):
             out = c51_project(p, r, d, -10.0, 10.0)
-    finally:
-        torch.cuda.set_sync_debug_mode(0)
     assert_close_nan(out, c51_project_reference(p, r, d, -10.0, 10.0), atol=2e-5, rtol=1e-5)
 
 

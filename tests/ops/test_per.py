@@ -18,6 +18,8 @@ from foxdqn.ops.per_sample import per_sample, per_sample_reference
 from foxdqn.ops.per_state import PERState
 from foxdqn.ops.per_update import per_insert, per_update, per_update_reference
 
+from support import capture_graph, no_host_sync
+
 BACKENDS = ["triton", "torch"]
 ONE_MINUS = 0.99999994
 
@@ -463,15 +465,7 @@ def test_gpu_cuda_graph_capture_replay(cap):
 
     # graph: warm up on a side stream, restore the state, capture, replay
     static_rand = rands[0].clone()
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        for _ in range(2):
-            _sample_update(st, static_rand, size, beta, td_scale, skip)
-    torch.cuda.current_stream().wait_stream(s)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        g_idx, g_w = _sample_update(st, static_rand, size, beta, td_scale, skip)
+    graph, (g_idx, g_w) = capture_graph(lambda: _sample_update(st, static_rand, size, beta, td_scale, skip), warmup=2)
     st.load_state_dict(init.state_dict())
     for r, (e_idx, e_w) in zip(rands, eager_out):
         static_rand.copy_(r)
@@ -506,15 +500,12 @@ def test_gpu_no_host_sync():
         idx, w = per_sample(st, rand, size, beta)
         per_update(st, idx, td, skip=skip)
     torch.cuda.synchronize()
-    torch.cuda.set_sync_debug_mode("error")
-    try:
+    with no_host_sync():
         for _ in range(3):
             per_insert(st, ins)
             idx, w = per_sample(st, rand, size, beta)
             per_update(st, idx, td, skip=skip)
             per_update(st, idx, td)
-    finally:
-        torch.cuda.set_sync_debug_mode(0)
     torch.cuda.synchronize()
 
 

@@ -20,31 +20,11 @@ from foxdqn.ops.quantile_huber_loss import (
     quantile_huber_loss_reference,
 )
 
+from support import assert_close_nan, capture_graph, no_host_sync, require_compiled_kernels
+
 NAN = float("nan")
 
-
-@pytest.fixture(autouse=True)
-def _gpu_tests_need_compiled_kernels(request):
-    # tests/conftest.py defaults TRITON_INTERPRET=1; on the GPU machine the `gpu` tests must run
-    # compiled kernels (graph capture and sync checks are meaningless in the interpreter).
-    if "gpu" in request.keywords and _INTERPRET:
-        pytest.fail("GPU tests need compiled Triton kernels: run them with TRITON_INTERPRET=0")
-
-
-def assert_close_nan(actual: torch.Tensor, expected: torch.Tensor, atol: float = 1e-5, rtol: float = 1e-5) -> None:
-    """assert_close that reports NaN and Inf mismatches separately from value mismatches."""
-    assert actual.shape == expected.shape, f"shape {tuple(actual.shape)} != {tuple(expected.shape)}"
-    a, e = actual.detach().cpu().double(), expected.detach().cpu().double()
-    nan_a, nan_e = torch.isnan(a), torch.isnan(e)
-    if not torch.equal(nan_a, nan_e):
-        idx = (nan_a != nan_e).nonzero()[:5].tolist()
-        raise AssertionError(f"NaN mismatch at {idx} (actual NaNs {int(nan_a.sum())}, expected {int(nan_e.sum())})")
-    inf_a, inf_e = torch.isinf(a) & ~nan_a, torch.isinf(e) & ~nan_e
-    if not (torch.equal(inf_a, inf_e) and torch.equal(a[inf_a], e[inf_e])):
-        idx = ((inf_a != inf_e) | (inf_a & (a != e))).nonzero()[:5].tolist()
-        raise AssertionError(f"Inf mismatch at {idx}")
-    fin = ~(nan_a | inf_a)
-    torch.testing.assert_close(a[fin], e[fin], atol=atol, rtol=rtol)
+_gpu_tests_need_compiled_kernels = require_compiled_kernels(_INTERPRET)
 
 
 def _case(num_rows: int, n: int, n_target: int, seed: int, device: str = "cpu"):
@@ -267,15 +247,7 @@ def test_gpu_cuda_graph_capture_forward_backward():
         (grad,) = torch.autograd.grad((loss * w).sum(), q)
         return loss.detach(), grad
 
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        for _ in range(3):
-            step()
-    torch.cuda.current_stream().wait_stream(s)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        loss_static, grad_static = step()
+    graph, (loss_static, grad_static) = capture_graph(step, warmup=3)
     for seed in (2, 3):
         q2, t2, tau2, w2 = _case(num_rows, n, n_target, seed=seed, device="cuda")
         with torch.no_grad():
@@ -297,13 +269,10 @@ def test_gpu_no_host_sync():
     loss = quantile_huber_loss(q, t, tau, 1.0)  # warm-up: kernel compilation outside the check
     torch.autograd.grad((loss * w).sum(), q)
     torch.cuda.synchronize()
-    torch.cuda.set_sync_debug_mode("error")
-    try:
+    with no_host_sync():
         for _ in range(3):
             loss = quantile_huber_loss(q, t, tau, 1.0)
             (grad,) = torch.autograd.grad((loss * w).sum(), q)
-    finally:
-        torch.cuda.set_sync_debug_mode(0)
     loss_ref, grad_ref = _loss_and_grad(quantile_huber_loss_reference, q0, t, tau, w, 1.0)
     assert_close_nan(loss.detach(), loss_ref, atol=1e-4, rtol=1e-5)
     assert_close_nan(grad, grad_ref, atol=1e-5, rtol=1e-5)

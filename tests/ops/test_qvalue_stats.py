@@ -7,33 +7,12 @@ from foxdqn.ops.host_ring import HostRingReader
 from foxdqn.ops.qvalue_stats import QValueMonitor, qvalue_stats, qvalue_stats_reference
 from foxdqn.ops.training_guard import TrainingGuard
 
+from support import assert_close_report, capture_graph, no_host_sync
+
 F32, I64 = torch.float32, torch.int64
 # NaN/Inf inputs are the point of several tests; numpy (the interpreter) warns about them.
 pytestmark = pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning")
 NAN, INF = float("nan"), float("inf")
-
-
-def assert_close_report(actual, expected, *, rtol=0.0, atol=0.0, name=""):
-    """Compare with NaN and +/-Inf mismatches reported separately from value mismatches."""
-    a = actual.detach().cpu().double().flatten()
-    e = expected.detach().cpu().double().flatten()
-    assert a.shape == e.shape, f"{name}: shape {a.shape} != {e.shape}"
-    msgs = []
-    nan_a, nan_e = torch.isnan(a), torch.isnan(e)
-    if not torch.equal(nan_a, nan_e):
-        msgs.append(f"NaN mismatch at {(nan_a != nan_e).nonzero().flatten().tolist()[:8]}")
-    for sign, label in ((1, "+Inf"), (-1, "-Inf")):
-        ia, ie = a == sign * INF, e == sign * INF
-        if not torch.equal(ia, ie):
-            msgs.append(f"{label} mismatch at {(ia != ie).nonzero().flatten().tolist()[:8]}")
-    fin = torch.isfinite(a) & torch.isfinite(e)
-    err = (a - e).abs()
-    bad = fin & (err > atol + rtol * e.abs())
-    if bad.any():
-        i = int(bad.nonzero()[0])
-        msgs.append(f"{int(bad.sum())} values differ; first at {i}: {a[i].item()!r} vs {e[i].item()!r}")
-    if msgs:
-        raise AssertionError(f"{name}: " + "; ".join(msgs))
 
 
 def run_both(q, step, ring_size=5, threshold=1e4, acc0=None):
@@ -277,14 +256,7 @@ def test_gpu_cuda_graph_replay_writes_pinned_ring_without_sync():
         mon.update(q, step)
         step.add_(1)
 
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        body()  # warm-up (compiles the kernel) at step 0
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        body()
+    graph, _ = capture_graph(body, warmup=1)  # warm-up (compiles the kernel) at step 0
     torch.cuda.synchronize()
     mon.reset()
     ring_r, acc_r = R.new_ring(R_SIZE, pin_memory=False), torch.zeros(2)
@@ -293,11 +265,8 @@ def test_gpu_cuda_graph_replay_writes_pinned_ring_without_sync():
     for i in range(1, 12):
         q_host = torch.randn(B, A, generator=g) * (10.0 ** (i % 6))  # diverges at large scales
         q.copy_(q_host)
-        torch.cuda.set_sync_debug_mode("error")
-        try:
+        with no_host_sync():
             graph.replay()
-        finally:
-            torch.cuda.set_sync_debug_mode(0)
         torch.cuda.synchronize()
         qvalue_stats_reference(q_host, torch.tensor(i), acc_r, ring_r, torch.tensor(1e4))
         compare((ring, mon.acc), (ring_r, acc_r), q_host)
@@ -312,11 +281,8 @@ def test_gpu_eager_no_sync():
     acc, thr = torch.zeros(2, device=dev), torch.tensor(1e4, device=dev)
     qvalue_stats(q, step, acc, ring, thr)  # compile first
     torch.cuda.synchronize()
-    torch.cuda.set_sync_debug_mode("error")
-    try:
+    with no_host_sync():
         for _ in range(3):
             qvalue_stats(q, step, acc, ring, thr)
-    finally:
-        torch.cuda.set_sync_debug_mode(0)
     torch.cuda.synchronize()
     assert acc[1].item() == 4 * 64

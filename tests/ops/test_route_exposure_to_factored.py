@@ -14,6 +14,8 @@ from foxdqn.ops.route_exposure_to_factored import (
     route_exposure_to_factored_reference,
 )
 
+from support import capture_graph, no_host_sync
+
 F32 = torch.float32
 I64 = torch.int64
 NAN, INF = float("nan"), float("inf")
@@ -70,6 +72,17 @@ def _edge_values(median: float, factors: tuple[float, ...]) -> list[float]:
 MEDIANS = [NAN, -INF, -1.0, -0.0, 0.0, 1.4e-45, 1e-30, 0.3, 1.0, 3.3, 3.4e38, INF]
 
 
+def _edge_grid(ms: float):
+    """For each median volatility ``mv`` in MEDIANS: ``(mv, e, s, v)``, every spread around the tie
+    points of ``ms`` crossed with every volatility around those of ``mv`` (CPU tensors)."""
+    spreads = _edge_values(ms, (1.0, 2.0, 0.5, 3.0))
+    for mv in MEDIANS:
+        vols = _edge_values(mv, (1.5, 0.5, 1.0, 2.0))
+        rows = list(itertools.product(spreads, vols))
+        e = torch.arange(len(rows), dtype=I64) % 5
+        yield mv, e, f32([r[0] for r in rows]), f32([r[1] for r in rows])
+
+
 # ---------------------------------------------------------------------------------------------
 # golden cases
 # ---------------------------------------------------------------------------------------------
@@ -103,14 +116,8 @@ def test_golden(backend, e, s, ms, v, mv, expected):
 @pytest.mark.filterwarnings("ignore:overflow encountered:RuntimeWarning")  # 2 x 3.4e38 -> inf, intended
 @pytest.mark.parametrize("ms", MEDIANS)
 def test_edge_grid(ms):
-    spreads = _edge_values(ms, (1.0, 2.0, 0.5, 3.0))
-    for mv in MEDIANS:
-        vols = _edge_values(mv, (1.5, 0.5, 1.0, 2.0))
-        rows = list(itertools.product(spreads, vols))
-        n = len(rows)
-        e = torch.arange(n, dtype=I64) % 5
-        s = f32([r[0] for r in rows])
-        v = f32([r[1] for r in rows])
+    for mv, e, s, v in _edge_grid(ms):
+        n = len(e)
         kern = route_exposure_to_factored(e, s, f32(ms), v, f32(mv), backend="triton")
         ref = route_exposure_to_factored_reference(e, s, f32(ms), v, f32(mv))
         py = torch.tensor([route_python(e[i], s[i].item(), ms, v[i].item(), mv) for i in range(n)])
@@ -229,12 +236,7 @@ def test_gpu_matches_reference(n):
 @pytest.mark.gpu
 @pytest.mark.parametrize("ms", MEDIANS)
 def test_gpu_edge_grid(ms):
-    spreads = _edge_values(ms, (1.0, 2.0, 0.5, 3.0))
-    for mv in MEDIANS:
-        vols = _edge_values(mv, (1.5, 0.5, 1.0, 2.0))
-        rows = list(itertools.product(spreads, vols))
-        e = torch.arange(len(rows), dtype=I64) % 5
-        s, v = f32([r[0] for r in rows]), f32([r[1] for r in rows])
+    for mv, e, s, v in _edge_grid(ms):
         ref = route_exposure_to_factored_reference(e, s, f32(ms), v, f32(mv))
         kern = route_exposure_to_factored(e.cuda(), s.cuda(), f32(ms).cuda(), v.cuda(), f32(mv).cuda())
         assert_equal_int(kern.cpu(), ref, context=(e, s, v))
@@ -246,25 +248,15 @@ def test_gpu_cuda_graph_and_no_sync():
     e, s, ms, v, mv = _cuda_inputs(n, seed=1)
     route_exposure_to_factored(e, s, ms, v, mv)  # compile outside capture
     torch.cuda.synchronize()
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        route_exposure_to_factored(e, s, ms, v, mv)
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        out = route_exposure_to_factored(e, s, ms, v, mv)
+    graph, out = capture_graph(lambda: route_exposure_to_factored(e, s, ms, v, mv), warmup=1)
     for seed in range(2, 5):
         e2, s2, ms2, v2, mv2 = _cuda_inputs(n, seed=seed)
         ms2.fill_(0.3 * seed)
         for dst, src in ((e, e2), (s, s2), (ms, ms2), (v, v2), (mv, mv2)):
             dst.copy_(src)
-        torch.cuda.set_sync_debug_mode("error")
-        try:
+        with no_host_sync():
             graph.replay()
             eager = route_exposure_to_factored(e, s, ms, v, mv)
-        finally:
-            torch.cuda.set_sync_debug_mode(0)
         torch.cuda.synchronize()
         ref = route_exposure_to_factored_reference(*[t.cpu() for t in (e, s, ms, v, mv)])
         assert_equal_int(out.cpu(), ref)

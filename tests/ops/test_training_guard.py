@@ -11,6 +11,8 @@ from foxdqn.ops import record as R
 from foxdqn.ops.host_ring import HostRingReader
 from foxdqn.ops.training_guard import TrainingGuard, training_guard, training_guard_reference
 
+from support import assert_close_report, capture_graph, no_host_sync
+
 F32, I64 = torch.float32, torch.int64
 NAN, INF = float("nan"), float("inf")
 STATE_KEYS = ("collapse_count", "acc", "skip", "halted", "ring")
@@ -19,28 +21,6 @@ STATE_KEYS = ("collapse_count", "acc", "skip", "halted", "ring")
 # ---------------------------------------------------------------------------------------------
 # helpers
 # ---------------------------------------------------------------------------------------------
-def assert_close_report(actual, expected, *, rtol=0.0, atol=0.0, name=""):
-    """Compare with NaN and +/-Inf mismatches reported separately from value mismatches."""
-    a = actual.detach().cpu().double().flatten()
-    e = expected.detach().cpu().double().flatten()
-    assert a.shape == e.shape, f"{name}: shape {a.shape} != {e.shape}"
-    msgs = []
-    nan_a, nan_e = torch.isnan(a), torch.isnan(e)
-    if not torch.equal(nan_a, nan_e):
-        msgs.append(f"NaN mismatch at {(nan_a != nan_e).nonzero().flatten().tolist()[:8]}")
-    for sign, label in ((1, "+Inf"), (-1, "-Inf")):
-        ia, ie = a == sign * INF, e == sign * INF
-        if not torch.equal(ia, ie):
-            msgs.append(f"{label} mismatch at {(ia != ie).nonzero().flatten().tolist()[:8]}")
-    fin = torch.isfinite(a) & torch.isfinite(e)
-    bad = fin & ((a - e).abs() > atol + rtol * e.abs())
-    if bad.any():
-        i = int(bad.nonzero()[0])
-        msgs.append(f"{int(bad.sum())} values differ; first at {i}: {a[i].item()!r} vs {e[i].item()!r}")
-    if msgs:
-        raise AssertionError(f"{name}: " + "; ".join(msgs))
-
-
 def new_state(count_dtype=I64, ring_size=8, device="cpu", pin=False):
     return dict(
         collapse_count=torch.zeros((), dtype=count_dtype, device=device),
@@ -416,14 +396,7 @@ def test_gpu_graph_replay_pinned_ring_visible_and_no_sync():
         guard.check(loss, norm, step)
         step.add_(1)
 
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        body()  # warm-up: compiles the kernel; writes step 0
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        body()
+    graph, _ = capture_graph(body, warmup=1)  # warm-up: compiles the kernel; writes step 0
     torch.cuda.synchronize()
 
     ref = new_state(I64, ring_size=8)
@@ -434,11 +407,8 @@ def test_gpu_graph_replay_pinned_ring_visible_and_no_sync():
     for i, (l_val, n_val) in enumerate(seq, start=1):
         loss.fill_(l_val)
         norm.fill_(n_val)
-        torch.cuda.set_sync_debug_mode("error")
-        try:
+        with no_host_sync():
             graph.replay()
-        finally:
-            torch.cuda.set_sync_debug_mode(0)
         torch.cuda.synchronize()
         call("torch", ref, p_ref, l_val, n_val, i)
         gpu_state = {"collapse_count": guard.collapse_count, "acc": guard.acc, "skip": guard.skip,
@@ -455,13 +425,10 @@ def test_gpu_eager_no_sync():
     loss, norm, step = torch.tensor(1.0, device=dev), torch.tensor(1.0, device=dev), torch.tensor(0, device=dev)
     guard.check(loss, norm, step)  # compile first
     torch.cuda.synchronize()
-    torch.cuda.set_sync_debug_mode("error")
-    try:
+    with no_host_sync():
         for _ in range(5):
             guard.check(loss, norm, step)
             step.add_(1)
-    finally:
-        torch.cuda.set_sync_debug_mode(0)
     torch.cuda.synchronize()
     assert guard.reader.latest()["step"] == 4
     assert guard.read_accumulators()["count"] == 6
@@ -486,24 +453,13 @@ def test_gpu_fused_adam_skips_inside_graph():
         opt.step()
         step.add_(1)
 
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        for _ in range(2):
-            body()
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        body()
+    graph, _ = capture_graph(body, warmup=2)
     torch.cuda.synchronize()
 
     def replay():
         before, before_step = p.detach().clone(), opt.state[p]["step"].clone()
-        torch.cuda.set_sync_debug_mode("error")
-        try:
+        with no_host_sync():
             graph.replay()
-        finally:
-            torch.cuda.set_sync_debug_mode(0)
         torch.cuda.synchronize()
         return (not torch.equal(p.detach(), before)), (opt.state[p]["step"] - before_step).item()
 
@@ -513,3 +469,29 @@ def test_gpu_fused_adam_skips_inside_graph():
     loss.fill_(1.0)
     assert replay() == (False, 0.0)  # latched
     assert guard.reader.first_halt()["halt_nan"]
+
+
+@pytest.mark.gpu
+def test_gpu_guard_and_qstats_inside_torch_compile():
+    """Under torch.compile the ring-writing ops run as opaque calls and still write the record."""
+    from foxdqn.ops.qvalue_stats import QValueMonitor
+    from foxdqn.ops.training_guard import TrainingGuard
+
+    guard = TrainingGuard("cuda", loss_clip=10.0)
+    qmon = QValueMonitor(guard.ring, "cuda")
+    w = torch.randn(8, 5, device="cuda", requires_grad=True)
+
+    @torch.compile
+    def step(x, t):
+        q = x @ w
+        loss = (q ** 2).mean()
+        qmon.update(q.detach(), t)
+        return guard.check(loss.detach(), loss.detach() * 0 + 1.0, t), loss
+
+    x = torch.randn(16, 8, device="cuda")
+    for i in range(3):
+        skip, loss = step(x, torch.tensor(i, device="cuda"))
+    torch.cuda.synchronize()
+    rec = guard.reader.latest()
+    assert rec["step"] == 2 and rec["q_min"] is not None
+    assert float(skip) == float(loss > 10.0)

@@ -1,15 +1,10 @@
 """The eager step runs for every experiment's feature combination, without a host sync."""
-import sys
-from pathlib import Path
-
 import pytest
 import torch
 
-sys.path.insert(0, str(Path(__file__).parent))
-from helpers import EXPERIMENTS, experiment_state  # noqa: E402
-from test_no_sync import _forbid  # noqa: E402
+from foxdqn.step.iteration import Iteration
 
-from foxdqn.step.iteration import Iteration  # noqa: E402
+from support import EXPERIMENTS, experiment_state, forbid_syncs
 
 
 @pytest.mark.parametrize("name", EXPERIMENTS)
@@ -21,7 +16,7 @@ def test_eager_step_every_experiment(monkeypatch, name):
     full()  # allocates Adam state
     before = [p.detach().clone() for p in s.online.parameters()]
     with monkeypatch.context() as m:
-        _forbid(m)
+        forbid_syncs(m)
         for _ in range(3):
             full()
             s.guard.reader.latest()

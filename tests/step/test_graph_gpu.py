@@ -1,14 +1,10 @@
 """The captured iteration on CUDA: same results as eager, no host syncs, one launch per iteration."""
-import sys
-from pathlib import Path
-
 import pytest
 import torch
 
-sys.path.insert(0, str(Path(__file__).parent))
-from helpers import EXPERIMENTS, experiment_state  # noqa: E402
+from foxdqn.step.iteration import WARMUP_ITERATIONS, Iteration
 
-from foxdqn.step.iteration import WARMUP_ITERATIONS, Iteration  # noqa: E402
+from support import EXPERIMENTS, experiment_state, no_host_sync
 
 pytestmark = pytest.mark.gpu
 
@@ -55,13 +51,10 @@ def _captured(name="eurusd_dqn"):
 @pytest.mark.parametrize("name", EXPERIMENTS)
 def test_steady_state_under_sync_debug_error(name):
     s, full = _captured(name)
-    torch.cuda.set_sync_debug_mode("error")
-    try:
+    with no_host_sync():
         for _ in range(10):
             full()
             s.guard.reader.latest()
-    finally:
-        torch.cuda.set_sync_debug_mode(0)
     torch.cuda.synchronize()
 
 

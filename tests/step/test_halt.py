@@ -1,17 +1,14 @@
 """An injected NaN is caught within one iteration; the bad update changes no weight; the run
 stops with the checkpoint of the last good weights and a message naming the flag and step."""
 import math
-import sys
-from pathlib import Path
 
 import pytest
 import torch
 
-sys.path.insert(0, str(Path(__file__).parent))
-from helpers import small_state  # noqa: E402
+from foxdqn.errors import HaltError
+from foxdqn.step.iteration import Iteration
 
-from foxdqn.errors import HaltError  # noqa: E402
-from foxdqn.step.iteration import Iteration  # noqa: E402
+from support import small_state
 
 BAD = 5  # the update whose loss is poisoned
 

@@ -4,29 +4,12 @@ Inside the loop body (iterations and the guard poll) every Tensor method that co
 data to the host is patched to raise. On the GPU the same property is checked with
 ``torch.cuda.set_sync_debug_mode("error")`` (tests marked gpu).
 """
-import sys
-from pathlib import Path
-
 import pytest
 import torch
 
-sys.path.insert(0, str(Path(__file__).parent))
-from helpers import small_state  # noqa: E402
+from foxdqn.step.iteration import Iteration
 
-from foxdqn.step.iteration import Iteration  # noqa: E402
-
-FORBIDDEN = ["item", "tolist", "cpu", "numpy", "__bool__", "__int__", "__float__", "__index__"]
-
-
-class Synced(AssertionError):
-    pass
-
-
-def _forbid(monkeypatch):
-    for name in FORBIDDEN:
-        def boom(self, *a, _name=name, **k):
-            raise Synced(f"Tensor.{_name} called in the steady-state loop")
-        monkeypatch.setattr(torch.Tensor, name, boom)
+from support import HostSync, forbid_syncs, small_state
 
 
 @pytest.mark.parametrize("head", ["q", "dueling"])
@@ -38,7 +21,7 @@ def test_steady_state_loop_never_syncs(monkeypatch, head):
         collect()
     full()  # first update allocates Adam state (not steady state)
     with monkeypatch.context() as m:
-        _forbid(m)
+        forbid_syncs(m)
         for _ in range(5):
             full()
             s.guard.reader.latest()
@@ -48,6 +31,6 @@ def test_steady_state_loop_never_syncs(monkeypatch, head):
 def test_forbid_patch_catches_a_sync(monkeypatch):
     """The patch is live: a deliberate .item() inside it raises."""
     with monkeypatch.context() as m:
-        _forbid(m)
-        with pytest.raises(Synced):
+        forbid_syncs(m)
+        with pytest.raises(HostSync):
             torch.zeros(()).item()

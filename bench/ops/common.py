@@ -1,0 +1,50 @@
+"""Shared plumbing of the op benchmarks: timing one provider, the result row, the console table.
+
+Nothing runs at import time, and Triton is imported only when something is timed.
+"""
+from __future__ import annotations
+
+import sys
+
+QUANTILES = [0.5, 0.2, 0.8]
+
+
+def bench_ms(fn) -> tuple[float, float, float]:
+    """Median, 20th and 80th percentile of ``fn()`` in ms (``triton.testing.do_bench``: 25 ms
+    warm-up, 100 ms of repetitions), after one untimed call (compile / warm up)."""
+    from triton.testing import do_bench
+
+    fn()
+    med, p20, p80 = do_bench(fn, warmup=25, rep=100, quantiles=QUANTILES)
+    return float(med), float(p20), float(p80)
+
+
+def op_row(op: str, size: str, provider: str, ms: float, p20: float, p80: float, nbytes: int | None = None) -> dict:
+    """One result row of the ``ops`` section; ``gbps`` = ``nbytes`` / time (None without ``nbytes``)."""
+    return {"section": "ops", "op": op, "size": size, "provider": provider, "ms": ms, "p20_ms": p20, "p80_ms": p80,
+            "gbps": None if nbytes is None else nbytes / (ms * 1e-3) / 1e9}
+
+
+def provider_rows(bench: str, op: str, size: str, providers: dict, nbytes: int | None = None) -> list[dict]:
+    """A row per ``{provider: callable}`` timed with :func:`bench_ms`. A provider that raises is
+    reported on stderr (``"{bench}: {provider} {size}: ..."``) and left out; the others still run."""
+    out = []
+    for name, fn in providers.items():
+        try:
+            med, p20, p80 = bench_ms(fn)
+        except Exception as exc:  # a provider that cannot run this configuration is reported, not fatal
+            print(f"{bench}: {name} {size}: {type(exc).__name__}: {exc}", file=sys.stderr)
+            continue
+        out.append(op_row(op, size, name, med, p20, p80, nbytes))
+    return out
+
+
+def print_table(rows: list[dict]) -> None:
+    """The rows as a fixed-width table: op, size, provider, ms, p20_ms, p80_ms, GB/s ("-" if None)."""
+    w_op = max([len("op"), *(len(r["op"]) for r in rows)]) + 1
+    w_size = max([len("size"), *(len(r["size"]) for r in rows)]) + 1
+    print(f"{'op':<{w_op}} {'size':<{w_size}} {'provider':<14} {'ms':>10} {'p20_ms':>10} {'p80_ms':>10} {'GB/s':>8}")
+    for r in rows:
+        gbps = "-" if r["gbps"] is None else f"{r['gbps']:.1f}"
+        print(f"{r['op']:<{w_op}} {r['size']:<{w_size}} {r['provider']:<14} {r['ms']:>10.4f} {r['p20_ms']:>10.4f} "
+              f"{r['p80_ms']:>10.4f} {gbps:>8}")

@@ -1,0 +1,211 @@
+"""Helpers shared by the test files: comparators, host-sync guards, CUDA graph capture, builders.
+
+``tests/conftest.py`` puts this folder on ``sys.path``, so any test file imports them with
+``from support import ...``. Nothing here runs at import time or needs CUDA until called.
+"""
+from __future__ import annotations
+
+import contextlib
+import math
+from pathlib import Path
+
+import pytest
+import torch
+from torch import nn
+
+from foxdqn.data import market_data_from_frame
+from foxdqn.data.synthetic import make_synthetic_ohlcv
+from foxdqn.nn.heads import QHead
+from foxdqn.nn.mlp import MLPEncoder
+from foxdqn.nn.qnet import QNetwork
+from foxdqn.step.iteration import Iteration
+from foxdqn.step.state import build_state
+from foxdqn.train import load_config
+
+INF = float("inf")
+
+
+# ---------------------------------------------------------------------------------------------
+# comparators
+# ---------------------------------------------------------------------------------------------
+def assert_close_nan(actual: torch.Tensor, expected: torch.Tensor, atol: float = 1e-5, rtol: float = 1e-5) -> None:
+    """assert_close that reports NaN and Inf mismatches separately from value mismatches."""
+    assert actual.shape == expected.shape, f"shape {tuple(actual.shape)} != {tuple(expected.shape)}"
+    a, e = actual.detach().cpu().double(), expected.detach().cpu().double()
+    nan_a, nan_e = torch.isnan(a), torch.isnan(e)
+    if not torch.equal(nan_a, nan_e):
+        idx = (nan_a != nan_e).nonzero()[:5].tolist()
+        raise AssertionError(f"NaN mismatch at {idx} (actual NaNs {int(nan_a.sum())}, expected {int(nan_e.sum())})")
+    inf_a, inf_e = torch.isinf(a) & ~nan_a, torch.isinf(e) & ~nan_e
+    if not (torch.equal(inf_a, inf_e) and torch.equal(a[inf_a], e[inf_e])):
+        idx = ((inf_a != inf_e) | (inf_a & (a != e))).nonzero()[:5].tolist()
+        raise AssertionError(f"Inf mismatch at {idx}")
+    fin = ~(nan_a | inf_a)
+    torch.testing.assert_close(a[fin], e[fin], atol=atol, rtol=rtol)
+
+
+def assert_close_report(actual, expected, *, rtol=0.0, atol=0.0, name=""):
+    """Compare with NaN and +/-Inf mismatches reported separately from value mismatches."""
+    a = actual.detach().cpu().double().flatten()
+    e = expected.detach().cpu().double().flatten()
+    assert a.shape == e.shape, f"{name}: shape {a.shape} != {e.shape}"
+    msgs = []
+    nan_a, nan_e = torch.isnan(a), torch.isnan(e)
+    if not torch.equal(nan_a, nan_e):
+        msgs.append(f"NaN mismatch at {(nan_a != nan_e).nonzero().flatten().tolist()[:8]}")
+    for sign, label in ((1, "+Inf"), (-1, "-Inf")):
+        ia, ie = a == sign * INF, e == sign * INF
+        if not torch.equal(ia, ie):
+            msgs.append(f"{label} mismatch at {(ia != ie).nonzero().flatten().tolist()[:8]}")
+    fin = torch.isfinite(a) & torch.isfinite(e)
+    bad = fin & ((a - e).abs() > atol + rtol * e.abs())
+    if bad.any():
+        i = int(bad.nonzero()[0])
+        msgs.append(f"{int(bad.sum())} values differ; first at {i}: {a[i].item()!r} vs {e[i].item()!r}")
+    if msgs:
+        raise AssertionError(f"{name}: " + "; ".join(msgs))
+
+
+# ---------------------------------------------------------------------------------------------
+# host syncs and CUDA graphs
+# ---------------------------------------------------------------------------------------------
+# Tensor methods that copy device data to the host (or read a value back to Python).
+SYNC_METHODS = ("item", "tolist", "cpu", "numpy", "__bool__", "__int__", "__float__", "__index__")
+
+
+class HostSync(AssertionError):
+    """Raised by a Tensor method patched by :func:`forbid_syncs`."""
+
+
+def forbid_syncs(monkeypatch) -> None:
+    """Patch every :data:`SYNC_METHODS` method of ``torch.Tensor`` to raise :class:`HostSync`
+    (an ``AssertionError`` whose message starts with ``host sync``)."""
+
+    def make_raiser(name):
+        def raiser(self, *args, **kwargs):
+            raise HostSync(f"host sync: Tensor.{name} called")
+
+        return raiser
+
+    for name in SYNC_METHODS:
+        monkeypatch.setattr(torch.Tensor, name, make_raiser(name))
+
+
+@contextlib.contextmanager
+def no_host_sync():
+    """CUDA sync debug mode ``"error"`` inside the block (any synchronizing call raises)."""
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        yield
+    finally:
+        torch.cuda.set_sync_debug_mode(0)
+
+
+@contextlib.contextmanager
+def side_stream():
+    """Run the block on a fresh side stream (warm-up before capture); the current stream waits for it."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        yield side
+    torch.cuda.current_stream().wait_stream(side)
+
+
+def capture_graph(fn, warmup: int = 3, generators=()):
+    """Call ``fn()`` ``warmup`` times on a side stream, then capture one call in a CUDA graph.
+
+    Returns ``(graph, out)``: ``out`` is what the captured call returned (static tensors that
+    ``graph.replay()`` rewrites). ``generators`` are registered with the graph before capture.
+    ``warmup=0``: no warm-up (the caller ran it, e.g. on its own :func:`side_stream`).
+    """
+    if warmup:
+        with side_stream():
+            for _ in range(warmup):
+                fn()
+    graph = torch.cuda.CUDAGraph()
+    for gen in generators:
+        graph.register_generator_state(gen)
+    with torch.cuda.graph(graph):
+        out = fn()
+    return graph, out
+
+
+def capture_env_step(env, action, warmup_actions=None):
+    """Warm up on a side stream (sync debug mode on), then capture one ``env.step(action)``.
+
+    The warm-up steps ``action`` three times, or, given ``warmup_actions``, once per row copied
+    into ``action`` first. The env's generator is registered with the graph.
+    """
+    with no_host_sync():
+        with side_stream():
+            if warmup_actions is None:
+                for _ in range(3):
+                    env.step(action)
+            else:
+                for a in warmup_actions:
+                    action.copy_(a)
+                    env.step(action)
+        return capture_graph(lambda: env.step(action), warmup=0, generators=(env.generator,))
+
+
+def require_compiled_kernels(interpret: bool):
+    """An autouse fixture (assign it to a module-level name) failing ``gpu`` tests when the op's
+    Triton kernels run in the interpreter (``interpret``: the op module's ``_INTERPRET``)."""
+
+    @pytest.fixture(autouse=True)
+    def _gpu_tests_need_compiled_kernels(request):
+        # tests/conftest.py defaults TRITON_INTERPRET=1; on the GPU machine the `gpu` tests must run
+        # compiled kernels (graph capture and sync checks are meaningless in the interpreter).
+        if "gpu" in request.keywords and interpret:
+            pytest.fail("GPU tests need compiled Triton kernels: run them with TRITON_INTERPRET=0")
+
+    return _gpu_tests_need_compiled_kernels
+
+
+# ---------------------------------------------------------------------------------------------
+# builders
+# ---------------------------------------------------------------------------------------------
+def one_hot(states, n=2):
+    return nn.functional.one_hot(torch.tensor(states), n).float()
+
+
+def table_q(q) -> QNetwork:
+    """Q network with Q(one-hot s, a) = q[s][a]."""
+    t = torch.tensor(q, dtype=torch.float32)  # (S, A)
+    net = QNetwork(MLPEncoder(t.shape[0], []), QHead(t.shape[0], t.shape[1]))
+    with torch.no_grad():
+        net.head.q.weight.copy_(t.T)
+        net.head.q.bias.zero_()
+    return net
+
+
+EXPERIMENTS = sorted(p.stem for p in (Path(__file__).parents[1] / "foxdqn" / "conf" / "experiment").glob("*.yaml"))
+
+
+def small_state(overrides=(), bars=1200, drift=1e-4, vol=2e-3, seed=0, device="cpu"):
+    """``(state, market)``: a training state with debug=smoke caps; synthetic bars for trading."""
+    cfg = load_config(["debug=smoke", f"device={device}", "log.progress=false", *overrides])
+    market = None
+    if cfg.env.name == "trading":
+        frame = make_synthetic_ohlcv(bars, drift_per_bar=drift, vol=vol, seed=seed)
+        market = market_data_from_frame(frame, cfg.data, cfg.env.window, cfg.env.episode_length)
+    return build_state(cfg, market, torch.device(device)), market
+
+
+def experiment_state(name, device="cpu", extra=()):
+    """State for experiment ``name`` shrunk for tests (smoke caps; small replay; 2 updates/iter)."""
+    over = [f"+experiment={name}", "agent.updates_per_iter=2", "agent.steps_per_iter=2", "env.num_envs=8",
+            "replay.capacity=4096", "agent.batch_size=32"]
+    if name.startswith("bitflip"):
+        over.append("env.n_bits=6")
+    return small_state([*over, *extra], device=device)
+
+
+def train_eager(s, cfg) -> None:
+    """Run ``cfg.agent.total_env_steps`` of eager training on state ``s``: collect-only iterations
+    until ``learning_starts``, then full ones."""
+    per_iter = cfg.env.num_envs * cfg.agent.steps_per_iter
+    warm = math.ceil(cfg.agent.learning_starts / per_iter)
+    collect, full = Iteration(s, False, updates=0), Iteration(s, False)
+    for it in range(math.ceil(cfg.agent.total_env_steps / per_iter)):
+        (collect if it < warm else full)()
