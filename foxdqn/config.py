@@ -13,6 +13,7 @@ encoders), ``head`` (foxdqn.nn heads), ``replay`` (foxdqn.replay), ``agent`` (fo
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass, field
 from typing import Any, List, Optional
 
@@ -204,11 +205,13 @@ def _choice(value: Any, allowed: tuple, name: str) -> None:
 
 
 def _positive(value: float, name: str, allow_zero: bool = False) -> None:
-    if value < 0 or (value == 0 and not allow_zero):
+    if not math.isfinite(value) or value < 0 or (value == 0 and not allow_zero):
         raise ConfigError(f"{name}={value} must be {'>= 0' if allow_zero else '> 0'}")
 
 
 def _unit(value: float, name: str, lo_open: bool = False, hi_open: bool = False) -> None:
+    if not math.isfinite(value):
+        raise ConfigError(f"{name}={value} must be a finite number in [0, 1]")
     lo_ok = value > 0 if lo_open else value >= 0
     hi_ok = value < 1 if hi_open else value <= 1
     if not (lo_ok and hi_ok):
@@ -246,10 +249,58 @@ def apply_debug(cfg: TrainConfig) -> TrainConfig:
     return cfg
 
 
+def _check_finite(node, prefix: str = "") -> None:
+    """Every float anywhere in the config must be finite (NaN/±inf name their field)."""
+    for f in dataclasses.fields(node):
+        value, name = getattr(node, f.name), f"{prefix}{f.name}"
+        if dataclasses.is_dataclass(value):
+            _check_finite(value, f"{name}.")
+        elif isinstance(value, float) and not math.isfinite(value):
+            raise ConfigError(f"{name}={value} must be a finite number")
+        elif isinstance(value, (list, tuple)):
+            for i, v in enumerate(value):
+                if isinstance(v, float) and not math.isfinite(v):
+                    raise ConfigError(f"{name}[{i}]={v} must be a finite number")
+
+
+def unknown_keys(composed: DictConfig, schema=None, prefix: str = "") -> list[str]:
+    """Dotted keys of ``composed`` that the schema does not have (``+key=value`` overrides add
+    them past the struct check; they would otherwise be dropped without a word)."""
+    schema = OmegaConf.structured(TrainConfig) if schema is None else schema
+    out = []
+    for key in composed.keys():
+        if prefix == "" and key == "hydra":
+            continue
+        if key not in schema:
+            out.append(f"{prefix}{key}")
+            continue
+        sub, ref = composed._get_node(key), schema._get_node(key)
+        if OmegaConf.is_dict(sub) and OmegaConf.is_dict(ref):
+            out += unknown_keys(sub, ref, f"{prefix}{key}.")
+    return out
+
+
+def allowed_keys(dotted: str) -> list[str]:
+    """Keys allowed next to ``dotted`` (its parent's schema keys)."""
+    node = OmegaConf.structured(TrainConfig)
+    for part in dotted.split(".")[:-1]:
+        if part not in node or not OmegaConf.is_dict(node._get_node(part)):
+            break
+        node = node._get_node(part)
+    return sorted(str(k) for k in node.keys())
+
+
 def validate(cfg: TrainConfig) -> None:
     """Check ranges and cross-field rules. Raises ConfigError naming the dotted field."""
+    _check_finite(cfg)
     _choice(cfg.device, DEVICES, "device")
     _choice(cfg.graph, GRAPH_MODES, "graph")
+    import torch
+
+    if cfg.device == "cuda" and not torch.cuda.is_available():
+        raise ConfigError("device=cuda but no CUDA device is available; use device=auto or device=cpu")
+    if cfg.graph == "on" and (cfg.device == "cpu" or not torch.cuda.is_available()):
+        raise ConfigError("graph=on needs a CUDA device; use graph=auto or graph=off on CPU")
     e = cfg.env
     _choice(e.name, ENVS, "env.name")
     if e.name == "trading":
@@ -318,6 +369,11 @@ def validate(cfg: TrainConfig) -> None:
     _unit(a.eps_start, "agent.eps_start")
     _unit(a.eps_end, "agent.eps_end")
     _unit(a.eps_decay_fraction, "agent.eps_decay_fraction", lo_open=True)
+    if a.eps_end > a.eps_start:
+        raise ConfigError(f"agent.eps_end={a.eps_end} must be <= agent.eps_start={a.eps_start} (ε decays)")
+    if a.learning_starts >= a.total_env_steps:
+        raise ConfigError(f"agent.learning_starts={a.learning_starts} must be < agent.total_env_steps="
+                          f"{a.total_env_steps} (else no update is made)")
     if cfg.replay.capacity < (cfg.replay.n_step + 1) * e.num_envs:
         raise ConfigError(f"replay.capacity={cfg.replay.capacity} must be >= (replay.n_step + 1) * env.num_envs = "
                           f"{(cfg.replay.n_step + 1) * e.num_envs}")
@@ -335,10 +391,16 @@ def validate(cfg: TrainConfig) -> None:
     _choice(cfg.eval.split, ("train", "val", "test"), "eval.split")
     _positive(cfg.eval.interval_env_steps, "eval.interval_env_steps", allow_zero=True)
     _positive(cfg.log.interval_env_steps, "log.interval_env_steps")
+    if cfg.debug.inject_nan_at_step is not None and cfg.debug.inject_nan_at_step < 0:
+        raise ConfigError(f"debug.inject_nan_at_step={cfg.debug.inject_nan_at_step} must be >= 0 (an update number)")
 
 
 def finalize(cfg: DictConfig | TrainConfig) -> TrainConfig:
     """Composed config → validated :class:`TrainConfig` with the debug caps applied."""
+    if isinstance(cfg, DictConfig):
+        extra = unknown_keys(cfg)
+        if extra:
+            raise ConfigError(f"unknown key {extra[0]}; allowed keys there: {', '.join(allowed_keys(extra[0]))}")
     obj = apply_debug(to_object(cfg))
     validate(obj)
     return obj

@@ -7,6 +7,7 @@ one device→host copy of all monitoring accumulators (:meth:`DeviceStats.snapsh
 """
 from __future__ import annotations
 
+import logging
 import math
 import time
 from dataclasses import asdict
@@ -23,6 +24,9 @@ from foxdqn.io_atomic import write_json_atomic
 from foxdqn.step import stats as S
 from foxdqn.step.iteration import Iteration
 from foxdqn.step.state import TrainState, build_state, resolve_device
+
+
+log = logging.getLogger(__name__)
 
 
 def use_graph(cfg: TrainConfig, device: torch.device) -> bool:
@@ -93,6 +97,9 @@ def train(cfg: TrainConfig, market, run_dir: Path) -> dict:
     per_iter = cfg.env.num_envs * a.steps_per_iter
     total_iters = max(1, math.ceil(a.total_env_steps / per_iter))
     warm_iters = min(total_iters, math.ceil(a.learning_starts / per_iter))
+    log.info("%s: %s on %s (graph=%s), %d env steps in %d iterations of %d envs x %d steps, %d updates each",
+             cfg.experiment, cfg.env.name if market is None else market.source, device, graph,
+             total_iters * per_iter, total_iters, cfg.env.num_envs, a.steps_per_iter, a.updates_per_iter)
     collect_only = Iteration(s, graph, updates=0)
     full = Iteration(s, graph)
     log_every = max(1, cfg.log.interval_env_steps // per_iter)
@@ -133,9 +140,11 @@ def train(cfg: TrainConfig, market, run_dir: Path) -> dict:
         logger.close()
     ckpt = save_checkpoint(run_dir / "checkpoints" / "last.pt", s)
     if halt is not None:
+        log.error("halted: %s", halt)
         (run_dir / "HALTED").write_text(halt + "\n")
         raise HaltError(f"{halt}; last good weights saved to {ckpt}")
     wall = time.perf_counter() - t0
+    log.info("trained in %.1f s; evaluating on the %s split", wall, cfg.eval.split)
     extra = {
         "experiment": cfg.experiment,
         "data": market.source if market is not None else None,

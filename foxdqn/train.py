@@ -28,9 +28,28 @@ def _fail(message: str, code: int = 2) -> None:
 
 
 def _one_line(exc: BaseException) -> str:
+    """One line from a Hydra/OmegaConf composition error: the message, the underlying cause
+    (e.g. the expected type) and, for an unknown key, the keys allowed there."""
+    import re
+
+    from foxdqn.config import allowed_keys
+
     text = str(exc).strip() or type(exc).__name__
+    unknown = re.search(r"Could not override '([^']+)'", text)
+    if unknown:
+        key = unknown.group(1)
+        return f"unknown key {key}; allowed keys there: {', '.join(allowed_keys(key))}"
     lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
-    keep = [ln for ln in lines if not ln.startswith(("object_type", "Set the environment variable"))]
+    cut = next((i for i, ln in enumerate(lines) if ln.startswith("Config search path")), len(lines))
+    keep = [ln for ln in lines[:cut] if not ln.startswith(("object_type", "Set the environment variable"))]
+    if any(ln.startswith("Available options") for ln in keep):  # "...in 'head':" + one option per line
+        i = next(i for i, ln in enumerate(keep) if ln.startswith("Available options"))
+        keep = keep[:i] + [keep[i] + " " + ", ".join(keep[i + 1:])]
+    cause = exc.__cause__ or exc.__context__
+    if cause is not None and str(cause).strip():
+        first = str(cause).strip().splitlines()[0].strip()
+        if first not in keep:
+            keep.append(first)
     return "; ".join(keep) or text
 
 
@@ -77,19 +96,71 @@ def load_config(overrides: list[str]) -> TrainConfig:
     return finalize(cfg)
 
 
-def _precheck(argv: list[str]) -> None:
-    """Validate config and data before Hydra creates a run folder (single runs)."""
-    overrides = _overrides(argv)
-    if overrides is None:
-        return
-    from foxdqn.data import load_market_data
-
+def _sweep_jobs(argv: list[str]) -> list[list[str]] | None:
+    """The override lists of a ``--multirun`` sweep (basic sweeper syntax: ``a=1,2 b=x,y``), or
+    None when they cannot be expanded here (another sweeper, ranges, ...)."""
+    args = [a for a in argv if a not in ("-m", "--multirun")]
+    plain = _overrides(args)
+    if plain is None:
+        return None
     try:
-        cfg = load_config(overrides)
-        if cfg.env.name == "trading":
-            load_market_data(cfg.data, cfg.env.window, cfg.env.episode_length)
-    except FoxdqnError as exc:
-        _fail(str(exc))
+        from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
+        from hydra.core.override_parser.overrides_parser import OverridesParser
+
+        parsed = OverridesParser.create().parse_overrides(plain)
+        batches = BasicSweeper.split_arguments(parsed, max_batch_size=None)
+        return [list(job) for batch in batches for job in batch]
+    except Exception:  # noqa: BLE001 - fall back to per-job checks inside the run
+        return None
+
+
+def _available_bytes(device: str) -> int | None:
+    """Free memory of the run's device (CUDA: free GPU memory; CPU: MemAvailable on Linux)."""
+    import torch
+
+    if device == "cuda" or (device == "auto" and torch.cuda.is_available()):
+        return int(torch.cuda.mem_get_info()[0])
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        return None
+    return None
+
+
+def _check(overrides: list[str]) -> None:
+    from foxdqn.data import load_market_data
+    from foxdqn.errors import ConfigError
+    from foxdqn.replay.buffer import replay_bytes
+
+    cfg = load_config(overrides)
+    market = None
+    if cfg.env.name == "trading":
+        market = load_market_data(cfg.data, cfg.env.window, cfg.env.episode_length)
+    obs_dim = {"trading": cfg.env.window * (market.features.shape[1] if market else 5) + 2, "cartpole": 4,
+               "bitflip": 2 * cfg.env.n_bits}[cfg.env.name]
+    need, free = replay_bytes(cfg.replay.capacity, obs_dim), _available_bytes(cfg.device)
+    if free is not None and need > 0.8 * free:
+        raise ConfigError(f"replay.capacity={cfg.replay.capacity} needs {need / 2**30:.1f} GiB for observations "
+                          f"of size {obs_dim}, more than the {free / 2**30:.1f} GiB free; lower replay.capacity")
+
+
+def _precheck(argv: list[str]) -> None:
+    """Validate config and data before Hydra creates a run folder: the single run, or every job
+    of a ``--multirun`` sweep."""
+    if "-m" in argv or "--multirun" in argv:
+        jobs = _sweep_jobs(argv) or []
+    else:
+        single = _overrides(argv)
+        jobs = [] if single is None else [single]
+    for job in jobs:
+        try:
+            _check(job)
+        except FoxdqnError as exc:
+            prefix = f"job {' '.join(job)}: " if len(jobs) > 1 else ""
+            _fail(prefix + str(exc))
 
 
 def _print_summary(summary: dict, run_dir: Path) -> None:
@@ -136,6 +207,11 @@ def _run(cfg: DictConfig) -> float:
         _fail(str(exc))
     except HaltError as exc:
         _fail(f"training halted: {exc}", code=HaltError.exit_code)
+    except (MemoryError, RuntimeError) as exc:  # allocation failures: a size setting is too large
+        if isinstance(exc, MemoryError) or "allocate" in str(exc) or "out of memory" in str(exc):
+            _fail("out of memory building the run: reduce replay.capacity, env.num_envs, model.hidden or "
+                  f"agent.batch_size ({str(exc).splitlines()[0][:120]})")
+        raise
     _print_summary(summary, run_dir)
     agent = summary["metrics"]["agent"]
     return float(agent.get("sharpe", agent.get("mean_return", float("nan"))))

@@ -32,6 +32,12 @@ def test_smoke_caps_win_over_experiment():
     assert cfg.agent.total_env_steps == cfg.debug.max_env_steps
 
 
+def test_unknown_key_lists_the_allowed_keys():
+    with pytest.raises(ConfigError) as info:
+        load_config(["+agent.lrr=1e-3"])
+    assert "lr" in str(info.value) and "batch_size" in str(info.value)
+
+
 @pytest.mark.parametrize("override, field", [
     ("agent.gamma=1.5", "agent.gamma"),
     ("agent.batch_size=0", "agent.batch_size"),
@@ -59,6 +65,16 @@ def test_smoke_caps_win_over_experiment():
     ("+experiment=cartpole_dqn model=attention", "model.encoder"),
     ("model=attention model.width=30 model.heads=4", "model.width"),
     ("replay=per replay.alpha=2", "replay.alpha"),
+    # unknown keys added with "+", non-finite numbers, schedules that cannot work
+    ("+agent.lrr=1e-3", "agent.lrr"),
+    ("+foo=1", "foo"),
+    ("agent.lr=nan", "agent.lr"),
+    ("agent.lr=inf", "agent.lr"),
+    ("objective=cql objective.cql_alpha=nan", "objective.cql_alpha"),
+    ("head=c51 head.v_max=inf", "head.v_max"),
+    ("agent.learning_starts=100000 agent.total_env_steps=1000", "agent.learning_starts"),
+    ("agent.eps_start=0.1 agent.eps_end=0.5", "agent.eps_end"),
+    ("debug.inject_nan_at_step=-3", "debug.inject_nan_at_step"),
 ])
 def test_bad_override_names_field(override, field):
     with pytest.raises(ConfigError) as info:

@@ -65,10 +65,14 @@ def _bad_csv(tmp_path):
     (["data.path=/no/such/file.csv"], "/no/such/file.csv"),
     (["BAD_CSV"], "low"),
     (["env.execution.taker_fee_bps=-1"], "env.execution.taker_fee_bps"),
+    (["agent.lrr=1e-3"], "agent.lrr"),
+    (["agent.lr=nan"], "agent.lr"),
+    (["replay.capacity=1000000000000"], "replay.capacity"),
+    (["--multirun", "agent.lr=1e-4,-1", "debug=smoke"], "agent.lr"),
 ])
 def test_bad_input_one_line_exit_2_no_run_dir(tmp_path, args, needle):
     args = [f"data.path={_bad_csv(tmp_path)}" if a == "BAD_CSV" else a for a in args]
-    res = run([*args, f"hydra.run.dir={tmp_path / 'run'}"], cwd=tmp_path)
+    res = run([*args, f"hydra.run.dir={tmp_path / 'run'}", f"hydra.sweep.dir={tmp_path / 'run'}"], cwd=tmp_path)
     assert res.returncode == 2, (res.returncode, res.stderr[-2000:])
     lines = [ln for ln in res.stderr.splitlines() if ln.strip()]
     assert len(lines) == 1, res.stderr

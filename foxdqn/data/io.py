@@ -41,8 +41,10 @@ def read_table(path: Union[str, Path]) -> pd.DataFrame:
             rows, or is Parquet and pyarrow is not installed (``pip install pyarrow``).
     """
     path = Path(path).expanduser()
+    if path.is_dir():
+        raise DataError(f"{path}: is a directory (data.path must name a CSV or Parquet file)")
     if not path.is_file():
-        raise DataError(f"{path}: data file not found (data.path must name an existing CSV or Parquet file)")
+        raise DataError(f"{path.resolve()}: data file not found (data.path must name an existing CSV or Parquet file)")
     name = path.name.lower()
     if name.endswith(PARQUET_SUFFIXES):
         if importlib.util.find_spec("pyarrow") is None:

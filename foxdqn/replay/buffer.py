@@ -22,6 +22,12 @@ import torch
 from foxdqn.errors import ConfigError
 
 
+def replay_bytes(capacity: int, obs_dim: int) -> int:
+    """Bytes a :class:`ReplayBuffer` of ``capacity`` transitions takes (obs and next_obs float32,
+    action and episode int64, reward/terminal/ended float32)."""
+    return capacity * (2 * obs_dim * 4 + 2 * 8 + 3 * 4)
+
+
 class Batch(NamedTuple):
     """A sampled batch (all on the device).
 
