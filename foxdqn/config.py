@@ -179,6 +179,8 @@ class TrainConfig:
     seed: int = 0
     device: str = "auto"
     graph: str = "auto"
+    cpu_threads: int = 1  # torch intra-op threads on CPU (0 = torch's default); 1 is as fast at these sizes
+
     data: DataConfig = field(default_factory=DataConfig)
     env: EnvConfig = field(default_factory=EnvConfig)
     model: ModelConfig = field(default_factory=ModelConfig)
@@ -295,6 +297,7 @@ def validate(cfg: TrainConfig) -> None:
     _check_finite(cfg)
     _choice(cfg.device, DEVICES, "device")
     _choice(cfg.graph, GRAPH_MODES, "graph")
+    _positive(cfg.cpu_threads, "cpu_threads", allow_zero=True)
     import torch
 
     if cfg.device == "cuda" and not torch.cuda.is_available():

@@ -74,6 +74,8 @@ class TrainState:
 def build_state(cfg: TrainConfig, market, device: torch.device) -> TrainState:
     if device.type == "cuda":
         torch.set_float32_matmul_precision(cfg.agent.matmul_precision)
+    elif cfg.cpu_threads > 0:
+        torch.set_num_threads(cfg.cpu_threads)
     torch.manual_seed(cfg.seed)
     gen = torch.Generator(device=device)
     gen.manual_seed(cfg.seed)
