@@ -144,7 +144,7 @@ def train(cfg: TrainConfig, market, run_dir: Path) -> dict:
         (run_dir / "HALTED").write_text(halt + "\n")
         raise HaltError(f"{halt}; last good weights saved to {ckpt}")
     wall = time.perf_counter() - t0
-    log.info("trained in %.1f s; evaluating on the %s split", wall, cfg.eval.split)
+    log.info("trained in %.1f s; evaluating", wall)
     extra = {
         "experiment": cfg.experiment,
         "data": market.source if market is not None else None,
