@@ -115,8 +115,9 @@ def train(cfg: TrainConfig, market, run_dir: Path) -> dict:
                 (collect_only if it < warm_iters else full)()
                 record = s.guard.reader.latest()  # pinned memory read: no wait
                 reason = s.guard.reader.halt_reason(record) if record is not None else None
-                if reason is not None:
-                    halt = reason
+                if reason is not None:  # name the flag of the update that fired, not the latch after it
+                    first = s.guard.reader.first_halt()
+                    halt = s.guard.reader.halt_reason(first) if first is not None else reason
                     break
                 env_steps = (it + 1) * per_iter
                 if (it + 1) % log_every == 0 or it == total_iters - 1:
