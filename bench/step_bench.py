@@ -2,7 +2,7 @@
 
 Feature sets: every experiment's (its config as shipped), plus ``full`` = dueling C51 + CQL +
 PER + 3-step returns. Sizes: (batch 256, MLP 2×256), (batch 1024, MLP 3×512), (batch 4096,
-attention encoder, trading sets only). K updates are timed per call and divided by K; ratios
+attention encoder, trading sets only); on CPU only the first size. K updates are timed per call and divided by K; ratios
 eager/graph and compile/graph come from the same process. ``torch.compile`` (default mode) of
 the objective (forward + loss; whole-update compilation fails in Inductor on the guard's pinned
 ring writes, see the README) with the rest eager is measured for the batch-256 size of a few sets (``COMPILE_SETS``): its
@@ -36,11 +36,16 @@ def feature_sets() -> dict[str, list[str]]:
     return sets
 
 
+CPU_SIZES = ("b256_mlp2x256",)  # the eager rows a CPU can run in a few minutes
+
+
 def rows(device: str = "cuda", sets: dict | None = None, sizes: dict | None = None) -> list[dict]:
     out = []
+    if sizes is None:
+        sizes = SIZES if device == "cuda" else {k: v for k, v in SIZES.items() if k in CPU_SIZES}
     for fname, fover in (sets or feature_sets()).items():
         trading = not any(x in " ".join(fover) for x in ("cartpole", "bitflip"))
-        for sname, sover in (sizes or SIZES).items():
+        for sname, sover in sizes.items():
             if "attention" in sname and not trading:
                 continue
             over = [*fover, *sover, "replay.capacity=262144", f"agent.updates_per_iter={K}", "env.num_envs=64"]
