@@ -152,6 +152,38 @@ class EvalConfig:
     interval_env_steps: int = 0  # validation evaluations during training (0 = only at the end)
 
 
+EARLY_STOP_METRICS = ("auto", "sharpe", "sortino", "total_return", "profit_factor", "max_drawdown",
+                      "mean_return")
+
+
+@dataclass
+class EarlyStopConfig:
+    """Early stopping (foxdqn.early_stop; zero_sync_hot_path.md, Q-value early stopping).
+
+    Checked on the host at eval / log boundaries only (never inside the captured iteration).
+    """
+
+    enabled: bool = False
+    metric: str = "auto"  # validation metric: auto (sharpe on trading, mean_return elsewhere) | sharpe |
+    #                       sortino | total_return | profit_factor | max_drawdown (lower is better) | mean_return
+    patience: int = 5  # validation evaluations in a row without improvement before stopping
+    min_delta: float = 0.0  # an improvement must beat the best by more than this (metric units)
+    q_bound: Optional[float] = None  # stop when |mean max-Q| of a log interval exceeds this (null = off)
+    q_patience: int = 3  # ... for this many log intervals in a row
+    on_q_divergence: bool = False  # a Q-monitor divergence flag ends the run as early_stop_q (exit 0)
+    #                                instead of a guard halt (exit 3); NaN/loss-clip/collapse still halt
+
+
+@dataclass
+class DiversityConfig:
+    """Executed-action diversity logged at log boundaries (foxdqn.monitor.diversity; mega_graph_plan.md)."""
+
+    enabled: bool = True  # log entropies and the most frequent actions (host side, from the device counts)
+    top_k: int = 3  # most frequent actions named in the log line
+    min_entropy: float = 0.0  # collapse warning below this normalised entropy H / log(K) in [0, 1] (0 = off)
+    patience: int = 3  # ... for this many log intervals in a row (one warning per collapse episode)
+
+
 @dataclass
 class LogConfig:
     interval_env_steps: int = 20_000  # one device→host readback per interval
@@ -192,6 +224,8 @@ class TrainConfig:
     guard: GuardConfig = field(default_factory=GuardConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
     log: LogConfig = field(default_factory=LogConfig)
+    early_stop: EarlyStopConfig = field(default_factory=EarlyStopConfig)
+    diversity: DiversityConfig = field(default_factory=DiversityConfig)
     debug: DebugConfig = field(default_factory=DebugConfig)
 
 
@@ -394,8 +428,35 @@ def validate(cfg: TrainConfig) -> None:
     _choice(cfg.eval.split, ("train", "val", "test"), "eval.split")
     _positive(cfg.eval.interval_env_steps, "eval.interval_env_steps", allow_zero=True)
     _positive(cfg.log.interval_env_steps, "log.interval_env_steps")
+    _validate_early_stop(cfg)
+    d = cfg.diversity
+    _positive(d.top_k, "diversity.top_k")
+    _unit(d.min_entropy, "diversity.min_entropy")
+    _positive(d.patience, "diversity.patience")
     if cfg.debug.inject_nan_at_step is not None and cfg.debug.inject_nan_at_step < 0:
         raise ConfigError(f"debug.inject_nan_at_step={cfg.debug.inject_nan_at_step} must be >= 0 (an update number)")
+
+
+def _validate_early_stop(cfg: TrainConfig) -> None:
+    es = cfg.early_stop
+    _choice(es.metric, EARLY_STOP_METRICS, "early_stop.metric")
+    _positive(es.patience, "early_stop.patience")
+    _positive(es.min_delta, "early_stop.min_delta", allow_zero=True)
+    _positive(es.q_patience, "early_stop.q_patience")
+    if es.q_bound is not None:
+        _positive(es.q_bound, "early_stop.q_bound")
+    if not es.enabled:
+        return
+    trading = cfg.env.name == "trading"
+    if es.metric == "mean_return" and trading:
+        raise ConfigError("early_stop.metric=mean_return is for episodic envs; the trading env's validation "
+                          "metrics are sharpe, sortino, total_return, profit_factor, max_drawdown (or auto)")
+    if es.metric not in ("auto", "mean_return") and not trading:
+        raise ConfigError(f"early_stop.metric={es.metric!r} is a trading metric; env.name={cfg.env.name!r} is "
+                          "validated by mean_return (or auto)")
+    if cfg.eval.interval_env_steps <= 0:
+        raise ConfigError("early_stop.enabled=true needs eval.interval_env_steps > 0 (the validation "
+                          f"evaluations it watches); got eval.interval_env_steps={cfg.eval.interval_env_steps}")
 
 
 def finalize(cfg: DictConfig | TrainConfig) -> TrainConfig:

@@ -16,11 +16,13 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from foxdqn.checkpoint import save_checkpoint
+from foxdqn.checkpoint import load_checkpoint, save_checkpoint
 from foxdqn.config import TrainConfig
+from foxdqn.early_stop import EarlyStopper, stop_summary
 from foxdqn.errors import ConfigError, HaltError
 from foxdqn.evaluate import evaluate, evaluate_episodes, write_report
 from foxdqn.io_atomic import write_json_atomic
+from foxdqn.monitor.diversity import CollapseMonitor, action_diversity, entropy, format_top, top_actions
 from foxdqn.step import stats as S
 from foxdqn.step.iteration import Iteration
 from foxdqn.step.state import TrainState, build_state, resolve_device
@@ -35,19 +37,17 @@ def use_graph(cfg: TrainConfig, device: torch.device) -> bool:
     return cfg.graph == "on" or (cfg.graph == "auto" and device.type == "cuda")
 
 
-def _entropy(counts: np.ndarray) -> float:
-    total = counts.sum()
-    if total <= 0:
-        return 0.0
-    p = counts[counts > 0] / total
-    return float(-(p * np.log(p)).sum())
-
-
 class Snapshotter:
-    """Turns one host copy of the device accumulators into a log row, then resets them."""
+    """Turns one host copy of the device accumulators into a log row, then resets them.
+
+    ``actions`` keeps the last interval's executed-action counts (float64 numpy ``[A]``); with
+    ``diversity.enabled`` the row also carries :func:`foxdqn.monitor.diversity.action_diversity`.
+    """
 
     def __init__(self, s: TrainState):
         self.s = s
+        self.actions = np.zeros(s.stats.actions.numel())
+        self.factored = s.cfg.env.name == "trading"
 
     def __call__(self) -> dict:
         s = self.s
@@ -56,6 +56,7 @@ class Snapshotter:
         acc, actions = host[:nf], host[nf:nf + na]
         g = host[nf + na: nf + na + s.guard.acc.numel()]
         q = host[nf + na + s.guard.acc.numel():]
+        self.actions = actions.copy()
         s.stats.reset()
         s.guard.reset_accumulators()
         s.qmon.reset()
@@ -64,12 +65,14 @@ class Snapshotter:
             "episode_return": acc[S.EP_RETURN_SUM] / acc[S.EP_COUNT] if acc[S.EP_COUNT] else float("nan"),
             "reward_per_step": acc[S.REWARD_SUM] / max(acc[S.TRANSITIONS], 1),
             "fill_rate": acc[S.TRADES] / max(acc[S.TRANSITIONS], 1),
-            "action_entropy": _entropy(actions),
+            "action_entropy": entropy(actions),
             "loss": g[0] / g[2] if g[2] else float("nan"),
             "grad_norm": g[1] / g[2] if g[2] else float("nan"),
             "skipped_updates": g[3],
             "mean_max_q": q[0] / q[1] if q[1] else float("nan"),
         }
+        if s.cfg.diversity.enabled:
+            row.update(action_diversity(actions, self.factored))
         return row
 
 
@@ -103,24 +106,32 @@ def train(cfg: TrainConfig, market, run_dir: Path) -> dict:
     collect_only = Iteration(s, graph, updates=0)
     full = Iteration(s, graph)
     log_every = max(1, cfg.log.interval_env_steps // per_iter)
-    eval_every = cfg.eval.interval_env_steps // per_iter if cfg.eval.interval_env_steps else 0
+    eval_every = max(1, cfg.eval.interval_env_steps // per_iter) if cfg.eval.interval_env_steps else 0
     snapshot = Snapshotter(s)
     logger = MetricsLogger(run_dir, tensorboard=cfg.log.tensorboard)
+    stopper = EarlyStopper(cfg.early_stop, cfg.env.name) if cfg.early_stop.enabled else None
+    best_path = run_dir / "checkpoints" / "best.pt"
+    collapse = CollapseMonitor(cfg.diversity.min_entropy, cfg.diversity.patience)
     recent_return = float("nan")
     halt = None
+    env_steps = 0
     t_log, steps_log = time.perf_counter(), 0
     try:
         with TrainProgress(total=total_iters * per_iter, enabled=cfg.log.progress) as progress:
             for it in range(total_iters):
                 (collect_only if it < warm_iters else full)()
+                env_steps = (it + 1) * per_iter
+                last = it == total_iters - 1
                 record = s.guard.reader.latest()  # pinned memory read: no wait
                 reason = s.guard.reader.halt_reason(record) if record is not None else None
                 if reason is not None:  # name the flag of the update that fired, not the latch after it
                     first = s.guard.reader.first_halt()
                     halt = s.guard.reader.halt_reason(first) if first is not None else reason
+                    if stopper is not None and cfg.early_stop.on_q_divergence and _q_divergence_only(record, first):
+                        stopper.stop("early_stop_q", env_steps, f"Q monitor: {halt}")
+                        halt = None
                     break
-                env_steps = (it + 1) * per_iter
-                if (it + 1) % log_every == 0 or it == total_iters - 1:
+                if (it + 1) % log_every == 0 or last:
                     row = snapshot()
                     now = time.perf_counter()
                     row["env_steps_per_s"] = (env_steps - steps_log) / max(now - t_log, 1e-9)
@@ -131,10 +142,26 @@ def train(cfg: TrainConfig, market, run_dir: Path) -> dict:
                     if not math.isnan(row["episode_return"]):
                         recent_return = row["episode_return"]
                     logger.log(env_steps, {f"train/{k}": v for k, v in row.items()})
-                    progress.update(env_steps, {"eps": row["epsilon"], "loss": row["loss"],
-                                                "ep_ret": recent_return})
-                if eval_every and (it + 1) % eval_every == 0 and it < total_iters - 1:
-                    logger.log(env_steps, {f"val/{k}": v for k, v in _evaluate_val(s, market).items()})
+                    fields = {"eps": row["epsilon"], "loss": row["loss"], "ep_ret": recent_return}
+                    if cfg.diversity.enabled:
+                        fields["H"] = row["action_entropy_norm"]
+                        _log_diversity(row, snapshot, collapse, env_steps, cfg.diversity.top_k)
+                    progress.update(env_steps, fields)
+                    if stopper is not None and stopper.update_q(row["mean_max_q"]) and not last:
+                        stopper.stop("early_stop_q", env_steps, stopper.q_detail(row["mean_max_q"]))
+                        break
+                # with early stopping the final weights are validated too (they compete for "best")
+                if eval_every and (((it + 1) % eval_every == 0 and not last) or (stopper is not None and last)):
+                    metrics = _evaluate_val(s, market)
+                    logger.log(env_steps, {f"val/{k}": v for k, v in metrics.items()})
+                    if stopper is not None:
+                        if stopper.update_val(env_steps, metrics):
+                            save_checkpoint(best_path, s, {"best": {"metric": stopper.metric, "value": stopper.best}})
+                            log.info("best val %s = %.6g at %d env steps -> %s", stopper.metric, stopper.best,
+                                     env_steps, best_path.name)
+                        if stopper.val_exhausted and not last:
+                            stopper.stop("early_stop_val", env_steps, stopper.val_detail())
+                            break
     finally:
         if device.type == "cuda":
             torch.cuda.synchronize(device)
@@ -145,7 +172,15 @@ def train(cfg: TrainConfig, market, run_dir: Path) -> dict:
         (run_dir / "HALTED").write_text(halt + "\n")
         raise HaltError(f"{halt}; last good weights saved to {ckpt}")
     wall = time.perf_counter() - t0
-    log.info("trained in %.1f s; evaluating", wall)
+    stop = stop_summary(stopper, env_steps)
+    evaluated = {"checkpoint": "last", "env_steps": int(s.env_steps.item()), "metric": None, "value": None}
+    if stopper is not None and stopper.best_env_steps is not None and best_path.is_file():
+        best = load_checkpoint(best_path, map_location=device)
+        s.online.load_state_dict(best["online"])
+        evaluated = {"checkpoint": "best", "env_steps": best["env_steps"], "metric": stopper.metric,
+                     "value": stopper.best}
+    log.info("trained in %.1f s (stop: %s at %d env steps); evaluating the %s weights (%d env steps)", wall,
+             stop["reason"], stop["at_env_steps"], evaluated["checkpoint"], evaluated["env_steps"])
     extra = {
         "experiment": cfg.experiment,
         "data": market.source if market is not None else None,
@@ -157,7 +192,12 @@ def train(cfg: TrainConfig, market, run_dir: Path) -> dict:
         "updates": int(s.updates.item()),
         "wall_time_s": round(wall, 2),
         "checkpoint": str(ckpt.relative_to(run_dir)),
+        "stop": stop,
+        "evaluated": evaluated,
     }
+    if cfg.diversity.enabled:
+        extra["diversity"] = {"collapse_warnings": collapse.warnings, "collapsed_at_end": collapse.collapsed,
+                              "min_entropy": cfg.diversity.min_entropy}
     if cfg.env.name != "trading":
         summary = {**extra, "env": cfg.env.name,
                    "metrics": {"agent": evaluate_episodes(cfg, s.online, s.action_mode, device)}}
@@ -167,3 +207,19 @@ def train(cfg: TrainConfig, market, run_dir: Path) -> dict:
     data_name = cfg.data.name if cfg.data.path is None else Path(cfg.data.path).name
     title = f"{cfg.experiment}: {data_name}, {cfg.eval.split} split"
     return write_report(run_dir / "eval", result, market, cfg.eval.split, title, extra)
+
+
+def _q_divergence_only(latest: dict, first: dict | None) -> bool:
+    """The halt seen is the Q monitor's divergence flag alone (no guard flag, no device latch)."""
+    guard = ("halt_nan", "halt_loss_clip", "halt_grad_collapse", "halted")
+    return all(not rec[f] for rec in (latest, first) if rec is not None for f in guard)
+
+
+def _log_diversity(row: dict, snapshot: Snapshotter, collapse: CollapseMonitor, env_steps: int, top_k: int) -> None:
+    """Python log line of the interval's action diversity; feeds the collapse monitor."""
+    top = top_actions(snapshot.actions, top_k, snapshot.factored)
+    parts = [f"H={row['action_entropy']:.3f} nats ({row['action_entropy_norm']:.2f} of max)"]
+    if snapshot.factored:
+        parts += [f"{name} {row[f'{name}_entropy_norm']:.2f}" for name in ("exposure", "order_type", "urgency")]
+    log.info("actions at %d env steps: %s; top: %s", env_steps, ", ".join(parts), format_top(top))
+    collapse.update(row["action_entropy_norm"], env_steps, top)
