@@ -86,6 +86,10 @@ def _evaluate_val(s: TrainState, market) -> dict:
 def train(cfg: TrainConfig, market, run_dir: Path) -> dict:
     """Train, evaluate on ``cfg.eval.split`` and write the run's outputs into ``run_dir``.
 
+    With ``early_stop.enabled`` the run may end early (foxdqn.early_stop) and the evaluation uses
+    ``checkpoints/best.pt``; the summary's ``stop`` / ``evaluated`` entries say which. Action
+    diversity (foxdqn.monitor.diversity) is logged at log boundaries when ``diversity.enabled``.
+
     Raises:
         HaltError: a guard flag fired (the checkpoint of the last good weights is written first).
     """
