@@ -86,3 +86,20 @@ def test_iqn_accumulates_with_its_own_draws_per_micro_batch():
     loss4, _, _ = accumulate_gradients(s4, batch)
     assert torch.isfinite(loss4) and all(torch.isfinite(p.grad).all() for p in s4.trainable)
     assert abs(float(loss4) - float(loss1)) < 0.5 * abs(float(loss1)) + 1e-3  # same loss, other τ samples
+
+
+def test_guard_sees_a_nan_in_one_micro_batch_and_skips_the_whole_update():
+    s, _ = experiment_state("eurusd_dqn", extra=["optim.accumulate=4", "debug.inject_nan_at_step=2",
+                                                 "prune.enabled=true", "prune.start_update=0",
+                                                 "prune.end_update=4", "prune.frequency=1"])
+    collect, full = Iteration(s, False, updates=0), Iteration(s, False)
+    for _ in range(4):
+        collect()
+    full()  # updates 0, 1
+    before = [p.detach().clone() for p in s.online.parameters()]
+    masks = [m.clone() for m in s.pruner.masks]
+    full()  # update 2 poisoned: skipped (and latched), so nothing changes, masks included
+    first = s.guard.reader.first_halt()
+    assert first["step"] == 2 and "halt_nan" in s.guard.reader.halt_reason(first)
+    assert all(torch.equal(a, b) for a, b in zip(before, s.online.parameters()))
+    assert all(torch.equal(a, b) for a, b in zip(masks, s.pruner.masks))
