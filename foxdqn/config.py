@@ -8,7 +8,8 @@ compose time. :func:`finalize` then checks ranges and cross-field rules (raising
 Groups mirror the package: ``data`` (foxdqn.data), ``env`` (foxdqn.envs), ``model`` (foxdqn.nn
 encoders), ``head`` (foxdqn.nn heads), ``replay`` (foxdqn.replay), ``agent`` (foxdqn.step),
 ``objective`` (foxdqn.objectives), ``action`` (foxdqn.actions), ``guard``
-(foxdqn.ops.training_guard), ``debug``.
+(foxdqn.ops.training_guard), ``optim``/``prune``/``regime`` (the training controls:
+foxdqn.step.update, foxdqn.step.pruning, foxdqn.replay.regime), ``debug``.
 """
 from __future__ import annotations
 
@@ -133,6 +134,37 @@ class AgentConfig:
 
 
 @dataclass
+class OptimConfig:
+    """How one gradient update is computed (foxdqn.step.update)."""
+
+    accumulate: int = 1  # M micro-batches per update (agent.batch_size / M rows each); 1 = off
+
+
+@dataclass
+class PruneConfig:
+    """Magnitude pruning of the online network's weight matrices (foxdqn.step.pruning;
+    Zhu & Gupta 2017, eq. 1). Update numbers count gradient updates from 0."""
+
+    enabled: bool = False
+    initial_sparsity: float = 0.0  # s_i, fraction of weights zeroed at start_update
+    final_sparsity: float = 0.5  # s_f, fraction zeroed from end_update on
+    start_update: int = 0  # t0, first mask update
+    end_update: int = 10_000  # t0 + nΔt, last mask update (final sparsity reached here)
+    frequency: int = 100  # Δt, updates between mask updates
+
+
+@dataclass
+class RegimeConfig:
+    """Regime-weighted TD errors (foxdqn.replay.regime): loss weight by the sampled state's
+    volatility regime, volatility / training-split median volatility (trading env only)."""
+
+    enabled: bool = False
+    low_threshold: float = 0.5  # ratio < low: low-volatility regime (routing rule's 0.5)
+    high_threshold: float = 1.5  # ratio > high: high-volatility regime (routing rule's 1.5)
+    weights: List[float] = field(default_factory=lambda: [0.5, 1.0, 2.0])  # [low, normal, high] loss weights
+
+
+@dataclass
 class GuardConfig:
     """On-device training guard (ops.training_guard; zero_sync_hot_path.md component A)."""
 
@@ -222,6 +254,9 @@ class TrainConfig:
     replay: ReplayConfig = field(default_factory=ReplayConfig)
     agent: AgentConfig = field(default_factory=AgentConfig)
     guard: GuardConfig = field(default_factory=GuardConfig)
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    prune: PruneConfig = field(default_factory=PruneConfig)
+    regime: RegimeConfig = field(default_factory=RegimeConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
     log: LogConfig = field(default_factory=LogConfig)
     early_stop: EarlyStopConfig = field(default_factory=EarlyStopConfig)
@@ -418,6 +453,7 @@ def validate(cfg: TrainConfig) -> None:
         raise ConfigError(f"replay.capacity={cfg.replay.capacity} must be >= agent.batch_size={a.batch_size}")
     if cfg.replay.capacity < e.num_envs:
         raise ConfigError(f"replay.capacity={cfg.replay.capacity} must be >= env.num_envs={e.num_envs}")
+    _validate_controls(cfg)
     g = cfg.guard
     _positive(g.loss_clip, "guard.loss_clip")
     _positive(g.collapse_multiplier, "guard.collapse_multiplier", allow_zero=True)
@@ -457,6 +493,35 @@ def _validate_early_stop(cfg: TrainConfig) -> None:
     if cfg.eval.interval_env_steps <= 0:
         raise ConfigError("early_stop.enabled=true needs eval.interval_env_steps > 0 (the validation "
                           f"evaluations it watches); got eval.interval_env_steps={cfg.eval.interval_env_steps}")
+
+
+def _validate_controls(cfg: TrainConfig) -> None:
+    """optim.*, prune.*, regime.* (the training controls of the README)."""
+    m, b = cfg.optim.accumulate, cfg.agent.batch_size
+    if m < 1 or b % m:
+        raise ConfigError(f"optim.accumulate={m} must be >= 1 and divide agent.batch_size={b}")
+    p = cfg.prune
+    if p.enabled:
+        _unit(p.initial_sparsity, "prune.initial_sparsity", hi_open=True)
+        _unit(p.final_sparsity, "prune.final_sparsity", hi_open=True)
+        if p.initial_sparsity > p.final_sparsity:
+            raise ConfigError(f"prune.initial_sparsity={p.initial_sparsity} must be <= "
+                              f"prune.final_sparsity={p.final_sparsity}")
+        _positive(p.start_update, "prune.start_update", allow_zero=True)
+        _positive(p.frequency, "prune.frequency")
+        if p.end_update <= p.start_update:
+            raise ConfigError(f"prune.end_update={p.end_update} must be > prune.start_update={p.start_update}")
+    r = cfg.regime
+    if r.enabled:
+        if cfg.env.name != "trading":
+            raise ConfigError(f"regime.enabled=true weights by the trading env's volatility regime; "
+                              f"env.name={cfg.env.name!r}")
+        if not 0 < r.low_threshold < r.high_threshold:
+            raise ConfigError(f"regime.low_threshold={r.low_threshold} must be > 0 and < "
+                              f"regime.high_threshold={r.high_threshold}")
+        if len(r.weights) != 3 or any(w < 0 for w in r.weights) or not any(w > 0 for w in r.weights):
+            raise ConfigError(f"regime.weights={list(r.weights)} must be 3 numbers [low, normal, high], "
+                              ">= 0 and not all 0")
 
 
 def finalize(cfg: DictConfig | TrainConfig) -> TrainConfig:

@@ -51,12 +51,14 @@ class Snapshotter:
 
     def __call__(self) -> dict:
         s = self.s
-        host = s.stats.snapshot(s.guard.acc, s.qmon.acc).numpy()
+        prune = () if s.pruner is None else (s.pruner.log_values(s.updates),)  # [measured, scheduled]
+        host = s.stats.snapshot(s.guard.acc, s.qmon.acc, *prune).numpy()
         nf, na = S.NUM_FIELDS, s.stats.actions.numel()
         acc, actions = host[:nf], host[nf:nf + na]
         g = host[nf + na: nf + na + s.guard.acc.numel()]
-        q = host[nf + na + s.guard.acc.numel():]
         self.actions = actions.copy()
+        qs = nf + na + s.guard.acc.numel()
+        q = host[qs: qs + s.qmon.acc.numel()]
         s.stats.reset()
         s.guard.reset_accumulators()
         s.qmon.reset()
@@ -73,6 +75,8 @@ class Snapshotter:
         }
         if s.cfg.diversity.enabled:
             row.update(action_diversity(actions, self.factored))
+        if s.pruner is not None:  # prune.enabled: sparsity reached (fraction of zero weights) and scheduled
+            row["prune_sparsity"], row["prune_target_sparsity"] = host[qs + s.qmon.acc.numel():][:2]
         return row
 
 

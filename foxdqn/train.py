@@ -141,7 +141,7 @@ def _check(overrides: list[str]) -> None:
         market = load_market_data(cfg.data, cfg.env.window, cfg.env.episode_length)
     obs_dim = {"trading": cfg.env.window * (market.features.shape[1] if market else 5) + 2, "cartpole": 4,
                "bitflip": 2 * cfg.env.n_bits}[cfg.env.name]
-    need, free = replay_bytes(cfg.replay.capacity, obs_dim), _available_bytes(cfg.device)
+    need, free = replay_bytes(cfg.replay.capacity, obs_dim, cfg.regime.enabled), _available_bytes(cfg.device)
     if free is not None and need > 0.8 * free:
         raise ConfigError(f"replay.capacity={cfg.replay.capacity} needs {need / 2**30:.1f} GiB for observations "
                           f"of size {obs_dim}, more than the {free / 2**30:.1f} GiB free; lower replay.capacity")

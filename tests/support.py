@@ -18,7 +18,7 @@ from foxdqn.data.synthetic import make_synthetic_ohlcv
 from foxdqn.nn.heads import QHead
 from foxdqn.nn.mlp import MLPEncoder
 from foxdqn.nn.qnet import QNetwork
-from foxdqn.step.iteration import Iteration
+from foxdqn.step.iteration import WARMUP_ITERATIONS, Iteration
 from foxdqn.step.state import build_state
 from foxdqn.train import load_config
 
@@ -199,6 +199,19 @@ def experiment_state(name, device="cpu", extra=()):
     if name.startswith("bitflip"):
         over.append("env.n_bits=6")
     return small_state([*over, *extra], device=device)
+
+
+def captured_iteration(s):
+    """Collect 4 iterations, then run the full iteration with the CUDA graph until it is captured
+    (warm-up + 2 replays); returns the :class:`Iteration` (its ``graph`` is set)."""
+    collect, full = Iteration(s, True, updates=0), Iteration(s, True)
+    for _ in range(4):
+        collect()
+    for _ in range(WARMUP_ITERATIONS + 2):
+        full()
+    assert full.graph is not None
+    torch.cuda.synchronize()
+    return full
 
 
 def train_eager(s, cfg) -> None:

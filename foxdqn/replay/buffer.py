@@ -22,10 +22,11 @@ import torch
 from foxdqn.errors import ConfigError
 
 
-def replay_bytes(capacity: int, obs_dim: int) -> int:
+def replay_bytes(capacity: int, obs_dim: int, regime: bool = False) -> int:
     """Bytes a :class:`ReplayBuffer` of ``capacity`` transitions takes (obs and next_obs float32,
-    action and episode int64, reward/terminal/ended float32)."""
-    return capacity * (2 * obs_dim * 4 + 2 * 8 + 3 * 4)
+    action and episode int64, reward/terminal/ended float32, and with ``regime`` the float32
+    volatility ratio of ``regime.enabled``)."""
+    return capacity * (2 * obs_dim * 4 + 2 * 8 + (4 if regime else 3) * 4)
 
 
 class Batch(NamedTuple):
@@ -87,6 +88,8 @@ class ReplayBuffer:
         self._gamma_k = self._gamma_k.to(torch.float32)  # (n,) γ^k
         self._gamma_m = (gamma ** torch.arange(n_step + 1, device=device, dtype=torch.float64)).to(torch.float32)
         self.relabeler = None  # a her.HindsightRelabeler for goal-conditioned envs
+        self.regime = None  # a regime.RegimeWeights (regime.enabled)
+        self.vol_ratio = None  # float32 [T, N] volatility ratio of each transition's state (regime)
 
     def set_relabeler(self, relabeler) -> None:
         """Attach HER (``replay.her``); needs ``n_step == 1``."""
@@ -94,11 +97,23 @@ class ReplayBuffer:
             raise ConfigError(f"replay.her=true needs replay.n_step=1 (got {self.n_step})")
         self.relabeler = relabeler
 
+    def set_regime(self, regime) -> None:
+        """Attach regime weights (``regime.enabled``, :mod:`foxdqn.replay.regime`): allocates the
+        float32 [T, N] volatility-ratio column; :meth:`add` then needs ``vol_ratio`` and sampled
+        weights are multiplied by ``regime(vol_ratio)``."""
+        self.regime = regime
+        self.vol_ratio = torch.ones(self.rows, self.num_envs, device=self.device, dtype=torch.float32)
+
     # ---------------------------------------------------------------- insert
-    def add(self, obs, action, reward, next_obs, terminated, truncated) -> None:
+    def add(self, obs, action, reward, next_obs, terminated, truncated, vol_ratio=None) -> None:
         """Write one time row: N transitions. obs/next_obs [N, D]; action [N] int64; reward [N]
-        (already scaled); terminated, truncated [N] bool."""
+        (already scaled); terminated, truncated [N] bool; vol_ratio float32 [N] (the state's
+        volatility ratio; required after :meth:`set_regime`, ignored otherwise)."""
         row = self.ptr.view(1)  # index tensors, never a 0-d tensor in [] (that would read it on the host)
+        if self.vol_ratio is not None:
+            if vol_ratio is None:
+                raise ValueError("replay with regime weights: add() needs vol_ratio [N]")
+            self.vol_ratio.index_copy_(0, row, vol_ratio.to(torch.float32)[None])
         ended = (terminated | truncated).to(torch.float32)
         self.obs.index_copy_(0, row, obs.to(torch.float32)[None])
         self.next_obs.index_copy_(0, row, next_obs.to(torch.float32)[None])
@@ -153,6 +168,8 @@ class ReplayBuffer:
 
     def sample(self, batch_size: int, generator: torch.Generator) -> Batch:
         index, weight = self.sample_index(batch_size, generator)
+        if self.regime is not None:  # w_b = w_b^PER · w_regime(b) (foxdqn.replay.regime)
+            weight = weight * self.regime(self.vol_ratio.view(-1)[index])
         batch = self.gather(index, weight)
         if self.relabeler is not None:
             batch = self.relabeler.relabel(self, batch, generator)
@@ -163,4 +180,5 @@ class ReplayBuffer:
 
     def state_dict(self) -> dict:
         names = ("obs", "next_obs", "action", "reward", "terminal", "ended", "episode", "ptr", "written")
-        return {k: getattr(self, k) for k in names}
+        extra = {} if self.vol_ratio is None else {"vol_ratio": self.vol_ratio}
+        return {**{k: getattr(self, k) for k in names}, **extra}

@@ -118,7 +118,7 @@ def build_objective(cfg: TrainConfig, online, target, env, generator: torch.Gene
 
 
 def build_replay(cfg: TrainConfig, env, device: torch.device, updates: torch.Tensor, total_updates: int):
-    """Device replay: uniform or PER, n-step, HER for goal-conditioned envs."""
+    """Device replay: uniform or PER, n-step, HER for goal-conditioned envs, regime weights."""
     from foxdqn.replay import PrioritizedReplayBuffer, ReplayBuffer
 
     r, gamma = cfg.replay, cfg.agent.gamma
@@ -132,4 +132,9 @@ def build_replay(cfg: TrainConfig, env, device: torch.device, updates: torch.Ten
         from foxdqn.replay.her import HindsightRelabeler
 
         replay.set_relabeler(HindsightRelabeler(env, r.her_k, gamma, cfg.agent.reward_scale))
+    if cfg.regime.enabled:
+        from foxdqn.replay.regime import RegimeWeights
+
+        g = cfg.regime
+        replay.set_regime(RegimeWeights(g.low_threshold, g.high_threshold, g.weights, device))
     return replay

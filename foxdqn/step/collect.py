@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import torch
 
+from foxdqn.replay.regime import volatility_ratio
 from foxdqn.step.state import TrainState
 
 
@@ -23,8 +24,12 @@ def collect_step(s: TrainState) -> None:
         eps = s.epsilon(s.env_steps)
         action = epsilon_greedy(s.online(s.obs), eps, s.generator)  # network action
     env_action = s.action_mode.to_env(action, s.env)  # e.g. exposure → routed factored action
+    vol_ratio = None
+    if s.replay.regime is not None:  # regime.enabled: the state's bar, read before the step moves it
+        vol_ratio = volatility_ratio(s.env.market_state()[1], s.env.median_volatility)
     out = s.env.step(env_action)
-    s.replay.add(s.obs, action, out.reward * s.cfg.agent.reward_scale, out.next_obs, out.terminated, out.truncated)
+    s.replay.add(s.obs, action, out.reward * s.cfg.agent.reward_scale, out.next_obs, out.terminated, out.truncated,
+                 vol_ratio=vol_ratio)
     s.obs.copy_(out.obs)
     s.env_steps.add_(action.shape[0])
     info = out.info

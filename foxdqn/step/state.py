@@ -69,6 +69,7 @@ class TrainState:
     trainable: list  # parameters trained by Adam (online + objective extras)
     target_params: list  # Polyak/hard targets ...
     source_params: list  # ... and what they follow
+    pruner: object = None  # foxdqn.step.pruning.MagnitudePruner (prune.enabled) or None
 
 
 def build_state(cfg: TrainConfig, market, device: torch.device) -> TrainState:
@@ -104,6 +105,13 @@ def build_state(cfg: TrainConfig, market, device: torch.device) -> TrainState:
     for tgt, src in objective.polyak_pairs():
         targets, sources = targets + list(tgt), sources + list(src)
     nan_at = cfg.debug.inject_nan_at_step
+    pruner = None
+    if cfg.prune.enabled:
+        from foxdqn.step.pruning import MagnitudePruner
+
+        p = cfg.prune
+        pruner = MagnitudePruner(online, target, p.initial_sparsity, p.final_sparsity, p.start_update,
+                                 p.end_update, p.frequency, device)
     env_actions = getattr(env, "num_actions", 45)
     return TrainState(
         cfg=cfg, device=device, env=env, action_mode=mode, online=online, target=target, objective=objective,
@@ -115,5 +123,5 @@ def build_state(cfg: TrainConfig, market, device: torch.device) -> TrainState:
         env_steps=torch.zeros((), dtype=torch.int64, device=device), updates=updates,
         tau_eff=torch.zeros((), **f32),
         nan_at=torch.tensor(-1 if nan_at is None else int(nan_at), dtype=torch.int64, device=device),
-        trainable=trainable, target_params=targets, source_params=sources,
+        trainable=trainable, target_params=targets, source_params=sources, pruner=pruner,
     )

@@ -5,12 +5,38 @@ or a gradient collapse into ``skip`` = 1 on the device; fused Adam reads it as `
 leaves the parameters and its step count unchanged, the target update uses weight·(1 − skip),
 and PER priorities are left unchanged, so a bad update changes nothing
 (zero_sync_hot_path.md component A; ARCHITECTURE.md contract 5).
+
+Training controls (README "Training controls"; all device ops, inside the captured iteration):
+
+* ``optim.accumulate = M`` (gradient accumulation, zero_sync_hot_path.md "accumulation
+  boundary"): the sampled batch of B = ``agent.batch_size`` rows is split into M consecutive
+  micro-batches of B/M rows; each micro-batch loss ℓ_m (the objective's Σ w ℓ / (B/M)) is
+  back-propagated as ℓ_m / M, so the summed gradient is the gradient of (1/M) Σ_m ℓ_m, the loss of
+  the whole batch. Then one clip of the summed gradient, one guard check of the whole update's
+  loss (1/M) Σ_m ℓ_m and total gradient norm, one Adam step, one target update, and the PER
+  priorities of all B rows. Exact (to float rounding) for objectives whose loss is a weighted
+  mean of per-sample terms computed from that sample alone: DQN, C51, IQL, CQL (over those),
+  branching. IQN draws its quantile fractions per micro-batch, so its update has the same
+  distribution as the single-batch one but not the same draws.
+* ``prune.enabled``: after the Adam step :class:`foxdqn.step.pruning.MagnitudePruner` updates
+  and applies the weight masks; after the target update the target takes the same masks.
+* ``regime.enabled``: the regime weights are already in ``batch.weight`` (the replay multiplies
+  them in at sample time, :mod:`foxdqn.replay.regime`); priorities stay the unweighted |TD|.
 """
 from __future__ import annotations
 
 import torch
 
+from foxdqn.replay.buffer import Batch
 from foxdqn.step.state import TrainState
+
+
+def micro_batches(batch: Batch, m: int) -> list[Batch]:
+    """Split a batch of B rows into ``m`` batches of B/m consecutive rows (views; B % m == 0,
+    checked by the config as ``optim.accumulate``)."""
+    if m == 1:
+        return [batch]
+    return [type(batch)(*fields) for fields in zip(*(f.chunk(m) for f in batch))]
 
 
 def target_weight(s: TrainState, skip: torch.Tensor) -> torch.Tensor:
@@ -23,21 +49,41 @@ def target_weight(s: TrainState, skip: torch.Tensor) -> torch.Tensor:
     return torch.mul(w, 1.0 - skip, out=s.tau_eff)
 
 
+def accumulate_gradients(s: TrainState, batch: Batch) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Zero the gradients, back-propagate the batch in ``optim.accumulate`` micro-batches, and
+    return (loss float32 0-d detached, td_abs float32 [B], q_values float32 [B, A]) of the whole
+    batch. The gradients left in ``.grad`` are those of the whole batch's loss."""
+    m = s.cfg.optim.accumulate
+    s.optimizer.zero_grad(set_to_none=False)
+    losses, tds, qs = [], [], []
+    for mb in micro_batches(batch, m):
+        out = s.objective(mb)
+        loss = out.loss
+        if s.cfg.debug.inject_nan_at_step is not None:  # poison the loss at one update, decided on the device
+            loss = loss + torch.where(s.updates == s.nan_at, float("nan"), 0.0)
+        (loss if m == 1 else loss / m).backward()
+        losses.append(loss.detach())
+        tds.append(out.td_abs)
+        qs.append(out.q_values)
+    if m == 1:
+        return losses[0], tds[0], qs[0]
+    return torch.stack(losses).mean(), torch.cat(tds), torch.cat(qs)
+
+
 def update_step(s: TrainState) -> None:
     a = s.cfg.agent
     batch = s.replay.sample(a.batch_size, s.generator)
-    out = s.objective(batch)
-    loss = out.loss
-    if s.cfg.debug.inject_nan_at_step is not None:  # poison the loss at one update, decided on the device
-        loss = loss + torch.where(s.updates == s.nan_at, float("nan"), 0.0)
-    s.optimizer.zero_grad(set_to_none=False)
-    loss.backward()
+    loss, td_abs, q_values = accumulate_gradients(s, batch)
     grad_norm = torch.nn.utils.clip_grad_norm_(s.trainable, a.grad_clip, foreach=True)
-    s.qmon.update(out.q_values, s.updates)
-    skip = s.guard.check(loss.detach(), grad_norm.detach(), s.updates)
+    s.qmon.update(q_values, s.updates)
+    skip = s.guard.check(loss, grad_norm.detach(), s.updates)
     s.optimizer.step()  # found_inf = skip
+    if s.pruner is not None:
+        s.pruner.step(s.updates, skip)
     with torch.no_grad():  # else the targets would join the autograd graph (and keep it alive)
         w = target_weight(s, skip)
         torch._foreach_lerp_(s.target_params, s.source_params, [w] * len(s.target_params))
-    s.replay.update_priorities(batch.index, out.td_abs, skip)
+    if s.pruner is not None:
+        s.pruner.mask_target()
+    s.replay.update_priorities(batch.index, td_abs, skip)
     s.updates.add_(1)

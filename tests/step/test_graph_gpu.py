@@ -2,9 +2,9 @@
 import pytest
 import torch
 
-from foxdqn.step.iteration import WARMUP_ITERATIONS, Iteration
+from foxdqn.step.iteration import Iteration
 
-from support import EXPERIMENTS, experiment_state, no_host_sync
+from support import EXPERIMENTS, captured_iteration, experiment_state, no_host_sync
 
 pytestmark = pytest.mark.gpu
 
@@ -38,14 +38,7 @@ def test_graph_equals_eager_after_50_iterations(name):
 
 def _captured(name="eurusd_dqn"):
     s, _ = experiment_state(name, device="cuda")
-    collect, full = Iteration(s, True, updates=0), Iteration(s, True)
-    for _ in range(4):
-        collect()
-    for _ in range(WARMUP_ITERATIONS + 2):
-        full()
-    assert full.graph is not None
-    torch.cuda.synchronize()
-    return s, full
+    return s, captured_iteration(s)
 
 
 @pytest.mark.parametrize("name", EXPERIMENTS)
