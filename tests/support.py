@@ -198,7 +198,15 @@ def experiment_state(name, device="cpu", extra=()):
             "replay.capacity=4096", "agent.batch_size=32"]
     if name.startswith("bitflip"):
         over.append("env.n_bits=6")
+    if name.startswith("pong"):  # 28224 uint8 values per observation
+        over.append("replay.capacity=512")
     return small_state([*over, *extra], device=device)
+
+
+def sync_free_part(iteration):
+    """The part of a training iteration that must never synchronise: all of it for device envs,
+    the (captured) update-only iteration for host envs (foxdqn.step.iteration.HostEnvIteration)."""
+    return getattr(iteration, "update", iteration)
 
 
 def train_eager(s, cfg) -> None:
