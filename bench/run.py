@@ -3,7 +3,7 @@
 Writes ``bench/results/<date>_<gpu>_<sections>.csv`` (every row tagged with GPU name, torch and
 triton versions and date), ``.md`` (tables with ratios measured in this run) and ``.png`` (chart). On CPU only the eager rows run; the GPU rows need CUDA.
 
-Usage: ``python -m bench.run [--sections step,e2e,ops] [--out DIR]``.
+Usage: ``python -m bench.run [--sections step,e2e,cartpole,ops] [--out DIR]``.
 """
 from __future__ import annotations
 
@@ -58,6 +58,17 @@ def _ratios(df: pd.DataFrame) -> str:
     if len(e2e):
         cols = [c for c in ("features", "size", "provider", "env_steps_per_s", "updates_per_s") if c in e2e]
         parts.append("## end to end\n\n" + e2e[cols].to_markdown(index=False, floatfmt=".4g"))
+    cp = df[df.section == "cartpole"] if "section" in df else df.iloc[0:0]
+    if len(cp) and "env_steps_per_s" in cp:
+        cols = [c for c in ("features", "provider", "device", "env_steps_per_s", "env_steps_to_475", "time_to_475_s",
+                            "last_eval_return", "note") if c in cp]
+        table = cp[cols].copy()
+        best = cp[cp.features == "cartpole_dqn"]
+        for col in ("env_steps_per_s", "time_to_475_s"):
+            if col in best and best[col].notna().any():
+                ref = best[col].max() if col == "env_steps_per_s" else best[col].min()
+                table[f"{col} / best foxdqn"] = cp[col].astype(float) / ref
+        parts.append("## cartpole: time to mean greedy return >= 475\n\n" + table.to_markdown(index=False, floatfmt=".4g"))
     ops = df[df.section == "ops"] if "section" in df else df.iloc[0:0]
     if len(ops) and "ms" in ops:
         p = ops.pivot_table(index=["op", "size"], columns="provider", values="ms")
@@ -89,7 +100,7 @@ def _chart(df: pd.DataFrame, path: Path) -> None:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--sections", default="step,e2e,ops")
+    ap.add_argument("--sections", default="step,e2e,cartpole,ops")
     ap.add_argument("--out", default=str(RESULTS))
     args = ap.parse_args(argv)
     device = "cuda" if torch.cuda.is_available() else "cpu"

@@ -27,10 +27,11 @@ from foxdqn.errors import ConfigError
 
 DEVICES = ("auto", "cpu", "cuda")
 GRAPH_MODES = ("auto", "on", "off")
-ENCODERS = ("mlp", "attention")
+ENCODERS = ("mlp", "attention", "nature_cnn")
 HEADS = ("q", "dueling", "c51", "iqn")
 REPLAYS = ("uniform", "per")
-ENVS = ("trading", "cartpole", "bitflip")
+ENVS = ("trading", "cartpole", "bitflip", "gym")
+VECTORIZATIONS = ("auto", "sync", "async")
 ACTION_MODES = ("factored", "exposure_routed", "branching")
 TARGET_UPDATES = ("polyak", "hard")
 ACTIVATIONS = ("relu", "gelu", "tanh", "silu")
@@ -40,13 +41,23 @@ ACTIVATIONS = ("relu", "gelu", "tanh", "silu")
 class EnvConfig:
     """Batched trading environment (foxdqn.envs.trading)."""
 
-    name: str = "trading"  # trading | cartpole | bitflip
+    name: str = "trading"  # trading | cartpole | bitflip | gym (any Gymnasium env, stepped on the host)
     num_envs: int = 32  # N envs stepped together
     window: int = 32  # W bars of features in each observation (trading)
     episode_length: int = 256  # L steps per training episode (trading)
     dtype: str = "float32"  # accounting precision: float32 | float64 (trading)
     n_bits: int = 10  # bit-flipping: n bits, episode length n
     execution: ExecutionConfig = field(default_factory=ExecutionConfig)
+    # gym (foxdqn.envs.gym_adapter): a Gymnasium id with a Discrete action space, e.g. CartPole-v1, ALE/Pong-v5
+    id: Optional[str] = None
+    vectorization: str = "auto"  # auto (the env's own vector env if registered, e.g. ale_py's; else sync) | sync | async
+    # Atari (ALE/* ids): Mnih et al. 2015 preprocessing
+    frame_skip: int = 4  # agent steps repeat the action this many frames (max-pooled over the last two)
+    screen_size: int = 84  # observation frames are screen_size x screen_size, greyscale
+    frame_stack: int = 4  # observation = the last frame_stack frames, uint8 [frame_stack, 84, 84]
+    terminal_on_life_loss: bool = False  # training episodes end at a life loss (evaluation plays full games)
+    noop_max: int = 30  # up to this many no-op actions at reset
+    repeat_action_probability: float = 0.25  # sticky actions (ALE v5 default 0.25; Nature DQN 0)
 
 
 @dataclass
@@ -181,6 +192,7 @@ class EvalConfig:
     """Out-of-sample evaluation (foxdqn.evaluate)."""
 
     split: str = "test"
+    episodes: int = 100  # greedy episodes per evaluation of a non-trading env (20 at most during training)
     interval_env_steps: int = 0  # validation evaluations during training (0 = only at the end)
 
 
@@ -381,6 +393,13 @@ def validate(cfg: TrainConfig) -> None:
     for name in ("num_envs", "window", "episode_length", "n_bits"):
         _positive(getattr(e, name), f"env.{name}")
     e.execution.validate("env.execution")
+    _choice(e.vectorization, VECTORIZATIONS, "env.vectorization")
+    for name in ("frame_skip", "screen_size", "frame_stack"):
+        _positive(getattr(e, name), f"env.{name}")
+    _positive(e.noop_max, "env.noop_max", allow_zero=True)
+    _unit(e.repeat_action_probability, "env.repeat_action_probability")
+    if e.name == "gym" and not e.id:
+        raise ConfigError("env.id must name a Gymnasium environment when env.name=gym (e.g. env.id=CartPole-v1)")
     m = cfg.model
     _choice(m.encoder, ENCODERS, "model.encoder")
     _choice(m.activation, ACTIVATIONS, "model.activation")
@@ -394,6 +413,9 @@ def validate(cfg: TrainConfig) -> None:
             raise ConfigError(f"model.width={m.width} must be a multiple of model.heads={m.heads}")
         if e.name != "trading":
             raise ConfigError(f"model.encoder=attention attends over the trading observation window; env.name={e.name!r}")
+    if m.encoder == "nature_cnn" and e.name != "gym":
+        raise ConfigError(f"model.encoder=nature_cnn reads image observations [C, H, W] (env.name=gym with an "
+                          f"ALE/* env.id); env.name={e.name!r}")
     h = cfg.head
     _choice(h.name, HEADS, "head.name")
     if h.name == "c51":
@@ -462,6 +484,7 @@ def validate(cfg: TrainConfig) -> None:
     _positive(g.q_divergence, "guard.q_divergence")
     _positive(g.ring_size, "guard.ring_size")
     _choice(cfg.eval.split, ("train", "val", "test"), "eval.split")
+    _positive(cfg.eval.episodes, "eval.episodes")
     _positive(cfg.eval.interval_env_steps, "eval.interval_env_steps", allow_zero=True)
     _positive(cfg.log.interval_env_steps, "log.interval_env_steps")
     _validate_early_stop(cfg)

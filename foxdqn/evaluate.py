@@ -89,33 +89,44 @@ def write_report(out_dir: Path, result: dict, market, split: str, title: str, ex
 @torch.no_grad()
 def evaluate_episodes(cfg, online: torch.nn.Module, action_mode, device: torch.device, episodes: int = 100,
                       num_envs: int = 32) -> dict:
-    """Greedy return over ``episodes`` finished episodes of a non-trading env (CartPole, bit flipping).
+    """Greedy return over ``episodes`` finished episodes of a non-trading env (CartPole, bit flipping,
+    a Gymnasium env through foxdqn.envs.gym_adapter).
 
-    Runs ``num_envs`` envs from a fixed seed until ``episodes`` episodes have ended (or
-    ``episodes × max_episode_steps / num_envs`` steps), reading the finished episodes' returns on the host.
+    Runs E envs from a fixed seed, E the largest divisor of ``episodes`` that is ≤ ``num_envs``, and
+    keeps the first ``episodes / E`` episodes of every env (not the first ``episodes`` to end, which
+    would favour short episodes); gives up after ``episodes / E × max_episode_steps`` steps. Reads
+    the finished episodes' returns on the host every step.
     Returns mean/std/min/max return, mean length and, for goal-conditioned envs, the success rate.
     """
     from foxdqn.step.build import build_env
 
     gen = torch.Generator(device=device)
     gen.manual_seed(cfg.seed + 1)
+    num_envs = max(d for d in range(1, min(num_envs, episodes) + 1) if episodes % d == 0)
+    quota = episodes // num_envs
     env = build_env(cfg, None, "test", device, gen, num_envs=num_envs)
     obs = env.reset_all().to(torch.float32)
     returns, lengths, success = [], [], []
+    taken = np.zeros(num_envs, dtype=np.int64)
     max_steps = int(getattr(env, "max_episode_steps", 1000))
     online.eval()
-    for _ in range(max(1, episodes * max_steps // num_envs + max_steps)):
-        out = env.step(action_mode.to_env(online(obs).argmax(dim=1), env))
-        obs = out.obs.to(torch.float32)
-        done = out.info["episode_done"].cpu().numpy()
-        if done.any():
-            returns += out.info["episode_return"].cpu().numpy()[done].tolist()
-            lengths += out.info["episode_length"].cpu().numpy()[done].tolist()
-            if "is_success" in out.info:
-                success += out.info["is_success"].cpu().numpy()[done].tolist()
-        if len(returns) >= episodes:
-            break
-    online.train()
+    try:
+        for _ in range(max(1, quota * max_steps + 1)):
+            out = env.step(action_mode.to_env(online(obs).argmax(dim=1), env))
+            obs = out.obs.to(torch.float32)
+            done = out.info["episode_done"].cpu().numpy() & (taken < quota)
+            if done.any():
+                taken += done
+                returns += out.info["episode_return"].cpu().numpy()[done].tolist()
+                lengths += out.info["episode_length"].cpu().numpy()[done].tolist()
+                if "is_success" in out.info:
+                    success += out.info["is_success"].cpu().numpy()[done].tolist()
+            if len(returns) >= episodes:
+                break
+    finally:
+        online.train()
+        if hasattr(env, "close"):
+            env.close()
     r = np.asarray(returns[:episodes], dtype=np.float64)
     result = {"episodes": int(r.size), "mean_return": float(r.mean()) if r.size else float("nan"),
               "std_return": float(r.std()) if r.size else float("nan"),

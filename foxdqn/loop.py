@@ -24,7 +24,7 @@ from foxdqn.evaluate import evaluate, evaluate_episodes, write_report
 from foxdqn.io_atomic import write_json_atomic
 from foxdqn.monitor.diversity import CollapseMonitor, action_diversity, entropy, format_top, top_actions
 from foxdqn.step import stats as S
-from foxdqn.step.iteration import Iteration
+from foxdqn.step.iteration import make_iteration
 from foxdqn.step.state import TrainState, build_state, resolve_device
 
 
@@ -84,7 +84,7 @@ def _evaluate_val(s: TrainState, market) -> dict:
     """Validation metrics of the greedy agent (trading: val split; others: 20 episodes)."""
     if s.cfg.env.name == "trading":
         return evaluate(s.cfg, market, s.online, s.device, split="val", action_mode=s.action_mode)["metrics"]["agent"]
-    return evaluate_episodes(s.cfg, s.online, s.action_mode, s.device, episodes=20)
+    return evaluate_episodes(s.cfg, s.online, s.action_mode, s.device, episodes=min(20, s.cfg.eval.episodes))
 
 
 def train(cfg: TrainConfig, market, run_dir: Path) -> dict:
@@ -111,8 +111,8 @@ def train(cfg: TrainConfig, market, run_dir: Path) -> dict:
     log.info("%s: %s on %s (graph=%s), %d env steps in %d iterations of %d envs x %d steps, %d updates each",
              cfg.experiment, cfg.env.name if market is None else market.source, device, graph,
              total_iters * per_iter, total_iters, cfg.env.num_envs, a.steps_per_iter, a.updates_per_iter)
-    collect_only = Iteration(s, graph, updates=0)
-    full = Iteration(s, graph)
+    collect_only = make_iteration(s, graph, updates=0)
+    full = make_iteration(s, graph)  # host envs (env=gym): eager collect, captured update-only graph
     log_every = max(1, cfg.log.interval_env_steps // per_iter)
     eval_every = max(1, cfg.eval.interval_env_steps // per_iter) if cfg.eval.interval_env_steps else 0
     snapshot = Snapshotter(s)
@@ -174,6 +174,8 @@ def train(cfg: TrainConfig, market, run_dir: Path) -> dict:
         if device.type == "cuda":
             torch.cuda.synchronize(device)
         logger.close()
+        if hasattr(s.env, "close"):  # host vector envs: end their workers
+            s.env.close()
     ckpt = save_checkpoint(run_dir / "checkpoints" / "last.pt", s)
     if halt is not None:
         log.error("halted: %s", halt)
@@ -208,7 +210,10 @@ def train(cfg: TrainConfig, market, run_dir: Path) -> dict:
                               "min_entropy": cfg.diversity.min_entropy}
     if cfg.env.name != "trading":
         summary = {**extra, "env": cfg.env.name,
-                   "metrics": {"agent": evaluate_episodes(cfg, s.online, s.action_mode, device)}}
+                   "metrics": {"agent": evaluate_episodes(cfg, s.online, s.action_mode, device,
+                                                          episodes=cfg.eval.episodes)}}
+        if cfg.env.name == "gym":
+            summary["env_id"] = cfg.env.id
         write_json_atomic(run_dir / "eval" / "summary.json", summary)
         return summary
     result = evaluate(cfg, market, s.online, device, split=cfg.eval.split, action_mode=s.action_mode)

@@ -139,9 +139,18 @@ def _check(overrides: list[str]) -> None:
     market = None
     if cfg.env.name == "trading":
         market = load_market_data(cfg.data, cfg.env.window, cfg.env.episode_length)
-    obs_dim = {"trading": cfg.env.window * (market.features.shape[1] if market else 5) + 2, "cartpole": 4,
-               "bitflip": 2 * cfg.env.n_bits}[cfg.env.name]
-    need, free = replay_bytes(cfg.replay.capacity, obs_dim, cfg.regime.enabled), _available_bytes(cfg.device)
+    itemsize = 4
+    if cfg.env.name == "gym":  # unknown id / non-Discrete actions fail here, before any run folder
+        import math
+
+        from foxdqn.envs.gym_adapter import describe
+
+        spaces = describe(cfg.env)
+        obs_dim, itemsize = math.prod(spaces["obs_shape"]), spaces["obs_dtype"].itemsize
+    else:
+        obs_dim = {"trading": cfg.env.window * (market.features.shape[1] if market else 5) + 2, "cartpole": 4,
+                   "bitflip": 2 * cfg.env.n_bits}[cfg.env.name]
+    need, free = replay_bytes(cfg.replay.capacity, obs_dim, itemsize, cfg.regime.enabled), _available_bytes(cfg.device)
     if free is not None and need > 0.8 * free:
         raise ConfigError(f"replay.capacity={cfg.replay.capacity} needs {need / 2**30:.1f} GiB for observations "
                           f"of size {obs_dim}, more than the {free / 2**30:.1f} GiB free; lower replay.capacity")

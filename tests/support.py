@@ -18,7 +18,7 @@ from foxdqn.data.synthetic import make_synthetic_ohlcv
 from foxdqn.nn.heads import QHead
 from foxdqn.nn.mlp import MLPEncoder
 from foxdqn.nn.qnet import QNetwork
-from foxdqn.step.iteration import WARMUP_ITERATIONS, Iteration
+from foxdqn.step.iteration import WARMUP_ITERATIONS, Iteration, make_iteration
 from foxdqn.step.state import build_state
 from foxdqn.train import load_config
 
@@ -198,13 +198,15 @@ def experiment_state(name, device="cpu", extra=()):
             "replay.capacity=4096", "agent.batch_size=32"]
     if name.startswith("bitflip"):
         over.append("env.n_bits=6")
+    if name.startswith("pong"):  # 28224 uint8 values per observation
+        over.append("replay.capacity=512")
     return small_state([*over, *extra], device=device)
 
 
 def captured_iteration(s):
     """Collect 4 iterations, then run the full iteration with the CUDA graph until it is captured
-    (warm-up + 2 replays); returns the :class:`Iteration` (its ``graph`` is set)."""
-    collect, full = Iteration(s, True, updates=0), Iteration(s, True)
+    (warm-up + 2 replays); returns the iteration (:func:`make_iteration`) (its ``graph`` is set)."""
+    collect, full = make_iteration(s, True, updates=0), make_iteration(s, True)
     for _ in range(4):
         collect()
     for _ in range(WARMUP_ITERATIONS + 2):
@@ -212,6 +214,12 @@ def captured_iteration(s):
     assert full.graph is not None
     torch.cuda.synchronize()
     return full
+
+
+def sync_free_part(iteration):
+    """The part of a training iteration that must never synchronise: all of it for device envs,
+    the (captured) update-only iteration for host envs (foxdqn.step.iteration.HostEnvIteration)."""
+    return getattr(iteration, "update", iteration)
 
 
 def train_eager(s, cfg) -> None:

@@ -22,17 +22,18 @@ import torch
 from foxdqn.errors import ConfigError
 
 
-def replay_bytes(capacity: int, obs_dim: int, regime: bool = False) -> int:
-    """Bytes a :class:`ReplayBuffer` of ``capacity`` transitions takes (obs and next_obs float32,
-    action and episode int64, reward/terminal/ended float32, and with ``regime`` the float32
-    volatility ratio of ``regime.enabled``)."""
-    return capacity * (2 * obs_dim * 4 + 2 * 8 + (4 if regime else 3) * 4)
+def replay_bytes(capacity: int, obs_dim: int, obs_itemsize: int = 4, regime: bool = False) -> int:
+    """Bytes a :class:`ReplayBuffer` of ``capacity`` transitions takes (obs and next_obs of
+    ``obs_itemsize`` bytes per value: 4 for float32, 1 for uint8 images; action and episode int64,
+    reward/terminal/ended float32, and with ``regime`` the float32 volatility ratio of
+    ``regime.enabled``)."""
+    return capacity * (2 * obs_dim * obs_itemsize + 2 * 8 + (4 if regime else 3) * 4)
 
 
 class Batch(NamedTuple):
     """A sampled batch (all on the device).
 
-    obs, next_obs: float32 [B, D]; action: int64 [B]; reward: float32 [B], the n-step discounted
+    obs, next_obs: [B, D] of the replay's obs dtype (float32; uint8 for images); action: int64 [B]; reward: float32 [B], the n-step discounted
     reward sum; discount: float32 [B], γ^m or 0 where the episode terminated in the window;
     weight: float32 [B] importance weights (ones for uniform); index: int64 [B] flat rows t·N + e.
     """
@@ -56,13 +57,15 @@ class ReplayBuffer:
         device: where everything lives.
         n_step: n ≥ 1 (``replay.n_step``).
         gamma: discount γ per env step.
+        obs_dtype: storage dtype of obs and next_obs (float32; uint8 for image observations, which
+            the encoder scales, e.g. foxdqn.nn.nature_cnn); sampled batches keep it.
 
     Raises:
         ConfigError: capacity < (n_step + 1) · num_envs, or n_step < 1.
     """
 
     def __init__(self, capacity: int, num_envs: int, obs_dim: int, device: torch.device, n_step: int = 1,
-                 gamma: float = 0.99):
+                 gamma: float = 0.99, obs_dtype: torch.dtype = torch.float32):
         if n_step < 1:
             raise ConfigError(f"replay.n_step={n_step} must be >= 1")
         rows = capacity // num_envs
@@ -73,8 +76,9 @@ class ReplayBuffer:
         self.capacity = rows * num_envs
         self.device, self.n_step, self.gamma = device, n_step, gamma
         f32 = dict(device=device, dtype=torch.float32)
-        self.obs = torch.zeros(rows, num_envs, obs_dim, **f32)
-        self.next_obs = torch.zeros(rows, num_envs, obs_dim, **f32)
+        self.obs_dtype = obs_dtype
+        self.obs = torch.zeros(rows, num_envs, obs_dim, device=device, dtype=obs_dtype)
+        self.next_obs = torch.zeros(rows, num_envs, obs_dim, device=device, dtype=obs_dtype)
         self.action = torch.zeros(rows, num_envs, dtype=torch.int64, device=device)
         self.reward = torch.zeros(rows, num_envs, **f32)
         self.terminal = torch.zeros(rows, num_envs, **f32)  # 1.0: s' is terminal (no bootstrap)
@@ -115,8 +119,8 @@ class ReplayBuffer:
                 raise ValueError("replay with regime weights: add() needs vol_ratio [N]")
             self.vol_ratio.index_copy_(0, row, vol_ratio.to(torch.float32)[None])
         ended = (terminated | truncated).to(torch.float32)
-        self.obs.index_copy_(0, row, obs.to(torch.float32)[None])
-        self.next_obs.index_copy_(0, row, next_obs.to(torch.float32)[None])
+        self.obs.index_copy_(0, row, obs.to(self.obs_dtype)[None])
+        self.next_obs.index_copy_(0, row, next_obs.to(self.obs_dtype)[None])
         self.action.index_copy_(0, row, action[None])
         self.reward.index_copy_(0, row, reward.to(torch.float32)[None])
         self.terminal.index_copy_(0, row, terminated.to(torch.float32)[None])

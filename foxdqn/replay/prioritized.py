@@ -33,8 +33,8 @@ class PrioritizedReplayBuffer(ReplayBuffer):
     """
 
     def __init__(self, capacity, num_envs, obs_dim, device, n_step=1, gamma=0.99, *, alpha=0.6, beta_start=0.4,
-                 beta_updates=100_000, eps=1e-6, updates: torch.Tensor):
-        super().__init__(capacity, num_envs, obs_dim, device, n_step, gamma)
+                 beta_updates=100_000, eps=1e-6, updates: torch.Tensor, obs_dtype: torch.dtype = torch.float32):
+        super().__init__(capacity, num_envs, obs_dim, device, n_step, gamma, obs_dtype=obs_dtype)
         self.per = PERState(self.capacity, device, alpha=alpha, eps=eps)
         self.beta = LinearSchedule(beta_start, 1.0, beta_updates, device)
         self._updates = updates

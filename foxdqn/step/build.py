@@ -17,6 +17,11 @@ def build_env(cfg: TrainConfig, market, split: str, device: torch.device, genera
     """The configured environment. ``market`` (foxdqn.data.MarketData) is used by ``trading`` only."""
     n = 1 if eval_mode else (num_envs or cfg.env.num_envs)
     name = cfg.env.name
+    if name == "gym":  # a Gymnasium vector env stepped on the host; split != "train": evaluation env
+        from foxdqn.envs.gym_adapter import GymVectorEnv
+
+        seed = int(torch.randint(0, 2**31 - 1, (1,), generator=generator, device=generator.device))
+        return GymVectorEnv(cfg.env, n, device, seed, train=split == "train")
     if name == "cartpole":
         from foxdqn.envs.cartpole import CartPoleEnv
 
@@ -50,6 +55,10 @@ def num_features(env) -> int:
 
 def build_encoder(cfg: TrainConfig, env):
     m = cfg.model
+    if m.encoder == "nature_cnn":
+        from foxdqn.nn.nature_cnn import NatureCNNEncoder
+
+        return NatureCNNEncoder(getattr(env, "obs_shape", (env.obs_dim,)), list(m.hidden))
     if m.encoder == "attention":
         from foxdqn.nn.attention import AttentionEncoder
 
@@ -122,12 +131,13 @@ def build_replay(cfg: TrainConfig, env, device: torch.device, updates: torch.Ten
     from foxdqn.replay import PrioritizedReplayBuffer, ReplayBuffer
 
     r, gamma = cfg.replay, cfg.agent.gamma
+    obs_dtype = getattr(env, "obs_dtype", torch.float32)  # uint8 for image observations
     if r.name == "per":
         replay = PrioritizedReplayBuffer(r.capacity, env.num_envs, env.obs_dim, device, r.n_step, gamma,
                                          alpha=r.alpha, beta_start=r.beta_start, beta_updates=max(total_updates, 1),
-                                         eps=r.eps, updates=updates)
+                                         eps=r.eps, updates=updates, obs_dtype=obs_dtype)
     else:
-        replay = ReplayBuffer(r.capacity, env.num_envs, env.obs_dim, device, r.n_step, gamma)
+        replay = ReplayBuffer(r.capacity, env.num_envs, env.obs_dim, device, r.n_step, gamma, obs_dtype=obs_dtype)
     if r.her:
         from foxdqn.replay.her import HindsightRelabeler
 

@@ -68,3 +68,39 @@ class Iteration:
             self.body()
         self.graph = graph
         graph.replay()
+
+
+class HostEnvIteration:
+    """Training iteration for an env that steps on the host (foxdqn.envs.gym_adapter).
+
+    The T collect steps run eagerly (each env step copies the actions to the host once and the
+    results back once; that cannot be captured), then the K updates run as one update-only
+    :class:`Iteration` (``collect_steps=0``), captured in a CUDA graph when ``use_graph``: the
+    update graph reads only the device replay and never synchronises.
+
+    Attributes:
+        collect: the eager collect-only :class:`Iteration`.  update: the update-only :class:`Iteration`.
+        collect_steps, updates: T and K.  graph: the update graph (None until captured / eager).
+    """
+
+    def __init__(self, state: TrainState, use_graph: bool, collect_steps: int | None = None,
+                 updates: int | None = None):
+        self.collect = Iteration(state, False, collect_steps=collect_steps, updates=0)
+        self.update = Iteration(state, use_graph, collect_steps=0, updates=updates)
+        self.collect_steps, self.updates = self.collect.collect_steps, self.update.updates
+
+    @property
+    def graph(self) -> torch.cuda.CUDAGraph | None:
+        return self.update.graph
+
+    def __call__(self) -> None:
+        self.collect()
+        if self.updates:
+            self.update()
+
+
+def make_iteration(state: TrainState, use_graph: bool, collect_steps: int | None = None,
+                   updates: int | None = None) -> Iteration | HostEnvIteration:
+    """:class:`HostEnvIteration` for a host env (``env.on_host``), else :class:`Iteration`."""
+    cls = HostEnvIteration if getattr(state.env, "on_host", False) else Iteration
+    return cls(state, use_graph, collect_steps=collect_steps, updates=updates)

@@ -46,7 +46,7 @@ def total_updates(cfg: TrainConfig) -> int:
 class TrainState:
     cfg: TrainConfig
     device: torch.device
-    env: object  # TradingEnv | CartPoleEnv | BitFlipEnv
+    env: object  # TradingEnv | CartPoleEnv | BitFlipEnv | GymVectorEnv
     action_mode: object  # foxdqn.actions.modes.*
     online: torch.nn.Module
     target: torch.nn.Module
@@ -61,7 +61,7 @@ class TrainState:
     qmon: QValueMonitor
     stats: DeviceStats
     generator: torch.Generator
-    obs: torch.Tensor  # float32 [N, D] observations for the next action
+    obs: torch.Tensor  # [N, D] observations for the next action (float32; env.obs_dtype, e.g. uint8 images)
     env_steps: torch.Tensor  # int64 0-d, transitions collected (all envs)
     updates: torch.Tensor  # int64 0-d, gradient updates attempted
     tau_eff: torch.Tensor  # float32 0-d scratch: this update's target-update weight
@@ -119,7 +119,7 @@ def build_state(cfg: TrainConfig, market, device: torch.device) -> TrainState:
         hard_period=torch.tensor(a.hard_update_period, dtype=torch.int64, device=device),
         replay=replay, epsilon=eps, guard=guard, qmon=qmon,
         stats=DeviceStats(env_actions, env.num_envs, device), generator=gen,
-        obs=env.reset_all().to(torch.float32).clone(),
+        obs=env.reset_all().to(getattr(env, "obs_dtype", torch.float32)).clone(),
         env_steps=torch.zeros((), dtype=torch.int64, device=device), updates=updates,
         tau_eff=torch.zeros((), **f32),
         nan_at=torch.tensor(-1 if nan_at is None else int(nan_at), dtype=torch.int64, device=device),

@@ -1,0 +1,137 @@
+"""CartPole section: env steps/s and wall-clock time to a mean greedy evaluation return ≥ 475.
+
+Rows: foxdqn's ``cartpole_dqn`` (device CartPole, graph on and off on CUDA; eager only on CPU) and,
+when ``stable_baselines3`` imports (the ``bench`` extra), Stable-Baselines3's DQN with
+rl-baselines3-zoo's published CartPole-v1 hyperparameters (``hyperparams/dqn.yml``), measured in
+the same run. Every run is evaluated every ``EVAL_EVERY`` env steps on 20 greedy episodes (first
+episode of each of 20 envs); the clock stops during evaluations, so ``time_to_475_s`` is training
+wall time. A run stops when it reaches 475 or its env-step cap (CUDA: cartpole_dqn's 500k; CPU:
+a short 20k, so ``make bench`` stays short there: the CPU rows report the rate, rarely the time).
+"""
+from __future__ import annotations
+
+import math
+import time
+
+import numpy as np
+import torch
+
+from bench.harness import make_state
+from foxdqn.evaluate import evaluate_episodes
+from foxdqn.step.iteration import make_iteration
+
+THRESHOLD = 475.0
+EVAL_EPISODES = 20
+
+# rl-baselines3-zoo hyperparams/dqn.yml, CartPole-v1 (n_timesteps 5e4, one env)
+SB3_ZOO_CARTPOLE = dict(learning_rate=2.3e-3, batch_size=64, buffer_size=100_000, learning_starts=1000, gamma=0.99,
+                        target_update_interval=10, train_freq=256, gradient_steps=128, exploration_fraction=0.16,
+                        exploration_final_eps=0.04, policy_kwargs=dict(net_arch=[256, 256]))
+SB3_ZOO_TIMESTEPS = 50_000
+
+
+def _caps(device: str) -> tuple[int, int]:
+    """(max env steps, eval every env steps)."""
+    return (500_000, 10_000) if device == "cuda" else (20_000, 5_000)
+
+
+def _foxdqn_row(device: str, graph: bool) -> dict:
+    cap, every = _caps(device)
+    s = make_state(["+experiment=cartpole_dqn", f"agent.total_env_steps={cap}"], device, fill=False)
+    cfg, a = s.cfg, s.cfg.agent
+    per_iter = cfg.env.num_envs * a.steps_per_iter
+    warm = math.ceil(a.learning_starts / per_iter)
+    collect, full = make_iteration(s, graph, updates=0), make_iteration(s, graph)
+    sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
+    train_s, reached_at, last = 0.0, None, float("nan")
+    t = time.perf_counter()
+    for it in range(math.ceil(cap / per_iter)):
+        (collect if it < warm else full)()
+        steps = (it + 1) * per_iter
+        if steps % every < per_iter:
+            sync()
+            train_s += time.perf_counter() - t
+            last = evaluate_episodes(cfg, s.online, s.action_mode, s.device, episodes=EVAL_EPISODES)["mean_return"]
+            if last >= THRESHOLD:
+                reached_at = steps
+                break
+            t = time.perf_counter()
+    else:
+        sync()
+        train_s += time.perf_counter() - t
+    steps = reached_at or math.ceil(cap / per_iter) * per_iter
+    return {"section": "cartpole", "features": "cartpole_dqn", "size": f"envs{cfg.env.num_envs}",
+            "provider": "graph" if graph else "eager", "device": device, "env_steps_per_s": steps / train_s,
+            "reached_475": reached_at is not None, "env_steps_to_475": reached_at,
+            "time_to_475_s": train_s if reached_at else None, "last_eval_return": last, "train_s": train_s}
+
+
+def _sb3_eval(model, episodes: int, seed: int) -> float:
+    import gymnasium as gym
+
+    env = gym.make_vec("CartPole-v1", episodes, vectorization_mode="sync")
+    obs, _ = env.reset(seed=seed)
+    ret, done_ret = np.zeros(episodes), np.full(episodes, np.nan)
+    while np.isnan(done_ret).any():
+        action, _ = model.predict(obs, deterministic=True)
+        obs, r, term, trunc, _ = env.step(action)
+        ret += r
+        ended = (term | trunc) & np.isnan(done_ret)
+        done_ret[ended] = ret[ended]
+        ret[term | trunc] = 0.0
+    env.close()
+    return float(done_ret.mean())
+
+
+def _sb3_row(device: str) -> dict:
+    import stable_baselines3
+    from stable_baselines3 import DQN
+    from stable_baselines3.common.callbacks import BaseCallback
+
+    cap, every = _caps(device)
+    sb3_device = "cpu"  # SB3 recommends the CPU for MlpPolicy DQN
+
+    class EvalEvery(BaseCallback):
+        def __init__(self):
+            super().__init__()
+            self.train_s, self.reached_at, self.last, self._t = 0.0, None, float("nan"), None
+
+        def _on_training_start(self):
+            self._t = time.perf_counter()
+
+        def _on_step(self) -> bool:
+            if self.num_timesteps % every:
+                return True
+            self.train_s += time.perf_counter() - self._t
+            self.last = _sb3_eval(self.model, EVAL_EPISODES, seed=1)
+            self._t = time.perf_counter()
+            if self.last >= THRESHOLD:
+                self.reached_at = self.num_timesteps
+                return False
+            return True
+
+        def _on_training_end(self):
+            if self.reached_at is None:
+                self.train_s += time.perf_counter() - self._t
+
+    model = DQN("MlpPolicy", "CartPole-v1", device=sb3_device, seed=0, verbose=0, **SB3_ZOO_CARTPOLE)
+    cb = EvalEvery()
+    model.learn(total_timesteps=cap, callback=cb)
+    steps = cb.reached_at or model.num_timesteps
+    return {"section": "cartpole", "features": "sb3_dqn_zoo", "size": "envs1", "provider": "sb3", "device": sb3_device,
+            "sb3": stable_baselines3.__version__, "env_steps_per_s": steps / max(cb.train_s, 1e-9),
+            "reached_475": cb.reached_at is not None, "env_steps_to_475": cb.reached_at,
+            "time_to_475_s": cb.train_s if cb.reached_at else None, "last_eval_return": cb.last,
+            "train_s": cb.train_s, "note": f"rl-zoo n_timesteps={SB3_ZOO_TIMESTEPS}; capped here at {cap}"}
+
+
+def rows(device: str = "cuda") -> list[dict]:
+    out = [_foxdqn_row(device, graph) for graph in ([False, True] if device == "cuda" else [False])]
+    try:
+        import stable_baselines3  # noqa: F401
+    except ImportError:
+        out.append({"section": "cartpole", "features": "sb3_dqn_zoo", "provider": "sb3",
+                    "note": "stable-baselines3 not installed (pip install 'foxdqn[bench]'); skipped"})
+        return out
+    out.append(_sb3_row(device))
+    return out
