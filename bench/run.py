@@ -44,6 +44,26 @@ def _section(name: str, device: str) -> list[dict]:
     return module.rows(device)
 
 
+def _cartpole_vs_sb3(cp: pd.DataFrame) -> str:
+    """Markdown table: each foxdqn CartPole row's time (and env steps) to 475 against the SB3 row's,
+    as SB3 / foxdqn (> 1: foxdqn gets there sooner); empty when there is no SB3 row that reached 475."""
+    if "time_to_475_s" not in cp:
+        return ""
+    sb3 = cp[(cp.provider == "sb3") & cp.time_to_475_s.notna()]
+    if not len(sb3):
+        return ""
+    ref = sb3.iloc[0]
+    fox = cp[cp.provider != "sb3"]
+    table = fox[["features", "provider", "device", "env_steps_to_475", "time_to_475_s"]].copy()
+    table["sb3 time_to_475_s"] = ref.time_to_475_s
+    table["SB3 time / foxdqn time"] = ref.time_to_475_s / fox.time_to_475_s.astype(float)
+    table["SB3 env steps / foxdqn env steps"] = ref.env_steps_to_475 / fox.env_steps_to_475.astype(float)
+    return ("## cartpole: foxdqn against SB3 DQN (rl-zoo hyperparameters), time to 475\n\n"
+            "SB3 / foxdqn: > 1 means the foxdqn row reaches 475 sooner; empty where a row did not reach 475. "
+            "cartpole_zoo runs SB3's own hyperparameters (the like-for-like row); cartpole_dqn runs CleanRL's.\n\n"
+            + table.to_markdown(index=False, floatfmt=".6g"))
+
+
 def _ratios(df: pd.DataFrame) -> str:
     parts = []
     step = df[df.section == "step"] if "section" in df else df.iloc[0:0]
@@ -69,6 +89,9 @@ def _ratios(df: pd.DataFrame) -> str:
                 ref = best[col].max() if col == "env_steps_per_s" else best[col].min()
                 table[f"{col} / best foxdqn"] = cp[col].astype(float) / ref
         parts.append("## cartpole: time to mean greedy return >= 475\n\n" + table.to_markdown(index=False, floatfmt=".4g"))
+        vs_sb3 = _cartpole_vs_sb3(cp)
+        if vs_sb3:
+            parts.append(vs_sb3)
     ops = df[df.section == "ops"] if "section" in df else df.iloc[0:0]
     if len(ops) and "ms" in ops:
         p = ops.pivot_table(index=["op", "size"], columns="provider", values="ms")
