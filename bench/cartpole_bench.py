@@ -37,6 +37,7 @@ SB3_ZOO_CARTPOLE = dict(learning_rate=2.3e-3, batch_size=64, buffer_size=100_000
                         target_update_interval=10, train_freq=256, gradient_steps=128, exploration_fraction=0.16,
                         exploration_final_eps=0.04, policy_kwargs=dict(net_arch=[256, 256]))
 SB3_ZOO_TIMESTEPS = 50_000
+SB3_TORCH_THREADS = 1
 
 
 @dataclass(frozen=True)
@@ -122,6 +123,8 @@ def _sb3_row(device: str) -> dict:
     hyper = {**SB3_ZOO_CARTPOLE,
              "exploration_fraction": SB3_ZOO_CARTPOLE["exploration_fraction"] * sp.schedule_steps / cap}
     sb3_device = "cpu"  # SB3 recommends the CPU for MlpPolicy DQN
+    # torch threads as foxdqn's CPU runs (cpu_threads: 1), set here so the row does not depend on which rows ran first
+    torch.set_num_threads(SB3_TORCH_THREADS)
 
     class EvalEvery(BaseCallback):
         def __init__(self):
@@ -151,7 +154,8 @@ def _sb3_row(device: str) -> dict:
     model.learn(total_timesteps=cap, callback=cb)
     steps = cb.reached_at or model.num_timesteps
     return {"section": "cartpole", "features": "sb3_dqn_zoo", "size": "envs1", "provider": "sb3", "device": sb3_device,
-            "sb3": stable_baselines3.__version__, "env_steps_per_s": steps / max(cb.train_s, 1e-9),
+            "sb3": stable_baselines3.__version__, "torch_threads": SB3_TORCH_THREADS,
+            "env_steps_per_s": steps / max(cb.train_s, 1e-9),
             "reached_475": cb.reached_at is not None, "env_steps_to_475": cb.reached_at,
             "time_to_475_s": cb.train_s if cb.reached_at else None, "last_eval_return": cb.last,
             "train_s": cb.train_s, "note": f"rl-zoo n_timesteps={SB3_ZOO_TIMESTEPS} (ε schedule); capped here at {cap}"}
