@@ -1,17 +1,26 @@
 """CartPole section: env steps/s and wall-clock time to a mean greedy evaluation return ≥ 475.
 
-Rows: foxdqn's ``cartpole_dqn`` (device CartPole, graph on and off on CUDA; eager only on CPU) and,
-when ``stable_baselines3`` imports (the ``bench`` extra), Stable-Baselines3's DQN with
-rl-baselines3-zoo's published CartPole-v1 hyperparameters (``hyperparams/dqn.yml``), measured in
-the same run. Every run is evaluated every ``EVAL_EVERY`` env steps on 20 greedy episodes (first
-episode of each of 20 envs); the clock stops during evaluations, so ``time_to_475_s`` is training
-wall time. A run stops when it reaches 475 or its env-step cap (CUDA: cartpole_dqn's 500k, SB3 100k, eager at the graph run's step count; CPU:
-a short 20k, so ``make bench`` stays short there: the CPU rows report the rate, rarely the time).
+Rows: foxdqn's ``cartpole_dqn`` (CleanRL's DQN settings) and ``cartpole_zoo`` (rl-baselines3-zoo's
+DQN CartPole-v1 hyperparameters translated to foxdqn, conf/experiment/cartpole_zoo.yaml), both on
+the device CartPole, graph on and off on CUDA, eager only on CPU; and, when ``stable_baselines3``
+imports (the ``bench`` extra), Stable-Baselines3's DQN with rl-zoo's published CartPole-v1
+hyperparameters (``hyperparams/dqn.yml``), measured in the same run. ``cartpole_zoo`` against
+``sb3_dqn_zoo`` is the same algorithm with the same hyperparameters, so their time to 475 compares
+the frameworks; ``cartpole_dqn`` against it compares hyperparameters as much as frameworks.
+
+Every run is evaluated on 20 greedy episodes (first episode of each of 20 envs) every ``every``
+env steps of its :class:`RowSpec` (cartpole_zoo and SB3 at the same steps, multiples of 2560); the
+clock stops during evaluations, so ``time_to_475_s`` is training wall time. A run stops when it
+reaches 475 or its env-step cap (CUDA: cartpole_dqn 500k, cartpole_zoo and SB3 100k, each eager
+run at its graph run's step count; CPU: cartpole_dqn a short 20k, cartpole_zoo and SB3 rl-zoo's
+50k, so ``make bench`` stays short there). The ε schedule of every run follows its experiment's
+budget (``schedule_steps``), not the cap, so a cap never changes a trajectory.
 """
 from __future__ import annotations
 
 import math
 import time
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -28,24 +37,35 @@ SB3_ZOO_CARTPOLE = dict(learning_rate=2.3e-3, batch_size=64, buffer_size=100_000
                         target_update_interval=10, train_freq=256, gradient_steps=128, exploration_fraction=0.16,
                         exploration_final_eps=0.04, policy_kwargs=dict(net_arch=[256, 256]))
 SB3_ZOO_TIMESTEPS = 50_000
+SB3_TORCH_THREADS = 1
 
 
-def _caps(device: str) -> tuple[int, int]:
-    """(max env steps, eval every env steps)."""
-    return (500_000, 10_000) if device == "cuda" else (20_000, 5_000)
+@dataclass(frozen=True)
+class RowSpec:
+    """Budget of one bench row on one device, in env steps (all envs)."""
+
+    schedule_steps: int  # agent.total_env_steps: the ε schedule's length (SB3: learn's ε fraction is rescaled to it)
+    cap: int  # the run stops here if it has not reached 475
+    every: int  # evaluate every this many env steps
 
 
-def _sb3_cap(device: str) -> int:
-    """SB3's env-step cap: twice rl-zoo's n_timesteps on CUDA machines, the CPU cap elsewhere."""
-    return 2 * SB3_ZOO_TIMESTEPS if device == "cuda" else _caps(device)[0]
+def spec(name: str, device: str) -> RowSpec:
+    """Budgets of ``cartpole_dqn``, ``cartpole_zoo`` and ``sb3_dqn_zoo`` on ``device``."""
+    cuda = device == "cuda"
+    if name == "cartpole_dqn":  # CleanRL's 500k schedule on CUDA; a short rate measurement on CPU
+        return RowSpec(500_000, 500_000, 10_000) if cuda else RowSpec(20_000, 20_000, 5_000)
+    if name in ("cartpole_zoo", "sb3_dqn_zoo"):  # rl-zoo's n_timesteps schedule; 10 rollouts of 256 between evals
+        return RowSpec(SB3_ZOO_TIMESTEPS, 2 * SB3_ZOO_TIMESTEPS if cuda else SB3_ZOO_TIMESTEPS, 2560)
+    raise ValueError(f"no cartpole bench row {name!r}")
 
 
-def _foxdqn_row(device: str, graph: bool, cap: int | None = None) -> dict:
-    """One cartpole_dqn run (seed 0) until the mean greedy return reaches 475 or ``cap`` env steps."""
-    cap_default, every = _caps(device)
-    cap = cap or cap_default
-    # the schedule (ε decay) follows cap_default in every run, so a shorter cap does not change the trajectory
-    s = make_state(["+experiment=cartpole_dqn", f"agent.total_env_steps={cap_default}"], device, fill=False)
+def _foxdqn_row(device: str, graph: bool, experiment: str = "cartpole_dqn", cap: int | None = None) -> dict:
+    """One run of ``experiment`` (seed 0) until the mean greedy return reaches 475 or ``cap`` env
+    steps (default: the row's :func:`spec` cap)."""
+    sp = spec(experiment, device)
+    cap, every = cap or sp.cap, sp.every
+    # the schedule (ε decay) follows schedule_steps in every run, so a shorter cap does not change the trajectory
+    s = make_state([f"+experiment={experiment}", f"agent.total_env_steps={sp.schedule_steps}"], device, fill=False)
     cfg, a = s.cfg, s.cfg.agent
     per_iter = cfg.env.num_envs * a.steps_per_iter
     warm = math.ceil(a.learning_starts / per_iter)
@@ -68,7 +88,7 @@ def _foxdqn_row(device: str, graph: bool, cap: int | None = None) -> dict:
         sync()
         train_s += time.perf_counter() - t
     steps = reached_at or math.ceil(cap / per_iter) * per_iter
-    return {"section": "cartpole", "features": "cartpole_dqn", "size": f"envs{cfg.env.num_envs}",
+    return {"section": "cartpole", "features": experiment, "size": f"envs{cfg.env.num_envs}",
             "provider": "graph" if graph else "eager", "device": device, "env_steps_per_s": steps / train_s,
             "reached_475": reached_at is not None, "env_steps_to_475": reached_at,
             "time_to_475_s": train_s if reached_at else None, "last_eval_return": last, "train_s": train_s}
@@ -96,8 +116,15 @@ def _sb3_row(device: str) -> dict:
     from stable_baselines3 import DQN
     from stable_baselines3.common.callbacks import BaseCallback
 
-    cap, every = _sb3_cap(device), _caps(device)[1]
+    sp = spec("sb3_dqn_zoo", device)
+    cap, every = sp.cap, sp.every
+    # SB3's ε decays over exploration_fraction × learn()'s total_timesteps: rescaled so that it decays over
+    # rl-zoo's 0.16 × 50k env steps whatever the cap
+    hyper = {**SB3_ZOO_CARTPOLE,
+             "exploration_fraction": SB3_ZOO_CARTPOLE["exploration_fraction"] * sp.schedule_steps / cap}
     sb3_device = "cpu"  # SB3 recommends the CPU for MlpPolicy DQN
+    # torch threads as foxdqn's CPU runs (cpu_threads: 1), set here so the row does not depend on which rows ran first
+    torch.set_num_threads(SB3_TORCH_THREADS)
 
     class EvalEvery(BaseCallback):
         def __init__(self):
@@ -122,29 +149,35 @@ def _sb3_row(device: str) -> dict:
             if self.reached_at is None:
                 self.train_s += time.perf_counter() - self._t
 
-    model = DQN("MlpPolicy", "CartPole-v1", device=sb3_device, seed=0, verbose=0, **SB3_ZOO_CARTPOLE)
+    model = DQN("MlpPolicy", "CartPole-v1", device=sb3_device, seed=0, verbose=0, **hyper)
     cb = EvalEvery()
     model.learn(total_timesteps=cap, callback=cb)
     steps = cb.reached_at or model.num_timesteps
     return {"section": "cartpole", "features": "sb3_dqn_zoo", "size": "envs1", "provider": "sb3", "device": sb3_device,
-            "sb3": stable_baselines3.__version__, "env_steps_per_s": steps / max(cb.train_s, 1e-9),
+            "sb3": stable_baselines3.__version__, "torch_threads": SB3_TORCH_THREADS,
+            "env_steps_per_s": steps / max(cb.train_s, 1e-9),
             "reached_475": cb.reached_at is not None, "env_steps_to_475": cb.reached_at,
             "time_to_475_s": cb.train_s if cb.reached_at else None, "last_eval_return": cb.last,
-            "train_s": cb.train_s, "note": f"rl-zoo n_timesteps={SB3_ZOO_TIMESTEPS}; capped here at {cap}"}
+            "train_s": cb.train_s, "note": f"rl-zoo n_timesteps={SB3_ZOO_TIMESTEPS} (ε schedule); capped here at {cap}"}
+
+
+def _foxdqn_rows(device: str, experiment: str) -> list[dict]:
+    """Graph first; the eager run (same seed: graph and eager compute the same trajectory, see
+    tests/step/test_graph_gpu.py) is then capped at the env steps the graph run needed, so its
+    time to 475 is measured without running past it. CPU: the eager run only."""
+    if device != "cuda":
+        out = [_foxdqn_row(device, False, experiment)]
+    else:
+        graph_row = _foxdqn_row(device, True, experiment)
+        print(graph_row, flush=True)
+        out = [_foxdqn_row(device, False, experiment, cap=graph_row["env_steps_to_475"]), graph_row]
+    print(out[0], flush=True)
+    return out
 
 
 def rows(device: str = "cuda") -> list[dict]:
-    """Graph first; the eager run (same seed: graph and eager compute the same trajectory, see
-    tests/step/test_graph_gpu.py) is then capped at the env steps the graph run needed, so its
-    time to 475 is measured without running past it."""
-    if device == "cuda":
-        graph_row = _foxdqn_row(device, True)
-        print(graph_row, flush=True)
-        eager_row = _foxdqn_row(device, False, cap=graph_row["env_steps_to_475"])
-        out = [eager_row, graph_row]
-    else:
-        out = [_foxdqn_row(device, False)]
-    print(out[0], flush=True)
+    """cartpole_dqn rows, cartpole_zoo rows, then the SB3 row."""
+    out = _foxdqn_rows(device, "cartpole_dqn") + _foxdqn_rows(device, "cartpole_zoo")
     try:
         import stable_baselines3  # noqa: F401
     except ImportError:

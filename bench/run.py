@@ -44,6 +44,30 @@ def _section(name: str, device: str) -> list[dict]:
     return module.rows(device)
 
 
+def _cartpole_vs_sb3(cp: pd.DataFrame) -> str:
+    """Markdown table: each foxdqn CartPole row's time (and env steps) to 475 against the SB3 row's,
+    as SB3 / foxdqn (> 1: foxdqn gets there sooner); empty when there is no SB3 row that reached 475."""
+    if "time_to_475_s" not in cp:
+        return ""
+    sb3 = cp[(cp.provider == "sb3") & cp.time_to_475_s.notna()]
+    if not len(sb3):
+        return ""
+    ref = sb3.iloc[0]
+    fox = cp[cp.provider != "sb3"]
+    table = fox[["features", "provider", "device", "env_steps_to_475", "time_to_475_s"]].copy()
+    table["sb3 time_to_475_s"] = ref.time_to_475_s
+    table["SB3 time / foxdqn time"] = ref.time_to_475_s / fox.time_to_475_s.astype(float)
+    table["SB3 env steps / foxdqn env steps"] = ref.env_steps_to_475 / fox.env_steps_to_475.astype(float)
+    table["foxdqn env steps/s / SB3 env steps/s"] = fox.env_steps_per_s.astype(float) / ref.env_steps_per_s
+    return ("## cartpole: foxdqn against SB3 DQN (rl-zoo hyperparameters), time to 475\n\n"
+            "SB3 / foxdqn time and env steps: > 1 means the foxdqn row reaches 475 sooner; empty where a row did "
+            "not reach 475. cartpole_zoo runs SB3's own hyperparameters (the like-for-like row); cartpole_dqn runs "
+            "CleanRL's. One seed each: with these hyperparameters the env steps to 475 vary several-fold between "
+            "seeds (in both frameworks), so the time ratio is one draw; the env steps/s ratio (training throughput, "
+            "> 1: foxdqn faster) does not depend on the seed's luck.\n\n"
+            + table.to_markdown(index=False, floatfmt=".6g"))
+
+
 def _ratios(df: pd.DataFrame) -> str:
     parts = []
     step = df[df.section == "step"] if "section" in df else df.iloc[0:0]
@@ -69,6 +93,9 @@ def _ratios(df: pd.DataFrame) -> str:
                 ref = best[col].max() if col == "env_steps_per_s" else best[col].min()
                 table[f"{col} / best foxdqn"] = cp[col].astype(float) / ref
         parts.append("## cartpole: time to mean greedy return >= 475\n\n" + table.to_markdown(index=False, floatfmt=".4g"))
+        vs_sb3 = _cartpole_vs_sb3(cp)
+        if vs_sb3:
+            parts.append(vs_sb3)
     ops = df[df.section == "ops"] if "section" in df else df.iloc[0:0]
     if len(ops) and "ms" in ops:
         p = ops.pivot_table(index=["op", "size"], columns="provider", values="ms")
@@ -80,6 +107,27 @@ def _ratios(df: pd.DataFrame) -> str:
     return "\n\n".join(parts)
 
 
+def _cartpole_chart(cp: pd.DataFrame, machine: str, path: Path) -> None:
+    """Two bar panels per CartPole row: training seconds and env steps to a mean greedy return of 475
+    (a row that did not reach it shows no bar and "not reached")."""
+    import matplotlib.pyplot as plt
+
+    labels = (cp.features + " / " + cp.provider).tolist()
+    fig, axes = plt.subplots(1, 2, figsize=(11, 1.2 + 0.5 * len(cp)), sharey=True)
+    for ax, col, unit in zip(axes, ("time_to_475_s", "env_steps_to_475"), ("training seconds", "env steps")):
+        values = cp[col].astype(float).tolist() if col in cp else [float("nan")] * len(cp)
+        ax.barh(labels, [0.0 if pd.isna(v) else v for v in values])
+        for y, v in enumerate(values):
+            if pd.isna(v):
+                ax.text(0, y, " not reached", va="center")
+        ax.set_xlabel(f"{unit} to mean greedy return 475")
+    axes[0].invert_yaxis()
+    fig.suptitle(f"CartPole-v1, time to 475: {machine}")
+    plt.tight_layout()
+    plt.savefig(path, dpi=110)
+    plt.close()
+
+
 def _chart(df: pd.DataFrame, path: Path) -> None:
     import matplotlib
 
@@ -88,6 +136,8 @@ def _chart(df: pd.DataFrame, path: Path) -> None:
 
     step = df[df.section == "step"]
     if not len(step):
+        if "section" in df and "time_to_475_s" in df and len(df[df.section == "cartpole"]):
+            _cartpole_chart(df[df.section == "cartpole"], df["gpu"].iloc[0], path)
         return
     p = step.pivot_table(index=["features", "size"], columns="provider", values="ms_per_update")
     ax = p.plot.barh(figsize=(9, 1 + 0.5 * len(p)), logx=True)

@@ -1,36 +1,55 @@
-"""``cartpole_dqn debug=smoke`` learns: its greedy return beats a uniformly random policy's.
+"""``cartpole_dqn`` and ``cartpole_zoo`` at ``debug=smoke`` learn: their greedy return beats a
+uniformly random policy's.
 
 At smoke's 4096 env steps, cartpole_dqn's 1 update per 10 transitions (CleanRL) makes ~360
 updates, too few to leave the "always push one way" phase (greedy return ≈ 9); the test runs 4
-updates per iteration (≈ 1400 updates, ~3 s on one core). The random policy is evaluated by the
-same function on the same env seeds, so the check can fail.
+updates per iteration (≈ 1400 updates, ~3 s on one core). cartpole_zoo (rl-zoo's SB3 settings:
+128 updates per 256 env steps) runs as configured, through the training loop (``foxdqn.loop.train``):
+14 iterations after learning_starts, 1792 updates, ~4 s. The random policy is evaluated by the same
+function on the same env seeds, so the checks can fail.
 """
+import json
+
 import torch
 
 from foxdqn.evaluate import evaluate_episodes
+from foxdqn.loop import train
 from foxdqn.step.state import build_state
 from foxdqn.train import load_config
 
 from support import train_eager
 
 
-def _cfg():
-    return load_config(["+experiment=cartpole_dqn", "debug=smoke", "device=cpu", "log.progress=false",
-                        "agent.updates_per_iter=4"])
+def _cfg(name, *extra):
+    return load_config([f"+experiment={name}", "debug=smoke", "device=cpu", "log.progress=false", *extra])
 
 
-def test_cartpole_dqn_smoke_beats_random_policy():
-    cfg = _cfg()
-    s = build_state(cfg, None, torch.device("cpu"))
-    train_eager(s, cfg)
-    trained = evaluate_episodes(cfg, s.online, s.action_mode, s.device, episodes=50)["mean_return"]
-
+def _random_return(cfg, s, episodes=50) -> float:
     gen = torch.Generator().manual_seed(0)
 
     class RandomPolicy(torch.nn.Module):
         def forward(self, obs):
             return torch.rand(obs.shape[0], 2, generator=gen)
 
-    random = evaluate_episodes(cfg, RandomPolicy(), s.action_mode, s.device, episodes=50)["mean_return"]
+    random = evaluate_episodes(cfg, RandomPolicy(), s.action_mode, s.device, episodes=episodes)["mean_return"]
     assert 15 <= random <= 30, random  # CartPole-v1 under a uniform random policy: ≈ 22
+    return random
+
+
+def test_cartpole_dqn_smoke_beats_random_policy():
+    cfg = _cfg("cartpole_dqn", "agent.updates_per_iter=4")
+    s = build_state(cfg, None, torch.device("cpu"))
+    train_eager(s, cfg)
+    trained = evaluate_episodes(cfg, s.online, s.action_mode, s.device, episodes=50)["mean_return"]
+    random = _random_return(cfg, s)
+    assert trained >= random + 15, (trained, random)
+
+
+def test_cartpole_zoo_smoke_trains_and_beats_random_policy(tmp_path):
+    cfg = _cfg("cartpole_zoo", "log.tensorboard=false", "eval.episodes=50")
+    assert (cfg.env.num_envs, cfg.agent.steps_per_iter, cfg.agent.updates_per_iter) == (1, 256, 128)
+    summary = train(cfg, None, tmp_path)
+    assert summary == json.loads((tmp_path / "eval" / "summary.json").read_text())
+    trained = summary["metrics"]["agent"]["mean_return"]
+    random = _random_return(cfg, build_state(cfg, None, torch.device("cpu")))
     assert trained >= random + 15, (trained, random)
