@@ -161,29 +161,31 @@ def _sb3_row(device: str) -> dict:
             "train_s": cb.train_s, "note": f"rl-zoo n_timesteps={SB3_ZOO_TIMESTEPS} (ε schedule); capped here at {cap}"}
 
 
-def _foxdqn_rows(device: str, experiment: str) -> list[dict]:
-    """Graph first; the eager run (same seed: graph and eager compute the same trajectory, see
-    tests/step/test_graph_gpu.py) is then capped at the env steps the graph run needed, so its
-    time to 475 is measured without running past it. CPU: the eager run only."""
-    if device != "cuda":
-        out = [_foxdqn_row(device, False, experiment)]
-    else:
+def _foxdqn_rows(device: str, experiment: str):
+    """Yields the graph row first; the eager run (same seed: graph and eager compute the same trajectory,
+    see tests/step/test_graph_gpu.py) is then capped at the env steps the graph run needed, so its time
+    to 475 is measured without running past it. CPU: the eager run only."""
+    graph_row = None
+    if device == "cuda":
         graph_row = _foxdqn_row(device, True, experiment)
         print(graph_row, flush=True)
-        out = [_foxdqn_row(device, False, experiment, cap=graph_row["env_steps_to_475"]), graph_row]
-    print(out[0], flush=True)
-    return out
+        yield graph_row
+    eager_row = _foxdqn_row(device, False, experiment, cap=graph_row["env_steps_to_475"] if graph_row else None)
+    print(eager_row, flush=True)
+    yield eager_row
 
 
-def rows(device: str = "cuda") -> list[dict]:
-    """cartpole_dqn rows, cartpole_zoo rows, then the SB3 row."""
-    out = _foxdqn_rows(device, "cartpole_dqn") + _foxdqn_rows(device, "cartpole_zoo")
+def rows(device: str = "cuda"):
+    """Yields the cartpole_dqn rows, the cartpole_zoo rows, then the SB3 row, one at a time (bench.run
+    writes the CSV after each, so a run stopped by a time limit keeps the rows it finished)."""
+    yield from _foxdqn_rows(device, "cartpole_dqn")
+    yield from _foxdqn_rows(device, "cartpole_zoo")
     try:
         import stable_baselines3  # noqa: F401
     except ImportError:
-        out.append({"section": "cartpole", "features": "sb3_dqn_zoo", "provider": "sb3",
-                    "note": "stable-baselines3 not installed (pip install 'foxdqn[bench]'); skipped"})
-        return out
-    out.append(_sb3_row(device))
-    print(out[-1], flush=True)
-    return out
+        yield {"section": "cartpole", "features": "sb3_dqn_zoo", "provider": "sb3",
+               "note": "stable-baselines3 not installed (pip install 'foxdqn[bench]'); skipped"}
+        return
+    row = _sb3_row(device)
+    print(row, flush=True)
+    yield row

@@ -34,7 +34,8 @@ def _ops_rows(device: str) -> list[dict]:
     return rows
 
 
-def _section(name: str, device: str) -> list[dict]:
+def _section(name: str, device: str):
+    """The section's rows: a list, or a generator yielding them one at a time."""
     if name == "ops":
         if device != "cuda":
             print("ops section: the Triton kernels need CUDA; skipped on CPU", file=sys.stderr)
@@ -162,8 +163,9 @@ def main(argv=None) -> int:
     sections = args.sections.replace(",", "-")
     stem = Path(args.out) / f"{t['date'][:10]}_{slug}_{sections}"
     for name in args.sections.split(","):
-        rows += [{**t, **r} for r in _section(name.strip(), device)]
-        write_csv(rows, stem.with_suffix(".csv"))  # after every section: a time-out keeps what ran
+        for r in _section(name.strip(), device):  # a list, or a generator of rows (cartpole)
+            rows.append({**t, **r})
+            write_csv(rows, stem.with_suffix(".csv"))  # after every row: a time-out keeps what ran
     df = pd.DataFrame(rows)
     md = f"# foxdqn bench — {t['gpu']}, torch {t['torch']}, triton {t['triton']}, {t['date']}\n\n" + _ratios(df)
     stem.with_suffix(".md").write_text(md + "\n")
