@@ -246,6 +246,7 @@ class DebugConfig:
     max_learning_starts: Optional[int] = None
     max_replay_capacity: Optional[int] = None
     max_hidden: Optional[int] = None
+    fit_prune_schedule: bool = False  # with max_env_steps: shrink prune.start/end_update and frequency by the same ratio
     inject_nan_at_step: Optional[int] = None  # poison the loss at this update (guard test)
 
 
@@ -315,7 +316,13 @@ def apply_debug(cfg: TrainConfig) -> TrainConfig:
     """Apply the ``debug`` caps in place and return ``cfg``."""
     d = cfg.debug
     if d.max_env_steps is not None:
-        cfg.agent.total_env_steps = min(cfg.agent.total_env_steps, d.max_env_steps)
+        full = cfg.agent.total_env_steps
+        cfg.agent.total_env_steps = min(full, d.max_env_steps)
+        if d.fit_prune_schedule and cfg.prune.enabled and cfg.agent.total_env_steps < full:
+            r, p = cfg.agent.total_env_steps / full, cfg.prune
+            p.start_update = int(p.start_update * r)
+            p.end_update = max(p.start_update + 1, int(p.end_update * r))
+            p.frequency = max(1, int(p.frequency * r))
         cfg.log.interval_env_steps = min(cfg.log.interval_env_steps, max(1, d.max_env_steps // 4))
         if cfg.eval.interval_env_steps:
             cfg.eval.interval_env_steps = min(cfg.eval.interval_env_steps, max(1, d.max_env_steps // 2))
@@ -537,8 +544,8 @@ def _validate_controls(cfg: TrainConfig) -> None:
     r = cfg.regime
     if r.enabled:
         if cfg.env.name != "trading":
-            raise ConfigError(f"regime.enabled=true weights by the trading env's volatility regime; "
-                              f"env.name={cfg.env.name!r}")
+            raise ConfigError(f"regime.enabled=true needs env.name=trading (it weights by the trading env's "
+                              f"volatility regime); got env.name={cfg.env.name!r}")
         if not 0 < r.low_threshold < r.high_threshold:
             raise ConfigError(f"regime.low_threshold={r.low_threshold} must be > 0 and < "
                               f"regime.high_threshold={r.high_threshold}")

@@ -145,7 +145,10 @@ def _check(overrides: list[str]) -> None:
 
         from foxdqn.envs.gym_adapter import describe
 
+        from foxdqn.step.build import check_encoder
+
         spaces = describe(cfg.env)
+        check_encoder(cfg.model.encoder, spaces["obs_shape"], cfg.env.id)
         obs_dim, itemsize = math.prod(spaces["obs_shape"]), spaces["obs_dtype"].itemsize
     else:
         obs_dim = {"trading": cfg.env.window * (market.features.shape[1] if market else 5) + 2, "cartpole": 4,
@@ -180,9 +183,9 @@ def _print_summary(summary: dict, run_dir: Path) -> None:
         console = Console()
         m = summary["metrics"]["agent"]
         console.print(f"[bold]{summary['experiment']}[/bold] greedy evaluation: " +
-                      ", ".join(f"{k}={v:.4g}" for k, v in m.items()))
+                      ", ".join(f"{k}={v:.4g}" for k, v in m.items()), soft_wrap=True)  # one line each, for grep
         console.print(f"[bold]outputs:[/bold] {run_dir.resolve()}  (wall {summary['wall_time_s']} s on "
-                      f"{summary['gpu'] or summary['device']})")
+                      f"{summary['gpu'] or summary['device']})", soft_wrap=True)
         return
 
     table = Table(title=f"{summary.get('experiment')} — {summary['split']} split, {summary['bars']} bars "

@@ -184,7 +184,8 @@ EXPERIMENTS = sorted(p.stem for p in (Path(__file__).parents[1] / "foxdqn" / "co
 
 def small_state(overrides=(), bars=1200, drift=1e-4, vol=2e-3, seed=0, device="cpu"):
     """``(state, market)``: a training state with debug=smoke caps; synthetic bars for trading."""
-    cfg = load_config(["debug=smoke", f"device={device}", "log.progress=false", *overrides])
+    cfg = load_config(["debug=smoke", "debug.fit_prune_schedule=false", f"device={device}", "log.progress=false",
+                       *overrides])  # tests set their pruning schedules in updates
     market = None
     if cfg.env.name == "trading":
         frame = make_synthetic_ohlcv(bars, drift_per_bar=drift, vol=vol, seed=seed)

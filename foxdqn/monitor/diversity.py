@@ -38,7 +38,7 @@ def entropy(counts: np.ndarray) -> float:
     if total <= 0:
         return 0.0
     p = c[c > 0] / total
-    return float(-(p * np.log(p)).sum())
+    return max(0.0, float(-(p * np.log(p)).sum()))  # one action: 0.0, not -0.0
 
 
 def normalised_entropy(counts: np.ndarray) -> float:

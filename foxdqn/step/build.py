@@ -8,6 +8,7 @@ from __future__ import annotations
 import torch
 
 from foxdqn.config import TrainConfig
+from foxdqn.errors import ConfigError
 
 _DTYPES = {"float32": torch.float32, "float64": torch.float64}
 
@@ -53,8 +54,25 @@ def num_features(env) -> int:
     return (env.obs_dim - 2) // env.window
 
 
+def check_encoder(encoder: str, obs_shape: tuple, env_id: str) -> None:
+    """Image observations ``[C, H, W]`` (Atari frames) need ``model=nature_cnn``, and only they fit it.
+
+    Raises:
+        ConfigError: naming ``model.encoder`` and the env's observation shape.
+    """
+    image = len(obs_shape) == 3
+    if image and encoder != "nature_cnn":
+        raise ConfigError(f"model.encoder={encoder!r} cannot read the image observations {list(obs_shape)} of "
+                          f"env.id={env_id}; use model=nature_cnn (as +experiment=pong_dqn does)")
+    if encoder == "nature_cnn" and not image:
+        raise ConfigError(f"model.encoder='nature_cnn' needs image observations [C, H, W]; env.id={env_id} gives "
+                          f"{list(obs_shape)}; use model=mlp")
+
+
 def build_encoder(cfg: TrainConfig, env):
     m = cfg.model
+    if getattr(env, "on_host", False):
+        check_encoder(m.encoder, tuple(getattr(env, "obs_shape", (env.obs_dim,))), cfg.env.id)
     if m.encoder == "nature_cnn":
         from foxdqn.nn.nature_cnn import NatureCNNEncoder
 

@@ -108,3 +108,15 @@ def test_before_start_nothing_is_pruned():
 def test_prune_config_errors(bad):
     with pytest.raises(ConfigError, match="prune."):
         load_config(["prune.enabled=true", *bad])
+
+
+def test_smoke_caps_shrink_the_pruning_schedule_with_the_run():
+    full = load_config(["+experiment=eurusd_controls"])
+    smoke = load_config(["+experiment=eurusd_controls", "debug=smoke"])
+    r = smoke.agent.total_env_steps / full.agent.total_env_steps
+    assert r < 1
+    assert smoke.prune.end_update == max(smoke.prune.start_update + 1, int(full.prune.end_update * r))
+    assert smoke.prune.frequency == max(1, int(full.prune.frequency * r))
+    per_iter = smoke.env.num_envs * smoke.agent.steps_per_iter
+    smoke_updates = (smoke.agent.total_env_steps - smoke.agent.learning_starts) // per_iter * smoke.agent.updates_per_iter
+    assert smoke.prune.end_update <= smoke_updates  # the smoke run reaches the final sparsity

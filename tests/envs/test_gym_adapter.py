@@ -113,6 +113,8 @@ def test_adapter_step_outputs_and_episode_stats():
 @pytest.mark.parametrize("args, needles", [
     (["env=gym", "env.id=NoSuchEnv-v0"], ["env.id=NoSuchEnv-v0", "not a registered"]),
     (["env=gym", "env.id=Pendulum-v1"], ["env.id=Pendulum-v1", "Discrete"]),
+    (["env=gym", "env.id=ALE/Pong-v5"], ["model.encoder='mlp'", "env.id=ALE/Pong-v5", "model=nature_cnn"]),
+    (["env=gym", "env.id=CartPole-v1", "model=nature_cnn"], ["model.encoder='nature_cnn'", "env.id=CartPole-v1"]),
 ])
 def test_bad_gym_env_exit_2_naming_env_id(tmp_path, args, needles):
     res = _train_cli([*args, "debug=smoke", "device=cpu", f"hydra.run.dir={tmp_path / 'run'}"], cwd=tmp_path)
