@@ -18,7 +18,9 @@ smallest |w| (ties broken by position, a stable sort), so exactly that many per 
 pruned weights rank as 0 (the ranking uses |w · mask|), and s_t never decreases, so a pruned
 weight stays pruned.
 
-Every update, after the Adam step, each matrix is multiplied by its mask (so weights Adam's
+Every update, the gradients of pruned entries are zeroed before clipping (as a mask in the
+forward pass would: they count neither in the gradient norm nor in Adam's moments), and after
+the Adam step each matrix is multiplied by its mask (so weights Adam's
 momentum moves off 0 are put back to 0), and after the target update the target network's
 matching matrices are multiplied by the same masks: the target has the online sparsity pattern
 exactly (with Polyak averaging it would otherwise only decay toward 0).
@@ -91,6 +93,13 @@ class MagnitudePruner:
             fresh = torch.empty_like(mask).view(-1).scatter_(0, order, (ranks >= k).to(mask.dtype))
             mask.copy_(torch.where(due, fresh.view_as(mask), mask))
         torch._foreach_mul_(self.params, self.masks)
+
+    @torch.no_grad()
+    def mask_grads(self) -> None:
+        """Before clipping: zero the gradients of pruned entries, as if the mask were applied in the
+        forward pass (Zhu & Gupta's implementation), so they count neither in the clipped norm (nor
+        the guard's) nor in Adam's moments."""
+        torch._foreach_mul_([p.grad for p in self.params], self.masks)
 
     @torch.no_grad()
     def mask_target(self) -> None:

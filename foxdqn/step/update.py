@@ -74,6 +74,8 @@ def update_step(s: TrainState) -> None:
     a = s.cfg.agent
     batch = s.replay.sample(a.batch_size, s.generator)
     loss, td_abs, q_values = accumulate_gradients(s, batch)
+    if s.pruner is not None:
+        s.pruner.mask_grads()
     grad_norm = torch.nn.utils.clip_grad_norm_(s.trainable, a.grad_clip, foreach=True)
     s.qmon.update(q_values, s.updates)
     skip = s.guard.check(loss, grad_norm.detach(), s.updates)

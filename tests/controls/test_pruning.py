@@ -120,3 +120,26 @@ def test_smoke_caps_shrink_the_pruning_schedule_with_the_run():
     per_iter = smoke.env.num_envs * smoke.agent.steps_per_iter
     smoke_updates = (smoke.agent.total_env_steps - smoke.agent.learning_starts) // per_iter * smoke.agent.updates_per_iter
     assert smoke.prune.end_update <= smoke_updates  # the smoke run reaches the final sparsity
+
+
+def test_pruned_entries_get_no_gradient_and_do_not_count_in_the_clipped_norm():
+    from foxdqn.step.update import accumulate_gradients
+
+    s = _run(iters=6)  # past the end: 60 % of each matrix pruned
+    accumulate_gradients(s, s.replay.sample(s.cfg.agent.batch_size, s.generator))
+    raw = [p.grad.clone() for p in s.pruner.params]
+    assert any(bool((g[m == 0] != 0).any()) for g, m in zip(raw, s.pruner.masks))  # the loss does reach them
+    s.pruner.mask_grads()
+    for p, m, g in zip(s.pruner.params, s.pruner.masks, raw):
+        assert bool((p.grad[m == 0] == 0).all())
+        torch.testing.assert_close(p.grad[m == 1], g[m == 1])  # the kept entries are untouched
+
+
+def test_update_step_masks_the_gradients_before_clipping():
+    from foxdqn.step.update import update_step
+
+    s = _run(iters=6)
+    update_step(s)  # the gradients of this update stay in .grad after the Adam step
+    for p, m in zip(s.pruner.params, s.pruner.masks):
+        assert bool((p.grad[m == 0] == 0).all())
+        assert bool((p.grad[m == 1] != 0).any())
