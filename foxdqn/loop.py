@@ -162,7 +162,7 @@ def train(cfg: TrainConfig, market, run_dir: Path) -> dict:
                 if eval_every and (((it + 1) % eval_every == 0 and not last) or (stopper is not None and last)):
                     metrics = _evaluate_val(s, market)
                     logger.log(env_steps, {f"val/{k}": v for k, v in metrics.items()})
-                    if stopper is not None:
+                    if stopper is not None and it >= warm_iters:  # no update yet: the weights cannot improve
                         if stopper.update_val(env_steps, metrics):
                             save_checkpoint(best_path, s, {"best": {"metric": stopper.metric, "value": stopper.best}})
                             log.info("best val %s = %.6g at %d env steps -> %s", stopper.metric, stopper.best,

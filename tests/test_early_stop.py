@@ -130,3 +130,13 @@ def test_config_errors_name_the_field(overrides, needle):
         return
     with pytest.raises(ConfigError, match=needle.replace(".", r"\.")):
         load_config(overrides)
+
+
+def test_no_validation_stop_before_the_first_update(tmp_path, monkeypatch):
+    """Before agent.learning_starts the weights never change: those evaluations do not count."""
+    monkeypatch.setattr(loop, "_evaluate_val", lambda s, market: {"sharpe": 1.0})
+    summary = _train(tmp_path, ["agent.learning_starts=3000", "debug.max_learning_starts=3000",
+                                "eval.interval_env_steps=256", "early_stop.patience=2"])
+    assert summary["updates"] > 0
+    assert summary["stop"]["reason"] == "early_stop_val"
+    assert summary["stop"]["best_env_steps"] > 3000  # the first evaluation after updates began
