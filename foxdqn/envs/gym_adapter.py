@@ -103,11 +103,7 @@ def make_vector_env(e, num_envs: int, train: bool = True):
                 stack_num=e.frame_stack, noop_max=e.noop_max, repeat_action_probability=e.repeat_action_probability,
                 episodic_life=bool(train and e.terminal_on_life_loss), reward_clipping=train,
                 max_num_frames_per_episode=ALE_MAX_FRAMES)
-        try:
-            import cv2  # noqa: F401  (AtariPreprocessing resizes with it)
-        except ImportError:
-            raise ConfigError(f"env.vectorization={mode} for env.id={e.id} uses gymnasium's AtariPreprocessing, "
-                              "which needs opencv-python; use env.vectorization=auto (ale-py's vector env)") from None
+        _check_opencv(e, mode)
         from gymnasium.wrappers import AtariPreprocessing, ClipReward, FrameStackObservation
 
         def preprocess(env):
@@ -126,6 +122,29 @@ def make_vector_env(e, num_envs: int, train: bool = True):
     return gym.make_vec(e.id, num_envs, vectorization_mode=mode, vector_kwargs={"autoreset_mode": same_step})
 
 
+def _uses_atari_wrappers(e) -> bool:
+    """Atari through gymnasium's AtariPreprocessing (not ale-py's own vector env)."""
+    return is_atari(e.id) and not (e.vectorization == "auto" and _spec(e.id).vector_entry_point is not None)
+
+
+def _check_opencv(e, mode: str) -> None:
+    try:
+        import cv2  # noqa: F401  (AtariPreprocessing resizes with it)
+    except ImportError:
+        raise ConfigError(f"env.vectorization={mode} for env.id={e.id} uses gymnasium's AtariPreprocessing, "
+                          "which needs opencv-python; use env.vectorization=auto (ale-py's vector env)") from None
+
+
+def _make_one(env_id: str):
+    """``gym.make(env_id)``; an env whose optional dependency is missing (Box2D, MuJoCo, ...) is a
+    :class:`ConfigError` naming ``env.id``."""
+    gym = _gym()
+    try:
+        return gym.make(env_id)
+    except gym.error.DependencyNotInstalled as exc:
+        raise ConfigError(f"env.id={env_id} cannot be made here: {str(exc).splitlines()[0]}") from None
+
+
 def _check_spaces(env_id: str, action_space, observation_space) -> None:
     gym = _gym()
     if not isinstance(action_space, gym.spaces.Discrete):
@@ -139,12 +158,15 @@ def describe(e) -> dict:
     precheck): ``{"obs_shape": tuple, "obs_dtype": torch.dtype, "num_actions": int}``.
 
     Raises:
-        ConfigError: unknown id, not a Discrete action space, not a Box observation space.
+        ConfigError: unknown id, an env whose optional dependency is not installed, Atari through
+            gymnasium's wrappers without opencv, not a Discrete action space, not a Box observation space.
     """
     _spec(e.id)
+    if _uses_atari_wrappers(e):  # fail before any run folder, not when the env is built
+        _check_opencv(e, e.vectorization)
     if is_atari(e.id):  # the preprocessed frames, known without making an env
         gym = _gym()
-        env = gym.make(e.id)
+        env = _make_one(e.id)
         try:
             _check_spaces(e.id, env.action_space, gym.spaces.Box(0, 255, (1,), np.uint8))
             n = int(env.action_space.n)
@@ -152,7 +174,7 @@ def describe(e) -> dict:
             env.close()
         return {"obs_shape": (e.frame_stack, e.screen_size, e.screen_size), "obs_dtype": torch.uint8,
                 "num_actions": n}
-    env = _gym().make(e.id)
+    env = _make_one(e.id)
     try:
         _check_spaces(e.id, env.action_space, env.observation_space)
         space = env.observation_space

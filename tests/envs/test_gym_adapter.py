@@ -124,6 +124,27 @@ def test_bad_gym_env_exit_2_naming_env_id(tmp_path, args, needles):
     assert not (tmp_path / "run").exists()
 
 
+def _missing(module: str) -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec(module) is None
+
+
+@pytest.mark.parametrize("args, needles, missing", [
+    (["env=gym", "env.id=LunarLander-v3"], ["env.id=LunarLander-v3", "cannot be made"], "Box2D"),
+    (["env=gym", "env.id=ALE/Pong-v5", "model=nature_cnn", "env.vectorization=sync"],
+     ["env.vectorization=sync", "opencv"], "cv2"),
+])
+def test_missing_optional_dependency_exit_2_before_any_run_folder(tmp_path, args, needles, missing):
+    if not _missing(missing):
+        pytest.skip(f"{missing} is installed here")
+    res = _train_cli([*args, "debug=smoke", "device=cpu", f"hydra.run.dir={tmp_path / 'run'}"], cwd=tmp_path)
+    assert res.returncode == 2, res.stderr[-2000:]
+    line = res.stderr.strip().splitlines()[-1]
+    assert all(n in line for n in needles), line
+    assert not (tmp_path / "run").exists()
+
+
 def test_nature_cnn_forward_shape_and_scaling():
     from foxdqn.nn.nature_cnn import NatureCNNEncoder
 
