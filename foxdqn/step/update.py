@@ -18,8 +18,9 @@ Training controls (README "Training controls"; all device ops, inside the captur
   mean of per-sample terms computed from that sample alone: DQN, C51, IQL, CQL (over those),
   branching. IQN draws its quantile fractions per micro-batch, so its update has the same
   distribution as the single-batch one but not the same draws.
-* ``prune.enabled``: after the Adam step :class:`foxdqn.step.pruning.MagnitudePruner` updates
-  and applies the weight masks; after the target update the target takes the same masks.
+* ``prune.enabled``: before clipping :class:`foxdqn.step.pruning.MagnitudePruner` zeroes the
+  gradients of pruned entries; after the Adam step it updates and applies the weight masks; after
+  the target update the target takes the same masks.
 * ``regime.enabled``: the regime weights are already in ``batch.weight`` (the replay multiplies
   them in at sample time, :mod:`foxdqn.replay.regime`); priorities stay the unweighted |TD|.
 """
