@@ -30,6 +30,8 @@ half-pole length ``l = 0.5`` m, total mass ``M = 1.1`` kg::
     x += tau*x_dot;  x_dot += tau*x_acc;  theta += tau*theta_dot;  theta_dot += tau*theta_acc
 
 (the same operations in the same order as Gymnasium, so float64 results agree to rounding).
+The step, its termination, time limit and auto-reset are one op, :mod:`foxdqn.ops.cartpole_step`:
+one Triton kernel on CUDA, its plain-torch reference on CPU.
 
 Episodes
 --------
@@ -60,30 +62,18 @@ them in a ``torch.cuda.CUDAGraph`` register the generator first:
 """
 from __future__ import annotations
 
-import math
-
 import numpy as np
 import torch
 from torch import Tensor
 
 from foxdqn.errors import ConfigError
+from foxdqn.ops.cartpole_step import RESET_HIGH, RESET_LOW, cartpole_step
 
 from .trading import StepOut
 
 __all__ = ["CartPoleEnv"]
 
-# Gymnasium CartPole-v1 constants (gymnasium/envs/classic_control/cartpole.py).
-GRAVITY = 9.8  # m/s^2
-MASSCART = 1.0  # kg
-MASSPOLE = 0.1  # kg
-TOTAL_MASS = MASSPOLE + MASSCART  # kg
-LENGTH = 0.5  # m, half the pole's length
-POLEMASS_LENGTH = MASSPOLE * LENGTH  # kg m
-FORCE_MAG = 10.0  # N
-TAU = 0.02  # s between state updates
-THETA_THRESHOLD_RADIANS = 12 * 2 * math.pi / 360  # 12 degrees
-X_THRESHOLD = 2.4  # m
-RESET_LOW, RESET_HIGH = -0.05, 0.05  # uniform reset bounds of every state variable
+# Gymnasium CartPole-v1 constants live with the step op (foxdqn.ops.cartpole_step).
 MAX_EPISODE_STEPS = 500  # CartPole-v1 TimeLimit
 
 _STATE_DTYPE = torch.float64  # Gymnasium integrates in float64
@@ -133,8 +123,7 @@ class CartPoleEnv:
         self.max_episode_steps = max_episode_steps
         self.state = torch.zeros(num_envs, 4, device=device, dtype=_STATE_DTYPE)
         self.steps = torch.zeros(num_envs, device=device, dtype=torch.long)
-        self._force_right = torch.tensor(FORCE_MAG, device=device, dtype=_STATE_DTYPE)
-        self._force_left = torch.tensor(-FORCE_MAG, device=device, dtype=_STATE_DTYPE)
+        self._no_fill = torch.zeros(num_envs, device=device, dtype=torch.bool)  # info["fill"]: never written
         # state stays all-zero (upright, at rest, no randomness drawn) until reset_all()
 
     # ------------------------------------------------------------------ device-side API
@@ -185,53 +174,25 @@ class CartPoleEnv:
             (bool), ``episode_length`` (int64, else 0) and ``fill`` (bool, all False; kept for
             the trading monitor).
         """
-        x, x_dot, theta, theta_dot = self.state.unbind(1)
-        force = torch.where(action == 1, self._force_right, self._force_left)
-        costheta = torch.cos(theta)
-        sintheta = torch.sin(theta)
-        temp = (force + POLEMASS_LENGTH * theta_dot.square() * sintheta) / TOTAL_MASS
-        thetaacc = (GRAVITY * sintheta - costheta * temp) / (
-            LENGTH * (4.0 / 3.0 - MASSPOLE * costheta.square() / TOTAL_MASS)
-        )
-        xacc = temp - POLEMASS_LENGTH * thetaacc * costheta / TOTAL_MASS
-        x1 = x + TAU * x_dot
-        x_dot1 = x_dot + TAU * xacc
-        theta1 = theta + TAU * theta_dot
-        theta_dot1 = theta_dot + TAU * thetaacc
-        state1 = torch.stack([x1, x_dot1, theta1, theta_dot1], dim=1)
-
-        terminated = (
-            (x1 < -X_THRESHOLD)
-            | (x1 > X_THRESHOLD)
-            | (theta1 < -THETA_THRESHOLD_RADIANS)
-            | (theta1 > THETA_THRESHOLD_RADIANS)
-        )
-        steps1 = self.steps + 1
-        truncated = (steps1 >= self.max_episode_steps) & ~terminated
-        done = terminated | truncated
-        reward = torch.ones(self.num_envs, device=self.device, dtype=self.dtype)
-        zero = torch.zeros((), device=self.device, dtype=self.dtype)
+        out = cartpole_step(self.state, self.steps, action, self._uniform(), self.max_episode_steps, self.dtype)
         info = {
-            "episode_return": torch.where(done, steps1.to(self.dtype), zero),
-            "episode_done": done,
-            "episode_length": torch.where(done, steps1, torch.zeros_like(steps1)),
-            "fill": torch.zeros_like(done),
+            "episode_return": out.episode_return,
+            "episode_done": out.done,
+            "episode_length": out.episode_length,
+            "fill": self._no_fill,
         }
-        next_obs = state1.to(self.dtype)
-
-        starts = self._draw_starts()
-        self.state.copy_(torch.where(done.unsqueeze(1), starts, state1))
-        self.steps.copy_(steps1.masked_fill(done, 0))
         return StepOut(
-            next_obs=next_obs, reward=reward, terminated=terminated, truncated=truncated, obs=self.observe(),
-            info=info,
+            next_obs=out.next_obs, reward=out.reward, terminated=out.terminated, truncated=out.truncated,
+            obs=out.obs, info=info,
         )
 
     # ------------------------------------------------------------------ internals
 
+    def _uniform(self) -> Tensor:
+        return torch.rand(self.num_envs, 4, device=self.device, dtype=_STATE_DTYPE, generator=self.generator)
+
     def _draw_starts(self) -> Tensor:
-        u = torch.rand(self.num_envs, 4, device=self.device, dtype=_STATE_DTYPE, generator=self.generator)
-        return RESET_LOW + (RESET_HIGH - RESET_LOW) * u
+        return RESET_LOW + (RESET_HIGH - RESET_LOW) * self._uniform()
 
 
 def _positive_int(value, where: str) -> int:
