@@ -15,6 +15,16 @@ reaches 475 or its env-step cap (CUDA: cartpole_dqn 500k, cartpole_zoo and SB3 1
 run at its graph run's step count; CPU: cartpole_dqn a short 20k, cartpole_zoo and SB3 rl-zoo's
 50k, so ``make bench`` stays short there). The ε schedule of every run follows its experiment's
 budget (``schedule_steps``), not the cap, so a cap never changes a trajectory.
+
+Seeds (``python -m bench.run --sections cartpole --seeds S``): every graph row (CUDA) and the SB3
+row run seeds 0..S-1; the eager rows run seed 0 only (on CUDA capped at that seed's graph steps,
+as a graph-on/off comparison of the same trajectory). The time to 475 of one seed is one draw of
+a distribution several-fold wide in both frameworks, so :func:`summary` compares medians over
+seeds. ``cartpole_zoo_x16`` is ``cartpole_zoo`` with its 256 env steps per iteration taken as 16
+steps of 16 envs (same transitions and updates per iteration, 16× fewer sequential env steps).
+
+Every foxdqn time includes its graph warm-up and capture, and on the first seed of a process the
+Triton kernels' compilation (``train_s``); SB3's includes nothing comparable.
 """
 from __future__ import annotations
 
@@ -23,6 +33,7 @@ import time
 from dataclasses import dataclass
 
 import numpy as np
+import pandas as pd
 import torch
 
 from bench.harness import make_state
@@ -49,23 +60,33 @@ class RowSpec:
     every: int  # evaluate every this many env steps
 
 
+# bench row name -> (experiment, extra overrides)
+VARIANTS = {
+    "cartpole_dqn": ("cartpole_dqn", ()),
+    "cartpole_zoo": ("cartpole_zoo", ()),
+    "cartpole_zoo_x16": ("cartpole_zoo", ("env.num_envs=16", "agent.steps_per_iter=16")),
+}
+
+
 def spec(name: str, device: str) -> RowSpec:
-    """Budgets of ``cartpole_dqn``, ``cartpole_zoo`` and ``sb3_dqn_zoo`` on ``device``."""
+    """Budgets of the :data:`VARIANTS` rows and ``sb3_dqn_zoo`` on ``device``."""
     cuda = device == "cuda"
     if name == "cartpole_dqn":  # CleanRL's 500k schedule on CUDA; a short rate measurement on CPU
         return RowSpec(500_000, 500_000, 10_000) if cuda else RowSpec(20_000, 20_000, 5_000)
-    if name in ("cartpole_zoo", "sb3_dqn_zoo"):  # rl-zoo's n_timesteps schedule; 10 rollouts of 256 between evals
+    if name in ("cartpole_zoo", "cartpole_zoo_x16", "sb3_dqn_zoo"):  # rl-zoo's n_timesteps schedule; 10 rollouts of 256
         return RowSpec(SB3_ZOO_TIMESTEPS, 2 * SB3_ZOO_TIMESTEPS if cuda else SB3_ZOO_TIMESTEPS, 2560)
     raise ValueError(f"no cartpole bench row {name!r}")
 
 
-def _foxdqn_row(device: str, graph: bool, experiment: str = "cartpole_dqn", cap: int | None = None) -> dict:
-    """One run of ``experiment`` (seed 0) until the mean greedy return reaches 475 or ``cap`` env
-    steps (default: the row's :func:`spec` cap)."""
-    sp = spec(experiment, device)
+def _foxdqn_row(device: str, graph: bool, name: str = "cartpole_dqn", cap: int | None = None, seed: int = 0) -> dict:
+    """One run of the :data:`VARIANTS` row ``name`` (``seed``) until the mean greedy return reaches
+    475 or ``cap`` env steps (default: the row's :func:`spec` cap)."""
+    sp = spec(name, device)
     cap, every = cap or sp.cap, sp.every
+    experiment, extra = VARIANTS[name]
     # the schedule (ε decay) follows schedule_steps in every run, so a shorter cap does not change the trajectory
-    s = make_state([f"+experiment={experiment}", f"agent.total_env_steps={sp.schedule_steps}"], device, fill=False)
+    s = make_state([f"+experiment={experiment}", f"agent.total_env_steps={sp.schedule_steps}", f"seed={seed}", *extra],
+                   device, fill=False)
     cfg, a = s.cfg, s.cfg.agent
     per_iter = cfg.env.num_envs * a.steps_per_iter
     warm = math.ceil(a.learning_starts / per_iter)
@@ -88,7 +109,7 @@ def _foxdqn_row(device: str, graph: bool, experiment: str = "cartpole_dqn", cap:
         sync()
         train_s += time.perf_counter() - t
     steps = reached_at or math.ceil(cap / per_iter) * per_iter
-    return {"section": "cartpole", "features": experiment, "size": f"envs{cfg.env.num_envs}",
+    return {"section": "cartpole", "features": name, "size": f"envs{cfg.env.num_envs}", "seed": seed,
             "provider": "graph" if graph else "eager", "device": device, "env_steps_per_s": steps / train_s,
             "reached_475": reached_at is not None, "env_steps_to_475": reached_at,
             "time_to_475_s": train_s if reached_at else None, "last_eval_return": last, "train_s": train_s}
@@ -111,7 +132,7 @@ def _sb3_eval(model, episodes: int, seed: int) -> float:
     return float(done_ret.mean())
 
 
-def _sb3_row(device: str) -> dict:
+def _sb3_row(device: str, seed: int = 0) -> dict:
     import stable_baselines3
     from stable_baselines3 import DQN
     from stable_baselines3.common.callbacks import BaseCallback
@@ -149,11 +170,12 @@ def _sb3_row(device: str) -> dict:
             if self.reached_at is None:
                 self.train_s += time.perf_counter() - self._t
 
-    model = DQN("MlpPolicy", "CartPole-v1", device=sb3_device, seed=0, verbose=0, **hyper)
+    model = DQN("MlpPolicy", "CartPole-v1", device=sb3_device, seed=seed, verbose=0, **hyper)
     cb = EvalEvery()
     model.learn(total_timesteps=cap, callback=cb)
     steps = cb.reached_at or model.num_timesteps
-    return {"section": "cartpole", "features": "sb3_dqn_zoo", "size": "envs1", "provider": "sb3", "device": sb3_device,
+    return {"section": "cartpole", "features": "sb3_dqn_zoo", "size": "envs1", "seed": seed, "provider": "sb3",
+            "device": sb3_device,
             "sb3": stable_baselines3.__version__, "torch_threads": SB3_TORCH_THREADS,
             "env_steps_per_s": steps / max(cb.train_s, 1e-9),
             "reached_475": cb.reached_at is not None, "env_steps_to_475": cb.reached_at,
@@ -161,31 +183,67 @@ def _sb3_row(device: str) -> dict:
             "train_s": cb.train_s, "note": f"rl-zoo n_timesteps={SB3_ZOO_TIMESTEPS} (ε schedule); capped here at {cap}"}
 
 
-def _foxdqn_rows(device: str, experiment: str):
-    """Yields the graph row first; the eager run (same seed: graph and eager compute the same trajectory,
-    see tests/step/test_graph_gpu.py) is then capped at the env steps the graph run needed, so its time
-    to 475 is measured without running past it. CPU: the eager run only."""
-    graph_row = None
+def _foxdqn_rows(device: str, name: str, seeds: int, eager: bool = True):
+    """Yields the graph rows (CUDA; seeds 0..seeds-1) first; then the eager row of seed 0 (graph and
+    eager compute the same trajectory, see tests/step/test_graph_gpu.py), on CUDA capped at the env
+    steps seed 0's graph run needed, so its time to 475 is measured without running past it. CPU:
+    the eager rows only, every seed."""
+    graph_rows = []
     if device == "cuda":
-        graph_row = _foxdqn_row(device, True, experiment)
-        print(graph_row, flush=True)
-        yield graph_row
-    eager_row = _foxdqn_row(device, False, experiment, cap=graph_row["env_steps_to_475"] if graph_row else None)
-    print(eager_row, flush=True)
-    yield eager_row
+        for seed in range(seeds):
+            graph_rows.append(_foxdqn_row(device, True, name, seed=seed))
+            print(graph_rows[-1], flush=True)
+            yield graph_rows[-1]
+    if not eager:
+        return
+    for seed in range(1 if graph_rows else seeds):
+        cap = graph_rows[0]["env_steps_to_475"] if graph_rows else None
+        row = _foxdqn_row(device, False, name, cap=cap, seed=seed)
+        print(row, flush=True)
+        yield row
 
 
-def rows(device: str = "cuda"):
-    """Yields the cartpole_dqn rows, the cartpole_zoo rows, then the SB3 row, one at a time (bench.run
-    writes the CSV after each, so a run stopped by a time limit keeps the rows it finished)."""
-    yield from _foxdqn_rows(device, "cartpole_dqn")
-    yield from _foxdqn_rows(device, "cartpole_zoo")
+def rows(device: str = "cuda", seeds: int = 1):
+    """Yields the foxdqn rows (cartpole_dqn, cartpole_zoo, cartpole_zoo_x16), then the SB3 rows, one at
+    a time (bench.run writes the CSV after each, so a run stopped by a time limit keeps the rows it
+    finished). On CUDA only cartpole_dqn has an eager row (the graph on/off comparison)."""
+    cuda = device == "cuda"
+    yield from _foxdqn_rows(device, "cartpole_dqn", seeds)
+    yield from _foxdqn_rows(device, "cartpole_zoo", seeds, eager=not cuda)
+    if cuda:
+        yield from _foxdqn_rows(device, "cartpole_zoo_x16", seeds, eager=False)
     try:
         import stable_baselines3  # noqa: F401
     except ImportError:
         yield {"section": "cartpole", "features": "sb3_dqn_zoo", "provider": "sb3",
                "note": "stable-baselines3 not installed (pip install 'foxdqn[bench]'); skipped"}
         return
-    row = _sb3_row(device)
-    print(row, flush=True)
-    yield row
+    for seed in range(seeds):
+        row = _sb3_row(device, seed)
+        print(row, flush=True)
+        yield row
+
+
+def summary(cp: pd.DataFrame) -> pd.DataFrame:
+    """Per (features, provider): seeds run, seeds that reached 475, the median over seeds of the env
+    steps and training seconds to 475 (a seed that did not reach it counts as +inf, so the median is
+    empty unless more than half reached it) and of env steps/s; and, when SB3's median exists, SB3's
+    median time / this row's median time (> 1: this row gets there sooner)."""
+    cp = cp.copy()
+    for col in ("env_steps_to_475", "time_to_475_s", "env_steps_per_s"):
+        cp[col] = pd.to_numeric(cp[col], errors="coerce") if col in cp else float("nan")
+    cp["reached"] = cp["time_to_475_s"].notna()
+    for col in ("env_steps_to_475", "time_to_475_s"):
+        cp[col] = cp[col].where(cp["reached"], math.inf)
+    g = cp.groupby(["features", "provider"], sort=False)
+    out = pd.DataFrame({
+        "seeds": g.size(),
+        "reached_475": g["reached"].sum().astype(int),
+        "median env_steps_to_475": g["env_steps_to_475"].median(),
+        "median time_to_475_s": g["time_to_475_s"].median(),
+        "median env_steps_per_s": g["env_steps_per_s"].median(),
+    }).reset_index().replace(math.inf, float("nan"))
+    sb3 = out[(out.provider == "sb3") & out["median time_to_475_s"].notna()]
+    if len(sb3):
+        out["SB3 median time / median time"] = sb3["median time_to_475_s"].iloc[0] / out["median time_to_475_s"]
+    return out

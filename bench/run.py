@@ -3,7 +3,7 @@
 Writes ``bench/results/<date>_<gpu>_<sections>.csv`` (every row tagged with GPU name, torch and
 triton versions and date), ``.md`` (tables with ratios measured in this run) and ``.png`` (chart). On CPU only the eager rows run; the GPU rows need CUDA.
 
-Usage: ``python -m bench.run [--sections step,e2e,cartpole,ops] [--out DIR]``.
+Usage: ``python -m bench.run [--sections step,e2e,cartpole,ops] [--out DIR] [--seeds S]``.
 """
 from __future__ import annotations
 
@@ -34,7 +34,7 @@ def _ops_rows(device: str) -> list[dict]:
     return rows
 
 
-def _section(name: str, device: str):
+def _section(name: str, device: str, seeds: int = 1):
     """The section's rows: a list, or a generator yielding them one at a time."""
     if name == "ops":
         if device != "cuda":
@@ -42,31 +42,24 @@ def _section(name: str, device: str):
             return []
         return _ops_rows(device)
     module = importlib.import_module(f"bench.{name}_bench")
-    return module.rows(device)
+    return module.rows(device, seeds=seeds) if name == "cartpole" else module.rows(device)
 
 
-def _cartpole_vs_sb3(cp: pd.DataFrame) -> str:
-    """Markdown table: each foxdqn CartPole row's time (and env steps) to 475 against the SB3 row's,
-    as SB3 / foxdqn (> 1: foxdqn gets there sooner); empty when there is no SB3 row that reached 475."""
-    if "time_to_475_s" not in cp:
-        return ""
-    sb3 = cp[(cp.provider == "sb3") & cp.time_to_475_s.notna()]
-    if not len(sb3):
-        return ""
-    ref = sb3.iloc[0]
-    fox = cp[cp.provider != "sb3"]
-    table = fox[["features", "provider", "device", "env_steps_to_475", "time_to_475_s"]].copy()
-    table["sb3 time_to_475_s"] = ref.time_to_475_s
-    table["SB3 time / foxdqn time"] = ref.time_to_475_s / fox.time_to_475_s.astype(float)
-    table["SB3 env steps / foxdqn env steps"] = ref.env_steps_to_475 / fox.env_steps_to_475.astype(float)
-    table["foxdqn env steps/s / SB3 env steps/s"] = fox.env_steps_per_s.astype(float) / ref.env_steps_per_s
-    return ("## cartpole: foxdqn against SB3 DQN (rl-zoo hyperparameters), time to 475\n\n"
-            "SB3 / foxdqn time and env steps: > 1 means the foxdqn row reaches 475 sooner; empty where a row did "
-            "not reach 475. cartpole_zoo runs SB3's own hyperparameters (the like-for-like row); cartpole_dqn runs "
-            "CleanRL's. One seed each: with these hyperparameters the env steps to 475 vary several-fold between "
-            "seeds (in both frameworks), so the time ratio is one draw; the env steps/s ratio (training throughput, "
-            "> 1: foxdqn faster) does not depend on the seed's luck.\n\n"
-            + table.to_markdown(index=False, floatfmt=".6g"))
+def _cartpole_tables(cp: pd.DataFrame) -> str:
+    from bench.cartpole_bench import summary
+
+    cols = [c for c in ("features", "provider", "device", "seed", "env_steps_per_s", "env_steps_to_475",
+                        "time_to_475_s", "last_eval_return", "note") if c in cp]
+    text = "## cartpole: time to mean greedy return >= 475, every run\n\n" + cp[cols].to_markdown(
+        index=False, floatfmt=".4g")
+    if "time_to_475_s" in cp:
+        text += ("\n\n## cartpole: medians over seeds, against SB3 DQN (rl-zoo hyperparameters)\n\n"
+                 "A seed that did not reach 475 counts as +inf, so a median is empty unless more than half the "
+                 "seeds reached 475. SB3 median time / median time > 1: the row reaches 475 sooner than SB3. "
+                 "cartpole_zoo runs SB3's own hyperparameters (the like-for-like row); cartpole_dqn runs "
+                 "CleanRL's; cartpole_zoo_x16 takes cartpole_zoo's 256 env steps per iteration as 16 steps of 16 "
+                 "envs.\n\n" + summary(cp).to_markdown(index=False, floatfmt=".4g"))
+    return text
 
 
 def _ratios(df: pd.DataFrame) -> str:
@@ -85,18 +78,7 @@ def _ratios(df: pd.DataFrame) -> str:
         parts.append("## end to end\n\n" + e2e[cols].to_markdown(index=False, floatfmt=".4g"))
     cp = df[df.section == "cartpole"] if "section" in df else df.iloc[0:0]
     if len(cp) and "env_steps_per_s" in cp:
-        cols = [c for c in ("features", "provider", "device", "env_steps_per_s", "env_steps_to_475", "time_to_475_s",
-                            "last_eval_return", "note") if c in cp]
-        table = cp[cols].copy()
-        best = cp[cp.features == "cartpole_dqn"]
-        for col in ("env_steps_per_s", "time_to_475_s"):
-            if col in best and best[col].notna().any():
-                ref = best[col].max() if col == "env_steps_per_s" else best[col].min()
-                table[f"{col} / best foxdqn"] = cp[col].astype(float) / ref
-        parts.append("## cartpole: time to mean greedy return >= 475\n\n" + table.to_markdown(index=False, floatfmt=".4g"))
-        vs_sb3 = _cartpole_vs_sb3(cp)
-        if vs_sb3:
-            parts.append(vs_sb3)
+        parts.append(_cartpole_tables(cp))
     ops = df[df.section == "ops"] if "section" in df else df.iloc[0:0]
     if len(ops) and "ms" in ops:
         p = ops.pivot_table(index=["op", "size"], columns="provider", values="ms")
@@ -113,7 +95,8 @@ def _cartpole_chart(cp: pd.DataFrame, machine: str, path: Path) -> None:
     (a row that did not reach it shows no bar and "not reached")."""
     import matplotlib.pyplot as plt
 
-    labels = (cp.features + " / " + cp.provider).tolist()
+    seed = cp["seed"].map(lambda v: "" if pd.isna(v) else f" / seed {int(v)}") if "seed" in cp else ""
+    labels = (cp.features + " / " + cp.provider + seed).tolist()
     fig, axes = plt.subplots(1, 2, figsize=(11, 1.2 + 0.5 * len(cp)), sharey=True)
     for ax, col, unit in zip(axes, ("time_to_475_s", "env_steps_to_475"), ("training seconds", "env steps")):
         values = cp[col].astype(float).tolist() if col in cp else [float("nan")] * len(cp)
@@ -153,6 +136,7 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--sections", default="step,e2e,cartpole,ops")
     ap.add_argument("--out", default=str(RESULTS))
+    ap.add_argument("--seeds", type=int, default=1, help="cartpole section: seeds per graph and SB3 row")
     args = ap.parse_args(argv)
     device = "cuda" if torch.cuda.is_available() else "cpu"
     if device == "cpu":
@@ -163,7 +147,7 @@ def main(argv=None) -> int:
     sections = args.sections.replace(",", "-")
     stem = Path(args.out) / f"{t['date'][:10]}_{slug}_{sections}"
     for name in args.sections.split(","):
-        for r in _section(name.strip(), device):  # a list, or a generator of rows (cartpole)
+        for r in _section(name.strip(), device, args.seeds):  # a list, or a generator of rows (cartpole)
             rows.append({**t, **r})
             write_csv(rows, stem.with_suffix(".csv"))  # after every row: a time-out keeps what ran
     df = pd.DataFrame(rows)

@@ -1,0 +1,47 @@
+"""bench.cartpole_bench.summary: medians over seeds with unreached seeds as +inf, and SB3 ratios."""
+import math
+
+import pandas as pd
+
+from bench.cartpole_bench import summary
+from bench.run import _ratios
+
+
+def _rows():
+    def r(features, provider, seed, t, steps, rate):
+        return {"section": "cartpole", "features": features, "provider": provider, "seed": seed, "device": "cuda",
+                "time_to_475_s": t, "env_steps_to_475": steps, "env_steps_per_s": rate, "last_eval_return": 500.0}
+    return pd.DataFrame([
+        r("cartpole_dqn", "graph", 0, 2.0, 20_000, 1e4), r("cartpole_dqn", "graph", 1, None, None, 2e4),
+        r("cartpole_dqn", "graph", 2, 4.0, 40_000, 3e4),
+        r("cartpole_zoo", "graph", 0, None, None, 1e3), r("cartpole_zoo", "graph", 1, None, None, 1e3),
+        r("cartpole_zoo", "graph", 2, 1.0, 9_000, 1e3),
+        r("sb3_dqn_zoo", "sb3", 0, 30.0, 30_000, 1e3), r("sb3_dqn_zoo", "sb3", 1, 10.0, 10_000, 1e3),
+        r("sb3_dqn_zoo", "sb3", 2, 20.0, 20_000, 1e3),
+    ])
+
+
+def test_median_counts_unreached_seeds_as_infinite():
+    out = summary(_rows()).set_index("features")
+    # cartpole_dqn: times {2, inf, 4} -> median 4; steps {20k, inf, 40k} -> 40k
+    assert out.loc["cartpole_dqn", "seeds"] == 3 and out.loc["cartpole_dqn", "reached_475"] == 2
+    assert out.loc["cartpole_dqn", "median time_to_475_s"] == 4.0
+    assert out.loc["cartpole_dqn", "median env_steps_to_475"] == 40_000
+    assert out.loc["cartpole_dqn", "median env_steps_per_s"] == 2e4
+    # cartpole_zoo: one seed of three reached -> no median (and no ratio)
+    assert math.isnan(out.loc["cartpole_zoo", "median time_to_475_s"])
+    assert math.isnan(out.loc["cartpole_zoo", "SB3 median time / median time"])
+    # SB3 median 20 s -> ratio 5 for cartpole_dqn, 1 for itself
+    assert out.loc["cartpole_dqn", "SB3 median time / median time"] == 5.0
+    assert out.loc["sb3_dqn_zoo", "SB3 median time / median time"] == 1.0
+
+
+def test_no_sb3_rows_no_ratio_column():
+    df = _rows()
+    out = summary(df[df.provider != "sb3"])
+    assert "SB3 median time / median time" not in out
+
+
+def test_report_has_both_cartpole_tables():
+    md = _ratios(_rows())
+    assert "every run" in md and "medians over seeds" in md and "| sb3 " in md.replace("sb3_dqn_zoo", "")
