@@ -183,35 +183,23 @@ def _sb3_row(device: str, seed: int = 0) -> dict:
             "train_s": cb.train_s, "note": f"rl-zoo n_timesteps={SB3_ZOO_TIMESTEPS} (ε schedule); capped here at {cap}"}
 
 
-def _foxdqn_rows(device: str, name: str, seeds: int, eager: bool = True):
-    """Yields the graph rows (CUDA; seeds 0..seeds-1) first; then the eager row of seed 0 (graph and
-    eager compute the same trajectory, see tests/step/test_graph_gpu.py), on CUDA capped at the env
-    steps seed 0's graph run needed, so its time to 475 is measured without running past it. CPU:
-    the eager rows only, every seed."""
-    graph_rows = []
-    if device == "cuda":
-        for seed in range(seeds):
-            graph_rows.append(_foxdqn_row(device, True, name, seed=seed))
-            print(graph_rows[-1], flush=True)
-            yield graph_rows[-1]
-    if not eager:
-        return
-    for seed in range(1 if graph_rows else seeds):
-        cap = graph_rows[0]["env_steps_to_475"] if graph_rows else None
+def _graph_rows(name: str, seeds: int):
+    """CUDA graph rows of ``name``, seeds 0..seeds-1."""
+    for seed in range(seeds):
+        row = _foxdqn_row("cuda", True, name, seed=seed)
+        print(row, flush=True)
+        yield row
+
+
+def _eager_rows(device: str, name: str, seeds: int, cap: int | None = None):
+    """Eager rows of ``name``, seeds 0..seeds-1, each stopped at ``cap`` env steps if given."""
+    for seed in range(seeds):
         row = _foxdqn_row(device, False, name, cap=cap, seed=seed)
         print(row, flush=True)
         yield row
 
 
-def rows(device: str = "cuda", seeds: int = 1):
-    """Yields the foxdqn rows (cartpole_dqn, cartpole_zoo, cartpole_zoo_x16), then the SB3 rows, one at
-    a time (bench.run writes the CSV after each, so a run stopped by a time limit keeps the rows it
-    finished). On CUDA only cartpole_dqn has an eager row (the graph on/off comparison)."""
-    cuda = device == "cuda"
-    yield from _foxdqn_rows(device, "cartpole_dqn", seeds)
-    yield from _foxdqn_rows(device, "cartpole_zoo", seeds, eager=not cuda)
-    if cuda:
-        yield from _foxdqn_rows(device, "cartpole_zoo_x16", seeds, eager=False)
+def _sb3_rows(device: str, seeds: int):
     try:
         import stable_baselines3  # noqa: F401
     except ImportError:
@@ -222,6 +210,31 @@ def rows(device: str = "cuda", seeds: int = 1):
         row = _sb3_row(device, seed)
         print(row, flush=True)
         yield row
+
+
+def rows(device: str = "cuda", seeds: int = 1):
+    """Yields the rows one at a time (bench.run writes the CSV after each, so a run stopped by a time
+    limit keeps the rows it finished), the longest last.
+
+    CUDA: the graph rows of cartpole_dqn, cartpole_zoo and cartpole_zoo_x16 (seeds 0..seeds-1), the
+    SB3 rows (same seeds), then cartpole_dqn's eager row, seed 0 only, capped at the env steps seed 0's
+    graph run needed (graph and eager compute the same trajectory, tests/step/test_graph_gpu.py), so
+    its time to 475 is measured without running past it: the graph on/off comparison.
+    CPU: the eager rows of cartpole_dqn and cartpole_zoo, then SB3, every seed.
+    """
+    if device != "cuda":
+        yield from _eager_rows(device, "cartpole_dqn", seeds)
+        yield from _eager_rows(device, "cartpole_zoo", seeds)
+        yield from _sb3_rows(device, seeds)
+        return
+    dqn = []
+    for row in _graph_rows("cartpole_dqn", seeds):
+        dqn.append(row)
+        yield row
+    yield from _graph_rows("cartpole_zoo", seeds)
+    yield from _graph_rows("cartpole_zoo_x16", seeds)
+    yield from _sb3_rows(device, seeds)
+    yield from _eager_rows(device, "cartpole_dqn", 1, cap=dqn[0]["env_steps_to_475"])
 
 
 def summary(cp: pd.DataFrame) -> pd.DataFrame:

@@ -3,7 +3,9 @@
 Writes ``bench/results/<date>_<gpu>_<sections>.csv`` (every row tagged with GPU name, torch and
 triton versions and date), ``.md`` (tables with ratios measured in this run) and ``.png`` (chart). On CPU only the eager rows run; the GPU rows need CUDA.
 
-Usage: ``python -m bench.run [--sections step,e2e,cartpole,ops] [--out DIR] [--seeds S]``.
+Usage: ``python -m bench.run [--sections step,e2e,cartpole,ops] [--out DIR] [--seeds S]``;
+``python -m bench.run --report CSV`` rebuilds the .md and .png of a CSV (a run cut by a time limit
+has its CSV, written after every row, but no report).
 """
 from __future__ import annotations
 
@@ -137,7 +139,14 @@ def main(argv=None) -> int:
     ap.add_argument("--sections", default="step,e2e,cartpole,ops")
     ap.add_argument("--out", default=str(RESULTS))
     ap.add_argument("--seeds", type=int, default=1, help="cartpole section: seeds per graph and SB3 row")
+    ap.add_argument("--report", metavar="CSV", help="only rebuild the .md and .png beside CSV from its rows "
+                                                    "(e.g. of a run cut by a time limit)")
     args = ap.parse_args(argv)
+    if args.report:
+        csv_path = Path(args.report)
+        df = pd.read_csv(csv_path)
+        _write_report(df, df.iloc[0][["gpu", "torch", "triton", "date"]].to_dict(), csv_path.with_suffix(""))
+        return 0
     device = "cuda" if torch.cuda.is_available() else "cpu"
     if device == "cpu":
         print("No CUDA device: running the eager rows only; graph, torch.compile and ops rows need CUDA.")
@@ -150,13 +159,16 @@ def main(argv=None) -> int:
         for r in _section(name.strip(), device, args.seeds):  # a list, or a generator of rows (cartpole)
             rows.append({**t, **r})
             write_csv(rows, stem.with_suffix(".csv"))  # after every row: a time-out keeps what ran
-    df = pd.DataFrame(rows)
+    _write_report(pd.DataFrame(rows), t, stem)
+    return 0
+
+
+def _write_report(df: pd.DataFrame, t: dict, stem: Path) -> None:
     md = f"# foxdqn bench — {t['gpu']}, torch {t['torch']}, triton {t['triton']}, {t['date']}\n\n" + _ratios(df)
     stem.with_suffix(".md").write_text(md + "\n")
     _chart(df, stem.with_suffix(".png"))
     print(md)
     print(f"\nwrote {stem}.csv, .md, .png")
-    return 0
 
 
 if __name__ == "__main__":
