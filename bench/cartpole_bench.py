@@ -1,30 +1,29 @@
 """CartPole section: env steps/s and wall-clock time to a mean greedy evaluation return ≥ 475.
 
-Rows: foxdqn's ``cartpole_dqn`` (CleanRL's DQN settings) and ``cartpole_zoo`` (rl-baselines3-zoo's
-DQN CartPole-v1 hyperparameters translated to foxdqn, conf/experiment/cartpole_zoo.yaml), both on
-the device CartPole, graph on and off on CUDA, eager only on CPU; and, when ``stable_baselines3``
-imports (the ``bench`` extra), Stable-Baselines3's DQN with rl-zoo's published CartPole-v1
-hyperparameters (``hyperparams/dqn.yml``), measured in the same run. ``cartpole_zoo`` against
-``sb3_dqn_zoo`` is the same algorithm with the same hyperparameters, so their time to 475 compares
-the frameworks; ``cartpole_dqn`` against it compares hyperparameters as much as frameworks.
+Rows: foxdqn's ``cartpole_dqn`` (rl-zoo's settings reshaped for a GPU: 16 envs × 16 steps and 32
+updates of batch 256 per iteration), ``cartpole_cleanrl`` (CleanRL's DQN settings), ``cartpole_zoo``
+(rl-baselines3-zoo's DQN CartPole-v1 hyperparameters translated to foxdqn,
+conf/experiment/cartpole_zoo.yaml) and ``cartpole_zoo_x16`` (cartpole_zoo with its 256 env steps per
+iteration taken as 16 steps of 16 envs), all on the device CartPole, graph on and off on CUDA, eager
+only on CPU; and, when ``stable_baselines3`` imports (the ``bench`` extra), Stable-Baselines3's DQN
+with rl-zoo's published CartPole-v1 hyperparameters (``hyperparams/dqn.yml``), measured in the same
+run. ``cartpole_zoo`` against ``sb3_dqn_zoo`` is the same algorithm with the same hyperparameters, so
+their time to 475 compares the frameworks; the other rows compare settings as much as frameworks.
 
 Every run is evaluated on 20 greedy episodes (first episode of each of 20 envs) every ``every``
-env steps of its :class:`RowSpec` (cartpole_zoo and SB3 at the same steps, multiples of 2560); the
-clock stops during evaluations, so ``time_to_475_s`` is training wall time. A run stops when it
-reaches 475 or its env-step cap (CUDA: cartpole_dqn 500k, cartpole_zoo and SB3 100k, each eager
-run at its graph run's step count; CPU: cartpole_dqn a short 20k, cartpole_zoo and SB3 rl-zoo's
-50k, so ``make bench`` stays short there). The ε schedule of every run follows its experiment's
-budget (``schedule_steps``), not the cap, so a cap never changes a trajectory.
+env steps of its :class:`RowSpec` (2560 for all but cartpole_cleanrl's 10k); the clock stops during
+evaluations, so ``time_to_475_s`` is training wall time. A run stops when it reaches 475 or its
+env-step cap. The ε schedule of every run follows its experiment's budget (``schedule_steps``), not
+the cap, so a cap never changes a trajectory.
 
 Seeds (``python -m bench.run --sections cartpole --seeds S``): every graph row (CUDA) and the SB3
-row run seeds 0..S-1; the eager rows run seed 0 only (on CUDA capped at that seed's graph steps,
-as a graph-on/off comparison of the same trajectory). The time to 475 of one seed is one draw of
+row run seeds 0..S-1; on CUDA the eager row is ``cartpole_dqn``'s seed 0, capped at the env steps its
+graph run needed (the same trajectory; graph on/off). The time to 475 of one seed is one draw of
 a distribution several-fold wide in both frameworks, so :func:`summary` compares medians over
-seeds. ``cartpole_zoo_x16`` is ``cartpole_zoo`` with its 256 env steps per iteration taken as 16
-steps of 16 envs (same transitions and updates per iteration, 16× fewer sequential env steps).
+seeds. ``--only`` picks rows by name (e.g. ``--only cartpole_dqn,sb3_dqn_zoo``).
 
 Every foxdqn time includes its graph warm-up and capture, and on the first seed of a process the
-Triton kernels' compilation (``train_s``); SB3's includes nothing comparable.
+Triton kernels' compilation; SB3's includes nothing comparable.
 """
 from __future__ import annotations
 
@@ -63,6 +62,7 @@ class RowSpec:
 # bench row name -> (experiment, extra overrides)
 VARIANTS = {
     "cartpole_dqn": ("cartpole_dqn", ()),
+    "cartpole_cleanrl": ("cartpole_cleanrl", ()),
     "cartpole_zoo": ("cartpole_zoo", ()),
     "cartpole_zoo_x16": ("cartpole_zoo", ("env.num_envs=16", "agent.steps_per_iter=16")),
 }
@@ -71,9 +71,9 @@ VARIANTS = {
 def spec(name: str, device: str) -> RowSpec:
     """Budgets of the :data:`VARIANTS` rows and ``sb3_dqn_zoo`` on ``device``."""
     cuda = device == "cuda"
-    if name == "cartpole_dqn":  # CleanRL's 500k schedule on CUDA; a short rate measurement on CPU
+    if name == "cartpole_cleanrl":  # CleanRL's 500k schedule on CUDA; a short rate measurement on CPU
         return RowSpec(500_000, 500_000, 10_000) if cuda else RowSpec(20_000, 20_000, 5_000)
-    if name in ("cartpole_zoo", "cartpole_zoo_x16", "sb3_dqn_zoo"):  # rl-zoo's n_timesteps schedule; 10 rollouts of 256
+    if name in ("cartpole_dqn", "cartpole_zoo", "cartpole_zoo_x16", "sb3_dqn_zoo"):  # rl-zoo's n_timesteps schedule; 10 rollouts of 256
         return RowSpec(SB3_ZOO_TIMESTEPS, 2 * SB3_ZOO_TIMESTEPS if cuda else SB3_ZOO_TIMESTEPS, 2560)
     raise ValueError(f"no cartpole bench row {name!r}")
 
@@ -212,29 +212,45 @@ def _sb3_rows(device: str, seeds: int):
         yield row
 
 
-def rows(device: str = "cuda", seeds: int = 1):
-    """Yields the rows one at a time (bench.run writes the CSV after each, so a run stopped by a time
-    limit keeps the rows it finished), the longest last.
+ROWS = ("cartpole_dqn", "sb3_dqn_zoo", "cartpole_cleanrl", "cartpole_zoo", "cartpole_zoo_x16")
 
-    CUDA: the graph rows of cartpole_dqn, cartpole_zoo and cartpole_zoo_x16 (seeds 0..seeds-1), the
-    SB3 rows (same seeds), then cartpole_dqn's eager row, seed 0 only, capped at the env steps seed 0's
-    graph run needed (graph and eager compute the same trajectory, tests/step/test_graph_gpu.py), so
-    its time to 475 is measured without running past it: the graph on/off comparison.
-    CPU: the eager rows of cartpole_dqn and cartpole_zoo, then SB3, every seed.
+
+def rows(device: str = "cuda", seeds: int = 1, only: tuple[str, ...] | None = None):
+    """Yields the rows one at a time (bench.run writes the CSV after each, so a run stopped by a time
+    limit keeps the rows it finished). ``only``: names from :data:`ROWS` (default all).
+
+    CUDA: cartpole_dqn's graph rows (seeds 0..seeds-1), the SB3 rows (same seeds), cartpole_dqn's eager
+    row (seed 0, capped at the env steps seed 0's graph run needed: graph and eager compute the same
+    trajectory, tests/step/test_graph_gpu.py), then the graph rows of cartpole_cleanrl, cartpole_zoo and
+    cartpole_zoo_x16. CPU: the eager rows of cartpole_dqn, cartpole_cleanrl and cartpole_zoo, then SB3,
+    every seed.
+
+    Raises:
+        ValueError: a name in ``only`` that is not in :data:`ROWS`.
     """
+    only = tuple(only or ROWS)
+    unknown = sorted(set(only) - set(ROWS))
+    if unknown:
+        raise ValueError(f"--only: unknown cartpole rows {unknown}; allowed: {', '.join(ROWS)}")
     if device != "cuda":
-        yield from _eager_rows(device, "cartpole_dqn", seeds)
-        yield from _eager_rows(device, "cartpole_zoo", seeds)
-        yield from _sb3_rows(device, seeds)
+        for name in ("cartpole_dqn", "cartpole_cleanrl", "cartpole_zoo"):
+            if name in only:
+                yield from _eager_rows(device, name, seeds)
+        if "sb3_dqn_zoo" in only:
+            yield from _sb3_rows(device, seeds)
         return
     dqn = []
-    for row in _graph_rows("cartpole_dqn", seeds):
-        dqn.append(row)
-        yield row
-    yield from _graph_rows("cartpole_zoo", seeds)
-    yield from _graph_rows("cartpole_zoo_x16", seeds)
-    yield from _sb3_rows(device, seeds)
-    yield from _eager_rows(device, "cartpole_dqn", 1, cap=dqn[0]["env_steps_to_475"])
+    if "cartpole_dqn" in only:
+        for row in _graph_rows("cartpole_dqn", seeds):
+            dqn.append(row)
+            yield row
+    if "sb3_dqn_zoo" in only:
+        yield from _sb3_rows(device, seeds)
+    if dqn:
+        yield from _eager_rows(device, "cartpole_dqn", 1, cap=dqn[0]["env_steps_to_475"])
+    for name in ("cartpole_cleanrl", "cartpole_zoo", "cartpole_zoo_x16"):
+        if name in only:
+            yield from _graph_rows(name, seeds)
 
 
 def summary(cp: pd.DataFrame) -> pd.DataFrame:

@@ -3,7 +3,7 @@
 Writes ``bench/results/<date>_<gpu>_<sections>.csv`` (every row tagged with GPU name, torch and
 triton versions and date), ``.md`` (tables with ratios measured in this run) and ``.png`` (chart). On CPU only the eager rows run; the GPU rows need CUDA.
 
-Usage: ``python -m bench.run [--sections step,e2e,cartpole,ops] [--out DIR] [--seeds S]``;
+Usage: ``python -m bench.run [--sections step,e2e,cartpole,ops] [--out DIR] [--seeds S] [--only ROWS] [--tag T]``;
 ``python -m bench.run --report CSV`` rebuilds the .md and .png of a CSV (a run cut by a time limit
 has its CSV, written after every row, but no report).
 """
@@ -36,7 +36,7 @@ def _ops_rows(device: str) -> list[dict]:
     return rows
 
 
-def _section(name: str, device: str, seeds: int = 1):
+def _section(name: str, device: str, seeds: int = 1, only: tuple[str, ...] | None = None):
     """The section's rows: a list, or a generator yielding them one at a time."""
     if name == "ops":
         if device != "cuda":
@@ -44,7 +44,7 @@ def _section(name: str, device: str, seeds: int = 1):
             return []
         return _ops_rows(device)
     module = importlib.import_module(f"bench.{name}_bench")
-    return module.rows(device, seeds=seeds) if name == "cartpole" else module.rows(device)
+    return module.rows(device, seeds=seeds, only=only) if name == "cartpole" else module.rows(device)
 
 
 def _cartpole_tables(cp: pd.DataFrame) -> str:
@@ -58,9 +58,9 @@ def _cartpole_tables(cp: pd.DataFrame) -> str:
         text += ("\n\n## cartpole: medians over seeds, against SB3 DQN (rl-zoo hyperparameters)\n\n"
                  "A seed that did not reach 475 counts as +inf, so a median is empty unless more than half the "
                  "seeds reached 475. SB3 median time / median time > 1: the row reaches 475 sooner than SB3. "
-                 "cartpole_zoo runs SB3's own hyperparameters (the like-for-like row); cartpole_dqn runs "
+                 "cartpole_zoo runs SB3's own hyperparameters (the like-for-like row); cartpole_cleanrl runs "
                  "CleanRL's; cartpole_zoo_x16 takes cartpole_zoo's 256 env steps per iteration as 16 steps of 16 "
-                 "envs.\n\n" + summary(cp).to_markdown(index=False, floatfmt=".4g"))
+                 "envs; cartpole_dqn also takes its 128 updates of batch 64 as 32 of batch 256.\n\n" + summary(cp).to_markdown(index=False, floatfmt=".4g"))
     return text
 
 
@@ -139,6 +139,8 @@ def main(argv=None) -> int:
     ap.add_argument("--sections", default="step,e2e,cartpole,ops")
     ap.add_argument("--out", default=str(RESULTS))
     ap.add_argument("--seeds", type=int, default=1, help="cartpole section: seeds per graph and SB3 row")
+    ap.add_argument("--only", help="cartpole section: comma-separated rows (bench.cartpole_bench.ROWS)")
+    ap.add_argument("--tag", help="appended to the result files' name (<date>_<gpu>_<sections>-<tag>)")
     ap.add_argument("--report", metavar="CSV", help="only rebuild the .md and .png beside CSV from its rows "
                                                     "(e.g. of a run cut by a time limit)")
     args = ap.parse_args(argv)
@@ -154,9 +156,10 @@ def main(argv=None) -> int:
     rows = []
     slug = re.sub(r"[^A-Za-z0-9]+", "-", t["gpu"]).strip("-")
     sections = args.sections.replace(",", "-")
-    stem = Path(args.out) / f"{t['date'][:10]}_{slug}_{sections}"
+    stem = Path(args.out) / f"{t['date'][:10]}_{slug}_{sections}{'-' + args.tag if args.tag else ''}"
+    only = tuple(args.only.split(",")) if args.only else None
     for name in args.sections.split(","):
-        for r in _section(name.strip(), device, args.seeds):  # a list, or a generator of rows (cartpole)
+        for r in _section(name.strip(), device, args.seeds, only):  # a list, or a generator of rows (cartpole)
             rows.append({**t, **r})
             write_csv(rows, stem.with_suffix(".csv"))  # after every row: a time-out keeps what ran
     _write_report(pd.DataFrame(rows), t, stem)

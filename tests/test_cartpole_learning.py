@@ -1,9 +1,10 @@
-"""``cartpole_dqn`` and ``cartpole_zoo`` at ``debug=smoke`` learn: their greedy return beats a
-uniformly random policy's.
+"""``cartpole_dqn``, ``cartpole_cleanrl`` and ``cartpole_zoo`` at ``debug=smoke`` learn: their greedy
+return beats a uniformly random policy's.
 
-At smoke's 4096 env steps, cartpole_dqn's 1 update per 10 transitions (CleanRL) makes ~360
-updates, too few to leave the "always push one way" phase (greedy return ≈ 9); the test runs 4
-updates per iteration (≈ 1400 updates, ~3 s on one core). cartpole_zoo (rl-zoo's SB3 settings:
+cartpole_dqn runs as configured (smoke caps it to 16 envs x 16 steps, a 64x64 MLP and batch 64: 14
+iterations of 32 updates after learning_starts). At smoke's 4096 env steps, cartpole_cleanrl's 1
+update per 10 transitions (CleanRL) makes ~360 updates, too few to leave the "always push one way"
+phase (greedy return ≈ 9); its test runs 4 updates per iteration (≈ 1400 updates, ~3 s on one core). cartpole_zoo (rl-zoo's SB3 settings:
 128 updates per 256 env steps) runs as configured, through the training loop (``foxdqn.loop.train``):
 14 iterations after learning_starts, 1792 updates, ~4 s. The random policy is evaluated by the same
 function on the same env seeds, so the checks can fail.
@@ -37,7 +38,17 @@ def _random_return(cfg, s, episodes=50) -> float:
 
 
 def test_cartpole_dqn_smoke_beats_random_policy():
-    cfg = _cfg("cartpole_dqn", "agent.updates_per_iter=4")
+    cfg = _cfg("cartpole_dqn")
+    assert (cfg.env.num_envs, cfg.agent.steps_per_iter, cfg.agent.updates_per_iter) == (16, 16, 32)
+    s = build_state(cfg, None, torch.device("cpu"))
+    train_eager(s, cfg)
+    trained = evaluate_episodes(cfg, s.online, s.action_mode, s.device, episodes=50)["mean_return"]
+    random = _random_return(cfg, s)
+    assert trained >= random + 15, (trained, random)
+
+
+def test_cartpole_cleanrl_smoke_beats_random_policy():
+    cfg = _cfg("cartpole_cleanrl", "agent.updates_per_iter=4")
     s = build_state(cfg, None, torch.device("cpu"))
     train_eager(s, cfg)
     trained = evaluate_episodes(cfg, s.online, s.action_mode, s.device, episodes=50)["mean_return"]

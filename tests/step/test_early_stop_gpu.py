@@ -64,7 +64,7 @@ def test_experiment_with_controls_runs_in_graph_mode(tmp_path, experiment):
     summary = _train(tmp_path, ["eval.interval_env_steps=1024", "early_stop.patience=10"], experiment)
     assert summary["graph"] is True
     assert summary["stop"]["reason"] == "completed"
-    assert summary["stop"]["at_env_steps"] == summary["env_steps"] >= 4096  # cartpole: 10 envs x 1 step per iteration
+    assert summary["stop"]["at_env_steps"] == summary["env_steps"] >= 4096  # cartpole_dqn: 16 envs x 16 steps per iteration
     assert summary["stop"]["metric"] == ("mean_return" if experiment == "cartpole_dqn" else "sharpe")
     assert summary["evaluated"]["checkpoint"] == "best"
     assert summary["evaluated"]["env_steps"] == summary["stop"]["best_env_steps"]
