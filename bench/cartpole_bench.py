@@ -73,7 +73,9 @@ def spec(name: str, device: str) -> RowSpec:
     cuda = device == "cuda"
     if name == "cartpole_cleanrl":  # CleanRL's 500k schedule on CUDA; a short rate measurement on CPU
         return RowSpec(500_000, 500_000, 10_000) if cuda else RowSpec(20_000, 20_000, 5_000)
-    if name in ("cartpole_dqn", "cartpole_zoo", "cartpole_zoo_x16", "sb3_dqn_zoo"):  # rl-zoo's n_timesteps schedule; 10 rollouts of 256
+    if name == "cartpole_dqn":  # its own 100k schedule (ε over the first 8,000 env steps, as rl-zoo's)
+        return RowSpec(100_000, 100_000 if cuda else SB3_ZOO_TIMESTEPS, 2560)
+    if name in ("cartpole_zoo", "cartpole_zoo_x16", "sb3_dqn_zoo"):  # rl-zoo's n_timesteps schedule; 10 rollouts of 256
         return RowSpec(SB3_ZOO_TIMESTEPS, 2 * SB3_ZOO_TIMESTEPS if cuda else SB3_ZOO_TIMESTEPS, 2560)
     raise ValueError(f"no cartpole bench row {name!r}")
 
