@@ -36,6 +36,9 @@ def _ops_rows(device: str) -> list[dict]:
     return rows
 
 
+SECTIONS = ("step", "e2e", "cartpole", "ops")
+
+
 def _section(name: str, device: str, seeds: int = 1, only: tuple[str, ...] | None = None):
     """The section's rows: a list, or a generator yielding them one at a time."""
     if name == "ops":
@@ -135,7 +138,7 @@ def _chart(df: pd.DataFrame, path: Path) -> None:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(prog="python -m bench.run", description=__doc__.splitlines()[0])
     ap.add_argument("--sections", default="step,e2e,cartpole,ops")
     ap.add_argument("--out", default=str(RESULTS))
     ap.add_argument("--seeds", type=int, default=1, help="cartpole section: seeds per graph and SB3 row")
@@ -144,6 +147,7 @@ def main(argv=None) -> int:
     ap.add_argument("--report", metavar="CSV", help="only rebuild the .md and .png beside CSV from its rows "
                                                     "(e.g. of a run cut by a time limit)")
     args = ap.parse_args(argv)
+    _check_args(ap, args)
     if args.report:
         csv_path = Path(args.report)
         df = pd.read_csv(csv_path)
@@ -164,6 +168,32 @@ def main(argv=None) -> int:
             write_csv(rows, stem.with_suffix(".csv"))  # after every row: a time-out keeps what ran
     _write_report(pd.DataFrame(rows), t, stem)
     return 0
+
+
+def _check_args(ap: argparse.ArgumentParser, args) -> None:
+    """Bad flags end the run here with one message and exit code 2 (argparse's ``error``)."""
+    from bench.cartpole_bench import ROWS
+
+    sections = [x.strip() for x in args.sections.split(",")]
+    unknown = [x for x in sections if x not in SECTIONS]
+    if unknown:
+        ap.error(f"--sections: unknown {unknown}; allowed: {','.join(SECTIONS)}")
+    if args.only:
+        bad = sorted(set(args.only.split(",")) - set(ROWS))
+        if bad:
+            ap.error(f"--only: unknown cartpole rows {bad}; allowed: {','.join(ROWS)}")
+    if args.seeds < 1:
+        ap.error(f"--seeds: must be >= 1, got {args.seeds}")
+    if args.report:
+        path = Path(args.report)
+        if not path.is_file():
+            ap.error(f"--report: no such file {path}")
+        try:
+            cols = set(pd.read_csv(path, nrows=1).columns)
+        except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError):
+            cols = set()
+        if not {"gpu", "torch", "triton", "date", "section"} <= cols:
+            ap.error(f"--report: {path} is not a bench CSV (needs the columns gpu, torch, triton, date, section)")
 
 
 def _write_report(df: pd.DataFrame, t: dict, stem: Path) -> None:

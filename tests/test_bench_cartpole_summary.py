@@ -2,9 +2,10 @@
 import math
 
 import pandas as pd
+import pytest
 
 from bench.cartpole_bench import summary
-from bench.run import _ratios
+from bench.run import _ratios, main
 
 
 def _rows():
@@ -45,3 +46,29 @@ def test_no_sb3_rows_no_ratio_column():
 def test_report_has_both_cartpole_tables():
     md = _ratios(_rows())
     assert "every run" in md and "medians over seeds" in md and "| sb3 " in md.replace("sb3_dqn_zoo", "")
+
+
+@pytest.mark.parametrize("argv, needle", [
+    (["--only", "cartpole_dqn,foo"], "--only: unknown cartpole rows ['foo']"),
+    (["--sections", "cartpol"], "--sections: unknown ['cartpol']"),
+    (["--seeds", "0"], "--seeds: must be >= 1"),
+    (["--report", "/no/such.csv"], "--report: no such file"),
+])
+def test_bad_flags_exit_2_with_one_message(argv, needle, capsys):
+    with pytest.raises(SystemExit) as exc:
+        main(argv)
+    assert exc.value.code == 2
+    assert needle in capsys.readouterr().err
+
+
+def test_report_rebuilds_md_from_csv(tmp_path):
+    df = _rows().assign(gpu="NVIDIA H200", torch="2.11", triton="3.6", date="2026-11-30T00:00:00Z")
+    path = tmp_path / "x.csv"
+    df.to_csv(path, index=False)
+    assert main(["--report", str(path)]) == 0
+    md = (tmp_path / "x.md").read_text()
+    assert md.startswith("# foxdqn bench — NVIDIA H200") and "medians over seeds" in md
+    not_bench = tmp_path / "y.csv"
+    not_bench.write_text("a,b\n1,2\n")
+    with pytest.raises(SystemExit):
+        main(["--report", str(not_bench)])
