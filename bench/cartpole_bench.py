@@ -185,18 +185,10 @@ def _sb3_row(device: str, seed: int = 0) -> dict:
             "train_s": cb.train_s, "note": f"rl-zoo n_timesteps={SB3_ZOO_TIMESTEPS} (ε schedule); capped here at {cap}"}
 
 
-def _graph_rows(name: str, seeds: int):
-    """CUDA graph rows of ``name``, seeds 0..seeds-1."""
+def _fox_rows(device: str, graph: bool, name: str, seeds: int, cap: int | None = None):
+    """Rows of ``name``, seeds 0..seeds-1, graph on or off, each stopped at ``cap`` env steps if given."""
     for seed in range(seeds):
-        row = _foxdqn_row("cuda", True, name, seed=seed)
-        print(row, flush=True)
-        yield row
-
-
-def _eager_rows(device: str, name: str, seeds: int, cap: int | None = None):
-    """Eager rows of ``name``, seeds 0..seeds-1, each stopped at ``cap`` env steps if given."""
-    for seed in range(seeds):
-        row = _foxdqn_row(device, False, name, cap=cap, seed=seed)
+        row = _foxdqn_row(device, graph, name, cap=cap, seed=seed)
         print(row, flush=True)
         yield row
 
@@ -237,22 +229,22 @@ def rows(device: str = "cuda", seeds: int = 1, only: tuple[str, ...] | None = No
     if device != "cuda":
         for name in ("cartpole_dqn", "cartpole_cleanrl", "cartpole_zoo"):
             if name in only:
-                yield from _eager_rows(device, name, seeds)
+                yield from _fox_rows(device, False, name, seeds)
         if "sb3_dqn_zoo" in only:
             yield from _sb3_rows(device, seeds)
         return
     dqn = []
     if "cartpole_dqn" in only:
-        for row in _graph_rows("cartpole_dqn", seeds):
+        for row in _fox_rows(device, True, "cartpole_dqn", seeds):
             dqn.append(row)
             yield row
     if "sb3_dqn_zoo" in only:
         yield from _sb3_rows(device, seeds)
     if dqn:
-        yield from _eager_rows(device, "cartpole_dqn", 1, cap=dqn[0]["env_steps_to_475"])
+        yield from _fox_rows(device, False, "cartpole_dqn", 1, cap=dqn[0]["env_steps_to_475"])
     for name in ("cartpole_cleanrl", "cartpole_zoo", "cartpole_zoo_x16"):
         if name in only:
-            yield from _graph_rows(name, seeds)
+            yield from _fox_rows(device, True, name, seeds)
 
 
 def summary(cp: pd.DataFrame) -> pd.DataFrame:

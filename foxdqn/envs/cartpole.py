@@ -67,7 +67,7 @@ import torch
 from torch import Tensor
 
 from foxdqn.errors import ConfigError
-from foxdqn.ops.cartpole_step import RESET_HIGH, RESET_LOW, cartpole_step
+from foxdqn.ops.cartpole_step import cartpole_step, start_states
 
 from .trading import StepOut
 
@@ -192,7 +192,7 @@ class CartPoleEnv:
         return torch.rand(self.num_envs, 4, device=self.device, dtype=_STATE_DTYPE, generator=self.generator)
 
     def _draw_starts(self) -> Tensor:
-        return RESET_LOW + (RESET_HIGH - RESET_LOW) * self._uniform()
+        return start_states(self._uniform())
 
 
 def _positive_int(value, where: str) -> int:

@@ -177,6 +177,12 @@ def _cartpole_step_triton(state, steps, action, u, max_episode_steps, obs_dtype)
 # ---------------------------------------------------------------------------------------------
 # Reference
 # ---------------------------------------------------------------------------------------------
+def start_states(u: torch.Tensor) -> torch.Tensor:
+    """Reset states from uniform draws: ``u`` float64 ``[N, 4]`` in [0, 1) → uniform in [-0.05, 0.05)
+    (Gymnasium's ``np_random.uniform(-0.05, 0.05, size=4)``), float64 ``[N, 4]``."""
+    return RESET_LOW + (RESET_HIGH - RESET_LOW) * u
+
+
 def cartpole_step_reference(state: torch.Tensor, steps: torch.Tensor, action: torch.Tensor, u: torch.Tensor,
                             max_episode_steps: int, obs_dtype: torch.dtype) -> CartPoleStep:
     """Plain-torch reference of :func:`cartpole_step` (same arguments, same in-place writes)."""
@@ -197,7 +203,7 @@ def cartpole_step_reference(state: torch.Tensor, steps: torch.Tensor, action: to
     steps1 = steps + 1
     truncated = (steps1 >= max_episode_steps) & ~terminated
     done = terminated | truncated
-    starts = RESET_LOW + (RESET_HIGH - RESET_LOW) * u
+    starts = start_states(u)
     state.copy_(torch.where(done.unsqueeze(1), starts, state1))
     steps.copy_(steps1.masked_fill(done, 0))
     zero = torch.zeros((), device=state.device, dtype=obs_dtype)
