@@ -36,6 +36,22 @@ ACTION_MODES = ("factored", "exposure_routed", "branching")
 TARGET_UPDATES = ("polyak", "hard")
 ACTIVATIONS = ("relu", "gelu", "tanh", "silu")
 
+#: Keys that existed once and were removed on purpose: a config that still sets one is refused with
+#: this reason instead of the generic unknown-key message.
+REMOVED_KEYS = {
+    "env.execution.ioc_fill_rule": (
+        "removed: its rules read the next bar's high/low to fill an IoC sent at that bar's open "
+        "(look-ahead); an IoC now fills iff it is marketable against the touch at the open "
+        "(foxdqn.envs.execution), with no rule to choose"),
+}
+
+
+def unknown_key_message(key: str) -> str:
+    """One line for an unknown dotted ``key``: the removal reason, or the keys allowed there."""
+    if key in REMOVED_KEYS:
+        return f"{key}: {REMOVED_KEYS[key]}"
+    return f"unknown key {key}; allowed keys there: {', '.join(allowed_keys(key))}"
+
 
 @dataclass
 class EnvConfig:
@@ -559,7 +575,7 @@ def finalize(cfg: DictConfig | TrainConfig) -> TrainConfig:
     if isinstance(cfg, DictConfig):
         extra = unknown_keys(cfg)
         if extra:
-            raise ConfigError(f"unknown key {extra[0]}; allowed keys there: {', '.join(allowed_keys(extra[0]))}")
+            raise ConfigError(unknown_key_message(extra[0]))
     obj = apply_debug(to_object(cfg))
     validate(obj)
     return obj

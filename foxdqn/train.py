@@ -32,13 +32,12 @@ def _one_line(exc: BaseException) -> str:
     (e.g. the expected type) and, for an unknown key, the keys allowed there."""
     import re
 
-    from foxdqn.config import allowed_keys
+    from foxdqn.config import unknown_key_message
 
     text = str(exc).strip() or type(exc).__name__
     unknown = re.search(r"Could not override '([^']+)'", text)
     if unknown:
-        key = unknown.group(1)
-        return f"unknown key {key}; allowed keys there: {', '.join(allowed_keys(key))}"
+        return unknown_key_message(unknown.group(1))
     lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
     cut = next((i for i, ln in enumerate(lines) if ln.startswith("Config search path")), len(lines))
     keep = [ln for ln in lines[:cut] if not ln.startswith(("object_type", "Set the environment variable"))]

@@ -88,6 +88,10 @@ def load_market_data(cfg: DataConfig, window: int, episode_length: int = 1) -> M
     if cfg.path is not None:
         return market_data_from_frame(io.read_table(cfg.path), cfg, window, episode_length, source=cfg.path)
     spec = builtin.BUILTIN_DATASETS[cfg.name]
+    if spec.make is not None:  # a generated dataset
+        cfg = dataclasses.replace(cfg, timestamp_column=spec.timestamp_column)
+        return market_data_from_frame(spec.make(), cfg, window, episode_length,
+                                      source=f"{cfg.name} (generated: {spec.description})")
     path = builtin.builtin_path(cfg.name)
     source = f"{cfg.name} ({path})"
     frame = io.read_table(path)

@@ -13,30 +13,40 @@ Conventions
 Timeline
 --------
 The agent decides at the close of bar ``t`` (it sees bars up to and including ``t``); the order
-executes during bar ``t+1``; the reward is measured at the close of bar ``t+1``.
+is sent at the open of bar ``t+1`` and either executes at that instant (market, IoC) or rests
+through bar ``t+1`` (limit maker); the reward is measured at the close of bar ``t+1``.
 
 1. **Target.** The action's exposure index ``e`` selects ``x = EXPOSURES[e]``. If ``e`` equals the
    exposure index currently held, no order is sent (no rebalancing of drifted exposure); order
    type and urgency are ignored that step. Otherwise the target position is
    ``q* = x * equity_t / close_t`` units and the order is ``dq = q* - q``
    (``sgn = sign(dq)``, +1 buy, −1 sell). The exposure index held changes only on a fill.
-2. **Price and fill**, by order type, with urgency ``u`` (0 patient, 1 normal, 2 aggressive):
+2. **Price and fill**, by order type, with urgency ``u`` (0 patient, 1 normal, 2 aggressive).
+   ``s_t`` is the floored spread of bar ``t``, the last spread known when the order is sent; it
+   is also the spread assumed at the open of ``t+1`` (the spread estimate of bar ``t+1`` reads
+   that bar's high and low, which are not known at its open). The touch at the open is
+   ``touch = open_{t+1} * (1 + sgn * s_t/2)`` (the ask for a buy, the bid for a sell).
 
-   * ``market``: always fills, at
-     ``open_{t+1} * (1 + sgn * (s_{t+1}/2 + market_slippage_bps[u]*1e-4))``. Taker fee.
+   * ``market``: always fills, at ``open_{t+1} * (1 + sgn * (s_t/2 + market_slippage_bps[u]*1e-4))``.
+     Taker fee.
+   * ``ioc`` (immediate or cancel): limit ``L = close_t * (1 + sgn * (s_t/2 + ioc_offset_bps[u]*1e-4))``
+     (beyond the touch at decision time). Sent at the open of ``t+1``, it is decided at that
+     instant: it fills iff it is marketable against the touch at the open — buy
+     ``L >= touch``, sell ``L <= touch`` — at the touch plus the market slippage of its urgency,
+     never beyond its limit: buy ``min(L, touch * (1 + slip_u))``, sell
+     ``max(L, touch * (1 - slip_u))``. Taker fee. Otherwise it is cancelled. No high or low of bar
+     ``t+1`` takes part: whether and where an IoC fills is known at the open.
    * ``limit_maker``: limit price set at decision time,
      ``L = close_t * (1 - sgn * limit_offset_half_spreads[u] * s_t/2)`` (on the passive side of
-     the decision close). Fills only if bar ``t+1`` trades *through* the limit — buy:
-     ``low_{t+1} < L``, sell: ``high_{t+1} > L`` (strict; a bar that only touches ``L`` does not
-     fill it) — at price ``L``. Maker fee (negative = rebate). Otherwise cancelled at the end
-     of the bar, position unchanged.
-   * ``ioc``: limit price ``L = close_t * (1 + sgn * (s_t/2 + ioc_offset_bps[u]*1e-4))`` (beyond
-     the touch at decision time). When it fills (condition below), it fills at the better of
-     ``L`` and the touch at the open: buy ``min(L, open_{t+1} * (1 + s_{t+1}/2))``, sell
-     ``max(L, open_{t+1} * (1 - s_{t+1}/2))``. Taker fee. Otherwise cancelled.
-     Fill condition, ``ioc_fill_rule``: ``"range"`` (default) — ``L`` lies inside
-     ``[low_{t+1}, high_{t+1}]``; ``"marketable"`` — also a buy limit *above* the whole bar
-     (sell: below it), so a more urgent IoC never fills less often than a patient one.
+     the decision close). It rests through bar ``t+1`` and fills only if the bar trades *through*
+     the limit — buy: ``low_{t+1} < L``, sell: ``high_{t+1} > L`` (strict; a bar that only
+     touches ``L`` does not fill it) — at price ``L``. Maker fee (negative = rebate). Otherwise
+     cancelled at the end of the bar, position unchanged. Reading bar ``t+1``'s low/high is the
+     resting order's own life, not look-ahead: the fill happens when the price crosses ``L``,
+     and the position is marked at ``close_{t+1}`` after it. Two conservative choices: a bar that
+     gaps through ``L`` at the open fills at ``L``, not at the better open; and a fill is
+     conditioned on the price moving against the order (adverse selection: on a random walk
+     the expected mark after a fill is at or below ``L`` for a buy, never above).
 
 3. **Fee.** ``fee = |dq| * fill_price * fee_bps * 1e-4`` (taker fee for market and IoC, maker
    fee for limit-maker; a negative fee is a rebate and adds cash).
@@ -51,13 +61,63 @@ executes during bar ``t+1``; the reward is measured at the close of bar ``t+1``.
    floored at ``1e-6 * initial_equity`` inside the log (with the default ``initial_equity = 1``
    this is ``log(1e-6) - log(equity_t)``).
 
+Information audit
+-----------------
+Every quantity the environment, the data pipeline and the evaluation use, the bar it is
+computed from, when it is known and when it is used (``t`` = decision bar, ``t+1`` = the bar the
+order executes in; "train end" = the last bar of the training split). Nothing is used before it
+is known; the only quantities computed over a whole split are the training-split statistics,
+which are known at the end of the training split and used in the validation and test splits
+after it (inside the training split they are in-sample, like any fitted model).
+
+=======================================  ==============================  ======================  ==============================
+quantity                                 computed from                   known at                used at
+=======================================  ==============================  ======================  ==============================
+features of row ``t`` (log return,       bars ``<= t`` (vol window,      close of ``t``          observation at the decision
+range, close location, volatility,       volume window back)                                     at ``t``
+volume z)
+feature normalisation mean/std, clip     training-split rows             train end               every observation (train,
+                                                                                                 val, test)
+``volume_z`` included or not             training-split volumes          train end               every observation
+spread ``s_t`` (Corwin-Schultz, causal   high/low/close of bars          close of ``t``          limit and IoC prices at the
+rolling mean)                            ``t-spread_window .. t``                                decision; the touch and market
+                                                                                                 price at the open of ``t+1``
+routing medians (spread, volatility)     training-split rows             train end               exposure_routed order type and
+                                                                                                 urgency at each decision
+routing / regime volatility of ``t``     closes ``<= t``                 close of ``t``          decision at ``t``; replay
+                                                                                                 regime weight of that state
+account obs (exposure, unrealised PnL)   units, entry, close ``t``,      close of ``t``          observation at the decision
+                                         equity ``t``
+target units ``q*``                      equity ``t``, close ``t``       close of ``t``          order size sent at the open
+                                                                                                 of ``t+1``
+market fill price                        open ``t+1``, ``s_t``           open of ``t+1``         fill at the open of ``t+1``
+IoC fill decision and price              ``L`` (close ``t``, ``s_t``),   open of ``t+1``         fill or cancel at the open of
+                                         open ``t+1``                                            ``t+1``
+limit-maker fill                         ``L`` (close ``t``, ``s_t``),   while bar ``t+1``       the resting order fills when
+                                         low/high of ``t+1``             trades                  the price crosses ``L``
+mark to market, reward                   close ``t+1``                   close of ``t+1``        reward of step ``t -> t+1``
+training episode start                   uniform draw in                 before the episode      first observation of the
+                                         ``[first_valid, last - L]``                             episode (no price read)
+                                         of the training split
+evaluation walk                          the split's bars only, from     bar by bar              decision at ``t`` sees rows
+                                         ``max(start, W-1)`` to its                              ``<= t``; its last order
+                                         last bar                                                executes in the split's last
+                                                                                                 bar, never past it
+observation window at a split's first    rows ``t-W+1 .. t``: may reach  close of ``t``          allowed (the past); nothing of
+bars                                     back into the previous split                            a later split is ever read
+bars per year (annualisation)            timestamp spacing of all rows   known a priori          metrics only, not the agent
+validation metric (early stopping,       the validation split            end of each             choosing weights and sweep
+best checkpoint, sweeps)                                                 validation walk         settings
+test metrics                             the test split, walked once     end of the run          the report only, never a choice
+=======================================  ==============================  ======================  ==============================
+
 Reported cost
 -------------
 ``cost = dq * (fill_price - reference) + fee`` in equity (cash) units — spread plus slippage
 plus fee, signed: negative when the fill beats its reference (captured half-spreads, rebates).
-The reference mid is ``open_{t+1}`` for market and IoC orders (they execute against the book of
-bar ``t+1``) and ``close_t`` for limit-maker orders (the mid their price was quoted from). For a
-market order it is exactly ``|dq| * open_{t+1} * (s_{t+1}/2 + slippage) + fee``.
+The reference mid is ``open_{t+1}`` for market and IoC orders (they execute against the book at
+the open of bar ``t+1``) and ``close_t`` for limit-maker orders (the mid their price was quoted
+from). For a market order it is exactly ``|dq| * open_{t+1} * (s_t/2 + slippage) + fee``.
 """
 from __future__ import annotations
 
@@ -74,7 +134,6 @@ from foxdqn.errors import ConfigError
 from .actions import LIMIT_MAKER, MARKET, NUM_URGENCIES
 
 BPS = 1e-4
-IOC_FILL_RULES = ("range", "marketable")
 RUIN_FRACTION = 1e-6  # equity at or below RUIN_FRACTION * initial_equity terminates the episode
 
 
@@ -99,9 +158,9 @@ class ExecutionConfig:
       aggressive at the mid.
     * ``ioc_offset_bps = (0.5, 1.0, 2.0)``: IoC protection band beyond the touch.
     * ``initial_equity = 1.0``: equity is tracked in units of starting capital.
-    * ``ioc_fill_rule = "range"``: an IoC fills only if its limit lies inside the next bar's
-      ``[low, high]``; ``"marketable"`` also fills a buy limit above the whole bar (a sell limit
-      below it) at the open touch, so a more urgent IoC never fills less often than a patient one.
+    * The IoC fill rule is not a setting: an IoC is marketable at the open or cancelled (the
+      module docstring). The earlier ``ioc_fill_rule`` ("range", which read the next bar's
+      high/low, and "marketable") is gone; a config that still sets it is refused.
 
     Per-urgency fields are sequences of 3 floats (patient, normal, aggressive); a list, tuple or
     OmegaConf ``ListConfig`` is accepted.
@@ -114,7 +173,6 @@ class ExecutionConfig:
     limit_offset_half_spreads: List[float] = field(default_factory=lambda: [1.0, 0.5, 0.0])
     ioc_offset_bps: List[float] = field(default_factory=lambda: [0.5, 1.0, 2.0])
     initial_equity: float = 1.0
-    ioc_fill_rule: str = "range"
 
     @classmethod
     def from_mapping(cls, values: Mapping[str, Any], prefix: str = "env.execution") -> "ExecutionConfig":
@@ -125,6 +183,9 @@ class ExecutionConfig:
         """
         known = {f.name for f in fields(cls)}
         for key in values:
+            if key == "ioc_fill_rule":
+                raise ConfigError(f"{prefix}.ioc_fill_rule: removed; an IoC now fills iff it is marketable "
+                                  "against the touch at the open of the next bar (no rule to choose)")
             if key not in known:
                 raise ConfigError(
                     f"{prefix}.{key}: unknown execution setting (allowed: {', '.join(sorted(known))})"
@@ -150,9 +211,6 @@ class ExecutionConfig:
         for name in ("market_slippage_bps", "limit_offset_half_spreads", "ioc_offset_bps"):
             _triple(getattr(self, name), f"{prefix}.{name}")
         _number(self.initial_equity, f"{prefix}.initial_equity", minimum=0.0, strict=True)
-        if self.ioc_fill_rule not in IOC_FILL_RULES:
-            raise ConfigError(f"{prefix}.ioc_fill_rule: must be one of {', '.join(IOC_FILL_RULES)}, "
-                              f"got {self.ioc_fill_rule!r}")
 
 
 def _number(value: Any, where: str, minimum: float | None = None, strict: bool = False) -> float:
@@ -186,7 +244,6 @@ class CostTables(NamedTuple):
     limit_k: Tensor  # [3] limit-maker offset in half-spreads, by urgency
     ioc_offset: Tensor  # [3] IoC offset beyond the half spread, by urgency
     fee_rate: Tensor  # [3] fee rate by order type (market, limit_maker, ioc)
-    ioc_marketable: bool = False  # ioc_fill_rule == "marketable" (a run constant)
 
 
 def cost_tables(cfg: ExecutionConfig, device: torch.device, dtype: torch.dtype) -> CostTables:
@@ -203,7 +260,6 @@ def cost_tables(cfg: ExecutionConfig, device: torch.device, dtype: torch.dtype) 
         limit_k=t(cfg.limit_offset_half_spreads),
         ioc_offset=t(cfg.ioc_offset_bps) * BPS,
         fee_rate=t(fee),
-        ioc_marketable=cfg.ioc_fill_rule == "marketable",
     )
 
 
@@ -227,36 +283,41 @@ def simulate_fills(
     open_n: Tensor,
     high_n: Tensor,
     low_n: Tensor,
-    spread_n: Tensor,
     tables: CostTables,
 ) -> Fills:
-    """Price and fill the orders ``dq`` during the next bar (pure, sync-free, vectorised).
+    """Price and fill the orders ``dq`` sent at the open of the next bar (pure, sync-free, vectorised).
+
+    The rules and the information each one reads are in the module docstring (Timeline and
+    Information audit). Market and IoC orders read only ``open_n`` of the next bar; only the
+    resting limit-maker order reads its ``low_n`` / ``high_n``.
 
     Args:
         dq: ``[N]`` desired signed order in units (0 = no order).
         order_type, urgency: ``[N]`` long, ``0..2``.
-        close_t, spread_t: ``[N]`` decision-bar close and floored relative spread.
-        open_n, high_n, low_n, spread_n: ``[N]`` next bar's open/high/low and floored spread.
+        close_t, spread_t: ``[N]`` decision-bar close (price units) and floored relative spread
+            ``s_t`` (fraction of price), the last spread known when the order is sent.
+        open_n, high_n, low_n: ``[N]`` next bar's open/high/low (price units).
         tables: from :func:`cost_tables`.
+
+    Returns:
+        :class:`Fills`, all ``[N]`` in the dtype of ``dq``.
     """
     sgn = torch.sign(dq)
     buy = sgn > 0
     sell = sgn < 0
-    half_t = spread_t * 0.5
-    half_n = spread_n * 0.5
+    half = spread_t * 0.5
+    slip = tables.slippage[urgency]
 
-    p_market = open_n * (1 + sgn * (half_n + tables.slippage[urgency]))
+    p_market = open_n * (1 + sgn * (half + slip))
 
-    p_limit = close_t * (1 - sgn * tables.limit_k[urgency] * half_t)
+    p_limit = close_t * (1 - sgn * tables.limit_k[urgency] * half)
     fill_limit = (buy & (low_n < p_limit)) | (sell & (high_n > p_limit))
 
-    l_ioc = close_t * (1 + sgn * (half_t + tables.ioc_offset[urgency]))
-    touch = open_n * (1 + sgn * half_n)
-    p_ioc = torch.where(buy, torch.minimum(l_ioc, touch), torch.maximum(l_ioc, touch))
-    if tables.ioc_marketable:
-        fill_ioc = (buy & (low_n <= l_ioc)) | (sell & (high_n >= l_ioc))
-    else:  # "range": the limit must lie inside the next bar's [low, high]
-        fill_ioc = (buy | sell) & (low_n <= l_ioc) & (l_ioc <= high_n)
+    l_ioc = close_t * (1 + sgn * (half + tables.ioc_offset[urgency]))
+    touch = open_n * (1 + sgn * half)
+    fill_ioc = (buy & (l_ioc >= touch)) | (sell & (l_ioc <= touch))
+    swept = touch * (1 + sgn * slip)
+    p_ioc = torch.where(buy, torch.minimum(l_ioc, swept), torch.maximum(l_ioc, swept))
 
     is_market = order_type == MARKET
     is_limit = order_type == LIMIT_MAKER

@@ -331,7 +331,6 @@ class TradingEnv:
             open_n=self._open[t_next_bar],
             high_n=self._high[t_next_bar],
             low_n=self._low[t_next_bar],
-            spread_n=self._spread[t_next_bar],
             tables=self._tables,
         )
         cash1, units1, entry1 = apply_fills(self.cash, units, self.entry_price, fills)

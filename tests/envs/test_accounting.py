@@ -4,7 +4,6 @@ Config (HAND_CFG): spread floor 0.5 bp, taker fee 1 bp, maker fee -0.5 bp (rebat
 market slippage (0.5, 1, 2) bp, limit offsets (1, 0.5, 0) half-spreads, IoC offsets (1, 2, 4) bp,
 initial equity 1. Urgency index: 0 patient, 1 normal, 2 aggressive.
 """
-import dataclasses
 import math
 
 import pytest
@@ -47,13 +46,14 @@ def test_market_buy_then_market_close(make_env):
     env = make_env([
         (100.0, 101.0, 99.0, 100.0, 2e-4),
         (100.5, 102.0, 99.5, 101.0, 4e-4),
-        (101.0, 103.0, 100.0, 102.0, 0.0),  # spread 0 -> floored to 0.5 bp
+        (101.0, 103.0, 100.0, 102.0, 0.0),  # its spread (0) is never used: no order executes after bar 2
     ])
     env.reset_all()
-    # t=0: go long 1.0, market, normal. q* = 1.0 * 1 / 100 = 0.01 units.
+    # t=0: go long 1.0, market, normal. q* = 1.0 * 1 / 100 = 0.01 units, priced with s_0 (the spread
+    # known when the order is sent), not s_1 (bar 1's estimate reads bar 1's high and low).
     out = act(env, LONG1, MARKET, 1)
-    price1 = 100.5 * (1 + 4e-4 / 2 + 1.0e-4)  # open_1 * (1 + s_1/2 + 1 bp)
-    assert price1 == pytest.approx(100.53015, abs=1e-12)
+    price1 = 100.5 * (1 + 2e-4 / 2 + 1.0e-4)  # open_1 * (1 + s_0/2 + 1 bp)
+    assert price1 == pytest.approx(100.5201, abs=1e-12)
     fee1 = 0.01 * price1 * 1e-4
     cash1 = 1.0 - 0.01 * price1 - fee1
     equity1 = cash1 + 0.01 * 101.0
@@ -63,19 +63,29 @@ def test_market_buy_then_market_close(make_env):
     assert float(out.info["traded_units"][0]) == pytest.approx(0.01, abs=TOL)
     assert not bool(out.truncated[0]) and not bool(out.terminated[0])
 
-    # t=1: close to flat, market, aggressive. dq = -0.01, sells at open_2 * (1 - (0.5bp/2 + 2 bp)).
+    # t=1: close to flat, market, aggressive. dq = -0.01, sells at open_2 * (1 - (s_1/2 + 2 bp)).
     out = act(env, FLAT, MARKET, 2)
-    price2 = 101.0 * (1 - (0.5e-4 / 2 + 2.0e-4))
+    price2 = 101.0 * (1 - (4e-4 / 2 + 2.0e-4))
     fee2 = 0.01 * price2 * 1e-4
     cash2 = cash1 + 0.01 * price2 - fee2
     check(env, out, fill=True, price=price2, fee=fee2, cost=-0.01 * (price2 - 101.0) + fee2, cash=cash2,
           units=0.0, equity=cash2, reward=math.log(cash2) - math.log(equity1), exposure_idx=FLAT, entry=0.0,
           traded=-0.01)
     assert float(out.info["traded_units"][0]) == pytest.approx(-0.01, abs=TOL)
-    assert float(out.info["cost"][0]) == pytest.approx(0.01 * 101.0 * (0.25e-4 + 2e-4) + fee2, abs=TOL)
+    assert float(out.info["cost"][0]) == pytest.approx(0.01 * 101.0 * (2e-4 + 2e-4) + fee2, abs=TOL)
     # bar 2 is the last bar of the split: the eval episode ends, truncated
     assert bool(out.truncated[0]) and bool(out.info["episode_done"][0])
     assert float(out.info["episode_return"][0]) == pytest.approx(math.log(cash2), abs=TOL)
+
+
+def test_market_price_ignores_the_next_bars_spread(make_env):
+    # same bar 0, two different bar-1 spreads: the fill at the open of bar 1 is the same
+    prices = []
+    for s1 in (1e-4, 50e-4):
+        env = make_env([(100.0, 101.0, 99.0, 100.0, 2e-4), (100.5, 102.0, 99.5, 101.0, s1)])
+        env.reset_all()
+        prices.append(float(act(env, LONG1, MARKET, 0).info["fill_price"][0]))
+    assert prices[0] == prices[1] == pytest.approx(100.5 * (1 + 1e-4 + 0.5e-4), abs=TOL)
 
 
 # ----------------------------------------------------------------------------- limit maker
@@ -133,74 +143,82 @@ def test_limit_maker_fills_one_tick_through(make_env):
 # ----------------------------------------------------------------------------- IoC
 
 
-def _ioc_buy(make_env, bar1):
+def _ioc_buy(make_env, bar1, urgency=1):
     env = make_env([(100.0, 101.0, 99.0, 100.0, 2e-4), bar1])
     env.reset_all()
-    return env, act(env, LONG1, IOC, 1)  # normal: L = 100 * (1 + 2e-4/2 + 2 bp) = 100.03
+    return env, act(env, LONG1, IOC, urgency)  # normal: L = 100 * (1 + 2e-4/2 + 2 bp) = 100.03
 
 
-def test_ioc_buy_inside_range_fills_at_limit(make_env):
-    env, out = _ioc_buy(make_env, (100.5, 102.0, 99.5, 101.0, 4e-4))
+def test_ioc_buy_marketable_at_the_open_fills_at_the_touch_plus_slippage(make_env):
+    env, out = _ioc_buy(make_env, (100.0, 102.0, 99.5, 101.0, 4e-4))
+    touch = 100.0 * (1 + 2e-4 / 2)  # ask at the open of bar 1, with s_0
+    price = touch * (1 + 1e-4)  # normal urgency's market slippage (1 bp), below L = 100.03
+    assert price < 100.0 * (1 + 1e-4 + 2e-4)
+    fee = 0.01 * price * 1e-4
+    cash = 1.0 - 0.01 * price - fee
+    equity = cash + 0.01 * 101.0
+    check(env, out, fill=True, price=price, fee=fee, cost=0.01 * (price - 100.0) + fee, cash=cash, units=0.01,
+          equity=equity, reward=math.log(equity), exposure_idx=LONG1, entry=price)
+
+
+def test_ioc_buy_slippage_is_capped_at_the_limit(make_env):
+    # open 100.025: touch 100.035 > L 100.03 -> not marketable; open 100.015: touch 100.025 <= L, but
+    # touch + 1 bp slippage = 100.035 > L -> fills at L
+    env, out = _ioc_buy(make_env, (100.015, 102.0, 99.5, 101.0, 2e-4))
     L = 100.0 * (1 + 1e-4 + 2e-4)
-    assert L < 100.5 * (1 + 2e-4)  # the touch at the open is worse than L -> fill at L
     fee = 0.01 * L * 1e-4
     cash = 1.0 - 0.01 * L - fee
-    equity = cash + 0.01 * 101.0
-    check(env, out, fill=True, price=L, fee=fee, cost=0.01 * (L - 100.5) + fee, cash=cash, units=0.01,
-          equity=equity, reward=math.log(equity), exposure_idx=LONG1, entry=L)
+    check(env, out, fill=True, price=L, fee=fee, cost=0.01 * (L - 100.015) + fee, cash=cash, units=0.01,
+          equity=cash + 0.01 * 101.0, reward=math.log(cash + 0.01 * 101.0), exposure_idx=LONG1, entry=L)
 
 
-def test_ioc_buy_fills_at_the_open_touch_when_better(make_env):
-    env, out = _ioc_buy(make_env, (100.0, 102.0, 99.5, 101.0, 2e-4))
-    touch = 100.0 * (1 + 2e-4 / 2)  # 100.01 < L = 100.03
-    fee = 0.01 * touch * 1e-4
-    cash = 1.0 - 0.01 * touch - fee
-    equity = cash + 0.01 * 101.0
-    check(env, out, fill=True, price=touch, fee=fee, cost=0.01 * (touch - 100.0) + fee, cash=cash, units=0.01,
-          equity=equity, reward=math.log(equity), exposure_idx=LONG1, entry=touch)
-
-
-def test_ioc_buy_limit_below_the_bar_is_cancelled(make_env):
-    env, out = _ioc_buy(make_env, (100.5, 101.0, 100.05, 100.8, 2e-4))  # low 100.05 > L 100.03
+@pytest.mark.parametrize("bar1", [
+    (100.025, 102.0, 99.0, 101.0, 2e-4),  # gapped up: ask at the open 100.035 > L 100.03, although the bar trades at L
+    (100.5, 101.0, 100.05, 100.8, 2e-4),  # gapped further up
+])
+def test_ioc_buy_not_marketable_at_the_open_is_cancelled(make_env, bar1):
+    env, out = _ioc_buy(make_env, bar1)
     check(env, out, fill=False, price=0.0, fee=0.0, cost=0.0, cash=1.0, units=0.0, equity=1.0, reward=0.0,
           exposure_idx=FLAT, entry=0.0)
 
 
-def test_ioc_buy_limit_above_the_whole_bar_range_rule_cancels(make_env):
-    # default ioc_fill_rule="range": L = 100.03 lies above the whole bar (high 100.02) -> cancelled
+def test_ioc_buy_limit_above_the_whole_bar_fills_at_the_open(make_env):
+    # the whole bar trades below L = 100.03: marketable at the open (the old "range" rule cancelled it)
     env, out = _ioc_buy(make_env, (100.0, 100.02, 99.98, 100.01, 1e-4))
-    check(env, out, fill=False, price=0.0, fee=0.0, cost=0.0, cash=1.0, units=0.0, equity=1.0, reward=0.0,
-          exposure_idx=FLAT, entry=0.0)
-
-
-def test_ioc_buy_limit_above_the_whole_bar_is_marketable(make_env, hand_cfg):
-    # ioc_fill_rule="marketable": the whole bar trades below L = 100.03, so it fills at the open touch
-    cfg = dataclasses.replace(hand_cfg, ioc_fill_rule="marketable")
-    env = make_env([(100.0, 101.0, 99.0, 100.0, 2e-4), (100.0, 100.02, 99.98, 100.01, 1e-4)], cfg=cfg)
-    env.reset_all()
-    out = act(env, LONG1, IOC, 1)
-    touch = 100.0 * (1 + 1e-4 / 2)
-    fee = 0.01 * touch * 1e-4
-    cash = 1.0 - 0.01 * touch - fee
+    price = 100.0 * (1 + 2e-4 / 2) * (1 + 1e-4)
+    fee = 0.01 * price * 1e-4
+    cash = 1.0 - 0.01 * price - fee
     equity = cash + 0.01 * 100.01
-    check(env, out, fill=True, price=touch, fee=fee, cost=0.01 * (touch - 100.0) + fee, cash=cash, units=0.01,
-          equity=equity, reward=math.log(equity), exposure_idx=LONG1, entry=touch)
+    check(env, out, fill=True, price=price, fee=fee, cost=0.01 * (price - 100.0) + fee, cash=cash, units=0.01,
+          equity=equity, reward=math.log(equity), exposure_idx=LONG1, entry=price)
+
+
+def test_ioc_fill_never_reads_the_next_bars_high_low_or_close(make_env):
+    # the same open with any high/low/close/spread of bar 1: the same fill decision and price
+    seen = set()
+    for high, low, close, s1 in [(100.0, 99.0, 99.5, 1e-4), (110.0, 100.0, 109.0, 9e-4), (100.03, 99.97, 100.0, 0.0)]:
+        env, out = _ioc_buy(make_env, (100.0, high, low, close, s1), urgency=2)
+        seen.add((bool(out.info["fill"][0]), round(float(out.info["fill_price"][0]), 12)))
+    assert seen == {(True, round(100.0 * (1 + 1e-4) * (1 + 2e-4), 12))}
 
 
 def test_ioc_sell_fills_and_cancels(make_env):
-    # aggressive sell: L = 100 * (1 - (2e-4/2 + 4 bp)) = 99.95
+    # aggressive sell: L = 100 * (1 - (2e-4/2 + 4 bp)) = 99.95; bid at the open 99.97 * (1 - 1 bp) = 99.960003
     L = 100.0 * (1 - (1e-4 + 4e-4))
-    env = make_env([(100.0, 101.0, 99.0, 100.0, 2e-4), (99.9, 100.2, 99.0, 99.5, 2e-4)])
+    env = make_env([(100.0, 101.0, 99.0, 100.0, 2e-4), (99.97, 100.2, 99.0, 99.5, 2e-4)])
     env.reset_all()
     out = act(env, SHORT1, IOC, 2)
-    assert L > 99.9 * (1 - 1e-4)  # better than the bid at the open -> fill at L
+    touch = 99.97 * (1 - 1e-4)
+    assert touch >= L
+    price = max(L, touch * (1 - 2e-4))  # 2 bp slippage would sell below L: capped at L
+    assert price == L
     fee = 0.01 * L * 1e-4
     cash = 1.0 + 0.01 * L - fee
     equity = cash - 0.01 * 99.5
-    check(env, out, fill=True, price=L, fee=fee, cost=-0.01 * (L - 99.9) + fee, cash=cash, units=-0.01,
+    check(env, out, fill=True, price=L, fee=fee, cost=-0.01 * (L - 99.97) + fee, cash=cash, units=-0.01,
           equity=equity, reward=math.log(equity), exposure_idx=SHORT1, entry=L)
 
-    env = make_env([(100.0, 101.0, 99.0, 100.0, 2e-4), (99.8, 99.9, 99.0, 99.5, 2e-4)])  # high 99.9 < L
+    env = make_env([(100.0, 101.0, 99.0, 100.0, 2e-4), (99.9, 100.2, 99.0, 99.5, 2e-4)])  # bid 99.89 < L
     env.reset_all()
     out = act(env, SHORT1, IOC, 2)
     check(env, out, fill=False, price=0.0, fee=0.0, cost=0.0, cash=1.0, units=0.0, equity=1.0, reward=0.0,
@@ -278,11 +296,11 @@ def test_entry_price_rules_and_account_observation(make_env):
         equity_t = cash + units * close_t
         assert float(obs[0, -2]) == pytest.approx(units * close_t / equity_t, abs=TOL)
         assert float(obs[0, -1]) == pytest.approx(units * (close_t - entry) / equity_t, abs=TOL)
-        o1, s1, c1 = rows[t + 1][0], rows[t + 1][4], rows[t + 1][3]
+        o1, s0, c1 = rows[t + 1][0], max(rows[t][4], 0.5e-4), rows[t + 1][3]  # s_t, floored
         x = (-1.0, -0.5, 0.0, 0.5, 1.0)[e]
         dq = x * equity_t / close_t - units
         sign = 1.0 if dq > 0 else -1.0
-        price = o1 * (1 + sign * (s1 / 2 + 0.5e-4))
+        price = o1 * (1 + sign * (s0 / 2 + 0.5e-4))
         fee = abs(dq) * price * 1e-4
         if units + dq == 0:
             new_entry = 0.0
@@ -306,7 +324,7 @@ def test_entry_price_rules_and_account_observation(make_env):
     assert opened == pytest.approx(100.4 * (1 + 1e-4 + 0.5e-4), abs=TOL)
     assert opened < added < 101.0 * 1.00016  # average of the two fills
     assert reduced == added and flat == 0.0
-    assert short == pytest.approx(99.5 * (1 - (1e-4 + 0.5e-4)), abs=TOL)  # opened at bar 5's open
+    assert short == pytest.approx(99.5 * (1 - (0.5e-4 + 0.5e-4)), abs=TOL)  # opened at bar 5's open, s_4 = 1 bp
     assert short_added != short
 
 
