@@ -3,8 +3,13 @@
 Each policy walks one evaluation-mode env (foxdqn.envs.trading, ``eval_mode=True``) once through
 the split, deterministically, under the same execution model and costs as training. Metrics
 come from :func:`foxdqn.metrics.performance_summary` with the bar frequency inferred from the
-timestamps (``MarketData.bars_per_year``). This walk reads the device every bar; it is not the
-training hot loop.
+timestamps (``MarketData.bars_per_year``), plus how far the Sharpe ratio can be trusted
+(:mod:`foxdqn.significance`): ``psr_vs_zero`` and, for the agent, ``psr_vs_buy_and_hold``
+(probabilistic Sharpe ratio, Bailey & López de Prado 2012), and ``sharpe_ci95_low`` /
+``sharpe_ci95_high`` (circular block bootstrap, 2,000 resamples, blocks of ceil(S^(1/3)) bars).
+A walk that ends in ruin before the split's end is carried to the end at its floored equity,
+flat, so every policy is measured over the same bars. This walk reads the device every bar; it
+is not the training hot loop.
 """
 from __future__ import annotations
 
@@ -15,10 +20,28 @@ import torch
 
 from foxdqn.envs.actions import compose
 from foxdqn.metrics import performance_summary
+from foxdqn.significance import per_bar_sharpe, probabilistic_sharpe_ratio, sharpe_confidence_interval
 
 # Baselines as fixed actions: exposure index 4 (+1) / 2 (flat), market order, normal urgency.
 BUY_AND_HOLD_ACTION = int(compose(torch.tensor(4), torch.tensor(0), torch.tensor(1)))
 FLAT_ACTION = int(compose(torch.tensor(2), torch.tensor(0), torch.tensor(1)))
+POLICIES = ("agent", "buy_and_hold", "flat")
+#: Units of the metrics in summary.json and the printed table.
+UNITS = {
+    "total_return": "fraction of initial equity over the split",
+    "annualised_return": "fraction per year (compound)",
+    "sharpe": "annualised, risk-free rate 0",
+    "sortino": "annualised, target return 0",
+    "max_drawdown": "fraction of the running peak",
+    "profit_factor": "gross profit / gross loss",
+    "hit_rate": "fraction of bars held with a positive PnL",
+    "turnover": "multiples of equity traded per year (a flip from +1 to -1 counts 2)",
+    "num_trades": "fills",
+    "psr_vs_zero": "probability that the true Sharpe ratio is above 0",
+    "psr_vs_buy_and_hold": "probability that the true Sharpe ratio is above buy-and-hold's on the same bars",
+    "sharpe_ci95_low": "annualised Sharpe, 2.5 % block-bootstrap quantile",
+    "sharpe_ci95_high": "annualised Sharpe, 97.5 % block-bootstrap quantile",
+}
 
 
 def _walk(cfg, market, split, device, policy) -> dict:
@@ -30,13 +53,42 @@ def _walk(cfg, market, split, device, policy) -> dict:
     return env.run_policy(policy)
 
 
+def _to_full_length(walk: dict, length: int) -> dict:
+    """Carry a walk that ended early (ruin) to ``length`` steps: equity stays at its last value, flat."""
+    have = int(walk["exposure"].size)
+    if have >= length:
+        return walk
+    pad = length - have
+    out = dict(walk)
+    out["index"] = np.arange(walk["index"][0], walk["index"][0] + length + 1, dtype=np.int64)
+    out["equity"] = np.concatenate([walk["equity"], np.full(pad, walk["equity"][-1])])
+    for name in ("exposure", "rewards", "fill_price", "fees", "costs", "traded_units"):
+        out[name] = np.concatenate([walk[name], np.zeros(pad)])
+    out["actions"] = np.concatenate([walk["actions"], np.full(pad, FLAT_ACTION, dtype=np.int64)])
+    out["fills"] = np.concatenate([walk["fills"], np.zeros(pad, dtype=bool)])
+    return out
+
+
+def significance(equity: np.ndarray, bars_per_year: float, benchmark: np.ndarray | None = None) -> dict:
+    """``psr_vs_zero``, ``sharpe_ci95_low/high`` and, given a ``benchmark`` equity curve of the same
+    bars, ``psr_vs_buy_and_hold`` of one equity curve ``[S+1]`` (foxdqn.significance)."""
+    r = equity[1:] / equity[:-1] - 1.0
+    low, high = sharpe_confidence_interval(r, bars_per_year)
+    out = {"psr_vs_zero": probabilistic_sharpe_ratio(r), "sharpe_ci95_low": low, "sharpe_ci95_high": high}
+    if benchmark is not None:
+        bench = per_bar_sharpe(benchmark[1:] / benchmark[:-1] - 1.0)
+        out["psr_vs_buy_and_hold"] = probabilistic_sharpe_ratio(r, 0.0 if np.isnan(bench) else bench)
+    return out
+
+
 def evaluate(cfg, market, online: torch.nn.Module, device: torch.device, split: str = "test",
-             action_mode=None) -> dict:
-    """Run agent, buy-and-hold and flat on ``split``. ``action_mode`` maps the network's action
-    to the env's factored action (None: the network acts over the 45 factored actions).
+             action_mode=None, policies: tuple[str, ...] = POLICIES) -> dict:
+    """Run ``policies`` (of agent, buy-and-hold and flat) on ``split``. ``action_mode`` maps the
+    network's action to the env's factored action (None: the network acts over the 45 actions).
 
     Returns ``{"curves": {name: walk dict}, "metrics": {name: metrics dict}}`` where a walk dict
-    holds numpy arrays (equity [S+1], exposure [S], ...) from ``TradingEnv.run_policy``.
+    holds numpy arrays (equity [S+1], exposure [S], ...) from ``TradingEnv.run_policy``, carried
+    to the split's end at the floored equity when the walk ended in ruin.
     """
     online.eval()
 
@@ -48,25 +100,38 @@ def evaluate(cfg, market, online: torch.nn.Module, device: torch.device, split: 
     def const(a):
         return lambda obs, env: torch.full((obs.shape[0],), a, dtype=torch.int64, device=obs.device)
 
-    walks = {
-        "agent": _walk(cfg, market, split, device, greedy),
-        "buy_and_hold": _walk(cfg, market, split, device, const(BUY_AND_HOLD_ACTION)),
-        "flat": _walk(cfg, market, split, device, const(FLAT_ACTION)),
-    }
+    chosen = {"agent": greedy, "buy_and_hold": const(BUY_AND_HOLD_ACTION), "flat": const(FLAT_ACTION)}
+    walks = {name: _walk(cfg, market, split, device, chosen[name]) for name in policies}
     online.train()
-    metrics = {
-        name: performance_summary(np.asarray(w["equity"], dtype=np.float64),
-                                  np.asarray(w["exposure"], dtype=np.float64),
-                                  market.bars_per_year, trades=int(w["trades"]))
-        for name, w in walks.items()
-    }
+    length = max(int(w["exposure"].size) for w in walks.values())
+    start, end = market.splits[split]
+    length = max(length, end - 1 - max(start, cfg.env.window - 1))
+    walks = {name: _to_full_length(w, length) for name, w in walks.items()}
+    bench = walks.get("buy_and_hold")
+    metrics = {}
+    for name, w in walks.items():
+        equity = np.asarray(w["equity"], dtype=np.float64)
+        metrics[name] = {
+            **performance_summary(equity, np.asarray(w["exposure"], dtype=np.float64), market.bars_per_year,
+                                  trades=int(w["trades"])),
+            **significance(equity, market.bars_per_year,
+                           None if name != "agent" or bench is None else np.asarray(bench["equity"])),
+        }
     return {"curves": walks, "metrics": metrics}
 
 
 def write_report(out_dir: Path, result: dict, market, split: str, title: str, extra: dict) -> dict:
-    """Write ``eval/summary.json`` and ``eval/equity.png`` atomically; returns the summary."""
+    """Write ``eval/summary.json``, ``eval/equity.csv`` and ``eval/equity.png`` atomically; returns
+    the summary.
+
+    ``equity.csv`` has one row per equity point: ``timestamp``, then ``<policy>_equity`` (cash
+    units) for every policy and ``agent_exposure`` (the exposure held during the bar that ends
+    there, as a signed fraction of equity; empty on the first row).
+    """
+    import pandas as pd
+
     from foxdqn.evaluate_plot import plot_equity
-    from foxdqn.io_atomic import write_json_atomic
+    from foxdqn.io_atomic import write_json_atomic, write_text_atomic
 
     out_dir.mkdir(parents=True, exist_ok=True)
     agent = result["curves"]["agent"]
@@ -78,9 +143,13 @@ def write_report(out_dir: Path, result: dict, market, split: str, title: str, ex
         "bars": int(len(index) - 1),
         "period": [str(ts[index[0]]), str(ts[index[-1]])],
         "bars_per_year": float(market.bars_per_year),
+        "units": UNITS,
         "metrics": result["metrics"],
     }
     curves = {name: np.asarray(w["equity"], dtype=np.float64) for name, w in result["curves"].items()}
+    table = pd.DataFrame({"timestamp": ts[index].astype(str), **{f"{k}_equity": v for k, v in curves.items()},
+                          "agent_exposure": np.concatenate([[np.nan], agent["exposure"]])})
+    write_text_atomic(out_dir / "equity.csv", table.to_csv(index=False))
     plot_equity(out_dir / "equity.png", ts[index], curves, title)
     write_json_atomic(out_dir / "summary.json", summary)
     return summary
@@ -88,11 +157,12 @@ def write_report(out_dir: Path, result: dict, market, split: str, title: str, ex
 
 @torch.no_grad()
 def evaluate_episodes(cfg, online: torch.nn.Module, action_mode, device: torch.device, episodes: int = 100,
-                      num_envs: int = 32) -> dict:
+                      num_envs: int = 32, seed_offset: int = 1) -> dict:
     """Greedy return over ``episodes`` finished episodes of a non-trading env (CartPole, bit flipping,
     a Gymnasium env through foxdqn.envs.gym_adapter).
 
-    Runs E envs from a fixed seed, E the largest divisor of ``episodes`` that is ≤ ``num_envs``, and
+    Runs E envs from the seed ``cfg.seed + seed_offset`` (1 for the final evaluation, 2 for the
+    validation episodes during training, so that no choice is made on the evaluated episodes), E the largest divisor of ``episodes`` that is ≤ ``num_envs``, and
     keeps the first ``episodes / E`` episodes of every env (not the first ``episodes`` to end, which
     would favour short episodes); gives up after ``episodes / E × max_episode_steps`` steps. Reads
     the finished episodes' returns on the host every step.
@@ -101,7 +171,7 @@ def evaluate_episodes(cfg, online: torch.nn.Module, action_mode, device: torch.d
     from foxdqn.step.build import build_env
 
     gen = torch.Generator(device=device)
-    gen.manual_seed(cfg.seed + 1)
+    gen.manual_seed(cfg.seed + seed_offset)
     num_envs = max(d for d in range(1, min(num_envs, episodes) + 1) if episodes % d == 0)
     quota = episodes // num_envs
     env = build_env(cfg, None, "test", device, gen, num_envs=num_envs)

@@ -18,7 +18,7 @@ import torch
 
 from foxdqn.checkpoint import load_checkpoint, save_checkpoint
 from foxdqn.config import TrainConfig
-from foxdqn.early_stop import EarlyStopper, stop_summary
+from foxdqn.early_stop import EarlyStopper, resolve_metric, stop_summary
 from foxdqn.errors import ConfigError, HaltError
 from foxdqn.evaluate import evaluate, evaluate_episodes, write_report
 from foxdqn.io_atomic import write_json_atomic
@@ -81,10 +81,27 @@ class Snapshotter:
 
 
 def _evaluate_val(s: TrainState, market) -> dict:
-    """Validation metrics of the greedy agent (trading: val split; others: 20 episodes)."""
+    """Validation metrics of the greedy agent (trading: the val split; others: 20 episodes from
+    another seed than the final evaluation's)."""
     if s.cfg.env.name == "trading":
-        return evaluate(s.cfg, market, s.online, s.device, split="val", action_mode=s.action_mode)["metrics"]["agent"]
-    return evaluate_episodes(s.cfg, s.online, s.action_mode, s.device, episodes=min(20, s.cfg.eval.episodes))
+        return evaluate(s.cfg, market, s.online, s.device, split="val", action_mode=s.action_mode,
+                        policies=("agent",))["metrics"]["agent"]
+    return evaluate_episodes(s.cfg, s.online, s.action_mode, s.device, episodes=min(20, s.cfg.eval.episodes),
+                             seed_offset=2)
+
+
+def _selection(s: TrainState, market, stopper: EarlyStopper | None, weights: str) -> dict:
+    """The validation metric of the weights that will be evaluated: the value a sweep optimises.
+
+    With early stopping it is the best validation value (the weights kept); otherwise the final
+    weights are validated once here. The test split is never read.
+    """
+    metric = resolve_metric(s.cfg.early_stop.metric, s.cfg.env.name)
+    if stopper is not None and stopper.best is not None and weights == "best":
+        value = stopper.best
+    else:
+        value = _evaluate_val(s, market).get(metric, float("nan"))
+    return {"split": "val", "metric": metric, "value": float(value), "weights": weights}
 
 
 def train(cfg: TrainConfig, market, run_dir: Path) -> dict:
@@ -189,8 +206,10 @@ def train(cfg: TrainConfig, market, run_dir: Path) -> dict:
         s.online.load_state_dict(best["online"])
         evaluated = {"checkpoint": "best", "env_steps": best["env_steps"], "metric": stopper.metric,
                      "value": stopper.best}
-    log.info("trained in %.1f s (stop: %s at %d env steps); evaluating the %s weights (%d env steps)", wall,
-             stop["reason"], stop["at_env_steps"], evaluated["checkpoint"], evaluated["env_steps"])
+    selection = _selection(s, market, stopper, evaluated["checkpoint"])
+    log.info("trained in %.1f s (stop: %s at %d env steps); val %s = %.4g; evaluating the %s weights (%d env "
+             "steps) once on %s", wall, stop["reason"], stop["at_env_steps"], selection["metric"], selection["value"],
+             evaluated["checkpoint"], evaluated["env_steps"], cfg.eval.split)
     extra = {
         "experiment": cfg.experiment,
         "data": market.source if market is not None else None,
@@ -204,6 +223,7 @@ def train(cfg: TrainConfig, market, run_dir: Path) -> dict:
         "checkpoint": str(ckpt.relative_to(run_dir)),
         "stop": stop,
         "evaluated": evaluated,
+        "selection": selection,
     }
     if cfg.diversity.enabled:
         extra["diversity"] = {"collapse_warnings": collapse.warnings, "collapsed_at_end": collapse.collapsed,

@@ -189,15 +189,21 @@ def _print_summary(summary: dict, run_dir: Path) -> None:
 
     table = Table(title=f"{summary.get('experiment')} — {summary['split']} split, {summary['bars']} bars "
                         f"({summary['period'][0]} → {summary['period'][1]})")
-    cols = ["total_return", "sharpe", "sortino", "max_drawdown", "profit_factor", "hit_rate", "turnover",
-            "num_trades"]
+    cols = {"total_return": "total_return", "sharpe": "sharpe", "sortino": "sortino",
+            "max_drawdown": "max_drawdown", "profit_factor": "profit_factor", "hit_rate": "hit_rate",
+            "turnover": "turnover (x equity/yr)", "num_trades": "num_trades"}
     console = Console(width=max(Console().width, 130))
     table.add_column("policy")
-    for c in cols:
-        table.add_column(c, justify="right")
+    for header in cols.values():
+        table.add_column(header, justify="right")
     for name, m in summary["metrics"].items():
         table.add_row(name, *[f"{m[c]:.4g}" if isinstance(m.get(c), (int, float)) else str(m.get(c)) for c in cols])
     console.print(table)
+    a, sel = summary["metrics"]["agent"], summary.get("selection", {})
+    console.print(f"agent Sharpe 95 % interval [{a['sharpe_ci95_low']:.3g}, {a['sharpe_ci95_high']:.3g}] (block "
+                  f"bootstrap); PSR(SR > 0) = {a['psr_vs_zero']:.3f}; PSR(SR > buy-and-hold) = "
+                  f"{a.get('psr_vs_buy_and_hold', float('nan')):.3f}; selected on val {sel.get('metric')} = "
+                  f"{sel.get('value', float('nan')):.4g}", soft_wrap=True)
     console.print(f"[bold]outputs:[/bold] {run_dir.resolve()}  (wall {summary['wall_time_s']} s on "
                   f"{summary['gpu'] or summary['device']})")
 
@@ -224,8 +230,8 @@ def _run(cfg: DictConfig) -> float:
                   f"agent.batch_size ({str(exc).splitlines()[0][:120]})")
         raise
     _print_summary(summary, run_dir)
-    agent = summary["metrics"]["agent"]
-    return float(agent.get("sharpe", agent.get("mean_return", float("nan"))))
+    # the value a Hydra sweeper (Optuna, ...) optimises: the validation metric, never the test split
+    return float(summary["selection"]["value"])
 
 
 def main() -> None:

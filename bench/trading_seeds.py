@@ -1,0 +1,110 @@
+"""Trading experiments over seeds: one Hydra ``--multirun`` per experiment, several at once.
+
+Usage::
+
+    python -m bench.trading_seeds [--experiments a,b,...] [--seeds 5] [--data NAME] [--parallel 6]
+                                  [--out DIR] [--tag T] [-- extra overrides...]
+
+Each experiment runs as ``python -m foxdqn.train --multirun +experiment=E seed=0,...,S-1
+[data.name=NAME] [overrides]`` into ``OUT/E``; the multirun's seeds report (foxdqn.sweep_seeds)
+is written there by the Hydra callback. This script then writes one combined report,
+``bench/results/<date>_<gpu>_trading-seeds[-tag].md`` (and ``.json``), with the GPU name and versions:
+each experiment's test metrics as mean ± std [min, max] over seeds, the seed ensemble's Sharpe
+interval and probabilistic Sharpe ratios, and buy-and-hold and flat on the same bars.
+Selection is on validation only: the test split is evaluated once per seed, with the weights
+the run kept.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+from bench.common import RESULTS, tags
+
+TRADING = ("eurusd_dqn", "googl_dqn", "eurusd_c51", "eurusd_iqn", "eurusd_cql", "eurusd_iql", "eurusd_attention",
+           "eurusd_routed", "eurusd_branching", "eurusd_rainbowish", "eurusd_controls")
+
+
+def run_one(experiment: str, seeds: int, data: str | None, out: Path, extra: list[str]) -> dict:
+    sweep = out / experiment
+    cmd = [sys.executable, "-m", "foxdqn.train", "--multirun", f"+experiment={experiment}",
+           "seed=" + ",".join(str(s) for s in range(seeds)), "log.progress=false", f"hydra.sweep.dir={sweep}", *extra]
+    if data:
+        cmd.append(f"data.name={data}")
+    t0 = time.perf_counter()
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    wall = time.perf_counter() - t0
+    sweep.mkdir(parents=True, exist_ok=True)
+    (sweep / "stdout.log").write_text(proc.stdout + "\n--- stderr ---\n" + proc.stderr)
+    report = sweep / "seeds.json"
+    return {"experiment": experiment, "rc": proc.returncode, "wall_s": round(wall, 1),
+            "settings": json.loads(report.read_text()) if report.is_file() else None}
+
+
+def _row(name: str, entry: dict) -> str:
+    from foxdqn.sweep_seeds import _fmt
+
+    t, ens, bh = entry["test"], entry.get("ensemble") or {}, entry["buy_and_hold"]
+    ensemble = (f"{ens['sharpe']:+.2f} [{ens['sharpe_ci95_low']:+.2f}, {ens['sharpe_ci95_high']:+.2f}] | "
+                f"{ens['psr_vs_zero']:.2f} | {ens['psr_vs_buy_and_hold']:.2f}") if ens else "n/a | n/a | n/a"
+    return (f"| {name} | {entry['seeds']} | {_fmt(entry['selection'])} | {_fmt(t['total_return'], pct=True)} | "
+            f"{_fmt(t['sharpe'])} | {_fmt(t['max_drawdown'], pct=True)} | {_fmt(t['num_trades'])} | {ensemble} | "
+            f"{bh['total_return'] * 100:+.2f} %, {bh['sharpe']:+.2f} |")
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    extra = argv[argv.index("--") + 1:] if "--" in argv else []
+    argv = argv[:argv.index("--")] if "--" in argv else argv
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--experiments", default=",".join(TRADING))
+    p.add_argument("--seeds", type=int, default=5)
+    p.add_argument("--data", default=None, help="data.name for every run (e.g. martingale_1h); default: each experiment's")
+    p.add_argument("--parallel", type=int, default=6)
+    p.add_argument("--out", default="multirun/trading_seeds")
+    p.add_argument("--results", default=str(RESULTS))
+    p.add_argument("--tag", default="")
+    args = p.parse_args(argv)
+    names = [e for e in args.experiments.split(",") if e]
+    unknown = sorted(set(names) - set(TRADING))
+    if unknown or args.seeds < 1 or args.parallel < 1:
+        print(f"bench.trading_seeds: error: unknown experiments {unknown} (allowed: {', '.join(TRADING)}), or "
+              "--seeds/--parallel < 1", file=sys.stderr)
+        return 2
+    out = Path(args.out)
+    t0 = time.perf_counter()
+    with ThreadPoolExecutor(max_workers=args.parallel) as pool:
+        results = list(pool.map(lambda e: run_one(e, args.seeds, args.data, out, extra), names))
+    meta = {**tags(), "seeds": args.seeds, "data": args.data or "each experiment's", "overrides": extra,
+            "parallel": args.parallel, "wall_s": round(time.perf_counter() - t0, 1)}
+    header = ("| experiment | seeds | val Sharpe (selection) | test return | test Sharpe | test max drawdown | "
+              "trades | ensemble Sharpe [95 %] | ensemble PSR > 0 | ensemble PSR > B&H | buy-and-hold |\n"
+              "|---|---|---|---|---|---|---|---|---|---|---|")
+    rows = [_row(r["experiment"], r["settings"][0]) if r["settings"] else f"| {r['experiment']} | failed (rc {r['rc']}) |"
+            for r in results]
+    text = (f"# Trading experiments over {args.seeds} seeds ({meta['data']} data)\n\n"
+            f"{meta['gpu']}, torch {meta['torch']}, triton {meta['triton']}, {meta['date']}; "
+            f"{args.parallel} multiruns at a time, {meta['wall_s']} s in all; overrides: {' '.join(extra) or 'none'}.\n\n"
+            "Test split metrics of the greedy agent, mean ± std [min, max] over seeds; selection on the validation "
+            "split only. Ensemble: the seeds' per-bar test returns averaged (one equal-weight portfolio), with its "
+            "block-bootstrap 95 % Sharpe interval and probabilistic Sharpe ratios against 0 and buy-and-hold. "
+            "Flat earns 0 by construction. Turnover and more per run: each run's eval/summary.json.\n\n"
+            f"{header}\n" + "\n".join(rows) + "\n\n" +
+            "Wall per experiment (s): " + ", ".join(f"{r['experiment']} {r['wall_s']}" for r in results) + "\n")
+    gpu = meta["gpu"].replace(" ", "-").replace(":", "-")
+    stem = f"{meta['date'][:10]}_{gpu}_trading-seeds" + (f"-{args.tag}" if args.tag else "")
+    results_dir = Path(args.results)
+    results_dir.mkdir(parents=True, exist_ok=True)
+    (results_dir / f"{stem}.md").write_text(text)
+    (results_dir / f"{stem}.json").write_text(json.dumps({"meta": meta, "results": results}, indent=1, default=str))
+    print(text)
+    return 0 if all(r["rc"] == 0 for r in results) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

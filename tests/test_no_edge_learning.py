@@ -1,0 +1,80 @@
+"""Learning check on a market with no edge: eurusd_dqn trained on ``martingale_1h`` earns nothing.
+
+Three seeds of ``+experiment=eurusd_dqn data.name=martingale_1h`` on the CPU with a 100k env-step
+budget. On the test split no seed may earn beyond noise: the probabilistic Sharpe ratio against 0
+stays below 0.95 and the block-bootstrap 95 % Sharpe interval reaches 0 or below.
+
+The same predicate is applied to a policy that reads the next bar's close (a look-ahead bug in
+its purest form), which must be flagged, so the check can fail.
+"""
+import numpy as np
+import pytest
+import torch
+
+from foxdqn.data import load_market_data
+from foxdqn.envs.actions import compose
+from foxdqn.evaluate import evaluate
+from foxdqn.step.state import build_state
+from foxdqn.train import load_config
+
+from support import train_eager
+
+pytestmark = pytest.mark.slow
+
+
+def _config(seed: int):
+    return load_config(["+experiment=eurusd_dqn", "data.name=martingale_1h", "device=cpu", "log.progress=false",
+                        "agent.total_env_steps=100000", f"seed={seed}"])
+
+
+def earns_beyond_noise(agent_metrics: dict) -> bool:
+    return agent_metrics["psr_vs_zero"] > 0.95 or agent_metrics["sharpe_ci95_low"] > 0
+
+
+@pytest.fixture(scope="module")
+def market():
+    cfg = _config(0)
+    return load_market_data(cfg.data, cfg.env.window, cfg.env.episode_length)
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_trained_agent_earns_nothing_on_a_martingale(market, seed):
+    cfg = _config(seed)
+    torch.manual_seed(seed)
+    s = build_state(cfg, market, torch.device("cpu"))
+    train_eager(s, cfg)
+    agent = evaluate(cfg, market, s.online, torch.device("cpu"), split="test")["metrics"]["agent"]
+    assert not earns_beyond_noise(agent), agent
+
+
+def test_a_look_ahead_policy_is_flagged(market):
+    cfg = _config(0)
+    close = torch.as_tensor(market.close)
+
+    class PeeksAtTheNextClose(torch.nn.Module):
+        """Not a network: ``evaluate`` calls it on the observation; it reads the env's bar index."""
+
+        env = None
+
+        def forward(self, obs):
+            t = int(self.env.t[0])
+            up = close[min(t + 1, close.numel() - 1)] > close[t]
+            return torch.nn.functional.one_hot(torch.tensor([compose(4 if up else 0, 0, 0)]), 45).float()
+
+    peek = PeeksAtTheNextClose()
+    from foxdqn.step import build
+
+    real_build_env = build.build_env
+
+    def build_env(*args, **kwargs):
+        env = real_build_env(*args, **kwargs)
+        peek.env = env
+        return env
+
+    build.build_env = build_env
+    try:
+        agent = evaluate(cfg, market, peek, torch.device("cpu"), split="test", policies=("agent",))["metrics"]["agent"]
+    finally:
+        build.build_env = real_build_env
+    assert earns_beyond_noise(agent), agent
+    assert np.isfinite(agent["sharpe"])
