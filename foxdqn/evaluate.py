@@ -7,8 +7,9 @@ timestamps (``MarketData.bars_per_year``), plus how far the Sharpe ratio can be 
 (:mod:`foxdqn.significance`): ``psr_vs_zero`` and, for the agent, ``psr_vs_buy_and_hold``
 (probabilistic Sharpe ratio, Bailey & López de Prado 2012), and ``sharpe_ci95_low`` /
 ``sharpe_ci95_high`` (circular block bootstrap, 2,000 resamples, blocks of ceil(S^(1/3)) bars).
-A walk that ends in ruin before the split's end is carried to the end at its floored equity,
-flat, so every policy is measured over the same bars. This walk reads the device every bar; it
+A walk that ends in ruin (equity at or below ``RUIN_FRACTION`` of the initial equity, which may
+have gone negative inside the bar) is floored there and carried to the split's end, flat, so every
+policy is measured over the same bars. This walk reads the device every bar; it
 is not the training hot loop.
 """
 from __future__ import annotations
@@ -19,6 +20,7 @@ import numpy as np
 import torch
 
 from foxdqn.envs.actions import compose
+from foxdqn.envs.execution import RUIN_FRACTION
 from foxdqn.metrics import performance_summary
 from foxdqn.significance import per_bar_sharpe, probabilistic_sharpe_ratio, sharpe_confidence_interval
 
@@ -106,6 +108,8 @@ def evaluate(cfg, market, online: torch.nn.Module, device: torch.device, split: 
     length = max(int(w["exposure"].size) for w in walks.values())
     start, end = market.splits[split]
     length = max(length, end - 1 - max(start, cfg.env.window - 1))
+    floor = RUIN_FRACTION * float(cfg.env.execution.initial_equity)  # a ruined account is worth the floor
+    walks = {name: {**w, "equity": np.maximum(w["equity"], floor)} for name, w in walks.items()}
     walks = {name: _to_full_length(w, length) for name, w in walks.items()}
     bench = walks.get("buy_and_hold")
     metrics = {}

@@ -230,7 +230,12 @@ def _run(cfg: DictConfig) -> float:
                   f"agent.batch_size ({str(exc).splitlines()[0][:120]})")
         raise
     _print_summary(summary, run_dir)
-    # the value a Hydra sweeper (Optuna, ...) optimises: the validation metric, never the test split
+    return objective(summary)
+
+
+def objective(summary: dict) -> float:
+    """The value a run returns to a Hydra sweeper (Optuna, ...): the validation metric of the weights
+    the run kept (``summary["selection"]``, docs/backtest.md), never a test-split number."""
     return float(summary["selection"]["value"])
 
 

@@ -38,6 +38,28 @@ def test_default_smoke_writes_every_output(tmp_path):
     summary = assert_outputs(tmp_path / "run")
     assert summary["experiment"] == "eurusd_dqn"
     assert "outputs:" in res.stdout
+    assert "PSR(SR > 0)" in res.stdout and "turnover (x equity/yr)" in res.stdout
+    agent = summary["metrics"]["agent"]
+    assert 0 <= agent["psr_vs_zero"] <= 1 and 0 <= agent["psr_vs_buy_and_hold"] <= 1
+    assert agent["sharpe_ci95_low"] <= agent["sharpe_ci95_high"]
+    assert summary["selection"]["split"] == "val" and summary["selection"]["metric"] == "sharpe"
+    assert "turnover" in summary["units"]
+    equity = (tmp_path / "run" / "eval" / "equity.csv").read_text().splitlines()
+    assert equity[0] == "timestamp,agent_equity,buy_and_hold_equity,flat_equity,agent_exposure"
+    assert len(equity) == summary["bars"] + 2
+
+
+def test_multirun_writes_the_seeds_report(tmp_path):
+    res = run(["--multirun", "debug=smoke", "debug.max_env_steps=1024", "seed=0,1", "agent.lr=3e-4,1e-3",
+               f"hydra.sweep.dir={tmp_path / 'sweep'}"], cwd=tmp_path)
+    assert res.returncode == 0, res.stderr[-2000:]
+    report = json.loads((tmp_path / "sweep" / "seeds.json").read_text())
+    assert len(report) == 2 and all(e["seeds"] == 2 for e in report)
+    assert {e["setting"] for e in report} == {"debug=smoke debug.max_env_steps=1024 agent.lr=0.0003",
+                                              "debug=smoke debug.max_env_steps=1024 agent.lr=0.001"}
+    values = [e["selection"]["mean"] for e in report]
+    assert values == sorted(values, reverse=True)  # best validation first
+    assert (tmp_path / "sweep" / "seeds.md").is_file() and "seeds report:" in res.stdout
 
 
 @pytest.mark.parametrize("kind", ["googl", "csv"])
@@ -69,6 +91,8 @@ def _bad_csv(tmp_path):
     (["agent.lr=nan"], "agent.lr"),
     (["replay.capacity=1000000000000"], "replay.capacity"),
     (["--multirun", "agent.lr=1e-4,-1", "debug=smoke"], "agent.lr"),
+    (["env.execution.ioc_fill_rule=range"], "env.execution.ioc_fill_rule: removed"),
+    (["+env.execution.ioc_fill_rule=marketable"], "env.execution.ioc_fill_rule: removed"),
 ])
 def test_bad_input_one_line_exit_2_no_run_dir(tmp_path, args, needle):
     args = [f"data.path={_bad_csv(tmp_path)}" if a == "BAD_CSV" else a for a in args]

@@ -149,14 +149,18 @@ def _ioc_buy(make_env, bar1, urgency=1):
     return env, act(env, LONG1, IOC, urgency)  # normal: L = 100 * (1 + 2e-4/2 + 2 bp) = 100.03
 
 
-def test_ioc_buy_marketable_at_the_open_fills_at_the_touch_plus_slippage(make_env):
-    env, out = _ioc_buy(make_env, (100.0, 102.0, 99.5, 101.0, 4e-4))
+@pytest.mark.parametrize("bar1", [
+    (100.0, 102.0, 99.5, 101.0, 4e-4),  # the bar trades through L = 100.03 later: irrelevant
+    (100.0, 100.02, 99.98, 100.01, 1e-4),  # the whole bar below L (the old "range" rule cancelled it)
+])
+def test_ioc_buy_marketable_at_the_open_fills_at_the_touch_plus_slippage(make_env, bar1):
+    env, out = _ioc_buy(make_env, bar1)
     touch = 100.0 * (1 + 2e-4 / 2)  # ask at the open of bar 1, with s_0
     price = touch * (1 + 1e-4)  # normal urgency's market slippage (1 bp), below L = 100.03
     assert price < 100.0 * (1 + 1e-4 + 2e-4)
     fee = 0.01 * price * 1e-4
     cash = 1.0 - 0.01 * price - fee
-    equity = cash + 0.01 * 101.0
+    equity = cash + 0.01 * bar1[3]
     check(env, out, fill=True, price=price, fee=fee, cost=0.01 * (price - 100.0) + fee, cash=cash, units=0.01,
           equity=equity, reward=math.log(equity), exposure_idx=LONG1, entry=price)
 
@@ -180,17 +184,6 @@ def test_ioc_buy_not_marketable_at_the_open_is_cancelled(make_env, bar1):
     env, out = _ioc_buy(make_env, bar1)
     check(env, out, fill=False, price=0.0, fee=0.0, cost=0.0, cash=1.0, units=0.0, equity=1.0, reward=0.0,
           exposure_idx=FLAT, entry=0.0)
-
-
-def test_ioc_buy_limit_above_the_whole_bar_fills_at_the_open(make_env):
-    # the whole bar trades below L = 100.03: marketable at the open (the old "range" rule cancelled it)
-    env, out = _ioc_buy(make_env, (100.0, 100.02, 99.98, 100.01, 1e-4))
-    price = 100.0 * (1 + 2e-4 / 2) * (1 + 1e-4)
-    fee = 0.01 * price * 1e-4
-    cash = 1.0 - 0.01 * price - fee
-    equity = cash + 0.01 * 100.01
-    check(env, out, fill=True, price=price, fee=fee, cost=0.01 * (price - 100.0) + fee, cash=cash, units=0.01,
-          equity=equity, reward=math.log(equity), exposure_idx=LONG1, entry=price)
 
 
 def test_ioc_fill_never_reads_the_next_bars_high_low_or_close(make_env):

@@ -1,0 +1,64 @@
+"""Selection never sees the test split; a ruined agent is reported over the whole split."""
+import numpy as np
+import pytest
+import torch
+
+from foxdqn.data import load_market_data
+from foxdqn.evaluate import evaluate
+from foxdqn.loop import train
+from foxdqn.train import load_config
+
+
+@pytest.fixture(scope="module")
+def smoke_run(tmp_path_factory):
+    cfg = load_config(["debug=smoke", "device=cpu", "log.progress=false", "log.tensorboard=false"])
+    market = load_market_data(cfg.data, cfg.env.window, cfg.env.episode_length)
+    run_dir = tmp_path_factory.mktemp("run")
+    return cfg, market, train(cfg, market, run_dir), run_dir
+
+
+def test_the_selected_value_is_the_validation_metric_of_the_evaluated_weights(smoke_run):
+    cfg, market, summary, run_dir = smoke_run
+    sel = summary["selection"]
+    assert sel == {"split": "val", "metric": "sharpe", "value": sel["value"], "weights": "last"}
+    from foxdqn.checkpoint import load_checkpoint
+    from foxdqn.step.state import build_state
+
+    s = build_state(cfg, market, torch.device("cpu"))
+    s.online.load_state_dict(load_checkpoint(run_dir / "checkpoints" / "last.pt", map_location="cpu")["online"])
+    val = evaluate(cfg, market, s.online, torch.device("cpu"), split="val", action_mode=s.action_mode)
+    test = evaluate(cfg, market, s.online, torch.device("cpu"), split="test", action_mode=s.action_mode)
+    assert sel["value"] == pytest.approx(val["metrics"]["agent"]["sharpe"])
+    assert sel["value"] != pytest.approx(test["metrics"]["agent"]["sharpe"])
+    assert summary["metrics"]["agent"]["sharpe"] == pytest.approx(test["metrics"]["agent"]["sharpe"])
+
+
+def test_the_task_function_returns_the_selection_not_a_test_metric(smoke_run):
+    from foxdqn.train import objective
+
+    _, _, summary, _ = smoke_run
+    rigged = {**summary, "metrics": {**summary["metrics"], "agent": {**summary["metrics"]["agent"], "sharpe": 1e9}}}
+    assert objective(rigged) == objective(summary) == summary["selection"]["value"]
+
+
+def test_a_ruined_agent_is_carried_to_the_end_of_the_split():
+    cfg = load_config(["debug=smoke", "device=cpu", "env.execution.taker_fee_bps=3000",
+                       "env.execution.maker_fee_bps=3000"])
+    market = load_market_data(cfg.data, cfg.env.window, cfg.env.episode_length)
+
+    class FlipFlop(torch.nn.Module):
+        """Alternates +1 and -1 market orders: 30 % fees ruin it within a few bars."""
+        calls = 0
+
+        def forward(self, obs):
+            self.calls += 1
+            q = torch.zeros(obs.shape[0], 45)
+            q[:, 36 if self.calls % 2 else 0] = 1.0
+            return q
+
+    result = evaluate(cfg, market, FlipFlop(), torch.device("cpu"), split="test")
+    agent, bh = result["curves"]["agent"], result["curves"]["buy_and_hold"]
+    assert agent["equity"].size == bh["equity"].size and agent["exposure"].size == bh["exposure"].size
+    assert agent["equity"][-1] == pytest.approx(1e-6, rel=1e-3)  # ruined, then flat at the floor
+    assert np.all(agent["exposure"][-10:] == 0)
+    assert result["metrics"]["agent"]["total_return"] == pytest.approx(-1.0, abs=1e-5)
