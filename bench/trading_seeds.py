@@ -77,13 +77,18 @@ def main(argv: list[str] | None = None) -> int:
               "--seeds/--parallel < 1", file=sys.stderr)
         return 2
     out = Path(args.out)
+    used = [e for e in names if (out / e).exists()]
+    if used:  # a reused folder would mix an earlier run's jobs into this report
+        print(f"bench.trading_seeds: error: {out / used[0]} exists; choose another --out", file=sys.stderr)
+        return 2
     t0 = time.perf_counter()
     with ThreadPoolExecutor(max_workers=args.parallel) as pool:
         results = list(pool.map(lambda e: run_one(e, args.seeds, args.data, out, extra), names))
     meta = {**tags(), "seeds": args.seeds, "data": args.data or "each experiment's", "overrides": extra,
             "parallel": args.parallel, "wall_s": round(time.perf_counter() - t0, 1)}
-    header = ("| experiment | seeds | val Sharpe (selection) | test return | test Sharpe | test max drawdown | "
-              "trades | ensemble Sharpe [95 %] | ensemble PSR > 0 | ensemble PSR > B&H | buy-and-hold |\n"
+    metric = next((r["settings"][0]["selection_metric"] for r in results if r["settings"]), "metric")
+    header = (f"| experiment | seeds | val {metric} (selection) | test return | test Sharpe | test max drawdown | "
+              "trades | ensemble Sharpe [95 %] | ensemble PSR > 0 | ensemble PSR > B&H (active return) | buy-and-hold |\n"
               "|---|---|---|---|---|---|---|---|---|---|---|")
     rows = [_row(r["experiment"], r["settings"][0]) if r["settings"] else f"| {r['experiment']} | failed (rc {r['rc']}) |"
             for r in results]
@@ -92,7 +97,7 @@ def main(argv: list[str] | None = None) -> int:
             f"{args.parallel} multiruns at a time, {meta['wall_s']} s in all; overrides: {' '.join(extra) or 'none'}.\n\n"
             "Test split metrics of the greedy agent, mean ± std [min, max] over seeds; selection on the validation "
             "split only. Ensemble: the seeds' per-bar test returns averaged (one equal-weight portfolio), with its "
-            "block-bootstrap 95 % Sharpe interval and probabilistic Sharpe ratios against 0 and buy-and-hold. "
+            "block-bootstrap 95 % Sharpe interval, PSR against 0, and the PSR of its return minus buy-and-hold's. "
             "Flat earns 0 by construction. Turnover and more per run: each run's eval/summary.json.\n\n"
             f"{header}\n" + "\n".join(rows) + "\n\n" +
             "Wall per experiment (s): " + ", ".join(f"{r['experiment']} {r['wall_s']}" for r in results) + "\n")

@@ -1,36 +1,173 @@
-"""Checkpoints written atomically (temporary file in the same folder, then ``os.replace``)."""
+"""Checkpoints: everything a run needs to continue, written atomically.
+
+A checkpoint (``torch.save`` of a dict, written through :func:`foxdqn.io_atomic.write_bytes_atomic`
+so that a crash or a full disk never leaves a partial file or a ``.tmp`` behind) holds:
+
+* ``online``, ``target``, ``optimizer``: the networks' and Adam's ``state_dict``;
+* ``env_steps``, ``updates``: the device counters (ints);
+* ``config``: the resolved config (``dataclasses.asdict``);
+* ``tensors``: every other tensor of the :class:`~foxdqn.step.state.TrainState`, found by walking
+  its objects (env state, schedules, device accumulators, guard and Q-monitor state, PER tree,
+  pruning masks, the observation to act on), keyed by their attribute path; the replay memory
+  only with ``save_replay`` (it is most of the run's memory);
+* ``generators``: the state of the run's ``torch.Generator`` and of torch's global CPU/CUDA RNGs;
+* ``loop``: the host loop's own state (early stopper, collapse monitor, ...), any picklable dict;
+* ``format``: :data:`FORMAT`.
+
+:func:`restore_state` copies a checkpoint into a freshly built state of the same config (same
+shapes): resuming then replays exactly what the interrupted run would have done (on CPU, bit for
+bit when the replay was saved; tested). Reading the counters is a host sync: checkpoints are taken
+at log boundaries and at the end, never inside the steady-state loop.
+"""
 from __future__ import annotations
 
-import os
+import dataclasses
+import io
 from pathlib import Path
+from typing import Any, Iterator
 
 import torch
 
+from foxdqn.errors import ConfigError
+from foxdqn.io_atomic import write_bytes_atomic
 
-def save_checkpoint(path: str | Path, state, extra: dict | None = None) -> Path:
-    """Save online/target weights, optimizer state, counters and the resolved config.
+FORMAT = 2
+_OWN = ("cfg", "device", "online", "target", "optimizer", "generator", "env_steps", "updates")
+_SKIP_TYPES = (str, bytes, int, float, bool, type(None), torch.device, torch.dtype)
 
-    ``state`` is a :class:`foxdqn.step.state.TrainState`. Reads device counters (a host sync:
-    only called at the end of a run or on halt, never in the steady-state loop).
+
+def _walk(obj: Any, path: str, seen: set[int], skip_replay: bool) -> Iterator[tuple[str, torch.Tensor]]:
+    """Every tensor reachable from ``obj`` (attributes, lists, tuples, dicts, modules), once each."""
+    if isinstance(obj, torch.Tensor):
+        if id(obj) not in seen:
+            seen.add(id(obj))
+            yield path, obj
+        return
+    if isinstance(obj, _SKIP_TYPES) or id(obj) in seen or callable(obj) and not hasattr(obj, "__dict__"):
+        return
+    seen.add(id(obj))
+    if isinstance(obj, torch.nn.Module):
+        for name, t in list(obj.named_parameters()) + list(obj.named_buffers()):
+            yield from _walk(t.data if isinstance(t, torch.nn.Parameter) else t, f"{path}.{name}", seen, skip_replay)
+        return
+    if isinstance(obj, (list, tuple)):
+        for i, item in enumerate(obj):
+            yield from _walk(item, f"{path}[{i}]", seen, skip_replay)
+        return
+    if isinstance(obj, dict):
+        for key, item in obj.items():
+            if isinstance(key, (str, int)):
+                yield from _walk(item, f"{path}[{key!r}]", seen, skip_replay)
+        return
+    if isinstance(obj, (torch.Generator, torch.optim.Optimizer)) or not hasattr(obj, "__dict__"):
+        return
+    for name, item in vars(obj).items():
+        yield from _walk(item, f"{path}.{name}", seen, skip_replay)
+
+
+def state_tensors(state, save_replay: bool = True) -> dict[str, torch.Tensor]:
+    """The tensors of ``state`` that :func:`restore_state` puts back, by attribute path."""
+    seen: set[int] = set()
+    for module in (state.online, state.target):  # saved through their state_dict
+        seen.update(id(t.data) for t in module.parameters())
+        seen.update(id(t) for t in module.buffers())
+    if not save_replay:
+        seen.update(id(t) for _, t in _walk(state.replay, "replay", set(), False))
+    out: dict[str, torch.Tensor] = {}
+    for field in dataclasses.fields(state):
+        if field.name in _OWN:
+            continue
+        out.update(_walk(getattr(state, field.name), field.name, seen, not save_replay))
+    return out
+
+
+def save_checkpoint(path: str | Path, state, extra: dict | None = None, *, loop: dict | None = None,
+                    save_replay: bool = False) -> Path:
+    """Write a checkpoint of ``state`` (:class:`~foxdqn.step.state.TrainState`) to ``path``, atomically.
+
+    Args:
+        path: destination file (parent folders are created).
+        state: the run's state.
+        extra: more top-level entries (e.g. ``{"best": ...}``).
+        loop: the host loop's state (picklable), restored by the caller on resume.
+        save_replay: include the replay memory (needed for an exact continuation).
+
+    Returns:
+        ``path`` as a :class:`~pathlib.Path`.
+
+    Raises:
+        OSError: the folder cannot be written (nothing is left behind).
     """
-    import dataclasses
-
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
     payload = {
+        "format": FORMAT,
         "online": state.online.state_dict(),
         "target": state.target.state_dict(),
         "optimizer": state.optimizer.state_dict(),
         "env_steps": int(state.env_steps.item()),
         "updates": int(state.updates.item()),
         "config": dataclasses.asdict(state.cfg),
+        "tensors": {k: v.detach().cpu().clone() for k, v in state_tensors(state, save_replay).items()},
+        "replay_saved": bool(save_replay),
+        "generators": {"run": state.generator.get_state(), "cpu": torch.get_rng_state(),
+                       "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None},
+        "loop": loop or {},
         **(extra or {}),
     }
-    tmp = path.with_name(path.name + ".tmp")
-    torch.save(payload, tmp)
-    os.replace(tmp, path)
+    buffer = io.BytesIO()
+    torch.save(payload, buffer)
+    write_bytes_atomic(path, buffer.getvalue())
     return path
 
 
 def load_checkpoint(path: str | Path, map_location="cpu") -> dict:
-    return torch.load(Path(path), map_location=map_location, weights_only=False)
+    """Read a checkpoint written by :func:`save_checkpoint` (any format; ``online`` always present).
+
+    Raises:
+        ConfigError: the file is missing, unreadable, or not a foxdqn checkpoint (names the path).
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"checkpoint {path}: no such file")
+    try:
+        payload = torch.load(path, map_location=map_location, weights_only=False)
+    except Exception as exc:  # noqa: BLE001 - truncated, corrupt or foreign pickles
+        raise ConfigError(f"checkpoint {path}: not a readable checkpoint ({type(exc).__name__}: "
+                          f"{str(exc).splitlines()[0][:120] if str(exc) else ''})") from None
+    if not isinstance(payload, dict) or "online" not in payload or "config" not in payload:
+        raise ConfigError(f"checkpoint {path}: not a foxdqn checkpoint (no online weights and config)")
+    return payload
+
+
+def restore_state(state, payload: dict) -> None:
+    """Copy checkpoint ``payload`` into ``state`` (built from the same config), in place.
+
+    Raises:
+        ConfigError: the checkpoint is not a resumable one (older format) or its tensors do not
+            match this state's (another config).
+    """
+    if payload.get("format") != FORMAT:
+        raise ConfigError("checkpoint: written by an older foxdqn without the full training state; "
+                          "it can be evaluated but not resumed")
+    state.online.load_state_dict(payload["online"])
+    state.target.load_state_dict(payload["target"])
+    state.optimizer.load_state_dict(payload["optimizer"])
+    mine = state_tensors(state, save_replay=payload["replay_saved"])
+    saved = payload["tensors"]
+    if set(mine) != set(saved):
+        missing = sorted(set(mine) ^ set(saved))[:3]
+        raise ConfigError(f"checkpoint: its training state does not match this config (e.g. {', '.join(missing)})")
+    with torch.no_grad():
+        for name, tensor in mine.items():
+            value = saved[name]
+            if value.shape != tensor.shape or value.dtype != tensor.dtype:
+                raise ConfigError(f"checkpoint: {name} has shape {tuple(value.shape)} {value.dtype}, this config "
+                                  f"{tuple(tensor.shape)} {tensor.dtype}")
+            tensor.copy_(value)
+        state.env_steps.fill_(int(payload["env_steps"]))
+        state.updates.fill_(int(payload["updates"]))
+    gens = payload["generators"]
+    state.generator.set_state(gens["run"])
+    torch.set_rng_state(gens["cpu"])
+    if gens.get("cuda") is not None and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(gens["cuda"])

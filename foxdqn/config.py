@@ -252,6 +252,14 @@ class LogConfig:
 
 
 @dataclass
+class CheckpointConfig:
+    """Checkpoints for resuming (foxdqn.checkpoint): ``checkpoints/last.pt``, rewritten atomically."""
+
+    every_env_steps: int = 100_000  # also every this many env steps (0 = only at the end, on a halt or a signal)
+    save_replay: bool = False  # include the replay memory (an exact continuation; large)
+
+
+@dataclass
 class DebugConfig:
     """Caps applied after composition (so they win over any experiment): ``debug=smoke``."""
 
@@ -290,7 +298,9 @@ class TrainConfig:
     log: LogConfig = field(default_factory=LogConfig)
     early_stop: EarlyStopConfig = field(default_factory=EarlyStopConfig)
     diversity: DiversityConfig = field(default_factory=DiversityConfig)
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     debug: DebugConfig = field(default_factory=DebugConfig)
+    resume: Optional[str] = None  # auto (the newest checkpoint of hydra.run.dir) | a checkpoint path
 
 
 def register_configs() -> None:
@@ -329,7 +339,12 @@ def to_object(cfg: DictConfig | TrainConfig) -> TrainConfig:
 
 
 def apply_debug(cfg: TrainConfig) -> TrainConfig:
-    """Apply the ``debug`` caps in place and return ``cfg``."""
+    """Apply the ``debug`` caps in place and return ``cfg``: the schedule caps, then the size caps."""
+    return apply_size_caps(apply_schedule_caps(cfg))
+
+
+def apply_schedule_caps(cfg: TrainConfig) -> TrainConfig:
+    """``debug.max_env_steps`` and ``debug.max_learning_starts`` (a shorter run), in place."""
     d = cfg.debug
     if d.max_env_steps is not None:
         full = cfg.agent.total_env_steps
@@ -342,12 +357,18 @@ def apply_debug(cfg: TrainConfig) -> TrainConfig:
         cfg.log.interval_env_steps = min(cfg.log.interval_env_steps, max(1, d.max_env_steps // 4))
         if cfg.eval.interval_env_steps:
             cfg.eval.interval_env_steps = min(cfg.eval.interval_env_steps, max(1, d.max_env_steps // 2))
+    if d.max_learning_starts is not None:
+        cfg.agent.learning_starts = min(cfg.agent.learning_starts, d.max_learning_starts)
+    return cfg
+
+
+def apply_size_caps(cfg: TrainConfig) -> TrainConfig:
+    """``debug.max_num_envs``, ``max_batch_size``, ``max_replay_capacity``, ``max_hidden``, in place."""
+    d = cfg.debug
     if d.max_num_envs is not None:
         cfg.env.num_envs = min(cfg.env.num_envs, d.max_num_envs)
     if d.max_batch_size is not None:
         cfg.agent.batch_size = min(cfg.agent.batch_size, d.max_batch_size)
-    if d.max_learning_starts is not None:
-        cfg.agent.learning_starts = min(cfg.agent.learning_starts, d.max_learning_starts)
     if d.max_replay_capacity is not None:
         cfg.replay.capacity = min(cfg.replay.capacity, d.max_replay_capacity)
     if d.max_hidden is not None:
@@ -399,6 +420,11 @@ def allowed_keys(dotted: str) -> list[str]:
 def validate(cfg: TrainConfig) -> None:
     """Check ranges and cross-field rules. Raises ConfigError naming the dotted field."""
     _check_finite(cfg)
+    if not 0 <= cfg.seed < 2 ** 63:
+        raise ConfigError(f"seed={cfg.seed} must be an integer in [0, 2**63)")
+    _positive(cfg.checkpoint.every_env_steps, "checkpoint.every_env_steps", allow_zero=True)
+    if cfg.resume is not None and not str(cfg.resume).strip():
+        raise ConfigError("resume must be auto or the path of a checkpoint (.pt)")
     _choice(cfg.device, DEVICES, "device")
     _choice(cfg.graph, GRAPH_MODES, "graph")
     _positive(cfg.cpu_threads, "cpu_threads", allow_zero=True)
@@ -576,9 +602,38 @@ def finalize(cfg: DictConfig | TrainConfig) -> TrainConfig:
         extra = unknown_keys(cfg)
         if extra:
             raise ConfigError(unknown_key_message(extra[0]))
-    obj = apply_debug(to_object(cfg))
+    obj = apply_schedule_caps(to_object(cfg))
+    validate(obj)  # sizes as written: the size caps must not hide a bad combination (batch > replay, ...)
+    obj = apply_size_caps(obj)
     validate(obj)
+    warn_ignored(obj)
     return obj
+
+
+def warn_ignored(cfg: TrainConfig) -> list[str]:
+    """Log (and return) one warning per setting that the chosen components ignore: keys of a head
+    that is not selected, or ``debug.inject_nan_at_step`` past the run's last update."""
+    import logging
+
+    from foxdqn.step.state import total_updates
+
+    notes = []
+    default = HeadConfig()
+    groups = {"c51": ("atoms", "v_min", "v_max"),
+              "iqn": ("num_quantiles", "num_target_quantiles", "num_quantiles_policy", "embedding_dim", "kappa")}
+    for head, keys in groups.items():
+        if cfg.head.name != head:
+            changed = [k for k in keys if getattr(cfg.head, k) != getattr(default, k)]
+            if changed:
+                notes.append(f"head.{', head.'.join(changed)} set but head.name={cfg.head.name!r}: ignored "
+                             f"(they belong to head={head})")
+    nan_at = cfg.debug.inject_nan_at_step
+    if nan_at is not None and nan_at >= total_updates(cfg):
+        notes.append(f"debug.inject_nan_at_step={nan_at} is past the run's last update ({total_updates(cfg) - 1}): "
+                     "no NaN will be injected")
+    for note in notes:
+        logging.getLogger("foxdqn.config").warning(note)
+    return notes
 
 
 register_configs()

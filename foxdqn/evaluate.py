@@ -5,7 +5,8 @@ the split, deterministically, under the same execution model and costs as traini
 come from :func:`foxdqn.metrics.performance_summary` with the bar frequency inferred from the
 timestamps (``MarketData.bars_per_year``), plus how far the Sharpe ratio can be trusted
 (:mod:`foxdqn.significance`): ``psr_vs_zero`` and, for the agent, ``psr_vs_buy_and_hold``
-(probabilistic Sharpe ratio, Bailey & López de Prado 2012), and ``sharpe_ci95_low`` /
+(probabilistic Sharpe ratio, Bailey & López de Prado 2012; against buy-and-hold it is the PSR of
+the agent's return minus buy-and-hold's), and ``sharpe_ci95_low`` /
 ``sharpe_ci95_high`` (circular block bootstrap, 2,000 resamples, blocks of ceil(S^(1/3)) bars).
 A walk that ends in ruin (equity at or below ``RUIN_FRACTION`` of the initial equity, which may
 have gone negative inside the bar) is floored there and carried to the split's end, flat, so every
@@ -14,6 +15,7 @@ is not the training hot loop.
 """
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 
 import numpy as np
@@ -22,7 +24,7 @@ import torch
 from foxdqn.envs.actions import compose
 from foxdqn.envs.execution import RUIN_FRACTION
 from foxdqn.metrics import performance_summary
-from foxdqn.significance import per_bar_sharpe, probabilistic_sharpe_ratio, sharpe_confidence_interval
+from foxdqn.significance import probabilistic_sharpe_ratio, sharpe_confidence_interval
 
 # Baselines as fixed actions: exposure index 4 (+1) / 2 (flat), market order, normal urgency.
 BUY_AND_HOLD_ACTION = int(compose(torch.tensor(4), torch.tensor(0), torch.tensor(1)))
@@ -40,7 +42,8 @@ UNITS = {
     "turnover": "multiples of equity traded per year (a flip from +1 to -1 counts 2)",
     "num_trades": "fills",
     "psr_vs_zero": "probability that the true Sharpe ratio is above 0",
-    "psr_vs_buy_and_hold": "probability that the true Sharpe ratio is above buy-and-hold's on the same bars",
+    "psr_vs_buy_and_hold": "probability that the agent's per-bar return minus buy-and-hold's has a true Sharpe "
+                           "ratio (information ratio) above 0",
     "sharpe_ci95_low": "annualised Sharpe, 2.5 % block-bootstrap quantile",
     "sharpe_ci95_high": "annualised Sharpe, 97.5 % block-bootstrap quantile",
 }
@@ -73,13 +76,17 @@ def _to_full_length(walk: dict, length: int) -> dict:
 
 def significance(equity: np.ndarray, bars_per_year: float, benchmark: np.ndarray | None = None) -> dict:
     """``psr_vs_zero``, ``sharpe_ci95_low/high`` and, given a ``benchmark`` equity curve of the same
-    bars, ``psr_vs_buy_and_hold`` of one equity curve ``[S+1]`` (foxdqn.significance)."""
+    bars, ``psr_vs_buy_and_hold`` of one equity curve ``[S+1]`` (foxdqn.significance).
+
+    ``psr_vs_buy_and_hold`` is the PSR against 0 of the per-bar *active* return (agent minus
+    benchmark), so the benchmark's own sampling error and the correlation of the two curves count;
+    comparing with the benchmark's sample Sharpe as if it were known would not.
+    """
     r = equity[1:] / equity[:-1] - 1.0
     low, high = sharpe_confidence_interval(r, bars_per_year)
     out = {"psr_vs_zero": probabilistic_sharpe_ratio(r), "sharpe_ci95_low": low, "sharpe_ci95_high": high}
     if benchmark is not None:
-        bench = per_bar_sharpe(benchmark[1:] / benchmark[:-1] - 1.0)
-        out["psr_vs_buy_and_hold"] = probabilistic_sharpe_ratio(r, 0.0 if np.isnan(bench) else bench)
+        out["psr_vs_buy_and_hold"] = probabilistic_sharpe_ratio(r - (benchmark[1:] / benchmark[:-1] - 1.0))
     return out
 
 
@@ -125,8 +132,8 @@ def evaluate(cfg, market, online: torch.nn.Module, device: torch.device, split: 
 
 
 def write_report(out_dir: Path, result: dict, market, split: str, title: str, extra: dict) -> dict:
-    """Write ``eval/summary.json``, ``eval/equity.csv`` and ``eval/equity.png`` atomically; returns
-    the summary.
+    """Write ``eval/summary.json``, ``eval/equity.csv`` and ``eval/equity.png`` atomically, in that
+    order; returns the summary. A plot that cannot be drawn is a logged warning, not an error.
 
     ``equity.csv`` has one row per equity point: ``timestamp``, then ``<policy>_equity`` (cash
     units) for every policy and ``agent_exposure`` (the exposure held during the bar that ends
@@ -153,9 +160,12 @@ def write_report(out_dir: Path, result: dict, market, split: str, title: str, ex
     curves = {name: np.asarray(w["equity"], dtype=np.float64) for name, w in result["curves"].items()}
     table = pd.DataFrame({"timestamp": ts[index].astype(str), **{f"{k}_equity": v for k, v in curves.items()},
                           "agent_exposure": np.concatenate([[np.nan], agent["exposure"]])})
+    write_json_atomic(out_dir / "summary.json", summary)  # first: a plot failure must not lose the run
     write_text_atomic(out_dir / "equity.csv", table.to_csv(index=False))
-    plot_equity(out_dir / "equity.png", ts[index], curves, title)
-    write_json_atomic(out_dir / "summary.json", summary)
+    try:
+        plot_equity(out_dir / "equity.png", ts[index], curves, title)
+    except (ValueError, RuntimeError, OSError) as exc:
+        logging.getLogger(__name__).warning("eval/equity.png not written: %s", str(exc).splitlines()[0][:200])
     return summary
 
 

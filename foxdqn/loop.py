@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import math
+import signal
 import time
 from dataclasses import asdict
 from pathlib import Path
@@ -16,12 +17,12 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from foxdqn.checkpoint import load_checkpoint, save_checkpoint
+from foxdqn.checkpoint import load_checkpoint, restore_state, save_checkpoint
 from foxdqn.config import TrainConfig
 from foxdqn.early_stop import EarlyStopper, resolve_metric, stop_summary
 from foxdqn.errors import ConfigError, HaltError
 from foxdqn.evaluate import evaluate, evaluate_episodes, write_report
-from foxdqn.io_atomic import write_json_atomic
+from foxdqn.io_atomic import write_json_atomic, write_text_atomic
 from foxdqn.monitor.diversity import CollapseMonitor, action_diversity, entropy, format_top, top_actions
 from foxdqn.step import stats as S
 from foxdqn.step.iteration import make_iteration
@@ -104,15 +105,63 @@ def _selection(s: TrainState, market, stopper: EarlyStopper | None, weights: str
     return {"split": "val", "metric": metric, "value": float(value), "weights": weights}
 
 
-def train(cfg: TrainConfig, market, run_dir: Path) -> dict:
+class Interrupted(Exception):
+    """The run stopped on SIGINT or SIGTERM after its current iteration; a checkpoint was written.
+
+    ``exit_code`` is 128 + the signal number (130 for SIGINT, 143 for SIGTERM)."""
+
+    def __init__(self, signum: int, env_steps: int, checkpoint: Path) -> None:
+        self.signum, self.env_steps, self.checkpoint = signum, env_steps, checkpoint
+        self.exit_code = 128 + signum
+        super().__init__(f"interrupted by {signal.Signals(signum).name} at {env_steps} env steps; checkpoint "
+                         f"{checkpoint}; continue with resume=auto hydra.run.dir={checkpoint.parent.parent}")
+
+
+class _StopSignals:
+    """While active, SIGINT and SIGTERM set :attr:`received` (the loop stops after its iteration)
+    instead of killing the process; the previous handlers come back on exit. A second signal of
+    the same kind while stopping raises ``KeyboardInterrupt`` (a user who insists)."""
+
+    def __init__(self) -> None:
+        self.received: int | None = None
+        self._old: dict = {}
+
+    def _handle(self, signum, frame) -> None:
+        if self.received == signum:
+            raise KeyboardInterrupt
+        self.received = self.received or signum
+
+    def __enter__(self) -> "_StopSignals":
+        import threading
+
+        if threading.current_thread() is threading.main_thread():
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                self._old[sig] = signal.signal(sig, self._handle)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for sig, handler in self._old.items():
+            signal.signal(sig, handler)
+
+
+def train(cfg: TrainConfig, market, run_dir: Path, resume: dict | None = None) -> dict:
     """Train, evaluate on ``cfg.eval.split`` and write the run's outputs into ``run_dir``.
 
     With ``early_stop.enabled`` the run may end early (foxdqn.early_stop) and the evaluation uses
     ``checkpoints/best.pt``; the summary's ``stop`` / ``evaluated`` entries say which. Action
     diversity (foxdqn.monitor.diversity) is logged at log boundaries when ``diversity.enabled``.
+    ``checkpoints/last.pt`` (foxdqn.checkpoint) is rewritten every ``checkpoint.every_env_steps``
+    (at the first log boundary past each multiple), at the end, on a halt and on SIGINT/SIGTERM.
+
+    Args:
+        cfg, market, run_dir: the validated config, its market data (trading) and the run folder.
+        resume: a checkpoint payload (:func:`foxdqn.checkpoint.load_checkpoint`) of this run to
+            continue from: state, counters, generators and loop state are restored, metrics.csv
+            keeps its rows up to the checkpoint and continues.
 
     Raises:
         HaltError: a guard flag fired (the checkpoint of the last good weights is written first).
+        Interrupted: SIGINT or SIGTERM (the checkpoint is written first).
     """
     from foxdqn.monitor import MetricsLogger
     from foxdqn.monitor.progress import TrainProgress
@@ -125,6 +174,15 @@ def train(cfg: TrainConfig, market, run_dir: Path) -> dict:
     per_iter = cfg.env.num_envs * a.steps_per_iter
     total_iters = max(1, math.ceil(a.total_env_steps / per_iter))
     warm_iters = min(total_iters, math.ceil(a.learning_starts / per_iter))
+    host = {"stopper": EarlyStopper(cfg.early_stop, cfg.env.name) if cfg.early_stop.enabled else None,
+            "collapse": CollapseMonitor(cfg.diversity.min_entropy, cfg.diversity.patience),
+            "recent_return": float("nan"), "wall_before": 0.0}
+    start_iter = 0
+    if resume is not None:
+        restore_state(s, resume)
+        host.update(resume["loop"])
+        start_iter = int(resume["env_steps"]) // per_iter
+        log.info("resuming at %d env steps (iteration %d of %d)", resume["env_steps"], start_iter, total_iters)
     log.info("%s: %s on %s (graph=%s), %d env steps in %d iterations of %d envs x %d steps, %d updates each",
              cfg.experiment, cfg.env.name if market is None else market.source, device, graph,
              total_iters * per_iter, total_iters, cfg.env.num_envs, a.steps_per_iter, a.updates_per_iter)
@@ -132,18 +190,27 @@ def train(cfg: TrainConfig, market, run_dir: Path) -> dict:
     full = make_iteration(s, graph)  # host envs (env=gym): eager collect, captured update-only graph
     log_every = max(1, cfg.log.interval_env_steps // per_iter)
     eval_every = max(1, cfg.eval.interval_env_steps // per_iter) if cfg.eval.interval_env_steps else 0
+    ckpt_every = cfg.checkpoint.every_env_steps
     snapshot = Snapshotter(s)
-    logger = MetricsLogger(run_dir, tensorboard=cfg.log.tensorboard)
-    stopper = EarlyStopper(cfg.early_stop, cfg.env.name) if cfg.early_stop.enabled else None
-    best_path = run_dir / "checkpoints" / "best.pt"
-    collapse = CollapseMonitor(cfg.diversity.min_entropy, cfg.diversity.patience)
-    recent_return = float("nan")
+    logger = MetricsLogger(run_dir, tensorboard=cfg.log.tensorboard,
+                           resume_after=None if resume is None else int(resume["env_steps"]))
+    stopper, collapse = host["stopper"], host["collapse"]
+    best_path, last_path = run_dir / "checkpoints" / "best.pt", run_dir / "checkpoints" / "last.pt"
+
+    def checkpoint() -> Path:
+        host["wall_before"] += time.perf_counter() - t0
+        try:
+            return save_checkpoint(last_path, s, loop=dict(host), save_replay=cfg.checkpoint.save_replay)
+        finally:
+            host["wall_before"] -= time.perf_counter() - t0
+
     halt = None
-    env_steps = 0
-    t_log, steps_log = time.perf_counter(), 0
+    env_steps = start_iter * per_iter
+    t_log, steps_log = time.perf_counter(), env_steps
+    signals = _StopSignals()
     try:
-        with TrainProgress(total=total_iters * per_iter, enabled=cfg.log.progress) as progress:
-            for it in range(total_iters):
+        with signals, TrainProgress(total=total_iters * per_iter, enabled=cfg.log.progress) as progress:
+            for it in range(start_iter, total_iters):
                 (collect_only if it < warm_iters else full)()
                 env_steps = (it + 1) * per_iter
                 last = it == total_iters - 1
@@ -165,9 +232,9 @@ def train(cfg: TrainConfig, market, run_dir: Path) -> dict:
                         0.0, 1.0 - env_steps / max(a.eps_decay_fraction * a.total_env_steps, 1.0))
                     row["updates"] = max(0, it + 1 - warm_iters) * a.updates_per_iter
                     if not math.isnan(row["episode_return"]):
-                        recent_return = row["episode_return"]
+                        host["recent_return"] = row["episode_return"]
                     logger.log(env_steps, {f"train/{k}": v for k, v in row.items()})
-                    fields = {"eps": row["epsilon"], "loss": row["loss"], "ep_ret": recent_return}
+                    fields = {"eps": row["epsilon"], "loss": row["loss"], "ep_ret": host["recent_return"]}
                     if cfg.diversity.enabled:
                         fields["H"] = row["action_entropy_norm"]
                         _log_diversity(row, snapshot, collapse, env_steps, cfg.diversity.top_k)
@@ -187,18 +254,32 @@ def train(cfg: TrainConfig, market, run_dir: Path) -> dict:
                         if stopper.val_exhausted and not last:
                             stopper.stop("early_stop_val", env_steps, stopper.val_detail())
                             break
+                if signals.received is not None and not last:
+                    break
+                if ckpt_every and not last and ((it + 1) % log_every == 0) and \
+                        env_steps // ckpt_every > (env_steps - log_every * per_iter) // ckpt_every:
+                    checkpoint()
     finally:
         if device.type == "cuda":
             torch.cuda.synchronize(device)
         logger.close()
         if hasattr(s.env, "close"):  # host vector envs: end their workers
             s.env.close()
-    ckpt = save_checkpoint(run_dir / "checkpoints" / "last.pt", s)
+    ckpt = checkpoint()
     if halt is not None:
         log.error("halted: %s", halt)
-        (run_dir / "HALTED").write_text(halt + "\n")
+        write_text_atomic(run_dir / "HALTED", halt + "\n")
         raise HaltError(f"{halt}; last good weights saved to {ckpt}")
-    wall = time.perf_counter() - t0
+    if signals.received is not None and env_steps < total_iters * per_iter:
+        raise Interrupted(signals.received, env_steps, ckpt)
+    wall = host["wall_before"] + time.perf_counter() - t0
+    return _finish(s, market, run_dir, stopper, collapse, graph, wall, env_steps, ckpt, best_path)
+
+
+def _finish(s: TrainState, market, run_dir: Path, stopper, collapse, graph: bool, wall: float, env_steps: int,
+            ckpt: Path, best_path: Path) -> dict:
+    """Select (validation), evaluate once (test by default) and write the report; returns the summary."""
+    cfg, device = s.cfg, s.device
     stop = stop_summary(stopper, env_steps)
     evaluated = {"checkpoint": "last", "env_steps": int(s.env_steps.item()), "metric": None, "value": None}
     if stopper is not None and stopper.best_env_steps is not None and best_path.is_file():

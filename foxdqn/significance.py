@@ -9,8 +9,10 @@ Host side, NumPy ``float64``. ``returns`` are per-bar simple returns ``[S]`` as 
   with the per-bar (not annualised) Sharpe ratio ``SR^ = mean / std`` (ddof=1), the sample
   skewness ``γ3`` and (non-excess) kurtosis ``γ4`` of the returns, and ``n`` returns. It is the
   probability that the true Sharpe ratio exceeds the benchmark ``SR*`` given the sample's length
-  and its non-normality. Against ``SR* = 0``: is the agent's Sharpe above zero? Against buy-and-
-  hold's sample Sharpe on the same bars: does the agent beat holding?
+  and its non-normality. Against ``SR* = 0``: is the agent's Sharpe above zero? Applied to the
+  agent's return minus buy-and-hold's (the active return): does the agent beat holding? The
+  formula assumes serially independent returns; with positive autocorrelation it overstates the
+  confidence (the block-bootstrap interval below does not assume independence).
 * :func:`sharpe_confidence_interval` -- a percentile interval of the annualised Sharpe ratio from
   the circular moving-block bootstrap (Politis & Romano 1992; blocks keep the returns' serial
   dependence, e.g. volatility clustering): ``resamples`` series of ``S`` returns made of blocks of

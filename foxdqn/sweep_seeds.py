@@ -38,11 +38,15 @@ def _overrides(job: Path) -> list[str]:
     return [str(o) for o in OmegaConf.load(path)] if path.is_file() else []
 
 
-def load_jobs(sweep_dir: Path) -> list[dict[str, Any]]:
-    """Every job folder under ``sweep_dir`` with an ``eval/summary.json``, in folder order."""
+def load_jobs(sweep_dir: Path, job_dirs: list[Path] | None = None) -> list[dict[str, Any]]:
+    """The finished jobs (with an ``eval/summary.json``) among ``job_dirs`` (default: every job
+    folder under ``sweep_dir``), in folder order."""
+    candidates = job_dirs if job_dirs is not None else [p.parent.parent for p in Path(sweep_dir).glob("*/eval/summary.json")]
     jobs = []
-    for summary_path in sorted(Path(sweep_dir).glob("*/eval/summary.json"), key=lambda p: str(p)):
-        job = summary_path.parent.parent
+    for job in sorted((Path(j) for j in candidates), key=lambda p: str(p)):
+        summary_path = job / "eval" / "summary.json"
+        if not summary_path.is_file():
+            continue
         overrides = _overrides(job)
         jobs.append({"dir": job, "summary": read_json(summary_path), "overrides": overrides,
                      "setting": " ".join(o for o in overrides if not o.lstrip("+").startswith("seed=")) or "(defaults)"})
@@ -147,13 +151,29 @@ def to_markdown(settings: list[dict]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def write_report(sweep_dir: Path) -> list[dict]:
-    """Aggregate ``sweep_dir`` and write ``seeds.json`` and ``seeds.md`` into it (atomically)."""
+def failed_jobs(job_dirs: list[Path]) -> dict[str, str]:
+    """Job folder name -> why it has no summary (the ``HALTED`` reason, or "no eval/summary.json")."""
+    out = {}
+    for job in job_dirs:
+        job = Path(job)
+        if not (job / "eval" / "summary.json").is_file():
+            halted = job / "HALTED"
+            out[job.name] = f"halted: {halted.read_text().strip()}" if halted.is_file() else "no eval/summary.json"
+    return out
+
+
+def write_report(sweep_dir: Path, job_dirs: list[Path] | None = None) -> list[dict]:
+    """Aggregate the jobs of ``sweep_dir`` (``job_dirs``: those of this multirun only; default every
+    job folder in it) and write ``seeds.json`` and ``seeds.md`` into it (atomically). Jobs without a
+    summary (halted, failed) are listed under the table."""
     sweep_dir = Path(sweep_dir)
-    settings = summarise(load_jobs(sweep_dir))
+    settings = summarise(load_jobs(sweep_dir, job_dirs))
+    failed = failed_jobs(job_dirs) if job_dirs is not None else {}
+    notes = "".join(f"\n- job {name}: {why}" for name, why in sorted(failed.items()))
     write_json_atomic(sweep_dir / "seeds.json", settings)
     write_text_atomic(sweep_dir / "seeds.md", f"# Seeds of {sweep_dir}\n\nmean ± std [min, max] over seeds; "
-                      "sorted by the validation value (the test split orders nothing).\n\n" + to_markdown(settings))
+                      "sorted by the validation value (the test split orders nothing).\n\n" + to_markdown(settings)
+                      + (f"\nJobs without results:{notes}\n" if notes else ""))
     return settings
 
 
@@ -164,25 +184,40 @@ except ImportError:  # pragma: no cover - hydra is a dependency
 
 
 class SeedsReport(Callback):
-    """Hydra callback: at the end of a ``--multirun``, write and print the seeds report."""
+    """Hydra callback: at the end of a ``--multirun``, write and print the seeds report of the jobs
+    this multirun ran (a sweep folder reused from an earlier multirun does not mix its old jobs in,
+    when the launcher runs the jobs in this process, like Hydra's basic launcher)."""
+
+    def __init__(self) -> None:
+        self.job_dirs: list[Path] = []
+
+    def on_job_end(self, config, job_return=None, **kwargs) -> None:
+        self.job_dirs.append(Path(str(config.hydra.runtime.output_dir)))
 
     def on_multirun_end(self, config, **kwargs) -> None:
         sweep_dir = Path(str(config.hydra.sweep.dir))
         if not sweep_dir.is_dir():
             return
-        settings = write_report(sweep_dir)
-        if settings:
-            print(to_markdown(settings) + f"seeds report: {sweep_dir / 'seeds.md'}")
+        settings = write_report(sweep_dir, self.job_dirs or None)
+        failed = failed_jobs(self.job_dirs)
+        text = to_markdown(settings) if settings else ""
+        if failed:
+            text += f"{len(failed)} of {len(self.job_dirs)} jobs without results: " + \
+                "; ".join(f"{k} ({v})" for k, v in sorted(failed.items())) + "\n"
+        print(text + f"seeds report: {sweep_dir / 'seeds.md'}")
 
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if len(argv) != 1 or argv[0] in ("-h", "--help"):
-        print("usage: python -m foxdqn.sweep_seeds MULTIRUN_DIR  (writes seeds.md and seeds.json there)")
-        return 0 if argv and argv[0] in ("-h", "--help") else 2
+        helping = bool(argv) and argv[0] in ("-h", "--help")
+        print("usage: python -m foxdqn.sweep_seeds MULTIRUN_DIR  (writes seeds.md and seeds.json there)",
+              file=sys.stdout if helping else sys.stderr)
+        return 0 if helping else 2
     sweep_dir = Path(argv[0])
-    if not sweep_dir.is_dir():
-        print(f"foxdqn: error: {sweep_dir}: not a folder (give a multirun folder)", file=sys.stderr)
+    if not (sweep_dir / "multirun.yaml").is_file():
+        print(f"foxdqn: error: {sweep_dir}: not a multirun folder (Hydra writes multirun.yaml into the sweep "
+              "folder, hydra.sweep.dir)", file=sys.stderr)
         return 2
     settings = write_report(sweep_dir)
     print(to_markdown(settings) + f"seeds report: {sweep_dir / 'seeds.md'}")

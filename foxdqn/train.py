@@ -130,14 +130,11 @@ def _available_bytes(device: str) -> int | None:
 
 
 def _check(overrides: list[str]) -> None:
-    from foxdqn.data import load_market_data
     from foxdqn.errors import ConfigError
     from foxdqn.replay.buffer import replay_bytes
 
     cfg = load_config(overrides)
-    market = None
-    if cfg.env.name == "trading":
-        market = load_market_data(cfg.data, cfg.env.window, cfg.env.episode_length)
+    market = _market(cfg)
     itemsize = 4
     if cfg.env.name == "gym":  # unknown id / non-Discrete actions fail here, before any run folder
         import math
@@ -172,6 +169,24 @@ def _precheck(argv: list[str]) -> None:
         except FoxdqnError as exc:
             prefix = f"job {' '.join(job)}: " if len(jobs) > 1 else ""
             _fail(prefix + str(exc))
+    _check_output_parent(argv)
+
+
+def _check_output_parent(argv: list[str]) -> None:
+    """Before Hydra makes the run (or sweep) folder: its nearest existing ancestor must be a
+    writable folder, else one line naming the path and exit 2 (Hydra would fail with a traceback)."""
+    import os
+
+    key = "hydra.sweep.dir=" if ("-m" in argv or "--multirun" in argv) else "hydra.run.dir="
+    given = [a.split("=", 1)[1] for a in argv if a.lstrip("+").startswith(key)]
+    target = Path(given[-1] if given else "outputs").expanduser().absolute()
+    probe = target
+    while not probe.exists() and probe != probe.parent:
+        probe = probe.parent
+    if not probe.is_dir():
+        _fail(f"output folder {target}: {probe} is a file, not a folder; choose another {key[:-1]}")
+    if not os.access(probe, os.W_OK | os.X_OK):
+        _fail(f"output folder {target}: {probe} is not writable; choose another {key[:-1]}")
 
 
 def _print_summary(summary: dict, run_dir: Path) -> None:
@@ -210,27 +225,135 @@ def _print_summary(summary: dict, run_dir: Path) -> None:
 
 @hydra.main(version_base="1.3", config_path="conf", config_name="train")
 def _run(cfg: DictConfig) -> float:
-    from foxdqn.data import load_market_data
     from foxdqn.io_atomic import write_text_atomic
-    from foxdqn.loop import train
+    from foxdqn.loop import Interrupted, train
+    from foxdqn.run_folder import RunFolder
 
+    folder = None
     try:
         tc = finalize(cfg)
-        market = load_market_data(tc.data, tc.env.window, tc.env.episode_length) if tc.env.name == "trading" else None
         run_dir = Path(HydraConfig.get().runtime.output_dir)
+        payload = None
+        if tc.resume is not None:
+            tc, run_dir, payload = _resume(tc, run_dir)
+        market = _market(tc)
+        folder = RunFolder(run_dir).open(resume=payload is not None)
         write_text_atomic(run_dir / "config.yaml", OmegaConf.to_yaml(OmegaConf.structured(tc)))
-        summary = train(tc, market, run_dir)
+        summary = train(tc, market, run_dir, resume=payload)
     except FoxdqnError as exc:
-        _fail(str(exc))
+        _release(folder)
+        return _job_failed(str(exc), 2)
     except HaltError as exc:
-        _fail(f"training halted: {exc}", code=HaltError.exit_code)
+        _release(folder, finished=True)  # HALTED marks the end
+        return _job_failed(f"training halted: {exc}", HaltError.exit_code)
+    except Interrupted as exc:
+        _release(folder)  # INCOMPLETE stays: resume=auto continues
+        _fail(str(exc), code=exc.exit_code)
+    except OSError as exc:  # the output folder failed under the run (disk full, removed, read-only)
+        _release(folder)
+        _fail(f"writing the run's outputs failed: {exc.filename or ''} {exc.strerror or exc}".strip())
     except (MemoryError, RuntimeError) as exc:  # allocation failures: a size setting is too large
+        _release(folder)
         if isinstance(exc, MemoryError) or "allocate" in str(exc) or "out of memory" in str(exc):
             _fail("out of memory building the run: reduce replay.capacity, env.num_envs, model.hidden or "
                   f"agent.batch_size ({str(exc).splitlines()[0][:120]})")
         raise
+    folder.finish()
     _print_summary(summary, run_dir)
     return objective(summary)
+
+
+#: (exit code, message) of the jobs of this process's multirun that failed; main() exits with the worst.
+_FAILED_JOBS: list[tuple[int, str]] = []
+
+
+def _job_failed(message: str, code: int) -> float:
+    """A single run ends here (one line, exit ``code``); a multirun job reports it, returns NaN to
+    the sweeper and lets the other jobs run (main() exits with ``code`` at the end)."""
+    from hydra.types import RunMode
+
+    if HydraConfig.get().mode != RunMode.MULTIRUN:
+        _fail(message, code)
+    job = HydraConfig.get().job.num
+    print(f"foxdqn: error: job {job}: {message}", file=sys.stderr)
+    _FAILED_JOBS.append((code, f"job {job}: {message}"))
+    return float("nan")
+
+
+def _release(folder, finished: bool = False) -> None:
+    if folder is not None:
+        folder.finish() if finished else folder.release()
+
+
+def _market(tc: TrainConfig):
+    """The run's market data, loaded once per process and data setting (the precheck and the run
+    share it)."""
+    if tc.env.name != "trading":
+        return None
+    from foxdqn.data import load_market_data
+
+    key = (repr(tc.data), tc.env.window, tc.env.episode_length)
+    if key not in _MARKETS:
+        _MARKETS.clear()  # one dataset at a time: a sweep over files does not pile them up
+        _MARKETS[key] = load_market_data(tc.data, tc.env.window, tc.env.episode_length)
+    return _MARKETS[key]
+
+
+_MARKETS: dict = {}
+#: Keys a resumed run may change (how it runs, not what it trains).
+RESUME_MAY_CHANGE = ("resume", "device", "graph", "cpu_threads", "log", "checkpoint")
+
+
+def _resume(tc: TrainConfig, hydra_dir: Path) -> tuple[TrainConfig, Path, dict]:
+    """``resume=auto`` (the newest checkpoint of ``hydra.run.dir``) or ``resume=PATH``: the run to
+    continue, its folder and its checkpoint. The config must be the checkpoint's, but for
+    :data:`RESUME_MAY_CHANGE`. A Hydra folder made for this call that holds only ``.hydra`` is removed
+    when the run continues elsewhere.
+
+    Raises:
+        ConfigError: no checkpoint, an unreadable or foreign one, a finished run, or another config.
+    """
+    import dataclasses
+    import shutil
+
+    from foxdqn.checkpoint import load_checkpoint
+    from foxdqn.errors import ConfigError
+    from foxdqn.run_folder import MARKER
+
+    if tc.resume == "auto":
+        path = hydra_dir / "checkpoints" / "last.pt"
+        if not path.is_file():
+            raise ConfigError(f"resume=auto: no checkpoint in {hydra_dir / 'checkpoints'}; set hydra.run.dir to the "
+                              "folder of the run to continue, or resume=PATH to its checkpoint")
+    else:
+        path = Path(tc.resume).expanduser()
+    run_dir = path.resolve().parent.parent
+    payload = load_checkpoint(path)
+    if (run_dir / "eval" / "summary.json").is_file() and not (run_dir / MARKER).exists():
+        raise ConfigError(f"resume: the run in {run_dir} has finished (eval/summary.json); nothing to continue")
+    mine, theirs = dataclasses.asdict(tc), payload["config"]
+    diff = _first_difference(mine, theirs, RESUME_MAY_CHANGE)
+    if diff is not None:
+        raise ConfigError(f"resume: {diff} differs from the checkpoint's config ({path}); a resumed run keeps "
+                          f"its settings (only {', '.join(RESUME_MAY_CHANGE)} may change)")
+    if hydra_dir.resolve() != run_dir and {p.name for p in hydra_dir.iterdir()} <= {".hydra"}:
+        shutil.rmtree(hydra_dir, ignore_errors=True)
+    return tc, run_dir, payload
+
+
+def _first_difference(a: dict, b: dict, allowed: tuple[str, ...], prefix: str = "") -> str | None:
+    for key in sorted(set(a) | set(b)):
+        name = f"{prefix}{key}"
+        if name in allowed:
+            continue
+        x, y = a.get(key), b.get(key)
+        if isinstance(x, dict) and isinstance(y, dict):
+            found = _first_difference(x, y, allowed, f"{name}.")
+            if found:
+                return found
+        elif x != y and not (isinstance(x, (list, tuple)) and isinstance(y, (list, tuple)) and list(x) == list(y)):
+            return f"{name} ({x!r} here, {y!r} there)"
+    return None
 
 
 def objective(summary: dict) -> float:
@@ -242,6 +365,10 @@ def objective(summary: dict) -> float:
 def main() -> None:
     _precheck(sys.argv[1:])
     _run()
+    if _FAILED_JOBS:  # a multirun whose jobs did not all finish
+        print(f"foxdqn: error: {len(_FAILED_JOBS)} job(s) of the multirun failed (see above and seeds.md)",
+              file=sys.stderr)
+        sys.exit(max(code for code, _ in _FAILED_JOBS))
 
 
 if __name__ == "__main__":

@@ -193,8 +193,17 @@ def small_state(overrides=(), bars=1200, drift=1e-4, vol=2e-3, seed=0, device="c
     return build_state(cfg, market, torch.device(device)), market
 
 
+#: Experiments that need an optional package, and the package.
+NEEDS = {"pong_dqn": "ale_py"}
+
+
 def experiment_state(name, device="cpu", extra=()):
-    """State for experiment ``name`` shrunk for tests (smoke caps; small replay; 2 updates/iter)."""
+    """State for experiment ``name`` shrunk for tests (smoke caps; small replay; 2 updates/iter).
+    Skips the test (with the reason) when the experiment needs an optional package that is absent."""
+    import importlib.util
+
+    if name in NEEDS and importlib.util.find_spec(NEEDS[name]) is None:
+        pytest.skip(f"{name} needs the optional package {NEEDS[name]} (pip install 'foxdqn[atari]')")
     over = [f"+experiment={name}", "agent.updates_per_iter=2", "agent.steps_per_iter=2", "env.num_envs=8",
             "replay.capacity=4096", "agent.batch_size=32"]
     if name.startswith("bitflip"):

@@ -81,3 +81,29 @@ def test_bad_override_names_field(override, field):
         load_config(override.split())
     assert field in str(info.value)
     assert "\n" not in str(info.value)
+
+
+@pytest.mark.parametrize("overrides, needle", [
+    (["debug=smoke", "agent.batch_size=200000", "replay.capacity=100000"], "replay.capacity"),  # not hidden by caps
+    (["seed=-1"], "seed"),
+])
+def test_refused_before_the_smoke_caps(overrides, needle):
+    from foxdqn.errors import ConfigError
+    from foxdqn.train import load_config
+
+    with pytest.raises(ConfigError, match=needle):
+        load_config(overrides)
+
+
+def test_ignored_settings_are_warned(caplog):
+    from foxdqn.train import load_config
+
+    with caplog.at_level("WARNING", logger="foxdqn.config"):
+        load_config(["debug=smoke", "head.atoms=1", "debug.inject_nan_at_step=100000"])
+    text = caplog.text
+    assert "head.atoms set but head.name='dueling': ignored" in text
+    assert "debug.inject_nan_at_step=100000 is past the run's last update" in text
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="foxdqn.config"):
+        load_config(["+experiment=eurusd_c51", "debug=smoke"])
+    assert caplog.text == ""

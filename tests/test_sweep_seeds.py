@@ -33,6 +33,7 @@ def sweep(tmp_path):
     for num, (lr, seed, val) in enumerate([("1e-3", 0, -1.0), ("1e-3", 1, -3.0), ("3e-4", 0, 2.0), ("3e-4", 1, 0.0)]):
         noise = rng.normal(0, 1e-3, 300)
         _job(tmp_path, num, [f"agent.lr={lr}", f"seed={seed}"], val, common + noise, bh)
+    (tmp_path / "multirun.yaml").write_text("hydra: {}\n")
     return tmp_path
 
 
@@ -55,7 +56,16 @@ def test_the_ensemble_averages_the_seeds_returns_bar_by_bar(sweep):
     assert 0 <= ens["psr_vs_buy_and_hold"] <= 1
 
 
+def test_only_this_multiruns_jobs_and_failed_ones_listed(sweep):
+    (sweep / "4" / "eval").mkdir(parents=True)
+    (sweep / "4" / "HALTED").write_text("halt_nan at step 5\n")
+    settings = sweep_seeds.write_report(sweep, [sweep / "2", sweep / "3", sweep / "4"])  # 0 and 1: an older sweep
+    assert [e["setting"] for e in settings] == ["agent.lr=3e-4"]
+    assert "job 4: halted: halt_nan at step 5" in (sweep / "seeds.md").read_text()
+
+
 def test_cli(sweep, tmp_path, capsys):
     assert sweep_seeds.main([str(sweep)]) == 0 and "seeds report:" in capsys.readouterr().out
     assert sweep_seeds.main([str(tmp_path / "missing")]) == 2
-    assert sweep_seeds.main([]) == 2
+    assert sweep_seeds.main([str(sweep / "0")]) == 2 and not (sweep / "0" / "seeds.md").exists()  # not a sweep
+    assert sweep_seeds.main([]) == 2 and "usage" in capsys.readouterr().err

@@ -102,3 +102,11 @@ def test_bad_input_one_line_exit_2_no_run_dir(tmp_path, args, needle):
     assert len(lines) == 1, res.stderr
     assert needle in lines[0] and "Traceback" not in res.stderr
     assert not (tmp_path / "run").exists()
+
+
+def test_output_folder_under_a_file_is_one_line_exit_2(tmp_path):
+    blocker = tmp_path / "a_file"
+    blocker.write_text("x")
+    res = run(["debug=smoke", f"hydra.run.dir={blocker / 'run'}"], cwd=tmp_path)
+    assert res.returncode == 2 and len(res.stderr.strip().splitlines()) == 1
+    assert "is a file" in res.stderr and str(blocker) in res.stderr

@@ -10,6 +10,7 @@ log interval); tensors are rejected with ``TypeError``.
 """
 from __future__ import annotations
 
+import io
 import numbers
 import os
 from collections.abc import Mapping
@@ -34,6 +35,25 @@ def __getattr__(name: str) -> Any:
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
+def truncate_after(path: Path, step: int) -> None:
+    """Keep the header and the rows of CSV ``path`` whose ``step`` is at most ``step`` (atomic; no file: no-op)."""
+    import csv
+
+    from foxdqn.io_atomic import write_text_atomic
+
+    if not path.is_file():
+        return
+    with open(path, newline="", encoding="utf-8") as f:
+        rows = list(csv.reader(f))
+    if not rows:
+        return
+    column = rows[0].index(STEP_COLUMN) if STEP_COLUMN in rows[0] else 0
+    kept = [rows[0]] + [r for r in rows[1:] if r and int(float(r[column])) <= step]
+    out = io.StringIO()
+    csv.writer(out, lineterminator="\n").writerows(kept)
+    write_text_atomic(path, out.getvalue())
+
+
 class MetricsLogger:
     """Log metric dicts to ``run_dir/metrics.csv`` and (optionally) TensorBoard ``run_dir/tb/``.
 
@@ -50,16 +70,19 @@ class MetricsLogger:
         OSError: the directory or files cannot be created.
     """
 
-    def __init__(self, run_dir: str | os.PathLike[str], tensorboard: bool = True) -> None:
+    def __init__(self, run_dir: str | os.PathLike[str], tensorboard: bool = True, resume_after: int | None = None) -> None:
         self.run_dir = Path(run_dir)
         self.run_dir.mkdir(parents=True, exist_ok=True)
+        if resume_after is not None:  # a resumed run: drop the rows logged after its checkpoint
+            truncate_after(self.run_dir / "metrics.csv", resume_after)
         self.csv = CsvLogger(self.run_dir / "metrics.csv")
         self.tb: Any = None
         if tensorboard:
             from foxdqn.monitor.tensorboard_log import TensorBoardLogger
 
             try:
-                self.tb = TensorBoardLogger(self.run_dir / "tb")
+                self.tb = TensorBoardLogger(self.run_dir / "tb",
+                                            purge_step=None if resume_after is None else resume_after + 1)
             except BaseException:
                 self.csv.close()
                 raise

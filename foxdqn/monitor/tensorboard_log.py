@@ -26,13 +26,14 @@ class TensorBoardLogger:
         OSError: ``logdir`` cannot be created.
     """
 
-    def __init__(self, logdir: str | os.PathLike[str], flush_secs: int = 30) -> None:
+    def __init__(self, logdir: str | os.PathLike[str], flush_secs: int = 30, purge_step: int | None = None) -> None:
         # Imported lazily: importing tensorboard costs ~1 s and is not needed elsewhere.
         from torch.utils.tensorboard import SummaryWriter
 
         self.logdir = Path(logdir)
         self.logdir.mkdir(parents=True, exist_ok=True)
-        self._writer: Any = SummaryWriter(log_dir=str(self.logdir), flush_secs=flush_secs)
+        # purge_step (a resumed run): TensorBoard drops the events at or after it written before the crash
+        self._writer: Any = SummaryWriter(log_dir=str(self.logdir), flush_secs=flush_secs, purge_step=purge_step)
 
     def log(self, step: int, metrics: Mapping[str, Any]) -> None:
         """Add one scalar per numeric entry of ``metrics`` at ``global_step=step``.

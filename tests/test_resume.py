@@ -1,0 +1,119 @@
+"""Interruption and resume (CPU): SIGINT/SIGTERM stop with a checkpoint; resuming gives the run an
+uninterrupted run would have given; kill -9 leaves checkpoints that load and continue."""
+import math
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pandas as pd
+import pytest
+import torch
+
+import foxdqn.loop as loop_mod
+from foxdqn.checkpoint import load_checkpoint
+from foxdqn.loop import Interrupted, train
+from foxdqn.train import _market, load_config
+
+ROOT = Path(__file__).resolve().parents[1]
+OVERRIDES = ["debug=smoke", "device=cpu", "log.progress=false", "log.tensorboard=false", "log.interval_env_steps=256",
+             "checkpoint.every_env_steps=512", "checkpoint.save_replay=true"]
+TIMING = ["train/env_steps_per_s"]
+
+
+def _interrupt_at(monkeypatch, iteration: int, signum: int):
+    """Make the training loop receive ``signum`` (a real signal, to the real handler) at ``iteration``."""
+    real = loop_mod.make_iteration
+    calls = {"n": 0}
+
+    def make_iteration(*args, **kwargs):
+        fn = real(*args, **kwargs)
+
+        def wrapped():
+            calls["n"] += 1
+            if calls["n"] == iteration:
+                os.kill(os.getpid(), signum)
+            return fn()
+        return wrapped
+    monkeypatch.setattr(loop_mod, "make_iteration", make_iteration)
+
+
+@pytest.mark.parametrize("signum, at", [(signal.SIGINT, 23), (signal.SIGTERM, 41)])
+def test_interrupted_and_resumed_equals_uninterrupted(tmp_path, monkeypatch, signum, at):
+    cfg = load_config(OVERRIDES)
+    market = _market(cfg)
+    whole = train(cfg, market, tmp_path / "whole")
+
+    _interrupt_at(monkeypatch, at, signum)
+    with pytest.raises(Interrupted) as stopped:
+        train(cfg, market, tmp_path / "cut")
+    assert stopped.value.exit_code == 128 + signum
+    monkeypatch.undo()
+    payload = load_checkpoint(tmp_path / "cut" / "checkpoints" / "last.pt")
+    assert 0 < payload["env_steps"] < cfg.agent.total_env_steps
+    resumed = train(cfg, market, tmp_path / "cut", resume=payload)
+
+    a = torch.load(tmp_path / "whole" / "checkpoints" / "last.pt", weights_only=False)
+    b = torch.load(tmp_path / "cut" / "checkpoints" / "last.pt", weights_only=False)
+    for name in ("online", "target"):
+        for key in a[name]:
+            assert torch.equal(a[name][key], b[name][key]), (name, key)
+    assert a["env_steps"] == b["env_steps"] and a["updates"] == b["updates"]
+    assert resumed["metrics"] == whole["metrics"]
+    ma = pd.read_csv(tmp_path / "whole" / "metrics.csv").drop(columns=TIMING)
+    mb = pd.read_csv(tmp_path / "cut" / "metrics.csv").drop(columns=TIMING)
+    assert list(mb["step"]) == sorted(set(mb["step"]))  # no step twice
+    pd.testing.assert_frame_equal(ma, mb)
+
+
+def test_resume_refuses_another_config_and_a_finished_run(tmp_path):
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+
+    def run(*args):
+        return subprocess.run([sys.executable, "-m", "foxdqn.train", "debug=smoke", "log.progress=false", *args],
+                              cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+
+    first = run(f"hydra.run.dir={tmp_path / 'a'}")
+    assert first.returncode == 0, first.stderr[-2000:]
+    again = run(f"hydra.run.dir={tmp_path / 'a'}")
+    assert again.returncode == 2 and "already holds a run" in again.stderr
+    done = run(f"hydra.run.dir={tmp_path / 'a'}", "resume=auto")
+    assert done.returncode == 2 and "has finished" in done.stderr
+    (tmp_path / "a" / "INCOMPLETE").write_text("pretend it was killed\n")
+    other = run(f"hydra.run.dir={tmp_path / 'a'}", "resume=auto", "agent.lr=1e-3")
+    assert other.returncode == 2 and "agent.lr" in other.stderr and len(other.stderr.strip().splitlines()) == 1
+    missing = run(f"hydra.run.dir={tmp_path / 'b'}", "resume=auto")
+    assert missing.returncode == 2 and "no checkpoint" in missing.stderr
+    foreign = tmp_path / "foreign.pt"
+    foreign.write_bytes(b"not a checkpoint")
+    bad = run(f"resume={foreign}")
+    assert bad.returncode == 2 and "foreign.pt" in bad.stderr
+
+
+@pytest.mark.slow
+def test_kill_9_at_random_moments_leaves_checkpoints_that_continue(tmp_path):
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    args = [sys.executable, "-m", "foxdqn.train", "log.progress=false", "agent.total_env_steps=60000",
+            "checkpoint.every_env_steps=5000", "log.interval_env_steps=2500", "device=cpu"]
+    rng = __import__("random").Random(0)
+    for k in range(3):
+        run_dir = tmp_path / f"run{k}"
+        proc = subprocess.Popen([*args, f"hydra.run.dir={run_dir}"], cwd=tmp_path, env=env,
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        time.sleep(rng.uniform(4.0, 9.0))
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+        assert (run_dir / "INCOMPLETE").exists()  # a killed run is never mistaken for a finished one
+        assert not list(run_dir.rglob("*.tmp*"))
+        ckpt = run_dir / "checkpoints" / "last.pt"
+        if not ckpt.exists():
+            continue  # killed before the first checkpoint
+        assert load_checkpoint(ckpt)["env_steps"] > 0
+        res = subprocess.run([*args, f"hydra.run.dir={run_dir}", "resume=auto"], cwd=tmp_path, env=env,
+                             capture_output=True, text=True, timeout=600)
+        assert res.returncode == 0, res.stderr[-2000:]
+        assert (run_dir / "eval" / "summary.json").is_file() and not (run_dir / "INCOMPLETE").exists()
+        steps = pd.read_csv(run_dir / "metrics.csv")["step"]
+        assert list(steps) == sorted(set(steps)) and math.isclose(steps.iloc[-1], 60000, rel_tol=0.01)
