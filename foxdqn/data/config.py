@@ -17,6 +17,10 @@ from foxdqn.errors import ConfigError
 
 #: Tolerance on ``train + val + test == 1``.
 FRACTION_SUM_TOL = 1e-6
+#: Allowed values of ``data.on_frequency_change``, ``data.on_gaps`` and ``data.time_unit``.
+ON_FREQUENCY_CHANGE = ("error", "warn")
+ON_GAPS = ("error", "warn", "ignore")
+TIME_UNITS = ("s", "ms", "us", "ns")
 
 
 @dataclass
@@ -79,6 +83,12 @@ class DataConfig:
     when ``path`` (a CSV or Parquet file) is set. Window lengths are in bars; ``clip`` is in
     standard deviations of the training split; ``bars_per_year`` overrides the inferred
     annualisation factor (see :func:`foxdqn.data.frequency.infer_bars_per_year`).
+
+    Bar spacing (see :mod:`foxdqn.data.calendar`): ``on_frequency_change`` (``error`` | ``warn``)
+    says what a change of bar frequency part-way through does; ``on_gaps`` (``error`` | ``warn`` |
+    ``ignore``) what a gap longer than ``max_gap_bars`` median spacings (>= 1) does.
+    ``time_unit`` (null | ``s`` | ``ms`` | ``us`` | ``ns``) is the unit of numeric timestamps
+    (Unix epoch times); numeric timestamps other than ``YYYYMMDD`` dates are refused while it is null.
     """
 
     name: Optional[str] = "eurusd_1h"
@@ -90,6 +100,10 @@ class DataConfig:
     spread_window: int = 20
     clip: float = 10.0
     bars_per_year: Optional[float] = None
+    on_frequency_change: str = "error"
+    on_gaps: str = "warn"
+    max_gap_bars: float = 5.0
+    time_unit: Optional[str] = None
 
     def validate(self) -> None:
         """Raise :class:`ConfigError` naming the first bad field (``data.<field>``)."""
@@ -129,6 +143,14 @@ class DataConfig:
             raise ConfigError(
                 f"data.bars_per_year must be a finite number > 0 or null (infer), got {self.bars_per_year!r}"
             )
+        _check_choice("data.on_frequency_change", self.on_frequency_change, ON_FREQUENCY_CHANGE)
+        _check_choice("data.on_gaps", self.on_gaps, ON_GAPS)
+        if not _is_real(self.max_gap_bars) or not math.isfinite(self.max_gap_bars) or self.max_gap_bars < 1:
+            raise ConfigError(
+                f"data.max_gap_bars must be a finite number >= 1 (median bar spacings), got {self.max_gap_bars!r}"
+            )
+        if self.time_unit is not None:
+            _check_choice("data.time_unit", self.time_unit, TIME_UNITS, "or null (timestamps are dates/times)")
 
 
 def parse_split_date(value: object, field_name: str) -> pd.Timestamp:
@@ -156,3 +178,9 @@ def _is_real(value: object) -> bool:
 def _check_int(field_name: str, value: object, minimum: int) -> None:
     if isinstance(value, bool) or not isinstance(value, Integral) or value < minimum:
         raise ConfigError(f"{field_name} must be an integer >= {minimum} (bars), got {value!r}")
+
+
+def _check_choice(field_name: str, value: object, allowed: tuple[str, ...], extra: str = "") -> None:
+    if not isinstance(value, str) or value not in allowed:
+        extra = f" {extra}" if extra else ""
+        raise ConfigError(f"{field_name} must be one of {' | '.join(allowed)}{extra}, got {value!r}")

@@ -1,11 +1,18 @@
 """Reading a bar file and finding its columns.
 
-* :func:`read_table` reads a CSV (optionally compressed) or Parquet file into a DataFrame.
+* :func:`read_table` reads a CSV (optionally compressed) or Parquet file into a DataFrame. In a
+  CSV only an empty cell is missing: text such as ``n/a``, ``NA`` or ``null`` is kept as text (and
+  refused as non-numeric in a price column). A CSV header that names a column the pipeline uses
+  (open/high/low/close/volume or the timestamp column, any case) twice is refused: pandas would
+  rename the second to ``close.1`` and the first would be used silently.
 * :func:`find_columns` matches ``open/high/low/close`` (required) and ``volume`` (optional)
   case-insensitively, ignoring every other column, and finds the timestamps: the column named by
   ``data.timestamp_column``, else the one column called timestamp/datetime/date/time/gmt time/...
   (any case), else a datetime index (Parquet).
 * :func:`parse_timestamps` turns the timestamp values into a :class:`pandas.DatetimeIndex`.
+  Numbers are read as Unix epoch times only in the unit named by ``data.time_unit`` (never
+  guessed: row numbers or seconds read as 1970 dates would skew every annualised figure);
+  without it only 8-digit ``YYYYMMDD`` integers are accepted, as dates.
 
 Every failure raises :class:`~foxdqn.errors.DataError` naming the file (``source``), the column
 and/or the first bad row.
@@ -33,12 +40,16 @@ CSV_SUFFIXES = (".csv", ".csv.gz", ".csv.bz2", ".csv.zip", ".csv.xz", ".csv.zst"
 PARQUET_SUFFIXES = (".parquet", ".pq")
 
 
-def read_table(path: Union[str, Path]) -> pd.DataFrame:
+def read_table(path: Union[str, Path], timestamp_column: Optional[str] = None) -> pd.DataFrame:
     """Read a CSV or Parquet file of bars, all columns as stored (no conversion).
+
+    ``timestamp_column`` (``data.timestamp_column``; None: the auto-detected names) is the
+    timestamp column checked for duplicates in a CSV header, with open/high/low/close/volume.
 
     Raises:
         DataError: the file does not exist, has an unsupported suffix, cannot be parsed, has no data
-            rows, or is Parquet and pyarrow is not installed (``pip install pyarrow``).
+            rows, is Parquet and pyarrow is not installed (``pip install pyarrow``), or is a CSV
+            whose header names a used column twice.
     """
     path = Path(path).expanduser()
     if path.is_dir():
@@ -61,16 +72,34 @@ def read_table(path: Union[str, Path]) -> pd.DataFrame:
     except Exception as exc:  # pandas/pyarrow raise many types; all mean "cannot parse"
         detail = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise DataError(f"{path}: cannot parse the file as {kind}: {detail}") from None
+    if kind == "CSV":
+        _check_duplicate_header(path, timestamp_column)
     if len(frame) == 0:
         raise DataError(f"{path}: the file has no data rows")
     return frame
 
 
-def _read_csv(path: Path) -> pd.DataFrame:
+def _read_csv(path: Path, **kwargs) -> pd.DataFrame:
     # index_col=False: a row with more fields than the header is an error, not a silent index.
+    # keep_default_na=False, na_values=[""]: only an empty cell is missing; "n/a" stays text.
     with warnings.catch_warnings():
         warnings.simplefilter("error", pd.errors.ParserWarning)
-        return pd.read_csv(path, index_col=False)
+        return pd.read_csv(path, index_col=False, keep_default_na=False, na_values=[""], **kwargs)
+
+
+def _check_duplicate_header(path: Path, timestamp_column: Optional[str]) -> None:
+    """Raise DataError if the raw header names a used column twice (pandas renames it ``name.1``)."""
+    header = [str(name) for name in _read_csv(path, header=None, nrows=1, dtype=str).iloc[0]]
+    timestamps = (timestamp_column.strip().lower(),) if timestamp_column else TIMESTAMP_NAMES
+    used = set(PRICE_COLUMNS) | {VOLUME_COLUMN} | set(timestamps)
+    for name in dict.fromkeys(header):
+        positions = [i + 1 for i, other in enumerate(header) if other == name]
+        if len(positions) > 1 and name.strip().lower() in used:
+            raise DataError(
+                f"{path}: column {name!r} appears {len(positions)} times in the header (columns "
+                f"{', '.join(map(str, positions))}); pandas would read the others as {name + '.1'!r}, ... "
+                "and only the first would be used; keep one column of that name"
+            )
 
 
 @dataclass
@@ -148,25 +177,34 @@ def _find_timestamps(frame, source, timestamp_column, pick, found) -> tuple[str,
     )
 
 
-def parse_timestamps(values: pd.Series, source: str, column: str, fmt: Optional[str] = None) -> pd.DatetimeIndex:
+def parse_timestamps(values: pd.Series, source: str, column: str, fmt: Optional[str] = None,
+                     unit: Optional[str] = None) -> pd.DatetimeIndex:
     """Parse timestamp values into a :class:`pandas.DatetimeIndex` (one entry per row).
 
     Accepts datetimes, strings (format inferred unless ``fmt`` is given; mixed UTC offsets are
-    converted to UTC) and numbers: 8-digit integers as ``YYYYMMDD`` dates, other numbers as a Unix
-    epoch (unit s/ms/us/ns inferred from the magnitude).
+    converted to UTC) and numbers: with ``unit`` (``data.time_unit``: s/ms/us/ns) as Unix epoch
+    times in that unit; without it only 8-digit integers, as ``YYYYMMDD`` dates.
 
     Raises:
-        DataError: naming the column and the first data row (1-based) that is missing or unparsable.
+        DataError: naming the column and the first data row (1-based) that is missing or
+            unparsable; numbers other than ``YYYYMMDD`` dates while ``unit`` is None (set
+            data.time_unit); ``unit`` set but the values are not numbers.
     """
     values = pd.Series(values).reset_index(drop=True)
     missing = values.isna() | values.astype(str).str.strip().eq("")
     if missing.any():
         row = int(np.flatnonzero(missing.to_numpy())[0])
         raise DataError(f"{source}: column {column!r} has a missing timestamp at {describe_row(row)}")
+    numeric = pd.api.types.is_numeric_dtype(values) and not pd.api.types.is_bool_dtype(values)
+    if unit is not None and not numeric:
+        raise DataError(
+            f"{source}: data.time_unit={unit} is set but column {column!r} holds dates/times such as "
+            f"{str(values.iloc[0])!r}, not numbers; unset data.time_unit"
+        )
     if pd.api.types.is_datetime64_any_dtype(values):
         return pd.DatetimeIndex(values)
-    if pd.api.types.is_numeric_dtype(values) and not pd.api.types.is_bool_dtype(values):
-        return _parse_numeric(values, source, column)
+    if numeric:
+        return _parse_numeric(values, source, column, unit)
     for utc in (False, True):
         try:
             return pd.DatetimeIndex(pd.to_datetime(values, format=fmt, utc=utc))
@@ -183,18 +221,22 @@ def parse_timestamps(values: pd.Series, source: str, column: str, fmt: Optional[
     )
 
 
-def _parse_numeric(values: pd.Series, source: str, column: str) -> pd.DatetimeIndex:
+def _parse_numeric(values: pd.Series, source: str, column: str, unit: Optional[str]) -> pd.DatetimeIndex:
     numbers = values.to_numpy(dtype=np.float64)
-    if np.all((numbers >= 1e7) & (numbers < 1e8) & (numbers == np.round(numbers))):
-        what = "YYYYMMDD dates"
-        parsed = pd.to_datetime(values.astype(np.int64).astype(str), format="%Y%m%d", errors="coerce")
-    else:
-        magnitude = float(np.median(np.abs(numbers)))
-        unit = "s" if magnitude < 1e11 else "ms" if magnitude < 1e14 else "us" if magnitude < 1e17 else "ns"
-        what = f"Unix epoch times in {unit}"
+    if unit is not None:
+        what = f"Unix epoch times in {unit} (data.time_unit)"
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             parsed = pd.to_datetime(values, unit=unit, errors="coerce")
+    elif np.all((numbers >= 1e7) & (numbers < 1e8) & (numbers == np.round(numbers))):
+        what = "YYYYMMDD dates"
+        parsed = pd.to_datetime(values.astype(np.int64).astype(str), format="%Y%m%d", errors="coerce")
+    else:
+        raise DataError(
+            f"{source}: column {column!r} holds numbers, not dates ({str(values.iloc[0])!r} at "
+            f"{describe_row(0)}); if they are Unix epoch times set data.time_unit to s, ms, us or ns, "
+            "else write the timestamps as ISO dates/times"
+        )
     bad = np.flatnonzero(pd.isna(parsed))
     if len(bad):
         row = int(bad[0])

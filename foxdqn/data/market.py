@@ -1,13 +1,18 @@
 """Market data as the environment sees it, and the pipeline that builds it.
 
-:func:`load_market_data` reads a built-in dataset or a CSV/Parquet file and hands the frame to
-:func:`market_data_from_frame`, which runs, in order: column matching -> timestamp parsing ->
-value checks -> strictly increasing timestamps -> train/val/test split -> minimum rows per split
--> features (train-split normalisation) -> spread and volatility -> training medians -> bars per
-year. Any problem with the data raises :class:`~foxdqn.errors.DataError`; any bad setting raises
-:class:`~foxdqn.errors.ConfigError`.
+:func:`load_market_data` reads a built-in dataset or a CSV/Parquet file (refusing a header that
+names a used column twice) and hands the frame to :func:`market_data_from_frame`, which runs, in
+order: column matching -> timestamp parsing (numbers only with ``data.time_unit``) -> value checks
+-> strictly increasing timestamps -> train/val/test split -> bar spacing (a frequency change
+part-way through: ``data.on_frequency_change``; gaps longer than ``data.max_gap_bars`` bars:
+``data.on_gaps``; see :mod:`foxdqn.data.calendar`) -> minimum rows per split -> features
+(train-split normalisation) -> spread and volatility -> training medians -> bars per year. Any
+problem with the data raises :class:`~foxdqn.errors.DataError`; any bad setting raises
+:class:`~foxdqn.errors.ConfigError`; a spacing problem set to ``warn`` is logged as one warning
+line (logger ``foxdqn.data.market``).
 """
 import dataclasses
+import logging
 from dataclasses import dataclass
 from numbers import Integral
 from typing import Optional
@@ -15,10 +20,12 @@ from typing import Optional
 import numpy as np
 import pandas as pd
 
-from foxdqn.data import builtin, features, frequency, io, splits, validate
+from foxdqn.data import builtin, calendar, features, frequency, io, splits, validate
 from foxdqn.data.config import DataConfig
 from foxdqn.data.spread import estimate_spread
 from foxdqn.errors import ConfigError, DataError
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -82,11 +89,13 @@ def load_market_data(cfg: DataConfig, window: int, episode_length: int = 1) -> M
 
     Raises:
         ConfigError: a bad setting (names the field).
-        DataError: a missing, unparsable or invalid file (names the file and column/row).
+        DataError: a missing, unparsable or invalid file (names the file and column/row), or bars
+            whose spacing breaks a rule set to ``error`` (see :mod:`foxdqn.data.calendar`).
     """
     cfg.validate()
     if cfg.path is not None:
-        return market_data_from_frame(io.read_table(cfg.path), cfg, window, episode_length, source=cfg.path)
+        frame = io.read_table(cfg.path, cfg.timestamp_column)
+        return market_data_from_frame(frame, cfg, window, episode_length, source=cfg.path)
     spec = builtin.BUILTIN_DATASETS[cfg.name]
     if spec.make is not None:  # a generated dataset
         cfg = dataclasses.replace(cfg, timestamp_column=spec.timestamp_column)
@@ -94,7 +103,7 @@ def load_market_data(cfg: DataConfig, window: int, episode_length: int = 1) -> M
                                       source=f"{cfg.name} (generated: {spec.description})")
     path = builtin.builtin_path(cfg.name)
     source = f"{cfg.name} ({path})"
-    frame = io.read_table(path)
+    frame = io.read_table(path, spec.timestamp_column)
     if spec.timestamp_column in frame.columns:
         frame[spec.timestamp_column] = io.parse_timestamps(
             frame[spec.timestamp_column], source, spec.timestamp_column, spec.timestamp_format)
@@ -117,7 +126,8 @@ def market_data_from_frame(df: pd.DataFrame, cfg: DataConfig, window: int, episo
         raise DataError(f"{source}: no data rows")
 
     columns = io.find_columns(df, source, cfg.timestamp_column)
-    timestamps = io.parse_timestamps(columns.timestamp_values, source, columns.timestamp_name)
+    timestamps = io.parse_timestamps(columns.timestamp_values, source, columns.timestamp_name,
+                                     unit=cfg.time_unit)
     names = {key: str(series.name) for key, series in columns.prices.items()}
     prices = {key: validate.to_float_array(series, source, names[key], timestamps)
               for key, series in columns.prices.items()}
@@ -127,8 +137,12 @@ def market_data_from_frame(df: pd.DataFrame, cfg: DataConfig, window: int, episo
         volume = validate.to_float_array(columns.volume, source, names["volume"], timestamps)
     validate.check_ohlcv(prices, volume, source, timestamps, names)
     validate.check_increasing(timestamps, source, columns.timestamp_name)
-
     rows = splits.split_rows(timestamps, cfg.split, source)
+    for warning in calendar.check_spacing(
+            timestamps, source, columns.timestamp_name, on_frequency_change=cfg.on_frequency_change,
+            on_gaps=cfg.on_gaps, max_gap_bars=cfg.max_gap_bars, splits=rows):
+        log.warning(warning)
+
     splits.check_split_sizes(rows, timestamps, window, episode_length, source)
     train = rows["train"]
 

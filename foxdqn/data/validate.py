@@ -2,8 +2,10 @@
 
 Rules (in the order checked):
 
-1. prices (open, high, low, close) and volume are numeric;
-2. prices and volume are finite (no NaN, blank or +-Inf);
+1. prices (open, high, low, close) and volume are numeric: every cell is empty, a number
+   (``1.5``, ``1e3``) or a float spelling of NaN/infinity (``nan``, ``inf``); text such as
+   ``n/a``, ``NA``, ``null`` or ``-`` is refused as non-numeric, naming the value;
+2. prices and volume are finite (no NaN, empty cell or +-Inf: "missing or non-finite");
 3. prices are > 0; volume is >= 0;
 4. ``high >= max(open, close)`` and ``low <= min(open, close)``;
 5. timestamps are strictly increasing (no duplicates, no out-of-order rows).
@@ -24,21 +26,29 @@ def to_float_array(values: pd.Series, source: str, column: str,
                    timestamps: Optional[pd.DatetimeIndex] = None) -> np.ndarray:
     """Column values as float64 ``[T]``; raises DataError at the first non-numeric cell.
 
-    Blank cells and NaN/Inf pass here (they become NaN/Inf) and are reported by :func:`check_finite`.
+    Empty cells (None/NaN or blank text) and the float spellings ``nan``/``inf`` pass here (they
+    become NaN/Inf) and are reported by :func:`check_finite` as missing or non-finite. Any other
+    text (``n/a``, ``null``, ``abc``) raises DataError naming the column, the row and the value.
     """
     series = pd.Series(values).reset_index(drop=True)
     if pd.api.types.is_bool_dtype(series):
         raise DataError(f"{source}: column {column!r} holds true/false values; it must hold numbers")
     numbers = pd.to_numeric(series, errors="coerce")
-    blank = series.isna() | series.astype(str).str.strip().isin(["", "nan", "NaN", "NA", "N/A", "null", "None"])
-    bad = np.flatnonzero((numbers.isna() & ~blank).to_numpy())
-    if len(bad):
+    blank = series.isna() | series.astype(str).str.strip().eq("")
+    unread = np.flatnonzero((numbers.isna() & ~blank).to_numpy())
+    bad = [row for row in unread if not _is_float_text(series.iloc[row])]
+    if bad:
         row = int(bad[0])
         raise DataError(
             f"{source}: column {column!r} has a non-numeric value {str(series.iloc[row])!r} at "
             f"{describe_row(row, timestamps)}; it must hold numbers"
         )
     return numbers.to_numpy(dtype=np.float64, na_value=np.nan, copy=True)
+
+
+def _is_float_text(value: object) -> bool:
+    """True for the float spellings of NaN and infinity: ``nan``, ``-inf``, ``Infinity`` (any case)."""
+    return str(value).strip().lower().lstrip("+-") in {"nan", "inf", "infinity"}
 
 
 def check_finite(values: np.ndarray, source: str, column: str, timestamps: pd.DatetimeIndex) -> None:

@@ -77,10 +77,41 @@ def test_timezone_aware_timestamps_are_kept(bars, write):
     np.testing.assert_array_equal(data.timestamps.tz_convert("UTC").tz_localize(None), bars.timestamp)
 
 
-def test_epoch_seconds_timestamps(bars, write):
+@pytest.mark.parametrize("unit, per_second", [("s", 1), ("ms", 1000), ("us", 10**6), ("ns", 10**9)])
+def test_epoch_timestamps_in_the_unit_of_data_time_unit(unit, per_second, bars, write):
     seconds = (bars.timestamp - pd.Timestamp("1970-01-01")) // pd.Timedelta(seconds=1)
-    data = load(write(bars.assign(timestamp=seconds)))
+    data = load(write(bars.assign(timestamp=seconds * per_second)), time_unit=unit)
     assert_same_bars(data, bars)
+
+
+def test_float_epoch_seconds_with_time_unit(bars, write):
+    seconds = (bars.timestamp - pd.Timestamp("1970-01-01")) / pd.Timedelta(seconds=1) + 0.5
+    data = load(write(bars.assign(timestamp=seconds)), time_unit="s")
+    assert_same_bars(data, bars.assign(timestamp=bars.timestamp + pd.Timedelta(milliseconds=500)))
+
+
+@pytest.mark.parametrize("stamps", [
+    lambda b: (b.timestamp - pd.Timestamp("1970-01-01")) // pd.Timedelta(seconds=1),  # epoch seconds
+    lambda b: np.arange(len(b)),                                                      # row numbers
+    lambda b: np.arange(len(b)) * 3600.0 + 0.25,                                      # floats
+])
+def test_numeric_timestamps_without_time_unit_are_refused(stamps, bars, write):
+    # Once read as 1970 epoch seconds: 1-second bars, ~541,000 bars a year, Sharpe ratios x20.
+    from foxdqn.errors import DataError
+
+    path = write(bars.assign(timestamp=stamps(bars)))
+    with pytest.raises(DataError) as info:
+        load(path)
+    message = str(info.value)
+    assert str(path) in message and "'timestamp'" in message and "data.time_unit" in message, message
+
+
+def test_time_unit_with_date_timestamps_is_refused(bars, write):
+    from foxdqn.errors import DataError
+
+    path = write(bars)
+    with pytest.raises(DataError, match="data.time_unit=s is set but column 'timestamp' holds dates"):
+        load(path, time_unit="s")
 
 
 def test_mixed_utc_offsets_are_converted_to_utc(bars, write):

@@ -82,6 +82,11 @@ def test_split_dates_outside_the_data_raise_data_error(val_start, test_start, fi
     ({"name": None}, "data.name and data.path are both unset"),
     ({"path": ""}, "data.path"),
     ({"timestamp_column": ""}, "data.timestamp_column"),
+    ({"on_gaps": "drop"}, "data.on_gaps must be one of error | warn | ignore, got 'drop'"),
+    ({"on_frequency_change": "ignore"}, "data.on_frequency_change must be one of error | warn, got 'ignore'"),
+    ({"max_gap_bars": 0.5}, "data.max_gap_bars must be a finite number >= 1"),
+    ({"max_gap_bars": float("nan")}, "data.max_gap_bars"),
+    ({"time_unit": "h"}, "data.time_unit must be one of s | ms | us | ns or null"),
 ])
 def test_bad_data_settings_name_the_field(settings, field):
     with pytest.raises(ConfigError) as info:

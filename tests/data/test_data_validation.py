@@ -41,7 +41,11 @@ def test_valid_file_loads(bars, write):
 # (column, 0-based row, new cell text or callable(frame, row) -> text, fragments expected in the message)
 VALUE_ERRORS = {
     "non_numeric": ("close", 7, "abc", ["'close'", "non-numeric", "'abc'", "must hold numbers"]),
+    "na_text": ("close", 7, "n/a", ["'close'", "non-numeric", "'n/a'", "must hold numbers"]),
+    "NA_text": ("open", 8, "NA", ["'open'", "non-numeric", "'NA'"]),
+    "null_volume": ("volume", 2, "null", ["'volume'", "non-numeric", "'null'"]),
     "blank_price": ("open", 3, "", ["'open'", "missing or non-finite", "finite number"]),
+    "spaces_price": ("open", 3, "  ", ["'open'", "missing or non-finite", "finite number"]),
     "nan_price": ("high", 5, "NaN", ["'high'", "missing or non-finite"]),
     "inf_price": ("low", 9, "inf", ["'low'", "non-finite value (inf)"]),
     "negative_price": ("close", 2, "-1.5", ["'close'", "price <= 0 (-1.5)", "prices must be > 0"]),
@@ -141,6 +145,42 @@ def test_columns_matching_twice_are_rejected(bars, write):
     path = write(bars.assign(Close=bars.close))
     message = error_of(path)
     assert "close, Close" in message and "case-insensitively" in message, message
+
+
+@pytest.mark.parametrize("extra, name, positions", [
+    ("close", "close", "5, 7"),
+    ("timestamp", "timestamp", "1, 7"),
+    ("volume", "volume", "6, 7"),
+])
+def test_duplicate_used_column_in_the_header_is_refused(extra, name, positions, bars, write):
+    # pandas reads a second "close" as "close.1", so the first would be used silently.
+    path = write(bars.assign(extra=bars[extra]).rename(columns={"extra": extra}))
+    assert path.read_text().splitlines()[0].count(name) == 2
+    message = error_of(path)
+    assert f"column {name!r} appears 2 times in the header (columns {positions})" in message, message
+
+
+def test_duplicate_named_timestamp_column_is_refused(bars, write):
+    frame = bars.rename(columns={"timestamp": "Stamp"})
+    path = write(frame.assign(extra=frame.Stamp).rename(columns={"extra": "Stamp"}))
+    message = error_of(path, timestamp_column="stamp")
+    assert "column 'Stamp' appears 2 times" in message, message
+
+
+def test_duplicate_unused_column_is_ignored(bars, write):
+    path = write(bars.assign(note="a", other="b").rename(columns={"other": "note"}))
+    assert len(load(path).timestamps) == len(bars)
+
+
+def test_non_numeric_text_in_a_frame_names_column_row_and_value(bars):
+    from foxdqn.data import market_data_from_frame
+
+    frame = bars.astype({"high": object})
+    frame.loc[6, "high"] = "N/A"
+    with pytest.raises(DataError) as info:
+        market_data_from_frame(frame, DataConfig(), window=WINDOW, episode_length=EPISODE, source="my-frame")
+    assert str(info.value).startswith(
+        "my-frame: column 'high' has a non-numeric value 'N/A' at data row 7 (1-based"), str(info.value)
 
 
 def test_no_timestamp_column(bars, write):
