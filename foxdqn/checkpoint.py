@@ -153,10 +153,10 @@ def restore_state(state, payload: dict) -> None:
     state.target.load_state_dict(payload["target"])
     state.optimizer.load_state_dict(payload["optimizer"])
     mine = state_tensors(state, save_replay=payload["replay_saved"])
-    saved = payload["tensors"]
-    if set(mine) != set(saved):
-        missing = sorted(set(mine) ^ set(saved))[:3]
-        raise ConfigError(f"checkpoint: its training state does not match this config (e.g. {', '.join(missing)})")
+    saved = payload["tensors"]  # may hold more: scratch buffers made lazily (e.g. a pinned snapshot copy)
+    missing = sorted(set(mine) - set(saved))
+    if missing:
+        raise ConfigError(f"checkpoint: its training state does not match this config (no {', '.join(missing[:3])})")
     with torch.no_grad():
         for name, tensor in mine.items():
             value = saved[name]

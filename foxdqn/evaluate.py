@@ -220,3 +220,11 @@ def evaluate_episodes(cfg, online: torch.nn.Module, action_mode, device: torch.d
     if success:
         result["success_rate"] = float(np.mean(success[:episodes]))
     return result
+
+
+if __name__ == "__main__":  # python -m foxdqn.evaluate checkpoint=PATH ... (foxdqn.evaluate_run)
+    import sys
+
+    from foxdqn.evaluate_run import main
+
+    sys.exit(main())

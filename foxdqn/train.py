@@ -214,11 +214,13 @@ def _print_summary(summary: dict, run_dir: Path) -> None:
     for name, m in summary["metrics"].items():
         table.add_row(name, *[f"{m[c]:.4g}" if isinstance(m.get(c), (int, float)) else str(m.get(c)) for c in cols])
     console.print(table)
-    a, sel = summary["metrics"]["agent"], summary.get("selection", {})
-    console.print(f"agent Sharpe 95 % interval [{a['sharpe_ci95_low']:.3g}, {a['sharpe_ci95_high']:.3g}] (block "
-                  f"bootstrap); PSR(SR > 0) = {a['psr_vs_zero']:.3f}; PSR(SR > buy-and-hold) = "
-                  f"{a.get('psr_vs_buy_and_hold', float('nan')):.3f}; selected on val {sel.get('metric')} = "
-                  f"{sel.get('value', float('nan')):.4g}", soft_wrap=True)
+    a, sel = summary["metrics"]["agent"], summary.get("selection") or {}
+    line = (f"agent Sharpe 95 % interval [{a['sharpe_ci95_low']:.3g}, {a['sharpe_ci95_high']:.3g}] (block "
+            f"bootstrap); PSR(SR > 0) = {a['psr_vs_zero']:.3f}; PSR(return - buy-and-hold > 0) = "
+            f"{a.get('psr_vs_buy_and_hold', float('nan')):.3f}")
+    if sel:
+        line += f"; selected on val {sel['metric']} = {sel['value']:.4g}"
+    console.print(line, soft_wrap=True)
     console.print(f"[bold]outputs:[/bold] {run_dir.resolve()}  (wall {summary['wall_time_s']} s on "
                   f"{summary['gpu'] or summary['device']})")
 

@@ -240,3 +240,25 @@ def train_eager(s, cfg) -> None:
     collect, full = Iteration(s, False, updates=0), Iteration(s, False)
     for it in range(math.ceil(cfg.agent.total_env_steps / per_iter)):
         (collect if it < warm else full)()
+
+
+def interrupt_at(monkeypatch, iteration: int, signum: int) -> None:
+    """Make foxdqn.loop's training loop receive ``signum`` (a real signal, to its real handler) when
+    it calls an iteration for the ``iteration``-th time."""
+    import os
+
+    import foxdqn.loop as loop_mod
+
+    real = loop_mod.make_iteration
+    calls = {"n": 0}
+
+    def make_iteration(*args, **kwargs):
+        fn = real(*args, **kwargs)
+
+        def wrapped():
+            calls["n"] += 1
+            if calls["n"] == iteration:
+                os.kill(os.getpid(), signum)
+            return fn()
+        return wrapped
+    monkeypatch.setattr(loop_mod, "make_iteration", make_iteration)

@@ -12,32 +12,16 @@ import pandas as pd
 import pytest
 import torch
 
-import foxdqn.loop as loop_mod
 from foxdqn.checkpoint import load_checkpoint
 from foxdqn.loop import Interrupted, train
 from foxdqn.train import _market, load_config
+
+from support import interrupt_at
 
 ROOT = Path(__file__).resolve().parents[1]
 OVERRIDES = ["debug=smoke", "device=cpu", "log.progress=false", "log.tensorboard=false", "log.interval_env_steps=256",
              "checkpoint.every_env_steps=512", "checkpoint.save_replay=true"]
 TIMING = ["train/env_steps_per_s"]
-
-
-def _interrupt_at(monkeypatch, iteration: int, signum: int):
-    """Make the training loop receive ``signum`` (a real signal, to the real handler) at ``iteration``."""
-    real = loop_mod.make_iteration
-    calls = {"n": 0}
-
-    def make_iteration(*args, **kwargs):
-        fn = real(*args, **kwargs)
-
-        def wrapped():
-            calls["n"] += 1
-            if calls["n"] == iteration:
-                os.kill(os.getpid(), signum)
-            return fn()
-        return wrapped
-    monkeypatch.setattr(loop_mod, "make_iteration", make_iteration)
 
 
 @pytest.mark.parametrize("signum, at", [(signal.SIGINT, 23), (signal.SIGTERM, 41)])
@@ -46,7 +30,7 @@ def test_interrupted_and_resumed_equals_uninterrupted(tmp_path, monkeypatch, sig
     market = _market(cfg)
     whole = train(cfg, market, tmp_path / "whole")
 
-    _interrupt_at(monkeypatch, at, signum)
+    interrupt_at(monkeypatch, at, signum)
     with pytest.raises(Interrupted) as stopped:
         train(cfg, market, tmp_path / "cut")
     assert stopped.value.exit_code == 128 + signum
@@ -117,3 +101,19 @@ def test_kill_9_at_random_moments_leaves_checkpoints_that_continue(tmp_path):
         assert (run_dir / "eval" / "summary.json").is_file() and not (run_dir / "INCOMPLETE").exists()
         steps = pd.read_csv(run_dir / "metrics.csv")["step"]
         assert list(steps) == sorted(set(steps)) and math.isclose(steps.iloc[-1], 60000, rel_tol=0.01)
+
+
+def test_restore_ignores_lazy_scratch_but_refuses_missing_state(tmp_path):
+    from foxdqn.checkpoint import restore_state, save_checkpoint
+    from foxdqn.errors import ConfigError
+    from foxdqn.step.state import build_state
+
+    cfg = load_config(["debug=smoke", "device=cpu"])
+    s = build_state(cfg, _market(cfg), torch.device("cpu"))
+    s.stats.scratch_made_later = torch.zeros(3)  # like a pinned copy buffer made at the first snapshot
+    payload = load_checkpoint(save_checkpoint(tmp_path / "a.pt", s, save_replay=True))
+    fresh = build_state(cfg, _market(cfg), torch.device("cpu"))
+    restore_state(fresh, payload)  # the extra tensor is not part of a fresh state: ignored
+    del payload["tensors"]["obs"]
+    with pytest.raises(ConfigError, match="obs"):
+        restore_state(fresh, payload)

@@ -38,7 +38,7 @@ def test_default_smoke_writes_every_output(tmp_path):
     summary = assert_outputs(tmp_path / "run")
     assert summary["experiment"] == "eurusd_dqn"
     assert "outputs:" in res.stdout
-    assert "PSR(SR > 0)" in res.stdout and "turnover (x equity/yr)" in res.stdout
+    assert "PSR(SR > 0)" in res.stdout and "selected on val sharpe" in res.stdout and "turnover (x equity/yr)" in res.stdout
     agent = summary["metrics"]["agent"]
     assert 0 <= agent["psr_vs_zero"] <= 1 and 0 <= agent["psr_vs_buy_and_hold"] <= 1
     assert agent["sharpe_ci95_low"] <= agent["sharpe_ci95_high"]

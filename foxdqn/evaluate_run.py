@@ -1,0 +1,176 @@
+"""``python -m foxdqn.evaluate checkpoint=PATH [split=val|test|train] [out=DIR] [overrides]``.
+
+Evaluates the online weights of a checkpoint (foxdqn.checkpoint) with the code a training run uses
+(:func:`foxdqn.evaluate.evaluate` and :func:`foxdqn.evaluate.write_report`; greedy episodes for
+episodic envs) on any split of the run's data or of another file, and writes into its own folder
+(default ``<run>/evaluations/<checkpoint stem>_<split>[_<file stem>]``):
+
+* ``summary.json``, ``equity.csv``, ``equity.png`` (equity curves and the agent's drawdown), as a
+  run's ``eval/``;
+* ``trades.csv``: one row per fill of the agent: ``timestamp`` (the bar the order executed in),
+  ``action`` (its label), ``order_type``, ``fill_price`` (price units), ``fee`` (cash units,
+  negative = rebate), ``position`` (exposure held after the fill, fraction of equity) and
+  ``equity`` (cash units, at that bar's close).
+
+The config is the checkpoint's. Overrides may change only what is evaluated, not the agent:
+``data.*`` (another file: its own training-split statistics normalise its features), ``eval.*``,
+``env.execution.*`` (other costs), ``device``, ``seed``. Bad input (a missing or foreign checkpoint,
+another key, a network that does not fit the data) ends with one line on stderr and exit code 2.
+"""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+ALLOWED = ("data.", "eval.", "env.execution.", "device=", "seed=")
+USAGE = ("usage: python -m foxdqn.evaluate checkpoint=PATH [split=val|test|train] [out=DIR] "
+         "[data.path=FILE | data.name=NAME] [eval.*=...] [env.execution.*=...] [device=cpu|cuda]")
+
+
+def parse_args(argv: list[str]) -> tuple[Path, str | None, Path | None, list[str]]:
+    """``(checkpoint, split, out, overrides)`` from ``key=value`` arguments.
+
+    Raises:
+        ConfigError: no ``checkpoint=``, an argument that is not ``key=value``, or a key outside
+            :data:`ALLOWED`.
+    """
+    from foxdqn.errors import ConfigError
+
+    checkpoint, split, out, overrides = None, None, None, []
+    for arg in argv:
+        key, sep, value = arg.partition("=")
+        if not sep:
+            raise ConfigError(f"argument {arg!r} is not key=value; {USAGE}")
+        if key == "checkpoint":
+            checkpoint = Path(value).expanduser()
+        elif key == "split":
+            split = value
+        elif key == "out":
+            out = Path(value).expanduser()
+        elif any(arg.startswith(prefix) for prefix in ALLOWED):
+            overrides.append(arg)
+        else:
+            raise ConfigError(f"{key}: not an evaluation setting (allowed: checkpoint, split, out, data.*, eval.*, "
+                              "env.execution.*, device, seed); the agent's own settings come from the checkpoint")
+    if checkpoint is None:
+        raise ConfigError(f"checkpoint=PATH is required; {USAGE}")
+    return checkpoint, split, out, overrides
+
+
+def config_from(payload: dict, overrides: list[str]):
+    """The checkpoint's :class:`~foxdqn.config.TrainConfig` with ``overrides`` applied, validated."""
+    from omegaconf import OmegaConf
+
+    from foxdqn.config import TrainConfig, to_object, validate
+    from foxdqn.errors import ConfigError
+
+    try:
+        cfg = OmegaConf.merge(OmegaConf.structured(TrainConfig), OmegaConf.create(payload["config"]),
+                              OmegaConf.from_dotlist(overrides))
+    except Exception as exc:  # noqa: BLE001 - omegaconf: unknown key, wrong type
+        raise ConfigError(f"override: {str(exc).splitlines()[0]}") from None
+    tc = to_object(cfg)
+    tc.resume = None
+    validate(tc)
+    return tc
+
+
+def evaluate_checkpoint(checkpoint: Path, split: str | None = None, out: Path | None = None,
+                        overrides: list[str] = ()) -> tuple[dict, Path]:
+    """Evaluate ``checkpoint`` on ``split`` (default: the run's ``eval.split``); returns
+    ``(summary, folder)``.
+
+    Raises:
+        ConfigError / DataError: a bad checkpoint, override, split or data file.
+    """
+    import torch
+
+    from foxdqn.checkpoint import load_checkpoint
+    from foxdqn.data import load_market_data
+    from foxdqn.errors import ConfigError
+    from foxdqn.evaluate import evaluate, evaluate_episodes, write_report
+    from foxdqn.io_atomic import write_json_atomic
+    from foxdqn.step.build import build_action_mode, build_env, build_network
+    from foxdqn.step.state import resolve_device
+
+    payload = load_checkpoint(checkpoint)
+    cfg = config_from(payload, list(overrides))
+    split = split or cfg.eval.split
+    if split not in ("train", "val", "test"):
+        raise ConfigError(f"split={split!r} is not allowed; choose one of train, val, test")
+    device = resolve_device(cfg.device)
+    market = load_market_data(cfg.data, cfg.env.window, cfg.env.episode_length) if cfg.env.name == "trading" else None
+    gen = torch.Generator(device=device)
+    gen.manual_seed(cfg.seed)
+    env = build_env(cfg, market, "train", device, gen)
+    mode = build_action_mode(cfg, env)
+    online = build_network(cfg, env, mode.num_actions).to(device)
+    try:
+        online.load_state_dict(payload["online"])
+    except RuntimeError as exc:
+        raise ConfigError(f"checkpoint {checkpoint}: its network does not fit this data "
+                          f"({str(exc).splitlines()[1].strip() if len(str(exc).splitlines()) > 1 else exc})") from None
+    if hasattr(env, "close"):
+        env.close()
+    run_dir = checkpoint.resolve().parent.parent
+    tag = f"{checkpoint.stem}_{split}" + (f"_{Path(cfg.data.path).stem}" if cfg.data.path else "")
+    folder = out or run_dir / "evaluations" / tag
+    extra = {"checkpoint": str(checkpoint.resolve()), "checkpoint_env_steps": payload.get("env_steps"),
+             "experiment": cfg.experiment, "data": market.source if market is not None else None,
+             "device": str(device), "gpu": torch.cuda.get_device_name(device) if device.type == "cuda" else None,
+             "wall_time_s": None, "torch": torch.__version__}
+    if market is None:
+        summary = {**extra, "env": cfg.env.name,
+                   "metrics": {"agent": evaluate_episodes(cfg, online, mode, device, episodes=cfg.eval.episodes)}}
+        write_json_atomic(folder / "summary.json", summary)
+        return summary, folder
+    result = evaluate(cfg, market, online, device, split=split, action_mode=mode)
+    data_name = cfg.data.name if cfg.data.path is None else Path(cfg.data.path).name
+    summary = write_report(folder, result, market, split, f"{cfg.experiment}: {data_name}, {split} split "
+                           f"({checkpoint.name})", extra)
+    write_trades(folder / "trades.csv", result["curves"]["agent"], market)
+    return summary, folder
+
+
+def write_trades(path: Path, walk: dict, market) -> None:
+    """``trades.csv`` of one evaluation walk (see the module docstring), atomically."""
+    import numpy as np
+    import pandas as pd
+
+    from foxdqn.envs.actions import ORDER_TYPES, action_name
+    from foxdqn.io_atomic import write_text_atomic
+
+    fills = np.flatnonzero(walk["fills"])
+    bars = walk["index"][fills + 1]  # equity point i+1 is the close of the bar the step-i order executed in
+    table = pd.DataFrame({
+        "timestamp": market.timestamps[bars].astype(str),
+        "action": [action_name(int(a)) for a in walk["actions"][fills]],
+        "order_type": [ORDER_TYPES[(int(a) // 3) % 3] for a in walk["actions"][fills]],
+        "fill_price": walk["fill_price"][fills],
+        "fee": walk["fees"][fills],
+        "position": walk["exposure"][fills],
+        "equity": walk["equity"][fills + 1],
+    })
+    write_text_atomic(path, table.to_csv(index=False))
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if not argv or argv[0] in ("-h", "--help"):
+        if argv:
+            print(__doc__)
+            return 0
+        print(f"foxdqn: error: {USAGE}", file=sys.stderr)
+        return 2
+    from foxdqn.errors import FoxdqnError
+
+    try:
+        checkpoint, split, out, overrides = parse_args(argv)
+        summary, folder = evaluate_checkpoint(checkpoint, split, out, overrides)
+    except FoxdqnError as exc:
+        print(f"foxdqn: error: {exc}", file=sys.stderr)
+        return 2
+    from foxdqn.train import _print_summary
+
+    _print_summary({**summary, "wall_time_s": "-", "selection": {}}, folder)
+    return 0

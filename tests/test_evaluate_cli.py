@@ -1,0 +1,70 @@
+"""``python -m foxdqn.evaluate checkpoint=PATH ...`` (foxdqn.evaluate_run), on a CPU smoke run."""
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from foxdqn.evaluate_run import evaluate_checkpoint, main
+from foxdqn.io_atomic import read_json
+from foxdqn.loop import train
+from foxdqn.train import _market, load_config
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def run_dir(tmp_path_factory):
+    cfg = load_config(["debug=smoke", "device=cpu", "log.progress=false", "log.tensorboard=false"])
+    path = tmp_path_factory.mktemp("run")
+    train(cfg, _market(cfg), path)
+    return path
+
+
+def test_reproduces_the_runs_test_summary(run_dir):
+    summary, folder = evaluate_checkpoint(run_dir / "checkpoints" / "last.pt")
+    assert folder == run_dir / "evaluations" / "last_test"
+    assert summary["metrics"] == read_json(run_dir / "eval" / "summary.json")["metrics"]
+    for name in ("summary.json", "equity.csv", "equity.png", "trades.csv"):
+        assert (folder / name).is_file()
+    trades = pd.read_csv(folder / "trades.csv")
+    assert list(trades.columns) == ["timestamp", "action", "order_type", "fill_price", "fee", "position", "equity"]
+    assert len(trades) == summary["metrics"]["agent"]["num_trades"]
+    assert set(trades["order_type"]) <= {"market", "limit_maker", "ioc"} and (trades["fill_price"] > 0).all()
+
+
+def test_other_split_costs_and_folder(run_dir, tmp_path):
+    summary, folder = evaluate_checkpoint(run_dir / "checkpoints" / "last.pt", "val", tmp_path / "out",
+                                          ["env.execution.taker_fee_bps=5"])
+    assert folder == tmp_path / "out" and summary["split"] == "val"
+    assert summary["period"][0] < read_json(run_dir / "eval" / "summary.json")["period"][0]
+
+
+@pytest.mark.parametrize("args, needle", [
+    ([], "usage"),
+    (["checkpoint=MISSING"], "no such file"),
+    (["checkpoint=FOREIGN"], "not a readable checkpoint"),
+    (["checkpoint=LAST", "agent.lr=1"], "agent"),
+    (["checkpoint=LAST", "split=future"], "split"),
+    (["checkpoint=LAST", "data.nope=1"], "override"),
+    (["LAST"], "key=value"),
+])
+def test_bad_input_is_one_line_and_exit_2(run_dir, tmp_path, capsys, args, needle):
+    foreign = tmp_path / "foreign.pt"
+    foreign.write_bytes(b"\x00not a checkpoint")
+    table = {"MISSING": str(tmp_path / "nope.pt"), "FOREIGN": str(foreign),
+             "LAST": str(run_dir / "checkpoints" / "last.pt")}
+    args = [a.replace(k, v) for a in args for k, v in [next(((k, v) for k, v in table.items() if k in a), ("", ""))]]
+    assert main(args) == 2
+    err = capsys.readouterr().err.strip()
+    assert needle in err and len(err.splitlines()) <= 2
+
+
+def test_module_entry_point(run_dir):
+    res = subprocess.run([sys.executable, "-m", "foxdqn.evaluate", f"checkpoint={run_dir / 'checkpoints' / 'last.pt'}",
+                          "split=val"], env={**os.environ, "PYTHONPATH": str(ROOT)}, capture_output=True, text=True,
+                         timeout=300)
+    assert res.returncode == 0, res.stderr[-2000:]
+    assert "val split" in res.stdout and (run_dir / "evaluations" / "last_val" / "trades.csv").is_file()
