@@ -303,10 +303,25 @@ class TrainConfig:
     resume: Optional[str] = None  # auto (the newest checkpoint of hydra.run.dir) | a checkpoint path
 
 
+def run_name(experiment: str, data_path: Optional[str] = None, env_id: Optional[str] = None) -> str:
+    """The name of a run's folders and titles: the experiment, plus the stem of ``data.path`` or
+    the Gymnasium ``env.id`` when one is set (so ``data.path=bars.csv`` is not filed as
+    ``eurusd_dqn``). Characters other than letters, digits, ``-``, ``_`` and ``.`` become ``_``."""
+    import re
+    from pathlib import Path
+
+    extra = Path(str(data_path)).stem if data_path else (str(env_id) if env_id else "")
+    name = f"{experiment}_{extra}" if extra else str(experiment)
+    return re.sub(r"[^A-Za-z0-9._-]", "_", name)
+
+
 def register_configs() -> None:
-    """Register the schema as ``train_schema`` (train.yaml lists it first in its defaults)."""
+    """Register the schema as ``train_schema`` (train.yaml lists it first in its defaults) and the
+    ``run_name`` resolver its folder names use."""
     cs = ConfigStore.instance()
     cs.store(name="train_schema", node=TrainConfig)
+    if not OmegaConf.has_resolver("run_name"):
+        OmegaConf.register_new_resolver("run_name", lambda e, d=None, i=None: run_name(e, d, i))
 
 
 def _choice(value: Any, allowed: tuple, name: str) -> None:

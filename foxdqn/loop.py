@@ -18,7 +18,7 @@ import numpy as np
 import torch
 
 from foxdqn.checkpoint import load_checkpoint, restore_state, save_checkpoint
-from foxdqn.config import TrainConfig
+from foxdqn.config import TrainConfig, run_name
 from foxdqn.early_stop import EarlyStopper, resolve_metric, stop_summary
 from foxdqn.errors import ConfigError, HaltError
 from foxdqn.evaluate import evaluate, evaluate_episodes, write_report
@@ -209,7 +209,8 @@ def train(cfg: TrainConfig, market, run_dir: Path, resume: dict | None = None) -
     t_log, steps_log = time.perf_counter(), env_steps
     signals = _StopSignals()
     try:
-        with signals, TrainProgress(total=total_iters * per_iter, enabled=cfg.log.progress) as progress:
+        with signals, TrainProgress(total=total_iters * per_iter, enabled=cfg.log.progress,
+                                    initial=start_iter * per_iter) as progress:
             for it in range(start_iter, total_iters):
                 (collect_only if it < warm_iters else full)()
                 env_steps = (it + 1) * per_iter
@@ -293,6 +294,7 @@ def _finish(s: TrainState, market, run_dir: Path, stopper, collapse, graph: bool
              evaluated["checkpoint"], evaluated["env_steps"], cfg.eval.split)
     extra = {
         "experiment": cfg.experiment,
+        "run_name": run_name(cfg.experiment, cfg.data.path, cfg.env.id),
         "data": market.source if market is not None else None,
         "device": str(device),
         "gpu": torch.cuda.get_device_name(device) if device.type == "cuda" else None,
@@ -319,7 +321,7 @@ def _finish(s: TrainState, market, run_dir: Path, stopper, collapse, graph: bool
         return summary
     result = evaluate(cfg, market, s.online, device, split=cfg.eval.split, action_mode=s.action_mode)
     data_name = cfg.data.name if cfg.data.path is None else Path(cfg.data.path).name
-    title = f"{cfg.experiment}: {data_name}, {cfg.eval.split} split"
+    title = f"{extra['run_name']}: {data_name}, {cfg.eval.split} split"
     return write_report(run_dir / "eval", result, market, cfg.eval.split, title, extra)
 
 

@@ -196,23 +196,25 @@ def _print_summary(summary: dict, run_dir: Path) -> None:
     if "split" not in summary:  # episodic env (CartPole, bit flipping)
         console = Console()
         m = summary["metrics"]["agent"]
-        console.print(f"[bold]{summary['experiment']}[/bold] greedy evaluation: " +
+        console.print(f"[bold]{summary.get('run_name', summary['experiment'])}[/bold] greedy evaluation: " +
                       ", ".join(f"{k}={v:.4g}" for k, v in m.items()), soft_wrap=True)  # one line each, for grep
         console.print(f"[bold]outputs:[/bold] {run_dir.resolve()}  (wall {summary['wall_time_s']} s on "
                       f"{summary['gpu'] or summary['device']})", soft_wrap=True)
         return
 
-    table = Table(title=f"{summary.get('experiment')} — {summary['split']} split, {summary['bars']} bars "
+    table = Table(title=f"{summary.get('run_name', summary.get('experiment'))} — {summary['split']} split, {summary['bars']} bars "
                         f"({summary['period'][0]} → {summary['period'][1]})")
-    cols = {"total_return": "total_return", "sharpe": "sharpe", "sortino": "sortino",
-            "max_drawdown": "max_drawdown", "profit_factor": "profit_factor", "hit_rate": "hit_rate",
-            "turnover": "turnover (x equity/yr)", "num_trades": "num_trades"}
-    console = Console(width=max(Console().width, 130))
-    table.add_column("policy")
-    for header in cols.values():
-        table.add_column(header, justify="right")
-    for name, m in summary["metrics"].items():
-        table.add_row(name, *[f"{m[c]:.4g}" if isinstance(m.get(c), (int, float)) else str(m.get(c)) for c in cols])
+    rows = {"total_return": "total return", "sharpe": "Sharpe (annualised)", "sortino": "Sortino (annualised)",
+            "max_drawdown": "max drawdown", "profit_factor": "profit factor", "hit_rate": "hit rate",
+            "turnover": "turnover (x equity/yr)", "num_trades": "trades"}
+    probe = Console()
+    console = Console(width=probe.width if probe.is_terminal else 130)  # a terminal's width; files: no wrapping
+    table.add_column("metric")  # metrics as rows: fits an 80-column terminal
+    for name in summary["metrics"]:
+        table.add_column(name, justify="right")
+    for key, label in rows.items():
+        table.add_row(label, *[f"{m[key]:.4g}" if isinstance(m.get(key), (int, float)) else str(m.get(key))
+                               for m in summary["metrics"].values()])
     console.print(table)
     a, sel = summary["metrics"]["agent"], summary.get("selection") or {}
     line = (f"agent Sharpe 95 % interval [{a['sharpe_ci95_low']:.3g}, {a['sharpe_ci95_high']:.3g}] (block "

@@ -8,12 +8,12 @@ Three modes, chosen when :class:`TrainProgress` is created:
   ``epsilon=0.1 loss=0.0123 return=1.5``);
 * **plain** (the stream is not a terminal: CI logs, ``nohup``, redirected output): one line
   per :meth:`~TrainProgress.update` call, but at most one every ``plain_interval_s`` seconds
-  (default 30 s). The first update is always printed, and so is the final state: the update
+  (default 10 s). The first update is always printed, and so is the final state: the update
   that reaches ``total`` and, on close, the last update if it was throttled. A line looks like::
 
-      [train] 120,000/1,000,000 env steps (12.0%) | 41,237 steps/s | 0:00:03 | loss=0.0123
+      [train] 120,000/1,000,000 env steps (12.0%) | 41,237 steps/s | 0:00:03 elapsed, ETA 0:00:21 | loss=0.0123
 
-  steps/s there is the rate since the previous printed line;
+  steps/s there is the rate since the previous printed line; the ETA uses the rate since the start;
 * **disabled** (``enabled=False``): every method is a no-op (tests, quiet runs).
 
 Host side only: ``update`` receives a Python ``int`` and a dict of Python floats; it never
@@ -76,6 +76,7 @@ class TrainProgress:
         file: output stream; default ``sys.stderr`` (stdout stays free for results).
         force_terminal: ``True``/``False`` overrides the terminal detection of ``file``
             (``None``: detect, as ``rich.console.Console`` does).
+        initial: env steps already done (a resumed run); rates and the ETA count from there.
 
     Usage::
 
@@ -93,9 +94,10 @@ class TrainProgress:
         *,
         enabled: bool = True,
         description: str = "train",
-        plain_interval_s: float = 30.0,
+        plain_interval_s: float = 10.0,
         file: TextIO | None = None,
         force_terminal: bool | None = None,
+        initial: int = 0,
     ) -> None:
         if isinstance(total, bool) or not isinstance(total, numbers.Integral) or total <= 0:
             raise ValueError(f"total must be a positive integer (env steps), got {total!r}")
@@ -112,8 +114,9 @@ class TrainProgress:
         # plain-mode state
         self._t0 = 0.0
         self._last_print_t = 0.0
-        self._last_print_steps = 0
         self._printed_any = False
+        self._first_steps = int(initial)  # a resumed run starts past 0: the ETA uses the rate since then
+        self._last_print_steps = int(initial)
         self._pending: tuple[int, dict[str, Any]] | None = None  # last throttled update
 
         self.mode = "disabled"
@@ -144,8 +147,28 @@ class TrainProgress:
                 console=self._console,
             )
             self._progress.start()
-            self._task = self._progress.add_task(self.description, total=self.total, info="")
+            self._task = self._progress.add_task(self.description, total=self.total, info="",
+                                                 completed=self._first_steps)
+            self._route_logging(self._progress.console)
         return self
+
+    def _route_logging(self, console: Any) -> None:
+        """Send the root logger's console handlers through the live display while it runs, so a
+        log line is printed above the bar instead of onto it (restored by :meth:`close`)."""
+        import logging
+
+        class _ToConsole:
+            def write(self, text: str) -> int:
+                console.print(text.rstrip("\n"), markup=False, highlight=False, soft_wrap=True)
+                return len(text)
+
+            def flush(self) -> None:
+                pass
+
+        self._rerouted = []
+        for handler in logging.getLogger().handlers:
+            if type(handler) is logging.StreamHandler and getattr(handler.stream, "isatty", lambda: False)():
+                self._rerouted.append((handler, handler.setStream(_ToConsole())))
 
     def close(self) -> None:
         """Stop the display; in plain mode print the last update if it was throttled.
@@ -154,6 +177,9 @@ class TrainProgress:
             return
         self._started = False
         if self.mode == "rich" and self._progress is not None:
+            for handler, stream in getattr(self, "_rerouted", []):
+                handler.setStream(stream)
+            self._rerouted = []
             self._progress.stop()
             self._progress = None
         elif self.mode == "plain" and self._pending is not None:
@@ -205,10 +231,13 @@ class TrainProgress:
         dt = now - self._last_print_t
         rate = (steps - self._last_print_steps) / dt if dt > 0 else 0.0
         pct = 100.0 * steps / self.total
+        elapsed = now - self._t0
+        overall = (steps - self._first_steps) / elapsed if elapsed > 0 and steps > self._first_steps else 0.0
+        eta = _fmt_duration((self.total - steps) / overall) if overall > 0 else "?"
         parts = [
             f"[{self.description}] {steps:,}/{self.total:,} env steps ({pct:.1f}%)",
             f"{rate:,.0f} steps/s",
-            _fmt_duration(now - self._t0),
+            f"{_fmt_duration(elapsed)} elapsed, ETA {eta}",
         ]
         text = format_fields(fields)
         if text:

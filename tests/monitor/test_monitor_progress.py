@@ -79,3 +79,18 @@ def test_update_before_start_and_bad_total():
         TrainProgress(0)
     with pytest.raises(ValueError, match="plain_interval_s"):
         TrainProgress(10, plain_interval_s=-1)
+
+
+def test_plain_lines_carry_an_eta_from_the_resumed_start():
+    import io
+
+    from foxdqn.monitor.progress import TrainProgress
+
+    out = io.StringIO()
+    with TrainProgress(total=1000, file=out, force_terminal=False, plain_interval_s=0.0, initial=400) as p:
+        import time
+
+        time.sleep(0.05)
+        p.update(700, {"loss": 0.5})
+    line = out.getvalue().splitlines()[0]
+    assert "700/1,000 env steps (70.0%)" in line and "ETA 0:00:0" in line and "loss=0.5" in line
