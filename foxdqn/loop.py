@@ -318,11 +318,44 @@ def _finish(s: TrainState, market, run_dir: Path, stopper, collapse, graph: bool
         if cfg.env.name == "gym":
             summary["env_id"] = cfg.env.id
         write_json_atomic(run_dir / "eval" / "summary.json", summary)
+        _log_final(run_dir, cfg, summary)
         return summary
     result = evaluate(cfg, market, s.online, device, split=cfg.eval.split, action_mode=s.action_mode)
     data_name = cfg.data.name if cfg.data.path is None else Path(cfg.data.path).name
     title = f"{extra['run_name']}: {data_name}, {cfg.eval.split} split"
-    return write_report(run_dir / "eval", result, market, cfg.eval.split, title, extra)
+    summary = write_report(run_dir / "eval", result, market, cfg.eval.split, title, extra)
+    _log_final(run_dir, cfg, summary)
+    return summary
+
+
+def _log_final(run_dir: Path, cfg: TrainConfig, summary: dict) -> None:
+    """The evaluated split's agent metrics and the selection value into TensorBoard (``eval/<split>/*``
+    at the last env step) and one HParams row (the run's overrides, or seed and experiment)."""
+    if not cfg.log.tensorboard:
+        return
+    from foxdqn.monitor.tensorboard_log import TensorBoardLogger
+
+    agent = summary["metrics"]["agent"]
+    metrics = {f"eval/{summary.get('split', 'episodes')}/{k}": v for k, v in agent.items()}
+    metrics["eval/val_selection"] = summary["selection"]["value"]
+    with TensorBoardLogger(run_dir / "tb") as tb:
+        tb.log_hparams(_hparams(cfg), metrics, int(summary["env_steps"]))
+
+
+def _hparams(cfg: TrainConfig) -> dict:
+    """The settings that tell runs of a sweep apart: the Hydra overrides when run by Hydra."""
+    hp = {"experiment": cfg.experiment, "seed": cfg.seed}
+    try:
+        from hydra.core.hydra_config import HydraConfig
+
+        if HydraConfig.initialized():
+            for item in HydraConfig.get().overrides.task:
+                key, _, value = str(item).lstrip("+~").partition("=")
+                if not key.startswith("hydra"):
+                    hp[key] = value
+    except ImportError:  # pragma: no cover - hydra is a dependency
+        pass
+    return hp
 
 
 def _q_divergence_only(latest: dict, first: dict | None) -> bool:

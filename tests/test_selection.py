@@ -62,3 +62,17 @@ def test_a_ruined_agent_is_carried_to_the_end_of_the_split():
     assert agent["equity"][-1] == pytest.approx(1e-6, rel=1e-3)  # ruined, then flat at the floor
     assert np.all(agent["exposure"][-10:] == 0)
     assert result["metrics"]["agent"]["total_return"] == pytest.approx(-1.0, abs=1e-5)
+
+
+def test_final_metrics_and_hparams_reach_tensorboard(tmp_path):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    cfg = load_config(["debug=smoke", "device=cpu", "log.progress=false"])
+    summary = train(cfg, load_market_data(cfg.data, cfg.env.window, cfg.env.episode_length), tmp_path)
+    acc = EventAccumulator(str(tmp_path / "tb"))
+    acc.Reload()
+    tags = acc.Tags()["scalars"]
+    assert "eval/test/sharpe" in tags and "eval/val_selection" in tags and "train/loss" in tags
+    (event,) = acc.Scalars("eval/test/sharpe")
+    assert event.step == summary["env_steps"] and event.value == pytest.approx(summary["metrics"]["agent"]["sharpe"])
+    assert list((tmp_path / "tb").rglob("events.out.tfevents.*"))  # the HParams row is written beside them

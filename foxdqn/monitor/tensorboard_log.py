@@ -67,6 +67,24 @@ class TensorBoardLogger:
                 raise TypeError(f"{tag}: value {value!r} is not a number") from None
             self._writer.add_scalar(tag, v, global_step=int(step))
 
+    def log_hparams(self, hparams: Mapping[str, Any], metrics: Mapping[str, Any], step: int) -> None:
+        """One row of TensorBoard's HParams tab (``SummaryWriter.add_hparams``) in this run's folder;
+        ``metrics`` are also written as scalars at ``step`` (once: do not :meth:`log` them too).
+
+        Args:
+            hparams: name -> bool, int, float or str (other values are turned into strings).
+            metrics: name -> number; non-finite and non-numeric values are left out.
+            step: the x value of the metrics (e.g. the run's last env step).
+        """
+        import math
+
+        if self._writer is None:
+            raise RuntimeError(f"TensorBoardLogger({self.logdir}) is closed")
+        hp = {k: v if isinstance(v, (bool, int, float, str)) else str(v) for k, v in hparams.items()}
+        mt = {k: float(v) for k, v in metrics.items()
+              if isinstance(v, numbers.Real) and not isinstance(v, bool) and math.isfinite(float(v))}
+        self._writer.add_hparams(hp, mt, run_name=".", global_step=int(step))
+
     def flush(self) -> None:
         """Write pending events to disk now."""
         if self._writer is not None:
