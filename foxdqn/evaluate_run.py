@@ -3,7 +3,8 @@
 Evaluates the online weights of a checkpoint (foxdqn.checkpoint) with the code a training run uses
 (:func:`foxdqn.evaluate.evaluate` and :func:`foxdqn.evaluate.write_report`; greedy episodes for
 episodic envs) on any split of the run's data or of another file, and writes into its own folder
-(default ``<run>/evaluations/<checkpoint stem>_<split>[_<file stem>]``):
+(default ``<run>/evaluations/<checkpoint stem>_<split>[_<override>...]``, ``data.path`` given as its
+file stem, so evaluations with other data or costs never overwrite each other):
 
 * ``summary.json``, ``equity.csv``, ``equity.png`` (equity curves and the agent's drawdown), as a
   run's ``eval/``;
@@ -20,6 +21,7 @@ another key, a network that does not fit the data) ends with one line on stderr 
 from __future__ import annotations
 
 import sys
+import time
 from pathlib import Path
 
 ALLOWED = ("data.", "eval.", "env.execution.", "device=", "seed=")
@@ -93,6 +95,7 @@ def evaluate_checkpoint(checkpoint: Path, split: str | None = None, out: Path | 
     from foxdqn.step.build import build_action_mode, build_env, build_network
     from foxdqn.step.state import resolve_device
 
+    t0 = time.perf_counter()
     payload = load_checkpoint(checkpoint)
     cfg = config_from(payload, list(overrides))
     split = split or cfg.eval.split
@@ -113,12 +116,12 @@ def evaluate_checkpoint(checkpoint: Path, split: str | None = None, out: Path | 
     if hasattr(env, "close"):
         env.close()
     run_dir = checkpoint.resolve().parent.parent
-    tag = f"{checkpoint.stem}_{split}" + (f"_{Path(cfg.data.path).stem}" if cfg.data.path else "")
-    folder = out or run_dir / "evaluations" / tag
+    folder = out or run_dir / "evaluations" / folder_name(checkpoint, split, overrides)
     extra = {"checkpoint": str(checkpoint.resolve()), "checkpoint_env_steps": payload.get("env_steps"),
-             "experiment": cfg.experiment, "data": market.source if market is not None else None,
-             "device": str(device), "gpu": torch.cuda.get_device_name(device) if device.type == "cuda" else None,
-             "wall_time_s": None, "torch": torch.__version__}
+             "overrides": list(overrides), "experiment": cfg.experiment,
+             "data": market.source if market is not None else None, "device": str(device),
+             "gpu": torch.cuda.get_device_name(device) if device.type == "cuda" else None,
+             "wall_time_s": round(time.perf_counter() - t0, 2), "torch": torch.__version__}
     if market is None:
         summary = {**extra, "env": cfg.env.name,
                    "metrics": {"agent": evaluate_episodes(cfg, online, mode, device, episodes=cfg.eval.episodes)}}
@@ -130,6 +133,18 @@ def evaluate_checkpoint(checkpoint: Path, split: str | None = None, out: Path | 
                            f"({checkpoint.name})", extra)
     write_trades(folder / "trades.csv", result["curves"]["agent"], market)
     return summary, folder
+
+
+def folder_name(checkpoint: Path, split: str, overrides) -> str:
+    """``<checkpoint stem>_<split>`` plus each override (``data.path`` as its file stem), so that
+    evaluations with other data or costs never overwrite each other."""
+    import re
+
+    parts = [checkpoint.stem, split]
+    for item in overrides:
+        key, _, value = item.partition("=")
+        parts.append(Path(value).stem if key == "data.path" else f"{key.split('.')[-1]}={value}")
+    return re.sub(r"[^A-Za-z0-9._=-]", "_", "_".join(parts))
 
 
 def write_trades(path: Path, walk: dict, market) -> None:
@@ -170,7 +185,11 @@ def main(argv: list[str] | None = None) -> int:
     except FoxdqnError as exc:
         print(f"foxdqn: error: {exc}", file=sys.stderr)
         return 2
+    except OSError as exc:  # out= under a file, unwritable, disk full
+        print(f"foxdqn: error: writing the evaluation failed: {exc.filename or ''} {exc.strerror or exc}".strip(),
+              file=sys.stderr)
+        return 2
     from foxdqn.train import _print_summary
 
-    _print_summary({**summary, "wall_time_s": "-", "selection": {}}, folder)
+    _print_summary({**summary, "selection": {}}, folder)
     return 0

@@ -118,17 +118,15 @@ class Interrupted(Exception):
 
 
 class _StopSignals:
-    """While active, SIGINT and SIGTERM set :attr:`received` (the loop stops after its iteration)
-    instead of killing the process; the previous handlers come back on exit. A second signal of
-    the same kind while stopping raises ``KeyboardInterrupt`` (a user who insists)."""
+    """While active, SIGINT and SIGTERM set :attr:`received` (the loop stops after its iteration and
+    writes its checkpoint) instead of killing the process; more signals while it stops are ignored,
+    so a checkpoint is never cut short. The previous handlers come back on exit."""
 
     def __init__(self) -> None:
         self.received: int | None = None
         self._old: dict = {}
 
     def _handle(self, signum, frame) -> None:
-        if self.received == signum:
-            raise KeyboardInterrupt
         self.received = self.received or signum
 
     def __enter__(self) -> "_StopSignals":
@@ -207,10 +205,10 @@ def train(cfg: TrainConfig, market, run_dir: Path, resume: dict | None = None) -
     halt = None
     env_steps = start_iter * per_iter
     t_log, steps_log = time.perf_counter(), env_steps
-    signals = _StopSignals()
+    signals = _StopSignals().__enter__()  # left after the final checkpoint below
     try:
-        with signals, TrainProgress(total=total_iters * per_iter, enabled=cfg.log.progress,
-                                    initial=start_iter * per_iter) as progress:
+        with TrainProgress(total=total_iters * per_iter, enabled=cfg.log.progress,
+                           initial=start_iter * per_iter) as progress:
             for it in range(start_iter, total_iters):
                 (collect_only if it < warm_iters else full)()
                 env_steps = (it + 1) * per_iter
@@ -260,13 +258,19 @@ def train(cfg: TrainConfig, market, run_dir: Path, resume: dict | None = None) -
                 if ckpt_every and not last and ((it + 1) % log_every == 0) and \
                         env_steps // ckpt_every > (env_steps - log_every * per_iter) // ckpt_every:
                     checkpoint()
+    except BaseException:
+        signals.__exit__()
+        raise
     finally:
         if device.type == "cuda":
             torch.cuda.synchronize(device)
         logger.close()
         if hasattr(s.env, "close"):  # host vector envs: end their workers
             s.env.close()
-    ckpt = checkpoint()
+    try:
+        ckpt = checkpoint()
+    finally:
+        signals.__exit__()
     if halt is not None:
         log.error("halted: %s", halt)
         write_text_atomic(run_dir / "HALTED", halt + "\n")

@@ -82,8 +82,10 @@ class RunFolder:
         found = previous_outputs(path)
         if found and not resume:
             self.release()
+            hint = ("; or continue that run with resume=auto" if MARKER in found
+                    else " (that run has finished)")
             raise RunFolderError(f"output folder {path}: already holds a run ({', '.join(found)}); choose another "
-                                 "hydra.run.dir, or continue that run with resume=auto")
+                                 f"hydra.run.dir{hint}")
         stamp = _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
         (path / MARKER).write_text(f"started {stamp} pid {os.getpid()}; removed when eval/summary.json is "
                                    "written. Present without a running process: the run was killed or "

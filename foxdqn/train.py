@@ -134,6 +134,10 @@ def _check(overrides: list[str]) -> None:
     from foxdqn.replay.buffer import replay_bytes
 
     cfg = load_config(overrides)
+    if cfg.resume not in (None, "auto"):  # a bad checkpoint is refused before Hydra makes a run folder
+        from foxdqn.checkpoint import load_checkpoint
+
+        load_checkpoint(resume_path(cfg.resume))
     market = _market(cfg)
     itemsize = 4
     if cfg.env.name == "gym":  # unknown id / non-Discrete actions fail here, before any run folder
@@ -241,7 +245,7 @@ def _run(cfg: DictConfig) -> float:
         if tc.resume is not None:
             tc, run_dir, payload = _resume(tc, run_dir)
         market = _market(tc)
-        folder = RunFolder(run_dir).open(resume=payload is not None)
+        folder = RunFolder(run_dir).open(resume=tc.resume is not None)
         write_text_atomic(run_dir / "config.yaml", OmegaConf.to_yaml(OmegaConf.structured(tc)))
         summary = train(tc, market, run_dir, resume=payload)
     except FoxdqnError as exc:
@@ -308,11 +312,13 @@ _MARKETS: dict = {}
 RESUME_MAY_CHANGE = ("resume", "device", "graph", "cpu_threads", "log", "checkpoint")
 
 
-def _resume(tc: TrainConfig, hydra_dir: Path) -> tuple[TrainConfig, Path, dict]:
+def _resume(tc: TrainConfig, hydra_dir: Path) -> tuple[TrainConfig, Path, dict | None]:
     """``resume=auto`` (the newest checkpoint of ``hydra.run.dir``) or ``resume=PATH``: the run to
     continue, its folder and its checkpoint. The config must be the checkpoint's, but for
     :data:`RESUME_MAY_CHANGE`. A Hydra folder made for this call that holds only ``.hydra`` is removed
-    when the run continues elsewhere.
+    (and Hydra's log file) is removed when the run continues elsewhere. ``resume=auto`` of a run that was stopped before its first
+    checkpoint (``INCOMPLETE``, no ``checkpoints/last.pt``) starts it over in its folder: the
+    payload is then None and the killed run's partial metrics.csv and tb/ are removed.
 
     Raises:
         ConfigError: no checkpoint, an unreadable or foreign one, a finished run, or another config.
@@ -326,11 +332,19 @@ def _resume(tc: TrainConfig, hydra_dir: Path) -> tuple[TrainConfig, Path, dict]:
 
     if tc.resume == "auto":
         path = hydra_dir / "checkpoints" / "last.pt"
+        if not path.is_file() and (hydra_dir / MARKER).is_file():
+            import logging
+
+            logging.getLogger(__name__).warning("resume=auto: %s was stopped before its first checkpoint; starting it "
+                                                "over", hydra_dir)
+            (hydra_dir / "metrics.csv").unlink(missing_ok=True)
+            shutil.rmtree(hydra_dir / "tb", ignore_errors=True)
+            return tc, hydra_dir, None
         if not path.is_file():
             raise ConfigError(f"resume=auto: no checkpoint in {hydra_dir / 'checkpoints'}; set hydra.run.dir to the "
                               "folder of the run to continue, or resume=PATH to its checkpoint")
     else:
-        path = Path(tc.resume).expanduser()
+        path = resume_path(tc.resume)
     run_dir = path.resolve().parent.parent
     payload = load_checkpoint(path)
     if (run_dir / "eval" / "summary.json").is_file() and not (run_dir / MARKER).exists():
@@ -340,9 +354,25 @@ def _resume(tc: TrainConfig, hydra_dir: Path) -> tuple[TrainConfig, Path, dict]:
     if diff is not None:
         raise ConfigError(f"resume: {diff} differs from the checkpoint's config ({path}); a resumed run keeps "
                           f"its settings (only {', '.join(RESUME_MAY_CHANGE)} may change)")
-    if hydra_dir.resolve() != run_dir and {p.name for p in hydra_dir.iterdir()} <= {".hydra"}:
-        shutil.rmtree(hydra_dir, ignore_errors=True)
+    if hydra_dir.resolve() != run_dir and all(p.name == ".hydra" or p.suffix == ".log" for p in hydra_dir.iterdir()):
+        shutil.rmtree(hydra_dir, ignore_errors=True)  # only Hydra's config copy and its log of this call
     return tc, run_dir, payload
+
+
+def resume_path(value: str) -> Path:
+    """The checkpoint file of ``resume=PATH`` (a run folder means its ``checkpoints/last.pt``).
+
+    Raises:
+        ConfigError: neither a file nor a run folder with a checkpoint.
+    """
+    from foxdqn.errors import ConfigError
+
+    path = Path(value).expanduser()
+    if path.is_dir():
+        if (path / "checkpoints" / "last.pt").is_file():
+            return path / "checkpoints" / "last.pt"
+        raise ConfigError(f"resume={value}: a folder without checkpoints/last.pt; give a checkpoint file or a run folder")
+    return path
 
 
 def _first_difference(a: dict, b: dict, allowed: tuple[str, ...], prefix: str = "") -> str | None:
@@ -366,7 +396,20 @@ def objective(summary: dict) -> float:
     return float(summary["selection"]["value"])
 
 
+def _outside_training(signum, frame) -> None:
+    """SIGINT/SIGTERM outside the training loop (start-up, evaluation): one line, exit 128 + signal;
+    the training loop installs its own handlers (stop after the iteration, with a checkpoint)."""
+    import signal
+
+    _fail(f"interrupted by {signal.Signals(signum).name} outside training; checkpoints already written are kept",
+          128 + signum)
+
+
 def main() -> None:
+    import signal
+
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, _outside_training)
     _precheck(sys.argv[1:])
     _run()
     if _FAILED_JOBS:  # a multirun whose jobs did not all finish

@@ -35,6 +35,18 @@ def test_reproduces_the_runs_test_summary(run_dir):
     assert set(trades["order_type"]) <= {"market", "limit_maker", "ioc"} and (trades["fill_price"] > 0).all()
 
 
+def test_evaluations_with_other_settings_get_their_own_folder(run_dir, tmp_path):
+    from foxdqn.evaluate_run import folder_name
+
+    last = run_dir / "checkpoints" / "last.pt"
+    assert folder_name(last, "test", []) == "last_test"
+    assert folder_name(last, "test", ["env.execution.taker_fee_bps=5", "data.path=/x/my bars.csv"]) == \
+        "last_test_taker_fee_bps=5_my_bars"
+    blocker = tmp_path / "file"
+    blocker.write_text("x")
+    assert main([f"checkpoint={last}", f"out={blocker / 'sub'}"]) == 2
+
+
 def test_other_split_costs_and_folder(run_dir, tmp_path):
     summary, folder = evaluate_checkpoint(run_dir / "checkpoints" / "last.pt", "val", tmp_path / "out",
                                           ["env.execution.taker_fee_bps=5"])

@@ -74,10 +74,39 @@ def test_resume_refuses_another_config_and_a_finished_run(tmp_path):
     foreign.write_bytes(b"not a checkpoint")
     bad = run(f"resume={foreign}")
     assert bad.returncode == 2 and "foreign.pt" in bad.stderr
+    assert not (tmp_path / "outputs").exists()  # refused before Hydra made a folder
+    folder = run(f"resume={tmp_path / 'a'}", f"hydra.run.dir={tmp_path / 'c'}")  # a run folder means its last.pt
+    assert folder.returncode == 0, folder.stderr[-2000:]  # 'a' is marked INCOMPLETE above: it is finished now
+    assert not (tmp_path / "a" / "INCOMPLETE").exists() and not (tmp_path / "c").exists()
+
+
+def test_resume_auto_starts_over_a_run_killed_before_its_first_checkpoint(tmp_path):
+    run_dir = tmp_path / "killed"
+    run_dir.mkdir()
+    (run_dir / "INCOMPLETE").write_text("killed early\n")
+    (run_dir / "metrics.csv").write_text("step,train/loss\n256,0.5\n")
+    res = subprocess.run([sys.executable, "-m", "foxdqn.train", "debug=smoke", "log.progress=false", "resume=auto",
+                          f"hydra.run.dir={run_dir}"], cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(ROOT)},
+                         capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stderr[-2000:]
+    assert "starting it over" in res.stdout + res.stderr
+    assert not (run_dir / "INCOMPLETE").exists() and (run_dir / "eval" / "summary.json").is_file()
+    assert pd.read_csv(run_dir / "metrics.csv")["step"].is_monotonic_increasing
+
+
+def test_a_signal_outside_training_is_one_line_and_128_plus_signal(capsys):
+    from foxdqn.train import _outside_training
+
+    with pytest.raises(SystemExit) as stop:
+        _outside_training(signal.SIGTERM, None)
+    assert stop.value.code == 143 and "SIGTERM outside training" in capsys.readouterr().err
 
 
 @pytest.mark.slow
 def test_kill_9_at_random_moments_leaves_checkpoints_that_continue(tmp_path):
+    """kill -9 at a random log row of the training (whatever the machine's speed): the folder says
+    INCOMPLETE, holds no partial file, and resume=auto finishes the run (from the newest checkpoint,
+    or from the start when the kill came before the first one)."""
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     args = [sys.executable, "-m", "foxdqn.train", "log.progress=false", "agent.total_env_steps=60000",
             "checkpoint.every_env_steps=5000", "log.interval_env_steps=2500", "device=cpu"]
@@ -86,15 +115,21 @@ def test_kill_9_at_random_moments_leaves_checkpoints_that_continue(tmp_path):
         run_dir = tmp_path / f"run{k}"
         proc = subprocess.Popen([*args, f"hydra.run.dir={run_dir}"], cwd=tmp_path, env=env,
                                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        time.sleep(rng.uniform(4.0, 9.0))
+        rows = rng.randint(1, 18)  # of 24 log rows
+        deadline = time.monotonic() + 300
+        while time.monotonic() < deadline and proc.poll() is None:
+            logged = run_dir / "metrics.csv"
+            if logged.is_file() and len(logged.read_text().splitlines()) > rows:
+                break
+            time.sleep(0.01)
+        assert proc.poll() is None, "the run ended before it was killed"
         proc.send_signal(signal.SIGKILL)
         proc.wait()
         assert (run_dir / "INCOMPLETE").exists()  # a killed run is never mistaken for a finished one
         assert not list(run_dir.rglob("*.tmp*"))
         ckpt = run_dir / "checkpoints" / "last.pt"
-        if not ckpt.exists():
-            continue  # killed before the first checkpoint
-        assert load_checkpoint(ckpt)["env_steps"] > 0
+        if ckpt.exists():
+            assert load_checkpoint(ckpt)["env_steps"] > 0
         res = subprocess.run([*args, f"hydra.run.dir={run_dir}", "resume=auto"], cwd=tmp_path, env=env,
                              capture_output=True, text=True, timeout=600)
         assert res.returncode == 0, res.stderr[-2000:]
