@@ -7,7 +7,7 @@ PY := $(VENV)/bin/python
 TORCH_VERSION ?= 2.13.0
 ARGS ?=
 
-.PHONY: venv train test test-gpu bench clean
+.PHONY: venv train test test-gpu bench sweep report clean
 
 venv: $(VENV)/.ready
 
@@ -31,6 +31,15 @@ test-gpu: venv
 
 bench: venv
 	$(PY) -m bench.run $(ARGS)
+
+# a Hydra multirun, e.g. make sweep ARGS="seed=0,1,2 agent.lr=1e-4,3e-4"; it ends with the seeds report
+sweep: venv
+	$(PY) -m foxdqn.train --multirun $(ARGS)
+
+# rebuild the seeds report of a sweep folder: make report DIR=multirun/eurusd_dqn/<date>
+report: venv
+	@test -n "$(DIR)" || { echo "make report: set DIR=<a multirun folder>" >&2; exit 2; }
+	$(PY) -m foxdqn.sweep_seeds $(DIR)
 
 clean:
 	rm -rf $(VENV) outputs multirun
