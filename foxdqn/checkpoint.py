@@ -36,7 +36,7 @@ _OWN = ("cfg", "device", "online", "target", "optimizer", "generator", "env_step
 _SKIP_TYPES = (str, bytes, int, float, bool, type(None), torch.device, torch.dtype)
 
 
-def _walk(obj: Any, path: str, seen: set[int], skip_replay: bool) -> Iterator[tuple[str, torch.Tensor]]:
+def _walk(obj: Any, path: str, seen: set[int]) -> Iterator[tuple[str, torch.Tensor]]:
     """Every tensor reachable from ``obj`` (attributes, lists, tuples, dicts, modules), once each."""
     if isinstance(obj, torch.Tensor):
         if id(obj) not in seen:
@@ -48,21 +48,21 @@ def _walk(obj: Any, path: str, seen: set[int], skip_replay: bool) -> Iterator[tu
     seen.add(id(obj))
     if isinstance(obj, torch.nn.Module):
         for name, t in list(obj.named_parameters()) + list(obj.named_buffers()):
-            yield from _walk(t.data if isinstance(t, torch.nn.Parameter) else t, f"{path}.{name}", seen, skip_replay)
+            yield from _walk(t.data if isinstance(t, torch.nn.Parameter) else t, f"{path}.{name}", seen)
         return
     if isinstance(obj, (list, tuple)):
         for i, item in enumerate(obj):
-            yield from _walk(item, f"{path}[{i}]", seen, skip_replay)
+            yield from _walk(item, f"{path}[{i}]", seen)
         return
     if isinstance(obj, dict):
         for key, item in obj.items():
             if isinstance(key, (str, int)):
-                yield from _walk(item, f"{path}[{key!r}]", seen, skip_replay)
+                yield from _walk(item, f"{path}[{key!r}]", seen)
         return
     if isinstance(obj, (torch.Generator, torch.optim.Optimizer)) or not hasattr(obj, "__dict__"):
         return
     for name, item in vars(obj).items():
-        yield from _walk(item, f"{path}.{name}", seen, skip_replay)
+        yield from _walk(item, f"{path}.{name}", seen)
 
 
 def state_tensors(state, save_replay: bool = True) -> dict[str, torch.Tensor]:
@@ -72,12 +72,12 @@ def state_tensors(state, save_replay: bool = True) -> dict[str, torch.Tensor]:
         seen.update(id(t.data) for t in module.parameters())
         seen.update(id(t) for t in module.buffers())
     if not save_replay:
-        seen.update(id(t) for _, t in _walk(state.replay, "replay", set(), False))
+        seen.update(id(t) for _, t in _walk(state.replay, "replay", set()))
     out: dict[str, torch.Tensor] = {}
     for field in dataclasses.fields(state):
         if field.name in _OWN:
             continue
-        out.update(_walk(getattr(state, field.name), field.name, seen, not save_replay))
+        out.update(_walk(getattr(state, field.name), field.name, seen))
     return out
 
 

@@ -181,6 +181,11 @@ def train(cfg: TrainConfig, market, run_dir: Path, resume: dict | None = None) -
         host.update(resume["loop"])
         start_iter = int(resume["env_steps"]) // per_iter
         log.info("resuming at %d env steps (iteration %d of %d)", resume["env_steps"], start_iter, total_iters)
+        if not resume["replay_saved"]:  # an empty replay: collect agent.learning_starts transitions first
+            refill = math.ceil(a.learning_starts / per_iter)
+            warm_iters = max(warm_iters, min(total_iters, start_iter + refill))
+            log.warning("the checkpoint has no replay (checkpoint.save_replay=false): %d collect-only iterations "
+                        "refill it before updates continue; the run is not an exact continuation", refill)
     log.info("%s: %s on %s (graph=%s), %d env steps in %d iterations of %d envs x %d steps, %d updates each",
              cfg.experiment, cfg.env.name if market is None else market.source, device, graph,
              total_iters * per_iter, total_iters, cfg.env.num_envs, a.steps_per_iter, a.updates_per_iter)
@@ -203,6 +208,7 @@ def train(cfg: TrainConfig, market, run_dir: Path, resume: dict | None = None) -
             host["wall_before"] -= time.perf_counter() - t0
 
     halt = None
+    host_updates = 0 if resume is None else int(resume["updates"])  # the device counter, without a read
     env_steps = start_iter * per_iter
     t_log, steps_log = time.perf_counter(), env_steps
     signals = _StopSignals().__enter__()  # left after the final checkpoint below
@@ -211,6 +217,7 @@ def train(cfg: TrainConfig, market, run_dir: Path, resume: dict | None = None) -
                            initial=start_iter * per_iter) as progress:
             for it in range(start_iter, total_iters):
                 (collect_only if it < warm_iters else full)()
+                host_updates += 0 if it < warm_iters else a.updates_per_iter
                 env_steps = (it + 1) * per_iter
                 last = it == total_iters - 1
                 record = s.guard.reader.latest()  # pinned memory read: no wait
@@ -229,7 +236,7 @@ def train(cfg: TrainConfig, market, run_dir: Path, resume: dict | None = None) -
                     t_log, steps_log = now, env_steps
                     row["epsilon"] = a.eps_end + (a.eps_start - a.eps_end) * max(
                         0.0, 1.0 - env_steps / max(a.eps_decay_fraction * a.total_env_steps, 1.0))
-                    row["updates"] = max(0, it + 1 - warm_iters) * a.updates_per_iter
+                    row["updates"] = host_updates
                     if not math.isnan(row["episode_return"]):
                         host["recent_return"] = row["episode_return"]
                     logger.log(env_steps, {f"train/{k}": v for k, v in row.items()})

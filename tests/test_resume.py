@@ -152,3 +152,22 @@ def test_restore_ignores_lazy_scratch_but_refuses_missing_state(tmp_path):
     del payload["tensors"]["obs"]
     with pytest.raises(ConfigError, match="obs"):
         restore_state(fresh, payload)
+
+
+def test_resume_without_the_replay_refills_it_before_updating(tmp_path, monkeypatch):
+    cfg = load_config([*OVERRIDES[:-1], "checkpoint.save_replay=false"])
+    market = _market(cfg)
+    interrupt_at(monkeypatch, 30, signal.SIGINT)
+    with pytest.raises(Interrupted):
+        train(cfg, market, tmp_path)
+    monkeypatch.undo()
+    payload = load_checkpoint(tmp_path / "checkpoints" / "last.pt")
+    assert not payload["replay_saved"]
+    summary = train(cfg, market, tmp_path, resume=payload)
+    per_iter = cfg.env.num_envs * cfg.agent.steps_per_iter
+    refill = -(-cfg.agent.learning_starts // per_iter)
+    total = -(-cfg.agent.total_env_steps // per_iter)
+    resumed_at = payload["env_steps"] // per_iter
+    assert summary["updates"] == payload["updates"] + (total - resumed_at - refill) * cfg.agent.updates_per_iter
+    logged = pd.read_csv(tmp_path / "metrics.csv")
+    assert logged["train/updates"].iloc[-1] == summary["updates"]
