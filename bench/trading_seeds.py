@@ -46,17 +46,6 @@ def run_one(experiment: str, seeds: int, data: str | None, out: Path, extra: lis
             "settings": json.loads(report.read_text()) if report.is_file() else None}
 
 
-def _row(name: str, entry: dict) -> str:
-    from foxdqn.sweep_seeds import _fmt
-
-    t, ens, bh = entry["test"], entry.get("ensemble") or {}, entry["buy_and_hold"]
-    ensemble = (f"{ens['sharpe']:+.2f} [{ens['sharpe_ci95_low']:+.2f}, {ens['sharpe_ci95_high']:+.2f}] | "
-                f"{ens['psr_vs_zero']:.2f} | {ens['psr_vs_buy_and_hold']:.2f}") if ens else "n/a | n/a | n/a"
-    return (f"| {name} | {entry['seeds']} | {_fmt(entry['selection'])} | {_fmt(t['total_return'], pct=True)} | "
-            f"{_fmt(t['sharpe'])} | {_fmt(t['max_drawdown'], pct=True)} | {_fmt(t['num_trades'])} | {ensemble} | "
-            f"{bh['total_return'] * 100:+.2f} %, {bh['sharpe']:+.2f} |")
-
-
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     extra = argv[argv.index("--") + 1:] if "--" in argv else []
@@ -86,20 +75,19 @@ def main(argv: list[str] | None = None) -> int:
         results = list(pool.map(lambda e: run_one(e, args.seeds, args.data, out, extra), names))
     meta = {**tags(), "seeds": args.seeds, "data": args.data or "each experiment's", "overrides": extra,
             "parallel": args.parallel, "wall_s": round(time.perf_counter() - t0, 1)}
-    metric = next((r["settings"][0]["selection_metric"] for r in results if r["settings"]), "metric")
-    header = (f"| experiment | seeds | val {metric} (selection) | test return | test Sharpe | test max drawdown | "
-              "trades | ensemble Sharpe [95 %] | ensemble PSR > 0 | ensemble PSR > B&H (active return) | buy-and-hold |\n"
-              "|---|---|---|---|---|---|---|---|---|---|---|")
-    rows = [_row(r["experiment"], r["settings"][0]) if r["settings"] else f"| {r['experiment']} | failed (rc {r['rc']}) |"
-            for r in results]
+    from foxdqn.sweep_seeds import to_markdown
+
+    table = to_markdown([{**r["settings"][0], "setting": r["experiment"]} for r in results if r["settings"]],
+                        first_column="experiment")
+    failed = [f"- {r['experiment']}: failed (rc {r['rc']}, see its stdout.log)" for r in results if not r["settings"]]
     text = (f"# Trading experiments over {args.seeds} seeds ({meta['data']} data)\n\n"
             f"{meta['gpu']}, torch {meta['torch']}, triton {meta['triton']}, {meta['date']}; "
             f"{args.parallel} multiruns at a time, {meta['wall_s']} s in all; overrides: {' '.join(extra) or 'none'}.\n\n"
             "Test split metrics of the greedy agent, mean ± std [min, max] over seeds; selection on the validation "
             "split only. Ensemble: the seeds' per-bar test returns averaged (one equal-weight portfolio), with its "
             "block-bootstrap 95 % Sharpe interval, PSR against 0, and the PSR of its return minus buy-and-hold's. "
-            "Flat earns 0 by construction. Turnover and more per run: each run's eval/summary.json.\n\n"
-            f"{header}\n" + "\n".join(rows) + "\n\n" +
+            "Flat earns 0 by construction. Turnover and more per run: each run's eval/summary.json.\n\n" +
+            table + ("\n" + "\n".join(failed) + "\n" if failed else "") + "\n" +
             "Wall per experiment (s): " + ", ".join(f"{r['experiment']} {r['wall_s']}" for r in results) + "\n")
     gpu = meta["gpu"].replace(" ", "-").replace(":", "-")
     stem = f"{meta['date'][:10]}_{gpu}_trading-seeds" + (f"-{args.tag}" if args.tag else "")

@@ -625,12 +625,19 @@ def finalize(cfg: DictConfig | TrainConfig) -> TrainConfig:
     return obj
 
 
+def total_updates(cfg: TrainConfig) -> int:
+    """Gradient updates the run will make (host arithmetic on the schedule, no device read)."""
+    a = cfg.agent
+    per_iter = cfg.env.num_envs * a.steps_per_iter
+    iters = max(1, math.ceil(a.total_env_steps / per_iter))
+    warm = min(iters, math.ceil(a.learning_starts / per_iter))
+    return (iters - warm) * a.updates_per_iter
+
+
 def warn_ignored(cfg: TrainConfig) -> list[str]:
     """Log (and return) one warning per setting that the chosen components ignore: keys of a head
     that is not selected, or ``debug.inject_nan_at_step`` past the run's last update."""
     import logging
-
-    from foxdqn.step.state import total_updates
 
     notes = []
     default = HeadConfig()

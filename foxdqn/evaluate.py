@@ -58,15 +58,16 @@ def _walk(cfg, market, split, device, policy) -> dict:
     return env.run_policy(policy)
 
 
-def _to_full_length(walk: dict, length: int) -> dict:
-    """Carry a walk that ended early (ruin) to ``length`` steps: equity stays at its last value, flat."""
-    have = int(walk["exposure"].size)
-    if have >= length:
-        return walk
-    pad = length - have
-    out = dict(walk)
+def _to_full_length(walk: dict, length: int, floor: float) -> dict:
+    """Floor the walk's equity at ``floor`` (a ruined account, which may have gone negative inside
+    its last bar, is worth the ruin floor) and carry a walk that ended early to ``length`` steps:
+    equity stays at its last value, flat."""
+    out = {**walk, "equity": np.maximum(walk["equity"], floor)}
+    pad = length - int(walk["exposure"].size)
+    if pad <= 0:
+        return out
     out["index"] = np.arange(walk["index"][0], walk["index"][0] + length + 1, dtype=np.int64)
-    out["equity"] = np.concatenate([walk["equity"], np.full(pad, walk["equity"][-1])])
+    out["equity"] = np.concatenate([out["equity"], np.full(pad, out["equity"][-1])])
     for name in ("exposure", "rewards", "fill_price", "fees", "costs", "traded_units"):
         out[name] = np.concatenate([walk[name], np.zeros(pad)])
     out["actions"] = np.concatenate([walk["actions"], np.full(pad, FLAT_ACTION, dtype=np.int64)])
@@ -112,12 +113,10 @@ def evaluate(cfg, market, online: torch.nn.Module, device: torch.device, split: 
     chosen = {"agent": greedy, "buy_and_hold": const(BUY_AND_HOLD_ACTION), "flat": const(FLAT_ACTION)}
     walks = {name: _walk(cfg, market, split, device, chosen[name]) for name in policies}
     online.train()
-    length = max(int(w["exposure"].size) for w in walks.values())
     start, end = market.splits[split]
-    length = max(length, end - 1 - max(start, cfg.env.window - 1))
-    floor = RUIN_FRACTION * float(cfg.env.execution.initial_equity)  # a ruined account is worth the floor
-    walks = {name: {**w, "equity": np.maximum(w["equity"], floor)} for name, w in walks.items()}
-    walks = {name: _to_full_length(w, length) for name, w in walks.items()}
+    steps = end - 1 - max(start, cfg.env.window - 1)  # a whole walk: first valid bar to the split's last
+    floor = RUIN_FRACTION * float(cfg.env.execution.initial_equity)
+    walks = {name: _to_full_length(w, steps, floor) for name, w in walks.items()}
     bench = walks.get("buy_and_hold")
     metrics = {}
     for name, w in walks.items():
@@ -176,7 +175,8 @@ def evaluate_episodes(cfg, online: torch.nn.Module, action_mode, device: torch.d
     a Gymnasium env through foxdqn.envs.gym_adapter).
 
     Runs E envs from the seed ``cfg.seed + seed_offset`` (1 for the final evaluation, 2 for the
-    validation episodes during training, so that no choice is made on the evaluated episodes), E the largest divisor of ``episodes`` that is ≤ ``num_envs``, and
+    validation episodes during training, so that no choice is made on the evaluated episodes), E the
+    largest divisor of ``episodes`` that is ≤ ``num_envs``, and
     keeps the first ``episodes / E`` episodes of every env (not the first ``episodes`` to end, which
     would favour short episodes); gives up after ``episodes / E × max_episode_steps`` steps. Reads
     the finished episodes' returns on the host every step.

@@ -11,7 +11,6 @@ import logging
 import math
 import signal
 import time
-from dataclasses import asdict
 from pathlib import Path
 
 import numpy as np
@@ -200,84 +199,76 @@ def train(cfg: TrainConfig, market, run_dir: Path, resume: dict | None = None) -
     stopper, collapse = host["stopper"], host["collapse"]
     best_path, last_path = run_dir / "checkpoints" / "best.pt", run_dir / "checkpoints" / "last.pt"
 
-    def checkpoint() -> Path:
-        host["wall_before"] += time.perf_counter() - t0
-        try:
-            return save_checkpoint(last_path, s, loop=dict(host), save_replay=cfg.checkpoint.save_replay)
-        finally:
-            host["wall_before"] -= time.perf_counter() - t0
+    def checkpoint() -> Path:  # the loop state saved with it carries the wall time so far
+        loop_state = {**host, "wall_before": host["wall_before"] + time.perf_counter() - t0}
+        return save_checkpoint(last_path, s, loop=loop_state, save_replay=cfg.checkpoint.save_replay)
 
     halt = None
     host_updates = 0 if resume is None else int(resume["updates"])  # the device counter, without a read
     env_steps = start_iter * per_iter
     t_log, steps_log = time.perf_counter(), env_steps
-    signals = _StopSignals().__enter__()  # left after the final checkpoint below
-    try:
-        with TrainProgress(total=total_iters * per_iter, enabled=cfg.log.progress,
-                           initial=start_iter * per_iter) as progress:
-            for it in range(start_iter, total_iters):
-                (collect_only if it < warm_iters else full)()
-                host_updates += 0 if it < warm_iters else a.updates_per_iter
-                env_steps = (it + 1) * per_iter
-                last = it == total_iters - 1
-                record = s.guard.reader.latest()  # pinned memory read: no wait
-                reason = s.guard.reader.halt_reason(record) if record is not None else None
-                if reason is not None:  # name the flag of the update that fired, not the latch after it
-                    first = s.guard.reader.first_halt()
-                    halt = s.guard.reader.halt_reason(first) if first is not None else reason
-                    if stopper is not None and cfg.early_stop.on_q_divergence and _q_divergence_only(record, first):
-                        stopper.stop("early_stop_q", env_steps, f"Q monitor: {halt}")
-                        halt = None
-                    break
-                if (it + 1) % log_every == 0 or last:
-                    row = snapshot()
-                    now = time.perf_counter()
-                    row["env_steps_per_s"] = (env_steps - steps_log) / max(now - t_log, 1e-9)
-                    t_log, steps_log = now, env_steps
-                    row["epsilon"] = a.eps_end + (a.eps_start - a.eps_end) * max(
-                        0.0, 1.0 - env_steps / max(a.eps_decay_fraction * a.total_env_steps, 1.0))
-                    row["updates"] = host_updates
-                    if not math.isnan(row["episode_return"]):
-                        host["recent_return"] = row["episode_return"]
-                    logger.log(env_steps, {f"train/{k}": v for k, v in row.items()})
-                    fields = {"eps": row["epsilon"], "loss": row["loss"], "ep_ret": host["recent_return"]}
-                    if cfg.diversity.enabled:
-                        fields["H"] = row["action_entropy_norm"]
-                        _log_diversity(row, snapshot, collapse, env_steps, cfg.diversity.top_k)
-                    progress.update(env_steps, fields)
-                    if stopper is not None and stopper.update_q(row["mean_max_q"]) and not last:
-                        stopper.stop("early_stop_q", env_steps, stopper.q_detail(row["mean_max_q"]))
+    with _StopSignals() as signals:  # held through the final checkpoint: a signal never cuts it short
+        try:
+            with TrainProgress(total=total_iters * per_iter, enabled=cfg.log.progress,
+                               initial=start_iter * per_iter) as progress:
+                for it in range(start_iter, total_iters):
+                    (collect_only if it < warm_iters else full)()
+                    host_updates += 0 if it < warm_iters else a.updates_per_iter
+                    env_steps = (it + 1) * per_iter
+                    last = it == total_iters - 1
+                    record = s.guard.reader.latest()  # pinned memory read: no wait
+                    reason = s.guard.reader.halt_reason(record) if record is not None else None
+                    if reason is not None:  # name the flag of the update that fired, not the latch after it
+                        first = s.guard.reader.first_halt()
+                        halt = s.guard.reader.halt_reason(first) if first is not None else reason
+                        if stopper is not None and cfg.early_stop.on_q_divergence and _q_divergence_only(record, first):
+                            stopper.stop("early_stop_q", env_steps, f"Q monitor: {halt}")
+                            halt = None
                         break
-                # with early stopping the final weights are validated too (they compete for "best")
-                if eval_every and (((it + 1) % eval_every == 0 and not last) or (stopper is not None and last)):
-                    metrics = _evaluate_val(s, market)
-                    logger.log(env_steps, {f"val/{k}": v for k, v in metrics.items()})
-                    if stopper is not None and it >= warm_iters:  # no update yet: the weights cannot improve
-                        if stopper.update_val(env_steps, metrics):
-                            save_checkpoint(best_path, s, {"best": {"metric": stopper.metric, "value": stopper.best}})
-                            log.info("best val %s = %.6g at %d env steps -> %s", stopper.metric, stopper.best,
-                                     env_steps, best_path.name)
-                        if stopper.val_exhausted and not last:
-                            stopper.stop("early_stop_val", env_steps, stopper.val_detail())
+                    if (it + 1) % log_every == 0 or last:
+                        row = snapshot()
+                        now = time.perf_counter()
+                        row["env_steps_per_s"] = (env_steps - steps_log) / max(now - t_log, 1e-9)
+                        t_log, steps_log = now, env_steps
+                        row["epsilon"] = a.eps_end + (a.eps_start - a.eps_end) * max(
+                            0.0, 1.0 - env_steps / max(a.eps_decay_fraction * a.total_env_steps, 1.0))
+                        row["updates"] = host_updates
+                        if not math.isnan(row["episode_return"]):
+                            host["recent_return"] = row["episode_return"]
+                        logger.log(env_steps, {f"train/{k}": v for k, v in row.items()})
+                        fields = {"eps": row["epsilon"], "loss": row["loss"], "ep_ret": host["recent_return"]}
+                        if cfg.diversity.enabled:
+                            fields["H"] = row["action_entropy_norm"]
+                            _log_diversity(row, snapshot, collapse, env_steps, cfg.diversity.top_k)
+                        progress.update(env_steps, fields)
+                        if stopper is not None and stopper.update_q(row["mean_max_q"]) and not last:
+                            stopper.stop("early_stop_q", env_steps, stopper.q_detail(row["mean_max_q"]))
                             break
-                if signals.received is not None and not last:
-                    break
-                if ckpt_every and not last and ((it + 1) % log_every == 0) and \
-                        env_steps // ckpt_every > (env_steps - log_every * per_iter) // ckpt_every:
-                    checkpoint()
-    except BaseException:
-        signals.__exit__()
-        raise
-    finally:
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
-        logger.close()
-        if hasattr(s.env, "close"):  # host vector envs: end their workers
-            s.env.close()
-    try:
+                    # with early stopping the final weights are validated too (they compete for "best")
+                    if eval_every and (((it + 1) % eval_every == 0 and not last) or (stopper is not None and last)):
+                        metrics = _evaluate_val(s, market)
+                        logger.log(env_steps, {f"val/{k}": v for k, v in metrics.items()})
+                        if stopper is not None and it >= warm_iters:  # no update yet: the weights cannot improve
+                            if stopper.update_val(env_steps, metrics):
+                                best = {"best": {"metric": stopper.metric, "value": stopper.best}}
+                                save_checkpoint(best_path, s, best)
+                                log.info("best val %s = %.6g at %d env steps -> %s", stopper.metric, stopper.best,
+                                         env_steps, best_path.name)
+                            if stopper.val_exhausted and not last:
+                                stopper.stop("early_stop_val", env_steps, stopper.val_detail())
+                                break
+                    if signals.received is not None and not last:
+                        break
+                    if ckpt_every and not last and ((it + 1) % log_every == 0) and \
+                            env_steps // ckpt_every > (env_steps - log_every * per_iter) // ckpt_every:
+                        checkpoint()
+        finally:
+            if device.type == "cuda":
+                torch.cuda.synchronize(device)
+            logger.close()
+            if hasattr(s.env, "close"):  # host vector envs: end their workers
+                s.env.close()
         ckpt = checkpoint()
-    finally:
-        signals.__exit__()
     if halt is not None:
         log.error("halted: %s", halt)
         write_text_atomic(run_dir / "HALTED", halt + "\n")

@@ -123,14 +123,15 @@ def _fmt(stats: dict[str, float], pct: bool = False) -> str:
     return f"{stats['mean'] * k:+.3g} ± {stats['std'] * k:.2g}{unit} [{stats['min'] * k:+.3g}, {stats['max'] * k:+.3g}]"
 
 
-def to_markdown(settings: list[dict]) -> str:
-    """The seeds table as markdown (one row per setting; mean ± std [min, max] over seeds)."""
+def to_markdown(settings: list[dict], first_column: str = "setting") -> str:
+    """The seeds table as markdown (one row per entry, named by its ``setting``; mean ± std
+    [min, max] over seeds); ``first_column`` heads the names' column."""
     if not settings:
         return "No finished job (eval/summary.json) in this sweep.\n"
     trading = "buy_and_hold" in settings[0]
-    lines = ["| setting | seeds | val " + str(settings[0]["selection_metric"]) + " | " +
+    lines = [f"| {first_column} | seeds | val " + str(settings[0]["selection_metric"]) + " | " +
              ("test return | test Sharpe | max drawdown | trades | ensemble Sharpe [95 % interval] | "
-              "ensemble PSR > 0 | ensemble PSR > B&H | B&H return, Sharpe |" if trading else "test mean return |"),
+              "ensemble PSR > 0 | ensemble PSR > B&H (active return) | B&H return, Sharpe |" if trading else "test mean return |"),
              "|---|---|---|" + ("---|" * 8 if trading else "---|")]
     for e in settings:
         row = [e["setting"], str(e["seeds"]), _fmt(e["selection"])]

@@ -135,9 +135,9 @@ def _check(overrides: list[str]) -> None:
 
     cfg = load_config(overrides)
     if cfg.resume not in (None, "auto"):  # a bad checkpoint is refused before Hydra makes a run folder
-        from foxdqn.checkpoint import load_checkpoint
+        from foxdqn.resume import read_checkpoint, resume_path
 
-        load_checkpoint(resume_path(cfg.resume))
+        read_checkpoint(resume_path(cfg.resume))
     market = _market(cfg)
     itemsize = 4
     if cfg.env.name == "gym":  # unknown id / non-Discrete actions fail here, before any run folder
@@ -206,7 +206,8 @@ def _print_summary(summary: dict, run_dir: Path) -> None:
                       f"{summary['gpu'] or summary['device']})", soft_wrap=True)
         return
 
-    table = Table(title=f"{summary.get('run_name', summary.get('experiment'))} — {summary['split']} split, {summary['bars']} bars "
+    name = summary.get("run_name", summary.get("experiment"))
+    table = Table(title=f"{name} — {summary['split']} split, {summary['bars']} bars "
                         f"({summary['period'][0]} → {summary['period'][1]})")
     rows = {"total_return": "total return", "sharpe": "Sharpe (annualised)", "sortino": "Sortino (annualised)",
             "max_drawdown": "max drawdown", "profit_factor": "profit factor", "hit_rate": "hit rate",
@@ -235,6 +236,7 @@ def _print_summary(summary: dict, run_dir: Path) -> None:
 def _run(cfg: DictConfig) -> float:
     from foxdqn.io_atomic import write_text_atomic
     from foxdqn.loop import Interrupted, train
+    from foxdqn.resume import resolve_resume
     from foxdqn.run_folder import RunFolder
 
     folder = None
@@ -243,7 +245,7 @@ def _run(cfg: DictConfig) -> float:
         run_dir = Path(HydraConfig.get().runtime.output_dir)
         payload = None
         if tc.resume is not None:
-            tc, run_dir, payload = _resume(tc, run_dir)
+            tc, run_dir, payload = resolve_resume(tc, run_dir)
         market = _market(tc)
         folder = RunFolder(run_dir).open(resume=tc.resume is not None)
         write_text_atomic(run_dir / "config.yaml", OmegaConf.to_yaml(OmegaConf.structured(tc)))
@@ -308,88 +310,6 @@ def _market(tc: TrainConfig):
 
 
 _MARKETS: dict = {}
-#: Keys a resumed run may change (how it runs, not what it trains).
-RESUME_MAY_CHANGE = ("resume", "device", "graph", "cpu_threads", "log", "checkpoint")
-
-
-def _resume(tc: TrainConfig, hydra_dir: Path) -> tuple[TrainConfig, Path, dict | None]:
-    """``resume=auto`` (the newest checkpoint of ``hydra.run.dir``) or ``resume=PATH``: the run to
-    continue, its folder and its checkpoint. The config must be the checkpoint's, but for
-    :data:`RESUME_MAY_CHANGE`. A Hydra folder made for this call that holds only ``.hydra`` is removed
-    (and Hydra's log file) is removed when the run continues elsewhere. ``resume=auto`` of a run that was stopped before its first
-    checkpoint (``INCOMPLETE``, no ``checkpoints/last.pt``) starts it over in its folder: the
-    payload is then None and the killed run's partial metrics.csv and tb/ are removed.
-
-    Raises:
-        ConfigError: no checkpoint, an unreadable or foreign one, a finished run, or another config.
-    """
-    import dataclasses
-    import shutil
-
-    from foxdqn.checkpoint import load_checkpoint
-    from foxdqn.errors import ConfigError
-    from foxdqn.run_folder import MARKER
-
-    if tc.resume == "auto":
-        path = hydra_dir / "checkpoints" / "last.pt"
-        if not path.is_file() and (hydra_dir / MARKER).is_file():
-            import logging
-
-            logging.getLogger(__name__).warning("resume=auto: %s was stopped before its first checkpoint; starting it "
-                                                "over", hydra_dir)
-            (hydra_dir / "metrics.csv").unlink(missing_ok=True)
-            shutil.rmtree(hydra_dir / "tb", ignore_errors=True)
-            return tc, hydra_dir, None
-        if not path.is_file():
-            raise ConfigError(f"resume=auto: no checkpoint in {hydra_dir / 'checkpoints'}; set hydra.run.dir to the "
-                              "folder of the run to continue, or resume=PATH to its checkpoint")
-    else:
-        path = resume_path(tc.resume)
-    run_dir = path.resolve().parent.parent
-    payload = load_checkpoint(path)
-    if (run_dir / "eval" / "summary.json").is_file() and not (run_dir / MARKER).exists():
-        raise ConfigError(f"resume: the run in {run_dir} has finished (eval/summary.json); nothing to continue")
-    mine, theirs = dataclasses.asdict(tc), payload["config"]
-    diff = _first_difference(mine, theirs, RESUME_MAY_CHANGE)
-    if diff is not None:
-        raise ConfigError(f"resume: {diff} differs from the checkpoint's config ({path}); a resumed run keeps "
-                          f"its settings (only {', '.join(RESUME_MAY_CHANGE)} may change)")
-    if hydra_dir.resolve() != run_dir and all(p.name == ".hydra" or p.suffix == ".log" for p in hydra_dir.iterdir()):
-        shutil.rmtree(hydra_dir, ignore_errors=True)  # only Hydra's config copy and its log of this call
-    return tc, run_dir, payload
-
-
-def resume_path(value: str) -> Path:
-    """The checkpoint file of ``resume=PATH`` (a run folder means its ``checkpoints/last.pt``).
-
-    Raises:
-        ConfigError: neither a file nor a run folder with a checkpoint.
-    """
-    from foxdqn.errors import ConfigError
-
-    path = Path(value).expanduser()
-    if path.is_dir():
-        if (path / "checkpoints" / "last.pt").is_file():
-            return path / "checkpoints" / "last.pt"
-        raise ConfigError(f"resume={value}: a folder without checkpoints/last.pt; give a checkpoint file or a run folder")
-    return path
-
-
-def _first_difference(a: dict, b: dict, allowed: tuple[str, ...], prefix: str = "") -> str | None:
-    for key in sorted(set(a) | set(b)):
-        name = f"{prefix}{key}"
-        if name in allowed:
-            continue
-        x, y = a.get(key), b.get(key)
-        if isinstance(x, dict) and isinstance(y, dict):
-            found = _first_difference(x, y, allowed, f"{name}.")
-            if found:
-                return found
-        elif x != y and not (isinstance(x, (list, tuple)) and isinstance(y, (list, tuple)) and list(x) == list(y)):
-            return f"{name} ({x!r} here, {y!r} there)"
-    return None
-
-
 def objective(summary: dict) -> float:
     """The value a run returns to a Hydra sweeper (Optuna, ...): the validation metric of the weights
     the run kept (``summary["selection"]``, docs/backtest.md), never a test-split number."""

@@ -62,7 +62,7 @@ BUILTIN_DATASETS: dict[str, BuiltinDataset] = {
         filename=None,
         timestamp_column="timestamp",
         timestamp_format=None,
-        description="6,225 hourly bars of a martingale random walk (no edge before costs), generated",
+        description="6,225 hourly bars of a martingale random walk (no edge before costs)",
         make=_martingale_1h,
     ),
 }

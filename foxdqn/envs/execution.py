@@ -160,7 +160,8 @@ class ExecutionConfig:
     * ``initial_equity = 1.0``: equity is tracked in units of starting capital.
     * The IoC fill rule is not a setting: an IoC is marketable at the open or cancelled (the
       module docstring). The earlier ``ioc_fill_rule`` ("range", which read the next bar's
-      high/low, and "marketable") is gone; a config that still sets it is refused.
+      high/low, and "marketable") is gone; a config that still sets it is refused
+      (``foxdqn.config.REMOVED_KEYS``).
 
     Per-urgency fields are sequences of 3 floats (patient, normal, aggressive); a list, tuple or
     OmegaConf ``ListConfig`` is accepted.
@@ -183,9 +184,6 @@ class ExecutionConfig:
         """
         known = {f.name for f in fields(cls)}
         for key in values:
-            if key == "ioc_fill_rule":
-                raise ConfigError(f"{prefix}.ioc_fill_rule: removed; an IoC now fills iff it is marketable "
-                                  "against the touch at the open of the next bar (no rule to choose)")
             if key not in known:
                 raise ConfigError(
                     f"{prefix}.{key}: unknown execution setting (allowed: {', '.join(sorted(known))})"

@@ -9,12 +9,11 @@ monitoring accumulators and the dedicated random generator. The collect and upda
 from __future__ import annotations
 
 import copy
-import math
 from dataclasses import dataclass
 
 import torch
 
-from foxdqn.config import TrainConfig
+from foxdqn.config import TrainConfig, total_updates
 from foxdqn.ops.qvalue_stats import QValueMonitor
 from foxdqn.ops.training_guard import TrainingGuard
 from foxdqn.step.build import build_action_mode, build_env, build_network, build_objective, build_replay
@@ -31,15 +30,6 @@ def resolve_device(name: str) -> torch.device:
     if name == "cuda" and not torch.cuda.is_available():
         raise ConfigError("device=cuda but no CUDA device is available; use device=auto or device=cpu")
     return torch.device(name)
-
-
-def total_updates(cfg: TrainConfig) -> int:
-    """Gradient updates the run will make (host arithmetic on the schedule, no device read)."""
-    a = cfg.agent
-    per_iter = cfg.env.num_envs * a.steps_per_iter
-    iters = max(1, math.ceil(a.total_env_steps / per_iter))
-    warm = min(iters, math.ceil(a.learning_starts / per_iter))
-    return (iters - warm) * a.updates_per_iter
 
 
 @dataclass
