@@ -9,7 +9,9 @@
    running is refused;
 3. refuses a folder that already holds another run's outputs (``checkpoints/``, ``metrics.csv``,
    ``eval/summary.json`` or an ``INCOMPLETE`` marker) unless the run resumes it;
-4. writes ``INCOMPLETE`` (start time, pid), which :meth:`RunFolder.finish` removes once
+4. removes the hidden temporary files of atomic writes (foxdqn.io_atomic) that a process killed
+   mid-write left (the files they were replacing are whole);
+5. writes ``INCOMPLETE`` (start time, pid), which :meth:`RunFolder.finish` removes once
    ``eval/summary.json`` is written. A folder with ``INCOMPLETE`` and no live lock is a run that
    was killed or interrupted: ``resume=auto`` continues it.
 
@@ -79,6 +81,9 @@ class RunFolder:
             raise RunFolderError(f"output folder {path}: another run is writing into it (lock {path / LOCK}); "
                                  "wait for it or choose another hydra.run.dir") from None
         self._lock_fd = fd
+        for stale in path.rglob(".*.tmp*"):  # a writer killed mid-write (kill -9) left its temporary file
+            if stale.is_file():
+                stale.unlink()
         found = previous_outputs(path)
         if found and not resume:
             self.release()
