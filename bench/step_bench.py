@@ -5,7 +5,7 @@ PER + 3-step returns. Sizes: (batch 256, MLP 2×256), (batch 1024, MLP 3×512), 
 attention encoder, trading sets only); on CPU only the first size. K updates are timed per call and divided by K; ratios
 eager/graph and compile/graph come from the same process. ``torch.compile`` (default mode) of
 the objective (forward + loss; whole-update compilation fails in Inductor on the guard's pinned
-ring writes, see the README) with the rest eager is measured for the batch-256 size of a few sets (``COMPILE_SETS``): its
+ring writes, see docs/bench.md#against-the-targets) with the rest eager is measured for the batch-256 size of a few sets (``COMPILE_SETS``): its
 compile time dominates the section. On CPU only the eager rows run.
 """
 from __future__ import annotations

@@ -193,7 +193,7 @@ class RegimeConfig:
 
 @dataclass
 class GuardConfig:
-    """On-device training guard (ops.training_guard; zero_sync_hot_path.md component A)."""
+    """On-device training guard (ops.training_guard; docs/design/guard.md)."""
 
     loss_clip: float = 1.0e6
     collapse_multiplier: float = 0.0  # gradient-collapse threshold = lr × multiplier (0 disables)
@@ -218,7 +218,7 @@ EARLY_STOP_METRICS = ("auto", "sharpe", "sortino", "total_return", "profit_facto
 
 @dataclass
 class EarlyStopConfig:
-    """Early stopping (foxdqn.early_stop; zero_sync_hot_path.md, Q-value early stopping).
+    """Early stopping (foxdqn.early_stop; docs/design/monitors.md#early-stopping).
 
     Checked on the host at eval / log boundaries only (never inside the captured iteration).
     """
@@ -236,7 +236,7 @@ class EarlyStopConfig:
 
 @dataclass
 class DiversityConfig:
-    """Executed-action diversity logged at log boundaries (foxdqn.monitor.diversity; mega_graph_plan.md)."""
+    """Executed-action diversity logged at log boundaries (foxdqn.monitor.diversity; docs/design/monitors.md#action-diversity)."""
 
     enabled: bool = True  # log entropies and the most frequent actions (host side, from the device counts)
     top_k: int = 3  # most frequent actions named in the log line
@@ -583,7 +583,7 @@ def _validate_early_stop(cfg: TrainConfig) -> None:
 
 
 def _validate_controls(cfg: TrainConfig) -> None:
-    """optim.*, prune.*, regime.* (the training controls of the README)."""
+    """optim.*, prune.*, regime.* (the training controls of docs/design/update.md)."""
     m, b = cfg.optim.accumulate, cfg.agent.batch_size
     if m < 1 or b % m:
         raise ConfigError(f"optim.accumulate={m} must be >= 1 and divide agent.batch_size={b}")

@@ -1,6 +1,6 @@
 """Early stopping on the validation metric and on the Q-value monitor (host side).
 
-Source: ../reference/zero_sync_hot_path.md (Q-value early stopping: stop when the average max-Q
+Design: docs/design/monitors.md#early-stopping (Q-value early stopping: stop when the average max-Q
 stays above a bound) and the usual patience / min-delta rule on a validation metric (as in
 Keras' ``EarlyStopping``). Every decision is made on the host from numbers the loop already has:
 the validation metrics of a greedy evaluation (eval boundaries, outside the captured iteration)

@@ -7,7 +7,7 @@ action ``exposure·9 + order_type·3 + urgency`` in ``0..44`` (:mod:`foxdqn.envs
 * ``factored`` (:class:`FactoredMode`): one head over all env actions (45 for trading,
   ``env.num_actions`` for any other env); identity.
 * ``exposure_routed`` (:class:`ExposureRoutedMode`): one head over the 5 exposures; order type
-  and urgency come from the routing rule of zero_sync_hot_path.md Component C
+  and urgency come from the routing rule of docs/environments.md#routing-rule
   (``OrderRouter::route``, :mod:`foxdqn.ops.route_exposure_to_factored`) applied to the bar's
   spread and volatility at decision time against the training-split medians.
 * ``branching`` (:class:`BranchingMode`): BDQ branches (exposure 5, order type 3, urgency 3)
@@ -58,7 +58,7 @@ class FactoredMode:
 class ExposureRoutedMode:
     """A head over the 5 exposures; order type and urgency routed from market state.
 
-    Rule (zero_sync_hot_path.md Component C; exact float32 comparisons in
+    Rule (docs/environments.md#routing-rule; exact float32 comparisons in
     :mod:`foxdqn.ops.route_exposure_to_factored`), per env with its bar's spread ``s`` and
     volatility ``v`` at decision time (``env.market_state()``)::
 

@@ -1,6 +1,6 @@
 """Executed-action diversity from the per-interval action counts (host side, at log boundaries).
 
-Source: ../reference/mega_graph_plan.md (action diversity monitor). The counts are the ones
+Design: docs/design/monitors.md#action-diversity. The counts are the ones
 :class:`foxdqn.step.stats.DeviceStats` accumulates on the device (``actions``, one float64 count
 per env action) and brings back with the log snapshot, so nothing here adds device work or a
 host synchronisation. For the trading env's 45 factored actions

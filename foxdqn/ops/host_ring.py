@@ -1,7 +1,7 @@
 """Host-side reader of the guard record ring (never waits on the device).
 
-Source: ../reference/zero_sync_hot_path.md, Component A ("reads pinned memory (no
-cudaStreamSync)"), and ARCHITECTURE.md hot-loop contract rule 5: the host polls, it never
+Design: docs/design/ring.md#polling (reads pinned memory, no stream sync) and rule 5
+of docs/design/hot_loop.md#the-contract: the host polls, it never
 waits. The layout is in :mod:`foxdqn.ops.record`.
 
 Freshness: the reader looks at host memory as it is *now*. Kernels of the iteration in flight

@@ -4,8 +4,8 @@ Source: Schaul et al. 2016, "Prioritized Experience Replay": eq. 1 ``P(i) = p_i^
 (proportional variant, §3.3: the range ``[0, total)`` is split into B equal strata and one value
 is drawn uniformly in each), and the importance-sampling weights of §3.4,
 ``w_i = (N * P(i))^(-beta)`` normalised by ``1 / max_j w_j`` (max over the sampled batch).
-No host synchronisation anywhere (zero_sync_hot_path.md, "Goal"; ARCHITECTURE.md hot-loop
-contract 1-4): the uniforms ``rand`` come from the caller's generator, ``size`` and ``beta`` are
+No host synchronisation anywhere (docs/design/hot_loop.md#the-contract,
+rules 1-4): the uniforms ``rand`` come from the caller's generator, ``size`` and ``beta`` are
 0-d device tensors, all shapes are fixed, so the op captures in a CUDA graph.
 
 Algorithm (three kernels, all fixed-grid):

@@ -3,8 +3,8 @@
 Source: Schaul et al. 2016, "Prioritized Experience Replay", §3.3 (proportional variant):
 priority ``p_i = |delta_i| + eps``, stored leaf ``p_i^alpha`` (eq. 1), new transitions get the
 maximal priority seen so far. No host synchronisation, fixed shapes, CUDA-graph capturable
-(zero_sync_hot_path.md "Goal", "Component A": a bad step is skipped on the device through a
-0-d ``skip`` flag written by the training guard; ARCHITECTURE.md hot-loop contract 1, 3, 5).
+(docs/design/guard.md#skip: a bad step is skipped on the device through a
+0-d ``skip`` flag written by the training guard; docs/design/hot_loop.md#the-contract, rules 1, 3, 5).
 
 ``per_update`` = three kernels:
 

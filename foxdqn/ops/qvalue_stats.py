@@ -1,6 +1,6 @@
 """Q-value monitor: min/max/mean/divergence into the host ring, mean max-Q on the device.
 
-Source: ../reference/zero_sync_hot_path.md, Component B ("GPU Q-Value Monitor"): the
+Design: docs/design/monitors.md#q-value-monitor (the predecessor's Q-value monitor): the
 ``qvalue_accumulate`` and ``qvalue_divergence_check`` kernels fused into one launch that reads
 the whole ``[B, A]`` batch once.
 
@@ -179,7 +179,7 @@ def qvalue_stats(q: torch.Tensor, step: torch.Tensor, acc: torch.Tensor, ring: t
                  threshold: torch.Tensor, backend: str = "auto") -> None:
     """Q-value statistics of one batch into the device accumulator and the host ring.
 
-    Source: zero_sync_hot_path.md Component B. Rules in the module docstring.
+    Design: docs/design/monitors.md#q-value-monitor. Rules in the module docstring.
 
     Args:
         q: float32 ``[B, A]`` (B >= 1, A >= 1; any strides), Q-values in return units.

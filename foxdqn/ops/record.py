@@ -1,7 +1,7 @@
 """Layout of the host ring of guard records (shared by the training guard and the Q monitor).
 
-Source: ../reference/zero_sync_hot_path.md, Components A and B ("pinned host memory"), and
-the hot-loop contract rule 5 in ARCHITECTURE.md.
+Design: docs/design/ring.md (layout, slot, write protocol) and rule 5 of
+docs/design/hot_loop.md#the-contract.
 
 The ring is a ``float64`` tensor ``[R, RECORD_SIZE]`` (``RECORD_SIZE == 16``) in pinned CPU
 memory when CUDA is available (Triton kernels store into it directly, eagerly and from CUDA

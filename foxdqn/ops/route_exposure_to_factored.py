@@ -1,6 +1,6 @@
 """Route exposure actions (0..4) to factored actions (0..44) on the device.
 
-Source: ../reference/zero_sync_hot_path.md, Component C, kernel
+Rule: docs/environments.md#routing-rule; the predecessor's kernel
 ``batch_route_exposure_to_factored`` (a port of ``OrderRouter::route()``), with the spread and
 volatility given per row (the values at decision time of each environment) instead of one
 scalar for the batch.
@@ -115,7 +115,7 @@ def route_exposure_to_factored(exposure: torch.Tensor, spread: torch.Tensor,
                                median_volatility: torch.Tensor, backend: str = "auto") -> torch.Tensor:
     """Factored action index ``exposure*9 + order_type*3 + urgency`` per row.
 
-    Source: zero_sync_hot_path.md Component C (``OrderRouter::route``); rules in the module
+    Rule: docs/environments.md#routing-rule (``OrderRouter::route``); rules in the module
     docstring.
 
     Args:

@@ -1,6 +1,6 @@
 """Training guard: NaN/Inf, loss-clip and gradient-collapse halts decided on the device.
 
-Source: ../reference/zero_sync_hot_path.md, Component A ("GPU Training Guard"), extended: the
+Design: docs/design/guard.md (the predecessor's training guard, extended): the
 collapse patience counter, the halt latch and the skip flag live on the device, and the result
 of every step is written as a record into the pinned host ring (layout: :mod:`foxdqn.ops.record`)
 that the host polls without waiting (:class:`foxdqn.ops.host_ring.HostRingReader`).
@@ -250,7 +250,7 @@ def training_guard(
 ) -> None:
     """Check one training step on the device and record it in the host ring (one launch).
 
-    Source: zero_sync_hot_path.md Component A (extended with patience, latch and skip flag).
+    Design: docs/design/guard.md#checks (with patience, latch and skip flag).
     The rules are in the module docstring.
 
     Args (all tensors on one device, except ``ring``):

@@ -3,7 +3,7 @@
 The regime of a transition is its decision bar's volatility ratio ``r = v / m_v``: the env's
 per-bar volatility at the bar of the state s (``TradingEnv.market_state()``) over the
 training-split median volatility ``m_v`` — the statistic the exposure routing rule compares
-(zero_sync_hot_path.md Component C; :mod:`foxdqn.ops.route_exposure_to_factored`, urgency)::
+(docs/environments.md#routing-rule; :mod:`foxdqn.ops.route_exposure_to_factored`, urgency)::
 
     regime = high    if r > high_threshold      (routing: v > 1.5 m_v)
            = low     elif r < low_threshold     (routing: v < 0.5 m_v)
@@ -18,7 +18,7 @@ weight times regime weight; uniform replay: ``w_regime(b)``); the objectives com
 Priority rule: PER priorities use the *unweighted* |TD| (``LossOutput.td_abs`` never sees the
 batch weights), so two transitions with the same TD error get the same priority whatever their
 regime; only their contribution to the loss (and gradient) differs. This is the
-"regime-scaled TD errors" step of the predecessor's captured iteration (mega_graph_plan.md,
+"regime-scaled TD errors" step of the predecessor's captured iteration (docs/design/update.md#regime-weights;
 ``regime_scale_td_errors``), applied to the loss weights instead of the priorities.
 """
 from __future__ import annotations

@@ -5,7 +5,7 @@
 compiling Triton kernels — these warm-up runs are real iterations and are counted), then captures
 one call of ``body`` into a ``torch.cuda.CUDAGraph`` with the run's generator registered, and from
 then on each iteration is exactly one ``graph.replay()``. Nothing in ``body`` reads the device from
-Python, so there is nothing else to launch and nothing to wait for (ARCHITECTURE.md contracts 1–4).
+Python, so there is nothing else to launch and nothing to wait for (docs/design/hot_loop.md#the-contract, rules 1–4).
 """
 from __future__ import annotations
 

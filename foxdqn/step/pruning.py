@@ -7,7 +7,7 @@ model compression", §3, eq. 1: at update t the target sparsity is
 
 (s_i initial, s_f final sparsity, t0 = ``start_update``, t0 + nΔt = ``end_update``,
 Δt = ``frequency``); 0 before t0 (no pruning yet) and s_f after the end. The reference design's
-captured step carried the same mask step (mega_graph_plan.md, ``submit_pruning_mask_ops``,
+captured step carried the same mask step (docs/design/update.md#pruning; ``submit_pruning_mask_ops``,
 between the loss ops and the Adam step; here it runs after the Adam step, see below).
 
 Masks (one per weight matrix: every online parameter with ``dim >= 2``; biases, norm scales and

@@ -1,7 +1,7 @@
 """Schedules evaluated on the device from a device step counter.
 
 Every value that changes during training is computed inside the step from device tensors
-(ARCHITECTURE.md, hot-loop contract 3): a Python float used inside a CUDA-graph capture would be
+(docs/design/hot_loop.md#device-resident-values): a Python float used inside a CUDA-graph capture would be
 frozen forever. The schedule's parameters are 0-d device tensors too, so changing them in place
 (``copy_``) takes effect at the next replay without a recapture.
 """

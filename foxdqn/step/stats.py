@@ -3,7 +3,7 @@
 The collect and update phases add into :attr:`DeviceStats.acc` and :attr:`DeviceStats.actions`
 with device ops only. :meth:`DeviceStats.snapshot` copies everything the log needs into pinned
 host memory on a side stream (CUDA) and waits for that one copy: at most one host
-synchronisation per log interval (ARCHITECTURE.md, hot-loop contract 6).
+synchronisation per log interval (docs/design/hot_loop.md#log-snapshot).
 """
 from __future__ import annotations
 

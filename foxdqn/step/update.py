@@ -4,12 +4,12 @@ Device ops only. The training guard (ops.training_guard) turns NaN/Inf, a loss a
 or a gradient collapse into ``skip`` = 1 on the device; fused Adam reads it as ``found_inf`` and
 leaves the parameters and its step count unchanged, the target update uses weight·(1 − skip),
 and PER priorities are left unchanged, so a bad update changes nothing
-(zero_sync_hot_path.md component A; ARCHITECTURE.md contract 5).
+(docs/design/guard.md#skip; docs/design/hot_loop.md#the-contract, rule 5).
 
-Training controls (README "Training controls"; all device ops, inside the captured iteration):
+Training controls (docs/design/update.md; all device ops, inside the captured iteration):
 
-* ``optim.accumulate = M`` (gradient accumulation, zero_sync_hot_path.md "accumulation
-  boundary"): the sampled batch of B = ``agent.batch_size`` rows is split into M consecutive
+* ``optim.accumulate = M`` (gradient accumulation, docs/design/update.md#accumulation):
+  the sampled batch of B = ``agent.batch_size`` rows is split into M consecutive
   micro-batches of B/M rows; each micro-batch loss ℓ_m (the objective's Σ w ℓ / (B/M)) is
   back-propagated as ℓ_m / M, so the summed gradient is the gradient of (1/M) Σ_m ℓ_m, the loss of
   the whole batch. Then one clip of the summed gradient, one guard check of the whole update's

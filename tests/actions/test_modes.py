@@ -1,4 +1,4 @@
-"""Action modes: factored identity, exposure routing (zero_sync_hot_path.md Component C) on a grid
+"""Action modes: factored identity, exposure routing (docs/environments.md#routing-rule) on a grid
 and through a real TradingEnv, branching sizes, build_action_mode errors, no host sync."""
 import numpy as np
 import pytest

@@ -1,4 +1,4 @@
-"""optim.accumulate: M micro-batches give the update of one batch of B rows (README "Training controls")."""
+"""optim.accumulate: M micro-batches give the update of one batch of B rows (docs/design/update.md#accumulation)."""
 import pytest
 import torch
 

@@ -22,7 +22,7 @@ NAN, INF = float("nan"), float("inf")
 
 
 def route_python(e: int, s: float, ms: float, v: float, mv: float) -> int:
-    """The spec's if-chain on numpy float32 scalars (zero_sync_hot_path.md Component C)."""
+    """The spec's if-chain on numpy float32 scalars (docs/environments.md#routing-rule)."""
     s, ms, v, mv = (np.float32(x) for x in (s, ms, v, mv))
     with np.errstate(over="ignore", invalid="ignore"):
         if ms <= 0:
