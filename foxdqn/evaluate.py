@@ -192,7 +192,7 @@ def evaluate_episodes(cfg, online: torch.nn.Module, action_mode, device: torch.d
     obs = env.reset_all().to(torch.float32)
     returns, lengths, success = [], [], []
     taken = np.zeros(num_envs, dtype=np.int64)
-    max_steps = int(getattr(env, "max_episode_steps", 1000))
+    max_steps = int(env.max_episode_steps)
     online.eval()
     try:
         for _ in range(max(1, quota * max_steps + 1)):
@@ -209,8 +209,7 @@ def evaluate_episodes(cfg, online: torch.nn.Module, action_mode, device: torch.d
                 break
     finally:
         online.train()
-        if hasattr(env, "close"):
-            env.close()
+        env.close()
     r = np.asarray(returns[:episodes], dtype=np.float64)
     result = {"episodes": int(r.size), "mean_return": float(r.mean()) if r.size else float("nan"),
               "std_return": float(r.std()) if r.size else float("nan"),

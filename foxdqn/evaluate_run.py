@@ -113,8 +113,7 @@ def evaluate_checkpoint(checkpoint: Path, split: str | None = None, out: Path | 
     except RuntimeError as exc:
         raise ConfigError(f"checkpoint {checkpoint}: its network does not fit this data "
                           f"({str(exc).splitlines()[1].strip() if len(str(exc).splitlines()) > 1 else exc})") from None
-    if hasattr(env, "close"):
-        env.close()
+    env.close()
     run_dir = checkpoint.resolve().parent.parent
     folder = out or run_dir / "evaluations" / folder_name(checkpoint, split, overrides)
     extra = {"checkpoint": str(checkpoint.resolve()), "checkpoint_env_steps": payload.get("env_steps"),

@@ -266,8 +266,7 @@ def train(cfg: TrainConfig, market, run_dir: Path, resume: dict | None = None) -
             if device.type == "cuda":
                 torch.cuda.synchronize(device)
             logger.close()
-            if hasattr(s.env, "close"):  # host vector envs: end their workers
-                s.env.close()
+            s.env.close()  # host vector envs: end their workers
         ckpt = checkpoint()
     if halt is not None:
         log.error("halted: %s", halt)

@@ -9,11 +9,14 @@ import contextlib
 import math
 from pathlib import Path
 
+import numpy as np
+import pandas as pd
 import pytest
 import torch
 from torch import nn
 
-from foxdqn.data import market_data_from_frame
+from foxdqn.data import MarketData, market_data_from_frame
+from foxdqn.data.features import rolling_volatility
 from foxdqn.data.synthetic import make_synthetic_ohlcv
 from foxdqn.nn.heads import QHead
 from foxdqn.nn.mlp import MLPEncoder
@@ -165,6 +168,29 @@ def require_compiled_kernels(interpret: bool):
 # ---------------------------------------------------------------------------------------------
 # builders
 # ---------------------------------------------------------------------------------------------
+def market_from_arrays(open, high, low, close, spread, features, split=None, volatility=None,  # noqa: A002
+                       median_spread=0.0, median_volatility=0.0, vol_window=2) -> MarketData:
+    """:class:`MarketData` made straight from ``[T]`` arrays and ``[T, F]`` features, without foxdqn.data's
+    checks (a test's bars need only be what the env reads), with one split ``"train"`` = ``split``
+    (default ``(0, T)``). ``volatility`` defaults to the pipeline's rolling std of log returns over
+    ``vol_window`` bars (at least 2 returns, else 0); hourly timestamps from 2020-01-01."""
+    def f64(a):
+        return np.asarray(a, dtype=np.float64)
+
+    close = f64(close)
+    T = close.shape[0]
+    if volatility is None:
+        volatility = np.nan_to_num(rolling_volatility(close, vol_window, min_periods=2), nan=0.0)
+    features = np.asarray(features)
+    return MarketData(
+        source="arrays", timestamps=pd.date_range("2020-01-01", periods=T, freq="h"),
+        open=f64(open), high=f64(high), low=f64(low), close=close, volume=None,
+        features=features, feature_names=[f"f{i}" for i in range(features.shape[1])],
+        spread=f64(spread), volatility=f64(volatility), median_spread=median_spread,
+        median_volatility=median_volatility, splits={"train": tuple(split) if split is not None else (0, T)},
+        bars_per_year=24 * 365.0)
+
+
 def one_hot(states, n=2):
     return nn.functional.one_hot(torch.tensor(states), n).float()
 

@@ -1,4 +1,4 @@
-"""Trading environments: the 45-action space, the execution model and the batched env."""
+"""Environments: the env interface (:mod:`.base`), the 45-action space, the execution model and the trading env."""
 from .actions import (
     EXPOSURES,
     FLAT,
@@ -9,10 +9,13 @@ from .actions import (
     compose,
     factor,
 )
+from .base import BatchedEnv, CollectHook, StepOut
 from .execution import ExecutionConfig
-from .trading import StepOut, TradingEnv
+from .trading import TradingEnv
 
 __all__ = [
+    "BatchedEnv",
+    "CollectHook",
     "EXPOSURES",
     "FLAT",
     "NUM_ACTIONS",

@@ -52,10 +52,9 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from foxdqn.errors import ConfigError
-
-from .cartpole import _check_generator, _positive_int, _set_elapsed_steps
-from .trading import StepOut
+from .base import NO_HOOK, StepOut
+from .cartpole import _set_elapsed_steps
+from .checks import check_generator, float_dtype, positive_int
 
 __all__ = ["BitFlipEnv"]
 
@@ -74,11 +73,14 @@ class BitFlipEnv:
         dtype: floating dtype of observations and rewards (default float32).
 
     Raises:
-        ConfigError: invalid ``num_envs``, ``n_bits``, ``dtype`` or ``generator``.
+        ValueError: invalid ``num_envs``, ``n_bits``, ``dtype`` or ``generator`` (names the
+            parameter).
 
     Attributes:
-        num_envs: ``N``.  n_bits: ``n``.  obs_dim: ``2n``.  num_actions: ``n`` (action ``i``
-        flips bit ``i``).  goal_dim: ``n``.  max_episode_steps: ``n``.
+        num_envs: ``N``.  n_bits: ``n``.  obs_dim: ``2n``.  obs_shape: ``(2n,)``.  obs_dtype:
+        float32 (what the agent stores).  num_actions: ``n`` (action ``i`` flips bit ``i``).
+        goal_dim: ``n``.  max_episode_steps: ``n``.  on_host: False.
+        collect_hook: :data:`~foxdqn.envs.base.NO_HOOK`.
         device, dtype, generator: as given.
         state, goal: ``[N, n]`` bool, current bits and goal bits.
         steps: ``[N]`` int64, steps taken in the current episode.
@@ -86,6 +88,9 @@ class BitFlipEnv:
     """
 
     goal_conditioned = True
+    obs_dtype = torch.float32
+    on_host = False
+    collect_hook = NO_HOOK
 
     def __init__(
         self,
@@ -95,15 +100,15 @@ class BitFlipEnv:
         generator: torch.Generator,
         dtype: torch.dtype = torch.float32,
     ) -> None:
-        num_envs = _positive_int(num_envs, "env.num_envs")
-        n_bits = _positive_int(n_bits, "env.n_bits")
-        if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
-            raise ConfigError(f"env.dtype: must be a floating torch dtype, got {dtype!r}")
+        num_envs = positive_int(num_envs, "num_envs")
+        n_bits = positive_int(n_bits, "n_bits")
+        dtype = float_dtype(dtype)
         device = torch.device(device)
-        _check_generator(generator, device)
+        check_generator(generator, device)
         self.num_envs = num_envs
         self.n_bits = n_bits
         self.obs_dim = 2 * n_bits
+        self.obs_shape = (self.obs_dim,)
         self.num_actions = n_bits
         self.goal_dim = n_bits
         self.max_episode_steps = n_bits
@@ -165,9 +170,8 @@ class BitFlipEnv:
             after auto-reset), ``reward`` ``[N]`` dtype (0 if the goal is reached, else -1),
             ``terminated`` / ``truncated`` ``[N]`` bool, ``info`` with ``[N]`` tensors
             ``episode_return`` (dtype, undiscounted return of the episode that ended, else 0),
-            ``episode_done`` (bool), ``episode_length`` (int64, else 0), ``is_success`` (dtype,
-            1 if the episode that ended reached its goal, else 0) and ``fill`` (bool, all
-            False; kept for the trading monitor).
+            ``episode_done`` (bool), ``episode_length`` (int64, else 0) and ``is_success``
+            (dtype, 1 if the episode that ended reached its goal, else 0).
         """
         flip = self._bit_index == action.unsqueeze(1)  # [N, n]
         state1 = self.state ^ flip
@@ -184,7 +188,6 @@ class BitFlipEnv:
             "episode_done": done,
             "episode_length": torch.where(done, steps1, torch.zeros_like(steps1)),
             "is_success": terminated.to(self.dtype),  # success ⇒ done; 0 for envs still running
-            "fill": torch.zeros_like(done),
         }
         next_obs = self._observation(state1, self.goal)
 
@@ -197,6 +200,9 @@ class BitFlipEnv:
             next_obs=next_obs, reward=reward, terminated=terminated, truncated=truncated, obs=self.observe(),
             info=info,
         )
+
+    def close(self) -> None:
+        """Nothing to release (the env holds only tensors)."""
 
     # ------------------------------------------------------------------ goal interface (HER)
 

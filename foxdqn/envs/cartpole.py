@@ -62,14 +62,13 @@ them in a ``torch.cuda.CUDAGraph`` register the generator first:
 """
 from __future__ import annotations
 
-import numpy as np
 import torch
 from torch import Tensor
 
-from foxdqn.errors import ConfigError
 from foxdqn.ops.cartpole_step import cartpole_step, start_states
 
-from .trading import StepOut
+from .base import NO_HOOK, StepOut
+from .checks import check_generator, float_dtype, positive_int
 
 __all__ = ["CartPoleEnv"]
 
@@ -90,17 +89,24 @@ class CartPoleEnv:
         max_episode_steps: time limit ``>= 1`` (``CartPole-v1``: 500).
 
     Raises:
-        ConfigError: invalid ``num_envs``, ``dtype``, ``generator`` or ``max_episode_steps``.
+        ValueError: invalid ``num_envs``, ``dtype``, ``generator`` or ``max_episode_steps`` (names
+            the parameter).
 
     Attributes:
-        num_envs: ``N``.  obs_dim: 4.  num_actions: 2 (0 = push left, 1 = push right).
+        num_envs: ``N``.  obs_dim: 4.  obs_shape: ``(4,)``.  obs_dtype: float32 (what the agent
+        stores).  num_actions: 2 (0 = push left, 1 = push right).  on_host: False.
+        collect_hook: :data:`~foxdqn.envs.base.NO_HOOK`.
         device, dtype, generator, max_episode_steps: as given.
         state: ``[N, 4]`` float64 ``(x [m], x_dot [m/s], theta [rad], theta_dot [rad/s])``.
         steps: ``[N]`` int64, steps taken in the current episode.
     """
 
     obs_dim = 4
+    obs_shape = (4,)
+    obs_dtype = torch.float32
     num_actions = 2
+    on_host = False
+    collect_hook = NO_HOOK
 
     def __init__(
         self,
@@ -110,12 +116,11 @@ class CartPoleEnv:
         dtype: torch.dtype = torch.float32,
         max_episode_steps: int = MAX_EPISODE_STEPS,
     ) -> None:
-        num_envs = _positive_int(num_envs, "env.num_envs")
-        max_episode_steps = _positive_int(max_episode_steps, "env.max_episode_steps")
-        if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
-            raise ConfigError(f"env.dtype: must be a floating torch dtype, got {dtype!r}")
+        num_envs = positive_int(num_envs, "num_envs")
+        max_episode_steps = positive_int(max_episode_steps, "max_episode_steps")
+        dtype = float_dtype(dtype)
         device = torch.device(device)
-        _check_generator(generator, device)
+        check_generator(generator, device)
         self.num_envs = num_envs
         self.device = device
         self.dtype = dtype
@@ -123,7 +128,6 @@ class CartPoleEnv:
         self.max_episode_steps = max_episode_steps
         self.state = torch.zeros(num_envs, 4, device=device, dtype=_STATE_DTYPE)
         self.steps = torch.zeros(num_envs, device=device, dtype=torch.long)
-        self._no_fill = torch.zeros(num_envs, device=device, dtype=torch.bool)  # info["fill"]: never written
         # state stays all-zero (upright, at rest, no randomness drawn) until reset_all()
 
     # ------------------------------------------------------------------ device-side API
@@ -171,20 +175,21 @@ class CartPoleEnv:
             auto-reset), ``reward`` ``[N]`` dtype (1 on every step), ``terminated`` /
             ``truncated`` ``[N]`` bool, ``info`` with ``[N]`` tensors ``episode_return`` (dtype,
             the finished episode's undiscounted return = its length, else 0), ``episode_done``
-            (bool), ``episode_length`` (int64, else 0) and ``fill`` (bool, all False; kept for
-            the trading monitor).
+            (bool) and ``episode_length`` (int64, else 0).
         """
         out = cartpole_step(self.state, self.steps, action, self._uniform(), self.max_episode_steps, self.dtype)
         info = {
             "episode_return": out.episode_return,
             "episode_done": out.done,
             "episode_length": out.episode_length,
-            "fill": self._no_fill,
         }
         return StepOut(
             next_obs=out.next_obs, reward=out.reward, terminated=out.terminated, truncated=out.truncated,
             obs=out.obs, info=info,
         )
+
+    def close(self) -> None:
+        """Nothing to release (the env holds only tensors)."""
 
     # ------------------------------------------------------------------ internals
 
@@ -193,12 +198,6 @@ class CartPoleEnv:
 
     def _draw_starts(self) -> Tensor:
         return start_states(self._uniform())
-
-
-def _positive_int(value, where: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
-        raise ConfigError(f"{where}: must be an integer >= 1, got {value!r}")
-    return int(value)
 
 
 def _set_elapsed_steps(steps: Tensor, elapsed_steps: Tensor | None, num_envs: int) -> None:
@@ -214,12 +213,3 @@ def _set_elapsed_steps(steps: Tensor, elapsed_steps: Tensor | None, num_envs: in
             raise ValueError(f"elapsed_steps: must have shape ({num_envs},), got {tuple(elapsed_steps.shape)}")
         steps.copy_(elapsed_steps)
 
-
-def _check_generator(generator, device: torch.device) -> None:
-    if not isinstance(generator, torch.Generator):
-        raise ConfigError(f"env.generator: must be a torch.Generator, got {type(generator).__name__}")
-    if generator.device.type != device.type:
-        raise ConfigError(
-            f"env.generator: generator is on {generator.device} but the env is on {device}; "
-            "create it with torch.Generator(device=<env device>)"
-        )

@@ -1,7 +1,7 @@
 """Any Gymnasium environment with a ``Discrete`` action space, vectorised with Gymnasium's vector API.
 
-:class:`GymVectorEnv` wraps ``gymnasium.make_vec(env.id, num_envs, ...)`` behind the interface of
-the device envs (:class:`foxdqn.envs.cartpole.CartPoleEnv`): ``reset_all()`` and
+:class:`GymVectorEnv` wraps ``gymnasium.make_vec(env.id, num_envs, ...)`` behind the env interface
+(:class:`foxdqn.envs.base.BatchedEnv`) of the device envs: ``reset_all()`` and
 ``step(action) -> StepOut`` take and return tensors on the training device, so the collect step
 (:func:`foxdqn.step.collect.collect_step`) and the evaluation (:func:`foxdqn.evaluate.evaluate_episodes`)
 run unchanged. The environments themselves step on the host (CPU): every env step copies the
@@ -51,7 +51,7 @@ from torch import Tensor
 
 from foxdqn.errors import ConfigError
 
-from .trading import StepOut
+from .base import NO_HOOK, StepOut
 
 __all__ = ["GymVectorEnv", "describe", "make_vector_env"]
 
@@ -206,9 +206,11 @@ class GymVectorEnv:
         obs_dtype: torch.uint8 for uint8 observations, else torch.float32.  num_actions: n of Discrete(n).
         max_episode_steps: the time limit in env steps (Atari: 108000 frames / frame_skip).
         on_host: True (the env steps on the CPU; the collect step cannot be captured).
+        collect_hook: :data:`~foxdqn.envs.base.NO_HOOK`.
     """
 
     on_host = True
+    collect_hook = NO_HOOK
 
     def __init__(self, e, num_envs: int, device: torch.device, seed: int, train: bool = True):
         self.venv = make_vector_env(e, num_envs, train=train)
@@ -283,7 +285,7 @@ class GymVectorEnv:
             observation where it ended), ``obs`` ``[N, D]`` (after auto-reset), ``reward`` float32
             ``[N]``, ``terminated`` / ``truncated`` bool ``[N]`` (never both), ``info`` with
             ``episode_return`` float32 (undiscounted return of an episode that ended, else 0),
-            ``episode_done`` bool, ``episode_length`` int64 and ``fill`` (all False).
+            ``episode_done`` bool and ``episode_length`` int64.
         """
         a = action.cpu().numpy()  # the one device → host copy of the env step
         obs, reward, terminated, truncated, info = self.venv.step(a + self._action_start)
@@ -313,7 +315,6 @@ class GymVectorEnv:
             "episode_return": dev[4].to(torch.float32),
             "episode_done": dev[3] > 0,
             "episode_length": dev[5].to(torch.int64),
-            "fill": torch.zeros(self.num_envs, dtype=torch.bool, device=self.device),
         }
         out = StepOut(next_obs=self._to_device(self._next_host), reward=dev[0].to(torch.float32),
                       terminated=dev[1] > 0, truncated=dev[2] > 0, obs=self._to_device(self._obs_host),

@@ -1,8 +1,9 @@
 r"""Batched, GPU-resident, CUDA-graph-capturable trading environment.
 
-:class:`TradingEnv` steps ``N`` independent single-instrument trading accounts over one split of a
-bar series. The execution model (order pricing, fills, fees, accounting, reward) is documented
-in :mod:`foxdqn.envs.execution`; the action space in :mod:`foxdqn.envs.actions`.
+:class:`TradingEnv` steps ``N`` independent single-instrument trading accounts over one split of
+validated market data (:class:`foxdqn.data.MarketData`). The execution model (order pricing,
+fills, fees, accounting, reward) is documented in :mod:`foxdqn.envs.execution`; the action space
+in :mod:`foxdqn.envs.actions`.
 
 Observation
 -----------
@@ -17,9 +18,9 @@ The two account values divide by ``max(equity, 1e-6 * initial_equity)`` and are 
 
 Episodes
 --------
-The split ``(start, end)`` is half-open: bars ``start .. end-1``. The first valid bar is
-``first_valid = max(start, W-1)`` (the window may reach rows before ``start``: that is causal);
-the last bar is ``last_bar = end - 1``. A training episode starts flat with
+The split ``(start, end) = market.splits[split]`` is half-open: bars ``start .. end-1``. The first
+valid bar is ``first_valid = max(start, W-1)`` (the window may reach rows before ``start``: that
+is causal); the last bar is ``last_bar = end - 1``. A training episode starts flat with
 ``equity = initial_equity`` at a bar drawn uniformly from ``[first_valid, last_bar - L]``
 (``first_valid`` when that range is empty) and ends after ``L`` steps or when the current bar
 reaches ``last_bar`` (``truncated``), or on ruin (``terminated``, which takes precedence: the two
@@ -50,17 +51,22 @@ sync): results for actions outside ``0..44`` are undefined (an exposure index >=
 """
 from __future__ import annotations
 
-import numbers
-from typing import Callable, NamedTuple
+from typing import TYPE_CHECKING, Callable
 
 import numpy as np
 import torch
 from torch import Tensor
 
-from foxdqn.errors import ConfigError, DataError
+from foxdqn.errors import ConfigError
 
 from .actions import EXPOSURES, FLAT, NUM_ACTIONS, factor
+from .base import StepOut
+from .checks import check_generator, float_dtype, positive_int
 from .execution import RUIN_FRACTION, ExecutionConfig, apply_fills, cost_tables, simulate_fills
+from .trading_hook import TRADING_HOOK
+
+if TYPE_CHECKING:
+    from foxdqn.data import MarketData
 
 __all__ = ["ExecutionConfig", "StepOut", "TradingEnv", "ACCOUNT_OBS_CLIP"]
 
@@ -69,40 +75,16 @@ ACCOUNT_OBS_CLIP = 100.0
 _RUN_POLICY_CHECK_EVERY = 256  # run_policy reads the done flag back every this many steps
 
 
-class StepOut(NamedTuple):
-    """Result of :meth:`TradingEnv.step`; every tensor is on the env device with leading dim ``N``.
-
-    Attributes:
-        next_obs: ``[N, obs_dim]`` dtype: observation after the step, before auto-reset (replay).
-        reward: ``[N]`` dtype: ``log(equity_{t+1}) - log(equity_t)`` (ruin: equity floored).
-        terminated: ``[N]`` bool: ruin (``equity <= 1e-6 * initial_equity``), a true terminal.
-        truncated: ``[N]`` bool: episode length or split end reached (and not terminated).
-        obs: ``[N, obs_dim]`` dtype: observation to act on next (after auto-reset).
-        info: dict of ``[N]`` tensors — ``fill`` (bool), ``fill_price`` (price units, 0 if no
-            fill), ``fee`` (cash, negative = rebate), ``cost`` (spread + slippage + fee, cash),
-            ``exposure`` (nominal exposure held after the step, ``EXPOSURES[index]``, dtype),
-            ``equity`` (after the step, before reset), ``episode_return`` (log(final equity /
-            initial equity) of the episode that ended on this step, else 0), ``episode_done``
-            (bool, ``terminated | truncated``), ``episode_length`` (int64, steps of the episode that
-            ended on this step, else 0), ``traded_units`` (signed units filled, 0 if none).
-    """
-
-    next_obs: Tensor
-    reward: Tensor
-    terminated: Tensor
-    truncated: Tensor
-    obs: Tensor
-    info: dict
-
-
 class TradingEnv:
     """``N`` vectorised trading accounts on one instrument (see the module docstring).
 
     Args:
-        open, high, low, close: ``[T]`` float arrays of mid prices (finite, > 0, ``low <= high``).
-        spread: ``[T]`` relative spread (fraction of price, finite, ``>= 0``).
-        features: ``[T, F]`` float array; the observation window (finite on the rows used).
-        split: ``(start, end)``, half-open bar range of this split, ``0 <= start < end <= T``.
+        market: validated bars (:class:`foxdqn.data.MarketData`: ``[T]`` finite prices > 0
+            with ``low <= open, close <= high``, ``[T]`` finite relative spreads and per-bar
+            volatilities ``>= 0``, ``[T, F]`` finite features, their training-split medians);
+            the env copies them to ``device`` without checking them again.
+        split: name of the split to walk (a key of ``market.splits``: ``"train"``, ``"val"``,
+            ``"test"``); its ``(start, end)`` is a half-open bar range.
         num_envs: ``N >= 1`` (must be 1 in eval mode).
         window: ``W >= 1`` feature rows per observation.
         episode_length: ``L >= 1`` steps per training episode.
@@ -111,40 +93,42 @@ class TradingEnv:
         dtype: floating dtype of prices, accounting, observations and rewards.
         generator: ``torch.Generator`` on ``device``; the only source of randomness.
         eval_mode: deterministic single walk through the split (see module docstring).
-        volatility: optional ``[T]`` per-bar volatility (finite, ``>= 0``) reported by
-            :meth:`market_state`. Default: causal rolling standard deviation of 1-bar log
-            returns of ``close`` over ``max(W, 2)`` bars (fewer at the start of the series).
-        median_spread: reference spread for routing rules (relative); stored floored at
-            ``spread_floor_bps * 1e-4``, like the spreads :meth:`market_state` returns.
-        median_volatility: reference volatility for routing rules; stored as given.
 
     Raises:
-        ConfigError: invalid ``num_envs``/``window``/``episode_length``/``split``/``dtype``/
-            ``generator``/``execution`` values, ``num_envs != 1`` in eval mode, or a split too
-            short to take one step after the window warm-up.
-        DataError: arrays of the wrong shape, or a non-finite / non-positive price, a negative
-            spread, ``low > high`` or a non-finite feature on a row the split uses (the message
-            names the array and the row).
+        ValueError: naming the parameter: ``num_envs``/``window``/``episode_length`` not an
+            integer ``>= 1``, ``num_envs != 1`` in eval mode, a ``split`` the market does not
+            have or too short to take one step after the window warm-up (``max(start, W-1) >=
+            end - 1``), a non-floating ``dtype``, a ``generator`` that is not a
+            ``torch.Generator`` on the env's device type, or an invalid ``execution``
+            (:class:`~foxdqn.errors.ConfigError`, a ValueError, naming ``execution.<field>``).
 
     Attributes:
-        obs_dim: ``W * F + 2``.  num_envs: ``N``.  num_actions: 45.
+        obs_dim: ``W * F + 2``.  obs_shape: ``(obs_dim,)``.  obs_dtype: float32 (what the agent
+        stores; the env computes in ``dtype``).  num_envs: ``N``.  num_actions: 45.
+        max_episode_steps: the longest episode, ``last_bar - first_valid`` in eval mode, else
+        ``min(L, last_bar - first_valid)``.
+        on_host: False.  collect_hook: :data:`foxdqn.envs.trading_hook.TRADING_HOOK`.
+        split: ``(start, end)`` of the split walked.
         first_valid, last_bar, start_high: bar bounds of episode starts and ends (ints).
+        median_spread: ``market.median_spread`` floored at ``spread_floor_bps * 1e-4`` (relative),
+            like the spreads :meth:`market_state` returns.
+        median_volatility: ``market.median_volatility`` (per bar).
         t: ``[N]`` long, current bar index.  steps: ``[N]`` long, steps taken in the episode.
         cash, units, entry_price, equity: ``[N]`` dtype account state (cash units / instrument
             units / price units / cash units).  exposure_idx: ``[N]`` long, exposure index held.
         episode_return: ``[N]`` dtype, sum of rewards so far in the episode.
     """
 
+    obs_dtype = torch.float32
+    num_actions = NUM_ACTIONS
+    on_host = False
+    collect_hook = TRADING_HOOK
+
     def __init__(
         self,
+        market: MarketData,
+        split: str,
         *,
-        open: np.ndarray,  # noqa: A002 - matches the data column name
-        high: np.ndarray,
-        low: np.ndarray,
-        close: np.ndarray,
-        spread: np.ndarray,
-        features: np.ndarray,
-        split: tuple[int, int],
         num_envs: int,
         window: int,
         episode_length: int,
@@ -153,70 +137,20 @@ class TradingEnv:
         dtype: torch.dtype = torch.float32,
         generator: torch.Generator,
         eval_mode: bool = False,
-        volatility: np.ndarray | None = None,
-        median_spread: float = 0.0,
-        median_volatility: float = 0.0,
     ) -> None:
-        num_envs = _positive_int(num_envs, "env.num_envs")
-        window = _positive_int(window, "env.window")
-        episode_length = _positive_int(episode_length, "env.episode_length")
+        num_envs = positive_int(num_envs, "num_envs")
+        window = positive_int(window, "window")
+        episode_length = positive_int(episode_length, "episode_length")
         if not isinstance(execution, ExecutionConfig):
-            raise ConfigError(f"env.execution: must be an ExecutionConfig, got {type(execution).__name__}")
-        execution.validate("env.execution")
-        if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
-            raise ConfigError(f"env.dtype: must be a floating torch dtype, got {dtype!r}")
+            raise ValueError(f"execution: must be an ExecutionConfig, got {type(execution).__name__}")
+        execution.validate("execution")
+        dtype = float_dtype(dtype)
         device = torch.device(device)
-        if not isinstance(generator, torch.Generator):
-            raise ConfigError(f"env.generator: must be a torch.Generator, got {type(generator).__name__}")
-        if generator.device.type != device.type:
-            raise ConfigError(
-                f"env.generator: generator is on {generator.device} but the env is on {device}; "
-                "create it with torch.Generator(device=<env device>)"
-            )
+        check_generator(generator, device)
         eval_mode = bool(eval_mode)
         if eval_mode and num_envs != 1:
-            raise ConfigError(f"env.num_envs: eval mode runs exactly 1 env, got {num_envs}")
-
-        prices = {}
-        for name, arr in (("open", open), ("high", high), ("low", low), ("close", close), ("spread", spread)):
-            a = np.asarray(arr, dtype=np.float64)
-            if a.ndim != 1:
-                raise DataError(f"{name}: must be a 1-D array of bars, got shape {a.shape}")
-            prices[name] = a
-        T = prices["close"].shape[0]
-        for name, a in prices.items():
-            if a.shape[0] != T:
-                raise DataError(f"{name}: has {a.shape[0]} bars but close has {T}")
-        feats = np.asarray(features)
-        if feats.ndim != 2 or feats.shape[0] != T or feats.shape[1] < 1:
-            raise DataError(f"features: must have shape [T={T}, F>=1], got {feats.shape}")
-
-        if (
-            not isinstance(split, (tuple, list))
-            or len(split) != 2
-            or any(isinstance(v, bool) or not isinstance(v, (int, np.integer)) for v in split)
-        ):
-            raise ConfigError(f"split: must be a pair of ints (start, end), got {split!r}")
-        start, end = int(split[0]), int(split[1])
-        if not 0 <= start < end <= T:
-            raise ConfigError(f"split: ({start}, {end}) must satisfy 0 <= start < end <= {T} (bars in the data)")
-        first_valid = max(start, window - 1)
-        last_bar = end - 1
-        if first_valid >= last_bar:
-            raise ConfigError(
-                f"split: ({start}, {end}) leaves no step: the first valid bar max(start, window-1) = "
-                f"{first_valid} must be before the last bar {last_bar}; use a longer split or a smaller env.window"
-            )
-        _check_rows(prices, feats, volatility, first_valid, last_bar, window)
-
-        floor = float(execution.spread_floor_bps) * 1e-4
-        if volatility is None:
-            vol = _rolling_volatility(prices["close"], max(window, 2))
-        else:
-            vol = np.asarray(volatility, dtype=np.float64)
-        for name, value in (("median_spread", median_spread), ("median_volatility", median_volatility)):
-            if isinstance(value, bool) or not isinstance(value, numbers.Real) or not np.isfinite(value) or value < 0:
-                raise ConfigError(f"env.{name}: must be a finite number >= 0, got {value!r}")
+            raise ValueError(f"num_envs: eval mode runs exactly 1 env, got {num_envs}")
+        start, end = _split_range(market, split, window)
 
         self.device = device
         self.dtype = dtype
@@ -226,48 +160,16 @@ class TradingEnv:
         self.num_envs = num_envs
         self.window = window
         self.episode_length = episode_length
-        self.num_features = int(feats.shape[1])
-        self.obs_dim = window * self.num_features + 2
-        self.num_actions = NUM_ACTIONS
-        self.num_bars = T
         self.split = (start, end)
-        self.first_valid = first_valid
-        self.last_bar = last_bar
-        self.start_high = first_valid if eval_mode else max(first_valid, last_bar - episode_length)
+        self.first_valid = max(start, window - 1)
+        self.last_bar = end - 1
+        self.start_high = self.first_valid if eval_mode else max(self.first_valid, self.last_bar - episode_length)
+        longest = self.last_bar - self.first_valid
+        self.max_episode_steps = longest if eval_mode else min(episode_length, longest)
         self.initial_equity = float(execution.initial_equity)
         self.ruin_equity = RUIN_FRACTION * self.initial_equity
-        self.median_spread = max(float(median_spread), floor)
-        self.median_volatility = float(median_volatility)
-
-        def dev(a: np.ndarray) -> Tensor:
-            return torch.as_tensor(np.ascontiguousarray(a), device=device).to(dtype)
-
-        self._open = dev(prices["open"])
-        self._high = dev(prices["high"])
-        self._low = dev(prices["low"])
-        self._close = dev(prices["close"])
-        self._spread = dev(np.maximum(prices["spread"], floor))
-        self._vol = dev(vol)
-        self._features = dev(feats)
-        self._window_offsets = torch.arange(-window + 1, 1, device=device, dtype=torch.long)
-        self._exposures = torch.tensor(EXPOSURES, device=device, dtype=dtype)
-        self._tables = cost_tables(execution, device, dtype)
-        self._log_ruin = float(np.log(self.ruin_equity))
-
-        def zeros(dt):
-            return torch.zeros(num_envs, device=device, dtype=dt)
-
-        self.t = zeros(torch.long)
-        self.steps = zeros(torch.long)
-        self.cash = zeros(dtype)
-        self.units = zeros(dtype)
-        self.entry_price = zeros(dtype)
-        self.equity = zeros(dtype)
-        self.exposure_idx = zeros(torch.long)
-        self.episode_return = zeros(dtype)
-        self._frozen = zeros(torch.bool)  # eval mode: episode over, waiting for reset_all
-        # A valid, flat state at first_valid (no randomness drawn); reset_all() starts episodes.
-        self._reset_state(None, torch.full((num_envs,), first_valid, device=device, dtype=torch.long))
+        self._load_market(market)
+        self._allocate_state()
 
     # ------------------------------------------------------------------ device-side API
 
@@ -291,8 +193,8 @@ class TradingEnv:
         """``(spread, volatility)``, each ``[N]`` dtype, at each env's current bar ``t``.
 
         ``spread`` is the floored relative spread ``s_t`` that limit and IoC prices are quoted
-        from (compare with :attr:`median_spread`); ``volatility`` is the per-bar volatility
-        (given or the default rolling estimate; compare with :attr:`median_volatility`).
+        from (compare with :attr:`median_spread`); ``volatility`` is the market's per-bar
+        volatility (``MarketData.volatility``; compare with :attr:`median_volatility`).
         """
         return self._spread[self.t], self._vol[self.t]
 
@@ -304,8 +206,18 @@ class TradingEnv:
                 (``exposure*9 + order_type*3 + urgency``).
 
         Returns:
-            :class:`StepOut`. The state tensors are updated in place (with auto-reset in
-            training mode).
+            :class:`~foxdqn.envs.StepOut`, every tensor ``[N]`` (observations ``[N, obs_dim]``) in
+            ``dtype`` unless said: ``reward`` ``log(equity_{t+1}) - log(equity_t)`` (ruin: equity
+            floored); ``terminated`` (bool): ruin (``equity <= 1e-6 * initial_equity``);
+            ``truncated`` (bool): episode length or split end reached (and not terminated);
+            ``info``: ``fill`` (bool), ``fill_price`` (price units, 0 if no fill), ``fee`` (cash,
+            negative = rebate), ``cost`` (spread + slippage + fee, cash), ``exposure`` (nominal
+            exposure held after the step, ``EXPOSURES[index]``), ``equity`` (after the step,
+            before reset), ``episode_return`` (log(final equity / initial equity) of the episode
+            that ended on this step, else 0), ``episode_done`` (bool, ``terminated |
+            truncated``), ``episode_length`` (int64, steps of the episode that ended on this
+            step, else 0), ``traded_units`` (signed units filled, 0 if none). The state tensors
+            are updated in place (with auto-reset in training mode).
         """
         exposure_new, order_type, urgency = factor(action)
         zero = torch.zeros((), device=self.device, dtype=self.dtype)
@@ -454,7 +366,53 @@ class TradingEnv:
             "terminated": np.array(bool(cut["terminated"].any())),
         }
 
+    def close(self) -> None:
+        """Nothing to release (the env holds only tensors)."""
+
     # ------------------------------------------------------------------ internals
+
+    def _load_market(self, market: MarketData) -> None:
+        """Copy the bars to the device (dtype), spreads floored at ``spread_floor_bps``."""
+        device, dtype, window = self.device, self.dtype, self.window
+        floor = float(self.execution.spread_floor_bps) * 1e-4
+
+        def dev(a: np.ndarray) -> Tensor:
+            return torch.as_tensor(np.ascontiguousarray(a), device=device).to(dtype)
+
+        self.num_bars = int(len(market.close))
+        self.num_features = int(market.features.shape[1])
+        self.obs_dim = window * self.num_features + 2
+        self.obs_shape = (self.obs_dim,)
+        self.median_spread = max(float(market.median_spread), floor)
+        self.median_volatility = float(market.median_volatility)
+        self._open = dev(market.open)
+        self._high = dev(market.high)
+        self._low = dev(market.low)
+        self._close = dev(market.close)
+        self._spread = dev(np.maximum(market.spread, floor))
+        self._vol = dev(market.volatility)
+        self._features = dev(market.features)
+        self._window_offsets = torch.arange(-window + 1, 1, device=device, dtype=torch.long)
+        self._exposures = torch.tensor(EXPOSURES, device=device, dtype=dtype)
+        self._tables = cost_tables(self.execution, device, dtype)
+        self._log_ruin = float(np.log(self.ruin_equity))
+
+    def _allocate_state(self) -> None:
+        """The ``[N]`` state tensors, set to a valid flat state at ``first_valid`` (no randomness
+        drawn); :meth:`reset_all` starts the episodes."""
+        def zeros(dt):
+            return torch.zeros(self.num_envs, device=self.device, dtype=dt)
+
+        self.t = zeros(torch.long)
+        self.steps = zeros(torch.long)
+        self.cash = zeros(self.dtype)
+        self.units = zeros(self.dtype)
+        self.entry_price = zeros(self.dtype)
+        self.equity = zeros(self.dtype)
+        self.exposure_idx = zeros(torch.long)
+        self.episode_return = zeros(self.dtype)
+        self._frozen = zeros(torch.bool)  # eval mode: episode over, waiting for reset_all
+        self._reset_state(None, torch.full((self.num_envs,), self.first_valid, device=self.device, dtype=torch.long))
 
     def _starts(self) -> Tensor:
         if self.eval_mode or self.start_high == self.first_valid:
@@ -506,66 +464,16 @@ class TradingEnv:
 # ---------------------------------------------------------------------- host-side helpers
 
 
-def _positive_int(value, where: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
-        raise ConfigError(f"{where}: must be an integer >= 1, got {value!r}")
-    return int(value)
-
-
-def _first_bad(bad: np.ndarray, offset: int) -> int:
-    return int(np.flatnonzero(bad)[0]) + offset
-
-
-def _check_rows(prices, feats, volatility, first_valid: int, last_bar: int, window: int) -> None:
-    """Validate the rows an env on this split can read; DataError names the array and row."""
-    lo, hi = first_valid, last_bar + 1  # price rows: close at t >= first_valid, OHLC of t+1 <= last_bar
-    for name in ("open", "high", "low", "close"):
-        a = prices[name][lo:hi]
-        bad = ~(np.isfinite(a) & (a > 0))
-        if bad.any():
-            row = _first_bad(bad, lo)
-            raise DataError(f"{name}: row {row} must be a finite price > 0, got {prices[name][row]!r}")
-    inverted = prices["low"][lo:hi] > prices["high"][lo:hi]
-    if inverted.any():
-        row = _first_bad(inverted, lo)
-        raise DataError(f"low: row {row} is above high ({prices['low'][row]!r} > {prices['high'][row]!r})")
-    s = prices["spread"][lo:hi]
-    bad = ~(np.isfinite(s) & (s >= 0))
-    if bad.any():
-        row = _first_bad(bad, lo)
-        raise DataError(f"spread: row {row} must be a finite relative spread >= 0, got {prices['spread'][row]!r}")
-    flo = first_valid - window + 1
-    f = np.asarray(feats[flo:hi], dtype=np.float64)
-    bad_rows = ~np.isfinite(f).all(axis=1)
-    if bad_rows.any():
-        row = _first_bad(bad_rows, flo)
-        raise DataError(f"features: row {row} has a non-finite value (rows {flo}..{last_bar} feed the observations)")
-    if volatility is not None:
-        v = np.asarray(volatility, dtype=np.float64)
-        if v.shape != prices["close"].shape:
-            raise DataError(f"volatility: must have shape {prices['close'].shape}, got {v.shape}")
-        bad = ~(np.isfinite(v[lo:hi]) & (v[lo:hi] >= 0))
-        if bad.any():
-            row = _first_bad(bad, lo)
-            raise DataError(f"volatility: row {row} must be finite and >= 0, got {v[row]!r}")
-
-
-def _rolling_volatility(close: np.ndarray, n: int) -> np.ndarray:
-    """Causal rolling population std of 1-bar log returns over the last ``n`` bars ([T] float64).
-
-    The return of bar 0 is taken as 0; bars with fewer than ``n`` returns use those available.
-    Non-finite or non-positive closes (outside the checked split) give 0 returns.
-    """
-    with np.errstate(divide="ignore", invalid="ignore"):
-        logc = np.log(close)
-    r = np.zeros_like(close)
-    r[1:] = np.diff(logc)
-    r[~np.isfinite(r)] = 0.0
-    c1 = np.concatenate([[0.0], np.cumsum(r)])
-    c2 = np.concatenate([[0.0], np.cumsum(r * r)])
-    idx = np.arange(close.shape[0])
-    lo = np.maximum(idx - n + 1, 0)
-    count = (idx - lo + 1).astype(np.float64)
-    mean = (c1[idx + 1] - c1[lo]) / count
-    var = (c2[idx + 1] - c2[lo]) / count - mean * mean
-    return np.sqrt(np.maximum(var, 0.0))
+def _split_range(market: MarketData, split: str, window: int) -> tuple[int, int]:
+    """``market.splits[split]`` as ints; ValueError naming ``split`` when it is missing or leaves no
+    step after the ``window`` warm-up."""
+    if split not in market.splits:
+        raise ValueError(f"split: {split!r} is not a split of the market data (it has {', '.join(market.splits)})")
+    start, end = (int(v) for v in market.splits[split])
+    first_valid, last_bar = max(start, window - 1), end - 1
+    if first_valid >= last_bar:
+        raise ValueError(
+            f"split: {split!r} = ({start}, {end}) leaves no step: the first valid bar max(start, window-1) = "
+            f"{first_valid} must be before the last bar {last_bar}; use a longer split or a smaller window"
+        )
+    return start, end

@@ -15,7 +15,8 @@ _DTYPES = {"float32": torch.float32, "float64": torch.float64}
 
 def build_env(cfg: TrainConfig, market, split: str, device: torch.device, generator: torch.Generator,
               num_envs: int | None = None, eval_mode: bool = False):
-    """The configured environment. ``market`` (foxdqn.data.MarketData) is used by ``trading`` only."""
+    """The configured environment (:class:`foxdqn.envs.base.BatchedEnv`). ``market``
+    (foxdqn.data.MarketData) and ``split`` (its split name) are used by ``trading`` only."""
     n = 1 if eval_mode else (num_envs or cfg.env.num_envs)
     name = cfg.env.name
     if name == "gym":  # a Gymnasium vector env stepped on the host; split != "train": evaluation env
@@ -34,12 +35,9 @@ def build_env(cfg: TrainConfig, market, split: str, device: torch.device, genera
     from foxdqn.envs.trading import TradingEnv
 
     return TradingEnv(
-        open=market.open, high=market.high, low=market.low, close=market.close,
-        spread=market.spread, features=market.features, split=market.splits[split],
-        num_envs=n, window=cfg.env.window, episode_length=cfg.env.episode_length,
+        market, split, num_envs=n, window=cfg.env.window, episode_length=cfg.env.episode_length,
         execution=cfg.env.execution, device=device, dtype=_DTYPES[cfg.env.dtype], generator=generator,
-        eval_mode=eval_mode, volatility=market.volatility, median_spread=market.median_spread,
-        median_volatility=market.median_volatility,
+        eval_mode=eval_mode,
     )
 
 
@@ -71,12 +69,12 @@ def check_encoder(encoder: str, obs_shape: tuple, env_id: str) -> None:
 
 def build_encoder(cfg: TrainConfig, env):
     m = cfg.model
-    if getattr(env, "on_host", False):
-        check_encoder(m.encoder, tuple(getattr(env, "obs_shape", (env.obs_dim,))), cfg.env.id)
+    if env.on_host:
+        check_encoder(m.encoder, env.obs_shape, cfg.env.id)
     if m.encoder == "nature_cnn":
         from foxdqn.nn.nature_cnn import NatureCNNEncoder
 
-        return NatureCNNEncoder(getattr(env, "obs_shape", (env.obs_dim,)), list(m.hidden))
+        return NatureCNNEncoder(env.obs_shape, list(m.hidden))
     if m.encoder == "attention":
         from foxdqn.nn.attention import AttentionEncoder
 
@@ -149,7 +147,7 @@ def build_replay(cfg: TrainConfig, env, device: torch.device, updates: torch.Ten
     from foxdqn.replay import PrioritizedReplayBuffer, ReplayBuffer
 
     r, gamma = cfg.replay, cfg.agent.gamma
-    obs_dtype = getattr(env, "obs_dtype", torch.float32)  # uint8 for image observations
+    obs_dtype = env.obs_dtype  # uint8 for image observations
     if r.name == "per":
         replay = PrioritizedReplayBuffer(r.capacity, env.num_envs, env.obs_dim, device, r.n_step, gamma,
                                          alpha=r.alpha, beta_start=r.beta_start, beta_updates=max(total_updates, 1),

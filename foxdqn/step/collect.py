@@ -1,12 +1,13 @@
 """One collect step: ε-greedy actions for all N envs, env step, replay insertion.
 
-Device ops only (no host reads), so it runs eagerly or inside a captured CUDA graph.
+Device ops only (no host reads), so it runs eagerly or inside a captured CUDA graph. The env is
+used through :class:`foxdqn.envs.base.BatchedEnv`; what an env adds to a transition comes from its
+``collect_hook`` (:class:`foxdqn.envs.base.CollectHook`).
 """
 from __future__ import annotations
 
 import torch
 
-from foxdqn.replay.regime import volatility_ratio
 from foxdqn.step.state import TrainState
 
 
@@ -24,14 +25,13 @@ def collect_step(s: TrainState) -> None:
         eps = s.epsilon(s.env_steps)
         action = epsilon_greedy(s.online(s.obs), eps, s.generator)  # network action
     env_action = s.action_mode.to_env(action, s.env)  # e.g. exposure → routed factored action
-    vol_ratio = None
-    if s.replay.regime is not None:  # regime.enabled: the state's bar, read before the step moves it
-        vol_ratio = volatility_ratio(s.env.market_state()[1], s.env.median_volatility)
+    hook = s.env.collect_hook
+    extras = hook.replay_extras(s.env, s.replay)  # of the state acted on, read before the step moves it
     out = s.env.step(env_action)
     s.replay.add(s.obs, action, out.reward * s.cfg.agent.reward_scale, out.next_obs, out.terminated, out.truncated,
-                 vol_ratio=vol_ratio)
+                 **extras)
     s.obs.copy_(out.obs)
     s.env_steps.add_(action.shape[0])
     info = out.info
     s.stats.add_step(env_action, out.reward, info["episode_done"], info["episode_return"],
-                     info["episode_length"], info["fill"])
+                     info["episode_length"], hook.trades(out))

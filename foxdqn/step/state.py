@@ -102,14 +102,14 @@ def build_state(cfg: TrainConfig, market, device: torch.device) -> TrainState:
         p = cfg.prune
         pruner = MagnitudePruner(online, target, p.initial_sparsity, p.final_sparsity, p.start_update,
                                  p.end_update, p.frequency, device)
-    env_actions = getattr(env, "num_actions", 45)
+    env_actions = env.num_actions
     return TrainState(
         cfg=cfg, device=device, env=env, action_mode=mode, online=online, target=target, objective=objective,
         optimizer=optimizer, lr=lr, tau=torch.tensor(a.tau, **f32),
         hard_period=torch.tensor(a.hard_update_period, dtype=torch.int64, device=device),
         replay=replay, epsilon=eps, guard=guard, qmon=qmon,
         stats=DeviceStats(env_actions, env.num_envs, device), generator=gen,
-        obs=env.reset_all().to(getattr(env, "obs_dtype", torch.float32)).clone(),
+        obs=env.reset_all().to(env.obs_dtype).clone(),
         env_steps=torch.zeros((), dtype=torch.int64, device=device), updates=updates,
         tau_eff=torch.zeros((), **f32),
         nan_at=torch.tensor(-1 if nan_at is None else int(nan_at), dtype=torch.int64, device=device),

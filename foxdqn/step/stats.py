@@ -23,12 +23,14 @@ class DeviceStats:
         self.actions = torch.zeros(num_actions, dtype=torch.float64, device=device)
         self._n = torch.tensor(float(num_envs), dtype=torch.float64, device=device)
         self._ones = torch.ones(num_envs, dtype=torch.float64, device=device)
+        self._zero = torch.zeros((), dtype=torch.float64, device=device)
         self._side = torch.cuda.Stream(device) if device.type == "cuda" else None
         self._host = None
 
     def add_step(self, action: torch.Tensor, reward: torch.Tensor, episode_done: torch.Tensor,
-                 episode_return: torch.Tensor, episode_len: torch.Tensor, traded: torch.Tensor) -> None:
-        """Accumulate one env step of N envs (all [N] tensors; reward in log-equity units)."""
+                 episode_return: torch.Tensor, episode_len: torch.Tensor, traded: torch.Tensor | None) -> None:
+        """Accumulate one env step of N envs (all [N] tensors; reward in log-equity units; ``traded``
+        [N] bool, or None for an env that does not trade: no trades)."""
         done = episode_done.to(torch.float64)
         upd = torch.stack([
             (episode_return.to(torch.float64) * done).sum(),
@@ -36,7 +38,7 @@ class DeviceStats:
             (episode_len.to(torch.float64) * done).sum(),
             reward.to(torch.float64).sum(),
             self._n,
-            traded.to(torch.float64).sum(),
+            self._zero if traded is None else traded.to(torch.float64).sum(),
         ])
         self.acc.add_(upd)
         self.actions.index_add_(0, action, self._ones)

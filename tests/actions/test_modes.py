@@ -10,7 +10,7 @@ from foxdqn.envs.actions import compose
 from foxdqn.errors import ConfigError
 from foxdqn.ops.route_exposure_to_factored import route_exposure_to_factored_reference
 
-from support import forbid_syncs
+from support import forbid_syncs, market_from_arrays
 
 M_S, M_V = 2e-4, 1e-2
 # multiples of the medians and the order type / urgency the rule gives (written out by hand):
@@ -91,12 +91,13 @@ def _trading_env(T=40, window=3, num_envs=6):
     close = 100.0 * np.exp(np.cumsum(rng.normal(0.0, 2e-3, T)))
     open_ = np.concatenate([[100.0], close[:-1]])
     spread = rng.uniform(0.5e-4, 3e-4, T)
-    return TradingEnv(
-        open=open_, high=np.maximum(open_, close) * 1.001, low=np.minimum(open_, close) * 0.999, close=close,
-        spread=spread, features=rng.normal(size=(T, 2)).astype(np.float32), split=(0, T), num_envs=num_envs,
-        window=window, episode_length=10, execution=ExecutionConfig(), device=torch.device("cpu"),
-        dtype=torch.float64, generator=torch.Generator().manual_seed(0),
+    market = market_from_arrays(
+        open_, np.maximum(open_, close) * 1.001, np.minimum(open_, close) * 0.999, close, spread,
+        rng.normal(size=(T, 2)).astype(np.float32), vol_window=window,
         median_spread=float(np.median(spread)), median_volatility=2e-3)
+    return TradingEnv(market, "train", num_envs=num_envs, window=window, episode_length=10,
+                      execution=ExecutionConfig(), device=torch.device("cpu"), dtype=torch.float64,
+                      generator=torch.Generator().manual_seed(0))
 
 
 def test_exposure_routed_through_a_trading_env(monkeypatch):

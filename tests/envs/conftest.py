@@ -5,6 +5,8 @@ import torch
 
 from foxdqn.envs import ExecutionConfig, TradingEnv
 
+from support import market_from_arrays
+
 # Round numbers so the expected values can be written out by hand in the tests.
 HAND_CFG = ExecutionConfig(
     spread_floor_bps=0.5,
@@ -18,8 +20,9 @@ HAND_CFG = ExecutionConfig(
 
 
 def build_env(rows=None, *, arrays=None, features=None, window=1, split=None, num_envs=1, episode_length=1000,
-              eval_mode=True, cfg=HAND_CFG, seed=0, dtype=torch.float64, device="cpu", **kw):
-    """Env from explicit bars ``rows = [(open, high, low, close, spread), ...]`` or ``arrays`` dict."""
+              eval_mode=True, cfg=HAND_CFG, seed=0, dtype=torch.float64, device="cpu", **market):
+    """Env from explicit bars ``rows = [(open, high, low, close, spread), ...]`` or ``arrays`` dict, on the
+    bar range ``split`` (default all); ``market`` (volatility, medians) goes to :func:`market_from_arrays`."""
     if rows is not None:
         a = np.asarray(rows, dtype=np.float64)
         arrays = dict(open=a[:, 0], high=a[:, 1], low=a[:, 2], close=a[:, 3], spread=a[:, 4])
@@ -28,9 +31,8 @@ def build_env(rows=None, *, arrays=None, features=None, window=1, split=None, nu
         # feature f of bar t = 10*t + f: identifies the rows in an observation window
         features = (10.0 * np.arange(T)[:, None] + np.arange(2)[None, :]).astype(np.float32)
     return TradingEnv(
-        **arrays,
-        features=features,
-        split=split if split is not None else (0, T),
+        market_from_arrays(**arrays, features=features, split=split, vol_window=max(window, 2), **market),
+        "train",
         num_envs=num_envs,
         window=window,
         episode_length=episode_length,
@@ -39,7 +41,6 @@ def build_env(rows=None, *, arrays=None, features=None, window=1, split=None, nu
         dtype=dtype,
         generator=torch.Generator(device=torch.device(device)).manual_seed(seed),
         eval_mode=eval_mode,
-        **kw,
     )
 
 

@@ -201,7 +201,7 @@ def test_eval_run_policy_stops_at_ruin(make_env):
 
 
 def test_eval_mode_rules(make_env, make_arrays):
-    with pytest.raises(ConfigError, match="env.num_envs"):
+    with pytest.raises(ValueError, match="^num_envs: eval mode runs exactly 1 env"):
         make_env(arrays=make_arrays(20), num_envs=4, eval_mode=True)
     env = make_env(arrays=make_arrays(20), num_envs=4, eval_mode=False)
     with pytest.raises(ConfigError, match="eval_mode"):

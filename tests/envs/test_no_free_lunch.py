@@ -21,6 +21,8 @@ The look-ahead IoC rule this suite replaces (fill when the limit lies inside the
 [low, high], at that bar's open) fails 8 of these tests: its IoCs earn +41 to +73 SE before
 costs and +22 to +50 SE after costs.
 """
+import dataclasses
+
 import numpy as np
 import pytest
 import torch
@@ -47,11 +49,10 @@ def market():
 def per_step_pnl(market, policy, costs: bool, seed: int = 0) -> tuple[float, float]:
     """Mean per-step simple return of ``policy`` and its standard error clustered by bar."""
     spread = market.spread if costs else np.zeros_like(market.spread)
-    env = TradingEnv(open=market.open, high=market.high, low=market.low, close=market.close, spread=spread,
-                     features=market.features, split=(0, len(market.close)), num_envs=NUM_ENVS, window=1,
-                     episode_length=STEPS, execution=ExecutionConfig() if costs else NO_COSTS,
-                     device=torch.device("cpu"), dtype=torch.float64,
-                     generator=torch.Generator().manual_seed(seed))
+    whole = dataclasses.replace(market, spread=spread, splits={"all": (0, len(market.close))})
+    env = TradingEnv(whole, "all", num_envs=NUM_ENVS, window=1, episode_length=STEPS,
+                     execution=ExecutionConfig() if costs else NO_COSTS, device=torch.device("cpu"),
+                     dtype=torch.float64, generator=torch.Generator().manual_seed(seed))
     env.reset_all()
     draw = torch.Generator().manual_seed(seed + 1)
     returns, bars = [], []
