@@ -62,7 +62,7 @@ def rows(device: str = "cuda", sets: dict | None = None, sizes: dict | None = No
             if sname in COMPILE_SIZES and fname in COMPILE_SETS:
                 try:  # a fresh state: compiled code keeps its own autograd state alive
                     sc = make_state(over, device)
-                    sc.objective = torch.compile(sc.objective)  # the model part; ops, Adam, target eager
+                    sc.nets.objective = torch.compile(sc.nets.objective)  # the model part; ops, Adam, target eager
                     compiled = Iteration(sc, use_graph=False, collect_steps=0, updates=K)
                     out.append({**base, "provider": "torch.compile", "ms_per_update": time_ms(compiled)[0] / K})
                 except Exception as exc:  # report, do not hide

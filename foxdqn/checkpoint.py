@@ -7,9 +7,10 @@ so that a crash or a full disk never leaves a partial file or a ``.tmp`` behind)
 * ``env_steps``, ``updates``: the device counters (ints);
 * ``config``: the resolved config (``dataclasses.asdict``);
 * ``tensors``: every other tensor of the :class:`~foxdqn.step.state.TrainState`, found by walking
-  its objects (env state, schedules, device accumulators, guard and Q-monitor state, PER tree,
-  pruning masks, the observation to act on), keyed by their attribute path; the replay memory
-  only with ``save_replay`` (it is most of the run's memory);
+  its parts (env state, schedules, device accumulators, guard and Q-monitor state, target-update
+  parameters, PER tree, pruning masks, the observation to act on), each tensor once, keyed by its
+  attribute path (e.g. ``monitors.guard.acc``, ``rollout.obs``); the replay memory only with
+  ``save_replay`` (it is most of the run's memory);
 * ``generators``: the state of the run's ``torch.Generator`` and of torch's global CPU/CUDA RNGs;
 * ``loop``: the host loop's own state (early stopper, collapse monitor, ...), any picklable dict;
 * ``format``: :data:`FORMAT`.
@@ -31,8 +32,8 @@ import torch
 from foxdqn.errors import ConfigError
 from foxdqn.io_atomic import write_bytes_atomic
 
-FORMAT = 2
-_OWN = ("cfg", "device", "online", "target", "optimizer", "generator", "env_steps", "updates")
+FORMAT = 3  # 3: keys of the TrainState parts (nets., rollout., monitors., ...); parameters stored once
+_OWN = ("cfg", "device", "generator", "env_steps", "updates")  # saved as their own entries
 _SKIP_TYPES = (str, bytes, int, float, bool, type(None), torch.device, torch.dtype)
 
 
@@ -48,7 +49,7 @@ def _walk(obj: Any, path: str, seen: set[int]) -> Iterator[tuple[str, torch.Tens
     seen.add(id(obj))
     if isinstance(obj, torch.nn.Module):
         for name, t in list(obj.named_parameters()) + list(obj.named_buffers()):
-            yield from _walk(t.data if isinstance(t, torch.nn.Parameter) else t, f"{path}.{name}", seen)
+            yield from _walk(t, f"{path}.{name}", seen)
         return
     if isinstance(obj, (list, tuple)):
         for i, item in enumerate(obj):
@@ -68,8 +69,8 @@ def _walk(obj: Any, path: str, seen: set[int]) -> Iterator[tuple[str, torch.Tens
 def state_tensors(state, save_replay: bool = True) -> dict[str, torch.Tensor]:
     """The tensors of ``state`` that :func:`restore_state` puts back, by attribute path."""
     seen: set[int] = set()
-    for module in (state.online, state.target):  # saved through their state_dict
-        seen.update(id(t.data) for t in module.parameters())
+    for module in (state.nets.online, state.nets.target):  # saved through their state_dict
+        seen.update(id(t) for t in module.parameters())
         seen.update(id(t) for t in module.buffers())
     if not save_replay:
         seen.update(id(t) for _, t in _walk(state.replay, "replay", set()))
@@ -101,9 +102,9 @@ def save_checkpoint(path: str | Path, state, extra: dict | None = None, *, loop:
     path = Path(path)
     payload = {
         "format": FORMAT,
-        "online": state.online.state_dict(),
-        "target": state.target.state_dict(),
-        "optimizer": state.optimizer.state_dict(),
+        "online": state.nets.online.state_dict(),
+        "target": state.nets.target.state_dict(),
+        "optimizer": state.optim.optimizer.state_dict(),
         "env_steps": int(state.env_steps.item()),
         "updates": int(state.updates.item()),
         "config": dataclasses.asdict(state.cfg),
@@ -147,11 +148,11 @@ def restore_state(state, payload: dict) -> None:
             match this state's (another config).
     """
     if payload.get("format") != FORMAT:
-        raise ConfigError("checkpoint: written by an older foxdqn without the full training state; "
-                          "it can be evaluated but not resumed")
-    state.online.load_state_dict(payload["online"])
-    state.target.load_state_dict(payload["target"])
-    state.optimizer.load_state_dict(payload["optimizer"])
+        raise ConfigError(f"checkpoint: format {payload.get('format')} (an older foxdqn), this one resumes format "
+                          f"{FORMAT} only; it can be evaluated but not resumed")
+    state.nets.online.load_state_dict(payload["online"])
+    state.nets.target.load_state_dict(payload["target"])
+    state.optim.optimizer.load_state_dict(payload["optimizer"])
     mine = state_tensors(state, save_replay=payload["replay_saved"])
     saved = payload["tensors"]  # may hold more: scratch buffers made lazily (e.g. a pinned snapshot copy)
     missing = sorted(set(mine) - set(saved))

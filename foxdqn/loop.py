@@ -21,6 +21,8 @@ from foxdqn.config import TrainConfig, run_name
 from foxdqn.early_stop import EarlyStopper, resolve_metric, stop_summary
 from foxdqn.errors import ConfigError, HaltError
 from foxdqn.evaluate import evaluate, evaluate_episodes, write_report
+from foxdqn.guard.guard import GuardTotals
+from foxdqn.guard.monitor import QTotals
 from foxdqn.io_atomic import write_json_atomic, write_text_atomic
 from foxdqn.monitor.diversity import CollapseMonitor, action_diversity, entropy, format_top, top_actions
 from foxdqn.step import stats as S
@@ -40,43 +42,57 @@ def use_graph(cfg: TrainConfig, device: torch.device) -> bool:
 class Snapshotter:
     """Turns one host copy of the device accumulators into a log row, then resets them.
 
-    ``actions`` keeps the last interval's executed-action counts (float64 numpy ``[A]``); with
-    ``diversity.enabled`` the row also carries :func:`foxdqn.monitor.diversity.action_diversity`.
+    The copy (:meth:`DeviceStats.snapshot`, the log interval's one host sync) carries the
+    monitoring accumulators, the guard's and the Q monitor's accumulators (read by name through
+    :class:`GuardTotals` and :class:`QTotals`), ε of the next collect step as the device computes
+    it, and the pruner's sparsities. After a call, ``actions`` holds the interval's executed-action
+    counts (float64 numpy ``[A]``) and ``epsilon`` that ε (float); with ``diversity.enabled`` the
+    row also carries :func:`foxdqn.monitor.diversity.action_diversity`.
     """
 
     def __init__(self, s: TrainState):
         self.s = s
-        self.actions = np.zeros(s.stats.actions.numel())
+        self.actions = np.zeros(s.monitors.stats.actions.numel())
+        self.epsilon = float("nan")
         self.factored = s.cfg.env.name == "trading"
 
+    def _read(self) -> tuple[np.ndarray, np.ndarray, dict[str, np.ndarray]]:
+        """(stats acc, action counts, {part: host values}) from one device→host copy."""
+        s, m = self.s, self.s.monitors
+        parts = {"guard": m.guard.acc, "q": m.qmon.acc, "epsilon": s.schedules.epsilon(s.env_steps)}
+        if s.pruner is not None:
+            parts["prune"] = s.pruner.log_values(s.updates)  # [measured, scheduled]
+        host = m.stats.snapshot(*parts.values()).numpy()
+        nf, na = S.NUM_FIELDS, m.stats.actions.numel()
+        views, offset = {}, nf + na
+        for name, tensor in parts.items():
+            views[name] = host[offset: offset + tensor.numel()]
+            offset += tensor.numel()
+        return host[:nf], host[nf:nf + na], views
+
     def __call__(self) -> dict:
-        s = self.s
-        prune = () if s.pruner is None else (s.pruner.log_values(s.updates),)  # [measured, scheduled]
-        host = s.stats.snapshot(s.guard.acc, s.qmon.acc, *prune).numpy()
-        nf, na = S.NUM_FIELDS, s.stats.actions.numel()
-        acc, actions = host[:nf], host[nf:nf + na]
-        g = host[nf + na: nf + na + s.guard.acc.numel()]
-        self.actions = actions.copy()
-        qs = nf + na + s.guard.acc.numel()
-        q = host[qs: qs + s.qmon.acc.numel()]
-        s.stats.reset()
-        s.guard.reset_accumulators()
-        s.qmon.reset()
+        s, m = self.s, self.s.monitors
+        acc, actions, views = self._read()
+        g, q = GuardTotals.from_host(views["guard"]), QTotals.from_host(views["q"])
+        self.actions, self.epsilon = actions.copy(), float(views["epsilon"][0])
+        m.stats.reset()
+        m.guard.reset_accumulators()
+        m.qmon.reset()
         row = {
             "episodes": acc[S.EP_COUNT],
             "episode_return": acc[S.EP_RETURN_SUM] / acc[S.EP_COUNT] if acc[S.EP_COUNT] else float("nan"),
             "reward_per_step": acc[S.REWARD_SUM] / max(acc[S.TRANSITIONS], 1),
             "fill_rate": acc[S.TRADES] / max(acc[S.TRANSITIONS], 1),
             "action_entropy": entropy(actions),
-            "loss": g[0] / g[2] if g[2] else float("nan"),
-            "grad_norm": g[1] / g[2] if g[2] else float("nan"),
-            "skipped_updates": g[3],
-            "mean_max_q": q[0] / q[1] if q[1] else float("nan"),
+            "loss": g.mean_loss,
+            "grad_norm": g.mean_grad_norm,
+            "skipped_updates": g.skipped,
+            "mean_max_q": q.mean_max_q,
         }
         if s.cfg.diversity.enabled:
             row.update(action_diversity(actions, self.factored))
         if s.pruner is not None:  # prune.enabled: sparsity reached (fraction of zero weights) and scheduled
-            row["prune_sparsity"], row["prune_target_sparsity"] = host[qs + s.qmon.acc.numel():][:2]
+            row["prune_sparsity"], row["prune_target_sparsity"] = views["prune"][:2]
         return row
 
 
@@ -84,9 +100,9 @@ def _evaluate_val(s: TrainState, market) -> dict:
     """Validation metrics of the greedy agent (trading: the val split; others: 20 episodes from
     another seed than the final evaluation's)."""
     if s.cfg.env.name == "trading":
-        return evaluate(s.cfg, market, s.online, s.device, split="val", action_mode=s.action_mode,
+        return evaluate(s.cfg, market, s.nets.online, s.device, split="val", action_mode=s.rollout.action_mode,
                         policies=("agent",))["metrics"]["agent"]
-    return evaluate_episodes(s.cfg, s.online, s.action_mode, s.device, episodes=min(20, s.cfg.eval.episodes),
+    return evaluate_episodes(s.cfg, s.nets.online, s.rollout.action_mode, s.device, episodes=min(20, s.cfg.eval.episodes),
                              seed_offset=2)
 
 
@@ -160,122 +176,184 @@ def train(cfg: TrainConfig, market, run_dir: Path, resume: dict | None = None) -
         HaltError: a guard flag fired (the checkpoint of the last good weights is written first).
         Interrupted: SIGINT or SIGTERM (the checkpoint is written first).
     """
-    from foxdqn.monitor import MetricsLogger
-    from foxdqn.monitor.progress import TrainProgress
-
-    t0 = time.perf_counter()
-    device = resolve_device(cfg.device)
-    graph = use_graph(cfg, device)
-    s = build_state(cfg, market, device)
-    a = cfg.agent
-    per_iter = cfg.env.num_envs * a.steps_per_iter
-    total_iters = max(1, math.ceil(a.total_env_steps / per_iter))
-    warm_iters = min(total_iters, math.ceil(a.learning_starts / per_iter))
-    host = {"stopper": EarlyStopper(cfg.early_stop, cfg.env.name) if cfg.early_stop.enabled else None,
-            "collapse": CollapseMonitor(cfg.diversity.min_entropy, cfg.diversity.patience),
-            "recent_return": float("nan"), "wall_before": 0.0}
-    start_iter = 0
-    if resume is not None:
-        restore_state(s, resume)
-        host.update(resume["loop"])
-        start_iter = int(resume["env_steps"]) // per_iter
-        log.info("resuming at %d env steps (iteration %d of %d)", resume["env_steps"], start_iter, total_iters)
-        if not resume["replay_saved"]:  # an empty replay: collect agent.learning_starts transitions first
-            refill = math.ceil(a.learning_starts / per_iter)
-            warm_iters = max(warm_iters, min(total_iters, start_iter + refill))
-            log.warning("the checkpoint has no replay (checkpoint.save_replay=false): %d collect-only iterations "
-                        "refill it before updates continue; the run is not an exact continuation", refill)
-    log.info("%s: %s on %s (graph=%s), %d env steps in %d iterations of %d envs x %d steps, %d updates each",
-             cfg.experiment, cfg.env.name if market is None else market.source, device, graph,
-             total_iters * per_iter, total_iters, cfg.env.num_envs, a.steps_per_iter, a.updates_per_iter)
-    collect_only = make_iteration(s, graph, updates=0)
-    full = make_iteration(s, graph)  # host envs (env=gym): eager collect, captured update-only graph
-    log_every = max(1, cfg.log.interval_env_steps // per_iter)
-    eval_every = max(1, cfg.eval.interval_env_steps // per_iter) if cfg.eval.interval_env_steps else 0
-    ckpt_every = cfg.checkpoint.every_env_steps
-    snapshot = Snapshotter(s)
-    logger = MetricsLogger(run_dir, tensorboard=cfg.log.tensorboard,
-                           resume_after=None if resume is None else int(resume["env_steps"]))
-    stopper, collapse = host["stopper"], host["collapse"]
-    best_path, last_path = run_dir / "checkpoints" / "best.pt", run_dir / "checkpoints" / "last.pt"
-
-    def checkpoint() -> Path:  # the loop state saved with it carries the wall time so far
-        loop_state = {**host, "wall_before": host["wall_before"] + time.perf_counter() - t0}
-        return save_checkpoint(last_path, s, loop=loop_state, save_replay=cfg.checkpoint.save_replay)
-
-    halt = None
-    host_updates = 0 if resume is None else int(resume["updates"])  # the device counter, without a read
-    env_steps = start_iter * per_iter
-    t_log, steps_log = time.perf_counter(), env_steps
+    run = _Training(cfg, market, run_dir, resume)
     with _StopSignals() as signals:  # held through the final checkpoint: a signal never cuts it short
         try:
-            with TrainProgress(total=total_iters * per_iter, enabled=cfg.log.progress,
-                               initial=start_iter * per_iter) as progress:
-                for it in range(start_iter, total_iters):
-                    (collect_only if it < warm_iters else full)()
-                    host_updates += 0 if it < warm_iters else a.updates_per_iter
-                    env_steps = (it + 1) * per_iter
-                    last = it == total_iters - 1
-                    record = s.guard.reader.latest()  # pinned memory read: no wait
-                    reason = s.guard.reader.halt_reason(record) if record is not None else None
-                    if reason is not None:  # name the flag of the update that fired, not the latch after it
-                        first = s.guard.reader.first_halt()
-                        halt = s.guard.reader.halt_reason(first) if first is not None else reason
-                        if stopper is not None and cfg.early_stop.on_q_divergence and _q_divergence_only(record, first):
-                            stopper.stop("early_stop_q", env_steps, f"Q monitor: {halt}")
-                            halt = None
-                        break
-                    if (it + 1) % log_every == 0 or last:
-                        row = snapshot()
-                        now = time.perf_counter()
-                        row["env_steps_per_s"] = (env_steps - steps_log) / max(now - t_log, 1e-9)
-                        t_log, steps_log = now, env_steps
-                        row["epsilon"] = a.eps_end + (a.eps_start - a.eps_end) * max(
-                            0.0, 1.0 - env_steps / max(a.eps_decay_fraction * a.total_env_steps, 1.0))
-                        row["updates"] = host_updates
-                        if not math.isnan(row["episode_return"]):
-                            host["recent_return"] = row["episode_return"]
-                        logger.log(env_steps, {f"train/{k}": v for k, v in row.items()})
-                        fields = {"eps": row["epsilon"], "loss": row["loss"], "ep_ret": host["recent_return"]}
-                        if cfg.diversity.enabled:
-                            fields["H"] = row["action_entropy_norm"]
-                            _log_diversity(row, snapshot, collapse, env_steps, cfg.diversity.top_k)
-                        progress.update(env_steps, fields)
-                        if stopper is not None and stopper.update_q(row["mean_max_q"]) and not last:
-                            stopper.stop("early_stop_q", env_steps, stopper.q_detail(row["mean_max_q"]))
-                            break
-                    # with early stopping the final weights are validated too (they compete for "best")
-                    if eval_every and (((it + 1) % eval_every == 0 and not last) or (stopper is not None and last)):
-                        metrics = _evaluate_val(s, market)
-                        logger.log(env_steps, {f"val/{k}": v for k, v in metrics.items()})
-                        if stopper is not None and it >= warm_iters:  # no update yet: the weights cannot improve
-                            if stopper.update_val(env_steps, metrics):
-                                best = {"best": {"metric": stopper.metric, "value": stopper.best}}
-                                save_checkpoint(best_path, s, best)
-                                log.info("best val %s = %.6g at %d env steps -> %s", stopper.metric, stopper.best,
-                                         env_steps, best_path.name)
-                            if stopper.val_exhausted and not last:
-                                stopper.stop("early_stop_val", env_steps, stopper.val_detail())
-                                break
-                    if signals.received is not None and not last:
-                        break
-                    if ckpt_every and not last and ((it + 1) % log_every == 0) and \
-                            env_steps // ckpt_every > (env_steps - log_every * per_iter) // ckpt_every:
-                        checkpoint()
+            run.iterate(signals)
         finally:
-            if device.type == "cuda":
-                torch.cuda.synchronize(device)
-            logger.close()
-            s.env.close()  # host vector envs: end their workers
-        ckpt = checkpoint()
-    if halt is not None:
-        log.error("halted: %s", halt)
-        write_text_atomic(run_dir / "HALTED", halt + "\n")
-        raise HaltError(f"{halt}; last good weights saved to {ckpt}")
-    if signals.received is not None and env_steps < total_iters * per_iter:
-        raise Interrupted(signals.received, env_steps, ckpt)
-    wall = host["wall_before"] + time.perf_counter() - t0
-    return _finish(s, market, run_dir, stopper, collapse, graph, wall, env_steps, ckpt, best_path)
+            run.close()
+        ckpt = run.checkpoint()
+    run.raise_if_stopped(signals, ckpt)
+    return _finish(run.s, market, run_dir, run.stopper, run.collapse, run.graph, run.wall(), run.env_steps, ckpt,
+                   run.best_path)
+
+
+class _Training:
+    """One call of :func:`train`, in the order it runs: setup (``__init__``), the iteration loop
+    (:meth:`iterate`) with its guard poll, log boundary, eval boundary and periodic checkpoint,
+    then :meth:`close`, the final :meth:`checkpoint` and :meth:`raise_if_stopped`."""
+
+    def __init__(self, cfg: TrainConfig, market, run_dir: Path, resume: dict | None) -> None:
+        from foxdqn.monitor import MetricsLogger
+
+        self.t0 = time.perf_counter()
+        self.cfg, self.market, self.run_dir = cfg, market, run_dir
+        self.device = resolve_device(cfg.device)
+        self.graph = use_graph(cfg, self.device)
+        self.s = s = build_state(cfg, market, self.device)
+        a = cfg.agent
+        self.per_iter = per_iter = cfg.env.num_envs * a.steps_per_iter
+        self.total_iters = max(1, math.ceil(a.total_env_steps / per_iter))
+        self.warm_iters = min(self.total_iters, math.ceil(a.learning_starts / per_iter))
+        # the loop state saved with each checkpoint (restored on resume)
+        self.host = {"stopper": EarlyStopper(cfg.early_stop, cfg.env.name) if cfg.early_stop.enabled else None,
+                     "collapse": CollapseMonitor(cfg.diversity.min_entropy, cfg.diversity.patience),
+                     "recent_return": float("nan"), "wall_before": 0.0}
+        self.start_iter = 0
+        if resume is not None:
+            self._restore(resume)
+        log.info("%s: %s on %s (graph=%s), %d env steps in %d iterations of %d envs x %d steps, %d updates each",
+                 cfg.experiment, cfg.env.name if market is None else market.source, self.device, self.graph,
+                 self.total_iters * per_iter, self.total_iters, cfg.env.num_envs, a.steps_per_iter,
+                 a.updates_per_iter)
+        self.collect_only = make_iteration(s, self.graph, updates=0)
+        self.full = make_iteration(s, self.graph)  # host envs (env=gym): eager collect, captured update-only graph
+        self.log_every = max(1, cfg.log.interval_env_steps // per_iter)
+        self.eval_every = max(1, cfg.eval.interval_env_steps // per_iter) if cfg.eval.interval_env_steps else 0
+        self.snapshot = Snapshotter(s)
+        self.logger = MetricsLogger(run_dir, tensorboard=cfg.log.tensorboard,
+                                    resume_after=None if resume is None else int(resume["env_steps"]))
+        self.stopper, self.collapse = self.host["stopper"], self.host["collapse"]
+        self.best_path, self.last_path = run_dir / "checkpoints" / "best.pt", run_dir / "checkpoints" / "last.pt"
+        self.halt: str | None = None
+        self.host_updates = 0 if resume is None else int(resume["updates"])  # the device counter, without a read
+        self.env_steps = self.start_iter * per_iter
+        self.t_log, self.steps_log = time.perf_counter(), self.env_steps
+
+    def _restore(self, resume: dict) -> None:
+        """Continue from checkpoint ``resume``: device state, loop state and the iteration to start at."""
+        a = self.cfg.agent
+        restore_state(self.s, resume)
+        self.host.update(resume["loop"])
+        self.start_iter = int(resume["env_steps"]) // self.per_iter
+        log.info("resuming at %d env steps (iteration %d of %d)", resume["env_steps"], self.start_iter,
+                 self.total_iters)
+        if not resume["replay_saved"]:  # an empty replay: collect agent.learning_starts transitions first
+            refill = math.ceil(a.learning_starts / self.per_iter)
+            self.warm_iters = max(self.warm_iters, min(self.total_iters, self.start_iter + refill))
+            log.warning("the checkpoint has no replay (checkpoint.save_replay=false): %d collect-only iterations "
+                        "refill it before updates continue; the run is not an exact continuation", refill)
+
+    # -- the iteration loop ------------------------------------------------------------------
+    def iterate(self, signals: "_StopSignals") -> None:
+        """Run the iterations from ``start_iter`` until the last, a halt, an early stop or a signal."""
+        from foxdqn.monitor.progress import TrainProgress
+
+        cfg, per_iter = self.cfg, self.per_iter
+        with TrainProgress(total=self.total_iters * per_iter, enabled=cfg.log.progress,
+                           initial=self.start_iter * per_iter) as progress:
+            for it in range(self.start_iter, self.total_iters):
+                (self.collect_only if it < self.warm_iters else self.full)()
+                self.host_updates += 0 if it < self.warm_iters else cfg.agent.updates_per_iter
+                self.env_steps = (it + 1) * per_iter
+                last = it == self.total_iters - 1
+                if self._guard_fired():
+                    break
+                if ((it + 1) % self.log_every == 0 or last) and self._log_boundary(progress, last):
+                    break
+                # with early stopping the final weights are validated too (they compete for "best")
+                if self.eval_every and (((it + 1) % self.eval_every == 0 and not last) or
+                                        (self.stopper is not None and last)) and self._eval_boundary(it, last):
+                    break
+                if signals.received is not None and not last:
+                    break
+                if self._checkpoint_due(it, last):
+                    self.checkpoint()
+
+    def _guard_fired(self) -> bool:
+        """Poll the guard's ring (a pinned memory read, no wait); on a flag set :attr:`halt` (or stop
+        early on a Q divergence alone with ``early_stop.on_q_divergence``) and return True."""
+        reader = self.s.monitors.guard.reader
+        record = reader.latest()
+        reason = reader.halt_reason(record) if record is not None else None
+        if reason is None:
+            return False
+        first = reader.first_halt()  # name the flag of the update that fired, not the latch after it
+        self.halt = reader.halt_reason(first) if first is not None else reason
+        if self.stopper is not None and self.cfg.early_stop.on_q_divergence and _q_divergence_only(record, first):
+            self.stopper.stop("early_stop_q", self.env_steps, f"Q monitor: {self.halt}")
+            self.halt = None
+        return True
+
+    def _log_boundary(self, progress, last: bool) -> bool:
+        """Read the accumulators back (the interval's one sync), log a row; True: stop early (Q)."""
+        cfg, env_steps, host, stopper = self.cfg, self.env_steps, self.host, self.stopper
+        row = self.snapshot()
+        now = time.perf_counter()
+        row["env_steps_per_s"] = (env_steps - self.steps_log) / max(now - self.t_log, 1e-9)
+        self.t_log, self.steps_log = now, env_steps
+        row["epsilon"] = self.snapshot.epsilon
+        row["updates"] = self.host_updates
+        if not math.isnan(row["episode_return"]):
+            host["recent_return"] = row["episode_return"]
+        self.logger.log(env_steps, {f"train/{k}": v for k, v in row.items()})
+        fields = {"eps": row["epsilon"], "loss": row["loss"], "ep_ret": host["recent_return"]}
+        if cfg.diversity.enabled:
+            fields["H"] = row["action_entropy_norm"]
+            _log_diversity(row, self.snapshot, self.collapse, env_steps, cfg.diversity.top_k)
+        progress.update(env_steps, fields)
+        if stopper is not None and stopper.update_q(row["mean_max_q"]) and not last:
+            stopper.stop("early_stop_q", env_steps, stopper.q_detail(row["mean_max_q"]))
+            return True
+        return False
+
+    def _eval_boundary(self, it: int, last: bool) -> bool:
+        """Validate, log, keep the best weights (early stopping); True: stop early (validation)."""
+        s, stopper, env_steps = self.s, self.stopper, self.env_steps
+        metrics = _evaluate_val(s, self.market)
+        self.logger.log(env_steps, {f"val/{k}": v for k, v in metrics.items()})
+        if stopper is None or it < self.warm_iters:  # no update yet: the weights cannot improve
+            return False
+        if stopper.update_val(env_steps, metrics):
+            save_checkpoint(self.best_path, s, {"best": {"metric": stopper.metric, "value": stopper.best}})
+            log.info("best val %s = %.6g at %d env steps -> %s", stopper.metric, stopper.best, env_steps,
+                     self.best_path.name)
+        if stopper.val_exhausted and not last:
+            stopper.stop("early_stop_val", env_steps, stopper.val_detail())
+            return True
+        return False
+
+    # -- checkpoint and end ------------------------------------------------------------------
+    def _checkpoint_due(self, it: int, last: bool) -> bool:
+        """A log boundary past a multiple of ``checkpoint.every_env_steps`` (not the last iteration)."""
+        every = self.cfg.checkpoint.every_env_steps
+        return bool(every) and not last and (it + 1) % self.log_every == 0 and \
+            self.env_steps // every > (self.env_steps - self.log_every * self.per_iter) // every
+
+    def wall(self) -> float:
+        """Training wall time in seconds, over all runs of this training (resumes included)."""
+        return self.host["wall_before"] + time.perf_counter() - self.t0
+
+    def checkpoint(self) -> Path:
+        """Write ``checkpoints/last.pt``; the loop state saved with it carries the wall time so far."""
+        loop_state = {**self.host, "wall_before": self.wall()}
+        return save_checkpoint(self.last_path, self.s, loop=loop_state, save_replay=self.cfg.checkpoint.save_replay)
+
+    def close(self) -> None:
+        """Wait for the device, close the metrics logger and host env workers."""
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        self.logger.close()
+        self.s.rollout.env.close()  # host vector envs: end their workers
+
+    def raise_if_stopped(self, signals: "_StopSignals", ckpt: Path) -> None:
+        """Raise HaltError after a guard halt (writing ``HALTED``), Interrupted after a signal."""
+        if self.halt is not None:
+            log.error("halted: %s", self.halt)
+            write_text_atomic(self.run_dir / "HALTED", self.halt + "\n")
+            raise HaltError(f"{self.halt}; last good weights saved to {ckpt}")
+        if signals.received is not None and self.env_steps < self.total_iters * self.per_iter:
+            raise Interrupted(signals.received, self.env_steps, ckpt)
 
 
 def _finish(s: TrainState, market, run_dir: Path, stopper, collapse, graph: bool, wall: float, env_steps: int,
@@ -286,7 +364,7 @@ def _finish(s: TrainState, market, run_dir: Path, stopper, collapse, graph: bool
     evaluated = {"checkpoint": "last", "env_steps": int(s.env_steps.item()), "metric": None, "value": None}
     if stopper is not None and stopper.best_env_steps is not None and best_path.is_file():
         best = load_checkpoint(best_path, map_location=device)
-        s.online.load_state_dict(best["online"])
+        s.nets.online.load_state_dict(best["online"])
         evaluated = {"checkpoint": "best", "env_steps": best["env_steps"], "metric": stopper.metric,
                      "value": stopper.best}
     selection = _selection(s, market, stopper, evaluated["checkpoint"])
@@ -314,14 +392,14 @@ def _finish(s: TrainState, market, run_dir: Path, stopper, collapse, graph: bool
                               "min_entropy": cfg.diversity.min_entropy}
     if cfg.env.name != "trading":
         summary = {**extra, "env": cfg.env.name,
-                   "metrics": {"agent": evaluate_episodes(cfg, s.online, s.action_mode, device,
+                   "metrics": {"agent": evaluate_episodes(cfg, s.nets.online, s.rollout.action_mode, device,
                                                           episodes=cfg.eval.episodes)}}
         if cfg.env.name == "gym":
             summary["env_id"] = cfg.env.id
         write_json_atomic(run_dir / "eval" / "summary.json", summary)
         _log_final(run_dir, cfg, summary)
         return summary
-    result = evaluate(cfg, market, s.online, device, split=cfg.eval.split, action_mode=s.action_mode)
+    result = evaluate(cfg, market, s.nets.online, device, split=cfg.eval.split, action_mode=s.rollout.action_mode)
     data_name = cfg.data.name if cfg.data.path is None else Path(cfg.data.path).name
     title = f"{extra['run_name']}: {data_name}, {cfg.eval.split} split"
     summary = write_report(run_dir / "eval", result, market, cfg.eval.split, title, extra)

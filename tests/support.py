@@ -153,7 +153,7 @@ def capture_env_step(env, action, warmup_actions=None):
 
 def require_compiled_kernels(interpret: bool):
     """An autouse fixture (assign it to a module-level name) failing ``gpu`` tests when the op's
-    Triton kernels run in the interpreter (``interpret``: the op module's ``_INTERPRET``)."""
+    Triton kernels run in the interpreter (``interpret``: ``foxdqn.ops.backend.INTERPRET``)."""
 
     @pytest.fixture(autouse=True)
     def _gpu_tests_need_compiled_kernels(request):

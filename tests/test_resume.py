@@ -147,11 +147,11 @@ def test_restore_ignores_lazy_scratch_but_refuses_missing_state(tmp_path):
 
     cfg = load_config(["debug=smoke", "device=cpu"])
     s = build_state(cfg, _market(cfg), torch.device("cpu"))
-    s.stats.scratch_made_later = torch.zeros(3)  # like a pinned copy buffer made at the first snapshot
+    s.monitors.stats.scratch_made_later = torch.zeros(3)  # like a pinned copy buffer made at the first snapshot
     payload = load_checkpoint(save_checkpoint(tmp_path / "a.pt", s, save_replay=True))
     fresh = build_state(cfg, _market(cfg), torch.device("cpu"))
     restore_state(fresh, payload)  # the extra tensor is not part of a fresh state: ignored
-    del payload["tensors"]["obs"]
+    del payload["tensors"]["rollout.obs"]
     with pytest.raises(ConfigError, match="obs"):
         restore_state(fresh, payload)
 

@@ -53,7 +53,6 @@ Edge-case rules (kernel and reference agree):
 from __future__ import annotations
 
 import math
-import os
 
 import torch
 import triton
@@ -62,9 +61,7 @@ from torch.library import triton_op, wrap_triton
 from triton.language.extra import libdevice
 
 from foxdqn.errors import ConfigError
-
-# Decided when @triton.jit runs (module import): kernels then run on CPU tensors.
-_INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"
+from foxdqn.ops.backend import INTERPRET, resolve_backend
 
 # Register-tile budget (elements of the [BLOCK_B, BLOCK_I, BLOCK_J] hat tile) per program.
 _CUDA_TILE = 2048  # default 4 warps -> 16 f32 per thread per live tile
@@ -72,7 +69,7 @@ _INTERP_TILE = 1 << 18  # the interpreter runs one numpy op per tile: big tiles 
 
 
 # ----------------------------------------------------------------------------- kernel
-if _INTERPRET:
+if INTERPRET:
 
     @triton.jit
     def _mul_rn(a, b):
@@ -298,15 +295,9 @@ def c51_project(
     """
     _check_inputs(next_probs, rewards, discounts)
     _check_support(next_probs.shape[1], v_min, v_max)
-    if backend == "auto":
-        backend = "triton" if next_probs.is_cuda else "torch"
-    if backend == "torch":
+    if resolve_backend("c51_project", backend, next_probs) == "torch":
         return c51_project_reference(next_probs, rewards, discounts, v_min, v_max)
-    if backend != "triton":
-        raise ValueError(f"c51_project: backend must be 'auto', 'triton' or 'torch', got {backend!r}")
     for name, t in (("next_probs", next_probs), ("rewards", rewards), ("discounts", discounts)):
         if t.dtype != torch.float32:
             raise ValueError(f"c51_project: {name} must be float32 for the Triton backend, got {t.dtype}")
-    if not next_probs.is_cuda and not _INTERPRET:
-        raise RuntimeError("c51_project: backend='triton' on CPU tensors needs TRITON_INTERPRET=1 set before import")
     return torch.ops.foxdqn.c51_project(next_probs, rewards, discounts, float(v_min), float(v_max))

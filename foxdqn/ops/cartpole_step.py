@@ -26,12 +26,13 @@ a multiply and an add into one FMA, so kernel and reference agree to float64 rou
 from __future__ import annotations
 
 import math
-import os
 from typing import NamedTuple
 
 import torch
 import triton
 import triton.language as tl
+
+from foxdqn.ops.backend import resolve_backend
 
 # Gymnasium CartPole-v1 constants (gymnasium/envs/classic_control/cartpole.py).
 GRAVITY = 9.8  # m/s^2
@@ -246,16 +247,9 @@ def cartpole_step(state: torch.Tensor, steps: torch.Tensor, action: torch.Tensor
         RuntimeError: backend="triton" on CPU tensors without TRITON_INTERPRET=1.
     """
     _check_args(state, steps, action, u, max_episode_steps, obs_dtype)
-    if backend == "auto":
-        backend = "triton" if state.is_cuda else "torch"
-    if backend == "torch":
+    if resolve_backend("cartpole_step", backend, state) == "torch":
         return cartpole_step_reference(state, steps, action, u, max_episode_steps, obs_dtype)
-    if backend == "triton":
-        if not state.is_cuda and os.environ.get("TRITON_INTERPRET") != "1":
-            raise RuntimeError("backend='triton' on CPU tensors needs TRITON_INTERPRET=1 set before "
-                               "foxdqn.ops is imported")
-        return _cartpole_step_triton(state, steps, action, u, max_episode_steps, obs_dtype)
-    raise ValueError(f"backend must be 'auto', 'triton' or 'torch', got {backend!r}")
+    return _cartpole_step_triton(state, steps, action, u, max_episode_steps, obs_dtype)
 
 
 def _check_args(state, steps, action, u, max_episode_steps, obs_dtype) -> None:

@@ -48,6 +48,7 @@ import torch
 import triton
 import triton.language as tl
 
+from foxdqn.ops.backend import resolve_backend
 from foxdqn.ops.per_state import PERState
 
 __all__ = ["per_sample", "per_sample_reference"]
@@ -346,14 +347,11 @@ def per_sample(
 
     Raises:
         ValueError: wrong dtype, rank or device of ``rand``, ``size`` or ``beta``; unknown backend.
+        RuntimeError: backend="triton" on CPU tensors without TRITON_INTERPRET=1.
     """
     _check_args(state, rand, size, beta)
-    if backend == "auto":
-        backend = "triton" if state.leaves.is_cuda else "torch"
-    if backend == "torch":
+    if resolve_backend("per_sample", backend, state.leaves) == "torch":
         return per_sample_reference(state, rand, size, beta)
-    if backend != "triton":
-        raise ValueError(f"per_sample: backend must be 'auto', 'triton' or 'torch', got {backend!r}")
     return torch.ops.foxdqn.per_sample(
         state.leaves, state.block_sums, rand, size, beta, state.block, state.capacity
     )

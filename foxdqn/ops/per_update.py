@@ -36,6 +36,7 @@ import torch
 import triton
 import triton.language as tl
 
+from foxdqn.ops.backend import resolve_backend
 from foxdqn.ops.per_state import PERState
 
 __all__ = ["per_update", "per_update_reference", "per_insert", "per_insert_reference"]
@@ -252,14 +253,6 @@ def _check_indices(name: str, state: PERState, indices: torch.Tensor) -> None:
         raise ValueError(f"{name}: indices are on {indices.device}, the state on {state.leaves.device}")
 
 
-def _backend(name: str, state: PERState, backend: str) -> str:
-    if backend == "auto":
-        return "triton" if state.leaves.is_cuda else "torch"
-    if backend not in ("triton", "torch"):
-        raise ValueError(f"{name}: backend must be 'auto', 'triton' or 'torch', got {backend!r}")
-    return backend
-
-
 def per_update(state: PERState, indices: torch.Tensor, td_abs: torch.Tensor,
                skip: Optional[torch.Tensor] = None, backend: str = "auto") -> None:
     """Write new priorities for sampled slots after a learning step (Schaul §3.3), in place.
@@ -280,6 +273,7 @@ def per_update(state: PERState, indices: torch.Tensor, td_abs: torch.Tensor,
 
     Raises:
         ValueError: wrong rank, dtype or device of an argument; shape mismatch; unknown backend.
+        RuntimeError: backend="triton" on CPU tensors without TRITON_INTERPRET=1.
     """
     _check_indices("per_update", state, indices)
     if not isinstance(td_abs, torch.Tensor) or td_abs.shape != indices.shape or not td_abs.dtype.is_floating_point:
@@ -289,7 +283,7 @@ def per_update(state: PERState, indices: torch.Tensor, td_abs: torch.Tensor,
     if skip is not None and (not isinstance(skip, torch.Tensor) or skip.dim() != 0
                              or skip.device != state.leaves.device):
         raise ValueError("per_update: skip must be a 0-d tensor on the state's device (or None)")
-    if _backend("per_update", state, backend) == "torch":
+    if resolve_backend("per_update", backend, state.leaves) == "torch":
         per_update_reference(state, indices, td_abs, skip)
         return
     torch.ops.foxdqn.per_update(
@@ -312,9 +306,10 @@ def per_insert(state: PERState, indices: torch.Tensor, backend: str = "auto") ->
 
     Raises:
         ValueError: wrong rank, dtype or device of ``indices``; unknown backend.
+        RuntimeError: backend="triton" on CPU tensors without TRITON_INTERPRET=1.
     """
     _check_indices("per_insert", state, indices)
-    if _backend("per_insert", state, backend) == "torch":
+    if resolve_backend("per_insert", backend, state.leaves) == "torch":
         per_insert_reference(state, indices)
         return
     torch.ops.foxdqn.per_insert(

@@ -46,7 +46,6 @@ sgn(NaN) = 0 and drops the NaN from the gradient (the loss is NaN in both).
 from __future__ import annotations
 
 import math
-import os
 
 import torch
 import triton
@@ -54,9 +53,7 @@ import triton.language as tl
 from torch.library import triton_op, wrap_triton
 
 from foxdqn.errors import ConfigError
-
-# Decided when @triton.jit runs (module import): kernels then run on CPU tensors.
-_INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"
+from foxdqn.ops.backend import INTERPRET, resolve_backend
 
 _CUDA_TILE = 2048  # elements of the [BLOCK_B, BLOCK_I, BLOCK_J] pairwise tile (default 4 warps)
 _INTERP_TILE = 1 << 17  # the interpreter runs one numpy op per tile: big tiles are cheaper
@@ -358,17 +355,9 @@ def quantile_huber_loss(
     """
     _check_inputs(quantiles, target_quantiles, taus)
     _check_kappa(kappa)
-    if backend == "auto":
-        backend = "triton" if quantiles.is_cuda else "torch"
-    if backend == "torch":
+    if resolve_backend("quantile_huber_loss", backend, quantiles) == "torch":
         return quantile_huber_loss_reference(quantiles, target_quantiles, taus, kappa)
-    if backend != "triton":
-        raise ValueError(f"quantile_huber_loss: backend must be 'auto', 'triton' or 'torch', got {backend!r}")
     for name, t in (("quantiles", quantiles), ("target_quantiles", target_quantiles), ("taus", taus)):
         if t.dtype != torch.float32:
             raise ValueError(f"quantile_huber_loss: {name} must be float32 for the Triton backend, got {t.dtype}")
-    if not quantiles.is_cuda and not _INTERPRET:
-        raise RuntimeError(
-            "quantile_huber_loss: backend='triton' on CPU tensors needs TRITON_INTERPRET=1 set before import"
-        )
     return torch.ops.foxdqn.quantile_huber_loss(quantiles, target_quantiles.detach(), taus.detach(), float(kappa))

@@ -16,7 +16,7 @@ Per call, with ``q`` float32 ``[B, A]`` (for C51/IQN pass the per-action means):
   exactly at the threshold does not diverge; a NaN threshold never trips the magnitude test).
 
 Run it BEFORE the training guard in a step: the guard then writes STEP and COMMIT, closing
-the record (see :mod:`foxdqn.ops.record`). Q divergence only reaches the host (the reader's
+the record (see :mod:`foxdqn.guard.record`). Q divergence only reaches the host (the reader's
 ``halt_reason``); it does not set the guard's skip flag or latch.
 
 The kernel is a single program that loops over the rows in tiles (fine for training sizes
@@ -26,13 +26,12 @@ so Q_MEAN and acc[0] match the reference to rounding, not bit for bit.
 """
 from __future__ import annotations
 
-import os
-
 import torch
 import triton
 import triton.language as tl
 
-from foxdqn.ops import record as R
+from foxdqn.guard import record as R
+from foxdqn.ops.backend import resolve_backend, use_sys_fence
 
 
 # ---------------------------------------------------------------------------------------------
@@ -120,12 +119,6 @@ def _blocks(A: int) -> tuple[int, int]:
     return block_b, block_a
 
 
-def _use_sys_fence(t: torch.Tensor) -> bool:
-    # The fence is NVIDIA PTX: not on ROCm, not under the interpreter (TRITON_INTERPRET=1 at import).
-    interpreted = type(_qvalue_stats_kernel).__name__ == "InterpretedFunction"
-    return t.is_cuda and torch.version.hip is None and not interpreted
-
-
 @torch.library.triton_op("foxdqn::qvalue_stats", mutates_args={"acc", "ring"})
 def _qvalue_stats_op(q: torch.Tensor, step: torch.Tensor, acc: torch.Tensor, ring: torch.Tensor,
                      threshold: torch.Tensor) -> None:
@@ -135,7 +128,7 @@ def _qvalue_stats_op(q: torch.Tensor, step: torch.Tensor, acc: torch.Tensor, rin
         q, step, acc, ring, threshold,
         B, A, q.stride(0), q.stride(1), ring.shape[0],
         BLOCK_B=block_b, BLOCK_A=block_a, RECORD=R.RECORD_SIZE,
-        SYS_FENCE=_use_sys_fence(q),
+        SYS_FENCE=use_sys_fence(q, _qvalue_stats_kernel),
         num_warps=8,
     )
 
@@ -195,17 +188,10 @@ def qvalue_stats(q: torch.Tensor, step: torch.Tensor, acc: torch.Tensor, ring: t
         RuntimeError: backend="triton" on CPU tensors without TRITON_INTERPRET=1.
     """
     _check_args(q, step, acc, ring, threshold)
-    if backend == "auto":
-        backend = "triton" if q.is_cuda else "torch"
-    if backend == "torch":
+    if resolve_backend("qvalue_stats", backend, q) == "torch":
         qvalue_stats_reference(q, step, acc, ring, threshold)
-    elif backend == "triton":
-        if not q.is_cuda and os.environ.get("TRITON_INTERPRET") != "1":
-            raise RuntimeError("backend='triton' on CPU tensors needs TRITON_INTERPRET=1 set before "
-                               "foxdqn.ops is imported")
-        _qvalue_stats_op(q, step, acc, ring, threshold)
     else:
-        raise ValueError(f"backend must be 'auto', 'triton' or 'torch', got {backend!r}")
+        _qvalue_stats_op(q, step, acc, ring, threshold)
 
 
 def _check_args(q, step, acc, ring, threshold) -> None:
@@ -226,40 +212,3 @@ def _check_args(q, step, acc, ring, threshold) -> None:
     if (q.is_cuda and ring.device.type == "cpu"
             and not torch.cuda.is_current_stream_capturing() and not ring.is_pinned()):
         raise ValueError("ring must be in pinned host memory (record.new_ring) for CUDA q")
-
-
-# ---------------------------------------------------------------------------------------------
-# Host-side owner
-# ---------------------------------------------------------------------------------------------
-class QValueMonitor:
-    """Owns the Q monitor's device accumulator and threshold; shares the guard's ring.
-
-    Args:
-        ring: the record ring (e.g. ``TrainingGuard.ring``).
-        device: device of the Q-values.
-        threshold: divergence threshold on |Q| (default 1e4); ``self.threshold`` is a float32
-            0-d device tensor, update it in place (``fill_``) to change it without recapture.
-
-    Attributes: ``acc`` (float32 [2] device: sum of per-sample max Q, sample count), ``threshold``,
-    ``ring``.
-    """
-
-    def __init__(self, ring: torch.Tensor, device, threshold: float = 1e4) -> None:
-        R.check_ring(ring)
-        self.ring = ring
-        self.device = torch.device(device)
-        self.acc = torch.zeros(2, dtype=torch.float32, device=self.device)
-        self.threshold = torch.tensor(float(threshold), dtype=torch.float32, device=self.device)
-
-    def update(self, q: torch.Tensor, step: torch.Tensor) -> None:
-        """Launch :func:`qvalue_stats` for ``q`` float32 [B, A] at ``step`` (int64 0-d). No sync."""
-        qvalue_stats(q, step, self.acc, self.ring, self.threshold)
-
-    def read_mean_max_q(self) -> float:
-        """Mean over accumulated samples of max_a Q (one device-to-host copy; NaN if none)."""
-        s, n = self.acc.to("cpu").tolist()
-        return s / n if n > 0 else float("nan")
-
-    def reset(self) -> None:
-        """Zero the accumulator on the device (no sync)."""
-        self.acc.zero_()

@@ -25,11 +25,12 @@ the kernel and the reference, so both agree.
 """
 from __future__ import annotations
 
-import os
 
 import torch
 import triton
 import triton.language as tl
+
+from foxdqn.ops.backend import resolve_backend
 
 
 # ---------------------------------------------------------------------------------------------
@@ -134,17 +135,10 @@ def route_exposure_to_factored(exposure: torch.Tensor, spread: torch.Tensor,
         RuntimeError: backend="triton" on CPU tensors without TRITON_INTERPRET=1.
     """
     _check_args(exposure, spread, median_spread, volatility, median_volatility)
-    if backend == "auto":
-        backend = "triton" if exposure.is_cuda else "torch"
-    if backend == "torch":
+    if resolve_backend("route_exposure_to_factored", backend, exposure) == "torch":
         return route_exposure_to_factored_reference(exposure, spread, median_spread, volatility,
                                                     median_volatility)
-    if backend == "triton":
-        if not exposure.is_cuda and os.environ.get("TRITON_INTERPRET") != "1":
-            raise RuntimeError("backend='triton' on CPU tensors needs TRITON_INTERPRET=1 set before "
-                               "foxdqn.ops is imported")
-        return _route_op(exposure, spread, median_spread, volatility, median_volatility)
-    raise ValueError(f"backend must be 'auto', 'triton' or 'torch', got {backend!r}")
+    return _route_op(exposure, spread, median_spread, volatility, median_volatility)
 
 
 def _check_args(exposure, spread, median_spread, volatility, median_volatility) -> None:

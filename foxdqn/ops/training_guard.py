@@ -2,8 +2,8 @@
 
 Design: docs/design/guard.md (the predecessor's training guard, extended): the
 collapse patience counter, the halt latch and the skip flag live on the device, and the result
-of every step is written as a record into the pinned host ring (layout: :mod:`foxdqn.ops.record`)
-that the host polls without waiting (:class:`foxdqn.ops.host_ring.HostRingReader`).
+of every step is written as a record into the pinned host ring (layout: :mod:`foxdqn.guard.record`)
+that the host polls without waiting (:class:`foxdqn.guard.ring.HostRingReader`).
 
 Per step, in one kernel launch (one program, scalar code):
 
@@ -33,15 +33,12 @@ parameters' device; the fused kernels skip the update (and the step counter is r
 """
 from __future__ import annotations
 
-import os
-
 import torch
 import triton
 import triton.language as tl
 
-from foxdqn.errors import ConfigError
-from foxdqn.ops import record as R
-from foxdqn.ops.host_ring import HostRingReader
+from foxdqn.guard import record as R
+from foxdqn.ops.backend import resolve_backend, use_sys_fence
 
 
 # ---------------------------------------------------------------------------------------------
@@ -118,12 +115,6 @@ def _training_guard_kernel(
 # ---------------------------------------------------------------------------------------------
 # Launcher (registered with torch.library so it composes with torch.compile / graph capture)
 # ---------------------------------------------------------------------------------------------
-def _use_sys_fence(t: torch.Tensor) -> bool:
-    # The fence is NVIDIA PTX: not on ROCm, not under the interpreter (TRITON_INTERPRET=1 at import).
-    interpreted = type(_training_guard_kernel).__name__ == "InterpretedFunction"
-    return t.is_cuda and torch.version.hip is None and not interpreted
-
-
 @torch.library.triton_op(
     "foxdqn::training_guard",
     mutates_args={"collapse_count", "acc", "skip", "halted", "ring"},
@@ -139,7 +130,7 @@ def _training_guard_op(
         loss, grad_norm, step, loss_clip, collapse_threshold, warmup_steps, patience,
         collapse_count, acc, skip, halted, ring,
         ring.shape[0],
-        RECORD=R.RECORD_SIZE, SYS_FENCE=_use_sys_fence(loss),
+        RECORD=R.RECORD_SIZE, SYS_FENCE=use_sys_fence(loss, _training_guard_kernel),
         num_warps=1,
     )
 
@@ -233,12 +224,6 @@ def _check_guard_args(loss, grad_norm, step, loss_clip, collapse_threshold, warm
         raise ValueError("ring must be in pinned host memory (record.new_ring) for a CUDA guard")
 
 
-def _require_triton(t: torch.Tensor) -> None:
-    if not t.is_cuda and os.environ.get("TRITON_INTERPRET") != "1":
-        raise RuntimeError("backend='triton' on CPU tensors needs TRITON_INTERPRET=1 set before "
-                           "foxdqn.ops is imported")
-
-
 # Dynamo runs this op as an opaque call (a graph break): Inductor cannot treat the pinned host
 # ring written from a CUDA kernel as a device argument. CUDA-graph capture is unaffected.
 @torch.compiler.disable
@@ -278,100 +263,7 @@ def training_guard(
     args = (loss, grad_norm, step, loss_clip, collapse_threshold, warmup_steps, patience,
             collapse_count, acc, skip, halted, ring)
     _check_guard_args(*args)
-    if backend == "auto":
-        backend = "triton" if loss.is_cuda else "torch"
-    if backend == "torch":
+    if resolve_backend("training_guard", backend, loss) == "torch":
         training_guard_reference(*args)
-    elif backend == "triton":
-        _require_triton(loss)
-        _training_guard_op(*args)
     else:
-        raise ValueError(f"backend must be 'auto', 'triton' or 'torch', got {backend!r}")
-
-
-# ---------------------------------------------------------------------------------------------
-# Host-side owner of the device state and the ring
-# ---------------------------------------------------------------------------------------------
-class TrainingGuard:
-    """Owns the guard's device state, thresholds and host ring.
-
-    Args:
-        device: device of the training tensors.
-        loss_clip: a loss above this halts (float, units of the loss).
-        collapse_threshold: a post-warm-up gradient norm below this counts as collapsed
-            (learning rate x multiplier); 0 disables the check.
-        warmup_steps: steps without the collapse check.
-        patience: consecutive collapsed steps tolerated (the (patience+1)-th halts).
-        ring_size: records in the host ring (> updates between two host polls).
-
-    Attributes (0-d device tensors unless noted; update thresholds in place, e.g.
-    ``guard.collapse_threshold.fill_(x)`` or ``torch.mul(lr, k, out=guard.collapse_threshold)``
-    inside the graph, never by rebinding, so a captured graph sees the new values):
-        loss_clip, collapse_threshold (float32); warmup_steps, patience (int64);
-        collapse_count (int64); acc (float32 [4]); skip, halted (float32);
-        ring (float64 [R, 16] host tensor, pinned when CUDA is available); reader.
-
-    Raises:
-        ConfigError: negative patience or warm-up, ring_size < 1, NaN loss_clip.
-    """
-
-    def __init__(self, device, loss_clip: float = 1e6, collapse_threshold: float = 0.0,
-                 warmup_steps: int = 0, patience: int = 0, ring_size: int = 64) -> None:
-        if int(ring_size) < 1:
-            raise ConfigError(f"guard.ring_size must be >= 1, got {ring_size}")
-        if int(patience) < 0:
-            raise ConfigError(f"guard.patience must be >= 0, got {patience}")
-        if int(warmup_steps) < 0:
-            raise ConfigError(f"guard.warmup_steps must be >= 0, got {warmup_steps}")
-        if loss_clip != loss_clip:
-            raise ConfigError("guard.loss_clip must be a number, got NaN")
-        dev = torch.device(device)
-        if dev.type == "cuda" and dev.index is None:
-            dev = torch.device("cuda", torch.cuda.current_device())
-        self.device = dev
-        f32, i64 = torch.float32, torch.int64
-        self.loss_clip = torch.tensor(float(loss_clip), dtype=f32, device=dev)
-        self.collapse_threshold = torch.tensor(float(collapse_threshold), dtype=f32, device=dev)
-        self.warmup_steps = torch.tensor(int(warmup_steps), dtype=i64, device=dev)
-        self.patience = torch.tensor(int(patience), dtype=i64, device=dev)
-        self.collapse_count = torch.zeros((), dtype=i64, device=dev)
-        self.acc = torch.zeros(4, dtype=f32, device=dev)
-        self.skip = torch.zeros((), dtype=f32, device=dev)
-        self.halted = torch.zeros((), dtype=f32, device=dev)
-        self.ring = R.new_ring(ring_size)
-        self.reader = HostRingReader(self.ring)
-
-    def check(self, loss: torch.Tensor, grad_norm: torch.Tensor, step: torch.Tensor) -> torch.Tensor:
-        """Launch the guard for this update and return ``self.skip`` (fused Adam ``found_inf``).
-
-        Args: loss, grad_norm float32 0-d; step int64 0-d; on ``self.device``. No sync.
-        """
-        training_guard(loss, grad_norm, step, self.loss_clip, self.collapse_threshold,
-                       self.warmup_steps, self.patience, self.collapse_count, self.acc,
-                       self.skip, self.halted, self.ring)
-        return self.skip
-
-    def read_accumulators(self) -> dict:
-        """One device-to-host copy (a sync: call at log boundaries only).
-
-        Returns: ``mean_loss``, ``mean_grad_norm`` (float, NaN when count == 0; over steps
-        with finite loss and norm), ``count`` (int, such steps), ``skipped`` (int, skipped updates).
-        """
-        a = self.acc.to("cpu").tolist()
-        count = a[2]
-        return {
-            "mean_loss": a[0] / count if count > 0 else float("nan"),
-            "mean_grad_norm": a[1] / count if count > 0 else float("nan"),
-            "count": int(count),
-            "skipped": int(a[3]),
-        }
-
-    def reset_accumulators(self) -> None:
-        """Zero the accumulators on the device (no sync)."""
-        self.acc.zero_()
-
-    def reset_halt(self) -> None:
-        """Clear the latch, skip flag and collapse counter on the device (no sync)."""
-        self.halted.zero_()
-        self.skip.zero_()
-        self.collapse_count.zero_()
+        _training_guard_op(*args)

@@ -102,5 +102,5 @@ class HostEnvIteration:
 def make_iteration(state: TrainState, use_graph: bool, collect_steps: int | None = None,
                    updates: int | None = None) -> Iteration | HostEnvIteration:
     """:class:`HostEnvIteration` for a host env (``env.on_host``), else :class:`Iteration`."""
-    cls = HostEnvIteration if state.env.on_host else Iteration
+    cls = HostEnvIteration if state.rollout.env.on_host else Iteration
     return cls(state, use_graph, collect_steps=collect_steps, updates=updates)

@@ -1,24 +1,42 @@
-"""Everything one training run keeps on the device, built from the config.
+"""Everything one training run keeps on the device, built from the config, in typed parts.
 
 :func:`build_state` turns a validated :class:`~foxdqn.config.TrainConfig` (and, for trading, a
-:class:`~foxdqn.data.MarketData`) into live objects: environment, action mode, online/target
-networks, objective, fused Adam with a tensor learning rate, replay, schedules, guard, Q monitor,
-monitoring accumulators and the dedicated random generator. The collect and update functions
-(``collect.py``, ``update.py``) read and mutate these objects with device ops only.
+:class:`~foxdqn.data.MarketData`) into a :class:`TrainState` of a few parts, one job each:
+:class:`Networks` (online, target, objective, trainable parameters), :class:`Optimization`
+(fused Adam and its tensor learning rate), :class:`~foxdqn.step.target_update.TargetUpdate`,
+the replay, :class:`Rollout` (environment, action mode, observation to act on),
+:class:`Schedules` (ε), :class:`Monitors` (guard, Q monitor, monitoring accumulators), plus the
+run's counters and random generator. The collect and update functions (``collect.py``,
+``update.py``) read and mutate these objects with device ops only.
 """
 from __future__ import annotations
 
 import copy
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Union
 
 import torch
 
 from foxdqn.config import TrainConfig, total_updates
-from foxdqn.ops.qvalue_stats import QValueMonitor
-from foxdqn.ops.training_guard import TrainingGuard
+from foxdqn.guard.guard import TrainingGuard
+from foxdqn.guard.monitor import QValueMonitor
+from foxdqn.replay.buffer import ReplayBuffer
 from foxdqn.step.build import build_action_mode, build_env, build_network, build_objective, build_replay
 from foxdqn.step.schedules import LinearSchedule
 from foxdqn.step.stats import DeviceStats
+from foxdqn.step.target_update import TargetUpdate
+
+if TYPE_CHECKING:  # the env modules load optional packages (gymnasium): typing only
+    from foxdqn.actions.modes import BranchingMode, ExposureRoutedMode, FactoredMode
+    from foxdqn.envs.bitflip import BitFlipEnv
+    from foxdqn.envs.cartpole import CartPoleEnv
+    from foxdqn.envs.gym_adapter import GymVectorEnv
+    from foxdqn.envs.trading import TradingEnv
+    from foxdqn.objectives.base import Objective
+    from foxdqn.step.pruning import MagnitudePruner
+
+    Env = Union[TradingEnv, CartPoleEnv, BitFlipEnv, GymVectorEnv]
+    ActionMode = Union[FactoredMode, ExposureRoutedMode, BranchingMode]
 
 
 def resolve_device(name: str) -> torch.device:
@@ -33,36 +51,131 @@ def resolve_device(name: str) -> torch.device:
 
 
 @dataclass
-class TrainState:
-    cfg: TrainConfig
-    device: torch.device
-    env: object  # TradingEnv | CartPoleEnv | BitFlipEnv | GymVectorEnv
-    action_mode: object  # foxdqn.actions.modes.*
+class Networks:
+    """online: obs [B, D] → Q [B, A]; target: its frozen copy (no grad); objective: the loss
+    module (reads both); trainable: the parameters Adam trains (online + objective extras)."""
+
     online: torch.nn.Module
     target: torch.nn.Module
-    objective: torch.nn.Module
-    optimizer: torch.optim.Optimizer
-    lr: torch.Tensor  # float32 0-d, the optimizer's learning rate (change in place)
-    tau: torch.Tensor  # float32 0-d, Polyak τ
-    hard_period: torch.Tensor  # int64 0-d, hard target update period (agent.target_update=hard)
-    replay: object  # foxdqn.replay.ReplayBuffer
-    epsilon: LinearSchedule  # of env_steps
+    objective: Objective
+    trainable: list[torch.nn.Parameter]
+
+
+@dataclass
+class Optimization:
+    """optimizer: fused Adam over ``Networks.trainable`` (``found_inf`` = the guard's skip flag);
+    lr: float32 0-d device tensor, its learning rate (change in place, never rebind)."""
+
+    optimizer: torch.optim.Adam
+    lr: torch.Tensor
+
+
+@dataclass
+class Rollout:
+    """env: the training environment (N envs); action_mode: network action ↔ env action;
+    obs: [N, D] (or [N, C, H, W]) observations to act on next, ``env.obs_dtype`` (float32 or uint8)."""
+
+    env: Env
+    action_mode: ActionMode
+    obs: torch.Tensor
+
+
+@dataclass
+class Schedules:
+    """epsilon: ε of ε-greedy as a function of the env-step counter (float32 0-d on the device)."""
+
+    epsilon: LinearSchedule
+
+
+@dataclass
+class Monitors:
+    """guard: the training guard (skip flag, halt latch, host ring); qmon: the Q-value monitor
+    (writes into the guard's ring); stats: episode/reward/action accumulators. All read by the host
+    once per log interval (:meth:`DeviceStats.snapshot`) or by polling the ring."""
+
     guard: TrainingGuard
     qmon: QValueMonitor
     stats: DeviceStats
+
+
+@dataclass
+class TrainState:
+    """The run's state. Counters are int64 0-d device tensors: ``env_steps`` (transitions
+    collected, all envs), ``updates`` (gradient updates attempted); ``nan_at`` (int64 0-d) is the
+    update whose loss ``debug.inject_nan_at_step`` poisons (−1: never). ``pruner`` is the
+    :class:`~foxdqn.step.pruning.MagnitudePruner` with ``prune.enabled``, else None.
+
+    The read-only properties ``env``, ``action_mode``, ``obs``, ``online``, ``epsilon`` and
+    ``stats`` are the flat names ``collect.py`` reads (they return the parts' objects).
+    """
+
+    cfg: TrainConfig
+    device: torch.device
     generator: torch.Generator
-    obs: torch.Tensor  # [N, D] observations for the next action (float32; env.obs_dtype, e.g. uint8 images)
-    env_steps: torch.Tensor  # int64 0-d, transitions collected (all envs)
-    updates: torch.Tensor  # int64 0-d, gradient updates attempted
-    tau_eff: torch.Tensor  # float32 0-d scratch: this update's target-update weight
-    nan_at: torch.Tensor  # int64 0-d, update at which the loss is poisoned (−1 = never)
-    trainable: list  # parameters trained by Adam (online + objective extras)
-    target_params: list  # Polyak/hard targets ...
-    source_params: list  # ... and what they follow
-    pruner: object = None  # foxdqn.step.pruning.MagnitudePruner (prune.enabled) or None
+    env_steps: torch.Tensor
+    updates: torch.Tensor
+    nets: Networks
+    optim: Optimization
+    target_update: TargetUpdate
+    rollout: Rollout
+    replay: ReplayBuffer  # after rollout: the checkpoint walk names shared env tensors rollout.env.*
+    schedules: Schedules
+    monitors: Monitors
+    nan_at: torch.Tensor
+    pruner: MagnitudePruner | None = None
+
+    @property
+    def env(self) -> Env:
+        return self.rollout.env
+
+    @property
+    def action_mode(self) -> ActionMode:
+        return self.rollout.action_mode
+
+    @property
+    def obs(self) -> torch.Tensor:
+        return self.rollout.obs
+
+    @property
+    def online(self) -> torch.nn.Module:
+        return self.nets.online
+
+    @property
+    def epsilon(self) -> LinearSchedule:
+        return self.schedules.epsilon
+
+    @property
+    def stats(self) -> DeviceStats:
+        return self.monitors.stats
+
+
+def build_networks(cfg: TrainConfig, env: Env, mode: ActionMode, device: torch.device,
+                   gen: torch.Generator) -> Networks:
+    online = build_network(cfg, env, mode.num_actions).to(device)
+    target = copy.deepcopy(online).requires_grad_(False)
+    objective = build_objective(cfg, online, target, env, gen)
+    return Networks(online, target, objective, list(online.parameters()) + list(objective.extra_parameters()))
+
+
+def build_optimization(cfg: TrainConfig, nets: Networks, device: torch.device) -> Optimization:
+    lr = torch.tensor(cfg.agent.lr, device=device, dtype=torch.float32)
+    opt_kwargs = dict(lr=lr, eps=cfg.agent.adam_eps, fused=True)
+    if device.type == "cuda":
+        opt_kwargs["capturable"] = True
+    return Optimization(torch.optim.Adam(nets.trainable, **opt_kwargs), lr)
+
+
+def build_monitors(cfg: TrainConfig, env: Env, device: torch.device) -> Monitors:
+    g = cfg.guard
+    guard = TrainingGuard(device, loss_clip=g.loss_clip, collapse_threshold=cfg.agent.lr * g.collapse_multiplier,
+                          warmup_steps=g.warmup_updates, patience=g.collapse_patience, ring_size=g.ring_size)
+    qmon = QValueMonitor(guard.ring, device, threshold=g.q_divergence)
+    return Monitors(guard, qmon, DeviceStats(env.num_actions, env.num_envs, device))
 
 
 def build_state(cfg: TrainConfig, market, device: torch.device) -> TrainState:
+    """The run's state for ``cfg`` on ``device`` (``market``: foxdqn.data.MarketData for trading,
+    else None). Seeds torch and the run's generator with ``cfg.seed``."""
     if device.type == "cuda":
         torch.set_float32_matmul_precision(cfg.agent.matmul_precision)
     elif cfg.cpu_threads > 0:
@@ -72,46 +185,32 @@ def build_state(cfg: TrainConfig, market, device: torch.device) -> TrainState:
     gen.manual_seed(cfg.seed)
     env = build_env(cfg, market, "train", device, gen)
     mode = build_action_mode(cfg, env)
-    online = build_network(cfg, env, mode.num_actions).to(device)
-    target = copy.deepcopy(online).requires_grad_(False)
-    objective = build_objective(cfg, online, target, env, gen)
-    f32 = dict(device=device, dtype=torch.float32)
+    nets = build_networks(cfg, env, mode, device, gen)
     a = cfg.agent
-    lr = torch.tensor(a.lr, **f32)
-    trainable = list(online.parameters()) + list(objective.extra_parameters())
-    opt_kwargs = dict(lr=lr, eps=a.adam_eps, fused=True)
-    if device.type == "cuda":
-        opt_kwargs["capturable"] = True
-    optimizer = torch.optim.Adam(trainable, **opt_kwargs)
+    optim = build_optimization(cfg, nets, device)
     updates = torch.zeros((), dtype=torch.int64, device=device)
     replay = build_replay(cfg, env, device, updates, total_updates(cfg))
     eps = LinearSchedule(a.eps_start, a.eps_end, a.eps_decay_fraction * a.total_env_steps, device)
-    g = cfg.guard
-    guard = TrainingGuard(device, loss_clip=g.loss_clip, collapse_threshold=a.lr * g.collapse_multiplier,
-                          warmup_steps=g.warmup_updates, patience=g.collapse_patience, ring_size=g.ring_size)
-    qmon = QValueMonitor(guard.ring, device, threshold=g.q_divergence)
-    optimizer.found_inf = guard.skip  # fused Adam skips the update on the device when skip == 1
-    targets, sources = list(target.parameters()), list(online.parameters())
-    for tgt, src in objective.polyak_pairs():
+    monitors = build_monitors(cfg, env, device)
+    optim.optimizer.found_inf = monitors.guard.skip  # fused Adam skips the update on the device when skip == 1
+    targets, sources = list(nets.target.parameters()), list(nets.online.parameters())
+    for tgt, src in nets.objective.polyak_pairs():
         targets, sources = targets + list(tgt), sources + list(src)
+    target_update = TargetUpdate(a.target_update, a.tau, a.hard_update_period, targets, sources, device)
     nan_at = cfg.debug.inject_nan_at_step
     pruner = None
     if cfg.prune.enabled:
         from foxdqn.step.pruning import MagnitudePruner
 
         p = cfg.prune
-        pruner = MagnitudePruner(online, target, p.initial_sparsity, p.final_sparsity, p.start_update,
+        pruner = MagnitudePruner(nets.online, nets.target, p.initial_sparsity, p.final_sparsity, p.start_update,
                                  p.end_update, p.frequency, device)
-    env_actions = env.num_actions
+    obs = env.reset_all().to(env.obs_dtype).clone()
     return TrainState(
-        cfg=cfg, device=device, env=env, action_mode=mode, online=online, target=target, objective=objective,
-        optimizer=optimizer, lr=lr, tau=torch.tensor(a.tau, **f32),
-        hard_period=torch.tensor(a.hard_update_period, dtype=torch.int64, device=device),
-        replay=replay, epsilon=eps, guard=guard, qmon=qmon,
-        stats=DeviceStats(env_actions, env.num_envs, device), generator=gen,
-        obs=env.reset_all().to(env.obs_dtype).clone(),
+        cfg=cfg, device=device, generator=gen,
         env_steps=torch.zeros((), dtype=torch.int64, device=device), updates=updates,
-        tau_eff=torch.zeros((), **f32),
+        nets=nets, optim=optim, target_update=target_update, replay=replay, rollout=Rollout(env, mode, obs),
+        schedules=Schedules(eps), monitors=monitors,
         nan_at=torch.tensor(-1 if nan_at is None else int(nan_at), dtype=torch.int64, device=device),
-        trainable=trainable, target_params=targets, source_params=sources, pruner=pruner,
+        pruner=pruner,
     )

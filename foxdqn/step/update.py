@@ -40,25 +40,15 @@ def micro_batches(batch: Batch, m: int) -> list[Batch]:
     return [type(batch)(*fields) for fields in zip(*(f.chunk(m) for f in batch))]
 
 
-def target_weight(s: TrainState, skip: torch.Tensor) -> torch.Tensor:
-    """This update's lerp weight for θ' ← θ' + w (θ − θ'): Polyak τ, or 1 every
-    ``hard_update_period`` updates (hard copy, Mnih et al. 2015); 0 when the update is skipped."""
-    if s.cfg.agent.target_update == "hard":
-        w = ((s.updates + 1) % s.hard_period == 0).to(torch.float32)
-    else:
-        w = s.tau
-    return torch.mul(w, 1.0 - skip, out=s.tau_eff)
-
-
 def accumulate_gradients(s: TrainState, batch: Batch) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Zero the gradients, back-propagate the batch in ``optim.accumulate`` micro-batches, and
     return (loss float32 0-d detached, td_abs float32 [B], q_values float32 [B, A]) of the whole
     batch. The gradients left in ``.grad`` are those of the whole batch's loss."""
     m = s.cfg.optim.accumulate
-    s.optimizer.zero_grad(set_to_none=False)
+    s.optim.optimizer.zero_grad(set_to_none=False)
     losses, tds, qs = [], [], []
     for mb in micro_batches(batch, m):
-        out = s.objective(mb)
+        out = s.nets.objective(mb)
         loss = out.loss
         if s.cfg.debug.inject_nan_at_step is not None:  # poison the loss at one update, decided on the device
             loss = loss + torch.where(s.updates == s.nan_at, float("nan"), 0.0)
@@ -72,20 +62,19 @@ def accumulate_gradients(s: TrainState, batch: Batch) -> tuple[torch.Tensor, tor
 
 
 def update_step(s: TrainState) -> None:
+    """One gradient update of ``s`` (device ops only; the steps in the module docstring)."""
     a = s.cfg.agent
     batch = s.replay.sample(a.batch_size, s.generator)
     loss, td_abs, q_values = accumulate_gradients(s, batch)
     if s.pruner is not None:
         s.pruner.mask_grads()
-    grad_norm = torch.nn.utils.clip_grad_norm_(s.trainable, a.grad_clip, foreach=True)
-    s.qmon.update(q_values, s.updates)
-    skip = s.guard.check(loss, grad_norm.detach(), s.updates)
-    s.optimizer.step()  # found_inf = skip
+    grad_norm = torch.nn.utils.clip_grad_norm_(s.nets.trainable, a.grad_clip, foreach=True)
+    s.monitors.qmon.update(q_values, s.updates)
+    skip = s.monitors.guard.check(loss, grad_norm.detach(), s.updates)
+    s.optim.optimizer.step()  # found_inf = skip
     if s.pruner is not None:
         s.pruner.step(s.updates, skip)
-    with torch.no_grad():  # else the targets would join the autograd graph (and keep it alive)
-        w = target_weight(s, skip)
-        torch._foreach_lerp_(s.target_params, s.source_params, [w] * len(s.target_params))
+    s.target_update.apply(s.updates, skip)
     if s.pruner is not None:
         s.pruner.mask_target()
     s.replay.update_priorities(batch.index, td_abs, skip)

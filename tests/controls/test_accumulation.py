@@ -34,8 +34,8 @@ def test_accumulated_gradients_equal_one_batch(name):
     torch.testing.assert_close(loss4, loss1, rtol=1e-5, atol=1e-7)
     torch.testing.assert_close(td4, td1, rtol=1e-5, atol=1e-7)
     torch.testing.assert_close(q4, q1, rtol=1e-5, atol=1e-7)
-    grads1 = [p.grad for p in s1.trainable]
-    grads4 = [p.grad for p in s4.trainable]
+    grads1 = [p.grad for p in s1.nets.trainable]
+    grads4 = [p.grad for p in s4.nets.trainable]
     assert any(g.abs().sum() > 0 for g in grads1)
     for g4, g1 in zip(grads4, grads1):
         torch.testing.assert_close(g4, g1, rtol=1e-4, atol=1e-6)
@@ -51,11 +51,11 @@ def test_accumulated_updates_equal_one_batch_updates(name):
             full()
     for a, b in zip(s2.online.parameters(), s1.online.parameters()):
         torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-6)
-    for a, b in zip(s2.target.parameters(), s1.target.parameters()):
+    for a, b in zip(s2.nets.target.parameters(), s1.nets.target.parameters()):
         torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-6)
     # the guard saw one check per update with the whole batch's loss and gradient norm
-    torch.testing.assert_close(s2.guard.acc, s1.guard.acc, rtol=1e-4, atol=1e-6)
-    assert s2.guard.acc[2] == s1.guard.acc[2] == 6
+    torch.testing.assert_close(s2.monitors.guard.acc, s1.monitors.guard.acc, rtol=1e-4, atol=1e-6)
+    assert s2.monitors.guard.acc[2] == s1.monitors.guard.acc[2] == 6
     if hasattr(s1.replay, "per"):
         torch.testing.assert_close(s2.replay.per.leaves, s1.replay.per.leaves, rtol=1e-4, atol=1e-7)
 
@@ -84,7 +84,7 @@ def test_iqn_accumulates_with_its_own_draws_per_micro_batch():
     batch = s1.replay.sample(s1.cfg.agent.batch_size, s1.generator)
     loss1, _, _ = accumulate_gradients(s1, batch)
     loss4, _, _ = accumulate_gradients(s4, batch)
-    assert torch.isfinite(loss4) and all(torch.isfinite(p.grad).all() for p in s4.trainable)
+    assert torch.isfinite(loss4) and all(torch.isfinite(p.grad).all() for p in s4.nets.trainable)
     assert abs(float(loss4) - float(loss1)) < 0.5 * abs(float(loss1)) + 1e-3  # same loss, other τ samples
 
 
@@ -99,7 +99,7 @@ def test_guard_sees_a_nan_in_one_micro_batch_and_skips_the_whole_update():
     before = [p.detach().clone() for p in s.online.parameters()]
     masks = [m.clone() for m in s.pruner.masks]
     full()  # update 2 poisoned: skipped (and latched), so nothing changes, masks included
-    first = s.guard.reader.first_halt()
-    assert first["step"] == 2 and "halt_nan" in s.guard.reader.halt_reason(first)
+    first = s.monitors.guard.reader.first_halt()
+    assert first["step"] == 2 and "halt_nan" in s.monitors.guard.reader.halt_reason(first)
     assert all(torch.equal(a, b) for a, b in zip(before, s.online.parameters()))
     assert all(torch.equal(a, b) for a, b in zip(masks, s.pruner.masks))

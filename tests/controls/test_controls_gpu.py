@@ -36,11 +36,11 @@ def _run(use_graph: bool, extra, iters: int = 30):
 def test_controls_graph_equals_eager(case):
     torch.backends.cudnn.deterministic = True
     se, sg = _run(False, CASES[case]), _run(True, CASES[case])
-    assert sg.guard.acc[2].item() == se.guard.acc[2].item() == 60
-    torch.testing.assert_close(sg.guard.acc, se.guard.acc, rtol=1e-5, atol=1e-6)
+    assert sg.monitors.guard.acc[2].item() == se.monitors.guard.acc[2].item() == 60
+    torch.testing.assert_close(sg.monitors.guard.acc, se.monitors.guard.acc, rtol=1e-5, atol=1e-6)
     for a, b in zip(sg.online.parameters(), se.online.parameters()):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
-    for a, b in zip(sg.target.parameters(), se.target.parameters()):
+    for a, b in zip(sg.nets.target.parameters(), se.nets.target.parameters()):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
     torch.testing.assert_close(sg.replay.per.leaves, se.replay.per.leaves, rtol=1e-5, atol=1e-6)
     if sg.pruner is not None:  # 60 updates > end_update: the final sparsity is reached in the graph
@@ -59,6 +59,6 @@ def test_controls_steady_state_never_syncs():
     with no_host_sync():
         for _ in range(25):  # passes mask updates (every 6 updates, 2 updates per iteration)
             full()
-            s.guard.reader.latest()
+            s.monitors.guard.reader.latest()
     torch.cuda.synchronize()
     assert int(s.updates) == 2 * (WARMUP_ITERATIONS + 2 + 25)

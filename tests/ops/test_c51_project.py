@@ -12,8 +12,8 @@ import math
 import pytest
 import torch
 
+from foxdqn.ops.backend import INTERPRET
 from foxdqn.ops.c51_project import (
-    _INTERPRET,
     _c51_project_launch,
     _launch_config,
     c51_project,
@@ -25,7 +25,7 @@ from support import assert_close_nan, capture_graph, no_host_sync, require_compi
 NAN = float("nan")
 INF = float("inf")
 
-_gpu_tests_need_compiled_kernels = require_compiled_kernels(_INTERPRET)
+_gpu_tests_need_compiled_kernels = require_compiled_kernels(INTERPRET)
 
 
 def naive_project(p, r, d, v_min, v_max):

@@ -11,8 +11,8 @@ from __future__ import annotations
 import pytest
 import torch
 
+from foxdqn.ops.backend import INTERPRET
 from foxdqn.ops.quantile_huber_loss import (
-    _INTERPRET,
     _launch_config,
     _qhl_backward_launch,
     _qhl_forward_launch,
@@ -24,7 +24,7 @@ from support import assert_close_nan, capture_graph, no_host_sync, require_compi
 
 NAN = float("nan")
 
-_gpu_tests_need_compiled_kernels = require_compiled_kernels(_INTERPRET)
+_gpu_tests_need_compiled_kernels = require_compiled_kernels(INTERPRET)
 
 
 def _case(num_rows: int, n: int, n_target: int, seed: int, device: str = "cpu"):

@@ -1,11 +1,11 @@
-"""qvalue_stats: Triton kernel vs torch reference, golden values, QValueMonitor, ring records."""
+"""qvalue_stats: Triton kernel vs torch reference, golden values, ring records, CUDA graphs (GPU).
+QValueMonitor and its records shared with the guard: tests/guard/test_monitor.py."""
 import pytest
 import torch
 
-from foxdqn.ops import record as R
-from foxdqn.ops.host_ring import HostRingReader
-from foxdqn.ops.qvalue_stats import QValueMonitor, qvalue_stats, qvalue_stats_reference
-from foxdqn.ops.training_guard import TrainingGuard
+from foxdqn.guard import record as R
+from foxdqn.guard.monitor import QValueMonitor
+from foxdqn.ops.qvalue_stats import qvalue_stats, qvalue_stats_reference
 
 from support import assert_close_report, capture_graph, no_host_sync
 
@@ -167,40 +167,6 @@ def test_accumulates_over_calls():
         assert_close_report(acc_k, acc_r, rtol=1e-6, atol=1e-6, name=f"acc after step {step}")
     assert acc_k[1].item() == count
     assert acc_k[0].item() == pytest.approx(total, rel=1e-5, abs=1e-5)
-
-
-def test_monitor_mean_max_q_and_reset():
-    mon = QValueMonitor(R.new_ring(4, pin_memory=False), "cpu")
-    assert mon.read_mean_max_q() != mon.read_mean_max_q()  # NaN when empty
-    mon.update(torch.tensor([[1.0, 2.0], [3.0, -1.0]]), torch.tensor(0))
-    mon.update(torch.tensor([[5.0, 0.0]]), torch.tensor(1))
-    assert mon.read_mean_max_q() == pytest.approx((2 + 3 + 5) / 3)
-    mon.threshold.fill_(4.0)  # in-place threshold change
-    mon.update(torch.tensor([[4.5, 0.0]]), torch.tensor(2))
-    assert mon.ring[2, R.Q_DIVERGENCE] == 1.0
-    mon.reset()
-    assert mon.acc.tolist() == [0.0, 0.0]
-
-
-def test_guard_and_monitor_share_records():
-    guard = TrainingGuard("cpu", ring_size=4)
-    mon = QValueMonitor(guard.ring, "cpu", threshold=100.0)
-    for step in range(6):
-        s = torch.tensor(step)
-        if step != 5:  # no Q stats at step 5
-            mon.update(torch.full((2, 3), float(step)), s)
-        guard.check(torch.tensor(1.0), torch.tensor(1.0), s)
-    rec = guard.reader.latest()
-    assert rec["step"] == 5 and rec["q_min"] is None and not rec["q_divergence"]
-    recs = {r["step"]: r for r in guard.reader.records()}
-    assert sorted(recs) == [2, 3, 4, 5]
-    assert recs[4]["q_min"] == 4.0 and recs[4]["q_max"] == 4.0 and recs[4]["q_mean"] == 4.0
-    # divergence reaches the host as a halt reason
-    mon.update(torch.tensor([[1e3, 0.0]]), torch.tensor(6))
-    guard.check(torch.tensor(1.0), torch.tensor(1.0), torch.tensor(6))
-    rec = guard.reader.latest()
-    assert rec["q_divergence"] and HostRingReader.halt_reason(rec).startswith("q_divergence at step 6")
-    assert not rec["skip"]  # the Q monitor does not drive the skip flag
 
 
 @pytest.mark.parametrize(

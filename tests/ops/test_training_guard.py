@@ -1,15 +1,13 @@
-"""training_guard: Triton kernel vs torch reference vs a pure-Python model of the rules;
-TrainingGuard; HostRingReader; the skip flag as fused Adam's found_inf."""
-import math
+"""training_guard: Triton kernel vs torch reference vs a pure-Python model of the rules; the op in
+CUDA graphs and torch.compile (GPU). TrainingGuard and HostRingReader: tests/guard/."""
 
 import numpy as np
 import pytest
 import torch
 
-from foxdqn.errors import ConfigError
-from foxdqn.ops import record as R
-from foxdqn.ops.host_ring import HostRingReader
-from foxdqn.ops.training_guard import TrainingGuard, training_guard, training_guard_reference
+from foxdqn.guard import record as R
+from foxdqn.guard.guard import TrainingGuard
+from foxdqn.ops.training_guard import training_guard, training_guard_reference
 
 from support import assert_close_report, capture_graph, no_host_sync
 
@@ -208,21 +206,6 @@ def test_normal_step_resets_counter():
     assert [st["ring"][s, R.HALT_GRAD_COLLAPSE].item() for s in range(6)] == [0, 0, 0, 0, 0, 1]
 
 
-def test_accumulators_over_sequence():
-    guard = TrainingGuard("cpu", loss_clip=10.0)
-    seq = [(1.0, 2.0), (3.0, 4.0), (NAN, 1.0), (20.0, 1.0), (2.0, INF), (5.0, 6.0)]
-    for step, (loss, norm) in enumerate(seq):
-        guard.check(torch.tensor(loss), torch.tensor(norm), torch.tensor(step))
-    acc = guard.read_accumulators()
-    # finite steps: 0, 1, 3 (clipped but finite), 5; skipped: 2 (nan) and everything after (latch)
-    assert acc["count"] == 4 and acc["skipped"] == 4
-    assert acc["mean_loss"] == pytest.approx((1 + 3 + 20 + 5) / 4)
-    assert acc["mean_grad_norm"] == pytest.approx((2 + 4 + 1 + 6) / 4)
-    guard.reset_accumulators()
-    acc = guard.read_accumulators()
-    assert acc["count"] == 0 and acc["skipped"] == 0 and math.isnan(acc["mean_loss"])
-
-
 @pytest.mark.parametrize("step", [-1, -9, 0, 7, 8, 2**40 + 3])
 def test_slot_is_python_modulo(step):
     states = {}
@@ -241,101 +224,6 @@ def test_ring_of_one():
         call("torch", ref, new_params(), 1.0 + step, 1.0, step)
     assert_state_equal(kern, ref)
     assert kern["ring"][0, R.STEP] == 2
-
-
-# ---------------------------------------------------------------------------------------------
-# TrainingGuard
-# ---------------------------------------------------------------------------------------------
-def test_thresholds_change_in_place():
-    guard = TrainingGuard("cpu", collapse_threshold=0.0)
-    guard.check(torch.tensor(1.0), torch.tensor(0.01), torch.tensor(0))
-    assert guard.skip.item() == 0.0
-    guard.collapse_threshold.fill_(0.1)
-    skip = guard.check(torch.tensor(1.0), torch.tensor(0.01), torch.tensor(1))
-    assert skip is guard.skip and skip.item() == 1.0
-    rec = guard.reader.latest()
-    assert rec["halt_grad_collapse"] and rec["step"] == 1
-    guard.reset_halt()
-    guard.collapse_threshold.fill_(0.0)
-    guard.check(torch.tensor(1.0), torch.tensor(0.01), torch.tensor(2))
-    assert guard.skip.item() == 0.0
-
-
-@pytest.mark.parametrize(
-    "kwargs", [dict(ring_size=0), dict(patience=-1), dict(warmup_steps=-5), dict(loss_clip=NAN)])
-def test_guard_config_errors(kwargs):
-    with pytest.raises(ConfigError):
-        TrainingGuard("cpu", **kwargs)
-
-
-def test_guard_attributes():
-    guard = TrainingGuard("cpu", loss_clip=5.0, collapse_threshold=0.2, warmup_steps=3, patience=4, ring_size=16)
-    assert guard.ring.shape == (16, R.RECORD_SIZE) and guard.ring.dtype == torch.float64
-    assert guard.loss_clip.dtype == F32 and guard.loss_clip.dim() == 0 and guard.loss_clip.item() == 5.0
-    assert guard.warmup_steps.dtype == I64 and guard.patience.item() == 4
-    assert guard.skip.dtype == F32 and guard.skip.dim() == 0
-    assert isinstance(guard.reader, HostRingReader) and guard.reader.latest() is None
-
-
-def test_skip_flag_drives_fused_adam_found_inf():
-    torch.manual_seed(0)
-    p = torch.nn.Parameter(torch.randn(5))
-    opt = torch.optim.Adam([p], lr=0.1, fused=True)
-    guard = TrainingGuard("cpu", loss_clip=100.0)
-    opt.found_inf = guard.skip  # read by Adam.step (as GradScaler does)
-    history = []
-    for step, loss in enumerate([1.0, 2.0, NAN, 1.0]):
-        p.grad = torch.ones(5)
-        before = p.detach().clone()
-        guard.check(torch.tensor(loss), torch.linalg.vector_norm(p.grad), torch.tensor(step))
-        opt.step()
-        history.append((not torch.equal(p.detach(), before), opt.state[p]["step"].item()))
-    # updates at steps 0, 1; the NaN step and the latched step after it leave p and the step count alone
-    assert history == [(True, 1.0), (True, 2.0), (False, 2.0), (False, 2.0)]
-
-
-# ---------------------------------------------------------------------------------------------
-# HostRingReader
-# ---------------------------------------------------------------------------------------------
-def test_reader_empty_ring():
-    reader = HostRingReader(R.new_ring(4, pin_memory=False))
-    assert reader.latest() is None and reader.records() == [] and reader.first_halt() is None
-    assert HostRingReader.halt_reason(None) is None
-
-
-def test_reader_newest_complete_record_and_torn_records():
-    guard = TrainingGuard("cpu", ring_size=4)
-    for step in range(11):
-        guard.check(torch.tensor(float(step)), torch.tensor(1.0), torch.tensor(step))
-    rec = guard.reader.latest()
-    assert rec["step"] == 10 and rec["raw_loss"] == 10.0 and not rec["skip"]
-    assert [r["step"] for r in guard.reader.records()] == [7, 8, 9, 10]
-    assert HostRingReader.halt_reason(rec) is None
-    # a record being written (STEP advanced, COMMIT not yet) is ignored
-    guard.ring[10 % 4, R.STEP] = 14.0
-    assert guard.reader.latest()["step"] == 9
-    # a torn record (COMMIT from an older lap) is ignored
-    guard.ring[10 % 4, R.STEP] = 10.0
-    guard.ring[10 % 4, R.COMMIT] = 6.0
-    assert guard.reader.latest()["step"] == 9
-    assert [r["step"] for r in guard.reader.records()] == [7, 8, 9]
-
-
-def test_reader_halt_reasons():
-    guard = TrainingGuard("cpu", loss_clip=10.0, ring_size=8)
-    for step, (loss, norm) in enumerate([(1.0, 1.0), (INF, 1.0), (1.0, 1.0)]):
-        guard.check(torch.tensor(loss), torch.tensor(norm), torch.tensor(step))
-    latest = guard.reader.latest()
-    assert latest["step"] == 2 and latest["halted"] and latest["skip"]
-    assert HostRingReader.halt_reason(latest) == "halted (latched by an earlier step) as of step 2"
-    first = guard.reader.first_halt()
-    assert first["step"] == 1
-    assert HostRingReader.halt_reason(first).startswith("halt_nan, halt_loss_clip at step 1 (loss=inf")
-
-
-def test_reader_rejects_bad_ring():
-    with pytest.raises(ValueError):
-        HostRingReader(torch.zeros(4, 16))  # float32
 
 
 @pytest.mark.parametrize(
@@ -474,8 +362,8 @@ def test_gpu_fused_adam_skips_inside_graph():
 @pytest.mark.gpu
 def test_gpu_guard_and_qstats_inside_torch_compile():
     """Under torch.compile the ring-writing ops run as opaque calls and still write the record."""
-    from foxdqn.ops.qvalue_stats import QValueMonitor
-    from foxdqn.ops.training_guard import TrainingGuard
+    from foxdqn.guard.guard import TrainingGuard
+    from foxdqn.guard.monitor import QValueMonitor
 
     guard = TrainingGuard("cuda", loss_clip=10.0)
     qmon = QValueMonitor(guard.ring, "cuda")

@@ -21,10 +21,10 @@ def test_eager_step_every_experiment(monkeypatch, name):
         with monkeypatch.context() as m:
             forbid_syncs(m)
             sync_free_part(full)()
-            s.guard.reader.latest()
+            s.monitors.guard.reader.latest()
     assert int(s.updates) == 8
-    assert s.guard.reader.halt_reason(s.guard.reader.latest()) is None
+    assert s.monitors.guard.reader.halt_reason(s.monitors.guard.reader.latest()) is None
     assert any(not torch.equal(a, b) for a, b in zip(before, s.online.parameters()))  # it learned something
     assert all(torch.isfinite(p).all() for p in s.online.parameters())
     # the target update must not attach the targets to the autograd graph
-    assert all(p.is_leaf and p.grad_fn is None for p in s.target.parameters())
+    assert all(p.is_leaf and p.grad_fn is None for p in s.nets.target.parameters())

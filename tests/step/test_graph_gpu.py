@@ -17,7 +17,7 @@ def _run(use_graph: bool, name: str, iters: int = 50):
     losses = []
     for _ in range(iters):
         full()
-        losses.append(s.guard.acc[0].clone())
+        losses.append(s.monitors.guard.acc[0].clone())
     torch.cuda.synchronize()
     return s, torch.stack(losses)
 
@@ -27,11 +27,11 @@ def test_graph_equals_eager_after_50_iterations(name):
     torch.backends.cudnn.deterministic = True
     se, le = _run(False, name)
     sg, lg = _run(True, name)
-    assert sg.guard.acc[2].item() == se.guard.acc[2].item() == 100  # every update counted (50 × 2)
+    assert sg.monitors.guard.acc[2].item() == se.monitors.guard.acc[2].item() == 100  # every update counted (50 × 2)
     torch.testing.assert_close(lg, le, rtol=1e-5, atol=1e-6)
     for a, b in zip(sg.online.parameters(), se.online.parameters()):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
-    for a, b in zip(sg.target.parameters(), se.target.parameters()):
+    for a, b in zip(sg.nets.target.parameters(), se.nets.target.parameters()):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
     assert torch.equal(sg.replay.action, se.replay.action)
 
@@ -49,7 +49,7 @@ def test_steady_state_under_sync_debug_error(name):
             full.collect()
         with no_host_sync():
             sync_free_part(full)()
-            s.guard.reader.latest()
+            s.monitors.guard.reader.latest()
     torch.cuda.synchronize()
 
 

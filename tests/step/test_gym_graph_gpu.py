@@ -29,7 +29,7 @@ def test_gym_update_step_is_captured_and_sync_free(monkeypatch, name):
         with no_host_sync(), monkeypatch.context() as m:
             forbid_syncs(m)
             full.update()  # graph replay: no host read, no synchronising call
-            s.guard.reader.latest()
+            s.monitors.guard.reader.latest()
     torch.cuda.synchronize()
     assert int(s.updates) == updates + 10 * s.cfg.agent.updates_per_iter
     assert s.replay.obs.dtype == (torch.uint8 if name == "pong_dqn" else torch.float32)

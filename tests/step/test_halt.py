@@ -25,22 +25,22 @@ def run_until_nan(device: str, use_graph: bool):
     k = s.cfg.agent.updates_per_iter
     for _ in range(BAD // k):  # updates 0 .. BAD-1 (all good)
         full()
-    before_online, before_target = _params(s.online), _params(s.target)
-    assert s.guard.reader.halt_reason(s.guard.reader.latest()) is None
+    before_online, before_target = _params(s.online), _params(s.nets.target)
+    assert s.monitors.guard.reader.halt_reason(s.monitors.guard.reader.latest()) is None
     full()  # contains update BAD
     if device == "cuda":
         torch.cuda.synchronize()
-    record = s.guard.reader.latest()
+    record = s.monitors.guard.reader.latest()
     return s, record, before_online, before_target
 
 
 def check(s, record, before_online, before_target):
-    reason = s.guard.reader.halt_reason(record)
+    reason = s.monitors.guard.reader.halt_reason(record)
     assert reason is not None and "halt_nan" in reason
-    assert s.guard.reader.first_halt()["step"] == BAD
+    assert s.monitors.guard.reader.first_halt()["step"] == BAD
     for a, b in zip(_params(s.online), before_online):
         assert torch.equal(a, b)
-    for a, b in zip(_params(s.target), before_target):
+    for a, b in zip(_params(s.nets.target), before_target):
         assert torch.equal(a, b)
 
 

@@ -24,7 +24,7 @@ def test_steady_state_loop_never_syncs(monkeypatch, head):
         forbid_syncs(m)
         for _ in range(5):
             full()
-            s.guard.reader.latest()
+            s.monitors.guard.reader.latest()
     assert int(s.updates) == 6 * s.cfg.agent.updates_per_iter
 
 

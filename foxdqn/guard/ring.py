@@ -2,7 +2,7 @@
 
 Design: docs/design/ring.md#polling (reads pinned memory, no stream sync) and rule 5
 of docs/design/hot_loop.md#the-contract: the host polls, it never
-waits. The layout is in :mod:`foxdqn.ops.record`.
+waits. The layout is in :mod:`foxdqn.guard.record`.
 
 Freshness: the reader looks at host memory as it is *now*. Kernels of the iteration in flight
 may not have run yet, so the newest complete record is typically from one or two iterations
@@ -22,7 +22,7 @@ import math
 import numpy as np
 import torch
 
-from foxdqn.ops import record as R
+from foxdqn.guard import record as R
 
 _FLAG_FIELDS = ("halt_nan", "halt_loss_clip", "halt_grad_collapse", "q_divergence")
 

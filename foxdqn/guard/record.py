@@ -38,7 +38,7 @@ freshness marker of the Q columns (so a step without ``q_stats`` is not mistaken
 it). A fresh ring holds ``STEP == COMMIT == Q_STEP == -1``, NaN in the Q value columns and 0
 elsewhere: no record is complete.
 
-Write protocol (a seqlock; see ``host_ring.HostRingReader`` for the reader side):
+Write protocol (a seqlock; see ``foxdqn.guard.ring.HostRingReader`` for the reader side):
 ``q_stats`` (runs before the guard in a training step) writes Q_STEP, then columns 9-12; the
 guard writes STEP, then columns 1-8 and 13, then COMMIT. On CUDA each kernel puts a
 system-scope fence between these groups so the host observes them in this order.

@@ -1,0 +1,133 @@
+"""The training guard's host-side owner: device state, thresholds, host ring and named totals.
+
+The guard op itself (kernel, reference, rules) is :func:`foxdqn.ops.training_guard.training_guard`;
+:class:`TrainingGuard` allocates what it reads and writes, launches it once per update and hands
+the ring to :class:`~foxdqn.guard.ring.HostRingReader`. :class:`GuardTotals` names the entries of
+the op's accumulator ``acc`` for the host.
+"""
+from __future__ import annotations
+
+from typing import NamedTuple, Sequence
+
+import torch
+
+from foxdqn.errors import ConfigError
+from foxdqn.guard import record as R
+from foxdqn.guard.ring import HostRingReader
+from foxdqn.ops.training_guard import training_guard
+
+
+class GuardTotals(NamedTuple):
+    """The guard's accumulator ``acc`` (float32 [4] on the device) by name, as read on the host.
+
+    Fields, in the order of ``acc``: ``loss_sum`` (sum of the loss over updates with finite loss
+    and gradient norm), ``grad_norm_sum`` (sum of the pre-clip gradient norm over those updates),
+    ``count`` (such updates), ``skipped`` (updates with skip == 1).
+    """
+
+    loss_sum: float
+    grad_norm_sum: float
+    count: float
+    skipped: float
+
+    @classmethod
+    def from_host(cls, values: Sequence[float]) -> "GuardTotals":
+        """Name the 4 host values of ``acc`` (a list, numpy or CPU tensor slice).
+
+        Raises:
+            ValueError: ``values`` does not hold exactly 4 entries.
+        """
+        values = [float(v) for v in values]
+        if len(values) != len(cls._fields):
+            raise ValueError(f"GuardTotals: expected {len(cls._fields)} accumulator values, got {len(values)}")
+        return cls(*values)
+
+    @property
+    def mean_loss(self) -> float:
+        """Mean loss over the counted updates (NaN when none)."""
+        return self.loss_sum / self.count if self.count else float("nan")
+
+    @property
+    def mean_grad_norm(self) -> float:
+        """Mean pre-clip gradient norm over the counted updates (NaN when none)."""
+        return self.grad_norm_sum / self.count if self.count else float("nan")
+
+
+class TrainingGuard:
+    """Owns the guard's device state, thresholds and host ring.
+
+    Args:
+        device: device of the training tensors.
+        loss_clip: a loss above this halts (float, units of the loss).
+        collapse_threshold: a post-warm-up gradient norm below this counts as collapsed
+            (learning rate x multiplier); 0 disables the check.
+        warmup_steps: steps without the collapse check.
+        patience: consecutive collapsed steps tolerated (the (patience+1)-th halts).
+        ring_size: records in the host ring (> updates between two host polls).
+
+    Attributes (0-d device tensors unless noted; update thresholds in place, e.g.
+    ``guard.collapse_threshold.fill_(x)`` or ``torch.mul(lr, k, out=guard.collapse_threshold)``
+    inside the graph, never by rebinding, so a captured graph sees the new values):
+        loss_clip, collapse_threshold (float32); warmup_steps, patience (int64);
+        collapse_count (int64); acc (float32 [4]); skip, halted (float32);
+        ring (float64 [R, 16] host tensor, pinned when CUDA is available); reader.
+
+    Raises:
+        ConfigError: negative patience or warm-up, ring_size < 1, NaN loss_clip.
+    """
+
+    def __init__(self, device, loss_clip: float = 1e6, collapse_threshold: float = 0.0,
+                 warmup_steps: int = 0, patience: int = 0, ring_size: int = 64) -> None:
+        if int(ring_size) < 1:
+            raise ConfigError(f"guard.ring_size must be >= 1, got {ring_size}")
+        if int(patience) < 0:
+            raise ConfigError(f"guard.patience must be >= 0, got {patience}")
+        if int(warmup_steps) < 0:
+            raise ConfigError(f"guard.warmup_steps must be >= 0, got {warmup_steps}")
+        if loss_clip != loss_clip:
+            raise ConfigError("guard.loss_clip must be a number, got NaN")
+        dev = torch.device(device)
+        if dev.type == "cuda" and dev.index is None:
+            dev = torch.device("cuda", torch.cuda.current_device())
+        self.device = dev
+        f32, i64 = torch.float32, torch.int64
+        self.loss_clip = torch.tensor(float(loss_clip), dtype=f32, device=dev)
+        self.collapse_threshold = torch.tensor(float(collapse_threshold), dtype=f32, device=dev)
+        self.warmup_steps = torch.tensor(int(warmup_steps), dtype=i64, device=dev)
+        self.patience = torch.tensor(int(patience), dtype=i64, device=dev)
+        self.collapse_count = torch.zeros((), dtype=i64, device=dev)
+        self.acc = torch.zeros(4, dtype=f32, device=dev)
+        self.skip = torch.zeros((), dtype=f32, device=dev)
+        self.halted = torch.zeros((), dtype=f32, device=dev)
+        self.ring = R.new_ring(ring_size)
+        self.reader = HostRingReader(self.ring)
+
+    def check(self, loss: torch.Tensor, grad_norm: torch.Tensor, step: torch.Tensor) -> torch.Tensor:
+        """Launch the guard for this update and return ``self.skip`` (fused Adam ``found_inf``).
+
+        Args: loss, grad_norm float32 0-d; step int64 0-d; on ``self.device``. No sync.
+        """
+        training_guard(loss, grad_norm, step, self.loss_clip, self.collapse_threshold,
+                       self.warmup_steps, self.patience, self.collapse_count, self.acc,
+                       self.skip, self.halted, self.ring)
+        return self.skip
+
+    def read_accumulators(self) -> dict:
+        """One device-to-host copy (a sync: call at log boundaries only).
+
+        Returns: ``mean_loss``, ``mean_grad_norm`` (float, NaN when count == 0; over steps
+        with finite loss and norm), ``count`` (int, such steps), ``skipped`` (int, skipped updates).
+        """
+        t = GuardTotals.from_host(self.acc.to("cpu").tolist())
+        return {"mean_loss": t.mean_loss, "mean_grad_norm": t.mean_grad_norm, "count": int(t.count),
+                "skipped": int(t.skipped)}
+
+    def reset_accumulators(self) -> None:
+        """Zero the accumulators on the device (no sync)."""
+        self.acc.zero_()
+
+    def reset_halt(self) -> None:
+        """Clear the latch, skip flag and collapse counter on the device (no sync)."""
+        self.halted.zero_()
+        self.skip.zero_()
+        self.collapse_count.zero_()

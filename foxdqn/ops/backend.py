@@ -1,0 +1,51 @@
+"""Backend dispatch shared by the ops: Triton kernel or plain-torch reference.
+
+Every public op takes ``backend="auto" | "triton" | "torch"``. ``auto`` runs the Triton kernel
+for CUDA tensors and the torch reference otherwise; ``triton`` on CPU tensors needs Triton's
+interpreter (``TRITON_INTERPRET=1`` in the environment before the op module is imported: Triton
+reads it at ``@triton.jit`` time).
+"""
+from __future__ import annotations
+
+import os
+
+import torch
+
+#: Triton's interpreter is on (read once, when foxdqn.ops is first imported, as Triton does).
+INTERPRET: bool = os.environ.get("TRITON_INTERPRET", "0") == "1"
+
+_BACKENDS = ("auto", "triton", "torch")
+
+
+def resolve_backend(op: str, backend: str, t: torch.Tensor) -> str:
+    """The backend that runs ``op`` on tensor ``t``: ``"triton"`` or ``"torch"``.
+
+    Args:
+        op: the op's name (starts the error messages).
+        backend: ``"auto"`` (``"triton"`` when ``t`` is on CUDA, else ``"torch"``), ``"triton"``
+            or ``"torch"``.
+        t: an input of the op; its device decides ``auto`` and whether Triton can run.
+
+    Raises:
+        ValueError: ``backend`` is none of the three names.
+        RuntimeError: ``"triton"`` for CPU tensors without TRITON_INTERPRET=1.
+    """
+    if backend not in _BACKENDS:
+        raise ValueError(f"{op}: backend must be 'auto', 'triton' or 'torch', got {backend!r}")
+    if backend == "auto":
+        return "triton" if t.is_cuda else "torch"
+    if backend == "triton" and not t.is_cuda and not INTERPRET:
+        raise RuntimeError(f"{op}: backend='triton' on CPU tensors needs TRITON_INTERPRET=1 set before "
+                           "foxdqn.ops is imported")
+    return backend
+
+
+def interpreted(kernel) -> bool:
+    """``kernel`` (a ``@triton.jit`` function) runs in Triton's interpreter (numpy on the host)."""
+    return type(kernel).__name__ == "InterpretedFunction"
+
+
+def use_sys_fence(t: torch.Tensor, kernel) -> bool:
+    """Emit the system-scope fence of the host-ring writers (NVIDIA PTX): CUDA tensor ``t``, not
+    ROCm, and ``kernel`` compiled (the interpreter never runs PTX)."""
+    return t.is_cuda and torch.version.hip is None and not interpreted(kernel)

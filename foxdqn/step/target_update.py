@@ -1,0 +1,57 @@
+"""The target networks' update: θ' ← θ' + w (θ − θ') once per gradient update, on the device.
+
+``w`` is Polyak τ (``agent.target_update=polyak``) or 1 every ``agent.hard_update_period``
+updates and 0 otherwise (``hard``: the hard copy of Mnih et al. 2015), times (1 − skip) so a
+skipped update (training guard) leaves the targets unchanged. τ and the period are 0-d device
+tensors: change them in place (``fill_``) and a captured graph sees the new values.
+"""
+from __future__ import annotations
+
+import torch
+
+
+class TargetUpdate:
+    """One job: move the target parameters toward their sources after each update.
+
+    Args:
+        mode: ``"polyak"`` or ``"hard"`` (``agent.target_update``).
+        tau: Polyak τ in [0, 1].
+        hard_period: updates between hard copies (>= 1).
+        targets: the target parameters (target network + objective's Polyak pairs).
+        sources: what they follow, the same length and shapes.
+        device: where the 0-d tensors live.
+
+    Attributes:
+        hard: bool, ``mode == "hard"``.  tau: float32 0-d.  hard_period: int64 0-d.
+        weight: float32 0-d scratch, this update's ``w`` (written by :meth:`weight_for`).
+        targets, sources: the parameter lists.
+
+    Raises:
+        ValueError: ``targets`` and ``sources`` differ in length.
+    """
+
+    def __init__(self, mode: str, tau: float, hard_period: int, targets: list[torch.Tensor],
+                 sources: list[torch.Tensor], device: torch.device) -> None:
+        if len(targets) != len(sources):
+            raise ValueError(f"TargetUpdate: {len(targets)} targets but {len(sources)} sources")
+        self.hard = mode == "hard"
+        self.tau = torch.tensor(tau, device=device, dtype=torch.float32)
+        self.hard_period = torch.tensor(hard_period, dtype=torch.int64, device=device)
+        self.weight = torch.zeros((), device=device, dtype=torch.float32)
+        self.targets, self.sources = targets, sources
+
+    def weight_for(self, updates: torch.Tensor, skip: torch.Tensor) -> torch.Tensor:
+        """This update's lerp weight ``w`` (float32 0-d, :attr:`weight`): τ, or 1 when
+        ``(updates + 1) % hard_period == 0`` (hard); 0 when ``skip`` (float32 0-d) is 1.
+        ``updates``: int64 0-d, the updates done before this one."""
+        if self.hard:
+            w = ((updates + 1) % self.hard_period == 0).to(torch.float32)
+        else:
+            w = self.tau
+        return torch.mul(w, 1.0 - skip, out=self.weight)
+
+    def apply(self, updates: torch.Tensor, skip: torch.Tensor) -> None:
+        """θ' ← θ' + w (θ − θ') for every target (device ops only, no autograd)."""
+        with torch.no_grad():  # else the targets would join the autograd graph (and keep it alive)
+            w = self.weight_for(updates, skip)
+            torch._foreach_lerp_(self.targets, self.sources, [w] * len(self.targets))
