@@ -30,7 +30,6 @@ import numbers
 import torch
 import torch.nn.functional as F
 
-from foxdqn.errors import ConfigError
 from foxdqn.nn.branching import combine_branches, factor_branches
 from foxdqn.objectives.base import LossOutput, Objective, weighted_mean
 
@@ -70,14 +69,14 @@ class BranchingObjective(Objective):
     ``[B, Π n_d]`` (45 for trading). ``batch.action`` is the joint index (int64 ``[B]``).
 
     Raises:
-        ConfigError: ``huber_delta`` not a finite number > 0.
+        ValueError: ``huber_delta`` not a finite number > 0.
     """
 
     def __init__(self, online, target, double: bool = True, huber_delta: float = 1.0):
         super().__init__(online, target)
         if (isinstance(huber_delta, bool) or not isinstance(huber_delta, numbers.Real)
                 or not math.isfinite(huber_delta) or huber_delta <= 0):
-            raise ConfigError(f"agent.huber_delta: must be a finite number > 0, got {huber_delta!r}")
+            raise ValueError(f"BranchingObjective: huber_delta must be a finite number > 0, got {huber_delta!r}")
         self.double = bool(double)
         self.huber_delta = float(huber_delta)
         self.branch_sizes = tuple(online.branch_sizes)
