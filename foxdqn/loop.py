@@ -194,7 +194,7 @@ def train(cfg: TrainConfig, market, run_dir: Path, resume: dict | None = None) -
     eval_every = max(1, cfg.eval.interval_env_steps // per_iter) if cfg.eval.interval_env_steps else 0
     ckpt_every = cfg.checkpoint.every_env_steps
     snapshot = Snapshotter(s)
-    logger = MetricsLogger(run_dir, tensorboard=cfg.log.tensorboard,
+    logger = MetricsLogger(run_dir, tensorboard=cfg.logger.tensorboard,
                            resume_after=None if resume is None else int(resume["env_steps"]))
     stopper, collapse = host["stopper"], host["collapse"]
     best_path, last_path = run_dir / "checkpoints" / "best.pt", run_dir / "checkpoints" / "last.pt"
@@ -230,8 +230,9 @@ def train(cfg: TrainConfig, market, run_dir: Path, resume: dict | None = None) -
                         now = time.perf_counter()
                         row["env_steps_per_s"] = (env_steps - steps_log) / max(now - t_log, 1e-9)
                         t_log, steps_log = now, env_steps
-                        row["epsilon"] = a.eps_end + (a.eps_start - a.eps_end) * max(
-                            0.0, 1.0 - env_steps / max(a.eps_decay_fraction * a.total_env_steps, 1.0))
+                        x = cfg.explore
+                        row["epsilon"] = x.eps_end + (x.eps_start - x.eps_end) * max(
+                            0.0, 1.0 - env_steps / max(x.eps_decay_fraction * a.total_env_steps, 1.0))
                         row["updates"] = host_updates
                         if not math.isnan(row["episode_return"]):
                             host["recent_return"] = row["episode_return"]
@@ -333,7 +334,7 @@ def _finish(s: TrainState, market, run_dir: Path, stopper, collapse, graph: bool
 def _log_final(run_dir: Path, cfg: TrainConfig, summary: dict) -> None:
     """The evaluated split's agent metrics and the selection value into TensorBoard (``eval/<split>/*``
     at the last env step) and one HParams row (the run's overrides, or seed and experiment)."""
-    if not cfg.log.tensorboard:
+    if not cfg.logger.tensorboard:
         return
     from foxdqn.monitor.tensorboard_log import TensorBoardLogger
 

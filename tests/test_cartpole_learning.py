@@ -17,7 +17,7 @@ import torch
 from foxdqn.evaluate import evaluate_episodes
 from foxdqn.loop import train
 from foxdqn.step.state import build_state
-from foxdqn.train import load_config
+from foxdqn.config import load_config
 
 from support import train_eager
 
@@ -53,7 +53,7 @@ def test_smoke_beats_random_policy(name, extra, shape):
 
 
 def test_cartpole_zoo_smoke_trains_and_beats_random_policy(tmp_path):
-    cfg = _cfg("cartpole_zoo", "log.tensorboard=false", "eval.episodes=50")
+    cfg = _cfg("cartpole_zoo", "logger=csv", "eval.episodes=50")
     assert (cfg.env.num_envs, cfg.agent.steps_per_iter, cfg.agent.updates_per_iter) == (1, 256, 128)
     summary = train(cfg, None, tmp_path)
     assert summary == json.loads((tmp_path / "eval" / "summary.json").read_text())

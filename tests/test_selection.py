@@ -6,12 +6,12 @@ import torch
 from foxdqn.data import load_market_data
 from foxdqn.evaluate import evaluate
 from foxdqn.loop import train
-from foxdqn.train import load_config
+from foxdqn.config import load_config
 
 
 @pytest.fixture(scope="module")
 def smoke_run(tmp_path_factory):
-    cfg = load_config(["debug=smoke", "device=cpu", "log.progress=false", "log.tensorboard=false"])
+    cfg = load_config(["debug=smoke", "device=cpu", "log.progress=false", "logger=csv"])
     market = load_market_data(cfg.data, cfg.env.window, cfg.env.episode_length)
     run_dir = tmp_path_factory.mktemp("run")
     return cfg, market, train(cfg, market, run_dir), run_dir

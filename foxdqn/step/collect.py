@@ -28,7 +28,7 @@ def collect_step(s: TrainState) -> None:
     if s.replay.regime is not None:  # regime.enabled: the state's bar, read before the step moves it
         vol_ratio = volatility_ratio(s.env.market_state()[1], s.env.median_volatility)
     out = s.env.step(env_action)
-    s.replay.add(s.obs, action, out.reward * s.cfg.agent.reward_scale, out.next_obs, out.terminated, out.truncated,
+    s.replay.add(s.obs, action, out.reward * s.cfg.loss.reward_scale, out.next_obs, out.terminated, out.truncated,
                  vol_ratio=vol_ratio)
     s.obs.copy_(out.obs)
     s.env_steps.add_(action.shape[0])

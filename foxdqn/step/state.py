@@ -44,7 +44,7 @@ class TrainState:
     optimizer: torch.optim.Optimizer
     lr: torch.Tensor  # float32 0-d, the optimizer's learning rate (change in place)
     tau: torch.Tensor  # float32 0-d, Polyak τ
-    hard_period: torch.Tensor  # int64 0-d, hard target update period (agent.target_update=hard)
+    hard_period: torch.Tensor  # int64 0-d, hard target update period (target.update=hard)
     replay: object  # foxdqn.replay.ReplayBuffer
     epsilon: LinearSchedule  # of env_steps
     guard: TrainingGuard
@@ -64,7 +64,7 @@ class TrainState:
 
 def build_state(cfg: TrainConfig, market, device: torch.device) -> TrainState:
     if device.type == "cuda":
-        torch.set_float32_matmul_precision(cfg.agent.matmul_precision)
+        torch.set_float32_matmul_precision(str(cfg.matmul_precision))
     elif cfg.cpu_threads > 0:
         torch.set_num_threads(cfg.cpu_threads)
     torch.manual_seed(cfg.seed)
@@ -77,17 +77,18 @@ def build_state(cfg: TrainConfig, market, device: torch.device) -> TrainState:
     objective = build_objective(cfg, online, target, env, gen)
     f32 = dict(device=device, dtype=torch.float32)
     a = cfg.agent
-    lr = torch.tensor(a.lr, **f32)
+    lr = torch.tensor(cfg.optim.lr, **f32)
     trainable = list(online.parameters()) + list(objective.extra_parameters())
-    opt_kwargs = dict(lr=lr, eps=a.adam_eps, fused=True)
+    opt_kwargs = dict(lr=lr, eps=cfg.optim.adam_eps, fused=True)
     if device.type == "cuda":
         opt_kwargs["capturable"] = True
     optimizer = torch.optim.Adam(trainable, **opt_kwargs)
     updates = torch.zeros((), dtype=torch.int64, device=device)
     replay = build_replay(cfg, env, device, updates, total_updates(cfg))
-    eps = LinearSchedule(a.eps_start, a.eps_end, a.eps_decay_fraction * a.total_env_steps, device)
+    x = cfg.explore
+    eps = LinearSchedule(x.eps_start, x.eps_end, x.eps_decay_fraction * a.total_env_steps, device)
     g = cfg.guard
-    guard = TrainingGuard(device, loss_clip=g.loss_clip, collapse_threshold=a.lr * g.collapse_multiplier,
+    guard = TrainingGuard(device, loss_clip=g.loss_clip, collapse_threshold=cfg.optim.lr * g.collapse_multiplier,
                           warmup_steps=g.warmup_updates, patience=g.collapse_patience, ring_size=g.ring_size)
     qmon = QValueMonitor(guard.ring, device, threshold=g.q_divergence)
     optimizer.found_inf = guard.skip  # fused Adam skips the update on the device when skip == 1
@@ -105,8 +106,8 @@ def build_state(cfg: TrainConfig, market, device: torch.device) -> TrainState:
     env_actions = getattr(env, "num_actions", 45)
     return TrainState(
         cfg=cfg, device=device, env=env, action_mode=mode, online=online, target=target, objective=objective,
-        optimizer=optimizer, lr=lr, tau=torch.tensor(a.tau, **f32),
-        hard_period=torch.tensor(a.hard_update_period, dtype=torch.int64, device=device),
+        optimizer=optimizer, lr=lr, tau=torch.tensor(cfg.target.tau, **f32),
+        hard_period=torch.tensor(cfg.target.period, dtype=torch.int64, device=device),
         replay=replay, epsilon=eps, guard=guard, qmon=qmon,
         stats=DeviceStats(env_actions, env.num_envs, device), generator=gen,
         obs=env.reset_all().to(getattr(env, "obs_dtype", torch.float32)).clone(),

@@ -42,8 +42,8 @@ def micro_batches(batch: Batch, m: int) -> list[Batch]:
 
 def target_weight(s: TrainState, skip: torch.Tensor) -> torch.Tensor:
     """This update's lerp weight for θ' ← θ' + w (θ − θ'): Polyak τ, or 1 every
-    ``hard_update_period`` updates (hard copy, Mnih et al. 2015); 0 when the update is skipped."""
-    if s.cfg.agent.target_update == "hard":
+    ``target.period`` updates (hard copy, Mnih et al. 2015); 0 when the update is skipped."""
+    if s.cfg.target.update == "hard":
         w = ((s.updates + 1) % s.hard_period == 0).to(torch.float32)
     else:
         w = s.tau
@@ -77,7 +77,7 @@ def update_step(s: TrainState) -> None:
     loss, td_abs, q_values = accumulate_gradients(s, batch)
     if s.pruner is not None:
         s.pruner.mask_grads()
-    grad_norm = torch.nn.utils.clip_grad_norm_(s.trainable, a.grad_clip, foreach=True)
+    grad_norm = torch.nn.utils.clip_grad_norm_(s.trainable, s.cfg.optim.grad_clip, foreach=True)
     s.qmon.update(q_values, s.updates)
     skip = s.guard.check(loss, grad_norm.detach(), s.updates)
     s.optimizer.step()  # found_inf = skip

@@ -71,8 +71,8 @@ def _reference_check(s, rows: int) -> tuple[int, int]:
 
 
 def test_replay_transitions_across_autoreset_match_gymnasium():
-    s, _ = small_state(["+experiment=cartpole_gym", f"env.id={SHORT_ID}", "env.num_envs=4", "agent.eps_start=0.5",
-                        "agent.eps_end=0.5"])
+    s, _ = small_state(["+experiment=cartpole_gym", f"env.id={SHORT_ID}", "env.num_envs=4", "explore.eps_start=0.5",
+                        "explore.eps_end=0.5"])
     it = make_iteration(s, False, updates=0)
     assert isinstance(it, HostEnvIteration)
     rows = 60
@@ -155,8 +155,23 @@ def test_nature_cnn_forward_shape_and_scaling():
     out = enc(obs)
     assert out.shape == (3, 512) and out.dtype == torch.float32
     torch.testing.assert_close(enc(obs.to(torch.float32)), out)  # ÷255 inside, whatever the input dtype
-    with pytest.raises(ConfigError, match="nature_cnn"):
+    with pytest.raises(ValueError, match=r"\bobs_shape must be an image shape \(C, H, W\), got \(4,\)"):
         NatureCNNEncoder((4,), [512])
+    with pytest.raises(ValueError, match=r"\bobs_shape must have H and W >= 36 .*got 35x84"):
+        NatureCNNEncoder((4, 35, 84), [512])
+
+
+@pytest.mark.parametrize("obs_shape, needles", [
+    ((4,), ["model.encoder='nature_cnn'", "env.id=Small-v0", "obs_shape", "use model=mlp"]),
+    ((4, 10, 10), ["model.encoder='nature_cnn'", "env.id=Small-v0", "[4, 10, 10]", ">= 36", "10x10"]),
+])
+def test_check_encoder_names_config_keys_for_the_encoder_check(obs_shape, needles):
+    from foxdqn.step.build import check_encoder
+
+    with pytest.raises(ConfigError) as info:
+        check_encoder("nature_cnn", obs_shape, "Small-v0")
+    assert all(n in str(info.value) for n in needles), str(info.value)
+    check_encoder("nature_cnn", (4, 36, 36), "Small-v0")
 
 
 def test_atari_preprocessing_shapes_dtype():
