@@ -32,7 +32,7 @@ test-gpu: venv
 bench: venv
 	$(PY) -m bench.run $(ARGS)
 
-# a Hydra multirun, e.g. make sweep ARGS="seed=0,1,2 agent.lr=1e-4,3e-4"; it ends with the seeds report
+# a Hydra multirun, e.g. make sweep ARGS="seed=0,1,2 optim.lr=1e-4,3e-4"; it ends with the seeds report
 sweep: venv
 	$(PY) -m foxdqn.train --multirun $(ARGS)
 

@@ -102,7 +102,7 @@ def _foxdqn_row(device: str, graph: bool, name: str = "cartpole_dqn", cap: int |
         if steps % every < per_iter:
             sync()
             train_s += time.perf_counter() - t
-            last = evaluate_episodes(cfg, s.online, s.action_mode, s.device, episodes=EVAL_EPISODES)["mean_return"]
+            last = evaluate_episodes(cfg, s.nets.online, s.rollout.action_mode, s.device, episodes=EVAL_EPISODES)["mean_return"]
             if last >= THRESHOLD:
                 reached_at = steps
                 break

@@ -16,9 +16,10 @@ import torch
 
 from bench.common import time_ms
 from bench.harness import make_state
+from foxdqn.config import experiment_names
 from foxdqn.step.iteration import Iteration
 
-EXPERIMENTS = sorted(p.stem for p in (Path(__file__).parents[1] / "foxdqn" / "conf" / "experiment").glob("*.yaml"))
+EXPERIMENTS = experiment_names()
 FULL = ["+experiment=eurusd_c51", "head.dueling=true", "objective=cql", "replay=per", "replay.n_step=3"]
 SIZES = {
     "b256_mlp2x256": ["agent.batch_size=256", "model.hidden=[256,256]"],

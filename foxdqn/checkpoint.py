@@ -5,7 +5,8 @@ so that a crash or a full disk never leaves a partial file or a ``.tmp`` behind)
 
 * ``online``, ``target``, ``optimizer``: the networks' and Adam's ``state_dict``;
 * ``env_steps``, ``updates``: the device counters (ints);
-* ``config``: the resolved config (``dataclasses.asdict``);
+* ``config``: the resolved config (:func:`foxdqn.config.to_plain`; read back through
+  :func:`foxdqn.config.upgrade`, so a checkpoint written before keys moved still loads);
 * ``tensors``: every other tensor of the :class:`~foxdqn.step.state.TrainState`, found by walking
   its parts (env state, schedules, device accumulators, guard and Q-monitor state, target-update
   parameters, PER tree, pruning masks, the observation to act on), each tensor once, keyed by its
@@ -29,6 +30,7 @@ from typing import Any, Iterator
 
 import torch
 
+from foxdqn.config import to_plain, upgrade
 from foxdqn.errors import ConfigError
 from foxdqn.io_atomic import write_bytes_atomic
 
@@ -107,7 +109,7 @@ def save_checkpoint(path: str | Path, state, extra: dict | None = None, *, loop:
         "optimizer": state.optim.optimizer.state_dict(),
         "env_steps": int(state.env_steps.item()),
         "updates": int(state.updates.item()),
-        "config": dataclasses.asdict(state.cfg),
+        "config": to_plain(state.cfg),
         "tensors": {k: v.detach().cpu().clone() for k, v in state_tensors(state, save_replay).items()},
         "replay_saved": bool(save_replay),
         "generators": {"run": state.generator.get_state(), "cpu": torch.get_rng_state(),
@@ -137,6 +139,7 @@ def load_checkpoint(path: str | Path, map_location="cpu") -> dict:
                           f"{str(exc).splitlines()[0][:120] if str(exc) else ''})") from None
     if not isinstance(payload, dict) or "online" not in payload or "config" not in payload:
         raise ConfigError(f"checkpoint {path}: not a foxdqn checkpoint (no online weights and config)")
+    payload["config"] = upgrade(payload["config"])
     return payload
 
 

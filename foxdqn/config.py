@@ -1,40 +1,73 @@
-"""Typed configuration schema, registered with Hydra's ConfigStore.
+"""Typed configuration schema, registered with Hydra's ConfigStore, and the config layer's checks.
 
-``conf/train.yaml`` (shipped inside the package, so a wheel install has it) composes on top of
-:class:`TrainConfig`: a key that is not in the schema, or a value of the wrong type, fails at
-compose time. :func:`finalize` then checks ranges and cross-field rules (raising
-:class:`~foxdqn.errors.ConfigError` naming the dotted field) and applies the ``debug`` caps.
+``conf/train.yaml`` (shipped in the wheel as ``foxdqn.conf``) composes on top of
+:class:`TrainConfig`: a key that is not in the schema, a value of the wrong type or a choice
+that is not one of its :class:`Choice` members fails at compose time. :func:`finalize` then
+checks ranges (each group's ``validate``) and the rules that join groups
+(:func:`_cross_checks`), raising :class:`~foxdqn.errors.ConfigError` naming the dotted key, and
+applies the ``debug`` caps. Only this layer names config keys; components raise ``ValueError``
+naming their own parameters. Every key is described in docs/configuration.md.
 
-Groups mirror the package: ``data`` (foxdqn.data), ``env`` (foxdqn.envs), ``model`` (foxdqn.nn
-encoders), ``head`` (foxdqn.nn heads), ``replay`` (foxdqn.replay), ``agent`` (foxdqn.step),
-``objective`` (foxdqn.objectives), ``action`` (foxdqn.actions), ``guard``
-(foxdqn.ops.training_guard), ``optim``/``prune``/``regime`` (the training controls:
-foxdqn.step.update, foxdqn.step.pruning, foxdqn.replay.regime), ``debug``.
+Groups mirror the package: ``data`` (foxdqn.data), ``env`` (foxdqn.envs), ``model``/``head``
+(foxdqn.nn), ``objective`` (foxdqn.objectives), ``action`` (foxdqn.actions), ``replay``
+(foxdqn.replay), ``agent`` (the budget and batch of foxdqn.step), ``optim`` (Adam and gradient
+clipping), ``explore`` (the ε schedule), ``target`` (target-network updates), ``loss`` (TD loss
+scale), ``guard`` (the on-device training guard), ``prune``/``regime`` (training controls),
+``eval``, ``log``, ``logger``, ``early_stop``, ``diversity``, ``checkpoint``, ``debug``.
 """
 from __future__ import annotations
 
 import dataclasses
 import math
+import typing
 from dataclasses import dataclass, field
+from enum import Enum
 from typing import Any, List, Optional
 
 from hydra.core.config_store import ConfigStore
 from omegaconf import DictConfig, OmegaConf
 
+from foxdqn.actions.modes import ACTION_MODES
 from foxdqn.data.config import DataConfig
-from foxdqn.envs.trading import ExecutionConfig
+from foxdqn.envs.execution import ExecutionConfig
 from foxdqn.errors import ConfigError
+from foxdqn.nn.mlp import ACTIVATIONS
 
-DEVICES = ("auto", "cpu", "cuda")
-GRAPH_MODES = ("auto", "on", "off")
-ENCODERS = ("mlp", "attention", "nature_cnn")
-HEADS = ("q", "dueling", "c51", "iqn")
-REPLAYS = ("uniform", "per")
-ENVS = ("trading", "cartpole", "bitflip", "gym")
-VECTORIZATIONS = ("auto", "sync", "async")
-ACTION_MODES = ("factored", "exposure_routed", "branching")
-TARGET_UPDATES = ("polyak", "hard")
-ACTIVATIONS = ("relu", "gelu", "tanh", "silu")
+
+class Choice(str, Enum):
+    """A config choice: OmegaConf accepts only its members' names; it compares equal to, prints
+    and serialises as its value string (``Head.c51 == "c51"``)."""
+
+    def __str__(self) -> str:
+        return self.value
+
+    def __repr__(self) -> str:
+        return repr(self.value)
+
+    def __format__(self, spec: str) -> str:
+        return format(self.value, spec)
+
+
+def _choice(name: str, values) -> type[Choice]:
+    return Choice(name, [(v, v) for v in values])
+
+
+Device = _choice("Device", ("auto", "cpu", "cuda"))
+GraphMode = _choice("GraphMode", ("auto", "on", "off"))
+MatmulPrecision = _choice("MatmulPrecision", ("highest", "high", "medium"))
+EnvName = _choice("EnvName", ("trading", "cartpole", "bitflip", "gym"))
+Dtype = _choice("Dtype", ("float32", "float64"))
+Vectorization = _choice("Vectorization", ("auto", "sync", "async"))
+Encoder = _choice("Encoder", ("mlp", "attention", "nature_cnn"))
+Activation = _choice("Activation", tuple(ACTIVATIONS))
+Pooling = _choice("Pooling", ("mean", "last"))
+Head = _choice("Head", ("q", "dueling", "c51", "iqn"))
+Replay = _choice("Replay", ("uniform", "per"))
+ActionMode = _choice("ActionMode", ACTION_MODES)
+TargetUpdate = _choice("TargetUpdate", ("polyak", "hard"))
+Split = _choice("Split", ("train", "val", "test"))
+EarlyStopMetric = _choice("EarlyStopMetric", ("auto", "sharpe", "sortino", "total_return", "profit_factor",
+                                              "max_drawdown", "mean_return"))
 
 #: Keys that existed once and were removed on purpose: a config that still sets one is refused with
 #: this reason instead of the generic unknown-key message.
@@ -45,28 +78,68 @@ REMOVED_KEYS = {
         "(foxdqn.envs.execution), with no rule to choose"),
 }
 
+#: Keys that moved to another group (old → new): a config that sets the old one is refused with a hint.
+MOVED_KEYS = {
+    "agent.lr": "optim.lr", "agent.adam_eps": "optim.adam_eps", "agent.grad_clip": "optim.grad_clip",
+    "agent.eps_start": "explore.eps_start", "agent.eps_end": "explore.eps_end",
+    "agent.eps_decay_fraction": "explore.eps_decay_fraction",
+    "agent.tau": "target.tau", "agent.target_update": "target.update", "agent.hard_update_period": "target.period",
+    "agent.huber_delta": "loss.huber_delta", "agent.reward_scale": "loss.reward_scale",
+    "agent.matmul_precision": "matmul_precision", "log.tensorboard": "logger.tensorboard",
+}
+
 
 def unknown_key_message(key: str) -> str:
-    """One line for an unknown dotted ``key``: the removal reason, or the keys allowed there."""
+    """One line for an unknown dotted ``key``: the removal reason, the key it moved to, or the
+    keys allowed there."""
     if key in REMOVED_KEYS:
         return f"{key}: {REMOVED_KEYS[key]}"
+    if key in MOVED_KEYS:
+        new = MOVED_KEYS[key]
+        how = "logger=csv" if new == "logger.tensorboard" else f"{new}=..."
+        return f"{key} moved to {new}; set {how} (docs/configuration.md)"
     return f"unknown key {key}; allowed keys there: {', '.join(allowed_keys(key))}"
+
+
+# ----------------------------------------------------------------------------------------- checks
+
+
+def _positive(value: float, name: str, allow_zero: bool = False) -> None:
+    if not math.isfinite(value) or value < 0 or (value == 0 and not allow_zero):
+        raise ConfigError(f"{name}={value} must be {'>= 0' if allow_zero else '> 0'}")
+
+
+def _all_positive(node, prefix: str, names: tuple[str, ...], allow_zero: bool = False) -> None:
+    for name in names:
+        _positive(getattr(node, name), f"{prefix}.{name}", allow_zero)
+
+
+def _unit(value: float, name: str, lo_open: bool = False, hi_open: bool = False) -> None:
+    if not math.isfinite(value):
+        raise ConfigError(f"{name}={value} must be a finite number in [0, 1]")
+    lo_ok = value > 0 if lo_open else value >= 0
+    hi_ok = value < 1 if hi_open else value <= 1
+    if not (lo_ok and hi_ok):
+        raise ConfigError(f"{name}={value} must be in {'(' if lo_open else '['}0, 1{')' if hi_open else ']'}")
+
+
+# ----------------------------------------------------------------------------------------- groups
 
 
 @dataclass
 class EnvConfig:
-    """Batched trading environment (foxdqn.envs.trading)."""
+    """Batched environment (foxdqn.envs; docs/environments.md)."""
 
-    name: str = "trading"  # trading | cartpole | bitflip | gym (any Gymnasium env, stepped on the host)
+    name: EnvName = EnvName.trading  # trading | cartpole | bitflip | gym (any Gymnasium env, stepped on the host)
     num_envs: int = 32  # N envs stepped together
     window: int = 32  # W bars of features in each observation (trading)
     episode_length: int = 256  # L steps per training episode (trading)
-    dtype: str = "float32"  # accounting precision: float32 | float64 (trading)
+    dtype: Dtype = Dtype.float32  # accounting precision (trading)
     n_bits: int = 10  # bit-flipping: n bits, episode length n
     execution: ExecutionConfig = field(default_factory=ExecutionConfig)
     # gym (foxdqn.envs.gym_adapter): a Gymnasium id with a Discrete action space, e.g. CartPole-v1, ALE/Pong-v5
     id: Optional[str] = None
-    vectorization: str = "auto"  # auto (the env's own vector env if registered, e.g. ale_py's; else sync) | sync | async
+    vectorization: Vectorization = Vectorization.auto  # auto (the env's own vector env if registered) | sync | async
     # Atari (ALE/* ids): Mnih et al. 2015 preprocessing
     frame_skip: int = 4  # agent steps repeat the action this many frames (max-pooled over the last two)
     screen_size: int = 84  # observation frames are screen_size x screen_size, greyscale
@@ -75,25 +148,41 @@ class EnvConfig:
     noop_max: int = 30  # up to this many no-op actions at reset
     repeat_action_probability: float = 0.25  # sticky actions (ALE v5 default 0.25; Nature DQN 0)
 
+    def validate(self) -> None:
+        _all_positive(self, "env", ("num_envs", "window", "episode_length", "n_bits", "frame_skip", "screen_size",
+                                    "frame_stack"))
+        self.execution.validate("env.execution")
+        _positive(self.noop_max, "env.noop_max", allow_zero=True)
+        _unit(self.repeat_action_probability, "env.repeat_action_probability")
+        if self.name == "gym" and not self.id:
+            raise ConfigError("env.id must name a Gymnasium environment when env.name=gym (e.g. env.id=CartPole-v1)")
+
 
 @dataclass
 class ModelConfig:
     """Observation encoder (foxdqn.nn)."""
 
-    encoder: str = "mlp"  # mlp | attention
+    encoder: Encoder = Encoder.mlp  # mlp | attention (over the trading window) | nature_cnn (images)
     hidden: List[int] = field(default_factory=lambda: [256, 256])  # mlp widths
-    activation: str = "relu"
+    activation: Activation = Activation.relu
     width: int = 64  # attention: model width
     heads: int = 4  # attention heads
     layers: int = 2  # attention blocks
-    pooling: str = "mean"  # attention: mean | last
+    pooling: Pooling = Pooling.mean  # attention: mean | last
+
+    def validate(self) -> None:
+        if not self.hidden or any(h <= 0 for h in self.hidden):
+            raise ConfigError(f"model.hidden={list(self.hidden)} must be a non-empty list of positive widths")
+        _all_positive(self, "model", ("width", "heads", "layers"))
+        if self.encoder == "attention" and self.width % self.heads:
+            raise ConfigError(f"model.width={self.width} must be a multiple of model.heads={self.heads}")
 
 
 @dataclass
 class HeadConfig:
     """Q head. ``dueling``: Wang et al. 2016 eq. 9 (mean-subtracted advantages)."""
 
-    name: str = "dueling"  # q | dueling | c51 | iqn
+    name: Head = Head.dueling  # q | dueling | c51 | iqn
     double: bool = True  # Double DQN target (van Hasselt et al. 2016, eq. 4)
     dueling: bool = False  # dueling streams inside the c51 / iqn heads
     atoms: int = 51  # c51: atoms K on the support [v_min, v_max]
@@ -105,12 +194,23 @@ class HeadConfig:
     embedding_dim: int = 64  # iqn: cosine embedding size n
     kappa: float = 1.0  # iqn: quantile Huber threshold κ
 
+    def validate(self) -> None:
+        if self.name == "c51":
+            if self.atoms < 2:
+                raise ConfigError(f"head.atoms={self.atoms} must be >= 2")
+            if not self.v_min < self.v_max:
+                raise ConfigError(f"head.v_min={self.v_min} must be < head.v_max={self.v_max}")
+        if self.name == "iqn":
+            _all_positive(self, "head", ("num_quantiles", "num_target_quantiles", "num_quantiles_policy",
+                                         "embedding_dim"))
+            _positive(self.kappa, "head.kappa", allow_zero=True)
+
 
 @dataclass
 class ReplayConfig:
     """Replay memory on the training device (foxdqn.replay)."""
 
-    name: str = "uniform"  # uniform | per
+    name: Replay = Replay.uniform  # uniform | per
     capacity: int = 100_000
     n_step: int = 1  # n-step returns (n ≥ 1), truncated at episode ends
     alpha: float = 0.6  # per: priority exponent α
@@ -118,6 +218,13 @@ class ReplayConfig:
     eps: float = 1.0e-6  # per: ε added to |TD|
     her: bool = False  # hindsight relabelling, "future" strategy (goal-conditioned envs)
     her_k: int = 4  # her: relabelled goals per original
+
+    def validate(self) -> None:
+        _all_positive(self, "replay", ("capacity", "n_step", "eps", "her_k"))
+        _unit(self.alpha, "replay.alpha")
+        _unit(self.beta_start, "replay.beta_start")
+        if self.her and self.n_step != 1:
+            raise ConfigError(f"replay.her=true needs replay.n_step=1 (got {self.n_step})")
 
 
 @dataclass
@@ -128,43 +235,95 @@ class ObjectiveConfig:
     iql: bool = False  # IQL (Kostrikov et al. 2021): V by expectile regression, Q toward r + γV(s')
     iql_expectile: float = 0.7  # IQL expectile τ
 
+    def validate(self) -> None:
+        _positive(self.cql_alpha, "objective.cql_alpha", allow_zero=True)
+        _unit(self.iql_expectile, "objective.iql_expectile", lo_open=True, hi_open=True)
+
 
 @dataclass
 class ActionConfig:
     """How the network's output becomes an env action (trading: 45 factored actions)."""
 
-    mode: str = "factored"  # factored | exposure_routed | branching
+    mode: ActionMode = ActionMode.factored  # factored | exposure_routed | branching
+
+    def validate(self) -> None:
+        pass  # the mode's rules join other groups (_cross_checks)
 
 
 @dataclass
 class AgentConfig:
-    """DQN training schedule (Mnih et al. 2015) and optimiser."""
+    """The run's budget and DQN training schedule (Mnih et al. 2015; foxdqn.step)."""
 
     total_env_steps: int = 400_000  # env transitions collected over the whole run (all envs)
     steps_per_iter: int = 4  # T env steps per env per iteration (collect phase)
     updates_per_iter: int = 1  # K gradient updates per iteration (train phase)
     learning_starts: int = 5_000  # env transitions collected before the first update
     batch_size: int = 128
-    gamma: float = 0.99
-    lr: float = 3e-4
-    adam_eps: float = 1e-5
-    grad_clip: float = 10.0  # max global gradient L2 norm
-    huber_delta: float = 1.0
-    tau: float = 0.005  # Polyak (EMA) target update: θ' ← (1 − τ) θ' + τ θ, every update
-    target_update: str = "polyak"  # polyak | hard (copy every hard_update_period updates)
-    hard_update_period: int = 1000
-    eps_start: float = 1.0
-    eps_end: float = 0.05
-    eps_decay_fraction: float = 0.5  # epsilon decays linearly over this fraction of total_env_steps
-    reward_scale: float = 100.0  # rewards (log-equity changes) are multiplied by this for the TD target
-    matmul_precision: str = "high"  # CUDA float32 matmuls: highest (IEEE fp32) | high (TF32) | medium
+    gamma: float = 0.99  # discount γ
+
+    def validate(self) -> None:
+        _all_positive(self, "agent", ("total_env_steps", "steps_per_iter", "updates_per_iter", "batch_size"))
+        _positive(self.learning_starts, "agent.learning_starts", allow_zero=True)
+        _unit(self.gamma, "agent.gamma")
+        if self.learning_starts >= self.total_env_steps:
+            raise ConfigError(f"agent.learning_starts={self.learning_starts} must be < agent.total_env_steps="
+                              f"{self.total_env_steps} (else no update is made)")
 
 
 @dataclass
 class OptimConfig:
-    """How one gradient update is computed (foxdqn.step.update)."""
+    """Adam (fused, capturable) and how one gradient update is computed (foxdqn.step.update)."""
 
+    lr: float = 3e-4  # Adam learning rate
+    adam_eps: float = 1e-5  # Adam ε
+    grad_clip: float = 10.0  # max global gradient L2 norm
     accumulate: int = 1  # M micro-batches per update (agent.batch_size / M rows each); 1 = off
+
+    def validate(self) -> None:
+        _all_positive(self, "optim", ("lr", "adam_eps", "grad_clip"))
+        if self.accumulate < 1:
+            raise ConfigError(f"optim.accumulate={self.accumulate} must be >= 1 and divide agent.batch_size")
+
+
+@dataclass
+class ExploreConfig:
+    """ε-greedy exploration: ε decays linearly from ``eps_start`` to ``eps_end``."""
+
+    eps_start: float = 1.0
+    eps_end: float = 0.05
+    eps_decay_fraction: float = 0.5  # ... over this fraction of agent.total_env_steps
+
+    def validate(self) -> None:
+        _unit(self.eps_start, "explore.eps_start")
+        _unit(self.eps_end, "explore.eps_end")
+        _unit(self.eps_decay_fraction, "explore.eps_decay_fraction", lo_open=True)
+        if self.eps_end > self.eps_start:
+            raise ConfigError(f"explore.eps_end={self.eps_end} must be <= explore.eps_start={self.eps_start} "
+                              "(ε decays)")
+
+
+@dataclass
+class TargetConfig:
+    """Target-network update after each gradient update."""
+
+    update: TargetUpdate = TargetUpdate.polyak  # polyak: θ' ← (1 − τ) θ' + τ θ | hard: θ' ← θ every `period` updates
+    tau: float = 0.005  # Polyak τ
+    period: int = 1000  # hard: updates between copies
+
+    def validate(self) -> None:
+        _unit(self.tau, "target.tau", lo_open=True)
+        _positive(self.period, "target.period")
+
+
+@dataclass
+class LossConfig:
+    """Scale of the TD loss."""
+
+    huber_delta: float = 1.0  # Huber threshold δ (reward units after reward_scale)
+    reward_scale: float = 100.0  # rewards (trading: log-equity changes) are multiplied by this for the TD target
+
+    def validate(self) -> None:
+        _all_positive(self, "loss", ("huber_delta", "reward_scale"))
 
 
 @dataclass
@@ -179,6 +338,19 @@ class PruneConfig:
     end_update: int = 10_000  # t0 + nΔt, last mask update (final sparsity reached here)
     frequency: int = 100  # Δt, updates between mask updates
 
+    def validate(self) -> None:
+        if not self.enabled:
+            return
+        _unit(self.initial_sparsity, "prune.initial_sparsity", hi_open=True)
+        _unit(self.final_sparsity, "prune.final_sparsity", hi_open=True)
+        if self.initial_sparsity > self.final_sparsity:
+            raise ConfigError(f"prune.initial_sparsity={self.initial_sparsity} must be <= "
+                              f"prune.final_sparsity={self.final_sparsity}")
+        _positive(self.start_update, "prune.start_update", allow_zero=True)
+        _positive(self.frequency, "prune.frequency")
+        if self.end_update <= self.start_update:
+            raise ConfigError(f"prune.end_update={self.end_update} must be > prune.start_update={self.start_update}")
+
 
 @dataclass
 class RegimeConfig:
@@ -190,48 +362,66 @@ class RegimeConfig:
     high_threshold: float = 1.5  # ratio > high: high-volatility regime (routing rule's 1.5)
     weights: List[float] = field(default_factory=lambda: [0.5, 1.0, 2.0])  # [low, normal, high] loss weights
 
+    def validate(self) -> None:
+        if not self.enabled:
+            return
+        if not 0 < self.low_threshold < self.high_threshold:
+            raise ConfigError(f"regime.low_threshold={self.low_threshold} must be > 0 and < "
+                              f"regime.high_threshold={self.high_threshold}")
+        w = self.weights
+        if len(w) != 3 or any(x < 0 for x in w) or not any(x > 0 for x in w):
+            raise ConfigError(f"regime.weights={list(w)} must be 3 numbers [low, normal, high], >= 0 and not all 0")
+
 
 @dataclass
 class GuardConfig:
-    """On-device training guard (ops.training_guard; docs/design/guard.md)."""
+    """On-device training guard (foxdqn.guard.guard; docs/design/guard.md)."""
 
     loss_clip: float = 1.0e6
-    collapse_multiplier: float = 0.0  # gradient-collapse threshold = lr × multiplier (0 disables)
+    collapse_multiplier: float = 0.0  # gradient-collapse threshold = optim.lr × multiplier (0 disables)
     collapse_patience: int = 100
     warmup_updates: int = 100
     q_divergence: float = 1.0e4  # |Q| above this is a divergence (Q-value monitor)
     ring_size: int = 64
+
+    def validate(self) -> None:
+        _all_positive(self, "guard", ("loss_clip", "q_divergence", "ring_size"))
+        _all_positive(self, "guard", ("collapse_multiplier", "collapse_patience", "warmup_updates"), allow_zero=True)
 
 
 @dataclass
 class EvalConfig:
     """Out-of-sample evaluation (foxdqn.evaluate)."""
 
-    split: str = "test"
+    split: Split = Split.test
     episodes: int = 100  # greedy episodes per evaluation of a non-trading env (20 at most during training)
     interval_env_steps: int = 0  # validation evaluations during training (0 = only at the end)
 
-
-EARLY_STOP_METRICS = ("auto", "sharpe", "sortino", "total_return", "profit_factor", "max_drawdown",
-                      "mean_return")
+    def validate(self) -> None:
+        _positive(self.episodes, "eval.episodes")
+        _positive(self.interval_env_steps, "eval.interval_env_steps", allow_zero=True)
 
 
 @dataclass
 class EarlyStopConfig:
-    """Early stopping (foxdqn.early_stop; docs/design/monitors.md#early-stopping).
-
-    Checked on the host at eval / log boundaries only (never inside the captured iteration).
-    """
+    """Early stopping (foxdqn.early_stop; docs/design/monitors.md#early-stopping). Checked on the host at eval /
+    log boundaries only (never inside the captured iteration)."""
 
     enabled: bool = False
-    metric: str = "auto"  # validation metric: auto (sharpe on trading, mean_return elsewhere) | sharpe |
-    #                       sortino | total_return | profit_factor | max_drawdown (lower is better) | mean_return
+    metric: EarlyStopMetric = EarlyStopMetric.auto  # validation metric: auto (sharpe on trading, mean_return
+    #                                                 elsewhere); max_drawdown: lower is better
     patience: int = 5  # validation evaluations in a row without improvement before stopping
     min_delta: float = 0.0  # an improvement must beat the best by more than this (metric units)
     q_bound: Optional[float] = None  # stop when |mean max-Q| of a log interval exceeds this (null = off)
     q_patience: int = 3  # ... for this many log intervals in a row
     on_q_divergence: bool = False  # a Q-monitor divergence flag ends the run as early_stop_q (exit 0)
     #                                instead of a guard halt (exit 3); NaN/loss-clip/collapse still halt
+
+    def validate(self) -> None:
+        _all_positive(self, "early_stop", ("patience", "q_patience"))
+        _positive(self.min_delta, "early_stop.min_delta", allow_zero=True)
+        if self.q_bound is not None:
+            _positive(self.q_bound, "early_stop.q_bound")
 
 
 @dataclass
@@ -243,12 +433,31 @@ class DiversityConfig:
     min_entropy: float = 0.0  # collapse warning below this normalised entropy H / log(K) in [0, 1] (0 = off)
     patience: int = 3  # ... for this many log intervals in a row (one warning per collapse episode)
 
+    def validate(self) -> None:
+        _all_positive(self, "diversity", ("top_k", "patience"))
+        _unit(self.min_entropy, "diversity.min_entropy")
+
 
 @dataclass
 class LogConfig:
+    """Log boundaries and the console."""
+
     interval_env_steps: int = 20_000  # one device→host readback per interval
-    tensorboard: bool = True
-    progress: bool = True
+    progress: bool = True  # rich progress bar in a terminal, plain lines otherwise
+
+    def validate(self) -> None:
+        _positive(self.interval_env_steps, "log.interval_env_steps")
+
+
+@dataclass
+class LoggerConfig:
+    """Where the logged metrics go (``logger=`` group, combinable: ``logger=[csv,tensorboard]``).
+    ``metrics.csv`` is always written."""
+
+    tensorboard: bool = False  # TensorBoard events in tb/ (set by logger=tensorboard, the default)
+
+    def validate(self) -> None:
+        pass
 
 
 @dataclass
@@ -257,6 +466,9 @@ class CheckpointConfig:
 
     every_env_steps: int = 100_000  # also every this many env steps (0 = only at the end, on a halt or a signal)
     save_replay: bool = False  # include the replay memory (an exact continuation; large)
+
+    def validate(self) -> None:
+        _positive(self.every_env_steps, "checkpoint.every_env_steps", allow_zero=True)
 
 
 @dataclass
@@ -273,14 +485,19 @@ class DebugConfig:
     fit_prune_schedule: bool = False  # with max_env_steps: shrink prune.start/end_update and frequency by the same ratio
     inject_nan_at_step: Optional[int] = None  # poison the loss at this update (guard test)
 
+    def validate(self) -> None:
+        if self.inject_nan_at_step is not None and self.inject_nan_at_step < 0:
+            raise ConfigError(f"debug.inject_nan_at_step={self.inject_nan_at_step} must be >= 0 (an update number)")
+
 
 @dataclass
 class TrainConfig:
-    experiment: str = "eurusd_dqn"
-    seed: int = 0
-    device: str = "auto"
-    graph: str = "auto"
+    experiment: str = "eurusd_dqn"  # the run's name in folders and reports (set by each experiment file)
+    seed: int = 0  # seeds torch, the run's generator and the env resets
+    device: Device = Device.auto  # auto: cuda when available, else cpu
+    graph: GraphMode = GraphMode.auto  # auto: a CUDA graph on CUDA, eager on CPU
     cpu_threads: int = 1  # torch intra-op threads on CPU (0 = torch's default); 1 is as fast at these sizes
+    matmul_precision: MatmulPrecision = MatmulPrecision.high  # CUDA float32 matmuls: highest | high (TF32) | medium
 
     data: DataConfig = field(default_factory=DataConfig)
     env: EnvConfig = field(default_factory=EnvConfig)
@@ -290,12 +507,16 @@ class TrainConfig:
     action: ActionConfig = field(default_factory=ActionConfig)
     replay: ReplayConfig = field(default_factory=ReplayConfig)
     agent: AgentConfig = field(default_factory=AgentConfig)
-    guard: GuardConfig = field(default_factory=GuardConfig)
     optim: OptimConfig = field(default_factory=OptimConfig)
+    explore: ExploreConfig = field(default_factory=ExploreConfig)
+    target: TargetConfig = field(default_factory=TargetConfig)
+    loss: LossConfig = field(default_factory=LossConfig)
+    guard: GuardConfig = field(default_factory=GuardConfig)
     prune: PruneConfig = field(default_factory=PruneConfig)
     regime: RegimeConfig = field(default_factory=RegimeConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
     log: LogConfig = field(default_factory=LogConfig)
+    logger: LoggerConfig = field(default_factory=LoggerConfig)
     early_stop: EarlyStopConfig = field(default_factory=EarlyStopConfig)
     diversity: DiversityConfig = field(default_factory=DiversityConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
@@ -303,44 +524,193 @@ class TrainConfig:
     resume: Optional[str] = None  # auto (the newest checkpoint of hydra.run.dir) | a checkpoint path
 
 
-def run_name(experiment: str, data_path: Optional[str] = None, env_id: Optional[str] = None) -> str:
-    """The name of a run's folders and titles: the experiment, plus the stem of ``data.path`` or
-    the Gymnasium ``env.id`` when one is set (so ``data.path=bars.csv`` is not filed as
-    ``eurusd_dqn``). Characters other than letters, digits, ``-``, ``_`` and ``.`` become ``_``."""
+#: The groups of :class:`TrainConfig` that validate themselves, in the order they are checked.
+GROUPS = ("env", "model", "head", "objective", "action", "replay", "agent", "optim", "explore", "target", "loss",
+          "prune", "regime", "guard", "eval", "log", "logger", "early_stop", "diversity", "checkpoint", "debug")
+
+
+# ---------------------------------------------------------------------------------- validation
+
+
+def validate(cfg: TrainConfig) -> None:
+    """Check every value (finite, a member of its choices, in range: each group's ``validate``)
+    and the rules that join groups. Raises ConfigError naming the dotted key."""
+    _check_values(cfg)
+    if not 0 <= cfg.seed < 2 ** 63:
+        raise ConfigError(f"seed={cfg.seed} must be an integer in [0, 2**63)")
+    _positive(cfg.cpu_threads, "cpu_threads", allow_zero=True)
+    if cfg.resume is not None and not str(cfg.resume).strip():
+        raise ConfigError("resume must be auto or the path of a checkpoint (.pt)")
+    if cfg.env.name == "trading":
+        cfg.data.validate()
+    for name in GROUPS:
+        getattr(cfg, name).validate()
+    _cross_checks(cfg)
+
+
+def _check_values(node, prefix: str = "") -> None:
+    """Every float anywhere in the config is finite and every :class:`Choice` field holds one of
+    its values (a TrainConfig built in Python skips OmegaConf's compose-time check)."""
+    hints = typing.get_type_hints(type(node))
+    for f in dataclasses.fields(node):
+        value, name, kind = getattr(node, f.name), f"{prefix}{f.name}", hints.get(f.name)
+        if dataclasses.is_dataclass(value):
+            _check_values(value, f"{name}.")
+        elif isinstance(kind, type) and issubclass(kind, Choice):
+            if value not in kind._value2member_map_:
+                raise ConfigError(f"{name}={value!r} is not allowed; choose one of {', '.join(kind._member_names_)}")
+            setattr(node, f.name, kind(value))
+        elif isinstance(value, float) and not math.isfinite(value):
+            raise ConfigError(f"{name}={value} must be a finite number")
+        elif isinstance(value, (list, tuple)):
+            for i, v in enumerate(value):
+                if isinstance(v, float) and not math.isfinite(v):
+                    raise ConfigError(f"{name}[{i}]={v} must be a finite number")
+
+
+def _cross_checks(cfg: TrainConfig) -> None:
+    """The rules that join groups: the device, what each component needs of the env, sizes."""
+    import torch
+
+    if cfg.device == "cuda" and not torch.cuda.is_available():
+        raise ConfigError("device=cuda but no CUDA device is available; use device=auto or device=cpu")
+    if cfg.graph == "on" and (cfg.device == "cpu" or not torch.cuda.is_available()):
+        raise ConfigError("graph=on needs a CUDA device; use graph=auto or graph=off on CPU")
+    env, h, iql = cfg.env.name, cfg.head.name, cfg.objective.iql
+    needs = [(cfg.model.encoder == "attention", "model.encoder=attention attends over the trading observation "
+              "window", "trading"),
+             (cfg.model.encoder == "nature_cnn", "model.encoder=nature_cnn reads image observations [C, H, W] "
+              "(env.name=gym with an ALE/* env.id)", "gym"),
+             (cfg.action.mode != "factored", f"action.mode={cfg.action.mode!r} needs env.name=trading", "trading"),
+             (cfg.replay.her, "replay.her=true needs a goal-conditioned env (env.name=bitflip)", "bitflip"),
+             (cfg.regime.enabled, "regime.enabled=true needs env.name=trading (it weights by the trading env's "
+              "volatility regime)", "trading")]
+    for used, what, env_needed in needs:
+        if used and env != env_needed:
+            raise ConfigError(f"{what}; env.name={env!r}")
+    if iql and h in ("c51", "iqn"):
+        raise ConfigError(f"objective.iql=true trains a scalar Q toward r + γV(s'); head.name={h!r} is "
+                          "distributional (use head=q or head=dueling)")
+    if cfg.action.mode == "branching" and (h != "dueling" or iql):
+        raise ConfigError(f"action.mode=branching uses its own branching dueling head; set head=dueling "
+                          f"(got head.name={h!r}{', objective.iql=true' if iql else ''})")
+    capacity, n, b = cfg.replay.capacity, cfg.env.num_envs, cfg.agent.batch_size
+    for need, what in (((cfg.replay.n_step + 1) * n, f"(replay.n_step + 1) * env.num_envs = "
+                        f"{(cfg.replay.n_step + 1) * n}"), (b, f"agent.batch_size={b}"), (n, f"env.num_envs={n}")):
+        if capacity < need:
+            raise ConfigError(f"replay.capacity={capacity} must be >= {what}")
+    if b % cfg.optim.accumulate:
+        raise ConfigError(f"optim.accumulate={cfg.optim.accumulate} must be >= 1 and divide agent.batch_size={b}")
+    _early_stop_checks(cfg)
+
+
+def _early_stop_checks(cfg: TrainConfig) -> None:
+    es, trading = cfg.early_stop, cfg.env.name == "trading"
+    if not es.enabled:
+        return
+    if es.metric == "mean_return" and trading:
+        raise ConfigError("early_stop.metric=mean_return is for episodic envs; the trading env's validation "
+                          "metrics are sharpe, sortino, total_return, profit_factor, max_drawdown (or auto)")
+    if es.metric not in ("auto", "mean_return") and not trading:
+        raise ConfigError(f"early_stop.metric={es.metric!r} is a trading metric; env.name={cfg.env.name!r} is "
+                          "validated by mean_return (or auto)")
+    if cfg.eval.interval_env_steps <= 0:
+        raise ConfigError("early_stop.enabled=true needs eval.interval_env_steps > 0 (the validation "
+                          f"evaluations it watches); got eval.interval_env_steps={cfg.eval.interval_env_steps}")
+
+
+# ------------------------------------------------------------------------------ composition
+
+
+def load_config(overrides: list[str], config_name: str = "train") -> TrainConfig:
+    """Compose ``config_name`` (conf/) with ``overrides`` through Hydra's compose API and
+    :func:`finalize` it. Used by tests, benches and foxdqn.evaluate; when Hydra is already
+    initialised (inside ``python -m foxdqn.train``) its search path (``--config-dir``,
+    ``hydra.searchpath``) is used as it is.
+
+    Raises:
+        ConfigError: any composition or validation problem (one line, naming the key).
+    """
+    from hydra import compose, initialize_config_module
+    from hydra.core.global_hydra import GlobalHydra
+
+    if GlobalHydra.instance().is_initialized():
+        return finalize(_compose(lambda: compose(config_name, overrides=overrides)))
+    try:
+        with initialize_config_module("foxdqn.conf", version_base="1.3"):
+            return finalize(_compose(lambda: compose(config_name, overrides=overrides)))
+    finally:
+        GlobalHydra.instance().clear()
+
+
+def _compose(make) -> DictConfig:
+    from foxdqn.errors import FoxdqnError
+
+    try:
+        return make()
+    except FoxdqnError:
+        raise
+    except Exception as exc:  # hydra / omegaconf errors: unknown key, wrong type, missing option
+        raise ConfigError(composition_error(exc)) from None
+
+
+def composition_error(exc: BaseException) -> str:
+    """One line from a Hydra/OmegaConf composition error: an unknown key names the keys allowed
+    there (or where it moved), a bad choice lists the choices, a missing group option lists the
+    options, and Hydra's own hint (``+experiment=...``) is kept."""
     import re
-    from pathlib import Path
 
-    extra = Path(str(data_path)).stem if data_path else (str(env_id) if env_id else "")
-    name = f"{experiment}_{extra}" if extra else str(experiment)
-    return re.sub(r"[^A-Za-z0-9._-]", "_", name)
+    text = str(exc).strip() or type(exc).__name__
+    cause = exc.__cause__ or exc.__context__
+    full = text + ("\n" + str(cause) if cause is not None else "")
+    key = re.search(r"full_key: (\S+)", full)
+    choice = re.search(r"Invalid value '([^']*)', expected one of \[([^\]]*)\]", full)
+    if choice and key:
+        return f"{key.group(1)}={choice.group(1)!r} is not allowed; choose one of {choice.group(2)}"
+    unknown = re.search(r"Could not override '([^']+)'", text)
+    if unknown and "No match in the defaults list" not in text:
+        return unknown_key_message(unknown.group(1))
+    if key and re.search(r"not in struct|Key '[^']+' (is )?not in", full):
+        where = re.match(r"In '([^']+)'", text)
+        return (f"{where.group(1)}: " if where else "") + unknown_key_message(key.group(1))
+    lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
+    cut = next((i for i, ln in enumerate(lines) if ln.startswith("Config search path")), len(lines))
+    keep = [ln for ln in lines[:cut] if not ln.startswith(("object_type", "Set the environment variable"))]
+    if any(ln.startswith("Available options") for ln in keep):  # "...in 'head':" + one option per line
+        i = next(i for i, ln in enumerate(keep) if ln.startswith("Available options"))
+        keep = keep[:i] + [keep[i] + " " + ", ".join(keep[i + 1:])]
+    if cause is not None and str(cause).strip():
+        first = str(cause).strip().splitlines()[0].strip()
+        if first not in keep:
+            keep.append(first)
+    return " ".join(ln if ln.endswith(".") else ln + ";" for ln in keep).rstrip(";") or text
 
 
-def register_configs() -> None:
-    """Register the schema as ``train_schema`` (train.yaml lists it first in its defaults) and the
-    ``run_name`` resolver its folder names use."""
-    cs = ConfigStore.instance()
-    cs.store(name="train_schema", node=TrainConfig)
-    if not OmegaConf.has_resolver("run_name"):
-        OmegaConf.register_new_resolver("run_name", lambda e, d=None, i=None: run_name(e, d, i))
+def unknown_keys(composed: DictConfig, schema=None, prefix: str = "") -> list[str]:
+    """Dotted keys of ``composed`` that the schema does not have (``+key=value`` overrides add
+    them past the struct check; they would otherwise be dropped without a word)."""
+    schema = OmegaConf.structured(TrainConfig) if schema is None else schema
+    out = []
+    for key in composed.keys():
+        if prefix == "" and key == "hydra":
+            continue
+        if key not in schema:
+            out.append(f"{prefix}{key}")
+            continue
+        sub, ref = composed._get_node(key), schema._get_node(key)
+        if OmegaConf.is_dict(sub) and OmegaConf.is_dict(ref):
+            out += unknown_keys(sub, ref, f"{prefix}{key}.")
+    return out
 
 
-def _choice(value: Any, allowed: tuple, name: str) -> None:
-    if value not in allowed:
-        raise ConfigError(f"{name}={value!r} is not allowed; choose one of {', '.join(map(str, allowed))}")
-
-
-def _positive(value: float, name: str, allow_zero: bool = False) -> None:
-    if not math.isfinite(value) or value < 0 or (value == 0 and not allow_zero):
-        raise ConfigError(f"{name}={value} must be {'>= 0' if allow_zero else '> 0'}")
-
-
-def _unit(value: float, name: str, lo_open: bool = False, hi_open: bool = False) -> None:
-    if not math.isfinite(value):
-        raise ConfigError(f"{name}={value} must be a finite number in [0, 1]")
-    lo_ok = value > 0 if lo_open else value >= 0
-    hi_ok = value < 1 if hi_open else value <= 1
-    if not (lo_ok and hi_ok):
-        raise ConfigError(f"{name}={value} must be in {'(' if lo_open else '['}0, 1{')' if hi_open else ']'}")
+def allowed_keys(dotted: str) -> list[str]:
+    """Keys allowed next to ``dotted`` (its parent's schema keys)."""
+    node = OmegaConf.structured(TrainConfig)
+    for part in dotted.split(".")[:-1]:
+        if part not in node or not OmegaConf.is_dict(node._get_node(part)):
+            break
+        node = node._get_node(part)
+    return sorted(str(k) for k in node.keys())
 
 
 def to_object(cfg: DictConfig | TrainConfig) -> TrainConfig:
@@ -351,6 +721,58 @@ def to_object(cfg: DictConfig | TrainConfig) -> TrainConfig:
     if not isinstance(obj, TrainConfig):  # composed without the schema (should not happen)
         obj = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(TrainConfig), cfg))
     return obj
+
+
+def to_plain(cfg: TrainConfig) -> dict:
+    """``cfg`` as nested dicts of plain Python values (choices as their strings): what checkpoints
+    store and resume compares."""
+    return OmegaConf.to_container(OmegaConf.structured(cfg), enum_to_str=True)
+
+
+def upgrade(values: dict) -> dict:
+    """A copy of a plain config dict written before keys moved (an older checkpoint's), with
+    :data:`MOVED_KEYS` applied; a current one comes back unchanged."""
+    import copy
+
+    out = copy.deepcopy(values)
+    for old, new in MOVED_KEYS.items():
+        group, key = old.split(".")
+        if isinstance(out.get(group), dict) and key in out[group]:
+            value, node = out[group].pop(key), out
+            *parents, leaf = new.split(".")
+            for part in parents:
+                node = node.setdefault(part, {})
+            node[leaf] = value
+    return out
+
+
+def from_plain(values: dict) -> TrainConfig:
+    """A :class:`TrainConfig` from :func:`to_plain`'s dicts (a checkpoint's config).
+
+    Raises:
+        ConfigError: keys or values this version's schema does not accept.
+    """
+    try:
+        return OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(TrainConfig), values))
+    except Exception as exc:  # noqa: BLE001 - omegaconf validation errors
+        raise ConfigError(composition_error(exc)) from None
+
+
+def finalize(cfg: DictConfig | TrainConfig) -> TrainConfig:
+    """Composed config → validated :class:`TrainConfig` with the debug caps applied."""
+    if isinstance(cfg, DictConfig):
+        extra = unknown_keys(cfg)
+        if extra:
+            raise ConfigError(unknown_key_message(extra[0]))
+    obj = apply_schedule_caps(to_object(cfg))
+    validate(obj)  # sizes as written: the size caps must not hide a bad combination (batch > replay, ...)
+    obj = apply_size_caps(obj)
+    validate(obj)
+    warn_ignored(obj)
+    return obj
+
+
+# -------------------------------------------------------------------------------- debug caps
 
 
 def apply_debug(cfg: TrainConfig) -> TrainConfig:
@@ -391,240 +813,6 @@ def apply_size_caps(cfg: TrainConfig) -> TrainConfig:
     return cfg
 
 
-def _check_finite(node, prefix: str = "") -> None:
-    """Every float anywhere in the config must be finite (NaN/±inf name their field)."""
-    for f in dataclasses.fields(node):
-        value, name = getattr(node, f.name), f"{prefix}{f.name}"
-        if dataclasses.is_dataclass(value):
-            _check_finite(value, f"{name}.")
-        elif isinstance(value, float) and not math.isfinite(value):
-            raise ConfigError(f"{name}={value} must be a finite number")
-        elif isinstance(value, (list, tuple)):
-            for i, v in enumerate(value):
-                if isinstance(v, float) and not math.isfinite(v):
-                    raise ConfigError(f"{name}[{i}]={v} must be a finite number")
-
-
-def unknown_keys(composed: DictConfig, schema=None, prefix: str = "") -> list[str]:
-    """Dotted keys of ``composed`` that the schema does not have (``+key=value`` overrides add
-    them past the struct check; they would otherwise be dropped without a word)."""
-    schema = OmegaConf.structured(TrainConfig) if schema is None else schema
-    out = []
-    for key in composed.keys():
-        if prefix == "" and key == "hydra":
-            continue
-        if key not in schema:
-            out.append(f"{prefix}{key}")
-            continue
-        sub, ref = composed._get_node(key), schema._get_node(key)
-        if OmegaConf.is_dict(sub) and OmegaConf.is_dict(ref):
-            out += unknown_keys(sub, ref, f"{prefix}{key}.")
-    return out
-
-
-def allowed_keys(dotted: str) -> list[str]:
-    """Keys allowed next to ``dotted`` (its parent's schema keys)."""
-    node = OmegaConf.structured(TrainConfig)
-    for part in dotted.split(".")[:-1]:
-        if part not in node or not OmegaConf.is_dict(node._get_node(part)):
-            break
-        node = node._get_node(part)
-    return sorted(str(k) for k in node.keys())
-
-
-def validate(cfg: TrainConfig) -> None:
-    """Check ranges and cross-field rules. Raises ConfigError naming the dotted field."""
-    _check_finite(cfg)
-    if not 0 <= cfg.seed < 2 ** 63:
-        raise ConfigError(f"seed={cfg.seed} must be an integer in [0, 2**63)")
-    _positive(cfg.checkpoint.every_env_steps, "checkpoint.every_env_steps", allow_zero=True)
-    if cfg.resume is not None and not str(cfg.resume).strip():
-        raise ConfigError("resume must be auto or the path of a checkpoint (.pt)")
-    _choice(cfg.device, DEVICES, "device")
-    _choice(cfg.graph, GRAPH_MODES, "graph")
-    _positive(cfg.cpu_threads, "cpu_threads", allow_zero=True)
-    import torch
-
-    if cfg.device == "cuda" and not torch.cuda.is_available():
-        raise ConfigError("device=cuda but no CUDA device is available; use device=auto or device=cpu")
-    if cfg.graph == "on" and (cfg.device == "cpu" or not torch.cuda.is_available()):
-        raise ConfigError("graph=on needs a CUDA device; use graph=auto or graph=off on CPU")
-    e = cfg.env
-    _choice(e.name, ENVS, "env.name")
-    if e.name == "trading":
-        cfg.data.validate()
-    _choice(e.dtype, ("float32", "float64"), "env.dtype")
-    for name in ("num_envs", "window", "episode_length", "n_bits"):
-        _positive(getattr(e, name), f"env.{name}")
-    e.execution.validate("env.execution")
-    _choice(e.vectorization, VECTORIZATIONS, "env.vectorization")
-    for name in ("frame_skip", "screen_size", "frame_stack"):
-        _positive(getattr(e, name), f"env.{name}")
-    _positive(e.noop_max, "env.noop_max", allow_zero=True)
-    _unit(e.repeat_action_probability, "env.repeat_action_probability")
-    if e.name == "gym" and not e.id:
-        raise ConfigError("env.id must name a Gymnasium environment when env.name=gym (e.g. env.id=CartPole-v1)")
-    m = cfg.model
-    _choice(m.encoder, ENCODERS, "model.encoder")
-    _choice(m.activation, ACTIVATIONS, "model.activation")
-    if not m.hidden or any(h <= 0 for h in m.hidden):
-        raise ConfigError(f"model.hidden={list(m.hidden)} must be a non-empty list of positive widths")
-    for name in ("width", "heads", "layers"):
-        _positive(getattr(m, name), f"model.{name}")
-    if m.encoder == "attention":
-        _choice(m.pooling, ("mean", "last"), "model.pooling")
-        if m.width % m.heads:
-            raise ConfigError(f"model.width={m.width} must be a multiple of model.heads={m.heads}")
-        if e.name != "trading":
-            raise ConfigError(f"model.encoder=attention attends over the trading observation window; env.name={e.name!r}")
-    if m.encoder == "nature_cnn" and e.name != "gym":
-        raise ConfigError(f"model.encoder=nature_cnn reads image observations [C, H, W] (env.name=gym with an "
-                          f"ALE/* env.id); env.name={e.name!r}")
-    h = cfg.head
-    _choice(h.name, HEADS, "head.name")
-    if h.name == "c51":
-        if h.atoms < 2:
-            raise ConfigError(f"head.atoms={h.atoms} must be >= 2")
-        if not h.v_min < h.v_max:
-            raise ConfigError(f"head.v_min={h.v_min} must be < head.v_max={h.v_max}")
-    if h.name == "iqn":
-        for name in ("num_quantiles", "num_target_quantiles", "num_quantiles_policy", "embedding_dim"):
-            _positive(getattr(h, name), f"head.{name}")
-        _positive(h.kappa, "head.kappa", allow_zero=True)
-    o = cfg.objective
-    _positive(o.cql_alpha, "objective.cql_alpha", allow_zero=True)
-    _unit(o.iql_expectile, "objective.iql_expectile", lo_open=True, hi_open=True)
-    if o.iql and h.name in ("c51", "iqn"):
-        raise ConfigError(f"objective.iql=true trains a scalar Q toward r + γV(s'); head.name={h.name!r} is "
-                          "distributional (use head=q or head=dueling)")
-    _choice(cfg.action.mode, ACTION_MODES, "action.mode")
-    if cfg.action.mode != "factored" and e.name != "trading":
-        raise ConfigError(f"action.mode={cfg.action.mode!r} needs env.name=trading (got {e.name!r})")
-    if cfg.action.mode == "branching" and (h.name != "dueling" or o.iql):
-        raise ConfigError(f"action.mode=branching uses its own branching dueling head; set head=dueling "
-                          f"(got head.name={h.name!r}{', objective.iql=true' if o.iql else ''})")
-    r = cfg.replay
-    _choice(r.name, REPLAYS, "replay.name")
-    _positive(r.n_step, "replay.n_step")
-    _unit(r.alpha, "replay.alpha")
-    _unit(r.beta_start, "replay.beta_start")
-    _positive(r.eps, "replay.eps")
-    _positive(r.her_k, "replay.her_k")
-    if r.her and e.name != "bitflip":
-        raise ConfigError(f"replay.her=true needs a goal-conditioned env (env.name=bitflip); got env.name={e.name!r}")
-    if r.her and r.n_step != 1:
-        raise ConfigError(f"replay.her=true needs replay.n_step=1 (got {r.n_step})")
-    a = cfg.agent
-    for name in ("total_env_steps", "steps_per_iter", "updates_per_iter", "batch_size", "lr", "adam_eps",
-                 "grad_clip", "huber_delta", "reward_scale"):
-        _positive(getattr(a, name), f"agent.{name}")
-    _positive(a.learning_starts, "agent.learning_starts", allow_zero=True)
-    _unit(a.gamma, "agent.gamma", hi_open=False)
-    _unit(a.tau, "agent.tau", lo_open=True)
-    _choice(a.target_update, TARGET_UPDATES, "agent.target_update")
-    _choice(a.matmul_precision, ("highest", "high", "medium"), "agent.matmul_precision")
-    _positive(a.hard_update_period, "agent.hard_update_period")
-    _unit(a.eps_start, "agent.eps_start")
-    _unit(a.eps_end, "agent.eps_end")
-    _unit(a.eps_decay_fraction, "agent.eps_decay_fraction", lo_open=True)
-    if a.eps_end > a.eps_start:
-        raise ConfigError(f"agent.eps_end={a.eps_end} must be <= agent.eps_start={a.eps_start} (ε decays)")
-    if a.learning_starts >= a.total_env_steps:
-        raise ConfigError(f"agent.learning_starts={a.learning_starts} must be < agent.total_env_steps="
-                          f"{a.total_env_steps} (else no update is made)")
-    if cfg.replay.capacity < (cfg.replay.n_step + 1) * e.num_envs:
-        raise ConfigError(f"replay.capacity={cfg.replay.capacity} must be >= (replay.n_step + 1) * env.num_envs = "
-                          f"{(cfg.replay.n_step + 1) * e.num_envs}")
-    if cfg.replay.capacity < a.batch_size:
-        raise ConfigError(f"replay.capacity={cfg.replay.capacity} must be >= agent.batch_size={a.batch_size}")
-    if cfg.replay.capacity < e.num_envs:
-        raise ConfigError(f"replay.capacity={cfg.replay.capacity} must be >= env.num_envs={e.num_envs}")
-    _validate_controls(cfg)
-    g = cfg.guard
-    _positive(g.loss_clip, "guard.loss_clip")
-    _positive(g.collapse_multiplier, "guard.collapse_multiplier", allow_zero=True)
-    _positive(g.collapse_patience, "guard.collapse_patience", allow_zero=True)
-    _positive(g.warmup_updates, "guard.warmup_updates", allow_zero=True)
-    _positive(g.q_divergence, "guard.q_divergence")
-    _positive(g.ring_size, "guard.ring_size")
-    _choice(cfg.eval.split, ("train", "val", "test"), "eval.split")
-    _positive(cfg.eval.episodes, "eval.episodes")
-    _positive(cfg.eval.interval_env_steps, "eval.interval_env_steps", allow_zero=True)
-    _positive(cfg.log.interval_env_steps, "log.interval_env_steps")
-    _validate_early_stop(cfg)
-    d = cfg.diversity
-    _positive(d.top_k, "diversity.top_k")
-    _unit(d.min_entropy, "diversity.min_entropy")
-    _positive(d.patience, "diversity.patience")
-    if cfg.debug.inject_nan_at_step is not None and cfg.debug.inject_nan_at_step < 0:
-        raise ConfigError(f"debug.inject_nan_at_step={cfg.debug.inject_nan_at_step} must be >= 0 (an update number)")
-
-
-def _validate_early_stop(cfg: TrainConfig) -> None:
-    es = cfg.early_stop
-    _choice(es.metric, EARLY_STOP_METRICS, "early_stop.metric")
-    _positive(es.patience, "early_stop.patience")
-    _positive(es.min_delta, "early_stop.min_delta", allow_zero=True)
-    _positive(es.q_patience, "early_stop.q_patience")
-    if es.q_bound is not None:
-        _positive(es.q_bound, "early_stop.q_bound")
-    if not es.enabled:
-        return
-    trading = cfg.env.name == "trading"
-    if es.metric == "mean_return" and trading:
-        raise ConfigError("early_stop.metric=mean_return is for episodic envs; the trading env's validation "
-                          "metrics are sharpe, sortino, total_return, profit_factor, max_drawdown (or auto)")
-    if es.metric not in ("auto", "mean_return") and not trading:
-        raise ConfigError(f"early_stop.metric={es.metric!r} is a trading metric; env.name={cfg.env.name!r} is "
-                          "validated by mean_return (or auto)")
-    if cfg.eval.interval_env_steps <= 0:
-        raise ConfigError("early_stop.enabled=true needs eval.interval_env_steps > 0 (the validation "
-                          f"evaluations it watches); got eval.interval_env_steps={cfg.eval.interval_env_steps}")
-
-
-def _validate_controls(cfg: TrainConfig) -> None:
-    """optim.*, prune.*, regime.* (the training controls of docs/design/update.md)."""
-    m, b = cfg.optim.accumulate, cfg.agent.batch_size
-    if m < 1 or b % m:
-        raise ConfigError(f"optim.accumulate={m} must be >= 1 and divide agent.batch_size={b}")
-    p = cfg.prune
-    if p.enabled:
-        _unit(p.initial_sparsity, "prune.initial_sparsity", hi_open=True)
-        _unit(p.final_sparsity, "prune.final_sparsity", hi_open=True)
-        if p.initial_sparsity > p.final_sparsity:
-            raise ConfigError(f"prune.initial_sparsity={p.initial_sparsity} must be <= "
-                              f"prune.final_sparsity={p.final_sparsity}")
-        _positive(p.start_update, "prune.start_update", allow_zero=True)
-        _positive(p.frequency, "prune.frequency")
-        if p.end_update <= p.start_update:
-            raise ConfigError(f"prune.end_update={p.end_update} must be > prune.start_update={p.start_update}")
-    r = cfg.regime
-    if r.enabled:
-        if cfg.env.name != "trading":
-            raise ConfigError(f"regime.enabled=true needs env.name=trading (it weights by the trading env's "
-                              f"volatility regime); got env.name={cfg.env.name!r}")
-        if not 0 < r.low_threshold < r.high_threshold:
-            raise ConfigError(f"regime.low_threshold={r.low_threshold} must be > 0 and < "
-                              f"regime.high_threshold={r.high_threshold}")
-        if len(r.weights) != 3 or any(w < 0 for w in r.weights) or not any(w > 0 for w in r.weights):
-            raise ConfigError(f"regime.weights={list(r.weights)} must be 3 numbers [low, normal, high], "
-                              ">= 0 and not all 0")
-
-
-def finalize(cfg: DictConfig | TrainConfig) -> TrainConfig:
-    """Composed config → validated :class:`TrainConfig` with the debug caps applied."""
-    if isinstance(cfg, DictConfig):
-        extra = unknown_keys(cfg)
-        if extra:
-            raise ConfigError(unknown_key_message(extra[0]))
-    obj = apply_schedule_caps(to_object(cfg))
-    validate(obj)  # sizes as written: the size caps must not hide a bad combination (batch > replay, ...)
-    obj = apply_size_caps(obj)
-    validate(obj)
-    warn_ignored(obj)
-    return obj
-
-
 def total_updates(cfg: TrainConfig) -> int:
     """Gradient updates the run will make (host arithmetic on the schedule, no device read)."""
     a = cfg.agent
@@ -656,6 +844,38 @@ def warn_ignored(cfg: TrainConfig) -> list[str]:
     for note in notes:
         logging.getLogger("foxdqn.config").warning(note)
     return notes
+
+
+# ------------------------------------------------------------------------------ registration
+
+
+def run_name(experiment: str, data_path: Optional[str] = None, env_id: Optional[str] = None) -> str:
+    """The name of a run's folders and titles: the experiment, plus the stem of ``data.path`` or
+    the Gymnasium ``env.id`` when one is set (so ``data.path=bars.csv`` is not filed as
+    ``eurusd_dqn``). Characters other than letters, digits, ``-``, ``_`` and ``.`` become ``_``."""
+    import re
+    from pathlib import Path
+
+    extra = Path(str(data_path)).stem if data_path else (str(env_id) if env_id else "")
+    name = f"{experiment}_{extra}" if extra else str(experiment)
+    return re.sub(r"[^A-Za-z0-9._-]", "_", name)
+
+
+def experiment_names() -> list[str]:
+    """The experiments shipped in ``conf/experiment/`` (the package ``foxdqn.conf``), sorted."""
+    from importlib.resources import files
+
+    folder = files("foxdqn.conf").joinpath("experiment")
+    return sorted(p.name[:-5] for p in folder.iterdir() if p.name.endswith(".yaml"))
+
+
+def register_configs() -> None:
+    """Register the schema as ``train_schema`` (train.yaml lists it first in its defaults) and the
+    ``run_name`` resolver its folder names use."""
+    cs = ConfigStore.instance()
+    cs.store(name="train_schema", node=TrainConfig)
+    if not OmegaConf.has_resolver("run_name"):
+        OmegaConf.register_new_resolver("run_name", lambda e, d=None, i=None: run_name(e, d, i))
 
 
 register_configs()

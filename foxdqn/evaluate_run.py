@@ -63,14 +63,14 @@ def config_from(payload: dict, overrides: list[str]):
     """The checkpoint's :class:`~foxdqn.config.TrainConfig` with ``overrides`` applied, validated."""
     from omegaconf import OmegaConf
 
-    from foxdqn.config import TrainConfig, to_object, validate
+    from foxdqn.config import TrainConfig, composition_error, to_object, validate
     from foxdqn.errors import ConfigError
 
     try:
         cfg = OmegaConf.merge(OmegaConf.structured(TrainConfig), OmegaConf.create(payload["config"]),
                               OmegaConf.from_dotlist(overrides))
     except Exception as exc:  # noqa: BLE001 - omegaconf: unknown key, wrong type
-        raise ConfigError(f"override: {str(exc).splitlines()[0]}") from None
+        raise ConfigError(f"override: {composition_error(exc)}") from None
     tc = to_object(cfg)
     tc.resume = None
     validate(tc)
@@ -188,7 +188,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"foxdqn: error: writing the evaluation failed: {exc.filename or ''} {exc.strerror or exc}".strip(),
               file=sys.stderr)
         return 2
-    from foxdqn.train import _print_summary
+    from foxdqn.results_table import print_summary
 
-    _print_summary({**summary, "selection": {}}, folder)
+    print_summary({**summary, "selection": {}}, folder)
     return 0

@@ -221,7 +221,7 @@ class _Training:
         self.log_every = max(1, cfg.log.interval_env_steps // per_iter)
         self.eval_every = max(1, cfg.eval.interval_env_steps // per_iter) if cfg.eval.interval_env_steps else 0
         self.snapshot = Snapshotter(s)
-        self.logger = MetricsLogger(run_dir, tensorboard=cfg.log.tensorboard,
+        self.logger = MetricsLogger(run_dir, tensorboard=cfg.logger.tensorboard,
                                     resume_after=None if resume is None else int(resume["env_steps"]))
         self.stopper, self.collapse = self.host["stopper"], self.host["collapse"]
         self.best_path, self.last_path = run_dir / "checkpoints" / "best.pt", run_dir / "checkpoints" / "last.pt"
@@ -410,7 +410,7 @@ def _finish(s: TrainState, market, run_dir: Path, stopper, collapse, graph: bool
 def _log_final(run_dir: Path, cfg: TrainConfig, summary: dict) -> None:
     """The evaluated split's agent metrics and the selection value into TensorBoard (``eval/<split>/*``
     at the last env step) and one HParams row (the run's overrides, or seed and experiment)."""
-    if not cfg.log.tensorboard:
+    if not cfg.logger.tensorboard:
         return
     from foxdqn.monitor.tensorboard_log import TensorBoardLogger
 

@@ -7,13 +7,12 @@ per process: the precheck (before Hydra makes a folder) and the run share the lo
 """
 from __future__ import annotations
 
-import dataclasses
 import logging
 import shutil
 from pathlib import Path
 
 from foxdqn.checkpoint import load_checkpoint
-from foxdqn.config import TrainConfig
+from foxdqn.config import TrainConfig, to_plain
 from foxdqn.errors import ConfigError
 from foxdqn.run_folder import MARKER
 
@@ -34,7 +33,7 @@ def read_checkpoint(path: Path) -> dict:
 
 
 #: Keys a resumed run may change (how it runs, not what it trains).
-RESUME_MAY_CHANGE = ("resume", "device", "graph", "cpu_threads", "log", "checkpoint")
+RESUME_MAY_CHANGE = ("resume", "device", "graph", "cpu_threads", "log", "logger", "checkpoint")
 
 
 def resolve_resume(tc: TrainConfig, hydra_dir: Path) -> tuple[TrainConfig, Path, dict | None]:
@@ -66,7 +65,7 @@ def resolve_resume(tc: TrainConfig, hydra_dir: Path) -> tuple[TrainConfig, Path,
     _LOADED.clear()  # the run holds it from here: no second copy of a saved replay in memory
     if (run_dir / "eval" / "summary.json").is_file() and not (run_dir / MARKER).exists():
         raise ConfigError(f"resume: the run in {run_dir} has finished (eval/summary.json); nothing to continue")
-    mine, theirs = dataclasses.asdict(tc), payload["config"]
+    mine, theirs = to_plain(tc), payload["config"]
     diff = _first_difference(mine, theirs, RESUME_MAY_CHANGE)
     if diff is not None:
         raise ConfigError(f"resume: {diff} differs from the checkpoint's config ({path}); a resumed run keeps "

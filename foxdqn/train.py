@@ -1,13 +1,18 @@
 """``python -m foxdqn.train [+experiment=NAME] [overrides] [--multirun ...]``.
 
-Composes ``conf/train.yaml`` (inside the package) with Hydra, validates the config and the data
-before any output folder is made, trains, evaluates on the test split and prints where the
-outputs are. Bad input (an unknown key, a wrong type, an invalid value, a bad data file) ends with
-one line on stderr and exit code 2; a halt raised by an on-device guard ends with exit code 3
-after the last good weights are saved.
+Hydra parses the command line and composes ``conf/train.yaml`` (the package ``foxdqn.conf``;
+``--config-dir``, ``--config-path`` and ``hydra.searchpath`` add the user's own config folders).
+The task function validates the config and the data once, before any work; trains; evaluates on
+the test split and prints where the outputs are. A ``--multirun`` checks every job first
+(:class:`foxdqn.hydra_callbacks.CheckJobs`). Bad input (an unknown key, a wrong type, an invalid
+value, a bad data file) ends with one line on stderr, exit code 2 and no run folder; a halt raised
+by an on-device guard ends with exit code 3 after the last good weights are saved; SIGINT/SIGTERM
+with a checkpoint and exit code 130/143. docs/usage.md lists every outcome.
 """
 from __future__ import annotations
 
+import os
+import shutil
 import sys
 from pathlib import Path
 
@@ -16,10 +21,7 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
 from foxdqn.config import TrainConfig, finalize
-from foxdqn.errors import FoxdqnError, HaltError
-
-_FLAGS_WITH_VALUE = {"--config-path", "-cp", "--config-name", "-cn", "--config-dir", "-cd",
-                     "--experimental-rerun", "--package", "-p", "--info", "-i"}
+from foxdqn.errors import ConfigError, FoxdqnError, HaltError
 
 
 def _fail(message: str, code: int = 2) -> None:
@@ -27,90 +29,40 @@ def _fail(message: str, code: int = 2) -> None:
     sys.exit(code)
 
 
-def _one_line(exc: BaseException) -> str:
-    """One line from a Hydra/OmegaConf composition error: the message, the underlying cause
-    (e.g. the expected type) and, for an unknown key, the keys allowed there."""
-    import re
+def preflight(tc: TrainConfig):
+    """What can be checked before any work, beyond the config itself: a ``resume=PATH`` checkpoint
+    is readable, the data loads and is valid, a Gymnasium env exists with a Discrete action space
+    that the encoder can read, and the replay memory fits. Returns the market data (None for
+    envs other than trading).
 
-    from foxdqn.config import unknown_key_message
-
-    text = str(exc).strip() or type(exc).__name__
-    unknown = re.search(r"Could not override '([^']+)'", text)
-    if unknown:
-        return unknown_key_message(unknown.group(1))
-    lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
-    cut = next((i for i, ln in enumerate(lines) if ln.startswith("Config search path")), len(lines))
-    keep = [ln for ln in lines[:cut] if not ln.startswith(("object_type", "Set the environment variable"))]
-    if any(ln.startswith("Available options") for ln in keep):  # "...in 'head':" + one option per line
-        i = next(i for i, ln in enumerate(keep) if ln.startswith("Available options"))
-        keep = keep[:i] + [keep[i] + " " + ", ".join(keep[i + 1:])]
-    cause = exc.__cause__ or exc.__context__
-    if cause is not None and str(cause).strip():
-        first = str(cause).strip().splitlines()[0].strip()
-        if first not in keep:
-            keep.append(first)
-    return "; ".join(keep) or text
-
-
-def _overrides(argv: list[str]) -> list[str] | None:
-    """The plain overrides of a single run (None for multirun or informational invocations)."""
-    out, skip = [], False
-    for arg in argv:
-        if skip:
-            skip = False
-            continue
-        if arg in ("-m", "--multirun", "--help", "-h", "--hydra-help", "--cfg", "-c", "--version",
-                   "--shell-completion", "-sc", "--resolve", "--info", "-i"):
-            return None
-        if arg in _FLAGS_WITH_VALUE:
-            skip = True
-            continue
-        if arg.startswith("-"):
-            continue
-        if not arg.lstrip("+~").startswith(("hydra.", "hydra/")):
-            out.append(arg)
-    return out
-
-
-def load_config(overrides: list[str]) -> TrainConfig:
-    """Compose ``train.yaml`` with ``overrides`` and finalize it (used by tests and the precheck).
-
-    Raises FoxdqnError (ConfigError) for any composition or validation problem.
+    Raises:
+        FoxdqnError: ConfigError or DataError, naming the key, file or row.
     """
-    from hydra import compose, initialize_config_module
-    from hydra.core.global_hydra import GlobalHydra
+    from foxdqn.replay.buffer import replay_bytes
 
-    from foxdqn.errors import ConfigError
+    if tc.resume not in (None, "auto"):
+        from foxdqn.resume import read_checkpoint, resume_path
 
-    GlobalHydra.instance().clear()
-    try:
-        with initialize_config_module("foxdqn.conf", version_base="1.3"):
-            cfg = compose("train", overrides=overrides)
-    except FoxdqnError:
-        raise
-    except Exception as exc:  # hydra / omegaconf errors: unknown key, wrong type, missing option
-        raise ConfigError(_one_line(exc)) from None
-    finally:
-        GlobalHydra.instance().clear()
-    return finalize(cfg)
+        read_checkpoint(resume_path(tc.resume))
+    market = market_data(tc)
+    itemsize = 4
+    if tc.env.name == "gym":  # unknown id / non-Discrete actions fail here
+        import math
 
+        from foxdqn.envs.gym_adapter import describe
+        from foxdqn.step.build import check_encoder
 
-def _sweep_jobs(argv: list[str]) -> list[list[str]] | None:
-    """The override lists of a ``--multirun`` sweep (basic sweeper syntax: ``a=1,2 b=x,y``), or
-    None when they cannot be expanded here (another sweeper, ranges, ...)."""
-    args = [a for a in argv if a not in ("-m", "--multirun")]
-    plain = _overrides(args)
-    if plain is None:
-        return None
-    try:
-        from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
-        from hydra.core.override_parser.overrides_parser import OverridesParser
-
-        parsed = OverridesParser.create().parse_overrides(plain)
-        batches = BasicSweeper.split_arguments(parsed, max_batch_size=None)
-        return [list(job) for batch in batches for job in batch]
-    except Exception:  # noqa: BLE001 - fall back to per-job checks inside the run
-        return None
+        spaces = describe(tc.env)
+        check_encoder(tc.model.encoder, spaces["obs_shape"], tc.env.id)
+        obs_dim, itemsize = math.prod(spaces["obs_shape"]), spaces["obs_dtype"].itemsize
+    else:
+        obs_dim = {"trading": tc.env.window * (market.features.shape[1] if market else 5) + 2, "cartpole": 4,
+                   "bitflip": 2 * tc.env.n_bits}[tc.env.name]
+    need, free = replay_bytes(tc.replay.capacity, obs_dim, itemsize, tc.regime.enabled), _available_bytes(tc.device)
+    if free is not None and need > 0.8 * free:
+        raise ConfigError(f"replay.capacity={tc.replay.capacity} needs {need / 2**30:.1f} GiB for observations "
+                          f"of size {obs_dim}, more than the {free / 2**30:.1f} GiB free; lower replay.capacity")
+    return market
 
 
 def _available_bytes(device: str) -> int | None:
@@ -129,129 +81,60 @@ def _available_bytes(device: str) -> int | None:
     return None
 
 
-def _check(overrides: list[str]) -> None:
-    from foxdqn.errors import ConfigError
-    from foxdqn.replay.buffer import replay_bytes
+def market_data(tc: TrainConfig):
+    """The run's market data (None for envs other than trading), loaded once per process and data
+    setting: a multirun's precheck and its jobs share the load."""
+    if tc.env.name != "trading":
+        return None
+    from foxdqn.data import load_market_data
 
-    cfg = load_config(overrides)
-    if cfg.resume not in (None, "auto"):  # a bad checkpoint is refused before Hydra makes a run folder
-        from foxdqn.resume import read_checkpoint, resume_path
-
-        read_checkpoint(resume_path(cfg.resume))
-    market = _market(cfg)
-    itemsize = 4
-    if cfg.env.name == "gym":  # unknown id / non-Discrete actions fail here, before any run folder
-        import math
-
-        from foxdqn.envs.gym_adapter import describe
-
-        from foxdqn.step.build import check_encoder
-
-        spaces = describe(cfg.env)
-        check_encoder(cfg.model.encoder, spaces["obs_shape"], cfg.env.id)
-        obs_dim, itemsize = math.prod(spaces["obs_shape"]), spaces["obs_dtype"].itemsize
-    else:
-        obs_dim = {"trading": cfg.env.window * (market.features.shape[1] if market else 5) + 2, "cartpole": 4,
-                   "bitflip": 2 * cfg.env.n_bits}[cfg.env.name]
-    need, free = replay_bytes(cfg.replay.capacity, obs_dim, itemsize, cfg.regime.enabled), _available_bytes(cfg.device)
-    if free is not None and need > 0.8 * free:
-        raise ConfigError(f"replay.capacity={cfg.replay.capacity} needs {need / 2**30:.1f} GiB for observations "
-                          f"of size {obs_dim}, more than the {free / 2**30:.1f} GiB free; lower replay.capacity")
+    key = (repr(tc.data), tc.env.window, tc.env.episode_length)
+    if key not in _MARKETS:
+        _MARKETS.clear()  # one dataset at a time: a sweep over files does not pile them up
+        _MARKETS[key] = load_market_data(tc.data, tc.env.window, tc.env.episode_length)
+    return _MARKETS[key]
 
 
-def _precheck(argv: list[str]) -> None:
-    """Validate config and data before Hydra creates a run folder: the single run, or every job
-    of a ``--multirun`` sweep."""
-    if "-m" in argv or "--multirun" in argv:
-        jobs = _sweep_jobs(argv) or []
-    else:
-        single = _overrides(argv)
-        jobs = [] if single is None else [single]
-    for job in jobs:
-        try:
-            _check(job)
-        except FoxdqnError as exc:
-            prefix = f"job {' '.join(job)}: " if len(jobs) > 1 else ""
-            _fail(prefix + str(exc))
-    _check_output_parent(argv)
+_MARKETS: dict = {}
+
+#: True once a task function has started: a Hydra/OmegaConf error before it is bad input (one line,
+#: exit 2), after it a bug (its traceback).
+_TASK_STARTED = False
 
 
-def _check_output_parent(argv: list[str]) -> None:
-    """Before Hydra makes the run (or sweep) folder: its nearest existing ancestor must be a
-    writable folder, else one line naming the path and exit 2 (Hydra would fail with a traceback)."""
-    import os
-
-    key = "hydra.sweep.dir=" if ("-m" in argv or "--multirun" in argv) else "hydra.run.dir="
-    given = [a.split("=", 1)[1] for a in argv if a.lstrip("+").startswith(key)]
-    target = Path(given[-1] if given else "outputs").expanduser().absolute()
-    probe = target
-    while not probe.exists() and probe != probe.parent:
-        probe = probe.parent
-    if not probe.is_dir():
-        _fail(f"output folder {target}: {probe} is a file, not a folder; choose another {key[:-1]}")
-    if not os.access(probe, os.W_OK | os.X_OK):
-        _fail(f"output folder {target}: {probe} is not writable; choose another {key[:-1]}")
-
-
-def _print_summary(summary: dict, run_dir: Path) -> None:
-    from rich.console import Console
-    from rich.table import Table
-
-    if "split" not in summary:  # episodic env (CartPole, bit flipping)
-        console = Console()
-        m = summary["metrics"]["agent"]
-        console.print(f"[bold]{summary.get('run_name', summary['experiment'])}[/bold] greedy evaluation: " +
-                      ", ".join(f"{k}={v:.4g}" for k, v in m.items()), soft_wrap=True)  # one line each, for grep
-        console.print(f"[bold]outputs:[/bold] {run_dir.resolve()}  (wall {summary['wall_time_s']} s on "
-                      f"{summary['gpu'] or summary['device']})", soft_wrap=True)
-        return
-
-    name = summary.get("run_name", summary.get("experiment"))
-    table = Table(title=f"{name} — {summary['split']} split, {summary['bars']} bars "
-                        f"({summary['period'][0]} → {summary['period'][1]})")
-    rows = {"total_return": "total return", "sharpe": "Sharpe (annualised)", "sortino": "Sortino (annualised)",
-            "max_drawdown": "max drawdown", "profit_factor": "profit factor", "hit_rate": "hit rate",
-            "turnover": "turnover (x equity/yr)", "num_trades": "trades"}
-    probe = Console()
-    console = Console(width=probe.width if probe.is_terminal else 130)  # a terminal's width; files: no wrapping
-    table.add_column("metric")  # metrics as rows: fits an 80-column terminal
-    for name in summary["metrics"]:
-        table.add_column(name, justify="right")
-    for key, label in rows.items():
-        table.add_row(label, *[f"{m[key]:.4g}" if isinstance(m.get(key), (int, float)) else str(m.get(key))
-                               for m in summary["metrics"].values()])
-    console.print(table)
-    a, sel = summary["metrics"]["agent"], summary.get("selection") or {}
-    line = (f"agent Sharpe 95 % interval [{a['sharpe_ci95_low']:.3g}, {a['sharpe_ci95_high']:.3g}] (block "
-            f"bootstrap); PSR(SR > 0) = {a['psr_vs_zero']:.3f}; PSR(return - buy-and-hold > 0) = "
-            f"{a.get('psr_vs_buy_and_hold', float('nan')):.3f}")
-    if sel:
-        line += f"; selected on val {sel['metric']} = {sel['value']:.4g}"
-    console.print(line, soft_wrap=True)
-    console.print(f"[bold]outputs:[/bold] {run_dir.resolve()}  (wall {summary['wall_time_s']} s on "
-                  f"{summary['gpu'] or summary['device']})")
-
-
-@hydra.main(version_base="1.3", config_path="conf", config_name="train")
+@hydra.main(version_base="1.3", config_path="pkg://foxdqn.conf", config_name="train")
 def _run(cfg: DictConfig) -> float:
+    global _TASK_STARTED
+    _TASK_STARTED = True
+    hydra_dir = Path(HydraConfig.get().runtime.output_dir)
+    try:
+        tc = finalize(cfg)
+        market = preflight(tc)
+    except FoxdqnError as exc:
+        _remove_if_unused(hydra_dir)
+        return _job_failed(str(exc), 2)
+    return _train(tc, market, hydra_dir)
+
+
+def _train(tc: TrainConfig, market, hydra_dir: Path) -> float:
     from foxdqn.io_atomic import write_text_atomic
     from foxdqn.loop import Interrupted, train
+    from foxdqn.results_table import print_summary
     from foxdqn.resume import resolve_resume
     from foxdqn.run_folder import RunFolder
 
-    folder = None
+    folder, run_dir = None, hydra_dir
     try:
-        tc = finalize(cfg)
-        run_dir = Path(HydraConfig.get().runtime.output_dir)
         payload = None
         if tc.resume is not None:
-            tc, run_dir, payload = resolve_resume(tc, run_dir)
-        market = _market(tc)
+            tc, run_dir, payload = resolve_resume(tc, hydra_dir)
         folder = RunFolder(run_dir).open(resume=tc.resume is not None)
         write_text_atomic(run_dir / "config.yaml", OmegaConf.to_yaml(OmegaConf.structured(tc)))
         summary = train(tc, market, run_dir, resume=payload)
     except FoxdqnError as exc:
         _release(folder)
+        if folder is None:
+            _remove_if_unused(hydra_dir)
         return _job_failed(str(exc), 2)
     except HaltError as exc:
         _release(folder, finished=True)  # HALTED marks the end
@@ -269,8 +152,26 @@ def _run(cfg: DictConfig) -> float:
                   f"agent.batch_size ({str(exc).splitlines()[0][:120]})")
         raise
     folder.finish()
-    _print_summary(summary, run_dir)
+    print_summary(summary, run_dir)
     return objective(summary)
+
+
+def objective(summary: dict) -> float:
+    """The value a run returns to a Hydra sweeper (Optuna, ...): the validation metric of the weights
+    the run kept (``summary["selection"]``, docs/backtest.md), never a test-split number."""
+    return float(summary["selection"]["value"])
+
+
+def _remove_if_unused(run_dir: Path) -> None:
+    """Remove the folder Hydra made for this job when it holds only Hydra's ``.hydra/`` and log, and
+    the empty folders Hydra made above it (a run refused before any work leaves nothing behind)."""
+    from foxdqn.hydra_callbacks import NEW_PARENTS
+
+    if run_dir.is_dir() and all(p.name == ".hydra" or p.suffix == ".log" for p in run_dir.iterdir()):
+        shutil.rmtree(run_dir, ignore_errors=True)
+        for parent in NEW_PARENTS:  # the folders Hydra made above it, when nothing else is in them
+            if parent.is_dir() and not any(parent.iterdir()):
+                parent.rmdir()
 
 
 #: (exit code, message) of the jobs of this process's multirun that failed; main() exits with the worst.
@@ -295,27 +196,6 @@ def _release(folder, finished: bool = False) -> None:
         folder.finish() if finished else folder.release()
 
 
-def _market(tc: TrainConfig):
-    """The run's market data, loaded once per process and data setting (the precheck and the run
-    share it)."""
-    if tc.env.name != "trading":
-        return None
-    from foxdqn.data import load_market_data
-
-    key = (repr(tc.data), tc.env.window, tc.env.episode_length)
-    if key not in _MARKETS:
-        _MARKETS.clear()  # one dataset at a time: a sweep over files does not pile them up
-        _MARKETS[key] = load_market_data(tc.data, tc.env.window, tc.env.episode_length)
-    return _MARKETS[key]
-
-
-_MARKETS: dict = {}
-def objective(summary: dict) -> float:
-    """The value a run returns to a Hydra sweeper (Optuna, ...): the validation metric of the weights
-    the run kept (``summary["selection"]``, docs/backtest.md), never a test-split number."""
-    return float(summary["selection"]["value"])
-
-
 def _outside_training(signum, frame) -> None:
     """SIGINT/SIGTERM outside the training loop (start-up, evaluation): one line, exit 128 + signal;
     the training loop installs its own handlers (stop after the iteration, with a checkpoint)."""
@@ -326,12 +206,24 @@ def _outside_training(signum, frame) -> None:
 
 
 def main() -> None:
+    """The console entry point: Hydra's ``main`` with errors of composition (before any task runs)
+    turned into one line and exit code 2."""
     import signal
+
+    from hydra.errors import HydraException
+    from omegaconf.errors import OmegaConfBaseException
+
+    from foxdqn.config import composition_error
 
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, _outside_training)
-    _precheck(sys.argv[1:])
-    _run()
+    os.environ["HYDRA_FULL_ERROR"] = "1"  # Hydra raises instead of printing a multi-line report and exit 1
+    try:
+        _run()
+    except (HydraException, OmegaConfBaseException) as exc:
+        if _TASK_STARTED:
+            raise
+        _fail(composition_error(exc))
     if _FAILED_JOBS:  # a multirun whose jobs did not all finish
         print(f"foxdqn: error: {len(_FAILED_JOBS)} job(s) of the multirun failed (see above and seeds.md)",
               file=sys.stderr)

@@ -23,7 +23,7 @@ from foxdqn.nn.mlp import MLPEncoder
 from foxdqn.nn.qnet import QNetwork
 from foxdqn.step.iteration import WARMUP_ITERATIONS, Iteration, make_iteration
 from foxdqn.step.state import build_state
-from foxdqn.train import load_config
+from foxdqn.config import experiment_names, load_config
 
 INF = float("inf")
 
@@ -205,7 +205,7 @@ def table_q(q) -> QNetwork:
     return net
 
 
-EXPERIMENTS = sorted(p.stem for p in (Path(__file__).parents[1] / "foxdqn" / "conf" / "experiment").glob("*.yaml"))
+EXPERIMENTS = experiment_names()
 
 
 def small_state(overrides=(), bars=1200, drift=1e-4, vol=2e-3, seed=0, device="cpu"):

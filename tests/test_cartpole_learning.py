@@ -17,7 +17,7 @@ import torch
 from foxdqn.evaluate import evaluate_episodes
 from foxdqn.loop import train
 from foxdqn.step.state import build_state
-from foxdqn.train import load_config
+from foxdqn.config import load_config
 
 from support import train_eager
 
@@ -33,7 +33,7 @@ def _random_return(cfg, s, episodes=50) -> float:
         def forward(self, obs):
             return torch.rand(obs.shape[0], 2, generator=gen)
 
-    random = evaluate_episodes(cfg, RandomPolicy(), s.action_mode, s.device, episodes=episodes)["mean_return"]
+    random = evaluate_episodes(cfg, RandomPolicy(), s.rollout.action_mode, s.device, episodes=episodes)["mean_return"]
     assert 15 <= random <= 30, random  # CartPole-v1 under a uniform random policy: ≈ 22
     return random
 
@@ -47,13 +47,13 @@ def test_smoke_beats_random_policy(name, extra, shape):
     assert (cfg.env.num_envs, cfg.agent.steps_per_iter, cfg.agent.updates_per_iter) == shape
     s = build_state(cfg, None, torch.device("cpu"))
     train_eager(s, cfg)
-    trained = evaluate_episodes(cfg, s.online, s.action_mode, s.device, episodes=50)["mean_return"]
+    trained = evaluate_episodes(cfg, s.nets.online, s.rollout.action_mode, s.device, episodes=50)["mean_return"]
     random = _random_return(cfg, s)
     assert trained >= random + 15, (trained, random)
 
 
 def test_cartpole_zoo_smoke_trains_and_beats_random_policy(tmp_path):
-    cfg = _cfg("cartpole_zoo", "log.tensorboard=false", "eval.episodes=50")
+    cfg = _cfg("cartpole_zoo", "logger=csv", "eval.episodes=50")
     assert (cfg.env.num_envs, cfg.agent.steps_per_iter, cfg.agent.updates_per_iter) == (1, 256, 128)
     summary = train(cfg, None, tmp_path)
     assert summary == json.loads((tmp_path / "eval" / "summary.json").read_text())

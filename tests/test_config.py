@@ -4,9 +4,9 @@ from pathlib import Path
 import pytest
 
 from foxdqn.errors import ConfigError
-from foxdqn.train import load_config
+from foxdqn.config import experiment_names, load_config
 
-EXPERIMENTS = sorted(p.stem for p in (Path(__file__).parents[1] / "foxdqn" / "conf" / "experiment").glob("*.yaml"))
+EXPERIMENTS = experiment_names()
 
 
 def test_experiments_found():
@@ -35,7 +35,7 @@ def test_smoke_caps_win_over_experiment():
 def test_unknown_key_lists_the_allowed_keys():
     with pytest.raises(ConfigError) as info:
         load_config(["+agent.lrr=1e-3"])
-    assert "lr" in str(info.value) and "batch_size" in str(info.value)
+    assert "learning_starts" in str(info.value) and "batch_size" in str(info.value)
 
 
 @pytest.mark.parametrize("override, field", [
@@ -44,7 +44,7 @@ def test_unknown_key_lists_the_allowed_keys():
     ("device=tpu", "device"),
     ("graph=sometimes", "graph"),
     ("head=c99", "head"),
-    ("agent.lr=abc", "agent.lr"),
+    ("optim.lr=abc", "optim.lr"),
     ("agent.no_such_key=1", "no_such_key"),
     ("+experiment=nope", "experiment"),
     ("replay.capacity=8", "replay.capacity"),
@@ -68,12 +68,12 @@ def test_unknown_key_lists_the_allowed_keys():
     # unknown keys added with "+", non-finite numbers, schedules that cannot work
     ("+agent.lrr=1e-3", "agent.lrr"),
     ("+foo=1", "foo"),
-    ("agent.lr=nan", "agent.lr"),
-    ("agent.lr=inf", "agent.lr"),
+    ("optim.lr=nan", "optim.lr"),
+    ("optim.lr=inf", "optim.lr"),
     ("objective=cql objective.cql_alpha=nan", "objective.cql_alpha"),
     ("head=c51 head.v_max=inf", "head.v_max"),
     ("agent.learning_starts=100000 agent.total_env_steps=1000", "agent.learning_starts"),
-    ("agent.eps_start=0.1 agent.eps_end=0.5", "agent.eps_end"),
+    ("explore.eps_start=0.1 explore.eps_end=0.5", "explore.eps_end"),
     ("debug.inject_nan_at_step=-3", "debug.inject_nan_at_step"),
 ])
 def test_bad_override_names_field(override, field):
@@ -89,14 +89,14 @@ def test_bad_override_names_field(override, field):
 ])
 def test_refused_before_the_smoke_caps(overrides, needle):
     from foxdqn.errors import ConfigError
-    from foxdqn.train import load_config
+    from foxdqn.config import load_config
 
     with pytest.raises(ConfigError, match=needle):
         load_config(overrides)
 
 
 def test_ignored_settings_are_warned(caplog):
-    from foxdqn.train import load_config
+    from foxdqn.config import load_config
 
     with caplog.at_level("WARNING", logger="foxdqn.config"):
         load_config(["debug=smoke", "head.atoms=1", "debug.inject_nan_at_step=100000"])
@@ -107,3 +107,67 @@ def test_ignored_settings_are_warned(caplog):
     with caplog.at_level("WARNING", logger="foxdqn.config"):
         load_config(["+experiment=eurusd_c51", "debug=smoke"])
     assert caplog.text == ""
+
+
+def test_experiment_names_are_the_files_of_conf_experiment():
+    folder = Path(__file__).parents[1] / "conf" / "experiment"
+    assert EXPERIMENTS == sorted(p.stem for p in folder.glob("*.yaml"))
+
+
+@pytest.mark.parametrize("override, message", [
+    ("head.name=c99", "head.name='c99' is not allowed; choose one of q, dueling, c51, iqn"),
+    ("target.update=soft", "target.update='soft' is not allowed; choose one of polyak, hard"),
+    ("matmul_precision=low", "matmul_precision='low' is not allowed; choose one of highest, high, medium"),
+    ("eval.split=holdout", "eval.split='holdout' is not allowed; choose one of train, val, test"),
+])
+def test_choices_are_refused_at_compose_time(override, message):
+    with pytest.raises(ConfigError) as info:
+        load_config([override])
+    assert str(info.value) == message
+
+
+@pytest.mark.parametrize("old, new", sorted(__import__("foxdqn.config", fromlist=["MOVED_KEYS"]).MOVED_KEYS.items()))
+@pytest.mark.parametrize("plus", ["", "+"])
+def test_moved_keys_name_their_new_place(old, new, plus):
+    with pytest.raises(ConfigError) as info:
+        load_config([f"{plus}{old}=1"])
+    assert str(info.value).startswith(f"{old} moved to {new}; set ")
+
+
+def test_choices_compare_print_and_serialise_as_strings():
+    import json
+
+    from foxdqn.config import Choice, to_plain
+
+    cfg = load_config(["head=c51", "target.update=hard"])
+    assert isinstance(cfg.head.name, Choice) and cfg.head.name == "c51"
+    assert f"{cfg.head.name}" == "c51" and repr(cfg.target.update) == "'hard'"
+    plain = to_plain(cfg)
+    assert type(plain["head"]["name"]) is str and json.loads(json.dumps(plain))["target"]["update"] == "hard"
+
+
+def test_a_config_built_in_python_is_checked_for_choices():
+    from foxdqn.config import TrainConfig, validate
+
+    cfg = TrainConfig()
+    cfg.head.name = "c99"
+    with pytest.raises(ConfigError, match="head.name='c99' is not allowed"):
+        validate(cfg)
+
+
+def test_upgrade_moves_an_older_checkpoints_keys():
+    from foxdqn.config import from_plain, to_plain, upgrade
+
+    cfg = load_config(["optim.lr=0.002", "target.update=hard", "target.period=7", "logger=csv"])
+    old = to_plain(cfg)
+    old["agent"].update(lr=old["optim"].pop("lr"), target_update=old["target"].pop("update"),
+                        hard_update_period=old["target"].pop("period"))
+    old["log"]["tensorboard"] = old.pop("logger")["tensorboard"]
+    assert upgrade(old) == to_plain(cfg)
+    assert from_plain(upgrade(old)) == cfg
+
+
+def test_logger_group_is_combinable():
+    assert load_config([]).logger.tensorboard
+    assert not load_config(["logger=csv"]).logger.tensorboard
+    assert load_config(["logger=[csv,tensorboard]"]).logger.tensorboard

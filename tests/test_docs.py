@@ -16,11 +16,7 @@ THIS = Path(__file__).resolve()
 #: (Spelled in pieces so that this file does not cite them itself.)
 OUTSIDE = ("ARCHITECTURE" + ".md", "zero_sync" + "_hot_path", "mega_graph" + "_plan", "STYLE" + ".md")
 
-#: docs/ pages that another branch adds (the configuration reference); links to them are accepted
-#: while the file is absent and checked like any other once it exists.
-PENDING = {"docs/configuration.md"}
-
-SOURCE_DIRS = ("foxdqn", "tests", "bench", ".ci")
+SOURCE_DIRS = ("foxdqn", "conf", "tests", "bench", ".ci")
 SOURCE_FILES = ("Makefile", "pyproject.toml")
 SOURCE_SUFFIXES = {".py", ".yaml", ".yml", ".toml", ".cfg", ".ini", ".sh", ""}
 
@@ -70,8 +66,6 @@ def check_target(path: str, anchor: str | None, root: Path = REPO) -> str | None
     if root.resolve() not in (target, *target.parents):
         return f"{path} is outside the repository"
     if not target.exists():
-        if path in PENDING:
-            return None
         return f"{path} does not exist"
     if anchor and target.is_file() and target.suffix == ".md" and anchor not in anchors(target):
         return f"{path}#{anchor}: no such section (sections: {', '.join(sorted(anchors(target)))})"

@@ -10,11 +10,11 @@ import foxdqn.loop as loop
 from foxdqn.checkpoint import load_checkpoint
 from foxdqn.early_stop import EarlyStopper, resolve_metric
 from foxdqn.errors import ConfigError, HaltError
-from foxdqn.train import load_config
+from foxdqn.config import load_config
 
 from support import small_state
 
-BASE = ["log.tensorboard=false", "early_stop.enabled=true"]  # debug=smoke: 4096 env steps, 64 per iteration
+BASE = ["logger=csv", "early_stop.enabled=true"]  # debug=smoke: 4096 env steps, 64 per iteration
 
 
 def _cfg(**kw):
@@ -103,7 +103,7 @@ def test_q_divergence_halts_unless_on_q_divergence(tmp_path):
 
 
 def test_completed_run_without_early_stop_reports_last(tmp_path):
-    s, market = small_state(["log.tensorboard=false", "agent.total_env_steps=1024", "diversity.enabled=false"])
+    s, market = small_state(["logger=csv", "agent.total_env_steps=1024", "diversity.enabled=false"])
     summary = loop.train(s.cfg, market, tmp_path)
     assert summary["stop"]["reason"] == "completed" and summary["stop"]["at_env_steps"] == 1024
     assert summary["evaluated"]["checkpoint"] == "last" and "diversity" not in summary

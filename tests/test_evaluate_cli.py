@@ -10,16 +10,17 @@ import pytest
 from foxdqn.evaluate_run import evaluate_checkpoint, main
 from foxdqn.io_atomic import read_json
 from foxdqn.loop import train
-from foxdqn.train import _market, load_config
+from foxdqn.config import load_config
+from foxdqn.train import market_data
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture(scope="module")
 def run_dir(tmp_path_factory):
-    cfg = load_config(["debug=smoke", "device=cpu", "log.progress=false", "log.tensorboard=false"])
+    cfg = load_config(["debug=smoke", "device=cpu", "log.progress=false", "logger=csv"])
     path = tmp_path_factory.mktemp("run")
-    train(cfg, _market(cfg), path)
+    train(cfg, market_data(cfg), path)
     return path
 
 
@@ -58,7 +59,7 @@ def test_other_split_costs_and_folder(run_dir, tmp_path):
     ([], "usage"),
     (["checkpoint=MISSING"], "no such file"),
     (["checkpoint=FOREIGN"], "not a readable checkpoint"),
-    (["checkpoint=LAST", "agent.lr=1"], "agent"),
+    (["checkpoint=LAST", "optim.lr=1"], "agent"),
     (["checkpoint=LAST", "split=future"], "split"),
     (["checkpoint=LAST", "data.nope=1"], "override"),
     (["LAST"], "key=value"),

@@ -8,7 +8,7 @@ import torch
 
 from foxdqn.evaluate import evaluate_episodes
 from foxdqn.step.state import build_state
-from foxdqn.train import load_config
+from foxdqn.config import load_config
 
 from support import train_eager
 
@@ -21,7 +21,7 @@ def success_rate(experiment: str) -> float:
     cfg = load_config([f"+experiment={experiment}", *BUDGET])
     s = build_state(cfg, None, torch.device("cpu"))
     train_eager(s, cfg)
-    return evaluate_episodes(cfg, s.online, s.action_mode, torch.device("cpu"), episodes=200)["success_rate"]
+    return evaluate_episodes(cfg, s.nets.online, s.rollout.action_mode, torch.device("cpu"), episodes=200)["success_rate"]
 
 
 @pytest.mark.slow

@@ -10,15 +10,15 @@ from foxdqn.data import market_data_from_frame
 from foxdqn.data.synthetic import make_synthetic_ohlcv
 from foxdqn.evaluate import evaluate
 from foxdqn.step.state import build_state
-from foxdqn.train import load_config
+from foxdqn.config import load_config
 
 from support import train_eager
 
 OVERRIDES = [
     "device=cpu", "log.progress=false", "env.num_envs=16", "env.window=8", "env.episode_length=64",
-    "model.hidden=[64,64]", "agent.batch_size=64", "agent.learning_starts=512", "agent.lr=1e-3",
+    "model.hidden=[64,64]", "agent.batch_size=64", "agent.learning_starts=512", "optim.lr=1e-3",
     "agent.total_env_steps=16384", "agent.steps_per_iter=2", "agent.updates_per_iter=2",
-    "agent.eps_decay_fraction=0.5", "replay.capacity=16384",
+    "explore.eps_decay_fraction=0.5", "replay.capacity=16384",
 ]
 
 
@@ -41,7 +41,7 @@ def test_short_run_ends_long_and_beats_flat():
     cfg, market = _setup()
     s = build_state(cfg, market, torch.device("cpu"))
     train_eager(s, cfg)
-    result = evaluate(cfg, market, s.online, torch.device("cpu"), split="test")
+    result = evaluate(cfg, market, s.nets.online, torch.device("cpu"), split="test")
     assert ends_long_and_beats_flat(result), result["metrics"]
 
 

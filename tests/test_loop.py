@@ -27,8 +27,9 @@ def test_snapshot_row_names_accumulators_and_reads_device_epsilon():
     assert row["skipped_updates"] == g[3] == 0 and row["mean_max_q"] == pytest.approx(q[0] / q[1])
     assert snapshot.epsilon == device_eps  # the device value, read back with the accumulators
     env_steps = int(s.env_steps)
-    host_eps = a.eps_end + (a.eps_start - a.eps_end) * max(
-        0.0, 1.0 - env_steps / max(a.eps_decay_fraction * a.total_env_steps, 1.0))
+    x = s.cfg.explore
+    host_eps = x.eps_end + (x.eps_start - x.eps_end) * max(
+        0.0, 1.0 - env_steps / max(x.eps_decay_fraction * a.total_env_steps, 1.0))
     assert snapshot.epsilon == pytest.approx(host_eps, rel=1e-6)  # the formula the host used before
     # the snapshot reset the accumulators: an empty interval gives NaN means
     row = snapshot()

@@ -15,7 +15,7 @@ from foxdqn.data import load_market_data
 from foxdqn.envs.actions import compose
 from foxdqn.evaluate import evaluate
 from foxdqn.step.state import build_state
-from foxdqn.train import load_config
+from foxdqn.config import load_config
 
 from support import train_eager
 
@@ -43,7 +43,7 @@ def test_trained_agent_earns_nothing_on_a_martingale(market, seed):
     torch.manual_seed(seed)
     s = build_state(cfg, market, torch.device("cpu"))
     train_eager(s, cfg)
-    agent = evaluate(cfg, market, s.online, torch.device("cpu"), split="test")["metrics"]["agent"]
+    agent = evaluate(cfg, market, s.nets.online, torch.device("cpu"), split="test")["metrics"]["agent"]
     assert not earns_beyond_noise(agent), agent
 
 

@@ -14,12 +14,13 @@ import torch
 
 from foxdqn.checkpoint import load_checkpoint
 from foxdqn.loop import Interrupted, train
-from foxdqn.train import _market, load_config
+from foxdqn.config import load_config
+from foxdqn.train import market_data
 
 from support import interrupt_at
 
 ROOT = Path(__file__).resolve().parents[1]
-OVERRIDES = ["debug=smoke", "device=cpu", "log.progress=false", "log.tensorboard=false", "log.interval_env_steps=256",
+OVERRIDES = ["debug=smoke", "device=cpu", "log.progress=false", "logger=csv", "log.interval_env_steps=256",
              "checkpoint.every_env_steps=512", "checkpoint.save_replay=true"]
 TIMING = ["train/env_steps_per_s"]
 
@@ -27,7 +28,7 @@ TIMING = ["train/env_steps_per_s"]
 @pytest.mark.parametrize("signum, at", [(signal.SIGINT, 23), (signal.SIGTERM, 41)])
 def test_interrupted_and_resumed_equals_uninterrupted(tmp_path, monkeypatch, signum, at):
     cfg = load_config(OVERRIDES)
-    market = _market(cfg)
+    market = market_data(cfg)
     whole = train(cfg, market, tmp_path / "whole")
 
     interrupt_at(monkeypatch, at, signum)
@@ -66,8 +67,8 @@ def test_resume_refuses_another_config_and_a_finished_run(tmp_path):
     done = run(f"hydra.run.dir={tmp_path / 'a'}", "resume=auto")
     assert done.returncode == 2 and "has finished" in done.stderr
     (tmp_path / "a" / "INCOMPLETE").write_text("pretend it was killed\n")
-    other = run(f"hydra.run.dir={tmp_path / 'a'}", "resume=auto", "agent.lr=1e-3")
-    assert other.returncode == 2 and "agent.lr" in other.stderr and len(other.stderr.strip().splitlines()) == 1
+    other = run(f"hydra.run.dir={tmp_path / 'a'}", "resume=auto", "optim.lr=1e-3")
+    assert other.returncode == 2 and "optim.lr" in other.stderr and len(other.stderr.strip().splitlines()) == 1
     missing = run(f"hydra.run.dir={tmp_path / 'b'}", "resume=auto")
     assert missing.returncode == 2 and "no checkpoint" in missing.stderr
     foreign = tmp_path / "foreign.pt"
@@ -146,10 +147,10 @@ def test_restore_ignores_lazy_scratch_but_refuses_missing_state(tmp_path):
     from foxdqn.step.state import build_state
 
     cfg = load_config(["debug=smoke", "device=cpu"])
-    s = build_state(cfg, _market(cfg), torch.device("cpu"))
+    s = build_state(cfg, market_data(cfg), torch.device("cpu"))
     s.monitors.stats.scratch_made_later = torch.zeros(3)  # like a pinned copy buffer made at the first snapshot
     payload = load_checkpoint(save_checkpoint(tmp_path / "a.pt", s, save_replay=True))
-    fresh = build_state(cfg, _market(cfg), torch.device("cpu"))
+    fresh = build_state(cfg, market_data(cfg), torch.device("cpu"))
     restore_state(fresh, payload)  # the extra tensor is not part of a fresh state: ignored
     del payload["tensors"]["rollout.obs"]
     with pytest.raises(ConfigError, match="obs"):
@@ -158,7 +159,7 @@ def test_restore_ignores_lazy_scratch_but_refuses_missing_state(tmp_path):
 
 def test_resume_without_the_replay_refills_it_before_updating(tmp_path, monkeypatch):
     cfg = load_config([*OVERRIDES[:-1], "checkpoint.save_replay=false"])
-    market = _market(cfg)
+    market = market_data(cfg)
     interrupt_at(monkeypatch, 30, signal.SIGINT)
     with pytest.raises(Interrupted):
         train(cfg, market, tmp_path)

@@ -6,12 +6,12 @@ import torch
 from foxdqn.data import load_market_data
 from foxdqn.evaluate import evaluate
 from foxdqn.loop import train
-from foxdqn.train import load_config
+from foxdqn.config import load_config
 
 
 @pytest.fixture(scope="module")
 def smoke_run(tmp_path_factory):
-    cfg = load_config(["debug=smoke", "device=cpu", "log.progress=false", "log.tensorboard=false"])
+    cfg = load_config(["debug=smoke", "device=cpu", "log.progress=false", "logger=csv"])
     market = load_market_data(cfg.data, cfg.env.window, cfg.env.episode_length)
     run_dir = tmp_path_factory.mktemp("run")
     return cfg, market, train(cfg, market, run_dir), run_dir
@@ -25,9 +25,9 @@ def test_the_selected_value_is_the_validation_metric_of_the_evaluated_weights(sm
     from foxdqn.step.state import build_state
 
     s = build_state(cfg, market, torch.device("cpu"))
-    s.online.load_state_dict(load_checkpoint(run_dir / "checkpoints" / "last.pt", map_location="cpu")["online"])
-    val = evaluate(cfg, market, s.online, torch.device("cpu"), split="val", action_mode=s.action_mode)
-    test = evaluate(cfg, market, s.online, torch.device("cpu"), split="test", action_mode=s.action_mode)
+    s.nets.online.load_state_dict(load_checkpoint(run_dir / "checkpoints" / "last.pt", map_location="cpu")["online"])
+    val = evaluate(cfg, market, s.nets.online, torch.device("cpu"), split="val", action_mode=s.rollout.action_mode)
+    test = evaluate(cfg, market, s.nets.online, torch.device("cpu"), split="test", action_mode=s.rollout.action_mode)
     assert sel["value"] == pytest.approx(val["metrics"]["agent"]["sharpe"])
     assert sel["value"] != pytest.approx(test["metrics"]["agent"]["sharpe"])
     assert summary["metrics"]["agent"]["sharpe"] == pytest.approx(test["metrics"]["agent"]["sharpe"])

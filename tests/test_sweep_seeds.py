@@ -32,18 +32,18 @@ def sweep(tmp_path):
     bh = rng.normal(2e-4, 1e-2, 300)
     for num, (lr, seed, val) in enumerate([("1e-3", 0, -1.0), ("1e-3", 1, -3.0), ("3e-4", 0, 2.0), ("3e-4", 1, 0.0)]):
         noise = rng.normal(0, 1e-3, 300)
-        _job(tmp_path, num, [f"agent.lr={lr}", f"seed={seed}"], val, common + noise, bh)
+        _job(tmp_path, num, [f"optim.lr={lr}", f"seed={seed}"], val, common + noise, bh)
     (tmp_path / "multirun.yaml").write_text("hydra: {}\n")
     return tmp_path
 
 
 def test_groups_by_everything_but_the_seed_and_sorts_by_validation(sweep):
     settings = sweep_seeds.write_report(sweep)
-    assert [e["setting"] for e in settings] == ["agent.lr=3e-4", "agent.lr=1e-3"]  # val means 1.0 > -2.0
+    assert [e["setting"] for e in settings] == ["optim.lr=3e-4", "optim.lr=1e-3"]  # val means 1.0 > -2.0
     assert [e["seeds"] for e in settings] == [2, 2]
     assert settings[0]["selection"] == {"mean": 1.0, "std": pytest.approx(np.sqrt(2.0)), "min": 0.0, "max": 2.0}
-    assert (sweep / "seeds.md").read_text().count("| agent.lr=") == 2
-    assert json.loads((sweep / "seeds.json").read_text())[0]["setting"] == "agent.lr=3e-4"
+    assert (sweep / "seeds.md").read_text().count("| optim.lr=") == 2
+    assert json.loads((sweep / "seeds.json").read_text())[0]["setting"] == "optim.lr=3e-4"
 
 
 def test_the_ensemble_averages_the_seeds_returns_bar_by_bar(sweep):
@@ -60,7 +60,7 @@ def test_only_this_multiruns_jobs_and_failed_ones_listed(sweep):
     (sweep / "4" / "eval").mkdir(parents=True)
     (sweep / "4" / "HALTED").write_text("halt_nan at step 5\n")
     settings = sweep_seeds.write_report(sweep, [sweep / "2", sweep / "3", sweep / "4"])  # 0 and 1: an older sweep
-    assert [e["setting"] for e in settings] == ["agent.lr=3e-4"]
+    assert [e["setting"] for e in settings] == ["optim.lr=3e-4"]
     assert "job 4: halted: halt_nan at step 5" in (sweep / "seeds.md").read_text()
 
 

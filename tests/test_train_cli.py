@@ -50,13 +50,13 @@ def test_default_smoke_writes_every_output(tmp_path):
 
 
 def test_multirun_writes_the_seeds_report(tmp_path):
-    res = run(["--multirun", "debug=smoke", "debug.max_env_steps=1024", "seed=0,1", "agent.lr=3e-4,1e-3",
+    res = run(["--multirun", "debug=smoke", "debug.max_env_steps=1024", "seed=0,1", "optim.lr=3e-4,1e-3",
                f"hydra.sweep.dir={tmp_path / 'sweep'}"], cwd=tmp_path)
     assert res.returncode == 0, res.stderr[-2000:]
     report = json.loads((tmp_path / "sweep" / "seeds.json").read_text())
     assert len(report) == 2 and all(e["seeds"] == 2 for e in report)
-    assert {e["setting"] for e in report} == {"debug=smoke debug.max_env_steps=1024 agent.lr=0.0003",
-                                              "debug=smoke debug.max_env_steps=1024 agent.lr=0.001"}
+    assert {e["setting"] for e in report} == {"debug=smoke debug.max_env_steps=1024 optim.lr=0.0003",
+                                              "debug=smoke debug.max_env_steps=1024 optim.lr=0.001"}
     values = [e["selection"]["mean"] for e in report]
     assert values == sorted(values, reverse=True)  # best validation first
     assert (tmp_path / "sweep" / "seeds.md").is_file() and "seeds report:" in res.stdout
@@ -82,16 +82,20 @@ def _bad_csv(tmp_path):
 
 @pytest.mark.parametrize("args, needle", [
     (["agent.gamma=2"], "agent.gamma"),
-    (["agent.lr=fast"], "agent.lr"),
+    (["optim.lr=fast"], "optim.lr"),
     (["+experiment=nope"], "experiment"),
     (["data.path=/no/such/file.csv"], "/no/such/file.csv"),
     (["BAD_CSV"], "low"),
     (["env.execution.taker_fee_bps=-1"], "env.execution.taker_fee_bps"),
     (["agent.lrr=1e-3"], "agent.lrr"),
-    (["agent.lr=nan"], "agent.lr"),
+    (["optim.lr=nan"], "optim.lr"),
     (["replay.capacity=1000000000000"], "replay.capacity"),
-    (["--multirun", "agent.lr=1e-4,-1", "debug=smoke"], "agent.lr"),
+    (["--multirun", "optim.lr=1e-4,-1", "debug=smoke"], "optim.lr"),
     (["env.execution.ioc_fill_rule=range"], "env.execution.ioc_fill_rule: removed"),
+    (["experiment=googl_dqn"], "use +experiment=googl_dqn"),  # Hydra's own hint is kept
+    (["agent.lr=1e-3"], "agent.lr moved to optim.lr"),
+    (["head.name=c99"], "head.name='c99' is not allowed; choose one of q, dueling, c51, iqn"),
+    (["--multirun", "head=q,c99", "debug=smoke"], "job head=c99"),
     (["+env.execution.ioc_fill_rule=marketable"], "env.execution.ioc_fill_rule: removed"),
 ])
 def test_bad_input_one_line_exit_2_no_run_dir(tmp_path, args, needle):
@@ -110,3 +114,37 @@ def test_output_folder_under_a_file_is_one_line_exit_2(tmp_path):
     res = run(["debug=smoke", f"hydra.run.dir={blocker / 'run'}"], cwd=tmp_path)
     assert res.returncode == 2 and len(res.stderr.strip().splitlines()) == 1
     assert "is a file" in res.stderr and str(blocker) in res.stderr
+
+
+def _user_conf(tmp_path) -> Path:
+    """A config folder of the user's own: one good experiment, one that sets a key that moved."""
+    folder = tmp_path / "myconf" / "experiment"
+    folder.mkdir(parents=True)
+    (folder / "mine.yaml").write_text("# @package _global_\ndefaults:\n  - override /head: q\n"
+                                      "experiment: mine\noptim:\n  lr: 1.0e-3\n")
+    (folder / "old.yaml").write_text("# @package _global_\nexperiment: old\nagent:\n  lr: 1.0e-3\n")
+    return tmp_path / "myconf"
+
+
+def test_user_experiment_runs_from_its_own_config_dir(tmp_path):
+    conf = _user_conf(tmp_path)
+    res = run(["--config-dir", str(conf), "+experiment=mine", "debug=smoke", "debug.max_env_steps=1024",
+               f"hydra.run.dir={tmp_path / 'run'}"], cwd=tmp_path)
+    assert res.returncode == 0, res.stderr[-2000:]
+    summary = assert_outputs(tmp_path / "run")
+    assert summary["experiment"] == "mine"
+    written = (tmp_path / "run" / "config.yaml").read_text()
+    assert "name: q" in written and "lr: 0.001" in written
+
+
+@pytest.mark.parametrize("how", ["config-dir", "searchpath"])
+def test_user_config_folder_is_checked_like_ours(tmp_path, how):
+    """Every job of a multirun is composed from the user's folder too, before any runs."""
+    conf = _user_conf(tmp_path)
+    where = ["--config-dir", str(conf)] if how == "config-dir" else [f"hydra.searchpath=[file://{conf}]"]
+    res = run(["--multirun", *where, "+experiment=mine,old", "debug=smoke", f"hydra.sweep.dir={tmp_path / 's'}"],
+              cwd=tmp_path)
+    assert res.returncode == 2, res.stderr[-2000:]
+    assert res.stderr.strip() == ("foxdqn: error: job +experiment=old debug=smoke: experiment/old: agent.lr moved to "
+                                  "optim.lr; set optim.lr=... (docs/configuration.md)")
+    assert not (tmp_path / "s").exists()

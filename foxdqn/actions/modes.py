@@ -25,7 +25,6 @@ import torch
 from torch import Tensor
 
 from foxdqn.envs.actions import NUM_ACTIONS, NUM_EXPOSURES, NUM_ORDER_TYPES, NUM_URGENCIES
-from foxdqn.errors import ConfigError
 from foxdqn.ops.route_exposure_to_factored import route_exposure_to_factored
 
 __all__ = ["ACTION_MODES", "BranchingMode", "ExposureRoutedMode", "FactoredMode", "build_action_mode"]
@@ -41,13 +40,16 @@ class FactoredMode:
 
     Attributes:
         name: ``"factored"``.  num_actions: network outputs = env actions.
+
+    Raises:
+        ValueError: ``num_actions`` not an int >= 1.
     """
 
     name = "factored"
 
     def __init__(self, num_actions: int = NUM_ACTIONS):
         if isinstance(num_actions, bool) or not isinstance(num_actions, numbers.Integral) or num_actions < 1:
-            raise ConfigError(f"action.mode: the env must have >= 1 discrete actions, got {num_actions!r}")
+            raise ValueError(f"FactoredMode: num_actions must be an int >= 1, got {num_actions!r}")
         self.num_actions = int(num_actions)
 
     def to_env(self, action: Tensor, env=None) -> Tensor:
@@ -77,15 +79,15 @@ class ExposureRoutedMode:
         0-d tensors (device tensors: they may be updated in place between graph replays).
 
     Raises:
-        ConfigError: a median that is not a finite number >= 0 or a 0-d tensor.
+        ValueError: ``median_spread`` or ``median_volatility`` not a finite number >= 0 or a 0-d tensor.
     """
 
     name = "exposure_routed"
     num_actions = NUM_EXPOSURES
 
     def __init__(self, median_spread, median_volatility, device: torch.device | str = "cpu"):
-        self.median_spread = _scalar_tensor(median_spread, "env.median_spread", device)
-        self.median_volatility = _scalar_tensor(median_volatility, "env.median_volatility", device)
+        self.median_spread = _scalar_tensor(median_spread, "median_spread", device)
+        self.median_volatility = _scalar_tensor(median_volatility, "median_volatility", device)
 
     def to(self, device: torch.device | str) -> "ExposureRoutedMode":
         """Move the medians to ``device`` (setup time, not inside a captured step); returns self."""
@@ -143,17 +145,17 @@ def build_action_mode(name: str, env):
         ``env.device``) or :class:`BranchingMode`.
 
     Raises:
-        ConfigError: unknown name, or a mode other than ``factored`` for an env without
-            ``market_state`` (message names ``action.mode``).
+        ValueError: unknown ``name``, or a mode other than ``factored`` for an ``env`` without
+            ``market_state`` (the message names ``name`` and ``env``).
     """
     if name not in ACTION_MODES:
-        raise ConfigError(f"action.mode: must be one of {', '.join(ACTION_MODES)}, got {name!r}")
+        raise ValueError(f"build_action_mode: name must be one of {', '.join(ACTION_MODES)}, got {name!r}")
     if name == "factored":
         return FactoredMode(env.num_actions)
     if not callable(getattr(env, "market_state", None)):
-        raise ConfigError(
-            f"action.mode: {name!r} needs the trading env (45 factored actions with market state); "
-            f"{type(env).__name__} only supports action.mode=factored")
+        raise ValueError(
+            f"build_action_mode: name={name!r} needs an env with market_state() (the trading env, 45 factored "
+            f"actions); env={type(env).__name__} supports only name='factored'")
     if name == "exposure_routed":
         return ExposureRoutedMode(env.median_spread, env.median_volatility, device=env.device)
     return BranchingMode()
@@ -162,8 +164,8 @@ def build_action_mode(name: str, env):
 def _scalar_tensor(value, field: str, device) -> Tensor:
     if isinstance(value, Tensor):
         if value.dim() != 0:
-            raise ConfigError(f"{field}: must be a 0-d tensor, got shape {tuple(value.shape)}")
+            raise ValueError(f"ExposureRoutedMode: {field} must be a 0-d tensor, got shape {tuple(value.shape)}")
         return value.to(torch.float32)
     if isinstance(value, bool) or not isinstance(value, numbers.Real) or not value >= 0 or value == float("inf"):
-        raise ConfigError(f"{field}: must be a finite number >= 0, got {value!r}")
+        raise ValueError(f"ExposureRoutedMode: {field} must be a finite number >= 0, got {value!r}")
     return torch.tensor(float(value), dtype=torch.float32, device=device)

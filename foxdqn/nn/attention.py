@@ -40,17 +40,16 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from foxdqn.errors import ConfigError
-from foxdqn.nn.mlp import _ACTIVATIONS
+from foxdqn.nn.mlp import ACTIVATIONS
 
 __all__ = ["AttentionEncoder", "NUM_ACCOUNT_FEATURES"]
 
 NUM_ACCOUNT_FEATURES = 2  # exposure, unrealised PnL (foxdqn.envs.trading observation)
 
 
-def _positive_int(value, field: str) -> int:
+def _positive_int(value, name: str) -> int:
     if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
-        raise ConfigError(f"{field}: must be an int >= 1, got {value!r}")
+        raise ValueError(f"AttentionEncoder: {name} must be an int >= 1, got {value!r}")
     return int(value)
 
 
@@ -115,9 +114,9 @@ class AttentionEncoder(nn.Module):
     Shapes: ``forward(obs)``: float32 ``[B, D]`` → float32 ``[B, width]``. ``out_dim = width``.
 
     Raises:
-        ConfigError: non-positive sizes, ``width % heads != 0`` (names ``model.width`` and
-            ``model.heads``), ``obs_dim != window * num_features + 2`` (names ``model`` and
-            ``env.window``), dropout outside ``[0, 1)``, unknown pooling or activation.
+        ValueError: non-positive sizes, ``width % heads != 0``, ``obs_dim != window * num_features + 2``,
+            ``dropout`` outside ``[0, 1)``, unknown ``pooling`` or ``activation``, a ``generator`` that
+            is not a ``torch.Generator`` (the message names the parameters).
         RuntimeError: forward in train mode with ``dropout > 0`` and no generator.
     """
 
@@ -125,29 +124,28 @@ class AttentionEncoder(nn.Module):
                  dropout: float = 0.0, pooling: str = "mean", activation: str = "relu",
                  generator: torch.Generator | None = None):
         super().__init__()
-        window = _positive_int(window, "env.window")
-        num_features = _positive_int(num_features, "model.num_features")
-        width = _positive_int(width, "model.width")
-        heads = _positive_int(heads, "model.heads")
-        layers = _positive_int(layers, "model.layers")
-        obs_dim = _positive_int(obs_dim, "model.obs_dim")
+        window = _positive_int(window, "window")
+        num_features = _positive_int(num_features, "num_features")
+        width = _positive_int(width, "width")
+        heads = _positive_int(heads, "heads")
+        layers = _positive_int(layers, "layers")
+        obs_dim = _positive_int(obs_dim, "obs_dim")
         if width % heads != 0:
-            raise ConfigError(f"model.width: {width} must be a multiple of model.heads={heads}")
+            raise ValueError(f"AttentionEncoder: width={width} must be a multiple of heads={heads}")
         expected = window * num_features + NUM_ACCOUNT_FEATURES
         if obs_dim != expected:
-            raise ConfigError(
-                f"model: the attention encoder expects obs_dim = env.window * features + 2 = "
-                f"{window} * {num_features} + 2 = {expected}, but the observation has {obs_dim} values; "
-                "check env.window (the attention encoder only reads trading-env observations)")
+            raise ValueError(
+                f"AttentionEncoder: obs_dim must be window * num_features + 2 = "
+                f"{window} * {num_features} + 2 = {expected}, got obs_dim={obs_dim}")
         if (isinstance(dropout, bool) or not isinstance(dropout, numbers.Real) or not math.isfinite(dropout)
                 or not 0.0 <= dropout < 1.0):
-            raise ConfigError(f"model.dropout: must be a number in [0, 1), got {dropout!r}")
+            raise ValueError(f"AttentionEncoder: dropout must be a number in [0, 1), got {dropout!r}")
         if pooling not in ("mean", "last"):
-            raise ConfigError(f"model.pooling: must be 'mean' or 'last', got {pooling!r}")
-        if activation not in _ACTIVATIONS:
-            raise ConfigError(f"model.activation: must be one of {sorted(_ACTIVATIONS)}, got {activation!r}")
+            raise ValueError(f"AttentionEncoder: pooling must be 'mean' or 'last', got {pooling!r}")
+        if activation not in ACTIVATIONS:
+            raise ValueError(f"AttentionEncoder: activation must be one of {sorted(ACTIVATIONS)}, got {activation!r}")
         if generator is not None and not isinstance(generator, torch.Generator):
-            raise ConfigError(f"model.generator: must be a torch.Generator, got {type(generator).__name__}")
+            raise ValueError(f"AttentionEncoder: generator must be a torch.Generator, got {type(generator).__name__}")
 
         self.obs_dim = obs_dim
         self.window = window
@@ -164,7 +162,7 @@ class AttentionEncoder(nn.Module):
         self.blocks = nn.ModuleList(_Block(width, heads, self.dropout) for _ in range(layers))
         self.ln_f = nn.LayerNorm(width)
         self.out = nn.Linear(width + NUM_ACCOUNT_FEATURES, width)
-        self.act = _ACTIVATIONS[activation]()
+        self.act = ACTIVATIONS[activation]()
 
     def set_generator(self, generator: torch.Generator | None) -> None:
         """Set the dropout generator (e.g. after moving the module to another device)."""

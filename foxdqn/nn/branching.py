@@ -36,8 +36,6 @@ from typing import Sequence
 import torch
 from torch import Tensor, nn
 
-from foxdqn.errors import ConfigError
-
 __all__ = ["BranchingHead", "BranchingNetwork", "combine_branches", "compose_branches", "factor_branches"]
 
 
@@ -112,8 +110,8 @@ class BranchingHead(nn.Module):
     Shapes: ``forward(h)``: float32 ``[B, H]`` → list of D float32 ``[B, n_d]``.
 
     Raises:
-        ConfigError: an empty ``branch_sizes``, a size < 1 (``head.branch_sizes``) or a negative
-            ``branch_hidden`` (``head.branch_hidden``).
+        ValueError: an empty ``branch_sizes``, a size < 1 or a negative ``branch_hidden`` (the
+            message names the parameter).
     """
 
     def __init__(self, in_dim: int, branch_sizes: Sequence[int] = (5, 3, 3), dueling: bool = True,
@@ -121,9 +119,10 @@ class BranchingHead(nn.Module):
         super().__init__()
         sizes = tuple(branch_sizes)
         if not sizes or any(isinstance(n, bool) or not isinstance(n, numbers.Integral) or n < 1 for n in sizes):
-            raise ConfigError(f"head.branch_sizes: must be a non-empty list of ints >= 1, got {branch_sizes!r}")
+            raise ValueError(f"BranchingHead: branch_sizes must be a non-empty list of ints >= 1, "
+                             f"got {branch_sizes!r}")
         if isinstance(branch_hidden, bool) or not isinstance(branch_hidden, numbers.Integral) or branch_hidden < 0:
-            raise ConfigError(f"head.branch_hidden: must be an int >= 0, got {branch_hidden!r}")
+            raise ValueError(f"BranchingHead: branch_hidden must be an int >= 0, got {branch_hidden!r}")
         self.branch_sizes = tuple(int(n) for n in sizes)
         self.dueling = bool(dueling)
         self.num_actions = 1

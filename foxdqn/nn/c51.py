@@ -22,23 +22,21 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from foxdqn.errors import ConfigError
-
 
 def check_c51_support(atoms: int, v_min: float, v_max: float) -> None:
     """Validate a C51 support.
 
     Raises:
-        ConfigError: ``head.atoms`` not an int >= 2; ``head.v_min`` / ``head.v_max`` not finite;
-            ``head.v_min`` >= ``head.v_max``.
+        ValueError: ``atoms`` not an int >= 2; ``v_min`` / ``v_max`` not finite; ``v_min`` >= ``v_max``
+            (the message names the parameter).
     """
     if isinstance(atoms, bool) or not isinstance(atoms, int) or atoms < 2:
-        raise ConfigError(f"head.atoms must be an int >= 2, got {atoms!r}")
-    for name, v in (("head.v_min", v_min), ("head.v_max", v_max)):
+        raise ValueError(f"C51Head: atoms must be an int >= 2, got {atoms!r}")
+    for name, v in (("v_min", v_min), ("v_max", v_max)):
         if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
-            raise ConfigError(f"{name} must be a finite number, got {v!r}")
+            raise ValueError(f"C51Head: {name} must be a finite number, got {v!r}")
     if not v_min < v_max:
-        raise ConfigError(f"head.v_min must be < head.v_max, got head.v_min={v_min!r}, head.v_max={v_max!r}")
+        raise ValueError(f"C51Head: v_min must be < v_max, got v_min={v_min!r}, v_max={v_max!r}")
 
 
 class C51Head(nn.Module):
@@ -53,7 +51,7 @@ class C51Head(nn.Module):
         dueling: Rainbow's dueling streams over logits (``head.dueling``).
 
     Raises:
-        ConfigError: invalid ``head.atoms``, ``head.v_min`` or ``head.v_max``.
+        ValueError: invalid ``atoms``, ``v_min`` or ``v_max`` (see :func:`check_c51_support`).
     """
 
     def __init__(self, in_dim: int, num_actions: int, atoms: int = 51, v_min: float = -10.0,

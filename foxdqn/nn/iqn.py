@@ -27,13 +27,12 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from foxdqn.errors import ConfigError
 
-
-def check_positive_int(field: str, value) -> None:
-    """Raise ConfigError naming ``field`` unless ``value`` is an int >= 1."""
+def check_positive_int(name: str, value) -> None:
+    """Raise ValueError naming the parameter ``name`` (e.g. ``"IQNHead: embedding_dim"``) unless
+    ``value`` is an int >= 1."""
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ConfigError(f"{field} must be an int >= 1, got {value!r}")
+        raise ValueError(f"{name} must be an int >= 1, got {value!r}")
 
 
 class CosineEmbedding(nn.Module):
@@ -47,12 +46,12 @@ class CosineEmbedding(nn.Module):
         out_dim: H, the width of the state features it multiplies.
 
     Raises:
-        ConfigError: ``head.embedding_dim`` < 1.
+        ValueError: ``embedding_dim`` < 1.
     """
 
     def __init__(self, embedding_dim: int, out_dim: int):
         super().__init__()
-        check_positive_int("head.embedding_dim", embedding_dim)
+        check_positive_int("CosineEmbedding: embedding_dim", embedding_dim)
         self.embedding_dim = embedding_dim
         pi_i = torch.arange(embedding_dim, dtype=torch.float32) * math.pi  # (n,) π·i, i = 0..n−1
         self.register_buffer("pi_i", pi_i, persistent=False)
@@ -77,7 +76,7 @@ class IQNHead(nn.Module):
         dueling: dueling output (``head.dueling``).
 
     Raises:
-        ConfigError: ``head.embedding_dim`` < 1.
+        ValueError: ``embedding_dim`` < 1.
     """
 
     def __init__(self, in_dim: int, num_actions: int, embedding_dim: int = 64, dueling: bool = False):
@@ -115,12 +114,12 @@ class IQNNetwork(nn.Module):
         num_quantiles_policy: K >= 1 (``head.num_quantiles_policy``, 32 in the paper).
 
     Raises:
-        ConfigError: ``head.num_quantiles_policy`` < 1.
+        ValueError: ``num_quantiles_policy`` < 1.
     """
 
     def __init__(self, encoder: nn.Module, head: IQNHead, num_quantiles_policy: int = 32):
         super().__init__()
-        check_positive_int("head.num_quantiles_policy", num_quantiles_policy)
+        check_positive_int("IQNNetwork: num_quantiles_policy", num_quantiles_policy)
         self.encoder = encoder
         self.head = head
         self.num_actions = head.num_actions

@@ -6,7 +6,7 @@ from typing import Sequence
 import torch
 from torch import nn
 
-_ACTIVATIONS = {"relu": nn.ReLU, "gelu": nn.GELU, "tanh": nn.Tanh, "silu": nn.SiLU}
+ACTIVATIONS = {"relu": nn.ReLU, "gelu": nn.GELU, "tanh": nn.Tanh, "silu": nn.SiLU}
 
 
 class MLPEncoder(nn.Module):
@@ -25,7 +25,7 @@ class MLPEncoder(nn.Module):
         layers: list[nn.Module] = []
         width = in_dim
         for h in hidden:
-            layers += [nn.Linear(width, h), _ACTIVATIONS[activation]()]
+            layers += [nn.Linear(width, h), ACTIVATIONS[activation]()]
             width = h
         self.net = nn.Sequential(*layers)
         self.out_dim = width

@@ -9,7 +9,23 @@ from typing import Sequence
 import torch
 from torch import nn
 
-from foxdqn.errors import ConfigError
+#: Smallest H and W the three convolutions accept (8×8/4, 4×4/2, 3×3/1 leave a 1×1 map at 36).
+MIN_IMAGE_SIZE = 36
+
+
+def check_obs_shape(obs_shape: Sequence[int]) -> tuple[int, int, int]:
+    """``obs_shape`` as ``(C, H, W)`` ints, checked for :class:`NatureCNNEncoder`.
+
+    Raises:
+        ValueError: ``obs_shape`` is not ``(C, H, W)``, or H or W < 36 (message names ``obs_shape``).
+    """
+    if len(obs_shape) != 3:
+        raise ValueError(f"NatureCNNEncoder: obs_shape must be an image shape (C, H, W), got {tuple(obs_shape)}")
+    c, h, w = (int(v) for v in obs_shape)
+    if min(h, w) < MIN_IMAGE_SIZE:
+        raise ValueError(f"NatureCNNEncoder: obs_shape must have H and W >= {MIN_IMAGE_SIZE} "
+                         f"(at least {MIN_IMAGE_SIZE}x{MIN_IMAGE_SIZE} pixels), got {h}x{w}")
+    return c, h, w
 
 
 class NatureCNNEncoder(nn.Module):
@@ -26,18 +42,13 @@ class NatureCNNEncoder(nn.Module):
     1 byte per pixel.
 
     Raises:
-        ConfigError: ``obs_shape`` is not ``(C, H, W)`` or the image is too small for the convolutions
-            (H, W ≥ 36).
+        ValueError: ``obs_shape`` is not ``(C, H, W)`` or the image is too small for the convolutions
+            (H, W ≥ 36); see :func:`check_obs_shape`.
     """
 
     def __init__(self, obs_shape: Sequence[int], hidden: Sequence[int] = (512,)):
         super().__init__()
-        if len(obs_shape) != 3:
-            raise ConfigError(f"model.encoder=nature_cnn needs image observations [C, H, W]; the env's "
-                              f"observation shape is {tuple(obs_shape)}")
-        c, h, w = (int(v) for v in obs_shape)
-        if min(h, w) < 36:
-            raise ConfigError(f"model.encoder=nature_cnn needs images of at least 36x36 pixels, got {h}x{w}")
+        c, h, w = check_obs_shape(obs_shape)
         self.obs_shape = (c, h, w)
         self.conv = nn.Sequential(
             nn.Conv2d(c, 32, 8, stride=4), nn.ReLU(),

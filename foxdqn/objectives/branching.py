@@ -14,7 +14,7 @@ target y for all branches.
 
 Loss per sample: ``(1/D) Σ_d Huber_δ(Q_d(s, a_d) − y)``. The paper (eq. 7) averages the
 *squared* error over branches; here the squared error is replaced by the Huber penalty with
-threshold δ (``agent.huber_delta``; quadratic ``½x²`` for ``|x| ≤ δ`` and ``δ(|x| − ½δ)``
+threshold δ (``loss.huber_delta``; quadratic ``½x²`` for ``|x| ≤ δ`` and ``δ(|x| − ½δ)``
 beyond, ``torch.nn.functional.huber_loss``), as in the project's other TD losses (Mnih et al.
 2015 error clipping). The batch loss is ``Σ_b weight_b · per_sample_b / B``.
 
@@ -30,7 +30,6 @@ import numbers
 import torch
 import torch.nn.functional as F
 
-from foxdqn.errors import ConfigError
 from foxdqn.nn.branching import combine_branches, factor_branches
 from foxdqn.objectives.base import LossOutput, Objective, weighted_mean
 
@@ -63,21 +62,21 @@ class BranchingObjective(Objective):
     Args:
         online, target: branching networks obs ``[B, D_obs]`` → ``branch_q``: D × ``[B, n_d]``.
         double: Double-DQN action selection per branch (``objective.double``).
-        huber_delta: Huber threshold δ > 0 in reward units (``agent.huber_delta``).
+        huber_delta: Huber threshold δ > 0 in reward units (``loss.huber_delta``).
 
     ``forward(batch)`` → :class:`~foxdqn.objectives.base.LossOutput`: loss float32 0-d,
     td_abs float32 ``[B]`` = mean over branches of ``|Q_d(s, a_d) − y|``, q_values float32
     ``[B, Π n_d]`` (45 for trading). ``batch.action`` is the joint index (int64 ``[B]``).
 
     Raises:
-        ConfigError: ``huber_delta`` not a finite number > 0.
+        ValueError: ``huber_delta`` not a finite number > 0.
     """
 
     def __init__(self, online, target, double: bool = True, huber_delta: float = 1.0):
         super().__init__(online, target)
         if (isinstance(huber_delta, bool) or not isinstance(huber_delta, numbers.Real)
                 or not math.isfinite(huber_delta) or huber_delta <= 0):
-            raise ConfigError(f"agent.huber_delta: must be a finite number > 0, got {huber_delta!r}")
+            raise ValueError(f"BranchingObjective: huber_delta must be a finite number > 0, got {huber_delta!r}")
         self.double = bool(double)
         self.huber_delta = float(huber_delta)
         self.branch_sizes = tuple(online.branch_sizes)

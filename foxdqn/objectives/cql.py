@@ -21,7 +21,6 @@ import math
 
 import torch
 
-from foxdqn.errors import ConfigError
 from foxdqn.objectives.base import LossOutput, Objective, weighted_mean
 
 
@@ -61,12 +60,12 @@ class CQLObjective(Objective):
     ``forward_with_q`` also returns the base's Q [B, A] with gradient.
 
     Raises:
-        ConfigError: ``objective.cql_alpha`` negative or not finite.
+        ValueError: ``alpha`` negative or not finite.
     """
 
     def __init__(self, base: Objective, alpha: float = 1.0):
         if isinstance(alpha, bool) or not isinstance(alpha, (int, float)) or not (math.isfinite(alpha) and alpha >= 0):
-            raise ConfigError(f"objective.cql_alpha must be a finite number >= 0, got {alpha!r}")
+            raise ValueError(f"CQLObjective: alpha must be a finite number >= 0, got {alpha!r}")
         super().__init__(base.online, base.target)
         self.base = base
         self.alpha = float(alpha)

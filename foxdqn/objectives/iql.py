@@ -20,7 +20,6 @@ import math
 
 import torch
 
-from foxdqn.errors import ConfigError
 from foxdqn.objectives.base import LossOutput, Objective, weighted_mean
 
 
@@ -53,13 +52,13 @@ class IQLObjective(Objective):
     online Q at s (detached). ``forward_with_q`` also returns that Q with gradient (for CQL).
 
     Raises:
-        ConfigError: ``objective.iql_expectile`` not in (0, 1).
+        ValueError: ``expectile_tau`` not in (0, 1).
     """
 
     def __init__(self, online, target, value_net: torch.nn.Module, expectile_tau: float = 0.7):
         if isinstance(expectile_tau, bool) or not isinstance(expectile_tau, (int, float)) \
                 or not (math.isfinite(expectile_tau) and 0.0 < expectile_tau < 1.0):
-            raise ConfigError(f"objective.iql_expectile must be in (0, 1), got {expectile_tau!r}")
+            raise ValueError(f"IQLObjective: expectile_tau must be in (0, 1), got {expectile_tau!r}")
         super().__init__(online, target)
         self.value_net = value_net
         self.expectile_tau = float(expectile_tau)

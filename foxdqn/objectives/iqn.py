@@ -24,7 +24,6 @@ import math
 
 import torch
 
-from foxdqn.errors import ConfigError
 from foxdqn.nn.iqn import check_positive_int
 from foxdqn.objectives.base import LossOutput, Objective, weighted_mean
 from foxdqn.ops.quantile_huber_loss import quantile_huber_loss
@@ -51,18 +50,17 @@ class IQNObjective(Objective):
     float32 [B, N'] override the draws.
 
     Raises:
-        ConfigError: ``head.num_quantiles``, ``head.num_target_quantiles`` < 1; ``head.kappa`` < 0 or
-            not finite.
+        ValueError: ``num_quantiles``, ``num_target_quantiles`` < 1; ``kappa`` < 0 or not finite.
         ValueError: ``generator`` is None and a call does not pass both τ tensors.
     """
 
     def __init__(self, online, target, num_quantiles: int = 64, num_target_quantiles: int = 64,
                  kappa: float = 1.0, generator: torch.Generator | None = None, double: bool = True):
         super().__init__(online, target)
-        check_positive_int("head.num_quantiles", num_quantiles)
-        check_positive_int("head.num_target_quantiles", num_target_quantiles)
+        check_positive_int("IQNObjective: num_quantiles", num_quantiles)
+        check_positive_int("IQNObjective: num_target_quantiles", num_target_quantiles)
         if isinstance(kappa, bool) or not isinstance(kappa, (int, float)) or not (math.isfinite(kappa) and kappa >= 0):
-            raise ConfigError(f"head.kappa must be a finite number >= 0, got {kappa!r}")
+            raise ValueError(f"IQNObjective: kappa must be a finite number >= 0, got {kappa!r}")
         self.num_quantiles = num_quantiles
         self.num_target_quantiles = num_target_quantiles
         self.kappa = float(kappa)

@@ -19,8 +19,6 @@ from typing import NamedTuple
 
 import torch
 
-from foxdqn.errors import ConfigError
-
 
 def replay_bytes(capacity: int, obs_dim: int, obs_itemsize: int = 4, regime: bool = False) -> int:
     """Bytes a :class:`ReplayBuffer` of ``capacity`` transitions takes (obs and next_obs of
@@ -61,17 +59,17 @@ class ReplayBuffer:
             the encoder scales, e.g. foxdqn.nn.nature_cnn); sampled batches keep it.
 
     Raises:
-        ConfigError: capacity < (n_step + 1) · num_envs, or n_step < 1.
+        ValueError: ``capacity`` < (``n_step`` + 1) · ``num_envs``, or ``n_step`` < 1.
     """
 
     def __init__(self, capacity: int, num_envs: int, obs_dim: int, device: torch.device, n_step: int = 1,
                  gamma: float = 0.99, obs_dtype: torch.dtype = torch.float32):
         if n_step < 1:
-            raise ConfigError(f"replay.n_step={n_step} must be >= 1")
+            raise ValueError(f"ReplayBuffer: n_step must be >= 1, got n_step={n_step}")
         rows = capacity // num_envs
         if rows < n_step + 1:
-            raise ConfigError(f"replay.capacity={capacity} must hold at least (n_step + 1) * env.num_envs = "
-                              f"{(n_step + 1) * num_envs} transitions")
+            raise ValueError(f"ReplayBuffer: capacity={capacity} must hold at least (n_step + 1) * num_envs = "
+                             f"{(n_step + 1) * num_envs} transitions")
         self.rows, self.num_envs, self.obs_dim = rows, num_envs, obs_dim
         self.capacity = rows * num_envs
         self.device, self.n_step, self.gamma = device, n_step, gamma
@@ -96,9 +94,14 @@ class ReplayBuffer:
         self.vol_ratio = None  # float32 [T, N] volatility ratio of each transition's state (regime)
 
     def set_relabeler(self, relabeler) -> None:
-        """Attach HER (``replay.her``); needs ``n_step == 1``."""
+        """Attach HER (``replay.her``); needs ``n_step == 1``.
+
+        Raises:
+            ValueError: the buffer's ``n_step`` is not 1.
+        """
         if self.n_step != 1:
-            raise ConfigError(f"replay.her=true needs replay.n_step=1 (got {self.n_step})")
+            raise ValueError(f"ReplayBuffer.set_relabeler: hindsight relabelling (her) needs n_step=1, "
+                             f"got n_step={self.n_step}")
         self.relabeler = relabeler
 
     def set_regime(self, regime) -> None:

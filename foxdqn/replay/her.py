@@ -12,8 +12,6 @@ from __future__ import annotations
 
 import torch
 
-from foxdqn.errors import ConfigError
-
 
 class HindsightRelabeler:
     """Relabels sampled batches of a goal-conditioned env.
@@ -27,14 +25,15 @@ class HindsightRelabeler:
         reward_scale: the scale applied to env rewards at insertion.
 
     Raises:
-        ConfigError: the env is not goal-conditioned, or k < 1.
+        ValueError: ``env`` is not goal-conditioned, or ``k`` < 1.
     """
 
     def __init__(self, env, k: int, gamma: float, reward_scale: float = 1.0):
         if not getattr(env, "goal_conditioned", False):
-            raise ConfigError(f"replay.her=true needs a goal-conditioned env; env.name={getattr(env, 'name', type(env).__name__)!r} is not")
+            raise ValueError(f"HindsightRelabeler: env must be goal-conditioned (goal_conditioned = True); "
+                             f"env={getattr(env, 'name', type(env).__name__)!r} is not")
         if k < 1:
-            raise ConfigError(f"replay.her_k={k} must be >= 1")
+            raise ValueError(f"HindsightRelabeler: k must be >= 1, got k={k}")
         self.env, self.gamma, self.reward_scale = env, gamma, reward_scale
         self.p_relabel = k / (k + 1.0)
         self.window = int(env.max_episode_steps)

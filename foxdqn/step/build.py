@@ -56,15 +56,23 @@ def check_encoder(encoder: str, obs_shape: tuple, env_id: str) -> None:
     """Image observations ``[C, H, W]`` (Atari frames) need ``model=nature_cnn``, and only they fit it.
 
     Raises:
-        ConfigError: naming ``model.encoder`` and the env's observation shape.
+        ConfigError: naming ``model.encoder``, ``env.id`` and the env's observation shape (also for
+            the encoder's own check, :func:`foxdqn.nn.nature_cnn.check_obs_shape`: images of at
+            least 36x36 pixels).
     """
     image = len(obs_shape) == 3
     if image and encoder != "nature_cnn":
         raise ConfigError(f"model.encoder={encoder!r} cannot read the image observations {list(obs_shape)} of "
                           f"env.id={env_id}; use model=nature_cnn (as +experiment=pong_dqn does)")
-    if encoder == "nature_cnn" and not image:
-        raise ConfigError(f"model.encoder='nature_cnn' needs image observations [C, H, W]; env.id={env_id} gives "
-                          f"{list(obs_shape)}; use model=mlp")
+    if encoder == "nature_cnn":
+        from foxdqn.nn.nature_cnn import check_obs_shape
+
+        try:
+            check_obs_shape(obs_shape)
+        except ValueError as exc:
+            hint = "" if image else "; use model=mlp"
+            raise ConfigError(f"model.encoder='nature_cnn' cannot read the observations {list(obs_shape)} of "
+                              f"env.id={env_id}: {exc}{hint}") from None
 
 
 def build_encoder(cfg: TrainConfig, env):
@@ -111,11 +119,11 @@ def build_network(cfg: TrainConfig, env, num_actions: int) -> torch.nn.Module:
 
 def build_objective(cfg: TrainConfig, online, target, env, generator: torch.Generator):
     """The loss: head's TD loss (or IQL / branching), plus CQL when ``objective.cql_alpha`` > 0."""
-    h, o, a = cfg.head, cfg.objective, cfg.agent
+    h, o = cfg.head, cfg.objective
     if cfg.action.mode == "branching":
         from foxdqn.objectives.branching import BranchingObjective
 
-        objective = BranchingObjective(online, target, double=h.double, huber_delta=a.huber_delta)
+        objective = BranchingObjective(online, target, double=h.double, huber_delta=cfg.loss.huber_delta)
     elif o.iql:
         from foxdqn.nn.iql_value import IQLValueNetwork
         from foxdqn.objectives.iql import IQLObjective
@@ -134,7 +142,7 @@ def build_objective(cfg: TrainConfig, online, target, env, generator: torch.Gene
     else:
         from foxdqn.objectives.dqn import DQNObjective
 
-        objective = DQNObjective(online, target, double=h.double, huber_delta=a.huber_delta)
+        objective = DQNObjective(online, target, double=h.double, huber_delta=cfg.loss.huber_delta)
     if o.cql_alpha > 0:
         from foxdqn.objectives.cql import CQLObjective
 
@@ -157,7 +165,7 @@ def build_replay(cfg: TrainConfig, env, device: torch.device, updates: torch.Ten
     if r.her:
         from foxdqn.replay.her import HindsightRelabeler
 
-        replay.set_relabeler(HindsightRelabeler(env, r.her_k, gamma, cfg.agent.reward_scale))
+        replay.set_relabeler(HindsightRelabeler(env, r.her_k, gamma, cfg.loss.reward_scale))
     if cfg.regime.enabled:
         from foxdqn.replay.regime import RegimeWeights
 

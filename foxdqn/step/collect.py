@@ -21,17 +21,20 @@ def epsilon_greedy(q: torch.Tensor, eps: torch.Tensor, generator: torch.Generato
 
 
 def collect_step(s: TrainState) -> None:
+    """T = 1 step of the N envs: act ε-greedily on ``s.rollout.obs``, step, insert the transitions
+    (rewards times ``loss.reward_scale``), advance ``s.env_steps`` by N and the monitors' counts."""
+    r = s.rollout
     with torch.no_grad():
-        eps = s.epsilon(s.env_steps)
-        action = epsilon_greedy(s.online(s.obs), eps, s.generator)  # network action
-    env_action = s.action_mode.to_env(action, s.env)  # e.g. exposure → routed factored action
-    hook = s.env.collect_hook
-    extras = hook.replay_extras(s.env, s.replay)  # of the state acted on, read before the step moves it
-    out = s.env.step(env_action)
-    s.replay.add(s.obs, action, out.reward * s.cfg.agent.reward_scale, out.next_obs, out.terminated, out.truncated,
+        eps = s.schedules.epsilon(s.env_steps)
+        action = epsilon_greedy(s.nets.online(r.obs), eps, s.generator)  # network action
+    env_action = r.action_mode.to_env(action, r.env)  # e.g. exposure → routed factored action
+    hook = r.env.collect_hook
+    extras = hook.replay_extras(r.env, s.replay)  # of the state acted on, read before the step moves it
+    out = r.env.step(env_action)
+    s.replay.add(r.obs, action, out.reward * s.cfg.loss.reward_scale, out.next_obs, out.terminated, out.truncated,
                  **extras)
-    s.obs.copy_(out.obs)
+    r.obs.copy_(out.obs)
     s.env_steps.add_(action.shape[0])
     info = out.info
-    s.stats.add_step(env_action, out.reward, info["episode_done"], info["episode_return"],
-                     info["episode_length"], hook.trades(out))
+    s.monitors.stats.add_step(env_action, out.reward, info["episode_done"], info["episode_return"],
+                              info["episode_length"], hook.trades(out))

@@ -104,9 +104,6 @@ class TrainState:
     collected, all envs), ``updates`` (gradient updates attempted); ``nan_at`` (int64 0-d) is the
     update whose loss ``debug.inject_nan_at_step`` poisons (−1: never). ``pruner`` is the
     :class:`~foxdqn.step.pruning.MagnitudePruner` with ``prune.enabled``, else None.
-
-    The read-only properties ``env``, ``action_mode``, ``obs``, ``online``, ``epsilon`` and
-    ``stats`` are the flat names ``collect.py`` reads (they return the parts' objects).
     """
 
     cfg: TrainConfig
@@ -124,30 +121,6 @@ class TrainState:
     nan_at: torch.Tensor
     pruner: MagnitudePruner | None = None
 
-    @property
-    def env(self) -> Env:
-        return self.rollout.env
-
-    @property
-    def action_mode(self) -> ActionMode:
-        return self.rollout.action_mode
-
-    @property
-    def obs(self) -> torch.Tensor:
-        return self.rollout.obs
-
-    @property
-    def online(self) -> torch.nn.Module:
-        return self.nets.online
-
-    @property
-    def epsilon(self) -> LinearSchedule:
-        return self.schedules.epsilon
-
-    @property
-    def stats(self) -> DeviceStats:
-        return self.monitors.stats
-
 
 def build_networks(cfg: TrainConfig, env: Env, mode: ActionMode, device: torch.device,
                    gen: torch.Generator) -> Networks:
@@ -158,8 +131,8 @@ def build_networks(cfg: TrainConfig, env: Env, mode: ActionMode, device: torch.d
 
 
 def build_optimization(cfg: TrainConfig, nets: Networks, device: torch.device) -> Optimization:
-    lr = torch.tensor(cfg.agent.lr, device=device, dtype=torch.float32)
-    opt_kwargs = dict(lr=lr, eps=cfg.agent.adam_eps, fused=True)
+    lr = torch.tensor(cfg.optim.lr, device=device, dtype=torch.float32)
+    opt_kwargs = dict(lr=lr, eps=cfg.optim.adam_eps, fused=True)
     if device.type == "cuda":
         opt_kwargs["capturable"] = True
     return Optimization(torch.optim.Adam(nets.trainable, **opt_kwargs), lr)
@@ -167,7 +140,7 @@ def build_optimization(cfg: TrainConfig, nets: Networks, device: torch.device) -
 
 def build_monitors(cfg: TrainConfig, env: Env, device: torch.device) -> Monitors:
     g = cfg.guard
-    guard = TrainingGuard(device, loss_clip=g.loss_clip, collapse_threshold=cfg.agent.lr * g.collapse_multiplier,
+    guard = TrainingGuard(device, loss_clip=g.loss_clip, collapse_threshold=cfg.optim.lr * g.collapse_multiplier,
                           warmup_steps=g.warmup_updates, patience=g.collapse_patience, ring_size=g.ring_size)
     qmon = QValueMonitor(guard.ring, device, threshold=g.q_divergence)
     return Monitors(guard, qmon, DeviceStats(env.num_actions, env.num_envs, device))
@@ -177,7 +150,7 @@ def build_state(cfg: TrainConfig, market, device: torch.device) -> TrainState:
     """The run's state for ``cfg`` on ``device`` (``market``: foxdqn.data.MarketData for trading,
     else None). Seeds torch and the run's generator with ``cfg.seed``."""
     if device.type == "cuda":
-        torch.set_float32_matmul_precision(cfg.agent.matmul_precision)
+        torch.set_float32_matmul_precision(str(cfg.matmul_precision))
     elif cfg.cpu_threads > 0:
         torch.set_num_threads(cfg.cpu_threads)
     torch.manual_seed(cfg.seed)
@@ -190,13 +163,14 @@ def build_state(cfg: TrainConfig, market, device: torch.device) -> TrainState:
     optim = build_optimization(cfg, nets, device)
     updates = torch.zeros((), dtype=torch.int64, device=device)
     replay = build_replay(cfg, env, device, updates, total_updates(cfg))
-    eps = LinearSchedule(a.eps_start, a.eps_end, a.eps_decay_fraction * a.total_env_steps, device)
+    x = cfg.explore
+    eps = LinearSchedule(x.eps_start, x.eps_end, x.eps_decay_fraction * a.total_env_steps, device)
     monitors = build_monitors(cfg, env, device)
     optim.optimizer.found_inf = monitors.guard.skip  # fused Adam skips the update on the device when skip == 1
     targets, sources = list(nets.target.parameters()), list(nets.online.parameters())
     for tgt, src in nets.objective.polyak_pairs():
         targets, sources = targets + list(tgt), sources + list(src)
-    target_update = TargetUpdate(a.target_update, a.tau, a.hard_update_period, targets, sources, device)
+    target_update = TargetUpdate(cfg.target.update, cfg.target.tau, cfg.target.period, targets, sources, device)
     nan_at = cfg.debug.inject_nan_at_step
     pruner = None
     if cfg.prune.enabled:

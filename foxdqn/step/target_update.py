@@ -1,6 +1,6 @@
 """The target networks' update: θ' ← θ' + w (θ − θ') once per gradient update, on the device.
 
-``w`` is Polyak τ (``agent.target_update=polyak``) or 1 every ``agent.hard_update_period``
+``w`` is Polyak τ (``target.update=polyak``) or 1 every ``target.period``
 updates and 0 otherwise (``hard``: the hard copy of Mnih et al. 2015), times (1 − skip) so a
 skipped update (training guard) leaves the targets unchanged. τ and the period are 0-d device
 tensors: change them in place (``fill_``) and a captured graph sees the new values.
@@ -14,7 +14,7 @@ class TargetUpdate:
     """One job: move the target parameters toward their sources after each update.
 
     Args:
-        mode: ``"polyak"`` or ``"hard"`` (``agent.target_update``).
+        mode: ``"polyak"`` or ``"hard"`` (``target.update``).
         tau: Polyak τ in [0, 1].
         hard_period: updates between hard copies (>= 1).
         targets: the target parameters (target network + objective's Polyak pairs).

@@ -68,7 +68,7 @@ def update_step(s: TrainState) -> None:
     loss, td_abs, q_values = accumulate_gradients(s, batch)
     if s.pruner is not None:
         s.pruner.mask_grads()
-    grad_norm = torch.nn.utils.clip_grad_norm_(s.nets.trainable, a.grad_clip, foreach=True)
+    grad_norm = torch.nn.utils.clip_grad_norm_(s.nets.trainable, s.cfg.optim.grad_clip, foreach=True)
     s.monitors.qmon.update(q_values, s.updates)
     skip = s.monitors.guard.check(loss, grad_norm.detach(), s.updates)
     s.optim.optimizer.step()  # found_inf = skip

@@ -7,7 +7,6 @@ import torch
 from foxdqn.actions import BranchingMode, ExposureRoutedMode, FactoredMode, build_action_mode
 from foxdqn.envs import ExecutionConfig, TradingEnv
 from foxdqn.envs.actions import compose
-from foxdqn.errors import ConfigError
 from foxdqn.ops.route_exposure_to_factored import route_exposure_to_factored_reference
 
 from support import forbid_syncs, market_from_arrays
@@ -78,11 +77,11 @@ def test_exposure_routed_float64_market_state_is_cast():
 
 
 def test_medians_are_validated():
-    with pytest.raises(ConfigError, match="env.median_spread"):
+    with pytest.raises(ValueError, match=r"\bmedian_spread must be a finite number >= 0, got -1\.0"):
         ExposureRoutedMode(-1.0, 0.0)
-    with pytest.raises(ConfigError, match="env.median_volatility"):
+    with pytest.raises(ValueError, match=r"\bmedian_volatility must be a finite number >= 0, got nan"):
         ExposureRoutedMode(0.0, float("nan"))
-    with pytest.raises(ConfigError, match="env.median_spread"):
+    with pytest.raises(ValueError, match=r"\bmedian_spread must be a 0-d tensor, got shape \(2,\)"):
         ExposureRoutedMode(torch.zeros(2), 0.0)
 
 
@@ -150,10 +149,11 @@ def test_non_trading_env():
     mode = build_action_mode("factored", env)
     assert mode.num_actions == 2
     for name in ("exposure_routed", "branching"):
-        with pytest.raises(ConfigError, match=r"action\.mode"):
+        with pytest.raises(ValueError, match=rf"\bname='{name}' needs an env with market_state\(\).*"
+                                             r"env=NonTradingEnv"):
             build_action_mode(name, env)
 
 
 def test_unknown_mode():
-    with pytest.raises(ConfigError, match=r"action\.mode"):
+    with pytest.raises(ValueError, match=r"\bname must be one of factored, exposure_routed, branching, got 'routed'"):
         build_action_mode("routed", NonTradingEnv())

@@ -5,7 +5,7 @@ import torch
 from foxdqn.errors import ConfigError
 from foxdqn.step.iteration import Iteration
 from foxdqn.step.update import accumulate_gradients, micro_batches
-from foxdqn.train import load_config
+from foxdqn.config import load_config
 
 from support import experiment_state
 
@@ -49,7 +49,7 @@ def test_accumulated_updates_equal_one_batch_updates(name):
         full = Iteration(s, False)
         for _ in range(3):
             full()
-    for a, b in zip(s2.online.parameters(), s1.online.parameters()):
+    for a, b in zip(s2.nets.online.parameters(), s1.nets.online.parameters()):
         torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-6)
     for a, b in zip(s2.nets.target.parameters(), s1.nets.target.parameters()):
         torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-6)
@@ -96,10 +96,10 @@ def test_guard_sees_a_nan_in_one_micro_batch_and_skips_the_whole_update():
     for _ in range(4):
         collect()
     full()  # updates 0, 1
-    before = [p.detach().clone() for p in s.online.parameters()]
+    before = [p.detach().clone() for p in s.nets.online.parameters()]
     masks = [m.clone() for m in s.pruner.masks]
     full()  # update 2 poisoned: skipped (and latched), so nothing changes, masks included
     first = s.monitors.guard.reader.first_halt()
     assert first["step"] == 2 and "halt_nan" in s.monitors.guard.reader.halt_reason(first)
-    assert all(torch.equal(a, b) for a, b in zip(before, s.online.parameters()))
+    assert all(torch.equal(a, b) for a, b in zip(before, s.nets.online.parameters()))
     assert all(torch.equal(a, b) for a, b in zip(masks, s.pruner.masks))

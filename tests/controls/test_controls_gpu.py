@@ -38,7 +38,7 @@ def test_controls_graph_equals_eager(case):
     se, sg = _run(False, CASES[case]), _run(True, CASES[case])
     assert sg.monitors.guard.acc[2].item() == se.monitors.guard.acc[2].item() == 60
     torch.testing.assert_close(sg.monitors.guard.acc, se.monitors.guard.acc, rtol=1e-5, atol=1e-6)
-    for a, b in zip(sg.online.parameters(), se.online.parameters()):
+    for a, b in zip(sg.nets.online.parameters(), se.nets.online.parameters()):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
     for a, b in zip(sg.nets.target.parameters(), se.nets.target.parameters()):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)

@@ -10,7 +10,7 @@ from foxdqn.replay import PrioritizedReplayBuffer, ReplayBuffer
 from foxdqn.replay.buffer import replay_bytes
 from foxdqn.replay.regime import RegimeWeights, volatility_ratio
 from foxdqn.step.iteration import Iteration
-from foxdqn.train import load_config
+from foxdqn.config import load_config
 
 from support import experiment_state, table_q
 
@@ -81,7 +81,7 @@ def test_equal_td_equal_priorities_different_loss_contributions():
 
 def test_collect_stores_the_state_volatility_ratio():
     s, _ = experiment_state("eurusd_dqn", extra=["regime.enabled=true"])
-    env = s.env
+    env = s.rollout.env
     expected = volatility_ratio(env.market_state()[1], env.median_volatility)
     Iteration(s, False, updates=0, collect_steps=1)()
     assert torch.equal(s.replay.vol_ratio[0], expected)

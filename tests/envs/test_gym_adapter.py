@@ -48,11 +48,11 @@ def test_cartpole_gym_smoke_training_writes_summary(tmp_path):
 def _reference_check(s, rows: int) -> tuple[int, int]:
     """Replay the stored actions through plain Gymnasium envs (same seeds, reset after every end)
     and compare every stored transition. Returns (terminated, truncated) counts."""
-    rep, n = s.replay, s.env.num_envs
+    rep, n = s.replay, s.rollout.env.num_envs
     counts = [0, 0]
     for i in range(n):
         env = gym.make(SHORT_ID)
-        obs, _ = env.reset(seed=s.env.seed + i)
+        obs, _ = env.reset(seed=s.rollout.env.seed + i)
         for t in range(rows):
             a = int(rep.action[t, i])
             np.testing.assert_array_equal(rep.obs[t, i].numpy(), obs.astype(np.float32), err_msg=f"obs t={t} env={i}")
@@ -71,8 +71,8 @@ def _reference_check(s, rows: int) -> tuple[int, int]:
 
 
 def test_replay_transitions_across_autoreset_match_gymnasium():
-    s, _ = small_state(["+experiment=cartpole_gym", f"env.id={SHORT_ID}", "env.num_envs=4", "agent.eps_start=0.5",
-                        "agent.eps_end=0.5"])
+    s, _ = small_state(["+experiment=cartpole_gym", f"env.id={SHORT_ID}", "env.num_envs=4", "explore.eps_start=0.5",
+                        "explore.eps_end=0.5"])
     it = make_iteration(s, False, updates=0)
     assert isinstance(it, HostEnvIteration)
     rows = 60
@@ -82,7 +82,7 @@ def test_replay_transitions_across_autoreset_match_gymnasium():
     assert terminated > 0 and truncated > 0  # both kinds of episode end were stored (and checked)
     # no reset transition: every stored s is the s' of the previous row or an env's reset observation
     assert int(s.replay.written) == rows and int(s.env_steps) == rows * 4
-    s.env.close()
+    s.rollout.env.close()
 
 
 def test_adapter_step_outputs_and_episode_stats():
@@ -155,8 +155,23 @@ def test_nature_cnn_forward_shape_and_scaling():
     out = enc(obs)
     assert out.shape == (3, 512) and out.dtype == torch.float32
     torch.testing.assert_close(enc(obs.to(torch.float32)), out)  # ÷255 inside, whatever the input dtype
-    with pytest.raises(ConfigError, match="nature_cnn"):
+    with pytest.raises(ValueError, match=r"\bobs_shape must be an image shape \(C, H, W\), got \(4,\)"):
         NatureCNNEncoder((4,), [512])
+    with pytest.raises(ValueError, match=r"\bobs_shape must have H and W >= 36 .*got 35x84"):
+        NatureCNNEncoder((4, 35, 84), [512])
+
+
+@pytest.mark.parametrize("obs_shape, needles", [
+    ((4,), ["model.encoder='nature_cnn'", "env.id=Small-v0", "obs_shape", "use model=mlp"]),
+    ((4, 10, 10), ["model.encoder='nature_cnn'", "env.id=Small-v0", "[4, 10, 10]", ">= 36", "10x10"]),
+])
+def test_check_encoder_names_config_keys_for_the_encoder_check(obs_shape, needles):
+    from foxdqn.step.build import check_encoder
+
+    with pytest.raises(ConfigError) as info:
+        check_encoder("nature_cnn", obs_shape, "Small-v0")
+    assert all(n in str(info.value) for n in needles), str(info.value)
+    check_encoder("nature_cnn", (4, 36, 36), "Small-v0")
 
 
 def test_atari_preprocessing_shapes_dtype():
@@ -199,11 +214,11 @@ def test_pong_dqn_smoke_iterations_on_cpu():
     collect, full = make_iteration(s, False, updates=0), make_iteration(s, False)
     for _ in range(2):
         collect()
-    before = [p.detach().clone() for p in s.online.parameters()]
+    before = [p.detach().clone() for p in s.nets.online.parameters()]
     for _ in range(2):
         full()
     assert int(s.updates) == 2 * s.cfg.agent.updates_per_iter
     assert int(s.env_steps) == 4 * s.cfg.env.num_envs
-    assert any(not torch.equal(a, b) for a, b in zip(before, s.online.parameters()))
-    assert all(torch.isfinite(p).all() for p in s.online.parameters())
-    s.env.close()
+    assert any(not torch.equal(a, b) for a, b in zip(before, s.nets.online.parameters()))
+    assert all(torch.isfinite(p).all() for p in s.nets.online.parameters())
+    s.rollout.env.close()

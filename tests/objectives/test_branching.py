@@ -7,7 +7,6 @@ import torch
 from torch import nn
 
 from foxdqn.envs.actions import factor
-from foxdqn.errors import ConfigError
 from foxdqn.nn.attention import AttentionEncoder
 from foxdqn.nn.branching import (BranchingHead, BranchingNetwork, combine_branches, compose_branches,
                                  factor_branches)
@@ -104,13 +103,13 @@ def test_head_with_branch_hidden_layers():
     assert [q.shape for q in qs] == [(3, 5), (3, 3), (3, 3)]
 
 
-@pytest.mark.parametrize("kwargs, field", [
-    (dict(branch_sizes=()), "head.branch_sizes"),
-    (dict(branch_sizes=(5, 0, 3)), "head.branch_sizes"),
-    (dict(branch_hidden=-1), "head.branch_hidden"),
+@pytest.mark.parametrize("kwargs, pattern", [
+    (dict(branch_sizes=()), r"\bbranch_sizes must be a non-empty list of ints >= 1, got \(\)"),
+    (dict(branch_sizes=(5, 0, 3)), r"\bbranch_sizes must be a non-empty list of ints >= 1, got \(5, 0, 3\)"),
+    (dict(branch_hidden=-1), r"\bbranch_hidden must be an int >= 0, got -1"),
 ])
-def test_head_validation(kwargs, field):
-    with pytest.raises(ConfigError, match=field.replace(".", r"\.")):
+def test_head_validation(kwargs, pattern):
+    with pytest.raises(ValueError, match=pattern):
         BranchingHead(4, **kwargs)
 
 
@@ -176,7 +175,7 @@ def test_objective_hand_computed(double, delta, y0, loss, td_abs, grad_w):
 
 
 def test_objective_validation():
-    with pytest.raises(ConfigError, match=r"agent\.huber_delta"):
+    with pytest.raises(ValueError, match=r"\bhuber_delta must be a finite number > 0, got 0\.0"):
         BranchingObjective(TableNet(1.0), TableNet(1.0), huber_delta=0.0)
 
 

@@ -6,7 +6,6 @@ import math
 import pytest
 import torch
 
-from foxdqn.errors import ConfigError
 from foxdqn.nn.c51 import C51Head, C51Network
 from foxdqn.nn.iql_value import IQLValueNetwork
 from foxdqn.nn.mlp import MLPEncoder
@@ -112,5 +111,5 @@ def test_loss_and_q_fallback_for_objectives_without_forward_with_q():
 
 @pytest.mark.parametrize("alpha", [-0.1, float("nan"), float("inf"), "1"])
 def test_invalid_alpha(alpha):
-    with pytest.raises(ConfigError, match=r"objective\.cql_alpha"):
+    with pytest.raises(ValueError, match=r"\balpha must be a finite number >= 0"):
         CQLObjective(DQNObjective(table_q(Q), table_q(Q)), alpha=alpha)

@@ -15,7 +15,7 @@ from support import small_state
 
 pytestmark = pytest.mark.gpu
 
-BASE = ["log.tensorboard=false", "graph=on", "early_stop.enabled=true"]
+BASE = ["logger=csv", "graph=on", "early_stop.enabled=true"]
 
 
 def _train(tmp_path, overrides, experiment=None):

@@ -14,7 +14,7 @@ def test_eager_step_every_experiment(monkeypatch, name):
     for _ in range(6):
         collect()
     full()  # allocates Adam state
-    before = [p.detach().clone() for p in s.online.parameters()]
+    before = [p.detach().clone() for p in s.nets.online.parameters()]
     for _ in range(3):
         if full is not sync_free_part(full):  # host env (env=gym): its collect syncs by design
             full.collect()
@@ -24,7 +24,7 @@ def test_eager_step_every_experiment(monkeypatch, name):
             s.monitors.guard.reader.latest()
     assert int(s.updates) == 8
     assert s.monitors.guard.reader.halt_reason(s.monitors.guard.reader.latest()) is None
-    assert any(not torch.equal(a, b) for a, b in zip(before, s.online.parameters()))  # it learned something
-    assert all(torch.isfinite(p).all() for p in s.online.parameters())
+    assert any(not torch.equal(a, b) for a, b in zip(before, s.nets.online.parameters()))  # it learned something
+    assert all(torch.isfinite(p).all() for p in s.nets.online.parameters())
     # the target update must not attach the targets to the autograd graph
     assert all(p.is_leaf and p.grad_fn is None for p in s.nets.target.parameters())

@@ -29,7 +29,7 @@ def test_graph_equals_eager_after_50_iterations(name):
     sg, lg = _run(True, name)
     assert sg.monitors.guard.acc[2].item() == se.monitors.guard.acc[2].item() == 100  # every update counted (50 × 2)
     torch.testing.assert_close(lg, le, rtol=1e-5, atol=1e-6)
-    for a, b in zip(sg.online.parameters(), se.online.parameters()):
+    for a, b in zip(sg.nets.online.parameters(), se.nets.online.parameters()):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
     for a, b in zip(sg.nets.target.parameters(), se.nets.target.parameters()):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)

@@ -33,5 +33,5 @@ def test_gym_update_step_is_captured_and_sync_free(monkeypatch, name):
     torch.cuda.synchronize()
     assert int(s.updates) == updates + 10 * s.cfg.agent.updates_per_iter
     assert s.replay.obs.dtype == (torch.uint8 if name == "pong_dqn" else torch.float32)
-    assert all(torch.isfinite(p).all() for p in s.online.parameters())
-    s.env.close()
+    assert all(torch.isfinite(p).all() for p in s.nets.online.parameters())
+    s.rollout.env.close()

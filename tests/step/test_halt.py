@@ -25,7 +25,7 @@ def run_until_nan(device: str, use_graph: bool):
     k = s.cfg.agent.updates_per_iter
     for _ in range(BAD // k):  # updates 0 .. BAD-1 (all good)
         full()
-    before_online, before_target = _params(s.online), _params(s.nets.target)
+    before_online, before_target = _params(s.nets.online), _params(s.nets.target)
     assert s.monitors.guard.reader.halt_reason(s.monitors.guard.reader.latest()) is None
     full()  # contains update BAD
     if device == "cuda":
@@ -38,7 +38,7 @@ def check(s, record, before_online, before_target):
     reason = s.monitors.guard.reader.halt_reason(record)
     assert reason is not None and "halt_nan" in reason
     assert s.monitors.guard.reader.first_halt()["step"] == BAD
-    for a, b in zip(_params(s.online), before_online):
+    for a, b in zip(_params(s.nets.online), before_online):
         assert torch.equal(a, b)
     for a, b in zip(_params(s.nets.target), before_target):
         assert torch.equal(a, b)

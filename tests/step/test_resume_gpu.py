@@ -7,7 +7,8 @@ import torch
 
 from foxdqn.checkpoint import load_checkpoint
 from foxdqn.loop import Interrupted, train
-from foxdqn.train import _market, load_config
+from foxdqn.config import load_config
+from foxdqn.train import market_data
 
 from support import interrupt_at
 
@@ -15,9 +16,9 @@ pytestmark = pytest.mark.gpu
 
 
 def test_graph_run_interrupted_and_resumed(tmp_path, monkeypatch):
-    cfg = load_config(["debug=smoke", "device=cuda", "graph=on", "log.progress=false", "log.tensorboard=false",
+    cfg = load_config(["debug=smoke", "device=cuda", "graph=on", "log.progress=false", "logger=csv",
                        "log.interval_env_steps=256", "checkpoint.every_env_steps=512", "checkpoint.save_replay=true"])
-    market = _market(cfg)
+    market = market_data(cfg)
     whole = train(cfg, market, tmp_path / "whole")
     interrupt_at(monkeypatch, 30, signal.SIGINT)
     with pytest.raises(Interrupted):

@@ -1,0 +1,112 @@
+"""Hydra callbacks of ``python -m foxdqn.train`` (registered in conf/train.yaml under
+``hydra.callbacks``): checks that must happen before Hydra makes a folder.
+
+* :class:`CheckOutputFolder`: the run (or sweep) folder can be made, else one line and exit 2.
+* :class:`CheckJobs`: every job of a ``--multirun`` of Hydra's basic sweeper is composed (Hydra's
+  compose API, so ``--config-dir``, ``--config-path`` and ``hydra.searchpath`` count) and checked
+  (:func:`foxdqn.config.finalize`, :func:`foxdqn.train.preflight`) before the first one runs: a
+  bad job ends the sweep with one line naming it, exit 2, and no sweep folder. Other sweepers
+  (Optuna, ...) choose their jobs as they go; their jobs are checked one by one as they start.
+"""
+from __future__ import annotations
+
+import itertools
+import os
+import sys
+from pathlib import Path
+
+from hydra.experimental.callback import Callback
+from omegaconf import DictConfig, OmegaConf
+
+
+def _fail(message: str) -> None:
+    print(f"foxdqn: error: {message}", file=sys.stderr)
+    sys.exit(2)
+
+
+def check_output_parent(target: Path, key: str) -> None:
+    """Exit 2 with one line unless the nearest existing ancestor of ``target`` is a writable folder
+    (Hydra would otherwise fail to make it with a traceback); ``key`` is the setting to change."""
+    target = Path(target).expanduser().absolute()
+    probe = target
+    while not probe.exists() and probe != probe.parent:
+        probe = probe.parent
+    if not probe.is_dir():
+        _fail(f"output folder {target}: {probe} is a file, not a folder; choose another {key}")
+    if not os.access(probe, os.W_OK | os.X_OK):
+        _fail(f"output folder {target}: {probe} is not writable; choose another {key}")
+
+
+#: Folders above the run folder that did not exist before Hydra made it (deepest first): a run refused
+#: before any work removes them again when they are empty (foxdqn.train).
+NEW_PARENTS: list[Path] = []
+
+
+class CheckOutputFolder(Callback):
+    """Before a run or a sweep: its output folder can be made (:func:`check_output_parent`); the
+    folders above a run folder that Hydra is about to make are noted in :data:`NEW_PARENTS`."""
+
+    def on_run_start(self, config: DictConfig, **kwargs) -> None:
+        target = self._check(config, "hydra.run.dir")
+        NEW_PARENTS.clear()
+        parent = target.parent if target is not None else None
+        while parent is not None and not parent.exists() and parent != parent.parent:
+            NEW_PARENTS.append(parent)
+            parent = parent.parent
+
+    def on_multirun_start(self, config: DictConfig, **kwargs) -> None:
+        self._check(config, "hydra.sweep.dir")
+
+    @staticmethod
+    def _check(config: DictConfig, key: str) -> Path | None:
+        try:
+            target = OmegaConf.select(config, key)
+        except Exception:  # noqa: BLE001 - an interpolation only Hydra's job context resolves
+            return None
+        if not target:
+            return None
+        check_output_parent(Path(str(target)), key)
+        return Path(str(target)).expanduser().absolute()
+
+
+def sweep_jobs(config: DictConfig) -> list[list[str]] | None:
+    """The override lists of the jobs of a basic-sweeper multirun (``hydra.sweeper.params`` and
+    the command line's ``a=1,2 b=x,y``, ``range(...)``), or None for another sweeper or a sweep it
+    cannot list (intervals, globs)."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    if not str(OmegaConf.select(config, "hydra.sweeper._target_", default="")).endswith("BasicSweeper"):
+        return None
+    params = OmegaConf.select(config, "hydra.sweeper.params", default=None) or {}
+    given = [f"{k}={v}" for k, v in params.items()] + list(config.hydra.overrides.task)
+    try:
+        columns: dict[str, list[str]] = {}
+        for o in OverridesParser.create().parse_overrides(given):
+            key = o.get_key_element()
+            if not o.is_sweep_override():
+                columns[key] = [f"{key}={o.get_value_element_as_str()}"]
+            elif o.is_discrete_sweep():
+                columns[key] = [f"{key}={v}" for v in o.sweep_string_iterator()]
+            else:
+                return None
+    except Exception:  # noqa: BLE001 - a glob sweep or a syntax Hydra reports itself
+        return None
+    return [list(job) for job in itertools.product(*columns.values())]
+
+
+class CheckJobs(Callback):
+    """Before the first job of a basic-sweeper ``--multirun``: compose and check every job."""
+
+    def on_multirun_start(self, config: DictConfig, **kwargs) -> None:
+        from foxdqn.config import load_config
+        from foxdqn.errors import FoxdqnError
+        from foxdqn.train import preflight
+
+        jobs = sweep_jobs(config)
+        searchpath = [o for o in config.hydra.overrides.hydra if o.lstrip("+~").startswith("hydra.searchpath")]
+        for job in jobs or []:
+            plain = [o for o in job if not o.lstrip("+~").startswith(("hydra.", "hydra/"))]
+            try:
+                preflight(load_config(searchpath + plain, config_name=config.hydra.job.config_name))
+            except FoxdqnError as exc:
+                _fail((f"job {' '.join(job)}: " if len(jobs) > 1 else "") + str(exc))

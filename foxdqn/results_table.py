@@ -1,0 +1,48 @@
+"""The results of a run on the console: a table with the metrics as rows (it fits an 80-column
+terminal) and one column per policy (agent, buy-and-hold, flat), the agent's significance line and
+where the outputs are. Used by ``foxdqn.train`` and ``foxdqn.evaluate``."""
+from __future__ import annotations
+
+from pathlib import Path
+
+
+def print_summary(summary: dict, run_dir: Path) -> None:
+    """Print ``summary`` (eval/summary.json's dict) and ``run_dir``; an episodic env's summary (no
+    ``split``) is one line of its greedy-evaluation metrics."""
+    from rich.console import Console
+    from rich.table import Table
+
+    if "split" not in summary:  # episodic env (CartPole, bit flipping)
+        console = Console()
+        m = summary["metrics"]["agent"]
+        console.print(f"[bold]{summary.get('run_name', summary['experiment'])}[/bold] greedy evaluation: " +
+                      ", ".join(f"{k}={v:.4g}" for k, v in m.items()), soft_wrap=True)  # one line each, for grep
+        console.print(f"[bold]outputs:[/bold] {run_dir.resolve()}  (wall {summary['wall_time_s']} s on "
+                      f"{summary['gpu'] or summary['device']})", soft_wrap=True)
+        return
+
+    name = summary.get("run_name", summary.get("experiment"))
+    table = Table(title=f"{name} — {summary['split']} split, {summary['bars']} bars "
+                        f"({summary['period'][0]} → {summary['period'][1]})")
+    rows = {"total_return": "total return", "sharpe": "Sharpe (annualised)", "sortino": "Sortino (annualised)",
+            "max_drawdown": "max drawdown", "profit_factor": "profit factor", "hit_rate": "hit rate",
+            "turnover": "turnover (x equity/yr)", "num_trades": "trades"}
+    probe = Console()
+    console = Console(width=probe.width if probe.is_terminal else 130)  # a terminal's width; files: no wrapping
+    table.add_column("metric")  # metrics as rows: fits an 80-column terminal
+    for name in summary["metrics"]:
+        table.add_column(name, justify="right")
+    for key, label in rows.items():
+        table.add_row(label, *[f"{m[key]:.4g}" if isinstance(m.get(key), (int, float)) else str(m.get(key))
+                               for m in summary["metrics"].values()])
+    console.print(table)
+    a, sel = summary["metrics"]["agent"], summary.get("selection") or {}
+    line = (f"agent Sharpe 95 % interval [{a['sharpe_ci95_low']:.3g}, {a['sharpe_ci95_high']:.3g}] (block "
+            f"bootstrap); PSR(SR > 0) = {a['psr_vs_zero']:.3f}; PSR(return - buy-and-hold > 0) = "
+            f"{a.get('psr_vs_buy_and_hold', float('nan')):.3f}")
+    if sel:
+        line += f"; selected on val {sel['metric']} = {sel['value']:.4g}"
+    console.print(line, soft_wrap=True)
+    console.print(f"[bold]outputs:[/bold] {run_dir.resolve()}  (wall {summary['wall_time_s']} s on "
+                  f"{summary['gpu'] or summary['device']})")
+
