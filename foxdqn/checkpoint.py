@@ -170,8 +170,8 @@ def restore_state(state, payload: dict) -> None:
             tensor.copy_(value)
         state.env_steps.fill_(int(payload["env_steps"]))
         state.updates.fill_(int(payload["updates"]))
-    gens = payload["generators"]
-    state.generator.set_state(gens["run"])
-    torch.set_rng_state(gens["cpu"])
+    gens = payload["generators"]  # RNG states are CPU byte tensors, whatever map_location the payload was read with
+    state.generator.set_state(gens["run"].cpu())
+    torch.set_rng_state(gens["cpu"].cpu())
     if gens.get("cuda") is not None and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(gens["cuda"])
+        torch.cuda.set_rng_state_all([g.cpu() for g in gens["cuda"]])

@@ -22,6 +22,7 @@ import math
 import typing
 from dataclasses import dataclass, field
 from enum import Enum
+from pathlib import Path
 from typing import Any, List, Optional
 
 from hydra.core.config_store import ConfigStore
@@ -622,6 +623,19 @@ def _early_stop_checks(cfg: TrainConfig) -> None:
 # ------------------------------------------------------------------------------ composition
 
 
+def conf_folder() -> Path:
+    """The config folder: that of the package ``foxdqn.conf`` (a wheel or ``pip install -e .``), or
+    ``conf/`` beside ``foxdqn/`` in a source checkout run without installing (``PYTHONPATH=.``). A
+    ``foxdqn/conf/`` left by an older checkout with only ``__pycache__`` in it is a namespace package
+    without an ``__init__.py``: it is passed over."""
+    import importlib.util
+
+    spec = importlib.util.find_spec("foxdqn.conf")
+    if spec is not None and spec.origin:
+        return Path(spec.origin).parent
+    return Path(__file__).resolve().parents[1] / "conf"
+
+
 def load_config(overrides: list[str], config_name: str = "train") -> TrainConfig:
     """Compose ``config_name`` (conf/) with ``overrides`` through Hydra's compose API and
     :func:`finalize` it. Used by tests, benches and foxdqn.evaluate; when Hydra is already
@@ -631,13 +645,13 @@ def load_config(overrides: list[str], config_name: str = "train") -> TrainConfig
     Raises:
         ConfigError: any composition or validation problem (one line, naming the key).
     """
-    from hydra import compose, initialize_config_module
+    from hydra import compose, initialize_config_dir
     from hydra.core.global_hydra import GlobalHydra
 
     if GlobalHydra.instance().is_initialized():
         return finalize(_compose(lambda: compose(config_name, overrides=overrides)))
     try:
-        with initialize_config_module("foxdqn.conf", version_base="1.3"):
+        with initialize_config_dir(str(conf_folder()), version_base="1.3"):
             return finalize(_compose(lambda: compose(config_name, overrides=overrides)))
     finally:
         GlobalHydra.instance().clear()
@@ -854,7 +868,6 @@ def run_name(experiment: str, data_path: Optional[str] = None, env_id: Optional[
     the Gymnasium ``env.id`` when one is set (so ``data.path=bars.csv`` is not filed as
     ``eurusd_dqn``). Characters other than letters, digits, ``-``, ``_`` and ``.`` become ``_``."""
     import re
-    from pathlib import Path
 
     extra = Path(str(data_path)).stem if data_path else (str(env_id) if env_id else "")
     name = f"{experiment}_{extra}" if extra else str(experiment)
@@ -863,9 +876,7 @@ def run_name(experiment: str, data_path: Optional[str] = None, env_id: Optional[
 
 def experiment_names() -> list[str]:
     """The experiments shipped in ``conf/experiment/`` (the package ``foxdqn.conf``), sorted."""
-    from importlib.resources import files
-
-    folder = files("foxdqn.conf").joinpath("experiment")
+    folder = conf_folder().joinpath("experiment")
     return sorted(p.name[:-5] for p in folder.iterdir() if p.name.endswith(".yaml"))
 
 

@@ -78,11 +78,11 @@ def rows(node, prefix: str = "") -> list[tuple[str, str, str, str]]:
 
 def options() -> list[str]:
     """Markdown: the option files of each config group of conf/ (the package ``foxdqn.conf``)."""
-    from importlib.resources import files
+    from foxdqn.config import conf_folder
 
     out = ["### groups of conf/", "", "Choose one with `GROUP=OPTION` (an experiment with `+experiment=NAME`).", "",
            "| group | options |", "|---|---|"]
-    for folder in sorted((p for p in files("foxdqn.conf").iterdir() if p.is_dir() and not p.name.startswith("_")),
+    for folder in sorted((p for p in conf_folder().iterdir() if p.is_dir() and not p.name.startswith("_")),
                          key=lambda p: p.name):
         names = sorted(p.name[:-5] for p in folder.iterdir() if p.name.endswith(".yaml"))
         out.append(f"| `{folder.name}` | {', '.join(f'`{n}`' for n in names)} |")

@@ -1,6 +1,6 @@
 """``python -m foxdqn.train [+experiment=NAME] [overrides] [--multirun ...]``.
 
-Hydra parses the command line and composes ``conf/train.yaml`` (the package ``foxdqn.conf``;
+Hydra parses the command line and composes ``conf/train.yaml`` (:func:`foxdqn.config.conf_folder`;
 ``--config-dir``, ``--config-path`` and ``hydra.searchpath`` add the user's own config folders).
 The task function validates the config and the data once, before any work; trains; evaluates on
 the test split and prints where the outputs are. A ``--multirun`` checks every job first
@@ -20,7 +20,7 @@ import hydra
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
-from foxdqn.config import TrainConfig, finalize
+from foxdqn.config import TrainConfig, conf_folder, finalize
 from foxdqn.errors import ConfigError, FoxdqnError, HaltError
 
 
@@ -102,7 +102,7 @@ _MARKETS: dict = {}
 _TASK_STARTED = False
 
 
-@hydra.main(version_base="1.3", config_path="pkg://foxdqn.conf", config_name="train")
+@hydra.main(version_base="1.3", config_path=str(conf_folder()), config_name="train")
 def _run(cfg: DictConfig) -> float:
     global _TASK_STARTED
     _TASK_STARTED = True

@@ -24,3 +24,22 @@ def test_conf_is_the_package_foxdqn_conf():
     import foxdqn.conf
 
     assert Path(foxdqn.conf.__file__).resolve().parent == ROOT / "conf"
+
+
+@pytest.mark.parametrize("stale", [False, True])
+def test_a_source_checkout_without_install_reads_conf_beside_the_package(monkeypatch, tmp_path, stale):
+    """PYTHONPATH=. in a clone (no pip install): foxdqn.conf is not importable, or is the namespace
+    package of a foxdqn/conf/ that an older checkout left with only __pycache__ in it: conf/ is used."""
+    import importlib.machinery
+    import importlib.util
+
+    from foxdqn import config
+
+    real = importlib.util.find_spec
+    namespace = importlib.machinery.ModuleSpec("foxdqn.conf", None, is_package=True)
+    namespace.submodule_search_locations = [str(tmp_path)]
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *a: (namespace if stale else None) if name == "foxdqn.conf" else real(name, *a))
+    assert config.conf_folder() == ROOT / "conf"
+    assert "eurusd_dqn" in config.experiment_names()
+    assert config.load_config(["+experiment=cartpole_dqn"]).target.period == 32
