@@ -668,13 +668,30 @@ def _compose(make) -> DictConfig:
         raise ConfigError(composition_error(exc)) from None
 
 
+#: Hydra plugins foxdqn documents: the option Hydra cannot find → (the plugin, foxdqn's extra).
+PLUGINS = {
+    "hydra/sweeper/optuna": ("hydra-optuna-sweeper", "sweep"),
+    "hydra/launcher/joblib": ("hydra-joblib-launcher", "sweep"),
+    "hydra/launcher/submitit_local": ("hydra-submitit-launcher", "slurm"),
+    "hydra/launcher/submitit_slurm": ("hydra-submitit-launcher", "slurm"),
+    "hydra/launcher/ray": ("hydra-ray-launcher", "ray"),
+}
+
+
 def composition_error(exc: BaseException) -> str:
     """One line from a Hydra/OmegaConf composition error: an unknown key names the keys allowed
     there (or where it moved), a bad choice lists the choices, a missing group option lists the
-    options, and Hydra's own hint (``+experiment=...``) is kept."""
+    options, a launcher or sweeper whose plugin is not installed names the extra that installs it
+    (:data:`PLUGINS`), and Hydra's own hint (``+experiment=...``) is kept."""
     import re
 
     text = str(exc).strip() or type(exc).__name__
+    missing = re.search(r"Could not find '(hydra/(?:sweeper|launcher)/\w+)'", text)
+    if missing and missing.group(1) in PLUGINS:
+        plugin, extra = PLUGINS[missing.group(1)]
+        option = missing.group(1).rsplit("/", 1)
+        return (f"{option[0]}={option[1]} needs the Hydra plugin {plugin}, not installed: "
+                f"pip install 'foxdqn[{extra}]' (or pip install {plugin})")
     cause = exc.__cause__ or exc.__context__
     full = text + ("\n" + str(cause) if cause is not None else "")
     key = re.search(r"full_key: (\S+)", full)
