@@ -456,6 +456,8 @@ class LoggerConfig:
     ``metrics.csv`` is always written."""
 
     tensorboard: bool = False  # TensorBoard events in tb/ (set by logger=tensorboard, the default)
+    mlflow: bool = False  # an MLflow run per foxdqn run (set by logger=mlflow; pip install 'foxdqn[mlflow]')
+    mlflow_uri: Optional[str] = None  # the MLflow tracking store; null: sqlite:///mlflow.db of the working folder
 
     def validate(self) -> None:
         pass

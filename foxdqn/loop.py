@@ -184,8 +184,12 @@ def train(cfg: TrainConfig, market, run_dir: Path, resume: dict | None = None) -
             run.close()
         ckpt = run.checkpoint()
     run.raise_if_stopped(signals, ckpt)
-    return _finish(run.s, market, run_dir, run.stopper, run.collapse, run.graph, run.wall(), run.env_steps, ckpt,
-                   run.best_path)
+    summary = _finish(run.s, market, run_dir, run.stopper, run.collapse, run.graph, run.wall(), run.env_steps, ckpt,
+                      run.best_path)
+    if run.mlflow is not None:
+        run.mlflow.log(int(summary["env_steps"]), _final_metrics(summary))
+        run.mlflow.finish()
+    return summary
 
 
 class _Training:
@@ -221,8 +225,10 @@ class _Training:
         self.log_every = max(1, cfg.log.interval_env_steps // per_iter)
         self.eval_every = max(1, cfg.eval.interval_env_steps // per_iter) if cfg.eval.interval_env_steps else 0
         self.snapshot = Snapshotter(s)
+        self.mlflow = _mlflow_run(cfg, run_dir)
         self.logger = MetricsLogger(run_dir, tensorboard=cfg.logger.tensorboard,
-                                    resume_after=None if resume is None else int(resume["env_steps"]))
+                                    resume_after=None if resume is None else int(resume["env_steps"]),
+                                    sinks=[self.mlflow] if self.mlflow is not None else [])
         self.stopper, self.collapse = self.host["stopper"], self.host["collapse"]
         self.best_path, self.last_path = run_dir / "checkpoints" / "best.pt", run_dir / "checkpoints" / "last.pt"
         self.halt: str | None = None
@@ -348,6 +354,8 @@ class _Training:
 
     def raise_if_stopped(self, signals: "_StopSignals", ckpt: Path) -> None:
         """Raise HaltError after a guard halt (writing ``HALTED``), Interrupted after a signal."""
+        if self.mlflow is not None and (self.halt is not None or signals.received is not None):
+            self.mlflow.finish("FAILED" if self.halt is not None else "KILLED")
         if self.halt is not None:
             log.error("halted: %s", self.halt)
             write_text_atomic(self.run_dir / "HALTED", self.halt + "\n")
@@ -407,18 +415,33 @@ def _finish(s: TrainState, market, run_dir: Path, stopper, collapse, graph: bool
     return summary
 
 
+def _final_metrics(summary: dict) -> dict:
+    """The evaluated split's agent metrics (``eval/<split>/*``) and the selection value."""
+    agent = summary["metrics"]["agent"]
+    metrics = {f"eval/{summary.get('split', 'episodes')}/{k}": v for k, v in agent.items()}
+    metrics["eval/val_selection"] = summary["selection"]["value"]
+    return metrics
+
+
 def _log_final(run_dir: Path, cfg: TrainConfig, summary: dict) -> None:
-    """The evaluated split's agent metrics and the selection value into TensorBoard (``eval/<split>/*``
-    at the last env step) and one HParams row (the run's overrides, or seed and experiment)."""
+    """:func:`_final_metrics` into TensorBoard at the last env step, with one HParams row (the run's
+    overrides, or seed and experiment)."""
     if not cfg.logger.tensorboard:
         return
     from foxdqn.monitor.tensorboard_log import TensorBoardLogger
 
-    agent = summary["metrics"]["agent"]
-    metrics = {f"eval/{summary.get('split', 'episodes')}/{k}": v for k, v in agent.items()}
-    metrics["eval/val_selection"] = summary["selection"]["value"]
     with TensorBoardLogger(run_dir / "tb") as tb:
-        tb.log_hparams(_hparams(cfg), metrics, int(summary["env_steps"]))
+        tb.log_hparams(_hparams(cfg), _final_metrics(summary), int(summary["env_steps"]))
+
+
+def _mlflow_run(cfg: TrainConfig, run_dir: Path):
+    """The run's :class:`~foxdqn.monitor.mlflow_log.MlflowLogger` with ``logger.mlflow``, else None."""
+    if not cfg.logger.mlflow:
+        return None
+    from foxdqn.monitor.mlflow_log import MlflowLogger
+
+    return MlflowLogger(run_dir, cfg.experiment, run_name(cfg.experiment, cfg.data.path, cfg.env.id), _hparams(cfg),
+                        cfg.logger.mlflow_uri)
 
 
 def _hparams(cfg: TrainConfig) -> dict:

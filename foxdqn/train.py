@@ -32,7 +32,7 @@ def _fail(message: str, code: int = 2) -> None:
 def preflight(tc: TrainConfig):
     """What can be checked before any work, beyond the config itself: a ``resume=PATH`` checkpoint
     is readable, the data loads and is valid, a Gymnasium env exists with a Discrete action space
-    that the encoder can read, and the replay memory fits. Returns the market data (None for
+    that the encoder can read, the replay memory fits, and for ``logger=mlflow`` mlflow is installed and its store opens. Returns the market data (None for
     envs other than trading).
 
     Raises:
@@ -40,6 +40,15 @@ def preflight(tc: TrainConfig):
     """
     from foxdqn.replay.buffer import replay_bytes
 
+    if tc.logger.mlflow:
+        from foxdqn.monitor.mlflow_log import check_store
+
+        try:
+            check_store(tc.logger.mlflow_uri)
+        except ImportError as exc:
+            raise ConfigError(str(exc)) from None
+        except ValueError as exc:
+            raise ConfigError(f"logger.mlflow_uri: the MLflow store {exc}") from None
     if tc.resume not in (None, "auto"):
         from foxdqn.resume import read_checkpoint, resume_path
 

@@ -4,8 +4,9 @@ Nothing here touches device tensors: callers pass Python numbers (read from the 
 log interval); tensors are rejected with ``TypeError``.
 
 * :class:`MetricsLogger` - one ``log(step, metrics)`` call fans out to ``run_dir/metrics.csv``
-  (:class:`~foxdqn.monitor.csv_log.CsvLogger`) and ``run_dir/tb/``
-  (:class:`~foxdqn.monitor.tensorboard_log.TensorBoardLogger`).
+  (:class:`~foxdqn.monitor.csv_log.CsvLogger`), ``run_dir/tb/``
+  (:class:`~foxdqn.monitor.tensorboard_log.TensorBoardLogger`) and any other sink given
+  (:class:`~foxdqn.monitor.mlflow_log.MlflowLogger`).
 * :class:`~foxdqn.monitor.progress.TrainProgress` - progress bar / plain progress lines.
 """
 from __future__ import annotations
@@ -13,7 +14,7 @@ from __future__ import annotations
 import io
 import numbers
 import os
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -60,6 +61,9 @@ class MetricsLogger:
     Args:
         run_dir: the run's output directory (created if missing).
         tensorboard: also write TensorBoard event files under ``run_dir/tb``.
+        resume_after: a resumed run's checkpoint step: the CSV rows (and TensorBoard events) logged
+            after it are dropped.
+        sinks: more objects with ``log(step, metrics)`` (e.g. an MLflow run), given every row.
 
     Usage::
 
@@ -70,8 +74,10 @@ class MetricsLogger:
         OSError: the directory or files cannot be created.
     """
 
-    def __init__(self, run_dir: str | os.PathLike[str], tensorboard: bool = True, resume_after: int | None = None) -> None:
+    def __init__(self, run_dir: str | os.PathLike[str], tensorboard: bool = True, resume_after: int | None = None,
+                 sinks: Sequence[Any] = ()) -> None:
         self.run_dir = Path(run_dir)
+        self.sinks = list(sinks)
         self.run_dir.mkdir(parents=True, exist_ok=True)
         if resume_after is not None:  # a resumed run: drop the rows logged after its checkpoint
             truncate_after(self.run_dir / "metrics.csv", resume_after)
@@ -111,6 +117,8 @@ class MetricsLogger:
         self.csv.log({STEP_COLUMN: step, **metrics})
         if self.tb is not None:
             self.tb.log(step, metrics)
+        for sink in self.sinks:
+            sink.log(step, metrics)
 
     def flush(self) -> None:
         """Flush TensorBoard (the CSV is flushed on every row)."""
