@@ -32,14 +32,16 @@ test-gpu: venv
 bench: venv
 	$(PY) -m bench.run $(ARGS)
 
-# a Hydra multirun, e.g. make sweep ARGS="seed=0,1,2 optim.lr=1e-4,3e-4"; it ends with the seeds report
+# a Hydra multirun, e.g. make sweep ARGS="seed=0,1,2 optim.lr=1e-4,3e-4"; it ends with the sweep report
 sweep: venv
 	$(PY) -m foxdqn.train --multirun $(ARGS)
 
-# rebuild the seeds report of a sweep folder: make report DIR=multirun/eurusd_dqn/<date>
-report: venv
+# (re)write the report of a sweep folder (report.md, report.json, report.csv, plots/):
+# make report DIR=multirun/eurusd_dqn/<date>
+report:
 	@test -n "$(DIR)" || { echo "make report: set DIR=<a multirun folder>" >&2; exit 2; }
-	$(PY) -m foxdqn.sweep_seeds $(DIR)
+	@$(MAKE) -s --no-print-directory venv
+	$(PY) -m foxdqn.report "$(DIR)"
 
 clean:
 	rm -rf $(VENV) outputs multirun

@@ -6,8 +6,8 @@ Usage::
                                   [--out DIR] [--tag T] [-- extra overrides...]
 
 Each experiment runs as ``python -m foxdqn.train --multirun +experiment=E seed=0,...,S-1
-[data.name=NAME] [overrides]`` into ``OUT/E``; the multirun's seeds report (foxdqn.sweep_seeds)
-is written there by the Hydra callback. This script then writes one combined report,
+[data.name=NAME] [overrides]`` into ``OUT/E``; the multirun's report (foxdqn.report, its settings
+aggregated over seeds by foxdqn.sweep_seeds) is written there by the Hydra callback. This script then writes one combined report,
 ``bench/results/<date>_<gpu>_trading-seeds[-tag].md`` (and ``.json``), with the GPU name and versions:
 each experiment's test metrics as mean ± std [min, max] over seeds, the seed ensemble's Sharpe
 interval and probabilistic Sharpe ratios, and buy-and-hold and flat on the same bars.
@@ -41,9 +41,9 @@ def run_one(experiment: str, seeds: int, data: str | None, out: Path, extra: lis
     wall = time.perf_counter() - t0
     sweep.mkdir(parents=True, exist_ok=True)
     (sweep / "stdout.log").write_text(proc.stdout + "\n--- stderr ---\n" + proc.stderr)
-    report = sweep / "seeds.json"
+    report = sweep / "report.json"
     return {"experiment": experiment, "rc": proc.returncode, "wall_s": round(wall, 1),
-            "settings": json.loads(report.read_text()) if report.is_file() else None}
+            "settings": json.loads(report.read_text())["settings"] or None if report.is_file() else None}
 
 
 def main(argv: list[str] | None = None) -> int:

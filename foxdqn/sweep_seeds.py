@@ -1,4 +1,4 @@
-"""Results of a multirun aggregated over seeds: ``multirun/.../seeds.md`` and ``seeds.json``.
+"""Results of a multirun aggregated over seeds (the settings table of ``report.md``, foxdqn.report).
 
 Jobs whose overrides differ only in ``seed=`` are one *setting*. For each setting, over its seeds:
 
@@ -12,9 +12,10 @@ Jobs whose overrides differ only in ``seed=`` are one *setting*. For each settin
   the seeds trading the same bars, which a mean of per-seed statistics would not;
 * buy-and-hold's test Sharpe and total return on the same bars (the same for every seed).
 
-Written by the Hydra callback :class:`SeedsReport` at the end of every ``--multirun`` (train.yaml
-registers it) and printed; ``python -m foxdqn.sweep_seeds DIR`` rebuilds it for a sweep folder.
 Settings are sorted by their mean validation value, best first; the test split never orders them.
+The job folders are read here too (:func:`find_job_dirs`, :func:`read_job`). foxdqn.report writes
+these tables into a sweep folder's ``report.md`` / ``report.json`` (its ``settings``);
+``python -m foxdqn.sweep_seeds DIR`` is another name of ``python -m foxdqn.report DIR``.
 """
 from __future__ import annotations
 
@@ -25,7 +26,8 @@ from typing import Any
 
 import numpy as np
 
-from foxdqn.io_atomic import read_json, write_json_atomic, write_text_atomic
+from foxdqn.early_stop import LOWER_IS_BETTER
+from foxdqn.io_atomic import read_json
 
 TRADING_METRICS = ("total_return", "sharpe", "max_drawdown", "num_trades")
 EPISODIC_METRICS = ("mean_return",)
@@ -38,19 +40,65 @@ def _overrides(job: Path) -> list[str]:
     return [str(o) for o in OmegaConf.load(path)] if path.is_file() else []
 
 
-def load_jobs(sweep_dir: Path, job_dirs: list[Path] | None = None) -> list[dict[str, Any]]:
-    """The finished jobs (with an ``eval/summary.json``) among ``job_dirs`` (default: every job
-    folder under ``sweep_dir``), in folder order."""
-    candidates = job_dirs if job_dirs is not None else [p.parent.parent for p in Path(sweep_dir).glob("*/eval/summary.json")]
-    jobs = []
-    for job in sorted((Path(j) for j in candidates), key=lambda p: str(p)):
-        summary_path = job / "eval" / "summary.json"
-        if not summary_path.is_file():
-            continue
+def _job_order(path: Path) -> tuple:
+    return (0, int(path.name), "") if path.name.isdigit() else (1, 0, path.name)
+
+
+def find_job_dirs(sweep_dir: Path) -> list[Path]:
+    """The job folders of a sweep folder: its sub-folders holding ``.hydra/overrides.yaml`` or
+    ``eval/summary.json``, numbered ones in number order (``2`` before ``10``), then by name."""
+    sweep_dir = Path(sweep_dir)
+    found = {p.parent.parent for pattern in ("*/.hydra/overrides.yaml", "*/eval/summary.json")
+             for p in sweep_dir.glob(pattern)}
+    return sorted((p for p in found if p.is_dir()), key=_job_order)
+
+
+def _no_results(job: Path) -> str:
+    if (job / "HALTED").is_file():
+        return f"halted: {(job / 'HALTED').read_text(errors='replace').strip()}"
+    if (job / "INCOMPLETE").is_file():
+        return "no eval/summary.json (INCOMPLETE: failed, killed or still running)"
+    return "no eval/summary.json"
+
+
+def read_job(job: Path) -> dict[str, Any]:
+    """One job folder as a dict: ``dir``, ``overrides`` (``.hydra/overrides.yaml``, a list of
+    ``key=value`` strings), ``setting`` (the overrides without ``seed=``, joined by spaces, or
+    ``"(defaults)"``), ``summary`` (``eval/summary.json``; None without a usable one) and
+    ``problem`` (None, or why there is no summary: halted, unfinished, unreadable). Never raises
+    for a bad job folder."""
+    job = Path(job)
+    try:
         overrides = _overrides(job)
-        jobs.append({"dir": job, "summary": read_json(summary_path), "overrides": overrides,
-                     "setting": " ".join(o for o in overrides if not o.lstrip("+").startswith("seed=")) or "(defaults)"})
-    return jobs
+    except Exception as exc:  # noqa: BLE001 - a broken overrides.yaml is one job's problem
+        overrides, problem = [], f"unreadable .hydra/overrides.yaml: {str(exc).splitlines()[0][:120]}"
+    else:
+        problem = None
+    out = {"dir": job, "overrides": overrides, "summary": None, "problem": problem,
+           "setting": " ".join(o for o in overrides if not o.lstrip("+~").startswith("seed=")) or "(defaults)"}
+    path = job / "eval" / "summary.json"
+    if not path.is_file():
+        out["problem"] = problem or _no_results(job)
+        return out
+    try:
+        summary = read_json(path)
+    except (OSError, ValueError) as exc:
+        out["problem"] = f"unreadable eval/summary.json: {str(exc).splitlines()[0][:120]}"
+        return out
+    metrics = summary.get("metrics") if isinstance(summary, dict) else None
+    if not isinstance(metrics, dict) or not isinstance(metrics.get("agent"), dict):
+        out["problem"] = "eval/summary.json without metrics.agent"
+        return out
+    out["summary"] = summary
+    return out
+
+
+def load_jobs(sweep_dir: Path, job_dirs: list[Path] | None = None) -> list[dict[str, Any]]:
+    """The finished jobs (a usable ``eval/summary.json``) among ``job_dirs`` (default: every job
+    folder of ``sweep_dir``, :func:`find_job_dirs`), as :func:`read_job` dicts, in job order."""
+    candidates = job_dirs if job_dirs is not None else find_job_dirs(sweep_dir)
+    jobs = [read_job(j) for j in sorted((Path(j) for j in candidates), key=_job_order)]
+    return [j for j in jobs if j["summary"] is not None]
 
 
 def _stats(values: list[float]) -> dict[str, float]:
@@ -108,10 +156,13 @@ def summarise(jobs: list[dict]) -> list[dict[str, Any]]:
         if trading:
             bh = group[0]["summary"]["metrics"].get("buy_and_hold", {})
             entry["buy_and_hold"] = {"total_return": bh.get("total_return"), "sharpe": bh.get("sharpe")}
-            entry["ensemble"] = _ensemble(group)
+            try:
+                entry["ensemble"] = _ensemble(group)
+            except (KeyError, ValueError, OSError):  # a broken equity.csv: no ensemble, still a report
+                entry["ensemble"] = None
         out.append(entry)
     key = [e["selection"]["mean"] for e in out]
-    lower = out and out[0]["selection_metric"] == "max_drawdown"
+    lower = bool(out) and out[0]["selection_metric"] in LOWER_IS_BETTER
     order = sorted(range(len(out)), key=lambda i: (math.isnan(key[i]), key[i] if lower else -key[i]))
     return [out[i] for i in order]
 
@@ -152,77 +203,12 @@ def to_markdown(settings: list[dict], first_column: str = "setting") -> str:
     return "\n".join(lines) + "\n"
 
 
-def failed_jobs(job_dirs: list[Path]) -> dict[str, str]:
-    """Job folder name -> why it has no summary (the ``HALTED`` reason, or "no eval/summary.json")."""
-    out = {}
-    for job in job_dirs:
-        job = Path(job)
-        if not (job / "eval" / "summary.json").is_file():
-            halted = job / "HALTED"
-            out[job.name] = f"halted: {halted.read_text().strip()}" if halted.is_file() else "no eval/summary.json"
-    return out
-
-
-def write_report(sweep_dir: Path, job_dirs: list[Path] | None = None) -> list[dict]:
-    """Aggregate the jobs of ``sweep_dir`` (``job_dirs``: those of this multirun only; default every
-    job folder in it) and write ``seeds.json`` and ``seeds.md`` into it (atomically). Jobs without a
-    summary (halted, failed) are listed under the table."""
-    sweep_dir = Path(sweep_dir)
-    settings = summarise(load_jobs(sweep_dir, job_dirs))
-    failed = failed_jobs(job_dirs) if job_dirs is not None else {}
-    notes = "".join(f"\n- job {name}: {why}" for name, why in sorted(failed.items()))
-    write_json_atomic(sweep_dir / "seeds.json", settings)
-    write_text_atomic(sweep_dir / "seeds.md", f"# Seeds of {sweep_dir}\n\nmean ± std [min, max] over seeds; "
-                      "sorted by the validation value (the test split orders nothing).\n\n" + to_markdown(settings)
-                      + (f"\nJobs without results:{notes}\n" if notes else ""))
-    return settings
-
-
-try:
-    from hydra.experimental.callback import Callback
-except ImportError:  # pragma: no cover - hydra is a dependency
-    Callback = object
-
-
-class SeedsReport(Callback):
-    """Hydra callback: at the end of a ``--multirun``, write and print the seeds report of the jobs
-    this multirun ran (a sweep folder reused from an earlier multirun does not mix its old jobs in,
-    when the launcher runs the jobs in this process, like Hydra's basic launcher)."""
-
-    def __init__(self) -> None:
-        self.job_dirs: list[Path] = []
-
-    def on_job_end(self, config, job_return=None, **kwargs) -> None:
-        self.job_dirs.append(Path(str(config.hydra.runtime.output_dir)))
-
-    def on_multirun_end(self, config, **kwargs) -> None:
-        sweep_dir = Path(str(config.hydra.sweep.dir))
-        if not sweep_dir.is_dir():
-            return
-        settings = write_report(sweep_dir, self.job_dirs or None)
-        failed = failed_jobs(self.job_dirs)
-        text = to_markdown(settings) if settings else ""
-        if failed:
-            text += f"{len(failed)} of {len(self.job_dirs)} jobs without results: " + \
-                "; ".join(f"{k} ({v})" for k, v in sorted(failed.items())) + "\n"
-        print(text + f"seeds report: {sweep_dir / 'seeds.md'}")
-
-
 def main(argv: list[str] | None = None) -> int:
-    argv = sys.argv[1:] if argv is None else argv
-    if len(argv) != 1 or argv[0] in ("-h", "--help"):
-        helping = bool(argv) and argv[0] in ("-h", "--help")
-        print("usage: python -m foxdqn.sweep_seeds MULTIRUN_DIR  (writes seeds.md and seeds.json there)",
-              file=sys.stdout if helping else sys.stderr)
-        return 0 if helping else 2
-    sweep_dir = Path(argv[0])
-    if not (sweep_dir / "multirun.yaml").is_file():
-        print(f"foxdqn: error: {sweep_dir}: not a multirun folder (Hydra writes multirun.yaml into the sweep "
-              "folder, hydra.sweep.dir)", file=sys.stderr)
-        return 2
-    settings = write_report(sweep_dir)
-    print(to_markdown(settings) + f"seeds report: {sweep_dir / 'seeds.md'}")
-    return 0
+    """``python -m foxdqn.sweep_seeds DIR``: kept as another name of ``python -m foxdqn.report DIR``
+    (the seeds table is a section of report.md); same arguments, outputs and exit codes."""
+    from foxdqn.report import main as report_main
+
+    return report_main(argv)
 
 
 if __name__ == "__main__":

@@ -234,7 +234,7 @@ def main() -> None:
             raise
         _fail(composition_error(exc))
     if _FAILED_JOBS:  # a multirun whose jobs did not all finish
-        print(f"foxdqn: error: {len(_FAILED_JOBS)} job(s) of the multirun failed (see above and seeds.md)",
+        print(f"foxdqn: error: {len(_FAILED_JOBS)} job(s) of the multirun failed (see above and report.md)",
               file=sys.stderr)
         sys.exit(max(code for code, _ in _FAILED_JOBS))
 

@@ -6,6 +6,7 @@
 from __future__ import annotations
 
 import contextlib
+import json
 import math
 from pathlib import Path
 
@@ -288,3 +289,40 @@ def interrupt_at(monkeypatch, iteration: int, signum: int) -> None:
             return fn()
         return wrapped
     monkeypatch.setattr(loop_mod, "make_iteration", make_iteration)
+
+
+# ---------------------------------------------------------------------------------------------
+# sweep folders (foxdqn.sweep_seeds, foxdqn.report) built by hand: no training
+# ---------------------------------------------------------------------------------------------
+def fake_job(root: Path, name: str, overrides: list[str], val: float, *, returns=None, bh_returns=None,
+             metric: str = "sharpe", mean_return: float | None = None, val_curve=None) -> Path:
+    """A finished job folder ``root/name`` as a multirun leaves it: ``.hydra/overrides.yaml``,
+    ``eval/summary.json`` selected on val ``metric`` = ``val``, and for a trading job (``returns``
+    ``[S]`` per-bar returns, ``bh_returns`` buy-and-hold's) ``eval/equity.csv``; an episodic job
+    (``mean_return``) has no ``split``. ``val_curve``: {env step: val value} rows of metrics.csv,
+    between train rows."""
+    job = root / name
+    (job / ".hydra").mkdir(parents=True)
+    (job / ".hydra" / "overrides.yaml").write_text("".join(f"- {o}\n" for o in overrides))
+    (job / "eval").mkdir()
+    selection = {"split": "val", "metric": metric, "value": val, "weights": "last"}
+    if mean_return is not None:
+        summary = {"selection": selection, "env_steps": 1024, "metrics": {"agent": {
+            "episodes": 10, "mean_return": mean_return, "std_return": 1.0}}}
+    else:
+        equity = np.concatenate([[1.0], np.cumprod(1 + returns)])
+        bh = np.concatenate([[1.0], np.cumprod(1 + bh_returns)])
+        pd.DataFrame({"timestamp": range(equity.size), "agent_equity": equity, "buy_and_hold_equity": bh,
+                      "flat_equity": 1.0}).to_csv(job / "eval" / "equity.csv", index=False)
+        sharpe = float(np.mean(returns) / np.std(returns, ddof=1) * np.sqrt(252))
+        summary = {"split": "test", "bars_per_year": 252.0, "selection": selection, "env_steps": 1024,
+                   "metrics": {"agent": {"total_return": equity[-1] - 1, "sharpe": sharpe, "max_drawdown": 0.1,
+                                         "num_trades": 10.0},
+                               "buy_and_hold": {"total_return": bh[-1] - 1, "sharpe": 1.0}}}
+    (job / "eval" / "summary.json").write_text(json.dumps(summary))
+    if val_curve is not None:
+        rows = []
+        for step, v in val_curve.items():
+            rows += [{"step": step, "train/loss": 0.1}, {"step": step, f"val/{metric}": v}]
+        pd.DataFrame(rows).to_csv(job / "metrics.csv", index=False)
+    return job

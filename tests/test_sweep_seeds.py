@@ -1,28 +1,11 @@
-"""The seeds report of a multirun folder (foxdqn.sweep_seeds), on hand-made job folders."""
-import json
-
+"""Seeds aggregation of a multirun folder (foxdqn.sweep_seeds), on hand-made job folders."""
 import numpy as np
 import pandas as pd
 import pytest
+from support import fake_job
 
 from foxdqn import sweep_seeds
 from foxdqn.significance import probabilistic_sharpe_ratio
-
-
-def _job(root, num, overrides, val, returns, bh_returns):
-    job = root / str(num)
-    (job / ".hydra").mkdir(parents=True)
-    (job / ".hydra" / "overrides.yaml").write_text("".join(f"- {o}\n" for o in overrides))
-    (job / "eval").mkdir()
-    equity = np.concatenate([[1.0], np.cumprod(1 + returns)])
-    bh = np.concatenate([[1.0], np.cumprod(1 + bh_returns)])
-    pd.DataFrame({"timestamp": range(equity.size), "agent_equity": equity, "buy_and_hold_equity": bh,
-                  "flat_equity": 1.0}).to_csv(job / "eval" / "equity.csv", index=False)
-    summary = {"split": "test", "bars_per_year": 252.0, "selection": {"metric": "sharpe", "value": val},
-               "metrics": {"agent": {"total_return": equity[-1] - 1, "sharpe": float(np.mean(returns) / np.std(returns, ddof=1) * np.sqrt(252)),
-                                     "max_drawdown": 0.1, "num_trades": 10.0},
-                           "buy_and_hold": {"total_return": bh[-1] - 1, "sharpe": 1.0}}}
-    (job / "eval" / "summary.json").write_text(json.dumps(summary))
 
 
 @pytest.fixture
@@ -32,18 +15,23 @@ def sweep(tmp_path):
     bh = rng.normal(2e-4, 1e-2, 300)
     for num, (lr, seed, val) in enumerate([("1e-3", 0, -1.0), ("1e-3", 1, -3.0), ("3e-4", 0, 2.0), ("3e-4", 1, 0.0)]):
         noise = rng.normal(0, 1e-3, 300)
-        _job(tmp_path, num, [f"optim.lr={lr}", f"seed={seed}"], val, common + noise, bh)
+        fake_job(tmp_path, str(num), [f"optim.lr={lr}", f"seed={seed}"], val, returns=common + noise, bh_returns=bh)
     (tmp_path / "multirun.yaml").write_text("hydra: {}\n")
     return tmp_path
 
 
 def test_groups_by_everything_but_the_seed_and_sorts_by_validation(sweep):
-    settings = sweep_seeds.write_report(sweep)
+    settings = sweep_seeds.summarise(sweep_seeds.load_jobs(sweep))
     assert [e["setting"] for e in settings] == ["optim.lr=3e-4", "optim.lr=1e-3"]  # val means 1.0 > -2.0
     assert [e["seeds"] for e in settings] == [2, 2]
     assert settings[0]["selection"] == {"mean": 1.0, "std": pytest.approx(np.sqrt(2.0)), "min": 0.0, "max": 2.0}
-    assert (sweep / "seeds.md").read_text().count("| optim.lr=") == 2
-    assert json.loads((sweep / "seeds.json").read_text())[0]["setting"] == "optim.lr=3e-4"
+
+
+def test_lower_is_better_for_max_drawdown(tmp_path):
+    for num, (lr, val) in enumerate([("1e-3", 0.3), ("3e-4", 0.1)]):
+        fake_job(tmp_path, str(num), [f"optim.lr={lr}"], val, metric="max_drawdown", mean_return=1.0)
+    assert [e["setting"] for e in sweep_seeds.summarise(sweep_seeds.load_jobs(tmp_path))] == \
+        ["optim.lr=3e-4", "optim.lr=1e-3"]
 
 
 def test_the_ensemble_averages_the_seeds_returns_bar_by_bar(sweep):
@@ -56,16 +44,30 @@ def test_the_ensemble_averages_the_seeds_returns_bar_by_bar(sweep):
     assert 0 <= ens["psr_vs_buy_and_hold"] <= 1
 
 
-def test_only_this_multiruns_jobs_and_failed_ones_listed(sweep):
-    (sweep / "4" / "eval").mkdir(parents=True)
-    (sweep / "4" / "HALTED").write_text("halt_nan at step 5\n")
-    settings = sweep_seeds.write_report(sweep, [sweep / "2", sweep / "3", sweep / "4"])  # 0 and 1: an older sweep
-    assert [e["setting"] for e in settings] == ["optim.lr=3e-4"]
-    assert "job 4: halted: halt_nan at step 5" in (sweep / "seeds.md").read_text()
+def test_a_broken_equity_csv_drops_the_ensemble_only(sweep):
+    (sweep / "2" / "eval" / "equity.csv").write_text("timestamp,other\n0,1\n1,1\n2,1\n3,1\n")
+    settings = sweep_seeds.summarise(sweep_seeds.load_jobs(sweep))
+    assert settings[0]["ensemble"] is None and settings[1]["ensemble"] is not None
 
 
-def test_cli(sweep, tmp_path, capsys):
-    assert sweep_seeds.main([str(sweep)]) == 0 and "seeds report:" in capsys.readouterr().out
-    assert sweep_seeds.main([str(tmp_path / "missing")]) == 2
-    assert sweep_seeds.main([str(sweep / "0")]) == 2 and not (sweep / "0" / "seeds.md").exists()  # not a sweep
-    assert sweep_seeds.main([]) == 2 and "usage" in capsys.readouterr().err
+def test_job_folders_in_number_order_and_why_a_job_has_no_results(sweep):
+    for name in ("10", "11", "12"):
+        (sweep / name / ".hydra").mkdir(parents=True)
+        (sweep / name / ".hydra" / "overrides.yaml").write_text("- seed=5\n")
+    (sweep / "10" / "HALTED").write_text("halt_nan at step 5\n")
+    (sweep / "11" / "INCOMPLETE").write_text("started\n")
+    (sweep / "12" / "eval").mkdir()
+    (sweep / "12" / "eval" / "summary.json").write_text("{not json")
+    dirs = sweep_seeds.find_job_dirs(sweep)
+    assert [d.name for d in dirs] == ["0", "1", "2", "3", "10", "11", "12"]
+    problems = {d.name: sweep_seeds.read_job(d)["problem"] for d in dirs}
+    assert problems["0"] is None and problems["10"] == "halted: halt_nan at step 5"
+    assert problems["11"].startswith("no eval/summary.json (INCOMPLETE")
+    assert problems["12"].startswith("unreadable eval/summary.json")
+    assert [j["dir"].name for j in sweep_seeds.load_jobs(sweep)] == ["0", "1", "2", "3"]
+
+
+def test_cli_is_the_report(sweep, capsys):
+    assert sweep_seeds.main([str(sweep)]) == 0 and "report:" in capsys.readouterr().out
+    assert (sweep / "report.md").is_file()
+    assert sweep_seeds.main([str(sweep / "missing")]) == 2

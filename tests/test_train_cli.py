@@ -49,17 +49,25 @@ def test_default_smoke_writes_every_output(tmp_path):
     assert len(equity) == summary["bars"] + 2
 
 
-def test_multirun_writes_the_seeds_report(tmp_path):
-    res = run(["--multirun", "debug=smoke", "debug.max_env_steps=1024", "seed=0,1", "optim.lr=3e-4,1e-3",
-               f"hydra.sweep.dir={tmp_path / 'sweep'}"], cwd=tmp_path)
+def test_multirun_writes_the_report(tmp_path):
+    """foxdqn.report on a real 2x2 sweep (two learning rates x two seeds), written by the callback."""
+    sweep = tmp_path / "sweep"
+    res = run(["--multirun", "debug=smoke", "debug.max_env_steps=1024", "eval.interval_env_steps=256", "seed=0,1",
+               "optim.lr=3e-4,1e-3", f"hydra.sweep.dir={sweep}"], cwd=tmp_path)
     assert res.returncode == 0, res.stderr[-2000:]
-    report = json.loads((tmp_path / "sweep" / "seeds.json").read_text())
-    assert len(report) == 2 and all(e["seeds"] == 2 for e in report)
-    assert {e["setting"] for e in report} == {"debug=smoke debug.max_env_steps=1024 optim.lr=0.0003",
-                                              "debug=smoke debug.max_env_steps=1024 optim.lr=0.001"}
-    values = [e["selection"]["mean"] for e in report]
-    assert values == sorted(values, reverse=True)  # best validation first
-    assert (tmp_path / "sweep" / "seeds.md").is_file() and "seeds report:" in res.stdout
+    report = json.loads((sweep / "report.json").read_text())
+    settings = report["settings"]
+    assert len(settings) == 2 and all(e["seeds"] == 2 for e in settings)
+    assert {e["setting"] for e in settings} == {
+        "debug=smoke debug.max_env_steps=1024 eval.interval_env_steps=256 optim.lr=0.0003",
+        "debug=smoke debug.max_env_steps=1024 eval.interval_env_steps=256 optim.lr=0.001"}
+    assert report["swept"] == ["optim.lr"] and len(report["jobs"]) == 4
+    for values in ([e["selection"]["mean"] for e in settings], [j["val"] for j in report["jobs"]]):
+        assert values == sorted(values, reverse=True)  # best validation first
+    assert all(j["status"] == "ok" for j in report["jobs"])
+    assert sorted(report["plots"]) == ["plots/curves_val_sharpe.png", "plots/vs_optim.lr.png"]
+    assert all((sweep / p).stat().st_size > 0 for p in report["plots"])
+    assert "| job" in res.stdout and f"report: {sweep / 'report.md'}" in res.stdout
 
 
 @pytest.mark.parametrize("kind", ["googl", "csv"])
