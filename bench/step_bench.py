@@ -16,7 +16,7 @@ import torch
 
 from bench.common import time_ms
 from bench.harness import make_state
-from foxdqn.config import experiment_names
+from foxdqn.compose import experiment_names
 from foxdqn.step.iteration import Iteration
 
 EXPERIMENTS = experiment_names()

@@ -6,7 +6,9 @@ that is not one of its :class:`Choice` members fails at compose time. :func:`fin
 checks ranges (each group's ``validate``) and the rules that join groups
 (:func:`_cross_checks`), raising :class:`~foxdqn.errors.ConfigError` naming the dotted key, and
 applies the ``debug`` caps. Only this layer names config keys; components raise ``ValueError``
-naming their own parameters. Every key is described in docs/configuration.md.
+naming their own parameters. Every key is described in docs/configuration.md. Composing with Hydra
+(where ``conf/`` is, :func:`foxdqn.compose.load_config`, the messages of composition errors) is
+:mod:`foxdqn.compose`.
 
 Groups mirror the package: ``data`` (foxdqn.data), ``env`` (foxdqn.envs), ``model``/``head``
 (foxdqn.nn), ``objective`` (foxdqn.objectives), ``action`` (foxdqn.actions), ``replay``
@@ -622,101 +624,7 @@ def _early_stop_checks(cfg: TrainConfig) -> None:
                           f"evaluations it watches); got eval.interval_env_steps={cfg.eval.interval_env_steps}")
 
 
-# ------------------------------------------------------------------------------ composition
-
-
-def conf_folder() -> Path:
-    """The config folder: that of the package ``foxdqn.conf`` (a wheel or ``pip install -e .``), or
-    ``conf/`` beside ``foxdqn/`` in a source checkout run without installing (``PYTHONPATH=.``). A
-    ``foxdqn/conf/`` left by an older checkout with only ``__pycache__`` in it is a namespace package
-    without an ``__init__.py``: it is passed over."""
-    import importlib.util
-
-    spec = importlib.util.find_spec("foxdqn.conf")
-    if spec is not None and spec.origin:
-        return Path(spec.origin).parent
-    return Path(__file__).resolve().parents[1] / "conf"
-
-
-def load_config(overrides: list[str], config_name: str = "train") -> TrainConfig:
-    """Compose ``config_name`` (conf/) with ``overrides`` through Hydra's compose API and
-    :func:`finalize` it. Used by tests, benches and foxdqn.evaluate; when Hydra is already
-    initialised (inside ``python -m foxdqn.train``) its search path (``--config-dir``,
-    ``hydra.searchpath``) is used as it is.
-
-    Raises:
-        ConfigError: any composition or validation problem (one line, naming the key).
-    """
-    from hydra import compose, initialize_config_dir
-    from hydra.core.global_hydra import GlobalHydra
-
-    if GlobalHydra.instance().is_initialized():
-        return finalize(_compose(lambda: compose(config_name, overrides=overrides)))
-    try:
-        with initialize_config_dir(str(conf_folder()), version_base="1.3"):
-            return finalize(_compose(lambda: compose(config_name, overrides=overrides)))
-    finally:
-        GlobalHydra.instance().clear()
-
-
-def _compose(make) -> DictConfig:
-    from foxdqn.errors import FoxdqnError
-
-    try:
-        return make()
-    except FoxdqnError:
-        raise
-    except Exception as exc:  # hydra / omegaconf errors: unknown key, wrong type, missing option
-        raise ConfigError(composition_error(exc)) from None
-
-
-#: Hydra plugins foxdqn documents: the option Hydra cannot find → (the plugin, foxdqn's extra).
-PLUGINS = {
-    "hydra/sweeper/optuna": ("hydra-optuna-sweeper", "sweep"),
-    "hydra/launcher/joblib": ("hydra-joblib-launcher", "sweep"),
-    "hydra/launcher/submitit_local": ("hydra-submitit-launcher", "slurm"),
-    "hydra/launcher/submitit_slurm": ("hydra-submitit-launcher", "slurm"),
-    "hydra/launcher/ray": ("hydra-ray-launcher", "ray"),
-}
-
-
-def composition_error(exc: BaseException) -> str:
-    """One line from a Hydra/OmegaConf composition error: an unknown key names the keys allowed
-    there (or where it moved), a bad choice lists the choices, a missing group option lists the
-    options, a launcher or sweeper whose plugin is not installed names the extra that installs it
-    (:data:`PLUGINS`), and Hydra's own hint (``+experiment=...``) is kept."""
-    import re
-
-    text = str(exc).strip() or type(exc).__name__
-    missing = re.search(r"Could not find '(hydra/(?:sweeper|launcher)/\w+)'", text)
-    if missing and missing.group(1) in PLUGINS:
-        plugin, extra = PLUGINS[missing.group(1)]
-        option = missing.group(1).rsplit("/", 1)
-        return (f"{option[0]}={option[1]} needs the Hydra plugin {plugin}, not installed: "
-                f"pip install 'foxdqn[{extra}]' (or pip install {plugin})")
-    cause = exc.__cause__ or exc.__context__
-    full = text + ("\n" + str(cause) if cause is not None else "")
-    key = re.search(r"full_key: (\S+)", full)
-    choice = re.search(r"Invalid value '([^']*)', expected one of \[([^\]]*)\]", full)
-    if choice and key:
-        return f"{key.group(1)}={choice.group(1)!r} is not allowed; choose one of {choice.group(2)}"
-    unknown = re.search(r"Could not override '([^']+)'", text)
-    if unknown and "No match in the defaults list" not in text:
-        return unknown_key_message(unknown.group(1))
-    if key and re.search(r"not in struct|Key '[^']+' (is )?not in", full):
-        where = re.match(r"In '([^']+)'", text)
-        return (f"{where.group(1)}: " if where else "") + unknown_key_message(key.group(1))
-    lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
-    cut = next((i for i, ln in enumerate(lines) if ln.startswith("Config search path")), len(lines))
-    keep = [ln for ln in lines[:cut] if not ln.startswith(("object_type", "Set the environment variable"))]
-    if any(ln.startswith("Available options") for ln in keep):  # "...in 'head':" + one option per line
-        i = next(i for i, ln in enumerate(keep) if ln.startswith("Available options"))
-        keep = keep[:i] + [keep[i] + " " + ", ".join(keep[i + 1:])]
-    if cause is not None and str(cause).strip():
-        first = str(cause).strip().splitlines()[0].strip()
-        if first not in keep:
-            keep.append(first)
-    return " ".join(ln if ln.endswith(".") else ln + ";" for ln in keep).rstrip(";") or text
+# ------------------------------------------------------------------------- from composed to typed
 
 
 def unknown_keys(composed: DictConfig, schema=None, prefix: str = "") -> list[str]:
@@ -777,18 +685,6 @@ def upgrade(values: dict) -> dict:
                 node = node.setdefault(part, {})
             node[leaf] = value
     return out
-
-
-def from_plain(values: dict) -> TrainConfig:
-    """A :class:`TrainConfig` from :func:`to_plain`'s dicts (a checkpoint's config).
-
-    Raises:
-        ConfigError: keys or values this version's schema does not accept.
-    """
-    try:
-        return OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(TrainConfig), values))
-    except Exception as exc:  # noqa: BLE001 - omegaconf validation errors
-        raise ConfigError(composition_error(exc)) from None
 
 
 def finalize(cfg: DictConfig | TrainConfig) -> TrainConfig:
@@ -891,12 +787,6 @@ def run_name(experiment: str, data_path: Optional[str] = None, env_id: Optional[
     extra = Path(str(data_path)).stem if data_path else (str(env_id) if env_id else "")
     name = f"{experiment}_{extra}" if extra else str(experiment)
     return re.sub(r"[^A-Za-z0-9._-]", "_", name)
-
-
-def experiment_names() -> list[str]:
-    """The experiments shipped in ``conf/experiment/`` (the package ``foxdqn.conf``), sorted."""
-    folder = conf_folder().joinpath("experiment")
-    return sorted(p.name[:-5] for p in folder.iterdir() if p.name.endswith(".yaml"))
 
 
 def register_configs() -> None:

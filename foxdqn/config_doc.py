@@ -78,7 +78,7 @@ def rows(node, prefix: str = "") -> list[tuple[str, str, str, str]]:
 
 def options() -> list[str]:
     """Markdown: the option files of each config group of conf/ (the package ``foxdqn.conf``)."""
-    from foxdqn.config import conf_folder
+    from foxdqn.compose import conf_folder
 
     out = ["### groups of conf/", "", "Choose one with `GROUP=OPTION` (an experiment with `+experiment=NAME`).", "",
            "| group | options |", "|---|---|"]

@@ -63,7 +63,8 @@ def config_from(payload: dict, overrides: list[str]):
     """The checkpoint's :class:`~foxdqn.config.TrainConfig` with ``overrides`` applied, validated."""
     from omegaconf import OmegaConf
 
-    from foxdqn.config import TrainConfig, composition_error, to_object, validate
+    from foxdqn.config import TrainConfig, to_object, validate
+    from foxdqn.compose import composition_error
     from foxdqn.errors import ConfigError
 
     try:

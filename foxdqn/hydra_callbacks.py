@@ -98,7 +98,7 @@ class CheckJobs(Callback):
     """Before the first job of a basic-sweeper ``--multirun``: compose and check every job."""
 
     def on_multirun_start(self, config: DictConfig, **kwargs) -> None:
-        from foxdqn.config import load_config
+        from foxdqn.compose import load_config
         from foxdqn.errors import FoxdqnError
         from foxdqn.train import preflight
 

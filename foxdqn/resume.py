@@ -12,6 +12,7 @@ import shutil
 from pathlib import Path
 
 from foxdqn.checkpoint import load_checkpoint
+from foxdqn.compose import from_plain
 from foxdqn.config import TrainConfig, to_plain
 from foxdqn.errors import ConfigError
 from foxdqn.run_folder import MARKER
@@ -65,7 +66,7 @@ def resolve_resume(tc: TrainConfig, hydra_dir: Path) -> tuple[TrainConfig, Path,
     _LOADED.clear()  # the run holds it from here: no second copy of a saved replay in memory
     if (run_dir / "eval" / "summary.json").is_file() and not (run_dir / MARKER).exists():
         raise ConfigError(f"resume: the run in {run_dir} has finished (eval/summary.json); nothing to continue")
-    mine, theirs = to_plain(tc), payload["config"]
+    mine, theirs = to_plain(tc), to_plain(from_plain(payload["config"]))  # keys added since: their defaults
     diff = _first_difference(mine, theirs, RESUME_MAY_CHANGE)
     if diff is not None:
         raise ConfigError(f"resume: {diff} differs from the checkpoint's config ({path}); a resumed run keeps "

@@ -1,6 +1,6 @@
 """``python -m foxdqn.train [+experiment=NAME] [overrides] [--multirun ...]``.
 
-Hydra parses the command line and composes ``conf/train.yaml`` (:func:`foxdqn.config.conf_folder`;
+Hydra parses the command line and composes ``conf/train.yaml`` (:func:`foxdqn.compose.conf_folder`;
 ``--config-dir``, ``--config-path`` and ``hydra.searchpath`` add the user's own config folders).
 The task function validates the config and the data once, before any work; trains; evaluates on
 the test split and prints where the outputs are. A ``--multirun`` checks every job first
@@ -20,7 +20,8 @@ import hydra
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
-from foxdqn.config import TrainConfig, conf_folder, finalize
+from foxdqn.config import TrainConfig, finalize
+from foxdqn.compose import conf_folder
 from foxdqn.errors import ConfigError, FoxdqnError, HaltError
 
 
@@ -222,7 +223,7 @@ def main() -> None:
     from hydra.errors import HydraException
     from omegaconf.errors import OmegaConfBaseException
 
-    from foxdqn.config import composition_error
+    from foxdqn.compose import composition_error
 
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, _outside_training)

@@ -24,7 +24,7 @@ from foxdqn.nn.mlp import MLPEncoder
 from foxdqn.nn.qnet import QNetwork
 from foxdqn.step.iteration import WARMUP_ITERATIONS, Iteration, make_iteration
 from foxdqn.step.state import build_state
-from foxdqn.config import experiment_names, load_config
+from foxdqn.compose import experiment_names, load_config
 
 INF = float("inf")
 

@@ -17,7 +17,7 @@ import torch
 from foxdqn.evaluate import evaluate_episodes
 from foxdqn.loop import train
 from foxdqn.step.state import build_state
-from foxdqn.config import load_config
+from foxdqn.compose import load_config
 
 from support import train_eager
 

@@ -4,7 +4,7 @@ from pathlib import Path
 import pytest
 
 from foxdqn.errors import ConfigError
-from foxdqn.config import experiment_names, load_config
+from foxdqn.compose import experiment_names, load_config
 
 EXPERIMENTS = experiment_names()
 
@@ -89,14 +89,14 @@ def test_bad_override_names_field(override, field):
 ])
 def test_refused_before_the_smoke_caps(overrides, needle):
     from foxdqn.errors import ConfigError
-    from foxdqn.config import load_config
+    from foxdqn.compose import load_config
 
     with pytest.raises(ConfigError, match=needle):
         load_config(overrides)
 
 
 def test_ignored_settings_are_warned(caplog):
-    from foxdqn.config import load_config
+    from foxdqn.compose import load_config
 
     with caplog.at_level("WARNING", logger="foxdqn.config"):
         load_config(["debug=smoke", "head.atoms=1", "debug.inject_nan_at_step=100000"])
@@ -156,15 +156,18 @@ def test_a_config_built_in_python_is_checked_for_choices():
 
 
 def test_upgrade_moves_an_older_checkpoints_keys():
-    from foxdqn.config import from_plain, to_plain, upgrade
+    from foxdqn.config import to_plain, upgrade
+    from foxdqn.compose import from_plain
 
     cfg = load_config(["optim.lr=0.002", "target.update=hard", "target.period=7", "logger=csv"])
     old = to_plain(cfg)
     old["agent"].update(lr=old["optim"].pop("lr"), target_update=old["target"].pop("update"),
                         hard_update_period=old["target"].pop("period"))
-    old["log"]["tensorboard"] = old.pop("logger")["tensorboard"]
-    assert upgrade(old) == to_plain(cfg)
-    assert from_plain(upgrade(old)) == cfg
+    old["log"]["tensorboard"] = old.pop("logger")["tensorboard"]  # before the logger group and its mlflow keys
+    new = upgrade(old)
+    assert new["optim"]["lr"] == 0.002 and new["target"] == {**to_plain(cfg)["target"], "update": "hard", "period": 7}
+    assert "lr" not in new["agent"] and new["logger"] == {"tensorboard": False}
+    assert from_plain(new) == cfg  # keys added since then take their defaults
 
 
 def test_logger_group_is_combinable():

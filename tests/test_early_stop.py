@@ -10,7 +10,7 @@ import foxdqn.loop as loop
 from foxdqn.checkpoint import load_checkpoint
 from foxdqn.early_stop import EarlyStopper, resolve_metric
 from foxdqn.errors import ConfigError, HaltError
-from foxdqn.config import load_config
+from foxdqn.compose import load_config
 
 from support import small_state
 

@@ -10,7 +10,7 @@ import pytest
 from foxdqn.evaluate_run import evaluate_checkpoint, main
 from foxdqn.io_atomic import read_json
 from foxdqn.loop import train
-from foxdqn.config import load_config
+from foxdqn.compose import load_config
 from foxdqn.train import market_data
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -10,7 +10,7 @@ from foxdqn.data import market_data_from_frame
 from foxdqn.data.synthetic import make_synthetic_ohlcv
 from foxdqn.evaluate import evaluate
 from foxdqn.step.state import build_state
-from foxdqn.config import load_config
+from foxdqn.compose import load_config
 
 from support import train_eager
 

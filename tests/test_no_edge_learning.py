@@ -15,7 +15,7 @@ from foxdqn.data import load_market_data
 from foxdqn.envs.actions import compose
 from foxdqn.evaluate import evaluate
 from foxdqn.step.state import build_state
-from foxdqn.config import load_config
+from foxdqn.compose import load_config
 
 from support import train_eager
 

@@ -14,7 +14,7 @@ import torch
 
 from foxdqn.checkpoint import load_checkpoint
 from foxdqn.loop import Interrupted, train
-from foxdqn.config import load_config
+from foxdqn.compose import load_config
 from foxdqn.train import market_data
 
 from support import interrupt_at

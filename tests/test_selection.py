@@ -6,7 +6,7 @@ import torch
 from foxdqn.data import load_market_data
 from foxdqn.evaluate import evaluate
 from foxdqn.loop import train
-from foxdqn.config import load_config
+from foxdqn.compose import load_config
 
 
 @pytest.fixture(scope="module")

@@ -44,7 +44,7 @@ def test_launcher_runs_complete_jobs(tmp_path, launcher):
     assert len(summaries) == (2 if "joblib" in launcher[0] else 1)
     seeds_run = sorted(OmegaConf.load(job / "config.yaml").seed for job in (tmp_path / "s").iterdir() if job.name.isdigit())
     assert seeds_run == list(range(len(summaries)))
-    assert (tmp_path / "s" / "seeds.md").is_file()
+    assert (tmp_path / "s" / "report.md").is_file()
 
 
 def test_optuna_search_maximises_the_validation_metric(tmp_path):

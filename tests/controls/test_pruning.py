@@ -9,7 +9,7 @@ from foxdqn.errors import ConfigError
 from foxdqn.loop import Snapshotter
 from foxdqn.step.iteration import Iteration
 from foxdqn.step.pruning import MagnitudePruner
-from foxdqn.config import load_config
+from foxdqn.compose import load_config
 
 from support import experiment_state
 

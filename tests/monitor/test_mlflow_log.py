@@ -8,7 +8,7 @@ import pytest
 pytest.importorskip("mlflow")
 
 from foxdqn.checkpoint import load_checkpoint  # noqa: E402
-from foxdqn.config import load_config  # noqa: E402
+from foxdqn.compose import load_config  # noqa: E402
 from foxdqn.errors import ConfigError  # noqa: E402
 from foxdqn.loop import Interrupted, train  # noqa: E402
 from foxdqn.monitor.mlflow_log import RUN_ID_FILE  # noqa: E402
