@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import shutil
+from collections.abc import Iterable
 from pathlib import Path
 
 from foxdqn.checkpoint import load_checkpoint
@@ -37,22 +38,26 @@ def read_checkpoint(path: Path) -> dict:
 RESUME_MAY_CHANGE = ("resume", "device", "graph", "cpu_threads", "log", "logger", "checkpoint")
 
 
-def resolve_resume(tc: TrainConfig, hydra_dir: Path) -> tuple[TrainConfig, Path, dict | None]:
+def resolve_resume(tc: TrainConfig, hydra_dir: Path, given: Iterable[str] = ()) -> tuple[TrainConfig, Path, dict | None]:
     """``resume=auto`` (the newest checkpoint of ``hydra.run.dir``) or ``resume=PATH``: the run to
-    continue, its folder and its checkpoint. The config must be the checkpoint's, but for
-    :data:`RESUME_MAY_CHANGE`. A Hydra folder made for this call that holds only ``.hydra/`` and
-    Hydra's log is removed when the run continues elsewhere. ``resume=auto`` of a run that was
-    stopped before its first checkpoint (``INCOMPLETE``, no ``checkpoints/last.pt``) starts it over in its folder: the
-    payload is then None and the killed run's partial metrics.csv and tb/ are removed.
+    continue, its config, its folder and its checkpoint. The run keeps its own settings, read from
+    the checkpoint (so ``resume=auto hydra.run.dir=RUN`` alone continues a run started with any
+    overrides); of this call's config only :data:`RESUME_MAY_CHANGE` is taken. A key ``given`` on
+    this command line (dotted key or group, e.g. ``optim.lr`` or ``head``) that is not among them
+    must agree with the checkpoint. A Hydra folder made for this call that holds only ``.hydra/``
+    and Hydra's log is removed when the run continues elsewhere. ``resume=auto`` of a run that was
+    stopped before its first checkpoint (``INCOMPLETE``, no ``checkpoints/last.pt``) starts it over
+    in its folder with this call's config: the payload is then None and the killed run's partial
+    metrics.csv and tb/ are removed.
 
     Raises:
-        ConfigError: no checkpoint, an unreadable or foreign one, a finished run, or another config.
+        ConfigError: no checkpoint, an unreadable or foreign one, a finished run, or a given key
+            that differs from the checkpoint's.
     """
     if tc.resume == "auto":
         path = hydra_dir / "checkpoints" / "last.pt"
         if not path.is_file() and (hydra_dir / MARKER).is_file():
-            log.warning("resume=auto: %s was stopped before its first checkpoint; starting it "
-                                                "over", hydra_dir)
+            log.warning("resume=auto: %s was stopped before its first checkpoint; starting it over", hydra_dir)
             (hydra_dir / "metrics.csv").unlink(missing_ok=True)
             shutil.rmtree(hydra_dir / "tb", ignore_errors=True)
             return tc, hydra_dir, None
@@ -66,14 +71,40 @@ def resolve_resume(tc: TrainConfig, hydra_dir: Path) -> tuple[TrainConfig, Path,
     _LOADED.clear()  # the run holds it from here: no second copy of a saved replay in memory
     if (run_dir / "eval" / "summary.json").is_file() and not (run_dir / MARKER).exists():
         raise ConfigError(f"resume: the run in {run_dir} has finished (eval/summary.json); nothing to continue")
-    mine, theirs = to_plain(tc), to_plain(from_plain(payload["config"]))  # keys added since: their defaults
-    diff = _first_difference(mine, theirs, RESUME_MAY_CHANGE)
-    if diff is not None:
-        raise ConfigError(f"resume: {diff} differs from the checkpoint's config ({path}); a resumed run keeps "
-                          f"its settings (only {', '.join(RESUME_MAY_CHANGE)} may change)")
+    theirs = from_plain(payload["config"])  # keys added since the checkpoint: their defaults
+    mine_plain, theirs_plain = to_plain(tc), to_plain(theirs)
+    for key in sorted(set(given)):
+        if key.split(".")[0] in RESUME_MAY_CHANGE:
+            continue
+        diff = _first_difference(_subtree(mine_plain, key), _subtree(theirs_plain, key), (), f"{key}.", key)
+        if diff is not None:
+            raise ConfigError(f"resume: {diff} differs from the checkpoint's config ({path}); a resumed run keeps "
+                              f"its settings (only {', '.join(RESUME_MAY_CHANGE)} may change)")
+    for key in RESUME_MAY_CHANGE:
+        setattr(theirs, key, getattr(tc, key))
     if hydra_dir.resolve() != run_dir and all(p.name == ".hydra" or p.suffix == ".log" for p in hydra_dir.iterdir()):
         shutil.rmtree(hydra_dir, ignore_errors=True)  # only Hydra's config copy and its log of this call
-    return tc, run_dir, payload
+    return theirs, run_dir, payload
+
+
+def given_keys(overrides: Iterable[str]) -> list[str]:
+    """The config keys or groups a command line's overrides set (``+optim.lr=1`` → ``optim.lr``;
+    ``head=c51`` → ``head``; ``hydra.*`` and ``hydra/*`` left out)."""
+    keys = []
+    for item in overrides:
+        key = str(item).lstrip("+~").split("=", 1)[0].split("@", 1)[0].replace("/", ".")
+        if key and not key.startswith("hydra"):
+            keys.append(key)
+    return keys
+
+
+def _subtree(values: dict, dotted: str):
+    node = values
+    for part in dotted.split("."):
+        if not isinstance(node, dict) or part not in node:
+            return None
+        node = node[part]
+    return node
 
 
 def resume_path(value: str) -> Path:
@@ -90,16 +121,17 @@ def resume_path(value: str) -> Path:
     return path
 
 
-def _first_difference(a: dict, b: dict, allowed: tuple[str, ...], prefix: str = "") -> str | None:
+def _first_difference(a, b, allowed: tuple[str, ...], prefix: str = "", name: str | None = None) -> str | None:
+    """The first dotted key where ``a`` and ``b`` (plain values or nested dicts) differ, as
+    ``"key (a here, b there)"``; keys in ``allowed`` are skipped. None when they agree."""
+    if not (isinstance(a, dict) and isinstance(b, dict)):
+        same = a == b or (isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)) and list(a) == list(b))
+        return None if same else f"{name or prefix.rstrip('.')} ({a!r} here, {b!r} there)"
     for key in sorted(set(a) | set(b)):
-        name = f"{prefix}{key}"
-        if name in allowed:
+        dotted = f"{prefix}{key}"
+        if dotted in allowed:
             continue
-        x, y = a.get(key), b.get(key)
-        if isinstance(x, dict) and isinstance(y, dict):
-            found = _first_difference(x, y, allowed, f"{name}.")
-            if found:
-                return found
-        elif x != y and not (isinstance(x, (list, tuple)) and isinstance(y, (list, tuple)) and list(x) == list(y)):
-            return f"{name} ({x!r} here, {y!r} there)"
+        found = _first_difference(a.get(key), b.get(key), allowed, f"{dotted}.", dotted)
+        if found:
+            return found
     return None

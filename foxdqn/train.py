@@ -116,35 +116,36 @@ _TASK_STARTED = False
 def _run(cfg: DictConfig) -> float:
     global _TASK_STARTED
     _TASK_STARTED = True
+    from foxdqn.resume import given_keys, resolve_resume
+
     hydra_dir = Path(HydraConfig.get().runtime.output_dir)
+    run_dir, payload = hydra_dir, None
     try:
         tc = finalize(cfg)
+        if tc.resume is not None:  # the run's own settings, from its checkpoint
+            tc, run_dir, payload = resolve_resume(tc, hydra_dir, given_keys(HydraConfig.get().overrides.task))
         market = preflight(tc)
     except FoxdqnError as exc:
         _remove_if_unused(hydra_dir)
         return _job_failed(str(exc), 2)
-    return _train(tc, market, hydra_dir)
+    return _train(tc, market, run_dir, payload)
 
 
-def _train(tc: TrainConfig, market, hydra_dir: Path) -> float:
+def _train(tc: TrainConfig, market, run_dir: Path, payload: dict | None) -> float:
     from foxdqn.io_atomic import write_text_atomic
     from foxdqn.loop import Interrupted, train
     from foxdqn.results_table import print_summary
-    from foxdqn.resume import resolve_resume
     from foxdqn.run_folder import RunFolder
 
-    folder, run_dir = None, hydra_dir
+    folder = None
     try:
-        payload = None
-        if tc.resume is not None:
-            tc, run_dir, payload = resolve_resume(tc, hydra_dir)
         folder = RunFolder(run_dir).open(resume=tc.resume is not None)
         write_text_atomic(run_dir / "config.yaml", OmegaConf.to_yaml(OmegaConf.structured(tc)))
         summary = train(tc, market, run_dir, resume=payload)
     except FoxdqnError as exc:
         _release(folder)
         if folder is None:
-            _remove_if_unused(hydra_dir)
+            _remove_if_unused(run_dir)
         return _job_failed(str(exc), 2)
     except HaltError as exc:
         _release(folder, finished=True)  # HALTED marks the end

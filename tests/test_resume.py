@@ -11,6 +11,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 import torch
+from omegaconf import OmegaConf
 
 from foxdqn.checkpoint import load_checkpoint
 from foxdqn.loop import Interrupted, train
@@ -79,6 +80,35 @@ def test_resume_refuses_another_config_and_a_finished_run(tmp_path):
     folder = run(f"resume={tmp_path / 'a'}", f"hydra.run.dir={tmp_path / 'c'}")  # a run folder means its last.pt
     assert folder.returncode == 0, folder.stderr[-2000:]  # 'a' is marked INCOMPLETE above: it is finished now
     assert not (tmp_path / "a" / "INCOMPLETE").exists() and not (tmp_path / "c").exists()
+
+
+def test_the_printed_resume_command_continues_a_run_started_with_overrides(tmp_path):
+    """SIGINT prints 'continue with resume=auto hydra.run.dir=RUN': that command alone continues the
+    run with its own settings (here another dataset, learning rate and budget), read from its
+    checkpoint; a key given again must agree."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    run_dir = tmp_path / "run"
+    started = ["+experiment=googl_dqn", "optim.lr=0.001", "agent.total_env_steps=60000", "log.progress=false",
+               "checkpoint.every_env_steps=2500", "log.interval_env_steps=1250", "device=cpu", "logger=csv"]
+    proc = subprocess.Popen([sys.executable, "-m", "foxdqn.train", *started, f"hydra.run.dir={run_dir}"],
+                            cwd=tmp_path, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline and not (run_dir / "checkpoints" / "last.pt").is_file():
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=300)
+    assert proc.returncode == 130, err[-2000:]
+    hint = err.strip().splitlines()[-1].split("continue with ", 1)[1].split()
+    assert hint == ["resume=auto", f"hydra.run.dir={run_dir}"]
+    clash = subprocess.run([sys.executable, "-m", "foxdqn.train", *hint, "optim.lr=0.01"], cwd=tmp_path, env=env,
+                           capture_output=True, text=True, timeout=300)
+    assert clash.returncode == 2 and "optim.lr (0.01 here, 0.001 there)" in clash.stderr
+    res = subprocess.run([sys.executable, "-m", "foxdqn.train", *hint, "log.progress=false"], cwd=tmp_path, env=env,
+                         capture_output=True, text=True, timeout=600)
+    assert res.returncode == 0, res.stderr[-2000:]
+    config = OmegaConf.load(run_dir / "config.yaml")
+    assert config.data.name == "googl_1d" and config.optim.lr == 0.001 and config.agent.total_env_steps == 60000
+    assert (run_dir / "eval" / "summary.json").is_file()
 
 
 def test_resume_auto_starts_over_a_run_killed_before_its_first_checkpoint(tmp_path):
