@@ -48,6 +48,8 @@ def _walk(obj: Any, path: str, seen: set[int]) -> Iterator[tuple[str, torch.Tens
         return
     if isinstance(obj, _SKIP_TYPES) or id(obj) in seen or callable(obj) and not hasattr(obj, "__dict__"):
         return
+    if getattr(type(obj), "checkpointed", True) is False:  # scratch rebuilt every update (WeightCheck)
+        return
     seen.add(id(obj))
     if isinstance(obj, torch.nn.Module):
         for name, t in list(obj.named_parameters()) + list(obj.named_buffers()):
@@ -143,6 +145,21 @@ def load_checkpoint(path: str | Path, map_location="cpu") -> dict:
     return payload
 
 
+def _upgrade_ring(value: torch.Tensor, tensor: torch.Tensor) -> torch.Tensor:
+    """A record ring saved before the records grew from 16 to 18 columns (the post-step weight
+    check's HALT_WEIGHT, MAX_WEIGHT) gets those columns as in a fresh ring (0, -1); anything else
+    is returned as it is."""
+    from foxdqn.guard import record as R
+
+    if (value.dim() == 2 and tensor.dim() == 2 and value.shape[0] == tensor.shape[0] and value.shape[1] == 16
+            and tensor.shape[1] == R.RECORD_SIZE and value.dtype == tensor.dtype == R.RING_DTYPE):
+        fresh = torch.zeros(tensor.shape, dtype=R.RING_DTYPE)
+        R.reset_ring(fresh)
+        fresh[:, :16] = value
+        return fresh
+    return value
+
+
 def restore_state(state, payload: dict) -> None:
     """Copy checkpoint ``payload`` into ``state`` (built from the same config), in place.
 
@@ -163,7 +180,7 @@ def restore_state(state, payload: dict) -> None:
         raise ConfigError(f"checkpoint: its training state does not match this config (no {', '.join(missing[:3])})")
     with torch.no_grad():
         for name, tensor in mine.items():
-            value = saved[name]
+            value = _upgrade_ring(saved[name], tensor)
             if value.shape != tensor.shape or value.dtype != tensor.dtype:
                 raise ConfigError(f"checkpoint: {name} has shape {tuple(value.shape)} {value.dtype}, this config "
                                   f"{tuple(tensor.shape)} {tensor.dtype}")

@@ -386,10 +386,14 @@ class GuardConfig:
     warmup_updates: int = 100
     q_divergence: float = 1.0e4  # |Q| above this is a divergence (Q-value monitor)
     ring_size: int = 64
+    max_weight: Optional[float] = None  # post-step check: a step whose weights would have some |w| above this
+    #                                     (or non-finite) is skipped and halts the run (null or 0 = off)
 
     def validate(self) -> None:
         _all_positive(self, "guard", ("loss_clip", "q_divergence", "ring_size"))
         _all_positive(self, "guard", ("collapse_multiplier", "collapse_patience", "warmup_updates"), allow_zero=True)
+        if self.max_weight is not None:
+            _positive(self.max_weight, "guard.max_weight", allow_zero=True)
 
 
 @dataclass
@@ -489,10 +493,13 @@ class DebugConfig:
     max_hidden: Optional[int] = None
     fit_prune_schedule: bool = False  # with max_env_steps: shrink prune.start/end_update and frequency by the same ratio
     inject_nan_at_step: Optional[int] = None  # poison the loss at this update (guard test)
+    inject_lr_spike_at_step: Optional[int] = None  # learning rate x 2**100 for this one update (guard.max_weight test)
 
     def validate(self) -> None:
-        if self.inject_nan_at_step is not None and self.inject_nan_at_step < 0:
-            raise ConfigError(f"debug.inject_nan_at_step={self.inject_nan_at_step} must be >= 0 (an update number)")
+        for key in ("inject_nan_at_step", "inject_lr_spike_at_step"):
+            value = getattr(self, key)
+            if value is not None and value < 0:
+                raise ConfigError(f"debug.{key}={value} must be >= 0 (an update number)")
 
 
 @dataclass
@@ -753,7 +760,8 @@ def total_updates(cfg: TrainConfig) -> int:
 
 def warn_ignored(cfg: TrainConfig) -> list[str]:
     """Log (and return) one warning per setting that the chosen components ignore: keys of a head
-    that is not selected, or ``debug.inject_nan_at_step`` past the run's last update."""
+    that is not selected, or ``debug.inject_nan_at_step`` / ``debug.inject_lr_spike_at_step`` past the
+    run's last update."""
     import logging
 
     notes = []
@@ -766,10 +774,11 @@ def warn_ignored(cfg: TrainConfig) -> list[str]:
             if changed:
                 notes.append(f"head.{', head.'.join(changed)} set but head.name={cfg.head.name!r}: ignored "
                              f"(they belong to head={head})")
-    nan_at = cfg.debug.inject_nan_at_step
-    if nan_at is not None and nan_at >= total_updates(cfg):
-        notes.append(f"debug.inject_nan_at_step={nan_at} is past the run's last update ({total_updates(cfg) - 1}): "
-                     "no NaN will be injected")
+    for key, what in (("inject_nan_at_step", "no NaN will be injected"),
+                      ("inject_lr_spike_at_step", "no learning-rate spike will be injected")):
+        at = getattr(cfg.debug, key)
+        if at is not None and at >= total_updates(cfg):
+            notes.append(f"debug.{key}={at} is past the run's last update ({total_updates(cfg) - 1}): {what}")
     for note in notes:
         logging.getLogger("foxdqn.config").warning(note)
     return notes

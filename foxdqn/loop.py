@@ -462,7 +462,7 @@ def _hparams(cfg: TrainConfig) -> dict:
 
 def _q_divergence_only(latest: dict, first: dict | None) -> bool:
     """The halt seen is the Q monitor's divergence flag alone (no guard flag, no device latch)."""
-    guard = ("halt_nan", "halt_loss_clip", "halt_grad_collapse", "halted")
+    guard = ("halt_nan", "halt_loss_clip", "halt_grad_collapse", "halt_weight", "halted")
     return all(not rec[f] for rec in (latest, first) if rec is not None for f in guard)
 
 

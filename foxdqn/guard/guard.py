@@ -64,20 +64,28 @@ class TrainingGuard:
         warmup_steps: steps without the collapse check.
         patience: consecutive collapsed steps tolerated (the (patience+1)-th halts).
         ring_size: records in the host ring (> updates between two host polls).
+        max_weight: bound on |w| of the weights after Adam's step (the post-step weight check,
+            docs/design/guard.md#after-the-step); None or 0: no check, and the guard has no
+            ``weight_bits`` / ``max_weight`` tensors (runs without it are unchanged).
 
     Attributes (0-d device tensors unless noted; update thresholds in place, e.g.
     ``guard.collapse_threshold.fill_(x)`` or ``torch.mul(lr, k, out=guard.collapse_threshold)``
     inside the graph, never by rebinding, so a captured graph sees the new values):
         loss_clip, collapse_threshold (float32); warmup_steps, patience (int64);
         collapse_count (int64); acc (float32 [4]); skip, halted (float32);
-        ring (float64 [R, 16] host tensor, pinned when CUDA is available); reader.
+        ring (float64 [R, 18] host tensor, pinned when CUDA is available); reader;
+        with the weight check: max_weight (float32, the bound) and weight_bits (int32, the max
+        |w| bits that :class:`foxdqn.step.weight_check.WeightCheck` accumulates and the guard
+        reads and resets), else both None.
 
     Raises:
-        ConfigError: negative patience or warm-up, ring_size < 1, NaN loss_clip.
+        ConfigError: negative patience or warm-up, ring_size < 1, NaN loss_clip, a negative or
+            non-finite max_weight.
     """
 
     def __init__(self, device, loss_clip: float = 1e6, collapse_threshold: float = 0.0,
-                 warmup_steps: int = 0, patience: int = 0, ring_size: int = 64) -> None:
+                 warmup_steps: int = 0, patience: int = 0, ring_size: int = 64,
+                 max_weight: float | None = None) -> None:
         if int(ring_size) < 1:
             raise ConfigError(f"guard.ring_size must be >= 1, got {ring_size}")
         if int(patience) < 0:
@@ -86,6 +94,8 @@ class TrainingGuard:
             raise ConfigError(f"guard.warmup_steps must be >= 0, got {warmup_steps}")
         if loss_clip != loss_clip:
             raise ConfigError("guard.loss_clip must be a number, got NaN")
+        if max_weight is not None and not (0 <= max_weight < float("inf")):
+            raise ConfigError(f"guard.max_weight must be a finite number >= 0 (0 or null: off), got {max_weight}")
         dev = torch.device(device)
         if dev.type == "cuda" and dev.index is None:
             dev = torch.device("cuda", torch.cuda.current_device())
@@ -100,16 +110,23 @@ class TrainingGuard:
         self.skip = torch.zeros((), dtype=f32, device=dev)
         self.halted = torch.zeros((), dtype=f32, device=dev)
         self.ring = R.new_ring(ring_size)
+        self.max_weight: torch.Tensor | None = None
+        self.weight_bits: torch.Tensor | None = None
+        if max_weight:
+            self.max_weight = torch.tensor(float(max_weight), dtype=f32, device=dev)
+            self.weight_bits = torch.zeros((), dtype=torch.int32, device=dev)
         self.reader = HostRingReader(self.ring)
 
     def check(self, loss: torch.Tensor, grad_norm: torch.Tensor, step: torch.Tensor) -> torch.Tensor:
         """Launch the guard for this update and return ``self.skip`` (fused Adam ``found_inf``).
 
         Args: loss, grad_norm float32 0-d; step int64 0-d; on ``self.device``. No sync.
+        With the weight check, :meth:`WeightCheck.run <foxdqn.step.weight_check.WeightCheck.run>`
+        must have filled ``weight_bits`` for this update first.
         """
         training_guard(loss, grad_norm, step, self.loss_clip, self.collapse_threshold,
                        self.warmup_steps, self.patience, self.collapse_count, self.acc,
-                       self.skip, self.halted, self.ring)
+                       self.skip, self.halted, self.ring, self.weight_bits, self.max_weight)
         return self.skip
 
     def read_accumulators(self) -> dict:
@@ -126,8 +143,15 @@ class TrainingGuard:
         """Zero the accumulators on the device (no sync)."""
         self.acc.zero_()
 
+    @property
+    def checks_weights(self) -> bool:
+        """The post-step weight check is on (``max_weight`` set and not 0)."""
+        return self.weight_bits is not None
+
     def reset_halt(self) -> None:
-        """Clear the latch, skip flag and collapse counter on the device (no sync)."""
+        """Clear the latch, skip flag, collapse counter (and weight bits) on the device (no sync)."""
         self.halted.zero_()
         self.skip.zero_()
         self.collapse_count.zero_()
+        if self.weight_bits is not None:
+            self.weight_bits.zero_()

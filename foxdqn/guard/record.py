@@ -3,7 +3,7 @@
 Design: docs/design/ring.md (layout, slot, write protocol) and rule 5 of
 docs/design/hot_loop.md#the-contract.
 
-The ring is a ``float64`` tensor ``[R, RECORD_SIZE]`` (``RECORD_SIZE == 16``) in pinned CPU
+The ring is a ``float64`` tensor ``[R, RECORD_SIZE]`` (``RECORD_SIZE == 18``) in pinned CPU
 memory when CUDA is available (Triton kernels store into it directly, eagerly and from CUDA
 graph replay) and in plain CPU memory otherwise. Step ``s`` writes slot ``s mod R`` (Python
 modulo, computed on the device from the step tensor). ``float64`` holds every step number
@@ -30,17 +30,23 @@ col   name                written by / meaning
 13    HALTED              guard: the device halt latch after this step (1.0 once any halt fired)
 14    Q_STEP              q_stats: the step whose Q-values fill columns 9-12; written FIRST by q_stats
 15    COMMIT              guard: equal to STEP, written LAST; the record is complete iff COMMIT == STEP
+16    HALT_WEIGHT         guard: 1.0 if the weights after Adam's step would be non-finite or above
+                          ``guard.max_weight`` (post-step check; 0.0 when the check is off)
+17    MAX_WEIGHT          guard: max |w| over the weights after Adam's step (NaN if any is NaN),
+                          or -1.0 when the post-step check is off
 ====  ==================  ===========================================================
 
 Columns 13 and 14 were "reserved" in the first layout; they now carry the halt latch (so a
 host that missed the record where a halt fired still sees that the run is halted) and the
 freshness marker of the Q columns (so a step without ``q_stats`` is not mistaken for one with
-it). A fresh ring holds ``STEP == COMMIT == Q_STEP == -1``, NaN in the Q value columns and 0
-elsewhere: no record is complete.
+it). Columns 16 and 17 were added with the post-step weight check (records grew from 16 to 18
+columns; :func:`foxdqn.checkpoint.restore_state` pads a 16-column ring of an older checkpoint).
+A fresh ring holds ``STEP == COMMIT == Q_STEP == MAX_WEIGHT == -1``, NaN in the Q value columns
+and 0 elsewhere: no record is complete.
 
 Write protocol (a seqlock; see ``foxdqn.guard.ring.HostRingReader`` for the reader side):
 ``q_stats`` (runs before the guard in a training step) writes Q_STEP, then columns 9-12; the
-guard writes STEP, then columns 1-8 and 13, then COMMIT. On CUDA each kernel puts a
+guard writes STEP, then columns 1-8, 13, 16 and 17, then COMMIT. On CUDA each kernel puts a
 system-scope fence between these groups so the host observes them in this order.
 """
 from __future__ import annotations
@@ -63,8 +69,10 @@ Q_DIVERGENCE = 12
 HALTED = 13
 Q_STEP = 14
 COMMIT = 15
+HALT_WEIGHT = 16
+MAX_WEIGHT = 17
 
-RECORD_SIZE = 16
+RECORD_SIZE = 18
 RING_DTYPE = torch.float64
 
 FIELD_NAMES: dict[int, str] = {
@@ -84,11 +92,13 @@ FIELD_NAMES: dict[int, str] = {
     HALTED: "halted",
     Q_STEP: "q_step",
     COMMIT: "commit",
+    HALT_WEIGHT: "halt_weight",
+    MAX_WEIGHT: "max_weight",
 }
 
 # Columns written by each op (the reference implementations write exactly these).
 GUARD_FIELDS = (STEP, HALT_NAN, HALT_LOSS_CLIP, HALT_GRAD_COLLAPSE, CLIPPED_LOSS, RAW_LOSS,
-                RAW_GRAD_NORM, SKIP, COLLAPSE_COUNT, HALTED, COMMIT)
+                RAW_GRAD_NORM, SKIP, COLLAPSE_COUNT, HALTED, COMMIT, HALT_WEIGHT, MAX_WEIGHT)
 QSTATS_FIELDS = (Q_STEP, Q_MIN, Q_MAX, Q_MEAN, Q_DIVERGENCE)
 
 
@@ -102,8 +112,8 @@ def new_ring(ring_size: int = 64, pin_memory: bool | None = None) -> torch.Tenso
             exactly when CUDA is available.
 
     Returns:
-        ``float64`` CPU tensor ``[R, 16]`` with ``STEP == COMMIT == Q_STEP == -1``, NaN in
-        Q_MIN/Q_MAX/Q_MEAN and 0 elsewhere.
+        ``float64`` CPU tensor ``[R, 18]`` with ``STEP == COMMIT == Q_STEP == MAX_WEIGHT == -1``,
+        NaN in Q_MIN/Q_MAX/Q_MEAN and 0 elsewhere.
 
     Raises:
         ValueError: ``ring_size < 1``.
@@ -124,11 +134,12 @@ def reset_ring(ring: torch.Tensor) -> None:
     ring[:, STEP] = -1.0
     ring[:, COMMIT] = -1.0
     ring[:, Q_STEP] = -1.0
+    ring[:, MAX_WEIGHT] = -1.0
     ring[:, Q_MIN:Q_MEAN + 1] = float("nan")
 
 
 def check_ring(ring: torch.Tensor) -> None:
-    """Raise ``ValueError`` unless ``ring`` is a contiguous ``float64 [R, 16]`` tensor, R >= 1."""
+    """Raise ``ValueError`` unless ``ring`` is a contiguous ``float64 [R, 18]`` tensor, R >= 1."""
     if not isinstance(ring, torch.Tensor):
         raise ValueError(f"ring must be a torch.Tensor, got {type(ring).__name__}")
     if ring.dtype != RING_DTYPE or ring.dim() != 2 or ring.shape[1] != RECORD_SIZE or ring.shape[0] < 1:

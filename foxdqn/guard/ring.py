@@ -24,19 +24,19 @@ import torch
 
 from foxdqn.guard import record as R
 
-_FLAG_FIELDS = ("halt_nan", "halt_loss_clip", "halt_grad_collapse", "q_divergence")
+_FLAG_FIELDS = ("halt_nan", "halt_loss_clip", "halt_grad_collapse", "halt_weight", "q_divergence")
 
 
 class HostRingReader:
     """Reads the newest complete record of a record ring without synchronising.
 
     Args:
-        ring: ``float64 [R, 16]`` CPU tensor (pinned on CUDA runs) written by
+        ring: ``float64 [R, 18]`` CPU tensor (pinned on CUDA runs) written by
             :func:`foxdqn.ops.training_guard.training_guard` and
             :func:`foxdqn.ops.qvalue_stats.qvalue_stats`.
 
     Raises:
-        ValueError: ``ring`` is not a CPU ``float64 [R, 16]`` contiguous tensor.
+        ValueError: ``ring`` is not a CPU ``float64 [R, 18]`` contiguous tensor.
 
     A record is returned as a dict: ``step``, ``collapse_count`` (int); ``halt_nan``,
     ``halt_loss_clip``, ``halt_grad_collapse``, ``skip``, ``halted``, ``q_divergence`` (bool);
@@ -118,7 +118,7 @@ class HostRingReader:
         """Message naming the halt flag(s) and the step, or None when the record is clean.
 
         Flags are listed in the order halt_nan, halt_loss_clip, halt_grad_collapse,
-        q_divergence, e.g. ``"halt_nan, halt_loss_clip at step 1234 (loss=inf, grad_norm=3.2)"``.
+        halt_weight, q_divergence, e.g. ``"halt_nan, halt_loss_clip at step 1234 (loss=inf, grad_norm=3.2)"``.
         A record with no flag of its own but with the device latch set gives
         ``"halted (latched by an earlier step) as of step N"``.
         """
@@ -130,6 +130,8 @@ class HostRingReader:
             detail = f"loss={record['raw_loss']:.6g}, grad_norm={record['raw_grad_norm']:.6g}"
             if "halt_grad_collapse" in names:
                 detail += f", collapse_count={record['collapse_count']}"
+            if "halt_weight" in names:
+                detail += f", max|w| after the step={record['max_weight']:.6g}"
             if "q_divergence" in names:
                 detail += f", q_min={record['q_min']}, q_max={record['q_max']}"
             return f"{', '.join(names)} at step {step} ({detail})"
@@ -157,4 +159,6 @@ def _to_dict(row: np.ndarray, q_fresh: bool) -> dict:
         "q_mean": q(R.Q_MEAN),
         "q_divergence": bool(q_fresh and row[R.Q_DIVERGENCE] == 1.0),
         "halted": bool(row[R.HALTED] == 1.0),
+        "halt_weight": bool(row[R.HALT_WEIGHT] == 1.0),
+        "max_weight": None if row[R.MAX_WEIGHT] < 0 else float(row[R.MAX_WEIGHT]),
     }

@@ -13,6 +13,12 @@ Per step, in one kernel launch (one program, scalar code):
 * ``collapse_count``     = collapse_count + 1 if collapsed else 0  (a normal step resets it)
 * ``halt_grad_collapse`` = collapsed and collapse_count > patience (after the update above), i.e.
   it fires on the (patience+1)-th consecutive collapsed step after warm-up and on every further one
+* ``halt_weight``        = (post-step weight check, only with ``weight_bits`` and ``max_weight``)
+  not (max|w| <= max_weight) and no other flag fired now and the latch was not set before, where
+  max|w| = ``weight_bits`` read as a float32: the largest |w| of the weights Adam's step would
+  produce (:func:`foxdqn.ops.max_abs_bits.max_abs_bits`; NaN if any is NaN, Inf if any is
+  infinite). So non-finite weights, and weights strictly above the bound, fire it; |w| exactly
+  at the bound does not. ``weight_bits`` is reset to 0 for the next update.
 * ``halted``             = halted or any halt flag                (a latch: stays 1.0)
 * ``skip``               = halted (after the update)              (1.0 also for the bad step itself)
 * ``clipped_loss``       = loss_clip if loss > loss_clip else loss (NaN and -Inf pass through)
@@ -20,7 +26,8 @@ Per step, in one kernel launch (one program, scalar code):
   loss and grad_norm are added (and count incremented) for every step where BOTH are finite,
   whether or not the update was skipped; skipped_count counts steps with skip == 1.
 * ring slot ``step mod R``: STEP, the three flags, CLIPPED_LOSS, RAW_LOSS, RAW_GRAD_NORM, SKIP,
-  COLLAPSE_COUNT, HALTED, then COMMIT = STEP last (system fence before it on CUDA).
+  COLLAPSE_COUNT, HALTED, HALT_WEIGHT, MAX_WEIGHT (max|w|, or -1.0 when the weight check is off),
+  then COMMIT = STEP last (system fence before it on CUDA).
 
 Comparisons are IEEE: a NaN loss never trips the clip, a NaN norm never counts as collapsed
 (and resets the counter), but both trip ``halt_nan``. ``+Inf`` loss trips ``halt_nan`` and
@@ -32,6 +39,8 @@ parameters' device; the fused kernels skip the update (and the step counter is r
 (torch/optim/adam.py reads ``getattr(self, "found_inf", None)`` in ``step``).
 """
 from __future__ import annotations
+
+from typing import Optional
 
 import torch
 import triton
@@ -56,8 +65,9 @@ def _sys_fence(x):
 def _training_guard_kernel(
     loss_ptr, norm_ptr, step_ptr, clip_ptr, thr_ptr, warmup_ptr, patience_ptr,  # inputs (0-d)
     count_ptr, acc_ptr, skip_ptr, halted_ptr, ring_ptr,                          # state / outputs
+    wbits_ptr, wmax_ptr,                                          # post-step weight check (0-d)
     ring_size,
-    RECORD: tl.constexpr, SYS_FENCE: tl.constexpr,
+    RECORD: tl.constexpr, SYS_FENCE: tl.constexpr, CHECK_WEIGHT: tl.constexpr,
 ):
     loss = tl.load(loss_ptr).to(tl.float32)
     norm = tl.load(norm_ptr).to(tl.float32)
@@ -78,6 +88,17 @@ def _training_guard_kernel(
     count_new = tl.where(collapsed, count_old + 1, 0)
     halt_collapse = collapsed & (count_new > patience)
     halted = (halted_old != 0.0) | halt_nan | halt_clip | halt_collapse
+    if CHECK_WEIGHT:
+        wmax = tl.load(wbits_ptr).to(tl.float32, bitcast=True)
+        weight_ok = wmax <= tl.load(wmax_ptr).to(tl.float32)  # False for NaN; Inf > any finite bound
+        halt_weight = (weight_ok == 0) & (halted == 0)
+        halted = halted | halt_weight
+        tl.store(wbits_ptr, 0)  # the next update's max starts from 0
+        weight_flag = tl.where(halt_weight, 1.0, 0.0).to(tl.float64)
+        wmax_rec = wmax.to(tl.float64)
+    else:
+        weight_flag = 0.0
+        wmax_rec = -1.0
     skip_f = tl.where(halted, 1.0, 0.0).to(tl.float32)
     clipped = tl.where(loss > clip, clip, loss)
 
@@ -107,6 +128,8 @@ def _training_guard_kernel(
     tl.store(base + 7, skip_f.to(tl.float64))
     tl.store(base + 8, count_new.to(tl.float64))
     tl.store(base + 13, skip_f.to(tl.float64))
+    tl.store(base + 16, weight_flag)
+    tl.store(base + 17, wmax_rec)
     if SYS_FENCE:
         _sys_fence(count_new.to(tl.int32))
     tl.store(base + 15, step_f)
@@ -117,21 +140,23 @@ def _training_guard_kernel(
 # ---------------------------------------------------------------------------------------------
 @torch.library.triton_op(
     "foxdqn::training_guard",
-    mutates_args={"collapse_count", "acc", "skip", "halted", "ring"},
+    mutates_args={"collapse_count", "acc", "skip", "halted", "ring", "weight_bits"},
 )
 def _training_guard_op(
     loss: torch.Tensor, grad_norm: torch.Tensor, step: torch.Tensor, loss_clip: torch.Tensor,
     collapse_threshold: torch.Tensor, warmup_steps: torch.Tensor, patience: torch.Tensor,
     collapse_count: torch.Tensor, acc: torch.Tensor, skip: torch.Tensor, halted: torch.Tensor,
-    ring: torch.Tensor,
+    ring: torch.Tensor, weight_bits: Optional[torch.Tensor] = None, max_weight: Optional[torch.Tensor] = None,
 ) -> None:
     # One program, one warp: the guard is scalar code. Outputs are caller-owned buffers.
+    check_weight = weight_bits is not None
     torch.library.wrap_triton(_training_guard_kernel)[(1,)](
         loss, grad_norm, step, loss_clip, collapse_threshold, warmup_steps, patience,
         collapse_count, acc, skip, halted, ring,
+        weight_bits if check_weight else skip, max_weight if check_weight else loss_clip,  # unread when off
         ring.shape[0],
         RECORD=R.RECORD_SIZE, SYS_FENCE=use_sys_fence(loss, _training_guard_kernel),
-        num_warps=1,
+        CHECK_WEIGHT=check_weight, num_warps=1,
     )
 
 
@@ -143,7 +168,7 @@ _GUARD_COLS = list(R.GUARD_FIELDS)
 
 def training_guard_reference(
     loss, grad_norm, step, loss_clip, collapse_threshold, warmup_steps, patience,
-    collapse_count, acc, skip, halted, ring,
+    collapse_count, acc, skip, halted, ring, weight_bits=None, max_weight=None,
 ) -> None:
     """Plain-torch reference of :func:`training_guard` (same arguments, same in-place writes).
 
@@ -165,6 +190,15 @@ def training_guard_reference(
     count_new = torch.where(collapsed, collapse_count.to(torch.int64) + 1, torch.zeros_like(step))
     halt_collapse = collapsed & (count_new > patience.to(torch.int64))
     now_halted = (halted != 0) | halt_nan | halt_clip | halt_collapse
+    if weight_bits is not None:
+        wmax = weight_bits.view(torch.float32).clone()
+        halt_weight = ~(wmax <= max_weight.to(torch.float32)) & ~now_halted
+        now_halted = now_halted | halt_weight
+        weight_bits.zero_()
+        wmax_rec = wmax.to(torch.float64)
+    else:
+        halt_weight = torch.zeros_like(now_halted)
+        wmax_rec = torch.full_like(loss, -1.0, dtype=torch.float64)
     skip_f = now_halted.to(torch.float32)
     clipped = torch.where(loss > clip, clip, loss)
 
@@ -180,6 +214,7 @@ def training_guard_reference(
     values = torch.stack([  # in the order of R.GUARD_FIELDS
         step.to(f64), halt_nan.to(f64), halt_clip.to(f64), halt_collapse.to(f64), clipped.to(f64),
         loss.to(f64), norm.to(f64), skip_f.to(f64), count_new.to(f64), skip_f.to(f64), step.to(f64),
+        halt_weight.to(f64), wmax_rec,
     ])
     R.write_record(ring, step, values, _GUARD_COLS)
 
@@ -194,7 +229,7 @@ def _check_scalar(name: str, t, dtypes: tuple[torch.dtype, ...]) -> None:
 
 
 def _check_guard_args(loss, grad_norm, step, loss_clip, collapse_threshold, warmup_steps, patience,
-                      collapse_count, acc, skip, halted, ring) -> None:
+                      collapse_count, acc, skip, halted, ring, weight_bits=None, max_weight=None) -> None:
     f32, ints = (torch.float32,), (torch.int32, torch.int64)
     _check_scalar("loss", loss, f32)
     _check_scalar("grad_norm", grad_norm, f32)
@@ -210,11 +245,18 @@ def _check_guard_args(loss, grad_norm, step, loss_clip, collapse_threshold, warm
         raise ValueError(f"acc must be a contiguous float32 tensor [4], got {getattr(acc, 'dtype', acc)} "
                          f"{tuple(getattr(acc, 'shape', ()))}")
     R.check_ring(ring)
+    if (weight_bits is None) != (max_weight is None):
+        raise ValueError("weight_bits and max_weight go together: pass both (post-step weight check) or neither")
+    weights = ()
+    if weight_bits is not None:
+        _check_scalar("weight_bits", weight_bits, (torch.int32,))
+        _check_scalar("max_weight", max_weight, f32)
+        weights = (("weight_bits", weight_bits), ("max_weight", max_weight))
     dev = loss.device
     for name, t in (("grad_norm", grad_norm), ("step", step), ("loss_clip", loss_clip),
                     ("collapse_threshold", collapse_threshold), ("warmup_steps", warmup_steps),
                     ("patience", patience), ("collapse_count", collapse_count), ("acc", acc),
-                    ("skip", skip), ("halted", halted)):
+                    ("skip", skip), ("halted", halted), *weights):
         if t.device != dev:
             raise ValueError(f"{name} is on {t.device} but loss is on {dev}: all guard tensors but "
                              "the ring must share one device")
@@ -231,7 +273,8 @@ def training_guard(
     loss: torch.Tensor, grad_norm: torch.Tensor, step: torch.Tensor, loss_clip: torch.Tensor,
     collapse_threshold: torch.Tensor, warmup_steps: torch.Tensor, patience: torch.Tensor,
     collapse_count: torch.Tensor, acc: torch.Tensor, skip: torch.Tensor, halted: torch.Tensor,
-    ring: torch.Tensor, backend: str = "auto",
+    ring: torch.Tensor, weight_bits: Optional[torch.Tensor] = None, max_weight: Optional[torch.Tensor] = None,
+    backend: str = "auto",
 ) -> None:
     """Check one training step on the device and record it in the host ring (one launch).
 
@@ -252,8 +295,12 @@ def training_guard(
             and acc[3] += skip.
         skip: float32 0-d, written: 1.0 = skip this update (use as fused Adam ``found_inf``).
         halted: float32 0-d, mutated: the halt latch.
-        ring: float64 [R, 16] record ring (pinned host memory for CUDA inputs, or any tensor
-            on the inputs' device); slot ``step mod R`` columns 0-8, 13, 15 written.
+        ring: float64 [R, 18] record ring (pinned host memory for CUDA inputs, or any tensor
+            on the inputs' device); slot ``step mod R`` columns 0-8, 13, 15, 16, 17 written.
+        weight_bits: int32 0-d or None, mutated (reset to 0): the post-step weight check's
+            max |w| bits (:func:`foxdqn.ops.max_abs_bits.max_abs_bits` over the weights Adam's
+            step would produce). None (with ``max_weight`` None): no weight check.
+        max_weight: float32 0-d or None, the bound on |w| (strict: a weight at the bound passes).
         backend: "auto" (Triton for CUDA tensors, torch reference for CPU), "triton", "torch".
 
     Raises:
@@ -261,7 +308,7 @@ def training_guard(
         RuntimeError: backend="triton" on CPU tensors without TRITON_INTERPRET=1.
     """
     args = (loss, grad_norm, step, loss_clip, collapse_threshold, warmup_steps, patience,
-            collapse_count, acc, skip, halted, ring)
+            collapse_count, acc, skip, halted, ring, weight_bits, max_weight)
     _check_guard_args(*args)
     if resolve_backend("training_guard", backend, loss) == "torch":
         training_guard_reference(*args)

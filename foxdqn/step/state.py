@@ -34,6 +34,7 @@ if TYPE_CHECKING:  # the env modules load optional packages (gymnasium): typing 
     from foxdqn.envs.trading import TradingEnv
     from foxdqn.objectives.base import Objective
     from foxdqn.step.pruning import MagnitudePruner
+    from foxdqn.step.weight_check import WeightCheck
 
     Env = Union[TradingEnv, CartPoleEnv, BitFlipEnv, GymVectorEnv]
     ActionMode = Union[FactoredMode, ExposureRoutedMode, BranchingMode]
@@ -64,10 +65,12 @@ class Networks:
 @dataclass
 class Optimization:
     """optimizer: fused Adam over ``Networks.trainable`` (``found_inf`` = the guard's skip flag);
-    lr: float32 0-d device tensor, its learning rate (change in place, never rebind)."""
+    lr: float32 0-d device tensor, its learning rate (change in place, never rebind);
+    weight_check: the post-step weight check's trial step (``guard.max_weight``), else None."""
 
     optimizer: torch.optim.Adam
     lr: torch.Tensor
+    weight_check: WeightCheck | None = None
 
 
 @dataclass
@@ -104,6 +107,8 @@ class TrainState:
     collected, all envs), ``updates`` (gradient updates attempted); ``nan_at`` (int64 0-d) is the
     update whose loss ``debug.inject_nan_at_step`` poisons (−1: never). ``pruner`` is the
     :class:`~foxdqn.step.pruning.MagnitudePruner` with ``prune.enabled``, else None.
+    ``lr_spike_at`` (int64 0-d) is the update whose learning rate ``debug.inject_lr_spike_at_step``
+    multiplies by 2**100, else None.
     """
 
     cfg: TrainConfig
@@ -120,6 +125,7 @@ class TrainState:
     monitors: Monitors
     nan_at: torch.Tensor
     pruner: MagnitudePruner | None = None
+    lr_spike_at: torch.Tensor | None = None
 
 
 def build_networks(cfg: TrainConfig, env: Env, mode: ActionMode, device: torch.device,
@@ -141,7 +147,8 @@ def build_optimization(cfg: TrainConfig, nets: Networks, device: torch.device) -
 def build_monitors(cfg: TrainConfig, env: Env, device: torch.device) -> Monitors:
     g = cfg.guard
     guard = TrainingGuard(device, loss_clip=g.loss_clip, collapse_threshold=cfg.optim.lr * g.collapse_multiplier,
-                          warmup_steps=g.warmup_updates, patience=g.collapse_patience, ring_size=g.ring_size)
+                          warmup_steps=g.warmup_updates, patience=g.collapse_patience, ring_size=g.ring_size,
+                          max_weight=g.max_weight)
     qmon = QValueMonitor(guard.ring, device, threshold=g.q_divergence)
     return Monitors(guard, qmon, DeviceStats(env.num_actions, env.num_envs, device))
 
@@ -167,11 +174,15 @@ def build_state(cfg: TrainConfig, market, device: torch.device) -> TrainState:
     eps = LinearSchedule(x.eps_start, x.eps_end, x.eps_decay_fraction * a.total_env_steps, device)
     monitors = build_monitors(cfg, env, device)
     optim.optimizer.found_inf = monitors.guard.skip  # fused Adam skips the update on the device when skip == 1
+    if monitors.guard.checks_weights:  # guard.max_weight: Adam's step is tried on a copy and checked first
+        from foxdqn.step.weight_check import WeightCheck
+
+        optim.weight_check = WeightCheck(optim.optimizer, monitors.guard.weight_bits)
     targets, sources = list(nets.target.parameters()), list(nets.online.parameters())
     for tgt, src in nets.objective.polyak_pairs():
         targets, sources = targets + list(tgt), sources + list(src)
     target_update = TargetUpdate(cfg.target.update, cfg.target.tau, cfg.target.period, targets, sources, device)
-    nan_at = cfg.debug.inject_nan_at_step
+    nan_at, spike_at = cfg.debug.inject_nan_at_step, cfg.debug.inject_lr_spike_at_step
     pruner = None
     if cfg.prune.enabled:
         from foxdqn.step.pruning import MagnitudePruner
@@ -187,4 +198,5 @@ def build_state(cfg: TrainConfig, market, device: torch.device) -> TrainState:
         schedules=Schedules(eps), monitors=monitors,
         nan_at=torch.tensor(-1 if nan_at is None else int(nan_at), dtype=torch.int64, device=device),
         pruner=pruner,
+        lr_spike_at=None if spike_at is None else torch.tensor(int(spike_at), dtype=torch.int64, device=device),
     )

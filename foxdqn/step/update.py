@@ -1,7 +1,12 @@
-"""One gradient update: sample → objective → backward → clip → guard → Adam → target → priorities.
+"""One gradient update: sample → objective → backward → clip → [trial step] → guard → Adam → target →
+priorities.
 
-Device ops only. The training guard (ops.training_guard) turns NaN/Inf, a loss above the clip
-or a gradient collapse into ``skip`` = 1 on the device; fused Adam reads it as ``found_inf`` and
+Device ops only. The training guard (ops.training_guard) turns NaN/Inf, a loss above the clip,
+a gradient collapse or (with ``guard.max_weight``) weights that Adam's step would make non-finite
+or larger than the bound into ``skip`` = 1 on the device. The weights after the step are known
+before it is applied: :class:`foxdqn.step.weight_check.WeightCheck` runs the same fused Adam step
+on a scratch copy and reduces its max |w| for the guard (docs/design/guard.md#after-the-step).
+Fused Adam reads ``skip`` as ``found_inf`` and
 leaves the parameters and its step count unchanged, the target update uses weight·(1 − skip),
 and PER priorities are left unchanged, so a bad update changes nothing
 (docs/design/guard.md#skip; docs/design/hot_loop.md#the-contract, rule 5).
@@ -70,8 +75,16 @@ def update_step(s: TrainState) -> None:
         s.pruner.mask_grads()
     grad_norm = torch.nn.utils.clip_grad_norm_(s.nets.trainable, s.cfg.optim.grad_clip, foreach=True)
     s.monitors.qmon.update(q_values, s.updates)
+    spike = None
+    if s.lr_spike_at is not None:  # debug: one update with a learning rate 2**100 times too large
+        spike = torch.where(s.updates == s.lr_spike_at, 2.0 ** 100, 1.0)
+        s.optim.lr.mul_(spike)
+    if s.optim.weight_check is not None:
+        s.optim.weight_check.run()  # Adam's step on a copy: max |w| after it, for the guard
     skip = s.monitors.guard.check(loss, grad_norm.detach(), s.updates)
     s.optim.optimizer.step()  # found_inf = skip
+    if spike is not None:
+        s.optim.lr.div_(spike)  # a power of two: lr is restored exactly
     if s.pruner is not None:
         s.pruner.step(s.updates, skip)
     s.target_update.apply(s.updates, skip)

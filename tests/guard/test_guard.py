@@ -45,7 +45,8 @@ def test_thresholds_change_in_place():
 
 
 @pytest.mark.parametrize(
-    "kwargs", [dict(ring_size=0), dict(patience=-1), dict(warmup_steps=-5), dict(loss_clip=NAN)])
+    "kwargs", [dict(ring_size=0), dict(patience=-1), dict(warmup_steps=-5), dict(loss_clip=NAN),
+               dict(max_weight=-1.0), dict(max_weight=INF), dict(max_weight=NAN)])
 def test_guard_config_errors(kwargs):
     with pytest.raises(ConfigError):
         TrainingGuard("cpu", **kwargs)
@@ -95,3 +96,29 @@ def test_guard_totals_empty_and_wrong_length():
     assert math.isnan(empty.mean_loss) and math.isnan(empty.mean_grad_norm)
     with pytest.raises(ValueError, match="expected 4"):
         GuardTotals.from_host([1.0, 2.0, 3.0])
+
+
+@pytest.mark.parametrize("max_weight", [None, 0, 0.0])
+def test_weight_check_off_allocates_nothing(max_weight):
+    guard = TrainingGuard("cpu", max_weight=max_weight)
+    assert not guard.checks_weights and guard.weight_bits is None and guard.max_weight is None
+    guard.check(torch.tensor(1.0), torch.tensor(1.0), torch.tensor(0))
+    rec = guard.reader.latest()
+    assert rec["max_weight"] is None and not rec["halt_weight"]
+
+
+def test_weight_check_on_names_the_flag_and_resets():
+    guard = TrainingGuard("cpu", max_weight=50.0)
+    assert guard.checks_weights and guard.max_weight.item() == 50.0 and guard.weight_bits.dtype == torch.int32
+    guard.weight_bits.copy_(torch.tensor(49.5).view(torch.int32))
+    guard.check(torch.tensor(1.0), torch.tensor(1.0), torch.tensor(0))
+    assert guard.reader.latest()["max_weight"] == 49.5 and guard.skip.item() == 0.0
+    guard.weight_bits.copy_(torch.tensor(-INF).view(torch.int32) & 0x7FFFFFFF)
+    guard.check(torch.tensor(1.0), torch.tensor(1.0), torch.tensor(1))
+    rec = guard.reader.latest()
+    assert rec["halt_weight"] and rec["max_weight"] == INF and guard.skip.item() == 1.0
+    reason = guard.reader.halt_reason(guard.reader.first_halt())
+    assert reason.startswith("halt_weight at step 1") and "max|w| after the step=inf" in reason
+    guard.weight_bits.fill_(7)
+    guard.reset_halt()
+    assert guard.weight_bits.item() == 0 and guard.halted.item() == 0.0

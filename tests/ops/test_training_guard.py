@@ -383,3 +383,112 @@ def test_gpu_guard_and_qstats_inside_torch_compile():
     rec = guard.reader.latest()
     assert rec["step"] == 2 and rec["q_min"] is not None
     assert float(skip) == float(loss > 10.0)
+
+
+# ---------------------------------------------------------------------------------------------
+# post-step weight check (weight_bits, max_weight)
+# ---------------------------------------------------------------------------------------------
+def _bits(value: float) -> torch.Tensor:
+    return torch.tensor(value, dtype=F32).view(torch.int32).clone()
+
+
+# (max|w| after the step, bound, loss, halted0) -> (halt_weight, skip)
+WEIGHT_CASES = {
+    "below": ((1.5, 2.0, 1.0, 0.0), (0, 0)),
+    "exactly_at_bound": ((2.0, 2.0, 1.0, 0.0), (0, 0)),
+    "one_ulp_above": ((float(torch.nextafter(torch.tensor(2.0), torch.tensor(INF))), 2.0, 1.0, 0.0), (1, 1)),
+    "far_above": ((3.8e26, 100.0, 1.0, 0.0), (1, 1)),
+    "inf_weight": ((INF, 3e38, 1.0, 0.0), (1, 1)),
+    "nan_weight": ((NAN, 3e38, 1.0, 0.0), (1, 1)),
+    "zero_weights": ((0.0, 1e-30, 1.0, 0.0), (0, 0)),
+    "nan_loss_fires_halt_nan_only": ((NAN, 2.0, NAN, 0.0), (0, 1)),
+    "latched_does_not_fire_again": ((5.0, 2.0, 1.0, 1.0), (0, 1)),
+}
+
+
+@pytest.mark.parametrize("case", list(WEIGHT_CASES))
+def test_weight_flag_table(case):
+    (wmax, bound, loss, halted0), (flag, skip) = WEIGHT_CASES[case]
+    states = {}
+    for backend in ("triton", "torch"):
+        st = new_state()
+        st["halted"].fill_(halted0)
+        bits = _bits(wmax)
+        training_guard(torch.tensor(loss, dtype=F32), torch.tensor(1.0), torch.tensor(6, dtype=I64), **new_params(),
+                       **st, weight_bits=bits, max_weight=torch.tensor(bound, dtype=F32), backend=backend)
+        rec = st["ring"][6 % 8]
+        assert rec[R.HALT_WEIGHT] == flag, (backend, case)
+        assert float(st["skip"]) == float(st["halted"]) == rec[R.SKIP] == rec[R.HALTED] == skip, (backend, case)
+        got = rec[R.MAX_WEIGHT].item()
+        assert (np.isnan(got) and np.isnan(wmax)) or got == np.float32(wmax), (backend, got)
+        assert rec[R.COMMIT] == 6
+        assert int(bits) == 0  # reset for the next update
+        assert float(st["acc"][3]) == skip  # counted as a skipped update
+        states[backend] = st
+    assert_state_equal(states["triton"], states["torch"], case)
+
+
+@pytest.mark.parametrize("backend", ["triton", "torch"])
+def test_weight_check_off_writes_minus_one_and_no_flag(backend):
+    st = new_state()
+    call(backend, st, new_params(), 1.0, 1.0, 3)
+    assert st["ring"][3, R.HALT_WEIGHT] == 0 and st["ring"][3, R.MAX_WEIGHT] == -1.0
+
+
+def test_weight_halt_latches_later_steps():
+    for backend in ("triton", "torch"):
+        st, bound = new_state(), torch.tensor(10.0)
+        for step, wmax in enumerate([1.0, 11.0, 1.0, 1.0]):
+            training_guard(torch.tensor(1.0), torch.tensor(1.0), torch.tensor(step), **new_params(), **st,
+                           weight_bits=_bits(wmax), max_weight=bound, backend=backend)
+        ring = st["ring"]
+        assert ring[:4, R.HALT_WEIGHT].tolist() == [0, 1, 0, 0]
+        assert ring[:4, R.SKIP].tolist() == [0, 1, 1, 1] and ring[:4, R.HALTED].tolist() == [0, 1, 1, 1]
+        assert st["acc"].tolist() == [4.0, 4.0, 4.0, 3.0]  # finite loss and norm still summed; 3 skipped
+
+
+@pytest.mark.parametrize(
+    "weights, match",
+    [
+        (dict(weight_bits=torch.zeros((), dtype=torch.int32)), "go together"),
+        (dict(max_weight=torch.tensor(1.0)), "go together"),
+        (dict(weight_bits=torch.zeros((), dtype=torch.int64), max_weight=torch.tensor(1.0)), "weight_bits"),
+        (dict(weight_bits=torch.zeros((), dtype=torch.int32), max_weight=torch.tensor([1.0])), "max_weight"),
+    ],
+)
+def test_bad_weight_arguments(weights, match):
+    with pytest.raises(ValueError, match=match):
+        training_guard(torch.tensor(1.0), torch.tensor(1.0), torch.tensor(0), **new_params(), **new_state(), **weights)
+
+
+@pytest.mark.gpu
+def test_gpu_weight_check_matches_reference_in_a_graph():
+    dev = torch.device("cuda")
+    guard = TrainingGuard(dev, ring_size=8, max_weight=10.0)
+    loss, norm = torch.ones((), device=dev), torch.ones((), device=dev)
+    step = torch.zeros((), dtype=I64, device=dev)
+    wvalue = torch.zeros((), device=dev)
+
+    def body():  # what WeightCheck.run leaves in weight_bits, then the guard
+        torch.maximum(guard.weight_bits, wvalue.view(torch.int32), out=guard.weight_bits)
+        guard.check(loss, norm, step)
+        step.add_(1)
+
+    graph, _ = capture_graph(body, warmup=1)  # step 0, max|w| 0
+    torch.cuda.synchronize()
+    ref, p_ref = new_state(I64, ring_size=8), new_params()
+    ref_bits, bound = torch.zeros((), dtype=torch.int32), torch.tensor(10.0)
+    training_guard(torch.tensor(1.0), torch.tensor(1.0), torch.tensor(0), **p_ref, **ref,
+                   weight_bits=ref_bits, max_weight=bound, backend="torch")
+    for i, w in enumerate([3.0, 10.0, INF, 2.0], start=1):
+        wvalue.fill_(w)
+        with no_host_sync():
+            graph.replay()
+        torch.cuda.synchronize()
+        ref_bits.copy_(_bits(w))
+        training_guard(torch.tensor(1.0), torch.tensor(1.0), torch.tensor(i), **p_ref, **ref,
+                       weight_bits=ref_bits, max_weight=bound, backend="torch")
+        gpu_state = {"collapse_count": guard.collapse_count, "acc": guard.acc, "skip": guard.skip,
+                     "halted": guard.halted, "ring": guard.ring}
+        assert_state_equal(_cpu_copy(gpu_state), ref, f"after replay {i}")
+    assert guard.reader.first_halt()["step"] == 3 and guard.reader.first_halt()["halt_weight"]
