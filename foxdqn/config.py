@@ -457,16 +457,46 @@ class LogConfig:
 
 
 @dataclass
+class PrometheusConfig:
+    """The Prometheus endpoint of a run (foxdqn.monitor.prometheus_log; docs/usage.md#prometheus)."""
+
+    port: Optional[int] = None  # serve /metrics on this TCP port during training (null = off; logger=prometheus: 9464)
+    addr: str = "127.0.0.1"  # address to bind (127.0.0.1: this machine only; 0.0.0.0: every interface)
+
+    def validate(self, prefix: str = "logger.prometheus") -> None:
+        if self.port is not None and not 1 <= self.port <= 65535:
+            raise ConfigError(f"{prefix}.port={self.port} must be a TCP port in [1, 65535] (or null: off)")
+        if not str(self.addr).strip():
+            raise ConfigError(f"{prefix}.addr must be an address to bind, e.g. 127.0.0.1")
+
+    def bind_error(self, exc: OSError, prefix: str = "logger.prometheus") -> ConfigError:
+        """The one-line error for an endpoint that cannot be served: ``exc`` from binding
+        ``addr:port`` (``socket.gaierror`` or ``EADDRNOTAVAIL``: the address does not resolve or is
+        not this machine's, named as ``addr``; any other ``OSError``, e.g. the port in use, named
+        as ``port``)."""
+        import errno
+        import socket
+
+        if isinstance(exc, socket.gaierror) or exc.errno == errno.EADDRNOTAVAIL:
+            return ConfigError(f"{prefix}.addr={self.addr}: not an address to bind ({exc.strerror or exc})")
+        why = {errno.EADDRINUSE: "already in use", errno.EACCES: "not allowed (a privileged port)"}.get(
+            exc.errno, exc.strerror or str(exc))
+        return ConfigError(f"{prefix}.port={self.port}: cannot serve Prometheus on {self.addr}:{self.port}, "
+                           f"{why}; choose another port or stop what holds it")
+
+
+@dataclass
 class LoggerConfig:
-    """Where the logged metrics go (``logger=`` group, combinable: ``logger=[csv,tensorboard]``).
+    """Where the logged metrics go (``logger=`` group, combinable: ``logger=[csv,tensorboard,prometheus]``).
     ``metrics.csv`` is always written."""
 
     tensorboard: bool = False  # TensorBoard events in tb/ (set by logger=tensorboard, the default)
     mlflow: bool = False  # an MLflow run per foxdqn run (set by logger=mlflow; pip install 'foxdqn[mlflow]')
     mlflow_uri: Optional[str] = None  # the MLflow tracking store; null: sqlite:///mlflow.db of the working folder
+    prometheus: PrometheusConfig = field(default_factory=PrometheusConfig)
 
     def validate(self) -> None:
-        pass
+        self.prometheus.validate()
 
 
 @dataclass

@@ -96,6 +96,27 @@ class Snapshotter:
         return row
 
 
+def _open_prometheus(cfg: TrainConfig):
+    """The run's Prometheus endpoint (foxdqn.monitor.prometheus_log), or None when
+    ``logger.prometheus.port`` is null. Gauges carry the labels ``run`` and ``seed``.
+
+    Raises:
+        ConfigError: the port or address cannot be bound (one line naming the key).
+    """
+    p = cfg.logger.prometheus
+    if p.port is None:
+        return None
+    from foxdqn.monitor.prometheus_log import PrometheusExporter
+
+    try:
+        exporter = PrometheusExporter(p.port, p.addr, {"run": run_name(cfg.experiment, cfg.data.path, cfg.env.id),
+                                                       "seed": str(cfg.seed)})
+    except OSError as exc:
+        raise p.bind_error(exc) from None
+    log.info("Prometheus metrics on %s while the run trains", exporter.url)
+    return exporter
+
+
 def _evaluate_val(s: TrainState, market) -> dict:
     """Validation metrics of the greedy agent (trading: the val split; others: 20 episodes from
     another seed than the final evaluation's)."""
@@ -226,9 +247,11 @@ class _Training:
         self.eval_every = max(1, cfg.eval.interval_env_steps // per_iter) if cfg.eval.interval_env_steps else 0
         self.snapshot = Snapshotter(s)
         self.mlflow = _mlflow_run(cfg, run_dir)
+        self.prometheus = _open_prometheus(cfg)  # None unless logger.prometheus.port; the logger closes it
         self.logger = MetricsLogger(run_dir, tensorboard=cfg.logger.tensorboard,
                                     resume_after=None if resume is None else int(resume["env_steps"]),
-                                    sinks=[self.mlflow] if self.mlflow is not None else [])
+                                    sinks=[self.mlflow] if self.mlflow is not None else [],
+                                    prometheus=self.prometheus)
         self.stopper, self.collapse = self.host["stopper"], self.host["collapse"]
         self.best_path, self.last_path = run_dir / "checkpoints" / "best.pt", run_dir / "checkpoints" / "last.pt"
         self.halt: str | None = None
@@ -281,6 +304,8 @@ class _Training:
         early on a Q divergence alone with ``early_stop.on_q_divergence``) and return True."""
         reader = self.s.monitors.guard.reader
         record = reader.latest()
+        if self.prometheus is not None:  # the record just read: Python numbers, no further read
+            self.prometheus.observe(record)
         reason = reader.halt_reason(record) if record is not None else None
         if reason is None:
             return False
@@ -346,7 +371,7 @@ class _Training:
         return save_checkpoint(self.last_path, self.s, loop=loop_state, save_replay=self.cfg.checkpoint.save_replay)
 
     def close(self) -> None:
-        """Wait for the device, close the metrics logger and host env workers."""
+        """Wait for the device, close the metrics logger (and its Prometheus endpoint) and host env workers."""
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
         self.logger.close()

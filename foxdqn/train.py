@@ -33,8 +33,9 @@ def _fail(message: str, code: int = 2) -> None:
 def preflight(tc: TrainConfig):
     """What can be checked before any work, beyond the config itself: a ``resume=PATH`` checkpoint
     is readable, the data loads and is valid, a Gymnasium env exists with a Discrete action space
-    that the encoder can read, the replay memory fits, and for ``logger=mlflow`` mlflow is installed and its store opens. Returns the market data (None for
-    envs other than trading).
+    that the encoder can read, the replay memory fits, for ``logger=mlflow`` mlflow is installed
+    and its store opens, and the Prometheus port (``logger.prometheus.port``) can be bound now.
+    Returns the market data (None for envs other than trading).
 
     Raises:
         FoxdqnError: ConfigError or DataError, naming the key, file or row.
@@ -54,6 +55,13 @@ def preflight(tc: TrainConfig):
         from foxdqn.resume import read_checkpoint, resume_path
 
         read_checkpoint(resume_path(tc.resume))
+    if tc.logger.prometheus.port is not None:  # a port in use fails here, before any folder is made
+        from foxdqn.monitor.prometheus_log import probe
+
+        try:
+            probe(tc.logger.prometheus.port, tc.logger.prometheus.addr)
+        except OSError as exc:
+            raise tc.logger.prometheus.bind_error(exc) from None
     market = market_data(tc)
     itemsize = 4
     if tc.env.name == "gym":  # unknown id / non-Discrete actions fail here

@@ -1,4 +1,5 @@
 """Every experiment composes; bad overrides are refused with the field named."""
+import re
 from pathlib import Path
 
 import pytest
@@ -174,3 +175,34 @@ def test_logger_group_is_combinable():
     assert load_config([]).logger.tensorboard
     assert not load_config(["logger=csv"]).logger.tensorboard
     assert load_config(["logger=[csv,tensorboard]"]).logger.tensorboard
+
+
+def test_prometheus_is_off_unless_a_port_is_set():
+    assert load_config([]).logger.prometheus.port is None
+    both = load_config(["logger=[tensorboard,prometheus]"]).logger
+    assert both.tensorboard and both.prometheus.port == 9464 and both.prometheus.addr == "127.0.0.1"
+    cfg = load_config(["logger.prometheus.port=9100", "logger.prometheus.addr=0.0.0.0"]).logger
+    assert cfg.tensorboard and (cfg.prometheus.port, cfg.prometheus.addr) == (9100, "0.0.0.0")
+
+
+@pytest.mark.parametrize("override, message", [
+    ("logger.prometheus.port=0", "logger.prometheus.port=0 must be a TCP port in [1, 65535]"),
+    ("logger.prometheus.port=65536", "logger.prometheus.port=65536 must be a TCP port in [1, 65535]"),
+    ("logger.prometheus.addr=' '", "logger.prometheus.addr must be an address to bind"),
+])
+def test_prometheus_settings_are_checked(override, message):
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        load_config([override])
+
+
+def test_prometheus_bind_errors_name_the_key():
+    import errno
+    import socket
+
+    p = load_config(["logger.prometheus.port=9464"]).logger.prometheus
+    in_use = str(p.bind_error(OSError(errno.EADDRINUSE, "Address already in use")))
+    assert in_use.startswith("logger.prometheus.port=9464: ") and "already in use" in in_use and "\n" not in in_use
+    assert str(p.bind_error(socket.gaierror(-2, "Name or service not known"))).startswith(
+        "logger.prometheus.addr=127.0.0.1: not an address to bind")
+    assert str(p.bind_error(OSError(errno.EADDRNOTAVAIL, "Cannot assign requested address"))).startswith(
+        "logger.prometheus.addr=127.0.0.1: not an address to bind")

@@ -1,12 +1,13 @@
-"""Host-side monitoring: progress display, CSV and TensorBoard metric logs.
+"""Host-side monitoring: progress display, CSV and TensorBoard metric logs, a Prometheus endpoint.
 
 Nothing here touches device tensors: callers pass Python numbers (read from the device once per
 log interval); tensors are rejected with ``TypeError``.
 
 * :class:`MetricsLogger` - one ``log(step, metrics)`` call fans out to ``run_dir/metrics.csv``
   (:class:`~foxdqn.monitor.csv_log.CsvLogger`), ``run_dir/tb/``
-  (:class:`~foxdqn.monitor.tensorboard_log.TensorBoardLogger`) and any other sink given
-  (:class:`~foxdqn.monitor.mlflow_log.MlflowLogger`).
+  (:class:`~foxdqn.monitor.tensorboard_log.TensorBoardLogger`), any other sink given
+  (:class:`~foxdqn.monitor.mlflow_log.MlflowLogger`) and, when given, a Prometheus endpoint
+  (:class:`~foxdqn.monitor.prometheus_log.PrometheusExporter`).
 * :class:`~foxdqn.monitor.progress.TrainProgress` - progress bar / plain progress lines.
 """
 from __future__ import annotations
@@ -64,6 +65,9 @@ class MetricsLogger:
         resume_after: a resumed run's checkpoint step: the CSV rows (and TensorBoard events) logged
             after it are dropped.
         sinks: more objects with ``log(step, metrics)`` (e.g. an MLflow run), given every row.
+        prometheus: a started :class:`~foxdqn.monitor.prometheus_log.PrometheusExporter` that
+            gets every row too; the logger owns it from here (closes it in :meth:`close`, and at
+            once if this constructor fails).
 
     Usage::
 
@@ -75,13 +79,19 @@ class MetricsLogger:
     """
 
     def __init__(self, run_dir: str | os.PathLike[str], tensorboard: bool = True, resume_after: int | None = None,
-                 sinks: Sequence[Any] = ()) -> None:
-        self.run_dir = Path(run_dir)
+                 sinks: Sequence[Any] = (), prometheus: Any = None) -> None:
+        self.prometheus = prometheus
         self.sinks = list(sinks)
-        self.run_dir.mkdir(parents=True, exist_ok=True)
-        if resume_after is not None:  # a resumed run: drop the rows logged after its checkpoint
-            truncate_after(self.run_dir / "metrics.csv", resume_after)
-        self.csv = CsvLogger(self.run_dir / "metrics.csv")
+        try:
+            self.run_dir = Path(run_dir)
+            self.run_dir.mkdir(parents=True, exist_ok=True)
+            if resume_after is not None:  # a resumed run: drop the rows logged after its checkpoint
+                truncate_after(self.run_dir / "metrics.csv", resume_after)
+            self.csv = CsvLogger(self.run_dir / "metrics.csv")
+        except BaseException:
+            if prometheus is not None:
+                prometheus.close()
+            raise
         self.tb: Any = None
         if tensorboard:
             from foxdqn.monitor.tensorboard_log import TensorBoardLogger
@@ -91,11 +101,13 @@ class MetricsLogger:
                                             purge_step=None if resume_after is None else resume_after + 1)
             except BaseException:
                 self.csv.close()
+                if prometheus is not None:
+                    prometheus.close()
                 raise
 
     def log(self, step: int, metrics: Mapping[str, Any]) -> None:
         """Write one row ``{"step": step, **metrics}`` to the CSV and each numeric value to
-        TensorBoard at ``global_step=step``.
+        TensorBoard at ``global_step=step`` and to the Prometheus gauges.
 
         Args:
             step: x value of the row (e.g. environment steps), an integer.
@@ -119,6 +131,8 @@ class MetricsLogger:
             self.tb.log(step, metrics)
         for sink in self.sinks:
             sink.log(step, metrics)
+        if self.prometheus is not None:
+            self.prometheus.log(step, metrics)
 
     def flush(self) -> None:
         """Flush TensorBoard (the CSV is flushed on every row)."""
@@ -126,10 +140,14 @@ class MetricsLogger:
             self.tb.flush()
 
     def close(self) -> None:
-        """Close both sinks (idempotent)."""
-        self.csv.close()
-        if self.tb is not None:
-            self.tb.close()
+        """Close every sink (idempotent); the Prometheus endpoint stops serving."""
+        try:
+            self.csv.close()
+            if self.tb is not None:
+                self.tb.close()
+        finally:
+            if self.prometheus is not None:
+                self.prometheus.close()
 
     def __enter__(self) -> MetricsLogger:
         return self
