@@ -95,16 +95,21 @@ def composition_error(exc: BaseException) -> str:
     key = re.search(r"full_key: (\S+)", full)
     choice = re.search(r"Invalid value '([^']*)', expected one of \[([^\]]*)\]", full)
     if choice and key:
-        return f"{key.group(1)}={choice.group(1)!r} is not allowed; choose one of {choice.group(2)}"
+        hint = (" (YAML reads on/off/yes/no/true/false as booleans: quote the word, e.g. graph: 'off')"
+                if choice.group(1) in ("True", "False") else "")
+        return f"{key.group(1)}={choice.group(1)!r} is not allowed; choose one of {choice.group(2)}{hint}"
     unknown = re.search(r"Could not override '([^']+)'", text)
     if unknown and "No match in the defaults list" not in text:
         return unknown_key_message(unknown.group(1))
+    if key and re.search(r"interpolation", full, re.I):  # ${...} that does not resolve
+        first = text.splitlines()[0].strip()
+        return f"{key.group(1)}: {first} (in a ${{...}} interpolation)"
     if key and re.search(r"not in struct|Key '[^']+' (is )?not in", full):
         where = re.match(r"In '([^']+)'", text)
         return (f"{where.group(1)}: " if where else "") + unknown_key_message(key.group(1))
     lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
     cut = next((i for i, ln in enumerate(lines) if ln.startswith("Config search path")), len(lines))
-    keep = [ln for ln in lines[:cut] if not ln.startswith(("object_type", "Set the environment variable"))]
+    keep = [ln for ln in lines[:cut] if not ln.startswith(("object_type", "reference_type", "Set the environment variable"))]
     if any(ln.startswith("Available options") for ln in keep):  # "...in 'head':" + one option per line
         i = next(i for i, ln in enumerate(keep) if ln.startswith("Available options"))
         keep = keep[:i] + [keep[i] + " " + ", ".join(keep[i + 1:])]

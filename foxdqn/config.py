@@ -167,7 +167,7 @@ class ModelConfig:
 
     encoder: Encoder = Encoder.mlp  # mlp | attention (over the trading window) | nature_cnn (images)
     hidden: List[int] = field(default_factory=lambda: [256, 256])  # mlp widths
-    activation: Activation = Activation.relu
+    activation: Activation = Activation.relu  # hidden-layer nonlinearity
     width: int = 64  # attention: model width
     heads: int = 4  # attention heads
     layers: int = 2  # attention blocks
@@ -189,8 +189,8 @@ class HeadConfig:
     double: bool = True  # Double DQN target (van Hasselt et al. 2016, eq. 4)
     dueling: bool = False  # dueling streams inside the c51 / iqn heads
     atoms: int = 51  # c51: atoms K on the support [v_min, v_max]
-    v_min: float = -10.0
-    v_max: float = 10.0
+    v_min: float = -10.0  # c51: lowest atom of the support (return units after loss.reward_scale)
+    v_max: float = 10.0  # c51: highest atom
     num_quantiles: int = 32  # iqn: N sampled τ for the online quantiles
     num_target_quantiles: int = 32  # iqn: N' sampled τ' for the target
     num_quantiles_policy: int = 32  # iqn: K fixed τ for acting
@@ -214,7 +214,7 @@ class ReplayConfig:
     """Replay memory on the training device (foxdqn.replay)."""
 
     name: Replay = Replay.uniform  # uniform | per
-    capacity: int = 100_000
+    capacity: int = 100_000  # transitions held (all envs), oldest overwritten
     n_step: int = 1  # n-step returns (n ≥ 1), truncated at episode ends
     alpha: float = 0.6  # per: priority exponent α
     beta_start: float = 0.4  # per: IS exponent β₀, annealed to 1 over the run's updates
@@ -261,7 +261,7 @@ class AgentConfig:
     steps_per_iter: int = 4  # T env steps per env per iteration (collect phase)
     updates_per_iter: int = 1  # K gradient updates per iteration (train phase)
     learning_starts: int = 5_000  # env transitions collected before the first update
-    batch_size: int = 128
+    batch_size: int = 128  # transitions sampled per gradient update
     gamma: float = 0.99  # discount γ
 
     def validate(self) -> None:
@@ -292,8 +292,8 @@ class OptimConfig:
 class ExploreConfig:
     """ε-greedy exploration: ε decays linearly from ``eps_start`` to ``eps_end``."""
 
-    eps_start: float = 1.0
-    eps_end: float = 0.05
+    eps_start: float = 1.0  # ε at the first env step
+    eps_end: float = 0.05  # ε after the decay, to the end
     eps_decay_fraction: float = 0.5  # ... over this fraction of agent.total_env_steps
 
     def validate(self) -> None:
@@ -334,7 +334,7 @@ class PruneConfig:
     """Magnitude pruning of the online network's weight matrices (foxdqn.step.pruning;
     Zhu & Gupta 2017, eq. 1). Update numbers count gradient updates from 0."""
 
-    enabled: bool = False
+    enabled: bool = False  # prune the online network's weight matrices on the schedule below
     initial_sparsity: float = 0.0  # s_i, fraction of weights zeroed at start_update
     final_sparsity: float = 0.5  # s_f, fraction zeroed from end_update on
     start_update: int = 0  # t0, first mask update
@@ -360,7 +360,7 @@ class RegimeConfig:
     """Regime-weighted TD errors (foxdqn.replay.regime): loss weight by the sampled state's
     volatility regime, volatility / training-split median volatility (trading env only)."""
 
-    enabled: bool = False
+    enabled: bool = False  # weight each sampled transition's loss by its volatility regime
     low_threshold: float = 0.5  # ratio < low: low-volatility regime (routing rule's 0.5)
     high_threshold: float = 1.5  # ratio > high: high-volatility regime (routing rule's 1.5)
     weights: List[float] = field(default_factory=lambda: [0.5, 1.0, 2.0])  # [low, normal, high] loss weights
@@ -380,12 +380,12 @@ class RegimeConfig:
 class GuardConfig:
     """On-device training guard (foxdqn.guard.guard; docs/design/guard.md)."""
 
-    loss_clip: float = 1.0e6
+    loss_clip: float = 1.0e6  # a loss above this (or NaN/Inf) skips the update and halts
     collapse_multiplier: float = 0.0  # gradient-collapse threshold = optim.lr × multiplier (0 disables)
-    collapse_patience: int = 100
-    warmup_updates: int = 100
+    collapse_patience: int = 100  # updates in a row below the collapse threshold before a halt
+    warmup_updates: int = 100  # updates before the collapse check starts
     q_divergence: float = 1.0e4  # |Q| above this is a divergence (Q-value monitor)
-    ring_size: int = 64
+    ring_size: int = 64  # records in the pinned host ring (slot = update mod ring_size)
     max_weight: Optional[float] = None  # post-step check: a step whose weights would have some |w| above this
     #                                     (or non-finite) is skipped and halts the run (null or 0 = off)
 
@@ -400,7 +400,7 @@ class GuardConfig:
 class EvalConfig:
     """Out-of-sample evaluation (foxdqn.evaluate)."""
 
-    split: Split = Split.test
+    split: Split = Split.test  # the split evaluated once at the end (selection always uses val)
     episodes: int = 100  # greedy episodes per evaluation of a non-trading env (20 at most during training)
     interval_env_steps: int = 0  # validation evaluations during training (0 = only at the end)
 
@@ -414,7 +414,7 @@ class EarlyStopConfig:
     """Early stopping (foxdqn.early_stop; docs/design/monitors.md#early-stopping). Checked on the host at eval /
     log boundaries only (never inside the captured iteration)."""
 
-    enabled: bool = False
+    enabled: bool = False  # stop on a validation plateau (patience) and evaluate the best validated weights
     metric: EarlyStopMetric = EarlyStopMetric.auto  # validation metric: auto (sharpe on trading, mean_return
     #                                                 elsewhere); max_drawdown: lower is better
     patience: int = 5  # validation evaluations in a row without improvement before stopping
@@ -514,13 +514,13 @@ class CheckpointConfig:
 class DebugConfig:
     """Caps applied after composition (so they win over any experiment): ``debug=smoke``."""
 
-    name: Optional[str] = None
-    max_env_steps: Optional[int] = None
-    max_num_envs: Optional[int] = None
-    max_batch_size: Optional[int] = None
-    max_learning_starts: Optional[int] = None
-    max_replay_capacity: Optional[int] = None
-    max_hidden: Optional[int] = None
+    name: Optional[str] = None  # the debug option's name (smoke), for the record
+    max_env_steps: Optional[int] = None  # cap on agent.total_env_steps (and the log/eval intervals)
+    max_num_envs: Optional[int] = None  # cap on env.num_envs
+    max_batch_size: Optional[int] = None  # cap on agent.batch_size
+    max_learning_starts: Optional[int] = None  # cap on agent.learning_starts
+    max_replay_capacity: Optional[int] = None  # cap on replay.capacity
+    max_hidden: Optional[int] = None  # cap on every width of model.hidden
     fit_prune_schedule: bool = False  # with max_env_steps: shrink prune.start/end_update and frequency by the same ratio
     inject_nan_at_step: Optional[int] = None  # poison the loss at this update (guard test)
     inject_lr_spike_at_step: Optional[int] = None  # learning rate x 2**100 for this one update (guard.max_weight test)
@@ -725,12 +725,25 @@ def upgrade(values: dict) -> dict:
 
 
 def finalize(cfg: DictConfig | TrainConfig) -> TrainConfig:
-    """Composed config → validated :class:`TrainConfig` with the debug caps applied."""
+    """Composed config → validated :class:`TrainConfig` with the debug caps applied.
+
+    Raises:
+        ConfigError: an unknown key, an interpolation that does not resolve (``${oops}``), a value
+            out of range or two settings that do not go together (one line, naming the key).
+    """
+    from omegaconf.errors import OmegaConfBaseException
+
     if isinstance(cfg, DictConfig):
         extra = unknown_keys(cfg)
         if extra:
             raise ConfigError(unknown_key_message(extra[0]))
-    obj = apply_schedule_caps(to_object(cfg))
+    try:
+        obj = to_object(cfg)
+    except OmegaConfBaseException as exc:  # resolving ${...}: a missing key or env variable, a bad value
+        from foxdqn.compose import composition_error
+
+        raise ConfigError(composition_error(exc)) from None
+    obj = apply_schedule_caps(obj)
     validate(obj)  # sizes as written: the size caps must not hide a bad combination (batch > replay, ...)
     obj = apply_size_caps(obj)
     validate(obj)

@@ -43,8 +43,10 @@ def parse_args(argv: list[str]) -> tuple[Path, str | None, Path | None, list[str
         key, sep, value = arg.partition("=")
         if not sep:
             raise ConfigError(f"argument {arg!r} is not key=value; {USAGE}")
-        if key == "checkpoint":
-            checkpoint = Path(value).expanduser()
+        if key == "checkpoint":  # a run folder means its checkpoints/last.pt, as resume=RUN does
+            from foxdqn.resume import resume_path
+
+            checkpoint = resume_path(value)
         elif key == "split":
             split = value
         elif key == "out":

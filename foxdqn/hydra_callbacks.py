@@ -3,7 +3,7 @@
 
 * :class:`CheckOutputFolder`: the run (or sweep) folder can be made, else one line and exit 2.
 * :class:`CheckJobs`: every job of a ``--multirun`` of Hydra's basic sweeper is composed (Hydra's
-  compose API, so ``--config-dir``, ``--config-path`` and ``hydra.searchpath`` count) and checked
+  compose API, so ``--config-dir``, ``--config-name`` and ``hydra.searchpath`` count) and checked
   (:func:`foxdqn.config.finalize`, :func:`foxdqn.train.preflight`) before the first one runs: a
   bad job ends the sweep with one line naming it, exit 2, and no sweep folder. Other sweepers
   (Optuna, ...) choose their jobs as they go; their jobs are checked one by one as they start.
@@ -71,9 +71,11 @@ class CheckOutputFolder(Callback):
 
 def sweep_jobs(config: DictConfig) -> list[list[str]] | None:
     """The override lists of the jobs of a basic-sweeper multirun (``hydra.sweeper.params`` and
-    the command line's ``a=1,2 b=x,y``, ``range(...)``), or None for another sweeper or a sweep it
-    cannot list (intervals, globs)."""
+    the command line's ``a=1,2 b=x,y``, ``range(...)``, ``glob(...)``), or None for another sweeper
+    or a sweep it cannot list (intervals)."""
+    from hydra.core.global_hydra import GlobalHydra
     from hydra.core.override_parser.overrides_parser import OverridesParser
+    from hydra.core.override_parser.types import ValueType
 
     if not str(OmegaConf.select(config, "hydra.sweeper._target_", default="")).endswith("BasicSweeper"):
         return None
@@ -85,11 +87,14 @@ def sweep_jobs(config: DictConfig) -> list[list[str]] | None:
             key = o.get_key_element()
             if not o.is_sweep_override():
                 columns[key] = [f"{key}={o.get_value_element_as_str()}"]
+            elif o.value_type == ValueType.GLOB_CHOICE_SWEEP:  # head=glob(*): the group's options that match
+                options = GlobalHydra.instance().config_loader().get_group_options(o.key_or_group)
+                columns[key] = [f"{key}={v}" for v in o.value().filter(options)]
             elif o.is_discrete_sweep():
                 columns[key] = [f"{key}={v}" for v in o.sweep_string_iterator()]
             else:
                 return None
-    except Exception:  # noqa: BLE001 - a glob sweep or a syntax Hydra reports itself
+    except Exception:  # noqa: BLE001 - a syntax Hydra reports itself
         return None
     return [list(job) for job in itertools.product(*columns.values())]
 

@@ -1,7 +1,8 @@
 """``python -m foxdqn.train [+experiment=NAME] [overrides] [--multirun ...]``.
 
 Hydra parses the command line and composes ``conf/train.yaml`` (:func:`foxdqn.compose.conf_folder`;
-``--config-dir``, ``--config-path`` and ``hydra.searchpath`` add the user's own config folders).
+``--config-dir DIR`` and ``hydra.searchpath=[file://DIR]`` add a folder of the user's own, and
+``--config-name`` picks a primary config there: docs/configuration.md).
 The task function validates the config and the data once, before any work; trains; evaluates on
 the test split and prints where the outputs are. A ``--multirun`` checks every job first
 (:class:`foxdqn.hydra_callbacks.CheckJobs`). Bad input (an unknown key, a wrong type, an invalid

@@ -36,6 +36,12 @@ def test_reproduces_the_runs_test_summary(run_dir):
     assert set(trades["order_type"]) <= {"market", "limit_maker", "ioc"} and (trades["fill_price"] > 0).all()
 
 
+def test_a_run_folder_means_its_last_checkpoint(run_dir):
+    from foxdqn.evaluate_run import parse_args
+
+    assert parse_args([f"checkpoint={run_dir}"])[0] == run_dir / "checkpoints" / "last.pt"
+
+
 def test_evaluations_with_other_settings_get_their_own_folder(run_dir, tmp_path):
     from foxdqn.evaluate_run import folder_name
 

@@ -135,24 +135,29 @@ def test_a_signal_outside_training_is_one_line_and_128_plus_signal(capsys):
 
 @pytest.mark.slow
 def test_20_kill_9_at_random_moments_leave_checkpoints_that_continue(tmp_path):
-    """One run killed with SIGKILL 20 times at random moments (during start-up, training or a
-    checkpoint write), each time continued with resume=auto: after every kill the folder says
-    INCOMPLETE once the run has opened it, holds no partial file, and its checkpoint loads; the run
-    then finishes with one metrics row per logged step, up to the last."""
+    """SIGKILL 20 times at random moments (during start-up, training, a checkpoint write or after
+    the summary), each time continuing the run with resume=auto (a run that has finished is
+    followed by a new one): after every kill the folder says INCOMPLETE once the run has opened it,
+    unless the run had written its summary, holds no partial file, and its checkpoint loads; every
+    run then finishes with one metrics row per logged step, up to the last."""
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     total = 150_000
     args = [sys.executable, "-m", "foxdqn.train", "log.progress=false", f"agent.total_env_steps={total}",
             "checkpoint.every_env_steps=2500", "log.interval_env_steps=1250", "device=cpu", "logger=csv"]
     rng = __import__("random").Random(0)
-    run_dir = tmp_path / "run"
+    runs = [tmp_path / "run0"]
 
-    def command():
+    def finished(run_dir):
+        return (run_dir / "eval" / "summary.json").is_file() and not (run_dir / "INCOMPLETE").exists()
+
+    def command(run_dir):
         started = (run_dir / "INCOMPLETE").exists() or (run_dir / "checkpoints" / "last.pt").exists()
         return [*args, f"hydra.run.dir={run_dir}", *(["resume=auto"] if started else [])]
 
     kills = 0
     while kills < 20:
-        proc = subprocess.Popen(command(), cwd=tmp_path, env=env, stdout=subprocess.DEVNULL,
+        run_dir = runs[-1]
+        proc = subprocess.Popen(command(run_dir), cwd=tmp_path, env=env, stdout=subprocess.DEVNULL,
                                 stderr=subprocess.PIPE, text=True)
         try:
             proc.wait(timeout=rng.uniform(1.0, 9.0))
@@ -162,7 +167,9 @@ def test_20_kill_9_at_random_moments_leave_checkpoints_that_continue(tmp_path):
             kills += 1
         else:
             assert proc.returncode == 0, proc.stderr.read()[-2000:]
-            pytest.fail(f"the run finished after {kills} kills; lengthen it")
+        if finished(run_dir):  # it ended (or was killed after writing its summary): kill a new run next
+            runs.append(tmp_path / f"run{len(runs)}")
+            continue
         if (run_dir / "metrics.csv").exists():  # the run had opened its folder
             assert (run_dir / "INCOMPLETE").exists()  # a killed run is never mistaken for a finished one
         # a kill during a checkpoint write may leave the writer's hidden temporary file; last.pt stays whole
@@ -170,12 +177,14 @@ def test_20_kill_9_at_random_moments_leave_checkpoints_that_continue(tmp_path):
         ckpt = run_dir / "checkpoints" / "last.pt"
         if ckpt.exists():
             assert load_checkpoint(ckpt)["env_steps"] > 0
-    res = subprocess.run(command(), cwd=tmp_path, env=env, capture_output=True, text=True, timeout=900)
-    assert res.returncode == 0, res.stderr[-2000:]
-    assert (run_dir / "eval" / "summary.json").is_file() and not (run_dir / "INCOMPLETE").exists()
-    assert not list(run_dir.rglob("*.tmp*"))  # the resumed run removed what the killed writers left
-    steps = pd.read_csv(run_dir / "metrics.csv")["step"]
-    assert list(steps) == sorted(set(steps)) and math.isclose(steps.iloc[-1], total, rel_tol=0.01)
+    for run_dir in runs:
+        if not finished(run_dir):
+            res = subprocess.run(command(run_dir), cwd=tmp_path, env=env, capture_output=True, text=True, timeout=900)
+            assert res.returncode == 0, res.stderr[-2000:]
+        assert finished(run_dir)
+        assert not list(run_dir.rglob("*.tmp*"))  # the resumed run removed what the killed writers left
+        steps = pd.read_csv(run_dir / "metrics.csv")["step"]
+        assert list(steps) == sorted(set(steps)) and math.isclose(steps.iloc[-1], total, rel_tol=0.01)
 
 
 def test_restore_ignores_lazy_scratch_but_refuses_missing_state(tmp_path):

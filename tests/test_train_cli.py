@@ -103,7 +103,11 @@ def _bad_csv(tmp_path):
     (["experiment=googl_dqn"], "use +experiment=googl_dqn"),  # Hydra's own hint is kept
     (["agent.lr=1e-3"], "agent.lr moved to optim.lr"),
     (["head.name=c99"], "head.name='c99' is not allowed; choose one of q, dueling, c51, iqn"),
+    (["graph=false"], "quote the word"),
+    (["optim.lr=${oops}"], "optim.lr: Interpolation key 'oops' not found"),
+    (["--multirun", "seed=0,1", "data.path=${oc.env:FOXDQN_NO_SUCH_VAR}"], "data.path:"),
     (["--multirun", "head=q,c99", "debug=smoke"], "job head=c99"),
+    (["--multirun", "head=glob(*)", "+experiment=eurusd_iql", "debug=smoke"], "job head=c51"),  # globs listed too
     (["+env.execution.ioc_fill_rule=marketable"], "env.execution.ioc_fill_rule: removed"),
 ])
 def test_bad_input_one_line_exit_2_no_run_dir(tmp_path, args, needle):
@@ -141,6 +145,17 @@ def test_user_experiment_runs_from_its_own_config_dir(tmp_path):
     assert res.returncode == 0, res.stderr[-2000:]
     summary = assert_outputs(tmp_path / "run")
     assert summary["experiment"] == "mine"
+    written = (tmp_path / "run" / "config.yaml").read_text()
+    assert "name: q" in written and "lr: 0.001" in written
+
+
+def test_a_primary_config_of_ones_own_starts_from_train_yaml(tmp_path):
+    conf = tmp_path / "myconf"
+    conf.mkdir()
+    (conf / "mytrain.yaml").write_text("defaults:\n  - train\n  - override head: q\n  - _self_\noptim:\n  lr: 1.0e-3\n")
+    res = run(["--config-dir", str(conf), "--config-name", "mytrain", "debug=smoke", "debug.max_env_steps=1024",
+               f"hydra.run.dir={tmp_path / 'run'}"], cwd=tmp_path)
+    assert res.returncode == 0, res.stderr[-2000:]
     written = (tmp_path / "run" / "config.yaml").read_text()
     assert "name: q" in written and "lr: 0.001" in written
 

@@ -33,11 +33,12 @@ class SplitConfig:
     and the test split at the first bar at or after ``test_start``.
     """
 
-    train: float = 0.70
-    val: float = 0.15
-    test: float = 0.15
+    train: float = 0.70  # fraction of the rows, chronologically first
+    val: float = 0.15  # fraction of the rows after train (model selection)
+    test: float = 0.15  # fraction of the rows, last (evaluated once)
+    # ISO dates, set both or neither: val / test start at the first bar at or after them (wins over fractions)
     val_start: Optional[str] = None
-    test_start: Optional[str] = None
+    test_start: Optional[str] = None  # see val_start
 
     @property
     def by_dates(self) -> bool:
@@ -91,18 +92,21 @@ class DataConfig:
     (Unix epoch times); numeric timestamps other than ``YYYYMMDD`` dates are refused while it is null.
     """
 
-    name: Optional[str] = "eurusd_1h"
-    path: Optional[str] = None
+    name: Optional[str] = "eurusd_1h"  # built-in dataset: eurusd_1h | googl_1d | martingale_1h (ignored with path)
+    path: Optional[str] = None  # a CSV or Parquet file of OHLCV bars (wins over name)
+    # the file's time column (null: the one column named timestamp, datetime, date, time, ...)
     timestamp_column: Optional[str] = None
     split: SplitConfig = field(default_factory=SplitConfig)
-    vol_window: int = 20
-    volume_window: int = 20
-    spread_window: int = 20
-    clip: float = 10.0
+    vol_window: int = 20  # bars of the rolling volatility feature (and of the routing rule's volatility)
+    volume_window: int = 20  # bars of the rolling volume normalisation
+    spread_window: int = 20  # bars of the Corwin-Schultz spread estimate's smoothing
+    clip: float = 10.0  # features clipped at ± this many training-split standard deviations
+    # annualisation of Sharpe and Sortino (null: inferred from the timestamps)
     bars_per_year: Optional[float] = None
-    on_frequency_change: str = "error"
-    on_gaps: str = "warn"
-    max_gap_bars: float = 5.0
+    on_frequency_change: str = "error"  # a bar frequency that changes part-way: error | warn
+    on_gaps: str = "warn"  # a gap longer than max_gap_bars median spacings: error | warn | ignore
+    max_gap_bars: float = 5.0  # gap threshold, in median bar spacings (>= 1)
+    # unit of numeric timestamps: s | ms | us | ns (null: numeric timestamps other than YYYYMMDD are refused)
     time_unit: Optional[str] = None
 
     def validate(self) -> None:

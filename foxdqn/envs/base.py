@@ -22,12 +22,12 @@ class StepOut(NamedTuple):
     """Result of ``env.step``; every tensor is on the env device with leading dim ``N``.
 
     Attributes:
-        next_obs: ``[N, obs_dim]``: observation after the step, before auto-reset (replay's s').
+        next_obs: ``[N, *obs_shape]`` (``[N, obs_dim]``, or ``[N, C, H, W]`` images): observation after the step, before auto-reset (replay's s').
         reward: ``[N]`` float: the step's reward.
         terminated: ``[N]`` bool: a true terminal state (no bootstrap from ``next_obs``).
         truncated: ``[N]`` bool: the episode was cut (time limit, end of data) and did not
             terminate; never true together with ``terminated``.
-        obs: ``[N, obs_dim]``: observation to act on next (after auto-reset).
+        obs: ``[N, *obs_shape]``: observation to act on next (after auto-reset).
         info: dict of ``[N]`` tensors; every env gives ``episode_done`` (bool,
             ``terminated | truncated``), ``episode_return`` (float, undiscounted return of the
             episode that ended on this step, else 0) and ``episode_length`` (int64, steps of the
@@ -104,7 +104,7 @@ class BatchedEnv(Protocol):
     collect_hook: CollectHook
 
     def reset_all(self) -> Tensor:
-        """Start a fresh episode in every env; returns the observations ``[N, obs_dim]``."""
+        """Start a fresh episode in every env; returns the observations ``[N, *obs_shape]``."""
         ...
 
     def step(self, action: Tensor) -> StepOut:

@@ -167,13 +167,16 @@ class ExecutionConfig:
     OmegaConf ``ListConfig`` is accepted.
     """
 
-    spread_floor_bps: float = 0.5
-    taker_fee_bps: float = 0.3
-    maker_fee_bps: float = 0.0
+    spread_floor_bps: float = 0.5  # floor on each bar's relative spread (bp)
+    taker_fee_bps: float = 0.3  # fee of market and IoC fills (bp of notional)
+    maker_fee_bps: float = 0.0  # fee of limit-maker fills (bp; negative = rebate)
+    # slippage of market orders beyond the half spread (bp), by urgency (patient, normal, aggressive)
     market_slippage_bps: List[float] = field(default_factory=lambda: [0.1, 0.3, 1.0])
+    # limit below (buy) / above (sell) the decision close, in half spreads (1 = the touch), by urgency
     limit_offset_half_spreads: List[float] = field(default_factory=lambda: [1.0, 0.5, 0.0])
+    # IoC limit beyond the touch (bp), by urgency
     ioc_offset_bps: List[float] = field(default_factory=lambda: [0.5, 1.0, 2.0])
-    initial_equity: float = 1.0
+    initial_equity: float = 1.0  # starting equity (units of capital)
 
     @classmethod
     def from_mapping(cls, values: Mapping[str, Any], prefix: str = "env.execution") -> "ExecutionConfig":

@@ -26,17 +26,14 @@ from foxdqn.step.schedules import LinearSchedule
 from foxdqn.step.stats import DeviceStats
 from foxdqn.step.target_update import TargetUpdate
 
-if TYPE_CHECKING:  # the env modules load optional packages (gymnasium): typing only
+if TYPE_CHECKING:  # typing only: importing them here would load every env and mode at start-up
     from foxdqn.actions.modes import BranchingMode, ExposureRoutedMode, FactoredMode
-    from foxdqn.envs.bitflip import BitFlipEnv
-    from foxdqn.envs.cartpole import CartPoleEnv
-    from foxdqn.envs.gym_adapter import GymVectorEnv
-    from foxdqn.envs.trading import TradingEnv
+    from foxdqn.envs.base import BatchedEnv
     from foxdqn.objectives.base import Objective
     from foxdqn.step.pruning import MagnitudePruner
     from foxdqn.step.weight_check import WeightCheck
 
-    Env = Union[TradingEnv, CartPoleEnv, BitFlipEnv, GymVectorEnv]
+    Env = BatchedEnv  # any env of foxdqn.envs: the loop uses only the protocol's members
     ActionMode = Union[FactoredMode, ExposureRoutedMode, BranchingMode]
 
 

@@ -1,7 +1,8 @@
 """One gradient update: sample → objective → backward → clip → [trial step] → guard → Adam → target →
 priorities.
 
-Device ops only. The training guard (ops.training_guard) turns NaN/Inf, a loss above the clip,
+Device ops only. The training guard (:class:`foxdqn.guard.guard.TrainingGuard`, kernel
+ops.training_guard) turns NaN/Inf, a loss above the clip,
 a gradient collapse or (with ``guard.max_weight``) weights that Adam's step would make non-finite
 or larger than the bound into ``skip`` = 1 on the device. The weights after the step are known
 before it is applied: :class:`foxdqn.step.weight_check.WeightCheck` runs the same fused Adam step
