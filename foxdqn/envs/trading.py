@@ -59,10 +59,13 @@ from torch import Tensor
 
 from foxdqn.errors import ConfigError
 
-from .actions import EXPOSURES, FLAT, NUM_ACTIONS, factor
+from foxdqn.ops.trading_step import (TradingMarket, TradingState, observation_reference, reset_where_reference,
+                                      trading_params, trading_step)
+
+from .actions import EXPOSURES, FLAT, NUM_ACTIONS
 from .base import StepOut
 from .checks import check_generator, float_dtype, positive_int
-from .execution import RUIN_FRACTION, ExecutionConfig, apply_fills, cost_tables, simulate_fills
+from .execution import RUIN_FRACTION, ExecutionConfig, cost_tables
 from .trading_hook import TRADING_HOOK
 
 if TYPE_CHECKING:
@@ -108,6 +111,9 @@ class TradingEnv:
         max_episode_steps: the longest episode, ``last_bar - first_valid`` in eval mode, else
         ``min(L, last_bar - first_valid)``.
         on_host: False.  collect_hook: :data:`foxdqn.envs.trading_hook.TRADING_HOOK`.
+        step_backend: backend of :func:`foxdqn.ops.trading_step.trading_step` that :meth:`step`
+        runs: ``"auto"`` (the Triton kernel on CUDA, the torch reference on CPU; the default),
+        ``"triton"`` or ``"torch"``.
         split: ``(start, end)`` of the split walked.
         first_valid, last_bar, start_high: bar bounds of episode starts and ends (ints).
         median_spread: ``market.median_spread`` floored at ``spread_floor_bps * 1e-4`` (relative),
@@ -156,6 +162,7 @@ class TradingEnv:
         self.dtype = dtype
         self.generator = generator
         self.eval_mode = eval_mode
+        self.step_backend = "auto"
         self.execution = execution
         self.num_envs = num_envs
         self.window = window
@@ -187,7 +194,7 @@ class TradingEnv:
 
     def observe(self) -> Tensor:
         """Observation of the current state, ``[N, obs_dim]`` dtype (no side effects, sync-free)."""
-        return self._observation(self.t, self.units, self.entry_price, self.equity)
+        return observation_reference(self._market, self._params, self.t, self.units, self.entry_price, self.equity)
 
     def market_state(self) -> tuple[Tensor, Tensor]:
         """``(spread, volatility)``, each ``[N]`` dtype, at each env's current bar ``t``.
@@ -218,80 +225,28 @@ class TradingEnv:
             truncated``), ``episode_length`` (int64, steps of the episode that ended on this
             step, else 0), ``traded_units`` (signed units filled, 0 if none). The state tensors
             are updated in place (with auto-reset in training mode).
+
+        The whole step is one op, :func:`foxdqn.ops.trading_step.trading_step` (backend
+        :attr:`step_backend`): on CUDA one Triton kernel, after the ``randint`` of the reset start
+        bars in training mode (2 kernels); on CPU its torch reference, this env's original step.
         """
-        exposure_new, order_type, urgency = factor(action)
-        zero = torch.zeros((), device=self.device, dtype=self.dtype)
-
-        t = self.t
-        t_next_bar = (t + 1).clamp_(max=self.num_bars - 1)  # clamp only matters for a frozen env
-        close_t = self._close[t]
-        close_n = self._close[t_next_bar]
-        equity = self.equity
-        units = self.units
-
-        alive = ~self._frozen
-        order = alive & (exposure_new != self.exposure_idx)
-        target_units = self._exposures[exposure_new] * equity / close_t
-        dq = torch.where(order, target_units - units, zero)
-
-        fills = simulate_fills(
-            dq=dq,
-            order_type=order_type,
-            urgency=urgency,
-            close_t=close_t,
-            spread_t=self._spread[t],
-            open_n=self._open[t_next_bar],
-            high_n=self._high[t_next_bar],
-            low_n=self._low[t_next_bar],
-            tables=self._tables,
-        )
-        cash1, units1, entry1 = apply_fills(self.cash, units, self.entry_price, fills)
-        exposure_idx1 = torch.where(fills.fill, exposure_new, self.exposure_idx)
-        equity1 = torch.where(alive, cash1 + units1 * close_n, equity)
-        t1 = torch.where(alive, t + 1, t)
-        steps1 = torch.where(alive, self.steps + 1, self.steps)
-
-        log_eq0 = torch.log(equity.clamp(min=self.ruin_equity))
-        log_eq1 = torch.log(equity1.clamp(min=self.ruin_equity))
-        reward = torch.where(alive, log_eq1 - log_eq0, zero)
-        terminated = alive & (equity1 <= self.ruin_equity)
-        if self.eval_mode:
-            limit = t1 >= self.last_bar
-        else:
-            limit = (t1 >= self.last_bar) | (steps1 >= self.episode_length)
-        truncated = (alive & limit & ~terminated) | self._frozen
-        done = terminated | truncated
-        episode_return1 = self.episode_return + reward
-
-        next_obs = self._observation(t1, units1, entry1, equity1)
+        starts = None if self.eval_mode else self._draw_starts()
+        out = trading_step(self._state, action.contiguous(), starts, self._market, self._params,
+                           backend=self.step_backend)
         info = {
-            "fill": fills.fill,
-            "fill_price": fills.price,
-            "fee": fills.fee,
-            "cost": fills.cost,
-            "exposure": self._exposures[exposure_idx1],
-            "equity": equity1,
-            "episode_return": torch.where(done, episode_return1, zero),
-            "episode_done": done,
-            "episode_length": torch.where(done, steps1, torch.zeros_like(steps1)),
-            "traded_units": fills.traded,
+            "fill": out.fill,
+            "fill_price": out.fill_price,
+            "fee": out.fee,
+            "cost": out.cost,
+            "exposure": out.exposure,
+            "equity": out.equity,
+            "episode_return": out.episode_return,
+            "episode_done": out.done,
+            "episode_length": out.episode_length,
+            "traded_units": out.traded,
         }
-
-        self.t.copy_(t1)
-        self.steps.copy_(steps1)
-        self.cash.copy_(cash1)
-        self.units.copy_(units1)
-        self.entry_price.copy_(entry1)
-        self.equity.copy_(equity1)
-        self.exposure_idx.copy_(exposure_idx1)
-        self.episode_return.copy_(episode_return1)
-        if self.eval_mode:
-            self._frozen.logical_or_(done)
-            obs = next_obs
-        else:
-            self._reset_state(done, self._starts())
-            obs = self.observe()
-        return StepOut(next_obs=next_obs, reward=reward, terminated=terminated, truncated=truncated, obs=obs, info=info)
+        return StepOut(next_obs=out.next_obs, reward=out.reward, terminated=out.terminated, truncated=out.truncated,
+                       obs=out.obs, info=info)
 
     # ------------------------------------------------------------------ host-side evaluation
 
@@ -392,10 +347,16 @@ class TradingEnv:
         self._spread = dev(np.maximum(market.spread, floor))
         self._vol = dev(market.volatility)
         self._features = dev(market.features)
-        self._window_offsets = torch.arange(-window + 1, 1, device=device, dtype=torch.long)
         self._exposures = torch.tensor(EXPOSURES, device=device, dtype=dtype)
         self._tables = cost_tables(self.execution, device, dtype)
         self._log_ruin = float(np.log(self.ruin_equity))
+        self._market = TradingMarket(self._open, self._high, self._low, self._close, self._spread, self._features)
+        self._params = trading_params(
+            exposures=self._exposures, tables=self._tables, initial_equity=self.initial_equity,
+            ruin_equity=self.ruin_equity, window=window, num_features=self.num_features,
+            episode_length=self.episode_length, first_valid=self.first_valid, last_bar=self.last_bar,
+            num_bars=self.num_bars, eval_mode=self.eval_mode,
+        )
 
     def _allocate_state(self) -> None:
         """The ``[N]`` state tensors, set to a valid flat state at ``first_valid`` (no randomness
@@ -412,7 +373,16 @@ class TradingEnv:
         self.exposure_idx = zeros(torch.long)
         self.episode_return = zeros(self.dtype)
         self._frozen = zeros(torch.bool)  # eval mode: episode over, waiting for reset_all
+        self._state = TradingState(self.t, self.steps, self.cash, self.units, self.entry_price, self.equity,
+                                   self.exposure_idx, self.episode_return, self._frozen)
         self._reset_state(None, torch.full((self.num_envs,), self.first_valid, device=self.device, dtype=torch.long))
+
+    def _draw_starts(self) -> Tensor | None:
+        """Training mode: ``[N]`` start bars drawn for every env (:meth:`_starts`), or None when the
+        start range is the single bar ``first_valid`` (no draw, as :meth:`_starts`)."""
+        if self.eval_mode or self.start_high == self.first_valid:
+            return None
+        return self._starts()
 
     def _starts(self) -> Tensor:
         if self.eval_mode or self.start_high == self.first_valid:
@@ -439,27 +409,7 @@ class TradingEnv:
             self.episode_return.zero_()
             self._frozen.zero_()
             return
-        zero = torch.zeros((), device=self.device, dtype=self.dtype)
-        init = torch.full((), self.initial_equity, device=self.device, dtype=self.dtype)
-        self.t.copy_(torch.where(mask, starts, self.t))
-        self.steps.masked_fill_(mask, 0)
-        self.cash.copy_(torch.where(mask, init, self.cash))
-        self.units.copy_(torch.where(mask, zero, self.units))
-        self.entry_price.copy_(torch.where(mask, zero, self.entry_price))
-        self.equity.copy_(torch.where(mask, init, self.equity))
-        self.exposure_idx.masked_fill_(mask, FLAT)
-        self.episode_return.copy_(torch.where(mask, zero, self.episode_return))
-        self._frozen.masked_fill_(mask, False)
-
-    def _observation(self, t: Tensor, units: Tensor, entry: Tensor, equity: Tensor) -> Tensor:
-        rows = t.unsqueeze(1) + self._window_offsets  # [N, W]
-        window = self._features[rows].reshape(t.shape[0], -1)  # [N, W*F]
-        close = self._close[t]
-        denom = equity.clamp(min=self.ruin_equity)
-        exposure = (units * close / denom).clamp(-ACCOUNT_OBS_CLIP, ACCOUNT_OBS_CLIP)
-        upnl = (units * (close - entry) / denom).clamp(-ACCOUNT_OBS_CLIP, ACCOUNT_OBS_CLIP)
-        return torch.cat([window, exposure.unsqueeze(1), upnl.unsqueeze(1)], dim=1)
-
+        reset_where_reference(self._state, mask, starts, self._params)
 
 # ---------------------------------------------------------------------- host-side helpers
 
