@@ -138,16 +138,8 @@ def _training_guard_kernel(
 # ---------------------------------------------------------------------------------------------
 # Launcher (registered with torch.library so it composes with torch.compile / graph capture)
 # ---------------------------------------------------------------------------------------------
-@torch.library.triton_op(
-    "foxdqn::training_guard",
-    mutates_args={"collapse_count", "acc", "skip", "halted", "ring", "weight_bits"},
-)
-def _training_guard_op(
-    loss: torch.Tensor, grad_norm: torch.Tensor, step: torch.Tensor, loss_clip: torch.Tensor,
-    collapse_threshold: torch.Tensor, warmup_steps: torch.Tensor, patience: torch.Tensor,
-    collapse_count: torch.Tensor, acc: torch.Tensor, skip: torch.Tensor, halted: torch.Tensor,
-    ring: torch.Tensor, weight_bits: Optional[torch.Tensor] = None, max_weight: Optional[torch.Tensor] = None,
-) -> None:
+def _launch(loss, grad_norm, step, loss_clip, collapse_threshold, warmup_steps, patience, collapse_count, acc,
+            skip, halted, ring, weight_bits, max_weight) -> None:
     # One program, one warp: the guard is scalar code. Outputs are caller-owned buffers.
     check_weight = weight_bits is not None
     torch.library.wrap_triton(_training_guard_kernel)[(1,)](
@@ -158,6 +150,36 @@ def _training_guard_op(
         RECORD=R.RECORD_SIZE, SYS_FENCE=use_sys_fence(loss, _training_guard_kernel),
         CHECK_WEIGHT=check_weight, num_warps=1,
     )
+
+
+# Two registered ops, one kernel: a custom op cannot declare an optional argument as mutated (the
+# dispatcher drops trailing defaults), so the post-step weight check has an op of its own.
+@torch.library.triton_op(
+    "foxdqn::training_guard",
+    mutates_args={"collapse_count", "acc", "skip", "halted", "ring"},
+)
+def _training_guard_op(
+    loss: torch.Tensor, grad_norm: torch.Tensor, step: torch.Tensor, loss_clip: torch.Tensor,
+    collapse_threshold: torch.Tensor, warmup_steps: torch.Tensor, patience: torch.Tensor,
+    collapse_count: torch.Tensor, acc: torch.Tensor, skip: torch.Tensor, halted: torch.Tensor,
+    ring: torch.Tensor,
+) -> None:
+    _launch(loss, grad_norm, step, loss_clip, collapse_threshold, warmup_steps, patience, collapse_count, acc,
+            skip, halted, ring, None, None)
+
+
+@torch.library.triton_op(
+    "foxdqn::training_guard_weights",
+    mutates_args={"collapse_count", "acc", "skip", "halted", "ring", "weight_bits"},
+)
+def _training_guard_weights_op(
+    loss: torch.Tensor, grad_norm: torch.Tensor, step: torch.Tensor, loss_clip: torch.Tensor,
+    collapse_threshold: torch.Tensor, warmup_steps: torch.Tensor, patience: torch.Tensor,
+    collapse_count: torch.Tensor, acc: torch.Tensor, skip: torch.Tensor, halted: torch.Tensor,
+    ring: torch.Tensor, weight_bits: torch.Tensor, max_weight: torch.Tensor,
+) -> None:
+    _launch(loss, grad_norm, step, loss_clip, collapse_threshold, warmup_steps, patience, collapse_count, acc,
+            skip, halted, ring, weight_bits, max_weight)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -312,5 +334,7 @@ def training_guard(
     _check_guard_args(*args)
     if resolve_backend("training_guard", backend, loss) == "torch":
         training_guard_reference(*args)
+    elif weight_bits is None:
+        _training_guard_op(*args[:12])
     else:
-        _training_guard_op(*args)
+        _training_guard_weights_op(*args)

@@ -360,7 +360,7 @@ def test_gpu_kernels_per_env_step_and_per_collect_step():
     """The env step is 2 kernels in training mode (torch.randint for the reset start bars, then the
     step kernel), against the reference's ~185; a collect step of eurusd_dqn at 4,096 envs loses the
     difference."""
-    from foxdqn.config import load_config
+    from foxdqn.compose import load_config
     from foxdqn.data import load_market_data
     from foxdqn.step.collect import collect_step
     from foxdqn.step.state import build_state
