@@ -80,7 +80,8 @@ def sweep_jobs(config: DictConfig) -> list[list[str]] | None:
     if not str(OmegaConf.select(config, "hydra.sweeper._target_", default="")).endswith("BasicSweeper"):
         return None
     params = OmegaConf.select(config, "hydra.sweeper.params", default=None) or {}
-    given = [f"{k}={v}" for k, v in params.items()] + list(config.hydra.overrides.task)
+    task = OmegaConf.to_container(config.hydra.overrides.task, resolve=False)  # "a=${...}" stays as written
+    given = [f"{k}={v}" for k, v in params.items()] + list(task)
     try:
         columns: dict[str, list[str]] = {}
         for o in OverridesParser.create().parse_overrides(given):
@@ -108,7 +109,8 @@ class CheckJobs(Callback):
         from foxdqn.train import preflight
 
         jobs = sweep_jobs(config)
-        searchpath = [o for o in config.hydra.overrides.hydra if o.lstrip("+~").startswith("hydra.searchpath")]
+        hydra_overrides = OmegaConf.to_container(config.hydra.overrides.hydra, resolve=False)
+        searchpath = [o for o in hydra_overrides if o.lstrip("+~").startswith("hydra.searchpath")]
         for job in jobs or []:
             plain = [o for o in job if not o.lstrip("+~").startswith(("hydra.", "hydra/"))]
             try:

@@ -37,7 +37,7 @@ def _overrides(job: Path) -> list[str]:
     from omegaconf import OmegaConf
 
     path = job / ".hydra" / "overrides.yaml"
-    return [str(o) for o in OmegaConf.load(path)] if path.is_file() else []
+    return [str(o) for o in OmegaConf.to_container(OmegaConf.load(path), resolve=False)] if path.is_file() else []
 
 
 def _job_order(path: Path) -> tuple:
