@@ -173,6 +173,9 @@ def restore_state(state, payload: dict) -> None:
     state.nets.online.load_state_dict(payload["online"])
     state.nets.target.load_state_dict(payload["target"])
     state.optim.optimizer.load_state_dict(payload["optimizer"])
+    for group in state.optim.optimizer.param_groups:  # load_state_dict replaced the lr tensor Adam reads
+        state.optim.lr.copy_(group["lr"])
+        group["lr"] = state.optim.lr
     mine = state_tensors(state, save_replay=payload["replay_saved"])
     saved = payload["tensors"]  # may hold more: scratch buffers made lazily (e.g. a pinned snapshot copy)
     missing = sorted(set(mine) - set(saved))
@@ -188,6 +191,9 @@ def restore_state(state, payload: dict) -> None:
         state.env_steps.fill_(int(payload["env_steps"]))
         state.updates.fill_(int(payload["updates"]))
     gens = payload["generators"]  # RNG states are CPU byte tensors, whatever map_location the payload was read with
+    if gens["run"].numel() != state.generator.get_state().numel():
+        raise ConfigError(f"checkpoint: its random generator is not a {state.device.type} generator (the run was "
+                          f"trained on another device); resume it with the device it was trained on")
     state.generator.set_state(gens["run"].cpu())
     torch.set_rng_state(gens["cpu"].cpu())
     if gens.get("cuda") is not None and torch.cuda.is_available():

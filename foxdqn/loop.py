@@ -198,15 +198,20 @@ def train(cfg: TrainConfig, market, run_dir: Path, resume: dict | None = None) -
         Interrupted: SIGINT or SIGTERM (the checkpoint is written first).
     """
     run = _Training(cfg, market, run_dir, resume)
-    with _StopSignals() as signals:  # held through the final checkpoint: a signal never cuts it short
-        try:
-            run.iterate(signals)
-        finally:
-            run.close()
-        ckpt = run.checkpoint()
-    run.raise_if_stopped(signals, ckpt)
-    summary = _finish(run.s, market, run_dir, run.stopper, run.collapse, run.graph, run.wall(), run.env_steps, ckpt,
-                      run.best_path)
+    try:
+        with _StopSignals() as signals:  # held through the final checkpoint: a signal never cuts it short
+            try:
+                run.iterate(signals)
+            finally:
+                run.close()
+            ckpt = run.checkpoint()
+        run.raise_if_stopped(signals, ckpt)
+        summary = _finish(run.s, market, run_dir, run.stopper, run.collapse, run.graph, run.wall(), run.env_steps,
+                          ckpt, run.best_path)
+    except BaseException:  # a halt, a signal or an error: the MLflow run says so
+        if run.mlflow is not None and not run.mlflow_finished:
+            run.mlflow.finish("FAILED")
+        raise
     if run.mlflow is not None:
         run.mlflow.log(int(summary["env_steps"]), _final_metrics(summary))
         run.mlflow.finish()
@@ -246,7 +251,7 @@ class _Training:
         self.log_every = max(1, cfg.log.interval_env_steps // per_iter)
         self.eval_every = max(1, cfg.eval.interval_env_steps // per_iter) if cfg.eval.interval_env_steps else 0
         self.snapshot = Snapshotter(s)
-        self.mlflow = _mlflow_run(cfg, run_dir)
+        self.mlflow, self.mlflow_finished = _mlflow_run(cfg, run_dir), False
         self.prometheus = _open_prometheus(cfg)  # None unless logger.prometheus.port; the logger closes it
         self.logger = MetricsLogger(run_dir, tensorboard=cfg.logger.tensorboard,
                                     resume_after=None if resume is None else int(resume["env_steps"]),
@@ -381,6 +386,7 @@ class _Training:
         """Raise HaltError after a guard halt (writing ``HALTED``), Interrupted after a signal."""
         if self.mlflow is not None and (self.halt is not None or signals.received is not None):
             self.mlflow.finish("FAILED" if self.halt is not None else "KILLED")
+            self.mlflow_finished = True
         if self.halt is not None:
             log.error("halted: %s", self.halt)
             write_text_atomic(self.run_dir / "HALTED", self.halt + "\n")

@@ -59,6 +59,7 @@ def resolve_resume(tc: TrainConfig, hydra_dir: Path, given: Iterable[str] = ()) 
         if not path.is_file() and (hydra_dir / MARKER).is_file():
             log.warning("resume=auto: %s was stopped before its first checkpoint; starting it over", hydra_dir)
             (hydra_dir / "metrics.csv").unlink(missing_ok=True)
+            (hydra_dir / "mlflow_run_id").unlink(missing_ok=True)  # the restarted run gets a new MLflow run
             shutil.rmtree(hydra_dir / "tb", ignore_errors=True)
             return tc, hydra_dir, None
         if not path.is_file():

@@ -178,8 +178,12 @@ def _train(tc: TrainConfig, market, run_dir: Path, payload: dict | None) -> floa
 
 def objective(summary: dict) -> float:
     """The value a run returns to a Hydra sweeper (Optuna, ...): the validation metric of the weights
-    the run kept (``summary["selection"]``, docs/backtest.md), never a test-split number."""
-    return float(summary["selection"]["value"])
+    the run kept (``summary["selection"]``, docs/backtest.md), never a test-split number, signed so
+    that higher is better (a lower-is-better metric such as max drawdown is negated)."""
+    from foxdqn.early_stop import LOWER_IS_BETTER
+
+    value = float(summary["selection"]["value"])
+    return -value if summary["selection"]["metric"] in LOWER_IS_BETTER else value
 
 
 def _remove_if_unused(run_dir: Path) -> None:

@@ -39,6 +39,8 @@ def test_the_task_function_returns_the_selection_not_a_test_metric(smoke_run):
     _, _, summary, _ = smoke_run
     rigged = {**summary, "metrics": {**summary["metrics"], "agent": {**summary["metrics"]["agent"], "sharpe": 1e9}}}
     assert objective(rigged) == objective(summary) == summary["selection"]["value"]
+    drawdown = {**summary, "selection": {**summary["selection"], "metric": "max_drawdown", "value": 0.25}}
+    assert objective(drawdown) == -0.25  # a sweeper maximises: lower-is-better metrics are negated
 
 
 def test_a_ruined_agent_is_carried_to_the_end_of_the_split():

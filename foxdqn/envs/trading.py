@@ -47,7 +47,7 @@ generator advances by the same amount every step; none when the start range is a
 To capture them in a ``torch.cuda.CUDAGraph`` with a non-default generator, register it first:
 ``graph.register_generator_state(generator)``. Actions are not range-checked (that would need a
 sync): results for actions outside ``0..44`` are undefined (an exposure index >= 5 raises
-``IndexError`` on CPU and a device-side assert on CUDA; negative actions wrap around).
+``IndexError`` on CPU; the CUDA kernel clamps its table indices, so it reads no memory outside them).
 """
 from __future__ import annotations
 

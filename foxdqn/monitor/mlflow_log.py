@@ -15,6 +15,7 @@ folder (MLflow 3 keeps its plain-folder store ``mlruns/`` for old data only;
 """
 from __future__ import annotations
 
+import logging
 import math
 import numbers
 import time
@@ -80,15 +81,24 @@ class MlflowLogger:
         self.client.log_batch(self.run_id, params=[Param(str(k), str(v)[:6000]) for k, v in params.items()])
 
     def log(self, step: int, metrics: Mapping[str, Any]) -> None:
-        """Log the numeric values of ``metrics`` (name → Python number; others are skipped) at ``step``."""
+        """Log the numeric values of ``metrics`` (name → Python number; others are skipped) at ``step``.
+        A store that fails (a server gone) costs a warning, never the training run."""
         from mlflow.entities import Metric
 
         now = int(time.time() * 1000)
         batch = [Metric(str(k), float(v), now, int(step)) for k, v in metrics.items()
                  if isinstance(v, numbers.Real) and not isinstance(v, bool) and math.isfinite(float(v))]
-        for i in range(0, len(batch), 1000):  # MLflow's limit per batch
-            self.client.log_batch(self.run_id, metrics=batch[i:i + 1000])
+        try:
+            for i in range(0, len(batch), 1000):  # MLflow's limit per batch
+                self.client.log_batch(self.run_id, metrics=batch[i:i + 1000])
+        except Exception as exc:  # noqa: BLE001 - logging is not worth a lost run
+            logging.getLogger(__name__).warning("MLflow: the rows at step %d were not logged (%s)", step,
+                                                str(exc).splitlines()[0][:200])
 
     def finish(self, status: str = "FINISHED") -> None:
-        """Mark the MLflow run ``FINISHED``, ``FAILED`` or ``KILLED``."""
-        self.client.set_terminated(self.run_id, status=status)
+        """Mark the MLflow run ``FINISHED``, ``FAILED`` or ``KILLED`` (a failing store: a warning)."""
+        try:
+            self.client.set_terminated(self.run_id, status=status)
+        except Exception as exc:  # noqa: BLE001
+            logging.getLogger(__name__).warning("MLflow: the run's status %s was not set (%s)", status,
+                                                str(exc).splitlines()[0][:200])

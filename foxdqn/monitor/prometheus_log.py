@@ -46,7 +46,7 @@ __all__ = ["PrometheusExporter", "probe", "metric_name", "FLAGS"]
 
 PREFIX = "foxdqn_"
 #: The guard ring's flags exposed as ``foxdqn_guard_flag{flag=...}`` (keys of a ring record).
-FLAGS = ("halt_nan", "halt_loss_clip", "halt_grad_collapse", "q_divergence", "skip", "halted")
+FLAGS = ("halt_nan", "halt_loss_clip", "halt_grad_collapse", "halt_weight", "q_divergence", "skip", "halted")
 #: gauge name (after ``foxdqn_``) -> (ring record key, help text)
 _RING_VALUES = {
     "guard_step": ("step", "update number of the newest complete guard record in the host ring"),
@@ -54,6 +54,7 @@ _RING_VALUES = {
     "guard_clipped_loss": ("clipped_loss", "TD loss of that update clipped at guard.loss_clip"),
     "guard_raw_grad_norm": ("raw_grad_norm", "gradient norm of that update before clipping"),
     "guard_collapse_count": ("collapse_count", "consecutive updates with a collapsed gradient"),
+    "guard_max_weight": ("max_weight", "max |w| after that update's step (guard.max_weight; -1: check off)"),
 }
 _Q_VALUES = {
     "q_min": "min over the update's B x A Q-values (return units)",
@@ -105,10 +106,11 @@ class _RingCollector:
         flag = GaugeMetricFamily(f"{PREFIX}guard_flag", "guard ring flags of the newest complete record "
                                  "(1 set, 0 clear)", labels=[*names, "flag"])
         for f in FLAGS:
-            flag.add_metric([*values, f], nan if rec is None else float(rec[f]))
+            flag.add_metric([*values, f], nan if rec is None or rec.get(f) is None else float(rec[f]))
         yield flag
         for name, (key, text) in _RING_VALUES.items():
-            yield self._gauge(PREFIX + name, text, nan if rec is None else float(rec[key]))
+            value = None if rec is None else rec.get(key)
+            yield self._gauge(PREFIX + name, text, nan if value is None else float(value))
         for key, text in _Q_VALUES.items():
             yield self._gauge(PREFIX + key, text, nan if q_rec is None else float(q_rec[key]))
         yield self._gauge(f"{PREFIX}q_step", "update number the foxdqn_q_* gauges belong to",

@@ -39,6 +39,8 @@ def ring_with(step: int, q_step: int, **flags) -> HostRingReader:
     for name, col in (("halt_nan", R.HALT_NAN), ("halt_loss_clip", R.HALT_LOSS_CLIP), ("skip", R.SKIP),
                       ("halted", R.HALTED), ("q_divergence", R.Q_DIVERGENCE)):
         row[col] = float(flags.get(name, False))
+    if "max_weight" in flags:
+        row[R.MAX_WEIGHT] = flags["max_weight"]
     row[R.COMMIT] = step
     return HostRingReader(ring)
 
@@ -77,8 +79,9 @@ def test_ring_gauges_show_the_newest_record(exporter):
     exporter.observe(ring_with(9, 9, halt_nan=True, halted=True).latest())
     samples = scrape(exporter.url)
     flags = {f: value(samples, "foxdqn_guard_flag", flag=f) for f in FLAGS}
-    assert flags == {"halt_nan": 1, "halt_loss_clip": 0, "halt_grad_collapse": 0, "q_divergence": 0, "skip": 0,
-                     "halted": 1}
+    assert flags == {"halt_nan": 1, "halt_loss_clip": 0, "halt_grad_collapse": 0, "halt_weight": 0, "q_divergence": 0,
+                     "skip": 0, "halted": 1}
+    assert math.isnan(value(samples, "foxdqn_guard_max_weight"))  # the weight check is off in this ring
     assert value(samples, "foxdqn_guard_step") == 9 and value(samples, "foxdqn_guard_raw_loss") == 7.0
     assert value(samples, "foxdqn_guard_clipped_loss") == 5.0 and value(samples, "foxdqn_guard_raw_grad_norm") == 0.5
     assert value(samples, "foxdqn_guard_collapse_count") == 2
@@ -94,6 +97,8 @@ def test_a_record_without_fresh_q_values_keeps_the_last_ones(exporter):
     samples = scrape(exporter.url)
     assert value(samples, "foxdqn_guard_step") == 10 and value(samples, "foxdqn_guard_flag", flag="skip") == 1
     assert value(samples, "foxdqn_q_step") == 9 and value(samples, "foxdqn_q_mean") == 0.25
+    exporter.observe(ring_with(11, 11, max_weight=3.5).latest())  # a run with guard.max_weight
+    assert value(scrape(exporter.url), "foxdqn_guard_max_weight") == 3.5
 
 
 def test_tensors_are_refused(exporter):
