@@ -16,7 +16,7 @@ from foxdqn.checkpoint import load_checkpoint
 from foxdqn.compose import from_plain
 from foxdqn.config import TrainConfig, to_plain
 from foxdqn.errors import ConfigError
-from foxdqn.run_folder import MARKER
+from foxdqn.run_folder import MARKER, only_hydra_files
 
 log = logging.getLogger(__name__)
 _LOADED: dict = {}
@@ -83,7 +83,7 @@ def resolve_resume(tc: TrainConfig, hydra_dir: Path, given: Iterable[str] = ()) 
                               f"its settings (only {', '.join(RESUME_MAY_CHANGE)} may change)")
     for key in RESUME_MAY_CHANGE:
         setattr(theirs, key, getattr(tc, key))
-    if hydra_dir.resolve() != run_dir and all(p.name == ".hydra" or p.suffix == ".log" for p in hydra_dir.iterdir()):
+    if hydra_dir.resolve() != run_dir and only_hydra_files(hydra_dir):
         shutil.rmtree(hydra_dir, ignore_errors=True)  # only Hydra's config copy and its log of this call
     return theirs, run_dir, payload
 

@@ -35,6 +35,12 @@ class RunFolderError(ConfigError):
     """The output folder cannot be used (unwritable, locked by another run, holds another run)."""
 
 
+def only_hydra_files(path: Path) -> bool:
+    """``path`` is a folder holding nothing but what Hydra writes for a job (``.hydra/`` and its log):
+    a folder made for a call that did no work, safe to remove."""
+    return path.is_dir() and all(p.name == ".hydra" or p.suffix == ".log" for p in path.iterdir())
+
+
 def previous_outputs(path: Path) -> list[str]:
     """Names of the run outputs already in ``path`` (empty for a new folder)."""
     return [name for name in _OUTPUTS if (path / name).exists()]

@@ -190,8 +190,9 @@ def _remove_if_unused(run_dir: Path) -> None:
     """Remove the folder Hydra made for this job when it holds only Hydra's ``.hydra/`` and log, and
     the empty folders Hydra made above it (a run refused before any work leaves nothing behind)."""
     from foxdqn.hydra_callbacks import NEW_PARENTS
+    from foxdqn.run_folder import only_hydra_files
 
-    if run_dir.is_dir() and all(p.name == ".hydra" or p.suffix == ".log" for p in run_dir.iterdir()):
+    if only_hydra_files(run_dir):
         shutil.rmtree(run_dir, ignore_errors=True)
         for parent in NEW_PARENTS:  # the folders Hydra made above it, when nothing else is in them
             if parent.is_dir() and not any(parent.iterdir()):

@@ -326,3 +326,19 @@ def fake_job(root: Path, name: str, overrides: list[str], val: float, *, returns
             rows += [{"step": step, "train/loss": 0.1}, {"step": step, f"val/{metric}": v}]
         pd.DataFrame(rows).to_csv(job / "metrics.csv", index=False)
     return job
+
+
+def clone_all(tensors) -> list:
+    """Detached copies of ``tensors``."""
+    return [t.detach().clone() for t in tensors]
+
+
+def adam_state(s) -> list:
+    """Copies of the fused Adam's exp_avg, exp_avg_sq and step of every trained parameter of state ``s``."""
+    st = s.optim.optimizer.state
+    return [st[p][k].clone() for p in s.nets.trainable for k in ("exp_avg", "exp_avg_sq", "step")]
+
+
+def all_equal(xs, ys) -> bool:
+    """Two tensor lists of the same length, equal element for element (bit for bit)."""
+    return len(xs) == len(ys) and all(torch.equal(x, y) for x, y in zip(xs, ys))

@@ -349,7 +349,6 @@ class TradingEnv:
         self._features = dev(market.features)
         self._exposures = torch.tensor(EXPOSURES, device=device, dtype=dtype)
         self._tables = cost_tables(self.execution, device, dtype)
-        self._log_ruin = float(np.log(self.ruin_equity))
         self._market = TradingMarket(self._open, self._high, self._low, self._close, self._spread, self._features)
         self._params = trading_params(
             exposures=self._exposures, tables=self._tables, initial_equity=self.initial_equity,

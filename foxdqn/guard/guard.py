@@ -32,15 +32,9 @@ class GuardTotals(NamedTuple):
 
     @classmethod
     def from_host(cls, values: Sequence[float]) -> "GuardTotals":
-        """Name the 4 host values of ``acc`` (a list, numpy or CPU tensor slice).
-
-        Raises:
-            ValueError: ``values`` does not hold exactly 4 entries.
-        """
-        values = [float(v) for v in values]
-        if len(values) != len(cls._fields):
-            raise ValueError(f"GuardTotals: expected {len(cls._fields)} accumulator values, got {len(values)}")
-        return cls(*values)
+        """Name the 4 host values of ``acc`` (:func:`foxdqn.guard.record.named`; ValueError
+        unless exactly 4)."""
+        return R.named(cls, values)
 
     @property
     def mean_loss(self) -> float:

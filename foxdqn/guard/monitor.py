@@ -26,15 +26,9 @@ class QTotals(NamedTuple):
 
     @classmethod
     def from_host(cls, values: Sequence[float]) -> "QTotals":
-        """Name the 2 host values of ``acc``.
-
-        Raises:
-            ValueError: ``values`` does not hold exactly 2 entries.
-        """
-        values = [float(v) for v in values]
-        if len(values) != len(cls._fields):
-            raise ValueError(f"QTotals: expected {len(cls._fields)} accumulator values, got {len(values)}")
-        return cls(*values)
+        """Name the 2 host values of ``acc`` (:func:`foxdqn.guard.record.named`; ValueError
+        unless exactly 2)."""
+        return R.named(cls, values)
 
     @property
     def mean_max_q(self) -> float:

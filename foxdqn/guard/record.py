@@ -51,6 +51,8 @@ system-scope fence between these groups so the host observes them in this order.
 """
 from __future__ import annotations
 
+from typing import Sequence
+
 import torch
 
 STEP = 0
@@ -173,3 +175,17 @@ def _col_index(cols: list[int], device: torch.device) -> torch.Tensor:
             runs.append(torch.arange(cols[start], cols[i - 1] + 1, dtype=torch.int64, device=device))
             start = i
     return runs[0] if len(runs) == 1 else torch.cat(runs)
+
+
+def named(cls, values: Sequence[float]):
+    """``cls`` (a NamedTuple of floats: :class:`~foxdqn.guard.guard.GuardTotals`,
+    :class:`~foxdqn.guard.monitor.QTotals`) from the host copy of a device accumulator
+    (a list, numpy array or CPU tensor slice).
+
+    Raises:
+        ValueError: ``values`` does not hold one entry per field.
+    """
+    values = [float(v) for v in values]
+    if len(values) != len(cls._fields):
+        raise ValueError(f"{cls.__name__}: expected {len(cls._fields)} accumulator values, got {len(values)}")
+    return cls(*values)

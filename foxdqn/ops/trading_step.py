@@ -60,13 +60,12 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
+from foxdqn.envs.actions import FLAT
 from foxdqn.ops.backend import resolve_backend
 
 BLOCK = 32  # envs per program (4,096 envs: 128 programs)
 CHUNK = 64  # observation-window columns gathered per loop iteration
 
-NUM_EXPOSURES = 5
-FLAT = 2  # index of exposure 0.0 (foxdqn.envs.actions.FLAT)
 # fparams row layout (env dtype)
 _SLIP, _LIMK, _IOC, _FEE, _EXPO, _INIT, _RUIN = 0, 3, 6, 9, 12, 17, 18
 FP_WIDTH = 19
@@ -75,8 +74,6 @@ _EPLEN, _FIRST, _LAST = 0, 1, 2
 IP_WIDTH = 3
 # rows of the float output block
 _O_REWARD, _O_PRICE, _O_FEE, _O_COST, _O_EXPOSURE, _O_EQUITY, _O_RETURN, _O_TRADED = range(8)
-# rows of the flag block
-_F_TERM, _F_TRUNC, _F_DONE, _F_FILL = range(4)
 
 
 class TradingMarket(NamedTuple):
@@ -216,13 +213,16 @@ def _trading_step_kernel(
     next_obs_ptr, obs_ptr, fout_ptr, flags_ptr, len_ptr,
     N, num_bars, envs_per_group, W, F, OBS_DIM,
     EVAL: tl.constexpr, HAS_STARTS: tl.constexpr, BLOCK: tl.constexpr, CHUNK: tl.constexpr,
+    FPW: tl.constexpr, IPW: tl.constexpr, SLIP: tl.constexpr, LIMK: tl.constexpr, IOC: tl.constexpr,
+    FEE: tl.constexpr, EXPO: tl.constexpr, INIT: tl.constexpr, RUIN: tl.constexpr, EPLEN: tl.constexpr,
+    FIRST: tl.constexpr, LAST: tl.constexpr, FLAT_IDX: tl.constexpr, OBS_CLIP: tl.constexpr,
 ):
     i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     m = i < N
     i64 = i.to(tl.int64)
     grp = (i // envs_per_group).to(tl.int64)
-    fp = fparams_ptr + grp * 19
-    ip = iparams_ptr + grp * 3
+    fp = fparams_ptr + grp * FPW
+    ip = iparams_ptr + grp * IPW
 
     # ---- state and action
     t = tl.load(t_ptr + i64, mask=m, other=0)
@@ -231,7 +231,7 @@ def _trading_step_kernel(
     units = tl.load(units_ptr + i64, mask=m, other=0.0)
     entry = tl.load(entry_ptr + i64, mask=m, other=0.0)
     equity = tl.load(equity_ptr + i64, mask=m, other=1.0)
-    expo_idx = tl.load(expo_ptr + i64, mask=m, other=2)
+    expo_idx = tl.load(expo_ptr + i64, mask=m, other=FLAT_IDX)
     ep_ret = tl.load(ret_ptr + i64, mask=m, other=0.0)
     frozen = tl.load(frozen_ptr + i64, mask=m, other=0) != 0
     action = tl.load(action_ptr + i64, mask=m, other=0).to(tl.int64)
@@ -256,16 +256,16 @@ def _trading_step_kernel(
     low_n = tl.load(low_ptr + t_n, mask=m, other=1.0)
 
     # ---- per-env parameters
-    x_new = tl.load(fp + 12 + e_new, mask=m, other=0.0)
-    slip = tl.load(fp + 0 + urg, mask=m, other=0.0)
-    limit_k = tl.load(fp + 3 + urg, mask=m, other=0.0)
-    ioc_off = tl.load(fp + 6 + urg, mask=m, other=0.0)
-    fee_rate = tl.load(fp + 9 + otype, mask=m, other=0.0)
-    init_eq = tl.load(fp + 17, mask=m, other=1.0)
-    ruin = tl.load(fp + 18, mask=m, other=1.0)
-    ep_len = tl.load(ip + 0, mask=m, other=1)
-    first_valid = tl.load(ip + 1, mask=m, other=0)
-    last_bar = tl.load(ip + 2, mask=m, other=0)
+    x_new = tl.load(fp + EXPO + e_new, mask=m, other=0.0)
+    slip = tl.load(fp + SLIP + urg, mask=m, other=0.0)
+    limit_k = tl.load(fp + LIMK + urg, mask=m, other=0.0)
+    ioc_off = tl.load(fp + IOC + urg, mask=m, other=0.0)
+    fee_rate = tl.load(fp + FEE + otype, mask=m, other=0.0)
+    init_eq = tl.load(fp + INIT, mask=m, other=1.0)
+    ruin = tl.load(fp + RUIN, mask=m, other=1.0)
+    ep_len = tl.load(ip + EPLEN, mask=m, other=1)
+    first_valid = tl.load(ip + FIRST, mask=m, other=0)
+    last_bar = tl.load(ip + LAST, mask=m, other=0)
 
     # ---- the order
     alive = frozen == 0
@@ -330,7 +330,7 @@ def _trading_step_kernel(
     tl.store(fout_ptr + 1 * N + i64, price, mask=m)
     tl.store(fout_ptr + 2 * N + i64, fee, mask=m)
     tl.store(fout_ptr + 3 * N + i64, cost, mask=m)
-    tl.store(fout_ptr + 4 * N + i64, tl.load(fp + 12 + expo1, mask=m, other=0.0), mask=m)
+    tl.store(fout_ptr + 4 * N + i64, tl.load(fp + EXPO + expo1, mask=m, other=0.0), mask=m)
     tl.store(fout_ptr + 5 * N + i64, equity1, mask=m)
     tl.store(fout_ptr + 6 * N + i64, tl.where(done, ep_ret1, zero), mask=m)
     tl.store(fout_ptr + 7 * N + i64, traded, mask=m)
@@ -347,8 +347,8 @@ def _trading_step_kernel(
     denom = tl.maximum(equity1, ruin)
     ob_x = _div(units1 * close_1, denom)
     ob_u = _div(units1 * (close_1 - entry1), denom)
-    tl.store(next_obs_ptr + row + WF, tl.minimum(tl.maximum(ob_x, -100.0), 100.0), mask=m)
-    tl.store(next_obs_ptr + row + WF + 1, tl.minimum(tl.maximum(ob_u, -100.0), 100.0), mask=m)
+    tl.store(next_obs_ptr + row + WF, tl.minimum(tl.maximum(ob_x, -OBS_CLIP), OBS_CLIP), mask=m)
+    tl.store(next_obs_ptr + row + WF + 1, tl.minimum(tl.maximum(ob_u, -OBS_CLIP), OBS_CLIP), mask=m)
 
     # ---- new state: auto-reset (training) or freeze (eval)
     if EVAL:
@@ -365,7 +365,7 @@ def _trading_step_kernel(
         units1 = tl.where(done, zero, units1)
         entry1 = tl.where(done, zero, entry1)
         equity1 = tl.where(done, init_eq, equity1)
-        expo1 = tl.where(done, 2, expo1)
+        expo1 = tl.where(done, FLAT_IDX, expo1)
         ep_ret1 = tl.where(done, zero, ep_ret1)
         tl.store(frozen_ptr + i64, tl.zeros([BLOCK], dtype=tl.uint8), mask=m)
         # account part of obs (the observation of the state after the reset)
@@ -373,8 +373,8 @@ def _trading_step_kernel(
         denom_o = tl.maximum(equity1, ruin)
         ox = _div(units1 * close_o, denom_o)
         ou = _div(units1 * (close_o - entry1), denom_o)
-        tl.store(obs_ptr + row + WF, tl.minimum(tl.maximum(ox, -100.0), 100.0), mask=m)
-        tl.store(obs_ptr + row + WF + 1, tl.minimum(tl.maximum(ou, -100.0), 100.0), mask=m)
+        tl.store(obs_ptr + row + WF, tl.minimum(tl.maximum(ox, -OBS_CLIP), OBS_CLIP), mask=m)
+        tl.store(obs_ptr + row + WF + 1, tl.minimum(tl.maximum(ou, -OBS_CLIP), OBS_CLIP), mask=m)
     tl.store(t_ptr + i64, t_o, mask=m)
     tl.store(steps_ptr + i64, steps1, mask=m)
     tl.store(cash_ptr + i64, cash1, mask=m)
@@ -412,12 +412,16 @@ def _trading_step_op(t: Tensor, steps: Tensor, cash: Tensor, units: Tensor, entr
                      episode_length: Tensor, num_bars: int, envs_per_group: int, window: int, num_features: int,
                      eval_mode: bool, has_starts: bool) -> None:
     n = t.shape[0]
+    from foxdqn.envs.trading import ACCOUNT_OBS_CLIP  # envs.trading imports this module
+
     torch.library.wrap_triton(_trading_step_kernel)[(triton.cdiv(n, BLOCK),)](
         t, steps, cash, units, entry_price, equity, exposure_idx, episode_return, frozen,
         action, starts, open_, high, low, close, spread, features, fparams, iparams,
         next_obs, obs, fout, flags, episode_length,
         n, num_bars, envs_per_group, window, num_features, window * num_features + 2,
-        EVAL=eval_mode, HAS_STARTS=has_starts, BLOCK=BLOCK, CHUNK=CHUNK, num_warps=4,
+        EVAL=eval_mode, HAS_STARTS=has_starts, BLOCK=BLOCK, CHUNK=CHUNK, FPW=FP_WIDTH, IPW=IP_WIDTH,
+        SLIP=_SLIP, LIMK=_LIMK, IOC=_IOC, FEE=_FEE, EXPO=_EXPO, INIT=_INIT, RUIN=_RUIN, EPLEN=_EPLEN, FIRST=_FIRST,
+        LAST=_LAST, FLAT_IDX=FLAT, OBS_CLIP=ACCOUNT_OBS_CLIP, num_warps=4,
         enable_fp_fusion=False,  # no FMA contraction: the reference's roundings, bit for bit
     )
 

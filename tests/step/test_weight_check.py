@@ -10,23 +10,10 @@ from foxdqn.errors import ConfigError, HaltError
 from foxdqn.step.iteration import Iteration
 from foxdqn.step.weight_check import ALIGN, WeightCheck
 
-from support import small_state
+from support import adam_state, all_equal, clone_all, small_state
 
 BAD = 5  # the update whose learning rate is multiplied by 2**100
 BOUND = 100.0
-
-
-def _clone(tensors):
-    return [t.detach().clone() for t in tensors]
-
-
-def _adam_state(s):
-    st = s.optim.optimizer.state
-    return [st[p][k].clone() for p in s.nets.trainable for k in ("exp_avg", "exp_avg_sq", "step")]
-
-
-def _equal(xs, ys):
-    return len(xs) == len(ys) and all(torch.equal(x, y) for x, y in zip(xs, ys))
 
 
 def _state(extra=()):
@@ -40,7 +27,7 @@ def _state(extra=()):
 def _run_to_bad(s, one):
     for _ in range(BAD):  # updates 0 .. BAD-1 (good)
         one()
-    return _clone(s.nets.online.parameters()), _clone(s.nets.target.parameters()), _adam_state(s)
+    return clone_all(s.nets.online.parameters()), clone_all(s.nets.target.parameters()), adam_state(s)
 
 
 def test_spike_is_skipped_and_the_weights_stay_those_before_it():
@@ -49,9 +36,9 @@ def test_spike_is_skipped_and_the_weights_stay_those_before_it():
     reader = s.monitors.guard.reader
     assert reader.halt_reason(reader.latest()) is None
     one()  # update BAD: the trial step's max |w| is ~1e26
-    assert _equal(_clone(s.nets.online.parameters()), online)
-    assert _equal(_clone(s.nets.target.parameters()), target)
-    assert _equal(_adam_state(s), adam)  # moments and step count untouched (fused Adam's found_inf)
+    assert all_equal(clone_all(s.nets.online.parameters()), online)
+    assert all_equal(clone_all(s.nets.target.parameters()), target)
+    assert all_equal(adam_state(s), adam)  # moments and step count untouched (fused Adam's found_inf)
     first = reader.first_halt()
     assert first["step"] == BAD and first["halt_weight"] and first["skip"] and first["halted"]
     assert not (first["halt_nan"] or first["halt_loss_clip"] or first["halt_grad_collapse"])
@@ -59,7 +46,7 @@ def test_spike_is_skipped_and_the_weights_stay_those_before_it():
     assert "halt_weight at step 5" in reader.halt_reason(first)
     assert s.monitors.guard.read_accumulators()["skipped"] == 1
     one()  # the latch: later updates are skipped too (the existing halt policy)
-    assert _equal(_clone(s.nets.online.parameters()), online)
+    assert all_equal(clone_all(s.nets.online.parameters()), online)
     assert reader.latest()["halted"] and not reader.latest()["halt_weight"]
     assert torch.equal(s.optim.lr, torch.tensor(s.cfg.optim.lr, dtype=torch.float32))  # lr restored exactly
 
@@ -71,7 +58,7 @@ def test_without_the_check_the_same_spike_blows_the_weights_up():
     assert s.optim.weight_check is None
     one()
     assert max(p.abs().max().item() for p in s.nets.online.parameters()) > 1e20
-    assert not _equal(_clone(s.nets.online.parameters()), online)
+    assert not all_equal(clone_all(s.nets.online.parameters()), online)
 
 
 def test_good_steps_pass_and_the_trial_is_the_real_step_bit_for_bit():
@@ -83,8 +70,8 @@ def test_good_steps_pass_and_the_trial_is_the_real_step_bit_for_bit():
     assert isinstance(wc, WeightCheck) and not s.optim.optimizer.state  # Adam has no state before its 1st step
     for _ in range(6):
         one()
-        assert _equal(_clone(wc.weights), _clone(s.nets.trainable))
-        assert _equal(_clone(wc.exp_avgs) + _clone(wc.exp_avg_sqs) + _clone(wc.steps),
+        assert all_equal(clone_all(wc.weights), clone_all(s.nets.trainable))
+        assert all_equal(clone_all(wc.exp_avgs) + clone_all(wc.exp_avg_sqs) + clone_all(wc.steps),
                       [s.optim.optimizer.state[p][k] for k in ("exp_avg", "exp_avg_sq", "step") for p in s.nets.trainable])
     rec = s.monitors.guard.reader.latest()
     assert not rec["halted"] and rec["max_weight"] == max(p.abs().max().item() for p in s.nets.trainable)
@@ -114,7 +101,7 @@ def test_scratch_views_are_aligned_and_padding_is_zero():
     assert [w.data_ptr() - wc.flat.data_ptr() for w in wc.weights] == [0, ALIGN * 4, 3 * ALIGN * 4, 4 * ALIGN * 4]
     for p in params:
         p.grad = torch.ones_like(p)
-    before = _clone(params)
+    before = clone_all(params)
     wc.run()
     used = torch.zeros_like(wc.flat, dtype=torch.bool)
     for w in wc.weights:
@@ -122,7 +109,7 @@ def test_scratch_views_are_aligned_and_padding_is_zero():
     assert torch.all(wc.flat[~used] == 0)
     expect = max((p.detach() - 0.1).abs().max().item() for p in params)  # Adam's first step moves each by ~lr
     assert abs(float(wc.weight_bits.view(torch.float32)) - expect) < 1e-3
-    assert _equal(_clone(params), before)  # the real parameters were not touched
+    assert all_equal(clone_all(params), before)  # the real parameters were not touched
     assert not opt.state  # nor the real optimizer's state
 
 

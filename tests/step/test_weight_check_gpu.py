@@ -8,26 +8,14 @@ import torch
 from foxdqn.ops import backend as B
 from foxdqn.step.iteration import Iteration
 
-from support import captured_iteration, no_host_sync, require_compiled_kernels, small_state
+from support import (adam_state, all_equal, captured_iteration, clone_all, no_host_sync, require_compiled_kernels,
+                     small_state)
 
 pytestmark = pytest.mark.gpu
 _need_compiled = require_compiled_kernels(B.INTERPRET)
 
 BOUND = 100.0
 NEVER = 10**9  # a spike step far past the run: the spike code is captured, moved onto an update later
-
-
-def _clone(tensors):
-    return [t.detach().clone() for t in tensors]
-
-
-def _adam_state(s):
-    st = s.optim.optimizer.state
-    return [st[p][k].clone() for p in s.nets.trainable for k in ("exp_avg", "exp_avg_sq", "step")]
-
-
-def _equal(xs, ys):
-    return len(xs) == len(ys) and all(torch.equal(x, y) for x, y in zip(xs, ys))
 
 
 def test_spike_is_rejected_inside_the_graph_without_sync():
@@ -44,14 +32,14 @@ def test_spike_is_rejected_inside_the_graph_without_sync():
         full()
         reader.latest()
     torch.cuda.synchronize()
-    online, target, adam = _clone(s.nets.online.parameters()), _clone(s.nets.target.parameters()), _adam_state(s)
+    online, target, adam = clone_all(s.nets.online.parameters()), clone_all(s.nets.target.parameters()), adam_state(s)
     with no_host_sync():
         full()  # contains update `bad`: every update of this replay is skipped (bad, then the latch)
         reader.latest()
     torch.cuda.synchronize()
-    assert _equal(_clone(s.nets.online.parameters()), online)
-    assert _equal(_clone(s.nets.target.parameters()), target)
-    assert _equal(_adam_state(s), adam)
+    assert all_equal(clone_all(s.nets.online.parameters()), online)
+    assert all_equal(clone_all(s.nets.target.parameters()), target)
+    assert all_equal(adam_state(s), adam)
     first = reader.first_halt()
     assert first is not None and first["step"] == bad and first["halt_weight"] and first["max_weight"] > 1e20
     assert not first["halt_nan"]
@@ -79,8 +67,8 @@ def test_graph_equals_eager_with_the_check_on_and_trial_equals_real():
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
     for s in (se, sg):
         wc = s.optim.weight_check
-        assert _equal(_clone(wc.weights), _clone(s.nets.trainable))  # the checked weights are the applied ones
-        assert _equal(_clone(wc.exp_avgs), [s.optim.optimizer.state[p]["exp_avg"] for p in s.nets.trainable])
+        assert all_equal(clone_all(wc.weights), clone_all(s.nets.trainable))  # the checked weights are the applied ones
+        assert all_equal(clone_all(wc.exp_avgs), [s.optim.optimizer.state[p]["exp_avg"] for p in s.nets.trainable])
         rec = s.monitors.guard.reader.latest()
         assert rec["max_weight"] == max(p.abs().max().item() for p in s.nets.trainable)
 
