@@ -1,0 +1,205 @@
+"""Counter-based uniform draws, one independent stream per population member.
+
+Member ``p`` of a population owns a 32-bit key; its draws are a pure function of (key, index), so
+they do not depend on the population size P or on the other members: member ``p`` of a
+population draws exactly what a population of one with the same seed draws, and the Triton kernel
+and the torch reference agree bit for bit. (A batched ``torch.Generator`` cannot do this.)
+
+The contract. All arithmetic is on unsigned 32-bit integers (mod 2**32):
+
+* ``H(x)`` is Chris Wellons' "lowbias32" integer hash (a bijection of the 32-bit integers; shifts
+  16, 15, 16, multipliers 0x7feb352d, 0x846ca68b; "Prospecting for Hash Functions",
+  https://nullprogram.com/blog/2018/07/31/ and https://github.com/skeeto/hash-prospector)::
+
+      x ^= x >> 16;  x *= 0x7feb352d;  x ^= x >> 15;  x *= 0x846ca68b;  x ^= x >> 16
+
+* key of a seed ``s`` (any int in [-2**63, 2**64), taken mod 2**64 with lo/hi its low/high 32 bits)::
+
+      key(s) = H(H(lo ^ 0x9E3779B9) ^ hi)        (0x9E3779B9 = floor(2**32 / golden ratio))
+
+* draw ``(p, i)`` with ``c = counter + i`` (``0 <= c < 2**63``) and ``lo``/``hi`` its low/high 32 bits::
+
+      h(key, c) = H(H(H(lo) ^ key) ^ hi)
+      U         = (h >> 8) * 2**-24              (float32, exact, one of 2**24 values in [0, 1))
+
+The counter is hashed before the key is mixed in: with ``H(key ^ lo)`` two members whose keys
+differ by ``d`` would draw the same values at indices ``c`` and ``c ^ d``; here the indices at which
+two members' values coincide are themselves scattered pseudo-randomly.
+
+The ops read ``counter`` on the device and never advance it: the caller adds ``n`` in place
+(``counter.add_(n)``) after drawing ``n`` per member. No host reads: capturable in a CUDA graph.
+"""
+from __future__ import annotations
+
+from typing import Sequence
+
+import torch
+import triton
+import triton.language as tl
+
+from foxdqn.ops.backend import resolve_backend
+
+M1, M2 = 0x7FEB352D, 0x846CA68B  # lowbias32's multipliers
+SEED_SALT = 0x9E3779B9  # separates key(seed) from the draw hash
+MASK32 = 0xFFFFFFFF
+RANDINT_MAX_HIGH = 1 << 24  # U has 24 bits: larger ranges would leave values undrawable
+BLOCK = 1024
+MAX_MEMBERS = 65535  # the members are grid axis 1 (CUDA's limit); the blocks of n axis 0
+
+
+# ---------------------------------------------------------------------------------------------
+# Triton kernel
+# ---------------------------------------------------------------------------------------------
+@triton.jit
+def _lowbias32(x, M1: tl.constexpr, M2: tl.constexpr):
+    x = x ^ (x >> 16)
+    x = x * tl.full([], M1, tl.uint32)
+    x = x ^ (x >> 15)
+    x = x * tl.full([], M2, tl.uint32)
+    return x ^ (x >> 16)
+
+
+@triton.jit
+def _member_uniform_kernel(keys_ptr, counter_ptr, out_ptr, n, M1: tl.constexpr, M2: tl.constexpr,
+                           BLOCK: tl.constexpr):
+    p = tl.program_id(1)
+    i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    m = i < n
+    key = (tl.load(keys_ptr + p) & 0xFFFFFFFF).to(tl.uint32)
+    c = tl.load(counter_ptr) + i.to(tl.int64)
+    lo = (c & 0xFFFFFFFF).to(tl.uint32)
+    hi = ((c >> 32) & 0xFFFFFFFF).to(tl.uint32)
+    h = _lowbias32(_lowbias32(_lowbias32(lo, M1, M2) ^ key, M1, M2) ^ hi, M1, M2)
+    u = (h >> 8).to(tl.float32) * (1.0 / 16777216.0)
+    tl.store(out_ptr + p.to(tl.int64) * n + i, u, mask=m)
+
+
+@torch.library.triton_op("foxdqn::member_uniform", mutates_args=())
+def _member_uniform_op(keys: torch.Tensor, counter: torch.Tensor, n: int) -> torch.Tensor:
+    out = torch.empty(keys.shape[0], n, device=keys.device, dtype=torch.float32)
+    if out.numel():
+        torch.library.wrap_triton(_member_uniform_kernel)[(triton.cdiv(n, BLOCK), keys.shape[0])](
+            keys, counter, out, n, M1=M1, M2=M2, BLOCK=BLOCK, num_warps=4)
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# Reference (plain torch on int64 tensors holding 32-bit values)
+# ---------------------------------------------------------------------------------------------
+def _mul32(x: torch.Tensor, c: int) -> torch.Tensor:
+    """``x * c mod 2**32`` for int64 ``x`` in [0, 2**32): the constant split in 16-bit halves so that
+    no int64 product overflows (signed overflow is undefined in C++, whatever the device does)."""
+    return (x * (c & 0xFFFF) + (((x * (c >> 16)) & 0xFFFF) << 16)) & MASK32
+
+
+def lowbias32_reference(x: torch.Tensor) -> torch.Tensor:
+    """``H`` of the module docstring on int64 tensors with values in [0, 2**32) (same shape, int64)."""
+    x = x ^ (x >> 16)
+    x = _mul32(x, M1)
+    x = x ^ (x >> 15)
+    x = _mul32(x, M2)
+    return x ^ (x >> 16)
+
+
+def member_uniform_reference(keys: torch.Tensor, counter: torch.Tensor, n: int) -> torch.Tensor:
+    """Plain-torch reference of :func:`member_uniform` (same arguments and result). Device ops only."""
+    c = counter + torch.arange(n, device=keys.device, dtype=torch.int64)  # [n]
+    lo, hi = c & MASK32, (c >> 32) & MASK32
+    key = (keys & MASK32).unsqueeze(1)  # [P, 1]
+    h = lowbias32_reference(lowbias32_reference(lowbias32_reference(lo) ^ key) ^ hi)
+    return (h >> 8).to(torch.float32) * 2.0**-24
+
+
+# ---------------------------------------------------------------------------------------------
+# Public functions
+# ---------------------------------------------------------------------------------------------
+def member_keys(seeds: Sequence[int], device: torch.device | str = "cpu") -> torch.Tensor:
+    """Each member's 32-bit key from its seed: ``key(s)`` of the module docstring. A host function
+    for setup (it reads Python ints), not for the hot loop.
+
+    Args:
+        seeds: P ints in [-2**63, 2**64) (taken mod 2**64), one per member.
+        device: where the keys go.
+
+    Returns:
+        int64 ``[P]`` with values in [0, 2**32). Seeds 0..1000 give distinct keys (tested; two seeds
+        differing only in their low 32 bits always do, H being a bijection).
+
+    Raises:
+        ValueError: a seed is not an int or is out of range.
+    """
+    for s in seeds:
+        if isinstance(s, bool) or not isinstance(s, int) or not -2**63 <= s < 2**64:
+            raise ValueError(f"member_keys: seeds must be ints in [-2**63, 2**64), got {s!r}")
+    s64 = [s % 2**64 for s in seeds]
+    lo = torch.tensor([s & MASK32 for s in s64], dtype=torch.int64)
+    hi = torch.tensor([s >> 32 for s in s64], dtype=torch.int64)
+    return lowbias32_reference(lowbias32_reference(lo ^ SEED_SALT) ^ hi).to(device)
+
+
+def _check_args(keys, counter, n) -> None:
+    if not isinstance(keys, torch.Tensor) or keys.dim() != 1 or keys.dtype != torch.int64 or not keys.is_contiguous():
+        raise ValueError(f"member_uniform: keys must be a contiguous int64 tensor [P], got "
+                         f"{getattr(keys, 'dtype', type(keys).__name__)} {tuple(getattr(keys, 'shape', ()))}")
+    if keys.shape[0] > MAX_MEMBERS:
+        raise ValueError(f"member_uniform: at most {MAX_MEMBERS} members (keys [P]), got P={keys.shape[0]}")
+    if not isinstance(counter, torch.Tensor) or counter.dim() != 0 or counter.dtype != torch.int64:
+        raise ValueError(f"member_uniform: counter must be a 0-d int64 tensor, got "
+                         f"{getattr(counter, 'dtype', type(counter).__name__)} {tuple(getattr(counter, 'shape', ()))}")
+    if counter.device != keys.device:
+        raise ValueError(f"member_uniform: counter is on {counter.device} but keys are on {keys.device}")
+    if isinstance(n, bool) or not isinstance(n, int) or not 0 <= n < 2**31:
+        raise ValueError(f"member_uniform: n must be an int in [0, 2**31), got {n!r}")
+
+
+def member_uniform(keys: torch.Tensor, counter: torch.Tensor, n: int, *, backend: str = "auto") -> torch.Tensor:
+    """``n`` uniform draws per member at indices ``counter, ..., counter + n - 1`` (contract: module docstring).
+
+    Device ops only (no host reads of ``counter``): capturable in a CUDA graph. ``counter`` is not
+    advanced; the caller adds ``n`` to it in place.
+
+    Args:
+        keys: int64 ``[P]`` contiguous, P <= 65535, the members' keys (:func:`member_keys`; only the low 32 bits count).
+        counter: int64 0-d on keys' device, the index of the first draw; ``0 <= counter`` and
+            ``counter + n <= 2**63`` (a device value: not checked).
+        n: draws per member, in [0, 2**31).
+        backend: "auto" (Triton for CUDA tensors, torch for CPU), "triton", "torch".
+
+    Returns:
+        float32 ``[P, n]``: ``out[p, i] = U(h(keys[p], counter + i))``, multiples of 2**-24 in [0, 1).
+
+    Raises:
+        ValueError: wrong dtype, shape or device of an argument, bad ``n``, or an unknown backend.
+        RuntimeError: backend="triton" on CPU tensors without TRITON_INTERPRET=1.
+    """
+    _check_args(keys, counter, n)
+    if resolve_backend("member_uniform", backend, keys) == "torch":
+        return member_uniform_reference(keys, counter, n)
+    return _member_uniform_op(keys, counter, n)
+
+
+def member_randint(keys: torch.Tensor, counter: torch.Tensor, n: int, high: int, *,
+                   backend: str = "auto") -> torch.Tensor:
+    """``n`` integers in [0, high) per member: ``floor(U * high)`` of :func:`member_uniform`'s draws.
+
+    Computed exactly in integers, ``(U * 2**24) * high >> 24``, so it never reaches ``high`` (no
+    clamp needed). Bias: each value is hit by either ``floor(2**24 / high)`` or ``ceil(2**24 / high)``
+    of the 2**24 equally likely U, a relative error of at most ``high / 2**24`` in its probability
+    (none when ``high`` is a power of two). Same indices as ``member_uniform`` (the caller advances
+    ``counter`` by ``n``); device ops only.
+
+    Args:
+        keys, counter, n, backend: as :func:`member_uniform`.
+        high: the exclusive upper bound, in [1, 2**24].
+
+    Returns:
+        int64 ``[P, n]`` in [0, high).
+
+    Raises:
+        ValueError: as :func:`member_uniform`, or ``high`` out of range.
+        RuntimeError: as :func:`member_uniform`.
+    """
+    if isinstance(high, bool) or not isinstance(high, int) or not 1 <= high <= RANDINT_MAX_HIGH:
+        raise ValueError(f"member_randint: high must be an int in [1, 2**24], got {high!r}")
+    u = member_uniform(keys, counter, n, backend=backend)
+    return ((u * 2.0**24).to(torch.int64) * high) >> 24
