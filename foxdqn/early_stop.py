@@ -63,7 +63,7 @@ class EarlyStopper:
 
     # -- validation metric --------------------------------------------------------------------
     def update_val(self, env_steps: int, metrics: dict) -> bool:
-        """Feed one validation evaluation (the dict of :func:`foxdqn.loop._evaluate_val`).
+        """Feed one validation evaluation (the dict of :func:`foxdqn.finish.evaluate_val`).
 
         Returns True when it improved on the best (the caller saves the best checkpoint).
 

@@ -49,13 +49,13 @@ UNITS = {
 }
 
 
-def _walk(cfg, market, split, device, policy) -> dict:
+def _walks(cfg, market, split, device, policy, num_envs: int = 1) -> list[dict]:
     from foxdqn.step.build import build_env
 
     gen = torch.Generator(device=device)
     gen.manual_seed(cfg.seed)
-    env = build_env(cfg, market, split, device, gen, eval_mode=True)
-    return env.run_policy(policy)
+    env = build_env(cfg, market, split, device, gen, num_envs=num_envs, eval_mode=True)
+    return env.run_policies(policy)
 
 
 def _to_full_length(walk: dict, length: int, floor: float) -> dict:
@@ -100,6 +100,14 @@ def evaluate(cfg, market, online: torch.nn.Module, device: torch.device, split: 
     holds numpy arrays (equity [S+1], exposure [S], ...) from ``TradingEnv.run_policy``, carried
     to the split's end at the floored equity when the walk ended in ruin.
     """
+    return evaluate_agents(cfg, market, online, device, 1, split, action_mode, policies)[0]
+
+
+def evaluate_agents(cfg, market, online: torch.nn.Module, device: torch.device, agents: int, split: str = "test",
+                    action_mode=None, policies: tuple[str, ...] = POLICIES) -> list[dict]:
+    """:func:`evaluate` of P = ``agents`` greedy agents at once (a population's members): ``online``
+    maps observations ``[P, D]`` (agent p's walk in row p) to Q ``[P, A]``; the P walks run in one
+    eval env of P envs, buy-and-hold and flat once. Returns P results in :func:`evaluate`'s format."""
     online.eval()
 
     @torch.no_grad()
@@ -111,23 +119,32 @@ def evaluate(cfg, market, online: torch.nn.Module, device: torch.device, split: 
         return lambda obs, env: torch.full((obs.shape[0],), a, dtype=torch.int64, device=obs.device)
 
     chosen = {"agent": greedy, "buy_and_hold": const(BUY_AND_HOLD_ACTION), "flat": const(FLAT_ACTION)}
-    walks = {name: _walk(cfg, market, split, device, chosen[name]) for name in policies}
+    walks = {name: _walks(cfg, market, split, device, chosen[name], agents if name == "agent" else 1)
+             for name in policies}
     online.train()
     start, end = market.splits[split]
     steps = end - 1 - max(start, cfg.env.window - 1)  # a whole walk: first valid bar to the split's last
     floor = RUIN_FRACTION * float(cfg.env.execution.initial_equity)
-    walks = {name: _to_full_length(w, steps, floor) for name, w in walks.items()}
-    bench = walks.get("buy_and_hold")
-    metrics = {}
-    for name, w in walks.items():
-        equity = np.asarray(w["equity"], dtype=np.float64)
-        metrics[name] = {
-            **performance_summary(equity, np.asarray(w["exposure"], dtype=np.float64), market.bars_per_year,
-                                  trades=int(w["trades"])),
-            **significance(equity, market.bars_per_year,
-                           None if name != "agent" or bench is None else np.asarray(bench["equity"])),
-        }
-    return {"curves": walks, "metrics": metrics}
+    walks = {name: [_to_full_length(w, steps, floor) for w in ws] for name, ws in walks.items()}
+    bench = walks["buy_and_hold"][0] if "buy_and_hold" in walks else None
+    shared = {name: _metrics(ws[0], market, None) for name, ws in walks.items() if name != "agent"}
+    results = []
+    for p in range(agents):
+        curves = {name: ws[p] if name == "agent" else ws[0] for name, ws in walks.items()}
+        metrics = {name: _metrics(curves[name], market, bench) if name == "agent" else shared[name]
+                   for name in curves}
+        results.append({"curves": curves, "metrics": metrics})
+    return results
+
+
+def _metrics(walk: dict, market, bench: dict | None) -> dict:
+    """Performance and significance of one walk (against ``bench``'s equity when given)."""
+    equity = np.asarray(walk["equity"], dtype=np.float64)
+    return {
+        **performance_summary(equity, np.asarray(walk["exposure"], dtype=np.float64), market.bars_per_year,
+                              trades=int(walk["trades"])),
+        **significance(equity, market.bars_per_year, None if bench is None else np.asarray(bench["equity"])),
+    }
 
 
 def write_report(out_dir: Path, result: dict, market, split: str, title: str, extra: dict) -> dict:
@@ -186,7 +203,7 @@ def evaluate_episodes(cfg, online: torch.nn.Module, action_mode, device: torch.d
 
     gen = torch.Generator(device=device)
     gen.manual_seed(cfg.seed + seed_offset)
-    num_envs = max(d for d in range(1, min(num_envs, episodes) + 1) if episodes % d == 0)
+    num_envs = episode_env_count(episodes, num_envs)
     quota = episodes // num_envs
     env = build_env(cfg, None, "test", device, gen, num_envs=num_envs)
     obs = env.reset_all().to(torch.float32)
@@ -210,6 +227,17 @@ def evaluate_episodes(cfg, online: torch.nn.Module, action_mode, device: torch.d
     finally:
         online.train()
         env.close()
+    return episode_metrics(returns, lengths, success, episodes)
+
+
+def episode_env_count(episodes: int, num_envs: int = 32) -> int:
+    """E, the envs an episode evaluation runs: the largest divisor of ``episodes`` ≤ ``num_envs``."""
+    return max(d for d in range(1, min(num_envs, episodes) + 1) if episodes % d == 0)
+
+
+def episode_metrics(returns: list, lengths: list, success: list, episodes: int) -> dict:
+    """Mean/std/min/max return and mean length of the first ``episodes`` finished episodes (and the
+    success rate when ``success`` is not empty); NaN without episodes."""
     r = np.asarray(returns[:episodes], dtype=np.float64)
     result = {"episodes": int(r.size), "mean_return": float(r.mean()) if r.size else float("nan"),
               "std_return": float(r.std()) if r.size else float("nan"),

@@ -16,14 +16,14 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from foxdqn.checkpoint import load_checkpoint, restore_state, save_checkpoint
+from foxdqn.checkpoint import restore_state, save_checkpoint
 from foxdqn.config import TrainConfig, run_name
-from foxdqn.early_stop import EarlyStopper, resolve_metric, stop_summary
+from foxdqn.early_stop import EarlyStopper
 from foxdqn.errors import ConfigError, HaltError
-from foxdqn.evaluate import evaluate, evaluate_episodes, write_report
+from foxdqn.finish import Agent, RunEnd, evaluate_val, final_metrics, finish, hparams
 from foxdqn.guard.guard import GuardTotals
 from foxdqn.guard.monitor import QTotals
-from foxdqn.io_atomic import write_json_atomic, write_text_atomic
+from foxdqn.io_atomic import write_text_atomic
 from foxdqn.monitor.diversity import CollapseMonitor, action_diversity, entropy, format_top, top_actions
 from foxdqn.step import stats as S
 from foxdqn.step.iteration import make_iteration
@@ -117,30 +117,6 @@ def _open_prometheus(cfg: TrainConfig):
     return exporter
 
 
-def _evaluate_val(s: TrainState, market) -> dict:
-    """Validation metrics of the greedy agent (trading: the val split; others: 20 episodes from
-    another seed than the final evaluation's)."""
-    if s.cfg.env.name == "trading":
-        return evaluate(s.cfg, market, s.nets.online, s.device, split="val", action_mode=s.rollout.action_mode,
-                        policies=("agent",))["metrics"]["agent"]
-    return evaluate_episodes(s.cfg, s.nets.online, s.rollout.action_mode, s.device, episodes=min(20, s.cfg.eval.episodes),
-                             seed_offset=2)
-
-
-def _selection(s: TrainState, market, stopper: EarlyStopper | None, weights: str) -> dict:
-    """The validation metric of the weights that will be evaluated: the value a sweep optimises.
-
-    With early stopping it is the best validation value (the weights kept); otherwise the final
-    weights are validated once here. The test split is never read.
-    """
-    metric = resolve_metric(s.cfg.early_stop.metric, s.cfg.env.name)
-    if stopper is not None and stopper.best is not None and weights == "best":
-        value = stopper.best
-    else:
-        value = _evaluate_val(s, market).get(metric, float("nan"))
-    return {"split": "val", "metric": metric, "value": float(value), "weights": weights}
-
-
 class Interrupted(Exception):
     """The run stopped on SIGINT or SIGTERM after its current iteration; a checkpoint was written.
 
@@ -206,14 +182,15 @@ def train(cfg: TrainConfig, market, run_dir: Path, resume: dict | None = None) -
                 run.close()
             ckpt = run.checkpoint()
         run.raise_if_stopped(signals, ckpt)
-        summary = _finish(run.s, market, run_dir, run.stopper, run.collapse, run.graph, run.wall(), run.env_steps,
-                          ckpt, run.best_path)
+        summary = finish(Agent.of(run.s), market, run_dir,
+                         RunEnd(run.graph, run.wall(), int(run.s.env_steps.item()), int(run.s.updates.item()), ckpt,
+                                run.stopper, run.collapse, run.best_path))
     except BaseException:  # a halt, a signal or an error: the MLflow run says so
         if run.mlflow is not None and not run.mlflow_finished:
             run.mlflow.finish("FAILED")
         raise
     if run.mlflow is not None:
-        run.mlflow.log(int(summary["env_steps"]), _final_metrics(summary))
+        run.mlflow.log(int(summary["env_steps"]), final_metrics(summary))
         run.mlflow.finish()
     return summary
 
@@ -346,7 +323,7 @@ class _Training:
     def _eval_boundary(self, it: int, last: bool) -> bool:
         """Validate, log, keep the best weights (early stopping); True: stop early (validation)."""
         s, stopper, env_steps = self.s, self.stopper, self.env_steps
-        metrics = _evaluate_val(s, self.market)
+        metrics = evaluate_val(Agent.of(s), self.market)
         self.logger.log(env_steps, {f"val/{k}": v for k, v in metrics.items()})
         if stopper is None or it < self.warm_iters:  # no update yet: the weights cannot improve
             return False
@@ -395,100 +372,14 @@ class _Training:
             raise Interrupted(signals.received, self.env_steps, ckpt)
 
 
-def _finish(s: TrainState, market, run_dir: Path, stopper, collapse, graph: bool, wall: float, env_steps: int,
-            ckpt: Path, best_path: Path) -> dict:
-    """Select (validation), evaluate once (test by default) and write the report; returns the summary."""
-    cfg, device = s.cfg, s.device
-    stop = stop_summary(stopper, env_steps)
-    evaluated = {"checkpoint": "last", "env_steps": int(s.env_steps.item()), "metric": None, "value": None}
-    if stopper is not None and stopper.best_env_steps is not None and best_path.is_file():
-        best = load_checkpoint(best_path, map_location=device)
-        s.nets.online.load_state_dict(best["online"])
-        evaluated = {"checkpoint": "best", "env_steps": best["env_steps"], "metric": stopper.metric,
-                     "value": stopper.best}
-    selection = _selection(s, market, stopper, evaluated["checkpoint"])
-    log.info("trained in %.1f s (stop: %s at %d env steps); val %s = %.4g; evaluating the %s weights (%d env "
-             "steps) once on %s", wall, stop["reason"], stop["at_env_steps"], selection["metric"], selection["value"],
-             evaluated["checkpoint"], evaluated["env_steps"], cfg.eval.split)
-    extra = {
-        "experiment": cfg.experiment,
-        "run_name": run_name(cfg.experiment, cfg.data.path, cfg.env.id),
-        "data": market.source if market is not None else None,
-        "device": str(device),
-        "gpu": torch.cuda.get_device_name(device) if device.type == "cuda" else None,
-        "graph": graph,
-        "torch": torch.__version__,
-        "env_steps": int(s.env_steps.item()),
-        "updates": int(s.updates.item()),
-        "wall_time_s": round(wall, 2),
-        "checkpoint": str(ckpt.relative_to(run_dir)),
-        "stop": stop,
-        "evaluated": evaluated,
-        "selection": selection,
-    }
-    if cfg.diversity.enabled:
-        extra["diversity"] = {"collapse_warnings": collapse.warnings, "collapsed_at_end": collapse.collapsed,
-                              "min_entropy": cfg.diversity.min_entropy}
-    if cfg.env.name != "trading":
-        summary = {**extra, "env": cfg.env.name,
-                   "metrics": {"agent": evaluate_episodes(cfg, s.nets.online, s.rollout.action_mode, device,
-                                                          episodes=cfg.eval.episodes)}}
-        if cfg.env.name == "gym":
-            summary["env_id"] = cfg.env.id
-        write_json_atomic(run_dir / "eval" / "summary.json", summary)
-        _log_final(run_dir, cfg, summary)
-        return summary
-    result = evaluate(cfg, market, s.nets.online, device, split=cfg.eval.split, action_mode=s.rollout.action_mode)
-    data_name = cfg.data.name if cfg.data.path is None else Path(cfg.data.path).name
-    title = f"{extra['run_name']}: {data_name}, {cfg.eval.split} split"
-    summary = write_report(run_dir / "eval", result, market, cfg.eval.split, title, extra)
-    _log_final(run_dir, cfg, summary)
-    return summary
-
-
-def _final_metrics(summary: dict) -> dict:
-    """The evaluated split's agent metrics (``eval/<split>/*``) and the selection value."""
-    agent = summary["metrics"]["agent"]
-    metrics = {f"eval/{summary.get('split', 'episodes')}/{k}": v for k, v in agent.items()}
-    metrics["eval/val_selection"] = summary["selection"]["value"]
-    return metrics
-
-
-def _log_final(run_dir: Path, cfg: TrainConfig, summary: dict) -> None:
-    """:func:`_final_metrics` into TensorBoard at the last env step, with one HParams row (the run's
-    overrides, or seed and experiment)."""
-    if not cfg.logger.tensorboard:
-        return
-    from foxdqn.monitor.tensorboard_log import TensorBoardLogger
-
-    with TensorBoardLogger(run_dir / "tb") as tb:
-        tb.log_hparams(_hparams(cfg), _final_metrics(summary), int(summary["env_steps"]))
-
-
 def _mlflow_run(cfg: TrainConfig, run_dir: Path):
     """The run's :class:`~foxdqn.monitor.mlflow_log.MlflowLogger` with ``logger.mlflow``, else None."""
     if not cfg.logger.mlflow:
         return None
     from foxdqn.monitor.mlflow_log import MlflowLogger
 
-    return MlflowLogger(run_dir, cfg.experiment, run_name(cfg.experiment, cfg.data.path, cfg.env.id), _hparams(cfg),
+    return MlflowLogger(run_dir, cfg.experiment, run_name(cfg.experiment, cfg.data.path, cfg.env.id), hparams(cfg),
                         cfg.logger.mlflow_uri)
-
-
-def _hparams(cfg: TrainConfig) -> dict:
-    """The settings that tell runs of a sweep apart: the Hydra overrides when run by Hydra."""
-    hp = {"experiment": cfg.experiment, "seed": cfg.seed}
-    try:
-        from hydra.core.hydra_config import HydraConfig
-
-        if HydraConfig.initialized():
-            for item in HydraConfig.get().overrides.task:
-                key, _, value = str(item).lstrip("+~").partition("=")
-                if not key.startswith("hydra"):
-                    hp[key] = value
-    except ImportError:  # pragma: no cover - hydra is a dependency
-        pass
-    return hp
 
 
 def _q_divergence_only(latest: dict, first: dict | None) -> bool:

@@ -28,13 +28,15 @@ flags are never both true). Envs that end are reset inside the same :meth:`Tradi
 (auto-reset, branch-free with ``torch.where``): ``StepOut.next_obs`` is the observation before
 the reset (store it in replay), ``StepOut.obs`` the one after (act on it).
 
-Eval mode (``eval_mode=True``, ``num_envs`` must be 1): :meth:`TradingEnv.reset_all` starts at
+Eval mode (``eval_mode=True``; N envs walk the same split, e.g. one per agent of a population):
+:meth:`TradingEnv.reset_all` starts every env at
 ``first_valid``; ``episode_length`` is ignored and the episode runs to ``last_bar`` (or ruin); no
 randomness is used. There is no auto-reset: once the episode has ended the env is frozen — every
 further :meth:`TradingEnv.step` sends no order, leaves the state unchanged and returns reward 0,
 ``terminated=False``, ``truncated=True``, ``episode_done=True`` and ``episode_return`` = the
 finished episode's return again — until the next :meth:`TradingEnv.reset_all`.
-:meth:`TradingEnv.run_policy` walks the split once and returns the equity curve on the host.
+:meth:`TradingEnv.run_policy` walks the split once and returns the equity curve on the host
+(:meth:`TradingEnv.run_policies`: N walks at once).
 
 Graph capture
 -------------
@@ -95,7 +97,7 @@ class TradingEnv:
         device: where the state and data tensors live.
         dtype: floating dtype of prices, accounting, observations and rewards.
         generator: ``torch.Generator`` on ``device``; the only source of randomness.
-        eval_mode: deterministic single walk through the split (see module docstring).
+        eval_mode: deterministic walks through the split, one per env (see module docstring).
 
     Raises:
         ValueError: naming the parameter: ``num_envs``/``window``/``episode_length`` not an
@@ -154,8 +156,6 @@ class TradingEnv:
         device = torch.device(device)
         check_generator(generator, device)
         eval_mode = bool(eval_mode)
-        if eval_mode and num_envs != 1:
-            raise ValueError(f"num_envs: eval mode runs exactly 1 env, got {num_envs}")
         start, end = _split_range(market, split, window)
 
         self.device = device
@@ -253,9 +253,10 @@ class TradingEnv:
     def run_policy(self, policy_fn: Callable[[Tensor, "TradingEnv"], Tensor]) -> dict[str, np.ndarray]:
         """Walk the split once with ``policy_fn`` (eval mode only; reads results back to the host).
 
-        Calls :meth:`reset_all`, then ``action = policy_fn(obs, env)`` (``obs`` ``[1, obs_dim]``;
-        ``action`` a ``[1]`` integer tensor, or anything ``torch.as_tensor`` turns into one
-        value) and :meth:`step` until the episode ends at the last bar of the split or on ruin.
+        Calls :meth:`reset_all`, then ``action = policy_fn(obs, env)`` (``obs`` ``[N, obs_dim]``;
+        ``action`` an ``[N]`` integer tensor, or anything ``torch.as_tensor`` turns into N
+        values) and :meth:`step` until the episode ends at the last bar of the split or on ruin.
+        With N > 1 envs use :meth:`run_policies` (N walks of the same split at once).
 
         Returns:
             dict of numpy arrays, ``S`` = steps taken (``last_bar - first_valid`` unless ruined):
@@ -272,14 +273,27 @@ class TradingEnv:
             * ``terminated`` bool scalar: the walk ended in ruin.
 
         Raises:
+            ConfigError: the env is not in eval mode, or has more than one env.
+        """
+        if self.eval_mode and self.num_envs != 1:
+            raise ConfigError(f"env.num_envs: run_policy walks one env, this env has {self.num_envs}; "
+                              "use run_policies")
+        return self.run_policies(policy_fn)[0]
+
+    def run_policies(self, policy_fn: Callable[[Tensor, "TradingEnv"], Tensor]) -> list[dict[str, np.ndarray]]:
+        """N walks of the split at once, one per env (e.g. P agents, one env each): env i's walk,
+        in :meth:`run_policy`'s format, ends at the split's last bar or at its own ruin. The loop
+        stops when every walk has ended. Eval mode only (every env starts at ``first_valid``).
+
+        Raises:
             ConfigError: the env is not in eval mode.
         """
         if not self.eval_mode:
             raise ConfigError("env.eval_mode: run_policy needs an env built with eval_mode=True")
-        max_steps = self.last_bar - self.first_valid
+        max_steps, n = self.last_bar - self.first_valid, self.num_envs
         dev, dt = self.device, self.dtype
         buf = {
-            name: torch.zeros(max_steps, device=dev, dtype=kind)
+            name: torch.zeros(max_steps, n, device=dev, dtype=kind)
             for name, kind in (
                 ("equity", dt), ("exposure", dt), ("rewards", dt), ("fill_price", dt), ("fees", dt),
                 ("costs", dt), ("traded_units", dt), ("actions", torch.long), ("fills", torch.bool),
@@ -287,9 +301,10 @@ class TradingEnv:
             )
         }
         obs = self.reset_all()
+        ended = torch.zeros(n, device=dev, dtype=torch.bool)
         with torch.no_grad():
             for i in range(max_steps):
-                action = torch.as_tensor(policy_fn(obs, self), device=dev).reshape(1).long()
+                action = torch.as_tensor(policy_fn(obs, self), device=dev).reshape(n).long()
                 out = self.step(action)
                 info = out.info
                 for name, value in (
@@ -298,14 +313,19 @@ class TradingEnv:
                     ("traded_units", info["traded_units"]), ("actions", action), ("fills", info["fill"]),
                     ("done", info["episode_done"]), ("terminated", out.terminated),
                 ):
-                    buf[name][i] = value[0]
+                    buf[name][i] = value
                 obs = out.obs
-                if (i + 1) % _RUN_POLICY_CHECK_EVERY == 0 and bool(buf["done"][i]):
+                ended |= info["episode_done"]
+                if (i + 1) % _RUN_POLICY_CHECK_EVERY == 0 and bool(ended.all()):
                     break
         host = {name: value.cpu().numpy() for name, value in buf.items()}
-        done_at = np.flatnonzero(host["done"])
+        return [self._walk(host, e, max_steps) for e in range(n)]
+
+    def _walk(self, host: dict[str, np.ndarray], e: int, max_steps: int) -> dict[str, np.ndarray]:
+        """Env ``e``'s walk (:meth:`run_policy`'s dict) from the host copy of the step buffers."""
+        done_at = np.flatnonzero(host["done"][:, e])
         steps_taken = int(done_at[0]) + 1 if done_at.size else max_steps
-        cut = {name: value[:steps_taken] for name, value in host.items()}
+        cut = {name: value[:steps_taken, e] for name, value in host.items()}
         return {
             "index": np.arange(self.first_valid, self.first_valid + steps_taken + 1, dtype=np.int64),
             "equity": np.concatenate([[self.initial_equity], cut["equity"].astype(np.float64)]),

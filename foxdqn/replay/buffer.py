@@ -159,19 +159,25 @@ class ReplayBuffer:
     def gather(self, index: torch.Tensor, weight: torch.Tensor) -> Batch:
         """n-step batch for flat rows ``index`` (int64 [B])."""
         t, e = index // self.num_envs, index % self.num_envs
+        gamma_k, gamma_m = self._discount_tables(e)
         if self.n_step == 1:
             return Batch(self.obs[t, e], self.action[t, e], self.reward[t, e], self.next_obs[t, e],
-                         self.gamma * (1.0 - self.terminal[t, e]), weight, index)
+                         gamma_m[..., 1] * (1.0 - self.terminal[t, e]), weight, index)
         tk = (t[:, None] + self._k[None, :]) % self.rows  # (B, n)
         ek = e[:, None].expand_as(tk)
         ended = self.ended[tk, ek]  # (B, n)
         # alive_k = 1 while no earlier step of the window ended the episode
         alive = torch.cumprod(torch.cat([torch.ones_like(ended[:, :1]), 1.0 - ended[:, :-1]], dim=1), dim=1)
-        reward = (self.reward[tk, ek] * alive * self._gamma_k).sum(dim=1)
+        reward = (self.reward[tk, ek] * alive * gamma_k).sum(dim=1)
         m = alive.sum(dim=1).to(torch.int64)  # steps in the window, 1..n
         last = tk.gather(1, (m - 1)[:, None]).squeeze(1)
-        discount = self._gamma_m[m] * (1.0 - self.terminal[last, e])
+        discount = gamma_m.expand(len(index), -1).gather(1, m[:, None]).squeeze(1) * (1.0 - self.terminal[last, e])
         return Batch(self.obs[t, e], self.action[t, e], reward, self.next_obs[last, e], discount, weight, index)
+
+    def _discount_tables(self, env: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(γ^k for k < n, γ^m for m ≤ n) of the rows of envs ``env`` (int64 [B]): float32 ``[n]`` and
+        ``[1, n + 1]`` here (one γ); a subclass with a γ per env returns ``[B, n]`` and ``[B, n + 1]``."""
+        return self._gamma_k, self._gamma_m[None]
 
     def sample(self, batch_size: int, generator: torch.Generator) -> Batch:
         index, weight = self.sample_index(batch_size, generator)

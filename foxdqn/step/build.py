@@ -10,14 +10,15 @@ import torch
 from foxdqn.config import TrainConfig
 from foxdqn.errors import ConfigError
 
-_DTYPES = {"float32": torch.float32, "float64": torch.float64}
+ENV_DTYPES = {"float32": torch.float32, "float64": torch.float64}
 
 
 def build_env(cfg: TrainConfig, market, split: str, device: torch.device, generator: torch.Generator,
               num_envs: int | None = None, eval_mode: bool = False):
     """The configured environment (:class:`foxdqn.envs.base.BatchedEnv`). ``market``
-    (foxdqn.data.MarketData) and ``split`` (its split name) are used by ``trading`` only."""
-    n = 1 if eval_mode else (num_envs or cfg.env.num_envs)
+    (foxdqn.data.MarketData) and ``split`` (its split name) are used by ``trading`` only.
+    ``num_envs`` defaults to ``env.num_envs`` (1 in ``eval_mode``, a trading walk)."""
+    n = num_envs or (1 if eval_mode else cfg.env.num_envs)
     name = cfg.env.name
     if name == "gym":  # a Gymnasium vector env stepped on the host; split != "train": evaluation env
         from foxdqn.envs.gym_adapter import GymVectorEnv
@@ -36,7 +37,7 @@ def build_env(cfg: TrainConfig, market, split: str, device: torch.device, genera
 
     return TradingEnv(
         market, split, num_envs=n, window=cfg.env.window, episode_length=cfg.env.episode_length,
-        execution=cfg.env.execution, device=device, dtype=_DTYPES[cfg.env.dtype], generator=generator,
+        execution=cfg.env.execution, device=device, dtype=ENV_DTYPES[cfg.env.dtype], generator=generator,
         eval_mode=eval_mode,
     )
 

@@ -9,6 +9,8 @@ Python, so there is nothing else to launch and nothing to wait for (docs/design/
 """
 from __future__ import annotations
 
+from typing import Callable
+
 import torch
 
 from foxdqn.step.collect import collect_step
@@ -27,11 +29,16 @@ class Iteration:
         collect_steps: env steps of all N envs per iteration (T; default ``agent.steps_per_iter``).
         updates: gradient updates per iteration (K; default ``agent.updates_per_iter``; 0 for the
             collect-only iterations before ``agent.learning_starts``).
+        collect, update: the step functions, called with ``state`` (default: a single run's
+            :func:`collect_step` and :func:`update_step`; the population path passes its own,
+            :mod:`foxdqn.population.step`). ``state`` needs ``cfg``, ``device`` and ``generator``
+            (a torch.Generator registered with the graph, or None).
     """
 
     def __init__(self, state: TrainState, use_graph: bool, collect_steps: int | None = None,
-                 updates: int | None = None):
+                 updates: int | None = None, *, collect: Callable = collect_step, update: Callable = update_step):
         self.s = state
+        self._collect, self._update = collect, update
         self.use_graph = use_graph
         a = state.cfg.agent
         self.collect_steps = a.steps_per_iter if collect_steps is None else collect_steps
@@ -42,9 +49,9 @@ class Iteration:
     def body(self) -> None:
         s = self.s
         for _ in range(self.collect_steps):
-            collect_step(s)
+            self._collect(s)
         for _ in range(self.updates):
-            update_step(s)
+            self._update(s)
 
     def __call__(self) -> None:
         if not self.use_graph:
@@ -63,7 +70,8 @@ class Iteration:
             return
         torch.cuda.synchronize(self.s.device)
         graph = torch.cuda.CUDAGraph()
-        graph.register_generator_state(self.s.generator)
+        if self.s.generator is not None:
+            graph.register_generator_state(self.s.generator)
         with torch.cuda.graph(graph):
             self.body()
         self.graph = graph

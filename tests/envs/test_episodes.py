@@ -201,11 +201,26 @@ def test_eval_run_policy_stops_at_ruin(make_env):
 
 
 def test_eval_mode_rules(make_env, make_arrays):
-    with pytest.raises(ValueError, match="^num_envs: eval mode runs exactly 1 env"):
-        make_env(arrays=make_arrays(20), num_envs=4, eval_mode=True)
+    with pytest.raises(ConfigError, match="^env.num_envs: run_policy walks one env, this env has 4"):
+        make_env(arrays=make_arrays(20), num_envs=4, eval_mode=True).run_policy(_policy)
     env = make_env(arrays=make_arrays(20), num_envs=4, eval_mode=False)
     with pytest.raises(ConfigError, match="eval_mode"):
         env.run_policy(_policy)
+
+
+def test_run_policies_equal_separate_walks(make_env, make_arrays):
+    """N walks at once (a population's evaluation) equal N walks of one env each."""
+    actions = [compose(4, 0, 1), compose(0, 1, 0), compose(2, 0, 1)]  # long, short (limit), flat
+    arrays = make_arrays(40)
+    env = make_env(arrays=arrays, window=3, num_envs=3, eval_mode=True)
+    together = env.run_policies(lambda obs, e: torch.tensor(actions))
+    assert len(together) == 3
+    for a, walk in zip(actions, together):
+        alone = make_env(arrays=arrays, window=3, num_envs=1, eval_mode=True).run_policy(lambda obs, e, a=a: a)
+        assert walk.keys() == alone.keys()
+        for k in walk:
+            np.testing.assert_array_equal(walk[k], alone[k], err_msg=k)
+    assert together[0]["trades"] >= 1 and not np.array_equal(together[0]["equity"], together[2]["equity"])
 
 
 def test_float32_default_dtype_runs(make_env, make_arrays):

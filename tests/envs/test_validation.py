@@ -41,7 +41,7 @@ def test_execution_config_defaults_valid_and_from_mapping():
 
 def test_env_argument_errors_name_the_parameter(make_env):
     with pytest.raises(ValueError, match="^num_envs"):
-        make_env(ROWS, num_envs=2, eval_mode=True)
+        make_env(ROWS, num_envs=0)
     with pytest.raises(ValueError, match="^window"):
         make_env(ROWS, window=0)
     with pytest.raises(ValueError, match="^episode_length"):
