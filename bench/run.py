@@ -3,7 +3,7 @@
 Writes ``bench/results/<date>_<gpu>_<sections>.csv`` (every row tagged with GPU name, torch and
 triton versions and date), ``.md`` (tables with ratios measured in this run) and ``.png`` (chart). On CPU only the eager rows run; the GPU rows need CUDA.
 
-Usage: ``python -m bench.run [--sections step,e2e,cartpole,ops] [--out DIR] [--seeds S] [--only ROWS] [--tag T]``;
+Usage: ``python -m bench.run [--sections step,e2e,cartpole,ops,population] [--out DIR] [--seeds S] [--only ROWS] [--tag T]``;
 ``python -m bench.run --report CSV`` rebuilds the .md and .png of a CSV (a run cut by a time limit
 has its CSV, written after every row, but no report).
 """
@@ -36,7 +36,7 @@ def _ops_rows(device: str) -> list[dict]:
     return rows
 
 
-SECTIONS = ("step", "e2e", "cartpole", "ops")
+SECTIONS = ("step", "e2e", "cartpole", "ops", "population")
 
 
 def _section(name: str, device: str, seeds: int = 1, only: tuple[str, ...] | None = None):
@@ -47,7 +47,7 @@ def _section(name: str, device: str, seeds: int = 1, only: tuple[str, ...] | Non
             return []
         return _ops_rows(device)
     module = importlib.import_module(f"bench.{name}_bench")
-    return module.rows(device, seeds=seeds, only=only) if name == "cartpole" else module.rows(device)
+    return module.rows(device, seeds=seeds, only=only) if name == "cartpole" else module.rows(device)  # population: bench/population_bench.py
 
 
 def _cartpole_tables(cp: pd.DataFrame) -> str:
@@ -92,6 +92,11 @@ def _ratios(df: pd.DataFrame) -> str:
         if "triton" in p and "torch" in p:
             p["torch/triton"] = p["torch"] / p["triton"]
         parts.append("## ops: ms (median)\n\n" + p.round(5).to_markdown())
+    pop = df[df.section == "population"] if "section" in df else df.iloc[0:0]
+    if len(pop):
+        from bench.population_bench import table
+
+        parts.append(table(pop))
     return "\n\n".join(parts)
 
 
@@ -139,7 +144,7 @@ def _chart(df: pd.DataFrame, path: Path) -> None:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m bench.run", description=__doc__.splitlines()[0])
-    ap.add_argument("--sections", default="step,e2e,cartpole,ops")
+    ap.add_argument("--sections", default="step,e2e,cartpole,ops,population")
     ap.add_argument("--out", default=str(RESULTS))
     ap.add_argument("--seeds", type=int, default=1, help="cartpole section: seeds per graph and SB3 row")
     ap.add_argument("--only", help="cartpole section: comma-separated rows (bench.cartpole_bench.ROWS)")

@@ -24,6 +24,7 @@ from omegaconf import DictConfig, OmegaConf
 from foxdqn.config import TrainConfig, finalize
 from foxdqn.compose import conf_folder
 from foxdqn.errors import ConfigError, FoxdqnError, HaltError
+from foxdqn.population.jobs import COLLECTOR, Member
 
 
 def _fail(message: str, code: int = 2) -> None:
@@ -75,16 +76,21 @@ def preflight(tc: TrainConfig):
         check_encoder(tc.model.encoder, spaces["obs_shape"], tc.env.id)
         obs_dim, itemsize = math.prod(spaces["obs_shape"]), spaces["obs_dtype"].itemsize
     else:
-        obs_dim = {"trading": tc.env.window * (market.features.shape[1] if market else 5) + 2, "cartpole": 4,
-                   "bitflip": 2 * tc.env.n_bits}[tc.env.name]
-    need, free = replay_bytes(tc.replay.capacity, obs_dim, itemsize, tc.regime.enabled), _available_bytes(tc.device)
+        obs_dim = device_env_obs_dim(tc, market)
+    need, free = replay_bytes(tc.replay.capacity, obs_dim, itemsize, tc.regime.enabled), available_bytes(tc.device)
     if free is not None and need > 0.8 * free:
         raise ConfigError(f"replay.capacity={tc.replay.capacity} needs {need / 2**30:.1f} GiB for observations "
                           f"of size {obs_dim}, more than the {free / 2**30:.1f} GiB free; lower replay.capacity")
     return market
 
 
-def _available_bytes(device: str) -> int | None:
+def device_env_obs_dim(tc: TrainConfig, market) -> int:
+    """D, the observation size of a device env (trading, cartpole, bitflip) of ``tc``."""
+    return {"trading": tc.env.window * (market.features.shape[1] if market else 5) + 2, "cartpole": 4,
+            "bitflip": 2 * tc.env.n_bits}[tc.env.name]
+
+
+def available_bytes(device: str) -> int | None:
     """Free memory of the run's device (CUDA: free GPU memory; CPU: MemAvailable on Linux)."""
     import torch
 
@@ -122,7 +128,7 @@ _TASK_STARTED = False
 
 
 @hydra.main(version_base="1.3", config_path=str(conf_folder()), config_name="train")
-def _run(cfg: DictConfig) -> float:
+def _run(cfg: DictConfig) -> float | None:
     global _TASK_STARTED
     _TASK_STARTED = True
     from foxdqn.resume import given_keys, resolve_resume
@@ -137,6 +143,10 @@ def _run(cfg: DictConfig) -> float:
     except FoxdqnError as exc:
         _remove_if_unused(hydra_dir)
         return _job_failed(str(exc), 2)
+    if COLLECTOR.active:  # hydra/launcher=population trains the checked job later, in a group
+        job = HydraConfig.get()
+        COLLECTOR.add(Member(tc, market, run_dir, int(job.job.num), [str(o) for o in job.overrides.task], payload))
+        return None
     return _train(tc, market, run_dir, payload)
 
 
@@ -239,7 +249,9 @@ def main() -> None:
     from omegaconf.errors import OmegaConfBaseException
 
     from foxdqn.compose import composition_error
+    from hydra_plugins.foxdqn_population.population_launcher import register
 
+    register()  # hydra/launcher=population, also where Hydra's plugin scan misses it (an editable install)
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, _outside_training)
     os.environ["HYDRA_FULL_ERROR"] = "1"  # Hydra raises instead of printing a multi-line report and exit 1

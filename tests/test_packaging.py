@@ -1,4 +1,5 @@
-"""The wheel's package list (pyproject.toml) names every package of foxdqn/ and ships conf/."""
+"""The wheel's package list (pyproject.toml) names every package of foxdqn/ and of foxdqn's Hydra
+plugin in hydra_plugins/ (Hydra's namespace package: no __init__.py of its own), and ships conf/."""
 import sys
 from pathlib import Path
 
@@ -15,8 +16,11 @@ ROOT = Path(__file__).resolve().parents[1]
 @pytest.mark.skipif(tomllib is None, reason="tomllib needs Python 3.11")
 def test_every_package_folder_is_listed():
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
-    folders = {".".join(p.parent.relative_to(ROOT).parts) for p in (ROOT / "foxdqn").rglob("__init__.py")}
+    folders = {".".join(p.parent.relative_to(ROOT).parts)
+               for top in ("foxdqn", "hydra_plugins") for p in (ROOT / top).rglob("__init__.py")}
+    assert "hydra_plugins.foxdqn_population" in folders
     assert set(project["packages"]) == folders | {"foxdqn.conf"}
+    assert not (ROOT / "hydra_plugins" / "__init__.py").exists()  # one namespace with the installed plugins
     assert project["package-dir"] == {"foxdqn.conf": "conf"}
 
 

@@ -1,0 +1,103 @@
+"""``make bench`` section ``population``: a seed sweep as one population against one process per job.
+
+Each row is one ``python -m foxdqn.train --multirun +experiment=E seed=0..P-1`` run as a
+subprocess, timed from the command to the last job's ``eval/summary.json``:
+
+* ``launcher=population``: the jobs run as one population (``hydra/launcher=population``; P = 1
+  is the single-run path), with ``graph=auto`` (captured on CUDA) or ``graph=off`` (eager);
+* ``launcher=basic``: Hydra's basic launcher, one job after another in one process, for the ratio.
+  It runs ``BASIC_JOBS`` jobs at most; its time for P jobs is scaled from them (``note`` says so).
+
+Columns: experiment, launcher, graph, members (P), wall_s (command to the last summary.json),
+train_s (the training time the summaries report, shared by a population's members), env_steps_per_s
+(all members' env steps / train_s), wall_per_job_s, greedy return or test Sharpe per member
+(mean, min, max), jobs that failed.
+"""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+#: (experiment, member counts) measured on CUDA; on CPU only the smallest counts run (eager).
+CASES = {"cartpole_cleanrl": (1, 16, 128), "eurusd_dqn": (1, 8, 64)}
+CPU_CASES = {"cartpole_cleanrl": (2,), "eurusd_dqn": (2,)}
+BASIC_JOBS = 2
+
+
+def sweep(experiment: str, members: int, launcher: str, graph: str, extra: list[str] = ()) -> dict:
+    """Run one multirun; returns the row (wall time, rates, per-member results)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "sweep"
+        jobs = members if launcher == "population" else min(members, BASIC_JOBS)
+        cmd = [sys.executable, "-m", "foxdqn.train", "--multirun", f"+experiment={experiment}",
+               f"seed=range(0,{jobs})", "log.progress=false", "logger=csv", f"graph={graph}",
+               f"hydra.sweep.dir={out}", *extra]
+        if launcher == "population":
+            cmd.append("hydra/launcher=population")
+        start = time.time()
+        proc = subprocess.run(cmd, capture_output=True, text=True)
+        files = sorted(out.glob("*/eval/summary.json"))
+        summaries = [json.loads(p.read_text()) for p in files]
+        wall = max((p.stat().st_mtime for p in files), default=time.time()) - start
+    row = {"section": "population", "experiment": experiment, "launcher": launcher, "graph": graph,
+           "members": members, "jobs_run": jobs, "failed": jobs - len(summaries), "rc": proc.returncode}
+    if not summaries:
+        row["note"] = proc.stderr.strip().splitlines()[-1][:200] if proc.stderr.strip() else "no summary"
+        return row
+    train_s = [s["wall_time_s"] for s in summaries]
+    steps = sum(s["env_steps"] for s in summaries)
+    values = [s["metrics"]["agent"].get("mean_return", s["metrics"]["agent"].get("sharpe")) for s in summaries]
+    scale = members / jobs
+    row.update(
+        wall_s=round(wall * scale, 2), wall_per_job_s=round(wall / jobs, 3),
+        train_s=round(max(train_s) if launcher == "population" else sum(train_s) * scale, 2),
+        env_steps_per_s=round(steps / (max(train_s) if launcher == "population" else sum(train_s)), 1),
+        metric="mean_return" if "mean_return" in summaries[0]["metrics"]["agent"] else "sharpe",
+        metric_mean=float(np.mean(values)), metric_min=float(np.min(values)), metric_max=float(np.max(values)),
+    )
+    if scale != 1:
+        row["note"] = f"{jobs} of {members} jobs run; wall_s and train_s scaled by {scale:g}"
+    return row
+
+
+def rows(device: str):
+    """The section's rows, one at a time (each a finished multirun)."""
+    cases = CASES if device == "cuda" else CPU_CASES
+    for experiment, counts in cases.items():
+        for members in counts:
+            if device == "cuda":
+                yield sweep(experiment, members, "population", "auto")
+            yield sweep(experiment, members, "population", "off" if device == "cuda" else "auto") \
+                if members <= 16 else {"section": "population", "experiment": experiment, "launcher": "population",
+                                       "graph": "off", "members": members, "note": "eager not run above 16 members"}
+        yield sweep(experiment, max(counts), "basic", "auto")
+
+
+def table(df) -> str:
+    """Markdown: every row, and population vs basic launcher wall time as a ratio."""
+    cols = [c for c in ("experiment", "launcher", "graph", "members", "wall_s", "wall_per_job_s", "train_s",
+                        "env_steps_per_s", "metric", "metric_mean", "metric_min", "metric_max", "failed", "note")
+            if c in df]
+    text = "## population: a seed sweep as one population vs one job after another\n\n" + \
+        df[cols].to_markdown(index=False, floatfmt=".4g")
+    lines = []
+    for exp, g in df.groupby("experiment"):
+        basic = g[g.launcher == "basic"]
+        pop = g[(g.launcher == "population") & (g.graph != "off")] if (g.graph != "off").any() else g[g.launcher == "population"]
+        if len(basic) and len(pop) and "wall_s" in g:
+            top = pop.sort_values("members").iloc[-1]
+            b = basic.iloc[0]
+            if b.members == top.members and top.wall_s == top.wall_s:
+                lines.append(f"| {exp} | {int(top.members)} | {b.wall_s:.4g} | {top.wall_s:.4g} | "
+                             f"{b.wall_s / top.wall_s:.3g} |")
+    if lines:
+        text += ("\n\n## population: basic launcher wall time / population wall time (same jobs)\n\n"
+                 "| experiment | jobs | basic wall s | population wall s | ratio |\n|---|---|---|---|---|\n" +
+                 "\n".join(lines))
+    return text

@@ -1,0 +1,140 @@
+"""Which jobs of a multirun may train together as one population.
+
+Members of a population share every setting that gives a tensor its shape or picks a code path;
+they may differ only in :data:`MEMBER_KEYS` (the seed and scalar hyperparameters, held as [P]
+device tensors by the population trainer). :func:`group_key` is the canonical text of everything
+else, :func:`batch_refusal` says why a config cannot run in a population at all (the supported
+settings are the named constants below, which the trainer checks against too), and :func:`plan`
+turns a multirun's jobs into the groups the population launcher trains.
+docs/usage.md#a-sweep-in-one-process-hydralauncherpopulation.
+"""
+from __future__ import annotations
+
+import json
+from functools import reduce
+from typing import TYPE_CHECKING, Any, Callable, Sequence
+
+from foxdqn.config import to_plain
+
+if TYPE_CHECKING:
+    from foxdqn.config import TrainConfig
+    from foxdqn.population.jobs import Member
+
+#: Dotted config keys in which the members of one population may differ.
+MEMBER_KEYS: tuple[str, ...] = (
+    "seed", "optim.lr", "optim.adam_eps", "optim.grad_clip", "agent.gamma", "explore.eps_start", "explore.eps_end",
+    "explore.eps_decay_fraction", "target.tau", "target.period", "loss.huber_delta", "loss.reward_scale",
+    "guard.loss_clip", "debug.inject_nan_at_step",
+)
+
+#: The settings the population trainer supports (every other value of these keys is refused).
+POPULATION_ENVS = frozenset({"cartpole", "trading"})  # env.name
+POPULATION_ENCODERS = frozenset({"mlp"})  # model.encoder
+POPULATION_HEADS = frozenset({"q", "dueling"})  # head.name
+POPULATION_ACTION_MODES = frozenset({"factored"})  # action.mode
+POPULATION_REPLAYS = frozenset({"uniform"})  # replay.name
+
+
+def _one_of(allowed: frozenset[str]) -> tuple[Callable[[Any], bool], str]:
+    return (lambda v: str(v) in allowed), " or ".join(sorted(allowed))
+
+
+def _is(wanted: bool | None) -> tuple[Callable[[Any], bool], str]:
+    return (lambda v: v is wanted), json.dumps(wanted)
+
+
+#: (dotted key, the test its value must pass, what is supported), checked in this order.
+SUPPORTED: tuple[tuple[str, Callable[[Any], bool], str], ...] = (
+    ("env.name", *_one_of(POPULATION_ENVS)),
+    ("model.encoder", *_one_of(POPULATION_ENCODERS)),
+    ("head.name", *_one_of(POPULATION_HEADS)),
+    ("action.mode", *_one_of(POPULATION_ACTION_MODES)),
+    ("replay.name", *_one_of(POPULATION_REPLAYS)),
+    ("replay.her", *_is(False)),
+    ("objective.cql_alpha", (lambda v: v == 0), "0"),
+    ("objective.iql", *_is(False)),
+    ("regime.enabled", *_is(False)),
+    ("prune.enabled", *_is(False)),
+    ("optim.accumulate", (lambda v: v == 1), "1"),
+    ("guard.max_weight", *_is(None)),
+    ("guard.collapse_multiplier", (lambda v: v == 0), "0"),
+    ("early_stop.enabled", *_is(False)),
+    ("eval.interval_env_steps", (lambda v: v == 0), "0"),
+    ("resume", *_is(None)),
+    ("logger.prometheus.port", *_is(None)),
+    ("logger.mlflow", *_is(False)),
+    ("debug.inject_lr_spike_at_step", *_is(None)),
+)
+
+
+def _get(tc: "TrainConfig", dotted: str) -> Any:
+    return reduce(getattr, dotted.split("."), tc)
+
+
+def batch_refusal(tc: "TrainConfig") -> str | None:
+    """None when the population trainer supports ``tc``, else one short reason naming the first
+    key (in :data:`SUPPORTED`'s order) whose value it does not support, e.g.
+    ``"replay.name=per: a population supports uniform only"``."""
+    for key, ok, supported in SUPPORTED:
+        value = _get(tc, key)
+        if not ok(value):
+            shown = json.dumps(value) if value is None or isinstance(value, bool) else str(value)
+            return f"{key}={shown}: a population supports {supported} only"
+    return None
+
+
+def group_key(tc: "TrainConfig") -> str:
+    """The canonical text (sorted-key JSON) of ``tc`` without :data:`MEMBER_KEYS`: two jobs may
+    share a population exactly when their keys are equal. Values are those of the validated config
+    (debug caps applied), so two settings the caps make equal are equal here."""
+    values = to_plain(tc)
+    for dotted in MEMBER_KEYS:
+        *parents, leaf = dotted.split(".")
+        reduce(lambda node, part: node[part], parents, values).pop(leaf)
+    return json.dumps(values, sort_keys=True, separators=(",", ":"), default=str)
+
+
+def memory_cap(tc: "TrainConfig", market) -> int | None:
+    """The most members of ``tc``'s settings whose replays fit in 80 % of the device's free memory
+    (the single-run precheck's rule, foxdqn.train.preflight, times P); None when the free memory is
+    unknown."""
+    from foxdqn.replay.buffer import replay_bytes
+    from foxdqn.train import available_bytes, device_env_obs_dim
+
+    free = available_bytes(str(tc.device))
+    need = replay_bytes(tc.replay.capacity, device_env_obs_dim(tc, market))
+    return None if free is None else max(1, int(0.8 * free // max(need, 1)))
+
+
+def plan(members: Sequence["Member"], max_members: int | None = None,
+         cap: Callable[["TrainConfig", Any], int | None] = memory_cap) -> list[list["Member"]]:
+    """The groups to train, in the order of their first job.
+
+    Members with equal :func:`group_key` form one group, in job order, split into groups of at most
+    ``max_members`` (the first ``max_members``, then the next, ...) and of at most what fits in
+    the device's memory (``cap(tc, market)``, :func:`memory_cap`). A member that
+    :func:`batch_refusal` refuses is a group of its own. A group of one is trained by the classic
+    path (foxdqn.train), a larger group by the population trainer.
+
+    Raises:
+        ValueError: ``max_members`` below 1.
+    """
+    if max_members is not None and max_members < 1:
+        raise ValueError(f"max_members={max_members} must be >= 1 (or None: no limit)")
+    groups: list[list[Member]] = []
+    filling: dict[str, list[Member]] = {}  # group key -> the group its next member joins
+    limits: dict[str, int | None] = {}  # group key -> the most members of one of its groups
+    for member in members:
+        if batch_refusal(member.tc) is not None:
+            groups.append([member])
+            continue
+        key = group_key(member.tc)
+        if key not in limits:
+            caps = [n for n in (max_members, cap(member.tc, member.market)) if n is not None]
+            limits[key] = min(caps) if caps else None
+        group, limit = filling.get(key), limits[key]
+        if group is None or (limit is not None and len(group) >= limit):
+            group = filling[key] = []
+            groups.append(group)
+        group.append(member)
+    return groups

@@ -1,0 +1,67 @@
+"""The training guard of a population: per member, a bad update is skipped and the member halts.
+
+Member p's update is bad when its loss or gradient norm is not finite (NaN/Inf) or its loss is
+above ``guard.loss_clip`` (p's own value), as for a single run (docs/design/guard.md). Then p's
+update is skipped (Adam, target and counters untouched, :class:`~foxdqn.population.optim.MemberAdam`
+reads ``skip``) and p is halted: from then on every update of p is skipped, so p keeps its last
+good weights, while the other members train on unchanged. Each step ends with a non-blocking copy
+of the halt state into pinned host memory, which the host reads without waiting
+(docs/design/hot_loop.md#the-contract).
+"""
+from __future__ import annotations
+
+import torch
+
+#: halt codes (``MemberGuard.code``): why a member halted.
+OK, NON_FINITE, LOSS_CLIP = 0, 1, 2
+REASONS = {NON_FINITE: "non-finite loss or gradient norm (NaN/Inf)", LOSS_CLIP: "loss above guard.loss_clip"}
+
+
+class MemberGuard:
+    """Per-member skip flags and halt latch.
+
+    Args:
+        loss_clip: float32 ``[P]``, each member's ``guard.loss_clip``.
+        device: where the flags live.
+
+    Attributes:
+        skip: float32 ``[P]``, 1 where this update is skipped (read by Adam and the target update).
+        halted: float32 ``[P]``, 1 once a member halted.  code: int64 ``[P]``, the first halt's
+        code (:data:`REASONS`).  at_update: int64 ``[P]``, the update that halted it (−1: none).
+        host: pinned (on CUDA) int64 ``[3, P]`` copy of (halted, code, at_update), refreshed by
+        :meth:`publish` without a wait.
+    """
+
+    def __init__(self, loss_clip: torch.Tensor, device: torch.device):
+        p = loss_clip.shape[0]
+        self.loss_clip = loss_clip
+        self.skip = torch.zeros(p, device=device)
+        self.halted = torch.zeros(p, device=device)
+        self.code = torch.zeros(p, dtype=torch.int64, device=device)
+        self.at_update = torch.full((p,), -1, dtype=torch.int64, device=device)
+        self._state = torch.zeros(3, p, dtype=torch.int64, device=device)
+        self.host = torch.zeros(3, p, dtype=torch.int64, pin_memory=device.type == "cuda")
+
+    def check(self, loss: torch.Tensor, grad_norm: torch.Tensor, updates: torch.Tensor) -> torch.Tensor:
+        """Set :attr:`skip` from this update's ``loss`` and ``grad_norm`` (float32 ``[P]``);
+        ``updates`` (int64 0-d) is the update's number. Returns :attr:`skip`."""
+        non_finite = ~(torch.isfinite(loss) & torch.isfinite(grad_norm))
+        too_big = loss > self.loss_clip
+        bad = non_finite | too_big
+        first = bad & (self.halted == 0)
+        code = torch.where(non_finite, NON_FINITE, LOSS_CLIP)
+        self.code.copy_(torch.where(first, code, self.code))
+        self.at_update.copy_(torch.where(first, updates, self.at_update))
+        self.halted.copy_(torch.maximum(self.halted, bad.to(torch.float32)))
+        return self.skip.copy_(self.halted)
+
+    def publish(self) -> None:
+        """Copy (halted, code, at_update) to :attr:`host`, non-blocking (a captured copy on CUDA)."""
+        torch.stack([self.halted.to(torch.int64), self.code, self.at_update], out=self._state)
+        self.host.copy_(self._state, non_blocking=True)
+
+    def reason(self, p: int) -> str | None:
+        """Member ``p``'s halt reason from the host copy (None: not halted); call after a device sync
+        for an exact answer, any time for the newest published one."""
+        halted, code, at = (int(v) for v in self.host[:, p])
+        return None if not halted else f"{REASONS.get(code, 'unknown')} at update {at}"

@@ -1,0 +1,70 @@
+"""The hyperparameters members may differ in, as ``[P]`` device tensors.
+
+Each field is read from member p's own config (the job's). The keys that change shapes or code
+paths are the same for all members of a population (they are part of
+:func:`foxdqn.population.grouping.group_key`). A captured graph reads these tensors, so changing
+one in place takes effect at the next replay.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+
+import torch
+
+from foxdqn.config import TrainConfig
+
+#: field → the config key it is read from (dotted), the keys of :data:`grouping.MEMBER_KEYS` but seed.
+KEYS = {
+    "lr": "optim.lr", "adam_eps": "optim.adam_eps", "grad_clip": "optim.grad_clip", "gamma": "agent.gamma",
+    "eps_start": "explore.eps_start", "eps_end": "explore.eps_end", "eps_decay_fraction": "explore.eps_decay_fraction",
+    "tau": "target.tau", "period": "target.period", "huber_delta": "loss.huber_delta",
+    "reward_scale": "loss.reward_scale", "loss_clip": "guard.loss_clip", "nan_at": "debug.inject_nan_at_step",
+}
+
+
+def _read(cfg: TrainConfig, dotted: str):
+    node = cfg
+    for part in dotted.split("."):
+        node = getattr(node, part)
+    return node
+
+
+@dataclass
+class MemberParams:
+    """float32 ``[P]`` unless said: lr, adam_eps (Adam ε), grad_clip (max L2 norm), gamma (γ),
+    eps_start / eps_end / eps_decay_fraction (ε-greedy schedule), tau (Polyak τ), period (int64,
+    hard-update period in updates), huber_delta (Huber δ), reward_scale, loss_clip (guard), nan_at
+    (int64, the update whose loss ``debug.inject_nan_at_step`` poisons; −1 never)."""
+
+    lr: torch.Tensor
+    adam_eps: torch.Tensor
+    grad_clip: torch.Tensor
+    gamma: torch.Tensor
+    eps_start: torch.Tensor
+    eps_end: torch.Tensor
+    eps_decay_fraction: torch.Tensor
+    tau: torch.Tensor
+    period: torch.Tensor
+    huber_delta: torch.Tensor
+    reward_scale: torch.Tensor
+    loss_clip: torch.Tensor
+    nan_at: torch.Tensor
+
+    @classmethod
+    def from_configs(cls, cfgs: list[TrainConfig], device: torch.device) -> "MemberParams":
+        values = {}
+        for f in fields(cls):
+            column = [_read(c, KEYS[f.name]) for c in cfgs]
+            if f.name in ("period", "nan_at"):
+                values[f.name] = torch.tensor([-1 if v is None else int(v) for v in column], dtype=torch.int64,
+                                              device=device)
+            else:
+                values[f.name] = torch.tensor([float(v) for v in column], dtype=torch.float32, device=device)
+        return cls(**values)
+
+    def epsilon(self, member_env_steps: torch.Tensor, total_env_steps: int) -> torch.Tensor:
+        """ε of every member (float32 ``[P]``) at ``member_env_steps`` (int64 0-d, env steps of one
+        member), the linear schedule of :class:`foxdqn.step.schedules.LinearSchedule`."""
+        duration = torch.clamp(self.eps_decay_fraction * float(total_env_steps), min=1.0)
+        frac = torch.clamp(member_env_steps.to(torch.float32) / duration, max=1.0)
+        return self.eps_start + (self.eps_end - self.eps_start) * frac

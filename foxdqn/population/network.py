@@ -1,0 +1,96 @@
+"""P Q-networks in one module: an MLP encoder and a Q or dueling head with a member axis.
+
+Member p's network is the classic :class:`foxdqn.nn.qnet.QNetwork` of
+:class:`~foxdqn.nn.mlp.MLPEncoder` and :class:`~foxdqn.nn.heads.QHead` /
+:class:`~foxdqn.nn.heads.DuelingHead` (Wang et al. 2016, eq. 9): every linear layer's weight is
+stored transposed with a leading member axis, ``[P, in, out]``, its bias as ``[P, 1, out]``, and
+the forward pass is one ``torch.baddbmm`` per layer for the whole population
+(docs/design/population.md). Members never mix: member p's outputs read only member p's
+parameters and inputs.
+
+:meth:`MemberQNetwork.from_networks` stacks P classic networks (so a member starts from exactly
+the weights a single run of its seed would, :func:`foxdqn.step.build.build_network`);
+:meth:`MemberQNetwork.member_state_dict` gives member p's weights back in the classic network's
+``state_dict`` layout (evaluation, checkpoints).
+"""
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from foxdqn.nn.heads import DuelingHead, QHead
+from foxdqn.nn.mlp import ACTIVATIONS, MLPEncoder
+from foxdqn.nn.qnet import QNetwork
+
+_FUNCTIONS = {"relu": torch.relu, "gelu": nn.functional.gelu, "tanh": torch.tanh, "silu": nn.functional.silu}
+
+
+def _linears(net: QNetwork) -> list[tuple[str, nn.Linear]]:
+    """(state_dict prefix, layer) of a classic MLP Q network, input to output."""
+    if not isinstance(net, QNetwork) or not isinstance(net.encoder, MLPEncoder):
+        raise ValueError(f"MemberQNetwork: needs QNetwork(MLPEncoder, QHead | DuelingHead), got {type(net).__name__}")
+    layers = [(f"encoder.net.{i}", m) for i, m in enumerate(net.encoder.net) if isinstance(m, nn.Linear)]
+    if isinstance(net.head, DuelingHead):
+        return layers + [("head.value", net.head.value), ("head.advantage", net.head.advantage)]
+    if isinstance(net.head, QHead):
+        return layers + [("head.q", net.head.q)]
+    raise ValueError(f"MemberQNetwork: head must be QHead or DuelingHead, got {type(net.head).__name__}")
+
+
+class MemberQNetwork(nn.Module):
+    """P MLP Q networks: obs float32 ``[P, M, D]`` → Q float32 ``[P, M, A]``.
+
+    Args:
+        weights: per linear layer (encoder layers, then ``q`` or ``value`` and ``advantage``) a
+            float32 ``[P, in, out]`` tensor.
+        biases: the matching ``[P, 1, out]`` tensors.
+        activation: the hidden nonlinearity (relu | gelu | tanh | silu).
+        dueling: the last two layers are the dueling value and advantage streams.
+        prefixes: the classic ``state_dict`` prefix of each layer (``encoder.net.0``, ``head.q``, ...).
+
+    Raises:
+        ValueError: an unknown activation, or weights and biases of different lengths.
+    """
+
+    def __init__(self, weights: list[torch.Tensor], biases: list[torch.Tensor], activation: str, dueling: bool,
+                 prefixes: list[str]):
+        super().__init__()
+        if activation not in ACTIVATIONS:
+            raise ValueError(f"MemberQNetwork: activation={activation!r}; choose one of {', '.join(ACTIVATIONS)}")
+        if not (len(weights) == len(biases) == len(prefixes)):
+            raise ValueError("MemberQNetwork: weights, biases and prefixes must have the same length")
+        self.weights = nn.ParameterList([nn.Parameter(w) for w in weights])
+        self.biases = nn.ParameterList([nn.Parameter(b) for b in biases])
+        self.act = _FUNCTIONS[activation]
+        self.dueling, self.prefixes = dueling, list(prefixes)
+        self.num_members = weights[0].shape[0]
+
+    @classmethod
+    def from_networks(cls, nets: list[QNetwork], activation: str) -> "MemberQNetwork":
+        """Stack P classic networks of one architecture (their weights are copied)."""
+        layers = [_linears(net) for net in nets]
+        prefixes = [name for name, _ in layers[0]]
+        weights = [torch.stack([ls[i][1].weight.detach().t() for ls in layers]).contiguous()
+                   for i in range(len(prefixes))]
+        biases = [torch.stack([ls[i][1].bias.detach()[None] for ls in layers]).contiguous()
+                  for i in range(len(prefixes))]
+        return cls(weights, biases, activation, isinstance(nets[0].head, DuelingHead), prefixes)
+
+    def forward(self, obs: torch.Tensor) -> torch.Tensor:
+        n_hidden = len(self.weights) - (2 if self.dueling else 1)
+        h = obs
+        for w, b in zip(self.weights[:n_hidden], self.biases[:n_hidden]):
+            h = self.act(torch.baddbmm(b, h, w))
+        if not self.dueling:
+            return torch.baddbmm(self.biases[-1], h, self.weights[-1])
+        value = torch.baddbmm(self.biases[-2], h, self.weights[-2])  # [P, M, 1]
+        adv = torch.baddbmm(self.biases[-1], h, self.weights[-1])  # [P, M, A]
+        return value + adv - adv.mean(dim=2, keepdim=True)
+
+    def member_state_dict(self, p: int) -> dict[str, torch.Tensor]:
+        """Member ``p``'s weights in the classic :class:`QNetwork` ``state_dict`` layout (copies)."""
+        out = {}
+        for prefix, w, b in zip(self.prefixes, self.weights, self.biases):
+            out[f"{prefix}.weight"] = w[p].detach().t().contiguous().clone()
+            out[f"{prefix}.bias"] = b[p, 0].detach().clone()
+        return out

@@ -1,0 +1,274 @@
+"""Per-member gradient norm, per-member gradient clipping and Adam for population parameters.
+
+Every tensor here has a leading member axis ``[P, ...]``; member ``p``'s slices of all the
+tensors are its own network's (see :mod:`foxdqn.population`). Each function does for every member
+what the single-network code does for one network:
+
+* :func:`member_grad_norm`: the global L2 norm of ``torch.nn.utils.clip_grad_norm_``, per member;
+* :func:`clip_member_grads_`: ``clip_grad_norm_``'s rule, per member, with a ``[P]`` bound;
+* :class:`MemberAdam`: ``torch.optim.Adam`` (Kingma & Ba 2015, Algorithm 1; no amsgrad, no weight
+  decay), per member, with ``[P]`` learning rates, eps values and step counts and a ``[P]`` skip
+  flag (the population's ``found_inf``). Its step is :func:`foxdqn.ops.member_adam.member_adam_`,
+  one kernel launch per parameter tensor.
+
+All of it runs device ops only (no host reads), so it can be captured in a CUDA graph
+(docs/design/hot_loop.md#the-contract).
+"""
+from __future__ import annotations
+
+from typing import Sequence
+
+import torch
+
+from foxdqn.ops.backend import resolve_backend
+from foxdqn.ops.member_adam import member_adam_
+
+F32 = torch.float32
+
+#: Added to the norm before dividing, as in ``torch.nn.utils.clip_grad_norm_``.
+CLIP_EPS = 1e-6
+
+
+def _describe(t) -> str:
+    if not isinstance(t, torch.Tensor):
+        return type(t).__name__
+    return f"{t.dtype} {list(t.shape)} on {t.device}"
+
+
+def _check_member_tensors(where: str, name: str, tensors, contiguous: bool = False) -> tuple[int, torch.device]:
+    """``tensors`` is a non-empty list of float32 ``[P, ...]`` tensors on one device (contiguous
+    if asked); returns ``(P, device)``. Raises ValueError naming ``where`` and ``name[i]``."""
+    if isinstance(tensors, torch.Tensor) or not isinstance(tensors, (list, tuple)) or not tensors:
+        raise ValueError(f"{where}: {name} must be a non-empty list of float32 tensors [P, ...], "
+                         f"got {_describe(tensors) if isinstance(tensors, torch.Tensor) else tensors!r}")
+    first = tensors[0]
+    for i, t in enumerate(tensors):
+        if (not isinstance(t, torch.Tensor) or t.dim() < 1 or t.dtype != F32 or (contiguous and not t.is_contiguous())
+                or t.shape[0] != first.shape[0] or t.device != first.device):
+            want = "contiguous float32" if contiguous else "float32"
+            ref = (f"[{first.shape[0]}, ...] on {first.device} (as {name}[0])"
+                   if i > 0 and isinstance(first, torch.Tensor) and first.dim() >= 1 else "[P, ...]")
+            raise ValueError(f"{where}: {name}[{i}] must be a {want} tensor {ref}, got {_describe(t)}")
+    return first.shape[0], first.device
+
+
+def _check_member_vector(where: str, name: str, t, members: int, device: torch.device) -> None:
+    if not isinstance(t, torch.Tensor) or tuple(t.shape) != (members,) or t.dtype != F32 or t.device != device:
+        raise ValueError(f"{where}: {name} must be a float32 tensor [P] = [{members}] on {device}, got {_describe(t)}")
+
+
+def _member_view(t: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+    """``[P]`` tensor ``t`` as ``[P, 1, ...]``, broadcasting over each member's slice of ``like``."""
+    return t.view((t.shape[0],) + (1,) * (like.dim() - 1))
+
+
+def member_grad_norm(grads: list[torch.Tensor]) -> torch.Tensor:
+    """Per-member global L2 norm: ``norm[p] = sqrt(sum over tensors g of sum(g[p]**2))``.
+
+    Computed as ``torch.nn.utils.clip_grad_norm_`` computes its total norm, once per member: the
+    norm of the vector of each tensor's slice norms (``torch._foreach_norm`` over the member
+    slices, one multi-tensor launch on CUDA). Device ops only.
+
+    Args:
+        grads: non-empty list of float32 ``[P, ...]`` tensors on one device (any layout).
+
+    Returns:
+        float32 ``[P]`` on the grads' device. NaN where a member's slices hold a NaN, Inf where
+        they hold an Inf and no NaN.
+
+    Raises:
+        ValueError: an empty list, or a tensor that is not float32 ``[P, ...]`` with the first
+            one's P and device.
+    """
+    members, _ = _check_member_tensors("member_grad_norm", "grads", grads)
+    slices = [g[p] for p in range(members) for g in grads]  # member-major: row p holds member p's norms
+    norms = torch.stack(torch._foreach_norm(slices, 2)).view(members, len(grads))
+    return torch.linalg.vector_norm(norms, 2, dim=1)
+
+
+def clip_member_grads_(grads: list[torch.Tensor], max_norm: torch.Tensor) -> torch.Tensor:
+    """Clip each member's gradients to its own global L2 norm bound, in place.
+
+    ``torch.nn.utils.clip_grad_norm_``'s rule per member: member ``p``'s slices are multiplied by
+    ``min(1, max_norm[p] / (norm[p] + 1e-6))`` (always multiplied, by 1.0 when within the bound),
+    with ``norm`` from :func:`member_grad_norm`. The factor is computed as torch does
+    (``reciprocal(norm + 1e-6) * max_norm``), so a member's clipped grads equal
+    ``clip_grad_norm_`` on its slices up to the norm's summation order. A NaN norm gives a NaN
+    factor (the member's grads become NaN, as in torch with ``error_if_nonfinite=False``).
+    Device ops only.
+
+    Args:
+        grads: non-empty list of float32 ``[P, ...]`` tensors on one device; scaled in place.
+        max_norm: float32 ``[P]`` on the grads' device, each member's bound (> 0 as a rule; not
+            checked: device values).
+
+    Returns:
+        float32 ``[P]``: each member's norm BEFORE clipping.
+
+    Raises:
+        ValueError: as :func:`member_grad_norm`, or ``max_norm`` not float32 ``[P]`` on that device.
+    """
+    members, device = _check_member_tensors("clip_member_grads_", "grads", grads)
+    _check_member_vector("clip_member_grads_", "max_norm", max_norm, members, device)
+    norms = member_grad_norm(grads)
+    coef = torch.clamp((norms + CLIP_EPS).reciprocal() * max_norm, max=1.0)
+    for g in grads:
+        g.mul_(_member_view(coef, g))
+    return norms
+
+
+def _as_member_vector(name: str, value, members: int, device: torch.device) -> torch.Tensor:
+    """A fresh contiguous float32 ``[P]`` tensor on ``device`` from a number, a sequence of P
+    numbers or a ``[P]`` tensor; finite and >= 0 (read on the host once, at construction)."""
+    if isinstance(value, bool):
+        raise ValueError(f"MemberAdam: {name} must be a number, P numbers or a tensor [P], got {value!r}")
+    if isinstance(value, (int, float)):
+        out = torch.full((members,), float(value), dtype=F32, device=device)
+    else:
+        try:
+            out = torch.as_tensor(value, dtype=F32).to(device).clone()
+        except (TypeError, ValueError, RuntimeError):
+            raise ValueError(f"MemberAdam: {name} must be a number, P numbers or a tensor [P], got {value!r}") from None
+        if tuple(out.shape) != (members,):
+            raise ValueError(f"MemberAdam: {name} must have one value per member ([{members}]), "
+                             f"got shape {list(out.shape)}")
+    if not bool(torch.isfinite(out).all()) or bool((out < 0).any()):
+        raise ValueError(f"MemberAdam: {name} must be finite and >= 0 for every member, got {out.tolist()}")
+    return out
+
+
+class MemberAdam:
+    """Adam for population parameters: every member has its own lr, eps, moments and step count.
+
+    Member ``p`` follows ``torch.optim.Adam(amsgrad=False, weight_decay=0, maximize=False)`` on
+    its own slices ``param[p]`` with ``lr[p]`` and ``eps[p]`` (the step, its precision and the skip
+    rule: :mod:`foxdqn.ops.member_adam`). The betas are Python floats shared by all members
+    (they are compiled into the kernel; a per-member beta is not supported).
+
+    Capture: all state (moments, step counts) is created here, zero, before any CUDA-graph
+    capture; :meth:`zero_grad` creates missing grads as zeros and otherwise zeroes them in place,
+    so the grad tensors keep their storage from one replay to the next. Change ``lr`` and ``eps``
+    in place (``opt.lr.copy_(...)``, ``opt.lr[p] = ...``), never rebind them.
+
+    Attributes:
+        params: the ``[P, ...]`` float32 contiguous parameters (the caller's tensors).
+        lr, eps: float32 ``[P]`` on the params' device, the optimizer's own tensors.
+        betas: ``(beta1, beta2)``, floats in [0, 1).
+        steps: float32 ``[P]``, each member's count of updates not skipped (exact up to 2**24).
+        exp_avg, exp_avg_sq: one float32 tensor per param, its shape: the moment estimates.
+        members: P.
+    """
+
+    def __init__(self, params: Sequence[torch.Tensor], lr, eps=1e-8, betas: tuple[float, float] = (0.9, 0.999),
+                 *, backend: str = "auto") -> None:
+        """
+        Args:
+            params: non-empty sequence of contiguous float32 ``[P, ...]`` tensors on one device
+                (leaf tensors whose ``.grad`` backward fills), one P for all.
+            lr: learning rate(s) >= 0: a number (all members), P numbers or a ``[P]`` tensor (copied).
+            eps: the denominator term(s) >= 0, likewise (torch's default 1e-8).
+            betas: ``(beta1, beta2)``, each in [0, 1) (torch's default (0.9, 0.999)).
+            backend: "auto" (Triton for CUDA tensors, torch reference for CPU), "triton", "torch".
+
+        Raises:
+            ValueError: a param that is not contiguous float32 ``[P, ...]`` with the first one's P
+                and device; lr or eps not one finite value >= 0 per member; a beta outside [0, 1);
+                an unknown backend.
+            RuntimeError: backend="triton" on CPU params without TRITON_INTERPRET=1.
+        """
+        self.params = list(params) if not isinstance(params, torch.Tensor) else params
+        members, device = _check_member_tensors("MemberAdam", "params", self.params, contiguous=True)
+        if (not isinstance(betas, (tuple, list)) or len(betas) != 2
+                or any(isinstance(b, bool) or not isinstance(b, (int, float)) or not 0.0 <= b < 1.0 for b in betas)):
+            raise ValueError(f"MemberAdam: betas must be two floats in [0, 1), got {betas!r}")
+        resolve_backend("MemberAdam", backend, self.params[0])
+        self.members = members
+        self.backend = backend
+        self.betas = (float(betas[0]), float(betas[1]))
+        self.lr = _as_member_vector("lr", lr, members, device)
+        self.eps = _as_member_vector("eps", eps, members, device)
+        self.steps = torch.zeros(members, dtype=F32, device=device)
+        self.exp_avg = [torch.zeros_like(p, memory_format=torch.contiguous_format) for p in self.params]
+        self.exp_avg_sq = [torch.zeros_like(p, memory_format=torch.contiguous_format) for p in self.params]
+
+    def zero_grad(self) -> None:
+        """Set every param's grad to zero in place; a missing grad (None) is created as zeros."""
+        for p in self.params:
+            if p.grad is None:
+                p.grad = torch.zeros_like(p, memory_format=torch.contiguous_format)
+        torch._foreach_zero_([p.grad for p in self.params])
+
+    @torch.no_grad()
+    def step(self, skip: torch.Tensor) -> None:
+        """One Adam update of every member whose ``skip`` is 0.0, from the params' grads.
+
+        ``steps`` is incremented where ``skip == 0``, then each param is updated by
+        :func:`~foxdqn.ops.member_adam.member_adam_` (one launch per param). A member with any
+        other ``skip`` (1.0 by convention; NaN too) keeps its params, moments and step count
+        bit for bit. Device ops only.
+
+        Args:
+            skip: float32 ``[P]`` on the params' device.
+
+        Raises:
+            ValueError: ``skip`` not float32 ``[P]`` on the params' device, or a param without a
+                grad (call :meth:`zero_grad` before the first backward).
+        """
+        _check_member_vector("MemberAdam.step", "skip", skip, self.members, self.steps.device)
+        for i, p in enumerate(self.params):
+            if p.grad is None:
+                raise ValueError(f"MemberAdam.step: params[{i}] has no grad; call zero_grad() before backward "
+                                 "(it creates the grads as zeros)")
+        self.steps.add_(skip == 0)
+        beta1, beta2 = self.betas
+        for p, m, v in zip(self.params, self.exp_avg, self.exp_avg_sq):
+            member_adam_(p, p.grad, m, v, self.steps, self.lr, self.eps, skip, beta1, beta2, backend=self.backend)
+
+    def _state(self) -> dict[str, torch.Tensor]:
+        out = {"step": self.steps, "lr": self.lr, "eps": self.eps}
+        for i, (m, v) in enumerate(zip(self.exp_avg, self.exp_avg_sq)):
+            out[f"exp_avg.{i}"] = m
+            out[f"exp_avg_sq.{i}"] = v
+        return out
+
+    def state_dict(self) -> dict[str, torch.Tensor]:
+        """A snapshot of the optimizer as a plain dict of tensors (copies, on the params' device).
+
+        Keys: ``step``, ``lr``, ``eps`` (float32 ``[P]``), ``betas`` (float64 ``[2]``), and per
+        param ``i`` ``exp_avg.i`` and ``exp_avg_sq.i`` (float32, the param's shape).
+        """
+        out = {k: t.detach().clone() for k, t in self._state().items()}
+        out["betas"] = torch.tensor(self.betas, dtype=torch.float64, device=self.steps.device)
+        return out
+
+    def load_state_dict(self, state: dict[str, torch.Tensor]) -> None:
+        """Copy a :meth:`state_dict` into this optimizer's own tensors, in place (a captured graph
+        keeps reading them). ``lr`` and ``eps`` are restored too. Reads ``betas`` on the host.
+
+        Raises:
+            ValueError: ``state`` is not a dict with exactly the keys of :meth:`state_dict`; a
+                tensor of another dtype or shape than this optimizer's; betas other than this
+                optimizer's.
+        """
+        own = self._state()
+        if not isinstance(state, dict):
+            raise ValueError(f"MemberAdam.load_state_dict: expected a dict of tensors, got {type(state).__name__}")
+        missing = sorted((set(own) | {"betas"}) - set(state))
+        unexpected = sorted(set(state) - (set(own) | {"betas"}))
+        if missing or unexpected:
+            raise ValueError(f"MemberAdam.load_state_dict: missing keys {missing}, unexpected keys {unexpected} "
+                             f"(this optimizer has {len(self.params)} params)")
+        betas = state["betas"]
+        if (not isinstance(betas, torch.Tensor) or tuple(betas.shape) != (2,)
+                or tuple(betas.tolist()) != self.betas):
+            got = betas.tolist() if isinstance(betas, torch.Tensor) else betas
+            raise ValueError(f"MemberAdam.load_state_dict: betas {got} in the state, this optimizer has "
+                             f"{list(self.betas)}")
+        for key, t in own.items():
+            src = state[key]
+            if not isinstance(src, torch.Tensor) or src.dtype != t.dtype or src.shape != t.shape:
+                raise ValueError(f"MemberAdam.load_state_dict: {key} must be {t.dtype} {list(t.shape)}, "
+                                 f"got {_describe(src)}")
+        with torch.no_grad():
+            for key, t in own.items():
+                t.copy_(state[key])

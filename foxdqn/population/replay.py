@@ -1,0 +1,63 @@
+"""Uniform replay of a population: one time-major ring of P × N env columns, sampled per member.
+
+Storage is the classic :class:`~foxdqn.replay.buffer.ReplayBuffer` with ``num_envs = P·N``: all
+members write one time row per collect step together, so member p's transitions are columns
+``p·N .. (p+1)·N − 1``, and its own ring (capacity C, N envs) is exactly those columns of the
+``C // N`` time rows. Member p's B samples are drawn from its own columns only, with its own
+random draws (:class:`~foxdqn.population.random.MemberRandom`), and its n-step returns use its own
+γ. A sampled batch holds P·B rows, member-major (rows ``p·B .. (p+1)·B − 1`` are member p's).
+"""
+from __future__ import annotations
+
+import torch
+
+from foxdqn.population.random import MemberRandom
+from foxdqn.replay.buffer import Batch, ReplayBuffer
+
+
+class MemberReplay(ReplayBuffer):
+    """Uniform n-step replay of P members.
+
+    Args:
+        capacity: transitions kept per member (``replay.capacity``; rounded down to a multiple of N).
+        envs_per_member: N.
+        obs_dim: D.
+        gamma: float32 ``[P]`` device tensor, each member's γ.
+        rng: the members' random source.
+        device, n_step: as :class:`~foxdqn.replay.buffer.ReplayBuffer`.
+
+    Raises:
+        ValueError: as :class:`~foxdqn.replay.buffer.ReplayBuffer` (capacity below (n + 1)·N).
+    """
+
+    def __init__(self, capacity: int, envs_per_member: int, obs_dim: int, gamma: torch.Tensor, rng: MemberRandom,
+                 device: torch.device, n_step: int = 1):
+        members = rng.num_members
+        rows = capacity // envs_per_member
+        super().__init__(max(rows, 1) * envs_per_member * members, envs_per_member * members, obs_dim, device,
+                         n_step, gamma=0.0)
+        if rows < n_step + 1:  # the base class counted all members' envs
+            raise ValueError(f"MemberReplay: capacity={capacity} must hold at least (n_step + 1) * num_envs = "
+                             f"{(n_step + 1) * envs_per_member} transitions")
+        self.rng, self.members, self.envs_per_member = rng, members, envs_per_member
+        powers = torch.arange(n_step + 1, device=device, dtype=torch.float64)
+        table = gamma.to(torch.float64)[:, None] ** powers[None]  # [P, n + 1] γ_p^m
+        self._member_gamma_m = table.to(torch.float32)
+        self._member_gamma_k = self._member_gamma_m[:, :n_step].contiguous()
+
+    def _discount_tables(self, env: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        member = env // self.envs_per_member
+        return self._member_gamma_k[member], self._member_gamma_m[member]
+
+    def sample_members(self, batch_size: int) -> Batch:
+        """B transitions per member, ``[P·B]`` rows member-major; weights are ones."""
+        p, n = self.members, self.envs_per_member
+        u = self.rng.uniform(2 * batch_size).view(p, 2, batch_size)
+        filled = self.filled()
+        valid = torch.clamp(filled - (self.n_step - 1), min=1)
+        oldest = (self.ptr - filled) % self.rows
+        t = (oldest + (u[:, 0] * valid.to(torch.float32)).to(torch.int64).clamp(max=valid - 1)) % self.rows
+        column = (u[:, 1] * n).to(torch.int64).clamp(max=n - 1)
+        env = column + n * torch.arange(p, device=self.device)[:, None]
+        index = (t * self.num_envs + env).view(-1)
+        return self.gather(index, torch.ones(p * batch_size, device=self.device))

@@ -1,0 +1,96 @@
+"""Everything a population keeps on the device, built from its members' configs.
+
+:func:`build_population` turns P validated configs that share a
+:func:`~foxdqn.population.grouping.group_key` into a :class:`PopulationState`: one batched env of
+P × N envs, one :class:`~foxdqn.population.network.MemberQNetwork` (online) and its target, one
+replay with a member axis, :class:`~foxdqn.population.optim.MemberAdam`, the per-member
+hyperparameters, guard and accumulators, and the counters (int64 0-d, per member: every member
+has done the same number of env steps and updates).
+"""
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass
+
+import torch
+
+from foxdqn.config import TrainConfig
+from foxdqn.population.envs import build_member_env
+from foxdqn.population.guard import MemberGuard
+from foxdqn.population.hparams import MemberParams
+from foxdqn.population.network import MemberQNetwork
+from foxdqn.population.optim import MemberAdam
+from foxdqn.population.random import MemberRandom
+from foxdqn.population.replay import MemberReplay
+from foxdqn.population.stats import MemberStats
+from foxdqn.step.build import build_action_mode, build_network
+
+ADAM_BETAS = (0.9, 0.999)  # torch.optim.Adam's defaults, as a single run uses
+
+
+@dataclass
+class PopulationState:
+    """The population's state. ``cfg`` is member 0's config (the shared keys), ``cfgs`` every
+    member's; ``obs``: float32 ``[P·N, D]``, the observations to act on next; ``env_steps`` and
+    ``updates``: int64 0-d, per member. ``inject_nan``: some member has ``debug.inject_nan_at_step``.
+    ``generator`` is None (members draw from ``rng``)."""
+
+    cfg: TrainConfig
+    cfgs: list[TrainConfig]
+    device: torch.device
+    rng: MemberRandom
+    params: MemberParams
+    env: object
+    action_mode: object
+    obs: torch.Tensor
+    online: MemberQNetwork
+    target: MemberQNetwork
+    optimizer: MemberAdam
+    replay: MemberReplay
+    guard: MemberGuard
+    stats: MemberStats
+    env_steps: torch.Tensor
+    updates: torch.Tensor
+    inject_nan: bool = False
+    generator: None = None
+
+    @property
+    def members(self) -> int:
+        return len(self.cfgs)
+
+
+def initial_networks(cfgs: list[TrainConfig], env, num_actions: int, device: torch.device) -> list[torch.nn.Module]:
+    """Member p's classic network initialised as a single run of its seed initialises it
+    (``torch.manual_seed(seed)``, then :func:`foxdqn.step.build.build_network`)."""
+    nets = []
+    for c in cfgs:
+        torch.manual_seed(c.seed)
+        nets.append(build_network(c, env, num_actions).to(device))
+    return nets
+
+
+def build_population(cfgs: list[TrainConfig], market, device: torch.device) -> PopulationState:
+    """The state of the population ``cfgs`` (one config per member, validated, sharing their
+    group key) on ``device``; ``market``: foxdqn.data.MarketData for trading, else None."""
+    cfg = cfgs[0]
+    if device.type == "cuda":
+        torch.set_float32_matmul_precision(str(cfg.matmul_precision))
+    elif cfg.cpu_threads > 0:
+        torch.set_num_threads(cfg.cpu_threads)
+    rng = MemberRandom([c.seed for c in cfgs], device)
+    params = MemberParams.from_configs(cfgs, device)
+    env = build_member_env(cfg, market, rng, device)
+    mode = build_action_mode(cfg, env)
+    online = MemberQNetwork.from_networks(initial_networks(cfgs, env, mode.num_actions, device),
+                                          str(cfg.model.activation))
+    target = copy.deepcopy(online).requires_grad_(False)
+    optimizer = MemberAdam(list(online.parameters()), params.lr, params.adam_eps, ADAM_BETAS)
+    replay = MemberReplay(cfg.replay.capacity, cfg.env.num_envs, env.obs_dim, params.gamma, rng, device,
+                          cfg.replay.n_step)
+    obs = env.reset_all().to(torch.float32).clone()
+    zero = dict(dtype=torch.int64, device=device)
+    return PopulationState(
+        cfg=cfg, cfgs=list(cfgs), device=device, rng=rng, params=params, env=env, action_mode=mode, obs=obs,
+        online=online, target=target, optimizer=optimizer, replay=replay, guard=MemberGuard(params.loss_clip, device),
+        stats=MemberStats(len(cfgs), cfg.env.num_envs, device), env_steps=torch.zeros((), **zero),
+        updates=torch.zeros((), **zero), inject_nan=any(c.debug.inject_nan_at_step is not None for c in cfgs))

@@ -1,0 +1,66 @@
+"""One collect step and one gradient update of a population (device ops only, capturable).
+
+The same steps as a single run's (:mod:`foxdqn.step.collect`, :mod:`foxdqn.step.update`), with a
+member axis: ε-greedy per member (its own ε), one env step of P × N envs, one replay row; then
+per member B samples, the (Double) DQN loss with its Huber δ, its gradient clipped to its own
+norm, the guard's per-member skip, Adam with its lr and ε, and its target update (its Polyak τ or
+hard period). docs/design/population.md.
+"""
+from __future__ import annotations
+
+import torch
+
+from foxdqn.population.objective import member_dqn_loss
+from foxdqn.population.optim import clip_member_grads_
+from foxdqn.population.state import PopulationState
+
+
+def collect_step(s: PopulationState) -> None:
+    """N env steps per member: act ε-greedily on ``s.obs``, step, insert (rewards × each
+    member's ``loss.reward_scale``), advance ``s.env_steps`` by N."""
+    p, n = s.members, s.cfg.env.num_envs
+    with torch.no_grad():
+        eps = s.params.epsilon(s.env_steps, s.cfg.agent.total_env_steps)
+        q = s.online(s.obs.view(p, n, -1))  # [P, N, A]
+        explore = s.rng.uniform(n) < eps[:, None]
+        random_a = s.rng.randint(q.shape[2], n)
+        action = torch.where(explore, random_a, q.argmax(dim=2)).view(-1)
+    env_action = s.action_mode.to_env(action, s.env)
+    out = s.env.step(env_action)
+    reward = (out.reward.view(p, n) * s.params.reward_scale[:, None]).view(-1)
+    s.replay.add(s.obs, action, reward, out.next_obs, out.terminated, out.truncated)
+    s.obs.copy_(out.obs)
+    s.env_steps.add_(n)
+    info = out.info
+    s.stats.add_step(out.reward, info["episode_done"], info["episode_return"], s.env.collect_hook.trades(out))
+
+
+def target_weights(s: PopulationState, skip: torch.Tensor) -> torch.Tensor:
+    """This update's lerp weight per member (float32 ``[P]``): Polyak τ, or 1 every ``period``
+    updates (hard), times (1 − skip)."""
+    if s.cfg.target.update == "hard":
+        w = ((s.updates + 1) % s.params.period == 0).to(torch.float32)
+    else:
+        w = s.params.tau
+    return w * (1.0 - skip)
+
+
+def update_step(s: PopulationState) -> None:
+    """One gradient update of every member (skipped per member by the guard)."""
+    p = s.members
+    batch = s.replay.sample_members(s.cfg.agent.batch_size)
+    s.optimizer.zero_grad()
+    loss, td_abs, q = member_dqn_loss(s.online, s.target, batch, p, s.params.huber_delta, s.cfg.head.double)
+    if s.inject_nan:  # debug.inject_nan_at_step of some member: poison its loss at that update
+        loss = loss + torch.where(s.updates == s.params.nan_at, float("nan"), 0.0)
+    loss.sum().backward()
+    grad_norm = clip_member_grads_([w.grad for w in s.online.parameters()], s.params.grad_clip)
+    skip = s.guard.check(loss.detach(), grad_norm, s.updates)
+    s.optimizer.step(skip)
+    with torch.no_grad():
+        w = target_weights(s, skip)
+        for tgt, src in zip(s.target.parameters(), s.online.parameters()):
+            tgt.lerp_(src, w.view(-1, *([1] * (src.dim() - 1))))
+    s.stats.add_update(loss.detach(), grad_norm, skip, q.max(dim=2).values.mean(dim=1))
+    s.updates.add_(1)
+    s.guard.publish()

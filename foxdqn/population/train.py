@@ -1,0 +1,208 @@
+"""Train a population: P jobs of a sweep in one process and one captured iteration.
+
+:func:`train_population` is what ``hydra/launcher=population`` calls for a group of jobs that
+share a :func:`~foxdqn.population.grouping.group_key` (docs/usage.md). Per iteration: one CUDA-graph
+replay for all members (eager on CPU) and a read of the guard's pinned host copy (no wait). Per log
+interval: one device→host copy of every member's accumulators, one metrics row per member into its
+own run folder. At the end, per member: ``checkpoints/last.pt`` (its weights), then the same
+selection, evaluation and report as a single run (:func:`foxdqn.finish.finish`) into its own
+folder. A member halted by the guard gets ``HALTED`` and its last good weights; the others finish.
+"""
+from __future__ import annotations
+
+import io
+import logging
+import math
+import time
+from pathlib import Path
+
+import torch
+
+from foxdqn.checkpoint import FORMAT
+from foxdqn.config import to_plain
+from foxdqn.finish import Agent, RunEnd, finish
+from foxdqn.io_atomic import write_bytes_atomic, write_text_atomic
+from foxdqn.population import step as P
+from foxdqn.population.jobs import Member, Outcome
+from foxdqn.population.state import PopulationState, build_population
+from foxdqn.population.stats import MemberStats
+from foxdqn.step.iteration import Iteration
+
+log = logging.getLogger(__name__)
+
+
+def member_checkpoint(s: PopulationState, p: int, path: Path) -> Path:
+    """Write member ``p``'s checkpoint: its online and target weights in a single run's layout,
+    its config and counters, and ``population`` (member index, size). It evaluates like any
+    checkpoint (``python -m foxdqn.evaluate``); it holds no optimizer or replay, so a run cannot
+    resume from it (:func:`foxdqn.resume.read_checkpoint` says so). Written atomically."""
+    payload = {
+        "format": FORMAT,
+        "online": s.online.member_state_dict(p),
+        "target": s.target.member_state_dict(p),
+        "env_steps": int(s.env_steps.item()),
+        "updates": int(s.updates.item()),
+        "config": to_plain(s.cfgs[p]),
+        "population": {"member": p, "size": s.members},
+    }
+    buffer = io.BytesIO()
+    torch.save(payload, buffer)
+    write_bytes_atomic(path, buffer.getvalue())
+    return path
+
+
+class _Population:
+    """One call of :func:`train_population`: setup, the iteration loop, the end per member."""
+
+    def __init__(self, members: list[Member]) -> None:
+        from foxdqn.loop import use_graph
+        from foxdqn.step.state import resolve_device
+
+        self.t0 = time.perf_counter()
+        self.members = members
+        cfg = members[0].tc
+        self.device = resolve_device(cfg.device)
+        self.graph = use_graph(cfg, self.device)
+        self.s = s = build_population([m.tc for m in members], members[0].market, self.device)
+        a = cfg.agent
+        self.per_iter = cfg.env.num_envs * a.steps_per_iter  # env steps of one member per iteration
+        self.total_iters = max(1, math.ceil(a.total_env_steps / self.per_iter))
+        self.warm_iters = min(self.total_iters, math.ceil(a.learning_starts / self.per_iter))
+        self.log_every = max(1, cfg.log.interval_env_steps // self.per_iter)
+        step_fns = dict(collect=P.collect_step, update=P.update_step)
+        self.collect_only = Iteration(s, self.graph, updates=0, **step_fns)
+        self.full = Iteration(s, self.graph, **step_fns)
+        self.loggers: list[MetricsLogger] = []  # opened after the run folders (open_loggers)
+        self.env_steps, self.host_updates = 0, 0
+        log.info("population of %d members (jobs %s): %s on %s (graph=%s), %d env steps each in %d iterations of "
+                 "%d envs x %d steps, %d updates each", len(members), ", ".join(str(m.job_num) for m in members),
+                 cfg.experiment, self.device, self.graph, self.total_iters * self.per_iter, self.total_iters,
+                 cfg.env.num_envs, a.steps_per_iter, a.updates_per_iter)
+
+    def open_loggers(self) -> None:
+        """Each member's metrics logger (metrics.csv, tb/) in its run folder."""
+        from foxdqn.monitor import MetricsLogger
+
+        self.loggers = [MetricsLogger(m.run_dir, tensorboard=m.tc.logger.tensorboard) for m in self.members]
+
+    def iterate(self, signals) -> None:
+        from foxdqn.monitor.progress import TrainProgress
+
+        cfg = self.members[0].tc
+        t_log, steps_log = time.perf_counter(), 0
+        with TrainProgress(total=self.total_iters * self.per_iter, enabled=cfg.log.progress) as progress:
+            for it in range(self.total_iters):
+                (self.collect_only if it < self.warm_iters else self.full)()
+                self.host_updates += 0 if it < self.warm_iters else cfg.agent.updates_per_iter
+                self.env_steps = (it + 1) * self.per_iter
+                last = it == self.total_iters - 1
+                if (it + 1) % self.log_every == 0 or last:
+                    now = time.perf_counter()
+                    rate = (self.env_steps - steps_log) / max(now - t_log, 1e-9)
+                    t_log, steps_log = now, self.env_steps
+                    returns = self._log_rows(rate)
+                    progress.update(self.env_steps, {"members": len(self.members),
+                                                     "ep_ret": float(torch.tensor(returns).nanmean())})
+                if bool(self.s.guard.host[0].all()):  # every member halted: nothing left to train
+                    break
+                if signals.received is not None and not last:
+                    break
+
+    def _log_rows(self, rate: float) -> list[float]:
+        """One row per member from one host copy of the accumulators; returns the episode returns."""
+        s = self.s
+        acc = s.stats.read()  # the interval's one sync
+        eps = s.params.epsilon(s.env_steps, s.cfg.agent.total_env_steps).cpu().tolist()
+        returns = []
+        for p, logger in enumerate(self.loggers):
+            row = MemberStats.row(acc[p])
+            row.update(epsilon=eps[p], updates=self.host_updates, env_steps_per_s=rate)
+            logger.log(self.env_steps, {f"train/{k}": v for k, v in row.items()})
+            returns.append(row["episode_return"])
+        return returns
+
+    def close(self) -> None:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        for logger in self.loggers:
+            logger.close()
+
+    def evaluate_members(self) -> tuple[list[dict], list[dict]]:
+        """Every member's validation metrics and evaluation (``eval.split``), all members at once:
+        the values :func:`foxdqn.finish.finish` would compute for each (foxdqn.population.evaluate)."""
+        from foxdqn.population.evaluate import member_episodes, member_walks
+
+        s, cfg, market = self.s, self.s.cfg, self.members[0].market
+        if cfg.env.name == "trading":
+            vals = [r["metrics"]["agent"] for r in member_walks(s, market, "val", ("agent",))]
+            return vals, member_walks(s, market, cfg.eval.split, ("agent", "buy_and_hold", "flat"))
+        return (member_episodes(s, min(20, cfg.eval.episodes), seed_offset=2),
+                member_episodes(s, cfg.eval.episodes, seed_offset=1))
+
+    def end_member(self, p: int, wall: float, val: dict, test: dict) -> Outcome:
+        """Checkpoint member ``p``; then HALTED (guard) or its report from its validation metrics
+        ``val`` and evaluation ``test``."""
+        from foxdqn.step.build import build_network
+
+        s, m = self.s, self.members[p]
+        ckpt = member_checkpoint(s, p, m.run_dir / "checkpoints" / "last.pt")
+        reason = s.guard.reason(p)
+        if reason is not None:
+            write_text_atomic(m.run_dir / "HALTED", f"{reason}\n")
+            return Outcome(None, 3, f"training halted: {reason}; last good weights saved to {ckpt}")
+        online = build_network(m.tc, s.env, s.action_mode.num_actions).to(self.device)
+        online.load_state_dict(s.online.member_state_dict(p))
+        end = RunEnd(self.graph, wall, int(s.env_steps.item()), int(s.updates.item()), ckpt,
+                     overrides=list(m.overrides),
+                     extra={"population": {"member": p, "size": s.members,
+                                           "jobs": [mm.job_num for mm in self.members]}},
+                     val_metrics=val, test_result=test)
+        return Outcome(finish(Agent(m.tc, online, s.action_mode, self.device), m.market, m.run_dir, end), 0, "")
+
+
+def train_population(members: list[Member]) -> list[Outcome]:
+    """Train ``members`` (validated configs sharing a group key, their run folders made by Hydra)
+    as one population; write each member's outputs into its run folder; return one
+    :class:`~foxdqn.population.jobs.Outcome` per member, in order (exit code 0 finished, 3 halted
+    by the guard, 2 bad input found while building: then no member trained and no folder was
+    opened). On SIGINT/SIGTERM every member's weights are saved, then the process exits with
+    128 + the signal after one line (a population does not resume).
+    """
+    from omegaconf import OmegaConf
+
+    from foxdqn.errors import FoxdqnError
+    from foxdqn.loop import _StopSignals
+    from foxdqn.run_folder import RunFolder
+    from foxdqn.train import _fail
+
+    try:
+        run = _Population(members)
+    except FoxdqnError as exc:
+        return [Outcome(None, 2, str(exc)) for _ in members]
+    folders = [RunFolder(m.run_dir).open(resume=False) for m in members]
+    for m in members:
+        write_text_atomic(m.run_dir / "config.yaml", OmegaConf.to_yaml(OmegaConf.structured(m.tc)))
+    outcomes: list[Outcome] = []
+    try:
+        run.open_loggers()
+        with _StopSignals() as signals:
+            try:
+                run.iterate(signals)
+            finally:
+                run.close()
+            wall = time.perf_counter() - run.t0
+            if signals.received is not None:
+                for p, m in enumerate(members):
+                    member_checkpoint(run.s, p, m.run_dir / "checkpoints" / "last.pt")
+            else:
+                vals, tests = run.evaluate_members()
+                outcomes = [run.end_member(p, wall, vals[p], tests[p]) for p in range(len(members))]
+    finally:
+        for p, folder in enumerate(folders):
+            folder.finish() if p < len(outcomes) else folder.release()
+    if signals.received is not None:
+        import signal as _signal
+
+        _fail(f"interrupted by {_signal.Signals(signals.received).name} at {run.env_steps} env steps; each member's "
+              f"weights are in its checkpoints/last.pt (a population does not resume)", 128 + signals.received)
+    return outcomes

@@ -1,0 +1,294 @@
+"""``hydra/launcher=population``: a multirun's jobs trained in this process, as populations.
+
+Registered in Hydra's ConfigStore as ``hydra/launcher/population`` when this module is imported:
+by Hydra's plugin scan of the ``hydra_plugins`` namespace package, and by ``python -m foxdqn.train``
+(:func:`register`, for installs the scan cannot list). It imports only Hydra at import time (every
+Hydra application in the environment scans it); foxdqn is imported when a multirun launches.
+docs/usage.md#a-sweep-in-one-process-hydralauncherpopulation.
+"""
+# No `from __future__ import annotations` here: Hydra's plugin scan runs this module before it is in
+# sys.modules, where dataclasses cannot resolve string annotations.
+import importlib
+import logging
+import os
+import sys
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple
+
+from hydra.core.config_store import ConfigStore
+from hydra.core.hydra_config import HydraConfig
+from hydra.core.utils import (JobReturn, JobStatus, configure_log, env_override, filter_overrides, run_job,
+                              setup_globals)
+from hydra.plugins.launcher import Launcher
+from hydra.types import HydraContext, TaskFunction
+from omegaconf import DictConfig, open_dict
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class PopulationLauncherConf:
+    """``hydra/launcher=population``'s settings.
+
+    Attributes:
+        max_members: the most members one population holds (a larger group of equal settings is
+            split in job order); null: no limit.
+    """
+
+    _target_: str = "hydra_plugins.foxdqn_population.population_launcher.PopulationLauncher"
+    max_members: Optional[int] = None
+
+
+ConfigStore.instance().store(group="hydra/launcher", name="population", node=PopulationLauncherConf,
+                             provider="foxdqn")
+
+
+def register() -> None:
+    """Register :class:`PopulationLauncher` with Hydra's plugins (``python -m foxdqn.train`` calls
+    this before Hydra starts). Hydra finds plugins by listing the ``hydra_plugins`` folders with
+    pkgutil, which cannot list a package that an editable install (``pip install -e``, setuptools
+    >= 64) serves through an import hook: there the scan misses this module although it imports.
+    Registering twice is harmless."""
+    from hydra.core.plugins import Plugins
+
+    Plugins.instance().register(PopulationLauncher)  # the module's class now (a scan may have re-run this module)
+
+
+class PopulationLauncher(Launcher):
+    """Hydra launcher that trains the jobs of each ``launch()`` in this process, grouped into
+    populations (foxdqn.population): jobs whose configs differ only in the seed and scalar
+    hyperparameters (foxdqn.population.grouping.MEMBER_KEYS) train together as the members of one
+    population, one captured iteration for all of them.
+
+    Why a launcher and not a sweeper: a sweeper chooses the jobs, a launcher runs the jobs it is
+    given. As a launcher it composes with every sweeper: Hydra's basic sweeper hands it the lists
+    and ranges of a ``--multirun`` (all jobs in one call unless ``hydra.sweeper.max_batch_size`` is
+    set), and Optuna's sweeper hands it each batch of ``hydra.sweeper.n_jobs`` trials (Optuna calls
+    ``launch()`` once per batch, so a batch becomes one population). A population sweeper would
+    replace those sweepers instead of working with them.
+
+    ``launch(job_overrides, initial_job_idx)`` does, for the jobs of that call:
+
+    1. like Hydra's basic launcher, each job is composed and run through ``run_job`` (its folder,
+       its ``.hydra/`` files and its log), with foxdqn's task function in collection mode
+       (foxdqn.population.jobs.COLLECTOR): the job is validated and preflighted as in any run
+       (a refused job returns NaN and is reported as today), then recorded instead of trained;
+    2. the recorded jobs are grouped (foxdqn.population.grouping.plan, ``max_members``); a group
+       of one, or a job the population trainer does not support (grouping.batch_refusal), trains
+       by the classic path (foxdqn.train), a larger group by
+       ``foxdqn.population.train.train_population``, with one log line per group;
+    3. each job's ``JobReturn`` gets its value: foxdqn.train.objective of its summary, or NaN and
+       an entry in foxdqn.train's failed jobs (so ``python -m foxdqn.train`` exits with the worst
+       code). Returns them in job order.
+
+    While a job trains its Hydra config is the current one (HydraConfig) and its log file gets the
+    log lines; while a population trains, the first member's config is current and every member's
+    log file gets the population's lines. ``on_job_start`` callbacks run as the job is composed;
+    ``on_job_end`` of a job that trains later runs after it has trained, with its value (so the
+    sweep report sees finished folders). ``hydra.job.chdir=true`` applies to a job trained alone;
+    a population trains in the launching folder.
+
+    Args:
+        max_members: the most members of one population (None: no limit).
+    """
+
+    def __init__(self, max_members: Optional[int] = None) -> None:
+        super().__init__()
+        self.max_members = max_members
+        self.config: Optional[DictConfig] = None
+        self.task_function: Optional[TaskFunction] = None
+        self.hydra_context: Optional[HydraContext] = None
+
+    def setup(self, *, hydra_context: HydraContext, task_function: TaskFunction, config: DictConfig) -> None:
+        """Keep the multirun's context. A ``max_members`` below 1 ends the multirun with one line and
+        exit code 2 before any job folder is made."""
+        if self.max_members is not None and self.max_members < 1:
+            print(f"foxdqn: error: hydra.launcher.max_members={self.max_members} must be >= 1 (or null: no limit)",
+                  file=sys.stderr)
+            sys.exit(2)
+        self.config, self.hydra_context, self.task_function = config, hydra_context, task_function
+
+    def launch(self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> Sequence[JobReturn]:
+        """Run the jobs ``job_overrides`` (numbered from ``initial_job_idx``) as the class docstring
+        says; returns their JobReturns in job order."""
+        from foxdqn.population.grouping import plan
+        from foxdqn.population.jobs import COLLECTOR
+
+        setup_globals()
+        assert self.config is not None and self.hydra_context is not None and self.task_function is not None
+        configure_log(self.config.hydra.hydra_logging, self.config.hydra.verbose)
+        Path(str(self.config.hydra.sweep.dir)).mkdir(parents=True, exist_ok=True)
+        log.info(f"Checking {len(job_overrides)} jobs, then training them in populations in this process")
+        callbacks = _JobEndAfterTraining(self.hydra_context.callbacks, COLLECTOR)
+        context = HydraContext(config_loader=self.hydra_context.config_loader, callbacks=callbacks)
+        jobs: Dict[int, Tuple[DictConfig, JobReturn]] = {}
+        with COLLECTOR.collecting():
+            for idx, overrides in enumerate(job_overrides, start=initial_job_idx):
+                log.info(f"\t#{idx} : {' '.join(filter_overrides(overrides))}")
+                sweep_config = self.hydra_context.config_loader.load_sweep_config(self.config, list(overrides))
+                with open_dict(sweep_config):
+                    sweep_config.hydra.job.id = idx
+                    sweep_config.hydra.job.num = idx
+                jobs[idx] = sweep_config, run_job(hydra_context=context, task_function=self.task_function,
+                                                  config=sweep_config, job_dir_key="hydra.sweep.dir",
+                                                  job_subdir_key="hydra.sweep.subdir")
+                configure_log(self.config.hydra.hydra_logging, self.config.hydra.verbose)
+        for group in plan(COLLECTOR.members, self.max_members):
+            if len(group) == 1:
+                self._train_alone(group[0], *jobs[group[0].job_num])
+            else:
+                self._train_population(group, jobs)
+            for member in group:
+                callbacks.release(member.job_num, jobs[member.job_num][1])
+            configure_log(self.config.hydra.hydra_logging, self.config.hydra.verbose)
+        return [ret for _, ret in (jobs[idx] for idx in sorted(jobs))]
+
+    @staticmethod
+    def _train_alone(member: Any, config: DictConfig, ret: JobReturn) -> None:
+        """The classic path (foxdqn.train._train) for one job, as the basic launcher would run it."""
+        from foxdqn.population.grouping import batch_refusal
+        from foxdqn.train import _train
+
+        why = batch_refusal(member.tc)
+        with _as_job(config):
+            log.info(f"job {member.job_num} trains alone" + (f" ({why})" if why else ""))
+            _set_result(ret, lambda: _train(member.tc, member.market, member.run_dir, member.payload))
+
+    @staticmethod
+    def _train_population(group: List[Any], jobs: Dict[int, Tuple[DictConfig, JobReturn]]) -> None:
+        """``train_population(group)``, then each member's value (or failure) into its JobReturn. A
+        trainer that raises fails every member's JobReturn with its exception (the sweeper raises
+        it, as for a job of the basic launcher); the other groups still train."""
+        configs = [jobs[m.job_num][0] for m in group]
+        with _as_population(configs):
+            log.info(f"population of {len(group)} members (jobs {', '.join(str(m.job_num) for m in group)})")
+            try:
+                train_population = importlib.import_module("foxdqn.population.train").train_population
+                outcomes = list(train_population(list(group)))
+                if len(outcomes) != len(group):
+                    raise RuntimeError(f"train_population returned {len(outcomes)} outcomes for {len(group)} members")
+            except Exception as exc:  # noqa: BLE001 - a bug: reported through the JobReturns, like run_job
+                for m in group:
+                    _set_result(jobs[m.job_num][1], lambda exc=exc: _raise(exc))
+                return
+        for member, outcome in zip(group, outcomes):
+            config, ret = jobs[member.job_num]
+            with _as_job(config, logs=False):
+                _set_result(ret, lambda member=member, outcome=outcome: _member_value(member, outcome))
+
+
+def _member_value(member: Any, outcome: Any) -> float:
+    """What the task function would have returned for ``member`` (its HydraConfig current): the
+    objective of its summary, printed as foxdqn.train does, or NaN after the job's failure line."""
+    from foxdqn.population.jobs import BAD_INPUT, FINISHED
+    from foxdqn.results_table import print_summary
+    from foxdqn.train import _job_failed, _remove_if_unused, objective
+
+    if outcome.exit_code == FINISHED:
+        print_summary(outcome.summary, member.run_dir)
+        return objective(outcome.summary)
+    if outcome.exit_code == BAD_INPUT:
+        _remove_if_unused(member.run_dir)  # nothing written yet: no folder left behind, as foxdqn.train
+    return _job_failed(outcome.message, outcome.exit_code)
+
+
+def _raise(exc: BaseException) -> None:
+    raise exc
+
+
+def _set_result(ret: JobReturn, value: Callable[[], Any]) -> None:
+    """``ret``'s value from ``value()``; an exception becomes a failed JobReturn (Hydra's run_job)."""
+    try:
+        ret.return_value = value()
+        ret.status = JobStatus.COMPLETED
+    except Exception as exc:  # noqa: BLE001 - the sweeper raises it when it reads the value
+        ret.return_value = exc
+        ret.status = JobStatus.FAILED
+
+
+@contextmanager
+def _as_job(config: DictConfig, logs: bool = True) -> Iterator[None]:
+    """``config`` (a job's, after run_job) as the current Hydra config, with (``logs``) its job
+    logging, its ``hydra.job.env_set`` and, for ``hydra.job.chdir=true``, its folder as the working
+    folder, as during Hydra's run_job."""
+    saved, cwd = HydraConfig.instance().cfg, os.getcwd()
+    HydraConfig.instance().set_config(config)
+    try:
+        if logs:
+            configure_log(config.hydra.job_logging, config.hydra.verbose)
+        if config.hydra.job.chdir:
+            os.chdir(config.hydra.runtime.output_dir)
+        with env_override(dict(config.hydra.job.env_set)):
+            yield
+    finally:
+        os.chdir(cwd)
+        HydraConfig.instance().cfg = saved
+
+
+@contextmanager
+def _as_population(configs: List[DictConfig]) -> Iterator[None]:
+    """The first member's config current (:func:`_as_job`, in the launching folder) and every
+    member's log file receiving the log lines: each log file the first member's logging writes
+    inside its job folder gets a twin in every other member's job folder."""
+    first, *others = configs
+    saved, root, twins = HydraConfig.instance().cfg, logging.getLogger(), []
+    HydraConfig.instance().set_config(first)
+    try:
+        configure_log(first.hydra.job_logging, first.hydra.verbose)
+        first_dir = Path(os.path.abspath(str(first.hydra.runtime.output_dir)))
+        for handler in list(root.handlers):
+            if not isinstance(handler, logging.FileHandler):
+                continue
+            try:
+                rel = Path(handler.baseFilename).relative_to(first_dir)
+            except ValueError:  # a log file outside the job folder is the same file for every member
+                continue
+            for other in others:
+                twin = logging.FileHandler(Path(str(other.hydra.runtime.output_dir)) / rel, mode="a",
+                                           encoding=handler.encoding)
+                twin.setLevel(handler.level)
+                twin.setFormatter(handler.formatter)
+                for f in handler.filters:
+                    twin.addFilter(f)
+                root.addHandler(twin)
+                twins.append(twin)
+        with env_override(dict(first.hydra.job.env_set)):
+            yield
+    finally:
+        for twin in twins:
+            root.removeHandler(twin)
+            twin.close()
+        HydraConfig.instance().cfg = saved
+
+
+class _JobEndAfterTraining:
+    """The callbacks ``run_job`` gets while the launcher collects: ``on_job_start`` as always;
+    ``on_job_end`` of a job whose task function handed it over (``collector`` grew) is held until
+    the job has trained (:meth:`release`), others (a refused job, a failed one) run at once."""
+
+    def __init__(self, callbacks: Any, collector: Any) -> None:
+        self._callbacks, self._collector = callbacks, collector
+        self._before = 0
+        self._held: Dict[int, Tuple[DictConfig, Dict[str, Any]]] = {}
+
+    def on_job_start(self, config: DictConfig, **kwargs: Any) -> None:
+        self._before = len(self._collector.members)
+        self._callbacks.on_job_start(config=config, **kwargs)
+
+    def on_job_end(self, config: DictConfig, job_return: JobReturn, **kwargs: Any) -> None:
+        if len(self._collector.members) > self._before:
+            self._held[int(config.hydra.job.num)] = config, kwargs
+        else:
+            self._callbacks.on_job_end(config=config, job_return=job_return, **kwargs)
+
+    def release(self, job_num: int, job_return: JobReturn) -> None:
+        """Run the held ``on_job_end`` of job ``job_num`` with its final ``job_return``."""
+        config, kwargs = self._held.pop(job_num)
+        saved = HydraConfig.instance().cfg
+        HydraConfig.instance().set_config(config)
+        try:
+            self._callbacks.on_job_end(config=config, job_return=job_return, **kwargs)
+        finally:
+            HydraConfig.instance().cfg = saved

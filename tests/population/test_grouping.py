@@ -1,0 +1,155 @@
+"""foxdqn.population.grouping: which jobs share a population (group_key), which configs the
+population trainer refuses (batch_refusal) and the groups a multirun becomes (plan)."""
+import copy
+import dataclasses
+from enum import Enum
+from functools import reduce
+from pathlib import Path
+
+import pytest
+
+from foxdqn.compose import load_config
+from foxdqn.population.grouping import MEMBER_KEYS, SUPPORTED, batch_refusal, group_key, plan
+from foxdqn.population.jobs import Member
+
+
+@pytest.fixture(scope="module")
+def cartpole():
+    return load_config(["+experiment=cartpole_cleanrl", "debug=smoke", "device=cpu"])
+
+
+@pytest.fixture(scope="module")
+def trading():
+    return load_config(["debug=smoke", "device=cpu"])
+
+
+def get(tc, dotted):
+    return reduce(getattr, dotted.split("."), tc)
+
+
+def with_values(tc, **values):
+    """A deep copy of ``tc`` with dotted keys (``__`` for ``.``) set."""
+    out = copy.deepcopy(tc)
+    for key, value in values.items():
+        *parents, leaf = key.split("__")
+        setattr(reduce(getattr, parents, out), leaf, value)
+    return out
+
+
+def leaves(node, prefix=""):
+    """Dotted names of every non-dataclass field of a config dataclass."""
+    for f in dataclasses.fields(node):
+        value = getattr(node, f.name)
+        if dataclasses.is_dataclass(value):
+            yield from leaves(value, f"{prefix}{f.name}.")
+        else:
+            yield f"{prefix}{f.name}"
+
+
+def other_value(value):
+    """Candidates for a value of the same field that differs from ``value``."""
+    if isinstance(value, Enum):
+        return [m for m in type(value) if m != value][:1]
+    if isinstance(value, bool):
+        return [not value]
+    if isinstance(value, (int, float)):
+        return [value * 2 + 1]
+    if isinstance(value, str):
+        return [value + "_x"]
+    if isinstance(value, list):
+        return [value + value[-1:] if value else [1]]
+    return [1, 1.5, "x", True]  # None: the first value the field's type accepts
+
+
+def test_member_and_supported_keys_are_config_keys(cartpole):
+    names = set(leaves(cartpole))
+    assert set(MEMBER_KEYS) <= names
+    assert {key for key, _, _ in SUPPORTED} <= names
+
+
+def test_group_key_ignores_every_member_key(cartpole):
+    base = group_key(cartpole)
+    changed = copy.deepcopy(cartpole)
+    for key in MEMBER_KEYS:
+        *parents, leaf = key.split(".")
+        node = reduce(getattr, parents, changed)
+        value = getattr(node, leaf)
+        setattr(node, leaf, 7 if value is None else other_value(value)[0])
+        assert get(changed, key) != get(cartpole, key)
+        assert group_key(changed) == base, key
+
+
+def test_group_key_differs_for_every_other_key(cartpole):
+    base = group_key(cartpole)
+    tried = 0
+    for key in leaves(cartpole):
+        if key in MEMBER_KEYS:
+            continue
+        *parents, leaf = key.split(".")
+        for candidate in other_value(get(cartpole, key)):
+            changed = copy.deepcopy(cartpole)
+            setattr(reduce(getattr, parents, changed), leaf, candidate)
+            try:
+                changed_key = group_key(changed)
+            except Exception:  # noqa: BLE001 - the field's type refuses this candidate; try the next
+                continue
+            assert changed_key != base, key
+            tried += 1
+            break
+        else:
+            pytest.fail(f"no other value found for {key}")
+    assert tried > 100  # every group's keys were tried, not a handful
+
+
+def test_batch_refusal_accepts_the_supported_experiments(cartpole, trading):
+    assert batch_refusal(cartpole) is None
+    assert batch_refusal(trading) is None
+
+
+REFUSED = [("env.name", "bitflip"), ("env.name", "gym"), ("model.encoder", "attention"), ("head.name", "c51"),
+           ("head.name", "iqn"), ("action.mode", "branching"), ("replay.name", "per"), ("replay.her", True),
+           ("objective.cql_alpha", 1.0), ("objective.iql", True), ("regime.enabled", True), ("prune.enabled", True),
+           ("optim.accumulate", 2), ("guard.max_weight", 10.0), ("guard.collapse_multiplier", 5.0),
+           ("early_stop.enabled", True), ("eval.interval_env_steps", 100), ("resume", "auto"),
+           ("logger.prometheus.port", 9464), ("logger.mlflow", True), ("debug.inject_lr_spike_at_step", 3)]
+
+
+def test_every_refusal_rule_is_tested():
+    assert {key for key, _ in REFUSED} == {key for key, _, _ in SUPPORTED}
+
+
+@pytest.mark.parametrize("key,value", REFUSED, ids=[f"{k}={v}" for k, v in REFUSED])
+def test_batch_refusal_names_the_key(cartpole, key, value):
+    reason = batch_refusal(with_values(cartpole, **{key.replace(".", "__"): value}))
+    assert reason is not None and reason.startswith(f"{key}=") and "population" in reason, reason
+    shown = reason.split(":")[0].split("=", 1)[1]
+    assert shown == ("true" if value is True else str(value))
+
+
+def members(tcs):
+    return [Member(tc, None, Path(f"/sweep/{i}"), i, [f"seed={tc.seed}"]) for i, tc in enumerate(tcs)]
+
+
+def jobs(groups):
+    return [[m.job_num for m in g] for g in groups]
+
+
+def test_plan_groups_equal_settings_in_job_order(cartpole):
+    tcs = [with_values(cartpole, seed=s, model__hidden=h) for s in range(3) for h in ([8], [16])]
+    assert jobs(plan(members(tcs))) == [[0, 2, 4], [1, 3, 5]]
+    assert jobs(plan(members(tcs), max_members=2)) == [[0, 2], [1, 3], [4], [5]]
+    assert jobs(plan(members(tcs), max_members=1)) == [[0], [1], [2], [3], [4], [5]]
+    assert jobs(plan(members(tcs), max_members=3)) == [[0, 2, 4], [1, 3, 5]]
+
+
+def test_plan_puts_member_keys_together_and_refused_members_alone(cartpole):
+    tcs = [with_values(cartpole, seed=0, optim__lr=1e-3), with_values(cartpole, seed=1, target__period=7),
+           with_values(cartpole, seed=2, replay__name="per"), with_values(cartpole, seed=3, explore__eps_end=0.2),
+           with_values(cartpole, seed=4, replay__name="per")]
+    assert jobs(plan(members(tcs))) == [[0, 1, 3], [2], [4]]  # the two refused ones are not grouped together
+
+
+def test_plan_refuses_max_members_below_one(cartpole):
+    assert plan([], None) == []
+    with pytest.raises(ValueError, match="max_members=0"):
+        plan(members([cartpole]), max_members=0)

@@ -1,0 +1,129 @@
+"""The population path: P members equal P runs of one member, per-member hyperparameters and
+faults stay per member (CPU, eager; the GPU tests are in test_population_gpu.py)."""
+from __future__ import annotations
+
+import torch
+
+from foxdqn.compose import load_config
+from foxdqn.data.synthetic import make_synthetic_ohlcv
+from foxdqn.data import market_data_from_frame
+from foxdqn.population import step as P
+from foxdqn.population.state import build_population
+from foxdqn.step.iteration import Iteration
+
+CPU = torch.device("cpu")
+CARTPOLE = ["+experiment=cartpole_cleanrl", "debug=smoke", "device=cpu", "log.progress=false", "env.num_envs=4",
+            "replay.capacity=512", "agent.batch_size=16", "model.hidden=[16,8]", "agent.learning_starts=32",
+            "target.period=3"]
+TRADING = ["debug=smoke", "device=cpu", "log.progress=false", "env.num_envs=3", "replay.capacity=300",
+           "agent.batch_size=8", "model.hidden=[16]", "env.window=8", "env.episode_length=16", "replay.n_step=3"]
+
+
+def configs(base, members):
+    """One config per member: ``members`` is a list of override lists."""
+    return [load_config([*base, *extra]) for extra in members]
+
+
+def market_for(cfg):
+    if cfg.env.name != "trading":
+        return None
+    frame = make_synthetic_ohlcv(600, drift_per_bar=1e-4, vol=2e-3, seed=3)
+    return market_data_from_frame(frame, cfg.data, cfg.env.window, cfg.env.episode_length)
+
+
+def run(cfgs, iterations=12, collect_first=10):
+    """A population of ``cfgs`` after ``collect_first`` collect-only and ``iterations`` full iterations."""
+    s = build_population(cfgs, market_for(cfgs[0]), CPU)
+    fns = dict(collect=P.collect_step, update=P.update_step)
+    collect, full = Iteration(s, False, updates=0, **fns), Iteration(s, False, **fns)
+    for _ in range(collect_first):
+        collect()
+    for _ in range(iterations):
+        full()
+    return s
+
+
+def member_tensors(s, p):
+    return {**{f"online.{k}": v for k, v in s.online.member_state_dict(p).items()},
+            **{f"target.{k}": v for k, v in s.target.member_state_dict(p).items()}}
+
+
+def assert_member_equal(a, p, b, q):
+    ta, tb = member_tensors(a, p), member_tensors(b, q)
+    for k in ta:
+        assert torch.equal(ta[k], tb[k]), f"{k} differs"
+
+
+def test_members_equal_runs_of_one_member_cartpole():
+    members = [["seed=0"], ["seed=1", "optim.lr=1e-3"], ["seed=2", "agent.gamma=0.9", "loss.huber_delta=0.5"]]
+    together = run(configs(CARTPOLE, members))
+    for p, extra in enumerate(members):
+        alone = run(configs(CARTPOLE, [extra]))
+        assert_member_equal(together, p, alone, 0)
+        assert torch.equal(together.obs.view(3, 4, -1)[p], alone.obs)
+
+
+def test_members_equal_runs_of_one_member_trading_n_step():
+    members = [["seed=5"], ["seed=6", "explore.eps_end=0.3", "loss.reward_scale=10"]]
+    together = run(configs(TRADING, members))
+    for p, extra in enumerate(members):
+        alone = run(configs(TRADING, [extra]))
+        assert_member_equal(together, p, alone, 0)
+
+
+def test_members_learn_and_differ():
+    s0 = build_population(configs(CARTPOLE, [["seed=0"], ["seed=1"]]), None, CPU)
+    start = [member_tensors(s0, p) for p in range(2)]
+    s = run(configs(CARTPOLE, [["seed=0"], ["seed=1"]]))
+    for p in range(2):
+        moved = [not torch.equal(v, start[p][k]) for k, v in member_tensors(s, p).items() if k.startswith("online")]
+        assert all(moved)
+    assert not torch.equal(s.online.weights[0][0], s.online.weights[0][1])
+
+
+def test_lr_zero_member_does_not_move():
+    cfgs = configs(CARTPOLE, [["seed=0"], ["seed=1"]])
+    cfgs[1].optim.lr = 0.0  # the config refuses lr 0; the mechanism (a [P] lr) is what is tested
+    s0 = build_population(cfgs, None, CPU)
+    before = member_tensors(s0, 1)
+    s = run(cfgs)
+    after = member_tensors(s, 1)
+    for k, v in before.items():
+        if k.startswith("online"):
+            assert torch.equal(after[k], v), k
+
+
+def test_hard_target_period_per_member():
+    cfgs = configs(CARTPOLE, [["seed=0", "target.period=1"], ["seed=1", "target.period=1000"]])
+    s = run(cfgs, iterations=5)
+    online, target = member_tensors(s, 0), member_tensors(s, 1)
+    w = "encoder.net.0.weight"
+    assert torch.equal(online[f"online.{w}"], online[f"target.{w}"])  # copied after every update
+    assert not torch.equal(target[f"online.{w}"], target[f"target.{w}"])  # never copied yet
+
+
+def test_fault_in_one_member_leaves_the_others_bit_identical():
+    clean = run(configs(CARTPOLE, [["seed=0"], ["seed=1"], ["seed=2"]]))
+    faulty_cfgs = configs(CARTPOLE, [["seed=0"], ["seed=1", "debug.inject_nan_at_step=4"], ["seed=2"]])
+    faulty = run(faulty_cfgs)
+    for p in (0, 2):
+        assert_member_equal(faulty, p, clean, p)
+    assert faulty.guard.halted.tolist() == [0.0, 1.0, 0.0]
+    assert faulty.guard.reason(1).startswith("non-finite") and faulty.guard.reason(1).endswith("update 4")
+    assert faulty.guard.reason(0) is None
+    # member 1 kept the weights it had before update 4: equal to a run stopped after 4 updates
+    four = run(configs(CARTPOLE, [["seed=1"]]), iterations=4)
+    assert_member_equal(faulty, 1, four, 0)
+
+
+def test_loss_clip_halts_only_that_member():
+    s = run(configs(CARTPOLE, [["seed=0"], ["seed=1", "guard.loss_clip=1e-12"]]), iterations=3)
+    assert s.guard.halted.tolist() == [0.0, 1.0]
+    assert "guard.loss_clip" in s.guard.reason(1)
+
+
+def test_member_hyperparameters_are_the_member_keys():
+    from foxdqn.population.grouping import MEMBER_KEYS
+    from foxdqn.population.hparams import KEYS
+
+    assert set(MEMBER_KEYS) == {"seed", *KEYS.values()}
