@@ -1,5 +1,6 @@
 """Hydra callbacks of ``python -m foxdqn.train`` (registered in conf/train.yaml under
-``hydra.callbacks``): checks that must happen before Hydra makes a folder.
+``hydra.callbacks``): checks and settings that must happen before Hydra makes a folder or
+starts a job.
 
 * :class:`CheckOutputFolder`: the run (or sweep) folder can be made, else one line and exit 2.
 * :class:`CheckJobs`: every job of a ``--multirun`` of Hydra's basic sweeper is composed (Hydra's
@@ -7,16 +8,21 @@
   (:func:`foxdqn.config.finalize`, :func:`foxdqn.train.preflight`) before the first one runs: a
   bad job ends the sweep with one line naming it, exit 2, and no sweep folder. Other sweepers
   (Optuna, ...) choose their jobs as they go; their jobs are checked one by one as they start.
+* :class:`PlaceJobsOnGpus`: a ``--multirun`` with the joblib or Ray launcher on CUDA gets one GPU
+  per job (:mod:`foxdqn.placement`).
 """
 from __future__ import annotations
 
 import itertools
+import logging
 import os
 import sys
 from pathlib import Path
 
 from hydra.experimental.callback import Callback
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig, OmegaConf, open_dict
+
+_log = logging.getLogger(__name__)
 
 
 def _fail(message: str) -> None:
@@ -117,3 +123,45 @@ class CheckJobs(Callback):
                 preflight(load_config(searchpath + plain, config_name=config.hydra.job.config_name))
             except FoxdqnError as exc:
                 _fail((f"job {' '.join(job)}: " if len(jobs) > 1 else "") + str(exc))
+
+
+class PlaceJobsOnGpus(Callback):
+    """Before a ``--multirun`` with ``hydra/launcher=joblib`` or ``ray`` whose run is on CUDA
+    (``device`` not ``cpu``, and this process sees a GPU): one GPU per job (docs/usage.md#gpus-of-parallel-jobs).
+
+    * joblib: exports the sweep's GPU ids as ``FOXDQN_SWEEP_GPUS`` (:data:`foxdqn.placement.SWEEP_GPUS_ENV`)
+      for the worker processes, which claim one each (:func:`foxdqn.placement.place_sweep_job`), and
+      sets ``hydra.launcher.n_jobs`` to the number of GPUs when it is the plugin's default, -1, and the
+      command line does not name it.
+    * Ray: sets ``hydra.launcher.ray.remote.num_gpus=1`` unless it is given (Ray then sets each job's
+      ``CUDA_VISIBLE_DEVICES`` and starts a fresh worker process for each GPU task).
+
+    Hydra 1.3 calls ``on_multirun_start`` with the composed config before the sweeper instantiates
+    the launcher from it (``hydra._internal.hydra.Hydra.multirun``), so the launcher reads what is
+    set here. A CPU sweep changes nothing and exports nothing.
+    """
+
+    def on_multirun_start(self, config: DictConfig, **kwargs) -> None:
+        from foxdqn import placement
+
+        os.environ.pop(placement.SWEEP_GPUS_ENV, None)  # an outer process's value never reaches our workers
+        kind = placement.launcher_kind(OmegaConf.select(config, "hydra.launcher._target_", default=None))
+        if kind is None or OmegaConf.select(config, "device", default="auto") == "cpu":
+            return
+        gpus = placement.visible_gpus(os.environ, placement.gpu_count())
+        if not gpus:
+            return
+        launcher = config.hydra.launcher
+        if kind == "joblib":
+            given = any(o.split("=", 1)[0].lstrip("+~") == "hydra.launcher.n_jobs"
+                        for o in config.hydra.overrides.hydra)
+            if launcher.n_jobs == -1 and not given:
+                launcher.n_jobs = len(gpus)
+            os.environ[placement.SWEEP_GPUS_ENV] = ",".join(gpus)
+            _log.info("GPU placement: %d GPU(s) %s, n_jobs=%s, each joblib worker keeps one GPU",
+                      len(gpus), ",".join(gpus), launcher.n_jobs)
+        elif OmegaConf.select(launcher, "ray.remote.num_gpus", default=None) is None:
+            with open_dict(launcher):
+                launcher.ray.remote.num_gpus = 1
+            _log.info("GPU placement: Ray gives each job one GPU (hydra.launcher.ray.remote.num_gpus=1)")
+

@@ -5,10 +5,11 @@ Hydra parses the command line and composes ``conf/train.yaml`` (:func:`foxdqn.co
 ``--config-name`` picks a primary config there: docs/configuration.md).
 The task function validates the config and the data once, before any work; trains; evaluates on
 the test split and prints where the outputs are. A ``--multirun`` checks every job first
-(:class:`foxdqn.hydra_callbacks.CheckJobs`). Bad input (an unknown key, a wrong type, an invalid
-value, a bad data file) ends with one line on stderr, exit code 2 and no run folder; a halt raised
-by an on-device guard ends with exit code 3 after the last good weights are saved; SIGINT/SIGTERM
-with a checkpoint and exit code 130/143. docs/usage.md lists every outcome.
+(:class:`foxdqn.hydra_callbacks.CheckJobs`); a job of a joblib sweep on CUDA first takes a GPU of
+its own (:mod:`foxdqn.placement`). Bad input (an unknown key, a wrong type, an invalid value, a
+bad data file) ends with one line on stderr, exit code 2 and no run folder; a halt raised by an
+on-device guard ends with exit code 3 after the last good weights are saved; SIGINT/SIGTERM with a
+checkpoint and exit code 130/143. docs/usage.md lists every outcome.
 """
 from __future__ import annotations
 
@@ -131,6 +132,7 @@ _TASK_STARTED = False
 def _run(cfg: DictConfig) -> float | None:
     global _TASK_STARTED
     _TASK_STARTED = True
+    _place_on_gpu()  # first: finalize() below initialises CUDA (torch.cuda.is_available())
     from foxdqn.resume import given_keys, resolve_resume
 
     hydra_dir = Path(HydraConfig.get().runtime.output_dir)
@@ -148,6 +150,30 @@ def _run(cfg: DictConfig) -> float | None:
         COLLECTOR.add(Member(tc, market, run_dir, int(job.job.num), [str(o) for o in job.overrides.task], payload))
         return None
     return _train(tc, market, run_dir, payload)
+
+
+def _place_on_gpu() -> None:
+    """A job of a joblib sweep on GPUs takes its worker process's GPU (``CUDA_VISIBLE_DEVICES``,
+    :func:`foxdqn.placement.place_sweep_job`) and logs one line naming it; anything else is left
+    as it is. A slot folder that cannot be used costs a warning: the job then sees every GPU."""
+    import logging
+
+    from hydra.types import RunMode
+
+    from foxdqn.placement import place_sweep_job
+
+    hc = HydraConfig.get()
+    if hc.mode != RunMode.MULTIRUN:
+        return
+    log = logging.getLogger("foxdqn.placement")
+    try:
+        claim = place_sweep_job(OmegaConf.select(hc, "launcher._target_", default=None))
+    except OSError as exc:
+        log.warning("job %s: no GPU placement, the job sees every GPU of the sweep: %s", hc.job.num, exc)
+        return
+    if claim is not None:
+        log.info("job %s: GPU %s (CUDA_VISIBLE_DEVICES=%s, held by worker process %d for all its jobs)",
+                 hc.job.num, claim.gpu, claim.gpu, os.getpid())
 
 
 def _train(tc: TrainConfig, market, run_dir: Path, payload: dict | None) -> float:

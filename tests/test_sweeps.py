@@ -1,6 +1,6 @@
 """Hydra launchers and sweepers of docs/usage.md#launchers-and-hyperparameter-search, end to end on CPU in smoke mode:
-joblib (parallel jobs), submitit_local, the Optuna search hparams_search=eurusd_optuna, and the
-one-line message of a launcher whose plugin is not installed."""
+joblib (parallel jobs; with mocked GPUs, one GPU per worker process), submitit_local, the Optuna search
+hparams_search=eurusd_optuna, and the one-line message of a launcher whose plugin is not installed."""
 import json
 import math
 import os
@@ -45,6 +45,56 @@ def test_launcher_runs_complete_jobs(tmp_path, launcher):
     seeds_run = sorted(OmegaConf.load(job / "config.yaml").seed for job in (tmp_path / "s").iterdir() if job.name.isdigit())
     assert seeds_run == list(range(len(summaries)))
     assert (tmp_path / "s" / "report.md").is_file()
+
+
+def run_with_gpus(n_gpus: int, args, cwd):
+    """``run`` with the sweep's process seeing ``n_gpus`` mocked GPUs (foxdqn.placement.gpu_count);
+    the jobs still run on the CPU, as there is no CUDA here. The GPU slot folder goes under ``cwd``
+    (TMPDIR), and loky counts 2 CPUs."""
+    from foxdqn.placement import SWEEP_GPUS_ENV
+
+    code = (f"import sys, foxdqn.placement as p; p.gpu_count = lambda: {n_gpus}; from foxdqn.train import main; "
+            "sys.argv = ['foxdqn.train', '--multirun', *sys.argv[1:]]; main()")
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "TMPDIR": str(cwd), "LOKY_MAX_CPU_COUNT": "2"}
+    for name in ("CUDA_VISIBLE_DEVICES", SWEEP_GPUS_ENV):
+        env.pop(name, None)
+    return subprocess.run([sys.executable, "-c", code, *args], cwd=cwd, env=env, capture_output=True, text=True,
+                          timeout=600)
+
+
+@pytest.mark.parametrize("device", ["auto", "cpu"])
+def test_joblib_jobs_take_a_gpu_each_on_cuda_and_nothing_on_cpu(tmp_path, device):
+    """Two mocked GPUs, three jobs, no n_jobs given: on a CUDA run (device=auto) n_jobs becomes 2 and
+    each worker process takes a GPU of its own, its later job staying on it; with device=cpu the
+    plugin's n_jobs (-1) stays and no job takes a GPU (docs/usage.md#gpus-of-parallel-jobs)."""
+    import re
+
+    pytest.importorskip("hydra_plugins.hydra_joblib_launcher")
+    res = run_with_gpus(2, ["hydra/launcher=joblib", "seed=0,1,2", "debug=smoke", "debug.max_env_steps=1024",
+                            f"device={device}", f"hydra.sweep.dir={tmp_path / 's'}"], cwd=tmp_path)
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert len(complete_jobs(tmp_path / "s")) == 3
+    line = re.compile(r"job (\d+): GPU (\S+) \(CUDA_VISIBLE_DEVICES=(\S+), held by worker process (\d+) ")
+    placed = {}
+    for job in range(3):
+        found = line.findall((tmp_path / "s" / str(job) / "train.log").read_text())
+        placed[job] = found[0][1:] if found else None
+        assert len(found) <= 1
+    slots = list(tmp_path.glob("foxdqn-gpu-slots-*"))
+    if device == "cpu":
+        assert "Joblib.Parallel(n_jobs=-1," in res.stdout
+        assert placed == {0: None, 1: None, 2: None} and "GPU placement" not in res.stdout + res.stderr
+        assert slots == []
+        return
+    assert "Joblib.Parallel(n_jobs=2," in res.stdout
+    assert all(placed.values()), placed
+    by_worker = {}
+    for gpu, visible, pid in placed.values():
+        assert gpu == visible
+        assert by_worker.setdefault(pid, gpu) == gpu, placed  # a worker's later job stays on its GPU
+    used = set(by_worker.values())
+    assert used == ({"0", "1"} if len(by_worker) > 1 else {"0"}), placed  # two workers: two GPUs
+    assert len(slots) == 1 and {p.name for p in slots[0].glob("gpu-*")} == {f"gpu-{g}.0.lock" for g in used}
 
 
 def test_optuna_search_maximises_the_validation_metric(tmp_path):
