@@ -703,8 +703,21 @@ def to_object(cfg: DictConfig | TrainConfig) -> TrainConfig:
 
 def to_plain(cfg: TrainConfig) -> dict:
     """``cfg`` as nested dicts of plain Python values (choices as their strings): what checkpoints
-    store and resume compares."""
-    return OmegaConf.to_container(OmegaConf.structured(cfg), enum_to_str=True)
+    store and resume compares; equal to ``OmegaConf.to_container(OmegaConf.structured(cfg),
+    enum_to_str=True)``, without building an OmegaConf node (a population writes one per member)."""
+    return _plain(cfg)
+
+
+def _plain(value: Any) -> Any:
+    if dataclasses.is_dataclass(value):
+        return {f.name: _plain(getattr(value, f.name)) for f in dataclasses.fields(value)}
+    if isinstance(value, Enum):
+        return value.name
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    if isinstance(value, dict):
+        return {k: _plain(v) for k, v in value.items()}
+    return value
 
 
 def upgrade(values: dict) -> dict:

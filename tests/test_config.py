@@ -206,3 +206,14 @@ def test_prometheus_bind_errors_name_the_key():
         "logger.prometheus.addr=127.0.0.1: not an address to bind")
     assert str(p.bind_error(OSError(errno.EADDRNOTAVAIL, "Cannot assign requested address"))).startswith(
         "logger.prometheus.addr=127.0.0.1: not an address to bind")
+
+
+@pytest.mark.parametrize("name", ["eurusd_dqn", "cartpole_cleanrl", "eurusd_rainbowish", "pong_dqn", "bitflip_her"])
+def test_to_plain_equals_omegaconf_container(name):
+    """to_plain walks the dataclasses itself; it must give what OmegaConf's container gives."""
+    from omegaconf import OmegaConf
+
+    from foxdqn.config import to_plain
+
+    tc = load_config([f"+experiment={name}", "debug=smoke"])
+    assert to_plain(tc) == OmegaConf.to_container(OmegaConf.structured(tc), enum_to_str=True)
