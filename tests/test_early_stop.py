@@ -7,6 +7,7 @@ import pytest
 import torch
 
 import foxdqn.loop as loop
+import foxdqn.finish as finish
 from foxdqn.checkpoint import load_checkpoint
 from foxdqn.early_stop import EarlyStopper, resolve_metric
 from foxdqn.errors import ConfigError, HaltError
@@ -54,16 +55,18 @@ def _train(tmp_path, overrides):
 
 def test_val_stop_after_patience_and_best_checkpoint_is_evaluated(tmp_path, monkeypatch):
     values = iter([1.0, 3.0, 2.0, 2.5, 9.0, 9.0])  # evaluations at 512, 1024, 1536, 2048 env steps
-    monkeypatch.setattr(loop, "_evaluate_val", lambda s, market: {"sharpe": next(values)})
+    fake_val = lambda agent, market: {"sharpe": next(values)}  # noqa: E731
+    monkeypatch.setattr(loop, "evaluate_val", fake_val)  # validation during training
+    monkeypatch.setattr(finish, "evaluate_val", fake_val)  # the selection at the end
     seen = {}
-    real_evaluate = loop.evaluate
+    real_evaluate = finish.evaluate
 
     def spy(cfg, market, online, device, split="test", action_mode=None):
         if split == cfg.eval.split:
             seen["weights"] = {k: v.detach().clone() for k, v in online.state_dict().items()}
         return real_evaluate(cfg, market, online, device, split=split, action_mode=action_mode)
 
-    monkeypatch.setattr(loop, "evaluate", spy)
+    monkeypatch.setattr(finish, "evaluate", spy)
     summary = _train(tmp_path, ["eval.interval_env_steps=512", "early_stop.patience=2"])
     assert summary["stop"] == {"reason": "early_stop_val", "at_env_steps": 2048, "metric": "sharpe",
                                "best_env_steps": 1024, "best_metric": 3.0, "detail": summary["stop"]["detail"]}
@@ -134,7 +137,8 @@ def test_config_errors_name_the_field(overrides, needle):
 
 def test_no_validation_stop_before_the_first_update(tmp_path, monkeypatch):
     """Before agent.learning_starts the weights never change: those evaluations do not count."""
-    monkeypatch.setattr(loop, "_evaluate_val", lambda s, market: {"sharpe": 1.0})
+    monkeypatch.setattr(loop, "evaluate_val", lambda agent, market: {"sharpe": 1.0})
+    monkeypatch.setattr(finish, "evaluate_val", lambda agent, market: {"sharpe": 1.0})
     summary = _train(tmp_path, ["agent.learning_starts=3000", "debug.max_learning_starts=3000",
                                 "eval.interval_env_steps=256", "early_stop.patience=2"])
     assert summary["updates"] > 0

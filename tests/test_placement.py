@@ -289,7 +289,8 @@ def boom(*args, **kwargs):
     raise AssertionError("CUDA queried at import")
 for name in ("is_available", "device_count", "init", "_lazy_init", "mem_get_info", "current_device"):
     setattr(torch.cuda, name, boom)
-torch._C._cuda_getDeviceCount = boom
+if hasattr(torch._C, "_cuda_getDeviceCount"):  # a CUDA build; setting it on a CPU build would make torch
+    torch._C._cuda_getDeviceCount = boom           # believe CUDA is compiled in (torch.cuda._is_compiled)
 import foxdqn.placement, foxdqn.train, foxdqn.hydra_callbacks, foxdqn.report, foxdqn.loop, foxdqn.evaluate
 """
     root = Path(__file__).resolve().parents[1]

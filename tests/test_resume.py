@@ -160,7 +160,7 @@ def test_20_kill_9_at_random_moments_leave_checkpoints_that_continue(tmp_path):
         proc = subprocess.Popen(command(run_dir), cwd=tmp_path, env=env, stdout=subprocess.DEVNULL,
                                 stderr=subprocess.PIPE, text=True)
         try:
-            proc.wait(timeout=rng.uniform(1.0, 9.0))
+            proc.wait(timeout=rng.uniform(1.0, 6.0))
         except subprocess.TimeoutExpired:
             proc.send_signal(signal.SIGKILL)
             proc.wait()

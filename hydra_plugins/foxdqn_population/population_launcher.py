@@ -35,10 +35,14 @@ class PopulationLauncherConf:
     Attributes:
         max_members: the most members one population holds (a larger group of equal settings is
             split in job order); null: no limit.
+        n_jobs: populations trained at once, each in a worker process on a GPU of its own; null:
+            the number of GPUs the sweep sees when the run is on CUDA (1 on CPU); 1: all in this
+            process, one after another.
     """
 
     _target_: str = "hydra_plugins.foxdqn_population.population_launcher.PopulationLauncher"
     max_members: Optional[int] = None
+    n_jobs: Optional[int] = None
 
 
 ConfigStore.instance().store(group="hydra/launcher", name="population", node=PopulationLauncherConf,
@@ -90,13 +94,20 @@ class PopulationLauncher(Launcher):
     sweep report sees finished folders). ``hydra.job.chdir=true`` applies to a job trained alone;
     a population trains in the launching folder.
 
+    With several GPUs (``n_jobs``, default: one per GPU the sweep sees on CUDA) and several
+    populations, step 2 trains the populations in worker processes, one per GPU
+    (foxdqn.population.worker; ``CUDA_VISIBLE_DEVICES`` set to its GPU, the populations dealt out
+    by member count, largest first, to the least-loaded worker); the jobs that train alone then
+    run in this process.
+
     Args:
         max_members: the most members of one population (None: no limit).
+        n_jobs: populations trained at once, one GPU each (None: one per visible GPU on CUDA).
     """
 
-    def __init__(self, max_members: Optional[int] = None) -> None:
+    def __init__(self, max_members: Optional[int] = None, n_jobs: Optional[int] = None) -> None:
         super().__init__()
-        self.max_members = max_members
+        self.max_members, self.n_jobs = max_members, n_jobs
         self.config: Optional[DictConfig] = None
         self.task_function: Optional[TaskFunction] = None
         self.hydra_context: Optional[HydraContext] = None
@@ -104,10 +115,11 @@ class PopulationLauncher(Launcher):
     def setup(self, *, hydra_context: HydraContext, task_function: TaskFunction, config: DictConfig) -> None:
         """Keep the multirun's context. A ``max_members`` below 1 ends the multirun with one line and
         exit code 2 before any job folder is made."""
-        if self.max_members is not None and self.max_members < 1:
-            print(f"foxdqn: error: hydra.launcher.max_members={self.max_members} must be >= 1 (or null: no limit)",
-                  file=sys.stderr)
-            sys.exit(2)
+        for key, value in (("max_members", self.max_members), ("n_jobs", self.n_jobs)):
+            if value is not None and value < 1:
+                print(f"foxdqn: error: hydra.launcher.{key}={value} must be >= 1 (or null: "
+                      f"{'no limit' if key == 'max_members' else 'one per GPU'})", file=sys.stderr)
+                sys.exit(2)
         self.config, self.hydra_context, self.task_function = config, hydra_context, task_function
 
     def launch(self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> Sequence[JobReturn]:
@@ -135,7 +147,15 @@ class PopulationLauncher(Launcher):
                                                   config=sweep_config, job_dir_key="hydra.sweep.dir",
                                                   job_subdir_key="hydra.sweep.subdir")
                 configure_log(self.config.hydra.hydra_logging, self.config.hydra.verbose)
-        for group in plan(COLLECTOR.members, self.max_members):
+        groups = plan(COLLECTOR.members, self.max_members)
+        populations = [g for g in groups if len(g) > 1]
+        gpus = self._worker_gpus(populations)
+        if len(gpus) > 1:
+            self._train_in_workers(populations, gpus, jobs)
+            for member in (m for g in populations for m in g):
+                callbacks.release(member.job_num, jobs[member.job_num][1])
+            groups = [g for g in groups if len(g) == 1]
+        for group in groups:
             if len(group) == 1:
                 self._train_alone(group[0], *jobs[group[0].job_num])
             else:
@@ -144,6 +164,54 @@ class PopulationLauncher(Launcher):
                 callbacks.release(member.job_num, jobs[member.job_num][1])
             configure_log(self.config.hydra.hydra_logging, self.config.hydra.verbose)
         return [ret for _, ret in (jobs[idx] for idx in sorted(jobs))]
+
+    def _worker_gpus(self, populations: List[Any]) -> List[str]:
+        """The GPUs of the worker processes (one each): none (train here) unless the run is on CUDA,
+        there are two or more populations and ``n_jobs`` allows two or more."""
+        from foxdqn.placement import gpu_count, visible_gpus
+
+        from foxdqn.step.state import resolve_device
+
+        if len(populations) < 2 or self.n_jobs == 1 or resolve_device(str(populations[0][0].tc.device)).type != "cuda":
+            return []
+        ids = visible_gpus(os.environ, gpu_count())
+        return ids[:min(self.n_jobs or len(ids), len(ids), len(populations))]
+
+    def _train_in_workers(self, populations: List[Any], gpus: List[str],
+                          jobs: Dict[int, Tuple[DictConfig, JobReturn]]) -> None:
+        """Deal ``populations`` out to one worker process per GPU (largest first, to the worker with
+        the fewest members), wait for all, then set every member's JobReturn."""
+        import pickle
+        import shutil
+        import subprocess
+
+        from foxdqn.io_atomic import write_bytes_atomic
+
+        share = deal(populations, len(gpus))
+        folder = Path(str(self.config.hydra.sweep.dir)) / ".population-workers"
+        folder.mkdir(parents=True, exist_ok=True)
+        procs = []
+        for k, (gpu, mine) in enumerate(zip(gpus, share)):
+            src, out = folder / f"{k}.in", folder / f"{k}.out"
+            write_bytes_atomic(src, pickle.dumps(mine))
+            log.info(f"worker {k} on GPU {gpu}: populations of jobs "
+                     + "; ".join(", ".join(str(m.job_num) for m in g) for g in mine))
+            procs.append(subprocess.Popen([sys.executable, "-m", "foxdqn.population.worker", str(src), str(out)],
+                                          env={**os.environ, "CUDA_VISIBLE_DEVICES": gpu}))
+        codes = [p.wait() for p in procs]
+        for k, (mine, code) in enumerate(zip(share, codes)):
+            out = folder / f"{k}.out"
+            results = pickle.loads(out.read_bytes()) if out.is_file() else []
+            for i, group in enumerate(mine):
+                result = results[i] if i < len(results) else f"worker {k} exited with code {code} before this population ended"
+                for j, member in enumerate(group):
+                    config, ret = jobs[member.job_num]
+                    if isinstance(result, str):
+                        _set_result(ret, lambda result=result: _raise(RuntimeError(result)))
+                        continue
+                    with _as_job(config, logs=False):
+                        _set_result(ret, lambda member=member, outcome=result[j]: _member_value(member, outcome))
+        shutil.rmtree(folder, ignore_errors=True)
 
     @staticmethod
     def _train_alone(member: Any, config: DictConfig, ret: JobReturn) -> None:
@@ -177,6 +245,15 @@ class PopulationLauncher(Launcher):
             config, ret = jobs[member.job_num]
             with _as_job(config, logs=False):
                 _set_result(ret, lambda member=member, outcome=outcome: _member_value(member, outcome))
+
+
+def deal(populations: List[Any], workers: int) -> List[List[Any]]:
+    """``populations`` (lists of members) dealt out to ``workers`` lists: largest first, each to the
+    worker holding the fewest members so far (the first such worker on ties)."""
+    share: List[List[Any]] = [[] for _ in range(workers)]
+    for group in sorted(populations, key=len, reverse=True):
+        min(share, key=lambda mine: sum(len(g) for g in mine)).append(group)
+    return share
 
 
 def _member_value(member: Any, outcome: Any) -> float:

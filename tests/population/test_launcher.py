@@ -233,3 +233,45 @@ def test_checkjobs_still_prechecks_every_job(tmp_path):
     assert res.stderr.strip().startswith("foxdqn: error: job ") and "optim.lr=-1.0 must be > 0" in res.stderr
     assert len(res.stderr.strip().splitlines()) == 1
     assert not (tmp_path / "s").exists() and not (tmp_path / "calls.jsonl").exists()
+
+
+def test_deal_balances_members_over_workers():
+    from hydra_plugins.foxdqn_population.population_launcher import deal
+
+    groups = [list(range(n)) for n in (3, 8, 2, 5, 5)]
+    share = deal(groups, 2)
+    assert sorted(sum(len(g) for g in mine) for mine in share) == [11, 12]
+    assert sorted(len(g) for mine in share for g in mine) == [2, 3, 5, 5, 8]
+    assert deal(groups, 1) == [sorted(groups, key=len, reverse=True)]
+    assert [len(mine) for mine in deal(groups[:2], 4)] == [1, 1, 0, 0]
+
+
+def test_worker_trains_its_populations_and_writes_their_outcomes(tmp_path):
+    """foxdqn.population.worker: two populations in turn, their outcomes pickled back, each
+    member's log lines in its train.log."""
+    import pickle
+
+    from foxdqn.compose import load_config
+    from foxdqn.population.jobs import Member
+
+    def member(job, seed):
+        run_dir = tmp_path / str(job)
+        run_dir.mkdir()
+        tc = load_config(["+experiment=cartpole_cleanrl", "debug=smoke", "device=cpu", "log.progress=false",
+                          "logger=csv", f"seed={seed}", "agent.total_env_steps=600", "eval.episodes=4"])
+        return Member(tc, None, run_dir, job, [f"seed={seed}"])
+
+    groups = [[member(0, 0), member(1, 1)], [member(2, 2), member(3, 3)]]
+    out = tmp_path / "out.pkl"
+    src = tmp_path / "in.pkl"
+    src.write_bytes(pickle.dumps(groups))
+    from foxdqn.population.worker import main as worker_main
+
+    assert worker_main([str(src), str(out)]) == 0
+    results = pickle.loads(out.read_bytes())
+    assert len(results) == 2 and all(len(r) == 2 for r in results)
+    for group, outcomes in zip(groups, results):
+        for m, o in zip(group, outcomes):
+            assert o.exit_code == 0 and o.summary["population"]["jobs"] == [g.job_num for g in group]
+            assert (m.run_dir / "eval" / "summary.json").is_file()
+            assert "population of 2 members" in (m.run_dir / "train.log").read_text()
