@@ -69,7 +69,7 @@ def test_launcher_is_registered_and_composes_from_our_conf():
         with initialize_config_dir(str(conf_folder()), version_base="1.3"):
             cfg = compose("train", overrides=["hydra/launcher=population", "hydra.launcher.max_members=2"],
                           return_hydra_config=True)
-            assert dict(cfg.hydra.launcher) == {"_target_": TARGET, "max_members": 2}
+            assert dict(cfg.hydra.launcher) == {"_target_": TARGET, "max_members": 2, "n_jobs": None}
             assert compose("train", overrides=["hydra/launcher=population"],
                            return_hydra_config=True).hydra.launcher.max_members is None
             launcher = instantiate(cfg.hydra.launcher)
