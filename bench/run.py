@@ -47,7 +47,9 @@ def _section(name: str, device: str, seeds: int = 1, only: tuple[str, ...] | Non
             return []
         return _ops_rows(device)
     module = importlib.import_module(f"bench.{name}_bench")
-    return module.rows(device, seeds=seeds, only=only) if name == "cartpole" else module.rows(device)  # population: bench/population_bench.py
+    if name == "population":
+        return module.rows(device, only=only)
+    return module.rows(device, seeds=seeds, only=only) if name == "cartpole" else module.rows(device)
 
 
 def _cartpole_tables(cp: pd.DataFrame) -> str:
@@ -147,7 +149,8 @@ def main(argv=None) -> int:
     ap.add_argument("--sections", default="step,e2e,cartpole,ops,population")
     ap.add_argument("--out", default=str(RESULTS))
     ap.add_argument("--seeds", type=int, default=1, help="cartpole section: seeds per graph and SB3 row")
-    ap.add_argument("--only", help="cartpole section: comma-separated rows (bench.cartpole_bench.ROWS)")
+    ap.add_argument("--only", help="cartpole section: comma-separated rows (bench.cartpole_bench.ROWS); "
+                                   "population section: experiments (bench.population_bench.CASES)")
     ap.add_argument("--tag", help="appended to the result files' name (<date>_<gpu>_<sections>-<tag>)")
     ap.add_argument("--report", metavar="CSV", help="only rebuild the .md and .png beside CSV from its rows "
                                                     "(e.g. of a run cut by a time limit)")
