@@ -187,9 +187,13 @@ def _check_args(ap: argparse.ArgumentParser, args) -> None:
     if unknown:
         ap.error(f"--sections: unknown {unknown}; allowed: {','.join(SECTIONS)}")
     if args.only:
-        bad = sorted(set(args.only.split(",")) - set(ROWS))
+        from bench.population_bench import CASES
+
+        allowed = (set(ROWS) if "cartpole" in sections else set()) | (set(CASES) if "population" in sections else set())
+        bad = sorted(set(args.only.split(",")) - allowed)
         if bad:
-            ap.error(f"--only: unknown cartpole rows {bad}; allowed: {','.join(ROWS)}")
+            ap.error(f"--only: unknown rows {bad}; allowed: {','.join(sorted(allowed))} (cartpole: its rows; "
+                     "population: its experiments)")
     if args.seeds < 1:
         ap.error(f"--seeds: must be >= 1, got {args.seeds}")
     if args.report:

@@ -9,6 +9,7 @@ import pytest
 import torch
 
 import foxdqn.loop as loop
+import foxdqn.finish as finish
 from foxdqn.checkpoint import load_checkpoint
 
 from support import small_state
@@ -26,15 +27,17 @@ def _train(tmp_path, overrides, experiment=None):
 
 def test_val_stop_in_graph_mode_evaluates_best(tmp_path, monkeypatch):
     values = iter([1.0, 3.0, 2.0, 2.5, 9.0, 9.0])
-    monkeypatch.setattr(loop, "_evaluate_val", lambda s, market: {"sharpe": next(values)})
+    fake_val = lambda agent, market: {"sharpe": next(values)}  # noqa: E731
+    monkeypatch.setattr(loop, "evaluate_val", fake_val)  # validation during training
+    monkeypatch.setattr(finish, "evaluate_val", fake_val)  # the selection at the end
     seen = {}
-    real_evaluate = loop.evaluate
+    real_evaluate = finish.evaluate
 
     def spy(cfg, market, online, device, split="test", action_mode=None):
         seen["weights"] = {k: v.detach().cpu().clone() for k, v in online.state_dict().items()}
         return real_evaluate(cfg, market, online, device, split=split, action_mode=action_mode)
 
-    monkeypatch.setattr(loop, "evaluate", spy)
+    monkeypatch.setattr(finish, "evaluate", spy)
     summary = _train(tmp_path, ["eval.interval_env_steps=512", "early_stop.patience=2", "diversity.min_entropy=1.0",
                                 "diversity.patience=1"])
     assert summary["graph"] is True and summary["device"].startswith("cuda")
