@@ -149,6 +149,29 @@ def test_plan_puts_member_keys_together_and_refused_members_alone(cartpole):
     assert jobs(plan(members(tcs))) == [[0, 1, 3], [2], [4]]  # the two refused ones are not grouped together
 
 
+def test_plan_splits_what_does_not_fit_in_memory(cartpole):
+    """The memory cap (grouping.memory_cap: replays of P members in 80 % of the free memory) splits
+    a group like max_members; the smaller of the two wins."""
+    tcs = [with_values(cartpole, seed=s) for s in range(5)]
+    assert jobs(plan(members(tcs), cap=lambda tc, market: 2)) == [[0, 1], [2, 3], [4]]
+    assert jobs(plan(members(tcs), max_members=3, cap=lambda tc, market: 4)) == [[0, 1, 2], [3, 4]]
+    assert jobs(plan(members(tcs), cap=lambda tc, market: None)) == [[0, 1, 2, 3, 4]]
+
+
+def test_memory_cap_counts_replay_bytes_per_member(cartpole, monkeypatch):
+    import foxdqn.train as train
+    from foxdqn.population.grouping import memory_cap
+    from foxdqn.replay.buffer import replay_bytes
+
+    per_member = replay_bytes(cartpole.replay.capacity, 4)
+    monkeypatch.setattr(train, "available_bytes", lambda device: int(10 * per_member / 0.8))
+    assert memory_cap(cartpole, None) == 10
+    monkeypatch.setattr(train, "available_bytes", lambda device: 1)
+    assert memory_cap(cartpole, None) == 1  # never below one member: the single-run precheck refuses it
+    monkeypatch.setattr(train, "available_bytes", lambda device: None)
+    assert memory_cap(cartpole, None) is None
+
+
 def test_plan_refuses_max_members_below_one(cartpole):
     assert plan([], None) == []
     with pytest.raises(ValueError, match="max_members=0"):
