@@ -44,7 +44,8 @@ class RunEnd:
     ``env_steps`` and ``updates`` done, the ``checkpoint`` written last, the early stopper (or
     None), the collapse monitor (foxdqn.monitor.diversity), ``best_path`` (early stopping's best
     weights), the ``overrides`` that tell this run apart in a sweep (None: read Hydra's) and
-    ``extra`` entries for the summary (a population member's ``population``). ``val_metrics`` and
+    ``extra`` entries for the summary (a population member's ``population``), ``name`` a prefix of
+    its log line (a population member's ``"job N: "``). ``val_metrics`` and
     ``test_result`` are the validation metrics and the evaluation (:func:`foxdqn.evaluate.evaluate`'s
     result, or the episode metrics of a non-trading env) when already computed (a population
     evaluates its members together); None: :func:`finish` computes them."""
@@ -59,6 +60,7 @@ class RunEnd:
     best_path: Path | None = None
     overrides: list[str] | None = field(default=None)
     extra: dict = field(default_factory=dict)
+    name: str = ""
     val_metrics: dict | None = None
     test_result: dict | None = None
 
@@ -103,8 +105,8 @@ def finish(agent: Agent, market, run_dir: Path, end: RunEnd) -> dict:
         evaluated = {"checkpoint": "best", "env_steps": best["env_steps"], "metric": stopper.metric,
                      "value": stopper.best}
     chosen = selection(agent, market, stopper, evaluated["checkpoint"], end.val_metrics)
-    log.info("trained in %.1f s (stop: %s at %d env steps); val %s = %.4g; evaluating the %s weights (%d env "
-             "steps) once on %s", end.wall, stop["reason"], stop["at_env_steps"], chosen["metric"], chosen["value"],
+    log.info("%strained in %.1f s (stop: %s at %d env steps); val %s = %.4g; evaluating the %s weights (%d env "
+             "steps) once on %s", end.name, end.wall, stop["reason"], stop["at_env_steps"], chosen["metric"], chosen["value"],
              evaluated["checkpoint"], evaluated["env_steps"], cfg.eval.split)
     extra = {
         "experiment": cfg.experiment,

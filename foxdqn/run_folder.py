@@ -57,11 +57,12 @@ class RunFolder:
         self.path = Path(path)
         self._lock_fd: int | None = None
 
-    def open(self, resume: bool = False) -> "RunFolder":
+    def open(self, resume: bool = False, after_kill: str = "resume=auto continues it") -> "RunFolder":
         """Check, lock and mark the folder.
 
         Args:
             resume: the run continues the one in this folder (its outputs are expected).
+            after_kill: what the marker tells a reader to do when the run was killed.
 
         Raises:
             RunFolderError: one line naming the folder and what is wrong.
@@ -100,7 +101,7 @@ class RunFolder:
         stamp = _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
         (path / MARKER).write_text(f"started {stamp} pid {os.getpid()}; removed when eval/summary.json is "
                                    "written. Present without a running process: the run was killed or "
-                                   "interrupted (resume=auto continues it).\n")
+                                   f"interrupted ({after_kill}).\n")
         return self
 
     def finish(self) -> None:

@@ -95,8 +95,8 @@ def available_bytes(device: str) -> int | None:
     """Free memory of the run's device (CUDA: free GPU memory; CPU: MemAvailable on Linux)."""
     import torch
 
-    if device == "cuda" or (device == "auto" and torch.cuda.is_available()):
-        return int(torch.cuda.mem_get_info()[0])
+    if str(device).startswith("cuda") or (device == "auto" and torch.cuda.is_available()):
+        return int(torch.cuda.mem_get_info(None if str(device) in ("cuda", "auto") else torch.device(str(device)))[0])
     try:
         with open("/proc/meminfo") as f:
             for line in f:
@@ -293,5 +293,7 @@ def main() -> None:
         sys.exit(max(code for code, _ in _FAILED_JOBS))
 
 
-if __name__ == "__main__":
-    main()
+if __name__ == "__main__":  # python -m foxdqn.train: run the imported module's main, so that the launchers
+    from foxdqn.train import main as _main  # (which import foxdqn.train) and main() share one _FAILED_JOBS
+
+    _main()

@@ -51,7 +51,7 @@ def build_member_env(cfg: TrainConfig, market, rng: MemberRandom, device: torch.
     """The population's training env: ``env.num_envs`` envs per member.
 
     Raises:
-        ValueError: ``env.name`` is not one of :data:`MEMBER_ENVS`.
+        ValueError: ``env.name`` is not cartpole or trading (grouping.POPULATION_ENVS).
     """
     if cfg.env.name == "cartpole":
         return MemberCartPoleEnv(rng, cfg.env.num_envs, device)

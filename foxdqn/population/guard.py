@@ -28,8 +28,9 @@ class MemberGuard:
         skip: float32 ``[P]``, 1 where this update is skipped (read by Adam and the target update).
         halted: float32 ``[P]``, 1 once a member halted.  code: int64 ``[P]``, the first halt's
         code (:data:`REASONS`).  at_update: int64 ``[P]``, the update that halted it (−1: none).
-        host: pinned (on CUDA) int64 ``[3, P]`` copy of (halted, code, at_update), refreshed by
-        :meth:`publish` without a wait.
+        host: pinned (on CUDA) int64 ``[4, P]`` copy of (halted, code, at_update, at_env_steps), refreshed by
+        :meth:`publish` without a wait.  at_env_steps: int64 ``[P]``, the member's env steps when it
+        halted (−1: none).
     """
 
     def __init__(self, loss_clip: torch.Tensor, device: torch.device):
@@ -39,12 +40,15 @@ class MemberGuard:
         self.halted = torch.zeros(p, device=device)
         self.code = torch.zeros(p, dtype=torch.int64, device=device)
         self.at_update = torch.full((p,), -1, dtype=torch.int64, device=device)
-        self._state = torch.zeros(3, p, dtype=torch.int64, device=device)
-        self.host = torch.zeros(3, p, dtype=torch.int64, pin_memory=device.type == "cuda")
+        self.at_env_steps = torch.full((p,), -1, dtype=torch.int64, device=device)
+        self._state = torch.zeros(4, p, dtype=torch.int64, device=device)
+        self.host = torch.zeros(4, p, dtype=torch.int64, pin_memory=device.type == "cuda")
 
-    def check(self, loss: torch.Tensor, grad_norm: torch.Tensor, updates: torch.Tensor) -> torch.Tensor:
+    def check(self, loss: torch.Tensor, grad_norm: torch.Tensor, updates: torch.Tensor,
+              env_steps: torch.Tensor) -> torch.Tensor:
         """Set :attr:`skip` from this update's ``loss`` and ``grad_norm`` (float32 ``[P]``);
-        ``updates`` (int64 0-d) is the update's number. Returns :attr:`skip`."""
+        ``updates`` (int64 0-d) is the update's number, ``env_steps`` (int64 0-d) each member's
+        env steps so far. Returns :attr:`skip`."""
         non_finite = ~(torch.isfinite(loss) & torch.isfinite(grad_norm))
         too_big = loss > self.loss_clip
         bad = non_finite | too_big
@@ -52,16 +56,24 @@ class MemberGuard:
         code = torch.where(non_finite, NON_FINITE, LOSS_CLIP)
         self.code.copy_(torch.where(first, code, self.code))
         self.at_update.copy_(torch.where(first, updates, self.at_update))
+        self.at_env_steps.copy_(torch.where(first, env_steps, self.at_env_steps))
         self.halted.copy_(torch.maximum(self.halted, bad.to(torch.float32)))
         return self.skip.copy_(self.halted)
 
     def publish(self) -> None:
-        """Copy (halted, code, at_update) to :attr:`host`, non-blocking (a captured copy on CUDA)."""
-        torch.stack([self.halted.to(torch.int64), self.code, self.at_update], out=self._state)
+        """Copy (halted, code, at_update, at_env_steps) to :attr:`host`, non-blocking (a captured
+        copy on CUDA)."""
+        torch.stack([self.halted.to(torch.int64), self.code, self.at_update, self.at_env_steps], out=self._state)
         self.host.copy_(self._state, non_blocking=True)
 
     def reason(self, p: int) -> str | None:
         """Member ``p``'s halt reason from the host copy (None: not halted); call after a device sync
         for an exact answer, any time for the newest published one."""
-        halted, code, at = (int(v) for v in self.host[:, p])
+        halted, code, at = (int(v) for v in self.host[:3, p])
         return None if not halted else f"{REASONS.get(code, 'unknown')} at update {at}"
+
+    def halt_point(self, p: int) -> tuple[int, int] | None:
+        """(env steps, updates applied) of member ``p`` when it halted, from the host copy; None:
+        not halted. The update that halted it was not applied."""
+        halted, _, at, steps = (int(v) for v in self.host[:, p])
+        return (steps, at) if halted else None

@@ -37,7 +37,7 @@ class MemberStats:
 
     def read(self) -> np.ndarray:
         """Host copy (float64 ``[P, FIELDS]``) of the accumulators, which are then zeroed."""
-        host = self.acc.cpu().numpy()
+        host = self.acc.to("cpu", copy=True).numpy()  # a copy also on CPU, where .cpu() would alias
         self.acc.zero_()
         return host
 

@@ -55,7 +55,7 @@ def update_step(s: PopulationState) -> None:
         loss = loss + torch.where(s.updates == s.params.nan_at, float("nan"), 0.0)
     loss.sum().backward()
     grad_norm = clip_member_grads_([w.grad for w in s.online.parameters()], s.params.grad_clip)
-    skip = s.guard.check(loss.detach(), grad_norm, s.updates)
+    skip = s.guard.check(loss.detach(), grad_norm, s.updates, s.env_steps)
     s.optimizer.step(skip)
     with torch.no_grad():
         w = target_weights(s, skip)

@@ -31,17 +31,26 @@ from foxdqn.step.iteration import Iteration
 log = logging.getLogger(__name__)
 
 
+def member_counts(s: PopulationState, p: int) -> tuple[int, int]:
+    """(env steps, updates applied) of member ``p``: the population's counters, or where the
+    member halted (its weights are those of that point)."""
+    halt = s.guard.halt_point(p)
+    return halt if halt is not None else (int(s.env_steps.item()), int(s.updates.item()))
+
+
 def member_checkpoint(s: PopulationState, p: int, path: Path) -> Path:
     """Write member ``p``'s checkpoint: its online and target weights in a single run's layout,
-    its config and counters, and ``population`` (member index, size). It evaluates like any
-    checkpoint (``python -m foxdqn.evaluate``); it holds no optimizer or replay, so a run cannot
-    resume from it (:func:`foxdqn.resume.read_checkpoint` says so). Written atomically."""
+    its config and counters (:func:`member_counts`), and ``population`` (member index, size). It
+    evaluates like any checkpoint (``python -m foxdqn.evaluate``); it holds no optimizer or replay,
+    so a run cannot resume from it (:func:`foxdqn.resume.read_checkpoint` says so). Written
+    atomically."""
+    env_steps, updates = member_counts(s, p)
     payload = {
         "format": FORMAT,
         "online": s.online.member_state_dict(p),
         "target": s.target.member_state_dict(p),
-        "env_steps": int(s.env_steps.item()),
-        "updates": int(s.updates.item()),
+        "env_steps": env_steps,
+        "updates": updates,
         "config": to_plain(s.cfgs[p]),
         "population": {"member": p, "size": s.members},
     }
@@ -74,6 +83,7 @@ class _Population:
         self.full = Iteration(s, self.graph, **step_fns)
         self.loggers: list[MetricsLogger] = []  # opened after the run folders (open_loggers)
         self.env_steps, self.host_updates = 0, 0
+        self.stopped: set[int] = set()  # members halted at an earlier log boundary: no more rows
         log.info("population of %d members (jobs %s): %s on %s (graph=%s), %d env steps each in %d iterations of "
                  "%d envs x %d steps, %d updates each", len(members), ", ".join(str(m.job_num) for m in members),
                  cfg.experiment, self.device, self.graph, self.total_iters * self.per_iter, self.total_iters,
@@ -109,16 +119,24 @@ class _Population:
                     break
 
     def _log_rows(self, rate: float) -> list[float]:
-        """One row per member from one host copy of the accumulators; returns the episode returns."""
+        """One row per member that had not halted at the previous boundary, from one host copy of
+        the accumulators (the interval's one sync); returns the members' episode returns."""
         s = self.s
-        acc = s.stats.read()  # the interval's one sync
-        eps = s.params.epsilon(s.env_steps, s.cfg.agent.total_env_steps).cpu().tolist()
+        acc = s.stats.read()  # waits for the device: the guard's host copy below is current
         returns = []
-        for p, logger in enumerate(self.loggers):
+        for p, (logger, m) in enumerate(zip(self.loggers, self.members)):
             row = MemberStats.row(acc[p])
-            row.update(epsilon=eps[p], updates=self.host_updates, env_steps_per_s=rate)
-            logger.log(self.env_steps, {f"train/{k}": v for k, v in row.items()})
             returns.append(row["episode_return"])
+            if p in self.stopped:
+                continue
+            x = m.tc.explore  # ε of the next collect step, as the device computes it (hparams.MemberParams)
+            frac = min(self.env_steps / max(x.eps_decay_fraction * m.tc.agent.total_env_steps, 1.0), 1.0)
+            halt = s.guard.halt_point(p)
+            row.update(epsilon=x.eps_start + (x.eps_end - x.eps_start) * frac, env_steps_per_s=rate,
+                       updates=self.host_updates if halt is None else halt[1])
+            logger.log(self.env_steps, {f"train/{k}": v for k, v in row.items()})
+            if halt is not None:
+                self.stopped.add(p)
         return returns
 
     def close(self) -> None:
@@ -128,8 +146,12 @@ class _Population:
             logger.close()
 
     def evaluate_members(self) -> tuple[list[dict], list[dict]]:
-        """Every member's validation metrics and evaluation (``eval.split``), all members at once:
-        the values :func:`foxdqn.finish.finish` would compute for each (foxdqn.population.evaluate)."""
+        """Every member's validation metrics and evaluation (``eval.split``), all members at once
+        (foxdqn.population.evaluate). Trading: the values :func:`foxdqn.finish.finish` would
+        compute for each (the walks are deterministic). Episodes (CartPole): the same number of
+        greedy episodes, their resets drawn from the member's own generator (seed + offset), so
+        ``python -m foxdqn.evaluate`` of the member's checkpoint (torch's generator) plays other
+        episodes of the same distribution."""
         from foxdqn.population.evaluate import member_episodes, member_walks
 
         s, cfg, market = self.s, self.s.cfg, self.members[0].market
@@ -152,9 +174,8 @@ class _Population:
             return Outcome(None, 3, f"training halted: {reason}; last good weights saved to {ckpt}")
         online = build_network(m.tc, s.env, s.action_mode.num_actions).to(self.device)
         online.load_state_dict(s.online.member_state_dict(p))
-        end = RunEnd(self.graph, wall, int(s.env_steps.item()), int(s.updates.item()), ckpt,
-                     overrides=list(m.overrides),
-                     extra={"population": {"member": p, "size": s.members,
+        end = RunEnd(self.graph, wall, *member_counts(s, p), ckpt, overrides=list(m.overrides),
+                     name=f"job {m.job_num}: ", extra={"population": {"member": p, "size": s.members,
                                            "jobs": [mm.job_num for mm in self.members]}},
                      val_metrics=val, test_result=test)
         return Outcome(finish(Agent(m.tc, online, s.action_mode, self.device), m.market, m.run_dir, end), 0, "")
@@ -179,7 +200,8 @@ def train_population(members: list[Member]) -> list[Outcome]:
         run = _Population(members)
     except FoxdqnError as exc:
         return [Outcome(None, 2, str(exc)) for _ in members]
-    folders = [RunFolder(m.run_dir).open(resume=False) for m in members]
+    after_kill = "a population does not resume: evaluate checkpoints/last.pt, or train again"
+    folders = [RunFolder(m.run_dir).open(resume=False, after_kill=after_kill) for m in members]
     for m in members:
         write_text_atomic(m.run_dir / "config.yaml", OmegaConf.to_yaml(OmegaConf.structured(m.tc)))
     outcomes: list[Outcome] = []

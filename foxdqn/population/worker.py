@@ -6,7 +6,8 @@
 (the launcher sets it, one GPU per worker), and writes one pickled list per group back to OUT:
 the group's :class:`~foxdqn.population.jobs.Outcome` list, or the text of the error that ended the
 group. While a group trains, the log lines go to the console and to every member's ``train.log``.
-The worker takes the exit code of its worst group's interruption (130/143) or 0.
+Exit code 0; on SIGINT/SIGTERM the group in training saves its members' weights and the worker
+exits with 130/143 (foxdqn.population.train.train_population), leaving its later groups untrained.
 """
 from __future__ import annotations
 

@@ -172,7 +172,12 @@ class PopulationLauncher(Launcher):
 
         from foxdqn.step.state import resolve_device
 
-        if len(populations) < 2 or self.n_jobs == 1 or resolve_device(str(populations[0][0].tc.device)).type != "cuda":
+        if len(populations) < 2 or self.n_jobs == 1:
+            return []
+        if resolve_device(str(populations[0][0].tc.device)).type != "cuda":
+            if self.n_jobs is not None:
+                log.info(f"hydra.launcher.n_jobs={self.n_jobs}: worker processes are for GPUs; on CPU the "
+                         f"{len(populations)} populations train one after another in this process")
             return []
         ids = visible_gpus(os.environ, gpu_count())
         return ids[:min(self.n_jobs or len(ids), len(ids), len(populations))]
