@@ -49,7 +49,7 @@ def test_report_has_both_cartpole_tables():
 
 
 @pytest.mark.parametrize("argv, needle", [
-    (["--only", "cartpole_dqn,foo"], "--only: unknown cartpole rows ['foo']"),
+    (["--only", "cartpole_dqn,foo"], "--only: unknown rows ['foo']"),
     (["--sections", "cartpol"], "--sections: unknown ['cartpol']"),
     (["--seeds", "0"], "--seeds: must be >= 1"),
     (["--report", "/no/such.csv"], "--report: no such file"),
