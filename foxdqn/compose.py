@@ -55,6 +55,70 @@ def load_config(overrides: list[str], config_name: str = "train") -> TrainConfig
         GlobalHydra.instance().clear()
 
 
+class JobComposer:
+    """:func:`load_config` for the many jobs of one multirun, faster where they differ only in values.
+
+    The first call composes through Hydra. A later job whose overrides are those of the first with
+    only some values changed, each a plain ``key=value`` of a leaf that is no config group (``seed=3``,
+    ``optim.lr=1e-3``, ``model.hidden=[8]``; not ``+key``, ``~key``, ``model=mlp`` or ``hydra.*``),
+    is the first job's composed config with those values set as Hydra sets them
+    (``OmegaConf.update(cfg, key, value, merge=True)`` after its override parser), then
+    :func:`finalize`d: about 25 ms instead of a 0.1–0.3 s compose. Anything else is composed.
+    Needs an initialised Hydra (inside ``python -m foxdqn.train``).
+
+    Raises:
+        ConfigError: as :func:`load_config`.
+    """
+
+    def __init__(self, config_name: str = "train") -> None:
+        self.config_name = config_name
+        self._base: tuple[list[str], DictConfig] | None = None
+
+    def __call__(self, overrides: list[str]) -> TrainConfig:
+        import copy
+
+        changes = self._changes(overrides)
+        if changes is None:
+            from hydra import compose
+
+            cfg = _compose(lambda: compose(self.config_name, overrides=overrides))
+            if self._base is None:
+                self._base = list(overrides), copy.deepcopy(cfg)
+            return finalize(cfg)
+        cfg = copy.deepcopy(self._base[1])
+        for key, value in changes:
+            _compose(lambda: OmegaConf.update(cfg, key, value, merge=True))
+        return finalize(cfg)
+
+    def _changes(self, overrides: list[str]) -> list[tuple[str, object]] | None:
+        """The (key, value) pairs that turn the first job into this one, or None: compose it."""
+        from hydra.core.global_hydra import GlobalHydra
+        from hydra.core.override_parser.overrides_parser import OverridesParser
+        from hydra.core.override_parser.types import OverrideType
+
+        if self._base is None or len(overrides) != len(self._base[0]):
+            return None
+        parser, loader = OverridesParser.create(), GlobalHydra.instance().config_loader()
+        changes = []
+        for mine, first in zip(overrides, self._base[0]):
+            if mine == first:
+                continue
+            try:
+                a, b = parser.parse_override(mine), parser.parse_override(first)
+            except Exception:  # noqa: BLE001 - Hydra reports it when it composes
+                return None
+            key = a.key_or_group
+            plain = (a.type == OverrideType.CHANGE and b.type == OverrideType.CHANGE and key == b.key_or_group
+                     and a.package is None and "/" not in key and not key.startswith("hydra"))
+            if not plain or a.is_sweep_override() or loader.get_group_options(key.replace(".", "/")):
+                return None
+            node = OmegaConf.select(self._base[1], key, default=None, throw_on_missing=False)
+            if isinstance(node, DictConfig):
+                return None
+            changes.append((key, a.value()))
+        return changes
+
+
 def _compose(make) -> DictConfig:
     from foxdqn.errors import FoxdqnError
 

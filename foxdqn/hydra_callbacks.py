@@ -110,17 +110,18 @@ class CheckJobs(Callback):
     """Before the first job of a basic-sweeper ``--multirun``: compose and check every job."""
 
     def on_multirun_start(self, config: DictConfig, **kwargs) -> None:
-        from foxdqn.compose import load_config
+        from foxdqn.compose import JobComposer
         from foxdqn.errors import FoxdqnError
         from foxdqn.train import preflight
 
         jobs = sweep_jobs(config)
         hydra_overrides = OmegaConf.to_container(config.hydra.overrides.hydra, resolve=False)
         searchpath = [o for o in hydra_overrides if o.lstrip("+~").startswith("hydra.searchpath")]
+        compose = JobComposer(config.hydra.job.config_name)  # jobs that differ in values only: no recompose
         for job in jobs or []:
             plain = [o for o in job if not o.lstrip("+~").startswith(("hydra.", "hydra/"))]
             try:
-                preflight(load_config(searchpath + plain, config_name=config.hydra.job.config_name))
+                preflight(compose(searchpath + plain))
             except FoxdqnError as exc:
                 _fail((f"job {' '.join(job)}: " if len(jobs) > 1 else "") + str(exc))
 
