@@ -240,6 +240,20 @@ def experiment_state(name, device="cpu", extra=()):
     return small_state([*over, *extra], device=device)
 
 
+def iterate(s, use_graph: bool, collect_iters: int, full_iters: int, **step_fns):
+    """``collect_iters`` collect-only iterations, then ``full_iters`` full ones (captured with ``use_graph``;
+    ``step_fns``: Iteration's collect/update functions, e.g. the population's); on CUDA waits for
+    the device. Returns the full iteration (its state is ``.s``, its graph ``.graph``)."""
+    collect_it, full_it = Iteration(s, use_graph, updates=0, **step_fns), Iteration(s, use_graph, **step_fns)
+    for _ in range(collect_iters):
+        collect_it()
+    for _ in range(full_iters):
+        full_it()
+    if s.device.type == "cuda":
+        torch.cuda.synchronize()
+    return full_it
+
+
 def captured_iteration(s):
     """Collect 4 iterations, then run the full iteration with the CUDA graph until it is captured
     (warm-up + 2 replays); returns the iteration (:func:`make_iteration`) (its ``graph`` is set)."""

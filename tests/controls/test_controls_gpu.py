@@ -5,9 +5,9 @@ import pytest
 import torch
 
 from foxdqn.loop import Snapshotter
-from foxdqn.step.iteration import WARMUP_ITERATIONS, Iteration
+from foxdqn.step.iteration import WARMUP_ITERATIONS
 
-from support import captured_iteration, experiment_state, no_host_sync
+from support import captured_iteration, experiment_state, iterate, no_host_sync
 
 pytestmark = pytest.mark.gpu
 
@@ -23,13 +23,7 @@ CASES = {
 
 def _run(use_graph: bool, extra, iters: int = 30):
     s, _ = experiment_state("eurusd_controls", device="cuda", extra=[*SHORT, *extra])
-    collect, full = Iteration(s, use_graph, updates=0), Iteration(s, use_graph)
-    for _ in range(6):
-        collect()
-    for _ in range(iters):
-        full()
-    torch.cuda.synchronize()
-    return s
+    return iterate(s, use_graph, 6, iters).s
 
 
 @pytest.mark.parametrize("case", sorted(CASES))

@@ -11,7 +11,7 @@ from foxdqn.step.iteration import Iteration
 from foxdqn.step.pruning import MagnitudePruner
 from foxdqn.compose import load_config
 
-from support import experiment_state
+from support import experiment_state, iterate
 
 PRUNE = ["prune.enabled=true", "prune.initial_sparsity=0.1", "prune.final_sparsity=0.6",
          "prune.start_update=2", "prune.end_update=8", "prune.frequency=3"]
@@ -66,12 +66,7 @@ def test_skipped_update_does_not_recompute_masks():
 
 def _run(extra=(), iters=6):
     s, _ = experiment_state("eurusd_dqn", extra=[*PRUNE, *extra])  # 2 updates per iteration
-    collect, full = Iteration(s, False, updates=0), Iteration(s, False)
-    for _ in range(4):
-        collect()
-    for _ in range(iters):
-        full()
-    return s
+    return iterate(s, False, 4, iters).s
 
 
 def test_final_sparsity_reached_and_kept_online_and_target():

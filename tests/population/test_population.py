@@ -9,7 +9,7 @@ from foxdqn.data.synthetic import make_synthetic_ohlcv
 from foxdqn.data import market_data_from_frame
 from foxdqn.population import step as P
 from foxdqn.population.state import build_population
-from foxdqn.step.iteration import Iteration
+from support import iterate
 
 CPU = torch.device("cpu")
 CARTPOLE = ["+experiment=cartpole_cleanrl", "debug=smoke", "device=cpu", "log.progress=false", "env.num_envs=4",
@@ -34,13 +34,7 @@ def market_for(cfg):
 def run(cfgs, iterations=12, collect_first=10):
     """A population of ``cfgs`` after ``collect_first`` collect-only and ``iterations`` full iterations."""
     s = build_population(cfgs, market_for(cfgs[0]), CPU)
-    fns = dict(collect=P.collect_step, update=P.update_step)
-    collect, full = Iteration(s, False, updates=0, **fns), Iteration(s, False, **fns)
-    for _ in range(collect_first):
-        collect()
-    for _ in range(iterations):
-        full()
-    return s
+    return iterate(s, False, collect_first, iterations, collect=P.collect_step, update=P.update_step).s
 
 
 def member_tensors(s, p):

@@ -7,10 +7,10 @@ import torch
 
 from foxdqn.population import step as P
 from foxdqn.population.state import build_population
-from foxdqn.step.iteration import WARMUP_ITERATIONS, Iteration
+from foxdqn.step.iteration import WARMUP_ITERATIONS
 
 from test_population import CARTPOLE, TRADING, configs, market_for, member_tensors
-from support import no_host_sync
+from support import iterate, no_host_sync
 
 pytestmark = pytest.mark.gpu
 CUDA = torch.device("cuda")
@@ -21,15 +21,9 @@ def cuda_configs(base, members):
     return configs([*base, "device=cuda"], members)
 
 
-def iterate(cfgs, graph: bool, iterations=10, collect_first=10):
-    s = build_population(cfgs, market_for(cfgs[0]), CUDA)
-    collect, full = Iteration(s, graph, updates=0, **FNS), Iteration(s, graph, **FNS)
-    for _ in range(collect_first):
-        collect()
-    for _ in range(iterations):
-        full()
-    torch.cuda.synchronize()
-    return s, full
+def run(cfgs, graph: bool, iterations=10, collect_first=10):
+    full = iterate(build_population(cfgs, market_for(cfgs[0]), CUDA), graph, collect_first, iterations, **FNS)
+    return full.s, full
 
 
 def assert_members_close(a, b, pairs, atol=1e-5):
@@ -42,8 +36,8 @@ def assert_members_close(a, b, pairs, atol=1e-5):
 @pytest.mark.parametrize("base", [CARTPOLE, TRADING], ids=["cartpole", "trading"])
 def test_graph_equals_eager(base):
     members = [["seed=0"], ["seed=1", "optim.lr=1e-3"], ["seed=2", "agent.gamma=0.9"]]
-    eager, _ = iterate(cuda_configs(base, members), graph=False)
-    captured, it = iterate(cuda_configs(base, members), graph=True)
+    eager, _ = run(cuda_configs(base, members), graph=False)
+    captured, it = run(cuda_configs(base, members), graph=True)
     assert it.graph is not None
     assert_members_close(captured, eager, [(p, p) for p in range(3)])
     assert torch.equal(captured.rng.counter, eager.rng.counter)
@@ -51,14 +45,14 @@ def test_graph_equals_eager(base):
 
 def test_members_equal_populations_of_one_on_cuda():
     members = [["seed=0"], ["seed=1", "optim.lr=1e-3"]]
-    together, _ = iterate(cuda_configs(CARTPOLE, members), graph=True)
+    together, _ = run(cuda_configs(CARTPOLE, members), graph=True)
     for p, extra in enumerate(members):
-        alone, _ = iterate(cuda_configs(CARTPOLE, [extra]), graph=True)
+        alone, _ = run(cuda_configs(CARTPOLE, [extra]), graph=True)
         assert_members_close(together, alone, [(p, 0)])
 
 
 def test_captured_iteration_is_sync_free_and_one_launch():
-    s, it = iterate(cuda_configs(CARTPOLE, [["seed=0"], ["seed=1"]]), graph=True,
+    s, it = run(cuda_configs(CARTPOLE, [["seed=0"], ["seed=1"]]), graph=True,
                     iterations=WARMUP_ITERATIONS + 1)
     assert it.graph is not None
     launches = []
@@ -72,8 +66,8 @@ def test_captured_iteration_is_sync_free_and_one_launch():
 
 
 def test_fault_in_one_member_on_cuda():
-    clean, _ = iterate(cuda_configs(CARTPOLE, [["seed=0"], ["seed=1"]]), graph=True)
-    faulty, _ = iterate(cuda_configs(CARTPOLE, [["seed=0"], ["seed=1", "debug.inject_nan_at_step=5"]]), graph=True)
+    clean, _ = run(cuda_configs(CARTPOLE, [["seed=0"], ["seed=1"]]), graph=True)
+    faulty, _ = run(cuda_configs(CARTPOLE, [["seed=0"], ["seed=1", "debug.inject_nan_at_step=5"]]), graph=True)
     assert faulty.guard.halted.tolist() == [0.0, 1.0]
     assert faulty.guard.reason(1).endswith("update 5")  # the pinned host copy, published in the graph
     ta, tb = member_tensors(faulty, 0), member_tensors(clean, 0)

@@ -8,7 +8,7 @@ import torch
 from foxdqn.ops import backend as B
 from foxdqn.step.iteration import Iteration
 
-from support import (adam_state, all_equal, captured_iteration, clone_all, no_host_sync, require_compiled_kernels,
+from support import (adam_state, iterate, all_equal, captured_iteration, clone_all, no_host_sync, require_compiled_kernels,
                      small_state)
 
 pytestmark = pytest.mark.gpu
@@ -50,13 +50,7 @@ def test_spike_is_rejected_inside_the_graph_without_sync():
 
 def _run(use_graph: bool, iters: int = 30):
     s, _ = small_state([f"guard.max_weight={BOUND}", "device=cuda"], device="cuda")
-    collect, full = Iteration(s, use_graph, updates=0), Iteration(s, use_graph)
-    for _ in range(4):
-        collect()
-    for _ in range(iters):
-        full()
-    torch.cuda.synchronize()
-    return s
+    return iterate(s, use_graph, 4, iters).s
 
 
 def test_graph_equals_eager_with_the_check_on_and_trial_equals_real():
