@@ -92,7 +92,7 @@ def table(df) -> str:
     lines = []
     for exp, g in df.groupby("experiment"):
         basic = g[g.launcher == "basic"]
-        pop = g[(g.launcher == "population") & (g.graph != "off")] if (g.graph != "off").any() else g[g.launcher == "population"]
+        pop = g[(g.launcher == "population") & (g.graph != "off")]
         if len(basic) and len(pop) and "wall_s" in g:
             top = pop.sort_values("members").iloc[-1]
             b = basic.iloc[0]

@@ -119,10 +119,19 @@ def save_checkpoint(path: str | Path, state, extra: dict | None = None, *, loop:
         "loop": loop or {},
         **(extra or {}),
     }
+    return write_payload(path, payload)
+
+
+def write_payload(path: str | Path, payload: dict) -> Path:
+    """``torch.save`` of ``payload`` to ``path``, atomically (parent folders are created).
+
+    Raises:
+        OSError: the folder cannot be written (nothing is left behind).
+    """
     buffer = io.BytesIO()
     torch.save(payload, buffer)
     write_bytes_atomic(path, buffer.getvalue())
-    return path
+    return Path(path)
 
 
 def load_checkpoint(path: str | Path, map_location="cpu") -> dict:

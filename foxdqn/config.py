@@ -701,23 +701,20 @@ def to_object(cfg: DictConfig | TrainConfig) -> TrainConfig:
     return obj
 
 
-def to_plain(cfg: TrainConfig) -> dict:
+def to_plain(cfg: Any) -> Any:
     """``cfg`` as nested dicts of plain Python values (choices as their strings): what checkpoints
     store and resume compares; equal to ``OmegaConf.to_container(OmegaConf.structured(cfg),
-    enum_to_str=True)``, without building an OmegaConf node (a population writes one per member)."""
-    return _plain(cfg)
-
-
-def _plain(value: Any) -> Any:
-    if dataclasses.is_dataclass(value):
-        return {f.name: _plain(getattr(value, f.name)) for f in dataclasses.fields(value)}
-    if isinstance(value, Enum):
-        return value.name
-    if isinstance(value, (list, tuple)):
-        return [_plain(v) for v in value]
-    if isinstance(value, dict):
-        return {k: _plain(v) for k, v in value.items()}
-    return value
+    enum_to_str=True)``, without building an OmegaConf node (a population writes one per member).
+    Nested values (groups, lists, choices) go through the same function."""
+    if dataclasses.is_dataclass(cfg):
+        return {f.name: to_plain(getattr(cfg, f.name)) for f in dataclasses.fields(cfg)}
+    if isinstance(cfg, Enum):
+        return cfg.name
+    if isinstance(cfg, (list, tuple)):
+        return [to_plain(v) for v in cfg]
+    if isinstance(cfg, dict):
+        return {k: to_plain(v) for k, v in cfg.items()}
+    return cfg
 
 
 def upgrade(values: dict) -> dict:

@@ -25,10 +25,11 @@ log = logging.getLogger(__name__)
 @dataclass
 class Agent:
     """What an evaluation reads: the run's config, its online network (obs ``[B, D]`` → Q
-    ``[B, A]``), the action mode and the device."""
+    ``[B, A]``; None when :class:`RunEnd` brings the evaluations, a population member), the action
+    mode and the device."""
 
     cfg: TrainConfig
-    online: torch.nn.Module
+    online: torch.nn.Module | None
     action_mode: object
     device: torch.device
 

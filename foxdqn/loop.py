@@ -384,7 +384,9 @@ def _mlflow_run(cfg: TrainConfig, run_dir: Path):
 
 def _q_divergence_only(latest: dict, first: dict | None) -> bool:
     """The halt seen is the Q monitor's divergence flag alone (no guard flag, no device latch)."""
-    guard = ("halt_nan", "halt_loss_clip", "halt_grad_collapse", "halt_weight", "halted")
+    from foxdqn.guard.ring import FLAG_FIELDS
+
+    guard = (*(f for f in FLAG_FIELDS if f != "q_divergence"), "halted")
     return all(not rec[f] for rec in (latest, first) if rec is not None for f in guard)
 
 

@@ -156,13 +156,11 @@ class Claim:
 
     Attributes:
         gpu: the GPU's id, as ``CUDA_VISIBLE_DEVICES`` spells it.
-        index: its position in the ids given to :func:`claim_gpu`.
         holders: how many processes held each of those GPUs just before this claim.
         slot: the slot file whose lock is held.
     """
 
     gpu: str
-    index: int
     holders: tuple[int, ...]
     slot: Path
     _fd: int | None = field(default=None, repr=False)
@@ -213,7 +211,7 @@ def claim_gpu(slot_dir: str | os.PathLike[str], gpus: Sequence[str]) -> Claim:
                 os.close(fd)
                 k += 1
                 continue
-            return Claim(gpu=gpus[index], index=index, holders=tuple(counts), slot=slot, _fd=fd)
+            return Claim(gpu=gpus[index], holders=tuple(counts), slot=slot, _fd=fd)
 
 
 def place_worker(gpus: Sequence[str], slot_dir: str | os.PathLike[str] | None = None) -> Claim:

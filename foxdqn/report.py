@@ -298,7 +298,8 @@ def console_text(report: dict[str, Any]) -> str:
     (when a setting has several seeds), the count of jobs without results and report.md's path."""
     frame = report["jobs"]
     failed = int((frame["status"] != "ok").sum()) if not frame.empty else 0
-    return (jobs_markdown(report) + (("\n" + settings_markdown(report)) if settings_markdown(report) else "") +
+    settings = settings_markdown(report)
+    return (jobs_markdown(report) + (("\n" + settings) if settings else "") +
             (f"{failed} of {len(frame)} jobs without results (status column)\n" if failed else "") +
             f"report: {Path(report['sweep_dir']) / 'report.md'}")
 

@@ -82,7 +82,7 @@ def resolve_resume(tc: TrainConfig, hydra_dir: Path, given: Iterable[str] = ()) 
     for key in sorted(set(given)):
         if key.split(".")[0] in RESUME_MAY_CHANGE:
             continue
-        diff = _first_difference(_subtree(mine_plain, key), _subtree(theirs_plain, key), (), f"{key}.", key)
+        diff = _first_difference(_subtree(mine_plain, key), _subtree(theirs_plain, key), key)
         if diff is not None:
             raise ConfigError(f"resume: {diff} differs from the checkpoint's config ({path}); a resumed run keeps "
                               f"its settings (only {', '.join(RESUME_MAY_CHANGE)} may change)")
@@ -127,17 +127,14 @@ def resume_path(value: str) -> Path:
     return path
 
 
-def _first_difference(a, b, allowed: tuple[str, ...], prefix: str = "", name: str | None = None) -> str | None:
-    """The first dotted key where ``a`` and ``b`` (plain values or nested dicts) differ, as
-    ``"key (a here, b there)"``; keys in ``allowed`` are skipped. None when they agree."""
+def _first_difference(a, b, key: str) -> str | None:
+    """The first dotted key (under ``key``) where ``a`` and ``b`` (plain values or nested dicts)
+    differ, as ``"key (a here, b there)"``. None when they agree."""
     if not (isinstance(a, dict) and isinstance(b, dict)):
         same = a == b or (isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)) and list(a) == list(b))
-        return None if same else f"{name or prefix.rstrip('.')} ({a!r} here, {b!r} there)"
-    for key in sorted(set(a) | set(b)):
-        dotted = f"{prefix}{key}"
-        if dotted in allowed:
-            continue
-        found = _first_difference(a.get(key), b.get(key), allowed, f"{dotted}.", dotted)
+        return None if same else f"{key} ({a!r} here, {b!r} there)"
+    for k in sorted(set(a) | set(b)):
+        found = _first_difference(a.get(k), b.get(k), f"{key}.{k}")
         if found:
             return found
     return None

@@ -79,10 +79,20 @@ def preflight(tc: TrainConfig):
     else:
         obs_dim = device_env_obs_dim(tc, market)
     need, free = replay_bytes(tc.replay.capacity, obs_dim, itemsize, tc.regime.enabled), available_bytes(tc.device)
-    if free is not None and need > 0.8 * free:
+    if replays_that_fit(need, free) == 0:
         raise ConfigError(f"replay.capacity={tc.replay.capacity} needs {need / 2**30:.1f} GiB for observations "
                           f"of size {obs_dim}, more than the {free / 2**30:.1f} GiB free; lower replay.capacity")
     return market
+
+
+#: the share of the device's free memory the replays may take (the precheck's rule, foxdqn.population too)
+REPLAY_SHARE = 0.8
+
+
+def replays_that_fit(need: int, free: int | None) -> int | None:
+    """How many replays of ``need`` bytes fit in :data:`REPLAY_SHARE` of ``free`` bytes (None:
+    the free memory is unknown)."""
+    return None if free is None else int(REPLAY_SHARE * free // max(need, 1))
 
 
 def device_env_obs_dim(tc: TrainConfig, market) -> int:

@@ -90,7 +90,7 @@ class TradingEnv:
             the env copies them to ``device`` without checking them again.
         split: name of the split to walk (a key of ``market.splits``: ``"train"``, ``"val"``,
             ``"test"``); its ``(start, end)`` is a half-open bar range.
-        num_envs: ``N >= 1`` (must be 1 in eval mode).
+        num_envs: ``N >= 1`` (in eval mode: N walks of the split, :meth:`run_policies`).
         window: ``W >= 1`` feature rows per observation.
         episode_length: ``L >= 1`` steps per training episode.
         execution: costs and order pricing; validated here.
@@ -101,7 +101,7 @@ class TradingEnv:
 
     Raises:
         ValueError: naming the parameter: ``num_envs``/``window``/``episode_length`` not an
-            integer ``>= 1``, ``num_envs != 1`` in eval mode, a ``split`` the market does not
+            integer ``>= 1``, a ``split`` the market does not
             have or too short to take one step after the window warm-up (``max(start, W-1) >=
             end - 1``), a non-floating ``dtype``, a ``generator`` that is not a
             ``torch.Generator`` on the env's device type, or an invalid ``execution``

@@ -24,7 +24,7 @@ import torch
 
 from foxdqn.guard import record as R
 
-_FLAG_FIELDS = ("halt_nan", "halt_loss_clip", "halt_grad_collapse", "halt_weight", "q_divergence")
+FLAG_FIELDS = ("halt_nan", "halt_loss_clip", "halt_grad_collapse", "halt_weight", "q_divergence")
 
 
 class HostRingReader:
@@ -108,7 +108,7 @@ class HostRingReader:
         still in the ring if the host polled at least once every R steps.
         """
         for rec in self.records():
-            if any(rec[f] for f in _FLAG_FIELDS):
+            if any(rec[f] for f in FLAG_FIELDS):
                 return rec
         return None
 
@@ -124,7 +124,7 @@ class HostRingReader:
         """
         if record is None:
             return None
-        names = [f for f in _FLAG_FIELDS if record.get(f)]
+        names = [f for f in FLAG_FIELDS if record.get(f)]
         step = record["step"]
         if names:
             detail = f"loss={record['raw_loss']:.6g}, grad_norm={record['raw_grad_norm']:.6g}"

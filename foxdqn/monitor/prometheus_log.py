@@ -42,11 +42,13 @@ import socket
 from collections.abc import Mapping
 from typing import Any
 
+from foxdqn.guard.ring import FLAG_FIELDS
+
 __all__ = ["PrometheusExporter", "probe", "metric_name", "FLAGS"]
 
 PREFIX = "foxdqn_"
 #: The guard ring's flags exposed as ``foxdqn_guard_flag{flag=...}`` (keys of a ring record).
-FLAGS = ("halt_nan", "halt_loss_clip", "halt_grad_collapse", "halt_weight", "q_divergence", "skip", "halted")
+FLAGS = (*FLAG_FIELDS, "skip", "halted")
 #: gauge name (after ``foxdqn_``) -> (ring record key, help text)
 _RING_VALUES = {
     "guard_step": ("step", "update number of the newest complete guard record in the host ring"),

@@ -16,14 +16,15 @@ from foxdqn.objectives.base import LossOutput, Objective, weighted_mean
 
 
 def double_dqn_target(online, target, next_obs, reward, discount, double: bool = True) -> torch.Tensor:
-    """y float32 [B] (no grad). next_obs [B, D]; reward, discount [B]."""
+    """y float32 [B] (no grad). next_obs [B, D]; reward, discount [B]. Any leading axes work the same
+    (a population's [P, B, D] → [P, B]): actions are the last axis."""
     with torch.no_grad():
         q_next_target = target(next_obs)  # (B, A)
         if double:
-            a_star = online(next_obs).argmax(dim=1, keepdim=True)  # (B, 1)
-            q_next = q_next_target.gather(1, a_star).squeeze(1)
+            a_star = online(next_obs).argmax(dim=-1, keepdim=True)  # (B, 1)
+            q_next = q_next_target.gather(-1, a_star).squeeze(-1)
         else:
-            q_next = q_next_target.max(dim=1).values
+            q_next = q_next_target.max(dim=-1).values
         return reward + discount * q_next
 
 

@@ -60,7 +60,6 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from foxdqn.envs.actions import FLAT
 from foxdqn.ops.backend import resolve_backend
 
 BLOCK = 32  # envs per program (4,096 envs: 128 programs)
@@ -412,7 +411,8 @@ def _trading_step_op(t: Tensor, steps: Tensor, cash: Tensor, units: Tensor, entr
                      episode_length: Tensor, num_bars: int, envs_per_group: int, window: int, num_features: int,
                      eval_mode: bool, has_starts: bool) -> None:
     n = t.shape[0]
-    from foxdqn.envs.trading import ACCOUNT_OBS_CLIP  # envs.trading imports this module
+    from foxdqn.envs.actions import FLAT  # imported here: foxdqn.envs imports this module
+    from foxdqn.envs.trading import ACCOUNT_OBS_CLIP
 
     torch.library.wrap_triton(_trading_step_kernel)[(triton.cdiv(n, BLOCK),)](
         t, steps, cash, units, entry_price, equity, exposure_idx, episode_return, frozen,
@@ -476,6 +476,8 @@ def observation_reference(market: TradingMarket, params: TradingParams, t: Tenso
 def reset_where_reference(state: TradingState, mask: Tensor, starts: Tensor, params: TradingParams) -> None:
     """Reset the envs where ``mask`` (``[N]`` bool) to a fresh flat episode at bars ``starts``
     (``[N]`` int64), in place."""
+    from foxdqn.envs.actions import FLAT  # imported here: foxdqn.envs imports this module
+
     dev, dt = state.cash.device, state.cash.dtype
     zero = torch.zeros((), device=dev, dtype=dt)
     init = torch.full((), params.initial_equity, device=dev, dtype=dt)

@@ -67,7 +67,8 @@ SUPPORTED: tuple[tuple[str, Callable[[Any], bool], str], ...] = (
 )
 
 
-def _get(tc: "TrainConfig", dotted: str) -> Any:
+def dotted_value(tc: "TrainConfig", dotted: str) -> Any:
+    """The value of the dotted key ``dotted`` (``optim.lr``) of ``tc``."""
     return reduce(getattr, dotted.split("."), tc)
 
 
@@ -76,7 +77,7 @@ def batch_refusal(tc: "TrainConfig") -> str | None:
     key (in :data:`SUPPORTED`'s order) whose value it does not support, e.g.
     ``"replay.name=per: a population supports uniform only"``."""
     for key, ok, supported in SUPPORTED:
-        value = _get(tc, key)
+        value = dotted_value(tc, key)
         if not ok(value):
             shown = json.dumps(value) if value is None or isinstance(value, bool) else str(value)
             return f"{key}={shown}: a population supports {supported} only"
@@ -99,11 +100,11 @@ def memory_cap(tc: "TrainConfig", market) -> int | None:
     (the single-run precheck's rule, foxdqn.train.preflight, times P); None when the free memory is
     unknown."""
     from foxdqn.replay.buffer import replay_bytes
-    from foxdqn.train import available_bytes, device_env_obs_dim
+    from foxdqn.train import available_bytes, device_env_obs_dim, replays_that_fit
 
-    free = available_bytes(str(tc.device))
-    need = replay_bytes(tc.replay.capacity, device_env_obs_dim(tc, market))
-    return None if free is None else max(1, int(0.8 * free // max(need, 1)))
+    fit = replays_that_fit(replay_bytes(tc.replay.capacity, device_env_obs_dim(tc, market)),
+                           available_bytes(str(tc.device)))
+    return None if fit is None else max(1, fit)
 
 
 def plan(members: Sequence["Member"], max_members: int | None = None,

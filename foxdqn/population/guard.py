@@ -3,7 +3,7 @@
 Member p's update is bad when its loss or gradient norm is not finite (NaN/Inf) or its loss is
 above ``guard.loss_clip`` (p's own value), as for a single run (docs/design/guard.md). Then p's
 update is skipped (Adam, target and counters untouched, :class:`~foxdqn.population.optim.MemberAdam`
-reads ``skip``) and p is halted: from then on every update of p is skipped, so p keeps its last
+reads the returned flags) and p is halted: from then on every update of p is skipped, so p keeps its last
 good weights, while the other members train on unchanged. Each step ends with a non-blocking copy
 of the halt state into pinned host memory, which the host reads without waiting
 (docs/design/hot_loop.md#the-contract).
@@ -25,8 +25,8 @@ class MemberGuard:
         device: where the flags live.
 
     Attributes:
-        skip: float32 ``[P]``, 1 where this update is skipped (read by Adam and the target update).
-        halted: float32 ``[P]``, 1 once a member halted.  code: int64 ``[P]``, the first halt's
+        halted: float32 ``[P]``, 1 once a member halted: the skip flags of every update from then on
+        (read by Adam and the target update).  code: int64 ``[P]``, the first halt's
         code (:data:`REASONS`).  at_update: int64 ``[P]``, the update that halted it (−1: none).
         host: pinned (on CUDA) int64 ``[4, P]`` copy of (halted, code, at_update, at_env_steps), refreshed by
         :meth:`publish` without a wait.  at_env_steps: int64 ``[P]``, the member's env steps when it
@@ -36,7 +36,6 @@ class MemberGuard:
     def __init__(self, loss_clip: torch.Tensor, device: torch.device):
         p = loss_clip.shape[0]
         self.loss_clip = loss_clip
-        self.skip = torch.zeros(p, device=device)
         self.halted = torch.zeros(p, device=device)
         self.code = torch.zeros(p, dtype=torch.int64, device=device)
         self.at_update = torch.full((p,), -1, dtype=torch.int64, device=device)
@@ -46,9 +45,9 @@ class MemberGuard:
 
     def check(self, loss: torch.Tensor, grad_norm: torch.Tensor, updates: torch.Tensor,
               env_steps: torch.Tensor) -> torch.Tensor:
-        """Set :attr:`skip` from this update's ``loss`` and ``grad_norm`` (float32 ``[P]``);
+        """The skip flags (:attr:`halted`, float32 ``[P]``) after this update's ``loss`` and ``grad_norm`` (float32 ``[P]``);
         ``updates`` (int64 0-d) is the update's number, ``env_steps`` (int64 0-d) each member's
-        env steps so far. Returns :attr:`skip`."""
+        env steps so far."""
         non_finite = ~(torch.isfinite(loss) & torch.isfinite(grad_norm))
         too_big = loss > self.loss_clip
         bad = non_finite | too_big
@@ -58,7 +57,7 @@ class MemberGuard:
         self.at_update.copy_(torch.where(first, updates, self.at_update))
         self.at_env_steps.copy_(torch.where(first, env_steps, self.at_env_steps))
         self.halted.copy_(torch.maximum(self.halted, bad.to(torch.float32)))
-        return self.skip.copy_(self.halted)
+        return self.halted
 
     def publish(self) -> None:
         """Copy (halted, code, at_update, at_env_steps) to :attr:`host`, non-blocking (a captured

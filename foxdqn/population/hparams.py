@@ -12,6 +12,7 @@ from dataclasses import dataclass, fields
 import torch
 
 from foxdqn.config import TrainConfig
+from foxdqn.population.grouping import dotted_value
 
 #: field → the config key it is read from (dotted), the keys of :data:`grouping.MEMBER_KEYS` but seed.
 KEYS = {
@@ -20,13 +21,6 @@ KEYS = {
     "tau": "target.tau", "period": "target.period", "huber_delta": "loss.huber_delta",
     "reward_scale": "loss.reward_scale", "loss_clip": "guard.loss_clip", "nan_at": "debug.inject_nan_at_step",
 }
-
-
-def _read(cfg: TrainConfig, dotted: str):
-    node = cfg
-    for part in dotted.split("."):
-        node = getattr(node, part)
-    return node
 
 
 @dataclass
@@ -54,7 +48,7 @@ class MemberParams:
     def from_configs(cls, cfgs: list[TrainConfig], device: torch.device) -> "MemberParams":
         values = {}
         for f in fields(cls):
-            column = [_read(c, KEYS[f.name]) for c in cfgs]
+            column = [dotted_value(c, KEYS[f.name]) for c in cfgs]
             if f.name in ("period", "nan_at"):
                 values[f.name] = torch.tensor([-1 if v is None else int(v) for v in column], dtype=torch.int64,
                                               device=device)

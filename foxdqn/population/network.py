@@ -22,7 +22,6 @@ from foxdqn.nn.heads import DuelingHead, QHead
 from foxdqn.nn.mlp import ACTIVATIONS, MLPEncoder
 from foxdqn.nn.qnet import QNetwork
 
-_FUNCTIONS = {"relu": torch.relu, "gelu": nn.functional.gelu, "tanh": torch.tanh, "silu": nn.functional.silu}
 
 
 def _linears(net: QNetwork) -> list[tuple[str, nn.Linear]]:
@@ -61,7 +60,7 @@ class MemberQNetwork(nn.Module):
             raise ValueError("MemberQNetwork: weights, biases and prefixes must have the same length")
         self.weights = nn.ParameterList([nn.Parameter(w) for w in weights])
         self.biases = nn.ParameterList([nn.Parameter(b) for b in biases])
-        self.act = _FUNCTIONS[activation]
+        self.act = ACTIVATIONS[activation]()  # the classic encoder's nonlinearity modules
         self.dueling, self.prefixes = dueling, list(prefixes)
         self.num_members = weights[0].shape[0]
 

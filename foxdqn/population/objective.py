@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import torch
 
+from foxdqn.objectives.dqn import double_dqn_target
 from foxdqn.population.network import MemberQNetwork
 from foxdqn.replay.buffer import Batch
 
@@ -23,22 +24,14 @@ def huber(x: torch.Tensor, delta: torch.Tensor) -> torch.Tensor:
 
 
 def member_dqn_loss(online: MemberQNetwork, target: MemberQNetwork, batch: Batch, members: int,
-                    huber_delta: torch.Tensor, double: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(loss float32 ``[P]``, |TD| float32 ``[P, B]`` detached, Q float32 ``[P, B, A]`` detached)
-    of a member-major batch of ``P·B`` rows (:meth:`MemberReplay.sample_members`)."""
+                    huber_delta: torch.Tensor, double: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """(loss float32 ``[P]``, Q float32 ``[P, B, A]`` detached) of a member-major batch of ``P·B``
+    rows (:meth:`MemberReplay.sample_members`; uniform replay: the importance weights are ones and
+    are not applied)."""
     p = members
     obs = batch.obs.view(p, -1, batch.obs.shape[-1])
     next_obs = batch.next_obs.view(p, -1, batch.next_obs.shape[-1])
     q_all = online(obs)  # [P, B, A]
     q_sa = q_all.gather(2, batch.action.view(p, -1, 1)).squeeze(2)
-    with torch.no_grad():
-        q_next_target = target(next_obs)
-        if double:
-            a_star = online(next_obs).argmax(dim=2, keepdim=True)
-            q_next = q_next_target.gather(2, a_star).squeeze(2)
-        else:
-            q_next = q_next_target.max(dim=2).values
-        y = batch.reward.view(p, -1) + batch.discount.view(p, -1) * q_next
-    td = q_sa - y
-    loss = (huber(td, huber_delta[:, None]) * batch.weight.view(p, -1)).mean(dim=1)
-    return loss, td.detach().abs(), q_all.detach()
+    y = double_dqn_target(online, target, next_obs, batch.reward.view(p, -1), batch.discount.view(p, -1), double)
+    return huber(q_sa - y, huber_delta[:, None]).mean(dim=1), q_all.detach()

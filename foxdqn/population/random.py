@@ -40,6 +40,3 @@ class MemberRandom:
         r = member_randint(self.keys, self.counter, n, high)
         self.counter.add_(n)
         return r
-
-    def state_dict(self) -> dict:
-        return {"keys": self.keys, "counter": self.counter}

@@ -44,6 +44,7 @@ class MemberReplay(ReplayBuffer):
         table = gamma.to(torch.float64)[:, None] ** powers[None]  # [P, n + 1] γ_p^m
         self._member_gamma_m = table.to(torch.float32)
         self._member_gamma_k = self._member_gamma_m[:, :n_step].contiguous()
+        self._weights: torch.Tensor | None = None  # ones [P·B], made at the first sample (B is known then)
 
     def _discount_tables(self, env: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         member = env // self.envs_per_member
@@ -60,4 +61,6 @@ class MemberReplay(ReplayBuffer):
         column = (u[:, 1] * n).to(torch.int64).clamp(max=n - 1)
         env = column + n * torch.arange(p, device=self.device)[:, None]
         index = (t * self.num_envs + env).view(-1)
-        return self.gather(index, torch.ones(p * batch_size, device=self.device))
+        if self._weights is None or self._weights.numel() != p * batch_size:
+            self._weights = torch.ones(p * batch_size, device=self.device)
+        return self.gather(index, self._weights)

@@ -18,21 +18,22 @@ class MemberStats:
     def __init__(self, members: int, envs_per_member: int, device: torch.device):
         self.members, self.n = members, envs_per_member
         self.acc = torch.zeros(members, FIELDS, dtype=torch.float64, device=device)
+        self._transitions = torch.full((members,), float(envs_per_member), device=device)  # per step
+        self._none = torch.zeros(members, device=device)  # trades of an env without fills
+        self._ones = torch.ones(members, device=device)  # one update
 
     def add_step(self, reward: torch.Tensor, done: torch.Tensor, episode_return: torch.Tensor,
                  trades: torch.Tensor | None) -> None:
         """One collect step: ``[P·N]`` rewards (unscaled), episode-done flags, finished returns, trades."""
         p, n = self.members, self.n
         cols = [done.view(p, n).sum(1), episode_return.view(p, n).sum(1), reward.view(p, n).sum(1),
-                torch.full((p,), float(n), device=reward.device)]
-        cols.append(trades.view(p, n).sum(1) if trades is not None else torch.zeros(p, device=reward.device))
+                self._transitions, trades.view(p, n).sum(1) if trades is not None else self._none]
         self.acc[:, :TRADES + 1] += torch.stack([c.to(torch.float64) for c in cols], dim=1)
 
     def add_update(self, loss: torch.Tensor, grad_norm: torch.Tensor, skip: torch.Tensor,
                    max_q: torch.Tensor) -> None:
         """One update: float32 ``[P]`` loss, gradient norm, skip flag and mean max-Q of the batch."""
-        ones = torch.ones_like(loss)
-        cols = torch.stack([loss, grad_norm, ones, skip, max_q], dim=1).to(torch.float64)
+        cols = torch.stack([loss, grad_norm, self._ones, skip, max_q], dim=1).to(torch.float64)
         self.acc[:, LOSS_SUM:] += torch.nan_to_num(cols, nan=0.0, posinf=0.0, neginf=0.0)
 
     def read(self) -> np.ndarray:

@@ -50,7 +50,7 @@ def update_step(s: PopulationState) -> None:
     p = s.members
     batch = s.replay.sample_members(s.cfg.agent.batch_size)
     s.optimizer.zero_grad()
-    loss, td_abs, q = member_dqn_loss(s.online, s.target, batch, p, s.params.huber_delta, s.cfg.head.double)
+    loss, q = member_dqn_loss(s.online, s.target, batch, p, s.params.huber_delta, s.cfg.head.double)
     if s.inject_nan:  # debug.inject_nan_at_step of some member: poison its loss at that update
         loss = loss + torch.where(s.updates == s.params.nan_at, float("nan"), 0.0)
     loss.sum().backward()

@@ -10,7 +10,6 @@ folder. A member halted by the guard gets ``HALTED`` and its last good weights; 
 """
 from __future__ import annotations
 
-import io
 import logging
 import math
 import time
@@ -18,12 +17,13 @@ from pathlib import Path
 
 import torch
 
-from foxdqn.checkpoint import FORMAT
+from foxdqn.checkpoint import FORMAT, write_payload
 from foxdqn.config import to_plain
 from foxdqn.finish import Agent, RunEnd, finish
-from foxdqn.io_atomic import write_bytes_atomic, write_text_atomic
+from foxdqn.io_atomic import write_text_atomic
 from foxdqn.population import step as P
-from foxdqn.population.jobs import Member, Outcome
+from foxdqn.evaluate import POLICIES
+from foxdqn.population.jobs import FINISHED, HALTED, Member, Outcome
 from foxdqn.population.state import PopulationState, build_population
 from foxdqn.population.stats import MemberStats
 from foxdqn.step.iteration import Iteration
@@ -54,10 +54,7 @@ def member_checkpoint(s: PopulationState, p: int, path: Path) -> Path:
         "config": to_plain(s.cfgs[p]),
         "population": {"member": p, "size": s.members},
     }
-    buffer = io.BytesIO()
-    torch.save(payload, buffer)
-    write_bytes_atomic(path, buffer.getvalue())
-    return path
+    return write_payload(path, payload)
 
 
 class _Population:
@@ -81,7 +78,7 @@ class _Population:
         step_fns = dict(collect=P.collect_step, update=P.update_step)
         self.collect_only = Iteration(s, self.graph, updates=0, **step_fns)
         self.full = Iteration(s, self.graph, **step_fns)
-        self.loggers: list[MetricsLogger] = []  # opened after the run folders (open_loggers)
+        self.loggers: list = []  # foxdqn.monitor.MetricsLogger per member, opened after the run folders (open_loggers)
         self.env_steps, self.host_updates = 0, 0
         self.stopped: set[int] = set()  # members halted at an earlier log boundary: no more rows
         log.info("population of %d members (jobs %s): %s on %s (graph=%s), %d env steps each in %d iterations of "
@@ -157,28 +154,25 @@ class _Population:
         s, cfg, market = self.s, self.s.cfg, self.members[0].market
         if cfg.env.name == "trading":
             vals = [r["metrics"]["agent"] for r in member_walks(s, market, "val", ("agent",))]
-            return vals, member_walks(s, market, cfg.eval.split, ("agent", "buy_and_hold", "flat"))
+            return vals, member_walks(s, market, cfg.eval.split, POLICIES)
         return (member_episodes(s, min(20, cfg.eval.episodes), seed_offset=2),
                 member_episodes(s, cfg.eval.episodes, seed_offset=1))
 
     def end_member(self, p: int, wall: float, val: dict, test: dict) -> Outcome:
         """Checkpoint member ``p``; then HALTED (guard) or its report from its validation metrics
         ``val`` and evaluation ``test``."""
-        from foxdqn.step.build import build_network
-
         s, m = self.s, self.members[p]
         ckpt = member_checkpoint(s, p, m.run_dir / "checkpoints" / "last.pt")
         reason = s.guard.reason(p)
         if reason is not None:
             write_text_atomic(m.run_dir / "HALTED", f"{reason}\n")
-            return Outcome(None, 3, f"training halted: {reason}; last good weights saved to {ckpt}")
-        online = build_network(m.tc, s.env, s.action_mode.num_actions).to(self.device)
-        online.load_state_dict(s.online.member_state_dict(p))
+            return Outcome(None, HALTED, f"training halted: {reason}; last good weights saved to {ckpt}")
         end = RunEnd(self.graph, wall, *member_counts(s, p), ckpt, overrides=list(m.overrides),
                      name=f"job {m.job_num}: ", extra={"population": {"member": p, "size": s.members,
                                            "jobs": [mm.job_num for mm in self.members]}},
                      val_metrics=val, test_result=test)
-        return Outcome(finish(Agent(m.tc, online, s.action_mode, self.device), m.market, m.run_dir, end), 0, "")
+        agent = Agent(m.tc, None, s.action_mode, self.device)  # evaluated already: finish reads no network
+        return Outcome(finish(agent, m.market, m.run_dir, end), FINISHED, "")
 
 
 def train_population(members: list[Member]) -> list[Outcome]:
