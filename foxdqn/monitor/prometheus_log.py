@@ -14,12 +14,14 @@ It is fed in two ways, neither of which touches a device tensor:
 
   ==============================  =========================================================
   ``foxdqn_guard_flag{flag=F}``   1 or 0; F in halt_nan, halt_loss_clip, halt_grad_collapse,
-                                  q_divergence, skip (this update skipped), halted (latch)
+                                  halt_weight, q_divergence, skip (this update skipped),
+                                  halted (latch)
   ``foxdqn_guard_step``           the update number of the record
   ``foxdqn_guard_raw_loss``       its TD loss as computed (loss units)
   ``foxdqn_guard_clipped_loss``   that loss clipped at ``guard.loss_clip``
   ``foxdqn_guard_raw_grad_norm``  its gradient norm before clipping
   ``foxdqn_guard_collapse_count`` consecutive updates with a collapsed gradient
+  ``foxdqn_guard_max_weight``     max |w| after that update's step (``guard.max_weight``; -1: off)
   ``foxdqn_q_min/_max/_mean``     min, max, mean over the update's B x A Q-values (return units)
   ``foxdqn_q_step``               the update the Q gauges belong to
   ==============================  =========================================================
