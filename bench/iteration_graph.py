@@ -23,7 +23,7 @@ from foxdqn.step.iteration import Iteration
 SETS = ("eurusd_dqn", "eurusd_rainbowish", "eurusd_branching", "eurusd_controls", "cartpole_dqn")
 
 
-def _keep_graphs() -> None:
+def keep_graphs() -> None:
     """Make every CUDAGraph keep its cudaGraph_t after instantiation, so its nodes can be counted."""
     original = torch.cuda.CUDAGraph
 
@@ -52,7 +52,7 @@ def graph_nodes(graph) -> int:
 
 def main(argv: list[str]) -> int:
     tag, extra = argv[0], argv[1:]
-    _keep_graphs()
+    keep_graphs()
     for name in SETS:
         s = make_state([f"+experiment={name}", "graph=on", *extra], "cuda")
         it = Iteration(s, use_graph=True)

@@ -3,7 +3,7 @@
 Writes ``bench/results/<date>_<gpu>_<sections>.csv`` (every row tagged with GPU name, torch and
 triton versions and date), ``.md`` (tables with ratios measured in this run) and ``.png`` (chart). On CPU only the eager rows run; the GPU rows need CUDA.
 
-Usage: ``python -m bench.run [--sections step,e2e,cartpole,ops,population] [--out DIR] [--seeds S] [--only ROWS] [--tag T]``;
+Usage: ``python -m bench.run [--sections step,e2e,cartpole,ops,population,kernels] [--out DIR] [--seeds S] [--only ROWS] [--tag T]``;
 ``python -m bench.run --report CSV`` rebuilds the .md and .png of a CSV (a run cut by a time limit
 has its CSV, written after every row, but no report).
 """
@@ -36,7 +36,7 @@ def _ops_rows(device: str) -> list[dict]:
     return rows
 
 
-SECTIONS = ("step", "e2e", "cartpole", "ops", "population")
+SECTIONS = ("step", "e2e", "cartpole", "ops", "population", "kernels")
 
 
 def _section(name: str, device: str, seeds: int = 1, only: tuple[str, ...] | None = None):
@@ -47,7 +47,7 @@ def _section(name: str, device: str, seeds: int = 1, only: tuple[str, ...] | Non
             return []
         return _ops_rows(device)
     module = importlib.import_module(f"bench.{name}_bench")
-    if name == "population":
+    if name in ("population", "kernels"):
         return module.rows(device, only=only)
     return module.rows(device, seeds=seeds, only=only) if name == "cartpole" else module.rows(device)
 
@@ -99,6 +99,11 @@ def _ratios(df: pd.DataFrame) -> str:
         from bench.population_bench import table
 
         parts.append(table(pop))
+    kernels = df[df.section == "kernels"] if "section" in df else df.iloc[0:0]
+    if len(kernels):
+        from bench.kernels_bench import table as kernels_table
+
+        parts.append(kernels_table(kernels))
     return "\n\n".join(parts)
 
 
@@ -130,7 +135,7 @@ def _chart(df: pd.DataFrame, path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    step = df[df.section == "step"]
+    step = df[df.section == "step"] if "section" in df else df.iloc[0:0]
     if not len(step):
         if "section" in df and "time_to_475_s" in df and len(df[df.section == "cartpole"]):
             _cartpole_chart(df[df.section == "cartpole"], df["gpu"].iloc[0], path)
@@ -146,7 +151,7 @@ def _chart(df: pd.DataFrame, path: Path) -> None:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m bench.run", description=__doc__.splitlines()[0])
-    ap.add_argument("--sections", default="step,e2e,cartpole,ops,population")
+    ap.add_argument("--sections", default=",".join(SECTIONS))
     ap.add_argument("--out", default=str(RESULTS))
     ap.add_argument("--seeds", type=int, default=1, help="cartpole section: seeds per graph and SB3 row")
     ap.add_argument("--only", help="cartpole section: comma-separated rows (bench.cartpole_bench.ROWS); "
@@ -170,6 +175,7 @@ def main(argv=None) -> int:
     sections = args.sections.replace(",", "-")
     stem = Path(args.out) / f"{t['date'][:10]}_{slug}_{sections}{'-' + args.tag if args.tag else ''}"
     only = tuple(args.only.split(",")) if args.only else None
+    stem.parent.mkdir(parents=True, exist_ok=True)
     for name in args.sections.split(","):
         for r in _section(name.strip(), device, args.seeds, only):  # a list, or a generator of rows (cartpole)
             rows.append({**t, **r})
@@ -187,13 +193,15 @@ def _check_args(ap: argparse.ArgumentParser, args) -> None:
     if unknown:
         ap.error(f"--sections: unknown {unknown}; allowed: {','.join(SECTIONS)}")
     if args.only:
+        from bench.kernels_bench import EPISODIC_SETS, TRADING_SETS
         from bench.population_bench import CASES
 
-        allowed = (set(ROWS) if "cartpole" in sections else set()) | (set(CASES) if "population" in sections else set())
+        allowed = ((set(ROWS) if "cartpole" in sections else set()) | (set(CASES) if "population" in sections else set())
+                   | (set(TRADING_SETS + EPISODIC_SETS) if "kernels" in sections else set()))
         bad = sorted(set(args.only.split(",")) - allowed)
         if bad:
             ap.error(f"--only: unknown rows {bad}; allowed: {','.join(sorted(allowed))} (cartpole: its rows; "
-                     "population: its experiments)")
+                     "population, kernels: their experiments)")
     if args.seeds < 1:
         ap.error(f"--seeds: must be >= 1, got {args.seeds}")
     if args.report:

@@ -1,0 +1,113 @@
+"""Kernels section: CUDA kernels per collect step and per gradient update, beside their time.
+
+For each feature set (an experiment as shipped; trading sets at ``TRADING_ENVS`` envs, the size of
+issue 17's table) one :class:`~foxdqn.step.state.TrainState` is built and warmed up, then:
+
+* ``kernels`` and ``device_us``: one eager call of the step under ``torch.profiler`` (CUDA
+  activity): the kernels it launched (memcpy/memset not counted) and the sum of their device
+  durations in µs;
+* ``graph_nodes`` and ``ms``: the same step captured alone in a CUDA graph
+  (:class:`~foxdqn.step.iteration.Iteration` with one collect step, or one update): the graph's
+  node count (kernels, memsets and copies that one replay launches, ``cudaGraphGetNodes``) and the
+  median ms per replay (``bench.common.time_ms``);
+* ``env_steps_per_s``: N / ms for a collect step, and for the ``iteration`` row (the experiment's own
+  T collect steps and K updates in one graph) N·T / ms.
+
+Rows: ``section=kernels``, ``features``, ``phase`` (collect | update | iteration), ``num_envs``.
+CUDA only (kernels are what is counted). docs/bench.md#kernels.
+"""
+from __future__ import annotations
+
+import statistics
+import sys
+import time
+
+import torch
+
+from bench.harness import make_state
+from foxdqn.step.collect import collect_step
+from foxdqn.step.iteration import Iteration
+from foxdqn.step.update import update_step
+
+TRADING_SETS = ("eurusd_dqn", "eurusd_rainbowish", "eurusd_iqn", "eurusd_branching")
+EPISODIC_SETS = ("cartpole_cleanrl",)
+TRADING_ENVS = 4096
+
+
+def profile_kernels(fn) -> tuple[int, float]:
+    """(kernels launched, Σ device µs) of one eager ``fn()`` (CUDA)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        fn()
+        torch.cuda.synchronize()
+    kernels = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA
+               and not e.name.lower().startswith(("memcpy", "memset"))]
+    return len(kernels), sum(e.device_time_total for e in kernels)
+
+
+def _replay_ms(it: Iteration, reps: int = 200) -> float:
+    """Median ms per replay of a captured iteration (3 blocks of ``reps``)."""
+    it(), it()  # warm-up runs, capture and the first replay happen inside
+    while it.graph is None:
+        it()
+    blocks = []
+    for _ in range(3):
+        torch.cuda.synchronize()
+        t = time.perf_counter()
+        for _ in range(reps):
+            it()
+        torch.cuda.synchronize()
+        blocks.append((time.perf_counter() - t) / reps * 1e3)
+    return statistics.median(blocks)
+
+
+def _rows_for(name: str, overrides: list[str]) -> list[dict]:
+    from bench.iteration_graph import graph_nodes
+
+    s = make_state([f"+experiment={name}", "graph=on", *overrides], "cuda")
+    n = s.cfg.env.num_envs
+    for _ in range(3):  # Triton compilation, gradient and Adam state allocation
+        collect_step(s)
+        update_step(s)
+    out = []
+    shapes = {"collect": dict(collect_steps=1, updates=0), "update": dict(collect_steps=0, updates=1),
+              "iteration": {}}
+    for phase, shape in shapes.items():
+        row = {"section": "kernels", "features": name, "phase": phase, "num_envs": n}
+        if phase != "iteration":
+            fn = collect_step if phase == "collect" else update_step
+            row["kernels"], row["device_us"] = profile_kernels(lambda: fn(s))
+        it = Iteration(s, use_graph=True, **shape)
+        row["ms"] = round(_replay_ms(it), 5)
+        row["graph_nodes"] = graph_nodes(it.graph)
+        steps = {"collect": 1, "update": 0}.get(phase, it.collect_steps)
+        row["T"], row["K"] = it.collect_steps, it.updates
+        if steps:
+            row["env_steps_per_s"] = n * steps / (row["ms"] / 1e3)
+        out.append(row)
+    return out
+
+
+def rows(device: str = "cuda", only: tuple[str, ...] | None = None):
+    """The section's rows (a generator: one feature set at a time). CUDA only."""
+    if device != "cuda":
+        print("kernels section: counts CUDA kernels; skipped on CPU", file=sys.stderr)
+        return
+    from bench.iteration_graph import keep_graphs
+
+    keep_graphs()
+    for name in TRADING_SETS + EPISODIC_SETS:
+        if only and name not in only:
+            continue
+        overrides = [f"env.num_envs={TRADING_ENVS}"] if name in TRADING_SETS else []
+        yield from _rows_for(name, overrides)
+
+
+def table(df) -> str:
+    """Markdown: kernels, graph nodes and ms per collect step / update, env steps/s."""
+    cols = [c for c in ("features", "phase", "num_envs", "T", "K", "kernels", "graph_nodes", "device_us", "ms",
+                        "env_steps_per_s") if c in df]
+    return ("## kernels: per collect step, per update and per iteration (eager profiler count; captured graph "
+            "nodes and ms)\n\n" + df[cols].to_markdown(index=False, floatfmt=".4g"))
