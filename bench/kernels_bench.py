@@ -3,9 +3,9 @@
 For each feature set (an experiment as shipped; trading sets at ``TRADING_ENVS`` envs, the size of
 issue 17's table) one :class:`~foxdqn.step.state.TrainState` is built and warmed up, then:
 
-* ``kernels`` and ``device_us``: one eager call of the step under ``torch.profiler`` (CUDA
-  activity): the kernels it launched (memcpy/memset not counted) and the sum of their device
-  durations in µs;
+* ``kernels``, ``device_us`` and ``longest_us``: one eager call of the step under
+  ``torch.profiler`` (CUDA activity): the kernels it launched (memcpy/memset not counted), the sum
+  of their device durations in µs, and the four longest with their µs;
 * ``graph_nodes`` and ``ms``: the same step captured alone in a CUDA graph
   (:class:`~foxdqn.step.iteration.Iteration` with one collect step, or one update): the graph's
   node count (kernels, memsets and copies that one replay launches, ``cudaGraphGetNodes``) and the
@@ -34,8 +34,8 @@ EPISODIC_SETS = ("cartpole_cleanrl",)
 TRADING_ENVS = 4096
 
 
-def profile_kernels(fn) -> tuple[int, float]:
-    """(kernels launched, Σ device µs) of one eager ``fn()`` (CUDA)."""
+def profile_kernels(fn) -> tuple[int, float, str]:
+    """(kernels launched, Σ device µs, the 4 longest as "name µs; ...") of one eager ``fn()`` (CUDA)."""
     from torch.profiler import ProfilerActivity, profile
 
     torch.cuda.synchronize()
@@ -44,7 +44,9 @@ def profile_kernels(fn) -> tuple[int, float]:
         torch.cuda.synchronize()
     kernels = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA
                and not e.name.lower().startswith(("memcpy", "memset"))]
-    return len(kernels), sum(e.device_time_total for e in kernels)
+    top = sorted(kernels, key=lambda e: -e.device_time_total)[:4]
+    longest = "; ".join(f"{e.name[:48]} {e.device_time_total:.1f}" for e in top)
+    return len(kernels), sum(e.device_time_total for e in kernels), longest
 
 
 def _replay_ms(it: Iteration, reps: int = 200) -> float:
@@ -78,7 +80,7 @@ def _rows_for(name: str, overrides: list[str]) -> list[dict]:
         row = {"section": "kernels", "features": name, "phase": phase, "num_envs": n}
         if phase != "iteration":
             fn = collect_step if phase == "collect" else update_step
-            row["kernels"], row["device_us"] = profile_kernels(lambda: fn(s))
+            row["kernels"], row["device_us"], row["longest_us"] = profile_kernels(lambda: fn(s))
         it = Iteration(s, use_graph=True, **shape)
         row["ms"] = round(_replay_ms(it), 5)
         row["graph_nodes"] = graph_nodes(it.graph)

@@ -10,9 +10,10 @@ per sample (PER importance weights; ones for uniform replay) and averaged.
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 
-from foxdqn.objectives.base import LossOutput, Objective, weighted_mean
+from foxdqn.objectives.base import LossOutput, Objective
+from foxdqn.ops.dqn_td_loss import dqn_td_loss
+from foxdqn.ops.replay_gather import stacked_pair
 
 
 def double_dqn_target(online, target, next_obs, reward, discount, double: bool = True) -> torch.Tensor:
@@ -35,6 +36,17 @@ class DQNObjective(Objective):
         online, target: networks obs [B, D] → Q [B, A].
         double: Double DQN action selection.
         huber_delta: Huber threshold δ (> 0), in reward units.
+
+    The target, the Huber loss, its weighted mean, |TD| and the gradient w.r.t. Q are one kernel on
+    CUDA (:func:`foxdqn.ops.dqn_td_loss.dqn_td_loss`; its reference is the arithmetic of
+    :func:`double_dqn_target` + ``F.huber_loss`` + :func:`~foxdqn.objectives.base.weighted_mean`).
+    With ``double`` the online Q of s and of s' come from ONE forward of the stacked [2B, D] batch
+    (the replay's stacked pair, :func:`foxdqn.ops.replay_gather.stacked_pair`, else a
+    concatenation); the loss gives the s' rows zero gradient. Every online network foxdqn builds
+    computes each row on its own and draws no random numbers in its forward (the attention
+    encoder's dropout is not configurable), so this equals two forwards to float rounding: the
+    GEMMs see 2B rows instead of B and may round differently, which can flip an argmax only
+    between Q values equal to rounding.
     """
 
     def __init__(self, online, target, double: bool = True, huber_delta: float = 1.0):
@@ -43,12 +55,19 @@ class DQNObjective(Objective):
         self.huber_delta = huber_delta
 
     def forward_with_q(self, batch):
-        q_all = self.online(batch.obs)  # (B, A), with grad
-        q_sa = q_all.gather(1, batch.action[:, None]).squeeze(1)
-        y = double_dqn_target(self.online, self.target, batch.next_obs, batch.reward, batch.discount, self.double)
-        per_sample = F.huber_loss(q_sa, y, reduction="none", delta=self.huber_delta)
-        out = LossOutput(weighted_mean(per_sample, batch.weight), (q_sa - y).detach().abs(), q_all.detach())
-        return out, q_all
+        b = batch.action.shape[0]
+        if self.double:
+            pair = stacked_pair(batch.obs, batch.next_obs)
+            both = pair.view(2 * b, -1) if pair is not None else torch.cat([batch.obs, batch.next_obs])
+            q = self.online(both)  # (2B, A), with grad: rows of s, then of s'
+            q_all = q[:b]
+        else:
+            q = q_all = self.online(batch.obs)  # (B, A), with grad
+        with torch.no_grad():
+            q_next_target = self.target(batch.next_obs)
+        loss, td_abs = dqn_td_loss(q, q_next_target, batch.action, batch.reward, batch.discount, batch.weight,
+                                   double=self.double, huber_delta=self.huber_delta)
+        return LossOutput(loss, td_abs, q_all.detach()), q_all
 
     def forward(self, batch) -> LossOutput:
         return self.forward_with_q(batch)[0]

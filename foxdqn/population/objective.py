@@ -11,27 +11,35 @@ from __future__ import annotations
 
 import torch
 
-from foxdqn.objectives.dqn import double_dqn_target
+from foxdqn.ops.dqn_td_loss import dqn_td_loss
+from foxdqn.ops.replay_gather import stacked_pair
 from foxdqn.population.network import MemberQNetwork
 from foxdqn.replay.buffer import Batch
-
-
-def huber(x: torch.Tensor, delta: torch.Tensor) -> torch.Tensor:
-    """Huber penalty of ``x`` (float32 ``[P, B]``) with threshold ``delta`` (float32 ``[P, 1]``):
-    ½x² where |x| ≤ δ, else δ(|x| − ½δ) (torch.nn.functional.huber_loss with a per-member δ)."""
-    a = x.abs()
-    return torch.where(a <= delta, 0.5 * x * x, delta * (a - 0.5 * delta))
 
 
 def member_dqn_loss(online: MemberQNetwork, target: MemberQNetwork, batch: Batch, members: int,
                     huber_delta: torch.Tensor, double: bool) -> tuple[torch.Tensor, torch.Tensor]:
     """(loss float32 ``[P]``, Q float32 ``[P, B, A]`` detached) of a member-major batch of ``P·B``
     rows (:meth:`MemberReplay.sample_members`; uniform replay: the importance weights are ones and
-    are not applied)."""
+    are not applied).
+
+    The loss, its |TD| and its gradient are one kernel (:func:`foxdqn.ops.dqn_td_loss.dqn_td_loss`
+    with a δ per member). With Double DQN the online Q of s and of s' come from one forward of the
+    ``[P, 2B, D]`` stacked batch (the replay's ``stacked`` pair when the batch is one, else a
+    concatenation); the s' rows get no gradient. The online network computes each row on its own,
+    so this equals two forwards to float rounding (the GEMM shapes differ)."""
     p = members
-    obs = batch.obs.view(p, -1, batch.obs.shape[-1])
-    next_obs = batch.next_obs.view(p, -1, batch.next_obs.shape[-1])
-    q_all = online(obs)  # [P, B, A]
-    q_sa = q_all.gather(2, batch.action.view(p, -1, 1)).squeeze(2)
-    y = double_dqn_target(online, target, next_obs, batch.reward.view(p, -1), batch.discount.view(p, -1), double)
-    return huber(q_sa - y, huber_delta[:, None]).mean(dim=1), q_all.detach()
+    d = batch.obs.shape[-1]
+    obs = batch.obs.view(p, -1, d)
+    next_obs = batch.next_obs.view(p, -1, d)
+    if double:
+        pair = stacked_pair(batch.obs, batch.next_obs)
+        q = online(pair.view(p, -1, d) if pair is not None else torch.cat([obs, next_obs], dim=1))  # [P, 2B, A]
+        q_all = q[:, :obs.shape[1]]
+    else:
+        q = q_all = online(obs)  # [P, B, A]
+    with torch.no_grad():
+        q_next_target = target(next_obs)
+    loss, _ = dqn_td_loss(q, q_next_target, batch.action, batch.reward, batch.discount, double=double,
+                          huber_delta=huber_delta)
+    return loss, q_all.detach()

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import torch
 
+from foxdqn.ops.replay_gather import replay_gather
 from foxdqn.population.random import MemberRandom
 from foxdqn.replay.buffer import Batch, ReplayBuffer
 
@@ -43,24 +44,18 @@ class MemberReplay(ReplayBuffer):
         powers = torch.arange(n_step + 1, device=device, dtype=torch.float64)
         table = gamma.to(torch.float64)[:, None] ** powers[None]  # [P, n + 1] γ_p^m
         self._member_gamma_m = table.to(torch.float32)
-        self._member_gamma_k = self._member_gamma_m[:, :n_step].contiguous()
-        self._weights: torch.Tensor | None = None  # ones [P·B], made at the first sample (B is known then)
 
-    def _discount_tables(self, env: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        member = env // self.envs_per_member
-        return self._member_gamma_k[member], self._member_gamma_m[member]
+    def _gamma_table(self) -> torch.Tensor:
+        """float32 ``[P, n + 1]``: member p's γ_p^0 .. γ_p^n (its envs are group p)."""
+        return self._member_gamma_m
 
     def sample_members(self, batch_size: int) -> Batch:
-        """B transitions per member, ``[P·B]`` rows member-major; weights are ones."""
-        p, n = self.members, self.envs_per_member
+        """B transitions per member, ``[P·B]`` rows member-major; weights are ones.
+
+        One kernel after the members' draws (:func:`foxdqn.ops.replay_gather.replay_gather` with
+        ``uniforms`` ``[P, 2, B]``, ``stacked``): obs and next_obs are ``[P, B, D]`` views of one
+        ``[P, 2, B, D]`` tensor (the shape :func:`foxdqn.population.objective.member_dqn_loss`
+        takes; for P = 1 ``[B, D]``)."""
+        p = self.members
         u = self.rng.uniform(2 * batch_size).view(p, 2, batch_size)
-        filled = self.filled()
-        valid = torch.clamp(filled - (self.n_step - 1), min=1)
-        oldest = (self.ptr - filled) % self.rows
-        t = (oldest + (u[:, 0] * valid.to(torch.float32)).to(torch.int64).clamp(max=valid - 1)) % self.rows
-        column = (u[:, 1] * n).to(torch.int64).clamp(max=n - 1)
-        env = column + n * torch.arange(p, device=self.device)[:, None]
-        index = (t * self.num_envs + env).view(-1)
-        if self._weights is None or self._weights.numel() != p * batch_size:
-            self._weights = torch.ones(p * batch_size, device=self.device)
-        return self.gather(index, self._weights)
+        return self._batch(replay_gather(*self._ring(), uniforms=u, stacked=True), self._ones(p * batch_size))

@@ -19,6 +19,8 @@ from typing import NamedTuple
 
 import torch
 
+from foxdqn.ops.replay_gather import replay_gather
+
 
 def replay_bytes(capacity: int, obs_dim: int, obs_itemsize: int = 4, regime: bool = False) -> int:
     """Bytes a :class:`ReplayBuffer` of ``capacity`` transitions takes (obs and next_obs of
@@ -34,6 +36,9 @@ class Batch(NamedTuple):
     obs, next_obs: [B, D] of the replay's obs dtype (float32; uint8 for images); action: int64 [B]; reward: float32 [B], the n-step discounted
     reward sum; discount: float32 [B], γ^m or 0 where the episode terminated in the window;
     weight: float32 [B] importance weights (ones for uniform); index: int64 [B] flat rows t·N + e.
+    From :meth:`ReplayBuffer.sample` obs and next_obs are the two halves of one [2B, D] tensor
+    (:func:`foxdqn.ops.replay_gather.stacked_pair`); from ``MemberReplay.sample_members`` of P > 1
+    members they are [P, B, D] views.
     """
 
     obs: torch.Tensor
@@ -85,13 +90,11 @@ class ReplayBuffer:
         self.ptr = torch.zeros((), dtype=torch.int64, device=device)  # next time row to write
         self.written = torch.zeros((), dtype=torch.int64, device=device)  # time rows ever written
         self._episode_now = torch.zeros(num_envs, dtype=torch.int64, device=device)
-        self._k = torch.arange(n_step, device=device)  # (n,)
-        self._gamma_k = gamma ** torch.arange(n_step, device=device, dtype=torch.float64)
-        self._gamma_k = self._gamma_k.to(torch.float32)  # (n,) γ^k
         self._gamma_m = (gamma ** torch.arange(n_step + 1, device=device, dtype=torch.float64)).to(torch.float32)
         self.relabeler = None  # a her.HindsightRelabeler for goal-conditioned envs
         self.regime = None  # a regime.RegimeWeights (regime.enabled)
         self.vol_ratio = None  # float32 [T, N] volatility ratio of each transition's state (regime)
+        self._weights: torch.Tensor | None = None  # ones [B] of uniform sampling, made at the first sample
 
     def set_relabeler(self, relabeler) -> None:
         """Attach HER (``replay.her``); needs ``n_step == 1``.
@@ -156,30 +159,41 @@ class ReplayBuffer:
         e = (u[1] * self.num_envs).to(torch.int64).clamp(max=self.num_envs - 1)
         return t * self.num_envs + e, torch.ones(batch_size, device=self.device)
 
-    def gather(self, index: torch.Tensor, weight: torch.Tensor) -> Batch:
-        """n-step batch for flat rows ``index`` (int64 [B])."""
-        t, e = index // self.num_envs, index % self.num_envs
-        gamma_k, gamma_m = self._discount_tables(e)
-        if self.n_step == 1:
-            return Batch(self.obs[t, e], self.action[t, e], self.reward[t, e], self.next_obs[t, e],
-                         gamma_m[..., 1] * (1.0 - self.terminal[t, e]), weight, index)
-        tk = (t[:, None] + self._k[None, :]) % self.rows  # (B, n)
-        ek = e[:, None].expand_as(tk)
-        ended = self.ended[tk, ek]  # (B, n)
-        # alive_k = 1 while no earlier step of the window ended the episode
-        alive = torch.cumprod(torch.cat([torch.ones_like(ended[:, :1]), 1.0 - ended[:, :-1]], dim=1), dim=1)
-        reward = (self.reward[tk, ek] * alive * gamma_k).sum(dim=1)
-        m = alive.sum(dim=1).to(torch.int64)  # steps in the window, 1..n
-        last = tk.gather(1, (m - 1)[:, None]).squeeze(1)
-        discount = gamma_m.expand(len(index), -1).gather(1, m[:, None]).squeeze(1) * (1.0 - self.terminal[last, e])
-        return Batch(self.obs[t, e], self.action[t, e], reward, self.next_obs[last, e], discount, weight, index)
+    def gather(self, index: torch.Tensor, weight: torch.Tensor, stacked: bool = False) -> Batch:
+        """n-step batch for flat rows ``index`` (int64 [B]): one kernel on CUDA
+        (:func:`foxdqn.ops.replay_gather.replay_gather`; ``stacked``: obs and next_obs are the two
+        halves of one [2B, D] tensor)."""
+        return self._batch(replay_gather(*self._ring(), index=index, stacked=stacked), weight)
 
-    def _discount_tables(self, env: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """(γ^k for k < n, γ^m for m ≤ n) of the rows of envs ``env`` (int64 [B]): float32 ``[n]`` and
-        ``[1, n + 1]`` here (one γ); a subclass with a γ per env returns ``[B, n]`` and ``[B, n + 1]``."""
-        return self._gamma_k, self._gamma_m[None]
+    def _ring(self) -> tuple:
+        """The storage and γ table arguments of :func:`foxdqn.ops.replay_gather.replay_gather`."""
+        return (self.obs, self.next_obs, self.action, self.reward, self.terminal, self.ended, self.ptr,
+                self.written, self._gamma_table(), self.n_step)
+
+    @staticmethod
+    def _batch(g, weight: torch.Tensor) -> Batch:
+        return Batch(g.obs, g.action, g.reward, g.next_obs, g.discount, weight, g.index)
+
+    def _ones(self, batch_size: int) -> torch.Tensor:
+        """float32 ones [batch_size], made once (uniform replay's importance weights; read-only)."""
+        if self._weights is None or self._weights.numel() != batch_size:
+            self._weights = torch.ones(batch_size, device=self.device)
+        return self._weights
+
+    def _gamma_table(self) -> torch.Tensor:
+        """float32 ``[G, n + 1]``: row g = γ_g^0 .. γ_g^n of env group g = e // (N / G); here G = 1
+        (one γ); a subclass with a γ per group of envs returns its own table."""
+        return self._gamma_m[None]
 
     def sample(self, batch_size: int, generator: torch.Generator) -> Batch:
+        """A batch of ``batch_size`` n-step transitions, drawn with ``generator``.
+
+        Without regime weights and HER: the draw (``torch.rand(2, B)``, or PER's rows) and one
+        gather kernel, obs and next_obs stacked (:func:`foxdqn.ops.replay_gather.stacked_pair`);
+        the rows are those of :meth:`sample_index`. With regime weights or HER: the torch sampling
+        path, then the same gather kernel on the rows."""
+        if self.regime is None and self.relabeler is None:
+            return self._sample_stacked(batch_size, generator)
         index, weight = self.sample_index(batch_size, generator)
         if self.regime is not None:  # w_b = w_b^PER · w_regime(b) (foxdqn.replay.regime)
             weight = weight * self.regime(self.vol_ratio.view(-1)[index])
@@ -187,6 +201,11 @@ class ReplayBuffer:
         if self.relabeler is not None:
             batch = self.relabeler.relabel(self, batch, generator)
         return batch
+
+    def _sample_stacked(self, batch_size: int, generator: torch.Generator) -> Batch:
+        """Uniform draw and gather in one kernel (the draws of :meth:`sample_index`)."""
+        u = torch.rand(2, batch_size, device=self.device, generator=generator)
+        return self._batch(replay_gather(*self._ring(), uniforms=u, stacked=True), self._ones(batch_size))
 
     def update_priorities(self, index: torch.Tensor, td_abs: torch.Tensor, skip: torch.Tensor) -> None:
         """No-op for uniform replay (PER overrides)."""

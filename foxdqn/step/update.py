@@ -46,19 +46,42 @@ def micro_batches(batch: Batch, m: int) -> list[Batch]:
     return [type(batch)(*fields) for fields in zip(*(f.chunk(m) for f in batch))]
 
 
+_SEEDS: dict[tuple[torch.device, int], torch.Tensor] = {}
+
+
+def backward_seed(device: torch.device, m: int) -> torch.Tensor:
+    """float32 0-d 1/m on ``device``, made once per (device, m): the gradient that each
+    micro-batch loss is back-propagated with. ``loss.backward(seed)`` gives the gradients of
+    ``(loss / m).backward()`` (the same float32 1/m reaches the loss) without the division and
+    the ones that ``backward()`` fills per update. Read-only."""
+    key = (torch.device(device), m)
+    if key not in _SEEDS:
+        _SEEDS[key] = torch.full((), 1.0 / m, device=device, dtype=torch.float32)
+    return _SEEDS[key]
+
+
 def accumulate_gradients(s: TrainState, batch: Batch) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Zero the gradients, back-propagate the batch in ``optim.accumulate`` micro-batches, and
     return (loss float32 0-d detached, td_abs float32 [B], q_values float32 [B, A]) of the whole
     batch. The gradients left in ``.grad`` are those of the whole batch's loss."""
     m = s.cfg.optim.accumulate
-    s.optim.optimizer.zero_grad(set_to_none=False)
+    # set_to_none=True: the first backward then writes each .grad (no zero fill, and no add into a
+    # zeroed .grad per parameter). Nothing keeps a .grad tensor across updates: the pruner
+    # (mask_grads), the weight check (WeightCheck.run assigns p.grad to its shadow each update),
+    # clip_grad_norm_ and fused Adam read p.grad afresh each update; the guard reads only the
+    # norm; checkpoints do not hold gradients. Under a CUDA graph the captured backward allocates
+    # the .grad tensors once from the graph's pool and each replay rewrites them. A parameter
+    # that gets no gradient keeps .grad None either way (autograd creates none; zeroing a None
+    # grad leaves it None), so Adam sees the same parameters as with set_to_none=False.
+    s.optim.optimizer.zero_grad(set_to_none=True)
+    seed = backward_seed(s.device, m)
     losses, tds, qs = [], [], []
     for mb in micro_batches(batch, m):
         out = s.nets.objective(mb)
         loss = out.loss
         if s.cfg.debug.inject_nan_at_step is not None:  # poison the loss at one update, decided on the device
             loss = loss + torch.where(s.updates == s.nan_at, float("nan"), 0.0)
-        (loss if m == 1 else loss / m).backward()
+        loss.backward(seed)  # the gradient of loss / m
         losses.append(loss.detach())
         tds.append(out.td_abs)
         qs.append(out.q_values)

@@ -1,0 +1,323 @@
+"""(Double) DQN Huber TD loss in one kernel, with its gradient computed in the same pass.
+
+Sources: Double DQN target, van Hasselt, Guez & Silver (2016), eq. 4; DQN target and Huber "error
+clipping", Mnih et al. (2015); the importance-weighted mean of PER, Schaul et al. (2016), §3.4.
+Per sample b (R_b the n-step reward sum, discount_b = γ^m or 0, foxdqn/replay/buffer.py):
+
+    a*_b  = argmax_a Q_online(s'_b, a)                  (double; first index of the maximum)
+    y_b   = R_b + discount_b · Q_target(s'_b, a*_b)     (double)  or  R_b + discount_b · max_a Q_target(s'_b, a)
+    x_b   = Q(s_b, a_b) − y_b
+    ℓ_b   = ½ x_b²  if |x_b| < δ  else  δ (|x_b| − ½ δ)           (torch.nn.functional.huber_loss)
+    loss_g = Σ_{b in group g} w_b ℓ_b / B_g
+    ∂loss_g/∂Q(s_b, a) = 1{a = a_b} · w_b / B_g · clamp(x_b, −δ, δ)
+
+y is a constant (no gradient through the target or the online selection). G = 1 (one run): loss is
+0-d, the mean over the batch (foxdqn.objectives.dqn.DQNObjective). G > 1 (a population of G
+members, rows g·B_g .. (g+1)·B_g − 1 are member g's): δ is a ``[G]`` tensor and loss is ``[G]``
+(foxdqn.population.objective.member_dqn_loss).
+
+Stacked input: ``q`` may hold ``2B`` rows, laid out ``[G, 2, B_g, A]``: per group, the online Q of
+its B_g states s, then of its B_g next states s' (one forward of the stacked batch,
+foxdqn.ops.replay_gather ``stacked=True``); the s' rows serve the Double DQN selection and get a
+zero gradient.
+
+Registration: a ``torch.autograd.Function``. The forward kernel writes the loss, |x| (the PER
+priority signal) and ∂loss/∂q; backward is one multiply of that saved gradient by the upstream
+gradient. Capturable in a CUDA graph (device ops only, fixed shapes). Double backward is not
+supported. NaN: a NaN in a row's inputs makes its x, hence the loss, NaN (an argmax over a row
+with NaN picks the first NaN, as torch.argmax does); the guard skips such an update.
+"""
+from __future__ import annotations
+
+import math
+import numbers
+
+import torch
+import torch.nn.functional as F
+import triton
+import triton.language as tl
+
+from foxdqn.ops.backend import resolve_backend
+
+__all__ = ["dqn_td_loss", "dqn_td_loss_reference"]
+
+
+# ----------------------------------------------------------------------------- kernel
+@triton.jit
+def _dqn_td_loss_kernel(
+    q_ptr,  # f32 [G, 2?, Bg, A] contiguous: online Q (with the s' rows when STACKED)
+    qt_ptr,  # f32 [G·Bg, A] target Q of s'
+    qo_ptr,  # f32 [G·Bg, A] online Q of s' (DOUBLE and not STACKED)
+    action_ptr, reward_ptr, discount_ptr, weight_ptr,  # [G·Bg]
+    delta_ptr,  # f32 [G] (DELTA_PER_GROUP)
+    delta,  # float δ (not DELTA_PER_GROUP)
+    loss_ptr,  # f32 [G] out
+    td_ptr,  # f32 [G·Bg] out |x|
+    dq_ptr,  # f32 like q, out ∂loss/∂q
+    Bg, A, inv_n,
+    STACKED: tl.constexpr, DOUBLE: tl.constexpr, HAS_WEIGHT: tl.constexpr, DELTA_PER_GROUP: tl.constexpr,
+    BLOCK_R: tl.constexpr, BLOCK_A: tl.constexpr,
+):
+    g = tl.program_id(0).to(tl.int64)
+    zero = tl.zeros([], dtype=tl.int64)  # an int argument equal to 1 arrives as a constexpr
+    Bg, A = Bg + zero, A + zero
+    inv_n = tl.cast(inv_n, tl.float32)
+    if DELTA_PER_GROUP:
+        d = tl.load(delta_ptr + g)
+    else:
+        d = tl.cast(delta, tl.float32)
+    cols = tl.arange(0, BLOCK_A)
+    col_ok = cols < A
+    acc = tl.zeros([BLOCK_R], dtype=tl.float32)
+    for r0 in range(0, Bg, BLOCK_R):
+        b = r0 + tl.arange(0, BLOCK_R)
+        ok = b < Bg
+        row = g * Bg + b  # sample row
+        if STACKED:
+            q_row = g * 2 * Bg + b
+            next_row = q_row + Bg
+        else:
+            q_row = row
+        m2 = ok[:, None] & col_ok[None, :]
+        a = tl.load(action_ptr + row, mask=ok, other=0)
+        hit = cols[None, :] == a[:, None]
+        qs = tl.load(q_ptr + q_row[:, None] * A + cols[None, :], mask=m2, other=0.0)
+        q_sa = tl.sum(tl.where(hit, qs, 0.0), axis=1)
+        qt = tl.load(qt_ptr + row[:, None] * A + cols[None, :], mask=m2, other=float("-inf"))
+        if DOUBLE:
+            if STACKED:
+                qo = tl.load(q_ptr + next_row[:, None] * A + cols[None, :], mask=m2, other=float("-inf"))
+            else:
+                qo = tl.load(qo_ptr + row[:, None] * A + cols[None, :], mask=m2, other=float("-inf"))
+            # argmax as torch.argmax: the first NaN if any, else the first index of the maximum
+            nan = qo != qo
+            first_nan = tl.min(tl.where(nan, cols[None, :], BLOCK_A), axis=1)
+            top = tl.max(tl.where(nan, float("-inf"), qo), axis=1)
+            first_top = tl.min(tl.where(qo == top[:, None], cols[None, :], BLOCK_A), axis=1)
+            a_star = tl.where(first_nan < BLOCK_A, first_nan, first_top)
+            q_next = tl.sum(tl.where(cols[None, :] == a_star[:, None], qt, 0.0), axis=1)
+        else:
+            nan = qt != qt
+            top = tl.max(tl.where(nan, float("-inf"), qt), axis=1)
+            q_next = tl.where(tl.max(nan.to(tl.int32), axis=1) > 0, float("nan"), top)
+        q_next = tl.where(ok, q_next, 0.0)  # masked rows: no −inf · 0
+        r = tl.load(reward_ptr + row, mask=ok, other=0.0)
+        disc = tl.load(discount_ptr + row, mask=ok, other=0.0)
+        x = q_sa - (r + disc * q_next)
+        z = tl.abs(x)
+        loss = tl.where(z < d, 0.5 * z * z, d * (z - 0.5 * d))
+        scale = inv_n
+        if HAS_WEIGHT:
+            w = tl.load(weight_ptr + row, mask=ok, other=0.0)
+            loss = loss * w
+            scale = inv_n * w
+        acc += tl.where(ok, loss, 0.0)
+        tl.store(td_ptr + row, z, mask=ok)
+        # huber_loss_backward: −δ where x ≤ −δ, δ where x ≥ δ, else x (NaN stays NaN)
+        grad = tl.where(x <= -d, -d, tl.where(x >= d, d, x)) * scale
+        tl.store(dq_ptr + q_row[:, None] * A + cols[None, :], tl.where(hit, grad[:, None], 0.0), mask=m2)
+        if STACKED:
+            tl.store(dq_ptr + next_row[:, None] * A + cols[None, :], tl.zeros([BLOCK_R, BLOCK_A], tl.float32),
+                     mask=m2)
+    tl.store(loss_ptr + g, tl.sum(acc, axis=0) * inv_n)
+
+
+def _blocks(rows_per_group: int, num_actions: int, interpret: bool) -> tuple[int, int]:
+    block_a = triton.next_power_of_2(num_actions)
+    budget = 1 << 16 if interpret else 4096  # elements of a [BLOCK_R, BLOCK_A] tile
+    return max(1, min(triton.next_power_of_2(max(rows_per_group, 1)), budget // block_a)), block_a
+
+
+class _DQNTDLoss(torch.autograd.Function):
+    """loss, |x| = kernel(q, ...); backward: saved ∂loss/∂q times the upstream gradient."""
+
+    @staticmethod
+    def forward(ctx, q, q_next_target, q_next_online, action, reward, discount, weight, delta_t, delta_f,
+                groups, stacked, double):
+        rows = action.shape[0]
+        dev = q.device
+        loss = torch.empty(groups, device=dev, dtype=torch.float32)
+        td_abs = torch.empty(rows, device=dev, dtype=torch.float32)
+        dq = torch.empty_like(q)
+        bg = rows // groups
+        if rows:
+            block_r, block_a = _blocks(bg, q.shape[1], interpret=not q.is_cuda)
+            _dqn_td_loss_kernel[(groups,)](
+                q, q_next_target, q_next_online if q_next_online is not None else q_next_target,
+                action, reward, discount, weight if weight is not None else reward,
+                delta_t if delta_t is not None else reward, delta_f, loss, td_abs, dq, bg, q.shape[1], 1.0 / bg,
+                STACKED=stacked, DOUBLE=double, HAS_WEIGHT=weight is not None,
+                DELTA_PER_GROUP=delta_t is not None, BLOCK_R=block_r, BLOCK_A=block_a)
+        else:
+            loss.fill_(float("nan"))  # the mean of nothing, as torch's
+            dq.zero_()
+        ctx.save_for_backward(dq)
+        ctx.groups = groups
+        ctx.mark_non_differentiable(td_abs)
+        ctx.set_materialize_grads(False)  # no zeros filled for td_abs's (unused) gradient
+        return (loss if delta_t is not None else loss.view(())), td_abs
+
+    @staticmethod
+    def backward(ctx, grad_loss, grad_td):
+        (dq,) = ctx.saved_tensors
+        if grad_loss is None:  # the loss did not reach the backward's roots
+            return (None,) * 12
+        if grad_loss.dim() == 0:
+            grad_q = dq * grad_loss
+        else:
+            grad_q = (dq.view(ctx.groups, -1) * grad_loss[:, None]).view_as(dq)
+        return grad_q, None, None, None, None, None, None, None, None, None, None, None
+
+
+# ----------------------------------------------------------------------------- checks
+def _shape(x) -> str:
+    return f"{getattr(x, 'dtype', type(x).__name__)} {tuple(getattr(x, 'shape', ()))}"
+
+
+def _check(q, q_next_target, action, reward, discount, weight, q_next_online, double, huber_delta):
+    """Validate; returns (q [Rq, A], q_next_target [B, A], q_next_online [B, A] | None, action,
+    reward, discount, weight (flat [B] | None), groups, stacked)."""
+    op = "dqn_td_loss"
+    if q.dim() not in (2, 3) or q.dtype != torch.float32:
+        raise ValueError(f"{op}: q must be float32 [B, A], [2B, A] or [G, ·, A], got {_shape(q)}")
+    a = q.shape[-1]
+    q2 = q.reshape(-1, a)
+    action = action.reshape(-1)
+    b = action.shape[0]
+    if action.dtype != torch.int64:
+        raise ValueError(f"{op}: action must be int64 [B], got {_shape(action)}")
+    if a < 1 or q2.shape[0] not in (b, 2 * b):
+        raise ValueError(f"{op}: q must have B={b} or 2B={2 * b} rows of A >= 1 actions, got {_shape(q)}")
+    stacked = q2.shape[0] == 2 * b and b > 0
+    if stacked and not double:
+        raise ValueError(f"{op}: a stacked q (2B rows: s then s') serves Double DQN only; pass double=True "
+                         "or the B rows of s")
+    if double and not stacked and q_next_online is None:
+        raise ValueError(f"{op}: double=True needs q_next_online [B, A] or a stacked q of 2B rows")
+    if stacked and q_next_online is not None:
+        raise ValueError(f"{op}: give q_next_online or a stacked q, not both")
+    q_next_target = q_next_target.reshape(-1, a) if q_next_target.shape[-1] == a else q_next_target
+    if tuple(q_next_target.shape) != (b, a) or q_next_target.dtype != torch.float32:
+        raise ValueError(f"{op}: q_next_target must be float32 [{b}, {a}], got {_shape(q_next_target)}")
+    if q_next_online is not None:
+        if not double:
+            raise ValueError(f"{op}: q_next_online is for double=True only")
+        q_next_online = q_next_online.reshape(-1, a) if q_next_online.shape[-1] == a else q_next_online
+        if tuple(q_next_online.shape) != (b, a) or q_next_online.dtype != torch.float32:
+            raise ValueError(f"{op}: q_next_online must be float32 [{b}, {a}], got {_shape(q_next_online)}")
+    flat = []
+    for name, x in (("reward", reward), ("discount", discount), ("weight", weight)):
+        if x is None:
+            flat.append(None)
+            continue
+        x = x.reshape(-1)
+        if x.shape[0] != b or x.dtype != torch.float32:
+            raise ValueError(f"{op}: {name} must be float32 [{b}], got {_shape(x)}")
+        flat.append(x)
+    if isinstance(huber_delta, torch.Tensor):
+        if huber_delta.dim() != 1 or huber_delta.dtype != torch.float32 or huber_delta.shape[0] < 1 \
+                or b % huber_delta.shape[0]:
+            raise ValueError(f"{op}: huber_delta must be a float > 0 or a float32 [G] tensor with G dividing "
+                             f"B={b}, got {_shape(huber_delta)}")
+        groups = huber_delta.shape[0]
+    else:
+        if isinstance(huber_delta, bool) or not isinstance(huber_delta, numbers.Real) \
+                or not math.isfinite(huber_delta) or huber_delta <= 0:
+            raise ValueError(f"{op}: huber_delta must be a finite number > 0, got {huber_delta!r}")
+        groups = 1
+    for name, x in (("q_next_target", q_next_target), ("q_next_online", q_next_online), ("action", action),
+                    ("reward", flat[0]), ("discount", flat[1]), ("weight", flat[2]),
+                    ("huber_delta", huber_delta if isinstance(huber_delta, torch.Tensor) else None)):
+        if x is not None and x.device != q.device:
+            raise ValueError(f"{op}: {name} is on {x.device}, q on {q.device}")
+    return q2, q_next_target, q_next_online, action, *flat, groups, stacked
+
+
+# ----------------------------------------------------------------------------- reference
+def _reference(q2, q_next_target, q_next_online, action, reward, discount, weight, huber_delta, groups, stacked,
+               double):
+    b, a = action.shape[0], q2.shape[1]
+    if stacked:
+        q4 = q2.view(groups, 2, b // groups, a)
+        q_s = q4[:, 0].reshape(b, a)
+        q_next_online = q4[:, 1].reshape(b, a)
+    else:
+        q_s = q2
+    q_sa = q_s.gather(1, action[:, None]).squeeze(1)
+    with torch.no_grad():  # foxdqn.objectives.dqn.double_dqn_target on given Q values
+        if double:
+            q_next = q_next_target.gather(1, q_next_online.argmax(dim=1, keepdim=True)).squeeze(1)
+        else:
+            q_next = q_next_target.max(dim=1).values
+        y = reward + discount * q_next
+    if isinstance(huber_delta, torch.Tensor):  # a δ per group: the population's loss before this op
+        x = (q_sa - y).view(groups, -1)
+        z = x.abs()
+        delta = huber_delta[:, None]
+        per = torch.where(z <= delta, 0.5 * x * x, delta * (z - 0.5 * delta))
+        if weight is not None:
+            per = per * weight.view(groups, -1)
+        loss = per.mean(dim=1)
+    else:
+        per = F.huber_loss(q_sa, y, reduction="none", delta=float(huber_delta))
+        loss = (per * weight).mean() if weight is not None else per.mean()  # objectives.base.weighted_mean
+    return loss, (q_sa - y).detach().abs()
+
+
+def dqn_td_loss_reference(q, q_next_target, action, reward, discount, weight=None, *, q_next_online=None,
+                          double=True, huber_delta=1.0):
+    """Plain-torch :func:`dqn_td_loss` (same arguments and results), differentiable by autograd:
+    today's DQNObjective / member_dqn_loss arithmetic on given Q values."""
+    q2, qt, qo, action, reward, discount, weight, groups, stacked = _check(
+        q, q_next_target, action, reward, discount, weight, q_next_online, double, huber_delta)
+    return _reference(q2, qt, qo, action, reward, discount, weight, huber_delta, groups, stacked, double)
+
+
+# ----------------------------------------------------------------------------- public
+def dqn_td_loss(q: torch.Tensor, q_next_target: torch.Tensor, action: torch.Tensor, reward: torch.Tensor,
+                discount: torch.Tensor, weight: torch.Tensor | None = None, *,
+                q_next_online: torch.Tensor | None = None, double: bool = True,
+                huber_delta: float | torch.Tensor = 1.0, backend: str = "auto") -> tuple[torch.Tensor, torch.Tensor]:
+    """(Double) DQN Huber TD loss, its |TD| and (in backward) its gradient w.r.t. ``q``.
+
+    Formulas: module docstring. One forward kernel, one multiply in backward.
+
+    Args:
+        q: float32 online Q values with gradient: ``[B, A]`` of the states s, or ``[2B, A]``
+            stacked ``[G, 2, B/G, A]`` (per group its s rows, then its s' rows; Double DQN only;
+            the s' rows get zero gradient). ``[G, B/G, A]`` / ``[G, 2B/G, A]`` are the same.
+        q_next_target: float32 ``[B, A]`` target-network Q of s' (treated as a constant).
+        action: int64 ``[B]`` in [0, A) (a device value: not checked; out of range gives Q(s, a) = 0
+            in the kernel).
+        reward: float32 ``[B]``, the n-step discounted reward sum (reward units).
+        discount: float32 ``[B]``, γ^m, 0 where s' is terminal.
+        weight: float32 ``[B]`` importance weights, or None (all 1).
+        q_next_online: float32 ``[B, A]`` online Q of s' for the Double DQN selection, when ``q``
+            is not stacked (treated as a constant).
+        double: Double DQN (van Hasselt et al. 2016) target; False: max_a Q_target(s', a).
+        huber_delta: δ > 0 in reward units (float), or float32 ``[G]`` (G dividing B), one δ per
+            group of B/G consecutive rows.
+        backend: ``"auto"`` (Triton for CUDA tensors, else torch), ``"triton"``, ``"torch"``.
+
+    Returns:
+        (loss, td_abs): loss float32 0-d (float δ) or ``[G]`` (tensor δ), the weighted mean of the
+        per-sample Huber loss per group, differentiable w.r.t. ``q``; td_abs float32 ``[B]``,
+        |Q(s, a) − y| detached (unweighted).
+
+    Raises:
+        ValueError: wrong shapes, dtypes or devices; a stacked ``q`` without ``double`` or with
+            ``q_next_online``; double without an online Q of s'; a bad ``huber_delta``; an
+            unknown backend.
+        RuntimeError: backend="triton" on CPU tensors without TRITON_INTERPRET=1.
+    """
+    q2, qt, qo, action, reward, discount, weight, groups, stacked = _check(
+        q, q_next_target, action, reward, discount, weight, q_next_online, double, huber_delta)
+    if resolve_backend("dqn_td_loss", backend, q) == "torch":
+        return _reference(q2, qt, qo, action, reward, discount, weight, huber_delta, groups, stacked, double)
+    delta_t = huber_delta.contiguous() if isinstance(huber_delta, torch.Tensor) else None
+    delta_f = 1.0 if delta_t is not None else float(huber_delta)
+    return _DQNTDLoss.apply(q2.contiguous(), qt.detach().contiguous(),
+                            None if qo is None else qo.detach().contiguous(), action.contiguous(),
+                            reward.contiguous(), discount.contiguous(),
+                            None if weight is None else weight.contiguous(), delta_t, delta_f, groups, stacked,
+                            bool(double))

@@ -1,0 +1,207 @@
+"""foxdqn.ops.dqn_td_loss: the fused kernel (TRITON_INTERPRET=1 on CPU) against the torch reference
+(loss, |TD| and the gradient of q against autograd of the reference), against today's DQNObjective
+arithmetic and a hand-computed case; odd batch sizes, A = 1, argmax ties, NaN rows, weights, a δ
+per group, stacked Q (s and s' rows in one tensor), bad arguments. GPU (`gpu` marker): kernel =
+reference on CUDA, CUDA-graph capture of forward + backward."""
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from foxdqn.ops.backend import INTERPRET
+from foxdqn.ops.dqn_td_loss import dqn_td_loss, dqn_td_loss_reference
+
+from support import capture_graph, no_host_sync, require_compiled_kernels
+
+_need_compiled = require_compiled_kernels(INTERPRET)
+
+
+def _case(b, a, seed=0, device="cpu", ties=False):
+    g = torch.Generator().manual_seed(seed)
+    q = torch.randn(b, a, generator=g) * 2
+    qo = torch.randn(b, a, generator=g)
+    if ties:  # whole-number values: many rows with a tied maximum
+        qo = torch.randint(0, 2, (b, a), generator=g).float()
+    qt = torch.randn(b, a, generator=g)
+    action = torch.randint(0, a, (b,), generator=g)
+    reward = torch.randn(b, generator=g) * 3  # some |x| beyond δ, some within
+    discount = torch.where(torch.rand(b, generator=g) < 0.2, 0.0, 0.99)
+    weight = torch.rand(b, generator=g) + 0.1
+    upstream = torch.rand((), generator=g) + 0.5
+    return [x.to(device) for x in (q, qo, qt, action, reward, discount, weight, upstream)]
+
+
+def _run(fn, q, qo, qt, action, reward, discount, weight, upstream, *, stacked, **kw):
+    """loss, td_abs, dloss/dq (of s rows), dloss/dq (of s' rows, stacked only)."""
+    b = action.shape[0]
+    if stacked:
+        groups = kw["huber_delta"].shape[0] if isinstance(kw.get("huber_delta"), torch.Tensor) else 1
+        a = q.shape[1]
+        q_in = torch.stack([q.view(groups, -1, a), qo.view(groups, -1, a)], dim=1).reshape(2 * b, a)
+        q_in = q_in.detach().requires_grad_(True)
+        loss, td = fn(q_in, qt, action, reward, discount, weight, **kw)
+    else:
+        q_in = q.detach().clone().requires_grad_(True)
+        if kw.get("double", True):
+            kw = {**kw, "q_next_online": qo}
+        loss, td = fn(q_in, qt, action, reward, discount, weight, **kw)
+    (grad,) = torch.autograd.grad((loss * upstream).sum(), q_in)
+    if stacked:
+        g4 = grad.view(groups, 2, -1, q.shape[1])
+        return loss.detach(), td, g4[:, 0].reshape(b, -1), g4[:, 1].reshape(b, -1)
+    return loss.detach(), td, grad, None
+
+
+def _kernel(*args, **kw):
+    return dqn_td_loss(*args, **kw, backend="triton")
+
+
+@pytest.mark.parametrize("b,a", [(1, 1), (37, 3), (130, 1), (257, 5)])
+@pytest.mark.parametrize("double", [True, False])
+@pytest.mark.parametrize("weighted", [True, False])
+def test_kernel_equals_reference_with_gradient(b, a, double, weighted):
+    q, qo, qt, action, reward, discount, weight, up = _case(b, a, seed=b + a)
+    w = weight if weighted else None
+    for delta in (1.0, 0.7):
+        got = _run(_kernel, q, qo, qt, action, reward, discount, w, up, stacked=False, double=double,
+                   huber_delta=delta)
+        want = _run(dqn_td_loss_reference, q, qo, qt, action, reward, discount, w, up, stacked=False,
+                    double=double, huber_delta=delta)
+        assert got[0].shape == () and got[1].shape == (b,)
+        torch.testing.assert_close(got[0], want[0], rtol=1e-6, atol=1e-7)
+        torch.testing.assert_close(got[1], want[1], rtol=0, atol=0)
+        torch.testing.assert_close(got[2], want[2], rtol=1e-6, atol=1e-9)
+
+
+@pytest.mark.parametrize("b,a", [(37, 3), (2, 1)])
+def test_stacked_equals_separate_and_next_rows_get_no_gradient(b, a):
+    q, qo, qt, action, reward, discount, weight, up = _case(b, a, seed=7)
+    sep = _run(_kernel, q, qo, qt, action, reward, discount, weight, up, stacked=False, huber_delta=1.0)
+    for fn in (_kernel, dqn_td_loss_reference):
+        st = _run(fn, q, qo, qt, action, reward, discount, weight, up, stacked=True, huber_delta=1.0)
+        torch.testing.assert_close(st[0], sep[0], rtol=1e-6, atol=1e-7)
+        torch.testing.assert_close(st[1], sep[1], rtol=0, atol=0)
+        torch.testing.assert_close(st[2], sep[2], rtol=1e-6, atol=1e-9)
+        assert torch.equal(st[3], torch.zeros_like(st[3]))
+
+
+@pytest.mark.parametrize("stacked", [False, True])
+def test_delta_per_group(stacked):
+    groups, bg, a = 3, 11, 4
+    q, qo, qt, action, reward, discount, weight, _ = _case(groups * bg, a, seed=3)
+    delta = torch.tensor([0.3, 1.0, 2.5])
+    up = torch.tensor([1.0, 0.5, 2.0])  # a different upstream gradient per group
+    got = _run(_kernel, q, qo, qt, action, reward, discount, None, up, stacked=stacked, huber_delta=delta)
+    want = _run(dqn_td_loss_reference, q, qo, qt, action, reward, discount, None, up, stacked=stacked,
+                huber_delta=delta)
+    assert got[0].shape == (groups,)
+    for x, y in zip(got, want):
+        if x is not None:
+            torch.testing.assert_close(x, y, rtol=1e-6, atol=1e-8)
+    # each group is the single-δ loss of its own rows
+    for g in range(groups):
+        rows = slice(g * bg, (g + 1) * bg)
+        one = _run(_kernel, q[rows], qo[rows], qt[rows], action[rows], reward[rows], discount[rows], None,
+                   torch.tensor(1.0), stacked=False, huber_delta=float(delta[g]))
+        torch.testing.assert_close(got[0][g], one[0], rtol=1e-6, atol=1e-8)
+
+
+def test_today_dqn_objective_arithmetic():
+    """The reference is DQNObjective's old code (double_dqn_target + F.huber_loss + weighted_mean)."""
+    q, qo, qt, action, reward, discount, weight, _ = _case(29, 3, seed=11)
+    q_sa = q.gather(1, action[:, None]).squeeze(1)
+    y = reward + discount * qt.gather(1, qo.argmax(dim=1, keepdim=True)).squeeze(1)
+    want = (F.huber_loss(q_sa, y, reduction="none", delta=1.0) * weight).mean()
+    for backend in ("torch", "triton"):
+        loss, td = dqn_td_loss(q, qt, action, reward, discount, weight, q_next_online=qo, backend=backend)
+        torch.testing.assert_close(loss, want, rtol=1e-6, atol=0)
+        assert torch.equal(td, (q_sa - y).abs())
+
+
+def test_hand_computed():
+    # B=2, A=2, δ=1: row 0: a=0, Q=1, online s' [1, 1] (tie → a*=0), target s' [2, 5], r=0.5, γ=0.5:
+    #   y = 0.5 + 0.5·2 = 1.5, x = −0.5, ℓ = 0.125, grad = −0.5 · w/B = −0.5 · 2/2 = −0.5
+    # row 1: a=1, Q=4, online s' [0, 3] (a*=1), target s' [1, -2], r=1, γ=0:   y = 1, x = 3, ℓ = 2.5, grad = 1·1/2
+    q = torch.tensor([[1.0, 7.0], [9.0, 4.0]], requires_grad=True)
+    qo = torch.tensor([[1.0, 1.0], [0.0, 3.0]])
+    qt = torch.tensor([[2.0, 5.0], [1.0, -2.0]])
+    args = (qt, torch.tensor([0, 1]), torch.tensor([0.5, 1.0]), torch.tensor([0.5, 0.0]), torch.tensor([2.0, 1.0]))
+    for backend in ("torch", "triton"):
+        q.grad = None
+        loss, td = dqn_td_loss(q, *args, q_next_online=qo, backend=backend)
+        loss.backward()
+        assert loss.item() == (0.125 * 2 + 2.5 * 1) / 2 and td.tolist() == [0.5, 3.0]
+        assert q.grad.tolist() == [[-0.5, 0.0], [0.0, 0.5]]
+
+
+def test_nan_rows_argmax_like_torch():
+    q, qo, qt, action, reward, discount, _, _ = _case(6, 4, seed=2)
+    qo[1, 2] = float("nan")  # torch.argmax picks the NaN: the target there is finite
+    qo[3] = float("-inf")  # all −inf: index 0
+    qt[4, 1] = float("nan")
+    for double in (True, False):
+        kw = dict(q_next_online=qo) if double else {}
+        got = dqn_td_loss(q, qt, action, reward, discount, double=double, backend="triton", **kw)[1]
+        want = dqn_td_loss_reference(q, qt, action, reward, discount, double=double, **kw)[1]
+        torch.testing.assert_close(got, want, equal_nan=True, rtol=0, atol=0)
+
+
+def test_ties_pick_the_first_maximum():
+    q, qo, qt, action, reward, discount, weight, up = _case(64, 5, seed=4, ties=True)
+    got = _run(_kernel, q, qo, qt, action, reward, discount, weight, up, stacked=False, huber_delta=1.0)
+    want = _run(dqn_td_loss_reference, q, qo, qt, action, reward, discount, weight, up, stacked=False,
+                huber_delta=1.0)
+    assert torch.equal(got[1], want[1])
+
+
+@pytest.mark.parametrize("kw,match", [
+    (dict(huber_delta=0.0), "huber_delta must be a finite number > 0"),
+    (dict(huber_delta=torch.ones(3)), r"float32 \[G\] tensor with G dividing B=4"),
+    (dict(q_next_online=None), "double=True needs q_next_online"),
+    (dict(double=False), "q_next_online is for double=True only"),
+    (dict(q=torch.zeros(5, 3)), "B=4 or 2B=8 rows"),
+    (dict(q=torch.zeros(8, 3), q_next_online=None, double=False), "stacked q .* Double DQN only"),
+    (dict(q=torch.zeros(8, 3)), "not both"),
+    (dict(reward=torch.zeros(4, dtype=torch.float64)), r"reward must be float32 \[4\]"),
+    (dict(q=torch.zeros(4, 3, dtype=torch.float64)), "q must be float32"),
+])
+def test_bad_arguments(kw, match):
+    args = dict(q=torch.zeros(4, 3), q_next_target=torch.zeros(4, 3), action=torch.zeros(4, dtype=torch.int64),
+                reward=torch.zeros(4), discount=torch.zeros(4), q_next_online=torch.zeros(4, 3))
+    args.update(kw)
+    with pytest.raises(ValueError, match=match):
+        dqn_td_loss(**args)
+
+
+# ------------------------------------------------------------------------------ GPU
+@pytest.mark.gpu
+@pytest.mark.parametrize("stacked", [False, True])
+def test_gpu_kernel_equals_reference(stacked):
+    q, qo, qt, action, reward, discount, weight, up = _case(4096, 3, seed=1, device="cuda")
+    got = _run(dqn_td_loss, q, qo, qt, action, reward, discount, weight, up, stacked=stacked, huber_delta=1.0)
+    want = _run(dqn_td_loss_reference, q, qo, qt, action, reward, discount, weight, up, stacked=stacked,
+                huber_delta=1.0)
+    for x, y in zip(got, want):
+        if x is not None:
+            torch.testing.assert_close(x, y, rtol=1e-5, atol=1e-6)  # sum order and fused multiply-adds
+
+
+@pytest.mark.gpu
+def test_gpu_capture_forward_backward():
+    q, qo, qt, action, reward, discount, weight, _ = _case(128, 3, seed=5, device="cuda")
+    p = q.clone().requires_grad_(True)
+
+    def step():
+        p.grad = None
+        loss, td = dqn_td_loss(p, qt, action, reward, discount, weight, q_next_online=qo)
+        loss.backward()
+        return loss, td, p.grad
+
+    graph, (loss, td, grad) = capture_graph(step)
+    with no_host_sync():
+        graph.replay()
+    want = _run(dqn_td_loss_reference, q, qo, qt, action, reward, discount, weight, torch.tensor(1.0, device="cuda"),
+                stacked=False, huber_delta=1.0)
+    torch.testing.assert_close(loss, want[0], rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(grad, want[2], rtol=1e-5, atol=1e-7)
