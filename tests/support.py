@@ -115,6 +115,22 @@ def side_stream():
     torch.cuda.current_stream().wait_stream(side)
 
 
+def cuda_kernels(fn, steps: int = 5, warmup: int = 3) -> tuple[float, list[str]]:
+    """CUDA kernels (memsets and copies included) that ``fn()`` launches per call, from the torch
+    profiler over ``steps`` calls after ``warmup`` calls; and their sorted distinct names."""
+    from torch.profiler import ProfilerActivity, profile
+
+    for _ in range(warmup):
+        fn()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(steps):
+            fn()
+        torch.cuda.synchronize()
+    kernels = [e.name for e in prof.events() if e.device_type.name == "CUDA"]
+    return len(kernels) / steps, sorted(set(kernels))
+
+
 def capture_graph(fn, warmup: int = 3, generators=()):
     """Call ``fn()`` ``warmup`` times on a side stream, then capture one call in a CUDA graph.
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import torch
 
+from foxdqn.ops.epsilon_greedy import epsilon_greedy
 from foxdqn.population.objective import member_dqn_loss
 from foxdqn.population.optim import clip_member_grads_
 from foxdqn.population.state import PopulationState
@@ -17,19 +18,21 @@ from foxdqn.population.state import PopulationState
 
 def collect_step(s: PopulationState) -> None:
     """N env steps per member: act ε-greedily on ``s.obs``, step, insert (rewards × each
-    member's ``loss.reward_scale``), advance ``s.env_steps`` by N."""
-    p, n = s.members, s.cfg.env.num_envs
+    member's ``loss.reward_scale``), advance ``s.obs`` and ``s.env_steps`` by N.
+
+    The ε-greedy op reads each member's schedule row (G = P groups of N envs) and its next 2·N
+    uniforms: the N explore tests, then the N random actions, the values ``MemberRandom.uniform(N)``
+    then ``MemberRandom.randint(A, N)`` drew (:mod:`foxdqn.ops.epsilon_greedy`)."""
+    p, n, prm = s.members, s.cfg.env.num_envs, s.params
     with torch.no_grad():
-        eps = s.params.epsilon(s.env_steps, s.cfg.agent.total_env_steps)
         q = s.online(s.obs.view(p, n, -1))  # [P, N, A]
-        explore = s.rng.uniform(n) < eps[:, None]
-        random_a = s.rng.randint(q.shape[2], n)
-        action = torch.where(explore, random_a, q.argmax(dim=2)).view(-1)
+        u = s.rng.uniform(2 * n).view(p, 2, n)
+        action = epsilon_greedy(q.reshape(p * n, q.shape[2]), s.env_steps, prm.eps_start, prm.eps_end,
+                                prm.eps_duration(s.cfg.agent.total_env_steps), u)
     env_action = s.action_mode.to_env(action, s.env)
     out = s.env.step(env_action)
-    reward = (out.reward.view(p, n) * s.params.reward_scale[:, None]).view(-1)
-    s.replay.add(s.obs, action, reward, out.next_obs, out.terminated, out.truncated)
-    s.obs.copy_(out.obs)
+    s.replay.add(s.obs, action, out.reward, out.next_obs, out.terminated, out.truncated,
+                 reward_scale=prm.reward_scale, advance_obs=out.obs)
     s.env_steps.add_(n)
     info = out.info
     s.stats.add_step(out.reward, info["episode_done"], info["episode_return"], s.env.collect_hook.trades(out))

@@ -19,7 +19,25 @@ from typing import NamedTuple
 
 import torch
 
+from foxdqn.ops.replay_add import replay_add
 from foxdqn.ops.replay_gather import replay_gather
+
+
+class _AddScratch:
+    """:meth:`ReplayBuffer.add`'s scratch, not checkpointed: the op's ticket (int32 0-d, zero between
+    calls) and the reward-scale tensors of float scales (float64 ``[1]``, made once per value)."""
+
+    checkpointed = False  # foxdqn.checkpoint skips it
+
+    def __init__(self, device: torch.device):
+        self.device = device
+        self.ticket = torch.zeros((), dtype=torch.int32, device=device)
+        self._scales: dict[float, torch.Tensor] = {}
+
+    def scale(self, value: float) -> torch.Tensor:
+        if value not in self._scales:
+            self._scales[value] = torch.tensor([value], dtype=torch.float64, device=self.device)
+        return self._scales[value]
 
 
 def replay_bytes(capacity: int, obs_dim: int, obs_itemsize: int = 4, regime: bool = False) -> int:
@@ -90,6 +108,7 @@ class ReplayBuffer:
         self.ptr = torch.zeros((), dtype=torch.int64, device=device)  # next time row to write
         self.written = torch.zeros((), dtype=torch.int64, device=device)  # time rows ever written
         self._episode_now = torch.zeros(num_envs, dtype=torch.int64, device=device)
+        self._scratch = _AddScratch(device)
         self._gamma_m = (gamma ** torch.arange(n_step + 1, device=device, dtype=torch.float64)).to(torch.float32)
         self.relabeler = None  # a her.HindsightRelabeler for goal-conditioned envs
         self.regime = None  # a regime.RegimeWeights (regime.enabled)
@@ -115,30 +134,46 @@ class ReplayBuffer:
         self.vol_ratio = torch.ones(self.rows, self.num_envs, device=self.device, dtype=torch.float32)
 
     # ---------------------------------------------------------------- insert
-    def add(self, obs, action, reward, next_obs, terminated, truncated, vol_ratio=None) -> None:
-        """Write one time row: N transitions. obs/next_obs [N, D]; action [N] int64; reward [N]
-        (already scaled); terminated, truncated [N] bool; vol_ratio float32 [N] (the state's
-        volatility ratio; required after :meth:`set_regime`, ignored otherwise)."""
-        row = self.ptr.view(1)  # index tensors, never a 0-d tensor in [] (that would read it on the host)
+    def add(self, obs, action, reward, next_obs, terminated, truncated, vol_ratio=None, *,
+            reward_scale: float | torch.Tensor = 1.0, advance_obs=None, backend: str = "auto") -> None:
+        """Write one time row: N transitions, and advance the write row (one kernel on CUDA,
+        :func:`foxdqn.ops.replay_add.replay_add`; PER's priorities are a second op).
+
+        Args:
+            obs, next_obs: ``[N, D]`` (or ``[N, *obs_shape]``), cast to the storage dtype.
+            action: int64 ``[N]``.  reward: float32/float64 ``[N]``, stored times ``reward_scale``
+                (as float32).  terminated, truncated: bool ``[N]``.
+            vol_ratio: float32 ``[N]``, the state's volatility ratio: required after
+                :meth:`set_regime`, ignored otherwise.
+            reward_scale: a float (a run's ``loss.reward_scale``) or a float32/float64 ``[G]`` device
+                tensor, one scale per group of N / G envs (a population's members).
+            advance_obs: the observations to act on next (``[N, ...]`` like ``obs``) or None; when
+                given, ``obs`` (contiguous) is overwritten with them after it is stored.
+            backend: of the op: "auto", "triton" or "torch".
+
+        Raises:
+            ValueError: ``vol_ratio`` missing with regime weights, or a wrong shape or dtype.
+        """
         if self.vol_ratio is not None:
             if vol_ratio is None:
                 raise ValueError("replay with regime weights: add() needs vol_ratio [N]")
-            self.vol_ratio.index_copy_(0, row, vol_ratio.to(torch.float32)[None])
-        ended = (terminated | truncated).to(torch.float32)
-        self.obs.index_copy_(0, row, obs.to(self.obs_dtype)[None])
-        self.next_obs.index_copy_(0, row, next_obs.to(self.obs_dtype)[None])
-        self.action.index_copy_(0, row, action[None])
-        self.reward.index_copy_(0, row, reward.to(torch.float32)[None])
-        self.terminal.index_copy_(0, row, terminated.to(torch.float32)[None])
-        self.ended.index_copy_(0, row, ended[None])
-        self.episode.index_copy_(0, row, self._episode_now[None])
-        self._episode_now.add_(ended.to(torch.int64))
-        self._after_add(row)
-        self.ptr.copy_((self.ptr + 1) % self.rows)
-        self.written.add_(1)
+        else:
+            vol_ratio = None
+        n = self.num_envs
+        if not isinstance(reward_scale, torch.Tensor):
+            reward_scale = self._scratch.scale(float(reward_scale))
+        self._after_add(self.ptr.view(1))  # before the op advances ptr
+        columns = {"obs": self.obs, "next_obs": self.next_obs, "action": self.action, "reward": self.reward,
+                   "terminal": self.terminal, "ended": self.ended, "episode": self.episode,
+                   "vol_ratio": self.vol_ratio}
+        replay_add(obs.view(n, -1) if advance_obs is not None else obs.reshape(n, -1), next_obs.reshape(n, -1),
+                   action, reward, reward_scale.reshape(-1), terminated, truncated, columns, self._episode_now,
+                   self.ptr, self.written, self._scratch.ticket, vol_ratio=vol_ratio,
+                   advance_obs=None if advance_obs is None else advance_obs.reshape(n, -1), backend=backend)
 
     def _after_add(self, row: torch.Tensor) -> None:
-        """Hook for subclasses (PER sets the priorities of the new rows); row: int64 [1]."""
+        """Hook for subclasses (PER sets the priorities of the new rows), called before the row is
+        written; row: int64 [1], a view of ``ptr`` (read it before :meth:`add` returns)."""
 
     # ---------------------------------------------------------------- sample
     def filled(self) -> torch.Tensor:

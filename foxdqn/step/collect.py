@@ -8,33 +8,36 @@ from __future__ import annotations
 
 import torch
 
+from foxdqn.ops.epsilon_greedy import epsilon_greedy
 from foxdqn.step.state import TrainState
 
 
-def epsilon_greedy(q: torch.Tensor, eps: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
-    """q float32 [N, A], eps float32 0-d → actions int64 [N]: uniform random with probability
-    eps, else argmax (ties → lowest index)."""
-    n, num_actions = q.shape
-    explore = torch.rand(n, device=q.device, generator=generator) < eps
-    random_a = torch.randint(0, num_actions, (n,), device=q.device, generator=generator)
-    return torch.where(explore, random_a, q.argmax(dim=1))
-
-
-def collect_step(s: TrainState) -> None:
+def collect_step(s: TrainState, backend: str = "auto") -> None:
     """T = 1 step of the N envs: act ε-greedily on ``s.rollout.obs``, step, insert the transitions
-    (rewards times ``loss.reward_scale``), advance ``s.env_steps`` by N and the monitors' counts."""
+    (rewards times ``loss.reward_scale``), advance ``s.rollout.obs``, ``s.env_steps`` by N and the
+    monitors' counts.
+
+    Launches on CUDA besides the network's forward, the action mode's and the env's own: one
+    ``torch.rand`` of the ε-greedy uniforms (the run's generator, so a captured graph advances it
+    like an eager step), :func:`~foxdqn.ops.epsilon_greedy.epsilon_greedy` (schedule, explore test,
+    random action, argmax), :func:`~foxdqn.ops.replay_add.replay_add` (the replay row, the reward
+    scale, the rollout's next obs; PER adds its priority insert) and
+    :func:`~foxdqn.ops.step_stats.step_stats` (monitor sums, ``env_steps``). ``backend`` is passed
+    to these three ops ("auto", "triton" or "torch").
+    """
     r = s.rollout
+    eps = s.schedules.epsilon
     with torch.no_grad():
-        eps = s.schedules.epsilon(s.env_steps)
-        action = epsilon_greedy(s.nets.online(r.obs), eps, s.generator)  # network action
+        q = s.nets.online(r.obs)
+        u = torch.rand(1, 2, q.shape[0], device=q.device, generator=s.generator)  # explore tests, random actions
+        action = epsilon_greedy(q, s.env_steps, eps.start.view(1), eps.end.view(1), eps.duration.view(1), u,
+                                backend=backend)  # network action
     env_action = r.action_mode.to_env(action, r.env)  # e.g. exposure → routed factored action
     hook = r.env.collect_hook
     extras = hook.replay_extras(r.env, s.replay)  # of the state acted on, read before the step moves it
     out = r.env.step(env_action)
-    s.replay.add(r.obs, action, out.reward * s.cfg.loss.reward_scale, out.next_obs, out.terminated, out.truncated,
-                 **extras)
-    r.obs.copy_(out.obs)
-    s.env_steps.add_(action.shape[0])
+    s.replay.add(r.obs, action, out.reward, out.next_obs, out.terminated, out.truncated,
+                 reward_scale=s.cfg.loss.reward_scale, advance_obs=out.obs, backend=backend, **extras)
     info = out.info
     s.monitors.stats.add_step(env_action, out.reward, info["episode_done"], info["episode_return"],
-                              info["episode_length"], hook.trades(out))
+                              info["episode_length"], hook.trades(out), env_steps=s.env_steps, backend=backend)

@@ -9,9 +9,10 @@ from __future__ import annotations
 
 import torch
 
-# acc fields
-EP_RETURN_SUM, EP_COUNT, EP_LEN_SUM, REWARD_SUM, TRANSITIONS, TRADES = range(6)
-NUM_FIELDS = 6
+from foxdqn.ops.step_stats import NUM_FIELDS, step_stats
+
+# acc fields (the order the op writes them in)
+EP_RETURN_SUM, EP_COUNT, EP_LEN_SUM, REWARD_SUM, TRANSITIONS, TRADES = range(NUM_FIELDS)
 
 
 class DeviceStats:
@@ -21,27 +22,18 @@ class DeviceStats:
         self.device = device
         self.acc = torch.zeros(NUM_FIELDS, dtype=torch.float64, device=device)
         self.actions = torch.zeros(num_actions, dtype=torch.float64, device=device)
-        self._n = torch.tensor(float(num_envs), dtype=torch.float64, device=device)
-        self._ones = torch.ones(num_envs, dtype=torch.float64, device=device)
-        self._zero = torch.zeros((), dtype=torch.float64, device=device)
         self._side = torch.cuda.Stream(device) if device.type == "cuda" else None
         self._host = None
 
     def add_step(self, action: torch.Tensor, reward: torch.Tensor, episode_done: torch.Tensor,
-                 episode_return: torch.Tensor, episode_len: torch.Tensor, traded: torch.Tensor | None) -> None:
+                 episode_return: torch.Tensor, episode_len: torch.Tensor, traded: torch.Tensor | None, *,
+                 env_steps: torch.Tensor | None = None, backend: str = "auto") -> None:
         """Accumulate one env step of N envs (all [N] tensors; reward in log-equity units; ``traded``
-        [N] bool, or None for an env that does not trade: no trades)."""
-        done = episode_done.to(torch.float64)
-        upd = torch.stack([
-            (episode_return.to(torch.float64) * done).sum(),
-            done.sum(),
-            (episode_len.to(torch.float64) * done).sum(),
-            reward.to(torch.float64).sum(),
-            self._n,
-            self._zero if traded is None else traded.to(torch.float64).sum(),
-        ])
-        self.acc.add_(upd)
-        self.actions.index_add_(0, action, self._ones)
+        [N] bool, or None for an env that does not trade: no trades); with ``env_steps`` (int64 0-d)
+        also advance that counter by N. One kernel on CUDA (:func:`foxdqn.ops.step_stats.step_stats`;
+        its float64 sums are deterministic but in another order than torch's ``sum``)."""
+        step_stats(action, reward, episode_done, episode_return, episode_len, traded, self.acc, self.actions,
+                   env_steps, backend=backend)
 
     def snapshot(self, *extra: torch.Tensor) -> torch.Tensor:
         """Copy acc, actions and ``extra`` device tensors (flattened, as float64) to the host in one

@@ -18,7 +18,7 @@ from foxdqn.objectives.dqn import DQNObjective, double_dqn_target
 from foxdqn.ops.replay_gather import replay_gather, stacked_pair
 from foxdqn.replay.buffer import Batch
 
-from support import small_state
+from support import cuda_kernels, small_state
 
 
 def _nets(d=6, a=3, seed=0):
@@ -94,8 +94,6 @@ MAX_UPDATE_KERNELS = 64
 
 @pytest.mark.gpu
 def test_gpu_update_step_kernel_count():
-    from torch.profiler import ProfilerActivity, profile
-
     from foxdqn.step.iteration import make_iteration
     from foxdqn.step.update import update_step
 
@@ -103,15 +101,6 @@ def test_gpu_update_step_kernel_count():
     collect = make_iteration(s, False, updates=0)
     for _ in range(8):
         collect()
-    for _ in range(3):
-        update_step(s)
-    torch.cuda.synchronize()
-    steps = 5
-    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
-        for _ in range(steps):
-            update_step(s)
-        torch.cuda.synchronize()
-    kernels = [e.name for e in prof.events() if e.device_type.name == "CUDA"]
-    per_update = len(kernels) / steps
-    print(f"{per_update} kernels per update_step:", sorted(set(kernels)))
-    assert per_update <= MAX_UPDATE_KERNELS, sorted(set(kernels))
+    per_update, kernels = cuda_kernels(lambda: update_step(s))
+    print(f"{per_update} kernels per update_step:", kernels)
+    assert per_update <= MAX_UPDATE_KERNELS, kernels

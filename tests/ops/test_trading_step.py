@@ -15,10 +15,9 @@ import torch
 
 from foxdqn.envs.actions import EXPOSURES, LIMIT_MAKER, NUM_ACTIONS, compose
 from foxdqn.envs.execution import ExecutionConfig, cost_tables
-from foxdqn.ops.trading_step import (TradingMarket, TradingState, trading_params, trading_step,
-                                     trading_step_reference)
+from foxdqn.ops.trading_step import TradingMarket, TradingState, trading_params, trading_step
 
-from support import assert_close_report, market_from_arrays
+from support import assert_close_report, cuda_kernels, market_from_arrays
 
 F64, F32, I64 = torch.float64, torch.float32, torch.int64
 CFG = ExecutionConfig(spread_floor_bps=0.5, taker_fee_bps=1.0, maker_fee_bps=-0.5, market_slippage_bps=(0.5, 1.0, 2.0),
@@ -340,21 +339,6 @@ def test_gpu_kernel_matches_reference_on_eurusd(dtype):
     assert flips == 0 if dtype == F64 else flips <= decisions // 100_000
 
 
-def _cuda_kernels(fn, steps=5):
-    """CUDA kernels (and memsets/memcpys) that ``fn`` launches per call, from the torch profiler."""
-    from torch.profiler import ProfilerActivity, profile
-
-    for _ in range(3):
-        fn()
-    torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
-        for _ in range(steps):
-            fn()
-        torch.cuda.synchronize()
-    kernels = [e.name for e in prof.events() if e.device_type.name == "CUDA"]
-    return len(kernels) / steps, sorted(set(kernels))
-
-
 @pytest.mark.gpu
 def test_gpu_kernels_per_env_step_and_per_collect_step():
     """The env step is 2 kernels in training mode (torch.randint for the reset start bars, then the
@@ -368,11 +352,11 @@ def test_gpu_kernels_per_env_step_and_per_collect_step():
     kenv, _ = _eurusd_envs(F32)
     kenv.reset_all()
     action = torch.randint(0, NUM_ACTIONS, (kenv.num_envs,), device="cuda")
-    per_step, names = _cuda_kernels(lambda: kenv.step(action))
+    per_step, names = cuda_kernels(lambda: kenv.step(action))
     print("env step (kernel):", per_step, names)
     assert per_step <= 2, names
     kenv.step_backend = "torch"
-    ref_step, _ = _cuda_kernels(lambda: kenv.step(action))
+    ref_step, _ = cuda_kernels(lambda: kenv.step(action))
     print("env step (reference):", ref_step)
 
     cfg = load_config(["+experiment=eurusd_dqn", "device=cuda", "log.progress=false", "env.num_envs=4096"])
@@ -381,6 +365,6 @@ def test_gpu_kernels_per_env_step_and_per_collect_step():
     counts = {}
     for backend in ("torch", "triton"):
         s.rollout.env.step_backend = backend
-        counts[backend], names = _cuda_kernels(lambda: collect_step(s))
+        counts[backend], names = cuda_kernels(lambda: collect_step(s))
         print(f"collect step ({backend}):", counts[backend], names)
     assert counts["triton"] <= counts["torch"] - (ref_step - per_step) + 1

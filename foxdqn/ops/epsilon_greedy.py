@@ -1,0 +1,175 @@
+r"""ε-greedy action selection with the linear ε schedule, fused into one kernel.
+
+Per env ``i`` of ``N`` (group ``g = i // (N // G)``, column ``j = i - g * (N // G)``), from the
+Q-values ``q [N, A]``, the env-step counter ``step`` and pre-drawn uniforms ``u [G, 2, N // G]``::
+
+    frac      = min(float32(step) / duration[g], 1)                     (float32, IEEE division)
+    eps       = start[g] + (end[g] - start[g]) * frac                   (LinearSchedule, foxdqn/step/schedules.py)
+    explore   = u[g, 0, j] < eps
+    random_a  = (int64(u[g, 1, j] * 2**24) * A) >> 24                   (in [0, A), never A)
+    action[i] = random_a if explore else argmax_a q[i, a]               (ties and NaN: as torch.argmax)
+
+Watkins & Dayan's ε-greedy exploration with the linear ε decay of Mnih et al. 2015 (Methods,
+"Training details"); docs/design/hot_loop.md#device-resident-values.
+
+The random action is the integer map of :func:`foxdqn.ops.member_uniform.member_randint`: exact
+in integers for uniforms on the 2**-24 grid (torch.rand's float32 values and
+:class:`foxdqn.population.random.MemberRandom`'s), each action drawn by ``floor(2**24 / A)`` or
+``ceil(2**24 / A)`` of the 2**24 values. So a population that passes its members' next 2·n
+uniforms draws exactly what ``MemberRandom.uniform(n)`` then ``MemberRandom.randint(A, n)`` drew.
+A single run draws ``torch.rand(1, 2, N)`` from its generator: one launch, where the former code
+drew ``torch.rand(N)`` then ``torch.randint(0, A, (N,))`` (a different random stream; the
+reference, :func:`epsilon_greedy_reference`, defines the semantics both backends follow).
+
+The greedy action is the first index of the row's maximum, NaN counting as larger than any
+number (torch.argmax's rule): the kernel walks the A columns in order and takes a column only if
+it is strictly larger, or NaN after a non-NaN maximum. The schedule is evaluated with the
+reference's float32 roundings (IEEE ``div_rn``, launched with ``enable_fp_fusion=False``: no
+multiply-add contraction), so kernel and reference give the same actions bit for bit.
+
+Population: ``start``, ``end``, ``duration`` have one row per group (``G = P`` members of
+``N // P`` envs each, ``G = 1`` for one run); one launch serves both.
+"""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+from torch import Tensor
+
+from foxdqn.ops.backend import resolve_backend
+
+BLOCK = 128  # envs per program
+RANDOM_BITS = 24  # bits of a uniform used by the random action (torch.rand float32 and MemberRandom)
+
+
+# ---------------------------------------------------------------------------------------------
+# Triton kernel
+# ---------------------------------------------------------------------------------------------
+@triton.jit
+def _epsilon_greedy_kernel(q_ptr, step_ptr, start_ptr, end_ptr, duration_ptr, u_ptr, out_ptr,
+                           N, A, envs_per_group, q_stride0, q_stride1, BLOCK: tl.constexpr,
+                           RANDOM_BITS: tl.constexpr):
+    i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    m = i < N
+    i64 = i.to(tl.int64)
+    g = i64 // envs_per_group
+    j = i64 - g * envs_per_group
+
+    # ---- ε of the linear schedule, per group
+    step = tl.load(step_ptr).to(tl.float32)
+    start = tl.load(start_ptr + g, mask=m, other=0.0)
+    end = tl.load(end_ptr + g, mask=m, other=0.0)
+    duration = tl.load(duration_ptr + g, mask=m, other=1.0)
+    frac = tl.minimum(tl.math.div_rn(step + tl.zeros([BLOCK], tl.float32), duration), 1.0)
+    eps = start + (end - start) * frac
+
+    # ---- explore test and random action from the pre-drawn uniforms
+    u_base = u_ptr + g * (2 * envs_per_group) + j
+    u_explore = tl.load(u_base, mask=m, other=1.0)
+    u_action = tl.load(u_base + envs_per_group, mask=m, other=0.0)
+    explore = u_explore < eps
+    random_a = ((u_action * (1 << RANDOM_BITS)).to(tl.int64) * A) >> RANDOM_BITS
+
+    # ---- argmax over the row, first maximum, NaN largest (torch.argmax)
+    row = q_ptr + i64 * q_stride0
+    best = tl.load(row, mask=m, other=0.0)
+    best_a = tl.zeros([BLOCK], tl.int64)
+    for a in range(1, A):
+        v = tl.load(row + a * q_stride1, mask=m, other=0.0)
+        take = (v > best) | ((v != v) & (best == best))
+        best = tl.where(take, v, best)
+        best_a = tl.where(take, a, best_a)
+
+    tl.store(out_ptr + i64, tl.where(explore, random_a, best_a), mask=m)
+
+
+@torch.library.triton_op("foxdqn::epsilon_greedy", mutates_args=())
+def _epsilon_greedy_op(q: Tensor, step: Tensor, start: Tensor, end: Tensor, duration: Tensor, u: Tensor) -> Tensor:
+    n, num_actions = q.shape
+    out = torch.empty(n, device=q.device, dtype=torch.int64)
+    if n:
+        torch.library.wrap_triton(_epsilon_greedy_kernel)[(triton.cdiv(n, BLOCK),)](
+            q, step, start, end, duration, u, out, n, num_actions, n // start.shape[0], q.stride(0), q.stride(1),
+            BLOCK=BLOCK, RANDOM_BITS=RANDOM_BITS, num_warps=4,
+            enable_fp_fusion=False,  # no FMA contraction: the schedule's roundings are the reference's
+        )
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# Reference
+# ---------------------------------------------------------------------------------------------
+def epsilon_schedule_reference(step: Tensor, start: Tensor, end: Tensor, duration: Tensor) -> Tensor:
+    """ε per group, float32 ``[G]``: ``start + (end − start)·min(float32(step) / duration, 1)`` (the
+    expression of :class:`foxdqn.step.schedules.LinearSchedule`)."""
+    frac = torch.clamp(step.to(torch.float32) / duration, max=1.0)
+    return start + (end - start) * frac
+
+
+def epsilon_greedy_reference(q: Tensor, step: Tensor, start: Tensor, end: Tensor, duration: Tensor,
+                             u: Tensor) -> Tensor:
+    """Plain-torch reference of :func:`epsilon_greedy` (same arguments and result); device ops only."""
+    n, num_actions = q.shape
+    eps = epsilon_schedule_reference(step, start, end, duration)  # [G]
+    explore = u[:, 0] < eps[:, None]  # [G, N // G]
+    random_a = ((u[:, 1] * float(1 << RANDOM_BITS)).to(torch.int64) * num_actions) >> RANDOM_BITS
+    return torch.where(explore.reshape(n), random_a.reshape(n), q.argmax(dim=1))
+
+
+# ---------------------------------------------------------------------------------------------
+# Public function
+# ---------------------------------------------------------------------------------------------
+def _check_args(q, step, start, end, duration, u) -> None:
+    if not isinstance(q, Tensor) or q.dim() != 2 or q.dtype not in (torch.float32, torch.float64) or q.shape[1] < 1:
+        raise ValueError(f"epsilon_greedy: q must be a float32 or float64 tensor [N, A] with A >= 1, got "
+                         f"{getattr(q, 'dtype', type(q).__name__)} {tuple(getattr(q, 'shape', ()))}")
+    if not isinstance(step, Tensor) or step.dim() != 0 or step.dtype != torch.int64:
+        raise ValueError(f"epsilon_greedy: step must be a 0-d int64 tensor, got "
+                         f"{getattr(step, 'dtype', type(step).__name__)} {tuple(getattr(step, 'shape', ()))}")
+    n = q.shape[0]
+    groups = start.shape[0] if isinstance(start, Tensor) and start.dim() == 1 else None
+    for name, t in (("start", start), ("end", end), ("duration", duration)):
+        if (not isinstance(t, Tensor) or t.dim() != 1 or t.dtype != torch.float32 or t.shape[0] != groups
+                or not t.is_contiguous() or groups < 1):
+            raise ValueError(f"epsilon_greedy: {name} must be a contiguous float32 tensor [G] (G >= 1, the same G "
+                             f"for start, end and duration), got {getattr(t, 'dtype', type(t).__name__)} "
+                             f"{tuple(getattr(t, 'shape', ()))}")
+    if n % groups:
+        raise ValueError(f"epsilon_greedy: N={n} envs do not split into G={groups} equal groups")
+    shape = (groups, 2, n // groups)
+    if not isinstance(u, Tensor) or tuple(u.shape) != shape or u.dtype != torch.float32 or not u.is_contiguous():
+        raise ValueError(f"epsilon_greedy: u must be a contiguous float32 tensor {list(shape)}, got "
+                         f"{getattr(u, 'dtype', type(u).__name__)} {tuple(getattr(u, 'shape', ()))}")
+    for name, t in (("step", step), ("start", start), ("end", end), ("duration", duration), ("u", u)):
+        if t.device != q.device:
+            raise ValueError(f"epsilon_greedy: {name} is on {t.device}, q on {q.device}")
+
+
+def epsilon_greedy(q: Tensor, step: Tensor, start: Tensor, end: Tensor, duration: Tensor, u: Tensor, *,
+                   backend: str = "auto") -> Tensor:
+    """ε-greedy actions of N envs under the linear ε schedule (rules in the module docstring).
+
+    Device ops only (no host reads): capturable in a CUDA graph. One kernel launch on CUDA.
+
+    Args:
+        q: float32 or float64 ``[N, A]`` Q-values (any strides), ``A >= 1``.
+        step: int64 0-d, the schedule's counter (env steps).
+        start, end: float32 ``[G]`` contiguous, ε at step 0 and from ``duration`` on, per group.
+        duration: float32 ``[G]`` contiguous, steps of the linear part (>= 1 by the callers' clamp).
+        u: float32 ``[G, 2, N // G]`` contiguous uniforms in [0, 1): ``u[g, 0]`` the explore tests,
+            ``u[g, 1]`` the random actions of group g's envs.
+        backend: "auto" (Triton for CUDA tensors, torch for CPU), "triton", "torch".
+
+    Returns:
+        int64 ``[N]`` actions in ``[0, A)``.
+
+    Raises:
+        ValueError: wrong dtype, shape or device of an argument, N not a multiple of G, or an
+            unknown backend.
+        RuntimeError: backend="triton" on CPU tensors without TRITON_INTERPRET=1.
+    """
+    _check_args(q, step, start, end, duration, u)
+    if resolve_backend("epsilon_greedy", backend, q) == "torch":
+        return epsilon_greedy_reference(q, step, start, end, duration, u)
+    return _epsilon_greedy_op(q, step, start, end, duration, u)
