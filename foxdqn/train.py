@@ -77,11 +77,11 @@ def preflight(tc: TrainConfig):
         check_encoder(tc.model.encoder, spaces["obs_shape"], tc.env.id)
         obs_dim, itemsize = math.prod(spaces["obs_shape"]), spaces["obs_dtype"].itemsize
     else:
-        obs_dim = device_env_obs_dim(tc, market)
+        obs_dim, itemsize = replay_row(tc, market)
     need, free = replay_bytes(tc.replay.capacity, obs_dim, itemsize, tc.regime.enabled), available_bytes(tc.device)
     if replays_that_fit(need, free) == 0:
-        raise ConfigError(f"replay.capacity={tc.replay.capacity} needs {need / 2**30:.1f} GiB for observations "
-                          f"of size {obs_dim}, more than the {free / 2**30:.1f} GiB free; lower replay.capacity")
+        raise ConfigError(f"replay.capacity={tc.replay.capacity} needs {need / 2**30:.1f} GiB for stored states "
+                          f"of {obs_dim} values, more than the {free / 2**30:.1f} GiB free; lower replay.capacity")
     return market
 
 
@@ -99,6 +99,21 @@ def device_env_obs_dim(tc: TrainConfig, market) -> int:
     """D, the observation size of a device env (trading, cartpole, bitflip) of ``tc``."""
     return {"trading": tc.env.window * (market.features.shape[1] if market else 5) + 2, "cartpole": 4,
             "bitflip": 2 * tc.env.n_bits}[tc.env.name]
+
+
+def replay_row(tc: TrainConfig, market) -> tuple[int, int]:
+    """(values, bytes per value) of one stored obs / next_obs row of a device env's replay: the
+    trading env's state code (:mod:`foxdqn.ops.trading_code`: 4 values of its code dtype,
+    docs/design/replay.md#windowed-trading-replay), else the float32 observation."""
+    if tc.env.name == "trading":
+        import torch
+
+        from foxdqn.ops.trading_code import CODE_WIDTH, state_code_dtype
+
+        dtype = {"float32": torch.float32, "float64": torch.float64}[tc.env.dtype]
+        num_bars = len(market.close) if market is not None else 0
+        return CODE_WIDTH, state_code_dtype(dtype, num_bars).itemsize
+    return device_env_obs_dim(tc, market), 4
 
 
 def available_bytes(device: str) -> int | None:

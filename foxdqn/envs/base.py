@@ -4,9 +4,10 @@ The training loop (:mod:`foxdqn.step`), the builders and :mod:`foxdqn.evaluate` 
 through :class:`BatchedEnv`; :class:`~foxdqn.envs.TradingEnv`,
 :class:`~foxdqn.envs.cartpole.CartPoleEnv`, :class:`~foxdqn.envs.bitflip.BitFlipEnv` and
 :class:`~foxdqn.envs.gym_adapter.GymVectorEnv` each define all of its members themselves.
-What only one kind of env adds to a transition (the trading env: the state's volatility regime
-for the replay, its order fills for the monitor) comes through the env's :class:`CollectHook`,
-so the generic collect step (:func:`foxdqn.step.collect.collect_step`) has no env-specific branch.
+What only one kind of env adds to a transition (the trading env: the state codes its replay
+stores instead of observations, the state's volatility regime, its order fills for the monitor)
+comes through the env's :class:`CollectHook`, so the generic collect step
+(:func:`foxdqn.step.collect.collect_step`) and the replay builders have no env-specific branch.
 """
 from __future__ import annotations
 
@@ -48,9 +49,32 @@ class StepOut(NamedTuple):
 class CollectHook:
     """What an env adds to one generic collect step; this base adds nothing (every env but trading).
 
-    The collect step calls :meth:`replay_extras` before ``env.step`` and :meth:`trades` after it,
+    The replay builders call :meth:`replay_codec` once; the collect step calls
+    :meth:`replay_extras` before ``env.step``, :meth:`replay_rows` and :meth:`trades` after it,
     for every env. A hook keeps no state: the env is passed in.
     """
+
+    def replay_codec(self, env: BatchedEnv):
+        """How the replay stores this env's observations: a
+        :class:`foxdqn.replay.buffer.ReplayCodec` (rows of its ``dim`` and ``dtype``, decoded at
+        sample time), or None: the observations themselves (``env.obs_dim`` values of
+        ``env.obs_dtype``; here)."""
+        return None
+
+    def replay_rows(self, env: BatchedEnv, replay, obs: Tensor, out: StepOut) -> tuple[Tensor, Tensor]:
+        """What ``replay.add`` stores as s and s' of the step ``out`` taken from observations ``obs``.
+
+        Args:
+            env: the env that stepped.
+            replay: the :class:`foxdqn.replay.ReplayBuffer` the transition goes into.
+            obs: ``[N, *obs_shape]`` the observations acted on.
+            out: the step's result.
+
+        Returns:
+            ``(obs, out.next_obs)`` here; a hook with a :meth:`replay_codec` returns its rows when
+            ``replay`` decodes them (``replay.decoder`` set).
+        """
+        return obs, out.next_obs
 
     def replay_extras(self, env: BatchedEnv, replay) -> dict[str, Tensor]:
         """Extra keyword arguments of ``replay.add`` describing the state about to be acted on.

@@ -28,6 +28,16 @@ flags are never both true). Envs that end are reset inside the same :meth:`Tradi
 (auto-reset, branch-free with ``torch.where``): ``StepOut.next_obs`` is the observation before
 the reset (store it in replay), ``StepOut.obs`` the one after (act on it).
 
+Replay codes
+------------
+The observation is a pure function of ``(t, units, entry_price, equity)``, so the training replay
+stores those four values per state (the state code, :mod:`foxdqn.ops.trading_code`) instead of
+the ``W*F+2`` observation: in training mode :meth:`TradingEnv.step` returns the code of the state
+it stepped from (``info["state_code"]``) and of the state it reached before the reset
+(``info["next_state_code"]``), and :meth:`TradingEnv.decode_observations` rebuilds the
+observations of sampled codes, bit for bit the ones the env returned
+(:func:`foxdqn.ops.trading_observation.trading_observation`; docs/design/replay.md#windowed-trading-replay).
+
 Eval mode (``eval_mode=True``; N envs walk the same split, e.g. one per agent of a population):
 :meth:`TradingEnv.reset_all` starts every env at
 ``first_valid``; ``episode_length`` is ignored and the episode runs to ``last_bar`` (or ruin); no
@@ -61,6 +71,7 @@ from torch import Tensor
 
 from foxdqn.errors import ConfigError
 
+from foxdqn.ops.trading_code import CODE_WIDTH
 from foxdqn.ops.trading_step import (TradingMarket, TradingState, observation_reference, reset_where_reference,
                                       trading_params, trading_step)
 
@@ -116,6 +127,10 @@ class TradingEnv:
         step_backend: backend of :func:`foxdqn.ops.trading_step.trading_step` that :meth:`step`
         runs: ``"auto"`` (the Triton kernel on CUDA, the torch reference on CPU; the default),
         ``"triton"`` or ``"torch"``.
+        decode_backend: backend of :func:`foxdqn.ops.trading_observation.trading_observation` that
+        :meth:`decode_observations` runs (same choices).
+        code_dim: 4, values per state code.  code_dtype: their dtype
+        (:func:`foxdqn.ops.trading_code.state_code_dtype`: float32 for a float32 env, else float64).
         split: ``(start, end)`` of the split walked.
         first_valid, last_bar, start_high: bar bounds of episode starts and ends (ints).
         median_spread: ``market.median_spread`` floored at ``spread_floor_bps * 1e-4`` (relative),
@@ -131,6 +146,7 @@ class TradingEnv:
     num_actions = NUM_ACTIONS
     on_host = False
     collect_hook = TRADING_HOOK
+    code_dim = CODE_WIDTH
 
     def __init__(
         self,
@@ -163,6 +179,7 @@ class TradingEnv:
         self.generator = generator
         self.eval_mode = eval_mode
         self.step_backend = "auto"
+        self.decode_backend = "auto"
         self.execution = execution
         self.num_envs = num_envs
         self.window = window
@@ -223,8 +240,11 @@ class TradingEnv:
             before reset), ``episode_return`` (log(final equity / initial equity) of the episode
             that ended on this step, else 0), ``episode_done`` (bool, ``terminated |
             truncated``), ``episode_length`` (int64, steps of the episode that ended on this
-            step, else 0), ``traded_units`` (signed units filled, 0 if none). The state tensors
-            are updated in place (with auto-reset in training mode).
+            step, else 0), ``traded_units`` (signed units filled, 0 if none); in training mode
+            also ``state_code`` and ``next_state_code`` (``[N, 4]`` :attr:`code_dtype`, the codes of
+            the state stepped from and of the one ``next_obs`` observes: see "Replay codes" in the
+            module docstring). The state tensors are updated in place (with auto-reset in training
+            mode).
 
         The whole step is one op, :func:`foxdqn.ops.trading_step.trading_step` (backend
         :attr:`step_backend`): on CUDA one Triton kernel, after the ``randint`` of the reset start
@@ -245,8 +265,35 @@ class TradingEnv:
             "episode_length": out.episode_length,
             "traded_units": out.traded,
         }
+        if out.code is not None:
+            info["state_code"], info["next_state_code"] = out.code, out.next_code
         return StepOut(next_obs=out.next_obs, reward=out.reward, terminated=out.terminated, truncated=out.truncated,
                        obs=out.obs, info=info)
+
+    def decode_observations(self, code: Tensor, next_code: Tensor, index: Tensor) -> tuple[Tensor, Tensor]:
+        """Observations of sampled state codes (the replay's decoder; sync-free, one kernel on CUDA).
+
+        Args:
+            code, next_code: ``[B, 4]`` :attr:`code_dtype` codes of s and s' (``info["state_code"]``,
+                ``info["next_state_code"]`` of :meth:`step`).
+            index: int64 ``[B]`` flat replay rows ``t·N + e`` (``e`` the env of each transition:
+                it selects the env's parameter row; unused while there is one, ``G = 1``).
+
+        Returns:
+            ``(obs, next_obs)``, each ``[B, obs_dim]`` :attr:`obs_dtype`: the observations :meth:`step`
+            returned for those states, cast as the replay stored them, bit for bit.
+        """
+        from foxdqn.ops.trading_observation import trading_observation
+
+        groups = self._params.fparams.shape[0]
+        group = None if groups == 1 else (index % self.num_envs) // (self.num_envs // groups)
+        obs, next_obs = trading_observation((code.contiguous(), next_code.contiguous()), group, self._market,
+                                            self._params, self.obs_dtype, backend=self.decode_backend)
+        return obs, next_obs
+
+    @property
+    def code_dtype(self) -> torch.dtype:
+        return self._params.code_dtype
 
     # ------------------------------------------------------------------ host-side evaluation
 

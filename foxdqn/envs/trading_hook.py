@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from torch import Tensor
 
+from foxdqn.replay.buffer import ReplayCodec
 from foxdqn.replay.regime import volatility_ratio
 
 from .base import CollectHook, StepOut
@@ -11,7 +12,22 @@ __all__ = ["TRADING_HOOK", "TradingCollectHook"]
 
 
 class TradingCollectHook(CollectHook):
-    """Regime ratio of the state for the replay, and the order fills for the monitor."""
+    """State codes and the regime ratio of the state for the replay, the order fills for the monitor."""
+
+    def replay_codec(self, env) -> ReplayCodec | None:
+        """The state codes (:mod:`foxdqn.ops.trading_code`: ``env.code_dim`` values of
+        ``env.code_dtype`` per state) decoded by ``env.decode_observations``; None for an env in
+        eval mode (it returns no codes). docs/design/replay.md#windowed-trading-replay."""
+        if env.eval_mode:
+            return None
+        return ReplayCodec(env.code_dim, env.code_dtype, env.decode_observations)
+
+    def replay_rows(self, env, replay, obs: Tensor, out: StepOut) -> tuple[Tensor, Tensor]:
+        """``(info["state_code"], info["next_state_code"])`` (``[N, 4]``) when ``replay`` decodes
+        rows (``replay.decoder`` set), else the observations ``(obs, out.next_obs)``."""
+        if replay.decoder is None:
+            return obs, out.next_obs
+        return out.info["state_code"], out.info["next_state_code"]
 
     def replay_extras(self, env, replay) -> dict[str, Tensor]:
         """``{"vol_ratio": [N] float32}`` when ``replay`` has regime weights (``replay.regime``), else

@@ -19,7 +19,12 @@ program per ``BLOCK`` envs:
 5. ruin (``terminated``), episode length / split end (``truncated``), episode return and length;
 6. auto-reset of the envs that ended (training) or freeze (eval mode);
 7. both observations (before and after the reset): ``W*F`` feature values gathered from the
-   feature table, then the clipped exposure and unrealised PnL.
+   feature table, then the clipped exposure and unrealised PnL;
+8. training mode: the state codes of the replay (:mod:`foxdqn.ops.trading_code`): ``code`` of the
+   state before the step (the one acted on) and ``next_code`` of the state after it, before the
+   reset (the one ``next_obs`` observes); the replay stores them instead of the observations and
+   rebuilds those with :func:`foxdqn.ops.trading_observation.trading_observation`
+   (docs/design/replay.md#windowed-trading-replay).
 
 Kernels per env step: one (this kernel) in eval mode or when the start range of an episode is a
 single bar; two in training mode otherwise, since the start bars of the resets are drawn with
@@ -61,6 +66,7 @@ import triton.language as tl
 from torch import Tensor
 
 from foxdqn.ops.backend import resolve_backend
+from foxdqn.ops.trading_code import CODE_WIDTH, state_code_dtype
 
 BLOCK = 32  # envs per program (4,096 envs: 128 programs)
 CHUNK = 64  # observation-window columns gathered per loop iteration
@@ -121,7 +127,8 @@ class TradingParams(NamedTuple):
     exposures[5], initial_equity, ruin_equity``.  iparams: ``[G, 3]`` int64 rows
     ``episode_length, first_valid, last_bar``.  ``G = 1`` for one env population; env ``i``
     reads row ``i // (N // G)``.  window_offsets: ``[W]`` int64 ``-W+1 .. 0`` (the reference's
-    window rows relative to ``t``).
+    window rows relative to ``t``).  code_dtype: dtype of the state codes (training mode,
+    :func:`foxdqn.ops.trading_code.state_code_dtype` of the dtype and ``num_bars``).
     """
 
     exposures: Tensor
@@ -138,6 +145,7 @@ class TradingParams(NamedTuple):
     fparams: Tensor
     iparams: Tensor
     window_offsets: Tensor
+    code_dtype: torch.dtype
 
 
 def trading_params(*, exposures: Tensor, tables, initial_equity: float, ruin_equity: float, window: int,
@@ -153,7 +161,8 @@ def trading_params(*, exposures: Tensor, tables, initial_equity: float, ruin_equ
     iparams = torch.tensor([[int(episode_length), int(first_valid), int(last_bar)]], device=dev, dtype=torch.int64)
     return TradingParams(exposures, tables, float(initial_equity), float(ruin_equity), int(window), int(num_features),
                          int(episode_length), int(first_valid), int(last_bar), int(num_bars), bool(eval_mode),
-                         fparams, iparams, torch.arange(-int(window) + 1, 1, device=dev, dtype=torch.long))
+                         fparams, iparams, torch.arange(-int(window) + 1, 1, device=dev, dtype=torch.long),
+                         state_code_dtype(dt, int(num_bars)))
 
 
 class TradingStepOut(NamedTuple):
@@ -165,7 +174,9 @@ class TradingStepOut(NamedTuple):
     (cash, negative = rebate), cost (cash), traded (signed units, 0 without a fill), exposure
     (``EXPOSURES`` of the index held after the step), equity (after the step, before the reset),
     episode_return (of the episode that ended on this step, else 0).  episode_length: int64,
-    likewise.
+    likewise.  code, next_code: ``[N, 4]`` ``params.code_dtype`` state codes ``(t, units,
+    entry_price, equity)`` (:mod:`foxdqn.ops.trading_code`) of the state before the step and of
+    the one after it, before the reset (``next_obs``'s state); None in eval mode.
     """
 
     next_obs: Tensor
@@ -183,6 +194,8 @@ class TradingStepOut(NamedTuple):
     equity: Tensor
     episode_return: Tensor
     episode_length: Tensor
+    code: Tensor | None = None
+    next_code: Tensor | None = None
 
 
 # ---------------------------------------------------------------------------------------------
@@ -204,14 +217,28 @@ def _sign(x, zero, one):
 
 
 @triton.jit
+def _store_account_obs(out_ptr, at, close_ptr, t, units, entry, equity, ruin, OBS_CLIP, m):
+    """Store the account part of an observation at ``out_ptr + at`` (clipped exposure, then clipped
+    unrealised PnL, :func:`observation_reference`'s expressions and order) for the state
+    (``t``, ``units``, ``entry``, ``equity``), cast to the output's dtype."""
+    odt = out_ptr.dtype.element_ty
+    close = tl.load(close_ptr + t, mask=m, other=1.0)
+    denom = tl.maximum(equity, ruin)
+    x = _div(units * close, denom)
+    u = _div(units * (close - entry), denom)
+    tl.store(out_ptr + at, tl.minimum(tl.maximum(x, -OBS_CLIP), OBS_CLIP).to(odt), mask=m)
+    tl.store(out_ptr + at + 1, tl.minimum(tl.maximum(u, -OBS_CLIP), OBS_CLIP).to(odt), mask=m)
+
+
+@triton.jit
 def _trading_step_kernel(
     t_ptr, steps_ptr, cash_ptr, units_ptr, entry_ptr, equity_ptr, expo_ptr, ret_ptr, frozen_ptr,
     action_ptr, starts_ptr,
     open_ptr, high_ptr, low_ptr, close_ptr, spread_ptr, feat_ptr,
     fparams_ptr, iparams_ptr,
-    next_obs_ptr, obs_ptr, fout_ptr, flags_ptr, len_ptr,
+    next_obs_ptr, obs_ptr, fout_ptr, flags_ptr, len_ptr, code_ptr, next_code_ptr,
     N, num_bars, envs_per_group, W, F, OBS_DIM,
-    EVAL: tl.constexpr, HAS_STARTS: tl.constexpr, BLOCK: tl.constexpr, CHUNK: tl.constexpr,
+    EVAL: tl.constexpr, CODE_W: tl.constexpr, HAS_STARTS: tl.constexpr, BLOCK: tl.constexpr, CHUNK: tl.constexpr,
     FPW: tl.constexpr, IPW: tl.constexpr, SLIP: tl.constexpr, LIMK: tl.constexpr, IOC: tl.constexpr,
     FEE: tl.constexpr, EXPO: tl.constexpr, INIT: tl.constexpr, RUIN: tl.constexpr, EPLEN: tl.constexpr,
     FIRST: tl.constexpr, LAST: tl.constexpr, FLAT_IDX: tl.constexpr, OBS_CLIP: tl.constexpr,
@@ -342,12 +369,21 @@ def _trading_step_kernel(
     # ---- account part of next_obs (the observation of (t1, units1, entry1, equity1))
     row = i64 * OBS_DIM
     WF = W * F
-    close_1 = tl.load(close_ptr + t1, mask=m, other=1.0)
-    denom = tl.maximum(equity1, ruin)
-    ob_x = _div(units1 * close_1, denom)
-    ob_u = _div(units1 * (close_1 - entry1), denom)
-    tl.store(next_obs_ptr + row + WF, tl.minimum(tl.maximum(ob_x, -OBS_CLIP), OBS_CLIP), mask=m)
-    tl.store(next_obs_ptr + row + WF + 1, tl.minimum(tl.maximum(ob_u, -OBS_CLIP), OBS_CLIP), mask=m)
+    _store_account_obs(next_obs_ptr, row + WF, close_ptr, t1, units1, entry1, equity1, ruin, OBS_CLIP, m)
+
+    # ---- state codes (training): (t, units, entry, equity) before the step and after it, before the
+    # reset; int64 bar and env-dtype values converted exactly (trading_code.state_code_dtype)
+    if not EVAL:
+        cdt = code_ptr.dtype.element_ty
+        crow = i64 * CODE_W
+        tl.store(code_ptr + crow + 0, t.to(cdt), mask=m)
+        tl.store(code_ptr + crow + 1, units.to(cdt), mask=m)
+        tl.store(code_ptr + crow + 2, entry.to(cdt), mask=m)
+        tl.store(code_ptr + crow + 3, equity.to(cdt), mask=m)
+        tl.store(next_code_ptr + crow + 0, t1.to(cdt), mask=m)
+        tl.store(next_code_ptr + crow + 1, units1.to(cdt), mask=m)
+        tl.store(next_code_ptr + crow + 2, entry1.to(cdt), mask=m)
+        tl.store(next_code_ptr + crow + 3, equity1.to(cdt), mask=m)
 
     # ---- new state: auto-reset (training) or freeze (eval)
     if EVAL:
@@ -368,12 +404,7 @@ def _trading_step_kernel(
         ep_ret1 = tl.where(done, zero, ep_ret1)
         tl.store(frozen_ptr + i64, tl.zeros([BLOCK], dtype=tl.uint8), mask=m)
         # account part of obs (the observation of the state after the reset)
-        close_o = tl.load(close_ptr + t_o, mask=m, other=1.0)
-        denom_o = tl.maximum(equity1, ruin)
-        ox = _div(units1 * close_o, denom_o)
-        ou = _div(units1 * (close_o - entry1), denom_o)
-        tl.store(obs_ptr + row + WF, tl.minimum(tl.maximum(ox, -OBS_CLIP), OBS_CLIP), mask=m)
-        tl.store(obs_ptr + row + WF + 1, tl.minimum(tl.maximum(ou, -OBS_CLIP), OBS_CLIP), mask=m)
+        _store_account_obs(obs_ptr, row + WF, close_ptr, t_o, units1, entry1, equity1, ruin, OBS_CLIP, m)
     tl.store(t_ptr + i64, t_o, mask=m)
     tl.store(steps_ptr + i64, steps1, mask=m)
     tl.store(cash_ptr + i64, cash1, mask=m)
@@ -403,12 +434,13 @@ def _trading_step_kernel(
 # ---------------------------------------------------------------------------------------------
 @torch.library.triton_op("foxdqn::trading_step", mutates_args={
     "t", "steps", "cash", "units", "entry_price", "equity", "exposure_idx", "episode_return", "frozen",
-    "next_obs", "obs", "fout", "flags", "episode_length"})
+    "next_obs", "obs", "fout", "flags", "episode_length", "code", "next_code"})
 def _trading_step_op(t: Tensor, steps: Tensor, cash: Tensor, units: Tensor, entry_price: Tensor, equity: Tensor,
                      exposure_idx: Tensor, episode_return: Tensor, frozen: Tensor, action: Tensor, starts: Tensor,
                      open_: Tensor, high: Tensor, low: Tensor, close: Tensor, spread: Tensor, features: Tensor,
                      fparams: Tensor, iparams: Tensor, next_obs: Tensor, obs: Tensor, fout: Tensor, flags: Tensor,
-                     episode_length: Tensor, num_bars: int, envs_per_group: int, window: int, num_features: int,
+                     episode_length: Tensor, code: Tensor, next_code: Tensor, num_bars: int, envs_per_group: int,
+                     window: int, num_features: int,
                      eval_mode: bool, has_starts: bool) -> None:
     n = t.shape[0]
     from foxdqn.envs.actions import FLAT  # imported here: foxdqn.envs imports this module
@@ -417,9 +449,9 @@ def _trading_step_op(t: Tensor, steps: Tensor, cash: Tensor, units: Tensor, entr
     torch.library.wrap_triton(_trading_step_kernel)[(triton.cdiv(n, BLOCK),)](
         t, steps, cash, units, entry_price, equity, exposure_idx, episode_return, frozen,
         action, starts, open_, high, low, close, spread, features, fparams, iparams,
-        next_obs, obs, fout, flags, episode_length,
+        next_obs, obs, fout, flags, episode_length, code, next_code,
         n, num_bars, envs_per_group, window, num_features, window * num_features + 2,
-        EVAL=eval_mode, HAS_STARTS=has_starts, BLOCK=BLOCK, CHUNK=CHUNK, FPW=FP_WIDTH, IPW=IP_WIDTH,
+        EVAL=eval_mode, CODE_W=CODE_WIDTH, HAS_STARTS=has_starts, BLOCK=BLOCK, CHUNK=CHUNK, FPW=FP_WIDTH, IPW=IP_WIDTH,
         SLIP=_SLIP, LIMK=_LIMK, IOC=_IOC, FEE=_FEE, EXPO=_EXPO, INIT=_INIT, RUIN=_RUIN, EPLEN=_EPLEN, FIRST=_FIRST,
         LAST=_LAST, FLAT_IDX=FLAT, OBS_CLIP=ACCOUNT_OBS_CLIP, num_warps=4,
         enable_fp_fusion=False,  # no FMA contraction: the reference's roundings, bit for bit
@@ -435,6 +467,7 @@ def _trading_step_triton(state: TradingState, action: Tensor, starts: Tensor | N
     fout = torch.empty(8, n, device=dev, dtype=dt)
     flags = torch.empty(4, n, device=dev, dtype=torch.uint8)
     episode_length = torch.empty(n, device=dev, dtype=torch.int64)
+    codes = torch.empty(2, 0 if params.eval_mode else n, CODE_WIDTH, device=dev, dtype=params.code_dtype)
     groups = params.fparams.shape[0]
     has_starts = starts is not None
     _trading_step_op(
@@ -442,7 +475,7 @@ def _trading_step_triton(state: TradingState, action: Tensor, starts: Tensor | N
         state.episode_return, state.frozen.view(torch.uint8), action,
         starts if has_starts else torch.empty(0, device=dev, dtype=torch.int64),
         market.open, market.high, market.low, market.close, market.spread, market.features,
-        params.fparams, params.iparams, next_obs, obs, fout, flags, episode_length,
+        params.fparams, params.iparams, next_obs, obs, fout, flags, episode_length, codes[0], codes[1],
         params.num_bars, n // groups, params.window, params.num_features, params.eval_mode, has_starts,
     )
     term, trunc, done, fill = flags.view(torch.bool).unbind(0)
@@ -452,6 +485,7 @@ def _trading_step_triton(state: TradingState, action: Tensor, starts: Tensor | N
         fill=fill, fill_price=fout[_O_PRICE], fee=fout[_O_FEE], cost=fout[_O_COST], traded=fout[_O_TRADED],
         exposure=fout[_O_EXPOSURE], equity=fout[_O_EQUITY], episode_return=fout[_O_RETURN],
         episode_length=episode_length,
+        code=None if params.eval_mode else codes[0], next_code=None if params.eval_mode else codes[1],
     )
 
 
@@ -471,6 +505,12 @@ def observation_reference(market: TradingMarket, params: TradingParams, t: Tenso
     exposure = (units * close / denom).clamp(-ACCOUNT_OBS_CLIP, ACCOUNT_OBS_CLIP)
     upnl = (units * (close - entry) / denom).clamp(-ACCOUNT_OBS_CLIP, ACCOUNT_OBS_CLIP)
     return torch.cat([window, exposure.unsqueeze(1), upnl.unsqueeze(1)], dim=1)
+
+
+def state_code_reference(t: Tensor, units: Tensor, entry: Tensor, equity: Tensor, code_dtype: torch.dtype) -> Tensor:
+    """State codes ``[N, 4]`` (``code_dtype``) of the accounts ``(units, entry, equity)`` at bars ``t``
+    (:mod:`foxdqn.ops.trading_code`): the four values converted exactly."""
+    return torch.stack([t.to(code_dtype), units.to(code_dtype), entry.to(code_dtype), equity.to(code_dtype)], dim=1)
 
 
 def reset_where_reference(state: TradingState, mask: Tensor, starts: Tensor, params: TradingParams) -> None:
@@ -504,6 +544,8 @@ def trading_step_reference(state: TradingState, action: Tensor, starts: Tensor |
     zero = torch.zeros((), device=dev, dtype=dt)
 
     t = state.t
+    code = None if params.eval_mode else state_code_reference(t, state.units, state.entry_price, state.equity,
+                                                                params.code_dtype)
     t_next_bar = (t + 1).clamp_(max=params.num_bars - 1)  # clamp only matters for a frozen env
     close_t = market.close[t]
     close_n = market.close[t_next_bar]
@@ -545,6 +587,7 @@ def trading_step_reference(state: TradingState, action: Tensor, starts: Tensor |
     episode_return1 = state.episode_return + reward
 
     next_obs = observation_reference(market, params, t1, units1, entry1, equity1)
+    next_code = None if params.eval_mode else state_code_reference(t1, units1, entry1, equity1, params.code_dtype)
     out = dict(
         fill=fills.fill,
         fill_price=fills.price,
@@ -556,6 +599,8 @@ def trading_step_reference(state: TradingState, action: Tensor, starts: Tensor |
         done=done,
         episode_length=torch.where(done, steps1, torch.zeros_like(steps1)),
         traded=fills.traded,
+        code=code,
+        next_code=next_code,
     )
 
     state.t.copy_(t1)

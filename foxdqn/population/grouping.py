@@ -100,9 +100,9 @@ def memory_cap(tc: "TrainConfig", market) -> int | None:
     (the single-run precheck's rule, foxdqn.train.preflight, times P); None when the free memory is
     unknown."""
     from foxdqn.replay.buffer import replay_bytes
-    from foxdqn.train import available_bytes, device_env_obs_dim, replays_that_fit
+    from foxdqn.train import available_bytes, replay_row, replays_that_fit
 
-    fit = replays_that_fit(replay_bytes(tc.replay.capacity, device_env_obs_dim(tc, market)),
+    fit = replays_that_fit(replay_bytes(tc.replay.capacity, *replay_row(tc, market)),
                            available_bytes(str(tc.device)))
     return None if fit is None else max(1, fit)
 

@@ -22,21 +22,22 @@ class MemberReplay(ReplayBuffer):
     Args:
         capacity: transitions kept per member (``replay.capacity``; rounded down to a multiple of N).
         envs_per_member: N.
-        obs_dim: D.
+        obs_dim: D, values per stored row (the observation, or the env's state code with a decoder).
         gamma: float32 ``[P]`` device tensor, each member's γ.
         rng: the members' random source.
-        device, n_step: as :class:`~foxdqn.replay.buffer.ReplayBuffer`.
+        device, n_step, obs_dtype: as :class:`~foxdqn.replay.buffer.ReplayBuffer` (with
+            :meth:`~foxdqn.replay.buffer.ReplayBuffer.set_decoder` sampled batches are decoded).
 
     Raises:
         ValueError: as :class:`~foxdqn.replay.buffer.ReplayBuffer` (capacity below (n + 1)·N).
     """
 
     def __init__(self, capacity: int, envs_per_member: int, obs_dim: int, gamma: torch.Tensor, rng: MemberRandom,
-                 device: torch.device, n_step: int = 1):
+                 device: torch.device, n_step: int = 1, obs_dtype: torch.dtype = torch.float32):
         members = rng.num_members
         rows = capacity // envs_per_member
         super().__init__(max(rows, 1) * envs_per_member * members, envs_per_member * members, obs_dim, device,
-                         n_step, gamma=0.0)
+                         n_step, gamma=0.0, obs_dtype=obs_dtype)
         if rows < n_step + 1:  # the base class counted all members' envs
             raise ValueError(f"MemberReplay: capacity={capacity} must hold at least (n_step + 1) * num_envs = "
                              f"{(n_step + 1) * envs_per_member} transitions")
@@ -55,7 +56,9 @@ class MemberReplay(ReplayBuffer):
         One kernel after the members' draws (:func:`foxdqn.ops.replay_gather.replay_gather` with
         ``uniforms`` ``[P, 2, B]``, ``stacked``): obs and next_obs are ``[P, B, D]`` views of one
         ``[P, 2, B, D]`` tensor (the shape :func:`foxdqn.population.objective.member_dqn_loss`
-        takes; for P = 1 ``[B, D]``)."""
+        takes; for P = 1 ``[B, D]``). Stored state codes (:meth:`set_decoder`) are decoded into
+        ``[P·B, D]`` observations by one more kernel."""
         p = self.members
         u = self.rng.uniform(2 * batch_size).view(p, 2, batch_size)
-        return self._batch(replay_gather(*self._ring(), uniforms=u, stacked=True), self._ones(p * batch_size))
+        g = replay_gather(*self._ring(), uniforms=u, stacked=self.decoder is None)
+        return self.decode(self._batch(g, self._ones(p * batch_size)))

@@ -85,8 +85,12 @@ def build_population(cfgs: list[TrainConfig], market, device: torch.device) -> P
                                           str(cfg.model.activation))
     target = copy.deepcopy(online).requires_grad_(False)
     optimizer = MemberAdam(list(online.parameters()), params.lr, params.adam_eps, ADAM_BETAS)
-    replay = MemberReplay(cfg.replay.capacity, cfg.env.num_envs, env.obs_dim, params.gamma, rng, device,
-                          cfg.replay.n_step)
+    codec = env.collect_hook.replay_codec(env)  # trading: state codes, decoded at sample time
+    row_dim, row_dtype = (env.obs_dim, env.obs_dtype) if codec is None else (codec.dim, codec.dtype)
+    replay = MemberReplay(cfg.replay.capacity, cfg.env.num_envs, row_dim, params.gamma, rng, device,
+                          cfg.replay.n_step, obs_dtype=row_dtype)
+    if codec is not None:
+        replay.set_decoder(codec.decode)
     obs = env.reset_all().to(torch.float32).clone()
     zero = dict(dtype=torch.int64, device=device)
     return PopulationState(

@@ -14,6 +14,7 @@ from foxdqn.ops.epsilon_greedy import epsilon_greedy
 from foxdqn.population.objective import member_dqn_loss
 from foxdqn.population.optim import clip_member_grads_
 from foxdqn.population.state import PopulationState
+from foxdqn.step.collect import store
 
 
 def collect_step(s: PopulationState) -> None:
@@ -31,8 +32,7 @@ def collect_step(s: PopulationState) -> None:
                                 prm.eps_duration(s.cfg.agent.total_env_steps), u)
     env_action = s.action_mode.to_env(action, s.env)
     out = s.env.step(env_action)
-    s.replay.add(s.obs, action, out.reward, out.next_obs, out.terminated, out.truncated,
-                 reward_scale=prm.reward_scale, advance_obs=out.obs)
+    store(s.replay, s.env.collect_hook, s.env, s.obs, action, out, prm.reward_scale)
     s.env_steps.add_(n)
     info = out.info
     s.stats.add_step(out.reward, info["episode_done"], info["episode_return"], s.env.collect_hook.trades(out))

@@ -12,10 +12,15 @@ n−1 newest time rows are not sampled (their windows are not complete yet).
 
 All bookkeeping (write row, rows written) is in device tensors: :meth:`ReplayBuffer.add` and
 :meth:`ReplayBuffer.sample` never read device memory into Python and run inside a CUDA graph.
+
+The stored s and s' rows are the observations themselves, or, with a decoder
+(:meth:`ReplayBuffer.set_decoder`, an env's :class:`ReplayCodec`), a compact code of each state
+that the decoder turns into observations after sampling (the trading env's state codes:
+docs/design/replay.md#windowed-trading-replay).
 """
 from __future__ import annotations
 
-from typing import NamedTuple
+from typing import Callable, NamedTuple
 
 import torch
 
@@ -41,18 +46,35 @@ class _AddScratch:
 
 
 def replay_bytes(capacity: int, obs_dim: int, obs_itemsize: int = 4, regime: bool = False) -> int:
-    """Bytes a :class:`ReplayBuffer` of ``capacity`` transitions takes (obs and next_obs of
-    ``obs_itemsize`` bytes per value: 4 for float32, 1 for uint8 images; action and episode int64,
-    reward/terminal/ended float32, and with ``regime`` the float32 volatility ratio of
-    ``regime.enabled``)."""
+    """Bytes a :class:`ReplayBuffer` of ``capacity`` transitions takes: the obs and next_obs rows
+    of ``obs_dim`` values of ``obs_itemsize`` bytes (the observations: 4 for float32, 1 for uint8
+    images; or a decoder's codes, e.g. the trading env's 4 values of 4 or 8 bytes:
+    :func:`foxdqn.train.replay_row`), action and episode int64, reward/terminal/ended float32, and
+    with ``regime`` the float32 volatility ratio of ``regime.enabled``."""
     return capacity * (2 * obs_dim * obs_itemsize + 2 * 8 + (4 if regime else 3) * 4)
+
+
+class ReplayCodec(NamedTuple):
+    """How an env's observations are stored in the replay (its hook's ``replay_codec``).
+
+    dim: values per stored row.  dtype: their dtype.  decode: ``(rows, next_rows, index) ->
+    (obs, next_obs)``: sampled rows ``[B, dim]`` of s and s' and their flat replay rows ``index``
+    (int64 ``[B]``, ``t·N + e``) to observations ``[B, obs_dim]`` of the env's ``obs_dtype``; device
+    ops only (it runs inside the captured update).
+    """
+
+    dim: int
+    dtype: torch.dtype
+    decode: Callable[[torch.Tensor, torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]]
 
 
 class Batch(NamedTuple):
     """A sampled batch (all on the device).
 
-    obs, next_obs: [B, D] of the replay's obs dtype (float32; uint8 for images); action: int64 [B]; reward: float32 [B], the n-step discounted
-    reward sum; discount: float32 [B], γ^m or 0 where the episode terminated in the window;
+    obs, next_obs: [B, D] of the replay's obs dtype (float32; uint8 for images; with a decoder: the
+    decoded observations, [B, env obs_dim] of the env's obs dtype); action: int64 [B]; reward:
+    float32 [B], the n-step discounted reward sum; discount: float32 [B], γ^m or 0 where the
+    episode terminated in the window;
     weight: float32 [B] importance weights (ones for uniform); index: int64 [B] flat rows t·N + e.
     From :meth:`ReplayBuffer.sample` obs and next_obs are the two halves of one [2B, D] tensor
     (:func:`foxdqn.ops.replay_gather.stacked_pair`); from ``MemberReplay.sample_members`` of P > 1
@@ -74,12 +96,14 @@ class ReplayBuffer:
     Args:
         capacity: transitions kept (rounded down to a multiple of ``num_envs``).
         num_envs: N, transitions written per :meth:`add`.
-        obs_dim: D.
+        obs_dim: D, values per stored obs / next_obs row (the observation, or its code when a
+            decoder is set: :meth:`set_decoder`).
         device: where everything lives.
         n_step: n ≥ 1 (``replay.n_step``).
         gamma: discount γ per env step.
         obs_dtype: storage dtype of obs and next_obs (float32; uint8 for image observations, which
-            the encoder scales, e.g. foxdqn.nn.nature_cnn); sampled batches keep it.
+            the encoder scales, e.g. foxdqn.nn.nature_cnn; a codec's dtype); sampled batches keep
+            it unless a decoder is set.
 
     Raises:
         ValueError: ``capacity`` < (``n_step`` + 1) · ``num_envs``, or ``n_step`` < 1.
@@ -114,17 +138,42 @@ class ReplayBuffer:
         self.regime = None  # a regime.RegimeWeights (regime.enabled)
         self.vol_ratio = None  # float32 [T, N] volatility ratio of each transition's state (regime)
         self._weights: torch.Tensor | None = None  # ones [B] of uniform sampling, made at the first sample
+        self.decoder = None  # stored rows -> observations (set_decoder)
 
     def set_relabeler(self, relabeler) -> None:
         """Attach HER (``replay.her``); needs ``n_step == 1``.
 
         Raises:
-            ValueError: the buffer's ``n_step`` is not 1.
+            ValueError: the buffer's ``n_step`` is not 1, or a decoder is set.
         """
         if self.n_step != 1:
             raise ValueError(f"ReplayBuffer.set_relabeler: hindsight relabelling (her) needs n_step=1, "
                              f"got n_step={self.n_step}")
+        if self.decoder is not None:
+            raise ValueError("ReplayBuffer.set_relabeler: hindsight relabelling (her) reads the stored observations; "
+                             "it cannot be combined with a decoder")
         self.relabeler = relabeler
+
+    def set_decoder(self, decoder) -> None:
+        """Store codes instead of observations: ``obs_dim`` / ``obs_dtype`` are the code's, :meth:`add`
+        takes code rows, and sampled batches carry ``decoder(obs_rows, next_obs_rows, index)``
+        (:attr:`ReplayCodec.decode`) as obs and next_obs. Not with HER (it reads stored
+        observations).
+
+        Raises:
+            ValueError: a relabeler (HER) is attached.
+        """
+        if self.relabeler is not None:
+            raise ValueError("ReplayBuffer.set_decoder: hindsight relabelling (her) reads the stored observations; "
+                             "it cannot be combined with a decoder")
+        self.decoder = decoder
+
+    def decode(self, batch: Batch) -> Batch:
+        """``batch`` with its stored rows decoded into observations (unchanged without a decoder)."""
+        if self.decoder is None:
+            return batch
+        obs, next_obs = self.decoder(batch.obs, batch.next_obs, batch.index)
+        return batch._replace(obs=obs, next_obs=next_obs)
 
     def set_regime(self, regime) -> None:
         """Attach regime weights (``regime.enabled``, :mod:`foxdqn.replay.regime`): allocates the
@@ -224,23 +273,25 @@ class ReplayBuffer:
         """A batch of ``batch_size`` n-step transitions, drawn with ``generator``.
 
         Without regime weights and HER: the draw (``torch.rand(2, B)``, or PER's rows) and one
-        gather kernel, obs and next_obs stacked (:func:`foxdqn.ops.replay_gather.stacked_pair`);
+        gather kernel, obs and next_obs stacked (:func:`foxdqn.ops.replay_gather.stacked_pair`)
+        unless stored state codes are decoded (:meth:`set_decoder`, one more kernel);
         the rows are those of :meth:`sample_index`. With regime weights or HER: the torch sampling
         path, then the same gather kernel on the rows."""
-        if self.regime is None and self.relabeler is None:
-            return self._sample_stacked(batch_size, generator)
+        if self.regime is None and self.relabeler is None:  # stored state codes are decoded apart
+            return self.decode(self._sample_stacked(batch_size, generator, stacked=self.decoder is None))
         index, weight = self.sample_index(batch_size, generator)
         if self.regime is not None:  # w_b = w_b^PER · w_regime(b) (foxdqn.replay.regime)
             weight = weight * self.regime(self.vol_ratio.view(-1)[index])
-        batch = self.gather(index, weight)
+        batch = self.decode(self.gather(index, weight))
         if self.relabeler is not None:
             batch = self.relabeler.relabel(self, batch, generator)
         return batch
 
-    def _sample_stacked(self, batch_size: int, generator: torch.Generator) -> Batch:
-        """Uniform draw and gather in one kernel (the draws of :meth:`sample_index`)."""
+    def _sample_stacked(self, batch_size: int, generator: torch.Generator, stacked: bool = True) -> Batch:
+        """Uniform draw and gather in one kernel (the draws of :meth:`sample_index`); ``stacked``: obs
+        and next_obs in one [2B, D] tensor."""
         u = torch.rand(2, batch_size, device=self.device, generator=generator)
-        return self._batch(replay_gather(*self._ring(), uniforms=u, stacked=True), self._ones(batch_size))
+        return self._batch(replay_gather(*self._ring(), uniforms=u, stacked=stacked), self._ones(batch_size))
 
     def update_priorities(self, index: torch.Tensor, td_abs: torch.Tensor, skip: torch.Tensor) -> None:
         """No-op for uniform replay (PER overrides)."""

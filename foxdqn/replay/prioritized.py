@@ -53,10 +53,11 @@ class PrioritizedReplayBuffer(ReplayBuffer):
             index = t * self.num_envs + e
         return index, weight
 
-    def _sample_stacked(self, batch_size: int, generator: torch.Generator):
-        """PER's rows and weights (:meth:`sample_index`), gathered by one kernel, obs and next_obs stacked."""
+    def _sample_stacked(self, batch_size: int, generator: torch.Generator, stacked: bool = True):
+        """PER's rows and weights (:meth:`sample_index`), gathered by one kernel (``stacked``: obs and
+        next_obs in one [2B, D] tensor)."""
         index, weight = self.sample_index(batch_size, generator)
-        return self.gather(index, weight, stacked=True)
+        return self.gather(index, weight, stacked=stacked)
 
     def update_priorities(self, index: torch.Tensor, td_abs: torch.Tensor, skip: torch.Tensor) -> None:
         per_update(self.per, index, td_abs, skip)

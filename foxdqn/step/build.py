@@ -152,17 +152,23 @@ def build_objective(cfg: TrainConfig, online, target, env, generator: torch.Gene
 
 
 def build_replay(cfg: TrainConfig, env, device: torch.device, updates: torch.Tensor, total_updates: int):
-    """Device replay: uniform or PER, n-step, HER for goal-conditioned envs, regime weights."""
+    """Device replay: uniform or PER, n-step, HER for goal-conditioned envs, regime weights; rows of
+    the env's observations, or of its codes decoded at sample time (its hook's ``replay_codec``:
+    the trading env, docs/design/replay.md#windowed-trading-replay)."""
     from foxdqn.replay import PrioritizedReplayBuffer, ReplayBuffer
 
     r, gamma = cfg.replay, cfg.agent.gamma
-    obs_dtype = env.obs_dtype  # uint8 for image observations
+    codec = env.collect_hook.replay_codec(env)
+    # stored rows: the observations (uint8 for images) or the codec's codes
+    row_dim, row_dtype = (env.obs_dim, env.obs_dtype) if codec is None else (codec.dim, codec.dtype)
     if r.name == "per":
-        replay = PrioritizedReplayBuffer(r.capacity, env.num_envs, env.obs_dim, device, r.n_step, gamma,
+        replay = PrioritizedReplayBuffer(r.capacity, env.num_envs, row_dim, device, r.n_step, gamma,
                                          alpha=r.alpha, beta_start=r.beta_start, beta_updates=max(total_updates, 1),
-                                         eps=r.eps, updates=updates, obs_dtype=obs_dtype)
+                                         eps=r.eps, updates=updates, obs_dtype=row_dtype)
     else:
-        replay = ReplayBuffer(r.capacity, env.num_envs, env.obs_dim, device, r.n_step, gamma, obs_dtype=obs_dtype)
+        replay = ReplayBuffer(r.capacity, env.num_envs, row_dim, device, r.n_step, gamma, obs_dtype=row_dtype)
+    if codec is not None:
+        replay.set_decoder(codec.decode)
     if r.her:
         from foxdqn.replay.her import HindsightRelabeler
 

@@ -12,6 +12,25 @@ from foxdqn.ops.epsilon_greedy import epsilon_greedy
 from foxdqn.step.state import TrainState
 
 
+def store(replay, hook, env, obs: torch.Tensor, action: torch.Tensor, out, reward_scale, backend: str = "auto",
+          **extras) -> None:
+    """Insert the step ``out`` of ``env``, taken from the observations ``obs`` with ``action``, into
+    ``replay`` (rewards times ``reward_scale``: a float, or a ``[G]`` tensor of one scale per group of
+    envs), then advance ``obs`` to ``out.obs`` in place.
+
+    The stored rows are the hook's (:meth:`foxdqn.envs.base.CollectHook.replay_rows`): the
+    observations, and then the replay-add kernel also advances ``obs`` in its launch; or the env's
+    state codes (a trading env with a decoding replay), and then one copy advances ``obs``.
+    ``extras``: :meth:`~foxdqn.envs.base.CollectHook.replay_extras`.
+    """
+    rows, next_rows = hook.replay_rows(env, replay, obs, out)
+    advance = rows is obs
+    replay.add(rows, action, out.reward, next_rows, out.terminated, out.truncated, reward_scale=reward_scale,
+               advance_obs=out.obs if advance else None, backend=backend, **extras)
+    if not advance:
+        obs.copy_(out.obs)
+
+
 def collect_step(s: TrainState, backend: str = "auto") -> None:
     """T = 1 step of the N envs: act ε-greedily on ``s.rollout.obs``, step, insert the transitions
     (rewards times ``loss.reward_scale``), advance ``s.rollout.obs``, ``s.env_steps`` by N and the
@@ -36,8 +55,7 @@ def collect_step(s: TrainState, backend: str = "auto") -> None:
     hook = r.env.collect_hook
     extras = hook.replay_extras(r.env, s.replay)  # of the state acted on, read before the step moves it
     out = r.env.step(env_action)
-    s.replay.add(r.obs, action, out.reward, out.next_obs, out.terminated, out.truncated,
-                 reward_scale=s.cfg.loss.reward_scale, advance_obs=out.obs, backend=backend, **extras)
+    store(s.replay, hook, r.env, r.obs, action, out, s.cfg.loss.reward_scale, backend=backend, **extras)
     info = out.info
     s.monitors.stats.add_step(env_action, out.reward, info["episode_done"], info["episode_return"],
                               info["episode_length"], hook.trades(out), env_steps=s.env_steps, backend=backend)
