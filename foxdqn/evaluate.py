@@ -10,8 +10,12 @@ the agent's return minus buy-and-hold's), and ``sharpe_ci95_low`` /
 ``sharpe_ci95_high`` (circular block bootstrap, 2,000 resamples, blocks of ceil(S^(1/3)) bars).
 A walk that ends in ruin (equity at or below ``RUIN_FRACTION`` of the initial equity, which may
 have gone negative inside the bar) is floored there and carried to the split's end, flat, so every
-policy is measured over the same bars. This walk reads the device every bar; it
-is not the training hot loop.
+policy is measured over the same bars.
+
+The walks and the greedy episodes step in chunks (:class:`foxdqn.step.chunk_graph.ChunkGraph`):
+on CUDA, unless ``graph: off``, one chunk of steps (policy forward, env step, the step's records
+into device buffers) is captured in a CUDA graph and replayed, with one host read per chunk; on
+CPU the same chunks run eagerly. The results do not depend on it.
 """
 from __future__ import annotations
 
@@ -25,6 +29,7 @@ from foxdqn.envs.actions import compose
 from foxdqn.envs.execution import RUIN_FRACTION
 from foxdqn.metrics import performance_summary
 from foxdqn.significance import probabilistic_sharpe_ratio, sharpe_confidence_interval
+from foxdqn.step.chunk_graph import CHUNK_STEPS, ChunkGraph
 
 # Baselines as fixed actions: exposure index 4 (+1) / 2 (flat), market order, normal urgency.
 BUY_AND_HOLD_ACTION = int(compose(torch.tensor(4), torch.tensor(0), torch.tensor(1)))
@@ -49,13 +54,19 @@ UNITS = {
 }
 
 
-def _walks(cfg, market, split, device, policy, num_envs: int = 1) -> list[dict]:
+def capture_default(cfg) -> bool:
+    """Whether an evaluation captures its loop in a CUDA graph when it runs on CUDA: unless the
+    run's ``graph`` is ``off`` (the escape hatch for a network that cannot be captured)."""
+    return cfg.graph != "off"
+
+
+def _walks(cfg, market, split, device, policy, num_envs: int = 1, capturable: bool = False) -> list[dict]:
     from foxdqn.step.build import build_env
 
     gen = torch.Generator(device=device)
     gen.manual_seed(cfg.seed)
     env = build_env(cfg, market, split, device, gen, num_envs=num_envs, eval_mode=True)
-    return env.run_policies(policy)
+    return env.run_policies(policy, capturable=capturable)
 
 
 def _to_full_length(walk: dict, length: int, floor: float) -> dict:
@@ -92,22 +103,25 @@ def significance(equity: np.ndarray, bars_per_year: float, benchmark: np.ndarray
 
 
 def evaluate(cfg, market, online: torch.nn.Module, device: torch.device, split: str = "test",
-             action_mode=None, policies: tuple[str, ...] = POLICIES) -> dict:
+             action_mode=None, policies: tuple[str, ...] = POLICIES, graph: bool | None = None) -> dict:
     """Run ``policies`` (of agent, buy-and-hold and flat) on ``split``. ``action_mode`` maps the
     network's action to the env's factored action (None: the network acts over the 45 actions).
+    ``graph``: on CUDA, capture the walks in a CUDA graph (``online`` and ``action_mode`` must be
+    capturable, as they are in training); None: :func:`capture_default`. Ignored on CPU.
 
     Returns ``{"curves": {name: walk dict}, "metrics": {name: metrics dict}}`` where a walk dict
     holds numpy arrays (equity [S+1], exposure [S], ...) from ``TradingEnv.run_policy``, carried
     to the split's end at the floored equity when the walk ended in ruin.
     """
-    return evaluate_agents(cfg, market, online, device, 1, split, action_mode, policies)[0]
+    return evaluate_agents(cfg, market, online, device, 1, split, action_mode, policies, graph)[0]
 
 
 def evaluate_agents(cfg, market, online: torch.nn.Module, device: torch.device, agents: int, split: str = "test",
-                    action_mode=None, policies: tuple[str, ...] = POLICIES) -> list[dict]:
+                    action_mode=None, policies: tuple[str, ...] = POLICIES, graph: bool | None = None) -> list[dict]:
     """:func:`evaluate` of P = ``agents`` greedy agents at once (a population's members): ``online``
     maps observations ``[P, D]`` (agent p's walk in row p) to Q ``[P, A]``; the P walks run in one
     eval env of P envs, buy-and-hold and flat once. Returns P results in :func:`evaluate`'s format."""
+    capturable = capture_default(cfg) if graph is None else bool(graph)
     online.eval()
 
     @torch.no_grad()
@@ -119,7 +133,7 @@ def evaluate_agents(cfg, market, online: torch.nn.Module, device: torch.device, 
         return lambda obs, env: torch.full((obs.shape[0],), a, dtype=torch.int64, device=obs.device)
 
     chosen = {"agent": greedy, "buy_and_hold": const(BUY_AND_HOLD_ACTION), "flat": const(FLAT_ACTION)}
-    walks = {name: _walks(cfg, market, split, device, chosen[name], agents if name == "agent" else 1)
+    walks = {name: _walks(cfg, market, split, device, chosen[name], agents if name == "agent" else 1, capturable)
              for name in policies}
     online.train()
     start, end = market.splits[split]
@@ -187,7 +201,7 @@ def write_report(out_dir: Path, result: dict, market, split: str, title: str, ex
 
 @torch.no_grad()
 def evaluate_episodes(cfg, online: torch.nn.Module, action_mode, device: torch.device, episodes: int = 100,
-                      num_envs: int = 32, seed_offset: int = 1) -> dict:
+                      num_envs: int = 32, seed_offset: int = 1, graph: bool | None = None) -> dict:
     """Greedy return over ``episodes`` finished episodes of a non-trading env (CartPole, bit flipping,
     a Gymnasium env through foxdqn.envs.gym_adapter).
 
@@ -195,8 +209,8 @@ def evaluate_episodes(cfg, online: torch.nn.Module, action_mode, device: torch.d
     validation episodes during training, so that no choice is made on the evaluated episodes), E the
     largest divisor of ``episodes`` that is ≤ ``num_envs``, and
     keeps the first ``episodes / E`` episodes of every env (not the first ``episodes`` to end, which
-    would favour short episodes); gives up after ``episodes / E × max_episode_steps`` steps. Reads
-    the finished episodes' returns on the host every step.
+    would favour short episodes); gives up after ``episodes / E × max_episode_steps`` steps
+    (:func:`finished_episodes`; ``graph`` as in :func:`evaluate`; a host env is never captured).
     Returns mean/std/min/max return, mean length and, for goal-conditioned envs, the success rate.
     """
     from foxdqn.step.build import build_env
@@ -204,30 +218,74 @@ def evaluate_episodes(cfg, online: torch.nn.Module, action_mode, device: torch.d
     gen = torch.Generator(device=device)
     gen.manual_seed(cfg.seed + seed_offset)
     num_envs = episode_env_count(episodes, num_envs)
-    quota = episodes // num_envs
     env = build_env(cfg, None, "test", device, gen, num_envs=num_envs)
-    obs = env.reset_all().to(torch.float32)
-    returns, lengths, success = [], [], []
-    taken = np.zeros(num_envs, dtype=np.int64)
-    max_steps = int(env.max_episode_steps)
     online.eval()
     try:
-        for _ in range(max(1, quota * max_steps + 1)):
-            out = env.step(action_mode.to_env(online(obs).argmax(dim=1), env))
-            obs = out.obs.to(torch.float32)
-            done = out.info["episode_done"].cpu().numpy() & (taken < quota)
-            if done.any():
-                taken += done
-                returns += out.info["episode_return"].cpu().numpy()[done].tolist()
-                lengths += out.info["episode_length"].cpu().numpy()[done].tolist()
-                if "is_success" in out.info:
-                    success += out.info["is_success"].cpu().numpy()[done].tolist()
-            if len(returns) >= episodes:
-                break
+        done = finished_episodes(env, lambda obs: action_mode.to_env(online(obs).argmax(dim=1), env),
+                                 episodes // num_envs, generators=(gen,),
+                                 capturable=capture_default(cfg) if graph is None else bool(graph))
     finally:
         online.train()
         env.close()
-    return episode_metrics(returns, lengths, success, episodes)
+    success = done["success"].tolist() if "success" in done else []
+    return episode_metrics(done["returns"].tolist(), done["lengths"].tolist(), success, episodes)
+
+
+def finished_episodes(env, act, quota: int, *, capturable: bool = False, generators=(),
+                      chunk: int = CHUNK_STEPS) -> dict[str, np.ndarray]:
+    """The first ``quota`` episodes to finish in each of ``env``'s N envs under the policy ``act``.
+
+    Resets every env, then steps ``env.step(act(obs))`` (``obs`` float32 ``[N, D]``, the
+    observation after the last step; ``act`` returns the ``[N]`` env action) in chunks of ``chunk``
+    steps (:class:`foxdqn.step.chunk_graph.ChunkGraph`, under ``torch.no_grad``) until every env
+    has finished ``quota`` episodes or ``quota × env.max_episode_steps + 1`` steps have run (at
+    least 1); the host reads the step records once per chunk. With ``capturable`` on CUDA (and
+    a device env, ``env.on_host`` False) one chunk is captured in a CUDA graph and replayed:
+    ``act`` must then launch only fixed-shape device ops, and ``generators`` must list every
+    ``torch.Generator`` the env and ``act`` draw from (the env's resets), to be registered with the
+    graph. The result does not depend on ``chunk`` or ``capturable``.
+
+    Returns:
+        numpy arrays over the M ≤ N·quota kept episodes, in the order they finished (step, then
+        env index): ``env`` int64 (which env), ``returns`` (the env's ``episode_return``),
+        ``lengths`` int64 (``episode_length``) and, when the env reports ``is_success``,
+        ``success``.
+
+    Raises:
+        ValueError: ``quota`` or ``chunk`` not an integer ``>= 1``.
+    """
+    if isinstance(quota, bool) or not isinstance(quota, int) or quota < 1:
+        raise ValueError(f"quota: episodes per env must be an integer >= 1, got {quota!r}")
+    device = torch.device(env.device)
+    obs = env.reset_all().to(torch.float32).clone()  # acted on, updated in place (a graph reads it)
+
+    def step() -> dict[str, torch.Tensor]:
+        out = env.step(act(obs))
+        obs.copy_(out.obs)
+        info = out.info
+        records = {"done": info["episode_done"], "returns": info["episode_return"],
+                   "lengths": info["episode_length"].to(torch.int64)}
+        if "is_success" in info:
+            records["success"] = info["is_success"]
+        return records
+
+    finished = np.zeros(env.num_envs, dtype=np.int64)
+
+    def quotas_met(records: dict[str, np.ndarray]) -> bool:
+        finished[:] += records["done"].sum(axis=0)
+        return bool((finished >= quota).all())
+
+    use_graph = capturable and device.type == "cuda" and not env.on_host
+    steps = ChunkGraph(step, device, chunk, use_graph=use_graph, generators=generators)
+    host = steps.run(max(1, quota * int(env.max_episode_steps) + 1), quotas_met)
+    done = host["done"].astype(bool)
+    keep = done & (np.cumsum(done, axis=0) <= quota)  # each env's first `quota` episodes
+    rows, envs = np.nonzero(keep)  # row-major: by step, then env
+    result = {"env": envs.astype(np.int64), "returns": host["returns"][rows, envs],
+              "lengths": host["lengths"][rows, envs].astype(np.int64)}
+    if "success" in host:
+        result["success"] = host["success"][rows, envs]
+    return result
 
 
 def episode_env_count(episodes: int, num_envs: int = 32) -> int:

@@ -74,6 +74,7 @@ from foxdqn.errors import ConfigError
 from foxdqn.ops.trading_code import CODE_WIDTH
 from foxdqn.ops.trading_step import (TradingMarket, TradingState, observation_reference, reset_where_reference,
                                       trading_params, trading_step)
+from foxdqn.step.chunk_graph import CHUNK_STEPS, ChunkGraph
 
 from .actions import EXPOSURES, FLAT, NUM_ACTIONS
 from .base import StepOut
@@ -87,8 +88,6 @@ if TYPE_CHECKING:
 __all__ = ["ExecutionConfig", "StepOut", "TradingEnv", "ACCOUNT_OBS_CLIP"]
 
 ACCOUNT_OBS_CLIP = 100.0
-
-_RUN_POLICY_CHECK_EVERY = 256  # run_policy reads the done flag back every this many steps
 
 
 class TradingEnv:
@@ -297,13 +296,15 @@ class TradingEnv:
 
     # ------------------------------------------------------------------ host-side evaluation
 
-    def run_policy(self, policy_fn: Callable[[Tensor, "TradingEnv"], Tensor]) -> dict[str, np.ndarray]:
+    def run_policy(self, policy_fn: Callable[[Tensor, "TradingEnv"], Tensor], *, capturable: bool = False,
+                   chunk: int = CHUNK_STEPS) -> dict[str, np.ndarray]:
         """Walk the split once with ``policy_fn`` (eval mode only; reads results back to the host).
 
         Calls :meth:`reset_all`, then ``action = policy_fn(obs, env)`` (``obs`` ``[N, obs_dim]``;
         ``action`` an ``[N]`` integer tensor, or anything ``torch.as_tensor`` turns into N
         values) and :meth:`step` until the episode ends at the last bar of the split or on ruin.
-        With N > 1 envs use :meth:`run_policies` (N walks of the same split at once).
+        With N > 1 envs use :meth:`run_policies` (N walks of the same split at once; ``capturable``
+        and ``chunk`` as there).
 
         Returns:
             dict of numpy arrays, ``S`` = steps taken (``last_bar - first_valid`` unless ruined):
@@ -325,48 +326,59 @@ class TradingEnv:
         if self.eval_mode and self.num_envs != 1:
             raise ConfigError(f"env.num_envs: run_policy walks one env, this env has {self.num_envs}; "
                               "use run_policies")
-        return self.run_policies(policy_fn)[0]
+        return self.run_policies(policy_fn, capturable=capturable, chunk=chunk)[0]
 
-    def run_policies(self, policy_fn: Callable[[Tensor, "TradingEnv"], Tensor]) -> list[dict[str, np.ndarray]]:
+    def run_policies(self, policy_fn: Callable[[Tensor, "TradingEnv"], Tensor], *, capturable: bool = False,
+                     chunk: int = CHUNK_STEPS) -> list[dict[str, np.ndarray]]:
         """N walks of the split at once, one per env (e.g. P agents, one env each): env i's walk,
         in :meth:`run_policy`'s format, ends at the split's last bar or at its own ruin. The loop
         stops when every walk has ended. Eval mode only (every env starts at ``first_valid``).
 
+        The steps run in chunks of ``chunk`` (:class:`foxdqn.step.chunk_graph.ChunkGraph`): each
+        step's records go into device buffers, read back once per chunk, when the loop also
+        checks whether every walk has ended. Steps after a walk's end leave it unchanged (the env
+        is frozen) and are cut off, so the walks do not depend on ``chunk`` or ``capturable``.
+
+        Args:
+            policy_fn: ``policy_fn(obs, env) -> action`` (see :meth:`run_policy`).
+            capturable: ``policy_fn`` only launches fixed-shape ops on the env device and reads
+                nothing back (no ``.item()``, no host tensors, no randomness): on CUDA one chunk
+                is then captured in a CUDA graph and replayed. Ignored on CPU (eager).
+            chunk: ``K >= 1`` steps per chunk (default :data:`~foxdqn.step.chunk_graph.CHUNK_STEPS`).
+
         Raises:
             ConfigError: the env is not in eval mode.
+            ValueError: ``chunk`` is not an integer ``>= 1``.
         """
         if not self.eval_mode:
             raise ConfigError("env.eval_mode: run_policy needs an env built with eval_mode=True")
         max_steps, n = self.last_bar - self.first_valid, self.num_envs
         dev, dt = self.device, self.dtype
-        buf = {
-            name: torch.zeros(max_steps, n, device=dev, dtype=kind)
-            for name, kind in (
-                ("equity", dt), ("exposure", dt), ("rewards", dt), ("fill_price", dt), ("fees", dt),
-                ("costs", dt), ("traded_units", dt), ("actions", torch.long), ("fills", torch.bool),
-                ("done", torch.bool), ("terminated", torch.bool),
-            )
-        }
-        obs = self.reset_all()
-        ended = torch.zeros(n, device=dev, dtype=torch.bool)
-        with torch.no_grad():
-            for i in range(max_steps):
-                action = torch.as_tensor(policy_fn(obs, self), device=dev).reshape(n).long()
-                out = self.step(action)
-                info = out.info
-                for name, value in (
-                    ("equity", info["equity"]), ("exposure", info["exposure"]), ("rewards", out.reward),
-                    ("fill_price", info["fill_price"]), ("fees", info["fee"]), ("costs", info["cost"]),
-                    ("traded_units", info["traded_units"]), ("actions", action), ("fills", info["fill"]),
-                    ("done", info["episode_done"]), ("terminated", out.terminated),
-                ):
-                    buf[name][i] = value
-                obs = out.obs
-                ended |= info["episode_done"]
-                if (i + 1) % _RUN_POLICY_CHECK_EVERY == 0 and bool(ended.all()):
-                    break
-        host = {name: value.cpu().numpy() for name, value in buf.items()}
-        return [self._walk(host, e, max_steps) for e in range(n)]
+        obs = self.reset_all().clone()  # the observation acted on, updated in place (a graph reads it)
+
+        def step() -> dict[str, Tensor]:
+            action = torch.as_tensor(policy_fn(obs, self), device=dev).reshape(n).long()
+            out = self.step(action)
+            obs.copy_(out.obs)
+            info = out.info
+            return {name: value.to(kind) for name, value, kind in (
+                ("equity", info["equity"], dt), ("exposure", info["exposure"], dt), ("rewards", out.reward, dt),
+                ("fill_price", info["fill_price"], dt), ("fees", info["fee"], dt), ("costs", info["cost"], dt),
+                ("traded_units", info["traded_units"], dt), ("actions", action, torch.long),
+                ("fills", info["fill"], torch.bool), ("done", info["episode_done"], torch.bool),
+                ("terminated", out.terminated, torch.bool),
+            )}
+
+        ended = np.zeros(n, dtype=bool)
+
+        def all_ended(records: dict[str, np.ndarray]) -> bool:
+            ended[:] |= records["done"].any(axis=0)
+            return bool(ended.all())
+
+        walker = ChunkGraph(step, dev, chunk, use_graph=bool(capturable) and dev.type == "cuda")
+        host = walker.run(max_steps, all_ended)
+        steps_run = int(host["done"].shape[0])
+        return [self._walk(host, e, steps_run) for e in range(n)]
 
     def _walk(self, host: dict[str, np.ndarray], e: int, max_steps: int) -> dict[str, np.ndarray]:
         """Env ``e``'s walk (:meth:`run_policy`'s dict) from the host copy of the step buffers."""

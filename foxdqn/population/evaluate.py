@@ -12,7 +12,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from foxdqn.evaluate import episode_env_count, episode_metrics, evaluate_agents
+from foxdqn.evaluate import capture_default, episode_env_count, episode_metrics, evaluate_agents, finished_episodes
 from foxdqn.population.envs import MemberCartPoleEnv
 from foxdqn.population.network import MemberQNetwork
 from foxdqn.population.random import MemberRandom
@@ -36,27 +36,17 @@ def member_walks(s, market, split: str, policies: tuple[str, ...]) -> list[dict]
     return evaluate_agents(s.cfg, market, MemberGreedy(s.online), s.device, s.members, split, s.action_mode, policies)
 
 
-def member_episodes(s, episodes: int, seed_offset: int) -> list[dict]:
+def member_episodes(s, episodes: int, seed_offset: int, graph: bool | None = None) -> list[dict]:
     """Each member's greedy episode metrics (:func:`foxdqn.evaluate.evaluate_episodes`): the first
-    ``episodes / E`` finished episodes of each of its E envs; reads the done flags every step."""
+    ``episodes / E`` finished episodes of each of its E envs (:func:`foxdqn.evaluate.finished_episodes`;
+    ``graph`` as in :func:`foxdqn.evaluate.evaluate`: on CUDA, capture the loop in a CUDA graph)."""
     per = episode_env_count(episodes)
-    quota, p = episodes // per, s.members
     env = MemberCartPoleEnv(MemberRandom([c.seed + seed_offset for c in s.cfgs], s.device), per, s.device)
     greedy = MemberGreedy(s.online)
-    obs = env.reset_all().to(torch.float32)
-    returns, lengths = [[] for _ in range(p)], [[] for _ in range(p)]
-    taken = np.zeros(p * per, dtype=np.int64)
-    with torch.no_grad():
-        for _ in range(max(1, quota * int(env.max_episode_steps) + 1)):
-            out = env.step(s.action_mode.to_env(greedy(obs).argmax(dim=1), env))
-            obs = out.obs.to(torch.float32)
-            done = out.info["episode_done"].cpu().numpy() & (taken < quota)
-            if done.any():
-                taken += done
-                ret, length = out.info["episode_return"].cpu().numpy(), out.info["episode_length"].cpu().numpy()
-                for e in np.flatnonzero(done):
-                    returns[e // per].append(float(ret[e]))
-                    lengths[e // per].append(float(length[e]))
-            if (taken >= quota).all():
-                break
-    return [episode_metrics(returns[m], lengths[m], [], episodes) for m in range(p)]
+    done = finished_episodes(env, lambda obs: s.action_mode.to_env(greedy(obs).argmax(dim=1), env), episodes // per,
+                             capturable=capture_default(s.cfg) if graph is None else bool(graph),
+                             generators=(env.generator,))
+    member = done["env"] // per
+    lengths = done["lengths"].astype(np.float64)
+    return [episode_metrics(done["returns"][member == m].tolist(), lengths[member == m].tolist(), [], episodes)
+            for m in range(s.members)]
