@@ -3,7 +3,7 @@
 Writes ``bench/results/<date>_<gpu>_<sections>.csv`` (every row tagged with GPU name, torch and
 triton versions and date), ``.md`` (tables with ratios measured in this run) and ``.png`` (chart). On CPU only the eager rows run; the GPU rows need CUDA.
 
-Usage: ``python -m bench.run [--sections step,e2e,cartpole,ops,population,kernels] [--out DIR] [--seeds S] [--only ROWS] [--tag T]``;
+Usage: ``python -m bench.run [--sections step,e2e,cartpole,ops,population,kernels,startup] [--out DIR] [--seeds S] [--only ROWS] [--tag T]``;
 ``python -m bench.run --report CSV`` rebuilds the .md and .png of a CSV (a run cut by a time limit
 has its CSV, written after every row, but no report).
 """
@@ -36,7 +36,7 @@ def _ops_rows(device: str) -> list[dict]:
     return rows
 
 
-SECTIONS = ("step", "e2e", "cartpole", "ops", "population", "kernels")
+SECTIONS = ("step", "e2e", "cartpole", "ops", "population", "kernels", "startup")
 
 
 def _section(name: str, device: str, seeds: int = 1, only: tuple[str, ...] | None = None):
@@ -104,6 +104,11 @@ def _ratios(df: pd.DataFrame) -> str:
         from bench.kernels_bench import table as kernels_table
 
         parts.append(kernels_table(kernels))
+    startup = df[df.section == "startup"] if "section" in df else df.iloc[0:0]
+    if len(startup):
+        from bench.startup_bench import table as startup_table
+
+        parts.append(startup_table(startup))
     return "\n\n".join(parts)
 
 

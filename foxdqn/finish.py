@@ -18,6 +18,7 @@ from foxdqn.config import TrainConfig, run_name
 from foxdqn.early_stop import EarlyStopper, resolve_metric, stop_summary
 from foxdqn.evaluate import evaluate, evaluate_episodes, write_report
 from foxdqn.io_atomic import write_json_atomic
+from foxdqn.timings import mark
 
 log = logging.getLogger(__name__)
 
@@ -106,6 +107,7 @@ def finish(agent: Agent, market, run_dir: Path, end: RunEnd) -> dict:
         evaluated = {"checkpoint": "best", "env_steps": best["env_steps"], "metric": stopper.metric,
                      "value": stopper.best}
     chosen = selection(agent, market, stopper, evaluated["checkpoint"], end.val_metrics)
+    mark("validation")  # foxdqn.timings
     log.info("%strained in %.1f s (stop: %s at %d env steps); val %s = %.4g; evaluating the %s weights (%d env "
              "steps) once on %s", end.name, end.wall, stop["reason"], stop["at_env_steps"], chosen["metric"], chosen["value"],
              evaluated["checkpoint"], evaluated["env_steps"], cfg.eval.split)
@@ -132,18 +134,22 @@ def finish(agent: Agent, market, run_dir: Path, end: RunEnd) -> dict:
     if cfg.env.name != "trading":
         episodes = end.test_result if end.test_result is not None else \
             evaluate_episodes(cfg, agent.online, agent.action_mode, device, episodes=cfg.eval.episodes)
+        mark("final_evaluation")
         summary = {**extra, "env": cfg.env.name, "metrics": {"agent": episodes}}
         if cfg.env.name == "gym":
             summary["env_id"] = cfg.env.id
         write_json_atomic(run_dir / "eval" / "summary.json", summary)
         log_final(run_dir, cfg, summary, end.overrides)
+        mark("report")
         return summary
     result = end.test_result if end.test_result is not None else \
         evaluate(cfg, market, agent.online, device, split=cfg.eval.split, action_mode=agent.action_mode)
+    mark("final_evaluation")
     data_name = cfg.data.name if cfg.data.path is None else Path(cfg.data.path).name
     title = f"{extra['run_name']}: {data_name}, {cfg.eval.split} split"
     summary = write_report(run_dir / "eval", result, market, cfg.eval.split, title, extra)
     log_final(run_dir, cfg, summary, end.overrides)
+    mark("report")
     return summary
 
 

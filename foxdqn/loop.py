@@ -28,6 +28,7 @@ from foxdqn.monitor.diversity import CollapseMonitor, action_diversity, entropy,
 from foxdqn.step import stats as S
 from foxdqn.step.iteration import make_iteration
 from foxdqn.step.state import TrainState, build_state, resolve_device
+from foxdqn.timings import mark
 
 
 log = logging.getLogger(__name__)
@@ -181,6 +182,7 @@ def train(cfg: TrainConfig, market, run_dir: Path, resume: dict | None = None) -
             finally:
                 run.close()
             ckpt = run.checkpoint()
+            mark("checkpoint")
         run.raise_if_stopped(signals, ckpt)
         summary = finish(Agent.of(run.s), market, run_dir,
                          RunEnd(run.graph, run.wall(), int(run.s.env_steps.item()), int(run.s.updates.item()), ckpt,
@@ -192,6 +194,7 @@ def train(cfg: TrainConfig, market, run_dir: Path, resume: dict | None = None) -
     if run.mlflow is not None:
         run.mlflow.log(int(summary["env_steps"]), final_metrics(summary))
         run.mlflow.finish()
+        mark("report")
     return summary
 
 
@@ -240,6 +243,7 @@ class _Training:
         self.host_updates = 0 if resume is None else int(resume["updates"])  # the device counter, without a read
         self.env_steps = self.start_iter * per_iter
         self.t_log, self.steps_log = time.perf_counter(), self.env_steps
+        mark("build")  # foxdqn.timings; warm-up and capture are marked by the iterations
 
     def _restore(self, resume: dict) -> None:
         """Continue from checkpoint ``resume``: device state, loop state and the iteration to start at."""
@@ -279,7 +283,9 @@ class _Training:
                 if signals.received is not None and not last:
                     break
                 if self._checkpoint_due(it, last):
+                    mark("training")
                     self.checkpoint()
+                    mark("checkpoint")
 
     def _guard_fired(self) -> bool:
         """Poll the guard's ring (a pinned memory read, no wait); on a flag set :attr:`halt` (or stop
@@ -323,12 +329,15 @@ class _Training:
     def _eval_boundary(self, it: int, last: bool) -> bool:
         """Validate, log, keep the best weights (early stopping); True: stop early (validation)."""
         s, stopper, env_steps = self.s, self.stopper, self.env_steps
+        mark("training")
         metrics = evaluate_val(Agent.of(s), self.market)
         self.logger.log(env_steps, {f"val/{k}": v for k, v in metrics.items()})
+        mark("validation")
         if stopper is None or it < self.warm_iters:  # no update yet: the weights cannot improve
             return False
         if stopper.update_val(env_steps, metrics):
             save_checkpoint(self.best_path, s, {"best": {"metric": stopper.metric, "value": stopper.best}})
+            mark("checkpoint")
             log.info("best val %s = %.6g at %d env steps -> %s", stopper.metric, stopper.best, env_steps,
                      self.best_path.name)
         if stopper.val_exhausted and not last:
@@ -356,8 +365,10 @@ class _Training:
         """Wait for the device, close the metrics logger (and its Prometheus endpoint) and host env workers."""
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
+        mark("training")  # the device has finished every iteration
         self.logger.close()
         self.s.rollout.env.close()  # host vector envs: end their workers
+        mark("close")
 
     def raise_if_stopped(self, signals: "_StopSignals", ckpt: Path) -> None:
         """Raise HaltError after a guard halt (writing ``HALTED``), Interrupted after a signal."""

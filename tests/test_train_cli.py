@@ -47,6 +47,23 @@ def test_default_smoke_writes_every_output(tmp_path):
     equity = (tmp_path / "run" / "eval" / "equity.csv").read_text().splitlines()
     assert equity[0] == "timestamp,agent_equity,buy_and_hold_equity,flat_equity,agent_exposure"
     assert len(equity) == summary["bars"] + 2
+    assert_timings(tmp_path / "run", summary, res.stdout + res.stderr)
+
+
+def assert_timings(run_dir: Path, summary: dict, log: str):
+    """timings.json (foxdqn.timings): the phases a CPU run passes, consecutive (they sum to the total)."""
+    from foxdqn.timings import PHASES
+
+    times = json.loads((run_dir / "timings.json").read_text())
+    phases = times["phases"]
+    assert {"imports", "compose", "validate", "data_load", "preflight", "build", "warmup", "training", "validation",
+            "checkpoint", "final_evaluation", "report", "summary"} <= set(phases) <= set(PHASES), phases
+    assert all(v >= 0 for v in phases.values())
+    assert abs(sum(phases.values()) - times["total_s"]) < 1e-3 * len(phases)
+    assert times["overhead_s"] == pytest.approx(times["total_s"] - phases["training"], abs=1e-3)
+    assert phases["imports"] > 0.1 and phases["training"] > 0  # torch alone takes longer to import
+    assert times["training_wall_s"] == summary["wall_time_s"] and times["env_steps"] == summary["env_steps"]
+    assert "start-up breakdown: wall" in log
 
 
 def test_multirun_writes_the_report(tmp_path):

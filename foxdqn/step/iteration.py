@@ -16,6 +16,7 @@ import torch
 from foxdqn.step.collect import collect_step
 from foxdqn.step.state import TrainState
 from foxdqn.step.update import update_step
+from foxdqn.timings import mark
 
 WARMUP_ITERATIONS = 3
 
@@ -54,11 +55,16 @@ class Iteration:
             self._update(s)
 
     def __call__(self) -> None:
-        if not self.use_graph:
-            self.body()
-            return
         if self.graph is not None:
             self.graph.replay()
+            return
+        if self._eager_runs == 0:  # foxdqn.timings: the first call (and on CUDA, the warm-up) begins
+            mark("training")
+        if not self.use_graph:
+            self.body()
+            if self._eager_runs == 0:  # eager: the first call is the warm-up (lazy imports, allocations)
+                self._eager_runs = 1
+                mark("warmup")
             return
         side = torch.cuda.Stream(self.s.device)
         side.wait_stream(torch.cuda.current_stream(self.s.device))
@@ -69,12 +75,14 @@ class Iteration:
             self._eager_runs += 1
             return
         torch.cuda.synchronize(self.s.device)
+        mark("warmup")  # the warm-up iterations have run on the device
         graph = torch.cuda.CUDAGraph()
         if self.s.generator is not None:
             graph.register_generator_state(self.s.generator)
         with torch.cuda.graph(graph):
             self.body()
         self.graph = graph
+        mark("graph_capture")
         graph.replay()
 
 

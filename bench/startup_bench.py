@@ -1,0 +1,77 @@
+"""Start-up section: wall time of ``python -m foxdqn.train`` outside training, run twice.
+
+Each run is a fresh process of the default experiment (eurusd_dqn) in a temporary folder; the
+first may compile Triton kernels into Triton's on-disk cache (``~/.triton/cache`` unless
+``TRITON_CACHE_DIR`` is set), the second finds it warm, which is the number issue 17 targets
+(wall minus training <= 6 s on a warm machine). A row per run: the wall time measured around
+the process (``wall_s``), the run's own ``timings.json`` (foxdqn.timings: ``total_s`` since
+process start, every phase as ``phase_<name>_s``), ``training_s`` (its ``training`` phase) and
+``wall_minus_training_s``. On CPU the runs use ``debug=smoke`` (the full experiment trains for
+minutes there).
+"""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from foxdqn.io_atomic import read_json
+
+#: overrides of every run (progress bars off: the bench reads files, not the terminal)
+BASE = ("log.progress=false",)
+CPU = ("debug=smoke",)
+
+
+def run_once(args: tuple[str, ...], folder: Path, timeout: float = 600.0) -> dict:
+    """One ``python -m foxdqn.train`` process into ``folder/run``; the row of its timings.
+
+    Raises:
+        RuntimeError: the run failed (its exit code and the end of its stderr) or wrote no timings.json.
+    """
+    run_dir = folder / "run"
+    t = time.perf_counter()
+    res = subprocess.run([sys.executable, "-m", "foxdqn.train", *args, f"hydra.run.dir={run_dir}"],
+                         cwd=folder, capture_output=True, text=True, timeout=timeout, env={**os.environ})
+    wall = time.perf_counter() - t
+    if res.returncode != 0 or not (run_dir / "timings.json").is_file():
+        raise RuntimeError(f"foxdqn.train exited {res.returncode}: {res.stderr[-2000:]}")
+    times = read_json(run_dir / "timings.json")
+    training = float(times["phases"].get("training", 0.0))
+    row = {"wall_s": wall, "total_s": times["total_s"], "training_s": training,
+           "wall_minus_training_s": wall - training, "overhead_s": times["overhead_s"],
+           "training_wall_s": times.get("training_wall_s")}
+    row.update({f"phase_{k}_s": v for k, v in times["phases"].items()})
+    return row
+
+
+def rows(device: str = "cuda", runs: int = 2, extra: tuple[str, ...] = ()) -> list[dict]:
+    """``runs`` rows (``run`` 1, 2, ...) of the default experiment on ``device``."""
+    args = (*BASE, *(CPU if device != "cuda" else ()), *extra)
+    out = []
+    for i in range(1, runs + 1):
+        with tempfile.TemporaryDirectory(prefix="foxdqn-startup-") as tmp:
+            row = run_once(args, Path(tmp))
+        out.append({"section": "startup", "features": "eurusd_dqn", "size": " ".join(args), "provider": device,
+                    "run": i, **row})
+        print(f"startup run {i}: wall {row['wall_s']:.2f} s, training {row['training_s']:.2f} s, "
+              f"wall - training {row['wall_minus_training_s']:.2f} s", file=sys.stderr)
+    return out
+
+
+def table(df) -> str:
+    """The section's markdown: one row per run, the phases over 0.05 s as columns."""
+    phases = [c for c in df.columns if c.startswith("phase_") and df[c].astype(float).max() >= 0.05]
+    cols = ["run", "wall_s", "training_s", "wall_minus_training_s", *phases]
+    return ("## start-up: `python -m foxdqn.train`, run twice (the second with Triton's cache warm)\n\n"
+            + df[[c for c in cols if c in df]].to_markdown(index=False, floatfmt=".3g"))
+
+
+if __name__ == "__main__":  # python -m bench.startup_bench [overrides...]
+    import pandas as pd
+
+    import torch
+
+    print(table(pd.DataFrame(rows("cuda" if torch.cuda.is_available() else "cpu", extra=tuple(sys.argv[1:])))))
