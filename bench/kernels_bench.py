@@ -4,7 +4,7 @@ For each feature set (an experiment as shipped; trading sets at ``TRADING_ENVS``
 issue 17's table) one :class:`~foxdqn.step.state.TrainState` is built and warmed up, then:
 
 * ``kernels``, ``device_us`` and ``longest_us``: one eager call of the step under
-  ``torch.profiler`` (CUDA activity): the kernels it launched (memcpy/memset not counted), the sum
+  ``torch.profiler`` (CUDA activity): the kernels it launched (memcpy/memset and the profiler's GPU ranges of user annotations not counted), the sum
   of their device durations in µs, and the four longest with their µs;
 * ``graph_nodes`` and ``ms``: the same step captured alone in a CUDA graph
   (:class:`~foxdqn.step.iteration.Iteration` with one collect step, or one update): the graph's
@@ -43,7 +43,7 @@ def profile_kernels(fn) -> tuple[int, float, str]:
         fn()
         torch.cuda.synchronize()
     kernels = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA
-               and not e.name.lower().startswith(("memcpy", "memset"))]
+               and not e.is_user_annotation and not e.name.lower().startswith(("memcpy", "memset"))]
     top = sorted(kernels, key=lambda e: -e.device_time_total)[:4]
     longest = "; ".join(f"{e.name[:48]} {e.device_time_total:.1f}" for e in top)
     return len(kernels), sum(e.device_time_total for e in kernels), longest

@@ -116,8 +116,9 @@ def side_stream():
 
 
 def cuda_kernels(fn, steps: int = 5, warmup: int = 3) -> tuple[float, list[str]]:
-    """CUDA kernels (memsets and copies included) that ``fn()`` launches per call, from the torch
-    profiler over ``steps`` calls after ``warmup`` calls; and their sorted distinct names."""
+    """CUDA kernels (memsets and copies included; not the profiler's GPU ranges of user annotations
+    such as ``Optimizer.step#Adam.step``) that ``fn()`` launches per call, from the torch profiler
+    over ``steps`` calls after ``warmup`` calls; and their sorted distinct names."""
     from torch.profiler import ProfilerActivity, profile
 
     for _ in range(warmup):
@@ -127,7 +128,7 @@ def cuda_kernels(fn, steps: int = 5, warmup: int = 3) -> tuple[float, list[str]]
         for _ in range(steps):
             fn()
         torch.cuda.synchronize()
-    kernels = [e.name for e in prof.events() if e.device_type.name == "CUDA"]
+    kernels = [e.name for e in prof.events() if e.device_type.name == "CUDA" and not e.is_user_annotation]
     return len(kernels) / steps, sorted(set(kernels))
 
 

@@ -170,12 +170,13 @@ def test_argument_checks():
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", [F64, F32])
 def test_gpu_env_codes_decode_to_the_observations_on_eurusd(dtype):
-    """4,096 envs on EURUSD 1h (window 32), 100 random steps stepped by the compiled kernel: the
+    """4,096 envs on EURUSD 1h (window 32, episodes of 64 bars, so that every env auto-resets at
+    least once), 100 random steps stepped by the compiled kernel: the
     compiled decode and the reference decode of each step's codes give the float32 observations the
     env returned (acted on and s'), bit for bit."""
     from test_trading_step import _eurusd_envs
 
-    env, _ = _eurusd_envs(dtype)
+    env, _ = _eurusd_envs(dtype, episode_length=64)
     obs = env.reset_all().float()
     index = torch.arange(env.num_envs, device="cuda")
     g = torch.Generator(device="cuda").manual_seed(5)
