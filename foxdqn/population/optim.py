@@ -21,12 +21,10 @@ from typing import Sequence
 import torch
 
 from foxdqn.ops.backend import resolve_backend
+from foxdqn.ops.clip_coefficient import clip_coefficient, norm_rows
 from foxdqn.ops.member_adam import member_adam_
 
 F32 = torch.float32
-
-#: Added to the norm before dividing, as in ``torch.nn.utils.clip_grad_norm_``.
-CLIP_EPS = 1e-6
 
 
 def _describe(t) -> str:
@@ -81,9 +79,14 @@ def member_grad_norm(grads: list[torch.Tensor]) -> torch.Tensor:
             one's P and device.
     """
     members, _ = _check_member_tensors("member_grad_norm", "grads", grads)
-    slices = [g[p] for p in range(members) for g in grads]  # member-major: row p holds member p's norms
-    norms = torch.stack(torch._foreach_norm(slices, 2)).view(members, len(grads))
-    return torch.linalg.vector_norm(norms, 2, dim=1)
+    return torch.linalg.vector_norm(_slice_norms(grads, members), 2, dim=1)
+
+
+def _slice_norms(grads: list[torch.Tensor], members: int) -> torch.Tensor:
+    """float32 ``[P, n]``: the L2 norm of each member's slice of each of the n tensors (one
+    ``torch._foreach_norm``; row p holds member p's norms)."""
+    slices = [g[p] for p in range(members) for g in grads]  # member-major
+    return norm_rows(torch._foreach_norm(slices, 2)).view(members, len(grads))
 
 
 def clip_member_grads_(grads: list[torch.Tensor], max_norm: torch.Tensor) -> torch.Tensor:
@@ -91,7 +94,8 @@ def clip_member_grads_(grads: list[torch.Tensor], max_norm: torch.Tensor) -> tor
 
     ``torch.nn.utils.clip_grad_norm_``'s rule per member: member ``p``'s slices are multiplied by
     ``min(1, max_norm[p] / (norm[p] + 1e-6))`` (always multiplied, by 1.0 when within the bound),
-    with ``norm`` from :func:`member_grad_norm`. The factor is computed as torch does
+    with ``norm`` as :func:`member_grad_norm`'s. The norms and factors are one
+    :func:`~foxdqn.ops.clip_coefficient.clip_coefficient` launch on CUDA, computed as torch does
     (``reciprocal(norm + 1e-6) * max_norm``), so a member's clipped grads equal
     ``clip_grad_norm_`` on its slices up to the norm's summation order. A NaN norm gives a NaN
     factor (the member's grads become NaN, as in torch with ``error_if_nonfinite=False``).
@@ -110,8 +114,8 @@ def clip_member_grads_(grads: list[torch.Tensor], max_norm: torch.Tensor) -> tor
     """
     members, device = _check_member_tensors("clip_member_grads_", "grads", grads)
     _check_member_vector("clip_member_grads_", "max_norm", max_norm, members, device)
-    norms = member_grad_norm(grads)
-    coef = torch.clamp((norms + CLIP_EPS).reciprocal() * max_norm, max=1.0)
+    # the P norms and factors in one kernel (torch ops: vector_norm, add, reciprocal, mul, clamp)
+    norms, coef = clip_coefficient(_slice_norms(grads, members), max_norm)
     for g in grads:
         g.mul_(_member_view(coef, g))
     return norms

@@ -11,6 +11,7 @@ from __future__ import annotations
 import torch
 
 from foxdqn.ops.epsilon_greedy import epsilon_greedy
+from foxdqn.ops.target_weight import target_weight
 from foxdqn.population.objective import member_dqn_loss
 from foxdqn.population.optim import clip_member_grads_
 from foxdqn.population.state import PopulationState
@@ -40,12 +41,10 @@ def collect_step(s: PopulationState) -> None:
 
 def target_weights(s: PopulationState, skip: torch.Tensor) -> torch.Tensor:
     """This update's lerp weight per member (float32 ``[P]``): Polyak τ, or 1 every ``period``
-    updates (hard), times (1 − skip)."""
-    if s.cfg.target.update == "hard":
-        w = ((s.updates + 1) % s.params.period == 0).to(torch.float32)
-    else:
-        w = s.params.tau
-    return w * (1.0 - skip)
+    updates (hard), times (1 − skip); one kernel on CUDA (:mod:`foxdqn.ops.target_weight`)."""
+    w = torch.empty_like(skip)
+    target_weight(s.updates, skip, s.params.tau, s.params.period, w, hard=s.cfg.target.update == "hard")
+    return w
 
 
 def update_step(s: PopulationState) -> None:

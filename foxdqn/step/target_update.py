@@ -4,10 +4,16 @@
 updates and 0 otherwise (``hard``: the hard copy of Mnih et al. 2015), times (1 − skip) so a
 skipped update (training guard) leaves the targets unchanged. τ and the period are 0-d device
 tensors: change them in place (``fill_``) and a captured graph sees the new values.
+
+On CUDA an update costs two kernels here: ``w`` (and, with ``advance``, the update counter's
+``+= 1``) in one kernel (:func:`foxdqn.ops.target_weight.target_weight`, in place of two to six
+torch ops plus the counter's ``add_``), then one multi-tensor ``torch._foreach_lerp_``.
 """
 from __future__ import annotations
 
 import torch
+
+from foxdqn.ops.target_weight import target_weight
 
 
 class TargetUpdate:
@@ -40,18 +46,18 @@ class TargetUpdate:
         self.weight = torch.zeros((), device=device, dtype=torch.float32)
         self.targets, self.sources = targets, sources
 
-    def weight_for(self, updates: torch.Tensor, skip: torch.Tensor) -> torch.Tensor:
+    def weight_for(self, updates: torch.Tensor, skip: torch.Tensor, advance: bool = False) -> torch.Tensor:
         """This update's lerp weight ``w`` (float32 0-d, :attr:`weight`): τ, or 1 when
         ``(updates + 1) % hard_period == 0`` (hard); 0 when ``skip`` (float32 0-d) is 1.
-        ``updates``: int64 0-d, the updates done before this one."""
-        if self.hard:
-            w = ((updates + 1) % self.hard_period == 0).to(torch.float32)
-        else:
-            w = self.tau
-        return torch.mul(w, 1.0 - skip, out=self.weight)
+        ``updates``: int64 0-d, the updates done before this one; with ``advance`` it is then
+        incremented by 1 in the same kernel (:func:`~foxdqn.ops.target_weight.target_weight`)."""
+        target_weight(updates, skip, self.tau, self.hard_period, self.weight, hard=self.hard, advance=advance)
+        return self.weight
 
-    def apply(self, updates: torch.Tensor, skip: torch.Tensor) -> None:
-        """θ' ← θ' + w (θ − θ') for every target (device ops only, no autograd)."""
+    def apply(self, updates: torch.Tensor, skip: torch.Tensor, advance: bool = False) -> None:
+        """θ' ← θ' + w (θ − θ') for every target (device ops only, no autograd). With ``advance``,
+        ``updates`` (int64 0-d) is incremented by 1 once ``w`` is computed: the update step's
+        counter, when nothing after the target update reads it (:func:`foxdqn.step.update.update_step`)."""
         with torch.no_grad():  # else the targets would join the autograd graph (and keep it alive)
-            w = self.weight_for(updates, skip)
+            w = self.weight_for(updates, skip, advance)
             torch._foreach_lerp_(self.targets, self.sources, [w] * len(self.targets))

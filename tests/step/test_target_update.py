@@ -32,3 +32,14 @@ def test_hard_copies_every_period():
 def test_lengths_must_match():
     with pytest.raises(ValueError, match="2 targets but 1 sources"):
         TargetUpdate("polyak", 0.1, 1, [torch.zeros(1)] * 2, [torch.zeros(1)], torch.device("cpu"))
+
+
+@pytest.mark.parametrize("mode", ["polyak", "hard"])
+def test_apply_advances_the_counter_after_reading_it(mode):
+    targets, sources = _pair()
+    tu = TargetUpdate(mode, 0.5, 2, targets, sources, torch.device("cpu"))
+    updates = torch.tensor(1)
+    tu.apply(updates, torch.tensor(0.0), advance=True)  # hard: (1 + 1) % 2 == 0 -> a copy
+    assert int(updates) == 2 and tu.weight.item() == (1.0 if mode == "hard" else 0.5)
+    tu.apply(updates, torch.tensor(0.0))
+    assert int(updates) == 2  # not asked: unchanged
