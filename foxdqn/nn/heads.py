@@ -4,6 +4,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from foxdqn.ops.dueling_combine import dueling_combine
+
 
 class QHead(nn.Module):
     """Linear map features [B, H] → Q values [B, A] (float32)."""
@@ -20,6 +22,9 @@ class DuelingHead(nn.Module):
     """Dueling head, Wang et al. 2016 eq. 9: Q(s,a) = V(s) + A(s,a) − mean_a' A(s,a').
 
     Shapes: features [B, H] → Q values [B, A] (float32).
+
+    The combine is one kernel forward and one backward on CUDA (foxdqn/ops/dueling_combine.py);
+    parameters and ``state_dict`` keys (``value.*``, ``advantage.*``) are those of two ``nn.Linear``.
     """
 
     def __init__(self, in_dim: int, num_actions: int):
@@ -28,5 +33,4 @@ class DuelingHead(nn.Module):
         self.advantage = nn.Linear(in_dim, num_actions)
 
     def forward(self, h: torch.Tensor) -> torch.Tensor:
-        adv = self.advantage(h)  # (B, A)
-        return self.value(h) + adv - adv.mean(dim=1, keepdim=True)
+        return dueling_combine(self.value(h), self.advantage(h))  # V [B, 1], A [B, A] → Q [B, A]

@@ -6,6 +6,8 @@ from typing import Sequence
 import torch
 from torch import nn
 
+from foxdqn.ops.linear_relu import linear_relu
+
 ACTIVATIONS = {"relu": nn.ReLU, "gelu": nn.GELU, "tanh": nn.Tanh, "silu": nn.SiLU}
 
 
@@ -18,6 +20,10 @@ class MLPEncoder(nn.Module):
         activation: one of relu, gelu, tanh, silu.
 
     Shapes: ``forward(obs)``: obs float32 [B, D] → features float32 [B, hidden[-1]].
+
+    With activation relu each Linear + ReLU pair runs as one GEMM with cuBLASLt's bias + ReLU
+    epilogue on CUDA (foxdqn/ops/linear_relu.py); the modules and ``state_dict`` keys
+    (``net.0.weight``, ``net.0.bias``, ``net.2.weight``, ...) are those of the ``nn.Sequential``.
     """
 
     def __init__(self, in_dim: int, hidden: Sequence[int], activation: str = "relu"):
@@ -31,4 +37,11 @@ class MLPEncoder(nn.Module):
         self.out_dim = width
 
     def forward(self, obs: torch.Tensor) -> torch.Tensor:
-        return self.net(obs)
+        h = obs
+        layers = list(self.net)
+        for linear, act in zip(layers[0::2], layers[1::2]):
+            if type(act) is nn.ReLU:
+                h = linear_relu(h, linear.weight, linear.bias)
+            else:
+                h = act(linear(h))
+        return h

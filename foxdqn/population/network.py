@@ -21,6 +21,7 @@ from torch import nn
 from foxdqn.nn.heads import DuelingHead, QHead
 from foxdqn.nn.mlp import ACTIVATIONS, MLPEncoder
 from foxdqn.nn.qnet import QNetwork
+from foxdqn.ops.dueling_combine import dueling_combine
 
 
 
@@ -84,7 +85,7 @@ class MemberQNetwork(nn.Module):
             return torch.baddbmm(self.biases[-1], h, self.weights[-1])
         value = torch.baddbmm(self.biases[-2], h, self.weights[-2])  # [P, M, 1]
         adv = torch.baddbmm(self.biases[-1], h, self.weights[-1])  # [P, M, A]
-        return value + adv - adv.mean(dim=2, keepdim=True)
+        return dueling_combine(value, adv)  # Wang et al. 2016 eq. 9, one kernel on CUDA
 
     def member_state_dict(self, p: int) -> dict[str, torch.Tensor]:
         """Member ``p``'s weights in the classic :class:`QNetwork` ``state_dict`` layout (copies)."""
