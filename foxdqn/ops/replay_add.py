@@ -10,7 +10,9 @@ group of env ``i`` and ``ended = terminated | truncated``::
     terminal_buf[r, i] = float32(terminated[i]);  ended_buf[r, i] = float32(ended)
     episode_buf[r, i]  = episode_now[i];  episode_now[i] += ended
     vol_ratio_buf[r, i] = float32(vol_ratio[i])      (regime weights only)
-    obs[i]             = advance_obs[i]              (optional: the rollout moves to the next state)
+    rollout[i]         = advance_obs[i]              (optional: the rollout moves to the next state;
+                                                     rollout is obs unless given, e.g. when the ring
+                                                     stores state codes, not observations)
     ptr = (r + 1) mod rows;  written += 1
 
 The n-step bookkeeping these rows feed is the replay's (foxdqn/replay/buffer.py, Sutton & Barto
@@ -51,10 +53,10 @@ OBS_DTYPES = (torch.float32, torch.float64, torch.uint8)
 # ---------------------------------------------------------------------------------------------
 @triton.jit
 def _replay_add_kernel(
-    obs_ptr, next_obs_ptr, advance_ptr, action_ptr, reward_ptr, scale_ptr, term_ptr, trunc_ptr, vol_ptr,
+    obs_ptr, next_obs_ptr, advance_ptr, rollout_ptr, action_ptr, reward_ptr, scale_ptr, term_ptr, trunc_ptr, vol_ptr,
     obs_buf, next_buf, action_buf, reward_buf, term_buf, ended_buf, episode_buf, vol_buf,
     episode_now_ptr, ptr_ptr, written_ptr, ticket_ptr,
-    N, D, rows, envs_per_group, obs_stride, next_stride, advance_stride,
+    N, D, AD, rows, envs_per_group, obs_stride, next_stride, advance_stride, rollout_stride,
     HAS_VOL: tl.constexpr, ADVANCE: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
 ):
     i = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -79,7 +81,7 @@ def _replay_add_kernel(
     if HAS_VOL:
         tl.store(vol_buf + dst, tl.load(vol_ptr + i64, mask=m, other=1.0).to(tl.float32), mask=m)
 
-    # ---- observations: [BLOCK_N, BLOCK_D] tiles; each value is read before the rollout's obs is rewritten
+    # ---- observations: [BLOCK_N, BLOCK_D] tiles
     for d0 in range(0, D, BLOCK_D):
         d = d0 + tl.arange(0, BLOCK_D)
         m2 = m[:, None] & (d < D)[None, :]
@@ -89,9 +91,16 @@ def _replay_add_kernel(
         out = dst[:, None] * D + d[None, :]
         tl.store(obs_buf + out, o.to(obs_buf.dtype.element_ty), mask=m2)
         tl.store(next_buf + out, nx.to(next_buf.dtype.element_ty), mask=m2)
-        if ADVANCE:
+
+    # ---- the rollout's next states (AD values per env), after this program's envs were stored
+    if ADVANCE:
+        tl.debug_barrier()  # every warp has read its obs values (rollout may be obs) before any is rewritten
+        for d0 in range(0, AD, BLOCK_D):
+            d = d0 + tl.arange(0, BLOCK_D)
+            m2 = m[:, None] & (d < AD)[None, :]
             adv = tl.load(advance_ptr + i64[:, None] * advance_stride + d[None, :], mask=m2, other=0)
-            tl.store(obs_ptr + src, adv.to(obs_ptr.dtype.element_ty), mask=m2)
+            tl.store(rollout_ptr + i64[:, None] * rollout_stride + d[None, :], adv.to(rollout_ptr.dtype.element_ty),
+                     mask=m2)
 
     # ---- the last program advances the counters (ordering: module docstring)
     tl.debug_barrier()  # every warp of this program has read ptr before the (one-thread) ticket increment
@@ -103,19 +112,20 @@ def _replay_add_kernel(
 
 
 @torch.library.triton_op("foxdqn::replay_add", mutates_args={
-    "obs", "obs_buf", "next_buf", "action_buf", "reward_buf", "term_buf", "ended_buf", "episode_buf", "vol_buf",
+    "rollout", "obs_buf", "next_buf", "action_buf", "reward_buf", "term_buf", "ended_buf", "episode_buf", "vol_buf",
     "episode_now", "ptr", "written", "ticket"})
-def _replay_add_op(obs: Tensor, next_obs: Tensor, advance_obs: Tensor, action: Tensor, reward: Tensor, scale: Tensor,
+def _replay_add_op(obs: Tensor, next_obs: Tensor, advance_obs: Tensor, rollout: Tensor, action: Tensor, reward: Tensor, scale: Tensor,
                    terminated: Tensor, truncated: Tensor, vol_ratio: Tensor, obs_buf: Tensor, next_buf: Tensor,
                    action_buf: Tensor, reward_buf: Tensor, term_buf: Tensor, ended_buf: Tensor, episode_buf: Tensor,
                    vol_buf: Tensor, episode_now: Tensor, ptr: Tensor, written: Tensor, ticket: Tensor,
                    has_vol: bool, advance: bool) -> None:
     rows, n, d = obs_buf.shape
     torch.library.wrap_triton(_replay_add_kernel)[(triton.cdiv(n, BLOCK_N),)](
-        obs, next_obs, advance_obs, action, reward, scale, terminated, truncated, vol_ratio,
+        obs, next_obs, advance_obs, rollout, action, reward, scale, terminated, truncated, vol_ratio,
         obs_buf, next_buf, action_buf, reward_buf, term_buf, ended_buf, episode_buf, vol_buf,
         episode_now, ptr, written, ticket,
-        n, d, rows, n // scale.shape[0], obs.stride(0), next_obs.stride(0), advance_obs.stride(0),
+        n, d, advance_obs.shape[1], rows, n // scale.shape[0], obs.stride(0), next_obs.stride(0),
+        advance_obs.stride(0), rollout.stride(0),
         HAS_VOL=has_vol, ADVANCE=advance, BLOCK_N=BLOCK_N, BLOCK_D=BLOCK_D, num_warps=4,
     )
 
@@ -125,7 +135,8 @@ def _replay_add_op(obs: Tensor, next_obs: Tensor, advance_obs: Tensor, action: T
 # ---------------------------------------------------------------------------------------------
 def replay_add_reference(obs: Tensor, next_obs: Tensor, action: Tensor, reward: Tensor, scale: Tensor,
                          terminated: Tensor, truncated: Tensor, buffers: dict, episode_now: Tensor, ptr: Tensor,
-                         written: Tensor, vol_ratio: Tensor | None = None, advance_obs: Tensor | None = None) -> None:
+                         written: Tensor, vol_ratio: Tensor | None = None, advance_obs: Tensor | None = None,
+                         rollout: Tensor | None = None) -> None:
     """Plain-torch reference of :func:`replay_add` (same arguments but ``ticket``; device ops only)."""
     b = buffers
     row = ptr.view(1)  # index tensors, never a 0-d tensor in [] (that would read it on the host)
@@ -143,7 +154,7 @@ def replay_add_reference(obs: Tensor, next_obs: Tensor, action: Tensor, reward: 
     b["episode"].index_copy_(0, row, episode_now[None])
     episode_now.add_(ended.to(torch.int64))
     if advance_obs is not None:
-        obs.copy_(advance_obs)
+        (obs if rollout is None else rollout).copy_(advance_obs)
     ptr.copy_((ptr + 1) % b["obs"].shape[0])
     written.add_(1)
 
@@ -156,7 +167,7 @@ def _desc(t) -> str:
 
 
 def _check_args(obs, next_obs, action, reward, scale, terminated, truncated, buffers, episode_now, ptr, written,
-                ticket, vol_ratio, advance_obs) -> None:
+                ticket, vol_ratio, advance_obs, rollout) -> None:
     ob = buffers.get("obs")
     if not isinstance(ob, Tensor) or ob.dim() != 3 or ob.dtype not in OBS_DTYPES or not ob.is_contiguous():
         raise ValueError(f"replay_add: buffers['obs'] must be a contiguous [rows, N, D] tensor of "
@@ -176,13 +187,18 @@ def _check_args(obs, next_obs, action, reward, scale, terminated, truncated, buf
                              f"{list(shape)} on {dev}, got {_desc(t)}")
     if (buffers.get("vol_ratio") is None) != (vol_ratio is None):
         raise ValueError("replay_add: vol_ratio [N] is given exactly when buffers['vol_ratio'] is (regime weights)")
-    for name, t in (("obs", obs), ("next_obs", next_obs), ("advance_obs", advance_obs)):
-        if name == "advance_obs" and t is None:
+    ad = d if rollout is None else (rollout.shape[1] if isinstance(rollout, Tensor) and rollout.dim() == 2 else -1)
+    for name, t, width in (("obs", obs, d), ("next_obs", next_obs, d), ("advance_obs", advance_obs, ad),
+                           ("rollout", rollout, ad)):
+        if name in ("advance_obs", "rollout") and t is None:
             continue
-        if (not isinstance(t, Tensor) or t.dim() != 2 or t.shape != (n, d) or t.stride(1) != 1
+        if (not isinstance(t, Tensor) or t.dim() != 2 or t.shape != (n, width) or t.stride(1) != 1
                 or t.dtype not in OBS_DTYPES):
-            raise ValueError(f"replay_add: {name} must be a [N, D] = [{n}, {d}] tensor of "
-                             f"{[str(x) for x in OBS_DTYPES]} with unit stride along D, got {_desc(t)}")
+            raise ValueError(f"replay_add: {name} must be a [N, {'D' if width == d else 'rollout width'}] = "
+                             f"[{n}, {width}] tensor of {[str(x) for x in OBS_DTYPES]} with unit stride along its "
+                             f"last axis, got {_desc(t)}")
+    if rollout is not None and advance_obs is None:
+        raise ValueError("replay_add: rollout is the buffer advance_obs is copied into; give both or neither")
     vec = [("action", action, (torch.int64,)), ("reward", reward, (torch.float32, torch.float64)),
            ("terminated", terminated, (torch.bool,)), ("truncated", truncated, (torch.bool,)),
            ("episode_now", episode_now, (torch.int64,))]
@@ -200,7 +216,8 @@ def _check_args(obs, next_obs, action, reward, scale, terminated, truncated, buf
                            ("ticket", ticket, torch.int32)):
         if not isinstance(t, Tensor) or t.dim() != 0 or t.dtype != dtype:
             raise ValueError(f"replay_add: {name} must be a 0-d {dtype} tensor, got {_desc(t)}")
-    for name, t in (("obs", obs), ("next_obs", next_obs), ("advance_obs", advance_obs), ("action", action),
+    for name, t in (("obs", obs), ("next_obs", next_obs), ("advance_obs", advance_obs), ("rollout", rollout),
+                    ("action", action),
                     ("reward", reward), ("scale", scale), ("terminated", terminated), ("truncated", truncated),
                     ("vol_ratio", vol_ratio), ("episode_now", episode_now), ("ptr", ptr), ("written", written),
                     ("ticket", ticket)):
@@ -211,15 +228,16 @@ def _check_args(obs, next_obs, action, reward, scale, terminated, truncated, buf
 def replay_add(obs: Tensor, next_obs: Tensor, action: Tensor, reward: Tensor, scale: Tensor, terminated: Tensor,
                truncated: Tensor, buffers: dict, episode_now: Tensor, ptr: Tensor, written: Tensor, ticket: Tensor,
                *, vol_ratio: Tensor | None = None, advance_obs: Tensor | None = None,
-               backend: str = "auto") -> None:
+               rollout: Tensor | None = None, backend: str = "auto") -> None:
     """Write one time row of N transitions into the replay's columns and advance its counters
     (rules and the ordering argument in the module docstring).
 
     Device ops only (no host reads): capturable in a CUDA graph. One kernel launch on CUDA.
 
     Args:
-        obs: ``[N, D]`` (float32, float64 or uint8; unit stride along D) the states acted on;
-            overwritten by ``advance_obs`` when that is given (after being stored).
+        obs: ``[N, D]`` (float32, float64 or uint8; unit stride along D) the states acted on (the
+            observations, or the env's state codes); overwritten by ``advance_obs`` when that is
+            given without ``rollout`` (after being stored).
         next_obs: ``[N, D]`` likewise, the states after the step (before auto-reset).
         action: int64 ``[N]``; reward: float32 or float64 ``[N]``, unscaled;
         scale: float32 or float64 ``[G]`` (N a multiple of G), the reward scale of each group.
@@ -233,7 +251,8 @@ def replay_add(obs: Tensor, next_obs: Tensor, action: Tensor, reward: Tensor, sc
             advanced in place modulo rows.  written: int64 0-d, rows ever written; +1 in place.
         ticket: int32 0-d, zero between calls (the kernel's scratch; unused by the reference).
         vol_ratio: float32/float64 ``[N]``, exactly when ``buffers['vol_ratio']`` is a tensor.
-        advance_obs: ``[N, D]`` or None: the next states to act on, copied into ``obs``.
+        advance_obs: ``[N, D']`` or None: the next observations to act on, copied (cast) into
+            ``rollout`` (``[N, D']``, unit stride along D') when given, else into ``obs`` (D' = D).
         backend: "auto" (Triton for CUDA tensors, torch for CPU), "triton", "torch".
 
     Raises:
@@ -241,15 +260,16 @@ def replay_add(obs: Tensor, next_obs: Tensor, action: Tensor, reward: Tensor, sc
         RuntimeError: backend="triton" on CPU tensors without TRITON_INTERPRET=1.
     """
     _check_args(obs, next_obs, action, reward, scale, terminated, truncated, buffers, episode_now, ptr, written,
-                ticket, vol_ratio, advance_obs)
+                ticket, vol_ratio, advance_obs, rollout)
     if resolve_backend("replay_add", backend, action) == "torch":
         replay_add_reference(obs, next_obs, action, reward, scale, terminated, truncated, buffers, episode_now, ptr,
-                             written, vol_ratio, advance_obs)
+                             written, vol_ratio, advance_obs, rollout)
         return
     b = buffers
     has_vol, advance = vol_ratio is not None, advance_obs is not None
     none = torch.empty(0, device=action.device)  # stands for an absent input (never read: constexpr flags)
-    _replay_add_op(obs, next_obs, advance_obs if advance else none.view(0, 1), action, reward, scale,
+    advance_src = advance_obs if advance else none.view(0, 1)
+    _replay_add_op(obs, next_obs, advance_src, obs if rollout is None else rollout, action, reward, scale,
                    terminated.view(torch.uint8), truncated.view(torch.uint8), vol_ratio if has_vol else none,
                    b["obs"], b["next_obs"], b["action"], b["reward"], b["terminal"], b["ended"], b["episode"],
                    b["vol_ratio"] if has_vol else torch.empty(0, device=action.device), episode_now, ptr, written,

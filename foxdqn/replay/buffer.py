@@ -184,7 +184,7 @@ class ReplayBuffer:
 
     # ---------------------------------------------------------------- insert
     def add(self, obs, action, reward, next_obs, terminated, truncated, vol_ratio=None, *,
-            reward_scale: float | torch.Tensor = 1.0, advance_obs=None, backend: str = "auto") -> None:
+            reward_scale: float | torch.Tensor = 1.0, advance_obs=None, rollout=None, backend: str = "auto") -> None:
         """Write one time row: N transitions, and advance the write row (one kernel on CUDA,
         :func:`foxdqn.ops.replay_add.replay_add`; PER's priorities are a second op).
 
@@ -196,8 +196,11 @@ class ReplayBuffer:
                 :meth:`set_regime`, ignored otherwise.
             reward_scale: a float (a run's ``loss.reward_scale``) or a float32/float64 ``[G]`` device
                 tensor, one scale per group of N / G envs (a population's members).
-            advance_obs: the observations to act on next (``[N, ...]`` like ``obs``) or None; when
-                given, ``obs`` (contiguous) is overwritten with them after it is stored.
+            advance_obs: the observations to act on next (``[N, ...]``) or None; when given, they
+                are copied into ``rollout`` (contiguous ``[N, ...]``, the observations the agent acts
+                on) after the row is stored, or into ``obs`` (contiguous) when ``rollout`` is None.
+            rollout: see ``advance_obs`` (needed when the stored rows are not the observations:
+                state codes, :meth:`set_decoder`).
             backend: of the op: "auto", "triton" or "torch".
 
         Raises:
@@ -215,10 +218,12 @@ class ReplayBuffer:
         columns = {"obs": self.obs, "next_obs": self.next_obs, "action": self.action, "reward": self.reward,
                    "terminal": self.terminal, "ended": self.ended, "episode": self.episode,
                    "vol_ratio": self.vol_ratio}
-        replay_add(obs.view(n, -1) if advance_obs is not None else obs.reshape(n, -1), next_obs.reshape(n, -1),
+        in_place = advance_obs is not None and rollout is None  # obs itself is advanced: a view, never a copy
+        replay_add(obs.view(n, -1) if in_place else obs.reshape(n, -1), next_obs.reshape(n, -1),
                    action, reward, reward_scale.reshape(-1), terminated, truncated, columns, self._episode_now,
                    self.ptr, self.written, self._scratch.ticket, vol_ratio=vol_ratio,
-                   advance_obs=None if advance_obs is None else advance_obs.reshape(n, -1), backend=backend)
+                   advance_obs=None if advance_obs is None else advance_obs.reshape(n, -1),
+                   rollout=None if rollout is None else rollout.view(n, -1), backend=backend)
 
     def _after_add(self, row: torch.Tensor) -> None:
         """Hook for subclasses (PER sets the priorities of the new rows), called before the row is

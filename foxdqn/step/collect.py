@@ -19,16 +19,13 @@ def store(replay, hook, env, obs: torch.Tensor, action: torch.Tensor, out, rewar
     envs), then advance ``obs`` to ``out.obs`` in place.
 
     The stored rows are the hook's (:meth:`foxdqn.envs.base.CollectHook.replay_rows`): the
-    observations, and then the replay-add kernel also advances ``obs`` in its launch; or the env's
-    state codes (a trading env with a decoding replay), and then one copy advances ``obs``.
+    observations, or the env's state codes (a trading env with a decoding replay); either way the
+    replay-add kernel also advances ``obs`` in its launch (:func:`foxdqn.ops.replay_add.replay_add`).
     ``extras``: :meth:`~foxdqn.envs.base.CollectHook.replay_extras`.
     """
     rows, next_rows = hook.replay_rows(env, replay, obs, out)
-    advance = rows is obs
     replay.add(rows, action, out.reward, next_rows, out.terminated, out.truncated, reward_scale=reward_scale,
-               advance_obs=out.obs if advance else None, backend=backend, **extras)
-    if not advance:
-        obs.copy_(out.obs)
+               advance_obs=out.obs, rollout=obs, backend=backend, **extras)
 
 
 def collect_step(s: TrainState, backend: str = "auto") -> None:

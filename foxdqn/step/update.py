@@ -2,8 +2,9 @@
 priorities.
 
 Kernels after backward, on CUDA (eurusd_dqn, Polyak target, no pruning / weight check / PER):
-clip 4 (``_foreach_norm``'s two, :mod:`foxdqn.ops.clip_coefficient`'s one, ``_foreach_mul_``:
-:mod:`foxdqn.step.grad_clip`; torch's ``clip_grad_norm_`` is 8 or 9), the Q monitor 1, the guard
+clip 6 measured on the H200 (``_foreach_norm``'s fill and two kernels, the norms' stack,
+:mod:`foxdqn.ops.clip_coefficient`'s one, ``_foreach_mul_``: :mod:`foxdqn.step.grad_clip`;
+torch's ``clip_grad_norm_`` is 10), the Q monitor 1, the guard
 1, fused Adam 3 (step ``+= 1``, the fused kernel, step ``-= found_inf``), the target update 2 (the
 weight and the counter's ``+= 1`` in one kernel, :mod:`foxdqn.ops.target_weight`; one
 ``_foreach_lerp_``): 11, from 17 with torch's clip and weight expressions.
@@ -92,7 +93,7 @@ def update_step(s: TrainState) -> None:
     loss, td_abs, q_values = accumulate_gradients(s, batch)
     if s.pruner is not None:
         s.pruner.mask_grads()
-    # clip_grad_norm_'s values in 4 kernels on CUDA instead of 8-9 (foxdqn/step/grad_clip.py)
+    # clip_grad_norm_'s values in 6 kernels on CUDA instead of 10 (foxdqn/step/grad_clip.py)
     grad_norm = clip_grad_norm_(s.nets.trainable, device_scalar(s.device, s.cfg.optim.grad_clip))
     s.monitors.qmon.update(q_values, s.updates)
     spike = None

@@ -103,6 +103,32 @@ def test_row_contents_and_reward_scale_per_group():
         assert float(b["reward"][0].abs().sum()) == 0.0 and float(b["reward"][2].abs().sum()) == 0.0
 
 
+def test_rollout_of_another_width_advances_while_codes_are_stored():
+    """The ring stores 4-value state codes while the rollout's observations (another width, 131 > one
+    BLOCK_D, float64 into float32) advance in the same call: both backends alike, the stored rows are
+    the codes, the rollout holds the next observations and the codes passed in are untouched."""
+    n, d, width, rows = 19, 4, 131, 3
+    out = []
+    for backend in ("triton", "torch"):
+        b = _buffers(rows, n, d, F32, False, "cpu")
+        episode_now, ptr, written, ticket = _counters(n, "cpu")
+        codes, next_codes = (torch.randn(n, d, generator=torch.Generator().manual_seed(k)) for k in (1, 2))
+        rollout = torch.zeros(n, width)
+        nxt_obs = torch.randn(n, width, dtype=F64, generator=torch.Generator().manual_seed(4))
+        kept = codes.clone()
+        replay_add(codes, next_codes, torch.zeros(n, dtype=I64), torch.ones(n), torch.ones(1),
+                   torch.zeros(n, dtype=torch.bool), torch.zeros(n, dtype=torch.bool), b, episode_now, ptr, written,
+                   ticket, advance_obs=nxt_obs, rollout=rollout, backend=backend)
+        assert torch.equal(b["obs"][0], kept) and torch.equal(b["next_obs"][0], next_codes)
+        assert torch.equal(codes, kept) and torch.equal(rollout, nxt_obs.to(F32))
+        out.append(rollout)
+    assert torch.equal(out[0], out[1])
+    with pytest.raises(ValueError, match="rollout width"):
+        replay_add(codes, next_codes, torch.zeros(n, dtype=I64), torch.ones(n), torch.ones(1),
+                   torch.zeros(n, dtype=torch.bool), torch.zeros(n, dtype=torch.bool), b, episode_now, ptr, written,
+                   ticket, advance_obs=nxt_obs, rollout=torch.zeros(n, width + 1))
+
+
 def test_argument_errors():
     n, d = 4, 3
     bufs = _buffers(3, n, d, F32, False, "cpu")
