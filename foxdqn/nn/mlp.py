@@ -35,13 +35,12 @@ class MLPEncoder(nn.Module):
             width = h
         self.net = nn.Sequential(*layers)
         self.out_dim = width
+        # (Linear, activation, fused) per layer, made once (a plain list: registers nothing, and a
+        # deepcopy of the encoder maps it to the copied modules)
+        self._layers = [(lin, act, type(act) is nn.ReLU) for lin, act in zip(layers[0::2], layers[1::2])]
 
     def forward(self, obs: torch.Tensor) -> torch.Tensor:
         h = obs
-        layers = list(self.net)
-        for linear, act in zip(layers[0::2], layers[1::2]):
-            if type(act) is nn.ReLU:
-                h = linear_relu(h, linear.weight, linear.bias)
-            else:
-                h = act(linear(h))
+        for linear, act, fused in self._layers:
+            h = linear_relu(h, linear.weight, linear.bias) if fused else act(linear(h))
         return h

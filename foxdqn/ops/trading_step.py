@@ -69,6 +69,7 @@ from foxdqn.ops.backend import resolve_backend
 from foxdqn.ops.trading_code import CODE_WIDTH, state_code_dtype
 
 BLOCK = 32  # envs per program (4,096 envs: 128 programs)
+NUM_WARPS = 4  # warps per program
 CHUNK = 64  # observation-window columns gathered per loop iteration
 
 # fparams row layout (env dtype)
@@ -453,7 +454,7 @@ def _trading_step_op(t: Tensor, steps: Tensor, cash: Tensor, units: Tensor, entr
         n, num_bars, envs_per_group, window, num_features, window * num_features + 2,
         EVAL=eval_mode, CODE_W=CODE_WIDTH, HAS_STARTS=has_starts, BLOCK=BLOCK, CHUNK=CHUNK, FPW=FP_WIDTH, IPW=IP_WIDTH,
         SLIP=_SLIP, LIMK=_LIMK, IOC=_IOC, FEE=_FEE, EXPO=_EXPO, INIT=_INIT, RUIN=_RUIN, EPLEN=_EPLEN, FIRST=_FIRST,
-        LAST=_LAST, FLAT_IDX=FLAT, OBS_CLIP=ACCOUNT_OBS_CLIP, num_warps=4,
+        LAST=_LAST, FLAT_IDX=FLAT, OBS_CLIP=ACCOUNT_OBS_CLIP, num_warps=NUM_WARPS,
         enable_fp_fusion=False,  # no FMA contraction: the reference's roundings, bit for bit
     )
 

@@ -33,7 +33,9 @@ class PopulationState:
     """The population's state. ``cfg`` is member 0's config (the shared keys), ``cfgs`` every
     member's; ``obs``: float32 ``[P·N, D]``, the observations to act on next; ``env_steps`` and
     ``updates``: int64 0-d, per member. ``inject_nan``: some member has ``debug.inject_nan_at_step``.
-    ``generator`` is None (members draw from ``rng``)."""
+    ``generator`` is None (members draw from ``rng``). ``eps_duration``: float32 ``[P]``, the steps
+    of each member's linear ε decay (:meth:`MemberParams.eps_duration`, made once);
+    ``target_weight``: float32 ``[P]``, the scratch the update writes its target lerp weights to."""
 
     cfg: TrainConfig
     cfgs: list[TrainConfig]
@@ -51,6 +53,8 @@ class PopulationState:
     stats: MemberStats
     env_steps: torch.Tensor
     updates: torch.Tensor
+    eps_duration: torch.Tensor
+    target_weight: torch.Tensor
     inject_nan: bool = False
     generator: None = None
 
@@ -97,4 +101,6 @@ def build_population(cfgs: list[TrainConfig], market, device: torch.device) -> P
         cfg=cfg, cfgs=list(cfgs), device=device, rng=rng, params=params, env=env, action_mode=mode, obs=obs,
         online=online, target=target, optimizer=optimizer, replay=replay, guard=MemberGuard(params.loss_clip, device),
         stats=MemberStats(len(cfgs), cfg.env.num_envs, device), env_steps=torch.zeros((), **zero),
-        updates=torch.zeros((), **zero), inject_nan=any(c.debug.inject_nan_at_step is not None for c in cfgs))
+        updates=torch.zeros((), **zero), eps_duration=params.eps_duration(cfg.agent.total_env_steps),
+        target_weight=torch.zeros(len(cfgs), dtype=torch.float32, device=device),
+        inject_nan=any(c.debug.inject_nan_at_step is not None for c in cfgs))

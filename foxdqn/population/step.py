@@ -30,7 +30,7 @@ def collect_step(s: PopulationState) -> None:
         q = s.online(s.obs.view(p, n, -1))  # [P, N, A]
         u = s.rng.uniform(2 * n).view(p, 2, n)
         action = epsilon_greedy(q.reshape(p * n, q.shape[2]), s.env_steps, prm.eps_start, prm.eps_end,
-                                prm.eps_duration(s.cfg.agent.total_env_steps), u)
+                                s.eps_duration, u)
     env_action = s.action_mode.to_env(action, s.env)
     out = s.env.step(env_action)
     store(s.replay, s.env.collect_hook, s.env, s.obs, action, out, prm.reward_scale)
@@ -41,10 +41,10 @@ def collect_step(s: PopulationState) -> None:
 
 def target_weights(s: PopulationState, skip: torch.Tensor) -> torch.Tensor:
     """This update's lerp weight per member (float32 ``[P]``): Polyak τ, or 1 every ``period``
-    updates (hard), times (1 − skip); one kernel on CUDA (:mod:`foxdqn.ops.target_weight`)."""
-    w = torch.empty_like(skip)
-    target_weight(s.updates, skip, s.params.tau, s.params.period, w, hard=s.cfg.target.update == "hard")
-    return w
+    updates (hard), times (1 − skip), written into ``s.target_weight``; one kernel on CUDA
+    (:mod:`foxdqn.ops.target_weight`)."""
+    target_weight(s.updates, skip, s.params.tau, s.params.period, s.target_weight, hard=s.cfg.target.update == "hard")
+    return s.target_weight
 
 
 def update_step(s: PopulationState) -> None:
