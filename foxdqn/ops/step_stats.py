@@ -11,13 +11,36 @@ For the N envs of one step (``done`` the envs whose episode ended on it), in flo
     actions[action[i]] += 1                          (histogram of the executed actions)
     env_steps += N                                   (optional: the run's env-step counter)
 
-(docs/design/hot_loop.md#log-snapshot). The kernel is one program looping over the N envs in
-blocks of ``BLOCK``, summing each field in a fixed order, so the result does not change from run
-to run. That order is not torch's ``sum``: the two non-integer sums (returns, rewards) may differ
-from the reference (:func:`step_stats_reference`) in the last bits of float64; the counts are
-exact in both. The histogram uses atomic adds of 1.0 to float64 counts: integer values below
-2**53, exact in any order. An action outside ``[0, A)`` is not counted by the kernel (the reference's
-``index_add_`` raises on CPU).
+(docs/design/hot_loop.md#log-snapshot). The reference (:func:`step_stats_reference`, torch's
+``sum`` and ``index_add_``) is the definition.
+
+The kernel is one launch of ``P = max(1, ceil(N / block))`` programs, ``block`` envs each
+(:class:`StepStatsScratch`'s ``block``, by default ``BLOCK`` = 256). Program ``p`` sums its envs
+``[p·block, (p+1)·block)`` field by field (``tl.sum``: a fixed reduction tree) into row ``p`` of
+the float64 scratch ``partials [P, NUM_FIELDS]``, and adds its envs' action counts into
+``actions`` with float64 atomics (a per-program count of each action, integer-valued and below
+2**53, so exact in any order; ``tl.sum`` of 0/1 in int32 first). The last program to finish
+sums the ``P`` rows in a fixed order, rows ``p ≡ r (mod ROWS)`` in increasing ``p`` into slot
+``r``, then the ``ROWS`` = 64 slots with ``tl.sum``, adds the totals to ``acc`` and advances
+``env_steps``. The rows are indexed by program, not by finishing order, so the sums are the same
+bit for bit from run to run (for one ``block`` and one compiled kernel). This summation order,
+blocked and then across blocks, is not torch's ``sum``: the two non-integer sums (returns,
+rewards) may differ from the reference in the last bits of float64 (rounding only: every term is
+added exactly once); the counts are exact in both. An action outside ``[0, A)`` is not counted
+by the kernel (the reference's ``index_add_`` raises on CPU).
+
+The last program is found with a ticket (as :mod:`foxdqn.ops.replay_add`): every program, after
+storing its row, does ``atomic_add(ticket, 1)``; the one that draws ``P − 1`` sums the rows and
+zeroes the ticket for the next launch. On the GPU the atomic is acq_rel at GPU scope, done by one
+thread of the program after a barrier of its warps (``tl.debug_barrier``), so its release orders
+every warp's store of the row before the increment; the last program's acquire on the same
+address (the increments form one release sequence) orders every other program's increment, hence
+its row, before the last program's loads of the rows. The next launch, in stream order, sees
+``acc`` and the zeroed ticket and rewrites the rows only after this launch's last program has read
+them. The histogram's atomics need no ordering: nothing in the launch reads ``actions``. The
+interpreter runs the programs one after the other, so there the last program is simply the last.
+The scratch is allocated once (:class:`StepStatsScratch`, kept by
+:class:`~foxdqn.step.stats.DeviceStats`, not checkpointed), never per call.
 """
 from __future__ import annotations
 
@@ -28,8 +51,37 @@ from torch import Tensor
 
 from foxdqn.ops.backend import resolve_backend
 
-BLOCK = 1024  # envs per loop iteration of the single program
+BLOCK = 256  # envs per program (the default of StepStatsScratch's block)
+ROWS = 64  # partial rows per iteration of the last program's loop
 NUM_FIELDS = 6  # acc's fields, in the order of the module docstring
+_FIELDS_PAD = 8  # NUM_FIELDS rounded up to a power of two (a tile's width)
+_MAX_A_BLOCK = 32  # action bins per iteration of a program's histogram loop
+
+
+class StepStatsScratch:
+    """The kernel's scratch for up to ``num_envs`` envs per call, not checkpointed.
+
+    Attributes:
+        block: envs per program (a power of two).
+        programs: ``max(1, ceil(num_envs / block))``, the most programs of a call.
+        partials: float64 ``[programs, NUM_FIELDS]``, each program's sums (overwritten every call).
+        ticket: int32 0-d, zero between calls.
+
+    Raises:
+        ValueError: ``num_envs`` < 0 or ``block`` not a power of two >= 1.
+    """
+
+    checkpointed = False  # foxdqn.checkpoint skips it
+
+    def __init__(self, num_envs: int, device: torch.device | str, block: int = BLOCK):
+        if not isinstance(num_envs, int) or num_envs < 0:
+            raise ValueError(f"StepStatsScratch: num_envs must be an int >= 0, got {num_envs!r}")
+        if not isinstance(block, int) or block < 1 or block & (block - 1):
+            raise ValueError(f"StepStatsScratch: block must be a power of two >= 1, got {block!r}")
+        self.block = block
+        self.programs = max(1, triton.cdiv(num_envs, block))
+        self.partials = torch.zeros(self.programs, NUM_FIELDS, dtype=torch.float64, device=device)
+        self.ticket = torch.zeros((), dtype=torch.int32, device=device)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -37,44 +89,65 @@ NUM_FIELDS = 6  # acc's fields, in the order of the module docstring
 # ---------------------------------------------------------------------------------------------
 @triton.jit
 def _step_stats_kernel(action_ptr, reward_ptr, done_ptr, ret_ptr, len_ptr, traded_ptr, acc_ptr, hist_ptr,
-                       env_steps_ptr, N, A, HAS_TRADED: tl.constexpr, STEPS: tl.constexpr, BLOCK: tl.constexpr):
-    s_ret = tl.zeros([BLOCK], tl.float64)
-    s_done = tl.zeros([BLOCK], tl.float64)
-    s_len = tl.zeros([BLOCK], tl.float64)
-    s_rew = tl.zeros([BLOCK], tl.float64)
-    s_trd = tl.zeros([BLOCK], tl.float64)
-    s_n = tl.zeros([BLOCK], tl.float64)
-    for start in range(0, N, BLOCK):
-        i = start + tl.arange(0, BLOCK)
-        m = i < N
-        s_n += m.to(tl.float64)
-        done = (tl.load(done_ptr + i, mask=m, other=0) != 0).to(tl.float64)
-        s_ret += tl.load(ret_ptr + i, mask=m, other=0.0).to(tl.float64) * done
-        s_done += done
-        s_len += tl.load(len_ptr + i, mask=m, other=0).to(tl.float64) * done
-        s_rew += tl.load(reward_ptr + i, mask=m, other=0.0).to(tl.float64)
-        if HAS_TRADED:
-            s_trd += (tl.load(traded_ptr + i, mask=m, other=0) != 0).to(tl.float64)
-        a = tl.load(action_ptr + i, mask=m, other=0)
-        ok = m & (a >= 0) & (a < A)
-        tl.atomic_add(hist_ptr + tl.where(ok, a, 0), tl.zeros([BLOCK], tl.float64) + 1.0, mask=ok)
-    tl.store(acc_ptr + 0, tl.load(acc_ptr + 0) + tl.sum(s_ret, axis=0))
-    tl.store(acc_ptr + 1, tl.load(acc_ptr + 1) + tl.sum(s_done, axis=0))
-    tl.store(acc_ptr + 2, tl.load(acc_ptr + 2) + tl.sum(s_len, axis=0))
-    tl.store(acc_ptr + 3, tl.load(acc_ptr + 3) + tl.sum(s_rew, axis=0))
-    tl.store(acc_ptr + 4, tl.load(acc_ptr + 4) + tl.sum(s_n, axis=0))
-    tl.store(acc_ptr + 5, tl.load(acc_ptr + 5) + tl.sum(s_trd, axis=0))
-    if STEPS:
-        tl.store(env_steps_ptr, tl.load(env_steps_ptr) + N)
+                       env_steps_ptr, part_ptr, ticket_ptr, N, A,
+                       HAS_TRADED: tl.constexpr, STEPS: tl.constexpr, BLOCK: tl.constexpr, A_BLOCK: tl.constexpr,
+                       ROWS: tl.constexpr, F: tl.constexpr, FP: tl.constexpr):
+    pid = tl.program_id(0)
+    i = pid * BLOCK + tl.arange(0, BLOCK)
+    m = i < N
+
+    # ---- this program's envs: one partial row
+    done = (tl.load(done_ptr + i, mask=m, other=0) != 0).to(tl.float64)
+    s_ret = tl.sum(tl.load(ret_ptr + i, mask=m, other=0.0).to(tl.float64) * done, axis=0)
+    s_done = tl.sum(done, axis=0)
+    s_len = tl.sum(tl.load(len_ptr + i, mask=m, other=0).to(tl.float64) * done, axis=0)
+    s_rew = tl.sum(tl.load(reward_ptr + i, mask=m, other=0.0).to(tl.float64), axis=0)
+    s_n = tl.sum(m.to(tl.float64), axis=0)
+    if HAS_TRADED:
+        s_trd = tl.sum((tl.load(traded_ptr + i, mask=m, other=0) != 0).to(tl.float64), axis=0)
+    else:
+        s_trd = tl.sum(tl.zeros([BLOCK], tl.float64), axis=0)
+    f = tl.arange(0, FP)
+    row = tl.where(f == 0, s_ret, tl.where(f == 1, s_done, tl.where(f == 2, s_len, tl.where(
+        f == 3, s_rew, tl.where(f == 4, s_n, s_trd)))))
+    tl.store(part_ptr + pid * F + f, row, mask=f < F)
+
+    # ---- the action histogram: a count per action, then one atomic per action seen
+    a = tl.load(action_ptr + i, mask=m, other=-1)  # -1 (masked) and actions outside [0, A) match no bin
+    for b0 in range(0, A, A_BLOCK):
+        bins = b0 + tl.arange(0, A_BLOCK)
+        count = tl.sum((a[:, None] == bins[None, :]).to(tl.int32), axis=0)
+        tl.atomic_add(hist_ptr + bins, count.to(tl.float64), mask=(bins < A) & (count > 0), sem="relaxed")
+
+    # ---- the last program sums the rows (ordering: module docstring)
+    tl.debug_barrier()  # every warp has stored its part of the row before the (one-thread) ticket increment
+    ticket = tl.atomic_add(ticket_ptr, 1, sem="acq_rel", scope="gpu")
+    P = tl.num_programs(0)
+    if ticket == P - 1:
+        r = tl.arange(0, ROWS)
+        slots = tl.zeros([ROWS, FP], tl.float64)
+        for r0 in range(0, P, ROWS):
+            rr = r0 + r
+            slots += tl.load(part_ptr + rr[:, None] * F + f[None, :], mask=(rr < P)[:, None] & (f < F)[None, :],
+                             other=0.0)
+        total = tl.sum(slots, axis=0)
+        fm = f < F
+        tl.store(acc_ptr + f, tl.load(acc_ptr + f, mask=fm, other=0.0) + total, mask=fm)
+        if STEPS:
+            tl.store(env_steps_ptr, tl.load(env_steps_ptr) + N)
+        tl.store(ticket_ptr, 0)
 
 
-@torch.library.triton_op("foxdqn::step_stats", mutates_args={"acc", "actions", "env_steps"})
+@torch.library.triton_op("foxdqn::step_stats", mutates_args={"acc", "actions", "env_steps", "partials", "ticket"})
 def _step_stats_op(action: Tensor, reward: Tensor, done: Tensor, episode_return: Tensor, episode_length: Tensor,
-                   traded: Tensor, acc: Tensor, actions: Tensor, env_steps: Tensor, has_traded: bool,
-                   advance_steps: bool) -> None:
-    torch.library.wrap_triton(_step_stats_kernel)[(1,)](
-        action, reward, done, episode_return, episode_length, traded, acc, actions, env_steps,
-        action.shape[0], actions.shape[0], HAS_TRADED=has_traded, STEPS=advance_steps, BLOCK=BLOCK, num_warps=8)
+                   traded: Tensor, acc: Tensor, actions: Tensor, env_steps: Tensor, partials: Tensor, ticket: Tensor,
+                   block: int, has_traded: bool, advance_steps: bool) -> None:
+    n, a = action.shape[0], actions.shape[0]
+    torch.library.wrap_triton(_step_stats_kernel)[(max(1, triton.cdiv(n, block)),)](
+        action, reward, done, episode_return, episode_length, traded, acc, actions, env_steps, partials, ticket,
+        n, a, HAS_TRADED=has_traded, STEPS=advance_steps, BLOCK=block,
+        A_BLOCK=min(max(triton.next_power_of_2(a), 2), _MAX_A_BLOCK), ROWS=ROWS, F=NUM_FIELDS, FP=_FIELDS_PAD,
+        num_warps=4 if block <= 256 else 8)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -83,7 +156,7 @@ def _step_stats_op(action: Tensor, reward: Tensor, done: Tensor, episode_return:
 def step_stats_reference(action: Tensor, reward: Tensor, done: Tensor, episode_return: Tensor,
                          episode_length: Tensor, traded: Tensor | None, acc: Tensor, actions: Tensor,
                          env_steps: Tensor | None = None) -> None:
-    """Plain-torch reference of :func:`step_stats` (same arguments; device ops only): the former
+    """Plain-torch reference of :func:`step_stats` (same arguments but ``scratch``; device ops only): the former
     ``DeviceStats.add_step`` plus the counter's ``add_``."""
     n = action.shape[0]
     d = done.to(torch.float64)
@@ -135,12 +208,27 @@ def _check_args(action, reward, done, episode_return, episode_length, traded, ac
             raise ValueError(f"step_stats: {name} must be a contiguous {dtype} tensor {want} on {dev}, got {_desc(t)}")
 
 
+def _check_scratch(scratch, n: int, dev: torch.device) -> None:
+    if not isinstance(scratch, StepStatsScratch):
+        raise ValueError(f"step_stats: the Triton kernel needs scratch=StepStatsScratch(N, device) (made once, e.g. "
+                         f"by DeviceStats), got {type(scratch).__name__}")
+    need = max(1, triton.cdiv(n, scratch.block))
+    p, t = scratch.partials, scratch.ticket
+    if (p.dtype != torch.float64 or p.dim() != 2 or p.shape[0] < need or p.shape[1] != NUM_FIELDS
+            or not p.is_contiguous() or p.device != dev):
+        raise ValueError(f"step_stats: scratch.partials must be a contiguous float64 tensor [>= {need}, {NUM_FIELDS}] "
+                         f"on {dev} (N = {n} envs in blocks of {scratch.block}), got {_desc(p)} on {p.device}")
+    if t.dtype != torch.int32 or t.dim() != 0 or t.device != dev:
+        raise ValueError(f"step_stats: scratch.ticket must be a 0-d int32 tensor on {dev}, got {_desc(t)}")
+
+
 def step_stats(action: Tensor, reward: Tensor, done: Tensor, episode_return: Tensor, episode_length: Tensor,
                traded: Tensor | None, acc: Tensor, actions: Tensor, env_steps: Tensor | None = None, *,
-               backend: str = "auto") -> None:
+               scratch: StepStatsScratch | None = None, backend: str = "auto") -> None:
     """Add one env step of N envs to the monitoring accumulators (fields in the module docstring).
 
-    Device ops only (no host reads): capturable in a CUDA graph. One kernel launch on CUDA.
+    Device ops only (no host reads): capturable in a CUDA graph. One kernel launch on CUDA, of
+    ``ceil(N / scratch.block)`` programs (summation order and determinism: module docstring).
 
     Args:
         action: int64 ``[N]``, the executed (env) actions, in ``[0, A)``.
@@ -151,10 +239,13 @@ def step_stats(action: Tensor, reward: Tensor, done: Tensor, episode_return: Ten
         traded: bool ``[N]``, the step filled an order; None for an env that does not trade (0 trades).
         acc: float64 ``[6]``, accumulated in place.  actions: float64 ``[A]``, counts, in place.
         env_steps: int64 0-d or None: advanced by N in place.
+        scratch: the kernel's :class:`StepStatsScratch` for at least N envs, on the same device
+            (its ticket zero between calls); required by the Triton backend, unused by the torch one.
         backend: "auto" (Triton for CUDA tensors, torch for CPU), "triton", "torch".
 
     Raises:
-        ValueError: wrong dtype, shape or device of an argument, or an unknown backend.
+        ValueError: wrong dtype, shape or device of an argument, an unknown backend, or the Triton
+            backend without a scratch (or with one too small for N, or on another device).
         RuntimeError: backend="triton" on CPU tensors without TRITON_INTERPRET=1.
     """
     _check_args(action, reward, done, episode_return, episode_length, traded, acc, actions, env_steps)
@@ -162,8 +253,9 @@ def step_stats(action: Tensor, reward: Tensor, done: Tensor, episode_return: Ten
         step_stats_reference(action, reward, done, episode_return, episode_length, traded, acc, actions, env_steps)
         return
     dev = action.device
+    _check_scratch(scratch, action.shape[0], dev)
     _step_stats_op(action, reward, done.view(torch.uint8), episode_return, episode_length,
                    torch.empty(0, dtype=torch.uint8, device=dev) if traded is None else traded.view(torch.uint8),
                    acc, actions,
                    torch.empty(0, dtype=torch.int64, device=dev) if env_steps is None else env_steps,
-                   traded is not None, env_steps is not None)
+                   scratch.partials, scratch.ticket, scratch.block, traded is not None, env_steps is not None)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from foxdqn.ops.step_stats import NUM_FIELDS, step_stats
+from foxdqn.ops.step_stats import NUM_FIELDS, StepStatsScratch, step_stats
 
 # acc fields (the order the op writes them in)
 EP_RETURN_SUM, EP_COUNT, EP_LEN_SUM, REWARD_SUM, TRANSITIONS, TRADES = range(NUM_FIELDS)
@@ -22,6 +22,7 @@ class DeviceStats:
         self.device = device
         self.acc = torch.zeros(NUM_FIELDS, dtype=torch.float64, device=device)
         self.actions = torch.zeros(num_actions, dtype=torch.float64, device=device)
+        self._scratch = StepStatsScratch(num_envs, device)  # the kernel's partial sums and ticket (not checkpointed)
         self._side = torch.cuda.Stream(device) if device.type == "cuda" else None
         self._host = None
 
@@ -30,10 +31,11 @@ class DeviceStats:
                  env_steps: torch.Tensor | None = None, backend: str = "auto") -> None:
         """Accumulate one env step of N envs (all [N] tensors; reward in log-equity units; ``traded``
         [N] bool, or None for an env that does not trade: no trades); with ``env_steps`` (int64 0-d)
-        also advance that counter by N. One kernel on CUDA (:func:`foxdqn.ops.step_stats.step_stats`;
-        its float64 sums are deterministic but in another order than torch's ``sum``)."""
+        also advance that counter by N (N at most the ``num_envs`` given at construction). One kernel
+        on CUDA (:func:`foxdqn.ops.step_stats.step_stats`; its float64 sums are deterministic but in
+        another order than torch's ``sum``)."""
         step_stats(action, reward, episode_done, episode_return, episode_len, traded, self.acc, self.actions,
-                   env_steps, backend=backend)
+                   env_steps, scratch=self._scratch, backend=backend)
 
     def snapshot(self, *extra: torch.Tensor) -> torch.Tensor:
         """Copy acc, actions and ``extra`` device tensors (flattened, as float64) to the host in one
