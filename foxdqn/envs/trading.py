@@ -14,7 +14,8 @@ Observation
 * unrealised PnL ``units * (close_t - entry_price) / equity_t``.
 
 The two account values divide by ``max(equity, 1e-6 * initial_equity)`` and are clipped to
-``±ACCOUNT_OBS_CLIP`` so that the observation after ruin stays finite.
+``±ACCOUNT_OBS_CLIP`` (100; defined in :mod:`foxdqn.ops.trading_step`, re-exported here) so that
+the observation after ruin stays finite.
 
 Episodes
 --------
@@ -72,8 +73,9 @@ from torch import Tensor
 from foxdqn.errors import ConfigError
 
 from foxdqn.ops.trading_code import CODE_WIDTH
-from foxdqn.ops.trading_step import (TradingMarket, TradingState, observation_reference, reset_where_reference,
-                                      trading_params, trading_step)
+from foxdqn.ops.trading_observation import trading_observation
+from foxdqn.ops.trading_step import (ACCOUNT_OBS_CLIP, TradingMarket, TradingState, observation_reference,
+                                     reset_where_reference, trading_params, trading_step)
 from foxdqn.step.chunk_graph import CHUNK_STEPS, ChunkGraph
 
 from .actions import EXPOSURES, FLAT, NUM_ACTIONS
@@ -86,8 +88,6 @@ if TYPE_CHECKING:
     from foxdqn.data import MarketData
 
 __all__ = ["ExecutionConfig", "StepOut", "TradingEnv", "ACCOUNT_OBS_CLIP"]
-
-ACCOUNT_OBS_CLIP = 100.0
 
 
 class TradingEnv:
@@ -282,8 +282,6 @@ class TradingEnv:
             ``(obs, next_obs)``, each ``[B, obs_dim]`` :attr:`obs_dtype`: the observations :meth:`step`
             returned for those states, cast as the replay stored them, bit for bit.
         """
-        from foxdqn.ops.trading_observation import trading_observation
-
         groups = self._params.fparams.shape[0]
         group = None if groups == 1 else (index % self.num_envs) // (self.num_envs // groups)
         obs, next_obs = trading_observation((code.contiguous(), next_code.contiguous()), group, self._market,

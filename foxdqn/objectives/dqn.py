@@ -12,13 +12,14 @@ from __future__ import annotations
 import torch
 
 from foxdqn.objectives.base import LossOutput, Objective
+from foxdqn.objectives.dqn_forward import dqn_forward
 from foxdqn.ops.dqn_td_loss import dqn_td_loss
-from foxdqn.ops.replay_gather import stacked_pair
 
 
 def double_dqn_target(online, target, next_obs, reward, discount, double: bool = True) -> torch.Tensor:
     """y float32 [B] (no grad). next_obs [B, D]; reward, discount [B]. Any leading axes work the same
-    (a population's [P, B, D] → [P, B]): actions are the last axis."""
+    (a population's [P, B, D] → [P, B]): actions are the last axis. The plain definition of the
+    target that the fused loss is tested against (tests/objectives/test_dqn.py)."""
     with torch.no_grad():
         q_next_target = target(next_obs)  # (B, A)
         if double:
@@ -36,38 +37,36 @@ class DQNObjective(Objective):
         online, target: networks obs [B, D] → Q [B, A].
         double: Double DQN action selection.
         huber_delta: Huber threshold δ (> 0), in reward units.
+        stack_double: with ``double``, one online forward of the stacked [s; s'] batch (fewer
+            kernels); False: two forwards. False for image encoders, where stacking would double
+            the convolutions' backward compute and activation memory
+            (:func:`foxdqn.step.build.build_objective` sets it from ``model.encoder``).
 
     The target, the Huber loss, its weighted mean, |TD| and the gradient w.r.t. Q are one kernel on
     CUDA (:func:`foxdqn.ops.dqn_td_loss.dqn_td_loss`; its reference is the arithmetic of
     :func:`double_dqn_target` + ``F.huber_loss`` + :func:`~foxdqn.objectives.base.weighted_mean`).
-    With ``double`` the online Q of s and of s' come from ONE forward of the stacked [2B, D] batch
+    The forwards are :func:`foxdqn.objectives.dqn_forward.dqn_forward`: with ``double`` and
+    ``stack_double`` the online Q of s and of s' come from ONE forward of the stacked [2B, D] batch
     (the replay's stacked pair, :func:`foxdqn.ops.replay_gather.stacked_pair`, else a
-    concatenation); the loss gives the s' rows zero gradient. Every online network foxdqn builds
-    computes each row on its own and draws no random numbers in its forward (the attention
-    encoder's dropout is not configurable), so this equals two forwards to float rounding: the
-    GEMMs see 2B rows instead of B and may round differently, which can flip an argmax only
-    between Q values equal to rounding.
+    concatenation; the loss gives the s' rows zero gradient); with ``stack_double=False`` from two
+    forwards, s' under no_grad. Every online network foxdqn builds computes each row on its own and
+    draws no random numbers in its forward (the attention encoder's dropout is not configurable),
+    so the two equal each other to float rounding: the GEMMs see 2B rows instead of B and may
+    round differently, which can flip an argmax only between Q values equal to rounding.
     """
 
-    def __init__(self, online, target, double: bool = True, huber_delta: float = 1.0):
+    def __init__(self, online, target, double: bool = True, huber_delta: float = 1.0, stack_double: bool = True):
         super().__init__(online, target)
         self.double = double
         self.huber_delta = huber_delta
+        self.stack_double = stack_double
 
     def forward_with_q(self, batch):
-        b = batch.action.shape[0]
-        if self.double:
-            pair = stacked_pair(batch.obs, batch.next_obs)
-            both = pair.view(2 * b, -1) if pair is not None else torch.cat([batch.obs, batch.next_obs])
-            q = self.online(both)  # (2B, A), with grad: rows of s, then of s'
-            q_all = q[:b]
-        else:
-            q = q_all = self.online(batch.obs)  # (B, A), with grad
-        with torch.no_grad():
-            q_next_target = self.target(batch.next_obs)
-        loss, td_abs = dqn_td_loss(q, q_next_target, batch.action, batch.reward, batch.discount, batch.weight,
-                                   double=self.double, huber_delta=self.huber_delta)
-        return LossOutput(loss, td_abs, q_all.detach()), q_all
+        f = dqn_forward(self.online, self.target, batch.obs, batch.next_obs, double=self.double,
+                        stack=self.stack_double)
+        loss, td_abs = dqn_td_loss(f.q, f.q_next_target, batch.action, batch.reward, batch.discount, batch.weight,
+                                   q_next_online=f.q_next_online, double=self.double, huber_delta=self.huber_delta)
+        return LossOutput(loss, td_abs, f.q_s.detach()), f.q_s
 
     def forward(self, batch) -> LossOutput:
         return self.forward_with_q(batch)[0]

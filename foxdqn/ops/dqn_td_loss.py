@@ -23,9 +23,12 @@ zero gradient.
 
 Registration: a ``torch.autograd.Function``. The forward kernel writes the loss, |x| (the PER
 priority signal) and ∂loss/∂q; backward is one multiply of that saved gradient by the upstream
-gradient. Capturable in a CUDA graph (device ops only, fixed shapes). Double backward is not
-supported. NaN: a NaN in a row's inputs makes its x, hence the loss, NaN (an argmax over a row
-with NaN picks the first NaN, as torch.argmax does); the guard skips such an update.
+gradient. Memory: the forward allocates ∂loss/∂q, a float32 tensor of ``q``'s shape ``[Rq, A]``
+(``Rq`` = B, or 2B when stacked), and keeps it until backward runs (or the graph is freed); the
+reference's autograd keeps only ``[B]``-sized tensors (the gather index, the Huber inputs).
+Capturable in a CUDA graph (device ops only, fixed shapes). Double backward is not supported.
+NaN: a NaN in a row's inputs makes its x, hence the loss, NaN (an argmax over a row with NaN picks
+the first NaN, as torch.argmax does); the guard skips such an update.
 """
 from __future__ import annotations
 
@@ -302,7 +305,8 @@ def dqn_td_loss(q: torch.Tensor, q_next_target: torch.Tensor, action: torch.Tens
     Returns:
         (loss, td_abs): loss float32 0-d (float δ) or ``[G]`` (tensor δ), the weighted mean of the
         per-sample Huber loss per group, differentiable w.r.t. ``q``; td_abs float32 ``[B]``,
-        |Q(s, a) − y| detached (unweighted).
+        |Q(s, a) − y| detached (unweighted). On the Triton backend the loss's graph holds the
+        gradient w.r.t. ``q`` (float32, ``q``'s ``[Rq, A]`` size) from this call until backward.
 
     Raises:
         ValueError: wrong shapes, dtypes or devices; a stacked ``q`` without ``double`` or with

@@ -38,6 +38,7 @@ import triton.language as tl
 from torch import Tensor
 
 from foxdqn.ops.backend import resolve_backend
+from foxdqn.step.schedules import linear_value
 
 BLOCK = 128  # envs per program
 RANDOM_BITS = 24  # bits of a uniform used by the random action (torch.rand float32 and MemberRandom)
@@ -101,10 +102,10 @@ def _epsilon_greedy_op(q: Tensor, step: Tensor, start: Tensor, end: Tensor, dura
 # Reference
 # ---------------------------------------------------------------------------------------------
 def epsilon_schedule_reference(step: Tensor, start: Tensor, end: Tensor, duration: Tensor) -> Tensor:
-    """ε per group, float32 ``[G]``: ``start + (end − start)·min(float32(step) / duration, 1)`` (the
-    expression of :class:`foxdqn.step.schedules.LinearSchedule`)."""
-    frac = torch.clamp(step.to(torch.float32) / duration, max=1.0)
-    return start + (end - start) * frac
+    """ε per group, float32 ``[G]``: ``start + (end − start)·min(float32(step) / duration, 1)``
+    (:func:`foxdqn.step.schedules.linear_value`, the expression of
+    :class:`~foxdqn.step.schedules.LinearSchedule`)."""
+    return linear_value(step, start, end, duration)
 
 
 def epsilon_greedy_reference(q: Tensor, step: Tensor, start: Tensor, end: Tensor, duration: Tensor,

@@ -252,11 +252,16 @@ def replay_add(obs: Tensor, next_obs: Tensor, action: Tensor, reward: Tensor, sc
         ticket: int32 0-d, zero between calls (the kernel's scratch; unused by the reference).
         vol_ratio: float32/float64 ``[N]``, exactly when ``buffers['vol_ratio']`` is a tensor.
         advance_obs: ``[N, D']`` or None: the next observations to act on, copied (cast) into
-            ``rollout`` (``[N, D']``, unit stride along D') when given, else into ``obs`` (D' = D).
+            ``rollout`` when given, else into ``obs`` (D' = D), after this row is stored.
+        rollout: ``[N, D']`` (float32, float64 or uint8; unit stride along D') or None: the
+            rollout's own observation buffer that ``advance_obs`` is copied into, when it differs
+            from ``obs`` (e.g. the ring stores state codes of width D while the rollout acts on
+            observations of width D'). Needs ``advance_obs``.
         backend: "auto" (Triton for CUDA tensors, torch for CPU), "triton", "torch".
 
     Raises:
-        ValueError: wrong dtype, shape or device of an argument, or an unknown backend.
+        ValueError: wrong dtype, shape or device of an argument, ``rollout`` without
+            ``advance_obs``, or an unknown backend.
         RuntimeError: backend="triton" on CPU tensors without TRITON_INTERPRET=1.
     """
     _check_args(obs, next_obs, action, reward, scale, terminated, truncated, buffers, episode_now, ptr, written,

@@ -17,8 +17,9 @@ population member's own γ, foxdqn/population/replay.py).
 Where the rows come from (exactly one of):
 
 * ``uniforms`` float32 ``[P, 2, B]`` (``[2, B]`` is P = 1), from the caller's generator: member p
-  (envs p·N/P .. (p+1)·N/P − 1) draws its B rows as ``ReplayBuffer.sample_index`` /
-  ``MemberReplay.sample_members`` do, over the time rows whose n-step window is complete:
+  (envs p·N/P .. (p+1)·N/P − 1) draws its B rows (:func:`rows_from_uniforms`, the rule of
+  ``ReplayBuffer.sample_index`` / ``MemberReplay.sample_members``), over the time rows whose
+  n-step window is complete:
   filled = min(written, T), valid = max(filled − (n − 1), 1), oldest = (ptr − filled) mod T,
   t = (oldest + min(⌊u₀ · valid⌋, valid − 1)) mod T, column = min(⌊u₁ · N/P⌋, N/P − 1)
   (products in float32, as torch computes them). Output rows are member-major (p·B + b).
@@ -41,7 +42,7 @@ import triton.language as tl
 
 from foxdqn.ops.backend import resolve_backend
 
-__all__ = ["ReplayGather", "replay_gather", "replay_gather_reference", "stacked_pair"]
+__all__ = ["ReplayGather", "replay_gather", "replay_gather_reference", "rows_from_uniforms", "stacked_pair"]
 
 _OBS_DTYPES = (torch.float32, torch.float64, torch.uint8)
 
@@ -168,9 +169,27 @@ def _launch(store, ptr, written, gamma, n_step, uniforms, index, members, stacke
 
 
 # ----------------------------------------------------------------------------- reference
-def _rows_from_uniforms(uniforms, ptr, written, t_rows, n_envs, n_step) -> torch.Tensor:
-    """Flat rows t·N + e, member-major ``[P·B]``, of ``uniforms`` ``[P, 2, B]`` (module docstring;
-    the arithmetic of ``ReplayBuffer.sample_index``)."""
+def rows_from_uniforms(uniforms: torch.Tensor, ptr: torch.Tensor, written: torch.Tensor, t_rows: int, n_envs: int,
+                       n_step: int) -> torch.Tensor:
+    """The uniform replay draw: flat rows ``t·N + e`` of ``uniforms``, over the time rows whose
+    n-step window is complete (module docstring, "Where the rows come from"). Device ops only.
+
+    The one definition of the rule: :meth:`foxdqn.replay.buffer.ReplayBuffer.sample_index` calls it
+    with P = 1, and :func:`replay_gather_reference` (and the torch backend) with the members'
+    draws; the kernel computes the same in its own code.
+
+    Args:
+        uniforms: float32 ``[2, B]`` (P = 1) or ``[P, 2, B]`` in [0, 1), P dividing ``n_envs``:
+            row 0 picks the time row, row 1 the env column within the member's N/P envs.
+        ptr: int64 0-d, the next time row to write; written: int64 0-d, time rows ever written.
+        t_rows: T, time rows of the ring; n_envs: N, envs per time row; n_step: n ≥ 1.
+
+    Returns:
+        int64 ``[P·B]`` flat rows in [0, T·N), member-major (row p·B + b is member p's draw b;
+        member p's envs are p·N/P .. (p+1)·N/P − 1).
+    """
+    if uniforms.dim() == 2:
+        uniforms = uniforms[None]
     p = uniforms.shape[0]
     per_member = n_envs // p
     filled = torch.clamp(written, max=t_rows)
@@ -180,6 +199,13 @@ def _rows_from_uniforms(uniforms, ptr, written, t_rows, n_envs, n_step) -> torch
     column = (uniforms[:, 1] * per_member).to(torch.int64).clamp(max=per_member - 1)
     env = column + per_member * torch.arange(p, device=uniforms.device)[:, None]
     return (t * n_envs + env).reshape(-1)
+
+
+def _gather_torch(store, ptr, written, gamma, n_step, uniforms, index, members, stacked) -> ReplayGather:
+    """The torch path of :func:`replay_gather` on checked arguments (its reference and its CPU backend)."""
+    if uniforms is not None:
+        index = rows_from_uniforms(uniforms, ptr, written, store[0].shape[0], store[0].shape[1], n_step)
+    return _assemble(store, gamma, n_step, index, members, stacked)
 
 
 def _assemble(store, gamma, n_step, index, members, stacked) -> ReplayGather:
@@ -221,10 +247,8 @@ def replay_gather_reference(obs, next_obs, action, reward, terminal, ended, ptr,
     """Plain-torch :func:`replay_gather` (same arguments and results; today's ReplayBuffer code)."""
     uniforms, members = _check(obs, next_obs, action, reward, terminal, ended, ptr, written, gamma, n_step,
                                uniforms, index)
-    store = (obs, next_obs, action, reward, terminal, ended)
-    if uniforms is not None:
-        index = _rows_from_uniforms(uniforms, ptr, written, obs.shape[0], obs.shape[1], n_step)
-    return _assemble(store, gamma, n_step, index, members, stacked)
+    return _gather_torch((obs, next_obs, action, reward, terminal, ended), ptr, written, gamma, n_step, uniforms,
+                         index, members, stacked)
 
 
 # ----------------------------------------------------------------------------- checks
@@ -314,9 +338,7 @@ def replay_gather(obs: torch.Tensor, next_obs: torch.Tensor, action: torch.Tenso
                                uniforms, index)
     store = (obs, next_obs, action, reward, terminal, ended)
     if resolve_backend("replay_gather", backend, obs) == "torch":
-        if uniforms is not None:
-            index = _rows_from_uniforms(uniforms, ptr, written, obs.shape[0], obs.shape[1], n_step)
-        return _assemble(store, gamma, n_step, index, members, stacked)
+        return _gather_torch(store, ptr, written, gamma, n_step, uniforms, index, members, stacked)
     for name, x in zip(("obs", "next_obs", "action", "reward", "terminal", "ended", "gamma"), (*store, gamma)):
         if not x.is_contiguous():
             raise ValueError(f"replay_gather: {name} must be contiguous for the Triton backend")

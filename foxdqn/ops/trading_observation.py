@@ -36,7 +36,8 @@ from torch import Tensor
 
 from foxdqn.ops.backend import resolve_backend
 from foxdqn.ops.trading_code import CODE_ENTRY, CODE_EQUITY, CODE_T, CODE_UNITS, CODE_WIDTH
-from foxdqn.ops.trading_step import _RUIN, FP_WIDTH, TradingMarket, TradingParams, _store_account_obs
+from foxdqn.ops.trading_step import (_RUIN, ACCOUNT_OBS_CLIP, FP_WIDTH, TradingMarket, TradingParams,
+                                     _store_account_obs, observation_reference)
 
 BLOCK = 16  # code rows per program
 CHUNK = 64  # window columns gathered per loop iteration
@@ -97,8 +98,6 @@ def _trading_observation_kernel(code_a_ptr, code_b_ptr, out_a_ptr, out_b_ptr, gr
 @torch.library.triton_op("foxdqn::trading_observation", mutates_args={"out"})
 def _trading_observation_op(code_a: Tensor, code_b: Tensor, out: Tensor, group: Tensor, close: Tensor,
                             features: Tensor, fparams: Tensor, window: int, num_features: int, has_group: bool) -> None:
-    from foxdqn.envs.trading import ACCOUNT_OBS_CLIP  # imported here: foxdqn.envs imports foxdqn.ops.trading_step
-
     k, b, obs_dim = out.shape
     torch.library.wrap_triton(_trading_observation_kernel)[(triton.cdiv(b, BLOCK), k)](
         code_a, code_b, out[0], out[-1], group, close, features, fparams, b, close.shape[0], window, num_features,
@@ -123,21 +122,15 @@ def _trading_observation_triton(codes: tuple[Tensor, ...], group: Tensor | None,
 def trading_observation_reference(codes: tuple[Tensor, ...], group: Tensor | None, market: TradingMarket,
                                   params: TradingParams, out_dtype: torch.dtype) -> tuple[Tensor, ...]:
     """Plain-torch reference of :func:`trading_observation` (same arguments): the env's
-    :func:`~foxdqn.ops.trading_step.observation_reference` expressions with a per-row ruin equity."""
-    from foxdqn.envs.trading import ACCOUNT_OBS_CLIP
-
+    :func:`~foxdqn.ops.trading_step.observation_reference` with a per-row ruin equity, of the
+    decoded (and bar-clamped) codes, rounded to ``out_dtype``."""
     dt = market.close.dtype
     ruin = params.fparams[:, _RUIN] if group is None else params.fparams[group, _RUIN]  # [1] or [B]
     out = []
     for code in codes:
         t = code[:, CODE_T].to(torch.int64).clamp(params.window - 1, market.close.shape[0] - 1)
         units, entry, equity = (code[:, k].to(dt) for k in (CODE_UNITS, CODE_ENTRY, CODE_EQUITY))
-        window = market.features[t.unsqueeze(1) + params.window_offsets].reshape(t.shape[0], -1)  # [B, W*F]
-        close = market.close[t]
-        denom = torch.maximum(equity, ruin)
-        exposure = (units * close / denom).clamp(-ACCOUNT_OBS_CLIP, ACCOUNT_OBS_CLIP)
-        upnl = (units * (close - entry) / denom).clamp(-ACCOUNT_OBS_CLIP, ACCOUNT_OBS_CLIP)
-        out.append(torch.cat([window, exposure.unsqueeze(1), upnl.unsqueeze(1)], dim=1).to(out_dtype))
+        out.append(observation_reference(market, params, t, units, entry, equity, ruin=ruin).to(out_dtype))
     return tuple(out)
 
 

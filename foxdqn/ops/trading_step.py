@@ -68,6 +68,12 @@ from torch import Tensor
 from foxdqn.ops.backend import resolve_backend
 from foxdqn.ops.trading_code import CODE_WIDTH, state_code_dtype
 
+#: Bound of the observation's two account values (exposure, unrealised PnL): they are clipped to
+#: ``±ACCOUNT_OBS_CLIP`` so that the observation after ruin stays finite (the layout:
+#: :mod:`foxdqn.envs.trading`, which re-exports it). Defined here, where the kernels read it, so
+#: that this module does not import :mod:`foxdqn.envs` (which imports this module).
+ACCOUNT_OBS_CLIP = 100.0
+
 BLOCK = 32  # envs per program (4,096 envs: 128 programs)
 NUM_WARPS = 4  # warps per program
 CHUNK = 64  # observation-window columns gathered per loop iteration
@@ -445,7 +451,6 @@ def _trading_step_op(t: Tensor, steps: Tensor, cash: Tensor, units: Tensor, entr
                      eval_mode: bool, has_starts: bool) -> None:
     n = t.shape[0]
     from foxdqn.envs.actions import FLAT  # imported here: foxdqn.envs imports this module
-    from foxdqn.envs.trading import ACCOUNT_OBS_CLIP
 
     torch.library.wrap_triton(_trading_step_kernel)[(triton.cdiv(n, BLOCK),)](
         t, steps, cash, units, entry_price, equity, exposure_idx, episode_return, frozen,
@@ -494,15 +499,22 @@ def _trading_step_triton(state: TradingState, action: Tensor, starts: Tensor | N
 # Reference (the torch step of TradingEnv, unchanged)
 # ---------------------------------------------------------------------------------------------
 def observation_reference(market: TradingMarket, params: TradingParams, t: Tensor, units: Tensor, entry: Tensor,
-                          equity: Tensor) -> Tensor:
-    """Observation ``[N, W*F+2]`` (dtype) of the accounts ``(units, entry, equity)`` at bars ``t``
-    (the layout: :mod:`foxdqn.envs.trading`)."""
-    from foxdqn.envs.trading import ACCOUNT_OBS_CLIP
+                          equity: Tensor, ruin: Tensor | None = None) -> Tensor:
+    """Observation ``[N, W*F+2]`` (env dtype) of the accounts ``(units, entry, equity)`` at bars ``t``
+    (the layout: :mod:`foxdqn.envs.trading`).
 
+    Args:
+        market, params: the env's bars and parameters.
+        t: int64 ``[N]`` bars in ``[W-1, T-1]``; units, entry, equity: ``[N]`` env dtype.
+        ruin: the floor of the account values' denominator, ``max(equity, ruin)``: env dtype
+            ``[N]`` or ``[1]``, one per row (the replay's decode,
+            :func:`foxdqn.ops.trading_observation.trading_observation_reference`); None:
+            ``params.ruin_equity`` for all rows (the env's step).
+    """
     rows = t.unsqueeze(1) + params.window_offsets  # [N, W]
     window = market.features[rows].reshape(t.shape[0], -1)  # [N, W*F]
     close = market.close[t]
-    denom = equity.clamp(min=params.ruin_equity)
+    denom = equity.clamp(min=params.ruin_equity) if ruin is None else torch.maximum(equity, ruin)
     exposure = (units * close / denom).clamp(-ACCOUNT_OBS_CLIP, ACCOUNT_OBS_CLIP)
     upnl = (units * (close - entry) / denom).clamp(-ACCOUNT_OBS_CLIP, ACCOUNT_OBS_CLIP)
     return torch.cat([window, exposure.unsqueeze(1), upnl.unsqueeze(1)], dim=1)

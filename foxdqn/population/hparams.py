@@ -60,9 +60,3 @@ class MemberParams:
         """Steps of each member's linear ε decay (float32 ``[P]``, at least 1):
         ``eps_decay_fraction · total_env_steps``, computed on the device (device ops only)."""
         return torch.clamp(self.eps_decay_fraction * float(total_env_steps), min=1.0)
-
-    def epsilon(self, member_env_steps: torch.Tensor, total_env_steps: int) -> torch.Tensor:
-        """ε of every member (float32 ``[P]``) at ``member_env_steps`` (int64 0-d, env steps of one
-        member), the linear schedule of :class:`foxdqn.step.schedules.LinearSchedule`."""
-        frac = torch.clamp(member_env_steps.to(torch.float32) / self.eps_duration(total_env_steps), max=1.0)
-        return self.eps_start + (self.eps_end - self.eps_start) * frac

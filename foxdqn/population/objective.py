@@ -11,35 +11,27 @@ from __future__ import annotations
 
 import torch
 
+from foxdqn.objectives.dqn_forward import dqn_forward
 from foxdqn.ops.dqn_td_loss import dqn_td_loss
-from foxdqn.ops.replay_gather import stacked_pair
 from foxdqn.population.network import MemberQNetwork
 from foxdqn.replay.buffer import Batch
 
 
 def member_dqn_loss(online: MemberQNetwork, target: MemberQNetwork, batch: Batch, members: int,
-                    huber_delta: torch.Tensor, double: bool) -> tuple[torch.Tensor, torch.Tensor]:
+                    huber_delta: torch.Tensor, double: bool, *,
+                    stack_double: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
     """(loss float32 ``[P]``, Q float32 ``[P, B, A]`` detached) of a member-major batch of ``P·B``
     rows (:meth:`MemberReplay.sample_members`; uniform replay: the importance weights are ones and
     are not applied).
 
     The loss, its |TD| and its gradient are one kernel (:func:`foxdqn.ops.dqn_td_loss.dqn_td_loss`
-    with a δ per member). With Double DQN the online Q of s and of s' come from one forward of the
+    with a δ per member). The forwards are :func:`foxdqn.objectives.dqn_forward.dqn_forward`: with
+    Double DQN and ``stack_double`` the online Q of s and of s' come from one forward of the
     ``[P, 2B, D]`` stacked batch (the replay's ``stacked`` pair when the batch is one, else a
-    concatenation); the s' rows get no gradient. The online network computes each row on its own,
-    so this equals two forwards to float rounding (the GEMM shapes differ)."""
-    p = members
-    d = batch.obs.shape[-1]
-    obs = batch.obs.view(p, -1, d)
-    next_obs = batch.next_obs.view(p, -1, d)
-    if double:
-        pair = stacked_pair(batch.obs, batch.next_obs)
-        q = online(pair.view(p, -1, d) if pair is not None else torch.cat([obs, next_obs], dim=1))  # [P, 2B, A]
-        q_all = q[:, :obs.shape[1]]
-    else:
-        q = q_all = online(obs)  # [P, B, A]
-    with torch.no_grad():
-        q_next_target = target(next_obs)
-    loss, _ = dqn_td_loss(q, q_next_target, batch.action, batch.reward, batch.discount, double=double,
-                          huber_delta=huber_delta)
-    return loss, q_all.detach()
+    concatenation; the s' rows get no gradient), else from two forwards (s' under no_grad). The
+    online network computes each row on its own, so both equal each other to float rounding (the
+    GEMM shapes differ)."""
+    f = dqn_forward(online, target, batch.obs, batch.next_obs, double=double, stack=stack_double, members=members)
+    loss, _ = dqn_td_loss(f.q, f.q_next_target, batch.action, batch.reward, batch.discount,
+                          q_next_online=f.q_next_online, double=double, huber_delta=huber_delta)
+    return loss, f.q_s.detach()

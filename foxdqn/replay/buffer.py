@@ -25,7 +25,7 @@ from typing import Callable, NamedTuple
 import torch
 
 from foxdqn.ops.replay_add import replay_add
-from foxdqn.ops.replay_gather import replay_gather
+from foxdqn.ops.replay_gather import replay_gather, rows_from_uniforms
 
 
 class _AddScratch:
@@ -239,14 +239,12 @@ class ReplayBuffer:
         return (self.ptr - 1 - t) % self.rows
 
     def sample_index(self, batch_size: int, generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
-        """Uniform (time row, env) over rows whose n-step window is complete; weights are ones."""
+        """(flat rows int64 [B], weights float32 [B]): uniform (time row, env) over the rows whose
+        n-step window is complete (:func:`foxdqn.ops.replay_gather.rows_from_uniforms` of
+        ``torch.rand(2, B)``); the weights are ones, one tensor kept across calls (read-only)."""
         u = torch.rand(2, batch_size, device=self.device, generator=generator)
-        filled = self.filled()
-        valid = torch.clamp(filled - (self.n_step - 1), min=1)
-        oldest = (self.ptr - filled) % self.rows
-        t = (oldest + (u[0] * valid.to(torch.float32)).to(torch.int64).clamp(max=valid - 1)) % self.rows
-        e = (u[1] * self.num_envs).to(torch.int64).clamp(max=self.num_envs - 1)
-        return t * self.num_envs + e, torch.ones(batch_size, device=self.device)
+        index = rows_from_uniforms(u, self.ptr, self.written, self.rows, self.num_envs, self.n_step)
+        return index, self._ones(batch_size)
 
     def gather(self, index: torch.Tensor, weight: torch.Tensor, stacked: bool = False) -> Batch:
         """n-step batch for flat rows ``index`` (int64 [B]): one kernel on CUDA

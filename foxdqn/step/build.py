@@ -119,7 +119,9 @@ def build_network(cfg: TrainConfig, env, num_actions: int) -> torch.nn.Module:
 
 
 def build_objective(cfg: TrainConfig, online, target, env, generator: torch.Generator):
-    """The loss: head's TD loss (or IQL / branching), plus CQL when ``objective.cql_alpha`` > 0."""
+    """The loss: head's TD loss (or IQL / branching), plus CQL when ``objective.cql_alpha`` > 0.
+    The DQN loss stacks its Double DQN forwards except with ``model.encoder=nature_cnn``
+    (:class:`foxdqn.objectives.dqn.DQNObjective` ``stack_double``)."""
     h, o = cfg.head, cfg.objective
     if cfg.action.mode == "branching":
         from foxdqn.objectives.branching import BranchingObjective
@@ -143,7 +145,9 @@ def build_objective(cfg: TrainConfig, online, target, env, generator: torch.Gene
     else:
         from foxdqn.objectives.dqn import DQNObjective
 
-        objective = DQNObjective(online, target, double=h.double, huber_delta=cfg.loss.huber_delta)
+        # image encoder: a stacked [s; s'] forward would double the convolutions' backward and memory
+        objective = DQNObjective(online, target, double=h.double, huber_delta=cfg.loss.huber_delta,
+                                 stack_double=cfg.model.encoder != "nature_cnn")
     if o.cql_alpha > 0:
         from foxdqn.objectives.cql import CQLObjective
 

@@ -31,6 +31,8 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from foxdqn.step.capture import capture, run_on_side_stream
+
 __all__ = ["CHUNK_STEPS", "ChunkGraph"]
 
 #: Default K: steps per chunk (one captured graph of K steps; one host read per chunk).
@@ -136,22 +138,11 @@ class ChunkGraph:
                 torch.stack([records[name] for name in names], out=buf[j])
 
     def _warm_up(self) -> None:
-        current = torch.cuda.current_stream(self.device)
-        side = torch.cuda.Stream(self.device)
-        side.wait_stream(current)
-        with torch.cuda.stream(side):
-            self._body()
-        current.wait_stream(side)
+        run_on_side_stream(self.device, self._body)
 
     def _capture(self) -> None:
-        torch.cuda.synchronize(self.device)
-        graph = torch.cuda.CUDAGraph()
-        for gen in self._generators:
-            graph.register_generator_state(gen)
-        with torch.cuda.graph(graph):
-            self._body()
-        self.graph = graph
-        graph.replay()
+        self.graph = capture(self.device, self._body, self._generators)
+        self.graph.replay()
 
     def _host(self) -> Records:
         out: Records = {}

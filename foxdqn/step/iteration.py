@@ -13,6 +13,7 @@ from typing import Callable
 
 import torch
 
+from foxdqn.step.capture import capture, run_on_side_stream
 from foxdqn.step.collect import collect_step
 from foxdqn.step.state import TrainState
 from foxdqn.step.update import update_step
@@ -66,24 +67,15 @@ class Iteration:
                 self._eager_runs = 1
                 mark("warmup")
             return
-        side = torch.cuda.Stream(self.s.device)
-        side.wait_stream(torch.cuda.current_stream(self.s.device))
         if self._eager_runs < WARMUP_ITERATIONS:
-            with torch.cuda.stream(side):
-                self.body()
-            torch.cuda.current_stream(self.s.device).wait_stream(side)
+            run_on_side_stream(self.s.device, self.body)
             self._eager_runs += 1
             return
         torch.cuda.synchronize(self.s.device)
         mark("warmup")  # the warm-up iterations have run on the device
-        graph = torch.cuda.CUDAGraph()
-        if self.s.generator is not None:
-            graph.register_generator_state(self.s.generator)
-        with torch.cuda.graph(graph):
-            self.body()
-        self.graph = graph
+        self.graph = capture(self.s.device, self.body, (self.s.generator,))
         mark("graph_capture")
-        graph.replay()
+        self.graph.replay()
 
 
 class HostEnvIteration:

@@ -10,8 +10,26 @@ from __future__ import annotations
 import torch
 
 
+def linear_value(step: torch.Tensor, start: torch.Tensor | float, end: torch.Tensor | float,
+                 duration: torch.Tensor | float) -> torch.Tensor:
+    """``start + (end − start) · min(float32(step) / duration, 1)``, float32, device ops only.
+
+    The linear decay of Mnih et al. 2015 (Methods, "Training details": ε annealed linearly, then
+    fixed). Broadcasts: a 0-d ``step`` with 0-d parameters gives 0-d (:class:`LinearSchedule`),
+    with ``[G]`` parameters gives ``[G]`` (a population's ε per member,
+    :func:`foxdqn.ops.epsilon_greedy.epsilon_schedule_reference`).
+
+    Args:
+        step: int64 (or float) counter, in the units of ``duration``.
+        start, end: float32 values at step 0 and at ``duration`` and after.
+        duration: float32 steps of the linear part, > 0 (not checked: a device value).
+    """
+    frac = torch.clamp(step.to(torch.float32) / duration, max=1.0)
+    return start + (end - start) * frac
+
+
 class LinearSchedule:
-    """value(step) = start + (end − start) · min(step / duration, 1).
+    """value(step) = start + (end − start) · min(step / duration, 1) (:func:`linear_value`).
 
     Args:
         start, end: values at step 0 and at ``duration`` and after.
@@ -28,5 +46,4 @@ class LinearSchedule:
         self.duration = torch.tensor(max(float(duration), 1.0), **f32)
 
     def __call__(self, step: torch.Tensor) -> torch.Tensor:
-        frac = torch.clamp(step.to(torch.float32) / self.duration, max=1.0)
-        return self.start + (self.end - self.start) * frac
+        return linear_value(step, self.start, self.end, self.duration)

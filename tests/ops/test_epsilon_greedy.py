@@ -1,12 +1,13 @@
 """epsilon_greedy: Triton kernel (interpreter) vs torch reference on odd shapes, ties and NaN in q,
 ε = 0 and 1, a schedule mid-way and past its end, G > 1 groups, A = 1; the random actions equal
-MemberRandom's randint draws; argument checks; on the GPU the compiled kernel, captured."""
+MemberRandom's randint draws; argument checks; linear_value (LinearSchedule and the reference's
+ε); on the GPU the compiled kernel, captured."""
 import pytest
 import torch
 
-from foxdqn.ops.epsilon_greedy import epsilon_greedy, epsilon_greedy_reference
+from foxdqn.ops.epsilon_greedy import epsilon_greedy, epsilon_greedy_reference, epsilon_schedule_reference
 from foxdqn.ops.member_uniform import member_keys, member_randint, member_uniform
-from foxdqn.step.schedules import LinearSchedule
+from foxdqn.step.schedules import LinearSchedule, linear_value
 
 F32, I64 = torch.float32, torch.int64
 
@@ -83,6 +84,17 @@ def test_schedule_matches_linear_schedule_and_groups_read_their_own_row():
     out = epsilon_greedy(q, torch.tensor(3), start, start.clone(), torch.ones(2), torch.zeros(2, 2, n // 2),
                          backend="triton")
     assert out.tolist() == [0] * (n // 2) + [2] * (n // 2)
+
+
+def test_linear_value_endpoints_midpoint_and_groups():
+    start, end, duration = torch.tensor([1.0, 0.5]), torch.tensor([0.1, 0.5]), torch.tensor([100.0, 10.0])
+    for step, want in ((0, [1.0, 0.5]), (50, [0.55, 0.5]), (100, [0.1, 0.5]), (10_000, [0.1, 0.5])):
+        got = linear_value(torch.tensor(step), start, end, duration)
+        assert got.dtype == torch.float32 and got.shape == (2,)
+        torch.testing.assert_close(got, torch.tensor(want))
+        assert torch.equal(got, epsilon_schedule_reference(torch.tensor(step), start, end, duration))
+        sched = LinearSchedule(1.0, 0.1, 100, torch.device("cpu"))
+        assert torch.equal(sched(torch.tensor(step)), got[0])  # 0-d
 
 
 def test_non_contiguous_q():

@@ -1,7 +1,8 @@
 """foxdqn.ops.replay_gather: the Triton kernel (TRITON_INTERPRET=1 on CPU) against the torch
 reference and against a per-row Python oracle of the n-step rules, on odd batch sizes, n = 1 and 3,
 episode ends and terminals inside the window, a partly filled ring and a wrapped one, per-group γ,
-members, given indices (PER), stacked obs/next_obs, the three obs dtypes and bad arguments.
+members, given indices (PER), stacked obs/next_obs, the three obs dtypes and bad arguments;
+ReplayBuffer.sample_index's rows (the same rule) and its cached unit weights.
 GPU (`gpu` marker): kernel = reference on CUDA, CUDA-graph capture."""
 from __future__ import annotations
 
@@ -137,6 +138,20 @@ def test_uniform_rows_are_those_of_replay_buffer_sample_index():
             buf._gamma_m[None], 3)
     for backend in ("torch", "triton"):
         assert torch.equal(replay_gather(*args, uniforms=u, backend=backend).index, want)
+
+
+def test_sample_index_weights_are_ones_made_once():
+    """sample_index's uniform weights: ones of the batch size, one tensor reused by later calls."""
+    buf = ReplayBuffer(capacity=7 * 4, num_envs=4, obs_dim=2, device=torch.device("cpu"), n_step=1, gamma=0.9)
+    for step in range(3):
+        buf.add(torch.full((4, 2), float(step)), torch.arange(4), torch.ones(4), torch.zeros(4, 2),
+                torch.zeros(4, dtype=torch.bool), torch.zeros(4, dtype=torch.bool))
+    g = torch.Generator().manual_seed(0)
+    _, w1 = buf.sample_index(9, g)
+    _, w2 = buf.sample_index(9, g)
+    assert w1 is w2 and w1.dtype == torch.float32 and torch.equal(w1, torch.ones(9))
+    _, w3 = buf.sample_index(5, g)
+    assert torch.equal(w3, torch.ones(5)) and torch.equal(w1, torch.ones(9))  # the old tensor is not rewritten
 
 
 # ------------------------------------------------------------------------------ given rows, dtypes

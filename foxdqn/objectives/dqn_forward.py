@@ -1,0 +1,91 @@
+"""The network forwards a (Double) DQN loss needs: online Q of s, online Q of s', target Q of s'.
+
+Shared by :class:`foxdqn.objectives.dqn.DQNObjective` (one run, batch ``[B, D]``) and
+:func:`foxdqn.population.objective.member_dqn_loss` (P members, batch ``[P·B, D]`` member-major).
+The results are laid out for :func:`foxdqn.ops.dqn_td_loss.dqn_td_loss`.
+
+With Double DQN (van Hasselt, Guez & Silver 2016, eq. 4) the online network is evaluated on s
+(with gradient) and on s' (for the argmax only). Two ways, the same loss and gradients up to float
+rounding:
+
+* ``stack=True``: ONE online forward of the stacked ``[2B, D]`` batch (per member ``[2B, D]``):
+  the replay's stacked pair when ``obs``/``next_obs`` are its halves
+  (:func:`foxdqn.ops.replay_gather.stacked_pair`, no copy), else a concatenation. Fewer, larger
+  kernels; the s' rows pass through autograd (the loss gives them zero gradient), so the backward
+  works on 2B rows and the forward keeps 2B rows of activations. Exact only for networks that
+  compute each row on its own and draw no random numbers in their forward (every online network
+  foxdqn builds: the GEMMs see 2B rows instead of B and may round differently, which can flip an
+  argmax only between Q values equal to rounding).
+* ``stack=False``: two online forwards, s with gradient, s' under ``torch.no_grad()``: the
+  backward and the saved activations cover B rows. Chosen for image encoders
+  (:class:`foxdqn.nn.nature_cnn.NatureCNNEncoder`), where the doubled convolution backward and
+  activation memory outweigh the saved launches (:func:`foxdqn.step.build.build_objective`).
+"""
+from __future__ import annotations
+
+from typing import Callable, NamedTuple
+
+import torch
+from torch import Tensor
+
+from foxdqn.ops.replay_gather import stacked_pair
+
+__all__ = ["DQNForward", "dqn_forward"]
+
+
+class DQNForward(NamedTuple):
+    """Q values of one (Double) DQN loss evaluation (float32; A actions; leading ``[P]`` for members).
+
+    q: online Q with gradient, ``dqn_td_loss``'s ``q``: ``[B, A]`` of s, or ``[2B, A]`` (s rows,
+        then s' rows) when stacked.
+    q_s: online Q of s with gradient, ``[B, A]`` (a view of ``q``).
+    q_next_online: online Q of s' without gradient ``[B, A]`` (Double DQN, not stacked), else None.
+    q_next_target: target Q of s' without gradient ``[B, A]``.
+    """
+
+    q: Tensor
+    q_s: Tensor
+    q_next_online: Tensor | None
+    q_next_target: Tensor
+
+
+def dqn_forward(online: Callable[[Tensor], Tensor], target: Callable[[Tensor], Tensor], obs: Tensor,
+                next_obs: Tensor, *, double: bool, stack: bool = True, members: int | None = None) -> DQNForward:
+    """Run the online and target networks for a (Double) DQN loss (module docstring).
+
+    Args:
+        online, target: networks obs → Q float32 (``[B, D] → [B, A]``; with ``members``
+            ``[P, B, D] → [P, B, A]``).
+        obs, next_obs: s and s', ``[B, D]`` (one run) or ``[P·B, D]`` / ``[P, B, D]`` member-major
+            (``members=P``), the replay's obs dtype.
+        double: Double DQN: the online network also evaluates s'; False: only s.
+        stack: with ``double``, one online forward of the stacked [s; s'] batch; False: two.
+        members: P for a population batch (reshaped to ``[P, B, D]``); None for one run.
+
+    Returns:
+        :class:`DQNForward`; with ``members`` every tensor has the leading ``[P]`` axis.
+    """
+    pair = stacked_pair(obs, next_obs) if double and stack else None  # before any reshape: views only
+    if members is not None:
+        d = obs.shape[-1]
+        obs, next_obs = obs.view(members, -1, d), next_obs.view(members, -1, d)
+        axis = 1
+    else:
+        axis = 0
+    rows = obs.shape[axis]
+    q_next_online = None
+    if double and stack:
+        if pair is not None:
+            both = pair.view(members, -1, pair.shape[-1]) if members is not None else pair.view(2 * rows, -1)
+        else:
+            both = torch.cat([obs, next_obs], dim=axis)
+        q = online(both)  # rows of s, then of s' (per member)
+        q_s = q.narrow(axis, 0, rows)
+    else:
+        q = q_s = online(obs)
+        if double:
+            with torch.no_grad():
+                q_next_online = online(next_obs)
+    with torch.no_grad():
+        q_next_target = target(next_obs)
+    return DQNForward(q, q_s, q_next_online, q_next_target)
