@@ -66,6 +66,8 @@ def dqn_forward(online: Callable[[Tensor], Tensor], target: Callable[[Tensor], T
         :class:`DQNForward`; with ``members`` every tensor has the leading ``[P]`` axis.
     """
     pair = stacked_pair(obs, next_obs) if double and stack else None  # before any reshape: views only
+    if pair is not None and members is not None and pair.shape[0] != members:
+        pair = None  # a [1, 2, P·B, D] pair (decoded state codes) is not member-major: concatenate
     if members is not None:
         d = obs.shape[-1]
         obs, next_obs = obs.view(members, -1, d), next_obs.view(members, -1, d)

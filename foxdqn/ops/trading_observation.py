@@ -111,7 +111,10 @@ def _trading_observation_op(code_a: Tensor, code_b: Tensor, out: Tensor, group: 
 def _trading_observation_triton(codes: tuple[Tensor, ...], group: Tensor | None, market: TradingMarket,
                                 params: TradingParams, out_dtype: torch.dtype) -> tuple[Tensor, ...]:
     b, dev = codes[0].shape[0], codes[0].device
-    out = torch.empty(len(codes), b, params.window * params.num_features + 2, device=dev, dtype=out_dtype)
+    # [1, k, B, D]: two decoded halves form the replay's stacked pair (foxdqn.ops.replay_gather.stacked_pair),
+    # so a Double DQN online forward reads s and s' without a concatenation
+    pair = torch.empty(1, len(codes), b, params.window * params.num_features + 2, device=dev, dtype=out_dtype)
+    out = pair[0]
     if b > 0:
         _trading_observation_op(codes[0], codes[-1], out, group if group is not None else codes[0], market.close,
                                 market.features, params.fparams, params.window, params.num_features,
@@ -159,7 +162,10 @@ def trading_observation(codes: tuple[Tensor, ...], group: Tensor | None, market:
     Returns:
         One ``[B, W*F+2]`` ``out_dtype`` observation per code tensor, in order: the env's
         observation of each coded state (:func:`foxdqn.ops.trading_step.observation_reference`)
-        rounded to ``out_dtype``.
+        rounded to ``out_dtype``. On the Triton path two of them are the halves of one
+        ``[1, 2, B, W*F+2]`` tensor, the replay's stacked pair
+        (:func:`foxdqn.ops.replay_gather.stacked_pair`), which a Double DQN online forward reads
+        without a concatenation.
 
     Raises:
         ValueError: not one or two code tensors, a code tensor that is not ``[B, 4]`` contiguous

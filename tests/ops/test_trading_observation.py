@@ -139,6 +139,12 @@ def test_kernel_matches_reference_odd_shapes_and_groups(dtype, b):
         assert not torch.equal(flat, grouped)  # the second group's floor was read
     empty = trading_observation((a[:0], c[:0]), None, m, p, F32, backend="triton")
     assert [x.shape for x in empty] == [(0, 82), (0, 82)]
+    if b == 17:  # the kernel's two halves are the replay's stacked pair (no concatenation before a forward)
+        from foxdqn.ops.replay_gather import stacked_pair
+
+        o, n = trading_observation((a, c), None, m, p, F32, backend="triton")
+        pair = stacked_pair(o, n)
+        assert pair is not None and pair.shape == (1, 2, b, 82) and torch.equal(pair.view(2 * b, -1), torch.cat([o, n]))
 
 
 def test_code_dtype_holds_the_state_exactly():
