@@ -1,0 +1,40 @@
+"""Benchmark: dqn_td_loss (the (Double) DQN target, Huber loss, |TD| and dL/dQ of one update).
+
+Providers: the Triton op (forward; its backward is one multiply), the torch reference (forward,
+autograd records its graph), ``torch.compile`` of the reference. Training sizes: batch 256 and
+4,096, 45 actions (the factored trading actions), Double DQN with the stacked [s; s'] online Q.
+
+Run: ``python -m bench.ops.bench_dqn_td_loss`` (needs CUDA). Nothing runs at import.
+"""
+from __future__ import annotations
+
+from bench.ops.common import print_table, provider_rows
+
+
+def rows(device: str = "cuda") -> list[dict]:
+    import torch
+
+    from foxdqn.ops.dqn_td_loss import dqn_td_loss, dqn_td_loss_reference
+
+    dev = torch.device(device)
+    g = torch.Generator(device=dev).manual_seed(0)
+    out: list[dict] = []
+    for b in (256, 4096):
+        a = 45
+        q = torch.randn(2 * b, a, device=dev, generator=g).requires_grad_(True)  # rows of s, then of s'
+        args = (q, torch.randn(b, a, device=dev, generator=g), torch.randint(0, a, (b,), device=dev, generator=g),
+                torch.randn(b, device=dev, generator=g), torch.rand(b, device=dev, generator=g),
+                torch.ones(b, device=dev))
+        torch._dynamo.reset()
+        compiled = torch.compile(dqn_td_loss_reference, dynamic=False)
+        providers = {
+            "triton": lambda: dqn_td_loss(*args, double=True, backend="triton"),
+            "torch": lambda: dqn_td_loss_reference(*args, double=True),
+            "torch.compile": lambda: compiled(*args, double=True),
+        }
+        out += provider_rows("bench_dqn_td_loss", "dqn_td_loss", f"B={b} A={a} double stacked", providers)
+    return out
+
+
+if __name__ == "__main__":
+    print_table(rows())
