@@ -12,6 +12,7 @@ import math
 import signal
 import time
 from pathlib import Path
+from typing import NamedTuple
 
 import numpy as np
 import torch
@@ -38,6 +39,26 @@ def use_graph(cfg: TrainConfig, device: torch.device) -> bool:
     if cfg.graph == "on" and device.type != "cuda":
         raise ConfigError("graph=on needs a CUDA device; use graph=auto or graph=off on CPU")
     return cfg.graph == "on" or (cfg.graph == "auto" and device.type == "cuda")
+
+
+class IterationPlan(NamedTuple):
+    """The iteration counts of a run, from its config: ``per_iter`` env steps of all N envs per
+    iteration (N·T), ``total_iters`` iterations (at least 1), the first ``warm_iters`` of them
+    collect-only (``agent.learning_starts``), a log row every ``log_every`` iterations. Shared by
+    the single run and the population (env steps of one member)."""
+
+    per_iter: int
+    total_iters: int
+    warm_iters: int
+    log_every: int
+
+    @classmethod
+    def of(cls, cfg: TrainConfig) -> "IterationPlan":
+        a = cfg.agent
+        per_iter = cfg.env.num_envs * a.steps_per_iter
+        total = max(1, math.ceil(a.total_env_steps / per_iter))
+        return cls(per_iter, total, min(total, math.ceil(a.learning_starts / per_iter)),
+                   max(1, cfg.log.interval_env_steps // per_iter))
 
 
 class Snapshotter:
@@ -212,9 +233,8 @@ class _Training:
         self.graph = use_graph(cfg, self.device)
         self.s = s = build_state(cfg, market, self.device)
         a = cfg.agent
-        self.per_iter = per_iter = cfg.env.num_envs * a.steps_per_iter
-        self.total_iters = max(1, math.ceil(a.total_env_steps / per_iter))
-        self.warm_iters = min(self.total_iters, math.ceil(a.learning_starts / per_iter))
+        self.per_iter, self.total_iters, self.warm_iters, self.log_every = IterationPlan.of(cfg)
+        per_iter = self.per_iter
         # the loop state saved with each checkpoint (restored on resume)
         self.host = {"stopper": EarlyStopper(cfg.early_stop, cfg.env.name) if cfg.early_stop.enabled else None,
                      "collapse": CollapseMonitor(cfg.diversity.min_entropy, cfg.diversity.patience),
@@ -228,7 +248,6 @@ class _Training:
                  a.updates_per_iter)
         self.collect_only = make_iteration(s, self.graph, updates=0)
         self.full = make_iteration(s, self.graph)  # host envs (env=gym): eager collect, captured update-only graph
-        self.log_every = max(1, cfg.log.interval_env_steps // per_iter)
         self.eval_every = max(1, cfg.eval.interval_env_steps // per_iter) if cfg.eval.interval_env_steps else 0
         self.snapshot = Snapshotter(s)
         self.mlflow, self.mlflow_finished = _mlflow_run(cfg, run_dir), False

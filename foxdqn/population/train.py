@@ -11,7 +11,6 @@ folder. A member halted by the guard gets ``HALTED`` and its last good weights; 
 from __future__ import annotations
 
 import logging
-import math
 import time
 from pathlib import Path
 
@@ -61,7 +60,7 @@ class _Population:
     """One call of :func:`train_population`: setup, the iteration loop, the end per member."""
 
     def __init__(self, members: list[Member]) -> None:
-        from foxdqn.loop import use_graph
+        from foxdqn.loop import IterationPlan, use_graph
         from foxdqn.step.state import resolve_device
 
         self.t0 = time.perf_counter()
@@ -71,10 +70,8 @@ class _Population:
         self.graph = use_graph(cfg, self.device)
         self.s = s = build_population([m.tc for m in members], members[0].market, self.device)
         a = cfg.agent
-        self.per_iter = cfg.env.num_envs * a.steps_per_iter  # env steps of one member per iteration
-        self.total_iters = max(1, math.ceil(a.total_env_steps / self.per_iter))
-        self.warm_iters = min(self.total_iters, math.ceil(a.learning_starts / self.per_iter))
-        self.log_every = max(1, cfg.log.interval_env_steps // self.per_iter)
+        # env steps of one member per iteration, iterations, collect-only ones, log interval
+        self.per_iter, self.total_iters, self.warm_iters, self.log_every = IterationPlan.of(cfg)
         step_fns = dict(collect=P.collect_step, update=P.update_step)
         self.collect_only = Iteration(s, self.graph, updates=0, **step_fns)
         self.full = Iteration(s, self.graph, **step_fns)
