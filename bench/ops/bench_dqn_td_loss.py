@@ -8,7 +8,7 @@ Run: ``python -m bench.ops.bench_dqn_td_loss`` (needs CUDA). Nothing runs at imp
 """
 from __future__ import annotations
 
-from bench.ops.common import print_table, provider_rows
+from bench.ops.common import against_compile, print_table
 
 
 def rows(device: str = "cuda") -> list[dict]:
@@ -25,14 +25,8 @@ def rows(device: str = "cuda") -> list[dict]:
         args = (q, torch.randn(b, a, device=dev, generator=g), torch.randint(0, a, (b,), device=dev, generator=g),
                 torch.randn(b, device=dev, generator=g), torch.rand(b, device=dev, generator=g),
                 torch.ones(b, device=dev))
-        torch._dynamo.reset()
-        compiled = torch.compile(dqn_td_loss_reference, dynamic=False)
-        providers = {
-            "triton": lambda: dqn_td_loss(*args, double=True, backend="triton"),
-            "torch": lambda: dqn_td_loss_reference(*args, double=True),
-            "torch.compile": lambda: compiled(*args, double=True),
-        }
-        out += provider_rows("bench_dqn_td_loss", "dqn_td_loss", f"B={b} A={a} double stacked", providers)
+        out += against_compile("bench_dqn_td_loss", "dqn_td_loss", f"B={b} A={a} double stacked", dqn_td_loss,
+                               dqn_td_loss_reference, *args, double=True)
     return out
 
 

@@ -9,7 +9,7 @@ Run: ``python -m bench.ops.bench_replay_gather`` (needs CUDA). Nothing runs at i
 """
 from __future__ import annotations
 
-from bench.ops.common import print_table, provider_rows
+from bench.ops.common import against_compile, print_table
 
 
 def rows(device: str = "cuda") -> list[dict]:
@@ -31,14 +31,8 @@ def rows(device: str = "cuda") -> list[dict]:
                      torch.tensor(17, device=dev), torch.tensor(10 * rows_, device=dev),
                      (0.99 ** torch.arange(n_step + 1, device=dev, dtype=torch.float64)).float()[None], n_step)
             u = torch.rand(2, batch, device=dev, generator=g)
-            torch._dynamo.reset()
-            compiled = torch.compile(replay_gather_reference, dynamic=False)
-            providers = {
-                "triton": lambda: replay_gather(*store, uniforms=u, stacked=True, backend="triton"),
-                "torch": lambda: replay_gather_reference(*store, uniforms=u, stacked=True),
-                "torch.compile": lambda: compiled(*store, uniforms=u, stacked=True),
-            }
-            out += provider_rows("bench_replay_gather", "replay_gather", f"B={batch} D={d} n={n_step}", providers)
+            out += against_compile("bench_replay_gather", "replay_gather", f"B={batch} D={d} n={n_step}", replay_gather,
+                                   replay_gather_reference, *store, uniforms=u, stacked=True)
     return out
 
 

@@ -7,7 +7,9 @@ Run: ``python -m bench.ops.bench_step_stats`` (needs CUDA). Nothing runs at impo
 """
 from __future__ import annotations
 
-from bench.ops.common import print_table, provider_rows
+from functools import partial
+
+from bench.ops.common import against_compile, print_table
 
 
 def rows(device: str = "cuda") -> list[dict]:
@@ -26,15 +28,8 @@ def rows(device: str = "cuda") -> list[dict]:
                 torch.rand(n, device=dev, generator=g) < 0.5,
                 torch.zeros(NUM_FIELDS, dtype=torch.float64, device=dev), torch.zeros(a, dtype=torch.float64, device=dev),
                 torch.zeros((), dtype=torch.int64, device=dev))
-        scratch = StepStatsScratch(n, dev)
-        torch._dynamo.reset()
-        compiled = torch.compile(step_stats_reference, dynamic=False)
-        providers = {
-            "triton": lambda: step_stats(*args, scratch=scratch, backend="triton"),
-            "torch": lambda: step_stats_reference(*args),
-            "torch.compile": lambda: compiled(*args),
-        }
-        out += provider_rows("bench_step_stats", "step_stats", f"N={n} A={a}", providers)
+        kernel = partial(step_stats, scratch=StepStatsScratch(n, dev))  # the reference takes no scratch
+        out += against_compile("bench_step_stats", "step_stats", f"N={n} A={a}", kernel, step_stats_reference, *args)
     return out
 
 

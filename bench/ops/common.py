@@ -39,6 +39,22 @@ def provider_rows(bench: str, op: str, size: str, providers: dict, nbytes: int |
     return out
 
 
+def against_compile(bench: str, op: str, size: str, kernel, reference, *args, **kwargs) -> list[dict]:
+    """The three rows of an op at one size: ``triton`` (``kernel(*args, **kwargs, backend="triton")``),
+    ``torch`` (``reference(*args, **kwargs)``) and ``torch.compile`` of the reference (compiled
+    afresh for this size, ``dynamic=False``)."""
+    import torch
+
+    torch._dynamo.reset()
+    compiled = torch.compile(reference, dynamic=False)
+    providers = {
+        "triton": lambda: kernel(*args, **kwargs, backend="triton"),
+        "torch": lambda: reference(*args, **kwargs),
+        "torch.compile": lambda: compiled(*args, **kwargs),
+    }
+    return provider_rows(bench, op, size, providers)
+
+
 def print_table(rows: list[dict]) -> None:
     """The rows as a fixed-width table: op, size, provider, ms, p20_ms, p80_ms, GB/s ("-" if None)."""
     w_op = max([len("op"), *(len(r["op"]) for r in rows)]) + 1
