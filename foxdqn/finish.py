@@ -67,6 +67,11 @@ class RunEnd:
     test_result: dict | None = None
 
 
+#: Validation of an episodic env: at most this many greedy episodes, from another seed offset than the
+#: final evaluation's (1). Shared with the population's validation (foxdqn.population.train).
+VAL_EPISODES, VAL_SEED_OFFSET = 20, 2
+
+
 def evaluate_val(agent: Agent, market) -> dict:
     """Validation metrics of the greedy agent (trading: the val split; others: 20 episodes from
     another seed than the final evaluation's)."""
@@ -74,8 +79,8 @@ def evaluate_val(agent: Agent, market) -> dict:
     if cfg.env.name == "trading":
         return evaluate(cfg, market, agent.online, agent.device, split="val", action_mode=agent.action_mode,
                         policies=("agent",))["metrics"]["agent"]
-    return evaluate_episodes(cfg, agent.online, agent.action_mode, agent.device, episodes=min(20, cfg.eval.episodes),
-                             seed_offset=2)
+    return evaluate_episodes(cfg, agent.online, agent.action_mode, agent.device,
+                             episodes=min(VAL_EPISODES, cfg.eval.episodes), seed_offset=VAL_SEED_OFFSET)
 
 
 def selection(agent: Agent, market, stopper: EarlyStopper | None, weights: str, val_metrics: dict | None = None) -> dict:

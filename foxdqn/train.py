@@ -109,11 +109,10 @@ def replay_row(tc: TrainConfig, market) -> tuple[int, int]:
     trading env's state code (:mod:`foxdqn.ops.trading_code`: 4 values of its code dtype,
     docs/design/replay.md#windowed-trading-replay), else the float32 observation."""
     if tc.env.name == "trading":
-        import torch
-
         from foxdqn.ops.trading_code import CODE_WIDTH, state_code_dtype
+        from foxdqn.step.build import ENV_DTYPES
 
-        dtype = {"float32": torch.float32, "float64": torch.float64}[tc.env.dtype]
+        dtype = ENV_DTYPES[tc.env.dtype]
         num_bars = len(market.close) if market is not None else 0
         return CODE_WIDTH, state_code_dtype(dtype, num_bars).itemsize
     return device_env_obs_dim(tc, market), 4

@@ -20,12 +20,16 @@ if TYPE_CHECKING:
     from foxdqn.config import TrainConfig
     from foxdqn.population.jobs import Member
 
+#: MemberParams field (foxdqn.population.hparams) → the dotted config key it is read from.
+KEYS = {
+    "lr": "optim.lr", "adam_eps": "optim.adam_eps", "grad_clip": "optim.grad_clip", "gamma": "agent.gamma",
+    "eps_start": "explore.eps_start", "eps_end": "explore.eps_end", "eps_decay_fraction": "explore.eps_decay_fraction",
+    "tau": "target.tau", "period": "target.period", "huber_delta": "loss.huber_delta",
+    "reward_scale": "loss.reward_scale", "loss_clip": "guard.loss_clip", "nan_at": "debug.inject_nan_at_step",
+}
+
 #: Dotted config keys in which the members of one population may differ.
-MEMBER_KEYS: tuple[str, ...] = (
-    "seed", "optim.lr", "optim.adam_eps", "optim.grad_clip", "agent.gamma", "explore.eps_start", "explore.eps_end",
-    "explore.eps_decay_fraction", "target.tau", "target.period", "loss.huber_delta", "loss.reward_scale",
-    "guard.loss_clip", "debug.inject_nan_at_step",
-)
+MEMBER_KEYS: tuple[str, ...] = ("seed", *KEYS.values())
 
 #: The settings the population trainer supports (every other value of these keys is refused).
 POPULATION_ENVS = frozenset({"cartpole", "trading"})  # env.name

@@ -12,16 +12,7 @@ from dataclasses import dataclass, fields
 import torch
 
 from foxdqn.config import TrainConfig
-from foxdqn.population.grouping import dotted_value
-
-#: field → the config key it is read from (dotted), the keys of :data:`grouping.MEMBER_KEYS` but seed.
-KEYS = {
-    "lr": "optim.lr", "adam_eps": "optim.adam_eps", "grad_clip": "optim.grad_clip", "gamma": "agent.gamma",
-    "eps_start": "explore.eps_start", "eps_end": "explore.eps_end", "eps_decay_fraction": "explore.eps_decay_fraction",
-    "tau": "target.tau", "period": "target.period", "huber_delta": "loss.huber_delta",
-    "reward_scale": "loss.reward_scale", "loss_clip": "guard.loss_clip", "nan_at": "debug.inject_nan_at_step",
-}
-
+from foxdqn.population.grouping import KEYS, dotted_value
 
 @dataclass
 class MemberParams:

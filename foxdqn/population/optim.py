@@ -55,7 +55,7 @@ def _check_member_vector(where: str, name: str, t, members: int, device: torch.d
         raise ValueError(f"{where}: {name} must be a float32 tensor [P] = [{members}] on {device}, got {_describe(t)}")
 
 
-def _member_view(t: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+def member_view(t: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
     """``[P]`` tensor ``t`` as ``[P, 1, ...]``, broadcasting over each member's slice of ``like``."""
     return t.view((t.shape[0],) + (1,) * (like.dim() - 1))
 
@@ -117,7 +117,7 @@ def clip_member_grads_(grads: list[torch.Tensor], max_norm: torch.Tensor) -> tor
     # the P norms and factors in one kernel (torch ops: vector_norm, add, reciprocal, mul, clamp)
     norms, coef = clip_coefficient(_slice_norms(grads, members), max_norm)
     for g in grads:
-        g.mul_(_member_view(coef, g))
+        g.mul_(member_view(coef, g))
     return norms
 
 
@@ -195,8 +195,15 @@ class MemberAdam:
         self.exp_avg = [torch.zeros_like(p, memory_format=torch.contiguous_format) for p in self.params]
         self.exp_avg_sq = [torch.zeros_like(p, memory_format=torch.contiguous_format) for p in self.params]
 
-    def zero_grad(self) -> None:
-        """Set every param's grad to zero in place; a missing grad (None) is created as zeros."""
+    def zero_grad(self, set_to_none: bool = False) -> None:
+        """Set every param's grad to zero in place (a missing grad, None, is created as zeros), or
+        with ``set_to_none`` drop them: the next backward then writes each grad instead of adding
+        into a zeroed one (no fill and no add kernels; :func:`foxdqn.step.update.accumulate_gradients`
+        says why that is safe under a CUDA graph)."""
+        if set_to_none:
+            for p in self.params:
+                p.grad = None
+            return
         for p in self.params:
             if p.grad is None:
                 p.grad = torch.zeros_like(p, memory_format=torch.contiguous_format)

@@ -36,11 +36,11 @@ class MemberReplay(ReplayBuffer):
                  device: torch.device, n_step: int = 1, obs_dtype: torch.dtype = torch.float32):
         members = rng.num_members
         rows = capacity // envs_per_member
-        super().__init__(max(rows, 1) * envs_per_member * members, envs_per_member * members, obs_dim, device,
-                         n_step, gamma=0.0, obs_dtype=obs_dtype)
-        if rows < n_step + 1:  # the base class counted all members' envs
+        if rows < n_step + 1:  # checked per member, before the base class counts all members' envs
             raise ValueError(f"MemberReplay: capacity={capacity} must hold at least (n_step + 1) * num_envs = "
                              f"{(n_step + 1) * envs_per_member} transitions")
+        super().__init__(rows * envs_per_member * members, envs_per_member * members, obs_dim, device,
+                         n_step, gamma=0.0, obs_dtype=obs_dtype)
         self.rng, self.members, self.envs_per_member = rng, members, envs_per_member
         powers = torch.arange(n_step + 1, device=device, dtype=torch.float64)
         table = gamma.to(torch.float64)[:, None] ** powers[None]  # [P, n + 1] γ_p^m

@@ -13,7 +13,7 @@ import torch
 from foxdqn.ops.epsilon_greedy import epsilon_greedy
 from foxdqn.ops.target_weight import target_weight
 from foxdqn.population.objective import member_dqn_loss
-from foxdqn.population.optim import clip_member_grads_
+from foxdqn.population.optim import clip_member_grads_, member_view
 from foxdqn.population.state import PopulationState
 from foxdqn.step.collect import store
 
@@ -41,17 +41,19 @@ def collect_step(s: PopulationState) -> None:
 
 def target_weights(s: PopulationState, skip: torch.Tensor) -> torch.Tensor:
     """This update's lerp weight per member (float32 ``[P]``): Polyak τ, or 1 every ``period``
-    updates (hard), times (1 − skip), written into ``s.target_weight``; one kernel on CUDA
-    (:mod:`foxdqn.ops.target_weight`)."""
-    target_weight(s.updates, skip, s.params.tau, s.params.period, s.target_weight, hard=s.cfg.target.update == "hard")
+    updates (hard), times (1 − skip), written into ``s.target_weight``; the same kernel advances
+    ``s.updates`` by 1 (nothing after the target update reads it; :mod:`foxdqn.ops.target_weight`)."""
+    target_weight(s.updates, skip, s.params.tau, s.params.period, s.target_weight, hard=s.cfg.target.update == "hard",
+                  advance=True)
     return s.target_weight
 
 
 def update_step(s: PopulationState) -> None:
-    """One gradient update of every member (skipped per member by the guard)."""
+    """One gradient update of every member (skipped per member by the guard). The guard's state
+    reaches the host once per iteration (:func:`publish_guard`), not per update."""
     p = s.members
     batch = s.replay.sample_members(s.cfg.agent.batch_size)
-    s.optimizer.zero_grad()
+    s.optimizer.zero_grad(set_to_none=True)
     loss, q = member_dqn_loss(s.online, s.target, batch, p, s.params.huber_delta, s.cfg.head.double)
     if s.inject_nan:  # debug.inject_nan_at_step of some member: poison its loss at that update
         loss = loss + torch.where(s.updates == s.params.nan_at, float("nan"), 0.0)
@@ -62,7 +64,11 @@ def update_step(s: PopulationState) -> None:
     with torch.no_grad():
         w = target_weights(s, skip)
         for tgt, src in zip(s.target.parameters(), s.online.parameters()):
-            tgt.lerp_(src, w.view(-1, *([1] * (src.dim() - 1))))
+            tgt.lerp_(src, member_view(w, src))
     s.stats.add_update(loss.detach(), grad_norm, skip, q.max(dim=2).values.mean(dim=1))
-    s.updates.add_(1)
+
+
+def publish_guard(s: PopulationState) -> None:
+    """Copy the guard's per-member state to its pinned host copy (once per iteration: the host reads
+    it only between iterations; :meth:`foxdqn.population.guard.MemberGuard.publish`)."""
     s.guard.publish()

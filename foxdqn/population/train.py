@@ -18,7 +18,7 @@ import torch
 
 from foxdqn.checkpoint import FORMAT, write_payload
 from foxdqn.config import to_plain
-from foxdqn.finish import Agent, RunEnd, finish
+from foxdqn.finish import VAL_EPISODES, VAL_SEED_OFFSET, Agent, RunEnd, finish
 from foxdqn.io_atomic import write_text_atomic
 from foxdqn.population import step as P
 from foxdqn.evaluate import POLICIES
@@ -72,7 +72,7 @@ class _Population:
         a = cfg.agent
         # env steps of one member per iteration, iterations, collect-only ones, log interval
         self.per_iter, self.total_iters, self.warm_iters, self.log_every = IterationPlan.of(cfg)
-        step_fns = dict(collect=P.collect_step, update=P.update_step)
+        step_fns = dict(collect=P.collect_step, update=P.update_step, after_updates=P.publish_guard)
         self.collect_only = Iteration(s, self.graph, updates=0, **step_fns)
         self.full = Iteration(s, self.graph, **step_fns)
         self.loggers: list = []  # foxdqn.monitor.MetricsLogger per member, opened after the run folders (open_loggers)
@@ -152,7 +152,7 @@ class _Population:
         if cfg.env.name == "trading":
             vals = [r["metrics"]["agent"] for r in member_walks(s, market, "val", ("agent",))]
             return vals, member_walks(s, market, cfg.eval.split, POLICIES)
-        return (member_episodes(s, min(20, cfg.eval.episodes), seed_offset=2),
+        return (member_episodes(s, min(VAL_EPISODES, cfg.eval.episodes), seed_offset=VAL_SEED_OFFSET),
                 member_episodes(s, cfg.eval.episodes, seed_offset=1))
 
     def end_member(self, p: int, wall: float, val: dict, test: dict) -> Outcome:

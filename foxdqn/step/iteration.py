@@ -33,14 +33,17 @@ class Iteration:
             collect-only iterations before ``agent.learning_starts``).
         collect, update: the step functions, called with ``state`` (default: a single run's
             :func:`collect_step` and :func:`update_step`; the population path passes its own,
-            :mod:`foxdqn.population.step`). ``state`` needs ``cfg``, ``device`` and ``generator``
+            :mod:`foxdqn.population.step`). after_updates: called with ``state`` once after the K
+            updates of an iteration that has some (e.g. the population's guard copy to the host), or
+            None. ``state`` needs ``cfg``, ``device`` and ``generator``
             (a torch.Generator registered with the graph, or None).
     """
 
     def __init__(self, state: TrainState, use_graph: bool, collect_steps: int | None = None,
-                 updates: int | None = None, *, collect: Callable = collect_step, update: Callable = update_step):
+                 updates: int | None = None, *, collect: Callable = collect_step, update: Callable = update_step,
+                 after_updates: Callable | None = None):
         self.s = state
-        self._collect, self._update = collect, update
+        self._collect, self._update, self._after_updates = collect, update, after_updates
         self.use_graph = use_graph
         a = state.cfg.agent
         self.collect_steps = a.steps_per_iter if collect_steps is None else collect_steps
@@ -54,6 +57,8 @@ class Iteration:
             self._collect(s)
         for _ in range(self.updates):
             self._update(s)
+        if self.updates and self._after_updates is not None:
+            self._after_updates(s)
 
     def __call__(self) -> None:
         if self.graph is not None:

@@ -222,11 +222,15 @@ class PopulationLauncher(Launcher):
     def _train_alone(member: Any, config: DictConfig, ret: JobReturn) -> None:
         """The classic path (foxdqn.train._train) for one job, as the basic launcher would run it."""
         from foxdqn.population.grouping import batch_refusal
+        from foxdqn.timings import CLOCK
         from foxdqn.train import _train
 
         why = batch_refusal(member.tc)
         with _as_job(config):
             log.info(f"job {member.job_num} trains alone" + (f" ({why})" if why else ""))
+            # this job's timings.json counts from here, not from the launcher's start or an earlier group
+            CLOCK.mark("launcher")
+            CLOCK.restart("population launcher: this job's training")
             _set_result(ret, lambda: _train(member.tc, member.market, member.run_dir, member.payload))
 
     @staticmethod

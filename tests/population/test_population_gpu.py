@@ -14,7 +14,7 @@ from support import iterate, no_host_sync
 
 pytestmark = pytest.mark.gpu
 CUDA = torch.device("cuda")
-FNS = dict(collect=P.collect_step, update=P.update_step)
+FNS = dict(collect=P.collect_step, update=P.update_step, after_updates=P.publish_guard)
 
 
 def cuda_configs(base, members):

@@ -109,7 +109,7 @@ def test_population_samples_the_observations_an_obs_replay_samples():
                                 plain.rng, CPU, r.n_step)
     a, b = _recording(coded.replay, "sample_members"), _recording(plain.replay, "sample_members")
     for s in (coded, plain):
-        iterate(s, False, 4, 4, collect=P.collect_step, update=P.update_step)
+        iterate(s, False, 4, 4, collect=P.collect_step, update=P.update_step, after_updates=P.publish_guard)
     _assert_same_batches(a, b)
     assert torch.equal(torch.cat([w.flatten() for w in coded.online.parameters()]),
                        torch.cat([w.flatten() for w in plain.online.parameters()]))
