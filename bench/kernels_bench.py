@@ -9,7 +9,7 @@ issue 17's table) one :class:`~foxdqn.step.state.TrainState` is built and warmed
 * ``graph_nodes`` and ``ms``: the same step captured alone in a CUDA graph
   (:class:`~foxdqn.step.iteration.Iteration` with one collect step, or one update): the graph's
   node count (kernels, memsets and copies that one replay launches, ``cudaGraphGetNodes``) and the
-  median ms per replay (``bench.common.time_ms``);
+  median ms per replay (:func:`bench.iteration_graph.replay_ms`);
 * ``env_steps_per_s``: N / ms for a collect step, and for the ``iteration`` row (the experiment's own
   T collect steps and K updates in one graph) N·T / ms.
 
@@ -18,9 +18,7 @@ CUDA only (kernels are what is counted). docs/bench.md#kernels.
 """
 from __future__ import annotations
 
-import statistics
 import sys
-import time
 
 import torch
 
@@ -49,24 +47,8 @@ def profile_kernels(fn) -> tuple[int, float, str]:
     return len(kernels), sum(e.device_time_total for e in kernels), longest
 
 
-def _replay_ms(it: Iteration, reps: int = 200) -> float:
-    """Median ms per replay of a captured iteration (3 blocks of ``reps``)."""
-    it(), it()  # warm-up runs, capture and the first replay happen inside
-    while it.graph is None:
-        it()
-    blocks = []
-    for _ in range(3):
-        torch.cuda.synchronize()
-        t = time.perf_counter()
-        for _ in range(reps):
-            it()
-        torch.cuda.synchronize()
-        blocks.append((time.perf_counter() - t) / reps * 1e3)
-    return statistics.median(blocks)
-
-
 def _rows_for(name: str, overrides: list[str]) -> list[dict]:
-    from bench.iteration_graph import graph_nodes
+    from bench.iteration_graph import graph_nodes, replay_ms
 
     s = make_state([f"+experiment={name}", "graph=on", *overrides], "cuda")
     n = s.cfg.env.num_envs
@@ -82,7 +64,7 @@ def _rows_for(name: str, overrides: list[str]) -> list[dict]:
             fn = collect_step if phase == "collect" else update_step
             row["kernels"], row["device_us"], row["longest_us"] = profile_kernels(lambda: fn(s))
         it = Iteration(s, use_graph=True, **shape)
-        row["ms"] = round(_replay_ms(it), 5)
+        row["ms"] = round(replay_ms(it, 200), 5)
         row["graph_nodes"] = graph_nodes(it.graph)
         steps = {"collect": 1, "update": 0}.get(phase, it.collect_steps)
         row["T"], row["K"] = it.collect_steps, it.updates

@@ -94,21 +94,10 @@ def _ratios(df: pd.DataFrame) -> str:
         if "triton" in p and "torch" in p:
             p["torch/triton"] = p["torch"] / p["triton"]
         parts.append("## ops: ms (median)\n\n" + p.round(5).to_markdown())
-    pop = df[df.section == "population"] if "section" in df else df.iloc[0:0]
-    if len(pop):
-        from bench.population_bench import table
-
-        parts.append(table(pop))
-    kernels = df[df.section == "kernels"] if "section" in df else df.iloc[0:0]
-    if len(kernels):
-        from bench.kernels_bench import table as kernels_table
-
-        parts.append(kernels_table(kernels))
-    startup = df[df.section == "startup"] if "section" in df else df.iloc[0:0]
-    if len(startup):
-        from bench.startup_bench import table as startup_table
-
-        parts.append(startup_table(startup))
+    for name in ("population", "kernels", "startup"):  # sections whose module writes its own table
+        rows_ = df[df.section == name] if "section" in df else df.iloc[0:0]
+        if len(rows_):
+            parts.append(importlib.import_module(f"bench.{name}_bench").table(rows_))
     return "\n\n".join(parts)
 
 

@@ -38,6 +38,7 @@ import triton.language as tl
 from torch import Tensor
 
 from foxdqn.ops.backend import resolve_backend
+from foxdqn.ops.member_uniform import randint_from_uniform
 from foxdqn.step.schedules import linear_value
 
 BLOCK = 128  # envs per program
@@ -114,7 +115,7 @@ def epsilon_greedy_reference(q: Tensor, step: Tensor, start: Tensor, end: Tensor
     n, num_actions = q.shape
     eps = epsilon_schedule_reference(step, start, end, duration)  # [G]
     explore = u[:, 0] < eps[:, None]  # [G, N // G]
-    random_a = ((u[:, 1] * float(1 << RANDOM_BITS)).to(torch.int64) * num_actions) >> RANDOM_BITS
+    random_a = randint_from_uniform(u[:, 1], num_actions)  # the kernel's map, with RANDOM_BITS = 24
     return torch.where(explore.reshape(n), random_a.reshape(n), q.argmax(dim=1))
 
 

@@ -201,5 +201,11 @@ def member_randint(keys: torch.Tensor, counter: torch.Tensor, n: int, high: int,
     """
     if isinstance(high, bool) or not isinstance(high, int) or not 1 <= high <= RANDINT_MAX_HIGH:
         raise ValueError(f"member_randint: high must be an int in [1, 2**24], got {high!r}")
-    u = member_uniform(keys, counter, n, backend=backend)
+    return randint_from_uniform(member_uniform(keys, counter, n, backend=backend), high)
+
+
+def randint_from_uniform(u: torch.Tensor, high: int) -> torch.Tensor:
+    """int64 ``floor(u * high)`` of float32 uniforms ``u`` in [0, 1) with 24 random bits (torch.rand's
+    and :func:`member_uniform`'s), computed exactly in integers, ``(u * 2**24) * high >> 24``: never
+    ``high`` (:func:`member_randint` gives the bias). Any shape; device ops only."""
     return ((u * 2.0**24).to(torch.int64) * high) >> 24

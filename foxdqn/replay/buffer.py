@@ -26,23 +26,17 @@ import torch
 
 from foxdqn.ops.replay_add import replay_add
 from foxdqn.ops.replay_gather import replay_gather, rows_from_uniforms
+from foxdqn.step.scalars import device_scalar
 
 
 class _AddScratch:
     """:meth:`ReplayBuffer.add`'s scratch, not checkpointed: the op's ticket (int32 0-d, zero between
-    calls) and the reward-scale tensors of float scales (float64 ``[1]``, made once per value)."""
+    calls)."""
 
     checkpointed = False  # foxdqn.checkpoint skips it
 
     def __init__(self, device: torch.device):
-        self.device = device
         self.ticket = torch.zeros((), dtype=torch.int32, device=device)
-        self._scales: dict[float, torch.Tensor] = {}
-
-    def scale(self, value: float) -> torch.Tensor:
-        if value not in self._scales:
-            self._scales[value] = torch.tensor([value], dtype=torch.float64, device=self.device)
-        return self._scales[value]
 
 
 def replay_bytes(capacity: int, obs_dim: int, obs_itemsize: int = 4, regime: bool = False) -> int:
@@ -197,15 +191,18 @@ class ReplayBuffer:
             reward_scale: a float (a run's ``loss.reward_scale``) or a float32/float64 ``[G]`` device
                 tensor, one scale per group of N / G envs (a population's members).
             advance_obs: the observations to act on next (``[N, ...]``) or None; when given, they
-                are copied into ``rollout`` (contiguous ``[N, ...]``, the observations the agent acts
-                on) after the row is stored, or into ``obs`` (contiguous) when ``rollout`` is None.
-            rollout: see ``advance_obs`` (needed when the stored rows are not the observations:
-                state codes, :meth:`set_decoder`).
+                are copied into ``rollout`` after the row is stored.
+            rollout: the observations the agent acts on (contiguous ``[N, ...]``; may be ``obs``
+                itself), given exactly with ``advance_obs``.
             backend: of the op: "auto", "triton" or "torch".
 
         Raises:
-            ValueError: ``vol_ratio`` missing with regime weights, or a wrong shape or dtype.
+            ValueError: ``vol_ratio`` missing with regime weights, ``advance_obs`` without
+                ``rollout`` or the reverse, or a wrong shape or dtype.
         """
+        if (advance_obs is None) != (rollout is None):
+            raise ValueError("ReplayBuffer.add: advance_obs and rollout are given together (the next observations "
+                             "and the buffer they are copied into)")
         if self.vol_ratio is not None:
             if vol_ratio is None:
                 raise ValueError("replay with regime weights: add() needs vol_ratio [N]")
@@ -213,13 +210,12 @@ class ReplayBuffer:
             vol_ratio = None
         n = self.num_envs
         if not isinstance(reward_scale, torch.Tensor):
-            reward_scale = self._scratch.scale(float(reward_scale))
+            reward_scale = device_scalar(self.device, float(reward_scale), torch.float64)  # made once per value
         self._after_add(self.ptr.view(1))  # before the op advances ptr
         columns = {"obs": self.obs, "next_obs": self.next_obs, "action": self.action, "reward": self.reward,
                    "terminal": self.terminal, "ended": self.ended, "episode": self.episode,
                    "vol_ratio": self.vol_ratio}
-        in_place = advance_obs is not None and rollout is None  # obs itself is advanced: a view, never a copy
-        replay_add(obs.view(n, -1) if in_place else obs.reshape(n, -1), next_obs.reshape(n, -1),
+        replay_add(obs.reshape(n, -1), next_obs.reshape(n, -1),
                    action, reward, reward_scale.reshape(-1), terminated, truncated, columns, self._episode_now,
                    self.ptr, self.written, self._scratch.ticket, vol_ratio=vol_ratio,
                    advance_obs=None if advance_obs is None else advance_obs.reshape(n, -1),

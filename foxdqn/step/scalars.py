@@ -1,7 +1,8 @@
 """Constant 0-d device tensors of the update step, made once.
 
 An update reads a few constants as device tensors (the backward seed 1/M of
-``optim.accumulate``, the clip bound ``optim.grad_clip``): made once per (device, value), before
+``optim.accumulate``, the clip bound ``optim.grad_clip``; the replay insert the float64 reward
+scale ``loss.reward_scale``): made once per (device, value), before
 a CUDA graph's capture (in the warm-up iterations), they cost no fill kernel per update and a
 captured graph reads the same memory at every replay.
 """
@@ -9,13 +10,13 @@ from __future__ import annotations
 
 import torch
 
-_SCALARS: dict[tuple[torch.device, float], torch.Tensor] = {}
+_SCALARS: dict[tuple[torch.device, float, torch.dtype], torch.Tensor] = {}
 
 
-def device_scalar(device: torch.device | str, value: float) -> torch.Tensor:
-    """float32 0-d ``value`` on ``device``, the same tensor for every call with the same (device,
-    value). Read-only: never write into it."""
-    key = (torch.device(device), float(value))
+def device_scalar(device: torch.device | str, value: float, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """0-d ``value`` of ``dtype`` (float32 unless said) on ``device``, the same tensor for every call
+    with the same (device, value, dtype). Read-only: never write into it."""
+    key = (torch.device(device), float(value), dtype)
     if key not in _SCALARS:
-        _SCALARS[key] = torch.full((), float(value), dtype=torch.float32, device=device)
+        _SCALARS[key] = torch.full((), float(value), dtype=dtype, device=device)
     return _SCALARS[key]
