@@ -27,8 +27,39 @@ gradient. Memory: the forward allocates ∂loss/∂q, a float32 tensor of ``q``'
 (``Rq`` = B, or 2B when stacked), and keeps it until backward runs (or the graph is freed); the
 reference's autograd keeps only ``[B]``-sized tensors (the gather index, the Huber inputs).
 Capturable in a CUDA graph (device ops only, fixed shapes). Double backward is not supported.
-NaN: a NaN in a row's inputs makes its x, hence the loss, NaN (an argmax over a row with NaN picks
-the first NaN, as torch.argmax does); the guard skips such an update.
+NaN: a NaN in a row's inputs makes its x, hence its group's loss, NaN (an argmax over a row with
+NaN picks the first NaN, as torch.argmax does); the other groups' losses stay finite; the guard
+skips such an update.
+
+Launch: one kernel of ``G · NB`` programs, ``NB = ceil(B_g / BLOCK_R)`` row blocks per group
+(``_blocks``: a tile of at most ``TILE`` = 1,024 Q values, BLOCK_R halved until the launch has
+``MIN_PROGRAMS`` = 32 programs; a training batch of 256..4,096 rows of 45 actions gives 32..256
+programs). Program ``p = g·NB + k`` handles rows ``k·BLOCK_R ..`` of group g only (a block never
+spans two groups, so [G] δ and P members need no second kernel): it writes their |x| and ∂loss/∂q
+and its partial sum Σ w_b ℓ_b (``tl.sum``, a fixed reduction tree) into slot p of a float32
+scratch ``partials``. The last program to finish sums, per group, the partials ``p ≡ r (mod
+SUM_R)`` in increasing p into slot r, then the SUM_R (≤ 64) slots with ``tl.sum``, and writes
+``loss_g`` = that sum · 1/B_g. It is found with a ticket, as in :mod:`foxdqn.ops.step_stats`:
+every program, after a barrier of its warps (``tl.debug_barrier``), does one acq_rel GPU-scope
+``atomic_add(ticket, 1)``, whose release orders its partial before the increment; the program
+that draws ``G·NB − 1`` acquires every other increment (one release sequence), hence every
+partial, before it reads them, and zeroes the ticket for the next launch (stream order). The
+partials are indexed by program, not by finishing order, so the loss is the same bits from call
+to call (for one shape and one compiled kernel). Rounding: this order (a block's tree, then the
+blocks in strides of SUM_R) is neither torch's ``mean`` of the reference nor the single-program
+loop over row blocks this kernel had before (loss values may differ from both in the last float32
+bits; every term is added once); |x| and ∂loss/∂q are per row and unchanged. Triton's interpreter
+runs the programs one after the other, so there the last program is simply the last (and the
+interpreter uses ``INTERPRET_MIN_PROGRAMS`` = 1: fewer, larger blocks on the CPU).
+
+Scratch: ``partials`` (float32 ``[G·NB]``) and ``ticket`` (int32 0-d, zero between launches) are
+made by the first call of each (device, G·NB) and kept in a module-level cache for the life of
+the process (a few KiB), never allocated again: a CUDA graph captured after that call keeps
+pointing at them. Calls sharing an entry must be ordered (one stream, or graphs replayed in
+order): two launches of the same size running concurrently on two streams would race on the
+ticket. A call made while a CUDA graph is being captured and that finds no entry (no eager
+warm-up of that size) takes a fresh zeroed pair from the graph's pool instead, not cached: the
+graph then zeroes it (one more fill) at each replay.
 """
 from __future__ import annotations
 
@@ -46,6 +77,13 @@ __all__ = ["dqn_td_loss", "dqn_td_loss_reference"]
 
 
 # ----------------------------------------------------------------------------- kernel
+TILE = 1024  #: elements of a program's [BLOCK_R, BLOCK_A] tile
+MIN_PROGRAMS = 32  #: BLOCK_R is halved (down to 1) until a launch has at least this many programs
+INTERPRET_MIN_PROGRAMS = 1  #: MIN_PROGRAMS in Triton's interpreter (CPU: every program costs ~5 ms)
+SUM_ROWS = 64  #: partials per group and iteration of the last program's loop (a power of two)
+SUM_TILE = 1024  #: elements of the last program's [groups, SUM_R] tile
+
+
 @triton.jit
 def _dqn_td_loss_kernel(
     q_ptr,  # f32 [G, 2?, Bg, A] contiguous: online Q (with the s' rows when STACKED)
@@ -54,16 +92,21 @@ def _dqn_td_loss_kernel(
     action_ptr, reward_ptr, discount_ptr, weight_ptr,  # [G·Bg]
     delta_ptr,  # f32 [G] (DELTA_PER_GROUP)
     delta,  # float δ (not DELTA_PER_GROUP)
-    loss_ptr,  # f32 [G] out
+    loss_ptr,  # f32 [G] out (written by the last program)
     td_ptr,  # f32 [G·Bg] out |x|
     dq_ptr,  # f32 like q, out ∂loss/∂q
-    Bg, A, inv_n,
+    part_ptr,  # f32 [G·NB] scratch: program p's partial Σ w ℓ (p = g·NB + block)
+    ticket_ptr,  # i32 0-d scratch, zero between launches
+    G, Bg, A, inv_n,
     STACKED: tl.constexpr, DOUBLE: tl.constexpr, HAS_WEIGHT: tl.constexpr, DELTA_PER_GROUP: tl.constexpr,
-    BLOCK_R: tl.constexpr, BLOCK_A: tl.constexpr,
+    BLOCK_R: tl.constexpr, BLOCK_A: tl.constexpr, SUM_G: tl.constexpr, SUM_R: tl.constexpr,
 ):
-    g = tl.program_id(0).to(tl.int64)
+    pid = tl.program_id(0)
     zero = tl.zeros([], dtype=tl.int64)  # an int argument equal to 1 arrives as a constexpr
-    Bg, A = Bg + zero, A + zero
+    G, Bg, A = G + zero, Bg + zero, A + zero
+    NB = tl.cdiv(Bg, BLOCK_R)  # row blocks per group
+    g = pid // NB
+    r0 = (pid % NB) * BLOCK_R
     inv_n = tl.cast(inv_n, tl.float32)
     if DELTA_PER_GROUP:
         d = tl.load(delta_ptr + g)
@@ -71,64 +114,106 @@ def _dqn_td_loss_kernel(
         d = tl.cast(delta, tl.float32)
     cols = tl.arange(0, BLOCK_A)
     col_ok = cols < A
-    acc = tl.zeros([BLOCK_R], dtype=tl.float32)
-    for r0 in range(0, Bg, BLOCK_R):
-        b = r0 + tl.arange(0, BLOCK_R)
-        ok = b < Bg
-        row = g * Bg + b  # sample row
+
+    # ---- this program's BLOCK_R rows of group g: |x|, ∂loss/∂q and one partial loss sum
+    b = r0 + tl.arange(0, BLOCK_R)
+    ok = b < Bg
+    row = g * Bg + b  # sample row
+    if STACKED:
+        q_row = g * 2 * Bg + b
+        next_row = q_row + Bg
+    else:
+        q_row = row
+    m2 = ok[:, None] & col_ok[None, :]
+    a = tl.load(action_ptr + row, mask=ok, other=0)
+    hit = cols[None, :] == a[:, None]
+    qs = tl.load(q_ptr + q_row[:, None] * A + cols[None, :], mask=m2, other=0.0)
+    q_sa = tl.sum(tl.where(hit, qs, 0.0), axis=1)
+    qt = tl.load(qt_ptr + row[:, None] * A + cols[None, :], mask=m2, other=float("-inf"))
+    if DOUBLE:
         if STACKED:
-            q_row = g * 2 * Bg + b
-            next_row = q_row + Bg
+            qo = tl.load(q_ptr + next_row[:, None] * A + cols[None, :], mask=m2, other=float("-inf"))
         else:
-            q_row = row
-        m2 = ok[:, None] & col_ok[None, :]
-        a = tl.load(action_ptr + row, mask=ok, other=0)
-        hit = cols[None, :] == a[:, None]
-        qs = tl.load(q_ptr + q_row[:, None] * A + cols[None, :], mask=m2, other=0.0)
-        q_sa = tl.sum(tl.where(hit, qs, 0.0), axis=1)
-        qt = tl.load(qt_ptr + row[:, None] * A + cols[None, :], mask=m2, other=float("-inf"))
-        if DOUBLE:
-            if STACKED:
-                qo = tl.load(q_ptr + next_row[:, None] * A + cols[None, :], mask=m2, other=float("-inf"))
-            else:
-                qo = tl.load(qo_ptr + row[:, None] * A + cols[None, :], mask=m2, other=float("-inf"))
-            # argmax as torch.argmax: the first NaN if any, else the first index of the maximum
-            nan = qo != qo
-            first_nan = tl.min(tl.where(nan, cols[None, :], BLOCK_A), axis=1)
-            top = tl.max(tl.where(nan, float("-inf"), qo), axis=1)
-            first_top = tl.min(tl.where(qo == top[:, None], cols[None, :], BLOCK_A), axis=1)
-            a_star = tl.where(first_nan < BLOCK_A, first_nan, first_top)
-            q_next = tl.sum(tl.where(cols[None, :] == a_star[:, None], qt, 0.0), axis=1)
-        else:
-            nan = qt != qt
-            top = tl.max(tl.where(nan, float("-inf"), qt), axis=1)
-            q_next = tl.where(tl.max(nan.to(tl.int32), axis=1) > 0, float("nan"), top)
-        q_next = tl.where(ok, q_next, 0.0)  # masked rows: no −inf · 0
-        r = tl.load(reward_ptr + row, mask=ok, other=0.0)
-        disc = tl.load(discount_ptr + row, mask=ok, other=0.0)
-        x = q_sa - (r + disc * q_next)
-        z = tl.abs(x)
-        loss = tl.where(z < d, 0.5 * z * z, d * (z - 0.5 * d))
-        scale = inv_n
-        if HAS_WEIGHT:
-            w = tl.load(weight_ptr + row, mask=ok, other=0.0)
-            loss = loss * w
-            scale = inv_n * w
-        acc += tl.where(ok, loss, 0.0)
-        tl.store(td_ptr + row, z, mask=ok)
-        # huber_loss_backward: −δ where x ≤ −δ, δ where x ≥ δ, else x (NaN stays NaN)
-        grad = tl.where(x <= -d, -d, tl.where(x >= d, d, x)) * scale
-        tl.store(dq_ptr + q_row[:, None] * A + cols[None, :], tl.where(hit, grad[:, None], 0.0), mask=m2)
-        if STACKED:
-            tl.store(dq_ptr + next_row[:, None] * A + cols[None, :], tl.zeros([BLOCK_R, BLOCK_A], tl.float32),
-                     mask=m2)
-    tl.store(loss_ptr + g, tl.sum(acc, axis=0) * inv_n)
+            qo = tl.load(qo_ptr + row[:, None] * A + cols[None, :], mask=m2, other=float("-inf"))
+        # argmax as torch.argmax: the first NaN if any, else the first index of the maximum
+        nan = qo != qo
+        first_nan = tl.min(tl.where(nan, cols[None, :], BLOCK_A), axis=1)
+        top = tl.max(tl.where(nan, float("-inf"), qo), axis=1)
+        first_top = tl.min(tl.where(qo == top[:, None], cols[None, :], BLOCK_A), axis=1)
+        a_star = tl.where(first_nan < BLOCK_A, first_nan, first_top)
+        q_next = tl.sum(tl.where(cols[None, :] == a_star[:, None], qt, 0.0), axis=1)
+    else:
+        nan = qt != qt
+        top = tl.max(tl.where(nan, float("-inf"), qt), axis=1)
+        q_next = tl.where(tl.max(nan.to(tl.int32), axis=1) > 0, float("nan"), top)
+    q_next = tl.where(ok, q_next, 0.0)  # masked rows: no −inf · 0
+    r = tl.load(reward_ptr + row, mask=ok, other=0.0)
+    disc = tl.load(discount_ptr + row, mask=ok, other=0.0)
+    x = q_sa - (r + disc * q_next)
+    z = tl.abs(x)
+    loss = tl.where(z < d, 0.5 * z * z, d * (z - 0.5 * d))
+    scale = inv_n
+    if HAS_WEIGHT:
+        w = tl.load(weight_ptr + row, mask=ok, other=0.0)
+        loss = loss * w
+        scale = inv_n * w
+    tl.store(part_ptr + pid, tl.sum(tl.where(ok, loss, 0.0), axis=0))
+    tl.store(td_ptr + row, z, mask=ok)
+    # huber_loss_backward: −δ where x ≤ −δ, δ where x ≥ δ, else x (NaN stays NaN)
+    grad = tl.where(x <= -d, -d, tl.where(x >= d, d, x)) * scale
+    tl.store(dq_ptr + q_row[:, None] * A + cols[None, :], tl.where(hit, grad[:, None], 0.0), mask=m2)
+    if STACKED:
+        tl.store(dq_ptr + next_row[:, None] * A + cols[None, :], tl.zeros([BLOCK_R, BLOCK_A], tl.float32),
+                 mask=m2)
+
+    # ---- the last program sums each group's partials in program order (module docstring)
+    tl.debug_barrier()  # every warp has stored its part before the (one-thread) ticket increment
+    ticket = tl.atomic_add(ticket_ptr, 1, sem="acq_rel", scope="gpu")
+    if ticket == tl.num_programs(0) - 1:
+        sr = tl.arange(0, SUM_R)
+        for g0 in range(0, G, SUM_G):
+            gg = g0 + tl.arange(0, SUM_G)
+            slots = tl.zeros([SUM_G, SUM_R], tl.float32)
+            for p0 in range(0, NB, SUM_R):
+                pp = p0 + sr
+                slots += tl.load(part_ptr + gg[:, None] * NB + pp[None, :],
+                                 mask=(gg < G)[:, None] & (pp < NB)[None, :], other=0.0)
+            tl.store(loss_ptr + gg, tl.sum(slots, axis=1) * inv_n, mask=gg < G)
+        tl.store(ticket_ptr, 0)
 
 
-def _blocks(rows_per_group: int, num_actions: int, interpret: bool) -> tuple[int, int]:
+def _blocks(groups: int, rows_per_group: int, num_actions: int, min_programs: int = MIN_PROGRAMS
+            ) -> tuple[int, int, int, int]:
+    """(BLOCK_R, BLOCK_A, SUM_G, SUM_R) of a launch; its grid is ``groups · cdiv(rows_per_group, BLOCK_R)``
+    programs. BLOCK_R: the rows of a ``TILE``-element tile (at most the group's rows, rounded up to
+    a power of two), halved while the launch has fewer than ``min_programs`` programs. With
+    ``MIN_PROGRAMS``, one group, A = 45 (BLOCK_A = 64): B = 256 gives BLOCK_R = 8 and 32
+    programs, B = 4,096 gives BLOCK_R = 16 and 256 programs."""
     block_a = triton.next_power_of_2(num_actions)
-    budget = 1 << 16 if interpret else 4096  # elements of a [BLOCK_R, BLOCK_A] tile
-    return max(1, min(triton.next_power_of_2(max(rows_per_group, 1)), budget // block_a)), block_a
+    block_r = max(1, min(triton.next_power_of_2(max(rows_per_group, 1)), TILE // block_a))
+    while block_r > 1 and groups * triton.cdiv(rows_per_group, block_r) < min_programs:
+        block_r //= 2
+    nb = triton.cdiv(rows_per_group, block_r)
+    sum_r = min(triton.next_power_of_2(nb), SUM_ROWS)
+    sum_g = max(1, min(triton.next_power_of_2(groups), SUM_TILE // sum_r))
+    return block_r, block_a, sum_g, sum_r
+
+
+_SCRATCH: dict[tuple[torch.device, int], tuple[torch.Tensor, torch.Tensor]] = {}
+
+
+def _scratch(device: torch.device, programs: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The kernel's (partials f32 [programs], ticket i32 0-d) for ``device``: made (zeroed) on the
+    first call of each (device, programs) and kept for the life of the process (module docstring)."""
+    key = (device, programs)
+    got = _SCRATCH.get(key)
+    if got is None:
+        got = (torch.zeros(programs, device=device, dtype=torch.float32),
+               torch.zeros((), device=device, dtype=torch.int32))
+        if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+            return got  # graph-pool memory, zeroed by the graph at each replay: not kept (module docstring)
+        _SCRATCH[key] = got
+    return got
 
 
 class _DQNTDLoss(torch.autograd.Function):
@@ -144,13 +229,17 @@ class _DQNTDLoss(torch.autograd.Function):
         dq = torch.empty_like(q)
         bg = rows // groups
         if rows:
-            block_r, block_a = _blocks(bg, q.shape[1], interpret=not q.is_cuda)
-            _dqn_td_loss_kernel[(groups,)](
+            block_r, block_a, sum_g, sum_r = _blocks(groups, bg, q.shape[1],
+                                                     MIN_PROGRAMS if q.is_cuda else INTERPRET_MIN_PROGRAMS)
+            programs = groups * triton.cdiv(bg, block_r)
+            partials, ticket = _scratch(dev, programs)
+            _dqn_td_loss_kernel[(programs,)](
                 q, q_next_target, q_next_online if q_next_online is not None else q_next_target,
                 action, reward, discount, weight if weight is not None else reward,
-                delta_t if delta_t is not None else reward, delta_f, loss, td_abs, dq, bg, q.shape[1], 1.0 / bg,
+                delta_t if delta_t is not None else reward, delta_f, loss, td_abs, dq, partials, ticket,
+                groups, bg, q.shape[1], 1.0 / bg,
                 STACKED=stacked, DOUBLE=double, HAS_WEIGHT=weight is not None,
-                DELTA_PER_GROUP=delta_t is not None, BLOCK_R=block_r, BLOCK_A=block_a)
+                DELTA_PER_GROUP=delta_t is not None, BLOCK_R=block_r, BLOCK_A=block_a, SUM_G=sum_g, SUM_R=sum_r)
         else:
             loss.fill_(float("nan"))  # the mean of nothing, as torch's
             dq.zero_()
@@ -283,7 +372,10 @@ def dqn_td_loss(q: torch.Tensor, q_next_target: torch.Tensor, action: torch.Tens
                 huber_delta: float | torch.Tensor = 1.0, backend: str = "auto") -> tuple[torch.Tensor, torch.Tensor]:
     """(Double) DQN Huber TD loss, its |TD| and (in backward) its gradient w.r.t. ``q``.
 
-    Formulas: module docstring. One forward kernel, one multiply in backward.
+    Formulas: module docstring. One forward kernel (a grid of G·NB row-block programs; the loss is
+    summed by the last program, the same bits on every call: module docstring), one multiply in
+    backward. The first call of each size on a device allocates the kernel's small scratch, kept
+    for the process (warm up eagerly before a CUDA graph capture).
 
     Args:
         q: float32 online Q values with gradient: ``[B, A]`` of the states s, or ``[2B, A]``

@@ -1,18 +1,24 @@
 """foxdqn.ops.dqn_td_loss: the fused kernel (TRITON_INTERPRET=1 on CPU) against the torch reference
 (loss, |TD| and the gradient of q against autograd of the reference), against today's DQNObjective
 arithmetic and a hand-computed case; odd batch sizes, A = 1, argmax ties, NaN rows, weights, a δ
-per group, stacked Q (s and s' rows in one tensor), bad arguments. GPU (`gpu` marker): kernel =
-reference on CUDA, CUDA-graph capture of forward + backward."""
+per group, stacked Q (s and s' rows in one tensor), bad arguments; the grid of row blocks (many
+blocks, B_g not a multiple of BLOCK_R, several groups, NaN/Inf rows in one group, the same bits on
+two calls, the ticket back at zero, the cached scratch reused, an empty batch). GPU (`gpu`
+marker): kernel = reference on CUDA, CUDA-graph capture of forward + backward (replay = eager,
+bit for bit; no host sync), one kernel per forward, determinism at training sizes."""
 from __future__ import annotations
 
 import pytest
 import torch
 import torch.nn.functional as F
 
+import triton
+
+from foxdqn.ops import dqn_td_loss as td_module
 from foxdqn.ops.backend import INTERPRET
 from foxdqn.ops.dqn_td_loss import dqn_td_loss, dqn_td_loss_reference
 
-from support import capture_graph, no_host_sync, require_compiled_kernels
+from support import capture_graph, cuda_kernels, no_host_sync, require_compiled_kernels
 
 _need_compiled = require_compiled_kernels(INTERPRET)
 
@@ -174,6 +180,124 @@ def test_bad_arguments(kw, match):
         dqn_td_loss(**args)
 
 
+# ------------------------------------------------------------------------------ grid of row blocks
+def _programs(groups, bg, a, min_programs):
+    block_r = td_module._blocks(groups, bg, a, min_programs)[0]
+    return block_r, groups * triton.cdiv(bg, block_r)
+
+
+@pytest.mark.parametrize("b,a", [(256, 45), (4096, 45), (1000, 7)])
+def test_training_batches_get_dozens_of_programs(b, a):
+    block_r, block_a, sum_g, sum_r = td_module._blocks(1, b, a)
+    programs = triton.cdiv(b, block_r)
+    assert block_a == triton.next_power_of_2(a) and block_r * block_a <= td_module.TILE
+    assert td_module.MIN_PROGRAMS <= programs <= b  # dozens to hundreds, never one program per batch
+    assert sum_g == 1 and sum_r == min(triton.next_power_of_2(programs), td_module.SUM_ROWS)
+    # a population of 8 members of 256 rows: every member its own blocks, the last program sums
+    # the 8 members' partials in one [8, SUM_R] tile
+    block_r8, _, sum_g8, sum_r8 = td_module._blocks(8, 256, a)
+    assert 8 * triton.cdiv(256, block_r8) >= td_module.MIN_PROGRAMS
+    assert sum_g8 == 8 and sum_r8 == triton.next_power_of_2(triton.cdiv(256, block_r8))
+
+
+def _grid_case(monkeypatch, groups, bg, a, min_programs, seed):
+    """Inputs of ``groups`` groups of ``bg`` rows, the interpreter forced to many row blocks."""
+    monkeypatch.setattr(td_module, "INTERPRET_MIN_PROGRAMS", min_programs)
+    block_r, programs = _programs(groups, bg, a, min_programs)
+    assert programs >= 3 * groups and bg % block_r  # many blocks, the last one of each group partial
+    return _case(groups * bg, a, seed=seed)
+
+
+@pytest.mark.parametrize("groups,bg,a,stacked,weighted", [
+    (1, 67, 5, False, True),  # BLOCK_R 4: 17 blocks, the last of 3 rows
+    (1, 45, 3, True, False),
+    (3, 13, 4, False, False),  # BLOCK_R 4 per group: blocks of 4, 4, 4 and 1 rows
+    (3, 13, 4, True, True),
+])
+def test_many_row_blocks_equal_reference(monkeypatch, groups, bg, a, stacked, weighted):
+    q, qo, qt, action, reward, discount, weight, _ = _grid_case(monkeypatch, groups, bg, a, 12, seed=bg + groups)
+    w = weight if weighted else None
+    if groups > 1:
+        delta = torch.tensor([0.3, 1.0, 2.5])
+        up = torch.tensor([1.0, 0.5, 2.0])
+    else:
+        delta, up = 0.8, torch.tensor(1.5)
+    got = _run(_kernel, q, qo, qt, action, reward, discount, w, up, stacked=stacked, huber_delta=delta)
+    want = _run(dqn_td_loss_reference, q, qo, qt, action, reward, discount, w, up, stacked=stacked,
+                huber_delta=delta)
+    assert got[0].shape == (() if groups == 1 else (groups,))
+    torch.testing.assert_close(got[0], want[0], rtol=1e-6, atol=1e-7)  # sum order: rounding only
+    assert torch.equal(got[1], want[1])
+    torch.testing.assert_close(got[2], want[2], rtol=1e-6, atol=1e-9)
+    if stacked:
+        assert torch.equal(got[3], torch.zeros_like(got[3]))
+
+
+def test_last_program_loops_over_groups_and_partial_strides(monkeypatch):
+    """SUM_R = 2 partials per iteration and one group per tile: the last program's two loops run
+    several times (at training sizes: B = 4,096 has 256 partials, a population more groups than a tile)."""
+    monkeypatch.setattr(td_module, "SUM_ROWS", 2)
+    monkeypatch.setattr(td_module, "SUM_TILE", 2)
+    groups, bg, a = 3, 13, 4
+    q, qo, qt, action, reward, discount, weight, _ = _grid_case(monkeypatch, groups, bg, a, 12, seed=21)
+    assert td_module._blocks(groups, bg, a, 12)[2:] == (1, 2)
+    delta = torch.tensor([0.3, 1.0, 2.5])
+    up = torch.tensor([1.0, 0.5, 2.0])
+    got = _run(_kernel, q, qo, qt, action, reward, discount, weight, up, stacked=True, huber_delta=delta)
+    want = _run(dqn_td_loss_reference, q, qo, qt, action, reward, discount, weight, up, stacked=True,
+                huber_delta=delta)
+    torch.testing.assert_close(got[0], want[0], rtol=1e-6, atol=1e-7)
+    torch.testing.assert_close(got[2], want[2], rtol=1e-6, atol=1e-9)
+
+
+def test_nan_and_inf_rows_spoil_only_their_group(monkeypatch):
+    groups, bg, a = 3, 13, 4
+    q, qo, qt, action, reward, discount, _, _ = _grid_case(monkeypatch, groups, bg, a, 12, seed=9)
+    qt[bg + 6, 0] = float("nan")  # group 1, a middle block: the selection picks the NaN column 0 of
+    qo[bg + 6, 0] = float("nan")  # the online Q, its target Q is NaN, so y is NaN
+    reward[2 * bg + 12] = float("inf")  # group 2, its last (one-row) block: x = −inf, ℓ = inf
+    delta = torch.tensor([0.5, 1.0, 2.0])
+    loss, td = dqn_td_loss(q, qt, action, reward, discount, q_next_online=qo, huber_delta=delta, backend="triton")
+    want_loss, want_td = dqn_td_loss_reference(q, qt, action, reward, discount, q_next_online=qo, huber_delta=delta)
+    assert torch.isnan(loss[1]) and loss[2] == float("inf") and torch.isfinite(loss[0])
+    torch.testing.assert_close(loss, want_loss, rtol=1e-6, atol=1e-7, equal_nan=True)
+    torch.testing.assert_close(td, want_td, rtol=0, atol=0, equal_nan=True)
+    assert td.isnan().sum() == 1 and td.isinf().sum() == 1
+
+
+def test_same_bits_on_two_calls_and_ticket_reset(monkeypatch):
+    groups, bg, a = 3, 13, 4
+    q, qo, qt, action, reward, discount, weight, _ = _grid_case(monkeypatch, groups, bg, a, 12, seed=5)
+    delta = torch.tensor([0.3, 1.0, 2.5])
+    up = torch.tensor([1.0, 0.5, 2.0])
+    _, programs = _programs(groups, bg, a, 12)
+    first = _run(_kernel, q, qo, qt, action, reward, discount, weight, up, stacked=True, huber_delta=delta)
+    partials, ticket = td_module._SCRATCH[(q.device, programs)]
+    assert ticket.item() == 0  # the last program zeroed it for the next launch
+    second = _run(_kernel, q, qo, qt, action, reward, discount, weight, up, stacked=True, huber_delta=delta)
+    for x, y in zip(first, second):
+        assert torch.equal(x, y)
+    assert td_module._SCRATCH[(q.device, programs)][0] is partials  # one scratch per size, reused
+    # new values in the same scratch: the last program of the third launch still writes every loss
+    reward2 = reward.flip(0) * 0.5
+    got = _run(_kernel, q, qo, qt, action, reward2, discount, weight, up, stacked=True, huber_delta=delta)
+    want = _run(dqn_td_loss_reference, q, qo, qt, action, reward2, discount, weight, up, stacked=True,
+                huber_delta=delta)
+    torch.testing.assert_close(got[0], want[0], rtol=1e-6, atol=1e-7)
+    assert not torch.equal(got[0], first[0])
+
+
+def test_empty_batch():
+    q = torch.zeros(0, 3, requires_grad=True)
+    loss, td = dqn_td_loss(q, torch.zeros(0, 3), torch.zeros(0, dtype=torch.int64), torch.zeros(0), torch.zeros(0),
+                           q_next_online=torch.zeros(0, 3), backend="triton")
+    want, _ = dqn_td_loss_reference(q, torch.zeros(0, 3), torch.zeros(0, dtype=torch.int64), torch.zeros(0),
+                                    torch.zeros(0), q_next_online=torch.zeros(0, 3))
+    assert torch.isnan(loss) and torch.isnan(want) and td.shape == (0,)
+    loss.backward()
+    assert q.grad.shape == (0, 3)
+
+
 # ------------------------------------------------------------------------------ GPU
 @pytest.mark.gpu
 @pytest.mark.parametrize("stacked", [False, True])
@@ -205,3 +329,75 @@ def test_gpu_capture_forward_backward():
                 stacked=False, huber_delta=1.0)
     torch.testing.assert_close(loss, want[0], rtol=1e-5, atol=1e-6)
     torch.testing.assert_close(grad, want[2], rtol=1e-5, atol=1e-7)
+
+
+def _graph_case(b, a, groups, stacked):
+    q, qo, qt, action, reward, discount, weight, _ = _case(b, a, seed=b + groups, device="cuda")
+    delta = torch.linspace(0.5, 2.0, groups, device="cuda") if groups > 1 else 1.0
+    if stacked:
+        q_in = torch.stack([q.view(groups, -1, a), qo.view(groups, -1, a)], dim=1).reshape(2 * b, a)
+        kw = dict(huber_delta=delta)
+    else:
+        q_in, kw = q, dict(q_next_online=qo, huber_delta=delta)
+    return q_in, (qt, action, reward, discount, weight), kw
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("b,a,groups,stacked", [(4096, 45, 1, True), (256, 45, 1, False), (8 * 256, 45, 8, True),
+                                                (3 * 1001, 7, 3, False)])
+def test_gpu_grid_capture_equals_eager_sync_free_deterministic(b, a, groups, stacked):
+    q_in, args, kw = _graph_case(b, a, groups, stacked)
+    p = q_in.clone().requires_grad_(True)
+
+    def step():
+        p.grad = None
+        loss, td = dqn_td_loss(p, *args, **kw)
+        loss.sum().backward()
+        return loss, td, p.grad
+
+    eager = [x.clone() for x in step()]
+    again = step()
+    for x, y in zip(eager, again):
+        assert torch.equal(x, y)  # the same bits from call to call
+    want_loss, want_td = dqn_td_loss_reference(q_in, *args, **kw)
+    torch.testing.assert_close(eager[0], want_loss, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(eager[1], want_td, rtol=1e-5, atol=1e-6)  # fused multiply-adds
+    graph, out = capture_graph(step)
+    for x in out:
+        x.fill_(float("nan"))
+    with no_host_sync():
+        graph.replay()
+        graph.replay()
+    torch.cuda.synchronize()
+    for x, y in zip(out, eager):
+        assert torch.equal(x, y)  # replay = eager, bit for bit
+
+
+@pytest.mark.gpu
+def test_gpu_forward_is_one_kernel():
+    q_in, args, kw = _graph_case(4096, 45, 1, True)
+    n, names = cuda_kernels(lambda: dqn_td_loss(q_in, *args, **kw))
+    assert n == 1 and len(names) == 1 and "dqn_td_loss" in names[0]
+
+
+@pytest.mark.gpu
+def test_gpu_capture_without_cached_scratch():
+    """A capture that finds no cached scratch of its size (no eager call since the cache was
+    emptied) uses a graph-pool scratch, not cached, that the graph zeroes at each replay."""
+    q_in, args, kw = _graph_case(512, 45, 1, True)
+    eager = [x.clone() for x in dqn_td_loss(q_in, *args, **kw)]  # compiles the kernel
+    td_module._SCRATCH.clear()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = dqn_td_loss(q_in, *args, **kw)
+    assert not td_module._SCRATCH  # the capture's scratch is the graph's, not the cache's
+    for _ in range(3):
+        for x in out:
+            x.fill_(float("nan"))
+        with no_host_sync():
+            graph.replay()
+        torch.cuda.synchronize()
+        for x, y in zip(out, eager):
+            assert torch.equal(x, y)
+    for x, y in zip(dqn_td_loss(q_in, *args, **kw), eager):  # eager again: a new cached scratch
+        assert torch.equal(x, y)
