@@ -23,7 +23,7 @@ class StepOut(NamedTuple):
     """Result of ``env.step``; every tensor is on the env device with leading dim ``N``.
 
     Attributes:
-        next_obs: ``[N, *obs_shape]`` (``[N, obs_dim]``, or ``[N, C, H, W]`` images): observation after the step, before auto-reset (replay's s').
+        next_obs: ``[N, *obs_shape]`` (``[N, obs_dim]``, or ``[N, C, H, W]`` images): observation after the step, before auto-reset (replay's s'); None from an env told that the replay stores its codes (:meth:`CollectHook.replay_stores_codes`).
         reward: ``[N]`` float: the step's reward.
         terminated: ``[N]`` bool: a true terminal state (no bootstrap from ``next_obs``).
         truncated: ``[N]`` bool: the episode was cut (time limit, end of data) and did not
@@ -38,7 +38,7 @@ class StepOut(NamedTuple):
     :class:`~foxdqn.envs.gym_adapter.GymVectorEnv`).
     """
 
-    next_obs: Tensor
+    next_obs: Tensor | None
     reward: Tensor
     terminated: Tensor
     truncated: Tensor
@@ -60,6 +60,10 @@ class CollectHook:
         sample time), or None: the observations themselves (``env.obs_dim`` values of
         ``env.obs_dtype``; here)."""
         return None
+
+    def replay_stores_codes(self, env: BatchedEnv) -> None:
+        """Told by the replay builders once the replay stores :meth:`replay_codec`'s codes for ``env``
+        (so the env may stop computing what only the stored observations needed); nothing here."""
 
     def replay_rows(self, env: BatchedEnv, replay, obs: Tensor, out: StepOut) -> tuple[Tensor, Tensor]:
         """What ``replay.add`` stores as s and s' of the step ``out`` taken from observations ``obs``.

@@ -128,6 +128,10 @@ class TradingEnv:
         ``"triton"`` or ``"torch"``.
         decode_backend: backend of :func:`foxdqn.ops.trading_observation.trading_observation` that
         :meth:`decode_observations` runs (same choices).
+        step_next_obs: True (the default): :meth:`step` returns ``next_obs``; False (training mode,
+        set by :meth:`foxdqn.envs.trading_hook.TradingCollectHook.replay_stores_codes` when the
+        replay stores the state codes): it returns ``next_obs=None`` and the kernel skips that
+        observation's window.
         code_dim: 4, values per state code.  code_dtype: their dtype
         (:func:`foxdqn.ops.trading_code.state_code_dtype`: float32 for a float32 env, else float64).
         split: ``(start, end)`` of the split walked.
@@ -179,6 +183,7 @@ class TradingEnv:
         self.eval_mode = eval_mode
         self.step_backend = "auto"
         self.decode_backend = "auto"
+        self.step_next_obs = True
         self.execution = execution
         self.num_envs = num_envs
         self.window = window
@@ -251,7 +256,7 @@ class TradingEnv:
         """
         starts = None if self.eval_mode else self._draw_starts()
         out = trading_step(self._state, action.contiguous(), starts, self._market, self._params,
-                           backend=self.step_backend)
+                           backend=self.step_backend, next_obs=self.step_next_obs)
         info = {
             "fill": out.fill,
             "fill_price": out.fill_price,

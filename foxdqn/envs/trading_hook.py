@@ -22,6 +22,12 @@ class TradingCollectHook(CollectHook):
             return None
         return ReplayCodec(env.code_dim, env.code_dtype, env.decode_observations)
 
+    def replay_stores_codes(self, env) -> None:
+        """The replay stores ``env``'s state codes: its steps return no ``next_obs`` (only the
+        replay's rows used it; one observation window per env and step fewer,
+        ``env.step_next_obs``)."""
+        env.step_next_obs = False
+
     def replay_rows(self, env, replay, obs: Tensor, out: StepOut) -> tuple[Tensor, Tensor]:
         """``(info["state_code"], info["next_state_code"])`` (``[N, 4]``) when ``replay`` decodes
         rows (``replay.decoder`` set), else the observations ``(obs, out.next_obs)``."""

@@ -19,7 +19,8 @@ program per ``BLOCK`` envs:
 5. ruin (``terminated``), episode length / split end (``truncated``), episode return and length;
 6. auto-reset of the envs that ended (training) or freeze (eval mode);
 7. both observations (before and after the reset): ``W*F`` feature values gathered from the
-   feature table, then the clipped exposure and unrealised PnL;
+   feature table, then the clipped exposure and unrealised PnL; the one before the reset
+   (``next_obs``) is skipped when the caller stores state codes instead (``next_obs=False``);
 8. training mode: the state codes of the replay (:mod:`foxdqn.ops.trading_code`): ``code`` of the
    state before the step (the one acted on) and ``next_code`` of the state after it, before the
    reset (the one ``next_obs`` observes); the replay stores them instead of the observations and
@@ -75,7 +76,7 @@ from foxdqn.ops.trading_code import CODE_WIDTH, state_code_dtype
 ACCOUNT_OBS_CLIP = 100.0
 
 BLOCK = 32  # envs per program (4,096 envs: 128 programs)
-NUM_WARPS = 4  # warps per program
+NUM_WARPS = 1  # warps per program: one thread per env (H200, 4,096 envs: 10 us; 4 warps: 27 us)
 CHUNK = 64  # observation-window columns gathered per loop iteration
 
 # fparams row layout (env dtype)
@@ -175,7 +176,8 @@ def trading_params(*, exposures: Tensor, tables, initial_equity: float, ruin_equ
 class TradingStepOut(NamedTuple):
     """Outputs of one step (fresh tensors; the state is updated in place), ``N`` envs, dtype unless said.
 
-    next_obs: ``[N, W*F+2]`` observation after the step, before the reset.  obs: ``[N, W*F+2]``
+    next_obs: ``[N, W*F+2]`` observation after the step, before the reset (None when the step was
+    asked for none: :func:`trading_step`'s ``next_obs``).  obs: ``[N, W*F+2]``
     after the reset (the same tensor as ``next_obs`` in eval mode).  reward: log-equity change.
     terminated, truncated, done, fill: bool.  fill_price (price units, 0 without a fill), fee
     (cash, negative = rebate), cost (cash), traded (signed units, 0 without a fill), exposure
@@ -186,7 +188,7 @@ class TradingStepOut(NamedTuple):
     the one after it, before the reset (``next_obs``'s state); None in eval mode.
     """
 
-    next_obs: Tensor
+    next_obs: Tensor | None
     obs: Tensor
     reward: Tensor
     terminated: Tensor
@@ -245,7 +247,8 @@ def _trading_step_kernel(
     fparams_ptr, iparams_ptr,
     next_obs_ptr, obs_ptr, fout_ptr, flags_ptr, len_ptr, code_ptr, next_code_ptr,
     N, num_bars, envs_per_group, W, F, OBS_DIM,
-    EVAL: tl.constexpr, CODE_W: tl.constexpr, HAS_STARTS: tl.constexpr, BLOCK: tl.constexpr, CHUNK: tl.constexpr,
+    EVAL: tl.constexpr, NEXT_OBS: tl.constexpr, CODE_W: tl.constexpr, HAS_STARTS: tl.constexpr, BLOCK: tl.constexpr,
+    CHUNK: tl.constexpr,
     FPW: tl.constexpr, IPW: tl.constexpr, SLIP: tl.constexpr, LIMK: tl.constexpr, IOC: tl.constexpr,
     FEE: tl.constexpr, EXPO: tl.constexpr, INIT: tl.constexpr, RUIN: tl.constexpr, EPLEN: tl.constexpr,
     FIRST: tl.constexpr, LAST: tl.constexpr, FLAT_IDX: tl.constexpr, OBS_CLIP: tl.constexpr,
@@ -376,7 +379,8 @@ def _trading_step_kernel(
     # ---- account part of next_obs (the observation of (t1, units1, entry1, equity1))
     row = i64 * OBS_DIM
     WF = W * F
-    _store_account_obs(next_obs_ptr, row + WF, close_ptr, t1, units1, entry1, equity1, ruin, OBS_CLIP, m)
+    if NEXT_OBS:
+        _store_account_obs(next_obs_ptr, row + WF, close_ptr, t1, units1, entry1, equity1, ruin, OBS_CLIP, m)
 
     # ---- state codes (training): (t, units, entry, equity) before the step and after it, before the
     # reset; int64 bar and env-dtype values converted exactly (trading_code.state_code_dtype)
@@ -429,8 +433,9 @@ def _trading_step_kernel(
         j = c + tl.arange(0, CHUNK)
         m2 = m[:, None] & (j < WF)[None, :]
         dst = row[:, None] + j[None, :]
-        v = tl.load(feat_ptr + src_n[:, None] + j[None, :], mask=m2, other=0.0)
-        tl.store(next_obs_ptr + dst, v, mask=m2)
+        if NEXT_OBS:
+            v = tl.load(feat_ptr + src_n[:, None] + j[None, :], mask=m2, other=0.0)
+            tl.store(next_obs_ptr + dst, v, mask=m2)
         if not EVAL:
             vo = tl.load(feat_ptr + src_o[:, None] + j[None, :], mask=m2, other=0.0)
             tl.store(obs_ptr + dst, vo, mask=m2)
@@ -448,7 +453,7 @@ def _trading_step_op(t: Tensor, steps: Tensor, cash: Tensor, units: Tensor, entr
                      fparams: Tensor, iparams: Tensor, next_obs: Tensor, obs: Tensor, fout: Tensor, flags: Tensor,
                      episode_length: Tensor, code: Tensor, next_code: Tensor, num_bars: int, envs_per_group: int,
                      window: int, num_features: int,
-                     eval_mode: bool, has_starts: bool) -> None:
+                     eval_mode: bool, has_starts: bool, with_next_obs: bool) -> None:
     n = t.shape[0]
     from foxdqn.envs.actions import FLAT  # imported here: foxdqn.envs imports this module
 
@@ -457,7 +462,7 @@ def _trading_step_op(t: Tensor, steps: Tensor, cash: Tensor, units: Tensor, entr
         action, starts, open_, high, low, close, spread, features, fparams, iparams,
         next_obs, obs, fout, flags, episode_length, code, next_code,
         n, num_bars, envs_per_group, window, num_features, window * num_features + 2,
-        EVAL=eval_mode, CODE_W=CODE_WIDTH, HAS_STARTS=has_starts, BLOCK=BLOCK, CHUNK=CHUNK, FPW=FP_WIDTH, IPW=IP_WIDTH,
+        EVAL=eval_mode, NEXT_OBS=with_next_obs, CODE_W=CODE_WIDTH, HAS_STARTS=has_starts, BLOCK=BLOCK, CHUNK=CHUNK, FPW=FP_WIDTH, IPW=IP_WIDTH,
         SLIP=_SLIP, LIMK=_LIMK, IOC=_IOC, FEE=_FEE, EXPO=_EXPO, INIT=_INIT, RUIN=_RUIN, EPLEN=_EPLEN, FIRST=_FIRST,
         LAST=_LAST, FLAT_IDX=FLAT, OBS_CLIP=ACCOUNT_OBS_CLIP, num_warps=NUM_WARPS,
         enable_fp_fusion=False,  # no FMA contraction: the reference's roundings, bit for bit
@@ -465,10 +470,11 @@ def _trading_step_op(t: Tensor, steps: Tensor, cash: Tensor, units: Tensor, entr
 
 
 def _trading_step_triton(state: TradingState, action: Tensor, starts: Tensor | None, market: TradingMarket,
-                         params: TradingParams) -> TradingStepOut:
+                         params: TradingParams, next_obs: bool) -> TradingStepOut:
     n, dev, dt = state.t.shape[0], state.t.device, state.cash.dtype
     obs_dim = params.window * params.num_features + 2
-    next_obs = torch.empty(n, obs_dim, device=dev, dtype=dt)
+    with_next_obs = next_obs
+    next_obs = torch.empty(n if with_next_obs else 0, obs_dim, device=dev, dtype=dt)
     obs = torch.empty(0 if params.eval_mode else n, obs_dim, device=dev, dtype=dt)  # eval: obs is next_obs
     fout = torch.empty(8, n, device=dev, dtype=dt)
     flags = torch.empty(4, n, device=dev, dtype=torch.uint8)
@@ -483,10 +489,12 @@ def _trading_step_triton(state: TradingState, action: Tensor, starts: Tensor | N
         market.open, market.high, market.low, market.close, market.spread, market.features,
         params.fparams, params.iparams, next_obs, obs, fout, flags, episode_length, codes[0], codes[1],
         params.num_bars, n // groups, params.window, params.num_features, params.eval_mode, has_starts,
+        with_next_obs,
     )
     term, trunc, done, fill = flags.view(torch.bool).unbind(0)
     return TradingStepOut(
-        next_obs=next_obs, obs=next_obs if params.eval_mode else obs, reward=fout[_O_REWARD], terminated=term,
+        next_obs=next_obs if with_next_obs else None, obs=next_obs if params.eval_mode else obs,
+        reward=fout[_O_REWARD], terminated=term,
         truncated=trunc, done=done,
         fill=fill, fill_price=fout[_O_PRICE], fee=fout[_O_FEE], cost=fout[_O_COST], traded=fout[_O_TRADED],
         exposure=fout[_O_EXPOSURE], equity=fout[_O_EQUITY], episode_return=fout[_O_RETURN],
@@ -546,9 +554,10 @@ def reset_where_reference(state: TradingState, mask: Tensor, starts: Tensor, par
 
 
 def trading_step_reference(state: TradingState, action: Tensor, starts: Tensor | None, market: TradingMarket,
-                           params: TradingParams) -> TradingStepOut:
+                           params: TradingParams, next_obs: bool = True) -> TradingStepOut:
     """Plain-torch reference of :func:`trading_step` (same arguments, same in-place writes): the
     step of :class:`~foxdqn.envs.trading.TradingEnv` as it was written there."""
+    with_next_obs = next_obs
     from foxdqn.envs.actions import factor
     from foxdqn.envs.execution import apply_fills, simulate_fills
 
@@ -599,7 +608,7 @@ def trading_step_reference(state: TradingState, action: Tensor, starts: Tensor |
     done = terminated | truncated
     episode_return1 = state.episode_return + reward
 
-    next_obs = observation_reference(market, params, t1, units1, entry1, equity1)
+    next_obs = observation_reference(market, params, t1, units1, entry1, equity1) if with_next_obs else None
     next_code = None if params.eval_mode else state_code_reference(t1, units1, entry1, equity1, params.code_dtype)
     out = dict(
         fill=fills.fill,
@@ -641,7 +650,7 @@ def trading_step_reference(state: TradingState, action: Tensor, starts: Tensor |
 # ---------------------------------------------------------------------------------------------
 @torch.compiler.disable
 def trading_step(state: TradingState, action: Tensor, starts: Tensor | None, market: TradingMarket,
-                 params: TradingParams, backend: str = "auto") -> TradingStepOut:
+                 params: TradingParams, backend: str = "auto", next_obs: bool = True) -> TradingStepOut:
     """Step N trading accounts once: fill, book, mark, reward, end and auto-reset (module docstring).
 
     Device ops only (no host reads): capturable in a CUDA graph. Shapes are checked; values are
@@ -659,18 +668,24 @@ def trading_step(state: TradingState, action: Tensor, starts: Tensor | None, mar
         market: :class:`TradingMarket` on the state's device, in the accounting dtype.
         params: :class:`TradingParams` (from :func:`trading_params`).
         backend: "auto" (Triton for CUDA tensors, torch for CPU), "triton", "torch".
+        next_obs: False (training mode only): ``next_obs`` is neither computed nor returned (None),
+            for a caller that stores the state codes instead (the windowed replay): the kernel
+            then gathers one observation window per env instead of two.
 
     Returns:
         :class:`TradingStepOut`.
 
     Raises:
-        ValueError: a wrong dtype, shape or device of an argument, or an unknown backend.
+        ValueError: a wrong dtype, shape or device of an argument, an unknown backend, or
+            ``next_obs=False`` in eval mode (where ``obs`` is ``next_obs``).
         RuntimeError: backend="triton" on CPU tensors without TRITON_INTERPRET=1.
     """
     _check_args(state, action, starts, market, params)
+    if not next_obs and params.eval_mode:
+        raise ValueError("next_obs=False is for training mode only: in eval mode obs is next_obs")
     if resolve_backend("trading_step", backend, state.t) == "torch":
-        return trading_step_reference(state, action, starts, market, params)
-    return _trading_step_triton(state, action, starts, market, params)
+        return trading_step_reference(state, action, starts, market, params, next_obs)
+    return _trading_step_triton(state, action, starts, market, params, next_obs)
 
 
 def _check_args(state, action, starts, market, params) -> None:

@@ -95,6 +95,7 @@ def build_population(cfgs: list[TrainConfig], market, device: torch.device) -> P
                           cfg.replay.n_step, obs_dtype=row_dtype)
     if codec is not None:
         replay.set_decoder(codec.decode)
+        env.collect_hook.replay_stores_codes(env)
     obs = env.reset_all().to(torch.float32).clone()
     zero = dict(dtype=torch.int64, device=device)
     return PopulationState(

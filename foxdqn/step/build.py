@@ -173,6 +173,7 @@ def build_replay(cfg: TrainConfig, env, device: torch.device, updates: torch.Ten
         replay = ReplayBuffer(r.capacity, env.num_envs, row_dim, device, r.n_step, gamma, obs_dtype=row_dtype)
     if codec is not None:
         replay.set_decoder(codec.decode)
+        env.collect_hook.replay_stores_codes(env)
     if r.her:
         from foxdqn.replay.her import HindsightRelabeler
 

@@ -198,6 +198,39 @@ def test_limit_tie_is_not_filled_by_either_backend():
         assert not bool(ro.fill[0])
 
 
+@pytest.mark.parametrize("backend", ["triton", "torch"])
+def test_without_next_obs_the_rest_is_unchanged(backend):
+    """next_obs=False (the windowed replay's training step): next_obs is None and every other
+    output and the state are those of the full step, on both backends."""
+    m = _market(48, 2, 5, F32)
+    p = _params(m, F32, 3, 6, False)
+    st = _state(37, m, p, 5, F32)
+    full, lean = _clone(st), _clone(st)
+    g = torch.Generator().manual_seed(9)
+    ended = 0
+    for k in range(4):
+        action = torch.randint(0, NUM_ACTIONS, (37,), generator=g)
+        starts = torch.randint(p.first_valid, p.last_bar, (37,), generator=g)
+        fo = trading_step(full, action, starts, m, p, backend=backend)
+        lo = trading_step(lean, action, starts, m, p, backend=backend, next_obs=False)
+        assert lo.next_obs is None and fo.next_obs is not None
+        for name in fo._fields:
+            if name != "next_obs":
+                assert torch.equal(getattr(lo, name), getattr(fo, name)), f"step {k}: {name}"
+        for name in TradingState._fields:
+            assert torch.equal(getattr(lean, name), getattr(full, name)), f"step {k}: state.{name}"
+        ended += int(fo.done.sum())
+    assert ended > 0  # resets happened, so obs (after the reset) differs from the skipped next_obs
+
+
+def test_without_next_obs_is_refused_in_eval_mode():
+    m = _market(20, 2, 0, F64)
+    p = _params(m, F64, 2, 5, True)
+    st = _state(4, m, p, 0, F64)
+    with pytest.raises(ValueError, match="next_obs=False"):
+        trading_step(st, torch.zeros(4, dtype=I64), None, m, p, next_obs=False)
+
+
 def test_argument_checks():
     m = _market(20, 2, 0, F64)
     p = _params(m, F64, 2, 5, False)

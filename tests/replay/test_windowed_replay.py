@@ -56,6 +56,7 @@ def _train_alike(coded, plain, collect_iters, full_iters):
     """Give ``plain`` a replay of observations, train both states alike, and check that every
     sampled batch and the trained weights are equal bit for bit."""
     plain.replay = _obs_replay(plain)
+    plain.rollout.env.step_next_obs = True  # this replay stores the observations: the step must return next_obs
     a, b = _recording(coded.replay), _recording(plain.replay)
     for s in (coded, plain):
         iterate(s, False, collect_iters, full_iters)
@@ -73,6 +74,7 @@ def test_training_run_samples_the_observations_an_obs_replay_samples(overrides):
     plain, _ = small_state([*RUN, *overrides], bars=400)
     assert coded.replay.decoder is not None and coded.replay.obs.shape[-1] == 4
     assert coded.replay.obs.dtype == coded.rollout.env.code_dtype == torch.float32
+    assert coded.rollout.env.step_next_obs is False  # the code replay needs no next_obs from the step
     coded.rollout.env.decode_backend = "triton"
     _train_alike(coded, plain, 2, 6)
     assert not torch.equal(coded.replay.obs, torch.zeros_like(coded.replay.obs))
@@ -107,6 +109,7 @@ def test_population_samples_the_observations_an_obs_replay_samples():
     r = coded.replay
     plain.replay = MemberReplay(cfgs[0].replay.capacity, r.envs_per_member, plain.env.obs_dim, plain.params.gamma,
                                 plain.rng, CPU, r.n_step)
+    plain.env.step_next_obs = True  # this replay stores the observations: the step must return next_obs
     a, b = _recording(coded.replay, "sample_members"), _recording(plain.replay, "sample_members")
     for s in (coded, plain):
         iterate(s, False, 4, 4, collect=P.collect_step, update=P.update_step, after_updates=P.publish_guard)
@@ -140,6 +143,8 @@ def test_trading_hook_stores_codes_only_in_a_decoding_replay():
     env, hook = s.rollout.env, s.rollout.env.collect_hook
     codec = hook.replay_codec(env)
     assert (codec.dim, codec.dtype) == (4, torch.float32)
+    assert env.step_next_obs is False  # the built replay decodes: the step skips next_obs ...
+    env.step_next_obs = True  # ... which this test compares the decoded codes with
     obs = s.rollout.obs.clone()
     out = env.step(torch.zeros(env.num_envs, dtype=torch.int64))
     rows = hook.replay_rows(env, s.replay, obs, out)
