@@ -89,10 +89,14 @@ def _ratios(df: pd.DataFrame) -> str:
     ops = df[df.section == "ops"] if "section" in df else df.iloc[0:0]
     if len(ops) and "ms" in ops:
         p = ops.pivot_table(index=["op", "size"], columns="provider", values="ms")
-        if "triton" in p and "torch.compile" in p:
-            p["compile/triton"] = p["torch.compile"] / p["triton"]
-        if "triton" in p and "torch" in p:
-            p["torch/triton"] = p["torch"] / p["triton"]
+        kernel = None  # the op's own row: triton, or fused (linear_relu's cuBLASLt epilogue) where no triton row
+        for name in ("fused", "triton"):
+            if name in p:
+                kernel = p[name] if kernel is None else p[name].fillna(kernel)
+        if kernel is not None and "torch.compile" in p:
+            p["compile/triton"] = p["torch.compile"] / kernel
+        if kernel is not None and "torch" in p:
+            p["torch/triton"] = p["torch"] / kernel
         parts.append("## ops: ms (median)\n\n" + p.round(5).to_markdown())
     for name in ("population", "kernels", "startup"):  # sections whose module writes its own table
         rows_ = df[df.section == name] if "section" in df else df.iloc[0:0]

@@ -39,18 +39,44 @@ def provider_rows(bench: str, op: str, size: str, providers: dict, nbytes: int |
     return out
 
 
-def against_compile(bench: str, op: str, size: str, kernel, reference, *args, **kwargs) -> list[dict]:
+def against_compile(bench: str, op: str, size: str, kernel, reference, *args, kernel_backend: str = "triton",
+                    **kwargs) -> list[dict]:
     """The three rows of an op at one size: ``triton`` (``kernel(*args, **kwargs, backend="triton")``),
     ``torch`` (``reference(*args, **kwargs)``) and ``torch.compile`` of the reference (compiled
-    afresh for this size, ``dynamic=False``)."""
+    afresh for this size, ``dynamic=False``). ``kernel_backend``: the backend name passed to
+    ``kernel`` and used as its row's provider (``"fused"`` for :mod:`foxdqn.ops.linear_relu`)."""
     import torch
 
     torch._dynamo.reset()
     compiled = torch.compile(reference, dynamic=False)
     providers = {
-        "triton": lambda: kernel(*args, **kwargs, backend="triton"),
+        kernel_backend: lambda: kernel(*args, **kwargs, backend=kernel_backend),
         "torch": lambda: reference(*args, **kwargs),
         "torch.compile": lambda: compiled(*args, **kwargs),
+    }
+    return provider_rows(bench, op, size, providers)
+
+
+def against_compile_grad(bench: str, op: str, size: str, kernel, reference, *args, kernel_backend: str = "triton",
+                         **kwargs) -> list[dict]:
+    """As :func:`against_compile`, each row timing forward and backward: the op's output, then
+    ``torch.autograd.grad`` of it w.r.t. every tensor of ``args`` that requires grad, with one fixed
+    random upstream gradient (a standard normal of the output's shape, drawn once). The
+    ``torch.compile`` row runs the compiled forward and the backward AOTAutograd compiled with it."""
+    import torch
+
+    inputs = [a for a in args if isinstance(a, torch.Tensor) and a.requires_grad]
+    grad_out = torch.randn_like(reference(*args, **kwargs).detach())
+    torch._dynamo.reset()
+    compiled = torch.compile(reference, dynamic=False)
+
+    def fwd_bwd(fn):
+        return lambda: torch.autograd.grad(fn(), inputs, grad_out)
+
+    providers = {
+        kernel_backend: fwd_bwd(lambda: kernel(*args, **kwargs, backend=kernel_backend)),
+        "torch": fwd_bwd(lambda: reference(*args, **kwargs)),
+        "torch.compile": fwd_bwd(lambda: compiled(*args, **kwargs)),
     }
     return provider_rows(bench, op, size, providers)
 

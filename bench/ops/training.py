@@ -1,0 +1,66 @@
+"""Training sizes of the op benches, built as the training code builds them (not a bench module:
+``bench.run`` runs only ``bench_*`` modules).
+
+:func:`training` composes an experiment's config (``conf/``), builds its train env
+(:func:`foxdqn.step.build.build_env`: the trading env on the bundled EURUSD 1h bars) and its online
+network (:func:`foxdqn.step.build.build_network`); the benches read their shapes, the env's state
+and market, and the config's batch size, clip bound, τ and target period from it. Trading
+experiments run at :data:`TRADING_ENVS` envs, the size of issue 17's kernel counts
+(docs/bench.md#kernels); the others as shipped. Nothing runs at import.
+"""
+from __future__ import annotations
+
+from functools import lru_cache
+from typing import NamedTuple
+
+TRADING_ENVS = 4096  # envs of the trading sets in the kernels section (bench/kernels_bench.py)
+DEFAULT = "eurusd_dqn"  # the default experiment (conf/train.yaml)
+CARTPOLE = "cartpole_cleanrl"
+
+
+class Training(NamedTuple):
+    """One experiment's built pieces on one device.
+
+    cfg: the composed :class:`foxdqn.config.TrainConfig`.  env: its train env (N envs, stepped by
+    the benches that need its state).  net: the online network (float32, on the device).
+    num_envs: N.  num_actions: the network's outputs.  obs_dim: values per observation.
+    batch_size: ``agent.batch_size``.  param_shapes: shapes of ``net``'s parameters, in order.
+    """
+
+    cfg: object
+    env: object
+    net: object
+    num_envs: int
+    num_actions: int
+    obs_dim: int
+    batch_size: int
+    param_shapes: tuple
+
+
+@lru_cache(maxsize=None)
+def training(experiment: str, device: str) -> Training:
+    """The experiment's :class:`Training` on ``device`` (built once per process; the env's state
+    then evolves with every bench that steps it, as in training)."""
+    import torch
+
+    from foxdqn.compose import load_config
+    from foxdqn.step.build import build_action_mode, build_env, build_network
+
+    overrides = [f"+experiment={experiment}", f"device={device}", "log.progress=false"]
+    probe = load_config(overrides)
+    if probe.env.name == "trading":
+        overrides.append(f"env.num_envs={TRADING_ENVS}")
+    cfg = load_config(overrides)
+    dev = torch.device(device)
+    market = None
+    if cfg.env.name == "trading":
+        from foxdqn.data import load_market_data
+
+        market = load_market_data(cfg.data, cfg.env.window, cfg.env.episode_length)
+    generator = torch.Generator(device=dev).manual_seed(0)
+    env = build_env(cfg, market, "train", dev, generator)
+    env.reset_all()
+    num_actions = build_action_mode(cfg, env).num_actions
+    net = build_network(cfg, env, num_actions).to(dev)
+    return Training(cfg, env, net, env.num_envs, num_actions, int(env.obs_dim), cfg.agent.batch_size,
+                    tuple(tuple(p.shape) for p in net.parameters()))
