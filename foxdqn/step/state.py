@@ -61,7 +61,8 @@ class Networks:
 
 @dataclass
 class Optimization:
-    """optimizer: fused Adam over ``Networks.trainable`` (``found_inf`` = the guard's skip flag);
+    """optimizer: ``torch.optim.Adam`` over ``Networks.trainable``, the state that
+    :func:`foxdqn.step.adam.adam_update_` steps in one kernel (the guard's skip flag skips it);
     lr: float32 0-d device tensor, its learning rate (change in place, never rebind);
     weight_check: the post-step weight check's trial step (``guard.max_weight``), else None."""
 
@@ -170,7 +171,6 @@ def build_state(cfg: TrainConfig, market, device: torch.device) -> TrainState:
     x = cfg.explore
     eps = LinearSchedule(x.eps_start, x.eps_end, x.eps_decay_fraction * a.total_env_steps, device)
     monitors = build_monitors(cfg, env, device)
-    optim.optimizer.found_inf = monitors.guard.skip  # fused Adam skips the update on the device when skip == 1
     if monitors.guard.checks_weights:  # guard.max_weight: Adam's step is tried on a copy and checked first
         from foxdqn.step.weight_check import WeightCheck
 

@@ -5,14 +5,16 @@ updates and 0 otherwise (``hard``: the hard copy of Mnih et al. 2015), times (1 
 skipped update (training guard) leaves the targets unchanged. τ and the period are 0-d device
 tensors: change them in place (``fill_``) and a captured graph sees the new values.
 
-On CUDA an update costs two kernels here: ``w`` (and, with ``advance``, the update counter's
-``+= 1``) in one kernel (:func:`foxdqn.ops.target_weight.target_weight`, in place of two to six
-torch ops plus the counter's ``add_``), then one multi-tensor ``torch._foreach_lerp_``.
+On CUDA an update costs one kernel per 8 target tensors (:func:`foxdqn.ops.target_lerp.target_lerp_`):
+``w``, the lerp of every target and, with ``advance``, the update counter's ``+= 1``, in place of
+:func:`foxdqn.ops.target_weight.target_weight` and ``torch._foreach_lerp_`` (which, with a
+tensor weight, is one kernel per target tensor).
 """
 from __future__ import annotations
 
 import torch
 
+from foxdqn.ops.target_lerp import target_lerp_
 from foxdqn.ops.target_weight import target_weight
 
 
@@ -59,5 +61,5 @@ class TargetUpdate:
         ``updates`` (int64 0-d) is incremented by 1 once ``w`` is computed: the update step's
         counter, when nothing after the target update reads it (:func:`foxdqn.step.update.update_step`)."""
         with torch.no_grad():  # else the targets would join the autograd graph (and keep it alive)
-            w = self.weight_for(updates, skip, advance)
-            torch._foreach_lerp_(self.targets, self.sources, [w] * len(self.targets))
+            target_lerp_(self.targets, [s.detach() for s in self.sources], updates, skip, self.tau,
+                         self.hard_period, hard=self.hard, advance=advance, weight=self.weight)

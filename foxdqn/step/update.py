@@ -1,22 +1,22 @@
 """One gradient update: sample → objective → backward → clip → [trial step] → guard → Adam → target →
 priorities.
 
-Kernels after backward, on CUDA (eurusd_dqn, Polyak target, no pruning / weight check / PER):
-clip 6 measured on the H200 (``_foreach_norm``'s fill and two kernels, the norms' stack,
-:mod:`foxdqn.ops.clip_coefficient`'s one, ``_foreach_mul_``: :mod:`foxdqn.step.grad_clip`;
-torch's ``clip_grad_norm_`` is 10), the Q monitor 1, the guard
-1, fused Adam 3 (step ``+= 1``, the fused kernel, step ``-= found_inf``), the target update 2 (the
-weight and the counter's ``+= 1`` in one kernel, :mod:`foxdqn.ops.target_weight`; one
-``_foreach_lerp_``): 11, from 17 with torch's clip and weight expressions.
+Kernels after backward, on CUDA (eurusd_dqn, Polyak target, no pruning / weight check / PER),
+each of the three multi-tensor ops one launch per 8 tensors: the gradient norm and clip
+coefficient 1 (:mod:`foxdqn.step.grad_clip`; torch's ``clip_grad_norm_`` is 10), the Q monitor
+1, the guard 1, Adam 1 (the clip's multiply, the skip and the step counts included:
+:mod:`foxdqn.step.adam`; torch's fused Adam is 3 plus the clip's ``_foreach_mul_``), the target
+update 1 (weight, lerp and the counter's ``+= 1``: :mod:`foxdqn.step.target_update`; with
+``_foreach_lerp_`` it was 9): 5, from 26 with torch's clip, fused Adam and ``_foreach_lerp_``.
 
 Device ops only. The training guard (:class:`foxdqn.guard.guard.TrainingGuard`, kernel
 ops.training_guard) turns NaN/Inf, a loss above the clip,
 a gradient collapse or (with ``guard.max_weight``) weights that Adam's step would make non-finite
 or larger than the bound into ``skip`` = 1 on the device. The weights after the step are known
-before it is applied: :class:`foxdqn.step.weight_check.WeightCheck` runs the same fused Adam step
+before it is applied: :class:`foxdqn.step.weight_check.WeightCheck` runs the same Adam step
 on a scratch copy and reduces its max |w| for the guard (docs/design/guard.md#after-the-step).
-Fused Adam reads ``skip`` as ``found_inf`` and
-leaves the parameters and its step count unchanged, the target update uses weight·(1 − skip),
+Adam's kernel reads ``skip`` and
+leaves the parameters, moments and step counts unchanged, the target update uses weight·(1 − skip),
 and PER priorities are left unchanged, so a bad update changes nothing
 (docs/design/guard.md#skip; docs/design/hot_loop.md#the-contract, rule 5).
 
@@ -43,7 +43,8 @@ from __future__ import annotations
 import torch
 
 from foxdqn.replay.buffer import Batch
-from foxdqn.step.grad_clip import clip_grad_norm_
+from foxdqn.step.adam import adam_update_
+from foxdqn.step.grad_clip import grad_norm_and_coefficient
 from foxdqn.step.scalars import device_scalar
 from foxdqn.step.state import TrainState
 
@@ -63,8 +64,8 @@ def accumulate_gradients(s: TrainState, batch: Batch) -> tuple[torch.Tensor, tor
     m = s.cfg.optim.accumulate
     # set_to_none=True: the first backward then writes each .grad (no zero fill, and no add into a
     # zeroed .grad per parameter). Nothing keeps a .grad tensor across updates: the pruner
-    # (mask_grads), the weight check (WeightCheck.run assigns p.grad to its shadow each update),
-    # clip_grad_norm_ and fused Adam read p.grad afresh each update; the guard reads only the
+    # (mask_grads), the weight check (WeightCheck.run reads p.grad each update),
+    # the clip and Adam read p.grad afresh each update; the guard reads only the
     # norm; checkpoints do not hold gradients. Under a CUDA graph the captured backward allocates
     # the .grad tensors once from the graph's pool and each replay rewrites them. A parameter
     # that gets no gradient keeps .grad None either way (autograd creates none; zeroing a None
@@ -93,17 +94,17 @@ def update_step(s: TrainState) -> None:
     loss, td_abs, q_values = accumulate_gradients(s, batch)
     if s.pruner is not None:
         s.pruner.mask_grads()
-    # clip_grad_norm_'s values in 6 kernels on CUDA instead of 10 (foxdqn/step/grad_clip.py)
-    grad_norm = clip_grad_norm_(s.nets.trainable, device_scalar(s.device, s.cfg.optim.grad_clip))
+    # clip_grad_norm_'s norm and coefficient in one kernel; Adam's kernel multiplies by it
+    grad_norm, clip = grad_norm_and_coefficient(s.nets.trainable, device_scalar(s.device, s.cfg.optim.grad_clip))
     s.monitors.qmon.update(q_values, s.updates)
     spike = None
     if s.lr_spike_at is not None:  # debug: one update with a learning rate 2**100 times too large
         spike = torch.where(s.updates == s.lr_spike_at, 2.0 ** 100, 1.0)
         s.optim.lr.mul_(spike)
     if s.optim.weight_check is not None:
-        s.optim.weight_check.run()  # Adam's step on a copy: max |w| after it, for the guard
+        s.optim.weight_check.run(clip)  # Adam's step on a copy: max |w| after it, for the guard
     skip = s.monitors.guard.check(loss, grad_norm.detach(), s.updates)
-    s.optim.optimizer.step()  # found_inf = skip
+    adam_update_(s.optim.optimizer, s.optim.lr, grad_scale=clip, skip=skip)
     if spike is not None:
         s.optim.lr.div_(spike)  # a power of two: lr is restored exactly
     if s.pruner is not None:

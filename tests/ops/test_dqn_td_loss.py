@@ -349,11 +349,10 @@ def test_gpu_grid_capture_equals_eager_sync_free_deterministic(b, a, groups, sta
     q_in, args, kw = _graph_case(b, a, groups, stacked)
     p = q_in.clone().requires_grad_(True)
 
-    def step():
-        p.grad = None
+    def step():  # autograd.grad, not backward: no AccumulateGrad node tied to the stream that made p
         loss, td = dqn_td_loss(p, *args, **kw)
-        loss.sum().backward()
-        return loss, td, p.grad
+        (grad,) = torch.autograd.grad(loss.sum(), p)
+        return loss.detach(), td, grad  # detached: the test overwrites them in place
 
     eager = [x.clone() for x in step()]
     again = step()
@@ -389,7 +388,7 @@ def test_gpu_capture_without_cached_scratch():
     td_module._SCRATCH.clear()
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        out = dqn_td_loss(q_in, *args, **kw)
+        out = [x.detach() for x in dqn_td_loss(q_in, *args, **kw)]
     assert not td_module._SCRATCH  # the capture's scratch is the graph's, not the cache's
     for _ in range(3):
         for x in out:

@@ -384,6 +384,7 @@ def test_gpu_kernels_per_env_step_and_per_collect_step():
 
     kenv, _ = _eurusd_envs(F32)
     kenv.reset_all()
+    kenv.step_next_obs = False  # as in the collect step below (its replay stores the state codes)
     action = torch.randint(0, NUM_ACTIONS, (kenv.num_envs,), device="cuda")
     per_step, names = cuda_kernels(lambda: kenv.step(action))
     print("env step (kernel):", per_step, names)
@@ -394,7 +395,7 @@ def test_gpu_kernels_per_env_step_and_per_collect_step():
 
     cfg = load_config(["+experiment=eurusd_dqn", "device=cuda", "log.progress=false", "env.num_envs=4096"])
     s = build_state(cfg, load_market_data(cfg.data, cfg.env.window, cfg.env.episode_length), torch.device("cuda"))
-    assert s.rollout.env.num_envs == 4096
+    assert s.rollout.env.num_envs == 4096 and s.rollout.env.step_next_obs is False
     counts = {}
     for backend in ("torch", "triton"):
         s.rollout.env.step_backend = backend

@@ -1,0 +1,334 @@
+r"""Adam's update of a list of parameters, step counts included, in one kernel launch (up to
+:data:`~foxdqn.ops.tensor_list.MAX_SLOTS` tensors per launch).
+
+Source: Kingma & Ba 2015, "Adam: A Method for Stochastic Optimization", Algorithm 1, as
+``torch.optim.Adam(fused=True, capturable=True)`` computes it with ``amsgrad=False``,
+``weight_decay=0``, ``maximize=False`` (``torch/optim/adam.py`` ``_fused_adam``:
+``_foreach_add_(steps, 1)``, ``torch._fused_adam_``, ``_foreach_sub_(steps, found_inf)``; the
+element rule is ATen's ``FusedAdamMathFunctor`` / ``adam_math`` in
+``aten/src/ATen/native/cuda/fused_adam_utils.cuh``, as shipped with torch 2.13). Per tensor ``k``,
+member ``p`` (one network: P = 1) and element, in float32 (``b1``, ``b2``, ``eps`` the Python floats
+rounded to float32, as ATen's ``static_cast<float>``)::
+
+    if skip[p] != 0: nothing changes (param, moments, step count)       # torch: found_inf == 1
+    t    = step_k[p] + 1                                                   # the count after this update
+    bc1  = 1 - powf(b1, t);   bc2_sqrt = sqrt_rn(1 - powf(b2, t))
+    step_size = div_rn(lr[p], bc1)
+    g    = grad * grad_scale[p]                                            # (no grad_scale: g = grad)
+    m    = fma(b1, m, fma(-b1, g, g))                                      # b1 m + (1 - b1) g
+    v    = fma(b2, v, fma(-b2, g*g, g*g))                                  # b2 v + (1 - b2) g²
+    denom = div_rn(sqrt_rn(v), bc2_sqrt) + eps[p]
+    param = param - div_rn(step_size * m, denom)
+    step_k[p] = t                                                          # once per call, see below
+
+``grad_scale`` is a MULTIPLIER (the clip coefficient of :func:`foxdqn.ops.grad_norm.grad_norm_coefficient`),
+not torch's AMP divisor: ``g`` is bit for bit what ``torch._foreach_mul_(grads, coef)`` would leave
+in the gradients, which are not modified here. ``powf`` is libdevice's ``__nv_powf`` when compiled
+(what ``std::pow(float, float)`` is in torch's CUDA kernel); the interpreter, which has no
+libdevice, computes ``exp(t · log b)`` in float64 and rounds it once (within an ulp of ``powf``).
+
+Rounding vs torch: on CUDA every operation above is correctly rounded as in ATen's kernel (division
+and square root round to nearest, the fma are explicit), so the result matches
+``torch.optim.Adam(fused=True)`` of torch 2.13 bit for bit wherever ``powf`` agrees, and to a few
+ulps otherwise; torch versions whose fused kernel computes ``m`` as ``b1·m + (1 - b1)·g`` (two
+roundings), and torch's CPU and foreach paths (float64 bias corrections, ``lerp``), differ by a
+few float32 ulps per step. The reference (:func:`adam_step_reference`) is the same rule in torch
+ops, the two moment updates computed in float64 and rounded once (in place of the fma).
+
+Kernel count: one launch for up to 8 tensors in place of fused Adam's three (``steps += 1``, the
+fused kernel, ``steps -= found_inf``), and the clip's ``_foreach_mul_`` when ``grad_scale`` is
+passed. The grid is one program per BLOCK elements of a member's slice
+(:mod:`foxdqn.ops.tensor_list`), so ~120k parameters run on ~120 programs at BLOCK = 1024 instead
+of the few blocks ``multi_tensor_apply`` launches.
+
+Step counts. Every program reads its tensor's ``step[p]`` and computes with ``t = step + 1``;
+nothing is written to the counts until every program has read them: the program that draws the
+last ticket (``atomic_add``, acq_rel at GPU scope after a barrier of its warps, as
+:mod:`foxdqn.ops.step_stats` argues: every other program's read precedes its increment, which the
+last program's acquire orders before its stores) adds ``1`` to each count of the launch's tensors
+where ``skip[p] == 0``, and zeroes the ticket. With one count per tensor (torch's optimizer state)
+each launch's last program advances its own tensors' counts; with one count shared by all tensors
+(:class:`foxdqn.population.optim.MemberAdam`'s ``steps``) only the last launch's last program
+advances it, after every launch has read it (the earlier launches completed, in stream order).
+The interpreter runs the programs one after the other, so there the last program is the last.
+
+Scratch: the ticket of :func:`foxdqn.ops.tensor_list.scratch`, per device, made on the first
+(eager) call.
+"""
+from __future__ import annotations
+
+import math
+import struct
+from typing import Sequence
+
+import torch
+import triton
+import triton.language as tl
+from torch import Tensor
+from triton.language.extra import libdevice
+
+from foxdqn.ops.backend import INTERPRET, resolve_backend
+from foxdqn.ops.tensor_list import (MAX_SLOTS, F32, check_list, check_member_vector, check_members, describe, locate,
+                                    pick8, plan, scratch, slots)
+
+BLOCK = 1024  # elements of one member's slice per program
+_PB = 64  # members per iteration of the last program's loop
+
+
+# ---------------------------------------------------------------------------------------------
+# Triton kernel
+# ---------------------------------------------------------------------------------------------
+if INTERPRET:
+
+    @triton.jit
+    def _powf(base, t, LOG_BASE: tl.constexpr):
+        # No libdevice in the interpreter: base**t in float64, rounded once (LOG_BASE = log(base)).
+        return tl.exp(t.to(tl.float64) * tl.full([], LOG_BASE, tl.float64)).to(tl.float32)
+
+else:
+
+    @triton.jit
+    def _powf(base, t, LOG_BASE: tl.constexpr):
+        return libdevice.pow(base, t)  # __nv_powf, as std::pow(float, float) in torch's kernel
+
+
+@triton.jit
+def _bump(step_ptr, inc, q, qm):
+    s = tl.load(step_ptr + q, mask=qm, other=0.0)
+    tl.store(step_ptr + q, s + inc, mask=qm)
+
+
+@triton.jit(do_not_specialize=["e0", "e1", "e2", "e3", "e4", "e5", "e6", "e7", "members"])
+def _adam_step_kernel(p0, p1, p2, p3, p4, p5, p6, p7,
+                      g0, g1, g2, g3, g4, g5, g6, g7,
+                      m0, m1, m2, m3, m4, m5, m6, m7,
+                      v0, v1, v2, v3, v4, v5, v6, v7,
+                      s0, s1, s2, s3, s4, s5, s6, s7,
+                      n0, n1, n2, n3, n4, n5, n6, n7,
+                      e0, e1, e2, e3, e4, e5, e6, e7,
+                      lr_ptr, eps_ptr, scale_ptr, skip_ptr, ticket_ptr, members, beta1, beta2, eps_value,
+                      N_INC: tl.constexpr, HAS_SCALE: tl.constexpr, HAS_SKIP: tl.constexpr,
+                      EPS_TENSOR: tl.constexpr, LOG_BETA1: tl.constexpr, LOG_BETA2: tl.constexpr,
+                      BLOCK: tl.constexpr, PB: tl.constexpr):
+    pid = tl.program_id(0)
+    slot, member, block, offs, mask, idx, live = locate(pid, n0, n1, n2, n3, n4, n5, n6, n7,
+                                                        e0, e1, e2, e3, e4, e5, e6, e7, BLOCK)
+    b1 = tl.zeros([], tl.float32) + beta1  # float32 scalars (a Python float argument is fp32 when launched eagerly)
+    b2 = tl.zeros([], tl.float32) + beta2
+    if HAS_SKIP:
+        # a skipped member: no reads, no writes (the skip broadcast to the block first: the
+        # interpreter cannot AND a block of bools with a scalar bool)
+        mask = mask & ((tl.zeros([BLOCK], tl.float32) + tl.load(skip_ptr + member)) == 0.0)
+    t = tl.load(pick8(slot, s0, s1, s2, s3, s4, s5, s6, s7) + member) + 1.0
+    bc1 = 1.0 - _powf(b1, t, LOG_BETA1)
+    bc2_sqrt = tl.sqrt_rn(1.0 - _powf(b2, t, LOG_BETA2))
+    step_size = tl.div_rn(tl.load(lr_ptr + member), bc1)
+    if EPS_TENSOR:
+        eps = tl.load(eps_ptr + member)
+    else:
+        eps = tl.zeros([], tl.float32) + eps_value
+
+    pp = pick8(slot, p0, p1, p2, p3, p4, p5, p6, p7) + idx
+    gp = pick8(slot, g0, g1, g2, g3, g4, g5, g6, g7) + idx
+    mp = pick8(slot, m0, m1, m2, m3, m4, m5, m6, m7) + idx
+    vp = pick8(slot, v0, v1, v2, v3, v4, v5, v6, v7) + idx
+    param = tl.load(pp, mask=mask, other=0.0)
+    g = tl.load(gp, mask=mask, other=0.0)
+    m = tl.load(mp, mask=mask, other=0.0)
+    v = tl.load(vp, mask=mask, other=0.0)
+    if HAS_SCALE:
+        g = g * tl.load(scale_ptr + member)
+    m = tl.fma(b1, m, tl.fma(-b1, g, g))
+    gg = g * g
+    v = tl.fma(b2, v, tl.fma(-b2, gg, gg))
+    denom = tl.div_rn(tl.sqrt_rn(v), bc2_sqrt) + eps
+    param = param - tl.div_rn(step_size * m, denom)
+    tl.store(mp, m, mask=mask)
+    tl.store(vp, v, mask=mask)
+    tl.store(pp, param, mask=mask)
+
+    if N_INC > 0:
+        tl.debug_barrier()  # every warp has read the step count before the (one-thread) ticket increment
+        ticket = tl.atomic_add(ticket_ptr, 1, sem="acq_rel", scope="gpu")
+        if ticket == tl.num_programs(0) - 1:
+            for q0 in range(0, members, PB):
+                q = q0 + tl.arange(0, PB)
+                qm = q < members
+                if HAS_SKIP:
+                    inc = tl.where(tl.load(skip_ptr + q, mask=qm, other=1.0) == 0.0, 1.0, 0.0)
+                else:
+                    inc = tl.full([PB], 1.0, tl.float32)
+                for k in tl.static_range(8):
+                    if k < N_INC:
+                        _bump(pick8(k, s0, s1, s2, s3, s4, s5, s6, s7), inc, q, qm)
+            tl.store(ticket_ptr, 0)
+
+
+def _f32(x: float) -> float:
+    """``x`` rounded to float32 (to nearest), on the host."""
+    return struct.unpack("f", struct.pack("f", x))[0]
+
+
+def _log(beta: float) -> float:
+    b = _f32(beta)
+    return math.log(b) if b > 0.0 else -math.inf
+
+
+@torch.library.triton_op("foxdqn::adam_step_",
+                         mutates_args={"params", "exp_avgs", "exp_avg_sqs", "steps", "ticket"})
+def _adam_step_op(params: list[Tensor], grads: list[Tensor], exp_avgs: list[Tensor], exp_avg_sqs: list[Tensor],
+                  steps: list[Tensor], lr: Tensor, eps_tensor: Tensor, grad_scale: Tensor, skip: Tensor,
+                  ticket: Tensor, eps: float, beta1: float, beta2: float, members: int, has_eps_tensor: bool,
+                  has_scale: bool, has_skip: bool, block: int) -> None:
+    shared = len(steps) == 1 and len(params) > 1
+    launches, _ = plan(tuple(p.numel() // members for p in params), members, block)
+    for launch in launches:
+        if shared:
+            step_slots, n_inc = [steps[0]] * MAX_SLOTS, (1 if launch.final else 0)
+        else:
+            step_slots, n_inc = slots(steps, launch), launch.count
+        torch.library.wrap_triton(_adam_step_kernel)[(launch.programs,)](
+            *slots(params, launch), *slots(grads, launch), *slots(exp_avgs, launch), *slots(exp_avg_sqs, launch),
+            *step_slots, *launch.numels, *launch.ends,
+            lr, eps_tensor, grad_scale, skip, ticket, members, beta1, beta2, eps,
+            N_INC=n_inc, HAS_SCALE=has_scale, HAS_SKIP=has_skip, EPS_TENSOR=has_eps_tensor,
+            LOG_BETA1=_log(beta1), LOG_BETA2=_log(beta2), BLOCK=block, PB=_PB, num_warps=4)
+
+
+# ---------------------------------------------------------------------------------------------
+# Reference (plain torch; the CPU path)
+# ---------------------------------------------------------------------------------------------
+def adam_step_reference(params: Sequence[Tensor], grads: Sequence[Tensor], exp_avgs: Sequence[Tensor],
+                        exp_avg_sqs: Sequence[Tensor], steps: Sequence[Tensor], *, lr: Tensor, beta1: float,
+                        beta2: float, eps: float | Tensor, grad_scale: Tensor | None = None,
+                        skip: Tensor | None = None, members: int = 1) -> None:
+    """Plain-torch reference of :func:`adam_step_` (same arguments, same in-place writes; the
+    module docstring's rule in torch ops, float32, ``powf`` as ``torch.pow``). Device ops only:
+    the update is computed out of place and written back with ``torch.where``, so skipped members
+    keep their values bit for bit."""
+    b1, b2 = _f32(beta1), _f32(beta2)  # exact in float32: the scalar ops below are float32 ops
+    keep = None if skip is None else skip.reshape(members) != 0
+    shared = len(steps) == 1 and len(params) > 1
+    for k, (param, grad, m, v) in enumerate(zip(params, grads, exp_avgs, exp_avg_sqs)):
+        step = steps[0] if shared else steps[k]
+        col = (members,) + (1,) * (param.dim() - 1) if members > 1 else ()
+
+        def per(x: Tensor) -> Tensor:  # [P] (0-d for P = 1) -> broadcast over member p's slice
+            return x.reshape(col)
+
+        t = step.reshape(members) + 1.0
+        bc1 = 1.0 - torch.pow(b1, t)
+        bc2_sqrt = torch.sqrt(1.0 - torch.pow(b2, t))
+        step_size = per(lr.reshape(members) / bc1)
+        g = grad if grad_scale is None else grad * per(grad_scale.reshape(members))
+        # the kernel's fma(b, x, fma(-b, y, y)) = b·x + (1 - b)·y rounded (about) once: in float64
+        # here (1 - b is exact there), rounded to float32 once; in float32 b·x + (y - b·y) would
+        # lose up to log2(1 / (1 - b)) bits to the cancellation
+        gg = g * g
+        m_new = (b1 * m.double() + (1.0 - b1) * g.double()).to(F32)
+        v_new = (b2 * v.double() + (1.0 - b2) * gg.double()).to(F32)
+        denom = v_new.sqrt() / per(bc2_sqrt) + (per(eps.reshape(members)) if isinstance(eps, Tensor) else _f32(eps))
+        p_new = param - (step_size * m_new) / denom
+        if keep is None:
+            m.copy_(m_new)
+            v.copy_(v_new)
+            param.copy_(p_new)
+        else:
+            kp = per(keep)
+            m.copy_(torch.where(kp, m, m_new))
+            v.copy_(torch.where(kp, v, v_new))
+            param.copy_(torch.where(kp, param, p_new))
+    for step in (steps[:1] if shared else steps):
+        if keep is None:
+            step.add_(1.0)
+        else:
+            step.add_((~keep).to(F32).reshape(step.shape))
+
+
+# ---------------------------------------------------------------------------------------------
+# Public function
+# ---------------------------------------------------------------------------------------------
+def _check(params, grads, exp_avgs, exp_avg_sqs, steps, lr, beta1, beta2, eps, grad_scale, skip, members):
+    op = "adam_step_"
+    members = check_members(op, members)
+    numels = check_list(op, "params", params, members)
+    device = params[0].device
+    for name, lst in (("grads", grads), ("exp_avgs", exp_avgs), ("exp_avg_sqs", exp_avg_sqs)):
+        check_list(op, name, lst, members, like=params, device=device)
+    if isinstance(steps, Tensor) or not isinstance(steps, (list, tuple)) or len(steps) not in (1, len(params)):
+        raise ValueError(f"{op}: steps must be a list of one step-count tensor per param ({len(params)}) or of one "
+                         f"shared by all, got {describe(steps) if isinstance(steps, Tensor) else repr(steps)[:80]}")
+    for k, s in enumerate(steps):
+        check_member_vector(op, f"steps[{k}]", s, members, device)
+    if len({s.data_ptr() for s in steps}) != len(steps):
+        raise ValueError(f"{op}: steps must be distinct tensors (one count per param), or a list of one shared count")
+    check_member_vector(op, "lr", lr, members, device)
+    if isinstance(eps, Tensor):
+        check_member_vector(op, "eps", eps, members, device)
+    elif isinstance(eps, bool) or not isinstance(eps, (int, float)) or not math.isfinite(eps) or eps < 0:
+        raise ValueError(f"{op}: eps must be a finite float >= 0 or a float32 tensor per member, got {eps!r}")
+    for name, b in (("beta1", beta1), ("beta2", beta2)):
+        if isinstance(b, bool) or not isinstance(b, (int, float)) or not 0.0 <= b < 1.0:
+            raise ValueError(f"{op}: {name} must be a float in [0, 1), got {b!r}")
+    for name, t in (("grad_scale", grad_scale), ("skip", skip)):
+        if t is not None:
+            check_member_vector(op, name, t, members, device)
+    return numels
+
+
+def adam_step_(params: Sequence[Tensor], grads: Sequence[Tensor], exp_avgs: Sequence[Tensor],
+               exp_avg_sqs: Sequence[Tensor], steps: Sequence[Tensor], *, lr: Tensor, beta1: float = 0.9,
+               beta2: float = 0.999, eps: float | Tensor = 1e-8, grad_scale: Tensor | None = None,
+               skip: Tensor | None = None, members: int = 1, backend: str = "auto") -> None:
+    """One Adam step of every tensor of ``params`` (and of every member), in place.
+
+    Rule, rounding, the step counts' single advance and the launch structure in the module
+    docstring. Device ops only (no host reads): capturable in a CUDA graph (after one eager call,
+    which makes the ticket); changing ``lr``, ``eps``, ``grad_scale`` or ``skip`` in place takes
+    effect at the next replay. One kernel launch per 8 tensors on CUDA.
+
+    Args (tensors on one device):
+        params: non-empty list of contiguous float32 tensors; ``[P, ...]`` with ``members`` = P > 1.
+        grads: their gradients (the same shapes, contiguous float32); not modified.
+        exp_avgs, exp_avg_sqs: Adam's moment estimates (torch's ``exp_avg``, ``exp_avg_sq``), the
+            same shapes; updated.
+        steps: float32 step counts (the updates done so far): one per param (torch's optimizer
+            ``state[p]["step"]``, distinct tensors), or a list of one count shared by all params;
+            each 0-d or ``[1]`` for P = 1, ``[P]`` for P > 1. Advanced by 1 where not skipped
+            (exact up to 2**24).
+        lr: float32 learning rate(s), 0-d/``[1]`` or ``[P]`` (>= 0; a device value, not checked).
+        beta1, beta2: floats in [0, 1), shared by all members (compiled into the kernel).
+        eps: the denominator term: a float >= 0, or a float32 tensor 0-d/``[1]`` or ``[P]``.
+        grad_scale: None, or float32 0-d/``[1]``/``[P]``: the gradients are MULTIPLIED by it
+            (the clip coefficient).
+        skip: None, or float32 0-d/``[1]``/``[P]``: any value but 0.0 (the guard's 1.0; NaN too)
+            leaves member ``p``'s params, moments and step counts bit for bit unchanged.
+        members: P (1: one network).
+        backend: "auto" (Triton for CUDA tensors, torch reference for CPU), "triton", "torch".
+
+    Raises:
+        ValueError: a list of the wrong length, dtype, shape, layout or device; steps that are not
+            distinct; a per-member tensor of the wrong dtype, shape or device; a beta outside
+            [0, 1); eps negative or not finite; ``members`` not an int >= 1; an unknown backend.
+        RuntimeError: backend="triton" on CPU tensors without TRITON_INTERPRET=1; the first call
+            on a device inside CUDA-graph capture.
+    """
+    _check(params, grads, exp_avgs, exp_avg_sqs, steps, lr, beta1, beta2, eps, grad_scale, skip, members)
+    with torch.no_grad():  # params are leaves that require grad
+        if resolve_backend("adam_step_", backend, params[0]) == "torch":
+            adam_step_reference(params, grads, exp_avgs, exp_avg_sqs, steps, lr=lr, beta1=float(beta1),
+                                beta2=float(beta2), eps=eps, grad_scale=grad_scale, skip=skip, members=members)
+        else:
+            _adam_step_launch(params, grads, exp_avgs, exp_avg_sqs, steps, lr, beta1, beta2, eps, grad_scale, skip,
+                              members)
+
+
+def _adam_step_launch(params, grads, exp_avgs, exp_avg_sqs, steps, lr, beta1, beta2, eps, grad_scale, skip,
+                      members) -> None:
+    device = params[0].device
+    _, ticket = scratch("adam_step_", device, 1)
+    has_eps = isinstance(eps, Tensor)
+    _adam_step_op(list(params), list(grads), list(exp_avgs), list(exp_avg_sqs), list(steps), lr,
+                  eps if has_eps else lr, lr if grad_scale is None else grad_scale, lr if skip is None else skip,
+                  ticket, 0.0 if has_eps else float(eps), float(beta1), float(beta2), members, has_eps,
+                  grad_scale is not None, skip is not None, BLOCK)

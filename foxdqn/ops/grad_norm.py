@@ -1,0 +1,177 @@
+r"""Global gradient norm and ``clip_grad_norm_``'s clip coefficient of a list of gradients, in one
+kernel launch (up to :data:`~foxdqn.ops.tensor_list.MAX_SLOTS` tensors per launch).
+
+Source: ``torch.nn.utils.clip_grad_norm_`` (``norm_type=2``, ``error_if_nonfinite=False``), as
+:mod:`foxdqn.ops.clip_coefficient` states it. Per member ``p`` (one network: P = 1), over the
+member's slices ``g_k[p]`` of all tensors, in float32::
+
+    total[p] = sqrt_rn(Σ_k Σ_i g_k[p, i]**2)
+    coef[p]  = c if not (c > 1) else 1,   c = div_rn(1, total[p] + CLIP_EPS) * max_norm[p]
+
+Every gradient of member ``p`` is then to be multiplied by ``coef[p]`` (by the caller, or by
+:func:`foxdqn.ops.adam_step.adam_step_`'s ``grad_scale``); this op does not modify the gradients.
+Non-finite values as torch (:mod:`foxdqn.ops.clip_coefficient`): a NaN gives total and coef NaN;
+an Inf, or a sum of squares past float32's range, gives total Inf and coef 0 (NaN if max_norm is
+Inf); a zero total gives coef 1.
+
+Kernel count: one launch for up to 8 tensors (a network's list is usually one launch), in place of
+``torch._foreach_norm`` (its output fill and two kernels), the norms' stack and
+:mod:`~foxdqn.ops.clip_coefficient`'s kernel: five kernels to one, for the single run and the
+population alike (P members are more programs of the same launch).
+
+Order of the sum and the ticket. Program ``(k, p, b)`` (tensor, member, block:
+:mod:`foxdqn.ops.tensor_list`) squares its block (each square rounded to float32), sums it with
+``tl.sum`` (a fixed tree) and stores the float32 partial at row ``p``, column ``R_k + b`` of the
+``[P, R]`` partials (``R_k`` the blocks of the tensors before ``k``). Then it takes a ticket
+(``atomic_add``, acq_rel at GPU scope, after a barrier of its warps, as :mod:`foxdqn.ops.step_stats`
+argues: the release orders the partial's store before the increment, the last program's acquire
+orders every other program's increment, hence its partial, before its loads). The program that
+draws the last ticket sums member ``p``'s ``R`` partials in a fixed order (columns ``c ≡ j mod
+RB`` in increasing ``c`` into lane ``j``, then the ``RB`` lanes with ``tl.sum``), writes ``total``
+and ``coef`` and zeroes the ticket. The columns are indexed by block, not by finishing order, so
+the result is the same bit for bit from run to run (for one BLOCK and one compiled kernel). With
+more than 8 tensors, the launches before the last only store partials; the last launch's last
+program sums them all (they completed before it started, in stream order). The interpreter runs
+the programs one after the other, so there the last program is the last.
+
+Rounding vs torch: torch sums each tensor's squares in its own order, takes the square root per
+tensor, then squares and sums those norms; this op sums all squares of a member once. Both round
+each square and each addition to float32, so ``total`` agrees with torch to a few float32 ulps (not
+bit for bit); ``coef`` is correctly rounded from ``total`` in both (the reference is torch's own
+expressions: :func:`grad_norm_coefficient_reference`).
+
+Scratch: the partials and the ticket are :func:`foxdqn.ops.tensor_list.scratch`'s, per device,
+made on the first (eager) call.
+"""
+from __future__ import annotations
+
+from typing import Sequence
+
+import torch
+import triton
+import triton.language as tl
+from torch import Tensor
+
+from foxdqn.ops.backend import resolve_backend
+from foxdqn.ops.clip_coefficient import CLIP_EPS
+from foxdqn.ops.tensor_list import (check_list, check_member_vector, check_members, locate, pick8, plan,
+                                    scratch, slots)
+
+BLOCK = 1024  # elements of one member's slice per program
+_PB = 16  # members per iteration of the last program's loop
+_RB = 64  # partial columns per iteration of the last program's inner loop
+
+
+# ---------------------------------------------------------------------------------------------
+# Triton kernel
+# ---------------------------------------------------------------------------------------------
+@triton.jit(do_not_specialize=["e0", "e1", "e2", "e3", "e4", "e5", "e6", "e7",
+                               "r0", "r1", "r2", "r3", "r4", "r5", "r6", "r7", "members", "R"])
+def _grad_norm_kernel(g0, g1, g2, g3, g4, g5, g6, g7,
+                      n0, n1, n2, n3, n4, n5, n6, n7,
+                      e0, e1, e2, e3, e4, e5, e6, e7,
+                      r0, r1, r2, r3, r4, r5, r6, r7,
+                      max_norm_ptr, total_ptr, coef_ptr, part_ptr, ticket_ptr, members, R,
+                      FINAL: tl.constexpr, EPS: tl.constexpr, BLOCK: tl.constexpr, PB: tl.constexpr,
+                      RB: tl.constexpr):
+    pid = tl.program_id(0)
+    slot, member, block, offs, mask, idx, live = locate(pid, n0, n1, n2, n3, n4, n5, n6, n7,
+                                                        e0, e1, e2, e3, e4, e5, e6, e7, BLOCK)
+    g = pick8(slot, g0, g1, g2, g3, g4, g5, g6, g7)
+    x = tl.load(g + idx, mask=mask, other=0.0)
+    s = tl.sum(x * x, axis=0)
+    col = pick8(slot, r0, r1, r2, r3, r4, r5, r6, r7) + block
+    tl.store(part_ptr + member.to(tl.int64) * R + col, s, mask=live)
+
+    if FINAL:
+        tl.debug_barrier()  # every warp's part is done before the (one-thread) ticket increment
+        ticket = tl.atomic_add(ticket_ptr, 1, sem="acq_rel", scope="gpu")
+        if ticket == tl.num_programs(0) - 1:
+            j = tl.arange(0, RB)
+            for p0 in range(0, members, PB):
+                p = p0 + tl.arange(0, PB)
+                pm = p < members
+                lanes = tl.zeros([PB, RB], tl.float32)
+                for c0 in range(0, R, RB):
+                    col_c = c0 + j
+                    lanes += tl.load(part_ptr + p.to(tl.int64)[:, None] * R + col_c[None, :],
+                                     mask=pm[:, None] & (col_c < R)[None, :], other=0.0)
+                total = tl.sqrt_rn(tl.sum(lanes, axis=1))
+                bound = tl.load(max_norm_ptr + p, mask=pm, other=1.0)
+                q = tl.div_rn(tl.full([PB], 1.0, tl.float32), total + EPS) * bound
+                tl.store(total_ptr + p, total, mask=pm)
+                tl.store(coef_ptr + p, tl.where(q > 1.0, 1.0, q), mask=pm)  # clamp(max=1) that keeps NaN
+            tl.store(ticket_ptr, 0)
+
+
+@torch.library.triton_op("foxdqn::grad_norm_coefficient", mutates_args={"total", "coef", "partials", "ticket"})
+def _grad_norm_op(grads: list[Tensor], max_norm: Tensor, total: Tensor, coef: Tensor, partials: Tensor,
+                  ticket: Tensor, members: int, block: int) -> None:
+    launches, rows = plan(tuple(g.numel() // members for g in grads), members, block)
+    for launch in launches:
+        torch.library.wrap_triton(_grad_norm_kernel)[(launch.programs,)](
+            *slots(grads, launch), *launch.numels, *launch.ends, *launch.rows,
+            max_norm, total, coef, partials, ticket, members, max(rows, 1),
+            FINAL=launch.final, EPS=CLIP_EPS, BLOCK=block, PB=_PB, RB=_RB, num_warps=4)
+
+
+# ---------------------------------------------------------------------------------------------
+# Reference (torch's clip_grad_norm_ expressions)
+# ---------------------------------------------------------------------------------------------
+def grad_norm_coefficient_reference(grads: Sequence[Tensor], max_norm: Tensor, total: Tensor, coef: Tensor,
+                                    members: int = 1) -> None:
+    """Plain-torch reference of :func:`grad_norm_coefficient` (``max_norm``, ``total``, ``coef``
+    as ``[P]``; writes ``total`` and ``coef``): per member, the per-tensor norms of
+    ``torch.linalg.vector_norm``, their norm, then ``clamp(reciprocal(total + 1e-6) * max_norm,
+    max=1)`` as ``torch.nn.utils.clip_grad_norm_``. Device ops only."""
+    norms = torch.stack([torch.linalg.vector_norm(g.reshape(members, g.numel() // members), 2, dim=1) for g in grads], dim=1)
+    t = torch.linalg.vector_norm(norms, 2, dim=1)
+    total.copy_(t)
+    coef.copy_(torch.clamp((t + CLIP_EPS).reciprocal() * max_norm, max=1.0))
+
+
+# ---------------------------------------------------------------------------------------------
+# Public function
+# ---------------------------------------------------------------------------------------------
+def grad_norm_coefficient(grads: Sequence[Tensor], max_norm: Tensor, *, members: int = 1,
+                          backend: str = "auto") -> tuple[Tensor, Tensor]:
+    """The global L2 norm of ``grads`` and ``clip_grad_norm_``'s clip coefficient, per member.
+
+    Rules, rounding and the launch structure in the module docstring. Device ops only (no host
+    reads): capturable in a CUDA graph (after one eager call, which makes the scratch). One kernel
+    launch per 8 tensors on CUDA.
+
+    Args:
+        grads: non-empty list of contiguous float32 tensors on one device; with ``members`` = P > 1
+            each is ``[P, ...]`` (member ``p``'s gradient is ``g[p]``). Empty tensors count 0.
+            Not modified.
+        max_norm: float32 on the grads' device, the bound on the total norm (> 0 as a rule; a
+            device value, not checked): 0-d or ``[1]`` for P = 1, ``[P]`` for P > 1.
+        members: P, the population's members (1: one network).
+        backend: "auto" (Triton for CUDA tensors, torch reference for CPU), "triton", "torch".
+
+    Returns:
+        ``(total, coef)``: new float32 tensors of ``max_norm``'s shape (0-d for a 0-d bound, as
+        :func:`foxdqn.step.grad_clip.clip_grad_norm_` returns): the norm before clipping (what the
+        guard reads) and the factor for the gradients.
+
+    Raises:
+        ValueError: ``grads`` not such a list; ``max_norm`` of another dtype, shape or device;
+            ``members`` not an int >= 1; an unknown backend.
+        RuntimeError: backend="triton" on CPU tensors without TRITON_INTERPRET=1; the first call
+            on a device inside CUDA-graph capture.
+    """
+    op = "grad_norm_coefficient"
+    members = check_members(op, members)
+    numels = check_list(op, "grads", grads, members)
+    device = grads[0].device
+    check_member_vector(op, "max_norm", max_norm, members, device)
+    total = torch.empty_like(max_norm)
+    coef = torch.empty_like(max_norm)
+    if resolve_backend(op, backend, grads[0]) == "torch":
+        grad_norm_coefficient_reference(grads, max_norm.view(-1), total.view(-1), coef.view(-1), members)
+    else:
+        _, rows = plan(numels, members, BLOCK)
+        partials, ticket = scratch(op, device, members * rows)
+        _grad_norm_op(list(grads), max_norm, total, coef, partials, ticket, members, BLOCK)
+    return total, coef

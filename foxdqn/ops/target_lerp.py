@@ -1,0 +1,201 @@
+r"""The target networks' update θ' ← lerp(θ', θ, w) for a list of tensors, with its weight and the
+update counter's advance, in one kernel launch (up to :data:`~foxdqn.ops.tensor_list.MAX_SLOTS`
+tensors per launch).
+
+Source: :mod:`foxdqn.step.target_update` (Polyak averaging, or the hard copy every C updates of
+Mnih et al. 2015) and :mod:`foxdqn.ops.target_weight`, whose weight rule every program evaluates
+itself (a pure function of the inputs). Per member ``p`` (one network: P = 1), ``u`` = ``updates``
+(int64 0-d, the updates done before this one)::
+
+    base[p] = tau[p]                                          (Polyak)
+            = 1.0 if (u + 1) mod hard_period[p] == 0 else 0.0  (hard)
+    w[p]    = base[p] * (1 - skip[p])                           (float32, torch.mul's rounding)
+    θ'      = θ                          where w[p] == 1        (the source, bit for bit)
+            = θ'                         where w[p] == 0        (unchanged, bit for bit)
+            = fma(w, θ - θ', θ')         where |w| < 0.5        (torch.lerp's two-sided formula)
+            = fma(w - 1, θ - θ', θ)      otherwise
+    weight[p] = w[p]                     (optional output; TargetUpdate.weight)
+    updates   = u + 1                    (with ``advance``, once, after every program's read)
+
+The two lerp branches are ATen's ``lerp`` (``aten/src/ATen/native/Lerp.h``: ``self + w·(end -
+self)`` for ``|w| < 0.5``, else ``end - (end - self)·(1 - w)``) with the multiply-add fused, as
+torch's CPU vector kernel does (``fmadd``) and nvcc contracts it on CUDA; ``w - 1`` and ``-(1 -
+w)`` are the same float. The results equal ``torch.lerp`` bit for bit wherever torch fuses too,
+and to one rounding otherwise. The ``w == 1`` and ``w == 0`` rows differ from ``torch.lerp`` only
+where it does not return an input exactly: a NaN or Inf in the other tensor (``0 · Inf``) and a
+``-0.0`` turned into ``+0.0`` by adding ``±0``; here the hard copy is exact and a skipped update
+(guard ``skip`` = 1) leaves the targets as they are.
+
+Kernel count: one launch for up to 8 tensors in place of :mod:`~foxdqn.ops.target_weight`'s kernel
+and ``torch._foreach_lerp_`` with a list of 0-d weights (which falls back to one kernel per tensor,
+8 for eurusd_dqn): nine kernels to one.
+
+The counter and the ticket. Every program reads ``updates`` before its ticket; the program that
+draws the last ticket of the last launch (``atomic_add``, acq_rel at GPU scope after a barrier of
+its warps, as :mod:`foxdqn.ops.step_stats` argues: every other program's read precedes its
+increment, which the last program's acquire orders before its stores) writes ``weight`` and
+``updates + 1`` and zeroes the ticket. Earlier launches (more than 8 tensors) complete before, in
+stream order. The interpreter runs the programs one after the other, so there the last program is
+the last. Scratch: the ticket of :func:`foxdqn.ops.tensor_list.scratch`, per device, made on the
+first (eager) call.
+"""
+from __future__ import annotations
+
+from typing import Sequence
+
+import torch
+import triton
+import triton.language as tl
+from torch import Tensor
+
+from foxdqn.ops.backend import resolve_backend
+from foxdqn.ops.tensor_list import (F32, check_list, check_member_vector, check_members, describe, locate, pick8, plan,
+                                    scratch, slots)
+
+BLOCK = 1024  # elements of one member's slice per program
+_PB = 64  # members per iteration of the last program's loop
+
+
+# ---------------------------------------------------------------------------------------------
+# Triton kernel
+# ---------------------------------------------------------------------------------------------
+@triton.jit
+def _weight(u, q, qm, skip_ptr, tau_ptr, period_ptr, HARD: tl.constexpr):
+    """w of members ``q`` (scalar or block, ``qm`` its mask): the module docstring's rule."""
+    if HARD:
+        period = tl.load(period_ptr + q, mask=qm, other=1)
+        base = tl.where((u + 1) % period == 0, 1.0, 0.0).to(tl.float32)  # == 0 whatever % rounds toward
+    else:
+        base = tl.load(tau_ptr + q, mask=qm, other=0.0)
+    return base * (1.0 - tl.load(skip_ptr + q, mask=qm, other=0.0))
+
+
+@triton.jit(do_not_specialize=["e0", "e1", "e2", "e3", "e4", "e5", "e6", "e7", "members"])
+def _target_lerp_kernel(t0, t1, t2, t3, t4, t5, t6, t7,
+                        s0, s1, s2, s3, s4, s5, s6, s7,
+                        n0, n1, n2, n3, n4, n5, n6, n7,
+                        e0, e1, e2, e3, e4, e5, e6, e7,
+                        updates_ptr, skip_ptr, tau_ptr, period_ptr, weight_ptr, ticket_ptr, members,
+                        HARD: tl.constexpr, FINISH: tl.constexpr, ADVANCE: tl.constexpr, HAS_WEIGHT: tl.constexpr,
+                        BLOCK: tl.constexpr, PB: tl.constexpr):
+    pid = tl.program_id(0)
+    slot, member, block, offs, mask, idx, live = locate(pid, n0, n1, n2, n3, n4, n5, n6, n7,
+                                                        e0, e1, e2, e3, e4, e5, e6, e7, BLOCK)
+    u = tl.load(updates_ptr)  # this program's only read of the counter: before its ticket
+    w = tl.zeros([BLOCK], tl.float32) + _weight(u, member, member >= 0, skip_ptr, tau_ptr, period_ptr, HARD)
+    mask = mask & (w != 0.0)  # w = 0: the target is left as it is (no reads, no writes)
+    tp = pick8(slot, t0, t1, t2, t3, t4, t5, t6, t7) + idx
+    sp = pick8(slot, s0, s1, s2, s3, s4, s5, s6, s7) + idx
+    x = tl.load(tp, mask=mask, other=0.0)
+    y = tl.load(sp, mask=mask, other=0.0)
+    diff = y - x
+    out = tl.where(tl.abs(w) < 0.5, tl.fma(w, diff, x), tl.fma(w - 1.0, diff, y))
+    tl.store(tp, tl.where(w == 1.0, y, out), mask=mask)
+
+    if FINISH:
+        tl.debug_barrier()  # every warp has read the counter before the (one-thread) ticket increment
+        ticket = tl.atomic_add(ticket_ptr, 1, sem="acq_rel", scope="gpu")
+        if ticket == tl.num_programs(0) - 1:
+            if HAS_WEIGHT:
+                for q0 in range(0, members, PB):
+                    q = q0 + tl.arange(0, PB)
+                    qm = q < members
+                    tl.store(weight_ptr + q, _weight(u, q, qm, skip_ptr, tau_ptr, period_ptr, HARD), mask=qm)
+            if ADVANCE:
+                tl.store(updates_ptr, u + 1)
+            tl.store(ticket_ptr, 0)
+
+
+@torch.library.triton_op("foxdqn::target_lerp_", mutates_args={"targets", "updates", "weight", "ticket"})
+def _target_lerp_op(targets: list[Tensor], sources: list[Tensor], updates: Tensor, skip: Tensor, tau: Tensor,
+                    hard_period: Tensor, weight: Tensor, ticket: Tensor, members: int, hard: bool, advance: bool,
+                    has_weight: bool, block: int) -> None:
+    launches, _ = plan(tuple(t.numel() // members for t in targets), members, block)
+    for launch in launches:
+        torch.library.wrap_triton(_target_lerp_kernel)[(launch.programs,)](
+            *slots(targets, launch), *slots(sources, launch), *launch.numels, *launch.ends,
+            updates, skip, tau, hard_period, weight, ticket, members,
+            HARD=hard, FINISH=launch.final and (advance or has_weight), ADVANCE=advance, HAS_WEIGHT=has_weight,
+            BLOCK=block, PB=_PB, num_warps=4)
+
+
+# ---------------------------------------------------------------------------------------------
+# Reference (plain torch; the CPU path)
+# ---------------------------------------------------------------------------------------------
+def target_lerp_reference(targets: Sequence[Tensor], sources: Sequence[Tensor], updates: Tensor, skip: Tensor,
+                          tau: Tensor, hard_period: Tensor, *, hard: bool, advance: bool, weight: Tensor | None = None,
+                          members: int = 1) -> None:
+    """Plain-torch reference of :func:`target_lerp_` (same arguments, same in-place writes):
+    :func:`foxdqn.ops.target_weight.target_weight_reference`'s weight, ``torch.lerp``, and the
+    exact ``w == 1`` / ``w == 0`` rows of the module docstring. Device ops only."""
+    base = ((updates + 1) % hard_period == 0).to(F32) if hard else tau
+    w = torch.mul(base, 1.0 - skip).reshape(members)
+    for t, s in zip(targets, sources):
+        wp = w.reshape((members,) + (1,) * (t.dim() - 1)) if members > 1 else w.reshape(())
+        out = torch.where(wp == 1.0, s, torch.lerp(t, s, wp))
+        t.copy_(torch.where(wp == 0.0, t, out))
+    if weight is not None:
+        weight.copy_(w.reshape(weight.shape))
+    if advance:
+        updates.add_(1)
+
+
+# ---------------------------------------------------------------------------------------------
+# Public function
+# ---------------------------------------------------------------------------------------------
+def target_lerp_(targets: Sequence[Tensor], sources: Sequence[Tensor], updates: Tensor, skip: Tensor, tau: Tensor,
+                 hard_period: Tensor, *, hard: bool, advance: bool, weight: Tensor | None = None, members: int = 1,
+                 backend: str = "auto") -> None:
+    """Move every target tensor toward its source by this update's weight, in place.
+
+    Rules, rounding and the launch structure in the module docstring. Device ops only (no host
+    reads): capturable in a CUDA graph (after one eager call, which makes the ticket); changing
+    ``tau``, ``hard_period`` or ``skip`` in place takes effect at the next replay. One kernel
+    launch per 8 tensors on CUDA.
+
+    Args (tensors on one device):
+        targets: non-empty list of contiguous float32 tensors (θ'); ``[P, ...]`` with ``members`` = P > 1. Updated.
+        sources: what they follow (θ), the same shapes; not modified.
+        updates: int64 0-d, the updates done before this one (shared by all members); +1 with ``advance``.
+        skip: float32 0-d/``[1]`` (P = 1) or ``[P]``, 1.0 = this update is skipped (w = 0).
+        tau: float32, the shape of ``skip``: Polyak τ in [0, 1] (read only when not ``hard``).
+        hard_period: int64, the shape of ``skip``: updates between hard copies, >= 1 (read only
+            when ``hard``; a device value, not checked).
+        hard: the hard copy (``target.update=hard``) instead of Polyak averaging.
+        advance: add 1 to ``updates`` (after every read of it).
+        weight: None, or float32 of ``skip``'s shape, contiguous: written with this update's w
+            (:attr:`foxdqn.step.target_update.TargetUpdate.weight`).
+        members: P (1: one network).
+        backend: "auto" (Triton for CUDA tensors, torch reference for CPU), "triton", "torch".
+
+    Raises:
+        ValueError: a list of the wrong length, dtype, shape, layout or device; ``updates`` not
+            int64 0-d; ``skip``, ``tau``, ``hard_period`` or ``weight`` of the wrong dtype, shape
+            or device; ``members`` not an int >= 1; an unknown backend.
+        RuntimeError: backend="triton" on CPU tensors without TRITON_INTERPRET=1; the first call
+            on a device inside CUDA-graph capture.
+    """
+    op = "target_lerp_"
+    members = check_members(op, members)
+    check_list(op, "targets", targets, members)
+    device = targets[0].device
+    check_list(op, "sources", sources, members, like=targets, device=device)
+    if (not isinstance(updates, Tensor) or updates.dtype != torch.int64 or updates.dim() != 0
+            or updates.device != device):
+        raise ValueError(f"{op}: updates must be an int64 0-d tensor on {device}, got {describe(updates)}")
+    check_member_vector(op, "skip", skip, members, device)
+    for name, t, dtype in (("tau", tau, F32), ("hard_period", hard_period, torch.int64)):
+        check_member_vector(op, name, t, members, device, dtype)
+        if t.shape != skip.shape:
+            raise ValueError(f"{op}: {name} must have skip's shape {list(skip.shape)}, got {describe(t)}")
+    if weight is not None:
+        check_member_vector(op, "weight", weight, members, device)
+    with torch.no_grad():
+        if resolve_backend(op, backend, targets[0]) == "torch":
+            target_lerp_reference(targets, sources, updates, skip, tau, hard_period, hard=bool(hard),
+                                  advance=bool(advance), weight=weight, members=members)
+            return
+        spare, ticket = scratch(op, device, 1)  # spare: the unused weight argument when weight is None
+        _target_lerp_op(list(targets), list(sources), updates, skip, tau, hard_period,
+                        spare if weight is None else weight, ticket, members, bool(hard), bool(advance),
+                        weight is not None, BLOCK)

@@ -1,0 +1,242 @@
+r"""A list of tensors in one Triton launch: the program -> (tensor, member, block) map, the launch
+plan, the argument checks and the per-device scratch shared by the multi-tensor ops
+(:mod:`foxdqn.ops.grad_norm`, :mod:`foxdqn.ops.adam_step`, :mod:`foxdqn.ops.target_lerp`).
+
+Layout. Tensor ``k`` of a list is float32, contiguous, with ``P`` = ``members`` slices of
+``n_k`` elements each (``[P, ...]``; P = 1 is one network, any shape). One launch takes up to
+:data:`MAX_SLOTS` tensors as separate pointer arguments (slot ``k`` = the launch's ``k``-th
+tensor; unused slots repeat the first tensor and get no programs). Slot ``k`` owns the programs
+``[e_{k-1}, e_k)`` (``e_{-1}`` = 0), ``P · ceil(n_k / BLOCK)`` of them, member-major: program
+``e_{k-1} + p · B_k + b`` (``B_k = ceil(n_k / BLOCK)``) handles elements ``[b·BLOCK, (b+1)·BLOCK)``
+of member ``p``'s slice, so every block lies inside one member's slice and has one member index
+(the ``[P]`` hyperparameters are read at that index). The slot of a program is the number of ends
+``e_k <= pid``; the slot's pointers are chosen by a scalar if-chain (:func:`pick8`). Programs at or
+past the last end (the one program of a launch whose tensors are all empty) do no element work.
+
+Why pointer arguments and not a device table of addresses: ``.grad`` tensors are reallocated by
+every eager backward, optimizer state is replaced by ``load_state_dict``, and a table copied
+host -> device cannot be built inside CUDA-graph capture; arguments passed at each launch are
+always the current tensors, and a captured launch keeps the capture-time addresses, which the
+graph's memory pool keeps fixed.
+
+More than :data:`MAX_SLOTS` tensors: several launches (:func:`plan`), in stream order. Each op
+says which launch finishes (its "last program", found with a ticket as in
+:mod:`foxdqn.ops.step_stats`): the launches before it complete before it starts, so their writes
+(partial sums) are visible to it and their reads (step counts, the update counter) precede its
+writes.
+
+Scratch (:func:`scratch`): one float32 buffer for partial rows and one int32 ticket per
+(op, device), owned by this module for the life of the process (not checkpointed). The ticket is
+zero between launches (the last program resets it), so calls of one op must not run concurrently
+on two streams of one device (the hot loop runs on one stream). The buffers are made on the first
+(eager) call; growing them inside CUDA-graph capture raises, since memory allocated there belongs
+to the graph's private pool.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import lru_cache
+from typing import Sequence
+
+import torch
+import triton
+import triton.language as tl
+from torch import Tensor
+
+#: Tensors per launch (pointer arguments per list); more tensors take more launches.
+MAX_SLOTS = 8
+F32 = torch.float32
+
+
+# ---------------------------------------------------------------------------------------------
+# Device side
+# ---------------------------------------------------------------------------------------------
+@triton.jit
+def pick8(k, a0, a1, a2, a3, a4, a5, a6, a7):
+    """``a_k`` for a scalar ``k`` in [0, 8) (any other k gives ``a0``): a scalar if-chain. The ``a``
+    are pointers of one type or integers (``+ z`` turns an integer that Triton specialised into a
+    constant, e.g. a size of 1, into a scalar of the others' type)."""
+    z = k * 0
+    r = a0 + z
+    if k == 1:
+        r = a1 + z
+    if k == 2:
+        r = a2 + z
+    if k == 3:
+        r = a3 + z
+    if k == 4:
+        r = a4 + z
+    if k == 5:
+        r = a5 + z
+    if k == 6:
+        r = a6 + z
+    if k == 7:
+        r = a7 + z
+    return r
+
+
+@triton.jit
+def locate(pid, n0, n1, n2, n3, n4, n5, n6, n7, e0, e1, e2, e3, e4, e5, e6, e7, BLOCK: tl.constexpr):
+    """Program ``pid``'s place (module docstring): ``(slot, member, block, offs, mask, idx, live)``.
+
+    ``slot`` in [0, 8] (8: no tensor), ``member`` its member (0 when none), ``block`` the block
+    index inside the member's slice, ``offs`` [BLOCK] element offsets inside the slice, ``mask``
+    the offsets inside the slice (all False when none), ``idx`` int64 flat indices into the
+    tensor, ``live`` the program has a tensor."""
+    slot = ((pid >= e0).to(tl.int32) + (pid >= e1).to(tl.int32) + (pid >= e2).to(tl.int32)
+            + (pid >= e3).to(tl.int32) + (pid >= e4).to(tl.int32) + (pid >= e5).to(tl.int32)
+            + (pid >= e6).to(tl.int32) + (pid >= e7).to(tl.int32))
+    live = slot < 8
+    start = pick8(slot, 0, e0, e1, e2, e3, e4, e5, e6)
+    n = pick8(slot, n0, n1, n2, n3, n4, n5, n6, n7)
+    n = tl.where(live, n, 0)
+    per_member = tl.maximum(tl.cdiv(n, BLOCK), 1)
+    b = tl.where(live, pid - start, 0)
+    member = b // per_member
+    block = b - member * per_member
+    offs = block * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < n
+    idx = member.to(tl.int64) * n + offs
+    return slot, member, block, offs, mask, idx, live
+
+
+# ---------------------------------------------------------------------------------------------
+# Host side: the launch plan
+# ---------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Launch:
+    """One launch of a multi-tensor op.
+
+    Attributes:
+        first: index in the list of the launch's first tensor.
+        count: its tensors, 1..MAX_SLOTS.
+        numels: MAX_SLOTS elements per member of its slots (0 for unused slots).
+        ends: MAX_SLOTS program ends (cumulative; unused slots repeat the last end).
+        rows: MAX_SLOTS row offsets: the index, among all blocks of one member's slices over the
+            whole list, of each slot's first block (the partial-row column, :mod:`foxdqn.ops.grad_norm`).
+        programs: the grid, >= 1.
+        final: the last launch of the list.
+    """
+
+    first: int
+    count: int
+    numels: tuple[int, ...]
+    ends: tuple[int, ...]
+    rows: tuple[int, ...]
+    programs: int
+    final: bool
+
+
+@lru_cache(maxsize=256)
+def plan(numels: tuple[int, ...], members: int, block: int) -> tuple[tuple[Launch, ...], int]:
+    """The launches for tensors of ``numels[k]`` elements per member, ``members`` members, and
+    ``R``, the blocks per member over all tensors (``Σ_k ceil(numels[k] / block)``).
+
+    Raises:
+        ValueError: an empty ``numels``, a negative numel, members < 1 or block < 1.
+    """
+    if not numels or any(n < 0 for n in numels) or members < 1 or block < 1:
+        raise ValueError(f"tensor_list.plan: need >= 1 numels >= 0, members >= 1, block >= 1; got "
+                         f"{numels}, {members}, {block}")
+    launches, row = [], 0
+    for first in range(0, len(numels), MAX_SLOTS):
+        chunk = numels[first:first + MAX_SLOTS]
+        ends, rows, end = [], [], 0
+        for n in chunk:
+            rows.append(row)
+            row += triton.cdiv(n, block)
+            end += members * triton.cdiv(n, block)
+            ends.append(end)
+        pad = MAX_SLOTS - len(chunk)
+        launches.append(Launch(first, len(chunk), tuple(chunk) + (0,) * pad, tuple(ends) + (end,) * pad,
+                               tuple(rows) + (row,) * pad, max(1, end), first + MAX_SLOTS >= len(numels)))
+    return tuple(launches), row
+
+
+def slots(tensors: Sequence[Tensor], launch: Launch) -> list[Tensor]:
+    """The launch's MAX_SLOTS pointer arguments: its tensors, padded with its first one."""
+    own = list(tensors[launch.first:launch.first + launch.count])
+    return own + [own[0]] * (MAX_SLOTS - len(own))
+
+
+# ---------------------------------------------------------------------------------------------
+# Host side: argument checks
+# ---------------------------------------------------------------------------------------------
+def describe(t) -> str:
+    if not isinstance(t, Tensor):
+        return type(t).__name__
+    return f"{t.dtype} {list(t.shape)}{'' if t.is_contiguous() else ' (not contiguous)'} on {t.device}"
+
+
+def check_members(op: str, members) -> int:
+    """``members`` is an int >= 1. Raises ValueError."""
+    if isinstance(members, bool) or not isinstance(members, int) or members < 1:
+        raise ValueError(f"{op}: members must be an int >= 1, got {members!r}")
+    return members
+
+
+def check_list(op: str, name: str, tensors, members: int, like: Sequence[Tensor] | None = None,
+               device: torch.device | None = None) -> tuple[int, ...]:
+    """``tensors`` is a non-empty list of contiguous float32 tensors on one device, each ``[P, ...]``
+    with P = ``members`` (any shape when members is 1), each of the shape of ``like[k]`` if given.
+    Returns the elements per member of each. Raises ValueError naming ``name[k]``."""
+    if isinstance(tensors, Tensor) or not isinstance(tensors, (list, tuple)) or not tensors:
+        raise ValueError(f"{op}: {name} must be a non-empty list of float32 tensors, got "
+                         f"{describe(tensors) if isinstance(tensors, Tensor) else repr(tensors)[:80]}")
+    if like is not None and len(tensors) != len(like):
+        raise ValueError(f"{op}: {name} has {len(tensors)} tensors, the first list {len(like)}")
+    device = device if device is not None else getattr(tensors[0], "device", None)
+    numels = []
+    for k, t in enumerate(tensors):
+        want = (f"the shape {list(like[k].shape)} of the first list's [{k}]" if like is not None
+                else (f"[P, ...] with P = members = {members}" if members > 1 else "any shape"))
+        if (not isinstance(t, Tensor) or t.dtype != F32 or not t.is_contiguous() or t.device != device
+                or (like is not None and t.shape != like[k].shape)
+                or (members > 1 and (t.dim() < 1 or t.shape[0] != members))):
+            raise ValueError(f"{op}: {name}[{k}] must be a contiguous float32 tensor on {device}, {want}; "
+                             f"got {describe(t)}")
+        if t.numel() >= 2**31:
+            raise ValueError(f"{op}: {name}[{k}] has {t.numel()} elements; at most 2**31 - 1 are supported")
+        numels.append(t.numel() // members)
+    return tuple(numels)
+
+
+def check_member_vector(op: str, name: str, t, members: int, device: torch.device,
+                        dtype: torch.dtype = F32) -> None:
+    """``t`` is a contiguous ``dtype`` tensor on ``device``: ``[P]``, or 0-d / ``[1]`` when P = 1."""
+    ok_shapes = ((), (1,)) if members == 1 else ((members,),)
+    if (not isinstance(t, Tensor) or t.dtype != dtype or tuple(t.shape) not in ok_shapes or t.device != device
+            or not t.is_contiguous()):
+        want = "0-d or [1]" if members == 1 else f"[P] = [{members}]"
+        raise ValueError(f"{op}: {name} must be a contiguous {dtype} tensor {want} on {device} "
+                         f"(one value per member), got {describe(t)}")
+
+
+# ---------------------------------------------------------------------------------------------
+# Host side: scratch
+# ---------------------------------------------------------------------------------------------
+_SCRATCH: dict[tuple[str, str], tuple[Tensor, Tensor]] = {}
+#: buffers replaced by a larger one: kept alive, since a CUDA graph captured earlier may still point at them
+_RETIRED: list[Tensor] = []
+
+
+def scratch(op: str, device: torch.device, floats: int) -> tuple[Tensor, Tensor]:
+    """``(partials, ticket)`` of ``op`` on ``device``: float32 ``[>= max(floats, 1)]`` and an
+    int32 0-d ticket (zero between launches), made once and kept by this module (docstring).
+
+    Raises:
+        RuntimeError: the buffer must be made or grown while a CUDA graph is being captured.
+    """
+    key = (op, str(device))
+    have = _SCRATCH.get(key)
+    if have is not None and have[0].numel() >= floats:
+        return have
+    if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+        raise RuntimeError(f"{op}: its scratch ({floats} floats on {device}) must be made by an eager call before "
+                           "CUDA-graph capture (run the captured function once eagerly, as the warm-up does)")
+    partials = torch.empty(max(floats, 1, 2 * (have[0].numel() if have else 0)), dtype=F32, device=device)
+    ticket = have[1] if have is not None else torch.zeros((), dtype=torch.int32, device=device)
+    if have is not None:
+        _RETIRED.append(have[0])
+    _SCRATCH[key] = (partials, ticket)
+    return partials, ticket
