@@ -23,17 +23,24 @@ import torch
 from bench.common import RESULTS, tags, write_csv
 
 
-def _ops_rows(device: str) -> list[dict]:
+def ops_modules() -> list[str]:
+    """The op bench modules' names without their ``bench_`` prefix (``bench/ops/bench_*.py``)."""
     import bench.ops as ops_pkg
 
-    rows = []
-    for mod in sorted(m.name for m in pkgutil.iter_modules(ops_pkg.__path__) if m.name.startswith("bench_")):
+    return sorted(m.name[len("bench_"):] for m in pkgutil.iter_modules(ops_pkg.__path__) if m.name.startswith("bench_"))
+
+
+def _ops_rows(device: str, only: tuple[str, ...] | None = None):
+    """The rows of every op bench module (or of those in ``only``), yielded module by module so that
+    the CSV keeps what ran if a time limit cuts the section."""
+    for mod in ops_modules():
+        if only and mod not in only:
+            continue
         try:
-            rows += importlib.import_module(f"bench.ops.{mod}").rows(device)
+            yield from importlib.import_module(f"bench.ops.bench_{mod}").rows(device)
         except Exception as exc:
-            rows.append({"section": "ops", "op": mod, "provider": "error", "note": f"{type(exc).__name__}: {exc}"[:200]})
+            yield {"section": "ops", "op": mod, "provider": "error", "note": f"{type(exc).__name__}: {exc}"[:200]}
             traceback.print_exc()
-    return rows
 
 
 SECTIONS = ("step", "e2e", "cartpole", "ops", "population", "kernels", "startup")
@@ -45,7 +52,7 @@ def _section(name: str, device: str, seeds: int = 1, only: tuple[str, ...] | Non
         if device != "cuda":
             print("ops section: the Triton kernels need CUDA; skipped on CPU", file=sys.stderr)
             return []
-        return _ops_rows(device)
+        return _ops_rows(device, only)
     module = importlib.import_module(f"bench.{name}_bench")
     if name in ("population", "kernels"):
         return module.rows(device, only=only)
@@ -153,7 +160,8 @@ def main(argv=None) -> int:
     ap.add_argument("--out", default=str(RESULTS))
     ap.add_argument("--seeds", type=int, default=1, help="cartpole section: seeds per graph and SB3 row")
     ap.add_argument("--only", help="cartpole section: comma-separated rows (bench.cartpole_bench.ROWS); "
-                                   "population section: experiments (bench.population_bench.CASES)")
+                                   "population section: experiments (bench.population_bench.CASES); kernels "
+                                   "section: feature sets; ops section: op modules (bench/ops/bench_<name>.py)")
     ap.add_argument("--tag", help="appended to the result files' name (<date>_<gpu>_<sections>-<tag>)")
     ap.add_argument("--report", metavar="CSV", help="only rebuild the .md and .png beside CSV from its rows "
                                                     "(e.g. of a run cut by a time limit)")
@@ -195,7 +203,8 @@ def _check_args(ap: argparse.ArgumentParser, args) -> None:
         from bench.population_bench import CASES
 
         allowed = ((set(ROWS) if "cartpole" in sections else set()) | (set(CASES) if "population" in sections else set())
-                   | (set(TRADING_SETS + EPISODIC_SETS) if "kernels" in sections else set()))
+                   | (set(TRADING_SETS + EPISODIC_SETS) if "kernels" in sections else set())
+                   | (set(ops_modules()) if "ops" in sections else set()))
         bad = sorted(set(args.only.split(",")) - allowed)
         if bad:
             ap.error(f"--only: unknown rows {bad}; allowed: {','.join(sorted(allowed))} (cartpole: its rows; "
