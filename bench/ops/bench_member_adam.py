@@ -1,8 +1,9 @@
 """Benchmark: member_adam_ (one Adam step of one parameter tensor for P population members, one
 kernel per tensor).
 
-Timed as the population's optimizer runs it (:class:`foxdqn.population.optim.MemberAdam`): one
-call per parameter tensor of the network, all of them per row. Providers: the Triton op, the
+Timed as the population's optimizer ran it before it moved to :func:`foxdqn.ops.adam_step.adam_step_`
+(:class:`foxdqn.population.optim.MemberAdam`, now one launch per 8 tensors): one call per
+parameter tensor of the network, all of them per row. Providers: the Triton op, the
 torch reference, ``torch.compile`` of the reference (compiled over the whole loop, so it may fuse
 across tensors). Training sizes: the parameter shapes of ``eurusd_dqn``'s network (MLP 256, 256,
 dueling head, 8 tensors) for 8 and 64 members, and of ``cartpole_cleanrl``'s (6 tensors) for 128

@@ -1,11 +1,14 @@
 """Adam step of one parameter tensor of a population: P members, each with its own lr, eps, step
 count and skip flag, in one kernel launch.
 
+Not used in training any more: :class:`foxdqn.population.optim.MemberAdam` steps all its tensors
+with :func:`foxdqn.ops.adam_step.adam_step_` (``members=P``, one launch per 8 tensors, the step
+counts included). This op is kept with its tests and ``bench/ops/bench_member_adam.py``.
+
 Source: Kingma & Ba 2015, "Adam: A Method for Stochastic Optimization", Algorithm 1, as
 ``torch.optim.Adam`` computes it with ``amsgrad=False, weight_decay=0, maximize=False``
-(``torch/optim/adam.py``, ``_single_tensor_adam``). The caller (:class:`foxdqn.population.optim.
-MemberAdam`) increments ``step`` for the members it does not skip, once per update, before calling
-this op for each parameter tensor. Per member ``p`` with ``t = step[p]`` (the count after that
+(``torch/optim/adam.py``, ``_single_tensor_adam``). The caller increments ``step`` for the
+members it does not skip, once per update, before calling this op for each parameter tensor. Per member ``p`` with ``t = step[p]`` (the count after that
 increment) and every element of its slice ``param[p]``::
 
     if skip[p] != 0: nothing changes for member p

@@ -1,15 +1,13 @@
-"""Per-member gradient norm, per-member gradient clipping and Adam for population parameters.
+"""Adam for population parameters, per member (:class:`MemberAdam`).
 
 Every tensor here has a leading member axis ``[P, ...]``; member ``p``'s slices of all the
-tensors are its own network's (see :mod:`foxdqn.population`). Each function does for every member
-what the single-network code does for one network:
-
-* :func:`member_grad_norm`: the global L2 norm of ``torch.nn.utils.clip_grad_norm_``, per member;
-* :func:`clip_member_grads_`: ``clip_grad_norm_``'s rule, per member, with a ``[P]`` bound;
-* :class:`MemberAdam`: ``torch.optim.Adam`` (Kingma & Ba 2015, Algorithm 1; no amsgrad, no weight
-  decay), per member, with ``[P]`` learning rates, eps values and step counts and a ``[P]`` skip
-  flag (the population's ``found_inf``). Its step is :func:`foxdqn.ops.member_adam.member_adam_`,
-  one kernel launch per parameter tensor.
+tensors are its own network's (see :mod:`foxdqn.population`). :class:`MemberAdam` does for every
+member what ``torch.optim.Adam`` does for one network (Kingma & Ba 2015, Algorithm 1; no amsgrad,
+no weight decay), with ``[P]`` learning rates, eps values and step counts, a ``[P]`` skip flag
+(the population's ``found_inf``) and an optional ``[P]`` gradient multiplier (the clip coefficient
+of :func:`foxdqn.ops.grad_norm.grad_norm_coefficient` with ``members=P``, the per-member form of
+``torch.nn.utils.clip_grad_norm_``). Its step is :func:`foxdqn.ops.adam_step.adam_step_` with
+``members=P``: one kernel launch per 8 parameter tensors on CUDA, the step counts included.
 
 All of it runs device ops only (no host reads), so it can be captured in a CUDA graph
 (docs/design/hot_loop.md#the-contract).
@@ -20,9 +18,8 @@ from typing import Sequence
 
 import torch
 
+from foxdqn.ops.adam_step import adam_step_
 from foxdqn.ops.backend import resolve_backend
-from foxdqn.ops.clip_coefficient import clip_coefficient, norm_rows
-from foxdqn.ops.member_adam import member_adam_
 
 F32 = torch.float32
 
@@ -33,92 +30,27 @@ def _describe(t) -> str:
     return f"{t.dtype} {list(t.shape)} on {t.device}"
 
 
-def _check_member_tensors(where: str, name: str, tensors, contiguous: bool = False) -> tuple[int, torch.device]:
-    """``tensors`` is a non-empty list of float32 ``[P, ...]`` tensors on one device (contiguous
-    if asked); returns ``(P, device)``. Raises ValueError naming ``where`` and ``name[i]``."""
+def _check_member_tensors(where: str, name: str, tensors) -> tuple[int, torch.device]:
+    """``tensors`` is a non-empty list of contiguous float32 ``[P, ...]`` tensors on one device;
+    returns ``(P, device)``. Raises ValueError naming ``where`` and ``name[i]``."""
     if isinstance(tensors, torch.Tensor) or not isinstance(tensors, (list, tuple)) or not tensors:
         raise ValueError(f"{where}: {name} must be a non-empty list of float32 tensors [P, ...], "
                          f"got {_describe(tensors) if isinstance(tensors, torch.Tensor) else tensors!r}")
     first = tensors[0]
     for i, t in enumerate(tensors):
-        if (not isinstance(t, torch.Tensor) or t.dim() < 1 or t.dtype != F32 or (contiguous and not t.is_contiguous())
+        if (not isinstance(t, torch.Tensor) or t.dim() < 1 or t.dtype != F32 or not t.is_contiguous()
                 or t.shape[0] != first.shape[0] or t.device != first.device):
-            want = "contiguous float32" if contiguous else "float32"
             ref = (f"[{first.shape[0]}, ...] on {first.device} (as {name}[0])"
                    if i > 0 and isinstance(first, torch.Tensor) and first.dim() >= 1 else "[P, ...]")
-            raise ValueError(f"{where}: {name}[{i}] must be a {want} tensor {ref}, got {_describe(t)}")
+            raise ValueError(f"{where}: {name}[{i}] must be a contiguous float32 tensor {ref}, got {_describe(t)}")
     return first.shape[0], first.device
 
 
 def _check_member_vector(where: str, name: str, t, members: int, device: torch.device) -> None:
-    if not isinstance(t, torch.Tensor) or tuple(t.shape) != (members,) or t.dtype != F32 or t.device != device:
-        raise ValueError(f"{where}: {name} must be a float32 tensor [P] = [{members}] on {device}, got {_describe(t)}")
-
-
-def member_view(t: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
-    """``[P]`` tensor ``t`` as ``[P, 1, ...]``, broadcasting over each member's slice of ``like``."""
-    return t.view((t.shape[0],) + (1,) * (like.dim() - 1))
-
-
-def member_grad_norm(grads: list[torch.Tensor]) -> torch.Tensor:
-    """Per-member global L2 norm: ``norm[p] = sqrt(sum over tensors g of sum(g[p]**2))``.
-
-    Computed as ``torch.nn.utils.clip_grad_norm_`` computes its total norm, once per member: the
-    norm of the vector of each tensor's slice norms (``torch._foreach_norm`` over the member
-    slices, one multi-tensor launch on CUDA). Device ops only.
-
-    Args:
-        grads: non-empty list of float32 ``[P, ...]`` tensors on one device (any layout).
-
-    Returns:
-        float32 ``[P]`` on the grads' device. NaN where a member's slices hold a NaN, Inf where
-        they hold an Inf and no NaN.
-
-    Raises:
-        ValueError: an empty list, or a tensor that is not float32 ``[P, ...]`` with the first
-            one's P and device.
-    """
-    members, _ = _check_member_tensors("member_grad_norm", "grads", grads)
-    return torch.linalg.vector_norm(_slice_norms(grads, members), 2, dim=1)
-
-
-def _slice_norms(grads: list[torch.Tensor], members: int) -> torch.Tensor:
-    """float32 ``[P, n]``: the L2 norm of each member's slice of each of the n tensors (one
-    ``torch._foreach_norm``; row p holds member p's norms)."""
-    slices = [g[p] for p in range(members) for g in grads]  # member-major
-    return norm_rows(torch._foreach_norm(slices, 2)).view(members, len(grads))
-
-
-def clip_member_grads_(grads: list[torch.Tensor], max_norm: torch.Tensor) -> torch.Tensor:
-    """Clip each member's gradients to its own global L2 norm bound, in place.
-
-    ``torch.nn.utils.clip_grad_norm_``'s rule per member: member ``p``'s slices are multiplied by
-    ``min(1, max_norm[p] / (norm[p] + 1e-6))`` (always multiplied, by 1.0 when within the bound),
-    with ``norm`` as :func:`member_grad_norm`'s. The norms and factors are one
-    :func:`~foxdqn.ops.clip_coefficient.clip_coefficient` launch on CUDA, computed as torch does
-    (``reciprocal(norm + 1e-6) * max_norm``), so a member's clipped grads equal
-    ``clip_grad_norm_`` on its slices up to the norm's summation order. A NaN norm gives a NaN
-    factor (the member's grads become NaN, as in torch with ``error_if_nonfinite=False``).
-    Device ops only.
-
-    Args:
-        grads: non-empty list of float32 ``[P, ...]`` tensors on one device; scaled in place.
-        max_norm: float32 ``[P]`` on the grads' device, each member's bound (> 0 as a rule; not
-            checked: device values).
-
-    Returns:
-        float32 ``[P]``: each member's norm BEFORE clipping.
-
-    Raises:
-        ValueError: as :func:`member_grad_norm`, or ``max_norm`` not float32 ``[P]`` on that device.
-    """
-    members, device = _check_member_tensors("clip_member_grads_", "grads", grads)
-    _check_member_vector("clip_member_grads_", "max_norm", max_norm, members, device)
-    # the P norms and factors in one kernel (torch ops: vector_norm, add, reciprocal, mul, clamp)
-    norms, coef = clip_coefficient(_slice_norms(grads, members), max_norm)
-    for g in grads:
-        g.mul_(member_view(coef, g))
-    return norms
+    if (not isinstance(t, torch.Tensor) or tuple(t.shape) != (members,) or t.dtype != F32 or t.device != device
+            or not t.is_contiguous()):
+        raise ValueError(f"{where}: {name} must be a float32 tensor [P] = [{members}] on {device}, contiguous, "
+                         f"got {_describe(t)}")
 
 
 def _as_member_vector(name: str, value, members: int, device: torch.device) -> torch.Tensor:
@@ -130,7 +62,7 @@ def _as_member_vector(name: str, value, members: int, device: torch.device) -> t
         out = torch.full((members,), float(value), dtype=F32, device=device)
     else:
         try:
-            out = torch.as_tensor(value, dtype=F32).to(device).clone()
+            out = torch.as_tensor(value, dtype=F32).to(device).clone(memory_format=torch.contiguous_format)
         except (TypeError, ValueError, RuntimeError):
             raise ValueError(f"MemberAdam: {name} must be a number, P numbers or a tensor [P], got {value!r}") from None
         if tuple(out.shape) != (members,):
@@ -145,9 +77,11 @@ class MemberAdam:
     """Adam for population parameters: every member has its own lr, eps, moments and step count.
 
     Member ``p`` follows ``torch.optim.Adam(amsgrad=False, weight_decay=0, maximize=False)`` on
-    its own slices ``param[p]`` with ``lr[p]`` and ``eps[p]`` (the step, its precision and the skip
-    rule: :mod:`foxdqn.ops.member_adam`). The betas are Python floats shared by all members
-    (they are compiled into the kernel; a per-member beta is not supported).
+    its own slices ``param[p]`` with ``lr[p]`` and ``eps[p]`` (the rule, its rounding, the skip
+    and the step counts' advance: :mod:`foxdqn.ops.adam_step`, which matches torch's fused CUDA
+    Adam; torch's CPU Adam differs from it by a few float32 ulps per step). The betas are Python
+    floats shared by all members (they are compiled into the kernel; a per-member beta is not
+    supported).
 
     Capture: all state (moments, step counts) is created here, zero, before any CUDA-graph
     capture; :meth:`zero_grad` creates missing grads as zeros and otherwise zeroes them in place,
@@ -181,7 +115,7 @@ class MemberAdam:
             RuntimeError: backend="triton" on CPU params without TRITON_INTERPRET=1.
         """
         self.params = list(params) if not isinstance(params, torch.Tensor) else params
-        members, device = _check_member_tensors("MemberAdam", "params", self.params, contiguous=True)
+        members, device = _check_member_tensors("MemberAdam", "params", self.params)
         if (not isinstance(betas, (tuple, list)) or len(betas) != 2
                 or any(isinstance(b, bool) or not isinstance(b, (int, float)) or not 0.0 <= b < 1.0 for b in betas)):
             raise ValueError(f"MemberAdam: betas must be two floats in [0, 1), got {betas!r}")
@@ -210,30 +144,38 @@ class MemberAdam:
         torch._foreach_zero_([p.grad for p in self.params])
 
     @torch.no_grad()
-    def step(self, skip: torch.Tensor) -> None:
+    def step(self, skip: torch.Tensor, grad_scale: torch.Tensor | None = None) -> None:
         """One Adam update of every member whose ``skip`` is 0.0, from the params' grads.
 
-        ``steps`` is incremented where ``skip == 0``, then each param is updated by
-        :func:`~foxdqn.ops.member_adam.member_adam_` (one launch per param). A member with any
-        other ``skip`` (1.0 by convention; NaN too) keeps its params, moments and step count
-        bit for bit. Device ops only.
+        :func:`~foxdqn.ops.adam_step.adam_step_` with ``members=P`` and :attr:`steps` as the one
+        count shared by all params: one kernel launch per 8 params on CUDA, which also advances
+        ``steps`` by 1 where ``skip == 0``. A member with any other ``skip`` (1.0 by convention;
+        NaN too) keeps its params, moments and step count bit for bit. With ``grad_scale``, member
+        ``p``'s gradients are multiplied by ``grad_scale[p]`` as they are read (the clip
+        coefficient of :func:`foxdqn.ops.grad_norm.grad_norm_coefficient`); the ``.grad`` tensors
+        are not modified. Device ops only.
 
         Args:
-            skip: float32 ``[P]`` on the params' device.
+            skip: float32 ``[P]`` on the params' device, contiguous.
+            grad_scale: None, or float32 ``[P]`` on the params' device, contiguous.
 
         Raises:
-            ValueError: ``skip`` not float32 ``[P]`` on the params' device, or a param without a
-                grad (call :meth:`zero_grad` before the first backward).
+            ValueError: ``skip`` or ``grad_scale`` not such a tensor, or a param without a grad
+                (call :meth:`zero_grad` before the first backward); a grad that is not
+                contiguous float32 of its param's shape (from :func:`~foxdqn.ops.adam_step.adam_step_`).
         """
-        _check_member_vector("MemberAdam.step", "skip", skip, self.members, self.steps.device)
+        device = self.steps.device
+        _check_member_vector("MemberAdam.step", "skip", skip, self.members, device)
+        if grad_scale is not None:
+            _check_member_vector("MemberAdam.step", "grad_scale", grad_scale, self.members, device)
         for i, p in enumerate(self.params):
             if p.grad is None:
                 raise ValueError(f"MemberAdam.step: params[{i}] has no grad; call zero_grad() before backward "
                                  "(it creates the grads as zeros)")
-        self.steps.add_(skip == 0)
         beta1, beta2 = self.betas
-        for p, m, v in zip(self.params, self.exp_avg, self.exp_avg_sq):
-            member_adam_(p, p.grad, m, v, self.steps, self.lr, self.eps, skip, beta1, beta2, backend=self.backend)
+        adam_step_(self.params, [p.grad for p in self.params], self.exp_avg, self.exp_avg_sq, [self.steps],
+                   lr=self.lr, beta1=beta1, beta2=beta2, eps=self.eps, grad_scale=grad_scale, skip=skip,
+                   members=self.members, backend=self.backend)
 
     def _state(self) -> dict[str, torch.Tensor]:
         out = {"step": self.steps, "lr": self.lr, "eps": self.eps}

@@ -5,15 +5,23 @@ member axis: ε-greedy per member (its own ε), one env step of P × N envs, one
 per member B samples, the (Double) DQN loss with its Huber δ, its gradient clipped to its own
 norm, the guard's per-member skip, Adam with its lr and ε, and its target update (its Polyak τ or
 hard period). docs/design/population.md.
+
+After backward an update runs the single run's three multi-tensor ops with ``members=P``, each
+one kernel launch per 8 parameter tensors on CUDA whatever P is: the per-member gradient norm and
+clip coefficient (:func:`foxdqn.ops.grad_norm.grad_norm_coefficient`); then, after the guard, Adam
+with the clip's multiply, the skip and the step counts (:meth:`foxdqn.population.optim.MemberAdam.step`,
+:func:`foxdqn.ops.adam_step.adam_step_`) and the target update with its weight and the update
+counter's ``+= 1`` (:func:`foxdqn.ops.target_lerp.target_lerp_`). The ``.grad`` tensors are left
+as backward wrote them (Adam multiplies by the clip coefficient as it reads them).
 """
 from __future__ import annotations
 
 import torch
 
 from foxdqn.ops.epsilon_greedy import epsilon_greedy
-from foxdqn.ops.target_weight import target_weight
+from foxdqn.ops.grad_norm import grad_norm_coefficient
+from foxdqn.ops.target_lerp import target_lerp_
 from foxdqn.population.objective import member_dqn_loss
-from foxdqn.population.optim import clip_member_grads_, member_view
 from foxdqn.population.state import PopulationState
 from foxdqn.step.collect import store
 
@@ -39,15 +47,6 @@ def collect_step(s: PopulationState) -> None:
     s.stats.add_step(out.reward, info["episode_done"], info["episode_return"], s.env.collect_hook.trades(out))
 
 
-def target_weights(s: PopulationState, skip: torch.Tensor) -> torch.Tensor:
-    """This update's lerp weight per member (float32 ``[P]``): Polyak τ, or 1 every ``period``
-    updates (hard), times (1 − skip), written into ``s.target_weight``; the same kernel advances
-    ``s.updates`` by 1 (nothing after the target update reads it; :mod:`foxdqn.ops.target_weight`)."""
-    target_weight(s.updates, skip, s.params.tau, s.params.period, s.target_weight, hard=s.cfg.target.update == "hard",
-                  advance=True)
-    return s.target_weight
-
-
 def update_step(s: PopulationState) -> None:
     """One gradient update of every member (skipped per member by the guard). The guard's state
     reaches the host once per iteration (:func:`publish_guard`), not per update."""
@@ -58,13 +57,15 @@ def update_step(s: PopulationState) -> None:
     if s.inject_nan:  # debug.inject_nan_at_step of some member: poison its loss at that update
         loss = loss + torch.where(s.updates == s.params.nan_at, float("nan"), 0.0)
     loss.sum().backward()
-    grad_norm = clip_member_grads_([w.grad for w in s.online.parameters()], s.params.grad_clip)
+    # each member's clip_grad_norm_ norm and coefficient; Adam's kernel multiplies the grads by it
+    grad_norm, clip = grad_norm_coefficient([w.grad for w in s.online.parameters()], s.params.grad_clip, members=p)
     skip = s.guard.check(loss.detach(), grad_norm, s.updates, s.env_steps)
-    s.optimizer.step(skip)
-    with torch.no_grad():
-        w = target_weights(s, skip)
-        for tgt, src in zip(s.target.parameters(), s.online.parameters()):
-            tgt.lerp_(src, member_view(w, src))
+    s.optimizer.step(skip, grad_scale=clip)
+    # w = τ or the hard copy's 1, times (1 − skip), into s.target_weight; then `updates += 1`
+    # (nothing below reads the counter)
+    target_lerp_(list(s.target.parameters()), [w.detach() for w in s.online.parameters()], s.updates, skip,
+                 s.params.tau, s.params.period, hard=s.cfg.target.update == "hard", advance=True,
+                 weight=s.target_weight, members=p)
     s.stats.add_update(loss.detach(), grad_norm, skip, q.max(dim=2).values.mean(dim=1))
 
 

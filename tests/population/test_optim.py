@@ -1,20 +1,26 @@
-"""foxdqn.population.optim: per-member grad norm and clipping against torch's global-norm code run
-on each member's slices; MemberAdam against torch.optim.Adam per member (kernel in the Triton
-interpreter and reference), a skipped member, state_dict round-trip, zero_grad, argument checks,
-no host reads. GPU: clip + MemberAdam captured in a CUDA graph."""
+"""foxdqn.population.optim: MemberAdam against torch.optim.Adam per member (kernel in the Triton
+interpreter and reference), with the per-member clip coefficient of grad_norm_coefficient(members=P)
+as its grad_scale against clip_grad_norm_ + torch.optim.Adam per member, a skipped member (NaN
+grads too), state_dict round-trip, zero_grad, argument checks, no host reads. GPU: norm + MemberAdam
+captured in a CUDA graph."""
 import pytest
 import torch
 
 from foxdqn.ops import backend as B
-from foxdqn.population.optim import MemberAdam, clip_member_grads_, member_grad_norm
+from foxdqn.ops.grad_norm import grad_norm_coefficient
+from foxdqn.population.optim import MemberAdam
 
 from support import capture_graph, forbid_syncs, no_host_sync, require_compiled_kernels
 
 _need_compiled = require_compiled_kernels(B.INTERPRET)
 
 F32 = torch.float32
-NAN, INF = float("nan"), float("inf")
+NAN = float("nan")
 BACKENDS = ["triton", "torch"]
+#: MemberAdam's own logic (state, skip, shared step count) on the reference only: the kernel's skip,
+#: NaN handling and members = separate calls are tests/ops/test_adam_step.py's and test_grad_norm.py's
+#: (the interpreter costs ~0.7 s a test here)
+REFERENCE = ["torch"]
 SHAPES = [(4, 3, 5), (4, 5), (4,), (4, 2, 1, 7)]  # P = 4; (4,): one value per member
 
 
@@ -27,77 +33,6 @@ def random_grads(gen, shapes=SHAPES, scale=None):
 
 def member_slices(tensors, p):
     return [t[p] for t in tensors]
-
-
-# ---------------------------------------------------------------------------------------------
-# member_grad_norm, clip_member_grads_
-# ---------------------------------------------------------------------------------------------
-def test_member_grad_norm_is_each_members_own_norm():
-    grads = random_grads(torch.Generator().manual_seed(0))
-    norms = member_grad_norm(grads)
-    assert norms.dtype == F32 and norms.shape == (4,)
-    for p in range(4):
-        own = torch.linalg.vector_norm(torch.cat([g.flatten() for g in member_slices(grads, p)]))
-        torch.testing.assert_close(norms[p], own, rtol=1e-6, atol=0.0)
-    assert len(set(norms.tolist())) == 4  # the members' norms differ (1e-2 ... 1e1)
-
-
-def test_member_grad_norm_of_views_and_non_finite_members():
-    gen = torch.Generator().manual_seed(1)
-    grads = [torch.randn(3, 6, 4, generator=gen).transpose(1, 2), torch.randn(3, 2, generator=gen)]  # a strided view
-    grads[1][1, 0] = NAN
-    grads[0][2, 1, 1] = INF
-    norms = member_grad_norm(grads)
-    assert torch.isnan(norms[1]) and norms[2] == INF and torch.isfinite(norms[0])
-    own = torch.linalg.vector_norm(torch.cat([grads[0][0].flatten(), grads[1][0]]))
-    torch.testing.assert_close(norms[0], own, rtol=1e-6, atol=0.0)
-
-
-def test_clip_equals_clip_grad_norm_per_member():
-    grads = random_grads(torch.Generator().manual_seed(2))
-    norms_before = member_grad_norm(grads)
-    max_norm = norms_before * torch.tensor([0.5, 2.0, 0.01, 1.0])  # clipped, within, clipped, at the bound
-    expect, expect_norms = [], []
-    for p in range(4):
-        own = [torch.nn.Parameter(torch.zeros_like(s)) for s in member_slices(grads, p)]
-        for w, s in zip(own, member_slices(grads, p)):
-            w.grad = s.clone()
-        expect_norms.append(torch.nn.utils.clip_grad_norm_(own, float(max_norm[p])))
-        expect.append([w.grad for w in own])
-    before = [g.clone() for g in grads]
-    norms = clip_member_grads_(grads, max_norm)
-    torch.testing.assert_close(norms, torch.stack(expect_norms), rtol=1e-6, atol=0.0)
-    for p in range(4):
-        for got, want in zip(member_slices(grads, p), expect[p]):
-            torch.testing.assert_close(got, want, rtol=1e-6, atol=0.0)
-    for g, b in zip(grads, before):  # within the bound: multiplied by exactly 1
-        assert torch.equal(g[1], b[1])
-    after = member_grad_norm(grads)  # clipped: max_norm, less the 1e-6 added to the norm
-    shrunk = max_norm * norms_before / (norms_before + 1e-6)
-    torch.testing.assert_close(after[[0, 2]], shrunk[[0, 2]], rtol=1e-5, atol=0.0)
-
-
-def test_clip_leaves_other_members_when_one_is_nan():
-    grads = random_grads(torch.Generator().manual_seed(3))
-    grads[0][2, 0, 0] = NAN
-    before = [g.clone() for g in grads]
-    clip_member_grads_(grads, torch.full((4,), 1e6))
-    for g, b in zip(grads, before):
-        assert torch.isnan(g[2]).all()  # torch's rule: a NaN norm makes a NaN factor
-        assert torch.equal(g[[0, 1, 3]], b[[0, 1, 3]])
-
-
-@pytest.mark.parametrize("grads, max_norm, match", [
-    ([], torch.ones(2), "grads must be a non-empty list"),
-    (torch.zeros(2, 3), torch.ones(2), "grads must be a non-empty list"),
-    ([torch.zeros(2, 3), torch.zeros(3, 3)], torch.ones(2), r"grads\[1\] must be a float32 tensor \[2, ...\]"),
-    ([torch.zeros(2, 3, dtype=torch.float64)], torch.ones(2), r"grads\[0\] must be"),
-    ([torch.zeros(2, 3)], torch.ones(3), r"max_norm must be a float32 tensor \[P\] = \[2\]"),
-    ([torch.zeros(2, 3)], 1.0, "max_norm must be"),
-])
-def test_clip_bad_arguments(grads, max_norm, match):
-    with pytest.raises(ValueError, match=match):
-        clip_member_grads_(grads, max_norm)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -118,12 +53,14 @@ def give_grads(opt, grads):
         p.grad.add_(g)
 
 
-def assert_scaled_close(actual, expected, rtol=1e-6):
-    """|a - e| <= rtol * max|e|: MemberAdam runs member_adam_, whose reference agrees with
-    torch.optim.Adam bit for bit on this machine and whose kernel agrees to about 1e-7 of the
-    tensor's scale (an FMA in torch's lerp; tests/ops/test_member_adam.py): a weight that is
-    near 0 keeps an error of the size of the other weights' roundings."""
-    torch.testing.assert_close(actual, expected, rtol=0.0, atol=rtol * float(expected.abs().max()))
+def assert_scaled_close(actual, expected, ulps=16):
+    """|a - e| <= ulps float32 ulps (2**-23) of the tensor's largest |e|. MemberAdam runs
+    adam_step_, which rounds each moment update once (an fma, as torch's fused CUDA Adam) where
+    torch's CPU Adam rounds two or three times and computes its bias corrections in float64: about
+    an ulp per moment per step, so 16 ulps for 8 steps (tests/ops/test_adam_step.py allows 8 for
+    4); a weight that is near 0 keeps an error of the size of the other weights' roundings."""
+    scale = float(expected.abs().max()) if expected.numel() else 0.0
+    torch.testing.assert_close(actual, expected, rtol=0.0, atol=ulps * 2.0**-23 * scale)
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
@@ -154,6 +91,70 @@ def test_member_adam_equals_torch_adam_per_member(backend):
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
+def test_clip_coefficient_as_grad_scale_equals_clip_grad_norm_then_torch_adam(backend):
+    """The population's update: grad_norm_coefficient(members=P), then MemberAdam.step with the
+    coefficient as grad_scale, equals clip_grad_norm_ and torch.optim.Adam on each member's slices;
+    the .grad tensors are not modified (the clip is applied as Adam reads them)."""
+    gen = torch.Generator().manual_seed(12)
+    params = new_params(gen)
+    lr = torch.tensor([1e-2, 3e-2, 1e-1, 5e-2])
+    opt = MemberAdam(params, lr=lr, backend=backend)
+    copies = [[torch.nn.Parameter(p.detach()[q].clone()) for p in params] for q in range(4)]
+    optims = [torch.optim.Adam(c, lr=float(lr[q]), foreach=False) for q, c in enumerate(copies)]
+    for t in range(3):
+        grads = random_grads(gen)
+        give_grads(opt, grads)
+        bound = torch.stack([torch.linalg.vector_norm(torch.cat([g[q].flatten() for g in grads])) for q in range(4)])
+        max_norm = (bound * torch.tensor([0.5, 2.0, 0.01, 0.3])).contiguous()  # clipped, within, clipped, clipped
+        total, coef = grad_norm_coefficient([p.grad for p in opt.params], max_norm, members=4, backend=backend)
+        assert coef[1] == 1.0  # within the bound: exactly 1
+        opt.step(torch.zeros(4), grad_scale=coef)
+        assert all(torch.equal(p.grad, g) for p, g in zip(opt.params, grads))
+        want_total = []
+        for q, (c, o) in enumerate(zip(copies, optims)):
+            for w, g in zip(c, member_slices(grads, q)):
+                w.grad = g.clone()
+            want_total.append(torch.nn.utils.clip_grad_norm_(c, float(max_norm[q])))
+            o.step()
+        torch.testing.assert_close(total, torch.stack(want_total), rtol=1e-6, atol=0.0)
+    assert opt.steps.tolist() == [3.0] * 4
+    for q, c in enumerate(copies):
+        for i, w in enumerate(c):
+            assert_scaled_close(params[i].detach()[q], w.detach())
+
+
+@pytest.mark.parametrize("backend", REFERENCE)
+def test_nan_grads_of_one_member_leave_the_others_bit_identical(backend):
+    """Member 2's grads hold a NaN: its norm and coefficient are NaN, the guard's skip stops its
+    step (params, moments, count unchanged bit for bit), and the other members equal a run where
+    member 2's grads were clean, bit for bit."""
+    out = {}
+    for name in ("clean", "nan"):
+        gen = torch.Generator().manual_seed(13)
+        opt = MemberAdam(new_params(gen), lr=[0.01, 0.02, 0.03, 0.04], backend=backend)
+        give_grads(opt, random_grads(gen))
+        opt.step(torch.zeros(4))
+        grads = random_grads(gen)
+        if name == "nan":
+            grads[1][2, 3] = NAN
+        give_grads(opt, grads)
+        total, coef = grad_norm_coefficient([p.grad for p in opt.params], torch.full((4,), 0.5), members=4,
+                                            backend=backend)
+        skip = torch.isnan(total).to(F32)
+        before = snapshot(opt)
+        opt.step(skip, grad_scale=coef)
+        out[name] = (before, snapshot(opt), total, coef)
+    before, after, total, coef = out["nan"]
+    assert torch.isnan(total[2]) and torch.isnan(coef[2]) and torch.isfinite(total[[0, 1, 3]]).all()
+    for x, y in zip(before, after):
+        if x.dim() >= 1 and x.shape[0] == 4:  # params, moments, step, lr, eps
+            assert torch.equal(x[2], y[2])
+    for x, y in zip(out["clean"][1], after):
+        if x.dim() >= 1 and x.shape[0] == 4:
+            assert torch.equal(x[[0, 1, 3]], y[[0, 1, 3]])
+
+
+@pytest.mark.parametrize("backend", REFERENCE)
 def test_a_skip_leaves_that_member_and_not_the_others(backend):
     """Two runs from the same start with the same grads; run B skips member 2 at its 3rd update:
     member 2 is bit-identical across that update, the other members equal run A's bit for bit."""
@@ -182,7 +183,7 @@ def test_a_skip_leaves_that_member_and_not_the_others(backend):
     assert not torch.equal(opt_a.params[0][2], opt_b.params[0][2])  # member 2 did lose an update
 
 
-@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("backend", REFERENCE)
 def test_state_dict_round_trip_continues_identically(backend):
     gen = torch.Generator().manual_seed(6)
     a = MemberAdam(new_params(gen), lr=[0.01, 0.02, 0.05, 0.1], eps=1e-6, betas=(0.85, 0.995), backend=backend)
@@ -276,6 +277,10 @@ def test_member_adam_bad_arguments(kwargs, match):
         opt.zero_grad()
         with pytest.raises(ValueError, match=r"skip must be a float32 tensor \[P\] = \[4\]"):
             opt.step(torch.zeros(4, dtype=torch.bool))
+        with pytest.raises(ValueError, match=r"grad_scale must be a float32 tensor \[P\] = \[4\]"):
+            opt.step(torch.zeros(4), grad_scale=torch.ones(3))
+        with pytest.raises(ValueError, match=r"grad_scale must be a float32 tensor \[P\] = \[4\] on cpu, contiguous"):
+            opt.step(torch.zeros(4), grad_scale=torch.ones(8)[::2])
 
 
 def test_lr_and_eps_are_the_optimizers_own_tensors():
@@ -296,9 +301,8 @@ def test_update_path_reads_nothing_on_the_host(monkeypatch, backend):
     skip, max_norm = torch.tensor([0.0, 1.0, 0.0, 0.0]), torch.full((4,), 0.5)
     with monkeypatch.context() as m:
         forbid_syncs(m)
-        member_grad_norm(grads)
-        clip_member_grads_(grads, max_norm)
-        opt.step(skip)
+        _, coef = grad_norm_coefficient(grads, max_norm, members=4, backend=backend)
+        opt.step(skip, grad_scale=coef)
         opt.zero_grad()
 
 
@@ -307,8 +311,9 @@ def test_update_path_reads_nothing_on_the_host(monkeypatch, backend):
 # ---------------------------------------------------------------------------------------------
 @pytest.mark.gpu
 def test_gpu_clip_and_step_captured_in_a_cuda_graph():
-    """Clip + MemberAdam.step captured once; each replay (new grads, skip and max_norm written in
-    place) equals the same calls run eagerly on a copy with the torch reference."""
+    """grad_norm_coefficient(members=P) + MemberAdam.step(skip, grad_scale=coef) captured once; each
+    replay (new grads, skip and max_norm written in place) equals the same calls run eagerly on a
+    copy with the torch references."""
     dev = "cuda"
     gen = torch.Generator().manual_seed(11)
     shapes = [(8, 64, 33), (8, 33), (8, 1)]
@@ -322,8 +327,9 @@ def test_gpu_clip_and_step_captured_in_a_cuda_graph():
     norms = torch.zeros(8, device=dev)
 
     def body():
-        norms.copy_(clip_member_grads_([p.grad for p in opt.params], max_norm))
-        opt.step(skip)
+        total, coef = grad_norm_coefficient([p.grad for p in opt.params], max_norm, members=8)
+        norms.copy_(total)
+        opt.step(skip, grad_scale=coef)
 
     graph, _ = capture_graph(body, warmup=1)  # warm-up with every member skipped: nothing moves
     assert opt.steps.tolist() == [0.0] * 8
@@ -338,8 +344,8 @@ def test_gpu_clip_and_step_captured_in_a_cuda_graph():
         with no_host_sync():
             graph.replay()
         torch.cuda.synchronize()
-        ref_norms = clip_member_grads_([p.grad for p in ref.params], max_norm)
-        ref.step(skip)
+        ref_norms, ref_coef = grad_norm_coefficient([p.grad for p in ref.params], max_norm, members=8, backend="torch")
+        ref.step(skip, grad_scale=ref_coef)
         torch.testing.assert_close(norms, ref_norms, rtol=1e-6, atol=0.0)
         assert torch.equal(opt.steps, ref.steps)
         for a, b in zip(snapshot(opt), snapshot(ref)):

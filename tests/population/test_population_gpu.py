@@ -1,6 +1,9 @@
 """The population path on CUDA: graph = eager per member, no host sync in a captured iteration,
-one graph launch per iteration, members of P equal populations of one (to float rounding)."""
+one graph launch per iteration, members of P equal populations of one (to float rounding), the
+update's norm, Adam and target update one kernel each whatever P."""
 from __future__ import annotations
+
+from collections import Counter
 
 import pytest
 import torch
@@ -73,3 +76,31 @@ def test_fault_in_one_member_on_cuda():
     ta, tb = member_tensors(faulty, 0), member_tensors(clean, 0)
     for k in ta:
         assert torch.equal(ta[k], tb[k]), k
+
+
+def test_update_runs_norm_adam_and_target_as_one_kernel_each():
+    """P = 20 CartPole members of 6 parameter tensors (120 member slices: torch's _foreach_norm
+    would take two multi-tensor launches, the per-tensor Adam and lerp six each): per update the
+    gradient norm, Adam and the target update are one launch each (ops/grad_norm.py,
+    ops/adam_step.py, ops/target_lerp.py), and no multi-tensor-apply, lerp, per-tensor Adam,
+    clip-coefficient or target-weight kernel is left."""
+    from torch.profiler import ProfilerActivity, profile
+
+    s = build_population(cuda_configs(CARTPOLE, [[f"seed={i}"] for i in range(20)]), None, CUDA)
+    for _ in range(10):
+        P.collect_step(s)
+    for _ in range(2):  # compile and make the ops' scratch
+        P.update_step(s)
+    torch.cuda.synchronize()
+    updates = 3
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(updates):
+            P.update_step(s)
+        torch.cuda.synchronize()
+    counts = Counter(e.name for e in prof.events() if e.device_type.name == "CUDA" and not e.is_user_annotation)
+    for kernel in ("_grad_norm_kernel", "_adam_step_kernel", "_target_lerp_kernel"):
+        assert sum(n for name, n in counts.items() if kernel in name) == updates, (kernel, counts)
+    gone = ("multi_tensor_apply", "lpnorm", "_member_adam_kernel", "_clip_coefficient_kernel", "_target_weight_kernel")
+    stale = [name for name in counts
+             if any(x in name for x in gone) or ("lerp" in name and "_target_lerp_kernel" not in name)]
+    assert not stale, stale
