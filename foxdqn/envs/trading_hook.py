@@ -32,6 +32,9 @@ class TradingCollectHook(CollectHook):
         """``(info["state_code"], info["next_state_code"])`` (``[N, 4]``) when ``replay`` decodes
         rows (``replay.decoder`` set), else the observations ``(obs, out.next_obs)``."""
         if replay.decoder is None:
+            if out.next_obs is None:
+                raise ValueError("the replay stores observations but the trading env returns no next_obs "
+                                 "(env.step_next_obs is False: set it True for a replay without a decoder)")
             return obs, out.next_obs
         return out.info["state_code"], out.info["next_state_code"]
 

@@ -111,8 +111,9 @@ def _grad_norm_op(grads: list[Tensor], max_norm: Tensor, total: Tensor, coef: Te
     for launch in launches:
         torch.library.wrap_triton(_grad_norm_kernel)[(launch.programs,)](
             *slots(grads, launch), *launch.numels, *launch.ends, *launch.rows,
-            max_norm, total, coef, partials, ticket, members, max(rows, 1),
-            FINAL=launch.final, EPS=CLIP_EPS, BLOCK=block, PB=_PB, RB=_RB, num_warps=4)
+            max_norm, total, coef, partials, ticket, members, rows,
+            FINAL=launch.final, EPS=CLIP_EPS, BLOCK=block, PB=_PB, RB=_RB, num_warps=4,
+            enable_fp_fusion=False)  # each square rounded to float32, as torch's vector_norm (docstring)
 
 
 # ---------------------------------------------------------------------------------------------

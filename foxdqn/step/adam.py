@@ -24,10 +24,15 @@ def adam_state(optimizer: torch.optim.Adam, params: list[torch.Tensor]) -> tuple
     0-d zero step on the parameter's device)."""
     state = optimizer.state
     for p in params:
-        if not state.get(p):
+        st = state.get(p)
+        if not st:
             state[p] = {"step": torch.zeros((), dtype=torch.float32, device=p.device),
                         "exp_avg": torch.zeros_like(p, memory_format=torch.preserve_format),
                         "exp_avg_sq": torch.zeros_like(p, memory_format=torch.preserve_format)}
+        elif st["step"].device != p.device or st["step"].dtype != torch.float32:
+            # load_state_dict keeps a non-fused, non-capturable group's step on the CPU: the kernel
+            # reads it on the parameter's device (eager only: a resume happens before any capture)
+            st["step"] = st["step"].to(device=p.device, dtype=torch.float32)
     return ([state[p]["exp_avg"] for p in params], [state[p]["exp_avg_sq"] for p in params],
             [state[p]["step"] for p in params])
 

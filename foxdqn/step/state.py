@@ -136,6 +136,8 @@ def build_networks(cfg: TrainConfig, env: Env, mode: ActionMode, device: torch.d
 
 def build_optimization(cfg: TrainConfig, nets: Networks, device: torch.device) -> Optimization:
     lr = torch.tensor(cfg.optim.lr, device=device, dtype=torch.float32)
+    # fused=True (capturable on CUDA): not for torch's kernel, which the run no longer calls (foxdqn/step/adam.py),
+    # but so that load_state_dict keeps each step as a float32 tensor on the device, as the kernel reads it
     opt_kwargs = dict(lr=lr, eps=cfg.optim.adam_eps, fused=True)
     if device.type == "cuda":
         opt_kwargs["capturable"] = True

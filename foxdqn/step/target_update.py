@@ -15,7 +15,6 @@ from __future__ import annotations
 import torch
 
 from foxdqn.ops.target_lerp import target_lerp_
-from foxdqn.ops.target_weight import target_weight
 
 
 class TargetUpdate:
@@ -31,7 +30,8 @@ class TargetUpdate:
 
     Attributes:
         hard: bool, ``mode == "hard"``.  tau: float32 0-d.  hard_period: int64 0-d.
-        weight: float32 0-d scratch, this update's ``w`` (written by :meth:`weight_for`).
+        weight: float32 0-d, the last update's ``w`` (written by :meth:`apply`): τ, or 1 when
+        ``(updates + 1) % hard_period == 0`` (hard); 0 when skipped.
         targets, sources: the parameter lists.
 
     Raises:
@@ -47,19 +47,12 @@ class TargetUpdate:
         self.hard_period = torch.tensor(hard_period, dtype=torch.int64, device=device)
         self.weight = torch.zeros((), device=device, dtype=torch.float32)
         self.targets, self.sources = targets, sources
-
-    def weight_for(self, updates: torch.Tensor, skip: torch.Tensor, advance: bool = False) -> torch.Tensor:
-        """This update's lerp weight ``w`` (float32 0-d, :attr:`weight`): τ, or 1 when
-        ``(updates + 1) % hard_period == 0`` (hard); 0 when ``skip`` (float32 0-d) is 1.
-        ``updates``: int64 0-d, the updates done before this one; with ``advance`` it is then
-        incremented by 1 in the same kernel (:func:`~foxdqn.ops.target_weight.target_weight`)."""
-        target_weight(updates, skip, self.tau, self.hard_period, self.weight, hard=self.hard, advance=advance)
-        return self.weight
+        self._sources = [s.detach() for s in sources]  # views of the same memory, made once
 
     def apply(self, updates: torch.Tensor, skip: torch.Tensor, advance: bool = False) -> None:
         """θ' ← θ' + w (θ − θ') for every target (device ops only, no autograd). With ``advance``,
         ``updates`` (int64 0-d) is incremented by 1 once ``w`` is computed: the update step's
         counter, when nothing after the target update reads it (:func:`foxdqn.step.update.update_step`)."""
         with torch.no_grad():  # else the targets would join the autograd graph (and keep it alive)
-            target_lerp_(self.targets, [s.detach() for s in self.sources], updates, skip, self.tau,
+            target_lerp_(self.targets, self._sources, updates, skip, self.tau,
                          self.hard_period, hard=self.hard, advance=advance, weight=self.weight)

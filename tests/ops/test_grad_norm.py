@@ -21,6 +21,7 @@ SHAPES = {
     "seven": [(7,)],
     "two_big": [(1000,), (4097,)],
     "ten_with_empty": [(3, 5), (0,), (1,), (4097,), (7, 2), (11,), (1000,), (2, 2, 2), (9,), (13,)],
+    "all_empty": [(0,), (0,)],  # total 0, coef 1, as torch: no partial row is read
 }
 
 

@@ -23,10 +23,10 @@ def test_hard_copies_every_period():
     tu = TargetUpdate("hard", 0.25, 3, targets, sources, torch.device("cpu"))
     weights = []
     for updates in range(6):
-        weights.append(tu.weight_for(torch.tensor(updates), torch.tensor(0.0)).item())
+        tu.apply(torch.tensor(updates), torch.tensor(0.0))
+        weights.append(tu.weight.item())
+        assert torch.equal(targets[0], sources[0] if updates >= 2 else torch.zeros(3))
     assert weights == [0.0, 0.0, 1.0, 0.0, 0.0, 1.0]
-    tu.apply(torch.tensor(2), torch.tensor(0.0))
-    assert torch.equal(targets[0], sources[0])
 
 
 def test_lengths_must_match():
