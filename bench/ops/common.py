@@ -9,20 +9,41 @@ import sys
 QUANTILES = [0.5, 0.2, 0.8]
 
 
-def bench_ms(fn) -> tuple[float, float, float]:
-    """Median, 20th and 80th percentile of ``fn()`` in ms (``triton.testing.do_bench``: 25 ms
-    warm-up, 100 ms of repetitions), after one untimed call (compile / warm up)."""
+def bench_ms(fn) -> tuple[float, float, float, str]:
+    """Median, 20th and 80th percentile of one call of ``fn`` in ms (``triton.testing.do_bench``:
+    25 ms warm-up, 100 ms of repetitions), and how it was timed: ``"graph"``, the replay of a CUDA
+    graph holding one call (what the captured hot loop pays: device time, no Python or launch
+    overhead), or ``"eager"``, plain calls, when ``fn`` cannot be captured (a host sync). Two
+    untimed calls first (compile / warm up), on a side stream before a capture."""
+    import torch
     from triton.testing import do_bench
 
     fn()
-    med, p20, p80 = do_bench(fn, warmup=25, rep=100, quantiles=QUANTILES)
-    return float(med), float(p20), float(p80)
+    timing, run = "eager", fn
+    if torch.cuda.is_available():
+        try:
+            side = torch.cuda.Stream()
+            side.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(side):
+                fn()
+            torch.cuda.current_stream().wait_stream(side)
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph):
+                fn()
+            timing, run = "graph", graph.replay
+        except Exception as exc:  # not capturable: timed eagerly, said in the row
+            print(f"bench_ms: not captured ({type(exc).__name__}: {str(exc)[:120]}); timed eagerly", file=sys.stderr)
+            torch.cuda.synchronize()
+    med, p20, p80 = do_bench(run, warmup=25, rep=100, quantiles=QUANTILES)
+    return float(med), float(p20), float(p80), timing
 
 
-def op_row(op: str, size: str, provider: str, ms: float, p20: float, p80: float, nbytes: int | None = None) -> dict:
-    """One result row of the ``ops`` section; ``gbps`` = ``nbytes`` / time (None without ``nbytes``)."""
+def op_row(op: str, size: str, provider: str, ms: float, p20: float, p80: float, nbytes: int | None = None,
+           timing: str | None = None) -> dict:
+    """One result row of the ``ops`` section; ``gbps`` = ``nbytes`` / time (None without ``nbytes``);
+    ``timing``: "graph" or "eager" (:func:`bench_ms`)."""
     return {"section": "ops", "op": op, "size": size, "provider": provider, "ms": ms, "p20_ms": p20, "p80_ms": p80,
-            "gbps": None if nbytes is None else nbytes / (ms * 1e-3) / 1e9}
+            "gbps": None if nbytes is None else nbytes / (ms * 1e-3) / 1e9, "timing": timing}
 
 
 def provider_rows(bench: str, op: str, size: str, providers: dict, nbytes: int | None = None) -> list[dict]:
@@ -31,11 +52,11 @@ def provider_rows(bench: str, op: str, size: str, providers: dict, nbytes: int |
     out = []
     for name, fn in providers.items():
         try:
-            med, p20, p80 = bench_ms(fn)
+            med, p20, p80, timing = bench_ms(fn)
         except Exception as exc:  # a provider that cannot run this configuration is reported, not fatal
             print(f"{bench}: {name} {size}: {type(exc).__name__}: {exc}", file=sys.stderr)
             continue
-        out.append(op_row(op, size, name, med, p20, p80, nbytes))
+        out.append(op_row(op, size, name, med, p20, p80, nbytes, timing))
     return out
 
 
