@@ -349,4 +349,7 @@ def test_gpu_clip_and_step_captured_in_a_cuda_graph():
         torch.testing.assert_close(norms, ref_norms, rtol=1e-6, atol=0.0)
         assert torch.equal(opt.steps, ref.steps)
         for a, b in zip(snapshot(opt), snapshot(ref)):
-            assert_scaled_close(a, b)
+            # the kernel (fma, libdevice powf) against the reference (float64 moments), with the
+            # last member stepping by lr = 0.1: on the H200 one weight differed by 3e-6 = 3e-5 of a
+            # step after 4 steps (25 ulps of |w| ~ 1); bound: 64 ulps
+            assert_scaled_close(a, b, ulps=64)
