@@ -112,7 +112,7 @@ class TrainingGuard:
         self.reader = HostRingReader(self.ring)
 
     def check(self, loss: torch.Tensor, grad_norm: torch.Tensor, step: torch.Tensor) -> torch.Tensor:
-        """Launch the guard for this update and return ``self.skip`` (fused Adam ``found_inf``).
+        """Launch the guard for this update and return ``self.skip`` (the Adam step's ``skip``).
 
         Args: loss, grad_norm float32 0-d; step int64 0-d; on ``self.device``. No sync.
         With the weight check, :meth:`WeightCheck.run <foxdqn.step.weight_check.WeightCheck.run>`

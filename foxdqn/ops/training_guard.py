@@ -33,10 +33,10 @@ Comparisons are IEEE: a NaN loss never trips the clip, a NaN norm never counts a
 (and resets the counter), but both trip ``halt_nan``. ``+Inf`` loss trips ``halt_nan`` and
 ``halt_loss_clip`` together.
 
-The skip flag is the ``found_inf`` of torch's fused Adam/AdamW: a float32 0-d tensor on the
-parameters' device; the fused kernels skip the update (and the step counter is restored) iff
-``*found_inf == 1.0``. Attach it once, before capture: ``optimizer.found_inf = guard.skip``
-(torch/optim/adam.py reads ``getattr(self, "found_inf", None)`` in ``step``).
+The skip flag is a float32 0-d tensor on the parameters' device, 1.0 = skip this update: the
+run's Adam kernel takes it as ``skip`` (:func:`foxdqn.step.adam.adam_update_`), and it also works
+as the ``found_inf`` of torch's fused Adam/AdamW (``optimizer.found_inf = guard.skip``), whose
+kernels skip the update iff ``*found_inf == 1.0``.
 """
 from __future__ import annotations
 
@@ -315,7 +315,7 @@ def training_guard(
         collapse_count: int32/int64 0-d, mutated: consecutive collapsed steps.
         acc: float32 [4], mutated: += [loss, grad_norm, 1, 0] for steps with both finite,
             and acc[3] += skip.
-        skip: float32 0-d, written: 1.0 = skip this update (use as fused Adam ``found_inf``).
+        skip: float32 0-d, written: 1.0 = skip this update (the Adam step's ``skip``).
         halted: float32 0-d, mutated: the halt latch.
         ring: float64 [R, 18] record ring (pinned host memory for CUDA inputs, or any tensor
             on the inputs' device); slot ``step mod R`` columns 0-8, 13, 15, 16, 17 written.

@@ -3,7 +3,7 @@
 :func:`build_state` turns a validated :class:`~foxdqn.config.TrainConfig` (and, for trading, a
 :class:`~foxdqn.data.MarketData`) into a :class:`TrainState` of a few parts, one job each:
 :class:`Networks` (online, target, objective, trainable parameters), :class:`Optimization`
-(fused Adam and its tensor learning rate), :class:`~foxdqn.step.target_update.TargetUpdate`,
+(Adam's state and its tensor learning rate), :class:`~foxdqn.step.target_update.TargetUpdate`,
 the replay, :class:`Rollout` (environment, action mode, observation to act on),
 :class:`Schedules` (ε), :class:`Monitors` (guard, Q monitor, monitoring accumulators), plus the
 run's counters and random generator. The collect and update functions (``collect.py``,
