@@ -33,8 +33,9 @@ and square root round to nearest, the fma are explicit), so the result follows
 where the test runs torch 2.11: there, within 1e-3 of a step's size after several steps,
 ``tests/ops/test_adam_step.py``); torch versions whose fused kernel computes ``m`` as ``b1·m + (1 - b1)·g`` (two
 roundings), and torch's CPU and foreach paths (float64 bias corrections, ``lerp``), differ by a
-few float32 ulps per step. The reference (:func:`adam_step_reference`) is the same rule in torch
-ops, the two moment updates computed in float64 and rounded once (in place of the fma).
+few float32 ulps per step. The reference (:func:`adam_step_reference`) is the same rule in float32
+torch ops (multi-tensor ``torch._foreach_*``), the moment updates as ``b·m + (1 - b)·g`` (two or three roundings in place
+of the fma, about an ulp apart; it is also the run's Adam on CPU, so it is written for speed there).
 
 Kernel count: one launch for up to 8 tensors in place of fused Adam's three (``steps += 1``, the
 fused kernel, ``steps -= found_inf``), and the clip's ``_foreach_mul_`` when ``grad_scale`` is
@@ -205,40 +206,59 @@ def adam_step_reference(params: Sequence[Tensor], grads: Sequence[Tensor], exp_a
                         skip: Tensor | None = None, members: int = 1) -> None:
     """Plain-torch reference of :func:`adam_step_` (same arguments, same in-place writes; the
     module docstring's rule in torch ops, float32, ``powf`` as ``torch.pow``). Device ops only:
-    the update is computed out of place and written back with ``torch.where``, so skipped members
-    keep their values bit for bit."""
+    the update is computed out of place and written back (through ``torch.where`` when ``skip`` is
+    given, so skipped members keep their values bit for bit)."""
     b1, b2 = _f32(beta1), _f32(beta2)  # exact in float32: the scalar ops below are float32 ops
-    keep = None if skip is None else skip.reshape(members) != 0
-    shared = len(steps) == 1 and len(params) > 1
-    for k, (param, grad, m, v) in enumerate(zip(params, grads, exp_avgs, exp_avg_sqs)):
-        step = steps[0] if shared else steps[k]
-        col = (members,) + (1,) * (param.dim() - 1) if members > 1 else ()
+    c1, c2 = 1.0 - b1, 1.0 - b2  # exact: Sterbenz, as the kernel and torch compute them in float32
+    pm, n = members, len(params)
+    keep = None if skip is None else skip.reshape(pm) != 0
+    shared = len(steps) == 1 and n > 1
+    cols = [(pm,) + (1,) * (p.dim() - 1) if pm > 1 else () for p in params]
 
-        def per(x: Tensor) -> Tensor:  # [P] (0-d for P = 1) -> broadcast over member p's slice
-            return x.reshape(col)
+    def per(xs: Sequence[Tensor]) -> list[Tensor]:  # [P] values (0-d for P = 1) -> over each member's slice
+        return [x.reshape(c) for x, c in zip(xs, cols)]
 
-        t = step.reshape(members) + 1.0
-        bc1 = 1.0 - torch.pow(b1, t)
-        bc2_sqrt = torch.sqrt(1.0 - torch.pow(b2, t))
-        step_size = per(lr.reshape(members) / bc1)
-        g = grad if grad_scale is None else grad * per(grad_scale.reshape(members))
-        # the kernel's fma(b, x, fma(-b, y, y)) = b·x + (1 - b)·y rounded (about) once: in float64
-        # here (1 - b is exact there), rounded to float32 once; in float32 b·x + (y - b·y) would
-        # lose up to log2(1 / (1 - b)) bits to the cancellation
-        gg = g * g
-        m_new = (b1 * m.double() + (1.0 - b1) * g.double()).to(F32)
-        v_new = (b2 * v.double() + (1.0 - b2) * gg.double()).to(F32)
-        denom = v_new.sqrt() / per(bc2_sqrt) + (per(eps.reshape(members)) if isinstance(eps, Tensor) else _f32(eps))
-        p_new = param - (step_size * m_new) / denom
+    def each(x: Tensor) -> list[Tensor]:  # one [P] tensor for every param
+        return per([x.reshape(pm)] * n)
+
+    # multi-tensor (foreach) torch ops, one pass per op over all tensors: this is also the run's Adam
+    # on CPU, so it is written for speed there
+    t = torch._foreach_add([st.reshape(pm) for st in (steps * n if shared else steps)], 1.0)
+    bc1 = torch._foreach_pow(b1, t)
+    torch._foreach_neg_(bc1)
+    torch._foreach_add_(bc1, 1.0)
+    bc2_sqrt = torch._foreach_pow(b2, t)
+    torch._foreach_neg_(bc2_sqrt)
+    torch._foreach_add_(bc2_sqrt, 1.0)
+    torch._foreach_sqrt_(bc2_sqrt)
+    step_size = torch._foreach_div([lr.reshape(pm)] * n, bc1)
+    g = list(grads) if grad_scale is None else torch._foreach_mul(list(grads), each(grad_scale))
+    # the kernel's fma(b, x, fma(-b, y, y)) = b·x + (1 - b)·y rounded about once; here
+    # b·x + (1 - b)·y in float32, two or three roundings (about an ulp more; torch's own CPU Adam
+    # rounds as often)
+    m_new = torch._foreach_mul(list(exp_avgs), b1)
+    torch._foreach_add_(m_new, g, alpha=c1)
+    v_new = torch._foreach_mul(list(exp_avg_sqs), b2)
+    torch._foreach_addcmul_(v_new, g, g, value=c2)
+    denom = torch._foreach_sqrt(v_new)
+    torch._foreach_div_(denom, per(bc2_sqrt))
+    if isinstance(eps, Tensor):
+        torch._foreach_add_(denom, each(eps))
+    else:
+        torch._foreach_add_(denom, _f32(eps))
+    p_new = torch._foreach_mul(m_new, per(step_size))
+    torch._foreach_div_(p_new, denom)
+    p_new = torch._foreach_sub(list(params), p_new)
+    for olds, news in ((exp_avgs, m_new), (exp_avg_sqs, v_new), (params, p_new)):
         if keep is None:
-            m.copy_(m_new)
-            v.copy_(v_new)
-            param.copy_(p_new)
-        else:
-            kp = per(keep)
-            m.copy_(torch.where(kp, m, m_new))
-            v.copy_(torch.where(kp, v, v_new))
-            param.copy_(torch.where(kp, param, p_new))
+            torch._foreach_copy_(list(olds), news)
+        else:  # skipped members keep their values bit for bit (elementwise: out may alias)
+            for old, new, k in zip(olds, news, each(keep)):
+                torch.where(k, old, new, out=old)
+    _advance_steps(steps, shared, keep)
+
+
+def _advance_steps(steps: Sequence[Tensor], shared: bool, keep: Tensor | None) -> None:
     for step in (steps[:1] if shared else steps):
         if keep is None:
             step.add_(1.0)

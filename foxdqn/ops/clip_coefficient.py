@@ -27,6 +27,10 @@ does, but the kernel's summation order is a fixed tree and torch's is its own, s
 matches torch to float32 rounding (a few ulps for many tensors), not always bit for bit; the
 reciprocal, multiply and clamp are correctly rounded in both, so ``coef`` differs only through
 ``total``. The kernel is one program per row (one warp), the sum deterministic.
+
+Not in the training loop any more: :func:`foxdqn.ops.grad_norm.grad_norm_coefficient` computes the
+norms and this tail in one kernel (it takes :data:`CLIP_EPS` from here). The op is kept with its
+tests and bench as the definition of the tail from per-tensor norms.
 """
 from __future__ import annotations
 
@@ -121,8 +125,7 @@ def clip_coefficient(norms: Tensor, max_norm: Tensor, *, backend: str = "auto") 
             :func:`norm_rows` of ``torch._foreach_norm(grads)``) or ``[G, n]`` (G groups, e.g.
             population members, each its own row); n >= 1; unit stride along the last axis.
         max_norm: float32, the bound on the total norm: 0-d for ``[n]`` norms, ``[G]`` for
-            ``[G, n]`` (the population's per-member ``optim.grad_clip``). > 0 as a rule (a device
-            value, not checked).
+            ``[G, n]`` (per-member bounds). > 0 as a rule (a device value, not checked).
         backend: "auto" (Triton for CUDA tensors, torch reference for CPU), "triton", "torch".
 
     Returns:

@@ -15,9 +15,12 @@ arithmetic is torch's ``torch.mul(base, 1.0 - skip)``, bit for bit.
 
 Kernel saving (issue 17): the torch expressions are two kernels for Polyak (``1 - skip``, the
 multiply) and six for the hard copy (add, remainder, eq, cast, ``1 - skip``, multiply), plus one
-more for ``updates.add_(1)`` at the end of the update; this op is one kernel for all of them. The
-counter may advance here only because nothing after the target update in an update reads it
-(:func:`foxdqn.step.update.update_step`: the target masks and the PER priorities do not).
+more for ``updates.add_(1)`` at the end of the update; this op is one kernel for all of them.
+
+Not in the training loop any more: :func:`foxdqn.ops.target_lerp.target_lerp_` computes the same
+weight (its reference calls :func:`target_weight_reference`, the definition) and lerps the targets
+in the same kernel. The op is kept with its tests and bench as that definition and as a building
+block.
 """
 from __future__ import annotations
 

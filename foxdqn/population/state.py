@@ -34,8 +34,7 @@ class PopulationState:
     member's; ``obs``: float32 ``[P·N, D]``, the observations to act on next; ``env_steps`` and
     ``updates``: int64 0-d, per member. ``inject_nan``: some member has ``debug.inject_nan_at_step``.
     ``generator`` is None (members draw from ``rng``). ``eps_duration``: float32 ``[P]``, the steps
-    of each member's linear ε decay (:meth:`MemberParams.eps_duration`, made once);
-    ``target_weight``: float32 ``[P]``, the scratch the update writes its target lerp weights to."""
+    of each member's linear ε decay (:meth:`MemberParams.eps_duration`, made once)."""
 
     cfg: TrainConfig
     cfgs: list[TrainConfig]
@@ -54,7 +53,6 @@ class PopulationState:
     env_steps: torch.Tensor
     updates: torch.Tensor
     eps_duration: torch.Tensor
-    target_weight: torch.Tensor
     inject_nan: bool = False
     generator: None = None
 
@@ -103,5 +101,4 @@ def build_population(cfgs: list[TrainConfig], market, device: torch.device) -> P
         online=online, target=target, optimizer=optimizer, replay=replay, guard=MemberGuard(params.loss_clip, device),
         stats=MemberStats(len(cfgs), cfg.env.num_envs, device), env_steps=torch.zeros((), **zero),
         updates=torch.zeros((), **zero), eps_duration=params.eps_duration(cfg.agent.total_env_steps),
-        target_weight=torch.zeros(len(cfgs), dtype=torch.float32, device=device),
         inject_nan=any(c.debug.inject_nan_at_step is not None for c in cfgs))

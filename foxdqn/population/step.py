@@ -61,11 +61,10 @@ def update_step(s: PopulationState) -> None:
     grad_norm, clip = grad_norm_coefficient([w.grad for w in s.online.parameters()], s.params.grad_clip, members=p)
     skip = s.guard.check(loss.detach(), grad_norm, s.updates, s.env_steps)
     s.optimizer.step(skip, grad_scale=clip)
-    # w = τ or the hard copy's 1, times (1 − skip), into s.target_weight; then `updates += 1`
+    # w = τ or the hard copy's 1, times (1 − skip); then `updates += 1`
     # (nothing below reads the counter)
     target_lerp_(list(s.target.parameters()), [w.detach() for w in s.online.parameters()], s.updates, skip,
-                 s.params.tau, s.params.period, hard=s.cfg.target.update == "hard", advance=True,
-                 weight=s.target_weight, members=p)
+                 s.params.tau, s.params.period, hard=s.cfg.target.update == "hard", advance=True, members=p)
     s.stats.add_update(loss.detach(), grad_norm, skip, q.max(dim=2).values.mean(dim=1))
 
 
