@@ -5,7 +5,9 @@ target_lerp_ (target weight, lerp, counter).
 Providers per op: the Triton op, its torch reference, ``torch.compile`` of the reference (the
 bench's rule), and what the run used before: ``torch.nn.utils.clip_grad_norm_`` (norm and the
 in-place multiply), ``torch.optim.Adam(fused=True, capturable=True)`` with ``found_inf`` (and the
-clip's ``_foreach_mul_``), ``torch._foreach_lerp_`` with a tensor weight. Training sizes: the
+clip's ``_foreach_mul_``), ``torch._foreach_lerp_`` with a tensor weight: torch equivalents of the
+old path, not the exact one (both the clip_grad_norm_ and the Adam row include the clip's multiply;
+the lerp row leaves out the weight kernel). Training sizes: the
 parameter shapes of ``eurusd_dqn``'s network (8 tensors), for one network and for 64 population
 members (no torch library row there: torch has no per-member Adam). State evolves between calls.
 
@@ -82,7 +84,8 @@ def rows(device: str = "cuda") -> list[dict]:
 
             w = torch.full((), 0.005, **vec)
             out += provider_rows("bench_update_tail", "grad_norm_coefficient", size, {
-                "torch clip_grad_norm_": lambda: torch.nn.utils.clip_grad_norm_(tparams, 10.0, foreach=True)})
+                "torch clip_grad_norm_": lambda: torch.nn.utils.clip_grad_norm_(tparams, float(t.cfg.optim.grad_clip),
+                                                                                foreach=True)})
             out += provider_rows("bench_update_tail", "adam_step_", size, {"torch fused Adam + mul": torch_adam})
             out += provider_rows("bench_update_tail", "target_lerp_", size, {
                 "torch _foreach_lerp_": lambda: torch._foreach_lerp_(targets, params, [w] * len(targets))})

@@ -12,8 +12,8 @@ QUANTILES = [0.5, 0.2, 0.8]
 def bench_ms(fn) -> tuple[float, float, float, str]:
     """Median, 20th and 80th percentile of one call of ``fn`` in ms (``triton.testing.do_bench``:
     25 ms warm-up, 100 ms of repetitions), and how it was timed: ``"graph"``, the replay of a CUDA
-    graph holding one call (what the captured hot loop pays: device time, no Python or launch
-    overhead), or ``"eager"``, plain calls, when ``fn`` cannot be captured (a host sync). Two
+    graph holding one call (no Python; the replay's launch included, a floor of about 5 µs on the
+    H200), or ``"eager"``, plain calls, when ``fn`` cannot be captured (a host sync). Two
     untimed calls first (compile / warm up), on a side stream before a capture."""
     import torch
     from triton.testing import do_bench
@@ -21,6 +21,7 @@ def bench_ms(fn) -> tuple[float, float, float, str]:
     fn()
     timing, run = "eager", fn
     if torch.cuda.is_available():
+        current = torch.cuda.current_stream()
         try:
             side = torch.cuda.Stream()
             side.wait_stream(torch.cuda.current_stream())
@@ -33,6 +34,7 @@ def bench_ms(fn) -> tuple[float, float, float, str]:
             timing, run = "graph", graph.replay
         except Exception as exc:  # not capturable: timed eagerly, said in the row
             print(f"bench_ms: not captured ({type(exc).__name__}: {str(exc)[:120]}); timed eagerly", file=sys.stderr)
+            torch.cuda.set_stream(current)  # a failed capture can leave its side stream current
             torch.cuda.synchronize()
     med, p20, p80 = do_bench(run, warmup=25, rep=100, quantiles=QUANTILES)
     return float(med), float(p20), float(p80), timing

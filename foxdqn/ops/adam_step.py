@@ -209,7 +209,7 @@ def adam_step_reference(params: Sequence[Tensor], grads: Sequence[Tensor], exp_a
     the update is computed out of place and written back (through ``torch.where`` when ``skip`` is
     given, so skipped members keep their values bit for bit)."""
     b1, b2 = _f32(beta1), _f32(beta2)  # exact in float32: the scalar ops below are float32 ops
-    c1, c2 = 1.0 - b1, 1.0 - b2  # exact: Sterbenz, as the kernel and torch compute them in float32
+    c1, c2 = 1.0 - b1, 1.0 - b2  # float32-exact for β >= 0.5 (Sterbenz; the run's 0.9, 0.999), else one more rounding
     pm, n = members, len(params)
     keep = None if skip is None else skip.reshape(pm) != 0
     shared = len(steps) == 1 and n > 1
