@@ -359,6 +359,17 @@ def fake_job(root: Path, name: str, overrides: list[str], val: float, *, returns
     return job
 
 
+def torch_clip(grads, max_norm):
+    """torch.nn.utils.clip_grad_norm_ (foreach) on copies of ``grads``: ``(total, clipped grads)``."""
+    params = []
+    for g in grads:
+        p = torch.nn.Parameter(torch.zeros_like(g))
+        p.grad = g.clone()
+        params.append(p)
+    total = torch.nn.utils.clip_grad_norm_(params, max_norm, foreach=True)
+    return total, [p.grad for p in params]
+
+
 def clone_all(tensors) -> list:
     """Detached copies of ``tensors``."""
     return [t.detach().clone() for t in tensors]

@@ -8,7 +8,7 @@ from foxdqn.ops.clip_coefficient import clip_coefficient, norm_rows
 from foxdqn.step.grad_clip import grad_norm_and_coefficient
 from foxdqn.step.scalars import device_scalar
 
-from support import assert_close_report, capture_graph, cuda_kernels, no_host_sync
+from support import assert_close_report, capture_graph, cuda_kernels, no_host_sync, torch_clip
 
 F32 = torch.float32
 NAN, INF = float("nan"), float("inf")
@@ -17,17 +17,6 @@ NAN, INF = float("nan"), float("inf")
 def _grads(seed, shapes, scale=1.0, device="cpu"):
     g = torch.Generator().manual_seed(seed)
     return [(torch.randn(s, generator=g) * scale).to(device) for s in shapes]
-
-
-def _torch_clip(grads, max_norm):
-    """torch's clip_grad_norm_ on copies: (total, clipped grads)."""
-    params = []
-    for g in grads:
-        p = torch.nn.Parameter(torch.zeros_like(g))
-        p.grad = g.clone()
-        params.append(p)
-    total = torch.nn.utils.clip_grad_norm_(params, max_norm, foreach=True)
-    return total, [p.grad for p in params]
 
 
 SHAPES = {"one": [(7,)], "three_odd": [(5, 3), (3,), (1, 1)], "seven": [(4, 9), (9,), (9, 2), (2,), (1,), (3, 3, 2), (11,)]}
@@ -39,7 +28,7 @@ SHAPES = {"one": [(7,)], "three_odd": [(5, 3), (3,), (1, 1)], "seven": [(4, 9), 
                                              (2.0, 0.0)])
 def test_matches_torch_clip_grad_norm(backend, shapes, max_norm, scale):
     grads = _grads(len(SHAPES[shapes]) + int(max_norm * 7) % 5, SHAPES[shapes], scale)
-    expect_total, expect_grads = _torch_clip(grads, max_norm)
+    expect_total, expect_grads = torch_clip(grads, max_norm)
     norms = norm_rows(torch._foreach_norm(grads, 2))
     total, coef = clip_coefficient(norms, torch.tensor(max_norm), backend=backend)
     assert total.shape == () and coef.shape == () and total.dtype == coef.dtype == F32
@@ -86,7 +75,7 @@ def test_rows_each_with_own_bound_kernel_equals_reference():
 
 def test_grad_clip_helper_equals_torch_and_skips_missing_grads():
     grads = _grads(11, SHAPES["seven"], scale=3.0)
-    expect_total, expect_grads = _torch_clip(grads, 2.0)
+    expect_total, expect_grads = torch_clip(grads, 2.0)
     params = [torch.nn.Parameter(torch.zeros_like(g)) for g in grads]
     for p, g in zip(params, grads):
         p.grad = g.clone()
@@ -132,7 +121,7 @@ def test_bad_arguments(norms, max_norm, match):
 def test_gpu_kernel_equals_reference_and_torch():
     for shapes in SHAPES.values():
         grads = _grads(5, shapes, device="cuda")
-        expect_total, expect_grads = _torch_clip(grads, 0.5)
+        expect_total, expect_grads = torch_clip(grads, 0.5)
         norms = norm_rows(torch._foreach_norm(grads, 2))
         total, coef = clip_coefficient(norms, torch.tensor(0.5, device="cuda"))
         rt, rc = clip_coefficient(norms, torch.tensor(0.5, device="cuda"), backend="torch")
@@ -161,7 +150,7 @@ def test_gpu_captured_no_sync_and_fewer_kernels():
     with no_host_sync():
         graph.replay()
     torch.cuda.synchronize()
-    expect_total, expect_grads = _torch_clip(src, 1.0)
+    expect_total, expect_grads = torch_clip(src, 1.0)
     assert_close_report(total, expect_total, rtol=2e-7, name="total")
     for p, e in zip(params, expect_grads):
         assert_close_report(p.grad * coef, e, rtol=1e-6, name="grad")

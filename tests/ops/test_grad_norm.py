@@ -10,7 +10,7 @@ from foxdqn.ops import backend as B
 from foxdqn.ops.grad_norm import grad_norm_coefficient
 from foxdqn.ops.tensor_list import MAX_SLOTS, scratch
 
-from support import assert_close_report, capture_graph, no_host_sync, require_compiled_kernels
+from support import assert_close_report, capture_graph, no_host_sync, require_compiled_kernels, torch_clip
 
 _need_compiled = require_compiled_kernels(B.INTERPRET)
 F32 = torch.float32
@@ -31,17 +31,6 @@ def _grads(shapes, seed, members=1, device="cpu", scale=1.0):
     return [(torch.randn(lead + s, generator=g) * scale).to(device) for s in shapes]
 
 
-def _torch_clip(grads, max_norm):
-    """torch.nn.utils.clip_grad_norm_ on copies: its total norm."""
-    params = []
-    for g in grads:
-        p = torch.nn.Parameter(torch.zeros_like(g))
-        p.grad = g.clone()
-        params.append(p)
-    total = torch.nn.utils.clip_grad_norm_(params, max_norm, foreach=True)
-    return total
-
-
 @pytest.mark.parametrize("shapes", list(SHAPES))
 @pytest.mark.parametrize("max_norm", [1.0, 1e6, 1e-7])
 def test_kernel_reference_and_torch_agree(shapes, max_norm):
@@ -49,7 +38,7 @@ def test_kernel_reference_and_torch_agree(shapes, max_norm):
     bound = torch.tensor(max_norm)
     kt, kc = grad_norm_coefficient(grads, bound, backend="triton")
     rt, rc = grad_norm_coefficient(grads, bound, backend="torch")
-    tt = _torch_clip(grads, max_norm)
+    tt, _ = torch_clip(grads, max_norm)
     assert kt.shape == kc.shape == () and kt.dtype == kc.dtype == F32
     assert_close_report(kt, rt, rtol=4e-7, name="total kernel vs reference")
     assert_close_report(kt, tt, rtol=4e-7, name="total kernel vs clip_grad_norm_")
