@@ -17,6 +17,14 @@ INTERPRET: bool = os.environ.get("TRITON_INTERPRET", "0") == "1"
 _BACKENDS = ("auto", "triton", "torch")
 
 
+def describe(t) -> str:
+    """What an op's argument is, for its error messages: ``"dtype [shape] on device"`` for a tensor
+    (`` (not contiguous)`` added when it is not), else the type's name."""
+    if not isinstance(t, torch.Tensor):
+        return type(t).__name__
+    return f"{t.dtype} {list(t.shape)}{'' if t.is_contiguous() else ' (not contiguous)'} on {t.device}"
+
+
 def resolve_backend(op: str, backend: str, t: torch.Tensor) -> str:
     """The backend that runs ``op`` on tensor ``t``: ``"triton"`` or ``"torch"``.
 

@@ -41,7 +41,7 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from foxdqn.ops.backend import resolve_backend
+from foxdqn.ops.backend import describe, resolve_backend
 
 #: Added to the total norm before dividing, as ``torch.nn.utils.clip_grad_norm_`` does.
 CLIP_EPS = 1e-6
@@ -87,10 +87,6 @@ def clip_coefficient_reference(norms: Tensor, max_norm: Tensor, total: Tensor, c
 # ---------------------------------------------------------------------------------------------
 # Public function
 # ---------------------------------------------------------------------------------------------
-def _desc(t) -> str:
-    return f"{t.dtype} {list(t.shape)} on {t.device}" if isinstance(t, Tensor) else type(t).__name__
-
-
 def norm_rows(norms: Sequence[Tensor]) -> Tensor:
     """The 0-d per-tensor norms of one ``torch._foreach_norm`` as one float32 ``[n]`` tensor.
 
@@ -102,11 +98,11 @@ def norm_rows(norms: Sequence[Tensor]) -> Tensor:
         ValueError: an empty list, or an entry that is not a float32 0-d tensor on the first one's device.
     """
     if isinstance(norms, Tensor) or not norms:
-        raise ValueError(f"norm_rows: norms must be a non-empty list of float32 0-d tensors, got {_desc(norms)}")
+        raise ValueError(f"norm_rows: norms must be a non-empty list of float32 0-d tensors, got {describe(norms)}")
     first = norms[0]
     for i, t in enumerate(norms):
         if not isinstance(t, Tensor) or t.dim() != 0 or t.dtype != torch.float32 or t.device != first.device:
-            raise ValueError(f"norm_rows: norms[{i}] must be a float32 0-d tensor on {first.device}, got {_desc(t)}")
+            raise ValueError(f"norm_rows: norms[{i}] must be a float32 0-d tensor on {first.device}, got {describe(t)}")
     storage, offset = first.untyped_storage(), first.storage_offset()
     if all(t.untyped_storage().data_ptr() == storage.data_ptr() and t.storage_offset() == offset + i
            for i, t in enumerate(norms)):
@@ -143,12 +139,12 @@ def clip_coefficient(norms: Tensor, max_norm: Tensor, *, backend: str = "auto") 
             or norms.shape[-1] < 1 or norms.shape[-1] > MAX_TENSORS or (norms.dim() == 2 and norms.shape[0] < 1)
             or (norms.shape[-1] > 1 and norms.stride(-1) != 1)):
         raise ValueError(f"clip_coefficient: norms must be a float32 tensor [n] or [G, n] with 1 <= n <= "
-                         f"{MAX_TENSORS} and unit last stride, got {_desc(norms)}")
+                         f"{MAX_TENSORS} and unit last stride, got {describe(norms)}")
     shape = tuple(norms.shape[:-1])
     if (not isinstance(max_norm, Tensor) or max_norm.dtype != torch.float32 or tuple(max_norm.shape) != shape
             or max_norm.device != norms.device):
         raise ValueError(f"clip_coefficient: max_norm must be a float32 tensor {list(shape)} on {norms.device} "
-                         f"(0-d for norms [n], [G] for norms [G, n]), got {_desc(max_norm)}")
+                         f"(0-d for norms [n], [G] for norms [G, n]), got {describe(max_norm)}")
     rows = norms.reshape(-1, norms.shape[-1])
     total = torch.empty(shape, dtype=torch.float32, device=norms.device)
     coef = torch.empty_like(total)

@@ -71,7 +71,7 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
-from foxdqn.ops.backend import resolve_backend
+from foxdqn.ops.backend import describe, resolve_backend
 
 __all__ = ["dqn_td_loss", "dqn_td_loss_reference"]
 
@@ -262,24 +262,20 @@ class _DQNTDLoss(torch.autograd.Function):
 
 
 # ----------------------------------------------------------------------------- checks
-def _shape(x) -> str:
-    return f"{getattr(x, 'dtype', type(x).__name__)} {tuple(getattr(x, 'shape', ()))}"
-
-
 def _check(q, q_next_target, action, reward, discount, weight, q_next_online, double, huber_delta):
     """Validate; returns (q [Rq, A], q_next_target [B, A], q_next_online [B, A] | None, action,
     reward, discount, weight (flat [B] | None), groups, stacked)."""
     op = "dqn_td_loss"
     if q.dim() not in (2, 3) or q.dtype != torch.float32:
-        raise ValueError(f"{op}: q must be float32 [B, A], [2B, A] or [G, ·, A], got {_shape(q)}")
+        raise ValueError(f"{op}: q must be float32 [B, A], [2B, A] or [G, ·, A], got {describe(q)}")
     a = q.shape[-1]
     q2 = q.reshape(-1, a)
     action = action.reshape(-1)
     b = action.shape[0]
     if action.dtype != torch.int64:
-        raise ValueError(f"{op}: action must be int64 [B], got {_shape(action)}")
+        raise ValueError(f"{op}: action must be int64 [B], got {describe(action)}")
     if a < 1 or q2.shape[0] not in (b, 2 * b):
-        raise ValueError(f"{op}: q must have B={b} or 2B={2 * b} rows of A >= 1 actions, got {_shape(q)}")
+        raise ValueError(f"{op}: q must have B={b} or 2B={2 * b} rows of A >= 1 actions, got {describe(q)}")
     stacked = q2.shape[0] == 2 * b and b > 0
     if stacked and not double:
         raise ValueError(f"{op}: a stacked q (2B rows: s then s') serves Double DQN only; pass double=True "
@@ -290,13 +286,13 @@ def _check(q, q_next_target, action, reward, discount, weight, q_next_online, do
         raise ValueError(f"{op}: give q_next_online or a stacked q, not both")
     q_next_target = q_next_target.reshape(-1, a) if q_next_target.shape[-1] == a else q_next_target
     if tuple(q_next_target.shape) != (b, a) or q_next_target.dtype != torch.float32:
-        raise ValueError(f"{op}: q_next_target must be float32 [{b}, {a}], got {_shape(q_next_target)}")
+        raise ValueError(f"{op}: q_next_target must be float32 [{b}, {a}], got {describe(q_next_target)}")
     if q_next_online is not None:
         if not double:
             raise ValueError(f"{op}: q_next_online is for double=True only")
         q_next_online = q_next_online.reshape(-1, a) if q_next_online.shape[-1] == a else q_next_online
         if tuple(q_next_online.shape) != (b, a) or q_next_online.dtype != torch.float32:
-            raise ValueError(f"{op}: q_next_online must be float32 [{b}, {a}], got {_shape(q_next_online)}")
+            raise ValueError(f"{op}: q_next_online must be float32 [{b}, {a}], got {describe(q_next_online)}")
     flat = []
     for name, x in (("reward", reward), ("discount", discount), ("weight", weight)):
         if x is None:
@@ -304,13 +300,13 @@ def _check(q, q_next_target, action, reward, discount, weight, q_next_online, do
             continue
         x = x.reshape(-1)
         if x.shape[0] != b or x.dtype != torch.float32:
-            raise ValueError(f"{op}: {name} must be float32 [{b}], got {_shape(x)}")
+            raise ValueError(f"{op}: {name} must be float32 [{b}], got {describe(x)}")
         flat.append(x)
     if isinstance(huber_delta, torch.Tensor):
         if huber_delta.dim() != 1 or huber_delta.dtype != torch.float32 or huber_delta.shape[0] < 1 \
                 or b % huber_delta.shape[0]:
             raise ValueError(f"{op}: huber_delta must be a float > 0 or a float32 [G] tensor with G dividing "
-                             f"B={b}, got {_shape(huber_delta)}")
+                             f"B={b}, got {describe(huber_delta)}")
         groups = huber_delta.shape[0]
     else:
         if isinstance(huber_delta, bool) or not isinstance(huber_delta, numbers.Real) \

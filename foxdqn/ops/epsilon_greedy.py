@@ -102,11 +102,9 @@ def _epsilon_greedy_op(q: Tensor, step: Tensor, start: Tensor, end: Tensor, dura
 # ---------------------------------------------------------------------------------------------
 # Reference
 # ---------------------------------------------------------------------------------------------
-def epsilon_schedule_reference(step: Tensor, start: Tensor, end: Tensor, duration: Tensor) -> Tensor:
-    """ε per group, float32 ``[G]``: ``start + (end − start)·min(float32(step) / duration, 1)``
-    (:func:`foxdqn.step.schedules.linear_value`, the expression of
-    :class:`~foxdqn.step.schedules.LinearSchedule`)."""
-    return linear_value(step, start, end, duration)
+#: ε per group, float32 ``[G]``: ``start + (end − start)·min(float32(step) / duration, 1)``, the
+#: expression of :class:`~foxdqn.step.schedules.LinearSchedule` (:func:`~foxdqn.step.schedules.linear_value`)
+epsilon_schedule_reference = linear_value
 
 
 def epsilon_greedy_reference(q: Tensor, step: Tensor, start: Tensor, end: Tensor, duration: Tensor,

@@ -41,7 +41,7 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from foxdqn.ops.backend import resolve_backend
+from foxdqn.ops.backend import describe, resolve_backend
 
 BLOCK_N = 16  # envs per program
 BLOCK_D = 64  # observation values per env and loop iteration
@@ -162,16 +162,12 @@ def replay_add_reference(obs: Tensor, next_obs: Tensor, action: Tensor, reward: 
 # ---------------------------------------------------------------------------------------------
 # Public function
 # ---------------------------------------------------------------------------------------------
-def _desc(t) -> str:
-    return f"{getattr(t, 'dtype', type(t).__name__)} {tuple(getattr(t, 'shape', ()))}"
-
-
 def _check_args(obs, next_obs, action, reward, scale, terminated, truncated, buffers, episode_now, ptr, written,
                 ticket, vol_ratio, advance_obs, rollout) -> None:
     ob = buffers.get("obs")
     if not isinstance(ob, Tensor) or ob.dim() != 3 or ob.dtype not in OBS_DTYPES or not ob.is_contiguous():
         raise ValueError(f"replay_add: buffers['obs'] must be a contiguous [rows, N, D] tensor of "
-                         f"{[str(t) for t in OBS_DTYPES]}, got {_desc(ob)}")
+                         f"{[str(t) for t in OBS_DTYPES]}, got {describe(ob)}")
     rows, n, d = ob.shape
     dev = ob.device
     expect = {"next_obs": (ob.shape, OBS_DTYPES), "action": ((rows, n), (torch.int64,)),
@@ -184,7 +180,7 @@ def _check_args(obs, next_obs, action, reward, scale, terminated, truncated, buf
         if not isinstance(t, Tensor) or t.shape != shape or t.dtype not in dtypes or not t.is_contiguous() \
                 or t.device != dev:
             raise ValueError(f"replay_add: buffers[{name!r}] must be a contiguous {[str(x) for x in dtypes]} tensor "
-                             f"{list(shape)} on {dev}, got {_desc(t)}")
+                             f"{list(shape)} on {dev}, got {describe(t)}")
     if (buffers.get("vol_ratio") is None) != (vol_ratio is None):
         raise ValueError("replay_add: vol_ratio [N] is given exactly when buffers['vol_ratio'] is (regime weights)")
     ad = d if rollout is None else (rollout.shape[1] if isinstance(rollout, Tensor) and rollout.dim() == 2 else -1)
@@ -196,7 +192,7 @@ def _check_args(obs, next_obs, action, reward, scale, terminated, truncated, buf
                 or t.dtype not in OBS_DTYPES):
             raise ValueError(f"replay_add: {name} must be a [N, {'D' if width == d else 'rollout width'}] = "
                              f"[{n}, {width}] tensor of {[str(x) for x in OBS_DTYPES]} with unit stride along its "
-                             f"last axis, got {_desc(t)}")
+                             f"last axis, got {describe(t)}")
     if rollout is not None and advance_obs is None:
         raise ValueError("replay_add: rollout is the buffer advance_obs is copied into; give both or neither")
     vec = [("action", action, (torch.int64,)), ("reward", reward, (torch.float32, torch.float64)),
@@ -207,15 +203,15 @@ def _check_args(obs, next_obs, action, reward, scale, terminated, truncated, buf
     for name, t, dtypes in vec:
         if not isinstance(t, Tensor) or t.shape != (n,) or t.dtype not in dtypes or not t.is_contiguous():
             raise ValueError(f"replay_add: {name} must be a contiguous {[str(x) for x in dtypes]} tensor [N] = [{n}], "
-                             f"got {_desc(t)}")
+                             f"got {describe(t)}")
     if (not isinstance(scale, Tensor) or scale.dim() != 1 or scale.dtype not in (torch.float32, torch.float64)
             or not scale.is_contiguous() or scale.shape[0] < 1 or n % scale.shape[0]):
         raise ValueError(f"replay_add: scale must be a contiguous float32 or float64 tensor [G] with N={n} a "
-                         f"multiple of G, got {_desc(scale)}")
+                         f"multiple of G, got {describe(scale)}")
     for name, t, dtype in (("ptr", ptr, torch.int64), ("written", written, torch.int64),
                            ("ticket", ticket, torch.int32)):
         if not isinstance(t, Tensor) or t.dim() != 0 or t.dtype != dtype:
-            raise ValueError(f"replay_add: {name} must be a 0-d {dtype} tensor, got {_desc(t)}")
+            raise ValueError(f"replay_add: {name} must be a 0-d {dtype} tensor, got {describe(t)}")
     for name, t in (("obs", obs), ("next_obs", next_obs), ("advance_obs", advance_obs), ("rollout", rollout),
                     ("action", action),
                     ("reward", reward), ("scale", scale), ("terminated", terminated), ("truncated", truncated),
@@ -277,5 +273,5 @@ def replay_add(obs: Tensor, next_obs: Tensor, action: Tensor, reward: Tensor, sc
     _replay_add_op(obs, next_obs, advance_src, obs if rollout is None else rollout, action, reward, scale,
                    terminated.view(torch.uint8), truncated.view(torch.uint8), vol_ratio if has_vol else none,
                    b["obs"], b["next_obs"], b["action"], b["reward"], b["terminal"], b["ended"], b["episode"],
-                   b["vol_ratio"] if has_vol else torch.empty(0, device=action.device), episode_now, ptr, written,
+                   b["vol_ratio"] if has_vol else none, episode_now, ptr, written,
                    ticket, has_vol, advance)

@@ -40,11 +40,11 @@ import torch
 import triton
 import triton.language as tl
 
-from foxdqn.ops.backend import resolve_backend
+from foxdqn.ops.backend import describe, resolve_backend
+from foxdqn.ops.replay_add import OBS_DTYPES
 
 __all__ = ["ReplayGather", "replay_gather", "replay_gather_reference", "rows_from_uniforms", "stacked_pair"]
 
-_OBS_DTYPES = (torch.float32, torch.float64, torch.uint8)
 
 
 class ReplayGather(NamedTuple):
@@ -252,33 +252,29 @@ def replay_gather_reference(obs, next_obs, action, reward, terminal, ended, ptr,
 
 
 # ----------------------------------------------------------------------------- checks
-def _shape(x) -> str:
-    return f"{getattr(x, 'dtype', type(x).__name__)} {tuple(getattr(x, 'shape', ()))}"
-
-
 def _check(obs, next_obs, action, reward, terminal, ended, ptr, written, gamma, n_step, uniforms, index):
     """Validate the arguments; returns (uniforms as [P, 2, B] or None, P)."""
     op = "replay_gather"
     if isinstance(n_step, bool) or not isinstance(n_step, int) or n_step < 1:
         raise ValueError(f"{op}: n_step must be an int >= 1, got {n_step!r}")
-    if obs.dim() != 3 or obs.dtype not in _OBS_DTYPES:
-        raise ValueError(f"{op}: obs must be [T, N, D] of float32, float64 or uint8, got {_shape(obs)}")
+    if obs.dim() != 3 or obs.dtype not in OBS_DTYPES:
+        raise ValueError(f"{op}: obs must be [T, N, D] of float32, float64 or uint8, got {describe(obs)}")
     t_rows, n_envs, _ = obs.shape
     if t_rows < n_step + 1:
         raise ValueError(f"{op}: the ring needs at least n_step + 1 = {n_step + 1} time rows, got T={t_rows}")
     if next_obs.shape != obs.shape or next_obs.dtype != obs.dtype:
-        raise ValueError(f"{op}: next_obs must match obs {_shape(obs)}, got {_shape(next_obs)}")
+        raise ValueError(f"{op}: next_obs must match obs {describe(obs)}, got {describe(next_obs)}")
     for name, x, dtype in (("action", action, torch.int64), ("reward", reward, torch.float32),
                            ("terminal", terminal, torch.float32), ("ended", ended, torch.float32)):
         if tuple(x.shape) != (t_rows, n_envs) or x.dtype != dtype:
-            raise ValueError(f"{op}: {name} must be {dtype} [{t_rows}, {n_envs}], got {_shape(x)}")
+            raise ValueError(f"{op}: {name} must be {dtype} [{t_rows}, {n_envs}], got {describe(x)}")
     for name, x in (("ptr", ptr), ("written", written)):
         if x.dim() != 0 or x.dtype != torch.int64:
-            raise ValueError(f"{op}: {name} must be a 0-d int64 tensor, got {_shape(x)}")
+            raise ValueError(f"{op}: {name} must be a 0-d int64 tensor, got {describe(x)}")
     if gamma.dim() != 2 or gamma.shape[1] != n_step + 1 or gamma.dtype != torch.float32 or gamma.shape[0] < 1 \
             or n_envs % gamma.shape[0]:
         raise ValueError(f"{op}: gamma must be float32 [G, n_step + 1 = {n_step + 1}] with G dividing "
-                         f"N={n_envs}, got {_shape(gamma)}")
+                         f"N={n_envs}, got {describe(gamma)}")
     if (uniforms is None) == (index is None):
         raise ValueError(f"{op}: give exactly one of uniforms [P, 2, B] and index [B]")
     members = 1
@@ -288,10 +284,10 @@ def _check(obs, next_obs, action, reward, terminal, ended, ptr, written, gamma, 
         if uniforms.dim() != 3 or uniforms.shape[1] != 2 or uniforms.dtype != torch.float32 \
                 or uniforms.shape[0] < 1 or n_envs % uniforms.shape[0]:
             raise ValueError(f"{op}: uniforms must be float32 [2, B] or [P, 2, B] with P dividing N={n_envs}, "
-                             f"got {_shape(uniforms)}")
+                             f"got {describe(uniforms)}")
         members = uniforms.shape[0]
     elif index.dim() != 1 or index.dtype != torch.int64:
-        raise ValueError(f"{op}: index must be int64 [B], got {_shape(index)}")
+        raise ValueError(f"{op}: index must be int64 [B], got {describe(index)}")
     for name, x in (("next_obs", next_obs), ("action", action), ("reward", reward), ("terminal", terminal),
                     ("ended", ended), ("ptr", ptr), ("written", written), ("gamma", gamma),
                     ("uniforms" if index is None else "index", uniforms if index is None else index)):

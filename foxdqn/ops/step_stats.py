@@ -49,7 +49,7 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from foxdqn.ops.backend import resolve_backend
+from foxdqn.ops.backend import describe, resolve_backend
 
 BLOCK = 256  # envs per program (the default of StepStatsScratch's block)
 ROWS = 64  # partial rows per iteration of the last program's loop
@@ -178,13 +178,9 @@ def step_stats_reference(action: Tensor, reward: Tensor, done: Tensor, episode_r
 # ---------------------------------------------------------------------------------------------
 # Public function
 # ---------------------------------------------------------------------------------------------
-def _desc(t) -> str:
-    return f"{getattr(t, 'dtype', type(t).__name__)} {tuple(getattr(t, 'shape', ()))}"
-
-
 def _check_args(action, reward, done, episode_return, episode_length, traded, acc, actions, env_steps) -> None:
     if not isinstance(action, Tensor) or action.dim() != 1 or action.dtype != torch.int64:
-        raise ValueError(f"step_stats: action must be an int64 tensor [N], got {_desc(action)}")
+        raise ValueError(f"step_stats: action must be an int64 tensor [N], got {describe(action)}")
     n, dev = action.shape[0], action.device
     floats = (torch.float32, torch.float64)
     for name, t, dtypes in (("action", action, (torch.int64,)), ("reward", reward, floats),
@@ -196,7 +192,7 @@ def _check_args(action, reward, done, episode_return, episode_length, traded, ac
         if not isinstance(t, Tensor) or t.shape != (n,) or t.dtype not in dtypes or not t.is_contiguous() \
                 or t.device != dev:
             raise ValueError(f"step_stats: {name} must be a contiguous {[str(x) for x in dtypes]} tensor [N] = [{n}] "
-                             f"on {dev}, got {_desc(t)}")
+                             f"on {dev}, got {describe(t)}")
     for name, t, shape, dtype in (("acc", acc, (NUM_FIELDS,), torch.float64),
                                   ("actions", actions, None, torch.float64),
                                   ("env_steps", env_steps, (), torch.int64)):
@@ -205,7 +201,7 @@ def _check_args(action, reward, done, episode_return, episode_length, traded, ac
         if (not isinstance(t, Tensor) or t.dtype != dtype or not t.is_contiguous() or t.device != dev
                 or (shape is not None and t.shape != shape) or (shape is None and (t.dim() != 1 or t.numel() < 1))):
             want = "[A], A >= 1" if shape is None else list(shape)
-            raise ValueError(f"step_stats: {name} must be a contiguous {dtype} tensor {want} on {dev}, got {_desc(t)}")
+            raise ValueError(f"step_stats: {name} must be a contiguous {dtype} tensor {want} on {dev}, got {describe(t)}")
 
 
 def _check_scratch(scratch, n: int, dev: torch.device) -> None:
@@ -217,9 +213,9 @@ def _check_scratch(scratch, n: int, dev: torch.device) -> None:
     if (p.dtype != torch.float64 or p.dim() != 2 or p.shape[0] < need or p.shape[1] != NUM_FIELDS
             or not p.is_contiguous() or p.device != dev):
         raise ValueError(f"step_stats: scratch.partials must be a contiguous float64 tensor [>= {need}, {NUM_FIELDS}] "
-                         f"on {dev} (N = {n} envs in blocks of {scratch.block}), got {_desc(p)} on {p.device}")
+                         f"on {dev} (N = {n} envs in blocks of {scratch.block}), got {describe(p)} on {p.device}")
     if t.dtype != torch.int32 or t.dim() != 0 or t.device != dev:
-        raise ValueError(f"step_stats: scratch.ticket must be a 0-d int32 tensor on {dev}, got {_desc(t)}")
+        raise ValueError(f"step_stats: scratch.ticket must be a 0-d int32 tensor on {dev}, got {describe(t)}")
 
 
 def step_stats(action: Tensor, reward: Tensor, done: Tensor, episode_return: Tensor, episode_length: Tensor,

@@ -29,7 +29,7 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from foxdqn.ops.backend import resolve_backend
+from foxdqn.ops.backend import describe, resolve_backend
 
 MAX_GROUPS = 65536  # groups one single-block program handles (population sizes are far below)
 
@@ -70,10 +70,6 @@ def target_weight_reference(updates: Tensor, skip: Tensor, tau: Tensor, hard_per
         updates.add_(1)
 
 
-def _desc(t) -> str:
-    return f"{t.dtype} {list(t.shape)} on {t.device}" if isinstance(t, Tensor) else type(t).__name__
-
-
 def target_weight(updates: Tensor, skip: Tensor, tau: Tensor, hard_period: Tensor, weight: Tensor, *,
                   hard: bool, advance: bool = False, backend: str = "auto") -> None:
     """Write this update's target-update weight into ``weight`` (and advance ``updates`` if asked).
@@ -99,14 +95,14 @@ def target_weight(updates: Tensor, skip: Tensor, tau: Tensor, hard_period: Tenso
     if (not isinstance(weight, Tensor) or weight.dtype != torch.float32 or weight.dim() > 1
             or not weight.is_contiguous() or not 1 <= weight.numel() <= MAX_GROUPS):
         raise ValueError(f"target_weight: weight must be a contiguous float32 tensor, 0-d or [G] with "
-                         f"1 <= G <= {MAX_GROUPS}, got {_desc(weight)}")
+                         f"1 <= G <= {MAX_GROUPS}, got {describe(weight)}")
     dev, shape = weight.device, tuple(weight.shape)
     for name, t, dtype, want in (("updates", updates, torch.int64, ()), ("skip", skip, torch.float32, shape),
                                  ("tau", tau, torch.float32, shape), ("hard_period", hard_period, torch.int64, shape)):
         if (not isinstance(t, Tensor) or t.dtype != dtype or tuple(t.shape) != want or t.device != dev
                 or not t.is_contiguous()):
             raise ValueError(f"target_weight: {name} must be a contiguous {dtype} tensor {list(want)} on {dev} "
-                             f"(as weight), got {_desc(t)}")
+                             f"(as weight), got {describe(t)}")
     if resolve_backend("target_weight", backend, weight) == "torch":
         target_weight_reference(updates, skip, tau, hard_period, weight, hard, advance)
     else:

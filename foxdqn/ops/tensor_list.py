@@ -43,6 +43,8 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
+from foxdqn.ops.backend import describe
+
 #: Tensors per launch (pointer arguments per list); more tensors take more launches.
 MAX_SLOTS = 8
 F32 = torch.float32
@@ -162,12 +164,6 @@ def slots(tensors: Sequence[Tensor], launch: Launch) -> list[Tensor]:
 # ---------------------------------------------------------------------------------------------
 # Host side: argument checks
 # ---------------------------------------------------------------------------------------------
-def describe(t) -> str:
-    if not isinstance(t, Tensor):
-        return type(t).__name__
-    return f"{t.dtype} {list(t.shape)}{'' if t.is_contiguous() else ' (not contiguous)'} on {t.device}"
-
-
 def check_members(op: str, members) -> int:
     """``members`` is an int >= 1. Raises ValueError."""
     if isinstance(members, bool) or not isinstance(members, int) or members < 1:

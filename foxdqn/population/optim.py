@@ -19,15 +19,9 @@ from typing import Sequence
 import torch
 
 from foxdqn.ops.adam_step import adam_step_
-from foxdqn.ops.backend import resolve_backend
+from foxdqn.ops.backend import describe, resolve_backend
 
 F32 = torch.float32
-
-
-def _describe(t) -> str:
-    if not isinstance(t, torch.Tensor):
-        return type(t).__name__
-    return f"{t.dtype} {list(t.shape)} on {t.device}"
 
 
 def _check_member_tensors(where: str, name: str, tensors) -> tuple[int, torch.device]:
@@ -35,14 +29,14 @@ def _check_member_tensors(where: str, name: str, tensors) -> tuple[int, torch.de
     returns ``(P, device)``. Raises ValueError naming ``where`` and ``name[i]``."""
     if isinstance(tensors, torch.Tensor) or not isinstance(tensors, (list, tuple)) or not tensors:
         raise ValueError(f"{where}: {name} must be a non-empty list of float32 tensors [P, ...], "
-                         f"got {_describe(tensors) if isinstance(tensors, torch.Tensor) else tensors!r}")
+                         f"got {describe(tensors) if isinstance(tensors, torch.Tensor) else tensors!r}")
     first = tensors[0]
     for i, t in enumerate(tensors):
         if (not isinstance(t, torch.Tensor) or t.dim() < 1 or t.dtype != F32 or not t.is_contiguous()
                 or t.shape[0] != first.shape[0] or t.device != first.device):
             ref = (f"[{first.shape[0]}, ...] on {first.device} (as {name}[0])"
                    if i > 0 and isinstance(first, torch.Tensor) and first.dim() >= 1 else "[P, ...]")
-            raise ValueError(f"{where}: {name}[{i}] must be a contiguous float32 tensor {ref}, got {_describe(t)}")
+            raise ValueError(f"{where}: {name}[{i}] must be a contiguous float32 tensor {ref}, got {describe(t)}")
     return first.shape[0], first.device
 
 
@@ -50,7 +44,7 @@ def _check_member_vector(where: str, name: str, t, members: int, device: torch.d
     if (not isinstance(t, torch.Tensor) or tuple(t.shape) != (members,) or t.dtype != F32 or t.device != device
             or not t.is_contiguous()):
         raise ValueError(f"{where}: {name} must be a float32 tensor [P] = [{members}] on {device}, contiguous, "
-                         f"got {_describe(t)}")
+                         f"got {describe(t)}")
 
 
 def _as_member_vector(name: str, value, members: int, device: torch.device) -> torch.Tensor:
@@ -221,7 +215,7 @@ class MemberAdam:
             src = state[key]
             if not isinstance(src, torch.Tensor) or src.dtype != t.dtype or src.shape != t.shape:
                 raise ValueError(f"MemberAdam.load_state_dict: {key} must be {t.dtype} {list(t.shape)}, "
-                                 f"got {_describe(src)}")
+                                 f"got {describe(src)}")
         with torch.no_grad():
             for key, t in own.items():
                 t.copy_(state[key])

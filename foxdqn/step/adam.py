@@ -62,7 +62,7 @@ def group_lr(optimizer: torch.optim.Adam) -> torch.Tensor:
 
 
 @torch.no_grad()
-def adam_update_(optimizer: torch.optim.Adam, lr: torch.Tensor, grad_scale: torch.Tensor | None = None,
+def adam_update_(optimizer: torch.optim.Adam, grad_scale: torch.Tensor | None = None,
                  skip: torch.Tensor | None = None) -> None:
     """Adam's step of every parameter of ``optimizer`` that has a gradient, in place.
 
@@ -70,8 +70,9 @@ def adam_update_(optimizer: torch.optim.Adam, lr: torch.Tensor, grad_scale: torc
     Device ops only (capturable after one eager call).
 
     Args:
-        optimizer: ``torch.optim.Adam`` over float32 contiguous parameters on one device (one group).
-        lr: float32 0-d device tensor, the learning rate (:attr:`foxdqn.step.state.Optimization.lr`).
+        optimizer: ``torch.optim.Adam`` over float32 contiguous parameters on one device (one
+            group); the learning rate is its group's (:func:`group_lr`: the run's
+            :attr:`foxdqn.step.state.Optimization.lr` tensor).
         grad_scale: float32 0-d, each gradient is multiplied by it (the clip coefficient), or None.
         skip: float32 0-d, 1.0 leaves parameters, moments and step counts unchanged (the guard's
             skip), or None.
@@ -84,5 +85,5 @@ def adam_update_(optimizer: torch.optim.Adam, lr: torch.Tensor, grad_scale: torc
     if not params:
         return
     exp_avgs, exp_avg_sqs, steps = adam_state(optimizer, params)
-    adam_step_(params, [p.grad for p in params], exp_avgs, exp_avg_sqs, steps, lr=lr, beta1=beta1, beta2=beta2,
+    adam_step_(params, [p.grad for p in params], exp_avgs, exp_avg_sqs, steps, lr=group_lr(optimizer), beta1=beta1, beta2=beta2,
                eps=eps, grad_scale=grad_scale, skip=skip)

@@ -104,7 +104,7 @@ def update_step(s: TrainState) -> None:
     if s.optim.weight_check is not None:
         s.optim.weight_check.run(clip)  # Adam's step on a copy: max |w| after it, for the guard
     skip = s.monitors.guard.check(loss, grad_norm.detach(), s.updates)
-    adam_update_(s.optim.optimizer, s.optim.lr, grad_scale=clip, skip=skip)
+    adam_update_(s.optim.optimizer, grad_scale=clip, skip=skip)
     if spike is not None:
         s.optim.lr.div_(spike)  # a power of two: lr is restored exactly
     if s.pruner is not None:
