@@ -23,13 +23,13 @@ import sys
 import torch
 
 from bench.harness import make_state
+from bench.ops.training import TRADING_ENVS
 from foxdqn.step.collect import collect_step
 from foxdqn.step.iteration import Iteration
 from foxdqn.step.update import update_step
 
 TRADING_SETS = ("eurusd_dqn", "eurusd_rainbowish", "eurusd_iqn", "eurusd_branching")
 EPISODIC_SETS = ("cartpole_cleanrl",)
-TRADING_ENVS = 4096
 
 
 def profile_kernels(fn) -> tuple[int, float, str]:

@@ -98,12 +98,6 @@ def replays_that_fit(need: int, free: int | None) -> int | None:
     return None if free is None else int(REPLAY_SHARE * free // max(need, 1))
 
 
-def device_env_obs_dim(tc: TrainConfig, market) -> int:
-    """D, the observation size of a device env (trading, cartpole, bitflip) of ``tc``."""
-    return {"trading": tc.env.window * (market.features.shape[1] if market else 5) + 2, "cartpole": 4,
-            "bitflip": 2 * tc.env.n_bits}[tc.env.name]
-
-
 def replay_row(tc: TrainConfig, market) -> tuple[int, int]:
     """(values, bytes per value) of one stored obs / next_obs row of a device env's replay: the
     trading env's state code (:mod:`foxdqn.ops.trading_code`: 4 values of its code dtype,
@@ -115,7 +109,7 @@ def replay_row(tc: TrainConfig, market) -> tuple[int, int]:
         dtype = ENV_DTYPES[tc.env.dtype]
         num_bars = len(market.close) if market is not None else 0
         return CODE_WIDTH, state_code_dtype(dtype, num_bars).itemsize
-    return device_env_obs_dim(tc, market), 4
+    return {"cartpole": 4, "bitflip": 2 * tc.env.n_bits}[tc.env.name], 4  # the float32 observation
 
 
 def available_bytes(device: str) -> int | None:

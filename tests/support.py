@@ -359,6 +359,31 @@ def fake_job(root: Path, name: str, overrides: list[str], val: float, *, returns
     return job
 
 
+#: tensor lists of the multi-tensor op tests (foxdqn/ops/tensor_list.py): one element, a prime size,
+#: sizes across blocks, ten tensors (more than one launch holds) with an empty one
+MULTI_TENSOR_SHAPES = {
+    "one_element": [(1,)],
+    "seven": [(7,)],
+    "two_big": [(1000,), (4097,)],
+    "ten_with_empty": [(3, 5), (0,), (1,), (4097,), (7, 2), (11,), (1000,), (2, 2, 2), (9,), (13,)],
+}
+
+
+def randn_list(shapes, seed, members=1, device="cpu", scale=1.0) -> list:
+    """Standard normal tensors of ``shapes`` (each with a leading ``[members]`` axis when members > 1)
+    times ``scale``, drawn on the CPU from ``seed``, moved to ``device``."""
+    g = torch.Generator().manual_seed(seed)
+    lead = (members,) if members > 1 else ()
+    return [(torch.randn(lead + tuple(s), generator=g) * scale).to(device) for s in shapes]
+
+
+def assert_within_ulps(actual, expected, ulps, name=""):
+    """|a - e| <= ``ulps`` float32 ulps (2**-23) of the tensor's largest |e| (a cancelling element
+    keeps an absolute error of the size of its terms); the report names ``name``."""
+    scale = float(expected.abs().max()) if expected.numel() else 0.0
+    assert_close_report(actual, expected, atol=ulps * 2.0**-23 * scale + 1e-30, name=name)
+
+
 def torch_clip(grads, max_norm):
     """torch.nn.utils.clip_grad_norm_ (foreach) on copies of ``grads``: ``(total, clipped grads)``."""
     params = []

@@ -33,14 +33,13 @@ def rows(device: str = "cuda") -> list[dict]:
     out: list[dict] = []
     for members in (1, 64):
         lead = (members,) if members > 1 else ()
-        shape = lead if members > 1 else ()
         shapes = [lead + tuple(s) for s in t.param_shapes]
         params = [0.05 * torch.randn(s, device=dev, generator=g) for s in shapes]
         grads = [1e-3 * torch.randn(s, device=dev, generator=g) for s in shapes]
         size = f"{DEFAULT} P={members} {len(shapes)} tensors {sum(p.numel() for p in params)} values"
         mp = dict(members=members)
 
-        max_norm = torch.full(shape, float(t.cfg.optim.grad_clip), **vec)
+        max_norm = torch.full(lead, float(t.cfg.optim.grad_clip), **vec)
 
         def norm_ref(grads_, max_norm_, members):
             total, coef = torch.empty_like(max_norm_), torch.empty_like(max_norm_)
@@ -53,9 +52,9 @@ def rows(device: str = "cuda") -> list[dict]:
 
         m = [torch.zeros_like(p) for p in params]
         v = [torch.zeros_like(p) for p in params]
-        steps = [torch.zeros(shape, **vec)] if members > 1 else [torch.zeros((), **vec) for _ in params]
-        lr = torch.full(shape, float(t.cfg.optim.lr), **vec)
-        skip = torch.zeros(shape, **vec)
+        steps = [torch.zeros(lead, **vec)] if members > 1 else [torch.zeros((), **vec) for _ in params]
+        lr = torch.full(lead, float(t.cfg.optim.lr), **vec)
+        skip = torch.zeros(lead, **vec)
         kw = dict(lr=lr, eps=float(t.cfg.optim.adam_eps), grad_scale=coef, skip=skip, **mp)
         out += against_compile("bench_update_tail", "adam_step_", size, adam_step_,
                                lambda *a, **k: adam_step_reference(*a, beta1=0.9, beta2=0.999, **k),
@@ -63,9 +62,9 @@ def rows(device: str = "cuda") -> list[dict]:
 
         targets = [p.clone() for p in params]
         updates = torch.zeros((), device=dev, dtype=torch.int64)
-        tau = torch.full(shape, 0.005, **vec)
-        period = torch.full(shape, 1000, device=dev, dtype=torch.int64)
-        weight = torch.zeros(shape, **vec)
+        tau = torch.full(lead, 0.005, **vec)
+        period = torch.full(lead, 1000, device=dev, dtype=torch.int64)
+        weight = torch.zeros(lead, **vec)
         lk = dict(hard=False, advance=True, weight=weight, **mp)
         out += against_compile("bench_update_tail", "target_lerp_", size, target_lerp_, target_lerp_reference,
                                targets, params, updates, skip, tau, period, **lk)

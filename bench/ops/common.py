@@ -21,17 +21,12 @@ def bench_ms(fn) -> tuple[float, float, float, str]:
     fn()
     timing, run = "eager", fn
     if torch.cuda.is_available():
-        current = torch.cuda.current_stream()
+        from foxdqn.step.capture import capture, run_on_side_stream  # the training loop's capture sequence
+
+        current, dev = torch.cuda.current_stream(), torch.device("cuda")
         try:
-            side = torch.cuda.Stream()
-            side.wait_stream(torch.cuda.current_stream())
-            with torch.cuda.stream(side):
-                fn()
-            torch.cuda.current_stream().wait_stream(side)
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph):
-                fn()
-            timing, run = "graph", graph.replay
+            run_on_side_stream(dev, fn)
+            timing, run = "graph", capture(dev, fn).replay
         except Exception as exc:  # not capturable: timed eagerly, said in the row
             print(f"bench_ms: not captured ({type(exc).__name__}: {str(exc)[:120]}); timed eagerly", file=sys.stderr)
             torch.cuda.set_stream(current)  # a failed capture can leave its side stream current

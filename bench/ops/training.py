@@ -13,7 +13,7 @@ from __future__ import annotations
 from functools import lru_cache
 from typing import NamedTuple
 
-TRADING_ENVS = 4096  # envs of the trading sets in the kernels section (bench/kernels_bench.py)
+TRADING_ENVS = 4096  # envs of the trading sets here and in the kernels section (bench/kernels_bench.py)
 DEFAULT = "eurusd_dqn"  # the default experiment (conf/train.yaml)
 CARTPOLE = "cartpole_cleanrl"
 

@@ -23,7 +23,7 @@ from foxdqn.population.optim import MemberAdam
 from foxdqn.population.random import MemberRandom
 from foxdqn.population.replay import MemberReplay
 from foxdqn.population.stats import MemberStats
-from foxdqn.step.build import build_action_mode, build_network
+from foxdqn.step.build import attach_codec, build_action_mode, build_network, replay_storage
 
 ADAM_BETAS = (0.9, 0.999)  # torch.optim.Adam's defaults, as a single run uses
 
@@ -87,13 +87,10 @@ def build_population(cfgs: list[TrainConfig], market, device: torch.device) -> P
                                           str(cfg.model.activation))
     target = copy.deepcopy(online).requires_grad_(False)
     optimizer = MemberAdam(list(online.parameters()), params.lr, params.adam_eps, ADAM_BETAS)
-    codec = env.collect_hook.replay_codec(env)  # trading: state codes, decoded at sample time
-    row_dim, row_dtype = (env.obs_dim, env.obs_dtype) if codec is None else (codec.dim, codec.dtype)
+    codec, row_dim, row_dtype = replay_storage(env)  # trading: state codes, decoded at sample time
     replay = MemberReplay(cfg.replay.capacity, cfg.env.num_envs, row_dim, params.gamma, rng, device,
                           cfg.replay.n_step, obs_dtype=row_dtype)
-    if codec is not None:
-        replay.set_decoder(codec.decode)
-        env.collect_hook.replay_stores_codes(env)
+    attach_codec(replay, env, codec)
     obs = env.reset_all().to(torch.float32).clone()
     zero = dict(dtype=torch.int64, device=device)
     return PopulationState(

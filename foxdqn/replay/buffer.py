@@ -26,17 +26,8 @@ import torch
 
 from foxdqn.ops.replay_add import replay_add
 from foxdqn.ops.replay_gather import replay_gather, rows_from_uniforms
+from foxdqn.ops.tensor_list import scratch
 from foxdqn.step.scalars import device_scalar
-
-
-class _AddScratch:
-    """:meth:`ReplayBuffer.add`'s scratch, not checkpointed: the op's ticket (int32 0-d, zero between
-    calls)."""
-
-    checkpointed = False  # foxdqn.checkpoint skips it
-
-    def __init__(self, device: torch.device):
-        self.ticket = torch.zeros((), dtype=torch.int32, device=device)
 
 
 def replay_bytes(capacity: int, obs_dim: int, obs_itemsize: int = 4, regime: bool = False) -> int:
@@ -126,7 +117,7 @@ class ReplayBuffer:
         self.ptr = torch.zeros((), dtype=torch.int64, device=device)  # next time row to write
         self.written = torch.zeros((), dtype=torch.int64, device=device)  # time rows ever written
         self._episode_now = torch.zeros(num_envs, dtype=torch.int64, device=device)
-        self._scratch = _AddScratch(device)
+        scratch("replay_add", device, 1)  # the add op's ticket, made now (before any graph capture), shared per device
         self._gamma_m = (gamma ** torch.arange(n_step + 1, device=device, dtype=torch.float64)).to(torch.float32)
         self.relabeler = None  # a her.HindsightRelabeler for goal-conditioned envs
         self.regime = None  # a regime.RegimeWeights (regime.enabled)
@@ -217,7 +208,7 @@ class ReplayBuffer:
                    "vol_ratio": self.vol_ratio}
         replay_add(obs.reshape(n, -1), next_obs.reshape(n, -1),
                    action, reward, reward_scale.reshape(-1), terminated, truncated, columns, self._episode_now,
-                   self.ptr, self.written, self._scratch.ticket, vol_ratio=vol_ratio,
+                   self.ptr, self.written, scratch("replay_add", self.device, 1)[1], vol_ratio=vol_ratio,
                    advance_obs=None if advance_obs is None else advance_obs.reshape(n, -1),
                    rollout=None if rollout is None else rollout.view(n, -1), backend=backend)
 

@@ -155,6 +155,23 @@ def build_objective(cfg: TrainConfig, online, target, env, generator: torch.Gene
     return objective
 
 
+def replay_storage(env):
+    """``(codec, row_dim, row_dtype)`` of what a replay of ``env`` stores per state: its hook's
+    :class:`~foxdqn.replay.buffer.ReplayCodec` and that codec's rows (the trading env's state codes,
+    docs/design/replay.md#windowed-trading-replay), or ``(None, env.obs_dim, env.obs_dtype)``: the
+    observations (uint8 for images)."""
+    codec = env.collect_hook.replay_codec(env)
+    return (None, env.obs_dim, env.obs_dtype) if codec is None else (codec, codec.dim, codec.dtype)
+
+
+def attach_codec(replay, env, codec) -> None:
+    """Decode ``replay``'s sampled rows with ``codec`` (None: nothing to do) and tell ``env``'s hook
+    that the replay stores codes (the trading env then skips ``next_obs``)."""
+    if codec is not None:
+        replay.set_decoder(codec.decode)
+        env.collect_hook.replay_stores_codes(env)
+
+
 def build_replay(cfg: TrainConfig, env, device: torch.device, updates: torch.Tensor, total_updates: int):
     """Device replay: uniform or PER, n-step, HER for goal-conditioned envs, regime weights; rows of
     the env's observations, or of its codes decoded at sample time (its hook's ``replay_codec``:
@@ -162,18 +179,14 @@ def build_replay(cfg: TrainConfig, env, device: torch.device, updates: torch.Ten
     from foxdqn.replay import PrioritizedReplayBuffer, ReplayBuffer
 
     r, gamma = cfg.replay, cfg.agent.gamma
-    codec = env.collect_hook.replay_codec(env)
-    # stored rows: the observations (uint8 for images) or the codec's codes
-    row_dim, row_dtype = (env.obs_dim, env.obs_dtype) if codec is None else (codec.dim, codec.dtype)
+    codec, row_dim, row_dtype = replay_storage(env)
     if r.name == "per":
         replay = PrioritizedReplayBuffer(r.capacity, env.num_envs, row_dim, device, r.n_step, gamma,
                                          alpha=r.alpha, beta_start=r.beta_start, beta_updates=max(total_updates, 1),
                                          eps=r.eps, updates=updates, obs_dtype=row_dtype)
     else:
         replay = ReplayBuffer(r.capacity, env.num_envs, row_dim, device, r.n_step, gamma, obs_dtype=row_dtype)
-    if codec is not None:
-        replay.set_decoder(codec.decode)
-        env.collect_hook.replay_stores_codes(env)
+    attach_codec(replay, env, codec)
     if r.her:
         from foxdqn.replay.her import HindsightRelabeler
 

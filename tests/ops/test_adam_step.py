@@ -12,24 +12,17 @@ from foxdqn.ops import backend as B
 from foxdqn.ops.adam_step import adam_step_
 from foxdqn.ops.tensor_list import MAX_SLOTS
 
-from support import assert_close_report, capture_graph, no_host_sync, require_compiled_kernels
+from support import (MULTI_TENSOR_SHAPES, assert_close_report, assert_within_ulps, capture_graph, no_host_sync, randn_list,
+                     require_compiled_kernels)
 
 _need_compiled = require_compiled_kernels(B.INTERPRET)
 F32 = torch.float32
 NAN = float("nan")
-SHAPES = {
-    "one_element": [(1,)],
-    "seven": [(7,)],
-    "two_big": [(1000,), (4097,)],
-    "ten_with_empty": [(3, 5), (0,), (1,), (4097,), (7, 2), (11,), (1000,), (2, 2, 2), (9,), (13,)],
-}
+SHAPES = MULTI_TENSOR_SHAPES
 SKIPPED, SCALE, LR = 2, 0.25, 3e-2  # the step the guard skips, the clip coefficient, the learning rate
 
 
-def _params(shapes, seed, members=1, device="cpu"):
-    g = torch.Generator().manual_seed(seed)
-    lead = (members,) if members > 1 else ()
-    return [torch.randn(lead + s, generator=g).to(device) for s in shapes]
+_params = randn_list
 
 
 def _grad_draws(params, steps, seed):
@@ -66,11 +59,9 @@ def _torch_adam(params, draws):
 
 
 def _assert_tensor_close(actual, expected, ulps, name):
-    """|a - e| <= ulps float32 ulps of the tensor's largest |e| (a cancelling element keeps an
-    absolute error of the size of its terms)."""
+    """Each tensor of ``actual`` within ``ulps`` of ``expected``'s (support.assert_within_ulps)."""
     for k, (a, e) in enumerate(zip(actual, expected)):
-        scale = float(e.abs().max()) if e.numel() else 0.0
-        assert_close_report(a, e, atol=ulps * 2.0**-23 * scale + 1e-30, name=f"{name}[{k}]")
+        assert_within_ulps(a, e, ulps, name=f"{name}[{k}]")
 
 
 @pytest.mark.parametrize("shapes", list(SHAPES))

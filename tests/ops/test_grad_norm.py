@@ -10,25 +10,17 @@ from foxdqn.ops import backend as B
 from foxdqn.ops.grad_norm import grad_norm_coefficient
 from foxdqn.ops.tensor_list import MAX_SLOTS, scratch
 
-from support import assert_close_report, capture_graph, no_host_sync, require_compiled_kernels, torch_clip
+from support import (MULTI_TENSOR_SHAPES, assert_close_report, capture_graph, no_host_sync, randn_list,
+                     require_compiled_kernels, torch_clip)
 
 _need_compiled = require_compiled_kernels(B.INTERPRET)
 F32 = torch.float32
 NAN, INF = float("nan"), float("inf")
 
-SHAPES = {
-    "one_element": [(1,)],
-    "seven": [(7,)],
-    "two_big": [(1000,), (4097,)],
-    "ten_with_empty": [(3, 5), (0,), (1,), (4097,), (7, 2), (11,), (1000,), (2, 2, 2), (9,), (13,)],
-    "all_empty": [(0,), (0,)],  # total 0, coef 1, as torch: no partial row is read
-}
+SHAPES = {**MULTI_TENSOR_SHAPES, "all_empty": [(0,), (0,)]}  # all empty: total 0, coef 1, no partial row read
 
 
-def _grads(shapes, seed, members=1, device="cpu", scale=1.0):
-    g = torch.Generator().manual_seed(seed)
-    lead = (members,) if members > 1 else ()
-    return [(torch.randn(lead + s, generator=g) * scale).to(device) for s in shapes]
+_grads = randn_list
 
 
 @pytest.mark.parametrize("shapes", list(SHAPES))

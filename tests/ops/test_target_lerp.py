@@ -11,23 +11,16 @@ from foxdqn.ops import backend as B
 from foxdqn.ops.target_lerp import target_lerp_
 from foxdqn.ops.target_weight import target_weight
 
-from support import capture_graph, no_host_sync, require_compiled_kernels
+from support import MULTI_TENSOR_SHAPES, capture_graph, no_host_sync, randn_list, require_compiled_kernels
 
 _need_compiled = require_compiled_kernels(B.INTERPRET)
 F32, I64 = torch.float32, torch.int64
 NAN, INF = float("nan"), float("inf")
-SHAPES = {
-    "one_element": [(1,)],
-    "two_big": [(1000,), (4097,)],
-    "ten_with_empty": [(3, 5), (0,), (1,), (4097,), (7, 2), (11,), (1000,), (2, 2, 2), (9,), (13,)],
-}
+SHAPES = {k: v for k, v in MULTI_TENSOR_SHAPES.items() if k != "seven"}
 
 
 def _pair(shapes, seed, members=1, device="cpu"):
-    g = torch.Generator().manual_seed(seed)
-    lead = (members,) if members > 1 else ()
-    return ([torch.randn(lead + s, generator=g).to(device) for s in shapes],
-            [torch.randn(lead + s, generator=g).to(device) for s in shapes])
+    return randn_list(shapes, seed, members, device), randn_list(shapes, seed + 1, members, device)
 
 
 def _run(targets, sources, u0, skip, tau, period, hard, backend, members=1):

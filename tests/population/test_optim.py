@@ -10,7 +10,7 @@ from foxdqn.ops import backend as B
 from foxdqn.ops.grad_norm import grad_norm_coefficient
 from foxdqn.population.optim import MemberAdam
 
-from support import capture_graph, forbid_syncs, no_host_sync, require_compiled_kernels
+from support import assert_within_ulps, capture_graph, forbid_syncs, no_host_sync, require_compiled_kernels
 
 _need_compiled = require_compiled_kernels(B.INTERPRET)
 
@@ -59,8 +59,7 @@ def assert_scaled_close(actual, expected, ulps=16):
     torch's CPU Adam rounds two or three times and computes its bias corrections in float64: about
     an ulp per moment per step, so 16 ulps for 8 steps (tests/ops/test_adam_step.py allows 8 for
     4); a weight that is near 0 keeps an error of the size of the other weights' roundings."""
-    scale = float(expected.abs().max()) if expected.numel() else 0.0
-    torch.testing.assert_close(actual, expected, rtol=0.0, atol=ulps * 2.0**-23 * scale)
+    assert_within_ulps(actual, expected, ulps)
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
