@@ -70,6 +70,7 @@ from torch import Tensor
 from triton.language.extra import libdevice
 
 from foxdqn.ops.backend import INTERPRET, resolve_backend
+from foxdqn.ops.library import device_op, wrap_triton
 from foxdqn.ops.tensor_list import (MAX_SLOTS, F32, check_list, check_member_vector, check_members, describe, locate,
                                     pick8, plan, scratch, slots)
 
@@ -176,7 +177,7 @@ def _log(beta: float) -> float:
     return math.log(b) if b > 0.0 else -math.inf
 
 
-@torch.library.triton_op("foxdqn::adam_step_",
+@device_op("foxdqn::adam_step_",
                          mutates_args={"params", "exp_avgs", "exp_avg_sqs", "steps", "ticket"})
 def _adam_step_op(params: list[Tensor], grads: list[Tensor], exp_avgs: list[Tensor], exp_avg_sqs: list[Tensor],
                   steps: list[Tensor], lr: Tensor, eps_tensor: Tensor, grad_scale: Tensor, skip: Tensor,
@@ -189,7 +190,7 @@ def _adam_step_op(params: list[Tensor], grads: list[Tensor], exp_avgs: list[Tens
             step_slots, n_inc = [steps[0]] * MAX_SLOTS, (1 if launch.final else 0)
         else:
             step_slots, n_inc = slots(steps, launch), launch.count
-        torch.library.wrap_triton(_adam_step_kernel)[(launch.programs,)](
+        wrap_triton(_adam_step_kernel)[(launch.programs,)](
             *slots(params, launch), *slots(grads, launch), *slots(exp_avgs, launch), *slots(exp_avg_sqs, launch),
             *step_slots, *launch.numels, *launch.ends,
             lr, eps_tensor, grad_scale, skip, ticket, members, beta1, beta2, eps,

@@ -57,11 +57,11 @@ import math
 import torch
 import triton
 import triton.language as tl
-from torch.library import triton_op, wrap_triton
 from triton.language.extra import libdevice
 
 from foxdqn.errors import ConfigError
 from foxdqn.ops.backend import INTERPRET, resolve_backend
+from foxdqn.ops.library import device_op, wrap_triton
 
 # Register-tile budget (elements of the [BLOCK_B, BLOCK_I, BLOCK_J] hat tile) per program.
 _CUDA_TILE = 2048  # default 4 warps -> 16 f32 per thread per live tile
@@ -192,7 +192,7 @@ def _c51_project_launch(
     return out
 
 
-@triton_op("foxdqn::c51_project", mutates_args=())
+@device_op("foxdqn::c51_project", mutates_args=())
 def _c51_project_op(
     next_probs: torch.Tensor, rewards: torch.Tensor, discounts: torch.Tensor, v_min: float, v_max: float
 ) -> torch.Tensor:
@@ -300,4 +300,4 @@ def c51_project(
     for name, t in (("next_probs", next_probs), ("rewards", rewards), ("discounts", discounts)):
         if t.dtype != torch.float32:
             raise ValueError(f"c51_project: {name} must be float32 for the Triton backend, got {t.dtype}")
-    return torch.ops.foxdqn.c51_project(next_probs, rewards, discounts, float(v_min), float(v_max))
+    return _c51_project_op(next_probs, rewards, discounts, float(v_min), float(v_max))

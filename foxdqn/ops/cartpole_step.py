@@ -33,6 +33,7 @@ import triton
 import triton.language as tl
 
 from foxdqn.ops.backend import resolve_backend
+from foxdqn.ops.library import compile_disabled, device_op, wrap_triton
 
 # Gymnasium CartPole-v1 constants (gymnasium/envs/classic_control/cartpole.py).
 GRAVITY = 9.8  # m/s^2
@@ -146,13 +147,13 @@ def _cartpole_step_kernel(
 # ---------------------------------------------------------------------------------------------
 # Launcher (registered with torch.library)
 # ---------------------------------------------------------------------------------------------
-@torch.library.triton_op("foxdqn::cartpole_step", mutates_args={"state", "steps", "next_obs", "obs", "reward",
+@device_op("foxdqn::cartpole_step", mutates_args={"state", "steps", "next_obs", "obs", "reward",
                                                                 "flags", "episode_return", "episode_length"})
 def _cartpole_step_op(state: torch.Tensor, steps: torch.Tensor, action: torch.Tensor, u: torch.Tensor,
                       next_obs: torch.Tensor, obs: torch.Tensor, reward: torch.Tensor, flags: torch.Tensor,
                       episode_return: torch.Tensor, episode_length: torch.Tensor, max_steps: int) -> None:
     n = state.shape[0]
-    torch.library.wrap_triton(_cartpole_step_kernel)[(triton.cdiv(n, BLOCK),)](
+    wrap_triton(_cartpole_step_kernel)[(triton.cdiv(n, BLOCK),)](
         state, steps, action, u, next_obs, obs, reward, flags[0], flags[1], flags[2], episode_return, episode_length,
         n, max_steps,
         GRAVITY=GRAVITY, MASSPOLE=MASSPOLE, TOTAL_MASS=TOTAL_MASS, LENGTH=LENGTH, POLEMASS_LENGTH=POLEMASS_LENGTH,
@@ -220,7 +221,7 @@ def cartpole_step_reference(state: torch.Tensor, steps: torch.Tensor, action: to
 # ---------------------------------------------------------------------------------------------
 # Public function
 # ---------------------------------------------------------------------------------------------
-@torch.compiler.disable
+@compile_disabled
 def cartpole_step(state: torch.Tensor, steps: torch.Tensor, action: torch.Tensor, u: torch.Tensor,
                   max_episode_steps: int, obs_dtype: torch.dtype = torch.float32,
                   backend: str = "auto") -> CartPoleStep:

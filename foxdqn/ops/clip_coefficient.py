@@ -42,6 +42,7 @@ import triton.language as tl
 from torch import Tensor
 
 from foxdqn.ops.backend import describe, resolve_backend
+from foxdqn.ops.library import device_op, wrap_triton
 
 #: Added to the total norm before dividing, as ``torch.nn.utils.clip_grad_norm_`` does.
 CLIP_EPS = 1e-6
@@ -64,10 +65,10 @@ def _clip_coefficient_kernel(norms_ptr, max_norm_ptr, total_ptr, coef_ptr, n, st
     tl.store(coef_ptr + g, coef)
 
 
-@torch.library.triton_op("foxdqn::clip_coefficient", mutates_args={"total", "coef"})
+@device_op("foxdqn::clip_coefficient", mutates_args={"total", "coef"})
 def _clip_coefficient_op(norms: Tensor, max_norm: Tensor, total: Tensor, coef: Tensor) -> None:
     rows, n = norms.shape
-    torch.library.wrap_triton(_clip_coefficient_kernel)[(rows,)](
+    wrap_triton(_clip_coefficient_kernel)[(rows,)](
         norms, max_norm, total, coef, n, norms.stride(0),
         EPS=CLIP_EPS, BLOCK=max(triton.next_power_of_2(n), 16), num_warps=1)
 

@@ -38,6 +38,7 @@ import triton.language as tl
 from torch import Tensor
 
 from foxdqn.ops.backend import resolve_backend
+from foxdqn.ops.library import device_op, wrap_triton
 from foxdqn.ops.member_uniform import randint_from_uniform
 from foxdqn.step.schedules import linear_value
 
@@ -86,12 +87,12 @@ def _epsilon_greedy_kernel(q_ptr, step_ptr, start_ptr, end_ptr, duration_ptr, u_
     tl.store(out_ptr + i64, tl.where(explore, random_a, best_a), mask=m)
 
 
-@torch.library.triton_op("foxdqn::epsilon_greedy", mutates_args=())
+@device_op("foxdqn::epsilon_greedy", mutates_args=())
 def _epsilon_greedy_op(q: Tensor, step: Tensor, start: Tensor, end: Tensor, duration: Tensor, u: Tensor) -> Tensor:
     n, num_actions = q.shape
     out = torch.empty(n, device=q.device, dtype=torch.int64)
     if n:
-        torch.library.wrap_triton(_epsilon_greedy_kernel)[(triton.cdiv(n, BLOCK),)](
+        wrap_triton(_epsilon_greedy_kernel)[(triton.cdiv(n, BLOCK),)](
             q, step, start, end, duration, u, out, n, num_actions, n // start.shape[0], q.stride(0), q.stride(1),
             BLOCK=BLOCK, RANDOM_BITS=RANDOM_BITS, num_warps=4,
             enable_fp_fusion=False,  # no FMA contraction: the schedule's roundings are the reference's

@@ -54,6 +54,7 @@ from torch import Tensor
 
 from foxdqn.ops.backend import resolve_backend
 from foxdqn.ops.clip_coefficient import CLIP_EPS
+from foxdqn.ops.library import device_op, wrap_triton
 from foxdqn.ops.tensor_list import (check_list, check_member_vector, check_members, locate, pick8, plan,
                                     scratch, slots)
 
@@ -104,12 +105,12 @@ def _grad_norm_kernel(g0, g1, g2, g3, g4, g5, g6, g7,
             tl.store(ticket_ptr, 0)
 
 
-@torch.library.triton_op("foxdqn::grad_norm_coefficient", mutates_args={"total", "coef", "partials", "ticket"})
+@device_op("foxdqn::grad_norm_coefficient", mutates_args={"total", "coef", "partials", "ticket"})
 def _grad_norm_op(grads: list[Tensor], max_norm: Tensor, total: Tensor, coef: Tensor, partials: Tensor,
                   ticket: Tensor, members: int, block: int) -> None:
     launches, rows = plan(tuple(g.numel() // members for g in grads), members, block)
     for launch in launches:
-        torch.library.wrap_triton(_grad_norm_kernel)[(launch.programs,)](
+        wrap_triton(_grad_norm_kernel)[(launch.programs,)](
             *slots(grads, launch), *launch.numels, *launch.ends, *launch.rows,
             max_norm, total, coef, partials, ticket, members, rows,
             FINAL=launch.final, EPS=CLIP_EPS, BLOCK=block, PB=_PB, RB=_RB, num_warps=4,

@@ -26,6 +26,7 @@ import triton
 import triton.language as tl
 
 from foxdqn.ops.backend import resolve_backend
+from foxdqn.ops.library import device_op, wrap_triton
 
 _BLOCK = 2048  # elements per program per loop turn
 _MAX_PROGRAMS = 264  # at most this many programs (one atomic each); they loop over the rest
@@ -54,10 +55,10 @@ def _grid(n: int) -> int:
     return max(1, min(triton.cdiv(n, _BLOCK), _MAX_PROGRAMS))
 
 
-@torch.library.triton_op("foxdqn::max_abs_bits", mutates_args={"out"})
+@device_op("foxdqn::max_abs_bits", mutates_args={"out"})
 def _max_abs_bits_op(x: torch.Tensor, out: torch.Tensor) -> None:
     n = x.shape[0]
-    torch.library.wrap_triton(_max_abs_bits_kernel)[(_grid(n),)](x, out, n, BLOCK=_BLOCK, num_warps=8)
+    wrap_triton(_max_abs_bits_kernel)[(_grid(n),)](x, out, n, BLOCK=_BLOCK, num_warps=8)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -38,6 +38,7 @@ import triton
 import triton.language as tl
 
 from foxdqn.ops.backend import resolve_backend
+from foxdqn.ops.library import device_op, wrap_triton
 
 M1, M2 = 0x7FEB352D, 0x846CA68B  # lowbias32's multipliers
 SEED_SALT = 0x9E3779B9  # separates key(seed) from the draw hash
@@ -74,11 +75,11 @@ def _member_uniform_kernel(keys_ptr, counter_ptr, out_ptr, n, M1: tl.constexpr, 
     tl.store(out_ptr + p.to(tl.int64) * n + i, u, mask=m)
 
 
-@torch.library.triton_op("foxdqn::member_uniform", mutates_args=())
+@device_op("foxdqn::member_uniform", mutates_args=())
 def _member_uniform_op(keys: torch.Tensor, counter: torch.Tensor, n: int) -> torch.Tensor:
     out = torch.empty(keys.shape[0], n, device=keys.device, dtype=torch.float32)
     if out.numel():
-        torch.library.wrap_triton(_member_uniform_kernel)[(triton.cdiv(n, BLOCK), keys.shape[0])](
+        wrap_triton(_member_uniform_kernel)[(triton.cdiv(n, BLOCK), keys.shape[0])](
             keys, counter, out, n, M1=M1, M2=M2, BLOCK=BLOCK, num_warps=4)
     return out
 

@@ -49,6 +49,7 @@ import triton
 import triton.language as tl
 
 from foxdqn.ops.backend import resolve_backend
+from foxdqn.ops.library import device_op, wrap_triton
 from foxdqn.ops.per_state import PERState
 
 __all__ = ["per_sample", "per_sample_reference"]
@@ -226,7 +227,7 @@ def _search_layout(num_blocks: int, block: int, batch: int) -> Tuple[int, int, i
 
 def _per_sample_launch(leaves, block_sums, rand, size, beta, block, capacity, launch=None):
     """Allocate outputs and scratch, launch the three kernels. ``launch(kernel)`` wraps a kernel
-    for launching (``torch.library.wrap_triton`` inside the registered op, identity otherwise)."""
+    for launching (``wrap_triton`` inside the registered op, identity otherwise)."""
     wrap = launch if launch is not None else (lambda kern: kern)
     num_blocks = block_sums.shape[0]
     batch = rand.shape[0]
@@ -255,7 +256,7 @@ def _per_sample_launch(leaves, block_sums, rand, size, beta, block, capacity, la
     return idx, w
 
 
-@torch.library.triton_op("foxdqn::per_sample", mutates_args=())
+@device_op("foxdqn::per_sample", mutates_args=())
 def _per_sample_op(
     leaves: torch.Tensor,
     block_sums: torch.Tensor,
@@ -265,7 +266,7 @@ def _per_sample_op(
     block: int,
     capacity: int,
 ) -> Tuple[torch.Tensor, torch.Tensor]:
-    return _per_sample_launch(leaves, block_sums, rand, size, beta, block, capacity, torch.library.wrap_triton)
+    return _per_sample_launch(leaves, block_sums, rand, size, beta, block, capacity, wrap_triton)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -352,6 +353,6 @@ def per_sample(
     _check_args(state, rand, size, beta)
     if resolve_backend("per_sample", backend, state.leaves) == "torch":
         return per_sample_reference(state, rand, size, beta)
-    return torch.ops.foxdqn.per_sample(
+    return _per_sample_op(
         state.leaves, state.block_sums, rand, size, beta, state.block, state.capacity
     )

@@ -37,6 +37,7 @@ import triton
 import triton.language as tl
 
 from foxdqn.ops.backend import resolve_backend
+from foxdqn.ops.library import device_op, wrap_triton
 from foxdqn.ops.per_state import PERState
 
 __all__ = ["per_update", "per_update_reference", "per_insert", "per_insert_reference"]
@@ -169,7 +170,7 @@ def _per_insert_launch(leaves, block_sums, max_priority, alpha, indices, block, 
     )
 
 
-@torch.library.triton_op("foxdqn::per_update", mutates_args=("leaves", "block_sums", "max_priority"))
+@device_op("foxdqn::per_update", mutates_args=("leaves", "block_sums", "max_priority"))
 def _per_update_op(
     leaves: torch.Tensor,
     block_sums: torch.Tensor,
@@ -183,10 +184,10 @@ def _per_update_op(
     capacity: int,
 ) -> None:
     _per_update_launch(leaves, block_sums, max_priority, indices, td_abs, alpha, eps, skip, block, capacity,
-                       torch.library.wrap_triton)
+                       wrap_triton)
 
 
-@torch.library.triton_op("foxdqn::per_insert", mutates_args=("leaves", "block_sums"))
+@device_op("foxdqn::per_insert", mutates_args=("leaves", "block_sums"))
 def _per_insert_op(
     leaves: torch.Tensor,
     block_sums: torch.Tensor,
@@ -196,7 +197,7 @@ def _per_insert_op(
     block: int,
     capacity: int,
 ) -> None:
-    _per_insert_launch(leaves, block_sums, max_priority, alpha, indices, block, capacity, torch.library.wrap_triton)
+    _per_insert_launch(leaves, block_sums, max_priority, alpha, indices, block, capacity, wrap_triton)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -286,7 +287,7 @@ def per_update(state: PERState, indices: torch.Tensor, td_abs: torch.Tensor,
     if resolve_backend("per_update", backend, state.leaves) == "torch":
         per_update_reference(state, indices, td_abs, skip)
         return
-    torch.ops.foxdqn.per_update(
+    _per_update_op(
         state.leaves, state.block_sums, state.max_priority, indices, td_abs, state.alpha, state.eps,
         skip, state.block, state.capacity,
     )
@@ -312,6 +313,6 @@ def per_insert(state: PERState, indices: torch.Tensor, backend: str = "auto") ->
     if resolve_backend("per_insert", backend, state.leaves) == "torch":
         per_insert_reference(state, indices)
         return
-    torch.ops.foxdqn.per_insert(
+    _per_insert_op(
         state.leaves, state.block_sums, state.max_priority, state.alpha, indices, state.block, state.capacity
     )

@@ -25,13 +25,14 @@ The indicator is piecewise constant (no gradient through it). Only ``quantiles``
 gradient: ``target_quantiles`` and ``taus`` are treated as constants (the reference detaches
 them too, so both backends agree).
 
-Registration: two ``torch.library.triton_op`` ops, ``foxdqn::quantile_huber_loss`` (forward) and
+Registration: two ops (:mod:`foxdqn.ops.library`), ``foxdqn::quantile_huber_loss`` (forward) and
 ``foxdqn::quantile_huber_loss_backward``, joined by ``register_autograd`` on the forward op. The
 ops allocate their outputs outside the kernels and never touch the host, so the pair composes
 with CUDA graph capture (forward and backward are plain kernel launches on the current stream)
-and with ``torch.compile`` (AOTAutograd sees an op with a registered derivative whose backward
-is itself a registered op; Inductor sees both Triton kernels). Unlike an ``autograd.Function``
-wrapper, the differentiable op itself is ``torch.ops.foxdqn.quantile_huber_loss``.
+and, after :func:`foxdqn.ops.library.register_ops`, with ``torch.compile`` (AOTAutograd sees
+``torch.ops.foxdqn.quantile_huber_loss``, an op with a registered derivative whose backward is
+itself a registered op; Inductor sees both Triton kernels). Eager calls run the same launchers
+and derivative through one ``autograd.Function``.
 Double backward is not supported.
 
 Scalar arguments: kappa and 1/N' reach the kernels as fp32 from an eager launch but as fp64 from
@@ -50,10 +51,10 @@ import math
 import torch
 import triton
 import triton.language as tl
-from torch.library import triton_op, wrap_triton
 
 from foxdqn.errors import ConfigError
 from foxdqn.ops.backend import INTERPRET, resolve_backend
+from foxdqn.ops.library import device_op, wrap_triton
 
 _CUDA_TILE = 2048  # elements of the [BLOCK_B, BLOCK_I, BLOCK_J] pairwise tile (default 4 warps)
 _INTERP_TILE = 1 << 17  # the interpreter runs one numpy op per tile: big tiles are cheaper
@@ -236,13 +237,13 @@ def _qhl_backward_launch(
     return grad_q
 
 
-@triton_op("foxdqn::quantile_huber_loss", mutates_args=())
+@device_op("foxdqn::quantile_huber_loss", mutates_args=())
 def _qhl_op(quantiles: torch.Tensor, target_quantiles: torch.Tensor, taus: torch.Tensor, kappa: float) -> torch.Tensor:
     # Also runs on CPU tensors under TRITON_INTERPRET=1 (the tests use that path).
     return _qhl_forward_launch(quantiles, target_quantiles, taus, kappa)
 
 
-@triton_op("foxdqn::quantile_huber_loss_backward", mutates_args=())
+@device_op("foxdqn::quantile_huber_loss_backward", mutates_args=())
 def _qhl_backward_op(
     grad_loss: torch.Tensor, quantiles: torch.Tensor, target_quantiles: torch.Tensor, taus: torch.Tensor, kappa: float
 ) -> torch.Tensor:
@@ -259,7 +260,7 @@ def _qhl_backward(ctx, grad_loss):
     quantiles, target_quantiles, taus = ctx.saved_tensors
     grad_q = None
     if ctx.needs_input_grad[0]:
-        grad_q = torch.ops.foxdqn.quantile_huber_loss_backward(grad_loss, quantiles, target_quantiles, taus, ctx.kappa)
+        grad_q = _qhl_backward_op(grad_loss, quantiles, target_quantiles, taus, ctx.kappa)
     return grad_q, None, None, None  # targets and taus are constants
 
 
@@ -360,4 +361,4 @@ def quantile_huber_loss(
     for name, t in (("quantiles", quantiles), ("target_quantiles", target_quantiles), ("taus", taus)):
         if t.dtype != torch.float32:
             raise ValueError(f"quantile_huber_loss: {name} must be float32 for the Triton backend, got {t.dtype}")
-    return torch.ops.foxdqn.quantile_huber_loss(quantiles, target_quantiles.detach(), taus.detach(), float(kappa))
+    return _qhl_op(quantiles, target_quantiles.detach(), taus.detach(), float(kappa))

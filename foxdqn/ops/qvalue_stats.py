@@ -32,6 +32,7 @@ import triton.language as tl
 
 from foxdqn.guard import record as R
 from foxdqn.ops.backend import resolve_backend, use_sys_fence
+from foxdqn.ops.library import compile_disabled, device_op, wrap_triton
 
 
 # ---------------------------------------------------------------------------------------------
@@ -119,12 +120,12 @@ def _blocks(A: int) -> tuple[int, int]:
     return block_b, block_a
 
 
-@torch.library.triton_op("foxdqn::qvalue_stats", mutates_args={"acc", "ring"})
+@device_op("foxdqn::qvalue_stats", mutates_args={"acc", "ring"})
 def _qvalue_stats_op(q: torch.Tensor, step: torch.Tensor, acc: torch.Tensor, ring: torch.Tensor,
                      threshold: torch.Tensor) -> None:
     B, A = q.shape
     block_b, block_a = _blocks(A)
-    torch.library.wrap_triton(_qvalue_stats_kernel)[(1,)](
+    wrap_triton(_qvalue_stats_kernel)[(1,)](
         q, step, acc, ring, threshold,
         B, A, q.stride(0), q.stride(1), ring.shape[0],
         BLOCK_B=block_b, BLOCK_A=block_a, RECORD=R.RECORD_SIZE,
@@ -167,7 +168,7 @@ def qvalue_stats_reference(q: torch.Tensor, step: torch.Tensor, acc: torch.Tenso
 # ---------------------------------------------------------------------------------------------
 # Dynamo runs this op as an opaque call (a graph break): Inductor cannot treat the pinned host
 # ring written from a CUDA kernel as a device argument. CUDA-graph capture is unaffected.
-@torch.compiler.disable
+@compile_disabled
 def qvalue_stats(q: torch.Tensor, step: torch.Tensor, acc: torch.Tensor, ring: torch.Tensor,
                  threshold: torch.Tensor, backend: str = "auto") -> None:
     """Q-value statistics of one batch into the device accumulator and the host ring.

@@ -42,6 +42,7 @@ import triton.language as tl
 from torch import Tensor
 
 from foxdqn.ops.backend import describe, resolve_backend
+from foxdqn.ops.library import device_op, wrap_triton
 
 BLOCK_N = 16  # envs per program
 BLOCK_D = 64  # observation values per env and loop iteration
@@ -111,7 +112,7 @@ def _replay_add_kernel(
         tl.store(ticket_ptr, 0)
 
 
-@torch.library.triton_op("foxdqn::replay_add", mutates_args={
+@device_op("foxdqn::replay_add", mutates_args={
     "rollout", "obs_buf", "next_buf", "action_buf", "reward_buf", "term_buf", "ended_buf", "episode_buf", "vol_buf",
     "episode_now", "ptr", "written", "ticket"})
 def _replay_add_op(obs: Tensor, next_obs: Tensor, advance_obs: Tensor, rollout: Tensor, action: Tensor, reward: Tensor, scale: Tensor,
@@ -120,7 +121,7 @@ def _replay_add_op(obs: Tensor, next_obs: Tensor, advance_obs: Tensor, rollout: 
                    vol_buf: Tensor, episode_now: Tensor, ptr: Tensor, written: Tensor, ticket: Tensor,
                    has_vol: bool, advance: bool) -> None:
     rows, n, d = obs_buf.shape
-    torch.library.wrap_triton(_replay_add_kernel)[(triton.cdiv(n, BLOCK_N),)](
+    wrap_triton(_replay_add_kernel)[(triton.cdiv(n, BLOCK_N),)](
         obs, next_obs, advance_obs, rollout, action, reward, scale, terminated, truncated, vol_ratio,
         obs_buf, next_buf, action_buf, reward_buf, term_buf, ended_buf, episode_buf, vol_buf,
         episode_now, ptr, written, ticket,

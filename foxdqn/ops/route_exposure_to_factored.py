@@ -31,6 +31,7 @@ import triton
 import triton.language as tl
 
 from foxdqn.ops.backend import resolve_backend
+from foxdqn.ops.library import device_op, wrap_triton
 
 
 # ---------------------------------------------------------------------------------------------
@@ -69,7 +70,7 @@ def _route_exposure_kernel(
 _BLOCK = 1024
 
 
-@torch.library.triton_op("foxdqn::route_exposure_to_factored", mutates_args={})
+@device_op("foxdqn::route_exposure_to_factored", mutates_args={})
 def _route_op(exposure: torch.Tensor, spread: torch.Tensor, median_spread: torch.Tensor,
               volatility: torch.Tensor, median_volatility: torch.Tensor) -> torch.Tensor:
     n = exposure.shape[0]
@@ -80,7 +81,7 @@ def _route_op(exposure: torch.Tensor, spread: torch.Tensor, median_spread: torch
     s_stride = spread.stride(0) if spread.dim() == 1 else 0
     v_stride = volatility.stride(0) if volatility.dim() == 1 else 0
     grid = (triton.cdiv(n, _BLOCK),)
-    torch.library.wrap_triton(_route_exposure_kernel)[grid](
+    wrap_triton(_route_exposure_kernel)[grid](
         exposure, spread, volatility, median_spread, median_volatility, out,
         n, s_stride, v_stride, BLOCK=_BLOCK, num_warps=4,
     )

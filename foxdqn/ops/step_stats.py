@@ -50,6 +50,7 @@ import triton.language as tl
 from torch import Tensor
 
 from foxdqn.ops.backend import describe, resolve_backend
+from foxdqn.ops.library import device_op, wrap_triton
 
 BLOCK = 256  # envs per program (the default of StepStatsScratch's block)
 ROWS = 64  # partial rows per iteration of the last program's loop
@@ -138,12 +139,12 @@ def _step_stats_kernel(action_ptr, reward_ptr, done_ptr, ret_ptr, len_ptr, trade
         tl.store(ticket_ptr, 0)
 
 
-@torch.library.triton_op("foxdqn::step_stats", mutates_args={"acc", "actions", "env_steps", "partials", "ticket"})
+@device_op("foxdqn::step_stats", mutates_args={"acc", "actions", "env_steps", "partials", "ticket"})
 def _step_stats_op(action: Tensor, reward: Tensor, done: Tensor, episode_return: Tensor, episode_length: Tensor,
                    traded: Tensor, acc: Tensor, actions: Tensor, env_steps: Tensor, partials: Tensor, ticket: Tensor,
                    block: int, has_traded: bool, advance_steps: bool) -> None:
     n, a = action.shape[0], actions.shape[0]
-    torch.library.wrap_triton(_step_stats_kernel)[(max(1, triton.cdiv(n, block)),)](
+    wrap_triton(_step_stats_kernel)[(max(1, triton.cdiv(n, block)),)](
         action, reward, done, episode_return, episode_length, traded, acc, actions, env_steps, partials, ticket,
         n, a, HAS_TRADED=has_traded, STEPS=advance_steps, BLOCK=block,
         A_BLOCK=min(max(triton.next_power_of_2(a), 2), _MAX_A_BLOCK), ROWS=ROWS, F=NUM_FIELDS, FP=_FIELDS_PAD,

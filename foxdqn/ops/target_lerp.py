@@ -49,6 +49,7 @@ import triton.language as tl
 from torch import Tensor
 
 from foxdqn.ops.backend import resolve_backend
+from foxdqn.ops.library import device_op, wrap_triton
 from foxdqn.ops.tensor_list import (F32, check_list, check_member_vector, check_members, describe, locate, pick8, plan,
                                     scratch, slots)
 
@@ -106,13 +107,13 @@ def _target_lerp_kernel(t0, t1, t2, t3, t4, t5, t6, t7,
             tl.store(ticket_ptr, 0)
 
 
-@torch.library.triton_op("foxdqn::target_lerp_", mutates_args={"targets", "updates", "weight", "ticket"})
+@device_op("foxdqn::target_lerp_", mutates_args={"targets", "updates", "weight", "ticket"})
 def _target_lerp_op(targets: list[Tensor], sources: list[Tensor], updates: Tensor, skip: Tensor, tau: Tensor,
                     hard_period: Tensor, weight: Tensor, ticket: Tensor, members: int, hard: bool, advance: bool,
                     has_weight: bool, block: int) -> None:
     launches, _ = plan(tuple(t.numel() // members for t in targets), members, block)
     for launch in launches:
-        torch.library.wrap_triton(_target_lerp_kernel)[(launch.programs,)](
+        wrap_triton(_target_lerp_kernel)[(launch.programs,)](
             *slots(targets, launch), *slots(sources, launch), *launch.numels, *launch.ends,
             updates, skip, tau, hard_period, weight, ticket, members,
             HARD=hard, FINISH=launch.final and (advance or has_weight), ADVANCE=advance, HAS_WEIGHT=has_weight,

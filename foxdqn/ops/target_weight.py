@@ -30,6 +30,7 @@ import triton.language as tl
 from torch import Tensor
 
 from foxdqn.ops.backend import describe, resolve_backend
+from foxdqn.ops.library import device_op, wrap_triton
 
 MAX_GROUPS = 65536  # groups one single-block program handles (population sizes are far below)
 
@@ -51,11 +52,11 @@ def _target_weight_kernel(updates_ptr, skip_ptr, tau_ptr, period_ptr, weight_ptr
         tl.store(updates_ptr, u + 1)
 
 
-@torch.library.triton_op("foxdqn::target_weight", mutates_args={"weight", "updates"})
+@device_op("foxdqn::target_weight", mutates_args={"weight", "updates"})
 def _target_weight_op(updates: Tensor, skip: Tensor, tau: Tensor, hard_period: Tensor, weight: Tensor,
                       hard: bool, advance: bool) -> None:
     g = weight.numel()
-    torch.library.wrap_triton(_target_weight_kernel)[(1,)](
+    wrap_triton(_target_weight_kernel)[(1,)](
         updates, skip, tau, hard_period, weight, g, HARD=hard, ADVANCE=advance,
         BLOCK=max(triton.next_power_of_2(g), 16), num_warps=1)
 

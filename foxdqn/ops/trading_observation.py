@@ -35,6 +35,7 @@ import triton.language as tl
 from torch import Tensor
 
 from foxdqn.ops.backend import resolve_backend
+from foxdqn.ops.library import compile_disabled, device_op, wrap_triton
 from foxdqn.ops.trading_code import CODE_ENTRY, CODE_EQUITY, CODE_T, CODE_UNITS, CODE_WIDTH
 from foxdqn.ops.trading_step import (_RUIN, ACCOUNT_OBS_CLIP, FP_WIDTH, TradingMarket, TradingParams,
                                      _store_account_obs, observation_reference)
@@ -95,11 +96,11 @@ def _trading_observation_kernel(code_a_ptr, code_b_ptr, out_a_ptr, out_b_ptr, gr
                      OBS_DIM, HAS_GROUP, BLOCK, CHUNK, CODE_W, C_T, C_UNITS, C_ENTRY, C_EQUITY, FPW, RUIN, OBS_CLIP)
 
 
-@torch.library.triton_op("foxdqn::trading_observation", mutates_args={"out"})
+@device_op("foxdqn::trading_observation", mutates_args={"out"})
 def _trading_observation_op(code_a: Tensor, code_b: Tensor, out: Tensor, group: Tensor, close: Tensor,
                             features: Tensor, fparams: Tensor, window: int, num_features: int, has_group: bool) -> None:
     k, b, obs_dim = out.shape
-    torch.library.wrap_triton(_trading_observation_kernel)[(triton.cdiv(b, BLOCK), k)](
+    wrap_triton(_trading_observation_kernel)[(triton.cdiv(b, BLOCK), k)](
         code_a, code_b, out[0], out[-1], group, close, features, fparams, b, close.shape[0], window, num_features,
         obs_dim,
         HAS_GROUP=has_group, BLOCK=BLOCK, CHUNK=CHUNK, CODE_W=CODE_WIDTH, C_T=CODE_T, C_UNITS=CODE_UNITS,
@@ -137,7 +138,7 @@ def trading_observation_reference(codes: tuple[Tensor, ...], group: Tensor | Non
     return tuple(out)
 
 
-@torch.compiler.disable
+@compile_disabled
 def trading_observation(codes: tuple[Tensor, ...], group: Tensor | None, market: TradingMarket,
                         params: TradingParams, out_dtype: torch.dtype = torch.float32,
                         backend: str = "auto") -> tuple[Tensor, ...]:

@@ -67,6 +67,7 @@ import triton.language as tl
 from torch import Tensor
 
 from foxdqn.ops.backend import resolve_backend
+from foxdqn.ops.library import compile_disabled, device_op, wrap_triton
 from foxdqn.ops.trading_code import CODE_WIDTH, state_code_dtype
 
 #: Bound of the observation's two account values (exposure, unrealised PnL): they are clipped to
@@ -444,7 +445,7 @@ def _trading_step_kernel(
 # ---------------------------------------------------------------------------------------------
 # Launcher (registered with torch.library)
 # ---------------------------------------------------------------------------------------------
-@torch.library.triton_op("foxdqn::trading_step", mutates_args={
+@device_op("foxdqn::trading_step", mutates_args={
     "t", "steps", "cash", "units", "entry_price", "equity", "exposure_idx", "episode_return", "frozen",
     "next_obs", "obs", "fout", "flags", "episode_length", "code", "next_code"})
 def _trading_step_op(t: Tensor, steps: Tensor, cash: Tensor, units: Tensor, entry_price: Tensor, equity: Tensor,
@@ -457,7 +458,7 @@ def _trading_step_op(t: Tensor, steps: Tensor, cash: Tensor, units: Tensor, entr
     n = t.shape[0]
     from foxdqn.envs.actions import FLAT  # imported here: foxdqn.envs imports this module
 
-    torch.library.wrap_triton(_trading_step_kernel)[(triton.cdiv(n, BLOCK),)](
+    wrap_triton(_trading_step_kernel)[(triton.cdiv(n, BLOCK),)](
         t, steps, cash, units, entry_price, equity, exposure_idx, episode_return, frozen,
         action, starts, open_, high, low, close, spread, features, fparams, iparams,
         next_obs, obs, fout, flags, episode_length, code, next_code,
@@ -648,7 +649,7 @@ def trading_step_reference(state: TradingState, action: Tensor, starts: Tensor |
 # ---------------------------------------------------------------------------------------------
 # Public function
 # ---------------------------------------------------------------------------------------------
-@torch.compiler.disable
+@compile_disabled
 def trading_step(state: TradingState, action: Tensor, starts: Tensor | None, market: TradingMarket,
                  params: TradingParams, backend: str = "auto", next_obs: bool = True) -> TradingStepOut:
     """Step N trading accounts once: fill, book, mark, reward, end and auto-reset (module docstring).

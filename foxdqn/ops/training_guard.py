@@ -48,6 +48,7 @@ import triton.language as tl
 
 from foxdqn.guard import record as R
 from foxdqn.ops.backend import resolve_backend, use_sys_fence
+from foxdqn.ops.library import compile_disabled, device_op, wrap_triton
 
 
 # ---------------------------------------------------------------------------------------------
@@ -142,7 +143,7 @@ def _launch(loss, grad_norm, step, loss_clip, collapse_threshold, warmup_steps, 
             skip, halted, ring, weight_bits, max_weight) -> None:
     # One program, one warp: the guard is scalar code. Outputs are caller-owned buffers.
     check_weight = weight_bits is not None
-    torch.library.wrap_triton(_training_guard_kernel)[(1,)](
+    wrap_triton(_training_guard_kernel)[(1,)](
         loss, grad_norm, step, loss_clip, collapse_threshold, warmup_steps, patience,
         collapse_count, acc, skip, halted, ring,
         weight_bits if check_weight else skip, max_weight if check_weight else loss_clip,  # unread when off
@@ -154,7 +155,7 @@ def _launch(loss, grad_norm, step, loss_clip, collapse_threshold, warmup_steps, 
 
 # Two registered ops, one kernel: a custom op cannot declare an optional argument as mutated (the
 # dispatcher drops trailing defaults), so the post-step weight check has an op of its own.
-@torch.library.triton_op(
+@device_op(
     "foxdqn::training_guard",
     mutates_args={"collapse_count", "acc", "skip", "halted", "ring"},
 )
@@ -168,7 +169,7 @@ def _training_guard_op(
             skip, halted, ring, None, None)
 
 
-@torch.library.triton_op(
+@device_op(
     "foxdqn::training_guard_weights",
     mutates_args={"collapse_count", "acc", "skip", "halted", "ring", "weight_bits"},
 )
@@ -290,7 +291,7 @@ def _check_guard_args(loss, grad_norm, step, loss_clip, collapse_threshold, warm
 
 # Dynamo runs this op as an opaque call (a graph break): Inductor cannot treat the pinned host
 # ring written from a CUDA kernel as a device argument. CUDA-graph capture is unaffected.
-@torch.compiler.disable
+@compile_disabled
 def training_guard(
     loss: torch.Tensor, grad_norm: torch.Tensor, step: torch.Tensor, loss_clip: torch.Tensor,
     collapse_threshold: torch.Tensor, warmup_steps: torch.Tensor, patience: torch.Tensor,

@@ -19,6 +19,7 @@ from foxdqn.ops.c51_project import (
     c51_project,
     c51_project_reference,
 )
+from foxdqn.ops.library import register_ops
 
 from support import assert_close_nan, capture_graph, no_host_sync, require_compiled_kernels
 
@@ -352,6 +353,7 @@ def test_gpu_no_host_sync():
 
 @pytest.mark.gpu
 def test_gpu_torch_compile():
+    register_ops()  # torch.library registration, made for torch.compile / opcheck only
     p, r, d = (x.cuda() for x in _random_case(129, 51, seed=5))
 
     def fn(p, r, d):

@@ -14,6 +14,7 @@ import torch
 
 from foxdqn.errors import ConfigError
 from foxdqn.ops import per_sample as per_sample_mod
+from foxdqn.ops.library import register_ops
 from foxdqn.ops.per_sample import per_sample, per_sample_reference
 from foxdqn.ops.per_state import PERState
 from foxdqn.ops.per_update import per_insert, per_update, per_update_reference
@@ -381,6 +382,7 @@ def test_validation_errors():
 
 
 def test_ops_registered_and_schema():
+    register_ops()  # torch.library registration, made for torch.compile / opcheck only
     assert hasattr(torch.ops.foxdqn, "per_sample")
     assert hasattr(torch.ops.foxdqn, "per_update")
     assert hasattr(torch.ops.foxdqn, "per_insert")
@@ -512,6 +514,7 @@ def test_gpu_no_host_sync():
 @pytest.mark.gpu
 @needs_compiled_triton
 def test_gpu_torch_compile():
+    register_ops()  # torch.library registration, made for torch.compile / opcheck only
     st, gen = _gpu_state(1_000_000, seed=21)
     init = clone_state(st)
     size = scalar(1_000_000, torch.int64, "cuda")
@@ -538,6 +541,7 @@ def test_gpu_torch_compile():
 @pytest.mark.gpu
 @needs_compiled_triton
 def test_gpu_opcheck():
+    register_ops()  # torch.library registration, made for torch.compile / opcheck only
     st, _ = _gpu_state(100_000, seed=2)
     d = "cuda"
     args = (st.leaves, st.block_sums, torch.rand(64, device=d), scalar(99_000, torch.int64, d), scalar(0.5, device=d),

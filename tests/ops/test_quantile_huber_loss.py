@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from foxdqn.ops.backend import INTERPRET
+from foxdqn.ops.library import register_ops
 from foxdqn.ops.quantile_huber_loss import (
     _launch_config,
     _qhl_backward_launch,
@@ -281,6 +282,7 @@ def test_gpu_no_host_sync():
 @pytest.mark.gpu
 @pytest.mark.parametrize("kappa", [0.0, 1.0])
 def test_gpu_torch_compile_with_backward(kappa):
+    register_ops()  # torch.library registration, made for torch.compile / opcheck only
     q0, t, tau, w = _case(129, 32, 16, seed=5, device="cuda")
 
     def fn(q, t, tau, w):
@@ -299,6 +301,7 @@ def test_gpu_torch_compile_with_backward(kappa):
 
 @pytest.mark.gpu
 def test_gpu_torch_compile_kappa_argument():
+    register_ops()  # torch.library registration, made for torch.compile / opcheck only
     # kappa as a function argument: from the second value on Dynamo recompiles with it symbolic
     # (automatic dynamic), so the eager-only kappa check must not break the graph, and Inductor
     # passes it to the kernels as an fp64 scalar, which they cast to fp32 (an fp64 kappa would

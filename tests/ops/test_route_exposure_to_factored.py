@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 import torch
 
+from foxdqn.ops.library import register_ops
 from foxdqn.ops.route_exposure_to_factored import (
     route_exposure_to_factored,
     route_exposure_to_factored_reference,
@@ -265,6 +266,7 @@ def test_gpu_cuda_graph_and_no_sync():
 
 @pytest.mark.gpu
 def test_gpu_torch_compile():
+    register_ops()  # torch.library registration, made for torch.compile / opcheck only
     args = _cuda_inputs(1023, seed=7)
     compiled = torch.compile(route_exposure_to_factored)
     out = compiled(*args)

@@ -7,6 +7,7 @@ import torch
 
 from foxdqn.guard import record as R
 from foxdqn.guard.guard import TrainingGuard
+from foxdqn.ops.library import register_ops
 from foxdqn.ops.training_guard import training_guard, training_guard_reference
 
 from support import assert_close_report, capture_graph, no_host_sync
@@ -362,6 +363,7 @@ def test_gpu_fused_adam_skips_inside_graph():
 @pytest.mark.gpu
 def test_gpu_guard_and_qstats_inside_torch_compile():
     """Under torch.compile the ring-writing ops run as opaque calls and still write the record."""
+    register_ops()  # torch.library registration, made for torch.compile / opcheck only
     from foxdqn.guard.guard import TrainingGuard
     from foxdqn.guard.monitor import QValueMonitor
 

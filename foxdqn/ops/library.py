@@ -1,0 +1,179 @@
+"""Our ops' ``torch.library`` registration, made for ``torch.compile`` only, not at import.
+
+Registering an op with ``torch.library.triton_op`` imports ``torch._inductor`` (to find the
+Triton kernels in the op's source), and with it ``torch._dynamo``, sympy and pandas; calling any
+``torch.library`` op imports ``torch._dynamo`` too (its backend function is wrapped in
+``torch._disable_dynamo``), as does ``torch.compiler.disable`` when it decorates. A training run
+never compiles: eager calls and CUDA-graph capture launch the kernels directly. On the H200
+machine those imports are 1.1 s of a warm start (4-5 s without a bytecode cache; measured in
+docs/bench.md#start-up), so the ops are registered when ``torch.compile`` needs them:
+
+* :func:`device_op` wraps an op's launcher (the function a ``triton_op`` would register, with
+  its Triton launches through ``torch.library.wrap_triton``). Eager calls run the launcher
+  itself; under ``torch.compile`` the call goes to the registered ``torch.ops.foxdqn.<name>``,
+  which Inductor sees into as it sees into any ``triton_op``.
+* :func:`wrap_triton` is what the launchers launch through: the kernel itself, or
+  ``torch.library.wrap_triton(kernel)`` once :func:`register_ops` ran (the launch may then be
+  traced). ``torch.library.wrap_triton`` of a compiled kernel imports ``torch._dynamo`` too
+  (``torch._higher_order_ops.triton_kernel_wrap`` asks ``torch.utils._triton.has_triton``).
+* :func:`compile_disabled` marks a host-touching public function (the pinned-ring writers) that
+  Dynamo must run as an opaque call (a graph break), as ``torch.compiler.disable`` does.
+* :func:`register_ops` registers every op made by :func:`device_op` and every
+  :func:`compile_disabled` function. Call it once before ``torch.compile`` of code that calls a
+  foxdqn op (it imports ``torch._inductor``); a foxdqn op met while compiling without it raises.
+
+Ops with a derivative (:meth:`DeviceOp.register_autograd`) run eagerly through one
+``torch.autograd.Function`` with the same ``setup_context`` and ``backward`` that
+``register_autograd`` gets when the op is registered.
+"""
+from __future__ import annotations
+
+import functools
+import importlib
+import pkgutil
+from typing import Any, Callable, Iterable
+
+import torch
+
+__all__ = ["DeviceOp", "device_op", "compile_disabled", "register_ops", "registered", "wrap_triton"]
+
+_OPS: list["DeviceOp"] = []
+_DISABLED: list["_CompileDisabled"] = []
+_REGISTERED = False
+
+_HINT = "call foxdqn.ops.library.register_ops() before torch.compile of code that calls foxdqn ops"
+
+
+class DeviceOp:
+    """An op launcher registered with ``torch.library.triton_op`` only by :func:`register_ops`.
+
+    Args:
+        qualname: ``"foxdqn::<name>"``, the name under ``torch.ops``.
+        fn: the launcher, type-annotated as ``triton_op`` needs (its schema is inferred from them).
+        mutates_args: the arguments ``fn`` writes, as for ``triton_op``.
+
+    Calling it runs ``fn`` (eager), or ``torch.ops.foxdqn.<name>`` while ``torch.compile`` traces.
+    """
+
+    def __init__(self, qualname: str, fn: Callable, mutates_args: Iterable[str]) -> None:
+        self.qualname, self.fn, self.mutates_args = qualname, fn, mutates_args
+        self._setup_context: Callable | None = None
+        self._backward: Callable | None = None
+        self._op: Any = None  # the torch.ops overload packet, once registered
+        functools.update_wrapper(self, fn)
+        _OPS.append(self)
+
+    def register_autograd(self, backward: Callable, *, setup_context: Callable) -> None:
+        """The op's derivative, with ``CustomOpDef.register_autograd``'s signatures:
+        ``setup_context(ctx, inputs, output)`` and ``backward(ctx, *grads)`` (one gradient or None
+        per input)."""
+        self._setup_context, self._backward = setup_context, backward
+
+    def __call__(self, *args, **kwargs):
+        if torch.compiler.is_compiling():
+            if self._op is None:
+                raise RuntimeError(f"{self.qualname} is not registered with torch.library: {_HINT}")
+            return self._op(*args, **kwargs)
+        if self._backward is not None and torch.is_grad_enabled():
+            return _EagerAutograd.apply(self, *args)
+        return self.fn(*args, **kwargs)
+
+    def _register(self) -> None:
+        op = torch.library.triton_op(self.qualname, self.fn, mutates_args=self.mutates_args)
+        if self._backward is not None:
+            op.register_autograd(self._backward, setup_context=self._setup_context)
+        namespace, name = self.qualname.split("::")
+        self._op = getattr(getattr(torch.ops, namespace), name)
+
+
+class _EagerAutograd(torch.autograd.Function):
+    """Eager form of a :class:`DeviceOp` with a derivative: ``forward(ctx, op, *inputs)``."""
+
+    @staticmethod
+    def forward(ctx, op: DeviceOp, *inputs):
+        output = op.fn(*inputs)
+        ctx.device_op = op
+        op._setup_context(ctx, inputs, output)
+        return output
+
+    @staticmethod
+    def backward(ctx, *grads):
+        # needs_input_grad counts the op argument first: the op's backward reads its own inputs' flags
+        ctx_view = _ShiftedContext(ctx)
+        return (None, *ctx.device_op._backward(ctx_view, *grads))
+
+
+class _ShiftedContext:
+    """``ctx`` with ``needs_input_grad`` of the op's inputs only (without the leading op argument)."""
+
+    def __init__(self, ctx) -> None:
+        object.__setattr__(self, "_ctx", ctx)
+
+    @property
+    def needs_input_grad(self):
+        return self._ctx.needs_input_grad[1:]
+
+    def __getattr__(self, name):
+        return getattr(self._ctx, name)
+
+
+class _CompileDisabled:
+    """A public function that Dynamo runs as an opaque call once :func:`register_ops` ran."""
+
+    def __init__(self, fn: Callable) -> None:
+        self.fn = fn
+        self._disabled: Callable | None = None
+        functools.update_wrapper(self, fn)
+        _DISABLED.append(self)
+
+    def __call__(self, *args, **kwargs):
+        if torch.compiler.is_compiling():
+            if self._disabled is None:
+                raise RuntimeError(f"{self.fn.__module__}.{self.fn.__name__} cannot be traced: {_HINT}")
+            return self._disabled(*args, **kwargs)
+        return self.fn(*args, **kwargs)
+
+
+def device_op(qualname: str, *, mutates_args: Iterable[str]) -> Callable[[Callable], DeviceOp]:
+    """Decorator: ``fn`` as a :class:`DeviceOp` named ``qualname`` (``"foxdqn::<name>"``)."""
+    return lambda fn: DeviceOp(qualname, fn, mutates_args)
+
+
+def compile_disabled(fn: Callable) -> Callable:
+    """Decorator: ``fn`` runs as itself eagerly and as ``torch.compiler.disable(fn)`` (a graph break)
+    while ``torch.compile`` traces, after :func:`register_ops`."""
+    return _CompileDisabled(fn)
+
+
+def register_ops() -> None:
+    """Register every foxdqn op with ``torch.library`` (``triton_op`` and its autograd formula) and
+    wrap every :func:`compile_disabled` function with ``torch.compiler.disable``, so that
+    ``torch.compile`` can trace code calling them (``fullgraph=True`` included, except across a
+    disabled function). Imports every module of :mod:`foxdqn.ops` first. Idempotent.
+
+    Imports ``torch._inductor`` and ``torch._dynamo`` (1-5 s; the reason this is not done at import).
+    """
+    global _REGISTERED
+    import foxdqn.ops
+
+    for module in pkgutil.iter_modules(foxdqn.ops.__path__):
+        importlib.import_module(f"foxdqn.ops.{module.name}")
+    for op in _OPS:
+        if op._op is None:
+            op._register()
+    for fn in _DISABLED:
+        if fn._disabled is None:
+            fn._disabled = torch.compiler.disable(fn.fn)
+    _REGISTERED = True
+
+
+def wrap_triton(kernel):
+    """``kernel`` (a ``@triton.jit`` function) to launch as ``kernel[grid](...)``: itself, or
+    ``torch.library.wrap_triton(kernel)`` once :func:`register_ops` ran, so that a launch inside a
+    registered op can be traced by ``torch.compile``."""
+    return torch.library.wrap_triton(kernel) if _REGISTERED else kernel
+
+
+def registered() -> bool:
+    """True once :func:`register_ops` ran."""
+    return _REGISTERED

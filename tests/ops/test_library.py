@@ -1,0 +1,105 @@
+"""foxdqn.ops.library: ops run eagerly without torch.library, register for torch.compile on demand.
+
+The start-up saving it exists for (no torch._dynamo in a training run) is checked in a fresh
+interpreter; registration and tracing with ``torch.compile(backend="eager")`` run on the CPU
+(Dynamo only, no Inductor code generation).
+"""
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+
+from foxdqn.ops.library import DeviceOp, compile_disabled, device_op, register_ops
+
+_TRAINING_RUN_IMPORTS = textwrap.dedent("""
+    import sys, torch
+    import foxdqn.train, foxdqn.loop, foxdqn.checkpoint, foxdqn.step.update, foxdqn.step.collect
+    from foxdqn.ops.quantile_huber_loss import quantile_huber_loss
+    from foxdqn.ops.target_lerp import target_lerp_
+    from foxdqn.step.adam import Adam
+    q = torch.randn(3, 4, requires_grad=True)
+    quantile_huber_loss(q, torch.randn(3, 5), torch.rand(3, 4), 1.0).sum().backward()
+    p = torch.nn.Parameter(torch.ones(3)); p.grad = torch.ones(3)
+    opt = Adam([p], torch.tensor(0.1)); opt.step(); opt.state_dict(); opt.zero_grad()
+    t = [torch.zeros(3)]
+    target_lerp_(t, [torch.ones(3)], torch.zeros((), dtype=torch.int64), torch.zeros(()), torch.tensor(0.5),
+                 torch.ones((), dtype=torch.int64), hard=False, advance=True)
+    print("torch._dynamo" in sys.modules, "torch._inductor" in sys.modules, t[0].tolist())
+""")
+
+
+def test_training_run_imports_neither_dynamo_nor_inductor():
+    out = subprocess.run([sys.executable, "-c", _TRAINING_RUN_IMPORTS], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.split()[:2] == ["False", "False"], out.stdout
+    assert "[0.5, 0.5, 0.5]" in out.stdout  # the ops ran
+
+
+@device_op("foxdqn_test::scaled", mutates_args=())
+def _scaled(x: torch.Tensor, k: float) -> torch.Tensor:
+    return x * k
+
+
+def _scaled_setup(ctx, inputs, output):
+    ctx.k = inputs[1]
+
+
+def _scaled_backward(ctx, grad):
+    return (grad * ctx.k if ctx.needs_input_grad[0] else None), None
+
+
+_scaled.register_autograd(_scaled_backward, setup_context=_scaled_setup)
+
+
+@compile_disabled
+def _host_side(x: torch.Tensor) -> torch.Tensor:
+    return x + float(x.detach().sum())  # a host read: Dynamo must not trace it
+
+
+def test_eager_call_runs_the_launcher_with_its_derivative():
+    assert isinstance(_scaled, DeviceOp) and _scaled.__name__ == "_scaled"
+    x = torch.arange(4.0, requires_grad=True)
+    y = _scaled(x, 3.0)
+    y.sum().backward()
+    assert torch.equal(y.detach(), torch.arange(4.0) * 3) and torch.equal(x.grad, torch.full((4,), 3.0))
+    with torch.no_grad():
+        assert not _scaled(x, 2.0).requires_grad
+
+
+def test_compile_without_registration_names_the_fix():
+    code = textwrap.dedent("""
+        import torch
+        from foxdqn.ops.library import device_op
+
+        @device_op("foxdqn_test::twice", mutates_args=())
+        def twice(x: torch.Tensor) -> torch.Tensor:
+            return x * 2
+
+        assert torch.equal(twice(torch.ones(2)), torch.full((2,), 2.0))  # eager: fine
+        torch.compile(lambda x: twice(x), backend="eager", fullgraph=True)(torch.ones(2))
+    """)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert out.returncode != 0 and "register_ops()" in out.stderr, out.stderr[-2000:]
+
+
+def test_registered_ops_trace_with_torch_compile_and_match_eager():
+    register_ops()
+    assert hasattr(torch.ops.foxdqn_test, "scaled") and hasattr(torch.ops.foxdqn, "adam_step_")
+
+    def f(x):
+        return _host_side(_scaled(x, 2.0))
+
+    x = torch.arange(5.0, requires_grad=True)
+    compiled = torch.compile(f, backend="eager")  # a graph break at _host_side, by design
+    y = compiled(x)
+    y.sum().backward()
+    assert torch.equal(y.detach(), f(x.detach()))
+    assert torch.equal(x.grad, torch.full((5,), 2.0))
+    with pytest.raises(Exception):  # fullgraph: the disabled function is a graph break
+        torch.compile(f, backend="eager", fullgraph=True)(torch.ones(2))
+    g = torch.compile(lambda x: _scaled(x, 4.0), backend="eager", fullgraph=True)
+    assert torch.equal(g(torch.ones(3)), torch.full((3,), 4.0))
