@@ -33,6 +33,7 @@ import torch
 from foxdqn.config import to_plain, upgrade
 from foxdqn.errors import ConfigError
 from foxdqn.io_atomic import write_bytes_atomic
+from foxdqn.step.adam import Adam
 
 FORMAT = 3  # 3: keys of the TrainState parts (nets., rollout., monitors., ...); parameters stored once
 _OWN = ("cfg", "device", "generator", "env_steps", "updates")  # saved as their own entries
@@ -64,7 +65,7 @@ def _walk(obj: Any, path: str, seen: set[int]) -> Iterator[tuple[str, torch.Tens
             if isinstance(key, (str, int)):
                 yield from _walk(item, f"{path}[{key!r}]", seen)
         return
-    if isinstance(obj, (torch.Generator, torch.optim.Optimizer)) or not hasattr(obj, "__dict__"):
+    if isinstance(obj, (torch.Generator, torch.optim.Optimizer, Adam)) or not hasattr(obj, "__dict__"):
         return
     for name, item in vars(obj).items():
         yield from _walk(item, f"{path}.{name}", seen)
@@ -181,10 +182,10 @@ def restore_state(state, payload: dict) -> None:
                           f"{FORMAT} only; it can be evaluated but not resumed")
     state.nets.online.load_state_dict(payload["online"])
     state.nets.target.load_state_dict(payload["target"])
-    state.optim.optimizer.load_state_dict(payload["optimizer"])
-    for group in state.optim.optimizer.param_groups:  # load_state_dict replaced the lr tensor Adam reads
-        state.optim.lr.copy_(group["lr"])
-        group["lr"] = state.optim.lr
+    try:
+        state.optim.optimizer.load_state_dict(payload["optimizer"])  # copies into the run's lr tensor
+    except ValueError as e:
+        raise ConfigError(f"checkpoint: its optimizer state does not match this config ({e})") from None
     mine = state_tensors(state, save_replay=payload["replay_saved"])
     saved = payload["tensors"]  # may hold more: scratch buffers made lazily (e.g. a pinned snapshot copy)
     missing = sorted(set(mine) - set(saved))

@@ -261,12 +261,10 @@ def _settle_heap() -> None:
     """Collect, then freeze every object alive now (``gc.freeze``: the cyclic collector skips them
     from then on; reference counting still frees them). ``torch.cuda.graph`` runs ``gc.collect()``
     before each capture, which otherwise walks the ~400k objects of the imported modules (0.15 s
-    on a 2-core CPU, per capture). ``torch._dynamo`` is imported first: ``torch.optim`` imports it
-    when the run's optimizer is built, so its objects are frozen too at no extra cost. Objects a
-    job creates later stay collectable: the next job's call collects them before it freezes."""
+    on a 2-core CPU, per capture). Objects a job creates later stay collectable: the next job's
+    call collects them before it freezes. (``torch._dynamo`` is not imported: the run neither
+    compiles nor builds a ``torch.optim`` optimizer, foxdqn/ops/library.py.)"""
     import gc
-
-    import torch._dynamo  # noqa: F401
 
     gc.collect()
     gc.freeze()

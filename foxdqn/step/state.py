@@ -21,6 +21,7 @@ from foxdqn.config import TrainConfig, total_updates
 from foxdqn.guard.guard import TrainingGuard
 from foxdqn.guard.monitor import QValueMonitor
 from foxdqn.replay.buffer import ReplayBuffer
+from foxdqn.step.adam import Adam
 from foxdqn.step.build import build_action_mode, build_env, build_network, build_objective, build_replay
 from foxdqn.step.schedules import LinearSchedule
 from foxdqn.step.stats import DeviceStats
@@ -61,12 +62,12 @@ class Networks:
 
 @dataclass
 class Optimization:
-    """optimizer: ``torch.optim.Adam`` over ``Networks.trainable``, the state that
+    """optimizer: :class:`foxdqn.step.adam.Adam` over ``Networks.trainable``, the state that
     :func:`foxdqn.step.adam.adam_update_` steps in one kernel (the guard's skip flag skips it);
     lr: float32 0-d device tensor, its learning rate (change in place, never rebind);
     weight_check: the post-step weight check's trial step (``guard.max_weight``), else None."""
 
-    optimizer: torch.optim.Adam
+    optimizer: Adam
     lr: torch.Tensor
     weight_check: WeightCheck | None = None
 
@@ -136,12 +137,7 @@ def build_networks(cfg: TrainConfig, env: Env, mode: ActionMode, device: torch.d
 
 def build_optimization(cfg: TrainConfig, nets: Networks, device: torch.device) -> Optimization:
     lr = torch.tensor(cfg.optim.lr, device=device, dtype=torch.float32)
-    # fused=True (capturable on CUDA): not for torch's kernel, which the run no longer calls (foxdqn/step/adam.py),
-    # but so that load_state_dict keeps each step as a float32 tensor on the device, as the kernel reads it
-    opt_kwargs = dict(lr=lr, eps=cfg.optim.adam_eps, fused=True)
-    if device.type == "cuda":
-        opt_kwargs["capturable"] = True
-    return Optimization(torch.optim.Adam(nets.trainable, **opt_kwargs), lr)
+    return Optimization(Adam(nets.trainable, lr, eps=cfg.optim.adam_eps), lr)
 
 
 def build_monitors(cfg: TrainConfig, env: Env, device: torch.device) -> Monitors:

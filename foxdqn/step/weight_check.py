@@ -34,7 +34,7 @@ import torch
 
 from foxdqn.ops.adam_step import adam_step_
 from foxdqn.ops.max_abs_bits import max_abs_bits
-from foxdqn.step.adam import adam_hyperparameters, adam_state, group_lr
+from foxdqn.step.adam import Adam, adam_hyperparameters, adam_state, group_lr
 
 #: Scratch views start at multiples of this many elements (256 bytes of float32, as the allocator
 #: aligns the parameters).
@@ -57,8 +57,9 @@ class WeightCheck:
     """Trial step of ``optimizer`` on scratch copies and the max |w| of its result.
 
     Args:
-        optimizer: the run's ``torch.optim.Adam`` (one group, no amsgrad; stepped by
-            :func:`foxdqn.step.adam.adam_update_`), every parameter float32 on one device.
+        optimizer: the run's :class:`foxdqn.step.adam.Adam` (or a ``torch.optim.Adam``: one group,
+            no amsgrad; stepped by :func:`foxdqn.step.adam.adam_update_`), every parameter float32
+            on one device.
         weight_bits: int32 0-d on that device (``TrainingGuard.weight_bits``), max-accumulated
             by :meth:`run`; the guard reads and resets it.
 
@@ -71,16 +72,17 @@ class WeightCheck:
     (:func:`foxdqn.checkpoint.state_tensors` passes over this object: ``checkpointed = False``).
 
     Raises:
-        ValueError: not torch.optim.Adam, several groups or amsgrad
+        ValueError: not an Adam, several groups or amsgrad
             (:func:`foxdqn.step.adam.adam_hyperparameters`), a parameter that is not float32, or
             parameters on several devices.
     """
 
     checkpointed = False
 
-    def __init__(self, optimizer: torch.optim.Optimizer, weight_bits: torch.Tensor) -> None:
-        if not isinstance(optimizer, torch.optim.Adam):
-            raise ValueError(f"WeightCheck: the post-step weight check needs torch.optim.Adam, got {type(optimizer).__name__}")
+    def __init__(self, optimizer: Adam | torch.optim.Adam, weight_bits: torch.Tensor) -> None:
+        if not isinstance(optimizer, (Adam, torch.optim.Adam)):
+            raise ValueError("WeightCheck: the post-step weight check needs foxdqn.step.adam.Adam or torch.optim.Adam, "
+                             f"got {type(optimizer).__name__}")
         adam_hyperparameters(optimizer)
         self.optimizer = optimizer
         self.params = list(optimizer.param_groups[0]["params"])
