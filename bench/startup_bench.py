@@ -8,6 +8,13 @@ the process (``wall_s``), the run's own ``timings.json`` (foxdqn.timings: ``tota
 process start, every phase as ``phase_<name>_s``), ``training_s`` (its ``training`` phase) and
 ``wall_minus_training_s``. On CPU the runs use ``debug=smoke`` (the full experiment trains for
 minutes there).
+
+Python's bytecode cache: where the environment turns it off (``PYTHONDONTWRITEBYTECODE``, as the
+H200 machine's image does, with no ``__pycache__`` in torch's install), every process compiles
+torch's ~1,000 modules from source (``import torch`` 3.7 s instead of 1.5 s there). A machine
+where pip installed the packages has their bytecode, so the section then runs a second series
+with the cache on (``PYTHONDONTWRITEBYTECODE`` unset, ``PYTHONPYCACHEPREFIX`` a folder of the
+series; its first run fills it): the ``bytecode_cache`` column says which.
 """
 from __future__ import annotations
 
@@ -25,8 +32,9 @@ BASE = ("log.progress=false",)
 CPU = ("debug=smoke",)
 
 
-def run_once(args: tuple[str, ...], folder: Path, timeout: float = 600.0) -> dict:
-    """One ``python -m foxdqn.train`` process into ``folder/run``; the row of its timings.
+def run_once(args: tuple[str, ...], folder: Path, timeout: float = 600.0, env: dict | None = None) -> dict:
+    """One ``python -m foxdqn.train`` process into ``folder/run`` (environment ``env``, default this
+    process's); the row of its timings.
 
     Raises:
         RuntimeError: the run failed (its exit code and the end of its stderr) or wrote no timings.json.
@@ -34,7 +42,7 @@ def run_once(args: tuple[str, ...], folder: Path, timeout: float = 600.0) -> dic
     run_dir = folder / "run"
     t = time.perf_counter()
     res = subprocess.run([sys.executable, "-m", "foxdqn.train", *args, f"hydra.run.dir={run_dir}"],
-                         cwd=folder, capture_output=True, text=True, timeout=timeout, env={**os.environ})
+                         cwd=folder, capture_output=True, text=True, timeout=timeout, env=env or {**os.environ})
     wall = time.perf_counter() - t
     if res.returncode != 0 or not (run_dir / "timings.json").is_file():
         raise RuntimeError(f"foxdqn.train exited {res.returncode}: {res.stderr[-2000:]}")
@@ -47,25 +55,41 @@ def run_once(args: tuple[str, ...], folder: Path, timeout: float = 600.0) -> dic
     return row
 
 
+def _series(cache_dir: str) -> list[tuple[str, dict]]:
+    """``(bytecode_cache, environment)`` of each series: this environment as it is, and where it
+    turns the bytecode cache off, the same with the cache on in ``cache_dir``."""
+    env = {**os.environ}
+    if not (env.get("PYTHONDONTWRITEBYTECODE") or sys.dont_write_bytecode):
+        return [("on", env)]
+    on = {k: v for k, v in env.items() if k != "PYTHONDONTWRITEBYTECODE"}
+    on["PYTHONPYCACHEPREFIX"] = cache_dir
+    return [("off (as configured)", env), ("on", on)]
+
+
 def rows(device: str = "cuda", runs: int = 2, extra: tuple[str, ...] = ()) -> list[dict]:
-    """``runs`` rows (``run`` 1, 2, ...) of the default experiment on ``device``."""
+    """``runs`` rows (``run`` 1, 2, ...) of the default experiment on ``device`` per series
+    (:func:`_series`; a series with the cache turned on gets one more run first, which fills it)."""
     args = (*BASE, *(CPU if device != "cuda" else ()), *extra)
     out = []
-    for i in range(1, runs + 1):
-        with tempfile.TemporaryDirectory(prefix="foxdqn-startup-") as tmp:
-            row = run_once(args, Path(tmp))
-        out.append({"section": "startup", "features": "eurusd_dqn", "size": " ".join(args), "provider": device,
-                    "run": i, **row})
-        print(f"startup run {i}: wall {row['wall_s']:.2f} s, training {row['training_s']:.2f} s, "
-              f"wall - training {row['wall_minus_training_s']:.2f} s", file=sys.stderr)
+    with tempfile.TemporaryDirectory(prefix="foxdqn-pycache-") as cache_dir:
+        for cache, env in _series(cache_dir):
+            extra_run = cache == "on" and env.get("PYTHONPYCACHEPREFIX") == cache_dir
+            for i in range(1, runs + 1 + extra_run):
+                with tempfile.TemporaryDirectory(prefix="foxdqn-startup-") as tmp:
+                    row = run_once(args, Path(tmp), env=env)
+                out.append({"section": "startup", "features": "eurusd_dqn", "size": " ".join(args),
+                            "provider": device, "bytecode_cache": cache, "run": i, **row})
+                print(f"startup run {i} (bytecode cache {cache}): wall {row['wall_s']:.2f} s, training "
+                      f"{row['training_s']:.2f} s, wall - training {row['wall_minus_training_s']:.2f} s", file=sys.stderr)
     return out
 
 
 def table(df) -> str:
     """The section's markdown: one row per run, the phases over 0.05 s as columns."""
     phases = [c for c in df.columns if c.startswith("phase_") and df[c].astype(float).max() >= 0.05]
-    cols = ["run", "wall_s", "training_s", "wall_minus_training_s", *phases]
-    return ("## start-up: `python -m foxdqn.train`, run twice (the second with Triton's cache warm)\n\n"
+    cols = ["bytecode_cache", "run", "wall_s", "training_s", "wall_minus_training_s", *phases]
+    return ("## start-up: `python -m foxdqn.train`, run twice per series (the second with Triton's cache warm; "
+            "with the bytecode cache on, run 1 fills it)\n\n"
             + df[[c for c in cols if c in df]].to_markdown(index=False, floatfmt=".3g"))
 
 
