@@ -4,14 +4,71 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from foxdqn.nn.heads import QHead
+from foxdqn.nn.mlp import MLPEncoder
+from foxdqn.ops.mlp_chain import MAX_LAYERS, mlp_chain, mlp_chain_supported
+
+CHAIN_BACKENDS = ("auto", "triton", "torch")
+
+
+def _chain_layers(encoder: nn.Module, head: nn.Module) -> list[nn.Linear] | None:
+    """The Linear layers of a ReLU :class:`MLPEncoder` followed by a :class:`QHead`, in order (at most
+    :data:`~foxdqn.ops.mlp_chain.MAX_LAYERS`), or None for any other encoder, activation or head."""
+    if type(encoder) is not MLPEncoder or type(head) is not QHead:
+        return None
+    if not all(fused for _, _, fused in encoder._layers):  # fused: the activation is nn.ReLU
+        return None
+    layers = [linear for linear, _, _ in encoder._layers] + [head.q]
+    return layers if len(layers) <= MAX_LAYERS else None
+
 
 class QNetwork(nn.Module):
-    """obs float32 [B, D] → Q values float32 [B, A]."""
+    """obs float32 [B, D] → Q values float32 [B, A].
 
-    def __init__(self, encoder: nn.Module, head: nn.Module):
+    A ReLU :class:`~foxdqn.nn.mlp.MLPEncoder` with a plain :class:`~foxdqn.nn.heads.QHead` of at
+    most 4 Linear layers in all, every width <= 128 (``cartpole_cleanrl``'s 4 → 120 → 84 → 2), runs
+    on CUDA as one fused op (:func:`foxdqn.ops.mlp_chain.mlp_chain`: forward one kernel, backward
+    two) when the input is a contiguous float32 ``[B, D]`` tensor that needs no gradient (the
+    replay's batches and the rollout's observations are); anything else runs
+    ``head(encoder(obs))``. Both compute the same function with the same parameters (the modules'
+    own ``nn.Linear`` weights, read at each call: ``state_dict`` keys, checkpoints and
+    ``copy.deepcopy`` are unchanged) and differ only by float rounding.
+
+    Args:
+        encoder: features of the observations, ``[B, D] → [B, H]``.
+        head: Q values of the features, ``[B, H] → [B, A]``.
+        chain_backend: when the fused op runs: ``"auto"`` (for CUDA inputs), ``"triton"`` (also
+            for CPU inputs, in Triton's interpreter: tests) or ``"torch"`` (never). Kept as the
+            attribute of the same name.
+
+    Raises:
+        ValueError: an unknown ``chain_backend``.
+    """
+
+    def __init__(self, encoder: nn.Module, head: nn.Module, chain_backend: str = "auto"):
         super().__init__()
+        if chain_backend not in CHAIN_BACKENDS:
+            raise ValueError(f"QNetwork: chain_backend must be one of {', '.join(CHAIN_BACKENDS)}, "
+                             f"got {chain_backend!r}")
         self.encoder = encoder
         self.head = head
+        self.chain_backend = chain_backend
+        # a plain list (registers nothing; a deepcopy of the network maps it to the copy's layers)
+        self._chain = _chain_layers(encoder, head)
+
+    def fused_chain(self, obs: torch.Tensor) -> tuple[list, list] | None:
+        """``(weights, biases)`` that :meth:`forward` passes to ``mlp_chain`` for ``obs``, or None
+        when it runs ``head(encoder(obs))`` (class docstring). Host metadata only."""
+        if self._chain is None or obs.requires_grad:
+            return None
+        if not (self.chain_backend == "triton" or (self.chain_backend == "auto" and obs.is_cuda)):
+            return None
+        weights = [linear.weight for linear in self._chain]
+        biases = [linear.bias for linear in self._chain]
+        return (weights, biases) if mlp_chain_supported(obs, weights, biases) else None
 
     def forward(self, obs: torch.Tensor) -> torch.Tensor:
+        chain = self.fused_chain(obs)
+        if chain is not None:
+            return mlp_chain(obs, *chain, backend="triton")
         return self.head(self.encoder(obs))
