@@ -71,14 +71,16 @@ def accumulate_gradients(s: TrainState, batch: Batch) -> tuple[torch.Tensor, tor
     # that gets no gradient keeps .grad None either way (autograd creates none; zeroing a None
     # grad leaves it None), so Adam sees the same parameters as with set_to_none=False.
     s.optim.optimizer.zero_grad(set_to_none=True)
-    seed = device_scalar(s.device, 1.0 / m)
+    # the gradient of loss / m; with m = 1 the engine's own seed of ones (a seed tensor passed to
+    # backward makes torch import sympy to check its shape: 0.3 s of start-up)
+    seed = device_scalar(s.device, 1.0 / m) if m > 1 else None
     losses, tds, qs = [], [], []
     for mb in micro_batches(batch, m):
         out = s.nets.objective(mb)
         loss = out.loss
         if s.cfg.debug.inject_nan_at_step is not None:  # poison the loss at one update, decided on the device
             loss = loss + torch.where(s.updates == s.nan_at, float("nan"), 0.0)
-        loss.backward(seed)  # the gradient of loss / m
+        loss.backward(seed)
         losses.append(loss.detach())
         tds.append(out.td_abs)
         qs.append(out.q_values)
