@@ -103,3 +103,23 @@ def test_registered_ops_trace_with_torch_compile_and_match_eager():
         torch.compile(f, backend="eager", fullgraph=True)(torch.ones(2))
     g = torch.compile(lambda x: _scaled(x, 4.0), backend="eager", fullgraph=True)
     assert torch.equal(g(torch.ones(3)), torch.full((3,), 4.0))
+
+
+@pytest.mark.gpu
+def test_gpu_training_iterations_and_capture_import_neither_dynamo_nor_inductor():
+    """On CUDA the launches go through compiled kernels (``torch.library.wrap_triton`` of one would
+    import torch._dynamo) and the iteration is captured as a graph."""
+    code = textwrap.dedent("""
+        import sys, torch
+        from bench.harness import make_state
+        from foxdqn.step.iteration import make_iteration
+        s = make_state(["env.num_envs=64", "guard.max_weight=1e6"], "cuda")
+        it = make_iteration(s, use_graph=True)
+        for _ in range(3):
+            it()
+        torch.cuda.synchronize()
+        print("torch._dynamo" in sys.modules, "torch._inductor" in sys.modules)
+    """)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.split()[-2:] == ["False", "False"], out.stdout
