@@ -20,16 +20,21 @@ docs/bench.md#start-up), so the ops are registered when ``torch.compile`` needs 
   Dynamo must run as an opaque call (a graph break), as ``torch.compiler.disable`` does.
 * :func:`register_ops` registers every op made by :func:`device_op` and every
   :func:`compile_disabled` function. Call it once before ``torch.compile`` of code that calls a
-  foxdqn op (it imports ``torch._inductor``); a foxdqn op met while compiling without it raises.
+  foxdqn op (it imports ``torch._inductor``). A foxdqn op met while compiling without it raises
+  (with ``fullgraph=True`` that error stops the compile; without, Dynamo breaks the graph there
+  and runs the op eagerly). Eager calls after it still launch the kernels directly.
 
-Ops with a derivative (:meth:`DeviceOp.register_autograd`) run eagerly through one
-``torch.autograd.Function`` with the same ``setup_context`` and ``backward`` that
-``register_autograd`` gets when the op is registered.
+Ops with a derivative (:meth:`DeviceOp.register_autograd`) run eagerly, when an input requires
+grad, through one ``torch.autograd.Function`` with the same ``setup_context`` and ``backward``
+that ``register_autograd`` gets when the op is registered (inputs bound to the signature with
+defaults filled in; no list inputs).
 """
 from __future__ import annotations
 
+import contextlib
 import functools
 import importlib
+import inspect
 import pkgutil
 from typing import Any, Callable, Iterable
 
@@ -74,9 +79,22 @@ class DeviceOp:
             if self._op is None:
                 raise RuntimeError(f"{self.qualname} is not registered with torch.library: {_HINT}")
             return self._op(*args, **kwargs)
-        if self._backward is not None and torch.is_grad_enabled():
-            return _EagerAutograd.apply(self, *args)
-        return self.fn(*args, **kwargs)
+        with _direct_launches():
+            if self._backward is not None and torch.is_grad_enabled():
+                inputs = self._inputs(args, kwargs)
+                if any(isinstance(t, torch.Tensor) and t.requires_grad for t in inputs):
+                    return _EagerAutograd.apply(self, *inputs)
+            return self.fn(*args, **kwargs)
+
+    def _inputs(self, args, kwargs) -> tuple:
+        """Every input of ``fn`` in its signature's order, defaults filled in (what torch's
+        ``register_autograd`` hands ``setup_context`` and expects a gradient for)."""
+        bound = inspect.signature(self.fn).bind(*args, **kwargs)
+        bound.apply_defaults()
+        inputs = tuple(bound.arguments.values())
+        if any(isinstance(t, (list, tuple)) for t in inputs):
+            raise TypeError(f"{self.qualname}: an op with a derivative takes no list inputs here")
+        return inputs
 
     def _register(self) -> None:
         op = torch.library.triton_op(self.qualname, self.fn, mutates_args=self.mutates_args)
@@ -91,7 +109,8 @@ class _EagerAutograd(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, op: DeviceOp, *inputs):
-        output = op.fn(*inputs)
+        with _direct_launches():
+            output = op.fn(*inputs)
         ctx.device_op = op
         op._setup_context(ctx, inputs, output)
         return output
@@ -99,8 +118,9 @@ class _EagerAutograd(torch.autograd.Function):
     @staticmethod
     def backward(ctx, *grads):
         # needs_input_grad counts the op argument first: the op's backward reads its own inputs' flags
-        ctx_view = _ShiftedContext(ctx)
-        return (None, *ctx.device_op._backward(ctx_view, *grads))
+        with _direct_launches():
+            result = ctx.device_op._backward(_ShiftedContext(ctx), *grads)
+        return (None, *(result if isinstance(result, tuple) else (result,)))
 
 
 class _ShiftedContext:
@@ -132,6 +152,19 @@ class _CompileDisabled:
                 raise RuntimeError(f"{self.fn.__module__}.{self.fn.__name__} cannot be traced: {_HINT}")
             return self._disabled(*args, **kwargs)
         return self.fn(*args, **kwargs)
+
+
+def _direct_launches():
+    """Context in which ``torch.library.wrap_triton`` returns the kernel itself: what a registered op's
+    eager call does (``torch._library.triton.set_wrap_triton_enabled(False)``), since the traceable
+    wrapper's dispatch costs about 1 ms per launch and records each launch in torch's kernel side
+    table. Nothing to do before :func:`register_ops` (:func:`wrap_triton` returns the kernel then)."""
+    if not _REGISTERED:
+        return contextlib.nullcontext()
+    from torch._library import triton as library_triton
+
+    switch = getattr(library_triton, "set_wrap_triton_enabled", None)
+    return switch(False) if switch is not None else contextlib.nullcontext()
 
 
 def device_op(qualname: str, *, mutates_args: Iterable[str]) -> Callable[[Callable], DeviceOp]:

@@ -55,6 +55,26 @@ def _scaled_backward(ctx, grad):
 _scaled.register_autograd(_scaled_backward, setup_context=_scaled_setup)
 
 
+@device_op("foxdqn_test::shifted", mutates_args=())
+def _shifted(x: torch.Tensor, k: float = 2.0) -> torch.Tensor:
+    _FLAGS.append(_wrap_enabled())
+    return x * k + 1.0
+
+
+def _shifted_setup(ctx, inputs, output):
+    ctx.k = inputs[1]  # the default when the caller omits k
+
+
+_shifted.register_autograd(lambda ctx, grad: (grad * ctx.k, None), setup_context=_shifted_setup)
+_FLAGS: list = []
+
+
+def _wrap_enabled() -> bool:
+    from torch._library.triton import is_wrap_triton_enabled
+
+    return is_wrap_triton_enabled()
+
+
 @compile_disabled
 def _host_side(x: torch.Tensor) -> torch.Tensor:
     return x + float(x.detach().sum())  # a host read: Dynamo must not trace it
@@ -68,6 +88,18 @@ def test_eager_call_runs_the_launcher_with_its_derivative():
     assert torch.equal(y.detach(), torch.arange(4.0) * 3) and torch.equal(x.grad, torch.full((4,), 3.0))
     with torch.no_grad():
         assert not _scaled(x, 2.0).requires_grad
+
+
+def test_eager_autograd_binds_keywords_and_defaults_and_skips_setup_without_grad():
+    x = torch.ones(3, requires_grad=True)
+    _shifted(x, k=5.0).sum().backward()  # keyword: the derivative reads k = 5
+    assert torch.equal(x.grad, torch.full((3,), 5.0))
+    x.grad = None
+    y = _shifted(x)  # default k = 2
+    y.sum().backward()
+    assert torch.equal(y.detach(), torch.full((3,), 3.0)) and torch.equal(x.grad, torch.full((3,), 2.0))
+    out = _shifted(torch.ones(2), k=3.0)  # no input requires grad: the launcher alone
+    assert out.grad_fn is None and torch.equal(out, torch.full((2,), 4.0))
 
 
 def test_compile_without_registration_names_the_fix():
@@ -103,6 +135,11 @@ def test_registered_ops_trace_with_torch_compile_and_match_eager():
         torch.compile(f, backend="eager", fullgraph=True)(torch.ones(2))
     g = torch.compile(lambda x: _scaled(x, 4.0), backend="eager", fullgraph=True)
     assert torch.equal(g(torch.ones(3)), torch.full((3,), 4.0))
+    # eager calls after registration still launch kernels directly (no traceable wrap_triton)
+    _FLAGS.clear()
+    _shifted(torch.ones(2))
+    _shifted(torch.ones(2, requires_grad=True)).sum().backward()
+    assert _FLAGS == [False, False] and _wrap_enabled()
 
 
 @pytest.mark.gpu
