@@ -188,9 +188,8 @@ def test_20_kill_9_at_random_moments_leave_checkpoints_that_continue(tmp_path):
 
 
 def test_restore_keeps_adam_reading_the_device_lr_tensor(tmp_path):
-    """optimizer.load_state_dict puts the checkpoint's lr tensor into Adam's param groups: restore
-    puts the state's own lr tensor back (the one the weight check's trial step and any in-place lr
-    change use)."""
+    """restore copies the checkpoint's lr into the state's own lr tensor, which Adam's group keeps (the
+    one the weight check's trial step and any in-place lr change use)."""
     from foxdqn.checkpoint import restore_state, save_checkpoint
     from foxdqn.step.state import build_state
 
@@ -201,6 +200,21 @@ def test_restore_keeps_adam_reading_the_device_lr_tensor(tmp_path):
     restore_state(fresh, load_checkpoint(tmp_path / "c.pt"))
     assert all(g["lr"] is fresh.optim.lr for g in fresh.optim.optimizer.param_groups)
     assert float(fresh.optim.lr) == pytest.approx(0.002)
+
+
+def test_restore_names_a_mismatched_optimizer_state(tmp_path):
+    from foxdqn.checkpoint import restore_state, save_checkpoint
+    from foxdqn.errors import ConfigError
+    from foxdqn.step.state import build_state
+
+    cfg = load_config(["debug=smoke", "device=cpu"])
+    s = build_state(cfg, market_data(cfg), torch.device("cpu"))
+    save_checkpoint(tmp_path / "c.pt", s)
+    payload = load_checkpoint(tmp_path / "c.pt")
+    payload["optimizer"]["param_groups"][0]["params"].pop()
+    fresh = build_state(cfg, market_data(cfg), torch.device("cpu"))
+    with pytest.raises(ConfigError, match="optimizer state does not match"):
+        restore_state(fresh, payload)
 
 
 def test_restore_refuses_a_generator_of_another_device(tmp_path):

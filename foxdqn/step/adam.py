@@ -72,9 +72,9 @@ class Adam:
             elif p.grad is not None:
                 p.grad.zero_()
 
-    def step(self, grad_scale: torch.Tensor | None = None, skip: torch.Tensor | None = None) -> None:
-        """:func:`adam_update_` of this optimizer (same arguments)."""
-        adam_update_(self, grad_scale, skip)
+    def step(self, *, grad_scale: torch.Tensor | None = None, skip: torch.Tensor | None = None) -> None:
+        """:func:`adam_update_` of this optimizer (same keyword arguments)."""
+        adam_update_(self, grad_scale=grad_scale, skip=skip)
 
     def state_dict(self) -> dict:
         """``{"state": {i: {"step", "exp_avg", "exp_avg_sq"}}, "param_groups": [group with "params": [0..n-1]]}``,
@@ -97,9 +97,10 @@ class Adam:
                 or amsgrad / weight decay / maximize set.
         """
         groups, n = state_dict.get("param_groups", []), len(self.params)
-        if len(groups) != 1 or len(groups[0].get("params", ())) != n:
+        if len(groups) != 1 or len(groups[0].get("params", ())) != n or any(k not in groups[0] for k in ("lr", "betas", "eps")):
             sizes = [len(g.get("params", ())) for g in groups]
-            raise ValueError(f"Adam.load_state_dict: one parameter group of {n} parameters expected, got groups of {sizes}")
+            raise ValueError(f"Adam.load_state_dict: one parameter group of {n} parameters with lr, betas and eps "
+                             f"expected, got groups of {sizes} parameters")
         saved = groups[0]
         if saved.get("amsgrad") or saved.get("weight_decay") or saved.get("maximize"):
             raise ValueError("Adam.load_state_dict: amsgrad, weight decay and maximize are not supported, got "
@@ -111,17 +112,23 @@ class Adam:
                 raise ValueError(f"Adam.load_state_dict: state {i!r} is not a parameter index in [0, {n}) with "
                                  f"keys {_STATE_KEYS}")
             p = self.params[i]
+            if st["step"].numel() != 1:
+                raise ValueError(f"Adam.load_state_dict: parameter {i}'s step must be one number, got {list(st['step'].shape)}")
             if st["exp_avg"].shape != p.shape or st["exp_avg_sq"].shape != p.shape:
                 raise ValueError(f"Adam.load_state_dict: parameter {i} is {list(p.shape)}, its saved moments are "
                                  f"{list(st['exp_avg'].shape)} and {list(st['exp_avg_sq'].shape)}")
             state[p] = {"step": st["step"].detach().to(device=p.device, dtype=torch.float32).reshape(()).clone(),
                         "exp_avg": st["exp_avg"].detach().to(device=p.device, dtype=p.dtype).clone(),
                         "exp_avg_sq": st["exp_avg_sq"].detach().to(device=p.device, dtype=p.dtype).clone()}
-        group = self.param_groups[0]
+        lr = torch.as_tensor(saved["lr"], dtype=torch.float32)
+        betas, eps = tuple(float(b) for b in saved["betas"]), float(saved["eps"])
+        if lr.numel() != 1 or len(betas) != 2:
+            raise ValueError(f"Adam.load_state_dict: lr must be one number and betas two, got lr {list(lr.shape)}, "
+                             f"betas {betas}")
+        group = self.param_groups[0]  # every check passed: change nothing before this point
         with torch.no_grad():
-            group["lr"].copy_(torch.as_tensor(saved["lr"], dtype=torch.float32))
-        group["betas"] = tuple(float(b) for b in saved["betas"])
-        group["eps"] = float(saved["eps"])
+            group["lr"].copy_(lr.reshape(()))
+        group["betas"], group["eps"] = betas, eps
         self.state = state
 
 
@@ -169,7 +176,7 @@ def group_lr(optimizer: Adam) -> torch.Tensor:
 
 
 @torch.no_grad()
-def adam_update_(optimizer: Adam, grad_scale: torch.Tensor | None = None,
+def adam_update_(optimizer: Adam, *, grad_scale: torch.Tensor | None = None,
                  skip: torch.Tensor | None = None) -> None:
     """Adam's step of every parameter of ``optimizer`` that has a gradient, in place.
 

@@ -91,3 +91,21 @@ def test_refuses_what_it_cannot_hold():
     amsgrad = torch.optim.Adam(_params(), lr=0.1, amsgrad=True).state_dict()
     with pytest.raises(ValueError, match="amsgrad"):
         opt.load_state_dict(amsgrad)
+
+
+def test_a_refused_load_changes_nothing():
+    lr = torch.tensor(0.01)
+    opt = Adam(_params(), lr)
+    good = Adam(_params(), torch.tensor(0.5))
+    ps = good.params
+    for p in ps:
+        p.grad = torch.ones_like(p)
+    good.step()
+    sd = good.state_dict()
+    sd["state"][2]["step"] = torch.zeros(2)  # the last state is bad: nothing before it may be applied
+    with pytest.raises(ValueError, match="step must be one number"):
+        opt.load_state_dict(sd)
+    del sd["param_groups"][0]["eps"]
+    with pytest.raises(ValueError, match="lr, betas and eps"):
+        opt.load_state_dict(sd)
+    assert float(lr) == pytest.approx(0.01) and not opt.state and opt.param_groups[0]["betas"] == (0.9, 0.999)
