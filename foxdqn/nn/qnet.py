@@ -22,6 +22,16 @@ def _chain_layers(encoder: nn.Module, head: nn.Module) -> list[nn.Linear] | None
     return layers if len(layers) <= MAX_LAYERS else None
 
 
+def _hooked(modules: list[nn.Module]) -> bool:
+    """Whether a forward hook would run in ``head(encoder(obs))`` (a module's own or a global one,
+    e.g. ``torch.nn.utils.prune``'s pre-hook): the fused op would skip it, so the modules run."""
+    from torch.nn.modules import module as nn_module
+
+    if nn_module._global_forward_hooks or nn_module._global_forward_pre_hooks:
+        return True
+    return any(m._forward_hooks or m._forward_pre_hooks for root in modules for m in root.modules())
+
+
 class QNetwork(nn.Module):
     """obs float32 [B, D] → Q values float32 [B, A].
 
@@ -29,7 +39,8 @@ class QNetwork(nn.Module):
     most 4 Linear layers in all, every width <= 128 (``cartpole_cleanrl``'s 4 → 120 → 84 → 2), runs
     on CUDA as one fused op (:func:`foxdqn.ops.mlp_chain.mlp_chain`: forward one kernel, backward
     two) when the input is a contiguous float32 ``[B, D]`` tensor that needs no gradient (the
-    replay's batches and the rollout's observations are); anything else runs
+    replay's batches and the rollout's observations are) and no forward hook is set on its modules;
+    anything else runs
     ``head(encoder(obs))``. Both compute the same function with the same parameters (the modules'
     own ``nn.Linear`` weights, read at each call: ``state_dict`` keys, checkpoints and
     ``copy.deepcopy`` are unchanged) and differ only by float rounding.
@@ -59,7 +70,7 @@ class QNetwork(nn.Module):
     def fused_chain(self, obs: torch.Tensor) -> tuple[list, list] | None:
         """``(weights, biases)`` that :meth:`forward` passes to ``mlp_chain`` for ``obs``, or None
         when it runs ``head(encoder(obs))`` (class docstring). Host metadata only."""
-        if self._chain is None or obs.requires_grad:
+        if self._chain is None or obs.requires_grad or _hooked([self.encoder, self.head, *self._chain]):
             return None
         if not (self.chain_backend == "triton" or (self.chain_backend == "auto" and obs.is_cuda)):
             return None

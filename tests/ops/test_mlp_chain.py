@@ -352,6 +352,17 @@ def test_qnetwork_uses_the_op_only_when_eligible(monkeypatch, make, obs, fused):
     assert net.fused_chain(obs) is None and len(calls) == int(fused)
 
 
+def test_qnetwork_with_a_forward_hook_runs_its_modules():
+    net, obs = _net(), torch.randn(6, 4)
+    seen = []
+    handle = net.encoder.register_forward_hook(lambda m, i, o: seen.append(o.shape))
+    assert net.fused_chain(obs) is None
+    net(obs)
+    assert seen == [torch.Size([6, 5])]
+    handle.remove()
+    assert net.fused_chain(obs) is not None
+
+
 def test_qnetwork_fused_equals_modules_with_gradients():
     net = _net(hidden=(120, 84), actions=2, seed=3)
     obs, up = torch.randn(37, 4), torch.randn(37, 2)
