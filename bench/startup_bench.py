@@ -58,8 +58,8 @@ def run_once(args: tuple[str, ...], folder: Path, timeout: float = 600.0, env: d
 def _series(cache_dir: str) -> list[tuple[str, dict]]:
     """``(bytecode_cache, environment)`` of each series: this environment as it is, and where it
     turns the bytecode cache off, the same with the cache on in ``cache_dir``."""
-    env = {**os.environ}
-    if not (env.get("PYTHONDONTWRITEBYTECODE") or sys.dont_write_bytecode):
+    env = {**os.environ}  # the child processes read the variable, not this process's -B flag
+    if not env.get("PYTHONDONTWRITEBYTECODE"):
         return [("on", env)]
     on = {k: v for k, v in env.items() if k != "PYTHONDONTWRITEBYTECODE"}
     on["PYTHONPYCACHEPREFIX"] = cache_dir
@@ -89,7 +89,7 @@ def table(df) -> str:
     phases = [c for c in df.columns if c.startswith("phase_") and df[c].astype(float).max() >= 0.05]
     cols = ["bytecode_cache", "run", "wall_s", "training_s", "wall_minus_training_s", *phases]
     return ("## start-up: `python -m foxdqn.train`, run twice per series (the second with Triton's cache warm; "
-            "with the bytecode cache on, run 1 fills it)\n\n"
+            "in a series that turns the bytecode cache on, one more run first fills it)\n\n"
             + df[[c for c in cols if c in df]].to_markdown(index=False, floatfmt=".3g"))
 
 

@@ -17,6 +17,7 @@ import torch
 from bench.common import time_ms
 from bench.harness import make_state
 from foxdqn.compose import experiment_names
+from foxdqn.ops.library import register_ops
 from foxdqn.step.iteration import Iteration
 
 EXPERIMENTS = experiment_names()
@@ -63,6 +64,7 @@ def rows(device: str = "cuda", sets: dict | None = None, sizes: dict | None = No
             if sname in COMPILE_SIZES and fname in COMPILE_SETS:
                 try:  # a fresh state: compiled code keeps its own autograd state alive
                     sc = make_state(over, device)
+                    register_ops()  # our ops in the objective (C51's projection) trace instead of breaking the graph
                     sc.nets.objective = torch.compile(sc.nets.objective)  # the model part; ops, Adam, target eager
                     compiled = Iteration(sc, use_graph=False, collect_steps=0, updates=K)
                     out.append({**base, "provider": "torch.compile", "ms_per_update": time_ms(compiled)[0] / K})

@@ -1,6 +1,6 @@
 """End a command-line process without the interpreter's teardown.
 
-After torch (and the torch._dynamo that ``torch.optim`` imports) are loaded, Python's own
+After torch is loaded, Python's own
 shutdown (freeing every module and object one by one) takes about a second on a 2-core CPU,
 after all of the command's work is done. :func:`run_as_program` runs a command's ``main`` and then
 ends the process as Python would, minus that teardown: the non-daemon threads are waited for

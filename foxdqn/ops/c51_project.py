@@ -196,8 +196,9 @@ def _c51_project_launch(
 def _c51_project_op(
     next_probs: torch.Tensor, rewards: torch.Tensor, discounts: torch.Tensor, v_min: float, v_max: float
 ) -> torch.Tensor:
-    # Registered op: composes with torch.compile (the kernel is visible to Inductor) and CUDA
-    # graph capture (output allocated here, no host sync). Also runs under TRITON_INTERPRET=1.
+    # A device_op (foxdqn/ops/library.py): after register_ops() it composes with torch.compile (the
+    # kernel is visible to Inductor); with CUDA graph capture always (output allocated here, no host
+    # sync). Also runs under TRITON_INTERPRET=1.
     return _c51_project_launch(next_probs, rewards, discounts, v_min, v_max)
 
 

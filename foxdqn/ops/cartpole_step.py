@@ -145,7 +145,7 @@ def _cartpole_step_kernel(
 
 
 # ---------------------------------------------------------------------------------------------
-# Launcher (registered with torch.library)
+# Launcher (a device_op: registered with torch.library by register_ops(), foxdqn/ops/library.py)
 # ---------------------------------------------------------------------------------------------
 @device_op("foxdqn::cartpole_step", mutates_args={"state", "steps", "next_obs", "obs", "reward",
                                                                 "flags", "episode_return", "episode_length"})

@@ -49,7 +49,7 @@ def _max_abs_bits_kernel(x_ptr, out_ptr, n, BLOCK: tl.constexpr):
 
 
 # ---------------------------------------------------------------------------------------------
-# Launcher (registered with torch.library so it composes with torch.compile / graph capture)
+# Launcher (a device_op: register_ops() registers it with torch.library for torch.compile, foxdqn/ops/library.py)
 # ---------------------------------------------------------------------------------------------
 def _grid(n: int) -> int:
     return max(1, min(triton.cdiv(n, _BLOCK), _MAX_PROGRAMS))

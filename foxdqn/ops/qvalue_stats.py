@@ -112,7 +112,7 @@ def _qvalue_stats_kernel(
 
 
 # ---------------------------------------------------------------------------------------------
-# Launcher (registered with torch.library)
+# Launcher (a device_op: registered with torch.library by register_ops(), foxdqn/ops/library.py)
 # ---------------------------------------------------------------------------------------------
 def _blocks(A: int) -> tuple[int, int]:
     block_a = triton.next_power_of_2(A)

@@ -65,7 +65,7 @@ def _route_exposure_kernel(
 
 
 # ---------------------------------------------------------------------------------------------
-# Launcher (registered with torch.library; the output is allocated here, outside the kernel)
+# Launcher (a device_op, foxdqn/ops/library.py; the output is allocated here, outside the kernel)
 # ---------------------------------------------------------------------------------------------
 _BLOCK = 1024
 

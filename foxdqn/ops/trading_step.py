@@ -443,7 +443,7 @@ def _trading_step_kernel(
 
 
 # ---------------------------------------------------------------------------------------------
-# Launcher (registered with torch.library)
+# Launcher (a device_op: registered with torch.library by register_ops(), foxdqn/ops/library.py)
 # ---------------------------------------------------------------------------------------------
 @device_op("foxdqn::trading_step", mutates_args={
     "t", "steps", "cash", "units", "entry_price", "equity", "exposure_idx", "episode_return", "frozen",

@@ -137,7 +137,7 @@ def _training_guard_kernel(
 
 
 # ---------------------------------------------------------------------------------------------
-# Launcher (registered with torch.library so it composes with torch.compile / graph capture)
+# Launcher (a device_op: register_ops() registers it with torch.library for torch.compile, foxdqn/ops/library.py)
 # ---------------------------------------------------------------------------------------------
 def _launch(loss, grad_norm, step, loss_clip, collapse_threshold, warmup_steps, patience, collapse_count, acc,
             skip, halted, ring, weight_bits, max_weight) -> None:
