@@ -29,7 +29,7 @@ def _hooked(modules: list[nn.Module]) -> bool:
 
     if nn_module._global_forward_hooks or nn_module._global_forward_pre_hooks:
         return True
-    return any(m._forward_hooks or m._forward_pre_hooks for root in modules for m in root.modules())
+    return any(m._forward_hooks or m._forward_pre_hooks for root in modules for m in root.modules())  # the Linears too
 
 
 class QNetwork(nn.Module):
@@ -70,7 +70,7 @@ class QNetwork(nn.Module):
     def fused_chain(self, obs: torch.Tensor) -> tuple[list, list] | None:
         """``(weights, biases)`` that :meth:`forward` passes to ``mlp_chain`` for ``obs``, or None
         when it runs ``head(encoder(obs))`` (class docstring). Host metadata only."""
-        if self._chain is None or obs.requires_grad or _hooked([self.encoder, self.head, *self._chain]):
+        if self._chain is None or obs.requires_grad or _hooked([self.encoder, self.head]):
             return None
         if not (self.chain_backend == "triton" or (self.chain_backend == "auto" and obs.is_cuda)):
             return None

@@ -40,7 +40,7 @@ from typing import Any, Callable, Iterable
 
 import torch
 
-__all__ = ["DeviceOp", "device_op", "compile_disabled", "register_ops", "registered", "wrap_triton"]
+__all__ = ["DeviceOp", "device_op", "compile_disabled", "register_ops", "wrap_triton"]
 
 _OPS: list["DeviceOp"] = []
 _DISABLED: list["_CompileDisabled"] = []
@@ -205,8 +205,3 @@ def wrap_triton(kernel):
     ``torch.library.wrap_triton(kernel)`` once :func:`register_ops` ran, so that a launch inside a
     registered op can be traced by ``torch.compile``."""
     return torch.library.wrap_triton(kernel) if _REGISTERED else kernel
-
-
-def registered() -> bool:
-    """True once :func:`register_ops` ran."""
-    return _REGISTERED

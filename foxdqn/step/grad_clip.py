@@ -16,6 +16,7 @@ from typing import Iterable
 import torch
 
 from foxdqn.ops.grad_norm import grad_norm_coefficient
+from foxdqn.step.scalars import device_scalar
 
 
 @torch.no_grad()
@@ -40,6 +41,5 @@ def grad_norm_and_coefficient(params: Iterable[torch.Tensor], max_norm: torch.Te
     """
     grads = [p.grad for p in params if p.grad is not None]
     if not grads:
-        return (torch.zeros((), dtype=torch.float32, device=max_norm.device),
-                torch.ones((), dtype=torch.float32, device=max_norm.device))
+        return device_scalar(max_norm.device, 0.0), device_scalar(max_norm.device, 1.0)  # read only, never written
     return grad_norm_coefficient(grads, max_norm)
