@@ -1,23 +1,25 @@
 r"""Global gradient norm and ``clip_grad_norm_``'s clip coefficient of a list of gradients, in one
 kernel launch (up to :data:`~foxdqn.ops.tensor_list.MAX_SLOTS` tensors per launch).
 
-Source: ``torch.nn.utils.clip_grad_norm_`` (``norm_type=2``, ``error_if_nonfinite=False``), as
-:mod:`foxdqn.ops.clip_coefficient` states it. Per member ``p`` (one network: P = 1), over the
-member's slices ``g_k[p]`` of all tensors, in float32::
+Source: ``torch.nn.utils.clip_grad_norm_`` (``torch/nn/utils/clip_grad.py``: ``_get_total_norm``
+then ``_clip_grads_with_norm_``, ``norm_type=2``, ``error_if_nonfinite=False``): ``total =
+vector_norm(stack(norms))`` and ``coef = clamp(max_norm / (total + 1e-6), max=1)``, where
+``float / tensor`` is ``reciprocal(tensor) * float`` and 1e-6 and max_norm are rounded to float32
+where they meet the float32 tensor. Per member ``p`` (one network: P = 1), over the member's
+slices ``g_k[p]`` of all tensors, in float32::
 
     total[p] = sqrt_rn(Σ_k Σ_i g_k[p, i]**2)
     coef[p]  = c if not (c > 1) else 1,   c = div_rn(1, total[p] + CLIP_EPS) * max_norm[p]
 
 Every gradient of member ``p`` is then to be multiplied by ``coef[p]`` (by the caller, or by
 :func:`foxdqn.ops.adam_step.adam_step_`'s ``grad_scale``); this op does not modify the gradients.
-Non-finite values as torch (:mod:`foxdqn.ops.clip_coefficient`): a NaN gives total and coef NaN;
-an Inf, or a sum of squares past float32's range, gives total Inf and coef 0 (NaN if max_norm is
-Inf); a zero total gives coef 1.
+Non-finite values as torch: a NaN gives total and coef NaN; an Inf, or a sum of squares past
+float32's range, gives total Inf and coef 0 (NaN if max_norm is Inf); a zero total gives coef 1.
 
 Kernel count: one launch for up to 8 tensors (a network's list is usually one launch), in place of
-``torch._foreach_norm`` (its output fill and two kernels), the norms' stack and
-:mod:`~foxdqn.ops.clip_coefficient`'s kernel: five kernels to one, for the single run and the
-population alike (P members are more programs of the same launch).
+``torch._foreach_norm`` (its output fill and two kernels) and ``clip_grad_norm_``'s tail (stack,
+norm, add, reciprocal, mul, clamp): nine kernels to one, for the single run and the population alike (P members are more programs of
+the same launch).
 
 Order of the sum and the ticket. Program ``(k, p, b)`` (tensor, member, block:
 :mod:`foxdqn.ops.tensor_list`) squares its block (each square rounded to float32), sums it with
@@ -53,11 +55,11 @@ import triton.language as tl
 from torch import Tensor
 
 from foxdqn.ops.backend import resolve_backend
-from foxdqn.ops.clip_coefficient import CLIP_EPS
 from foxdqn.ops.library import device_op, wrap_triton
 from foxdqn.ops.tensor_list import (check_list, check_member_vector, check_members, locate, pick8, plan,
                                     scratch, slots)
 
+CLIP_EPS = 1e-6  # clip_grad_norm_'s eps: max_norm / (total + 1e-6)
 BLOCK = 1024  # elements of one member's slice per program
 _PB = 16  # members per iteration of the last program's loop
 _RB = 64  # partial columns per iteration of the last program's inner loop

@@ -3,8 +3,8 @@ update counter's advance, in one kernel launch (up to :data:`~foxdqn.ops.tensor_
 tensors per launch).
 
 Source: :mod:`foxdqn.step.target_update` (Polyak averaging, or the hard copy every C updates of
-Mnih et al. 2015) and :mod:`foxdqn.ops.target_weight`, whose weight rule every program evaluates
-itself (a pure function of the inputs). Per member ``p`` (one network: P = 1), ``u`` = ``updates``
+Mnih et al. 2015), whose weight rule every program evaluates itself (a pure function of the
+inputs). Per member ``p`` (one network: P = 1), ``u`` = ``updates``
 (int64 0-d, the updates done before this one)::
 
     base[p] = tau[p]                                          (Polyak)
@@ -26,9 +26,10 @@ where it does not return an input exactly: a NaN or Inf in the other tensor (``0
 ``-0.0`` turned into ``+0.0`` by adding ``±0``; here the hard copy is exact and a skipped update
 (guard ``skip`` = 1) leaves the targets as they are.
 
-Kernel count: one launch for up to 8 tensors in place of :mod:`~foxdqn.ops.target_weight`'s kernel
-and ``torch._foreach_lerp_`` with a list of 0-d weights (which falls back to one kernel per tensor,
-8 for eurusd_dqn): nine kernels to one.
+Kernel count: one launch for up to 8 tensors in place of the weight's torch expressions (two
+kernels for Polyak, six for the hard copy, one for the counter) and ``torch._foreach_lerp_`` with a
+list of 0-d weights (which falls back to one kernel per tensor, 8 for eurusd_dqn): eleven kernels
+or more to one.
 
 The counter and the ticket. Every program reads ``updates`` before its ticket; the program that
 draws the last ticket of the last launch (``atomic_add``, acq_rel at GPU scope after a barrier of
@@ -127,7 +128,7 @@ def target_lerp_reference(targets: Sequence[Tensor], sources: Sequence[Tensor], 
                           tau: Tensor, hard_period: Tensor, *, hard: bool, advance: bool, weight: Tensor | None = None,
                           members: int = 1) -> None:
     """Plain-torch reference of :func:`target_lerp_` (same arguments, same in-place writes):
-    :func:`foxdqn.ops.target_weight.target_weight_reference`'s weight, ``torch.lerp``, and the
+    the weight rule of the module docstring, ``torch.lerp``, and the
     exact ``w == 1`` / ``w == 0`` rows of the module docstring. Device ops only."""
     base = ((updates + 1) % hard_period == 0).to(F32) if hard else tau
     w = torch.mul(base, 1.0 - skip).reshape(members)

@@ -7,8 +7,8 @@ tensors: change them in place (``fill_``) and a captured graph sees the new valu
 
 On CUDA an update costs one kernel per 8 target tensors (:func:`foxdqn.ops.target_lerp.target_lerp_`):
 ``w``, the lerp of every target and, with ``advance``, the update counter's ``+= 1``, in place of
-:func:`foxdqn.ops.target_weight.target_weight` and ``torch._foreach_lerp_`` (which, with a
-tensor weight, is one kernel per target tensor).
+the weight's torch expressions and ``torch._foreach_lerp_`` (which, with a tensor weight, is one
+kernel per target tensor).
 """
 from __future__ import annotations
 

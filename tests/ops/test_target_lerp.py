@@ -1,5 +1,5 @@
 """target_lerp_: Triton kernel (TRITON_INTERPRET=1 on CPU) vs torch reference vs torch.lerp and
-target_weight (Polyak and hard, skipped or not; 1 to 10 tensors, 1 to 4097 elements, empty ones);
+the weight rule written out (Polyak and hard, skipped or not; 1 to 10 tensors, 1 to 4097 elements, empty ones);
 the hard copy exact (-0.0, Inf targets), a skipped update leaves targets bit for bit (NaN sources);
 the counter advanced once, the weight written; members=3 = three single-member calls; argument
 checks. GPU: kernel vs reference on CUDA, captured in a CUDA graph = eager, replay after changing
@@ -9,7 +9,6 @@ import torch
 
 from foxdqn.ops import backend as B
 from foxdqn.ops.target_lerp import target_lerp_
-from foxdqn.ops.target_weight import target_weight
 
 from support import MULTI_TENSOR_SHAPES, capture_graph, no_host_sync, randn_list, require_compiled_kernels
 
@@ -40,8 +39,8 @@ def test_kernel_reference_and_torch_lerp_agree(shapes, hard, u0, skip):
     args = (torch.tensor(skip), torch.tensor(0.3), torch.tensor(5))
     kt, ku, kw = _run(targets, sources, u0, *args, hard, "triton")
     rt, ru, rw = _run(targets, sources, u0, *args, hard, "torch")
-    w_expect = torch.zeros(())
-    target_weight(torch.tensor(u0), *args, w_expect, hard=hard)
+    base = torch.tensor(1.0 if (u0 + 1) % 5 == 0 else 0.0) if hard else torch.tensor(0.3)
+    w_expect = torch.mul(base, 1.0 - torch.tensor(skip))  # the module docstring's w, in float32
     assert int(ku) == int(ru) == u0 + 1
     assert torch.equal(kw, w_expect) and torch.equal(rw, w_expect)
     for k, t0, s0, r in zip(kt, targets, sources, rt):

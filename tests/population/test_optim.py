@@ -90,7 +90,7 @@ def test_member_adam_equals_torch_adam_per_member(backend):
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
-def test_clip_coefficient_as_grad_scale_equals_clip_grad_norm_then_torch_adam(backend):
+def test_grad_norm_coefficient_as_grad_scale_equals_clip_grad_norm_then_torch_adam(backend):
     """The population's update: grad_norm_coefficient(members=P), then MemberAdam.step with the
     coefficient as grad_scale, equals clip_grad_norm_ and torch.optim.Adam on each member's slices;
     the .grad tensors are not modified (the clip is applied as Adam reads them)."""

@@ -100,7 +100,7 @@ def test_update_runs_norm_adam_and_target_as_one_kernel_each():
     counts = Counter(e.name for e in prof.events() if e.device_type.name == "CUDA" and not e.is_user_annotation)
     for kernel in ("_grad_norm_kernel", "_adam_step_kernel", "_target_lerp_kernel"):
         assert sum(n for name, n in counts.items() if kernel in name) == updates, (kernel, counts)
-    gone = ("multi_tensor_apply", "lpnorm", "_member_adam_kernel", "_clip_coefficient_kernel", "_target_weight_kernel")
+    gone = ("multi_tensor_apply", "lpnorm", "_member_adam_kernel")
     stale = [name for name in counts
              if any(x in name for x in gone) or ("lerp" in name and "_target_lerp_kernel" not in name)]
     assert not stale, stale
