@@ -32,8 +32,8 @@ NaN picks the first NaN, as torch.argmax does); the other groups' losses stay fi
 skips such an update.
 
 Launch: one kernel of ``G · NB`` programs, ``NB = ceil(B_g / BLOCK_R)`` row blocks per group
-(``_blocks``: a tile of at most ``TILE`` = 1,024 Q values, BLOCK_R halved until the launch has
-``MIN_PROGRAMS`` = 32 programs; a training batch of 256..4,096 rows of 45 actions gives 32..256
+(``_blocks``: a tile of at most ``TILE`` = 512 Q values, BLOCK_R halved until the launch has
+``MIN_PROGRAMS`` = 64 programs; a training batch of 256..4,096 rows of 45 actions gives 64..512
 programs). Program ``p = g·NB + k`` handles rows ``k·BLOCK_R ..`` of group g only (a block never
 spans two groups, so [G] δ and P members need no second kernel): it writes their |x| and ∂loss/∂q
 and its partial sum Σ w_b ℓ_b (``tl.sum``, a fixed reduction tree) into slot p of a float32
@@ -77,8 +77,9 @@ __all__ = ["dqn_td_loss", "dqn_td_loss_reference"]
 
 
 # ----------------------------------------------------------------------------- kernel
-TILE = 1024  #: elements of a program's [BLOCK_R, BLOCK_A] tile
-MIN_PROGRAMS = 32  #: BLOCK_R is halved (down to 1) until a launch has at least this many programs
+TILE = 512  #: elements of a program's [BLOCK_R, BLOCK_A] tile (H200 sweep of TILE, MIN_PROGRAMS, NUM_WARPS)
+NUM_WARPS = 4  #: warps per program
+MIN_PROGRAMS = 64  #: BLOCK_R is halved (down to 1) until a launch has at least this many programs
 INTERPRET_MIN_PROGRAMS = 1  #: MIN_PROGRAMS in Triton's interpreter (CPU: every program costs ~5 ms)
 SUM_ROWS = 64  #: partials per group and iteration of the last program's loop (a power of two)
 SUM_TILE = 1024  #: elements of the last program's [groups, SUM_R] tile
@@ -187,8 +188,8 @@ def _blocks(groups: int, rows_per_group: int, num_actions: int, min_programs: in
     """(BLOCK_R, BLOCK_A, SUM_G, SUM_R) of a launch; its grid is ``groups · cdiv(rows_per_group, BLOCK_R)``
     programs. BLOCK_R: the rows of a ``TILE``-element tile (at most the group's rows, rounded up to
     a power of two), halved while the launch has fewer than ``min_programs`` programs. With
-    ``MIN_PROGRAMS``, one group, A = 45 (BLOCK_A = 64): B = 256 gives BLOCK_R = 8 and 32
-    programs, B = 4,096 gives BLOCK_R = 16 and 256 programs."""
+    ``MIN_PROGRAMS``, one group, A = 45 (BLOCK_A = 64): B = 256 gives BLOCK_R = 4 and 64
+    programs, B = 4,096 gives BLOCK_R = 8 and 512 programs."""
     block_a = triton.next_power_of_2(num_actions)
     block_r = max(1, min(triton.next_power_of_2(max(rows_per_group, 1)), TILE // block_a))
     while block_r > 1 and groups * triton.cdiv(rows_per_group, block_r) < min_programs:
@@ -239,7 +240,8 @@ class _DQNTDLoss(torch.autograd.Function):
                 delta_t if delta_t is not None else reward, delta_f, loss, td_abs, dq, partials, ticket,
                 groups, bg, q.shape[1], 1.0 / bg,
                 STACKED=stacked, DOUBLE=double, HAS_WEIGHT=weight is not None,
-                DELTA_PER_GROUP=delta_t is not None, BLOCK_R=block_r, BLOCK_A=block_a, SUM_G=sum_g, SUM_R=sum_r)
+                DELTA_PER_GROUP=delta_t is not None, BLOCK_R=block_r, BLOCK_A=block_a, SUM_G=sum_g, SUM_R=sum_r,
+                num_warps=NUM_WARPS)
         else:
             loss.fill_(float("nan"))  # the mean of nothing, as torch's
             dq.zero_()

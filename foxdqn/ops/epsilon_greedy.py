@@ -22,8 +22,9 @@ drew ``torch.rand(N)`` then ``torch.randint(0, A, (N,))`` (a different random st
 reference, :func:`epsilon_greedy_reference`, defines the semantics both backends follow).
 
 The greedy action is the first index of the row's maximum, NaN counting as larger than any
-number (torch.argmax's rule): the kernel walks the A columns in order and takes a column only if
-it is strictly larger, or NaN after a non-NaN maximum. The schedule is evaluated with the
+number (torch.argmax's rule): the kernel reads the row in tiles of ``BLOCK_A`` columns (one tile
+for A <= ``MAX_BLOCK_A``), takes each tile's first NaN, else the first column equal to its
+maximum, and keeps a later tile's pick only if it is a NaN after no NaN, or strictly larger. The schedule is evaluated with the
 reference's float32 roundings (IEEE ``div_rn``, launched with ``enable_fp_fusion=False``: no
 multiply-add contraction), so kernel and reference give the same actions bit for bit.
 
@@ -43,6 +44,8 @@ from foxdqn.ops.member_uniform import randint_from_uniform
 from foxdqn.step.schedules import linear_value
 
 BLOCK = 128  # envs per program
+NUM_WARPS = 4  # warps per program
+MAX_BLOCK_A = 64  # Q-value columns per tile of the argmax
 RANDOM_BITS = 24  # bits of a uniform used by the random action (torch.rand float32 and MemberRandom)
 
 
@@ -52,7 +55,7 @@ RANDOM_BITS = 24  # bits of a uniform used by the random action (torch.rand floa
 @triton.jit
 def _epsilon_greedy_kernel(q_ptr, step_ptr, start_ptr, end_ptr, duration_ptr, u_ptr, out_ptr,
                            N, A, envs_per_group, q_stride0, q_stride1, BLOCK: tl.constexpr,
-                           RANDOM_BITS: tl.constexpr):
+                           BLOCK_A: tl.constexpr, RANDOM_BITS: tl.constexpr):
     i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     m = i < N
     i64 = i.to(tl.int64)
@@ -74,15 +77,24 @@ def _epsilon_greedy_kernel(q_ptr, step_ptr, start_ptr, end_ptr, duration_ptr, u_
     explore = u_explore < eps
     random_a = ((u_action * (1 << RANDOM_BITS)).to(tl.int64) * A) >> RANDOM_BITS
 
-    # ---- argmax over the row, first maximum, NaN largest (torch.argmax)
+    # ---- argmax over the row, first maximum, NaN largest (torch.argmax), BLOCK_A columns per tile
     row = q_ptr + i64 * q_stride0
-    best = tl.load(row, mask=m, other=0.0)
+    best = tl.full([BLOCK], float("-inf"), q_ptr.dtype.element_ty)
     best_a = tl.zeros([BLOCK], tl.int64)
-    for a in range(1, A):
-        v = tl.load(row + a * q_stride1, mask=m, other=0.0)
-        take = (v > best) | ((v != v) & (best == best))
-        best = tl.where(take, v, best)
-        best_a = tl.where(take, a, best_a)
+    best_nan = tl.zeros([BLOCK], tl.int1)
+    for a0 in range(0, A, BLOCK_A):
+        cols = a0 + tl.arange(0, BLOCK_A)
+        cm = m[:, None] & (cols < A)[None, :]
+        v = tl.load(row[:, None] + cols[None, :].to(tl.int64) * q_stride1, mask=cm, other=float("-inf"))
+        nan = v != v
+        first_nan = tl.min(tl.where(nan, cols[None, :], A), axis=1)
+        top = tl.max(tl.where(nan, float("-inf"), v), axis=1)
+        first_top = tl.min(tl.where(cm & (v == top[:, None]), cols[None, :], A), axis=1)
+        tile_nan = first_nan < A
+        take = (tile_nan & ~best_nan) | (~tile_nan & ~best_nan & (top > best)) | (a0 == 0)
+        best_a = tl.where(take, tl.where(tile_nan, first_nan, first_top).to(tl.int64), best_a)
+        best = tl.where(take & ~tile_nan, top, best)
+        best_nan = best_nan | tile_nan
 
     tl.store(out_ptr + i64, tl.where(explore, random_a, best_a), mask=m)
 
@@ -94,7 +106,8 @@ def _epsilon_greedy_op(q: Tensor, step: Tensor, start: Tensor, end: Tensor, dura
     if n:
         wrap_triton(_epsilon_greedy_kernel)[(triton.cdiv(n, BLOCK),)](
             q, step, start, end, duration, u, out, n, num_actions, n // start.shape[0], q.stride(0), q.stride(1),
-            BLOCK=BLOCK, RANDOM_BITS=RANDOM_BITS, num_warps=4,
+            BLOCK=BLOCK, BLOCK_A=min(triton.next_power_of_2(num_actions), MAX_BLOCK_A), RANDOM_BITS=RANDOM_BITS,
+            num_warps=NUM_WARPS,
             enable_fp_fusion=False,  # no FMA contraction: the schedule's roundings are the reference's
         )
     return out

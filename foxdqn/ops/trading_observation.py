@@ -41,6 +41,7 @@ from foxdqn.ops.trading_step import (_RUIN, ACCOUNT_OBS_CLIP, FP_WIDTH, TradingM
                                      _store_account_obs, observation_reference)
 
 BLOCK = 16  # code rows per program
+NUM_WARPS = 4  # warps per program
 CHUNK = 64  # window columns gathered per loop iteration
 
 
@@ -105,7 +106,7 @@ def _trading_observation_op(code_a: Tensor, code_b: Tensor, out: Tensor, group: 
         obs_dim,
         HAS_GROUP=has_group, BLOCK=BLOCK, CHUNK=CHUNK, CODE_W=CODE_WIDTH, C_T=CODE_T, C_UNITS=CODE_UNITS,
         C_ENTRY=CODE_ENTRY, C_EQUITY=CODE_EQUITY, FPW=FP_WIDTH, RUIN=_RUIN, OBS_CLIP=ACCOUNT_OBS_CLIP,
-        num_warps=4, enable_fp_fusion=False,  # no FMA contraction: the reference's roundings, bit for bit
+        num_warps=NUM_WARPS, enable_fp_fusion=False,  # no FMA contraction: the reference's roundings, bit for bit
     )
 
 

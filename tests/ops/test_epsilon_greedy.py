@@ -1,4 +1,5 @@
-"""epsilon_greedy: Triton kernel (interpreter) vs torch reference on odd shapes, ties and NaN in q,
+"""epsilon_greedy: Triton kernel (interpreter) vs torch reference on odd shapes, ties and NaN in q
+(within one column tile and across tiles),
 ε = 0 and 1, a schedule mid-way and past its end, G > 1 groups, A = 1; the random actions equal
 MemberRandom's randint draws; argument checks; linear_value (LinearSchedule and the reference's
 ε); on the GPU the compiled kernel, captured."""
@@ -50,6 +51,24 @@ def test_eps_zero_is_argmax_with_ties_lowest_and_nan_first():
     for backend in ("triton", "torch"):
         out = epsilon_greedy(q, torch.tensor(5), zero, zero, torch.ones(1), u, backend=backend)
         assert out.tolist() == q.argmax(dim=1).tolist() == [1, 0, 1, 0, 1]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_argmax_across_column_tiles(dtype, monkeypatch):
+    """A wider than one tile (MAX_BLOCK_A patched to 4): the maximum, a tie and a NaN in a later
+    tile, a NaN in an earlier tile than a larger value, -inf rows, a larger value only in the
+    ragged last tile; ε = 0, so every action is the argmax (torch.argmax's rule)."""
+    import foxdqn.ops.epsilon_greedy as eg
+
+    monkeypatch.setattr(eg, "MAX_BLOCK_A", 4)
+    nan, inf = float("nan"), float("inf")
+    rows = [[0, 1, 2, 3, 4, 5, 9, 7, 8, 1], [5, 1, 2, 3, 5, 5, 1, 1, 1, 5], [0, 1, 2, 3, 4, nan, 9, nan, 1, 1],
+            [0, nan, 2, 3, 4, 5, 9, 7, 8, 1], [-inf] * 10, [-inf] * 9 + [1.0], [1, 1, 1, 1, 1, 1, 1, 1, 1, 2],
+            [3, 1, 1, 1, 3, 1, 1, 1, 1, 3]]
+    q = torch.tensor(rows, dtype=dtype)
+    zero, u = torch.zeros(1), torch.rand(1, 2, q.shape[0])
+    k, r = _both(q, torch.tensor(5), zero, zero, torch.ones(1), u)
+    assert k.tolist() == r.tolist() == q.argmax(dim=1).tolist() == [6, 0, 5, 1, 0, 9, 9, 0]
 
 
 def test_eps_one_is_the_random_action_of_every_env():
