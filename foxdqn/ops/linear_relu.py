@@ -12,12 +12,15 @@ torch falls back to bias copy + GEMM + ``relu_``: the same result in three kerne
 ``torch._addmm_activation`` has no derivative in torch (2.11 to 2.13: "derivative for
 aten::_addmm_activation is not implemented"), so the op is a ``torch.autograd.Function`` whose
 backward is what autograd runs for ``relu(linear(x))``: dz = dy · 1{y > 0}
-(``threshold_backward``), dx = dz W, dW = dzᵀ x, db = Σ_rows dz, each only when needed.
+(``threshold_backward``), dx = dz W, dW = dzᵀ x, db = Σ_rows dz, each only when needed; dz and db
+are one kernel on CUDA (:func:`foxdqn.ops.relu_bias_grad.relu_bias_grad`), where autograd runs two
+or three.
 
 Equal to ``relu(F.linear(x, W, b))`` to float rounding: cuBLASLt may pick another GEMM algorithm
 for the epilogue variant (another summation order). NaN: ``torch.relu`` keeps a NaN; whether the
 cuBLASLt epilogue (a max with 0) keeps it is cuBLASLt's choice, so a NaN pre-activation may come
-out as 0 on the fused path (the gradient is 0 there in both: 1{NaN > 0} = 0). The training guard
+out as 0 on the fused path, where its gradient is then 0; where y is NaN, dy passes in both
+(``threshold_backward`` zeroes only where y <= 0). The training guard
 checks the loss and the gradient norm, which a finite network with finite inputs cannot turn NaN
 here; NaN observations are caught by the data pipeline's checks.
 
@@ -27,6 +30,8 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
+
+from foxdqn.ops.relu_bias_grad import relu_bias_grad
 
 __all__ = ["linear_relu", "linear_relu_reference"]
 
@@ -46,11 +51,13 @@ class _LinearReLU(torch.autograd.Function):
     @torch.autograd.function.once_differentiable
     def backward(ctx, grad_y):
         x2, weight, y = ctx.saved_tensors
-        grad_z = torch.ops.aten.threshold_backward(grad_y, y, 0)  # dy where y > 0, else 0
         need_x, need_w, need_b = ctx.needs_input_grad
+        if need_b:  # dz = dy where y > 0, else 0, and db = Σ_rows dz: one kernel on CUDA
+            grad_z, grad_b = relu_bias_grad(grad_y, y)
+        else:
+            grad_z, grad_b = torch.ops.aten.threshold_backward(grad_y, y, 0), None
         grad_x = grad_z.mm(weight) if need_x else None
         grad_w = grad_z.t().mm(x2) if need_w else None
-        grad_b = grad_z.sum(0) if need_b else None
         return grad_x, grad_w, grad_b
 
 

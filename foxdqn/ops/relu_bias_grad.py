@@ -1,0 +1,96 @@
+r"""The ReLU's backward and the bias gradient of the Linear before it, in one kernel.
+
+For ``y = relu(x Wᵀ + b)`` (:mod:`foxdqn.ops.linear_relu`), given the upstream gradient ``dy``
+and the saved output ``y``, both float32 ``[M, H]``::
+
+    dz[m, h] = 0 if y[m, h] <= 0 else dy[m, h]       (aten ``threshold_backward(dy, y, 0)``)
+    db[h]    = Σ_m dz[m, h]                           (float32)
+
+What autograd runs for ``relu(linear(x))`` as two or three kernels (``threshold_backward``, then
+``sum(0)``, which torch may split into a partial and a final reduction); the dW and dx GEMMs
+(``dzᵀ x``, ``dz W``) stay cuBLAS's. The kernel: one program per ``BLOCK_H`` columns, looping over
+the rows in blocks of ``BLOCK_M`` in increasing order, each block's column sums added to the
+running sums: a fixed order, so every call gives the same bits (no atomics). torch's reduction
+order is its own, so ``db`` equals the reference to float32 rounding, ``dz`` bit for bit. NaN:
+a NaN in ``dy`` passes where ``y`` is not <= 0 (and reaches ``db``), and so does ``dy`` where ``y``
+is NaN (``NaN <= 0`` is false), as in ``threshold_backward``.
+
+Capturable in a CUDA graph (device ops only, outputs allocated per call). Source: the chain rule
+of ``nn.Linear`` + ``nn.ReLU`` as autograd applies it (``threshold_backward``,
+``tools/autograd/derivatives.yaml``).
+"""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+from torch import Tensor
+
+from foxdqn.ops.backend import describe, resolve_backend
+
+__all__ = ["relu_bias_grad", "relu_bias_grad_reference"]
+
+BLOCK_H = 16  # columns per program
+BLOCK_M = 64  # rows per step of a program's loop
+NUM_WARPS = 4  # warps per program
+
+
+@triton.jit
+def _relu_bias_grad_kernel(dy_ptr, y_ptr, dz_ptr, db_ptr, M, H, BLOCK_M: tl.constexpr, BLOCK_H: tl.constexpr):
+    cols = tl.program_id(0) * BLOCK_H + tl.arange(0, BLOCK_H)
+    cm = cols < H
+    acc = tl.zeros([BLOCK_H], dtype=tl.float32)
+    for m0 in range(0, M, BLOCK_M):
+        rows = m0 + tl.arange(0, BLOCK_M)
+        mask = (rows < M)[:, None] & cm[None, :]
+        offs = rows.to(tl.int64)[:, None] * H + cols[None, :]
+        dy = tl.load(dy_ptr + offs, mask=mask, other=0.0)
+        y = tl.load(y_ptr + offs, mask=mask, other=0.0)
+        dz = tl.where(y <= 0, 0.0, dy)  # threshold_backward: a NaN y passes dy
+        tl.store(dz_ptr + offs, dz, mask=mask)
+        acc += tl.sum(dz, axis=0)
+    tl.store(db_ptr + cols, acc, mask=cm)
+
+
+def relu_bias_grad_reference(grad_y: Tensor, y: Tensor) -> tuple[Tensor, Tensor]:
+    """Plain torch: ``(threshold_backward(grad_y, y, 0), that.sum(0))``, autograd's two steps."""
+    grad_z = torch.ops.aten.threshold_backward(grad_y, y, 0)
+    return grad_z, grad_z.sum(0)
+
+
+def relu_bias_grad(grad_y: Tensor, y: Tensor, *, backend: str = "auto") -> tuple[Tensor, Tensor]:
+    """dz = dy · 1{not y <= 0} and db = Σ_rows dz in one kernel (module docstring).
+
+    Args:
+        grad_y: the upstream gradient dy, float32 ``[M, H]``.
+        y: the ReLU's output, float32 ``[M, H]``, same device.
+        backend: ``"auto"`` (the kernel for float32 CUDA tensors, else the reference),
+            ``"triton"`` (CPU tensors need TRITON_INTERPRET=1) or ``"torch"``.
+
+    Returns:
+        ``(dz float32 [M, H], db float32 [H])``; contiguous.
+
+    Raises:
+        ValueError: not two float32 ``[M, H]`` tensors of one shape and device (backend
+            "triton"; "auto" takes the reference for any other dtype), an unknown backend.
+        RuntimeError: backend="triton" on CPU tensors without TRITON_INTERPRET=1.
+    """
+    if (not isinstance(grad_y, Tensor) or not isinstance(y, Tensor) or grad_y.dim() != 2
+            or grad_y.shape != y.shape or grad_y.device != y.device):
+        raise ValueError(f"relu_bias_grad: grad_y and y must be [M, H] tensors of one shape and device, got "
+                         f"{describe(grad_y)} and {describe(y)}")
+    if backend == "auto" and not (grad_y.dtype == y.dtype == torch.float32):
+        backend = "torch"
+    if resolve_backend("relu_bias_grad", backend, y) == "torch":
+        return relu_bias_grad_reference(grad_y, y)
+    if not (grad_y.dtype == y.dtype == torch.float32):
+        raise ValueError(f"relu_bias_grad: backend='triton' needs float32 tensors, got {describe(grad_y)} and "
+                         f"{describe(y)}")
+    grad_y, y = grad_y.contiguous(), y.contiguous()
+    m, h = y.shape
+    grad_z = torch.empty_like(y)
+    grad_b = torch.empty(h, device=y.device, dtype=torch.float32)
+    if h:
+        _relu_bias_grad_kernel[(triton.cdiv(h, BLOCK_H),)](grad_y, y, grad_z, grad_b, m, h, BLOCK_M=BLOCK_M,
+                                                            BLOCK_H=BLOCK_H, num_warps=NUM_WARPS)
+    return grad_z, grad_b
