@@ -16,22 +16,14 @@ Run: ``python -m bench.ops.bench_mlp_chain`` (needs CUDA). Nothing runs at impor
 from __future__ import annotations
 
 from bench.ops.common import against_compile, print_table, provider_rows
-from bench.ops.training import CARTPOLE, training
+from bench.ops.training import CARTPOLE, at_training_precision
 
 BENCH = "bench_mlp_chain"
 
 
 def rows(device: str = "cuda") -> list[dict]:
     """The rows, timed under the experiment's matmul precision (restored after)."""
-    import torch
-
-    t = training(CARTPOLE, device)
-    before = torch.get_float32_matmul_precision()
-    torch.set_float32_matmul_precision(str(t.cfg.matmul_precision))
-    try:
-        return _rows(t, torch.device(device))
-    finally:
-        torch.set_float32_matmul_precision(before)
+    return at_training_precision(CARTPOLE, device, _rows)
 
 
 def _rows(t, dev) -> list[dict]:

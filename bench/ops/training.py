@@ -64,3 +64,18 @@ def training(experiment: str, device: str) -> Training:
     net = build_network(cfg, env, num_actions).to(dev)
     return Training(cfg, env, net, env.num_envs, num_actions, int(env.obs_dim), cfg.agent.batch_size,
                     tuple(tuple(p.shape) for p in net.parameters()))
+
+
+def at_training_precision(experiment: str, device: str, body):
+    """``body(training(experiment, device), torch.device(device))`` under the experiment's float32
+    matmul precision (``agent.matmul_precision``, TF32 by default), restored after: the rows of a
+    bench whose kernels follow that choice (:mod:`foxdqn.ops.mlp_chain`, :mod:`foxdqn.ops.q_forward`)."""
+    import torch
+
+    t = training(experiment, device)
+    before = torch.get_float32_matmul_precision()
+    torch.set_float32_matmul_precision(str(t.cfg.matmul_precision))
+    try:
+        return body(t, torch.device(device))
+    finally:
+        torch.set_float32_matmul_precision(before)

@@ -5,7 +5,10 @@ Member p's network is the classic :class:`foxdqn.nn.qnet.QNetwork` of
 :class:`~foxdqn.nn.heads.DuelingHead` (Wang et al. 2016, eq. 9): every linear layer's weight is
 stored transposed with a leading member axis, ``[P, in, out]``, its bias as ``[P, 1, out]``, and
 the forward pass is one ``torch.baddbmm`` per layer for the whole population
-(docs/design/population.md). Members never mix: member p's outputs read only member p's
+(docs/design/population.md). On CUDA, where no gradient is needed (the collect step, the target
+network, evaluation) and the network is a ReLU MLP of 1 or 2 hidden layers of width <= 256 with at
+most 64 actions, the whole forward of all P members is one kernel
+(:func:`foxdqn.ops.q_forward.q_forward`). Members never mix: member p's outputs read only member p's
 parameters and inputs.
 
 :meth:`MemberQNetwork.from_networks` stacks P classic networks (so a member starts from exactly
@@ -22,6 +25,7 @@ from foxdqn.nn.heads import DuelingHead, QHead
 from foxdqn.nn.mlp import ACTIVATIONS, MLPEncoder
 from foxdqn.nn.qnet import QNetwork
 from foxdqn.ops.dueling_combine import dueling_combine
+from foxdqn.ops.q_forward import q_forward, q_forward_supported
 
 
 
@@ -77,6 +81,10 @@ class MemberQNetwork(nn.Module):
         return cls(weights, biases, activation, isinstance(nets[0].head, DuelingHead), prefixes)
 
     def forward(self, obs: torch.Tensor) -> torch.Tensor:
+        if obs.is_cuda and type(self.act) is nn.ReLU:
+            weights, biases = list(self.weights), list(self.biases)
+            if q_forward_supported(obs, weights, biases, self.dueling):  # no gradient needed: one kernel
+                return q_forward(obs, weights, biases, dueling=self.dueling, backend="triton")
         n_hidden = len(self.weights) - (2 if self.dueling else 1)
         h = obs
         for w, b in zip(self.weights[:n_hidden], self.biases[:n_hidden]):

@@ -121,6 +121,7 @@ def test_compile_without_registration_names_the_fix():
 def test_registered_ops_trace_with_torch_compile_and_match_eager():
     register_ops()
     assert hasattr(torch.ops.foxdqn_test, "scaled") and hasattr(torch.ops.foxdqn, "adam_step_")
+    assert hasattr(torch.ops.foxdqn, "q_forward")  # a no-autograd op (foxdqn/ops/q_forward.py)
 
     def f(x):
         return _host_side(_scaled(x, 2.0))
