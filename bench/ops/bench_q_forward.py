@@ -7,11 +7,12 @@ forward of ``agent.batch_size`` = 128 next states, and a population of 8 members
 (the same 4,096 rows; :class:`foxdqn.population.network.MemberQNetwork`'s ``[P, in, out]``
 weights, 8 copies of the network). Providers: ``triton`` (the op), ``torch`` (the reference:
 ``F.linear`` / ``torch.baddbmm`` + ``torch.relu`` per layer and the dueling combine written out,
-eager), ``torch.compile`` of the reference, and ``modules``: the network's forward as training runs
-it today, under ``torch.no_grad()`` (``QNetwork``: one cuBLASLt GEMM with the bias + ReLU epilogue
-per hidden layer, foxdqn/ops/linear_relu.py, the value and advantage GEMMs and
-foxdqn/ops/dueling_combine.py; ``MemberQNetwork``: ``torch.baddbmm`` per layer, ReLU kernels and the
-combine). Matmul precision as in training (``agent.matmul_precision``, TF32 by default).
+eager), ``torch.compile`` of the reference, and for the single network ``modules``: its forward
+without this op (``chain_backend="torch"``) under ``torch.no_grad()``: one cuBLASLt GEMM with the
+bias + ReLU epilogue per hidden layer (foxdqn/ops/linear_relu.py), the value and advantage GEMMs
+and foxdqn/ops/dueling_combine.py (the population's path without the op is the reference's
+``torch.baddbmm`` per layer). Matmul precision as in training (``agent.matmul_precision``, TF32 by
+default).
 
 Run: ``python -m bench.ops.bench_q_forward`` (needs CUDA). Nothing runs at import.
 """
@@ -49,6 +50,7 @@ def _rows(t, dev) -> list[dict]:
 
     g = torch.Generator(device=dev).manual_seed(0)
     net = copy.deepcopy(t.net).requires_grad_(False)
+    net.chain_backend = "torch"  # the modules: the path before this op
     dueling = isinstance(net.head, DuelingHead)
     linears = [m for m in net.modules() if isinstance(m, torch.nn.Linear)]  # encoder, then (value, advantage | q)
     ws = [m.weight for m in linears]
@@ -69,7 +71,6 @@ def _rows(t, dev) -> list[dict]:
     x = torch.randn(MEMBERS, m, t.obs_dim, device=dev, generator=g)
     size = f"P={MEMBERS} M={m} {dims}->{head}"
     out += against_compile(BENCH, "q_forward", size, q_forward, q_forward_reference, x, pws, pbs, dueling=dueling)
-    out += provider_rows(BENCH, "q_forward", size, {"modules": _no_grad(lambda: members(x))})
     return out
 
 
