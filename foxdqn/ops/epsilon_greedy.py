@@ -43,7 +43,8 @@ from foxdqn.ops.library import device_op, wrap_triton
 from foxdqn.ops.member_uniform import randint_from_uniform
 from foxdqn.step.schedules import linear_value
 
-BLOCK = 128  # envs per program
+BLOCK = 8  # envs per program (H200 sweep of 8..128 envs and 1..4 warps: 128 envs of 45 actions in one
+#           tile spilled, 78 µs at 4,096 envs; 8 envs 7.3 µs)
 NUM_WARPS = 4  # warps per program
 MAX_BLOCK_A = 64  # Q-value columns per tile of the argmax
 RANDOM_BITS = 24  # bits of a uniform used by the random action (torch.rand float32 and MemberRandom)

@@ -31,7 +31,7 @@ member p's weights and rows (members never mix):
 * two hidden layers: a loop over chunks j of :data:`BLOCK_N` units of layer 2, h_2[:, j] =
   relu(h_1 · W_2ᵀ[:, j] + b_2[j]), accumulated straight into the head (Adv += h_2[:, j] ·
   W_aᵀ[j, :], V += Σ h_2[:, j] ⊙ w_v[j]): h_2 is never held whole, and no weight tile is larger
-  than [H_1, BLOCK_N] (32 KiB at 256 × 32) or [H_1, A] (64 KiB at 256 × 64, one hidden layer);
+  than [H_1, BLOCK_N] (64 KiB at 256 × 64) or [H_1, A] (64 KiB at 256 × 64, one hidden layer);
 * the head's bias, then the dueling combine over the A real actions, Q stored.
 
 Every width is padded to a power of two >= 16 (``tl.dot``'s smallest tile) with masked loads;
@@ -96,13 +96,18 @@ MAX_WIDTH = 256  # largest hidden width: h_1 is a [BLOCK_M, 256] register tile p
 MAX_ACTIONS = 64  # largest A: the head's accumulator [BLOCK_M, 64]
 MAX_HIDDEN = 2  # hidden layers (1 or 2)
 
-# Launch constants, to be tuned on the GPU (read from the module at each launch: a sweep script may set them).
+# Launch constants (read from the module at each launch: a sweep script may set them). H200 sweep
+# (BLOCK_M 16/32/64/128, 4/8 warps, BLOCK_K and BLOCK_N 32/64, 2/3 stages; feeding the weight tiles
+# unrounded changed nothing measurable) at eurusd_dqn's sizes, µs per graph replay: 4,096 rows
+# 40.0 (the modules' six kernels 40.0, torch.compile of the reference 44.0), 128 rows 27.5 (27.6,
+# 28.6), 8 members of 512 rows 24.8 (compile 59.2). Not profiled further; every program reads all the
+# weights (about 0.47 MB) from L2, a likely bound. The nn.Linear layout ([out, in]) ran slower than
+# the population's ([P, in, out]) in the sweep, at the same rows.
 BLOCK_M = 32  # rows per program (>= 16, a power of two): 128 programs at the collect step's 4,096 rows
-BLOCK_K = 32  # columns of x (and rows of W_1ᵀ) per step of layer 1's loop: a [32, 256] W_1ᵀ chunk, 32 KiB
-BLOCK_N = 32  # layer-2 units per step of the head loop: a [256, 32] W_2ᵀ tile (32 KiB) and a [32, 64] head tile
-NUM_WARPS = 8  # warps per program
+BLOCK_K = 64  # columns of x (and rows of W_1ᵀ) per step of layer 1's loop: a [64, 256] W_1ᵀ chunk, 64 KiB
+BLOCK_N = 64  # layer-2 units per step of the head loop: a [256, 64] W_2ᵀ tile (64 KiB) and a [64, 64] head tile
+NUM_WARPS = 4  # warps per program
 NUM_STAGES = 3  # software-pipelining stages of the two loops (Triton's default)
-ROUND_WEIGHTS = True  # EXPERIMENT: False feeds the weight tiles to the TF32 dot unrounded
 
 
 # ---------------------------------------------------------------------------------------------
@@ -117,8 +122,7 @@ def _q_forward_kernel(x_ptr, q_ptr, M,
                       wh_sp, wh_so, wh_si, bh_sp, bh_so,
                       D0: tl.constexpr, H1: tl.constexpr, H2: tl.constexpr, A: tl.constexpr,
                       P1: tl.constexpr, PA: tl.constexpr, DEPTH: tl.constexpr, DUELING: tl.constexpr,
-                      BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_N: tl.constexpr, PREC: tl.constexpr,
-                      WPREC: tl.constexpr):
+                      BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_N: tl.constexpr, PREC: tl.constexpr):
     """x [P, M, D0] contiguous → q [P, M, A] contiguous for member ``program_id(1)``'s rows
     ``program_id(0)``. Weight element (p, o, i) of a layer at ``p·sp + o·so + i·si``, bias
     element (p, o) at ``p·sp + o·so`` (sp = 0: one network). wh, bh: W_a, b_a (dueling) or W_q, b_q."""
@@ -138,7 +142,7 @@ def _q_forward_kernel(x_ptr, q_ptr, M,
         k_ok = k < D0
         xc = tl.load(x_rows[:, None] + k[None, :], mask=ok[:, None] & k_ok[None, :], other=0.0)
         wt = tl.load(w1 + k[:, None] * w1_si + n1[None, :] * w1_so, mask=k_ok[:, None] & n1_ok[None, :], other=0.0)
-        acc = tl.dot(_tf32(xc, PREC), _tf32(wt, WPREC), acc=acc, input_precision=PREC)
+        acc = tl.dot(_tf32(xc, PREC), _tf32(wt, PREC), acc=acc, input_precision=PREC)
     bias1 = tl.load(b1 + p * b1_sp + n1 * b1_so, mask=n1_ok, other=0.0)
     h1 = tl.where(n1_ok[None, :], _relu(acc + bias1[None, :]), 0.0)  # padded units exactly 0
     h1r = _tf32(h1, PREC)
@@ -150,7 +154,7 @@ def _q_forward_kernel(x_ptr, q_ptr, M,
     wv += p * wv_sp
     if DEPTH == 1:
         wht = tl.load(wh + n1[:, None] * wh_si + a[None, :] * wh_so, mask=n1_ok[:, None] & a_ok[None, :], other=0.0)
-        out = tl.dot(h1r, _tf32(wht, WPREC), input_precision=PREC)
+        out = tl.dot(h1r, _tf32(wht, PREC), input_precision=PREC)
         if DUELING:
             wvt = tl.load(wv + n1 * wv_si, mask=n1_ok, other=0.0)
             value = tl.sum(h1 * wvt[None, :], axis=1)
@@ -164,10 +168,10 @@ def _q_forward_kernel(x_ptr, q_ptr, M,
             w2t = tl.load(w2 + n1[:, None] * w2_si + j[None, :] * w2_so, mask=n1_ok[:, None] & j_ok[None, :],
                           other=0.0)
             bias2 = tl.load(b2 + p * b2_sp + j * b2_so, mask=j_ok, other=0.0)
-            z2 = tl.dot(h1r, _tf32(w2t, WPREC), input_precision=PREC) + bias2[None, :]
+            z2 = tl.dot(h1r, _tf32(w2t, PREC), input_precision=PREC) + bias2[None, :]
             h2 = tl.where(j_ok[None, :], _relu(z2), 0.0)
             wht = tl.load(wh + j[:, None] * wh_si + a[None, :] * wh_so, mask=j_ok[:, None] & a_ok[None, :], other=0.0)
-            out = tl.dot(_tf32(h2, PREC), _tf32(wht, WPREC), acc=out, input_precision=PREC)
+            out = tl.dot(_tf32(h2, PREC), _tf32(wht, PREC), acc=out, input_precision=PREC)
             if DUELING:
                 wvt = tl.load(wv + j * wv_si, mask=j_ok, other=0.0)
                 value += tl.sum(h2 * wvt[None, :], axis=1)
@@ -218,7 +222,7 @@ def _q_forward_op(x: Tensor, weights: list[Tensor], biases: list[Tensor], duelin
         *s1, *s2, sv[0], sv[2], sv[3], *sh,
         D0=d0, H1=h1, H2=h2, A=num_actions, P1=_pad(h1), PA=_pad(num_actions), DEPTH=depth, DUELING=dueling,
         BLOCK_M=block_m, BLOCK_K=min(BLOCK_K, _pad(d0)), BLOCK_N=min(BLOCK_N, _pad(h2)),
-        PREC=_prec(x), WPREC=_prec(x) if ROUND_WEIGHTS else "ieee", num_warps=NUM_WARPS, num_stages=NUM_STAGES)
+        PREC=_prec(x), num_warps=NUM_WARPS, num_stages=NUM_STAGES)
     return q
 
 
