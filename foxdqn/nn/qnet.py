@@ -4,10 +4,9 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from foxdqn.nn.heads import DuelingHead, QHead
+from foxdqn.nn.heads import QHead
 from foxdqn.nn.mlp import MLPEncoder
 from foxdqn.ops.mlp_chain import MAX_LAYERS, mlp_chain, mlp_chain_supported
-from foxdqn.ops.q_forward import MAX_HIDDEN, q_forward, q_forward_supported
 
 CHAIN_BACKENDS = ("auto", "triton", "torch")
 
@@ -21,18 +20,6 @@ def _chain_layers(encoder: nn.Module, head: nn.Module) -> list[nn.Linear] | None
         return None
     layers = [linear for linear, _, _ in encoder._layers] + [head.q]
     return layers if len(layers) <= MAX_LAYERS else None
-
-
-def _forward_layers(encoder: nn.Module, head: nn.Module) -> list[nn.Linear] | None:
-    """The Linear layers of a ReLU :class:`MLPEncoder` of 1 or 2 hidden layers followed by a
-    :class:`QHead` (``[W_1, (W_2), q]``) or a :class:`DuelingHead` (``[W_1, (W_2), value,
-    advantage]``), in :func:`foxdqn.ops.q_forward.q_forward`'s order, or None for any other network."""
-    if type(encoder) is not MLPEncoder or type(head) not in (QHead, DuelingHead):
-        return None
-    if not 1 <= len(encoder._layers) <= MAX_HIDDEN or not all(fused for _, _, fused in encoder._layers):
-        return None
-    hidden = [linear for linear, _, _ in encoder._layers]
-    return hidden + ([head.value, head.advantage] if type(head) is DuelingHead else [head.q])
 
 
 def _hooked(modules: list[nn.Module]) -> bool:
@@ -53,14 +40,10 @@ class QNetwork(nn.Module):
     on CUDA as one fused op (:func:`foxdqn.ops.mlp_chain.mlp_chain`: forward one kernel, backward
     two) when the input is a contiguous float32 ``[B, D]`` tensor that needs no gradient (the
     replay's batches and the rollout's observations are) and no forward hook is set on its modules;
-    otherwise, a ReLU ``MLPEncoder`` of 1 or 2 hidden layers (widths <= 256) with a ``QHead`` or
-    a :class:`~foxdqn.nn.heads.DuelingHead` (at most 64 actions: ``eurusd_dqn``'s 162 → 256 → 256
-    → dueling 45) runs its forward as one kernel (:func:`foxdqn.ops.q_forward.q_forward`) where no
-    gradient is needed: under ``torch.no_grad()`` (the collect step, evaluation) or with frozen
-    parameters (the target network). Anything else runs ``head(encoder(obs))``. All paths compute
-    the same function with the same parameters (the modules' own ``nn.Linear`` weights, read at
-    each call: ``state_dict`` keys, checkpoints and ``copy.deepcopy`` are unchanged) and differ only
-    by float rounding.
+    anything else runs
+    ``head(encoder(obs))``. Both compute the same function with the same parameters (the modules'
+    own ``nn.Linear`` weights, read at each call: ``state_dict`` keys, checkpoints and
+    ``copy.deepcopy`` are unchanged) and differ only by float rounding.
 
     Args:
         encoder: features of the observations, ``[B, D] → [B, H]``.
@@ -81,38 +64,22 @@ class QNetwork(nn.Module):
         self.encoder = encoder
         self.head = head
         self.chain_backend = chain_backend
-        # plain lists (they register nothing; a deepcopy of the network maps them to the copy's layers)
+        # a plain list (registers nothing; a deepcopy of the network maps it to the copy's layers)
         self._chain = _chain_layers(encoder, head)
-        self._forward = _forward_layers(encoder, head)
-        self._dueling = type(head) is DuelingHead
 
     def fused_chain(self, obs: torch.Tensor) -> tuple[list, list] | None:
         """``(weights, biases)`` that :meth:`forward` passes to ``mlp_chain`` for ``obs``, or None
         when it runs ``head(encoder(obs))`` (class docstring). Host metadata only."""
-        params = self._params(self._chain, obs)
-        return params if params is not None and mlp_chain_supported(obs, *params) else None
-
-    def fused_forward(self, obs: torch.Tensor) -> tuple[list, list] | None:
-        """``(weights, biases)`` that :meth:`forward` passes to ``q_forward`` for ``obs`` when
-        :meth:`fused_chain` is None, or None when it runs ``head(encoder(obs))`` (class docstring).
-        Host metadata only."""
-        params = self._params(self._forward, obs)
-        return params if params is not None and q_forward_supported(obs, *params, self._dueling) else None
-
-    def _params(self, layers: list[nn.Linear] | None, obs: torch.Tensor) -> tuple[list, list] | None:
-        """``(weights, biases)`` of ``layers`` if a fused op may run them on ``obs`` (the layers
-        exist, ``obs`` needs no gradient, no forward hook is set, ``chain_backend`` allows it), else None."""
-        if layers is None or obs.requires_grad or _hooked([self.encoder, self.head]):
+        if self._chain is None or obs.requires_grad or _hooked([self.encoder, self.head]):
             return None
         if not (self.chain_backend == "triton" or (self.chain_backend == "auto" and obs.is_cuda)):
             return None
-        return [linear.weight for linear in layers], [linear.bias for linear in layers]
+        weights = [linear.weight for linear in self._chain]
+        biases = [linear.bias for linear in self._chain]
+        return (weights, biases) if mlp_chain_supported(obs, weights, biases) else None
 
     def forward(self, obs: torch.Tensor) -> torch.Tensor:
         chain = self.fused_chain(obs)
         if chain is not None:
             return mlp_chain(obs, *chain, backend="triton")
-        fwd = self.fused_forward(obs)
-        if fwd is not None:
-            return q_forward(obs, *fwd, dueling=self._dueling, backend="triton")
         return self.head(self.encoder(obs))

@@ -96,13 +96,18 @@ MAX_WIDTH = 256  # largest hidden width: h_1 is a [BLOCK_M, 256] register tile p
 MAX_ACTIONS = 64  # largest A: the head's accumulator [BLOCK_M, 64]
 MAX_HIDDEN = 2  # hidden layers (1 or 2)
 
-# Launch constants (read from the module at each launch: a sweep script may set them). H200 sweep
-# (BLOCK_M 16/32/64/128, 4/8 warps, BLOCK_K and BLOCK_N 32/64, 2/3 stages; feeding the weight tiles
-# unrounded changed nothing measurable) at eurusd_dqn's sizes, µs per graph replay: 4,096 rows
-# 40.0 (the modules' six kernels 40.0, torch.compile of the reference 44.0), 128 rows 27.5 (27.6,
-# 28.6), 8 members of 512 rows 24.8 (compile 59.2). Not profiled further; every program reads all the
-# weights (about 0.47 MB) from L2, a likely bound. The nn.Linear layout ([out, in]) ran slower than
-# the population's ([P, in, out]) in the sweep, at the same rows.
+# Launch constants (read from the module at each launch: a sweep script may set them), from an
+# H200 sweep (BLOCK_M 16..128, 4/8 warps, BLOCK_K and BLOCK_N 32/64, 2/3 stages; feeding the weight
+# tiles unrounded changed nothing measurable) at eurusd_dqn's sizes, µs per graph replay. Who runs
+# the op follows from it:
+# * 8 members of 512 rows ([P, in, out] weights): 24.8 and 24.5 in two runs, against 57-59 for
+#   torch.compile of the reference and 63 for its torch.baddbmm layers: MemberQNetwork runs it;
+# * one network ([out, in] weights), 4,096 rows: 40.0 and 45.5, against 39.2-40.0 for QNetwork's
+#   modules (six kernels); 128 rows: 27.5 and 44.7, against 26.6-27.6. Wired into QNetwork (with
+#   the session's other op changes), the eurusd_dqn collect step took 73.6 µs instead of 62.5 and
+#   the iteration 0.430 ms instead of 0.372 (bench/results/*kernels-q-forward*): QNetwork keeps its
+#   modules. Not profiled further: every program reads all the weights (about 0.47 MB)
+#   from L2, a likely bound, and the [out, in] tiles are read across their rows.
 BLOCK_M = 32  # rows per program (>= 16, a power of two): 128 programs at the collect step's 4,096 rows
 BLOCK_K = 64  # columns of x (and rows of W_1ᵀ) per step of layer 1's loop: a [64, 256] W_1ᵀ chunk, 64 KiB
 BLOCK_N = 64  # layer-2 units per step of the head loop: a [256, 64] W_2ᵀ tile (64 KiB) and a [64, 64] head tile

@@ -7,7 +7,7 @@ M = 0; a NaN in x stays in its row; members never mix; the same bits on every ca
 reference is QNetwork's and MemberQNetwork's modules; the torch.library registration. GPU (`gpu`
 marker): kernel = emulation and reference on CUDA at eurusd_dqn's 4,096 × 162 → 256 → 256 →
 dueling 45 in TF32 and full float32, one kernel launch, CUDA-graph capture = eager without host
-sync, torch.compile; QNetwork and MemberQNetwork one kernel without gradient."""
+sync, torch.compile; MemberQNetwork's no-gradient forward is one kernel."""
 from __future__ import annotations
 
 import numpy as np
@@ -420,90 +420,6 @@ def test_registered_with_torch_library():
                                q_forward_reference(x, ws, bs, dueling=True), rtol=1e-5, atol=2e-5)
 
 
-# ------------------------------------------------------------------------------ QNetwork, MemberQNetwork
-def _qnet(hidden=(7, 5), head=DuelingHead, activation="relu", obs_dim=4, actions=3, seed=0):
-    torch.manual_seed(seed)
-    net = QNetwork(MLPEncoder(obs_dim, list(hidden), activation), head(hidden[-1], actions))
-    net.chain_backend = "triton"  # the fused ops on CPU, in the interpreter
-    return net
-
-
-@pytest.mark.parametrize("make,grad_mode,frozen,used", [
-    (lambda: _qnet(), False, False, True),  # collect step, evaluation: no_grad
-    (lambda: _qnet(), True, True, True),  # the target network: frozen parameters
-    (lambda: _qnet(), True, False, False),  # the online network in the update: autograd runs the modules
-    (lambda: _qnet(hidden=(7,)), False, False, True),  # one hidden layer
-    (lambda: _qnet(hidden=(7, 5, 3)), False, False, False),  # three hidden layers
-    (lambda: _qnet(hidden=(257, 5)), False, False, False),  # too wide
-    (lambda: _qnet(actions=65), False, False, False),  # too many actions
-    (lambda: _qnet(activation="tanh"), False, False, False),
-    (lambda: _qnet(hidden=(200,), head=QHead), False, False, True),  # a Q head mlp_chain cannot take (> 128)
-    (lambda: _qnet(head=QHead), False, False, False),  # mlp_chain takes it
-])
-def test_qnetwork_runs_q_forward_only_when_eligible(monkeypatch, make, grad_mode, frozen, used):
-    import foxdqn.nn.qnet as qnet_mod
-
-    net = make().requires_grad_(not frozen)
-    calls = []
-
-    def spy(*args, **kwargs):
-        calls.append(1)
-        return qf_mod.q_forward(*args, **kwargs)
-
-    monkeypatch.setattr(qnet_mod, "q_forward", spy)
-    obs = torch.randn(6, net.encoder._layers[0][0].in_features)
-    with torch.set_grad_enabled(grad_mode):
-        got = net(obs)
-        net.chain_backend = "torch"
-        want = net(obs)
-        net.chain_backend = "auto"  # CPU input: never fused
-        net(obs)
-    assert len(calls) == int(used)
-    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
-
-
-def test_qnetwork_with_a_forward_hook_runs_its_modules():
-    net, obs = _qnet(), torch.randn(6, 4)
-    seen = []
-    handle = net.head.register_forward_hook(lambda m, i, o: seen.append(o.shape))
-    with torch.no_grad():
-        assert net.fused_forward(obs) is None
-        net(obs)
-        assert seen == [torch.Size([6, 3])]
-        handle.remove()
-        assert net.fused_forward(obs) is not None
-
-
-def test_eurusd_dqn_iterations_q_forward_equal_modules(monkeypatch):
-    """eurusd_dqn's eager iterations (collect, Double DQN update, Adam, target network) with the
-    online and target networks' no-gradient forwards on q_forward give the losses and weights of
-    the modules' path (same float32 products in the interpreter: equal to rounding)."""
-    import foxdqn.nn.qnet as qnet_mod
-    from support import experiment_state, iterate
-
-    calls = []
-
-    def spy(*args, **kwargs):
-        calls.append(args[0].shape[0])
-        return qf_mod.q_forward(*args, **kwargs)
-
-    monkeypatch.setattr(qnet_mod, "q_forward", spy)
-
-    def run(backend):
-        s, _ = experiment_state("eurusd_dqn")
-        for net in (s.nets.online, s.nets.target):
-            net.chain_backend = backend
-        iterate(s, use_graph=False, collect_iters=4, full_iters=3)
-        return s.monitors.guard.acc.clone(), [p.detach().clone() for p in s.nets.trainable]
-
-    acc, params = run("triton")
-    assert {8, 32} <= set(calls)  # collect (8 envs), the target network on s' (batch 32)
-    acc_ref, params_ref = run("torch")
-    torch.testing.assert_close(acc, acc_ref, rtol=1e-5, atol=1e-6)
-    for a, e in zip(params, params_ref):
-        torch.testing.assert_close(a, e, rtol=1e-5, atol=1e-6)
-
-
 # ------------------------------------------------------------------------------ GPU
 @pytest.fixture
 def matmul_precision():
@@ -618,25 +534,19 @@ def test_gpu_torch_compile():
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("members", [1, 4])
-def test_gpu_networks_run_one_kernel_without_grad(members):
-    """QNetwork (eurusd_dqn's shape) and MemberQNetwork (P members of it) on CUDA: a no-grad forward
-    is one kernel and equals the modules' path; with gradients the modules run (autograd)."""
+def test_gpu_member_network_runs_one_kernel_without_grad():
+    """MemberQNetwork of 4 members of eurusd_dqn's network on CUDA: a no-grad forward is one kernel
+    and equals each member's own QNetwork; with gradients the modules run (autograd)."""
     from support import cuda_kernels
 
     torch.manual_seed(3)
-    nets = [QNetwork(MLPEncoder(162, [256, 256]), DuelingHead(256, 45)).cuda() for _ in range(members)]
-    net = nets[0] if members == 1 else MemberQNetwork.from_networks(nets, "relu")
-    obs = torch.randn(*(() if members == 1 else (members,)), 512, 162, device="cuda")
+    nets = [QNetwork(MLPEncoder(162, [256, 256]), DuelingHead(256, 45)).cuda() for _ in range(4)]
+    net = MemberQNetwork.from_networks(nets, "relu")
+    obs = torch.randn(4, 512, 162, device="cuda")
     with torch.no_grad():
         n, names = cuda_kernels(lambda: net(obs))
         got = net(obs)
-        if members == 1:
-            net.chain_backend = "torch"
-            want = net(obs)
-        else:
-            want = torch.stack([m(obs[p]) for p, m in enumerate(nets)])  # each member its own network
+        want = torch.stack([m(o) for m, o in zip(nets, obs)])  # each member its own network
     assert n == 1, names
     _close(got, want, rtol=1e-2, ulps=2**15)
-    q = net(obs)
-    assert q.requires_grad  # grad mode on, trainable parameters: the modules, differentiable
+    assert net(obs).requires_grad  # grad mode on, trainable parameters: the modules, differentiable

