@@ -21,6 +21,8 @@ import itertools
 import json
 import os
 
+KERNEL_PROVIDERS = ("triton", "fused")  #: the providers that are the op itself (bench.ops.common.against_compile)
+
 #: op → its launch constants and the values to try (the op module is foxdqn.ops.<op>)
 SWEEPS = {
     "epsilon_greedy": {"BLOCK": [8, 16, 32, 64, 128], "NUM_WARPS": [1, 2, 4], "MAX_BLOCK_A": [16, 64]},
@@ -68,9 +70,9 @@ def sweep(op: str, device: str = "cuda") -> dict:
             cfg = dict(zip(grid, values))
             for k, v in cfg.items():
                 setattr(opmod, k, v)
-            try:
+            try:  # the op's own rows only (a bench module may add providers, e.g. q_forward's modules)
                 res["configs"].append({"cfg": cfg, "us": {f"{r['op']} | {r['size']}": round(r["ms"] * 1e3, 2)
-                                                          for r in bm.rows(device)}})
+                                                          for r in bm.rows(device) if r["provider"] in KERNEL_PROVIDERS}})
             except Exception as exc:  # a combination that cannot launch is recorded, not fatal
                 res["configs"].append({"cfg": cfg, "error": f"{type(exc).__name__}: {str(exc)[:200]}"})
     finally:

@@ -1,12 +1,14 @@
 """bench/ops_sweep.py on CPU (ops in Triton's interpreter, timing replaced by a counter): every
-combination of an op's constants runs its bench rows with the constants set on the op module, a
-combination that cannot launch has no times and is not ranked, the constants come back after, and the summary
+combination of an op's constants runs its bench rows with the constants set on the op module (the
+op's own rows only, not another provider's), a combination that cannot launch has no times and is
+not ranked, the constants come back after, and the summary
 ranks combinations by their worst kernel/compile ratio; unknown ops are refused."""
 from __future__ import annotations
 
 import pytest
 
 import bench.ops_sweep as sweep_mod
+import bench.ops.bench_dueling_combine as bm
 import foxdqn.ops.dueling_combine as dc
 
 
@@ -24,6 +26,13 @@ def test_sweep_sets_restores_and_ranks(monkeypatch):
         return us, us, us, "fake"
 
     monkeypatch.setattr(common, "bench_ms", fake_bench_ms)
+    real_rows = bm.rows
+
+    def rows_with_another_provider(device):  # as bench_q_forward's modules row: not the op, not kept
+        out = real_rows(device)
+        return out + [dict(r, provider="modules", ms=9.0) for r in out if r["provider"] == "triton"]
+
+    monkeypatch.setattr(bm, "rows", rows_with_another_provider)
     monkeypatch.setitem(sweep_mod.SWEEPS, "dueling_combine", {"TILE": [256, 512, 7], "NUM_WARPS": [1]})
     before = (dc.TILE, dc.NUM_WARPS)
     res = sweep_mod.sweep("dueling_combine", device="cpu")

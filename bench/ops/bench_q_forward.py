@@ -7,8 +7,9 @@ forward of ``agent.batch_size`` = 128 next states, and a population of 8 members
 (the same 4,096 rows; :class:`foxdqn.population.network.MemberQNetwork`'s ``[P, in, out]``
 weights, 8 copies of the network). Providers: ``triton`` (the op), ``torch`` (the reference:
 ``F.linear`` / ``torch.baddbmm`` + ``torch.relu`` per layer and the dueling combine written out,
-eager), ``torch.compile`` of the reference, and for the single network ``modules``: its forward
-without this op (``chain_backend="torch"``) under ``torch.no_grad()``: one cuBLASLt GEMM with the
+eager), ``torch.compile`` of the reference, and for the single network ``modules``: ``QNetwork``'s
+own forward under ``torch.no_grad()`` (it does not run this op; ``chain_backend="torch"`` also
+keeps ``mlp_chain`` out): one cuBLASLt GEMM with the
 bias + ReLU epilogue per hidden layer (foxdqn/ops/linear_relu.py), the value and advantage GEMMs
 and foxdqn/ops/dueling_combine.py (the population's path without the op is the reference's
 ``torch.baddbmm`` per layer). Matmul precision as in training (``agent.matmul_precision``, TF32 by
@@ -50,7 +51,7 @@ def _rows(t, dev) -> list[dict]:
 
     g = torch.Generator(device=dev).manual_seed(0)
     net = copy.deepcopy(t.net).requires_grad_(False)
-    net.chain_backend = "torch"  # the modules: the path before this op
+    net.chain_backend = "torch"  # QNetwork's modules (no fused op)
     dueling = isinstance(net.head, DuelingHead)
     linears = [m for m in net.modules() if isinstance(m, torch.nn.Linear)]  # encoder, then (value, advantage | q)
     ws = [m.weight for m in linears]

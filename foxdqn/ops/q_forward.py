@@ -38,7 +38,9 @@ Every width is padded to a power of two >= 16 (``tl.dot``'s smallest tile) with 
 padded units are set to exactly 0 after each ReLU (also in a row whose x holds an inf or NaN), so
 they add nothing; the dueling mean sums the A real columns only. ``BLOCK_M``, ``BLOCK_K``,
 ``BLOCK_N``, ``NUM_WARPS``, ``NUM_STAGES`` are module constants read at each launch (a sweep may
-set them on the module).
+set them on the module). They are sized for the H200's shared memory; on a GPU where they raise
+Triton's ``OutOfResources`` at the first launch (before any graph capture: the first calls are
+eager), the op launches with :data:`SMALL_TILES` there from then on.
 
 Precision: the rule of :mod:`foxdqn.ops.mlp_chain`. Where torch runs float32 CUDA matmuls in TF32
 (``torch.set_float32_matmul_precision("high")``, the run's default; :func:`tf32_enabled`) every
@@ -84,6 +86,7 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 from torch import Tensor
+from triton.runtime.errors import OutOfResources
 
 from foxdqn.ops.backend import INTERPRET, describe, resolve_backend
 from foxdqn.ops.library import device_op, wrap_triton
@@ -96,23 +99,25 @@ MAX_WIDTH = 256  # largest hidden width: h_1 is a [BLOCK_M, 256] register tile p
 MAX_ACTIONS = 64  # largest A: the head's accumulator [BLOCK_M, 64]
 MAX_HIDDEN = 2  # hidden layers (1 or 2)
 
-# Launch constants (read from the module at each launch: a sweep script may set them), from an
-# H200 sweep (BLOCK_M 16..128, 4/8 warps, BLOCK_K and BLOCK_N 32/64, 2/3 stages; feeding the weight
-# tiles unrounded changed nothing measurable) at eurusd_dqn's sizes, µs per graph replay. Who runs
-# the op follows from it:
-# * 8 members of 512 rows ([P, in, out] weights): 24.8 and 24.5 in two runs, against 57-59 for
-#   torch.compile of the reference and 63 for its torch.baddbmm layers: MemberQNetwork runs it;
-# * one network ([out, in] weights), 4,096 rows: 40.0 and 45.5, against 39.2-40.0 for QNetwork's
-#   modules (six kernels); 128 rows: 27.5 and 44.7, against 26.6-27.6. Wired into QNetwork (with
-#   the session's other op changes), the eurusd_dqn collect step took 73.6 µs instead of 62.5 and
-#   the iteration 0.430 ms instead of 0.372 (bench/results/*kernels-q-forward*): QNetwork keeps its
-#   modules. Not profiled further: every program reads all the weights (about 0.47 MB)
-#   from L2, a likely bound, and the [out, in] tiles are read across their rows.
-BLOCK_M = 32  # rows per program (>= 16, a power of two): 128 programs at the collect step's 4,096 rows
+# Launch constants (read from the module at each launch: a sweep script may set them), from H200
+# sweeps (bench/results/2026-12-01_NVIDIA-H200_ops-sweep-issue17.md; feeding the weight tiles
+# unrounded changed nothing measurable), µs per graph replay at eurusd_dqn's sizes:
+# * 8 members of 512 rows ([P, in, out] weights, what MemberQNetwork runs): 24.5-24.8 with these
+#   constants, against 57-59 for torch.compile of the reference and 63 for its torch.baddbmm layers;
+# * one network ([out, in] weights): with these constants 45.5 at 4,096 rows and 44.7 at 128,
+#   against QNetwork's six-kernel modules' 39.2-40.0 and 26.6-27.6, so QNetwork keeps its modules
+#   (wired in, the eurusd_dqn iteration took 0.430 ms instead of 0.372: *kernels-q-forward*). The
+#   sweep 2 there found 29.7 at 4,096 rows with 8 warps and 27.7 at 128 with BLOCK_M 16 and 8 warps:
+#   per-layout constants might make the one network faster than its modules (not measured in a run).
+BLOCK_M = 32  # rows per program (>= 16, a power of two): 128 programs for 4,096 rows
 BLOCK_K = 64  # columns of x (and rows of W_1ᵀ) per step of layer 1's loop: a [64, 256] W_1ᵀ chunk, 64 KiB
 BLOCK_N = 64  # layer-2 units per step of the head loop: a [256, 64] W_2ᵀ tile (64 KiB) and a [64, 64] head tile
 NUM_WARPS = 4  # warps per program
 NUM_STAGES = 3  # software-pipelining stages of the two loops (Triton's default)
+#: (BLOCK_K, BLOCK_N, num_stages) used on a device where the constants above raised Triton's
+#: OutOfResources (less shared memory than the H200's 227 KiB): [256, 32] weight tiles, 2 stages
+SMALL_TILES = (32, 32, 2)
+_FITS: dict = {}  # device → SMALL_TILES once the module's tiles did not fit there (kept for the process)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -222,13 +227,25 @@ def _q_forward_op(x: Tensor, weights: list[Tensor], biases: list[Tensor], duelin
     wv, bv = (weights[-2], biases[-2]) if dueling else (wh, bh)
     s1, s2, sv, sh = _strides(w1, b1), _strides(w2, b2), _strides(wv, bv), _strides(wh, bh)
     block_m = BLOCK_M  # the module's launch constants, read now (a sweep may have set them)
-    wrap_triton(_q_forward_kernel)[(triton.cdiv(rows, block_m), members)](
-        x, q, rows, w1, b1, w2, b2, wv, bv, wh, bh,
-        *s1, *s2, sv[0], sv[2], sv[3], *sh,
-        D0=d0, H1=h1, H2=h2, A=num_actions, P1=_pad(h1), PA=_pad(num_actions), DEPTH=depth, DUELING=dueling,
-        BLOCK_M=block_m, BLOCK_K=min(BLOCK_K, _pad(d0)), BLOCK_N=min(BLOCK_N, _pad(h2)),
-        PREC=_prec(x), num_warps=NUM_WARPS, num_stages=NUM_STAGES)
+    args = (x, q, rows, w1, b1, w2, b2, wv, bv, wh, bh, *s1, *s2, sv[0], sv[2], sv[3], *sh)
+    meta = dict(D0=d0, H1=h1, H2=h2, A=num_actions, P1=_pad(h1), PA=_pad(num_actions), DEPTH=depth,
+                DUELING=dueling, BLOCK_M=block_m, PREC=_prec(x), num_warps=NUM_WARPS)
+    tiles = _FITS.get(x.device, (BLOCK_K, BLOCK_N, NUM_STAGES))
+    try:
+        _launch((triton.cdiv(rows, block_m), members), args, meta, tiles, d0, h2)
+    except OutOfResources:  # this GPU's shared memory is smaller than the H200's: smaller weight tiles
+        if tiles == SMALL_TILES:
+            raise
+        _FITS[x.device] = SMALL_TILES
+        _launch((triton.cdiv(rows, block_m), members), args, meta, SMALL_TILES, d0, h2)
     return q
+
+
+def _launch(grid, args, meta, tiles, d0: int, h2: int) -> None:
+    """One launch of the kernel with ``tiles`` = (BLOCK_K, BLOCK_N, num_stages)."""
+    block_k, block_n, stages = tiles
+    wrap_triton(_q_forward_kernel)[grid](*args, BLOCK_K=min(block_k, _pad(d0)), BLOCK_N=min(block_n, _pad(h2)),
+                                         num_stages=stages, **meta)
 
 
 # ---------------------------------------------------------------------------------------------

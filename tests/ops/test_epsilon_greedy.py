@@ -165,3 +165,18 @@ def test_gpu_kernel_equals_reference_and_captures():
     step.fill_(10**6)
     graph.replay()
     assert torch.equal(out, epsilon_greedy_reference(q, step, start, end, duration, u))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("a", [1, 2, 100])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_gpu_argmax_widths_and_dtypes(a, dtype):
+    """The compiled kernel at A = 1, 2 (one tile narrower than 16) and 100 (two tiles of 64), float32
+    and float64 q with ties, NaN and -inf planted in some rows: ε = 0, so every action is the argmax."""
+    q, start, end, duration, u = _case(1000, a, 1, seed=a, device="cuda")
+    q = q.to(dtype)
+    q[::7, -1] = float("nan")
+    q[3::11] = float("-inf")
+    zero = torch.zeros(1, device="cuda")
+    k, r = _both(q, torch.tensor(5, device="cuda"), zero, zero, torch.ones(1, device="cuda"), u, backend="auto")
+    assert torch.equal(k, r) and torch.equal(k, q.argmax(dim=1))

@@ -147,11 +147,44 @@ def test_launch_constants_are_read_at_each_launch(monkeypatch):
     """Other tile sizes (a sweep sets them on the module) give the same Q to float rounding."""
     x, ws, bs = _case(3, 40, [37, 48, 40], 9, True, True, seed=2)
     want = q_forward_reference(x, ws, bs, dueling=True)
+    real, seen = qf_mod._launch, []
+
+    def spy(grid, args, meta, tiles, d0, h2):
+        seen.append((grid, meta["BLOCK_M"], tiles))
+        real(grid, args, meta, tiles, d0, h2)
+
+    monkeypatch.setattr(qf_mod, "_launch", spy)
+    monkeypatch.setattr(qf_mod, "_FITS", {})
     for block_m, block_k, block_n in ((16, 16, 16), (64, 64, 64)):
         monkeypatch.setattr(qf_mod, "BLOCK_M", block_m)
         monkeypatch.setattr(qf_mod, "BLOCK_K", block_k)
         monkeypatch.setattr(qf_mod, "BLOCK_N", block_n)
         torch.testing.assert_close(_kernel(x, ws, bs, True), want, rtol=1e-5, atol=2e-5)
+        assert seen[-1] == (((40 + block_m - 1) // block_m, 3), block_m, (block_k, block_n, qf_mod.NUM_STAGES))
+
+
+def test_smaller_tiles_where_the_shared_memory_is_smaller(monkeypatch):
+    """A device where the module's tiles raise OutOfResources (a GPU with less shared memory than
+    the H200): the launch is retried with SMALL_TILES, which that device keeps from then on."""
+    from triton.runtime.errors import OutOfResources
+
+    real, tried = qf_mod._launch, []
+
+    def small_smem(grid, args, meta, tiles, d0, h2):
+        tried.append(tiles)
+        if tiles != qf_mod.SMALL_TILES:
+            raise OutOfResources(262144, 166912, "shared memory")
+        real(grid, args, meta, tiles, d0, h2)
+
+    monkeypatch.setattr(qf_mod, "_launch", small_smem)
+    monkeypatch.setattr(qf_mod, "_FITS", {})
+    x, ws, bs = _case(1, 40, [37, 48, 40], 9, True, False, seed=3)
+    want = q_forward_reference(x, ws, bs, dueling=True)
+    for _ in range(2):
+        torch.testing.assert_close(_kernel(x, ws, bs, True), want, rtol=1e-5, atol=2e-5)
+    big = (qf_mod.BLOCK_K, qf_mod.BLOCK_N, qf_mod.NUM_STAGES)
+    assert tried == [big, qf_mod.SMALL_TILES, qf_mod.SMALL_TILES]  # the second call goes straight to them
+    assert qf_mod._FITS == {x.device: qf_mod.SMALL_TILES}
 
 
 def test_strided_weights_and_biases():
@@ -485,7 +518,8 @@ def test_gpu_one_kernel_launch():
 @pytest.mark.gpu
 def test_gpu_modules_equal_kernel(matmul_precision):
     """An eurusd_dqn-shaped QNetwork and a MemberQNetwork of 3 on CUDA: the op with their weights
-    (no_grad, as the collect step) equals their forward to TF32 rounding."""
+    (no_grad, as the collect step) equals their modules' forward to TF32 rounding (the members'
+    through each member's own QNetwork: MemberQNetwork itself runs the op)."""
     matmul_precision("high")
     nets = [n.cuda() for n in _nets(DuelingHead, obs=162, hidden=(256, 256), actions=45)]
     members = MemberQNetwork.from_networks(nets, "relu").cuda()
@@ -495,7 +529,8 @@ def test_gpu_modules_equal_kernel(matmul_precision):
         got = q_forward(obs, [m.weight for m in linears], [m.bias for m in linears], dueling=True)
         _close(got, nets[0](obs), rtol=1e-2, ulps=2**15, name="QNetwork")
         got = q_forward(pobs, list(members.weights), list(members.biases), dueling=True)
-        _close(got, members(pobs), rtol=1e-2, ulps=2**15, name="MemberQNetwork")
+        want = torch.stack([net(o) for net, o in zip(nets, pobs)])
+        _close(got, want, rtol=1e-2, ulps=2**15, name="MemberQNetwork")
 
 
 @pytest.mark.gpu

@@ -78,8 +78,37 @@ def test_bad_arguments(args, match):
         relu_bias_grad(*args, backend="triton")
 
 
-def test_auto_takes_the_reference_for_float64():
-    dy, y = (t.double() for t in _case(9, 4, seed=1))
+def test_linear_relu_backward_through_the_kernel(monkeypatch):
+    """linear_relu's backward (fused path) with relu_bias_grad's kernel (the interpreter; on CUDA
+    "auto" picks it) gives autograd's gradients of relu(F.linear) for x, W and b."""
+    import functools
+
+    import foxdqn.ops.linear_relu as lr_mod
+
+    calls = []
+
+    def kernel(grad_y, y):
+        calls.append(grad_y.shape)
+        return relu_bias_grad(grad_y, y, backend="triton")
+
+    monkeypatch.setattr(lr_mod, "relu_bias_grad", kernel)
+    g = torch.Generator().manual_seed(4)
+    x, w, b = torch.randn(37, 6, generator=g), torch.randn(9, 6, generator=g), torch.randn(9, generator=g)
+    up = torch.randn(37, 9, generator=g)
+    grads = []
+    for fn in (functools.partial(lr_mod.linear_relu, backend="fused"), lr_mod.linear_relu_reference):
+        xs, ws, bs = (t.clone().requires_grad_(True) for t in (x, w, b))
+        grads.append(torch.autograd.grad((fn(xs, ws, bs) * up).sum(), (xs, ws, bs)))
+    assert calls == [torch.Size([37, 9])]
+    for a, e in zip(*grads):
+        torch.testing.assert_close(a, e, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.gpu
+def test_gpu_auto_takes_the_reference_for_float64():
+    dy, y = (t.double() for t in _case(9, 4, seed=1, device="cuda"))
+    n, names = cuda_kernels(lambda: relu_bias_grad(dy, y))
+    assert not any("relu_bias_grad" in name for name in names), names
     dz, db = relu_bias_grad(dy, y)
     assert dz.dtype == db.dtype == torch.float64
     assert torch.equal(db, relu_bias_grad_reference(dy, y)[1])
