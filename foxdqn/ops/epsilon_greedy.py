@@ -24,9 +24,10 @@ reference, :func:`epsilon_greedy_reference`, defines the semantics both backends
 The greedy action is the first index of the row's maximum, NaN counting as larger than any
 number (torch.argmax's rule): the kernel reads the row in tiles of ``BLOCK_A`` columns (one tile
 for A <= ``MAX_BLOCK_A``), takes each tile's first NaN, else the first column equal to its
-maximum, and keeps a later tile's pick only if it is a NaN after no NaN, or strictly larger. The schedule is evaluated with the
-reference's float32 roundings (IEEE ``div_rn``, launched with ``enable_fp_fusion=False``: no
-multiply-add contraction), so kernel and reference give the same actions bit for bit.
+maximum, and keeps a later tile's pick only if it is a NaN after no NaN, or strictly larger. The
+schedule is evaluated with the reference's float32 roundings (IEEE ``div_rn``, launched with
+``enable_fp_fusion=False``: no multiply-add contraction), so kernel and reference give the same
+actions bit for bit.
 
 Population: ``start``, ``end``, ``duration`` have one row per group (``G = P`` members of
 ``N // P`` envs each, ``G = 1`` for one run); one launch serves both.

@@ -18,8 +18,8 @@ float32's range, gives total Inf and coef 0 (NaN if max_norm is Inf); a zero tot
 
 Kernel count: one launch for up to 8 tensors (a network's list is usually one launch), in place of
 ``torch._foreach_norm`` (its output fill and two kernels) and ``clip_grad_norm_``'s tail (stack,
-norm, add, reciprocal, mul, clamp): nine kernels to one, for the single run and the population alike (P members are more programs of
-the same launch).
+norm, add, reciprocal, mul, clamp): nine kernels to one, for the single run and the population
+alike (P members are more programs of the same launch).
 
 Order of the sum and the ticket. Program ``(k, p, b)`` (tensor, member, block:
 :mod:`foxdqn.ops.tensor_list`) squares its block (each square rounded to float32), sums it with

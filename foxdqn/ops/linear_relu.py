@@ -52,7 +52,7 @@ class _LinearReLU(torch.autograd.Function):
     def backward(ctx, grad_y):
         x2, weight, y = ctx.saved_tensors
         need_x, need_w, need_b = ctx.needs_input_grad
-        if need_b:  # dz = dy where y > 0, else 0, and db = Σ_rows dz: one kernel on CUDA
+        if need_b:  # dz = 0 where y <= 0, else dy, and db = Σ_rows dz: one kernel on CUDA
             grad_z, grad_b = relu_bias_grad(grad_y, y)
         else:
             grad_z, grad_b = torch.ops.aten.threshold_backward(grad_y, y, 0), None
