@@ -4,11 +4,12 @@ For each op named (default: all of :data:`SWEEPS`), in one process: the op's ben
 (``bench/ops/bench_<op>.py``) runs once with every provider (its ``torch.compile`` rows are the
 yardstick), then once per combination of the op module's launch constants (set on the module:
 every op listed reads them at each launch), timing the op alone (``bench.ops.common.bench_ms``:
-a CUDA-graph replay of one call). A combination that cannot run (e.g. Triton's shared-memory
-limit) gets no time for that size (``provider_rows`` prints the error on stderr) and is not
-ranked; one whose bench module itself raises is recorded with the error. Prints, per op and size, compile's time and the three fastest
-combinations, then the combinations ranked by their worst kernel/compile ratio over the sizes;
-writes everything as JSON. The constants are restored after each op. Results of the sweeps that
+a CUDA-graph replay of one call; only the op's own rows are kept, not another provider a bench
+module adds). A combination that cannot run (e.g. Triton's shared-memory limit) gets no time for
+that size (``provider_rows`` prints the error on stderr) and is not ranked; one whose bench
+module itself raises is recorded with the error. Prints, per op and size, compile's time and the
+three fastest combinations, then the combinations ranked by their worst kernel/compile ratio over
+the sizes; writes everything as JSON. The constants are restored after each op. Results of the sweeps that
 set today's constants: bench/results/2026-12-01_NVIDIA-H200_ops-sweep-issue17.md.
 
 Run: ``python -m bench.ops_sweep [OP ...] [--out DIR]`` (matmul precision "high", as training).

@@ -33,7 +33,6 @@ import torch
 from foxdqn.config import to_plain, upgrade
 from foxdqn.errors import ConfigError
 from foxdqn.io_atomic import write_bytes_atomic
-from foxdqn.step.adam import Adam
 
 FORMAT = 3  # 3: keys of the TrainState parts (nets., rollout., monitors., ...); parameters stored once
 _OWN = ("cfg", "device", "generator", "env_steps", "updates")  # saved as their own entries
@@ -49,7 +48,7 @@ def _walk(obj: Any, path: str, seen: set[int]) -> Iterator[tuple[str, torch.Tens
         return
     if isinstance(obj, _SKIP_TYPES) or id(obj) in seen or callable(obj) and not hasattr(obj, "__dict__"):
         return
-    if getattr(type(obj), "checkpointed", True) is False:  # scratch rebuilt every update (WeightCheck)
+    if getattr(type(obj), "checkpointed", True) is False:  # scratch (WeightCheck), or saved apart (step.adam.Adam)
         return
     seen.add(id(obj))
     if isinstance(obj, torch.nn.Module):
@@ -65,7 +64,7 @@ def _walk(obj: Any, path: str, seen: set[int]) -> Iterator[tuple[str, torch.Tens
             if isinstance(key, (str, int)):
                 yield from _walk(item, f"{path}[{key!r}]", seen)
         return
-    if isinstance(obj, (torch.Generator, torch.optim.Optimizer, Adam)) or not hasattr(obj, "__dict__"):
+    if isinstance(obj, (torch.Generator, torch.optim.Optimizer)) or not hasattr(obj, "__dict__"):
         return
     for name, item in vars(obj).items():
         yield from _walk(item, f"{path}.{name}", seen)

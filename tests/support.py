@@ -384,6 +384,24 @@ def assert_within_ulps(actual, expected, ulps, name=""):
     assert_close_report(actual, expected, atol=ulps * 2.0**-23 * scale + 1e-30, name=name)
 
 
+def assert_close_ulps(actual, expected, rtol, ulps, name=""):
+    """|a - e| <= rtol |e| + ``ulps`` float32 ulps (2**-23) of max |e|, in float64
+    (``torch.testing.assert_close``; a NaN on either side fails): sums that cancel keep an absolute
+    error of the size of their terms. The fused MLP kernels' comparator (tests/ops/test_mlp_chain.py,
+    test_q_forward.py)."""
+    scale = float(expected.abs().max()) if expected.numel() else 0.0
+    torch.testing.assert_close(actual.detach().cpu().double(), expected.detach().cpu().double(), rtol=rtol,
+                               atol=ulps * 2.0**-23 * scale + 1e-30, msg=name)
+
+
+def round_tf32(t: torch.Tensor) -> torch.Tensor:
+    """float32 → TF32 (10 mantissa bits), to nearest with ties away from zero, NaN kept (numpy): what
+    the fused MLP kernels do to a product's operands where torch's matmuls run in TF32."""
+    a = t.detach().cpu().numpy().astype(np.float32)
+    r = ((a.view(np.uint32) + np.uint32(0x1000)) & np.uint32(0xFFFFE000)).view(np.float32)
+    return torch.from_numpy(np.where(np.isnan(a), a, r))
+
+
 def torch_clip(grads, max_norm):
     """torch.nn.utils.clip_grad_norm_ (foreach) on copies of ``grads``: ``(total, clipped grads)``."""
     params = []

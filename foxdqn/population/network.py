@@ -10,8 +10,8 @@ network, evaluation) and the network is a ReLU MLP of 1 or 2 hidden layers of wi
 dueling head of at most 64 actions, the whole forward of all P members is one kernel
 (:func:`foxdqn.ops.q_forward.q_forward`; measured at ``eurusd_dqn``'s shape, 8 members of 512
 rows: 24.5 µs against 63 for the layers below, docs/bench.md#kernels). A plain Q head (the
-CartPole populations) keeps the layers: the op takes it, but it was not timed there. Members never mix: member p's outputs read only member p's
-parameters and inputs.
+CartPole populations) keeps the layers: the op takes it, but it was not timed there. Members
+never mix: member p's outputs read only member p's parameters and inputs.
 
 :meth:`MemberQNetwork.from_networks` stacks P classic networks (so a member starts from exactly
 the weights a single run of its seed would, :func:`foxdqn.step.build.build_network`);

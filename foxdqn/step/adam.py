@@ -49,6 +49,10 @@ class Adam:
         ValueError: a beta outside [0, 1) or eps <= 0.
     """
 
+    #: foxdqn.checkpoint's tensor walk passes over it: its state goes in the checkpoint's "optimizer"
+    #: entry (state_dict) and comes back through load_state_dict
+    checkpointed = False
+
     def __init__(self, params, lr: torch.Tensor, betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-8) -> None:
         params = list(params)
         if not all(0.0 <= b < 1.0 for b in betas) or not eps > 0:

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import copy
 
-import numpy as np
 import pytest
 import torch
 
@@ -22,7 +21,7 @@ from foxdqn.nn.qnet import QNetwork
 from foxdqn.ops.backend import INTERPRET
 from foxdqn.ops.mlp_chain import mlp_chain, mlp_chain_reference, mlp_chain_supported, tf32_enabled
 
-from support import capture_graph, no_host_sync, require_compiled_kernels
+from support import assert_close_ulps, capture_graph, no_host_sync, require_compiled_kernels, round_tf32
 
 _need_compiled = require_compiled_kernels(INTERPRET)
 
@@ -54,14 +53,6 @@ def _kernel(x, ws, bs):
 
 def _names(n):
     return ["y", *(f"dW{i + 1}" for i in range(n)), *(f"db{i + 1}" for i in range(n))]
-
-
-def _close(a, e, rtol, ulps, name):
-    """|a - e| <= rtol |e| + ``ulps`` float32 ulps of max |e| (sums that cancel keep an absolute
-    error of the size of their terms)."""
-    scale = float(e.abs().max()) if e.numel() else 0.0
-    torch.testing.assert_close(a.detach().cpu().double(), e.detach().cpu().double(), rtol=rtol,
-                               atol=ulps * 2.0**-23 * scale + 1e-30, msg=name)
 
 
 SHAPES = [
@@ -187,13 +178,6 @@ def test_empty_batch():
 
 
 # ------------------------------------------------------------------------------ TF32
-def _round_tf32(t: torch.Tensor) -> torch.Tensor:
-    """float32 → TF32 (10 mantissa bits), to nearest with ties away from zero, NaN kept (numpy)."""
-    a = t.detach().cpu().numpy().astype(np.float32)
-    r = ((a.view(np.uint32) + np.uint32(0x1000)) & np.uint32(0xFFFFE000)).view(np.float32)
-    return torch.from_numpy(np.where(np.isnan(a), a, r))
-
-
 def _run_layers(x, ws, bs, up, tf32):
     """The kernels (on x's device) and a float64 emulation of their arithmetic (``tf32``: products
     of operands rounded to TF32), layer by layer: ``(got, want, names)``. Each emulated layer
@@ -202,7 +186,7 @@ def _run_layers(x, ws, bs, up, tf32):
     rounding boundary) does not carry its difference down the chain. Compared: y, h_1 .. h_{n-1},
     the dW and db."""
     def r(t):
-        return _round_tf32(t.float()).double() if tf32 else t.double()
+        return round_tf32(t.float()).double() if tf32 else t.double()
 
     ws = [w.detach().clone().requires_grad_(True) for w in ws]
     bs = [b.detach().clone().requires_grad_(True) for b in bs]
@@ -229,7 +213,7 @@ def _run_layers(x, ws, bs, up, tf32):
 def test_round_tf32_is_round_to_nearest():
     v = torch.tensor([1.0 + 2.0**-11, 1.0 + 2.0**-10 + 2.0**-11, -(1.0 + 3 * 2.0**-12), 1.0 + 2.0**-12,
                       float("nan"), float("inf")])
-    got = _round_tf32(v)
+    got = round_tf32(v)
     want = torch.tensor([1.0 + 2.0**-10, 1.0 + 2.0**-9, -(1.0 + 2.0**-10), 1.0, float("nan"), float("inf")])
     torch.testing.assert_close(got, want, rtol=0, atol=0, equal_nan=True)
 
@@ -240,7 +224,7 @@ def _check_layers(got, want, names, tf32):
     put across a TF32 rounding boundary (2**-11 of one term: 2**-13 of max |e|)."""
     for a, e, name in zip(got, want, names):
         ulps = 64 if name[0] in "yh" else 2**10 if tf32 else 256
-        _close(a, e, rtol=1e-5, ulps=ulps, name=name)
+        assert_close_ulps(a, e, rtol=1e-5, ulps=ulps, name=name)
 
 
 def test_tf32_path_rounds_operands(monkeypatch):
@@ -433,14 +417,6 @@ def test_qnetwork_bad_chain_backend():
 
 
 # ------------------------------------------------------------------------------ GPU
-@pytest.fixture
-def matmul_precision():
-    """Sets torch's float32 matmul precision for the test and restores it after."""
-    before = torch.get_float32_matmul_precision()
-    yield torch.set_float32_matmul_precision
-    torch.set_float32_matmul_precision(before)
-
-
 GPU_SHAPES = [(1, [4, 2]), (10, CARTPOLE), (128, CARTPOLE), (256, CARTPOLE), (4097, [9, 128, 120, 84, 4])]
 
 
@@ -457,7 +433,7 @@ def test_gpu_kernel_equals_reference_highest(matmul_precision, rows, dims):
     x, ws, bs, up = _case(rows, dims, seed=rows, device="cuda")
     got, want, names = _run_layers(x, ws, bs, up, tf32=False)
     _check_layers(got, want, names, tf32=False)
-    _close(got[0], mlp_chain_reference(x, ws, bs), rtol=1e-5, ulps=64, name="y vs torch")
+    assert_close_ulps(got[0], mlp_chain_reference(x, ws, bs), rtol=1e-5, ulps=64, name="y vs torch")
 
 
 @pytest.mark.gpu
@@ -473,7 +449,7 @@ def test_gpu_kernel_tf32_equals_emulation(matmul_precision, rows, dims):
     x, ws, bs, up = _case(rows, dims, seed=rows + 1, device="cuda")
     got, want, names = _run_layers(x, ws, bs, up, tf32=True)
     _check_layers(got, want, names, tf32=True)
-    _close(got[0], mlp_chain_reference(x, ws, bs), rtol=1e-2, ulps=2**15, name="y vs torch")  # 2**-8 of max |y|
+    assert_close_ulps(got[0], mlp_chain_reference(x, ws, bs), rtol=1e-2, ulps=2**15, name="y vs torch")  # 2**-8 of max |y|
 
 
 @pytest.mark.gpu

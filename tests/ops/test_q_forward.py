@@ -10,7 +10,6 @@ dueling 45 in TF32 and full float32, one kernel launch, CUDA-graph capture = eag
 sync, torch.compile; MemberQNetwork's no-gradient forward is one kernel."""
 from __future__ import annotations
 
-import numpy as np
 import pytest
 import torch
 
@@ -24,7 +23,8 @@ from foxdqn.ops.mlp_chain import tf32_enabled
 from foxdqn.ops.q_forward import q_forward, q_forward_reference, q_forward_supported
 from foxdqn.population.network import MemberQNetwork
 
-from support import assert_close_nan, capture_graph, no_host_sync, require_compiled_kernels
+from support import (assert_close_nan, assert_close_ulps, capture_graph, no_host_sync, require_compiled_kernels,
+                     round_tf32)
 
 _need_compiled = require_compiled_kernels(INTERPRET)
 
@@ -55,20 +55,12 @@ def _kernel(x, ws, bs, dueling):
     return q_forward(x, ws, bs, dueling=dueling, backend="triton")
 
 
-def _round_tf32(t: torch.Tensor) -> torch.Tensor:
-    """float32 → TF32 (10 mantissa bits), to nearest with ties away from zero, NaN kept (numpy;
-    tests/ops/test_mlp_chain.py's)."""
-    a = t.detach().cpu().numpy().astype(np.float32)
-    r = ((a.view(np.uint32) + np.uint32(0x1000)) & np.uint32(0xFFFFE000)).view(np.float32)
-    return torch.from_numpy(np.where(np.isnan(a), a, r))
-
-
 def _emulate(x, ws, bs, dueling, tf32):
     """The kernel's arithmetic in float64 on the CPU: every product's operands rounded to TF32 with
     ``tf32`` (activations first rounded to float32, as the kernel holds them), the value's row sum
     unrounded (float32 FMA in the kernel), biases added after the products."""
     def r(t):
-        return _round_tf32(t.float()).double() if tf32 else t
+        return round_tf32(t.float()).double() if tf32 else t
 
     population = ws[0].dim() == 3
     ws = [w.detach().cpu().double() if population else w.detach().cpu().double().t() for w in ws]  # [.., in, out]
@@ -82,13 +74,6 @@ def _emulate(x, ws, bs, dueling, tf32):
     if dueling:
         out = (h @ ws[-2] + bs[-2]) + out - out.mean(-1, keepdim=True)
     return out.reshape(*x.shape[:-1], out.shape[-1])
-
-
-def _close(a, e, rtol, ulps, name=""):
-    """|a - e| <= rtol |e| + ``ulps`` float32 ulps of max |e| (test_mlp_chain's comparator)."""
-    scale = float(e.abs().max()) if e.numel() else 0.0
-    torch.testing.assert_close(a.detach().cpu().double(), e.detach().cpu().double(), rtol=rtol,
-                               atol=ulps * 2.0**-23 * scale + 1e-30, msg=name)
 
 
 # (P, M, [D0, H1, (H2)], A, dueling, population layout)
@@ -121,7 +106,7 @@ def test_kernel_equals_reference(shape):
     assert got.shape == want.shape == (*lead, rows, actions) and got.is_contiguous()
     assert got.dtype == torch.float32 and not got.requires_grad
     torch.testing.assert_close(got, want, rtol=1e-5, atol=2e-5)  # float32 sums in another order
-    _close(got, _emulate(x, ws, bs, dueling, tf32=False), rtol=1e-5, ulps=64)
+    assert_close_ulps(got, _emulate(x, ws, bs, dueling, tf32=False), rtol=1e-5, ulps=64)
     if rows >= 33 and dims[1] > 1:  # both sides of the first ReLU are exercised
         w1, b1 = ws[0], bs[0]
         z1 = torch.baddbmm(b1, x if x.dim() == 3 else x[None], w1) if population else torch.nn.functional.linear(
@@ -305,7 +290,7 @@ def test_round_tf32_is_round_to_nearest():
     v = torch.tensor([1.0 + 2.0**-11, 1.0 + 2.0**-10 + 2.0**-11, -(1.0 + 3 * 2.0**-12), 1.0 + 2.0**-12,
                       float("nan"), float("inf")])
     want = torch.tensor([1.0 + 2.0**-10, 1.0 + 2.0**-9, -(1.0 + 2.0**-10), 1.0, float("nan"), float("inf")])
-    torch.testing.assert_close(_round_tf32(v), want, rtol=0, atol=0, equal_nan=True)
+    torch.testing.assert_close(round_tf32(v), want, rtol=0, atol=0, equal_nan=True)
 
 
 TF32_SHAPES = [(1, 100, EURUSD, 45, True, False), (3, 33, [162, 64], 45, True, True),
@@ -323,7 +308,7 @@ def _check_tf32(got, x, ws, bs, dueling):
     emulation does: over 96 rows or more, the root mean square of the difference is under a
     quarter of TF32's own (measured 0.01-0.12)."""
     want, ieee = _emulate(x, ws, bs, dueling, tf32=True), _emulate(x, ws, bs, dueling, tf32=False)
-    _close(got, want, rtol=1e-5, ulps=2**12, name="q vs TF32 float64")
+    assert_close_ulps(got, want, rtol=1e-5, ulps=2**12, name="q vs TF32 float64")
     got = got.detach().cpu().double()
     if got.numel() >= 96 * got.shape[-1]:
         rms = (got - want).pow(2).mean().sqrt()
@@ -454,14 +439,6 @@ def test_registered_with_torch_library():
 
 
 # ------------------------------------------------------------------------------ GPU
-@pytest.fixture
-def matmul_precision():
-    """Sets torch's float32 matmul precision for the test and restores it after."""
-    before = torch.get_float32_matmul_precision()
-    yield torch.set_float32_matmul_precision
-    torch.set_float32_matmul_precision(before)
-
-
 GPU_SHAPES = [(1, 4096, EURUSD, 45, True, False), (1, 4097, EURUSD, 45, True, False),
               (1, 128, EURUSD, 45, True, False), (1, 1, EURUSD, 45, True, False),
               (3, 1000, EURUSD, 45, True, True), (1, 4096, [162, 256], 45, False, False),
@@ -480,8 +457,8 @@ def test_gpu_kernel_equals_reference_highest(matmul_precision, shape):
     with torch.no_grad():
         got = _kernel(x, ws, bs, dueling)
         ref = q_forward_reference(x, ws, bs, dueling=dueling)
-    _close(got, _emulate(x, ws, bs, dueling, tf32=False), rtol=1e-5, ulps=64, name="q vs float64")
-    _close(got, ref, rtol=1e-5, ulps=128, name="q vs torch")
+    assert_close_ulps(got, _emulate(x, ws, bs, dueling, tf32=False), rtol=1e-5, ulps=64, name="q vs float64")
+    assert_close_ulps(got, ref, rtol=1e-5, ulps=128, name="q vs torch")
 
 
 @pytest.mark.gpu
@@ -499,7 +476,7 @@ def test_gpu_kernel_tf32_equals_emulation(matmul_precision, shape):
         got = _kernel(x, ws, bs, dueling)
         ref = q_forward_reference(x, ws, bs, dueling=dueling)
     _check_tf32(got, x, ws, bs, dueling)
-    _close(got, ref, rtol=1e-2, ulps=2**15, name="q vs torch")  # 2**-8 of max |q|
+    assert_close_ulps(got, ref, rtol=1e-2, ulps=2**15, name="q vs torch")  # 2**-8 of max |q|
 
 
 @pytest.mark.gpu
@@ -527,10 +504,10 @@ def test_gpu_modules_equal_kernel(matmul_precision):
     obs, pobs = torch.randn(4096, 162, device="cuda"), torch.randn(3, 1000, 162, device="cuda")
     with torch.no_grad():
         got = q_forward(obs, [m.weight for m in linears], [m.bias for m in linears], dueling=True)
-        _close(got, nets[0](obs), rtol=1e-2, ulps=2**15, name="QNetwork")
+        assert_close_ulps(got, nets[0](obs), rtol=1e-2, ulps=2**15, name="QNetwork")
         got = q_forward(pobs, list(members.weights), list(members.biases), dueling=True)
         want = torch.stack([net(o) for net, o in zip(nets, pobs)])
-        _close(got, want, rtol=1e-2, ulps=2**15, name="MemberQNetwork")
+        assert_close_ulps(got, want, rtol=1e-2, ulps=2**15, name="MemberQNetwork")
 
 
 @pytest.mark.gpu
@@ -551,7 +528,7 @@ def test_gpu_capture_equals_eager_without_host_sync(population):
         graph.replay()
         eager = forward()
     assert torch.equal(out, eager)
-    _close(out, q_forward_reference(x, ws, bs, dueling=True), rtol=1e-2, ulps=2**15)
+    assert_close_ulps(out, q_forward_reference(x, ws, bs, dueling=True), rtol=1e-2, ulps=2**15)
 
 
 @pytest.mark.gpu
@@ -583,5 +560,5 @@ def test_gpu_member_network_runs_one_kernel_without_grad():
         got = net(obs)
         want = torch.stack([m(o) for m, o in zip(nets, obs)])  # each member its own network
     assert n == 1, names
-    _close(got, want, rtol=1e-2, ulps=2**15)
+    assert_close_ulps(got, want, rtol=1e-2, ulps=2**15)
     assert net(obs).requires_grad  # grad mode on, trainable parameters: the modules, differentiable
