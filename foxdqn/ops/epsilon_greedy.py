@@ -55,6 +55,34 @@ RANDOM_BITS = 24  # bits of a uniform used by the random action (torch.rand floa
 # Triton kernel
 # ---------------------------------------------------------------------------------------------
 @triton.jit
+def _linear_epsilon(step, start, end, duration):
+    """ε of the linear schedule (float32, shapes broadcast): the reference's roundings when the
+    kernel is launched with ``enable_fp_fusion=False`` (IEEE ``div_rn``, no multiply-add)."""
+    frac = tl.minimum(tl.math.div_rn(step, duration), 1.0)
+    return start + (end - start) * frac
+
+
+@triton.jit
+def _explore_or_greedy(eps, u_explore, u_action, greedy, A, RANDOM_BITS: tl.constexpr):
+    """The action: the random one (``u_action`` mapped to [0, A)) where ``u_explore < eps``, else ``greedy``."""
+    random_a = ((u_action * (1 << RANDOM_BITS)).to(tl.int64) * A) >> RANDOM_BITS
+    return tl.where(u_explore < eps, random_a, greedy)
+
+
+@triton.jit
+def _tile_argmax(v, cols, valid, A):
+    """Per row of a tile ``v [R, C]`` (columns ``cols [C]``, entries where ``valid`` is False
+    ignored): whether it holds a NaN, its pick (the first NaN, else the first column of the
+    maximum: torch.argmax's rule) and its maximum over the non-NaN entries."""
+    nan = (v != v) & valid
+    first_nan = tl.min(tl.where(nan, cols[None, :], A), axis=1)
+    top = tl.max(tl.where(nan | ~valid, float("-inf"), v), axis=1)
+    first_top = tl.min(tl.where(valid & (v == top[:, None]), cols[None, :], A), axis=1)
+    has_nan = first_nan < A
+    return has_nan, tl.where(has_nan, first_nan, first_top), top
+
+
+@triton.jit
 def _epsilon_greedy_kernel(q_ptr, step_ptr, start_ptr, end_ptr, duration_ptr, u_ptr, out_ptr,
                            N, A, envs_per_group, q_stride0, q_stride1, BLOCK: tl.constexpr,
                            BLOCK_A: tl.constexpr, RANDOM_BITS: tl.constexpr):
@@ -69,15 +97,12 @@ def _epsilon_greedy_kernel(q_ptr, step_ptr, start_ptr, end_ptr, duration_ptr, u_
     start = tl.load(start_ptr + g, mask=m, other=0.0)
     end = tl.load(end_ptr + g, mask=m, other=0.0)
     duration = tl.load(duration_ptr + g, mask=m, other=1.0)
-    frac = tl.minimum(tl.math.div_rn(step + tl.zeros([BLOCK], tl.float32), duration), 1.0)
-    eps = start + (end - start) * frac
+    eps = _linear_epsilon(step + tl.zeros([BLOCK], tl.float32), start, end, duration)
 
-    # ---- explore test and random action from the pre-drawn uniforms
+    # ---- the pre-drawn uniforms: explore test, random action
     u_base = u_ptr + g * (2 * envs_per_group) + j
     u_explore = tl.load(u_base, mask=m, other=1.0)
     u_action = tl.load(u_base + envs_per_group, mask=m, other=0.0)
-    explore = u_explore < eps
-    random_a = ((u_action * (1 << RANDOM_BITS)).to(tl.int64) * A) >> RANDOM_BITS
 
     # ---- argmax over the row, first maximum, NaN largest (torch.argmax), BLOCK_A columns per tile
     row = q_ptr + i64 * q_stride0
@@ -88,17 +113,13 @@ def _epsilon_greedy_kernel(q_ptr, step_ptr, start_ptr, end_ptr, duration_ptr, u_
         cols = a0 + tl.arange(0, BLOCK_A)
         cm = m[:, None] & (cols < A)[None, :]
         v = tl.load(row[:, None] + cols[None, :].to(tl.int64) * q_stride1, mask=cm, other=float("-inf"))
-        nan = v != v
-        first_nan = tl.min(tl.where(nan, cols[None, :], A), axis=1)
-        top = tl.max(tl.where(nan, float("-inf"), v), axis=1)
-        first_top = tl.min(tl.where(cm & (v == top[:, None]), cols[None, :], A), axis=1)
-        tile_nan = first_nan < A
+        tile_nan, pick, top = _tile_argmax(v, cols, cm, A)
         take = (tile_nan & ~best_nan) | (~tile_nan & ~best_nan & (top > best)) | (a0 == 0)
-        best_a = tl.where(take, tl.where(tile_nan, first_nan, first_top).to(tl.int64), best_a)
+        best_a = tl.where(take, pick.to(tl.int64), best_a)
         best = tl.where(take & ~tile_nan, top, best)
         best_nan = best_nan | tile_nan
 
-    tl.store(out_ptr + i64, tl.where(explore, random_a, best_a), mask=m)
+    tl.store(out_ptr + i64, _explore_or_greedy(eps, u_explore, u_action, best_a, A, RANDOM_BITS), mask=m)
 
 
 @device_op("foxdqn::epsilon_greedy", mutates_args=())
@@ -140,26 +161,31 @@ def _check_args(q, step, start, end, duration, u) -> None:
     if not isinstance(q, Tensor) or q.dim() != 2 or q.dtype not in (torch.float32, torch.float64) or q.shape[1] < 1:
         raise ValueError(f"epsilon_greedy: q must be a float32 or float64 tensor [N, A] with A >= 1, got "
                          f"{getattr(q, 'dtype', type(q).__name__)} {tuple(getattr(q, 'shape', ()))}")
+    check_schedule("epsilon_greedy", q.shape[0], "q", q.device, step, start, end, duration, u)
+
+
+def check_schedule(op: str, n: int, of: str, device: torch.device, step, start, end, duration, u) -> None:
+    """Raise ``ValueError`` (messages prefixed ``op``) unless step, start, end, duration and u are
+    :func:`epsilon_greedy`'s arguments for ``n`` envs on ``device`` (the device of ``of``)."""
     if not isinstance(step, Tensor) or step.dim() != 0 or step.dtype != torch.int64:
-        raise ValueError(f"epsilon_greedy: step must be a 0-d int64 tensor, got "
+        raise ValueError(f"{op}: step must be a 0-d int64 tensor, got "
                          f"{getattr(step, 'dtype', type(step).__name__)} {tuple(getattr(step, 'shape', ()))}")
-    n = q.shape[0]
     groups = start.shape[0] if isinstance(start, Tensor) and start.dim() == 1 else None
     for name, t in (("start", start), ("end", end), ("duration", duration)):
         if (not isinstance(t, Tensor) or t.dim() != 1 or t.dtype != torch.float32 or t.shape[0] != groups
                 or not t.is_contiguous() or groups < 1):
-            raise ValueError(f"epsilon_greedy: {name} must be a contiguous float32 tensor [G] (G >= 1, the same G "
+            raise ValueError(f"{op}: {name} must be a contiguous float32 tensor [G] (G >= 1, the same G "
                              f"for start, end and duration), got {getattr(t, 'dtype', type(t).__name__)} "
                              f"{tuple(getattr(t, 'shape', ()))}")
     if n % groups:
-        raise ValueError(f"epsilon_greedy: N={n} envs do not split into G={groups} equal groups")
+        raise ValueError(f"{op}: N={n} envs do not split into G={groups} equal groups")
     shape = (groups, 2, n // groups)
     if not isinstance(u, Tensor) or tuple(u.shape) != shape or u.dtype != torch.float32 or not u.is_contiguous():
-        raise ValueError(f"epsilon_greedy: u must be a contiguous float32 tensor {list(shape)}, got "
+        raise ValueError(f"{op}: u must be a contiguous float32 tensor {list(shape)}, got "
                          f"{getattr(u, 'dtype', type(u).__name__)} {tuple(getattr(u, 'shape', ()))}")
     for name, t in (("step", step), ("start", start), ("end", end), ("duration", duration), ("u", u)):
-        if t.device != q.device:
-            raise ValueError(f"epsilon_greedy: {name} is on {t.device}, q on {q.device}")
+        if t.device != device:
+            raise ValueError(f"{op}: {name} is on {t.device}, {of} on {device}")
 
 
 def epsilon_greedy(q: Tensor, step: Tensor, start: Tensor, end: Tensor, duration: Tensor, u: Tensor, *,

@@ -32,13 +32,15 @@ member p's weights and rows (members never mix):
   relu(h_1 · W_2ᵀ[:, j] + b_2[j]), accumulated straight into the head (Adv += h_2[:, j] ·
   W_aᵀ[j, :], V += Σ h_2[:, j] ⊙ w_v[j]): h_2 is never held whole, and no weight tile is larger
   than [H_1, BLOCK_N] (64 KiB at 256 × 64) or [H_1, A] (64 KiB at 256 × 64, one hidden layer);
-* the head's bias, then the dueling combine over the A real actions, Q stored.
+* the head's bias, then the dueling combine over the A real actions, Q stored; or, for
+  :func:`foxdqn.ops.q_forward_epsilon_greedy.q_forward_epsilon_greedy`, the row's ε-greedy
+  action from Q in registers (Q is not stored).
 
 Every width is padded to a power of two >= 16 (``tl.dot``'s smallest tile) with masked loads;
 padded units are set to exactly 0 after each ReLU (also in a row whose x holds an inf or NaN), so
 they add nothing; the dueling mean sums the A real columns only. ``BLOCK_M``, ``BLOCK_K``,
-``BLOCK_N``, ``NUM_WARPS``, ``NUM_STAGES`` are module constants read at each launch (a sweep may
-set them on the module). They are sized for the H200's shared memory; on a GPU where they raise
+``BLOCK_N``, ``NUM_WARPS`` (population layout), ``NUM_WARPS_LINEAR`` (nn.Linear layout),
+``NUM_STAGES`` are module constants read at each launch (a sweep may set them on the module). They are sized for the H200's shared memory; on a GPU where they raise
 Triton's ``OutOfResources`` at the first launch (before any graph capture: the first calls are
 eager), the op launches with :data:`SMALL_TILES` there from then on.
 
@@ -46,8 +48,10 @@ Precision: the rule of :mod:`foxdqn.ops.mlp_chain`. Where torch runs float32 CUD
 (``torch.set_float32_matmul_precision("high")``, the run's default; :func:`tf32_enabled`) every
 ``tl.dot`` takes operands rounded to TF32 first (to nearest, ties away from zero: mlp_chain's
 ``_tf32``; Triton's TF32 dot alone would truncate) with ``input_precision="tf32"``, else
-``"ieee"`` (float32 FMA). The value's row sum is float32 FMA in both (a [BLOCK_M, H] ⊙ [H]
-reduction, no tensor cores). Biases are added in float32 after the products, as ``F.linear``
+``"ieee"`` (float32 FMA). The value's row sum is float32 products then sums in both (a
+[BLOCK_M, H] ⊙ [H] reduction, no tensor cores; the kernel is compiled without multiply-add
+contraction, ``enable_fp_fusion=False``, which the ε schedule of the action epilogue needs, so
+that Q and the actions come from one compilation rule). Biases are added in float32 after the products, as ``F.linear``
 does. The sums run in another order than cuBLAS's (the K chunks, the j chunks of the two-layer
 head), so the result equals :func:`q_forward_reference` to float rounding, not bit for bit: about
 1e-6 relative in IEEE float32, about 1e-3 in TF32. In Triton's interpreter (CPU tests) ``tl.dot``
@@ -89,6 +93,7 @@ from torch import Tensor
 from triton.runtime.errors import OutOfResources
 
 from foxdqn.ops.backend import INTERPRET, describe, resolve_backend
+from foxdqn.ops.epsilon_greedy import RANDOM_BITS, _explore_or_greedy, _linear_epsilon, _tile_argmax
 from foxdqn.ops.library import device_op, wrap_triton
 from foxdqn.ops.mlp_chain import _pad, _prec, _relu, _tf32, tf32_enabled
 
@@ -100,19 +105,19 @@ MAX_ACTIONS = 64  # largest A: the head's accumulator [BLOCK_M, 64]
 MAX_HIDDEN = 2  # hidden layers (1 or 2)
 
 # Launch constants (read from the module at each launch: a sweep script may set them), from H200
-# sweeps (bench/results/2026-12-01_NVIDIA-H200_ops-sweep-issue17.md; feeding the weight tiles
-# unrounded changed nothing measurable), µs per graph replay at eurusd_dqn's sizes:
-# * 8 members of 512 rows ([P, in, out] weights, what MemberQNetwork runs): 24.5-24.8 with these
-#   constants, against 57-59 for torch.compile of the reference and 63 for its torch.baddbmm layers;
-# * one network ([out, in] weights): with these constants 45.5 at 4,096 rows and 44.7 at 128,
-#   against QNetwork's six-kernel modules' 39.2-40.0 and 26.6-27.6, so QNetwork keeps its modules
-#   (wired in, the eurusd_dqn iteration took 0.430 ms instead of 0.372: *kernels-q-forward*). The
-#   sweep 2 there found 29.7 at 4,096 rows with 8 warps and 27.7 at 128 with BLOCK_M 16 and 8 warps:
-#   per-layout constants might make the one network faster than its modules (not measured in a run).
+# sweeps (bench/results/2026-12-01_NVIDIA-H200_ops-sweep-issue17.md and the issue-17 fifth-round
+# sweep in docs/bench.md; feeding the weight tiles unrounded changed nothing measurable), µs per
+# graph replay at eurusd_dqn's sizes:
+# * 8 members of 512 rows ([P, in, out] weights, what MemberQNetwork runs): 24.5-24.8 with 4 warps,
+#   against 57-59 for torch.compile of the reference and 63 for its torch.baddbmm layers;
+# * one network ([out, in] weights, QNetwork): 4,096 rows took 45.4 with 4 warps and 24.0 with 8
+#   (4 warps spill the [32, 256] tiles), against 44.1 for QNetwork's six-kernel modules.
+BLOCK_M = 32  # rows per program (>= 16, a power of two): 128 programs for 4,096 rows
 BLOCK_M = 32  # rows per program (>= 16, a power of two): 128 programs for 4,096 rows
 BLOCK_K = 64  # columns of x (and rows of W_1ᵀ) per step of layer 1's loop: a [64, 256] W_1ᵀ chunk, 64 KiB
 BLOCK_N = 64  # layer-2 units per step of the head loop: a [256, 64] W_2ᵀ tile (64 KiB) and a [64, 64] head tile
-NUM_WARPS = 4  # warps per program
+NUM_WARPS = 4  # warps per program, population layout ([P, in, out] weights)
+NUM_WARPS_LINEAR = 8  # warps per program, nn.Linear layout ([out, in] weights: one network)
 NUM_STAGES = 3  # software-pipelining stages of the two loops (Triton's default)
 #: (BLOCK_K, BLOCK_N, num_stages) used on a device where the constants above raised Triton's
 #: OutOfResources (less shared memory than the H200's 227 KiB): [256, 32] weight tiles, 2 stages
@@ -126,16 +131,21 @@ _FITS: dict = {}  # device → SMALL_TILES once the module's tiles did not fit t
 @triton.jit
 def _q_forward_kernel(x_ptr, q_ptr, M,
                       w1, b1, w2, b2, wv, bv, wh, bh,
+                      step_ptr, start_ptr, end_ptr, duration_ptr, u_ptr,
                       w1_sp, w1_so, w1_si, b1_sp, b1_so,
                       w2_sp, w2_so, w2_si, b2_sp, b2_so,
                       wv_sp, wv_si, bv_sp,
                       wh_sp, wh_so, wh_si, bh_sp, bh_so,
                       D0: tl.constexpr, H1: tl.constexpr, H2: tl.constexpr, A: tl.constexpr,
                       P1: tl.constexpr, PA: tl.constexpr, DEPTH: tl.constexpr, DUELING: tl.constexpr,
-                      BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_N: tl.constexpr, PREC: tl.constexpr):
+                      BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_N: tl.constexpr, PREC: tl.constexpr,
+                      ACT: tl.constexpr, RANDOM_BITS: tl.constexpr):
     """x [P, M, D0] contiguous → q [P, M, A] contiguous for member ``program_id(1)``'s rows
     ``program_id(0)``. Weight element (p, o, i) of a layer at ``p·sp + o·so + i·si``, bias
-    element (p, o) at ``p·sp + o·so`` (sp = 0: one network). wh, bh: W_a, b_a (dueling) or W_q, b_q."""
+    element (p, o) at ``p·sp + o·so`` (sp = 0: one network). wh, bh: W_a, b_a (dueling) or W_q, b_q.
+    ACT: instead of Q, the ε-greedy action (int64 [P, M] at q_ptr) of each row under member p's
+    schedule (step, start[p], end[p], duration[p]) and uniforms u[p, 0 | 1, row]
+    (:mod:`foxdqn.ops.epsilon_greedy`'s rule; :mod:`foxdqn.ops.q_forward_epsilon_greedy`)."""
     p = tl.program_id(1).to(tl.int64)
     rows = tl.program_id(0).to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)
     ok = rows < M
@@ -190,7 +200,16 @@ def _q_forward_kernel(x_ptr, q_ptr, M,
         value += tl.load(bv + p * bv_sp)
         mean = tl.sum(tl.where(a_ok[None, :], out, 0.0), axis=1) / A  # over the A real actions
         out = (value[:, None] + out) - mean[:, None]
-    tl.store(q_ptr + row0[:, None] * A + a[None, :], out, mask=ok[:, None] & a_ok[None, :])
+    if ACT:
+        eps = _linear_epsilon(tl.load(step_ptr).to(tl.float32), tl.load(start_ptr + p), tl.load(end_ptr + p),
+                              tl.load(duration_ptr + p))
+        u_row = u_ptr + p * (2 * M) + rows
+        _, greedy, _ = _tile_argmax(out, a, a_ok[None, :], A)
+        action = _explore_or_greedy(eps, tl.load(u_row, mask=ok, other=1.0), tl.load(u_row + M, mask=ok, other=0.0),
+                                    greedy.to(tl.int64), A, RANDOM_BITS)
+        tl.store(q_ptr + row0, action, mask=ok)
+    else:
+        tl.store(q_ptr + row0[:, None] * A + a[None, :], out, mask=ok[:, None] & a_ok[None, :])
 
 
 # ---------------------------------------------------------------------------------------------
@@ -212,13 +231,22 @@ def _q_forward_op(x: Tensor, weights: list[Tensor], biases: list[Tensor], duelin
     """Allocate Q and launch the kernel (arguments checked by :func:`q_forward`). The TF32 choice is
     read here, at each eager launch; under ``torch.compile`` when the graph is compiled (the
     launcher runs as Python then: Dynamo cannot trace torch's matmul-precision getter)."""
+    q = torch.empty((*x.shape[:-1], _out_features(weights[-1])), dtype=torch.float32, device=x.device)
+    launch_q_forward(x, weights, biases, dueling, q)
+    return q
+
+
+def launch_q_forward(x: Tensor, weights: list[Tensor], biases: list[Tensor], dueling: bool, out: Tensor,
+                     schedule: tuple[Tensor, Tensor, Tensor, Tensor, Tensor] | None = None) -> None:
+    """Launch the kernel on checked arguments, writing Q into ``out`` (float32 ``[..., M, A]``), or
+    with ``schedule`` = (step, start, end, duration, u) the ε-greedy actions into ``out`` (int64
+    ``[P·M]``: :func:`foxdqn.ops.q_forward_epsilon_greedy.q_forward_epsilon_greedy`)."""
     depth = len(weights) - (2 if dueling else 1)
     num_actions = _out_features(weights[-1])
-    q = torch.empty((*x.shape[:-1], num_actions), dtype=torch.float32, device=x.device)
     members = x.shape[0] if x.dim() == 3 else 1
     rows, d0 = x.shape[-2], x.shape[-1]
     if rows == 0 or members == 0:
-        return q
+        return
     h1 = _out_features(weights[0])
     h2 = _out_features(weights[1]) if depth == 2 else 1
     w1, b1 = weights[0], biases[0]
@@ -226,10 +254,13 @@ def _q_forward_op(x: Tensor, weights: list[Tensor], biases: list[Tensor], duelin
     wh, bh = weights[-1], biases[-1]
     wv, bv = (weights[-2], biases[-2]) if dueling else (wh, bh)
     s1, s2, sv, sh = _strides(w1, b1), _strides(w2, b2), _strides(wv, bv), _strides(wh, bh)
+    act = schedule if schedule is not None else (out,) * 5  # unused pointers without the ε-greedy epilogue
     block_m = BLOCK_M  # the module's launch constants, read now (a sweep may have set them)
-    args = (x, q, rows, w1, b1, w2, b2, wv, bv, wh, bh, *s1, *s2, sv[0], sv[2], sv[3], *sh)
+    warps = NUM_WARPS if w1.dim() == 3 else NUM_WARPS_LINEAR
+    args = (x, out, rows, w1, b1, w2, b2, wv, bv, wh, bh, *act, *s1, *s2, sv[0], sv[2], sv[3], *sh)
     meta = dict(D0=d0, H1=h1, H2=h2, A=num_actions, P1=_pad(h1), PA=_pad(num_actions), DEPTH=depth,
-                DUELING=dueling, BLOCK_M=block_m, PREC=_prec(x), num_warps=NUM_WARPS)
+                DUELING=dueling, BLOCK_M=block_m, PREC=_prec(x), ACT=schedule is not None, RANDOM_BITS=RANDOM_BITS,
+                num_warps=warps, enable_fp_fusion=False)  # no multiply-add contraction: the ε schedule's roundings
     tiles = _FITS.get(x.device, (BLOCK_K, BLOCK_N, NUM_STAGES))
     try:
         _launch((triton.cdiv(rows, block_m), members), args, meta, tiles, d0, h2)
@@ -238,7 +269,6 @@ def _q_forward_op(x: Tensor, weights: list[Tensor], biases: list[Tensor], duelin
             raise
         _FITS[x.device] = SMALL_TILES
         _launch((triton.cdiv(rows, block_m), members), args, meta, SMALL_TILES, d0, h2)
-    return q
 
 
 def _launch(grid, args, meta, tiles, d0: int, h2: int) -> None:
