@@ -10,10 +10,11 @@ issue 17's table) one :class:`~foxdqn.step.state.TrainState` is built and warmed
   (:class:`~foxdqn.step.iteration.Iteration` with one collect step, or one update): the graph's
   node count (kernels, memsets and copies that one replay launches, ``cudaGraphGetNodes``) and the
   median ms per replay (:func:`bench.iteration_graph.replay_ms`);
-* ``env_steps_per_s``: N / ms for a collect step, and for the ``iteration`` row (the experiment's own
-  T collect steps and K updates in one graph) N·T / ms.
+* ``env_steps_per_s``: N / ms for a collect step, and N·T / ms for the ``collect_only`` row (the
+  experiment's own T collect steps in one graph, no update: one replay's fixed cost spread over
+  T steps) and the ``iteration`` row (its T collect steps and K updates in one graph).
 
-Rows: ``section=kernels``, ``features``, ``phase`` (collect | update | iteration), ``num_envs``.
+Rows: ``section=kernels``, ``features``, ``phase`` (collect | update | collect_only | iteration), ``num_envs``.
 CUDA only (kernels are what is counted). docs/bench.md#kernels.
 """
 from __future__ import annotations
@@ -57,10 +58,10 @@ def _rows_for(name: str, overrides: list[str]) -> list[dict]:
         update_step(s)
     out = []
     shapes = {"collect": dict(collect_steps=1, updates=0), "update": dict(collect_steps=0, updates=1),
-              "iteration": {}}
+              "collect_only": dict(updates=0), "iteration": {}}
     for phase, shape in shapes.items():
         row = {"section": "kernels", "features": name, "phase": phase, "num_envs": n}
-        if phase != "iteration":
+        if phase in ("collect", "update"):  # the profiler counts one eager step
             fn = collect_step if phase == "collect" else update_step
             row["kernels"], row["device_us"], row["longest_us"] = profile_kernels(lambda: fn(s))
         it = Iteration(s, use_graph=True, **shape)

@@ -8,8 +8,8 @@ forward of ``agent.batch_size`` = 128 next states, and a population of 8 members
 weights, 8 copies of the network). Providers: ``triton`` (the op), ``torch`` (the reference:
 ``F.linear`` / ``torch.baddbmm`` + ``torch.relu`` per layer and the dueling combine written out,
 eager), ``torch.compile`` of the reference, and for the single network ``modules``: ``QNetwork``'s
-own forward under ``torch.no_grad()`` (it does not run this op; ``chain_backend="torch"`` also
-keeps ``mlp_chain`` out): one cuBLASLt GEMM with the
+own forward under ``torch.no_grad()`` with ``chain_backend="torch"`` (which keeps this op and
+``mlp_chain`` out: the modules): one cuBLASLt GEMM with the
 bias + ReLU epilogue per hidden layer (foxdqn/ops/linear_relu.py), the value and advantage GEMMs
 and foxdqn/ops/dueling_combine.py (the population's path without the op is the reference's
 ``torch.baddbmm`` per layer). Matmul precision as in training (``agent.matmul_precision``, TF32 by

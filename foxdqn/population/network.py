@@ -82,11 +82,20 @@ class MemberQNetwork(nn.Module):
                   for i in range(len(prefixes))]
         return cls(weights, biases, activation, isinstance(nets[0].head, DuelingHead), prefixes)
 
+    def q_forward_args(self, obs: torch.Tensor) -> tuple[list, list, bool] | None:
+        """``(weights, biases, dueling)`` with which :func:`~foxdqn.ops.q_forward.q_forward`
+        computes the members' Q for ``obs`` ``[P, M, D]`` (what :meth:`forward` runs then: a
+        dueling ReLU network on CUDA, no gradient needed; the measured case, module docstring), or
+        None. Host metadata only; :func:`foxdqn.step.act.act` reads it."""
+        if not (self.dueling and obs.is_cuda and type(self.act) is nn.ReLU):
+            return None
+        weights, biases = list(self.weights), list(self.biases)
+        return (weights, biases, True) if q_forward_supported(obs, weights, biases, True) else None
+
     def forward(self, obs: torch.Tensor) -> torch.Tensor:
-        if self.dueling and obs.is_cuda and type(self.act) is nn.ReLU:  # the measured case (module docstring)
-            weights, biases = list(self.weights), list(self.biases)
-            if q_forward_supported(obs, weights, biases, self.dueling):  # no gradient needed: one kernel
-                return q_forward(obs, weights, biases, dueling=self.dueling, backend="triton")
+        args = self.q_forward_args(obs)
+        if args is not None:  # no gradient needed: one kernel
+            return q_forward(obs, args[0], args[1], dueling=args[2], backend="triton")
         n_hidden = len(self.weights) - (2 if self.dueling else 1)
         h = obs
         for w, b in zip(self.weights[:n_hidden], self.biases[:n_hidden]):

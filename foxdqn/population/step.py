@@ -18,11 +18,11 @@ from __future__ import annotations
 
 import torch
 
-from foxdqn.ops.epsilon_greedy import epsilon_greedy
 from foxdqn.ops.grad_norm import grad_norm_coefficient
 from foxdqn.ops.target_lerp import target_lerp_
 from foxdqn.population.objective import member_dqn_loss
 from foxdqn.population.state import PopulationState
+from foxdqn.step.act import act
 from foxdqn.step.collect import store
 
 
@@ -35,10 +35,8 @@ def collect_step(s: PopulationState) -> None:
     then ``MemberRandom.randint(A, N)`` drew (:mod:`foxdqn.ops.epsilon_greedy`)."""
     p, n, prm = s.members, s.cfg.env.num_envs, s.params
     with torch.no_grad():
-        q = s.online(s.obs.view(p, n, -1))  # [P, N, A]
         u = s.rng.uniform(2 * n).view(p, 2, n)
-        action = epsilon_greedy(q.reshape(p * n, q.shape[2]), s.env_steps, prm.eps_start, prm.eps_end,
-                                s.eps_duration, u)
+        action = act(s.online, s.obs.view(p, n, -1), s.env_steps, prm.eps_start, prm.eps_end, s.eps_duration, u)
     env_action = s.action_mode.to_env(action, s.env)
     out = s.env.step(env_action)
     store(s.replay, s.env.collect_hook, s.env, s.obs, action, out, prm.reward_scale)

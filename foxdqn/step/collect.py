@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import torch
 
-from foxdqn.ops.epsilon_greedy import epsilon_greedy
+from foxdqn.step.act import act
 from foxdqn.step.state import TrainState
 
 
@@ -33,26 +33,30 @@ def collect_step(s: TrainState, backend: str = "auto") -> None:
     (rewards times ``loss.reward_scale``), advance ``s.rollout.obs``, ``s.env_steps`` by N and the
     monitors' counts.
 
-    Launches on CUDA besides the network's forward, the action mode's and the env's own: one
-    ``torch.rand`` of the ε-greedy uniforms (the run's generator, so a captured graph advances it
-    like an eager step), :func:`~foxdqn.ops.epsilon_greedy.epsilon_greedy` (schedule, explore test,
-    random action, argmax), :func:`~foxdqn.ops.replay_add.replay_add` (the replay row, the reward
+    Launches on CUDA besides the action mode's and the env's own: one ``torch.rand`` of the
+    ε-greedy uniforms (the run's generator, so a captured graph advances it like an eager step),
+    the network's forward and :func:`~foxdqn.ops.epsilon_greedy.epsilon_greedy` (schedule, explore
+    test, random action, argmax), or both in one kernel where the network allows it
+    (:func:`foxdqn.step.act.act`), :func:`~foxdqn.ops.replay_add.replay_add` (the replay row, the reward
     scale, the rollout's next obs; PER adds its priority insert) and
-    :func:`~foxdqn.ops.step_stats.step_stats` (monitor sums, ``env_steps``). ``backend`` is passed
-    to these three ops ("auto", "triton" or "torch").
+    :func:`~foxdqn.ops.step_stats.step_stats` (monitor sums, ``env_steps``: on a second stream
+    beside the replay insert, :meth:`~foxdqn.step.stats.DeviceStats.add_step_beside`). ``backend``
+    is passed to these ops ("auto", "triton" or "torch").
     """
     r = s.rollout
     eps = s.schedules.epsilon
     with torch.no_grad():
-        q = s.nets.online(r.obs)
-        u = torch.rand(1, 2, q.shape[0], device=q.device, generator=s.generator)  # explore tests, random actions
-        action = epsilon_greedy(q, s.env_steps, eps.start.view(1), eps.end.view(1), eps.duration.view(1), u,
-                                backend=backend)  # network action
+        u = torch.rand(1, 2, r.obs.shape[0], device=r.obs.device, generator=s.generator)  # explore tests, random actions
+        action = act(s.nets.online, r.obs, s.env_steps, eps.start.view(1), eps.end.view(1), eps.duration.view(1), u,
+                     backend=backend)  # network action
     env_action = r.action_mode.to_env(action, r.env)  # e.g. exposure → routed factored action
     hook = r.env.collect_hook
     extras = hook.replay_extras(r.env, s.replay)  # of the state acted on, read before the step moves it
     out = r.env.step(env_action)
-    store(s.replay, hook, r.env, r.obs, action, out, s.cfg.loss.reward_scale, backend=backend, **extras)
     info = out.info
-    s.monitors.stats.add_step(env_action, out.reward, info["episode_done"], info["episode_return"],
-                              info["episode_length"], hook.trades(out), env_steps=s.env_steps, backend=backend)
+    # the monitors' sums (which read only the step's outputs) beside the replay insert (which
+    # advances the rollout's obs): two branches of the captured graph on CUDA
+    s.monitors.stats.add_step_beside(
+        lambda: store(s.replay, hook, r.env, r.obs, action, out, s.cfg.loss.reward_scale, backend=backend, **extras),
+        env_action, out.reward, info["episode_done"], info["episode_return"], info["episode_length"],
+        hook.trades(out), env_steps=s.env_steps, backend=backend)

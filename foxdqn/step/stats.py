@@ -24,6 +24,8 @@ class DeviceStats:
         self.actions = torch.zeros(num_actions, dtype=torch.float64, device=device)
         self._scratch = StepStatsScratch(num_envs, device)  # the kernel's partial sums and ticket (not checkpointed)
         self._side = torch.cuda.Stream(device) if device.type == "cuda" else None
+        #: the CUDA stream :meth:`add_step_beside` runs the per-step sums on (None on the CPU)
+        self.branch = torch.cuda.Stream(device) if device.type == "cuda" else None
         self._host = None
 
     def add_step(self, action: torch.Tensor, reward: torch.Tensor, episode_done: torch.Tensor,
@@ -36,6 +38,25 @@ class DeviceStats:
         another order than torch's ``sum``)."""
         step_stats(action, reward, episode_done, episode_return, episode_len, traded, self.acc, self.actions,
                    env_steps, scratch=self._scratch, backend=backend)
+
+    def add_step_beside(self, main_work, *args, **kwargs) -> None:
+        """:meth:`add_step` (``args``, ``kwargs``) and ``main_work()`` concurrently: the sums on
+        :attr:`branch`, forked from the current stream after its queued work, ``main_work`` on the
+        current stream, which then waits for the branch. Captured in a CUDA graph the two are
+        parallel branches of the graph (the collect step: the sums beside the replay insert,
+        docs/design/hot_loop.md#one-graph). ``main_work`` must not write what the sums read
+        (their inputs outlive the join: the current stream frees nothing of them before it). On
+        the CPU: one after the other."""
+        if self.branch is None:
+            self.add_step(*args, **kwargs)
+            main_work()
+            return
+        main = torch.cuda.current_stream(self.device)
+        self.branch.wait_stream(main)
+        with torch.cuda.stream(self.branch):
+            self.add_step(*args, **kwargs)
+        main_work()
+        main.wait_stream(self.branch)
 
     def snapshot(self, *extra: torch.Tensor) -> torch.Tensor:
         """Copy acc, actions and ``extra`` device tensors (flattened, as float64) to the host in one

@@ -495,8 +495,8 @@ def test_gpu_one_kernel_launch():
 @pytest.mark.gpu
 def test_gpu_modules_equal_kernel(matmul_precision):
     """An eurusd_dqn-shaped QNetwork and a MemberQNetwork of 3 on CUDA: the op with their weights
-    (no_grad, as the collect step) equals their modules' forward to TF32 rounding (the members'
-    through each member's own QNetwork: MemberQNetwork itself runs the op)."""
+    (no_grad, as the collect step) equals their modules' forward to TF32 rounding (``head(encoder(obs))``:
+    both networks run the op themselves without gradients)."""
     matmul_precision("high")
     nets = [n.cuda() for n in _nets(DuelingHead, obs=162, hidden=(256, 256), actions=45)]
     members = MemberQNetwork.from_networks(nets, "relu").cuda()
@@ -504,9 +504,9 @@ def test_gpu_modules_equal_kernel(matmul_precision):
     obs, pobs = torch.randn(4096, 162, device="cuda"), torch.randn(3, 1000, 162, device="cuda")
     with torch.no_grad():
         got = q_forward(obs, [m.weight for m in linears], [m.bias for m in linears], dueling=True)
-        assert_close_ulps(got, nets[0](obs), rtol=1e-2, ulps=2**15, name="QNetwork")
+        assert_close_ulps(got, nets[0].head(nets[0].encoder(obs)), rtol=1e-2, ulps=2**15, name="QNetwork")
         got = q_forward(pobs, list(members.weights), list(members.biases), dueling=True)
-        want = torch.stack([net(o) for net, o in zip(nets, pobs)])
+        want = torch.stack([net.head(net.encoder(o)) for net, o in zip(nets, pobs)])  # the modules
         assert_close_ulps(got, want, rtol=1e-2, ulps=2**15, name="MemberQNetwork")
 
 
@@ -558,7 +558,7 @@ def test_gpu_member_network_runs_one_kernel_without_grad():
     with torch.no_grad():
         n, names = cuda_kernels(lambda: net(obs))
         got = net(obs)
-        want = torch.stack([m(o) for m, o in zip(nets, obs)])  # each member its own network
+        want = torch.stack([m.head(m.encoder(o)) for m, o in zip(nets, obs)])  # each member's own modules
     assert n == 1, names
     assert_close_ulps(got, want, rtol=1e-2, ulps=2**15)
     assert net(obs).requires_grad  # grad mode on, trainable parameters: the modules, differentiable

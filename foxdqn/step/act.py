@@ -1,0 +1,40 @@
+"""The collect step's action selection: ε-greedy actions of a Q network's observations.
+
+One kernel where the network's forward is :func:`foxdqn.ops.q_forward.q_forward`'s (it says so by
+a ``q_forward_args(obs)`` method: :class:`foxdqn.nn.qnet.QNetwork` with a dueling head,
+:class:`foxdqn.population.network.MemberQNetwork`): :func:`foxdqn.ops.q_forward_epsilon_greedy.q_forward_epsilon_greedy`.
+Otherwise the network's forward, then :func:`foxdqn.ops.epsilon_greedy.epsilon_greedy`. Both give
+the same actions for the same Q (docs/design/hot_loop.md#device-resident-values).
+"""
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from foxdqn.ops.epsilon_greedy import epsilon_greedy
+from foxdqn.ops.q_forward_epsilon_greedy import q_forward_epsilon_greedy
+
+
+def act(net: nn.Module, obs: torch.Tensor, step: torch.Tensor, start: torch.Tensor, end: torch.Tensor,
+        duration: torch.Tensor, u: torch.Tensor, backend: str = "auto") -> torch.Tensor:
+    """ε-greedy actions, int64 ``[N]`` (``N = P·M``, member-major), of ``net`` on ``obs``.
+
+    Args:
+        net: a Q network, ``obs → Q`` float ``[..., A]``.
+        obs: its input, ``[M, D]`` (one network) or ``[P, M, D]`` (a population's members).
+        step, start, end, duration, u: :func:`~foxdqn.ops.epsilon_greedy.epsilon_greedy`'s
+            schedule and uniforms (``start`` etc. ``[G]``, ``u`` float32 ``[G, 2, N // G]``).
+        backend: "auto", "triton" or "torch", passed to the op; "torch" always runs the network's
+            forward and the reference selection.
+
+    Call it under ``torch.no_grad()`` (the fused path needs no gradient; the network says when it
+    applies). Device ops only: capturable.
+    """
+    args = net.q_forward_args(obs) if backend != "torch" and hasattr(net, "q_forward_args") else None
+    groups = start.shape[0] if start.dim() == 1 else 0
+    if args is not None and groups == (obs.shape[0] if obs.dim() == 3 else 1):
+        weights, biases, dueling = args
+        return q_forward_epsilon_greedy(obs, weights, biases, dueling=dueling, step=step, start=start, end=end,
+                                        duration=duration, u=u, backend="triton")
+    q = net(obs)
+    return epsilon_greedy(q.reshape(-1, q.shape[-1]), step, start, end, duration, u, backend=backend)
