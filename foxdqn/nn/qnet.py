@@ -10,6 +10,11 @@ from foxdqn.ops.mlp_chain import MAX_LAYERS, mlp_chain, mlp_chain_supported
 from foxdqn.ops.q_forward import MAX_HIDDEN, q_forward, q_forward_supported
 
 CHAIN_BACKENDS = ("auto", "triton", "torch")
+#: rows from which a no-gradient forward of a dueling MLP runs q_forward (read at each call). H200,
+#: eurusd_dqn's network, graph replays (bench/results/2026-12-01_NVIDIA-H200_ops-issue17-act.md):
+#: 4,096 rows 29.7 µs against 39.4 for the modules; 128 rows (the target network's batch) 29.3
+#: against 27.4. The op's time hardly depends on the rows (one program per 32 rows, latency-bound).
+Q_FORWARD_MIN_ROWS = 1024
 
 
 def _chain_layers(encoder: nn.Module, head: nn.Module) -> list[nn.Linear] | None:
@@ -56,9 +61,11 @@ class QNetwork(nn.Module):
     * a ReLU MLPEncoder of 1 or 2 layers with a :class:`~foxdqn.nn.heads.DuelingHead` (hidden
       widths <= 256, at most 64 actions: ``eurusd_dqn``'s 162 → 256 → 256 → dueling 45) when no
       gradient is needed at all (grad mode off, or no input or weight requiring grad: the collect
-      step, the target network, evaluation): :func:`foxdqn.ops.q_forward.q_forward`, one kernel
-      where the modules launch six; the collect step's ε-greedy selection joins it
-      (:meth:`q_forward_args`, :func:`foxdqn.step.act.act`).
+      step, evaluation, the target network) and the input has at least
+      :data:`Q_FORWARD_MIN_ROWS` rows (below, the modules measured faster: the target network's
+      128 rows keep them): :func:`foxdqn.ops.q_forward.q_forward`, one kernel where the modules
+      launch six; the collect step's ε-greedy selection joins it (:meth:`q_forward_args`,
+      :func:`foxdqn.step.act.act`).
 
     Anything else runs ``head(encoder(obs))``. All compute the same function with the same
     parameters (the modules' own ``nn.Linear`` weights, read at each call: ``state_dict`` keys,
@@ -105,7 +112,8 @@ class QNetwork(nn.Module):
         """``(weights, biases, dueling)`` with which :func:`~foxdqn.ops.q_forward.q_forward`
         computes this network's Q for ``obs`` (what :meth:`forward` runs then), or None when it
         does not apply (class docstring). Host metadata only."""
-        if self._dueling is None or not self._fused_backend(obs) or _hooked([self.encoder, self.head]):
+        if (self._dueling is None or obs.dim() != 2 or obs.shape[0] < Q_FORWARD_MIN_ROWS
+                or not self._fused_backend(obs) or _hooked([self.encoder, self.head])):
             return None
         weights = [linear.weight for linear in self._dueling]
         biases = [linear.bias for linear in self._dueling]

@@ -97,22 +97,22 @@ from foxdqn.ops.epsilon_greedy import RANDOM_BITS, _explore_or_greedy, _linear_e
 from foxdqn.ops.library import device_op, wrap_triton
 from foxdqn.ops.mlp_chain import _pad, _prec, _relu, _tf32, tf32_enabled
 
-__all__ = ["MAX_ACTIONS", "MAX_HIDDEN", "MAX_WIDTH", "q_forward", "q_forward_reference", "q_forward_supported",
-           "tf32_enabled"]
+__all__ = ["MAX_ACTIONS", "MAX_HIDDEN", "MAX_WIDTH", "launch_q_forward", "q_forward", "q_forward_reference",
+           "q_forward_supported", "tf32_enabled"]
 
 MAX_WIDTH = 256  # largest hidden width: h_1 is a [BLOCK_M, 256] register tile per program
 MAX_ACTIONS = 64  # largest A: the head's accumulator [BLOCK_M, 64]
 MAX_HIDDEN = 2  # hidden layers (1 or 2)
 
 # Launch constants (read from the module at each launch: a sweep script may set them), from H200
-# sweeps (bench/results/2026-12-01_NVIDIA-H200_ops-sweep-issue17.md and the issue-17 fifth-round
-# sweep in docs/bench.md; feeding the weight tiles unrounded changed nothing measurable), µs per
-# graph replay at eurusd_dqn's sizes:
+# sweeps (bench/results/2026-12-01_NVIDIA-H200_ops-sweep-issue17.md and *collect-ab-issue17.md*;
+# feeding the weight tiles unrounded changed nothing measurable), µs per graph replay at
+# eurusd_dqn's sizes:
 # * 8 members of 512 rows ([P, in, out] weights, what MemberQNetwork runs): 24.5-24.8 with 4 warps,
 #   against 57-59 for torch.compile of the reference and 63 for its torch.baddbmm layers;
-# * one network ([out, in] weights, QNetwork): 4,096 rows took 45.4 with 4 warps and 24.0 with 8
-#   (4 warps spill the [32, 256] tiles), against 44.1 for QNetwork's six-kernel modules.
-BLOCK_M = 32  # rows per program (>= 16, a power of two): 128 programs for 4,096 rows
+# * one network ([out, in] weights, QNetwork): 4,096 rows took 45.4 with 4 warps and 30.5 with 8
+#   in one run (4 warps spill the [32, 256] tiles); with 8, 29.7 against 39.4 for QNetwork's
+#   six-kernel modules at 4,096 rows, 29.3 against 27.4 at 128 (*ops-issue17-act.md*).
 BLOCK_M = 32  # rows per program (>= 16, a power of two): 128 programs for 4,096 rows
 BLOCK_K = 64  # columns of x (and rows of W_1ᵀ) per step of layer 1's loop: a [64, 256] W_1ᵀ chunk, 64 KiB
 BLOCK_N = 64  # layer-2 units per step of the head loop: a [256, 64] W_2ᵀ tile (64 KiB) and a [64, 64] head tile
@@ -285,10 +285,10 @@ def _layer_names(depth: int, dueling: bool) -> list[str]:
     return [f"W_{i + 1}" for i in range(depth)] + (["w_v", "W_a"] if dueling else ["W_q"])
 
 
-def _problem(x, weights, biases, dueling) -> str | None:
+def _problem(x, weights, biases, dueling, op: str = "q_forward") -> str | None:
     """Why the arguments are outside :func:`q_forward`'s shape, dtype and device contract, or None
-    (the gradient rule is :func:`_grad_problem`'s; where the kernel can run, :func:`q_forward_supported`'s)."""
-    op = "q_forward"
+    (the gradient rule is :func:`_grad_problem`'s; where the kernel can run, :func:`q_forward_supported`'s).
+    ``op``: the name the message starts with."""
     if not isinstance(x, Tensor):
         return f"{op}: x must be a tensor, got {describe(x)}"
     if not isinstance(dueling, bool):
@@ -343,7 +343,7 @@ def _problem(x, weights, biases, dueling) -> str | None:
     return None
 
 
-def _grad_problem(x, weights, biases) -> str | None:
+def _grad_problem(x, weights, biases, op: str = "q_forward") -> str | None:
     """The argument autograd would need a gradient through (grad mode on and it requires grad), or None."""
     if not torch.is_grad_enabled():
         return None
@@ -351,7 +351,7 @@ def _grad_problem(x, weights, biases) -> str | None:
              *((f"biases[{i}]", b) for i, b in enumerate(biases))]
     for name, t in named:
         if t.requires_grad:
-            return f"q_forward: {name} requires grad with grad mode on, and the op has no backward: call it under " \
+            return f"{op}: {name} requires grad with grad mode on, and the op has no backward: call it under " \
                    "torch.no_grad() (or inference_mode), or with tensors that need no gradient"
     return None
 
@@ -369,8 +369,8 @@ def q_forward_supported(x, weights, biases, dueling) -> bool:
     return _grad_problem(x, weights, biases) is None
 
 
-def _check(x, weights, biases, dueling) -> None:
-    problem = _problem(x, weights, biases, dueling)
+def _check(x, weights, biases, dueling, op: str = "q_forward") -> None:
+    problem = _problem(x, weights, biases, dueling, op)
     if problem is not None:
         raise ValueError(problem)
 

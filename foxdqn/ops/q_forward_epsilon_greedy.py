@@ -27,7 +27,8 @@ with a dueling head, :class:`foxdqn.population.network.MemberQNetwork`) acts thr
 Capture: device ops only (no host reads of tensor data), the output is ``torch.empty``.
 Registered as ``torch.ops.foxdqn.q_forward_epsilon_greedy`` by :func:`foxdqn.ops.library.register_ops`.
 
-Errors: ``ValueError`` for arguments outside q_forward's contract (its message) or
+Errors: ``ValueError`` (messages start with ``q_forward_epsilon_greedy:``) for arguments outside
+q_forward's contract or
 epsilon_greedy's (step 0-d int64; start, end, duration contiguous float32 ``[P]``; u contiguous
 float32 ``[P, 2, M]``; one device), and for grad mode on with an input requiring grad;
 ``RuntimeError`` for backend="triton" on CPU tensors without TRITON_INTERPRET=1.
@@ -56,16 +57,16 @@ def _q_forward_epsilon_greedy_op(x: Tensor, weights: list[Tensor], biases: list[
 
 
 def _check_all(x, weights, biases, dueling, step, start, end, duration, u) -> None:
-    _check(x, weights, biases, dueling)
-    members = x.shape[0] if x.dim() == 3 else 1
     op = "q_forward_epsilon_greedy"
+    _check(x, weights, biases, dueling, op)
+    members = x.shape[0] if x.dim() == 3 else 1
     if isinstance(start, Tensor) and start.dim() == 1 and start.shape[0] != members:
         raise ValueError(f"{op}: start, end and duration must hold one schedule per member (G = P = {members}), "
                          f"got G = {start.shape[0]}")
     check_schedule(op, members * x.shape[-2], "x", x.device, step, start, end, duration, u)
-    problem = _grad_problem(x, weights, biases)
+    problem = _grad_problem(x, weights, biases, op)
     if problem is not None:
-        raise ValueError(problem.replace("q_forward:", f"{op}:", 1))
+        raise ValueError(problem)
 
 
 def q_forward_epsilon_greedy_reference(x: Tensor, weights: Sequence[Tensor], biases: Sequence[Tensor], *,
@@ -73,7 +74,8 @@ def q_forward_epsilon_greedy_reference(x: Tensor, weights: Sequence[Tensor], bia
                                        u: Tensor) -> Tensor:
     """Plain torch (the spec): :func:`~foxdqn.ops.epsilon_greedy.epsilon_greedy_reference` of
     :func:`~foxdqn.ops.q_forward.q_forward_reference`'s Q, rows member-major ``[P·M, A]``. Same
-    arguments and result as :func:`q_forward_epsilon_greedy`."""
+    arguments, result and errors as :func:`q_forward_epsilon_greedy` (also the no-gradient rule:
+    the actions are integers, nothing to differentiate)."""
     _check_all(x, weights, biases, dueling, step, start, end, duration, u)
     with torch.no_grad():
         q = q_forward_reference(x, weights, biases, dueling=dueling)

@@ -27,8 +27,16 @@ def act(net: nn.Module, obs: torch.Tensor, step: torch.Tensor, start: torch.Tens
         backend: "auto", "triton" or "torch", passed to the op; "torch" always runs the network's
             forward and the reference selection.
 
+    Returns:
+        int64 ``[N]`` actions in ``[0, A)``.
+
+    Raises:
+        ValueError: what :func:`~foxdqn.ops.epsilon_greedy.epsilon_greedy` raises for its
+            arguments (or the fused op for the same ones).
+
     Call it under ``torch.no_grad()`` (the fused path needs no gradient; the network says when it
-    applies). Device ops only: capturable.
+    applies, and only for ``G`` = the members of ``obs``: one schedule per member). Device ops
+    only: capturable.
     """
     args = net.q_forward_args(obs) if backend != "torch" and hasattr(net, "q_forward_args") else None
     groups = start.shape[0] if start.dim() == 1 else 0

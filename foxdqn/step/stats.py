@@ -42,21 +42,25 @@ class DeviceStats:
     def add_step_beside(self, main_work, *args, **kwargs) -> None:
         """:meth:`add_step` (``args``, ``kwargs``) and ``main_work()`` concurrently: the sums on
         :attr:`branch`, forked from the current stream after its queued work, ``main_work`` on the
-        current stream, which then waits for the branch. Captured in a CUDA graph the two are
-        parallel branches of the graph (the collect step: the sums beside the replay insert,
-        docs/design/hot_loop.md#one-graph). ``main_work`` must not write what the sums read
-        (their inputs outlive the join: the current stream frees nothing of them before it). On
-        the CPU: one after the other."""
+        current stream, which then waits for the branch (also when ``main_work`` raises). Captured
+        in a CUDA graph the two are parallel branches of the graph (the collect step: the sums
+        beside the replay insert, docs/design/hot_loop.md#one-graph). ``main_work`` must neither
+        write what the sums read (the step's outputs) nor read what they write (:attr:`acc`,
+        :attr:`actions`, ``env_steps``); the sums' inputs stay referenced by the caller until the
+        join is queued, so the current stream frees none of them before the branch read them. On
+        the CPU: the sums, then ``main_work``."""
         if self.branch is None:
             self.add_step(*args, **kwargs)
             main_work()
             return
         main = torch.cuda.current_stream(self.device)
         self.branch.wait_stream(main)
-        with torch.cuda.stream(self.branch):
-            self.add_step(*args, **kwargs)
-        main_work()
-        main.wait_stream(self.branch)
+        try:
+            with torch.cuda.stream(self.branch):
+                self.add_step(*args, **kwargs)
+            main_work()
+        finally:
+            main.wait_stream(self.branch)
 
     def snapshot(self, *extra: torch.Tensor) -> torch.Tensor:
         """Copy acc, actions and ``extra`` device tensors (flattened, as float64) to the host in one

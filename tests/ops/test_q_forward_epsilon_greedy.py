@@ -1,15 +1,18 @@
 """foxdqn.ops.q_forward_epsilon_greedy and foxdqn.step.act: the kernel (TRITON_INTERPRET=1 on CPU)
 gives exactly the actions of epsilon_greedy on q_forward's Q (one network and P = 3 members, 1 and
 2 hidden layers, dueling and plain heads, odd row counts, TF32 on and off, NaN rows, ε = 0 and 1,
-a schedule per member) and the reference's wherever the reference's argmax is clear; bad
-arguments; act() takes the fused op where the network offers it and the two ops elsewhere. GPU
-(`gpu` marker): eurusd_dqn's 4,096 rows and a population of 8 × 512, one kernel, capture = eager
-without host sync, the collect step of eurusd_dqn launching it."""
+a schedule per member) and the reference's wherever the reference's argmax is clear; a NaN
+column and a tie pick as torch.argmax; bad arguments; act() takes the fused op where the network
+offers it and the two ops elsewhere (a plain head, G != P); QNetwork's no-gradient forward is its
+modules'. GPU (`gpu` marker): eurusd_dqn's 4,096 rows and a population of 8 × 512, one kernel,
+capture = eager without host sync, the collect step of eurusd_dqn launching it at 4,096 envs
+and not at 64."""
 from __future__ import annotations
 
 import pytest
 import torch
 
+import foxdqn.nn.qnet as qnet_mod
 from foxdqn.nn.heads import DuelingHead, QHead
 from foxdqn.nn.mlp import MLPEncoder
 from foxdqn.nn.qnet import QNetwork
@@ -113,7 +116,21 @@ def test_reference_agrees_where_the_argmax_is_clear():
     clear = (top2[:, 0] - top2[:, 1]) > 1e-4
     assert clear.sum() > 150
     assert torch.equal(got[clear], want[clear])
-    assert torch.equal(_fused(x, ws, bs, True, sched, backend="torch"), want)  # the torch backend is the reference
+
+
+def test_nan_column_and_ties_follow_argmax():
+    """A plain head whose action 3 has a NaN weight row: Q[:, 3] is NaN in every row and the
+    greedy action is 3 (NaN largest, torch.argmax); two equal weight rows 1 and 4 dominating the
+    rest: the first, 1."""
+    x, ws, bs = _case(1, 17, [6, 8], 5, False, False, seed=10)
+    sched = _schedule(1, 17, eps=0.0)
+    nan_ws = [w.clone() for w in ws]
+    nan_ws[-1][3] = float("nan")
+    assert torch.equal(_fused(x, nan_ws, bs, False, sched), torch.full((17,), 3))
+    tie_ws, tie_bs = [w.clone() for w in ws], [b.clone() for b in bs]
+    tie_ws[-1][4] = tie_ws[-1][1]
+    tie_bs[-1][1] = tie_bs[-1][4] = 100.0  # actions 1 and 4 equal, above the others
+    assert torch.equal(_fused(x, tie_ws, tie_bs, False, sched), torch.full((17,), 1))
 
 
 BAD = [
@@ -123,7 +140,7 @@ BAD = [
      r"q_forward_epsilon_greedy: u must be a contiguous float32 tensor \[3, 2, 11\]"),
     (lambda a: a.update(step=a["step"].to(torch.int32)), r"q_forward_epsilon_greedy: step must be a 0-d int64 tensor"),
     (lambda a: a.update(start=a["start"].double()), r"q_forward_epsilon_greedy: start must be a contiguous float32"),
-    (lambda a: a.update(weights=a["weights"][:1]), r"q_forward: weights must hold 1 or 2 hidden layers"),
+    (lambda a: a.update(weights=a["weights"][:1]), r"q_forward_epsilon_greedy: weights must hold 1 or 2 hidden layers"),
     (lambda a: a.update(x=a["x"].requires_grad_(True)),
      r"q_forward_epsilon_greedy: x requires grad with grad mode on"),
 ]
@@ -144,36 +161,72 @@ def _net(head, hidden=(16, 16), actions=5):
     return QNetwork(MLPEncoder(9, list(hidden)), head(hidden[-1], actions), chain_backend="triton")
 
 
+@pytest.fixture
+def any_rows(monkeypatch):
+    """QNetwork offers q_forward from 1 row (the tests' small batches; runs: Q_FORWARD_MIN_ROWS)."""
+    monkeypatch.setattr(qnet_mod, "Q_FORWARD_MIN_ROWS", 1)
+
+
 @pytest.mark.parametrize("head,fused", [(DuelingHead, True), (QHead, False)])
-def test_act_takes_the_fused_op_where_offered(monkeypatch, head, fused):
+def test_act_takes_the_fused_op_where_offered(monkeypatch, any_rows, head, fused):
     """act() runs q_forward_epsilon_greedy for a dueling QNetwork (q_forward_args) and the network
-    plus epsilon_greedy otherwise; both give epsilon_greedy of the network's Q; backend="torch"
-    never fuses."""
+    plus epsilon_greedy otherwise: the actions of epsilon_greedy on the network's modules' Q
+    wherever its argmax is clear; backend="torch" never fuses."""
     calls = []
     real = act_mod.q_forward_epsilon_greedy
     monkeypatch.setattr(act_mod, "q_forward_epsilon_greedy", lambda *a, **k: calls.append(1) or real(*a, **k))
     net = _net(head)
-    obs = torch.randn(23, 9)
-    step, start, end, duration, u = _schedule(1, 23)
+    obs = torch.randn(200, 9)
+    step, start, end, duration, u = _schedule(1, 200)
     with torch.no_grad():
         got = act(net, obs, step, start, end, duration, u)
-        want = epsilon_greedy(net(obs), step, start, end, duration, u, backend="torch")
         assert len(calls) == int(fused)
-        assert torch.equal(got, want)
+        q = net.head(net.encoder(obs))  # the modules
+        want = epsilon_greedy(q, step, start, end, duration, u, backend="torch")
+        top2 = q.topk(2, dim=1).values
+        clear = (top2[:, 0] - top2[:, 1]) > 1e-4
+        assert clear.sum() > 150
+        assert torch.equal(got[clear], want[clear])
         assert torch.equal(act(net, obs, step, start, end, duration, u, backend="torch"), want)
     assert len(calls) == int(fused)
 
 
-def test_qnetwork_offers_q_forward_only_without_gradients():
-    """q_forward_args: None with grad mode on and trainable weights, for a 3-layer encoder, for a
-    CPU input under chain_backend="auto"; (weights, biases, True) in q_forward's order otherwise."""
+def test_act_falls_back_when_the_schedules_are_not_one_per_member(monkeypatch, any_rows):
+    """G = 2 schedules for one network's 40 rows: the fused op does not apply (it takes one per
+    member); act() runs the network and epsilon_greedy with the two groups."""
+    calls = []
+    monkeypatch.setattr(act_mod, "q_forward_epsilon_greedy", lambda *a, **k: calls.append(1))
     net = _net(DuelingHead)
+    obs = torch.randn(40, 9)
+    step, start, end, duration, u = _schedule(2, 20)
+    with torch.no_grad():
+        got = act(net, obs, step, start, end, duration, u)
+        assert not calls
+        assert torch.equal(got, epsilon_greedy(net(obs), step, start, end, duration, u, backend="torch"))
+
+
+def test_qnetwork_forward_without_gradients_is_the_modules(any_rows):
+    """A dueling QNetwork's no-gradient forward (q_forward, in the interpreter) equals its modules'."""
+    net = _net(DuelingHead, hidden=(24, 17))
+    obs = torch.randn(37, 9)
+    with torch.no_grad():
+        torch.testing.assert_close(net(obs), net.head(net.encoder(obs)), rtol=1e-5, atol=1e-5)
+    assert net(obs).requires_grad  # grad mode on, trainable weights: the modules
+
+
+def test_qnetwork_offers_q_forward_only_where_it_applies(monkeypatch):
+    """q_forward_args: None with grad mode on and trainable weights, below Q_FORWARD_MIN_ROWS rows,
+    for a 3-layer encoder, for a CPU input under chain_backend="auto"; (weights, biases, True) in
+    q_forward's order otherwise."""
+    net = _net(DuelingHead)
+    monkeypatch.setattr(qnet_mod, "Q_FORWARD_MIN_ROWS", 4)
     obs = torch.randn(4, 9)
     assert net.q_forward_args(obs) is None  # grad mode on, weights require grad
     with torch.no_grad():
         weights, biases, dueling = net.q_forward_args(obs)
         assert dueling and weights == [net.encoder._layers[0][0].weight, net.encoder._layers[1][0].weight,
                                        net.head.value.weight, net.head.advantage.weight]
+        assert net.q_forward_args(obs[:3]) is None  # fewer rows than Q_FORWARD_MIN_ROWS
         assert _net(DuelingHead, hidden=(8, 8, 8)).q_forward_args(obs) is None
         net.chain_backend = "auto"
         assert net.q_forward_args(obs) is None
@@ -211,13 +264,17 @@ def test_gpu_equals_two_ops_one_kernel_capture(population):
 
 @pytest.mark.gpu
 def test_gpu_collect_step_fuses_forward_and_selection():
-    """eurusd_dqn's collect step at 64 envs on CUDA launches q_forward's kernel and no
-    epsilon_greedy kernel (one kernel for both)."""
+    """eurusd_dqn's collect step on CUDA: at 4,096 envs q_forward's kernel and no epsilon_greedy
+    kernel or GEMM (one kernel for both); at 64 envs (below Q_FORWARD_MIN_ROWS) the modules and
+    epsilon_greedy."""
     from bench.harness import make_state
     from foxdqn.step.collect import collect_step
     from support import cuda_kernels
 
-    s = make_state(["+experiment=eurusd_dqn", "env.num_envs=64"], "cuda")
+    s = make_state(["+experiment=eurusd_dqn", "env.num_envs=4096"], "cuda")
     n, names = cuda_kernels(lambda: collect_step(s))
     assert any("q_forward" in k for k in names), names
     assert not any("epsilon_greedy" in k or "gemm" in k for k in names), names
+    s = make_state(["+experiment=eurusd_dqn", "env.num_envs=64"], "cuda")
+    n, names = cuda_kernels(lambda: collect_step(s))
+    assert any("epsilon_greedy" in k for k in names) and not any("q_forward" in k for k in names), names

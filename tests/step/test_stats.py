@@ -1,4 +1,7 @@
-"""foxdqn.step.stats.DeviceStats.add_step: the trades count of an env that trades, and of one that does not."""
+"""foxdqn.step.stats.DeviceStats: add_step's trades count of an env that trades, and of one that
+does not; add_step_beside equals add_step (CPU; GPU `gpu` marker: on its branch stream, eager
+and in a CUDA graph without host sync)."""
+import pytest
 import torch
 
 from foxdqn.step.stats import EP_COUNT, REWARD_SUM, TRADES, TRANSITIONS, DeviceStats
@@ -14,3 +17,54 @@ def test_add_step_counts_trades_and_none_as_no_trades():
     acc = stats.acc
     assert acc[TRADES] == 2.0 and acc[TRANSITIONS] == 6.0 and acc[EP_COUNT] == 2.0 and acc[REWARD_SUM] == 12.0
     assert stats.actions.tolist() == [2.0, 4.0, 0.0, 0.0]
+
+
+def _step_args(n, device, seed):
+    g = torch.Generator().manual_seed(seed)
+    done = torch.rand(n, generator=g) < 0.1
+    return tuple(t.to(device) for t in (torch.randint(0, 4, (n,), generator=g), torch.randn(n, generator=g).double(),
+                                        done, torch.randn(n, generator=g).double() * done,
+                                        torch.randint(1, 50, (n,), generator=g) * done,
+                                        torch.rand(n, generator=g) < 0.5))
+
+
+def test_add_step_beside_on_the_cpu_is_add_step_then_main_work():
+    """No CUDA stream on the CPU: the sums, then main_work, with add_step's result."""
+    beside, plain = DeviceStats(4, 64, torch.device("cpu")), DeviceStats(4, 64, torch.device("cpu"))
+    order = []
+    args = _step_args(64, "cpu", 0)
+    beside.add_step_beside(lambda: order.append(beside.acc[TRANSITIONS].item()), *args)
+    plain.add_step(*args)
+    assert order == [64.0]  # the sums ran first
+    assert torch.equal(beside.acc, plain.acc) and torch.equal(beside.actions, plain.actions)
+
+
+@pytest.mark.gpu
+def test_gpu_add_step_beside_equals_add_step_eager_and_captured():
+    """CUDA, 4,096 envs: the sums on the branch beside a main-stream op give add_step's bits, eager
+    and replayed from a CUDA graph (two branches) without host sync, and the main-stream op ran."""
+    from support import capture_graph, no_host_sync
+
+    dev = torch.device("cuda")
+    beside, plain = DeviceStats(4, 4096, dev), DeviceStats(4, 4096, dev)
+    env_steps, env_steps_plain = torch.zeros((), dtype=torch.int64, device=dev), torch.zeros((), dtype=torch.int64,
+                                                                                                 device=dev)
+    side_out = torch.zeros(4096, device=dev)
+    main_in = torch.randn(4096, device=dev)
+    args = _step_args(4096, dev, 1)
+
+    def step():
+        beside.add_step_beside(lambda: side_out.add_(main_in), *args, env_steps=env_steps)
+
+    step()
+    plain.add_step(*args, env_steps=env_steps_plain)
+    assert torch.equal(beside.acc, plain.acc) and torch.equal(beside.actions, plain.actions)
+    graph, _ = capture_graph(step, warmup=0)
+    with no_host_sync():
+        for _ in range(3):
+            graph.replay()
+            plain.add_step(*args, env_steps=env_steps_plain)
+    torch.cuda.synchronize()
+    assert torch.equal(beside.acc, plain.acc) and torch.equal(beside.actions, plain.actions)
+    assert env_steps.item() == env_steps_plain.item() == 4 * 4096
+    assert torch.equal(side_out, 4 * main_in)
