@@ -38,7 +38,7 @@ def _dueling_layers(encoder: nn.Module, head: nn.Module) -> list[nn.Linear] | No
     return [linear for linear, _, _ in encoder._layers] + [head.value, head.advantage]
 
 
-def _hooked(modules: list[nn.Module]) -> bool:
+def forward_hooked(modules: list[nn.Module]) -> bool:
     """Whether a forward hook would run in ``head(encoder(obs))`` (a module's own or a global one,
     e.g. ``torch.nn.utils.prune``'s pre-hook): the fused op would skip it, so the modules run."""
     from torch.nn.modules import module as nn_module
@@ -97,7 +97,7 @@ class QNetwork(nn.Module):
     def fused_chain(self, obs: torch.Tensor) -> tuple[list, list] | None:
         """``(weights, biases)`` that :meth:`forward` passes to ``mlp_chain`` for ``obs``, or None
         when it runs ``head(encoder(obs))`` (class docstring). Host metadata only."""
-        if self._chain is None or obs.requires_grad or _hooked([self.encoder, self.head]):
+        if self._chain is None or obs.requires_grad or forward_hooked([self.encoder, self.head]):
             return None
         if not self._fused_backend(obs):
             return None
@@ -113,7 +113,7 @@ class QNetwork(nn.Module):
         computes this network's Q for ``obs`` (what :meth:`forward` runs then), or None when it
         does not apply (class docstring). Host metadata only."""
         if (self._dueling is None or obs.dim() != 2 or obs.shape[0] < Q_FORWARD_MIN_ROWS
-                or not self._fused_backend(obs) or _hooked([self.encoder, self.head])):
+                or not self._fused_backend(obs) or forward_hooked([self.encoder, self.head])):
             return None
         weights = [linear.weight for linear in self._dueling]
         biases = [linear.bias for linear in self._dueling]

@@ -50,7 +50,6 @@ MAX_BLOCK_D = 256  # observation columns per tile on the GPU
 NUM_WARPS = 4  # warps per program
 
 
-
 class ReplayGather(NamedTuple):
     """What :func:`replay_gather` returns (all on the replay's device).
 

@@ -23,8 +23,8 @@ class DeviceStats:
         self.acc = torch.zeros(NUM_FIELDS, dtype=torch.float64, device=device)
         self.actions = torch.zeros(num_actions, dtype=torch.float64, device=device)
         self._scratch = StepStatsScratch(num_envs, device)  # the kernel's partial sums and ticket (not checkpointed)
-        self._side = torch.cuda.Stream(device) if device.type == "cuda" else None
-        #: the CUDA stream :meth:`add_step_beside` runs the per-step sums on (None on the CPU)
+        #: the second CUDA stream (None on the CPU): :meth:`add_step_beside` runs the per-step sums
+        #: on it, :meth:`snapshot` its copy to the host (between iterations, never during a step)
         self.branch = torch.cuda.Stream(device) if device.type == "cuda" else None
         self._host = None
 
@@ -66,18 +66,18 @@ class DeviceStats:
         """Copy acc, actions and ``extra`` device tensors (flattened, as float64) to the host in one
         transfer; returns a CPU float64 tensor [NUM_FIELDS + A + Σ extra sizes]."""
         parts = [self.acc, self.actions] + [e.reshape(-1).to(torch.float64) for e in extra]
-        if self._side is None:
+        if self.branch is None:
             return torch.cat(parts).clone()
         main = torch.cuda.current_stream(self.device)
         flat = torch.cat(parts)
         if self._host is None or self._host.numel() != flat.numel():
             self._host = torch.empty(flat.numel(), dtype=torch.float64, pin_memory=True)
-        self._side.wait_stream(main)
-        with torch.cuda.stream(self._side):
+        self.branch.wait_stream(main)
+        with torch.cuda.stream(self.branch):
             self._host.copy_(flat, non_blocking=True)
-            flat.record_stream(self._side)
+            flat.record_stream(self.branch)
             done = torch.cuda.Event()
-            done.record(self._side)
+            done.record(self.branch)
         done.synchronize()  # the one host synchronisation of the log interval
         return self._host.clone()
 
