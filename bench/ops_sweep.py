@@ -3,8 +3,8 @@
 For each op named (default: all of :data:`SWEEPS`), in one process: the op's bench module
 (``bench/ops/bench_<op>.py``) runs once with every provider (its ``torch.compile`` rows are the
 yardstick), then once per combination of the op module's launch constants (set on the module:
-every op listed reads them at each launch), timing the op alone (``bench.ops.common.bench_ms``:
-a CUDA-graph replay of one call; only the op's own rows are kept, not another provider a bench
+every op listed reads them at each launch), timing the op alone (``bench.ops.common.bench_all``:
+a CUDA graph of back-to-back calls; only the op's own rows are kept, not another provider a bench
 module adds). A combination that cannot run (e.g. Triton's shared-memory limit) gets no time for
 that size (``provider_rows`` prints the error on stderr) and is not ranked; one whose bench
 module itself raises is recorded with the error. Prints, per op and size, compile's time and the
@@ -35,7 +35,11 @@ SWEEPS = {
     "q_forward": {"BLOCK_M": [16, 32, 64], "NUM_WARPS": [4, 8], "NUM_WARPS_LINEAR": [4, 8], "BLOCK_K": [32, 64],
                   "BLOCK_N": [32, 64], "NUM_STAGES": [2, 3]},
     "member_uniform": {"BLOCK": [128, 256, 512, 1024], "NUM_WARPS": [1, 2, 4]},
+    "adam_step": {"BLOCK": [256, 512, 1024, 2048], "NUM_WARPS": [2, 4, 8]},
 }
+#: op → (its bench module, the op name of its rows there) where the module is not ``bench_<op>``
+#: or holds other ops' rows too
+BENCH_OF = {"adam_step": ("bench_update_tail", "adam_step_")}
 
 
 def _kernel_only(common):
@@ -59,11 +63,16 @@ def sweep(op: str, device: str = "cuda") -> dict:
     from bench.ops import common
 
     opmod = importlib.import_module(f"foxdqn.ops.{op}")
-    bm = importlib.import_module(f"bench.ops.bench_{op}")
+    module, row_op = BENCH_OF.get(op, (f"bench_{op}", None))
+    bm = importlib.import_module(f"bench.ops.{module}")
+
+    def mine(r: dict) -> bool:
+        return row_op is None or r["op"] == row_op
+
     grid = SWEEPS[op]
-    base = {" | ".join((r["op"], r["size"], r["provider"])): r["ms"] * 1e3 for r in bm.rows(device)}
+    base = {" | ".join((r["op"], r["size"], r["provider"])): r["ms"] * 1e3 for r in bm.rows(device) if mine(r)}
     res = {"base": base, "configs": []}
-    saved = (bm.against_compile, getattr(bm, "against_compile_grad", None))
+    saved = (getattr(bm, "against_compile", None), getattr(bm, "against_compile_grad", None))
     defaults = {k: getattr(opmod, k) for k in grid}
     bm.against_compile, bm.against_compile_grad = _kernel_only(common)
     try:
@@ -73,7 +82,7 @@ def sweep(op: str, device: str = "cuda") -> dict:
                 setattr(opmod, k, v)
             try:  # the op's own rows only (a bench module may add providers, e.g. q_forward's modules)
                 res["configs"].append({"cfg": cfg, "us": {f"{r['op']} | {r['size']}": round(r["ms"] * 1e3, 2)
-                                                          for r in bm.rows(device) if r["provider"] in KERNEL_PROVIDERS}})
+                                                          for r in bm.rows(device) if r["provider"] in KERNEL_PROVIDERS and mine(r)}})
             except Exception as exc:  # a combination that cannot launch is recorded, not fatal
                 res["configs"].append({"cfg": cfg, "error": f"{type(exc).__name__}: {str(exc)[:200]}"})
     finally:

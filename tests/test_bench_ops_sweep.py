@@ -17,15 +17,14 @@ def test_sweep_sets_restores_and_ranks(monkeypatch):
 
     seen = []
 
-    def fake_bench_ms(fn):
+    def fake_bench_all(fns):
         seen.append((dc.TILE, dc.NUM_WARPS))
-        if dc.TILE == 7:
-            raise RuntimeError("out of resource")  # a combination that cannot launch
-        fn()
+        if dc.TILE == 7:  # a combination that cannot launch
+            return {name: RuntimeError("out of resource") for name in fns}
         us = 1e-3 * (2.0 if dc.TILE == 512 else 1.0)  # ms: the 512 tile "slower"
-        return us, us, us, "fake"
+        return {name: (fn(), (us, us, us, "fake"))[1] for name, fn in fns.items()}
 
-    monkeypatch.setattr(common, "bench_ms", fake_bench_ms)
+    monkeypatch.setattr(common, "bench_all", fake_bench_all)
     real_rows = bm.rows
 
     def rows_with_another_provider(device):  # as bench_q_forward's modules row: not the op, not kept

@@ -1,7 +1,9 @@
 """Benchmark: dqn_td_loss (the (Double) DQN target, Huber loss, |TD| and dL/dQ of one update).
 
-Providers: the Triton op (forward; its backward is one multiply), the torch reference (forward,
-autograd records its graph), ``torch.compile`` of the reference. Training sizes: batch 256 and
+Providers: the Triton op, the torch reference, ``torch.compile`` of the reference, each timed
+forward and backward (the loss's gradient w.r.t. the stacked Q, as every update uses it): the
+op's forward already computes ∂loss/∂q and its backward is one multiply, so a forward-only time
+would count the op's gradient work and not the reference's. Training sizes: batch 256 and
 4,096, 45 actions (the factored trading actions), Double DQN with the stacked [s; s'] online Q;
 and a population of P = 8 members of 256 rows each (a δ per member, loss [P]).
 
@@ -9,7 +11,7 @@ Run: ``python -m bench.ops.bench_dqn_td_loss`` (needs CUDA). Nothing runs at imp
 """
 from __future__ import annotations
 
-from bench.ops.common import against_compile, print_table
+from bench.ops.common import against_compile_grad, print_table
 
 
 def rows(device: str = "cuda") -> list[dict]:
@@ -30,9 +32,14 @@ def rows(device: str = "cuda") -> list[dict]:
             case, delta = f"B={b} A={a} double stacked", 1.0
         else:
             case, delta = f"P={members} B={b // members} A={a} double stacked", torch.ones(members, device=dev)
-        out += against_compile("bench_dqn_td_loss", "dqn_td_loss", case, dqn_td_loss, dqn_td_loss_reference, *args,
-                               double=True, huber_delta=delta)
+        out += against_compile_grad("bench_dqn_td_loss", "dqn_td_loss_fwd_bwd", case, _loss_of(dqn_td_loss),
+                                    _loss_of(dqn_td_loss_reference), *args, double=True, huber_delta=delta)
     return out
+
+
+def _loss_of(fn):
+    """``fn``'s loss (its first result; |TD| is computed too and not differentiated)."""
+    return lambda *args, **kwargs: fn(*args, **kwargs)[0]
 
 
 if __name__ == "__main__":
