@@ -119,6 +119,11 @@ class BatchedEnv(Protocol):
         on_host: True when ``step`` runs on the CPU and reads the actions back (the collect
             step cannot then be captured in a CUDA graph); False for the device envs.
         collect_hook: the env's :class:`CollectHook` (:data:`NO_HOOK` when it adds nothing).
+
+    A device env may also define ``draw_step()``, the random draws of its next step made ahead
+    (device tensors, no host read), which ``step(action, draws)`` then takes in place of drawing
+    them: the collect step draws them on a second stream beside the action selection
+    (:func:`foxdqn.step.collect.collect_step`). ``step(action)`` alone still draws them itself.
     """
 
     num_envs: int

@@ -167,8 +167,16 @@ class CartPoleEnv:
         _set_elapsed_steps(self.steps, elapsed_steps, self.num_envs)
         return self.observe()
 
-    def step(self, action: Tensor) -> StepOut:
-        """Apply ``action`` (``[N]`` int64; 1 = push right, anything else = push left) to every env.
+    def draw_step(self) -> Tensor:
+        """The random draws of the next :meth:`step`, made now: the ``[N, 4]`` uniforms of the
+        reset start states (one ``rand`` from the env's generator). Pass them to ``step(action,
+        draws)``; the collect step draws them on a second stream beside the action selection
+        (:func:`foxdqn.step.beside.beside`)."""
+        return self._uniform()
+
+    def step(self, action: Tensor, draws: Tensor | None = None) -> StepOut:
+        """Apply ``action`` (``[N]`` int64; 1 = push right, anything else = push left) to every env;
+        ``draws``: what :meth:`draw_step` returned for this step (None: the step draws them).
 
         Returns:
             :class:`~foxdqn.envs.StepOut`: ``next_obs`` / ``obs`` ``[N, 4]`` dtype (before / after
@@ -177,7 +185,8 @@ class CartPoleEnv:
             the finished episode's undiscounted return = its length, else 0), ``episode_done``
             (bool) and ``episode_length`` (int64, else 0).
         """
-        out = cartpole_step(self.state, self.steps, action, self._uniform(), self.max_episode_steps, self.dtype)
+        uniform = self._uniform() if draws is None else draws
+        out = cartpole_step(self.state, self.steps, action, uniform, self.max_episode_steps, self.dtype)
         info = {
             "episode_return": out.episode_return,
             "episode_done": out.done,

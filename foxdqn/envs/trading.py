@@ -89,6 +89,8 @@ if TYPE_CHECKING:
 
 __all__ = ["ExecutionConfig", "StepOut", "TradingEnv", "ACCOUNT_OBS_CLIP"]
 
+_DRAW = object()  # step's default: draw the step's random values itself
+
 
 class TradingEnv:
     """``N`` vectorised trading accounts on one instrument (see the module docstring).
@@ -226,12 +228,20 @@ class TradingEnv:
         """
         return self._spread[self.t], self._vol[self.t]
 
-    def step(self, action: Tensor) -> StepOut:
+    def draw_step(self) -> Tensor | None:
+        """The random draws of the next :meth:`step`, made now: in training mode the ``[N]`` int64
+        reset start bars (one ``randint`` from the env's generator), else None (no draw). Pass
+        them to ``step(action, draws)``; the collect step draws them on a second stream beside the
+        action selection (:func:`foxdqn.step.beside.beside`)."""
+        return self._draw_starts()
+
+    def step(self, action: Tensor, draws: Tensor | None | object = _DRAW) -> StepOut:
         """Execute one decision per env and advance one bar (sync-free, graph-capturable).
 
         Args:
             action: ``[N]`` long tensor on the env device, values in ``0..44``
                 (``exposure*9 + order_type*3 + urgency``).
+            draws: what :meth:`draw_step` returned for this step; left out, the step draws them.
 
         Returns:
             :class:`~foxdqn.envs.StepOut`, every tensor ``[N]`` (observations ``[N, obs_dim]``) in
@@ -254,7 +264,7 @@ class TradingEnv:
         :attr:`step_backend`): on CUDA one Triton kernel, after the ``randint`` of the reset start
         bars in training mode (2 kernels); on CPU its torch reference, this env's original step.
         """
-        starts = None if self.eval_mode else self._draw_starts()
+        starts = self._draw_starts() if draws is _DRAW else draws
         out = trading_step(self._state, action.contiguous(), starts, self._market, self._params,
                            backend=self.step_backend, next_obs=self.step_next_obs)
         info = {

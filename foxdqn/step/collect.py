@@ -9,6 +9,7 @@ from __future__ import annotations
 import torch
 
 from foxdqn.step.act import act
+from foxdqn.step.beside import beside
 from foxdqn.step.state import TrainState
 
 
@@ -33,6 +34,9 @@ def collect_step(s: TrainState, backend: str = "auto") -> None:
     (rewards times ``loss.reward_scale``), advance ``s.rollout.obs``, ``s.env_steps`` by N and the
     monitors' counts.
 
+    An env with ``draw_step`` (the trading env's reset start bars, CartPole's start states: its
+    random draws) makes them first, on the monitors' second stream beside the action selection
+    (:func:`foxdqn.step.beside.beside`: two branches of the captured graph), and its step takes them.
     Launches on CUDA besides the action mode's and the env's own: one ``torch.rand`` of the
     ε-greedy uniforms (the run's generator, so a captured graph advances it like an eager step),
     the network's forward and :func:`~foxdqn.ops.epsilon_greedy.epsilon_greedy` (schedule, explore
@@ -45,14 +49,22 @@ def collect_step(s: TrainState, backend: str = "auto") -> None:
     """
     r = s.rollout
     eps = s.schedules.epsilon
-    with torch.no_grad():
-        u = torch.rand(1, 2, r.obs.shape[0], device=r.obs.device, generator=s.generator)  # explore tests, random actions
-        action = act(s.nets.online, r.obs, s.env_steps, eps.start.view(1), eps.end.view(1), eps.duration.view(1), u,
-                     backend=backend)  # network action
+
+    def acting() -> torch.Tensor:
+        with torch.no_grad():
+            u = torch.rand(1, 2, r.obs.shape[0], device=r.obs.device, generator=s.generator)  # explore tests, random actions
+            return act(s.nets.online, r.obs, s.env_steps, eps.start.view(1), eps.end.view(1), eps.duration.view(1), u,
+                       backend=backend)  # network action
+
+    draw = getattr(r.env, "draw_step", None)  # the env's own random draws, made ahead (envs/base.py)
+    if draw is None:
+        action = acting()
+    else:  # drawn beside the action selection (parallel branches of the captured graph)
+        draws, action = beside(s.monitors.stats.branch, draw, acting)
     env_action = r.action_mode.to_env(action, r.env)  # e.g. exposure → routed factored action
     hook = r.env.collect_hook
     extras = hook.replay_extras(r.env, s.replay)  # of the state acted on, read before the step moves it
-    out = r.env.step(env_action)
+    out = r.env.step(env_action) if draw is None else r.env.step(env_action, draws)
     info = out.info
     # the monitors' sums (which read only the step's outputs) beside the replay insert (which
     # advances the rollout's obs): two branches of the captured graph on CUDA

@@ -10,6 +10,7 @@ from __future__ import annotations
 import torch
 
 from foxdqn.ops.step_stats import NUM_FIELDS, StepStatsScratch, step_stats
+from foxdqn.step.beside import beside
 
 # acc fields (the order the op writes them in)
 EP_RETURN_SUM, EP_COUNT, EP_LEN_SUM, REWARD_SUM, TRANSITIONS, TRADES = range(NUM_FIELDS)
@@ -48,19 +49,8 @@ class DeviceStats:
         write what the sums read (the step's outputs) nor read what they write (:attr:`acc`,
         :attr:`actions`, ``env_steps``); the sums' inputs stay referenced by the caller until the
         join is queued, so the current stream frees none of them before the branch read them. On
-        the CPU: the sums, then ``main_work``."""
-        if self.branch is None:
-            self.add_step(*args, **kwargs)
-            main_work()
-            return
-        main = torch.cuda.current_stream(self.device)
-        self.branch.wait_stream(main)
-        try:
-            with torch.cuda.stream(self.branch):
-                self.add_step(*args, **kwargs)
-            main_work()
-        finally:
-            main.wait_stream(self.branch)
+        the CPU: the sums, then ``main_work`` (:func:`foxdqn.step.beside.beside`)."""
+        beside(self.branch, lambda: self.add_step(*args, **kwargs), main_work)
 
     def snapshot(self, *extra: torch.Tensor) -> torch.Tensor:
         """Copy acc, actions and ``extra`` device tensors (flattened, as float64) to the host in one

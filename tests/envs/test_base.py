@@ -134,3 +134,23 @@ def test_trading_hook_gives_the_regime_ratio_only_to_a_regime_replay(make_arrays
     assert not torch.equal(expected, torch.ones_like(expected))  # a real ratio, not the m_v <= 0 fallback
     out = env.step(torch.full((N,), 4 * 9, dtype=torch.int64))  # long at market: every env fills
     assert torch.equal(env.collect_hook.trades(out), out.info["fill"]) and out.info["fill"].all()
+
+
+@pytest.mark.parametrize("name", ["trading", "cartpole"])
+def test_draw_step_ahead_gives_the_step_it_would_draw(name, make_arrays):
+    """``step(action, draw_step())`` is ``step(action)`` from the same generator state, over steps
+    that reset (the drawn start bars / start states are used); an env in eval mode draws nothing."""
+    a, b = ENVS[name](make_arrays), ENVS[name](make_arrays)
+    a.reset_all(), b.reset_all()
+    gen = torch.Generator().manual_seed(1)
+    resets = 0
+    for _ in range(40):  # past the trading episode length (7) and CartPole's random-action failures
+        action = torch.randint(0, a.num_actions, (N,), generator=gen)
+        out_a = a.step(action)
+        out_b = b.step(action, b.draw_step())
+        for x, y in zip(out_a[:5], out_b[:5]):
+            torch.testing.assert_close(x, y, rtol=0, atol=0)
+        resets += int(out_a.info["episode_done"].sum())
+    assert resets >= N  # the drawn values were used
+    if name == "trading":
+        assert _trading(make_arrays, eval_mode=True).draw_step() is None

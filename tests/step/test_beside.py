@@ -1,0 +1,53 @@
+"""foxdqn.step.beside: two pieces of work on two streams, joined; on the CPU one after the other."""
+import pytest
+import torch
+
+from foxdqn.step.beside import beside
+
+
+def test_cpu_runs_side_then_main_and_returns_both():
+    order = []
+    res = beside(None, lambda: order.append("side") or 1, lambda: order.append("main") or 2)
+    assert res == (1, 2) and order == ["side", "main"]
+
+
+def test_main_raising_still_returns_control_and_side_ran():
+    order = []
+
+    def main():
+        raise RuntimeError("boom")
+
+    with pytest.raises(RuntimeError, match="boom"):
+        beside(None, lambda: order.append("side"), main)
+    assert order == ["side"]
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_gpu_branches_join_eagerly_and_in_a_graph():
+    """The side's result (made on the second stream, after a long kernel queued before the fork on
+    the current stream) is ready for the current stream's next kernel, eagerly and captured: the
+    graph has two branches and replays to the eager values."""
+    dev = torch.device("cuda")
+    branch = torch.cuda.Stream(dev)
+    x = torch.randn(4096, 4096, device=dev)
+    src = torch.arange(10, device=dev, dtype=torch.float32)
+
+    def work():
+        y = x @ x  # queued before the fork: the branch must wait for it
+        side, main = beside(branch, lambda: y[:10, 0] + src, lambda: y[:10, 1] * 2)
+        return side + main
+
+    expect = (x @ x)[:10, 0] + src + (x @ x)[:10, 1] * 2
+    torch.testing.assert_close(work(), expect)
+    side_stream = torch.cuda.Stream(dev)
+    side_stream.wait_stream(torch.cuda.current_stream(dev))
+    with torch.cuda.stream(side_stream):
+        work()
+    torch.cuda.current_stream(dev).wait_stream(side_stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = work()
+    src.add_(1.0)
+    graph.replay()
+    torch.testing.assert_close(out, (x @ x)[:10, 0] + src + (x @ x)[:10, 1] * 2)
