@@ -23,8 +23,9 @@ reference, :func:`epsilon_greedy_reference`, defines the semantics both backends
 
 The greedy action is the first index of the row's maximum, NaN counting as larger than any
 number (torch.argmax's rule): the kernel reads the row in tiles of ``BLOCK_A`` columns (one tile
-for A <= ``MAX_BLOCK_A``), takes each tile's first NaN, else the first column equal to its
-maximum, and keeps a later tile's pick only if it is a NaN after no NaN, or strictly larger. The
+for A <= ``MAX_BLOCK_A``) and reduces each tile, then the running pick with the tile's, in one
+pass of (value, column) pairs whose combine keeps the first NaN, else the larger value, ties to
+the smaller column. The
 schedule is evaluated with the reference's float32 roundings (IEEE ``div_rn``, launched with
 ``enable_fp_fusion=False``: no multiply-add contraction), so kernel and reference give the same
 actions bit for bit.
@@ -70,56 +71,60 @@ def _explore_or_greedy(eps, u_explore, u_action, greedy, A, RANDOM_BITS: tl.cons
 
 
 @triton.jit
+def _argmax_combine(v1, i1, v2, i2):
+    """torch.argmax's pick of two (value, column) candidates: a NaN over any number (the first
+    NaN of two), else the larger value, ties to the smaller column."""
+    nan1 = v1 != v1
+    nan2 = v2 != v2
+    first = i1 < i2
+    take1 = (nan1 & (~nan2 | first)) | (~nan1 & ~nan2 & ((v1 > v2) | ((v1 == v2) & first)))
+    return tl.where(take1, v1, v2), tl.where(take1, i1, i2)
+
+
+@triton.jit
 def _tile_argmax(v, cols, valid, A):
     """Per row of a tile ``v [R, C]`` (columns ``cols [C]``, entries where ``valid`` is False
-    ignored): whether it holds a NaN, its pick (the first NaN, else the first column of the
-    maximum: torch.argmax's rule) and its maximum over the non-NaN entries."""
-    nan = (v != v) & valid
-    first_nan = tl.min(tl.where(nan, cols[None, :], A), axis=1)
-    top = tl.max(tl.where(nan | ~valid, float("-inf"), v), axis=1)
-    first_top = tl.min(tl.where(valid & (v == top[:, None]), cols[None, :], A), axis=1)
-    has_nan = first_nan < A
-    return has_nan, tl.where(has_nan, first_nan, first_top), top
+    ignored): its value and column under torch.argmax's rule (the first NaN, else the first
+    column of the maximum), in one reduction. A row with no valid entry gives (-inf, ``A``)."""
+    vals = tl.where(valid, v, float("-inf"))
+    idx = tl.where(valid, cols[None, :], A) + tl.zeros(v.shape, tl.int32)
+    return tl.reduce((vals, idx), 1, _argmax_combine)
 
 
 @triton.jit
 def _epsilon_greedy_kernel(q_ptr, step_ptr, start_ptr, end_ptr, duration_ptr, u_ptr, out_ptr,
-                           N, A, envs_per_group, q_stride0, q_stride1, BLOCK: tl.constexpr,
+                           N, A, envs_per_group, q_stride0, q_stride1, ONE_GROUP: tl.constexpr, BLOCK: tl.constexpr,
                            BLOCK_A: tl.constexpr, RANDOM_BITS: tl.constexpr):
     i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     m = i < N
     i64 = i.to(tl.int64)
-    g = i64 // envs_per_group
-    j = i64 - g * envs_per_group
-
-    # ---- ε of the linear schedule, per group
+    # ---- ε of the linear schedule, per group (one group: scalars, no division)
     step = tl.load(step_ptr).to(tl.float32)
-    start = tl.load(start_ptr + g, mask=m, other=0.0)
-    end = tl.load(end_ptr + g, mask=m, other=0.0)
-    duration = tl.load(duration_ptr + g, mask=m, other=1.0)
-    eps = _linear_epsilon(step + tl.zeros([BLOCK], tl.float32), start, end, duration)
-
+    if ONE_GROUP:
+        eps = _linear_epsilon(step, tl.load(start_ptr), tl.load(end_ptr), tl.load(duration_ptr))
+        u_base = u_ptr + i64
+    else:
+        g = i // envs_per_group  # int32 division, as i
+        j = i - g * envs_per_group
+        start = tl.load(start_ptr + g, mask=m, other=0.0)
+        end = tl.load(end_ptr + g, mask=m, other=0.0)
+        duration = tl.load(duration_ptr + g, mask=m, other=1.0)
+        eps = _linear_epsilon(step + tl.zeros([BLOCK], tl.float32), start, end, duration)
+        u_base = u_ptr + g.to(tl.int64) * (2 * envs_per_group) + j
     # ---- the pre-drawn uniforms: explore test, random action
-    u_base = u_ptr + g * (2 * envs_per_group) + j
     u_explore = tl.load(u_base, mask=m, other=1.0)
     u_action = tl.load(u_base + envs_per_group, mask=m, other=0.0)
-
     # ---- argmax over the row, first maximum, NaN largest (torch.argmax), BLOCK_A columns per tile
     row = q_ptr + i64 * q_stride0
     best = tl.full([BLOCK], float("-inf"), q_ptr.dtype.element_ty)
-    best_a = tl.zeros([BLOCK], tl.int64)
-    best_nan = tl.zeros([BLOCK], tl.int1)
+    best_a = tl.full([BLOCK], A, tl.int32)
     for a0 in range(0, A, BLOCK_A):
         cols = a0 + tl.arange(0, BLOCK_A)
         cm = m[:, None] & (cols < A)[None, :]
         v = tl.load(row[:, None] + cols[None, :].to(tl.int64) * q_stride1, mask=cm, other=float("-inf"))
-        tile_nan, pick, top = _tile_argmax(v, cols, cm, A)
-        take = (tile_nan & ~best_nan) | (~tile_nan & ~best_nan & (top > best)) | (a0 == 0)
-        best_a = tl.where(take, pick.to(tl.int64), best_a)
-        best = tl.where(take & ~tile_nan, top, best)
-        best_nan = best_nan | tile_nan
-
-    tl.store(out_ptr + i64, _explore_or_greedy(eps, u_explore, u_action, best_a, A, RANDOM_BITS), mask=m)
+        top, pick = _tile_argmax(v, cols, cm, A)
+        best, best_a = _argmax_combine(best, best_a, top, pick)  # an earlier tile's columns are smaller
+    tl.store(out_ptr + i64, _explore_or_greedy(eps, u_explore, u_action, best_a.to(tl.int64), A, RANDOM_BITS), mask=m)
 
 
 @device_op("foxdqn::epsilon_greedy", mutates_args=())
@@ -129,7 +134,7 @@ def _epsilon_greedy_op(q: Tensor, step: Tensor, start: Tensor, end: Tensor, dura
     if n:
         wrap_triton(_epsilon_greedy_kernel)[(triton.cdiv(n, BLOCK),)](
             q, step, start, end, duration, u, out, n, num_actions, n // start.shape[0], q.stride(0), q.stride(1),
-            BLOCK=BLOCK, BLOCK_A=min(triton.next_power_of_2(num_actions), MAX_BLOCK_A), RANDOM_BITS=RANDOM_BITS,
+            ONE_GROUP=start.shape[0] == 1, BLOCK=BLOCK, BLOCK_A=min(triton.next_power_of_2(num_actions), MAX_BLOCK_A), RANDOM_BITS=RANDOM_BITS,
             num_warps=NUM_WARPS,
             enable_fp_fusion=False,  # no FMA contraction: the schedule's roundings are the reference's
         )
