@@ -35,8 +35,13 @@ def collect_step(s: TrainState, backend: str = "auto") -> None:
     monitors' counts.
 
     An env with ``draw_step`` (the trading env's reset start bars, CartPole's start states: its
-    random draws) makes them first, on the monitors' second stream beside the action selection
-    (:func:`foxdqn.step.beside.beside`: two branches of the captured graph), and its step takes them.
+    random draws) makes them after the ε-greedy uniforms (the same generator order as when the
+    step drew them itself), on the monitors' second stream beside the action selection
+    (:func:`foxdqn.step.beside.beside`: two branches of the captured graph), and its step takes
+    them. The draws must share no device state with the action selection: a ``torch.Generator``
+    reserves its offsets on the host at each launch, so both may draw from it; the population's
+    member envs, whose draws advance a device counter, have their own collect step
+    (:mod:`foxdqn.population.step`).
     Launches on CUDA besides the action mode's and the env's own: one ``torch.rand`` of the
     ε-greedy uniforms (the run's generator, so a captured graph advances it like an eager step),
     the network's forward and :func:`~foxdqn.ops.epsilon_greedy.epsilon_greedy` (schedule, explore
@@ -50,16 +55,17 @@ def collect_step(s: TrainState, backend: str = "auto") -> None:
     r = s.rollout
     eps = s.schedules.epsilon
 
+    u = torch.rand(1, 2, r.obs.shape[0], device=r.obs.device, generator=s.generator)  # explore tests, random actions
+
     def acting() -> torch.Tensor:
         with torch.no_grad():
-            u = torch.rand(1, 2, r.obs.shape[0], device=r.obs.device, generator=s.generator)  # explore tests, random actions
             return act(s.nets.online, r.obs, s.env_steps, eps.start.view(1), eps.end.view(1), eps.duration.view(1), u,
                        backend=backend)  # network action
 
     draw = getattr(r.env, "draw_step", None)  # the env's own random draws, made ahead (envs/base.py)
     if draw is None:
         action = acting()
-    else:  # drawn beside the action selection (parallel branches of the captured graph)
+    else:  # drawn after u (the generator's order of an env that draws in its step), beside the action selection
         draws, action = beside(s.monitors.stats.branch, draw, acting)
     env_action = r.action_mode.to_env(action, r.env)  # e.g. exposure → routed factored action
     hook = r.env.collect_hook

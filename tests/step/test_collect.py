@@ -6,7 +6,7 @@ import torch
 
 from foxdqn.checkpoint import state_tensors
 from foxdqn.step.collect import collect_step
-from foxdqn.step.stats import EP_RETURN_SUM, REWARD_SUM
+from foxdqn.step.stats import EP_COUNT, EP_RETURN_SUM, REWARD_SUM
 
 from support import cuda_kernels, experiment_state
 
@@ -47,6 +47,19 @@ def test_kernels_equal_reference_path(name):
     assert float(kern.monitors.stats.actions.sum()) == STEPS * kern.rollout.env.num_envs
     newest = (int(r.ptr) - 1) % r.rows
     assert not torch.equal(r.obs[newest], r.next_obs[newest])  # rows were written (the envs moved)
+
+
+@pytest.mark.parametrize("name,extra", [("eurusd_dqn", ("env.episode_length=5",)), ("cartpole_dqn", ())])
+def test_draws_made_ahead_equal_the_step_drawing_them(name, extra, monkeypatch):
+    """The env's draws made ahead (draw_step, beside the action selection) leave the same state as
+    an env that draws in its own step: the same random stream, so seeded runs and checkpoints
+    follow the same trajectory either way (resets included: episodes end within the steps)."""
+    ahead = _collect(name, "torch", steps=3 * STEPS, extra=extra)
+    env_type = type(ahead.rollout.env)
+    monkeypatch.delattr(env_type, "draw_step")  # the env now draws inside step()
+    inside = _collect(name, "torch", steps=3 * STEPS, extra=extra)
+    _assert_same(ahead, inside)
+    assert float(ahead.monitors.stats.acc[EP_COUNT]) > 0  # episodes ended: the drawn starts were used
 
 
 @pytest.mark.gpu
