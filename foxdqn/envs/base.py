@@ -100,6 +100,10 @@ class CollectHook:
 
 NO_HOOK = CollectHook()  # the hook of the envs that add nothing
 
+#: the default of ``step``'s ``draws`` in an env with ``draw_step``: the step makes its own draws
+#: (``None`` is a value ``draw_step`` may return: nothing to draw)
+DRAW = object()
+
 
 @runtime_checkable
 class BatchedEnv(Protocol):
@@ -121,9 +125,10 @@ class BatchedEnv(Protocol):
         collect_hook: the env's :class:`CollectHook` (:data:`NO_HOOK` when it adds nothing).
 
     A device env may also define ``draw_step()``, the random draws of its next step made ahead
-    (device tensors, no host read), which ``step(action, draws)`` then takes in place of drawing
-    them: the collect step draws them on a second stream beside the action selection
-    (:func:`foxdqn.step.collect.collect_step`). ``step(action)`` alone still draws them itself.
+    (device tensors or None, no host read), which ``step(action, draws)`` then takes in place of
+    drawing them: the collect step draws them on a second stream beside the action selection
+    (:func:`foxdqn.step.collect.collect_step`). ``step(action)`` alone (``draws`` = :data:`DRAW`)
+    still draws them itself.
     """
 
     num_envs: int

@@ -67,7 +67,7 @@ from torch import Tensor
 
 from foxdqn.ops.cartpole_step import cartpole_step, start_states
 
-from .base import NO_HOOK, StepOut
+from .base import DRAW, NO_HOOK, StepOut
 from .checks import check_generator, float_dtype, positive_int
 
 __all__ = ["CartPoleEnv"]
@@ -174,9 +174,10 @@ class CartPoleEnv:
         (:func:`foxdqn.step.beside.beside`)."""
         return self._uniform()
 
-    def step(self, action: Tensor, draws: Tensor | None = None) -> StepOut:
+    def step(self, action: Tensor, draws: Tensor | object = DRAW) -> StepOut:
         """Apply ``action`` (``[N]`` int64; 1 = push right, anything else = push left) to every env;
-        ``draws``: what :meth:`draw_step` returned for this step (None: the step draws them).
+        ``draws``: what :meth:`draw_step` returned for this step (left out, :data:`~foxdqn.envs.base.DRAW`:
+        the step draws them).
 
         Returns:
             :class:`~foxdqn.envs.StepOut`: ``next_obs`` / ``obs`` ``[N, 4]`` dtype (before / after
@@ -185,7 +186,7 @@ class CartPoleEnv:
             the finished episode's undiscounted return = its length, else 0), ``episode_done``
             (bool) and ``episode_length`` (int64, else 0).
         """
-        uniform = self._uniform() if draws is None else draws
+        uniform = self._uniform() if draws is DRAW else draws
         out = cartpole_step(self.state, self.steps, action, uniform, self.max_episode_steps, self.dtype)
         info = {
             "episode_return": out.episode_return,

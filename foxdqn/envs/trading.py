@@ -79,7 +79,7 @@ from foxdqn.ops.trading_step import (ACCOUNT_OBS_CLIP, TradingMarket, TradingSta
 from foxdqn.step.chunk_graph import CHUNK_STEPS, ChunkGraph
 
 from .actions import EXPOSURES, FLAT, NUM_ACTIONS
-from .base import StepOut
+from .base import DRAW, StepOut
 from .checks import check_generator, float_dtype, positive_int
 from .execution import RUIN_FRACTION, ExecutionConfig, cost_tables
 from .trading_hook import TRADING_HOOK
@@ -88,8 +88,6 @@ if TYPE_CHECKING:
     from foxdqn.data import MarketData
 
 __all__ = ["ExecutionConfig", "StepOut", "TradingEnv", "ACCOUNT_OBS_CLIP"]
-
-_DRAW = object()  # step's default: draw the step's random values itself
 
 
 class TradingEnv:
@@ -230,18 +228,20 @@ class TradingEnv:
 
     def draw_step(self) -> Tensor | None:
         """The random draws of the next :meth:`step`, made now: in training mode the ``[N]`` int64
-        reset start bars (one ``randint`` from the env's generator), else None (no draw). Pass
-        them to ``step(action, draws)``; the collect step draws them on a second stream beside the
-        action selection (:func:`foxdqn.step.beside.beside`)."""
+        reset start bars (one ``randint`` from the env's generator), or None where there is
+        nothing to draw (eval mode, or a start range of one bar: every reset starts at
+        ``first_valid``). Pass them to ``step(action, draws)``; the collect step draws them on a
+        second stream beside the action selection (:func:`foxdqn.step.beside.beside`)."""
         return self._draw_starts()
 
-    def step(self, action: Tensor, draws: Tensor | None | object = _DRAW) -> StepOut:
+    def step(self, action: Tensor, draws: Tensor | None | object = DRAW) -> StepOut:
         """Execute one decision per env and advance one bar (sync-free, graph-capturable).
 
         Args:
             action: ``[N]`` long tensor on the env device, values in ``0..44``
                 (``exposure*9 + order_type*3 + urgency``).
-            draws: what :meth:`draw_step` returned for this step; left out, the step draws them.
+            draws: what :meth:`draw_step` returned for this step; left out
+                (:data:`~foxdqn.envs.base.DRAW`), the step draws them.
 
         Returns:
             :class:`~foxdqn.envs.StepOut`, every tensor ``[N]`` (observations ``[N, obs_dim]``) in
@@ -262,9 +262,10 @@ class TradingEnv:
 
         The whole step is one op, :func:`foxdqn.ops.trading_step.trading_step` (backend
         :attr:`step_backend`): on CUDA one Triton kernel, after the ``randint`` of the reset start
-        bars in training mode (2 kernels); on CPU its torch reference, this env's original step.
+        bars in training mode when ``draws`` is left out (2 kernels); on CPU its torch reference,
+        this env's original step.
         """
-        starts = self._draw_starts() if draws is _DRAW else draws
+        starts = self._draw_starts() if draws is DRAW else draws
         out = trading_step(self._state, action.contiguous(), starts, self._market, self._params,
                            backend=self.step_backend, next_obs=self.step_next_obs)
         info = {

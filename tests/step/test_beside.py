@@ -1,4 +1,6 @@
 """foxdqn.step.beside: two pieces of work on two streams, joined; on the CPU one after the other."""
+import contextlib
+
 import pytest
 import torch
 
@@ -11,15 +13,49 @@ def test_cpu_runs_side_then_main_and_returns_both():
     assert res == (1, 2) and order == ["side", "main"]
 
 
-def test_main_raising_still_returns_control_and_side_ran():
-    order = []
+class _Stream:
+    """A stand-in stream that records the waits (the fork and the join)."""
+
+    device = torch.device("cpu")
+
+    def __init__(self, name, log):
+        self.name, self.log = name, log
+
+    def wait_stream(self, other):
+        self.log.append(f"{self.name} waits for {other.name}")
+
+
+@pytest.mark.parametrize("raises", [False, True])
+def test_fork_side_main_join_also_when_main_raises(raises, monkeypatch):
+    """The branch waits for the current stream, the side runs on the branch, main on the current
+    stream, and the current stream waits for the branch last, also when main raises."""
+    log = []
+    current, branch = _Stream("current", log), _Stream("branch", log)
+    on = []
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: current)
+
+    @contextlib.contextmanager
+    def stream(s):
+        on.append(s.name)
+        try:
+            yield
+        finally:
+            on.pop()
+
+    monkeypatch.setattr(torch.cuda, "stream", stream)
 
     def main():
-        raise RuntimeError("boom")
+        log.append(f"main on {on[-1] if on else 'current'}")
+        if raises:
+            raise RuntimeError("boom")
+        return 2
 
-    with pytest.raises(RuntimeError, match="boom"):
-        beside(None, lambda: order.append("side"), main)
-    assert order == ["side"]
+    if raises:
+        with pytest.raises(RuntimeError, match="boom"):
+            beside(branch, lambda: log.append(f"side on {on[-1]}"), main)
+    else:
+        assert beside(branch, lambda: log.append(f"side on {on[-1]}") or 1, main) == (1, 2)
+    assert log == ["branch waits for current", "side on branch", "main on current", "current waits for branch"]
 
 
 @pytest.mark.gpu
