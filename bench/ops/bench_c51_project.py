@@ -10,7 +10,7 @@ Run: ``python -m bench.ops.bench_c51_project`` (needs CUDA). Nothing runs at imp
 """
 from __future__ import annotations
 
-from bench.ops.common import bench_ms, op_row, print_table
+from bench.ops.common import print_table, provider_rows
 
 V_MIN, V_MAX = -10.0, 10.0
 SIZES = [(32, 51), (256, 51), (1024, 51), (4096, 51), (65536, 51), (1024, 101), (4096, 256)]
@@ -45,8 +45,7 @@ def rows(device: str = "cuda") -> list[dict]:
             "torch": lambda: c51_project_reference(p, r, d, V_MIN, V_MAX),
             "torch.compile": lambda: compiled(p, r, d, V_MIN, V_MAX),
         }
-        for provider, fn in providers.items():
-            out.append(op_row("c51_project", f"B={num_rows},K={k}", provider, *(t := bench_ms(fn))[:3], nbytes=nbytes, timing=t[3]))
+        out += provider_rows("bench_c51_project", "c51_project", f"B={num_rows},K={k}", providers, nbytes=nbytes)
     return out
 
 

@@ -12,7 +12,7 @@ Run: ``python -m bench.ops.bench_quantile_huber_loss`` (needs CUDA). Nothing run
 """
 from __future__ import annotations
 
-from bench.ops.common import bench_ms, op_row, print_table
+from bench.ops.common import print_table, provider_rows
 
 KAPPA = 1.0
 # (B, N, N')
@@ -49,19 +49,20 @@ def rows(device: str = "cuda") -> list[dict]:
         }
         fwd_bytes = 4 * (2 * num_rows * n + num_rows * n_target + num_rows)
         bwd_bytes = 4 * (num_rows + 2 * num_rows * n + num_rows * n_target + num_rows * n)
+        fwd, fwd_bwd = {}, {}
         for provider, loss_fn in losses.items():
-            def fwd(loss_fn=loss_fn):
+            def forward(loss_fn=loss_fn):
                 with torch.no_grad():
                     return loss_fn()
 
-            def fwd_bwd(loss_fn=loss_fn):
+            def forward_backward(loss_fn=loss_fn):
                 return torch.autograd.grad(loss_fn().sum(), q)
 
-            for op, fn, nbytes in (
-                ("quantile_huber_loss", fwd, fwd_bytes),
-                ("quantile_huber_loss_fwd_bwd", fwd_bwd, fwd_bytes + bwd_bytes),
-            ):
-                out.append(op_row(op, f"B={num_rows},N={n},N'={n_target}", provider, *(t := bench_ms(fn))[:3], nbytes=nbytes, timing=t[3]))
+            fwd[provider], fwd_bwd[provider] = forward, forward_backward
+        size = f"B={num_rows},N={n},N'={n_target}"
+        out += provider_rows("bench_quantile_huber_loss", "quantile_huber_loss", size, fwd, nbytes=fwd_bytes)
+        out += provider_rows("bench_quantile_huber_loss", "quantile_huber_loss_fwd_bwd", size, fwd_bwd,
+                             nbytes=fwd_bytes + bwd_bytes)
     return out
 
 

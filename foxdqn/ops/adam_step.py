@@ -51,9 +51,11 @@ last program's acquire orders before its stores) adds ``1`` to each count of the
 where ``skip[p] == 0`` (one load of all the counts, then one store), and zeroes the ticket. Each
 program draws its ticket right after its read, before its elements, so the last program's
 increments overlap the other programs' element work instead of following it (in-graph on the
-H200 at 512 elements per program: 4.8 µs for ``eurusd_dqn``'s network, 5.2 with the ticket after
-the elements; 7.7 at 1,024 with the ticket after and one count at a time; ``bench/ops_sweep.py``). With one count per tensor (torch's optimizer state)
-each launch's last program advances its own tensors' counts; with one count shared by all tensors
+H200, one ``bench/ops_sweep.py`` run: 4.8 µs for ``eurusd_dqn``'s network at 512 elements per
+program, 5.2 with the ticket after the elements, 6.7 at 1,024 with the ticket after; the op
+before this change, the counts also bumped one at a time, measured 7.65 µs in another
+process). With one count per tensor (torch's optimizer state) each launch's last program
+advances its own tensors' counts; with one count shared by all tensors
 (:class:`foxdqn.population.optim.MemberAdam`'s ``steps``) only the last launch's last program
 advances it, after every launch has read it (the earlier launches completed, in stream order).
 The interpreter runs the programs one after the other, so there the last program is the last.

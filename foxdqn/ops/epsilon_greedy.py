@@ -45,8 +45,9 @@ from foxdqn.ops.library import device_op, wrap_triton
 from foxdqn.ops.member_uniform import randint_from_uniform
 from foxdqn.step.schedules import linear_value
 
-BLOCK = 8  # envs per program (H200 sweep of 8..128 envs and 1..4 warps: 128 envs of 45 actions in one
-#           tile spilled, 78 µs at 4,096 envs; 8 envs 7.3 µs)
+BLOCK = 8  # envs per program (H200 sweeps of 8..128 envs, 1..4 warps, 16 or 64 columns per tile, in-graph:
+#           8 envs and 4 warps among the fastest, 2.6-3.1 µs at 4,096 envs and at 64 x 32; every combination
+#           1.6-1.7 µs at 10 envs; 128 envs of 45 actions in one tile spilled)
 NUM_WARPS = 4  # warps per program
 MAX_BLOCK_A = 64  # Q-value columns per tile of the argmax
 RANDOM_BITS = 24  # bits of a uniform used by the random action (torch.rand float32 and MemberRandom)
