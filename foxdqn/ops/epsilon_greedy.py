@@ -25,10 +25,9 @@ The greedy action is the first index of the row's maximum, NaN counting as large
 number (torch.argmax's rule): the kernel reads the row in tiles of ``BLOCK_A`` columns (one tile
 for A <= ``MAX_BLOCK_A``) and reduces each tile, then the running pick with the tile's, in one
 pass of (value, column) pairs whose combine keeps the first NaN, else the larger value, ties to
-the smaller column. The
-schedule is evaluated with the reference's float32 roundings (IEEE ``div_rn``, launched with
-``enable_fp_fusion=False``: no multiply-add contraction), so kernel and reference give the same
-actions bit for bit.
+the smaller column. The schedule is evaluated with the reference's float32 roundings (IEEE
+``div_rn``, launched with ``enable_fp_fusion=False``: no multiply-add contraction), so kernel and
+reference give the same actions bit for bit.
 
 Population: ``start``, ``end``, ``duration`` have one row per group (``G = P`` members of
 ``N // P`` envs each, ``G = 1`` for one run); one launch serves both.
@@ -94,8 +93,8 @@ def _tile_argmax(v, cols, valid, A):
 
 @triton.jit
 def _epsilon_greedy_kernel(q_ptr, step_ptr, start_ptr, end_ptr, duration_ptr, u_ptr, out_ptr,
-                           N, A, envs_per_group, q_stride0, q_stride1, ONE_GROUP: tl.constexpr, BLOCK: tl.constexpr,
-                           BLOCK_A: tl.constexpr, RANDOM_BITS: tl.constexpr):
+                           N, A, envs_per_group, q_stride0, q_stride1, ONE_GROUP: tl.constexpr,
+                           BLOCK: tl.constexpr, BLOCK_A: tl.constexpr, RANDOM_BITS: tl.constexpr):
     i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     m = i < N
     i64 = i.to(tl.int64)
@@ -125,7 +124,8 @@ def _epsilon_greedy_kernel(q_ptr, step_ptr, start_ptr, end_ptr, duration_ptr, u_
         v = tl.load(row[:, None] + cols[None, :].to(tl.int64) * q_stride1, mask=cm, other=float("-inf"))
         top, pick = _tile_argmax(v, cols, cm, A)
         best, best_a = _argmax_combine(best, best_a, top, pick)  # an earlier tile's columns are smaller
-    tl.store(out_ptr + i64, _explore_or_greedy(eps, u_explore, u_action, best_a.to(tl.int64), A, RANDOM_BITS), mask=m)
+    action = _explore_or_greedy(eps, u_explore, u_action, best_a.to(tl.int64), A, RANDOM_BITS)
+    tl.store(out_ptr + i64, action, mask=m)
 
 
 @device_op("foxdqn::epsilon_greedy", mutates_args=())
@@ -135,8 +135,8 @@ def _epsilon_greedy_op(q: Tensor, step: Tensor, start: Tensor, end: Tensor, dura
     if n:
         wrap_triton(_epsilon_greedy_kernel)[(triton.cdiv(n, BLOCK),)](
             q, step, start, end, duration, u, out, n, num_actions, n // start.shape[0], q.stride(0), q.stride(1),
-            ONE_GROUP=start.shape[0] == 1, BLOCK=BLOCK, BLOCK_A=min(triton.next_power_of_2(num_actions), MAX_BLOCK_A), RANDOM_BITS=RANDOM_BITS,
-            num_warps=NUM_WARPS,
+            ONE_GROUP=start.shape[0] == 1, BLOCK=BLOCK, BLOCK_A=min(triton.next_power_of_2(num_actions), MAX_BLOCK_A),
+            RANDOM_BITS=RANDOM_BITS, num_warps=NUM_WARPS,
             enable_fp_fusion=False,  # no FMA contraction: the schedule's roundings are the reference's
         )
     return out
