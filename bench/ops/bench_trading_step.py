@@ -24,7 +24,7 @@ def rows(device: str = "cuda") -> list[dict]:
     g = torch.Generator(device=dev).manual_seed(0)
     env = training(DEFAULT, device).env
     action = torch.randint(0, env.num_actions, (env.num_envs,), device=dev, generator=g)
-    starts = env._draw_starts()  # the reset start bars of one step ([N] int64, or None)
+    starts = env.draw_step()  # the reset start bars of one step ([N] int64, or None)
     size = f"N={env.num_envs} W={env.window} obs={env.obs_dim} {str(env.dtype).removeprefix('torch.')}"
     return against_compile("bench_trading_step", "trading_step", size, trading_step, trading_step_reference,
                            env._state, action, starts, env._market, env._params)

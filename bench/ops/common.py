@@ -33,7 +33,7 @@ def prepare(fn) -> tuple:
         run_on_side_stream(dev, fn)
         return capture(dev, many).replay, CALLS_PER_GRAPH, f"graph x{CALLS_PER_GRAPH}"
     except Exception as exc:  # not capturable: timed eagerly, said in the row
-        print(f"bench_ms: not captured ({type(exc).__name__}: {str(exc)[:120]}); timed eagerly", file=sys.stderr)
+        print(f"prepare: not captured ({type(exc).__name__}: {str(exc)[:120]}); timed eagerly", file=sys.stderr)
         torch.cuda.set_stream(current)  # a failed capture can leave its side stream current
         torch.cuda.synchronize()
         return fn, 1, "eager"
@@ -71,15 +71,6 @@ def bench_all(fns: dict, rounds: int = ROUNDS) -> dict:
         qs = statistics.quantiles(times[name], n=10, method="inclusive")
         out[name] = (statistics.median(times[name]), qs[1], qs[7], timing)
     return {name: out[name] for name in fns}
-
-
-def bench_ms(fn) -> tuple[float, float, float, str]:
-    """Median, 20th and 80th percentile in ms of one call of ``fn`` and how it was timed
-    (``"graph x16"`` or ``"eager"``): :func:`bench_all` of ``fn`` alone."""
-    res = bench_all({"fn": fn})["fn"]
-    if isinstance(res, Exception):
-        raise res
-    return res
 
 
 def op_row(op: str, size: str, provider: str, ms: float, p20: float, p80: float, nbytes: int | None = None,

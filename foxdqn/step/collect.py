@@ -49,7 +49,7 @@ def collect_step(s: TrainState, backend: str = "auto") -> None:
     (:func:`foxdqn.step.act.act`), :func:`~foxdqn.ops.replay_add.replay_add` (the replay row, the reward
     scale, the rollout's next obs; PER adds its priority insert) and
     :func:`~foxdqn.ops.step_stats.step_stats` (monitor sums, ``env_steps``: on a second stream
-    beside the replay insert, :meth:`~foxdqn.step.stats.DeviceStats.add_step_beside`). ``backend``
+    beside the replay insert, :func:`~foxdqn.step.beside.beside`). ``backend``
     is passed to these ops ("auto", "triton" or "torch").
     """
     r = s.rollout
@@ -74,7 +74,8 @@ def collect_step(s: TrainState, backend: str = "auto") -> None:
     info = out.info
     # the monitors' sums (which read only the step's outputs) beside the replay insert (which
     # advances the rollout's obs): two branches of the captured graph on CUDA
-    s.monitors.stats.add_step_beside(
-        lambda: store(s.replay, hook, r.env, r.obs, action, out, s.cfg.loss.reward_scale, backend=backend, **extras),
-        env_action, out.reward, info["episode_done"], info["episode_return"], info["episode_length"],
-        hook.trades(out), env_steps=s.env_steps, backend=backend)
+    stats, traded = s.monitors.stats, hook.trades(out)
+    beside(stats.branch,
+           lambda: stats.add_step(env_action, out.reward, info["episode_done"], info["episode_return"],
+                                  info["episode_length"], traded, env_steps=s.env_steps, backend=backend),
+           lambda: store(s.replay, hook, r.env, r.obs, action, out, s.cfg.loss.reward_scale, backend=backend, **extras))

@@ -10,7 +10,6 @@ from __future__ import annotations
 import torch
 
 from foxdqn.ops.step_stats import NUM_FIELDS, StepStatsScratch, step_stats
-from foxdqn.step.beside import beside
 
 # acc fields (the order the op writes them in)
 EP_RETURN_SUM, EP_COUNT, EP_LEN_SUM, REWARD_SUM, TRANSITIONS, TRADES = range(NUM_FIELDS)
@@ -24,8 +23,9 @@ class DeviceStats:
         self.acc = torch.zeros(NUM_FIELDS, dtype=torch.float64, device=device)
         self.actions = torch.zeros(num_actions, dtype=torch.float64, device=device)
         self._scratch = StepStatsScratch(num_envs, device)  # the kernel's partial sums and ticket (not checkpointed)
-        #: the second CUDA stream (None on the CPU): :meth:`add_step_beside` runs the per-step sums
-        #: on it, :meth:`snapshot` its copy to the host (between iterations, never during a step)
+        #: the second CUDA stream (None on the CPU): the collect step runs the env's draws and the
+        #: per-step sums on it (:func:`foxdqn.step.beside.beside`), :meth:`snapshot` its copy to
+        #: the host (between iterations, never during a step)
         self.branch = torch.cuda.Stream(device) if device.type == "cuda" else None
         self._host = None
 
@@ -39,18 +39,6 @@ class DeviceStats:
         another order than torch's ``sum``)."""
         step_stats(action, reward, episode_done, episode_return, episode_len, traded, self.acc, self.actions,
                    env_steps, scratch=self._scratch, backend=backend)
-
-    def add_step_beside(self, main_work, *args, **kwargs) -> None:
-        """:meth:`add_step` (``args``, ``kwargs``) and ``main_work()`` concurrently: the sums on
-        :attr:`branch`, forked from the current stream after its queued work, ``main_work`` on the
-        current stream, which then waits for the branch (also when ``main_work`` raises). Captured
-        in a CUDA graph the two are parallel branches of the graph (the collect step: the sums
-        beside the replay insert, docs/design/hot_loop.md#one-graph). ``main_work`` must neither
-        write what the sums read (the step's outputs) nor read what they write (:attr:`acc`,
-        :attr:`actions`, ``env_steps``); the sums' inputs stay referenced by the caller until the
-        join is queued, so the current stream frees none of them before the branch read them. On
-        the CPU: the sums, then ``main_work`` (:func:`foxdqn.step.beside.beside`)."""
-        beside(self.branch, lambda: self.add_step(*args, **kwargs), main_work)
 
     def snapshot(self, *extra: torch.Tensor) -> torch.Tensor:
         """Copy acc, actions and ``extra`` device tensors (flattened, as float64) to the host in one

@@ -64,6 +64,8 @@ def test_gpu_branches_join_eagerly_and_in_a_graph():
     """The side's result (made on the second stream, after a long kernel queued before the fork on
     the current stream) is ready for the current stream's next kernel, eagerly and captured: the
     graph has two branches and replays to the eager values."""
+    from support import capture_graph
+
     dev = torch.device("cuda")
     branch = torch.cuda.Stream(dev)
     x = torch.randn(4096, 4096, device=dev)
@@ -76,14 +78,7 @@ def test_gpu_branches_join_eagerly_and_in_a_graph():
 
     expect = (x @ x)[:10, 0] + src + (x @ x)[:10, 1] * 2
     torch.testing.assert_close(work(), expect)
-    side_stream = torch.cuda.Stream(dev)
-    side_stream.wait_stream(torch.cuda.current_stream(dev))
-    with torch.cuda.stream(side_stream):
-        work()
-    torch.cuda.current_stream(dev).wait_stream(side_stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        out = work()
+    graph, out = capture_graph(work, warmup=1)
     src.add_(1.0)
     graph.replay()
     torch.testing.assert_close(out, (x @ x)[:10, 0] + src + (x @ x)[:10, 1] * 2)

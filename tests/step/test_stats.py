@@ -1,9 +1,10 @@
 """foxdqn.step.stats.DeviceStats: add_step's trades count of an env that trades, and of one that
-does not; add_step_beside equals add_step (CPU; GPU `gpu` marker: on its branch stream, eager
-and in a CUDA graph without host sync)."""
+does not; add_step beside other work on its branch stream (foxdqn.step.beside, as the collect step
+runs it) equals add_step (CPU; GPU `gpu` marker: eager and in a CUDA graph without host sync)."""
 import pytest
 import torch
 
+from foxdqn.step.beside import beside as fork
 from foxdqn.step.stats import EP_COUNT, REWARD_SUM, TRADES, TRANSITIONS, DeviceStats
 
 
@@ -28,19 +29,19 @@ def _step_args(n, device, seed):
                                         torch.rand(n, generator=g) < 0.5))
 
 
-def test_add_step_beside_on_the_cpu_is_add_step_then_main_work():
+def test_add_step_beside_other_work_on_the_cpu_is_add_step_then_the_work():
     """No CUDA stream on the CPU: the sums, then main_work, with add_step's result."""
     beside, plain = DeviceStats(4, 64, torch.device("cpu")), DeviceStats(4, 64, torch.device("cpu"))
     order = []
     args = _step_args(64, "cpu", 0)
-    beside.add_step_beside(lambda: order.append(beside.acc[TRANSITIONS].item()), *args)
+    fork(beside.branch, lambda: beside.add_step(*args), lambda: order.append(beside.acc[TRANSITIONS].item()))
     plain.add_step(*args)
     assert order == [64.0]  # the sums ran first
     assert torch.equal(beside.acc, plain.acc) and torch.equal(beside.actions, plain.actions)
 
 
 @pytest.mark.gpu
-def test_gpu_add_step_beside_equals_add_step_eager_and_captured():
+def test_gpu_add_step_on_the_branch_equals_add_step_eager_and_captured():
     """CUDA, 4,096 envs: the sums on the branch beside a main-stream op give add_step's bits, eager
     and replayed from a CUDA graph (two branches) without host sync, and the main-stream op ran."""
     from support import capture_graph, no_host_sync
@@ -54,7 +55,7 @@ def test_gpu_add_step_beside_equals_add_step_eager_and_captured():
     args = _step_args(4096, dev, 1)
 
     def step():
-        beside.add_step_beside(lambda: side_out.add_(main_in), *args, env_steps=env_steps)
+        fork(beside.branch, lambda: beside.add_step(*args, env_steps=env_steps), lambda: side_out.add_(main_in))
 
     step()
     plain.add_step(*args, env_steps=env_steps_plain)
