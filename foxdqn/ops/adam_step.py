@@ -17,8 +17,8 @@ rounded to float32, as ATen's ``static_cast<float>``)::
     g    = grad * grad_scale[p]                                            # (no grad_scale: g = grad)
     m    = fma(b1, m, fma(-b1, g, g))                                      # b1 m + (1 - b1) g
     v    = fma(b2, v, fma(-b2, g*g, g*g))                                  # b2 v + (1 - b2) g²
-    denom = div_rn(sqrt_rn(v), bc2_sqrt) + eps[p]
-    param = param - div_rn(step_size * m, denom)
+    denom = sqrt_rn(v) / bc2_sqrt + eps[p]                               # "/": see Rounding
+    param = param - (step_size * m) / denom
     step_k[p] = t                                                          # once per call, see below
 
 ``grad_scale`` is a MULTIPLIER (the clip coefficient of :func:`foxdqn.ops.grad_norm.grad_norm_coefficient`),
@@ -27,14 +27,20 @@ in the gradients, which are not modified here. ``powf`` is libdevice's ``__nv_po
 (what ``std::pow(float, float)`` is in torch's CUDA kernel); the interpreter, which has no
 libdevice, computes ``exp(t · log b)`` in float64 and rounds it once (within an ulp of ``powf``).
 
-Rounding vs torch: on CUDA every operation above is correctly rounded as in ATen's kernel (division
-and square root round to nearest, the fma are explicit), so the result follows
-``torch.optim.Adam(fused=True)`` of torch 2.13 (from its source; not checked bit for bit on a GPU,
-where the test runs torch 2.11: there, within 1e-3 of a step's size after several steps,
-``tests/ops/test_adam_step.py``); torch versions whose fused kernel computes ``m`` as ``b1·m + (1 - b1)·g`` (two
-roundings), and torch's CPU and foreach paths (float64 bias corrections, ``lerp``), differ by a
-few float32 ulps per step. The reference (:func:`adam_step_reference`) is the same rule in float32
-torch ops (multi-tensor ``torch._foreach_*``), the moment updates as ``b·m + (1 - b)·g`` (two or three roundings in place
+Rounding vs torch: on CUDA the scalar part (``powf``, ``sqrt_rn``, the ``div_rn`` of the step
+size) and the moment updates (explicit fma) are rounded as in ATen's kernel; the two element
+divisions are Triton's ``/`` (PTX ``div.full.f32``, within 2 ulp of the quotient), as in
+``torch.compile``'s kernel of the reference, where ATen divides with IEEE rounding. The IEEE
+divisions cost about 0.7 µs of the op's 4.3 at ``eurusd_dqn``'s network (H200, in-graph,
+``bench/results/2026-12-02_NVIDIA-H200_ops-issue17-round7.md`` and the note of issue 17); a
+2-ulp error of the quotient moves ``param`` by at most 2 ulp of the step, far below an ulp of
+``param`` at any step size that training uses. So the result follows
+``torch.optim.Adam(fused=True)`` within a few ulps of the step per step (not bit for bit; on the
+GPU the test checks within 1e-3 of a step's size after several steps against torch 2.11,
+``tests/ops/test_adam_step.py``); torch's CPU and foreach paths (float64 bias corrections,
+``lerp``) differ by a few float32 ulps per step too. The interpreter's ``/`` is IEEE. The
+reference (:func:`adam_step_reference`) is the same rule in float32 torch ops (multi-tensor
+``torch._foreach_*``), the moment updates as ``b·m + (1 - b)·g`` (two or three roundings in place
 of the fma, about an ulp apart; it is also the run's Adam on CPU, so it is written for speed there).
 
 Kernel count: one launch for up to 8 tensors in place of fused Adam's three (``steps += 1``, the
@@ -44,21 +50,23 @@ passed. The grid is one program per BLOCK elements of a member's slice
 of the few blocks ``multi_tensor_apply`` launches.
 
 Step counts. Every program reads its tensor's ``step[p]`` and computes with ``t = step + 1``;
-nothing is written to the counts until every program has read them: the program that draws the
-last ticket (``atomic_add``, acq_rel at GPU scope after a barrier of its warps, as
-:mod:`foxdqn.ops.step_stats` argues: every other program's read precedes its increment, which the
-last program's acquire orders before its stores) adds ``1`` to each count of the launch's tensors
-where ``skip[p] == 0`` (one load of all the counts, then one store), and zeroes the ticket. Each
-program draws its ticket right after its read, before its elements, so the last program's
-increments overlap the other programs' element work instead of following it (in-graph on the
-H200, one ``bench/ops_sweep.py`` run: 4.8 µs for ``eurusd_dqn``'s network at 512 elements per
-program, 5.2 with the ticket after the elements, 6.7 at 1,024 with the ticket after; the op
-before this change, the counts also bumped one at a time, measured 7.65 µs in another
-process). With one count per tensor (torch's optimizer state) each launch's last program
-advances its own tensors' counts; with one count shared by all tensors
-(:class:`foxdqn.population.optim.MemberAdam`'s ``steps``) only the last launch's last program
-advances it, after every launch has read it (the earlier launches completed, in stream order).
-The interpreter runs the programs one after the other, so there the last program is the last.
+nothing is written to the counts until every program has read them. Every program but the last
+(the highest program id) adds 1 to the launch's ticket once it has used its count, after a
+barrier of its warps (``atomic_add``, release at GPU scope; nothing waits for its result). The
+last program loads the counts and the skips first, then, after its own element work, polls the
+ticket (acquire at GPU scope) until the others' increments are all in, and only then stores each
+count + 1 where ``skip[p] == 0`` and zeroes the ticket: each other program's read precedes its
+release, which the last program's acquire orders before its stores. Only the last program writes
+the counts, so the values it loaded before the wait are the ones to advance. It waits only for
+programs launched before it, and holds one slot while it does, so the others always run (the
+interpreter runs the programs in order, so there the last one finds every increment in). In the
+H200's in-graph timing this costs about 0.4 µs over no counts at all at one network and about
+1 µs at 64 members; a ticket drawn by every program with acq_rel, the design before, cost 0.6 and
+5 µs (each program waited for the atomic's result before its element work). With one count per tensor
+(torch's optimizer state) each launch's last program advances its own tensors' counts; with one
+count shared by all tensors (:class:`foxdqn.population.optim.MemberAdam`'s ``steps``) only the
+last launch's last program advances it, after every launch has read it (the earlier launches
+completed, in stream order).
 
 Scratch: the ticket of :func:`foxdqn.ops.tensor_list.scratch`, per device, made on the first
 (eager) call.
@@ -80,8 +88,8 @@ from foxdqn.ops.library import device_op, wrap_triton
 from foxdqn.ops.tensor_list import (MAX_SLOTS, F32, check_list, check_member_vector, check_members, describe, locate,
                                     pick8, plan, scratch, slots)
 
-BLOCK = 512  # elements of one member's slice per program (H200 sweep of 256..2,048 and 2..8 warps, in-graph:
-#             4.8 µs for eurusd_dqn's one network, 6.6 at 1,024; 61 µs for 64 members, 64 at 1,024)
+BLOCK = 512  # elements of one member's slice per program (H200, in-graph, 256..4,096 and 2..8 warps: 512 and
+#             4 warps the fastest at eurusd_dqn's one network, 3.9 µs; 57.9 µs at 64 members, 57.1 at 1,024)
 NUM_WARPS = 4  # warps per program
 _PB = 64  # members per iteration of the last program's loop
 
@@ -104,36 +112,58 @@ else:
 
 
 @triton.jit
-def _bump_all(s0, s1, s2, s3, s4, s5, s6, s7, inc, q, qm, N_INC: tl.constexpr):
-    """Add ``inc [PB]`` to members ``q`` (where ``qm``) of the first ``N_INC`` step counts: one
-    load of every count, then one store (an ``[8, PB]`` tile of pointers; the counts are
-    distinct tensors whenever ``N_INC`` > 1)."""
+def _next_counts(s0, s1, s2, s3, s4, s5, s6, s7, skip_ptr, q0, members, N_INC: tl.constexpr,
+                 HAS_SKIP: tl.constexpr, PB: tl.constexpr):
+    """The advanced step counts of members ``q0 .. q0 + PB`` (those below ``members``) of the first
+    ``N_INC`` counts: ``(pointers, mask, values)`` of an ``[8, PB]`` tile, each count plus 1 where
+    the member is not skipped (the counts are distinct tensors whenever ``N_INC`` > 1)."""
+    q = q0 + tl.arange(0, PB)
+    qm = q < members
+    if HAS_SKIP:
+        inc = tl.where(tl.load(skip_ptr + q, mask=qm, other=1.0) == 0.0, 1.0, 0.0)
+    else:
+        inc = tl.full([PB], 1.0, tl.float32)
     k = tl.arange(0, 8)[:, None]
     base = tl.where(k == 0, s0, tl.where(k == 1, s1, tl.where(k == 2, s2, tl.where(k == 3, s3, tl.where(
         k == 4, s4, tl.where(k == 5, s5, tl.where(k == 6, s6, s7)))))))
     ptrs = base + q[None, :]
     mask = (k < N_INC) & qm[None, :]
-    tl.store(ptrs, tl.load(ptrs, mask=mask, other=0.0) + inc[None, :], mask=mask)
+    return ptrs, mask, tl.load(ptrs, mask=mask, other=0.0) + inc[None, :]
+
+
+@triton.jit
+def _signal_read(ticket_ptr):
+    """Every program but the last, once its step count is read and used: add 1 to the launch's
+    ticket (release at GPU scope, after a barrier of the program's warps; nothing waits for it)."""
+    tl.debug_barrier()  # every warp has read the step count before the (one-thread) increment
+    tl.atomic_add(ticket_ptr, 1, sem="release", scope="gpu")
+
+
+@triton.jit
+def _wait_reads(ticket_ptr):
+    """The launch's last program: wait until every other program has signalled its read (acquire
+    at GPU scope); its own reads precede its writes through a barrier of its warps."""
+    tl.debug_barrier()
+    others = tl.num_programs(0) - 1
+    seen = tl.atomic_add(ticket_ptr, 0, sem="acquire", scope="gpu")
+    while seen < others:
+        seen = tl.atomic_add(ticket_ptr, 0, sem="acquire", scope="gpu")
 
 
 @triton.jit
 def _advance_counts(s0, s1, s2, s3, s4, s5, s6, s7, skip_ptr, ticket_ptr, members, N_INC: tl.constexpr,
                     HAS_SKIP: tl.constexpr, PB: tl.constexpr):
-    """The launch's ticket (module docstring, "Step counts"): called by every program after its
-    read of its step count; the program that draws the last ticket adds 1 to the first ``N_INC``
-    counts of each member not skipped, and zeroes the ticket."""
-    tl.debug_barrier()  # every warp has read the step count before the (one-thread) ticket increment
-    ticket = tl.atomic_add(ticket_ptr, 1, sem="acq_rel", scope="gpu")
-    if ticket == tl.num_programs(0) - 1:
-        for q0 in range(0, members, PB):
-            q = q0 + tl.arange(0, PB)
-            qm = q < members
-            if HAS_SKIP:
-                inc = tl.where(tl.load(skip_ptr + q, mask=qm, other=1.0) == 0.0, 1.0, 0.0)
-            else:
-                inc = tl.full([PB], 1.0, tl.float32)
-            _bump_all(s0, s1, s2, s3, s4, s5, s6, s7, inc, q, qm, N_INC)
-        tl.store(ticket_ptr, 0)
+    """The launch's last program: add 1 to the first ``N_INC`` counts of each member not skipped,
+    once every other program has read its count, and zero the ticket. The first ``PB`` members'
+    counts are loaded before the wait (only this program writes them, so they hold their values
+    until it does)."""
+    ptrs, mask, first = _next_counts(s0, s1, s2, s3, s4, s5, s6, s7, skip_ptr, 0, members, N_INC, HAS_SKIP, PB)
+    _wait_reads(ticket_ptr)
+    tl.store(ptrs, first, mask=mask)
+    for q0 in range(PB, members, PB):
+        ptrs, mask, later = _next_counts(s0, s1, s2, s3, s4, s5, s6, s7, skip_ptr, q0, members, N_INC, HAS_SKIP, PB)
+        tl.store(ptrs, later, mask=mask)
+    tl.store(ticket_ptr, 0)
 
 
 @triton.jit(do_not_specialize=["e0", "e1", "e2", "e3", "e4", "e5", "e6", "e7", "members"])
@@ -153,21 +183,12 @@ def _adam_step_kernel(p0, p1, p2, p3, p4, p5, p6, p7,
                                                         e0, e1, e2, e3, e4, e5, e6, e7, BLOCK)
     b1 = tl.zeros([], tl.float32) + beta1  # float32 scalars (a Python float argument is fp32 when launched eagerly)
     b2 = tl.zeros([], tl.float32) + beta2
-    if HAS_SKIP:
-        # a skipped member: no reads, no writes (the skip broadcast to the block first: the
-        # interpreter cannot AND a block of bools with a scalar bool)
-        mask = mask & ((tl.zeros([BLOCK], tl.float32) + tl.load(skip_ptr + member)) == 0.0)
     t = tl.load(pick8(slot, s0, s1, s2, s3, s4, s5, s6, s7) + member) + 1.0
-    bc1 = 1.0 - _powf(b1, t, LOG_BETA1)
-    bc2_sqrt = tl.sqrt_rn(1.0 - _powf(b2, t, LOG_BETA2))
-    step_size = tl.div_rn(tl.load(lr_ptr + member), bc1)
-    if N_INC > 0:  # this program's count is read: the last program to get here may advance them now
-        _advance_counts(s0, s1, s2, s3, s4, s5, s6, s7, skip_ptr, ticket_ptr, members, N_INC, HAS_SKIP, PB)
     if EPS_TENSOR:
         eps = tl.load(eps_ptr + member)
     else:
         eps = tl.zeros([], tl.float32) + eps_value
-
+    # every load is issued before any result is needed (the skip only masks the stores)
     pp = pick8(slot, p0, p1, p2, p3, p4, p5, p6, p7) + idx
     gp = pick8(slot, g0, g1, g2, g3, g4, g5, g6, g7) + idx
     mp = pick8(slot, m0, m1, m2, m3, m4, m5, m6, m7) + idx
@@ -178,11 +199,23 @@ def _adam_step_kernel(p0, p1, p2, p3, p4, p5, p6, p7,
     v = tl.load(vp, mask=mask, other=0.0)
     if HAS_SCALE:
         g = g * tl.load(scale_ptr + member)
+    if HAS_SKIP:
+        # a skipped member: no writes (the skip broadcast to the block first: the interpreter
+        # cannot AND a block of bools with a scalar bool)
+        mask = mask & ((tl.zeros([BLOCK], tl.float32) + tl.load(skip_ptr + member)) == 0.0)
+    bc1 = 1.0 - _powf(b1, t, LOG_BETA1)
+    bc2_sqrt = tl.sqrt_rn(1.0 - _powf(b2, t, LOG_BETA2))
+    step_size = tl.div_rn(tl.load(lr_ptr + member), bc1)
     m = tl.fma(b1, m, tl.fma(-b1, g, g))
     gg = g * g
     v = tl.fma(b2, v, tl.fma(-b2, gg, gg))
-    denom = tl.div_rn(tl.sqrt_rn(v), bc2_sqrt) + eps
-    param = param - tl.div_rn(step_size * m, denom)
+    denom = tl.sqrt_rn(v) / bc2_sqrt + eps  # Triton's "/" (module docstring, "Rounding")
+    param = param - (step_size * m) / denom
+    if N_INC > 0:  # the step count is read and used (module docstring, "Step counts")
+        if pid != tl.num_programs(0) - 1:
+            _signal_read(ticket_ptr)
+        else:
+            _advance_counts(s0, s1, s2, s3, s4, s5, s6, s7, skip_ptr, ticket_ptr, members, N_INC, HAS_SKIP, PB)
     tl.store(mp, m, mask=mask)
     tl.store(vp, v, mask=mask)
     tl.store(pp, param, mask=mask)
