@@ -32,7 +32,7 @@ size) and the moment updates (explicit fma) are rounded as in ATen's kernel; the
 divisions are Triton's ``/`` (PTX ``div.full.f32``, within 2 ulp of the quotient), as in
 ``torch.compile``'s kernel of the reference, where ATen divides with IEEE rounding. The IEEE
 divisions cost about 0.7 µs of the op's 4.3 at ``eurusd_dqn``'s network (H200, in-graph,
-``bench/results/2026-12-02_NVIDIA-H200_ops-issue17-round7.md`` and the note of issue 17); a
+``bench/results/2026-12-02_NVIDIA-H200_adam-epsilon-variants.txt``); a
 2-ulp error of the quotient moves ``param`` by at most 2 ulp of the step, far below an ulp of
 ``param`` at any step size that training uses. So the result follows
 ``torch.optim.Adam(fused=True)`` within a few ulps of the step per step (not bit for bit; on the
@@ -62,7 +62,7 @@ programs launched before it, and holds one slot while it does, so the others alw
 interpreter runs the programs in order, so there the last one finds every increment in). In the
 H200's in-graph timing this costs about 0.4 µs over no counts at all at one network and about
 1 µs at 64 members; a ticket drawn by every program with acq_rel, the design before, cost 0.6 and
-5 µs (each program waited for the atomic's result before its element work). With one count per tensor
+5 µs (each program waited for the atomic's result before its element work; same file). With one count per tensor
 (torch's optimizer state) each launch's last program advances its own tensors' counts; with one
 count shared by all tensors (:class:`foxdqn.population.optim.MemberAdam`'s ``steps``) only the
 last launch's last program advances it, after every launch has read it (the earlier launches
