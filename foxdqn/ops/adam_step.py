@@ -50,23 +50,23 @@ passed. The grid is one program per BLOCK elements of a member's slice
 of the few blocks ``multi_tensor_apply`` launches.
 
 Step counts. Every program reads its tensor's ``step[p]`` and computes with ``t = step + 1``;
-nothing is written to the counts until every program has read them. Every program but the last
-(the highest program id) adds 1 to the launch's ticket once it has used its count, after a
-barrier of its warps (``atomic_add``, release at GPU scope; nothing waits for its result). The
-last program loads the counts and the skips first, then, after its own element work, polls the
-ticket (acquire at GPU scope) until the others' increments are all in, and only then stores each
-count + 1 where ``skip[p] == 0`` and zeroes the ticket: each other program's read precedes its
-release, which the last program's acquire orders before its stores. Only the last program writes
-the counts, so the values it loaded before the wait are the ones to advance. It waits only for
-programs launched before it, and holds one slot while it does, so the others always run (the
-interpreter runs the programs in order, so there the last one finds every increment in). In the
-H200's in-graph timing this costs about 0.4 µs over no counts at all at one network and about
-1 µs at 64 members; a ticket drawn by every program with acq_rel, the design before, cost 0.6 and
-5 µs (each program waited for the atomic's result before its element work; same file). With one count per tensor
-(torch's optimizer state) each launch's last program advances its own tensors' counts; with one
-count shared by all tensors (:class:`foxdqn.population.optim.MemberAdam`'s ``steps``) only the
-last launch's last program advances it, after every launch has read it (the earlier launches
-completed, in stream order).
+nothing is written to the counts until every program has read them. Every program but the last (the
+highest program id) adds 1 to the launch's ticket once it has used its count, after a barrier of its
+warps (``atomic_add``, release at GPU scope; nothing waits for its result). The last program loads
+the counts and the skips first, then, after its own element work, polls the ticket (acquire at GPU
+scope) until the others' increments are all in, and only then stores each count + 1 where
+``skip[p] == 0`` and zeroes the ticket: each other program's read precedes its release, which the
+last program's acquire orders before its stores. Only the last program writes the counts, so the
+values it loaded before the wait are the ones to advance. It waits only for programs launched before
+it, and holds one slot while it does, so the others always run (the interpreter runs the programs in
+order, so there the last one finds every increment in). In-graph on the H200 this costs about 0.4 µs
+over no counts at all at one network and about 1 µs at 64 members; a ticket drawn by every program
+with acq_rel, the design before, cost 0.6 and 5 µs (each program waited for the atomic's result
+before its element work; ``bench/results/2026-12-02_NVIDIA-H200_adam-epsilon-variants.txt``). With
+one count per tensor (torch's optimizer state) each launch's last program advances its own tensors'
+counts; with one count shared by all tensors (:class:`foxdqn.population.optim.MemberAdam`'s
+``steps``) only the last launch's last program advances it, after every launch has read it (the
+earlier launches completed, in stream order).
 
 Scratch: the ticket of :func:`foxdqn.ops.tensor_list.scratch`, per device, made on the first
 (eager) call.
