@@ -29,15 +29,20 @@ libdevice, computes ``exp(t · log b)`` in float64 and rounds it once (within an
 
 Rounding vs torch: on CUDA the scalar part (``powf``, ``sqrt_rn``, the ``div_rn`` of the step
 size) and the moment updates (explicit fma) are rounded as in ATen's kernel; the two element
-divisions are Triton's ``/`` (PTX ``div.full.f32``, within 2 ulp of the quotient), as in
-``torch.compile``'s kernel of the reference, where ATen divides with IEEE rounding. The IEEE
-divisions cost about 0.7 µs of the op's 4.3 at ``eurusd_dqn``'s network (H200, in-graph,
-``bench/results/2026-12-02_NVIDIA-H200_adam-epsilon-variants.txt``); a
-2-ulp error of the quotient moves ``param`` by at most 2 ulp of the step, far below an ulp of
-``param`` at any step size that training uses. So the result follows
-``torch.optim.Adam(fused=True)`` within a few ulps of the step per step (not bit for bit; on the
-GPU the test checks within 1e-3 of a step's size after several steps against torch 2.11,
-``tests/ops/test_adam_step.py``); torch's CPU and foreach paths (float64 bias corrections,
+divisions are Triton's ``/`` (PTX ``div.full.f32``, each within 2 ulp of its quotient), as in
+``torch.compile``'s kernel of the reference, where ATen divides with IEEE rounding (the IEEE
+divisions took about 0.7 µs more at ``eurusd_dqn``'s network, 4.3 against 3.6 µs without step
+counts: H200, in-graph, ``bench/results/2026-12-02_NVIDIA-H200_adam-epsilon-variants.txt``). The
+first division's error enters ``denom``, so the step (``step_size·m / denom``) is within about
+4 ulp of the IEEE step; the stored ``param`` then differs from the IEEE result by at most an ulp
+of ``param`` where ``|param|`` is much larger than the step, by more ulps of ``param`` where it is
+comparable (a zero-initialised bias at step 1, a weight crossing zero: there the error is a few
+ulp of the step), and the differences build up over steps (that file's "max int diff" lines:
+params after three steps against the IEEE kernel). So the result follows
+``torch.optim.Adam(fused=True)`` to a few ulps of the step per step, not bit for bit: the GPU
+test checks within 1e-3 of a step's size after several steps against torch 2.11, whose fused
+kernel also computes ``m`` as ``b1·m + (1 - b1)·g`` with two roundings
+(``tests/ops/test_adam_step.py``); torch's CPU and foreach paths (float64 bias corrections,
 ``lerp``) differ by a few float32 ulps per step too. The interpreter's ``/`` is IEEE. The
 reference (:func:`adam_step_reference`) is the same rule in float32 torch ops (multi-tensor
 ``torch._foreach_*``), the moment updates as ``b·m + (1 - b)·g`` (two or three roundings in place
@@ -51,22 +56,28 @@ of the few blocks ``multi_tensor_apply`` launches.
 
 Step counts. Every program reads its tensor's ``step[p]`` and computes with ``t = step + 1``;
 nothing is written to the counts until every program has read them. Every program but the last (the
-highest program id) adds 1 to the launch's ticket once it has used its count, after a barrier of its
+highest program id) adds 1 to the launch's ticket once it has read its count, after a barrier of its
 warps (``atomic_add``, release at GPU scope; nothing waits for its result). The last program loads
-the counts and the skips first, then, after its own element work, polls the ticket (acquire at GPU
-scope) until the others' increments are all in, and only then stores each count + 1 where
-``skip[p] == 0`` and zeroes the ticket: each other program's read precedes its release, which the
-last program's acquire orders before its stores. Only the last program writes the counts, so the
-values it loaded before the wait are the ones to advance. It waits only for programs launched before
-it, and holds one slot while it does, so the others always run (the interpreter runs the programs in
-order, so there the last one finds every increment in). In-graph on the H200 this costs about 0.4 µs
-over no counts at all at one network and about 1 µs at 64 members; a ticket drawn by every program
-with acq_rel, the design before, cost 0.6 and 5 µs (each program waited for the atomic's result
-before its element work; ``bench/results/2026-12-02_NVIDIA-H200_adam-epsilon-variants.txt``). With
-one count per tensor (torch's optimizer state) each launch's last program advances its own tensors'
-counts; with one count shared by all tensors (:class:`foxdqn.population.optim.MemberAdam`'s
-``steps``) only the last launch's last program advances it, after every launch has read it (the
-earlier launches completed, in stream order).
+the first ``PB`` members' counts and skips before it waits; after its own element loads it polls the
+ticket (acquire at GPU scope) until the others' increments are all in, and only then stores each
+count + 1 where ``skip[p] == 0`` (the members past ``PB`` loaded and stored after the wait) and
+zeroes the ticket: each other program's read precedes its release, which the last program's acquire
+orders before its stores (the release/acquire pattern through one location's chain of atomic adds).
+Only the last program writes the counts, so the values it loaded before the wait are the ones to
+advance. The wait ends whatever order the blocks are dispatched in: one program waits, only on
+programs that never wait, and it holds one slot of a GPU that can hold at least two of these 4-warp
+blocks at once. The exception is a misuse: two calls of this op running concurrently on two streams
+of one device share the ticket, and there one last program can pass on the other launch's increments
+and the other then waits forever (:mod:`foxdqn.ops.tensor_list`, "Scratch"; the training step calls
+it on one stream). The interpreter runs the programs in pid order, so there the last one finds every
+increment in. In-graph on the H200 this costs about 0.4 µs over no counts at all at one network and
+about 1 µs at 64 members; a ticket drawn by every program with acq_rel, the design before, cost 0.6
+and 5 µs (each program waited for the atomic's result before its element work;
+``bench/results/2026-12-02_NVIDIA-H200_adam-epsilon-variants.txt``). With one count per tensor
+(torch's optimizer state) each launch's last program advances its own tensors' counts; with one
+count shared by all tensors (:class:`foxdqn.population.optim.MemberAdam`'s ``steps``) only the last
+launch's last program advances it, after every launch has read it (the earlier launches completed,
+in stream order).
 
 Scratch: the ticket of :func:`foxdqn.ops.tensor_list.scratch`, per device, made on the first
 (eager) call.
@@ -188,7 +199,7 @@ def _adam_step_kernel(p0, p1, p2, p3, p4, p5, p6, p7,
         eps = tl.load(eps_ptr + member)
     else:
         eps = tl.zeros([], tl.float32) + eps_value
-    # every load is issued before any result is needed (the skip only masks the stores)
+    # the element loads do not wait on the skip (it masks only the stores)
     pp = pick8(slot, p0, p1, p2, p3, p4, p5, p6, p7) + idx
     gp = pick8(slot, g0, g1, g2, g3, g4, g5, g6, g7) + idx
     mp = pick8(slot, m0, m1, m2, m3, m4, m5, m6, m7) + idx

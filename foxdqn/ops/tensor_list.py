@@ -20,15 +20,17 @@ always the current tensors, and a captured launch keeps the capture-time address
 graph's memory pool keeps fixed.
 
 More than :data:`MAX_SLOTS` tensors: several launches (:func:`plan`), in stream order. Each op
-says which launch finishes (its "last program", found with a ticket as in
-:mod:`foxdqn.ops.step_stats`): the launches before it complete before it starts, so their writes
+says which launch finishes (its "last program": found with a ticket as in
+:mod:`foxdqn.ops.step_stats`, or the highest program id that waits for the others' signals in
+:mod:`foxdqn.ops.adam_step`): the launches before it complete before it starts, so their writes
 (partial sums) are visible to it and their reads (step counts, the update counter) precede its
 writes.
 
 Scratch (:func:`scratch`): one float32 buffer for partial rows and one int32 ticket per
 (op, device), owned by this module for the life of the process (not checkpointed). The ticket is
 zero between launches (the last program resets it), so calls of one op must not run concurrently
-on two streams of one device (the hot loop runs on one stream). The buffers are made on the first
+on two streams of one device (the hot loop runs on one stream): they would miscount, and
+``adam_step_``'s waiting last program could wait forever. The buffers are made on the first
 (eager) call; growing them inside CUDA-graph capture raises, since memory allocated there belongs
 to the graph's private pool.
 """

@@ -150,6 +150,49 @@ def test_one_launch_boundary():
         assert all(float(s) == 2.0 for s in ks)
 
 
+def _ticket(device):
+    from foxdqn.ops.tensor_list import scratch
+    return int(scratch("adam_step_", torch.device(device), 1)[1])
+
+
+_COUNT_CASES = {  # members, shapes
+    "65 members": (65, [(3,), (0,)]),  # the last program's tile of 64 counts, then a second one after its wait
+    "65 members, all empty": (65, [(0,)]),  # one program, no element work, both tiles
+    "final launch all empty": (2, [(3,)] * 8 + [(0,)]),  # the second launch: one program, no element work
+}
+
+
+@pytest.mark.parametrize("case", list(_COUNT_CASES))
+@pytest.mark.parametrize("shared", [False, True])
+def test_counts_past_one_member_tile_and_all_empty_launches(case, shared):
+    """The step counts where the last program has more than one tile of members to advance, or
+    no element work: with member 1 skipped and (from 3 members on) member 2's skip NaN, the counts advance
+    once per call where not skipped, the params follow the reference, and the ticket is 0 after
+    each call."""
+    members, shapes = _COUNT_CASES[case]
+    params = _params(shapes, seed=11, members=members)
+    draws = _grad_draws(params, 2, seed=12)
+    skip = torch.zeros(members)
+    skip[1] = 1.0
+    if members > 2:
+        skip[2] = NAN  # member 64, in the second tile, is not skipped: its count must advance
+    out = {}
+    for backend in ("triton", "torch"):
+        ps = [p.clone() for p in params]
+        ms, vs = [torch.zeros_like(p) for p in ps], [torch.zeros_like(p) for p in ps]
+        steps = [torch.zeros(members)] if shared else [torch.zeros(members) for _ in ps]
+        for grads in draws:
+            adam_step_(ps, grads, ms, vs, steps, lr=torch.full((members,), LR), skip=skip, members=members,
+                       backend=backend)
+            if backend == "triton":
+                assert _ticket("cpu") == 0
+        out[backend] = ps, steps
+    want = torch.where(skip == 0.0, 2.0, 0.0)
+    for s_k, s_r in zip(out["triton"][1], out["torch"][1]):
+        assert torch.equal(s_k, want) and torch.equal(s_r, want)
+    _assert_tensor_close(out["triton"][0], out["torch"][0], 8, f"{case}: kernel vs reference")
+
+
 def test_argument_errors():
     p = [torch.zeros(3)]
     g, m, v, s = [torch.zeros(3)], [torch.zeros(3)], [torch.zeros(3)], [torch.zeros(())]
@@ -228,3 +271,35 @@ def test_gpu_matches_fused_adam_and_graph_replay():
     for a, b in zip(state[0] + steps[0], state[1] + steps[1]):
         assert torch.equal(a, b)
     assert float(steps[0][0]) == 5.0
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("shared", [False, True])
+def test_no_program_reads_an_advanced_count_gpu(shared):
+    """64 members of eurusd_dqn's parameter shapes (about 15k programs, more than the GPU holds at
+    once), from zero moments and counts, 30 times: every element moves by lr (t = 1; a program
+    that read the already advanced count, t = 2, would move it by about 0.74 lr), the counts end
+    at 1, and the ticket is 0 after every call (module docstring, "Step counts")."""
+    dev, members, lr = torch.device("cuda"), 64, 1e-3
+    shapes = [(162, 256), (256,), (256, 256), (256,), (256, 1), (1,), (256, 45), (45,)]
+    g = torch.Generator(device=dev).manual_seed(0)
+    params = [0.05 * torch.randn((members, *s), device=dev, generator=g) for s in shapes]
+    grads = [torch.randn_like(p) for p in params]
+    start = [p.clone() for p in params]
+    ms, vs = [torch.zeros_like(p) for p in params], [torch.zeros_like(p) for p in params]
+    steps = [torch.zeros(members, device=dev)] if shared else [torch.zeros(members, device=dev) for _ in params]
+    lr_t, skip = torch.full((members,), lr, device=dev), torch.zeros(members, device=dev)
+    for _ in range(30):
+        for p, p0, m, v in zip(params, start, ms, vs):
+            p.copy_(p0)
+            m.zero_()
+            v.zero_()
+        for st in steps:
+            st.zero_()
+        adam_step_(params, grads, ms, vs, steps, lr=lr_t, skip=skip, members=members)
+        for p, p0, gr in zip(params, start, grads):
+            big = gr.abs() > 1e-3  # eps (1e-8) negligible beside |g|
+            moved = (p0 - p)[big] * gr[big].sign()
+            assert torch.allclose(moved, torch.full_like(moved, lr), rtol=1e-3, atol=0.0), float(moved.min())
+        assert all(torch.equal(st, torch.ones_like(st)) for st in steps)
+        assert _ticket(dev) == 0
