@@ -27,7 +27,7 @@ def _inputs(num_rows: int, k: int, device: str):
 
 
 def rows(device: str = "cuda") -> list[dict]:
-    """One row per (size, provider): ms (median of triton.testing.do_bench), p20_ms, p80_ms, gbps."""
+    """One row per (size, provider): ms (median per call, bench.ops.common.bench_all: in-graph, providers interleaved), p20_ms, p80_ms, gbps."""
     import torch
 
     from foxdqn.ops.c51_project import c51_project, c51_project_reference

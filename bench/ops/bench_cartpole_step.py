@@ -17,7 +17,7 @@ SIZES = [1, 10, 64, 4096, 1 << 20]
 
 
 def rows(device: str = "cuda") -> list[dict]:
-    """One row per (size, provider): ms (median of triton.testing.do_bench), p20_ms, p80_ms, gbps."""
+    """One row per (size, provider): ms (median per call, bench.ops.common.bench_all: in-graph, providers interleaved), p20_ms, p80_ms, gbps."""
     import torch
 
     from foxdqn.ops.cartpole_step import cartpole_step, cartpole_step_reference

@@ -30,7 +30,7 @@ def _inputs(num_rows: int, n: int, n_target: int, device: str):
 
 
 def rows(device: str = "cuda") -> list[dict]:
-    """One row per (op, size, provider): ms (median of triton.testing.do_bench), p20_ms, p80_ms, gbps."""
+    """One row per (op, size, provider): ms (median per call, bench.ops.common.bench_all: in-graph, providers interleaved), p20_ms, p80_ms, gbps."""
     import torch
 
     from foxdqn.ops.quantile_huber_loss import quantile_huber_loss, quantile_huber_loss_reference

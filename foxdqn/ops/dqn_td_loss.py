@@ -72,7 +72,7 @@ import triton
 import triton.language as tl
 
 from foxdqn.ops.backend import describe, resolve_backend
-from foxdqn.ops.epsilon_greedy import _tile_argmax
+from foxdqn.ops.argmax import tile_argmax
 
 __all__ = ["dqn_td_loss", "dqn_td_loss_reference"]
 
@@ -138,7 +138,7 @@ def _dqn_td_loss_kernel(
         else:
             qo = tl.load(qo_ptr + row[:, None] * A + cols[None, :], mask=m2, other=float("-inf"))
         # argmax as torch.argmax: the first NaN if any, else the first index of the maximum
-        _, a_star = _tile_argmax(qo, cols, m2, A)
+        _, a_star = tile_argmax(qo, cols, m2, A)
         q_next = tl.sum(tl.where(cols[None, :] == a_star[:, None], qt, 0.0), axis=1)
     else:
         nan = qt != qt

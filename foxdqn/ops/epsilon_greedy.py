@@ -39,6 +39,7 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
+from foxdqn.ops.argmax import argmax_combine, tile_argmax
 from foxdqn.ops.backend import resolve_backend
 from foxdqn.ops.library import device_op, wrap_triton
 from foxdqn.ops.member_uniform import randint_from_uniform
@@ -68,27 +69,6 @@ def _explore_or_greedy(eps, u_explore, u_action, greedy, A, RANDOM_BITS: tl.cons
     """The action: the random one (``u_action`` mapped to [0, A)) where ``u_explore < eps``, else ``greedy``."""
     random_a = ((u_action * (1 << RANDOM_BITS)).to(tl.int64) * A) >> RANDOM_BITS
     return tl.where(u_explore < eps, random_a, greedy)
-
-
-@triton.jit
-def _argmax_combine(v1, i1, v2, i2):
-    """torch.argmax's pick of two (value, column) candidates: a NaN over any number (the first
-    NaN of two), else the larger value, ties to the smaller column."""
-    nan1 = v1 != v1
-    nan2 = v2 != v2
-    first = i1 < i2
-    take1 = (nan1 & (~nan2 | first)) | (~nan1 & ~nan2 & ((v1 > v2) | ((v1 == v2) & first)))
-    return tl.where(take1, v1, v2), tl.where(take1, i1, i2)
-
-
-@triton.jit
-def _tile_argmax(v, cols, valid, A):
-    """Per row of a tile ``v [R, C]`` (columns ``cols [C]``, entries where ``valid`` is False
-    ignored): its value and column under torch.argmax's rule (the first NaN, else the first
-    column of the maximum), in one reduction. A row with no valid entry gives (-inf, ``A``)."""
-    vals = tl.where(valid, v, float("-inf"))
-    idx = tl.where(valid, cols[None, :], A) + tl.zeros(v.shape, tl.int32)
-    return tl.reduce((vals, idx), 1, _argmax_combine)
 
 
 @triton.jit
@@ -122,8 +102,8 @@ def _epsilon_greedy_kernel(q_ptr, step_ptr, start_ptr, end_ptr, duration_ptr, u_
         cols = a0 + tl.arange(0, BLOCK_A)
         cm = m[:, None] & (cols < A)[None, :]
         v = tl.load(row[:, None] + cols[None, :].to(tl.int64) * q_stride1, mask=cm, other=float("-inf"))
-        top, pick = _tile_argmax(v, cols, cm, A)
-        best, best_a = _argmax_combine(best, best_a, top, pick)  # an earlier tile's columns are smaller
+        top, pick = tile_argmax(v, cols, cm, A)
+        best, best_a = argmax_combine(best, best_a, top, pick)  # an earlier tile's columns are smaller
     action = _explore_or_greedy(eps, u_explore, u_action, best_a.to(tl.int64), A, RANDOM_BITS)
     tl.store(out_ptr + i64, action, mask=m)
 

@@ -93,7 +93,8 @@ from torch import Tensor
 from triton.runtime.errors import OutOfResources
 
 from foxdqn.ops.backend import INTERPRET, describe, resolve_backend
-from foxdqn.ops.epsilon_greedy import RANDOM_BITS, _explore_or_greedy, _linear_epsilon, _tile_argmax
+from foxdqn.ops.argmax import tile_argmax
+from foxdqn.ops.epsilon_greedy import RANDOM_BITS, _explore_or_greedy, _linear_epsilon
 from foxdqn.ops.library import device_op, wrap_triton
 from foxdqn.ops.mlp_chain import _pad, _prec, _relu, _tf32, tf32_enabled
 
@@ -204,7 +205,7 @@ def _q_forward_kernel(x_ptr, q_ptr, M,
         eps = _linear_epsilon(tl.load(step_ptr).to(tl.float32), tl.load(start_ptr + p), tl.load(end_ptr + p),
                               tl.load(duration_ptr + p))
         u_row = u_ptr + p * (2 * M) + rows
-        _, greedy = _tile_argmax(out, a, a_ok[None, :], A)
+        _, greedy = tile_argmax(out, a, a_ok[None, :], A)
         action = _explore_or_greedy(eps, tl.load(u_row, mask=ok, other=1.0), tl.load(u_row + M, mask=ok, other=0.0),
                                     greedy.to(tl.int64), A, RANDOM_BITS)
         tl.store(q_ptr + row0, action, mask=ok)

@@ -16,6 +16,8 @@ from typing import Callable, Iterable
 
 import torch
 
+from foxdqn.step.beside import beside
+
 __all__ = ["capture", "run_on_side_stream"]
 
 
@@ -27,12 +29,7 @@ def run_on_side_stream(device: torch.device, fn: Callable[[], object]) -> None:
         device: a CUDA device.
         fn: the work to warm up; its return value is dropped.
     """
-    current = torch.cuda.current_stream(device)
-    side = torch.cuda.Stream(device)
-    side.wait_stream(current)
-    with torch.cuda.stream(side):
-        fn()
-    current.wait_stream(side)
+    beside(torch.cuda.Stream(device), fn, lambda: None)
 
 
 def capture(device: torch.device, fn: Callable[[], object],

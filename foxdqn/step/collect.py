@@ -64,13 +64,14 @@ def collect_step(s: TrainState, backend: str = "auto") -> None:
 
     draw = getattr(r.env, "draw_step", None)  # the env's own random draws, made ahead (envs/base.py)
     if draw is None:
-        action = acting()
+        action, step_args = acting(), ()
     else:  # drawn after u (the generator's order of an env that draws in its step), beside the action selection
         draws, action = beside(s.monitors.stats.branch, draw, acting)
+        step_args = (draws,)
     env_action = r.action_mode.to_env(action, r.env)  # e.g. exposure → routed factored action
     hook = r.env.collect_hook
     extras = hook.replay_extras(r.env, s.replay)  # of the state acted on, read before the step moves it
-    out = r.env.step(env_action) if draw is None else r.env.step(env_action, draws)
+    out = r.env.step(env_action, *step_args)
     info = out.info
     # the monitors' sums (which read only the step's outputs) beside the replay insert (which
     # advances the rollout's obs): two branches of the captured graph on CUDA

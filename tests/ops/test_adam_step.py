@@ -282,9 +282,8 @@ def test_no_program_reads_an_advanced_count_gpu(shared):
     at 1, and the ticket is 0 after every call (module docstring, "Step counts")."""
     dev, members, lr = torch.device("cuda"), 64, 1e-3
     shapes = [(162, 256), (256,), (256, 256), (256,), (256, 1), (1,), (256, 45), (45,)]
-    g = torch.Generator(device=dev).manual_seed(0)
-    params = [0.05 * torch.randn((members, *s), device=dev, generator=g) for s in shapes]
-    grads = [torch.randn_like(p) for p in params]
+    params = randn_list(shapes, 0, members, device=dev, scale=0.05)
+    grads = randn_list(shapes, 1, members, device=dev)
     start = [p.clone() for p in params]
     ms, vs = [torch.zeros_like(p) for p in params], [torch.zeros_like(p) for p in params]
     steps = [torch.zeros(members, device=dev)] if shared else [torch.zeros(members, device=dev) for _ in params]

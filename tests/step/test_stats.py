@@ -4,7 +4,7 @@ runs it) equals add_step (CPU; GPU `gpu` marker: eager and in a CUDA graph witho
 import pytest
 import torch
 
-from foxdqn.step.beside import beside as fork
+from foxdqn.step.beside import beside
 from foxdqn.step.stats import EP_COUNT, REWARD_SUM, TRADES, TRANSITIONS, DeviceStats
 
 
@@ -31,13 +31,13 @@ def _step_args(n, device, seed):
 
 def test_add_step_beside_other_work_on_the_cpu_is_add_step_then_the_work():
     """No CUDA stream on the CPU: the sums, then main_work, with add_step's result."""
-    beside, plain = DeviceStats(4, 64, torch.device("cpu")), DeviceStats(4, 64, torch.device("cpu"))
+    forked, plain = DeviceStats(4, 64, torch.device("cpu")), DeviceStats(4, 64, torch.device("cpu"))
     order = []
     args = _step_args(64, "cpu", 0)
-    fork(beside.branch, lambda: beside.add_step(*args), lambda: order.append(beside.acc[TRANSITIONS].item()))
+    beside(forked.branch, lambda: forked.add_step(*args), lambda: order.append(forked.acc[TRANSITIONS].item()))
     plain.add_step(*args)
     assert order == [64.0]  # the sums ran first
-    assert torch.equal(beside.acc, plain.acc) and torch.equal(beside.actions, plain.actions)
+    assert torch.equal(forked.acc, plain.acc) and torch.equal(forked.actions, plain.actions)
 
 
 @pytest.mark.gpu
@@ -47,7 +47,7 @@ def test_gpu_add_step_on_the_branch_equals_add_step_eager_and_captured():
     from support import capture_graph, no_host_sync
 
     dev = torch.device("cuda")
-    beside, plain = DeviceStats(4, 4096, dev), DeviceStats(4, 4096, dev)
+    forked, plain = DeviceStats(4, 4096, dev), DeviceStats(4, 4096, dev)
     env_steps, env_steps_plain = torch.zeros((), dtype=torch.int64, device=dev), torch.zeros((), dtype=torch.int64,
                                                                                                  device=dev)
     side_out = torch.zeros(4096, device=dev)
@@ -55,17 +55,17 @@ def test_gpu_add_step_on_the_branch_equals_add_step_eager_and_captured():
     args = _step_args(4096, dev, 1)
 
     def step():
-        fork(beside.branch, lambda: beside.add_step(*args, env_steps=env_steps), lambda: side_out.add_(main_in))
+        beside(forked.branch, lambda: forked.add_step(*args, env_steps=env_steps), lambda: side_out.add_(main_in))
 
     step()
     plain.add_step(*args, env_steps=env_steps_plain)
-    assert torch.equal(beside.acc, plain.acc) and torch.equal(beside.actions, plain.actions)
+    assert torch.equal(forked.acc, plain.acc) and torch.equal(forked.actions, plain.actions)
     graph, _ = capture_graph(step, warmup=0)
     with no_host_sync():
         for _ in range(3):
             graph.replay()
             plain.add_step(*args, env_steps=env_steps_plain)
     torch.cuda.synchronize()
-    assert torch.equal(beside.acc, plain.acc) and torch.equal(beside.actions, plain.actions)
+    assert torch.equal(forked.acc, plain.acc) and torch.equal(forked.actions, plain.actions)
     assert env_steps.item() == env_steps_plain.item() == 4 * 4096
     assert torch.equal(side_out, 4 * main_in)
