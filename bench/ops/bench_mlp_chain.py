@@ -16,7 +16,7 @@ Run: ``python -m bench.ops.bench_mlp_chain`` (needs CUDA). Nothing runs at impor
 from __future__ import annotations
 
 from bench.ops.common import against_compile, print_table, provider_rows
-from bench.ops.training import CARTPOLE, at_training_precision
+from bench.ops.training import CARTPOLE, at_training_precision, linear_chain
 
 BENCH = "bench_mlp_chain"
 
@@ -34,12 +34,9 @@ def _rows(t, dev) -> list[dict]:
     from foxdqn.ops.mlp_chain import mlp_chain, mlp_chain_reference
 
     g = torch.Generator(device=dev).manual_seed(0)
-    linears = [m for m in t.net.modules() if isinstance(m, torch.nn.Linear)]
-    ws = [m.weight.detach() for m in linears]
-    bs = [m.bias.detach() for m in linears]
+    ws, bs, dims = linear_chain(t)
     net = copy.deepcopy(t.net).requires_grad_(False)
     net.chain_backend = "torch"
-    dims = "->".join(str(d) for d in [ws[0].shape[1], *(w.shape[0] for w in ws)])
     out: list[dict] = []
     for n in (t.num_envs, t.batch_size):  # collect step; target network on s'
         x = torch.randn(n, t.obs_dim, device=dev, generator=g)

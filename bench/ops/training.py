@@ -79,3 +79,15 @@ def at_training_precision(experiment: str, device: str, body):
         return body(t, torch.device(device))
     finally:
         torch.set_float32_matmul_precision(before)
+
+
+def linear_chain(t: Training) -> tuple[list, list, str]:
+    """The online network's ``nn.Linear`` weights and biases in order (detached: the benches'
+    inputs to :func:`foxdqn.ops.mlp_chain.mlp_chain` and its fused ε-greedy), and their widths
+    as ``"D0->D1->...->Dn"`` for the rows' size labels."""
+    import torch
+
+    linears = [m for m in t.net.modules() if isinstance(m, torch.nn.Linear)]
+    ws = [m.weight.detach() for m in linears]
+    bs = [m.bias.detach() for m in linears]
+    return ws, bs, "->".join(str(d) for d in [ws[0].shape[1], *(w.shape[0] for w in ws)])

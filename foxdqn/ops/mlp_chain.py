@@ -63,9 +63,11 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
+from foxdqn.ops.argmax import tile_argmax
 from foxdqn.ops.backend import describe, resolve_backend
+from foxdqn.ops.epsilon_greedy import RANDOM_BITS, _explore_or_greedy, _linear_epsilon
 
-__all__ = ["MAX_LAYERS", "MAX_WIDTH", "mlp_chain", "mlp_chain_reference", "mlp_chain_supported", "tf32_enabled"]
+__all__ = ["MAX_LAYERS", "MAX_WIDTH", "launch_forward", "mlp_chain", "mlp_chain_reference", "mlp_chain_supported", "tf32_enabled"]
 
 MAX_LAYERS = 4  # Linear layers of one chain
 MAX_WIDTH = 128  # largest D_i: a [BLOCK_M, 128] activation tile and a [128, 128] weight tile per program
@@ -128,12 +130,16 @@ def _relu(z):
 
 
 @triton.jit
-def _mlp_forward_kernel(x_ptr, y_ptr, w1, b1, w2, b2, w3, b3, w4, b4, h1_ptr, h2_ptr, h3_ptr, B,
+def _mlp_forward_kernel(x_ptr, y_ptr, w1, b1, w2, b2, w3, b3, w4, b4, h1_ptr, h2_ptr, h3_ptr,
+                        step_ptr, start_ptr, end_ptr, duration_ptr, u_ptr, B,
                         L: tl.constexpr, D0: tl.constexpr, D1: tl.constexpr, D2: tl.constexpr,
                         D3: tl.constexpr, D4: tl.constexpr, P0: tl.constexpr, P1: tl.constexpr,
                         P2: tl.constexpr, P3: tl.constexpr, P4: tl.constexpr, DL: tl.constexpr,
-                        PL: tl.constexpr, BLOCK_M: tl.constexpr, SAVE: tl.constexpr, PREC: tl.constexpr):
-    """x [B, D0] → y [B, DL] through L layers; with SAVE also h_1 .. h_{L-1} (post-ReLU)."""
+                        PL: tl.constexpr, BLOCK_M: tl.constexpr, SAVE: tl.constexpr, PREC: tl.constexpr,
+                        ACT: tl.constexpr, RANDOM_BITS: tl.constexpr):
+    """x [B, D0] → y [B, DL] through L layers; with SAVE also h_1 .. h_{L-1} (post-ReLU). ACT:
+    instead of y, the ε-greedy action of each row (int64 [B] at y_ptr; one schedule, u [1, 2, B]:
+    :mod:`foxdqn.ops.mlp_chain_epsilon_greedy`)."""
     rows = tl.program_id(0).to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)
     ok = rows < B
     z = _linear(_load_rows(x_ptr, rows, ok, D0, P0), w1, b1, D0, D1, P0, P1, PREC)
@@ -152,7 +158,17 @@ def _mlp_forward_kernel(x_ptr, y_ptr, w1, b1, w2, b2, w3, b3, w4, b4, h1_ptr, h2
         if SAVE:
             _store_rows(h3_ptr, h, rows, ok, D3, P3)
         z = _linear(h, w4, b4, D3, D4, P3, P4, PREC)
-    _store_rows(y_ptr, z, rows, ok, DL, PL)
+    if ACT:
+        eps = _linear_epsilon(tl.load(step_ptr).to(tl.float32), tl.load(start_ptr), tl.load(end_ptr),
+                              tl.load(duration_ptr))
+        cols = tl.arange(0, PL)
+        _, greedy = tile_argmax(z, cols, (cols < DL)[None, :], DL)
+        action = _explore_or_greedy(eps, tl.load(u_ptr + rows, mask=ok, other=1.0),
+                                    tl.load(u_ptr + B + rows, mask=ok, other=0.0), greedy.to(tl.int64), DL,
+                                    RANDOM_BITS)
+        tl.store(y_ptr + rows, action, mask=ok)
+    else:
+        _store_rows(y_ptr, z, rows, ok, DL, PL)
 
 
 @triton.jit
@@ -274,13 +290,29 @@ def _forward(x: Tensor, weights: Sequence[Tensor], biases: Sequence[Tensor], sav
     dims = [x.shape[1]] + [w.shape[0] for w in weights]
     y = x.new_empty(rows, dims[-1])
     hs = [x.new_empty(rows, d) for d in dims[1:-1]] if save else []
-    if rows:
-        wb = zip(_fill(weights, MAX_LAYERS, weights[0]), _fill(biases, MAX_LAYERS, biases[0]))
-        block_m = _block_m(rows)
-        _mlp_forward_kernel[(triton.cdiv(rows, block_m),)](
-            x, y, *(t for pair in wb for t in pair), *_fill(hs, MAX_LAYERS - 1, y), rows, **_layout(dims),
-            BLOCK_M=block_m, SAVE=save, PREC=prec, num_warps=NUM_WARPS)
+    launch_forward(x, weights, biases, y, hs, prec)
     return y, hs
+
+
+def launch_forward(x: Tensor, weights: Sequence[Tensor], biases: Sequence[Tensor], out: Tensor,
+                   hs: Sequence[Tensor] = (), prec: str = "ieee",
+                   schedule: tuple[Tensor, Tensor, Tensor, Tensor, Tensor] | None = None) -> None:
+    """Launch the forward kernel on checked arguments: y into ``out`` (float32 ``[B, D_n]``) and the
+    post-ReLU activations into ``hs`` (saved when given), or with ``schedule`` = (step, start, end,
+    duration, u) the ε-greedy actions into ``out`` (int64 ``[B]``:
+    :func:`foxdqn.ops.mlp_chain_epsilon_greedy.mlp_chain_epsilon_greedy`)."""
+    rows = x.shape[0]
+    if not rows:
+        return
+    dims = [x.shape[1]] + [w.shape[0] for w in weights]
+    wb = zip(_fill(weights, MAX_LAYERS, weights[0]), _fill(biases, MAX_LAYERS, biases[0]))
+    act = schedule if schedule is not None else (out,) * 5  # unused pointers without the ε-greedy epilogue
+    block_m = _block_m(rows)
+    extra = {} if schedule is None else {"enable_fp_fusion": False}  # the ε schedule's roundings (epsilon_greedy)
+    _mlp_forward_kernel[(triton.cdiv(rows, block_m),)](
+        x, out, *(t for pair in wb for t in pair), *_fill(list(hs), MAX_LAYERS - 1, out), *act, rows,
+        **_layout(dims), BLOCK_M=block_m, SAVE=bool(hs), PREC=prec, ACT=schedule is not None,
+        RANDOM_BITS=RANDOM_BITS, num_warps=NUM_WARPS, **extra)
 
 
 def _backward(x: Tensor, weights: Sequence[Tensor], hs: Sequence[Tensor], dy: Tensor, prec: str):

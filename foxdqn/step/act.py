@@ -1,9 +1,16 @@
 """The collect step's action selection: ε-greedy actions of a Q network's observations.
 
-One kernel where the network's forward is :func:`foxdqn.ops.q_forward.q_forward`'s (it says so by
-a ``q_forward_args(obs)`` method: :class:`foxdqn.nn.qnet.QNetwork` with a dueling head,
-:class:`foxdqn.population.network.MemberQNetwork`): :func:`foxdqn.ops.q_forward_epsilon_greedy.q_forward_epsilon_greedy`.
-Otherwise the network's forward, then :func:`foxdqn.ops.epsilon_greedy.epsilon_greedy`. Both give
+One kernel where the network's forward is one of the fused ops':
+
+* :func:`foxdqn.ops.q_forward.q_forward`'s (the network says so by a ``q_forward_args(obs)``
+  method: :class:`foxdqn.nn.qnet.QNetwork` with a dueling head,
+  :class:`foxdqn.population.network.MemberQNetwork`):
+  :func:`foxdqn.ops.q_forward_epsilon_greedy.q_forward_epsilon_greedy`;
+* :func:`foxdqn.ops.mlp_chain.mlp_chain`'s (a ``fused_chain(obs)`` method: :class:`~foxdqn.nn.qnet.QNetwork`
+  with a ReLU MLP and a plain Q head, one schedule):
+  :func:`foxdqn.ops.mlp_chain_epsilon_greedy.mlp_chain_epsilon_greedy`.
+
+Otherwise the network's forward, then :func:`foxdqn.ops.epsilon_greedy.epsilon_greedy`. All give
 the same actions for the same Q (docs/design/hot_loop.md#device-resident-values).
 """
 from __future__ import annotations
@@ -12,6 +19,7 @@ import torch
 from torch import nn
 
 from foxdqn.ops.epsilon_greedy import epsilon_greedy
+from foxdqn.ops.mlp_chain_epsilon_greedy import mlp_chain_epsilon_greedy
 from foxdqn.ops.q_forward_epsilon_greedy import q_forward_epsilon_greedy
 
 
@@ -34,8 +42,8 @@ def act(net: nn.Module, obs: torch.Tensor, step: torch.Tensor, start: torch.Tens
         ValueError: what :func:`~foxdqn.ops.epsilon_greedy.epsilon_greedy` raises for its
             arguments (or the fused op for the same ones).
 
-    Call it under ``torch.no_grad()`` (the fused path needs no gradient; the network says when it
-    applies, and only for ``G`` = the members of ``obs``: one schedule per member). Device ops
+    Call it under ``torch.no_grad()`` (the fused paths need no gradient; the network says when they
+    apply, and only for ``G`` = the members of ``obs``: one schedule per member). Device ops
     only: capturable.
     """
     args = net.q_forward_args(obs) if backend != "torch" and hasattr(net, "q_forward_args") else None
@@ -44,5 +52,9 @@ def act(net: nn.Module, obs: torch.Tensor, step: torch.Tensor, start: torch.Tens
         weights, biases, dueling = args
         return q_forward_epsilon_greedy(obs, weights, biases, dueling=dueling, step=step, start=start, end=end,
                                         duration=duration, u=u, backend="triton")
+    chain = net.fused_chain(obs) if backend != "torch" and hasattr(net, "fused_chain") else None
+    if chain is not None and groups == 1:
+        return mlp_chain_epsilon_greedy(obs, *chain, step=step, start=start, end=end, duration=duration, u=u,
+                                        backend="triton")
     q = net(obs)
     return epsilon_greedy(q.reshape(-1, q.shape[-1]), step, start, end, duration, u, backend=backend)
