@@ -52,7 +52,8 @@ Kernel count: one launch for up to 8 tensors in place of fused Adam's three (``s
 fused kernel, ``steps -= found_inf``), and the clip's ``_foreach_mul_`` when ``grad_scale`` is
 passed. The grid is one program per BLOCK elements of a member's slice
 (:mod:`foxdqn.ops.tensor_list`), so ~120k parameters run on ~240 programs at BLOCK = 512 instead
-of the few blocks ``multi_tensor_apply`` launches.
+of the few blocks ``multi_tensor_apply`` launches; a call of ``BIG_VALUES`` values or more (a
+population's) takes ``BIG_BLOCK`` elements per program.
 
 Step counts. Every program reads its tensor's ``step[p]`` and computes with ``t = step + 1``;
 nothing is written to the counts until every program has read them. Every program but the last (the
@@ -100,7 +101,10 @@ from foxdqn.ops.tensor_list import (MAX_SLOTS, F32, check_list, check_member_vec
                                     pick8, plan, scratch, slots)
 
 BLOCK = 512  # elements of one member's slice per program (H200, in-graph, 256..4,096 and 2..8 warps: 512 and
-#             4 warps the fastest at eurusd_dqn's one network, 3.9 µs; 57.9 µs at 64 members, 57.1 at 1,024)
+#             4 warps the fastest at eurusd_dqn's one network, 3.9 µs; 4.2 µs at 1,024)
+BIG_BLOCK = 1024  # the same, for launches of BIG_VALUES values or more (64 eurusd_dqn members, 7.6M values:
+#                  56.7 µs against 57.6 at 512, 59.9 at 2,048 and 8 warps; two H200 runs, one process each)
+BIG_VALUES = 1 << 22  # values per call (all members, all tensors) from which BIG_BLOCK is used
 NUM_WARPS = 4  # warps per program
 _PB = 64  # members per iteration of the last program's loop
 
@@ -418,4 +422,5 @@ def _adam_step_launch(params, grads, exp_avgs, exp_avg_sqs, steps, lr, beta1, be
     _adam_step_op(list(params), list(grads), list(exp_avgs), list(exp_avg_sqs), list(steps), lr,
                   eps if has_eps else lr, lr if grad_scale is None else grad_scale, lr if skip is None else skip,
                   ticket, 0.0 if has_eps else float(eps), float(beta1), float(beta2), members, has_eps,
-                  grad_scale is not None, skip is not None, BLOCK)
+                  grad_scale is not None, skip is not None,
+                  BIG_BLOCK if sum(p.numel() for p in params) >= BIG_VALUES else BLOCK)

@@ -67,6 +67,14 @@ def test_kernel_equals_reference(P, n, counter):
     assert torch.equal(k, r)
 
 
+@pytest.mark.parametrize("P,n", [(300, 5), (130, BLOCK - 1), (64, 64)])
+def test_kernel_equals_reference_with_members_sharing_programs(P, n):
+    """n < BLOCK: one grid axis over all P·n draws, members' rows starting mid-program."""
+    keys = member_keys(range(P))
+    k, r = draw(keys, 2**32 - 3, n, "triton"), draw(keys, 2**32 - 3, n, "torch")
+    assert torch.equal(k, r)
+
+
 def test_kernel_equals_reference_over_several_blocks_and_any_int64_key():
     keys = torch.tensor([0, M32, -1, 2**40 + 17, -(2**50)])  # only the low 32 bits count
     k, r = draw(keys, 2**32 - 1000, 2 * BLOCK + 3, "triton"), draw(keys, 2**32 - 1000, 2 * BLOCK + 3, "torch")
