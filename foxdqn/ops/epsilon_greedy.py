@@ -27,7 +27,10 @@ for A <= ``MAX_BLOCK_A``) and reduces each tile, then the running pick with the 
 pass of (value, column) pairs whose combine keeps the first NaN, else the larger value, ties to
 the smaller column. The schedule is evaluated with the reference's float32 roundings (IEEE
 ``div_rn``, launched with ``enable_fp_fusion=False``: no multiply-add contraction), so kernel and
-reference give the same actions bit for bit.
+reference give the same actions bit for bit. The kernel issues every load (schedule, uniforms, Q)
+before it evaluates the schedule, and is compiled per shape: A, N // G and Q's strides are
+constexpr, N a multiple of BLOCK drops the row mask, and when a program's envs lie in one group
+(N // G a multiple of BLOCK) its schedule is one scalar load and division.
 
 Population: ``start``, ``end``, ``duration`` have one row per group (``G = P`` members of
 ``N // P`` envs each, ``G = 1`` for one run); one launch serves both.
@@ -47,7 +50,9 @@ from foxdqn.step.schedules import linear_value
 
 BLOCK = 8  # envs per program (H200 sweeps of 8..128 envs, 1..4 warps, 16 or 64 columns per tile, in-graph:
 #           8 envs and 4 warps among the fastest, 2.6-3.1 µs at 4,096 envs and at 64 x 32; every combination
-#           1.6-1.7 µs at 10 envs; 128 envs of 45 actions in one tile spilled)
+#           1.6-1.7 µs at 10 envs; 128 envs of 45 actions in one tile spilled. With the loads first and the
+#           shapes constexpr: 4 to 16 envs, 2 or 4 warps within 0.1 µs of each other, bench/results
+#           2026-12-02_NVIDIA-H200_epsilon-greedy-variants.txt)
 NUM_WARPS = 4  # warps per program
 MAX_BLOCK_A = 64  # Q-value columns per tile of the argmax
 RANDOM_BITS = 24  # bits of a uniform used by the random action (torch.rand float32 and MemberRandom)
@@ -72,38 +77,50 @@ def _explore_or_greedy(eps, u_explore, u_action, greedy, A, RANDOM_BITS: tl.cons
 
 
 @triton.jit
-def _epsilon_greedy_kernel(q_ptr, step_ptr, start_ptr, end_ptr, duration_ptr, u_ptr, out_ptr,
-                           N, A, envs_per_group, q_stride0, q_stride1, ONE_GROUP: tl.constexpr,
-                           BLOCK: tl.constexpr, BLOCK_A: tl.constexpr, RANDOM_BITS: tl.constexpr):
+def _epsilon_greedy_kernel(q_ptr, step_ptr, start_ptr, end_ptr, duration_ptr, u_ptr, out_ptr, N,
+                           A: tl.constexpr, ENVS_PER_GROUP: tl.constexpr, Q_STRIDE0: tl.constexpr,
+                           Q_STRIDE1: tl.constexpr, ONE_GROUP: tl.constexpr, ONE_GROUP_PER_PROGRAM: tl.constexpr,
+                           EVEN: tl.constexpr, BLOCK: tl.constexpr, BLOCK_A: tl.constexpr,
+                           RANDOM_BITS: tl.constexpr):
     i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
-    m = i < N
+    if EVEN:  # N a multiple of BLOCK: no row mask
+        m = tl.full([BLOCK], True, tl.int1)
+    else:
+        m = i < N
     i64 = i.to(tl.int64)
-    # ---- ε of the linear schedule, per group (one group: scalars, no division)
+    # ---- every load first: the schedule, the pre-drawn uniforms (explore test, random action), Q
     step = tl.load(step_ptr).to(tl.float32)
     if ONE_GROUP:
-        eps = _linear_epsilon(step, tl.load(start_ptr), tl.load(end_ptr), tl.load(duration_ptr))
+        start = tl.load(start_ptr)
+        end = tl.load(end_ptr)
+        duration = tl.load(duration_ptr)
         u_base = u_ptr + i64
+    elif ONE_GROUP_PER_PROGRAM:  # the program's envs all in group g: scalar loads and one division
+        g = (tl.program_id(0) * BLOCK) // ENVS_PER_GROUP
+        start = tl.load(start_ptr + g)
+        end = tl.load(end_ptr + g)
+        duration = tl.load(duration_ptr + g)
+        u_base = u_ptr + g.to(tl.int64) * (2 * ENVS_PER_GROUP) + (i - g * ENVS_PER_GROUP)
     else:
-        g = i // envs_per_group  # int32 division, as i
-        j = i - g * envs_per_group
+        g = i // ENVS_PER_GROUP  # int32 division, as i
         start = tl.load(start_ptr + g, mask=m, other=0.0)
         end = tl.load(end_ptr + g, mask=m, other=0.0)
         duration = tl.load(duration_ptr + g, mask=m, other=1.0)
-        eps = _linear_epsilon(step + tl.zeros([BLOCK], tl.float32), start, end, duration)
-        u_base = u_ptr + g.to(tl.int64) * (2 * envs_per_group) + j
-    # ---- the pre-drawn uniforms: explore test, random action
+        u_base = u_ptr + g.to(tl.int64) * (2 * ENVS_PER_GROUP) + (i - g * ENVS_PER_GROUP)
     u_explore = tl.load(u_base, mask=m, other=1.0)
-    u_action = tl.load(u_base + envs_per_group, mask=m, other=0.0)
+    u_action = tl.load(u_base + ENVS_PER_GROUP, mask=m, other=0.0)
     # ---- argmax over the row, first maximum, NaN largest (torch.argmax), BLOCK_A columns per tile
-    row = q_ptr + i64 * q_stride0
+    row = q_ptr + i64 * Q_STRIDE0
     best = tl.full([BLOCK], float("-inf"), q_ptr.dtype.element_ty)
     best_a = tl.full([BLOCK], A, tl.int32)
     for a0 in range(0, A, BLOCK_A):
         cols = a0 + tl.arange(0, BLOCK_A)
         cm = m[:, None] & (cols < A)[None, :]
-        v = tl.load(row[:, None] + cols[None, :].to(tl.int64) * q_stride1, mask=cm, other=float("-inf"))
+        v = tl.load(row[:, None] + cols[None, :].to(tl.int64) * Q_STRIDE1, mask=cm, other=float("-inf"))
         top, pick = tile_argmax(v, cols, cm, A)
         best, best_a = argmax_combine(best, best_a, top, pick)  # an earlier tile's columns are smaller
+    # ---- ε after the loads (computed first, its IEEE division held the loads back: 0.2-0.3 µs)
+    eps = _linear_epsilon(step, start, end, duration)
     action = _explore_or_greedy(eps, u_explore, u_action, best_a.to(tl.int64), A, RANDOM_BITS)
     tl.store(out_ptr + i64, action, mask=m)
 
@@ -113,10 +130,14 @@ def _epsilon_greedy_op(q: Tensor, step: Tensor, start: Tensor, end: Tensor, dura
     n, num_actions = q.shape
     out = torch.empty(n, device=q.device, dtype=torch.int64)
     if n:
+        groups = start.shape[0]
+        envs_per_group = n // groups
         wrap_triton(_epsilon_greedy_kernel)[(triton.cdiv(n, BLOCK),)](
-            q, step, start, end, duration, u, out, n, num_actions, n // start.shape[0], q.stride(0), q.stride(1),
-            ONE_GROUP=start.shape[0] == 1, BLOCK=BLOCK, BLOCK_A=min(triton.next_power_of_2(num_actions), MAX_BLOCK_A),
-            RANDOM_BITS=RANDOM_BITS, num_warps=NUM_WARPS,
+            q, step, start, end, duration, u, out, n, A=num_actions, ENVS_PER_GROUP=envs_per_group,
+            Q_STRIDE0=q.stride(0), Q_STRIDE1=q.stride(1), ONE_GROUP=groups == 1,
+            ONE_GROUP_PER_PROGRAM=envs_per_group % BLOCK == 0, EVEN=n % BLOCK == 0, BLOCK=BLOCK,
+            BLOCK_A=min(triton.next_power_of_2(num_actions), MAX_BLOCK_A), RANDOM_BITS=RANDOM_BITS,
+            num_warps=NUM_WARPS,
             enable_fp_fusion=False,  # no FMA contraction: the schedule's roundings are the reference's
         )
     return out

@@ -1,6 +1,7 @@
 """epsilon_greedy: Triton kernel (interpreter) vs torch reference on odd shapes, ties and NaN in q
 (within one column tile and across tiles),
-ε = 0 and 1, a schedule mid-way and past its end, G > 1 groups, A = 1; the random actions equal
+ε = 0 and 1, a schedule mid-way and past its end, G > 1 groups (per-env and per-program schedule
+rows), A = 1; the random actions equal
 MemberRandom's randint draws; argument checks; linear_value (LinearSchedule and the reference's
 ε); on the GPU the compiled kernel, captured."""
 import pytest
@@ -32,7 +33,12 @@ def _both(q, step, start, end, duration, u, backend="triton"):
     return k, r
 
 
-@pytest.mark.parametrize("n,a,groups", [(1, 1, 1), (37, 5, 1), (130, 45, 1), (129, 3, 3), (260, 7, 4)])
+# one group; groups of N // G envs not a multiple of the kernel's BLOCK (8: per-env schedule rows),
+# and a multiple (one group per program); N a multiple of BLOCK (no row mask) or not
+SHAPES = [(1, 1, 1), (37, 5, 1), (130, 45, 1), (256, 45, 1), (129, 3, 3), (260, 7, 4), (96, 5, 3), (120, 9, 15)]
+
+
+@pytest.mark.parametrize("n,a,groups", SHAPES)
 @pytest.mark.parametrize("step", [0, 17, 10**9])
 def test_kernel_equals_reference(n, a, groups, step):
     q, start, end, duration, u = _case(n, a, groups, seed=n * 31 + a + step % 97)
