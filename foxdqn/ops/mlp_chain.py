@@ -142,6 +142,13 @@ def _mlp_forward_kernel(x_ptr, y_ptr, w1, b1, w2, b2, w3, b3, w4, b4, h1_ptr, h2
     :mod:`foxdqn.ops.mlp_chain_epsilon_greedy`)."""
     rows = tl.program_id(0).to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)
     ok = rows < B
+    if ACT:  # the schedule and the uniforms, loaded while the chain runs
+        step = tl.load(step_ptr).to(tl.float32)
+        start = tl.load(start_ptr)
+        end = tl.load(end_ptr)
+        duration = tl.load(duration_ptr)
+        u_explore = tl.load(u_ptr + rows, mask=ok, other=1.0)
+        u_action = tl.load(u_ptr + B + rows, mask=ok, other=0.0)
     z = _linear(_load_rows(x_ptr, rows, ok, D0, P0), w1, b1, D0, D1, P0, P1, PREC)
     if L > 1:
         h = _relu(z)
@@ -158,14 +165,11 @@ def _mlp_forward_kernel(x_ptr, y_ptr, w1, b1, w2, b2, w3, b3, w4, b4, h1_ptr, h2
         if SAVE:
             _store_rows(h3_ptr, h, rows, ok, D3, P3)
         z = _linear(h, w4, b4, D3, D4, P3, P4, PREC)
-    if ACT:
-        eps = _linear_epsilon(tl.load(step_ptr).to(tl.float32), tl.load(start_ptr), tl.load(end_ptr),
-                              tl.load(duration_ptr))
+    if ACT:  # the argmax, then ε (its division after every load, as in epsilon_greedy)
         cols = tl.arange(0, PL)
         _, greedy = tile_argmax(z, cols, (cols < DL)[None, :], DL)
-        action = _explore_or_greedy(eps, tl.load(u_ptr + rows, mask=ok, other=1.0),
-                                    tl.load(u_ptr + B + rows, mask=ok, other=0.0), greedy.to(tl.int64), DL,
-                                    RANDOM_BITS)
+        eps = _linear_epsilon(step, start, end, duration)
+        action = _explore_or_greedy(eps, u_explore, u_action, greedy.to(tl.int64), DL, RANDOM_BITS)
         tl.store(y_ptr + rows, action, mask=ok)
     else:
         _store_rows(y_ptr, z, rows, ok, DL, PL)
