@@ -22,7 +22,9 @@ docs/bench.md#start-up), so the ops are registered when ``torch.compile`` needs 
   :func:`compile_disabled` function. Call it once before ``torch.compile`` of code that calls a
   foxdqn op (it imports ``torch._inductor``). A foxdqn op met while compiling without it raises
   (with ``fullgraph=True`` that error stops the compile; without, Dynamo breaks the graph there
-  and runs the op eagerly). Eager calls after it still launch the kernels directly.
+  and runs the op eagerly). Eager calls after it still launch the kernels directly; a call on
+  traced (fake or functional) tensors, as AOTAutograd makes when it traces a registered op's
+  backward outside Dynamo, goes to the registered op.
 
 Ops with a derivative (:meth:`DeviceOp.register_autograd`) run eagerly, when an input requires
 grad, through one ``torch.autograd.Function`` with the same ``setup_context`` and ``backward``
@@ -75,7 +77,10 @@ class DeviceOp:
         self._setup_context, self._backward = setup_context, backward
 
     def __call__(self, *args, **kwargs):
-        if torch.compiler.is_compiling():
+        # AOTAutograd traces a registered op's backward outside Dynamo (is_compiling() is False
+        # there) on fake tensors, which only the registered op can take: a direct launch would
+        # read their data pointers
+        if torch.compiler.is_compiling() or (self._op is not None and _traced(args, kwargs)):
             if self._op is None:
                 raise RuntimeError(f"{self.qualname} is not registered with torch.library: {_HINT}")
             return self._op(*args, **kwargs)
@@ -102,6 +107,16 @@ class DeviceOp:
             op.register_autograd(self._backward, setup_context=self._setup_context)
         namespace, name = self.qualname.split("::")
         self._op = getattr(getattr(torch.ops, namespace), name)
+
+
+def _traced(args, kwargs) -> bool:
+    """Whether a tensor among the arguments (or in a list argument) is of a tensor subclass: the
+    fake and functional tensors of a trace (a plain tensor or ``nn.Parameter`` is not)."""
+    for a in (*args, *kwargs.values()):
+        for t in (a if isinstance(a, (list, tuple)) else (a,)):
+            if isinstance(t, torch.Tensor) and type(t) not in (torch.Tensor, torch.nn.Parameter):
+                return True
+    return False
 
 
 class _EagerAutograd(torch.autograd.Function):

@@ -143,6 +143,46 @@ def test_registered_ops_trace_with_torch_compile_and_match_eager():
     assert _FLAGS == [False, False] and _wrap_enabled()
 
 
+@device_op("foxdqn_test::halved", mutates_args=())
+def _halved(x: torch.Tensor) -> torch.Tensor:
+    _FLAGS.append(_wrap_enabled())  # False: a direct launch (eager); True: traced as the registered op
+    return x * 0.5
+
+
+@device_op("foxdqn_test::halved_backward", mutates_args=())
+def _halved_backward_op(grad: torch.Tensor) -> torch.Tensor:
+    _FLAGS.append(_wrap_enabled())
+    return grad * 0.5
+
+
+_halved.register_autograd(lambda ctx, grad: _halved_backward_op(grad), setup_context=lambda ctx, inputs, output: None)
+
+
+def test_backward_op_traced_by_aot_autograd_goes_to_the_registered_op():
+    """A registered op whose backward calls another op (quantile_huber_loss's pattern): AOTAutograd
+    traces that backward outside Dynamo on fake tensors, and the call must reach the registered op
+    (a direct launch of a Triton kernel would read the fake tensors' data pointers); eager calls
+    still launch directly."""
+    register_ops()
+    _FLAGS.clear()
+    x = torch.arange(4.0, requires_grad=True)
+    compiled = torch.compile(lambda x: _halved(x).sum(), backend="aot_eager", fullgraph=True)
+    compiled(x).backward()
+    assert torch.equal(x.grad, torch.full((4,), 0.5))
+    assert _FLAGS and all(_FLAGS), _FLAGS  # forward and backward traced through the registered ops
+    _FLAGS.clear()
+    _halved(torch.ones(2, requires_grad=True)).sum().backward()
+    assert _FLAGS == [False, False]
+    # what AOTAutograd hands the backward: fake tensors, outside Dynamo (torch 2.11's
+    # is_compiling() is False there; later versions hold it True through the whole compile)
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    _FLAGS.clear()
+    with FakeTensorMode():
+        out = _halved_backward_op(torch.ones(3))
+    assert type(out).__name__ == "FakeTensor" and _FLAGS == [True]
+
+
 @pytest.mark.gpu
 def test_gpu_training_iterations_and_capture_import_neither_dynamo_nor_inductor():
     """On CUDA the launches go through compiled kernels (``torch.library.wrap_triton`` of one would
