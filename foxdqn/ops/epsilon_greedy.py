@@ -111,14 +111,20 @@ def _epsilon_greedy_kernel(q_ptr, step_ptr, start_ptr, end_ptr, duration_ptr, u_
     u_action = tl.load(u_base + ENVS_PER_GROUP, mask=m, other=0.0)
     # ---- argmax over the row, first maximum, NaN largest (torch.argmax), BLOCK_A columns per tile
     row = q_ptr + i64 * Q_STRIDE0
-    best = tl.full([BLOCK], float("-inf"), q_ptr.dtype.element_ty)
-    best_a = tl.full([BLOCK], A, tl.int32)
-    for a0 in range(0, A, BLOCK_A):
-        cols = a0 + tl.arange(0, BLOCK_A)
+    if A <= BLOCK_A:  # one tile: its pick is the row's (no running combine)
+        cols = tl.arange(0, BLOCK_A)
         cm = m[:, None] & (cols < A)[None, :]
         v = tl.load(row[:, None] + cols[None, :].to(tl.int64) * Q_STRIDE1, mask=cm, other=float("-inf"))
-        top, pick = tile_argmax(v, cols, cm, A)
-        best, best_a = argmax_combine(best, best_a, top, pick)  # an earlier tile's columns are smaller
+        _, best_a = tile_argmax(v, cols, cm, A)
+    else:
+        best = tl.full([BLOCK], float("-inf"), q_ptr.dtype.element_ty)
+        best_a = tl.full([BLOCK], A, tl.int32)
+        for a0 in range(0, A, BLOCK_A):
+            cols = a0 + tl.arange(0, BLOCK_A)
+            cm = m[:, None] & (cols < A)[None, :]
+            v = tl.load(row[:, None] + cols[None, :].to(tl.int64) * Q_STRIDE1, mask=cm, other=float("-inf"))
+            top, pick = tile_argmax(v, cols, cm, A)
+            best, best_a = argmax_combine(best, best_a, top, pick)  # an earlier tile's columns are smaller
     # ---- ε after the loads (computed first, its IEEE division held the loads back: 0.2-0.3 µs)
     eps = _linear_epsilon(step, start, end, duration)
     action = _explore_or_greedy(eps, u_explore, u_action, best_a.to(tl.int64), A, RANDOM_BITS)
