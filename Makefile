@@ -6,6 +6,8 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 TORCH_VERSION ?= 2.13.0
 ARGS ?=
+# test workers (pytest-xdist; each test file stays in one worker): one per core by default
+TEST_WORKERS ?= auto
 
 .PHONY: venv train test test-gpu bench sweep report clean
 
@@ -24,7 +26,7 @@ train: venv
 	$(PY) -m foxdqn.train $(ARGS)
 
 test: venv
-	$(PY) -m pytest -q -m "not gpu" $(ARGS)
+	$(PY) -m pytest -q -m "not gpu" -n $(TEST_WORKERS) --dist loadfile $(ARGS)
 
 test-gpu: venv
 	$(PY) -m pytest -q -m gpu $(ARGS)

@@ -4,6 +4,9 @@ Without CUDA, TRITON_INTERPRET=1 is set before any Triton kernel module is impor
 at ``@triton.jit`` time) so that kernels run on CPU tensors in Triton's interpreter. With CUDA the
 kernels compile for the GPU; tests marked ``gpu`` run only there.
 
+Under pytest-xdist (``make test``: one worker per core) each worker runs torch on one thread, so
+that the workers do not oversubscribe the cores.
+
 This folder goes on ``sys.path`` so that every test file imports the shared helpers of
 ``tests/support.py`` with ``from support import ...``.
 """
@@ -16,6 +19,8 @@ import torch
 
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
+if os.environ.get("PYTEST_XDIST_WORKER"):  # `make test` runs one worker per core (pytest-xdist)
+    torch.set_num_threads(1)
 
 _TESTS = str(Path(__file__).parent)
 if _TESTS not in sys.path:
