@@ -22,15 +22,16 @@ drew ``torch.rand(N)`` then ``torch.randint(0, A, (N,))`` (a different random st
 reference, :func:`epsilon_greedy_reference`, defines the semantics both backends follow).
 
 The greedy action is the first index of the row's maximum, NaN counting as larger than any
-number (torch.argmax's rule): the kernel reads the row in tiles of ``BLOCK_A`` columns (one tile
-for A <= ``MAX_BLOCK_A``) and reduces each tile, then the running pick with the tile's, in one
-pass of (value, column) pairs whose combine keeps the first NaN, else the larger value, ties to
-the smaller column. The schedule is evaluated with the reference's float32 roundings (IEEE
-``div_rn``, launched with ``enable_fp_fusion=False``: no multiply-add contraction), so kernel and
-reference give the same actions bit for bit. The kernel issues every load (schedule, uniforms, Q)
-before it evaluates the schedule, and is compiled per shape: A, N // G and Q's strides are
-constexpr, N a multiple of BLOCK drops the row mask, and when a program's envs lie in one group
-(N // G a multiple of BLOCK) its schedule is one scalar load and division.
+number (torch.argmax's rule): the kernel reads the row in tiles of ``BLOCK_A`` columns and reduces
+each tile in one pass of (value, column) pairs whose combine keeps the first NaN, else the larger
+value, ties to the smaller column; one tile (A <= ``MAX_BLOCK_A``) gives the row's pick, more
+tiles combine their picks in order. The schedule is evaluated with the reference's float32
+roundings (IEEE ``div_rn``, launched with ``enable_fp_fusion=False``: no multiply-add
+contraction), so kernel and reference give the same actions bit for bit. The kernel issues every
+load (schedule, uniforms, Q) before it evaluates the schedule, and is compiled per shape: A, Q's
+strides and, for G > 1, N // G are constexpr (one group compiles once for any N); N a multiple of
+BLOCK drops the row mask, and when a program's envs lie in one group (N // G a multiple of BLOCK)
+its schedule is one scalar load and division.
 
 Population: ``start``, ``end``, ``duration`` have one row per group (``G = P`` members of
 ``N // P`` envs each, ``G = 1`` for one run); one launch serves both.
@@ -51,7 +52,8 @@ from foxdqn.step.schedules import linear_value
 BLOCK = 8  # envs per program (H200 sweeps of 8..128 envs, 1..4 warps, 16 or 64 columns per tile, in-graph:
 #           8 envs and 4 warps among the fastest, 2.6-3.1 µs at 4,096 envs and at 64 x 32; every combination
 #           1.6-1.7 µs at 10 envs; 128 envs of 45 actions in one tile spilled. With the loads first and the
-#           shapes constexpr: 4 to 16 envs, 2 or 4 warps within 0.1 µs of each other, bench/results
+#           shapes constexpr: 8 envs and 4 warps still the choice, among the fastest at 10 and 4,096 envs and
+#           0.3-0.4 µs ahead of 16 x 4 and 8 x 2 at 64 x 32, bench/results
 #           2026-12-02_NVIDIA-H200_epsilon-greedy-variants.txt)
 NUM_WARPS = 4  # warps per program
 MAX_BLOCK_A = 64  # Q-value columns per tile of the argmax
@@ -77,6 +79,21 @@ def _explore_or_greedy(eps, u_explore, u_action, greedy, A, RANDOM_BITS: tl.cons
 
 
 @triton.jit
+def _schedule_row(step_ptr, start_ptr, end_ptr, duration_ptr, g):
+    """The step counter as float32 and group ``g``'s (start, end, duration): scalar loads."""
+    return tl.load(step_ptr).to(tl.float32), tl.load(start_ptr + g), tl.load(end_ptr + g), tl.load(duration_ptr + g)
+
+
+@triton.jit
+def _act(greedy, step, start, end, duration, u_explore, u_action, A, RANDOM_BITS: tl.constexpr):
+    """The ε-greedy action (int64) from the greedy one and the loaded schedule and uniforms: ε is
+    evaluated here, after the caller's loads (evaluated before them, its IEEE division held the
+    loads back: 0.2-0.3 µs on the H200), then the explore test picks the random action or ``greedy``."""
+    eps = _linear_epsilon(step, start, end, duration)
+    return _explore_or_greedy(eps, u_explore, u_action, greedy.to(tl.int64), A, RANDOM_BITS)
+
+
+@triton.jit
 def _epsilon_greedy_kernel(q_ptr, step_ptr, start_ptr, end_ptr, duration_ptr, u_ptr, out_ptr, N,
                            A: tl.constexpr, ENVS_PER_GROUP: tl.constexpr, Q_STRIDE0: tl.constexpr,
                            Q_STRIDE1: tl.constexpr, ONE_GROUP: tl.constexpr, ONE_GROUP_PER_PROGRAM: tl.constexpr,
@@ -89,26 +106,24 @@ def _epsilon_greedy_kernel(q_ptr, step_ptr, start_ptr, end_ptr, duration_ptr, u_
         m = i < N
     i64 = i.to(tl.int64)
     # ---- every load first: the schedule, the pre-drawn uniforms (explore test, random action), Q
-    step = tl.load(step_ptr).to(tl.float32)
     if ONE_GROUP:
-        start = tl.load(start_ptr)
-        end = tl.load(end_ptr)
-        duration = tl.load(duration_ptr)
+        step, start, end, duration = _schedule_row(step_ptr, start_ptr, end_ptr, duration_ptr, 0)
         u_base = u_ptr + i64
-    elif ONE_GROUP_PER_PROGRAM:  # the program's envs all in group g: scalar loads and one division
-        g = (tl.program_id(0) * BLOCK) // ENVS_PER_GROUP
-        start = tl.load(start_ptr + g)
-        end = tl.load(end_ptr + g)
-        duration = tl.load(duration_ptr + g)
-        u_base = u_ptr + g.to(tl.int64) * (2 * ENVS_PER_GROUP) + (i - g * ENVS_PER_GROUP)
+        u_next = N  # u [1, 2, N]: the random actions' uniforms follow the N explore tests
     else:
-        g = i // ENVS_PER_GROUP  # int32 division, as i
-        start = tl.load(start_ptr + g, mask=m, other=0.0)
-        end = tl.load(end_ptr + g, mask=m, other=0.0)
-        duration = tl.load(duration_ptr + g, mask=m, other=1.0)
+        if ONE_GROUP_PER_PROGRAM:  # the program's envs all in group g: scalar loads and one division
+            g = (tl.program_id(0) * BLOCK) // ENVS_PER_GROUP
+            step, start, end, duration = _schedule_row(step_ptr, start_ptr, end_ptr, duration_ptr, g)
+        else:
+            g = i // ENVS_PER_GROUP  # int32 division, as i
+            step = tl.load(step_ptr).to(tl.float32)
+            start = tl.load(start_ptr + g, mask=m, other=0.0)
+            end = tl.load(end_ptr + g, mask=m, other=0.0)
+            duration = tl.load(duration_ptr + g, mask=m, other=1.0)
         u_base = u_ptr + g.to(tl.int64) * (2 * ENVS_PER_GROUP) + (i - g * ENVS_PER_GROUP)
+        u_next = ENVS_PER_GROUP
     u_explore = tl.load(u_base, mask=m, other=1.0)
-    u_action = tl.load(u_base + ENVS_PER_GROUP, mask=m, other=0.0)
+    u_action = tl.load(u_base + u_next, mask=m, other=0.0)
     # ---- argmax over the row, first maximum, NaN largest (torch.argmax), BLOCK_A columns per tile
     row = q_ptr + i64 * Q_STRIDE0
     if A <= BLOCK_A:  # one tile: its pick is the row's (no running combine)
@@ -125,10 +140,7 @@ def _epsilon_greedy_kernel(q_ptr, step_ptr, start_ptr, end_ptr, duration_ptr, u_
             v = tl.load(row[:, None] + cols[None, :].to(tl.int64) * Q_STRIDE1, mask=cm, other=float("-inf"))
             top, pick = tile_argmax(v, cols, cm, A)
             best, best_a = argmax_combine(best, best_a, top, pick)  # an earlier tile's columns are smaller
-    # ---- ε after the loads (computed first, its IEEE division held the loads back: 0.2-0.3 µs)
-    eps = _linear_epsilon(step, start, end, duration)
-    action = _explore_or_greedy(eps, u_explore, u_action, best_a.to(tl.int64), A, RANDOM_BITS)
-    tl.store(out_ptr + i64, action, mask=m)
+    tl.store(out_ptr + i64, _act(best_a, step, start, end, duration, u_explore, u_action, A, RANDOM_BITS), mask=m)
 
 
 @device_op("foxdqn::epsilon_greedy", mutates_args=())
@@ -137,11 +149,11 @@ def _epsilon_greedy_op(q: Tensor, step: Tensor, start: Tensor, end: Tensor, dura
     out = torch.empty(n, device=q.device, dtype=torch.int64)
     if n:
         groups = start.shape[0]
-        envs_per_group = n // groups
+        envs_per_group = n // groups if groups > 1 else 0  # constexpr: one group compiles once for any N
         wrap_triton(_epsilon_greedy_kernel)[(triton.cdiv(n, BLOCK),)](
             q, step, start, end, duration, u, out, n, A=num_actions, ENVS_PER_GROUP=envs_per_group,
             Q_STRIDE0=q.stride(0), Q_STRIDE1=q.stride(1), ONE_GROUP=groups == 1,
-            ONE_GROUP_PER_PROGRAM=envs_per_group % BLOCK == 0, EVEN=n % BLOCK == 0, BLOCK=BLOCK,
+            ONE_GROUP_PER_PROGRAM=groups > 1 and envs_per_group % BLOCK == 0, EVEN=n % BLOCK == 0, BLOCK=BLOCK,
             BLOCK_A=min(triton.next_power_of_2(num_actions), MAX_BLOCK_A), RANDOM_BITS=RANDOM_BITS,
             num_warps=NUM_WARPS,
             enable_fp_fusion=False,  # no FMA contraction: the schedule's roundings are the reference's

@@ -80,7 +80,7 @@ class DeviceOp:
         # AOTAutograd traces a registered op's backward outside Dynamo (is_compiling() is False
         # there) on fake tensors, which only the registered op can take: a direct launch would
         # read their data pointers
-        if torch.compiler.is_compiling() or (self._op is not None and _traced(args, kwargs)):
+        if torch.compiler.is_compiling() or _traced(args, kwargs):
             if self._op is None:
                 raise RuntimeError(f"{self.qualname} is not registered with torch.library: {_HINT}")
             return self._op(*args, **kwargs)
@@ -111,7 +111,9 @@ class DeviceOp:
 
 def _traced(args, kwargs) -> bool:
     """Whether a tensor among the arguments (or in a list argument) is of a tensor subclass: the
-    fake and functional tensors of a trace (a plain tensor or ``nn.Parameter`` is not)."""
+    fake and functional tensors of a trace (a plain tensor or ``nn.Parameter`` is not). Any other
+    subclass (a user's, DTensor) also goes to the registered op, which takes it; unregistered, the
+    call raises the ``register_ops()`` hint, as under Dynamo."""
     for a in (*args, *kwargs.values()):
         for t in (a if isinstance(a, (list, tuple)) else (a,)):
             if isinstance(t, torch.Tensor) and type(t) not in (torch.Tensor, torch.nn.Parameter):

@@ -46,9 +46,9 @@ MASK32 = 0xFFFFFFFF
 RANDINT_MAX_HIGH = 1 << 24  # U has 24 bits: larger ranges would leave values undrawable
 BLOCK = 256  # draws per program (H200 sweep of 128..1,024 and 1..4 warps: all within 0.3 µs of each other;
 #              fewer draws per member than BLOCK: one grid axis over all members' draws, 128 members
-#              of 20 draws 1.56 µs against 1.72 on the two-axis grid, 64 of 64 1.61 against 1.60)
+#              of 20 draws 1.56 µs against 1.72 on the two-axis grid; 64 of 64 no faster, 1.61 against 1.60)
 NUM_WARPS = 4  # warps per program
-MAX_MEMBERS = 65535  # the members are grid axis 1 (CUDA's limit); the blocks of n axis 0
+MAX_MEMBERS = 65535  # the members are grid axis 1 (CUDA's limit) when n >= BLOCK; the blocks of n axis 0
 
 
 # ---------------------------------------------------------------------------------------------

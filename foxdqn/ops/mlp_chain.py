@@ -17,7 +17,10 @@ Kernels (Triton):
   whole chain in registers with ``tl.dot`` (every width padded to a power of two >= 16, masked
   loads; padded columns stay exactly 0 through the chain), writes y and, when a gradient will be
   needed, the post-ReLU activations h_1 .. h_{n-1} (float32 [B, D_i], allocated per call like any
-  autograd saved tensor: inside a CUDA-graph capture they come from the graph's pool);
+  autograd saved tensor: inside a CUDA-graph capture they come from the graph's pool), or, launched
+  with its action epilogue, each row's ε-greedy action in place of y
+  (:mod:`foxdqn.ops.mlp_chain_epsilon_greedy`); compiled without multiply-add contraction
+  (``enable_fp_fusion=False``) either way, so that both launches compute the same Q;
 * backward 1, the same row grid: dz_{n-1} .. dz_1 from dy, the saved h_i and the weights;
 * backward 2, one program per (layer, tile of ``BLOCK_N`` output units): dW_i and db_i of its
   units, looping over the row blocks in a fixed order, so every call gives the same bits (no
@@ -65,7 +68,7 @@ from torch import Tensor
 
 from foxdqn.ops.argmax import tile_argmax
 from foxdqn.ops.backend import describe, resolve_backend
-from foxdqn.ops.epsilon_greedy import RANDOM_BITS, _explore_or_greedy, _linear_epsilon
+from foxdqn.ops.epsilon_greedy import RANDOM_BITS, _act, _schedule_row
 
 __all__ = ["MAX_LAYERS", "MAX_WIDTH", "launch_forward", "mlp_chain", "mlp_chain_reference", "mlp_chain_supported", "tf32_enabled"]
 
@@ -143,10 +146,7 @@ def _mlp_forward_kernel(x_ptr, y_ptr, w1, b1, w2, b2, w3, b3, w4, b4, h1_ptr, h2
     rows = tl.program_id(0).to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)
     ok = rows < B
     if ACT:  # the schedule and the uniforms, loaded while the chain runs
-        step = tl.load(step_ptr).to(tl.float32)
-        start = tl.load(start_ptr)
-        end = tl.load(end_ptr)
-        duration = tl.load(duration_ptr)
+        step, start, end, duration = _schedule_row(step_ptr, start_ptr, end_ptr, duration_ptr, 0)
         u_explore = tl.load(u_ptr + rows, mask=ok, other=1.0)
         u_action = tl.load(u_ptr + B + rows, mask=ok, other=0.0)
     z = _linear(_load_rows(x_ptr, rows, ok, D0, P0), w1, b1, D0, D1, P0, P1, PREC)
@@ -165,12 +165,11 @@ def _mlp_forward_kernel(x_ptr, y_ptr, w1, b1, w2, b2, w3, b3, w4, b4, h1_ptr, h2
         if SAVE:
             _store_rows(h3_ptr, h, rows, ok, D3, P3)
         z = _linear(h, w4, b4, D3, D4, P3, P4, PREC)
-    if ACT:  # the argmax, then ε (its division after every load, as in epsilon_greedy)
+    if ACT:
         cols = tl.arange(0, PL)
         _, greedy = tile_argmax(z, cols, (cols < DL)[None, :], DL)
-        eps = _linear_epsilon(step, start, end, duration)
-        action = _explore_or_greedy(eps, u_explore, u_action, greedy.to(tl.int64), DL, RANDOM_BITS)
-        tl.store(y_ptr + rows, action, mask=ok)
+        tl.store(y_ptr + rows, _act(greedy, step, start, end, duration, u_explore, u_action, DL, RANDOM_BITS),
+                 mask=ok)
     else:
         _store_rows(y_ptr, z, rows, ok, DL, PL)
 
@@ -312,11 +311,11 @@ def launch_forward(x: Tensor, weights: Sequence[Tensor], biases: Sequence[Tensor
     wb = zip(_fill(weights, MAX_LAYERS, weights[0]), _fill(biases, MAX_LAYERS, biases[0]))
     act = schedule if schedule is not None else (out,) * 5  # unused pointers without the ε-greedy epilogue
     block_m = _block_m(rows)
-    extra = {} if schedule is None else {"enable_fp_fusion": False}  # the ε schedule's roundings (epsilon_greedy)
     _mlp_forward_kernel[(triton.cdiv(rows, block_m),)](
         x, out, *(t for pair in wb for t in pair), *_fill(list(hs), MAX_LAYERS - 1, out), *act, rows,
         **_layout(dims), BLOCK_M=block_m, SAVE=bool(hs), PREC=prec, ACT=schedule is not None,
-        RANDOM_BITS=RANDOM_BITS, num_warps=NUM_WARPS, **extra)
+        RANDOM_BITS=RANDOM_BITS, num_warps=NUM_WARPS,
+        enable_fp_fusion=False)  # both launches: the ε schedule's roundings, and Q the same bits in both
 
 
 def _backward(x: Tensor, weights: Sequence[Tensor], hs: Sequence[Tensor], dy: Tensor, prec: str):

@@ -11,9 +11,9 @@ else the first index of the row's maximum (NaN largest, torch.argmax's rule). Wa
 ε-greedy with the linear ε decay of Mnih et al. 2015; the plain Q head of Mnih et al. 2015.
 
 Equal to ``epsilon_greedy(mlp_chain(...))``: the kernel is mlp_chain's forward, launched with its
-action epilogue (without multiply-add contraction, as epsilon_greedy is launched; the forward's
-float work is ``tl.dot`` and additions, which contraction does not touch), and the epilogue is
-epsilon_greedy's (shared ``@triton.jit`` helpers: schedule, explore test, random action, argmax).
+action epilogue (the same code computes Q, compiled without multiply-add contraction in both
+launches, as epsilon_greedy is), and the epilogue is epsilon_greedy's (shared ``@triton.jit``
+helpers: schedule, explore test, random action, argmax).
 Against the plain-torch reference (:func:`mlp_chain_epsilon_greedy_reference`) the actions agree
 wherever the reference's Q and the kernel's have the same argmax: they differ by float rounding
 (:mod:`foxdqn.ops.mlp_chain`: TF32, summation order), so a near tie can pick another action.

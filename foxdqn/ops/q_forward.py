@@ -94,7 +94,7 @@ from triton.runtime.errors import OutOfResources
 
 from foxdqn.ops.backend import INTERPRET, describe, resolve_backend
 from foxdqn.ops.argmax import tile_argmax
-from foxdqn.ops.epsilon_greedy import RANDOM_BITS, _explore_or_greedy, _linear_epsilon
+from foxdqn.ops.epsilon_greedy import RANDOM_BITS, _act, _schedule_row
 from foxdqn.ops.library import device_op, wrap_triton
 from foxdqn.ops.mlp_chain import _pad, _prec, _relu, _tf32, tf32_enabled
 
@@ -202,13 +202,12 @@ def _q_forward_kernel(x_ptr, q_ptr, M,
         mean = tl.sum(tl.where(a_ok[None, :], out, 0.0), axis=1) / A  # over the A real actions
         out = (value[:, None] + out) - mean[:, None]
     if ACT:
-        eps = _linear_epsilon(tl.load(step_ptr).to(tl.float32), tl.load(start_ptr + p), tl.load(end_ptr + p),
-                              tl.load(duration_ptr + p))
+        step, start, end, duration = _schedule_row(step_ptr, start_ptr, end_ptr, duration_ptr, p)
         u_row = u_ptr + p * (2 * M) + rows
+        u_explore = tl.load(u_row, mask=ok, other=1.0)
+        u_action = tl.load(u_row + M, mask=ok, other=0.0)
         _, greedy = tile_argmax(out, a, a_ok[None, :], A)
-        action = _explore_or_greedy(eps, tl.load(u_row, mask=ok, other=1.0), tl.load(u_row + M, mask=ok, other=0.0),
-                                    greedy.to(tl.int64), A, RANDOM_BITS)
-        tl.store(q_ptr + row0, action, mask=ok)
+        tl.store(q_ptr + row0, _act(greedy, step, start, end, duration, u_explore, u_action, A, RANDOM_BITS), mask=ok)
     else:
         tl.store(q_ptr + row0[:, None] * A + a[None, :], out, mask=ok[:, None] & a_ok[None, :])
 

@@ -53,7 +53,7 @@ import triton
 import triton.language as tl
 
 from foxdqn.errors import ConfigError
-from foxdqn.ops.backend import INTERPRET, resolve_backend
+from foxdqn.ops.backend import resolve_backend
 from foxdqn.ops.library import device_op, wrap_triton
 
 _CUDA_TILE = 2048  # elements of the [BLOCK_B, BLOCK_I, BLOCK_J] pairwise tile (default 4 warps)

@@ -162,7 +162,9 @@ def test_backward_op_traced_by_aot_autograd_goes_to_the_registered_op():
     """A registered op whose backward calls another op (quantile_huber_loss's pattern): AOTAutograd
     traces that backward outside Dynamo on fake tensors, and the call must reach the registered op
     (a direct launch of a Triton kernel would read the fake tensors' data pointers); eager calls
-    still launch directly."""
+    still launch directly. On torch >= 2.12 the aot_eager half passes without the routing too
+    (is_compiling() stays True through the compile); the FakeTensorMode half guards it on any
+    version. Unregistered, a call on fake tensors raises the register_ops() hint."""
     register_ops()
     _FLAGS.clear()
     x = torch.arange(4.0, requires_grad=True)
@@ -181,6 +183,14 @@ def test_backward_op_traced_by_aot_autograd_goes_to_the_registered_op():
     with FakeTensorMode():
         out = _halved_backward_op(torch.ones(3))
     assert type(out).__name__ == "FakeTensor" and _FLAGS == [True]
+    import foxdqn.ops.library as library
+
+    unregistered = DeviceOp("foxdqn_test::never_registered", lambda x: x * 2, mutates_args=())
+    try:
+        with FakeTensorMode(), pytest.raises(RuntimeError, match=r"register_ops\(\)"):
+            unregistered(torch.ones(2))
+    finally:
+        library._OPS.remove(unregistered)  # a later register_ops() must not meet it
 
 
 @pytest.mark.gpu

@@ -411,7 +411,8 @@ def test_cartpole_cleanrl_updates_fused_equal_modules(monkeypatch):
     acc, params = run("triton")
     assert set(calls) == {32, 64}  # target on s' (batch 32), online on [s; s'] (64)
     assert set(acts) == {8}  # collect (8 envs)
-    calls.clear(), acts.clear()
+    calls.clear()
+    acts.clear()
     acc_ref, params_ref = run("torch")
     assert not calls and not acts
     torch.testing.assert_close(acc, acc_ref, rtol=1e-5, atol=1e-6)

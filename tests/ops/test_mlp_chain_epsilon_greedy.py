@@ -74,9 +74,11 @@ def test_equals_epsilon_greedy_of_mlp_chain(rows, dims):
     assert got.dtype == torch.int64 and got.shape == (rows,)
     assert torch.equal(got, want)
     assert ((got >= 0) & (got < dims[-1])).all()
-    explored = sched[4][0, 0] < 0.46
-    if rows >= 37:  # both branches taken
-        assert 0 < explored.sum() < rows
+    explored = sched[4][0, 0] < 0.46  # ε at step 60: 1 - 0.9 · 0.6
+    assert torch.equal(got[explored], randint_from_uniform(sched[4][0, 1], dims[-1])[explored])
+    if rows >= 37 and dims[-1] > 1:  # both branches taken, and an explored row off the greedy action
+        greedy = mlp_chain(x, ws, bs, backend="triton").argmax(dim=1)
+        assert 0 < explored.sum() < rows and (got[explored] != greedy[explored]).any()
 
 
 def test_epsilon_extremes():
@@ -180,6 +182,7 @@ def test_act_takes_the_fused_op_for_a_plain_head(calls):
     with torch.no_grad():
         got = act(net, obs, *sched)
         assert len(calls) == 1
+        assert torch.equal(got, _two_ops(obs, *net.fused_chain(obs), sched))  # the same Q, the same actions
         q = net.head(net.encoder(obs))
         want = epsilon_greedy(q, *sched, backend="torch")
         top2 = q.topk(2, dim=1).values
