@@ -70,7 +70,8 @@ from foxdqn.ops.argmax import tile_argmax
 from foxdqn.ops.backend import describe, resolve_backend
 from foxdqn.ops.epsilon_greedy import RANDOM_BITS, _act, _schedule_row
 
-__all__ = ["MAX_LAYERS", "MAX_WIDTH", "launch_forward", "mlp_chain", "mlp_chain_reference", "mlp_chain_supported", "tf32_enabled"]
+__all__ = ["MAX_LAYERS", "MAX_WIDTH", "launch_forward", "mlp_chain", "mlp_chain_reference", "mlp_chain_supported",
+           "tf32_enabled"]
 
 MAX_LAYERS = 4  # Linear layers of one chain
 MAX_WIDTH = 128  # largest D_i: a [BLOCK_M, 128] activation tile and a [128, 128] weight tile per program
