@@ -151,6 +151,18 @@ def capture_graph(fn, warmup: int = 3, generators=()):
     return graph, out
 
 
+def assert_replay_equals_eager(fn, change) -> None:
+    """Capture ``fn`` (:func:`capture_graph`), then, without a host sync (:func:`no_host_sync`),
+    change its inputs in place (``change()``), replay the graph and call ``fn`` eagerly: the
+    replay's output must equal the eager one bit for bit."""
+    graph, out = capture_graph(fn)
+    with no_host_sync():
+        change()
+        graph.replay()
+        eager = fn()
+    assert torch.equal(out, eager)
+
+
 def capture_env_step(env, action, warmup_actions=None):
     """Warm up on a side stream (sync debug mode on), then capture one ``env.step(action)``.
 

@@ -24,8 +24,8 @@ reference, :func:`epsilon_greedy_reference`, defines the semantics both backends
 The greedy action is the first index of the row's maximum, NaN counting as larger than any
 number (torch.argmax's rule): the kernel reads the row in tiles of ``BLOCK_A`` columns and reduces
 each tile in one pass of (value, column) pairs whose combine keeps the first NaN, else the larger
-value, ties to the smaller column; one tile (A <= ``MAX_BLOCK_A``) gives the row's pick, more
-tiles combine their picks in order. The schedule is evaluated with the reference's float32
+value, ties to the smaller column, then the running pick with the tile's (one tile for
+A <= ``MAX_BLOCK_A``). The schedule is evaluated with the reference's float32
 roundings (IEEE ``div_rn``, launched with ``enable_fp_fusion=False``: no multiply-add
 contraction), so kernel and reference give the same actions bit for bit. The kernel issues every
 load (schedule, uniforms, Q) before it evaluates the schedule, and is compiled per shape: A, Q's
@@ -126,20 +126,14 @@ def _epsilon_greedy_kernel(q_ptr, step_ptr, start_ptr, end_ptr, duration_ptr, u_
     u_action = tl.load(u_base + u_next, mask=m, other=0.0)
     # ---- argmax over the row, first maximum, NaN largest (torch.argmax), BLOCK_A columns per tile
     row = q_ptr + i64 * Q_STRIDE0
-    if A <= BLOCK_A:  # one tile: its pick is the row's (no running combine)
-        cols = tl.arange(0, BLOCK_A)
+    best = tl.full([BLOCK], float("-inf"), q_ptr.dtype.element_ty)
+    best_a = tl.full([BLOCK], A, tl.int32)
+    for a0 in range(0, A, BLOCK_A):
+        cols = a0 + tl.arange(0, BLOCK_A)
         cm = m[:, None] & (cols < A)[None, :]
         v = tl.load(row[:, None] + cols[None, :].to(tl.int64) * Q_STRIDE1, mask=cm, other=float("-inf"))
-        _, best_a = tile_argmax(v, cols, cm, A)
-    else:
-        best = tl.full([BLOCK], float("-inf"), q_ptr.dtype.element_ty)
-        best_a = tl.full([BLOCK], A, tl.int32)
-        for a0 in range(0, A, BLOCK_A):
-            cols = a0 + tl.arange(0, BLOCK_A)
-            cm = m[:, None] & (cols < A)[None, :]
-            v = tl.load(row[:, None] + cols[None, :].to(tl.int64) * Q_STRIDE1, mask=cm, other=float("-inf"))
-            top, pick = tile_argmax(v, cols, cm, A)
-            best, best_a = argmax_combine(best, best_a, top, pick)  # an earlier tile's columns are smaller
+        top, pick = tile_argmax(v, cols, cm, A)
+        best, best_a = argmax_combine(best, best_a, top, pick)  # an earlier tile's columns are smaller
     tl.store(out_ptr + i64, _act(best_a, step, start, end, duration, u_explore, u_action, A, RANDOM_BITS), mask=m)
 
 

@@ -364,9 +364,9 @@ class _MLPChain(torch.autograd.Function):
 # ---------------------------------------------------------------------------------------------
 # checks
 # ---------------------------------------------------------------------------------------------
-def _problem(x, weights, biases) -> str | None:
-    """Why (x, weights, biases) is outside :func:`mlp_chain`'s contract, or None."""
-    op = "mlp_chain"
+def _problem(x, weights, biases, op: str = "mlp_chain") -> str | None:
+    """Why (x, weights, biases) is outside :func:`mlp_chain`'s contract, or None; the message starts
+    with ``op`` (an op that takes mlp_chain's arguments names itself)."""
     if not isinstance(x, Tensor):
         return f"{op}: x must be a tensor, got {describe(x)}"
     if not isinstance(weights, (list, tuple)) or not isinstance(biases, (list, tuple)):

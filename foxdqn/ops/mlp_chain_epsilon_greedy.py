@@ -50,9 +50,9 @@ OP = "mlp_chain_epsilon_greedy"
 
 
 def _check_all(x, weights, biases, step, start, end, duration, u) -> None:
-    problem = _problem(x, weights, biases)
+    problem = _problem(x, weights, biases, OP)
     if problem is not None:
-        raise ValueError(problem.replace("mlp_chain:", f"{OP}:", 1))
+        raise ValueError(problem)
     if isinstance(start, Tensor) and start.dim() == 1 and start.shape[0] != 1:
         raise ValueError(f"{OP}: start, end and duration must hold one schedule (G = 1, one network), "
                          f"got G = {start.shape[0]}")

@@ -22,7 +22,7 @@ from foxdqn.ops.mlp_chain_epsilon_greedy import mlp_chain_epsilon_greedy, mlp_ch
 from foxdqn.step import act as act_mod
 from foxdqn.step.act import act
 
-from support import capture_graph, no_host_sync, require_compiled_kernels
+from support import assert_replay_equals_eager, require_compiled_kernels
 from test_mlp_chain import CARTPOLE, _case
 
 _need_compiled = require_compiled_kernels(INTERPRET)
@@ -230,14 +230,12 @@ def test_gpu_equals_two_ops_one_kernel_capture(matmul_precision, precision, rows
         with torch.no_grad():
             return _fused(x, ws, bs, sched, "auto")
 
-    graph, out = capture_graph(step)
-    with no_host_sync():
+    def change():
         x.mul_(-0.5)
         sched[0].add_(30)
         sched[4].copy_(sched[4].flip(2))
-        graph.replay()
-        eager = step()
-    assert torch.equal(out, eager)
+
+    assert_replay_equals_eager(step, change)
 
 
 @pytest.mark.gpu

@@ -24,7 +24,7 @@ from foxdqn.ops.q_forward_epsilon_greedy import q_forward_epsilon_greedy, q_forw
 from foxdqn.step import act as act_mod
 from foxdqn.step.act import act
 
-from support import capture_graph, no_host_sync, require_compiled_kernels
+from support import assert_replay_equals_eager, require_compiled_kernels
 from test_q_forward import EURUSD, _case
 
 _need_compiled = require_compiled_kernels(INTERPRET)
@@ -252,14 +252,12 @@ def test_gpu_equals_two_ops_one_kernel_capture(population):
         with torch.no_grad():
             return _fused(x, ws, bs, True, sched, "auto")
 
-    graph, out = capture_graph(step)
-    with no_host_sync():
+    def change():
         x.mul_(-0.5)
         sched[0].add_(40)
         sched[4].copy_(sched[4].flip(2))
-        graph.replay()
-        eager = step()
-    assert torch.equal(out, eager)
+
+    assert_replay_equals_eager(step, change)
 
 
 @pytest.mark.gpu
