@@ -388,6 +388,7 @@ class GuardConfig:
     ring_size: int = 64  # records in the pinned host ring (slot = update mod ring_size)
     max_weight: Optional[float] = None  # post-step check: a step whose weights would have some |w| above this
     #                                     (or non-finite) is skipped and halts the run (null or 0 = off)
+    keep_last_good: bool = True  # a halt saves the weights from before the last applied update (one copy of them)
 
     def validate(self) -> None:
         _all_positive(self, "guard", ("loss_clip", "q_divergence", "ring_size"))

@@ -61,6 +61,19 @@ class EarlyStopper:
         self.at_env_steps: int | None = None
         self.detail = ""
 
+    #: the attributes a checkpoint keeps (plain data; ``cfg`` comes from the run's config)
+    STATE = ("best", "best_env_steps", "bad_evals", "q_streak", "reason", "at_env_steps", "detail")
+
+    def state_dict(self) -> dict:
+        """The stopper's progress as plain data (numbers, strings, None), for a checkpoint."""
+        return {name: getattr(self, name) for name in self.STATE}
+
+    def load_state_dict(self, state: dict) -> None:
+        """Continue from :meth:`state_dict` ``state`` (keys it lacks keep their values)."""
+        for name in self.STATE:
+            if name in state:
+                setattr(self, name, state[name])
+
     # -- validation metric --------------------------------------------------------------------
     def update_val(self, env_steps: int, metrics: dict) -> bool:
         """Feed one validation evaluation (the dict of :func:`foxdqn.finish.evaluate_val`).

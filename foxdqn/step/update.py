@@ -106,6 +106,8 @@ def update_step(s: TrainState) -> None:
     if s.optim.weight_check is not None:
         s.optim.weight_check.run(clip)  # Adam's step on a copy: max |w| after it, for the guard
     skip = s.monitors.guard.check(loss, grad_norm.detach(), s.updates)
+    if s.optim.last_good is not None:
+        s.optim.last_good.keep(s.updates, skip)  # the weights this update starts from, unless it is skipped
     adam_update_(s.optim.optimizer, grad_scale=clip, skip=skip)
     if spike is not None:
         s.optim.lr.div_(spike)  # a power of two: lr is restored exactly
