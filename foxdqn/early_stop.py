@@ -51,7 +51,7 @@ class EarlyStopper:
 
     def __init__(self, cfg, env_name: str) -> None:
         self.cfg = cfg
-        self.metric = resolve_metric(cfg.metric, env_name)
+        self.metric = str(resolve_metric(cfg.metric, env_name))  # a plain str (checkpoints, summary.json)
         self.sign = -1.0 if self.metric in LOWER_IS_BETTER else 1.0
         self.best: float | None = None
         self.best_env_steps: int | None = None
