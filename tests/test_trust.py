@@ -243,15 +243,17 @@ def test_a_bar_priced_1e300_is_refused_naming_the_file_and_row(tmp_path):
         DataConfig(max_abs_log_return=-1.0).validate()
 
 
-def test_a_learning_rate_of_1e3_halts_with_the_initial_weights(tmp_path):
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+def test_a_learning_rate_of_1e3_halts_with_the_initial_weights(tmp_path, device):
     from foxdqn.compose import load_config
     from foxdqn.errors import HaltError
     from foxdqn.loop import train as train_run
     from foxdqn.step.state import build_state
     from foxdqn.train import market_data
 
-    cfg = load_config(["debug=smoke", "device=cpu", "optim.lr=1000", "log.progress=false", "logger=csv"])
-    initial = build_state(cfg, market_data(cfg), torch.device("cpu")).nets.online.state_dict()
+    cfg = load_config(["debug=smoke", f"device={device}", "optim.lr=1000", "log.progress=false", "logger=csv"])
+    initial = {k: v.cpu() for k, v in build_state(cfg, market_data(cfg), torch.device(device)).nets.online
+               .state_dict().items()}
     with pytest.raises(HaltError):
         train_run(cfg, market_data(cfg), tmp_path)
     saved = load_checkpoint(tmp_path / "checkpoints" / "last.pt")
