@@ -27,7 +27,8 @@ Algorithm (three kernels, all fixed-grid; four above :data:`_PREFIX_CHUNK` block
    cancel).
 
 Chunked (more than ``_PREFIX_CHUNK`` blocks, e.g. above 4M slots at block 1024): the one-program
-prefix would walk every block in turn (about 650 µs at 300M slots), so kernels 1 and 2 become
+prefix would walk every block in turn (docs/bench.md#against-the-targets has the timings), so
+kernels 1 and 2 become
 
 1a. ``_per_chunk_kernel`` (one program per ``_LOCAL`` blocks): the same block masses, their prefix
     *within* the chunk (f64, monotone as above), the chunk's mass and its last block with mass;
