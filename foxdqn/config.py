@@ -754,6 +754,16 @@ def finalize(cfg: DictConfig | TrainConfig) -> TrainConfig:
         from foxdqn.compose import composition_error
 
         raise ConfigError(composition_error(exc)) from None
+    return finalize_object(obj)
+
+
+def finalize_object(obj: TrainConfig) -> TrainConfig:
+    """The part of :func:`finalize` after the conversion: the debug caps, the checks before and
+    after them, and the warnings of ignored settings, on ``obj`` (changed in place, returned).
+
+    Raises:
+        ConfigError: as :func:`finalize`.
+    """
     obj = apply_schedule_caps(obj)
     validate(obj)  # sizes as written: the size caps must not hide a bad combination (batch > replay, ...)
     obj = apply_size_caps(obj)

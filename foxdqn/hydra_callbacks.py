@@ -141,14 +141,14 @@ class CheckJobs(Callback):
     """Before the first job of a basic-sweeper ``--multirun``: compose and check every job."""
 
     def on_multirun_start(self, config: DictConfig, **kwargs) -> None:
-        from foxdqn.compose import JobComposer
+        from foxdqn.compose import sweep_composer
         from foxdqn.errors import FoxdqnError
         from foxdqn.train import preflight
 
         jobs = sweep_jobs(config)
         hydra_overrides = OmegaConf.to_container(config.hydra.overrides.hydra, resolve=False)
         searchpath = [o for o in hydra_overrides if o.lstrip("+~").startswith("hydra.searchpath")]
-        compose = JobComposer(config.hydra.job.config_name)  # jobs that differ in values only: no recompose
+        compose = sweep_composer(config.hydra.job.config_name)  # one compose per structure, shared with the launcher
         for job in jobs or []:
             plain = [o for o in job if not o.lstrip("+~").startswith(("hydra.", "hydra/"))]
             try:

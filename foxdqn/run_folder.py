@@ -61,10 +61,17 @@ def new_run_id() -> str:
     return uuid.uuid4().hex
 
 
-def record_text(config_yaml: str, run_id: str) -> str:
-    """The text of the start record ``config.yaml``: the id line, then the resolved config's YAML."""
+def record_text(config, run_id: str) -> str:
+    """The text of the start record ``config.yaml`` of the resolved config ``config``
+    (:class:`foxdqn.config.TrainConfig`): the id line, then the config as YAML (its plain values,
+    :func:`foxdqn.config.to_plain`, in the schema's order; libyaml's dumper where PyYAML has it)."""
+    import yaml
+
+    from foxdqn.config import to_plain
+
+    dumper = getattr(yaml, "CSafeDumper", yaml.SafeDumper)
     return (f"# foxdqn run {run_id}: the resolved config this run started with (resume continues it from here;"
-            " edits make a resume refuse it)\n" + config_yaml)
+            " edits make a resume refuse it)\n" + yaml.dump(to_plain(config), Dumper=dumper, sort_keys=False))
 
 
 def read_record(path: Path) -> tuple[str | None, dict] | None:
@@ -103,15 +110,15 @@ class RunFolder:
         self._lock_fd: int | None = None
         self.run_id: str | None = None
 
-    def open(self, resume: bool = False, after_kill: str = "resume=auto continues it", config_yaml: str | None = None,
+    def open(self, resume: bool = False, after_kill: str = "resume=auto continues it", config=None,
              run_id: str | None = None) -> "RunFolder":
         """Check, lock and mark the folder; write the start record.
 
         Args:
             resume: the run continues the one in this folder (its outputs are expected).
             after_kill: what the marker tells a reader to do when the run was killed.
-            config_yaml: the resolved config as YAML, written as the start record ``config.yaml``
-                under the id line (None: no record, e.g. a test's bare folder).
+            config: the resolved :class:`~foxdqn.config.TrainConfig`, written as the start record
+                ``config.yaml`` (:func:`record_text`; None: no record, e.g. a test's bare folder).
             run_id: the run's id (None: a new one, :func:`new_run_id`); :attr:`run_id` after.
 
         Raises:
@@ -150,10 +157,10 @@ class RunFolder:
             raise RunFolderError(f"output folder {path}: already holds a run ({', '.join(found)}); choose another "
                                  f"hydra.run.dir{hint}")
         self.run_id = run_id or new_run_id()
-        if config_yaml is not None:
+        if config is not None:
             from foxdqn.io_atomic import write_text_atomic
 
-            write_text_atomic(path / RECORD, record_text(config_yaml, self.run_id))
+            write_text_atomic(path / RECORD, record_text(config, self.run_id))
         stamp = _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
         (path / MARKER).write_text(f"started {stamp} pid {os.getpid()}; removed when eval/summary.json is "
                                    "written. Present without a running process: the run was killed or "

@@ -228,8 +228,7 @@ def _train(tc: TrainConfig, market, run_dir: Path, payload: dict | None, run_id:
     new = payload is None and run_id is None and (tc.resume is None or not previous_outputs(run_dir))
     _settle_heap()
     try:
-        folder = RunFolder(run_dir).open(resume=not new, config_yaml=OmegaConf.to_yaml(OmegaConf.structured(tc)),
-                                         run_id=run_id)
+        folder = RunFolder(run_dir).open(resume=not new, config=tc, run_id=run_id)
         try:
             run = prepare(tc, market, run_dir, payload, folder.run_id)
         except Exception:  # (a signal during the build keeps the record: resume=auto starts the run over)
