@@ -11,7 +11,9 @@ A checkpoint file is a header and a body (format :data:`FORMAT`, docs/outputs.md
 a foreign file, a flipped byte or a cut file is one :class:`~foxdqn.errors.ConfigError` naming
 the path (exit 2). A file of an older foxdqn (a plain ``torch.save`` pickle, which can run code
 when loaded) is refused with the command that converts it once, :func:`upgrade_file`
-(``python -m foxdqn.checkpoint upgrade PATH``), which the user runs deliberately, trusting that file.
+(``python -m foxdqn.checkpoint upgrade PATH``), which reads it with ``weights_only=True`` too,
+allowing only the few classes an older foxdqn pickled into its loop state (:func:`_old_globals`):
+a pickle that names anything else is refused, never run.
 
 The body (:func:`save_checkpoint`, written through :func:`foxdqn.io_atomic.write_bytes_atomic`
 so that a crash or a full disk never leaves a partial file or a ``.tmp`` behind) holds:
@@ -44,6 +46,7 @@ import hashlib
 import io
 import json
 import sys
+import warnings
 from collections import OrderedDict
 from pathlib import Path
 from typing import Any, Iterator
@@ -210,9 +213,10 @@ def decode(data: bytes, path: str | Path, map_location="cpu") -> dict:
     """
     if not data.startswith(MAGIC):
         if data.startswith(_PICKLED):
-            raise ConfigError(f"checkpoint {path}: written by an older foxdqn as a pickle, which can run code when "
-                              "it is loaded, so it is not read; if you trust this file, convert it once with: "
-                              f"python -m foxdqn.checkpoint upgrade {path}")
+            raise ConfigError(f"checkpoint {path}: a plain pickle (an older foxdqn wrote its checkpoints so), which "
+                              "can run code when loaded, so it is not read; convert an older foxdqn checkpoint once "
+                              f"with: python -m foxdqn.checkpoint upgrade {path} (it reads only tensors, plain data "
+                              "and the classes such a checkpoint holds, and refuses anything else)")
         raise ConfigError(f"checkpoint {path}: not a foxdqn checkpoint (it does not start with "
                           f"{MAGIC.decode().strip()})")
     end = data.find(b"\n", len(MAGIC), len(MAGIC) + 4096)
@@ -232,7 +236,9 @@ def decode(data: bytes, path: str | Path, map_location="cpu") -> dict:
         raise ConfigError(f"checkpoint {path}: its contents do not match their SHA-256 in the header; the file is "
                           "corrupt (changed after it was written)")
     try:
-        payload = torch.load(io.BytesIO(body), map_location=map_location, weights_only=True)
+        with warnings.catch_warnings():  # torch warns before it refuses some pickles: the one line says it
+            warnings.simplefilter("ignore")
+            payload = torch.load(io.BytesIO(body), map_location=map_location, weights_only=True)
     except Exception as exc:  # noqa: BLE001 - a body that passed the hash but holds more than tensors and data
         raise ConfigError(f"checkpoint {path}: not a readable checkpoint ({type(exc).__name__}: "
                           f"{str(exc).splitlines()[0][:120] if str(exc) else ''})") from None
@@ -282,16 +288,37 @@ def plain_data(value: Any) -> Any:
     raise TypeError(f"cannot convert a {type(value).__qualname__} to plain data")
 
 
+def _old_globals() -> list:
+    """The classes an older foxdqn (format 3 and before) pickled into a checkpoint besides tensors
+    and plain data: the early stopper and collapse monitor of its loop state, the config classes and
+    choices the stopper holds, numpy's scalars (a float64 loop value) and dtypes."""
+    import dataclasses
+
+    import numpy as np
+
+    from foxdqn import config as C
+    from foxdqn.early_stop import EarlyStopper
+    from foxdqn.monitor.diversity import CollapseMonitor
+
+    config_types = [v for v in vars(C).values() if isinstance(v, type) and v.__module__ == C.__name__
+                    and (dataclasses.is_dataclass(v) or issubclass(v, C.Choice))]
+    core = getattr(np, "_core", None) or np.core
+    return [EarlyStopper, CollapseMonitor, *config_types, core.multiarray.scalar, np.dtype, *{type(np.dtype(t)) for t in (
+        np.float64, np.float32, np.int64, np.bool_)}]
+
+
 def upgrade_file(path: str | Path, out: str | Path | None = None) -> Path:
     """Convert an older foxdqn's checkpoint (a pickle) at ``path`` into the current format, at
-    ``out`` (default: in place, atomically). This unpickles the file with ``weights_only=False``,
-    which runs whatever code the file holds: call it only on a file you trust.
+    ``out`` (default: in place, atomically). The file is read with ``weights_only=True``, allowing
+    only :func:`_old_globals` besides tensors and plain data, so it runs no code: a pickle that
+    names any other global (a command, another library's class) is refused and left as it is.
 
     Returns:
         The path written.
 
     Raises:
-        ConfigError: the file is missing, already current, or not a foxdqn checkpoint.
+        ConfigError: the file is missing, already current, not a foxdqn checkpoint, or names a
+            global outside :func:`_old_globals` (names the file and the global).
     """
     path = Path(path)
     if not path.is_file():
@@ -300,9 +327,14 @@ def upgrade_file(path: str | Path, out: str | Path | None = None) -> Path:
     if data.startswith(MAGIC):
         raise ConfigError(f"checkpoint {path}: already in the current format (nothing to upgrade)")
     try:
-        payload = torch.load(io.BytesIO(data), map_location="cpu", weights_only=False)
-    except Exception as exc:  # noqa: BLE001
-        raise ConfigError(f"checkpoint {path}: not a readable checkpoint ({type(exc).__name__})") from None
+        with warnings.catch_warnings(), torch.serialization.safe_globals(_old_globals()):
+            warnings.simplefilter("ignore")
+            payload = torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
+    except Exception as exc:  # noqa: BLE001 - torch's UnpicklingError names the global it refused
+        text = str(exc)
+        named = next((ln.strip() for ln in text.splitlines() if "GLOBAL" in ln or "global" in ln), "")
+        raise ConfigError(f"checkpoint {path}: not an older foxdqn checkpoint, not converted ({type(exc).__name__}"
+                          f"{': ' + named[:160] if named else ''})") from None
     if not isinstance(payload, dict) or "online" not in payload or "config" not in payload:
         raise ConfigError(f"checkpoint {path}: not a foxdqn checkpoint (no online weights and config)")
     payload = plain_data(payload)
@@ -379,7 +411,8 @@ def main(argv: list[str] | None = None) -> int:
     if len(args) < 2 or args[0] != "upgrade" or any(a.startswith("-") for a in args[1:]):
         print("usage: python -m foxdqn.checkpoint upgrade PATH [PATH ...]\n"
               "  converts checkpoints written by an older foxdqn (pickles) into the current format, in place;\n"
-              "  loading a pickle can run code: convert only files you trust", file=sys.stderr)
+              "  it reads only what such a checkpoint holds and refuses any other pickle, without running it",
+              file=sys.stderr)
         return 2
     for name in args[1:]:
         try:
@@ -387,7 +420,7 @@ def main(argv: list[str] | None = None) -> int:
         except (ConfigError, TypeError, OSError) as exc:
             print(f"foxdqn: error: {exc}", file=sys.stderr)
             return 2
-        print(f"upgraded {written} (trusted as given; it now loads without running code)")
+        print(f"upgraded {written}")
     return 0
 
 

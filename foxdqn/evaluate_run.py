@@ -3,8 +3,10 @@
 Evaluates the online weights of a checkpoint (foxdqn.checkpoint) with the code a training run uses
 (:func:`foxdqn.evaluate.evaluate` and :func:`foxdqn.evaluate.write_report`; greedy episodes for
 episodic envs) on any split of the run's data or of another file, and writes into its own folder
-(default ``<run>/evaluations/<checkpoint stem>_<split>[_<override>...]``, ``data.path`` given as its
-file stem, so evaluations with other data or costs never overwrite each other):
+(default ``<run>/evaluations/<checkpoint stem>_<split>[_<override>...]`` for a checkpoint in the
+``checkpoints/`` of the run that wrote it (the run id of its ``config.yaml``); for any other
+checkpoint ``evaluations/`` beside the checkpoint file, never another run's folder; ``data.path``
+given as its file stem, so evaluations with other data or costs never overwrite each other):
 
 * ``summary.json``, ``equity.csv``, ``equity.png`` (equity curves and the agent's drawdown), as a
   run's ``eval/``;
@@ -117,8 +119,7 @@ def evaluate_checkpoint(checkpoint: Path, split: str | None = None, out: Path | 
         raise ConfigError(f"checkpoint {checkpoint}: its network does not fit this data "
                           f"({str(exc).splitlines()[1].strip() if len(str(exc).splitlines()) > 1 else exc})") from None
     env.close()
-    run_dir = checkpoint.resolve().parent.parent
-    folder = out or run_dir / "evaluations" / folder_name(checkpoint, split, overrides)
+    folder = out or evaluations_folder(checkpoint, payload) / folder_name(checkpoint, split, overrides)
     extra = {"checkpoint": str(checkpoint.resolve()), "checkpoint_env_steps": payload.get("env_steps"),
              "overrides": list(overrides), "experiment": cfg.experiment,
              "data": market.source if market is not None else None, "device": str(device),
@@ -135,6 +136,26 @@ def evaluate_checkpoint(checkpoint: Path, split: str | None = None, out: Path | 
                            f"({checkpoint.name})", extra)
     write_trades(folder / "trades.csv", result["curves"]["agent"], market)
     return summary, folder
+
+
+def evaluations_folder(checkpoint: Path, payload: dict) -> Path:
+    """``<run>/evaluations`` when ``checkpoint`` lies in ``<run>/checkpoints/`` and ``<run>``'s start
+    record names the run that wrote it (the same run id; or neither has one: a folder of a foxdqn
+    before run ids, or of :func:`foxdqn.loop.train` called directly); else ``evaluations/`` beside
+    the file."""
+    from foxdqn.errors import ConfigError
+    from foxdqn.run_folder import read_record
+
+    path = checkpoint.resolve()
+    run_dir = path.parent.parent
+    if path.parent.name == "checkpoints":
+        try:
+            record = read_record(run_dir)
+        except ConfigError:
+            record = None
+        if (record[0] if record is not None else None) == payload.get("run_id"):
+            return run_dir / "evaluations"
+    return path.parent / "evaluations"
 
 
 def folder_name(checkpoint: Path, split: str, overrides) -> str:

@@ -5,8 +5,9 @@ anything else of the run: :mod:`foxdqn.run_folder`) and its checkpoint, refuses 
 continued (a finished run, a checkpoint outside a run folder or of another run, a setting given
 again that differs) and returns what :func:`foxdqn.loop.train` continues from
 (:class:`Continuation`). The start record is the truth: a resume keeps the config the run started
-with, whatever this call composed; only :data:`RESUME_MAY_CHANGE` is taken from this call. A run
-killed before its first checkpoint starts over, in its folder, with that same config.
+with, whatever this call composed; only the keys of :data:`RESUME_MAY_CHANGE` that this call names
+are taken from it. A run killed before its first checkpoint starts over, in its folder, with that
+same config (:func:`start_over`, once the run holds the folder's lock).
 :func:`read_checkpoint` loads a file once per process.
 """
 from __future__ import annotations
@@ -49,9 +50,10 @@ RESUME_MAY_CHANGE = ("resume", "device", "graph", "cpu_threads", "log", "logger"
 
 
 class Continuation(NamedTuple):
-    """What a resume continues: ``tc`` the run's config (its record's, with this call's
-    :data:`RESUME_MAY_CHANGE`), ``run_dir`` its folder, ``payload`` the checkpoint to restore
-    (None: the run starts over from its first step), ``run_id`` the record's id (None: a new run)."""
+    """What a resume continues: ``tc`` the run's config (its record's, with the keys of
+    :data:`RESUME_MAY_CHANGE` this call names), ``run_dir`` its folder, ``payload`` the checkpoint
+    to restore (None: the run starts over from its first step), ``run_id`` the record's id (None: a
+    new run)."""
 
     tc: TrainConfig
     run_dir: Path
@@ -69,17 +71,22 @@ def resolve_resume(tc: TrainConfig, hydra_dir: Path, given: Iterable[str] = (), 
       call's config. A key ``given`` on this command line (dotted key or group, ``optim.lr``,
       ``head``) that is not in :data:`RESUME_MAY_CHANGE` must agree with it.
     * The checkpoint (``checkpoints/last.pt`` for ``auto``) must carry the record's run id and its
-      config; without one the run starts over in its folder (its partial ``metrics.csv``, ``tb/``
-      and MLflow run id are removed).
+      config; a checkpoint with a run id in a folder without a record is another folder's. Without
+      a checkpoint the run starts over in its folder (the caller removes its partial outputs with
+      :func:`start_over` once it holds the folder's lock).
+    * Of :data:`RESUME_MAY_CHANGE`, only the keys this call names (``given``) are taken from
+      ``tc``: ``resume=auto hydra.run.dir=RUN`` alone keeps the run's own ``log``, ``checkpoint``,
+      ``device`` and logger settings.
     * A Hydra folder made for this call that holds only ``.hydra/`` and Hydra's log is removed when
       the run continues elsewhere. ``existed``: ``hydra_dir`` existed before this call (else its
       ``.hydra/`` is this call's, not a start's).
 
     Raises:
         ConfigError: a finished run, a checkpoint outside a run folder, of another run or
-            unreadable (foxdqn.checkpoint), a record that does not match its checkpoint, or a given
-            key that differs from the run's config.
+            unreadable (foxdqn.checkpoint), a record that was edited or does not match its
+            checkpoint, or a given key that differs from the run's config.
     """
+    given = list(given)
     if tc.resume == "auto":
         run_dir = hydra_dir.resolve()
         path = run_dir / "checkpoints" / "last.pt"
@@ -101,15 +108,18 @@ def resolve_resume(tc: TrainConfig, hydra_dir: Path, given: Iterable[str] = (), 
         truth = from_plain(upgrade(values))
         if payload is not None:
             _check_same_run(payload, path, run_id, truth, run_dir)
-    elif payload is not None:  # a folder of a foxdqn from before start records: the checkpoint's config
-        truth, run_id = from_plain(payload["config"]), payload.get("run_id")
+    elif payload is not None:
+        if payload.get("run_id") is not None:
+            raise ConfigError(f"resume: checkpoint {path} belongs to a run (id {payload['run_id']}) that {run_dir} holds no "
+                              f"record of (no {RECORD}); a run is continued only in its own folder")
+        truth, run_id = from_plain(payload["config"]), None  # upgraded from a foxdqn before start records
     else:
         truth, run_id = _started_config(run_dir, tc, given, existed), None
     _check_given(to_plain(tc), to_plain(truth), given, run_dir)
-    for key in RESUME_MAY_CHANGE:
-        setattr(truth, key, getattr(tc, key))
-    if payload is None:
-        _start_over(run_dir)
+    truth.resume = tc.resume
+    for key in given:  # only what this call names; the rest of the run's settings stay
+        if key.split(".")[0] in RESUME_MAY_CHANGE:
+            _copy_key(tc, truth, key)
     if hydra_dir.resolve() != run_dir and only_hydra_files(hydra_dir):
         shutil.rmtree(hydra_dir, ignore_errors=True)  # only Hydra's config copy and its log of this call
     return Continuation(truth, run_dir, payload, run_id)
@@ -174,8 +184,22 @@ def _check_given(mine: dict, theirs: dict, given: Iterable[str], run_dir: Path) 
                               f"its settings (only {', '.join(RESUME_MAY_CHANGE)} may change)")
 
 
-def _start_over(run_dir: Path) -> None:
-    """Remove what a run killed before its first checkpoint wrote after its start record."""
+def _copy_key(src, dst, dotted: str) -> None:
+    """Set ``dotted`` (a key or group of the config, ``log.progress``, ``logger``) of ``dst`` to its
+    value in ``src``; a key the schema does not have is left alone."""
+    *parents, leaf = dotted.split(".")
+    for part in parents:
+        src, dst = getattr(src, part, None), getattr(dst, part, None)
+        if src is None or dst is None:
+            return
+    if hasattr(src, leaf) and hasattr(dst, leaf):
+        setattr(dst, leaf, getattr(src, leaf))
+
+
+def start_over(run_dir: Path) -> None:
+    """Remove what a run killed before its first checkpoint wrote after its start record (its
+    ``metrics.csv``, ``tb/`` and MLflow run id). Call it only while holding the folder's lock
+    (:class:`foxdqn.run_folder.RunFolder`): another process may be that run, still training."""
     if (run_dir / MARKER).exists() or (run_dir / "metrics.csv").exists():
         log.warning("resume: %s was stopped before its first checkpoint; starting it over from its first step", run_dir)
     (run_dir / "metrics.csv").unlink(missing_ok=True)

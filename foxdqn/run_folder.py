@@ -2,15 +2,17 @@
 
 :meth:`RunFolder.open`, before any training:
 
-1. checks that the folder can be written (creating it if needed): an unwritable folder, a path
-   under a file, or a full disk ends the run with one line naming the path (exit 2);
+1. checks that the folder can be written (creating it if needed) and that its disk has
+   :data:`MIN_FREE_BYTES` free: an unwritable folder, a path under a file, or a (nearly) full disk
+   ends the run with one line naming the path (exit 2);
 2. takes an exclusive lock, ``.lock`` (``fcntl.flock``, released by the OS when the process dies,
    so a killed run leaves no stale lock): a second run into the same folder while the first is
    running is refused;
 3. refuses a folder that already holds another run's outputs (``config.yaml``, ``checkpoints/``,
    ``metrics.csv``, ``eval/summary.json`` or an ``INCOMPLETE`` marker) unless the run resumes it;
-4. removes the hidden temporary files of atomic writes (foxdqn.io_atomic) that a process killed
-   mid-write left (the files they were replacing are whole);
+4. (once the run is allowed in) removes the hidden temporary files of atomic writes
+   (foxdqn.io_atomic: ``.<name>.<8 random characters>.tmp<suffix>``, nothing else) that a process
+   killed mid-write left (the files they were replacing are whole);
 5. writes the start record, ``config.yaml``: the resolved config under a first line naming the
    run's id (``# foxdqn run <32 hex digits>``, :func:`read_record`), atomically. The record is the
    truth a resume continues from (foxdqn.resume), and every checkpoint carries the id, so a
@@ -38,7 +40,11 @@ MARKER = "INCOMPLETE"
 LOCK = ".lock"
 RECORD = "config.yaml"
 _OUTPUTS = (RECORD, "checkpoints", "metrics.csv", "eval/summary.json", MARKER)
-_RECORD_LINE = re.compile(r"# foxdqn run ([0-9a-f]{32})\b")
+#: What the disk of a run folder must have free at the start (checkpoints, logs, the report).
+MIN_FREE_BYTES = 32 * 2**20
+#: The name of a temporary file of foxdqn.io_atomic (tempfile.mkstemp's 8 random characters).
+_TEMP_NAME = re.compile(r"\.(?P<name>.+)\.[a-z0-9_]{8}\.tmp(?P<suffix>(\.[^.]+)?)$")
+_RECORD_LINE = re.compile(r"# foxdqn run ([0-9a-f]{32})(?: sha256 ([0-9a-f]{64}))?\b")
 
 
 class RunFolderError(ConfigError):
@@ -69,9 +75,12 @@ def record_text(config, run_id: str) -> str:
 
     from foxdqn.config import to_plain
 
+    import hashlib
+
     dumper = getattr(yaml, "CSafeDumper", yaml.SafeDumper)
-    return (f"# foxdqn run {run_id}: the resolved config this run started with (resume continues it from here;"
-            " edits make a resume refuse it)\n" + yaml.dump(to_plain(config), Dumper=dumper, sort_keys=False))
+    body = yaml.dump(to_plain(config), Dumper=dumper, sort_keys=False)
+    return (f"# foxdqn run {run_id} sha256 {hashlib.sha256(body.encode()).hexdigest()}: the resolved config this run "
+            "started with (resume continues it from here; an edit makes a resume refuse it)\n" + body)
 
 
 def read_record(path: Path) -> tuple[str | None, dict] | None:
@@ -79,8 +88,11 @@ def read_record(path: Path) -> tuple[str | None, dict] | None:
     ids; the config as plain dicts), or None when there is no ``config.yaml``.
 
     Raises:
-        ConfigError: ``config.yaml`` cannot be read or is not a YAML mapping (names the file).
+        ConfigError: ``config.yaml`` cannot be read, is not a YAML mapping, or was edited after the
+            run wrote it (its body no longer matches the SHA-256 in its first line; names the file).
     """
+    import hashlib
+
     import yaml
 
     file = Path(path) / RECORD
@@ -95,6 +107,12 @@ def read_record(path: Path) -> tuple[str | None, dict] | None:
     if not isinstance(values, dict):
         raise ConfigError(f"run folder {path}: its {RECORD} is not a config (a YAML mapping)")
     match = _RECORD_LINE.match(text)
+    if match and match.group(2):
+        body = text.split("\n", 1)[1] if "\n" in text else ""
+        if hashlib.sha256(body.encode()).hexdigest() != match.group(2):
+            raise ConfigError(f"run folder {path}: its {RECORD} was edited after the run started (its contents no longer "
+                              "match the SHA-256 in its first line); a resume continues the config the run started "
+                              "with: restore the file, or start a new run with the settings you want")
     return (match.group(1) if match else None), values
 
 
@@ -138,6 +156,11 @@ class RunFolder:
         except OSError as exc:
             raise RunFolderError(f"output folder {path}: cannot be written ({exc.strerror or exc}); choose another "
                                  "hydra.run.dir") from None
+        free = shutil.disk_usage(path).free
+        if free < MIN_FREE_BYTES:
+            raise RunFolderError(f"output folder {path}: its disk has {free / 2**20:.1f} MiB free, a run needs at least "
+                                 f"{MIN_FREE_BYTES // 2**20} MiB (checkpoints, logs, the report); free some space or "
+                                 "choose another hydra.run.dir")
         fd = os.open(path / LOCK, os.O_RDWR | os.O_CREAT, 0o644)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -146,9 +169,6 @@ class RunFolder:
             raise RunFolderError(f"output folder {path}: another run is writing into it (lock {path / LOCK}); "
                                  "wait for it or choose another hydra.run.dir") from None
         self._lock_fd = fd
-        for stale in path.rglob(".*.tmp*"):  # a writer killed mid-write (kill -9) left its temporary file
-            if stale.is_file():
-                stale.unlink()
         found = previous_outputs(path)
         if found and not resume:
             self.release()
@@ -156,6 +176,10 @@ class RunFolder:
                     else " (that run has finished)")
             raise RunFolderError(f"output folder {path}: already holds a run ({', '.join(found)}); choose another "
                                  f"hydra.run.dir{hint}")
+        for stale in path.rglob(".*.tmp*"):  # a writer killed mid-write (kill -9) left its temporary file
+            parts = _TEMP_NAME.match(stale.name)
+            if parts and stale.is_file() and Path(parts["name"]).suffix == parts["suffix"]:
+                stale.unlink()
         self.run_id = run_id or new_run_id()
         if config is not None:
             from foxdqn.io_atomic import write_text_atomic

@@ -26,10 +26,25 @@ def _fail(message: str, code: int = 2) -> None:
 
 
 def _outside_training(signum, frame) -> None:
-    """SIGINT/SIGTERM outside the training loop (start-up, evaluation): one line, exit 128 + signal;
-    the training loop installs its own handlers (stop after the iteration, with a checkpoint)."""
-    _fail(f"interrupted by {signal.Signals(signum).name} outside training; checkpoints already written are kept",
-          128 + signum)
+    """SIGINT/SIGTERM outside the training loop (start-up, evaluation): one line, then the process
+    ends at once with 128 + signal (``os._exit`` after flushing stdout and stderr). Not
+    ``sys.exit``: a SystemExit raised by a handler inside an import can be swallowed or leave
+    half-imported modules failing with another message and exit status. Nothing needs cleaning up:
+    files are written atomically, the folder's lock goes with the process, and ``resume=auto``
+    continues or starts over what was interrupted. The training loop installs its own handlers
+    (stop after the iteration, with a checkpoint)."""
+    message = (f"foxdqn: error: interrupted by {signal.Signals(signum).name} outside training; checkpoints "
+               "already written are kept\n")
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):
+            pass
+    try:
+        os.write(2, message.encode())
+    except OSError:
+        pass
+    os._exit(128 + signum)
 
 
 if __name__ == "__main__":  # python -m foxdqn.train: from here on a signal gets its one line, imports included
@@ -229,6 +244,10 @@ def _train(tc: TrainConfig, market, run_dir: Path, payload: dict | None, run_id:
     _settle_heap()
     try:
         folder = RunFolder(run_dir).open(resume=not new, config=tc, run_id=run_id)
+        if not new and payload is None:  # a run killed before its first checkpoint: its partial outputs go
+            from foxdqn.resume import start_over
+
+            start_over(run_dir)
         try:
             run = prepare(tc, market, run_dir, payload, folder.run_id)
         except Exception:  # (a signal during the build keeps the record: resume=auto starts the run over)

@@ -126,12 +126,17 @@ def test_resume_auto_starts_over_a_run_killed_before_its_first_checkpoint(tmp_pa
     assert pd.read_csv(run_dir / "metrics.csv")["step"].is_monotonic_increasing
 
 
-def test_a_signal_outside_training_is_one_line_and_128_plus_signal(capsys):
-    from foxdqn.train import _outside_training
+def test_a_signal_outside_training_is_one_line_and_128_plus_signal(capfd, monkeypatch):
+    from foxdqn import train as cli
 
+    def exit_now(code):
+        raise SystemExit(code)
+
+    monkeypatch.setattr(cli.os, "_exit", exit_now)
     with pytest.raises(SystemExit) as stop:
-        _outside_training(signal.SIGTERM, None)
-    assert stop.value.code == 143 and "SIGTERM outside training" in capsys.readouterr().err
+        cli._outside_training(signal.SIGTERM, None)
+    err = capfd.readouterr().err
+    assert stop.value.code == 143 and "SIGTERM outside training" in err and len(err.strip().splitlines()) == 1
 
 
 @pytest.mark.slow
@@ -285,7 +290,7 @@ def test_opening_a_folder_removes_temporaries_a_killed_writer_left(tmp_path):
     from foxdqn.run_folder import RunFolder
 
     (tmp_path / "checkpoints").mkdir()
-    stale = tmp_path / "checkpoints" / ".last.pt.abc123.tmp.pt"
+    stale = tmp_path / "checkpoints" / ".last.pt.abc123de.tmp.pt"
     stale.write_bytes(b"partial")
     (tmp_path / "INCOMPLETE").write_text("killed\n")
     RunFolder(tmp_path).open(resume=True).release()

@@ -15,6 +15,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+import pandas as pd
 import pytest
 import torch
 
@@ -164,7 +165,8 @@ def test_resume_auto_keeps_the_recorded_config_of_a_run_killed_before_its_first_
     """The short form `resume=auto hydra.run.dir=RUN` of a run killed before its first checkpoint
     starts that run over with its own config, not the default one, and ends with the results of
     the run that was never killed."""
-    started = ["+experiment=googl_dqn", *SMOKE, "agent.total_env_steps=3072", "optim.lr=0.001"]
+    started = ["+experiment=googl_dqn", *SMOKE, "agent.total_env_steps=3072", "optim.lr=0.001",
+               "log.interval_env_steps=512", "checkpoint.every_env_steps=1024"]
     whole = train(*started, f"hydra.run.dir={tmp_path / 'whole'}", cwd=tmp_path)
     assert whole.returncode == 0, whole.stderr[-2000:]
     for name, keep in (("record", ("config.yaml", ".hydra", "INCOMPLETE", "metrics.csv")),
@@ -182,6 +184,9 @@ def test_resume_auto_keeps_the_recorded_config_of_a_run_killed_before_its_first_
         reference = json.loads((tmp_path / "whole" / "eval" / "summary.json").read_text())
         assert summary["experiment"] == "googl_dqn" and summary["env_steps"] == reference["env_steps"] == 3072
         assert summary["metrics"]["agent"] == reference["metrics"]["agent"]
+        rows, ref_rows = (pd.read_csv(d / "metrics.csv") for d in (run_dir, tmp_path / "whole"))
+        drop = [c for c in ref_rows.columns if c.endswith("per_s")]
+        assert rows.drop(columns=drop).equals(ref_rows.drop(columns=drop))  # the run's own log settings kept
         assert (run_dir / ".hydra" / "overrides.yaml").read_text() == \
             (tmp_path / "whole" / ".hydra" / "overrides.yaml").read_text()
 
@@ -226,14 +231,14 @@ def test_a_refused_run_leaves_the_folder_as_it_was(finished_run, tmp_path):
     assert not any(o.startswith("seed=") for o in read_job(run_dir)["overrides"])  # still the seed-0 run
 
 
-def test_a_bar_priced_1e300_is_refused_naming_the_file_and_row(tmp_path):
+def test_a_bar_that_jumps_is_refused_naming_the_file_and_row(tmp_path):
     from foxdqn.data import DataConfig, load_market_data
 
     from foxdqn.data.synthetic import make_martingale_ohlcv
 
     frame = make_martingale_ohlcv(400, vol_per_bar=1e-3, substeps=4, seed=0, freq="1h", start="2017-01-02")
     frame = frame.reset_index() if "timestamp" not in frame.columns else frame
-    frame.loc[200, ["high", "close"]] = 1e300
+    frame.loc[200, ["high", "close"]] *= 1e5  # a typo's jump (a bar priced 1e300 is beyond the price range)
     path = tmp_path / "bars.csv"
     frame.to_csv(path, index=False)
     with pytest.raises(DataError, match=r"bars\.csv.*'high'.*row 201.*data\.max_abs_log_return=1"):
@@ -293,10 +298,124 @@ def test_a_build_that_fails_leaves_no_folder(tmp_path, monkeypatch, capsys):
     assert not run_dir.exists()
 
 
-def test_sigterm_during_the_imports_is_one_line_and_143(tmp_path):
-    proc = subprocess.Popen([sys.executable, "-m", "foxdqn.train", *SMOKE], cwd=tmp_path, env=ENV,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    time.sleep(0.8)  # inside the imports (hydra, torch: about 2 s)
-    proc.send_signal(signal.SIGTERM)
-    _, err = proc.communicate(timeout=120)
-    assert proc.returncode == 143 and "interrupted by SIGTERM" in err, err[-2000:]
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+def test_a_signal_during_the_imports_and_start_up_is_one_line_and_128_plus_signal(tmp_path, sig):
+    """From the first lines of python -m foxdqn.train on (the imports take seconds): one line and
+    128 + the signal, at moments spread over the imports and the start-up."""
+    for delay in (0.3, 0.6, 0.9, 1.4, 2.5):
+        proc = subprocess.Popen([sys.executable, "-m", "foxdqn.train", *SMOKE, f"hydra.run.dir={tmp_path / 'run'}"],
+                                cwd=tmp_path, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        time.sleep(delay)
+        proc.send_signal(sig)
+        _, err = proc.communicate(timeout=120)
+        if proc.returncode == 0:  # it finished first: nothing to check at this moment
+            continue
+        lines = err.strip().splitlines()
+        assert proc.returncode == 128 + sig and len(lines) == 1 and f"interrupted by {sig.name}" in lines[0], \
+            (delay, proc.returncode, err[-3000:])
+        shutil.rmtree(tmp_path / "run", ignore_errors=True)
+
+
+def test_upgrade_refuses_a_pickle_that_names_anything_else_without_running_it(tmp_path):
+    marker, path = tmp_path / "pwned", tmp_path / "evil.pt"
+    path.write_bytes(evil_pickle(marker))
+    before = path.read_bytes()
+    res = subprocess.run([sys.executable, "-m", "foxdqn.checkpoint", "upgrade", str(path)], cwd=tmp_path, env=ENV,
+                         capture_output=True, text=True, timeout=120)
+    assert res.returncode == 2 and "not an older foxdqn checkpoint" in res.stderr
+    assert not marker.exists() and path.read_bytes() == before
+
+
+def test_a_second_resume_never_touches_a_run_that_is_training(tmp_path):
+    """resume=auto into a folder whose run is still training before its first checkpoint is refused
+    by the folder's lock before anything is removed: the running run is not harmed."""
+    run_dir = tmp_path / "run"
+    first = subprocess.Popen([sys.executable, "-m", "foxdqn.train", "log.progress=false", "device=cpu", "logger=csv",
+                              "agent.total_env_steps=40000", "log.interval_env_steps=1024",
+                              "checkpoint.every_env_steps=0", f"hydra.run.dir={run_dir}"],
+                             cwd=tmp_path, env=ENV, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and not (run_dir / "metrics.csv").is_file():
+            time.sleep(0.05)
+        assert (run_dir / "metrics.csv").is_file()
+        second = train("resume=auto", f"hydra.run.dir={run_dir}", cwd=tmp_path)
+        assert second.returncode == 2 and "another run is writing into it" in second.stderr
+        assert (run_dir / "metrics.csv").is_file()
+    finally:
+        first.send_signal(signal.SIGINT)
+        _, err = first.communicate(timeout=300)
+    assert first.returncode == 130, err[-2000:]  # it trained on and stopped with its checkpoint
+
+
+def test_an_edited_record_or_a_checkpoint_without_its_record_is_refused(finished_run, tmp_path):
+    edited = copy_run(finished_run, tmp_path / "edited")
+    shutil.rmtree(edited / "checkpoints")
+    text = (edited / "config.yaml").read_text()
+    (edited / "config.yaml").write_text(text.replace("seed: 0", "seed: 5"))
+    res = train("resume=auto", f"hydra.run.dir={edited}", cwd=tmp_path)
+    assert res.returncode == 2 and "was edited after the run started" in res.stderr
+    for keep in (("checkpoints",), ("checkpoints", ".hydra")):  # a run's checkpoint in a folder without its record
+        folder = copy_run(finished_run, tmp_path / "-".join(keep))
+        for p in list(folder.iterdir()):
+            if p.name not in keep:
+                shutil.rmtree(p) if p.is_dir() else p.unlink()
+        res = train("resume=auto", f"hydra.run.dir={folder}", cwd=tmp_path)
+        assert res.returncode == 2 and "holds no record" in res.stderr, res.stderr[-2000:]
+
+
+def test_the_stale_file_sweep_removes_only_the_temporary_files_of_atomic_writes(finished_run, tmp_path):
+    run_dir = copy_run(finished_run, tmp_path / "run")
+    mine = [run_dir / "eval" / ".notes.tmp.txt", run_dir / ".my.tmp", run_dir / "sub" / ".draft.tmp.md"]
+    killed_writer = run_dir / "checkpoints" / ".last.pt.ab_12cd3.tmp.pt"
+    for p in mine + [killed_writer]:
+        p.parent.mkdir(exist_ok=True)
+        p.write_text("x")
+    refused = train(*SMOKE, "seed=3", f"hydra.run.dir={run_dir}", cwd=tmp_path)
+    assert refused.returncode == 2 and all(p.exists() for p in mine + [killed_writer])
+    from foxdqn.run_folder import RunFolder
+
+    RunFolder(run_dir).open(resume=True).release()
+    assert all(p.exists() for p in mine) and not killed_writer.exists()
+
+
+def test_a_nearly_full_disk_is_refused_before_the_run(tmp_path, monkeypatch):
+    from foxdqn import run_folder
+    from foxdqn.run_folder import RunFolder, RunFolderError
+
+    usage = shutil.disk_usage(tmp_path)
+    monkeypatch.setattr(run_folder.shutil, "disk_usage", lambda p: usage._replace(free=20 * 1024))
+    with pytest.raises(RunFolderError, match=r"0\.0 MiB free, a run needs at least 32 MiB"):
+        RunFolder(tmp_path / "run").open()
+
+
+def test_prices_beyond_the_accounting_range_are_refused(tmp_path):
+    from foxdqn.data import DataConfig, load_market_data
+    from foxdqn.data.synthetic import make_martingale_ohlcv
+
+    frame = make_martingale_ohlcv(400, vol_per_bar=1e-3, substeps=4, seed=0, freq="1h", start="2017-01-02")
+    for scale in (1e300, 1e-300):
+        scaled = frame.copy()
+        scaled[["open", "high", "low", "close"]] *= scale
+        path = tmp_path / "bars.csv"
+        scaled.to_csv(path, index=False)
+        with pytest.raises(DataError, match=r"bars\.csv.*'open' has a price of .*row 1.*must lie in \[1e-12, 1e\+12\]"):
+            load_market_data(DataConfig(path=str(path)), window=8)
+
+
+def test_evaluate_writes_beside_a_checkpoint_that_is_not_in_its_own_run(finished_run, tmp_path):
+    loose = tmp_path / "mal" / "x.pt"
+    loose.parent.mkdir()
+    shutil.copy(finished_run / "checkpoints" / "last.pt", loose)
+    other = copy_run(finished_run, tmp_path / "other", killed=False)
+    (other / "config.yaml").write_text((other / "config.yaml").read_text().replace(
+        "# foxdqn run ", "# foxdqn run " + "0" * 32 + " was ", 1))  # another run's record: another id
+    foreign = other / "checkpoints" / "foreign.pt"
+    shutil.copy(finished_run / "checkpoints" / "last.pt", foreign)
+    for ckpt, expected in ((loose, loose.parent / "evaluations"), (foreign, foreign.parent / "evaluations"),
+                           (other / "checkpoints" / "last.pt", other / "checkpoints" / "evaluations")):
+        res = subprocess.run([sys.executable, "-m", "foxdqn.evaluate", f"checkpoint={ckpt}"], cwd=tmp_path, env=ENV,
+                             capture_output=True, text=True, timeout=300)
+        assert res.returncode == 0, res.stderr[-2000:]
+        assert (expected / f"{ckpt.stem}_test" / "summary.json").is_file(), ckpt
+    assert not (tmp_path / "evaluations").exists() and not (other / "evaluations").exists()

@@ -181,7 +181,8 @@ def parse_timestamps(values: pd.Series, source: str, column: str, fmt: Optional[
                      unit: Optional[str] = None) -> pd.DatetimeIndex:
     """Parse timestamp values into a :class:`pandas.DatetimeIndex` (one entry per row).
 
-    Accepts datetimes, strings (format inferred unless ``fmt`` is given; mixed UTC offsets are
+    Accepts datetimes, strings (format inferred unless ``fmt`` is given, month first and, when that
+    does not read every row, day first: ``13.01.2017`` is the 13th of January; mixed UTC offsets are
     converted to UTC) and numbers: with ``unit`` (``data.time_unit``: s/ms/us/ns) as Unix epoch
     times in that unit; without it only 8-digit integers, as ``YYYYMMDD`` dates.
 
@@ -205,11 +206,15 @@ def parse_timestamps(values: pd.Series, source: str, column: str, fmt: Optional[
         return pd.DatetimeIndex(values)
     if numeric:
         return _parse_numeric(values, source, column, unit)
-    for utc in (False, True):
+    for dayfirst, utc in ((False, False), (False, True), (True, False), (True, True)):
+        if fmt is not None and dayfirst:
+            break
         try:
-            return pd.DatetimeIndex(pd.to_datetime(values, format=fmt, utc=utc))
+            with warnings.catch_warnings():  # pandas warns when it infers day first
+                warnings.simplefilter("ignore")
+                return pd.DatetimeIndex(pd.to_datetime(values, format=fmt, utc=utc, dayfirst=dayfirst))
         except (ValueError, TypeError, OverflowError):
-            if fmt is not None:
+            if fmt is not None and utc:
                 break
     coerced = pd.to_datetime(values, format=fmt, errors="coerce", utc=True)
     bad = np.flatnonzero(coerced.isna().to_numpy())

@@ -6,7 +6,8 @@ Rules (in the order checked):
    (``1.5``, ``1e3``) or a float spelling of NaN/infinity (``nan``, ``inf``); text such as
    ``n/a``, ``NA``, ``null`` or ``-`` is refused as non-numeric, naming the value;
 2. prices and volume are finite (no NaN, empty cell or +-Inf: "missing or non-finite");
-3. prices are > 0; volume is >= 0;
+3. prices are > 0 and within ``[MIN_PRICE, MAX_PRICE]`` (the accounting runs in float32: an
+   absurd price level overflows it); volume is >= 0;
 4. ``high >= max(open, close)`` and ``low <= min(open, close)``;
 5. timestamps are strictly increasing (no duplicates, no out-of-order rows);
 6. with a bound ``b`` (``data.max_abs_log_return``), every price of bar t is within
@@ -22,6 +23,10 @@ import pandas as pd
 
 from foxdqn.data.rows import describe_row
 from foxdqn.errors import DataError
+
+#: The price levels a bar may have (price units): the env's float32 accounting (units x price,
+#: equity / price) keeps its precision and range well inside these.
+MIN_PRICE, MAX_PRICE = 1e-12, 1e12
 
 
 def to_float_array(values: pd.Series, source: str, column: str,
@@ -79,6 +84,9 @@ def check_ohlcv(prices: dict[str, np.ndarray], volume: Optional[np.ndarray], sou
         _first_violation(values <= 0, source, timestamps,
                          f"column {names.get(key, key)!r} has a price <= 0 ({{v}})",
                          "prices must be > 0", values)
+        _first_violation((values < MIN_PRICE) | (values > MAX_PRICE), source, timestamps,
+                         f"column {names.get(key, key)!r} has a price of {{v}}",
+                         f"prices must lie in [{MIN_PRICE:g}, {MAX_PRICE:g}] (rescale the file's prices)", values)
     high, low, open_, close = prices["high"], prices["low"], prices["open"], prices["close"]
     for key, mask, rule in (
         ("high", high < np.maximum(open_, close), "high must be >= max(open, close)"),

@@ -63,3 +63,16 @@ def test_builtin_features_and_medians(builtin):
     assert data.median_spread == pytest.approx(np.median(data.spread[start:end]))
     assert data.median_volatility == pytest.approx(np.median(data.volatility[start:end]))
     assert 0 < data.median_spread < 0.05 and 0 < data.median_volatility < 0.1
+
+
+def test_the_bundled_eurusd_file_given_as_data_path_reads_day_first_like_the_builtin():
+    """The file's ``13.01.2017 ...`` timestamps are day first: inferred when month first does not
+    read every row, so data.path=<that file> gives the built-in's bars."""
+    import numpy as np
+
+    from foxdqn.data import DataConfig, load_market_data
+    from foxdqn.data.builtin import builtin_path
+
+    mine = load_market_data(DataConfig(path=str(builtin_path("eurusd_1h"))), window=8)
+    builtin = load_market_data(DataConfig(name="eurusd_1h"), window=8)
+    assert (mine.timestamps == builtin.timestamps).all() and np.array_equal(mine.close, builtin.close)
