@@ -96,8 +96,8 @@ class JobComposer:
         done = self.lookup(overrides)
         if done is not None:
             return done
-        base, changes = next(((b, c) for b in self._bases for c in [self._changes(overrides, b[0])] if c is not None),
-                             (None, None))
+        base, changes = next(((b, c) for b in self._bases for c in [self.value_changes(overrides, b[0], b[1])]
+                              if c is not None), (None, None))
         if base is None:
             from hydra import compose
 
@@ -117,8 +117,12 @@ class JobComposer:
         self._done[tuple(overrides)] = copy.deepcopy(tc)
         return tc
 
-    def _changes(self, overrides: list[str], first_overrides: list[str]) -> list[tuple[str, object]] | None:
-        """The (key, value) pairs that turn the job of ``first_overrides`` into this one, or None."""
+    @staticmethod
+    def value_changes(overrides: list[str], first_overrides: list[str],
+                      first_cfg: DictConfig) -> list[tuple[str, object]] | None:
+        """The (key, value) pairs that turn the job of ``first_overrides`` (composed as
+        ``first_cfg``) into the job of ``overrides``, when they differ only in values of plain
+        leaves (the class docstring); else None."""
         from hydra.core.global_hydra import GlobalHydra
         from hydra.core.override_parser.overrides_parser import OverridesParser
         from hydra.core.override_parser.types import OverrideType
@@ -127,7 +131,6 @@ class JobComposer:
             return None
         parser, loader = OverridesParser.create(), GlobalHydra.instance().config_loader()
         changes = []
-        base_cfg = next(b[1] for b in self._bases if b[0] is first_overrides)
         for mine, first in zip(overrides, first_overrides):
             if mine == first:
                 continue
@@ -140,7 +143,7 @@ class JobComposer:
                      and a.package is None and "/" not in key and not key.startswith("hydra"))
             if not plain or a.is_sweep_override() or loader.get_group_options(key.replace(".", "/")):
                 return None
-            node = OmegaConf.select(base_cfg, key, default=None, throw_on_missing=False)
+            node = OmegaConf.select(first_cfg, key, default=None, throw_on_missing=False)
             if isinstance(node, DictConfig):
                 return None
             changes.append((key, a.value()))

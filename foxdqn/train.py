@@ -349,14 +349,16 @@ def _remove_new_parents() -> None:
 _FAILED_JOBS: list[tuple[int, str]] = []
 
 
-def _job_failed(message: str, code: int) -> float:
+def _job_failed(message: str, code: int, job: int | None = None) -> float:
     """A single run ends here (one line, exit ``code``); a multirun job reports it, returns NaN to
-    the sweeper and lets the other jobs run (main() exits with ``code`` at the end)."""
+    the sweeper and lets the other jobs run (main() exits with ``code`` at the end). ``job``: the
+    multirun job's number, for a caller whose job is not Hydra's current one (the population
+    launcher's); None: Hydra's current job."""
     from hydra.types import RunMode
 
-    if HydraConfig.get().mode != RunMode.MULTIRUN:
+    if job is None and HydraConfig.get().mode != RunMode.MULTIRUN:
         _fail(message, code)
-    job = HydraConfig.get().job.num
+    job = HydraConfig.get().job.num if job is None else job
     print(f"foxdqn: error: job {job}: {message}", file=sys.stderr)
     _FAILED_JOBS.append((code, f"job {job}: {message}"))
     return float("nan")

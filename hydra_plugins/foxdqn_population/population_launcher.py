@@ -12,6 +12,7 @@ import importlib
 import logging
 import os
 import sys
+import time
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -75,10 +76,16 @@ class PopulationLauncher(Launcher):
 
     ``launch(job_overrides, initial_job_idx)`` does, for the jobs of that call:
 
-    1. like Hydra's basic launcher, each job is composed and run through ``run_job`` (its folder,
+    1. like Hydra's basic launcher, a job is composed and run through ``run_job`` (its folder,
        its ``.hydra/`` files and its log), with foxdqn's task function in collection mode
        (foxdqn.population.jobs.COLLECTOR): the job is validated and preflighted as in any run
-       (a refused job returns NaN and is reported as today), then recorded instead of trained;
+       (a refused job returns NaN and is reported as today), then recorded instead of trained.
+       A job that differs from one composed so only in values of plain keys (``seed=3``,
+       ``optim.lr=1e-3``: :meth:`foxdqn.compose.JobComposer.value_changes`) is derived from it
+       instead, without Hydra (:class:`_Derived`): its config from the multirun's composer (shared
+       with the check of every job), the same checks, its folder and ``.hydra/`` files written
+       directly, its callbacks run with a small config naming its folder; so the host's cost per
+       job does not grow with a Hydra composition per job;
     2. the recorded jobs are grouped (foxdqn.population.grouping.plan, ``max_members``); a group
        of one, or a job the population trainer does not support (grouping.batch_refusal), trains
        by the classic path (foxdqn.train), a larger group by
@@ -136,17 +143,24 @@ class PopulationLauncher(Launcher):
         callbacks = _JobEndAfterTraining(self.hydra_context.callbacks, COLLECTOR)
         context = HydraContext(config_loader=self.hydra_context.config_loader, callbacks=callbacks)
         jobs: Dict[int, Tuple[DictConfig, JobReturn]] = {}
+        derived = _Derived(self.config, callbacks, self.task_function)
+        started = time.perf_counter()
         with COLLECTOR.collecting():
             for idx, overrides in enumerate(job_overrides, start=initial_job_idx):
+                job = derived.collect(idx, list(overrides))
+                if job is not None:
+                    jobs[idx] = job
+                    continue
                 log.info(f"\t#{idx} : {' '.join(filter_overrides(overrides))}")
-                sweep_config = self.hydra_context.config_loader.load_sweep_config(self.config, list(overrides))
-                with open_dict(sweep_config):
-                    sweep_config.hydra.job.id = idx
-                    sweep_config.hydra.job.num = idx
+                sweep_config = self._compose(idx, list(overrides))
                 jobs[idx] = sweep_config, run_job(hydra_context=context, task_function=self.task_function,
                                                   config=sweep_config, job_dir_key="hydra.sweep.dir",
                                                   job_subdir_key="hydra.sweep.subdir")
+                derived.learn(idx, list(overrides), sweep_config)
                 configure_log(self.config.hydra.hydra_logging, self.config.hydra.verbose)
+        if derived.count:
+            log.info(f"{len(job_overrides)} jobs checked in {time.perf_counter() - started:.1f} s: {derived.count} "
+                     f"derived from the {len(job_overrides) - derived.count} Hydra composed")
         groups = plan(COLLECTOR.members, self.max_members)
         populations = [g for g in groups if len(g) > 1]
         gpus = self._worker_gpus(populations)
@@ -164,6 +178,25 @@ class PopulationLauncher(Launcher):
                 callbacks.release(member.job_num, jobs[member.job_num][1])
             configure_log(self.config.hydra.hydra_logging, self.config.hydra.verbose)
         return [ret for _, ret in (jobs[idx] for idx in sorted(jobs))]
+
+    def _compose(self, idx: int, overrides: List[str]) -> DictConfig:
+        """Job ``idx``'s whole config through Hydra (``load_sweep_config``), numbered."""
+        sweep_config = self.hydra_context.config_loader.load_sweep_config(self.config, list(overrides))
+        with open_dict(sweep_config):
+            sweep_config.hydra.job.id = idx
+            sweep_config.hydra.job.num = idx
+        return sweep_config
+
+    def _full(self, config: DictConfig) -> DictConfig:
+        """``config`` itself, or for a derived job's small config (:func:`_is_light`) its whole
+        config composed now through Hydra, with its folder as ``hydra.runtime.output_dir`` (a job
+        that trains alone, or a population's first member, whose config becomes Hydra's current)."""
+        if not _is_light(config):
+            return config
+        full = self._compose(int(config.hydra.job.num), list(config.hydra.overrides.task))
+        with open_dict(full):
+            full.hydra.runtime.output_dir = str(config.hydra.runtime.output_dir)
+        return full
 
     def _worker_gpus(self, populations: List[Any]) -> List[str]:
         """The GPUs of the worker processes (one each): none (train here) unless the run is on CUDA,
@@ -218,15 +251,14 @@ class PopulationLauncher(Launcher):
                         _set_result(ret, lambda member=member, outcome=result[j]: _member_value(member, outcome))
         shutil.rmtree(folder, ignore_errors=True)
 
-    @staticmethod
-    def _train_alone(member: Any, config: DictConfig, ret: JobReturn) -> None:
+    def _train_alone(self, member: Any, config: DictConfig, ret: JobReturn) -> None:
         """The classic path (foxdqn.train._train) for one job, as the basic launcher would run it."""
         from foxdqn.population.grouping import batch_refusal
         from foxdqn.timings import CLOCK
         from foxdqn.train import _train
 
         why = batch_refusal(member.tc)
-        with _as_job(config):
+        with _as_job(self._full(config)):
             log.info(f"job {member.job_num} trains alone" + (f" ({why})" if why else ""))
             # this job's timings.json counts from here, not from the launcher's start or an earlier group
             CLOCK.mark("launcher")
@@ -234,12 +266,12 @@ class PopulationLauncher(Launcher):
             _set_result(ret, lambda: _train(member.tc, member.market, member.run_dir, member.payload,
                                                member.run_id))
 
-    @staticmethod
-    def _train_population(group: List[Any], jobs: Dict[int, Tuple[DictConfig, JobReturn]]) -> None:
+    def _train_population(self, group: List[Any], jobs: Dict[int, Tuple[DictConfig, JobReturn]]) -> None:
         """``train_population(group)``, then each member's value (or failure) into its JobReturn. A
         trainer that raises fails every member's JobReturn with its exception (the sweeper raises
         it, as for a job of the basic launcher); the other groups still train."""
         configs = [jobs[m.job_num][0] for m in group]
+        configs[0] = self._full(configs[0])  # Hydra's current config while the population trains
         with _as_population(configs):
             log.info(f"population of {len(group)} members (jobs {', '.join(str(m.job_num) for m in group)})")
             try:
@@ -267,18 +299,17 @@ def deal(populations: List[Any], workers: int) -> List[List[Any]]:
 
 
 def _member_value(member: Any, outcome: Any) -> float:
-    """What the task function would have returned for ``member`` (its HydraConfig current): the
-    objective of its summary, printed as foxdqn.train does, or NaN after the job's failure line."""
+    """What the task function would have returned for ``member``: the objective of its summary, or
+    NaN after the job's failure line. A member's results are not printed one table per job: the
+    sweep's report prints one table at the end (foxdqn.report.SweepReport)."""
     from foxdqn.population.jobs import BAD_INPUT, FINISHED
-    from foxdqn.results_table import print_summary
     from foxdqn.train import _job_failed, _remove_if_unused, objective
 
     if outcome.exit_code == FINISHED:
-        print_summary(outcome.summary, member.run_dir)
         return objective(outcome.summary)
     if outcome.exit_code == BAD_INPUT:
         _remove_if_unused(member.run_dir)  # nothing written yet: no folder left behind, as foxdqn.train
-    return _job_failed(outcome.message, outcome.exit_code)
+    return _job_failed(outcome.message, outcome.exit_code, job=member.job_num)
 
 
 def _raise(exc: BaseException) -> None:
@@ -300,6 +331,9 @@ def _as_job(config: DictConfig, logs: bool = True) -> Iterator[None]:
     """``config`` (a job's, after run_job) as the current Hydra config, with (``logs``) its job
     logging, its ``hydra.job.env_set`` and, for ``hydra.job.chdir=true``, its folder as the working
     folder, as during Hydra's run_job."""
+    if _is_light(config):  # a derived job's small config: nothing of Hydra's to set (its results need none)
+        yield
+        return
     saved, cwd = HydraConfig.instance().cfg, os.getcwd()
     HydraConfig.instance().set_config(config)
     try:
@@ -373,9 +407,122 @@ class _JobEndAfterTraining:
     def release(self, job_num: int, job_return: JobReturn) -> None:
         """Run the held ``on_job_end`` of job ``job_num`` with its final ``job_return``."""
         config, kwargs = self._held.pop(job_num)
+        if _is_light(config):  # a derived job: its small config names its folder; Hydra's current stays
+            self._callbacks.on_job_end(config=config, job_return=job_return, **kwargs)
+            return
         saved = HydraConfig.instance().cfg
         HydraConfig.instance().set_config(config)
         try:
             self._callbacks.on_job_end(config=config, job_return=job_return, **kwargs)
         finally:
             HydraConfig.instance().cfg = saved
+
+
+def _is_light(config: DictConfig) -> bool:
+    """``config`` is a derived job's small config (:class:`_Derived`), not Hydra's whole one."""
+    return "job_logging" not in config.hydra
+
+
+class _Derived:
+    """Jobs of a multirun collected without Hydra's per-job composition and ``run_job``.
+
+    After a job composed through Hydra has been collected (:meth:`learn`: a job to train, no
+    resume, the default ``hydra.sweep.subdir``), a later job whose overrides differ from its
+    overrides only in values of plain keys (:meth:`foxdqn.compose.JobComposer.value_changes`) is
+    collected by :meth:`collect`, as ``run_job`` and foxdqn's task function would, minus the
+    composition: its config from the multirun's composer (:func:`foxdqn.compose.sweep_composer`,
+    which the check of every job filled), ``foxdqn.train.preflight``, its folder
+    ``<sweep dir>/<job number>`` with ``.hydra/config.yaml`` (the resolved config),
+    ``overrides.yaml`` and ``hydra.yaml`` (the first job's, with this job's number, folder and
+    overrides), the callbacks' ``on_job_start`` and ``on_job_end`` with a small config (the job's
+    folder, number and overrides under ``hydra``), and a :class:`~foxdqn.population.jobs.Member`.
+    A job this cannot take (bad input included) returns None: the caller runs it through Hydra, which
+    reports it as usual. Writing the YAML with libyaml from plain values keeps a job's host cost to
+    milliseconds.
+    """
+
+    def __init__(self, config: DictConfig, callbacks: Any, task_function: Any) -> None:
+        from omegaconf import OmegaConf
+
+        from foxdqn.compose import sweep_composer
+
+        self.composer = sweep_composer(str(config.hydra.job.config_name))
+        self.callbacks, self.task_function = callbacks, task_function
+        hydra_overrides = OmegaConf.to_container(config.hydra.overrides.hydra, resolve=False)
+        self.searchpath = [o for o in hydra_overrides if o.lstrip("+~").startswith("hydra.searchpath")]
+        node = config.hydra.sweep._get_node("subdir")
+        self.default_subdir = node is not None and node._value() == "${hydra.job.num}"
+        self.bases: List[Tuple[List[str], DictConfig, Dict[str, Any], Path]] = []
+        self.count = 0
+
+    def learn(self, idx: int, overrides: List[str], sweep_config: DictConfig) -> None:
+        """Job ``idx``, just run through Hydra, becomes a base when it was collected to train."""
+        import yaml
+
+        from foxdqn.population.jobs import COLLECTOR
+
+        added = COLLECTOR.members[-1] if COLLECTOR.members else None
+        if not self.default_subdir or added is None or added.job_num != idx or added.payload is not None:
+            return
+        hydra_file = Path(added.run_dir) / ".hydra" / "hydra.yaml"
+        if not hydra_file.is_file():
+            return
+        doc = yaml.load(hydra_file.read_text(), Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
+        self.bases.append((list(overrides), sweep_config, doc, Path(added.run_dir).parent))
+
+    def collect(self, idx: int, overrides: List[str]) -> Optional[Tuple[DictConfig, JobReturn]]:
+        """Collect job ``idx`` without Hydra, or None (see the class docstring)."""
+        from omegaconf import OmegaConf
+
+        from foxdqn.errors import FoxdqnError
+        from foxdqn.population.jobs import COLLECTOR, Member
+        from foxdqn.train import preflight
+
+        base = next((b for b in self.bases if self.composer.value_changes(overrides, b[0], b[1]) is not None), None)
+        if base is None:
+            return None
+        plain = [o for o in overrides if not o.lstrip("+~").startswith(("hydra.", "hydra/"))]
+        try:
+            tc = self.composer(self.searchpath + plain)
+            if tc.resume is not None:
+                return None
+            market = preflight(tc)
+        except FoxdqnError:
+            return None
+        run_dir = base[3] / str(idx)
+        self._write_job_files(run_dir, tc, overrides, base[2], idx)
+        light = OmegaConf.create({"hydra": {"runtime": {"output_dir": str(run_dir)},
+                                            "job": {"num": idx, "id": str(idx)},
+                                            "overrides": {"task": list(overrides)}}})
+        self.callbacks.on_job_start(config=light, task_function=self.task_function)
+        COLLECTOR.add(Member(tc, market, run_dir, idx, list(overrides)))
+        ret = JobReturn(overrides=list(overrides), hydra_cfg=light, working_dir=os.getcwd(),
+                        task_name=str(base[2]["hydra"]["job"]["name"]), status=JobStatus.COMPLETED)
+        ret.return_value = None
+        self.callbacks.on_job_end(config=light, job_return=ret)
+        self.count += 1
+        return light, ret
+
+    @staticmethod
+    def _write_job_files(run_dir: Path, tc: Any, overrides: List[str], hydra_doc: Dict[str, Any], idx: int) -> None:
+        import copy
+
+        import yaml
+        from hydra._internal.config_loader_impl import get_overrides_dirname
+        from hydra.core.override_parser.overrides_parser import OverridesParser
+
+        from foxdqn.config import to_plain
+        from foxdqn.io_atomic import write_text_atomic
+
+        dumper = getattr(yaml, "CSafeDumper", yaml.SafeDumper)
+        doc = copy.deepcopy(hydra_doc)
+        job, dirname = doc["hydra"]["job"], doc["hydra"]["job"]["config"]["override_dirname"]
+        job["num"], job["id"] = idx, str(idx)
+        job["override_dirname"] = get_overrides_dirname(
+            overrides=OverridesParser.create().parse_overrides(list(overrides)), kv_sep=dirname["kv_sep"],
+            item_sep=dirname["item_sep"], exclude_keys=list(dirname["exclude_keys"]))
+        doc["hydra"]["overrides"]["task"] = list(overrides)
+        doc["hydra"]["runtime"]["output_dir"] = str(run_dir.resolve())
+        hydra_dir = run_dir / ".hydra"
+        for name, value in (("config.yaml", to_plain(tc)), ("hydra.yaml", doc), ("overrides.yaml", list(overrides))):
+            write_text_atomic(hydra_dir / name, yaml.dump(value, Dumper=dumper, sort_keys=False))

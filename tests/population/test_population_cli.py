@@ -50,3 +50,38 @@ def test_population_multirun_from_the_command_line(tmp_path):
             assert last["step"] == total
             assert metrics["train/episodes"].sum() > 0 and math.isfinite(last["train/loss"])  # real values on CPU
             assert math.isfinite(last["train/episode_return"]) and last["train/reward_per_step"] > 0
+
+
+def test_a_multirun_composes_once_per_structure_and_derives_the_other_jobs(tmp_path):
+    """Hydra composes the first job; the others differ in values only and are derived without a
+    composition (issue 33): their folders hold Hydra's .hydra/ files and their results equal the
+    same job composed by Hydra (here job 0 of another population)."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    common = [sys.executable, "-m", "foxdqn.train", "--multirun", "+experiment=cartpole_cleanrl", "debug=smoke",
+              "device=cpu", "log.progress=false", "logger=csv", "hydra/launcher=population"]
+    many = subprocess.run([*common, "seed=0,1,2", "optim.lr=1e-3,2e-3", f"hydra.sweep.dir={tmp_path / 'a'}"],
+                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
+    assert many.returncode == 0, many.stderr[-3000:]
+    assert "6 jobs checked in" in many.stdout + many.stderr and "5 derived from the 1 Hydra composed" in many.stdout
+    two = subprocess.run([*common, "seed=2,0", "optim.lr=2e-3", f"hydra.sweep.dir={tmp_path / 'b'}"],
+                         cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
+    assert two.returncode == 0, two.stderr[-3000:]
+
+    def job(sweep, *wanted):
+        for folder in (tmp_path / sweep).iterdir():
+            if folder.name.isdigit():
+                overrides = (folder / ".hydra" / "overrides.yaml").read_text()
+                if all(w in overrides for w in wanted):
+                    return folder
+        raise AssertionError(f"no job with {wanted} in {sweep}")
+
+    derived, composed = job("a", "seed=2", "optim.lr=0.002"), job("b", "seed=2")
+    assert derived.name != "0" and composed.name == "0"
+    hydra_yaml = (derived / ".hydra" / "hydra.yaml").read_text()
+    assert f"num: {derived.name}" in hydra_yaml and f"output_dir: {derived}" in hydra_yaml
+    assert (derived / ".hydra" / "overrides.yaml").read_text().splitlines()[-1] != ""
+    mine, theirs = (json.loads((d / "eval" / "summary.json").read_text()) for d in (derived, composed))
+    assert mine["metrics"] == theirs["metrics"]
+    assert "optim.lr=0.002" in (derived / ".hydra" / "overrides.yaml").read_text()
+    assert (derived / "config.yaml").read_text().split("\n", 1)[1] == (composed / "config.yaml").read_text().split(
+        "\n", 1)[1]  # the same resolved config (the first lines name two runs)
