@@ -10,12 +10,15 @@ subprocess, timed from the command to the last job's ``eval/summary.json``:
 
 Columns: experiment, launcher, graph, members (P), wall_s (command to the last summary.json),
 train_s (the training time the summaries report, shared by a population's members), env_steps_per_s
-(all members' env steps / train_s), wall_per_job_s, greedy return or test Sharpe per member
-(mean, min, max), jobs that failed.
+(all members' env steps / train_s), wall_per_job_s, check_s (the population launcher's collection of
+the jobs, from its log line "N jobs checked in X s"), host_s (wall_s − train_s: start-up,
+composition, checks, evaluation and reports), greedy return or test Sharpe per member (mean, min,
+max), jobs that failed.
 """
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 import tempfile
@@ -25,7 +28,7 @@ from pathlib import Path
 import numpy as np
 
 #: (experiment, member counts) measured on CUDA; on CPU only the smallest counts run (eager).
-CASES = {"cartpole_cleanrl": (1, 16, 128), "eurusd_dqn": (1, 8, 64)}
+CASES = {"cartpole_cleanrl": (1, 16, 128, 512), "eurusd_dqn": (1, 8, 64)}
 CPU_CASES = {"cartpole_cleanrl": (2,), "eurusd_dqn": (2,)}  # with debug=smoke
 BASIC_JOBS = 2
 
@@ -42,6 +45,7 @@ def sweep(experiment: str, members: int, launcher: str, graph: str, extra: list[
             cmd.append("hydra/launcher=population")
         start = time.time()
         proc = subprocess.run(cmd, capture_output=True, text=True)
+        checked = re.search(r"(\d+) jobs checked in ([0-9.]+) s", proc.stdout + proc.stderr)
         files = sorted(out.glob("*/eval/summary.json"))
         summaries = [json.loads(p.read_text()) for p in files]
         wall = max((p.stat().st_mtime for p in files), default=time.time()) - start
@@ -60,7 +64,10 @@ def sweep(experiment: str, members: int, launcher: str, graph: str, extra: list[
         env_steps_per_s=round(steps / (max(train_s) if launcher == "population" else sum(train_s)), 1),
         metric="mean_return" if "mean_return" in summaries[0]["metrics"]["agent"] else "sharpe",
         metric_mean=float(np.mean(values)), metric_min=float(np.min(values)), metric_max=float(np.max(values)),
+        check_s=float(checked.group(2)) if checked else None,
     )
+    if launcher == "population":
+        row["host_s"] = round(row["wall_s"] - row["train_s"], 2)
     if scale != 1:
         row["note"] = f"{jobs} of {members} jobs run; wall_s and train_s scaled by {scale:g}"
     return row
@@ -85,7 +92,7 @@ def rows(device: str, only: tuple[str, ...] | None = None):
 def table(df) -> str:
     """Markdown: every row, and population vs basic launcher wall time as a ratio."""
     cols = [c for c in ("experiment", "launcher", "graph", "members", "wall_s", "wall_per_job_s", "train_s",
-                        "env_steps_per_s", "metric", "metric_mean", "metric_min", "metric_max", "failed", "note")
+                        "check_s", "host_s", "env_steps_per_s", "metric", "metric_mean", "metric_min", "metric_max", "failed", "note")
             if c in df]
     text = "## population: a seed sweep as one population vs one job after another\n\n" + \
         df[cols].to_markdown(index=False, floatfmt=".4g")

@@ -129,7 +129,7 @@ class JobComposer:
 
         if len(overrides) != len(first_overrides):
             return None
-        parser, loader = OverridesParser.create(), GlobalHydra.instance().config_loader()
+        parser, loader = _PARSER.setdefault("parser", OverridesParser.create()), GlobalHydra.instance().config_loader()
         changes = []
         for mine, first in zip(overrides, first_overrides):
             if mine == first:
@@ -141,7 +141,12 @@ class JobComposer:
             key = a.key_or_group
             plain = (a.type == OverrideType.CHANGE and b.type == OverrideType.CHANGE and key == b.key_or_group
                      and a.package is None and "/" not in key and not key.startswith("hydra"))
-            if not plain or a.is_sweep_override() or loader.get_group_options(key.replace(".", "/")):
+            if not plain or a.is_sweep_override():
+                return None
+            group = key.replace(".", "/")
+            if group not in _IS_GROUP:  # the config search path is fixed for the process: ask once per key
+                _IS_GROUP[group] = bool(loader.get_group_options(group))
+            if _IS_GROUP[group]:
                 return None
             node = OmegaConf.select(first_cfg, key, default=None, throw_on_missing=False)
             if isinstance(node, DictConfig):
@@ -149,6 +154,11 @@ class JobComposer:
             changes.append((key, a.value()))
         return changes
 
+
+#: Hydra's override parser (made once) and whether a dotted key names a config group (asked once per
+#: key: a lookup in the config repository costs about 15 ms).
+_PARSER: dict = {}
+_IS_GROUP: dict[str, bool] = {}
 
 #: The composer of each config name for this process's multirun: the check of every job
 #: (foxdqn.hydra_callbacks.CheckJobs) and the population launcher share it, so a job is composed once.

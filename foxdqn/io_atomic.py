@@ -22,6 +22,7 @@ strings back into floats wherever they appear as values.
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
@@ -31,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 __all__ = [
+    "deferred_sync",
     "write_bytes_atomic",
     "write_text_atomic",
     "write_json_atomic",
@@ -65,6 +67,26 @@ def _fsync_dir(directory: Path) -> None:
         pass
     finally:
         os.close(fd)
+
+
+#: Inside :func:`deferred_sync`: the writes skip their fsyncs (one ``os.sync`` at its end).
+_DEFERRED: list[bool] = []
+
+
+@contextlib.contextmanager
+def deferred_sync():
+    """Many atomic writes at once (a population's P run folders): inside the block the writes keep
+    their atomic rename (a reader sees the old file or the whole new one) but skip the two fsyncs
+    of each file (about 7 ms a file on a 2-core VM); at the end of the block one ``os.sync()``
+    makes them all durable. A power cut inside the block can lose files written in it; a crash of
+    the process cannot tear one."""
+    _DEFERRED.append(True)
+    try:
+        yield
+    finally:
+        _DEFERRED.pop()
+        if not _DEFERRED and hasattr(os, "sync"):
+            os.sync()
 
 
 def write_bytes_atomic(path: str | os.PathLike[str], data: bytes) -> None:
@@ -105,7 +127,8 @@ def _write(dest: Path, data: bytes) -> None:
             os.chmod(tmp_name, mode)
             f.write(data)
             f.flush()
-            os.fsync(f.fileno())
+            if not _DEFERRED:
+                os.fsync(f.fileno())
         os.replace(tmp_name, dest)
     except BaseException:
         try:
@@ -113,7 +136,8 @@ def _write(dest: Path, data: bytes) -> None:
         except FileNotFoundError:
             pass
         raise
-    _fsync_dir(directory)
+    if not _DEFERRED:
+        _fsync_dir(directory)
 
 
 def write_text_atomic(path: str | os.PathLike[str], text: str, encoding: str = "utf-8") -> None:

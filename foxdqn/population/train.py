@@ -19,7 +19,7 @@ import torch
 from foxdqn.checkpoint import FORMAT, write_payload
 from foxdqn.config import to_plain
 from foxdqn.finish import VAL_EPISODES, VAL_SEED_OFFSET, Agent, RunEnd, finish
-from foxdqn.io_atomic import write_text_atomic
+from foxdqn.io_atomic import deferred_sync, write_text_atomic
 from foxdqn.population import step as P
 from foxdqn.evaluate import POLICIES
 from foxdqn.population.jobs import FINISHED, HALTED, Member, Outcome
@@ -190,7 +190,8 @@ def train_population(members: list[Member]) -> list[Outcome]:
     except FoxdqnError as exc:
         return [Outcome(None, 2, str(exc)) for _ in members]
     after_kill = "a population does not resume: evaluate checkpoints/last.pt, or train again"
-    folders = [RunFolder(m.run_dir).open(resume=False, after_kill=after_kill, config=m.tc) for m in members]
+    with deferred_sync():  # P folders: one sync for all their records (foxdqn.io_atomic)
+        folders = [RunFolder(m.run_dir).open(resume=False, after_kill=after_kill, config=m.tc) for m in members]
     outcomes: list[Outcome] = []
     try:
         run.open_loggers()
@@ -201,11 +202,13 @@ def train_population(members: list[Member]) -> list[Outcome]:
                 run.close()
             wall = time.perf_counter() - run.t0
             if signals.received is not None:
-                for p, m in enumerate(members):
-                    member_checkpoint(run.s, p, m.run_dir / "checkpoints" / "last.pt")
+                with deferred_sync():
+                    for p, m in enumerate(members):
+                        member_checkpoint(run.s, p, m.run_dir / "checkpoints" / "last.pt")
             else:
                 vals, tests = run.evaluate_members()
-                outcomes = [run.end_member(p, wall, vals[p], tests[p]) for p in range(len(members))]
+                with deferred_sync():  # P members' checkpoints and reports, one sync at the end
+                    outcomes = [run.end_member(p, wall, vals[p], tests[p]) for p in range(len(members))]
     finally:
         for p, folder in enumerate(folders):
             folder.finish() if p < len(outcomes) else folder.release()

@@ -468,7 +468,7 @@ class _Derived:
         if not hydra_file.is_file():
             return
         doc = yaml.load(hydra_file.read_text(), Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
-        self.bases.append((list(overrides), sweep_config, doc, Path(added.run_dir).parent))
+        self.bases.append((list(overrides), sweep_config, _HydraYaml(doc), Path(added.run_dir).parent))
 
     def collect(self, idx: int, overrides: List[str]) -> Optional[Tuple[DictConfig, JobReturn]]:
         """Collect job ``idx`` without Hydra, or None (see the class docstring)."""
@@ -497,32 +497,61 @@ class _Derived:
         self.callbacks.on_job_start(config=light, task_function=self.task_function)
         COLLECTOR.add(Member(tc, market, run_dir, idx, list(overrides)))
         ret = JobReturn(overrides=list(overrides), hydra_cfg=light, working_dir=os.getcwd(),
-                        task_name=str(base[2]["hydra"]["job"]["name"]), status=JobStatus.COMPLETED)
+                        task_name=base[2].task_name, status=JobStatus.COMPLETED)
         ret.return_value = None
         self.callbacks.on_job_end(config=light, job_return=ret)
         self.count += 1
         return light, ret
 
     @staticmethod
-    def _write_job_files(run_dir: Path, tc: Any, overrides: List[str], hydra_doc: Dict[str, Any], idx: int) -> None:
+    def _write_job_files(run_dir: Path, tc: Any, overrides: List[str], hydra_yaml: "_HydraYaml", idx: int) -> None:
+        import yaml
+
+        from foxdqn.config import to_plain
+
+        dumper = getattr(yaml, "CSafeDumper", yaml.SafeDumper)
+        hydra_dir = run_dir / ".hydra"
+        hydra_dir.mkdir(parents=True, exist_ok=True)
+        (hydra_dir / "config.yaml").write_text(yaml.dump(to_plain(tc), Dumper=dumper, sort_keys=False))
+        (hydra_dir / "hydra.yaml").write_text(hydra_yaml.render(idx, overrides, run_dir.resolve()))
+        (hydra_dir / "overrides.yaml").write_text(yaml.dump(list(overrides), Dumper=dumper))  # plain writes, as Hydra
+
+
+class _HydraYaml:
+    """A base job's ``.hydra/hydra.yaml`` as a text template: the job's number, id, folder,
+    overrides and ``override_dirname`` (Hydra's rule) filled in per job without dumping the whole
+    document again."""
+
+    _FIELDS = ("num", "id", "output_dir", "task", "override_dirname")
+
+    def __init__(self, doc: Dict[str, Any]) -> None:
         import copy
 
+        import yaml
+
+        self.dumper = getattr(yaml, "CSafeDumper", yaml.SafeDumper)
+        doc = copy.deepcopy(doc)
+        job = doc["hydra"]["job"]
+        self.task_name = str(job["name"])
+        self.dirname = dict(job["config"]["override_dirname"])
+        job["num"], job["id"], job["override_dirname"] = (f"FOXDQNSLOT{f}X" for f in ("num", "id", "override_dirname"))
+        doc["hydra"]["runtime"]["output_dir"] = "FOXDQNSLOToutput_dirX"
+        doc["hydra"]["overrides"]["task"] = "FOXDQNSLOTtaskX"
+        self.text = yaml.dump(doc, Dumper=self.dumper, sort_keys=False)
+
+    def render(self, idx: int, overrides: List[str], run_dir: Path) -> str:
+        """The hydra.yaml of job ``idx`` with ``overrides`` in folder ``run_dir``."""
         import yaml
         from hydra._internal.config_loader_impl import get_overrides_dirname
         from hydra.core.override_parser.overrides_parser import OverridesParser
 
-        from foxdqn.config import to_plain
-        from foxdqn.io_atomic import write_text_atomic
-
-        dumper = getattr(yaml, "CSafeDumper", yaml.SafeDumper)
-        doc = copy.deepcopy(hydra_doc)
-        job, dirname = doc["hydra"]["job"], doc["hydra"]["job"]["config"]["override_dirname"]
-        job["num"], job["id"] = idx, str(idx)
-        job["override_dirname"] = get_overrides_dirname(
-            overrides=OverridesParser.create().parse_overrides(list(overrides)), kv_sep=dirname["kv_sep"],
-            item_sep=dirname["item_sep"], exclude_keys=list(dirname["exclude_keys"]))
-        doc["hydra"]["overrides"]["task"] = list(overrides)
-        doc["hydra"]["runtime"]["output_dir"] = str(run_dir.resolve())
-        hydra_dir = run_dir / ".hydra"
-        for name, value in (("config.yaml", to_plain(tc)), ("hydra.yaml", doc), ("overrides.yaml", list(overrides))):
-            write_text_atomic(hydra_dir / name, yaml.dump(value, Dumper=dumper, sort_keys=False))
+        dirname = get_overrides_dirname(overrides=OverridesParser.create().parse_overrides(list(overrides)),
+                                        kv_sep=self.dirname["kv_sep"], item_sep=self.dirname["item_sep"],
+                                        exclude_keys=list(self.dirname["exclude_keys"]))
+        values = {"num": idx, "id": str(idx), "output_dir": str(run_dir), "task": list(overrides),
+                  "override_dirname": dirname}
+        text = self.text
+        for field in self._FIELDS:
+            scalar = yaml.dump(values[field], Dumper=self.dumper, default_flow_style=True, width=1 << 30)
+            text = text.replace(f"FOXDQNSLOT{field}X", scalar.rstrip("\n").removesuffix("\n...").removesuffix("..."))
+        return text

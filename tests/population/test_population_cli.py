@@ -77,8 +77,16 @@ def test_a_multirun_composes_once_per_structure_and_derives_the_other_jobs(tmp_p
 
     derived, composed = job("a", "seed=2", "optim.lr=0.002"), job("b", "seed=2")
     assert derived.name != "0" and composed.name == "0"
-    hydra_yaml = (derived / ".hydra" / "hydra.yaml").read_text()
-    assert f"num: {derived.name}" in hydra_yaml and f"output_dir: {derived}" in hydra_yaml
+    import yaml
+
+    def flat(node, path=""):
+        return ({k: v for key, value in node.items() for k, v in flat(value, f"{path}.{key}").items()}
+                if isinstance(node, dict) else {path: node})
+
+    first, mine = (flat(yaml.safe_load((d / ".hydra" / "hydra.yaml").read_text())) for d in (tmp_path / "a" / "0", derived))
+    assert {k for k in first if first[k] != mine[k]} <= {".hydra.job.num", ".hydra.job.id", ".hydra.job.override_dirname",
+                                                         ".hydra.overrides.task", ".hydra.runtime.output_dir"}
+    assert mine[".hydra.job.num"] == int(derived.name) and mine[".hydra.runtime.output_dir"] == str(derived)
     assert (derived / ".hydra" / "overrides.yaml").read_text().splitlines()[-1] != ""
     mine, theirs = (json.loads((d / "eval" / "summary.json").read_text()) for d in (derived, composed))
     assert mine["metrics"] == theirs["metrics"]
