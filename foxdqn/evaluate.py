@@ -1,4 +1,5 @@
-"""Out-of-sample evaluation: the greedy agent against buy-and-hold and flat on one split.
+"""Out-of-sample evaluation: the greedy agent against buy-and-hold, flat and, on a generated market
+with a known answer, the oracle (:func:`oracle_policy`) on one split.
 
 Each policy walks one evaluation-mode env (foxdqn.envs.trading, ``eval_mode=True``) once through
 the split, deterministically, under the same execution model and costs as training. Metrics
@@ -25,7 +26,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from foxdqn.envs.actions import compose
+from foxdqn.envs.actions import EXPOSURES, MARKET, NORMAL, compose
 from foxdqn.envs.execution import RUIN_FRACTION
 from foxdqn.metrics import performance_summary
 from foxdqn.significance import probabilistic_sharpe_ratio, sharpe_confidence_interval
@@ -34,7 +35,8 @@ from foxdqn.step.chunk_graph import CHUNK_STEPS, ChunkGraph
 # Baselines as fixed actions: exposure index 4 (+1) / 2 (flat), market order, normal urgency.
 BUY_AND_HOLD_ACTION = int(compose(torch.tensor(4), torch.tensor(0), torch.tensor(1)))
 FLAT_ACTION = int(compose(torch.tensor(2), torch.tensor(0), torch.tensor(1)))
-POLICIES = ("agent", "buy_and_hold", "flat")
+#: The policies of a final evaluation; ``oracle`` only where the market has one (a generated market).
+POLICIES = ("agent", "buy_and_hold", "flat", "oracle")
 #: Units of the metrics in summary.json and the printed table.
 UNITS = {
     "total_return": "fraction of initial equity over the split",
@@ -102,10 +104,46 @@ def significance(equity: np.ndarray, bars_per_year: float, benchmark: np.ndarray
     return out
 
 
+def oracle_policy(expected_future_return: np.ndarray, device: torch.device):
+    """The near-oracle of a generated market, as a policy ``(obs, env) -> [N] env actions``.
+
+    At the close of bar ``t = env.t`` it reads ``G_t = expected_future_return[t]`` (what one unit
+    of exposure held from there on is expected to earn over every later bar, given the market's
+    latent state: :class:`foxdqn.data.synthetic.SyntheticMarket`) and the cost of trading one unit
+    of exposure with a market order of normal urgency, ``c_t = s_t/2 + (market_slippage_bps[normal]
+    + taker_fee_bps) * 1e-4`` (``s_t`` the floored spread the env prices that order with,
+    ``env.market_state()``; the env's ``execution`` costs). It targets exposure +1 when
+    ``G_t > c_t``, -1 when ``G_t < -c_t``, and keeps the exposure it holds otherwise (no order),
+    always as a market order of normal urgency. A switch is made when it breaks even if the new
+    position were held for ever (from flat: ``G_t`` against ``c_t``; a flip trades 2 units for
+    ``2 G_t``). It is a near-oracle, not the optimal policy: it knows the latent state, but it
+    neither weighs the chance of switching back later nor sizes below 1. With ``G = 0`` (the
+    martingale) it never trades: it is flat.
+
+    Args:
+        expected_future_return: float64 ``[T]``, one value per bar of the market (fraction).
+        device: the env's device; the policy launches only fixed-shape ops there (capturable).
+    """
+    future = torch.as_tensor(np.asarray(expected_future_return, dtype=np.float64), device=device)
+    long, short = EXPOSURES.index(1.0), EXPOSURES.index(-1.0)
+
+    def act(obs, env):
+        ex = env.execution
+        spread, _ = env.market_state()
+        cost = spread.to(torch.float64) / 2 + (float(ex.market_slippage_bps[NORMAL]) + float(ex.taker_fee_bps)) * 1e-4
+        g = future[env.t]
+        exposure = torch.where(g > cost, long, torch.where(g < -cost, short, env.exposure_idx))
+        return compose(exposure, MARKET, NORMAL)
+
+    return act
+
+
 def evaluate(cfg, market, online: torch.nn.Module, device: torch.device, split: str = "test",
              action_mode=None, policies: tuple[str, ...] = POLICIES, graph: bool | None = None) -> dict:
-    """Run ``policies`` (of agent, buy-and-hold and flat) on ``split``. ``action_mode`` maps the
-    network's action to the env's factored action (None: the network acts over the 45 actions).
+    """Run ``policies`` (of agent, buy-and-hold, flat and oracle) on ``split``; the oracle
+    (:func:`oracle_policy`) only when ``market.expected_future_return`` is set (a generated market),
+    else it is left out. ``action_mode`` maps the network's action to the env's factored action
+    (None: the network acts over the 45 actions).
     ``graph``: on CUDA, capture the walks in a CUDA graph (``online`` and ``action_mode`` must be
     capturable, as they are in training); None: :func:`capture_default`. Ignored on CPU.
 
@@ -120,7 +158,7 @@ def evaluate_agents(cfg, market, online: torch.nn.Module, device: torch.device, 
                     action_mode=None, policies: tuple[str, ...] = POLICIES, graph: bool | None = None) -> list[dict]:
     """:func:`evaluate` of P = ``agents`` greedy agents at once (a population's members): ``online``
     maps observations ``[P, D]`` (agent p's walk in row p) to Q ``[P, A]``; the P walks run in one
-    eval env of P envs, buy-and-hold and flat once. Returns P results in :func:`evaluate`'s format."""
+    eval env of P envs, buy-and-hold, flat and the oracle once. Returns P results in :func:`evaluate`'s format."""
     capturable = capture_default(cfg) if graph is None else bool(graph)
     online.eval()
 
@@ -133,8 +171,10 @@ def evaluate_agents(cfg, market, online: torch.nn.Module, device: torch.device, 
         return lambda obs, env: torch.full((obs.shape[0],), a, dtype=torch.int64, device=obs.device)
 
     chosen = {"agent": greedy, "buy_and_hold": const(BUY_AND_HOLD_ACTION), "flat": const(FLAT_ACTION)}
+    if market.expected_future_return is not None:
+        chosen["oracle"] = oracle_policy(market.expected_future_return, device)
     walks = {name: _walks(cfg, market, split, device, chosen[name], agents if name == "agent" else 1, capturable)
-             for name in policies}
+             for name in policies if name in chosen}
     online.train()
     start, end = market.splits[split]
     steps = end - 1 - max(start, cfg.env.window - 1)  # a whole walk: first valid bar to the split's last

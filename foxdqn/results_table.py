@@ -1,6 +1,6 @@
 """The results of a run on the console: a table with the metrics as rows (it fits an 80-column
-terminal) and one column per policy (agent, buy-and-hold, flat), the agent's significance line and
-where the outputs are. Used by ``foxdqn.train`` and ``foxdqn.evaluate``."""
+terminal) and one column per policy (agent, buy-and-hold, flat and, on a generated market, the
+oracle), the agent's significance line and where the outputs are. Used by ``foxdqn.train`` and ``foxdqn.evaluate``."""
 from __future__ import annotations
 
 from pathlib import Path

@@ -126,6 +126,8 @@ def _bad_csv(tmp_path):
     (["--multirun", "head=q,c99", "debug=smoke"], "job head=c99"),
     (["--multirun", "head=glob(*)", "+experiment=eurusd_iql", "debug=smoke"], "job head=c51"),  # globs listed too
     (["+env.execution.ioc_fill_rule=marketable"], "env.execution.ioc_fill_rule: removed"),
+    (["data.name=martingale_1h", "data.synthetic.phi=0.2"],
+     "data.synthetic.phi is not a parameter of data.name=martingale_1h"),
 ])
 def test_bad_input_one_line_exit_2_no_run_dir(tmp_path, args, needle):
     args = [f"data.path={_bad_csv(tmp_path)}" if a == "BAD_CSV" else a for a in args]

@@ -7,7 +7,7 @@ Checks that need the data itself (dates inside the data range, enough rows per s
 when loading and raise :class:`~foxdqn.errors.DataError`.
 """
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from numbers import Integral, Real
 from typing import Optional
 
@@ -77,13 +77,70 @@ class SplitConfig:
 
 
 @dataclass
+class SyntheticConfig:
+    """Parameters of a generated market (``data.name``: ``martingale_1h``, ``ar1_1h``,
+    ``regime_1h``, ``trend_1h``; docs/backtest.md#markets-with-a-known-answer).
+
+    null: the market's default (:data:`foxdqn.data.builtin.BUILTIN_DATASETS`). A key that the
+    chosen market does not read must stay null, and every key must stay null for a dataset read
+    from a file (``data.path``, ``eurusd_1h``, ``googl_1d``).
+    """
+
+    bars: Optional[int] = None  # bars generated (null: 6225 for martingale_1h, 40000 for the others)
+    seed: Optional[int] = None  # the generator's seed, >= 0 (null: 0)
+    # std of one bar's log return, > 0 (null: 0.001 for martingale_1h, 0.002 for the others)
+    vol_per_bar: Optional[float] = None
+    phi: Optional[float] = None  # AR(1) coefficient, -1 < phi < 1 (ar1_1h; regime_1h: +-phi; null: 0.2)
+    regime_length: Optional[float] = None  # mean regime / trend segment length in bars, >= 1 (regime_1h, trend_1h; null: 500)
+    drift: Optional[float] = None  # trend_1h: the drift's magnitude, a log return per bar >= 0 (null: 0.0002)
+
+    def set_keys(self) -> list[str]:
+        """The keys that are not null, in field order."""
+        return [f.name for f in fields(self) if getattr(self, f.name) is not None]
+
+    def validate(self, name: Optional[str], prefix: str = "data.synthetic") -> None:
+        """Check the values, and that the market ``name`` reads every key that is set (``name``
+        None: the data is read from a file, so none may be set). Raises :class:`ConfigError`
+        naming ``<prefix>.<key>``."""
+        from foxdqn.data.builtin import BUILTIN_DATASETS, generated_names
+
+        for key in ("bars", "seed"):
+            value = getattr(self, key)
+            if value is not None and (isinstance(value, bool) or not isinstance(value, Integral)
+                                      or value < (1 if key == "bars" else 0)):
+                raise ConfigError(f"{prefix}.{key} must be an integer >= {1 if key == 'bars' else 0} or null, "
+                                  f"got {value!r}")
+        checks = {"vol_per_bar": (lambda v: v > 0, "a number > 0 (the standard deviation of a bar's log return)"),
+                  "phi": (lambda v: -1 < v < 1, "a number in (-1, 1) (a stationary AR(1) process)"),
+                  "regime_length": (lambda v: v >= 1, "a number >= 1 (bars)"),
+                  "drift": (lambda v: v >= 0, "a number >= 0 (a log return per bar)")}
+        for key, (ok, what) in checks.items():
+            value = getattr(self, key)
+            if value is not None and (not _is_real(value) or not math.isfinite(value) or not ok(value)):
+                raise ConfigError(f"{prefix}.{key} must be {what} or null, got {value!r}")
+        keys = self.set_keys()
+        if not keys:
+            return
+        spec = BUILTIN_DATASETS.get(name) if name is not None else None
+        if spec is None or spec.make is None:
+            where = "the bars are read from data.path" if name is None else f"data.name={name} is read from a file"
+            raise ConfigError(f"{prefix}.{keys[0]} is set, but {where}; {prefix}.* are the parameters of the "
+                              f"generated markets ({', '.join(generated_names())})")
+        for key in keys:
+            if key not in spec.parameters:
+                raise ConfigError(f"{prefix}.{key} is not a parameter of data.name={name} (its parameters: "
+                                  f"{', '.join(spec.parameters)})")
+
+
+@dataclass
 class DataConfig:
     """Where the bars come from and how features are built.
 
     ``name`` picks a built-in dataset (see :data:`foxdqn.data.BUILTIN_DATASETS`) and is ignored
     when ``path`` (a CSV or Parquet file) is set. Window lengths are in bars; ``clip`` is in
     standard deviations of the training split; ``bars_per_year`` overrides the inferred
-    annualisation factor (see :func:`foxdqn.data.frequency.infer_bars_per_year`).
+    annualisation factor (see :func:`foxdqn.data.frequency.infer_bars_per_year`). ``synthetic``
+    holds the parameters of a generated market (:class:`foxdqn.data.config.SyntheticConfig`).
 
     Bar spacing (see :mod:`foxdqn.data.calendar`): ``on_frequency_change`` (``error`` | ``warn``)
     says what a change of bar frequency part-way through does; ``on_gaps`` (``error`` | ``warn`` |
@@ -94,7 +151,8 @@ class DataConfig:
     as a price of 1e300, a unit change part-way); null: no bound.
     """
 
-    name: Optional[str] = "eurusd_1h"  # built-in dataset: eurusd_1h | googl_1d | martingale_1h (ignored with path)
+    # built-in dataset: eurusd_1h | googl_1d | martingale_1h | ar1_1h | regime_1h | trend_1h (ignored with path)
+    name: Optional[str] = "eurusd_1h"
     path: Optional[str] = None  # a CSV or Parquet file of OHLCV bars (wins over name)
     # the file's time column (null: the one column named timestamp, datetime, date, time, ...)
     timestamp_column: Optional[str] = None
@@ -112,6 +170,8 @@ class DataConfig:
     time_unit: Optional[str] = None
     # plausibility bound: a price whose log return against the previous close exceeds this is refused (null: none)
     max_abs_log_return: Optional[float] = 1.0
+    # parameters of a generated market (data.name=martingale_1h | ar1_1h | regime_1h | trend_1h); null: its default
+    synthetic: SyntheticConfig = field(default_factory=SyntheticConfig)
 
     def validate(self) -> None:
         """Raise :class:`ConfigError` naming the first bad field (``data.<field>``)."""
@@ -164,6 +224,7 @@ class DataConfig:
                               f"(no bound), got {self.max_abs_log_return!r}")
         if self.time_unit is not None:
             _check_choice("data.time_unit", self.time_unit, TIME_UNITS, "or null (timestamps are dates/times)")
+        self.synthetic.validate(self.name if self.path is None else None)
 
 
 def parse_split_date(value: object, field_name: str) -> pd.Timestamp:

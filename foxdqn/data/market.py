@@ -52,6 +52,9 @@ class MarketData:
             covering ``[0, T)``.
         bars_per_year: annualisation factor (inferred, see :mod:`foxdqn.data.frequency`, or from
             ``data.bars_per_year``).
+        expected_return, expected_future_return: float64 ``[T]`` for a generated market (the
+            oracle's inputs, known at the close of each bar to whoever knows the market's latent
+            state; :class:`foxdqn.data.synthetic.SyntheticMarket`), None for data read from a file.
     """
 
     source: str
@@ -69,6 +72,8 @@ class MarketData:
     median_volatility: float
     splits: dict[str, tuple[int, int]]
     bars_per_year: float
+    expected_return: Optional[np.ndarray] = None
+    expected_future_return: Optional[np.ndarray] = None
 
     def split_timestamps(self, name: str) -> pd.DatetimeIndex:
         """Timestamps of split ``name`` (``"train"``, ``"val"`` or ``"test"``)."""
@@ -97,10 +102,15 @@ def load_market_data(cfg: DataConfig, window: int, episode_length: int = 1) -> M
         frame = io.read_table(cfg.path, cfg.timestamp_column)
         return market_data_from_frame(frame, cfg, window, episode_length, source=cfg.path)
     spec = builtin.BUILTIN_DATASETS[cfg.name]
-    if spec.make is not None:  # a generated dataset
+    if spec.make is not None:  # a generated market, with what its oracle needs
+        generated, params = builtin.generate(cfg.name, cfg.synthetic)
         cfg = dataclasses.replace(cfg, timestamp_column=spec.timestamp_column)
-        return market_data_from_frame(spec.make(), cfg, window, episode_length,
-                                      source=f"{cfg.name} (generated: {spec.description})")
+        settings = ", ".join(f"{key}={value:g}" if isinstance(value, float) else f"{key}={value}"
+                             for key, value in params.items())
+        market = market_data_from_frame(generated.bars, cfg, window, episode_length,
+                                        source=f"{cfg.name} (generated: {spec.description}; {settings})")
+        return dataclasses.replace(market, expected_return=generated.expected_return,
+                                   expected_future_return=generated.expected_future_return)
     path = builtin.builtin_path(cfg.name)
     source = f"{cfg.name} ({path})"
     frame = io.read_table(path, spec.timestamp_column)

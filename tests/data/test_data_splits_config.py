@@ -78,7 +78,7 @@ def test_split_dates_outside_the_data_raise_data_error(val_start, test_start, fi
     ({"clip": 0.0}, "data.clip"),
     ({"clip": float("inf")}, "data.clip"),
     ({"bars_per_year": -5.0}, "data.bars_per_year"),
-    ({"name": "sp500"}, "built-ins are: eurusd_1h, googl_1d"),
+    ({"name": "sp500"}, "built-ins are: ar1_1h, eurusd_1h, googl_1d, martingale_1h, regime_1h, trend_1h"),
     ({"name": None}, "data.name and data.path are both unset"),
     ({"path": ""}, "data.path"),
     ({"timestamp_column": ""}, "data.timestamp_column"),
