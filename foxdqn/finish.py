@@ -63,6 +63,7 @@ class RunEnd:
     overrides: list[str] | None = field(default=None)
     extra: dict = field(default_factory=dict)
     name: str = ""
+    job: int | None = None
     val_metrics: dict | None = None
     test_result: dict | None = None
 
@@ -115,7 +116,8 @@ def finish(agent: Agent, market, run_dir: Path, end: RunEnd) -> dict:
     mark("validation")  # foxdqn.timings
     log.info("%strained in %.1f s (stop: %s at %d env steps); val %s = %.4g; evaluating the %s weights (%d env "
              "steps) once on %s", end.name, end.wall, stop["reason"], stop["at_env_steps"], chosen["metric"], chosen["value"],
-             evaluated["checkpoint"], evaluated["env_steps"], cfg.eval.split)
+             evaluated["checkpoint"], evaluated["env_steps"], cfg.eval.split,
+             extra={"foxdqn_job": end.job})  # a population member's line goes to its own train.log only
     extra = {
         "experiment": cfg.experiment,
         "run_name": run_name(cfg.experiment, cfg.data.path, cfg.env.id),

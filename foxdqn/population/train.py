@@ -165,7 +165,7 @@ class _Population:
             write_text_atomic(m.run_dir / "HALTED", f"{reason}\n")
             return Outcome(None, HALTED, f"training halted: {reason}; last good weights saved to {ckpt}")
         end = RunEnd(self.graph, wall, *member_counts(s, p), ckpt, overrides=list(m.overrides),
-                     name=f"job {m.job_num}: ", extra={"population": {"member": p, "size": s.members,
+                     name=f"job {m.job_num}: ", job=m.job_num, extra={"population": {"member": p, "size": s.members,
                                            "jobs": [mm.job_num for mm in self.members]}},
                      val_metrics=val, test_result=test)
         agent = Agent(m.tc, None, s.action_mode, self.device)  # evaluated already: finish reads no network

@@ -352,9 +352,11 @@ def _as_job(config: DictConfig, logs: bool = True) -> Iterator[None]:
 def _as_population(configs: List[DictConfig]) -> Iterator[None]:
     """The first member's config current (:func:`_as_job`, in the launching folder) and every
     member's log file receiving the log lines: each log file the first member's logging writes
-    inside its job folder gets a twin in every other member's job folder."""
+    inside its job folder gets a twin in every other member's job folder. A line about one member
+    (a log record with ``foxdqn_job``, e.g. its final line) goes to that member's file only, so the
+    writes grow with P, not P²."""
     first, *others = configs
-    saved, root, twins = HydraConfig.instance().cfg, logging.getLogger(), []
+    saved, root, twins, filtered = HydraConfig.instance().cfg, logging.getLogger(), [], []
     HydraConfig.instance().set_config(first)
     try:
         configure_log(first.hydra.job_logging, first.hydra.verbose)
@@ -366,13 +368,18 @@ def _as_population(configs: List[DictConfig]) -> Iterator[None]:
                 rel = Path(handler.baseFilename).relative_to(first_dir)
             except ValueError:  # a log file outside the job folder is the same file for every member
                 continue
+            own = _OneJob(int(first.hydra.job.num))
+            handler.addFilter(own)
+            filtered.append((handler, own))  # the filter comes off at the end: the handler stays Hydra's
             for other in others:
                 twin = logging.FileHandler(Path(str(other.hydra.runtime.output_dir)) / rel, mode="a",
                                            encoding=handler.encoding)
                 twin.setLevel(handler.level)
                 twin.setFormatter(handler.formatter)
                 for f in handler.filters:
-                    twin.addFilter(f)
+                    if not isinstance(f, _OneJob):
+                        twin.addFilter(f)
+                twin.addFilter(_OneJob(int(other.hydra.job.num)))
                 root.addHandler(twin)
                 twins.append(twin)
         with env_override(dict(first.hydra.job.env_set)):
@@ -381,7 +388,21 @@ def _as_population(configs: List[DictConfig]) -> Iterator[None]:
         for twin in twins:
             root.removeHandler(twin)
             twin.close()
+        for handler, own in filtered:
+            handler.removeFilter(own)
         HydraConfig.instance().cfg = saved
+
+
+class _OneJob(logging.Filter):
+    """Passes a log record about job ``job`` (its ``foxdqn_job``) or about no job in particular."""
+
+    def __init__(self, job: int) -> None:
+        super().__init__()
+        self.job = job
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        mine = getattr(record, "foxdqn_job", None)
+        return mine is None or mine == self.job
 
 
 class _JobEndAfterTraining:
