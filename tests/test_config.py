@@ -217,3 +217,16 @@ def test_to_plain_equals_omegaconf_container(name):
 
     tc = load_config([f"+experiment={name}", "debug=smoke"])
     assert to_plain(tc) == OmegaConf.to_container(OmegaConf.structured(tc), enum_to_str=True)
+
+
+@pytest.mark.parametrize("body", ["defaults:\n  - override /head: q\nexperiment: mine\n",  # head@experiment.head
+                                  "experiment: mine\nseed: 3\n"])  # experiment.experiment
+def test_an_experiment_file_without_the_global_package_line_is_told_to_add_it(tmp_path, body):
+    (tmp_path / "experiment").mkdir()
+    (tmp_path / "experiment" / "mine.yaml").write_text(body)
+    with pytest.raises(ConfigError) as info:
+        load_config([f"hydra.searchpath=[file://{tmp_path}]", "+experiment=mine"])
+    assert str(info.value) == ("experiment/mine.yaml: add the line `# @package _global_` at the top of the file "
+                               "(its keys and overrides are for the whole config, as in conf/experiment/)")
+    (tmp_path / "experiment" / "mine.yaml").write_text("# @package _global_\n" + body)
+    assert load_config([f"hydra.searchpath=[file://{tmp_path}]", "+experiment=mine"]).experiment == "mine"
