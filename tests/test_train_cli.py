@@ -188,3 +188,18 @@ def test_user_config_folder_is_checked_like_ours(tmp_path, how):
     assert res.stderr.strip() == ("foxdqn: error: job +experiment=old debug=smoke: experiment/old: agent.lr moved to "
                                   "optim.lr; set optim.lr=... (docs/configuration.md)")
     assert not (tmp_path / "s").exists()
+
+
+def test_help_is_foxdqns_own(tmp_path):
+    """--help: the commands, the experiments and groups, where the docs are; not Hydra's 200-line default."""
+    from foxdqn.compose import experiment_names
+
+    res = run(["--help"], cwd=tmp_path)
+    assert res.returncode == 0, res.stderr[-2000:]
+    lines = res.stdout.splitlines()
+    assert len(lines) < 45 and "Powered by Hydra" not in res.stdout
+    assert "python -m foxdqn.train" in res.stdout and "python -m foxdqn.evaluate" in res.stdout
+    experiments = next(line for line in lines if line.startswith("experiment: "))
+    assert experiments.split(": ", 1)[1].split(", ") == experiment_names()
+    assert "hparams_search: " in res.stdout and "docs/" in res.stdout and "usage.md" in res.stdout
+    assert not list(tmp_path.iterdir())  # no run folder
