@@ -841,13 +841,28 @@ def warn_ignored(cfg: TrainConfig) -> list[str]:
 
 
 def run_name(experiment: str, data_path: Optional[str] = None, env_id: Optional[str] = None) -> str:
-    """The name of a run's folders and titles: the experiment, plus the stem of ``data.path`` or
-    the Gymnasium ``env.id`` when one is set (so ``data.path=bars.csv`` is not filed as
-    ``eurusd_dqn``). Characters other than letters, digits, ``-``, ``_`` and ``.`` become ``_``."""
+    """The name of a run's folders, titles, logger runs and reports.
+
+    The experiment's name, except:
+
+    * with ``data.path`` (the user's own bars), the name is after the file: the experiment without
+      its market prefix (the word before the first ``_`` when it is a built-in dataset's market, as
+      ``eurusd`` in ``eurusd_dqn``), then the file's stem: ``eurusd_dqn`` on ``bars.csv`` is
+      ``dqn_bars``, ``eurusd_c51`` is ``c51_bars``, an experiment of the user's own ``mine`` is
+      ``mine_bars``;
+    * with a Gymnasium ``env.id``, the experiment and the id (``cartpole_gym_Acrobot-v1``).
+
+    Characters other than letters, digits, ``-``, ``_`` and ``.`` become ``_``."""
     import re
 
-    extra = Path(str(data_path)).stem if data_path else (str(env_id) if env_id else "")
-    name = f"{experiment}_{extra}" if extra else str(experiment)
+    from foxdqn.data.builtin import BUILTIN_DATASETS
+
+    if data_path:
+        market, _, algo = str(experiment).partition("_")
+        markets = {name.split("_")[0] for name in BUILTIN_DATASETS}
+        name = f"{algo if algo and market in markets else experiment}_{Path(str(data_path)).stem}"
+    else:
+        name = f"{experiment}_{env_id}" if env_id else str(experiment)
     return re.sub(r"[^A-Za-z0-9._-]", "_", name)
 
 

@@ -230,3 +230,17 @@ def test_an_experiment_file_without_the_global_package_line_is_told_to_add_it(tm
                                "(its keys and overrides are for the whole config, as in conf/experiment/)")
     (tmp_path / "experiment" / "mine.yaml").write_text("# @package _global_\n" + body)
     assert load_config([f"hydra.searchpath=[file://{tmp_path}]", "+experiment=mine"]).experiment == "mine"
+
+
+@pytest.mark.parametrize("experiment, path, env_id, name", [
+    ("eurusd_dqn", None, None, "eurusd_dqn"),
+    ("eurusd_dqn", "/data/my bars.csv", None, "dqn_my_bars"),  # the user's file, not the bundled market
+    ("eurusd_c51", "x/GBPUSD.parquet", None, "c51_GBPUSD"),
+    ("googl_dqn", "aapl.csv", None, "dqn_aapl"),
+    ("mine", "aapl.csv", None, "mine_aapl"),  # no market prefix to drop
+    ("cartpole_gym", None, "Acrobot-v1", "cartpole_gym_Acrobot-v1"),
+])
+def test_run_name(experiment, path, env_id, name):
+    from foxdqn.config import run_name
+
+    assert run_name(experiment, path, env_id) == name

@@ -94,9 +94,13 @@ def test_other_data_smoke(tmp_path, kind):
     else:
         csv = write_csv(make_synthetic_ohlcv(1500, drift_per_bar=2e-4, vol=3e-3, seed=5), tmp_path / "my bars.csv")
         args = [f"data.path={csv}"]
-    res = run([*args, "debug=smoke", f"hydra.run.dir={tmp_path / 'run'}"], cwd=tmp_path)
+    res = run([*args, "debug=smoke"], cwd=tmp_path)
     assert res.returncode == 0, res.stderr[-2000:]
-    assert_outputs(tmp_path / "run")
+    (run_dir,) = (tmp_path / "outputs").glob("*/*")
+    summary = assert_outputs(run_dir)
+    name = {"googl": "googl_dqn", "csv": "dqn_my_bars"}[kind]  # the user's file names the run, not eurusd_dqn
+    assert run_dir.parent.name == summary["run_name"] == name
+    assert f"{name} — test split" in res.stdout
 
 
 def _bad_csv(tmp_path):
