@@ -25,6 +25,7 @@ from foxdqn.finish import Agent, RunEnd, evaluate_val, final_metrics, finish, hp
 from foxdqn.guard.guard import GuardTotals
 from foxdqn.guard.monitor import QTotals
 from foxdqn.io_atomic import write_text_atomic
+from foxdqn.monitor.detail import DETAIL
 from foxdqn.monitor.diversity import CollapseMonitor, action_diversity, entropy, format_top, top_actions
 from foxdqn.step import stats as S
 from foxdqn.step.iteration import make_iteration
@@ -426,5 +427,5 @@ def _log_diversity(row: dict, snapshot: Snapshotter, collapse: CollapseMonitor, 
     parts = [f"H={row['action_entropy']:.3f} nats ({row['action_entropy_norm']:.2f} of max)"]
     if snapshot.factored:
         parts += [f"{name} {row[f'{name}_entropy_norm']:.2f}" for name in ("exposure", "order_type", "urgency")]
-    log.info("actions at %d env steps: %s; top: %s", env_steps, ", ".join(parts), format_top(top))
+    log.info("actions at %d env steps: %s; top: %s", env_steps, ", ".join(parts), format_top(top), extra=DETAIL)
     collapse.update(row["action_entropy_norm"], env_steps, top)

@@ -253,7 +253,9 @@ def _write_timings(run_dir: Path, summary: dict) -> None:
         write_json_atomic(run_dir / "timings.json", times)
     except OSError as exc:  # the run itself is complete: a lost breakdown is a warning
         logging.getLogger(__name__).warning("timings.json not written: %s", exc)
-    logging.getLogger(__name__).info("start-up breakdown: %s (timings.json)", format_line(times))
+    from foxdqn.monitor.detail import DETAIL
+
+    logging.getLogger(__name__).info("start-up breakdown: %s (timings.json)", format_line(times), extra=DETAIL)
     CLOCK.restart()
 
 

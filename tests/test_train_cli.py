@@ -47,7 +47,12 @@ def test_default_smoke_writes_every_output(tmp_path):
     equity = (tmp_path / "run" / "eval" / "equity.csv").read_text().splitlines()
     assert equity[0] == "timestamp,agent_equity,buy_and_hold_equity,flat_equity,agent_exposure"
     assert len(equity) == summary["bars"] + 2
-    assert_timings(tmp_path / "run", summary, res.stdout + res.stderr)
+    log = (tmp_path / "run" / "train.log").read_text()
+    assert_timings(tmp_path / "run", summary, log)
+    # the console ends with the results; the action-diversity lines and the breakdown are in train.log only
+    assert res.stdout.rstrip().splitlines()[-1].startswith("outputs: ")
+    assert "actions at " in log and "actions at " not in res.stdout + res.stderr
+    assert "start-up breakdown" not in res.stdout + res.stderr
 
 
 def assert_timings(run_dir: Path, summary: dict, log: str):
