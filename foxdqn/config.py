@@ -492,7 +492,8 @@ class LoggerConfig:
 
     tensorboard: bool = False  # TensorBoard events in tb/ (set by logger=tensorboard, the default)
     mlflow: bool = False  # an MLflow run per foxdqn run (set by logger=mlflow; pip install 'foxdqn[mlflow]')
-    mlflow_uri: Optional[str] = None  # the MLflow tracking store; null: sqlite:///mlflow.db of the working folder
+    mlflow_uri: Optional[str] = None  # the MLflow tracking store; null: mlflow.db (mode 0600) of the run folder, of the
+    #                                   sweep folder in a --multirun
     prometheus: PrometheusConfig = field(default_factory=PrometheusConfig)
 
     def validate(self) -> None:

@@ -208,7 +208,7 @@ def train(cfg: TrainConfig, market, run_dir: Path, resume: dict | None = None) -
         run.raise_if_stopped(signals, ckpt)
         summary = finish(Agent.of(run.s), market, run_dir,
                          RunEnd(run.graph, run.wall(), int(run.s.env_steps.item()), int(run.s.updates.item()), ckpt,
-                                run.stopper, run.collapse, run.best_path))
+                                run.stopper, run.collapse, run.best_path, extra=run.tracking()))
     except BaseException:  # a halt, a signal or an error: the MLflow run says so
         if run.mlflow is not None and not run.mlflow_finished:
             run.mlflow.finish("FAILED")
@@ -264,6 +264,14 @@ class _Training:
         self.env_steps = self.start_iter * per_iter
         self.t_log, self.steps_log = time.perf_counter(), self.env_steps
         mark("build")  # foxdqn.timings; warm-up and capture are marked by the iterations
+
+    def tracking(self) -> dict:
+        """The summary's entries that say where the logger runs are: ``mlflow`` (``tracking_uri``,
+        ``run_id``) with ``logger=mlflow``."""
+        out = {}
+        if self.mlflow is not None:
+            out["mlflow"] = {"tracking_uri": self.mlflow.uri, "run_id": self.mlflow.run_id}
+        return out
 
     def _restore(self, resume: dict) -> None:
         """Continue from checkpoint ``resume``: device state, loop state and the iteration to start at."""
@@ -407,10 +415,12 @@ def _mlflow_run(cfg: TrainConfig, run_dir: Path):
     """The run's :class:`~foxdqn.monitor.mlflow_log.MlflowLogger` with ``logger.mlflow``, else None."""
     if not cfg.logger.mlflow:
         return None
+    from foxdqn.config import to_plain
     from foxdqn.monitor.mlflow_log import MlflowLogger
 
-    return MlflowLogger(run_dir, cfg.experiment, run_name(cfg.experiment, cfg.data.path, cfg.env.id), hparams(cfg),
-                        cfg.logger.mlflow_uri)
+    overrides = " ".join(f"{k}={v}" for k, v in hparams(cfg).items() if k not in ("experiment", "seed"))
+    return MlflowLogger(run_dir, cfg.experiment, run_name(cfg.experiment, cfg.data.path, cfg.env.id), to_plain(cfg),
+                        cfg.logger.mlflow_uri, tags={"foxdqn.overrides": overrides})
 
 
 def _q_divergence_only(latest: dict, first: dict | None) -> bool:

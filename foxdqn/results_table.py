@@ -17,6 +17,7 @@ def print_summary(summary: dict, run_dir: Path) -> None:
         m = summary["metrics"]["agent"]
         console.print(f"[bold]{summary.get('run_name', summary['experiment'])}[/bold] greedy evaluation: " +
                       ", ".join(f"{k}={v:.4g}" for k, v in m.items()), soft_wrap=True)  # one line each, for grep
+        _print_trackers(console, summary)
         console.print(f"[bold]outputs:[/bold] {run_dir.resolve()}  (wall {summary['wall_time_s']} s on "
                       f"{summary['gpu'] or summary['device']})", soft_wrap=True)
         return
@@ -43,6 +44,16 @@ def print_summary(summary: dict, run_dir: Path) -> None:
     if sel:
         line += f"; selected on val {sel['metric']} = {sel['value']:.4g}"
     console.print(line, soft_wrap=True)
+    _print_trackers(console, summary)
     console.print(f"[bold]outputs:[/bold] {run_dir.resolve()}  (wall {summary['wall_time_s']} s on "
                   f"{summary['gpu'] or summary['device']})")
 
+
+
+def _print_trackers(console, summary: dict) -> None:
+    """One line per logger run of the summary (``mlflow``: its store and run id, with the command
+    that shows it), printed just before ``outputs:``."""
+    if "mlflow" in summary:
+        m = summary["mlflow"]
+        console.print(f"[bold]mlflow:[/bold] run {m['run_id']} in {m['tracking_uri']}  (mlflow ui "
+                      f"--backend-store-uri {m['tracking_uri']})", soft_wrap=True, markup=True, highlight=False)
