@@ -189,6 +189,9 @@ def _place_on_gpu() -> None:
     hc = HydraConfig.get()
     if hc.mode != RunMode.MULTIRUN:
         return
+    from foxdqn.fast_exit import exit_worker_without_teardown
+
+    exit_worker_without_teardown()  # a joblib worker ends without Python's teardown (nanobind's leak lines)
     log = logging.getLogger("foxdqn.placement")
     try:
         claim = place_sweep_job(OmegaConf.select(hc, "launcher._target_", default=None))

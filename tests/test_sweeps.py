@@ -45,6 +45,9 @@ def test_launcher_runs_complete_jobs(tmp_path, launcher):
     seeds_run = sorted(OmegaConf.load(job / "config.yaml").seed for job in (tmp_path / "s").iterdir() if job.name.isdigit())
     assert seeds_run == list(range(len(summaries)))
     assert (tmp_path / "s" / "report.md").is_file()
+    # the sweep ends with its report: no worker's teardown noise after it (Triton's nanobind leak lines)
+    assert "nanobind" not in res.stderr + res.stdout
+    assert res.stdout.rstrip().splitlines()[-1] == f"report: {tmp_path / 's' / 'report.md'}"
 
 
 def run_with_gpus(n_gpus: int, args, cwd):
