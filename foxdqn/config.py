@@ -15,7 +15,8 @@ Groups mirror the package: ``data`` (foxdqn.data), ``env`` (foxdqn.envs), ``mode
 (foxdqn.replay), ``agent`` (the budget and batch of foxdqn.step), ``optim`` (Adam and gradient
 clipping), ``explore`` (the ε schedule), ``target`` (target-network updates), ``loss`` (TD loss
 scale), ``guard`` (the on-device training guard), ``prune``/``regime`` (training controls),
-``eval``, ``log``, ``logger``, ``early_stop``, ``diversity``, ``checkpoint``, ``debug``.
+``eval``, ``log``, ``logger``, ``early_stop``, ``diversity``, ``checkpoint``, ``search`` (hyperparameter
+searches, foxdqn.search), ``debug``.
 """
 from __future__ import annotations
 
@@ -69,6 +70,7 @@ Replay = _choice("Replay", ("uniform", "per"))
 ActionMode = _choice("ActionMode", ACTION_MODES)
 TargetUpdate = _choice("TargetUpdate", ("polyak", "hard"))
 Split = _choice("Split", ("train", "val", "test"))
+Pruner = _choice("Pruner", ("none", "median"))
 EarlyStopMetric = _choice("EarlyStopMetric", ("auto", "sharpe", "sortino", "total_return", "profit_factor",
                                               "max_drawdown", "mean_return"))
 
@@ -492,12 +494,26 @@ class LoggerConfig:
 
     tensorboard: bool = False  # TensorBoard events in tb/ (set by logger=tensorboard, the default)
     mlflow: bool = False  # an MLflow run per foxdqn run (set by logger=mlflow; pip install 'foxdqn[mlflow]')
-    mlflow_uri: Optional[str] = None  # the MLflow tracking store; null: mlflow.db (mode 0600) of the run folder, of the
-    #                                   sweep folder in a --multirun
+    mlflow_uri: Optional[str] = None  # the MLflow tracking store; null: mlflow.db (mode 0600) of the run (or sweep) folder
     prometheus: PrometheusConfig = field(default_factory=PrometheusConfig)
 
     def validate(self) -> None:
         self.prometheus.validate()
+
+
+@dataclass
+class SearchConfig:
+    """Hyperparameter searches (``hparams_search=<family>_optuna``; foxdqn.search): what a run returns
+    to the sweeper and the pruning of the jobs of a ``--multirun``."""
+
+    exclude_no_trades: bool = True  # a trading run whose kept weights never trade on val returns NaN (not counted)
+    pruner: Pruner = Pruner.none  # median: stop a --multirun job below the finished jobs' median validation
+    n_startup_trials: int = 5  # median pruner: no job is pruned until this many jobs of the sweep have finished
+    n_warmup_steps: int = 0  # median pruner: no job is pruned before this many env steps
+
+    def validate(self) -> None:
+        _positive(self.n_startup_trials, "search.n_startup_trials", allow_zero=True)
+        _positive(self.n_warmup_steps, "search.n_warmup_steps", allow_zero=True)
 
 
 @dataclass
@@ -563,13 +579,14 @@ class TrainConfig:
     early_stop: EarlyStopConfig = field(default_factory=EarlyStopConfig)
     diversity: DiversityConfig = field(default_factory=DiversityConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    search: SearchConfig = field(default_factory=SearchConfig)
     debug: DebugConfig = field(default_factory=DebugConfig)
     resume: Optional[str] = None  # auto (the newest checkpoint of hydra.run.dir) | a checkpoint path
 
 
 #: The groups of :class:`TrainConfig` that validate themselves, in the order they are checked.
 GROUPS = ("env", "model", "head", "objective", "action", "replay", "agent", "optim", "explore", "target", "loss",
-          "prune", "regime", "guard", "eval", "log", "logger", "early_stop", "diversity", "checkpoint", "debug")
+          "prune", "regime", "guard", "eval", "log", "logger", "early_stop", "diversity", "checkpoint", "search", "debug")
 
 
 # ---------------------------------------------------------------------------------- validation

@@ -208,7 +208,10 @@ def train(cfg: TrainConfig, market, run_dir: Path, resume: dict | None = None) -
         run.raise_if_stopped(signals, ckpt)
         summary = finish(Agent.of(run.s), market, run_dir,
                          RunEnd(run.graph, run.wall(), int(run.s.env_steps.item()), int(run.s.updates.item()), ckpt,
-                                run.stopper, run.collapse, run.best_path, extra=run.tracking()))
+                                run.stopper, run.collapse, run.best_path, extra=run.tracking(),
+                                pruned_at=run.pruned_at))
+        if run.trial_pruner is not None:  # this job's validation values now count for the sweep's median
+            run.trial_pruner.finish(pruned=run.pruned_at is not None)
     except BaseException:  # a halt, a signal or an error: the MLflow run says so
         if run.mlflow is not None and not run.mlflow_finished:
             run.mlflow.finish("FAILED")
@@ -258,6 +261,12 @@ class _Training:
                                     sinks=[self.mlflow] if self.mlflow is not None else [],
                                     prometheus=self.prometheus)
         self.stopper, self.collapse = self.host["stopper"], self.host["collapse"]
+        from foxdqn.search import trial_pruner
+
+        self.trial_pruner, self.pruned_at = trial_pruner(cfg), None  # search.pruner=median in a --multirun
+        from foxdqn.early_stop import resolve_metric
+
+        self.trial_metric = resolve_metric(cfg.early_stop.metric, cfg.env.name)
         self.best_path, self.last_path = run_dir / "checkpoints" / "best.pt", run_dir / "checkpoints" / "last.pt"
         self.halt: str | None = None
         self.host_updates = 0 if resume is None else int(resume["updates"])  # the device counter, without a read
@@ -361,6 +370,10 @@ class _Training:
         metrics = evaluate_val(Agent.of(s), self.market)
         self.logger.log(env_steps, {f"val/{k}": v for k, v in metrics.items()})
         mark("validation")
+        if self.trial_pruner is not None and it >= self.warm_iters and not last and self.trial_pruner.report(
+                env_steps, float(metrics.get(self.trial_metric, float("nan")))):
+            self.pruned_at = env_steps  # search.pruner=median: below the sweep's median at this step
+            return True
         if stopper is None or it < self.warm_iters:  # no update yet: the weights cannot improve
             return False
         if stopper.update_val(env_steps, metrics):

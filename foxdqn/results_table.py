@@ -44,10 +44,27 @@ def print_summary(summary: dict, run_dir: Path) -> None:
     if sel:
         line += f"; selected on val {sel['metric']} = {sel['value']:.4g}"
     console.print(line, soft_wrap=True)
+    if a.get("num_trades") == 0 or sel.get("excluded"):
+        console.print(_search_note(summary), soft_wrap=True, highlight=False)
     _print_trackers(console, summary)
     console.print(f"[bold]outputs:[/bold] {run_dir.resolve()}  (wall {summary['wall_time_s']} s on "
                   f"{summary['gpu'] or summary['device']})")
 
+
+
+def _search_note(summary: dict) -> str:
+    """The line of a run that never trades (on the evaluated split, or on val where it was
+    selected) or that a search does not count (``selection.excluded``)."""
+    sel, trades = summary.get("selection") or {}, summary["metrics"]["agent"].get("num_trades")
+    parts = []
+    if trades == 0:
+        parts.append(f"the agent never trades on the {summary['split']} split (0 trades: its numbers are flat's)")
+    if sel.get("excluded") == "pruned":
+        parts.append(f"pruned at {summary['stop']['at_env_steps']} env steps by the search's median pruner: "
+                     "not counted by the search")
+    elif sel.get("excluded"):
+        parts.append(f"it {sel['excluded']}: not counted by a search (search.exclude_no_trades=true)")
+    return "[bold]note:[/bold] " + "; ".join(parts)
 
 
 def _print_trackers(console, summary: dict) -> None:

@@ -55,6 +55,12 @@ def preflight(tc: TrainConfig):
             raise ConfigError(str(exc)) from None
         except ValueError as exc:
             raise ConfigError(f"logger.mlflow_uri: the MLflow store {exc}") from None
+    if tc.search.pruner == "median":
+        try:
+            import optuna  # noqa: F401
+        except ImportError:
+            raise ConfigError("search.pruner=median needs optuna: pip install 'foxdqn[sweep]' (or pip install "
+                              "optuna)") from None
     if tc.resume not in (None, "auto"):
         from foxdqn.resume import read_checkpoint, resume_path
 
@@ -278,9 +284,14 @@ def _settle_heap() -> None:
 def objective(summary: dict) -> float:
     """The value a run returns to a Hydra sweeper (Optuna, ...): the validation metric of the weights
     the run kept (``summary["selection"]``, docs/backtest.md), never a test-split number, signed so
-    that higher is better (a lower-is-better metric such as max drawdown is negated)."""
+    that higher is better (a lower-is-better metric such as max drawdown is negated); NaN for a run
+    the search must not count (``selection.excluded``: it never trades on val with
+    ``search.exclude_no_trades``, or it was pruned; foxdqn.search), which Optuna records as a failed
+    trial."""
     from foxdqn.early_stop import LOWER_IS_BETTER
 
+    if summary["selection"].get("excluded"):
+        return float("nan")
     value = float(summary["selection"]["value"])
     return -value if summary["selection"]["metric"] in LOWER_IS_BETTER else value
 
@@ -351,6 +362,11 @@ def main() -> None:
         if _TASK_STARTED:
             raise
         _fail(composition_error(exc))
+    except ValueError as exc:  # Optuna's study.best_trial when no trial counted (hydra-optuna-sweeper's end)
+        if not (_TASK_STARTED and "No trials are completed yet" in str(exc)):
+            raise
+        _fail("no trial of the search counted: every trial was pruned, failed or never traded on val "
+              "(search.exclude_no_trades); each job's folder has its results (python -m foxdqn.report DIR)", 1)
     if _FAILED_JOBS:  # a multirun whose jobs did not all finish
         print(f"foxdqn: error: {len(_FAILED_JOBS)} job(s) of the multirun failed (see above and report.md)",
               file=sys.stderr)

@@ -338,17 +338,19 @@ def interrupt_at(monkeypatch, iteration: int, signum: int) -> None:
 # sweep folders (foxdqn.sweep_seeds, foxdqn.report) built by hand: no training
 # ---------------------------------------------------------------------------------------------
 def fake_job(root: Path, name: str, overrides: list[str], val: float, *, returns=None, bh_returns=None,
-             metric: str = "sharpe", mean_return: float | None = None, val_curve=None) -> Path:
+             metric: str = "sharpe", mean_return: float | None = None, val_curve=None, trades: float = 10.0,
+             excluded: str | None = None, stop: dict | None = None) -> Path:
     """A finished job folder ``root/name`` as a multirun leaves it: ``.hydra/overrides.yaml``,
     ``eval/summary.json`` selected on val ``metric`` = ``val``, and for a trading job (``returns``
     ``[S]`` per-bar returns, ``bh_returns`` buy-and-hold's) ``eval/equity.csv``; an episodic job
     (``mean_return``) has no ``split``. ``val_curve``: {env step: val value} rows of metrics.csv,
-    between train rows."""
+    between train rows. ``trades``: the agent's test trades; ``excluded`` and ``stop``: the
+    selection's ``excluded`` and the summary's ``stop`` (foxdqn.search)."""
     job = root / name
     (job / ".hydra").mkdir(parents=True)
     (job / ".hydra" / "overrides.yaml").write_text("".join(f"- {o}\n" for o in overrides))
     (job / "eval").mkdir()
-    selection = {"split": "val", "metric": metric, "value": val, "weights": "last"}
+    selection = {"split": "val", "metric": metric, "value": val, "weights": "last", "excluded": excluded}
     if mean_return is not None:
         summary = {"selection": selection, "env_steps": 1024, "metrics": {"agent": {
             "episodes": 10, "mean_return": mean_return, "std_return": 1.0}}}
@@ -360,8 +362,10 @@ def fake_job(root: Path, name: str, overrides: list[str], val: float, *, returns
         sharpe = float(np.mean(returns) / np.std(returns, ddof=1) * np.sqrt(252))
         summary = {"split": "test", "bars_per_year": 252.0, "selection": selection, "env_steps": 1024,
                    "metrics": {"agent": {"total_return": equity[-1] - 1, "sharpe": sharpe, "max_drawdown": 0.1,
-                                         "num_trades": 10.0},
+                                         "num_trades": trades},
                                "buy_and_hold": {"total_return": bh[-1] - 1, "sharpe": 1.0}}}
+    if stop is not None:
+        summary["stop"] = stop
     (job / "eval" / "summary.json").write_text(json.dumps(summary))
     if val_curve is not None:
         rows = []

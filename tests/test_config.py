@@ -244,3 +244,31 @@ def test_run_name(experiment, path, env_id, name):
     from foxdqn.config import run_name
 
     assert run_name(experiment, path, env_id) == name
+
+
+@pytest.mark.parametrize("name", EXPERIMENTS)
+def test_every_experiment_family_ships_a_search_space(name):
+    """hparams_search=<family>_optuna composes with each experiment of the family, and every key it
+    searches is a key of that experiment's config (none is forced: no PER or CQL added)."""
+    from hydra import compose, initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+    from omegaconf import OmegaConf
+
+    from foxdqn.compose import conf_folder
+
+    family = name.split("_")[0]
+    cfg = load_config([f"+experiment={name}", f"hparams_search={family}_optuna"])
+    plain = load_config([f"+experiment={name}"])
+    assert cfg.replay.name == plain.replay.name and cfg.objective == plain.objective and cfg.head == plain.head
+    assert cfg.search.pruner == "median" and cfg.eval.interval_env_steps > 0
+    try:
+        with initialize_config_dir(str(conf_folder()), version_base="1.3"):
+            hydra_cfg = compose("train", overrides=[f"+experiment={name}", f"hparams_search={family}_optuna"],
+                                return_hydra_config=True)
+    finally:
+        GlobalHydra.instance().clear()
+    params = hydra_cfg.hydra.sweeper.params
+    assert len(params) >= 3
+    structured = OmegaConf.structured(cfg)
+    for key in params:
+        assert OmegaConf.select(structured, key, default="missing") != "missing", key

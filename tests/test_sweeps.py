@@ -111,10 +111,14 @@ def test_optuna_search_maximises_the_validation_metric(tmp_path):
     values = [s["selection"]["value"] for s in summaries]
     assert all(s["selection"]["split"] == "val" for s in summaries)
     assert math.isclose(result.best_value, max(values))  # the objective is the validation metric
-    assert set(result.best_params) == {"optim.lr", "agent.gamma", "replay.n_step", "replay.alpha",
-                                       "objective.cql_alpha"}
+    assert set(result.best_params) == {"optim.lr", "agent.gamma", "replay.n_step", "target.tau"}
     config = OmegaConf.load(tmp_path / "s" / "0" / "config.yaml")
-    assert config.replay.name == "per" and config.objective.cql_alpha > 0
+    assert config.replay.name == "uniform" and config.objective.cql_alpha == 0  # the experiment's own, not PER + CQL
+    assert config.search.pruner == "median" and config.eval.interval_env_steps == 512  # capped by debug
+    # the median pruner's records: every trial finished (2 trials < n_startup_trials: none pruned)
+    states = [json.loads(p.read_text())["state"] for p in sorted((tmp_path / "s" / ".pruning").glob("*.json"))]
+    assert states == ["complete", "complete"]
+    assert all(s["selection"]["trades"] == s["selection"]["trades"] // 1 >= 0 for s in summaries)
 
 
 def test_a_launcher_without_its_plugin_names_the_extra(tmp_path):
@@ -125,3 +129,69 @@ def test_a_launcher_without_its_plugin_names_the_extra(tmp_path):
     assert res.stderr.strip() == ("foxdqn: error: hydra/launcher=ray needs the Hydra plugin hydra-ray-launcher, not "
                                   "installed: pip install 'foxdqn[ray]' (or pip install hydra-ray-launcher)")
     assert not (tmp_path / "s").exists()
+
+
+def test_the_median_pruner_stops_a_job_below_the_finished_jobs_median(tmp_path):
+    """foxdqn.search.MedianTrialPruner: Optuna's MedianPruner over the sweep folder's job files."""
+    pytest.importorskip("optuna")
+    from foxdqn.config import SearchConfig
+    from foxdqn.search import MedianTrialPruner
+
+    search = SearchConfig(pruner="median", n_startup_trials=2, n_warmup_steps=0)
+    for job, values in enumerate([[1.0, 2.0], [0.5, 1.5]]):
+        p = MedianTrialPruner(tmp_path, job, search)
+        assert not any([p.report(256, values[0]), p.report(512, values[1])])  # too few finished jobs to prune
+        p.finish(pruned=False)
+    low = MedianTrialPruner(tmp_path, 2, search)
+    assert low.report(256, 0.1)  # below the median (0.75) of the two finished jobs at step 256
+    low.finish(pruned=True)
+    high = MedianTrialPruner(tmp_path, 3, search)
+    assert not high.report(256, 0.9) and not high.report(512, 1.8)  # the pruned job does not count
+    states = {p.stem: json.loads(p.read_text())["state"] for p in (tmp_path / ".pruning").glob("*.json")}
+    assert states == {"0": "complete", "1": "complete", "2": "pruned", "3": "running"}
+    for job, drawdown in enumerate([0.1, 0.2]):  # max drawdown: lower is better
+        done = MedianTrialPruner(tmp_path / "dd", job, search, lower_is_better=True)
+        done.report(256, drawdown)
+        done.finish(pruned=False)
+    assert not MedianTrialPruner(tmp_path / "dd", 2, search, lower_is_better=True).report(256, 0.12)
+    assert MedianTrialPruner(tmp_path / "dd", 3, search, lower_is_better=True).report(256, 0.3)
+
+
+def test_a_run_the_search_must_not_count_returns_nan():
+    """The objective of a never-trading or pruned run is NaN (Optuna: a failed trial, never the best)."""
+    from foxdqn.compose import load_config
+    from foxdqn.search import excluded
+    from foxdqn.train import objective
+
+    cfg = load_config(["debug=smoke"])
+    assert excluded(cfg, {"trades": 0}, "completed") == "never trades on val"
+    assert excluded(cfg, {"trades": 3}, "pruned") == "pruned"
+    assert excluded(cfg, {"trades": 3}, "completed") is None
+    assert excluded(load_config(["debug=smoke", "search.exclude_no_trades=false"]), {"trades": 0}, "completed") is None
+    assert excluded(load_config(["+experiment=cartpole_dqn"]), {"trades": None}, "completed") is None
+    summary = {"selection": {"metric": "sharpe", "value": 0.0, "excluded": "never trades on val"}}
+    assert math.isnan(objective(summary))
+    assert objective({"selection": {"metric": "max_drawdown", "value": 0.2, "excluded": None}}) == -0.2
+
+
+def test_a_pruned_run_stops_at_its_validation_and_says_so(tmp_path, monkeypatch):
+    """The loop feeds its validation to the pruner; a job below the finished jobs' median stops there,
+    is evaluated as usual, and its summary says pruned (NaN to the sweeper)."""
+    pytest.importorskip("optuna")
+    from foxdqn import search
+    from foxdqn.compose import load_config
+    from foxdqn.io_atomic import write_json_atomic
+    from foxdqn.loop import train
+    from foxdqn.train import market_data, objective
+
+    cfg = load_config(["debug=smoke", "debug.max_env_steps=2048", "device=cpu", "log.progress=false", "logger=csv",
+                       "eval.interval_env_steps=512", "search.pruner=median", "search.n_startup_trials=1"])
+    sweep = tmp_path / "sweep"
+    write_json_atomic(sweep / search.PRUNING_FOLDER / "0.json",  # a finished job far above anything smoke reaches
+                      {"state": "complete", "intermediate": {str(s): 1e9 for s in (512, 1024, 1536)}})
+    monkeypatch.setattr(search, "trial_pruner", lambda c: search.MedianTrialPruner(sweep, 1, c.search))
+    summary = train(cfg, market_data(cfg), tmp_path / "run")
+    assert summary["stop"]["reason"] == "pruned" and summary["stop"]["at_env_steps"] == 1024  # the first after warm-up
+    assert summary["env_steps"] == 1024 and summary["selection"]["excluded"] == "pruned"
+    assert math.isnan(objective(summary))
+    assert json.loads((sweep / search.PRUNING_FOLDER / "1.json").read_text())["state"] == "pruned"
