@@ -71,6 +71,7 @@ ActionMode = _choice("ActionMode", ACTION_MODES)
 TargetUpdate = _choice("TargetUpdate", ("polyak", "hard"))
 Split = _choice("Split", ("train", "val", "test"))
 Pruner = _choice("Pruner", ("none", "median"))
+WandbMode = _choice("WandbMode", ("offline", "online", "disabled"))
 EarlyStopMetric = _choice("EarlyStopMetric", ("auto", "sharpe", "sortino", "total_return", "profit_factor",
                                               "max_drawdown", "mean_return"))
 
@@ -489,12 +490,16 @@ class PrometheusConfig:
 
 @dataclass
 class LoggerConfig:
-    """Where the logged metrics go (``logger=`` group, combinable: ``logger=[csv,tensorboard,prometheus]``).
+    """Where the logged metrics go (``logger=`` group, combinable: ``logger=[csv,tensorboard,prometheus,mlflow,wandb]``).
     ``metrics.csv`` is always written."""
 
     tensorboard: bool = False  # TensorBoard events in tb/ (set by logger=tensorboard, the default)
     mlflow: bool = False  # an MLflow run per foxdqn run (set by logger=mlflow; pip install 'foxdqn[mlflow]')
     mlflow_uri: Optional[str] = None  # the MLflow tracking store; null: mlflow.db (mode 0600) of the run (or sweep) folder
+    wandb: bool = False  # a Weights & Biases run per foxdqn run (set by logger=wandb; pip install 'foxdqn[wandb]')
+    wandb_mode: WandbMode = WandbMode.offline  # offline: written to <run>/wandb/, wandb sync uploads it; online: a login
+    wandb_project: str = "foxdqn"  # the W&B project
+    wandb_entity: Optional[str] = None  # the W&B entity (team or user); null: the login's default
     prometheus: PrometheusConfig = field(default_factory=PrometheusConfig)
 
     def validate(self) -> None:

@@ -212,13 +212,19 @@ def train(cfg: TrainConfig, market, run_dir: Path, resume: dict | None = None) -
                                 pruned_at=run.pruned_at))
         if run.trial_pruner is not None:  # this job's validation values now count for the sweep's median
             run.trial_pruner.finish(pruned=run.pruned_at is not None)
-    except BaseException:  # a halt, a signal or an error: the MLflow run says so
+    except BaseException:  # a halt, a signal or an error: the MLflow and W&B runs say so
         if run.mlflow is not None and not run.mlflow_finished:
             run.mlflow.finish("FAILED")
+        if run.wandb is not None and not run.wandb_finished:
+            run.wandb.finish(1)
         raise
     if run.mlflow is not None:
         run.mlflow.log(int(summary["env_steps"]), final_metrics(summary))
         run.mlflow.finish()
+        mark("report")
+    if run.wandb is not None:
+        run.wandb.log_final(int(summary["env_steps"]), final_metrics(summary), run_dir / "eval" / "equity.png")
+        run.wandb.finish()
         mark("report")
     return summary
 
@@ -255,10 +261,11 @@ class _Training:
         self.eval_every = max(1, cfg.eval.interval_env_steps // per_iter) if cfg.eval.interval_env_steps else 0
         self.snapshot = Snapshotter(s)
         self.mlflow, self.mlflow_finished = _mlflow_run(cfg, run_dir), False
+        self.wandb, self.wandb_finished = _wandb_run(cfg, run_dir), False
         self.prometheus = _open_prometheus(cfg)  # None unless logger.prometheus.port; the logger closes it
         self.logger = MetricsLogger(run_dir, tensorboard=cfg.logger.tensorboard,
                                     resume_after=None if resume is None else int(resume["env_steps"]),
-                                    sinks=[self.mlflow] if self.mlflow is not None else [],
+                                    sinks=[s for s in (self.mlflow, self.wandb) if s is not None],
                                     prometheus=self.prometheus)
         self.stopper, self.collapse = self.host["stopper"], self.host["collapse"]
         from foxdqn.search import trial_pruner
@@ -276,10 +283,13 @@ class _Training:
 
     def tracking(self) -> dict:
         """The summary's entries that say where the logger runs are: ``mlflow`` (``tracking_uri``,
-        ``run_id``) with ``logger=mlflow``."""
+        ``run_id``) with ``logger=mlflow``, ``wandb`` (``mode``, ``run_id``, ``folder``) with ``logger=wandb``."""
         out = {}
         if self.mlflow is not None:
             out["mlflow"] = {"tracking_uri": self.mlflow.uri, "run_id": self.mlflow.run_id}
+        if self.wandb is not None:
+            out["wandb"] = {"mode": self.wandb.mode, "run_id": self.wandb.run_id,
+                            "folder": None if self.wandb.folder is None else str(self.wandb.folder)}
         return out
 
     def _restore(self, resume: dict) -> None:
@@ -416,6 +426,9 @@ class _Training:
         if self.mlflow is not None and (self.halt is not None or signals.received is not None):
             self.mlflow.finish("FAILED" if self.halt is not None else "KILLED")
             self.mlflow_finished = True
+        if self.wandb is not None and (self.halt is not None or signals.received is not None):
+            self.wandb.finish(1 if self.halt is not None else 128 + signals.received)
+            self.wandb_finished = True
         if self.halt is not None:
             log.error("halted: %s", self.halt)
             write_text_atomic(self.run_dir / "HALTED", self.halt + "\n")
@@ -434,6 +447,22 @@ def _mlflow_run(cfg: TrainConfig, run_dir: Path):
     overrides = " ".join(f"{k}={v}" for k, v in hparams(cfg).items() if k not in ("experiment", "seed"))
     return MlflowLogger(run_dir, cfg.experiment, run_name(cfg.experiment, cfg.data.path, cfg.env.id), to_plain(cfg),
                         cfg.logger.mlflow_uri, tags={"foxdqn.overrides": overrides})
+
+
+def _wandb_run(cfg: TrainConfig, run_dir: Path):
+    """The run's :class:`~foxdqn.monitor.wandb_log.WandbLogger` with ``logger.wandb``, else None
+    (grouped by the sweep folder in a ``--multirun``)."""
+    if not cfg.logger.wandb:
+        return None
+    from foxdqn.config import to_plain
+    from foxdqn.monitor.mlflow_log import store_folder
+    from foxdqn.monitor.wandb_log import WandbLogger
+
+    folder = store_folder(run_dir)
+    group = str(folder.resolve()) if folder != Path(run_dir) else None
+    return WandbLogger(run_dir, run_name(cfg.experiment, cfg.data.path, cfg.env.id), to_plain(cfg),
+                       mode=str(cfg.logger.wandb_mode), project=cfg.logger.wandb_project,
+                       entity=cfg.logger.wandb_entity, group=group)
 
 
 def _q_divergence_only(latest: dict, first: dict | None) -> bool:

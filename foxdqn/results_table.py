@@ -69,8 +69,14 @@ def _search_note(summary: dict) -> str:
 
 def _print_trackers(console, summary: dict) -> None:
     """One line per logger run of the summary (``mlflow``: its store and run id, with the command
-    that shows it), printed just before ``outputs:``."""
+    that shows it; ``wandb``: its mode, run id and folder, with the command that uploads an offline
+    run), printed just before ``outputs:``."""
     if "mlflow" in summary:
         m = summary["mlflow"]
         console.print(f"[bold]mlflow:[/bold] run {m['run_id']} in {m['tracking_uri']}  (mlflow ui "
                       f"--backend-store-uri {m['tracking_uri']})", soft_wrap=True, markup=True, highlight=False)
+    if "wandb" in summary and summary["wandb"]["folder"]:
+        w = summary["wandb"]
+        how = f"  (upload: wandb sync {w['folder']})" if w["mode"] == "offline" else ""
+        console.print(f"[bold]wandb:[/bold] {w['mode']} run {w['run_id']} in {w['folder']}{how}", soft_wrap=True,
+                      highlight=False)

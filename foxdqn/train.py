@@ -38,7 +38,8 @@ def preflight(tc: TrainConfig):
     """What can be checked before any work, beyond the config itself: a ``resume=PATH`` checkpoint
     is readable, the data loads and is valid, a Gymnasium env exists with a Discrete action space
     that the encoder can read, the replay memory fits, for ``logger=mlflow`` mlflow is installed
-    and its store opens, and the Prometheus port (``logger.prometheus.port``) can be bound now.
+    and its store opens, for ``logger=wandb`` wandb is installed (and logged in when online), for
+    ``search.pruner=median`` optuna is installed, and the Prometheus port (``logger.prometheus.port``) can be bound now.
     Returns the market data (None for envs other than trading).
 
     Raises:
@@ -55,6 +56,13 @@ def preflight(tc: TrainConfig):
             raise ConfigError(str(exc)) from None
         except ValueError as exc:
             raise ConfigError(f"logger.mlflow_uri: the MLflow store {exc}") from None
+    if tc.logger.wandb:
+        from foxdqn.monitor.wandb_log import check
+
+        try:
+            check(str(tc.logger.wandb_mode))
+        except (ImportError, PermissionError) as exc:
+            raise ConfigError(str(exc)) from None
     if tc.search.pruner == "median":
         try:
             import optuna  # noqa: F401

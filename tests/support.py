@@ -443,3 +443,41 @@ def adam_state(s) -> list:
 def all_equal(xs, ys) -> bool:
     """Two tensor lists of the same length, equal element for element (bit for bit)."""
     return len(xs) == len(ys) and all(torch.equal(x, y) for x, y in zip(xs, ys))
+
+
+# ---------------------------------------------------------------------------------------------
+# W&B offline runs (foxdqn.monitor.wandb_log), read back without a network
+# ---------------------------------------------------------------------------------------------
+def wandb_records(path: Path) -> list:
+    """The records (``wandb.proto.wandb_internal_pb2.Record``) of an offline run's ``run-<id>.wandb``
+    file: W&B's LevelDB-style log (a 7-byte header ``:W&B``, 0xBEE1, version; then 32 KiB blocks of
+    records, each a 7-byte header: checksum, little-endian length, type FULL 1 / FIRST 2 / MIDDLE 3 /
+    LAST 4; a block's tail shorter than a header is padding)."""
+    from wandb.proto import wandb_internal_pb2 as pb
+
+    data = Path(path).read_bytes()
+    assert data[:4] == b":W&B", path
+    pos, block, out, chunk = 7, 32768, [], b""
+    while pos + 7 <= len(data):
+        left = block - pos % block
+        if left < 7 or data[pos + 6] == 0:  # padding to the block's end
+            pos += left
+            continue
+        length, kind = int.from_bytes(data[pos + 4:pos + 6], "little"), data[pos + 6]
+        chunk += data[pos + 7:pos + 7 + length]
+        pos += 7 + length
+        if kind in (1, 4):
+            record = pb.Record()
+            record.ParseFromString(chunk)
+            out.append(record)
+            chunk = b""
+    return out
+
+
+def wandb_history(records) -> list[dict]:
+    """The history rows (``run.log`` calls) of :func:`wandb_records`: {key: value} with ``_step``."""
+    rows = []
+    for r in records:
+        if r.WhichOneof("record_type") == "history":
+            rows.append({"/".join(item.nested_key) or item.key: json.loads(item.value_json) for item in r.history.item})
+    return rows
