@@ -192,13 +192,15 @@ def _run(cfg: DictConfig) -> float | None:
 
 def _place_on_gpu() -> None:
     """A job of a joblib sweep on GPUs takes its worker process's GPU (``CUDA_VISIBLE_DEVICES``,
-    :func:`foxdqn.placement.place_sweep_job`) and logs one line naming it; anything else is left
-    as it is. A slot folder that cannot be used costs a warning: the job then sees every GPU."""
+    :func:`foxdqn.placement.place_sweep_job`) and logs one line naming it; a job of a Ray sweep that
+    asked Ray for GPUs (``hydra.launcher.ray.remote.num_gpus``) logs the GPUs Ray gave it; anything
+    else is left as it is. A slot folder that cannot be used costs a warning: the job then sees
+    every GPU."""
     import logging
 
     from hydra.types import RunMode
 
-    from foxdqn.placement import place_sweep_job
+    from foxdqn.placement import launcher_kind, place_sweep_job
 
     hc = HydraConfig.get()
     if hc.mode != RunMode.MULTIRUN:
@@ -215,6 +217,18 @@ def _place_on_gpu() -> None:
     if claim is not None:
         log.info("job %s: GPU %s (CUDA_VISIBLE_DEVICES=%s, held by worker process %d for all its jobs)",
                  hc.job.num, claim.gpu, claim.gpu, os.getpid())
+    elif launcher_kind(OmegaConf.select(hc, "launcher._target_", default=None)) == "ray" and _ray_gpus():
+        log.info("job %s: GPU %s (CUDA_VISIBLE_DEVICES=%s, set by Ray in worker process %d)", hc.job.num,
+                 ",".join(_ray_gpus()), os.environ.get("CUDA_VISIBLE_DEVICES"), os.getpid())
+
+
+def _ray_gpus() -> list[str]:
+    """The GPU ids Ray gave this task (``ray.get_gpu_ids()``), [] outside a Ray worker."""
+    try:
+        import ray
+    except ImportError:
+        return []
+    return [str(g) for g in ray.get_gpu_ids()] if ray.is_initialized() else []
 
 
 def _train(tc: TrainConfig, market, run_dir: Path, payload: dict | None) -> float:
