@@ -252,15 +252,12 @@ def test_every_experiment_family_ships_a_search_space(name):
     searches is a key of that experiment's config (none is forced: no PER or CQL added)."""
     from hydra import compose, initialize_config_dir
     from hydra.core.global_hydra import GlobalHydra
-    from omegaconf import OmegaConf
+    from omegaconf import OmegaConf, open_dict
 
     from foxdqn.compose import conf_folder
+    from foxdqn.config import finalize
 
     family = name.split("_")[0]
-    cfg = load_config([f"+experiment={name}", f"hparams_search={family}_optuna"])
-    plain = load_config([f"+experiment={name}"])
-    assert cfg.replay.name == plain.replay.name and cfg.objective == plain.objective and cfg.head == plain.head
-    assert cfg.search.pruner == "median" and cfg.eval.interval_env_steps > 0
     try:
         with initialize_config_dir(str(conf_folder()), version_base="1.3"):
             hydra_cfg = compose("train", overrides=[f"+experiment={name}", f"hparams_search={family}_optuna"],
@@ -268,6 +265,11 @@ def test_every_experiment_family_ships_a_search_space(name):
     finally:
         GlobalHydra.instance().clear()
     params = hydra_cfg.hydra.sweeper.params
+    with open_dict(hydra_cfg):
+        del hydra_cfg["hydra"]
+    cfg, plain = finalize(hydra_cfg), load_config([f"+experiment={name}"])
+    assert cfg.replay.name == plain.replay.name and cfg.objective == plain.objective and cfg.head == plain.head
+    assert cfg.search.pruner == "median" and cfg.eval.interval_env_steps > 0
     assert len(params) >= 3
     structured = OmegaConf.structured(cfg)
     for key in params:

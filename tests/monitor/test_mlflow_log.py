@@ -18,7 +18,8 @@ from support import interrupt_at  # noqa: E402
 
 
 def _cfg(uri: str):
-    return load_config(["debug=smoke", "device=cpu", "log.progress=false", "logger=[csv,mlflow]",
+    return load_config(["debug=smoke", "debug.max_env_steps=2048", "device=cpu", "log.progress=false",
+                        "logger=[csv,mlflow]",
                         f"logger.mlflow_uri={uri}", "log.interval_env_steps=256", "checkpoint.every_env_steps=512"])
 
 
@@ -54,7 +55,7 @@ def test_a_resumed_run_continues_its_mlflow_run(tmp_path, monkeypatch):
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     cfg, run_dir = _cfg(uri), tmp_path / "run"
     market = market_data(cfg)
-    interrupt_at(monkeypatch, 40, signal.SIGINT)
+    interrupt_at(monkeypatch, 20, signal.SIGINT)
     with pytest.raises(Interrupted):
         train(cfg, market, run_dir)
     monkeypatch.undo()
