@@ -391,6 +391,7 @@ class GuardConfig:
     ring_size: int = 64  # records in the pinned host ring (slot = update mod ring_size)
     max_weight: Optional[float] = None  # post-step check: a step whose weights would have some |w| above this
     #                                     (or non-finite) is skipped and halts the run (null or 0 = off)
+    keep_last_good: bool = True  # a halt saves the weights from before the last applied update (one copy of them)
 
     def validate(self) -> None:
         _all_positive(self, "guard", ("loss_clip", "q_divergence", "ring_size"))
@@ -776,6 +777,16 @@ def finalize(cfg: DictConfig | TrainConfig) -> TrainConfig:
         from foxdqn.compose import composition_error
 
         raise ConfigError(composition_error(exc)) from None
+    return finalize_object(obj)
+
+
+def finalize_object(obj: TrainConfig) -> TrainConfig:
+    """The part of :func:`finalize` after the conversion: the debug caps, the checks before and
+    after them, and the warnings of ignored settings, on ``obj`` (changed in place, returned).
+
+    Raises:
+        ConfigError: as :func:`finalize`.
+    """
     obj = apply_schedule_caps(obj)
     validate(obj)  # sizes as written: the size caps must not hide a bad combination (batch > replay, ...)
     obj = apply_size_caps(obj)

@@ -51,7 +51,7 @@ class EarlyStopper:
 
     def __init__(self, cfg, env_name: str) -> None:
         self.cfg = cfg
-        self.metric = resolve_metric(cfg.metric, env_name)
+        self.metric = str(resolve_metric(cfg.metric, env_name))  # a plain str (checkpoints, summary.json)
         self.sign = -1.0 if self.metric in LOWER_IS_BETTER else 1.0
         self.best: float | None = None
         self.best_env_steps: int | None = None
@@ -61,6 +61,19 @@ class EarlyStopper:
         self.reason: str | None = None
         self.at_env_steps: int | None = None
         self.detail = ""
+
+    #: the attributes a checkpoint keeps (plain data; ``cfg`` comes from the run's config)
+    STATE = ("best", "best_env_steps", "best_trades", "bad_evals", "q_streak", "reason", "at_env_steps", "detail")
+
+    def state_dict(self) -> dict:
+        """The stopper's progress as plain data (numbers, strings, None), for a checkpoint."""
+        return {name: getattr(self, name) for name in self.STATE}
+
+    def load_state_dict(self, state: dict) -> None:
+        """Continue from :meth:`state_dict` ``state`` (keys it lacks keep their values)."""
+        for name in self.STATE:
+            if name in state:
+                setattr(self, name, state[name])
 
     # -- validation metric --------------------------------------------------------------------
     def update_val(self, env_steps: int, metrics: dict) -> bool:
@@ -76,7 +89,8 @@ class EarlyStopper:
             self.best is None or self.sign * (value - self.best) > self.cfg.min_delta)
         if improved:
             self.best, self.best_env_steps, self.bad_evals = value, int(env_steps), 0
-            self.best_trades = metrics.get("num_trades")  # the kept weights' trades on val (foxdqn.search)
+            trades = metrics.get("num_trades")  # the kept weights' trades on val (foxdqn.search)
+            self.best_trades = None if trades is None else int(trades)
         else:
             self.bad_evals += 1
         return improved

@@ -2,7 +2,8 @@
 ``hydra.callbacks``): checks and settings that must happen before Hydra makes a folder or
 starts a job.
 
-* :class:`CheckOutputFolder`: the run (or sweep) folder can be made, else one line and exit 2.
+* :class:`CheckOutputFolder`: the run (or sweep) folder can be made, else one line and exit 2;
+  Hydra writes no ``.hydra/`` copy into a run folder that holds a run, or that a resume continues.
 * :class:`CheckJobs`: every job of a ``--multirun`` of Hydra's basic sweeper is composed (Hydra's
   compose API, so ``--config-dir``, ``--config-name`` and ``hydra.searchpath`` count) and checked
   (:func:`foxdqn.config.finalize`, :func:`foxdqn.train.preflight`) before the first one runs: a
@@ -46,19 +47,49 @@ def check_output_parent(target: Path, key: str) -> None:
 #: Folders above the run folder that did not exist before Hydra made it (deepest first): a run refused
 #: before any work removes them again when they are empty (foxdqn.train).
 NEW_PARENTS: list[Path] = []
+#: The run folders of this process's single runs that existed before Hydra made them (resolved paths).
+_EXISTED: set[Path] = set()
+
+
+def existed_before(run_dir: Path) -> bool:
+    """``run_dir`` existed before this call of ``python -m foxdqn.train`` started (a multirun's job
+    folders and folders not seen by :class:`CheckOutputFolder` count as existing)."""
+    from hydra.core.hydra_config import HydraConfig
+    from hydra.types import RunMode
+
+    if not HydraConfig.initialized() or HydraConfig.get().mode != RunMode.RUN:
+        return True
+    return Path(run_dir).resolve() in _EXISTED
 
 
 class CheckOutputFolder(Callback):
     """Before a run or a sweep: its output folder can be made (:func:`check_output_parent`); the
-    folders above a run folder that Hydra is about to make are noted in :data:`NEW_PARENTS`."""
+    folders above a run folder that Hydra is about to make are noted in :data:`NEW_PARENTS`.
+
+    Before a single run into a folder that exists: when the folder holds a run
+    (:func:`foxdqn.run_folder.previous_outputs`) or the call resumes (``resume`` set) and the folder
+    has a ``.hydra/``, ``hydra.output_subdir`` is set to null for this call, so Hydra's copy of the
+    config there stays the one of the call that started the run: a refused call changes nothing in
+    another run's folder, and ``resume=auto`` of a run killed before its record reads the start."""
 
     def on_run_start(self, config: DictConfig, **kwargs) -> None:
+        from omegaconf import read_write
+
+        from foxdqn.run_folder import previous_outputs
+
         target = self._check(config, "hydra.run.dir")
         NEW_PARENTS.clear()
         parent = target.parent if target is not None else None
         while parent is not None and not parent.exists() and parent != parent.parent:
             NEW_PARENTS.append(parent)
             parent = parent.parent
+        if target is None or not target.is_dir():
+            return
+        _EXISTED.add(target.resolve())
+        resumes = OmegaConf.select(config, "resume", default=None) is not None
+        if previous_outputs(target) or (resumes and (target / ".hydra").is_dir()):
+            with read_write(config.hydra):
+                config.hydra.output_subdir = None
 
     def on_multirun_start(self, config: DictConfig, **kwargs) -> None:
         self._check(config, "hydra.sweep.dir")
@@ -110,14 +141,14 @@ class CheckJobs(Callback):
     """Before the first job of a basic-sweeper ``--multirun``: compose and check every job."""
 
     def on_multirun_start(self, config: DictConfig, **kwargs) -> None:
-        from foxdqn.compose import JobComposer
+        from foxdqn.compose import sweep_composer
         from foxdqn.errors import FoxdqnError
         from foxdqn.train import preflight
 
         jobs = sweep_jobs(config)
         hydra_overrides = OmegaConf.to_container(config.hydra.overrides.hydra, resolve=False)
         searchpath = [o for o in hydra_overrides if o.lstrip("+~").startswith("hydra.searchpath")]
-        compose = JobComposer(config.hydra.job.config_name)  # jobs that differ in values only: no recompose
+        compose = sweep_composer(config.hydra.job.config_name)  # one compose per structure, shared with the launcher
         for job in jobs or []:
             plain = [o for o in job if not o.lstrip("+~").startswith(("hydra.", "hydra/"))]
             try:

@@ -10,8 +10,9 @@ Every writer here follows the same protocol:
 4. best-effort ``fsync`` of the directory so the rename itself survives a power cut (POSIX only;
    errors there are ignored).
 
-On any error the temporary file is removed and the exception re-raised; the destination is left
-untouched. Parent directories are created when missing.
+On any error the temporary file is removed and an ``OSError`` naming the destination is raised
+(the same errno: a full disk is ``ENOSPC``, a file above the size limit ``EFBIG``); the destination
+is left untouched. Parent directories are created when missing.
 
 JSON convention (:func:`write_json_atomic`): the output is *strict* JSON (RFC 8259, readable by
 any parser), so non-finite floats are written as the strings ``"nan"``, ``"inf"`` and ``"-inf"``
@@ -74,10 +75,20 @@ def write_bytes_atomic(path: str | os.PathLike[str], data: bytes) -> None:
         data: the complete new content.
 
     Raises:
-        OSError: the directory cannot be created or written, or the rename fails (the destination
-            is then unchanged and no temporary file is left behind).
+        OSError: the directory cannot be created or written, the disk is full, the file would pass
+            the size limit, or the rename fails; its ``filename`` is ``path`` (the destination is
+            then unchanged and no temporary file is left behind).
     """
     dest = Path(path)
+    try:
+        _write(dest, data)
+    except OSError as exc:
+        if exc.filename == str(dest):
+            raise
+        raise OSError(exc.errno, exc.strerror or str(exc), str(dest)) from exc
+
+
+def _write(dest: Path, data: bytes) -> None:
     directory = dest.parent
     directory.mkdir(parents=True, exist_ok=True)
     fd, tmp_name = tempfile.mkstemp(

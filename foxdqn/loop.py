@@ -177,8 +177,8 @@ class _StopSignals:
             signal.signal(sig, handler)
 
 
-def train(cfg: TrainConfig, market, run_dir: Path, resume: dict | None = None) -> dict:
-    """Train, evaluate on ``cfg.eval.split`` and write the run's outputs into ``run_dir``.
+def train(cfg: TrainConfig, market, run_dir: Path, resume: dict | None = None, run_id: str | None = None) -> dict:
+    """:func:`prepare` then :func:`run_prepared`: train, evaluate on ``cfg.eval.split`` and write the run's outputs into ``run_dir``.
 
     With ``early_stop.enabled`` the run may end early (foxdqn.early_stop) and the evaluation uses
     ``checkpoints/best.pt``; the summary's ``stop`` / ``evaluated`` entries say which. Action
@@ -191,18 +191,35 @@ def train(cfg: TrainConfig, market, run_dir: Path, resume: dict | None = None) -
         resume: a checkpoint payload (:func:`foxdqn.checkpoint.load_checkpoint`) of this run to
             continue from: state, counters, generators and loop state are restored, metrics.csv
             keeps its rows up to the checkpoint and continues.
+        run_id: the run's id (:mod:`foxdqn.run_folder`), written into its checkpoints.
 
     Raises:
-        HaltError: a guard flag fired (the checkpoint of the last good weights is written first).
+        HaltError: a guard flag fired (the checkpoint of the last good weights is written first:
+            those from before the last applied update, with ``guard.keep_last_good``).
         Interrupted: SIGINT or SIGTERM (the checkpoint is written first).
     """
-    run = _Training(cfg, market, run_dir, resume)
+    return run_prepared(prepare(cfg, market, run_dir, resume, run_id))
+
+
+def prepare(cfg: TrainConfig, market, run_dir: Path, resume: dict | None = None,
+            run_id: str | None = None) -> "_Training":
+    """The build phase of :func:`train`: env, networks, replay, optimizer, monitors, loggers and
+    the restored checkpoint. An error here means no training step ran (the caller may remove a
+    new run folder). Raises ConfigError, OSError, MemoryError or torch's out-of-memory error."""
+    return _Training(cfg, market, run_dir, resume, run_id)
+
+
+def run_prepared(run: "_Training") -> dict:
+    """The training phase of :func:`train` for a run made by :func:`prepare`: iterate, checkpoint, evaluate."""
+    market, run_dir = run.market, run.run_dir
     try:
         with _StopSignals() as signals:  # held through the final checkpoint: a signal never cuts it short
             try:
                 run.iterate(signals)
             finally:
                 run.close()
+            if run.halt is not None and run.s.optim.last_good is not None:
+                run.s.optim.last_good.restore()  # the weights from before the last applied update
             ckpt = run.checkpoint()
             mark("checkpoint")
         run.raise_if_stopped(signals, ckpt)
@@ -230,11 +247,11 @@ def train(cfg: TrainConfig, market, run_dir: Path, resume: dict | None = None) -
 
 
 class _Training:
-    """One call of :func:`train`, in the order it runs: setup (``__init__``), the iteration loop
+    """One call of :func:`train`, in the order it runs: setup (``__init__``, :func:`prepare`), the iteration loop
     (:meth:`iterate`) with its guard poll, log boundary, eval boundary and periodic checkpoint,
     then :meth:`close`, the final :meth:`checkpoint` and :meth:`raise_if_stopped`."""
 
-    def __init__(self, cfg: TrainConfig, market, run_dir: Path, resume: dict | None) -> None:
+    def __init__(self, cfg: TrainConfig, market, run_dir: Path, resume: dict | None, run_id: str | None = None) -> None:
         from foxdqn.monitor import MetricsLogger
 
         self.t0 = time.perf_counter()
@@ -245,10 +262,11 @@ class _Training:
         a = cfg.agent
         self.per_iter, self.total_iters, self.warm_iters, self.log_every = IterationPlan.of(cfg)
         per_iter = self.per_iter
-        # the loop state saved with each checkpoint (restored on resume)
-        self.host = {"stopper": EarlyStopper(cfg.early_stop, cfg.env.name) if cfg.early_stop.enabled else None,
-                     "collapse": CollapseMonitor(cfg.diversity.min_entropy, cfg.diversity.patience),
-                     "recent_return": float("nan"), "wall_before": 0.0}
+        self.stopper = EarlyStopper(cfg.early_stop, cfg.env.name) if cfg.early_stop.enabled else None
+        self.collapse = CollapseMonitor(cfg.diversity.min_entropy, cfg.diversity.patience)
+        # the loop's numbers saved with each checkpoint (restored on resume), with the two monitors' state
+        self.host = {"recent_return": float("nan"), "wall_before": 0.0}
+        self.run_id = run_id
         self.start_iter = 0
         if resume is not None:
             self._restore(resume)
@@ -267,7 +285,6 @@ class _Training:
                                     resume_after=None if resume is None else int(resume["env_steps"]),
                                     sinks=[s for s in (self.mlflow, self.wandb) if s is not None],
                                     prometheus=self.prometheus)
-        self.stopper, self.collapse = self.host["stopper"], self.host["collapse"]
         from foxdqn.search import trial_pruner
 
         self.trial_pruner, self.pruned_at = trial_pruner(cfg), None  # search.pruner=median in a --multirun
@@ -296,7 +313,11 @@ class _Training:
         """Continue from checkpoint ``resume``: device state, loop state and the iteration to start at."""
         a = self.cfg.agent
         restore_state(self.s, resume)
-        self.host.update(resume["loop"])
+        loop = resume["loop"]
+        if self.stopper is not None and loop.get("stopper") is not None:
+            self.stopper.load_state_dict(loop["stopper"])
+        self.collapse.load_state_dict(loop["collapse"])
+        self.host.update(recent_return=float(loop["recent_return"]), wall_before=float(loop["wall_before"]))
         self.start_iter = int(resume["env_steps"]) // self.per_iter
         log.info("resuming at %d env steps (iteration %d of %d)", resume["env_steps"], self.start_iter,
                  self.total_iters)
@@ -361,7 +382,7 @@ class _Training:
         row["epsilon"] = self.snapshot.epsilon
         row["updates"] = self.host_updates
         if not math.isnan(row["episode_return"]):
-            host["recent_return"] = row["episode_return"]
+            host["recent_return"] = float(row["episode_return"])
         self.logger.log(env_steps, {f"train/{k}": v for k, v in row.items()})
         fields = {"eps": row["epsilon"], "loss": row["loss"], "ep_ret": host["recent_return"]}
         if cfg.diversity.enabled:
@@ -387,7 +408,8 @@ class _Training:
         if stopper is None or it < self.warm_iters:  # no update yet: the weights cannot improve
             return False
         if stopper.update_val(env_steps, metrics):
-            save_checkpoint(self.best_path, s, {"best": {"metric": stopper.metric, "value": stopper.best}})
+            save_checkpoint(self.best_path, s, {"best": {"metric": stopper.metric, "value": stopper.best}},
+                            run_id=self.run_id)
             mark("checkpoint")
             log.info("best val %s = %.6g at %d env steps -> %s", stopper.metric, stopper.best, env_steps,
                      self.best_path.name)
@@ -409,8 +431,11 @@ class _Training:
 
     def checkpoint(self) -> Path:
         """Write ``checkpoints/last.pt``; the loop state saved with it carries the wall time so far."""
-        loop_state = {**self.host, "wall_before": self.wall()}
-        return save_checkpoint(self.last_path, self.s, loop=loop_state, save_replay=self.cfg.checkpoint.save_replay)
+        loop_state = {"stopper": None if self.stopper is None else self.stopper.state_dict(),
+                      "collapse": self.collapse.state_dict(), "recent_return": float(self.host["recent_return"]),
+                      "wall_before": self.wall()}
+        return save_checkpoint(self.last_path, self.s, loop=loop_state, save_replay=self.cfg.checkpoint.save_replay,
+                               run_id=self.run_id)
 
     def close(self) -> None:
         """Wait for the device, close the metrics logger (and its Prometheus endpoint) and host env workers."""

@@ -1,4 +1,4 @@
-"""The run's output folder: one run at a time, never mistaken for a finished one.
+"""The run's output folder: one run at a time, never mistaken for a finished one, never mixed with another.
 
 :meth:`RunFolder.open`, before any training:
 
@@ -7,28 +7,38 @@
 2. takes an exclusive lock, ``.lock`` (``fcntl.flock``, released by the OS when the process dies,
    so a killed run leaves no stale lock): a second run into the same folder while the first is
    running is refused;
-3. refuses a folder that already holds another run's outputs (``checkpoints/``, ``metrics.csv``,
-   ``eval/summary.json`` or an ``INCOMPLETE`` marker) unless the run resumes it;
+3. refuses a folder that already holds another run's outputs (``config.yaml``, ``checkpoints/``,
+   ``metrics.csv``, ``eval/summary.json`` or an ``INCOMPLETE`` marker) unless the run resumes it;
 4. removes the hidden temporary files of atomic writes (foxdqn.io_atomic) that a process killed
    mid-write left (the files they were replacing are whole);
-5. writes ``INCOMPLETE`` (start time, pid), which :meth:`RunFolder.finish` removes once
+5. writes the start record, ``config.yaml``: the resolved config under a first line naming the
+   run's id (``# foxdqn run <32 hex digits>``, :func:`read_record`), atomically. The record is the
+   truth a resume continues from (foxdqn.resume), and every checkpoint carries the id, so a
+   checkpoint of another run is never continued here;
+6. writes ``INCOMPLETE`` (start time, pid), which :meth:`RunFolder.finish` removes once
    ``eval/summary.json`` is written. A folder with ``INCOMPLETE`` and no live lock is a run that
    was killed or interrupted: ``resume=auto`` continues it.
 
-Hydra writes its own ``.hydra/`` copy of the config into the folder before the run starts; that
-is all a refused run leaves changed.
+A refused run changes nothing in the folder: ``python -m foxdqn.train`` keeps Hydra from writing
+its ``.hydra/`` copy into a folder that holds a run (:class:`foxdqn.hydra_callbacks.CheckOutputFolder`).
+:meth:`RunFolder.discard` removes a new run's folder whose build failed (no training step ran).
 """
 from __future__ import annotations
 
 import datetime as _dt
 import os
+import re
+import shutil
+import uuid
 from pathlib import Path
 
 from foxdqn.errors import ConfigError
 
 MARKER = "INCOMPLETE"
 LOCK = ".lock"
-_OUTPUTS = ("checkpoints", "metrics.csv", "eval/summary.json", MARKER)
+RECORD = "config.yaml"
+_OUTPUTS = (RECORD, "checkpoints", "metrics.csv", "eval/summary.json", MARKER)
+_RECORD_LINE = re.compile(r"# foxdqn run ([0-9a-f]{32})\b")
 
 
 class RunFolderError(ConfigError):
@@ -46,6 +56,48 @@ def previous_outputs(path: Path) -> list[str]:
     return [name for name in _OUTPUTS if (path / name).exists()]
 
 
+def new_run_id() -> str:
+    """A fresh run id: 32 lowercase hex digits (a random UUID)."""
+    return uuid.uuid4().hex
+
+
+def record_text(config, run_id: str) -> str:
+    """The text of the start record ``config.yaml`` of the resolved config ``config``
+    (:class:`foxdqn.config.TrainConfig`): the id line, then the config as YAML (its plain values,
+    :func:`foxdqn.config.to_plain`, in the schema's order; libyaml's dumper where PyYAML has it)."""
+    import yaml
+
+    from foxdqn.config import to_plain
+
+    dumper = getattr(yaml, "CSafeDumper", yaml.SafeDumper)
+    return (f"# foxdqn run {run_id}: the resolved config this run started with (resume continues it from here;"
+            " edits make a resume refuse it)\n" + yaml.dump(to_plain(config), Dumper=dumper, sort_keys=False))
+
+
+def read_record(path: Path) -> tuple[str | None, dict] | None:
+    """The start record of the run folder ``path``: (run id, or None for a folder written before run
+    ids; the config as plain dicts), or None when there is no ``config.yaml``.
+
+    Raises:
+        ConfigError: ``config.yaml`` cannot be read or is not a YAML mapping (names the file).
+    """
+    import yaml
+
+    file = Path(path) / RECORD
+    if not file.is_file():
+        return None
+    try:
+        text = file.read_text(encoding="utf-8")
+        values = yaml.safe_load(text)
+    except (OSError, UnicodeDecodeError, yaml.YAMLError) as exc:
+        raise ConfigError(f"run folder {path}: its {RECORD} cannot be read ({type(exc).__name__}); it is the "
+                          "record a resume continues from") from None
+    if not isinstance(values, dict):
+        raise ConfigError(f"run folder {path}: its {RECORD} is not a config (a YAML mapping)")
+    match = _RECORD_LINE.match(text)
+    return (match.group(1) if match else None), values
+
+
 class RunFolder:
     """Lock, marker and checks of one run folder (see the module docstring).
 
@@ -56,16 +108,22 @@ class RunFolder:
     def __init__(self, path: str | os.PathLike[str]) -> None:
         self.path = Path(path)
         self._lock_fd: int | None = None
+        self.run_id: str | None = None
 
-    def open(self, resume: bool = False, after_kill: str = "resume=auto continues it") -> "RunFolder":
-        """Check, lock and mark the folder.
+    def open(self, resume: bool = False, after_kill: str = "resume=auto continues it", config=None,
+             run_id: str | None = None) -> "RunFolder":
+        """Check, lock and mark the folder; write the start record.
 
         Args:
             resume: the run continues the one in this folder (its outputs are expected).
             after_kill: what the marker tells a reader to do when the run was killed.
+            config: the resolved :class:`~foxdqn.config.TrainConfig`, written as the start record
+                ``config.yaml`` (:func:`record_text`; None: no record, e.g. a test's bare folder).
+            run_id: the run's id (None: a new one, :func:`new_run_id`); :attr:`run_id` after.
 
         Raises:
             RunFolderError: one line naming the folder and what is wrong.
+            OSError: the record or the marker cannot be written (names the path).
         """
         import fcntl
 
@@ -98,6 +156,11 @@ class RunFolder:
                     else " (that run has finished)")
             raise RunFolderError(f"output folder {path}: already holds a run ({', '.join(found)}); choose another "
                                  f"hydra.run.dir{hint}")
+        self.run_id = run_id or new_run_id()
+        if config is not None:
+            from foxdqn.io_atomic import write_text_atomic
+
+            write_text_atomic(path / RECORD, record_text(config, self.run_id))
         stamp = _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
         (path / MARKER).write_text(f"started {stamp} pid {os.getpid()}; removed when eval/summary.json is "
                                    "written. Present without a running process: the run was killed or "
@@ -111,6 +174,13 @@ class RunFolder:
         except FileNotFoundError:
             pass
         self.release()
+
+    def discard(self) -> None:
+        """Remove the folder of a new run whose build failed before any training step: everything in
+        it is this run's (:meth:`open` refused a folder holding another run) or Hydra's copy of this
+        call's config. Releases the lock first."""
+        self.release()
+        shutil.rmtree(self.path, ignore_errors=True)
 
     def release(self) -> None:
         """Release the lock (keeps the marker: the run did not finish)."""

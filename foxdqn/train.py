@@ -15,18 +15,9 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
 import sys
 from pathlib import Path
-
-import hydra
-from hydra.core.hydra_config import HydraConfig
-from omegaconf import DictConfig, OmegaConf
-
-from foxdqn.config import TrainConfig, finalize
-from foxdqn.compose import conf_folder
-from foxdqn.errors import ConfigError, FoxdqnError, HaltError
-from foxdqn.population.jobs import COLLECTOR, Member
-from foxdqn.timings import mark
 
 
 def _fail(message: str, code: int = 2) -> None:
@@ -34,9 +25,31 @@ def _fail(message: str, code: int = 2) -> None:
     sys.exit(code)
 
 
+def _outside_training(signum, frame) -> None:
+    """SIGINT/SIGTERM outside the training loop (start-up, evaluation): one line, exit 128 + signal;
+    the training loop installs its own handlers (stop after the iteration, with a checkpoint)."""
+    _fail(f"interrupted by {signal.Signals(signum).name} outside training; checkpoints already written are kept",
+          128 + signum)
+
+
+if __name__ == "__main__":  # python -m foxdqn.train: from here on a signal gets its one line, imports included
+    for _sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(_sig, _outside_training)
+
+import hydra  # noqa: E402 - after the signal handlers: these imports take seconds
+from hydra.core.hydra_config import HydraConfig  # noqa: E402
+from omegaconf import DictConfig, OmegaConf  # noqa: E402
+
+from foxdqn.config import TrainConfig, finalize  # noqa: E402
+from foxdqn.compose import conf_folder  # noqa: E402
+from foxdqn.errors import ConfigError, FoxdqnError, HaltError  # noqa: E402
+from foxdqn.population.jobs import COLLECTOR, Member  # noqa: E402
+from foxdqn.timings import mark  # noqa: E402
+
+
 def preflight(tc: TrainConfig):
-    """What can be checked before any work, beyond the config itself: a ``resume=PATH`` checkpoint
-    is readable, the data loads and is valid, a Gymnasium env exists with a Discrete action space
+    """What can be checked before any work, beyond the config itself (a resume's checkpoint is
+    checked by :func:`foxdqn.resume.resolve_resume`): the data loads and is valid, a Gymnasium env exists with a Discrete action space
     that the encoder can read, the replay memory fits, for ``logger=mlflow`` mlflow is installed
     and its store opens, for ``logger=wandb`` wandb is installed (and logged in when online), for
     ``search.pruner=median`` optuna is installed, and the Prometheus port (``logger.prometheus.port``) can be bound now.
@@ -69,10 +82,6 @@ def preflight(tc: TrainConfig):
         except ImportError:
             raise ConfigError("search.pruner=median needs optuna: pip install 'foxdqn[sweep]' (or pip install "
                               "optuna)") from None
-    if tc.resume not in (None, "auto"):
-        from foxdqn.resume import read_checkpoint, resume_path
-
-        read_checkpoint(resume_path(tc.resume))
     if tc.logger.prometheus.port is not None:  # a port in use fails here, before any folder is made
         from foxdqn.monitor.prometheus_log import probe
 
@@ -171,12 +180,15 @@ def _run(cfg: DictConfig) -> float | None:
     _place_on_gpu()  # first: finalize() below initialises CUDA (torch.cuda.is_available())
     from foxdqn.resume import given_keys, resolve_resume
 
+    from foxdqn.hydra_callbacks import existed_before
+
     hydra_dir = Path(HydraConfig.get().runtime.output_dir)
-    run_dir, payload = hydra_dir, None
+    run_dir, payload, run_id = hydra_dir, None, None
     try:
         tc = finalize(cfg)
-        if tc.resume is not None:  # the run's own settings, from its checkpoint
-            tc, run_dir, payload = resolve_resume(tc, hydra_dir, given_keys(HydraConfig.get().overrides.task))
+        if tc.resume is not None:  # the run's own settings, from its start record
+            tc, run_dir, payload, run_id = resolve_resume(tc, hydra_dir, given_keys(HydraConfig.get().overrides.task),
+                                                          existed=existed_before(hydra_dir))
         mark("validate")
         market = preflight(tc)
         mark("preflight")
@@ -185,9 +197,10 @@ def _run(cfg: DictConfig) -> float | None:
         return _job_failed(str(exc), 2)
     if COLLECTOR.active:  # hydra/launcher=population trains the checked job later, in a group
         job = HydraConfig.get()
-        COLLECTOR.add(Member(tc, market, run_dir, int(job.job.num), [str(o) for o in job.overrides.task], payload))
+        COLLECTOR.add(Member(tc, market, run_dir, int(job.job.num), [str(o) for o in job.overrides.task], payload,
+                             run_id))
         return None
-    return _train(tc, market, run_dir, payload)
+    return _train(tc, market, run_dir, payload, run_id)
 
 
 def _place_on_gpu() -> None:
@@ -231,18 +244,31 @@ def _ray_gpus() -> list[str]:
     return [str(g) for g in ray.get_gpu_ids()] if ray.is_initialized() else []
 
 
-def _train(tc: TrainConfig, market, run_dir: Path, payload: dict | None) -> float:
-    from foxdqn.io_atomic import write_text_atomic
-    from foxdqn.loop import Interrupted, train
+def _train(tc: TrainConfig, market, run_dir: Path, payload: dict | None, run_id: str | None = None) -> float:
+    """Open the run folder (its start record first), build, train and report one run.
+
+    ``payload``/``run_id``: what :func:`foxdqn.resume.resolve_resume` continues (None, None: a new
+    run). A new run whose build fails (bad input, out of memory, an unwritable file) leaves no folder.
+    """
+    from foxdqn.loop import Interrupted, prepare, run_prepared
     from foxdqn.results_table import print_summary
-    from foxdqn.run_folder import RunFolder
+    from foxdqn.run_folder import RunFolder, previous_outputs
 
     folder = None
+    # a new run (else: a resume, or a killed run started over in its folder); a run folder of another run is refused
+    new = payload is None and run_id is None and (tc.resume is None or not previous_outputs(run_dir))
     _settle_heap()
     try:
-        folder = RunFolder(run_dir).open(resume=tc.resume is not None)
-        write_text_atomic(run_dir / "config.yaml", OmegaConf.to_yaml(OmegaConf.structured(tc)))
-        summary = train(tc, market, run_dir, resume=payload)
+        folder = RunFolder(run_dir).open(resume=not new, config=tc, run_id=run_id)
+        try:
+            run = prepare(tc, market, run_dir, payload, folder.run_id)
+        except Exception:  # (a signal during the build keeps the record: resume=auto starts the run over)
+            if new:  # no training step ran: nothing to continue, nothing left behind
+                folder.discard()
+                _remove_new_parents()
+                folder = None
+            raise
+        summary = run_prepared(run)
     except FoxdqnError as exc:
         _release(folder)
         if folder is None:
@@ -254,14 +280,15 @@ def _train(tc: TrainConfig, market, run_dir: Path, payload: dict | None) -> floa
     except Interrupted as exc:
         _release(folder)  # INCOMPLETE stays: resume=auto continues
         _fail(str(exc), code=exc.exit_code)
-    except OSError as exc:  # the output folder failed under the run (disk full, removed, read-only)
+    except OSError as exc:  # the output folder failed under the run (disk full, file too large, removed, read-only)
         _release(folder)
-        _fail(f"writing the run's outputs failed: {exc.filename or ''} {exc.strerror or exc}".strip())
+        _fail(f"writing the run's outputs failed: {exc.filename or run_dir}: {exc.strerror or exc}")
     except (MemoryError, RuntimeError) as exc:  # allocation failures: a size setting is too large
         _release(folder)
         if isinstance(exc, MemoryError) or "allocate" in str(exc) or "out of memory" in str(exc):
-            _fail("out of memory building the run: reduce replay.capacity, env.num_envs, model.hidden or "
-                  f"agent.batch_size ({str(exc).splitlines()[0][:120]})")
+            _fail("out of memory: reduce replay.capacity, env.num_envs, model.hidden or agent.batch_size"
+                  + (" (no folder was left)" if folder is None else f"; {run_dir} keeps the run")
+                  + f" ({str(exc).splitlines()[0][:120]})")
         raise
     folder.finish()
     print_summary(summary, run_dir)
@@ -321,14 +348,20 @@ def objective(summary: dict) -> float:
 def _remove_if_unused(run_dir: Path) -> None:
     """Remove the folder Hydra made for this job when it holds only Hydra's ``.hydra/`` and log, and
     the empty folders Hydra made above it (a run refused before any work leaves nothing behind)."""
-    from foxdqn.hydra_callbacks import NEW_PARENTS
     from foxdqn.run_folder import only_hydra_files
 
     if only_hydra_files(run_dir):
         shutil.rmtree(run_dir, ignore_errors=True)
-        for parent in NEW_PARENTS:  # the folders Hydra made above it, when nothing else is in them
-            if parent.is_dir() and not any(parent.iterdir()):
-                parent.rmdir()
+        _remove_new_parents()
+
+
+def _remove_new_parents() -> None:
+    """Remove the empty folders Hydra made above this call's run folder (deepest first)."""
+    from foxdqn.hydra_callbacks import NEW_PARENTS
+
+    for parent in NEW_PARENTS:
+        if parent.is_dir() and not any(parent.iterdir()):
+            parent.rmdir()
 
 
 #: (exit code, message) of the jobs of this process's multirun that failed; main() exits with the worst.
@@ -353,20 +386,9 @@ def _release(folder, finished: bool = False) -> None:
         folder.finish() if finished else folder.release()
 
 
-def _outside_training(signum, frame) -> None:
-    """SIGINT/SIGTERM outside the training loop (start-up, evaluation): one line, exit 128 + signal;
-    the training loop installs its own handlers (stop after the iteration, with a checkpoint)."""
-    import signal
-
-    _fail(f"interrupted by {signal.Signals(signum).name} outside training; checkpoints already written are kept",
-          128 + signum)
-
-
 def main() -> None:
     """The console entry point: Hydra's ``main`` with errors of composition (before any task runs)
     turned into one line and exit code 2."""
-    import signal
-
     from hydra.errors import HydraException
     from omegaconf.errors import OmegaConfBaseException
 

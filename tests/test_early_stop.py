@@ -144,3 +144,12 @@ def test_no_validation_stop_before_the_first_update(tmp_path, monkeypatch):
     assert summary["updates"] > 0
     assert summary["stop"]["reason"] == "early_stop_val"
     assert summary["stop"]["best_env_steps"] > 3000  # the first evaluation after updates began
+
+
+def test_the_metric_is_a_plain_string_that_a_checkpoint_can_hold():
+    from foxdqn.checkpoint import encode
+    from foxdqn.config import EarlyStopConfig, EarlyStopMetric
+
+    es = EarlyStopper(EarlyStopConfig(enabled=True, metric=EarlyStopMetric.sortino), "trading")
+    assert type(es.metric) is str and es.metric == "sortino"
+    encode({"best": {"metric": es.metric, "value": 1.0}, "loop": {"stopper": es.state_dict()}})

@@ -65,7 +65,7 @@ def test_other_split_costs_and_folder(run_dir, tmp_path):
 @pytest.mark.parametrize("args, needle", [
     ([], "usage"),
     (["checkpoint=MISSING"], "no such file"),
-    (["checkpoint=FOREIGN"], "not a readable checkpoint"),
+    (["checkpoint=FOREIGN"], "not a foxdqn checkpoint"),
     (["checkpoint=LAST", "optim.lr=1"], "agent"),
     (["checkpoint=LAST", "split=future"], "split"),
     (["checkpoint=LAST", "data.nope=1"], "override"),

@@ -1,8 +1,11 @@
 """Benchmark: proportional prioritized replay (foxdqn/ops/per_sample.py, per_update.py).
 
 Measures ``per_sample``, ``per_update`` and sample followed by update at capacities 1M and 10M
-(block 1024) and batches 256 / 512 / 4096, for the Triton ops, the plain-torch references and
-``torch.compile`` of the references. Two timing modes, named in the ``size`` column:
+(block 1024) and batches 512 / 4096, for the Triton ops, the plain-torch references and
+``torch.compile`` of the references; and, for the Triton ops alone at batch 256, the capacities
+1M, 10M, 100M and 300M (:data:`SCALE_CAPACITIES`: sampling cost against capacity, where the
+chunked prefix takes over above 4M slots; the references are O(capacity) per call there). Two
+timing modes, named in the ``size`` column:
 
 * ``graph``: the call captured in a CUDA graph and replayed (``triton.testing.do_bench_cudagraph``);
   this is how training runs it, so launch overhead is the GPU's only. Target for Triton at
@@ -27,6 +30,8 @@ from foxdqn.ops.per_update import per_update, per_update_reference
 
 CAPACITIES = (1_000_000, 10_000_000)
 BATCHES = (512, 4096)
+SCALE_CAPACITIES = (1_000_000, 10_000_000, 100_000_000, 300_000_000)  # Triton only, batch 256
+SCALE_BATCH = 256
 MODES = ("graph",)
 PROVIDERS = ("triton", "torch", "torch.compile")
 
@@ -51,7 +56,7 @@ def _callables(st: PERState, batch: int, device: str, compiled: dict) -> dict:
     size = torch.tensor(st.capacity, dtype=torch.int64, device=device)
     beta = torch.tensor(0.4, device=device)
     skip = torch.tensor(0.0, device=device)
-    idx0, _ = per_sample(st, rand, size, beta, backend="torch")
+    idx0, _ = per_sample(st, rand, size, beta)  # the Triton op on CUDA (the reference is O(capacity))
 
     def sample_update_ref(state, rand, size, beta, td, skip):
         idx, w = per_sample_reference(state, rand, size, beta)
@@ -96,12 +101,15 @@ def rows(device: str = "cuda", capacities=CAPACITIES, batches=BATCHES, modes=MOD
         raise RuntimeError("bench_per needs a CUDA device")
     out = []
     compiled: dict = {}
-    for cap in capacities:
+    plan = [(cap, batches, providers) for cap in capacities]
+    if capacities == CAPACITIES:  # the scale rows: Triton alone, batch 256, up to 300M slots
+        plan += [(cap, (SCALE_BATCH,), ("triton",)) for cap in SCALE_CAPACITIES if "triton" in providers]
+    for cap, cap_batches, cap_providers in plan:
         st = _state(cap, device)
-        for batch in batches:
+        for batch in cap_batches:
             fns = _callables(st, batch, device, compiled)
             for (op, provider), fn in fns.items():
-                if provider not in providers:
+                if provider not in cap_providers:
                     continue
                 for mode in modes:
                     try:

@@ -90,6 +90,8 @@ class DataConfig:
     ``ignore``) what a gap longer than ``max_gap_bars`` median spacings (>= 1) does.
     ``time_unit`` (null | ``s`` | ``ms`` | ``us`` | ``ns``) is the unit of numeric timestamps
     (Unix epoch times); numeric timestamps other than ``YYYYMMDD`` dates are refused while it is null.
+    ``max_abs_log_return`` bounds |log(price / previous close)| of every price of a bar (a typo such
+    as a price of 1e300, a unit change part-way); null: no bound.
     """
 
     name: Optional[str] = "eurusd_1h"  # built-in dataset: eurusd_1h | googl_1d | martingale_1h (ignored with path)
@@ -108,6 +110,8 @@ class DataConfig:
     max_gap_bars: float = 5.0  # gap threshold, in median bar spacings (>= 1)
     # unit of numeric timestamps: s | ms | us | ns (null: numeric timestamps other than YYYYMMDD are refused)
     time_unit: Optional[str] = None
+    # plausibility bound: a price whose log return against the previous close exceeds this is refused (null: none)
+    max_abs_log_return: Optional[float] = 1.0
 
     def validate(self) -> None:
         """Raise :class:`ConfigError` naming the first bad field (``data.<field>``)."""
@@ -153,6 +157,11 @@ class DataConfig:
             raise ConfigError(
                 f"data.max_gap_bars must be a finite number >= 1 (median bar spacings), got {self.max_gap_bars!r}"
             )
+        if self.max_abs_log_return is not None and (
+                not _is_real(self.max_abs_log_return) or not math.isfinite(self.max_abs_log_return)
+                or self.max_abs_log_return <= 0):
+            raise ConfigError("data.max_abs_log_return must be a finite number > 0 (a log return per bar) or null "
+                              f"(no bound), got {self.max_abs_log_return!r}")
         if self.time_unit is not None:
             _check_choice("data.time_unit", self.time_unit, TIME_UNITS, "or null (timestamps are dates/times)")
 

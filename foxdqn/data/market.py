@@ -136,6 +136,7 @@ def market_data_from_frame(df: pd.DataFrame, cfg: DataConfig, window: int, episo
         names["volume"] = str(columns.volume.name)
         volume = validate.to_float_array(columns.volume, source, names["volume"], timestamps)
     validate.check_ohlcv(prices, volume, source, timestamps, names)
+    validate.check_log_returns(prices, cfg.max_abs_log_return, source, timestamps, names)
     validate.check_increasing(timestamps, source, columns.timestamp_name)
     rows = splits.split_rows(timestamps, cfg.split, source)
     for warning in calendar.check_spacing(

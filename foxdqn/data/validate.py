@@ -8,7 +8,9 @@ Rules (in the order checked):
 2. prices and volume are finite (no NaN, empty cell or +-Inf: "missing or non-finite");
 3. prices are > 0; volume is >= 0;
 4. ``high >= max(open, close)`` and ``low <= min(open, close)``;
-5. timestamps are strictly increasing (no duplicates, no out-of-order rows).
+5. timestamps are strictly increasing (no duplicates, no out-of-order rows);
+6. with a bound ``b`` (``data.max_abs_log_return``), every price of bar t is within
+   ``exp(±b)`` of the close of bar t - 1 (:func:`check_log_returns`).
 
 Messages name the file (``source``), the column and the first offending row, as the 1-based data
 row (header not counted) followed by its timestamp.
@@ -117,3 +119,26 @@ def _first_violation(mask: np.ndarray, source: str, timestamps: pd.DatetimeIndex
         row = int(bad[0])
         text = what.format(v=values[row]) if values is not None else what
         raise DataError(f"{source}: {text} at {describe_row(row, timestamps)}; {allowed}")
+
+
+def check_log_returns(prices: dict[str, np.ndarray], bound: Optional[float], source: str,
+                      timestamps: pd.DatetimeIndex, names: Optional[dict[str, str]] = None) -> None:
+    """Raise DataError at the first price (open, high, low, close of bar t, t >= 1, in that order
+    within a row) whose ``|log(price / close[t - 1])|`` exceeds ``bound`` (a log return per bar;
+    None: no check). Prices must be finite and > 0 (:func:`check_ohlcv` first)."""
+    if bound is None or len(prices["close"]) < 2:
+        return
+    names = names or {}
+    previous = np.log(prices["close"][:-1])
+    keys = ("open", "high", "low", "close")
+    moves = np.stack([np.abs(np.log(prices[k][1:]) - previous) for k in keys], axis=1)  # [T-1, 4]
+    bad = np.flatnonzero((moves > bound).any(axis=1))
+    if len(bad):
+        row = int(bad[0]) + 1
+        k = int(np.argmax(moves[row - 1] > bound))
+        raise DataError(
+            f"{source}: column {names.get(keys[k], keys[k])!r} moves by a log return of "
+            f"{moves[row - 1, k]:.4g} against the previous close ({prices['close'][row - 1]} -> "
+            f"{prices[keys[k]][row]}) at {describe_row(row, timestamps)}; more than data.max_abs_log_return="
+            f"{bound:g} per bar: fix the row, or raise the bound (null: none) if the move is real"
+        )

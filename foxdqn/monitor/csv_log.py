@@ -111,8 +111,11 @@ class CsvLogger:
         csv.writer(line, lineterminator="\n").writerow(
             [cells.get(k, "") for k in self._fieldnames]
         )
-        self._file.write(line.getvalue())
-        self._file.flush()
+        try:
+            self._file.write(line.getvalue())
+            self._file.flush()
+        except OSError as exc:  # a full disk, a file above the size limit: name the file
+            raise OSError(exc.errno, exc.strerror or str(exc), str(self.path)) from exc
 
     def _widen(self, fieldnames: list[str]) -> None:
         assert self._file is not None

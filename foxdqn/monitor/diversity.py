@@ -113,6 +113,15 @@ class CollapseMonitor:
         self.low_streak = 0
         self.collapsed = False
 
+    def state_dict(self) -> dict:
+        """The monitor's progress as plain data, for a checkpoint."""
+        return {"warnings": self.warnings, "low_streak": self.low_streak, "collapsed": self.collapsed}
+
+    def load_state_dict(self, state: dict) -> None:
+        """Continue from :meth:`state_dict` ``state``."""
+        self.warnings, self.low_streak = int(state["warnings"]), int(state["low_streak"])
+        self.collapsed = bool(state["collapsed"])
+
     def update(self, norm_entropy: float, env_steps: int, top: list[tuple[str, float]] = ()) -> bool:
         """Feed one interval's normalised entropy; True exactly when a warning is issued."""
         if self.min_entropy <= 0 or math.isnan(norm_entropy):

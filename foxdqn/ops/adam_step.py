@@ -10,7 +10,8 @@ element rule is ATen's ``FusedAdamMathFunctor`` / ``adam_math`` in
 member ``p`` (one network: P = 1) and element, in float32 (``b1``, ``b2``, ``eps`` the Python floats
 rounded to float32, as ATen's ``static_cast<float>``)::
 
-    if skip[p] != 0: nothing changes (param, moments, step count)       # torch: found_inf == 1
+    if skip[p] != 0: nothing changes (param, moments, step count, prior) # torch: found_inf == 1
+    prior = param                                                          # (with ``prior``: the weights before the step)
     t    = step_k[p] + 1                                                   # the count after this update
     bc1  = 1 - powf(b1, t);   bc2_sqrt = sqrt_rn(1 - powf(b2, t))
     step_size = div_rn(lr[p], bc1)
@@ -20,6 +21,10 @@ rounded to float32, as ATen's ``static_cast<float>``)::
     denom = sqrt_rn(v) / bc2_sqrt + eps[p]                               # "/": see Rounding
     param = param - (step_size * m) / denom
     step_k[p] = t                                                          # once per call, see below
+
+``prior`` (optional, one tensor per param) receives each applied step's input weights, bit for
+bit: the copy of the weights from before the last applied update that a halt saves
+(:mod:`foxdqn.step.last_good`), at the cost of one more store per element and no launch.
 
 ``grad_scale`` is a MULTIPLIER (the clip coefficient of :func:`foxdqn.ops.grad_norm.grad_norm_coefficient`),
 not torch's AMP divisor: ``g`` is bit for bit what ``torch._foreach_mul_(grads, coef)`` would leave
@@ -187,10 +192,11 @@ def _adam_step_kernel(p0, p1, p2, p3, p4, p5, p6, p7,
                       m0, m1, m2, m3, m4, m5, m6, m7,
                       v0, v1, v2, v3, v4, v5, v6, v7,
                       s0, s1, s2, s3, s4, s5, s6, s7,
+                      k0, k1, k2, k3, k4, k5, k6, k7,
                       n0, n1, n2, n3, n4, n5, n6, n7,
                       e0, e1, e2, e3, e4, e5, e6, e7,
                       lr_ptr, eps_ptr, scale_ptr, skip_ptr, ticket_ptr, members, beta1, beta2, eps_value,
-                      N_INC: tl.constexpr, HAS_SCALE: tl.constexpr, HAS_SKIP: tl.constexpr,
+                      N_INC: tl.constexpr, HAS_SCALE: tl.constexpr, HAS_SKIP: tl.constexpr, HAS_PRIOR: tl.constexpr,
                       EPS_TENSOR: tl.constexpr, LOG_BETA1: tl.constexpr, LOG_BETA2: tl.constexpr,
                       BLOCK: tl.constexpr, PB: tl.constexpr):
     pid = tl.program_id(0)
@@ -231,6 +237,8 @@ def _adam_step_kernel(p0, p1, p2, p3, p4, p5, p6, p7,
             _signal_read(ticket_ptr)
         else:
             _advance_counts(s0, s1, s2, s3, s4, s5, s6, s7, skip_ptr, ticket_ptr, members, N_INC, HAS_SKIP, PB)
+    if HAS_PRIOR:  # the step's input weights, where the step is applied
+        tl.store(pick8(slot, k0, k1, k2, k3, k4, k5, k6, k7) + idx, tl.load(pp, mask=mask, other=0.0), mask=mask)
     tl.store(mp, m, mask=mask)
     tl.store(vp, v, mask=mask)
     tl.store(pp, param, mask=mask)
@@ -247,11 +255,11 @@ def _log(beta: float) -> float:
 
 
 @device_op("foxdqn::adam_step_",
-                         mutates_args={"params", "exp_avgs", "exp_avg_sqs", "steps", "ticket"})
+                         mutates_args={"params", "exp_avgs", "exp_avg_sqs", "steps", "prior", "ticket"})
 def _adam_step_op(params: list[Tensor], grads: list[Tensor], exp_avgs: list[Tensor], exp_avg_sqs: list[Tensor],
-                  steps: list[Tensor], lr: Tensor, eps_tensor: Tensor, grad_scale: Tensor, skip: Tensor,
-                  ticket: Tensor, eps: float, beta1: float, beta2: float, members: int, has_eps_tensor: bool,
-                  has_scale: bool, has_skip: bool, block: int) -> None:
+                  steps: list[Tensor], prior: list[Tensor], lr: Tensor, eps_tensor: Tensor, grad_scale: Tensor,
+                  skip: Tensor, ticket: Tensor, eps: float, beta1: float, beta2: float, members: int,
+                  has_eps_tensor: bool, has_scale: bool, has_skip: bool, has_prior: bool, block: int) -> None:
     shared = len(steps) == 1 and len(params) > 1
     launches, _ = plan(tuple(p.numel() // members for p in params), members, block)
     for launch in launches:
@@ -261,9 +269,9 @@ def _adam_step_op(params: list[Tensor], grads: list[Tensor], exp_avgs: list[Tens
             step_slots, n_inc = slots(steps, launch), launch.count
         wrap_triton(_adam_step_kernel)[(launch.programs,)](
             *slots(params, launch), *slots(grads, launch), *slots(exp_avgs, launch), *slots(exp_avg_sqs, launch),
-            *step_slots, *launch.numels, *launch.ends,
+            *step_slots, *slots(prior if has_prior else params, launch), *launch.numels, *launch.ends,
             lr, eps_tensor, grad_scale, skip, ticket, members, beta1, beta2, eps,
-            N_INC=n_inc, HAS_SCALE=has_scale, HAS_SKIP=has_skip, EPS_TENSOR=has_eps_tensor,
+            N_INC=n_inc, HAS_SCALE=has_scale, HAS_SKIP=has_skip, HAS_PRIOR=has_prior, EPS_TENSOR=has_eps_tensor,
             LOG_BETA1=_log(beta1), LOG_BETA2=_log(beta2), BLOCK=block, PB=_PB, num_warps=NUM_WARPS)
 
 
@@ -273,7 +281,8 @@ def _adam_step_op(params: list[Tensor], grads: list[Tensor], exp_avgs: list[Tens
 def adam_step_reference(params: Sequence[Tensor], grads: Sequence[Tensor], exp_avgs: Sequence[Tensor],
                         exp_avg_sqs: Sequence[Tensor], steps: Sequence[Tensor], *, lr: Tensor, beta1: float,
                         beta2: float, eps: float | Tensor, grad_scale: Tensor | None = None,
-                        skip: Tensor | None = None, members: int = 1) -> None:
+                        skip: Tensor | None = None, members: int = 1,
+                        prior: Sequence[Tensor] | None = None) -> None:
     """Plain-torch reference of :func:`adam_step_` (same arguments, same in-place writes; the
     module docstring's rule in torch ops, float32, ``powf`` as ``torch.pow``). Device ops only:
     the update is computed out of place and written back (through ``torch.where`` when ``skip`` is
@@ -319,7 +328,8 @@ def adam_step_reference(params: Sequence[Tensor], grads: Sequence[Tensor], exp_a
     p_new = torch._foreach_mul(m_new, per(step_size))
     torch._foreach_div_(p_new, denom)
     p_new = torch._foreach_sub(list(params), p_new)
-    for olds, news in ((exp_avgs, m_new), (exp_avg_sqs, v_new), (params, p_new)):
+    pairs = ((exp_avgs, m_new), (exp_avg_sqs, v_new), (params, p_new))
+    for olds, news in ((prior, params),) + pairs if prior is not None else pairs:  # prior first: the old params
         if keep is None:
             torch._foreach_copy_(list(olds), news)
         else:  # skipped members keep their values bit for bit (elementwise: out may alias)
@@ -339,13 +349,16 @@ def _advance_steps(steps: Sequence[Tensor], shared: bool, keep: Tensor | None) -
 # ---------------------------------------------------------------------------------------------
 # Public function
 # ---------------------------------------------------------------------------------------------
-def _check(params, grads, exp_avgs, exp_avg_sqs, steps, lr, beta1, beta2, eps, grad_scale, skip, members):
+def _check(params, grads, exp_avgs, exp_avg_sqs, steps, lr, beta1, beta2, eps, grad_scale, skip, members, prior):
     op = "adam_step_"
     members = check_members(op, members)
     numels = check_list(op, "params", params, members)
     device = params[0].device
-    for name, lst in (("grads", grads), ("exp_avgs", exp_avgs), ("exp_avg_sqs", exp_avg_sqs)):
+    lists = (("grads", grads), ("exp_avgs", exp_avgs), ("exp_avg_sqs", exp_avg_sqs))
+    for name, lst in lists + ((("prior", prior),) if prior is not None else ()):
         check_list(op, name, lst, members, like=params, device=device)
+    if prior is not None and {t.data_ptr() for t in prior} & {t.data_ptr() for t in params if t.numel()}:
+        raise ValueError(f"{op}: prior must not share memory with params (it receives their values before the step)")
     if isinstance(steps, Tensor) or not isinstance(steps, (list, tuple)) or len(steps) not in (1, len(params)):
         raise ValueError(f"{op}: steps must be a list of one step-count tensor per param ({len(params)}) or of one "
                          f"shared by all, got {describe(steps) if isinstance(steps, Tensor) else repr(steps)[:80]}")
@@ -370,7 +383,8 @@ def _check(params, grads, exp_avgs, exp_avg_sqs, steps, lr, beta1, beta2, eps, g
 def adam_step_(params: Sequence[Tensor], grads: Sequence[Tensor], exp_avgs: Sequence[Tensor],
                exp_avg_sqs: Sequence[Tensor], steps: Sequence[Tensor], *, lr: Tensor, beta1: float = 0.9,
                beta2: float = 0.999, eps: float | Tensor = 1e-8, grad_scale: Tensor | None = None,
-               skip: Tensor | None = None, members: int = 1, backend: str = "auto") -> None:
+               skip: Tensor | None = None, members: int = 1, prior: Sequence[Tensor] | None = None,
+               backend: str = "auto") -> None:
     """One Adam step of every tensor of ``params`` (and of every member), in place.
 
     Rule, rounding, the step counts' single advance and the launch structure in the module
@@ -395,6 +409,9 @@ def adam_step_(params: Sequence[Tensor], grads: Sequence[Tensor], exp_avgs: Sequ
         skip: None, or float32 0-d/``[1]``/``[P]``: any value but 0.0 (the guard's 1.0; NaN too)
             leaves member ``p``'s params, moments and step counts bit for bit unchanged.
         members: P (1: one network).
+        prior: None, or one tensor per param (the same shapes, contiguous float32), distinct from
+            ``params``: where member ``p`` is not skipped, its params from before this step are
+            copied into it; where skipped, it is left unchanged.
         backend: "auto" (Triton for CUDA tensors, torch reference for CPU), "triton", "torch".
 
     Raises:
@@ -404,23 +421,25 @@ def adam_step_(params: Sequence[Tensor], grads: Sequence[Tensor], exp_avgs: Sequ
         RuntimeError: backend="triton" on CPU tensors without TRITON_INTERPRET=1; the first call
             on a device inside CUDA-graph capture.
     """
-    _check(params, grads, exp_avgs, exp_avg_sqs, steps, lr, beta1, beta2, eps, grad_scale, skip, members)
+    _check(params, grads, exp_avgs, exp_avg_sqs, steps, lr, beta1, beta2, eps, grad_scale, skip, members, prior)
     with torch.no_grad():  # params are leaves that require grad
         if resolve_backend("adam_step_", backend, params[0]) == "torch":
             adam_step_reference(params, grads, exp_avgs, exp_avg_sqs, steps, lr=lr, beta1=float(beta1),
-                                beta2=float(beta2), eps=eps, grad_scale=grad_scale, skip=skip, members=members)
+                                beta2=float(beta2), eps=eps, grad_scale=grad_scale, skip=skip, members=members,
+                                prior=prior)
         else:
             _adam_step_launch(params, grads, exp_avgs, exp_avg_sqs, steps, lr, beta1, beta2, eps, grad_scale, skip,
-                              members)
+                              members, prior)
 
 
 def _adam_step_launch(params, grads, exp_avgs, exp_avg_sqs, steps, lr, beta1, beta2, eps, grad_scale, skip,
-                      members) -> None:
+                      members, prior) -> None:
     device = params[0].device
     _, ticket = scratch("adam_step_", device, 1)
     has_eps = isinstance(eps, Tensor)
-    _adam_step_op(list(params), list(grads), list(exp_avgs), list(exp_avg_sqs), list(steps), lr,
+    _adam_step_op(list(params), list(grads), list(exp_avgs), list(exp_avg_sqs), list(steps),
+                  [] if prior is None else list(prior), lr,
                   eps if has_eps else lr, lr if grad_scale is None else grad_scale, lr if skip is None else skip,
                   ticket, 0.0 if has_eps else float(eps), float(beta1), float(beta2), members, has_eps,
-                  grad_scale is not None, skip is not None,
+                  grad_scale is not None, skip is not None, prior is not None,
                   BIG_BLOCK if sum(p.numel() for p in params) >= BIG_VALUES else BLOCK)

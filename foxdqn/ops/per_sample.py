@@ -8,7 +8,7 @@ No host synchronisation anywhere (docs/design/hot_loop.md#the-contract,
 rules 1-4): the uniforms ``rand`` come from the caller's generator, ``size`` and ``beta`` are
 0-d device tensors, all shapes are fixed, so the op captures in a CUDA graph.
 
-Algorithm (three kernels, all fixed-grid):
+Algorithm (three kernels, all fixed-grid; four above :data:`_PREFIX_CHUNK` blocks, see "Chunked"):
 
 1. ``_per_prefix_kernel`` (one program): the mass of each block restricted to slots
    ``< size`` (``block_sums[b]`` for blocks wholly below ``size``, the f32 leaves of the block
@@ -25,6 +25,22 @@ Algorithm (three kernels, all fixed-grid):
 3. ``_per_weights_kernel`` (one program): ``w_k = exp2(lw_k - max_j lw_j)``, which equals
    ``(size*P(k))^(-beta) / max_j (size*P(j))^(-beta)`` (the factors ``size`` and ``total``
    cancel).
+
+Chunked (more than ``_PREFIX_CHUNK`` blocks, e.g. above 4M slots at block 1024): the one-program
+prefix would walk every block in turn (docs/bench.md#against-the-targets has the timings), so
+kernels 1 and 2 become
+
+1a. ``_per_chunk_kernel`` (one program per ``_LOCAL`` blocks): the same block masses, their prefix
+    *within* the chunk (f64, monotone as above), the chunk's mass and its last block with mass;
+1b. ``_per_carry_kernel`` (one program): the monotone inclusive prefix of the chunk masses
+    (``carry``), the total, and the last slot ``< size`` with a nonzero leaf;
+2'. ``_per_chunk_search_kernel``: chunk ``g`` = number of ``carry`` entries ``<= t_k``; inside it,
+    with ``t' = t_k - carry[g-1]`` (f64, >= 0), block ``b`` = number of local prefix entries
+    ``<= t'`` (clamped to the chunk's last block with mass when rounding puts ``t'`` past it);
+    inside the block the same scan as kernel 2, in the chunk's frame.
+
+A zero-mass chunk repeats its predecessor's carry exactly and a zero-mass block its predecessor's
+local prefix, so no search lands on either; the edge rules below hold on both paths.
 
 Edge-case rules (kernel and reference agree on them):
 
@@ -58,7 +74,8 @@ __all__ = ["per_sample", "per_sample_reference"]
 _SINGLE_LEVEL_MAX = 1024  # up to this many blocks (next power of two): one vector compare
 _FINE = 128  # otherwise: coarse entries every _FINE blocks, then a _FINE-wide window
 _TILE = 2048  # elements per program in the search kernel (ITEMS * max(block, search width))
-_PREFIX_CHUNK = 4096
+_PREFIX_CHUNK = 4096  # blocks per loop step of the one-program prefix; more blocks: the chunked path
+_LOCAL = 1024  # chunked path: blocks per program of the chunk kernel (and per local search)
 _ONE_MINUS = 0.99999994  # largest f32 below 1.0
 
 
@@ -206,6 +223,159 @@ def _per_weights_kernel(logw_ptr, w_ptr, B, CHUNK: tl.constexpr):
         tl.store(w_ptr + start + offs, tl.exp2(lw - mx), mask=m)
 
 
+@triton.jit
+def _per_chunk_kernel(
+    leaves_ptr,  # f32 [capacity_padded]
+    block_sums_ptr,  # f32 [NUM_BLOCKS]
+    size_ptr,  # int 0-d
+    local_ptr,  # f64 [NUM_BLOCKS] out: monotone inclusive prefix of the block masses within each chunk
+    chunk_mass_ptr,  # f64 [G] out: each chunk's mass (the last entry of its local prefix)
+    chunk_last_ptr,  # i64 [G] out: the chunk's last block with mass, -1 if none
+    NUM_BLOCKS: tl.constexpr,
+    BLOCK: tl.constexpr,
+    CAPACITY: tl.constexpr,
+    LOCAL: tl.constexpr,
+):
+    g = tl.program_id(0)
+    size = tl.load(size_ptr).to(tl.int64)
+    size = tl.minimum(tl.maximum(size, 1), CAPACITY)
+    last_blk = (size - 1) // BLOCK
+    first = g * LOCAL
+    mine = (last_blk >= first) & (last_blk < first + LOCAL)  # this chunk holds slot size-1
+    offs = tl.arange(0, BLOCK)
+    pos = last_blk * BLOCK + offs
+    part = tl.load(leaves_ptr + pos, mask=pos < tl.where(mine, size, 0), other=0.0)
+    partial = tl.sum(part.to(tl.float64), axis=0)
+    b = first + tl.arange(0, LOCAL)
+    inb = b < NUM_BLOCKS
+    bs = tl.load(block_sums_ptr + b, mask=inb & (b < last_blk), other=0.0).to(tl.float64)
+    eff = tl.where(b == last_blk, partial, bs)
+    s = tl.cumsum(eff, axis=0)
+    m = tl.associative_scan(tl.where(eff > 0, s, 0.0), 0, _max_combine)
+    tl.store(local_ptr + b, m, mask=inb)
+    tl.store(chunk_mass_ptr + g, tl.max(m, axis=0))
+    tl.store(chunk_last_ptr + g, tl.max(tl.where(eff > 0, b, -1).to(tl.int64), axis=0))
+
+
+@triton.jit
+def _per_carry_kernel(
+    leaves_ptr,  # f32 [capacity_padded]
+    size_ptr,  # int 0-d
+    chunk_mass_ptr,  # f64 [G]
+    chunk_last_ptr,  # i64 [G]
+    carry_ptr,  # f64 [G] out: monotone inclusive prefix of the chunk masses
+    total_ptr,  # f64 [1] out
+    last_ptr,  # i64 [1] out: last slot < size with a nonzero leaf, -1 if none
+    G,
+    BLOCK: tl.constexpr,
+    CAPACITY: tl.constexpr,
+    CHUNK: tl.constexpr,
+):
+    size = tl.load(size_ptr).to(tl.int64)
+    size = tl.minimum(tl.maximum(size, 1), CAPACITY)
+    carry = tl.sum(tl.zeros([CHUNK], dtype=tl.float64), axis=0)  # f64 scalar 0
+    carry_max = carry
+    last_nz_blk = tl.max(tl.full([CHUNK], -1, dtype=tl.int64), axis=0)
+    for start in range(0, G, CHUNK):
+        c = start + tl.arange(0, CHUNK)
+        inc = c < G
+        mass = tl.load(chunk_mass_ptr + c, mask=inc, other=0.0)
+        s = tl.cumsum(mass, axis=0) + carry
+        m = tl.where(mass > 0, s, 0.0)
+        m = tl.maximum(tl.associative_scan(m, 0, _max_combine), carry_max)
+        tl.store(carry_ptr + c, m, mask=inc)
+        carry = carry + tl.sum(mass, axis=0)
+        carry_max = tl.max(m, axis=0)
+        last_nz_blk = tl.maximum(last_nz_blk, tl.max(tl.load(chunk_last_ptr + c, mask=inc, other=-1), axis=0))
+    has = last_nz_blk >= 0
+    lb = tl.maximum(last_nz_blk, 0)
+    offs = tl.arange(0, BLOCK)
+    pos = lb * BLOCK + offs
+    lv = tl.load(leaves_ptr + pos, mask=pos < tl.where(has, size, 0), other=0.0)
+    j = tl.max(tl.where(lv > 0, offs, -1), axis=0)
+    tl.store(total_ptr, carry_max)
+    tl.store(last_ptr, tl.where(has & (j >= 0), lb * BLOCK + j, -1).to(tl.int64))
+
+
+@triton.jit
+def _per_chunk_search_kernel(
+    leaves_ptr,  # f32 [capacity_padded]
+    local_ptr,  # f64 [NUM_BLOCKS]
+    carry_ptr,  # f64 [G]
+    chunk_last_ptr,  # i64 [G]
+    total_ptr,  # f64 [1]
+    last_ptr,  # i64 [1]
+    rand_ptr,  # f32 [B]
+    size_ptr,  # int 0-d
+    beta_ptr,  # f32 0-d
+    idx_ptr,  # i64 [B] out
+    logw_ptr,  # f32 [B] out: -beta * log2(leaf)
+    B,
+    G,
+    NUM_BLOCKS: tl.constexpr,
+    BLOCK: tl.constexpr,
+    CAPACITY: tl.constexpr,
+    ITEMS: tl.constexpr,
+    G_P2: tl.constexpr,  # next power of two >= G
+    LOCAL: tl.constexpr,
+):
+    pid = tl.program_id(0)
+    k = pid * ITEMS + tl.arange(0, ITEMS)  # (I,)
+    km = k < B
+    u = tl.load(rand_ptr + k, mask=km, other=0.0).to(tl.float32)
+    u = tl.where(u > 0.0, u, 0.0)  # negative and NaN -> 0
+    u = tl.minimum(u, 0.99999994)
+    total = tl.load(total_ptr)
+    last = tl.load(last_ptr)
+    size = tl.load(size_ptr).to(tl.int64)
+    size = tl.minimum(tl.maximum(size, 1), CAPACITY)
+    x = (k.to(tl.float64) + u.to(tl.float64)) / B  # (I,) in [0, 1)
+    target = x * total  # (I,) f64
+
+    # -- chunk: number of (monotone) carry entries <= target
+    ar = tl.arange(0, G_P2)
+    pc = tl.load(carry_ptr + ar[None, :], mask=(ar[None, :] < G) & km[:, None], other=float("inf"))
+    g = tl.sum((pc <= target[:, None]).to(tl.int64), axis=1)
+    gvalid = g < G  # false only when target >= total (float error): clamped below
+    gc = tl.minimum(g, G - 1)
+    before = tl.load(carry_ptr + gc - 1, mask=km & gvalid & (gc > 0), other=0.0)
+    t_local = target - before  # >= 0: before <= target
+
+    # -- block inside the chunk: number of local prefix entries <= t_local, clamped to the chunk's
+    # last block with mass (rounding between the carry and the local prefix)
+    lo = tl.arange(0, LOCAL)
+    lb = gc[:, None] * LOCAL + lo[None, :]
+    pl = tl.load(local_ptr + lb, mask=(lb < NUM_BLOCKS) & km[:, None] & gvalid[:, None], other=float("inf"))
+    bl = tl.sum((pl <= t_local[:, None]).to(tl.int64), axis=1)
+    clast = tl.load(chunk_last_ptr + gc, mask=km, other=-1)
+    b = tl.minimum(gc * LOCAL + bl, clast)
+    bvalid = gvalid & (b >= 0)
+    bc = tl.maximum(b, 0)
+    pex = tl.load(local_ptr + bc - 1, mask=km & bvalid & (bc > gc * LOCAL), other=0.0)  # chunk mass before block
+
+    # -- slot inside the block, in the chunk's frame (as _per_search_kernel)
+    offs = tl.arange(0, BLOCK)
+    pos = bc[:, None] * BLOCK + offs[None, :]  # (I, BLOCK)
+    lmask = km[:, None] & bvalid[:, None] & (pos < size)
+    lv = tl.load(leaves_ptr + pos, mask=lmask, other=0.0)
+    scan = tl.cumsum(lv.to(tl.float64), axis=1) + pex[:, None]
+    nz = lv > 0
+    jf = tl.min(tl.where((scan > t_local[:, None]) & nz, offs[None, :], BLOCK), axis=1)
+    jl = tl.max(tl.where(nz, offs[None, :], -1), axis=1)
+    j = tl.where(jf < BLOCK, jf, jl)
+    idx = tl.where(bvalid & (j >= 0), bc * BLOCK + j, last)
+
+    uniform = (last < 0) | (total <= 0.0)  # every leaf below size is 0
+    uidx = tl.minimum((x * size.to(tl.float64)).to(tl.int64), size - 1)
+    idx = tl.where(uniform, uidx, idx)
+    leaf = tl.load(leaves_ptr + idx, mask=k < tl.where(uniform, 0, B), other=1.0)
+    beta = tl.load(beta_ptr).to(tl.float32)
+    lw = -beta * tl.log2(leaf)
+    lw = tl.where(uniform, 0.0, lw)
+    tl.store(idx_ptr + k, idx, mask=km)
+    tl.store(logw_ptr + k, lw, mask=km)
+
+
 # ----------------------------------------------------------------------------------------------
 # Launcher
 # ----------------------------------------------------------------------------------------------
@@ -239,6 +409,10 @@ def _per_sample_launch(leaves, block_sums, rand, size, beta, block, capacity, la
     last = torch.empty(1, dtype=torch.int64, device=dev)
     if batch == 0:
         return idx, w
+    if num_blocks > _PREFIX_CHUNK:
+        _chunked_sample(wrap, leaves, block_sums, rand, size, beta, block, capacity, prefix, total, last, idx, w)
+        _launch_weights(wrap, w, batch)
+        return idx, w
     chunk = min(_next_p2(num_blocks), _PREFIX_CHUNK)
     wrap(_per_prefix_kernel)[(1,)](
         leaves, block_sums, size, prefix, total, last,
@@ -251,9 +425,40 @@ def _per_sample_launch(leaves, block_sums, rand, size, beta, block, capacity, la
         NUM_BLOCKS=num_blocks, BLOCK=block, CAPACITY=capacity, ITEMS=items,
         SEARCH_P2=search_p2, FINE=fine, num_warps=4,
     )
+    _launch_weights(wrap, w, batch)
+    return idx, w
+
+
+def _launch_weights(wrap, w, batch: int) -> None:
     wchunk = min(_next_p2(batch), 4096)
     wrap(_per_weights_kernel)[(1,)](w, w, batch, CHUNK=wchunk, num_warps=4 if wchunk <= 1024 else 8)
-    return idx, w
+
+
+def _chunked_sample(wrap, leaves, block_sums, rand, size, beta, block, capacity, local, total, last, idx, w):
+    """Kernels 1a, 1b and 2' of the module docstring ("Chunked"): ``local`` takes the local prefix;
+    ``idx`` and ``w`` (the log-weights, for the weights kernel) are written."""
+    num_blocks, batch, dev = block_sums.shape[0], rand.shape[0], leaves.device
+    local_width = min(_LOCAL, _next_p2(num_blocks))
+    chunks = triton.cdiv(num_blocks, local_width)
+    chunk_mass = torch.empty(chunks, dtype=torch.float64, device=dev)
+    chunk_last = torch.empty(chunks, dtype=torch.int64, device=dev)
+    carry = torch.empty(chunks, dtype=torch.float64, device=dev)
+    wrap(_per_chunk_kernel)[(chunks,)](
+        leaves, block_sums, size, local, chunk_mass, chunk_last,
+        NUM_BLOCKS=num_blocks, BLOCK=block, CAPACITY=capacity, LOCAL=local_width, num_warps=4,
+    )
+    carry_chunk = _next_p2(min(chunks, _PREFIX_CHUNK))
+    wrap(_per_carry_kernel)[(1,)](
+        leaves, size, chunk_mass, chunk_last, carry, total, last, chunks,
+        BLOCK=block, CAPACITY=capacity, CHUNK=carry_chunk, num_warps=8 if carry_chunk >= 2048 else 4,
+    )
+    g_p2 = _next_p2(chunks)
+    items = max(1, min(_next_p2(batch), _TILE // max(block, local_width, g_p2)))
+    wrap(_per_chunk_search_kernel)[(triton.cdiv(batch, items),)](
+        leaves, local, carry, chunk_last, total, last, rand, size, beta, idx, w, batch, chunks,
+        NUM_BLOCKS=num_blocks, BLOCK=block, CAPACITY=capacity, ITEMS=items, G_P2=g_p2, LOCAL=local_width,
+        num_warps=4,
+    )
 
 
 @device_op("foxdqn::per_sample", mutates_args=())

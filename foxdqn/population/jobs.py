@@ -38,6 +38,7 @@ class Member:
         overrides: the job's task overrides as given (``hydra.overrides.task``, e.g. ``"seed=1"``).
         payload: the checkpoint a ``resume=...`` job continues from (foxdqn.resume); None otherwise.
             Such a job never joins a population (grouping.batch_refusal).
+        run_id: the id of the run a ``resume=...`` job continues (its start record); None otherwise.
     """
 
     tc: "TrainConfig"
@@ -46,6 +47,7 @@ class Member:
     job_num: int
     overrides: list[str]
     payload: dict | None = None
+    run_id: str | None = None
 
 
 @dataclass

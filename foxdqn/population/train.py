@@ -180,8 +180,6 @@ def train_population(members: list[Member]) -> list[Outcome]:
     opened). On SIGINT/SIGTERM every member's weights are saved, then the process exits with
     128 + the signal after one line (a population does not resume).
     """
-    from omegaconf import OmegaConf
-
     from foxdqn.errors import FoxdqnError
     from foxdqn.loop import _StopSignals
     from foxdqn.run_folder import RunFolder
@@ -192,9 +190,7 @@ def train_population(members: list[Member]) -> list[Outcome]:
     except FoxdqnError as exc:
         return [Outcome(None, 2, str(exc)) for _ in members]
     after_kill = "a population does not resume: evaluate checkpoints/last.pt, or train again"
-    folders = [RunFolder(m.run_dir).open(resume=False, after_kill=after_kill) for m in members]
-    for m in members:
-        write_text_atomic(m.run_dir / "config.yaml", OmegaConf.to_yaml(OmegaConf.structured(m.tc)))
+    folders = [RunFolder(m.run_dir).open(resume=False, after_kill=after_kill, config=m.tc) for m in members]
     outcomes: list[Outcome] = []
     try:
         run.open_loggers()

@@ -181,7 +181,7 @@ def group_lr(optimizer: Adam) -> torch.Tensor:
 
 @torch.no_grad()
 def adam_update_(optimizer: Adam, *, grad_scale: torch.Tensor | None = None,
-                 skip: torch.Tensor | None = None) -> None:
+                 skip: torch.Tensor | None = None, prior: dict[int, torch.Tensor] | None = None) -> None:
     """Adam's step of every parameter of ``optimizer`` that has a gradient, in place.
 
     The parameters without a gradient are left alone, as ``optimizer.step()`` leaves them.
@@ -194,6 +194,8 @@ def adam_update_(optimizer: Adam, *, grad_scale: torch.Tensor | None = None,
         grad_scale: float32 0-d, each gradient is multiplied by it (the clip coefficient), or None.
         skip: float32 0-d, 1.0 leaves parameters, moments and step counts unchanged (the guard's
             skip), or None.
+        prior: None, or ``id(param)`` → a tensor of its shape that receives the parameter's value
+            from before the step where the step is applied (:class:`foxdqn.step.last_good.LastGood`).
 
     Raises:
         ValueError: see :func:`adam_hyperparameters` and :func:`foxdqn.ops.adam_step.adam_step_`.
@@ -204,4 +206,5 @@ def adam_update_(optimizer: Adam, *, grad_scale: torch.Tensor | None = None,
         return
     exp_avgs, exp_avg_sqs, steps = adam_state(optimizer, params)
     adam_step_(params, [p.grad for p in params], exp_avgs, exp_avg_sqs, steps, lr=group_lr(optimizer), beta1=beta1, beta2=beta2,
-               eps=eps, grad_scale=grad_scale, skip=skip)
+               eps=eps, grad_scale=grad_scale, skip=skip,
+               prior=None if prior is None else [prior[id(p)] for p in params])

@@ -31,6 +31,7 @@ if TYPE_CHECKING:  # typing only: importing them here would load every env and m
     from foxdqn.actions.modes import BranchingMode, ExposureRoutedMode, FactoredMode
     from foxdqn.envs.base import BatchedEnv
     from foxdqn.objectives.base import Objective
+    from foxdqn.step.last_good import LastGood
     from foxdqn.step.pruning import MagnitudePruner
     from foxdqn.step.weight_check import WeightCheck
 
@@ -65,11 +66,13 @@ class Optimization:
     """optimizer: :class:`foxdqn.step.adam.Adam` over ``Networks.trainable``, the state that
     :func:`foxdqn.step.adam.adam_update_` steps in one kernel (the guard's skip flag skips it);
     lr: float32 0-d device tensor, its learning rate (change in place, never rebind);
-    weight_check: the post-step weight check's trial step (``guard.max_weight``), else None."""
+    weight_check: the post-step weight check's trial step (``guard.max_weight``), else None;
+    last_good: the weights from before the last applied update (``guard.keep_last_good``), else None."""
 
     optimizer: Adam
     lr: torch.Tensor
     weight_check: WeightCheck | None = None
+    last_good: LastGood | None = None
 
 
 @dataclass
@@ -173,6 +176,10 @@ def build_state(cfg: TrainConfig, market, device: torch.device) -> TrainState:
         from foxdqn.step.weight_check import WeightCheck
 
         optim.weight_check = WeightCheck(optim.optimizer, monitors.guard.weight_bits)
+    if cfg.guard.keep_last_good:  # a halt keeps the weights from before the last applied update
+        from foxdqn.step.last_good import LastGood
+
+        optim.last_good = LastGood(nets.trainable)
     targets, sources = list(nets.target.parameters()), list(nets.online.parameters())
     for tgt, src in nets.objective.polyak_pairs():
         targets, sources = targets + list(tgt), sources + list(src)

@@ -106,7 +106,9 @@ def update_step(s: TrainState) -> None:
     if s.optim.weight_check is not None:
         s.optim.weight_check.run(clip)  # Adam's step on a copy: max |w| after it, for the guard
     skip = s.monitors.guard.check(loss, grad_norm.detach(), s.updates)
-    adam_update_(s.optim.optimizer, grad_scale=clip, skip=skip)
+    # with guard.keep_last_good Adam's kernel also copies the weights it starts from, where it applies the step
+    last_good = s.optim.last_good
+    adam_update_(s.optim.optimizer, grad_scale=clip, skip=skip, prior=None if last_good is None else last_good.of)
     if spike is not None:
         s.optim.lr.div_(spike)  # a power of two: lr is restored exactly
     if s.pruner is not None:

@@ -231,7 +231,8 @@ class PopulationLauncher(Launcher):
             # this job's timings.json counts from here, not from the launcher's start or an earlier group
             CLOCK.mark("launcher")
             CLOCK.restart("population launcher: this job's training")
-            _set_result(ret, lambda: _train(member.tc, member.market, member.run_dir, member.payload))
+            _set_result(ret, lambda: _train(member.tc, member.market, member.run_dir, member.payload,
+                                               member.run_id))
 
     @staticmethod
     def _train_population(group: List[Any], jobs: Dict[int, Tuple[DictConfig, JobReturn]]) -> None:

@@ -149,6 +149,42 @@ def test_skipped_member_unchanged_bit_for_bit_nan_grads(backend):
     assert torch.isfinite(params[1][1]).all()
 
 
+@pytest.mark.parametrize("backend", ["triton", "torch"])
+@pytest.mark.parametrize("members", [1, 3])
+def test_prior_receives_the_weights_before_each_applied_step(backend, members):
+    """``prior`` holds each applied step's input weights bit for bit (more tensors than one launch
+    holds, an empty one); a skipped member's prior is left as it was; the step itself is the same
+    bits as without ``prior``."""
+    params = _params(SHAPES["ten_with_empty"], seed=21, members=members)
+    draws = _grad_draws(params, 3, seed=22)
+    shape = (members,) if members > 1 else ()
+    lr, scale = torch.full(shape, LR), torch.full(shape, SCALE)
+    state = {name: ([p.clone() for p in params], [torch.zeros_like(p) for p in params],
+                    [torch.zeros_like(p) for p in params], [torch.zeros(shape) for _ in params])
+             for name in ("with", "without")}
+    prior = [torch.full_like(p, NAN) for p in params]
+    skips = [torch.zeros(shape), torch.zeros(shape), torch.ones(shape) if members == 1 else torch.tensor([0.0, 1.0, 0.0])]
+    for grads, skip in zip(draws, skips):
+        expected = [torch.where(skip.reshape((-1,) + (1,) * (p.dim() - 1)) != 0, old, p) if members > 1 else
+                    (old if skip.item() else p.clone()) for p, old in zip(state["with"][0], prior)]
+        for name, extra in (("with", {"prior": prior}), ("without", {})):
+            ps, ms, vs, st = state[name]
+            adam_step_(ps, grads, ms, vs, st, lr=lr, grad_scale=scale, skip=skip, members=members,
+                       backend=backend, **extra)
+        for got, want in zip(prior, expected):
+            assert torch.equal(got, want) or (got.numel() == 0 and want.numel() == 0)
+        for a, b in zip(state["with"][0], state["without"][0]):
+            assert torch.equal(a, b)
+    assert not any(torch.isnan(p).any() for p in prior)  # every member had an applied step
+
+
+def test_prior_must_not_alias_params():
+    params = _params([(4,)], seed=0)
+    with pytest.raises(ValueError, match="prior must not share memory"):
+        adam_step_(params, [torch.ones(4)], [torch.zeros(4)], [torch.zeros(4)], [torch.zeros(())],
+                   lr=torch.tensor(LR), prior=params)
+
+
 def test_nan_gradient_makes_nan_params_like_torch():
     params = _params([(7,)], seed=0)
     grads = [torch.ones(7)]

@@ -215,6 +215,58 @@ def test_two_level_search_matches_reference(monkeypatch, single_max, fine):
         assert_close_report(w, ref_w, rtol=1e-5, what="weights")
 
 
+@pytest.mark.parametrize("prefix_chunk,local", [(2, 2), (4, 4), (1, 8), (2, 1)])
+def test_chunked_prefix_matches_reference(monkeypatch, prefix_chunk, local):
+    """Above _PREFIX_CHUNK blocks the prefix runs in chunks of _LOCAL blocks (one program each) and
+    the search goes chunk -> block -> slot: the same indices as the reference, with zero-mass
+    chunks and blocks, size inside a chunk, a single nonzero leaf, all zero."""
+    monkeypatch.setattr(per_sample_mod, "_PREFIX_CHUNK", prefix_chunk)
+    monkeypatch.setattr(per_sample_mod, "_LOCAL", local)
+    gen = torch.Generator().manual_seed(prefix_chunk * 10 + local)
+    cap, block = 83, 4  # 21 blocks
+    cases = [int_priorities(cap, gen, zero_frac=0.4), torch.zeros(cap), torch.zeros(cap)]
+    cases[0][8:40] = 0.0  # whole zero-mass chunks (and blocks)
+    cases[1][61] = 3.0  # one nonzero leaf
+    for leaves in cases:
+        st = make_state(leaves, block)
+        for size in (83, 50, 62, 3):
+            rand = torch.rand(97, generator=gen)
+            args = (st, rand, scalar(size, torch.int64), scalar(0.6))
+            idx, w = per_sample(*args, backend="triton")
+            ref_idx, ref_w = per_sample(*args, backend="torch")
+            assert torch.equal(idx, ref_idx), (size, (idx != ref_idx).nonzero().flatten().tolist()[:10])
+            assert_close_report(w, ref_w, rtol=1e-5, what="weights")
+
+
+def test_chunked_clamps_a_target_past_its_chunk_to_the_last_block_with_mass(monkeypatch):
+    """A block sum larger than its leaves (f32 rounding) pushes targets past the chunk's last
+    nonzero leaf: they land on that leaf, never on a zero slot or another chunk's."""
+    monkeypatch.setattr(per_sample_mod, "_PREFIX_CHUNK", 1)
+    monkeypatch.setattr(per_sample_mod, "_LOCAL", 2)
+    st = make_state([1.0, 1.0, 0, 0, 0, 0, 0, 0, 2.0, 0, 0, 0, 0, 0, 0, 0], 4)  # chunks {0,1}, {2,3}
+    st.block_sums[0] = 10.0  # chunk 0 holds 2 in its leaves, 10 in its sums
+    for r in (0.3, 0.5, 0.7, ONE_MINUS):  # targets 3.6, 6, 8.4, ~12 of a total of 12
+        idx, _ = per_sample(st, torch.tensor([r]), scalar(16, torch.int64), scalar(0.5), backend="triton")
+        assert idx.item() == (1 if r * 12.0 < 10.0 else 8)
+
+
+def test_chunked_search_clamps_a_target_past_the_local_prefix_to_the_chunk():
+    """Rounding between a chunk's carry and its local prefix can put t' past every local entry:
+    the search keeps the chunk's last block with mass (here the carry says 10, the local prefix 4),
+    never a block of the next chunk."""
+    leaves = torch.tensor([1.0, 3.0, 0, 0, 0, 0, 0, 0, 5.0, 0, 0, 0, 0, 0, 0, 0])
+    local = torch.tensor([4.0, 4.0, 5.0, 5.0], dtype=torch.float64)  # chunks {0, 1}, {2, 3}
+    carry = torch.tensor([10.0, 15.0], dtype=torch.float64)
+    chunk_last = torch.tensor([0, 2])
+    total, last = torch.tensor([15.0], dtype=torch.float64), torch.tensor([8])
+    rand = torch.tensor([0.5])  # target 7.5: chunk 0, t' = 7.5 > 4
+    idx, logw = torch.empty(1, dtype=torch.int64), torch.empty(1)
+    per_sample_mod._per_chunk_search_kernel[(1,)](
+        leaves, local, carry, chunk_last, total, last, rand, scalar(16, torch.int64), scalar(0.5), idx, logw, 1, 2,
+        NUM_BLOCKS=4, BLOCK=4, CAPACITY=16, ITEMS=1, G_P2=2, LOCAL=2)
+    assert idx.item() == 1
+
+
 def test_clamp_beyond_last_nonzero_leaf_of_block():
     """Targets past the last nonzero leaf of their block (block sum larger than its leaves, as
     f32 rounding can make it) are clamped to that leaf, never to a zero slot."""
@@ -416,8 +468,8 @@ def _gpu_state(cap, seed, block=1024):
 
 @pytest.mark.gpu
 @needs_compiled_triton
-@pytest.mark.parametrize("cap", [1_000_000, 10_000_000])
-@pytest.mark.parametrize("batch", [512, 4096])
+@pytest.mark.parametrize("cap,batch", [(1_000_000, 512), (1_000_000, 4096), (10_000_000, 512), (10_000_000, 4096),
+                                       (100_000_000, 256)])  # 10M and 100M: the chunked prefix
 def test_gpu_kernel_matches_reference(cap, batch):
     st, gen = _gpu_state(cap, seed=cap % 997 + batch)
     for size in (cap, cap // 3 + 17):

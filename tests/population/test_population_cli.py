@@ -12,6 +12,8 @@ from pathlib import Path
 import pandas as pd
 import torch
 
+from foxdqn.checkpoint import load_checkpoint
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -32,7 +34,7 @@ def test_population_multirun_from_the_command_line(tmp_path):
     total = None
     for name, (faulty, job) in sorted(jobs.items(), key=lambda kv: kv[1][0]):  # the finished members first
         metrics = pd.read_csv(job / "metrics.csv")
-        ckpt = torch.load(job / "checkpoints" / "last.pt", weights_only=False)
+        ckpt = load_checkpoint(job / "checkpoints" / "last.pt")
         if faulty:
             assert (job / "HALTED").read_text().startswith("non-finite loss or gradient norm")
             assert not (job / "eval").exists()

@@ -29,7 +29,7 @@ def test_graph_run_interrupted_and_resumed(tmp_path, monkeypatch):
     assert resumed["env_steps"] == whole["env_steps"] and resumed["updates"] == whole["updates"]
     steps = pd.read_csv(tmp_path / "cut" / "metrics.csv")["step"]
     assert list(steps) == sorted(set(steps))
-    a = torch.load(tmp_path / "whole" / "checkpoints" / "last.pt", weights_only=False)["online"]
-    b = torch.load(tmp_path / "cut" / "checkpoints" / "last.pt", weights_only=False)["online"]
+    a = load_checkpoint(tmp_path / "whole" / "checkpoints" / "last.pt")["online"]
+    b = load_checkpoint(tmp_path / "cut" / "checkpoints" / "last.pt")["online"]
     for key in a:  # same updates on the same data; the graph may round differently from run to run
         torch.testing.assert_close(a[key], b[key], rtol=1e-3, atol=1e-4)
