@@ -15,12 +15,18 @@ venv: $(VENV)/.ready
 
 $(VENV)/.ready: pyproject.toml
 	@if $(PYTHON) -c "import torch" >/dev/null 2>&1; then \
-	  echo "[foxdqn] using the torch of $(PYTHON)"; $(PYTHON) -m venv --system-site-packages $(VENV); \
+	  echo "[foxdqn] creating $(VENV) once: keeping the torch of $(PYTHON) (--system-site-packages); pip installs"; \
+	  echo "[foxdqn] foxdqn's dev extra next (about 1 GB, triton the largest): 1-3 minutes on 2 cores"; \
+	  $(PYTHON) -m venv --system-site-packages $(VENV); \
 	else \
+	  echo "[foxdqn] creating $(VENV) once: $(PYTHON) has no torch, so pip installs torch==$(TORCH_VERSION) first (PyPI's"; \
+	  echo "[foxdqn] Linux wheel brings its CUDA libraries, about 3 GB; a CPU wheel is about 200 MB), then foxdqn's"; \
+	  echo "[foxdqn] dev extra (about 1 GB): 2-4 minutes with the wheels at hand, longer on a slow network"; \
 	  $(PYTHON) -m venv $(VENV) && $(PY) -m pip install -q "torch==$(TORCH_VERSION)"; \
 	fi
 	$(PY) -m pip install -q -e '.[dev]'
 	@touch $@
+	@echo "[foxdqn] $(VENV) is ready"
 
 train: venv
 	$(PY) -m foxdqn.train $(ARGS)

@@ -134,7 +134,9 @@ def _cartpole_chart(cp: pd.DataFrame, machine: str, path: Path) -> None:
     plt.close()
 
 
-def _chart(df: pd.DataFrame, path: Path) -> None:
+def _chart(df: pd.DataFrame, path: Path) -> bool:
+    """Draw the chart of the step or cartpole rows of ``df`` into ``path``; False: no such rows,
+    nothing written (start-up, kernels, ...)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -144,7 +146,8 @@ def _chart(df: pd.DataFrame, path: Path) -> None:
     if not len(step):
         if "section" in df and "time_to_475_s" in df and len(df[df.section == "cartpole"]):
             _cartpole_chart(df[df.section == "cartpole"], df["gpu"].iloc[0], path)
-        return
+            return path.is_file()
+        return False
     p = step.pivot_table(index=["features", "size"], columns="provider", values="ms_per_update")
     ax = p.plot.barh(figsize=(9, 1 + 0.5 * len(p)), logx=True)
     ax.set_xlabel("ms per update (log)")
@@ -152,6 +155,7 @@ def _chart(df: pd.DataFrame, path: Path) -> None:
     plt.tight_layout()
     plt.savefig(path, dpi=110)
     plt.close()
+    return True
 
 
 def main(argv=None) -> int:
@@ -226,9 +230,16 @@ def _check_args(ap: argparse.ArgumentParser, args) -> None:
 def _write_report(df: pd.DataFrame, t: dict, stem: Path) -> None:
     md = f"# foxdqn bench — {t['gpu']}, torch {t['torch']}, triton {t['triton']}, {t['date']}\n\n" + _ratios(df)
     stem.with_suffix(".md").write_text(md + "\n")
-    _chart(df, stem.with_suffix(".png"))
+    chart = _chart(df, stem.with_suffix(".png"))
     print(md)
-    print(f"\nwrote {stem}.csv, .md, .png")
+    print(f"\n{written(stem, chart)}")
+
+
+def written(stem: Path, chart: bool) -> str:
+    """``wrote <stem>.csv, .md[, .png]``: the .csv and .md of ``stem`` that exist, and the .png when
+    this run drew it (``chart``; a section without a chart, such as startup, draws none)."""
+    suffixes = [s for s in (".csv", ".md") if stem.with_suffix(s).is_file()] + [".png"] * bool(chart)
+    return f"wrote {stem}{', '.join(suffixes)}" if suffixes else f"wrote nothing to {stem}.*"
 
 
 if __name__ == "__main__":

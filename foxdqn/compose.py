@@ -254,6 +254,12 @@ def composition_error(exc: BaseException) -> str:
                 f"pip install 'foxdqn[{extra}]' (or pip install {plugin})")
     cause = exc.__cause__ or exc.__context__
     full = text + ("\n" + str(cause) if cause is not None else "")
+    group_file = re.match(r"In '(experiment|hparams_search)/([^']+)'", text)
+    if group_file and re.search(rf"@{group_file.group(1)}\.|full_key: {group_file.group(1)}(\.|\s|$)", full):
+        # a file of these groups without `# @package _global_` lands under the key `experiment` (or
+        # `hparams_search`): its `override /head: q` becomes head@experiment.head, its keys experiment.*
+        return (f"{group_file.group(1)}/{group_file.group(2)}.yaml: add the line `# @package _global_` at the top "
+                f"of the file (its keys and overrides are for the whole config, as in conf/experiment/)")
     key = re.search(r"full_key: (\S+)", full)
     choice = re.search(r"Invalid value '([^']*)', expected one of \[([^\]]*)\]", full)
     if choice and key:

@@ -15,7 +15,8 @@ Groups mirror the package: ``data`` (foxdqn.data), ``env`` (foxdqn.envs), ``mode
 (foxdqn.replay), ``agent`` (the budget and batch of foxdqn.step), ``optim`` (Adam and gradient
 clipping), ``explore`` (the ε schedule), ``target`` (target-network updates), ``loss`` (TD loss
 scale), ``guard`` (the on-device training guard), ``prune``/``regime`` (training controls),
-``eval``, ``log``, ``logger``, ``early_stop``, ``diversity``, ``checkpoint``, ``debug``.
+``eval``, ``log``, ``logger``, ``early_stop``, ``diversity``, ``checkpoint``, ``search`` (hyperparameter
+searches, foxdqn.search), ``debug``.
 """
 from __future__ import annotations
 
@@ -69,6 +70,8 @@ Replay = _choice("Replay", ("uniform", "per"))
 ActionMode = _choice("ActionMode", ACTION_MODES)
 TargetUpdate = _choice("TargetUpdate", ("polyak", "hard"))
 Split = _choice("Split", ("train", "val", "test"))
+Pruner = _choice("Pruner", ("none", "median"))
+WandbMode = _choice("WandbMode", ("offline", "online", "disabled"))
 EarlyStopMetric = _choice("EarlyStopMetric", ("auto", "sharpe", "sortino", "total_return", "profit_factor",
                                               "max_drawdown", "mean_return"))
 
@@ -488,16 +491,35 @@ class PrometheusConfig:
 
 @dataclass
 class LoggerConfig:
-    """Where the logged metrics go (``logger=`` group, combinable: ``logger=[csv,tensorboard,prometheus]``).
+    """Where the logged metrics go (``logger=`` group, combinable: ``logger=[csv,tensorboard,prometheus,mlflow,wandb]``).
     ``metrics.csv`` is always written."""
 
     tensorboard: bool = False  # TensorBoard events in tb/ (set by logger=tensorboard, the default)
     mlflow: bool = False  # an MLflow run per foxdqn run (set by logger=mlflow; pip install 'foxdqn[mlflow]')
-    mlflow_uri: Optional[str] = None  # the MLflow tracking store; null: sqlite:///mlflow.db of the working folder
+    mlflow_uri: Optional[str] = None  # the MLflow tracking store; null: mlflow.db (mode 0600) of the run (or sweep) folder
+    wandb: bool = False  # a Weights & Biases run per foxdqn run (set by logger=wandb; pip install 'foxdqn[wandb]')
+    wandb_mode: WandbMode = WandbMode.offline  # offline: written to <run>/wandb/, wandb sync uploads it; online: a login
+    wandb_project: str = "foxdqn"  # the W&B project
+    wandb_entity: Optional[str] = None  # the W&B entity (team or user); null: the login's default
     prometheus: PrometheusConfig = field(default_factory=PrometheusConfig)
 
     def validate(self) -> None:
         self.prometheus.validate()
+
+
+@dataclass
+class SearchConfig:
+    """Hyperparameter searches (``hparams_search=<family>_optuna``; foxdqn.search): what a run returns
+    to the sweeper and the pruning of the jobs of a ``--multirun``."""
+
+    exclude_no_trades: bool = True  # a trading run whose kept weights never trade on val returns NaN (not counted)
+    pruner: Pruner = Pruner.none  # median: stop a --multirun job below the finished jobs' median validation
+    n_startup_trials: int = 5  # median pruner: no job is pruned until this many jobs of the sweep have finished
+    n_warmup_steps: int = 0  # median pruner: no job is pruned before this many env steps
+
+    def validate(self) -> None:
+        _positive(self.n_startup_trials, "search.n_startup_trials", allow_zero=True)
+        _positive(self.n_warmup_steps, "search.n_warmup_steps", allow_zero=True)
 
 
 @dataclass
@@ -563,13 +585,14 @@ class TrainConfig:
     early_stop: EarlyStopConfig = field(default_factory=EarlyStopConfig)
     diversity: DiversityConfig = field(default_factory=DiversityConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    search: SearchConfig = field(default_factory=SearchConfig)
     debug: DebugConfig = field(default_factory=DebugConfig)
     resume: Optional[str] = None  # auto (the newest checkpoint of hydra.run.dir) | a checkpoint path
 
 
 #: The groups of :class:`TrainConfig` that validate themselves, in the order they are checked.
 GROUPS = ("env", "model", "head", "objective", "action", "replay", "agent", "optim", "explore", "target", "loss",
-          "prune", "regime", "guard", "eval", "log", "logger", "early_stop", "diversity", "checkpoint", "debug")
+          "prune", "regime", "guard", "eval", "log", "logger", "early_stop", "diversity", "checkpoint", "search", "debug")
 
 
 # ---------------------------------------------------------------------------------- validation
@@ -852,13 +875,28 @@ def warn_ignored(cfg: TrainConfig) -> list[str]:
 
 
 def run_name(experiment: str, data_path: Optional[str] = None, env_id: Optional[str] = None) -> str:
-    """The name of a run's folders and titles: the experiment, plus the stem of ``data.path`` or
-    the Gymnasium ``env.id`` when one is set (so ``data.path=bars.csv`` is not filed as
-    ``eurusd_dqn``). Characters other than letters, digits, ``-``, ``_`` and ``.`` become ``_``."""
+    """The name of a run's folders, titles, logger runs and reports.
+
+    The experiment's name, except:
+
+    * with ``data.path`` (the user's own bars), the name is after the file: the experiment without
+      its market prefix (the word before the first ``_`` when it is a built-in dataset's market, as
+      ``eurusd`` in ``eurusd_dqn``), then the file's stem: ``eurusd_dqn`` on ``bars.csv`` is
+      ``dqn_bars``, ``eurusd_c51`` is ``c51_bars``, an experiment of the user's own ``mine`` is
+      ``mine_bars``;
+    * with a Gymnasium ``env.id``, the experiment and the id (``cartpole_gym_Acrobot-v1``).
+
+    Characters other than letters, digits, ``-``, ``_`` and ``.`` become ``_``."""
     import re
 
-    extra = Path(str(data_path)).stem if data_path else (str(env_id) if env_id else "")
-    name = f"{experiment}_{extra}" if extra else str(experiment)
+    from foxdqn.data.builtin import BUILTIN_DATASETS
+
+    if data_path:
+        market, _, algo = str(experiment).partition("_")
+        markets = {name.split("_")[0] for name in BUILTIN_DATASETS}
+        name = f"{algo if algo and market in markets else experiment}_{Path(str(data_path)).stem}"
+    else:
+        name = f"{experiment}_{env_id}" if env_id else str(experiment)
     return re.sub(r"[^A-Za-z0-9._-]", "_", name)
 
 

@@ -26,7 +26,7 @@ import math
 log = logging.getLogger(__name__)
 
 LOWER_IS_BETTER = frozenset({"max_drawdown"})
-REASONS = ("completed", "early_stop_val", "early_stop_q")
+REASONS = ("completed", "early_stop_val", "early_stop_q")  # and "pruned" (foxdqn.search), set by foxdqn.finish
 
 
 def resolve_metric(metric: str, env_name: str) -> str:
@@ -55,6 +55,7 @@ class EarlyStopper:
         self.sign = -1.0 if self.metric in LOWER_IS_BETTER else 1.0
         self.best: float | None = None
         self.best_env_steps: int | None = None
+        self.best_trades: int | None = None
         self.bad_evals = 0
         self.q_streak = 0
         self.reason: str | None = None
@@ -62,7 +63,7 @@ class EarlyStopper:
         self.detail = ""
 
     #: the attributes a checkpoint keeps (plain data; ``cfg`` comes from the run's config)
-    STATE = ("best", "best_env_steps", "bad_evals", "q_streak", "reason", "at_env_steps", "detail")
+    STATE = ("best", "best_env_steps", "best_trades", "bad_evals", "q_streak", "reason", "at_env_steps", "detail")
 
     def state_dict(self) -> dict:
         """The stopper's progress as plain data (numbers, strings, None), for a checkpoint."""
@@ -88,6 +89,8 @@ class EarlyStopper:
             self.best is None or self.sign * (value - self.best) > self.cfg.min_delta)
         if improved:
             self.best, self.best_env_steps, self.bad_evals = value, int(env_steps), 0
+            trades = metrics.get("num_trades")  # the kept weights' trades on val (foxdqn.search)
+            self.best_trades = None if trades is None else int(trades)
         else:
             self.bad_evals += 1
         return improved

@@ -121,7 +121,7 @@ def evaluate_checkpoint(checkpoint: Path, split: str | None = None, out: Path | 
     env.close()
     folder = out or evaluations_folder(checkpoint, payload) / folder_name(checkpoint, split, overrides)
     extra = {"checkpoint": str(checkpoint.resolve()), "checkpoint_env_steps": payload.get("env_steps"),
-             "overrides": list(overrides), "experiment": cfg.experiment,
+             "overrides": list(overrides), "experiment": cfg.experiment, "run_name": trained_name(payload, cfg),
              "data": market.source if market is not None else None, "device": str(device),
              "gpu": torch.cuda.get_device_name(device) if device.type == "cuda" else None,
              "wall_time_s": round(time.perf_counter() - t0, 2), "torch": torch.__version__}
@@ -132,7 +132,7 @@ def evaluate_checkpoint(checkpoint: Path, split: str | None = None, out: Path | 
         return summary, folder
     result = evaluate(cfg, market, online, device, split=split, action_mode=mode)
     data_name = cfg.data.name if cfg.data.path is None else Path(cfg.data.path).name
-    summary = write_report(folder, result, market, split, f"{cfg.experiment}: {data_name}, {split} split "
+    summary = write_report(folder, result, market, split, f"{extra['run_name']}: {data_name}, {split} split "
                            f"({checkpoint.name})", extra)
     write_trades(folder / "trades.csv", result["curves"]["agent"], market)
     return summary, folder
@@ -156,6 +156,16 @@ def evaluations_folder(checkpoint: Path, payload: dict) -> Path:
         if (record[0] if record is not None else None) == payload.get("run_id"):
             return run_dir / "evaluations"
     return path.parent / "evaluations"
+
+
+def trained_name(payload: dict, cfg) -> str:
+    """The name of the run that wrote the checkpoint (:func:`foxdqn.config.run_name` of its own
+    config: an evaluation on other data is still titled after the run it evaluates)."""
+    from foxdqn.config import run_name
+
+    trained = payload.get("config") or {}
+    return run_name(cfg.experiment, (trained.get("data") or {}).get("path", cfg.data.path),
+                    (trained.get("env") or {}).get("id", cfg.env.id))
 
 
 def folder_name(checkpoint: Path, split: str, overrides) -> str:

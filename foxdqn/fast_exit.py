@@ -54,3 +54,23 @@ def run_as_program(main: Callable[[], object]) -> NoReturn:
     except SystemExit as exc:
         exit_now(exc.code)
     exit_now(0)
+
+
+def _worker_exit() -> NoReturn:
+    atexit.unregister(_worker_exit)
+    exit_now(0)
+
+
+def exit_worker_without_teardown() -> None:
+    """In a worker process of a launcher (joblib's loky workers): when the process ends, run the
+    other ``atexit`` handlers, flush stdio and ``os._exit(0)`` (:func:`exit_now`) instead of
+    Python's teardown, in which Triton's nanobind extension prints dozens of ``nanobind: leaked
+    ...`` lines per worker after the sweep's report. Registered once per process; only for processes
+    that end with status 0 once the launcher is done with them (a worker's crash kills it before
+    ``atexit``). Does nothing in the main process."""
+    import multiprocessing
+
+    if multiprocessing.current_process().name == "MainProcess":
+        return
+    atexit.unregister(_worker_exit)  # at most once
+    atexit.register(_worker_exit)

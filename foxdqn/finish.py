@@ -18,6 +18,7 @@ from foxdqn.config import TrainConfig, run_name
 from foxdqn.early_stop import EarlyStopper, resolve_metric, stop_summary
 from foxdqn.evaluate import evaluate, evaluate_episodes, write_report
 from foxdqn.io_atomic import write_json_atomic
+from foxdqn.search import excluded
 from foxdqn.timings import mark
 
 log = logging.getLogger(__name__)
@@ -50,7 +51,8 @@ class RunEnd:
     its log line (a population member's ``"job N: "``). ``val_metrics`` and
     ``test_result`` are the validation metrics and the evaluation (:func:`foxdqn.evaluate.evaluate`'s
     result, or the episode metrics of a non-trading env) when already computed (a population
-    evaluates its members together); None: :func:`finish` computes them."""
+    evaluates its members together); None: :func:`finish` computes them. ``pruned_at``: the env
+    steps where a search's pruner stopped the run (foxdqn.search), None when it did not."""
 
     graph: bool
     wall: float
@@ -66,6 +68,7 @@ class RunEnd:
     job: int | None = None
     val_metrics: dict | None = None
     test_result: dict | None = None
+    pruned_at: int | None = None
 
 
 #: Validation of an episodic env: at most this many greedy episodes, from another seed offset than the
@@ -85,7 +88,8 @@ def evaluate_val(agent: Agent, market) -> dict:
 
 
 def selection(agent: Agent, market, stopper: EarlyStopper | None, weights: str, val_metrics: dict | None = None) -> dict:
-    """The validation metric of the weights that will be evaluated: the value a sweep optimises.
+    """The validation metric of the weights that will be evaluated: the value a sweep optimises,
+    with ``trades``, the number of trades those weights make on val (trading; None elsewhere).
 
     With early stopping it is the best validation value (the weights kept); otherwise the final
     weights are validated once here (or ``val_metrics``, their validation already computed). The
@@ -93,10 +97,12 @@ def selection(agent: Agent, market, stopper: EarlyStopper | None, weights: str, 
     """
     metric = resolve_metric(agent.cfg.early_stop.metric, agent.cfg.env.name)
     if stopper is not None and stopper.best is not None and weights == "best":
-        value = stopper.best
+        value, trades = stopper.best, getattr(stopper, "best_trades", None)
     else:
-        value = (val_metrics if val_metrics is not None else evaluate_val(agent, market)).get(metric, float("nan"))
-    return {"split": "val", "metric": metric, "value": float(value), "weights": weights}
+        val = val_metrics if val_metrics is not None else evaluate_val(agent, market)
+        value, trades = val.get(metric, float("nan")), val.get("num_trades")
+    return {"split": "val", "metric": metric, "value": float(value), "weights": weights,
+            "trades": None if trades is None else int(trades)}
 
 
 def finish(agent: Agent, market, run_dir: Path, end: RunEnd) -> dict:
@@ -112,7 +118,11 @@ def finish(agent: Agent, market, run_dir: Path, end: RunEnd) -> dict:
         agent.online.load_state_dict(best["online"])
         evaluated = {"checkpoint": "best", "env_steps": best["env_steps"], "metric": stopper.metric,
                      "value": stopper.best}
+    if end.pruned_at is not None:
+        stop = {**stop, "reason": "pruned", "at_env_steps": int(end.pruned_at),
+                "detail": "search.pruner=median: validation below the median of the sweep's finished jobs"}
     chosen = selection(agent, market, stopper, evaluated["checkpoint"], end.val_metrics)
+    chosen["excluded"] = excluded(cfg, chosen, stop["reason"])  # the search does not count it (foxdqn.search)
     mark("validation")  # foxdqn.timings
     log.info("%strained in %.1f s (stop: %s at %d env steps); val %s = %.4g; evaluating the %s weights (%d env "
              "steps) once on %s", end.name, end.wall, stop["reason"], stop["at_env_steps"], chosen["metric"], chosen["value"],
@@ -155,6 +165,9 @@ def finish(agent: Agent, market, run_dir: Path, end: RunEnd) -> dict:
     data_name = cfg.data.name if cfg.data.path is None else Path(cfg.data.path).name
     title = f"{extra['run_name']}: {data_name}, {cfg.eval.split} split"
     summary = write_report(run_dir / "eval", result, market, cfg.eval.split, title, extra)
+    if summary["metrics"]["agent"].get("num_trades") == 0:
+        log.warning("%sthe agent never trades on the %s split (0 trades): its numbers are flat's%s", end.name,
+                    cfg.eval.split, f"; excluded from the search ({chosen['excluded']})" if chosen["excluded"] else "")
     log_final(run_dir, cfg, summary, end.overrides)
     mark("report")
     return summary

@@ -25,6 +25,7 @@ from foxdqn.finish import Agent, RunEnd, evaluate_val, final_metrics, finish, hp
 from foxdqn.guard.guard import GuardTotals
 from foxdqn.guard.monitor import QTotals
 from foxdqn.io_atomic import write_text_atomic
+from foxdqn.monitor.detail import DETAIL
 from foxdqn.monitor.diversity import CollapseMonitor, action_diversity, entropy, format_top, top_actions
 from foxdqn.step import stats as S
 from foxdqn.step.iteration import make_iteration
@@ -224,14 +225,23 @@ def run_prepared(run: "_Training") -> dict:
         run.raise_if_stopped(signals, ckpt)
         summary = finish(Agent.of(run.s), market, run_dir,
                          RunEnd(run.graph, run.wall(), int(run.s.env_steps.item()), int(run.s.updates.item()), ckpt,
-                                run.stopper, run.collapse, run.best_path))
-    except BaseException:  # a halt, a signal or an error: the MLflow run says so
+                                run.stopper, run.collapse, run.best_path, extra=run.tracking(),
+                                pruned_at=run.pruned_at))
+        if run.trial_pruner is not None:  # this job's validation values now count for the sweep's median
+            run.trial_pruner.finish(pruned=run.pruned_at is not None)
+    except BaseException:  # a halt, a signal or an error: the MLflow and W&B runs say so
         if run.mlflow is not None and not run.mlflow_finished:
             run.mlflow.finish("FAILED")
+        if run.wandb is not None and not run.wandb_finished:
+            run.wandb.finish(1)
         raise
     if run.mlflow is not None:
         run.mlflow.log(int(summary["env_steps"]), final_metrics(summary))
         run.mlflow.finish()
+        mark("report")
+    if run.wandb is not None:
+        run.wandb.log_final(int(summary["env_steps"]), final_metrics(summary), run_dir / "eval" / "equity.png")
+        run.wandb.finish()
         mark("report")
     return summary
 
@@ -269,17 +279,35 @@ class _Training:
         self.eval_every = max(1, cfg.eval.interval_env_steps // per_iter) if cfg.eval.interval_env_steps else 0
         self.snapshot = Snapshotter(s)
         self.mlflow, self.mlflow_finished = _mlflow_run(cfg, run_dir), False
+        self.wandb, self.wandb_finished = _wandb_run(cfg, run_dir), False
         self.prometheus = _open_prometheus(cfg)  # None unless logger.prometheus.port; the logger closes it
         self.logger = MetricsLogger(run_dir, tensorboard=cfg.logger.tensorboard,
                                     resume_after=None if resume is None else int(resume["env_steps"]),
-                                    sinks=[self.mlflow] if self.mlflow is not None else [],
+                                    sinks=[s for s in (self.mlflow, self.wandb) if s is not None],
                                     prometheus=self.prometheus)
+        from foxdqn.search import trial_pruner
+
+        self.trial_pruner, self.pruned_at = trial_pruner(cfg), None  # search.pruner=median in a --multirun
+        from foxdqn.early_stop import resolve_metric
+
+        self.trial_metric = resolve_metric(cfg.early_stop.metric, cfg.env.name)
         self.best_path, self.last_path = run_dir / "checkpoints" / "best.pt", run_dir / "checkpoints" / "last.pt"
         self.halt: str | None = None
         self.host_updates = 0 if resume is None else int(resume["updates"])  # the device counter, without a read
         self.env_steps = self.start_iter * per_iter
         self.t_log, self.steps_log = time.perf_counter(), self.env_steps
         mark("build")  # foxdqn.timings; warm-up and capture are marked by the iterations
+
+    def tracking(self) -> dict:
+        """The summary's entries that say where the logger runs are: ``mlflow`` (``tracking_uri``,
+        ``run_id``) with ``logger=mlflow``, ``wandb`` (``mode``, ``run_id``, ``folder``) with ``logger=wandb``."""
+        out = {}
+        if self.mlflow is not None:
+            out["mlflow"] = {"tracking_uri": self.mlflow.uri, "run_id": self.mlflow.run_id}
+        if self.wandb is not None:
+            out["wandb"] = {"mode": self.wandb.mode, "run_id": self.wandb.run_id,
+                            "folder": None if self.wandb.folder is None else str(self.wandb.folder)}
+        return out
 
     def _restore(self, resume: dict) -> None:
         """Continue from checkpoint ``resume``: device state, loop state and the iteration to start at."""
@@ -373,6 +401,10 @@ class _Training:
         metrics = evaluate_val(Agent.of(s), self.market)
         self.logger.log(env_steps, {f"val/{k}": v for k, v in metrics.items()})
         mark("validation")
+        if self.trial_pruner is not None and it >= self.warm_iters and not last and self.trial_pruner.report(
+                env_steps, float(metrics.get(self.trial_metric, float("nan")))):
+            self.pruned_at = env_steps  # search.pruner=median: below the sweep's median at this step
+            return True
         if stopper is None or it < self.warm_iters:  # no update yet: the weights cannot improve
             return False
         if stopper.update_val(env_steps, metrics):
@@ -419,6 +451,9 @@ class _Training:
         if self.mlflow is not None and (self.halt is not None or signals.received is not None):
             self.mlflow.finish("FAILED" if self.halt is not None else "KILLED")
             self.mlflow_finished = True
+        if self.wandb is not None and (self.halt is not None or signals.received is not None):
+            self.wandb.finish(1 if self.halt is not None else 128 + signals.received)
+            self.wandb_finished = True
         if self.halt is not None:
             log.error("halted: %s", self.halt)
             write_text_atomic(self.run_dir / "HALTED", self.halt + "\n")
@@ -431,10 +466,28 @@ def _mlflow_run(cfg: TrainConfig, run_dir: Path):
     """The run's :class:`~foxdqn.monitor.mlflow_log.MlflowLogger` with ``logger.mlflow``, else None."""
     if not cfg.logger.mlflow:
         return None
+    from foxdqn.config import to_plain
     from foxdqn.monitor.mlflow_log import MlflowLogger
 
-    return MlflowLogger(run_dir, cfg.experiment, run_name(cfg.experiment, cfg.data.path, cfg.env.id), hparams(cfg),
-                        cfg.logger.mlflow_uri)
+    overrides = " ".join(f"{k}={v}" for k, v in hparams(cfg).items() if k not in ("experiment", "seed"))
+    return MlflowLogger(run_dir, cfg.experiment, run_name(cfg.experiment, cfg.data.path, cfg.env.id), to_plain(cfg),
+                        cfg.logger.mlflow_uri, tags={"foxdqn.overrides": overrides})
+
+
+def _wandb_run(cfg: TrainConfig, run_dir: Path):
+    """The run's :class:`~foxdqn.monitor.wandb_log.WandbLogger` with ``logger.wandb``, else None
+    (grouped by the sweep folder in a ``--multirun``)."""
+    if not cfg.logger.wandb:
+        return None
+    from foxdqn.config import to_plain
+    from foxdqn.monitor.mlflow_log import store_folder
+    from foxdqn.monitor.wandb_log import WandbLogger
+
+    folder = store_folder(run_dir)
+    group = str(folder.resolve()) if folder != Path(run_dir) else None
+    return WandbLogger(run_dir, run_name(cfg.experiment, cfg.data.path, cfg.env.id), to_plain(cfg),
+                       mode=str(cfg.logger.wandb_mode), project=cfg.logger.wandb_project,
+                       entity=cfg.logger.wandb_entity, group=group)
 
 
 def _q_divergence_only(latest: dict, first: dict | None) -> bool:
@@ -451,5 +504,5 @@ def _log_diversity(row: dict, snapshot: Snapshotter, collapse: CollapseMonitor, 
     parts = [f"H={row['action_entropy']:.3f} nats ({row['action_entropy_norm']:.2f} of max)"]
     if snapshot.factored:
         parts += [f"{name} {row[f'{name}_entropy_norm']:.2f}" for name in ("exposure", "order_type", "urgency")]
-    log.info("actions at %d env steps: %s; top: %s", env_steps, ", ".join(parts), format_top(top))
+    log.info("actions at %d env steps: %s; top: %s", env_steps, ", ".join(parts), format_top(top), extra=DETAIL)
     collapse.update(row["action_entropy_norm"], env_steps, top)

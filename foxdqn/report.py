@@ -110,9 +110,34 @@ def _row(job: dict, overrides: dict[str, str], swept: list[str], label: str) -> 
         bh = metrics.get("buy_and_hold") or {}
         row.update(buy_and_hold_sharpe=_num(bh.get("sharpe")), buy_and_hold_total_return=_num(bh.get("total_return")))
     row.update(env_steps=s.get("env_steps"), wall_time_s=s.get("wall_time_s"), stop=(s.get("stop") or {}).get("reason"),
-               status=job["problem"] or ("ok" if math.isfinite(val) else "no finite validation value"),
-               dir=str(job["dir"]))
+               status=job["problem"] or _status(s, val), excluded=bool(sel.get("excluded")), dir=str(job["dir"]))
     return row
+
+
+def _status(summary: dict, val: float) -> str:
+    """A finished job's status: ``ok``; ``pruned at N env steps`` or ``never trades on val[ and test]``
+    (the search did not count it: ``selection.excluded``, foxdqn.search); ``never trades on test``
+    (the evaluated split); ``no finite validation value``."""
+    sel, stop = summary.get("selection") or {}, summary.get("stop") or {}
+    never_on_test = "split" in summary and (summary["metrics"]["agent"] or {}).get("num_trades") == 0
+    if sel.get("excluded") == "pruned":
+        return f"pruned at {stop.get('at_env_steps')} env steps"
+    if sel.get("excluded"):
+        return sel["excluded"] + (f" and {summary['split']}" if never_on_test else "")
+    if never_on_test:
+        return f"never trades on {summary['split']}"
+    return "ok" if math.isfinite(val) else "no finite validation value"
+
+
+def short(value: Any) -> str:
+    """An override's value for a table or a label: a number with a fractional part or an exponent
+    rounded to 4 significant figures when that is shorter (``0.000123456789`` → ``0.0001235``;
+    ``3e-4`` stays), anything else as written (integers, names)."""
+    text = str(value)
+    if re.fullmatch(r"[+-]?(\d+\.\d*|\.\d+|\d+(\.\d*)?[eE][+-]?\d+)", text.strip()):
+        rounded = f"{float(text):.4g}"
+        return rounded if len(rounded) < len(text.strip()) else text
+    return text
 
 
 def build_report(sweep_dir: str | Path, job_dirs: list[Path] | None = None) -> dict[str, Any]:
@@ -132,11 +157,12 @@ def build_report(sweep_dir: str | Path, job_dirs: list[Path] | None = None) -> d
     keys = list(dict.fromkeys(k for p in parsed for k in p if k != "seed"))
     swept = [k for k in keys if len({p.get(k) for p in parsed}) > 1]
     common = [o for o in (jobs[0]["overrides"] if jobs else []) if _split(o)[0] in keys and _split(o)[0] not in swept]
-    labels = [" ".join(f"{k}={p[k]}" for k in swept if k in p) or "(one setting)" for p in parsed]
+    labels = [" ".join(f"{k}={short(p[k])}" for k in swept if k in p) or "(one setting)" for p in parsed]
     metric, lower, warnings = _selection(jobs)
     frame = pd.DataFrame([_row(j, p, swept, lab) for j, p, lab in zip(jobs, parsed, labels)])
     if not frame.empty:
-        frame = frame.sort_values("val", ascending=lower, na_position="last", kind="stable").reset_index(drop=True)
+        frame = (frame.sort_values("val", ascending=lower, na_position="last", kind="stable")
+                 .sort_values("excluded", kind="stable").reset_index(drop=True))  # a search's uncounted jobs last
     label_of = {j["setting"]: lab for j, lab in zip(jobs, labels)}
     settings = [{**e, "label": label_of[e["setting"]]} for e in summarise([j for j in jobs if j["summary"]])]
     return {"sweep_dir": str(sweep_dir), "selection": {"metric": metric, "lower_is_better": lower},
@@ -161,7 +187,7 @@ def jobs_markdown(report: dict[str, Any]) -> str:
     metric = report["selection"]["metric"] or "metric"
     show = pd.DataFrame({"job": frame["job"]})
     for key in report["swept"]:
-        show[key] = frame[key].fillna("")
+        show[key] = frame[key].fillna("").map(short)
     if frame["seed"].notna().any():
         show["seed"] = frame["seed"].fillna("")
     show[f"val {metric}"] = frame["val"].map(_g)
@@ -185,7 +211,7 @@ def settings_markdown(report: dict[str, Any]) -> str:
 
 def _markdown(report: dict[str, Any]) -> str:
     frame, sel = report["jobs"], report["selection"]
-    done = int((frame["status"] == "ok").sum()) if not frame.empty else 0
+    done = int(frame["val"].notna().sum()) if not frame.empty else 0
     head = (f"# Report of {report['sweep_dir']}\n\n{len(frame)} jobs, {done} with a finite validation value; "
             f"swept: {', '.join(report['swept']) or 'nothing (one setting)'}; common overrides: "
             f"`{' '.join(report['common_overrides']) or 'none'}`.\n"
@@ -254,7 +280,7 @@ def _plots(sweep_dir: Path, report: dict[str, Any]) -> None:
     test = "test_sharpe" if "test_sharpe" in frame else "test_mean_return"
     name = f"{sweep_dir.name}: "
     todo = [(f"plots/vs_{_slug(key)}.png", lambda p, key=key: plot_metric_vs_param(
-                p, key, frame[key].fillna("(unset)").astype(str).tolist(),
+                p, key, frame[key].fillna("(unset)").astype(str).map(short).tolist(),
                 {f"val {metric}": frame["val"], test.replace("_", " ", 1): frame.get(test, frame["val"] * math.nan)},
                 name + f"every job against {key}"))
             for key in report["swept"]]
@@ -297,10 +323,16 @@ def console_text(report: dict[str, Any]) -> str:
     """What a multirun and ``python -m foxdqn.report`` print: the jobs table, the settings table
     (when a setting has several seeds), the count of jobs without results and report.md's path."""
     frame = report["jobs"]
-    failed = int((frame["status"] != "ok").sum()) if not frame.empty else 0
+    if frame.empty:
+        failed = uncounted = 0
+    else:  # results: ok, or a finished run the search did not count, or one that never trades
+        results = frame["status"].eq("ok") | frame["excluded"] | frame["status"].str.startswith("never trades")
+        failed, uncounted = int((~results).sum()), int(frame["excluded"].sum())
     settings = settings_markdown(report)
     return (jobs_markdown(report) + (("\n" + settings) if settings else "") +
             (f"{failed} of {len(frame)} jobs without results (status column)\n" if failed else "") +
+            (f"{uncounted} of {len(frame)} jobs not counted by the search (pruned or never trading on val; "
+             "listed last)\n" if uncounted else "") +
             f"report: {Path(report['sweep_dir']) / 'report.md'}")
 
 

@@ -37,14 +37,16 @@ def _save(fig, path: str | os.PathLike[str]) -> None:
 def numeric_axis(values: Sequence[str]) -> tuple[np.ndarray | None, bool]:
     """``(x, log)`` for hyperparameter values given as strings: ``x`` the floats when every value
     parses as a finite number (else None: a categorical axis), ``log`` True when they are all
-    positive and span at least a factor 3 (learning rates, batch sizes)."""
+    positive, span at least a factor 3 and are not all integers (learning rates, not n-step, batch
+    sizes or periods: integer keys stay on a linear axis)."""
     try:
         x = np.asarray([float(v) for v in values], dtype=np.float64)
     except (TypeError, ValueError):
         return None, False
     if not np.isfinite(x).all():
         return None, False
-    return x, bool(x.size and (x > 0).all() and x.max() >= 3 * x.min())
+    integers = all(str(v).strip().lstrip("+-").isdigit() for v in values)
+    return x, bool(x.size and not integers and (x > 0).all() and x.max() >= 3 * x.min())
 
 
 def plot_metric_vs_param(path: str | os.PathLike[str], param: str, values: Sequence[str],
@@ -56,7 +58,7 @@ def plot_metric_vs_param(path: str | os.PathLike[str], param: str, values: Seque
         path: destination ``.png``.
         param: the hyperparameter's name (the x label).
         values: ``[J]`` the hyperparameter's value of each job, as written in its override; a
-            numeric axis (log scale when positive and spanning a factor 3) when all are numbers,
+            numeric axis (log scale when positive, spanning a factor 3 and not all integers) when all are numbers,
             else one category per distinct value, in order of first appearance.
         panels: metric label -> ``[J]`` that metric of each job (NaN: a job without it).
         title: the figure's title.

@@ -17,6 +17,7 @@ def print_summary(summary: dict, run_dir: Path) -> None:
         m = summary["metrics"]["agent"]
         console.print(f"[bold]{summary.get('run_name', summary['experiment'])}[/bold] greedy evaluation: " +
                       ", ".join(f"{k}={v:.4g}" for k, v in m.items()), soft_wrap=True)  # one line each, for grep
+        _print_trackers(console, summary)
         console.print(f"[bold]outputs:[/bold] {run_dir.resolve()}  (wall {summary['wall_time_s']} s on "
                       f"{summary['gpu'] or summary['device']})", soft_wrap=True)
         return
@@ -43,6 +44,39 @@ def print_summary(summary: dict, run_dir: Path) -> None:
     if sel:
         line += f"; selected on val {sel['metric']} = {sel['value']:.4g}"
     console.print(line, soft_wrap=True)
+    if a.get("num_trades") == 0 or sel.get("excluded"):
+        console.print(_search_note(summary), soft_wrap=True, highlight=False)
+    _print_trackers(console, summary)
     console.print(f"[bold]outputs:[/bold] {run_dir.resolve()}  (wall {summary['wall_time_s']} s on "
                   f"{summary['gpu'] or summary['device']})")
 
+
+
+def _search_note(summary: dict) -> str:
+    """The line of a run that never trades (on the evaluated split, or on val where it was
+    selected) or that a search does not count (``selection.excluded``)."""
+    sel, trades = summary.get("selection") or {}, summary["metrics"]["agent"].get("num_trades")
+    parts = []
+    if trades == 0:
+        parts.append(f"the agent never trades on the {summary['split']} split (0 trades: its numbers are flat's)")
+    if sel.get("excluded") == "pruned":
+        parts.append(f"pruned at {summary['stop']['at_env_steps']} env steps by the search's median pruner: "
+                     "not counted by the search")
+    elif sel.get("excluded"):
+        parts.append(f"it {sel['excluded']}: not counted by a search (search.exclude_no_trades=true)")
+    return "[bold]note:[/bold] " + "; ".join(parts)
+
+
+def _print_trackers(console, summary: dict) -> None:
+    """One line per logger run of the summary (``mlflow``: its store and run id, with the command
+    that shows it; ``wandb``: its mode, run id and folder, with the command that uploads an offline
+    run), printed just before ``outputs:``."""
+    if "mlflow" in summary:
+        m = summary["mlflow"]
+        console.print(f"[bold]mlflow:[/bold] run {m['run_id']} in {m['tracking_uri']}  (mlflow ui "
+                      f"--backend-store-uri {m['tracking_uri']})", soft_wrap=True, markup=True, highlight=False)
+    if "wandb" in summary and summary["wandb"]["folder"]:
+        w = summary["wandb"]
+        how = f"  (upload: wandb sync {w['folder']})" if w["mode"] == "offline" else ""
+        console.print(f"[bold]wandb:[/bold] {w['mode']} run {w['run_id']} in {w['folder']}{how}", soft_wrap=True,
+                      highlight=False)

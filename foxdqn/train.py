@@ -66,7 +66,8 @@ def preflight(tc: TrainConfig):
     """What can be checked before any work, beyond the config itself (a resume's checkpoint is
     checked by :func:`foxdqn.resume.resolve_resume`): the data loads and is valid, a Gymnasium env exists with a Discrete action space
     that the encoder can read, the replay memory fits, for ``logger=mlflow`` mlflow is installed
-    and its store opens, and the Prometheus port (``logger.prometheus.port``) can be bound now.
+    and its store opens, for ``logger=wandb`` wandb is installed (and logged in when online), for
+    ``search.pruner=median`` optuna is installed, and the Prometheus port (``logger.prometheus.port``) can be bound now.
     Returns the market data (None for envs other than trading).
 
     Raises:
@@ -83,6 +84,19 @@ def preflight(tc: TrainConfig):
             raise ConfigError(str(exc)) from None
         except ValueError as exc:
             raise ConfigError(f"logger.mlflow_uri: the MLflow store {exc}") from None
+    if tc.logger.wandb:
+        from foxdqn.monitor.wandb_log import check
+
+        try:
+            check(str(tc.logger.wandb_mode))
+        except (ImportError, PermissionError) as exc:
+            raise ConfigError(str(exc)) from None
+    if tc.search.pruner == "median":
+        try:
+            import optuna  # noqa: F401
+        except ImportError:
+            raise ConfigError("search.pruner=median needs optuna: pip install 'foxdqn[sweep]' (or pip install "
+                              "optuna)") from None
     if tc.logger.prometheus.port is not None:  # a port in use fails here, before any folder is made
         from foxdqn.monitor.prometheus_log import probe
 
@@ -206,17 +220,22 @@ def _run(cfg: DictConfig) -> float | None:
 
 def _place_on_gpu() -> None:
     """A job of a joblib sweep on GPUs takes its worker process's GPU (``CUDA_VISIBLE_DEVICES``,
-    :func:`foxdqn.placement.place_sweep_job`) and logs one line naming it; anything else is left
-    as it is. A slot folder that cannot be used costs a warning: the job then sees every GPU."""
+    :func:`foxdqn.placement.place_sweep_job`) and logs one line naming it; a job of a Ray sweep that
+    asked Ray for GPUs (``hydra.launcher.ray.remote.num_gpus``) logs the GPUs Ray gave it; anything
+    else is left as it is. A slot folder that cannot be used costs a warning: the job then sees
+    every GPU."""
     import logging
 
     from hydra.types import RunMode
 
-    from foxdqn.placement import place_sweep_job
+    from foxdqn.placement import launcher_kind, place_sweep_job
 
     hc = HydraConfig.get()
     if hc.mode != RunMode.MULTIRUN:
         return
+    from foxdqn.fast_exit import exit_worker_without_teardown
+
+    exit_worker_without_teardown()  # a joblib worker ends without Python's teardown (nanobind's leak lines)
     log = logging.getLogger("foxdqn.placement")
     try:
         claim = place_sweep_job(OmegaConf.select(hc, "launcher._target_", default=None))
@@ -226,6 +245,18 @@ def _place_on_gpu() -> None:
     if claim is not None:
         log.info("job %s: GPU %s (CUDA_VISIBLE_DEVICES=%s, held by worker process %d for all its jobs)",
                  hc.job.num, claim.gpu, claim.gpu, os.getpid())
+    elif launcher_kind(OmegaConf.select(hc, "launcher._target_", default=None)) == "ray" and _ray_gpus():
+        log.info("job %s: GPU %s (CUDA_VISIBLE_DEVICES=%s, set by Ray in worker process %d)", hc.job.num,
+                 ",".join(_ray_gpus()), os.environ.get("CUDA_VISIBLE_DEVICES"), os.getpid())
+
+
+def _ray_gpus() -> list[str]:
+    """The GPU ids Ray gave this task (``ray.get_gpu_ids()``), [] outside a Ray worker."""
+    try:
+        import ray
+    except ImportError:
+        return []
+    return [str(g) for g in ray.get_gpu_ids()] if ray.is_initialized() else []
 
 
 def _train(tc: TrainConfig, market, run_dir: Path, payload: dict | None, run_id: str | None = None) -> float:
@@ -299,7 +330,9 @@ def _write_timings(run_dir: Path, summary: dict) -> None:
         write_json_atomic(run_dir / "timings.json", times)
     except OSError as exc:  # the run itself is complete: a lost breakdown is a warning
         logging.getLogger(__name__).warning("timings.json not written: %s", exc)
-    logging.getLogger(__name__).info("start-up breakdown: %s (timings.json)", format_line(times))
+    from foxdqn.monitor.detail import DETAIL
+
+    logging.getLogger(__name__).info("start-up breakdown: %s (timings.json)", format_line(times), extra=DETAIL)
     CLOCK.restart()
 
 
@@ -319,9 +352,14 @@ def _settle_heap() -> None:
 def objective(summary: dict) -> float:
     """The value a run returns to a Hydra sweeper (Optuna, ...): the validation metric of the weights
     the run kept (``summary["selection"]``, docs/backtest.md), never a test-split number, signed so
-    that higher is better (a lower-is-better metric such as max drawdown is negated)."""
+    that higher is better (a lower-is-better metric such as max drawdown is negated); NaN for a run
+    the search must not count (``selection.excluded``: it never trades on val with
+    ``search.exclude_no_trades``, or it was pruned; foxdqn.search), which Optuna records as a failed
+    trial."""
     from foxdqn.early_stop import LOWER_IS_BETTER
 
+    if summary["selection"].get("excluded"):
+        return float("nan")
     value = float(summary["selection"]["value"])
     return -value if summary["selection"]["metric"] in LOWER_IS_BETTER else value
 
@@ -389,6 +427,11 @@ def main() -> None:
         if _TASK_STARTED:
             raise
         _fail(composition_error(exc))
+    except ValueError as exc:  # Optuna's study.best_trial when no trial counted (hydra-optuna-sweeper's end)
+        if not (_TASK_STARTED and "No trials are completed yet" in str(exc)):
+            raise
+        _fail("no trial of the search counted: every trial was pruned, failed or never traded on val "
+              "(search.exclude_no_trades); each job's folder has its results (python -m foxdqn.report DIR)", 1)
     if _FAILED_JOBS:  # a multirun whose jobs did not all finish
         print(f"foxdqn: error: {len(_FAILED_JOBS)} job(s) of the multirun failed (see above and report.md)",
               file=sys.stderr)

@@ -338,17 +338,19 @@ def interrupt_at(monkeypatch, iteration: int, signum: int) -> None:
 # sweep folders (foxdqn.sweep_seeds, foxdqn.report) built by hand: no training
 # ---------------------------------------------------------------------------------------------
 def fake_job(root: Path, name: str, overrides: list[str], val: float, *, returns=None, bh_returns=None,
-             metric: str = "sharpe", mean_return: float | None = None, val_curve=None) -> Path:
+             metric: str = "sharpe", mean_return: float | None = None, val_curve=None, trades: float = 10.0,
+             excluded: str | None = None, stop: dict | None = None) -> Path:
     """A finished job folder ``root/name`` as a multirun leaves it: ``.hydra/overrides.yaml``,
     ``eval/summary.json`` selected on val ``metric`` = ``val``, and for a trading job (``returns``
     ``[S]`` per-bar returns, ``bh_returns`` buy-and-hold's) ``eval/equity.csv``; an episodic job
     (``mean_return``) has no ``split``. ``val_curve``: {env step: val value} rows of metrics.csv,
-    between train rows."""
+    between train rows. ``trades``: the agent's test trades; ``excluded`` and ``stop``: the
+    selection's ``excluded`` and the summary's ``stop`` (foxdqn.search)."""
     job = root / name
     (job / ".hydra").mkdir(parents=True)
     (job / ".hydra" / "overrides.yaml").write_text("".join(f"- {o}\n" for o in overrides))
     (job / "eval").mkdir()
-    selection = {"split": "val", "metric": metric, "value": val, "weights": "last"}
+    selection = {"split": "val", "metric": metric, "value": val, "weights": "last", "excluded": excluded}
     if mean_return is not None:
         summary = {"selection": selection, "env_steps": 1024, "metrics": {"agent": {
             "episodes": 10, "mean_return": mean_return, "std_return": 1.0}}}
@@ -360,8 +362,10 @@ def fake_job(root: Path, name: str, overrides: list[str], val: float, *, returns
         sharpe = float(np.mean(returns) / np.std(returns, ddof=1) * np.sqrt(252))
         summary = {"split": "test", "bars_per_year": 252.0, "selection": selection, "env_steps": 1024,
                    "metrics": {"agent": {"total_return": equity[-1] - 1, "sharpe": sharpe, "max_drawdown": 0.1,
-                                         "num_trades": 10.0},
+                                         "num_trades": trades},
                                "buy_and_hold": {"total_return": bh[-1] - 1, "sharpe": 1.0}}}
+    if stop is not None:
+        summary["stop"] = stop
     (job / "eval" / "summary.json").write_text(json.dumps(summary))
     if val_curve is not None:
         rows = []
@@ -439,3 +443,41 @@ def adam_state(s) -> list:
 def all_equal(xs, ys) -> bool:
     """Two tensor lists of the same length, equal element for element (bit for bit)."""
     return len(xs) == len(ys) and all(torch.equal(x, y) for x, y in zip(xs, ys))
+
+
+# ---------------------------------------------------------------------------------------------
+# W&B offline runs (foxdqn.monitor.wandb_log), read back without a network
+# ---------------------------------------------------------------------------------------------
+def wandb_records(path: Path) -> list:
+    """The records (``wandb.proto.wandb_internal_pb2.Record``) of an offline run's ``run-<id>.wandb``
+    file: W&B's LevelDB-style log (a 7-byte header ``:W&B``, 0xBEE1, version; then 32 KiB blocks of
+    records, each a 7-byte header: checksum, little-endian length, type FULL 1 / FIRST 2 / MIDDLE 3 /
+    LAST 4; a block's tail shorter than a header is padding)."""
+    from wandb.proto import wandb_internal_pb2 as pb
+
+    data = Path(path).read_bytes()
+    assert data[:4] == b":W&B", path
+    pos, block, out, chunk = 7, 32768, [], b""
+    while pos + 7 <= len(data):
+        left = block - pos % block
+        if left < 7 or data[pos + 6] == 0:  # padding to the block's end
+            pos += left
+            continue
+        length, kind = int.from_bytes(data[pos + 4:pos + 6], "little"), data[pos + 6]
+        chunk += data[pos + 7:pos + 7 + length]
+        pos += 7 + length
+        if kind in (1, 4):
+            record = pb.Record()
+            record.ParseFromString(chunk)
+            out.append(record)
+            chunk = b""
+    return out
+
+
+def wandb_history(records) -> list[dict]:
+    """The history rows (``run.log`` calls) of :func:`wandb_records`: {key: value} with ``_step``."""
+    rows = []
+    for r in records:
+        if r.WhichOneof("record_type") == "history":
+            rows.append({"/".join(item.nested_key) or item.key: json.loads(item.value_json) for item in r.history.item})
+    return rows

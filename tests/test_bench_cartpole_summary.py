@@ -72,3 +72,18 @@ def test_report_rebuilds_md_from_csv(tmp_path):
     not_bench.write_text("a,b\n1,2\n")
     with pytest.raises(SystemExit):
         main(["--report", str(not_bench)])
+
+
+def test_the_bench_says_only_what_it_wrote(tmp_path, capsys):
+    """A section without a chart (startup) writes no .png, and the last line does not claim one."""
+    import pandas as pd
+
+    from bench.run import _write_report
+
+    stem = tmp_path / "2026-12-02_cpu_startup"
+    rows = pd.DataFrame([{"gpu": "cpu", "torch": "2", "triton": "3", "date": "2026-12-02", "section": "startup",
+                          "series": "on", "run": 1, "wall_s": 6.0, "training_s": 0.5}])
+    rows.to_csv(stem.with_suffix(".csv"), index=False)
+    _write_report(rows, {"gpu": "cpu", "torch": "2", "triton": "3", "date": "2026-12-02"}, stem)
+    assert capsys.readouterr().out.rstrip().splitlines()[-1] == f"wrote {stem}.csv, .md"
+    assert stem.with_suffix(".md").is_file() and not stem.with_suffix(".png").exists()

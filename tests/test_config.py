@@ -217,3 +217,60 @@ def test_to_plain_equals_omegaconf_container(name):
 
     tc = load_config([f"+experiment={name}", "debug=smoke"])
     assert to_plain(tc) == OmegaConf.to_container(OmegaConf.structured(tc), enum_to_str=True)
+
+
+@pytest.mark.parametrize("body", ["defaults:\n  - override /head: q\nexperiment: mine\n",  # head@experiment.head
+                                  "experiment: mine\nseed: 3\n"])  # experiment.experiment
+def test_an_experiment_file_without_the_global_package_line_is_told_to_add_it(tmp_path, body):
+    (tmp_path / "experiment").mkdir()
+    (tmp_path / "experiment" / "mine.yaml").write_text(body)
+    with pytest.raises(ConfigError) as info:
+        load_config([f"hydra.searchpath=[file://{tmp_path}]", "+experiment=mine"])
+    assert str(info.value) == ("experiment/mine.yaml: add the line `# @package _global_` at the top of the file "
+                               "(its keys and overrides are for the whole config, as in conf/experiment/)")
+    (tmp_path / "experiment" / "mine.yaml").write_text("# @package _global_\n" + body)
+    assert load_config([f"hydra.searchpath=[file://{tmp_path}]", "+experiment=mine"]).experiment == "mine"
+
+
+@pytest.mark.parametrize("experiment, path, env_id, name", [
+    ("eurusd_dqn", None, None, "eurusd_dqn"),
+    ("eurusd_dqn", "/data/my bars.csv", None, "dqn_my_bars"),  # the user's file, not the bundled market
+    ("eurusd_c51", "x/GBPUSD.parquet", None, "c51_GBPUSD"),
+    ("googl_dqn", "aapl.csv", None, "dqn_aapl"),
+    ("mine", "aapl.csv", None, "mine_aapl"),  # no market prefix to drop
+    ("cartpole_gym", None, "Acrobot-v1", "cartpole_gym_Acrobot-v1"),
+])
+def test_run_name(experiment, path, env_id, name):
+    from foxdqn.config import run_name
+
+    assert run_name(experiment, path, env_id) == name
+
+
+@pytest.mark.parametrize("name", EXPERIMENTS)
+def test_every_experiment_family_ships_a_search_space(name):
+    """hparams_search=<family>_optuna composes with each experiment of the family, and every key it
+    searches is a key of that experiment's config (none is forced: no PER or CQL added)."""
+    from hydra import compose, initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+    from omegaconf import OmegaConf, open_dict
+
+    from foxdqn.compose import conf_folder
+    from foxdqn.config import finalize
+
+    family = name.split("_")[0]
+    try:
+        with initialize_config_dir(str(conf_folder()), version_base="1.3"):
+            hydra_cfg = compose("train", overrides=[f"+experiment={name}", f"hparams_search={family}_optuna"],
+                                return_hydra_config=True)
+    finally:
+        GlobalHydra.instance().clear()
+    params = hydra_cfg.hydra.sweeper.params
+    with open_dict(hydra_cfg):
+        del hydra_cfg["hydra"]
+    cfg, plain = finalize(hydra_cfg), load_config([f"+experiment={name}"])
+    assert cfg.replay.name == plain.replay.name and cfg.objective == plain.objective and cfg.head == plain.head
+    assert cfg.search.pruner == "median" and cfg.eval.interval_env_steps > 0
+    assert len(params) >= 3
+    structured = OmegaConf.structured(cfg)
+    for key in params:
+        assert OmegaConf.select(structured, key, default="missing") != "missing", key

@@ -28,6 +28,7 @@ def test_reproduces_the_runs_test_summary(run_dir):
     summary, folder = evaluate_checkpoint(run_dir / "checkpoints" / "last.pt")
     assert folder == run_dir / "evaluations" / "last_test"
     assert summary["metrics"] == read_json(run_dir / "eval" / "summary.json")["metrics"]
+    assert summary["run_name"] == "eurusd_dqn"
     for name in ("summary.json", "equity.csv", "equity.png", "trades.csv"):
         assert (folder / name).is_file()
     trades = pd.read_csv(folder / "trades.csv")
@@ -87,3 +88,12 @@ def test_module_entry_point(run_dir):
                          timeout=300)
     assert res.returncode == 0, res.stderr[-2000:]
     assert "val split" in res.stdout and (run_dir / "evaluations" / "last_val" / "trades.csv").is_file()
+
+
+def test_an_evaluation_is_titled_after_the_run_it_evaluates():
+    """A run trained on the user's bars.csv is dqn_bars in its evaluations too, even on other data."""
+    from foxdqn.evaluate_run import trained_name
+
+    cfg = load_config(["data.path=/elsewhere/other.csv"])  # the evaluation's data
+    assert trained_name({"config": {"data": {"path": "/x/bars.csv"}, "env": {"id": None}}}, cfg) == "dqn_bars"
+    assert trained_name({"config": {"data": {"path": None}, "env": {"id": None}}}, cfg) == "eurusd_dqn"

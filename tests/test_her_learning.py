@@ -12,7 +12,7 @@ from foxdqn.compose import load_config
 
 from support import train_eager
 
-BUDGET = ["device=cpu", "env.n_bits=10", "env.num_envs=16", "agent.total_env_steps=80000",
+BUDGET = ["device=cpu", "env.n_bits=10", "env.num_envs=16", "agent.total_env_steps=40000",
           "agent.learning_starts=2000", "agent.batch_size=128", "model.hidden=[128]", "replay.capacity=100000",
           "log.progress=false"]
 

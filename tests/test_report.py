@@ -123,6 +123,33 @@ def test_numeric_axis():
     x, log = report_plot.numeric_axis(["3e-4", "1e-3"])
     assert x.tolist() == [3e-4, 1e-3] and log
     assert not report_plot.numeric_axis(["0.9", "0.99"])[1] and report_plot.numeric_axis(["nan", "1"])[0] is None
+    x, log = report_plot.numeric_axis(["1", "3", "5"])  # an integer key (n-step, batch size): linear
+    assert x.tolist() == [1, 3, 5] and not log
+    assert report_plot.numeric_axis(["1.0", "5.0"])[1]  # written as floats: a log axis where it spans 3x
+
+
+def test_a_search_lists_what_it_did_not_count_last_with_rounded_values(tmp_path, capsys):
+    """An Optuna-like sweep: unrounded values shown to 4 significant figures; the agent that never
+    trades (val 0.0, the highest) and a pruned job are not crowned: listed last, with their status."""
+    rng = np.random.default_rng(1)
+    root = tmp_path / "search"
+    jobs = [("0.000123456789", -1.0, {}), ("0.000987654321", 0.0, {"trades": 0.0, "excluded": "never trades on val"}),
+            ("0.000555555555", -0.5, {}), ("0.000333333333", -2.0, {"excluded": "pruned",
+                                                                  "stop": {"reason": "pruned", "at_env_steps": 512}})]
+    for num, (lr, val, extra) in enumerate(jobs):
+        fake_job(root, str(num), [f"optim.lr={lr}", f"replay.n_step={num + 1}"], val,
+                 returns=rng.normal(0, 1e-2, 100), bh_returns=rng.normal(0, 1e-2, 100), **extra)
+    (root / "multirun.yaml").write_text("hydra: {}\n")
+    assert report.main([str(root)]) == 0
+    out = capsys.readouterr().out
+    data = json.loads((root / "report.json").read_text())
+    assert [j["job"] for j in data["jobs"]] == ["2", "0", "1", "3"]
+    assert [j["status"] for j in data["jobs"]] == ["ok", "ok", "never trades on val and test",
+                                                   "pruned at 512 env steps"]
+    assert [j["optim.lr"] for j in data["jobs"]][:2] == ["0.000555555555", "0.000123456789"]  # exact in the data
+    md = (root / "report.md").read_text()
+    assert "| 0.0005556 " in md and "0.000555555555" not in md  # 4 significant figures in the tables
+    assert "2 of 4 jobs not counted by the search" in out
 
 
 def test_the_callback_reports_this_multiruns_jobs_only(sweep, capsys):

@@ -20,7 +20,8 @@ def smoke_run(tmp_path_factory):
 def test_the_selected_value_is_the_validation_metric_of_the_evaluated_weights(smoke_run):
     cfg, market, summary, run_dir = smoke_run
     sel = summary["selection"]
-    assert sel == {"split": "val", "metric": "sharpe", "value": sel["value"], "weights": "last"}
+    assert sel == {"split": "val", "metric": "sharpe", "value": sel["value"], "weights": "last",
+                   "trades": sel["trades"], "excluded": None}
     from foxdqn.checkpoint import load_checkpoint
     from foxdqn.step.state import build_state
 
@@ -29,6 +30,7 @@ def test_the_selected_value_is_the_validation_metric_of_the_evaluated_weights(sm
     val = evaluate(cfg, market, s.nets.online, torch.device("cpu"), split="val", action_mode=s.rollout.action_mode)
     test = evaluate(cfg, market, s.nets.online, torch.device("cpu"), split="test", action_mode=s.rollout.action_mode)
     assert sel["value"] == pytest.approx(val["metrics"]["agent"]["sharpe"])
+    assert sel["trades"] == val["metrics"]["agent"]["num_trades"] > 0  # the kept weights' trades on val
     assert sel["value"] != pytest.approx(test["metrics"]["agent"]["sharpe"])
     assert summary["metrics"]["agent"]["sharpe"] == pytest.approx(test["metrics"]["agent"]["sharpe"])
 

@@ -47,7 +47,12 @@ def test_default_smoke_writes_every_output(tmp_path):
     equity = (tmp_path / "run" / "eval" / "equity.csv").read_text().splitlines()
     assert equity[0] == "timestamp,agent_equity,buy_and_hold_equity,flat_equity,agent_exposure"
     assert len(equity) == summary["bars"] + 2
-    assert_timings(tmp_path / "run", summary, res.stdout + res.stderr)
+    log = (tmp_path / "run" / "train.log").read_text()
+    assert_timings(tmp_path / "run", summary, log)
+    # the console ends with the results; the action-diversity lines and the breakdown are in train.log only
+    assert res.stdout.rstrip().splitlines()[-1].startswith("outputs: ")
+    assert "actions at " in log and "actions at " not in res.stdout + res.stderr
+    assert "start-up breakdown" not in res.stdout + res.stderr
 
 
 def assert_timings(run_dir: Path, summary: dict, log: str):
@@ -94,9 +99,13 @@ def test_other_data_smoke(tmp_path, kind):
     else:
         csv = write_csv(make_synthetic_ohlcv(1500, drift_per_bar=2e-4, vol=3e-3, seed=5), tmp_path / "my bars.csv")
         args = [f"data.path={csv}"]
-    res = run([*args, "debug=smoke", f"hydra.run.dir={tmp_path / 'run'}"], cwd=tmp_path)
+    res = run([*args, "debug=smoke"], cwd=tmp_path)
     assert res.returncode == 0, res.stderr[-2000:]
-    assert_outputs(tmp_path / "run")
+    (run_dir,) = (tmp_path / "outputs").glob("*/*")
+    summary = assert_outputs(run_dir)
+    name = {"googl": "googl_dqn", "csv": "dqn_my_bars"}[kind]  # the user's file names the run, not eurusd_dqn
+    assert run_dir.parent.name == summary["run_name"] == name
+    assert f"{name} — test split" in res.stdout
 
 
 def _bad_csv(tmp_path):
@@ -190,3 +199,18 @@ def test_user_config_folder_is_checked_like_ours(tmp_path, how):
     assert res.stderr.strip() == ("foxdqn: error: job +experiment=old debug=smoke: experiment/old: agent.lr moved to "
                                   "optim.lr; set optim.lr=... (docs/configuration.md)")
     assert not (tmp_path / "s").exists()
+
+
+def test_help_is_foxdqns_own(tmp_path):
+    """--help: the commands, the experiments and groups, where the docs are; not Hydra's 200-line default."""
+    from foxdqn.compose import experiment_names
+
+    res = run(["--help"], cwd=tmp_path)
+    assert res.returncode == 0, res.stderr[-2000:]
+    lines = res.stdout.splitlines()
+    assert len(lines) < 45 and "Powered by Hydra" not in res.stdout
+    assert "python -m foxdqn.train" in res.stdout and "python -m foxdqn.evaluate" in res.stdout
+    experiments = next(line for line in lines if line.startswith("experiment: "))
+    assert experiments.split(": ", 1)[1].split(", ") == experiment_names()
+    assert "hparams_search: " in res.stdout and "docs/" in res.stdout and "usage.md" in res.stdout
+    assert not list(tmp_path.iterdir())  # no run folder

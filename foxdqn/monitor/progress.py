@@ -2,10 +2,15 @@
 
 Three modes, chosen when :class:`TrainProgress` is created:
 
-* **rich** (the stream is an interactive terminal, or a Jupyter notebook): a live bar with the
-  columns description | bar | completed/total env steps | steps/s | elapsed | remaining | text
-  field (the ``fields`` of the last :meth:`TrainProgress.update`, e.g.
-  ``epsilon=0.1 loss=0.0123 return=1.5``);
+* **rich** (the stream is an interactive terminal, or a Jupyter notebook): a live display that
+  fits an 80-column terminal, on up to three lines::
+
+      train ━━━━━━━━━━━━━━━━━━━━  43% 4,300/10,000 env steps
+      12,345 steps/s, 0:00:03 elapsed, 0:00:04 left
+      eps=0.1 loss=0.0123 ep_ret=1.5
+
+  (the last: the ``fields`` of the last :meth:`TrainProgress.update`, wrapped at the terminal's
+  width when they are longer);
 * **plain** (the stream is not a terminal: CI logs, ``nohup``, redirected output): one line
   per :meth:`~TrainProgress.update` call, but at most one every ``plain_interval_s`` seconds
   (default 10 s). The first update is always printed, and so is the final state: the update
@@ -29,15 +34,7 @@ from collections.abc import Mapping
 from typing import Any, TextIO
 
 from rich.console import Console
-from rich.progress import (
-    BarColumn,
-    MofNCompleteColumn,
-    Progress,
-    ProgressColumn,
-    TextColumn,
-    TimeElapsedColumn,
-    TimeRemainingColumn,
-)
+from rich.progress import BarColumn, Progress, TextColumn
 from rich.text import Text
 
 __all__ = ["TrainProgress", "format_fields"]
@@ -135,15 +132,11 @@ class TrainProgress:
         self._t0 = time.monotonic()
         self._last_print_t = self._t0
         if self.mode == "rich":
-            self._progress = Progress(
+            self._progress = _LinesProgress(
                 TextColumn("[bold]{task.description}"),
-                BarColumn(bar_width=30),
-                MofNCompleteColumn(),
-                TextColumn("env steps"),
-                _StepsPerSecondColumn(),
-                TimeElapsedColumn(),
-                TimeRemainingColumn(),
-                TextColumn("{task.fields[info]}"),
+                BarColumn(bar_width=20),
+                TextColumn("{task.percentage:>3.0f}%"),
+                TextColumn("{task.completed:,.0f}/{task.total:,.0f} env steps"),
                 console=self._console,
             )
             self._progress.start()
@@ -249,11 +242,18 @@ class TrainProgress:
         self._pending = None
 
 
-class _StepsPerSecondColumn(ProgressColumn):
-    """Renders the task's recent speed (rich's moving estimate) as ``12,345 steps/s``."""
+class _LinesProgress(Progress):
+    """rich's Progress with the bar on one line and, below it, the rate and times, then the text
+    field: each part short enough for an 80-column terminal (rich's one-row table cut the row to
+    ``env steps 4,3… 0:…`` there)."""
 
-    def render(self, task: Any) -> Text:
-        speed = task.finished_speed or task.speed
-        if speed is None:
-            return Text("? steps/s", style="progress.data.speed")
-        return Text(f"{speed:,.0f} steps/s", style="progress.data.speed")
+    def get_renderables(self):
+        yield self.make_tasks_table(self.tasks)
+        for task in self.tasks:
+            speed = task.finished_speed or task.speed
+            left = task.time_remaining
+            yield Text(f"{'?' if speed is None else f'{speed:,.0f}'} steps/s, "
+                       f"{_fmt_duration(task.finished_time or task.elapsed or 0.0)} elapsed, "
+                       f"{'?' if left is None else _fmt_duration(left)} left", style="progress.data.speed")
+            if task.fields.get("info"):
+                yield Text(task.fields["info"])

@@ -67,6 +67,7 @@ SUPPORTED: tuple[tuple[str, Callable[[Any], bool], str], ...] = (
     ("resume", *_is(None)),
     ("logger.prometheus.port", *_is(None)),
     ("logger.mlflow", *_is(False)),
+    ("logger.wandb", *_is(False)),
     ("debug.inject_lr_spike_at_step", *_is(None)),
 )
 

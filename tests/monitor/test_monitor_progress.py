@@ -66,7 +66,7 @@ def test_rich_mode_renders_bar_and_fields(monkeypatch):
         time.sleep(0.02)
         p.update(500, {"epsilon": 0.25, "loss": 0.5})
     out = re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", buf.getvalue())  # strip ANSI codes
-    assert "500/1000" in out
+    assert "500/1,000 env steps" in out
     assert re.search(r"[0-9,]+ steps/s", out)
     assert "epsilon=0.25 loss=0.5" in out
 
@@ -94,3 +94,23 @@ def test_plain_lines_carry_an_eta_from_the_resumed_start():
         p.update(700, {"loss": 0.5})
     line = out.getvalue().splitlines()[0]
     assert "700/1,000 env steps (70.0%)" in line and "ETA 0:00:0" in line and "loss=0.5" in line
+
+
+def test_rich_mode_fits_an_80_column_terminal(monkeypatch):
+    """Every line of the live display fits 80 columns and shows the counts, rate, times and fields
+    whole (the old one-row table was cut to `env steps 4,3… 0:…`)."""
+    monkeypatch.setenv("COLUMNS", "80")
+    buf = io.StringIO()
+    fields = {"eps": 0.525, "loss": 0.03104, "ep_ret": -0.0366, "H": 0.9532, "extra_field": 123456.7,
+              "another": 0.001234}
+    with TrainProgress(100_000_000, file=buf, force_terminal=True) as p:
+        p.update(4_300_000, fields)
+        time.sleep(0.02)
+        p.update(43_000_000, fields)
+    out = re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", buf.getvalue()).replace("\r", "\n")
+    lines = [ln for ln in out.splitlines() if ln.strip()]
+    assert lines and max(len(ln) for ln in lines) <= 80, max(lines, key=len)
+    text = " ".join(out.split())
+    assert "43% 43,000,000/100,000,000 env steps" in text
+    assert re.search(r"[0-9,]+ steps/s, 0:00:0\d elapsed, (\d:\d\d:\d\d|\?) left", text)
+    assert format_fields(fields) in text

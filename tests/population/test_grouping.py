@@ -111,7 +111,8 @@ REFUSED = [("env.name", "bitflip"), ("env.name", "gym"), ("model.encoder", "atte
            ("objective.cql_alpha", 1.0), ("objective.iql", True), ("regime.enabled", True), ("prune.enabled", True),
            ("optim.accumulate", 2), ("guard.max_weight", 10.0), ("guard.collapse_multiplier", 5.0),
            ("early_stop.enabled", True), ("eval.interval_env_steps", 100), ("resume", "auto"),
-           ("logger.prometheus.port", 9464), ("logger.mlflow", True), ("debug.inject_lr_spike_at_step", 3)]
+           ("logger.prometheus.port", 9464), ("logger.mlflow", True), ("logger.wandb", True),
+           ("debug.inject_lr_spike_at_step", 3)]
 
 
 def test_every_refusal_rule_is_tested():
