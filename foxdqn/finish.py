@@ -127,7 +127,8 @@ def finish(agent: Agent, market, run_dir: Path, end: RunEnd) -> dict:
     log.info("%strained in %.1f s (stop: %s at %d env steps); val %s = %.4g; evaluating the %s weights (%d env "
              "steps) once on %s", end.name, end.wall, stop["reason"], stop["at_env_steps"], chosen["metric"], chosen["value"],
              evaluated["checkpoint"], evaluated["env_steps"], cfg.eval.split,
-             extra={"foxdqn_job": end.job})  # a population member's line goes to its own train.log only
+             # a population member's line: its own train.log only (the sweep's report has one table for all)
+             extra={"foxdqn_job": end.job, "foxdqn_detail": end.job is not None})
     extra = {
         "experiment": cfg.experiment,
         "run_name": run_name(cfg.experiment, cfg.data.path, cfg.env.id),
