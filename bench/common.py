@@ -5,6 +5,9 @@ import csv
 import datetime as _dt
 import os
 import platform
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import torch
@@ -26,6 +29,26 @@ def tags() -> dict:
         "triton": triton_version,
         "date": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
     }
+
+
+def run_multirun(experiment: str, seeds: int, sweep: Path, overrides: list[str] = ()) -> dict:
+    """Run ``python -m foxdqn.train --multirun +experiment=E seed=0,...,S-1 log.progress=false
+    hydra.sweep.dir=SWEEP [overrides]`` as a subprocess and wait for it.
+
+    The jobs write into ``sweep`` (their folders, and the multirun's report.md/.json from the Hydra
+    callback); the process's stdout and stderr go to ``sweep/stdout.log``. Returns ``rc`` (the
+    multirun's exit code) and ``wall_s`` (seconds from the command to its exit, 0.1 s steps).
+    """
+    sweep = Path(sweep)
+    cmd = [sys.executable, "-m", "foxdqn.train", "--multirun", f"+experiment={experiment}",
+           "seed=" + ",".join(str(s) for s in range(seeds)), "log.progress=false", f"hydra.sweep.dir={sweep}",
+           *overrides]
+    t0 = time.perf_counter()
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    wall = time.perf_counter() - t0
+    sweep.mkdir(parents=True, exist_ok=True)
+    (sweep / "stdout.log").write_text(proc.stdout + "\n--- stderr ---\n" + proc.stderr)
+    return {"rc": proc.returncode, "wall_s": round(wall, 1)}
 
 
 def time_ms(fn, warmup: int = 3, reps: int = 20) -> tuple[float, float, float]:

@@ -18,31 +18,24 @@ from __future__ import annotations
 
 import argparse
 import json
-import subprocess
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from bench.common import RESULTS, tags
+from bench.common import RESULTS, run_multirun, tags
 
 TRADING = ("eurusd_dqn", "googl_dqn", "eurusd_c51", "eurusd_iqn", "eurusd_cql", "eurusd_iql", "eurusd_attention",
            "eurusd_routed", "eurusd_branching", "eurusd_rainbowish", "eurusd_controls")
 
 
 def run_one(experiment: str, seeds: int, data: str | None, out: Path, extra: list[str]) -> dict:
+    """One experiment's multirun over seeds into ``out/experiment`` (bench.common.run_multirun, with
+    ``data.name=data`` where given); returns its exit code, wall seconds and report settings."""
     sweep = out / experiment
-    cmd = [sys.executable, "-m", "foxdqn.train", "--multirun", f"+experiment={experiment}",
-           "seed=" + ",".join(str(s) for s in range(seeds)), "log.progress=false", f"hydra.sweep.dir={sweep}", *extra]
-    if data:
-        cmd.append(f"data.name={data}")
-    t0 = time.perf_counter()
-    proc = subprocess.run(cmd, capture_output=True, text=True)
-    wall = time.perf_counter() - t0
-    sweep.mkdir(parents=True, exist_ok=True)
-    (sweep / "stdout.log").write_text(proc.stdout + "\n--- stderr ---\n" + proc.stderr)
+    run = run_multirun(experiment, seeds, sweep, [*extra, *([f"data.name={data}"] if data else [])])
     report = sweep / "report.json"
-    return {"experiment": experiment, "rc": proc.returncode, "wall_s": round(wall, 1),
+    return {"experiment": experiment, **run,
             "settings": json.loads(report.read_text())["settings"] or None if report.is_file() else None}
 
 
