@@ -136,6 +136,48 @@ def _per_prefix_kernel(
 
 
 @triton.jit
+def _targets(rand_ptr, total_ptr, last_ptr, size_ptr, k, km, B, CAPACITY: tl.constexpr):
+    """(x, target, total, last, size) of items ``k``: ``x = (k + u_k) / B`` in [0, 1), the target
+    mass ``x * total`` (f64), the total, the last slot with mass and the clamped size."""
+    u = tl.load(rand_ptr + k, mask=km, other=0.0).to(tl.float32)
+    u = tl.where(u > 0.0, u, 0.0)  # negative and NaN -> 0
+    u = tl.minimum(u, 0.99999994)
+    total = tl.load(total_ptr)
+    last = tl.load(last_ptr)
+    size = tl.load(size_ptr).to(tl.int64)
+    size = tl.minimum(tl.maximum(size, 1), CAPACITY)
+    x = (k.to(tl.float64) + u.to(tl.float64)) / B  # (I,) in [0, 1)
+    return x, x * total, total, last, size
+
+
+@triton.jit
+def _slot_and_weight(leaves_ptr, beta_ptr, idx_ptr, logw_ptr, k, km, B, bc, bvalid, pex, target, x, size, total,
+                     last, BLOCK: tl.constexpr):
+    """Inside block ``bc`` (mass ``pex`` before it, in the frame of ``target``): the first slot whose
+    running mass exceeds ``target`` with a nonzero leaf (else the block's last nonzero leaf, else
+    ``last``); the all-zero rule; then the index and ``-beta * log2(leaf)`` stored for items ``k``."""
+    offs = tl.arange(0, BLOCK)
+    pos = bc[:, None] * BLOCK + offs[None, :]  # (I, BLOCK)
+    lmask = km[:, None] & bvalid[:, None] & (pos < size)
+    lv = tl.load(leaves_ptr + pos, mask=lmask, other=0.0)
+    scan = tl.cumsum(lv.to(tl.float64), axis=1) + pex[:, None]
+    nz = lv > 0
+    jf = tl.min(tl.where((scan > target[:, None]) & nz, offs[None, :], BLOCK), axis=1)
+    jl = tl.max(tl.where(nz, offs[None, :], -1), axis=1)
+    j = tl.where(jf < BLOCK, jf, jl)
+    idx = tl.where(j >= 0, bc * BLOCK + j, last)  # an invalid block loads no leaf: j = -1
+    uniform = (last < 0) | (total <= 0.0)  # every leaf below size is 0
+    uidx = tl.minimum((x * size.to(tl.float64)).to(tl.int64), size - 1)
+    idx = tl.where(uniform, uidx, idx)
+    leaf = tl.load(leaves_ptr + idx, mask=k < tl.where(uniform, 0, B), other=1.0)
+    beta = tl.load(beta_ptr).to(tl.float32)
+    lw = -beta * tl.log2(leaf)
+    lw = tl.where(uniform, 0.0, lw)
+    tl.store(idx_ptr + k, idx, mask=km)
+    tl.store(logw_ptr + k, lw, mask=km)
+
+
+@triton.jit
 def _per_search_kernel(
     leaves_ptr,  # f32 [capacity_padded]
     prefix_ptr,  # f64 [NUM_BLOCKS]
@@ -154,18 +196,9 @@ def _per_search_kernel(
     SEARCH_P2: tl.constexpr,  # single level: next_pow2(NUM_BLOCKS); two-level: coarse count
     FINE: tl.constexpr,  # 0: single level
 ):
-    pid = tl.program_id(0)
-    k = pid * ITEMS + tl.arange(0, ITEMS)  # (I,)
+    k = tl.program_id(0) * ITEMS + tl.arange(0, ITEMS)  # (I,)
     km = k < B
-    u = tl.load(rand_ptr + k, mask=km, other=0.0).to(tl.float32)
-    u = tl.where(u > 0.0, u, 0.0)  # negative and NaN -> 0
-    u = tl.minimum(u, 0.99999994)
-    total = tl.load(total_ptr)
-    last = tl.load(last_ptr)
-    size = tl.load(size_ptr).to(tl.int64)
-    size = tl.minimum(tl.maximum(size, 1), CAPACITY)
-    x = (k.to(tl.float64) + u.to(tl.float64)) / B  # (I,) in [0, 1)
-    target = x * total  # (I,) f64
+    x, target, total, last, size = _targets(rand_ptr, total_ptr, last_ptr, size_ptr, k, km, B, CAPACITY)
 
     # -- block: number of (monotone) prefix entries <= target, i.e. first block whose prefix exceeds it
     if FINE == 0:
@@ -187,26 +220,8 @@ def _per_search_kernel(
 
     # -- slot inside the block: first j with pex + scan_j > target and a nonzero leaf. (Comparing
     # against target itself, not target - pex, keeps the product x * total out of an FMA.)
-    offs = tl.arange(0, BLOCK)
-    pos = bc[:, None] * BLOCK + offs[None, :]  # (I, BLOCK)
-    lmask = km[:, None] & bvalid[:, None] & (pos < size)
-    lv = tl.load(leaves_ptr + pos, mask=lmask, other=0.0)
-    scan = tl.cumsum(lv.to(tl.float64), axis=1) + pex[:, None]
-    nz = lv > 0
-    jf = tl.min(tl.where((scan > target[:, None]) & nz, offs[None, :], BLOCK), axis=1)
-    jl = tl.max(tl.where(nz, offs[None, :], -1), axis=1)
-    j = tl.where(jf < BLOCK, jf, jl)
-    idx = tl.where(j >= 0, bc * BLOCK + j, last)
-
-    uniform = (last < 0) | (total <= 0.0)  # every leaf below size is 0
-    uidx = tl.minimum((x * size.to(tl.float64)).to(tl.int64), size - 1)
-    idx = tl.where(uniform, uidx, idx)
-    leaf = tl.load(leaves_ptr + idx, mask=k < tl.where(uniform, 0, B), other=1.0)
-    beta = tl.load(beta_ptr).to(tl.float32)
-    lw = -beta * tl.log2(leaf)
-    lw = tl.where(uniform, 0.0, lw)
-    tl.store(idx_ptr + k, idx, mask=km)
-    tl.store(logw_ptr + k, lw, mask=km)
+    _slot_and_weight(leaves_ptr, beta_ptr, idx_ptr, logw_ptr, k, km, B, bc, bvalid, pex, target, x, size, total,
+                     last, BLOCK)
 
 
 @triton.jit
@@ -319,18 +334,9 @@ def _per_chunk_search_kernel(
     G_P2: tl.constexpr,  # next power of two >= G
     LOCAL: tl.constexpr,
 ):
-    pid = tl.program_id(0)
-    k = pid * ITEMS + tl.arange(0, ITEMS)  # (I,)
+    k = tl.program_id(0) * ITEMS + tl.arange(0, ITEMS)  # (I,)
     km = k < B
-    u = tl.load(rand_ptr + k, mask=km, other=0.0).to(tl.float32)
-    u = tl.where(u > 0.0, u, 0.0)  # negative and NaN -> 0
-    u = tl.minimum(u, 0.99999994)
-    total = tl.load(total_ptr)
-    last = tl.load(last_ptr)
-    size = tl.load(size_ptr).to(tl.int64)
-    size = tl.minimum(tl.maximum(size, 1), CAPACITY)
-    x = (k.to(tl.float64) + u.to(tl.float64)) / B  # (I,) in [0, 1)
-    target = x * total  # (I,) f64
+    x, target, total, last, size = _targets(rand_ptr, total_ptr, last_ptr, size_ptr, k, km, B, CAPACITY)
 
     # -- chunk: number of (monotone) carry entries <= target
     ar = tl.arange(0, G_P2)
@@ -354,26 +360,8 @@ def _per_chunk_search_kernel(
     pex = tl.load(local_ptr + bc - 1, mask=km & bvalid & (bc > gc * LOCAL), other=0.0)  # chunk mass before block
 
     # -- slot inside the block, in the chunk's frame (as _per_search_kernel)
-    offs = tl.arange(0, BLOCK)
-    pos = bc[:, None] * BLOCK + offs[None, :]  # (I, BLOCK)
-    lmask = km[:, None] & bvalid[:, None] & (pos < size)
-    lv = tl.load(leaves_ptr + pos, mask=lmask, other=0.0)
-    scan = tl.cumsum(lv.to(tl.float64), axis=1) + pex[:, None]
-    nz = lv > 0
-    jf = tl.min(tl.where((scan > t_local[:, None]) & nz, offs[None, :], BLOCK), axis=1)
-    jl = tl.max(tl.where(nz, offs[None, :], -1), axis=1)
-    j = tl.where(jf < BLOCK, jf, jl)
-    idx = tl.where(bvalid & (j >= 0), bc * BLOCK + j, last)
-
-    uniform = (last < 0) | (total <= 0.0)  # every leaf below size is 0
-    uidx = tl.minimum((x * size.to(tl.float64)).to(tl.int64), size - 1)
-    idx = tl.where(uniform, uidx, idx)
-    leaf = tl.load(leaves_ptr + idx, mask=k < tl.where(uniform, 0, B), other=1.0)
-    beta = tl.load(beta_ptr).to(tl.float32)
-    lw = -beta * tl.log2(leaf)
-    lw = tl.where(uniform, 0.0, lw)
-    tl.store(idx_ptr + k, idx, mask=km)
-    tl.store(logw_ptr + k, lw, mask=km)
+    _slot_and_weight(leaves_ptr, beta_ptr, idx_ptr, logw_ptr, k, km, B, bc, bvalid, pex, t_local, x, size, total,
+                     last, BLOCK)
 
 
 # ----------------------------------------------------------------------------------------------
