@@ -24,10 +24,21 @@ def _cfg(*more):
                         "logger=[csv,wandb]", "log.interval_env_steps=256", "checkpoint.every_env_steps=512", *more])
 
 
-def _records(run_dir):
-    files = sorted((run_dir / "wandb").glob("offline-run-*/run-*.wandb"))
-    assert files, list((run_dir / "wandb").iterdir())
-    return files, [wandb_records(f) for f in files]
+def _records(run_dir, timeout=30.0):
+    """The offline runs' files and records. W&B's service process writes the file; on a loaded
+    machine its last records were seen to land after wandb.finish() returned (make test on a fresh
+    clone, 1 of 3 runs): read again until every file has its run record, for up to ``timeout`` s."""
+    import time
+
+    deadline = time.monotonic() + timeout
+    while True:
+        files = sorted((run_dir / "wandb").glob("offline-run-*/run-*.wandb"))
+        assert files, list((run_dir / "wandb").iterdir())
+        records = [wandb_records(f) for f in files]
+        whole = all(any(r.WhichOneof("record_type") == "run" for r in rs) for rs in records)
+        if whole or time.monotonic() > deadline:
+            return files, records
+        time.sleep(0.5)
 
 
 def test_an_offline_run_has_the_config_every_row_the_final_metrics_and_the_equity_plot(tmp_path):
