@@ -38,8 +38,7 @@ import numpy as np
 
 from foxdqn.errors import DataError
 
-if TYPE_CHECKING:
-    from foxdqn.data.config import SyntheticConfig
+if TYPE_CHECKING:  # foxdqn.data.config imports this module (its choices): no import of it here
     from foxdqn.data.synthetic import SyntheticMarket
 
 
@@ -137,7 +136,7 @@ def generated_names() -> list[str]:
     return sorted(name for name, spec in BUILTIN_DATASETS.items() if spec.make is not None)
 
 
-def generated_parameters(name: str, synthetic: Optional["SyntheticConfig"] = None) -> dict[str, Any]:
+def generated_parameters(name: str, synthetic: Any = None) -> dict[str, Any]:
     """The parameters generated market ``name`` is made with: its defaults, overridden by the keys
     of ``synthetic`` that are set (``data.synthetic``; validated by
     :meth:`foxdqn.data.config.SyntheticConfig.validate`)."""
@@ -148,7 +147,7 @@ def generated_parameters(name: str, synthetic: Optional["SyntheticConfig"] = Non
     return params
 
 
-def generate(name: str, synthetic: Optional["SyntheticConfig"] = None) -> tuple["SyntheticMarket", dict[str, Any]]:
+def generate(name: str, synthetic: Any = None) -> tuple["SyntheticMarket", dict[str, Any]]:
     """Generate built-in market ``name`` (``BUILTIN_DATASETS[name].make`` set) with
     :func:`generated_parameters`; returns the market and the parameters used."""
     params = generated_parameters(name, synthetic)
