@@ -6,7 +6,7 @@ starts a job.
   Hydra writes no ``.hydra/`` copy into a run folder that holds a run, or that a resume continues.
 * :class:`CheckJobs`: every job of a ``--multirun`` of Hydra's basic sweeper is composed (Hydra's
   compose API, so ``--config-dir``, ``--config-name`` and ``hydra.searchpath`` count) and checked
-  (:func:`foxdqn.config.finalize`, :func:`foxdqn.train.preflight`) before the first one runs: a
+  (:func:`foxdqn.config.finalize`, :func:`foxdqn.job.check.preflight`) before the first one runs: a
   bad job ends the sweep with one line naming it, exit 2, and no sweep folder. Other sweepers
   (Optuna, ...) choose their jobs as they go; their jobs are checked one by one as they start.
 * :class:`PlaceJobsOnGpus`: a ``--multirun`` with the joblib or Ray launcher on CUDA gets one GPU
@@ -45,7 +45,7 @@ def check_output_parent(target: Path, key: str) -> None:
 
 
 #: Folders above the run folder that did not exist before Hydra made it (deepest first): a run refused
-#: before any work removes them again when they are empty (foxdqn.train).
+#: before any work removes them again when they are empty (foxdqn.job.failure).
 NEW_PARENTS: list[Path] = []
 #: The run folders of this process's single runs that existed before Hydra made them (resolved paths).
 _EXISTED: set[Path] = set()
@@ -143,7 +143,7 @@ class CheckJobs(Callback):
     def on_multirun_start(self, config: DictConfig, **kwargs) -> None:
         from foxdqn.compose import sweep_composer
         from foxdqn.errors import FoxdqnError
-        from foxdqn.train import preflight
+        from foxdqn.job.check import preflight
 
         jobs = sweep_jobs(config)
         hydra_overrides = OmegaConf.to_container(config.hydra.overrides.hydra, resolve=False)

@@ -2,7 +2,7 @@
 
 * :func:`excluded` – why a run's value should not count in a search (``search.exclude_no_trades``:
   a trading run whose kept weights never trade on the validation split; a pruned run), else None.
-  :func:`foxdqn.train.objective` then returns NaN, which Optuna records as a failed trial, never
+  :func:`foxdqn.job.run.objective` then returns NaN, which Optuna records as a failed trial, never
   the best one, and the report lists the job with that status.
 * :class:`MedianTrialPruner` – ``search.pruner=median``: Optuna's :class:`optuna.pruners.MedianPruner`
   fed by the validation evaluations during training (``eval.interval_env_steps``) of the jobs of

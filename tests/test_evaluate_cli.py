@@ -11,7 +11,7 @@ from foxdqn.evaluate_run import evaluate_checkpoint, main
 from foxdqn.io_atomic import read_json
 from foxdqn.loop import train
 from foxdqn.compose import load_config
-from foxdqn.train import market_data
+from foxdqn.job.check import market_data
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -15,7 +15,7 @@ from omegaconf import OmegaConf
 from foxdqn.checkpoint import load_checkpoint
 from foxdqn.loop import Interrupted, train
 from foxdqn.compose import load_config
-from foxdqn.train import market_data
+from foxdqn.job.check import market_data
 
 from support import interrupt_at
 

@@ -36,7 +36,7 @@ def test_the_selected_value_is_the_validation_metric_of_the_evaluated_weights(sm
 
 
 def test_the_task_function_returns_the_selection_not_a_test_metric(smoke_run):
-    from foxdqn.train import objective
+    from foxdqn.job.run import objective
 
     _, _, summary, _ = smoke_run
     rigged = {**summary, "metrics": {**summary["metrics"], "agent": {**summary["metrics"]["agent"], "sharpe": 1e9}}}

@@ -225,7 +225,7 @@ def test_a_run_the_search_must_not_count_returns_nan():
     """The objective of a never-trading or pruned run is NaN (Optuna: a failed trial, never the best)."""
     from foxdqn.compose import load_config
     from foxdqn.search import excluded
-    from foxdqn.train import objective
+    from foxdqn.job.run import objective
 
     cfg = load_config(["debug=smoke"])
     assert excluded(cfg, {"trades": 0}, "completed") == "never trades on val"
@@ -246,7 +246,8 @@ def test_a_pruned_run_stops_at_its_validation_and_says_so(tmp_path, monkeypatch)
     from foxdqn.compose import load_config
     from foxdqn.io_atomic import write_json_atomic
     from foxdqn.loop import train
-    from foxdqn.train import market_data, objective
+    from foxdqn.job.check import market_data
+    from foxdqn.job.run import objective
 
     cfg = load_config(["debug=smoke", "debug.max_env_steps=2048", "device=cpu", "log.progress=false", "logger=csv",
                        "eval.interval_env_steps=512", "search.pruner=median", "search.n_startup_trials=1"])

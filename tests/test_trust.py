@@ -254,7 +254,7 @@ def test_a_learning_rate_of_1e3_halts_with_the_initial_weights(tmp_path, device)
     from foxdqn.errors import HaltError
     from foxdqn.loop import train as train_run
     from foxdqn.step.state import build_state
-    from foxdqn.train import market_data
+    from foxdqn.job.check import market_data
 
     cfg = load_config(["debug=smoke", f"device={device}", "optim.lr=1000", "log.progress=false", "logger=csv"])
     initial = {k: v.cpu() for k, v in build_state(cfg, market_data(cfg), torch.device(device)).nets.online
@@ -282,8 +282,10 @@ def test_a_full_file_is_named(tmp_path):
 
 
 def test_a_build_that_fails_leaves_no_folder(tmp_path, monkeypatch, capsys):
-    from foxdqn import loop, train as cli
+    from foxdqn import loop
     from foxdqn.compose import load_config
+    from foxdqn.job.check import market_data
+    from foxdqn.job.run import run_job
 
     cfg = load_config(["debug=smoke", "device=cpu"])
 
@@ -293,7 +295,7 @@ def test_a_build_that_fails_leaves_no_folder(tmp_path, monkeypatch, capsys):
     monkeypatch.setattr(loop, "prepare", out_of_memory)
     run_dir = tmp_path / "new" / "run"
     with pytest.raises(SystemExit) as stop:
-        cli._train(cfg, cli.market_data(cfg), run_dir, None, None)
+        run_job(cfg, market_data(cfg), run_dir)
     assert stop.value.code == 2 and "out of memory" in capsys.readouterr().err
     assert not run_dir.exists()
 

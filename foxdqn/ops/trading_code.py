@@ -9,7 +9,7 @@ and rebuilds both observations at sample time
 (:func:`foxdqn.ops.trading_observation.trading_observation`; docs/design/replay.md#windowed-trading-replay).
 
 No kernel here: the layout only, importable without Triton (the replay-memory precheck,
-:func:`foxdqn.train.replay_row`, reads it before anything is built).
+:func:`foxdqn.job.memory.replay_row`, reads it before anything is built).
 """
 from __future__ import annotations
 

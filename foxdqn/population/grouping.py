@@ -102,10 +102,10 @@ def group_key(tc: "TrainConfig") -> str:
 
 def memory_cap(tc: "TrainConfig", market) -> int | None:
     """The most members of ``tc``'s settings whose replays fit in 80 % of the device's free memory
-    (the single-run precheck's rule, foxdqn.train.preflight, times P); None when the free memory is
+    (the single-run precheck's rule, foxdqn.job.check.preflight, times P); None when the free memory is
     unknown."""
     from foxdqn.replay.buffer import replay_bytes
-    from foxdqn.train import available_bytes, replay_row, replays_that_fit
+    from foxdqn.job.memory import available_bytes, replay_row, replays_that_fit
 
     fit = replays_that_fit(replay_bytes(tc.replay.capacity, *replay_row(tc, market)),
                            available_bytes(str(tc.device)))

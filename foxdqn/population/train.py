@@ -183,7 +183,7 @@ def train_population(members: list[Member]) -> list[Outcome]:
     from foxdqn.errors import FoxdqnError
     from foxdqn.loop import _StopSignals
     from foxdqn.run_folder import RunFolder
-    from foxdqn.train import _fail
+    from foxdqn.job.failure import fail
 
     try:
         run = _Population(members)
@@ -215,6 +215,6 @@ def train_population(members: list[Member]) -> list[Outcome]:
     if signals.received is not None:
         import signal as _signal
 
-        _fail(f"interrupted by {_signal.Signals(signals.received).name} at {run.env_steps} env steps; each member's "
-              f"weights are in its checkpoints/last.pt (a population does not resume)", 128 + signals.received)
+        fail(f"interrupted by {_signal.Signals(signals.received).name} at {run.env_steps} env steps; each member's "
+             f"weights are in its checkpoints/last.pt (a population does not resume)", 128 + signals.received)
     return outcomes

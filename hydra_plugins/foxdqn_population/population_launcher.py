@@ -252,10 +252,10 @@ class PopulationLauncher(Launcher):
         shutil.rmtree(folder, ignore_errors=True)
 
     def _train_alone(self, member: Any, config: DictConfig, ret: JobReturn) -> None:
-        """The classic path (foxdqn.train._train) for one job, as the basic launcher would run it."""
+        """The classic path (foxdqn.job.run.run_job) for one job, as the basic launcher would run it."""
         from foxdqn.population.grouping import batch_refusal
         from foxdqn.timings import CLOCK
-        from foxdqn.train import _train
+        from foxdqn.job.run import run_job
 
         why = batch_refusal(member.tc)
         with _as_job(self._full(config)):
@@ -263,7 +263,7 @@ class PopulationLauncher(Launcher):
             # this job's timings.json counts from here, not from the launcher's start or an earlier group
             CLOCK.mark("launcher")
             CLOCK.restart("population launcher: this job's training")
-            _set_result(ret, lambda: _train(member.tc, member.market, member.run_dir, member.payload,
+            _set_result(ret, lambda: run_job(member.tc, member.market, member.run_dir, member.payload,
                                                member.run_id))
 
     def _train_population(self, group: List[Any], jobs: Dict[int, Tuple[DictConfig, JobReturn]]) -> None:
@@ -303,13 +303,14 @@ def _member_value(member: Any, outcome: Any) -> float:
     NaN after the job's failure line. A member's results are not printed one table per job: the
     sweep's report prints one table at the end (foxdqn.report.SweepReport)."""
     from foxdqn.population.jobs import BAD_INPUT, FINISHED
-    from foxdqn.train import _job_failed, _remove_if_unused, objective
+    from foxdqn.job.failure import job_failed, remove_if_unused
+    from foxdqn.job.run import objective
 
     if outcome.exit_code == FINISHED:
         return objective(outcome.summary)
     if outcome.exit_code == BAD_INPUT:
-        _remove_if_unused(member.run_dir)  # nothing written yet: no folder left behind, as foxdqn.train
-    return _job_failed(outcome.message, outcome.exit_code, job=member.job_num)
+        remove_if_unused(member.run_dir)  # nothing written yet: no folder left behind, as foxdqn.train
+    return job_failed(outcome.message, outcome.exit_code, job=member.job_num)
 
 
 def _raise(exc: BaseException) -> None:
@@ -497,7 +498,7 @@ class _Derived:
 
         from foxdqn.errors import FoxdqnError
         from foxdqn.population.jobs import COLLECTOR, Member
-        from foxdqn.train import preflight
+        from foxdqn.job.check import preflight
 
         base = next((b for b in self.bases if self.composer.value_changes(overrides, b[0], b[1]) is not None), None)
         if base is None:

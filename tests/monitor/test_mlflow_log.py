@@ -12,7 +12,7 @@ from foxdqn.compose import load_config  # noqa: E402
 from foxdqn.errors import ConfigError  # noqa: E402
 from foxdqn.loop import Interrupted, train  # noqa: E402
 from foxdqn.monitor.mlflow_log import RUN_ID_FILE  # noqa: E402
-from foxdqn.train import market_data, preflight  # noqa: E402
+from foxdqn.job.check import market_data, preflight  # noqa: E402
 
 from support import interrupt_at  # noqa: E402
 

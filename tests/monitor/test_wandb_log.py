@@ -14,7 +14,7 @@ from foxdqn.compose import load_config  # noqa: E402
 from foxdqn.errors import ConfigError  # noqa: E402
 from foxdqn.loop import Interrupted, train  # noqa: E402
 from foxdqn.monitor.wandb_log import RUN_ID_FILE  # noqa: E402
-from foxdqn.train import market_data, preflight  # noqa: E402
+from foxdqn.job.check import market_data, preflight  # noqa: E402
 
 from support import interrupt_at, wandb_history, wandb_records  # noqa: E402
 

@@ -160,7 +160,7 @@ def test_plan_splits_what_does_not_fit_in_memory(cartpole):
 
 
 def test_memory_cap_counts_replay_bytes_per_member(cartpole, monkeypatch):
-    import foxdqn.train as train
+    import foxdqn.job.memory as train
     from foxdqn.population.grouping import memory_cap
     from foxdqn.replay.buffer import replay_bytes
 

@@ -9,7 +9,7 @@ import torch
 
 from foxdqn.replay import PrioritizedReplayBuffer, ReplayBuffer
 from foxdqn.replay.buffer import replay_bytes
-from foxdqn.train import replay_row
+from foxdqn.job.memory import replay_row
 from support import iterate, small_state
 
 CPU = torch.device("cpu")
