@@ -117,7 +117,10 @@ def market_row(experiment: str, market: Market, jobs: list[dict[str, Any]], expe
     without equity curves or where the ensemble's returns have no variance, as when no seed
     trades), ``target`` (a key of :data:`TARGETS` or None), ``met`` (True, False,
     or None where the market has no target or the oracle earned nothing) and ``why`` (the numbers
-    that decided ``met``). Returns of no finished seed are None.
+    that decided ``met``); ``policy_return``, ``policy_trades`` and ``policy_met``: the seeds'
+    ensemble policy (one agent acting on their mean Q or vote, foxdqn.population.ensemble; None
+    where the seeds did not train as one population) and the same target applied to it. Returns
+    of no finished seed are None.
     """
     from foxdqn.sweep_seeds import summarise
 
@@ -140,6 +143,12 @@ def market_row(experiment: str, market: Market, jobs: list[dict[str, Any]], expe
     row["captured"] = (row["return_mean"] / oracle if row["return_mean"] is not None and oracle is not None
                        and oracle > 0 else None)
     row["met"], row["why"] = verdict(row)
+    policy = (entry or {}).get("ensemble_policy") or {}
+    row["policy_return"] = _finite(policy.get("total_return"))
+    row["policy_trades"] = _finite(policy.get("num_trades"))
+    row["policy_met"], _ = (verdict({**row, "seeds": row["expected"], "return_mean": row["policy_return"],
+                                     "median_trades": row["policy_trades"]})
+                            if row["policy_return"] is not None else (None, ""))
     return row
 
 
@@ -196,8 +205,9 @@ def to_markdown(rows: list[dict[str, Any]]) -> str:
     """The table (one row per (experiment, market), returns in percent; "—": no such number) and
     the per-experiment lines, as markdown."""
     lines = ["| experiment | market | seeds | test return, mean ± std | median trades | oracle | buy-and-hold | flat | "
-             "captured (mean / oracle) | ensemble PSR > 0 | target | met |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "captured (mean / oracle) | ensemble PSR > 0 | ensemble policy return, trades | target | met | "
+             "ensemble policy met |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         ret = "—" if r["return_mean"] is None else f"{r['return_mean'] * 100:+.2f} ± {r['return_std'] * 100:.2f} %"
         seeds = str(r["seeds"]) if r["seeds"] == r["expected"] else f"{r['seeds']} of {r['expected']}"
@@ -207,8 +217,10 @@ def to_markdown(rows: list[dict[str, Any]]) -> str:
             _pct(r["buy_and_hold_return"]), _pct(r["flat_return"]),
             "—" if r["captured"] is None else f"{r['captured'] * 100:.0f} %",
             "—" if r["ensemble_psr"] is None else f"{r['ensemble_psr']:.3f}",
+            "—" if r.get("policy_return") is None else f"{_pct(r['policy_return'])}, {_num(r['policy_trades'])}",
             TARGETS[r["target"]] if r["target"] else "—",
-            met + (f" ({r['why']})" if r["why"] else "")]) + " |")
+            met + (f" ({r['why']})" if r["why"] else ""),
+            "—" if r.get("policy_met") is None else ("**met**" if r["policy_met"] else "not met")]) + " |")
     return "\n".join(lines) + "\n\n" + "\n".join(experiment_lines(rows)) + "\n"
 
 

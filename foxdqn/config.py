@@ -70,6 +70,7 @@ Replay = _choice("Replay", ("uniform", "per"))
 ActionMode = _choice("ActionMode", ACTION_MODES)
 TargetUpdate = _choice("TargetUpdate", ("polyak", "hard"))
 Split = _choice("Split", ("train", "val", "test"))
+EnsembleRule = _choice("EnsembleRule", ("none", "mean", "vote"))
 Pruner = _choice("Pruner", ("none", "median"))
 WandbMode = _choice("WandbMode", ("offline", "online", "disabled"))
 EarlyStopMetric = _choice("EarlyStopMetric", ("auto", "sharpe", "sortino", "total_return", "profit_factor",
@@ -407,6 +408,8 @@ class EvalConfig:
     split: Split = Split.test  # the split evaluated once at the end (selection always uses val)
     episodes: int = 100  # greedy episodes per evaluation of a non-trading env (20 at most during training)
     interval_env_steps: int = 0  # validation evaluations during training (0 = only at the end)
+    ensemble: EnsembleRule = EnsembleRule.mean  # a population's members of one setting (seeds) also walk as one
+    #                                             agent: mean Q or vote (trading; foxdqn.population.ensemble)
 
     def validate(self) -> None:
         _positive(self.episodes, "eval.episodes")

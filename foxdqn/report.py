@@ -222,7 +222,8 @@ def _markdown(report: dict[str, Any]) -> str:
     if settings:
         trading = any("ensemble" in e for e in report["settings"])
         head += ("## Settings over seeds\n\nmean ± std [min, max] over the seeds of a setting" +
-                 ("; the ensemble is the seeds' per-bar test returns averaged into one portfolio" if trading else "") +
+                 ("; the ensemble is the seeds' per-bar test returns averaged into one portfolio; the ensemble policy "
+                  "(a population's seeds acting as one agent, eval.ensemble) is walked once" if trading else "") +
                  ".\n\n" + settings + "\n")
     body = "## Jobs\n\n" + jobs_markdown(report)
     plots = "".join(f"\n![{Path(p).stem}]({p})\n" for p in report["plots"])

@@ -10,7 +10,10 @@ Jobs whose overrides differ only in ``seed=`` are one *setting*. For each settin
   every seed's agent with equal weight. Its probabilistic Sharpe ratio against 0 and against
   buy-and-hold and its block-bootstrap 95 % Sharpe interval (foxdqn.significance) account for
   the seeds trading the same bars, which a mean of per-seed statistics would not;
-* buy-and-hold's test Sharpe and total return on the same bars (the same for every seed).
+* buy-and-hold's test Sharpe and total return on the same bars (the same for every seed);
+* where the seeds trained as one population, the *ensemble policy*: the seeds acting as one agent
+  (argmax of their mean Q, or their vote: ``eval.ensemble``, foxdqn.population.ensemble), walked
+  once through the test split; its ``ensemble_policy`` entry in every seed's summary.json.
 
 Settings are sorted by their mean validation value, best first; the test split never orders them.
 The job folders are read here too (:func:`find_job_dirs`, :func:`read_job`). foxdqn.report writes
@@ -134,6 +137,19 @@ def _ensemble(jobs: list[dict]) -> dict[str, float] | None:
             **significance(equity, bars_per_year, bench)}
 
 
+def _ensemble_policy(jobs: list[dict]) -> dict[str, Any] | None:
+    """The seeds' ensemble policy (``rule``, ``members``, and its test ``total_return``, ``sharpe``,
+    ``max_drawdown``, ``num_trades``, ``psr_vs_zero``), when every seed's summary holds the same
+    ``ensemble_policy`` entry (they trained as one population); else None."""
+    entries = [j["summary"].get("ensemble_policy") for j in jobs]
+    first = entries[0]
+    if not first or any(e != first for e in entries):
+        return None
+    metrics = first.get("metrics", {})
+    return {"rule": first.get("rule"), "members": first.get("members"),
+            **{k: metrics.get(k) for k in (*TRADING_METRICS, "psr_vs_zero")}}
+
+
 def summarise(jobs: list[dict]) -> list[dict[str, Any]]:
     """One entry per setting (see the module docstring), sorted by mean validation value, best first."""
     settings: dict[str, list[dict]] = {}
@@ -160,6 +176,7 @@ def summarise(jobs: list[dict]) -> list[dict[str, Any]]:
                 entry["ensemble"] = _ensemble(group)
             except (KeyError, ValueError, OSError):  # a broken equity.csv: no ensemble, still a report
                 entry["ensemble"] = None
+            entry["ensemble_policy"] = _ensemble_policy(group)
         out.append(entry)
     key = [e["selection"]["mean"] for e in out]
     lower = bool(out) and out[0]["selection_metric"] in LOWER_IS_BETTER
@@ -182,8 +199,9 @@ def to_markdown(settings: list[dict], first_column: str = "setting") -> str:
     trading = "buy_and_hold" in settings[0]
     lines = [f"| {first_column} | seeds | val " + str(settings[0]["selection_metric"]) + " | " +
              ("test return | test Sharpe | max drawdown | trades | ensemble Sharpe [95 % interval] | "
-              "ensemble PSR > 0 | ensemble PSR > B&H (active return) | B&H return, Sharpe |" if trading else "test mean return |"),
-             "|---|---|---|" + ("---|" * 8 if trading else "---|")]
+              "ensemble PSR > 0 | ensemble PSR > B&H (active return) | ensemble policy return, trades | "
+              "B&H return, Sharpe |" if trading else "test mean return |"),
+             "|---|---|---|" + ("---|" * 9 if trading else "---|")]
     for e in settings:
         row = [e["setting"], str(e["seeds"]), _fmt(e["selection"])]
         if trading:
@@ -195,6 +213,9 @@ def to_markdown(settings: list[dict], first_column: str = "setting") -> str:
                         f"{ens['psr_vs_zero']:.3f}", f"{ens.get('psr_vs_buy_and_hold', math.nan):.3f}"]
             else:
                 row += ["n/a"] * 3
+            pol = e.get("ensemble_policy")
+            row.append(f"{pol['total_return'] * 100:+.2f} %, {pol['num_trades']:g} ({pol['rule']})"
+                       if pol and pol.get("total_return") is not None else "n/a")
             row.append(f"{bh['total_return'] * 100:+.2f} %, {bh['sharpe']:+.2f}" if bh.get("sharpe") is not None
                        else "n/a")
         else:

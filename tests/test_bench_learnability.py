@@ -108,6 +108,10 @@ def test_smoke_run(tmp_path):
         assert r["return_mean"] == pytest.approx(sum(returns) / 2)
         assert r["oracle_return"] == pytest.approx(summaries[0]["metrics"]["oracle"]["total_return"])
         assert 0 <= r["ensemble_psr"] <= 1
+        policy = summaries[0]["ensemble_policy"]  # the two seeds as one agent (eval.ensemble=mean)
+        assert policy == summaries[1]["ensemble_policy"] and policy["rule"] == "mean" and policy["members"] == [0, 1]
+        assert r["policy_return"] == pytest.approx(policy["metrics"]["total_return"])
+        assert policy["val_metrics"]["bars"] > 0 and policy["metrics"]["bars"] == summaries[0]["metrics"]["agent"]["bars"]
     assert rows[0]["oracle_return"] == 0.0  # the oracle never trades on the martingale
     assert rows[0]["met"] is ((rows[0]["return_mean"] >= -0.02) and rows[0]["median_trades"] <= 100)
     assert rows[1]["target"] == "edge" and (rows[1]["met"] is None) == (rows[1]["oracle_return"] <= 0)
@@ -117,3 +121,18 @@ def test_smoke_run(tmp_path):
     # a second run into the same --out is refused before anything trains
     assert main(["--experiments", "eurusd_dqn", "--markets", "martingale_1h", "--out", str(tmp_path / "runs"),
                  "--results", str(tmp_path / "results")]) == 2
+
+
+def test_the_ensemble_policy_gets_its_own_columns_and_verdict(tmp_path):
+    def job(name, agent, trades):
+        j = _job(tmp_path, name, agent, trades, 0.0)
+        j["summary"]["ensemble_policy"] = {"rule": "mean", "members": [0, 1], "split": "test",
+                                           "metrics": {"total_return": -0.001, "num_trades": 12}}
+        return j
+
+    row = market_row("e", MARKETS["martingale_1h"], [job("0", -0.05, 400), job("1", -0.04, 300)], 2)
+    assert row["met"] is False  # the seeds one by one lose 4.5 % in 350 trades
+    assert row["policy_return"] == -0.001 and row["policy_trades"] == 12 and row["policy_met"] is True
+    assert "-0.10 %, 12" in to_markdown([row]) and to_markdown([row]).splitlines()[0].count("|") == 15
+    plain = market_row("e", MARKETS["martingale_1h"], [_job(tmp_path, "2", 0.0, 0, 0.0)], 1)
+    assert plain["policy_return"] is None and plain["policy_met"] is None

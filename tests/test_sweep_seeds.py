@@ -71,3 +71,23 @@ def test_cli_is_the_report(sweep, capsys):
     assert sweep_seeds.main([str(sweep)]) == 0 and "report:" in capsys.readouterr().out
     assert (sweep / "report.md").is_file()
     assert sweep_seeds.main([str(sweep / "missing")]) == 2
+
+
+def test_the_ensemble_policy_is_read_when_every_seed_holds_the_same_entry(sweep):
+    import json
+
+    policy = {"rule": "mean", "members": [2, 3], "split": "test",
+              "metrics": {"total_return": 0.05, "sharpe": 1.5, "max_drawdown": 0.02, "num_trades": 7,
+                          "psr_vs_zero": 0.9, "sortino": 2.0}}
+    for job in ("2", "3"):
+        path = sweep / job / "eval" / "summary.json"
+        path.write_text(json.dumps({**json.loads(path.read_text()), "ensemble_policy": policy}))
+    settings = sweep_seeds.summarise(sweep_seeds.load_jobs(sweep))
+    assert settings[0]["ensemble_policy"] == {"rule": "mean", "members": [2, 3], "total_return": 0.05, "sharpe": 1.5,
+                                              "max_drawdown": 0.02, "num_trades": 7, "psr_vs_zero": 0.9}
+    assert settings[1]["ensemble_policy"] is None  # its seeds did not train as one population
+    table = sweep_seeds.to_markdown(settings)
+    assert "+5.00 %, 7 (mean)" in table and table.splitlines()[1].count("---") == table.splitlines()[0].count("|") - 1
+    path = sweep / "3" / "eval" / "summary.json"  # one seed of another population: no shared policy
+    path.write_text(json.dumps({**json.loads(path.read_text()), "ensemble_policy": {**policy, "members": [3, 9]}}))
+    assert sweep_seeds.summarise(sweep_seeds.load_jobs(sweep))[0]["ensemble_policy"] is None

@@ -155,18 +155,30 @@ class _Population:
         return (member_episodes(s, min(VAL_EPISODES, cfg.eval.episodes), seed_offset=VAL_SEED_OFFSET),
                 member_episodes(s, cfg.eval.episodes, seed_offset=1))
 
-    def end_member(self, p: int, wall: float, val: dict, test: dict) -> Outcome:
+    def ensembles(self) -> dict[int, dict]:
+        """The ``ensemble_policy`` summary entry of each member whose setting has two or more members
+        (``eval.ensemble``, trading only: :func:`foxdqn.population.ensemble.ensemble_walks`)."""
+        from foxdqn.population.ensemble import ensemble_walks
+
+        cfg = self.s.cfg
+        if cfg.env.name != "trading" or str(cfg.eval.ensemble) == "none":
+            return {}
+        return ensemble_walks(self.s, self.members[0].market, [m.job_num for m in self.members], str(cfg.eval.ensemble))
+
+    def end_member(self, p: int, wall: float, val: dict, test: dict, ensemble: dict | None = None) -> Outcome:
         """Checkpoint member ``p``; then HALTED (guard) or its report from its validation metrics
-        ``val`` and evaluation ``test``."""
+        ``val``, evaluation ``test`` and its setting's ``ensemble`` entry (None: none)."""
         s, m = self.s, self.members[p]
         ckpt = member_checkpoint(s, p, m.run_dir / "checkpoints" / "last.pt")
         reason = s.guard.reason(p)
         if reason is not None:
             write_text_atomic(m.run_dir / "HALTED", f"{reason}\n")
             return Outcome(None, HALTED, f"training halted: {reason}; last good weights saved to {ckpt}")
+        extra = {"population": {"member": p, "size": s.members, "jobs": [mm.job_num for mm in self.members]}}
+        if ensemble:
+            extra["ensemble_policy"] = ensemble
         end = RunEnd(self.graph, wall, *member_counts(s, p), ckpt, overrides=list(m.overrides),
-                     name=f"job {m.job_num}: ", job=m.job_num, extra={"population": {"member": p, "size": s.members,
-                                           "jobs": [mm.job_num for mm in self.members]}},
+                     name=f"job {m.job_num}: ", job=m.job_num, extra=extra,
                      val_metrics=val, test_result=test)
         agent = Agent(m.tc, None, s.action_mode, self.device)  # evaluated already: finish reads no network
         return Outcome(finish(agent, m.market, m.run_dir, end), FINISHED, "")
@@ -207,8 +219,10 @@ def train_population(members: list[Member]) -> list[Outcome]:
                         member_checkpoint(run.s, p, m.run_dir / "checkpoints" / "last.pt")
             else:
                 vals, tests = run.evaluate_members()
+                ensembles = run.ensembles()
                 with deferred_sync():  # P members' checkpoints and reports, one sync at the end
-                    outcomes = [run.end_member(p, wall, vals[p], tests[p]) for p in range(len(members))]
+                    outcomes = [run.end_member(p, wall, vals[p], tests[p], ensembles.get(p))
+                                for p in range(len(members))]
     finally:
         for p, folder in enumerate(folders):
             folder.finish() if p < len(outcomes) else folder.release()
