@@ -10,8 +10,11 @@ the Hydra callback :class:`SweepReport` (registered in conf/train.yaml) write in
 * ``report.json``: ``sweep_dir``, ``selection`` (``metric``, ``lower_is_better``),
   ``common_overrides`` (the overrides every job shares), ``swept`` (the keys whose value differs
   between jobs, ``seed`` aside), ``jobs`` (the rows of report.csv), ``settings``
-  (foxdqn.sweep_seeds.summarise's entries, each with its short ``label``), ``plots`` (paths
+  (foxdqn.sweep_seeds.summarise's entries, each with its short ``label``), ``walk_forward``
+  (foxdqn.walk_forward's entries of a walk-forward sweep, else empty), ``plots`` (paths
   relative to DIR) and ``warnings`` (plots not drawn);
+* ``walk_forward.csv`` (a walk-forward sweep only): every seed's folds chained into one
+  out-of-sample curve (foxdqn.walk_forward);
 * ``report.csv``: one row per job: ``job`` (folder name), ``setting`` (its swept overrides),
   one column per swept key, ``seed``, ``val_metric``, ``val``, ``test_<metric>`` for every agent
   metric of ``eval/summary.json`` (trading runs also ``buy_and_hold_sharpe`` and
@@ -48,6 +51,8 @@ from foxdqn.early_stop import LOWER_IS_BETTER
 from foxdqn.errors import FoxdqnError
 from foxdqn.io_atomic import write_json_atomic, write_text_atomic
 from foxdqn.sweep_seeds import TRADING_METRICS, find_job_dirs, read_job, summarise, to_markdown
+from foxdqn.walk_forward import to_markdown as walk_forward_markdown
+from foxdqn.walk_forward import walk_forward
 
 log = logging.getLogger(__name__)
 
@@ -165,9 +170,10 @@ def build_report(sweep_dir: str | Path, job_dirs: list[Path] | None = None) -> d
                  .sort_values("excluded", kind="stable").reset_index(drop=True))  # a search's uncounted jobs last
     label_of = {j["setting"]: lab for j, lab in zip(jobs, labels)}
     settings = [{**e, "label": label_of[e["setting"]]} for e in summarise([j for j in jobs if j["summary"]])]
+    folds, curves = walk_forward([j for j in jobs if j["summary"]])
     return {"sweep_dir": str(sweep_dir), "selection": {"metric": metric, "lower_is_better": lower},
-            "common_overrides": common, "swept": swept, "jobs": frame, "settings": settings, "plots": [],
-            "warnings": warnings, "_job_info": list(zip(jobs, labels))}
+            "common_overrides": common, "swept": swept, "jobs": frame, "settings": settings, "walk_forward": folds,
+            "plots": [], "warnings": warnings, "_job_info": list(zip(jobs, labels)), "_walk_forward_curves": curves}
 
 
 def _pct(v: float) -> str:
@@ -225,6 +231,10 @@ def _markdown(report: dict[str, Any]) -> str:
                  ("; the ensemble is the seeds' per-bar test returns averaged into one portfolio; the ensemble policy "
                   "(a population's seeds acting as one agent, eval.ensemble) is walked once" if trading else "") +
                  ".\n\n" + settings + "\n")
+    if report.get("walk_forward"):
+        head += ("## Walk-forward\n\nEach fold trains on the bars before its validation block and tests on its own "
+                 "block; the concatenated row chains the folds' test curves per seed (walk_forward.csv), means over "
+                 "seeds.\n\n" + walk_forward_markdown(report["walk_forward"]) + "\n")
     body = "## Jobs\n\n" + jobs_markdown(report)
     plots = "".join(f"\n![{Path(p).stem}]({p})\n" for p in report["plots"])
     notes = "".join(f"- {w}\n" for w in report["warnings"])
@@ -238,6 +248,9 @@ def _write_tables(sweep_dir: Path, report: dict[str, Any]) -> None:
     write_json_atomic(sweep_dir / "report.json", {**public, "jobs": frame.astype(object).where(frame.notna(), None)
                                                   .to_dict("records")})
     write_text_atomic(sweep_dir / "report.md", _markdown(report))
+    curves = report.get("_walk_forward_curves")
+    if curves is not None and not curves.empty:
+        write_text_atomic(sweep_dir / "walk_forward.csv", curves.to_csv(index=False))
 
 
 def _slug(text: str) -> str:

@@ -31,6 +31,11 @@ class SplitConfig:
     ``val_start`` and ``test_start`` are set (ISO date/time strings) they win over the
     fractions; the validation split then starts at the first bar at or after ``val_start``
     and the test split at the first bar at or after ``test_start``.
+
+    Walk-forward (``folds`` K > 1, ``fold`` k in [0, K)): the test split above is cut into K
+    blocks of (nearly) equal rows; fold k tests on block k, validates on the val split's number of
+    rows just before it, trains on every row before that, and its data ends where block k ends
+    (:func:`foxdqn.data.splits.split_rows`; docs/backtest.md#walk-forward).
     """
 
     train: float = 0.70  # fraction of the rows, chronologically first
@@ -39,6 +44,8 @@ class SplitConfig:
     # ISO dates, set both or neither: val / test start at the first bar at or after them (wins over fractions)
     val_start: Optional[str] = None
     test_start: Optional[str] = None  # see val_start
+    folds: int = 1  # walk-forward: the test split cut into this many blocks, one per fold (1 = no walk-forward)
+    fold: int = 0  # walk-forward: this run's block, 0 .. folds-1 (expanding train, val just before the block)
 
     @property
     def by_dates(self) -> bool:
@@ -47,6 +54,11 @@ class SplitConfig:
 
     def validate(self, prefix: str = "data.split") -> None:
         """Raise :class:`ConfigError` naming the first bad field (``<prefix>.<field>``)."""
+        if isinstance(self.folds, bool) or not isinstance(self.folds, int) or self.folds < 1:
+            raise ConfigError(f"{prefix}.folds must be an integer >= 1 (walk-forward blocks), got {self.folds!r}")
+        if isinstance(self.fold, bool) or not isinstance(self.fold, int) or not 0 <= self.fold < self.folds:
+            raise ConfigError(f"{prefix}.fold must be an integer from 0 to {prefix}.folds - 1 = {self.folds - 1}, "
+                              f"got {self.fold!r}")
         if (self.val_start is None) != (self.test_start is None):
             raise ConfigError(
                 f"{prefix}.val_start and {prefix}.test_start must be set together (both ISO "

@@ -109,8 +109,9 @@ def load_market_data(cfg: DataConfig, window: int, episode_length: int = 1) -> M
                              for key, value in params.items())
         market = market_data_from_frame(generated.bars, cfg, window, episode_length,
                                         source=f"{cfg.name} (generated: {spec.description}; {settings})")
-        return dataclasses.replace(market, expected_return=generated.expected_return,
-                                   expected_future_return=generated.expected_future_return)
+        keep = len(market.close)  # walk-forward: the fold's rows
+        return dataclasses.replace(market, expected_return=generated.expected_return[:keep],
+                                   expected_future_return=generated.expected_future_return[:keep])
     path = builtin.builtin_path(cfg.name)
     source = f"{cfg.name} ({path})"
     frame = io.read_table(path, spec.timestamp_column)
@@ -149,6 +150,11 @@ def market_data_from_frame(df: pd.DataFrame, cfg: DataConfig, window: int, episo
     validate.check_log_returns(prices, cfg.max_abs_log_return, source, timestamps, names)
     validate.check_increasing(timestamps, source, columns.timestamp_name)
     rows = splits.split_rows(timestamps, cfg.split, source)
+    keep = splits.fold_end(rows)  # walk-forward: the rows after this fold's test block are dropped
+    if keep < len(timestamps):
+        timestamps = timestamps[:keep]
+        prices = {key: values[:keep] for key, values in prices.items()}
+        volume = None if volume is None else volume[:keep]
     for warning in calendar.check_spacing(
             timestamps, source, columns.timestamp_name, on_frequency_change=cfg.on_frequency_change,
             on_gaps=cfg.on_gaps, max_gap_bars=cfg.max_gap_bars, splits=rows):

@@ -10,6 +10,13 @@ rows.
   the data: ``first timestamp < val_start < test_start <= last timestamp``. A date without a time
   zone is taken in the data's time zone; for time-zone-naive data a zoned date is converted to UTC.
 
+Walk-forward (``data.split.folds`` K > 1): the test split ``[b, T)`` found above is cut into K
+blocks, block k ``[b_k, b_{k+1})`` with ``b_k = b + round(k (T - b) / K)``; fold
+``data.split.fold`` = k tests on block k, validates on the ``V`` rows before it (``V`` the val
+split's rows above) and trains on ``[0, b_k - V)``: an expanding window. The rows after block k
+are not part of fold k's data (:func:`fold_end`), so nothing of the future is even loaded. The K
+test blocks together are the test split of the run without folds.
+
 Minimum rows (:func:`required_rows`): the train split needs ``window + episode_length`` rows (the
 first observation window of W bars, then ``episode_length`` steps each moving one bar on); val and
 test need 2 rows each (one step; their first observation window may reach W-1 bars back into the
@@ -39,7 +46,18 @@ def split_rows(timestamps: pd.DatetimeIndex, split: SplitConfig, source: str) ->
         val_idx = int(round(n * split.train))
         test_idx = int(round(n * (split.train + split.val)))
     val_idx, test_idx = min(max(val_idx, 0), n), min(max(test_idx, 0), n)
+    if split.folds > 1:
+        start = test_idx + int(round(split.fold * (n - test_idx) / split.folds))
+        end = test_idx + int(round((split.fold + 1) * (n - test_idx) / split.folds))
+        val_rows = test_idx - val_idx
+        return {"train": (0, start - val_rows), "val": (start - val_rows, start), "test": (start, end)}
     return {"train": (0, val_idx), "val": (val_idx, test_idx), "test": (test_idx, n)}
+
+
+def fold_end(rows: dict[str, tuple[int, int]]) -> int:
+    """The number of rows a run's data keeps: the end of its test split (all rows without
+    walk-forward; the end of the fold's block with it)."""
+    return rows["test"][1]
 
 
 def required_rows(window: int, episode_length: int) -> dict[str, int]:

@@ -127,3 +127,50 @@ def test_bars_per_year_override(hourly):
     assert build(hourly).bars_per_year == 252 * 24
     assert build(hourly, bars_per_year=8766.0).bars_per_year == 8766.0
     assert np.isfinite(build(hourly).features).all()
+
+
+def test_walk_forward_folds_cut_the_test_split_into_blocks(hourly):
+    """100 rows, 70/15/15: the test split [85, 100) in 3 blocks of 5 rows; fold k validates on the 15
+    rows before its block, trains on everything before, and keeps no row after its block."""
+    plain = build(hourly)
+    expected = [{"train": (0, 70), "val": (70, 85), "test": (85, 90)},
+                {"train": (0, 75), "val": (75, 90), "test": (90, 95)},
+                {"train": (0, 80), "val": (80, 95), "test": (95, 100)}]
+    for k, rows in enumerate(expected):
+        data = build(hourly, split=SplitConfig(folds=3, fold=k))
+        assert data.splits == rows
+        assert len(data.close) == len(data.timestamps) == rows["test"][1]  # the future is not even loaded
+        np.testing.assert_array_equal(data.close, plain.close[:rows["test"][1]])
+        assert data.timestamps[-1] == plain.timestamps[rows["test"][1] - 1]
+    assert [build(hourly, split=SplitConfig(folds=4, fold=k)).splits["test"] for k in range(4)] == \
+        [(85, 89), (89, 93), (93, 96), (96, 100)]  # 15 rows in 4 blocks: 85 + round(15 k / 4), nothing lost
+
+
+def test_walk_forward_with_split_dates(hourly):
+    split = dict(val_start="2020-01-03", test_start="2020-01-04 06:30")  # val [48, 79), test [79, 100)
+    rows = build(hourly, split=SplitConfig(**split, folds=3, fold=1)).splits
+    assert rows == {"train": (0, 55), "val": (55, 86), "test": (86, 93)}
+
+
+def test_walk_forward_fold_settings_are_checked(hourly):
+    for kwargs, message in (({"folds": 0}, "data.split.folds must be an integer >= 1"),
+                            ({"folds": 2, "fold": 2}, "data.split.fold must be an integer from 0 to"),
+                            ({"folds": 3, "fold": -1}, "data.split.fold must be an integer from 0 to"),
+                            ({"folds": True}, "data.split.folds must be an integer >= 1")):
+        with pytest.raises(ConfigError, match=message):
+            build(hourly, split=SplitConfig(**kwargs))
+    with pytest.raises(DataError, match="the test split has 1 rows"):  # 15 test rows in 10 blocks: one of 1 row
+        build(hourly, split=SplitConfig(folds=10, fold=1))
+
+
+def test_walk_forward_truncates_a_generated_market_with_its_oracle():
+    from foxdqn.data import load_market_data
+    from foxdqn.data.config import SyntheticConfig
+
+    cfg = DataConfig(name="ar1_1h", synthetic=SyntheticConfig(bars=3000), split=SplitConfig(folds=2, fold=0))
+    full = load_market_data(DataConfig(name="ar1_1h", synthetic=SyntheticConfig(bars=3000)), window=8,
+                            episode_length=16)
+    fold = load_market_data(cfg, window=8, episode_length=16)
+    end = fold.splits["test"][1]
+    assert end < len(full.close) and len(fold.expected_future_return) == len(fold.expected_return) == end
+    np.testing.assert_array_equal(fold.expected_future_return, full.expected_future_return[:end])
