@@ -14,10 +14,20 @@ train_s (the training time the summaries report, shared by a population's member
 the jobs, from its log line "N jobs checked in X s"), host_s (wall_s − train_s: start-up,
 composition, checks, evaluation and reports), greedy return or test Sharpe per member (mean, min,
 max), jobs that failed.
+
+Beside each ``cartpole_cleanrl`` population row runs the JAX peer (``launcher=jax_peer``,
+:mod:`bench.peers.jax_dqn_cartpole`: PureJaxRL's DQN with the same settings, read from the same
+composed config, P seeds vmapped in one jit) as its own process, timed the same way: from the
+command to its result file. Its ``train_s`` counts its compile (``compile_s``: training and
+evaluation compiled ahead of time), like foxdqn's counts its warm-up and graph capture. It needs
+``pip install -e '.[peers]'`` (jax, flax, optax, gymnax, flashbax) in the interpreter that runs
+it (``FOXDQN_PEER_PYTHON``, default this one); without them the section prints one line and runs
+on without it. ``table`` adds the foxdqn / peer ratios of the rows of one run.
 """
 from __future__ import annotations
 
 import json
+import os
 import re
 import subprocess
 import sys
@@ -31,6 +41,9 @@ import numpy as np
 CASES = {"cartpole_cleanrl": (1, 16, 128, 512), "eurusd_dqn": (1, 8, 64)}
 CPU_CASES = {"cartpole_cleanrl": (2,), "eurusd_dqn": (2,)}  # with debug=smoke
 BASIC_JOBS = 2
+#: The experiment the JAX peer runs beside (bench/peers/jax_dqn_cartpole.py), its launcher column.
+PEER_EXPERIMENT, PEER = "cartpole_cleanrl", "jax_peer"
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def sweep(experiment: str, members: int, launcher: str, graph: str, extra: list[str] = ()) -> dict:
@@ -73,8 +86,82 @@ def sweep(experiment: str, members: int, launcher: str, graph: str, extra: list[
     return row
 
 
+def peer_python() -> str:
+    """The interpreter that runs the JAX peer: ``FOXDQN_PEER_PYTHON`` (a venv with the peers extra
+    beside foxdqn's), else this one."""
+    return os.environ.get("FOXDQN_PEER_PYTHON") or sys.executable
+
+
+def peer_missing(python: str | None = None) -> list[str]:
+    """The JAX peer's packages that ``python`` (default :func:`peer_python`) cannot import."""
+    from bench.peers import JAX_PEER_MODULES, missing
+
+    python = python or peer_python()
+    if python == sys.executable:
+        return missing(JAX_PEER_MODULES)
+    probe = ("import sys; from importlib.util import find_spec; "
+             "print(' '.join(m for m in sys.argv[1:] if find_spec(m) is None))")
+    try:
+        proc = subprocess.run([python, "-c", probe, *JAX_PEER_MODULES], capture_output=True, text=True)
+    except OSError as exc:
+        return [f"{python} ({type(exc).__name__})"]
+    return proc.stdout.split() if proc.returncode == 0 else [f"{python} (exit {proc.returncode})"]
+
+
+def peer_settings(experiment: str, extra: list[str] = ()):
+    """The JAX peer's :class:`~bench.peers.jax_dqn_cartpole.Settings` for ``experiment`` composed with
+    ``extra`` (so the peer trains what the foxdqn rows train), or None: not the peer's experiment,
+    or a package missing (then one line on stderr says which)."""
+    if experiment != PEER_EXPERIMENT:
+        return None
+    absent = peer_missing()
+    if absent:
+        print(f"population section: JAX peer skipped, {', '.join(absent)} not importable "
+              f"(pip install -e '.[peers]')", file=sys.stderr)
+        return None
+    from bench.peers.jax_dqn_cartpole import settings_from_config
+    from foxdqn.compose import load_config
+
+    return settings_from_config(load_config([f"+experiment={experiment}", *extra]))
+
+
+def peer_row(members: int, settings) -> dict:
+    """Run the JAX peer on seeds 0..members-1 as a subprocess (JAX allocating GPU memory as it goes, so
+    that it leaves room for others); the row, timed from the command to its result file."""
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "peer.json"
+        cmd = [peer_python(), "-m", "bench.peers.jax_dqn_cartpole", "--seeds", str(members),
+               "--settings", settings.to_json(), "--out", str(out)]
+        env = {**os.environ, "XLA_PYTHON_CLIENT_PREALLOCATE": "false"}
+        start = time.time()
+        proc = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=ROOT)
+        wall = (out.stat().st_mtime if out.is_file() else time.time()) - start
+        result = json.loads(out.read_text()) if out.is_file() else None
+    return peer_result_row(members, result, wall, proc.returncode, proc.stderr)
+
+
+def peer_result_row(members: int, result: dict | None, wall: float, rc: int = 0, stderr: str = "") -> dict:
+    """The section's row of one JAX peer run: ``result`` as ``jax_dqn_cartpole.train`` returns it
+    (None: the run failed; ``stderr``'s last line is the note), ``wall`` seconds from the command."""
+    row = {"section": "population", "experiment": PEER_EXPERIMENT, "launcher": PEER, "graph": "jit",
+           "members": members, "jobs_run": members, "failed": 0 if result else members, "rc": rc}
+    if not result:
+        row["note"] = stderr.strip().splitlines()[-1][:200] if stderr.strip() else "no result"
+        return row
+    row.update(
+        wall_s=round(wall, 2), wall_per_job_s=round(wall / members, 3), train_s=result["train_s"],
+        compile_s=result["compile_s"], host_s=round(wall - result["train_s"], 2),
+        env_steps_per_s=result["env_steps_per_s"], env_steps_per_s_run=result["env_steps_per_s_run"],
+        metric="mean_return", metric_mean=result["return_mean"], metric_min=result["return_min"],
+        metric_max=result["return_max"],
+        note=f"JAX peer, jax {result['jax']} on {result['device']}: {result['settings']['eval_episodes']} greedy "
+             f"episodes per seed; train_s = {result['compile_train_s']:g} s compile + {result['run_s']:g} s run")
+    return row
+
+
 def rows(device: str, only: tuple[str, ...] | None = None):
-    """The section's rows, one at a time (each a finished multirun); ``only``: these experiments.
+    """The section's rows, one at a time (each a finished multirun, or a JAX peer run after the
+    ``cartpole_cleanrl`` row of the same P); ``only``: these experiments.
     Eager rows (``graph=off``) run for the trading experiment only on CUDA: 50,000 eager CartPole
     iterations take minutes and say nothing the captured rows do not."""
     cases = CASES if device == "cuda" else CPU_CASES
@@ -82,8 +169,11 @@ def rows(device: str, only: tuple[str, ...] | None = None):
     for experiment, counts in cases.items():
         if only and experiment not in only:
             continue
+        peer = peer_settings(experiment, extra)
         for members in counts:
             yield sweep(experiment, members, "population", "auto", extra)
+            if peer is not None:  # right after the foxdqn row of the same P: a cut run keeps both
+                yield peer_row(members, peer)
             if device == "cuda" and experiment != "cartpole_cleanrl" and members <= 8:
                 yield sweep(experiment, members, "population", "off", extra)
         yield sweep(experiment, max(counts), "basic", "auto", extra)
@@ -92,7 +182,8 @@ def rows(device: str, only: tuple[str, ...] | None = None):
 def table(df) -> str:
     """Markdown: every row, and population vs basic launcher wall time as a ratio."""
     cols = [c for c in ("experiment", "launcher", "graph", "members", "wall_s", "wall_per_job_s", "train_s",
-                        "check_s", "host_s", "env_steps_per_s", "metric", "metric_mean", "metric_min", "metric_max", "failed", "note")
+                        "compile_s", "check_s", "host_s", "env_steps_per_s", "metric", "metric_mean", "metric_min",
+                        "metric_max", "failed", "note")
             if c in df]
     text = "## population: a seed sweep as one population vs one job after another\n\n" + \
         df[cols].to_markdown(index=False, floatfmt=".4g")
@@ -110,4 +201,33 @@ def table(df) -> str:
         text += ("\n\n## population: basic launcher wall time / population wall time (same jobs)\n\n"
                  "| experiment | jobs | basic wall s | population wall s | ratio |\n|---|---|---|---|---|\n" +
                  "\n".join(lines))
-    return text
+    peer = peer_table(df)
+    return text + ("\n\n" + peer if peer else "")
+
+
+def peer_table(df) -> str:
+    """Markdown: foxdqn's population rows of ``PEER_EXPERIMENT`` against the JAX peer's rows of the
+    same P, from one run of the section; "" where no P has both."""
+    if "launcher" not in df or "wall_s" not in df:
+        return ""
+    g = df[df.experiment == PEER_EXPERIMENT]
+    ours = g[(g.launcher == "population") & (g.graph != "off")].drop_duplicates("members", keep="last")
+    peer = g[g.launcher == PEER].drop_duplicates("members", keep="last")
+    pairs = ours.merge(peer, on="members", suffixes=("", "_peer")).sort_values("members")
+    pairs = pairs[pairs.wall_s.notna() & pairs.wall_s_peer.notna()]
+    if not len(pairs):
+        return ""
+    fmt = lambda v: "" if v != v else f"{v:.4g}"  # noqa: E731 (NaN: empty)
+    lines = [f"| {int(r.members)} | {fmt(r.wall_s)} | {fmt(r.wall_s_peer)} | {fmt(r.wall_s / r.wall_s_peer)} | "
+             f"{fmt(r.env_steps_per_s)} | {fmt(r.env_steps_per_s_peer)} | "
+             f"{fmt(r.env_steps_per_s / r.env_steps_per_s_peer)} | {fmt(r.compile_s_peer)} | "
+             f"{fmt(r.metric_mean)} | {fmt(r.metric_mean_peer)} |" for r in pairs.itertuples()]
+    return (f"## population: foxdqn / JAX peer ({PEER_EXPERIMENT}, same settings, same device, one run)\n\n"
+            "The peer is PureJaxRL's DQN (bench/peers/jax_dqn_cartpole.py), its seeds vmapped in one jit. Wall: "
+            "from the command to the last result (foxdqn: the last summary.json; the peer: its result file), "
+            "compile included; wall foxdqn/peer > 1: the peer finished sooner. Env steps/s: training throughput, "
+            "the peer's with its compile counted in (foxdqn's with its warm-up and capture); foxdqn/peer > 1: "
+            "foxdqn trained faster. Greedy return: mean over seeds.\n\n"
+            "| members | foxdqn wall s | peer wall s | wall foxdqn/peer | foxdqn env steps/s | peer env steps/s | "
+            "env steps/s foxdqn/peer | peer compile s | foxdqn greedy return | peer greedy return |\n"
+            "|---|---|---|---|---|---|---|---|---|---|\n" + "\n".join(lines))

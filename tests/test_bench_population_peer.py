@@ -1,0 +1,168 @@
+"""The JAX peer of ``make bench`` section population (bench/peers/, bench/population_bench.py), without
+JAX: its settings read from cartpole_cleanrl's composed config, the one-line skip when a package is
+missing, where its rows go, and the foxdqn / peer ratio table from hand-made rows. The peer's own
+training is tested in tests/test_bench_jax_peer.py (skipped without the peers extra)."""
+import os
+import sys
+
+import pandas as pd
+import pytest
+
+import bench.peers
+from bench import population_bench as pb
+from bench.peers.jax_dqn_cartpole import Settings, main, settings_from_config
+from foxdqn.compose import load_config
+
+
+def test_defaults_are_cartpole_cleanrl_and_cleanrl_s_settings():
+    """The CLI's defaults are the composed cartpole_cleanrl config's, and those are CleanRL's CartPole DQN
+    (cleanrl/dqn.py): 500k steps, buffer 10k, batch 128, lr 2.5e-4, γ 0.99, ε 1 → 0.05 over half the
+    run, hard target copy every 500 steps, learning from 10k steps, an update every 10 steps, 120-84."""
+    s = settings_from_config(load_config(["+experiment=cartpole_cleanrl"]))
+    assert s == Settings()
+    assert (s.total_env_steps, s.num_envs, s.buffer_size, s.batch_size, s.lr, s.gamma) == \
+        (500_000, 10, 10_000, 128, 2.5e-4, 0.99)
+    assert (s.eps_start, s.eps_end, s.eps_anneal_steps) == (1.0, 0.05, 250_000)
+    assert (s.target_period, s.learning_starts, s.train_interval, s.hidden) == (500, 10_000, 10, (120, 84))
+    assert s.eval_episodes == 100 and s.iterations == 50_000
+
+
+def test_settings_follow_the_overrides_and_debug_caps():
+    """What the bench passes on CPU (debug=smoke) and any override reach the peer."""
+    s = settings_from_config(load_config(["+experiment=cartpole_cleanrl", "debug=smoke", "optim.lr=1e-3",
+                                          "target.period=20", "env.num_envs=8"]))
+    assert (s.total_env_steps, s.batch_size, s.learning_starts, s.buffer_size, s.hidden) == \
+        (4096, 64, 512, 8192, (64, 64))
+    assert (s.lr, s.num_envs, s.train_interval, s.target_period, s.eps_anneal_steps) == (1e-3, 8, 8, 160, 2048)
+
+
+def test_a_config_the_peer_cannot_train_is_refused_by_name():
+    cfg = load_config(["+experiment=cartpole_cleanrl", "replay.n_step=3", "target.update=polyak",
+                       "agent.updates_per_iter=2"])
+    with pytest.raises(ValueError) as err:
+        settings_from_config(cfg)
+    for key in ("replay.n_step=3", "target.update='polyak'", "agent.updates_per_iter=2"):
+        assert key in str(err.value)
+
+
+def test_settings_json_round_trip_and_unknown_keys():
+    s = Settings(total_env_steps=2000, hidden=(8, 4))
+    assert Settings.from_json(s.to_json()) == s
+    assert Settings.from_json('{"lr": 0.001}') == Settings(lr=0.001)
+    with pytest.raises(ValueError, match="unknown keys"):
+        Settings.from_json('{"learning_rate": 0.001}')
+
+
+def test_missing_finds_modules_without_importing_them():
+    assert bench.peers.missing(("json", "no_such_module_for_foxdqn")) == ["no_such_module_for_foxdqn"]
+    assert set(bench.peers.JAX_PEER_MODULES) == {"jax", "flax", "optax", "gymnax", "flashbax"}
+
+
+def test_peer_missing_asks_another_interpreter(monkeypatch):
+    """FOXDQN_PEER_PYTHON: the probe runs in that interpreter; one that cannot run is named."""
+    monkeypatch.setattr(bench.peers, "JAX_PEER_MODULES", ("json", "no_such_module_for_foxdqn"))
+    other = os.path.realpath(sys.executable)
+    assert pb.peer_missing(other) == ["no_such_module_for_foxdqn"]
+    assert pb.peer_missing("/no/such/python") == ["/no/such/python (FileNotFoundError)"]
+    monkeypatch.setenv("FOXDQN_PEER_PYTHON", "/no/such/python")
+    assert pb.peer_python() == "/no/such/python"
+
+
+def test_skip_is_one_line_and_no_row(monkeypatch, capsys):
+    """A missing package: one line on stderr, no peer row, the foxdqn rows as before."""
+    monkeypatch.setattr(pb, "peer_missing", lambda python=None: ["gymnax", "flashbax"])
+    monkeypatch.setattr(pb, "sweep", lambda experiment, members, launcher, graph, extra=(): {
+        "section": "population", "experiment": experiment, "launcher": launcher, "members": members})
+    monkeypatch.setattr(pb, "peer_row", lambda *a: pytest.fail("the peer ran"))
+    rows = list(pb.rows("cpu"))
+    assert [r["launcher"] for r in rows] == ["population", "basic"] * 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == ["population section: JAX peer skipped, gymnax, flashbax not importable "
+                   "(pip install -e '.[peers]')"]
+
+
+def test_skip_in_this_environment_when_jax_is_absent(capsys):
+    """The real check: where the peers extra is not installed (foxdqn's own test venv), no error."""
+    absent = pb.peer_missing()
+    settings = pb.peer_settings("cartpole_cleanrl", ["debug=smoke"])
+    if absent:
+        assert settings is None
+        assert len(capsys.readouterr().err.strip().splitlines()) == 1
+    else:
+        assert settings.total_env_steps == 4096
+    assert pb.peer_settings("eurusd_dqn") is None  # not the peer's experiment: no check, no line
+
+
+def test_cli_without_the_packages_says_so_in_one_line(monkeypatch, capsys):
+    monkeypatch.setattr(bench.peers, "missing", lambda modules=None: ["jax"])
+    assert main(["--seeds", "2"]) == 3
+    assert capsys.readouterr().err.strip().splitlines() == [
+        "JAX peer: jax not installed (pip install -e '.[peers]')"]
+
+
+def test_peer_rows_follow_the_foxdqn_row_of_the_same_size(monkeypatch):
+    monkeypatch.setattr(pb, "peer_missing", lambda python=None: [])
+    monkeypatch.setattr(pb, "sweep", lambda experiment, members, launcher, graph, extra=(): {
+        "experiment": experiment, "launcher": launcher, "graph": graph, "members": members})
+    seen = []
+    monkeypatch.setattr(pb, "peer_row", lambda members, s: seen.append(s) or {"launcher": pb.PEER, "members": members})
+    rows = [(r["launcher"], r["members"]) for r in pb.rows("cuda", only=("cartpole_cleanrl",))]
+    assert rows == [("population", 1), (pb.PEER, 1), ("population", 16), (pb.PEER, 16), ("population", 128),
+                    (pb.PEER, 128), ("population", 512), (pb.PEER, 512), ("basic", 512)]
+    assert all(s == Settings() for s in seen)  # CUDA: cartpole_cleanrl as shipped
+
+
+def _result(seeds, wall_train, compile_s, rate, rate_run, ret):
+    return {"seeds": seeds, "train_s": wall_train, "compile_s": compile_s + 0.5, "compile_train_s": compile_s,
+            "run_s": wall_train - compile_s, "env_steps_per_s": rate, "env_steps_per_s_run": rate_run,
+            "return_mean": ret, "return_min": ret - 10, "return_max": ret + 5, "jax": "0.11.2",
+            "device": "gpu:NVIDIA H200", "settings": {"eval_episodes": 100}}
+
+
+def _frame():
+    def ours(members, wall, train, rate, ret, launcher="population"):
+        return {"section": "population", "experiment": "cartpole_cleanrl", "launcher": launcher, "graph": "auto",
+                "members": members, "wall_s": wall, "wall_per_job_s": wall / members, "train_s": train,
+                "host_s": wall - train, "env_steps_per_s": rate, "metric": "mean_return", "metric_mean": ret,
+                "metric_min": ret, "metric_max": ret, "failed": 0}
+    return pd.DataFrame([
+        ours(16, 40.0, 25.0, 320_000.0, 495.0),
+        pb.peer_result_row(16, _result(16, 12.0, 8.0, 666_666.7, 2e6, 480.0), 20.0),
+        ours(128, 54.0, 23.0, 2.78e6, 495.0), pb.peer_result_row(128, _result(128, 16.0, 9.0, 4e6, 9.1e6, 490.0), 27.0),
+        ours(512, 141.0, 57.0, 4.49e6, 494.0),
+        pb.peer_result_row(512, None, 3.0, rc=1, stderr="Traceback\nRuntimeError: out of memory"),
+        ours(512, 4000.0, 3000.0, 1e5, 495.0, launcher="basic"),
+    ])
+
+
+def test_peer_row_columns():
+    row = pb.peer_result_row(16, _result(16, 12.0, 8.0, 666_666.7, 2e6, 480.0), 20.0)
+    assert (row["launcher"], row["graph"], row["wall_s"], row["train_s"], row["compile_s"], row["host_s"]) == \
+        ("jax_peer", "jit", 20.0, 12.0, 8.5, 8.0)
+    assert (row["metric"], row["metric_mean"], row["failed"], row["env_steps_per_s_run"]) == \
+        ("mean_return", 480.0, 0, 2e6)
+    assert row["note"] == ("JAX peer, jax 0.11.2 on gpu:NVIDIA H200: 100 greedy episodes per seed; "
+                           "train_s = 8 s compile + 4 s run")
+    failed = pb.peer_result_row(512, None, 3.0, rc=1, stderr="Traceback\nRuntimeError: out of memory")
+    assert (failed["failed"], failed["rc"], failed["note"]) == (512, 1, "RuntimeError: out of memory")
+    assert "wall_s" not in failed
+
+
+def test_ratio_table_from_hand_made_rows():
+    text = pb.table(_frame())
+    peer = text[text.index("## population: foxdqn / JAX peer"):]
+    lines = peer.splitlines()
+    assert lines[0] == "## population: foxdqn / JAX peer (cartpole_cleanrl, same settings, same device, one run)"
+    rows = [line for line in lines if line.startswith("| ") and not line.startswith("| members")]
+    assert rows == ["| 16 | 40 | 20 | 2 | 3.2e+05 | 6.667e+05 | 0.48 | 8.5 | 495 | 480 |",
+                    "| 128 | 54 | 27 | 2 | 2.78e+06 | 4e+06 | 0.695 | 9.5 | 495 | 490 |"]  # 512: the peer failed
+    assert "compile_s" in [c.strip() for c in text.splitlines()[2].split("|")]  # the rows' table: peer compile s
+    assert "basic launcher wall time / population wall time" in text  # the existing ratio table stays
+
+
+def test_without_peer_rows_the_tables_are_as_before():
+    df = _frame()
+    df = df[df.launcher != pb.PEER].drop(columns=["compile_s", "env_steps_per_s_run", "note"])
+    text = pb.table(df)
+    assert "JAX peer" not in text and "compile_s" not in text
+    assert pb.peer_table(df) == ""
