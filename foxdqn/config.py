@@ -251,9 +251,12 @@ class ActionConfig:
     """How the network's output becomes an env action (trading: 45 factored actions)."""
 
     mode: ActionMode = ActionMode.factored  # factored | exposure_routed | branching
+    # greedy choice (walks, collect, target argmax) leaves the exposure held only when the Q gain beats
+    #   this × the switch's cost (trading; foxdqn.actions.switch; docs/backtest.md#cost-aware-action-choice); 0 = off
+    switch_margin: float = 0.0
 
     def validate(self) -> None:
-        pass  # the mode's rules join other groups (_cross_checks)
+        _positive(self.switch_margin, "action.switch_margin", allow_zero=True)  # the mode's rules: _cross_checks
 
 
 @dataclass
@@ -648,6 +651,8 @@ def _cross_checks(cfg: TrainConfig) -> None:
              (cfg.model.encoder == "nature_cnn", "model.encoder=nature_cnn reads image observations [C, H, W] "
               "(env.name=gym with an ALE/* env.id)", "gym"),
              (cfg.action.mode != "factored", f"action.mode={cfg.action.mode!r} needs env.name=trading", "trading"),
+             (cfg.action.switch_margin > 0, f"action.switch_margin={cfg.action.switch_margin} prices a change of the "
+              "trading env's exposure (set it to 0 for other envs)", "trading"),
              (cfg.replay.her, "replay.her=true needs a goal-conditioned env (env.name=bitflip)", "bitflip"),
              (cfg.regime.enabled, "regime.enabled=true needs env.name=trading (it weights by the trading env's "
               "volatility regime)", "trading")]

@@ -64,6 +64,9 @@ def test_unknown_key_lists_the_allowed_keys():
     ("action=branching head=c51", "action.mode"),
     ("+experiment=cartpole_dqn action=exposure_routed", "action.mode"),
     ("+experiment=cartpole_dqn model=attention", "model.encoder"),
+    ("action.switch_margin=-1", "action.switch_margin"),
+    ("action.switch_margin=nan", "action.switch_margin"),
+    ("+experiment=cartpole_dqn action.switch_margin=1", "action.switch_margin"),
     ("model=attention model.width=30 model.heads=4", "model.width"),
     ("replay=per replay.alpha=2", "replay.alpha"),
     # unknown keys added with "+", non-finite numbers, schedules that cannot work

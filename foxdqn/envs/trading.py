@@ -64,7 +64,7 @@ sync): results for actions outside ``0..44`` are undefined (an exposure index >=
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING, Callable, NamedTuple
 
 import numpy as np
 import torch
@@ -72,7 +72,7 @@ from torch import Tensor
 
 from foxdqn.errors import ConfigError
 
-from foxdqn.ops.trading_code import CODE_WIDTH
+from foxdqn.ops.trading_code import CODE_EQUITY, CODE_T, CODE_UNITS, CODE_WIDTH
 from foxdqn.ops.trading_observation import trading_observation
 from foxdqn.ops.trading_step import (ACCOUNT_OBS_CLIP, TradingMarket, TradingState, observation_reference,
                                      reset_where_reference, trading_params, trading_step)
@@ -87,7 +87,16 @@ from .trading_hook import TRADING_HOOK
 if TYPE_CHECKING:
     from foxdqn.data import MarketData
 
-__all__ = ["ExecutionConfig", "StepOut", "TradingEnv", "ACCOUNT_OBS_CLIP"]
+__all__ = ["Account", "ExecutionConfig", "StepOut", "TradingEnv", "ACCOUNT_OBS_CLIP"]
+
+
+class Account(NamedTuple):
+    """What :meth:`TradingEnv.account` returns: per account, ``exposure`` (fraction of equity,
+    env dtype), ``held`` (int64 exposure index) and ``spread`` (floored relative spread, env dtype)."""
+
+    exposure: Tensor
+    held: Tensor
+    spread: Tensor
 
 
 class TradingEnv:
@@ -225,6 +234,38 @@ class TradingEnv:
         volatility (``MarketData.volatility``; compare with :attr:`median_volatility`).
         """
         return self._spread[self.t], self._vol[self.t]
+
+    def account(self, code: Tensor | None = None) -> Account:
+        """The position each account holds, and the spread a switch away from it pays
+        (:class:`Account`; sync-free, fixed shapes).
+
+        Args:
+            code: None: the ``N`` envs' current states. Else ``[B, 4]`` state codes
+                (``info["state_code"]`` / ``info["next_state_code"]`` of :meth:`step`, what the replay
+                stores: :mod:`foxdqn.ops.trading_code`) of states of this env's bars.
+
+        Returns:
+            :class:`Account` of ``[N]`` (or ``[B]``) tensors: ``exposure`` (env dtype) =
+            ``units * close_t / max(equity, ruin equity)`` clipped to ``±ACCOUNT_OBS_CLIP``, the
+            observation's exposure value, in fractions of equity; ``held`` (int64) the exposure
+            index held, :attr:`exposure_idx` for the current states; a code does not hold it, so
+            for codes it is the index of the :data:`~foxdqn.envs.actions.EXPOSURES` value nearest
+            ``exposure`` (the lower one on a tie), which is the index held unless the position has
+            drifted more than 0.25 from its nominal exposure since its fill (a short of -1 after the
+            price fell 14 %, of -0.5 after it rose 29 % or fell 40 %, a long of 0.5 after it
+            tripled or fell 67 %); ``spread`` (env dtype) the floored relative spread ``s_t`` of
+            the state's bar, as in :meth:`market_state`.
+        """
+        if code is None:
+            t, units, equity, held = self.t, self.units, self.equity, self.exposure_idx
+        else:
+            t = code[:, CODE_T].long()
+            units, equity, held = code[:, CODE_UNITS].to(self.dtype), code[:, CODE_EQUITY].to(self.dtype), None
+        denom = equity.clamp(min=self.ruin_equity)
+        exposure = (units * self._close[t] / denom).clamp(-ACCOUNT_OBS_CLIP, ACCOUNT_OBS_CLIP)
+        if held is None:
+            held = (exposure.unsqueeze(1) - self._exposures).abs().argmin(dim=1)
+        return Account(exposure, held, self._spread[t])
 
     def draw_step(self) -> Tensor | None:
         """The random draws of the next :meth:`step`, made now: in training mode the ``[N]`` int64

@@ -118,15 +118,22 @@ def build_network(cfg: TrainConfig, env, num_actions: int) -> torch.nn.Module:
     return QNetwork(encoder, head(encoder.out_dim, num_actions))
 
 
-def build_objective(cfg: TrainConfig, online, target, env, generator: torch.Generator):
+def build_objective(cfg: TrainConfig, online, target, env, generator: torch.Generator, switch=None):
     """The loss: head's TD loss (or IQL / branching), plus CQL when ``objective.cql_alpha`` > 0.
     The DQN loss stacks its Double DQN forwards except with ``model.encoder=nature_cnn``
-    (:class:`foxdqn.objectives.dqn.DQNObjective` ``stack_double``)."""
+    (:class:`foxdqn.objectives.dqn.DQNObjective` ``stack_double``). ``switch``: the run's
+    :class:`foxdqn.actions.switch.SwitchPenalty` (``action.switch_margin`` > 0), which the target's
+    argmax then subtracts for the next states of ``env`` (IQL's target has no argmax)."""
     h, o = cfg.head, cfg.objective
+    if switch is not None:
+        from foxdqn.actions.switch import NextStatePenalty
+
+        switch = NextStatePenalty(switch, env)
     if cfg.action.mode == "branching":
         from foxdqn.objectives.branching import BranchingObjective
 
-        objective = BranchingObjective(online, target, double=h.double, huber_delta=cfg.loss.huber_delta)
+        objective = BranchingObjective(online, target, double=h.double, huber_delta=cfg.loss.huber_delta,
+                                       switch=switch)
     elif o.iql:
         from foxdqn.nn.iql_value import IQLValueNetwork
         from foxdqn.objectives.iql import IQLObjective
@@ -136,18 +143,18 @@ def build_objective(cfg: TrainConfig, online, target, env, generator: torch.Gene
     elif h.name == "c51":
         from foxdqn.objectives.c51 import C51Objective
 
-        objective = C51Objective(online, target, double=h.double)
+        objective = C51Objective(online, target, double=h.double, switch=switch)
     elif h.name == "iqn":
         from foxdqn.objectives.iqn import IQNObjective
 
         objective = IQNObjective(online, target, h.num_quantiles, h.num_target_quantiles, h.kappa, generator,
-                                 double=h.double)
+                                 double=h.double, switch=switch)
     else:
         from foxdqn.objectives.dqn import DQNObjective
 
         # image encoder: a stacked [s; s'] forward would double the convolutions' backward and memory
         objective = DQNObjective(online, target, double=h.double, huber_delta=cfg.loss.huber_delta,
-                                 stack_double=cfg.model.encoder != "nature_cnn")
+                                 stack_double=cfg.model.encoder != "nature_cnn", switch=switch)
     if o.cql_alpha > 0:
         from foxdqn.objectives.cql import CQLObjective
 
