@@ -67,6 +67,9 @@ def test_unknown_key_lists_the_allowed_keys():
     ("action.switch_margin=-1", "action.switch_margin"),
     ("action.switch_margin=nan", "action.switch_margin"),
     ("+experiment=cartpole_dqn action.switch_margin=1", "action.switch_margin"),
+    ("data.augment.method=shuffle", "data.augment.method"),
+    ("data.augment.block_length=0.5", "data.augment.block_length"),
+    ("data.augment.paths=0", "data.augment.paths"),
     ("model=attention model.width=30 model.heads=4", "model.width"),
     ("replay=per replay.alpha=2", "replay.alpha"),
     # unknown keys added with "+", non-finite numbers, schedules that cannot work

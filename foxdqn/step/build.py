@@ -17,7 +17,11 @@ def build_env(cfg: TrainConfig, market, split: str, device: torch.device, genera
               num_envs: int | None = None, eval_mode: bool = False):
     """The configured environment (:class:`foxdqn.envs.base.BatchedEnv`). ``market``
     (foxdqn.data.MarketData) and ``split`` (its split name) are used by ``trading`` only.
-    ``num_envs`` defaults to ``env.num_envs`` (1 in ``eval_mode``, a trading walk)."""
+    ``num_envs`` defaults to ``env.num_envs`` (1 in ``eval_mode``, a trading walk). A training
+    trading env (``split="train"``, not ``eval_mode``) with ``data.augment.method`` other than
+    ``none`` walks resampled paths of the training split, built here on ``device``
+    (:func:`foxdqn.data.augment.build_training_paths`, deterministic given ``seed``); every other
+    env walks ``market`` itself."""
     n = num_envs or (1 if eval_mode else cfg.env.num_envs)
     name = cfg.env.name
     if name == "gym":  # a Gymnasium vector env stepped on the host; split != "train": evaluation env
@@ -35,6 +39,10 @@ def build_env(cfg: TrainConfig, market, split: str, device: torch.device, genera
         return BitFlipEnv(n, cfg.env.n_bits, device, generator)
     from foxdqn.envs.trading import TradingEnv
 
+    if split == "train" and not eval_mode and cfg.data.augment.method != "none":
+        from foxdqn.data.augment import build_training_paths
+
+        market = build_training_paths(market, cfg.data, cfg.seed, device)
     return TradingEnv(
         market, split, num_envs=n, window=cfg.env.window, episode_length=cfg.env.episode_length,
         execution=cfg.env.execution, device=device, dtype=ENV_DTYPES[cfg.env.dtype], generator=generator,
