@@ -852,8 +852,9 @@ def total_updates(cfg: TrainConfig) -> int:
 
 def warn_ignored(cfg: TrainConfig) -> list[str]:
     """Log (and return) one warning per setting that the chosen components ignore: keys of a head
-    that is not selected, or ``debug.inject_nan_at_step`` / ``debug.inject_lr_spike_at_step`` past the
-    run's last update."""
+    that is not selected, ``data.augment`` sizes without its method, ``action.switch_margin``'s
+    target part under IQL (no argmax), or ``debug.inject_nan_at_step`` /
+    ``debug.inject_lr_spike_at_step`` past the run's last update."""
     import logging
 
     notes = []
@@ -866,6 +867,14 @@ def warn_ignored(cfg: TrainConfig) -> list[str]:
             if changed:
                 notes.append(f"head.{', head.'.join(changed)} set but head.name={cfg.head.name!r}: ignored "
                              f"(they belong to head={head})")
+    aug, default_aug = cfg.data.augment, type(cfg.data.augment)()
+    changed = [k for k in ("block_length", "paths") if getattr(aug, k) != getattr(default_aug, k)]
+    if aug.method == "none" and changed and cfg.env.name == "trading":
+        notes.append(f"data.augment.{', data.augment.'.join(changed)} set but data.augment.method='none': ignored "
+                     "(they belong to data.augment.method=block_bootstrap)")
+    if cfg.action.switch_margin > 0 and cfg.objective.iql:
+        notes.append("action.switch_margin with objective.iql=true: IQL's target bootstraps V(s') and has no argmax; "
+                     "the margin changes the acting only")
     for key, what in (("inject_nan_at_step", "no NaN will be injected"),
                       ("inject_lr_spike_at_step", "no learning-rate spike will be injected")):
         at = getattr(cfg.debug, key)

@@ -114,6 +114,14 @@ def test_ignored_settings_are_warned(caplog):
     with caplog.at_level("WARNING", logger="foxdqn.config"):
         load_config(["+experiment=eurusd_c51", "debug=smoke"])
     assert caplog.text == ""
+    with caplog.at_level("WARNING", logger="foxdqn.config"):
+        load_config(["data.augment.paths=4", "objective=iql", "action.switch_margin=1"])
+    assert "data.augment.paths set but data.augment.method='none': ignored" in caplog.text
+    assert "action.switch_margin with objective.iql=true" in caplog.text
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="foxdqn.config"):
+        load_config(["data.augment.method=block_bootstrap", "data.augment.paths=4", "action.switch_margin=1"])
+    assert caplog.text == ""
 
 
 def test_experiment_names_are_the_files_of_conf_experiment():

@@ -304,3 +304,28 @@ def test_next_state_penalty_needs_codes():
     p = NextStatePenalty(SwitchPenalty(1.0, 100.0, "factored", "cpu"), env)
     with pytest.raises(ValueError, match="next_code"):
         p(batch_of(3, 4, 0))
+
+
+@pytest.mark.parametrize("action", ["factored", "branching"])
+def test_the_options_keep_the_loop_sync_free(monkeypatch, action):
+    """With action.switch_margin and data.augment the steady-state iteration and a greedy walk step
+    read nothing back (the CUDA graphs capture them; tests/step/test_no_sync.py's check)."""
+    from foxdqn.step.build import build_env
+    from foxdqn.step.iteration import Iteration
+
+    from support import forbid_syncs
+
+    s, market = small_state([f"action={action}", "action.switch_margin=2", "data.augment.method=block_bootstrap",
+                             "data.augment.paths=3"])
+    collect, full = Iteration(s, use_graph=False, updates=0), Iteration(s, use_graph=False)
+    for _ in range(4):
+        collect()
+    full()
+    walk = build_env(s.cfg, market, "val", s.device, torch.Generator().manual_seed(0), eval_mode=True)
+    obs = walk.reset_all()
+    with monkeypatch.context() as m:
+        forbid_syncs(m)
+        for _ in range(3):
+            full()
+            walk.step((s.nets.online(obs.float()) - s.rollout.switch(walk)).argmax(1))
+    assert int(s.updates) == 4 * s.cfg.agent.updates_per_iter
