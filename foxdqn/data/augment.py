@@ -18,7 +18,7 @@ With ``data.augment.method: block_bootstrap`` a run builds, at its start and on 
   medians are the source's, as for the unaugmented run.
 
 The draws come from a CPU ``torch.Generator`` seeded from the run's seed (:func:`path_seed`): the
-same paths on every machine for one seed; the arithmetic runs on the run's device. Validation and
+same source bars on every machine for one seed; the arithmetic runs on the run's device. Validation and
 test walk the source market (:func:`foxdqn.step.build.build_env` augments only the training env).
 The training env (:class:`foxdqn.envs.trading.TradingEnv`) lays the paths end to end and starts
 each episode on one path drawn uniformly, at a bar from which its ``L``-step episode stays inside

@@ -33,7 +33,7 @@ def stationary_bootstrap_indices(n: int, length: int, paths: int, mean_block: fl
         paths: resampled paths, >= 1.
         mean_block: mean block length, >= 1 (1: every item drawn on its own, the i.i.d. bootstrap).
         generator: the ``torch.Generator`` the draws come from (its device is where they are made;
-            a CPU generator gives the same paths on every machine for one seed).
+            a CPU generator gives the same indices on every machine for one seed).
 
     Returns:
         ``(index, starts)``: int64 ``[paths, length]`` source items in ``0 .. n-1``, and bool
