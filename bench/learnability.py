@@ -12,7 +12,8 @@ into ``OUT/E/MARKET``: the seeds of an experiment that a population supports tra
 population in one process, the others one after another in the same launcher. ``--parallel``
 (default 2 on CUDA, 1 on CPU) such multiruns run at a time. The extra overrides after ``--`` go to
 every run (``data.synthetic.*`` keys are refused on the real markets: pass them only with
-``--markets`` of generated ones).
+``--markets`` of generated ones); issue 34's options are such overrides (``action.switch_margin=M``,
+``data.augment.method=block_bootstrap``; docs/bench.md#learnability has the commands).
 
 Then each job's ``eval/summary.json`` (the test split) is read and one table is written,
 ``RESULTS/<date>_<gpu>_learnability[-tag].md`` and ``.json`` (the GPU name and torch/triton versions

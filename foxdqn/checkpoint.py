@@ -28,7 +28,8 @@ so that a crash or a full disk never leaves a partial file or a ``.tmp`` behind)
   its parts (env state, schedules, device accumulators, guard and Q-monitor state, target-update
   parameters, PER tree, pruning masks, the observation to act on), each tensor once, keyed by its
   attribute path (e.g. ``monitors.guard.acc``, ``rollout.obs``); the replay memory only with
-  ``save_replay`` (it is most of the run's memory);
+  ``save_replay`` (it is most of the run's memory); not the bars of resampled training paths
+  (``env.rebuilt_tensors``, ``data.augment``), which a resumed run rebuilds from its config;
 * ``generators``: the state of the run's ``torch.Generator`` and of torch's global CPU/CUDA RNGs;
 * ``loop``: the host loop's own state as plain data (the early stopper's and the collapse
   monitor's ``state_dict``, ...);
@@ -107,6 +108,8 @@ def state_tensors(state, save_replay: bool = True) -> dict[str, torch.Tensor]:
         seen.update(id(t) for t in module.buffers())
     if not save_replay:
         seen.update(id(t) for _, t in _walk(state.replay, "replay", set()))
+    # bars the env rebuilds from the config (resampled training paths: foxdqn.data.augment)
+    seen.update(id(t) for t in getattr(state.rollout.env, "rebuilt_tensors", ()))
     out: dict[str, torch.Tensor] = {}
     for field in dataclasses.fields(state):
         if field.name in _OWN:

@@ -252,9 +252,12 @@ class ActionConfig:
     """How the network's output becomes an env action (trading: 45 factored actions)."""
 
     mode: ActionMode = ActionMode.factored  # factored | exposure_routed | branching
+    # greedy choice (walks, collect, target argmax) leaves the exposure held only when the Q gain beats
+    #   this × the switch's cost (trading; foxdqn.actions.switch; docs/backtest.md#cost-aware-action-choice); 0 = off
+    switch_margin: float = 0.0
 
     def validate(self) -> None:
-        pass  # the mode's rules join other groups (_cross_checks)
+        _positive(self.switch_margin, "action.switch_margin", allow_zero=True)  # the mode's rules: _cross_checks
 
 
 @dataclass
@@ -651,6 +654,8 @@ def _cross_checks(cfg: TrainConfig) -> None:
              (cfg.model.encoder == "nature_cnn", "model.encoder=nature_cnn reads image observations [C, H, W] "
               "(env.name=gym with an ALE/* env.id)", "gym"),
              (cfg.action.mode != "factored", f"action.mode={cfg.action.mode!r} needs env.name=trading", "trading"),
+             (cfg.action.switch_margin > 0, f"action.switch_margin={cfg.action.switch_margin} prices a change of the "
+              "trading env's exposure (set it to 0 for other envs)", "trading"),
              (cfg.replay.her, "replay.her=true needs a goal-conditioned env (env.name=bitflip)", "bitflip"),
              (cfg.regime.enabled, "regime.enabled=true needs env.name=trading (it weights by the trading env's "
               "volatility regime)", "trading")]
@@ -850,8 +855,9 @@ def total_updates(cfg: TrainConfig) -> int:
 
 def warn_ignored(cfg: TrainConfig) -> list[str]:
     """Log (and return) one warning per setting that the chosen components ignore: keys of a head
-    that is not selected, or ``debug.inject_nan_at_step`` / ``debug.inject_lr_spike_at_step`` past the
-    run's last update."""
+    that is not selected, ``data.augment`` sizes without its method, ``action.switch_margin``'s
+    target part under IQL (no argmax), or ``debug.inject_nan_at_step`` /
+    ``debug.inject_lr_spike_at_step`` past the run's last update."""
     import logging
 
     notes = []
@@ -864,6 +870,14 @@ def warn_ignored(cfg: TrainConfig) -> list[str]:
             if changed:
                 notes.append(f"head.{', head.'.join(changed)} set but head.name={cfg.head.name!r}: ignored "
                              f"(they belong to head={head})")
+    aug, default_aug = cfg.data.augment, type(cfg.data.augment)()
+    changed = [k for k in ("block_length", "paths") if getattr(aug, k) != getattr(default_aug, k)]
+    if aug.method == "none" and changed and cfg.env.name == "trading":
+        notes.append(f"data.augment.{', data.augment.'.join(changed)} set but data.augment.method='none': ignored "
+                     "(they belong to data.augment.method=block_bootstrap)")
+    if cfg.action.switch_margin > 0 and cfg.objective.iql:
+        notes.append("action.switch_margin with objective.iql=true: IQL's target bootstraps V(s') and has no argmax; "
+                     "the margin changes the acting only")
     for key, what in (("inject_nan_at_step", "no NaN will be injected"),
                       ("inject_lr_spike_at_step", "no learning-rate spike will be injected")):
         at = getattr(cfg.debug, key)

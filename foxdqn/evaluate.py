@@ -27,7 +27,7 @@ import numpy as np
 import torch
 
 from foxdqn.envs.actions import EXPOSURES, MARKET, NORMAL, compose
-from foxdqn.envs.execution import RUIN_FRACTION
+from foxdqn.envs.execution import RUIN_FRACTION, unit_switch_cost
 from foxdqn.metrics import performance_summary
 from foxdqn.significance import probabilistic_sharpe_ratio, sharpe_confidence_interval
 from foxdqn.step.chunk_graph import CHUNK_STEPS, ChunkGraph
@@ -128,9 +128,8 @@ def oracle_policy(expected_future_return: np.ndarray, device: torch.device):
     long, short = EXPOSURES.index(1.0), EXPOSURES.index(-1.0)
 
     def act(obs, env):
-        ex = env.execution
         spread, _ = env.market_state()
-        cost = spread.to(torch.float64) / 2 + (float(ex.market_slippage_bps[NORMAL]) + float(ex.taker_fee_bps)) * 1e-4
+        cost = unit_switch_cost(spread.to(torch.float64), env.execution)
         g = future[env.t]
         exposure = torch.where(g > cost, long, torch.where(g < -cost, short, env.exposure_idx))
         return compose(exposure, MARKET, NORMAL)
@@ -143,7 +142,9 @@ def evaluate(cfg, market, online: torch.nn.Module, device: torch.device, split: 
     """Run ``policies`` (of agent, buy-and-hold, flat and oracle) on ``split``; the oracle
     (:func:`oracle_policy`) only when ``market.expected_future_return`` is set (a generated market),
     else it is left out. ``action_mode`` maps the network's action to the env's factored action
-    (None: the network acts over the 45 actions).
+    (None: the network acts over the 45 actions). The agent acts greedily: the argmax of its Q, or
+    with ``action.switch_margin`` > 0 of its Q minus the switch penalty of each walk's account
+    (:mod:`foxdqn.actions.switch`).
     ``graph``: on CUDA, capture the walks in a CUDA graph (``online`` and ``action_mode`` must be
     capturable, as they are in training); None: :func:`capture_default`. Ignored on CPU.
 
@@ -161,10 +162,17 @@ def evaluate_agents(cfg, market, online: torch.nn.Module, device: torch.device, 
     eval env of P envs, buy-and-hold, flat and the oracle once. Returns P results in :func:`evaluate`'s format."""
     capturable = capture_default(cfg) if graph is None else bool(graph)
     online.eval()
+    switch = None
+    if cfg.action.switch_margin > 0:  # the greedy choice pays for leaving the position (foxdqn.actions.switch)
+        from foxdqn.actions.switch import SwitchPenalty
+
+        switch = SwitchPenalty(cfg.action.switch_margin, cfg.loss.reward_scale,
+                               None if action_mode is None else action_mode.name, device)
 
     @torch.no_grad()
     def greedy(obs, env):
-        action = online(obs.to(torch.float32)).argmax(dim=1)
+        q = online(obs.to(torch.float32))
+        action = (q if switch is None else q - switch(env)).argmax(dim=1)
         return action if action_mode is None else action_mode.to_env(action, env)
 
     def const(a):

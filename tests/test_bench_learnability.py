@@ -136,3 +136,25 @@ def test_the_ensemble_policy_gets_its_own_columns_and_verdict(tmp_path):
     assert "-0.10 %, 12" in to_markdown([row]) and to_markdown([row]).splitlines()[0].count("|") == 15
     plain = market_row("e", MARKETS["martingale_1h"], [_job(tmp_path, "2", 0.0, 0, 0.0)], 1)
     assert plain["policy_return"] is None and plain["policy_met"] is None
+
+
+def test_issue_34_options_go_to_every_run_and_train_alone(tmp_path, monkeypatch):
+    """The options of docs/bench.md#learnability reach every multirun's command, compose, and make
+    each job train alone (a population supports neither)."""
+    import bench.learnability as lb
+    from foxdqn.compose import load_config
+    from foxdqn.population.grouping import batch_refusal
+
+    extra = ["action.switch_margin=2", "data.augment.method=block_bootstrap", "data.augment.block_length=50",
+             "data.augment.paths=32"]
+    calls = []
+    monkeypatch.setattr(lb, "run_multirun", lambda e, s, sweep, over: calls.append(over) or {"rc": 0, "wall_s": 0.0})
+    assert main(["--experiments", "eurusd_dqn", "--markets", "martingale_1h,ar1_1h_phi-0.2", "--seeds", "1",
+                 "--out", str(tmp_path / "runs"), "--results", str(tmp_path / "results"), "--", *extra]) == 0
+    assert len(calls) == 2 and all(c[-4:] == extra for c in calls)
+    cfg = load_config(["+experiment=eurusd_dqn", *[c for c in calls[1] if not c.startswith("hydra/")]])
+    assert cfg.action.switch_margin == 2.0 and cfg.data.augment.method == "block_bootstrap"
+    assert cfg.data.synthetic.phi == -0.2 and cfg.data.augment.paths == 32
+    assert batch_refusal(cfg).startswith("action.switch_margin=2.0")
+    cfg.action.switch_margin = 0.0
+    assert batch_refusal(cfg).startswith("data.augment.method=block_bootstrap")

@@ -64,6 +64,12 @@ def test_unknown_key_lists_the_allowed_keys():
     ("action=branching head=c51", "action.mode"),
     ("+experiment=cartpole_dqn action=exposure_routed", "action.mode"),
     ("+experiment=cartpole_dqn model=attention", "model.encoder"),
+    ("action.switch_margin=-1", "action.switch_margin"),
+    ("action.switch_margin=nan", "action.switch_margin"),
+    ("+experiment=cartpole_dqn action.switch_margin=1", "action.switch_margin"),
+    ("data.augment.method=shuffle", "data.augment.method"),
+    ("data.augment.block_length=0.5", "data.augment.block_length"),
+    ("data.augment.paths=0", "data.augment.paths"),
     ("model=attention model.width=30 model.heads=4", "model.width"),
     ("replay=per replay.alpha=2", "replay.alpha"),
     # unknown keys added with "+", non-finite numbers, schedules that cannot work
@@ -107,6 +113,14 @@ def test_ignored_settings_are_warned(caplog):
     caplog.clear()
     with caplog.at_level("WARNING", logger="foxdqn.config"):
         load_config(["+experiment=eurusd_c51", "debug=smoke"])
+    assert caplog.text == ""
+    with caplog.at_level("WARNING", logger="foxdqn.config"):
+        load_config(["data.augment.paths=4", "objective=iql", "action.switch_margin=1"])
+    assert "data.augment.paths set but data.augment.method='none': ignored" in caplog.text
+    assert "action.switch_margin with objective.iql=true" in caplog.text
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="foxdqn.config"):
+        load_config(["data.augment.method=block_bootstrap", "data.augment.paths=4", "action.switch_margin=1"])
     assert caplog.text == ""
 
 

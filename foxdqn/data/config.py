@@ -21,6 +21,8 @@ FRACTION_SUM_TOL = 1e-6
 ON_FREQUENCY_CHANGE = ("error", "warn")
 ON_GAPS = ("error", "warn", "ignore")
 TIME_UNITS = ("s", "ms", "us", "ns")
+#: Allowed values of ``data.augment.method``.
+AUGMENT_METHODS = ("none", "block_bootstrap")
 
 
 @dataclass
@@ -145,6 +147,32 @@ class SyntheticConfig:
 
 
 @dataclass
+class AugmentConfig:
+    """Resampled training paths (docs/backtest.md#training-path-augmentation, :mod:`foxdqn.data.augment`).
+
+    ``method: block_bootstrap`` builds ``paths`` series at the start of a run, each the training
+    split's bar log returns resampled in stationary-bootstrap blocks (Politis & Romano 1994) of
+    mean length ``block_length`` bars, with its bars, spread and features rebuilt; every training
+    episode starts on one of them. Validation and test are never augmented.
+    """
+
+    # none | block_bootstrap: training episodes on resampled paths of the training split
+    #   (docs/backtest.md#training-path-augmentation); validation and test are never resampled
+    method: str = "none"
+    block_length: float = 50.0  # block_bootstrap: mean block length in bars (>= 1; geometric lengths)
+    paths: int = 32  # block_bootstrap: resampled training paths built at start, on the run's device
+
+    def validate(self, prefix: str = "data.augment") -> None:
+        """Raise :class:`ConfigError` naming the first bad field (``<prefix>.<field>``)."""
+        _check_choice(f"{prefix}.method", self.method, AUGMENT_METHODS)
+        if not _is_real(self.block_length) or not math.isfinite(self.block_length) or self.block_length < 1:
+            raise ConfigError(f"{prefix}.block_length must be a finite number >= 1 (the mean block length in bars), "
+                              f"got {self.block_length!r}")
+        if isinstance(self.paths, bool) or not isinstance(self.paths, Integral) or self.paths < 1:
+            raise ConfigError(f"{prefix}.paths must be an integer >= 1 (resampled training paths), got {self.paths!r}")
+
+
+@dataclass
 class DataConfig:
     """Where the bars come from and how features are built.
 
@@ -160,7 +188,8 @@ class DataConfig:
     ``time_unit`` (null | ``s`` | ``ms`` | ``us`` | ``ns``) is the unit of numeric timestamps
     (Unix epoch times); numeric timestamps other than ``YYYYMMDD`` dates are refused while it is null.
     ``max_abs_log_return`` bounds |log(price / previous close)| of every price of a bar (a typo such
-    as a price of 1e300, a unit change part-way); null: no bound.
+    as a price of 1e300, a unit change part-way); null: no bound. ``augment`` resamples the training
+    split into more paths (:class:`foxdqn.data.config.AugmentConfig`).
     """
 
     # built-in dataset: eurusd_1h | googl_1d | martingale_1h | ar1_1h | regime_1h | trend_1h (ignored with path)
@@ -184,6 +213,7 @@ class DataConfig:
     max_abs_log_return: Optional[float] = 1.0
     # parameters of a generated market (data.name=martingale_1h | ar1_1h | regime_1h | trend_1h); null: its default
     synthetic: SyntheticConfig = field(default_factory=SyntheticConfig)
+    augment: AugmentConfig = field(default_factory=AugmentConfig)  # resampled training paths (off: method none)
 
     def validate(self) -> None:
         """Raise :class:`ConfigError` naming the first bad field (``data.<field>``)."""
@@ -237,6 +267,7 @@ class DataConfig:
         if self.time_unit is not None:
             _check_choice("data.time_unit", self.time_unit, TIME_UNITS, "or null (timestamps are dates/times)")
         self.synthetic.validate(self.name if self.path is None else None)
+        self.augment.validate("data.augment")
 
 
 def parse_split_date(value: object, field_name: str) -> pd.Timestamp:

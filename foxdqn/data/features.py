@@ -76,12 +76,10 @@ def raw_features(open_: np.ndarray, high: np.ndarray, low: np.ndarray, close: np
     return np.stack(list(columns.values()), axis=1), list(columns)
 
 
-def normalise(raw: np.ndarray, train: tuple[int, int], clip: float) -> np.ndarray:
-    """Standardise ``raw`` ``[T, F]`` with training-row mean/std, clip to ±``clip``; float32 ``[T, F]``.
-
-    NaN (warm-up) entries become 0 after normalisation. A feature with no finite training value
-    gets mean 0, std 1.
-    """
+def normalisation(raw: np.ndarray, train: tuple[int, int]) -> tuple[np.ndarray, np.ndarray]:
+    """``(mean, std)``, float64 ``[F]`` each: the finite training-row values' mean and std (ddof=0,
+    floored at ``STD_FLOOR``) of ``raw`` ``[T, F]``; a feature with no finite training value gets
+    mean 0, std 1."""
     part = raw[train[0]:train[1]]
     finite = np.isfinite(part)
     count = finite.sum(axis=0)
@@ -89,6 +87,13 @@ def normalise(raw: np.ndarray, train: tuple[int, int], clip: float) -> np.ndarra
     mean = np.divide(filled.sum(axis=0), count, out=np.zeros(raw.shape[1]), where=count > 0)
     var = np.divide((np.where(finite, part - mean, 0.0) ** 2).sum(axis=0), count,
                     out=np.ones(raw.shape[1]), where=count > 0)
-    std = np.maximum(np.sqrt(var), STD_FLOOR)
+    return mean, np.maximum(np.sqrt(var), STD_FLOOR)
+
+
+def normalise(raw: np.ndarray, train: tuple[int, int], clip: float) -> np.ndarray:
+    """Standardise ``raw`` ``[T, F]`` with training-row mean/std (:func:`normalisation`), clip to
+    ±``clip``; float32 ``[T, F]``. NaN (warm-up) entries become 0 after normalisation.
+    """
+    mean, std = normalisation(raw, train)
     out = np.clip((raw - mean) / std, -clip, clip)
     return np.nan_to_num(out, nan=0.0).astype(np.float32)

@@ -131,7 +131,7 @@ from torch import Tensor
 
 from foxdqn.errors import ConfigError
 
-from .actions import LIMIT_MAKER, MARKET, NUM_URGENCIES
+from .actions import LIMIT_MAKER, MARKET, NORMAL, NUM_URGENCIES
 
 BPS = 1e-4
 RUIN_FRACTION = 1e-6  # equity at or below RUIN_FRACTION * initial_equity terminates the episode
@@ -236,6 +236,23 @@ def _triple(value: Any, where: str) -> tuple[float, float, float]:
             f"{where}: must have exactly {NUM_URGENCIES} entries (patient, normal, aggressive), got {len(items)}"
         )
     return tuple(_number(v, f"{where}[{i}]", minimum=0.0) for i, v in enumerate(items))  # type: ignore[return-value]
+
+
+def unit_switch_cost(spread: Tensor, cfg: ExecutionConfig) -> Tensor:
+    """Cost of trading one unit of exposure (a change of 1 in the position as a fraction of equity)
+    with a market order of normal urgency: ``c_t = s_t/2 + (market_slippage_bps[normal] +
+    taker_fee_bps) * 1e-4``, a fraction of equity, hence the reward (log-equity) a switch of
+    ``|dx|`` units loses, to first order: ``|dx| * c_t``.
+
+    Args:
+        spread: ``[N]`` floored relative spreads ``s_t`` (``TradingEnv.market_state()``), any float dtype.
+        cfg: the env's costs (assumed valid).
+
+    Returns:
+        ``[N]`` in ``spread``'s dtype. The near-oracle (:func:`foxdqn.evaluate.oracle_policy`) and
+        the cost-aware greedy choice (:mod:`foxdqn.actions.switch`) price a switch with it.
+    """
+    return spread / 2 + (float(cfg.market_slippage_bps[NORMAL]) + float(cfg.taker_fee_bps)) * BPS
 
 
 class CostTables(NamedTuple):

@@ -29,6 +29,15 @@ flags are never both true). Envs that end are reset inside the same :meth:`Tradi
 (auto-reset, branch-free with ``torch.where``): ``StepOut.next_obs`` is the observation before
 the reset (store it in replay), ``StepOut.obs`` the one after (act on it).
 
+Training paths
+--------------
+Given the resampled training paths of ``data.augment`` (:class:`foxdqn.data.augment.TrainingPaths`:
+``P`` series of ``L`` bars laid end to end as one ``"train"`` split of ``P·L`` bars) a training env
+starts each episode on a path drawn uniformly, at a bar drawn uniformly from that path's
+``[k·L + W-1, k·L + L-1-L_ep]`` (one ``randint`` over the ``P`` paths' starts): its window never
+reaches into the previous path and its ``L_ep`` steps end at or before the path's last bar. An
+eval-mode env refuses such paths (validation and test walk the market itself).
+
 Replay codes
 ------------
 The observation is a pure function of ``(t, units, entry_price, equity)``, so the training replay
@@ -64,7 +73,7 @@ sync): results for actions outside ``0..44`` are undefined (an exposure index >=
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING, Callable, NamedTuple
 
 import numpy as np
 import torch
@@ -72,7 +81,7 @@ from torch import Tensor
 
 from foxdqn.errors import ConfigError
 
-from foxdqn.ops.trading_code import CODE_WIDTH
+from foxdqn.ops.trading_code import CODE_EQUITY, CODE_T, CODE_UNITS, CODE_WIDTH
 from foxdqn.ops.trading_observation import trading_observation
 from foxdqn.ops.trading_step import (ACCOUNT_OBS_CLIP, TradingMarket, TradingState, observation_reference,
                                      reset_where_reference, trading_params, trading_step)
@@ -87,7 +96,16 @@ from .trading_hook import TRADING_HOOK
 if TYPE_CHECKING:
     from foxdqn.data import MarketData
 
-__all__ = ["ExecutionConfig", "StepOut", "TradingEnv", "ACCOUNT_OBS_CLIP"]
+__all__ = ["Account", "ExecutionConfig", "StepOut", "TradingEnv", "ACCOUNT_OBS_CLIP"]
+
+
+class Account(NamedTuple):
+    """What :meth:`TradingEnv.account` returns: per account, ``exposure`` (fraction of equity,
+    env dtype), ``held`` (int64 exposure index) and ``spread`` (floored relative spread, env dtype)."""
+
+    exposure: Tensor
+    held: Tensor
+    spread: Tensor
 
 
 class TradingEnv:
@@ -97,7 +115,9 @@ class TradingEnv:
         market: validated bars (:class:`foxdqn.data.MarketData`: ``[T]`` finite prices > 0
             with ``low <= open, close <= high``, ``[T]`` finite relative spreads and per-bar
             volatilities ``>= 0``, ``[T, F]`` finite features, their training-split medians);
-            the env copies them to ``device`` without checking them again.
+            the env copies them to ``device`` without checking them again. Or, for a training env,
+            :class:`foxdqn.data.augment.TrainingPaths` (the same as device tensors, with
+            ``path_bars`` and ``paths``; see "Training paths").
         split: name of the split to walk (a key of ``market.splits``: ``"train"``, ``"val"``,
             ``"test"``); its ``(start, end)`` is a half-open bar range.
         num_envs: ``N >= 1`` (in eval mode: N walks of the split, :meth:`run_policies`).
@@ -113,7 +133,8 @@ class TradingEnv:
         ValueError: naming the parameter: ``num_envs``/``window``/``episode_length`` not an
             integer ``>= 1``, a ``split`` the market does not
             have or too short to take one step after the window warm-up (``max(start, W-1) >=
-            end - 1``), a non-floating ``dtype``, a ``generator`` that is not a
+            end - 1``), training paths in eval mode or too short for one episode after the
+            window warm-up (named ``market``), a non-floating ``dtype``, a ``generator`` that is not a
             ``torch.Generator`` on the env's device type, or an invalid ``execution``
             (:class:`~foxdqn.errors.ConfigError`, a ValueError, naming ``execution.<field>``).
 
@@ -135,6 +156,8 @@ class TradingEnv:
         code_dim: 4, values per state code.  code_dtype: their dtype
         (:func:`foxdqn.ops.trading_code.state_code_dtype`: float32 for a float32 env, else float64).
         split: ``(start, end)`` of the split walked.
+        path_bars: ``L`` bars per resampled training path, None for a market walked as it is
+        (see "Training paths").  num_paths: ``P`` (1 without paths).
         first_valid, last_bar, start_high: bar bounds of episode starts and ends (ints).
         median_spread: ``market.median_spread`` floored at ``spread_floor_bps * 1e-4`` (relative),
             like the spreads :meth:`market_state` returns.
@@ -176,6 +199,10 @@ class TradingEnv:
         check_generator(generator, device)
         eval_mode = bool(eval_mode)
         start, end = _split_range(market, split, window)
+        self.path_bars = getattr(market, "path_bars", None)  # resampled training paths (foxdqn.data.augment)
+        self.num_paths = getattr(market, "paths", 1)
+        if self.path_bars is not None:
+            _check_paths(self.path_bars, window, episode_length, eval_mode)
 
         self.device = device
         self.dtype = dtype
@@ -193,6 +220,10 @@ class TradingEnv:
         self.last_bar = end - 1
         self.start_high = self.first_valid if eval_mode else max(self.first_valid, self.last_bar - episode_length)
         longest = self.last_bar - self.first_valid
+        if self.path_bars is not None:  # path k's starts: k·L + W-1 .. k·L + L-1-episode_length
+            self._path_starts = self.path_bars - episode_length - self.first_valid
+            self.start_high = (self.num_paths - 1) * self.path_bars + self.path_bars - 1 - episode_length
+            longest = self.path_bars - 1 - self.first_valid
         self.max_episode_steps = longest if eval_mode else min(episode_length, longest)
         self.initial_equity = float(execution.initial_equity)
         self.ruin_equity = RUIN_FRACTION * self.initial_equity
@@ -225,6 +256,38 @@ class TradingEnv:
         volatility (``MarketData.volatility``; compare with :attr:`median_volatility`).
         """
         return self._spread[self.t], self._vol[self.t]
+
+    def account(self, code: Tensor | None = None) -> Account:
+        """The position each account holds, and the spread a switch away from it pays
+        (:class:`Account`; sync-free, fixed shapes).
+
+        Args:
+            code: None: the ``N`` envs' current states. Else ``[B, 4]`` state codes
+                (``info["state_code"]`` / ``info["next_state_code"]`` of :meth:`step`, what the replay
+                stores: :mod:`foxdqn.ops.trading_code`) of states of this env's bars.
+
+        Returns:
+            :class:`Account` of ``[N]`` (or ``[B]``) tensors: ``exposure`` (env dtype) =
+            ``units * close_t / max(equity, ruin equity)`` clipped to ``±ACCOUNT_OBS_CLIP``, the
+            observation's exposure value, in fractions of equity; ``held`` (int64) the exposure
+            index held, :attr:`exposure_idx` for the current states; a code does not hold it, so
+            for codes it is the index of the :data:`~foxdqn.envs.actions.EXPOSURES` value nearest
+            ``exposure`` (the lower one on a tie), which is the index held unless the position has
+            drifted more than 0.25 from its nominal exposure since its fill (a short of -1 after the
+            price fell 14 %, of -0.5 after it rose 29 % or fell 40 %, a long of 0.5 after it
+            tripled or fell 67 %); ``spread`` (env dtype) the floored relative spread ``s_t`` of
+            the state's bar, as in :meth:`market_state`.
+        """
+        if code is None:
+            t, units, equity, held = self.t, self.units, self.equity, self.exposure_idx
+        else:
+            t = code[:, CODE_T].long()
+            units, equity, held = code[:, CODE_UNITS].to(self.dtype), code[:, CODE_EQUITY].to(self.dtype), None
+        denom = equity.clamp(min=self.ruin_equity)
+        exposure = (units * self._close[t] / denom).clamp(-ACCOUNT_OBS_CLIP, ACCOUNT_OBS_CLIP)
+        if held is None:
+            held = (exposure.unsqueeze(1) - self._exposures).abs().argmin(dim=1)
+        return Account(exposure, held, self._spread[t])
 
     def draw_step(self) -> Tensor | None:
         """The random draws of the next :meth:`step`, made now: in training mode the ``[N]`` int64
@@ -417,6 +480,15 @@ class TradingEnv:
     def close(self) -> None:
         """Nothing to release (the env holds only tensors)."""
 
+    @property
+    def rebuilt_tensors(self) -> tuple[Tensor, ...]:
+        """The bar tensors of resampled training paths (rebuilt from the config by every run that
+        builds this env, so a checkpoint leaves them out: :func:`foxdqn.checkpoint.state_tensors`);
+        ``()`` for a market read or generated as it is."""
+        if self.path_bars is None:
+            return ()
+        return (self._open, self._high, self._low, self._close, self._spread, self._vol, self._features)
+
     # ------------------------------------------------------------------ internals
 
     def _load_market(self, market: MarketData) -> None:
@@ -424,7 +496,9 @@ class TradingEnv:
         device, dtype, window = self.device, self.dtype, self.window
         floor = float(self.execution.spread_floor_bps) * 1e-4
 
-        def dev(a: np.ndarray) -> Tensor:
+        def dev(a: np.ndarray | Tensor) -> Tensor:
+            if isinstance(a, Tensor):  # resampled training paths, already on the device
+                return a.to(device=device, dtype=dtype).contiguous()
             return torch.as_tensor(np.ascontiguousarray(a), device=device).to(dtype)
 
         self.num_bars = int(len(market.close))
@@ -437,7 +511,8 @@ class TradingEnv:
         self._high = dev(market.high)
         self._low = dev(market.low)
         self._close = dev(market.close)
-        self._spread = dev(np.maximum(market.spread, floor))
+        spread = market.spread
+        self._spread = dev(spread.clamp(min=floor) if isinstance(spread, Tensor) else np.maximum(spread, floor))
         self._vol = dev(market.volatility)
         self._features = dev(market.features)
         self._exposures = torch.tensor(EXPOSURES, device=device, dtype=dtype)
@@ -479,6 +554,10 @@ class TradingEnv:
     def _starts(self) -> Tensor:
         if self.eval_mode or self.start_high == self.first_valid:
             return torch.full((self.num_envs,), self.first_valid, device=self.device, dtype=torch.long)
+        if self.path_bars is not None:  # a path drawn uniformly, then a start inside it
+            k = torch.randint(0, self.num_paths * self._path_starts, (self.num_envs,), generator=self.generator,
+                              device=self.device, dtype=torch.long)
+            return (k // self._path_starts) * self.path_bars + self.first_valid + k % self._path_starts
         return torch.randint(
             self.first_valid,
             self.start_high + 1,
@@ -504,6 +583,16 @@ class TradingEnv:
         reset_where_reference(self._state, mask, starts, self._params)
 
 # ---------------------------------------------------------------------- host-side helpers
+
+
+def _check_paths(path_bars: int, window: int, episode_length: int, eval_mode: bool) -> None:
+    """ValueError unless resampled training paths of ``path_bars`` bars fit a training episode."""
+    if eval_mode:
+        raise ValueError("market: resampled training paths (foxdqn.data.augment) are for training; an eval-mode "
+                         "walk reads the market itself")
+    if path_bars - 1 - episode_length < window - 1:
+        raise ValueError(f"market: training paths of {path_bars} bars leave no start for an episode of "
+                         f"episode_length={episode_length} steps after the window warm-up of {window} bars")
 
 
 def _split_range(market: MarketData, split: str, window: int) -> tuple[int, int]:

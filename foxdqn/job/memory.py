@@ -23,11 +23,12 @@ def replay_row(tc: TrainConfig, market) -> tuple[int, int]:
     trading env's state code (:mod:`foxdqn.ops.trading_code`: 4 values of its code dtype,
     docs/design/replay.md#windowed-trading-replay), else the float32 observation."""
     if tc.env.name == "trading":
+        from foxdqn.data.augment import training_bars
         from foxdqn.ops.trading_code import CODE_WIDTH, state_code_dtype
         from foxdqn.step.build import ENV_DTYPES
 
         dtype = ENV_DTYPES[tc.env.dtype]
-        num_bars = len(market.close) if market is not None else 0
+        num_bars = training_bars(tc.data, market) if market is not None else 0  # data.augment: paths × train bars
         return CODE_WIDTH, state_code_dtype(dtype, num_bars).itemsize
     return {"cartpole": 4, "bitflip": 2 * tc.env.n_bits}[tc.env.name], 4  # the float32 observation
 

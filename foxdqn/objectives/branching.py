@@ -36,7 +36,8 @@ from foxdqn.objectives.base import LossOutput, Objective, weighted_mean
 __all__ = ["BranchingObjective", "branching_target"]
 
 
-def branching_target(online, target, next_obs, reward, discount, double: bool = True) -> torch.Tensor:
+def branching_target(online, target, next_obs, reward, discount, double: bool = True,
+                     exposure_penalty: torch.Tensor | None = None) -> torch.Tensor:
     """Mean-operator TD target y (paper eq. 6), float32 ``[B]``, no grad.
 
     Args:
@@ -44,13 +45,20 @@ def branching_target(online, target, next_obs, reward, discount, double: bool = 
             of ``[B, n_d]``).
         next_obs: float32 ``[B, D_obs]``; reward, discount: float32 ``[B]``.
         double: per-branch argmax of the online network evaluated by the target network.
+        exposure_penalty: None, or float32 ``[B, n_1]``, the switch penalty of each exposure at s'
+            (``action.switch_margin``, :mod:`foxdqn.actions.switch`), a penalty of the joint Q
+            ``(1/D) Σ_d Q_d``: the first (exposure) branch's selection is the argmax of
+            ``Q_1 − D · exposure_penalty``, which picks the exposure of the joint argmax of
+            ``Q − penalty``; the values bootstrapped stay unpenalised.
     """
     with torch.no_grad():
         q_next_target = target.branch_q(next_obs)                                   # D × (B, n_d)
-        if double:
-            q_next_online = online.branch_q(next_obs)
-            q_next = [qt.gather(1, qo.argmax(dim=1, keepdim=True)).squeeze(1)
-                      for qt, qo in zip(q_next_target, q_next_online)]               # D × (B,)
+        select = online.branch_q(next_obs) if double else list(q_next_target)       # D × (B, n_d)
+        if exposure_penalty is not None:
+            select[0] = select[0] - len(select) * exposure_penalty
+        if double or exposure_penalty is not None:
+            q_next = [qt.gather(1, qs.argmax(dim=1, keepdim=True)).squeeze(1)
+                      for qt, qs in zip(q_next_target, select)]                     # D × (B,)
         else:
             q_next = [qt.max(dim=1).values for qt in q_next_target]
         return reward + discount * torch.stack(q_next, dim=0).mean(dim=0)
@@ -63,6 +71,9 @@ class BranchingObjective(Objective):
         online, target: branching networks obs ``[B, D_obs]`` → ``branch_q``: D × ``[B, n_d]``.
         double: Double-DQN action selection per branch (``objective.double``).
         huber_delta: Huber threshold δ > 0 in reward units (``loss.huber_delta``).
+        switch: None, or a :class:`foxdqn.actions.switch.NextStatePenalty` (``action.switch_margin``
+            > 0): the exposure branch's selection at s' pays its ``per_exposure(batch)`` penalty
+            (:func:`branching_target`).
 
     ``forward(batch)`` → :class:`~foxdqn.objectives.base.LossOutput`: loss float32 0-d,
     td_abs float32 ``[B]`` = mean over branches of ``|Q_d(s, a_d) − y|``, q_values float32
@@ -72,7 +83,7 @@ class BranchingObjective(Objective):
         ValueError: ``huber_delta`` not a finite number > 0.
     """
 
-    def __init__(self, online, target, double: bool = True, huber_delta: float = 1.0):
+    def __init__(self, online, target, double: bool = True, huber_delta: float = 1.0, switch=None):
         super().__init__(online, target)
         if (isinstance(huber_delta, bool) or not isinstance(huber_delta, numbers.Real)
                 or not math.isfinite(huber_delta) or huber_delta <= 0):
@@ -80,6 +91,7 @@ class BranchingObjective(Objective):
         self.double = bool(double)
         self.huber_delta = float(huber_delta)
         self.branch_sizes = tuple(online.branch_sizes)
+        self.switch = switch
 
     def forward_with_q(self, batch):
         """(LossOutput, joint Q ``[B, Π n_d]`` with grad) — like ``DQNObjective.forward_with_q``."""
@@ -87,8 +99,9 @@ class BranchingObjective(Objective):
         actions = factor_branches(batch.action, self.branch_sizes)                  # D × (B,)
         q_sa = torch.stack([q.gather(1, a[:, None]).squeeze(1)
                             for q, a in zip(q_branches, actions)], dim=0)           # (D, B)
+        penalty = None if self.switch is None else self.switch.per_exposure(batch)  # (B, 5) of s'
         y = branching_target(self.online, self.target, batch.next_obs, batch.reward, batch.discount,
-                             self.double)                                           # (B,)
+                             self.double, penalty)                                  # (B,)
         y_b = y.unsqueeze(0).expand_as(q_sa)                                        # (D, B)
         per_sample = F.huber_loss(q_sa, y_b, reduction="none", delta=self.huber_delta).mean(dim=0)  # (B,)
         td_abs = (q_sa.detach() - y_b).abs().mean(dim=0)                           # (B,)

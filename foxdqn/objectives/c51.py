@@ -4,6 +4,7 @@ For a sampled transition (s, a, R, s', discount) with discount = γ^m (0 if the 
 
     a*   = argmax_a' Q_online(s', a')            (Double DQN selection, Hessel et al. 2018)
            argmax_a' Q_target(s', a')            (double=False: the paper's greedy target)
+           (minus the switch penalty of s' inside the argmax with action.switch_margin > 0)
     m    = Φ( p_target(s', a*) ; R + discount · z )   (projection onto the support, Algorithm 1)
     loss = −Σ_k m_k log p_k(s, a)                (cross-entropy, Algorithm 1's last line)
 
@@ -38,15 +39,19 @@ class C51Objective(Objective):
     (detached). ``forward_with_q(batch) -> (LossOutput, q_all)`` also returns that expected Q
     with its gradient (for the CQL regulariser).
 
+    ``switch``: None, or a :class:`foxdqn.actions.switch.NextStatePenalty` (``action.switch_margin``
+    > 0): a* is the argmax of the expected Q minus ``switch(batch)``, the [B, A] switch penalty of s'.
+
     Raises:
         ValueError: online and target have different supports.
     """
 
-    def __init__(self, online, target, double: bool = True):
+    def __init__(self, online, target, double: bool = True, switch=None):
         super().__init__(online, target)
         if (online.atoms, online.v_min, online.v_max) != (target.atoms, target.v_min, target.v_max):
             raise ValueError("C51Objective: online and target networks must have the same support")
         self.double = bool(double)
+        self.switch = switch
 
     def forward_with_q(self, batch) -> tuple[LossOutput, torch.Tensor]:
         online, target = self.online, self.target
@@ -57,10 +62,10 @@ class C51Objective(Objective):
         log_p = log_p_all.gather(1, batch.action.view(B, 1, 1).expand(B, 1, K)).squeeze(1)  # (B, K)
         with torch.no_grad():
             p_next_all = F.softmax(target.logits(batch.next_obs), dim=-1)  # (B, A, K)
-            if self.double:
-                a_star = online(batch.next_obs).argmax(dim=1)  # (B,)
-            else:
-                a_star = (p_next_all * target.support).sum(dim=-1).argmax(dim=1)  # (B,)
+            select = online(batch.next_obs) if self.double else (p_next_all * target.support).sum(dim=-1)  # (B, A)
+            if self.switch is not None:  # action.switch_margin: a* pays for leaving the position held at s'
+                select = select - self.switch(batch)
+            a_star = select.argmax(dim=1)  # (B,)
             p_next = p_next_all.gather(1, a_star.view(B, 1, 1).expand(B, 1, K)).squeeze(1)  # (B, K)
             m = c51_project(p_next, batch.reward, batch.discount, online.v_min, online.v_max)  # (B, K)
         ce = -(m * log_p).sum(dim=-1)  # (B,) cross-entropy

@@ -16,13 +16,22 @@ from foxdqn.objectives.dqn_forward import dqn_forward
 from foxdqn.ops.dqn_td_loss import dqn_td_loss
 
 
-def double_dqn_target(online, target, next_obs, reward, discount, double: bool = True) -> torch.Tensor:
+def double_dqn_target(online, target, next_obs, reward, discount, double: bool = True,
+                      penalty: torch.Tensor | None = None) -> torch.Tensor:
     """y float32 [B] (no grad). next_obs [B, D]; reward, discount [B]. Any leading axes work the same
     (a population's [P, B, D] → [P, B]): actions are the last axis. The plain definition of the
-    target that the fused loss is tested against (tests/objectives/test_dqn.py)."""
+    target that the fused loss is tested against (tests/objectives/test_dqn.py).
+
+    ``penalty``: None, or float32 [B, A], the switch penalty of s' (``action.switch_margin``,
+    :mod:`foxdqn.actions.switch`): a* = argmax_a [Q_online(s', a) − penalty] (double) or argmax_a
+    [Q_target(s', a) − penalty], and y bootstraps the unpenalised Q_target(s', a*)."""
     with torch.no_grad():
         q_next_target = target(next_obs)  # (B, A)
-        if double:
+        if penalty is not None:
+            select = online(next_obs) if double else q_next_target
+            a_star = (select - penalty).argmax(dim=-1, keepdim=True)  # (B, 1)
+            q_next = q_next_target.gather(-1, a_star).squeeze(-1)
+        elif double:
             a_star = online(next_obs).argmax(dim=-1, keepdim=True)  # (B, 1)
             q_next = q_next_target.gather(-1, a_star).squeeze(-1)
         else:
@@ -53,19 +62,31 @@ class DQNObjective(Objective):
     draws no random numbers in its forward (the attention encoder's dropout is not configurable),
     so the two equal each other to float rounding: the GEMMs see 2B rows instead of B and may
     round differently, which can flip an argmax only between Q values equal to rounding.
+
+    ``switch``: None, or a :class:`foxdqn.actions.switch.NextStatePenalty` (``action.switch_margin``
+    > 0): ``switch(batch)`` is the float32 [B, A] penalty of s', subtracted from the Q that picks
+    a* (the online Q of s' with ``double``, else the target Q), which the same kernel is then given
+    as its Double DQN selection (``q_next_online``; the target value stays unpenalised).
     """
 
-    def __init__(self, online, target, double: bool = True, huber_delta: float = 1.0, stack_double: bool = True):
+    def __init__(self, online, target, double: bool = True, huber_delta: float = 1.0, stack_double: bool = True,
+                 switch=None):
         super().__init__(online, target)
         self.double = double
         self.huber_delta = huber_delta
         self.stack_double = stack_double
+        self.switch = switch
 
     def forward_with_q(self, batch):
         f = dqn_forward(self.online, self.target, batch.obs, batch.next_obs, double=self.double,
                         stack=self.stack_double)
-        loss, td_abs = dqn_td_loss(f.q, f.q_next_target, batch.action, batch.reward, batch.discount, batch.weight,
-                                   q_next_online=f.q_next_online, double=self.double, huber_delta=self.huber_delta)
+        q, select, double = f.q, f.q_next_online, self.double
+        if self.switch is not None:  # a* = argmax (Q − penalty): the s rows of q and an explicit selection
+            rows = f.q_s.shape[0]
+            online_next = f.q.detach()[rows:] if select is None and double else select
+            q, select, double = f.q_s, (online_next if double else f.q_next_target) - self.switch(batch), True
+        loss, td_abs = dqn_td_loss(q, f.q_next_target, batch.action, batch.reward, batch.discount, batch.weight,
+                                   q_next_online=select, double=double, huber_delta=self.huber_delta)
         return LossOutput(loss, td_abs, f.q_s.detach()), f.q_s
 
     def forward(self, batch) -> LossOutput:

@@ -5,6 +5,7 @@ For a sampled transition (s, a, R, s', discount), discount = γ^m (0 if the epis
     τ_i  ~ U(0, 1), i < N;    τ'_j ~ U(0, 1), j < N'      (fresh per sample, from ``generator``)
     a*   = argmax_a' (1/K) Σ_k Z^online_{τ_k}(s', a')      (Double DQN; τ_k the K fixed midpoints)
            argmax_a' (1/K) Σ_k Z^target_{τ_k}(s', a')      (double=False)
+           (minus the switch penalty of s' inside the argmax with action.switch_margin > 0)
     T_j  = R + discount · Z^target_{τ'_j}(s', a*)           (detached)
     loss = Σ_i (1/N') Σ_j ρ^κ_{τ_i}(T_j − Z^online_{τ_i}(s, a))   (eq. 3)
 
@@ -42,6 +43,9 @@ class IQNObjective(Objective):
         generator: ``torch.Generator`` on the training device; may be None only if every call
             passes ``taus`` and ``target_taus``.
         double: Double DQN action selection at s' (``head.double``).
+        switch: None, or a :class:`foxdqn.actions.switch.NextStatePenalty` (``action.switch_margin``
+            > 0): a* is the argmax of the expected Q minus ``switch(batch)``, the [B, A] switch
+            penalty of s'.
 
     ``forward(batch, taus=None, target_taus=None) -> LossOutput``: loss float32 0-d =
     Σ_b weight_b · ρ_b / B; td_abs float32 [B] = ρ_b (detached); q_values float32 [B, A] the online
@@ -55,7 +59,7 @@ class IQNObjective(Objective):
     """
 
     def __init__(self, online, target, num_quantiles: int = 64, num_target_quantiles: int = 64,
-                 kappa: float = 1.0, generator: torch.Generator | None = None, double: bool = True):
+                 kappa: float = 1.0, generator: torch.Generator | None = None, double: bool = True, switch=None):
         super().__init__(online, target)
         check_positive_int("IQNObjective: num_quantiles", num_quantiles)
         check_positive_int("IQNObjective: num_target_quantiles", num_target_quantiles)
@@ -66,6 +70,7 @@ class IQNObjective(Objective):
         self.kappa = float(kappa)
         self.generator = generator
         self.double = bool(double)
+        self.switch = switch
 
     def _sample(self, shape: tuple[int, int], device: torch.device) -> torch.Tensor:
         if self.generator is None:
@@ -87,10 +92,10 @@ class IQNObjective(Objective):
             q_all = online.policy_q(h)  # (B, A) expected Q over the K midpoints
         with torch.no_grad():
             h_next = target.encoder(batch.next_obs)  # (B, H)
-            if self.double:
-                a_star = online(batch.next_obs).argmax(dim=1)  # (B,)
-            else:
-                a_star = target.policy_q(h_next).argmax(dim=1)  # (B,)
+            select = online(batch.next_obs) if self.double else target.policy_q(h_next)  # (B, A)
+            if self.switch is not None:  # action.switch_margin: a* pays for leaving the position held at s'
+                select = select - self.switch(batch)
+            a_star = select.argmax(dim=1)  # (B,)
             z_next = target.head(h_next, target_taus)  # (B, N', A)
             z_next_a = z_next.gather(2, a_star.view(B, 1, 1).expand(B, Np, 1)).squeeze(2)  # (B, N')
             t = batch.reward[:, None] + batch.discount[:, None] * z_next_a  # (B, N') targets T_j

@@ -60,7 +60,10 @@ class Batch(NamedTuple):
     decoded observations, [B, env obs_dim] of the env's obs dtype); action: int64 [B]; reward:
     float32 [B], the n-step discounted reward sum; discount: float32 [B], γ^m or 0 where the
     episode terminated in the window;
-    weight: float32 [B] importance weights (ones for uniform); index: int64 [B] flat rows t·N + e.
+    weight: float32 [B] importance weights (ones for uniform); index: int64 [B] flat rows t·N + e;
+    next_code: with a decoder, the stored rows of s' that next_obs was decoded from ([B, code
+    dim], the trading env's state codes: the switch penalty of the target's argmax reads them,
+    :mod:`foxdqn.actions.switch`), else None.
     From :meth:`ReplayBuffer.sample` obs and next_obs are the two halves of one [2B, D] tensor
     (:func:`foxdqn.ops.replay_gather.stacked_pair`); from ``MemberReplay.sample_members`` of P > 1
     members they are [P, B, D] views.
@@ -73,6 +76,7 @@ class Batch(NamedTuple):
     discount: torch.Tensor
     weight: torch.Tensor
     index: torch.Tensor
+    next_code: torch.Tensor | None = None
 
 
 class ReplayBuffer:
@@ -154,11 +158,12 @@ class ReplayBuffer:
         self.decoder = decoder
 
     def decode(self, batch: Batch) -> Batch:
-        """``batch`` with its stored rows decoded into observations (unchanged without a decoder)."""
+        """``batch`` with its stored rows decoded into observations, the rows of s' kept as
+        ``next_code`` (unchanged without a decoder)."""
         if self.decoder is None:
             return batch
         obs, next_obs = self.decoder(batch.obs, batch.next_obs, batch.index)
-        return batch._replace(obs=obs, next_obs=next_obs)
+        return batch._replace(obs=obs, next_obs=next_obs, next_code=batch.next_obs)
 
     def set_regime(self, regime) -> None:
         """Attach regime weights (``regime.enabled``, :mod:`foxdqn.replay.regime`): allocates the

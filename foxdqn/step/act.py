@@ -11,7 +11,9 @@ One kernel where the network's forward is one of the fused ops':
   :func:`foxdqn.ops.mlp_chain_epsilon_greedy.mlp_chain_epsilon_greedy`.
 
 Otherwise the network's forward, then :func:`foxdqn.ops.epsilon_greedy.epsilon_greedy`. All give
-the same actions for the same Q (docs/design/hot_loop.md#device-resident-values).
+the same actions for the same Q (docs/design/hot_loop.md#device-resident-values). With a switch
+penalty (``action.switch_margin`` > 0, :mod:`foxdqn.actions.switch`) the unfused path always: the
+greedy part is the argmax of Q minus the penalty; the random actions are unchanged.
 """
 from __future__ import annotations
 
@@ -24,7 +26,8 @@ from foxdqn.ops.q_forward_epsilon_greedy import q_forward_epsilon_greedy
 
 
 def act(net: nn.Module, obs: torch.Tensor, step: torch.Tensor, start: torch.Tensor, end: torch.Tensor,
-        duration: torch.Tensor, u: torch.Tensor, backend: str = "auto") -> torch.Tensor:
+        duration: torch.Tensor, u: torch.Tensor, backend: str = "auto",
+        penalty: torch.Tensor | None = None) -> torch.Tensor:
     """ε-greedy actions, int64 ``[N]`` (``N = P·M``, member-major), of ``net`` on ``obs``.
 
     Args:
@@ -34,6 +37,10 @@ def act(net: nn.Module, obs: torch.Tensor, step: torch.Tensor, start: torch.Tens
             schedule and uniforms (``start`` etc. ``[G]``, ``u`` float32 ``[G, 2, N // G]``).
         backend: "auto", "triton" or "torch", passed to the op; "torch" always runs the network's
             forward and the reference selection.
+        penalty: None, or float32 ``[N, A]`` subtracted from Q before the ε-greedy selection (the
+            switch penalty, :class:`foxdqn.actions.switch.SwitchPenalty`): the network's forward,
+            then :func:`~foxdqn.ops.epsilon_greedy.epsilon_greedy` of ``Q − penalty`` (no fused
+            kernel).
 
     Returns:
         int64 ``[N]`` actions in ``[0, A)``.
@@ -46,6 +53,10 @@ def act(net: nn.Module, obs: torch.Tensor, step: torch.Tensor, start: torch.Tens
     apply, and only for ``G`` = the members of ``obs``: one schedule per member). Device ops
     only: capturable.
     """
+    if penalty is not None:
+        q = net(obs)
+        q = q.reshape(-1, q.shape[-1]) - penalty
+        return epsilon_greedy(q, step, start, end, duration, u, backend=backend)
     args = net.q_forward_args(obs) if backend != "torch" and hasattr(net, "q_forward_args") else None
     groups = start.shape[0] if start.dim() == 1 else 0
     if args is not None and groups == (obs.shape[0] if obs.dim() == 3 else 1):

@@ -17,7 +17,11 @@ def build_env(cfg: TrainConfig, market, split: str, device: torch.device, genera
               num_envs: int | None = None, eval_mode: bool = False):
     """The configured environment (:class:`foxdqn.envs.base.BatchedEnv`). ``market``
     (foxdqn.data.MarketData) and ``split`` (its split name) are used by ``trading`` only.
-    ``num_envs`` defaults to ``env.num_envs`` (1 in ``eval_mode``, a trading walk)."""
+    ``num_envs`` defaults to ``env.num_envs`` (1 in ``eval_mode``, a trading walk). A training
+    trading env (``split="train"``, not ``eval_mode``) with ``data.augment.method`` other than
+    ``none`` walks resampled paths of the training split, built here on ``device``
+    (:func:`foxdqn.data.augment.build_training_paths`, deterministic given ``seed``); every other
+    env walks ``market`` itself."""
     n = num_envs or (1 if eval_mode else cfg.env.num_envs)
     name = cfg.env.name
     if name == "gym":  # a Gymnasium vector env stepped on the host; split != "train": evaluation env
@@ -35,6 +39,10 @@ def build_env(cfg: TrainConfig, market, split: str, device: torch.device, genera
         return BitFlipEnv(n, cfg.env.n_bits, device, generator)
     from foxdqn.envs.trading import TradingEnv
 
+    if split == "train" and not eval_mode and cfg.data.augment.method != "none":
+        from foxdqn.data.augment import build_training_paths
+
+        market = build_training_paths(market, cfg.data, cfg.seed, device)
     return TradingEnv(
         market, split, num_envs=n, window=cfg.env.window, episode_length=cfg.env.episode_length,
         execution=cfg.env.execution, device=device, dtype=ENV_DTYPES[cfg.env.dtype], generator=generator,
@@ -118,15 +126,22 @@ def build_network(cfg: TrainConfig, env, num_actions: int) -> torch.nn.Module:
     return QNetwork(encoder, head(encoder.out_dim, num_actions))
 
 
-def build_objective(cfg: TrainConfig, online, target, env, generator: torch.Generator):
+def build_objective(cfg: TrainConfig, online, target, env, generator: torch.Generator, switch=None):
     """The loss: head's TD loss (or IQL / branching), plus CQL when ``objective.cql_alpha`` > 0.
     The DQN loss stacks its Double DQN forwards except with ``model.encoder=nature_cnn``
-    (:class:`foxdqn.objectives.dqn.DQNObjective` ``stack_double``)."""
+    (:class:`foxdqn.objectives.dqn.DQNObjective` ``stack_double``). ``switch``: the run's
+    :class:`foxdqn.actions.switch.SwitchPenalty` (``action.switch_margin`` > 0), which the target's
+    argmax then subtracts for the next states of ``env`` (IQL's target has no argmax)."""
     h, o = cfg.head, cfg.objective
+    if switch is not None:
+        from foxdqn.actions.switch import NextStatePenalty
+
+        switch = NextStatePenalty(switch, env)
     if cfg.action.mode == "branching":
         from foxdqn.objectives.branching import BranchingObjective
 
-        objective = BranchingObjective(online, target, double=h.double, huber_delta=cfg.loss.huber_delta)
+        objective = BranchingObjective(online, target, double=h.double, huber_delta=cfg.loss.huber_delta,
+                                       switch=switch)
     elif o.iql:
         from foxdqn.nn.iql_value import IQLValueNetwork
         from foxdqn.objectives.iql import IQLObjective
@@ -136,18 +151,18 @@ def build_objective(cfg: TrainConfig, online, target, env, generator: torch.Gene
     elif h.name == "c51":
         from foxdqn.objectives.c51 import C51Objective
 
-        objective = C51Objective(online, target, double=h.double)
+        objective = C51Objective(online, target, double=h.double, switch=switch)
     elif h.name == "iqn":
         from foxdqn.objectives.iqn import IQNObjective
 
         objective = IQNObjective(online, target, h.num_quantiles, h.num_target_quantiles, h.kappa, generator,
-                                 double=h.double)
+                                 double=h.double, switch=switch)
     else:
         from foxdqn.objectives.dqn import DQNObjective
 
         # image encoder: a stacked [s; s'] forward would double the convolutions' backward and memory
         objective = DQNObjective(online, target, double=h.double, huber_delta=cfg.loss.huber_delta,
-                                 stack_double=cfg.model.encoder != "nature_cnn")
+                                 stack_double=cfg.model.encoder != "nature_cnn", switch=switch)
     if o.cql_alpha > 0:
         from foxdqn.objectives.cql import CQLObjective
 

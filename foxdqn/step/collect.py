@@ -46,7 +46,9 @@ def collect_step(s: TrainState, backend: str = "auto") -> None:
     ε-greedy uniforms (the run's generator, so a captured graph advances it like an eager step),
     the network's forward and :func:`~foxdqn.ops.epsilon_greedy.epsilon_greedy` (schedule, explore
     test, random action, argmax), or both in one kernel where the network allows it
-    (:func:`foxdqn.step.act.act`), :func:`~foxdqn.ops.replay_add.replay_add` (the replay row, the reward
+    (:func:`foxdqn.step.act.act`; with ``action.switch_margin`` > 0 the switch penalty of the
+    env's current accounts, ``s.rollout.switch``, is subtracted from Q first, unfused),
+    :func:`~foxdqn.ops.replay_add.replay_add` (the replay row, the reward
     scale, the rollout's next obs; PER adds its priority insert) and
     :func:`~foxdqn.ops.step_stats.step_stats` (monitor sums, ``env_steps``: on a second stream
     beside the replay insert, :func:`~foxdqn.step.beside.beside`). ``backend``
@@ -59,8 +61,9 @@ def collect_step(s: TrainState, backend: str = "auto") -> None:
 
     def acting() -> torch.Tensor:
         with torch.no_grad():
+            penalty = None if r.switch is None else r.switch(r.env)  # action.switch_margin > 0: [N, A]
             return act(s.nets.online, r.obs, s.env_steps, eps.start.view(1), eps.end.view(1), eps.duration.view(1), u,
-                       backend=backend)  # network action
+                       backend=backend, penalty=penalty)  # network action
 
     draw = getattr(r.env, "draw_step", None)  # the env's own random draws, made ahead (envs/base.py)
     if draw is None:

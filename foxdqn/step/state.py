@@ -29,6 +29,7 @@ from foxdqn.step.target_update import TargetUpdate
 
 if TYPE_CHECKING:  # typing only: importing them here would load every env and mode at start-up
     from foxdqn.actions.modes import BranchingMode, ExposureRoutedMode, FactoredMode
+    from foxdqn.actions.switch import SwitchPenalty
     from foxdqn.envs.base import BatchedEnv
     from foxdqn.objectives.base import Objective
     from foxdqn.step.last_good import LastGood
@@ -78,11 +79,14 @@ class Optimization:
 @dataclass
 class Rollout:
     """env: the training environment (N envs); action_mode: network action ↔ env action;
-    obs: [N, D] (or [N, C, H, W]) observations to act on next, ``env.obs_dtype`` (float32 or uint8)."""
+    obs: [N, D] (or [N, C, H, W]) observations to act on next, ``env.obs_dtype`` (float32 or uint8);
+    switch: the greedy choice's switch penalty (``action.switch_margin`` > 0,
+    :class:`foxdqn.actions.switch.SwitchPenalty`), else None."""
 
     env: Env
     action_mode: ActionMode
     obs: torch.Tensor
+    switch: SwitchPenalty | None = None
 
 
 @dataclass
@@ -131,10 +135,10 @@ class TrainState:
 
 
 def build_networks(cfg: TrainConfig, env: Env, mode: ActionMode, device: torch.device,
-                   gen: torch.Generator) -> Networks:
+                   gen: torch.Generator, switch: SwitchPenalty | None = None) -> Networks:
     online = build_network(cfg, env, mode.num_actions).to(device)
     target = copy.deepcopy(online).requires_grad_(False)
-    objective = build_objective(cfg, online, target, env, gen)
+    objective = build_objective(cfg, online, target, env, gen, switch)
     return Networks(online, target, objective, list(online.parameters()) + list(objective.extra_parameters()))
 
 
@@ -164,7 +168,12 @@ def build_state(cfg: TrainConfig, market, device: torch.device) -> TrainState:
     gen.manual_seed(cfg.seed)
     env = build_env(cfg, market, "train", device, gen)
     mode = build_action_mode(cfg, env)
-    nets = build_networks(cfg, env, mode, device, gen)
+    switch = None
+    if cfg.action.switch_margin > 0:  # the greedy choice's switch penalty (foxdqn.actions.switch)
+        from foxdqn.actions.switch import SwitchPenalty
+
+        switch = SwitchPenalty(cfg.action.switch_margin, cfg.loss.reward_scale, mode.name, device)
+    nets = build_networks(cfg, env, mode, device, gen, switch)
     a = cfg.agent
     optim = build_optimization(cfg, nets, device)
     updates = torch.zeros((), dtype=torch.int64, device=device)
@@ -196,7 +205,7 @@ def build_state(cfg: TrainConfig, market, device: torch.device) -> TrainState:
     return TrainState(
         cfg=cfg, device=device, generator=gen,
         env_steps=torch.zeros((), dtype=torch.int64, device=device), updates=updates,
-        nets=nets, optim=optim, target_update=target_update, replay=replay, rollout=Rollout(env, mode, obs),
+        nets=nets, optim=optim, target_update=target_update, replay=replay, rollout=Rollout(env, mode, obs, switch),
         schedules=Schedules(eps), monitors=monitors,
         nan_at=torch.tensor(-1 if nan_at is None else int(nan_at), dtype=torch.int64, device=device),
         pruner=pruner,

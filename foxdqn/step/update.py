@@ -51,10 +51,10 @@ from foxdqn.step.state import TrainState
 
 def micro_batches(batch: Batch, m: int) -> list[Batch]:
     """Split a batch of B rows into ``m`` batches of B/m consecutive rows (views; B % m == 0,
-    checked by the config as ``optim.accumulate``)."""
+    checked by the config as ``optim.accumulate``); a field that is None stays None."""
     if m == 1:
         return [batch]
-    return [type(batch)(*fields) for fields in zip(*(f.chunk(m) for f in batch))]
+    return [type(batch)(*fields) for fields in zip(*((None,) * m if f is None else f.chunk(m) for f in batch))]
 
 
 def accumulate_gradients(s: TrainState, batch: Batch) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

@@ -47,7 +47,8 @@ def _assert_same_batches(coded, plain):
     assert len(coded) == len(plain) > 0
     for k, (a, b) in enumerate(zip(coded, plain)):
         assert a.obs.dtype == b.obs.dtype == torch.float32 and a.obs.numel() == b.obs.numel(), f"batch {k}"
-        for name in a._fields:  # a population's plain obs are [P, B, D] views, its decoded ones [P·B, D]
+        assert a.next_code is not None and b.next_code is None  # the decoded batch keeps the codes of s'
+        for name in a._fields[:-1]:  # a population's plain obs are [P, B, D] views, its decoded ones [P·B, D]
             x, y = getattr(a, name), getattr(b, name)
             assert torch.equal(x.reshape(-1, *x.shape[-1:]), y.reshape(-1, *y.shape[-1:])), f"batch {k}: {name} differs"
 
