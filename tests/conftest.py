@@ -19,6 +19,9 @@ import torch
 
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
+# JAX (the bench's peer, tests/test_bench_jax_peer.py) must not take most of the GPU's memory when
+# a module imports it (gymnax creates arrays at import): torch's tests share the device
+os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
 if os.environ.get("PYTEST_XDIST_WORKER"):  # `make test` runs one worker per core (pytest-xdist)
     torch.set_num_threads(1)
 

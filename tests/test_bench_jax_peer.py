@@ -2,9 +2,11 @@
 and run apart, and learns. Needs the peers extra (``pip install -e '.[peers]'``); skipped without it,
 as in foxdqn's own test venv. The rest of the peer's plumbing: tests/test_bench_population_peer.py."""
 import json
+import os
 
 import pytest
 
+os.environ.setdefault("JAX_PLATFORMS", "cpu")  # collected beside torch's GPU tests: JAX stays off the GPU here
 for _module in ("jax", "flax", "optax", "gymnax", "flashbax"):
     pytest.importorskip(_module, reason="the JAX peer needs the peers extra (pip install -e '.[peers]')")
 

@@ -49,12 +49,13 @@ class EnsembleGreedy(nn.Module):
         if not idx:
             raise ValueError("an ensemble needs at least one member")
         self.online, self.rule = online, rule
-        self.register_buffer("idx", torch.as_tensor(list(idx), dtype=torch.int64), persistent=False)
+        device = next(online.parameters(), torch.empty(0)).device  # on the device already: walks are captured
+        self.register_buffer("idx", torch.as_tensor(list(idx), dtype=torch.int64, device=device), persistent=False)
 
     def forward(self, obs: torch.Tensor) -> torch.Tensor:
         p = self.online.num_members
         q = self.online(obs.unsqueeze(0).expand(p, *obs.shape).contiguous())  # [P, M, A]: every member sees every walk
-        q = q.index_select(0, self.idx.to(q.device))
+        q = q.index_select(0, self.idx)
         mean = q.mean(dim=0)
         if self.rule == "mean":
             return mean

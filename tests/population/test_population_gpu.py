@@ -104,3 +104,16 @@ def test_update_runs_norm_adam_and_target_as_one_kernel_each():
     stale = [name for name in counts
              if any(x in name for x in gone) or ("lerp" in name and "_target_lerp_kernel" not in name)]
     assert not stale, stale
+
+
+def test_ensemble_walks_are_captured_on_cuda():
+    """The ensemble policy's walk runs in a CUDA graph (its member index on the device) and two
+    identical members' ensemble walks as each of them."""
+    from foxdqn.population.ensemble import ensemble_walks
+    from foxdqn.population.evaluate import member_walks
+
+    cfgs = cuda_configs(TRADING, [["seed=5"], ["seed=5"]])
+    s, _ = run(cfgs, graph=True)
+    market = market_for(cfgs[0])
+    entry = ensemble_walks(s, market, [0, 1], "mean")[0]
+    assert entry["metrics"] == member_walks(s, market, "test", ("agent",))[0]["metrics"]["agent"]
