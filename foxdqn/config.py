@@ -662,6 +662,10 @@ def _cross_checks(cfg: TrainConfig) -> None:
     for used, what, env_needed in needs:
         if used and env != env_needed:
             raise ConfigError(f"{what}; env.name={env!r}")
+    if cfg.action.switch_margin > 0 and str(cfg.eval.ensemble) == "vote":
+        raise ConfigError(f"eval.ensemble=vote counts the members' greedy actions, which action.switch_margin="
+                          f"{cfg.action.switch_margin} does not price: use eval.ensemble=mean (Q minus the switch "
+                          "penalty) or none")
     if iql and h in ("c51", "iqn"):
         raise ConfigError(f"objective.iql=true trains a scalar Q toward r + γV(s'); head.name={h!r} is "
                           "distributional (use head=q or head=dueling)")

@@ -156,23 +156,30 @@ def evaluate(cfg, market, online: torch.nn.Module, device: torch.device, split: 
 
 
 def evaluate_agents(cfg, market, online: torch.nn.Module, device: torch.device, agents: int, split: str = "test",
-                    action_mode=None, policies: tuple[str, ...] = POLICIES, graph: bool | None = None) -> list[dict]:
+                    action_mode=None, policies: tuple[str, ...] = POLICIES, graph: bool | None = None,
+                    reward_scales: list[float] | None = None) -> list[dict]:
     """:func:`evaluate` of P = ``agents`` greedy agents at once (a population's members): ``online``
     maps observations ``[P, D]`` (agent p's walk in row p) to Q ``[P, A]``; the P walks run in one
-    eval env of P envs, buy-and-hold, flat and the oracle once. Returns P results in :func:`evaluate`'s format."""
+    eval env of P envs, buy-and-hold, flat and the oracle once. ``reward_scales``: agent p's
+    ``loss.reward_scale`` for its switch penalty (``action.switch_margin`` > 0; a member key of a
+    population); None: ``cfg``'s for every agent. Returns P results in :func:`evaluate`'s format."""
     capturable = capture_default(cfg) if graph is None else bool(graph)
     online.eval()
-    switch = None
+    switch = scale = None
     if cfg.action.switch_margin > 0:  # the greedy choice pays for leaving the position (foxdqn.actions.switch)
         from foxdqn.actions.switch import SwitchPenalty
 
-        switch = SwitchPenalty(cfg.action.switch_margin, cfg.loss.reward_scale,
+        switch = SwitchPenalty(cfg.action.switch_margin, 1.0 if reward_scales else cfg.loss.reward_scale,
                                None if action_mode is None else action_mode.name, device)
+        if reward_scales:
+            scale = torch.tensor(list(reward_scales), dtype=torch.float32, device=device).view(-1, 1)
 
     @torch.no_grad()
     def greedy(obs, env):
         q = online(obs.to(torch.float32))
-        action = (q if switch is None else q - switch(env)).argmax(dim=1)
+        if switch is not None:
+            q = q - (switch(env) if scale is None else switch(env) * scale)
+        action = q.argmax(dim=1)
         return action if action_mode is None else action_mode.to_env(action, env)
 
     def const(a):

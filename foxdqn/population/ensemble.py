@@ -90,8 +90,11 @@ def ensemble_walks(s, market, jobs: Sequence[int], rule: str) -> dict[int, dict]
         if len(members) < 2:
             continue
         greedy = EnsembleGreedy(s.online, members, rule)
-        val = evaluate_agents(s.cfg, market, greedy, s.device, 1, "val", s.action_mode, ("agent",))[0]
-        test = evaluate_agents(s.cfg, market, greedy, s.device, 1, s.cfg.eval.split, s.action_mode, ("agent",))[0]
+        scale = [s.cfgs[members[0]].loss.reward_scale]  # one setting: one reward scale (its switch penalty's)
+        val = evaluate_agents(s.cfg, market, greedy, s.device, 1, "val", s.action_mode, ("agent",),
+                              reward_scales=scale)[0]
+        test = evaluate_agents(s.cfg, market, greedy, s.device, 1, s.cfg.eval.split, s.action_mode, ("agent",),
+                               reward_scales=scale)[0]
         entry = {"rule": rule, "members": [jobs[p] for p in members], "split": str(s.cfg.eval.split),
                  "metrics": test["metrics"]["agent"], "val_metrics": val["metrics"]["agent"]}
         for p in members:

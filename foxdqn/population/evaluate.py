@@ -33,7 +33,8 @@ class MemberGreedy(nn.Module):
 
 def member_walks(s, market, split: str, policies: tuple[str, ...]) -> list[dict]:
     """Each member's :func:`foxdqn.evaluate.evaluate` result on ``split`` (one walk per member)."""
-    return evaluate_agents(s.cfg, market, MemberGreedy(s.online), s.device, s.members, split, s.action_mode, policies)
+    return evaluate_agents(s.cfg, market, MemberGreedy(s.online), s.device, s.members, split, s.action_mode, policies,
+                           reward_scales=[c.loss.reward_scale for c in s.cfgs])
 
 
 def member_episodes(s, episodes: int, seed_offset: int, graph: bool | None = None) -> list[dict]:

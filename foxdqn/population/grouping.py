@@ -53,7 +53,6 @@ SUPPORTED: tuple[tuple[str, Callable[[Any], bool], str], ...] = (
     ("model.encoder", *_one_of(POPULATION_ENCODERS)),
     ("head.name", *_one_of(POPULATION_HEADS)),
     ("action.mode", *_one_of(POPULATION_ACTION_MODES)),
-    ("action.switch_margin", (lambda v: v == 0), "0"),
     ("data.augment.method", *_one_of(frozenset({"none"}))),
     ("replay.name", *_one_of(POPULATION_REPLAYS)),
     ("replay.her", *_is(False)),

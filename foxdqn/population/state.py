@@ -34,7 +34,8 @@ class PopulationState:
     member's; ``obs``: float32 ``[P·N, D]``, the observations to act on next; ``env_steps`` and
     ``updates``: int64 0-d, per member. ``inject_nan``: some member has ``debug.inject_nan_at_step``.
     ``generator`` is None (members draw from ``rng``). ``eps_duration``: float32 ``[P]``, the steps
-    of each member's linear ε decay (:meth:`MemberParams.eps_duration`, made once)."""
+    of each member's linear ε decay (:meth:`MemberParams.eps_duration`, made once). ``switch``:
+    the members' switch penalty (``action.switch_margin`` > 0), else None."""
 
     cfg: TrainConfig
     cfgs: list[TrainConfig]
@@ -55,6 +56,7 @@ class PopulationState:
     eps_duration: torch.Tensor
     inject_nan: bool = False
     generator: None = None
+    switch: object = None  # action.switch_margin > 0: MemberSwitch (foxdqn.population.switch), else None
 
     @property
     def members(self) -> int:
@@ -92,10 +94,15 @@ def build_population(cfgs: list[TrainConfig], market, device: torch.device) -> P
                           cfg.replay.n_step, obs_dtype=row_dtype)
     attach_codec(replay, env, codec)
     obs = env.reset_all().to(torch.float32).clone()
+    switch = None
+    if cfg.action.switch_margin > 0:  # the greedy choice's switch penalty, each member's reward scale
+        from foxdqn.population.switch import MemberSwitch
+
+        switch = MemberSwitch(cfg.action.switch_margin, params.reward_scale, mode.name, env, device)
     zero = dict(dtype=torch.int64, device=device)
     return PopulationState(
         cfg=cfg, cfgs=list(cfgs), device=device, rng=rng, params=params, env=env, action_mode=mode, obs=obs,
         online=online, target=target, optimizer=optimizer, replay=replay, guard=MemberGuard(params.loss_clip, device),
         stats=MemberStats(len(cfgs), cfg.env.num_envs, device), env_steps=torch.zeros((), **zero),
         updates=torch.zeros((), **zero), eps_duration=params.eps_duration(cfg.agent.total_env_steps),
-        inject_nan=any(c.debug.inject_nan_at_step is not None for c in cfgs))
+        inject_nan=any(c.debug.inject_nan_at_step is not None for c in cfgs), switch=switch)

@@ -36,7 +36,9 @@ def collect_step(s: PopulationState) -> None:
     p, n, prm = s.members, s.cfg.env.num_envs, s.params
     with torch.no_grad():
         u = s.rng.uniform(2 * n).view(p, 2, n)
-        action = act(s.online, s.obs.view(p, n, -1), s.env_steps, prm.eps_start, prm.eps_end, s.eps_duration, u)
+        penalty = None if s.switch is None else s.switch.acting()  # action.switch_margin: [P·N, A], unfused
+        action = act(s.online, s.obs.view(p, n, -1), s.env_steps, prm.eps_start, prm.eps_end, s.eps_duration, u,
+                     penalty=penalty)
     env_action = s.action_mode.to_env(action, s.env)
     out = s.env.step(env_action)
     store(s.replay, s.env.collect_hook, s.env, s.obs, action, out, prm.reward_scale)
@@ -51,7 +53,8 @@ def update_step(s: PopulationState) -> None:
     p = s.members
     batch = s.replay.sample_members(s.cfg.agent.batch_size)
     s.optimizer.zero_grad(set_to_none=True)
-    loss, q = member_dqn_loss(s.online, s.target, batch, p, s.params.huber_delta, s.cfg.head.double)
+    loss, q = member_dqn_loss(s.online, s.target, batch, p, s.params.huber_delta, s.cfg.head.double,
+                              penalty=None if s.switch is None else s.switch.target(batch))
     if s.inject_nan:  # debug.inject_nan_at_step of some member: poison its loss at that update
         loss = loss + torch.where(s.updates == s.params.nan_at, float("nan"), 0.0)
     loss.sum().backward()

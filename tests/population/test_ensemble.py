@@ -89,3 +89,12 @@ def test_an_ensemble_of_different_members_is_its_own_policy():
     scores = EnsembleGreedy(s.online, [0, 1, 2], "mean")(obs)
     assert torch.allclose(scores, member_q.mean(dim=0), atol=1e-6)
     assert torch.equal(EnsembleGreedy(s.online, [1], "mean")(obs).argmax(dim=1), member_q[1].argmax(dim=1))
+
+
+def test_a_vote_cannot_price_a_switch():
+    from foxdqn.compose import load_config
+    from foxdqn.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="eval.ensemble=vote counts the members' greedy actions"):
+        load_config(["debug=smoke", "device=cpu", "action.switch_margin=1", "eval.ensemble=vote"])
+    assert load_config(["debug=smoke", "device=cpu", "action.switch_margin=1"]).eval.ensemble == "mean"

@@ -107,7 +107,7 @@ def test_batch_refusal_accepts_the_supported_experiments(cartpole, trading):
 
 
 REFUSED = [("env.name", "bitflip"), ("env.name", "gym"), ("model.encoder", "attention"), ("head.name", "c51"),
-           ("head.name", "iqn"), ("action.mode", "branching"), ("action.switch_margin", 2.0),
+           ("head.name", "iqn"), ("action.mode", "branching"),
            ("data.augment.method", "block_bootstrap"), ("replay.name", "per"), ("replay.her", True),
            ("objective.cql_alpha", 1.0), ("objective.iql", True), ("regime.enabled", True), ("prune.enabled", True),
            ("optim.accumulate", 2), ("guard.max_weight", 10.0), ("guard.collapse_multiplier", 5.0),

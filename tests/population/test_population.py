@@ -122,3 +122,32 @@ def test_member_hyperparameters_are_the_member_keys():
     from foxdqn.population.hparams import KEYS
 
     assert set(MEMBER_KEYS) == {"seed", *KEYS.values()}
+
+
+def test_switch_margin_members_equal_runs_of_one_member():
+    """action.switch_margin in a population: each member's penalty uses its own reward scale, in the
+    collect step and in the bootstrap target's argmax; members equal populations of one."""
+    base = [*TRADING, "action.switch_margin=3"]
+    members = [["seed=5"], ["seed=6", "loss.reward_scale=10"], ["seed=7", "agent.gamma=0.9"]]
+    together = run(configs(base, members))
+    assert together.switch is not None
+    for p, extra in enumerate(members):
+        alone = run(configs(base, [extra]))
+        assert_member_equal(together, p, alone, 0)
+
+
+def test_switch_margin_changes_what_a_population_learns():
+    """The penalty reaches the collect step and the target: with a huge margin the greedy part never
+    leaves its position, so the members' weights differ from a run without it."""
+    members = [["seed=5"], ["seed=6"]]
+    plain = run(configs(TRADING, members))
+    priced = run(configs([*TRADING, "action.switch_margin=1000"], members))
+    assert any(not torch.equal(a, b) for a, b in zip(member_tensors(plain, 0).values(),
+                                                     member_tensors(priced, 0).values()))
+    from foxdqn.population.ensemble import ensemble_walks
+    from foxdqn.population.evaluate import member_walks
+
+    market = market_for(priced.cfg)
+    assert [w["metrics"]["agent"]["num_trades"] for w in member_walks(priced, market, "test", ("agent",))] == [0, 0]
+    assert ensemble_walks(priced, market, [0, 1], "mean")[0]["metrics"]["num_trades"] == 0
+    assert sum(w["metrics"]["agent"]["num_trades"] for w in member_walks(plain, market, "test", ("agent",))) > 0
