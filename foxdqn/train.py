@@ -146,8 +146,10 @@ def main() -> None:
 
     from foxdqn.compose import composition_error
     from hydra_plugins.foxdqn_population.population_launcher import register
+    from hydra_plugins.foxdqn_population.sweeper import register as register_sweeper
 
     register()  # hydra/launcher=population, also where Hydra's plugin scan misses it (an editable install)
+    register_sweeper()  # hydra/sweeper=basic (the default) checks each batch once per structure
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, _outside_training)
     os.environ["HYDRA_FULL_ERROR"] = "1"  # Hydra raises instead of printing a multi-line report and exit 1
