@@ -11,7 +11,7 @@ from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
-from foxdqn.config import TrainConfig, finalize, unknown_key_message
+from foxdqn.config import TrainConfig, composition_error, finalize
 from foxdqn.errors import ConfigError
 
 
@@ -226,66 +226,6 @@ def _compose(make) -> DictConfig:
         raise
     except Exception as exc:  # hydra / omegaconf errors: unknown key, wrong type, missing option
         raise ConfigError(composition_error(exc)) from None
-
-
-#: Hydra plugins foxdqn documents: the option Hydra cannot find → (the plugin, foxdqn's extra).
-PLUGINS = {
-    "hydra/sweeper/optuna": ("hydra-optuna-sweeper", "sweep"),
-    "hydra/launcher/joblib": ("hydra-joblib-launcher", "sweep"),
-    "hydra/launcher/submitit_local": ("hydra-submitit-launcher", "slurm"),
-    "hydra/launcher/submitit_slurm": ("hydra-submitit-launcher", "slurm"),
-    "hydra/launcher/ray": ("hydra-ray-launcher", "ray"),
-}
-
-
-def composition_error(exc: BaseException) -> str:
-    """One line from a Hydra/OmegaConf composition error: an unknown key names the keys allowed
-    there (or where it moved), a bad choice lists the choices, a missing group option lists the
-    options, a launcher or sweeper whose plugin is not installed names the extra that installs it
-    (:data:`PLUGINS`), and Hydra's own hint (``+experiment=...``) is kept."""
-    import re
-
-    text = str(exc).strip() or type(exc).__name__
-    missing = re.search(r"Could not find '(hydra/(?:sweeper|launcher)/\w+)'", text)
-    if missing and missing.group(1) in PLUGINS:
-        plugin, extra = PLUGINS[missing.group(1)]
-        option = missing.group(1).rsplit("/", 1)
-        return (f"{option[0]}={option[1]} needs the Hydra plugin {plugin}, not installed: "
-                f"pip install 'foxdqn[{extra}]' (or pip install {plugin})")
-    cause = exc.__cause__ or exc.__context__
-    full = text + ("\n" + str(cause) if cause is not None else "")
-    group_file = re.match(r"In '(experiment|hparams_search)/([^']+)'", text)
-    if group_file and re.search(rf"@{group_file.group(1)}\.|full_key: {group_file.group(1)}(\.|\s|$)", full):
-        # a file of these groups without `# @package _global_` lands under the key `experiment` (or
-        # `hparams_search`): its `override /head: q` becomes head@experiment.head, its keys experiment.*
-        return (f"{group_file.group(1)}/{group_file.group(2)}.yaml: add the line `# @package _global_` at the top "
-                f"of the file (its keys and overrides are for the whole config, as in conf/experiment/)")
-    key = re.search(r"full_key: (\S+)", full)
-    choice = re.search(r"Invalid value '([^']*)', expected one of \[([^\]]*)\]", full)
-    if choice and key:
-        hint = (" (YAML reads on/off/yes/no/true/false as booleans: quote the word, e.g. graph: 'off')"
-                if choice.group(1) in ("True", "False") else "")
-        return f"{key.group(1)}={choice.group(1)!r} is not allowed; choose one of {choice.group(2)}{hint}"
-    unknown = re.search(r"Could not override '([^']+)'", text)
-    if unknown and "No match in the defaults list" not in text:
-        return unknown_key_message(unknown.group(1))
-    if key and re.search(r"interpolation", full, re.I):  # ${...} that does not resolve
-        first = text.splitlines()[0].strip()
-        return f"{key.group(1)}: {first} (in a ${{...}} interpolation)"
-    if key and re.search(r"not in struct|Key '[^']+' (is )?not in", full):
-        where = re.match(r"In '([^']+)'", text)
-        return (f"{where.group(1)}: " if where else "") + unknown_key_message(key.group(1))
-    lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
-    cut = next((i for i, ln in enumerate(lines) if ln.startswith("Config search path")), len(lines))
-    keep = [ln for ln in lines[:cut] if not ln.startswith(("object_type", "reference_type", "Set the environment variable"))]
-    if any(ln.startswith("Available options") for ln in keep):  # "...in 'head':" + one option per line
-        i = next(i for i, ln in enumerate(keep) if ln.startswith("Available options"))
-        keep = keep[:i] + [keep[i] + " " + ", ".join(keep[i + 1:])]
-    if cause is not None and str(cause).strip():
-        first = str(cause).strip().splitlines()[0].strip()
-        if first not in keep:
-            keep.append(first)
-    return " ".join(ln if ln.endswith(".") else ln + ";" for ln in keep).rstrip(";") or text
 
 
 def from_plain(values: dict) -> TrainConfig:

@@ -68,7 +68,7 @@ def config_from(payload: dict, overrides: list[str]):
     from omegaconf import OmegaConf
 
     from foxdqn.config import TrainConfig, to_object, validate
-    from foxdqn.compose import composition_error
+    from foxdqn.config import composition_error
     from foxdqn.errors import ConfigError
 
     try:

@@ -144,7 +144,7 @@ def main() -> None:
     from hydra.errors import HydraException
     from omegaconf.errors import OmegaConfBaseException
 
-    from foxdqn.compose import composition_error
+    from foxdqn.config import composition_error
     from hydra_plugins.foxdqn_population.population_launcher import register
     from hydra_plugins.foxdqn_population.sweeper import register as register_sweeper
 
