@@ -60,6 +60,7 @@ def main() -> None:
         _, wait_status = os.waitpid(pid, 0)
         protocol.write(json.dumps(os.waitstatus_to_exitcode(wait_status)) + "\n")
         protocol.flush()
+    os._exit(0)  # without the interpreter's teardown (Triton's nanobind prints its leak lines there)
 
 
 if __name__ == "__main__":

@@ -499,16 +499,18 @@ class CliServer:
     ``tests/cli_server.py`` forks once the imports are done and that runs MODULE as ``__main__`` in
     full. For calls whose outcome does not depend on being the first thing the interpreter ran:
     the exit status and output of bad input, refusals, short runs (a run's timings.json counts the
-    server's wait in ``imports``). One call at a time; :meth:`close` ends the server."""
+    server's wait in ``imports``). The server starts at the first call; one call at a time;
+    :meth:`close` ends it."""
 
     def __init__(self, module: str, env: dict, folder: Path) -> None:
-        self.env, self.folder, self.calls = env, Path(folder), 0
-        self.proc = subprocess.Popen([sys.executable, str(Path(__file__).with_name("cli_server.py")), module],
-                                     env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
-                                     start_new_session=True)
+        self.module, self.env, self.folder, self.calls, self.proc = module, env, Path(folder), 0, None
 
     def run(self, args, cwd, env: dict | None = None, timeout: float = 300) -> subprocess.CompletedProcess:
         assert env is None or env == self.env, "another environment needs a process of its own"
+        if self.proc is None:  # at the first call
+            self.proc = subprocess.Popen([sys.executable, str(Path(__file__).with_name("cli_server.py")), self.module],
+                                         env=self.env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+                                         start_new_session=True)
         self.calls += 1
         out, err = self.folder / f"{self.calls}.out", self.folder / f"{self.calls}.err"
         request = {"args": [str(a) for a in args], "cwd": str(cwd), "stdout": str(out), "stderr": str(err)}
@@ -517,11 +519,15 @@ class CliServer:
         if not select.select([self.proc.stdout], [], [], timeout)[0]:
             self.close(kill=True)
             raise subprocess.TimeoutExpired(list(args), timeout)
-        status = json.loads(self.proc.stdout.readline())
+        line = self.proc.stdout.readline()
+        assert line, f"tests/cli_server.py {self.module} ended (exit status {self.proc.wait()})"
+        status = json.loads(line)
         return subprocess.CompletedProcess(list(args), status, out.read_text(), err.read_text())
 
     def close(self, kill: bool = False) -> None:
         """End the server: at the end of its input, or (``kill``) at once with the call it runs."""
+        if self.proc is None:
+            return
         if self.proc.poll() is None and not kill:
             self.proc.stdin.close()
             with contextlib.suppress(subprocess.TimeoutExpired):
@@ -529,3 +535,4 @@ class CliServer:
         if self.proc.poll() is None:
             os.killpg(self.proc.pid, signal.SIGKILL)
         self.proc.wait()
+        self.proc = None  # a later call starts another
