@@ -17,22 +17,13 @@ from foxdqn.loop import Interrupted, train
 from foxdqn.compose import load_config
 from foxdqn.train import market_data
 
-from support import CliServer, interrupt_at
+from support import interrupt_at
 
 ROOT = Path(__file__).resolve().parents[1]
 OVERRIDES = ["debug=smoke", "device=cpu", "log.progress=false", "logger=csv", "log.interval_env_steps=256",
              "checkpoint.every_env_steps=512", "checkpoint.save_replay=true"]
 TIMING = ["train/env_steps_per_s"]
 ENV = {**os.environ, "PYTHONPATH": str(ROOT)}
-
-
-@pytest.fixture(scope="module")
-def train_cli(tmp_path_factory):
-    """``python -m foxdqn.train ARGS`` in ``cwd``: forked from one process that imported foxdqn.train
-    once (support.CliServer)."""
-    server = CliServer("foxdqn.train", ENV, tmp_path_factory.mktemp("cli"))
-    yield lambda *args, cwd, timeout=300: server.run(args, cwd=cwd, timeout=timeout)
-    server.close()
 
 
 @pytest.fixture(scope="module")
@@ -71,7 +62,7 @@ def test_interrupted_and_resumed_equals_uninterrupted(tmp_path, monkeypatch, uni
 
 def test_resume_refuses_another_config_and_a_finished_run(train_cli, tmp_path):
     def run(*args):
-        return train_cli("debug=smoke", "log.progress=false", *args, cwd=tmp_path)
+        return train_cli(["debug=smoke", "log.progress=false", *args], cwd=tmp_path)
 
     first = run(f"hydra.run.dir={tmp_path / 'a'}")
     assert first.returncode == 0, first.stderr[-2000:]
@@ -82,7 +73,7 @@ def test_resume_refuses_another_config_and_a_finished_run(train_cli, tmp_path):
     (tmp_path / "a" / "INCOMPLETE").write_text("pretend it was killed\n")
     other = run(f"hydra.run.dir={tmp_path / 'a'}", "resume=auto", "optim.lr=1e-3")
     assert other.returncode == 2 and "optim.lr" in other.stderr and len(other.stderr.strip().splitlines()) == 1
-    missing = train_cli(f"hydra.run.dir={tmp_path / 'b'}", "resume=auto", cwd=tmp_path)
+    missing = train_cli([f"hydra.run.dir={tmp_path / 'b'}", "resume=auto"], cwd=tmp_path)
     assert missing.returncode == 2 and "no run in" in missing.stderr and not (tmp_path / "b").exists()
     foreign = tmp_path / "foreign.pt"
     foreign.write_bytes(b"not a checkpoint")
@@ -111,9 +102,9 @@ def test_the_printed_resume_command_continues_a_run_started_with_overrides(train
     assert proc.returncode == 130, err[-2000:]
     hint = err.strip().splitlines()[-1].split("continue with ", 1)[1].split()
     assert hint == ["resume=auto", f"hydra.run.dir={run_dir}"]
-    clash = train_cli(*hint, "optim.lr=0.01", cwd=tmp_path)
+    clash = train_cli([*hint, "optim.lr=0.01"], cwd=tmp_path)
     assert clash.returncode == 2 and "optim.lr (0.01 here, 0.001 there)" in clash.stderr
-    res = train_cli(*hint, "log.progress=false", cwd=tmp_path, timeout=600)
+    res = train_cli([*hint, "log.progress=false"], cwd=tmp_path, timeout=600)
     assert res.returncode == 0, res.stderr[-2000:]
     config = OmegaConf.load(run_dir / "config.yaml")
     assert config.data.name == "googl_1d" and config.optim.lr == 0.001 and config.agent.total_env_steps == 20000
@@ -125,7 +116,7 @@ def test_resume_auto_starts_over_a_run_killed_before_its_first_checkpoint(train_
     run_dir.mkdir()
     (run_dir / "INCOMPLETE").write_text("killed early\n")
     (run_dir / "metrics.csv").write_text("step,train/loss\n256,0.5\n")
-    res = train_cli("debug=smoke", "log.progress=false", "resume=auto", f"hydra.run.dir={run_dir}", cwd=tmp_path)
+    res = train_cli(["debug=smoke", "log.progress=false", "resume=auto", f"hydra.run.dir={run_dir}"], cwd=tmp_path)
     assert res.returncode == 0, res.stderr[-2000:]
     assert "starting it over" in res.stdout + res.stderr
     assert not (run_dir / "INCOMPLETE").exists() and (run_dir / "eval" / "summary.json").is_file()

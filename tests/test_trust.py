@@ -18,7 +18,6 @@ import numpy as np
 import pandas as pd
 import pytest
 import torch
-from support import CliServer
 
 from foxdqn.checkpoint import MAGIC, FORMAT, encode, load_checkpoint, upgrade_file
 from foxdqn.errors import ConfigError, DataError
@@ -29,21 +28,10 @@ SMOKE = ["debug=smoke", "log.progress=false", "device=cpu", "logger=csv"]
 
 
 @pytest.fixture(scope="module")
-def cli(tmp_path_factory):
-    """{module: its ``python -m`` calls} for foxdqn.train, foxdqn.evaluate and foxdqn.checkpoint:
-    forked from a process each that imported the module once (support.CliServer)."""
-    servers = {m: CliServer(m, ENV, tmp_path_factory.mktemp(m)) for m in ("foxdqn.train", "foxdqn.evaluate",
-                                                                          "foxdqn.checkpoint")}
-    yield {m: server.run for m, server in servers.items()}
-    for server in servers.values():
-        server.close()
-
-
-@pytest.fixture(scope="module")
 def train(cli):
-    """``python -m foxdqn.train ARGS`` in ``cwd``: its CompletedProcess."""
+    """``python -m foxdqn.train ARGS`` in ``cwd``: its CompletedProcess (conftest's ``cli``)."""
     def call(*args, cwd: Path, timeout: int = 300) -> subprocess.CompletedProcess:
-        return cli["foxdqn.train"](args, cwd=cwd, timeout=timeout)
+        return cli("foxdqn.train", args, cwd=cwd, timeout=timeout)
     return call
 
 
@@ -118,7 +106,7 @@ def test_every_entry_point_refuses_a_malicious_checkpoint(train, cli, finished_r
     ckpt = run_dir / "checkpoints" / "last.pt"
     ckpt.write_bytes(make(marker))
     if entry == "evaluate":
-        res = cli["foxdqn.evaluate"]([f"checkpoint={ckpt}"], cwd=tmp_path)
+        res = cli("foxdqn.evaluate", [f"checkpoint={ckpt}"], cwd=tmp_path)
     elif entry == "resume=PATH":
         res = train(f"resume={ckpt}", f"hydra.run.dir={tmp_path / 'other'}", cwd=tmp_path)
     else:
@@ -144,7 +132,7 @@ def test_a_flipped_byte_a_cut_file_and_a_damaged_header_are_refused(cli, finishe
         path.write_bytes(bytes(content))
         with pytest.raises(ConfigError, match=needles[name]):
             load_checkpoint(path)
-    res = cli["foxdqn.evaluate"]([f"checkpoint={tmp_path / 'flip.pt'}"], cwd=tmp_path)
+    res = cli("foxdqn.evaluate", [f"checkpoint={tmp_path / 'flip.pt'}"], cwd=tmp_path)
     assert res.returncode == 2 and "SHA-256" in res.stderr
 
 
@@ -156,7 +144,7 @@ def test_an_older_pickled_checkpoint_is_refused_with_the_command_that_converts_i
     torch.save(old, path)
     with pytest.raises(ConfigError, match=f"python -m foxdqn.checkpoint upgrade {path}"):
         load_checkpoint(path)
-    res = cli["foxdqn.checkpoint"](["upgrade", path], cwd=tmp_path, timeout=120)
+    res = cli("foxdqn.checkpoint", ["upgrade", path], cwd=tmp_path, timeout=120)
     assert res.returncode == 0 and "upgraded" in res.stdout
     new = load_checkpoint(path)
     assert new["format"] == FORMAT and type(new["loop"]["recent_return"]) is float
@@ -333,7 +321,7 @@ def test_upgrade_refuses_a_pickle_that_names_anything_else_without_running_it(cl
     marker, path = tmp_path / "pwned", tmp_path / "evil.pt"
     path.write_bytes(evil_pickle(marker))
     before = path.read_bytes()
-    res = cli["foxdqn.checkpoint"](["upgrade", path], cwd=tmp_path, timeout=120)
+    res = cli("foxdqn.checkpoint", ["upgrade", path], cwd=tmp_path, timeout=120)
     assert res.returncode == 2 and "not an older foxdqn checkpoint" in res.stderr
     assert not marker.exists() and path.read_bytes() == before
 
@@ -426,7 +414,7 @@ def test_evaluate_writes_beside_a_checkpoint_that_is_not_in_its_own_run(cli, fin
     shutil.copy(finished_run / "checkpoints" / "last.pt", foreign)
     for ckpt, expected in ((loose, loose.parent / "evaluations"), (foreign, foreign.parent / "evaluations"),
                            (other / "checkpoints" / "last.pt", other / "checkpoints" / "evaluations")):
-        res = cli["foxdqn.evaluate"]([f"checkpoint={ckpt}"], cwd=tmp_path)
+        res = cli("foxdqn.evaluate", [f"checkpoint={ckpt}"], cwd=tmp_path)
         assert res.returncode == 0, res.stderr[-2000:]
         assert (expected / f"{ckpt.stem}_test" / "summary.json").is_file(), ckpt
     assert not (tmp_path / "evaluations").exists() and not (other / "evaluations").exists()
