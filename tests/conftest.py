@@ -9,7 +9,11 @@ that the workers do not oversubscribe the cores.
 
 This folder goes on ``sys.path`` so that every test file imports the shared helpers of
 ``tests/support.py`` with ``from support import ...``.
+
+The fixtures ``cli`` and ``train_cli`` give ``python -m MODULE ARGS`` calls for the cost of one
+interpreter start and import per module and pytest process (support.CliServer).
 """
+import functools
 import os
 import sys
 from pathlib import Path
@@ -29,6 +33,8 @@ _TESTS = str(Path(__file__).parent)
 if _TESTS not in sys.path:
     sys.path.insert(0, _TESTS)
 
+from support import CliServer  # noqa: E402 - after the sys.path entry
+
 
 def pytest_collection_modifyitems(config, items):
     if torch.cuda.is_available():
@@ -46,3 +52,30 @@ def matmul_precision():
     before = torch.get_float32_matmul_precision()
     yield torch.set_float32_matmul_precision
     torch.set_float32_matmul_precision(before)
+
+
+@pytest.fixture(scope="session")
+def cli(tmp_path_factory):
+    """``cli(MODULE, ARGS, cwd, timeout=300)``: the CompletedProcess (exit status, stdout, stderr)
+    of ``python -m MODULE ARGS`` run in ``cwd`` with this checkout first on PYTHONPATH, from a child
+    forked by a server that imported MODULE once for this pytest process (support.CliServer). Not
+    for calls that test the process's own start (signals during the imports, timings.json's import
+    time, limits set before it starts): those need a process of their own."""
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+    folder, servers = tmp_path_factory.mktemp("cli"), {}
+
+    def call(module: str, args, cwd, timeout: float = 300):
+        if module not in servers:
+            (folder / module).mkdir()
+            servers[module] = CliServer(module, env, folder / module)
+        return servers[module].run(args, cwd=cwd, timeout=timeout)
+
+    yield call
+    for server in servers.values():
+        server.close()
+
+
+@pytest.fixture
+def train_cli(cli):
+    """``train_cli(ARGS, cwd, timeout=300)``: ``cli("foxdqn.train", ARGS, cwd, timeout)``."""
+    return functools.partial(cli, "foxdqn.train")

@@ -8,6 +8,11 @@ from __future__ import annotations
 import contextlib
 import json
 import math
+import os
+import select
+import signal
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -481,3 +486,53 @@ def wandb_history(records) -> list[dict]:
         if r.WhichOneof("record_type") == "history":
             rows.append({"/".join(item.nested_key) or item.key: json.loads(item.value_json) for item in r.history.item})
     return rows
+
+
+# ---------------------------------------------------------------------------------------------
+# command lines
+# ---------------------------------------------------------------------------------------------
+
+class CliServer:
+    """``python -m MODULE ARGS`` calls for one interpreter start and one import of MODULE (torch,
+    Hydra: about 2.5 s a call on 2 CPU cores): :meth:`run` gives what ``subprocess.run([sys.executable,
+    "-m", MODULE, *args], cwd=cwd, env=env, capture_output=True, text=True)`` gives, from a child that
+    ``tests/cli_server.py`` forks once the imports are done and that runs MODULE as ``__main__`` in
+    full. For calls whose outcome does not depend on being the first thing the interpreter ran:
+    the exit status and output of bad input, refusals, short runs (a run's timings.json counts the
+    server's wait in ``imports``). The server starts at the first call; one call at a time;
+    :meth:`close` ends it."""
+
+    def __init__(self, module: str, env: dict, folder: Path) -> None:
+        self.module, self.env, self.folder, self.calls, self.proc = module, env, Path(folder), 0, None
+
+    def run(self, args, cwd, env: dict | None = None, timeout: float = 300) -> subprocess.CompletedProcess:
+        assert env is None or env == self.env, "another environment needs a process of its own"
+        if self.proc is None:  # at the first call
+            self.proc = subprocess.Popen([sys.executable, str(Path(__file__).with_name("cli_server.py")), self.module],
+                                         env=self.env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+                                         start_new_session=True)
+        self.calls += 1
+        out, err = self.folder / f"{self.calls}.out", self.folder / f"{self.calls}.err"
+        request = {"args": [str(a) for a in args], "cwd": str(cwd), "stdout": str(out), "stderr": str(err)}
+        self.proc.stdin.write(json.dumps(request) + "\n")
+        self.proc.stdin.flush()
+        if not select.select([self.proc.stdout], [], [], timeout)[0]:
+            self.close(kill=True)
+            raise subprocess.TimeoutExpired(list(args), timeout)
+        line = self.proc.stdout.readline()
+        assert line, f"tests/cli_server.py {self.module} ended (exit status {self.proc.wait()})"
+        status = json.loads(line)
+        return subprocess.CompletedProcess(list(args), status, out.read_text(), err.read_text())
+
+    def close(self, kill: bool = False) -> None:
+        """End the server: at the end of its input, or (``kill``) at once with the call it runs."""
+        if self.proc is None:
+            return
+        if self.proc.poll() is None and not kill:
+            self.proc.stdin.close()
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self.proc.wait(timeout=30)
+        if self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        self.proc.wait()
+        self.proc = None  # a later call starts another

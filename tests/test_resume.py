@@ -23,14 +23,21 @@ ROOT = Path(__file__).resolve().parents[1]
 OVERRIDES = ["debug=smoke", "device=cpu", "log.progress=false", "logger=csv", "log.interval_env_steps=256",
              "checkpoint.every_env_steps=512", "checkpoint.save_replay=true"]
 TIMING = ["train/env_steps_per_s"]
+ENV = {**os.environ, "PYTHONPATH": str(ROOT)}
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory):
+    """(config, market data, summary, folder) of the uninterrupted run of OVERRIDES."""
+    cfg = load_config(OVERRIDES)
+    market = market_data(cfg)
+    folder = tmp_path_factory.mktemp("uninterrupted")
+    return cfg, market, train(cfg, market, folder), folder
 
 
 @pytest.mark.parametrize("signum, at", [(signal.SIGINT, 23), (signal.SIGTERM, 41)])
-def test_interrupted_and_resumed_equals_uninterrupted(tmp_path, monkeypatch, signum, at):
-    cfg = load_config(OVERRIDES)
-    market = market_data(cfg)
-    whole = train(cfg, market, tmp_path / "whole")
-
+def test_interrupted_and_resumed_equals_uninterrupted(tmp_path, monkeypatch, uninterrupted, signum, at):
+    cfg, market, whole, whole_dir = uninterrupted
     interrupt_at(monkeypatch, at, signum)
     with pytest.raises(Interrupted) as stopped:
         train(cfg, market, tmp_path / "cut")
@@ -40,25 +47,22 @@ def test_interrupted_and_resumed_equals_uninterrupted(tmp_path, monkeypatch, sig
     assert 0 < payload["env_steps"] < cfg.agent.total_env_steps
     resumed = train(cfg, market, tmp_path / "cut", resume=payload)
 
-    a = load_checkpoint(tmp_path / "whole" / "checkpoints" / "last.pt")
+    a = load_checkpoint(whole_dir / "checkpoints" / "last.pt")
     b = load_checkpoint(tmp_path / "cut" / "checkpoints" / "last.pt")
     for name in ("online", "target"):
         for key in a[name]:
             assert torch.equal(a[name][key], b[name][key]), (name, key)
     assert a["env_steps"] == b["env_steps"] and a["updates"] == b["updates"]
     assert resumed["metrics"] == whole["metrics"]
-    ma = pd.read_csv(tmp_path / "whole" / "metrics.csv").drop(columns=TIMING)
+    ma = pd.read_csv(whole_dir / "metrics.csv").drop(columns=TIMING)
     mb = pd.read_csv(tmp_path / "cut" / "metrics.csv").drop(columns=TIMING)
     assert list(mb["step"]) == sorted(set(mb["step"]))  # no step twice
     pd.testing.assert_frame_equal(ma, mb)
 
 
-def test_resume_refuses_another_config_and_a_finished_run(tmp_path):
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-
+def test_resume_refuses_another_config_and_a_finished_run(train_cli, tmp_path):
     def run(*args):
-        return subprocess.run([sys.executable, "-m", "foxdqn.train", "debug=smoke", "log.progress=false", *args],
-                              cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+        return train_cli(["debug=smoke", "log.progress=false", *args], cwd=tmp_path)
 
     first = run(f"hydra.run.dir={tmp_path / 'a'}")
     assert first.returncode == 0, first.stderr[-2000:]
@@ -69,8 +73,7 @@ def test_resume_refuses_another_config_and_a_finished_run(tmp_path):
     (tmp_path / "a" / "INCOMPLETE").write_text("pretend it was killed\n")
     other = run(f"hydra.run.dir={tmp_path / 'a'}", "resume=auto", "optim.lr=1e-3")
     assert other.returncode == 2 and "optim.lr" in other.stderr and len(other.stderr.strip().splitlines()) == 1
-    missing = subprocess.run([sys.executable, "-m", "foxdqn.train", f"hydra.run.dir={tmp_path / 'b'}", "resume=auto"],
-                             cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    missing = train_cli([f"hydra.run.dir={tmp_path / 'b'}", "resume=auto"], cwd=tmp_path)
     assert missing.returncode == 2 and "no run in" in missing.stderr and not (tmp_path / "b").exists()
     foreign = tmp_path / "foreign.pt"
     foreign.write_bytes(b"not a checkpoint")
@@ -82,16 +85,15 @@ def test_resume_refuses_another_config_and_a_finished_run(tmp_path):
     assert not (tmp_path / "a" / "INCOMPLETE").exists() and not (tmp_path / "c").exists()
 
 
-def test_the_printed_resume_command_continues_a_run_started_with_overrides(tmp_path):
+def test_the_printed_resume_command_continues_a_run_started_with_overrides(train_cli, tmp_path):
     """SIGINT prints 'continue with resume=auto hydra.run.dir=RUN': that command alone continues the
     run with its own settings (here another dataset, learning rate and budget), read from its
     checkpoint; a key given again must agree."""
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
     run_dir = tmp_path / "run"
-    started = ["+experiment=googl_dqn", "optim.lr=0.001", "agent.total_env_steps=60000", "log.progress=false",
+    started = ["+experiment=googl_dqn", "optim.lr=0.001", "agent.total_env_steps=20000", "log.progress=false",
                "checkpoint.every_env_steps=2500", "log.interval_env_steps=1250", "device=cpu", "logger=csv"]
     proc = subprocess.Popen([sys.executable, "-m", "foxdqn.train", *started, f"hydra.run.dir={run_dir}"],
-                            cwd=tmp_path, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+                            cwd=tmp_path, env=ENV, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + 300
     while time.monotonic() < deadline and not (run_dir / "checkpoints" / "last.pt").is_file():
         time.sleep(0.05)
@@ -100,25 +102,21 @@ def test_the_printed_resume_command_continues_a_run_started_with_overrides(tmp_p
     assert proc.returncode == 130, err[-2000:]
     hint = err.strip().splitlines()[-1].split("continue with ", 1)[1].split()
     assert hint == ["resume=auto", f"hydra.run.dir={run_dir}"]
-    clash = subprocess.run([sys.executable, "-m", "foxdqn.train", *hint, "optim.lr=0.01"], cwd=tmp_path, env=env,
-                           capture_output=True, text=True, timeout=300)
+    clash = train_cli([*hint, "optim.lr=0.01"], cwd=tmp_path)
     assert clash.returncode == 2 and "optim.lr (0.01 here, 0.001 there)" in clash.stderr
-    res = subprocess.run([sys.executable, "-m", "foxdqn.train", *hint, "log.progress=false"], cwd=tmp_path, env=env,
-                         capture_output=True, text=True, timeout=600)
+    res = train_cli([*hint, "log.progress=false"], cwd=tmp_path, timeout=600)
     assert res.returncode == 0, res.stderr[-2000:]
     config = OmegaConf.load(run_dir / "config.yaml")
-    assert config.data.name == "googl_1d" and config.optim.lr == 0.001 and config.agent.total_env_steps == 60000
+    assert config.data.name == "googl_1d" and config.optim.lr == 0.001 and config.agent.total_env_steps == 20000
     assert (run_dir / "eval" / "summary.json").is_file()
 
 
-def test_resume_auto_starts_over_a_run_killed_before_its_first_checkpoint(tmp_path):
+def test_resume_auto_starts_over_a_run_killed_before_its_first_checkpoint(train_cli, tmp_path):
     run_dir = tmp_path / "killed"
     run_dir.mkdir()
     (run_dir / "INCOMPLETE").write_text("killed early\n")
     (run_dir / "metrics.csv").write_text("step,train/loss\n256,0.5\n")
-    res = subprocess.run([sys.executable, "-m", "foxdqn.train", "debug=smoke", "log.progress=false", "resume=auto",
-                          f"hydra.run.dir={run_dir}"], cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(ROOT)},
-                         capture_output=True, text=True, timeout=300)
+    res = train_cli(["debug=smoke", "log.progress=false", "resume=auto", f"hydra.run.dir={run_dir}"], cwd=tmp_path)
     assert res.returncode == 0, res.stderr[-2000:]
     assert "starting it over" in res.stdout + res.stderr
     assert not (run_dir / "INCOMPLETE").exists() and (run_dir / "eval" / "summary.json").is_file()

@@ -14,9 +14,11 @@ METRIC_KEYS = {"total_return", "sharpe", "sortino", "max_drawdown", "profit_fact
                "num_trades"}
 
 
+ENV = {**os.environ, "PYTHONPATH": str(ROOT)}
+
+
 def run(args, cwd):
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    return subprocess.run([sys.executable, "-m", "foxdqn.train", *args], cwd=cwd, env=env,
+    return subprocess.run([sys.executable, "-m", "foxdqn.train", *args], cwd=cwd, env=ENV,
                           capture_output=True, text=True, timeout=300)
 
 
@@ -71,18 +73,18 @@ def assert_timings(run_dir: Path, summary: dict, log: str):
     assert "start-up breakdown: wall" in log
 
 
-def test_multirun_writes_the_report(tmp_path):
+def test_multirun_writes_the_report(train_cli, tmp_path):
     """foxdqn.report on a real 2x2 sweep (two learning rates x two seeds), written by the callback."""
     sweep = tmp_path / "sweep"
-    res = run(["--multirun", "debug=smoke", "debug.max_env_steps=1024", "eval.interval_env_steps=256", "seed=0,1",
+    res = train_cli(["--multirun", "debug=smoke", "debug.max_env_steps=1024", "eval.interval_env_steps=512", "seed=0,1",
                "optim.lr=3e-4,1e-3", f"hydra.sweep.dir={sweep}"], cwd=tmp_path)
     assert res.returncode == 0, res.stderr[-2000:]
     report = json.loads((sweep / "report.json").read_text())
     settings = report["settings"]
     assert len(settings) == 2 and all(e["seeds"] == 2 for e in settings)
     assert {e["setting"] for e in settings} == {
-        "debug=smoke debug.max_env_steps=1024 eval.interval_env_steps=256 optim.lr=0.0003",
-        "debug=smoke debug.max_env_steps=1024 eval.interval_env_steps=256 optim.lr=0.001"}
+        "debug=smoke debug.max_env_steps=1024 eval.interval_env_steps=512 optim.lr=0.0003",
+        "debug=smoke debug.max_env_steps=1024 eval.interval_env_steps=512 optim.lr=0.001"}
     assert report["swept"] == ["optim.lr"] and len(report["jobs"]) == 4
     for values in ([e["selection"]["mean"] for e in settings], [j["val"] for j in report["jobs"]]):
         assert values == sorted(values, reverse=True)  # best validation first
@@ -93,13 +95,13 @@ def test_multirun_writes_the_report(tmp_path):
 
 
 @pytest.mark.parametrize("kind", ["googl", "csv"])
-def test_other_data_smoke(tmp_path, kind):
+def test_other_data_smoke(train_cli, tmp_path, kind):
     if kind == "googl":
         args = ["+experiment=googl_dqn"]
     else:
         csv = write_csv(make_synthetic_ohlcv(1500, drift_per_bar=2e-4, vol=3e-3, seed=5), tmp_path / "my bars.csv")
         args = [f"data.path={csv}"]
-    res = run([*args, "debug=smoke"], cwd=tmp_path)
+    res = train_cli([*args, "debug=smoke"], cwd=tmp_path)
     assert res.returncode == 0, res.stderr[-2000:]
     (run_dir,) = (tmp_path / "outputs").glob("*/*")
     summary = assert_outputs(run_dir)
@@ -138,9 +140,9 @@ def _bad_csv(tmp_path):
     (["data.name=martingale_1h", "data.synthetic.phi=0.2"],
      "data.synthetic.phi is not a parameter of data.name=martingale_1h"),
 ])
-def test_bad_input_one_line_exit_2_no_run_dir(tmp_path, args, needle):
+def test_bad_input_one_line_exit_2_no_run_dir(train_cli, tmp_path, args, needle):
     args = [f"data.path={_bad_csv(tmp_path)}" if a == "BAD_CSV" else a for a in args]
-    res = run([*args, f"hydra.run.dir={tmp_path / 'run'}", f"hydra.sweep.dir={tmp_path / 'run'}"], cwd=tmp_path)
+    res = train_cli([*args, f"hydra.run.dir={tmp_path / 'run'}", f"hydra.sweep.dir={tmp_path / 'run'}"], cwd=tmp_path)
     assert res.returncode == 2, (res.returncode, res.stderr[-2000:])
     lines = [ln for ln in res.stderr.splitlines() if ln.strip()]
     assert len(lines) == 1, res.stderr
@@ -148,10 +150,10 @@ def test_bad_input_one_line_exit_2_no_run_dir(tmp_path, args, needle):
     assert not (tmp_path / "run").exists()
 
 
-def test_output_folder_under_a_file_is_one_line_exit_2(tmp_path):
+def test_output_folder_under_a_file_is_one_line_exit_2(train_cli, tmp_path):
     blocker = tmp_path / "a_file"
     blocker.write_text("x")
-    res = run(["debug=smoke", f"hydra.run.dir={blocker / 'run'}"], cwd=tmp_path)
+    res = train_cli(["debug=smoke", f"hydra.run.dir={blocker / 'run'}"], cwd=tmp_path)
     assert res.returncode == 2 and len(res.stderr.strip().splitlines()) == 1
     assert "is a file" in res.stderr and str(blocker) in res.stderr
 
@@ -166,9 +168,9 @@ def _user_conf(tmp_path) -> Path:
     return tmp_path / "myconf"
 
 
-def test_user_experiment_runs_from_its_own_config_dir(tmp_path):
+def test_user_experiment_runs_from_its_own_config_dir(train_cli, tmp_path):
     conf = _user_conf(tmp_path)
-    res = run(["--config-dir", str(conf), "+experiment=mine", "debug=smoke", "debug.max_env_steps=1024",
+    res = train_cli(["--config-dir", str(conf), "+experiment=mine", "debug=smoke", "debug.max_env_steps=1024",
                f"hydra.run.dir={tmp_path / 'run'}"], cwd=tmp_path)
     assert res.returncode == 0, res.stderr[-2000:]
     summary = assert_outputs(tmp_path / "run")
@@ -177,11 +179,11 @@ def test_user_experiment_runs_from_its_own_config_dir(tmp_path):
     assert "name: q" in written and "lr: 0.001" in written
 
 
-def test_a_primary_config_of_ones_own_starts_from_train_yaml(tmp_path):
+def test_a_primary_config_of_ones_own_starts_from_train_yaml(train_cli, tmp_path):
     conf = tmp_path / "myconf"
     conf.mkdir()
     (conf / "mytrain.yaml").write_text("defaults:\n  - train\n  - override head: q\n  - _self_\noptim:\n  lr: 1.0e-3\n")
-    res = run(["--config-dir", str(conf), "--config-name", "mytrain", "debug=smoke", "debug.max_env_steps=1024",
+    res = train_cli(["--config-dir", str(conf), "--config-name", "mytrain", "debug=smoke", "debug.max_env_steps=1024",
                f"hydra.run.dir={tmp_path / 'run'}"], cwd=tmp_path)
     assert res.returncode == 0, res.stderr[-2000:]
     written = (tmp_path / "run" / "config.yaml").read_text()
@@ -189,11 +191,11 @@ def test_a_primary_config_of_ones_own_starts_from_train_yaml(tmp_path):
 
 
 @pytest.mark.parametrize("how", ["config-dir", "searchpath"])
-def test_user_config_folder_is_checked_like_ours(tmp_path, how):
+def test_user_config_folder_is_checked_like_ours(train_cli, tmp_path, how):
     """Every job of a multirun is composed from the user's folder too, before any runs."""
     conf = _user_conf(tmp_path)
     where = ["--config-dir", str(conf)] if how == "config-dir" else [f"hydra.searchpath=[file://{conf}]"]
-    res = run(["--multirun", *where, "+experiment=mine,old", "debug=smoke", f"hydra.sweep.dir={tmp_path / 's'}"],
+    res = train_cli(["--multirun", *where, "+experiment=mine,old", "debug=smoke", f"hydra.sweep.dir={tmp_path / 's'}"],
               cwd=tmp_path)
     assert res.returncode == 2, res.stderr[-2000:]
     assert res.stderr.strip() == ("foxdqn: error: job +experiment=old debug=smoke: experiment/old: agent.lr moved to "
@@ -201,11 +203,11 @@ def test_user_config_folder_is_checked_like_ours(tmp_path, how):
     assert not (tmp_path / "s").exists()
 
 
-def test_help_is_foxdqns_own(tmp_path):
+def test_help_is_foxdqns_own(train_cli, tmp_path):
     """--help: the commands, the experiments and groups, where the docs are; not Hydra's 200-line default."""
     from foxdqn.compose import experiment_names
 
-    res = run(["--help"], cwd=tmp_path)
+    res = train_cli(["--help"], cwd=tmp_path)
     assert res.returncode == 0, res.stderr[-2000:]
     lines = res.stdout.splitlines()
     assert len(lines) < 45 and "Powered by Hydra" not in res.stdout

@@ -27,9 +27,12 @@ ENV = {**os.environ, "PYTHONPATH": str(ROOT)}
 SMOKE = ["debug=smoke", "log.progress=false", "device=cpu", "logger=csv"]
 
 
-def train(*args, cwd: Path, timeout: int = 300, **kwargs) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "foxdqn.train", *args], cwd=cwd, env=ENV, capture_output=True,
-                          text=True, timeout=timeout, **kwargs)
+@pytest.fixture(scope="module")
+def train(cli):
+    """``python -m foxdqn.train ARGS`` in ``cwd``: its CompletedProcess (conftest's ``cli``)."""
+    def call(*args, cwd: Path, timeout: int = 300) -> subprocess.CompletedProcess:
+        return cli("foxdqn.train", args, cwd=cwd, timeout=timeout)
+    return call
 
 
 def tree(folder: Path) -> dict[str, str]:
@@ -39,7 +42,7 @@ def tree(folder: Path) -> dict[str, str]:
 
 
 @pytest.fixture(scope="module")
-def finished_run(tmp_path_factory) -> Path:
+def finished_run(tmp_path_factory, train) -> Path:
     """A finished smoke run of eurusd_dqn (seed 0) with a periodic checkpoint."""
     root = tmp_path_factory.mktemp("trust")
     res = train(*SMOKE, "checkpoint.every_env_steps=1024", f"hydra.run.dir={root / 'run'}", cwd=root)
@@ -97,14 +100,13 @@ def test_load_checkpoint_runs_no_code(tmp_path, make):
 
 @pytest.mark.parametrize("entry", ["evaluate", "resume=PATH", "resume=auto"])
 @pytest.mark.parametrize("make", [evil_pickle, evil_with_header])
-def test_every_entry_point_refuses_a_malicious_checkpoint(finished_run, tmp_path, entry, make):
+def test_every_entry_point_refuses_a_malicious_checkpoint(train, cli, finished_run, tmp_path, entry, make):
     run_dir = copy_run(finished_run, tmp_path / "run")
     marker = tmp_path / "pwned"
     ckpt = run_dir / "checkpoints" / "last.pt"
     ckpt.write_bytes(make(marker))
     if entry == "evaluate":
-        res = subprocess.run([sys.executable, "-m", "foxdqn.evaluate", f"checkpoint={ckpt}"], cwd=tmp_path, env=ENV,
-                             capture_output=True, text=True, timeout=300)
+        res = cli("foxdqn.evaluate", [f"checkpoint={ckpt}"], cwd=tmp_path)
     elif entry == "resume=PATH":
         res = train(f"resume={ckpt}", f"hydra.run.dir={tmp_path / 'other'}", cwd=tmp_path)
     else:
@@ -114,7 +116,7 @@ def test_every_entry_point_refuses_a_malicious_checkpoint(finished_run, tmp_path
     assert not marker.exists()
 
 
-def test_a_flipped_byte_a_cut_file_and_a_damaged_header_are_refused(finished_run, tmp_path):
+def test_a_flipped_byte_a_cut_file_and_a_damaged_header_are_refused(cli, finished_run, tmp_path):
     data = (finished_run / "checkpoints" / "last.pt").read_bytes()
     assert load_checkpoint(finished_run / "checkpoints" / "last.pt")["format"] == FORMAT
     cases = {
@@ -130,12 +132,11 @@ def test_a_flipped_byte_a_cut_file_and_a_damaged_header_are_refused(finished_run
         path.write_bytes(bytes(content))
         with pytest.raises(ConfigError, match=needles[name]):
             load_checkpoint(path)
-    res = subprocess.run([sys.executable, "-m", "foxdqn.evaluate", f"checkpoint={tmp_path / 'flip.pt'}"],
-                         cwd=tmp_path, env=ENV, capture_output=True, text=True, timeout=300)
+    res = cli("foxdqn.evaluate", [f"checkpoint={tmp_path / 'flip.pt'}"], cwd=tmp_path)
     assert res.returncode == 2 and "SHA-256" in res.stderr
 
 
-def test_an_older_pickled_checkpoint_is_refused_with_the_command_that_converts_it(finished_run, tmp_path):
+def test_an_older_pickled_checkpoint_is_refused_with_the_command_that_converts_it(cli, finished_run, tmp_path):
     current = load_checkpoint(finished_run / "checkpoints" / "last.pt")
     old = dict(current, format=3)  # what foxdqn wrote before: a plain torch.save, numpy floats in the loop state
     old["loop"] = dict(old["loop"], recent_return=np.float64(old["loop"]["recent_return"]))
@@ -143,8 +144,7 @@ def test_an_older_pickled_checkpoint_is_refused_with_the_command_that_converts_i
     torch.save(old, path)
     with pytest.raises(ConfigError, match=f"python -m foxdqn.checkpoint upgrade {path}"):
         load_checkpoint(path)
-    res = subprocess.run([sys.executable, "-m", "foxdqn.checkpoint", "upgrade", str(path)], cwd=tmp_path, env=ENV,
-                         capture_output=True, text=True, timeout=120)
+    res = cli("foxdqn.checkpoint", ["upgrade", path], cwd=tmp_path, timeout=120)
     assert res.returncode == 0 and "upgraded" in res.stdout
     new = load_checkpoint(path)
     assert new["format"] == FORMAT and type(new["loop"]["recent_return"]) is float
@@ -161,7 +161,7 @@ def test_a_checkpoint_body_holds_only_tensors_and_plain_data():
     assert encode({"a": [1, 2.0, "s", None, (True,)], "t": torch.zeros(2)}).startswith(MAGIC)
 
 
-def test_resume_auto_keeps_the_recorded_config_of_a_run_killed_before_its_first_checkpoint(tmp_path):
+def test_resume_auto_keeps_the_recorded_config_of_a_run_killed_before_its_first_checkpoint(train, tmp_path):
     """The short form `resume=auto hydra.run.dir=RUN` of a run killed before its first checkpoint
     starts that run over with its own config, not the default one, and ends with the results of
     the run that was never killed."""
@@ -191,7 +191,7 @@ def test_resume_auto_keeps_the_recorded_config_of_a_run_killed_before_its_first_
             (tmp_path / "whole" / ".hydra" / "overrides.yaml").read_text()
 
 
-def test_resume_path_only_continues_a_run_in_its_own_folder(finished_run, tmp_path):
+def test_resume_path_only_continues_a_run_in_its_own_folder(train, finished_run, tmp_path):
     loose = tmp_path / "loose" / "last.pt"
     loose.parent.mkdir()
     shutil.copy(finished_run / "checkpoints" / "last.pt", loose)
@@ -201,7 +201,7 @@ def test_resume_path_only_continues_a_run_in_its_own_folder(finished_run, tmp_pa
     assert [p.name for p in loose.parent.iterdir()] == ["last.pt"]
 
 
-def test_a_checkpoint_of_another_run_is_never_continued(finished_run, tmp_path):
+def test_a_checkpoint_of_another_run_is_never_continued(train, finished_run, tmp_path):
     other = train(*SMOKE, "seed=1", "checkpoint.every_env_steps=1024", f"hydra.run.dir={tmp_path / 'b'}",
                   cwd=tmp_path)
     assert other.returncode == 0, other.stderr[-2000:]
@@ -219,7 +219,7 @@ def test_a_checkpoint_of_another_run_is_never_continued(finished_run, tmp_path):
     assert res.returncode == 2 and "belongs to another run" in res.stderr
 
 
-def test_a_refused_run_leaves_the_folder_as_it_was(finished_run, tmp_path):
+def test_a_refused_run_leaves_the_folder_as_it_was(train, finished_run, tmp_path):
     run_dir = copy_run(finished_run, tmp_path / "run", killed=False)
     before = tree(run_dir)
     res = train(*SMOKE, "seed=7", f"hydra.run.dir={run_dir}", cwd=tmp_path)
@@ -275,7 +275,8 @@ def test_a_full_file_is_named(tmp_path):
     def small_files():
         resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
 
-    res = train(*SMOKE, f"hydra.run.dir={tmp_path / 'run'}", cwd=tmp_path, preexec_fn=small_files)
+    res = subprocess.run([sys.executable, "-m", "foxdqn.train", *SMOKE, f"hydra.run.dir={tmp_path / 'run'}"],
+                         cwd=tmp_path, env=ENV, capture_output=True, text=True, timeout=300, preexec_fn=small_files)
     assert res.returncode == 2, res.stderr[-2000:]
     line = res.stderr.strip().splitlines()[-1]
     assert "writing the run's outputs failed" in line and str(tmp_path / "run") in line and "too large" in line
@@ -318,17 +319,16 @@ def test_a_signal_during_the_imports_and_start_up_is_one_line_and_128_plus_signa
         shutil.rmtree(tmp_path / "run", ignore_errors=True)
 
 
-def test_upgrade_refuses_a_pickle_that_names_anything_else_without_running_it(tmp_path):
+def test_upgrade_refuses_a_pickle_that_names_anything_else_without_running_it(cli, tmp_path):
     marker, path = tmp_path / "pwned", tmp_path / "evil.pt"
     path.write_bytes(evil_pickle(marker))
     before = path.read_bytes()
-    res = subprocess.run([sys.executable, "-m", "foxdqn.checkpoint", "upgrade", str(path)], cwd=tmp_path, env=ENV,
-                         capture_output=True, text=True, timeout=120)
+    res = cli("foxdqn.checkpoint", ["upgrade", path], cwd=tmp_path, timeout=120)
     assert res.returncode == 2 and "not an older foxdqn checkpoint" in res.stderr
     assert not marker.exists() and path.read_bytes() == before
 
 
-def test_a_second_resume_never_touches_a_run_that_is_training(tmp_path):
+def test_a_second_resume_never_touches_a_run_that_is_training(train, tmp_path):
     """resume=auto into a folder whose run is still training before its first checkpoint is refused
     by the folder's lock before anything is removed: the running run is not harmed."""
     run_dir = tmp_path / "run"
@@ -350,7 +350,7 @@ def test_a_second_resume_never_touches_a_run_that_is_training(tmp_path):
     assert first.returncode == 130, err[-2000:]  # it trained on and stopped with its checkpoint
 
 
-def test_an_edited_record_or_a_checkpoint_without_its_record_is_refused(finished_run, tmp_path):
+def test_an_edited_record_or_a_checkpoint_without_its_record_is_refused(train, finished_run, tmp_path):
     edited = copy_run(finished_run, tmp_path / "edited")
     shutil.rmtree(edited / "checkpoints")
     text = (edited / "config.yaml").read_text()
@@ -366,7 +366,7 @@ def test_an_edited_record_or_a_checkpoint_without_its_record_is_refused(finished
         assert res.returncode == 2 and "holds no record" in res.stderr, res.stderr[-2000:]
 
 
-def test_the_stale_file_sweep_removes_only_the_temporary_files_of_atomic_writes(finished_run, tmp_path):
+def test_the_stale_file_sweep_removes_only_the_temporary_files_of_atomic_writes(train, finished_run, tmp_path):
     run_dir = copy_run(finished_run, tmp_path / "run")
     mine = [run_dir / "eval" / ".notes.tmp.txt", run_dir / ".my.tmp", run_dir / "sub" / ".draft.tmp.md"]
     killed_writer = run_dir / "checkpoints" / ".last.pt.ab_12cd3.tmp.pt"
@@ -405,7 +405,7 @@ def test_prices_beyond_the_accounting_range_are_refused(tmp_path):
             load_market_data(DataConfig(path=str(path)), window=8)
 
 
-def test_evaluate_writes_beside_a_checkpoint_that_is_not_in_its_own_run(finished_run, tmp_path):
+def test_evaluate_writes_beside_a_checkpoint_that_is_not_in_its_own_run(cli, finished_run, tmp_path):
     loose = tmp_path / "mal" / "x.pt"
     loose.parent.mkdir()
     shutil.copy(finished_run / "checkpoints" / "last.pt", loose)
@@ -416,8 +416,7 @@ def test_evaluate_writes_beside_a_checkpoint_that_is_not_in_its_own_run(finished
     shutil.copy(finished_run / "checkpoints" / "last.pt", foreign)
     for ckpt, expected in ((loose, loose.parent / "evaluations"), (foreign, foreign.parent / "evaluations"),
                            (other / "checkpoints" / "last.pt", other / "checkpoints" / "evaluations")):
-        res = subprocess.run([sys.executable, "-m", "foxdqn.evaluate", f"checkpoint={ckpt}"], cwd=tmp_path, env=ENV,
-                             capture_output=True, text=True, timeout=300)
+        res = cli("foxdqn.evaluate", [f"checkpoint={ckpt}"], cwd=tmp_path)
         assert res.returncode == 0, res.stderr[-2000:]
         assert (expected / f"{ckpt.stem}_test" / "summary.json").is_file(), ckpt
     assert not (tmp_path / "evaluations").exists() and not (other / "evaluations").exists()

@@ -1,9 +1,5 @@
 """foxdqn.envs.gym_adapter: Gymnasium vector envs plugged into training (env=gym env.id=...)."""
 import json
-import os
-import subprocess
-import sys
-from pathlib import Path
 
 import gymnasium as gym
 import numpy as np
@@ -16,21 +12,14 @@ from foxdqn.step.iteration import HostEnvIteration, make_iteration
 
 from support import small_state
 
-ROOT = Path(__file__).resolve().parents[2]
 SHORT_ID = "FoxdqnTest/CartPoleShort-v0"  # CartPole-v1 with a 12-step time limit: both episode ends happen
 if SHORT_ID not in gym.registry:
     gym.register(SHORT_ID, entry_point="gymnasium.envs.classic_control.cartpole:CartPoleEnv", max_episode_steps=12)
 
 
-def _train_cli(args, cwd):
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    return subprocess.run([sys.executable, "-m", "foxdqn.train", *args], cwd=cwd, env=env,
-                          capture_output=True, text=True, timeout=300)
-
-
-def test_cartpole_gym_smoke_training_writes_summary(tmp_path):
+def test_cartpole_gym_smoke_training_writes_summary(train_cli, tmp_path):
     run_dir = tmp_path / "run"
-    res = _train_cli(["+experiment=cartpole_gym", "debug=smoke", "device=cpu", "log.progress=false",
+    res = train_cli(["+experiment=cartpole_gym", "debug=smoke", "device=cpu", "log.progress=false",
                       "eval.episodes=10", f"hydra.run.dir={run_dir}"], cwd=tmp_path)
     assert res.returncode == 0, res.stderr[-2000:]
     summary = json.loads((run_dir / "eval" / "summary.json").read_text())
@@ -116,8 +105,8 @@ def test_adapter_step_outputs_and_episode_stats():
     (["env=gym", "env.id=ALE/Pong-v5"], ["model.encoder='mlp'", "env.id=ALE/Pong-v5", "model=nature_cnn"]),
     (["env=gym", "env.id=CartPole-v1", "model=nature_cnn"], ["model.encoder='nature_cnn'", "env.id=CartPole-v1"]),
 ])
-def test_bad_gym_env_exit_2_naming_env_id(tmp_path, args, needles):
-    res = _train_cli([*args, "debug=smoke", "device=cpu", f"hydra.run.dir={tmp_path / 'run'}"], cwd=tmp_path)
+def test_bad_gym_env_exit_2_naming_env_id(train_cli, tmp_path, args, needles):
+    res = train_cli([*args, "debug=smoke", "device=cpu", f"hydra.run.dir={tmp_path / 'run'}"], cwd=tmp_path)
     assert res.returncode == 2, res.stderr[-2000:]
     line = res.stderr.strip().splitlines()[-1]
     assert all(n in line for n in needles), line
@@ -135,10 +124,10 @@ def _missing(module: str) -> bool:
     (["env=gym", "env.id=ALE/Pong-v5", "model=nature_cnn", "env.vectorization=sync"],
      ["env.vectorization=sync", "opencv"], "cv2"),
 ])
-def test_missing_optional_dependency_exit_2_before_any_run_folder(tmp_path, args, needles, missing):
+def test_missing_optional_dependency_exit_2_before_any_run_folder(train_cli, tmp_path, args, needles, missing):
     if not _missing(missing):
         pytest.skip(f"{missing} is installed here")
-    res = _train_cli([*args, "debug=smoke", "device=cpu", f"hydra.run.dir={tmp_path / 'run'}"], cwd=tmp_path)
+    res = train_cli([*args, "debug=smoke", "device=cpu", f"hydra.run.dir={tmp_path / 'run'}"], cwd=tmp_path)
     assert res.returncode == 2, res.stderr[-2000:]
     line = res.stderr.strip().splitlines()[-1]
     assert all(n in line for n in needles), line

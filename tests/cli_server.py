@@ -1,0 +1,67 @@
+"""``python tests/cli_server.py MODULE``: runs ``python -m MODULE ARGS`` many times for one
+interpreter start and one import of MODULE (support.CliServer starts it and talks to it).
+
+It imports MODULE (and with it what ``python -m MODULE`` imports: torch, Hydra, ...), then reads
+one JSON request a line from stdin: ``{"args", "cwd", "stdout", "stderr"}``. For each it forks a
+child that is the process ``python -m MODULE ARGS`` would be once its imports are done: its working
+directory ``cwd`` (first on ``sys.path``, as ``-m`` puts it), stdin from /dev/null, stdout and
+stderr into the given files, then MODULE run as ``__main__`` (runpy, as ``-m`` does, the module
+itself not yet imported: its ``__main__`` block, signal handlers included, runs in full). It waits
+for the child and writes its exit status (``-N``: killed by signal N, as subprocess gives it) as
+one JSON line. Environment variables are the server's own: a call with other ones needs a process
+of its own. Linux (fork).
+"""
+import atexit
+import importlib
+import json
+import os
+import runpy
+import sys
+import traceback
+
+from foxdqn.fast_exit import exit_code  # the exit status of sys.exit(code), as Python gives it
+
+
+def _child(module: str, request: dict):
+    os.chdir(request["cwd"])
+    sys.path[0] = os.getcwd()
+    null = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(null, 0)
+    for fd, path in ((1, request["stdout"]), (2, request["stderr"])):
+        out = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        os.dup2(out, fd)
+        os.close(out)
+    sys.argv = ["-m", *request["args"]]  # runpy puts the module's file in argv[0]
+    sys.modules.pop(module)  # as under -m: MODULE runs as __main__ first, its imports are in memory
+    status = 1
+    try:
+        runpy.run_module(module, run_name="__main__", alter_sys=True)
+        status = 0
+    except SystemExit as exc:
+        status = exit_code(exc.code)
+    except BaseException:  # noqa: BLE001 - what the interpreter does with an uncaught exception
+        traceback.print_exc()
+    atexit._run_exitfuncs()
+    for stream in (sys.stdout, sys.stderr):
+        stream.flush()
+    os._exit(status)
+
+
+def main() -> None:
+    module = sys.argv[1]
+    importlib.import_module(module)
+    protocol = sys.stdout
+    for line in iter(sys.stdin.readline, ""):
+        protocol.flush()
+        sys.stderr.flush()
+        pid = os.fork()
+        if pid == 0:
+            _child(module, json.loads(line))
+        _, wait_status = os.waitpid(pid, 0)
+        protocol.write(json.dumps(os.waitstatus_to_exitcode(wait_status)) + "\n")
+        protocol.flush()
+    os._exit(0)  # without the interpreter's teardown (Triton's nanobind prints its leak lines there)
+
+
+if __name__ == "__main__":
+    main()
