@@ -656,6 +656,8 @@ def _cross_checks(cfg: TrainConfig) -> None:
              (cfg.action.mode != "factored", f"action.mode={cfg.action.mode!r} needs env.name=trading", "trading"),
              (cfg.action.switch_margin > 0, f"action.switch_margin={cfg.action.switch_margin} prices a change of the "
               "trading env's exposure (set it to 0 for other envs)", "trading"),
+             (str(cfg.data.augment.method) != "none", f"data.augment.method={cfg.data.augment.method} resamples the "
+              "trading env's bars (set it to none for other envs)", "trading"),
              (cfg.replay.her, "replay.her=true needs a goal-conditioned env (env.name=bitflip)", "bitflip"),
              (cfg.regime.enabled, "regime.enabled=true needs env.name=trading (it weights by the trading env's "
               "volatility regime)", "trading")]
@@ -986,6 +988,6 @@ def composition_error(exc: BaseException) -> str:
         keep = keep[:i] + [keep[i] + " " + ", ".join(keep[i + 1:])]
     if cause is not None and str(cause).strip():
         first = str(cause).strip().splitlines()[0].strip()
-        if first not in keep:
+        if first not in keep and "$VALUE" not in first:  # OmegaConf's unfilled template repeats the text
             keep.append(first)
     return " ".join(ln if ln.endswith(".") else ln + ";" for ln in keep).rstrip(";") or text

@@ -161,5 +161,5 @@ def to_markdown(entries: list[dict[str, Any]]) -> str:
         out += [f"| **concatenated** | {len(e['seeds'])} | {pct(m['total_return'])} | {num(m['sharpe'])} | "
                 f"{num(m['num_trades'])} | {pct(m['buy_and_hold_return'])} |", "",
                 f"Concatenated curve (mean over seeds): Sortino {num(m['sortino'])}, max drawdown "
-                f"{pct(m['max_drawdown']).lstrip('+')}, PSR > 0 {num(m['psr_vs_zero'])}.", ""]
+                f"{pct(m['max_drawdown']).lstrip('+')}, PSR > 0 {m['psr_vs_zero']:.3f}.", ""]
     return "\n".join(out)

@@ -134,6 +134,8 @@ def test_the_ensemble_policy_gets_its_own_columns_and_verdict(tmp_path):
     assert row["met"] is False  # the seeds one by one lose 4.5 % in 350 trades
     assert row["policy_return"] == -0.001 and row["policy_trades"] == 12 and row["policy_met"] is True
     assert "-0.10 %, 12" in to_markdown([row]) and to_markdown([row]).splitlines()[0].count("|") == 15
+    short = market_row("e", MARKETS["martingale_1h"], [job("0", -0.05, 400)], 2)  # a seed halted or failed
+    assert short["policy_return"] == -0.001 and short["policy_met"] is False
     plain = market_row("e", MARKETS["martingale_1h"], [_job(tmp_path, "2", 0.0, 0, 0.0)], 1)
     assert plain["policy_return"] is None and plain["policy_met"] is None
 

@@ -288,3 +288,11 @@ def test_every_experiment_family_ships_a_search_space(name):
     structured = OmegaConf.structured(cfg)
     for key in params:
         assert OmegaConf.select(structured, key, default="missing") != "missing", key
+
+
+def test_trading_options_are_refused_for_other_envs():
+    from foxdqn.compose import load_config
+
+    for option in ("data.augment.method=block_bootstrap", "action.switch_margin=1"):
+        with pytest.raises(ConfigError, match="trading env"):
+            load_config(["+experiment=cartpole_cleanrl", "debug=smoke", "device=cpu", option])

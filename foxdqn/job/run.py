@@ -58,7 +58,8 @@ def run_job(tc: TrainConfig, market, run_dir: Path, payload: dict | None = None,
     except (MemoryError, RuntimeError) as exc:  # allocation failures: a size setting is too large
         _release(folder)
         if isinstance(exc, MemoryError) or "allocate" in str(exc) or "out of memory" in str(exc):
-            fail("out of memory: reduce replay.capacity, env.num_envs, model.hidden or agent.batch_size"
+            paths = "data.augment.paths, " if str(tc.data.augment.method) != "none" else ""
+            fail(f"out of memory: reduce {paths}replay.capacity, env.num_envs, model.hidden or agent.batch_size"
                  + (" (no folder was left)" if folder is None else f"; {run_dir} keeps the run")
                  + f" ({str(exc).splitlines()[0][:120]})")
         raise

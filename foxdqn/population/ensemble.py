@@ -79,7 +79,8 @@ def settings(cfgs: Sequence) -> list[list[int]]:
 
 def ensemble_walks(s, market, jobs: Sequence[int], rule: str) -> dict[int, dict]:
     """Walk the ensemble of every setting of population ``s`` with two or more members, on
-    validation and on ``eval.split``. Returns, per member of such a setting, the summary entry
+    validation and on ``eval.split``; members the guard halted are left out (a setting with fewer
+    than two others has no ensemble). Returns, per member of such a setting, the summary entry
     ``ensemble_policy``: ``rule``, ``members`` (its setting's job numbers), ``split``,
     ``metrics`` (the ensemble's agent metrics on ``eval.split``, :func:`foxdqn.evaluate.evaluate`'s
     format) and ``val_metrics``; members of a one-member setting get no entry."""
@@ -87,6 +88,7 @@ def ensemble_walks(s, market, jobs: Sequence[int], rule: str) -> dict[int, dict]
 
     out: dict[int, dict] = {}
     for members in settings(s.cfgs):
+        members = [p for p in members if s.guard.reason(p) is None]  # a halted member has no say
         if len(members) < 2:
             continue
         greedy = EnsembleGreedy(s.online, members, rule)

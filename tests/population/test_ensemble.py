@@ -98,3 +98,16 @@ def test_a_vote_cannot_price_a_switch():
     with pytest.raises(ConfigError, match="eval.ensemble=vote counts the members' greedy actions"):
         load_config(["debug=smoke", "device=cpu", "action.switch_margin=1", "eval.ensemble=vote"])
     assert load_config(["debug=smoke", "device=cpu", "action.switch_margin=1"]).eval.ensemble == "mean"
+
+
+def test_halted_members_have_no_say():
+    """A member the guard halted keeps untrained weights: it is left out of its setting's ensemble,
+    and a setting left with one member has none."""
+    cfgs = configs(TRADING, [["seed=0"], ["seed=1"], ["seed=2"]])
+    s = run(cfgs)
+    market = market_for(cfgs[0])
+    s.guard.reason = lambda p: "non-finite loss" if p == 1 else None
+    entries = ensemble_walks(s, market, [10, 11, 12], "mean")
+    assert set(entries) == {0, 2} and entries[0]["members"] == [10, 12]
+    s.guard.reason = lambda p: "non-finite loss" if p != 0 else None
+    assert ensemble_walks(s, market, [10, 11, 12], "mean") == {}
