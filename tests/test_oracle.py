@@ -2,10 +2,6 @@
 markets with a known answer, and where it is reported (docs/backtest.md#markets-with-a-known-answer)."""
 import dataclasses
 import json
-import os
-import subprocess
-import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -19,7 +15,6 @@ from foxdqn.envs.execution import ExecutionConfig
 from foxdqn.envs.trading import TradingEnv
 from foxdqn.evaluate import evaluate, oracle_policy
 
-ROOT = Path(__file__).resolve().parents[1]
 CPU = torch.device("cpu")
 # G_t per decision bar against c_t = s_t/2 + (0.3 + 0.3) bp = 1.6 bp at a spread of 2 bp (the defaults)
 FUTURE = [2e-4, 1e-4, -1.5e-4, -1.7e-4, 0.0, 1.61e-4, -1.59e-4, 0.0]
@@ -71,14 +66,11 @@ def test_oracle_is_flat_on_the_martingale():
     assert m["total_return"] == 0 and m["num_trades"] == 0 and m["turnover"] == 0
 
 
-def test_summary_and_table_have_the_oracle_on_a_generated_market(tmp_path):
+def test_summary_and_table_have_the_oracle_on_a_generated_market(train_cli, tmp_path):
     """One smoke run on a 4,000-bar ar1_1h (the eurusd_1h smoke run of tests/test_train_cli.py checks
     that real data has no oracle)."""
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    res = subprocess.run([sys.executable, "-m", "foxdqn.train", "data.name=ar1_1h", "data.synthetic.bars=4000",
-                          "debug=smoke", "debug.max_env_steps=1024", "log.progress=false", "device=cpu",
-                          f"hydra.run.dir={tmp_path / 'run'}"], cwd=tmp_path, env=env, capture_output=True, text=True,
-                         timeout=300)
+    res = train_cli(["data.name=ar1_1h", "data.synthetic.bars=4000", "debug=smoke", "debug.max_env_steps=1024",
+                     "log.progress=false", "device=cpu", f"hydra.run.dir={tmp_path / 'run'}"], cwd=tmp_path)
     assert res.returncode == 0, res.stderr[-2000:]
     summary = json.loads((tmp_path / "run" / "eval" / "summary.json").read_text())
     assert list(summary["metrics"]) == ["agent", "buy_and_hold", "flat", "oracle"]

@@ -15,10 +15,10 @@ ROOT = Path(__file__).resolve().parents[1]
 SMOKE = ["debug=smoke", "debug.max_env_steps=1024", "device=cpu"]
 
 
-def run(args, cwd):
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    return subprocess.run([sys.executable, "-m", "foxdqn.train", "--multirun", *args], cwd=cwd, env=env,
-                          capture_output=True, text=True, timeout=600)
+@pytest.fixture
+def run(train_cli):
+    """``python -m foxdqn.train --multirun ARGS`` in ``cwd`` (conftest's ``train_cli``)."""
+    return lambda args, cwd: train_cli(["--multirun", *args], cwd=cwd, timeout=600)
 
 
 def complete_jobs(sweep: Path) -> list[dict]:
@@ -34,7 +34,7 @@ def complete_jobs(sweep: Path) -> list[dict]:
 
 @pytest.mark.parametrize("launcher", [["hydra/launcher=joblib", "hydra.launcher.n_jobs=2"],
                                       ["hydra/launcher=submitit_local"]], ids=["joblib", "submitit_local"])
-def test_launcher_runs_complete_jobs(tmp_path, launcher):
+def test_launcher_runs_complete_jobs(run, tmp_path, launcher):
     pytest.importorskip("hydra_plugins.hydra_joblib_launcher" if "joblib" in launcher[0]
                         else "hydra_plugins.hydra_submitit_launcher")
     seeds = "seed=0,1" if "joblib" in launcher[0] else "seed=0"
@@ -102,7 +102,7 @@ def test_joblib_jobs_take_a_gpu_each_on_cuda_and_nothing_on_cpu(tmp_path, device
     assert len(slots) == 1 and {p.name for p in slots[0].glob("gpu-*")} == {f"gpu-{g}.0.lock" for g in used}
 
 
-def test_optuna_search_maximises_the_validation_metric(tmp_path):
+def test_optuna_search_maximises_the_validation_metric(run, tmp_path):
     pytest.importorskip("hydra_plugins.hydra_optuna_sweeper")
     res = run(["hparams_search=eurusd_optuna", "hydra.sweeper.n_trials=2", *SMOKE,
                f"hydra.sweep.dir={tmp_path / 's'}"], cwd=tmp_path)
@@ -181,7 +181,7 @@ def test_submitit_slurm_writes_the_sbatch_script_the_docs_describe(tmp_path):
     assert not list((tmp_path / "s").glob("[0-9]*/eval"))  # no job ran here
 
 
-def test_a_launcher_without_its_plugin_names_the_extra(tmp_path):
+def test_a_launcher_without_its_plugin_names_the_extra(run, tmp_path):
     try:
         import hydra_plugins.hydra_ray_launcher  # noqa: F401
     except ImportError:

@@ -1,9 +1,5 @@
 """Bar spacing: a frequency change part-way through is refused, a long gap is reported (foxdqn.data.calendar)."""
 import logging
-import os
-import subprocess
-import sys
-from pathlib import Path
 
 import pandas as pd
 import pytest
@@ -13,7 +9,6 @@ from foxdqn.data.calendar import check_spacing
 from foxdqn.data.synthetic import make_synthetic_ohlcv, write_csv
 from foxdqn.errors import DataError
 
-ROOT = Path(__file__).resolve().parents[2]
 HOUR, DAY = pd.Timedelta(hours=1), pd.Timedelta(days=1)
 
 
@@ -175,14 +170,12 @@ def test_builtin_datasets_have_no_spacing_problem(name, caplog):
 
 # --- end to end -----------------------------------------------------------------------------------
 
-def test_cli_refuses_hourly_bars_turning_daily_with_one_line_and_exit_2(tmp_path):
+def test_cli_refuses_hourly_bars_turning_daily_with_one_line_and_exit_2(train_cli, tmp_path):
     timestamps = stamps((700, HOUR), (700, DAY))
     csv = write_csv(make_synthetic_ohlcv(len(timestamps), seed=4).assign(timestamp=timestamps),
                     tmp_path / "mixed bars.csv")
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    res = subprocess.run([sys.executable, "-m", "foxdqn.train", f"data.path={csv}", "debug=smoke", "device=cpu",
-                          f"hydra.run.dir={tmp_path / 'run'}"], cwd=tmp_path, env=env,
-                         capture_output=True, text=True, timeout=300)
+    res = train_cli([f"data.path={csv}", "debug=smoke", "device=cpu", f"hydra.run.dir={tmp_path / 'run'}"],
+                    cwd=tmp_path)
     assert res.returncode == 2, (res.returncode, res.stderr[-2000:])
     lines = [line for line in res.stderr.splitlines() if line.strip()]
     assert len(lines) == 1, res.stderr

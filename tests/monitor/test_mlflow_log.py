@@ -98,23 +98,18 @@ def test_the_default_store_is_in_the_run_folder_and_owner_only(tmp_path, monkeyp
     assert (tmp_path / "run" / RUN_ID_FILE).read_text().split() == [run.info.run_id, f"sqlite:///{db}"]
 
 
-def test_a_sweeps_jobs_share_the_store_of_the_sweep_folder(tmp_path):
+def test_a_sweeps_jobs_share_the_store_of_the_sweep_folder(train_cli, tmp_path):
     """python -m foxdqn.train --multirun logger=mlflow: one mlflow.db in the sweep folder (0600) with
     both jobs' runs; each job prints its run id and the store beside outputs:."""
     import os
     import re
     import stat
-    import subprocess
-    import sys
-    from pathlib import Path
 
     from mlflow.tracking import MlflowClient
 
-    root = Path(__file__).resolve().parents[2]
     sweep = tmp_path / "sweep"
-    res = subprocess.run([sys.executable, "-m", "foxdqn.train", "--multirun", "debug=smoke", "debug.max_env_steps=1024",
-                          "logger=[csv,mlflow]", "seed=0,1", f"hydra.sweep.dir={sweep}"], cwd=tmp_path,
-                         env={**os.environ, "PYTHONPATH": str(root)}, capture_output=True, text=True, timeout=300)
+    res = train_cli(["--multirun", "debug=smoke", "debug.max_env_steps=1024", "logger=[csv,mlflow]", "seed=0,1",
+                     f"hydra.sweep.dir={sweep}"], cwd=tmp_path)
     assert res.returncode == 0, res.stderr[-2000:]
     db = sweep / "mlflow.db"
     assert stat.S_IMODE(os.stat(db).st_mode) == 0o600 and not (tmp_path / "mlflow.db").exists()

@@ -4,26 +4,18 @@ from __future__ import annotations
 
 import json
 import math
-import os
-import subprocess
-import sys
-from pathlib import Path
 
 import pandas as pd
 import torch
 
 from foxdqn.checkpoint import load_checkpoint
 
-ROOT = Path(__file__).resolve().parents[2]
 
-
-def test_population_multirun_from_the_command_line(tmp_path):
+def test_population_multirun_from_the_command_line(train_cli, tmp_path):
     sweep = tmp_path / "s"
-    cmd = [sys.executable, "-m", "foxdqn.train", "--multirun", "+experiment=cartpole_cleanrl", "debug=smoke",
-           "device=cpu", "log.progress=false", "logger=csv", "seed=0,1", "debug.inject_nan_at_step=null,5",
-           "hydra/launcher=population", f"hydra.sweep.dir={sweep}"]
-    res = subprocess.run(cmd, cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(ROOT)}, capture_output=True,
-                         text=True, timeout=300)
+    res = train_cli(["--multirun", "+experiment=cartpole_cleanrl", "debug=smoke", "device=cpu", "log.progress=false",
+                     "logger=csv", "seed=0,1", "debug.inject_nan_at_step=null,5", "hydra/launcher=population",
+                     f"hydra.sweep.dir={sweep}"], cwd=tmp_path)
     assert res.returncode == 3, res.stderr[-3000:]  # python -m: the launcher's failures reach main()
     assert "foxdqn: error: 2 job(s) of the multirun failed" in res.stderr
     jobs = {}
@@ -53,19 +45,18 @@ def test_population_multirun_from_the_command_line(tmp_path):
             assert math.isfinite(last["train/episode_return"]) and last["train/reward_per_step"] > 0
 
 
-def test_a_multirun_composes_once_per_structure_and_derives_the_other_jobs(tmp_path):
+def test_a_multirun_composes_once_per_structure_and_derives_the_other_jobs(train_cli, tmp_path):
     """Hydra composes the first job; the others differ in values only and are derived without a
     composition (issue 33): their folders hold Hydra's .hydra/ files and their results equal the
     same job composed by Hydra (here job 0 of another population)."""
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    common = [sys.executable, "-m", "foxdqn.train", "--multirun", "+experiment=cartpole_cleanrl", "debug=smoke",
-              "device=cpu", "log.progress=false", "logger=csv", "hydra/launcher=population"]
-    many = subprocess.run([*common, "seed=0,1,2", "optim.lr=1e-3,2e-3", f"hydra.sweep.dir={tmp_path / 'a'}"],
-                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
+    common = ["--multirun", "+experiment=cartpole_cleanrl", "debug=smoke", "device=cpu", "log.progress=false",
+              "logger=csv", "hydra/launcher=population"]
+    many = train_cli([*common, "seed=0,1,2", "optim.lr=1e-3,2e-3", f"hydra.sweep.dir={tmp_path / 'a'}"], cwd=tmp_path,
+                     timeout=600)
     assert many.returncode == 0, many.stderr[-3000:]
     assert "6 jobs checked in" in many.stdout + many.stderr and "5 derived from the 1 Hydra composed" in many.stdout
-    two = subprocess.run([*common, "seed=2,0", "optim.lr=2e-3", f"hydra.sweep.dir={tmp_path / 'b'}"],
-                         cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
+    two = train_cli([*common, "seed=2,0", "optim.lr=2e-3", f"hydra.sweep.dir={tmp_path / 'b'}"], cwd=tmp_path,
+                    timeout=600)
     assert two.returncode == 0, two.stderr[-3000:]
 
     def job(sweep, *wanted):
