@@ -6,12 +6,12 @@ one JSON request a line from stdin: ``{"args", "cwd", "stdout", "stderr"}``. For
 child that is the process ``python -m MODULE ARGS`` would be once its imports are done: its working
 directory ``cwd`` (first on ``sys.path``, as ``-m`` puts it), stdin from /dev/null, stdout and
 stderr into the given files, then MODULE run as ``__main__`` (runpy, as ``-m`` does, the module
-itself not yet imported: its ``__main__`` block, signal handlers included, runs in full). It waits
-for the child and writes its exit status (``-N``: killed by signal N, as subprocess gives it) as
-one JSON line. Environment variables are the server's own: a call with other ones needs a process
-of its own. Linux (fork).
+itself not yet imported: its ``__main__`` block, signal handlers included, runs in full), ending as
+the interpreter ends a program (threads joined, atexit, stdio flushed: foxdqn.fast_exit.exit_now,
+without the teardown that follows). It waits for the child and writes its exit status (``-N``:
+killed by signal N, as subprocess gives it) as one JSON line. Environment variables are the
+server's own: a call with other ones needs a process of its own. Linux (fork).
 """
-import atexit
 import importlib
 import json
 import os
@@ -19,10 +19,11 @@ import runpy
 import sys
 import traceback
 
-from foxdqn.fast_exit import exit_code  # the exit status of sys.exit(code), as Python gives it
+from foxdqn.fast_exit import exit_now  # what the interpreter does at exit, without its teardown
 
 
-def _child(module: str, request: dict):
+def _child(module: str, request: dict, protocol):
+    protocol.close()
     os.chdir(request["cwd"])
     sys.path[0] = os.getcwd()
     null = os.open(os.devnull, os.O_RDONLY)
@@ -33,30 +34,30 @@ def _child(module: str, request: dict):
         os.close(out)
     sys.argv = ["-m", *request["args"]]  # runpy puts the module's file in argv[0]
     sys.modules.pop(module)  # as under -m: MODULE runs as __main__ first, its imports are in memory
-    status = 1
     try:
         runpy.run_module(module, run_name="__main__", alter_sys=True)
-        status = 0
     except SystemExit as exc:
-        status = exit_code(exc.code)
+        exit_now(exc.code)
     except BaseException:  # noqa: BLE001 - what the interpreter does with an uncaught exception
         traceback.print_exc()
-    atexit._run_exitfuncs()
-    for stream in (sys.stdout, sys.stderr):
-        stream.flush()
-    os._exit(status)
+        exit_now(1)
+    exit_now(0)
 
 
 def main() -> None:
     module = sys.argv[1]
+    protocol = os.fdopen(os.dup(1), "w")  # the replies; what the import prints goes to stderr
+    os.dup2(2, 1)
     importlib.import_module(module)
-    protocol = sys.stdout
     for line in iter(sys.stdin.readline, ""):
-        protocol.flush()
+        sys.stdout.flush()
         sys.stderr.flush()
         pid = os.fork()
         if pid == 0:
-            _child(module, json.loads(line))
+            try:
+                _child(module, json.loads(line), protocol)
+            finally:
+                os._exit(1)  # never back into the server's loop
         _, wait_status = os.waitpid(pid, 0)
         protocol.write(json.dumps(os.waitstatus_to_exitcode(wait_status)) + "\n")
         protocol.flush()
