@@ -36,7 +36,7 @@ import pandas as pd
 import torch
 
 from bench.harness import make_state
-from foxdqn.evaluate import evaluate_episodes
+from foxdqn.analysis.backtest import evaluate_episodes
 from foxdqn.step.iteration import make_iteration
 
 THRESHOLD = 475.0

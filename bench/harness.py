@@ -7,7 +7,7 @@ from foxdqn.data import market_data_from_frame
 from foxdqn.data.synthetic import make_synthetic_ohlcv
 from foxdqn.step.iteration import Iteration
 from foxdqn.step.state import build_state
-from foxdqn.compose import load_config
+from foxdqn.config.compose import load_config
 
 
 def make_state(overrides: list[str], device: str, bars: int = 4000, fill: bool = True):

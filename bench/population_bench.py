@@ -120,7 +120,7 @@ def peer_settings(experiment: str, extra: list[str] = ()):
               f"(pip install -e '.[peers]')", file=sys.stderr)
         return None
     from bench.peers.jax_dqn_cartpole import settings_from_config
-    from foxdqn.compose import load_config
+    from foxdqn.config.compose import load_config
 
     return settings_from_config(load_config([f"+experiment={experiment}", *extra]))
 

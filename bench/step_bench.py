@@ -16,7 +16,7 @@ import torch
 
 from bench.common import time_ms
 from bench.harness import make_state
-from foxdqn.compose import experiment_names
+from foxdqn.config.compose import experiment_names
 from foxdqn.ops.library import register_ops
 from foxdqn.step.iteration import Iteration
 

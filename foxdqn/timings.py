@@ -6,7 +6,7 @@ seconds to the named phase; a phase marked more than once (warm-up of the collec
 full iteration, say) sums its segments. A mark is one ``time.perf_counter()`` read: it never waits
 for the device. CUDA work still queued at a mark is therefore counted in the phase during which
 the host next waits for it; the marks of the hot loop sit where the host already waits (the
-synchronize before a CUDA-graph capture, :meth:`foxdqn.loop._Training.close`), so the training
+synchronize before a CUDA-graph capture, :meth:`foxdqn.run.loop._Training.close`), so the training
 phase never gains a host synchronisation. docs/outputs.md#timingsjson lists the phases.
 
 Process start: on Linux the process's start time from ``/proc/self/stat`` (field 22, in clock
@@ -25,7 +25,7 @@ PHASES = (
     "interpreter",       # process start -> `import foxdqn` (Python start-up, runpy)
     "imports",           # module imports of foxdqn.train (Hydra, OmegaConf, torch, ...)
     "compose",           # Hydra: command line, config composition, run folder, logging
-    "validate",          # foxdqn.config.finalize (and a resume's checkpoint settings)
+    "validate",          # foxdqn.config.schema.finalize (and a resume's checkpoint settings)
     "data_load",         # market data read, features computed
     "preflight",         # the other checks before any work (device memory: CUDA's first call)
     "build",             # run folder, env, network, replay, optimizer, monitors, loggers

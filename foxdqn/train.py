@@ -1,13 +1,13 @@
 """``python -m foxdqn.train [+experiment=NAME] [overrides] [--multirun ...]``.
 
-Hydra parses the command line and composes ``conf/train.yaml`` (:func:`foxdqn.compose.conf_folder`;
+Hydra parses the command line and composes ``conf/train.yaml`` (:func:`foxdqn.config.compose.conf_folder`;
 ``--config-dir DIR`` and ``hydra.searchpath=[file://DIR]`` add a folder of the user's own, and
 ``--config-name`` picks a primary config there: docs/configuration.md).
 The task function validates the config, checks the data and everything else before any work
 (:func:`foxdqn.job.check.preflight`) and hands the job over: to :func:`foxdqn.job.run.run_job`, or
 to the population launcher's collection (``hydra/launcher=population``). A ``--multirun`` checks
-every job first (:class:`foxdqn.hydra_callbacks.CheckJobs`); a job of a joblib sweep on CUDA first
-takes a GPU of its own (:mod:`foxdqn.placement`). Bad input (an unknown key, a wrong type, an
+every job first (:class:`foxdqn.cli.callbacks.CheckJobs`); a job of a joblib sweep on CUDA first
+takes a GPU of its own (:mod:`foxdqn.cli.placement`). Bad input (an unknown key, a wrong type, an
 invalid value, a bad data file) ends with one line on stderr, exit code 2 and no run folder; a
 halt raised by an on-device guard ends with exit code 3 after the last good weights are saved;
 SIGINT/SIGTERM with a checkpoint and exit code 130/143 (:mod:`foxdqn.job.failure`). docs/usage.md
@@ -51,8 +51,8 @@ import hydra  # noqa: E402 - after the signal handlers: these imports take secon
 from hydra.core.hydra_config import HydraConfig  # noqa: E402
 from omegaconf import DictConfig, OmegaConf  # noqa: E402
 
-from foxdqn.compose import conf_folder  # noqa: E402
-from foxdqn.config import finalize  # noqa: E402
+from foxdqn.config.compose import conf_folder  # noqa: E402
+from foxdqn.config.schema import finalize  # noqa: E402
 from foxdqn.errors import FoxdqnError  # noqa: E402
 from foxdqn.job.check import preflight  # noqa: E402
 from foxdqn.job.failure import FAILED_JOBS, fail, job_failed, remove_if_unused  # noqa: E402
@@ -72,9 +72,9 @@ def _run(cfg: DictConfig) -> float | None:
     _TASK_STARTED = True
     mark("compose")  # Hydra composed the config and made the run folder
     _place_on_gpu()  # first: finalize() below initialises CUDA (torch.cuda.is_available())
-    from foxdqn.resume import given_keys, resolve_resume
+    from foxdqn.run.resume import given_keys, resolve_resume
 
-    from foxdqn.hydra_callbacks import existed_before
+    from foxdqn.cli.callbacks import existed_before
 
     hydra_dir = Path(HydraConfig.get().runtime.output_dir)
     run_dir, payload, run_id = hydra_dir, None, None
@@ -99,7 +99,7 @@ def _run(cfg: DictConfig) -> float | None:
 
 def _place_on_gpu() -> None:
     """A job of a joblib sweep on GPUs takes its worker process's GPU (``CUDA_VISIBLE_DEVICES``,
-    :func:`foxdqn.placement.place_sweep_job`) and logs one line naming it; a job of a Ray sweep that
+    :func:`foxdqn.cli.placement.place_sweep_job`) and logs one line naming it; a job of a Ray sweep that
     asked Ray for GPUs (``hydra.launcher.ray.remote.num_gpus``) logs the GPUs Ray gave it; anything
     else is left as it is. A slot folder that cannot be used costs a warning: the job then sees
     every GPU."""
@@ -107,15 +107,15 @@ def _place_on_gpu() -> None:
 
     from hydra.types import RunMode
 
-    from foxdqn.placement import launcher_kind, place_sweep_job
+    from foxdqn.cli.placement import launcher_kind, place_sweep_job
 
     hc = HydraConfig.get()
     if hc.mode != RunMode.MULTIRUN:
         return
-    from foxdqn.fast_exit import exit_worker_without_teardown
+    from foxdqn.cli.fast_exit import exit_worker_without_teardown
 
     exit_worker_without_teardown()  # a joblib worker ends without Python's teardown (nanobind's leak lines)
-    log = logging.getLogger("foxdqn.placement")
+    log = logging.getLogger("foxdqn.cli.placement")
     try:
         claim = place_sweep_job(OmegaConf.select(hc, "launcher._target_", default=None))
     except OSError as exc:
@@ -144,7 +144,7 @@ def main() -> None:
     from hydra.errors import HydraException
     from omegaconf.errors import OmegaConfBaseException
 
-    from foxdqn.config import composition_error
+    from foxdqn.config.schema import composition_error
     from hydra_plugins.foxdqn_population.population_launcher import register
     from hydra_plugins.foxdqn_population.sweeper import register as register_sweeper
 
@@ -172,7 +172,7 @@ def main() -> None:
 
 
 if __name__ == "__main__":  # python -m foxdqn.train: run main, then exit without the interpreter's ~1 s
-    from foxdqn.fast_exit import run_as_program  # teardown (foxdqn.fast_exit)
+    from foxdqn.cli.fast_exit import run_as_program  # teardown (foxdqn.cli.fast_exit)
     from foxdqn.train import main as _main  # (the imported module's: one Hydra task function per process)
 
     run_as_program(_main)

@@ -7,7 +7,7 @@ child that is the process ``python -m MODULE ARGS`` would be once its imports ar
 directory ``cwd`` (first on ``sys.path``, as ``-m`` puts it), stdin from /dev/null, stdout and
 stderr into the given files, then MODULE run as ``__main__`` (runpy, as ``-m`` does, the module
 itself not yet imported: its ``__main__`` block, signal handlers included, runs in full), ending as
-the interpreter ends a program (threads joined, atexit, stdio flushed: foxdqn.fast_exit.exit_now,
+the interpreter ends a program (threads joined, atexit, stdio flushed: foxdqn.cli.fast_exit.exit_now,
 without the teardown that follows). It waits for the child and writes its exit status (``-N``:
 killed by signal N, as subprocess gives it) as one JSON line. Environment variables are the
 server's own: a call with other ones needs a process of its own. Linux (fork).
@@ -19,7 +19,7 @@ import runpy
 import sys
 import traceback
 
-from foxdqn.fast_exit import exit_now  # what the interpreter does at exit, without its teardown
+from foxdqn.cli.fast_exit import exit_now  # what the interpreter does at exit, without its teardown
 
 
 def _child(module: str, request: dict, protocol):

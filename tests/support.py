@@ -29,7 +29,7 @@ from foxdqn.nn.mlp import MLPEncoder
 from foxdqn.nn.qnet import QNetwork
 from foxdqn.step.iteration import WARMUP_ITERATIONS, Iteration, make_iteration
 from foxdqn.step.state import build_state
-from foxdqn.compose import experiment_names, load_config
+from foxdqn.config.compose import experiment_names, load_config
 
 INF = float("inf")
 
@@ -318,11 +318,11 @@ def train_eager(s, cfg) -> None:
 
 
 def interrupt_at(monkeypatch, iteration: int, signum: int) -> None:
-    """Make foxdqn.loop's training loop receive ``signum`` (a real signal, to its real handler) when
+    """Make foxdqn.run.loop's training loop receive ``signum`` (a real signal, to its real handler) when
     it calls an iteration for the ``iteration``-th time."""
     import os
 
-    import foxdqn.loop as loop_mod
+    import foxdqn.run.loop as loop_mod
 
     real = loop_mod.make_iteration
     calls = {"n": 0}
@@ -340,7 +340,7 @@ def interrupt_at(monkeypatch, iteration: int, signum: int) -> None:
 
 
 # ---------------------------------------------------------------------------------------------
-# sweep folders (foxdqn.sweep_seeds, foxdqn.report) built by hand: no training
+# sweep folders (foxdqn.analysis.sweep_seeds, foxdqn.analysis.report) built by hand: no training
 # ---------------------------------------------------------------------------------------------
 def fake_job(root: Path, name: str, overrides: list[str], val: float, *, returns=None, bh_returns=None,
              metric: str = "sharpe", mean_return: float | None = None, val_curve=None, trades: float = 10.0,
@@ -350,7 +350,7 @@ def fake_job(root: Path, name: str, overrides: list[str], val: float, *, returns
     ``[S]`` per-bar returns, ``bh_returns`` buy-and-hold's) ``eval/equity.csv``; an episodic job
     (``mean_return``) has no ``split``. ``val_curve``: {env step: val value} rows of metrics.csv,
     between train rows. ``trades``: the agent's test trades; ``excluded`` and ``stop``: the
-    selection's ``excluded`` and the summary's ``stop`` (foxdqn.search)."""
+    selection's ``excluded`` and the summary's ``stop`` (foxdqn.run.search)."""
     job = root / name
     (job / ".hydra").mkdir(parents=True)
     (job / ".hydra" / "overrides.yaml").write_text("".join(f"- {o}\n" for o in overrides))
@@ -451,7 +451,7 @@ def all_equal(xs, ys) -> bool:
 
 
 # ---------------------------------------------------------------------------------------------
-# W&B offline runs (foxdqn.monitor.wandb_log), read back without a network
+# W&B offline runs (foxdqn.logger.wandb_log), read back without a network
 # ---------------------------------------------------------------------------------------------
 def wandb_records(path: Path) -> list:
     """The records (``wandb.proto.wandb_internal_pb2.Record``) of an offline run's ``run-<id>.wandb``

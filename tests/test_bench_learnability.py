@@ -144,7 +144,7 @@ def test_issue_34_options_go_to_every_run_and_train_alone(tmp_path, monkeypatch)
     """The options of docs/bench.md#learnability reach every multirun's command, compose, and make
     each job train alone where a population does not support them (data.augment; the margin trains as one)."""
     import bench.learnability as lb
-    from foxdqn.compose import load_config
+    from foxdqn.config.compose import load_config
     from foxdqn.population.grouping import batch_refusal
 
     extra = ["action.switch_margin=2", "data.augment.method=block_bootstrap", "data.augment.block_length=50",

@@ -11,7 +11,7 @@ import pytest
 import bench.peers
 from bench import population_bench as pb
 from bench.peers.jax_dqn_cartpole import Settings, main, settings_from_config
-from foxdqn.compose import load_config
+from foxdqn.config.compose import load_config
 
 
 def test_defaults_are_cartpole_cleanrl_and_cleanrl_s_settings():

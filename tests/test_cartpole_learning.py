@@ -5,7 +5,7 @@ cartpole_dqn runs as configured (smoke caps it to 16 envs x 16 steps, a 64x64 ML
 iterations of 32 updates after learning_starts). At smoke's 4096 env steps, cartpole_cleanrl's 1
 update per 10 transitions (CleanRL) makes ~360 updates, too few to leave the "always push one way"
 phase (greedy return ≈ 9); its test runs 4 updates per iteration (≈ 1400 updates, ~3 s on one core). cartpole_zoo (rl-zoo's SB3 settings:
-128 updates per 256 env steps) runs as configured, through the training loop (``foxdqn.loop.train``):
+128 updates per 256 env steps) runs as configured, through the training loop (``foxdqn.run.loop.train``):
 14 iterations after learning_starts, 1792 updates, ~4 s. The random policy is evaluated by the same
 function on the same env seeds, so the checks can fail.
 """
@@ -14,10 +14,10 @@ import json
 import pytest
 import torch
 
-from foxdqn.evaluate import evaluate_episodes
-from foxdqn.loop import train
+from foxdqn.analysis.backtest import evaluate_episodes
+from foxdqn.run.loop import train
 from foxdqn.step.state import build_state
-from foxdqn.compose import load_config
+from foxdqn.config.compose import load_config
 
 from support import train_eager
 

@@ -1,4 +1,4 @@
-"""``python -m foxdqn.evaluate checkpoint=PATH ...`` (foxdqn.evaluate_run), on a CPU smoke run."""
+"""``python -m foxdqn.evaluate checkpoint=PATH ...`` (foxdqn.evaluate), on a CPU smoke run."""
 import os
 import subprocess
 import sys
@@ -7,10 +7,10 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from foxdqn.evaluate_run import evaluate_checkpoint, main
+from foxdqn.evaluate import evaluate_checkpoint, main
 from foxdqn.io_atomic import read_json
-from foxdqn.loop import train
-from foxdqn.compose import load_config
+from foxdqn.run.loop import train
+from foxdqn.config.compose import load_config
 from foxdqn.job.check import market_data
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -38,13 +38,13 @@ def test_reproduces_the_runs_test_summary(run_dir):
 
 
 def test_a_run_folder_means_its_last_checkpoint(run_dir):
-    from foxdqn.evaluate_run import parse_args
+    from foxdqn.evaluate import parse_args
 
     assert parse_args([f"checkpoint={run_dir}"])[0] == run_dir / "checkpoints" / "last.pt"
 
 
 def test_evaluations_with_other_settings_get_their_own_folder(run_dir, tmp_path):
-    from foxdqn.evaluate_run import folder_name
+    from foxdqn.evaluate import folder_name
 
     last = run_dir / "checkpoints" / "last.pt"
     assert folder_name(last, "test", []) == "last_test"
@@ -92,7 +92,7 @@ def test_module_entry_point(run_dir):
 
 def test_an_evaluation_is_titled_after_the_run_it_evaluates():
     """A run trained on the user's bars.csv is dqn_bars in its evaluations too, even on other data."""
-    from foxdqn.evaluate_run import trained_name
+    from foxdqn.evaluate import trained_name
 
     cfg = load_config(["data.path=/elsewhere/other.csv"])  # the evaluation's data
     assert trained_name({"config": {"data": {"path": "/x/bars.csv"}, "env": {"id": None}}}, cfg) == "dqn_bars"

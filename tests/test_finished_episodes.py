@@ -1,4 +1,4 @@
-"""The greedy-episode loop (foxdqn.evaluate.finished_episodes), shared by evaluate_episodes and the
+"""The greedy-episode loop (foxdqn.analysis.backtest.finished_episodes), shared by evaluate_episodes and the
 population's member_episodes, in chunks of K steps: the same episodes as the per-step loop it
 replaced, whatever K (CPU); captured in a CUDA graph, the same as eager (GPU)."""
 import numpy as np
@@ -7,8 +7,8 @@ import torch
 
 from foxdqn.envs.bitflip import BitFlipEnv
 from foxdqn.envs.cartpole import CartPoleEnv
-from foxdqn.evaluate import finished_episodes
-from foxdqn.step.chunk_graph import CHUNK_STEPS
+from foxdqn.analysis.backtest import finished_episodes
+from foxdqn.device.chunk_graph import CHUNK_STEPS
 
 
 def cartpole(device="cpu", n=5, seed=3):
@@ -85,7 +85,7 @@ def test_bad_quota():
 
 def population(device):
     """Two untrained CartPole members (seeds 1 and 2) on ``device``."""
-    from foxdqn.compose import load_config
+    from foxdqn.config.compose import load_config
     from foxdqn.population.state import build_population
 
     base = ["+experiment=cartpole_cleanrl", "debug=smoke", f"device={device}", "log.progress=false",
@@ -95,7 +95,7 @@ def population(device):
 
 def test_member_episodes_equal_the_per_step_loop():
     """member_episodes: member p's metrics from its own envs' first episodes, as the loop it replaced."""
-    from foxdqn.evaluate import episode_metrics
+    from foxdqn.analysis.backtest import episode_metrics
     from foxdqn.population.envs import MemberCartPoleEnv
     from foxdqn.population.evaluate import MemberGreedy, member_episodes
     from foxdqn.population.random import MemberRandom

@@ -6,9 +6,9 @@ greedy success rate ≥ 0.9 and plain DQN must not (so the test fails if HER mak
 import pytest
 import torch
 
-from foxdqn.evaluate import evaluate_episodes
+from foxdqn.analysis.backtest import evaluate_episodes
 from foxdqn.step.state import build_state
-from foxdqn.compose import load_config
+from foxdqn.config.compose import load_config
 
 from support import train_eager
 

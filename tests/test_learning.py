@@ -8,9 +8,9 @@ import torch
 
 from foxdqn.data import market_data_from_frame
 from foxdqn.data.synthetic import make_synthetic_ohlcv
-from foxdqn.evaluate import evaluate
+from foxdqn.analysis.backtest import evaluate
 from foxdqn.step.state import build_state
-from foxdqn.compose import load_config
+from foxdqn.config.compose import load_config
 
 from support import train_eager
 

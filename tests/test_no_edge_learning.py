@@ -12,10 +12,10 @@ import pytest
 import torch
 
 from foxdqn.data import load_market_data
-from foxdqn.envs.actions import compose
-from foxdqn.evaluate import evaluate
+from foxdqn.execution.orders import compose
+from foxdqn.analysis.backtest import evaluate
 from foxdqn.step.state import build_state
-from foxdqn.compose import load_config
+from foxdqn.config.compose import load_config
 
 from support import train_eager
 

@@ -1,4 +1,4 @@
-"""The oracle beside the agent (foxdqn.evaluate.oracle_policy): its rule, its net return on the
+"""The oracle beside the agent (foxdqn.analysis.backtest.oracle_policy): its rule, its net return on the
 markets with a known answer, and where it is reported (docs/backtest.md#markets-with-a-known-answer)."""
 import dataclasses
 import json
@@ -8,12 +8,12 @@ import pytest
 import torch
 from support import market_from_arrays
 
-from foxdqn.compose import load_config
+from foxdqn.config.compose import load_config
 from foxdqn.data import load_market_data
-from foxdqn.envs.actions import MARKET, NORMAL, factor
-from foxdqn.envs.execution import ExecutionConfig
+from foxdqn.execution.orders import MARKET, NORMAL, factor
+from foxdqn.execution.fills import ExecutionConfig
 from foxdqn.envs.trading import TradingEnv
-from foxdqn.evaluate import evaluate, oracle_policy
+from foxdqn.analysis.backtest import evaluate, oracle_policy
 
 CPU = torch.device("cpu")
 # G_t per decision bar against c_t = s_t/2 + (0.3 + 0.3) bp = 1.6 bp at a spread of 2 bp (the defaults)

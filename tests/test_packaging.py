@@ -37,7 +37,7 @@ def test_a_source_checkout_without_install_reads_conf_beside_the_package(monkeyp
     import importlib.machinery
     import importlib.util
 
-    from foxdqn import compose as config
+    from foxdqn.config import compose as config
 
     real = importlib.util.find_spec
     namespace = importlib.machinery.ModuleSpec("foxdqn.conf", None, is_package=True)

@@ -14,9 +14,9 @@ from pathlib import Path
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from foxdqn.compose import load_config
+from foxdqn.config.compose import load_config
 from foxdqn.errors import ConfigError
-from foxdqn.monitor.prometheus_log import FLAGS, probe
+from foxdqn.logger.prometheus_log import FLAGS, probe
 
 ROOT = Path(__file__).resolve().parents[1]
 ROW_GAUGES = {"foxdqn_train_loss", "foxdqn_train_grad_norm", "foxdqn_train_episode_return", "foxdqn_train_epsilon",
@@ -122,7 +122,7 @@ def test_a_port_in_use_is_refused_before_training(tmp_path):
 
 
 def test_the_loop_names_the_key_when_the_port_is_taken_after_the_check():
-    from foxdqn.loop import _open_prometheus
+    from foxdqn.run.loop import _open_prometheus
 
     with socket.socket() as held:
         held.bind(("127.0.0.1", 0))

@@ -4,9 +4,9 @@ import pytest
 import torch
 
 from foxdqn.data import load_market_data
-from foxdqn.evaluate import evaluate
-from foxdqn.loop import train
-from foxdqn.compose import load_config
+from foxdqn.analysis.backtest import evaluate
+from foxdqn.run.loop import train
+from foxdqn.config.compose import load_config
 
 
 @pytest.fixture(scope="module")
@@ -22,7 +22,7 @@ def test_the_selected_value_is_the_validation_metric_of_the_evaluated_weights(sm
     sel = summary["selection"]
     assert sel == {"split": "val", "metric": "sharpe", "value": sel["value"], "weights": "last",
                    "trades": sel["trades"], "excluded": None}
-    from foxdqn.checkpoint import load_checkpoint
+    from foxdqn.run.checkpoint import load_checkpoint
     from foxdqn.step.state import build_state
 
     s = build_state(cfg, market, torch.device("cpu"))

@@ -9,7 +9,7 @@ from pathlib import Path
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
-from foxdqn.compose import conf_folder
+from foxdqn.config.compose import conf_folder
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -51,12 +51,12 @@ def test_launcher_runs_complete_jobs(run, tmp_path, launcher):
 
 
 def run_with_gpus(n_gpus: int, args, cwd):
-    """``run`` with the sweep's process seeing ``n_gpus`` mocked GPUs (foxdqn.placement.gpu_count);
+    """``run`` with the sweep's process seeing ``n_gpus`` mocked GPUs (foxdqn.cli.placement.gpu_count);
     the jobs still run on the CPU, as there is no CUDA here. The GPU slot folder goes under ``cwd``
     (TMPDIR), and loky counts 2 CPUs."""
-    from foxdqn.placement import SWEEP_GPUS_ENV
+    from foxdqn.cli.placement import SWEEP_GPUS_ENV
 
-    code = (f"import sys, foxdqn.placement as p; p.gpu_count = lambda: {n_gpus}; from foxdqn.train import main; "
+    code = (f"import sys, foxdqn.cli.placement as p; p.gpu_count = lambda: {n_gpus}; from foxdqn.train import main; "
             "sys.argv = ['foxdqn.train', '--multirun', *sys.argv[1:]]; main()")
     env = {**os.environ, "PYTHONPATH": str(ROOT), "TMPDIR": str(cwd), "LOKY_MAX_CPU_COUNT": "2"}
     for name in ("CUDA_VISIBLE_DEVICES", SWEEP_GPUS_ENV):
@@ -196,10 +196,10 @@ def test_a_launcher_without_its_plugin_names_the_extra(run, tmp_path):
 
 
 def test_the_median_pruner_stops_a_job_below_the_finished_jobs_median(tmp_path):
-    """foxdqn.search.MedianTrialPruner: Optuna's MedianPruner over the sweep folder's job files."""
+    """foxdqn.run.search.MedianTrialPruner: Optuna's MedianPruner over the sweep folder's job files."""
     pytest.importorskip("optuna")
-    from foxdqn.config import SearchConfig
-    from foxdqn.search import MedianTrialPruner
+    from foxdqn.config.schema import SearchConfig
+    from foxdqn.run.search import MedianTrialPruner
 
     search = SearchConfig(pruner="median", n_startup_trials=2, n_warmup_steps=0)
     for job, values in enumerate([[1.0, 2.0], [0.5, 1.5]]):
@@ -223,8 +223,8 @@ def test_the_median_pruner_stops_a_job_below_the_finished_jobs_median(tmp_path):
 
 def test_a_run_the_search_must_not_count_returns_nan():
     """The objective of a never-trading or pruned run is NaN (Optuna: a failed trial, never the best)."""
-    from foxdqn.compose import load_config
-    from foxdqn.search import excluded
+    from foxdqn.config.compose import load_config
+    from foxdqn.run.search import excluded
     from foxdqn.job.run import objective
 
     cfg = load_config(["debug=smoke"])
@@ -242,10 +242,10 @@ def test_a_pruned_run_stops_at_its_validation_and_says_so(tmp_path, monkeypatch)
     """The loop feeds its validation to the pruner; a job below the finished jobs' median stops there,
     is evaluated as usual, and its summary says pruned (NaN to the sweeper)."""
     pytest.importorskip("optuna")
-    from foxdqn import search
-    from foxdqn.compose import load_config
+    from foxdqn.run import search
+    from foxdqn.config.compose import load_config
     from foxdqn.io_atomic import write_json_atomic
-    from foxdqn.loop import train
+    from foxdqn.run.loop import train
     from foxdqn.job.check import market_data
     from foxdqn.job.run import objective
 

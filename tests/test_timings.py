@@ -1,4 +1,4 @@
-"""foxdqn.timings (the start-up breakdown's clock) and foxdqn.fast_exit (the CLI's end).
+"""foxdqn.timings (the start-up breakdown's clock) and foxdqn.cli.fast_exit (the CLI's end).
 
 The run's own timings.json is checked by tests/test_train_cli.py::test_default_smoke_writes_every_output."""
 from __future__ import annotations
@@ -11,7 +11,7 @@ import time
 import pytest
 
 from foxdqn import timings
-from foxdqn.fast_exit import exit_code
+from foxdqn.cli.fast_exit import exit_code
 from foxdqn.timings import PhaseClock, format_line, process_start
 
 
@@ -78,7 +78,7 @@ def test_exit_code_is_that_of_sys_exit(code, status, capsys):
 
 def _program(body: str, tmp_path) -> subprocess.CompletedProcess:
     head = ("import atexit, sys, threading, time\n"
-            "from foxdqn.fast_exit import run_as_program\n"
+            "from foxdqn.cli.fast_exit import run_as_program\n"
             "atexit.register(lambda: print('atexit ran'))\n"
             "def main():\n")
     tail = "run_as_program(main)\nprint('not reached')\n"

@@ -74,7 +74,7 @@ def assert_timings(run_dir: Path, summary: dict, log: str):
 
 
 def test_multirun_writes_the_report(train_cli, tmp_path):
-    """foxdqn.report on a real 2x2 sweep (two learning rates x two seeds), written by the callback."""
+    """foxdqn.analysis.report on a real 2x2 sweep (two learning rates x two seeds), written by the callback."""
     sweep = tmp_path / "sweep"
     res = train_cli(["--multirun", "debug=smoke", "debug.max_env_steps=1024", "eval.interval_env_steps=512", "seed=0,1",
                "optim.lr=3e-4,1e-3", f"hydra.sweep.dir={sweep}"], cwd=tmp_path)
@@ -205,7 +205,7 @@ def test_user_config_folder_is_checked_like_ours(train_cli, tmp_path, how):
 
 def test_help_is_foxdqns_own(train_cli, tmp_path):
     """--help: the commands, the experiments and groups, where the docs are; not Hydra's 200-line default."""
-    from foxdqn.compose import experiment_names
+    from foxdqn.config.compose import experiment_names
 
     res = train_cli(["--help"], cwd=tmp_path)
     assert res.returncode == 0, res.stderr[-2000:]

@@ -17,7 +17,7 @@ SIZES = [(32, 5), (256, 45), (1024, 45), (8192, 64), (65536, 64)]
 def rows(device: str = "cuda") -> list[dict]:
     import torch
 
-    from foxdqn.guard import record as R
+    from foxdqn.device import ring_record as R
     from foxdqn.ops.qvalue_stats import qvalue_stats, qvalue_stats_reference
 
     dev = torch.device(device)

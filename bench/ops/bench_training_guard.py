@@ -15,7 +15,7 @@ from bench.ops.common import print_table, provider_rows
 def rows(device: str = "cuda") -> list[dict]:
     import torch
 
-    from foxdqn.guard import record as R
+    from foxdqn.device import ring_record as R
     from foxdqn.ops.training_guard import training_guard, training_guard_reference
 
     dev = torch.device(device)

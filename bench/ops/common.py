@@ -21,7 +21,7 @@ def prepare(fn) -> tuple:
     fn()
     if not torch.cuda.is_available():
         return fn, 1, "eager"
-    from foxdqn.step.capture import capture, run_on_side_stream  # the training loop's capture sequence
+    from foxdqn.device.capture import capture, run_on_side_stream  # the training loop's capture sequence
 
     current, dev = torch.cuda.current_stream(), torch.device("cuda")
 

@@ -21,7 +21,7 @@ CARTPOLE = "cartpole_cleanrl"
 class Training(NamedTuple):
     """One experiment's built pieces on one device.
 
-    cfg: the composed :class:`foxdqn.config.TrainConfig`.  env: its train env (N envs, stepped by
+    cfg: the composed :class:`foxdqn.config.schema.TrainConfig`.  env: its train env (N envs, stepped by
     the benches that need its state).  net: the online network (float32, on the device).
     num_envs: N.  num_actions: the network's outputs.  obs_dim: values per observation.
     batch_size: ``agent.batch_size``.  param_shapes: shapes of ``net``'s parameters, in order.
@@ -43,7 +43,7 @@ def training(experiment: str, device: str) -> Training:
     then evolves with every bench that steps it, as in training)."""
     import torch
 
-    from foxdqn.compose import load_config
+    from foxdqn.config.compose import load_config
     from foxdqn.step.build import build_action_mode, build_env, build_network
 
     overrides = [f"+experiment={experiment}", f"device={device}", "log.progress=false"]

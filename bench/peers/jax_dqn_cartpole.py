@@ -87,7 +87,7 @@ class Settings:
 
 
 def settings_from_config(cfg) -> Settings:
-    """The peer's settings of a composed foxdqn config (``foxdqn.compose.load_config``; debug caps
+    """The peer's settings of a composed foxdqn config (``foxdqn.config.compose.load_config``; debug caps
     applied), so that the peer trains what the foxdqn rows train.
 
     Raises:

@@ -2,7 +2,7 @@
 
 The network acts in its own action space (``num_actions`` outputs); replay stores that network
 index, and :meth:`to_env` maps it to what ``env.step`` takes — for the trading env a factored
-action ``exposure·9 + order_type·3 + urgency`` in ``0..44`` (:mod:`foxdqn.envs.actions`).
+action ``exposure·9 + order_type·3 + urgency`` in ``0..44`` (:mod:`foxdqn.execution.orders`).
 
 * ``factored`` (:class:`FactoredMode`): one head over all env actions (45 for trading,
   ``env.num_actions`` for any other env); identity.
@@ -24,7 +24,7 @@ import numbers
 import torch
 from torch import Tensor
 
-from foxdqn.envs.actions import NUM_ACTIONS, NUM_EXPOSURES, NUM_ORDER_TYPES, NUM_URGENCIES
+from foxdqn.execution.orders import NUM_ACTIONS, NUM_EXPOSURES, NUM_ORDER_TYPES, NUM_URGENCIES
 from foxdqn.ops.route_exposure_to_factored import route_exposure_to_factored
 
 __all__ = ["ACTION_MODES", "BranchingMode", "ExposureRoutedMode", "FactoredMode", "build_action_mode"]

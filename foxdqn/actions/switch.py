@@ -2,7 +2,7 @@ r"""Cost-aware greedy choice (``action.switch_margin``): change exposure only wh
 a margin times the switch's cost.
 
 With margin ``m > 0`` every greedy choice of a trading agent (the test and validation walks of
-:mod:`foxdqn.evaluate`, the greedy part of the collect step's ε-greedy, and the argmax of the
+:mod:`foxdqn.analysis.backtest`, the greedy part of the collect step's ε-greedy, and the argmax of the
 bootstrap target: Double DQN's online argmax, plain DQN's max, C51's and IQN's expected-Q argmax,
 the branching target's exposure branch) is, per state::
 
@@ -14,11 +14,11 @@ the branching target's exposure branch) is, per state::
   EXPOSURES[e(a)]`` its target exposure; every order type and urgency of one exposure gets the same
   penalty. ``e_t`` is the exposure index held and ``x_t = units · close_t / equity`` the exposure
   held (:meth:`foxdqn.envs.trading.TradingEnv.account`): an action of the held index sends no
-  order (:mod:`foxdqn.envs.execution`), so it costs nothing, and any other trades ``|x(a) − x_t|``
+  order (:mod:`foxdqn.execution.fills`), so it costs nothing, and any other trades ``|x(a) − x_t|``
   units of exposure.
 * ``c_t`` is the cost of one unit of exposure traded with a market order of normal urgency,
   ``s_t/2 + (market_slippage_bps[normal] + taker_fee_bps)·1e-4``
-  (:func:`foxdqn.envs.execution.unit_switch_cost`, the near-oracle's cost), a fraction of equity:
+  (:func:`foxdqn.execution.fills.unit_switch_cost`, the near-oracle's cost), a fraction of equity:
   the reward (log-equity change) the switch loses, to first order. ``k = loss.reward_scale``
   brings it to the units of Q (the replay stores rewards times ``k``).
 
@@ -39,8 +39,8 @@ import math
 import torch
 from torch import Tensor
 
-from foxdqn.envs.actions import EXPOSURES, NUM_ACTIONS, NUM_EXPOSURES, factor
-from foxdqn.envs.execution import unit_switch_cost
+from foxdqn.execution.orders import EXPOSURES, NUM_ACTIONS, NUM_EXPOSURES, factor
+from foxdqn.execution.fills import unit_switch_cost
 
 __all__ = ["NextStatePenalty", "SwitchPenalty", "action_exposures", "switch_penalty"]
 
@@ -71,7 +71,7 @@ def switch_penalty(exposure: Tensor, held: Tensor, unit_cost: Tensor, exposures:
         exposure: ``[N]`` exposure held ``x`` (fraction of equity), float.
         held: int64 ``[N]`` exposure index held.
         unit_cost: ``[N]`` cost ``c`` of trading one unit of exposure (fraction of equity), float.
-        exposures: ``[E]`` the target exposure of each index (:data:`foxdqn.envs.actions.EXPOSURES`).
+        exposures: ``[E]`` the target exposure of each index (:data:`foxdqn.execution.orders.EXPOSURES`).
         scale: ``m · k``, the margin times ``loss.reward_scale`` (>= 0).
 
     Returns:
@@ -95,7 +95,7 @@ class SwitchPenalty:
 
     Attributes:
         scale: ``m · k``.  action_exposure: int64 ``[A]`` (:func:`action_exposures`).
-        exposures: float64 ``[5]``, :data:`~foxdqn.envs.actions.EXPOSURES`.
+        exposures: float64 ``[5]``, :data:`~foxdqn.execution.orders.EXPOSURES`.
 
     Raises:
         ValueError: ``margin`` or ``reward_scale`` not a finite number > 0, or an unknown mode.

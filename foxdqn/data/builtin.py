@@ -27,7 +27,7 @@ per bar:
 
 With the default split (0.70 / 0.15 / 0.15) the 40,000-bar markets have a test split of 6,000
 bars. A generated market also gives the oracle its expected returns
-(:class:`foxdqn.data.synthetic.SyntheticMarket`; the oracle policy is in :mod:`foxdqn.evaluate`).
+(:class:`foxdqn.data.synthetic.SyntheticMarket`; the oracle policy is in :mod:`foxdqn.analysis.backtest`).
 """
 import importlib.util
 from dataclasses import dataclass, field

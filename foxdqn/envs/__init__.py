@@ -1,5 +1,5 @@
 """Environments: the env interface (:mod:`.base`), the 45-action space, the execution model and the trading env."""
-from .actions import (
+from foxdqn.execution.orders import (
     EXPOSURES,
     FLAT,
     NUM_ACTIONS,
@@ -9,9 +9,9 @@ from .actions import (
     compose,
     factor,
 )
-from .base import BatchedEnv, CollectHook, StepOut
-from .execution import ExecutionConfig
-from .trading import TradingEnv
+from foxdqn.envs.base import BatchedEnv, CollectHook, StepOut
+from foxdqn.execution.fills import ExecutionConfig
+from foxdqn.envs.trading import TradingEnv
 
 __all__ = [
     "BatchedEnv",

@@ -1,6 +1,6 @@
 """What every batched environment provides: :class:`StepOut`, :class:`BatchedEnv` and :class:`CollectHook`.
 
-The training loop (:mod:`foxdqn.step`), the builders and :mod:`foxdqn.evaluate` use an env only
+The training loop (:mod:`foxdqn.step`), the builders and :mod:`foxdqn.analysis.backtest` use an env only
 through :class:`BatchedEnv`; :class:`~foxdqn.envs.TradingEnv`,
 :class:`~foxdqn.envs.cartpole.CartPoleEnv`, :class:`~foxdqn.envs.bitflip.BitFlipEnv` and
 :class:`~foxdqn.envs.gym_adapter.GymVectorEnv` each define all of its members themselves.

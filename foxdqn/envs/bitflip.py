@@ -52,9 +52,9 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from .base import NO_HOOK, StepOut
-from .cartpole import _set_elapsed_steps
-from .checks import check_generator, float_dtype, positive_int
+from foxdqn.envs.base import NO_HOOK, StepOut
+from foxdqn.envs.cartpole import _set_elapsed_steps
+from foxdqn.envs.checks import check_generator, float_dtype, positive_int
 
 __all__ = ["BitFlipEnv"]
 

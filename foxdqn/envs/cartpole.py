@@ -67,8 +67,8 @@ from torch import Tensor
 
 from foxdqn.ops.cartpole_step import cartpole_step, start_states
 
-from .base import DRAW, NO_HOOK, StepOut
-from .checks import check_generator, float_dtype, positive_int
+from foxdqn.envs.base import DRAW, NO_HOOK, StepOut
+from foxdqn.envs.checks import check_generator, float_dtype, positive_int
 
 __all__ = ["CartPoleEnv"]
 
@@ -171,7 +171,7 @@ class CartPoleEnv:
         """The random draws of the next :meth:`step`, made now: the ``[N, 4]`` uniforms of the
         reset start states (one ``rand`` from the env's generator). Pass them to ``step(action,
         draws)``; the collect step draws them on a second stream beside the action selection
-        (:func:`foxdqn.step.beside.beside`)."""
+        (:func:`foxdqn.device.side_stream.beside`)."""
         return self._uniform()
 
     def step(self, action: Tensor, draws: Tensor | object = DRAW) -> StepOut:

@@ -3,7 +3,7 @@
 :class:`GymVectorEnv` wraps ``gymnasium.make_vec(env.id, num_envs, ...)`` behind the env interface
 (:class:`foxdqn.envs.base.BatchedEnv`) of the device envs: ``reset_all()`` and
 ``step(action) -> StepOut`` take and return tensors on the training device, so the collect step
-(:func:`foxdqn.step.collect.collect_step`) and the evaluation (:func:`foxdqn.evaluate.evaluate_episodes`)
+(:func:`foxdqn.step.collect.collect_step`) and the evaluation (:func:`foxdqn.analysis.backtest.evaluate_episodes`)
 run unchanged. The environments themselves step on the host (CPU): every env step copies the
 actions device → host once (``action.cpu()``, the one synchronisation per env step a CPU env
 needs) and the results host → device once (through pinned staging buffers on CUDA). The env
@@ -51,7 +51,7 @@ from torch import Tensor
 
 from foxdqn.errors import ConfigError
 
-from .base import NO_HOOK, StepOut
+from foxdqn.envs.base import NO_HOOK, StepOut
 
 __all__ = ["GymVectorEnv", "describe", "make_vector_env"]
 
@@ -85,7 +85,7 @@ def _spec(env_id: str):
 
 
 def make_vector_env(e, num_envs: int, train: bool = True):
-    """``gymnasium.make_vec`` for env config ``e`` (:class:`foxdqn.config.EnvConfig`) with SAME_STEP
+    """``gymnasium.make_vec`` for env config ``e`` (:class:`foxdqn.config.schema.EnvConfig`) with SAME_STEP
     auto-reset. ``train=False`` (evaluation): no life-loss terminals, no reward clipping.
 
     Raises:
@@ -192,7 +192,7 @@ class GymVectorEnv:
     """``num_envs`` copies of Gymnasium env ``e.id`` behind the device-env interface (module docstring).
 
     Args:
-        e: :class:`foxdqn.config.EnvConfig` (``id``, ``vectorization``, Atari keys).
+        e: :class:`foxdqn.config.schema.EnvConfig` (``id``, ``vectorization``, Atari keys).
         num_envs: N ≥ 1.
         device: the training device (actions come from it, observations go to it).
         seed: seeds the vector env's first reset (env i gets seed + i).

@@ -2,8 +2,8 @@ r"""Batched, GPU-resident, CUDA-graph-capturable trading environment.
 
 :class:`TradingEnv` steps ``N`` independent single-instrument trading accounts over one split of
 validated market data (:class:`foxdqn.data.MarketData`). The execution model (order pricing,
-fills, fees, accounting, reward) is documented in :mod:`foxdqn.envs.execution`; the action space
-in :mod:`foxdqn.envs.actions`.
+fills, fees, accounting, reward) is documented in :mod:`foxdqn.execution.fills`; the action space
+in :mod:`foxdqn.execution.orders`.
 
 Observation
 -----------
@@ -85,13 +85,13 @@ from foxdqn.ops.trading_code import CODE_EQUITY, CODE_T, CODE_UNITS, CODE_WIDTH
 from foxdqn.ops.trading_observation import trading_observation
 from foxdqn.ops.trading_step import (ACCOUNT_OBS_CLIP, TradingMarket, TradingState, observation_reference,
                                      reset_where_reference, trading_params, trading_step)
-from foxdqn.step.chunk_graph import CHUNK_STEPS, ChunkGraph
+from foxdqn.device.chunk_graph import CHUNK_STEPS, ChunkGraph
 
-from .actions import EXPOSURES, FLAT, NUM_ACTIONS
-from .base import DRAW, StepOut
-from .checks import check_generator, float_dtype, positive_int
-from .execution import RUIN_FRACTION, ExecutionConfig, cost_tables
-from .trading_hook import TRADING_HOOK
+from foxdqn.execution.orders import EXPOSURES, FLAT, NUM_ACTIONS
+from foxdqn.envs.base import DRAW, StepOut
+from foxdqn.envs.checks import check_generator, float_dtype, positive_int
+from foxdqn.execution.fills import RUIN_FRACTION, ExecutionConfig, cost_tables
+from foxdqn.envs.trading_hook import TRADING_HOOK
 
 if TYPE_CHECKING:
     from foxdqn.data import MarketData
@@ -271,7 +271,7 @@ class TradingEnv:
             ``units * close_t / max(equity, ruin equity)`` clipped to ``±ACCOUNT_OBS_CLIP``, the
             observation's exposure value, in fractions of equity; ``held`` (int64) the exposure
             index held, :attr:`exposure_idx` for the current states; a code does not hold it, so
-            for codes it is the index of the :data:`~foxdqn.envs.actions.EXPOSURES` value nearest
+            for codes it is the index of the :data:`~foxdqn.execution.orders.EXPOSURES` value nearest
             ``exposure`` (the lower one on a tie), which is the index held unless the position has
             drifted more than 0.25 from its nominal exposure since its fill (a short of -1 after the
             price fell 14 %, of -0.5 after it rose 29 % or fell 40 %, a long of 0.5 after it
@@ -294,7 +294,7 @@ class TradingEnv:
         reset start bars (one ``randint`` from the env's generator), or None where there is
         nothing to draw (eval mode, or a start range of one bar: every reset starts at
         ``first_valid``). Pass them to ``step(action, draws)``; the collect step draws them on a
-        second stream beside the action selection (:func:`foxdqn.step.beside.beside`)."""
+        second stream beside the action selection (:func:`foxdqn.device.side_stream.beside`)."""
         return self._draw_starts()
 
     def step(self, action: Tensor, draws: Tensor | None | object = DRAW) -> StepOut:
@@ -411,7 +411,7 @@ class TradingEnv:
         in :meth:`run_policy`'s format, ends at the split's last bar or at its own ruin. The loop
         stops when every walk has ended. Eval mode only (every env starts at ``first_valid``).
 
-        The steps run in chunks of ``chunk`` (:class:`foxdqn.step.chunk_graph.ChunkGraph`): each
+        The steps run in chunks of ``chunk`` (:class:`foxdqn.device.chunk_graph.ChunkGraph`): each
         step's records go into device buffers, read back once per chunk, when the loop also
         checks whether every walk has ended. Steps after a walk's end leave it unchanged (the env
         is frozen) and are cut off, so the walks do not depend on ``chunk`` or ``capturable``.
@@ -421,7 +421,7 @@ class TradingEnv:
             capturable: ``policy_fn`` only launches fixed-shape ops on the env device and reads
                 nothing back (no ``.item()``, no host tensors, no randomness): on CUDA one chunk
                 is then captured in a CUDA graph and replayed. Ignored on CPU (eager).
-            chunk: ``K >= 1`` steps per chunk (default :data:`~foxdqn.step.chunk_graph.CHUNK_STEPS`).
+            chunk: ``K >= 1`` steps per chunk (default :data:`~foxdqn.device.chunk_graph.CHUNK_STEPS`).
 
         Raises:
             ConfigError: the env is not in eval mode.
@@ -483,7 +483,7 @@ class TradingEnv:
     @property
     def rebuilt_tensors(self) -> tuple[Tensor, ...]:
         """The bar tensors of resampled training paths (rebuilt from the config by every run that
-        builds this env, so a checkpoint leaves them out: :func:`foxdqn.checkpoint.state_tensors`);
+        builds this env, so a checkpoint leaves them out: :func:`foxdqn.run.checkpoint.state_tensors`);
         ``()`` for a market read or generated as it is."""
         if self.path_bars is None:
             return ()

@@ -6,7 +6,7 @@ from torch import Tensor
 from foxdqn.replay.buffer import ReplayCodec
 from foxdqn.replay.regime import volatility_ratio
 
-from .base import CollectHook, StepOut
+from foxdqn.envs.base import CollectHook, StepOut
 
 __all__ = ["TRADING_HOOK", "TradingCollectHook"]
 

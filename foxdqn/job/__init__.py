@@ -1,5 +1,5 @@
 """Running a job: what the Hydra entry (:mod:`foxdqn.train`), its callbacks
-(:mod:`foxdqn.hydra_callbacks`) and the population launcher
+(:mod:`foxdqn.cli.callbacks`) and the population launcher
 (``hydra_plugins/foxdqn_population``) share, so that none of them imports another's privates.
 
 - :mod:`foxdqn.job.memory`: the replay memory a job needs and how many replays fit on its device;

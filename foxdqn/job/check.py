@@ -2,7 +2,7 @@
 (:func:`market_data`, loaded once per process and data setting)."""
 from __future__ import annotations
 
-from foxdqn.config import TrainConfig
+from foxdqn.config.schema import TrainConfig
 from foxdqn.errors import ConfigError
 from foxdqn.job.memory import available_bytes, replay_row, replays_that_fit
 from foxdqn.timings import mark
@@ -10,7 +10,7 @@ from foxdqn.timings import mark
 
 def preflight(tc: TrainConfig):
     """What can be checked before any work, beyond the config itself (a resume's checkpoint is
-    checked by :func:`foxdqn.resume.resolve_resume`): the data loads and is valid, a Gymnasium env exists with a Discrete action space
+    checked by :func:`foxdqn.run.resume.resolve_resume`): the data loads and is valid, a Gymnasium env exists with a Discrete action space
     that the encoder can read, the replay memory fits, for ``logger=mlflow`` mlflow is installed
     and its store opens, for ``logger=wandb`` wandb is installed (and logged in when online), for
     ``search.pruner=median`` optuna is installed, and the Prometheus port (``logger.prometheus.port``) can be bound now.
@@ -22,7 +22,7 @@ def preflight(tc: TrainConfig):
     from foxdqn.replay.buffer import replay_bytes
 
     if tc.logger.mlflow:
-        from foxdqn.monitor.mlflow_log import check_store
+        from foxdqn.logger.mlflow_log import check_store
 
         try:
             check_store(tc.logger.mlflow_uri)
@@ -31,7 +31,7 @@ def preflight(tc: TrainConfig):
         except ValueError as exc:
             raise ConfigError(f"logger.mlflow_uri: the MLflow store {exc}") from None
     if tc.logger.wandb:
-        from foxdqn.monitor.wandb_log import check
+        from foxdqn.logger.wandb_log import check
 
         try:
             check(str(tc.logger.wandb_mode))
@@ -44,7 +44,7 @@ def preflight(tc: TrainConfig):
             raise ConfigError("search.pruner=median needs optuna: pip install 'foxdqn[sweep]' (or pip install "
                               "optuna)") from None
     if tc.logger.prometheus.port is not None:  # a port in use fails here, before any folder is made
-        from foxdqn.monitor.prometheus_log import probe
+        from foxdqn.logger.prometheus_log import probe
 
         try:
             probe(tc.logger.prometheus.port, tc.logger.prometheus.addr)

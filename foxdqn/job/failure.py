@@ -19,10 +19,16 @@ def fail(message: str, code: int = 2) -> None:
     sys.exit(code)
 
 
+#: Folders above the run folder that did not exist before Hydra made it (deepest first), noted by
+#: foxdqn.cli.callbacks before Hydra makes the folder: a run refused before any work removes them
+#: again when they are empty (:func:`remove_new_parents`).
+NEW_PARENTS: list[Path] = []
+
+
 def remove_if_unused(run_dir: Path) -> None:
     """Remove the folder Hydra made for this job when it holds only Hydra's ``.hydra/`` and log, and
     the empty folders Hydra made above it (a run refused before any work leaves nothing behind)."""
-    from foxdqn.run_folder import only_hydra_files
+    from foxdqn.run.folder import only_hydra_files
 
     if only_hydra_files(run_dir):
         shutil.rmtree(run_dir, ignore_errors=True)
@@ -31,8 +37,6 @@ def remove_if_unused(run_dir: Path) -> None:
 
 def remove_new_parents() -> None:
     """Remove the empty folders Hydra made above this call's run folder (deepest first)."""
-    from foxdqn.hydra_callbacks import NEW_PARENTS
-
     for parent in NEW_PARENTS:
         if parent.is_dir() and not any(parent.iterdir()):
             parent.rmdir()

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from foxdqn.config import TrainConfig
+    from foxdqn.config.schema import TrainConfig
 
 
 #: the share of the device's free memory the replays may take (the precheck's rule, and foxdqn.population.grouping)

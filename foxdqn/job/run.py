@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from foxdqn.config import TrainConfig
+from foxdqn.config.schema import TrainConfig
 from foxdqn.errors import FoxdqnError, HaltError
 from foxdqn.job.failure import fail, job_failed, remove_if_unused, remove_new_parents
 from foxdqn.timings import mark
@@ -15,12 +15,12 @@ def run_job(tc: TrainConfig, market, run_dir: Path, payload: dict | None = None,
     """Open the run folder (its start record first), build, train and report one run; return its
     :func:`objective` (NaN for a multirun job that failed, after its line).
 
-    ``payload``/``run_id``: what :func:`foxdqn.resume.resolve_resume` continues (None, None: a new
+    ``payload``/``run_id``: what :func:`foxdqn.run.resume.resolve_resume` continues (None, None: a new
     run). A new run whose build fails (bad input, out of memory, an unwritable file) leaves no folder.
     """
-    from foxdqn.loop import Interrupted, prepare, run_prepared
-    from foxdqn.results_table import print_summary
-    from foxdqn.run_folder import RunFolder, previous_outputs
+    from foxdqn.run.loop import Interrupted, prepare, run_prepared
+    from foxdqn.analysis.results_table import print_summary
+    from foxdqn.run.folder import RunFolder, previous_outputs
 
     folder = None
     # a new run (else: a resume, or a killed run started over in its folder); a run folder of another run is refused
@@ -29,7 +29,7 @@ def run_job(tc: TrainConfig, market, run_dir: Path, payload: dict | None = None,
     try:
         folder = RunFolder(run_dir).open(resume=not new, config=tc, run_id=run_id)
         if not new and payload is None:  # a run killed before its first checkpoint: its partial outputs go
-            from foxdqn.resume import start_over
+            from foxdqn.run.resume import start_over
 
             start_over(run_dir)
         try:
@@ -84,7 +84,7 @@ def write_timings(run_dir: Path, summary: dict) -> None:
         write_json_atomic(run_dir / "timings.json", times)
     except OSError as exc:  # the run itself is complete: a lost breakdown is a warning
         logging.getLogger(__name__).warning("timings.json not written: %s", exc)
-    from foxdqn.monitor.detail import DETAIL
+    from foxdqn.logger.detail import DETAIL
 
     logging.getLogger(__name__).info("start-up breakdown: %s (timings.json)", format_line(times), extra=DETAIL)
     CLOCK.restart()
@@ -108,9 +108,9 @@ def objective(summary: dict) -> float:
     the run kept (``summary["selection"]``, docs/backtest.md), never a test-split number, signed so
     that higher is better (a lower-is-better metric such as max drawdown is negated); NaN for a run
     the search must not count (``selection.excluded``: it never trades on val with
-    ``search.exclude_no_trades``, or it was pruned; foxdqn.search), which Optuna records as a failed
+    ``search.exclude_no_trades``, or it was pruned; foxdqn.run.search), which Optuna records as a failed
     trial."""
-    from foxdqn.early_stop import LOWER_IS_BETTER
+    from foxdqn.run.early_stop import LOWER_IS_BETTER
 
     if summary["selection"].get("excluded"):
         return float("nan")

@@ -1,7 +1,7 @@
 r"""Action branching (BDQ): Tavakoli, Pardo & Kormushev 2018, "Action Branching Architectures for
 Deep Reinforcement Learning" (AAAI 2018).
 
-A trading action is three sub-actions (:mod:`foxdqn.envs.actions`): exposure (5), order type (3)
+A trading action is three sub-actions (:mod:`foxdqn.execution.orders`): exposure (5), order type (3)
 and urgency (3). Instead of one output per combination, the network has one branch per
 dimension ``d`` on a shared representation; with the dueling aggregation (paper eq. 1, the
 "mean advantage" variant)::
@@ -57,7 +57,7 @@ def factor_branches(action: Tensor, branch_sizes: Sequence[int]) -> list[Tensor]
 
     Returns:
         list of D int64 ``[B]`` tensors, ``a_d`` in ``0..n_d-1``. For ``(5, 3, 3)`` this equals
-        :func:`foxdqn.envs.actions.factor`. Device ops only.
+        :func:`foxdqn.execution.orders.factor`. Device ops only.
     """
     out = []
     rest = action

@@ -4,7 +4,7 @@ Per env ``i`` of ``N`` (group ``g = i // (N // G)``, column ``j = i - g * (N // 
 Q-values ``q [N, A]``, the env-step counter ``step`` and pre-drawn uniforms ``u [G, 2, N // G]``::
 
     frac      = min(float32(step) / duration[g], 1)                     (float32, IEEE division)
-    eps       = start[g] + (end[g] - start[g]) * frac                   (LinearSchedule, foxdqn/step/schedules.py)
+    eps       = start[g] + (end[g] - start[g]) * frac                   (LinearSchedule, foxdqn/device/schedules.py)
     explore   = u[g, 0, j] < eps
     random_a  = (int64(u[g, 1, j] * 2**24) * A) >> 24                   (in [0, A), never A)
     action[i] = random_a if explore else argmax_a q[i, a]               (ties and NaN: as torch.argmax)
@@ -47,7 +47,7 @@ from foxdqn.ops.argmax import argmax_combine, tile_argmax
 from foxdqn.ops.backend import resolve_backend
 from foxdqn.ops.library import device_op, wrap_triton
 from foxdqn.ops.member_uniform import randint_from_uniform
-from foxdqn.step.schedules import linear_value
+from foxdqn.device.schedules import linear_value
 
 BLOCK = 8  # envs per program (H200 sweeps of 8..128 envs, 1..4 warps, 16 or 64 columns per tile, in-graph:
 #           8 envs and 4 warps among the fastest, 2.6-3.1 µs at 4,096 envs and at 64 x 32; every combination
@@ -159,7 +159,7 @@ def _epsilon_greedy_op(q: Tensor, step: Tensor, start: Tensor, end: Tensor, dura
 # Reference
 # ---------------------------------------------------------------------------------------------
 #: ε per group, float32 ``[G]``: ``start + (end − start)·min(float32(step) / duration, 1)``, the
-#: expression of :class:`~foxdqn.step.schedules.LinearSchedule` (:func:`~foxdqn.step.schedules.linear_value`)
+#: expression of :class:`~foxdqn.device.schedules.LinearSchedule` (:func:`~foxdqn.device.schedules.linear_value`)
 epsilon_schedule_reference = linear_value
 
 

@@ -37,7 +37,7 @@ flags at launch.
 
 Precision: torch runs these GEMMs (``F.linear`` and autograd's ``mm``) in TF32 on CUDA when
 float32 matmuls may use it (``torch.set_float32_matmul_precision("high")``, the run's default:
-``matmul_precision`` in foxdqn/config.py; :func:`tf32_enabled`); the kernels then use
+``matmul_precision`` in foxdqn/config/schema.py; :func:`tf32_enabled`); the kernels then use
 ``tl.dot(input_precision="tf32")`` on operands rounded to TF32 first (to nearest, ties away from
 zero: Triton's TF32 dot would otherwise drop the low 13 mantissa bits, a truncation biased toward
 0, as its ``tl.dot`` documentation warns), else ``"ieee"`` (float32 FMA). Either way the sums run

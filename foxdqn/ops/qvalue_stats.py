@@ -16,7 +16,7 @@ Per call, with ``q`` float32 ``[B, A]`` (for C51/IQN pass the per-action means):
   exactly at the threshold does not diverge; a NaN threshold never trips the magnitude test).
 
 Run it BEFORE the training guard in a step: the guard then writes STEP and COMMIT, closing
-the record (see :mod:`foxdqn.guard.record`). Q divergence only reaches the host (the reader's
+the record (see :mod:`foxdqn.device.ring_record`). Q divergence only reaches the host (the reader's
 ``halt_reason``); it does not set the guard's skip flag or latch.
 
 The kernel is a single program that loops over the rows in tiles (fine for training sizes
@@ -30,7 +30,7 @@ import torch
 import triton
 import triton.language as tl
 
-from foxdqn.guard import record as R
+from foxdqn.device import ring_record as R
 from foxdqn.ops.backend import resolve_backend, use_sys_fence
 from foxdqn.ops.library import compile_disabled, device_op, wrap_triton
 

@@ -72,7 +72,7 @@ class StepStatsScratch:
         ValueError: ``num_envs`` < 0 or ``block`` not a power of two >= 1.
     """
 
-    checkpointed = False  # foxdqn.checkpoint skips it
+    checkpointed = False  # foxdqn.run.checkpoint skips it
 
     def __init__(self, num_envs: int, device: torch.device | str, block: int = BLOCK):
         if not isinstance(num_envs, int) or num_envs < 0:

@@ -2,8 +2,8 @@ r"""One step of N trading accounts with auto-reset, fused into one kernel.
 
 The environment is :class:`foxdqn.envs.trading.TradingEnv`, whose
 :meth:`~foxdqn.envs.trading.TradingEnv.step` calls this op; the execution model (order pricing,
-fills, fees, accounting, reward) is the one of :mod:`foxdqn.envs.execution` and the action space
-that of :mod:`foxdqn.envs.actions`. The reference (:func:`trading_step_reference`) is the env's
+fills, fees, accounting, reward) is the one of :mod:`foxdqn.execution.fills` and the action space
+that of :mod:`foxdqn.execution.orders`. The reference (:func:`trading_step_reference`) is the env's
 torch step, moved here unchanged: 185 small tensor ops at N = 4,096 (counted with a dispatch
 mode), each a kernel launch on CUDA. The Triton kernel does the whole step in one launch, one
 program per ``BLOCK`` envs:
@@ -11,10 +11,10 @@ program per ``BLOCK`` envs:
 1. decode the action ``a = exposure*9 + order_type*3 + urgency``;
 2. the order ``dq = EXPOSURES[e] * equity_t / close_t - units`` (none when ``e`` is the exposure
    index held, or the env is frozen);
-3. price and fill it (:func:`foxdqn.envs.execution.simulate_fills`): market and IoC read only the
+3. price and fill it (:func:`foxdqn.execution.fills.simulate_fills`): market and IoC read only the
    open of bar ``t+1`` and the spread ``s_t`` known at the decision, limit-maker fills on a
    trade-through of bar ``t+1``'s low/high;
-4. book it (:func:`foxdqn.envs.execution.apply_fills`), mark to market at ``close_{t+1}``, reward
+4. book it (:func:`foxdqn.execution.fills.apply_fills`), mark to market at ``close_{t+1}``, reward
    ``log(max(equity_{t+1}, ruin)) - log(max(equity_t, ruin))``;
 5. ruin (``terminated``), episode length / split end (``truncated``), episode return and length;
 6. auto-reset of the envs that ended (training) or freeze (eval mode);
@@ -129,7 +129,7 @@ class TradingState(NamedTuple):
 class TradingParams(NamedTuple):
     """The env's constants, as the reference reads them and packed for the kernel.
 
-    exposures: ``[5]`` dtype.  tables: :class:`foxdqn.envs.execution.CostTables` (dtype).
+    exposures: ``[5]`` dtype.  tables: :class:`foxdqn.execution.fills.CostTables` (dtype).
     initial_equity, ruin_equity: cash units (Python floats).  window (W), num_features (F),
     episode_length (L), first_valid, last_bar, num_bars: ints.  eval_mode: bool.
     fparams: ``[G, 19]`` dtype rows ``slippage[3], limit_k[3], ioc_offset[3], fee_rate[3],
@@ -456,7 +456,7 @@ def _trading_step_op(t: Tensor, steps: Tensor, cash: Tensor, units: Tensor, entr
                      window: int, num_features: int,
                      eval_mode: bool, has_starts: bool, with_next_obs: bool) -> None:
     n = t.shape[0]
-    from foxdqn.envs.actions import FLAT  # imported here: foxdqn.envs imports this module
+    from foxdqn.execution.orders import FLAT  # imported here: foxdqn.envs imports this module
 
     wrap_triton(_trading_step_kernel)[(triton.cdiv(n, BLOCK),)](
         t, steps, cash, units, entry_price, equity, exposure_idx, episode_return, frozen,
@@ -538,7 +538,7 @@ def state_code_reference(t: Tensor, units: Tensor, entry: Tensor, equity: Tensor
 def reset_where_reference(state: TradingState, mask: Tensor, starts: Tensor, params: TradingParams) -> None:
     """Reset the envs where ``mask`` (``[N]`` bool) to a fresh flat episode at bars ``starts``
     (``[N]`` int64), in place."""
-    from foxdqn.envs.actions import FLAT  # imported here: foxdqn.envs imports this module
+    from foxdqn.execution.orders import FLAT  # imported here: foxdqn.envs imports this module
 
     dev, dt = state.cash.device, state.cash.dtype
     zero = torch.zeros((), device=dev, dtype=dt)
@@ -559,8 +559,8 @@ def trading_step_reference(state: TradingState, action: Tensor, starts: Tensor |
     """Plain-torch reference of :func:`trading_step` (same arguments, same in-place writes): the
     step of :class:`~foxdqn.envs.trading.TradingEnv` as it was written there."""
     with_next_obs = next_obs
-    from foxdqn.envs.actions import factor
-    from foxdqn.envs.execution import apply_fills, simulate_fills
+    from foxdqn.execution.orders import factor
+    from foxdqn.execution.fills import apply_fills, simulate_fills
 
     exposure_new, order_type, urgency = factor(action)
     dev, dt = state.cash.device, state.cash.dtype

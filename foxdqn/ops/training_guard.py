@@ -2,8 +2,8 @@
 
 Design: docs/design/guard.md (the predecessor's training guard, extended): the
 collapse patience counter, the halt latch and the skip flag live on the device, and the result
-of every step is written as a record into the pinned host ring (layout: :mod:`foxdqn.guard.record`)
-that the host polls without waiting (:class:`foxdqn.guard.ring.HostRingReader`).
+of every step is written as a record into the pinned host ring (layout: :mod:`foxdqn.device.ring_record`)
+that the host polls without waiting (:class:`foxdqn.device.host_ring.HostRingReader`).
 
 Per step, in one kernel launch (one program, scalar code):
 
@@ -46,7 +46,7 @@ import torch
 import triton
 import triton.language as tl
 
-from foxdqn.guard import record as R
+from foxdqn.device import ring_record as R
 from foxdqn.ops.backend import resolve_backend, use_sys_fence
 from foxdqn.ops.library import compile_disabled, device_op, wrap_triton
 

@@ -10,7 +10,7 @@ head; here every member votes or their Q-values are averaged, as in their ensemb
   highest mean Q.
 
 The ensemble is walked through the same eval env, execution model and metrics as each member
-(:func:`foxdqn.evaluate.evaluate_agents`, docs/backtest.md), on validation and on ``eval.split``.
+(:func:`foxdqn.analysis.backtest.evaluate_agents`, docs/backtest.md), on validation and on ``eval.split``.
 Trading only: CartPole's greedy episodes have no ensemble.
 """
 from __future__ import annotations
@@ -21,7 +21,7 @@ from typing import Sequence
 import torch
 from torch import nn
 
-from foxdqn.config import to_plain
+from foxdqn.config.schema import to_plain
 
 #: eval.ensemble values other than ``none``
 RULES = ("mean", "vote")
@@ -82,9 +82,9 @@ def ensemble_walks(s, market, jobs: Sequence[int], rule: str) -> dict[int, dict]
     validation and on ``eval.split``; members the guard halted are left out (a setting with fewer
     than two others has no ensemble). Returns, per member of such a setting, the summary entry
     ``ensemble_policy``: ``rule``, ``members`` (its setting's job numbers), ``split``,
-    ``metrics`` (the ensemble's agent metrics on ``eval.split``, :func:`foxdqn.evaluate.evaluate`'s
+    ``metrics`` (the ensemble's agent metrics on ``eval.split``, :func:`foxdqn.analysis.backtest.evaluate`'s
     format) and ``val_metrics``; members of a one-member setting get no entry."""
-    from foxdqn.evaluate import evaluate_agents
+    from foxdqn.analysis.backtest import evaluate_agents
 
     out: dict[int, dict] = {}
     for members in settings(s.cfgs):

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import torch
 
-from foxdqn.config import TrainConfig
+from foxdqn.config.schema import TrainConfig
 from foxdqn.envs.cartpole import CartPoleEnv
 from foxdqn.envs.trading import TradingEnv
 from foxdqn.population.random import MemberRandom

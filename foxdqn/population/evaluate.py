@@ -1,8 +1,8 @@
 """Validation and evaluation of a population's members, all members at once.
 
-The same evaluations as a single run's (:mod:`foxdqn.finish`, docs/backtest.md), batched over the
+The same evaluations as a single run's (:mod:`foxdqn.run.finish`, docs/backtest.md), batched over the
 members: a trading split is walked by P envs of one eval env, one per member, and buy-and-hold
-and flat once (:func:`foxdqn.evaluate.evaluate_agents`); the greedy episodes of CartPole run
+and flat once (:func:`foxdqn.analysis.backtest.evaluate_agents`); the greedy episodes of CartPole run
 E envs per member in one env, member p's resets drawn from its own seed (``seed + offset``, as a
 single run's evaluation seeds its generator), so member p's episodes do not depend on P.
 """
@@ -12,7 +12,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from foxdqn.evaluate import capture_default, episode_env_count, episode_metrics, evaluate_agents, finished_episodes
+from foxdqn.analysis.backtest import capture_default, episode_env_count, episode_metrics, evaluate_agents, finished_episodes
 from foxdqn.population.envs import MemberCartPoleEnv
 from foxdqn.population.network import MemberQNetwork
 from foxdqn.population.random import MemberRandom
@@ -32,15 +32,15 @@ class MemberGreedy(nn.Module):
 
 
 def member_walks(s, market, split: str, policies: tuple[str, ...]) -> list[dict]:
-    """Each member's :func:`foxdqn.evaluate.evaluate` result on ``split`` (one walk per member)."""
+    """Each member's :func:`foxdqn.analysis.backtest.evaluate` result on ``split`` (one walk per member)."""
     return evaluate_agents(s.cfg, market, MemberGreedy(s.online), s.device, s.members, split, s.action_mode, policies,
                            reward_scales=[c.loss.reward_scale for c in s.cfgs])
 
 
 def member_episodes(s, episodes: int, seed_offset: int, graph: bool | None = None) -> list[dict]:
-    """Each member's greedy episode metrics (:func:`foxdqn.evaluate.evaluate_episodes`): the first
-    ``episodes / E`` finished episodes of each of its E envs (:func:`foxdqn.evaluate.finished_episodes`;
-    ``graph`` as in :func:`foxdqn.evaluate.evaluate`: on CUDA, capture the loop in a CUDA graph)."""
+    """Each member's greedy episode metrics (:func:`foxdqn.analysis.backtest.evaluate_episodes`): the first
+    ``episodes / E`` finished episodes of each of its E envs (:func:`foxdqn.analysis.backtest.finished_episodes`;
+    ``graph`` as in :func:`foxdqn.analysis.backtest.evaluate`: on CUDA, capture the loop in a CUDA graph)."""
     per = episode_env_count(episodes)
     env = MemberCartPoleEnv(MemberRandom([c.seed + seed_offset for c in s.cfgs], s.device), per, s.device)
     greedy = MemberGreedy(s.online)

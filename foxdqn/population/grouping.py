@@ -14,10 +14,10 @@ import json
 from functools import reduce
 from typing import TYPE_CHECKING, Any, Callable, Sequence
 
-from foxdqn.config import to_plain
+from foxdqn.config.schema import to_plain
 
 if TYPE_CHECKING:
-    from foxdqn.config import TrainConfig
+    from foxdqn.config.schema import TrainConfig
     from foxdqn.population.jobs import Member
 
 #: MemberParams field (foxdqn.population.hparams) → the dotted config key it is read from.

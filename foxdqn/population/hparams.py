@@ -11,7 +11,7 @@ from dataclasses import dataclass, fields
 
 import torch
 
-from foxdqn.config import TrainConfig
+from foxdqn.config.schema import TrainConfig
 from foxdqn.population.grouping import KEYS, dotted_value
 
 @dataclass

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterator
 
 if TYPE_CHECKING:  # for the annotation only: foxdqn.train imports this module at start-up
-    from foxdqn.config import TrainConfig
+    from foxdqn.config.schema import TrainConfig
 
 #: Outcome.exit_code values: the run finished (its summary holds the selection), bad input (one
 #: line, foxdqn.errors.FoxdqnError), halted by an on-device guard (foxdqn.errors.HaltError).
@@ -29,14 +29,14 @@ class Member:
     """One job of a multirun, checked and ready to train.
 
     Attributes:
-        tc: the job's validated config (:func:`foxdqn.config.finalize`, debug caps applied).
+        tc: the job's validated config (:func:`foxdqn.config.schema.finalize`, debug caps applied).
         market: the job's market data (:func:`foxdqn.train.preflight`; None for envs other than
             trading), shared between jobs of one data setting.
         run_dir: the folder the run writes its outputs into: Hydra's job output folder
             (``hydra.runtime.output_dir``; for ``resume=...`` the resumed run's folder).
         job_num: Hydra's ``hydra.job.num`` (the job's index in the multirun).
         overrides: the job's task overrides as given (``hydra.overrides.task``, e.g. ``"seed=1"``).
-        payload: the checkpoint a ``resume=...`` job continues from (foxdqn.resume); None otherwise.
+        payload: the checkpoint a ``resume=...`` job continues from (foxdqn.run.resume); None otherwise.
             Such a job never joins a population (grouping.batch_refusal).
         run_id: the id of the run a ``resume=...`` job continues (its start record); None otherwise.
     """

@@ -14,9 +14,9 @@ from dataclasses import dataclass
 
 import torch
 
-from foxdqn.config import TrainConfig
+from foxdqn.config.schema import TrainConfig
 from foxdqn.population.envs import build_member_env
-from foxdqn.population.guard import MemberGuard
+from foxdqn.population.member_guard import MemberGuard
 from foxdqn.population.hparams import MemberParams
 from foxdqn.population.network import MemberQNetwork
 from foxdqn.population.optim import MemberAdam

@@ -71,5 +71,5 @@ def update_step(s: PopulationState) -> None:
 
 def publish_guard(s: PopulationState) -> None:
     """Copy the guard's per-member state to its pinned host copy (once per iteration: the host reads
-    it only between iterations; :meth:`foxdqn.population.guard.MemberGuard.publish`)."""
+    it only between iterations; :meth:`foxdqn.population.member_guard.MemberGuard.publish`)."""
     s.guard.publish()

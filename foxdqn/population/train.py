@@ -5,7 +5,7 @@ share a :func:`~foxdqn.population.grouping.group_key` (docs/usage.md). Per itera
 replay for all members (eager on CPU) and a read of the guard's pinned host copy (no wait). Per log
 interval: one device→host copy of every member's accumulators, one metrics row per member into its
 own run folder. At the end, per member: ``checkpoints/last.pt`` (its weights), then the same
-selection, evaluation and report as a single run (:func:`foxdqn.finish.finish`) into its own
+selection, evaluation and report as a single run (:func:`foxdqn.run.finish.finish`) into its own
 folder. A member halted by the guard gets ``HALTED`` and its last good weights; the others finish.
 """
 from __future__ import annotations
@@ -16,12 +16,12 @@ from pathlib import Path
 
 import torch
 
-from foxdqn.checkpoint import FORMAT, write_payload
-from foxdqn.config import to_plain
-from foxdqn.finish import VAL_EPISODES, VAL_SEED_OFFSET, Agent, RunEnd, finish
+from foxdqn.run.checkpoint import FORMAT, write_payload
+from foxdqn.config.schema import to_plain
+from foxdqn.run.finish import VAL_EPISODES, VAL_SEED_OFFSET, Agent, RunEnd, finish
 from foxdqn.io_atomic import deferred_sync, write_text_atomic
 from foxdqn.population import step as P
-from foxdqn.evaluate import POLICIES
+from foxdqn.analysis.backtest import POLICIES
 from foxdqn.population.jobs import FINISHED, HALTED, Member, Outcome
 from foxdqn.population.state import PopulationState, build_population
 from foxdqn.population.stats import MemberStats
@@ -41,7 +41,7 @@ def member_checkpoint(s: PopulationState, p: int, path: Path) -> Path:
     """Write member ``p``'s checkpoint: its online and target weights in a single run's layout,
     its config and counters (:func:`member_counts`), and ``population`` (member index, size). It
     evaluates like any checkpoint (``python -m foxdqn.evaluate``); it holds no optimizer or replay,
-    so a run cannot resume from it (:func:`foxdqn.resume.read_checkpoint` says so). Written
+    so a run cannot resume from it (:func:`foxdqn.run.resume.read_checkpoint` says so). Written
     atomically."""
     env_steps, updates = member_counts(s, p)
     payload = {
@@ -60,7 +60,7 @@ class _Population:
     """One call of :func:`train_population`: setup, the iteration loop, the end per member."""
 
     def __init__(self, members: list[Member]) -> None:
-        from foxdqn.loop import IterationPlan, use_graph
+        from foxdqn.run.loop import IterationPlan, use_graph
         from foxdqn.step.state import resolve_device
 
         self.t0 = time.perf_counter()
@@ -75,7 +75,7 @@ class _Population:
         step_fns = dict(collect=P.collect_step, update=P.update_step, after_updates=P.publish_guard)
         self.collect_only = Iteration(s, self.graph, updates=0, **step_fns)
         self.full = Iteration(s, self.graph, **step_fns)
-        self.loggers: list = []  # foxdqn.monitor.MetricsLogger per member, opened after the run folders (open_loggers)
+        self.loggers: list = []  # foxdqn.logger.MetricsLogger per member, opened after the run folders (open_loggers)
         self.env_steps, self.host_updates = 0, 0
         self.stopped: set[int] = set()  # members halted at an earlier log boundary: no more rows
         log.info("population of %d members (jobs %s): %s on %s (graph=%s), %d env steps each in %d iterations of "
@@ -85,12 +85,12 @@ class _Population:
 
     def open_loggers(self) -> None:
         """Each member's metrics logger (metrics.csv, tb/) in its run folder."""
-        from foxdqn.monitor import MetricsLogger
+        from foxdqn.logger import MetricsLogger
 
         self.loggers = [MetricsLogger(m.run_dir, tensorboard=m.tc.logger.tensorboard) for m in self.members]
 
     def iterate(self, signals) -> None:
-        from foxdqn.monitor.progress import TrainProgress
+        from foxdqn.logger.progress import TrainProgress
 
         cfg = self.members[0].tc
         t_log, steps_log = time.perf_counter(), 0
@@ -141,7 +141,7 @@ class _Population:
 
     def evaluate_members(self) -> tuple[list[dict], list[dict]]:
         """Every member's validation metrics and evaluation (``eval.split``), all members at once
-        (foxdqn.population.evaluate). Trading: the values :func:`foxdqn.finish.finish` would
+        (foxdqn.population.evaluate). Trading: the values :func:`foxdqn.run.finish.finish` would
         compute for each (the walks are deterministic). Episodes (CartPole): the same number of
         greedy episodes, their resets drawn from the member's own generator (seed + offset), so
         ``python -m foxdqn.evaluate`` of the member's checkpoint (torch's generator) plays other
@@ -193,8 +193,8 @@ def train_population(members: list[Member]) -> list[Outcome]:
     128 + the signal after one line (a population does not resume).
     """
     from foxdqn.errors import FoxdqnError
-    from foxdqn.loop import _StopSignals
-    from foxdqn.run_folder import RunFolder
+    from foxdqn.run.loop import _StopSignals
+    from foxdqn.run.folder import RunFolder
     from foxdqn.job.failure import fail
 
     try:

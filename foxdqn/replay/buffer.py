@@ -27,7 +27,7 @@ import torch
 from foxdqn.ops.replay_add import replay_add
 from foxdqn.ops.replay_gather import replay_gather, rows_from_uniforms
 from foxdqn.ops.tensor_list import scratch
-from foxdqn.step.scalars import device_scalar
+from foxdqn.device.scalars import device_scalar
 
 
 def replay_bytes(capacity: int, obs_dim: int, obs_itemsize: int = 4, regime: bool = False) -> int:

@@ -18,7 +18,7 @@ from foxdqn.ops.per_sample import per_sample
 from foxdqn.ops.per_state import PERState
 from foxdqn.ops.per_update import per_insert, per_update
 from foxdqn.replay.buffer import ReplayBuffer
-from foxdqn.step.schedules import LinearSchedule
+from foxdqn.device.schedules import LinearSchedule
 
 
 class PrioritizedReplayBuffer(ReplayBuffer):

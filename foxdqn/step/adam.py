@@ -21,7 +21,7 @@ from __future__ import annotations
 import torch
 
 from foxdqn.ops.adam_step import adam_step_
-from foxdqn.step.scalars import device_scalar
+from foxdqn.device.scalars import device_scalar
 
 _STATE_KEYS = ("step", "exp_avg", "exp_avg_sq")
 
@@ -49,7 +49,7 @@ class Adam:
         ValueError: a beta outside [0, 1) or eps <= 0.
     """
 
-    #: foxdqn.checkpoint's tensor walk passes over it: its state goes in the checkpoint's "optimizer"
+    #: foxdqn.run.checkpoint's tensor walk passes over it: its state goes in the checkpoint's "optimizer"
     #: entry (state_dict) and comes back through load_state_dict
     checkpointed = False
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import torch
 
-from foxdqn.config import TrainConfig
+from foxdqn.config.schema import TrainConfig
 from foxdqn.errors import ConfigError
 
 ENV_DTYPES = {"float32": torch.float32, "float64": torch.float64}

@@ -9,7 +9,7 @@ from __future__ import annotations
 import torch
 
 from foxdqn.step.act import act
-from foxdqn.step.beside import beside
+from foxdqn.device.side_stream import beside
 from foxdqn.step.state import TrainState
 
 
@@ -37,7 +37,7 @@ def collect_step(s: TrainState, backend: str = "auto") -> None:
     An env with ``draw_step`` (the trading env's reset start bars, CartPole's start states: its
     random draws) makes them after the ε-greedy uniforms (the same generator order as when the
     step drew them itself), on the monitors' second stream beside the action selection
-    (:func:`foxdqn.step.beside.beside`: two branches of the captured graph), and its step takes
+    (:func:`foxdqn.device.side_stream.beside`: two branches of the captured graph), and its step takes
     them. The draws must share no device state with the action selection: a ``torch.Generator``
     reserves its offsets on the host at each launch, so both may draw from it; the population's
     member envs, whose draws advance a device counter, have their own collect step
@@ -51,7 +51,7 @@ def collect_step(s: TrainState, backend: str = "auto") -> None:
     :func:`~foxdqn.ops.replay_add.replay_add` (the replay row, the reward
     scale, the rollout's next obs; PER adds its priority insert) and
     :func:`~foxdqn.ops.step_stats.step_stats` (monitor sums, ``env_steps``: on a second stream
-    beside the replay insert, :func:`~foxdqn.step.beside.beside`). ``backend``
+    beside the replay insert, :func:`~foxdqn.device.side_stream.beside`). ``backend``
     is passed to these ops ("auto", "triton" or "torch").
     """
     r = s.rollout

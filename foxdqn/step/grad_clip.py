@@ -16,7 +16,7 @@ from typing import Iterable
 import torch
 
 from foxdqn.ops.grad_norm import grad_norm_coefficient
-from foxdqn.step.scalars import device_scalar
+from foxdqn.device.scalars import device_scalar
 
 
 @torch.no_grad()
@@ -29,7 +29,7 @@ def grad_norm_and_coefficient(params: Iterable[torch.Tensor], max_norm: torch.Te
 
     Args:
         params: parameters (their ``.grad``: contiguous float32, one device).
-        max_norm: float32 0-d on that device (:func:`foxdqn.step.scalars.device_scalar`).
+        max_norm: float32 0-d on that device (:func:`foxdqn.device.scalars.device_scalar`).
 
     Returns:
         ``(total, coef)``, float32 0-d: the total norm BEFORE clipping (0.0 when no parameter has

@@ -13,7 +13,7 @@ from typing import Callable
 
 import torch
 
-from foxdqn.step.capture import capture, run_on_side_stream
+from foxdqn.device.capture import capture, run_on_side_stream
 from foxdqn.step.collect import collect_step
 from foxdqn.step.state import TrainState
 from foxdqn.step.update import update_step

@@ -1,6 +1,6 @@
 """Everything one training run keeps on the device, built from the config, in typed parts.
 
-:func:`build_state` turns a validated :class:`~foxdqn.config.TrainConfig` (and, for trading, a
+:func:`build_state` turns a validated :class:`~foxdqn.config.schema.TrainConfig` (and, for trading, a
 :class:`~foxdqn.data.MarketData`) into a :class:`TrainState` of a few parts, one job each:
 :class:`Networks` (online, target, objective, trainable parameters), :class:`Optimization`
 (Adam's state and its tensor learning rate), :class:`~foxdqn.step.target_update.TargetUpdate`,
@@ -17,13 +17,13 @@ from typing import TYPE_CHECKING, Union
 
 import torch
 
-from foxdqn.config import TrainConfig, total_updates
-from foxdqn.guard.guard import TrainingGuard
-from foxdqn.guard.monitor import QValueMonitor
+from foxdqn.config.schema import TrainConfig, total_updates
+from foxdqn.guard.host import TrainingGuard
+from foxdqn.guard.q_monitor import QValueMonitor
 from foxdqn.replay.buffer import ReplayBuffer
 from foxdqn.step.adam import Adam
 from foxdqn.step.build import build_action_mode, build_env, build_network, build_objective, build_replay
-from foxdqn.step.schedules import LinearSchedule
+from foxdqn.device.schedules import LinearSchedule
 from foxdqn.step.stats import DeviceStats
 from foxdqn.step.target_update import TargetUpdate
 

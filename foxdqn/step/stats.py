@@ -24,7 +24,7 @@ class DeviceStats:
         self.actions = torch.zeros(num_actions, dtype=torch.float64, device=device)
         self._scratch = StepStatsScratch(num_envs, device)  # the kernel's partial sums and ticket (not checkpointed)
         #: the second CUDA stream (None on the CPU): the collect step runs the env's draws and the
-        #: per-step sums on it (:func:`foxdqn.step.beside.beside`), :meth:`snapshot` its copy to
+        #: per-step sums on it (:func:`foxdqn.device.side_stream.beside`), :meth:`snapshot` its copy to
         #: the host (between iterations, never during a step)
         self.branch = torch.cuda.Stream(device) if device.type == "cuda" else None
         self._host = None

@@ -9,7 +9,7 @@ coefficient 1 (:mod:`foxdqn.step.grad_clip`; torch's ``clip_grad_norm_`` is 10),
 update 1 (weight, lerp and the counter's ``+= 1``: :mod:`foxdqn.step.target_update`; with
 ``_foreach_lerp_`` it was 9): 5, from 26 with torch's clip, fused Adam and ``_foreach_lerp_``.
 
-Device ops only. The training guard (:class:`foxdqn.guard.guard.TrainingGuard`, kernel
+Device ops only. The training guard (:class:`foxdqn.guard.host.TrainingGuard`, kernel
 ops.training_guard) turns NaN/Inf, a loss above the clip,
 a gradient collapse or (with ``guard.max_weight``) weights that Adam's step would make non-finite
 or larger than the bound into ``skip`` = 1 on the device. The weights after the step are known
@@ -45,7 +45,7 @@ import torch
 from foxdqn.replay.buffer import Batch
 from foxdqn.step.adam import adam_update_
 from foxdqn.step.grad_clip import grad_norm_and_coefficient
-from foxdqn.step.scalars import device_scalar
+from foxdqn.device.scalars import device_scalar
 from foxdqn.step.state import TrainState
 
 

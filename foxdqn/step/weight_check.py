@@ -69,7 +69,7 @@ class WeightCheck:
         weights, exp_avgs, exp_avg_sqs, steps: the scratch tensors (views / 0-d float32).
 
     The scratch is overwritten at every update, so it is not checkpointed
-    (:func:`foxdqn.checkpoint.state_tensors` passes over this object: ``checkpointed = False``).
+    (:func:`foxdqn.run.checkpoint.state_tensors` passes over this object: ``checkpointed = False``).
 
     Raises:
         ValueError: not an Adam, several groups or amsgrad

@@ -81,7 +81,7 @@ class PopulationLauncher(Launcher):
        (foxdqn.population.jobs.COLLECTOR): the job is validated and preflighted as in any run
        (a refused job returns NaN and is reported as today), then recorded instead of trained.
        A job that differs from one composed so only in values of plain keys (``seed=3``,
-       ``optim.lr=1e-3``: :meth:`foxdqn.compose.JobComposer.value_changes`) is derived from it
+       ``optim.lr=1e-3``: :meth:`foxdqn.config.compose.JobComposer.value_changes`) is derived from it
        instead, without Hydra (:class:`_Derived`): its config from the multirun's composer (shared
        with the check of every job), the same checks, its folder and ``.hydra/`` files written
        directly, its callbacks run with a small config naming its folder; so the host's cost per
@@ -201,7 +201,7 @@ class PopulationLauncher(Launcher):
     def _worker_gpus(self, populations: List[Any]) -> List[str]:
         """The GPUs of the worker processes (one each): none (train here) unless the run is on CUDA,
         there are two or more populations and ``n_jobs`` allows two or more."""
-        from foxdqn.placement import gpu_count, visible_gpus
+        from foxdqn.cli.placement import gpu_count, visible_gpus
 
         from foxdqn.step.state import resolve_device
 
@@ -301,7 +301,7 @@ def deal(populations: List[Any], workers: int) -> List[List[Any]]:
 def _member_value(member: Any, outcome: Any) -> float:
     """What the task function would have returned for ``member``: the objective of its summary, or
     NaN after the job's failure line. A member's results are not printed one table per job: the
-    sweep's report prints one table at the end (foxdqn.report.SweepReport)."""
+    sweep's report prints one table at the end (foxdqn.analysis.report.SweepReport)."""
     from foxdqn.population.jobs import BAD_INPUT, FINISHED
     from foxdqn.job.failure import job_failed, remove_if_unused
     from foxdqn.job.run import objective
@@ -450,9 +450,9 @@ class _Derived:
 
     After a job composed through Hydra has been collected (:meth:`learn`: a job to train, no
     resume, the default ``hydra.sweep.subdir``), a later job whose overrides differ from its
-    overrides only in values of plain keys (:meth:`foxdqn.compose.JobComposer.value_changes`) is
+    overrides only in values of plain keys (:meth:`foxdqn.config.compose.JobComposer.value_changes`) is
     collected by :meth:`collect`, as ``run_job`` and foxdqn's task function would, minus the
-    composition: its config from the multirun's composer (:func:`foxdqn.compose.sweep_composer`,
+    composition: its config from the multirun's composer (:func:`foxdqn.config.compose.sweep_composer`,
     which the check of every job filled), ``foxdqn.train.preflight``, its folder
     ``<sweep dir>/<job number>`` with ``.hydra/config.yaml`` (the resolved config),
     ``overrides.yaml`` and ``hydra.yaml`` (the first job's, with this job's number, folder and
@@ -466,7 +466,7 @@ class _Derived:
     def __init__(self, config: DictConfig, callbacks: Any, task_function: Any) -> None:
         from omegaconf import OmegaConf
 
-        from foxdqn.compose import sweep_composer
+        from foxdqn.config.compose import sweep_composer
 
         self.composer = sweep_composer(str(config.hydra.job.config_name))
         self.callbacks, self.task_function = callbacks, task_function
@@ -529,7 +529,7 @@ class _Derived:
     def _write_job_files(run_dir: Path, tc: Any, overrides: List[str], hydra_yaml: "_HydraYaml", idx: int) -> None:
         import yaml
 
-        from foxdqn.config import to_plain
+        from foxdqn.config.schema import to_plain
 
         dumper = getattr(yaml, "CSafeDumper", yaml.SafeDumper)
         hydra_dir = run_dir / ".hydra"

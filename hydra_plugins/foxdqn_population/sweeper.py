@@ -5,10 +5,10 @@ and ``hydra/sweeper=foxdqn`` anywhere.
 Hydra's :class:`~hydra._internal.core_plugins.basic_sweeper.BasicSweeper` composes every job of a
 batch through Hydra before launching it (``validate_batch_is_legal``): about 0.4 s a job on a
 2-core CPU, most of a 64-seed sweep's host time there. Here a job whose overrides differ from an
-already composed job's only in values of plain leaves (:meth:`foxdqn.compose.JobComposer.value_changes`:
+already composed job's only in values of plain leaves (:meth:`foxdqn.config.compose.JobComposer.value_changes`:
 ``seed=3``, ``optim.lr=1e-3``; not a group, ``+key``, ``~key`` or ``hydra.*``) is not composed
 again: such a job composes exactly when its base does, up to the value's type, and foxdqn checks
-every job's values before the sweep (:class:`foxdqn.hydra_callbacks.CheckJobs`: one line and
+every job's values before the sweep (:class:`foxdqn.cli.callbacks.CheckJobs`: one line and
 exit 2 for a value the schema does not take). Everything else is the basic sweeper's: the same
 batches, job numbers, ``multirun.yaml`` and sweep folder.
 """
@@ -46,7 +46,7 @@ def sweeper_class() -> type:
             it (module docstring). ``composed``: jobs of the last batch composed through Hydra."""
 
             def validate_batch_is_legal(self, batch: Sequence[Sequence[str]]) -> None:
-                from foxdqn.compose import JobComposer
+                from foxdqn.config.compose import JobComposer
 
                 loader = self.hydra_context.config_loader
                 bases: List[tuple] = []

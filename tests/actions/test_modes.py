@@ -6,7 +6,7 @@ import torch
 
 from foxdqn.actions import BranchingMode, ExposureRoutedMode, FactoredMode, build_action_mode
 from foxdqn.envs import ExecutionConfig, TradingEnv
-from foxdqn.envs.actions import compose
+from foxdqn.execution.orders import compose
 from foxdqn.ops.route_exposure_to_factored import route_exposure_to_factored_reference
 
 from support import forbid_syncs, market_from_arrays

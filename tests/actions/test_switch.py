@@ -7,8 +7,8 @@ import torch
 
 from foxdqn.actions.switch import NextStatePenalty, SwitchPenalty, action_exposures, switch_penalty
 from foxdqn.envs import EXPOSURES, ExecutionConfig, TradingEnv
-from foxdqn.envs.actions import FLAT, compose, factor
-from foxdqn.envs.execution import unit_switch_cost
+from foxdqn.execution.orders import FLAT, compose, factor
+from foxdqn.execution.fills import unit_switch_cost
 from foxdqn.objectives.dqn import DQNObjective, double_dqn_target
 from foxdqn.replay.buffer import Batch
 
@@ -148,7 +148,7 @@ def test_a_large_margin_keeps_every_position():
 
 @pytest.mark.parametrize("action", ["factored", "branching", "exposure_routed"])
 def test_a_large_margin_never_trades_in_collect_and_walks(action):
-    from foxdqn.evaluate import evaluate
+    from foxdqn.analysis.backtest import evaluate
     from foxdqn.step.collect import collect_step
 
     s, market = small_state([f"action={action}", "action.switch_margin=1e9", "explore.eps_start=0",

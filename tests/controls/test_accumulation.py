@@ -5,7 +5,7 @@ import torch
 from foxdqn.errors import ConfigError
 from foxdqn.step.iteration import Iteration
 from foxdqn.step.update import accumulate_gradients, micro_batches
-from foxdqn.compose import load_config
+from foxdqn.config.compose import load_config
 
 from support import experiment_state
 

@@ -4,7 +4,7 @@ import math
 import pytest
 import torch
 
-from foxdqn.loop import Snapshotter
+from foxdqn.run.loop import Snapshotter
 from foxdqn.step.iteration import WARMUP_ITERATIONS
 
 from support import captured_iteration, experiment_state, iterate, no_host_sync

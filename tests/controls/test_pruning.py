@@ -6,10 +6,10 @@ import torch
 from torch import nn
 
 from foxdqn.errors import ConfigError
-from foxdqn.loop import Snapshotter
+from foxdqn.run.loop import Snapshotter
 from foxdqn.step.iteration import Iteration
 from foxdqn.step.pruning import MagnitudePruner
-from foxdqn.compose import load_config
+from foxdqn.config.compose import load_config
 
 from support import experiment_state, iterate
 

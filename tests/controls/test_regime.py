@@ -10,7 +10,7 @@ from foxdqn.replay import PrioritizedReplayBuffer, ReplayBuffer
 from foxdqn.replay.buffer import replay_bytes
 from foxdqn.replay.regime import RegimeWeights, volatility_ratio
 from foxdqn.step.iteration import Iteration
-from foxdqn.compose import load_config
+from foxdqn.config.compose import load_config
 
 from support import experiment_state, table_q
 

@@ -229,7 +229,7 @@ def test_an_eval_env_refuses_paths_and_short_paths_are_refused():
 
 
 def test_a_run_trains_on_paths_and_validates_and_tests_on_the_market():
-    from foxdqn.checkpoint import state_tensors
+    from foxdqn.run.checkpoint import state_tensors
     from foxdqn.step.build import build_env
 
     from support import small_state
@@ -256,7 +256,7 @@ def test_a_run_trains_on_paths_and_validates_and_tests_on_the_market():
 
 
 def test_a_checkpoint_of_an_augmented_run_resumes_on_the_same_paths(tmp_path):
-    from foxdqn.checkpoint import load_checkpoint, restore_state, save_checkpoint
+    from foxdqn.run.checkpoint import load_checkpoint, restore_state, save_checkpoint
     from foxdqn.step.collect import collect_step
 
     from support import small_state

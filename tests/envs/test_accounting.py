@@ -9,7 +9,7 @@ import math
 import pytest
 import torch
 
-from foxdqn.envs.actions import compose
+from foxdqn.execution.orders import compose
 
 TOL = 1e-12
 MARKET, LIMIT, IOC = 0, 1, 2

@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 import torch
 
-from foxdqn.config import EnvConfig
+from foxdqn.config.schema import EnvConfig
 from foxdqn.envs import BatchedEnv, CollectHook, ExecutionConfig, StepOut, TradingEnv
 from foxdqn.envs.base import NO_HOOK
 from foxdqn.envs.bitflip import BitFlipEnv

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from foxdqn.envs import NUM_ACTIONS, ExecutionConfig
-from foxdqn.envs.actions import compose
+from foxdqn.execution.orders import compose
 from foxdqn.errors import ConfigError
 
 

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from foxdqn.config import EnvConfig
+from foxdqn.config.schema import EnvConfig
 from foxdqn.errors import ConfigError
 from foxdqn.step.iteration import HostEnvIteration, make_iteration
 

@@ -30,7 +30,7 @@ import torch
 from foxdqn.data import DataConfig, market_data_from_frame
 from foxdqn.data.synthetic import make_martingale_ohlcv
 from foxdqn.envs import ExecutionConfig, TradingEnv
-from foxdqn.envs.actions import IOC, LIMIT_MAKER, MARKET, NUM_ACTIONS, compose
+from foxdqn.execution.orders import IOC, LIMIT_MAKER, MARKET, NUM_ACTIONS, compose
 
 NUM_ENVS, STEPS = 2048, 64
 ORDER_TYPES = {"market": MARKET, "limit_maker": LIMIT_MAKER, "ioc": IOC}

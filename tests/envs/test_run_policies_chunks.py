@@ -1,4 +1,4 @@
-"""TradingEnv.run_policies in chunks of K steps (foxdqn.step.chunk_graph) gives exactly the walks of
+"""TradingEnv.run_policies in chunks of K steps (foxdqn.device.chunk_graph) gives exactly the walks of
 a per-step loop, whatever K (CPU); captured in a CUDA graph it equals the eager walk bit for bit
 and walks the EURUSD val split in milliseconds (GPU)."""
 import time
@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 import torch
 
-from foxdqn.envs.actions import compose
-from foxdqn.step.chunk_graph import CHUNK_STEPS
+from foxdqn.execution.orders import compose
+from foxdqn.device.chunk_graph import CHUNK_STEPS
 
 FLOATS = ("equity", "exposure", "rewards", "fill_price", "fees", "costs", "traded_units")
 
@@ -110,7 +110,7 @@ def test_bad_chunk(walk_env):
 def _eurusd(experiment, members):
     """eurusd ``experiment`` on CUDA: (cfg, market, greedy policy of a seeded untrained network over
     ``members`` rows, the val env builder)."""
-    from foxdqn.compose import load_config
+    from foxdqn.config.compose import load_config
     from foxdqn.data import load_market_data
     from foxdqn.step.build import build_action_mode, build_env, build_network
 
@@ -135,7 +135,7 @@ def _eurusd(experiment, members):
 @pytest.mark.gpu
 @pytest.mark.parametrize("experiment", ["eurusd_dqn", "eurusd_routed"])
 def test_gpu_captured_walk_equals_eager_walk(experiment):
-    from foxdqn.evaluate import evaluate
+    from foxdqn.analysis.backtest import evaluate
 
     cfg, market, online, mode, greedy, val_env = _eurusd(experiment, 3)
     eager_env, graph_env = val_env(), val_env()

@@ -1,4 +1,4 @@
-"""TrainingGuard (foxdqn.guard.guard): thresholds, config errors, accumulators and their named view
+"""TrainingGuard (foxdqn.guard.host): thresholds, config errors, accumulators and their named view
 GuardTotals, the skip flag as fused Adam's found_inf."""
 import math
 
@@ -6,9 +6,9 @@ import pytest
 import torch
 
 from foxdqn.errors import ConfigError
-from foxdqn.guard import record as R
-from foxdqn.guard.guard import GuardTotals, TrainingGuard
-from foxdqn.guard.ring import HostRingReader
+from foxdqn.device import ring_record as R
+from foxdqn.guard.host import GuardTotals, TrainingGuard
+from foxdqn.device.host_ring import HostRingReader
 
 F32, I64 = torch.float32, torch.int64
 NAN, INF = float("nan"), float("inf")

@@ -102,7 +102,7 @@ def test_gpu_eurusd_dqn_online_forward_kernels():
     + backward of [2B, D] against the old expression."""
     from support import assert_close_ulps, cuda_kernels
 
-    from foxdqn.compose import load_config
+    from foxdqn.config.compose import load_config
     from foxdqn.data import load_market_data
     from foxdqn.step.state import build_state
 

@@ -6,7 +6,7 @@ import pytest
 import torch
 from torch import nn
 
-from foxdqn.envs.actions import factor
+from foxdqn.execution.orders import factor
 from foxdqn.nn.attention import AttentionEncoder
 from foxdqn.nn.branching import (BranchingHead, BranchingNetwork, combine_branches, compose_branches,
                                  factor_branches)

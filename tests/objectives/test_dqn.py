@@ -169,7 +169,7 @@ def test_stack_double_false_gives_the_same_loss_and_gradients_in_two_forwards(ne
 
 
 def test_build_objective_stacks_except_for_the_image_encoder():
-    from foxdqn.compose import load_config
+    from foxdqn.config.compose import load_config
     from foxdqn.step.build import build_objective
 
     online, target = _nets()

@@ -9,7 +9,7 @@ import torch
 
 from foxdqn.ops.epsilon_greedy import epsilon_greedy, epsilon_greedy_reference, epsilon_schedule_reference
 from foxdqn.ops.member_uniform import member_keys, member_randint, member_uniform
-from foxdqn.step.schedules import LinearSchedule, linear_value
+from foxdqn.device.schedules import LinearSchedule, linear_value
 
 F32, I64 = torch.float32, torch.int64
 

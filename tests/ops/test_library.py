@@ -17,7 +17,7 @@ from foxdqn.ops.library import DeviceOp, compile_disabled, device_op, register_o
 
 _TRAINING_RUN_IMPORTS = textwrap.dedent("""
     import sys, torch
-    import foxdqn.train, foxdqn.loop, foxdqn.checkpoint, foxdqn.step.update, foxdqn.step.collect
+    import foxdqn.train, foxdqn.run.loop, foxdqn.run.checkpoint, foxdqn.step.update, foxdqn.step.collect
     from foxdqn.ops.quantile_huber_loss import quantile_huber_loss
     from foxdqn.ops.target_lerp import target_lerp_
     from foxdqn.step.adam import Adam

@@ -1,10 +1,10 @@
 """qvalue_stats: Triton kernel vs torch reference, golden values, ring records, CUDA graphs (GPU).
-QValueMonitor and its records shared with the guard: tests/guard/test_monitor.py."""
+QValueMonitor and its records shared with the guard: tests/guard/test_q_monitor.py."""
 import pytest
 import torch
 
-from foxdqn.guard import record as R
-from foxdqn.guard.monitor import QValueMonitor
+from foxdqn.device import ring_record as R
+from foxdqn.guard.q_monitor import QValueMonitor
 from foxdqn.ops.qvalue_stats import qvalue_stats, qvalue_stats_reference
 
 from support import assert_close_report, capture_graph, no_host_sync

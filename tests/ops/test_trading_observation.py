@@ -5,7 +5,7 @@ docs/design/replay.md#windowed-trading-replay."""
 import pytest
 import torch
 
-from foxdqn.envs.actions import FLAT, MARKET, NUM_ACTIONS, compose
+from foxdqn.execution.orders import FLAT, MARKET, NUM_ACTIONS, compose
 from foxdqn.ops.trading_code import CODE_T, CODE_WIDTH, state_code_dtype
 from foxdqn.ops.trading_observation import trading_observation
 from foxdqn.ops.trading_step import _RUIN, TradingState, observation_reference, trading_step

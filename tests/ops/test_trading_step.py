@@ -13,8 +13,8 @@ import numpy as np
 import pytest
 import torch
 
-from foxdqn.envs.actions import EXPOSURES, LIMIT_MAKER, NUM_ACTIONS, compose
-from foxdqn.envs.execution import ExecutionConfig, cost_tables
+from foxdqn.execution.orders import EXPOSURES, LIMIT_MAKER, NUM_ACTIONS, compose
+from foxdqn.execution.fills import ExecutionConfig, cost_tables
 from foxdqn.ops.trading_step import TradingMarket, TradingState, trading_params, trading_step
 
 from support import assert_close_report, cuda_kernels, market_from_arrays
@@ -377,7 +377,7 @@ def test_gpu_kernels_per_env_step_and_per_collect_step():
     """The env step is 2 kernels in training mode (torch.randint for the reset start bars, then the
     step kernel), against the reference's ~185; a collect step of eurusd_dqn at 4,096 envs loses the
     difference."""
-    from foxdqn.compose import load_config
+    from foxdqn.config.compose import load_config
     from foxdqn.data import load_market_data
     from foxdqn.step.collect import collect_step
     from foxdqn.step.state import build_state

@@ -5,8 +5,8 @@ import numpy as np
 import pytest
 import torch
 
-from foxdqn.guard import record as R
-from foxdqn.guard.guard import TrainingGuard
+from foxdqn.device import ring_record as R
+from foxdqn.guard.host import TrainingGuard
 from foxdqn.ops.library import register_ops
 from foxdqn.ops.training_guard import training_guard, training_guard_reference
 
@@ -364,8 +364,8 @@ def test_gpu_fused_adam_skips_inside_graph():
 def test_gpu_guard_and_qstats_inside_torch_compile():
     """Under torch.compile the ring-writing ops run as opaque calls and still write the record."""
     register_ops()  # torch.library registration, made for torch.compile / opcheck only
-    from foxdqn.guard.guard import TrainingGuard
-    from foxdqn.guard.monitor import QValueMonitor
+    from foxdqn.guard.host import TrainingGuard
+    from foxdqn.guard.q_monitor import QValueMonitor
 
     guard = TrainingGuard("cuda", loss_clip=10.0)
     qmon = QValueMonitor(guard.ring, "cuda")

@@ -92,7 +92,7 @@ def test_an_ensemble_of_different_members_is_its_own_policy():
 
 
 def test_a_vote_cannot_price_a_switch():
-    from foxdqn.compose import load_config
+    from foxdqn.config.compose import load_config
     from foxdqn.errors import ConfigError
 
     with pytest.raises(ConfigError, match="eval.ensemble=vote counts the members' greedy actions"):

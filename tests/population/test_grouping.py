@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from foxdqn.compose import load_config
+from foxdqn.config.compose import load_config
 from foxdqn.population.grouping import MEMBER_KEYS, SUPPORTED, batch_refusal, group_key, plan
 from foxdqn.population.jobs import Member
 

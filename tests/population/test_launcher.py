@@ -60,7 +60,7 @@ def test_launcher_is_registered_and_composes_from_our_conf():
     from hydra.utils import instantiate
 
     import hydra_plugins.foxdqn_population.population_launcher as module
-    from foxdqn.compose import conf_folder
+    from foxdqn.config.compose import conf_folder
 
     module.register()
     PopulationLauncher = module.PopulationLauncher  # Hydra's scan may have run the module again: its class now
@@ -251,7 +251,7 @@ def test_worker_trains_its_populations_and_writes_their_outcomes(tmp_path):
     member's log lines in its train.log."""
     import pickle
 
-    from foxdqn.compose import load_config
+    from foxdqn.config.compose import load_config
     from foxdqn.population.jobs import Member
 
     def member(job, seed):

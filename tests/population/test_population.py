@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from foxdqn.compose import load_config
+from foxdqn.config.compose import load_config
 from foxdqn.data.synthetic import make_synthetic_ohlcv
 from foxdqn.data import market_data_from_frame
 from foxdqn.population import step as P

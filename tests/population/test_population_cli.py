@@ -8,7 +8,7 @@ import math
 import pandas as pd
 import torch
 
-from foxdqn.checkpoint import load_checkpoint
+from foxdqn.run.checkpoint import load_checkpoint
 
 
 def test_population_multirun_from_the_command_line(train_cli, tmp_path):

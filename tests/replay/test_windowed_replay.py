@@ -21,7 +21,7 @@ ROWS = ("obs", "next_obs", "action", "reward", "terminal", "ended", "episode")  
 
 def _obs_replay(s):
     """A replay of observations like ``s.replay`` (same kind, capacity, n-step, γ, PER settings), without a decoder."""
-    from foxdqn.config import total_updates
+    from foxdqn.config.schema import total_updates
 
     r, env, c = s.replay, s.rollout.env, s.cfg.replay
     if isinstance(r, PrioritizedReplayBuffer):
@@ -123,7 +123,7 @@ def test_population_samples_the_observations_an_obs_replay_samples():
 def test_gpu_training_run_samples_the_observations_an_obs_replay_samples():
     """eurusd_dqn at 4,096 envs on CUDA (compiled step and decode kernels), eagerly: the code replay
     and a replay of observations sample the same batches and train the same weights."""
-    from foxdqn.compose import load_config
+    from foxdqn.config.compose import load_config
     from foxdqn.data import load_market_data
     from foxdqn.step.state import build_state
 

@@ -4,7 +4,7 @@ generator and monitor sums; on the GPU the same, and the kernel count of an euru
 import pytest
 import torch
 
-from foxdqn.checkpoint import state_tensors
+from foxdqn.run.checkpoint import state_tensors
 from foxdqn.step.collect import collect_step
 from foxdqn.step.stats import EP_COUNT, EP_RETURN_SUM, REWARD_SUM
 
@@ -72,7 +72,7 @@ def test_gpu_kernels_equal_reference_path(name):
 def test_gpu_collect_step_kernel_count_eurusd_dqn():
     """Issue 17's target: one collect step of eurusd_dqn at 4,096 envs launches at most 12 kernels,
     the MLP forward included."""
-    from foxdqn.compose import load_config
+    from foxdqn.config.compose import load_config
     from foxdqn.data import load_market_data
     from foxdqn.step.state import build_state
 

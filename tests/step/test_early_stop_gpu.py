@@ -8,9 +8,9 @@ import json
 import pytest
 import torch
 
-import foxdqn.loop as loop
-import foxdqn.finish as finish
-from foxdqn.checkpoint import load_checkpoint
+import foxdqn.run.loop as loop
+import foxdqn.run.finish as finish
+from foxdqn.run.checkpoint import load_checkpoint
 
 from support import small_state
 

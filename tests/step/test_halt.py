@@ -54,8 +54,8 @@ def test_injected_nan_skips_update_graph():
 
 
 def test_train_halts_with_checkpoint_and_message(tmp_path):
-    from foxdqn.checkpoint import load_checkpoint
-    from foxdqn.loop import train
+    from foxdqn.run.checkpoint import load_checkpoint
+    from foxdqn.run.loop import train
 
     s, market = small_state([f"debug.inject_nan_at_step={BAD}"])
     with pytest.raises(HaltError) as info:

@@ -5,9 +5,9 @@ import pandas as pd
 import pytest
 import torch
 
-from foxdqn.checkpoint import load_checkpoint
-from foxdqn.loop import Interrupted, train
-from foxdqn.compose import load_config
+from foxdqn.run.checkpoint import load_checkpoint
+from foxdqn.run.loop import Interrupted, train
+from foxdqn.config.compose import load_config
 from foxdqn.job.check import market_data
 
 from support import interrupt_at

@@ -1,10 +1,10 @@
 """foxdqn.step.stats.DeviceStats: add_step's trades count of an env that trades, and of one that
-does not; add_step beside other work on its branch stream (foxdqn.step.beside, as the collect step
+does not; add_step beside other work on its branch stream (foxdqn.device.side_stream, as the collect step
 runs it) equals add_step (CPU; GPU `gpu` marker: eager and in a CUDA graph without host sync)."""
 import pytest
 import torch
 
-from foxdqn.step.beside import beside
+from foxdqn.device.side_stream import beside
 from foxdqn.step.stats import EP_COUNT, REWARD_SUM, TRADES, TRANSITIONS, DeviceStats
 
 

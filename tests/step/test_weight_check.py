@@ -5,7 +5,7 @@ The trial step on the copy is the real step, bit for bit; with the check off not
 import pytest
 import torch
 
-from foxdqn.checkpoint import state_tensors
+from foxdqn.run.checkpoint import state_tensors
 from foxdqn.errors import ConfigError, HaltError
 from foxdqn.step.iteration import Iteration
 from foxdqn.step.weight_check import ALIGN, WeightCheck
@@ -148,8 +148,8 @@ def test_config_refuses_a_bad_bound(value):
 
 
 def test_train_halts_with_the_weights_before_the_bad_step(tmp_path):
-    from foxdqn.checkpoint import load_checkpoint
-    from foxdqn.loop import train
+    from foxdqn.run.checkpoint import load_checkpoint
+    from foxdqn.run.loop import train
 
     s, market = small_state([f"debug.inject_lr_spike_at_step={BAD}", f"guard.max_weight={BOUND}"])
     with pytest.raises(HaltError) as info:
@@ -164,8 +164,8 @@ def test_train_halts_with_the_weights_before_the_bad_step(tmp_path):
 
 
 def test_a_16_column_ring_of_an_older_checkpoint_resumes():
-    from foxdqn.checkpoint import _upgrade_ring
-    from foxdqn.guard import record as R
+    from foxdqn.run.checkpoint import _upgrade_ring
+    from foxdqn.device import ring_record as R
 
     old = torch.arange(4 * 16, dtype=torch.float64).reshape(4, 16)
     new = _upgrade_ring(old, R.new_ring(4, pin_memory=False))

@@ -1,0 +1,82 @@
+"""The results of a run on the console: a table with the metrics as rows (it fits an 80-column
+terminal) and one column per policy (agent, buy-and-hold, flat and, on a generated market, the
+oracle), the agent's significance line and where the outputs are. Used by ``foxdqn.train`` and ``foxdqn.analysis.backtest``."""
+from __future__ import annotations
+
+from pathlib import Path
+
+
+def print_summary(summary: dict, run_dir: Path) -> None:
+    """Print ``summary`` (eval/summary.json's dict) and ``run_dir``; an episodic env's summary (no
+    ``split``) is one line of its greedy-evaluation metrics."""
+    from rich.console import Console
+    from rich.table import Table
+
+    if "split" not in summary:  # episodic env (CartPole, bit flipping)
+        console = Console()
+        m = summary["metrics"]["agent"]
+        console.print(f"[bold]{summary.get('run_name', summary['experiment'])}[/bold] greedy evaluation: " +
+                      ", ".join(f"{k}={v:.4g}" for k, v in m.items()), soft_wrap=True)  # one line each, for grep
+        _print_trackers(console, summary)
+        console.print(f"[bold]outputs:[/bold] {run_dir.resolve()}  (wall {summary['wall_time_s']} s on "
+                      f"{summary['gpu'] or summary['device']})", soft_wrap=True)
+        return
+
+    name = summary.get("run_name", summary.get("experiment"))
+    table = Table(title=f"{name} — {summary['split']} split, {summary['bars']} bars "
+                        f"({summary['period'][0]} → {summary['period'][1]})")
+    rows = {"total_return": "total return", "sharpe": "Sharpe (annualised)", "sortino": "Sortino (annualised)",
+            "max_drawdown": "max drawdown", "profit_factor": "profit factor", "hit_rate": "hit rate",
+            "turnover": "turnover (x equity/yr)", "num_trades": "trades"}
+    probe = Console()
+    console = Console(width=probe.width if probe.is_terminal else 130)  # a terminal's width; files: no wrapping
+    table.add_column("metric")  # metrics as rows: fits an 80-column terminal
+    for name in summary["metrics"]:
+        table.add_column(name, justify="right")
+    for key, label in rows.items():
+        table.add_row(label, *[f"{m[key]:.4g}" if isinstance(m.get(key), (int, float)) else str(m.get(key))
+                               for m in summary["metrics"].values()])
+    console.print(table)
+    a, sel = summary["metrics"]["agent"], summary.get("selection") or {}
+    line = (f"agent Sharpe 95 % interval [{a['sharpe_ci95_low']:.3g}, {a['sharpe_ci95_high']:.3g}] (block "
+            f"bootstrap); PSR(SR > 0) = {a['psr_vs_zero']:.3f}; PSR(return - buy-and-hold > 0) = "
+            f"{a.get('psr_vs_buy_and_hold', float('nan')):.3f}")
+    if sel:
+        line += f"; selected on val {sel['metric']} = {sel['value']:.4g}"
+    console.print(line, soft_wrap=True)
+    if a.get("num_trades") == 0 or sel.get("excluded"):
+        console.print(_search_note(summary), soft_wrap=True, highlight=False)
+    _print_trackers(console, summary)
+    console.print(f"[bold]outputs:[/bold] {run_dir.resolve()}  (wall {summary['wall_time_s']} s on "
+                  f"{summary['gpu'] or summary['device']})")
+
+
+
+def _search_note(summary: dict) -> str:
+    """The line of a run that never trades (on the evaluated split, or on val where it was
+    selected) or that a search does not count (``selection.excluded``)."""
+    sel, trades = summary.get("selection") or {}, summary["metrics"]["agent"].get("num_trades")
+    parts = []
+    if trades == 0:
+        parts.append(f"the agent never trades on the {summary['split']} split (0 trades: its numbers are flat's)")
+    if sel.get("excluded") == "pruned":
+        parts.append(f"pruned at {summary['stop']['at_env_steps']} env steps by the search's median pruner: "
+                     "not counted by the search")
+    elif sel.get("excluded"):
+        parts.append(f"it {sel['excluded']}: not counted by a search (search.exclude_no_trades=true)")
+    return "[bold]note:[/bold] " + "; ".join(parts)
+
+
+def _print_trackers(console, summary: dict) -> None:
+    """One line per logger run of the summary (``mlflow``: its store and run id, with the command
+    that shows it; ``wandb``: its mode, run id and folder, with the command that uploads an offline
+    run), printed just before ``outputs:``."""
+    if "mlflow" in summary:
+        m = summary["mlflow"]
+        console.print(f"[bold]mlflow:[/bold] run {m['run_id']} in {m['tracking_uri']}  (mlflow ui "
+                      f"--backend-store-uri {m['tracking_uri']})", soft_wrap=True, markup=True, highlight=False)
+    if "wandb" in summary and summary["wandb"]["folder"]:
+        w = summary["wandb"]
+        how = f"  (upload: wandb sync {w['folder']})" if w["mode"] == "offline" else ""
+        console.print(f"[bold]wandb:[/bold] {w['mode']} run {w['run_id']} in {w['folder']}{how}", soft_wrap=True,
+                      highlight=False)

@@ -1,0 +1,234 @@
+"""A Prometheus endpoint for a training run (``prometheus_client``), fed from host values only.
+
+:class:`PrometheusExporter` serves ``http://ADDR:PORT/metrics`` from a daemon thread with its own
+registry (two exporters in one process, e.g. the jobs of a multirun or tests, never share gauges).
+It is fed in two ways, neither of which touches a device tensor:
+
+* :meth:`PrometheusExporter.log` - the rows of ``metrics.csv`` at each log boundary (the host
+  values of the log interval's one readback). Column ``train/loss`` becomes the gauge
+  ``foxdqn_train_loss``: ``foxdqn_`` plus the column name with every character outside
+  ``[a-zA-Z0-9_]`` turned into ``_``. The row's step is ``foxdqn_env_steps``.
+* :meth:`PrometheusExporter.observe` - the newest complete record of the guard's pinned host ring,
+  as :meth:`foxdqn.device.host_ring.HostRingReader.latest` returns it (a dict of Python numbers; the
+  loop already polls it once per iteration). Gauges (units as in :mod:`foxdqn.device.ring_record`):
+
+  ==============================  =========================================================
+  ``foxdqn_guard_flag{flag=F}``   1 or 0; F in halt_nan, halt_loss_clip, halt_grad_collapse,
+                                  halt_weight, q_divergence, skip (this update skipped),
+                                  halted (latch)
+  ``foxdqn_guard_step``           the update number of the record
+  ``foxdqn_guard_raw_loss``       its TD loss as computed (loss units)
+  ``foxdqn_guard_clipped_loss``   that loss clipped at ``guard.loss_clip``
+  ``foxdqn_guard_raw_grad_norm``  its gradient norm before clipping
+  ``foxdqn_guard_collapse_count`` consecutive updates with a collapsed gradient
+  ``foxdqn_guard_max_weight``     max |w| after that update's step (``guard.max_weight``; -1: off)
+  ``foxdqn_q_min/_max/_mean``     min, max, mean over the update's B x A Q-values (return units)
+  ``foxdqn_q_step``               the update the Q gauges belong to
+  ==============================  =========================================================
+
+  Until the first record every one of these is NaN. A record whose Q columns were not complete
+  (``None``) leaves the Q gauges at their last values (``foxdqn_q_step`` says which update they
+  are from). The exporter only keeps a reference to the newest record (about a microsecond per
+  new record, for the type check); the gauges are built from it when a scraper asks
+  (:class:`_RingCollector`, on the server's thread).
+
+Every gauge carries the labels given at construction (the loop gives ``run`` and ``seed``).
+Values are converted with ``float``; ``None`` and strings are skipped; tensors are refused
+(``TypeError``), as in the other sinks.
+"""
+from __future__ import annotations
+
+import numbers
+import re
+import socket
+from collections.abc import Mapping
+from typing import Any
+
+from foxdqn.device.host_ring import FLAG_FIELDS
+
+__all__ = ["PrometheusExporter", "probe", "metric_name", "FLAGS"]
+
+PREFIX = "foxdqn_"
+#: The guard ring's flags exposed as ``foxdqn_guard_flag{flag=...}`` (keys of a ring record).
+FLAGS = (*FLAG_FIELDS, "skip", "halted")
+#: gauge name (after ``foxdqn_``) -> (ring record key, help text)
+_RING_VALUES = {
+    "guard_step": ("step", "update number of the newest complete guard record in the host ring"),
+    "guard_raw_loss": ("raw_loss", "TD loss of that update as computed"),
+    "guard_clipped_loss": ("clipped_loss", "TD loss of that update clipped at guard.loss_clip"),
+    "guard_raw_grad_norm": ("raw_grad_norm", "gradient norm of that update before clipping"),
+    "guard_collapse_count": ("collapse_count", "consecutive updates with a collapsed gradient"),
+    "guard_max_weight": ("max_weight", "max |w| after that update's step (guard.max_weight; -1: check off)"),
+}
+_Q_VALUES = {
+    "q_min": "min over the update's B x A Q-values (return units)",
+    "q_max": "max over the update's B x A Q-values (return units)",
+    "q_mean": "mean over the update's B x A Q-values (return units)",
+}
+
+
+def metric_name(column: str) -> str:
+    """The gauge name of a metrics.csv column: ``"train/loss"`` -> ``"foxdqn_train_loss"``."""
+    return PREFIX + re.sub(r"[^a-zA-Z0-9_]", "_", column)
+
+
+def _number(name: str, value: Any) -> float | None:
+    """``value`` as a float, None to skip it (None, strings). Raises TypeError for tensors."""
+    if value is None or isinstance(value, str):
+        return None
+    if type(value).__module__.split(".")[0] == "torch":
+        raise TypeError(f"{name}: got a {type(value).__name__}; the Prometheus exporter takes host values, "
+                        "never tensors (a device read would be a sync)")
+    if not isinstance(value, numbers.Real) and not hasattr(value, "__float__"):
+        raise TypeError(f"{name}: value {value!r} is not a number")
+    return float(value)
+
+
+_PLAIN = (int, float, bool, type(None))
+
+
+def _check_record(record: Mapping[str, Any]) -> None:
+    """Raise TypeError unless every value of a ring record is a plain Python number (or None)."""
+    for key, value in record.items():
+        if type(value) not in _PLAIN:
+            _number(key, value)  # a tensor or a non-number raises; NumPy numbers pass
+
+
+class _RingCollector:
+    """Builds the ring gauges from the newest record at each scrape (see the module docstring)."""
+
+    def __init__(self, labels: dict[str, str]) -> None:
+        self.labels = labels
+        self.record: Mapping[str, Any] | None = None  # newest record seen
+        self.q_record: Mapping[str, Any] | None = None  # newest record with its Q columns
+
+    def collect(self):
+        from prometheus_client.core import GaugeMetricFamily
+
+        names, values, nan = list(self.labels), list(self.labels.values()), float("nan")
+        rec, q_rec = self.record, self.q_record  # one read each: the loop may replace them meanwhile
+        flag = GaugeMetricFamily(f"{PREFIX}guard_flag", "guard ring flags of the newest complete record "
+                                 "(1 set, 0 clear)", labels=[*names, "flag"])
+        for f in FLAGS:
+            flag.add_metric([*values, f], nan if rec is None or rec.get(f) is None else float(rec[f]))
+        yield flag
+        for name, (key, text) in _RING_VALUES.items():
+            value = None if rec is None else rec.get(key)
+            yield self._gauge(PREFIX + name, text, nan if value is None else float(value))
+        for key, text in _Q_VALUES.items():
+            yield self._gauge(PREFIX + key, text, nan if q_rec is None else float(q_rec[key]))
+        yield self._gauge(f"{PREFIX}q_step", "update number the foxdqn_q_* gauges belong to",
+                          nan if q_rec is None else float(q_rec["step"]))
+
+    def _gauge(self, name: str, text: str, value: float):
+        from prometheus_client.core import GaugeMetricFamily
+
+        gauge = GaugeMetricFamily(name, text, labels=list(self.labels))
+        gauge.add_metric(list(self.labels.values()), value)
+        return gauge
+
+
+def probe(port: int, addr: str = "127.0.0.1") -> None:
+    """Check that ``addr:port`` can be bound now, as the exporter's server binds it, then free it.
+
+    Raises:
+        socket.gaierror: ``addr`` does not resolve.
+        OSError: the port cannot be bound (``errno.EADDRINUSE``: in use; ``EACCES``: a privileged port).
+    """
+    family, _, _, _, sockaddr = socket.getaddrinfo(addr, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)[0]
+    with socket.socket(family, socket.SOCK_STREAM) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as http.server does
+        sock.bind(sockaddr)
+
+
+class PrometheusExporter:
+    """Serve the run's gauges on ``http://addr:port/metrics`` until :meth:`close`.
+
+    Args:
+        port: TCP port (0: any free port; :attr:`port` tells which).
+        addr: address to bind (default loopback only).
+        labels: label name -> value put on every gauge (e.g. ``{"run": ..., "seed": "0"}``).
+
+    Raises:
+        socket.gaierror: ``addr`` does not resolve.
+        OSError: the port cannot be bound (in use, privileged, not an address of this machine).
+
+    Usage::
+
+        with PrometheusExporter(9464, labels={"run": "eurusd_dqn"}) as prom:
+            prom.observe(reader.latest())           # every iteration: host ring record
+            prom.log(env_steps, {"train/loss": 0.1})  # every log boundary
+    """
+
+    def __init__(self, port: int, addr: str = "127.0.0.1", labels: Mapping[str, str] | None = None) -> None:
+        from prometheus_client import CollectorRegistry, Gauge, start_http_server
+
+        self._Gauge = Gauge
+        self.labels = {str(k): str(v) for k, v in (labels or {}).items()}
+        self.registry = CollectorRegistry(auto_describe=True)
+        self._ring = _RingCollector(self.labels)
+        self.registry.register(self._ring)
+        self._rows: dict[str, Any] = {}  # metrics.csv column -> gauge child
+        self._env_steps = self._gauge(f"{PREFIX}env_steps", "env steps of the last logged metrics row")
+        self._env_steps.set(float("nan"))  # no row yet
+        self._server, self._thread = start_http_server(int(port), addr=addr, registry=self.registry)
+        self.addr, self.port = addr, int(self._server.server_port)
+
+    def _gauge(self, name: str, text: str):
+        gauge = self._Gauge(name, text, tuple(self.labels), registry=self.registry)
+        return gauge.labels(**self.labels) if self.labels else gauge
+
+    @property
+    def url(self) -> str:
+        """The scrape address, ``http://addr:port/metrics``."""
+        host = f"[{self.addr}]" if ":" in self.addr else self.addr
+        return f"http://{host}:{self.port}/metrics"
+
+    def log(self, step: int, metrics: Mapping[str, Any]) -> None:
+        """Set one gauge per numeric entry of a metrics row (``metric_name(column)``) and
+        ``foxdqn_env_steps`` to ``step``.
+
+        Raises:
+            TypeError: a value is a tensor or not a number.
+        """
+        self._env_steps.set(_number("step", step))
+        for column, value in metrics.items():
+            v = _number(column, value)
+            if v is None:
+                continue
+            gauge = self._rows.get(column)
+            if gauge is None:
+                gauge = self._rows[column] = self._gauge(metric_name(column), f"metrics.csv column {column}")
+            gauge.set(v)
+
+    def observe(self, record: Mapping[str, Any] | None) -> None:
+        """Show one guard ring record (a dict from ``HostRingReader.latest()``) from the next scrape on.
+
+        None (no complete record yet) and the record already shown change nothing. A new record
+        is type-checked and kept by reference: no I/O, no lock, no device access.
+
+        Raises:
+            TypeError: a value is a tensor or not a number.
+        """
+        ring = self._ring
+        if record is None or (ring.record is not None and record["step"] == ring.record["step"]):
+            return
+        _check_record(record)
+        if record["q_mean"] is not None:
+            ring.q_record = record
+        ring.record = record
+
+    def close(self) -> None:
+        """Stop serving and free the port (idempotent; returns within about 0.5 s)."""
+        server, self._server = getattr(self, "_server", None), None
+        if server is None:
+            return
+        server.shutdown()
+        server.server_close()
+        self._thread.join(timeout=5)
+
+    def __enter__(self) -> PrometheusExporter:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

@@ -1,0 +1,431 @@
+"""Checkpoints: everything a run needs to continue, written atomically, loaded without running code.
+
+A checkpoint file is a header and a body (format :data:`FORMAT`, docs/outputs.md#checkpoint-files):
+
+* the line :data:`MAGIC`, then one line of JSON ``{"format": 4, "sha256": <hex>, "bytes": <n>}``;
+* the body: ``n`` bytes of ``torch.save`` of a dict of tensors and plain data only (numbers,
+  strings, booleans, None, lists, tuples, dicts), so that it loads with ``torch.load(...,
+  weights_only=True)``, whose unpickler builds tensors and those types and nothing else.
+
+:func:`load_checkpoint` checks the header and the body's SHA-256 before it unpickles anything:
+a foreign file, a flipped byte or a cut file is one :class:`~foxdqn.errors.ConfigError` naming
+the path (exit 2). A file of an older foxdqn (a plain ``torch.save`` pickle, which can run code
+when loaded) is refused with the command that converts it once, :func:`upgrade_file`
+(``python -m foxdqn.run.checkpoint upgrade PATH``), which reads it with ``weights_only=True`` too,
+allowing only the few classes an older foxdqn pickled into its loop state (:func:`_old_globals`):
+a pickle that names anything else is refused, never run.
+
+The body (:func:`save_checkpoint`, written through :func:`foxdqn.io_atomic.write_bytes_atomic`
+so that a crash or a full disk never leaves a partial file or a ``.tmp`` behind) holds:
+
+* ``online``, ``target``, ``optimizer``: the networks' and Adam's ``state_dict``;
+* ``env_steps``, ``updates``: the device counters (ints);
+* ``config``: the resolved config (:func:`foxdqn.config.schema.to_plain`; read back through
+  :func:`foxdqn.config.schema.upgrade`, so a checkpoint written before keys moved still loads);
+* ``run_id``: the run that wrote it (:mod:`foxdqn.run.folder`); a resume refuses a checkpoint of
+  another run;
+* ``tensors``: every other tensor of the :class:`~foxdqn.step.state.TrainState`, found by walking
+  its parts (env state, schedules, device accumulators, guard and Q-monitor state, target-update
+  parameters, PER tree, pruning masks, the observation to act on), each tensor once, keyed by its
+  attribute path (e.g. ``monitors.guard.acc``, ``rollout.obs``); the replay memory only with
+  ``save_replay`` (it is most of the run's memory); not the bars of resampled training paths
+  (``env.rebuilt_tensors``, ``data.augment``), which a resumed run rebuilds from its config;
+* ``generators``: the state of the run's ``torch.Generator`` and of torch's global CPU/CUDA RNGs;
+* ``loop``: the host loop's own state as plain data (the early stopper's and the collapse
+  monitor's ``state_dict``, ...);
+* ``format``: :data:`FORMAT`.
+
+:func:`restore_state` copies a checkpoint into a freshly built state of the same config (same
+shapes): resuming then replays exactly what the interrupted run would have done (on CPU, bit for
+bit when the replay was saved; tested). Reading the counters is a host sync: checkpoints are taken
+at log boundaries and at the end, never inside the steady-state loop.
+"""
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import io
+import json
+import sys
+import warnings
+from collections import OrderedDict
+from pathlib import Path
+from typing import Any, Iterator
+
+import torch
+
+from foxdqn.config.schema import to_plain, upgrade
+from foxdqn.errors import ConfigError
+from foxdqn.io_atomic import write_bytes_atomic
+
+#: 4: the header with the body's SHA-256, plain data only (weights_only); 3: keys of the TrainState
+#: parts (nets., rollout., monitors., ...), parameters stored once, a pickled loop state.
+FORMAT = 4
+#: The first line of every checkpoint file of format 4 and later.
+MAGIC = b"FOXDQN-CHECKPOINT\n"
+#: Types a checkpoint body may hold besides tensors (what ``torch.load(weights_only=True)`` rebuilds).
+PLAIN = (str, int, float, bool, type(None), bytes)
+_OWN = ("cfg", "device", "generator", "env_steps", "updates")  # saved as their own entries
+_SKIP_TYPES = (str, bytes, int, float, bool, type(None), torch.device, torch.dtype)
+
+
+def _walk(obj: Any, path: str, seen: set[int]) -> Iterator[tuple[str, torch.Tensor]]:
+    """Every tensor reachable from ``obj`` (attributes, lists, tuples, dicts, modules), once each."""
+    if isinstance(obj, torch.Tensor):
+        if id(obj) not in seen:
+            seen.add(id(obj))
+            yield path, obj
+        return
+    if isinstance(obj, _SKIP_TYPES) or id(obj) in seen or callable(obj) and not hasattr(obj, "__dict__"):
+        return
+    if getattr(type(obj), "checkpointed", True) is False:  # scratch (WeightCheck), or saved apart (step.adam.Adam)
+        return
+    seen.add(id(obj))
+    if isinstance(obj, torch.nn.Module):
+        for name, t in list(obj.named_parameters()) + list(obj.named_buffers()):
+            yield from _walk(t, f"{path}.{name}", seen)
+        return
+    if isinstance(obj, (list, tuple)):
+        for i, item in enumerate(obj):
+            yield from _walk(item, f"{path}[{i}]", seen)
+        return
+    if isinstance(obj, dict):
+        for key, item in obj.items():
+            if isinstance(key, (str, int)):
+                yield from _walk(item, f"{path}[{key!r}]", seen)
+        return
+    if isinstance(obj, (torch.Generator, torch.optim.Optimizer)) or not hasattr(obj, "__dict__"):
+        return
+    for name, item in vars(obj).items():
+        yield from _walk(item, f"{path}.{name}", seen)
+
+
+def state_tensors(state, save_replay: bool = True) -> dict[str, torch.Tensor]:
+    """The tensors of ``state`` that :func:`restore_state` puts back, by attribute path."""
+    seen: set[int] = set()
+    for module in (state.nets.online, state.nets.target):  # saved through their state_dict
+        seen.update(id(t) for t in module.parameters())
+        seen.update(id(t) for t in module.buffers())
+    if not save_replay:
+        seen.update(id(t) for _, t in _walk(state.replay, "replay", set()))
+    # bars the env rebuilds from the config (resampled training paths: foxdqn.data.augment)
+    seen.update(id(t) for t in getattr(state.rollout.env, "rebuilt_tensors", ()))
+    out: dict[str, torch.Tensor] = {}
+    for field in dataclasses.fields(state):
+        if field.name in _OWN:
+            continue
+        out.update(_walk(getattr(state, field.name), field.name, seen))
+    return out
+
+
+def save_checkpoint(path: str | Path, state, extra: dict | None = None, *, loop: dict | None = None,
+                    save_replay: bool = False, run_id: str | None = None) -> Path:
+    """Write a checkpoint of ``state`` (:class:`~foxdqn.step.state.TrainState`) to ``path``, atomically.
+
+    Args:
+        path: destination file (parent folders are created).
+        state: the run's state.
+        extra: more top-level entries (e.g. ``{"best": ...}``), plain data.
+        loop: the host loop's state, plain data, restored by the caller on resume.
+        save_replay: include the replay memory (needed for an exact continuation).
+        run_id: the run's id (:mod:`foxdqn.run.folder`), checked on resume.
+
+    Returns:
+        ``path`` as a :class:`~pathlib.Path`.
+
+    Raises:
+        OSError: the file cannot be written (names the path; nothing is left behind).
+        TypeError: ``extra`` or ``loop`` holds something other than plain data (names its key).
+    """
+    path = Path(path)
+    payload = {
+        "format": FORMAT,
+        "online": state.nets.online.state_dict(),
+        "target": state.nets.target.state_dict(),
+        "optimizer": state.optim.optimizer.state_dict(),
+        "env_steps": int(state.env_steps.item()),
+        "updates": int(state.updates.item()),
+        "config": to_plain(state.cfg),
+        "run_id": run_id,
+        "tensors": {k: v.detach().cpu().clone() for k, v in state_tensors(state, save_replay).items()},
+        "replay_saved": bool(save_replay),
+        "generators": {"run": state.generator.get_state(), "cpu": torch.get_rng_state(),
+                       "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None},
+        "loop": loop or {},
+        **(extra or {}),
+    }
+    return write_payload(path, payload)
+
+
+def check_plain(value: Any, where: str = "checkpoint") -> None:
+    """Raise TypeError naming the first entry of ``value`` (as ``where[key]...``) that is neither a
+    tensor nor plain data (:data:`PLAIN`, lists, tuples, dicts with str or int keys)."""
+    if isinstance(value, torch.Tensor) or (isinstance(value, PLAIN) and type(value) in PLAIN):
+        return
+    if isinstance(value, (list, tuple)) and type(value) in (list, tuple):
+        for i, item in enumerate(value):
+            check_plain(item, f"{where}[{i}]")
+        return
+    if type(value) in (dict, OrderedDict):  # state_dict()s are OrderedDicts
+        for key, item in value.items():
+            if type(key) not in (str, int):
+                raise TypeError(f"{where}: key {key!r} of type {type(key).__name__} (str or int keys only)")
+            check_plain(item, f"{where}[{key!r}]")
+        return
+    raise TypeError(f"{where} is a {type(value).__module__}.{type(value).__qualname__}; a checkpoint holds "
+                    "tensors and plain data only (numbers, strings, booleans, None, lists, tuples, dicts)")
+
+
+def encode(payload: dict) -> bytes:
+    """The bytes of a checkpoint file of ``payload`` (header and body, the module docstring).
+
+    Raises:
+        TypeError: ``payload`` holds more than tensors and plain data (:func:`check_plain`).
+    """
+    check_plain(payload)
+    buffer = io.BytesIO()
+    torch.save(payload, buffer)
+    body = buffer.getvalue()
+    header = json.dumps({"format": FORMAT, "sha256": hashlib.sha256(body).hexdigest(), "bytes": len(body)})
+    return MAGIC + header.encode() + b"\n" + body
+
+
+def write_payload(path: str | Path, payload: dict) -> Path:
+    """Write ``payload`` as a checkpoint file (:func:`encode`) to ``path``, atomically (parent
+    folders are created).
+
+    Raises:
+        OSError: the file cannot be written (names the path; nothing is left behind).
+        TypeError: as :func:`encode`.
+    """
+    write_bytes_atomic(path, encode(payload))
+    return Path(path)
+
+
+#: The first bytes of a plain ``torch.save`` file (a zip archive, or a legacy pickle).
+_PICKLED = (b"PK\x03\x04", b"\x80\x02", b"\x80\x04", b"\x80\x05")
+
+
+def decode(data: bytes, path: str | Path, map_location="cpu") -> dict:
+    """The payload of the checkpoint file bytes ``data`` (read from ``path``, named in errors):
+    header and SHA-256 checked first, then the body loaded with ``weights_only=True``.
+
+    Raises:
+        ConfigError: a foreign file, an older foxdqn's pickle (with the upgrade command), a
+            newer format, or a body whose size or SHA-256 does not match its header.
+    """
+    if not data.startswith(MAGIC):
+        if data.startswith(_PICKLED):
+            raise ConfigError(f"checkpoint {path}: a plain pickle (an older foxdqn wrote its checkpoints so), which "
+                              "can run code when loaded, so it is not read; convert an older foxdqn checkpoint once "
+                              f"with: python -m foxdqn.run.checkpoint upgrade {path} (it reads only tensors, plain data "
+                              "and the classes such a checkpoint holds, and refuses anything else)")
+        raise ConfigError(f"checkpoint {path}: not a foxdqn checkpoint (it does not start with "
+                          f"{MAGIC.decode().strip()})")
+    end = data.find(b"\n", len(MAGIC), len(MAGIC) + 4096)
+    try:
+        header = json.loads(data[len(MAGIC):end]) if end > 0 else None
+        form, digest, size = int(header["format"]), str(header["sha256"]), int(header["bytes"])
+    except (ValueError, TypeError, KeyError):
+        raise ConfigError(f"checkpoint {path}: its header is damaged; the file is corrupt") from None
+    if form > FORMAT:
+        raise ConfigError(f"checkpoint {path}: format {form}, written by a newer foxdqn (this one reads format "
+                          f"{FORMAT}); upgrade foxdqn")
+    body = data[end + 1:]
+    if len(body) != size:
+        raise ConfigError(f"checkpoint {path}: {len(body)} bytes of contents where its header says {size}; the "
+                          "file is cut short or corrupt")
+    if hashlib.sha256(body).hexdigest() != digest:
+        raise ConfigError(f"checkpoint {path}: its contents do not match their SHA-256 in the header; the file is "
+                          "corrupt (changed after it was written)")
+    try:
+        with warnings.catch_warnings():  # torch warns before it refuses some pickles: the one line says it
+            warnings.simplefilter("ignore")
+            payload = torch.load(io.BytesIO(body), map_location=map_location, weights_only=True)
+    except Exception as exc:  # noqa: BLE001 - a body that passed the hash but holds more than tensors and data
+        raise ConfigError(f"checkpoint {path}: not a readable checkpoint ({type(exc).__name__}: "
+                          f"{str(exc).splitlines()[0][:120] if str(exc) else ''})") from None
+    return payload
+
+
+def load_checkpoint(path: str | Path, map_location="cpu") -> dict:
+    """Read a checkpoint written by :func:`save_checkpoint` (``online`` always present); nothing in
+    the file is executed (:func:`decode`).
+
+    Raises:
+        ConfigError: the file is missing, unreadable, corrupt, an older foxdqn's pickle, or not a
+            foxdqn checkpoint (names the path).
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"checkpoint {path}: no such file")
+    try:
+        data = path.read_bytes()
+    except OSError as exc:
+        raise ConfigError(f"checkpoint {path}: cannot be read ({exc.strerror or exc})") from None
+    payload = decode(data, path, map_location)
+    if not isinstance(payload, dict) or "online" not in payload or "config" not in payload:
+        raise ConfigError(f"checkpoint {path}: not a foxdqn checkpoint (no online weights and config)")
+    payload["config"] = upgrade(payload["config"])
+    return payload
+
+
+def plain_data(value: Any) -> Any:
+    """``value`` with what an older foxdqn pickled into a checkpoint turned into plain data: numpy
+    scalars into Python numbers, objects with a ``state_dict()`` (the early stopper, the collapse
+    monitor) into it, tuples kept, dicts and lists walked."""
+    if isinstance(value, (torch.Tensor, str, bytes, type(None))):
+        return value
+    for kind in (bool, int, float):  # np.float64 is a float: turned into the float itself
+        if isinstance(value, kind):
+            return kind(value)
+    if isinstance(value, dict):
+        return {k: plain_data(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return (tuple if isinstance(value, tuple) else list)(plain_data(v) for v in value)
+    if callable(getattr(value, "state_dict", None)):
+        return plain_data(value.state_dict())
+    item = getattr(value, "item", None)  # numpy scalars
+    if callable(item) and type(value).__module__.startswith("numpy"):
+        return item()
+    raise TypeError(f"cannot convert a {type(value).__qualname__} to plain data")
+
+
+def _old_globals() -> list:
+    """The classes an older foxdqn (format 3 and before) pickled into a checkpoint besides tensors
+    and plain data: the early stopper and collapse monitor of its loop state, the config classes and
+    choices the stopper holds, numpy's scalars (a float64 loop value) and dtypes."""
+    import dataclasses
+
+    import numpy as np
+
+    from foxdqn.config import schema as C
+    from foxdqn.run.early_stop import EarlyStopper
+    from foxdqn.logger.diversity import CollapseMonitor
+
+    config_types = [v for v in vars(C).values() if isinstance(v, type) and v.__module__ == C.__name__
+                    and (dataclasses.is_dataclass(v) or issubclass(v, C.Choice))]
+    core = getattr(np, "_core", None) or np.core
+    return [EarlyStopper, CollapseMonitor, *config_types, core.multiarray.scalar, np.dtype, *{type(np.dtype(t)) for t in (
+        np.float64, np.float32, np.int64, np.bool_)}]
+
+
+def upgrade_file(path: str | Path, out: str | Path | None = None) -> Path:
+    """Convert an older foxdqn's checkpoint (a pickle) at ``path`` into the current format, at
+    ``out`` (default: in place, atomically). The file is read with ``weights_only=True``, allowing
+    only :func:`_old_globals` besides tensors and plain data, so it runs no code: a pickle that
+    names any other global (a command, another library's class) is refused and left as it is.
+
+    Returns:
+        The path written.
+
+    Raises:
+        ConfigError: the file is missing, already current, not a foxdqn checkpoint, or names a
+            global outside :func:`_old_globals` (names the file and the global).
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"checkpoint {path}: no such file")
+    data = path.read_bytes()
+    if data.startswith(MAGIC):
+        raise ConfigError(f"checkpoint {path}: already in the current format (nothing to upgrade)")
+    try:
+        with warnings.catch_warnings(), torch.serialization.safe_globals(_old_globals()):
+            warnings.simplefilter("ignore")
+            payload = torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
+    except Exception as exc:  # noqa: BLE001 - torch's UnpicklingError names the global it refused
+        text = str(exc)
+        named = next((ln.strip() for ln in text.splitlines() if "GLOBAL" in ln or "global" in ln), "")
+        raise ConfigError(f"checkpoint {path}: not an older foxdqn checkpoint, not converted ({type(exc).__name__}"
+                          f"{': ' + named[:160] if named else ''})") from None
+    if not isinstance(payload, dict) or "online" not in payload or "config" not in payload:
+        raise ConfigError(f"checkpoint {path}: not a foxdqn checkpoint (no online weights and config)")
+    payload = plain_data(payload)
+    if payload.get("format") == 3:  # the same state layout; only the loop state was pickled
+        payload["format"] = FORMAT
+    return write_payload(Path(out) if out is not None else path, payload)
+
+
+def _upgrade_ring(value: torch.Tensor, tensor: torch.Tensor) -> torch.Tensor:
+    """A record ring saved before the records grew from 16 to 18 columns (the post-step weight
+    check's HALT_WEIGHT, MAX_WEIGHT) gets those columns as in a fresh ring (0, -1); anything else
+    is returned as it is."""
+    from foxdqn.device import ring_record as R
+
+    if (value.dim() == 2 and tensor.dim() == 2 and value.shape[0] == tensor.shape[0] and value.shape[1] == 16
+            and tensor.shape[1] == R.RECORD_SIZE and value.dtype == tensor.dtype == R.RING_DTYPE):
+        fresh = torch.zeros(tensor.shape, dtype=R.RING_DTYPE)
+        R.reset_ring(fresh)
+        fresh[:, :16] = value
+        return fresh
+    return value
+
+
+def restore_state(state, payload: dict) -> None:
+    """Copy checkpoint ``payload`` into ``state`` (built from the same config), in place.
+
+    Raises:
+        ConfigError: the checkpoint is not a resumable one (older format) or its tensors do not
+            match this state's (another config).
+    """
+    if payload.get("format") != FORMAT:
+        raise ConfigError(f"checkpoint: format {payload.get('format')} (an older foxdqn), this one resumes format "
+                          f"{FORMAT} only; it can be evaluated but not resumed")
+    state.nets.online.load_state_dict(payload["online"])
+    state.nets.target.load_state_dict(payload["target"])
+    try:
+        state.optim.optimizer.load_state_dict(payload["optimizer"])  # copies into the run's lr tensor
+    except ValueError as e:
+        raise ConfigError(f"checkpoint: its optimizer state does not match this config ({e})") from None
+    mine = state_tensors(state, save_replay=payload["replay_saved"])
+    saved = payload["tensors"]  # may hold more: scratch buffers made lazily (e.g. a pinned snapshot copy)
+    missing = sorted(set(mine) - set(saved))
+    no_copy = [k for k in missing if k.startswith("optim.last_good.")]  # upgraded from format 3: taken afresh
+    if len(no_copy) < len(missing):
+        raise ConfigError(f"checkpoint: its training state does not match this config (no {', '.join(missing[:3])})")
+    with torch.no_grad():
+        for name, tensor in mine.items():
+            if name in no_copy:
+                continue
+            value = _upgrade_ring(saved[name], tensor)
+            if value.shape != tensor.shape or value.dtype != tensor.dtype:
+                raise ConfigError(f"checkpoint: {name} has shape {tuple(value.shape)} {value.dtype}, this config "
+                                  f"{tuple(tensor.shape)} {tensor.dtype}")
+            tensor.copy_(value)
+        state.env_steps.fill_(int(payload["env_steps"]))
+        state.updates.fill_(int(payload["updates"]))
+    if no_copy:
+        state.optim.last_good.reset()
+    gens = payload["generators"]  # RNG states are CPU byte tensors, whatever map_location the payload was read with
+    if gens["run"].numel() != state.generator.get_state().numel():
+        raise ConfigError(f"checkpoint: its random generator is not a {state.device.type} generator (the run was "
+                          f"trained on another device); resume it with the device it was trained on")
+    state.generator.set_state(gens["run"].cpu())
+    torch.set_rng_state(gens["cpu"].cpu())
+    if gens.get("cuda") is not None and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all([g.cpu() for g in gens["cuda"]])
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m foxdqn.run.checkpoint upgrade PATH [PATH ...]``: convert older foxdqn checkpoints
+    (pickles) in place, trusting them (:func:`upgrade_file`). One line per file; exit 2 at the
+    first file that cannot be converted."""
+    args = list(sys.argv[1:] if argv is None else argv)
+    if len(args) < 2 or args[0] != "upgrade" or any(a.startswith("-") for a in args[1:]):
+        print("usage: python -m foxdqn.run.checkpoint upgrade PATH [PATH ...]\n"
+              "  converts checkpoints written by an older foxdqn (pickles) into the current format, in place;\n"
+              "  it reads only what such a checkpoint holds and refuses any other pickle, without running it",
+              file=sys.stderr)
+        return 2
+    for name in args[1:]:
+        try:
+            written = upgrade_file(name)
+        except (ConfigError, TypeError, OSError) as exc:
+            print(f"foxdqn: error: {exc}", file=sys.stderr)
+            return 2
+        print(f"upgraded {written}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,35 @@
+"""The console's results (foxdqn.analysis.results_table): the table, a note for an agent that never trades
+or that a search did not count, the logger runs, and outputs: last."""
+from pathlib import Path
+
+import pytest
+
+from foxdqn.analysis.results_table import print_summary
+
+METRICS = {"total_return": 0.0, "sharpe": 0.0, "sortino": 0.0, "max_drawdown": 0.0, "profit_factor": float("nan"),
+           "hit_rate": float("nan"), "turnover": 0.0, "num_trades": 0, "sharpe_ci95_low": 0.0,
+           "sharpe_ci95_high": 0.0, "psr_vs_zero": 0.5, "psr_vs_buy_and_hold": 0.1}
+
+
+def summary(trades: int, excluded: str | None, **extra) -> dict:
+    return {"run_name": "dqn_bars", "split": "test", "bars": 100, "period": ["2020-01-01", "2020-02-01"],
+            "metrics": {"agent": {**METRICS, "num_trades": trades}, "buy_and_hold": METRICS, "flat": METRICS},
+            "selection": {"metric": "sharpe", "value": 0.0, "excluded": excluded}, "stop": {"at_env_steps": 512},
+            "wall_time_s": 1.0, "gpu": None, "device": "cpu", **extra}
+
+
+@pytest.mark.parametrize("trades, excluded, note", [
+    (0, "never trades on val", "note: the agent never trades on the test split (0 trades: its numbers are flat's); "
+                               "it never trades on val: not counted by a search (search.exclude_no_trades=true)"),
+    (0, None, "note: the agent never trades on the test split (0 trades: its numbers are flat's)"),
+    (5, "pruned", "note: pruned at 512 env steps by the search's median pruner: not counted by the search"),
+    (5, None, None),
+])
+def test_a_run_that_never_trades_says_so_and_outputs_come_last(capsys, tmp_path, trades, excluded, note):
+    print_summary(summary(trades, excluded, mlflow={"tracking_uri": "sqlite:///x/mlflow.db", "run_id": "abc"}),
+                  tmp_path)
+    lines = capsys.readouterr().out.rstrip().splitlines()
+    assert lines[-1].startswith(f"outputs: {Path(tmp_path).resolve()}")
+    assert lines[-2] == "mlflow: run abc in sqlite:///x/mlflow.db  (mlflow ui --backend-store-uri sqlite:///x/mlflow.db)"
+    notes = [line for line in lines if line.startswith("note:")]
+    assert notes == ([note] if note else [])

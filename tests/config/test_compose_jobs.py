@@ -1,0 +1,126 @@
+"""foxdqn.config.compose.JobComposer (the multirun precheck's composer): equal to composing every job."""
+from __future__ import annotations
+
+import pytest
+from hydra import initialize_config_dir
+from hydra.core.global_hydra import GlobalHydra
+
+from foxdqn.config import compose as compose_module
+from foxdqn.config.compose import JobComposer, conf_folder, load_config
+from foxdqn.config.schema import to_plain
+from foxdqn.errors import ConfigError
+
+JOBS = [
+    ["+experiment=cartpole_cleanrl", "debug=smoke", "seed=0", "optim.lr=1e-3", "model.hidden=[8,8]"],
+    ["+experiment=cartpole_cleanrl", "debug=smoke", "seed=7", "optim.lr=3e-4", "model.hidden=[16]"],
+    ["+experiment=cartpole_cleanrl", "debug=smoke", "seed=1", "optim.lr=0.002", "model.hidden=[8,8]"],
+    ["+experiment=cartpole_cleanrl", "debug=smoke", "seed=2", "optim.lr=1e-3", "model.hidden=[32,32,32]"],
+]
+
+
+@pytest.fixture
+def hydra_initialised():
+    with initialize_config_dir(str(conf_folder()), version_base="1.3"):
+        yield
+    GlobalHydra.instance().clear()
+
+
+def test_value_changes_equal_composition(hydra_initialised, monkeypatch):
+    import hydra
+
+    composes = []
+    real = hydra.compose
+    monkeypatch.setattr(hydra, "compose", lambda *a, **k: (composes.append(1), real(*a, **k))[1])
+    compose = JobComposer()
+    got = [to_plain(compose(job)) for job in JOBS]
+    assert len(composes) == 1  # the first job only: the others differ in values
+    monkeypatch.setattr(hydra, "compose", real)
+    assert got == [to_plain(load_config(job)) for job in JOBS]
+
+
+@pytest.mark.parametrize("second", [
+    ["+experiment=cartpole_cleanrl", "debug=smoke", "seed=1", "head.double=false", "debug.inject_nan_at_step=null"],
+    ["+experiment=cartpole_cleanrl", "debug=smoke", "seed=1", "head.double=true", "debug.inject_nan_at_step=5"],
+    ["+experiment=cartpole_cleanrl", "debug=none", "seed=1", "head.double=true", "debug.inject_nan_at_step=null"],
+    ["+experiment=eurusd_dqn", "debug=smoke", "seed=1", "head.double=true", "debug.inject_nan_at_step=null"],
+    ["+experiment=cartpole_cleanrl", "debug=smoke", "seed=1", "head.double=true"],
+])
+def test_other_changes_equal_composition(hydra_initialised, second):
+    """Booleans, null and ints are values; a group (debug=none, +experiment=...) or another override
+    list is composed: each way the result is what composing gives."""
+    first = ["+experiment=cartpole_cleanrl", "debug=smoke", "seed=0", "head.double=true",
+             "debug.inject_nan_at_step=null"]
+    compose = JobComposer()
+    compose(first)
+    assert to_plain(compose(second)) == to_plain(load_config(second))
+
+
+def test_a_bad_value_is_one_line_naming_the_key(hydra_initialised):
+    compose = JobComposer()
+    compose(["seed=0", "optim.lr=1e-3"])
+    with pytest.raises(ConfigError, match="optim.lr=-1.0 must be > 0"):
+        compose(["seed=1", "optim.lr=-1"])
+    with pytest.raises(ConfigError, match="optim.lr"):
+        compose(["seed=1", "optim.lr=abc"])
+
+
+def test_two_structures_are_composed_once_each(hydra_initialised, monkeypatch):
+    import hydra
+
+    composes = []
+    real = hydra.compose
+    monkeypatch.setattr(hydra, "compose", lambda *a, **k: (composes.append(1), real(*a, **k))[1])
+    compose = JobComposer()
+    jobs = [[f"+experiment={name}", "debug=smoke", f"seed={seed}"] for seed in range(3)
+            for name in ("cartpole_cleanrl", "eurusd_dqn")]
+    got = [to_plain(compose(job)) for job in jobs]
+    assert len(composes) == 2 and compose.composed == 2
+    monkeypatch.setattr(hydra, "compose", real)
+    assert got == [to_plain(load_config(job)) for job in jobs]
+    assert to_plain(compose.lookup(jobs[3])) == got[3] and compose.lookup(["seed=9"]) is None
+
+
+def test_every_member_key_of_every_experiment_derives_as_composed(hydra_initialised, monkeypatch):
+    """The plain path (no OmegaConf) sets each population member key as OmegaConf would: for every
+    shipped experiment, a job changing the seed and every member key, derived from a job with other
+    values of them, equals its composition."""
+    from foxdqn.config.compose import experiment_names
+    from foxdqn.population.grouping import MEMBER_KEYS
+
+    base = {"seed": "0", "optim.lr": "0.001", "optim.adam_eps": "1e-8", "optim.grad_clip": "10", "agent.gamma": "0.99",
+            "explore.eps_start": "1.0", "explore.eps_end": "0.05", "explore.eps_decay_fraction": "0.5",
+            "target.tau": "0.005", "target.period": "100", "loss.huber_delta": "1.0", "loss.reward_scale": "1.0",
+            "guard.loss_clip": "1e6", "debug.inject_nan_at_step": "null"}
+    other = {"seed": "5", "optim.lr": "1", "optim.adam_eps": "0.001", "optim.grad_clip": "3", "agent.gamma": "0.9",
+             "explore.eps_start": "0.5", "explore.eps_end": "0.02", "explore.eps_decay_fraction": "0.3",
+             "target.tau": "1", "target.period": "7", "loss.huber_delta": "2", "loss.reward_scale": "10",
+             "guard.loss_clip": "100000", "debug.inject_nan_at_step": "9"}
+    assert set(base) == set(other) == set(MEMBER_KEYS)
+    for name in experiment_names():
+        if name == "pong_dqn":  # its env needs ale_py to be checked
+            continue
+        compose = JobComposer()
+        compose([f"+experiment={name}", "debug=smoke", *(f"{k}={v}" for k, v in base.items())])
+        job = [f"+experiment={name}", "debug=smoke", *(f"{k}={v}" for k, v in other.items())]
+        omegaconf_path = []
+        monkeypatch.setattr(compose_module, "finalize", lambda cfg: omegaconf_path.append(1))
+        derived = compose(job)
+        monkeypatch.undo()
+        assert compose.composed == 1 and not omegaconf_path, name  # derived on the plain path
+        assert to_plain(derived) == to_plain(load_config(job)), name
+
+
+def test_set_leaf_converts_as_omegaconf_or_declines():
+    from foxdqn.config.compose import set_leaf
+    from foxdqn.config.schema import Head, TrainConfig
+
+    tc = TrainConfig()
+    assert set_leaf(tc, "optim.lr", 1) and tc.optim.lr == 1.0 and type(tc.optim.lr) is float
+    assert set_leaf(tc, "head.name", "c51") and tc.head.name is Head.c51
+    assert set_leaf(tc, "debug.inject_nan_at_step", None) and tc.debug.inject_nan_at_step is None
+    assert set_leaf(tc, "head.double", False) and tc.head.double is False
+    before = to_plain(tc)
+    for key, value in (("optim.lr", "abc"), ("head.name", "nope"), ("model.hidden", [8]), ("optim.nope", 1),
+                       ("seed", 1.5), ("head.double", 1), ("optim", 3), ("optim.lr", None)):
+        assert not set_leaf(tc, key, value), key
+    assert to_plain(tc) == before

@@ -1,0 +1,162 @@
+"""foxdqn.logger.prometheus_log: gauges of log rows and of guard ring records, served on loopback;
+the port is freed on close; tensors are refused."""
+import errno
+import math
+import socket
+import urllib.error
+import urllib.request
+
+import pytest
+import torch
+from prometheus_client.parser import text_string_to_metric_families
+
+from foxdqn.device import ring_record as R
+from foxdqn.device.host_ring import HostRingReader
+from foxdqn.logger import MetricsLogger
+from foxdqn.logger.prometheus_log import FLAGS, PrometheusExporter, metric_name, probe
+
+LABELS = {"run": "test_run", "seed": "3"}
+
+
+def scrape(url: str) -> dict[tuple[str, tuple], float]:
+    """{(sample name, sorted labels): value} of one scrape."""
+    with urllib.request.urlopen(url, timeout=5) as response:
+        text = response.read().decode()
+    return {(s.name, tuple(sorted(s.labels.items()))): s.value
+            for family in text_string_to_metric_families(text) for s in family.samples}
+
+
+def value(samples: dict, name: str, **extra) -> float:
+    return samples[(name, tuple(sorted({**LABELS, **extra}.items())))]
+
+
+def ring_with(step: int, q_step: int, **flags) -> HostRingReader:
+    """A host ring holding one complete record of update ``step`` (Q columns of update ``q_step``)."""
+    ring = R.new_ring(4, pin_memory=False)
+    row = ring[step % 4]
+    row[R.Q_STEP], row[R.Q_MIN], row[R.Q_MAX], row[R.Q_MEAN] = q_step, -1.5, 2.5, 0.25
+    row[R.STEP], row[R.RAW_LOSS], row[R.CLIPPED_LOSS], row[R.RAW_GRAD_NORM], row[R.COLLAPSE_COUNT] = step, 7.0, 5.0, 0.5, 2
+    for name, col in (("halt_nan", R.HALT_NAN), ("halt_loss_clip", R.HALT_LOSS_CLIP), ("skip", R.SKIP),
+                      ("halted", R.HALTED), ("q_divergence", R.Q_DIVERGENCE)):
+        row[col] = float(flags.get(name, False))
+    if "max_weight" in flags:
+        row[R.MAX_WEIGHT] = flags["max_weight"]
+    row[R.COMMIT] = step
+    return HostRingReader(ring)
+
+
+@pytest.fixture
+def exporter():
+    prom = PrometheusExporter(0, "127.0.0.1", LABELS)
+    yield prom
+    prom.close()
+
+
+def test_metric_name_follows_the_csv_column():
+    assert metric_name("train/loss") == "foxdqn_train_loss"
+    assert metric_name("val/sharpe-ratio.x") == "foxdqn_val_sharpe_ratio_x"
+
+
+def test_row_gauges_are_served_on_loopback(exporter):
+    assert exporter.url == f"http://127.0.0.1:{exporter.port}/metrics" and exporter.port > 0
+    exporter.log(512, {"train/loss": 0.25, "train/episode_return": float("nan"), "val/sharpe": 1.5,
+                       "train/updates": 12, "note": "text", "missing": None})
+    samples = scrape(exporter.url)
+    assert value(samples, "foxdqn_train_loss") == 0.25 and value(samples, "foxdqn_val_sharpe") == 1.5
+    assert value(samples, "foxdqn_train_updates") == 12 and value(samples, "foxdqn_env_steps") == 512
+    assert math.isnan(value(samples, "foxdqn_train_episode_return"))
+    assert not any(name in ("foxdqn_note", "foxdqn_missing") for name, _ in samples)
+    exporter.log(1024, {"train/loss": 0.5})
+    samples = scrape(exporter.url)
+    assert value(samples, "foxdqn_train_loss") == 0.5 and value(samples, "foxdqn_env_steps") == 1024
+
+
+def test_ring_gauges_show_the_newest_record(exporter):
+    samples = scrape(exporter.url)  # before any record: NaN, not a reassuring 0
+    assert all(math.isnan(value(samples, "foxdqn_guard_flag", flag=f)) for f in FLAGS)
+    assert math.isnan(value(samples, "foxdqn_q_mean")) and math.isnan(value(samples, "foxdqn_guard_step"))
+    exporter.observe(None)  # no complete record yet: nothing changes
+    exporter.observe(ring_with(9, 9, halt_nan=True, halted=True).latest())
+    samples = scrape(exporter.url)
+    flags = {f: value(samples, "foxdqn_guard_flag", flag=f) for f in FLAGS}
+    assert flags == {"halt_nan": 1, "halt_loss_clip": 0, "halt_grad_collapse": 0, "halt_weight": 0, "q_divergence": 0,
+                     "skip": 0, "halted": 1}
+    assert math.isnan(value(samples, "foxdqn_guard_max_weight"))  # the weight check is off in this ring
+    assert value(samples, "foxdqn_guard_step") == 9 and value(samples, "foxdqn_guard_raw_loss") == 7.0
+    assert value(samples, "foxdqn_guard_clipped_loss") == 5.0 and value(samples, "foxdqn_guard_raw_grad_norm") == 0.5
+    assert value(samples, "foxdqn_guard_collapse_count") == 2
+    assert (value(samples, "foxdqn_q_min"), value(samples, "foxdqn_q_max"), value(samples, "foxdqn_q_mean"),
+            value(samples, "foxdqn_q_step")) == (-1.5, 2.5, 0.25, 9)
+
+
+def test_a_record_without_fresh_q_values_keeps_the_last_ones(exporter):
+    exporter.observe(ring_with(9, 9).latest())
+    newer = ring_with(10, 4, skip=True).latest()  # Q columns of another update: reported as None
+    assert newer["q_mean"] is None
+    exporter.observe(newer)
+    samples = scrape(exporter.url)
+    assert value(samples, "foxdqn_guard_step") == 10 and value(samples, "foxdqn_guard_flag", flag="skip") == 1
+    assert value(samples, "foxdqn_q_step") == 9 and value(samples, "foxdqn_q_mean") == 0.25
+    exporter.observe(ring_with(11, 11, max_weight=3.5).latest())  # a run with guard.max_weight
+    assert value(scrape(exporter.url), "foxdqn_guard_max_weight") == 3.5
+
+
+def test_tensors_are_refused(exporter):
+    with pytest.raises(TypeError, match="never tensors"):
+        exporter.log(1, {"train/loss": torch.tensor(0.5)})
+    record = ring_with(3, 3).latest()
+    with pytest.raises(TypeError, match="never tensors"):
+        exporter.observe({**record, "raw_loss": torch.tensor(1.0)})
+
+
+def test_close_frees_the_port_and_is_idempotent():
+    prom = PrometheusExporter(0)
+    port, url = prom.port, prom.url
+    scrape(url)
+    prom.close()
+    prom.close()
+    with pytest.raises(urllib.error.URLError):
+        urllib.request.urlopen(url, timeout=2)
+    probe(port)  # bindable again
+    PrometheusExporter(port).close()  # and servable again: a later run (multirun job) may reuse it
+
+
+def test_a_port_in_use_raises_oserror():
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", 0))
+        held.listen()
+        port = held.getsockname()[1]
+        with pytest.raises(OSError) as exc:
+            probe(port)
+        assert exc.value.errno == errno.EADDRINUSE
+        with pytest.raises(OSError) as exc:
+            PrometheusExporter(port)
+        assert exc.value.errno == errno.EADDRINUSE
+
+
+def test_two_exporters_in_one_process_keep_their_own_gauges():
+    with PrometheusExporter(0, labels=LABELS) as a, PrometheusExporter(0, labels=LABELS) as b:
+        a.log(1, {"train/loss": 1.0})
+        b.log(2, {"train/loss": 2.0})
+        assert value(scrape(a.url), "foxdqn_train_loss") == 1.0
+        assert value(scrape(b.url), "foxdqn_train_loss") == 2.0
+
+
+def test_metrics_logger_feeds_and_closes_the_exporter(tmp_path):
+    prom = PrometheusExporter(0, labels=LABELS)
+    with MetricsLogger(tmp_path / "run", tensorboard=False, prometheus=prom) as logger:
+        logger.log(64, {"train/loss": 0.125})
+        assert value(scrape(prom.url), "foxdqn_train_loss") == 0.125
+    assert (tmp_path / "run" / "metrics.csv").read_text().splitlines()[1] == "64,0.125"
+    with pytest.raises(urllib.error.URLError):
+        urllib.request.urlopen(prom.url, timeout=2)
+
+
+def test_metrics_logger_closes_the_exporter_when_it_cannot_start(tmp_path):
+    (tmp_path / "file").write_text("")
+    prom = PrometheusExporter(0)
+    with pytest.raises(OSError):
+        MetricsLogger(tmp_path / "file", tensorboard=False, prometheus=prom)
+    probe(prom.port)  # the endpoint was stopped
+    with pytest.raises(urllib.error.URLError):
+        urllib.request.urlopen(prom.url, timeout=2)

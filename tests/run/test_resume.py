@@ -1,0 +1,226 @@
+"""Interruption and resume (CPU): SIGINT/SIGTERM stop with a checkpoint; resuming gives the run an
+uninterrupted run would have given; kill -9 leaves checkpoints that load and continue."""
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pandas as pd
+import pytest
+import torch
+from omegaconf import OmegaConf
+
+from foxdqn.run.checkpoint import load_checkpoint
+from foxdqn.run.loop import Interrupted, train
+from foxdqn.config.compose import load_config
+from foxdqn.job.check import market_data
+
+from support import interrupt_at
+
+ROOT = Path(__file__).resolve().parents[2]
+OVERRIDES = ["debug=smoke", "device=cpu", "log.progress=false", "logger=csv", "log.interval_env_steps=256",
+             "checkpoint.every_env_steps=512", "checkpoint.save_replay=true"]
+TIMING = ["train/env_steps_per_s"]
+ENV = {**os.environ, "PYTHONPATH": str(ROOT)}
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory):
+    """(config, market data, summary, folder) of the uninterrupted run of OVERRIDES."""
+    cfg = load_config(OVERRIDES)
+    market = market_data(cfg)
+    folder = tmp_path_factory.mktemp("uninterrupted")
+    return cfg, market, train(cfg, market, folder), folder
+
+
+@pytest.mark.parametrize("signum, at", [(signal.SIGINT, 23), (signal.SIGTERM, 41)])
+def test_interrupted_and_resumed_equals_uninterrupted(tmp_path, monkeypatch, uninterrupted, signum, at):
+    cfg, market, whole, whole_dir = uninterrupted
+    interrupt_at(monkeypatch, at, signum)
+    with pytest.raises(Interrupted) as stopped:
+        train(cfg, market, tmp_path / "cut")
+    assert stopped.value.exit_code == 128 + signum
+    monkeypatch.undo()
+    payload = load_checkpoint(tmp_path / "cut" / "checkpoints" / "last.pt")
+    assert 0 < payload["env_steps"] < cfg.agent.total_env_steps
+    resumed = train(cfg, market, tmp_path / "cut", resume=payload)
+
+    a = load_checkpoint(whole_dir / "checkpoints" / "last.pt")
+    b = load_checkpoint(tmp_path / "cut" / "checkpoints" / "last.pt")
+    for name in ("online", "target"):
+        for key in a[name]:
+            assert torch.equal(a[name][key], b[name][key]), (name, key)
+    assert a["env_steps"] == b["env_steps"] and a["updates"] == b["updates"]
+    assert resumed["metrics"] == whole["metrics"]
+    ma = pd.read_csv(whole_dir / "metrics.csv").drop(columns=TIMING)
+    mb = pd.read_csv(tmp_path / "cut" / "metrics.csv").drop(columns=TIMING)
+    assert list(mb["step"]) == sorted(set(mb["step"]))  # no step twice
+    pd.testing.assert_frame_equal(ma, mb)
+
+
+def test_resume_refuses_another_config_and_a_finished_run(train_cli, tmp_path):
+    def run(*args):
+        return train_cli(["debug=smoke", "log.progress=false", *args], cwd=tmp_path)
+
+    first = run(f"hydra.run.dir={tmp_path / 'a'}")
+    assert first.returncode == 0, first.stderr[-2000:]
+    again = run(f"hydra.run.dir={tmp_path / 'a'}")
+    assert again.returncode == 2 and "already holds a run" in again.stderr
+    done = run(f"hydra.run.dir={tmp_path / 'a'}", "resume=auto")
+    assert done.returncode == 2 and "has finished" in done.stderr
+    (tmp_path / "a" / "INCOMPLETE").write_text("pretend it was killed\n")
+    other = run(f"hydra.run.dir={tmp_path / 'a'}", "resume=auto", "optim.lr=1e-3")
+    assert other.returncode == 2 and "optim.lr" in other.stderr and len(other.stderr.strip().splitlines()) == 1
+    missing = train_cli([f"hydra.run.dir={tmp_path / 'b'}", "resume=auto"], cwd=tmp_path)
+    assert missing.returncode == 2 and "no run in" in missing.stderr and not (tmp_path / "b").exists()
+    foreign = tmp_path / "foreign.pt"
+    foreign.write_bytes(b"not a checkpoint")
+    bad = run(f"resume={foreign}")
+    assert bad.returncode == 2 and "foreign.pt" in bad.stderr
+    assert not (tmp_path / "outputs").exists()  # refused before Hydra made a folder
+    folder = run(f"resume={tmp_path / 'a'}", f"hydra.run.dir={tmp_path / 'c'}")  # a run folder means its last.pt
+    assert folder.returncode == 0, folder.stderr[-2000:]  # 'a' is marked INCOMPLETE above: it is finished now
+    assert not (tmp_path / "a" / "INCOMPLETE").exists() and not (tmp_path / "c").exists()
+
+
+def test_the_printed_resume_command_continues_a_run_started_with_overrides(train_cli, tmp_path):
+    """SIGINT prints 'continue with resume=auto hydra.run.dir=RUN': that command alone continues the
+    run with its own settings (here another dataset, learning rate and budget), read from its
+    checkpoint; a key given again must agree."""
+    run_dir = tmp_path / "run"
+    started = ["+experiment=googl_dqn", "optim.lr=0.001", "agent.total_env_steps=20000", "log.progress=false",
+               "checkpoint.every_env_steps=2500", "log.interval_env_steps=1250", "device=cpu", "logger=csv"]
+    proc = subprocess.Popen([sys.executable, "-m", "foxdqn.train", *started, f"hydra.run.dir={run_dir}"],
+                            cwd=tmp_path, env=ENV, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline and not (run_dir / "checkpoints" / "last.pt").is_file():
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=300)
+    assert proc.returncode == 130, err[-2000:]
+    hint = err.strip().splitlines()[-1].split("continue with ", 1)[1].split()
+    assert hint == ["resume=auto", f"hydra.run.dir={run_dir}"]
+    clash = train_cli([*hint, "optim.lr=0.01"], cwd=tmp_path)
+    assert clash.returncode == 2 and "optim.lr (0.01 here, 0.001 there)" in clash.stderr
+    res = train_cli([*hint, "log.progress=false"], cwd=tmp_path, timeout=600)
+    assert res.returncode == 0, res.stderr[-2000:]
+    config = OmegaConf.load(run_dir / "config.yaml")
+    assert config.data.name == "googl_1d" and config.optim.lr == 0.001 and config.agent.total_env_steps == 20000
+    assert (run_dir / "eval" / "summary.json").is_file()
+
+
+def test_resume_auto_starts_over_a_run_killed_before_its_first_checkpoint(train_cli, tmp_path):
+    run_dir = tmp_path / "killed"
+    run_dir.mkdir()
+    (run_dir / "INCOMPLETE").write_text("killed early\n")
+    (run_dir / "metrics.csv").write_text("step,train/loss\n256,0.5\n")
+    res = train_cli(["debug=smoke", "log.progress=false", "resume=auto", f"hydra.run.dir={run_dir}"], cwd=tmp_path)
+    assert res.returncode == 0, res.stderr[-2000:]
+    assert "starting it over" in res.stdout + res.stderr
+    assert not (run_dir / "INCOMPLETE").exists() and (run_dir / "eval" / "summary.json").is_file()
+    assert pd.read_csv(run_dir / "metrics.csv")["step"].is_monotonic_increasing
+
+
+def test_a_signal_outside_training_is_one_line_and_128_plus_signal(capfd, monkeypatch):
+    from foxdqn import train as cli
+
+    def exit_now(code):
+        raise SystemExit(code)
+
+    monkeypatch.setattr(cli.os, "_exit", exit_now)
+    with pytest.raises(SystemExit) as stop:
+        cli._outside_training(signal.SIGTERM, None)
+    err = capfd.readouterr().err
+    assert stop.value.code == 143 and "SIGTERM outside training" in err and len(err.strip().splitlines()) == 1
+
+
+def test_restore_keeps_adam_reading_the_device_lr_tensor(tmp_path):
+    """restore copies the checkpoint's lr into the state's own lr tensor, which Adam's group keeps (the
+    one the weight check's trial step and any in-place lr change use)."""
+    from foxdqn.run.checkpoint import restore_state, save_checkpoint
+    from foxdqn.step.state import build_state
+
+    cfg = load_config(["debug=smoke", "device=cpu", "optim.lr=0.002"])
+    s = build_state(cfg, market_data(cfg), torch.device("cpu"))
+    save_checkpoint(tmp_path / "c.pt", s)
+    fresh = build_state(cfg, market_data(cfg), torch.device("cpu"))
+    restore_state(fresh, load_checkpoint(tmp_path / "c.pt"))
+    assert all(g["lr"] is fresh.optim.lr for g in fresh.optim.optimizer.param_groups)
+    assert float(fresh.optim.lr) == pytest.approx(0.002)
+
+
+def test_restore_names_a_mismatched_optimizer_state(tmp_path):
+    from foxdqn.run.checkpoint import restore_state, save_checkpoint
+    from foxdqn.errors import ConfigError
+    from foxdqn.step.state import build_state
+
+    cfg = load_config(["debug=smoke", "device=cpu"])
+    s = build_state(cfg, market_data(cfg), torch.device("cpu"))
+    save_checkpoint(tmp_path / "c.pt", s)
+    payload = load_checkpoint(tmp_path / "c.pt")
+    payload["optimizer"]["param_groups"][0]["params"].pop()
+    fresh = build_state(cfg, market_data(cfg), torch.device("cpu"))
+    with pytest.raises(ConfigError, match="optimizer state does not match"):
+        restore_state(fresh, payload)
+
+
+def test_restore_refuses_a_generator_of_another_device(tmp_path):
+    from foxdqn.run.checkpoint import restore_state, save_checkpoint
+    from foxdqn.errors import ConfigError
+    from foxdqn.step.state import build_state
+
+    cfg = load_config(["debug=smoke", "device=cpu"])
+    s = build_state(cfg, market_data(cfg), torch.device("cpu"))
+    save_checkpoint(tmp_path / "c.pt", s)
+    payload = load_checkpoint(tmp_path / "c.pt")
+    payload["generators"]["run"] = torch.zeros(16, dtype=torch.uint8)  # the size of a CUDA generator's state
+    with pytest.raises(ConfigError, match="not a cpu generator"):
+        restore_state(build_state(cfg, market_data(cfg), torch.device("cpu")), payload)
+
+
+def test_restore_ignores_lazy_scratch_but_refuses_missing_state(tmp_path):
+    from foxdqn.run.checkpoint import restore_state, save_checkpoint
+    from foxdqn.errors import ConfigError
+    from foxdqn.step.state import build_state
+
+    cfg = load_config(["debug=smoke", "device=cpu"])
+    s = build_state(cfg, market_data(cfg), torch.device("cpu"))
+    s.monitors.stats.scratch_made_later = torch.zeros(3)  # like a pinned copy buffer made at the first snapshot
+    payload = load_checkpoint(save_checkpoint(tmp_path / "a.pt", s, save_replay=True))
+    fresh = build_state(cfg, market_data(cfg), torch.device("cpu"))
+    restore_state(fresh, payload)  # the extra tensor is not part of a fresh state: ignored
+    del payload["tensors"]["rollout.obs"]
+    with pytest.raises(ConfigError, match="obs"):
+        restore_state(fresh, payload)
+
+
+def test_resume_without_the_replay_refills_it_before_updating(tmp_path, monkeypatch):
+    cfg = load_config([*OVERRIDES[:-1], "checkpoint.save_replay=false"])
+    market = market_data(cfg)
+    interrupt_at(monkeypatch, 30, signal.SIGINT)
+    with pytest.raises(Interrupted):
+        train(cfg, market, tmp_path)
+    monkeypatch.undo()
+    payload = load_checkpoint(tmp_path / "checkpoints" / "last.pt")
+    assert not payload["replay_saved"]
+    summary = train(cfg, market, tmp_path, resume=payload)
+    per_iter = cfg.env.num_envs * cfg.agent.steps_per_iter
+    refill = -(-cfg.agent.learning_starts // per_iter)
+    total = -(-cfg.agent.total_env_steps // per_iter)
+    resumed_at = payload["env_steps"] // per_iter
+    assert summary["updates"] == payload["updates"] + (total - resumed_at - refill) * cfg.agent.updates_per_iter
+    logged = pd.read_csv(tmp_path / "metrics.csv")
+    assert logged["train/updates"].iloc[-1] == summary["updates"]
+
+
+def test_opening_a_folder_removes_temporaries_a_killed_writer_left(tmp_path):
+    from foxdqn.run.folder import RunFolder
+
+    (tmp_path / "checkpoints").mkdir()
+    stale = tmp_path / "checkpoints" / ".last.pt.abc123de.tmp.pt"
+    stale.write_bytes(b"partial")
+    (tmp_path / "INCOMPLETE").write_text("killed\n")
+    RunFolder(tmp_path).open(resume=True).release()
+    assert not stale.exists()
