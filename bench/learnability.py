@@ -21,7 +21,7 @@ of bench.common.tags): one row per (experiment, market) with the agent's test to
 std over seeds), its median number of trades, the oracle's, buy-and-hold's and flat's test total
 returns (the oracle only on a generated market, docs/backtest.md#the-oracle), the fraction of the
 oracle's return the agent captured (mean agent return / oracle return, where the oracle's is > 0),
-the seed ensemble's probabilistic Sharpe ratio against 0 (foxdqn.analysis.sweep_seeds.summarise) and whether
+the seed ensemble's probabilistic Sharpe ratio against 0 (foxdqn.report.seeds.summarise) and whether
 the market's target (:data:`TARGETS`) is met; then one line per experiment: how many targets it
 met. Returns are fractions in the ``.json`` and percent in the ``.md``. Docs: docs/bench.md#learnability.
 """
@@ -105,7 +105,7 @@ def market_row(experiment: str, market: Market, jobs: list[dict[str, Any]], expe
     Args:
         experiment: the experiment's name.
         market: the market it trained and was tested on.
-        jobs: the multirun's finished jobs (foxdqn.analysis.sweep_seeds.read_job dicts with a ``summary``;
+        jobs: the multirun's finished jobs (foxdqn.report.seeds.read_job dicts with a ``summary``;
             a job's ``dir`` is where its ``eval/equity.csv`` is read for the ensemble).
         expected: the number of seeds the multirun ran.
 
@@ -114,7 +114,7 @@ def market_row(experiment: str, market: Market, jobs: list[dict[str, Any]], expe
     ddof 1, 0 for one seed), ``median_trades``, ``oracle_return`` (None on a market without an
     oracle), ``buy_and_hold_return``, ``flat_return`` (means over the seeds' summaries, which see
     the same bars), ``captured`` (return_mean / oracle_return where the oracle's is > 0, else
-    None), ``ensemble_psr`` (the seed ensemble's PSR against 0, foxdqn.analysis.sweep_seeds.summarise; None
+    None), ``ensemble_psr`` (the seed ensemble's PSR against 0, foxdqn.report.seeds.summarise; None
     without equity curves or where the ensemble's returns have no variance, as when no seed
     trades), ``target`` (a key of :data:`TARGETS` or None), ``met`` (True, False,
     or None where the market has no target or the oracle earned nothing) and ``why`` (the numbers
@@ -123,7 +123,7 @@ def market_row(experiment: str, market: Market, jobs: list[dict[str, Any]], expe
     where the seeds did not train as one population) and the same target applied to it. Returns
     of no finished seed are None.
     """
-    from foxdqn.analysis.sweep_seeds import summarise
+    from foxdqn.report.seeds import summarise
 
     summaries = [j["summary"] for j in jobs]
     entry = summarise([{**j, "setting": market.label} for j in jobs])[0] if jobs else None
@@ -229,7 +229,7 @@ def run_pair(experiment: str, market: Market, seeds: int, out: Path, extra: list
     """Train ``experiment`` on ``market`` over ``seeds`` seeds (one multirun into
     ``out/experiment/market``) and return its :func:`market_row` with ``rc``, ``wall_s``,
     ``sweep_dir`` and ``problems`` (each job without results: folder and why)."""
-    from foxdqn.analysis.sweep_seeds import find_job_dirs, read_job
+    from foxdqn.report.seeds import find_job_dirs, read_job
 
     sweep = out / experiment / market.label
     run = run_multirun(experiment, seeds, sweep, ["hydra/launcher=population", *market.overrides, *extra])

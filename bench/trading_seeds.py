@@ -6,8 +6,8 @@ Usage::
                                   [--out DIR] [--tag T] [-- extra overrides...]
 
 Each experiment runs as ``python -m foxdqn.train --multirun +experiment=E seed=0,...,S-1
-[data.name=NAME] [overrides]`` into ``OUT/E``; the multirun's report (foxdqn.analysis.report, its settings
-aggregated over seeds by foxdqn.analysis.sweep_seeds) is written there by the Hydra callback. This script then writes one combined report,
+[data.name=NAME] [overrides]`` into ``OUT/E``; the multirun's report (foxdqn.report.tables, its settings
+aggregated over seeds by foxdqn.report.seeds) is written there by the Hydra callback. This script then writes one combined report,
 ``bench/results/<date>_<gpu>_trading-seeds[-tag].md`` (and ``.json``), with the GPU name and versions:
 each experiment's test metrics as mean ± std [min, max] over seeds, the seed ensemble's Sharpe
 interval and probabilistic Sharpe ratios, and buy-and-hold and flat on the same bars.
@@ -68,7 +68,7 @@ def main(argv: list[str] | None = None) -> int:
         results = list(pool.map(lambda e: run_one(e, args.seeds, args.data, out, extra), names))
     meta = {**tags(), "seeds": args.seeds, "data": args.data or "each experiment's", "overrides": extra,
             "parallel": args.parallel, "wall_s": round(time.perf_counter() - t0, 1)}
-    from foxdqn.analysis.sweep_seeds import to_markdown
+    from foxdqn.report.seeds import to_markdown
 
     table = to_markdown([{**r["settings"][0], "setting": r["experiment"]} for r in results if r["settings"]],
                         first_column="experiment")

@@ -340,7 +340,7 @@ def interrupt_at(monkeypatch, iteration: int, signum: int) -> None:
 
 
 # ---------------------------------------------------------------------------------------------
-# sweep folders (foxdqn.analysis.sweep_seeds, foxdqn.analysis.report) built by hand: no training
+# sweep folders (foxdqn.report.seeds, foxdqn.report.tables) built by hand: no training
 # ---------------------------------------------------------------------------------------------
 def fake_job(root: Path, name: str, overrides: list[str], val: float, *, returns=None, bh_returns=None,
              metric: str = "sharpe", mean_return: float | None = None, val_curve=None, trades: float = 10.0,

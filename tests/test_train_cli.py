@@ -74,7 +74,7 @@ def assert_timings(run_dir: Path, summary: dict, log: str):
 
 
 def test_multirun_writes_the_report(train_cli, tmp_path):
-    """foxdqn.analysis.report on a real 2x2 sweep (two learning rates x two seeds), written by the callback."""
+    """foxdqn.report.tables on a real 2x2 sweep (two learning rates x two seeds), written by the callback."""
     sweep = tmp_path / "sweep"
     res = train_cli(["--multirun", "debug=smoke", "debug.max_env_steps=1024", "eval.interval_env_steps=512", "seed=0,1",
                "optim.lr=3e-4,1e-3", f"hydra.sweep.dir={sweep}"], cwd=tmp_path)

@@ -33,6 +33,9 @@ from typing import Any
 
 import numpy as np
 
+#: Metrics of performance_summary where a lower value is better (the rest: higher is better).
+LOWER_IS_BETTER = frozenset({"max_drawdown"})
+
 __all__ = [
     "ZERO_STD_EPS",
     "simple_returns",

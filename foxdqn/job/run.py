@@ -110,7 +110,7 @@ def objective(summary: dict) -> float:
     the search must not count (``selection.excluded``: it never trades on val with
     ``search.exclude_no_trades``, or it was pruned; foxdqn.run.search), which Optuna records as a failed
     trial."""
-    from foxdqn.run.early_stop import LOWER_IS_BETTER
+    from foxdqn.analysis.metrics import LOWER_IS_BETTER
 
     if summary["selection"].get("excluded"):
         return float("nan")

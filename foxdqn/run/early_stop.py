@@ -23,9 +23,10 @@ from __future__ import annotations
 import logging
 import math
 
+from foxdqn.analysis.metrics import LOWER_IS_BETTER
+
 log = logging.getLogger(__name__)
 
-LOWER_IS_BETTER = frozenset({"max_drawdown"})
 REASONS = ("completed", "early_stop_val", "early_stop_q")  # and "pruned" (foxdqn.run.search), set by foxdqn.run.finish
 
 

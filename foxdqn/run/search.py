@@ -128,7 +128,8 @@ def trial_pruner(cfg):
     from hydra.core.hydra_config import HydraConfig
     from hydra.types import RunMode
 
-    from foxdqn.run.early_stop import LOWER_IS_BETTER, resolve_metric
+    from foxdqn.analysis.metrics import LOWER_IS_BETTER
+    from foxdqn.run.early_stop import resolve_metric
 
     if not HydraConfig.initialized() or HydraConfig.get().mode != RunMode.MULTIRUN:
         log.warning("search.pruner=median acts on the jobs of a --multirun only: this run is not pruned")

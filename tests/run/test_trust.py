@@ -226,7 +226,7 @@ def test_a_refused_run_leaves_the_folder_as_it_was(train, finished_run, tmp_path
     assert res.returncode == 2 and "already holds a run" in res.stderr
     assert {k: v for k, v in tree(run_dir).items() if not k.endswith(".log")} == \
         {k: v for k, v in before.items() if not k.endswith(".log")}
-    from foxdqn.analysis.sweep_seeds import read_job
+    from foxdqn.report.seeds import read_job
 
     assert not any(o.startswith("seed=") for o in read_job(run_dir)["overrides"])  # still the seed-0 run
 

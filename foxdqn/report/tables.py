@@ -4,17 +4,17 @@
 the Hydra callback :class:`SweepReport` (registered in conf/train.yaml) write into the folder DIR:
 
 * ``report.md``: the *settings* table (jobs whose overrides differ only in ``seed=`` grouped;
-  mean ± std [min, max] over seeds and the seed ensemble's statistics, foxdqn.analysis.sweep_seeds), shown
+  mean ± std [min, max] over seeds and the seed ensemble's statistics, foxdqn.report.seeds), shown
   when a setting has more than one finished job; the *jobs* table (one row per job: its swept
   overrides, seed, validation value, main test metrics and status); the plots;
 * ``report.json``: ``sweep_dir``, ``selection`` (``metric``, ``lower_is_better``),
   ``common_overrides`` (the overrides every job shares), ``swept`` (the keys whose value differs
   between jobs, ``seed`` aside), ``jobs`` (the rows of report.csv), ``settings``
-  (foxdqn.analysis.sweep_seeds.summarise's entries, each with its short ``label``), ``walk_forward``
-  (foxdqn.analysis.walk_forward's entries of a walk-forward sweep, else empty), ``plots`` (paths
+  (foxdqn.report.seeds.summarise's entries, each with its short ``label``), ``walk_forward``
+  (foxdqn.report.walk_forward's entries of a walk-forward sweep, else empty), ``plots`` (paths
   relative to DIR) and ``warnings`` (plots not drawn);
 * ``walk_forward.csv`` (a walk-forward sweep only): every seed's folds chained into one
-  out-of-sample curve (foxdqn.analysis.walk_forward);
+  out-of-sample curve (foxdqn.report.walk_forward);
 * ``report.csv``: one row per job: ``job`` (folder name), ``setting`` (its swept overrides),
   one column per swept key, ``seed``, ``val_metric``, ``val``, ``test_<metric>`` for every agent
   metric of ``eval/summary.json`` (trading runs also ``buy_and_hold_sharpe`` and
@@ -33,7 +33,7 @@ an unreadable summary) are rows with their reason as status. Every file is writt
 tables are written before any plot, and a plot that cannot be drawn is a warning.
 
 A folder is a sweep folder when it holds Hydra's ``multirun.yaml`` or job folders (sub-folders
-with ``.hydra/overrides.yaml`` or ``eval/summary.json``, foxdqn.analysis.sweep_seeds.find_job_dirs).
+with ``.hydra/overrides.yaml`` or ``eval/summary.json``, foxdqn.report.seeds.find_job_dirs).
 """
 from __future__ import annotations
 
@@ -47,12 +47,12 @@ from typing import Any
 
 import pandas as pd
 
-from foxdqn.run.early_stop import LOWER_IS_BETTER
+from foxdqn.analysis.metrics import LOWER_IS_BETTER
 from foxdqn.errors import FoxdqnError
 from foxdqn.io_atomic import write_json_atomic, write_text_atomic
-from foxdqn.analysis.sweep_seeds import TRADING_METRICS, find_job_dirs, read_job, summarise, to_markdown
-from foxdqn.analysis.walk_forward import to_markdown as walk_forward_markdown
-from foxdqn.analysis.walk_forward import walk_forward
+from foxdqn.report.seeds import TRADING_METRICS, find_job_dirs, read_job, summarise, to_markdown
+from foxdqn.report.walk_forward import to_markdown as walk_forward_markdown
+from foxdqn.report.walk_forward import walk_forward
 
 log = logging.getLogger(__name__)
 
@@ -208,7 +208,7 @@ def jobs_markdown(report: dict[str, Any]) -> str:
 
 
 def settings_markdown(report: dict[str, Any]) -> str:
-    """The settings table (foxdqn.analysis.sweep_seeds.to_markdown, settings named by their swept
+    """The settings table (foxdqn.report.seeds.to_markdown, settings named by their swept
     overrides), or "" when no setting has more than one finished job."""
     if not any(e["seeds"] > 1 for e in report["settings"]):
         return ""
@@ -288,7 +288,7 @@ def _curves(report: dict[str, Any], column: str) -> dict[str, pd.DataFrame]:
 
 def _plots(sweep_dir: Path, report: dict[str, Any]) -> None:
     """Draw the plots into ``sweep_dir/plots``; each failure becomes a warning in the report."""
-    from foxdqn.analysis.report_plot import plot_learning_curves, plot_metric_vs_param
+    from foxdqn.report.plots import plot_learning_curves, plot_metric_vs_param
 
     frame, metric = report["jobs"], report["selection"]["metric"] or "metric"
     test = "test_sharpe" if "test_sharpe" in frame else "test_mean_return"

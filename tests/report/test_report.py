@@ -1,4 +1,4 @@
-"""The report of a sweep folder (foxdqn.analysis.report) on hand-made job folders: a 2x2 sweep (two learning
+"""The report of a sweep folder (foxdqn.report.tables) on hand-made job folders: a 2x2 sweep (two learning
 rates x two seeds), jobs without results, an episodic sweep, plot failures and bad input. The real
 2x2 multirun that ends with this report: tests/test_train_cli.py."""
 import json
@@ -10,8 +10,10 @@ import pytest
 from omegaconf import OmegaConf
 from support import fake_job
 
-from foxdqn import report as report_cli
-from foxdqn.analysis import report, report_plot, sweep_seeds
+from foxdqn.report import __main__ as report_cli
+from foxdqn.report import plots as report_plot
+from foxdqn.report import seeds as sweep_seeds
+from foxdqn.report import tables as report
 
 PNG = b"\x89PNG"
 VALS = [("1e-3", 0, -1.0), ("1e-3", 1, -3.0), ("3e-4", 0, 2.0), ("3e-4", 1, 0.0)]  # job i: lr, seed, val

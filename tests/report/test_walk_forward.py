@@ -1,4 +1,4 @@
-"""Walk-forward results of a sweep (foxdqn.analysis.walk_forward) from hand-made fold folders, and in the report."""
+"""Walk-forward results of a sweep (foxdqn.report.walk_forward) from hand-made fold folders, and in the report."""
 import json
 
 import numpy as np
@@ -6,10 +6,10 @@ import pandas as pd
 import pytest
 from support import fake_job
 
-from foxdqn.analysis import report
+from foxdqn.report import tables as report
 from foxdqn.analysis.metrics import max_drawdown
-from foxdqn.analysis.sweep_seeds import load_jobs
-from foxdqn.analysis.walk_forward import chain, walk_forward
+from foxdqn.report.seeds import load_jobs
+from foxdqn.report.walk_forward import chain, walk_forward
 
 
 def _fold_job(root, num, seed, fold, folds, returns, bh, lr="1e-3"):

@@ -1,10 +1,10 @@
 """``python -m foxdqn.report DIR``: write and print the report of a sweep folder (the tables and plots
-of :mod:`foxdqn.analysis.report`)."""
+of :mod:`foxdqn.report.tables`)."""
 from __future__ import annotations
 
 import sys
 
-from foxdqn.analysis.report import check_sweep_dir, console_text, write_report
+from foxdqn.report.tables import check_sweep_dir, console_text, write_report
 from foxdqn.errors import FoxdqnError
 
 USAGE = "usage: python -m foxdqn.report MULTIRUN_DIR  (writes report.md, report.json, report.csv and plots/ there)"

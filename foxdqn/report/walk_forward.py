@@ -10,7 +10,7 @@ block's first bar, so the K − 1 bar-to-bar moves from one block into the next 
 
 :func:`walk_forward` gives, per setting, every fold's test metrics (mean over seeds) and the
 concatenated curve's total return, Sharpe, Sortino, max drawdown and PSR against 0 per seed (and
-their mean); a seed whose K folds did not all finish has no concatenated curve. foxdqn.analysis.report
+their mean); a seed whose K folds did not all finish has no concatenated curve. foxdqn.report.tables
 writes it into ``report.json`` (``walk_forward``), ``report.md`` and ``walk_forward.csv`` (the
 chained curves). docs/backtest.md#walk-forward.
 """
@@ -83,7 +83,7 @@ def _mean(values: list[float]) -> float:
 
 
 def walk_forward(jobs: list[dict]) -> tuple[list[dict[str, Any]], pd.DataFrame]:
-    """The walk-forward entries of a sweep's finished trading jobs (foxdqn.analysis.sweep_seeds.read_job
+    """The walk-forward entries of a sweep's finished trading jobs (foxdqn.report.seeds.read_job
     dicts with a ``summary``) and the chained curves.
 
     Returns:

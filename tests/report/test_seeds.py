@@ -1,10 +1,10 @@
-"""Seeds aggregation of a multirun folder (foxdqn.analysis.sweep_seeds), on hand-made job folders."""
+"""Seeds aggregation of a multirun folder (foxdqn.report.seeds), on hand-made job folders."""
 import numpy as np
 import pandas as pd
 import pytest
 from support import fake_job
 
-from foxdqn.analysis import sweep_seeds
+from foxdqn.report import seeds as sweep_seeds
 from foxdqn.analysis.significance import probabilistic_sharpe_ratio
 
 

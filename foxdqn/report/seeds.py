@@ -1,4 +1,4 @@
-"""Results of a multirun aggregated over seeds (the settings table of ``report.md``, foxdqn.analysis.report).
+"""Results of a multirun aggregated over seeds (the settings table of ``report.md``, foxdqn.report.tables).
 
 Jobs whose overrides differ only in ``seed=`` are one *setting*. For each setting, over its seeds:
 
@@ -16,7 +16,7 @@ Jobs whose overrides differ only in ``seed=`` are one *setting*. For each settin
   once through the test split; its ``ensemble_policy`` entry in every seed's summary.json.
 
 Settings are sorted by their mean validation value, best first; the test split never orders them.
-The job folders are read here too (:func:`find_job_dirs`, :func:`read_job`). foxdqn.analysis.report writes
+The job folders are read here too (:func:`find_job_dirs`, :func:`read_job`). foxdqn.report.tables writes
 these tables into a sweep folder's ``report.md`` / ``report.json`` (its ``settings``).
 """
 from __future__ import annotations
@@ -27,7 +27,7 @@ from typing import Any
 
 import numpy as np
 
-from foxdqn.run.early_stop import LOWER_IS_BETTER
+from foxdqn.analysis.metrics import LOWER_IS_BETTER
 from foxdqn.io_atomic import read_json
 
 TRADING_METRICS = ("total_return", "sharpe", "max_drawdown", "num_trades")

@@ -1,4 +1,4 @@
-"""The plots of a sweep report (foxdqn.analysis.report): a metric against one swept hyperparameter, and
+"""The plots of a sweep report (foxdqn.report.tables): a metric against one swept hyperparameter, and
 learning curves by setting with a band over seeds.
 
 Like foxdqn.analysis.equity_plot, rendering uses Matplotlib's Agg canvas through the object-oriented API
