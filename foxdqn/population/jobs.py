@@ -30,7 +30,7 @@ class Member:
 
     Attributes:
         tc: the job's validated config (:func:`foxdqn.config.schema.finalize`, debug caps applied).
-        market: the job's market data (:func:`foxdqn.train.preflight`; None for envs other than
+        market: the job's market data (:func:`foxdqn.job.check.preflight`; None for envs other than
             trading), shared between jobs of one data setting.
         run_dir: the folder the run writes its outputs into: Hydra's job output folder
             (``hydra.runtime.output_dir``; for ``resume=...`` the resumed run's folder).
@@ -75,7 +75,7 @@ class Outcome:
             raise ValueError(f"Outcome.exit_code={self.exit_code!r}: must be one of {EXIT_CODES}")
         if self.exit_code == FINISHED and not (isinstance(self.summary, dict) and "selection" in self.summary):
             raise ValueError("a finished Outcome needs its summary dict with a 'selection' entry "
-                             "(foxdqn.train.objective reads it)")
+                             "(foxdqn.job.run.objective reads it)")
 
 
 @dataclass

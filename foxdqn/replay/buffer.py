@@ -34,7 +34,7 @@ def replay_bytes(capacity: int, obs_dim: int, obs_itemsize: int = 4, regime: boo
     """Bytes a :class:`ReplayBuffer` of ``capacity`` transitions takes: the obs and next_obs rows
     of ``obs_dim`` values of ``obs_itemsize`` bytes (the observations: 4 for float32, 1 for uint8
     images; or a decoder's codes, e.g. the trading env's 4 values of 4 or 8 bytes:
-    :func:`foxdqn.train.replay_row`), action and episode int64, reward/terminal/ended float32, and
+    :func:`foxdqn.job.memory.replay_row`), action and episode int64, reward/terminal/ended float32, and
     with ``regime`` the float32 volatility ratio of ``regime.enabled``."""
     return capacity * (2 * obs_dim * obs_itemsize + 2 * 8 + (4 if regime else 3) * 4)
 

@@ -1,5 +1,5 @@
-"""One gradient update: sample → objective → backward → clip → [trial step] → guard → Adam → target →
-priorities.
+"""One gradient update: sample → objective → backward → clip → Q monitor → [trial step] → guard → Adam →
+target → priorities.
 
 Kernels after backward, on CUDA (eurusd_dqn, Polyak target, no pruning / weight check / PER),
 each of the three multi-tensor ops one launch per 8 tensors: the gradient norm and clip
