@@ -165,7 +165,8 @@ def main(argv=None) -> int:
     ap.add_argument("--seeds", type=int, default=1, help="cartpole section: seeds per graph and SB3 row")
     ap.add_argument("--only", help="cartpole section: comma-separated rows (bench.cartpole_bench.ROWS); "
                                    "population section: experiments (bench.population_bench.CASES); kernels "
-                                   "section: feature sets; ops section: op modules (bench/ops/bench_<name>.py)")
+                                   "section: experiments (conf/experiment/); ops section: op modules "
+                                   "(bench/ops/bench_<name>.py)")
     ap.add_argument("--tag", help="appended to the result files' name (<date>_<gpu>_<sections>-<tag>)")
     ap.add_argument("--report", metavar="CSV", help="only rebuild the .md and .png beside CSV from its rows "
                                                     "(e.g. of a run cut by a time limit)")
@@ -203,11 +204,11 @@ def _check_args(ap: argparse.ArgumentParser, args) -> None:
     if unknown:
         ap.error(f"--sections: unknown {unknown}; allowed: {','.join(SECTIONS)}")
     if args.only:
-        from bench.kernels_bench import EPISODIC_SETS, TRADING_SETS
         from bench.population_bench import CASES
+        from foxdqn.config.compose import experiment_names
 
         allowed = ((set(ROWS) if "cartpole" in sections else set()) | (set(CASES) if "population" in sections else set())
-                   | (set(TRADING_SETS + EPISODIC_SETS) if "kernels" in sections else set())
+                   | (set(experiment_names()) if "kernels" in sections else set())
                    | (set(ops_modules()) if "ops" in sections else set()))
         bad = sorted(set(args.only.split(",")) - allowed)
         if bad:
