@@ -2,7 +2,8 @@
 every shipped experiment (``conf/experiment/``), at P = 1 (a single run) and P = 64 (a population).
 
 Each experiment runs as shipped, the trading ones at ``TRADING_ENVS`` envs (the size of issue 17's
-table; a population member too, so P = 64 steps 64 × ``TRADING_ENVS`` envs). At P = 1 one
+table; a population member has the experiment's own envs, so P = 64 steps 64 × ``env.num_envs``:
+the kernel count does not depend on N). At P = 1 one
 :class:`~foxdqn.step.state.TrainState` is built (:func:`bench.harness.make_state`, the state a
 group of one trains with) and warmed up, then:
 
@@ -164,11 +165,11 @@ def _build(c: Case, members: int, device: str = "cuda"):
     gradient and Adam state allocation done)."""
     from bench.harness import make_population, make_state
 
-    overrides = [f"+experiment={c.name}", *c.overrides]
     if members == 1:
-        s = make_state([*overrides, "graph=on" if device == "cuda" else "graph=off"], device)
-    else:
-        s = make_population(overrides, members, device)
+        s = make_state([f"+experiment={c.name}", *c.overrides, "graph=on" if device == "cuda" else "graph=off"], device)
+    else:  # the shipped envs per member: the kernel count does not depend on N, the memory does
+        shipped = [o for o in c.overrides if o != f"env.num_envs={TRADING_ENVS}"]
+        s = make_population([f"+experiment={c.name}", *shipped], members, device)
     collect, update = _steps(members)
     for _ in range(3):
         collect(s)
