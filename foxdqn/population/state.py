@@ -35,7 +35,9 @@ class PopulationState:
     ``updates``: int64 0-d, per member. ``inject_nan``: some member has ``debug.inject_nan_at_step``.
     ``generator`` is None (members draw from ``rng``). ``eps_duration``: float32 ``[P]``, the steps
     of each member's linear ε decay (:meth:`MemberParams.eps_duration`, made once). ``switch``:
-    the members' switch penalty (``action.switch_margin`` > 0), else None."""
+    the members' switch penalty (``action.switch_margin`` > 0), else None. ``cql``: some member has
+    ``objective.cql_alpha`` > 0: every member's loss adds its α (``params.cql_alpha``, 0 for some)
+    times its CQL(H) term."""
 
     cfg: TrainConfig
     cfgs: list[TrainConfig]
@@ -57,6 +59,7 @@ class PopulationState:
     inject_nan: bool = False
     generator: None = None
     switch: object = None  # action.switch_margin > 0: MemberSwitch (foxdqn.population.switch), else None
+    cql: bool = False
 
     @property
     def members(self) -> int:
@@ -105,4 +108,5 @@ def build_population(cfgs: list[TrainConfig], market, device: torch.device) -> P
         online=online, target=target, optimizer=optimizer, replay=replay, guard=MemberGuard(params.loss_clip, device),
         stats=MemberStats(len(cfgs), cfg.env.num_envs, device), env_steps=torch.zeros((), **zero),
         updates=torch.zeros((), **zero), eps_duration=params.eps_duration(cfg.agent.total_env_steps),
-        inject_nan=any(c.debug.inject_nan_at_step is not None for c in cfgs), switch=switch)
+        inject_nan=any(c.debug.inject_nan_at_step is not None for c in cfgs), switch=switch,
+        cql=any(c.objective.cql_alpha > 0 for c in cfgs))

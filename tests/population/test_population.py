@@ -49,6 +49,15 @@ def assert_member_equal(a, p, b, q):
         assert torch.equal(ta[k], tb[k]), f"{k} differs"
 
 
+def assert_members_equal_runs_of_one(base, members):
+    """A population of ``members`` (override lists on ``base``) against one population of one per
+    member, bit for bit; returns the population."""
+    together = run(configs(base, members))
+    for p, extra in enumerate(members):
+        assert_member_equal(together, p, run(configs(base, [extra])), 0)
+    return together
+
+
 def test_members_equal_runs_of_one_member_cartpole():
     members = [["seed=0"], ["seed=1", "optim.lr=1e-3"], ["seed=2", "agent.gamma=0.9", "loss.huber_delta=0.5"]]
     together = run(configs(CARTPOLE, members))
@@ -59,11 +68,7 @@ def test_members_equal_runs_of_one_member_cartpole():
 
 
 def test_members_equal_runs_of_one_member_trading_n_step():
-    members = [["seed=5"], ["seed=6", "explore.eps_end=0.3", "loss.reward_scale=10"]]
-    together = run(configs(TRADING, members))
-    for p, extra in enumerate(members):
-        alone = run(configs(TRADING, [extra]))
-        assert_member_equal(together, p, alone, 0)
+    assert_members_equal_runs_of_one(TRADING, [["seed=5"], ["seed=6", "explore.eps_end=0.3", "loss.reward_scale=10"]])
 
 
 def test_members_learn_and_differ():
@@ -128,12 +133,9 @@ def test_switch_margin_members_equal_runs_of_one_member():
     """action.switch_margin in a population: each member's penalty uses its own reward scale, in the
     collect step and in the bootstrap target's argmax; members equal populations of one."""
     base = [*TRADING, "action.switch_margin=3"]
-    members = [["seed=5"], ["seed=6", "loss.reward_scale=10"], ["seed=7", "agent.gamma=0.9"]]
-    together = run(configs(base, members))
+    together = assert_members_equal_runs_of_one(
+        base, [["seed=5"], ["seed=6", "loss.reward_scale=10"], ["seed=7", "agent.gamma=0.9"]])
     assert together.switch is not None
-    for p, extra in enumerate(members):
-        alone = run(configs(base, [extra]))
-        assert_member_equal(together, p, alone, 0)
 
 
 def test_switch_margin_changes_what_a_population_learns():
@@ -151,3 +153,30 @@ def test_switch_margin_changes_what_a_population_learns():
     assert [w["metrics"]["agent"]["num_trades"] for w in member_walks(priced, market, "test", ("agent",))] == [0, 0]
     assert ensemble_walks(priced, market, [0, 1], "mean")[0]["metrics"]["num_trades"] == 0
     assert sum(w["metrics"]["agent"]["num_trades"] for w in member_walks(plain, market, "test", ("agent",))) > 0
+
+
+def test_cql_members_equal_runs_of_one_member():
+    """objective.cql_alpha is a member key: members with different α (0 included) and seeds equal
+    populations of one, bit for bit; a member with α = 0 equals a population of one without CQL."""
+    members = [["seed=0", "objective.cql_alpha=1.0"], ["seed=1", "objective.cql_alpha=0.3", "optim.lr=1e-3"],
+               ["seed=2", "objective.cql_alpha=0"]]
+    together = run(configs(CARTPOLE, members))
+    assert together.cql and together.params.cql_alpha.tolist() == [1.0, 0.30000001192092896, 0.0]
+    for p, extra in enumerate(members):
+        alone = run(configs(CARTPOLE, [extra]))
+        assert alone.cql == (p < 2)
+        assert_member_equal(together, p, alone, 0)
+
+
+def test_cql_members_equal_runs_of_one_member_trading():
+    base = [*TRADING, "objective=cql"]  # eurusd_cql's objective: α = 1
+    together = assert_members_equal_runs_of_one(
+        base, [["seed=5"], ["seed=6", "objective.cql_alpha=4", "loss.reward_scale=10"]])
+    assert together.cql
+
+
+def test_cql_alpha_changes_what_a_member_learns():
+    """The CQL(H) term reaches the update: the same seed with α = 0 and α = 5 ends elsewhere."""
+    s = run(configs(CARTPOLE, [["seed=0", "objective.cql_alpha=0"], ["seed=0", "objective.cql_alpha=5"]]))
+    a, b = member_tensors(s, 0), member_tensors(s, 1)
+    assert all(not torch.equal(a[k], b[k]) for k in a if k.startswith("online"))
