@@ -20,7 +20,9 @@ class MemberParams:
     eps_start / eps_end / eps_decay_fraction (ε-greedy schedule), tau (Polyak τ), period (int64,
     hard-update period in updates), huber_delta (Huber δ), reward_scale, loss_clip (guard), nan_at
     (int64, the update whose loss ``debug.inject_nan_at_step`` poisons; −1 never), cql_alpha (CQL α
-    >= 0 of ``objective.cql_alpha``, Kumar et al. 2020 eq. 4; read when some member's α > 0)."""
+    >= 0 of ``objective.cql_alpha``, Kumar et al. 2020 eq. 4; read when some member's α > 0),
+    iql_expectile (IQL expectile τ in (0, 1) of ``objective.iql_expectile``, Kostrikov et al. 2021
+    eq. 5; read with ``objective.iql``)."""
 
     lr: torch.Tensor
     adam_eps: torch.Tensor
@@ -36,6 +38,7 @@ class MemberParams:
     loss_clip: torch.Tensor
     nan_at: torch.Tensor
     cql_alpha: torch.Tensor
+    iql_expectile: torch.Tensor
 
     @classmethod
     def from_configs(cls, cfgs: list[TrainConfig], device: torch.device) -> "MemberParams":

@@ -1,5 +1,5 @@
 """The loss of P members at once: (Double) DQN with each member's Huber δ, or IQL with its
-expectile τ, plus CQL(H) with its α.
+expectile τ and value network, plus CQL(H) with its α.
 
 The losses of :class:`foxdqn.objectives.dqn.DQNObjective` (van Hasselt et al. 2016, eq. 4; Huber
 "error clipping" of Mnih et al. 2015), :class:`foxdqn.objectives.iql.IQLObjective` (Kostrikov,
@@ -20,7 +20,8 @@ import torch
 from foxdqn.objectives.cql import cql_regulariser
 from foxdqn.objectives.dqn_forward import dqn_forward
 from foxdqn.ops.dqn_td_loss import dqn_td_loss
-from foxdqn.population.network import MemberQNetwork
+from foxdqn.objectives.iql import iql_loss
+from foxdqn.population.network import MemberQNetwork, MemberValueNetwork
 from foxdqn.replay.buffer import Batch
 
 
@@ -58,24 +59,39 @@ def member_dqn_loss(online: MemberQNetwork, target: MemberQNetwork, batch: Batch
 
 
 def member_loss(online: MemberQNetwork, target: MemberQNetwork, batch: Batch, members: int,
-                huber_delta: torch.Tensor, double: bool, *, cql_alpha: torch.Tensor | None = None,
+                huber_delta: torch.Tensor, double: bool, *, value: MemberValueNetwork | None = None,
+                expectile: torch.Tensor | None = None, cql_alpha: torch.Tensor | None = None,
                 penalty: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """(loss float32 ``[P]``, online Q of s float32 ``[P, B, A]`` detached) of the members'
-    objective on a member-major batch of ``P·B`` rows: :func:`member_dqn_loss`, plus, with
-    ``cql_alpha``, ``α_p · Σ_b w_b (logsumexp_a Q_p(s_b, a) − Q_p(s_b, a_b)) / B`` (CQL(H), Kumar et
-    al. 2020 eq. 4, :func:`~foxdqn.objectives.cql.cql_regulariser` of member p's own rows; the
-    weights are the replay's ones).
+    objective on a member-major batch of ``P·B`` rows: :func:`member_dqn_loss`, or with ``value``
+    IQL's L_Q + L_V (Kostrikov et al. 2021, eqs. 5–6; :func:`foxdqn.objectives.iql.iql_loss` with
+    each member's expectile τ and its own value network); plus, with ``cql_alpha``,
+    ``α_p · Σ_b w_b (logsumexp_a Q_p(s_b, a) − Q_p(s_b, a_b)) / B`` (CQL(H), Kumar et al. 2020
+    eq. 4, :func:`~foxdqn.objectives.cql.cql_regulariser` of member p's own rows). The importance
+    weights are the replay's ones.
 
-    Member p's loss is its single run's objective loss (``CQLObjective(DQNObjective)`` with its α and
-    δ) on its rows, to float rounding; a member with α = 0 adds 0 · its term (finite), i.e. its loss
-    and gradients are those without CQL.
+    Member p's loss is its single run's objective loss (``DQNObjective`` or ``IQLObjective``, in
+    ``CQLObjective`` when α > 0, with its δ, τ and α) on its rows, to float rounding; a member with
+    α = 0 adds 0 · its term (finite), i.e. its loss and gradients are those without CQL.
 
     Args:
-        online, target, batch, members, huber_delta, double, penalty: as :func:`member_dqn_loss`.
+        online, target, batch, members, huber_delta, double, penalty: as :func:`member_dqn_loss`
+            (IQL reads neither δ, ``double`` nor ``penalty``: its target V(s') has no argmax).
+        value: None, or the members' IQL value networks (``objective.iql``): obs ``[P, B, D]`` →
+            V ``[P, B]``, trained by the same optimizer (no target copy).
+        expectile: with ``value``, float32 ``[P]``, each member's IQL expectile τ in (0, 1).
         cql_alpha: None (no member has ``objective.cql_alpha`` > 0), or float32 ``[P]``, each
             member's CQL α >= 0.
+
+    Raises:
+        ValueError: ``value`` without ``expectile``.
     """
-    loss, q = member_dqn_loss(online, target, batch, members, huber_delta, double, penalty=penalty)
+    if value is not None:
+        if expectile is None:
+            raise ValueError("member_loss: IQL (value given) needs each member's expectile τ, float32 [P]")
+        loss, _, q = iql_loss(online, target, value, batch, expectile, members=members)
+    else:
+        loss, q = member_dqn_loss(online, target, batch, members, huber_delta, double, penalty=penalty)
     if cql_alpha is not None:
         loss = loss + cql_alpha * cql_regulariser(q, batch.action, batch.weight)
     return loss, q.detach()
