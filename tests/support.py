@@ -24,7 +24,7 @@ from torch import nn
 from foxdqn.data import MarketData, market_data_from_frame
 from foxdqn.data.features import rolling_volatility
 from foxdqn.data.synthetic import make_synthetic_ohlcv
-from foxdqn.nn.heads import QHead
+from foxdqn.nn.heads import DuelingHead, QHead
 from foxdqn.nn.mlp import MLPEncoder
 from foxdqn.nn.qnet import QNetwork
 from foxdqn.step.iteration import WARMUP_ITERATIONS, Iteration, make_iteration
@@ -238,6 +238,19 @@ def table_q(q) -> QNetwork:
         net.head.q.weight.copy_(t.T)
         net.head.q.bias.zero_()
     return net
+
+
+def q_pair(d=6, a=3, seed=0, hidden=(16, 16)) -> tuple[QNetwork, QNetwork]:
+    """A dueling MLP Q network (``torch.manual_seed(seed)``) and a target copy perturbed by 0.1 · N(0, 1)."""
+    import copy
+
+    torch.manual_seed(seed)
+    online = QNetwork(MLPEncoder(d, list(hidden)), DuelingHead(hidden[-1], a))
+    target = copy.deepcopy(online).requires_grad_(False)
+    with torch.no_grad():
+        for p in target.parameters():
+            p.add_(0.1 * torch.randn_like(p))
+    return online, target
 
 
 EXPERIMENTS = experiment_names()

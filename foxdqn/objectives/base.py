@@ -41,5 +41,9 @@ class Objective(torch.nn.Module):
 
 
 def weighted_mean(per_sample: Tensor, weight: Tensor) -> Tensor:
-    """Σ_b weight_b · per_sample_b / B (float32 0-d)."""
-    return (per_sample * weight).mean()
+    """Σ_b weight_b · per_sample_b / B over the last axis: float32 0-d for one run's ``[B]``, ``[P]``
+    for a population's ``[P, B]`` (member p's mean of its own B samples; members never mix).
+    ``weight``: float32 of ``per_sample``'s number of elements (a population's ``[P·B]`` rows,
+    member-major, are viewed as ``[P, B]``). For ``[B]`` the mean over the last axis is the mean
+    over all elements (the same reduction, the same bits)."""
+    return (per_sample * weight.view_as(per_sample)).mean(dim=-1)

@@ -14,6 +14,10 @@ expected Q of the sampled states [B, A] *with* its autograd graph, computed in t
 pass as the loss (no second network evaluation). ``LossOutput`` keeps its three fields.
 :func:`loss_and_q` calls it, and for an objective without that method falls back to one more
 forward ``objective.online(batch.obs)``.
+
+A population (:func:`foxdqn.population.objective.member_loss`) adds the same
+:func:`cql_regulariser` to its members' losses with a leading member axis (Q ``[P, B, A]``, α a
+``[P]`` tensor): member p's term is the mean over its own B rows only.
 """
 from __future__ import annotations
 
@@ -28,14 +32,32 @@ def cql_term(q_all: torch.Tensor, action: torch.Tensor) -> torch.Tensor:
     """CQL(H) regulariser per sample (CQL eq. 4): logsumexp_a Q(s, a) − Q(s, a_data).
 
     Args:
-        q_all: float32 [B, A] Q values of the sampled states, with gradient.
-        action: int64 [B] dataset actions.
+        q_all: float32 [B, A] Q values of the sampled states, with gradient (any leading axes: a
+            population's [P, B, A]; actions are the last axis).
+        action: int64 [B] dataset actions (``q_all``'s shape without its last axis).
 
     Returns:
-        float32 [B], >= 0 (logsumexp >= max >= Q(s, a_data)); differentiable w.r.t. ``q_all``.
+        float32 [B] (or [P, B]), >= 0 (logsumexp >= max >= Q(s, a_data)); differentiable w.r.t.
+        ``q_all``.
     """
-    q_data = q_all.gather(1, action[:, None]).squeeze(1)  # (B,)
-    return torch.logsumexp(q_all, dim=1) - q_data
+    q_data = q_all.gather(-1, action[..., None]).squeeze(-1)  # (B,)
+    return torch.logsumexp(q_all, dim=-1) - q_data
+
+
+def cql_regulariser(q_all: torch.Tensor, action: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """The importance-weighted mean of :func:`cql_term` (CQL eq. 4's first term, before α).
+
+    Args:
+        q_all: float32 [B, A] with gradient, or a population's [P, B, A] (member-major).
+        action: int64 [B], or the population's [P·B] rows (viewed as [P, B]).
+        weight: float32 [B] importance weights (ones for uniform replay), or [P·B].
+
+    Returns:
+        float32 0-d Σ_b w_b · cql_b / B for [B, A]; [P] for [P, B, A], member p's own mean over its
+        B samples (:func:`~foxdqn.objectives.base.weighted_mean`; members never mix).
+    """
+    rows = q_all.shape[:-1]
+    return weighted_mean(cql_term(q_all, action.view(rows)), weight.view(rows))
 
 
 def loss_and_q(objective, batch) -> tuple[LossOutput, torch.Tensor]:
@@ -72,7 +94,7 @@ class CQLObjective(Objective):
 
     def forward_with_q(self, batch) -> tuple[LossOutput, torch.Tensor]:
         out, q_all = loss_and_q(self.base, batch)
-        reg = weighted_mean(cql_term(q_all, batch.action), batch.weight)  # 0-d
+        reg = cql_regulariser(q_all, batch.action, batch.weight)  # 0-d
         return LossOutput(out.loss + self.alpha * reg, out.td_abs, out.q_values), q_all
 
     def forward(self, batch) -> LossOutput:

@@ -13,6 +13,10 @@ actions: acting stays greedy on Q.
 Both terms use the replay importance weights (Σ_b w_b · ℓ_b / B): each is an expectation over
 the replay distribution. For distributional heads, Q is the network's expected Q
 (``forward(obs)``), trained by the squared error of eq. 6.
+
+The arithmetic is :func:`iql_loss`, which a population (:func:`foxdqn.population.objective.member_loss`)
+calls with a leading member axis: each member's own Q, target and value networks, its own
+expectile τ (a ``[P]`` tensor) and means over its own B rows.
 """
 from __future__ import annotations
 
@@ -23,18 +27,60 @@ import torch
 from foxdqn.objectives.base import LossOutput, Objective, weighted_mean
 
 
-def expectile_loss(diff: torch.Tensor, tau: float) -> torch.Tensor:
+def expectile_loss(diff: torch.Tensor, tau: float | torch.Tensor) -> torch.Tensor:
     """IQL eq. 5 asymmetric square L₂^τ(u) = |τ − 1{u < 0}| · u², elementwise.
 
     Args:
         diff: float32 [...] u = Q_target(s, a) − V(s).
-        tau: expectile in (0, 1).
+        tau: expectile in (0, 1): a float, or a float32 tensor that broadcasts against ``diff``
+            (a population's ``[P, 1]``, one τ per member).
 
     Returns:
         float32 [...], differentiable w.r.t. ``diff`` (the indicator is piecewise constant).
     """
     weight = torch.where(diff < 0, 1.0 - tau, tau)  # |τ − 1{u<0}|
     return weight * diff.square()
+
+
+def iql_loss(online, target, value_net, batch, expectile_tau: float | torch.Tensor,
+             members: int | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """IQL's loss L_Q + L_V (eqs. 5–6) of one run's batch, or of a population's (``members=P``).
+
+    Args:
+        online, target: Q networks obs → Q (``[B, D] → [B, A]``; with ``members`` ``[P, B, D] →
+            [P, B, A]``, :class:`foxdqn.population.network.MemberQNetwork`).
+        value_net: V network obs → V (``[B, D] → [B]``; with ``members`` ``[P, B, D] → [P, B]``,
+            :class:`foxdqn.population.network.MemberValueNetwork`).
+        batch: a replay :class:`~foxdqn.replay.buffer.Batch` of B rows, or of P·B rows member-major
+            (``MemberReplay.sample_members``: obs ``[P, B, D]`` or ``[P·B, D]``, the rest ``[P·B]``).
+        expectile_tau: τ in (0, 1), a float; with ``members`` also a float32 ``[P]`` tensor (each
+            member's ``objective.iql_expectile``).
+        members: P for a population batch; None for one run.
+
+    Returns:
+        ``(loss, td, q_all)``: loss float32 0-d = Σ_b w_b (L_Q,b + L_V,b) / B (``[P]`` with
+        ``members``: member p's own mean over its B rows; members never mix); td float32 ``[B]``
+        (``[P, B]``) = R + discount · V(s') − Q(s, a), with gradient; q_all float32 ``[B, A]``
+        (``[P, B, A]``) online Q at s, with gradient.
+    """
+    obs, next_obs = batch.obs, batch.next_obs
+    if members is not None:
+        obs, next_obs = obs.view(members, -1, obs.shape[-1]), next_obs.view(members, -1, next_obs.shape[-1])
+        if isinstance(expectile_tau, torch.Tensor):
+            expectile_tau = expectile_tau.view(members, 1)  # broadcast over each member's B rows
+    q_all = online(obs)  # (B, A), with grad
+    rows = q_all.shape[:-1]  # (B,), or (P, B)
+    action = batch.action.view(rows)[..., None]  # (B, 1)
+    q_sa = q_all.gather(-1, action).squeeze(-1)  # (B,)
+    v_s = value_net(obs)  # (B,), with grad
+    with torch.no_grad():
+        q_target_sa = target(obs).gather(-1, action).squeeze(-1)  # (B,) Q_θ̂(s, a)
+        y = batch.reward.view(rows) + batch.discount.view(rows) * value_net(next_obs)  # (B,) eq. 6 target
+    loss_v = expectile_loss(q_target_sa - v_s, expectile_tau)  # (B,) eq. 5
+    td = y - q_sa  # (B,)
+    loss_q = td.square()  # (B,) eq. 6
+    weight = batch.weight.view(rows)
+    return weighted_mean(loss_q, weight) + weighted_mean(loss_v, weight), td, q_all
 
 
 class IQLObjective(Objective):
@@ -64,17 +110,7 @@ class IQLObjective(Objective):
         self.expectile_tau = float(expectile_tau)
 
     def forward_with_q(self, batch) -> tuple[LossOutput, torch.Tensor]:
-        action = batch.action[:, None]  # (B, 1)
-        q_all = self.online(batch.obs)  # (B, A), with grad
-        q_sa = q_all.gather(1, action).squeeze(1)  # (B,)
-        v_s = self.value_net(batch.obs)  # (B,), with grad
-        with torch.no_grad():
-            q_target_sa = self.target(batch.obs).gather(1, action).squeeze(1)  # (B,) Q_θ̂(s, a)
-            y = batch.reward + batch.discount * self.value_net(batch.next_obs)  # (B,) eq. 6 target
-        loss_v = expectile_loss(q_target_sa - v_s, self.expectile_tau)  # (B,) eq. 5
-        td = y - q_sa  # (B,)
-        loss_q = td.square()  # (B,) eq. 6
-        loss = weighted_mean(loss_q, batch.weight) + weighted_mean(loss_v, batch.weight)
+        loss, td, q_all = iql_loss(self.online, self.target, self.value_net, batch, self.expectile_tau)
         return LossOutput(loss, td.detach().abs(), q_all.detach()), q_all
 
     def forward(self, batch) -> LossOutput:

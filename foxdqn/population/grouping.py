@@ -26,6 +26,7 @@ KEYS = {
     "eps_start": "explore.eps_start", "eps_end": "explore.eps_end", "eps_decay_fraction": "explore.eps_decay_fraction",
     "tau": "target.tau", "period": "target.period", "huber_delta": "loss.huber_delta",
     "reward_scale": "loss.reward_scale", "loss_clip": "guard.loss_clip", "nan_at": "debug.inject_nan_at_step",
+    "cql_alpha": "objective.cql_alpha", "iql_expectile": "objective.iql_expectile",
 }
 
 #: Dotted config keys in which the members of one population may differ.
@@ -56,8 +57,6 @@ SUPPORTED: tuple[tuple[str, Callable[[Any], bool], str], ...] = (
     ("data.augment.method", *_one_of(frozenset({"none"}))),
     ("replay.name", *_one_of(POPULATION_REPLAYS)),
     ("replay.her", *_is(False)),
-    ("objective.cql_alpha", (lambda v: v == 0), "0"),
-    ("objective.iql", *_is(False)),
     ("regime.enabled", *_is(False)),
     ("prune.enabled", *_is(False)),
     ("optim.accumulate", (lambda v: v == 1), "1"),

@@ -19,7 +19,10 @@ class MemberParams:
     """float32 ``[P]`` unless said: lr, adam_eps (Adam ε), grad_clip (max L2 norm), gamma (γ),
     eps_start / eps_end / eps_decay_fraction (ε-greedy schedule), tau (Polyak τ), period (int64,
     hard-update period in updates), huber_delta (Huber δ), reward_scale, loss_clip (guard), nan_at
-    (int64, the update whose loss ``debug.inject_nan_at_step`` poisons; −1 never)."""
+    (int64, the update whose loss ``debug.inject_nan_at_step`` poisons; −1 never), cql_alpha (CQL α
+    >= 0 of ``objective.cql_alpha``, Kumar et al. 2020 eq. 4; read when some member's α > 0),
+    iql_expectile (IQL expectile τ in (0, 1) of ``objective.iql_expectile``, Kostrikov et al. 2021
+    eq. 5; read with ``objective.iql``)."""
 
     lr: torch.Tensor
     adam_eps: torch.Tensor
@@ -34,6 +37,8 @@ class MemberParams:
     reward_scale: torch.Tensor
     loss_clip: torch.Tensor
     nan_at: torch.Tensor
+    cql_alpha: torch.Tensor
+    iql_expectile: torch.Tensor
 
     @classmethod
     def from_configs(cls, cfgs: list[TrainConfig], device: torch.device) -> "MemberParams":

@@ -16,7 +16,8 @@ never mix: member p's outputs read only member p's parameters and inputs.
 :meth:`MemberQNetwork.from_networks` stacks P classic networks (so a member starts from exactly
 the weights a single run of its seed would, :func:`foxdqn.step.build.build_network`);
 :meth:`MemberQNetwork.member_state_dict` gives member p's weights back in the classic network's
-``state_dict`` layout (evaluation, checkpoints).
+``state_dict`` layout (evaluation, checkpoints). :class:`MemberValueNetwork` is the same for IQL's
+value network V(s) (``objective.iql``): an MLP encoder and one output.
 """
 from __future__ import annotations
 
@@ -24,6 +25,7 @@ import torch
 from torch import nn
 
 from foxdqn.nn.heads import DuelingHead, QHead
+from foxdqn.nn.iql_value import IQLValueNetwork
 from foxdqn.nn.mlp import ACTIVATIONS, MLPEncoder
 from foxdqn.nn.qnet import QNetwork, forward_hooked
 from foxdqn.ops.dueling_combine import dueling_combine
@@ -31,11 +33,14 @@ from foxdqn.ops.q_forward import q_forward, q_forward_supported
 
 
 
-def _linears(net: QNetwork) -> list[tuple[str, nn.Linear]]:
-    """(state_dict prefix, layer) of a classic MLP Q network, input to output."""
-    if not isinstance(net, QNetwork) or not isinstance(net.encoder, MLPEncoder):
-        raise ValueError(f"MemberQNetwork: needs QNetwork(MLPEncoder, QHead | DuelingHead), got {type(net).__name__}")
+def _linears(net: QNetwork | IQLValueNetwork) -> list[tuple[str, nn.Linear]]:
+    """(state_dict prefix, layer) of a classic MLP Q network (or IQL value network), input to output."""
+    if not isinstance(net, (QNetwork, IQLValueNetwork)) or not isinstance(net.encoder, MLPEncoder):
+        raise ValueError(f"MemberQNetwork: needs QNetwork(MLPEncoder, QHead | DuelingHead) or "
+                         f"IQLValueNetwork(MLPEncoder), got {type(net).__name__}")
     layers = [(f"encoder.net.{i}", m) for i, m in enumerate(net.encoder.net) if isinstance(m, nn.Linear)]
+    if isinstance(net, IQLValueNetwork):
+        return layers + [("value", net.value)]
     if isinstance(net.head, DuelingHead):
         return layers + [("head.value", net.head.value), ("head.advantage", net.head.advantage)]
     if isinstance(net.head, QHead):
@@ -80,7 +85,7 @@ class MemberQNetwork(nn.Module):
                    for i in range(len(prefixes))]
         biases = [torch.stack([ls[i][1].bias.detach()[None] for ls in layers]).contiguous()
                   for i in range(len(prefixes))]
-        return cls(weights, biases, activation, isinstance(nets[0].head, DuelingHead), prefixes)
+        return cls(weights, biases, activation, isinstance(getattr(nets[0], "head", None), DuelingHead), prefixes)
 
     def q_forward_args(self, obs: torch.Tensor) -> tuple[list, list, bool] | None:
         """``(weights, biases, dueling)`` with which :func:`~foxdqn.ops.q_forward.q_forward`
@@ -113,3 +118,17 @@ class MemberQNetwork(nn.Module):
             out[f"{prefix}.weight"] = w[p].detach().t().contiguous().clone()
             out[f"{prefix}.bias"] = b[p, 0].detach().clone()
         return out
+
+
+class MemberValueNetwork(MemberQNetwork):
+    """P IQL state-value networks (:class:`foxdqn.nn.iql_value.IQLValueNetwork`, Kostrikov, Nair &
+    Levine 2021, §4): obs float32 ``[P, M, D]`` → V float32 ``[P, M]`` (return units).
+
+    The layers of :class:`MemberQNetwork` with one output (the ``value`` Linear after the MLP
+    encoder), its last axis dropped. Build it with :meth:`from_networks` from P classic value
+    networks; :meth:`member_state_dict` gives member p's weights in the classic network's layout
+    (``encoder.net.i.*``, ``value.*``). Members never mix.
+    """
+
+    def forward(self, obs: torch.Tensor) -> torch.Tensor:
+        return super().forward(obs).squeeze(-1)

@@ -1,28 +1,36 @@
-"""(Double) DQN loss of P members at once, each with its own Huber δ.
+"""The loss of P members at once: (Double) DQN with each member's Huber δ, or IQL with its
+expectile τ and value network, plus CQL(H) with its α.
 
-The loss of :class:`foxdqn.objectives.dqn.DQNObjective` (van Hasselt et al. 2016, eq. 4; Huber
-"error clipping" of Mnih et al. 2015) computed on ``[P, B]`` batches: member p's loss is
-``mean_b Huber_δp(Q_p(s, a) − y)`` with ``y = R + discount · Q'_p(s', argmax_a Q_p(s', a))``
-(``max_a Q'_p(s', a)`` without Double DQN). The members' losses are returned separately; their
-sum is back-propagated, which gives each member exactly the gradient of its own loss (members
-share no parameters).
+The losses of :class:`foxdqn.objectives.dqn.DQNObjective` (van Hasselt et al. 2016, eq. 4; Huber
+"error clipping" of Mnih et al. 2015), :class:`foxdqn.objectives.iql.IQLObjective` (Kostrikov,
+Nair & Levine 2021, eqs. 5–6) and :class:`foxdqn.objectives.cql.CQLObjective` (Kumar et al. 2020,
+eq. 4) computed on ``[P, B]`` batches, each member's from its own rows, networks and
+hyperparameters: member p's DQN loss is ``mean_b Huber_δp(Q_p(s, a) − y)`` with ``y = R + discount
+· Q'_p(s', argmax_a Q_p(s', a))`` (``max_a Q'_p(s', a)`` without Double DQN). The members' losses
+are returned separately; their sum is back-propagated, which gives each member exactly the
+gradient of its own loss (members share no parameters). The arithmetic is the single run's own
+(:func:`foxdqn.objectives.dqn_forward.dqn_forward`, :func:`foxdqn.ops.dqn_td_loss.dqn_td_loss`,
+:func:`foxdqn.objectives.iql.iql_loss`, :func:`foxdqn.objectives.cql.cql_regulariser`, each with a
+leading member axis), not a copy.
 """
 from __future__ import annotations
 
 import torch
 
+from foxdqn.objectives.cql import cql_regulariser
 from foxdqn.objectives.dqn_forward import dqn_forward
 from foxdqn.ops.dqn_td_loss import dqn_td_loss
-from foxdqn.population.network import MemberQNetwork
+from foxdqn.objectives.iql import iql_loss
+from foxdqn.population.network import MemberQNetwork, MemberValueNetwork
 from foxdqn.replay.buffer import Batch
 
 
 def member_dqn_loss(online: MemberQNetwork, target: MemberQNetwork, batch: Batch, members: int,
                     huber_delta: torch.Tensor, double: bool, *, stack_double: bool = True,
                     penalty: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """(loss float32 ``[P]``, Q float32 ``[P, B, A]`` detached) of a member-major batch of ``P·B``
-    rows (:meth:`MemberReplay.sample_members`; uniform replay: the importance weights are ones and
-    are not applied).
+    """(loss float32 ``[P]``, online Q of s float32 ``[P, B, A]`` with its gradient) of a
+    member-major batch of ``P·B`` rows (:meth:`MemberReplay.sample_members`; uniform replay: the
+    importance weights are ones and are not applied).
 
     The loss, its |TD| and its gradient are one kernel (:func:`foxdqn.ops.dqn_td_loss.dqn_td_loss`
     with a δ per member). The forwards are :func:`foxdqn.objectives.dqn_forward.dqn_forward`: with
@@ -42,9 +50,48 @@ def member_dqn_loss(online: MemberQNetwork, target: MemberQNetwork, batch: Batch
                         members=members)
         loss, _ = dqn_td_loss(f.q, f.q_next_target, batch.action, batch.reward, batch.discount,
                               q_next_online=f.q_next_online, double=double, huber_delta=huber_delta)
-        return loss, f.q_s.detach()
+        return loss, f.q_s
     f = dqn_forward(online, target, batch.obs, batch.next_obs, double=double, stack=False, members=members)
     chooser = f.q_next_online if double else f.q_next_target
     loss, _ = dqn_td_loss(f.q, f.q_next_target, batch.action, batch.reward, batch.discount,
                           q_next_online=chooser - penalty.view_as(chooser), double=True, huber_delta=huber_delta)
-    return loss, f.q_s.detach()
+    return loss, f.q_s
+
+
+def member_loss(online: MemberQNetwork, target: MemberQNetwork, batch: Batch, members: int,
+                huber_delta: torch.Tensor, double: bool, *, value: MemberValueNetwork | None = None,
+                expectile: torch.Tensor | None = None, cql_alpha: torch.Tensor | None = None,
+                penalty: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """(loss float32 ``[P]``, online Q of s float32 ``[P, B, A]`` detached) of the members'
+    objective on a member-major batch of ``P·B`` rows: :func:`member_dqn_loss`, or with ``value``
+    IQL's L_Q + L_V (Kostrikov et al. 2021, eqs. 5–6; :func:`foxdqn.objectives.iql.iql_loss` with
+    each member's expectile τ and its own value network); plus, with ``cql_alpha``,
+    ``α_p · Σ_b w_b (logsumexp_a Q_p(s_b, a) − Q_p(s_b, a_b)) / B`` (CQL(H), Kumar et al. 2020
+    eq. 4, :func:`~foxdqn.objectives.cql.cql_regulariser` of member p's own rows). The importance
+    weights are the replay's ones.
+
+    Member p's loss is its single run's objective loss (``DQNObjective`` or ``IQLObjective``, in
+    ``CQLObjective`` when α > 0, with its δ, τ and α) on its rows, to float rounding; a member with
+    α = 0 adds 0 · its term (finite), i.e. its loss and gradients are those without CQL.
+
+    Args:
+        online, target, batch, members, huber_delta, double, penalty: as :func:`member_dqn_loss`
+            (IQL reads neither δ, ``double`` nor ``penalty``: its target V(s') has no argmax).
+        value: None, or the members' IQL value networks (``objective.iql``): obs ``[P, B, D]`` →
+            V ``[P, B]``, trained by the same optimizer (no target copy).
+        expectile: with ``value``, float32 ``[P]``, each member's IQL expectile τ in (0, 1).
+        cql_alpha: None (no member has ``objective.cql_alpha`` > 0), or float32 ``[P]``, each
+            member's CQL α >= 0.
+
+    Raises:
+        ValueError: ``value`` without ``expectile``.
+    """
+    if value is not None:
+        if expectile is None:
+            raise ValueError("member_loss: IQL (value given) needs each member's expectile τ, float32 [P]")
+        loss, _, q = iql_loss(online, target, value, batch, expectile, members=members)
+    else:
+        loss, q = member_dqn_loss(online, target, batch, members, huber_delta, double, penalty=penalty)
+    if cql_alpha is not None:
+        loss = loss + cql_alpha * cql_regulariser(q, batch.action, batch.weight)
+    return loss, q.detach()

@@ -2,7 +2,8 @@
 
 :func:`build_population` turns P validated configs that share a
 :func:`~foxdqn.population.grouping.group_key` into a :class:`PopulationState`: one batched env of
-P × N envs, one :class:`~foxdqn.population.network.MemberQNetwork` (online) and its target, one
+P × N envs, one :class:`~foxdqn.population.network.MemberQNetwork` (online) and its target (and
+with ``objective.iql`` a :class:`~foxdqn.population.network.MemberValueNetwork`), one
 replay with a member axis, :class:`~foxdqn.population.optim.MemberAdam`, the per-member
 hyperparameters, guard and accumulators, and the counters (int64 0-d, per member: every member
 has done the same number of env steps and updates).
@@ -18,12 +19,12 @@ from foxdqn.config.schema import TrainConfig
 from foxdqn.population.envs import build_member_env
 from foxdqn.population.member_guard import MemberGuard
 from foxdqn.population.hparams import MemberParams
-from foxdqn.population.network import MemberQNetwork
+from foxdqn.population.network import MemberQNetwork, MemberValueNetwork
 from foxdqn.population.optim import MemberAdam
 from foxdqn.population.random import MemberRandom
 from foxdqn.population.replay import MemberReplay
 from foxdqn.population.stats import MemberStats
-from foxdqn.step.build import attach_codec, build_action_mode, build_network, replay_storage
+from foxdqn.step.build import attach_codec, build_action_mode, build_iql_value, build_network, replay_storage
 
 ADAM_BETAS = (0.9, 0.999)  # torch.optim.Adam's defaults, as a single run uses
 
@@ -35,7 +36,11 @@ class PopulationState:
     ``updates``: int64 0-d, per member. ``inject_nan``: some member has ``debug.inject_nan_at_step``.
     ``generator`` is None (members draw from ``rng``). ``eps_duration``: float32 ``[P]``, the steps
     of each member's linear ε decay (:meth:`MemberParams.eps_duration`, made once). ``switch``:
-    the members' switch penalty (``action.switch_margin`` > 0), else None."""
+    the members' switch penalty (``action.switch_margin`` > 0), else None. ``cql``: some member has
+    ``objective.cql_alpha`` > 0: every member's loss adds its α (``params.cql_alpha``, 0 for some)
+    times its CQL(H) term. ``value``: with ``objective.iql``, the members' IQL value networks (their
+    parameters follow the Q network's in ``optimizer.params``, as a single run's ``extra_parameters``
+    follow its Q network's), else None."""
 
     cfg: TrainConfig
     cfgs: list[TrainConfig]
@@ -57,20 +62,27 @@ class PopulationState:
     inject_nan: bool = False
     generator: None = None
     switch: object = None  # action.switch_margin > 0: MemberSwitch (foxdqn.population.switch), else None
+    cql: bool = False
+    value: MemberValueNetwork | None = None  # objective.iql: the members' value networks V(s), else None
 
     @property
     def members(self) -> int:
         return len(self.cfgs)
 
 
-def initial_networks(cfgs: list[TrainConfig], env, num_actions: int, device: torch.device) -> list[torch.nn.Module]:
-    """Member p's classic network initialised as a single run of its seed initialises it
-    (``torch.manual_seed(seed)``, then :func:`foxdqn.step.build.build_network`)."""
-    nets = []
+def initial_networks(cfgs: list[TrainConfig], env, num_actions: int,
+                     device: torch.device) -> tuple[list[torch.nn.Module], list[torch.nn.Module]]:
+    """(Q networks, IQL value networks) of the members: member p's classic networks initialised as
+    a single run of its seed initialises them (``torch.manual_seed(seed)``, then
+    :func:`foxdqn.step.build.build_network` and, with ``objective.iql``, right after it
+    :func:`foxdqn.step.build.build_iql_value`; the value list is empty without IQL)."""
+    nets, values = [], []
     for c in cfgs:
         torch.manual_seed(c.seed)
         nets.append(build_network(c, env, num_actions).to(device))
-    return nets
+        if c.objective.iql:
+            values.append(build_iql_value(c, env).to(device))
+    return nets, values
 
 
 def build_population(cfgs: list[TrainConfig], market, device: torch.device) -> PopulationState:
@@ -85,10 +97,13 @@ def build_population(cfgs: list[TrainConfig], market, device: torch.device) -> P
     params = MemberParams.from_configs(cfgs, device)
     env = build_member_env(cfg, market, rng, device)
     mode = build_action_mode(cfg, env)
-    online = MemberQNetwork.from_networks(initial_networks(cfgs, env, mode.num_actions, device),
-                                          str(cfg.model.activation))
+    nets, values = initial_networks(cfgs, env, mode.num_actions, device)
+    online = MemberQNetwork.from_networks(nets, str(cfg.model.activation))
     target = copy.deepcopy(online).requires_grad_(False)
-    optimizer = MemberAdam(list(online.parameters()), params.lr, params.adam_eps, ADAM_BETAS)
+    # IQL's V: trained with Q by one Adam (a single run's extra_parameters), no target copy
+    value = MemberValueNetwork.from_networks(values, str(cfg.model.activation)) if values else None
+    trainable = list(online.parameters()) + ([] if value is None else list(value.parameters()))
+    optimizer = MemberAdam(trainable, params.lr, params.adam_eps, ADAM_BETAS)
     codec, row_dim, row_dtype = replay_storage(env)  # trading: state codes, decoded at sample time
     replay = MemberReplay(cfg.replay.capacity, cfg.env.num_envs, row_dim, params.gamma, rng, device,
                           cfg.replay.n_step, obs_dtype=row_dtype)
@@ -105,4 +120,5 @@ def build_population(cfgs: list[TrainConfig], market, device: torch.device) -> P
         online=online, target=target, optimizer=optimizer, replay=replay, guard=MemberGuard(params.loss_clip, device),
         stats=MemberStats(len(cfgs), cfg.env.num_envs, device), env_steps=torch.zeros((), **zero),
         updates=torch.zeros((), **zero), eps_duration=params.eps_duration(cfg.agent.total_env_steps),
-        inject_nan=any(c.debug.inject_nan_at_step is not None for c in cfgs), switch=switch)
+        inject_nan=any(c.debug.inject_nan_at_step is not None for c in cfgs), switch=switch,
+        cql=any(c.objective.cql_alpha > 0 for c in cfgs), value=value)

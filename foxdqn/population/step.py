@@ -2,9 +2,10 @@
 
 The same steps as a single run's (:mod:`foxdqn.step.collect`, :mod:`foxdqn.step.update`), with a
 member axis: ε-greedy per member (its own ε), one env step of P × N envs, one replay row; then
-per member B samples, the (Double) DQN loss with its Huber δ, its gradient clipped to its own
-norm, the guard's per-member skip, Adam with its lr and ε, and its target update (its Polyak τ or
-hard period). docs/design/population.md.
+per member B samples, its loss (the (Double) DQN loss with its Huber δ, or IQL's with its
+expectile τ; plus CQL(H) with its α), its gradient clipped to its own norm, the guard's per-member
+skip, Adam with its lr and ε, and its target update (its Polyak τ or hard period).
+docs/design/population.md.
 
 After backward an update runs the single run's three multi-tensor ops with ``members=P``, each
 one kernel launch per 8 parameter tensors on CUDA whatever P is: the per-member gradient norm and
@@ -20,7 +21,7 @@ import torch
 
 from foxdqn.ops.grad_norm import grad_norm_coefficient
 from foxdqn.ops.target_lerp import target_lerp_
-from foxdqn.population.objective import member_dqn_loss
+from foxdqn.population.objective import member_loss
 from foxdqn.population.state import PopulationState
 from foxdqn.step.act import act
 from foxdqn.step.collect import store
@@ -53,13 +54,15 @@ def update_step(s: PopulationState) -> None:
     p = s.members
     batch = s.replay.sample_members(s.cfg.agent.batch_size)
     s.optimizer.zero_grad(set_to_none=True)
-    loss, q = member_dqn_loss(s.online, s.target, batch, p, s.params.huber_delta, s.cfg.head.double,
-                              penalty=None if s.switch is None else s.switch.target(batch))
+    loss, q = member_loss(s.online, s.target, batch, p, s.params.huber_delta, s.cfg.head.double, value=s.value,
+                          expectile=s.params.iql_expectile, cql_alpha=s.params.cql_alpha if s.cql else None,
+                          penalty=None if s.switch is None or s.value is not None else s.switch.target(batch))
     if s.inject_nan:  # debug.inject_nan_at_step of some member: poison its loss at that update
         loss = loss + torch.where(s.updates == s.params.nan_at, float("nan"), 0.0)
     loss.sum().backward()
     # each member's clip_grad_norm_ norm and coefficient; Adam's kernel multiplies the grads by it
-    grad_norm, clip = grad_norm_coefficient([w.grad for w in s.online.parameters()], s.params.grad_clip, members=p)
+    # (over every trained parameter: Q's, and IQL's V after them, as a single run clips)
+    grad_norm, clip = grad_norm_coefficient([w.grad for w in s.optimizer.params], s.params.grad_clip, members=p)
     skip = s.guard.check(loss.detach(), grad_norm, s.updates, s.env_steps)
     s.optimizer.step(skip, grad_scale=clip)
     # w = τ or the hard copy's 1, times (1 − skip); then `updates += 1`

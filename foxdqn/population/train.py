@@ -38,8 +38,10 @@ def member_counts(s: PopulationState, p: int) -> tuple[int, int]:
 
 
 def member_checkpoint(s: PopulationState, p: int, path: Path) -> Path:
-    """Write member ``p``'s checkpoint: its online and target weights in a single run's layout,
-    its config and counters (:func:`member_counts`), and ``population`` (member index, size). It
+    """Write member ``p``'s checkpoint: its online and target weights in a single run's layout
+    (with ``objective.iql`` also ``iql_value``, its value network's weights in
+    :class:`foxdqn.nn.iql_value.IQLValueNetwork`'s layout), its config and counters
+    (:func:`member_counts`), and ``population`` (member index, size). It
     evaluates like any checkpoint (``python -m foxdqn.evaluate``); it holds no optimizer or replay,
     so a run cannot resume from it (:func:`foxdqn.run.resume.read_checkpoint` says so). Written
     atomically."""
@@ -53,6 +55,8 @@ def member_checkpoint(s: PopulationState, p: int, path: Path) -> Path:
         "config": to_plain(s.cfgs[p]),
         "population": {"member": p, "size": s.members},
     }
+    if s.value is not None:
+        payload["iql_value"] = s.value.member_state_dict(p)
     return write_payload(path, payload)
 
 

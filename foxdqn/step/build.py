@@ -126,6 +126,17 @@ def build_network(cfg: TrainConfig, env, num_actions: int) -> torch.nn.Module:
     return QNetwork(encoder, head(encoder.out_dim, num_actions))
 
 
+def build_iql_value(cfg: TrainConfig, env) -> torch.nn.Module:
+    """IQL's value network obs [B, D] → V [B] (``objective.iql``,
+    :class:`foxdqn.nn.iql_value.IQLValueNetwork`): an encoder of its own, built like the Q
+    network's (``model``), initialised from torch's global generator; a run builds it right
+    after its Q network (:func:`build_objective`), a population for each member after that
+    member's (:func:`foxdqn.population.state.initial_networks`)."""
+    from foxdqn.nn.iql_value import IQLValueNetwork
+
+    return IQLValueNetwork(build_encoder(cfg, env))
+
+
 def build_objective(cfg: TrainConfig, online, target, env, generator: torch.Generator, switch=None):
     """The loss: head's TD loss (or IQL / branching), plus CQL when ``objective.cql_alpha`` > 0.
     The DQN loss stacks its Double DQN forwards except with ``model.encoder=nature_cnn``
@@ -143,10 +154,9 @@ def build_objective(cfg: TrainConfig, online, target, env, generator: torch.Gene
         objective = BranchingObjective(online, target, double=h.double, huber_delta=cfg.loss.huber_delta,
                                        switch=switch)
     elif o.iql:
-        from foxdqn.nn.iql_value import IQLValueNetwork
         from foxdqn.objectives.iql import IQLObjective
 
-        value = IQLValueNetwork(build_encoder(cfg, env)).to(next(online.parameters()).device)
+        value = build_iql_value(cfg, env).to(next(online.parameters()).device)
         objective = IQLObjective(online, target, value, o.iql_expectile)
     elif h.name == "c51":
         from foxdqn.objectives.c51 import C51Objective

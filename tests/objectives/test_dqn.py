@@ -13,24 +13,13 @@ import torch
 import torch.nn.functional as F
 
 from foxdqn.nn.heads import DuelingHead
-from foxdqn.nn.mlp import MLPEncoder
 from foxdqn.nn.qnet import QNetwork
 from foxdqn.objectives.base import weighted_mean
 from foxdqn.objectives.dqn import DQNObjective, double_dqn_target
 from foxdqn.ops.replay_gather import replay_gather, stacked_pair
 from foxdqn.replay.buffer import Batch
 
-from support import cuda_kernels, small_state
-
-
-def _nets(d=6, a=3, seed=0):
-    torch.manual_seed(seed)
-    online = QNetwork(MLPEncoder(d, [16, 16]), DuelingHead(16, a))
-    target = copy.deepcopy(online).requires_grad_(False)
-    with torch.no_grad():
-        for p in target.parameters():
-            p.add_(0.1 * torch.randn_like(p))
-    return online, target
+from support import cuda_kernels, q_pair, small_state
 
 
 def _stacked_batch(b=13, d=6, seed=0):
@@ -65,7 +54,7 @@ def _grads(online, loss):
 @pytest.mark.parametrize("double", [True, False])
 @pytest.mark.parametrize("layout", ["stacked", "plain", "chunk"])
 def test_objective_equals_the_old_arithmetic(double, layout):
-    online, target = _nets()
+    online, target = q_pair()
     batch = _stacked_batch()
     if layout == "plain":
         batch = Batch(*(f.clone() for f in batch[:7]))
@@ -144,7 +133,7 @@ def test_stack_double_false_gives_the_same_loss_and_gradients_in_two_forwards(ne
         online, target = _image_nets()
         batch = _image_batch()
     else:
-        online, target = _nets()
+        online, target = q_pair()
         batch = _stacked_batch()
         if layout == "plain":
             batch = Batch(*(f.clone() for f in batch[:7]))
@@ -172,7 +161,7 @@ def test_build_objective_stacks_except_for_the_image_encoder():
     from foxdqn.config.compose import load_config
     from foxdqn.step.build import build_objective
 
-    online, target = _nets()
+    online, target = q_pair()
     for overrides, stack in (([], True), (["env=gym", "env.id=ALE/Pong-v5", "model=nature_cnn"], False)):
         cfg = load_config(overrides)
         objective = build_objective(cfg, online, target, None, torch.Generator())
@@ -185,7 +174,7 @@ def test_member_dqn_loss_stack_choice_and_members_match_single_runs(layout):
     from foxdqn.population.objective import member_dqn_loss
 
     p, b, d = 2, 6, 6
-    pairs = [_nets(seed=s) for s in range(p)]
+    pairs = [q_pair(seed=s) for s in range(p)]
     online = MemberQNetwork.from_networks([o for o, _ in pairs], "relu")
     target = MemberQNetwork.from_networks([t for _, t in pairs], "relu").requires_grad_(False)
     g = torch.Generator().manual_seed(3)

@@ -109,7 +109,7 @@ def test_batch_refusal_accepts_the_supported_experiments(cartpole, trading):
 REFUSED = [("env.name", "bitflip"), ("env.name", "gym"), ("model.encoder", "attention"), ("head.name", "c51"),
            ("head.name", "iqn"), ("action.mode", "branching"),
            ("data.augment.method", "block_bootstrap"), ("replay.name", "per"), ("replay.her", True),
-           ("objective.cql_alpha", 1.0), ("objective.iql", True), ("regime.enabled", True), ("prune.enabled", True),
+           ("regime.enabled", True), ("prune.enabled", True),
            ("optim.accumulate", 2), ("guard.max_weight", 10.0), ("guard.collapse_multiplier", 5.0),
            ("early_stop.enabled", True), ("eval.interval_env_steps", 100), ("resume", "auto"),
            ("logger.prometheus.port", 9464), ("logger.mlflow", True), ("logger.wandb", True),
@@ -149,6 +149,24 @@ def test_plan_puts_member_keys_together_and_refused_members_alone(cartpole):
            with_values(cartpole, seed=2, replay__name="per"), with_values(cartpole, seed=3, explore__eps_end=0.2),
            with_values(cartpole, seed=4, replay__name="per")]
     assert jobs(plan(members(tcs))) == [[0, 1, 3], [2], [4]]  # the two refused ones are not grouped together
+
+
+def test_plan_puts_a_sweep_over_cql_alpha_in_one_population(cartpole):
+    """objective.cql_alpha is a member key (0 included: a member with α = 0 adds 0 · its CQL term)."""
+    assert "objective.cql_alpha" in MEMBER_KEYS
+    tcs = [with_values(cartpole, seed=s, objective__cql_alpha=a) for s in range(2) for a in (0.0, 0.5, 1.0)]
+    assert all(batch_refusal(tc) is None for tc in tcs)
+    assert jobs(plan(members(tcs))) == [[0, 1, 2, 3, 4, 5]]
+
+
+def test_plan_puts_a_sweep_over_iql_expectile_in_one_population(cartpole):
+    """objective.iql_expectile is a member key; objective.iql itself (a value network or none) is
+    not: IQL and non-IQL jobs form two populations."""
+    assert "objective.iql_expectile" in MEMBER_KEYS and "objective.iql" not in MEMBER_KEYS
+    tcs = [with_values(cartpole, seed=s, objective__iql=True, objective__iql_expectile=t, objective__cql_alpha=a)
+           for s, t, a in ((0, 0.7, 0.0), (1, 0.9, 0.0), (2, 0.5, 1.0))] + [with_values(cartpole, seed=3)]
+    assert all(batch_refusal(tc) is None for tc in tcs)
+    assert jobs(plan(members(tcs))) == [[0, 1, 2], [3]]
 
 
 def test_plan_splits_what_does_not_fit_in_memory(cartpole):

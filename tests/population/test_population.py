@@ -39,14 +39,24 @@ def run(cfgs, iterations=12, collect_first=10):
 
 
 def member_tensors(s, p):
-    return {**{f"online.{k}": v for k, v in s.online.member_state_dict(p).items()},
-            **{f"target.{k}": v for k, v in s.target.member_state_dict(p).items()}}
+    """Member p's weights: online, target and (objective.iql) value network."""
+    nets = {"online": s.online, "target": s.target, **({"value": s.value} if s.value is not None else {})}
+    return {f"{name}.{k}": v for name, net in nets.items() for k, v in net.member_state_dict(p).items()}
 
 
 def assert_member_equal(a, p, b, q):
     ta, tb = member_tensors(a, p), member_tensors(b, q)
     for k in ta:
         assert torch.equal(ta[k], tb[k]), f"{k} differs"
+
+
+def assert_members_equal_runs_of_one(base, members):
+    """A population of ``members`` (override lists on ``base``) against one population of one per
+    member, bit for bit; returns the population."""
+    together = run(configs(base, members))
+    for p, extra in enumerate(members):
+        assert_member_equal(together, p, run(configs(base, [extra])), 0)
+    return together
 
 
 def test_members_equal_runs_of_one_member_cartpole():
@@ -59,11 +69,7 @@ def test_members_equal_runs_of_one_member_cartpole():
 
 
 def test_members_equal_runs_of_one_member_trading_n_step():
-    members = [["seed=5"], ["seed=6", "explore.eps_end=0.3", "loss.reward_scale=10"]]
-    together = run(configs(TRADING, members))
-    for p, extra in enumerate(members):
-        alone = run(configs(TRADING, [extra]))
-        assert_member_equal(together, p, alone, 0)
+    assert_members_equal_runs_of_one(TRADING, [["seed=5"], ["seed=6", "explore.eps_end=0.3", "loss.reward_scale=10"]])
 
 
 def test_members_learn_and_differ():
@@ -128,12 +134,9 @@ def test_switch_margin_members_equal_runs_of_one_member():
     """action.switch_margin in a population: each member's penalty uses its own reward scale, in the
     collect step and in the bootstrap target's argmax; members equal populations of one."""
     base = [*TRADING, "action.switch_margin=3"]
-    members = [["seed=5"], ["seed=6", "loss.reward_scale=10"], ["seed=7", "agent.gamma=0.9"]]
-    together = run(configs(base, members))
+    together = assert_members_equal_runs_of_one(
+        base, [["seed=5"], ["seed=6", "loss.reward_scale=10"], ["seed=7", "agent.gamma=0.9"]])
     assert together.switch is not None
-    for p, extra in enumerate(members):
-        alone = run(configs(base, [extra]))
-        assert_member_equal(together, p, alone, 0)
 
 
 def test_switch_margin_changes_what_a_population_learns():
@@ -151,3 +154,97 @@ def test_switch_margin_changes_what_a_population_learns():
     assert [w["metrics"]["agent"]["num_trades"] for w in member_walks(priced, market, "test", ("agent",))] == [0, 0]
     assert ensemble_walks(priced, market, [0, 1], "mean")[0]["metrics"]["num_trades"] == 0
     assert sum(w["metrics"]["agent"]["num_trades"] for w in member_walks(plain, market, "test", ("agent",))) > 0
+
+
+def test_cql_members_equal_runs_of_one_member():
+    """objective.cql_alpha is a member key: members with different α (0 included) and seeds equal
+    populations of one, bit for bit; a member with α = 0 equals a population of one without CQL."""
+    members = [["seed=0", "objective.cql_alpha=1.0"], ["seed=1", "objective.cql_alpha=0.3", "optim.lr=1e-3"],
+               ["seed=2", "objective.cql_alpha=0"]]
+    together = run(configs(CARTPOLE, members))
+    assert together.cql and torch.equal(together.params.cql_alpha, torch.tensor([1.0, 0.3, 0.0]))
+    for p, extra in enumerate(members):
+        alone = run(configs(CARTPOLE, [extra]))
+        assert alone.cql == (p < 2)
+        assert_member_equal(together, p, alone, 0)
+
+
+def test_cql_members_equal_runs_of_one_member_trading():
+    base = [*TRADING, "objective=cql"]  # eurusd_cql's objective: α = 1
+    together = assert_members_equal_runs_of_one(
+        base, [["seed=5"], ["seed=6", "objective.cql_alpha=4", "loss.reward_scale=10"]])
+    assert together.cql
+
+
+def test_cql_alpha_changes_what_a_member_learns():
+    """The CQL(H) term reaches the update: the same seed with α = 0 and α = 5 ends elsewhere."""
+    s = run(configs(CARTPOLE, [["seed=0", "objective.cql_alpha=0"], ["seed=0", "objective.cql_alpha=5"]]))
+    a, b = member_tensors(s, 0), member_tensors(s, 1)
+    assert all(not torch.equal(a[k], b[k]) for k in a if k.startswith("online"))
+
+
+def value_tensors(s, p):
+    return s.value.member_state_dict(p)
+
+
+def test_iql_members_equal_runs_of_one_member():
+    """objective.iql in a population: each member has its own value network (trained with its Q by
+    its Adam, clipped with it), objective.iql_expectile is a member key; members with different τ,
+    α and seeds equal populations of one, bit for bit, value networks included."""
+    together = assert_members_equal_runs_of_one(
+        [*CARTPOLE, "objective=iql"],
+        [["seed=0"], ["seed=1", "objective.iql_expectile=0.9", "objective.cql_alpha=0.5"],
+         ["seed=2", "objective.iql_expectile=0.5", "optim.grad_clip=0.05"]])
+    assert any(k.startswith("value.") for k in member_tensors(together, 0))
+    assert torch.equal(together.params.iql_expectile, torch.tensor([0.7, 0.9, 0.5])) and together.cql
+
+
+def test_iql_members_equal_runs_of_one_member_trading():
+    assert_members_equal_runs_of_one([*TRADING, "objective=iql"],
+                                     [["seed=5"], ["seed=6", "objective.iql_expectile=0.9", "loss.reward_scale=10"]])
+
+
+def test_iql_value_network_starts_as_a_single_runs_and_trains():
+    """A member's V starts from the weights a single run of its seed builds (build_iql_value right
+    after the Q network), moves in training, and its expectile τ changes what it learns."""
+    from foxdqn.step.state import build_state
+
+    cfgs = configs([*CARTPOLE, "objective=iql"], [["seed=3"], ["seed=3", "objective.iql_expectile=0.95"]])
+    s0 = build_population(cfgs, None, CPU)
+    single = build_state(cfgs[0], None, CPU)
+    start = value_tensors(s0, 0)
+    assert start.keys() == single.nets.objective.value_net.state_dict().keys()
+    for k, w in single.nets.objective.value_net.state_dict().items():
+        assert torch.equal(start[k], w), k
+    assert_member_equal(s0, 0, s0, 1)  # one seed: the same Q networks and value networks
+    s = run(cfgs)
+    trained = [value_tensors(s, p) for p in range(2)]
+    assert all(not torch.equal(trained[0][k], start[k]) for k in start)
+    assert any(not torch.equal(trained[0][k], trained[1][k]) for k in start)
+
+
+def test_iql_gradient_norm_covers_the_value_network():
+    """Each member's clip norm is over its Q and V gradients together (a single run clips
+    online + extra_parameters as one)."""
+    from foxdqn.population.stats import GRAD_NORM_SUM
+
+    s = run(configs([*CARTPOLE, "objective=iql"], [["seed=0"], ["seed=1"]]), iterations=1)
+    before = s.stats.acc[:, GRAD_NORM_SUM].clone()
+    P.update_step(s)
+    norm = (s.stats.acc[:, GRAD_NORM_SUM] - before).float()
+    squares = {net: sum(w.grad.flatten(1).double().square().sum(1) for w in getattr(s, net).parameters())
+               for net in ("online", "value")}
+    torch.testing.assert_close(norm, (squares["online"] + squares["value"]).sqrt().float(), rtol=1e-5, atol=0)
+    assert (squares["value"] > 0).all()
+
+
+def test_iql_member_checkpoint_holds_its_value_network(tmp_path):
+    from foxdqn.run.checkpoint import load_checkpoint
+    from foxdqn.population.train import member_checkpoint
+
+    s = run(configs([*CARTPOLE, "objective=iql"], [["seed=0"], ["seed=1"]]), iterations=2)
+    payload = load_checkpoint(member_checkpoint(s, 1, tmp_path / "last.pt"))
+    own = value_tensors(s, 1)
+    assert payload["iql_value"].keys() == own.keys() and all(torch.equal(payload["iql_value"][k], own[k]) for k in own)
+    plain = run(configs(CARTPOLE, [["seed=0"], ["seed=1"]]), iterations=1)
+    assert "iql_value" not in load_checkpoint(member_checkpoint(plain, 0, tmp_path / "plain.pt"))

@@ -46,6 +46,17 @@ def test_graph_equals_eager(base):
     assert torch.equal(captured.rng.counter, eager.rng.counter)
 
 
+@pytest.mark.parametrize("objective", [["objective=cql"], ["objective=iql", "objective.cql_alpha=0.5"]],
+                         ids=["cql", "iql+cql"])
+def test_graph_equals_eager_with_cql_and_iql(objective):
+    """CQL(H) and IQL (its value network compared too: member_tensors) captured as eagerly."""
+    members = [["seed=0"], ["seed=1", "objective.cql_alpha=2", "objective.iql_expectile=0.9"]]
+    eager, _ = run(cuda_configs([*CARTPOLE, *objective], members), graph=False)
+    captured, it = run(cuda_configs([*CARTPOLE, *objective], members), graph=True)
+    assert it.graph is not None and captured.cql
+    assert_members_close(captured, eager, [(p, p) for p in range(2)])
+
+
 def test_members_equal_populations_of_one_on_cuda():
     members = [["seed=0"], ["seed=1", "optim.lr=1e-3"]]
     together, _ = run(cuda_configs(CARTPOLE, members), graph=True)
