@@ -17,8 +17,11 @@ With ``data.augment.method: block_bootstrap`` a run builds, at its start and on 
   source training split's statistics (:func:`foxdqn.data.features.normalisation`), and the routing
   medians are the source's, as for the unaugmented run.
 
-The draws come from a CPU ``torch.Generator`` seeded from the run's seed (:func:`path_seed`): the
-same source bars on every machine for one seed; the arithmetic runs on the run's device. Validation and
+The draws come from a CPU ``torch.Generator`` seeded from the run's seed (:func:`path_seed`,
+:func:`source_bars`): the same source bars on every machine for one seed; the arithmetic runs on
+the run's device (:func:`paths_of`). A population stacks its members' draws, each from its own
+seed, and builds them at once (:func:`foxdqn.population.envs.member_paths`): member p's paths are
+a single run's of its seed. Validation and
 test walk the source market (:func:`foxdqn.step.build.build_env` augments only the training env).
 The training env (:class:`foxdqn.envs.trading.TradingEnv`) lays the paths end to end and starts
 each episode on one path drawn uniformly, at a bar from which its ``L``-step episode stays inside
@@ -36,7 +39,8 @@ from foxdqn.data import features as np_features
 from foxdqn.data import path_features
 from foxdqn.data.bootstrap import stationary_bootstrap_indices
 
-__all__ = ["TrainingPaths", "build_training_paths", "path_seed", "resample_bars", "training_bars"]
+__all__ = ["TrainingPaths", "build_training_paths", "path_seed", "paths_of", "resample_bars",
+           "source_bars", "training_bars"]
 
 #: Mixed with the run's seed into the seed of the path draws (so they are not the run generator's).
 AUGMENT_STREAM = 0xA6
@@ -110,8 +114,29 @@ def resample_bars(market, source_bar: Tensor, device: torch.device) -> dict[str,
     return bars
 
 
+def source_bars(market, aug, seed: int) -> Tensor:
+    """The draws of one run's paths: int64 ``[paths, L]`` on the CPU, the source bar each path bar
+    copies (column 0: bar 0; columns ``1 ..``: ``1 + index`` of
+    :func:`foxdqn.data.bootstrap.stationary_bootstrap_indices` of the ``L - 1`` training returns, mean
+    block ``aug.block_length``, from a CPU ``torch.Generator`` seeded with :func:`path_seed` of
+    ``seed``). A function of ``(seed, aug, L)`` only: a population's member draws its own paths with
+    it, exactly as a single run of its seed does.
+
+    Args:
+        market: the source :class:`foxdqn.data.MarketData` (only its training split's length is read).
+        aug: ``data.augment`` (:class:`foxdqn.data.config.AugmentConfig`), validated.
+        seed: the run's (the member's) seed.
+    """
+    start, end = market.splits["train"]
+    length = end - start
+    generator = torch.Generator().manual_seed(path_seed(seed))
+    index, _ = stationary_bootstrap_indices(length - 1, length - 1, int(aug.paths), float(aug.block_length), generator)
+    return torch.cat([torch.zeros(index.shape[0], 1, dtype=torch.int64), index + 1], dim=1)
+
+
 def build_training_paths(market, data_cfg, seed: int, device: torch.device) -> TrainingPaths:
-    """The training paths of ``data_cfg.augment`` for ``market`` (module docstring).
+    """The training paths of ``data_cfg.augment`` for ``market`` (module docstring):
+    :func:`paths_of` the run's draws, :func:`source_bars`.
 
     Args:
         market: the validated source :class:`foxdqn.data.MarketData` (its training split is
@@ -127,11 +152,24 @@ def build_training_paths(market, data_cfg, seed: int, device: torch.device) -> T
     aug = data_cfg.augment
     if aug.method != "block_bootstrap":
         raise ValueError(f"build_training_paths: data.augment.method must be block_bootstrap, got {aug.method!r}")
+    return paths_of(market, data_cfg, source_bars(market, aug, seed), device)
+
+
+def paths_of(market, data_cfg, source_bar: Tensor, device: torch.device) -> TrainingPaths:
+    """The paths whose bar ``t`` of path ``k`` copies source bar ``source_bar[k, t]``, laid end to end,
+    with their per-bar quantities (module docstring). Each path is computed on its own (every op
+    reads one path's row), so path ``k`` does not depend on the other rows: a population's
+    ``P·paths`` rows (its members' :func:`source_bars`, stacked) give each member the paths a single
+    run of its seed builds, bit for bit on one device.
+
+    Args:
+        market: the validated source :class:`foxdqn.data.MarketData`.
+        data_cfg: the ``data`` settings (windows, clip; ``augment`` is not read).
+        source_bar: int64 ``[K, L]`` (:func:`source_bars`; ``L`` the training split's length).
+        device: where the paths are built and kept.
+    """
     start, end = market.splits["train"]
     length = end - start
-    generator = torch.Generator().manual_seed(path_seed(seed))
-    index, _ = stationary_bootstrap_indices(length - 1, length - 1, int(aug.paths), float(aug.block_length), generator)
-    source_bar = torch.cat([torch.zeros(index.shape[0], 1, dtype=torch.int64), index + 1], dim=1)
     raw_source, _ = np_features.raw_features(market.open, market.high, market.low, market.close, market.volume,
                                              (start, end), data_cfg.vol_window, data_cfg.volume_window)
     mean, std = (torch.as_tensor(v, device=device) for v in np_features.normalisation(raw_source, (start, end)))
@@ -144,7 +182,7 @@ def build_training_paths(market, data_cfg, seed: int, device: torch.device) -> T
         parts.append({**bars, "features": path_features.normalise(raw, mean, std, float(data_cfg.clip)),
                       "spread": path_features.spread(bars["high"], bars["low"], bars["close"], data_cfg.spread_window),
                       "volatility": path_features.volatility(bars["close"], data_cfg.vol_window)})
-    paths = int(aug.paths)
+    paths = int(source_bar.shape[0])
 
     def joined(name: str) -> Tensor:
         return torch.cat([p[name] for p in parts]).reshape(paths * length, *parts[0][name].shape[2:])

@@ -557,7 +557,7 @@ class TradingEnv:
         if self.path_bars is not None:  # a path drawn uniformly, then a start inside it
             k = torch.randint(0, self.num_paths * self._path_starts, (self.num_envs,), generator=self.generator,
                               device=self.device, dtype=torch.long)
-            return (k // self._path_starts) * self.path_bars + self.first_valid + k % self._path_starts
+            return self._path_start(k // self._path_starts, k % self._path_starts)
         return torch.randint(
             self.first_valid,
             self.start_high + 1,
@@ -566,6 +566,12 @@ class TradingEnv:
             device=self.device,
             dtype=torch.long,
         )
+
+    def _path_start(self, path: Tensor, offset: Tensor) -> Tensor:
+        """Start bars (int64, ``path``'s shape) of episodes on resampled paths: the ``offset``-th
+        start of path ``path`` (``offset`` in ``0 .. path_bars - episode_length - first_valid - 1``),
+        bar ``path·L + first_valid + offset`` ("Training paths" in the module docstring)."""
+        return path * self.path_bars + self.first_valid + offset
 
     def _reset_state(self, mask: Tensor | None, starts: Tensor) -> None:
         """Reset the envs where ``mask`` (all when ``None``) to a fresh episode starting at ``starts``."""

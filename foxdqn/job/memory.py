@@ -1,5 +1,6 @@
 """The replay memory of a job and how many replays fit on its device (the pre-run check and the
-population launcher's plan both size replays here)."""
+population launcher's plan both size replays here), and a population member's resampled training
+paths (``data.augment``), which the plan counts too."""
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
@@ -18,10 +19,12 @@ def replays_that_fit(need: int, free: int | None) -> int | None:
     return None if free is None else int(REPLAY_SHARE * free // max(need, 1))
 
 
-def replay_row(tc: TrainConfig, market) -> tuple[int, int]:
+def replay_row(tc: TrainConfig, market, members: int = 1) -> tuple[int, int]:
     """(values, bytes per value) of one stored obs / next_obs row of a device env's replay: the
     trading env's state code (:mod:`foxdqn.ops.trading_code`: 4 values of its code dtype,
-    docs/design/replay.md#windowed-trading-replay), else the float32 observation."""
+    docs/design/replay.md#windowed-trading-replay), else the float32 observation. ``members``: the
+    population's size; with ``data.augment`` its env walks every member's paths (``members ×
+    paths × training bars``), which widens the codes to float64 past 2**24 bars."""
     if tc.env.name == "trading":
         from foxdqn.data.augment import training_bars
         from foxdqn.ops.trading_code import CODE_WIDTH, state_code_dtype
@@ -29,8 +32,45 @@ def replay_row(tc: TrainConfig, market) -> tuple[int, int]:
 
         dtype = ENV_DTYPES[tc.env.dtype]
         num_bars = training_bars(tc.data, market) if market is not None else 0  # data.augment: paths × train bars
+        if str(tc.data.augment.method) != "none":
+            num_bars *= members
         return CODE_WIDTH, state_code_dtype(dtype, num_bars).itemsize
     return {"cartpole": 4, "bitflip": 2 * tc.env.n_bits}[tc.env.name], 4  # the float32 observation
+
+
+def training_path_bytes(tc: TrainConfig, market) -> int:
+    """Bytes one run (one population member) keeps on its device for its resampled training paths
+    (``data.augment``, :mod:`foxdqn.data.augment`): ``paths × training bars × (features + 6)``
+    values of ``env.dtype`` (open, high, low, close, spread, volatility and the features of every
+    path bar, as the trading env holds them); 0 without augmentation or market."""
+    if tc.env.name != "trading" or str(tc.data.augment.method) == "none" or market is None:
+        return 0
+    from foxdqn.data.augment import training_bars
+    from foxdqn.step.build import ENV_DTYPES
+
+    values = len(market.feature_names) + 6
+    return training_bars(tc.data, market) * values * ENV_DTYPES[tc.env.dtype].itemsize
+
+
+def members_that_fit(tc: TrainConfig, market, free: int | None) -> int | None:
+    """The most members of a population of ``tc``'s settings whose device memory fits in
+    :data:`REPLAY_SHARE` of ``free`` bytes (the precheck's rule, times P), 0 when not one does;
+    None when ``free`` is unknown. A member needs its replay (:func:`replay_row` of the population,
+    whose codes may widen with P) and its resampled training paths (:func:`training_path_bytes`)."""
+    from foxdqn.replay.buffer import replay_bytes
+
+    def fit(members: int) -> int | None:
+        need = replay_bytes(tc.replay.capacity, *replay_row(tc, market, members)) + training_path_bytes(tc, market)
+        return replays_that_fit(need, free)
+
+    most = fit(1)
+    if most is None:
+        return None
+    low, high = 0, most  # the largest n with n <= fit(n); fit never grows with n, so it is one search
+    while low < high:
+        mid = (low + high + 1) // 2
+        low, high = (mid, high) if mid <= fit(mid) else (low, mid - 1)
+    return low
 
 
 def available_bytes(device: str) -> int | None:

@@ -5,7 +5,8 @@ Member p owns envs ``p·N .. (p+1)·N − 1`` of a classic env built for P·N en
 never interact, so only the randomness changes: each env class draws all its randomness in one
 method (CartPole's reset uniforms ``_uniform``, the trading env's episode starts ``_starts``), and
 the member classes below take those draws from :class:`~foxdqn.population.random.MemberRandom`,
-so member p's envs see the same draws whatever P is.
+so member p's envs see the same draws whatever P is. With ``data.augment`` the trading env walks
+P members' resampled paths, each member's drawn from its own seed (:func:`member_paths`).
 """
 from __future__ import annotations
 
@@ -31,31 +32,70 @@ class MemberCartPoleEnv(CartPoleEnv):
 
 
 class MemberTradingEnv(TradingEnv):
-    """Trading env with P × N envs on one market split; episode starts from ``rng``."""
+    """Trading env with P × N envs on one market split; episode starts from ``rng``.
 
-    def __init__(self, rng: MemberRandom, envs_per_member: int, market, cfg: TrainConfig, device: torch.device):
+    With resampled training paths (``data.augment``, ``market`` the members' paths laid end to end:
+    member p's ``paths_per_member`` paths first at path ``p·paths_per_member``,
+    :func:`member_paths`) member p's envs start only on its own paths: each start draws a path of
+    the member (``randint(paths_per_member, N)``) then a start inside it (``randint(starts, N)``),
+    2·N values per member per draw, made even where a member has one start (so the stream's
+    counter moves by the same amount whatever P and the path sizes are)."""
+
+    def __init__(self, rng: MemberRandom, envs_per_member: int, market, cfg: TrainConfig, device: torch.device,
+                 paths_per_member: int | None = None):
         e = cfg.env
         super().__init__(market, "train", num_envs=rng.num_members * envs_per_member, window=e.window,
                          episode_length=e.episode_length, execution=e.execution, device=device,
                          dtype=ENV_DTYPES[e.dtype], generator=torch.Generator(device=device), eval_mode=False)
-        self.rng, self.envs_per_member = rng, envs_per_member
+        self.rng, self.envs_per_member, self.paths_per_member = rng, envs_per_member, paths_per_member
+        if self.path_bars is not None:
+            if paths_per_member is None or paths_per_member * rng.num_members != self.num_paths:
+                raise ValueError(f"MemberTradingEnv: {self.num_paths} training paths are not paths_per_member="
+                                 f"{paths_per_member} for each of {rng.num_members} members")
+            first = torch.arange(rng.num_members, device=device) * paths_per_member  # member p's first path
+            self._first_path = first.repeat_interleave(envs_per_member)
+
+    def _draw_starts(self) -> torch.Tensor | None:
+        if self.path_bars is not None:  # every member draws, whatever its number of starts (class docstring)
+            return self._starts()
+        return super()._draw_starts()
 
     def _starts(self) -> torch.Tensor:
+        if self.path_bars is not None:
+            n = self.envs_per_member
+            path = self._first_path + self.rng.randint(self.paths_per_member, n).view(self.num_envs)
+            return self._path_start(path, self.rng.randint(self._path_starts, n).view(self.num_envs))
         if self.start_high == self.first_valid:
             return super()._starts()
         span = self.start_high + 1 - self.first_valid
         return self.first_valid + self.rng.randint(span, self.envs_per_member).view(self.num_envs)
 
 
-def build_member_env(cfg: TrainConfig, market, rng: MemberRandom, device: torch.device):
-    """The population's training env: ``env.num_envs`` envs per member.
+def member_paths(cfgs: list[TrainConfig], market, device: torch.device):
+    """The members' resampled training paths (``data.augment``), laid end to end in member order:
+    member p's are the paths a single run of its seed and its ``data.augment.block_length`` trains
+    on (:func:`foxdqn.data.augment.source_bars`, drawn from its own seed on the CPU, built together by
+    :func:`foxdqn.data.augment.paths_of`), ``P · data.augment.paths`` paths in all."""
+    from foxdqn.data.augment import paths_of, source_bars
+
+    source = torch.cat([source_bars(market, c.data.augment, c.seed) for c in cfgs])
+    return paths_of(market, cfgs[0].data, source, device)
+
+
+def build_member_env(cfgs: list[TrainConfig], market, rng: MemberRandom, device: torch.device):
+    """The population's training env: ``env.num_envs`` envs per member; a trading env with
+    ``data.augment`` walks each member's own resampled paths (:func:`member_paths`).
 
     Raises:
         ValueError: ``env.name`` is not cartpole or trading (grouping.POPULATION_ENVS).
     """
+    cfg = cfgs[0]
     if cfg.env.name == "cartpole":
         return MemberCartPoleEnv(rng, cfg.env.num_envs, device)
     if cfg.env.name == "trading":
-        return MemberTradingEnv(rng, cfg.env.num_envs, market, cfg, device)
+        if cfg.data.augment.method == "none":
+            return MemberTradingEnv(rng, cfg.env.num_envs, market, cfg, device)
+        return MemberTradingEnv(rng, cfg.env.num_envs, member_paths(cfgs, market, device), cfg, device,
+                                paths_per_member=cfg.data.augment.paths)
     raise ValueError(f"build_member_env: env.name={cfg.env.name!r}; the population path runs cartpole or trading "
                      "(foxdqn.population.grouping.POPULATION_ENVS)")

@@ -2,10 +2,11 @@
 
 Members of a population share every setting that gives a tensor its shape or picks a code path;
 they may differ only in :data:`MEMBER_KEYS` (the seed and scalar hyperparameters, held as [P]
-device tensors by the population trainer). :func:`group_key` is the canonical text of everything
-else, :func:`batch_refusal` says why a config cannot run in a population at all (the supported
-settings are the named constants below, which the trainer checks against too), and :func:`plan`
-turns a multirun's jobs into the groups the population launcher trains.
+device tensors by the population trainer, or read per member at setup: :data:`SETUP_KEYS`).
+:func:`group_key` is the canonical text of everything else, :func:`batch_refusal` says why a
+config cannot run in a population at all (the supported settings are the named constants below,
+which the trainer checks against too), and :func:`plan` turns a multirun's jobs into the groups
+the population launcher trains.
 docs/usage.md#a-sweep-in-one-process-hydralauncherpopulation.
 """
 from __future__ import annotations
@@ -29,8 +30,13 @@ KEYS = {
     "cql_alpha": "objective.cql_alpha", "iql_expectile": "objective.iql_expectile",
 }
 
+#: Dotted config keys read per member once, while the population is built (host values, no [P]
+#: tensor: nothing in the iteration reads them): each member's resampled training paths are drawn
+#: with its own mean block length (foxdqn.population.envs.member_paths).
+SETUP_KEYS: tuple[str, ...] = ("data.augment.block_length",)
+
 #: Dotted config keys in which the members of one population may differ.
-MEMBER_KEYS: tuple[str, ...] = ("seed", *KEYS.values())
+MEMBER_KEYS: tuple[str, ...] = ("seed", *SETUP_KEYS, *KEYS.values())
 
 #: The settings the population trainer supports (every other value of these keys is refused).
 POPULATION_ENVS = frozenset({"cartpole", "trading"})  # env.name
@@ -54,7 +60,6 @@ SUPPORTED: tuple[tuple[str, Callable[[Any], bool], str], ...] = (
     ("model.encoder", *_one_of(POPULATION_ENCODERS)),
     ("head.name", *_one_of(POPULATION_HEADS)),
     ("action.mode", *_one_of(POPULATION_ACTION_MODES)),
-    ("data.augment.method", *_one_of(frozenset({"none"}))),
     ("replay.name", *_one_of(POPULATION_REPLAYS)),
     ("replay.her", *_is(False)),
     ("regime.enabled", *_is(False)),
@@ -101,14 +106,13 @@ def group_key(tc: "TrainConfig") -> str:
 
 
 def memory_cap(tc: "TrainConfig", market) -> int | None:
-    """The most members of ``tc``'s settings whose replays fit in 80 % of the device's free memory
-    (the single-run precheck's rule, foxdqn.job.check.preflight, times P); None when the free memory is
-    unknown."""
-    from foxdqn.replay.buffer import replay_bytes
-    from foxdqn.job.memory import available_bytes, replay_row, replays_that_fit
+    """The most members of ``tc``'s settings whose replays and resampled training paths
+    (``data.augment``: each member keeps its own) fit in 80 % of the device's free memory (the
+    single-run precheck's rule, foxdqn.job.check.preflight, times P:
+    :func:`foxdqn.job.memory.members_that_fit`), at least 1; None when the free memory is unknown."""
+    from foxdqn.job.memory import available_bytes, members_that_fit
 
-    fit = replays_that_fit(replay_bytes(tc.replay.capacity, *replay_row(tc, market)),
-                           available_bytes(str(tc.device)))
+    fit = members_that_fit(tc, market, available_bytes(str(tc.device)))
     return None if fit is None else max(1, fit)
 
 

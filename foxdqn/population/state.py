@@ -95,7 +95,7 @@ def build_population(cfgs: list[TrainConfig], market, device: torch.device) -> P
         torch.set_num_threads(cfg.cpu_threads)
     rng = MemberRandom([c.seed for c in cfgs], device)
     params = MemberParams.from_configs(cfgs, device)
-    env = build_member_env(cfg, market, rng, device)
+    env = build_member_env(cfgs, market, rng, device)
     mode = build_action_mode(cfg, env)
     nets, values = initial_networks(cfgs, env, mode.num_actions, device)
     online = MemberQNetwork.from_networks(nets, str(cfg.model.activation))

@@ -108,7 +108,7 @@ def test_batch_refusal_accepts_the_supported_experiments(cartpole, trading):
 
 REFUSED = [("env.name", "bitflip"), ("env.name", "gym"), ("model.encoder", "attention"), ("head.name", "c51"),
            ("head.name", "iqn"), ("action.mode", "branching"),
-           ("data.augment.method", "block_bootstrap"), ("replay.name", "per"), ("replay.her", True),
+           ("replay.name", "per"), ("replay.her", True),
            ("regime.enabled", True), ("prune.enabled", True),
            ("optim.accumulate", 2), ("guard.max_weight", 10.0), ("guard.collapse_multiplier", 5.0),
            ("early_stop.enabled", True), ("eval.interval_env_steps", 100), ("resume", "auto"),
@@ -167,6 +167,17 @@ def test_plan_puts_a_sweep_over_iql_expectile_in_one_population(cartpole):
            for s, t, a in ((0, 0.7, 0.0), (1, 0.9, 0.0), (2, 0.5, 1.0))] + [with_values(cartpole, seed=3)]
     assert all(batch_refusal(tc) is None for tc in tcs)
     assert jobs(plan(members(tcs))) == [[0, 1, 2], [3]]
+
+
+def test_augmented_jobs_group_over_seeds_and_block_lengths(trading):
+    """data.augment.method=block_bootstrap trains in a population: a sweep over seeds and
+    data.augment.block_length is one group; data.augment.paths (the bars of each member's paths)
+    makes another."""
+    aug = with_values(trading, data__augment__method="block_bootstrap")
+    assert batch_refusal(aug) is None
+    tcs = [with_values(aug, seed=0), with_values(aug, seed=1, data__augment__block_length=5.0),
+           with_values(aug, seed=2, data__augment__paths=4), with_values(trading, seed=3)]
+    assert jobs(plan(members(tcs), cap=lambda tc, market: None)) == [[0, 1], [2], [3]]
 
 
 def test_plan_splits_what_does_not_fit_in_memory(cartpole):

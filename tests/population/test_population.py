@@ -124,10 +124,11 @@ def test_loss_clip_halts_only_that_member():
 
 
 def test_member_hyperparameters_are_the_member_keys():
-    from foxdqn.population.grouping import MEMBER_KEYS
+    from foxdqn.population.grouping import MEMBER_KEYS, SETUP_KEYS
     from foxdqn.population.hparams import KEYS
 
-    assert set(MEMBER_KEYS) == {"seed", *KEYS.values()}
+    assert set(MEMBER_KEYS) == {"seed", *SETUP_KEYS, *KEYS.values()}
+    assert SETUP_KEYS == ("data.augment.block_length",)  # read by population.envs.member_paths
 
 
 def test_switch_margin_members_equal_runs_of_one_member():
