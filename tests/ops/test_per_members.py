@@ -46,7 +46,8 @@ def single_state(st, m):
 
 
 def clone(st):
-    new = PERState(st.capacity, "cpu", alpha=st.alpha.clone(), eps=st.eps.clone(), block=st.block, members=st.members)
+    new = PERState(st.capacity, st.device, alpha=st.alpha.clone(), eps=st.eps.clone(), block=st.block,
+                   members=st.members)
     new.load_state_dict({k: (v.clone() if isinstance(v, torch.Tensor) else v) for k, v in st.state_dict().items()})
     return new
 
@@ -192,3 +193,39 @@ def test_member_state_shapes_parameters_and_errors():
         per_update(st, torch.zeros(2, 4, dtype=torch.int64), torch.zeros(2, 4), skip=torch.tensor(0.0))
     with pytest.raises(ValueError, match="indices"):
         per_insert(st, torch.zeros(3, 4, dtype=torch.int64))
+
+
+# ----------------------------------------------------------------------------------------------
+# GPU (compiled kernels; not run on the CPU machines)
+# ----------------------------------------------------------------------------------------------
+@pytest.mark.gpu
+@pytest.mark.parametrize("cap,batch", [(1_000_000, 512), (10_000_000, 256)])  # 10M: the chunked prefix
+def test_gpu_member_kernels_match_reference_and_rows_alone(cap, batch):
+    gen = torch.Generator().manual_seed(cap % 991 + batch)
+    rows = [int_priorities(cap, gen, zero_frac=0.2) for _ in range(3)]
+    rows[1][: cap // 2] = 0.0
+    st = PERState(cap, "cuda", alpha=torch.tensor([0.6, 0.3, 1.0], device="cuda"), eps=1e-3, block=1024, members=3)
+    for m, row in enumerate(rows):
+        st.leaves[m, :cap] = row.cuda()
+    st.rebuild_block_sums()
+    rand = torch.rand(3, batch, generator=gen).cuda()
+    size, beta = torch.tensor(cap - 17, device="cuda"), torch.tensor([0.4, 0.7, 1.0], device="cuda")
+    idx, w = per_sample(st, rand, size, beta, backend="triton")
+    ref_idx, ref_w = per_sample(st, rand, size, beta, backend="torch")
+    assert torch.equal(idx, ref_idx)
+    torch.testing.assert_close(w, ref_w, rtol=1e-5, atol=0.0)
+    for m in range(3):
+        one = PERState(cap, "cuda", alpha=float(st.alpha[m]), eps=1e-3, block=1024)
+        one.leaves.copy_(st.leaves[m])
+        one.block_sums.copy_(st.block_sums[m])
+        i1, w1 = per_sample(one, rand[m].contiguous(), size, beta[m], backend="triton")
+        assert torch.equal(idx[m], i1) and torch.equal(w[m], w1)
+    td = torch.rand(3, batch, generator=gen).cuda() * 3
+    skip = torch.tensor([0.0, 1.0, 0.0], device="cuda")
+    a, b = clone(st), clone(st)
+    per_update(a, idx, td, skip=skip, backend="triton")
+    per_update(b, idx, td, skip=skip, backend="torch")
+    torch.testing.assert_close(a.leaves, b.leaves, rtol=2e-6, atol=0.0)
+    torch.testing.assert_close(a.block_sums, b.block_sums, rtol=1e-5, atol=1e-4)
+    assert torch.equal(a.max_priority, b.max_priority) and torch.equal(a.leaves[1], st.leaves[1])
+
