@@ -56,6 +56,20 @@ def test_per_members_equal_runs_of_one_member_trading_n_step():
         assert_priorities_equal(together, p, alone, 0)
 
 
+@pytest.mark.parametrize("objective", [
+    [["seed=0", "objective.cql_alpha=0.5"], ["seed=1", "objective.cql_alpha=0", "replay.alpha=0.3"]],
+    [["seed=0", "objective.iql=true"], ["seed=1", "objective.iql=true", "objective.iql_expectile=0.9",
+                                        "replay.beta_start=0.9"]],
+], ids=["cql", "iql"])
+def test_per_with_cql_or_iql_members_equal_runs_of_one_member(objective):
+    """PER's weights reach CQL's term and IQL's losses, and IQL's |TD| its priorities, per member."""
+    together = run(configs([*CARTPOLE, *PER], objective), iterations=6)
+    for p, extra in enumerate(objective):
+        alone = run(configs([*CARTPOLE, *PER], [extra]), iterations=6)
+        assert_member_equal(together, p, alone, 0)
+        assert_priorities_equal(together, p, alone, 0)
+
+
 def test_per_changes_what_a_member_learns():
     """The priorities reach the samples and the weights reach the loss: the same seed with PER
     trains other weights than with uniform replay, α = 0 (equal priorities) other weights than
