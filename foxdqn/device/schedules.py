@@ -32,17 +32,21 @@ class LinearSchedule:
     """value(step) = start + (end − start) · min(step / duration, 1) (:func:`linear_value`).
 
     Args:
-        start, end: values at step 0 and at ``duration`` and after.
+        start, end: values at step 0 and at ``duration`` and after: floats, or float32 ``[G]``
+            device tensors (a population's values per member, e.g. PER's β₀), kept as they are
+            (not copied), so that changing them in place changes the schedule.
         duration: steps of the linear part (> 0), in the counter's units.
         device: where the parameters live.
 
-    ``__call__(step)``: step int64 0-d device tensor → float32 0-d device tensor.
+    ``__call__(step)``: step int64 0-d device tensor → float32 0-d device tensor (``[G]`` with a
+    ``[G]`` start or end).
     """
 
-    def __init__(self, start: float, end: float, duration: float, device: torch.device):
+    def __init__(self, start: float | torch.Tensor, end: float | torch.Tensor, duration: float,
+                 device: torch.device):
         f32 = dict(device=device, dtype=torch.float32)
-        self.start = torch.tensor(float(start), **f32)
-        self.end = torch.tensor(float(end), **f32)
+        self.start = start if isinstance(start, torch.Tensor) else torch.tensor(float(start), **f32)
+        self.end = end if isinstance(end, torch.Tensor) else torch.tensor(float(end), **f32)
         self.duration = torch.tensor(max(float(duration), 1.0), **f32)
 
     def __call__(self, step: torch.Tensor) -> torch.Tensor:

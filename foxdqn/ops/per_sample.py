@@ -42,6 +42,13 @@ kernels 1 and 2 become
 A zero-mass chunk repeats its predecessor's carry exactly and a zero-mass block its predecessor's
 local prefix, so no search lands on either; the edge rules below hold on both paths.
 
+Member axis (a population's P independent sums, ``PERState(members=P)``): ``rand`` is
+``[P, B]``, ``beta`` ``[P]``, and every kernel has one more grid axis over the members (the
+one-program kernels become one program per member); member p's programs read and write only its
+rows (its leaves, block sums, prefix, total, uniforms, beta and outputs), so its indices and
+weights are those of a state without the member axis holding its row, and the weights are
+normalised by member p's own batch maximum. Without the member axis P = 1 and every offset is 0.
+
 Edge-case rules (kernel and reference agree on them):
 
 * Only slots ``0 <= i < size`` are ever sampled, whatever the leaves above hold; ``size`` is
@@ -100,6 +107,12 @@ def _per_prefix_kernel(
     CAPACITY: tl.constexpr,
     CHUNK: tl.constexpr,
 ):
+    m = tl.program_id(0).to(tl.int64)  # the member (one program each): its rows of every array
+    leaves_ptr += m * (NUM_BLOCKS * BLOCK)
+    block_sums_ptr += m * NUM_BLOCKS
+    prefix_ptr += m * NUM_BLOCKS
+    total_ptr += m
+    last_ptr += m
     size = tl.load(size_ptr).to(tl.int64)
     size = tl.minimum(tl.maximum(size, 1), CAPACITY)
     last_blk = (size - 1) // BLOCK  # block holding slot size-1 (non-negative operands)
@@ -178,6 +191,16 @@ def _slot_and_weight(leaves_ptr, beta_ptr, idx_ptr, logw_ptr, k, km, B, bc, bval
 
 
 @triton.jit
+def _member_search_rows(leaves_ptr, total_ptr, last_ptr, rand_ptr, beta_ptr, idx_ptr, logw_ptr, B,
+                        LEAVES: tl.constexpr):
+    """The member of a search program (``program_id(1)``, int64) and the pointers moved to its rows:
+    ``LEAVES`` leaves, one total, last and beta, ``B`` uniforms, indices and log-weights per member."""
+    m = tl.program_id(1).to(tl.int64)
+    return (m, leaves_ptr + m * LEAVES, total_ptr + m, last_ptr + m, rand_ptr + m * B, beta_ptr + m, idx_ptr + m * B,
+            logw_ptr + m * B)
+
+
+@triton.jit
 def _per_search_kernel(
     leaves_ptr,  # f32 [capacity_padded]
     prefix_ptr,  # f64 [NUM_BLOCKS]
@@ -196,6 +219,9 @@ def _per_search_kernel(
     SEARCH_P2: tl.constexpr,  # single level: next_pow2(NUM_BLOCKS); two-level: coarse count
     FINE: tl.constexpr,  # 0: single level
 ):
+    m, leaves_ptr, total_ptr, last_ptr, rand_ptr, beta_ptr, idx_ptr, logw_ptr = _member_search_rows(
+        leaves_ptr, total_ptr, last_ptr, rand_ptr, beta_ptr, idx_ptr, logw_ptr, B, NUM_BLOCKS * BLOCK)
+    prefix_ptr += m * NUM_BLOCKS
     k = tl.program_id(0) * ITEMS + tl.arange(0, ITEMS)  # (I,)
     km = k < B
     x, target, total, last, size = _targets(rand_ptr, total_ptr, last_ptr, size_ptr, k, km, B, CAPACITY)
@@ -226,7 +252,11 @@ def _per_search_kernel(
 
 @triton.jit
 def _per_weights_kernel(logw_ptr, w_ptr, B, CHUNK: tl.constexpr):
-    # w = exp2(lw - max lw): the max-normalised IS weights (Schaul §3.4), in place over logw
+    # w = exp2(lw - max lw): the max-normalised IS weights (Schaul §3.4), in place over logw;
+    # one program per member, the max over its own B
+    m = tl.program_id(0).to(tl.int64)
+    logw_ptr += m * B
+    w_ptr += m * B
     offs = tl.arange(0, CHUNK)
     mx = tl.max(tl.full([CHUNK], float("-inf"), dtype=tl.float32), axis=0)
     for start in range(0, B, CHUNK):
@@ -252,6 +282,13 @@ def _per_chunk_kernel(
     LOCAL: tl.constexpr,
 ):
     g = tl.program_id(0)
+    m = tl.program_id(1).to(tl.int64)  # the member: its rows (G = the programs of axis 0)
+    chunks = tl.num_programs(0).to(tl.int64)
+    leaves_ptr += m * (NUM_BLOCKS * BLOCK)
+    block_sums_ptr += m * NUM_BLOCKS
+    local_ptr += m * NUM_BLOCKS
+    chunk_mass_ptr += m * chunks
+    chunk_last_ptr += m * chunks
     size = tl.load(size_ptr).to(tl.int64)
     size = tl.minimum(tl.maximum(size, 1), CAPACITY)
     last_blk = (size - 1) // BLOCK
@@ -286,6 +323,13 @@ def _per_carry_kernel(
     CAPACITY: tl.constexpr,
     CHUNK: tl.constexpr,
 ):
+    m = tl.program_id(0).to(tl.int64)  # the member (one program each): its rows of every array
+    leaves_ptr += m * (((CAPACITY + BLOCK - 1) // BLOCK) * BLOCK)
+    chunk_mass_ptr += m * G
+    chunk_last_ptr += m * G
+    carry_ptr += m * G
+    total_ptr += m
+    last_ptr += m
     size = tl.load(size_ptr).to(tl.int64)
     size = tl.minimum(tl.maximum(size, 1), CAPACITY)
     carry = tl.sum(tl.zeros([CHUNK], dtype=tl.float64), axis=0)  # f64 scalar 0
@@ -334,6 +378,11 @@ def _per_chunk_search_kernel(
     G_P2: tl.constexpr,  # next power of two >= G
     LOCAL: tl.constexpr,
 ):
+    m, leaves_ptr, total_ptr, last_ptr, rand_ptr, beta_ptr, idx_ptr, logw_ptr = _member_search_rows(
+        leaves_ptr, total_ptr, last_ptr, rand_ptr, beta_ptr, idx_ptr, logw_ptr, B, NUM_BLOCKS * BLOCK)
+    local_ptr += m * NUM_BLOCKS
+    carry_ptr += m * G
+    chunk_last_ptr += m * G
     k = tl.program_id(0) * ITEMS + tl.arange(0, ITEMS)  # (I,)
     km = k < B
     x, target, total, last, size = _targets(rand_ptr, total_ptr, last_ptr, size_ptr, k, km, B, CAPACITY)
@@ -384,65 +433,68 @@ def _search_layout(num_blocks: int, block: int, batch: int) -> Tuple[int, int, i
 
 
 def _per_sample_launch(leaves, block_sums, rand, size, beta, block, capacity, launch=None):
-    """Allocate outputs and scratch, launch the three kernels. ``launch(kernel)`` wraps a kernel
-    for launching (``wrap_triton`` inside the registered op, identity otherwise)."""
+    """Allocate outputs and scratch, launch the three kernels (a grid axis over the members of a
+    ``[P, ...]`` state: module docstring). ``launch(kernel)`` wraps a kernel for launching
+    (``wrap_triton`` inside the registered op, identity otherwise)."""
     wrap = launch if launch is not None else (lambda kern: kern)
-    num_blocks = block_sums.shape[0]
-    batch = rand.shape[0]
+    num_blocks = block_sums.shape[-1]
+    members = leaves.shape[0] if leaves.dim() == 2 else 1
+    batch = rand.shape[-1]
     dev = leaves.device
-    idx = torch.empty(batch, dtype=torch.int64, device=dev)
-    w = torch.empty(batch, dtype=torch.float32, device=dev)
-    prefix = torch.empty(num_blocks, dtype=torch.float64, device=dev)
-    total = torch.empty(1, dtype=torch.float64, device=dev)
-    last = torch.empty(1, dtype=torch.int64, device=dev)
+    idx = torch.empty(rand.shape, dtype=torch.int64, device=dev)
+    w = torch.empty(rand.shape, dtype=torch.float32, device=dev)
+    prefix = torch.empty(members, num_blocks, dtype=torch.float64, device=dev)
+    total = torch.empty(members, dtype=torch.float64, device=dev)
+    last = torch.empty(members, dtype=torch.int64, device=dev)
     if batch == 0:
         return idx, w
     if num_blocks > _PREFIX_CHUNK:
         _chunked_sample(wrap, leaves, block_sums, rand, size, beta, block, capacity, prefix, total, last, idx, w)
-        _launch_weights(wrap, w, batch)
+        _launch_weights(wrap, w, batch, members)
         return idx, w
     chunk = min(_next_p2(num_blocks), _PREFIX_CHUNK)
-    wrap(_per_prefix_kernel)[(1,)](
+    wrap(_per_prefix_kernel)[(members,)](
         leaves, block_sums, size, prefix, total, last,
         NUM_BLOCKS=num_blocks, BLOCK=block, CAPACITY=capacity, CHUNK=chunk,
         num_warps=8 if chunk >= 2048 else 4,
     )
     items, search_p2, fine = _search_layout(num_blocks, block, batch)
-    wrap(_per_search_kernel)[(triton.cdiv(batch, items),)](
+    wrap(_per_search_kernel)[(triton.cdiv(batch, items), members)](
         leaves, prefix, total, last, rand, size, beta, idx, w, batch,
         NUM_BLOCKS=num_blocks, BLOCK=block, CAPACITY=capacity, ITEMS=items,
         SEARCH_P2=search_p2, FINE=fine, num_warps=4,
     )
-    _launch_weights(wrap, w, batch)
+    _launch_weights(wrap, w, batch, members)
     return idx, w
 
 
-def _launch_weights(wrap, w, batch: int) -> None:
+def _launch_weights(wrap, w, batch: int, members: int) -> None:
     wchunk = min(_next_p2(batch), 4096)
-    wrap(_per_weights_kernel)[(1,)](w, w, batch, CHUNK=wchunk, num_warps=4 if wchunk <= 1024 else 8)
+    wrap(_per_weights_kernel)[(members,)](w, w, batch, CHUNK=wchunk, num_warps=4 if wchunk <= 1024 else 8)
 
 
 def _chunked_sample(wrap, leaves, block_sums, rand, size, beta, block, capacity, local, total, last, idx, w):
     """Kernels 1a, 1b and 2' of the module docstring ("Chunked"): ``local`` takes the local prefix;
     ``idx`` and ``w`` (the log-weights, for the weights kernel) are written."""
-    num_blocks, batch, dev = block_sums.shape[0], rand.shape[0], leaves.device
+    num_blocks, batch, dev = block_sums.shape[-1], rand.shape[-1], leaves.device
+    members = leaves.shape[0] if leaves.dim() == 2 else 1
     local_width = min(_LOCAL, _next_p2(num_blocks))
     chunks = triton.cdiv(num_blocks, local_width)
-    chunk_mass = torch.empty(chunks, dtype=torch.float64, device=dev)
-    chunk_last = torch.empty(chunks, dtype=torch.int64, device=dev)
-    carry = torch.empty(chunks, dtype=torch.float64, device=dev)
-    wrap(_per_chunk_kernel)[(chunks,)](
+    chunk_mass = torch.empty(members, chunks, dtype=torch.float64, device=dev)
+    chunk_last = torch.empty(members, chunks, dtype=torch.int64, device=dev)
+    carry = torch.empty(members, chunks, dtype=torch.float64, device=dev)
+    wrap(_per_chunk_kernel)[(chunks, members)](
         leaves, block_sums, size, local, chunk_mass, chunk_last,
         NUM_BLOCKS=num_blocks, BLOCK=block, CAPACITY=capacity, LOCAL=local_width, num_warps=4,
     )
     carry_chunk = _next_p2(min(chunks, _PREFIX_CHUNK))
-    wrap(_per_carry_kernel)[(1,)](
+    wrap(_per_carry_kernel)[(members,)](
         leaves, size, chunk_mass, chunk_last, carry, total, last, chunks,
         BLOCK=block, CAPACITY=capacity, CHUNK=carry_chunk, num_warps=8 if carry_chunk >= 2048 else 4,
     )
     g_p2 = _next_p2(chunks)
     items = max(1, min(_next_p2(batch), _TILE // max(block, local_width, g_p2)))
-    wrap(_per_chunk_search_kernel)[(triton.cdiv(batch, items),)](
+    wrap(_per_chunk_search_kernel)[(triton.cdiv(batch, items), members)](
         leaves, local, carry, chunk_last, total, last, rand, size, beta, idx, w, batch, chunks,
         NUM_BLOCKS=num_blocks, BLOCK=block, CAPACITY=capacity, ITEMS=items, G_P2=g_p2, LOCAL=local_width,
         num_warps=4,
@@ -469,32 +521,34 @@ def per_sample_reference(
     state: PERState, rand: torch.Tensor, size: torch.Tensor, beta: torch.Tensor
 ) -> Tuple[torch.Tensor, torch.Tensor]:
     """Plain-torch stratified proportional sampling; same contract and edge rules as
-    :func:`per_sample`, O(capacity) per call, no host sync."""
-    cap = state.capacity
-    leaves = state.leaves[:cap]
-    batch = rand.shape[0]
+    :func:`per_sample`, O(capacity) per call, no host sync. With a member axis every member's row
+    is sampled on its own (one batched cumsum and searchsorted over the rows)."""
+    cap, p = state.capacity, state.num_members
+    leaves = state.leaves.view(p, -1)[:, :cap]  # (P, C)
+    batch = rand.shape[-1]
     dev = leaves.device
     if batch == 0:
-        return torch.empty(0, dtype=torch.int64, device=dev), torch.empty(0, dtype=torch.float32, device=dev)
+        return (torch.empty(rand.shape, dtype=torch.int64, device=dev),
+                torch.empty(rand.shape, dtype=torch.float32, device=dev))
     size_c = size.to(torch.int64).clamp(1, cap)
     pos = torch.arange(cap, device=dev)
     lv = torch.where(pos < size_c, leaves, torch.zeros((), dtype=leaves.dtype, device=dev))
-    cum = torch.cumsum(lv.to(torch.float64), dim=0)  # (C,)
-    total = cum[-1]
-    u = torch.nan_to_num(rand.to(torch.float32), nan=0.0).clamp(0.0, _ONE_MINUS)
-    x = (torch.arange(batch, device=dev, dtype=torch.float64) + u.to(torch.float64)) / batch  # (B,)
+    cum = torch.cumsum(lv.to(torch.float64), dim=1)  # (P, C)
+    total = cum[:, -1:]  # (P, 1)
+    u = torch.nan_to_num(rand.view(p, batch).to(torch.float32), nan=0.0).clamp(0.0, _ONE_MINUS)
+    x = (torch.arange(batch, device=dev, dtype=torch.float64) + u.to(torch.float64)) / batch  # (P, B)
     target = x * total
     idx = torch.searchsorted(cum, target, right=True)  # first slot with cum > target
-    last = torch.where(lv > 0, pos, torch.full_like(pos, -1)).amax()
+    last = torch.where(lv > 0, pos, torch.full_like(pos, -1)).amax(dim=1, keepdim=True)  # (P, 1)
     idx = torch.minimum(idx, last)  # float error beyond the last nonzero leaf -> clamp
     uniform = last < 0
     uidx = torch.minimum((x * size_c.to(torch.float64)).to(torch.int64), size_c - 1)
     idx = torch.where(uniform, uidx, idx)
-    prob = leaves[idx].to(torch.float64) / total  # P(i), eq. 1
-    w = (size_c.to(torch.float64) * prob).pow(-beta.to(torch.float64))  # §3.4
-    w = w / w.amax()
+    prob = leaves.gather(1, idx).to(torch.float64) / total  # P(i), eq. 1
+    w = (size_c.to(torch.float64) * prob).pow(-beta.view(p, 1).to(torch.float64))  # §3.4
+    w = w / w.amax(dim=1, keepdim=True)
     w = torch.where(uniform, torch.ones_like(w), w)
-    return idx, w.to(torch.float32)
+    return idx.view(rand.shape), w.to(torch.float32).view(rand.shape)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -502,13 +556,16 @@ def per_sample_reference(
 # ----------------------------------------------------------------------------------------------
 def _check_args(state: PERState, rand, size, beta) -> None:
     dev = state.leaves.device
-    if not isinstance(rand, torch.Tensor) or rand.dim() != 1 or rand.dtype != torch.float32:
-        raise ValueError(f"per_sample: rand must be a 1-D float32 tensor, got {getattr(rand, 'dtype', type(rand))} "
-                         f"shape {tuple(getattr(rand, 'shape', ()))}")
+    lead = () if state.members is None else (state.members,)
+    if not isinstance(rand, torch.Tensor) or rand.dim() != len(lead) + 1 or tuple(rand.shape[:-1]) != lead \
+            or rand.dtype != torch.float32:
+        raise ValueError(f"per_sample: rand must be a float32 tensor [{', '.join(map(str, lead + ('B',)))}], got "
+                         f"{getattr(rand, 'dtype', type(rand))} shape {tuple(getattr(rand, 'shape', ()))}")
     if not isinstance(size, torch.Tensor) or size.dim() != 0 or size.dtype not in (torch.int64, torch.int32):
         raise ValueError("per_sample: size must be a 0-d int64 (or int32) tensor on the state's device")
-    if not isinstance(beta, torch.Tensor) or beta.dim() != 0 or not beta.dtype.is_floating_point:
-        raise ValueError("per_sample: beta must be a 0-d float tensor on the state's device")
+    if not isinstance(beta, torch.Tensor) or tuple(beta.shape) != lead or not beta.dtype.is_floating_point:
+        raise ValueError(f"per_sample: beta must be a float tensor of shape {list(lead)} (one per member) on the "
+                         "state's device")
     for name, t in (("rand", rand), ("size", size), ("beta", beta)):
         if t.device != dev:
             raise ValueError(f"per_sample: {name} is on {t.device}, the state on {dev}")
@@ -526,21 +583,25 @@ def per_sample(
 
     Args:
         state: the :class:`PERState` (read only).
-        rand: f32 ``[B]``, uniforms in ``[0, 1)`` drawn by the caller (e.g. ``torch.rand`` with
-            a generator registered with the CUDA graph); clamped to ``[0, 1)``.
-        size: 0-d int64 device tensor, number of valid slots; slots ``>= size`` are never drawn.
-        beta: 0-d float device tensor, IS exponent of §3.4 (anneal it on the device).
+        rand: f32 ``[B]`` (``[P, B]`` for a state with P members: B per member), uniforms in
+            ``[0, 1)`` drawn by the caller (e.g. ``torch.rand`` with a generator registered with
+            the CUDA graph, or each member's own stream); clamped to ``[0, 1)``.
+        size: 0-d int64 device tensor, number of valid slots (of every member); slots ``>= size``
+            are never drawn.
+        beta: 0-d (``[P]``: each member's) float device tensor, IS exponent of §3.4 (anneal it on
+            the device).
         backend: ``"auto"`` (Triton for CUDA tensors, reference otherwise), ``"triton"``,
             ``"torch"``.
 
     Returns:
-        ``(indices, weights)``: int64 ``[B]`` in ``[0, size)`` and f32 ``[B]``,
-        ``w_k = (size * P(i_k))^(-beta) / max_j (size * P(i_j))^(-beta)`` (max over this batch),
-        so the largest weight is 1. Edge rules (zero priorities, all-zero, float clamping,
+        ``(indices, weights)``: int64 in ``[0, size)`` and f32, ``rand``'s shape,
+        ``w_k = (size * P(i_k))^(-beta) / max_j (size * P(i_j))^(-beta)`` (max over this batch;
+        with members, over the member's own B, with its own ``P`` and ``beta``), so the largest
+        weight (of each member) is 1. Edge rules (zero priorities, all-zero, float clamping,
         ``size`` clamping): see the module docstring.
 
     Raises:
-        ValueError: wrong dtype, rank or device of ``rand``, ``size`` or ``beta``; unknown backend.
+        ValueError: wrong dtype, shape or device of ``rand``, ``size`` or ``beta``; unknown backend.
         RuntimeError: backend="triton" on CPU tensors without TRITON_INTERPRET=1.
     """
     _check_args(state, rand, size, beta)

@@ -29,6 +29,13 @@ Rules: duplicates -> the largest ``|td|`` wins; ``skip`` (0-d f32) != 0 -> nothi
 (the kernels ignore others, the reference raises an index error); ``td_abs`` is taken in
 absolute value again (a signed TD error is accepted); ``alpha == 0`` gives leaf 1 for every
 priority including 0 (``0^0 = 1``).
+
+Member axis (``PERState(members=P)``, a population's P sums): ``indices`` and ``td_abs`` are
+``[P, N]`` (member p's N slots of its own sum) and ``skip`` is ``[P]`` (each member's guard flag);
+every kernel has a second grid axis over the members, and member p's programs read and write only
+its rows (leaves, block sums, ``max_priority``, ``alpha``, ``eps``, its items and its skip flag),
+so member p's row changes exactly as a state without the member axis given its items would, and
+a skipped member leaves its row bit-identical while the others are written.
 """
 from typing import Optional
 
@@ -57,8 +64,18 @@ def _leaf_value(q, alpha):
 
 
 @triton.jit
-def _per_zero_kernel(leaves_ptr, idx_ptr, skip_ptr, N, CAPACITY: tl.constexpr, HAS_SKIP: tl.constexpr,
-                     BLOCK_N: tl.constexpr):
+def _member_rows(leaves_ptr, idx_ptr, N, STRIDE: tl.constexpr):
+    """Member ``program_id(1)``'s leaves and items: ``leaves_ptr`` and ``idx_ptr`` moved to its
+    rows (``STRIDE`` leaves and ``N`` items per member), and the member as int64."""
+    m = tl.program_id(1).to(tl.int64)
+    return leaves_ptr + m * STRIDE, idx_ptr + m * N, m
+
+
+@triton.jit
+def _per_zero_kernel(leaves_ptr, idx_ptr, skip_ptr, N, CAPACITY: tl.constexpr, STRIDE: tl.constexpr,
+                     HAS_SKIP: tl.constexpr, BLOCK_N: tl.constexpr):
+    leaves_ptr, idx_ptr, m = _member_rows(leaves_ptr, idx_ptr, N, STRIDE)
+    skip_ptr += m
     n = N
     if HAS_SKIP:  # skip folded into the item count (a skipped call touches nothing)
         n = tl.where(tl.load(skip_ptr).to(tl.float32) == 0.0, N, 0)
@@ -71,7 +88,14 @@ def _per_zero_kernel(leaves_ptr, idx_ptr, skip_ptr, N, CAPACITY: tl.constexpr, H
 
 @triton.jit
 def _per_scatter_max_kernel(leaves_ptr, idx_ptr, td_ptr, maxp_ptr, alpha_ptr, eps_ptr, skip_ptr, N,
-                            CAPACITY: tl.constexpr, HAS_SKIP: tl.constexpr, BLOCK_N: tl.constexpr):
+                            CAPACITY: tl.constexpr, STRIDE: tl.constexpr, HAS_SKIP: tl.constexpr,
+                            BLOCK_N: tl.constexpr):
+    leaves_ptr, idx_ptr, m = _member_rows(leaves_ptr, idx_ptr, N, STRIDE)
+    td_ptr += m * N
+    maxp_ptr += m
+    alpha_ptr += m
+    eps_ptr += m
+    skip_ptr += m
     n = N
     if HAS_SKIP:  # skip folded into the item count (a skipped call touches nothing)
         n = tl.where(tl.load(skip_ptr).to(tl.float32) == 0.0, N, 0)
@@ -87,8 +111,11 @@ def _per_scatter_max_kernel(leaves_ptr, idx_ptr, td_ptr, maxp_ptr, alpha_ptr, ep
 
 
 @triton.jit
-def _per_insert_kernel(leaves_ptr, idx_ptr, maxp_ptr, alpha_ptr, N, CAPACITY: tl.constexpr,
+def _per_insert_kernel(leaves_ptr, idx_ptr, maxp_ptr, alpha_ptr, N, CAPACITY: tl.constexpr, STRIDE: tl.constexpr,
                        BLOCK_N: tl.constexpr):
+    leaves_ptr, idx_ptr, m = _member_rows(leaves_ptr, idx_ptr, N, STRIDE)
+    maxp_ptr += m
+    alpha_ptr += m
     k = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     m = k < N
     idx = tl.load(idx_ptr + k, mask=m, other=0).to(tl.int64)
@@ -101,6 +128,12 @@ def _per_insert_kernel(leaves_ptr, idx_ptr, maxp_ptr, alpha_ptr, N, CAPACITY: tl
 def _per_block_sum_kernel(leaves_ptr, block_sums_ptr, idx_ptr, td_ptr, maxp_ptr, eps_ptr, skip_ptr, N,
                           CAPACITY: tl.constexpr, BLOCK: tl.constexpr, ITEMS: tl.constexpr,
                           HAS_SKIP: tl.constexpr, UPDATE_MAX: tl.constexpr):
+    leaves_ptr, idx_ptr, m = _member_rows(leaves_ptr, idx_ptr, N, ((CAPACITY + BLOCK - 1) // BLOCK) * BLOCK)
+    block_sums_ptr += m * ((CAPACITY + BLOCK - 1) // BLOCK)
+    td_ptr += m * N
+    maxp_ptr += m
+    eps_ptr += m
+    skip_ptr += m
     n = N
     if HAS_SKIP:  # skip folded into the item count (a skipped call touches nothing)
         n = tl.where(tl.load(skip_ptr).to(tl.float32) == 0.0, N, 0)
@@ -138,18 +171,21 @@ def _sum_items(block: int, n: int) -> int:
 def _per_update_launch(leaves, block_sums, max_priority, indices, td_abs, alpha, eps, skip, block, capacity,
                        launch=None):
     wrap = launch if launch is not None else (lambda kern: kern)
-    n = indices.shape[0]
+    n = indices.shape[-1]
+    members = indices.shape[0] if indices.dim() == 2 else 1  # one more grid axis: the members
     if n == 0:
         return
     has_skip = skip is not None
     skip_t = skip if has_skip else td_abs  # dummy pointer, never read (not aliased with a written arg)
-    grid = (triton.cdiv(n, _ZERO_BLOCK),)
-    wrap(_per_zero_kernel)[grid](leaves, indices, skip_t, n, CAPACITY=capacity, HAS_SKIP=has_skip,
+    grid = (triton.cdiv(n, _ZERO_BLOCK), members)
+    stride = leaves.shape[-1]
+    wrap(_per_zero_kernel)[grid](leaves, indices, skip_t, n, CAPACITY=capacity, STRIDE=stride, HAS_SKIP=has_skip,
                                  BLOCK_N=_ZERO_BLOCK, num_warps=4)
     wrap(_per_scatter_max_kernel)[grid](leaves, indices, td_abs, max_priority, alpha, eps, skip_t, n,
-                                        CAPACITY=capacity, HAS_SKIP=has_skip, BLOCK_N=_ZERO_BLOCK, num_warps=4)
+                                        CAPACITY=capacity, STRIDE=stride, HAS_SKIP=has_skip, BLOCK_N=_ZERO_BLOCK,
+                                        num_warps=4)
     items = _sum_items(block, n)
-    wrap(_per_block_sum_kernel)[(triton.cdiv(n, items),)](
+    wrap(_per_block_sum_kernel)[(triton.cdiv(n, items), members)](
         leaves, block_sums, indices, td_abs, max_priority, eps, skip_t, n,
         CAPACITY=capacity, BLOCK=block, ITEMS=items, HAS_SKIP=has_skip, UPDATE_MAX=True, num_warps=4,
     )
@@ -157,14 +193,16 @@ def _per_update_launch(leaves, block_sums, max_priority, indices, td_abs, alpha,
 
 def _per_insert_launch(leaves, block_sums, max_priority, alpha, indices, block, capacity, launch=None):
     wrap = launch if launch is not None else (lambda kern: kern)
-    n = indices.shape[0]
+    n = indices.shape[-1]
+    members = indices.shape[0] if indices.dim() == 2 else 1  # one more grid axis: the members
     if n == 0:
         return
-    wrap(_per_insert_kernel)[(triton.cdiv(n, _ZERO_BLOCK),)](
-        leaves, indices, max_priority, alpha, n, CAPACITY=capacity, BLOCK_N=_ZERO_BLOCK, num_warps=4
+    wrap(_per_insert_kernel)[(triton.cdiv(n, _ZERO_BLOCK), members)](
+        leaves, indices, max_priority, alpha, n, CAPACITY=capacity, STRIDE=leaves.shape[-1], BLOCK_N=_ZERO_BLOCK,
+        num_warps=4
     )
     items = _sum_items(block, n)
-    wrap(_per_block_sum_kernel)[(triton.cdiv(n, items),)](
+    wrap(_per_block_sum_kernel)[(triton.cdiv(n, items), members)](
         leaves, block_sums, indices, indices, max_priority, alpha, alpha, n,  # td/eps/skip: unused dummies
         CAPACITY=capacity, BLOCK=block, ITEMS=items, HAS_SKIP=False, UPDATE_MAX=False, num_warps=4,
     )
@@ -203,53 +241,74 @@ def _per_insert_op(
 # ----------------------------------------------------------------------------------------------
 # References (plain torch: scatter_reduce amax + per-touched-block sums)
 # ----------------------------------------------------------------------------------------------
+def _rows(state: PERState) -> tuple[torch.Tensor, ...]:
+    """``(leaves, block_sums, max_priority, alpha, eps)`` of ``state`` as member rows: views
+    ``[P, capacity_padded]``, ``[P, num_blocks]`` and ``[P, 1]`` (P = 1 without a member axis),
+    so that writes into them write the state."""
+    p = state.num_members
+    return (state.leaves.view(p, -1), state.block_sums.view(p, -1), state.max_priority.view(p, 1),
+            state.alpha.view(p, 1), state.eps.view(p, 1))
+
+
 def _touched_block_sums_(state: PERState, idx: torch.Tensor, apply: Optional[torch.Tensor]) -> None:
-    blk = idx // state.block
-    sums = state.leaves.view(state.num_blocks, state.block)[blk].sum(dim=1)  # (N,)
+    leaves, block_sums = _rows(state)[:2]
+    blk = idx // state.block  # (P, N)
+    member = torch.arange(blk.shape[0], device=blk.device)[:, None].expand_as(blk)
+    sums = leaves.view(blk.shape[0], state.num_blocks, state.block)[member, blk].sum(dim=-1)  # (P, N)
     if apply is not None:
-        sums = torch.where(apply, sums, state.block_sums[blk])
-    state.block_sums.index_put_((blk,), sums)  # duplicates write identical values
+        sums = torch.where(apply, sums, block_sums.gather(1, blk))
+    block_sums.index_put_((member, blk), sums)  # duplicates write identical values
 
 
 def per_update_reference(state: PERState, indices: torch.Tensor, td_abs: torch.Tensor,
                          skip: Optional[torch.Tensor] = None) -> None:
-    """Plain-torch :func:`per_update` (same rules), in place, no host sync."""
-    if indices.shape[0] == 0:
+    """Plain-torch :func:`per_update` (same rules, member axis included), in place, no host sync."""
+    if indices.shape[-1] == 0:
         return
-    idx = indices.to(torch.int64)
-    a = td_abs.to(torch.float32).abs()
+    leaves, _, max_priority, alpha, eps = _rows(state)
+    p = state.num_members
+    idx = indices.to(torch.int64).view(p, -1)
+    a = td_abs.to(torch.float32).abs().view(p, -1)
     finite = torch.isfinite(a)
-    q = torch.where(finite, a + state.eps, state.max_priority)  # raw priority, Schaul §3.3
-    v = q.pow(state.alpha)  # torch.pow(0, 0) = 1
+    q = torch.where(finite, a + eps, max_priority)  # raw priority, Schaul §3.3
+    v = q.pow(alpha)  # torch.pow(0, 0) = 1
     apply = None
     if skip is not None:
-        apply = skip.to(torch.float32) == 0.0
-        v = torch.where(apply, v, state.leaves[idx])  # skipped: write back the old leaves
-    state.leaves.scatter_reduce_(0, idx, v, reduce="amax", include_self=False)  # duplicates: max wins
+        apply = skip.to(torch.float32).view(-1, 1) == 0.0  # (P, 1), or (1, 1) for one flag
+        v = torch.where(apply, v, leaves.gather(1, idx))  # skipped: write back the old leaves
+    leaves.scatter_reduce_(1, idx, v, reduce="amax", include_self=False)  # duplicates: max wins
     _touched_block_sums_(state, idx, apply)
-    qmax = torch.where(finite, q, torch.zeros_like(q)).amax()
-    new_max = torch.maximum(state.max_priority, qmax)
+    qmax = torch.where(finite, q, torch.zeros_like(q)).amax(dim=1, keepdim=True)
+    new_max = torch.maximum(max_priority, qmax)
     if apply is not None:
-        new_max = torch.where(apply, new_max, state.max_priority)
-    state.max_priority.copy_(new_max)
+        new_max = torch.where(apply, new_max, max_priority)
+    max_priority.copy_(new_max)
 
 
 def per_insert_reference(state: PERState, indices: torch.Tensor) -> None:
-    """Plain-torch :func:`per_insert`, in place, no host sync."""
-    if indices.shape[0] == 0:
+    """Plain-torch :func:`per_insert` (member axis included), in place, no host sync."""
+    if indices.shape[-1] == 0:
         return
-    idx = indices.to(torch.int64)
-    v = state.max_priority.pow(state.alpha).expand(idx.shape[0])
-    state.leaves.scatter_(0, idx, v)
+    leaves, _, max_priority, alpha, _ = _rows(state)
+    idx = indices.to(torch.int64).view(state.num_members, -1)
+    v = max_priority.pow(alpha).expand(idx.shape)
+    leaves.scatter_(1, idx, v)
     _touched_block_sums_(state, idx, None)
 
 
 # ----------------------------------------------------------------------------------------------
 # Public ops
 # ----------------------------------------------------------------------------------------------
+def _lead(state: PERState) -> tuple:
+    """The member shape of ``state``'s per-member values: ``()`` or ``(P,)``."""
+    return () if state.members is None else (state.members,)
+
+
 def _check_indices(name: str, state: PERState, indices: torch.Tensor) -> None:
-    if not isinstance(indices, torch.Tensor) or indices.dim() != 1 or indices.dtype not in (torch.int64, torch.int32):
-        raise ValueError(f"{name}: indices must be a 1-D int64 (or int32) tensor")
+    lead = _lead(state)
+    if not isinstance(indices, torch.Tensor) or indices.dim() != len(lead) + 1 or tuple(indices.shape[:-1]) != lead \
+            or indices.dtype not in (torch.int64, torch.int32):
+        raise ValueError(f"{name}: indices must be an int64 (or int32) tensor [{', '.join(map(str, lead + ('N',)))}]")
     if indices.device != state.leaves.device:
         raise ValueError(f"{name}: indices are on {indices.device}, the state on {state.leaves.device}")
 
@@ -266,10 +325,11 @@ def per_update(state: PERState, indices: torch.Tensor, td_abs: torch.Tensor,
 
     Args:
         state: :class:`PERState`; ``leaves``, ``block_sums`` and ``max_priority`` are written.
-        indices: int64 ``[N]`` slots in ``[0, capacity)`` (usually the sampled batch).
-        td_abs: float ``[N]``, ``|TD error|`` per item (absolute value is taken again).
-        skip: optional 0-d f32 device tensor; any value != 0 (1.0: the training guard's skip
-            flag) leaves the whole state bit-identical.
+        indices: int64 ``[N]`` slots in ``[0, capacity)`` (usually the sampled batch); with P
+            members ``[P, N]``, row p member p's slots of its own sum.
+        td_abs: float of ``indices``' shape, ``|TD error|`` per item (absolute value is taken again).
+        skip: optional 0-d f32 device tensor (``[P]``: one per member); any value != 0 (1.0: the
+            training guard's skip flag) leaves the whole state (member p's row) bit-identical.
         backend: ``"auto"`` | ``"triton"`` | ``"torch"``.
 
     Raises:
@@ -281,14 +341,16 @@ def per_update(state: PERState, indices: torch.Tensor, td_abs: torch.Tensor,
         raise ValueError(f"per_update: td_abs must be a float tensor of shape {tuple(indices.shape)}")
     if td_abs.device != state.leaves.device:
         raise ValueError(f"per_update: td_abs is on {td_abs.device}, the state on {state.leaves.device}")
-    if skip is not None and (not isinstance(skip, torch.Tensor) or skip.dim() != 0
+    if skip is not None and (not isinstance(skip, torch.Tensor) or tuple(skip.shape) != _lead(state)
                              or skip.device != state.leaves.device):
-        raise ValueError("per_update: skip must be a 0-d tensor on the state's device (or None)")
+        raise ValueError(f"per_update: skip must be a tensor of shape {list(_lead(state))} (one flag per member) "
+                         "on the state's device (or None)")
     if resolve_backend("per_update", backend, state.leaves) == "torch":
         per_update_reference(state, indices, td_abs, skip)
         return
     _per_update_op(
-        state.leaves, state.block_sums, state.max_priority, indices, td_abs, state.alpha, state.eps,
+        state.leaves, state.block_sums, state.max_priority, indices.contiguous(), td_abs.contiguous(), state.alpha,
+        state.eps,
         skip, state.block, state.capacity,
     )
 
@@ -302,7 +364,8 @@ def per_insert(state: PERState, indices: torch.Tensor, backend: str = "auto") ->
     Args:
         state: :class:`PERState`; ``leaves`` and ``block_sums`` are written.
         indices: int64 ``[N]`` slots in ``[0, capacity)`` just written by the replay buffer
-            (contiguous or sorted indices cost one block read per touched block).
+            (contiguous or sorted indices cost one block read per touched block); with P members
+            ``[P, N]``, row p member p's slots (each gets member p's ``max_priority^alpha``).
         backend: ``"auto"`` | ``"triton"`` | ``"torch"``.
 
     Raises:
@@ -314,5 +377,6 @@ def per_insert(state: PERState, indices: torch.Tensor, backend: str = "auto") ->
         per_insert_reference(state, indices)
         return
     _per_insert_op(
-        state.leaves, state.block_sums, state.max_priority, state.alpha, indices, state.block, state.capacity
+        state.leaves, state.block_sums, state.max_priority, state.alpha, indices.contiguous(), state.block,
+        state.capacity
     )

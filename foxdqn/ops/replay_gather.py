@@ -23,7 +23,9 @@ Where the rows come from (exactly one of):
   filled = min(written, T), valid = max(filled − (n − 1), 1), oldest = (ptr − filled) mod T,
   t = (oldest + min(⌊u₀ · valid⌋, valid − 1)) mod T, column = min(⌊u₁ · N/P⌋, N/P − 1)
   (products in float32, as torch computes them). Output rows are member-major (p·B + b).
-* ``index`` int64 ``[B]``: flat rows t·N + e given (PER's sampled rows, foxdqn/ops/per_sample.py).
+* ``index`` int64 ``[B]``: flat rows t·N + e given (PER's sampled rows, foxdqn/ops/per_sample.py);
+  ``[P, B]``: P members' rows (a population's PER, foxdqn/population/replay.py), gathered as they
+  are, member-major, with member p's γ where its envs are group p.
 
 ``stacked=True`` writes obs and next_obs into one tensor ``pair`` ``[P, 2, B, D]`` (member p's B
 observations, then its B next observations), so that a network can evaluate Q(s) and Q(s') of
@@ -208,7 +210,7 @@ def _gather_torch(store, ptr, written, gamma, n_step, uniforms, index, members, 
     """The torch path of :func:`replay_gather` on checked arguments (its reference and its CPU backend)."""
     if uniforms is not None:
         index = rows_from_uniforms(uniforms, ptr, written, store[0].shape[0], store[0].shape[1], n_step)
-    return _assemble(store, gamma, n_step, index, members, stacked)
+    return _assemble(store, gamma, n_step, index.reshape(-1), members, stacked)
 
 
 def _assemble(store, gamma, n_step, index, members, stacked) -> ReplayGather:
@@ -256,7 +258,8 @@ def replay_gather_reference(obs, next_obs, action, reward, terminal, ended, ptr,
 
 # ----------------------------------------------------------------------------- checks
 def _check(obs, next_obs, action, reward, terminal, ended, ptr, written, gamma, n_step, uniforms, index):
-    """Validate the arguments; returns (uniforms as [P, 2, B] or None, P)."""
+    """Validate the arguments; returns (uniforms as [P, 2, B] or None, P: of uniforms or of a [P, B]
+    index)."""
     op = "replay_gather"
     if isinstance(n_step, bool) or not isinstance(n_step, int) or n_step < 1:
         raise ValueError(f"{op}: n_step must be an int >= 1, got {n_step!r}")
@@ -289,8 +292,11 @@ def _check(obs, next_obs, action, reward, terminal, ended, ptr, written, gamma, 
             raise ValueError(f"{op}: uniforms must be float32 [2, B] or [P, 2, B] with P dividing N={n_envs}, "
                              f"got {describe(uniforms)}")
         members = uniforms.shape[0]
-    elif index.dim() != 1 or index.dtype != torch.int64:
-        raise ValueError(f"{op}: index must be int64 [B], got {describe(index)}")
+    elif index.dim() not in (1, 2) or index.dtype != torch.int64 or index.dim() == 2 and (
+            index.shape[0] < 1 or n_envs % index.shape[0]):
+        raise ValueError(f"{op}: index must be int64 [B] or [P, B] with P dividing N={n_envs}, got {describe(index)}")
+    elif index.dim() == 2:
+        members = index.shape[0]
     for name, x in (("next_obs", next_obs), ("action", action), ("reward", reward), ("terminal", terminal),
                     ("ended", ended), ("ptr", ptr), ("written", written), ("gamma", gamma),
                     ("uniforms" if index is None else "index", uniforms if index is None else index)):
@@ -319,7 +325,8 @@ def replay_gather(obs: torch.Tensor, next_obs: torch.Tensor, action: torch.Tenso
         n_step: n ≥ 1; the ring holds at least n + 1 time rows.
         uniforms: float32 ``[2, B]`` or ``[P, 2, B]`` in [0, 1), P dividing N: draw B rows per
             member (module docstring).
-        index: int64 ``[B]`` flat rows t·N + e in [0, T·N) (not checked: a device value).
+        index: int64 ``[B]`` flat rows t·N + e in [0, T·N) (not checked: a device value), or
+            ``[P, B]``, P dividing N: B rows per member (``stacked``: ``pair`` ``[P, 2, B, D]``).
             Exactly one of ``uniforms`` and ``index``.
         stacked: also lay obs and next_obs out as one ``pair`` ``[P, 2, B, D]``
             (``ReplayGather.obs``/``next_obs`` are then views of it).
@@ -341,7 +348,7 @@ def replay_gather(obs: torch.Tensor, next_obs: torch.Tensor, action: torch.Tenso
     for name, x in zip(("obs", "next_obs", "action", "reward", "terminal", "ended", "gamma"), (*store, gamma)):
         if not x.is_contiguous():
             raise ValueError(f"replay_gather: {name} must be contiguous for the Triton backend")
-    rows = uniforms.shape[0] * uniforms.shape[2] if uniforms is not None else index.shape[0]
+    rows = uniforms.shape[0] * uniforms.shape[2] if uniforms is not None else index.numel()
     d, dev = obs.shape[2], obs.device
     f32 = dict(device=dev, dtype=torch.float32)
     pair = None
@@ -354,7 +361,7 @@ def replay_gather(obs: torch.Tensor, next_obs: torch.Tensor, action: torch.Tenso
     out = ReplayGather(o, torch.empty(rows, device=dev, dtype=torch.int64), torch.empty(rows, **f32), nx,
                        torch.empty(rows, **f32), torch.empty(rows, device=dev, dtype=torch.int64), pair)
     _launch(store, ptr, written, gamma, n_step, None if uniforms is None else uniforms.contiguous(),
-            index, members, stacked, out)
+            None if index is None else index.contiguous(), members, stacked, out)
     return out
 
 

@@ -28,6 +28,7 @@ KEYS = {
     "tau": "target.tau", "period": "target.period", "huber_delta": "loss.huber_delta",
     "reward_scale": "loss.reward_scale", "loss_clip": "guard.loss_clip", "nan_at": "debug.inject_nan_at_step",
     "cql_alpha": "objective.cql_alpha", "iql_expectile": "objective.iql_expectile",
+    "per_alpha": "replay.alpha", "per_beta_start": "replay.beta_start", "per_eps": "replay.eps",
 }
 
 #: Dotted config keys read per member once, while the population is built (host values, no [P]
@@ -43,7 +44,6 @@ POPULATION_ENVS = frozenset({"cartpole", "trading"})  # env.name
 POPULATION_ENCODERS = frozenset({"mlp"})  # model.encoder
 POPULATION_HEADS = frozenset({"q", "dueling"})  # head.name
 POPULATION_ACTION_MODES = frozenset({"factored"})  # action.mode
-POPULATION_REPLAYS = frozenset({"uniform"})  # replay.name
 
 
 def _one_of(allowed: frozenset[str]) -> tuple[Callable[[Any], bool], str]:
@@ -60,7 +60,6 @@ SUPPORTED: tuple[tuple[str, Callable[[Any], bool], str], ...] = (
     ("model.encoder", *_one_of(POPULATION_ENCODERS)),
     ("head.name", *_one_of(POPULATION_HEADS)),
     ("action.mode", *_one_of(POPULATION_ACTION_MODES)),
-    ("replay.name", *_one_of(POPULATION_REPLAYS)),
     ("replay.her", *_is(False)),
     ("regime.enabled", *_is(False)),
     ("prune.enabled", *_is(False)),
@@ -85,7 +84,7 @@ def dotted_value(tc: "TrainConfig", dotted: str) -> Any:
 def batch_refusal(tc: "TrainConfig") -> str | None:
     """None when the population trainer supports ``tc``, else one short reason naming the first
     key (in :data:`SUPPORTED`'s order) whose value it does not support, e.g.
-    ``"replay.name=per: a population supports uniform only"``."""
+    ``"replay.her=true: a population supports false only"``."""
     for key, ok, supported in SUPPORTED:
         value = dotted_value(tc, key)
         if not ok(value):

@@ -22,7 +22,8 @@ class MemberParams:
     (int64, the update whose loss ``debug.inject_nan_at_step`` poisons; −1 never), cql_alpha (CQL α
     >= 0 of ``objective.cql_alpha``, Kumar et al. 2020 eq. 4; read when some member's α > 0),
     iql_expectile (IQL expectile τ in (0, 1) of ``objective.iql_expectile``, Kostrikov et al. 2021
-    eq. 5; read with ``objective.iql``)."""
+    eq. 5; read with ``objective.iql``), per_alpha / per_beta_start / per_eps (prioritized replay's
+    α, β₀ and ε added to |TD|, Schaul et al. 2016 eq. 1 and §3.4; read with ``replay.name=per``)."""
 
     lr: torch.Tensor
     adam_eps: torch.Tensor
@@ -39,6 +40,9 @@ class MemberParams:
     nan_at: torch.Tensor
     cql_alpha: torch.Tensor
     iql_expectile: torch.Tensor
+    per_alpha: torch.Tensor
+    per_beta_start: torch.Tensor
+    per_eps: torch.Tensor
 
     @classmethod
     def from_configs(cls, cfgs: list[TrainConfig], device: torch.device) -> "MemberParams":

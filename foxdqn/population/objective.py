@@ -5,10 +5,13 @@ The losses of :class:`foxdqn.objectives.dqn.DQNObjective` (van Hasselt et al. 20
 "error clipping" of Mnih et al. 2015), :class:`foxdqn.objectives.iql.IQLObjective` (Kostrikov,
 Nair & Levine 2021, eqs. 5–6) and :class:`foxdqn.objectives.cql.CQLObjective` (Kumar et al. 2020,
 eq. 4) computed on ``[P, B]`` batches, each member's from its own rows, networks and
-hyperparameters: member p's DQN loss is ``mean_b Huber_δp(Q_p(s, a) − y)`` with ``y = R + discount
-· Q'_p(s', argmax_a Q_p(s', a))`` (``max_a Q'_p(s', a)`` without Double DQN). The members' losses
-are returned separately; their sum is back-propagated, which gives each member exactly the
-gradient of its own loss (members share no parameters). The arithmetic is the single run's own
+hyperparameters: member p's DQN loss is ``mean_b w_b · Huber_δp(Q_p(s, a) − y)`` with ``y = R +
+discount · Q'_p(s', argmax_a Q_p(s', a))`` (``max_a Q'_p(s', a)`` without Double DQN) and ``w_b``
+its prioritized replay's importance weights (Schaul et al. 2016, §3.4; 1 with uniform replay). The
+members' losses are returned separately; their sum is back-propagated, which gives each member
+exactly the gradient of its own loss (members share no parameters). With them comes each row's
+unweighted |TD| (the single run's ``LossOutput.td_abs``), which prioritized replay writes back as
+the member's priorities. The arithmetic is the single run's own
 (:func:`foxdqn.objectives.dqn_forward.dqn_forward`, :func:`foxdqn.ops.dqn_td_loss.dqn_td_loss`,
 :func:`foxdqn.objectives.iql.iql_loss`, :func:`foxdqn.objectives.cql.cql_regulariser`, each with a
 leading member axis), not a copy.
@@ -17,6 +20,7 @@ from __future__ import annotations
 
 import torch
 
+from foxdqn.objectives.base import LossOutput
 from foxdqn.objectives.cql import cql_regulariser
 from foxdqn.objectives.dqn_forward import dqn_forward
 from foxdqn.ops.dqn_td_loss import dqn_td_loss
@@ -27,10 +31,15 @@ from foxdqn.replay.buffer import Batch
 
 def member_dqn_loss(online: MemberQNetwork, target: MemberQNetwork, batch: Batch, members: int,
                     huber_delta: torch.Tensor, double: bool, *, stack_double: bool = True,
-                    penalty: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """(loss float32 ``[P]``, online Q of s float32 ``[P, B, A]`` with its gradient) of a
-    member-major batch of ``P·B`` rows (:meth:`MemberReplay.sample_members`; uniform replay: the
-    importance weights are ones and are not applied).
+                    penalty: torch.Tensor | None = None,
+                    weighted: bool = False) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(loss float32 ``[P]``, td_abs float32 ``[P·B]``, online Q of s float32 ``[P, B, A]`` with its
+    gradient) of a member-major batch of ``P·B`` rows (:meth:`MemberReplay.sample_members`);
+    td_abs is each row's unweighted ``|Q(s, a) − y|``, detached (the PER priority signal).
+
+    ``weighted``: apply ``batch.weight`` (float32 ``[P·B]``, prioritized replay's importance weights,
+    :class:`~foxdqn.population.replay.MemberPrioritizedReplay`) to each row's Huber loss, as the
+    single run's ``DQNObjective`` does; False (uniform replay, whose weights are ones): not read.
 
     The loss, its |TD| and its gradient are one kernel (:func:`foxdqn.ops.dqn_td_loss.dqn_td_loss`
     with a δ per member). The forwards are :func:`foxdqn.objectives.dqn_forward.dqn_forward`: with
@@ -45,38 +54,44 @@ def member_dqn_loss(online: MemberQNetwork, target: MemberQNetwork, batch: Batch
     ``argmax_a [Q_online(s', a) − penalty]`` (Double DQN; ``Q_target`` without it) through the
     kernel's explicit selection, from two online forwards; the value bootstrapped is the
     unpenalised ``Q_target(s', a*)``."""
+    weight = batch.weight if weighted else None
     if penalty is None:
         f = dqn_forward(online, target, batch.obs, batch.next_obs, double=double, stack=stack_double,
                         members=members)
-        loss, _ = dqn_td_loss(f.q, f.q_next_target, batch.action, batch.reward, batch.discount,
-                              q_next_online=f.q_next_online, double=double, huber_delta=huber_delta)
-        return loss, f.q_s
+        loss, td_abs = dqn_td_loss(f.q, f.q_next_target, batch.action, batch.reward, batch.discount, weight,
+                                   q_next_online=f.q_next_online, double=double, huber_delta=huber_delta)
+        return loss, td_abs, f.q_s
     f = dqn_forward(online, target, batch.obs, batch.next_obs, double=double, stack=False, members=members)
     chooser = f.q_next_online if double else f.q_next_target
-    loss, _ = dqn_td_loss(f.q, f.q_next_target, batch.action, batch.reward, batch.discount,
-                          q_next_online=chooser - penalty.view_as(chooser), double=True, huber_delta=huber_delta)
-    return loss, f.q_s
+    loss, td_abs = dqn_td_loss(f.q, f.q_next_target, batch.action, batch.reward, batch.discount, weight,
+                               q_next_online=chooser - penalty.view_as(chooser), double=True, huber_delta=huber_delta)
+    return loss, td_abs, f.q_s
 
 
 def member_loss(online: MemberQNetwork, target: MemberQNetwork, batch: Batch, members: int,
                 huber_delta: torch.Tensor, double: bool, *, value: MemberValueNetwork | None = None,
                 expectile: torch.Tensor | None = None, cql_alpha: torch.Tensor | None = None,
-                penalty: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """(loss float32 ``[P]``, online Q of s float32 ``[P, B, A]`` detached) of the members'
+                penalty: torch.Tensor | None = None, weighted: bool = False) -> LossOutput:
+    """:class:`~foxdqn.objectives.base.LossOutput` (loss float32 ``[P]``, td_abs float32 ``[P·B]``
+    unweighted and detached, online Q of s float32 ``[P, B, A]`` detached) of the members'
     objective on a member-major batch of ``P·B`` rows: :func:`member_dqn_loss`, or with ``value``
     IQL's L_Q + L_V (Kostrikov et al. 2021, eqs. 5–6; :func:`foxdqn.objectives.iql.iql_loss` with
     each member's expectile τ and its own value network); plus, with ``cql_alpha``,
     ``α_p · Σ_b w_b (logsumexp_a Q_p(s_b, a) − Q_p(s_b, a_b)) / B`` (CQL(H), Kumar et al. 2020
-    eq. 4, :func:`~foxdqn.objectives.cql.cql_regulariser` of member p's own rows). The importance
-    weights are the replay's ones.
+    eq. 4, :func:`~foxdqn.objectives.cql.cql_regulariser` of member p's own rows). IQL and CQL
+    weight their rows by ``batch.weight`` as their single-run objectives do (ones with uniform
+    replay, the importance weights with prioritized replay); the DQN loss does with ``weighted``.
+    td_abs is the single run's: DQN's ``|Q(s, a) − y|`` (CQL keeps it), IQL's
+    ``|R + discount · V(s') − Q(s, a)|``.
 
     Member p's loss is its single run's objective loss (``DQNObjective`` or ``IQLObjective``, in
     ``CQLObjective`` when α > 0, with its δ, τ and α) on its rows, to float rounding; a member with
     α = 0 adds 0 · its term (finite), i.e. its loss and gradients are those without CQL.
 
     Args:
-        online, target, batch, members, huber_delta, double, penalty: as :func:`member_dqn_loss`
-            (IQL reads neither δ, ``double`` nor ``penalty``: its target V(s') has no argmax).
+        online, target, batch, members, huber_delta, double, penalty, weighted: as
+            :func:`member_dqn_loss` (IQL reads neither δ, ``double``, ``penalty`` nor ``weighted``:
+            its target V(s') has no argmax, and its rows are always weighted).
         value: None, or the members' IQL value networks (``objective.iql``): obs ``[P, B, D]`` →
             V ``[P, B]``, trained by the same optimizer (no target copy).
         expectile: with ``value``, float32 ``[P]``, each member's IQL expectile τ in (0, 1).
@@ -89,9 +104,11 @@ def member_loss(online: MemberQNetwork, target: MemberQNetwork, batch: Batch, me
     if value is not None:
         if expectile is None:
             raise ValueError("member_loss: IQL (value given) needs each member's expectile τ, float32 [P]")
-        loss, _, q = iql_loss(online, target, value, batch, expectile, members=members)
+        loss, td, q = iql_loss(online, target, value, batch, expectile, members=members)
+        td_abs = td.detach().abs().view(-1)
     else:
-        loss, q = member_dqn_loss(online, target, batch, members, huber_delta, double, penalty=penalty)
+        loss, td_abs, q = member_dqn_loss(online, target, batch, members, huber_delta, double, penalty=penalty,
+                                          weighted=weighted)
     if cql_alpha is not None:
         loss = loss + cql_alpha * cql_regulariser(q, batch.action, batch.weight)
-    return loss, q.detach()
+    return LossOutput(loss, td_abs, q.detach())

@@ -1,4 +1,4 @@
-"""Uniform replay of a population: one time-major ring of P × N env columns, sampled per member.
+"""Replay of a population: one time-major ring of P × N env columns, sampled per member.
 
 Storage is the classic :class:`~foxdqn.replay.buffer.ReplayBuffer` with ``num_envs = P·N``: all
 members write one time row per collect step together, so member p's transitions are columns
@@ -6,14 +6,25 @@ members write one time row per collect step together, so member p's transitions 
 ``C // N`` time rows. Member p's B samples are drawn from its own columns only, with its own
 random draws (:class:`~foxdqn.population.random.MemberRandom`), and its n-step returns use its own
 γ. A sampled batch holds P·B rows, member-major (rows ``p·B .. (p+1)·B − 1`` are member p's).
+
+Uniform (:class:`MemberReplay`) or proportional prioritized (:class:`MemberPrioritizedReplay`,
+``replay.name=per``): then member p has its own priority sum over its own slots ``t·N + e`` (the
+slots a population of one would have), its own α, ε and β₀ (``replay.alpha``, ``replay.eps``,
+``replay.beta_start``, member keys), draws its B slots from it with its own uniforms, gets
+importance weights normalised by its own batch maximum, and writes its own |TD| back, unless its
+own guard flag skipped the update (:class:`~foxdqn.replay.prioritized.Priorities` with a member
+axis).
 """
 from __future__ import annotations
 
 import torch
 
+from foxdqn.config.schema import TrainConfig, total_updates
 from foxdqn.ops.replay_gather import replay_gather
+from foxdqn.population.hparams import MemberParams
 from foxdqn.population.random import MemberRandom
 from foxdqn.replay.buffer import Batch, ReplayBuffer
+from foxdqn.replay.prioritized import Priorities
 
 
 class MemberReplay(ReplayBuffer):
@@ -62,3 +73,67 @@ class MemberReplay(ReplayBuffer):
         u = self.rng.uniform(2 * batch_size).view(p, 2, batch_size)
         g = replay_gather(*self._ring(), uniforms=u, stacked=self.decoder is None)
         return self.decode(self._batch(g, self._ones(p * batch_size)))
+
+
+class MemberPrioritizedReplay(MemberReplay):
+    """Proportional prioritized n-step replay of P members (Schaul et al. 2016, §3.3, §3.4; module
+    docstring): a :class:`MemberReplay` whose members sample by priority.
+
+    Args (beyond :class:`MemberReplay`'s):
+        alpha: float32 ``[P]`` device tensor, each member's α (kept, not copied).
+        beta_start: float32 ``[P]``, each member's β₀, annealed to 1 over ``beta_updates``.
+        beta_updates: updates over which β reaches 1 (the run's updates, shared).
+        eps: float32 ``[P]``, each member's ε added to |TD|.
+        updates: int64 0-d device counter of gradient updates (the population's).
+
+    Attributes:
+        priorities: the :class:`~foxdqn.replay.prioritized.Priorities` (member axis P, N envs each);
+        per: its :class:`~foxdqn.ops.per_state.PERState` (``leaves`` ``[P, ...]``).
+    """
+
+    def __init__(self, capacity: int, envs_per_member: int, obs_dim: int, gamma: torch.Tensor, rng: MemberRandom,
+                 device: torch.device, n_step: int = 1, obs_dtype: torch.dtype = torch.float32, *,
+                 alpha: torch.Tensor, beta_start: torch.Tensor, beta_updates: int, eps: torch.Tensor,
+                 updates: torch.Tensor):
+        super().__init__(capacity, envs_per_member, obs_dim, gamma, rng, device, n_step, obs_dtype)
+        self.priorities = Priorities(self, envs_per_member, members=self.members, alpha=alpha, beta_start=beta_start,
+                                     beta_updates=beta_updates, eps=eps, updates=updates)
+        self.per = self.priorities.per
+        self._first_column = torch.arange(self.members, device=device)[:, None] * envs_per_member  # [P, 1]
+
+    def _after_add(self, row: torch.Tensor) -> None:
+        self.priorities.insert(row)
+
+    def sample_members(self, batch_size: int) -> Batch:
+        """B transitions per member by priority, ``[P·B]`` rows member-major, with their importance
+        weights (float32 ``[P·B]``, each member's normalised by its own largest). Member p draws
+        its next B uniforms (``MemberRandom.uniform(B)``), its slots ``t·N + e`` come from its own
+        sum, and the ring's rows ``t·P·N + p·N + e`` are gathered by one kernel (stacked as
+        :meth:`MemberReplay.sample_members`; ``batch.index`` holds those rows)."""
+        n = self.envs_per_member
+        slots, weight = self.priorities.sample(self.rng.uniform(batch_size))  # [P, B]
+        rows = (slots // n) * self.num_envs + self._first_column + slots % n
+        g = replay_gather(*self._ring(), index=rows, stacked=self.decoder is None)
+        return self.decode(self._batch(g, weight.view(-1)))
+
+    def update_priorities(self, index: torch.Tensor, td_abs: torch.Tensor, skip: torch.Tensor) -> None:
+        """Member p's priorities from its rows of ``index`` (int64 ``[P·B]``, the ring's rows of
+        :meth:`sample_members`) and ``td_abs`` (float32 ``[P·B]``, unweighted |TD|); ``skip``:
+        float32 ``[P]``, the guard's flags (a flagged member's sum is left bit-identical)."""
+        n, p = self.envs_per_member, self.members
+        slots = (index // self.num_envs) * n + index % n  # column p·N + e → the member's env e
+        self.priorities.update(slots.view(p, -1), td_abs.view(p, -1), skip)
+
+
+def build_member_replay(cfg: TrainConfig, params: MemberParams, rng: MemberRandom, device: torch.device,
+                        updates: torch.Tensor, row_dim: int, row_dtype: torch.dtype) -> MemberReplay:
+    """The population's replay for member 0's (shared) ``cfg``: :class:`MemberPrioritizedReplay`
+    for ``replay.name=per`` (each member's α, β₀, ε from ``params``; β reaches 1 at the run's last
+    update, as a single run's), else :class:`MemberReplay`; ``row_dim`` values of ``row_dtype`` per
+    stored state (:func:`foxdqn.step.build.replay_storage`)."""
+    r = cfg.replay
+    args = (r.capacity, cfg.env.num_envs, row_dim, params.gamma, rng, device, r.n_step, row_dtype)
+    if r.name == "per":
+        return MemberPrioritizedReplay(*args, alpha=params.per_alpha, beta_start=params.per_beta_start,
+                                       beta_updates=max(total_updates(cfg), 1), eps=params.per_eps, updates=updates)
+    return MemberReplay(*args)

@@ -4,7 +4,7 @@
 :func:`~foxdqn.population.grouping.group_key` into a :class:`PopulationState`: one batched env of
 P × N envs, one :class:`~foxdqn.population.network.MemberQNetwork` (online) and its target (and
 with ``objective.iql`` a :class:`~foxdqn.population.network.MemberValueNetwork`), one
-replay with a member axis, :class:`~foxdqn.population.optim.MemberAdam`, the per-member
+replay with a member axis (uniform or prioritized), :class:`~foxdqn.population.optim.MemberAdam`, the per-member
 hyperparameters, guard and accumulators, and the counters (int64 0-d, per member: every member
 has done the same number of env steps and updates).
 """
@@ -22,7 +22,7 @@ from foxdqn.population.hparams import MemberParams
 from foxdqn.population.network import MemberQNetwork, MemberValueNetwork
 from foxdqn.population.optim import MemberAdam
 from foxdqn.population.random import MemberRandom
-from foxdqn.population.replay import MemberReplay
+from foxdqn.population.replay import MemberReplay, build_member_replay
 from foxdqn.population.stats import MemberStats
 from foxdqn.step.build import attach_codec, build_action_mode, build_iql_value, build_network, replay_storage
 
@@ -104,9 +104,10 @@ def build_population(cfgs: list[TrainConfig], market, device: torch.device) -> P
     value = MemberValueNetwork.from_networks(values, str(cfg.model.activation)) if values else None
     trainable = list(online.parameters()) + ([] if value is None else list(value.parameters()))
     optimizer = MemberAdam(trainable, params.lr, params.adam_eps, ADAM_BETAS)
+    zero = dict(dtype=torch.int64, device=device)
+    updates = torch.zeros((), **zero)  # PER's β reads it
     codec, row_dim, row_dtype = replay_storage(env)  # trading: state codes, decoded at sample time
-    replay = MemberReplay(cfg.replay.capacity, cfg.env.num_envs, row_dim, params.gamma, rng, device,
-                          cfg.replay.n_step, obs_dtype=row_dtype)
+    replay = build_member_replay(cfg, params, rng, device, updates, row_dim, row_dtype)
     attach_codec(replay, env, codec)
     obs = env.reset_all().to(torch.float32).clone()
     switch = None
@@ -114,11 +115,10 @@ def build_population(cfgs: list[TrainConfig], market, device: torch.device) -> P
         from foxdqn.population.switch import MemberSwitch
 
         switch = MemberSwitch(cfg.action.switch_margin, params.reward_scale, mode.name, env, device)
-    zero = dict(dtype=torch.int64, device=device)
     return PopulationState(
         cfg=cfg, cfgs=list(cfgs), device=device, rng=rng, params=params, env=env, action_mode=mode, obs=obs,
         online=online, target=target, optimizer=optimizer, replay=replay, guard=MemberGuard(params.loss_clip, device),
         stats=MemberStats(len(cfgs), cfg.env.num_envs, device), env_steps=torch.zeros((), **zero),
-        updates=torch.zeros((), **zero), eps_duration=params.eps_duration(cfg.agent.total_env_steps),
+        updates=updates, eps_duration=params.eps_duration(cfg.agent.total_env_steps),
         inject_nan=any(c.debug.inject_nan_at_step is not None for c in cfgs), switch=switch,
         cql=any(c.objective.cql_alpha > 0 for c in cfgs), value=value)

@@ -2,9 +2,11 @@
 
 The same steps as a single run's (:mod:`foxdqn.step.collect`, :mod:`foxdqn.step.update`), with a
 member axis: ε-greedy per member (its own ε), one env step of P × N envs, one replay row; then
-per member B samples, its loss (the (Double) DQN loss with its Huber δ, or IQL's with its
-expectile τ; plus CQL(H) with its α), its gradient clipped to its own norm, the guard's per-member
-skip, Adam with its lr and ε, and its target update (its Polyak τ or hard period).
+per member B samples (uniform, or by its own priorities with its importance weights), its loss
+(the (Double) DQN loss with its Huber δ, or IQL's with its expectile τ; plus CQL(H) with its α),
+its gradient clipped to its own norm, the guard's per-member skip, Adam with its lr and ε, its
+target update (its Polyak τ or hard period), and with ``replay.name=per`` its |TD| written back as
+its priorities (not for a member the guard skipped).
 docs/design/population.md.
 
 After backward an update runs the single run's three multi-tensor ops with ``members=P``, each
@@ -54,9 +56,11 @@ def update_step(s: PopulationState) -> None:
     p = s.members
     batch = s.replay.sample_members(s.cfg.agent.batch_size)
     s.optimizer.zero_grad(set_to_none=True)
-    loss, q = member_loss(s.online, s.target, batch, p, s.params.huber_delta, s.cfg.head.double, value=s.value,
-                          expectile=s.params.iql_expectile, cql_alpha=s.params.cql_alpha if s.cql else None,
-                          penalty=None if s.switch is None or s.value is not None else s.switch.target(batch))
+    out = member_loss(s.online, s.target, batch, p, s.params.huber_delta, s.cfg.head.double, value=s.value,
+                      expectile=s.params.iql_expectile, cql_alpha=s.params.cql_alpha if s.cql else None,
+                      penalty=None if s.switch is None or s.value is not None else s.switch.target(batch),
+                      weighted=s.cfg.replay.name == "per")
+    loss = out.loss
     if s.inject_nan:  # debug.inject_nan_at_step of some member: poison its loss at that update
         loss = loss + torch.where(s.updates == s.params.nan_at, float("nan"), 0.0)
     loss.sum().backward()
@@ -69,7 +73,8 @@ def update_step(s: PopulationState) -> None:
     # (nothing below reads the counter)
     target_lerp_(list(s.target.parameters()), [w.detach() for w in s.online.parameters()], s.updates, skip,
                  s.params.tau, s.params.period, hard=s.cfg.target.update == "hard", advance=True, members=p)
-    s.stats.add_update(loss.detach(), grad_norm, skip, q.max(dim=2).values.mean(dim=1))
+    s.replay.update_priorities(batch.index, out.td_abs, skip)  # PER: each member's |TD|, unless skipped
+    s.stats.add_update(loss.detach(), grad_norm, skip, out.q_values.max(dim=2).values.mean(dim=1))
 
 
 def publish_guard(s: PopulationState) -> None:

@@ -9,6 +9,11 @@ skip flag is set (then nothing changes). The sum structure and kernels are ``fox
 With n-step returns the n−1 newest time rows have incomplete windows: a sampled row that new is
 moved back n−1 rows (same env) and keeps the importance weight of the row it was drawn as. This
 touches at most (n−1)·N of the capacity and is documented as a small bias.
+
+:class:`Priorities` is that logic on the slots ``t·N + e`` of a time-major ring of N envs, with or
+without a member axis: a single run's :class:`PrioritizedReplayBuffer` has one sum over its N
+envs; a population's replay (``foxdqn.population.replay.MemberPrioritizedReplay``) has one per
+member over the member's own N env columns, with the member's own α, ε, β₀ and uniforms.
 """
 from __future__ import annotations
 
@@ -21,8 +26,67 @@ from foxdqn.replay.buffer import ReplayBuffer
 from foxdqn.device.schedules import LinearSchedule
 
 
+class Priorities:
+    """PER's side of a replay ring: priority sums, β schedule, and the insert, sample and update
+    of the slots ``t·N + e`` (time row t, env e of N), in [0, rows·N).
+
+    Args:
+        replay: the :class:`~foxdqn.replay.buffer.ReplayBuffer` whose ring this serves (its
+            ``rows``, ``n_step``, ``filled()`` and ``age()`` are read).
+        envs: N, envs per sum (a single run: all its envs; a population: each member's).
+        members: None (one sum) or P (one sum per member: every tensor below gains a leading
+            ``[P]``; :class:`~foxdqn.ops.per_state.PERState`).
+        alpha: priority exponent α (``replay.alpha``), float or float32 ``[P]``.
+        beta_start: initial IS exponent β₀ (``replay.beta_start``), annealed to 1, float or
+            float32 ``[P]``.
+        beta_updates: updates over which β reaches 1 (≥ 1).
+        eps: ε added to |TD| (``replay.eps``), float or float32 ``[P]``.
+        updates: int64 0-d device counter of gradient updates (the step's counter).
+
+    Attributes:
+        per: the :class:`~foxdqn.ops.per_state.PERState`.  beta: the
+        :class:`~foxdqn.device.schedules.LinearSchedule` of β (0-d, or ``[P]``).
+    """
+
+    def __init__(self, replay: ReplayBuffer, envs: int, *, members: int | None = None,
+                 alpha: float | torch.Tensor, beta_start: float | torch.Tensor, beta_updates: int,
+                 eps: float | torch.Tensor, updates: torch.Tensor):
+        device = replay.device
+        self.replay, self.envs, self.updates = replay, envs, updates
+        self.per = PERState(replay.rows * envs, device, alpha=alpha, eps=eps, members=members)
+        self.beta = LinearSchedule(beta_start, 1.0, beta_updates, device)
+        ids = torch.arange(envs, device=device)
+        self._env_ids = ids if members is None else ids.repeat(members, 1)  # [N] or [P, N]
+
+    def insert(self, row: torch.Tensor) -> None:
+        """Give time row ``row`` (int64 ``[1]``) of every env (of every member) the maximal
+        priority so far (its own member's)."""
+        per_insert(self.per, row * self.envs + self._env_ids)
+
+    def sample(self, rand: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(slots int64, weights float32), ``rand``'s shape (``[B]``, or ``[P, B]``: member p's B
+        uniforms): stratified proportional slots of the rows written so far, each sum on its
+        own, with their importance weights normalised by the batch's (member's) largest; slots
+        in the n−1 newest rows are moved back n−1 rows (module docstring)."""
+        r = self.replay
+        size = r.filled() * self.envs
+        slots, weight = per_sample(self.per, rand, size, self.beta(self.updates))
+        if r.n_step > 1:
+            t, e = slots // self.envs, slots % self.envs
+            t = torch.where(r.age(t) < r.n_step - 1, (t - (r.n_step - 1)) % r.rows, t)
+            slots = t * self.envs + e
+        return slots, weight
+
+    def update(self, slots: torch.Tensor, td_abs: torch.Tensor, skip: torch.Tensor) -> None:
+        """Priorities |TD| + ε of the sampled ``slots`` (``[B]`` or ``[P, B]``, as :meth:`sample`
+        gave them) from ``td_abs`` (float32, same shape); ``skip`` (float32 0-d, or ``[P]``: each
+        member's guard flag) ≠ 0 leaves the sum (the member's) unchanged."""
+        per_update(self.per, slots, td_abs, skip)
+
+
 class PrioritizedReplayBuffer(ReplayBuffer):
-    """:class:`ReplayBuffer` with proportional prioritized sampling.
+    """:class:`ReplayBuffer` with proportional prioritized sampling (one :class:`Priorities` sum
+    over all N envs).
 
     Args (beyond ReplayBuffer's):
         alpha: priority exponent α (``replay.alpha``).
@@ -35,23 +99,16 @@ class PrioritizedReplayBuffer(ReplayBuffer):
     def __init__(self, capacity, num_envs, obs_dim, device, n_step=1, gamma=0.99, *, alpha=0.6, beta_start=0.4,
                  beta_updates=100_000, eps=1e-6, updates: torch.Tensor, obs_dtype: torch.dtype = torch.float32):
         super().__init__(capacity, num_envs, obs_dim, device, n_step, gamma, obs_dtype=obs_dtype)
-        self.per = PERState(self.capacity, device, alpha=alpha, eps=eps)
-        self.beta = LinearSchedule(beta_start, 1.0, beta_updates, device)
-        self._updates = updates
-        self._env_ids = torch.arange(num_envs, device=device)
+        self.priorities = Priorities(self, num_envs, alpha=alpha, beta_start=beta_start, beta_updates=beta_updates,
+                                     eps=eps, updates=updates)
+        self.per, self.beta = self.priorities.per, self.priorities.beta
 
     def _after_add(self, row: torch.Tensor) -> None:
-        per_insert(self.per, row * self.num_envs + self._env_ids)
+        self.priorities.insert(row)
 
     def sample_index(self, batch_size: int, generator: torch.Generator):
         rand = torch.rand(batch_size, device=self.device, generator=generator)
-        size = self.filled() * self.num_envs
-        index, weight = per_sample(self.per, rand, size, self.beta(self._updates))
-        if self.n_step > 1:
-            t, e = index // self.num_envs, index % self.num_envs
-            t = torch.where(self.age(t) < self.n_step - 1, (t - (self.n_step - 1)) % self.rows, t)
-            index = t * self.num_envs + e
-        return index, weight
+        return self.priorities.sample(rand)
 
     def _sample_stacked(self, batch_size: int, generator: torch.Generator, stacked: bool = True):
         """PER's rows and weights (:meth:`sample_index`), gathered by one kernel (``stacked``: obs and
@@ -60,7 +117,7 @@ class PrioritizedReplayBuffer(ReplayBuffer):
         return self.gather(index, weight, stacked=stacked)
 
     def update_priorities(self, index: torch.Tensor, td_abs: torch.Tensor, skip: torch.Tensor) -> None:
-        per_update(self.per, index, td_abs, skip)
+        self.priorities.update(index, td_abs, skip)
 
     def state_dict(self) -> dict:
         return {**super().state_dict(), "per": self.per.state_dict()}

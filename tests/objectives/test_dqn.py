@@ -168,8 +168,12 @@ def test_build_objective_stacks_except_for_the_image_encoder():
         assert isinstance(objective, DQNObjective) and objective.stack_double is stack, cfg.model.encoder
 
 
+@pytest.mark.parametrize("weighted", [False, True])
 @pytest.mark.parametrize("layout", ["stacked", "plain"])
-def test_member_dqn_loss_stack_choice_and_members_match_single_runs(layout):
+def test_member_dqn_loss_stack_choice_and_members_match_single_runs(layout, weighted):
+    """Member m's loss, |TD| and Q are the single run's DQNObjective on its rows with its δ; with
+    ``weighted`` (a population's PER) its rows' importance weights are applied as the single run
+    applies them, without it the batch's weights are not read (uniform replay's ones)."""
     from foxdqn.population.network import MemberQNetwork
     from foxdqn.population.objective import member_dqn_loss
 
@@ -181,22 +185,24 @@ def test_member_dqn_loss_stack_choice_and_members_match_single_runs(layout):
     pair = torch.randn(p, 2, b, d, generator=g)
     obs, next_obs = (pair[:, 0], pair[:, 1]) if layout == "stacked" else (pair[:, 0].clone(), pair[:, 1].clone())
     assert (stacked_pair(obs, next_obs) is not None) == (layout == "stacked")
+    weight = torch.rand(p * b, generator=g) + 0.1
     batch = Batch(obs, torch.randint(0, 3, (p * b,), generator=g), torch.randn(p * b, generator=g), next_obs,
-                  torch.full((p * b,), 0.9), torch.ones(p * b), torch.arange(p * b))
+                  torch.full((p * b,), 0.9), weight, torch.arange(p * b))
     delta = torch.tensor([0.5, 1.5])
     out = {}
     for stack in (True, False):
-        loss, q = member_dqn_loss(online, target, batch, p, delta, True, stack_double=stack)
+        loss, td_abs, q = member_dqn_loss(online, target, batch, p, delta, True, stack_double=stack, weighted=weighted)
         online.zero_grad(set_to_none=True)
         loss.sum().backward()
-        out[stack] = (loss.detach(), q, [w.grad.clone() for w in online.parameters()])
+        out[stack] = (loss.detach(), q, [w.grad.clone() for w in online.parameters()], td_abs)
     for x, y in zip(out[True][2], out[False][2]):
         torch.testing.assert_close(x, y, rtol=1e-5, atol=1e-7)
     for m in range(p):  # member m's loss is the single run's loss on its rows with its δ
         rows = slice(m * b, (m + 1) * b)
         single = Batch(obs[m], batch.action[rows], batch.reward[rows], next_obs[m], batch.discount[rows],
-                       batch.weight[rows], batch.index[rows])
+                       weight[rows] if weighted else torch.ones(b), batch.index[rows])
         ref = DQNObjective(*pairs[m], double=True, huber_delta=float(delta[m]))(single)
         for stack in (True, False):
             torch.testing.assert_close(out[stack][0][m], ref.loss.detach(), rtol=1e-5, atol=1e-6)
             torch.testing.assert_close(out[stack][1][m], ref.q_values, rtol=1e-5, atol=1e-6)
+            torch.testing.assert_close(out[stack][3][rows], ref.td_abs, rtol=1e-5, atol=1e-6)

@@ -1,7 +1,7 @@
 """foxdqn.ops.replay_gather: the Triton kernel (TRITON_INTERPRET=1 on CPU) against the torch
 reference and against a per-row Python oracle of the n-step rules, on odd batch sizes, n = 1 and 3,
 episode ends and terminals inside the window, a partly filled ring and a wrapped one, per-group γ,
-members, given indices (PER), stacked obs/next_obs, the three obs dtypes and bad arguments;
+members, given indices (PER; a population's [P, B]), stacked obs/next_obs, the three obs dtypes and bad arguments;
 ReplayBuffer.sample_index's rows (the same rule) and its cached unit weights.
 GPU (`gpu` marker): kernel = reference on CUDA, CUDA-graph capture."""
 from __future__ import annotations
@@ -168,6 +168,30 @@ def test_index_kernel_equals_reference_and_oracle(dtype, n):
         _assert_same(ker, ref)
         _assert_oracle(ker, ring, gamma, n)
         assert ker.obs.dtype == dtype and ker.obs.shape == (len(index), dim)
+
+
+@pytest.mark.parametrize("n", [1, 3])
+def test_member_index_kernel_equals_reference_and_oracle(n):
+    """index [P, B] (a population's PER rows, each member's own columns): the rows as given,
+    member-major, each member's own γ; stacked: pair [P, 2, B, D] that the member loss takes."""
+    rows, envs, dim, members, b = 7, 6, 5, 3, 7
+    ring = _ring(rows, envs, dim, written=17, end_p=0.4, seed=n + 10)
+    gamma = _gamma(members, n)
+    g = torch.Generator().manual_seed(n)
+    t = torch.randint(0, rows, (members, b), generator=g)
+    e = torch.randint(0, envs // members, (members, b), generator=g) + 2 * torch.arange(members)[:, None]
+    index = t * envs + e
+    for stacked in (False, True):
+        ref = replay_gather_reference(*_args(ring, gamma, n), index=index, stacked=stacked)
+        ker = replay_gather(*_args(ring, gamma, n), index=index, stacked=stacked, backend="triton")
+        _assert_same(ker, ref)
+        _assert_oracle(ker, ring, gamma, n)
+        assert torch.equal(ker.index, index.view(-1))
+        if stacked:
+            assert ker.pair.shape == (members, 2, b, dim) and stacked_pair(ker.obs, ker.next_obs) is ker.pair
+            assert ker.obs.shape == (members, b, dim)
+    with pytest.raises(ValueError, match=r"index must be int64 \[B\] or \[P, B\] with P dividing N=6"):
+        replay_gather(*_args(ring, gamma, n), index=torch.zeros(4, 2, dtype=torch.int64))
 
 
 def test_episode_end_inside_the_window_by_hand():

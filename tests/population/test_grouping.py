@@ -108,7 +108,7 @@ def test_batch_refusal_accepts_the_supported_experiments(cartpole, trading):
 
 REFUSED = [("env.name", "bitflip"), ("env.name", "gym"), ("model.encoder", "attention"), ("head.name", "c51"),
            ("head.name", "iqn"), ("action.mode", "branching"),
-           ("replay.name", "per"), ("replay.her", True),
+           ("replay.her", True),
            ("regime.enabled", True), ("prune.enabled", True),
            ("optim.accumulate", 2), ("guard.max_weight", 10.0), ("guard.collapse_multiplier", 5.0),
            ("early_stop.enabled", True), ("eval.interval_env_steps", 100), ("resume", "auto"),
@@ -146,8 +146,8 @@ def test_plan_groups_equal_settings_in_job_order(cartpole):
 
 def test_plan_puts_member_keys_together_and_refused_members_alone(cartpole):
     tcs = [with_values(cartpole, seed=0, optim__lr=1e-3), with_values(cartpole, seed=1, target__period=7),
-           with_values(cartpole, seed=2, replay__name="per"), with_values(cartpole, seed=3, explore__eps_end=0.2),
-           with_values(cartpole, seed=4, replay__name="per")]
+           with_values(cartpole, seed=2, replay__her=True), with_values(cartpole, seed=3, explore__eps_end=0.2),
+           with_values(cartpole, seed=4, replay__her=True)]
     assert jobs(plan(members(tcs))) == [[0, 1, 3], [2], [4]]  # the two refused ones are not grouped together
 
 
@@ -178,6 +178,17 @@ def test_augmented_jobs_group_over_seeds_and_block_lengths(trading):
     tcs = [with_values(aug, seed=0), with_values(aug, seed=1, data__augment__block_length=5.0),
            with_values(aug, seed=2, data__augment__paths=4), with_values(trading, seed=3)]
     assert jobs(plan(members(tcs), cap=lambda tc, market: None)) == [[0, 1], [2], [3]]
+
+
+def test_prioritized_replay_groups_with_its_alpha_beta_and_eps_as_member_keys(cartpole):
+    """replay.name=per trains in a population; its α, β₀ and ε are member keys (one population for a
+    sweep over them), while per and uniform replay are two populations."""
+    per = [with_values(cartpole, seed=s, replay__name="per", replay__alpha=a, replay__beta_start=b, replay__eps=e)
+           for s, (a, b, e) in enumerate([(0.6, 0.4, 1e-6), (0.3, 0.4, 1e-6), (0.6, 0.7, 1e-3)])]
+    assert all(batch_refusal(tc) is None for tc in per)
+    assert {"replay.alpha", "replay.beta_start", "replay.eps"} <= set(MEMBER_KEYS)
+    tcs = [per[0], with_values(cartpole, seed=9), per[1], per[2]]
+    assert jobs(plan(members(tcs))) == [[0, 2, 3], [1]]
 
 
 def test_plan_splits_what_does_not_fit_in_memory(cartpole):

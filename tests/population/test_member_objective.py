@@ -1,8 +1,9 @@
 """foxdqn.population.objective against the single-run objectives: member p's loss (and gradient)
 is its own run's CQLObjective(DQNObjective) loss with its α (CQL(H), Kumar et al. 2020 eq. 4), its
 IQLObjective loss with its expectile τ and value network (Kostrikov et al. 2021, eqs. 5–6), or
-CQLObjective(IQLObjective), a population of one included, and no member's loss reads another
-member's rows, weights or hyperparameters."""
+CQLObjective(IQLObjective), a population of one included, with uniform replay's ones or prioritized
+replay's importance weights (``weighted``), and its |TD| is its run's ``td_abs``; no member's loss
+reads another member's rows, weights or hyperparameters."""
 from __future__ import annotations
 
 import pytest
@@ -33,13 +34,15 @@ def members(p):
                                                                                               "relu")
 
 
-def member_batch(p, seed=3):
-    """A member-major batch of P·B rows (obs [P, B, D]; uniform replay: weights are ones)."""
+def member_batch(p, seed=3, weighted=False):
+    """A member-major batch of P·B rows (obs [P, B, D]); weights are ones (uniform replay) or, with
+    ``weighted``, importance weights in (0, 1] (prioritized replay)."""
     g = torch.Generator().manual_seed(seed)
     n = p * B
+    weight = torch.rand(n, generator=g) * 0.9 + 0.1 if weighted else torch.ones(n)
     return Batch(torch.randn(p, B, D, generator=g), torch.randint(0, A, (n,), generator=g),
                  torch.randn(n, generator=g), torch.randn(p, B, D, generator=g),
-                 torch.full((n,), 0.9) * (torch.rand(n, generator=g) > 0.2), torch.ones(n), torch.arange(n))
+                 torch.full((n,), 0.9) * (torch.rand(n, generator=g) > 0.2), weight, torch.arange(n))
 
 
 def member_rows(batch, m, p):
@@ -63,19 +66,21 @@ def assert_grads_match(net: MemberQNetwork, m: int, single: torch.nn.Module) -> 
         torch.testing.assert_close(got[name], w.grad, rtol=1e-4, atol=1e-6, msg=name)
 
 
+@pytest.mark.parametrize("weighted", [False, True], ids=["uniform", "per"])
 @pytest.mark.parametrize("alphas", [[0.7], [1.0, 0.25, 0.0]], ids=["P=1", "P=3"])
-def test_member_cql_loss_is_each_members_single_run_loss(alphas):
+def test_member_cql_loss_is_each_members_single_run_loss(alphas, weighted):
     p = len(alphas)
     pairs = [q_pair(D, A, seed, hidden=(16, 8)) for seed in range(p)]
     online = MemberQNetwork.from_networks([o for o, _ in pairs], "relu")
     target = MemberQNetwork.from_networks([t for _, t in pairs], "relu").requires_grad_(False)
-    batch = member_batch(p)
+    batch = member_batch(p, weighted=weighted)
     delta, alpha = torch.linspace(0.5, 1.5, p), torch.tensor(alphas)
-    loss, q = member_loss(online, target, batch, p, delta, True, cql_alpha=alpha)
+    loss, td_abs, q = member_loss(online, target, batch, p, delta, True, cql_alpha=alpha, weighted=weighted)
     assert loss.shape == (p,) and q.shape == (p, B, A) and not q.requires_grad
+    assert td_abs.shape == (p * B,) and not td_abs.requires_grad
     online.zero_grad(set_to_none=True)
     loss.sum().backward()
-    plain, _ = member_loss(online, target, batch, p, delta, True)
+    plain = member_loss(online, target, batch, p, delta, True, weighted=weighted).loss
     for m in range(p):
         single_online, single_target = pairs[m]
         objective = CQLObjective(DQNObjective(single_online, single_target, double=True, huber_delta=float(delta[m])),
@@ -83,6 +88,7 @@ def test_member_cql_loss_is_each_members_single_run_loss(alphas):
         ref = objective(member_rows(batch, m, p))
         torch.testing.assert_close(loss[m], ref.loss.detach(), rtol=1e-5, atol=1e-6)
         torch.testing.assert_close(q[m], ref.q_values, rtol=1e-5, atol=1e-6)
+        torch.testing.assert_close(td_abs[m * B:(m + 1) * B], ref.td_abs, rtol=1e-5, atol=1e-6)
         single_online.zero_grad(set_to_none=True)
         ref.loss.backward()
         assert_grads_match(online, m, single_online)
@@ -101,7 +107,7 @@ def test_member_cql_loss_does_not_mix_members():
     target = MemberQNetwork.from_networks([t for _, t in pairs], "relu").requires_grad_(False)
     delta, alpha = torch.ones(p), torch.tensor([1.0, 0.5, 2.0])
     batch = member_batch(p)
-    loss, _ = member_loss(online, target, batch, p, delta, True, cql_alpha=alpha)
+    loss = member_loss(online, target, batch, p, delta, True, cql_alpha=alpha).loss
     online.zero_grad(set_to_none=True)
     loss[0].backward()
     for w in online.parameters():
@@ -112,21 +118,23 @@ def test_member_cql_loss_does_not_mix_members():
                   batch.discount, batch.weight, batch.index)
     mixed.obs[1], mixed.next_obs[1] = other.obs[1], other.next_obs[1]
     mixed.action[rows], mixed.reward[rows] = other.action[rows], other.reward[rows]
-    changed, _ = member_loss(online, target, mixed, p, delta, True, cql_alpha=torch.tensor([1.0, 9.0, 2.0]))
+    changed = member_loss(online, target, mixed, p, delta, True, cql_alpha=torch.tensor([1.0, 9.0, 2.0])).loss
     assert torch.equal(changed[[0, 2]], loss[[0, 2]].detach()) and changed[1] != loss[1]
 
 
 @pytest.mark.parametrize("taus,alphas", [([0.7], None), ([0.7, 0.9, 0.5], None), ([0.8], [0.5]),
                                          ([0.7, 0.9, 0.5], [1.0, 0.0, 0.25])],
                          ids=["P=1", "P=3", "P=1-cql", "P=3-cql"])
-def test_member_iql_loss_is_each_members_single_run_loss(taus, alphas):
+@pytest.mark.parametrize("weighted", [False, True], ids=["uniform", "per"])
+def test_member_iql_loss_is_each_members_single_run_loss(taus, alphas, weighted):
     p = len(taus)
     triples, online, target, value = members(p)
-    batch = member_batch(p)
+    batch = member_batch(p, weighted=weighted)
     tau = torch.tensor(taus)
     alpha = None if alphas is None else torch.tensor(alphas)
-    loss, q = member_loss(online, target, batch, p, torch.ones(p), True, value=value, expectile=tau, cql_alpha=alpha)
-    assert loss.shape == (p,) and q.shape == (p, B, A) and not q.requires_grad
+    loss, td_abs, q = member_loss(online, target, batch, p, torch.ones(p), True, value=value, expectile=tau,
+                                  cql_alpha=alpha, weighted=weighted)
+    assert loss.shape == (p,) and q.shape == (p, B, A) and not q.requires_grad and td_abs.shape == (p * B,)
     online.zero_grad(set_to_none=True)
     value.zero_grad(set_to_none=True)
     loss.sum().backward()
@@ -137,6 +145,7 @@ def test_member_iql_loss_is_each_members_single_run_loss(taus, alphas):
         ref = objective(member_rows(batch, m, p))
         torch.testing.assert_close(loss[m], ref.loss.detach(), rtol=1e-5, atol=1e-6)
         torch.testing.assert_close(q[m], ref.q_values, rtol=1e-5, atol=1e-6)
+        torch.testing.assert_close(td_abs[m * B:(m + 1) * B], ref.td_abs, rtol=1e-5, atol=1e-6)
         single_online.zero_grad(set_to_none=True)
         single_value.zero_grad(set_to_none=True)
         ref.loss.backward()
@@ -163,7 +172,7 @@ def test_member_iql_loss_does_not_mix_members():
     _, online, target, value = members(p)
     batch = member_batch(p)
     tau = torch.tensor([0.7, 0.9, 0.5])
-    loss, _ = member_loss(online, target, batch, p, torch.ones(p), True, value=value, expectile=tau)
+    loss = member_loss(online, target, batch, p, torch.ones(p), True, value=value, expectile=tau).loss
     loss[0].backward()
     for w in [*online.parameters(), *value.parameters()]:
         assert w.grad[0].abs().sum() > 0 and torch.count_nonzero(w.grad[1:]) == 0
@@ -171,8 +180,8 @@ def test_member_iql_loss_does_not_mix_members():
     mixed = Batch(batch.obs.clone(), batch.action, batch.reward, batch.next_obs.clone(), batch.discount,
                   batch.weight, batch.index)
     mixed.obs[1], mixed.next_obs[1] = other.obs[1], other.next_obs[1]
-    changed, _ = member_loss(online, target, mixed, p, torch.ones(p), True, value=value,
-                             expectile=torch.tensor([0.7, 0.1, 0.5]))
+    changed = member_loss(online, target, mixed, p, torch.ones(p), True, value=value,
+                          expectile=torch.tensor([0.7, 0.1, 0.5])).loss
     assert torch.equal(changed[[0, 2]], loss[[0, 2]].detach()) and changed[1] != loss[1]
     with pytest.raises(ValueError, match="expectile"):
         member_loss(online, target, batch, p, torch.ones(p), True, value=value)

@@ -85,3 +85,23 @@ def test_a_multirun_composes_once_per_structure_and_derives_the_other_jobs(train
     assert "optim.lr=0.002" in (derived / ".hydra" / "overrides.yaml").read_text()
     assert (derived / "config.yaml").read_text().split("\n", 1)[1] == (composed / "config.yaml").read_text().split(
         "\n", 1)[1]  # the same resolved config (the first lines name two runs)
+
+
+def test_prioritized_replay_multirun_trains_as_one_population(train_cli, tmp_path):
+    """replay=per with two seeds and two α: one population of four (α is a member key), each member
+    with its own folder, its finished run and its updates."""
+    sweep = tmp_path / "per"
+    res = train_cli(["--multirun", "+experiment=eurusd_dqn", "replay=per", "debug=smoke", "device=cpu",
+                     "log.progress=false", "logger=csv", "seed=0,1", "replay.alpha=0.6,0.3", "hydra/launcher=population",
+                     f"hydra.sweep.dir={sweep}"], cwd=tmp_path, timeout=600)
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert "population of 4 members (jobs 0, 1, 2, 3)" in res.stdout + res.stderr
+    alphas = set()
+    for job in (sweep / str(j) for j in range(4)):
+        summary = json.loads((job / "eval" / "summary.json").read_text())
+        assert summary["population"]["size"] == 4 and summary["updates"] > 0
+        assert math.isfinite(pd.read_csv(job / "metrics.csv").iloc[-1]["train/loss"])
+        config = (job / "config.yaml").read_text()
+        assert "name: per" in config
+        alphas.add(next(line for line in config.splitlines() if line.strip().startswith("alpha:")).strip())
+    assert alphas == {"alpha: 0.6", "alpha: 0.3"}

@@ -1,6 +1,6 @@
 """The population path on CUDA: graph = eager per member, no host sync in a captured iteration,
 one graph launch per iteration, members of P equal populations of one (to float rounding), the
-update's norm, Adam and target update one kernel each whatever P."""
+update's norm, Adam and target update one kernel each whatever P; the same for prioritized replay."""
 from __future__ import annotations
 
 from collections import Counter
@@ -65,9 +65,24 @@ def test_members_equal_populations_of_one_on_cuda():
         assert_members_close(together, alone, [(p, 0)])
 
 
-def test_captured_iteration_is_sync_free_and_one_launch():
-    s, it = run(cuda_configs(CARTPOLE, [["seed=0"], ["seed=1"]]), graph=True,
-                    iterations=WARMUP_ITERATIONS + 1)
+def test_prioritized_replay_graph_equals_eager():
+    """replay.name=per on CUDA: the compiled PER kernels with their member axis inside the captured
+    iteration give what eager gives, for members with their own α and β₀. (Not against populations
+    of one: there a batched matmul of another P may round otherwise, and PER's sampling turns a
+    rounding into another slot; CPU checks that bit for bit, test_population_per.py.)"""
+    members = [["seed=0", "replay.name=per"], ["seed=1", "replay.name=per", "replay.alpha=0.3",
+                                                 "replay.beta_start=0.9"]]
+    eager, _ = run(cuda_configs(TRADING, members), graph=False)
+    captured, it = run(cuda_configs(TRADING, members), graph=True)
+    assert it.graph is not None
+    assert_members_close(captured, eager, [(0, 0), (1, 1)])
+    torch.testing.assert_close(captured.replay.per.leaves, eager.replay.per.leaves, rtol=1e-4, atol=1e-6)
+
+
+@pytest.mark.parametrize("replay", ["uniform", "per"])
+def test_captured_iteration_is_sync_free_and_one_launch(replay):
+    s, it = run(cuda_configs(CARTPOLE, [["seed=0", f"replay.name={replay}"], ["seed=1", f"replay.name={replay}"]]),
+                graph=True, iterations=WARMUP_ITERATIONS + 1)
     assert it.graph is not None
     launches = []
     real = it.graph.replay
