@@ -11,8 +11,8 @@ from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
-from foxdqn.config.schema import TrainConfig, composition_error, finalize
-from foxdqn.errors import ConfigError
+from foxdqn.config.schema import TrainConfig, composition_error, finalize, finalize_object, to_object
+from foxdqn.errors import ConfigError, FoxdqnError
 
 
 def conf_folder() -> Path:
@@ -90,8 +90,6 @@ class JobComposer:
 
     def __call__(self, overrides: list[str]) -> TrainConfig:
         import copy
-
-        from foxdqn.config.schema import finalize_object, to_object
 
         done = self.lookup(overrides)
         if done is not None:
@@ -218,8 +216,6 @@ def set_leaf(obj: TrainConfig, dotted: str, value) -> bool:
 
 
 def _compose(make) -> DictConfig:
-    from foxdqn.errors import FoxdqnError
-
     try:
         return make()
     except FoxdqnError:

@@ -22,7 +22,7 @@ def replay_row(tc: TrainConfig, market) -> tuple[int, int]:
     """(values, bytes per value) of one stored obs / next_obs row of a device env's replay: the
     trading env's state code (:mod:`foxdqn.ops.trading_code`: 4 values of its code dtype,
     docs/design/replay.md#windowed-trading-replay), else the float32 observation."""
-    if tc.env.name == "trading":
+    if tc.env.name == "trading":  # start-up: job.check imports this module on the path of --help
         from foxdqn.data.augment import training_bars
         from foxdqn.ops.trading_code import CODE_WIDTH, state_code_dtype
         from foxdqn.step.build import ENV_DTYPES

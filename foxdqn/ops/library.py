@@ -42,6 +42,8 @@ from typing import Any, Callable, Iterable
 
 import torch
 
+import foxdqn.ops
+
 __all__ = ["DeviceOp", "device_op", "compile_disabled", "register_ops", "wrap_triton"]
 
 _OPS: list["DeviceOp"] = []
@@ -204,8 +206,6 @@ def register_ops() -> None:
     Imports ``torch._inductor`` and ``torch._dynamo`` (1-5 s; the reason this is not done at import).
     """
     global _REGISTERED
-    import foxdqn.ops
-
     for module in pkgutil.iter_modules(foxdqn.ops.__path__):
         importlib.import_module(f"foxdqn.ops.{module.name}")
     for op in _OPS:

@@ -66,6 +66,8 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
+from foxdqn.execution.fills import apply_fills, simulate_fills
+from foxdqn.execution.orders import FLAT, factor
 from foxdqn.ops.backend import resolve_backend
 from foxdqn.ops.library import compile_disabled, device_op, wrap_triton
 from foxdqn.ops.trading_code import CODE_WIDTH, state_code_dtype
@@ -456,8 +458,6 @@ def _trading_step_op(t: Tensor, steps: Tensor, cash: Tensor, units: Tensor, entr
                      window: int, num_features: int,
                      eval_mode: bool, has_starts: bool, with_next_obs: bool) -> None:
     n = t.shape[0]
-    from foxdqn.execution.orders import FLAT  # imported here: foxdqn.envs imports this module
-
     wrap_triton(_trading_step_kernel)[(triton.cdiv(n, BLOCK),)](
         t, steps, cash, units, entry_price, equity, exposure_idx, episode_return, frozen,
         action, starts, open_, high, low, close, spread, features, fparams, iparams,
@@ -538,8 +538,6 @@ def state_code_reference(t: Tensor, units: Tensor, entry: Tensor, equity: Tensor
 def reset_where_reference(state: TradingState, mask: Tensor, starts: Tensor, params: TradingParams) -> None:
     """Reset the envs where ``mask`` (``[N]`` bool) to a fresh flat episode at bars ``starts``
     (``[N]`` int64), in place."""
-    from foxdqn.execution.orders import FLAT  # imported here: foxdqn.envs imports this module
-
     dev, dt = state.cash.device, state.cash.dtype
     zero = torch.zeros((), device=dev, dtype=dt)
     init = torch.full((), params.initial_equity, device=dev, dtype=dt)
@@ -559,9 +557,6 @@ def trading_step_reference(state: TradingState, action: Tensor, starts: Tensor |
     """Plain-torch reference of :func:`trading_step` (same arguments, same in-place writes): the
     step of :class:`~foxdqn.envs.trading.TradingEnv` as it was written there."""
     with_next_obs = next_obs
-    from foxdqn.execution.orders import factor
-    from foxdqn.execution.fills import apply_fills, simulate_fills
-
     exposure_new, order_type, urgency = factor(action)
     dev, dt = state.cash.device, state.cash.dtype
     zero = torch.zeros((), device=dev, dtype=dt)
