@@ -337,7 +337,7 @@ def _reference(q2, q_next_target, q_next_online, action, reward, discount, weigh
         else:
             q_next = q_next_target.max(dim=1).values
         y = reward + discount * q_next
-    if isinstance(huber_delta, torch.Tensor):  # a δ per group: the population's loss before this op
+    if isinstance(huber_delta, torch.Tensor):  # a δ per group (the population's members)
         x = (q_sa - y).view(groups, -1)
         z = x.abs()
         delta = huber_delta[:, None]

@@ -555,7 +555,7 @@ def reset_where_reference(state: TradingState, mask: Tensor, starts: Tensor, par
 def trading_step_reference(state: TradingState, action: Tensor, starts: Tensor | None, market: TradingMarket,
                            params: TradingParams, next_obs: bool = True) -> TradingStepOut:
     """Plain-torch reference of :func:`trading_step` (same arguments, same in-place writes): the
-    step of :class:`~foxdqn.envs.trading.TradingEnv` as it was written there."""
+    step of :class:`~foxdqn.envs.trading.TradingEnv` in torch ops."""
     with_next_obs = next_obs
     exposure_new, order_type, urgency = factor(action)
     dev, dt = state.cash.device, state.cash.dtype
