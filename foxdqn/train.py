@@ -167,7 +167,7 @@ def main() -> None:
         sys.exit(max(code for code, _ in FAILED_JOBS))
 
 
-if __name__ == "__main__":  # python -m foxdqn.train: run main, then exit without the interpreter's ~1 s
+if __name__ == "__main__":  # python -m foxdqn.train: run main, then exit without the interpreter's
     from foxdqn.cli.fast_exit import run_as_program  # teardown (foxdqn.cli.fast_exit)
     from foxdqn.train import main as _main  # (the imported module's: one Hydra task function per process)
 

@@ -64,7 +64,7 @@ class JobComposer:
     is derived from its base's config without Hydra or OmegaConf: its values are set on a copy
     of the base's :class:`TrainConfig` before the debug caps (:func:`set_leaf`: the schema's
     type, as OmegaConf would convert it), then :func:`foxdqn.config.schema.finalize_object` applies the
-    caps and the checks (about 10 ms on a 2-core CPU; a Hydra compose and ``finalize`` is 0.3-0.6 s).
+    caps and the checks (far cheaper than a Hydra compose and ``finalize``: docs/bench.md#other-costs).
     A value the plain path cannot set as OmegaConf would (a list, a type it cannot convert) goes
     through OmegaConf (``OmegaConf.update`` on the base's composed config, then
     :func:`finalize`), and anything else is composed. Every finalized config is kept by its
@@ -154,7 +154,7 @@ class JobComposer:
 
 
 #: Hydra's override parser (made once) and whether a dotted key names a config group (asked once per
-#: key: a lookup in the config repository costs about 15 ms).
+#: key: a lookup in the config repository is slow, docs/bench.md#other-costs).
 _PARSER: dict = {}
 _IS_GROUP: dict[str, bool] = {}
 

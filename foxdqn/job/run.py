@@ -93,8 +93,8 @@ def write_timings(run_dir: Path, summary: dict) -> None:
 def settle_heap() -> None:
     """Collect, then freeze every object alive now (``gc.freeze``: the cyclic collector skips them
     from then on; reference counting still frees them). ``torch.cuda.graph`` runs ``gc.collect()``
-    before each capture, which otherwise walks the ~400k objects of the imported modules (0.15 s
-    on a 2-core CPU, per capture). Objects a job creates later stay collectable: the next job's
+    before each capture, which otherwise walks the ~400k objects of the imported modules at every
+    capture (docs/bench.md#other-costs). Objects a job creates later stay collectable: the next job's
     call collects them before it freezes. (``torch._dynamo`` is not imported: the run neither
     compiles nor builds a ``torch.optim`` optimizer, foxdqn/ops/library.py.)"""
     import gc

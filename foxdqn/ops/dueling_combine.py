@@ -28,8 +28,8 @@ from foxdqn.ops.backend import resolve_backend
 
 __all__ = ["dueling_combine", "dueling_combine_reference"]
 
-TILE = 256  # elements of a program's [BLOCK_R, BLOCK_A] tile on the GPU (H200 sweep of TILE and NUM_WARPS:
-#           R = 4,096 rows of 45 actions 6.8 -> 5.9 µs per replay, forward + backward of 256 rows 9.7 -> 7.9)
+TILE = 256  # elements of a program's [BLOCK_R, BLOCK_A] tile on the GPU (both from an H200 sweep:
+#           docs/bench.md#launch-constants)
 NUM_WARPS = 1  # warps per program
 
 

@@ -79,7 +79,7 @@ from foxdqn.ops.trading_code import CODE_WIDTH, state_code_dtype
 ACCOUNT_OBS_CLIP = 100.0
 
 BLOCK = 32  # envs per program (4,096 envs: 128 programs)
-NUM_WARPS = 1  # warps per program: one thread per env (H200, 4,096 envs: 10 us; 4 warps: 27 us)
+NUM_WARPS = 1  # warps per program: one thread per env (4 are slower on the H200: docs/bench.md#launch-constants)
 CHUNK = 64  # observation-window columns gathered per loop iteration
 
 # fparams row layout (env dtype)

@@ -72,7 +72,7 @@ def accumulate_gradients(s: TrainState, batch: Batch) -> tuple[torch.Tensor, tor
     # grad leaves it None), so Adam sees the same parameters as with set_to_none=False.
     s.optim.optimizer.zero_grad(set_to_none=True)
     # the gradient of loss / m; with m = 1 the engine's own seed of ones (a seed tensor passed to
-    # backward makes torch import sympy to check its shape: 0.3 s of start-up)
+    # backward makes torch import sympy to check its shape, a slow import: docs/bench.md#other-costs)
     seed = device_scalar(s.device, 1.0 / m) if m > 1 else None
     losses, tds, qs = [], [], []
     for mb in micro_batches(batch, m):
