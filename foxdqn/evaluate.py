@@ -26,14 +26,10 @@ import sys
 import time
 from pathlib import Path
 
-from foxdqn.analysis.results_table import print_summary
 from foxdqn.errors import ConfigError, FoxdqnError
-from foxdqn.io_atomic import write_json_atomic, write_text_atomic
-from foxdqn.run.folder import read_record
 
-# The imports of torch and of the modules that import it (the config schema, checkpoints, data,
-# networks) stay inside the functions that need them (start-up: ``--help`` and a malformed
-# argument are answered without importing torch).
+# foxdqn's other modules are imported inside the functions that need them (start-up: ``--help``
+# answers with a few modules of the standard library, a malformed argument without torch).
 
 ALLOWED = ("data.", "eval.", "env.execution.", "device=", "seed=")
 USAGE = ("usage: python -m foxdqn.evaluate checkpoint=PATH [split=val|test|train] [out=DIR] "
@@ -53,7 +49,7 @@ def parse_args(argv: list[str]) -> tuple[Path, str | None, Path | None, list[str
         if not sep:
             raise ConfigError(f"argument {arg!r} is not key=value; {USAGE}")
         if key == "checkpoint":  # a run folder means its checkpoints/last.pt, as resume=RUN does
-            from foxdqn.run.resume import resume_path  # start-up: imports torch
+            from foxdqn.run.resume import resume_path  # start-up: torch (the comment above ALLOWED)
 
             checkpoint = resume_path(value)
         elif key == "split":
@@ -74,7 +70,7 @@ def config_from(payload: dict, overrides: list[str]):
     """The checkpoint's :class:`~foxdqn.config.schema.TrainConfig` with ``overrides`` applied, validated."""
     from omegaconf import OmegaConf
 
-    from foxdqn.config.schema import TrainConfig, composition_error, to_object, validate  # start-up: imports torch
+    from foxdqn.config.schema import TrainConfig, composition_error, to_object, validate  # start-up: torch
 
     try:
         cfg = OmegaConf.merge(OmegaConf.structured(TrainConfig), OmegaConf.create(payload["config"]),
@@ -97,10 +93,11 @@ def evaluate_checkpoint(checkpoint: Path, split: str | None = None, out: Path | 
     """
     import torch
 
-    # start-up: these import torch (see the comment above ALLOWED)
+    # start-up: these import torch (the comment above ALLOWED)
     from foxdqn.run.checkpoint import load_checkpoint
     from foxdqn.data import load_market_data
     from foxdqn.analysis.backtest import evaluate, evaluate_episodes, write_report
+    from foxdqn.io_atomic import write_json_atomic
     from foxdqn.step.build import build_action_mode, build_env, build_network
     from foxdqn.step.state import resolve_device
 
@@ -147,6 +144,8 @@ def evaluations_folder(checkpoint: Path, payload: dict) -> Path:
     record names the run that wrote it (the same run id; or neither has one: a folder of a foxdqn
     before run ids, or of :func:`foxdqn.run.loop.train` called directly); else ``evaluations/`` beside
     the file."""
+    from foxdqn.run.folder import read_record  # start-up (the comment above ALLOWED)
+
     path = checkpoint.resolve()
     run_dir = path.parent.parent
     if path.parent.name == "checkpoints":
@@ -162,7 +161,7 @@ def evaluations_folder(checkpoint: Path, payload: dict) -> Path:
 def trained_name(payload: dict, cfg) -> str:
     """The name of the run that wrote the checkpoint (:func:`foxdqn.config.schema.run_name` of its own
     config: an evaluation on other data is still titled after the run it evaluates)."""
-    from foxdqn.config.schema import run_name  # start-up: imports torch
+    from foxdqn.config.schema import run_name  # start-up: torch (the comment above ALLOWED)
 
     trained = payload.get("config") or {}
     return run_name(cfg.experiment, (trained.get("data") or {}).get("path", cfg.data.path),
@@ -186,7 +185,8 @@ def write_trades(path: Path, walk: dict, market) -> None:
     import numpy as np
     import pandas as pd
 
-    from foxdqn.execution.orders import ORDER_TYPES, action_name  # start-up: imports torch
+    from foxdqn.execution.orders import ORDER_TYPES, action_name  # start-up: torch (the comment above ALLOWED)
+    from foxdqn.io_atomic import write_text_atomic
 
     fills = np.flatnonzero(walk["fills"])
     bars = walk["index"][fills + 1]  # equity point i+1 is the close of the bar the step-i order executed in
@@ -220,6 +220,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"foxdqn: error: writing the evaluation failed: {exc.filename or ''} {exc.strerror or exc}".strip(),
               file=sys.stderr)
         return 2
+    from foxdqn.analysis.results_table import print_summary  # start-up (the comment above ALLOWED)
+
     print_summary({**summary, "selection": {}}, folder)
     return 0
 

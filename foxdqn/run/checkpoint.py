@@ -59,7 +59,6 @@ from foxdqn.config.schema import to_plain, upgrade
 from foxdqn.device import ring_record as R
 from foxdqn.errors import ConfigError
 from foxdqn.io_atomic import write_bytes_atomic
-from foxdqn.logger.diversity import CollapseMonitor
 from foxdqn.run.early_stop import EarlyStopper
 
 #: 4: the header with the body's SHA-256, plain data only (weights_only); 3: keys of the TrainState
@@ -302,6 +301,10 @@ def _old_globals() -> list:
     import dataclasses
 
     import numpy as np
+
+    # start-up: the package foxdqn.logger imports rich, which foxdqn.evaluate's load of a checkpoint
+    # (run.resume imports this module) does without
+    from foxdqn.logger.diversity import CollapseMonitor
 
     config_types = [v for v in vars(C).values() if isinstance(v, type) and v.__module__ == C.__name__
                     and (dataclasses.is_dataclass(v) or issubclass(v, C.Choice))]
