@@ -93,7 +93,7 @@ def evaluate_checkpoint(checkpoint: Path, split: str | None = None, out: Path | 
     """
     import torch
 
-    # start-up: these import torch (the comment above ALLOWED)
+    # start-up: torch and the modules that import it, and the file writers (the comment above ALLOWED)
     from foxdqn.run.checkpoint import load_checkpoint
     from foxdqn.data import load_market_data
     from foxdqn.analysis.backtest import evaluate, evaluate_episodes, write_report
@@ -186,7 +186,7 @@ def write_trades(path: Path, walk: dict, market) -> None:
     import pandas as pd
 
     from foxdqn.execution.orders import ORDER_TYPES, action_name  # start-up: torch (the comment above ALLOWED)
-    from foxdqn.io_atomic import write_text_atomic
+    from foxdqn.io_atomic import write_text_atomic  # start-up (the comment above ALLOWED)
 
     fills = np.flatnonzero(walk["fills"])
     bars = walk["index"][fills + 1]  # equity point i+1 is the close of the bar the step-i order executed in
