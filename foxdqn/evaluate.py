@@ -26,6 +26,11 @@ import sys
 import time
 from pathlib import Path
 
+from foxdqn.errors import ConfigError, FoxdqnError
+
+# foxdqn's other modules are imported inside the functions that need them (start-up: ``--help``
+# answers with a few modules of the standard library, a malformed argument without torch).
+
 ALLOWED = ("data.", "eval.", "env.execution.", "device=", "seed=")
 USAGE = ("usage: python -m foxdqn.evaluate checkpoint=PATH [split=val|test|train] [out=DIR] "
          "[data.path=FILE | data.name=NAME] [eval.*=...] [env.execution.*=...] [device=cpu|cuda]")
@@ -38,15 +43,13 @@ def parse_args(argv: list[str]) -> tuple[Path, str | None, Path | None, list[str
         ConfigError: no ``checkpoint=``, an argument that is not ``key=value``, or a key outside
             :data:`ALLOWED`.
     """
-    from foxdqn.errors import ConfigError
-
     checkpoint, split, out, overrides = None, None, None, []
     for arg in argv:
         key, sep, value = arg.partition("=")
         if not sep:
             raise ConfigError(f"argument {arg!r} is not key=value; {USAGE}")
         if key == "checkpoint":  # a run folder means its checkpoints/last.pt, as resume=RUN does
-            from foxdqn.run.resume import resume_path
+            from foxdqn.run.resume import resume_path  # start-up: torch (the comment above ALLOWED)
 
             checkpoint = resume_path(value)
         elif key == "split":
@@ -67,8 +70,7 @@ def config_from(payload: dict, overrides: list[str]):
     """The checkpoint's :class:`~foxdqn.config.schema.TrainConfig` with ``overrides`` applied, validated."""
     from omegaconf import OmegaConf
 
-    from foxdqn.config.schema import TrainConfig, composition_error, to_object, validate
-    from foxdqn.errors import ConfigError
+    from foxdqn.config.schema import TrainConfig, composition_error, to_object, validate  # start-up: torch
 
     try:
         cfg = OmegaConf.merge(OmegaConf.structured(TrainConfig), OmegaConf.create(payload["config"]),
@@ -91,9 +93,9 @@ def evaluate_checkpoint(checkpoint: Path, split: str | None = None, out: Path | 
     """
     import torch
 
+    # start-up: torch and the modules that import it, and the file writers (the comment above ALLOWED)
     from foxdqn.run.checkpoint import load_checkpoint
     from foxdqn.data import load_market_data
-    from foxdqn.errors import ConfigError
     from foxdqn.analysis.backtest import evaluate, evaluate_episodes, write_report
     from foxdqn.io_atomic import write_json_atomic
     from foxdqn.step.build import build_action_mode, build_env, build_network
@@ -142,8 +144,7 @@ def evaluations_folder(checkpoint: Path, payload: dict) -> Path:
     record names the run that wrote it (the same run id; or neither has one: a folder of a foxdqn
     before run ids, or of :func:`foxdqn.run.loop.train` called directly); else ``evaluations/`` beside
     the file."""
-    from foxdqn.errors import ConfigError
-    from foxdqn.run.folder import read_record
+    from foxdqn.run.folder import read_record  # start-up (the comment above ALLOWED)
 
     path = checkpoint.resolve()
     run_dir = path.parent.parent
@@ -160,7 +161,7 @@ def evaluations_folder(checkpoint: Path, payload: dict) -> Path:
 def trained_name(payload: dict, cfg) -> str:
     """The name of the run that wrote the checkpoint (:func:`foxdqn.config.schema.run_name` of its own
     config: an evaluation on other data is still titled after the run it evaluates)."""
-    from foxdqn.config.schema import run_name
+    from foxdqn.config.schema import run_name  # start-up: torch (the comment above ALLOWED)
 
     trained = payload.get("config") or {}
     return run_name(cfg.experiment, (trained.get("data") or {}).get("path", cfg.data.path),
@@ -184,8 +185,8 @@ def write_trades(path: Path, walk: dict, market) -> None:
     import numpy as np
     import pandas as pd
 
-    from foxdqn.execution.orders import ORDER_TYPES, action_name
-    from foxdqn.io_atomic import write_text_atomic
+    from foxdqn.execution.orders import ORDER_TYPES, action_name  # start-up: torch (the comment above ALLOWED)
+    from foxdqn.io_atomic import write_text_atomic  # start-up (the comment above ALLOWED)
 
     fills = np.flatnonzero(walk["fills"])
     bars = walk["index"][fills + 1]  # equity point i+1 is the close of the bar the step-i order executed in
@@ -209,8 +210,6 @@ def main(argv: list[str] | None = None) -> int:
             return 0
         print(f"foxdqn: error: {USAGE}", file=sys.stderr)
         return 2
-    from foxdqn.errors import FoxdqnError
-
     try:
         checkpoint, split, out, overrides = parse_args(argv)
         summary, folder = evaluate_checkpoint(checkpoint, split, out, overrides)
@@ -221,7 +220,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"foxdqn: error: writing the evaluation failed: {exc.filename or ''} {exc.strerror or exc}".strip(),
               file=sys.stderr)
         return 2
-    from foxdqn.analysis.results_table import print_summary
+    from foxdqn.analysis.results_table import print_summary  # start-up (the comment above ALLOWED)
 
     print_summary({**summary, "selection": {}}, folder)
     return 0

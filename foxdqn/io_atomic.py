@@ -77,7 +77,7 @@ _DEFERRED: list[bool] = []
 def deferred_sync():
     """Many atomic writes at once (a population's P run folders): inside the block the writes keep
     their atomic rename (a reader sees the old file or the whole new one) but skip the two fsyncs
-    of each file (about 7 ms a file on a 2-core VM); at the end of the block one ``os.sync()``
+    of each file (their cost: docs/bench.md#other-costs); at the end of the block one ``os.sync()``
     makes them all durable. A power cut inside the block can lose files written in it; a crash of
     the process cannot tear one."""
     _DEFERRED.append(True)

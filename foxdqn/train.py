@@ -51,8 +51,11 @@ import hydra  # noqa: E402 - after the signal handlers: these imports take secon
 from hydra.core.hydra_config import HydraConfig  # noqa: E402
 from omegaconf import DictConfig, OmegaConf  # noqa: E402
 
+from foxdqn.cli.callbacks import existed_before  # noqa: E402
+from foxdqn.cli.fast_exit import exit_worker_without_teardown  # noqa: E402
+from foxdqn.cli.placement import launcher_kind, place_sweep_job  # noqa: E402
 from foxdqn.config.compose import conf_folder  # noqa: E402
-from foxdqn.config.schema import finalize  # noqa: E402
+from foxdqn.config.schema import composition_error, finalize  # noqa: E402
 from foxdqn.errors import FoxdqnError  # noqa: E402
 from foxdqn.job.check import preflight  # noqa: E402
 from foxdqn.job.failure import FAILED_JOBS, fail, job_failed, remove_if_unused  # noqa: E402
@@ -72,9 +75,7 @@ def _run(cfg: DictConfig) -> float | None:
     _TASK_STARTED = True
     mark("compose")  # Hydra composed the config and made the run folder
     _place_on_gpu()  # first: finalize() below initialises CUDA (torch.cuda.is_available())
-    from foxdqn.run.resume import given_keys, resolve_resume
-
-    from foxdqn.cli.callbacks import existed_before
+    from foxdqn.run.resume import given_keys, resolve_resume  # start-up: checkpoints and the loggers, off --help's path
 
     hydra_dir = Path(HydraConfig.get().runtime.output_dir)
     run_dir, payload, run_id = hydra_dir, None, None
@@ -107,13 +108,9 @@ def _place_on_gpu() -> None:
 
     from hydra.types import RunMode
 
-    from foxdqn.cli.placement import launcher_kind, place_sweep_job
-
     hc = HydraConfig.get()
     if hc.mode != RunMode.MULTIRUN:
         return
-    from foxdqn.cli.fast_exit import exit_worker_without_teardown
-
     exit_worker_without_teardown()  # a joblib worker ends without Python's teardown (nanobind's leak lines)
     log = logging.getLogger("foxdqn.cli.placement")
     try:
@@ -144,7 +141,6 @@ def main() -> None:
     from hydra.errors import HydraException
     from omegaconf.errors import OmegaConfBaseException
 
-    from foxdqn.config.schema import composition_error
     from hydra_plugins.foxdqn_population.population_launcher import register
     from hydra_plugins.foxdqn_population.sweeper import register as register_sweeper
 
@@ -171,7 +167,7 @@ def main() -> None:
         sys.exit(max(code for code, _ in FAILED_JOBS))
 
 
-if __name__ == "__main__":  # python -m foxdqn.train: run main, then exit without the interpreter's ~1 s
+if __name__ == "__main__":  # python -m foxdqn.train: run main, then exit without the interpreter's
     from foxdqn.cli.fast_exit import run_as_program  # teardown (foxdqn.cli.fast_exit)
     from foxdqn.train import main as _main  # (the imported module's: one Hydra task function per process)
 

@@ -26,11 +26,15 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from foxdqn.actions.switch import SwitchPenalty
 from foxdqn.execution.orders import EXPOSURES, MARKET, NORMAL, compose
 from foxdqn.execution.fills import RUIN_FRACTION, unit_switch_cost
+from foxdqn.analysis.equity_plot import plot_equity
 from foxdqn.analysis.metrics import performance_summary
 from foxdqn.analysis.significance import probabilistic_sharpe_ratio, sharpe_confidence_interval
 from foxdqn.device.chunk_graph import CHUNK_STEPS, ChunkGraph
+from foxdqn.io_atomic import write_json_atomic, write_text_atomic
+from foxdqn.step.build import build_env
 
 # Baselines as fixed actions: exposure index 4 (+1) / 2 (flat), market order, normal urgency.
 BUY_AND_HOLD_ACTION = int(compose(torch.tensor(4), torch.tensor(0), torch.tensor(1)))
@@ -63,8 +67,6 @@ def capture_default(cfg) -> bool:
 
 
 def _walks(cfg, market, split, device, policy, num_envs: int = 1, capturable: bool = False) -> list[dict]:
-    from foxdqn.step.build import build_env
-
     gen = torch.Generator(device=device)
     gen.manual_seed(cfg.seed)
     env = build_env(cfg, market, split, device, gen, num_envs=num_envs, eval_mode=True)
@@ -167,8 +169,6 @@ def evaluate_agents(cfg, market, online: torch.nn.Module, device: torch.device, 
     online.eval()
     switch = scale = None
     if cfg.action.switch_margin > 0:  # the greedy choice pays for leaving the position (foxdqn.actions.switch)
-        from foxdqn.actions.switch import SwitchPenalty
-
         switch = SwitchPenalty(cfg.action.switch_margin, 1.0 if reward_scales else cfg.loss.reward_scale,
                                None if action_mode is None else action_mode.name, device)
         if reward_scales:
@@ -226,9 +226,6 @@ def write_report(out_dir: Path, result: dict, market, split: str, title: str, ex
     """
     import pandas as pd
 
-    from foxdqn.analysis.equity_plot import plot_equity
-    from foxdqn.io_atomic import write_json_atomic, write_text_atomic
-
     out_dir.mkdir(parents=True, exist_ok=True)
     agent = result["curves"]["agent"]
     index = np.asarray(agent["index"], dtype=np.int64)  # bar of each equity point, [S+1]
@@ -268,8 +265,6 @@ def evaluate_episodes(cfg, online: torch.nn.Module, action_mode, device: torch.d
     (:func:`finished_episodes`; ``graph`` as in :func:`evaluate`; a host env is never captured).
     Returns mean/std/min/max return, mean length and, for goal-conditioned envs, the success rate.
     """
-    from foxdqn.step.build import build_env
-
     gen = torch.Generator(device=device)
     gen.manual_seed(cfg.seed + seed_offset)
     num_envs = episode_env_count(episodes, num_envs)

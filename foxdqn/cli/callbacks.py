@@ -23,7 +23,12 @@ from pathlib import Path
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf, open_dict
 
+from foxdqn.cli import placement
+from foxdqn.config.compose import sweep_composer
+from foxdqn.errors import FoxdqnError
+from foxdqn.job.check import preflight
 from foxdqn.job.failure import NEW_PARENTS
+from foxdqn.run.folder import previous_outputs
 
 _log = logging.getLogger(__name__)
 
@@ -73,8 +78,6 @@ class CheckOutputFolder(Callback):
 
     def on_run_start(self, config: DictConfig, **kwargs) -> None:
         from omegaconf import read_write
-
-        from foxdqn.run.folder import previous_outputs
 
         target = self._check(config, "hydra.run.dir")
         NEW_PARENTS.clear()
@@ -140,10 +143,6 @@ class CheckJobs(Callback):
     """Before the first job of a basic-sweeper ``--multirun``: compose and check every job."""
 
     def on_multirun_start(self, config: DictConfig, **kwargs) -> None:
-        from foxdqn.config.compose import sweep_composer
-        from foxdqn.errors import FoxdqnError
-        from foxdqn.job.check import preflight
-
         jobs = sweep_jobs(config)
         hydra_overrides = OmegaConf.to_container(config.hydra.overrides.hydra, resolve=False)
         searchpath = [o for o in hydra_overrides if o.lstrip("+~").startswith("hydra.searchpath")]
@@ -173,8 +172,6 @@ class PlaceJobsOnGpus(Callback):
     """
 
     def on_multirun_start(self, config: DictConfig, **kwargs) -> None:
-        from foxdqn.cli import placement
-
         os.environ.pop(placement.SWEEP_GPUS_ENV, None)  # an outer process's value never reaches our workers
         kind = placement.launcher_kind(OmegaConf.select(config, "hydra.launcher._target_", default=None))
         if kind is None or OmegaConf.select(config, "device", default="auto") == "cpu":

@@ -1,14 +1,14 @@
 """End a command-line process without the interpreter's teardown.
 
-After torch is loaded, Python's own
-shutdown (freeing every module and object one by one) takes about a second on a 2-core CPU,
-after all of the command's work is done. :func:`run_as_program` runs a command's ``main`` and then
-ends the process as Python would, minus that teardown: the non-daemon threads are waited for
-(``threading._shutdown``, what normal shutdown does first), the ``atexit`` handlers run (logging's
-flush and close, weakref finalizers such as temporary directories, the handlers of Ray, MLflow,
-joblib), stdout and stderr are flushed, and the exit status is the one ``sys.exit`` would have
-given. Files foxdqn writes are complete before this point (foxdqn.io_atomic). Only for the
-``if __name__ == "__main__"`` block of a command: a function that calls it never returns.
+After torch is loaded, Python's own shutdown (freeing every module and object one by one) takes a
+noticeable time (docs/bench.md#other-costs), after all of the command's work is done.
+:func:`run_as_program` runs a command's ``main`` and then ends the process as Python would, minus
+that teardown: the non-daemon threads are waited for (``threading._shutdown``, what normal shutdown
+does first), the ``atexit`` handlers run (logging's flush and close, weakref finalizers such as
+temporary directories, the handlers of Ray, MLflow, joblib), stdout and stderr are flushed, and the
+exit status is the one ``sys.exit`` would have given. Files foxdqn writes are complete before this
+point (foxdqn.io_atomic). Only for the ``if __name__ == "__main__"`` block of a command: a function
+that calls it never returns.
 """
 from __future__ import annotations
 

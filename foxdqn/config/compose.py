@@ -11,8 +11,8 @@ from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
-from foxdqn.config.schema import TrainConfig, composition_error, finalize
-from foxdqn.errors import ConfigError
+from foxdqn.config.schema import TrainConfig, composition_error, finalize, finalize_object, to_object
+from foxdqn.errors import ConfigError, FoxdqnError
 
 
 def conf_folder() -> Path:
@@ -64,7 +64,7 @@ class JobComposer:
     is derived from its base's config without Hydra or OmegaConf: its values are set on a copy
     of the base's :class:`TrainConfig` before the debug caps (:func:`set_leaf`: the schema's
     type, as OmegaConf would convert it), then :func:`foxdqn.config.schema.finalize_object` applies the
-    caps and the checks (about 10 ms on a 2-core CPU; a Hydra compose and ``finalize`` is 0.3-0.6 s).
+    caps and the checks (far cheaper than a Hydra compose and ``finalize``: docs/bench.md#other-costs).
     A value the plain path cannot set as OmegaConf would (a list, a type it cannot convert) goes
     through OmegaConf (``OmegaConf.update`` on the base's composed config, then
     :func:`finalize`), and anything else is composed. Every finalized config is kept by its
@@ -90,8 +90,6 @@ class JobComposer:
 
     def __call__(self, overrides: list[str]) -> TrainConfig:
         import copy
-
-        from foxdqn.config.schema import finalize_object, to_object
 
         done = self.lookup(overrides)
         if done is not None:
@@ -156,7 +154,7 @@ class JobComposer:
 
 
 #: Hydra's override parser (made once) and whether a dotted key names a config group (asked once per
-#: key: a lookup in the config repository costs about 15 ms).
+#: key: a lookup in the config repository is slow, docs/bench.md#other-costs).
 _PARSER: dict = {}
 _IS_GROUP: dict[str, bool] = {}
 
@@ -218,8 +216,6 @@ def set_leaf(obj: TrainConfig, dotted: str, value) -> bool:
 
 
 def _compose(make) -> DictConfig:
-    from foxdqn.errors import FoxdqnError
-
     try:
         return make()
     except FoxdqnError:

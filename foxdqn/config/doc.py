@@ -14,6 +14,9 @@ import sys
 import typing
 from pathlib import Path
 
+from foxdqn.config.compose import conf_folder
+from foxdqn.config.schema import Choice, TrainConfig
+
 BEGIN, END = "<!-- keys:begin -->", "<!-- keys:end -->"
 DOC = Path(__file__).resolve().parents[2] / "docs" / "configuration.md"
 
@@ -40,8 +43,6 @@ def _comments(cls) -> dict[str, str]:
 
 
 def _type_name(kind) -> str:
-    from foxdqn.config.schema import Choice
-
     if isinstance(kind, type) and issubclass(kind, Choice):
         return " \\| ".join(kind._member_names_)
     if typing.get_origin(kind) is typing.Union:
@@ -78,8 +79,6 @@ def rows(node, prefix: str = "") -> list[tuple[str, str, str, str]]:
 
 def options() -> list[str]:
     """Markdown: the option files of each config group of conf/ (the package ``foxdqn.conf``)."""
-    from foxdqn.config.compose import conf_folder
-
     out = ["### groups of conf/", "", "Choose one with `GROUP=OPTION` (an experiment with `+experiment=NAME`).", "",
            "| group | options |", "|---|---|"]
     for folder in sorted((p for p in conf_folder().iterdir() if p.is_dir() and not p.name.startswith("_")),
@@ -91,8 +90,6 @@ def options() -> list[str]:
 
 def tables() -> str:
     """Markdown: the groups of conf/, the top-level keys, then one section per group, in schema order."""
-    from foxdqn.config.schema import TrainConfig
-
     cfg, sections = TrainConfig(), {"": []}
     for key, kind, default, note in rows(cfg):
         group = key.split(".")[0] if "." in key else ""

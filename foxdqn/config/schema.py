@@ -32,6 +32,7 @@ from hydra.core.config_store import ConfigStore
 from omegaconf import DictConfig, OmegaConf
 
 from foxdqn.actions.modes import ACTION_MODES
+from foxdqn.data.builtin import BUILTIN_DATASETS
 from foxdqn.data.config import DataConfig
 from foxdqn.execution.fills import ExecutionConfig
 from foxdqn.errors import ConfigError
@@ -909,8 +910,6 @@ def run_name(experiment: str, data_path: Optional[str] = None, env_id: Optional[
 
     Characters other than letters, digits, ``-``, ``_`` and ``.`` become ``_``."""
     import re
-
-    from foxdqn.data.builtin import BUILTIN_DATASETS
 
     if data_path:
         market, _, algo = str(experiment).partition("_")

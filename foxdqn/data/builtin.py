@@ -32,14 +32,15 @@ bars. A generated market also gives the oracle its expected returns
 import importlib.util
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Mapping, Optional
+from typing import Any, Callable, Mapping, Optional
 
 import numpy as np
 
+from foxdqn.data import synthetic
+from foxdqn.data.synthetic import SyntheticMarket, make_martingale_ohlcv
 from foxdqn.errors import DataError
 
-if TYPE_CHECKING:  # foxdqn.data.config imports this module (its choices): no import of it here
-    from foxdqn.data.synthetic import SyntheticMarket
+# foxdqn.data.config imports this module at its top (the choices of data.name): no import of it here
 
 
 @dataclass(frozen=True)
@@ -62,8 +63,6 @@ GENERATED_START, GENERATED_FREQ, GENERATED_SUBSTEPS = "2017-01-02", "1h", 64
 
 
 def _martingale_1h(bars: int, seed: int, vol_per_bar: float) -> "SyntheticMarket":
-    from foxdqn.data.synthetic import SyntheticMarket, make_martingale_ohlcv
-
     frame = make_martingale_ohlcv(bars, vol_per_bar=vol_per_bar, substeps=GENERATED_SUBSTEPS, seed=seed,
                                   freq=GENERATED_FREQ, start=GENERATED_START)
     return SyntheticMarket(frame, np.zeros(bars), np.zeros(bars), np.ones(bars, dtype=np.int8))
@@ -73,8 +72,6 @@ def _generated(function: str) -> Callable[..., "SyntheticMarket"]:
     """``make`` of a generated market: ``foxdqn.data.synthetic.<function>(bars, **parameters)`` with
     the built-ins' start, spacing and fine steps."""
     def make(bars: int, **parameters: Any) -> "SyntheticMarket":
-        from foxdqn.data import synthetic
-
         return getattr(synthetic, function)(bars, substeps=GENERATED_SUBSTEPS, freq=GENERATED_FREQ,
                                             start=GENERATED_START, **parameters)
 

@@ -13,6 +13,7 @@ from typing import Optional
 
 import pandas as pd
 
+from foxdqn.data.builtin import BUILTIN_DATASETS, generated_names
 from foxdqn.errors import ConfigError
 
 #: Tolerance on ``train + val + test == 1``.
@@ -116,8 +117,6 @@ class SyntheticConfig:
         """Check the values, and that the market ``name`` reads every key that is set (``name``
         None: the data is read from a file, so none may be set). Raises :class:`ConfigError`
         naming ``<prefix>.<key>``."""
-        from foxdqn.data.builtin import BUILTIN_DATASETS, generated_names
-
         for key in ("bars", "seed"):
             value = getattr(self, key)
             if value is not None and (isinstance(value, bool) or not isinstance(value, Integral)
@@ -217,8 +216,6 @@ class DataConfig:
 
     def validate(self) -> None:
         """Raise :class:`ConfigError` naming the first bad field (``data.<field>``)."""
-        from foxdqn.data.builtin import BUILTIN_DATASETS  # local: builtin imports nothing heavy
-
         if self.path is not None:
             if not isinstance(self.path, str) or not self.path.strip():
                 raise ConfigError(f"data.path must be a non-empty file path string, got {self.path!r}")

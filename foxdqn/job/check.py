@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from foxdqn.config.schema import TrainConfig
+from foxdqn.data import load_market_data
 from foxdqn.errors import ConfigError
 from foxdqn.job.memory import available_bytes, replay_row, replays_that_fit
 from foxdqn.timings import mark
@@ -19,10 +20,11 @@ def preflight(tc: TrainConfig):
     Raises:
         FoxdqnError: ConfigError or DataError, naming the key, file or row.
     """
-    from foxdqn.replay.buffer import replay_bytes
+    # start-up: foxdqn.train imports this module; the imports below stay here, off the path of --help
+    from foxdqn.replay.buffer import replay_bytes  # the replay's Triton ops
 
     if tc.logger.mlflow:
-        from foxdqn.logger.mlflow_log import check_store
+        from foxdqn.logger.mlflow_log import check_store  # foxdqn.logger (rich), for logger=mlflow only
 
         try:
             check_store(tc.logger.mlflow_uri)
@@ -31,7 +33,7 @@ def preflight(tc: TrainConfig):
         except ValueError as exc:
             raise ConfigError(f"logger.mlflow_uri: the MLflow store {exc}") from None
     if tc.logger.wandb:
-        from foxdqn.logger.wandb_log import check
+        from foxdqn.logger.wandb_log import check  # foxdqn.logger (rich), for logger=wandb only
 
         try:
             check(str(tc.logger.wandb_mode))
@@ -44,7 +46,7 @@ def preflight(tc: TrainConfig):
             raise ConfigError("search.pruner=median needs optuna: pip install 'foxdqn[sweep]' (or pip install "
                               "optuna)") from None
     if tc.logger.prometheus.port is not None:  # a port in use fails here, before any folder is made
-        from foxdqn.logger.prometheus_log import probe
+        from foxdqn.logger.prometheus_log import probe  # foxdqn.logger (rich), with a port only
 
         try:
             probe(tc.logger.prometheus.port, tc.logger.prometheus.addr)
@@ -57,8 +59,8 @@ def preflight(tc: TrainConfig):
     if tc.env.name == "gym":  # unknown id / non-Discrete actions fail here
         import math
 
-        from foxdqn.envs.gym_adapter import describe
-        from foxdqn.step.build import check_encoder
+        from foxdqn.envs.gym_adapter import describe  # gymnasium, for env=gym only
+        from foxdqn.step.build import check_encoder  # step.build imports the replay's Triton ops
 
         spaces = describe(tc.env)
         check_encoder(tc.model.encoder, spaces["obs_shape"], tc.env.id)
@@ -77,8 +79,6 @@ def market_data(tc: TrainConfig):
     setting: a multirun's precheck and its jobs share the load."""
     if tc.env.name != "trading":
         return None
-    from foxdqn.data import load_market_data
-
     key = (repr(tc.data), tc.env.window, tc.env.episode_length)
     if key not in _MARKETS:
         _MARKETS.clear()  # one dataset at a time: a sweep over files does not pile them up

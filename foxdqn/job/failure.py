@@ -9,6 +9,8 @@ import shutil
 import sys
 from pathlib import Path
 
+from foxdqn.run.folder import only_hydra_files
+
 
 def fail(message: str, code: int = 2) -> None:
     """``foxdqn: error: <message>`` on stderr, then exit with ``code``.
@@ -28,8 +30,6 @@ NEW_PARENTS: list[Path] = []
 def remove_if_unused(run_dir: Path) -> None:
     """Remove the folder Hydra made for this job when it holds only Hydra's ``.hydra/`` and log, and
     the empty folders Hydra made above it (a run refused before any work leaves nothing behind)."""
-    from foxdqn.run.folder import only_hydra_files
-
     if only_hydra_files(run_dir):
         shutil.rmtree(run_dir, ignore_errors=True)
         remove_new_parents()

@@ -25,7 +25,7 @@ def replay_row(tc: TrainConfig, market, members: int = 1) -> tuple[int, int]:
     docs/design/replay.md#windowed-trading-replay), else the float32 observation. ``members``: the
     population's size; with ``data.augment`` its env walks every member's paths (``members ×
     paths × training bars``), which widens the codes to float64 past 2**24 bars."""
-    if tc.env.name == "trading":
+    if tc.env.name == "trading":  # start-up: job.check imports this module on the path of --help
         from foxdqn.data.augment import training_bars
         from foxdqn.ops.trading_code import CODE_WIDTH, state_code_dtype
         from foxdqn.step.build import ENV_DTYPES

@@ -4,10 +4,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from foxdqn.analysis.results_table import print_summary
 from foxdqn.config.schema import TrainConfig
 from foxdqn.errors import FoxdqnError, HaltError
+from foxdqn.io_atomic import write_json_atomic
 from foxdqn.job.failure import fail, job_failed, remove_if_unused, remove_new_parents
-from foxdqn.timings import mark
+from foxdqn.run.folder import RunFolder, previous_outputs
+from foxdqn.timings import CLOCK, format_line, mark
 
 
 def run_job(tc: TrainConfig, market, run_dir: Path, payload: dict | None = None,
@@ -18,9 +21,9 @@ def run_job(tc: TrainConfig, market, run_dir: Path, payload: dict | None = None,
     ``payload``/``run_id``: what :func:`foxdqn.run.resume.resolve_resume` continues (None, None: a new
     run). A new run whose build fails (bad input, out of memory, an unwritable file) leaves no folder.
     """
+    # start-up: foxdqn.train imports this module; the training loop (the step's Triton ops, the
+    # loggers) is imported here, off the path of --help
     from foxdqn.run.loop import Interrupted, prepare, run_prepared
-    from foxdqn.analysis.results_table import print_summary
-    from foxdqn.run.folder import RunFolder, previous_outputs
 
     folder = None
     # a new run (else: a resume, or a killed run started over in its folder); a run folder of another run is refused
@@ -29,7 +32,7 @@ def run_job(tc: TrainConfig, market, run_dir: Path, payload: dict | None = None,
     try:
         folder = RunFolder(run_dir).open(resume=not new, config=tc, run_id=run_id)
         if not new and payload is None:  # a run killed before its first checkpoint: its partial outputs go
-            from foxdqn.run.resume import start_over
+            from foxdqn.run.resume import start_over  # start-up: checkpoints and the loggers, off --help's path
 
             start_over(run_dir)
         try:
@@ -74,9 +77,6 @@ def write_timings(run_dir: Path, summary: dict) -> None:
     previous job of this process) and one log line; the clock then restarts for the next job."""
     import logging
 
-    from foxdqn.io_atomic import write_json_atomic
-    from foxdqn.timings import CLOCK, format_line
-
     mark("summary")
     times = CLOCK.as_dict(training_wall_s=summary.get("wall_time_s"), device=summary.get("device"),
                           graph=summary.get("graph"), env_steps=summary.get("env_steps"))
@@ -84,7 +84,7 @@ def write_timings(run_dir: Path, summary: dict) -> None:
         write_json_atomic(run_dir / "timings.json", times)
     except OSError as exc:  # the run itself is complete: a lost breakdown is a warning
         logging.getLogger(__name__).warning("timings.json not written: %s", exc)
-    from foxdqn.logger.detail import DETAIL
+    from foxdqn.logger.detail import DETAIL  # start-up: foxdqn.logger imports rich, off --help's path
 
     logging.getLogger(__name__).info("start-up breakdown: %s (timings.json)", format_line(times), extra=DETAIL)
     CLOCK.restart()
@@ -93,8 +93,8 @@ def write_timings(run_dir: Path, summary: dict) -> None:
 def settle_heap() -> None:
     """Collect, then freeze every object alive now (``gc.freeze``: the cyclic collector skips them
     from then on; reference counting still frees them). ``torch.cuda.graph`` runs ``gc.collect()``
-    before each capture, which otherwise walks the ~400k objects of the imported modules (0.15 s
-    on a 2-core CPU, per capture). Objects a job creates later stay collectable: the next job's
+    before each capture, which otherwise walks the ~400k objects of the imported modules at every
+    capture (docs/bench.md#other-costs). Objects a job creates later stay collectable: the next job's
     call collects them before it freezes. (``torch._dynamo`` is not imported: the run neither
     compiles nor builds a ``torch.optim`` optimizer, foxdqn/ops/library.py.)"""
     import gc

@@ -19,8 +19,10 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from foxdqn.io_atomic import write_text_atomic
 from foxdqn.logger.csv_log import CsvLogger
 from foxdqn.logger.progress import TrainProgress
+from foxdqn.logger.tensorboard_log import TensorBoardLogger  # tensorboard itself is imported by its constructor
 
 __all__ = ["MetricsLogger", "CsvLogger", "TrainProgress", "TensorBoardLogger"]
 
@@ -28,20 +30,9 @@ STEP_COLUMN = "step"
 """Name of the CSV column holding ``step`` (always the first column)."""
 
 
-def __getattr__(name: str) -> Any:
-    # TensorBoardLogger is exported lazily: importing it pulls in tensorboard (~1 s).
-    if name == "TensorBoardLogger":
-        from foxdqn.logger.tensorboard_log import TensorBoardLogger
-
-        return TensorBoardLogger
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
-
 def truncate_after(path: Path, step: int) -> None:
     """Keep the header and the rows of CSV ``path`` whose ``step`` is at most ``step`` (atomic; no file: no-op)."""
     import csv
-
-    from foxdqn.io_atomic import write_text_atomic
 
     if not path.is_file():
         return
@@ -94,8 +85,6 @@ class MetricsLogger:
             raise
         self.tb: Any = None
         if tensorboard:
-            from foxdqn.logger.tensorboard_log import TensorBoardLogger
-
             try:
                 self.tb = TensorBoardLogger(self.run_dir / "tb",
                                             purge_step=None if resume_after is None else resume_after + 1)

@@ -26,6 +26,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from foxdqn.io_atomic import write_text_atomic
+
 RUN_ID_FILE = "mlflow_run_id"
 #: MLflow's limits: params per log_batch call, characters of a param value
 PARAMS_PER_BATCH, PARAM_CHARS = 100, 6000
@@ -134,8 +136,6 @@ class MlflowLogger:
         run = self.client.create_run(experiment_id, run_name=run_name,
                                      tags={"foxdqn.run_dir": str(Path(run_dir).resolve()), **(tags or {})})
         self.run_id = run.info.run_id
-        from foxdqn.io_atomic import write_text_atomic
-
         write_text_atomic(id_file, f"{self.run_id}\n{self.uri}\n")
         from mlflow.entities import Param
 

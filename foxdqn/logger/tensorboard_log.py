@@ -27,7 +27,7 @@ class TensorBoardLogger:
     """
 
     def __init__(self, logdir: str | os.PathLike[str], flush_secs: int = 30, purge_step: int | None = None) -> None:
-        # Imported lazily: importing tensorboard costs ~1 s and is not needed elsewhere.
+        # start-up: tensorboard is a slow import (docs/bench.md#other-costs), needed only here
         from torch.utils.tensorboard import SummaryWriter
 
         self.logdir = Path(logdir)

@@ -27,6 +27,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from foxdqn.io_atomic import write_text_atomic
+
 RUN_ID_FILE = "wandb_run_id"
 log = logging.getLogger(__name__)
 
@@ -78,8 +80,6 @@ class WandbLogger:
         self.run_id, self.mode = run_id, str(mode)
         self.folder = Path(self.run.dir).parent if mode != "disabled" else None
         if not resumed:
-            from foxdqn.io_atomic import write_text_atomic
-
             write_text_atomic(id_file, run_id + "\n")
 
     def log(self, step: int, metrics: Mapping[str, Any]) -> None:

@@ -10,10 +10,9 @@ from foxdqn.ops.mlp_chain import MAX_LAYERS, mlp_chain, mlp_chain_supported
 from foxdqn.ops.q_forward import MAX_HIDDEN, q_forward, q_forward_supported
 
 CHAIN_BACKENDS = ("auto", "triton", "torch")
-#: rows from which a no-gradient forward of a dueling MLP runs q_forward (read at each call). H200,
-#: eurusd_dqn's network, graph replays (bench/results/2026-12-01_NVIDIA-H200_ops-issue17-act.md):
-#: 4,096 rows 29.7 µs against 39.4 for the modules; 128 rows (the target network's batch) 29.3
-#: against 27.4. The op's time hardly depends on the rows (one program per 32 rows, latency-bound).
+#: rows from which a no-gradient forward of a dueling MLP runs q_forward (read at each call): below,
+#: the modules are as fast or faster (the target network's 128 rows); the op's time hardly depends
+#: on the rows (one program per 32 rows, latency-bound). H200 figures: docs/bench.md#launch-constants.
 Q_FORWARD_MIN_ROWS = 1024
 
 

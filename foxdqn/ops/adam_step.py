@@ -32,17 +32,16 @@ in the gradients, which are not modified here. ``powf`` is libdevice's ``__nv_po
 (what ``std::pow(float, float)`` is in torch's CUDA kernel); the interpreter, which has no
 libdevice, computes ``exp(t · log b)`` in float64 and rounds it once (within an ulp of ``powf``).
 
-Rounding vs torch: on CUDA the scalar part (``powf``, ``sqrt_rn``, the ``div_rn`` of the step
-size) and the moment updates (explicit fma) are rounded as in ATen's kernel; the two element
-divisions are Triton's ``/`` (PTX ``div.full.f32``, each within 2 ulp of its quotient), as in
-``torch.compile``'s kernel of the reference, where ATen divides with IEEE rounding (the IEEE
-divisions took about 0.7 µs more at ``eurusd_dqn``'s network, 4.3 against 3.6 µs without step
-counts: H200, in-graph, ``bench/results/2026-12-02_NVIDIA-H200_adam-epsilon-variants.txt``). The
-first division's error enters ``denom``, so the step (``step_size·m / denom``) is within about
-4 ulp of the IEEE step; the stored ``param`` then differs from the IEEE result by at most an ulp
-of ``param`` where ``|param|`` is much larger than the step, by more ulps of ``param`` where it is
-comparable (a zero-initialised bias at step 1, a weight crossing zero: there the error is a few
-ulp of the step), and the differences build up over steps (that file's "max int diff" lines:
+Rounding vs torch: on CUDA the scalar part (``powf``, ``sqrt_rn``, the ``div_rn`` of the step size)
+and the moment updates (explicit fma) are rounded as in ATen's kernel; the two element divisions are
+Triton's ``/`` (PTX ``div.full.f32``, each within 2 ulp of its quotient), as in ``torch.compile``'s
+kernel of the reference, where ATen divides with IEEE rounding (IEEE divisions are slower here:
+docs/bench.md#launch-constants). The first division's error enters ``denom``, so the step
+(``step_size·m / denom``) is within about 4 ulp of the IEEE step; the stored ``param`` then differs
+from the IEEE result by at most an ulp of ``param`` where ``|param|`` is much larger than the step,
+by more ulps of ``param`` where it is comparable (a zero-initialised bias at step 1, a weight
+crossing zero: there the error is a few ulp of the step), and the differences build up over steps
+(``bench/results/2026-12-02_NVIDIA-H200_adam-epsilon-variants.txt``, its "max int diff" lines:
 params after three steps against the IEEE kernel). So the result follows
 ``torch.optim.Adam(fused=True)`` to a few ulps of the step per step, not bit for bit: the GPU
 test checks within 1e-3 of a step's size after several steps against torch 2.11, whose fused
@@ -76,10 +75,8 @@ blocks at once. The exception is a misuse: two calls of this op running concurre
 of one device share the ticket, and there one last program can pass on the other launch's increments
 and the other then waits forever (:mod:`foxdqn.ops.tensor_list`, "Scratch"; the training step calls
 it on one stream). The interpreter runs the programs in pid order, so there the last one finds every
-increment in. In-graph on the H200 this costs about 0.4 µs over no counts at all at one network and
-about 1 µs at 64 members; a ticket drawn by every program with acq_rel, the design before, cost 0.6
-and 5 µs (each program waited for the atomic's result before its element work;
-``bench/results/2026-12-02_NVIDIA-H200_adam-epsilon-variants.txt``). With one count per tensor
+increment in. What the counts cost in-graph, against no counts and against a ticket that every
+program draws and waits for: docs/bench.md#launch-constants. With one count per tensor
 (torch's optimizer state) each launch's last program advances its own tensors' counts; with one
 count shared by all tensors (:class:`foxdqn.population.optim.MemberAdam`'s ``steps``) only the last
 launch's last program advances it, after every launch has read it (the earlier launches completed,
@@ -105,10 +102,8 @@ from foxdqn.ops.library import device_op, wrap_triton
 from foxdqn.ops.tensor_list import (MAX_SLOTS, F32, check_list, check_member_vector, check_members, describe, locate,
                                     pick8, plan, scratch, slots)
 
-BLOCK = 512  # elements of one member's slice per program (H200, in-graph, 256..4,096 and 2..8 warps: 512 and
-#             4 warps the fastest at eurusd_dqn's one network, 3.9 µs; 4.2 µs at 1,024)
-BIG_BLOCK = 1024  # the same, for launches of BIG_VALUES values or more (64 eurusd_dqn members, 7.6M values:
-#                  56.7 µs against 57.6 at 512, 59.9 at 2,048 and 8 warps; two H200 runs, one process each)
+BLOCK = 512  # elements of one member's slice per program (an H200 sweep: docs/bench.md#launch-constants)
+BIG_BLOCK = 1024  # the same, for launches of BIG_VALUES values or more (a population's; docs/bench.md#launch-constants)
 BIG_VALUES = 1 << 22  # values per call (all members, all tensors) from which BIG_BLOCK is used
 NUM_WARPS = 4  # warps per program
 _PB = 64  # members per iteration of the last program's loop

@@ -4,8 +4,8 @@ Source: Gymnasium ``CartPole-v1`` (``gymnasium/envs/classic_control/cartpole.py`
 integrator, default reward, ``TimeLimit(500)``), as documented in :mod:`foxdqn.envs.cartpole`,
 whose :class:`~foxdqn.envs.cartpole.CartPoleEnv` calls this op. The reference
 (:func:`cartpole_step_reference`) is that module's torch step: about 60 small tensor ops (each a
-kernel launch on CUDA, about 80 µs of a captured collect step on an H200); the Triton kernel does
-the same in one launch, one program per ``BLOCK`` envs.
+kernel launch on CUDA; their time: docs/bench.md#launch-constants); the Triton kernel does the same
+in one launch, one program per ``BLOCK`` envs.
 
 Per env ``i`` (float64 state ``(x, x_dot, theta, theta_dot)``, ``tau = 0.02`` s)::
 

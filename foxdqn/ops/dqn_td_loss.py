@@ -78,10 +78,10 @@ __all__ = ["dqn_td_loss", "dqn_td_loss_reference"]
 
 
 # ----------------------------------------------------------------------------- kernel
-TILE = 512  #: elements of a program's [BLOCK_R, BLOCK_A] tile (H200 sweep of TILE, MIN_PROGRAMS, NUM_WARPS)
+TILE = 512  #: elements of a program's [BLOCK_R, BLOCK_A] tile (an H200 sweep: docs/bench.md#launch-constants)
 NUM_WARPS = 4  #: warps per program
 MIN_PROGRAMS = 64  #: BLOCK_R is halved (down to 1) until a launch has at least this many programs
-INTERPRET_MIN_PROGRAMS = 1  #: MIN_PROGRAMS in Triton's interpreter (CPU: every program costs ~5 ms)
+INTERPRET_MIN_PROGRAMS = 1  #: MIN_PROGRAMS in Triton's interpreter (each program is slow there: docs/bench.md#other-costs)
 SUM_ROWS = 64  #: partials per group and iteration of the last program's loop (a power of two)
 SUM_TILE = 1024  #: elements of the last program's [groups, SUM_R] tile
 
@@ -337,7 +337,7 @@ def _reference(q2, q_next_target, q_next_online, action, reward, discount, weigh
         else:
             q_next = q_next_target.max(dim=1).values
         y = reward + discount * q_next
-    if isinstance(huber_delta, torch.Tensor):  # a δ per group: the population's loss before this op
+    if isinstance(huber_delta, torch.Tensor):  # a δ per group (the population's members)
         x = (q_sa - y).view(groups, -1)
         z = x.abs()
         delta = huber_delta[:, None]

@@ -8,8 +8,8 @@ population's :class:`foxdqn.population.network.MemberQNetwork`), with A actions:
     dV[r]    = Σ_a dQ[r, a]                                                (backward)
     dA[r, a] = dQ[r, a] − (Σ_a' dQ[r, a']) / A
 
-The torch reference is today's expression ``value + adv − adv.mean(-1, keepdim=True)``
-(foxdqn/nn/heads.py before issue 17) and autograd of it. The kernel computes the same operations
+The torch reference (:func:`dueling_combine_reference`) is the expression
+``value + adv − adv.mean(-1, keepdim=True)`` and autograd of it. The kernel computes the same operations
 in the same order; the results can differ only by float rounding of the two row sums (the mean's
 summation order, and dV's, is the kernel's own, torch's differs between CPU and CUDA anyway). NaN
 or ±inf in a row's inputs propagate into that row only, as in the reference.
@@ -28,8 +28,8 @@ from foxdqn.ops.backend import resolve_backend
 
 __all__ = ["dueling_combine", "dueling_combine_reference"]
 
-TILE = 256  # elements of a program's [BLOCK_R, BLOCK_A] tile on the GPU (H200 sweep of TILE and NUM_WARPS:
-#           R = 4,096 rows of 45 actions 6.8 -> 5.9 µs per replay, forward + backward of 256 rows 9.7 -> 7.9)
+TILE = 256  # elements of a program's [BLOCK_R, BLOCK_A] tile on the GPU (both from an H200 sweep:
+#           docs/bench.md#launch-constants)
 NUM_WARPS = 1  # warps per program
 
 
@@ -121,7 +121,7 @@ def _check(value: torch.Tensor, advantage: torch.Tensor) -> None:
 # ----------------------------------------------------------------------------- reference
 def dueling_combine_reference(value: torch.Tensor, advantage: torch.Tensor) -> torch.Tensor:
     """Plain-torch :func:`dueling_combine` (same arguments and result), differentiable by autograd:
-    the dueling head's expression before issue 17."""
+    the dueling head's expression, eq. 9 of Wang et al."""
     _check(value, advantage)
     v = value if value.dim() == advantage.dim() else value.unsqueeze(-1)
     return v + advantage - advantage.mean(dim=-1, keepdim=True)

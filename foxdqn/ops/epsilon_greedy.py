@@ -49,12 +49,8 @@ from foxdqn.ops.library import device_op, wrap_triton
 from foxdqn.ops.member_uniform import randint_from_uniform
 from foxdqn.device.schedules import linear_value
 
-BLOCK = 8  # envs per program (H200 sweeps of 8..128 envs, 1..4 warps, 16 or 64 columns per tile, in-graph:
-#           8 envs and 4 warps among the fastest, 2.6-3.1 µs at 4,096 envs and at 64 x 32; every combination
-#           1.6-1.7 µs at 10 envs; 128 envs of 45 actions in one tile spilled. With the loads first and the
-#           shapes constexpr: 8 envs and 4 warps still the choice, among the fastest at 10 and 4,096 envs and
-#           0.3-0.4 µs ahead of 16 x 4 and 8 x 2 at 64 x 32, bench/results
-#           2026-12-02_NVIDIA-H200_epsilon-greedy-variants.txt)
+BLOCK = 8  # envs per program (with NUM_WARPS, from in-graph sweeps on the H200: docs/bench.md#launch-constants;
+#           128 envs of 45 actions in one tile spill)
 NUM_WARPS = 4  # warps per program
 MAX_BLOCK_A = 64  # Q-value columns per tile of the argmax
 RANDOM_BITS = 24  # bits of a uniform used by the random action (torch.rand float32 and MemberRandom)
@@ -87,8 +83,9 @@ def _schedule_row(step_ptr, start_ptr, end_ptr, duration_ptr, g):
 @triton.jit
 def _act(greedy, step, start, end, duration, u_explore, u_action, A, RANDOM_BITS: tl.constexpr):
     """The ε-greedy action (int64) from the greedy one and the loaded schedule and uniforms: ε is
-    evaluated here, after the caller's loads (evaluated before them, its IEEE division held the
-    loads back: 0.2-0.3 µs on the H200), then the explore test picks the random action or ``greedy``."""
+    evaluated here, after the caller's loads (evaluated before them, its IEEE division holds the
+    loads back: docs/bench.md#launch-constants), then the explore test picks the random action or
+    ``greedy``."""
     eps = _linear_epsilon(step, start, end, duration)
     return _explore_or_greedy(eps, u_explore, u_action, greedy.to(tl.int64), A, RANDOM_BITS)
 

@@ -4,9 +4,9 @@ Registering an op with ``torch.library.triton_op`` imports ``torch._inductor`` (
 Triton kernels in the op's source), and with it ``torch._dynamo``, sympy and pandas; calling any
 ``torch.library`` op imports ``torch._dynamo`` too (its backend function is wrapped in
 ``torch._disable_dynamo``), as does ``torch.compiler.disable`` when it decorates. A training run
-never compiles: eager calls and CUDA-graph capture launch the kernels directly. On the H200
-machine those imports are 1.1 s of a warm start (4-5 s without a bytecode cache; measured in
-docs/bench.md#start-up), so the ops are registered when ``torch.compile`` needs them:
+never compiles: eager calls and CUDA-graph capture launch the kernels directly. Those imports
+are a large part of a warm start (docs/bench.md#start-up, docs/bench.md#other-costs), so the ops
+are registered when ``torch.compile`` needs them:
 
 * :func:`device_op` wraps an op's launcher (the function a ``triton_op`` would register, with
   its Triton launches through ``torch.library.wrap_triton``). Eager calls run the launcher
@@ -41,6 +41,8 @@ import pkgutil
 from typing import Any, Callable, Iterable
 
 import torch
+
+import foxdqn.ops
 
 __all__ = ["DeviceOp", "device_op", "compile_disabled", "register_ops", "wrap_triton"]
 
@@ -174,8 +176,8 @@ class _CompileDisabled:
 def _direct_launches():
     """Context in which ``torch.library.wrap_triton`` returns the kernel itself: what a registered op's
     eager call does (``torch._library.triton.set_wrap_triton_enabled(False)``), since the traceable
-    wrapper's dispatch costs about 1 ms per launch and records each launch in torch's kernel side
-    table. Nothing to do before :func:`register_ops` (:func:`wrap_triton` returns the kernel then)."""
+    wrapper's dispatch is slow (docs/bench.md#other-costs) and records each launch in torch's kernel
+    side table. Nothing to do before :func:`register_ops` (:func:`wrap_triton` returns the kernel then)."""
     if not _REGISTERED:
         return contextlib.nullcontext()
     from torch._library import triton as library_triton
@@ -201,11 +203,10 @@ def register_ops() -> None:
     ``torch.compile`` can trace code calling them (``fullgraph=True`` included, except across a
     disabled function). Imports every module of :mod:`foxdqn.ops` first. Idempotent.
 
-    Imports ``torch._inductor`` and ``torch._dynamo`` (1-5 s; the reason this is not done at import).
+    Imports ``torch._inductor`` and ``torch._dynamo`` (seconds: docs/bench.md#other-costs; the reason
+    this is not done at import).
     """
     global _REGISTERED
-    import foxdqn.ops
-
     for module in pkgutil.iter_modules(foxdqn.ops.__path__):
         importlib.import_module(f"foxdqn.ops.{module.name}")
     for op in _OPS:

@@ -74,7 +74,7 @@ def _check(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor) -> None:
 
 
 def linear_relu_reference(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
-    """``relu(F.linear(x, weight, bias))``: ``nn.Linear`` + ``nn.ReLU`` as before issue 17."""
+    """``relu(F.linear(x, weight, bias))``: ``nn.Linear`` followed by ``nn.ReLU``."""
     _check(x, weight, bias)
     return torch.relu(F.linear(x, weight, bias))
 

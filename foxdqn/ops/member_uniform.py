@@ -44,9 +44,8 @@ M1, M2 = 0x7FEB352D, 0x846CA68B  # lowbias32's multipliers
 SEED_SALT = 0x9E3779B9  # separates key(seed) from the draw hash
 MASK32 = 0xFFFFFFFF
 RANDINT_MAX_HIGH = 1 << 24  # U has 24 bits: larger ranges would leave values undrawable
-BLOCK = 256  # draws per program (H200 sweep of 128..1,024 and 1..4 warps: all within 0.3 µs of each other;
-#              fewer draws per member than BLOCK: one grid axis over all members' draws, 128 members
-#              of 20 draws 1.56 µs against 1.72 on the two-axis grid; 64 of 64 no faster, 1.61 against 1.60)
+BLOCK = 256  # draws per program (an H200 sweep: docs/bench.md#launch-constants); with fewer draws per
+#              member than BLOCK, one grid axis runs over all members' draws
 NUM_WARPS = 4  # warps per program
 MAX_MEMBERS = 65535  # the members are grid axis 1 (CUDA's limit) when n >= BLOCK; the blocks of n axis 0
 

@@ -75,9 +75,9 @@ __all__ = ["MAX_LAYERS", "MAX_WIDTH", "launch_forward", "mlp_chain", "mlp_chain_
 
 MAX_LAYERS = 4  # Linear layers of one chain
 MAX_WIDTH = 128  # largest D_i: a [BLOCK_M, 128] activation tile and a [128, 128] weight tile per program
-BLOCK_N = 16  # output units per program of the weight-gradient kernel (H200 sweep: 16 and 32)
-BLOCK_R = 32  # rows per step of the weight-gradient kernel's loop (H200 sweep: 32 and 64)
-NUM_WARPS = 8  # warps per program of the three kernels (H200 sweep, forward of 128 rows: 1, 2, 4 warps 69-119 µs, 8 warps 13.6 µs)
+BLOCK_N = 16  # output units per program of the weight-gradient kernel (an H200 sweep: docs/bench.md#launch-constants)
+BLOCK_R = 32  # rows per step of the weight-gradient kernel's loop (the same sweep)
+NUM_WARPS = 8  # warps per program of the three kernels (fewer are several times slower on the H200: the same sweep)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -120,7 +120,7 @@ def _linear(h, w_ptr, b_ptr, I: tl.constexpr, O: tl.constexpr, PI: tl.constexpr,
             PREC: tl.constexpr):
     """h [BM, PI] (0 beyond I) → h Wᵀ + b [BM, PO] (0 beyond O) for W [O, I], b [O]."""
     # Wᵀ loaded as a [PI, PO] tile (element (i, o) at i + o·I), not W transposed in registers with
-    # tl.trans: on the H200 that layout change made the forward 65-74 µs for cartpole_cleanrl's net
+    # tl.trans, which measured slower on the H200 (docs/bench.md#launch-constants)
     i = tl.arange(0, PI)
     o = tl.arange(0, PO)
     wt = tl.load(w_ptr + o[None, :] * I + i[:, None], mask=(i[:, None] < I) & (o[None, :] < O), other=0.0)

@@ -21,8 +21,9 @@ wherever the reference's Q and the kernel's have the same argmax: they differ by
 The collect step of a network whose forward is mlp_chain's (:class:`foxdqn.nn.qnet.QNetwork` with
 a ReLU :class:`~foxdqn.nn.mlp.MLPEncoder` and a plain :class:`~foxdqn.nn.heads.QHead`, e.g.
 ``cartpole_cleanrl``'s 4 → 120 → 84 → 2) acts through this op (:func:`foxdqn.step.act.act`): one
-kernel where the forward and the selection were two, and Q ([B, A] float32) is neither written
-nor read back.
+kernel for the forward and the selection, where :func:`~foxdqn.ops.mlp_chain.mlp_chain` then
+:func:`~foxdqn.ops.epsilon_greedy.epsilon_greedy` are two, and Q ([B, A] float32) is neither
+written nor read back.
 
 No gradient: the actions are integers, and the kernel saves nothing (whatever the grad mode).
 Capture: device ops only (no host reads of tensor data), the output is ``torch.empty``.

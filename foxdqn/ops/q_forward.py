@@ -105,15 +105,9 @@ MAX_WIDTH = 256  # largest hidden width: h_1 is a [BLOCK_M, 256] register tile p
 MAX_ACTIONS = 64  # largest A: the head's accumulator [BLOCK_M, 64]
 MAX_HIDDEN = 2  # hidden layers (1 or 2)
 
-# Launch constants (read from the module at each launch: a sweep script may set them), from H200
-# sweeps (bench/results/2026-12-01_NVIDIA-H200_ops-sweep-issue17.md and *collect-ab-issue17.md*;
-# feeding the weight tiles unrounded changed nothing measurable), µs per graph replay at
-# eurusd_dqn's sizes:
-# * 8 members of 512 rows ([P, in, out] weights, what MemberQNetwork runs): 24.5-24.8 with 4 warps,
-#   against 57-59 for torch.compile of the reference and 63 for its torch.baddbmm layers;
-# * one network ([out, in] weights, QNetwork): 4,096 rows took 45.4 with 4 warps and 30.5 with 8
-#   in one run (4 warps spill the [32, 256] tiles); with 8, 29.7 against 39.4 for QNetwork's
-#   six-kernel modules at 4,096 rows, 29.3 against 27.4 at 128 (*ops-issue17-act.md*).
+# Launch constants (read from the module at each launch: a sweep script may set them), chosen by
+# sweeps on the H200 at eurusd_dqn's sizes (docs/bench.md#launch-constants). One network's
+# nn.Linear layout takes 8 warps: with 4, its [32, 256] tiles spill.
 BLOCK_M = 32  # rows per program (>= 16, a power of two): 128 programs for 4,096 rows
 BLOCK_K = 64  # columns of x (and rows of W_1ᵀ) per step of layer 1's loop: a [64, 256] W_1ᵀ chunk, 64 KiB
 BLOCK_N = 64  # layer-2 units per step of the head loop: a [256, 64] W_2ᵀ tile (64 KiB) and a [64, 64] head tile

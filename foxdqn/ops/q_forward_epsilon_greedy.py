@@ -21,8 +21,9 @@ float rounding (:mod:`foxdqn.ops.q_forward`), so a near tie can pick another act
 
 The collect step of a network whose forward is q_forward's (:class:`foxdqn.nn.qnet.QNetwork`
 with a dueling head, :class:`foxdqn.population.network.MemberQNetwork`) acts through this op
-(:func:`foxdqn.step.act.act`): one kernel where the forward and the selection were two, and Q
-([N, A] float32) is neither written nor read back.
+(:func:`foxdqn.step.act.act`): one kernel for the forward and the selection, where
+:func:`~foxdqn.ops.q_forward.q_forward` then :func:`~foxdqn.ops.epsilon_greedy.epsilon_greedy` are
+two, and Q ([N, A] float32) is neither written nor read back.
 
 Capture: device ops only (no host reads of tensor data), the output is ``torch.empty``.
 Registered as ``torch.ops.foxdqn.q_forward_epsilon_greedy`` by :func:`foxdqn.ops.library.register_ops`.

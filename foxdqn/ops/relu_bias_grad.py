@@ -30,7 +30,7 @@ from foxdqn.ops.backend import describe, resolve_backend
 
 __all__ = ["relu_bias_grad", "relu_bias_grad_reference"]
 
-BLOCK_H = 8  # columns per program (H200 sweep of BLOCK_H 8..32, BLOCK_M 32..128, 1..4 warps)
+BLOCK_H = 8  # columns per program (the three from an H200 sweep: docs/bench.md#launch-constants)
 BLOCK_M = 128  # rows per step of a program's loop
 NUM_WARPS = 4  # warps per program
 

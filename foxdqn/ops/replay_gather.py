@@ -47,7 +47,7 @@ from foxdqn.ops.replay_add import OBS_DTYPES
 
 __all__ = ["ReplayGather", "replay_gather", "replay_gather_reference", "rows_from_uniforms", "stacked_pair"]
 
-BLOCK_B = 2  # sampled rows per program on the GPU (H200 sweep: 32 rows took 19 µs for 256 rows of D = 162, 2 take 8.3)
+BLOCK_B = 2  # sampled rows per program on the GPU (an H200 sweep: docs/bench.md#launch-constants)
 MAX_BLOCK_D = 256  # observation columns per tile on the GPU
 NUM_WARPS = 4  # warps per program
 

@@ -40,8 +40,8 @@ from foxdqn.ops.trading_code import CODE_ENTRY, CODE_EQUITY, CODE_T, CODE_UNITS,
 from foxdqn.ops.trading_step import (_RUIN, ACCOUNT_OBS_CLIP, FP_WIDTH, TradingMarket, TradingParams,
                                      _store_account_obs, observation_reference)
 
-BLOCK = 1  # code rows per program (H200 sweep of BLOCK 1..8, 1..4 warps, CHUNK 64..256: 8.1 -> 6.5 µs
-#           at 128 rows, 8.6 -> 10.5 at 4,096)
+BLOCK = 1  # code rows per program (the three from an H200 sweep at the update's 128 rows:
+#           docs/bench.md#launch-constants)
 NUM_WARPS = 1  # warps per program
 CHUNK = 256  # window columns gathered per loop iteration (eurusd_dqn's 160 in one)
 

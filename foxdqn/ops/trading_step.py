@@ -66,6 +66,8 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
+from foxdqn.execution.fills import apply_fills, simulate_fills
+from foxdqn.execution.orders import FLAT, factor
 from foxdqn.ops.backend import resolve_backend
 from foxdqn.ops.library import compile_disabled, device_op, wrap_triton
 from foxdqn.ops.trading_code import CODE_WIDTH, state_code_dtype
@@ -77,7 +79,7 @@ from foxdqn.ops.trading_code import CODE_WIDTH, state_code_dtype
 ACCOUNT_OBS_CLIP = 100.0
 
 BLOCK = 32  # envs per program (4,096 envs: 128 programs)
-NUM_WARPS = 1  # warps per program: one thread per env (H200, 4,096 envs: 10 us; 4 warps: 27 us)
+NUM_WARPS = 1  # warps per program: one thread per env (4 are slower on the H200: docs/bench.md#launch-constants)
 CHUNK = 64  # observation-window columns gathered per loop iteration
 
 # fparams row layout (env dtype)
@@ -456,8 +458,6 @@ def _trading_step_op(t: Tensor, steps: Tensor, cash: Tensor, units: Tensor, entr
                      window: int, num_features: int,
                      eval_mode: bool, has_starts: bool, with_next_obs: bool) -> None:
     n = t.shape[0]
-    from foxdqn.execution.orders import FLAT  # imported here: foxdqn.envs imports this module
-
     wrap_triton(_trading_step_kernel)[(triton.cdiv(n, BLOCK),)](
         t, steps, cash, units, entry_price, equity, exposure_idx, episode_return, frozen,
         action, starts, open_, high, low, close, spread, features, fparams, iparams,
@@ -538,8 +538,6 @@ def state_code_reference(t: Tensor, units: Tensor, entry: Tensor, equity: Tensor
 def reset_where_reference(state: TradingState, mask: Tensor, starts: Tensor, params: TradingParams) -> None:
     """Reset the envs where ``mask`` (``[N]`` bool) to a fresh flat episode at bars ``starts``
     (``[N]`` int64), in place."""
-    from foxdqn.execution.orders import FLAT  # imported here: foxdqn.envs imports this module
-
     dev, dt = state.cash.device, state.cash.dtype
     zero = torch.zeros((), device=dev, dtype=dt)
     init = torch.full((), params.initial_equity, device=dev, dtype=dt)
@@ -557,11 +555,8 @@ def reset_where_reference(state: TradingState, mask: Tensor, starts: Tensor, par
 def trading_step_reference(state: TradingState, action: Tensor, starts: Tensor | None, market: TradingMarket,
                            params: TradingParams, next_obs: bool = True) -> TradingStepOut:
     """Plain-torch reference of :func:`trading_step` (same arguments, same in-place writes): the
-    step of :class:`~foxdqn.envs.trading.TradingEnv` as it was written there."""
+    step of :class:`~foxdqn.envs.trading.TradingEnv` in torch ops."""
     with_next_obs = next_obs
-    from foxdqn.execution.orders import factor
-    from foxdqn.execution.fills import apply_fills, simulate_fills
-
     exposure_new, order_type, urgency = factor(action)
     dev, dt = state.cash.device, state.cash.dtype
     zero = torch.zeros((), device=dev, dtype=dt)

@@ -54,9 +54,12 @@ from typing import Any, Iterator
 
 import torch
 
+from foxdqn.config import schema as C
 from foxdqn.config.schema import to_plain, upgrade
+from foxdqn.device import ring_record as R
 from foxdqn.errors import ConfigError
 from foxdqn.io_atomic import write_bytes_atomic
+from foxdqn.run.early_stop import EarlyStopper
 
 #: 4: the header with the body's SHA-256, plain data only (weights_only); 3: keys of the TrainState
 #: parts (nets., rollout., monitors., ...), parameters stored once, a pickled loop state.
@@ -299,8 +302,8 @@ def _old_globals() -> list:
 
     import numpy as np
 
-    from foxdqn.config import schema as C
-    from foxdqn.run.early_stop import EarlyStopper
+    # start-up: the package foxdqn.logger imports rich, which foxdqn.evaluate's load of a checkpoint
+    # (run.resume imports this module) does without
     from foxdqn.logger.diversity import CollapseMonitor
 
     config_types = [v for v in vars(C).values() if isinstance(v, type) and v.__module__ == C.__name__
@@ -350,8 +353,6 @@ def _upgrade_ring(value: torch.Tensor, tensor: torch.Tensor) -> torch.Tensor:
     """A record ring saved before the records grew from 16 to 18 columns (the post-step weight
     check's HALT_WEIGHT, MAX_WEIGHT) gets those columns as in a fresh ring (0, -1); anything else
     is returned as it is."""
-    from foxdqn.device import ring_record as R
-
     if (value.dim() == 2 and tensor.dim() == 2 and value.shape[0] == tensor.shape[0] and value.shape[1] == 16
             and tensor.shape[1] == R.RECORD_SIZE and value.dtype == tensor.dtype == R.RING_DTYPE):
         fresh = torch.zeros(tensor.shape, dtype=R.RING_DTYPE)

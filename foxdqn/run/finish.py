@@ -18,6 +18,7 @@ from foxdqn.config.schema import TrainConfig, run_name
 from foxdqn.run.early_stop import EarlyStopper, resolve_metric, stop_summary
 from foxdqn.analysis.backtest import evaluate, evaluate_episodes, write_report
 from foxdqn.io_atomic import write_json_atomic
+from foxdqn.logger.tensorboard_log import TensorBoardLogger
 from foxdqn.run.search import excluded
 from foxdqn.timings import mark
 
@@ -187,8 +188,6 @@ def log_final(run_dir: Path, cfg: TrainConfig, summary: dict, overrides: list[st
     overrides, or seed and experiment)."""
     if not cfg.logger.tensorboard:
         return
-    from foxdqn.logger.tensorboard_log import TensorBoardLogger
-
     with TensorBoardLogger(run_dir / "tb") as tb:
         tb.log_hparams(hparams(cfg, overrides), final_metrics(summary), int(summary["env_steps"]))
 

@@ -35,6 +35,7 @@ import uuid
 from pathlib import Path
 
 from foxdqn.errors import ConfigError
+from foxdqn.io_atomic import write_text_atomic
 
 MARKER = "INCOMPLETE"
 LOCK = ".lock"
@@ -73,7 +74,7 @@ def record_text(config, run_id: str) -> str:
     :func:`foxdqn.config.schema.to_plain`, in the schema's order; libyaml's dumper where PyYAML has it)."""
     import yaml
 
-    from foxdqn.config.schema import to_plain
+    from foxdqn.config.schema import to_plain  # start-up: torch, off the path of foxdqn.evaluate --help
 
     import hashlib
 
@@ -182,8 +183,6 @@ class RunFolder:
                 stale.unlink()
         self.run_id = run_id or new_run_id()
         if config is not None:
-            from foxdqn.io_atomic import write_text_atomic
-
             write_text_atomic(path / RECORD, record_text(config, self.run_id))
         stamp = _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
         (path / MARKER).write_text(f"started {stamp} pid {os.getpid()}; removed when eval/summary.json is "

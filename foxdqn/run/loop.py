@@ -17,16 +17,23 @@ from typing import NamedTuple
 import numpy as np
 import torch
 
+from foxdqn.run import search
 from foxdqn.run.checkpoint import restore_state, save_checkpoint
-from foxdqn.config.schema import TrainConfig, run_name
-from foxdqn.run.early_stop import EarlyStopper
+from foxdqn.config.schema import TrainConfig, run_name, to_plain
+from foxdqn.device.host_ring import FLAG_FIELDS
+from foxdqn.run.early_stop import EarlyStopper, resolve_metric
 from foxdqn.errors import ConfigError, HaltError
 from foxdqn.run.finish import Agent, RunEnd, evaluate_val, final_metrics, finish, hparams
 from foxdqn.guard.host import GuardTotals
 from foxdqn.guard.q_monitor import QTotals
 from foxdqn.io_atomic import write_text_atomic
+from foxdqn.logger import MetricsLogger
 from foxdqn.logger.detail import DETAIL
 from foxdqn.logger.diversity import CollapseMonitor, action_diversity, entropy, format_top, top_actions
+from foxdqn.logger.mlflow_log import MlflowLogger, store_folder
+from foxdqn.logger.progress import TrainProgress
+from foxdqn.logger.prometheus_log import PrometheusExporter
+from foxdqn.logger.wandb_log import WandbLogger
 from foxdqn.step import stats as S
 from foxdqn.step.iteration import make_iteration
 from foxdqn.step.state import TrainState, build_state, resolve_device
@@ -129,8 +136,6 @@ def _open_prometheus(cfg: TrainConfig):
     p = cfg.logger.prometheus
     if p.port is None:
         return None
-    from foxdqn.logger.prometheus_log import PrometheusExporter
-
     try:
         exporter = PrometheusExporter(p.port, p.addr, {"run": run_name(cfg.experiment, cfg.data.path, cfg.env.id),
                                                        "seed": str(cfg.seed)})
@@ -252,8 +257,6 @@ class _Training:
     then :meth:`close`, the final :meth:`checkpoint` and :meth:`raise_if_stopped`."""
 
     def __init__(self, cfg: TrainConfig, market, run_dir: Path, resume: dict | None, run_id: str | None = None) -> None:
-        from foxdqn.logger import MetricsLogger
-
         self.t0 = time.perf_counter()
         self.cfg, self.market, self.run_dir = cfg, market, run_dir
         self.device = resolve_device(cfg.device)
@@ -285,11 +288,7 @@ class _Training:
                                     resume_after=None if resume is None else int(resume["env_steps"]),
                                     sinks=[s for s in (self.mlflow, self.wandb) if s is not None],
                                     prometheus=self.prometheus)
-        from foxdqn.run.search import trial_pruner
-
-        self.trial_pruner, self.pruned_at = trial_pruner(cfg), None  # search.pruner=median in a --multirun
-        from foxdqn.run.early_stop import resolve_metric
-
+        self.trial_pruner, self.pruned_at = search.trial_pruner(cfg), None  # search.pruner=median in a --multirun
         self.trial_metric = resolve_metric(cfg.early_stop.metric, cfg.env.name)
         self.best_path, self.last_path = run_dir / "checkpoints" / "best.pt", run_dir / "checkpoints" / "last.pt"
         self.halt: str | None = None
@@ -330,8 +329,6 @@ class _Training:
     # -- the iteration loop ------------------------------------------------------------------
     def iterate(self, signals: "_StopSignals") -> None:
         """Run the iterations from ``start_iter`` until the last, a halt, an early stop or a signal."""
-        from foxdqn.logger.progress import TrainProgress
-
         cfg, per_iter = self.cfg, self.per_iter
         with TrainProgress(total=self.total_iters * per_iter, enabled=cfg.log.progress,
                            initial=self.start_iter * per_iter) as progress:
@@ -466,9 +463,6 @@ def _mlflow_run(cfg: TrainConfig, run_dir: Path):
     """The run's :class:`~foxdqn.logger.mlflow_log.MlflowLogger` with ``logger.mlflow``, else None."""
     if not cfg.logger.mlflow:
         return None
-    from foxdqn.config.schema import to_plain
-    from foxdqn.logger.mlflow_log import MlflowLogger
-
     overrides = " ".join(f"{k}={v}" for k, v in hparams(cfg).items() if k not in ("experiment", "seed"))
     return MlflowLogger(run_dir, cfg.experiment, run_name(cfg.experiment, cfg.data.path, cfg.env.id), to_plain(cfg),
                         cfg.logger.mlflow_uri, tags={"foxdqn.overrides": overrides})
@@ -479,10 +473,6 @@ def _wandb_run(cfg: TrainConfig, run_dir: Path):
     (grouped by the sweep folder in a ``--multirun``)."""
     if not cfg.logger.wandb:
         return None
-    from foxdqn.config.schema import to_plain
-    from foxdqn.logger.mlflow_log import store_folder
-    from foxdqn.logger.wandb_log import WandbLogger
-
     folder = store_folder(run_dir)
     group = str(folder.resolve()) if folder != Path(run_dir) else None
     return WandbLogger(run_dir, run_name(cfg.experiment, cfg.data.path, cfg.env.id), to_plain(cfg),
@@ -492,8 +482,6 @@ def _wandb_run(cfg: TrainConfig, run_dir: Path):
 
 def _q_divergence_only(latest: dict, first: dict | None) -> bool:
     """The halt seen is the Q monitor's divergence flag alone (no guard flag, no device latch)."""
-    from foxdqn.device.host_ring import FLAG_FIELDS
-
     guard = (*(f for f in FLAG_FIELDS if f != "q_divergence"), "halted")
     return all(not rec[f] for rec in (latest, first) if rec is not None for f in guard)
 

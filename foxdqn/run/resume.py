@@ -20,7 +20,7 @@ from typing import NamedTuple
 
 from foxdqn.run.checkpoint import load_checkpoint
 from foxdqn.config.compose import from_plain
-from foxdqn.config.schema import TrainConfig, to_plain, upgrade
+from foxdqn.config.schema import TrainConfig, finalize, to_plain, upgrade
 from foxdqn.errors import ConfigError
 from foxdqn.run.folder import MARKER, RECORD, only_hydra_files, read_record
 
@@ -150,8 +150,6 @@ def _started_config(run_dir: Path, tc: TrainConfig, given: Iterable[str], existe
         ConfigError: nothing was recorded and the call gives no setting but ``resume`` and Hydra's.
     """
     from omegaconf import OmegaConf
-
-    from foxdqn.config.schema import finalize
 
     hydra = run_dir / ".hydra"
     if existed and (hydra / "config.yaml").is_file() and (hydra / "overrides.yaml").is_file():

@@ -2,7 +2,8 @@
 
 ``torch.optim.Adam(fused=True)`` is three kernels per update on CUDA (step ``+= 1``, the
 multi-tensor kernel, step ``-= found_inf``), and its multi-tensor kernel runs on a few blocks for
-a network of ~10**5 parameters (34.6 µs of a 213 µs ``eurusd_dqn`` update on the H200).
+a network of ~10**5 parameters (a large share of an ``eurusd_dqn`` update:
+docs/bench.md#launch-constants).
 :func:`foxdqn.ops.adam_step.adam_step_` does the same update, the clip coefficient's multiply
 and the guard's skip in one launch per 8 tensors.
 
@@ -11,8 +12,8 @@ and the guard's skip in one launch per 8 tensors.
 and ``state_dict`` / ``load_state_dict`` in ``torch.optim.Adam(fused=True, capturable=True)``'s
 format, so a checkpoint loads into either. It is not a ``torch.optim.Optimizer``: constructing
 one imports ``torch._dynamo`` (``Optimizer`` wraps its methods with ``torch._disable_dynamo``),
-1.1 s of a warm start on the H200 machine (docs/bench.md#start-up), for a class the run uses
-only as a dictionary. :func:`adam_update_` and :func:`adam_state` take either (they read
+a large part of a warm start (docs/bench.md#start-up), for a class the run uses only as a
+dictionary. :func:`adam_update_` and :func:`adam_state` take either (they read
 ``state`` and ``param_groups``) and read the state tensors afresh at every call
 (``load_state_dict`` replaces them).
 """

@@ -1,14 +1,30 @@
 """Builders: config → environment, action mode, network, objective, replay.
 
-Each builder reads one config group (mirroring ``conf/``) and returns a live object; the
-imports of optional features are local so a run only loads what it uses.
+Each builder reads one config group (mirroring ``conf/``) and returns a live object. The
+environments, the objectives and the training-path resampler are imported where they are built
+(start-up: each imports its own Triton ops, or Gymnasium, so a run loads only the ones it uses);
+the networks and the replay are light and imported here.
 """
 from __future__ import annotations
 
 import torch
 
+from foxdqn.actions.modes import build_action_mode as _build_action_mode
+from foxdqn.actions.switch import NextStatePenalty
 from foxdqn.config.schema import TrainConfig
 from foxdqn.errors import ConfigError
+from foxdqn.nn.attention import AttentionEncoder
+from foxdqn.nn.branching import BranchingHead, BranchingNetwork
+from foxdqn.nn.c51 import C51Head, C51Network
+from foxdqn.nn.heads import DuelingHead, QHead
+from foxdqn.nn.iql_value import IQLValueNetwork
+from foxdqn.nn.iqn import IQNHead, IQNNetwork
+from foxdqn.nn.mlp import MLPEncoder
+from foxdqn.nn.nature_cnn import NatureCNNEncoder, check_obs_shape
+from foxdqn.nn.qnet import QNetwork
+from foxdqn.replay import PrioritizedReplayBuffer, ReplayBuffer
+from foxdqn.replay.her import HindsightRelabeler
+from foxdqn.replay.regime import RegimeWeights
 
 ENV_DTYPES = {"float32": torch.float32, "float64": torch.float64}
 
@@ -25,22 +41,22 @@ def build_env(cfg: TrainConfig, market, split: str, device: torch.device, genera
     n = num_envs or (1 if eval_mode else cfg.env.num_envs)
     name = cfg.env.name
     if name == "gym":  # a Gymnasium vector env stepped on the host; split != "train": evaluation env
-        from foxdqn.envs.gym_adapter import GymVectorEnv
+        from foxdqn.envs.gym_adapter import GymVectorEnv  # start-up: the configured env only (docstring)
 
         seed = int(torch.randint(0, 2**31 - 1, (1,), generator=generator, device=generator.device))
         return GymVectorEnv(cfg.env, n, device, seed, train=split == "train")
     if name == "cartpole":
-        from foxdqn.envs.cartpole import CartPoleEnv
+        from foxdqn.envs.cartpole import CartPoleEnv  # start-up: the configured env only (docstring)
 
         return CartPoleEnv(n, device, generator)
     if name == "bitflip":
-        from foxdqn.envs.bitflip import BitFlipEnv
+        from foxdqn.envs.bitflip import BitFlipEnv  # start-up: the configured env only (docstring)
 
         return BitFlipEnv(n, cfg.env.n_bits, device, generator)
-    from foxdqn.envs.trading import TradingEnv
+    from foxdqn.envs.trading import TradingEnv  # start-up: the configured env only (docstring)
 
     if split == "train" and not eval_mode and cfg.data.augment.method != "none":
-        from foxdqn.data.augment import build_training_paths
+        from foxdqn.data.augment import build_training_paths  # start-up: with data.augment only
 
         market = build_training_paths(market, cfg.data, cfg.seed, device)
     return TradingEnv(
@@ -51,9 +67,7 @@ def build_env(cfg: TrainConfig, market, split: str, device: torch.device, genera
 
 
 def build_action_mode(cfg: TrainConfig, env):
-    from foxdqn.actions.modes import build_action_mode as _build
-
-    return _build(cfg.action.mode, env)
+    return _build_action_mode(cfg.action.mode, env)
 
 
 def num_features(env) -> int:
@@ -74,8 +88,6 @@ def check_encoder(encoder: str, obs_shape: tuple, env_id: str) -> None:
         raise ConfigError(f"model.encoder={encoder!r} cannot read the image observations {list(obs_shape)} of "
                           f"env.id={env_id}; use model=nature_cnn (as +experiment=pong_dqn does)")
     if encoder == "nature_cnn":
-        from foxdqn.nn.nature_cnn import check_obs_shape
-
         try:
             check_obs_shape(obs_shape)
         except ValueError as exc:
@@ -89,16 +101,10 @@ def build_encoder(cfg: TrainConfig, env):
     if env.on_host:
         check_encoder(m.encoder, env.obs_shape, cfg.env.id)
     if m.encoder == "nature_cnn":
-        from foxdqn.nn.nature_cnn import NatureCNNEncoder
-
         return NatureCNNEncoder(env.obs_shape, list(m.hidden))
     if m.encoder == "attention":
-        from foxdqn.nn.attention import AttentionEncoder
-
         return AttentionEncoder(env.obs_dim, env.window, num_features(env), m.width, m.heads, m.layers,
                                 pooling=m.pooling)
-    from foxdqn.nn.mlp import MLPEncoder
-
     return MLPEncoder(env.obs_dim, list(m.hidden), m.activation)
 
 
@@ -107,21 +113,12 @@ def build_network(cfg: TrainConfig, env, num_actions: int) -> torch.nn.Module:
     h = cfg.head
     encoder = build_encoder(cfg, env)
     if cfg.action.mode == "branching":
-        from foxdqn.nn.branching import BranchingHead, BranchingNetwork
-
         return BranchingNetwork(encoder, BranchingHead(encoder.out_dim))
     if h.name == "c51":
-        from foxdqn.nn.c51 import C51Head, C51Network
-
         return C51Network(encoder, C51Head(encoder.out_dim, num_actions, h.atoms, h.v_min, h.v_max, h.dueling))
     if h.name == "iqn":
-        from foxdqn.nn.iqn import IQNHead, IQNNetwork
-
         return IQNNetwork(encoder, IQNHead(encoder.out_dim, num_actions, h.embedding_dim, h.dueling),
                           h.num_quantiles_policy)
-    from foxdqn.nn.heads import DuelingHead, QHead
-    from foxdqn.nn.qnet import QNetwork
-
     head = DuelingHead if h.name == "dueling" else QHead
     return QNetwork(encoder, head(encoder.out_dim, num_actions))
 
@@ -145,9 +142,8 @@ def build_objective(cfg: TrainConfig, online, target, env, generator: torch.Gene
     argmax then subtracts for the next states of ``env`` (IQL's target has no argmax)."""
     h, o = cfg.head, cfg.objective
     if switch is not None:
-        from foxdqn.actions.switch import NextStatePenalty
-
         switch = NextStatePenalty(switch, env)
+    # start-up: the configured objective's module only (module docstring)
     if cfg.action.mode == "branching":
         from foxdqn.objectives.branching import BranchingObjective
 
@@ -174,7 +170,7 @@ def build_objective(cfg: TrainConfig, online, target, env, generator: torch.Gene
         objective = DQNObjective(online, target, double=h.double, huber_delta=cfg.loss.huber_delta,
                                  stack_double=cfg.model.encoder != "nature_cnn", switch=switch)
     if o.cql_alpha > 0:
-        from foxdqn.objectives.cql import CQLObjective
+        from foxdqn.objectives.cql import CQLObjective  # start-up: with objective.cql_alpha only
 
         objective = CQLObjective(objective, o.cql_alpha)
     return objective
@@ -201,8 +197,6 @@ def build_replay(cfg: TrainConfig, env, device: torch.device, updates: torch.Ten
     """Device replay: uniform or PER, n-step, HER for goal-conditioned envs, regime weights; rows of
     the env's observations, or of its codes decoded at sample time (its hook's ``replay_codec``:
     the trading env, docs/design/replay.md#windowed-trading-replay)."""
-    from foxdqn.replay import PrioritizedReplayBuffer, ReplayBuffer
-
     r, gamma = cfg.replay, cfg.agent.gamma
     codec, row_dim, row_dtype = replay_storage(env)
     if r.name == "per":
@@ -213,12 +207,8 @@ def build_replay(cfg: TrainConfig, env, device: torch.device, updates: torch.Ten
         replay = ReplayBuffer(r.capacity, env.num_envs, row_dim, device, r.n_step, gamma, obs_dtype=row_dtype)
     attach_codec(replay, env, codec)
     if r.her:
-        from foxdqn.replay.her import HindsightRelabeler
-
         replay.set_relabeler(HindsightRelabeler(env, r.her_k, gamma, cfg.loss.reward_scale))
     if cfg.regime.enabled:
-        from foxdqn.replay.regime import RegimeWeights
-
         g = cfg.regime
         replay.set_regime(RegimeWeights(g.low_threshold, g.high_threshold, g.weights, device))
     return replay

@@ -17,15 +17,20 @@ from typing import TYPE_CHECKING, Union
 
 import torch
 
+from foxdqn.actions.switch import SwitchPenalty
 from foxdqn.config.schema import TrainConfig, total_updates
+from foxdqn.errors import ConfigError
 from foxdqn.guard.host import TrainingGuard
 from foxdqn.guard.q_monitor import QValueMonitor
 from foxdqn.replay.buffer import ReplayBuffer
 from foxdqn.step.adam import Adam
 from foxdqn.step.build import build_action_mode, build_env, build_network, build_objective, build_replay
 from foxdqn.device.schedules import LinearSchedule
+from foxdqn.step.last_good import LastGood
+from foxdqn.step.pruning import MagnitudePruner
 from foxdqn.step.stats import DeviceStats
 from foxdqn.step.target_update import TargetUpdate
+from foxdqn.step.weight_check import WeightCheck
 
 if TYPE_CHECKING:  # typing only: importing them here would load every env and mode at start-up
     from foxdqn.actions.modes import BranchingMode, ExposureRoutedMode, FactoredMode
@@ -42,8 +47,6 @@ if TYPE_CHECKING:  # typing only: importing them here would load every env and m
 
 def resolve_device(name: str) -> torch.device:
     """``auto`` → cuda when available, else cpu. ``cuda`` without a GPU raises ConfigError."""
-    from foxdqn.errors import ConfigError
-
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     if name == "cuda" and not torch.cuda.is_available():
@@ -170,8 +173,6 @@ def build_state(cfg: TrainConfig, market, device: torch.device) -> TrainState:
     mode = build_action_mode(cfg, env)
     switch = None
     if cfg.action.switch_margin > 0:  # the greedy choice's switch penalty (foxdqn.actions.switch)
-        from foxdqn.actions.switch import SwitchPenalty
-
         switch = SwitchPenalty(cfg.action.switch_margin, cfg.loss.reward_scale, mode.name, device)
     nets = build_networks(cfg, env, mode, device, gen, switch)
     a = cfg.agent
@@ -182,12 +183,8 @@ def build_state(cfg: TrainConfig, market, device: torch.device) -> TrainState:
     eps = LinearSchedule(x.eps_start, x.eps_end, x.eps_decay_fraction * a.total_env_steps, device)
     monitors = build_monitors(cfg, env, device)
     if monitors.guard.checks_weights:  # guard.max_weight: Adam's step is tried on a copy and checked first
-        from foxdqn.step.weight_check import WeightCheck
-
         optim.weight_check = WeightCheck(optim.optimizer, monitors.guard.weight_bits)
     if cfg.guard.keep_last_good:  # a halt keeps the weights from before the last applied update
-        from foxdqn.step.last_good import LastGood
-
         optim.last_good = LastGood(nets.trainable)
     targets, sources = list(nets.target.parameters()), list(nets.online.parameters())
     for tgt, src in nets.objective.polyak_pairs():
@@ -196,8 +193,6 @@ def build_state(cfg: TrainConfig, market, device: torch.device) -> TrainState:
     nan_at, spike_at = cfg.debug.inject_nan_at_step, cfg.debug.inject_lr_spike_at_step
     pruner = None
     if cfg.prune.enabled:
-        from foxdqn.step.pruning import MagnitudePruner
-
         p = cfg.prune
         pruner = MagnitudePruner(nets.online, nets.target, p.initial_sparsity, p.final_sparsity, p.start_update,
                                  p.end_update, p.frequency, device)

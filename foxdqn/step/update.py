@@ -7,7 +7,7 @@ coefficient 1 (:mod:`foxdqn.step.grad_clip`; torch's ``clip_grad_norm_`` is 10),
 1, the guard 1, Adam 1 (the clip's multiply, the skip and the step counts included:
 :mod:`foxdqn.step.adam`; torch's fused Adam is 3 plus the clip's ``_foreach_mul_``), the target
 update 1 (weight, lerp and the counter's ``+= 1``: :mod:`foxdqn.step.target_update`; with
-``_foreach_lerp_`` it was 9): 5, from 26 with torch's clip, fused Adam and ``_foreach_lerp_``.
+``_foreach_lerp_``, 9): 5 in all, where torch's clip, fused Adam and ``_foreach_lerp_`` are 26.
 
 Device ops only. The training guard (:class:`foxdqn.guard.host.TrainingGuard`, kernel
 ops.training_guard) turns NaN/Inf, a loss above the clip,
@@ -72,7 +72,7 @@ def accumulate_gradients(s: TrainState, batch: Batch) -> tuple[torch.Tensor, tor
     # grad leaves it None), so Adam sees the same parameters as with set_to_none=False.
     s.optim.optimizer.zero_grad(set_to_none=True)
     # the gradient of loss / m; with m = 1 the engine's own seed of ones (a seed tensor passed to
-    # backward makes torch import sympy to check its shape: 0.3 s of start-up)
+    # backward makes torch import sympy to check its shape, a slow import: docs/bench.md#other-costs)
     seed = device_scalar(s.device, 1.0 / m) if m > 1 else None
     losses, tds, qs = [], [], []
     for mb in micro_batches(batch, m):
