@@ -34,6 +34,14 @@ Scalar arguments. The float run constants reach the kernel as fp32 from an eager
 fp64 from Inductor (it types Python-float kernel arguments fp64), so the kernel casts them to fp32
 first; otherwise fp64 would promote the accumulator inside the loop.
 
+Per-group support. ``v_min`` / ``v_max`` may also be float ``[G]`` device tensors: rows
+``g·B/G .. (g+1)·B/G − 1`` (member g of a population, foxdqn/population/objective.py) are projected
+onto group g's support. The kernel (``GROUPED``) then reads each row's (v_min, v_max, dz, inv_dz)
+from a float32 ``[G, 4]`` table (:func:`support_table`: dz and inv_dz computed in float64 from the
+bounds and rounded once, as the launcher rounds its Python floats), so a group's rows get exactly
+the values the scalar path gives for the same bounds (float64 tensors) and no row reads another
+group's support. The table is made on the device (no host read): capturable.
+
 Edge-case rules (kernel and reference agree):
 
 * b_j = (Tz_j - v_min) * inv_dz with inv_dz = (K - 1) / (v_max - v_min) rounded once to the
@@ -60,7 +68,7 @@ import triton.language as tl
 from triton.language.extra import libdevice
 
 from foxdqn.errors import ConfigError
-from foxdqn.ops.backend import INTERPRET, resolve_backend
+from foxdqn.ops.backend import INTERPRET, describe, resolve_backend
 from foxdqn.ops.library import device_op, wrap_triton
 
 # Register-tile budget (elements of the [BLOCK_B, BLOCK_I, BLOCK_J] hat tile) per program.
@@ -101,21 +109,31 @@ def _c51_project_kernel(
     dz,  # float (v_max - v_min) / (K - 1)
     inv_dz,  # float (K - 1) / (v_max - v_min)
     k_last,  # float K - 1
+    table_ptr,  # GROUPED: (G, 4) f32 rows (v_min, v_max, dz, inv_dz) of each group; else unused
+    rows_per_group,  # GROUPED: B / G
+    GROUPED: tl.constexpr,
     BLOCK_B: tl.constexpr,
     BLOCK_I: tl.constexpr,
     BLOCK_J: tl.constexpr,
 ):
-    # fp32 in every path (tl.cast also accepts the plain Python float of the interpreter), so no
-    # fp64 scalar promotes the loop-carried accumulator.
-    v_min = tl.cast(v_min, tl.float32)
-    v_max = tl.cast(v_max, tl.float32)
-    dz = tl.cast(dz, tl.float32)
-    inv_dz = tl.cast(inv_dz, tl.float32)
-    k_last = tl.cast(k_last, tl.float32)
     pid = tl.program_id(0)
     rows = pid * BLOCK_B + tl.arange(0, BLOCK_B)  # (BB,)
     row_ok = rows < B
     rows64 = rows.to(tl.int64)
+    if GROUPED:  # each row's group's support: (BB, 1) columns
+        sup = table_ptr + (rows // rows_per_group).to(tl.int64) * 4
+        v_min = tl.load(sup, mask=row_ok, other=0.0)[:, None]
+        v_max = tl.load(sup + 1, mask=row_ok, other=1.0)[:, None]
+        dz = tl.load(sup + 2, mask=row_ok, other=1.0)[:, None]
+        inv_dz = tl.load(sup + 3, mask=row_ok, other=1.0)[:, None]
+    else:
+        # fp32 in every path (tl.cast also accepts the plain Python float of the interpreter), so no
+        # fp64 scalar promotes the loop-carried accumulator.
+        v_min = tl.cast(v_min, tl.float32)
+        v_max = tl.cast(v_max, tl.float32)
+        dz = tl.cast(dz, tl.float32)
+        inv_dz = tl.cast(inv_dz, tl.float32)
+    k_last = tl.cast(k_last, tl.float32)
     r = tl.load(r_ptr + rows64, mask=row_ok, other=0.0)  # (BB,)
     d = tl.load(d_ptr + rows64, mask=row_ok, other=0.0)  # (BB,)
 
@@ -128,8 +146,11 @@ def _c51_project_kernel(
             jj = j0 + tl.arange(0, BLOCK_J)  # (BJ,) source atoms
             ok = row_ok[:, None] & (jj < K)[None, :]  # (BB, BJ)
             p = tl.load(p_ptr + rows64[:, None] * stride_pb + jj[None, :], mask=ok, other=0.0)
-            z = _mul_rn(jj.to(tl.float32), dz) + v_min  # (BJ,) support z_j, rounded like the reference
-            tz = r[:, None] + _mul_rn(d[:, None], z[None, :])  # (BB, BJ) Tz_j before clipping
+            if GROUPED:
+                z = _mul_rn(jj.to(tl.float32)[None, :], dz) + v_min  # (BB, BJ) each row's support z_j
+            else:
+                z = (_mul_rn(jj.to(tl.float32), dz) + v_min)[None, :]  # (1, BJ) support z_j, rounded like the reference
+            tz = r[:, None] + _mul_rn(d[:, None], z)  # (BB, BJ) Tz_j before clipping
             bad = (tz != tz) | (p != p) | (tl.abs(p) == float("inf"))
             n_bad += tl.sum(tl.where(ok & bad, 1, 0), axis=1)
             tz = tl.minimum(tl.maximum(tz, v_min), v_max)  # clip to [v_min, v_max]
@@ -160,6 +181,22 @@ def _launch_config(B: int, K: int, interpret: bool) -> tuple[int, int, int]:
     return block_b, block_i, block_j
 
 
+def _support_columns(v_min: torch.Tensor, v_max: torch.Tensor, num_atoms: int, dtype: torch.dtype) -> torch.Tensor:
+    """``[G, 4]`` of ``dtype``: per group the columns (v_min, v_max, Δz, 1/Δz), computed in float64."""
+    lo, hi = v_min.to(torch.float64), v_max.to(torch.float64)
+    k_last = float(num_atoms - 1)
+    return torch.stack([lo, hi, (hi - lo) / k_last, k_last / (hi - lo)], dim=1).to(dtype)
+
+
+def support_table(v_min: torch.Tensor, v_max: torch.Tensor, num_atoms: int) -> torch.Tensor:
+    """float32 ``[G, 4]``: per group g the columns (v_min, v_max, Δz, 1/Δz) the kernel computes
+    with, Δz = (v_max − v_min) / (K − 1) and 1/Δz = (K − 1) / (v_max − v_min) evaluated in float64
+    and rounded once to float32, as the scalar path rounds its Python floats. ``v_min``, ``v_max``:
+    float ``[G]`` tensors (float64 bounds give exactly the scalar path's values; float32 ones are
+    upcast first). Device ops only."""
+    return _support_columns(v_min, v_max, num_atoms, torch.float32)
+
+
 def _c51_project_launch(
     next_probs: torch.Tensor,
     rewards: torch.Tensor,
@@ -167,8 +204,11 @@ def _c51_project_launch(
     v_min: float,
     v_max: float,
     blocks: tuple[int, int, int] | None = None,
+    table: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """Allocate the (B, K) output and launch the kernel (``blocks`` overrides the tiling)."""
+    """Allocate the (B, K) output and launch the kernel (``blocks`` overrides the tiling). With
+    ``table`` (float32 ``[G, 4]``, :func:`support_table`) row b uses group b // (B / G)'s support
+    and ``v_min``/``v_max`` are not read."""
     if next_probs.stride(-1) != 1:
         next_probs = next_probs.contiguous()
     rewards = rewards.contiguous()
@@ -180,14 +220,21 @@ def _c51_project_launch(
     if blocks is None:
         blocks = _launch_config(B, K, interpret=not next_probs.is_cuda)
     block_b, block_i, block_j = blocks
-    dz = (v_max - v_min) / (K - 1)
-    inv_dz = (K - 1) / (v_max - v_min)
+    grouped = table is not None
+    if grouped:
+        table = table.contiguous()
+        scalars, rows_per_group = (0.0, 1.0, 1.0, 1.0), B // table.shape[0]
+    else:
+        dz = (v_max - v_min) / (K - 1)
+        inv_dz = (K - 1) / (v_max - v_min)
+        scalars, rows_per_group = (float(v_min), float(v_max), float(dz), float(inv_dz)), 1
+        table = rewards  # not read without GROUPED: any float32 pointer
     grid = (triton.cdiv(B, block_b),)
     wrap_triton(_c51_project_kernel)[grid](
         next_probs, rewards, discounts, out,
         B, K, next_probs.stride(0), out.stride(0),
-        float(v_min), float(v_max), float(dz), float(inv_dz), float(K - 1),
-        BLOCK_B=block_b, BLOCK_I=block_i, BLOCK_J=block_j,
+        *scalars, float(K - 1), table, rows_per_group,
+        GROUPED=grouped, BLOCK_B=block_b, BLOCK_I=block_i, BLOCK_J=block_j,
     )
     return out
 
@@ -200,6 +247,15 @@ def _c51_project_op(
     # kernel is visible to Inductor); with CUDA graph capture always (output allocated here, no host
     # sync). Also runs under TRITON_INTERPRET=1.
     return _c51_project_launch(next_probs, rewards, discounts, v_min, v_max)
+
+
+@device_op("foxdqn::c51_project_grouped", mutates_args=())
+def _c51_project_grouped_op(
+    next_probs: torch.Tensor, rewards: torch.Tensor, discounts: torch.Tensor, table: torch.Tensor
+) -> torch.Tensor:
+    # The same kernel with a support per group of rows (a population's members), read from the
+    # float32 [G, 4] table on the device: no host read, capturable.
+    return _c51_project_launch(next_probs, rewards, discounts, 0.0, 1.0, table=table)
 
 
 # ----------------------------------------------------------------------------- reference
@@ -227,8 +283,32 @@ def _check_inputs(next_probs: torch.Tensor, rewards: torch.Tensor, discounts: to
             raise ValueError(f"c51_project: {name} is on {t.device}, next_probs on {next_probs.device}")
 
 
+def _grouped(next_probs: torch.Tensor, v_min, v_max) -> bool:
+    """Whether the bounds are ``[G]`` tensors (a support per group of rows); checks them then (the
+    values are not read: no host sync), else the Python-float bounds."""
+    tensors = [isinstance(v, torch.Tensor) for v in (v_min, v_max)]
+    if not any(tensors):
+        _check_support(next_probs.shape[1], v_min, v_max)
+        return False
+    B = next_probs.shape[0]
+    if not all(tensors) or v_min.shape != v_max.shape or v_min.dim() != 1 or v_min.shape[0] < 1 \
+            or B % v_min.shape[0] or not v_min.is_floating_point() or not v_max.is_floating_point():
+        raise ValueError(f"c51_project: v_min and v_max must both be floats, or both float [G] tensors with G "
+                         f"dividing B={B}; got {describe(v_min)} and {describe(v_max)}")
+    for name, t in (("v_min", v_min), ("v_max", v_max)):
+        if t.device != next_probs.device:
+            raise ValueError(f"c51_project: {name} is on {t.device}, next_probs on {next_probs.device}")
+    if next_probs.shape[1] < 2:
+        raise ConfigError(f"c51_project: num_atoms (K) must be >= 2, got {next_probs.shape[1]}")
+    return True
+
+
 def c51_project_reference(
-    next_probs: torch.Tensor, rewards: torch.Tensor, discounts: torch.Tensor, v_min: float, v_max: float
+    next_probs: torch.Tensor,
+    rewards: torch.Tensor,
+    discounts: torch.Tensor,
+    v_min: float | torch.Tensor,
+    v_max: float | torch.Tensor,
 ) -> torch.Tensor:
     """Plain-torch C51 projection (Bellemare et al. 2017, Algorithm 1), vectorised with scatter_add.
 
@@ -237,12 +317,18 @@ def c51_project_reference(
     """
     _check_inputs(next_probs, rewards, discounts)
     B, K = next_probs.shape
-    _check_support(K, v_min, v_max)
-    dz = (v_max - v_min) / (K - 1)
-    inv_dz = (K - 1) / (v_max - v_min)
     p = next_probs
-    z = torch.arange(K, device=p.device, dtype=p.dtype) * dz + v_min  # (K,) support
-    tz = rewards[:, None] + discounts[:, None] * z[None, :]  # (B, K) Tz_j before clipping
+    atoms = torch.arange(K, device=p.device, dtype=p.dtype)
+    if _grouped(p, v_min, v_max):  # row b: its group's (v_min, v_max, dz, inv_dz) as (B, 1) columns
+        g = v_min.shape[0]
+        rows = _support_columns(v_min, v_max, K, p.dtype)[:, None, :].expand(g, B // g, 4).reshape(B, 4)
+        v_min, v_max, dz, inv_dz = rows[:, 0:1], rows[:, 1:2], rows[:, 2:3], rows[:, 3:4]
+        z = atoms * dz + v_min  # (B, K) each row's support
+    else:
+        dz = (v_max - v_min) / (K - 1)
+        inv_dz = (K - 1) / (v_max - v_min)
+        z = (atoms * dz + v_min)[None, :]  # (1, K) support
+    tz = rewards[:, None] + discounts[:, None] * z  # (B, K) Tz_j before clipping
     bad = torch.isnan(tz).any(dim=1) | ~torch.isfinite(p).all(dim=1)  # (B,) NaN rows
     tz = tz.clamp(v_min, v_max)  # Tz_j <- [r + d z_j] clipped
     b = ((tz - v_min) * inv_dz).clamp(0, K - 1)  # b_j in [0, K-1]; one multiply, like the kernel
@@ -261,8 +347,8 @@ def c51_project(
     next_probs: torch.Tensor,
     rewards: torch.Tensor,
     discounts: torch.Tensor,
-    v_min: float,
-    v_max: float,
+    v_min: float | torch.Tensor,
+    v_max: float | torch.Tensor,
     backend: str = "auto",
 ) -> torch.Tensor:
     """Project the distributional Bellman target onto the fixed C51 support.
@@ -279,9 +365,14 @@ def c51_project(
             normally sum to 1; any row sum is conserved). Unit stride along K.
         rewards: (B,) float32 (n-step discounted) rewards, in return units.
         discounts: (B,) float32 gamma^n, 0 where the episode terminated.
-        v_min, v_max: support bounds (Python floats; run constants, baked into a captured
-            graph). Need v_min < v_max, both finite (checked on eager calls; skipped while
-            torch.compile traces).
+        v_min, v_max: support bounds in return units. Python floats (run constants, baked into a
+            captured graph; need v_min < v_max, both finite: checked on eager calls, skipped while
+            torch.compile traces), or float ``[G]`` tensors on the rows' device with G dividing B:
+            a support per group of B/G consecutive rows (a population's members, member-major
+            rows; float64 gives each group exactly the values its bounds as Python floats give,
+            :func:`support_table`). Tensor bounds are not read on the host (no sync): the caller
+            guarantees finite bounds with v_min < v_max (the config does, ``head.v_min`` /
+            ``head.v_max``).
         backend: "auto" (Triton for CUDA tensors, reference for CPU), "triton" (on CPU needs
             TRITON_INTERPRET=1 before import), or "torch" (reference).
 
@@ -290,15 +381,20 @@ def c51_project(
         of its p_j is NaN/Inf or any unclipped Tz_j is NaN. No gradient (targets are constants).
 
     Raises:
-        ConfigError (a ValueError): K < 2 ("num_atoms"), v_min >= v_max or non-finite bounds.
-        ValueError: wrong shapes/devices, non-float32 input for the Triton backend, unknown backend.
+        ConfigError (a ValueError): K < 2 ("num_atoms"), v_min >= v_max or non-finite bounds
+            (float bounds).
+        ValueError: wrong shapes/devices, tensor bounds that are not both float [G] with G dividing
+            B, non-float32 input for the Triton backend, unknown backend.
         RuntimeError: backend="triton" on CPU tensors without TRITON_INTERPRET=1.
     """
     _check_inputs(next_probs, rewards, discounts)
-    _check_support(next_probs.shape[1], v_min, v_max)
+    grouped = _grouped(next_probs, v_min, v_max)
     if resolve_backend("c51_project", backend, next_probs) == "torch":
         return c51_project_reference(next_probs, rewards, discounts, v_min, v_max)
     for name, t in (("next_probs", next_probs), ("rewards", rewards), ("discounts", discounts)):
         if t.dtype != torch.float32:
             raise ValueError(f"c51_project: {name} must be float32 for the Triton backend, got {t.dtype}")
+    if grouped:
+        return _c51_project_grouped_op(next_probs, rewards, discounts,
+                                       support_table(v_min, v_max, next_probs.shape[1]))
     return _c51_project_op(next_probs, rewards, discounts, float(v_min), float(v_max))

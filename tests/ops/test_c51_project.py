@@ -18,6 +18,7 @@ from foxdqn.ops.c51_project import (
     _launch_config,
     c51_project,
     c51_project_reference,
+    support_table,
 )
 from foxdqn.ops.library import register_ops
 
@@ -372,3 +373,82 @@ def test_gpu_torch_compile():
         assert_close_nan(
             compiled_bounds(p, r, d, v_min, v_max), c51_project(p, r, d, v_min, v_max), atol=1e-6, rtol=1e-6
         )
+
+
+# ------------------------------------------------------------------------------ a support per group of rows
+GROUP_BOUNDS = [(-3.3, 7.1), (-10.0, 10.0), (-0.7, 0.3)]  # -3.3, 7.1, -0.7, 0.3: not float32 values
+
+
+def _group_bounds(per_group, dtype=torch.float64):
+    lo = torch.tensor([b[0] for b in per_group], dtype=dtype)
+    hi = torch.tensor([b[1] for b in per_group], dtype=dtype)
+    return lo, hi
+
+
+@pytest.mark.parametrize("backend", ["triton", "torch"])
+@pytest.mark.parametrize("k", [2, 11, 51])
+def test_grouped_rows_equal_the_scalar_projection_of_their_group(backend, k):
+    """[G] bounds: group g's rows get bit for bit what the float bounds of group g give (the
+    population's member p equals a population of one), and no group reads another's support."""
+    rows_per_group = 13
+    p, r, d = _random_case(rows_per_group * len(GROUP_BOUNDS), k, seed=k)
+    lo, hi = _group_bounds(GROUP_BOUNDS)
+    out = c51_project(p, r, d, lo, hi, backend=backend)
+    for g, (v_min, v_max) in enumerate(GROUP_BOUNDS):
+        rows = slice(g * rows_per_group, (g + 1) * rows_per_group)
+        alone = c51_project(p[rows], r[rows], d[rows], v_min, v_max, backend=backend)
+        assert torch.equal(out[rows], alone), g
+        assert torch.equal(c51_project(p[rows], r[rows], d[rows], lo[g:g + 1], hi[g:g + 1], backend=backend), alone)
+    # the groups' supports differ: projecting every row on group 0's support gives other rows
+    assert not torch.equal(out, c51_project(p, r, d, *GROUP_BOUNDS[0], backend=backend))
+
+
+@pytest.mark.parametrize("blocks", [None, (4, 16, 8), (2, 64, 64)])
+def test_grouped_kernel_matches_reference(blocks):
+    """Blocks of rows that span two groups (BLOCK_B not dividing B/G) still read each row's own support."""
+    k, per = 51, 7
+    p, r, d = _random_case(per * len(GROUP_BOUNDS), k, seed=5, normalised=False)
+    lo, hi = _group_bounds(GROUP_BOUNDS)
+    out = _c51_project_launch(p, r, d, 0.0, 1.0, blocks=blocks, table=support_table(lo, hi, k))
+    assert_close_nan(out, c51_project_reference(p, r, d, lo, hi), atol=2e-6, rtol=1e-5)
+    torch.testing.assert_close(out.sum(1), p.sum(1), atol=1e-5, rtol=1e-5)
+
+
+def test_support_table_is_the_scalar_paths_rounding():
+    lo, hi = _group_bounds(GROUP_BOUNDS)
+    table = support_table(lo, hi, 51)
+    assert table.dtype == torch.float32 and table.shape == (3, 4)
+    for g, (v_min, v_max) in enumerate(GROUP_BOUNDS):
+        want = torch.tensor([v_min, v_max, (v_max - v_min) / 50, 50 / (v_max - v_min)], dtype=torch.float32)
+        assert torch.equal(table[g], want)
+
+
+@pytest.mark.parametrize("backend", ["auto", "triton", "torch"])
+def test_grouped_errors(backend):
+    p = torch.full((4, 3), 1 / 3)
+    r, d = torch.zeros(4), torch.ones(4)
+    lo, hi = torch.tensor([-1.0, -2.0]), torch.tensor([1.0, 2.0])
+    with pytest.raises(ValueError, match="G dividing B=4"):
+        c51_project(p, r, d, torch.tensor([-1.0, -1.0, -1.0]), torch.tensor([1.0, 1.0, 1.0]), backend=backend)
+    with pytest.raises(ValueError, match="must both be floats"):
+        c51_project(p, r, d, lo, 1.0, backend=backend)
+    with pytest.raises(ValueError, match="must both be floats"):
+        c51_project(p, r, d, lo.long(), hi.long(), backend=backend)
+    with pytest.raises(ValueError, match="num_atoms"):
+        c51_project(torch.ones(4, 1), r, d, lo, hi, backend=backend)
+
+
+@pytest.mark.gpu
+def test_gpu_grouped_matches_reference_and_capture():
+    k, per = 51, 256
+    p, r, d = (x.cuda() for x in _random_case(per * len(GROUP_BOUNDS), k, seed=9))
+    lo, hi = (x.cuda() for x in _group_bounds(GROUP_BOUNDS))
+    out = c51_project(p, r, d, lo, hi)
+    assert_close_nan(out, c51_project_reference(p, r, d, lo, hi), atol=2e-6, rtol=1e-5)
+    for g, (v_min, v_max) in enumerate(GROUP_BOUNDS):
+        rows = slice(g * per, (g + 1) * per)
+        assert torch.equal(out[rows], c51_project(p[rows], r[rows], d[rows], v_min, v_max))
+    graph, captured = capture_graph(lambda: c51_project(p, r, d, lo, hi), warmup=3)
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(captured, out)
