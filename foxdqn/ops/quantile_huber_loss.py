@@ -35,6 +35,12 @@ itself a registered op; Inductor sees both Triton kernels). Eager calls run the 
 and derivative through one ``autograd.Function``.
 Double backward is not supported.
 
+A kappa per group of rows: ``kappa`` may be a float ``[G]`` tensor (G dividing B): rows
+``g·B/G .. (g+1)·B/G − 1`` (member g of a population, foxdqn/population/objective.py) use kappa_g.
+The kernels (``GROUPED``) then load each row's kappa and select, per row, the kappa = 0 or the
+kappa > 0 expression above (1 replaces a zero divisor in the branch not taken), so a group's rows
+equal the float-kappa path's bit for bit and no row reads another group's kappa.
+
 Scalar arguments: kappa and 1/N' reach the kernels as fp32 from an eager launch but as fp64 from
 Inductor (it types Python-float kernel arguments fp64); the kernels cast them to fp32 first.
 
@@ -47,13 +53,14 @@ sgn(NaN) = 0 and drops the NaN from the gradient (the loss is NaN in both).
 from __future__ import annotations
 
 import math
+from typing import Optional
 
 import torch
 import triton
 import triton.language as tl
 
 from foxdqn.errors import ConfigError
-from foxdqn.ops.backend import resolve_backend
+from foxdqn.ops.backend import describe, resolve_backend
 from foxdqn.ops.library import device_op, wrap_triton
 
 _CUDA_TILE = 2048  # elements of the [BLOCK_B, BLOCK_I, BLOCK_J] pairwise tile (default 4 warps)
@@ -73,9 +80,12 @@ def _qhl_fwd_kernel(
     stride_qb,
     stride_tb,
     stride_taub,
-    kappa,  # float > 0 (unused when KAPPA_ZERO); fp32 from an eager launch, fp64 from Inductor
+    kappa,  # float > 0 (unused when KAPPA_ZERO or GROUPED); fp32 from an eager launch, fp64 from Inductor
     inv_nt,  # float 1 / N'
+    kappa_ptr,  # GROUPED: (G,) f32 kappa of each group of rows; else unused
+    rows_per_group,  # GROUPED: B / G
     KAPPA_ZERO: tl.constexpr,
+    GROUPED: tl.constexpr,
     BLOCK_B: tl.constexpr,
     BLOCK_I: tl.constexpr,
     BLOCK_J: tl.constexpr,
@@ -88,6 +98,9 @@ def _qhl_fwd_kernel(
     rows = pid * BLOCK_B + tl.arange(0, BLOCK_B)  # (BB,)
     row_ok = rows < B
     rows64 = rows.to(tl.int64)
+    if GROUPED:  # each row's group's kappa, (BB, 1, 1); 1 stands in for 0 as a divisor
+        kappa = tl.load(kappa_ptr + rows // rows_per_group, mask=row_ok, other=1.0)[:, None, None]
+        kappa_div = tl.where(kappa == 0.0, 1.0, kappa)
     total = tl.zeros((BLOCK_B,), dtype=tl.float32)
     for i0 in range(0, N, BLOCK_I):
         ii = i0 + tl.arange(0, BLOCK_I)
@@ -102,7 +115,10 @@ def _qhl_fwd_kernel(
             delta = t[:, None, :] - q[:, :, None]  # (BB, BI, BJ) delta_ij = T_j - theta_i
             weight = tl.abs(tau[:, :, None] - tl.where(delta < 0.0, 1.0, 0.0))
             adelta = tl.abs(delta)
-            if KAPPA_ZERO:
+            if GROUPED:  # L_k(delta) / k where the row's k > 0, |delta| where it is 0
+                lk = tl.where(kappa == 0.0, adelta,
+                              tl.where(adelta <= kappa, 0.5 * delta * delta / kappa_div, adelta - 0.5 * kappa))
+            elif KAPPA_ZERO:
                 lk = adelta  # quantile regression: |delta|
             else:
                 # L_k(delta) / k
@@ -128,7 +144,10 @@ def _qhl_bwd_kernel(
     stride_taub,
     kappa,  # float, as in the forward kernel
     inv_nt,
+    kappa_ptr,  # as in the forward kernel
+    rows_per_group,
     KAPPA_ZERO: tl.constexpr,
+    GROUPED: tl.constexpr,
     BLOCK_B: tl.constexpr,
     BLOCK_I: tl.constexpr,
     BLOCK_J: tl.constexpr,
@@ -139,6 +158,9 @@ def _qhl_bwd_kernel(
     rows = pid * BLOCK_B + tl.arange(0, BLOCK_B)
     row_ok = rows < B
     rows64 = rows.to(tl.int64)
+    if GROUPED:  # as in the forward kernel
+        kappa = tl.load(kappa_ptr + rows // rows_per_group, mask=row_ok, other=1.0)[:, None, None]
+        kappa_div = tl.where(kappa == 0.0, 1.0, kappa)
     g = tl.load(g_ptr + rows64, mask=row_ok, other=0.0)  # (BB,)
     for i0 in range(0, N, BLOCK_I):
         ii = i0 + tl.arange(0, BLOCK_I)
@@ -152,7 +174,11 @@ def _qhl_bwd_kernel(
             t = tl.load(t_ptr + rows64[:, None] * stride_tb + jj[None, :], mask=mj, other=0.0)
             delta = t[:, None, :] - q[:, :, None]
             weight = tl.abs(tau[:, :, None] - tl.where(delta < 0.0, 1.0, 0.0))
-            if KAPPA_ZERO:
+            if GROUPED:  # the row's kappa > 0: clamp(delta / k, -1, 1); 0: sign(delta) (NaN stays NaN)
+                sign = tl.where(delta > 0.0, 1.0, tl.where(delta < 0.0, -1.0, tl.where(delta != delta, delta, 0.0)))
+                psi = tl.where(kappa == 0.0, sign,
+                               tl.where(delta > kappa, 1.0, tl.where(delta < -kappa, -1.0, delta / kappa_div)))
+            elif KAPPA_ZERO:
                 # sign(delta); 0 at delta == 0; NaN stays NaN
                 psi = tl.where(delta > 0.0, 1.0, tl.where(delta < 0.0, -1.0, tl.where(delta != delta, delta, 0.0)))
             else:
@@ -183,14 +209,25 @@ def _unit_inner(x: torch.Tensor) -> torch.Tensor:
     return x if x.stride(-1) == 1 else x.contiguous()
 
 
+def _kappa_args(kappa: float, kappas: torch.Tensor | None, rows: int, unused: torch.Tensor) -> tuple[tuple, dict]:
+    """The kernels' kappa arguments ``(kappa, kappa_ptr, rows_per_group)`` and constexprs: a
+    float kappa (``kappa_ptr`` is ``unused``, never read), or with ``kappas`` (float32 ``[G]``) a
+    kappa per group of ``rows / G`` rows."""
+    if kappas is not None:
+        return (1.0, kappas.contiguous(), rows // kappas.shape[0]), dict(KAPPA_ZERO=False, GROUPED=True)
+    return (float(kappa) if kappa > 0 else 1.0, unused, 1), dict(KAPPA_ZERO=kappa == 0, GROUPED=False)
+
+
 def _qhl_forward_launch(
     quantiles: torch.Tensor,
     target_quantiles: torch.Tensor,
     taus: torch.Tensor,
     kappa: float,
     blocks: tuple[int, int, int] | None = None,
+    kappas: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """Allocate loss (B,) and launch the forward kernel (``blocks`` overrides the tiling)."""
+    """Allocate loss (B,) and launch the forward kernel (``blocks`` overrides the tiling; ``kappas``:
+    float32 ``[G]``, a kappa per group of rows, then ``kappa`` is not read)."""
     q, t, tau = _unit_inner(quantiles), _unit_inner(target_quantiles), _unit_inner(taus)
     B, N = q.shape
     NT = t.shape[1]
@@ -200,11 +237,12 @@ def _qhl_forward_launch(
     if blocks is None:
         blocks = _launch_config(B, N, NT, interpret=not q.is_cuda)
     block_b, block_i, block_j = blocks
+    (k, k_ptr, per_group), flags = _kappa_args(kappa, kappas, B, loss)
     wrap_triton(_qhl_fwd_kernel)[(triton.cdiv(B, block_b),)](
         q, t, tau, loss,
         B, N, NT, q.stride(0), t.stride(0), tau.stride(0),
-        float(kappa) if kappa > 0 else 1.0, 1.0 / NT,
-        KAPPA_ZERO=kappa == 0, BLOCK_B=block_b, BLOCK_I=block_i, BLOCK_J=block_j,
+        k, 1.0 / NT, k_ptr, per_group,
+        **flags, BLOCK_B=block_b, BLOCK_I=block_i, BLOCK_J=block_j,
     )
     return loss
 
@@ -216,8 +254,9 @@ def _qhl_backward_launch(
     taus: torch.Tensor,
     kappa: float,
     blocks: tuple[int, int, int] | None = None,
+    kappas: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """Allocate grad_quantiles (B, N) and launch the backward kernel."""
+    """Allocate grad_quantiles (B, N) and launch the backward kernel (``kappas`` as the forward's)."""
     g = grad_loss.contiguous()  # autograd often hands an expanded (stride 0) gradient
     q, t, tau = _unit_inner(quantiles), _unit_inner(target_quantiles), _unit_inner(taus)
     B, N = q.shape
@@ -228,40 +267,44 @@ def _qhl_backward_launch(
     if blocks is None:
         blocks = _launch_config(B, N, NT, interpret=not q.is_cuda)
     block_b, block_i, block_j = blocks
+    (k, k_ptr, per_group), flags = _kappa_args(kappa, kappas, B, g)
     wrap_triton(_qhl_bwd_kernel)[(triton.cdiv(B, block_b),)](
         g, q, t, tau, grad_q,
         B, N, NT, q.stride(0), t.stride(0), tau.stride(0),
-        float(kappa) if kappa > 0 else 1.0, 1.0 / NT,
-        KAPPA_ZERO=kappa == 0, BLOCK_B=block_b, BLOCK_I=block_i, BLOCK_J=block_j,
+        k, 1.0 / NT, k_ptr, per_group,
+        **flags, BLOCK_B=block_b, BLOCK_I=block_i, BLOCK_J=block_j,
     )
     return grad_q
 
 
 @device_op("foxdqn::quantile_huber_loss", mutates_args=())
-def _qhl_op(quantiles: torch.Tensor, target_quantiles: torch.Tensor, taus: torch.Tensor, kappa: float) -> torch.Tensor:
-    # Also runs on CPU tensors under TRITON_INTERPRET=1 (the tests use that path).
-    return _qhl_forward_launch(quantiles, target_quantiles, taus, kappa)
+def _qhl_op(quantiles: torch.Tensor, target_quantiles: torch.Tensor, taus: torch.Tensor, kappa: float,
+            kappas: Optional[torch.Tensor] = None) -> torch.Tensor:
+    # Also runs on CPU tensors under TRITON_INTERPRET=1 (the tests use that path). ``kappas``: None
+    # (one kappa), or float32 [G], a kappa per group of rows (a population's members).
+    return _qhl_forward_launch(quantiles, target_quantiles, taus, kappa, kappas=kappas)
 
 
 @device_op("foxdqn::quantile_huber_loss_backward", mutates_args=())
 def _qhl_backward_op(
-    grad_loss: torch.Tensor, quantiles: torch.Tensor, target_quantiles: torch.Tensor, taus: torch.Tensor, kappa: float
+    grad_loss: torch.Tensor, quantiles: torch.Tensor, target_quantiles: torch.Tensor, taus: torch.Tensor, kappa: float,
+    kappas: Optional[torch.Tensor] = None,
 ) -> torch.Tensor:
-    return _qhl_backward_launch(grad_loss, quantiles, target_quantiles, taus, kappa)
+    return _qhl_backward_launch(grad_loss, quantiles, target_quantiles, taus, kappa, kappas=kappas)
 
 
 def _qhl_setup_context(ctx, inputs, output):
-    quantiles, target_quantiles, taus, kappa = inputs
-    ctx.save_for_backward(quantiles, target_quantiles, taus)
+    quantiles, target_quantiles, taus, kappa, kappas = inputs
+    ctx.save_for_backward(quantiles, target_quantiles, taus, kappas)
     ctx.kappa = kappa
 
 
 def _qhl_backward(ctx, grad_loss):
-    quantiles, target_quantiles, taus = ctx.saved_tensors
+    quantiles, target_quantiles, taus, kappas = ctx.saved_tensors
     grad_q = None
     if ctx.needs_input_grad[0]:
-        grad_q = _qhl_backward_op(grad_loss, quantiles, target_quantiles, taus, ctx.kappa)
-    return grad_q, None, None, None  # targets and taus are constants
+        grad_q = _qhl_backward_op(grad_loss, quantiles, target_quantiles, taus, ctx.kappa, kappas)
+    return grad_q, None, None, None, None  # targets, taus and kappas are constants
 
 
 _qhl_op.register_autograd(_qhl_backward, setup_context=_qhl_setup_context)
@@ -296,8 +339,23 @@ def _check_inputs(quantiles: torch.Tensor, target_quantiles: torch.Tensor, taus:
             raise ValueError(f"quantile_huber_loss: {name} is on {t.device}, quantiles on {quantiles.device}")
 
 
+def _grouped_kappa(quantiles: torch.Tensor, kappa) -> bool:
+    """Whether ``kappa`` is a ``[G]`` tensor (a kappa per group of rows); checks it then (its values
+    are not read: no host sync), else the float."""
+    if not isinstance(kappa, torch.Tensor):
+        _check_kappa(kappa)
+        return False
+    B = quantiles.shape[0]
+    if kappa.dim() != 1 or kappa.shape[0] < 1 or B % kappa.shape[0] or not kappa.is_floating_point():
+        raise ValueError(f"quantile_huber_loss: kappa must be a float, or a float [G] tensor with G dividing B={B}; "
+                         f"got {describe(kappa)}")
+    if kappa.device != quantiles.device:
+        raise ValueError(f"quantile_huber_loss: kappa is on {kappa.device}, quantiles on {quantiles.device}")
+    return True
+
+
 def quantile_huber_loss_reference(
-    quantiles: torch.Tensor, target_quantiles: torch.Tensor, taus: torch.Tensor, kappa: float = 1.0
+    quantiles: torch.Tensor, target_quantiles: torch.Tensor, taus: torch.Tensor, kappa: float | torch.Tensor = 1.0
 ) -> torch.Tensor:
     """Plain-torch quantile Huber loss (IQN eq. 3, QR-DQN eq. 9-10), differentiable by autograd.
 
@@ -305,12 +363,17 @@ def quantile_huber_loss_reference(
     ``target_quantiles`` and ``taus`` are detached: only ``quantiles`` receives a gradient.
     """
     _check_inputs(quantiles, target_quantiles, taus)
-    _check_kappa(kappa)
+    grouped = _grouped_kappa(quantiles, kappa)
     target = target_quantiles.detach()
     tau = taus.detach()
     delta = target[:, None, :] - quantiles[:, :, None]  # (B, N, N') delta_ij = T_j - theta_i
     weight = (tau[:, :, None] - (delta.detach() < 0).to(delta.dtype)).abs()  # |tau_i - 1{delta<0}|
-    if kappa == 0:
+    if grouped:  # row b: its group's kappa (B, 1, 1); kappa 0 rows: |delta| (1 divides there: no NaN gradient)
+        g = kappa.shape[0]
+        k = kappa.detach().to(delta.dtype)[:, None].expand(g, delta.shape[0] // g).reshape(-1, 1, 1)
+        huber = torch.where(delta.abs() <= k, 0.5 * delta * delta, k * (delta.abs() - 0.5 * k))
+        elem = torch.where(k == 0, delta.abs(), huber / torch.where(k == 0, torch.ones_like(k), k))
+    elif kappa == 0:
         elem = delta.abs()  # quantile regression loss (QR-DQN eq. 9)
     else:
         huber = torch.where(delta.abs() <= kappa, 0.5 * delta * delta, kappa * (delta.abs() - 0.5 * kappa))
@@ -323,7 +386,7 @@ def quantile_huber_loss(
     quantiles: torch.Tensor,
     target_quantiles: torch.Tensor,
     taus: torch.Tensor,
-    kappa: float = 1.0,
+    kappa: float | torch.Tensor = 1.0,
     backend: str = "auto",
 ) -> torch.Tensor:
     """Per-sample quantile Huber loss of IQN / QR-DQN.
@@ -339,8 +402,13 @@ def quantile_huber_loss(
             detached; treated as constants either way).
         taus: (B, N) float32 quantile fractions in (0, 1) (a broadcast (N,) -> (B, N) view with
             row stride 0 is fine); treated as constants.
-        kappa: Huber threshold in return units, >= 0 (Python float, a run constant; checked
-            on eager calls, not while torch.compile traces).
+        kappa: Huber threshold in return units, >= 0: a Python float (a run constant; checked
+            on eager calls, not while torch.compile traces), or a float ``[G]`` tensor on the
+            rows' device with G dividing B, a kappa per group of B/G consecutive rows (a
+            population's members, member-major rows; float32 in the kernels, each group's rows
+            then equal the float path's for the same kappa bit for bit). Tensor values are not
+            read on the host (no sync): the caller guarantees finite values >= 0 (the config
+            does, ``head.kappa``); a group's kappa 0 is the quantile regression loss.
         backend: "auto" (Triton for CUDA tensors, reference for CPU), "triton" (on CPU needs
             TRITON_INTERPRET=1 before import), or "torch" (reference).
 
@@ -350,15 +418,18 @@ def quantile_huber_loss(
         outside. NaN in a row's inputs gives a NaN loss for that row.
 
     Raises:
-        ConfigError (a ValueError): kappa negative or non-finite.
-        ValueError: wrong shapes/devices, non-float32 input for the Triton backend, unknown backend.
+        ConfigError (a ValueError): a float kappa negative or non-finite.
+        ValueError: wrong shapes/devices, a tensor kappa that is not float [G] with G dividing B,
+            non-float32 input for the Triton backend, unknown backend.
         RuntimeError: backend="triton" on CPU tensors without TRITON_INTERPRET=1.
     """
     _check_inputs(quantiles, target_quantiles, taus)
-    _check_kappa(kappa)
+    grouped = _grouped_kappa(quantiles, kappa)
     if resolve_backend("quantile_huber_loss", backend, quantiles) == "torch":
         return quantile_huber_loss_reference(quantiles, target_quantiles, taus, kappa)
     for name, t in (("quantiles", quantiles), ("target_quantiles", target_quantiles), ("taus", taus)):
         if t.dtype != torch.float32:
             raise ValueError(f"quantile_huber_loss: {name} must be float32 for the Triton backend, got {t.dtype}")
+    if grouped:
+        return _qhl_op(quantiles, target_quantiles.detach(), taus.detach(), 1.0, kappa.detach().to(torch.float32))
     return _qhl_op(quantiles, target_quantiles.detach(), taus.detach(), float(kappa))

@@ -211,6 +211,57 @@ def test_bad_backend_and_dtype():
         quantile_huber_loss(q.double(), t, tau, 1.0, backend="triton")
 
 
+# ------------------------------------------------------------------------------ a kappa per group of rows
+GROUP_KAPPAS = [1.0, 0.0, 0.3, 2.5]  # 0.3: not a float32 value
+
+
+@pytest.mark.parametrize("backend", ["triton", "torch"])
+def test_grouped_kappa_rows_equal_the_float_kappa_of_their_group(backend):
+    """kappa [G]: group g's rows get the loss and gradient of the float kappa_g bit for bit (a
+    population's member p equals a population of one), kappa 0 included, and no row reads another
+    group's kappa."""
+    per = 5
+    q, t, tau, w = _case(per * len(GROUP_KAPPAS), 7, 9, seed=3)
+    kappas = torch.tensor(GROUP_KAPPAS)
+    loss, grad = _loss_and_grad(quantile_huber_loss, q, t, tau, w, kappas, backend=backend)
+    assert torch.isfinite(grad).all()  # kappa 0 rows: no 0/0 in the branch not taken
+    for g, kappa in enumerate(GROUP_KAPPAS):
+        rows = slice(g * per, (g + 1) * per)
+        alone = _loss_and_grad(quantile_huber_loss, q[rows], t[rows], tau[rows], w[rows], kappa, backend=backend)
+        assert torch.equal(loss[rows], alone[0]) and torch.equal(grad[rows], alone[1]), kappa
+    one_kappa = _loss_and_grad(quantile_huber_loss, q, t, tau, w, 1.0, backend=backend)
+    assert not torch.equal(loss, one_kappa[0])
+
+
+@pytest.mark.parametrize("blocks", [None, (2, 4, 8), (4, 8, 2)])
+def test_grouped_kappa_kernels_match_reference(blocks):
+    """Row blocks that span two groups (BLOCK_B not dividing B/G) read each row's own kappa."""
+    per = 3
+    q, t, tau, w = _case(per * len(GROUP_KAPPAS), 13, 19, seed=8)
+    kappas = torch.tensor(GROUP_KAPPAS)
+    loss = _qhl_forward_launch(q, t, tau, 1.0, blocks=blocks, kappas=kappas)
+    grad = _qhl_backward_launch(w, q, t, tau, 1.0, blocks=blocks, kappas=kappas)
+    loss_ref, grad_ref = _loss_and_grad(quantile_huber_loss_reference, q, t, tau, w, kappas)
+    assert_close_nan(loss, loss_ref, atol=1e-5, rtol=1e-5)
+    assert_close_nan(grad, grad_ref, atol=1e-6, rtol=1e-5)
+
+
+def test_grouped_kappa_reference_gradcheck_float64():
+    q, t, tau, _ = _case(4, 3, 5, seed=2)
+    q = q.double().requires_grad_(True)
+    kappas = torch.tensor([0.5, 2.0], dtype=torch.float64)
+    assert torch.autograd.gradcheck(lambda x: quantile_huber_loss_reference(x, t.double(), tau.double(), kappas), (q,))
+
+
+@pytest.mark.parametrize("backend", ["auto", "triton", "torch"])
+def test_grouped_kappa_errors(backend):
+    q, t, tau, _ = _case(4, 3, 4, seed=0)
+    with pytest.raises(ValueError, match="G dividing B=4"):
+        quantile_huber_loss(q, t, tau, torch.ones(3), backend=backend)
+    with pytest.raises(ValueError, match="G dividing B=4"):
+        quantile_huber_loss(q, t, tau, torch.ones(2, dtype=torch.int64), backend=backend)
+
+
 # ------------------------------------------------------------------------------ GPU
 @pytest.mark.gpu
 @pytest.mark.parametrize("kappa", [0.0, 1.0, 2.5])
@@ -321,3 +372,19 @@ def test_gpu_torch_compile_kappa_argument():
         out_eager.backward()
         torch.testing.assert_close(out, out_eager, atol=1e-4, rtol=1e-5)
         torch.testing.assert_close(q.grad, q_eager.grad, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.gpu
+def test_gpu_grouped_kappa_matches_reference_and_float_kappa():
+    per = 256
+    q, t, tau, w = _case(per * len(GROUP_KAPPAS), 32, 32, seed=6, device="cuda")
+    kappas = torch.tensor(GROUP_KAPPAS, device="cuda")
+    loss, grad = _loss_and_grad(quantile_huber_loss, q, t, tau, w, kappas)
+    loss_ref, grad_ref = _loss_and_grad(quantile_huber_loss_reference, q, t, tau, w, kappas)
+    assert_close_nan(loss, loss_ref, atol=1e-4, rtol=1e-5)
+    assert_close_nan(grad, grad_ref, atol=1e-5, rtol=1e-5)
+    for g, kappa in enumerate(GROUP_KAPPAS):
+        rows = slice(g * per, (g + 1) * per)
+        alone = _loss_and_grad(quantile_huber_loss, q[rows], t[rows], tau[rows], w[rows], kappa)
+        torch.testing.assert_close(loss[rows], alone[0], atol=1e-6, rtol=1e-6)
+        torch.testing.assert_close(grad[rows], alone[1], atol=1e-6, rtol=1e-6)
