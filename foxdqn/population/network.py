@@ -17,14 +17,16 @@ never mix: member p's outputs read only member p's parameters and inputs.
 the weights a single run of its seed would, :func:`foxdqn.step.build.build_network`);
 :meth:`MemberQNetwork.member_state_dict` gives member p's weights back in the classic network's
 ``state_dict`` layout (evaluation, checkpoints). :class:`MemberValueNetwork` is the same for IQL's
-value network V(s) (``objective.iql``): an MLP encoder and one output.
+value network V(s) (``objective.iql``): an MLP encoder and one output. :meth:`MemberQNetwork.layer`
+and :meth:`MemberQNetwork.encoder` are the pieces the distributional heads' member networks reuse
+(:mod:`foxdqn.population.distributional`).
 """
 from __future__ import annotations
 
 import torch
 from torch import nn
 
-from foxdqn.nn.heads import DuelingHead, QHead
+from foxdqn.nn.heads import DuelingHead
 from foxdqn.nn.iql_value import IQLValueNetwork
 from foxdqn.nn.mlp import ACTIVATIONS, MLPEncoder
 from foxdqn.nn.qnet import QNetwork, forward_hooked
@@ -33,26 +35,45 @@ from foxdqn.ops.q_forward import q_forward, q_forward_supported
 
 
 
-def _linears(net: QNetwork | IQLValueNetwork) -> list[tuple[str, nn.Linear]]:
-    """(state_dict prefix, layer) of a classic MLP Q network (or IQL value network), input to output."""
-    if not isinstance(net, (QNetwork, IQLValueNetwork)) or not isinstance(net.encoder, MLPEncoder):
-        raise ValueError(f"MemberQNetwork: needs QNetwork(MLPEncoder, QHead | DuelingHead) or "
-                         f"IQLValueNetwork(MLPEncoder), got {type(net).__name__}")
+def _linears(net: nn.Module) -> list[tuple[str, nn.Linear]]:
+    """(state_dict prefix, layer) of a classic network with an MLP encoder, input to output: the
+    encoder's layers, then the head's in registration order (QNetwork, C51Network, IQNNetwork), or
+    IQL's ``value`` layer (IQLValueNetwork)."""
+    if not isinstance(getattr(net, "encoder", None), MLPEncoder):
+        raise ValueError(f"MemberQNetwork: needs a network of an MLPEncoder, got {type(net).__name__}")
     layers = [(f"encoder.net.{i}", m) for i, m in enumerate(net.encoder.net) if isinstance(m, nn.Linear)]
     if isinstance(net, IQLValueNetwork):
         return layers + [("value", net.value)]
-    if isinstance(net.head, DuelingHead):
-        return layers + [("head.value", net.head.value), ("head.advantage", net.head.advantage)]
-    if isinstance(net.head, QHead):
-        return layers + [("head.q", net.head.q)]
-    raise ValueError(f"MemberQNetwork: head must be QHead or DuelingHead, got {type(net.head).__name__}")
+    return layers + [(f"head.{name}", m) for name, m in net.head.named_modules() if isinstance(m, nn.Linear)]
+
+
+def stack_linears(nets: list[nn.Module], kinds: tuple[type, ...]) -> tuple[list[torch.Tensor], list[torch.Tensor],
+                                                                           list[str]]:
+    """(weights ``[P, in, out]``, biases ``[P, 1, out]``, prefixes) of P classic networks of one
+    architecture (:func:`_linears`; their weights are copied).
+
+    Raises:
+        ValueError: a network that is none of ``kinds``, or not of an MLP encoder.
+    """
+    for net in nets:
+        if not isinstance(net, kinds):
+            raise ValueError(f"MemberQNetwork: needs {' or '.join(k.__name__ for k in kinds)} networks, got "
+                             f"{type(net).__name__}")
+    layers = [_linears(net) for net in nets]
+    prefixes = [name for name, _ in layers[0]]
+    weights = [torch.stack([ls[i][1].weight.detach().t() for ls in layers]).contiguous()
+               for i in range(len(prefixes))]
+    biases = [torch.stack([ls[i][1].bias.detach()[None] for ls in layers]).contiguous()
+              for i in range(len(prefixes))]
+    return weights, biases, prefixes
 
 
 class MemberQNetwork(nn.Module):
     """P MLP Q networks: obs float32 ``[P, M, D]`` → Q float32 ``[P, M, A]``.
 
     Args:
-        weights: per linear layer (encoder layers, then ``q`` or ``value`` and ``advantage``) a
+        weights: per linear layer (encoder layers, then the head's: ``q``, or ``value`` and
+            ``advantage``; a subclass's head its own, :mod:`foxdqn.population.distributional`) a
             float32 ``[P, in, out]`` tensor.
         biases: the matching ``[P, 1, out]`` tensors.
         activation: the hidden nonlinearity (relu | gelu | tanh | silu).
@@ -75,17 +96,39 @@ class MemberQNetwork(nn.Module):
         self.act = ACTIVATIONS[activation]()  # the classic encoder's nonlinearity modules
         self.dueling, self.prefixes = dueling, list(prefixes)
         self.num_members = weights[0].shape[0]
+        self.encoder_layers = sum(prefix.startswith("encoder.") for prefix in self.prefixes)
 
     @classmethod
     def from_networks(cls, nets: list[QNetwork], activation: str) -> "MemberQNetwork":
-        """Stack P classic networks of one architecture (their weights are copied)."""
-        layers = [_linears(net) for net in nets]
-        prefixes = [name for name, _ in layers[0]]
-        weights = [torch.stack([ls[i][1].weight.detach().t() for ls in layers]).contiguous()
-                   for i in range(len(prefixes))]
-        biases = [torch.stack([ls[i][1].bias.detach()[None] for ls in layers]).contiguous()
-                  for i in range(len(prefixes))]
+        """Stack P classic networks of one architecture (their weights are copied): Q networks of
+        a Q or dueling head (:class:`MemberValueNetwork`: IQL value networks).
+
+        Raises:
+            ValueError: another kind of network, or one without an MLP encoder.
+        """
+        weights, biases, prefixes = stack_linears(nets, (QNetwork, IQLValueNetwork))
         return cls(weights, biases, activation, isinstance(getattr(nets[0], "head", None), DuelingHead), prefixes)
+
+    def layer(self, i: int, x: torch.Tensor) -> torch.Tensor:
+        """Linear layer ``i`` (negative: from the end) of every member: ``x [P, M, in] → [P, M, out]``.
+
+        On CPU a population of one computes its product as a batch of two (a discarded copy of
+        itself): torch's CPU ``baddbmm`` of a batch of one is an ``addmm``, whose one-column (the
+        dueling value stream, IQL's V) or one-row products go to a GEMV that rounds otherwise than
+        the batched GEMM every larger P gets (forward and backward), so a member of P would not
+        equal a population of one (P = 1 trains only in tests and references: a group of one job
+        runs the single-run path)."""
+        w, b = self.weights[i], self.biases[i]
+        if self.num_members == 1 and not x.is_cuda:
+            return torch.baddbmm(torch.cat([b, b]), torch.cat([x, x]), torch.cat([w, w]))[:1]
+        return torch.baddbmm(b, x, w)
+
+    def encoder(self, obs: torch.Tensor) -> torch.Tensor:
+        """The MLP encoder of every member: obs ``[P, M, D]`` → features ``[P, M, H]``."""
+        h = obs
+        for i in range(self.encoder_layers):
+            h = self.act(self.layer(i, h))
+        return h
 
     def q_forward_args(self, obs: torch.Tensor) -> tuple[list, list, bool] | None:
         """``(weights, biases, dueling)`` with which :func:`~foxdqn.ops.q_forward.q_forward`
@@ -101,14 +144,11 @@ class MemberQNetwork(nn.Module):
         args = self.q_forward_args(obs)
         if args is not None:  # no gradient needed: one kernel
             return q_forward(obs, args[0], args[1], dueling=args[2], backend="triton")
-        n_hidden = len(self.weights) - (2 if self.dueling else 1)
-        h = obs
-        for w, b in zip(self.weights[:n_hidden], self.biases[:n_hidden]):
-            h = self.act(torch.baddbmm(b, h, w))
+        h = self.encoder(obs)
         if not self.dueling:
-            return torch.baddbmm(self.biases[-1], h, self.weights[-1])
-        value = torch.baddbmm(self.biases[-2], h, self.weights[-2])  # [P, M, 1]
-        adv = torch.baddbmm(self.biases[-1], h, self.weights[-1])  # [P, M, A]
+            return self.layer(-1, h)
+        value = self.layer(-2, h)  # [P, M, 1]
+        adv = self.layer(-1, h)  # [P, M, A]
         return dueling_combine(value, adv)  # Wang et al. 2016 eq. 9, one kernel on CUDA
 
     def member_state_dict(self, p: int) -> dict[str, torch.Tensor]:

@@ -249,3 +249,26 @@ def test_iql_member_checkpoint_holds_its_value_network(tmp_path):
     assert payload["iql_value"].keys() == own.keys() and all(torch.equal(payload["iql_value"][k], own[k]) for k in own)
     plain = run(configs(CARTPOLE, [["seed=0"], ["seed=1"]]), iterations=1)
     assert "iql_value" not in load_checkpoint(member_checkpoint(plain, 0, tmp_path / "plain.pt"))
+
+
+def test_member_layers_do_not_depend_on_the_population_size():
+    """A population of one computes every layer as a member of P, forward and backward, also the
+    one-column dueling value stream (CPU: torch's baddbmm of one matrix is a GEMV that rounds
+    otherwise than the batched GEMM; MemberQNetwork.layer)."""
+    from foxdqn.population.network import MemberQNetwork
+
+    g = torch.Generator().manual_seed(0)
+    shapes = [(64, 64), (64, 1), (64, 45)]  # encoder, value, advantage (the trading env's 45 actions)
+    weights = [torch.randn(3, i, o, generator=g) for i, o in shapes]
+    biases = [torch.randn(3, 1, o, generator=g) for _, o in shapes]
+    obs, grad_q = torch.randn(3, 35, 64, generator=g), torch.randn(3, 35, 45, generator=g)
+    results = []
+    for members in (slice(0, 3), slice(2, 3)):
+        net = MemberQNetwork([w[members].clone() for w in weights], [b[members].clone() for b in biases], "relu",
+                             True, ["encoder.net.0", "head.value", "head.advantage"])
+        x = obs[members].clone().requires_grad_(True)
+        q = net(x)
+        q.backward(grad_q[members])
+        results.append([q.detach()[-1], x.grad[-1], *(w.grad[-1] for w in net.parameters())])
+    for together, alone in zip(*results):
+        assert torch.equal(together, alone)
