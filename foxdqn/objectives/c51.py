@@ -26,6 +26,44 @@ from foxdqn.objectives.base import LossOutput, Objective, weighted_mean
 from foxdqn.ops.c51_project import c51_project
 
 
+def c51_cross_entropy(online, target, obs: torch.Tensor, next_obs: torch.Tensor, action: torch.Tensor,
+                      reward: torch.Tensor, discount: torch.Tensor, *, double: bool,
+                      penalty: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """(CE float32 ``[..., B]``, expected Q float32 ``[..., B, A]`` with gradient) of Algorithm 1
+    (module docstring) for every sample, with any leading axes: one run's ``[B]`` batch, or a
+    population's ``[P, B]`` (members never mix: every op is per row, and the projection uses each
+    member's own support).
+
+    Args:
+        online, target: ``obs [..., B, D] → expected Q [..., B, A]`` networks with
+            ``logits(obs) → [..., B, A, K]``, a ``support`` that broadcasts against the logits
+            (``[K]``; a population's ``[P, 1, 1, K]``) and the bounds ``v_min``, ``v_max`` that
+            :func:`foxdqn.ops.c51_project.c51_project` takes (floats; float ``[P]`` tensors, one
+            support per member). :class:`foxdqn.nn.c51.C51Network`,
+            :class:`foxdqn.population.distributional.MemberC51Network`.
+        obs, next_obs: s and s' ``[..., B, D]``.
+        action: int64 ``[..., B]``. reward, discount: float32 ``[..., B]`` (R and γ^m, 0 at a terminal).
+        double: Double DQN selection of a* at s'.
+        penalty: None, or float32 with the elements of ``[..., B, A]``: the switch penalty of s',
+            subtracted from the Q that picks a*.
+    """
+    K = online.atoms
+    logits = online.logits(obs)  # (..., B, A, K), with grad
+    log_p_all = F.log_softmax(logits, dim=-1)  # (..., B, A, K)
+    q_all = (log_p_all.exp() * online.support).sum(dim=-1)  # (..., B, A) expected Q, with grad
+    log_p = log_p_all.gather(-2, action[..., None, None].expand(*action.shape, 1, K)).squeeze(-2)  # (..., B, K)
+    with torch.no_grad():
+        p_next_all = F.softmax(target.logits(next_obs), dim=-1)  # (..., B, A, K)
+        select = online(next_obs) if double else (p_next_all * target.support).sum(dim=-1)  # (..., B, A)
+        if penalty is not None:  # action.switch_margin: a* pays for leaving the position held at s'
+            select = select - penalty.view_as(select)
+        a_star = select.argmax(dim=-1)  # (..., B)
+        p_next = p_next_all.gather(-2, a_star[..., None, None].expand(*a_star.shape, 1, K)).squeeze(-2)  # (..., B, K)
+        m = c51_project(p_next.reshape(-1, K), reward.reshape(-1), discount.reshape(-1), online.v_min,
+                        online.v_max).view_as(p_next)  # (..., B, K)
+    return -(m * log_p).sum(dim=-1), q_all  # (..., B) cross-entropy
+
+
 class C51Objective(Objective):
     """Categorical cross-entropy to the projected distributional Bellman target.
 
@@ -54,21 +92,9 @@ class C51Objective(Objective):
         self.switch = switch
 
     def forward_with_q(self, batch) -> tuple[LossOutput, torch.Tensor]:
-        online, target = self.online, self.target
-        B, K = batch.obs.shape[0], online.atoms
-        logits = online.logits(batch.obs)  # (B, A, K), with grad
-        log_p_all = F.log_softmax(logits, dim=-1)  # (B, A, K)
-        q_all = (log_p_all.exp() * online.support).sum(dim=-1)  # (B, A) expected Q, with grad
-        log_p = log_p_all.gather(1, batch.action.view(B, 1, 1).expand(B, 1, K)).squeeze(1)  # (B, K)
-        with torch.no_grad():
-            p_next_all = F.softmax(target.logits(batch.next_obs), dim=-1)  # (B, A, K)
-            select = online(batch.next_obs) if self.double else (p_next_all * target.support).sum(dim=-1)  # (B, A)
-            if self.switch is not None:  # action.switch_margin: a* pays for leaving the position held at s'
-                select = select - self.switch(batch)
-            a_star = select.argmax(dim=1)  # (B,)
-            p_next = p_next_all.gather(1, a_star.view(B, 1, 1).expand(B, 1, K)).squeeze(1)  # (B, K)
-            m = c51_project(p_next, batch.reward, batch.discount, online.v_min, online.v_max)  # (B, K)
-        ce = -(m * log_p).sum(dim=-1)  # (B,) cross-entropy
+        ce, q_all = c51_cross_entropy(self.online, self.target, batch.obs, batch.next_obs, batch.action, batch.reward,
+                                      batch.discount, double=self.double,
+                                      penalty=None if self.switch is None else self.switch(batch))
         out = LossOutput(weighted_mean(ce, batch.weight), ce.detach(), q_all.detach())
         return out, q_all
 

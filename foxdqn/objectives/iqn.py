@@ -30,6 +30,47 @@ from foxdqn.objectives.base import LossOutput, Objective, weighted_mean
 from foxdqn.ops.quantile_huber_loss import quantile_huber_loss
 
 
+def iqn_quantile_loss(online, target, obs: torch.Tensor, next_obs: torch.Tensor, action: torch.Tensor,
+                      reward: torch.Tensor, discount: torch.Tensor, taus: torch.Tensor, target_taus: torch.Tensor,
+                      kappa: float | torch.Tensor, *, double: bool, penalty: torch.Tensor | None = None,
+                      q_grad: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
+    """(ρ float32 ``[..., B]``, expected Q float32 ``[..., B, A]``) of eq. 3 (module docstring) for
+    every sample, with any leading axes: one run's ``[B]`` batch, or a population's ``[P, B]``
+    (members never mix: every op is per row, and the loss takes each member's own κ).
+
+    Args:
+        online, target: networks with ``encoder(obs [..., B, D]) → [..., B, H]``,
+            ``head(h, τ [..., B, N]) → [..., B, N, A]``, ``policy_q(h) → [..., B, A]`` and
+            ``obs → expected Q [..., B, A]`` (:class:`foxdqn.nn.iqn.IQNNetwork`,
+            :class:`foxdqn.population.distributional.MemberIQNNetwork`).
+        obs, next_obs: s and s' ``[..., B, D]``.
+        action: int64 ``[..., B]``. reward, discount: float32 ``[..., B]``.
+        taus, target_taus: float32 ``[..., B, N]`` and ``[..., B, N']``, the quantile fractions τ, τ'.
+        kappa: κ >= 0, a float, or float32 ``[P]`` (one per member: leading axis P).
+        double: Double DQN selection of a* at s'.
+        penalty: None, or float32 with the elements of ``[..., B, A]``: the switch penalty of s',
+            subtracted from the Q that picks a*.
+        q_grad: the expected Q keeps its gradient (CQL); False: computed without one.
+    """
+    N, Np = taus.shape[-1], target_taus.shape[-1]
+    h = online.encoder(obs)  # (..., B, H), with grad
+    z = online.head(h, taus)  # (..., B, N, A)
+    z_sa = z.gather(-1, action[..., None, None].expand(*action.shape, N, 1)).squeeze(-1)  # (..., B, N)
+    with torch.set_grad_enabled(q_grad and torch.is_grad_enabled()):
+        q_all = online.policy_q(h)  # (..., B, A) expected Q over the K midpoints
+    with torch.no_grad():
+        h_next = target.encoder(next_obs)  # (..., B, H)
+        select = online(next_obs) if double else target.policy_q(h_next)  # (..., B, A)
+        if penalty is not None:  # action.switch_margin: a* pays for leaving the position held at s'
+            select = select - penalty.view_as(select)
+        a_star = select.argmax(dim=-1)  # (..., B)
+        z_next = target.head(h_next, target_taus)  # (..., B, N', A)
+        z_next_a = z_next.gather(-1, a_star[..., None, None].expand(*a_star.shape, Np, 1)).squeeze(-1)  # (..., B, N')
+        t = reward[..., None] + discount[..., None] * z_next_a  # (..., B, N') targets T_j
+    per_sample = quantile_huber_loss(z_sa.reshape(-1, N), t.reshape(-1, Np), taus.reshape(-1, N), kappa)  # eq. 3
+    return per_sample.view(reward.shape), q_all
+
+
 class IQNObjective(Objective):
     """Quantile Huber loss of IQN with sampled quantile fractions.
 
@@ -78,28 +119,15 @@ class IQNObjective(Objective):
         return torch.rand(shape, generator=self.generator, device=device)
 
     def _run(self, batch, taus, target_taus, q_grad: bool) -> tuple[LossOutput, torch.Tensor]:
-        online, target = self.online, self.target
         B, device = batch.obs.shape[0], batch.obs.device
-        N, Np = self.num_quantiles, self.num_target_quantiles
         if taus is None:
-            taus = self._sample((B, N), device)  # (B, N)
+            taus = self._sample((B, self.num_quantiles), device)  # (B, N)
         if target_taus is None:
-            target_taus = self._sample((B, Np), device)  # (B, N')
-        h = online.encoder(batch.obs)  # (B, H), with grad
-        z = online.head(h, taus)  # (B, N, A)
-        z_sa = z.gather(2, batch.action.view(B, 1, 1).expand(B, N, 1)).squeeze(2)  # (B, N)
-        with torch.set_grad_enabled(q_grad and torch.is_grad_enabled()):
-            q_all = online.policy_q(h)  # (B, A) expected Q over the K midpoints
-        with torch.no_grad():
-            h_next = target.encoder(batch.next_obs)  # (B, H)
-            select = online(batch.next_obs) if self.double else target.policy_q(h_next)  # (B, A)
-            if self.switch is not None:  # action.switch_margin: a* pays for leaving the position held at s'
-                select = select - self.switch(batch)
-            a_star = select.argmax(dim=1)  # (B,)
-            z_next = target.head(h_next, target_taus)  # (B, N', A)
-            z_next_a = z_next.gather(2, a_star.view(B, 1, 1).expand(B, Np, 1)).squeeze(2)  # (B, N')
-            t = batch.reward[:, None] + batch.discount[:, None] * z_next_a  # (B, N') targets T_j
-        per_sample = quantile_huber_loss(z_sa, t, taus, self.kappa)  # (B,) eq. 3
+            target_taus = self._sample((B, self.num_target_quantiles), device)  # (B, N')
+        per_sample, q_all = iqn_quantile_loss(
+            self.online, self.target, batch.obs, batch.next_obs, batch.action, batch.reward, batch.discount, taus,
+            target_taus, self.kappa, double=self.double, penalty=None if self.switch is None else self.switch(batch),
+            q_grad=q_grad)
         out = LossOutput(weighted_mean(per_sample, batch.weight), per_sample.detach(), q_all.detach())
         return out, q_all
 
