@@ -40,14 +40,14 @@ def test_every_shipped_experiment_is_planned_at_p1_and_p64(cases):
 def test_p64_rows_are_measured_where_the_population_trainer_takes_the_experiment(cases):
     measured = {n for n, c in cases.items() if all(note is None for m, _, note in kb.plan(c) if m == kb.POPULATION)}
     assert {"eurusd_dqn", "cartpole_cleanrl"} <= measured  # issue 33's own rows
+    assert {"eurusd_c51", "eurusd_iqn"} <= measured  # the distributional heads train in populations
     for name, c in cases.items():
         notes = [note for m, _, note in kb.plan(c) if m == kb.POPULATION]
         if name in measured:
             assert c.refusal is None
         else:  # the refusal, word for word, on both rows
             assert notes == [c.refusal, c.refusal] and c.refusal
-    assert "head.name=c51" in cases["eurusd_c51"].refusal
-    assert "replay.name=per" in cases["eurusd_controls"].refusal
+    assert "regime.enabled=true" in cases["eurusd_controls"].refusal
     assert "env.name=gym" in cases["cartpole_gym"].refusal
 
 
@@ -83,7 +83,7 @@ def test_a_failed_build_notes_the_rows_it_leaves_and_the_section_goes_on(monkeyp
         raise RuntimeError(f"no state at P={members}")
 
     monkeypatch.setattr(kb, "_build", fail)
-    c = kb.Case("eurusd_c51", "trading", refusal="head.name=c51: a population supports dueling or q only")
+    c = kb.Case("eurusd_controls", "trading", refusal="regime.enabled=true: a population supports false only")
     rows = list(kb.case_rows(c))
     assert [r["members"] for r in rows] == [1, 1, 1, 1, 64, 64] and all(r["members"] in (1, 64) for r in rows)
     assert all(r["note"] == "building the state: RuntimeError: no state at P=1" for r in rows[:4])
@@ -116,8 +116,9 @@ def test_population_state_of_distinct_seeds_steps_on_cpu():
     assert int(s.env_steps) == steps + 4 and int(s.updates) == 1
 
 
-def test_build_warms_a_trading_population_up_on_cpu():
-    c = kb.Case("eurusd_dqn", "trading", overrides=SMALL_TRADING)
+@pytest.mark.parametrize("experiment", ["eurusd_dqn", "eurusd_c51", "eurusd_iqn"])
+def test_build_warms_a_trading_population_up_on_cpu(experiment):
+    c = kb.Case(experiment, "trading", overrides=SMALL_TRADING)
     s = kb._build(c, 2, device="cpu")
     assert s.members == 2 and int(s.updates) == 3 and s.obs.shape[0] == 2 * 3
 
@@ -128,8 +129,8 @@ def test_build_warms_a_single_run_up_on_cpu():
 
 
 def test_a_refused_experiment_builds_no_population():
-    with pytest.raises(ValueError, match="head.name=c51"):
-        make_population(["+experiment=eurusd_c51", *SMALL_TRADING], 2, "cpu", fill=False)
+    with pytest.raises(ValueError, match="regime.enabled=true"):
+        make_population(["+experiment=eurusd_controls", *SMALL_TRADING], 2, "cpu", fill=False)
 
 
 def _fake_rows():
@@ -141,12 +142,12 @@ def _fake_rows():
             row["note"] = note
         return row
 
-    refusal = "head.name=c51: a population supports dueling or q only"
+    refusal = "regime.enabled=true: a population supports false only"
     return pd.DataFrame([
         r("eurusd_dqn", 1, "collect", 6), r("eurusd_dqn", 1, "update", 37), r("eurusd_dqn", 1, "iteration"),
         r("eurusd_dqn", 64, "collect", 9), r("eurusd_dqn", 64, "update", 37),
-        r("eurusd_c51", 1, "collect", 8), r("eurusd_c51", 1, "update", 60),
-        r("eurusd_c51", 64, "collect", note=refusal), r("eurusd_c51", 64, "update", note=refusal),
+        r("eurusd_controls", 1, "collect", 8), r("eurusd_controls", 1, "update", 60),
+        r("eurusd_controls", 64, "collect", note=refusal), r("eurusd_controls", 64, "update", note=refusal),
         r("cartpole_gym", 1, "collect", note=kb.HOST_ENV_NOTE), r("cartpole_gym", 1, "update", 14),
         r("cartpole_gym", 64, "collect", note="env.name=gym"), r("cartpole_gym", 64, "update", note="env.name=gym"),
     ])
@@ -154,14 +155,15 @@ def _fake_rows():
 
 def test_summary_puts_p1_and_p64_side_by_side_with_their_ratio():
     out = kb.summary(_fake_rows()).set_index("experiment")
-    assert list(out.index) == ["eurusd_dqn", "eurusd_c51", "cartpole_gym"]
+    assert list(out.index) == ["eurusd_dqn", "eurusd_controls", "cartpole_gym"]
     assert list(out.columns) == ["collect P=1", "collect P=64", "collect P=64/P=1", "update P=1", "update P=64",
                                  "update P=64/P=1", "note"]
     assert (out.loc["eurusd_dqn", "collect P=1"], out.loc["eurusd_dqn", "collect P=64"]) == (6, 9)
     assert out.loc["eurusd_dqn", "collect P=64/P=1"] == 1.5 and out.loc["eurusd_dqn", "update P=64/P=1"] == 1.0
     assert out.loc["eurusd_dqn", "note"] == ""
-    assert math.isnan(out.loc["eurusd_c51", "update P=64"]) and math.isnan(out.loc["eurusd_c51", "update P=64/P=1"])
-    assert out.loc["eurusd_c51", "note"] == "P=64: head.name=c51: a population supports dueling or q only"
+    assert math.isnan(out.loc["eurusd_controls", "update P=64"])
+    assert math.isnan(out.loc["eurusd_controls", "update P=64/P=1"])
+    assert out.loc["eurusd_controls", "note"] == "P=64: regime.enabled=true: a population supports false only"
     assert math.isnan(out.loc["cartpole_gym", "collect P=1"]) and out.loc["cartpole_gym", "update P=1"] == 14
     assert out.loc["cartpole_gym", "note"] == f"collect P=1: {kb.HOST_ENV_NOTE}; P=64: env.name=gym"
 

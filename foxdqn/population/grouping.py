@@ -28,7 +28,7 @@ KEYS = {
     "tau": "target.tau", "period": "target.period", "huber_delta": "loss.huber_delta",
     "reward_scale": "loss.reward_scale", "loss_clip": "guard.loss_clip", "nan_at": "debug.inject_nan_at_step",
     "cql_alpha": "objective.cql_alpha", "iql_expectile": "objective.iql_expectile",
-    "per_alpha": "replay.alpha", "per_beta_start": "replay.beta_start", "per_eps": "replay.eps",
+    "per_alpha": "replay.alpha", "per_beta_start": "replay.beta_start", "per_eps": "replay.eps", "kappa": "head.kappa",
 }
 
 #: Dotted config keys read per member once, while the population is built (host values, no [P]
@@ -36,13 +36,18 @@ KEYS = {
 #: with its own mean block length (foxdqn.population.envs.member_paths).
 SETUP_KEYS: tuple[str, ...] = ("data.augment.block_length",)
 
-#: Dotted config keys in which the members of one population may differ.
-MEMBER_KEYS: tuple[str, ...] = ("seed", *SETUP_KEYS, *KEYS.values())
+#: Member keys held by each member's network rather than by MemberParams: C51's support bounds
+#: (foxdqn.population.distributional.MemberC51Network: float64 [P] buffers and a [P, K] support, each
+#: member's from its own config; the atom count head.atoms gives the layers their shape and is shared).
+NETWORK_KEYS: tuple[str, ...] = ("head.v_min", "head.v_max")
 
-#: The settings the population trainer supports (every other value of these keys is refused).
+#: Dotted config keys in which the members of one population may differ.
+MEMBER_KEYS: tuple[str, ...] = ("seed", *SETUP_KEYS, *KEYS.values(), *NETWORK_KEYS)
+
+#: The settings the population trainer supports (every other value of these keys is refused). Every
+#: head.name is supported (q, dueling, c51, iqn: foxdqn.population.state.member_network).
 POPULATION_ENVS = frozenset({"cartpole", "trading"})  # env.name
 POPULATION_ENCODERS = frozenset({"mlp"})  # model.encoder
-POPULATION_HEADS = frozenset({"q", "dueling"})  # head.name
 POPULATION_ACTION_MODES = frozenset({"factored"})  # action.mode
 
 
@@ -58,7 +63,6 @@ def _is(wanted: bool | None) -> tuple[Callable[[Any], bool], str]:
 SUPPORTED: tuple[tuple[str, Callable[[Any], bool], str], ...] = (
     ("env.name", *_one_of(POPULATION_ENVS)),
     ("model.encoder", *_one_of(POPULATION_ENCODERS)),
-    ("head.name", *_one_of(POPULATION_HEADS)),
     ("action.mode", *_one_of(POPULATION_ACTION_MODES)),
     ("replay.her", *_is(False)),
     ("regime.enabled", *_is(False)),

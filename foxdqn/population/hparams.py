@@ -23,7 +23,9 @@ class MemberParams:
     >= 0 of ``objective.cql_alpha``, Kumar et al. 2020 eq. 4; read when some member's α > 0),
     iql_expectile (IQL expectile τ in (0, 1) of ``objective.iql_expectile``, Kostrikov et al. 2021
     eq. 5; read with ``objective.iql``), per_alpha / per_beta_start / per_eps (prioritized replay's
-    α, β₀ and ε added to |TD|, Schaul et al. 2016 eq. 1 and §3.4; read with ``replay.name=per``)."""
+    α, β₀ and ε added to |TD|, Schaul et al. 2016 eq. 1 and §3.4; read with ``replay.name=per``),
+    kappa (IQN's quantile Huber threshold κ >= 0 of ``head.kappa``, return units, Dabney et al.
+    2018 eq. 3; read with ``head.name=iqn``)."""
 
     lr: torch.Tensor
     adam_eps: torch.Tensor
@@ -43,6 +45,7 @@ class MemberParams:
     per_alpha: torch.Tensor
     per_beta_start: torch.Tensor
     per_eps: torch.Tensor
+    kappa: torch.Tensor
 
     @classmethod
     def from_configs(cls, cfgs: list[TrainConfig], device: torch.device) -> "MemberParams":

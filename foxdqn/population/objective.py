@@ -1,18 +1,24 @@
-"""The loss of P members at once: (Double) DQN with each member's Huber δ, or IQL with its
-expectile τ and value network, plus CQL(H) with its α.
+"""The loss of P members at once: (Double) DQN with each member's Huber δ, C51 with each member's
+support, IQN with each member's κ and τ draws, or IQL with its expectile τ and value network, plus
+CQL(H) with its α.
 
 The losses of :class:`foxdqn.objectives.dqn.DQNObjective` (van Hasselt et al. 2016, eq. 4; Huber
-"error clipping" of Mnih et al. 2015), :class:`foxdqn.objectives.iql.IQLObjective` (Kostrikov,
-Nair & Levine 2021, eqs. 5–6) and :class:`foxdqn.objectives.cql.CQLObjective` (Kumar et al. 2020,
-eq. 4) computed on ``[P, B]`` batches, each member's from its own rows, networks and
-hyperparameters: member p's DQN loss is ``mean_b w_b · Huber_δp(Q_p(s, a) − y)`` with ``y = R +
-discount · Q'_p(s', argmax_a Q_p(s', a))`` (``max_a Q'_p(s', a)`` without Double DQN) and ``w_b``
-its prioritized replay's importance weights (Schaul et al. 2016, §3.4; 1 with uniform replay). The
+"error clipping" of Mnih et al. 2015), :class:`foxdqn.objectives.c51.C51Objective` (Bellemare,
+Dabney & Munos 2017, Algorithm 1), :class:`foxdqn.objectives.iqn.IQNObjective` (Dabney et al.
+2018, eq. 3), :class:`foxdqn.objectives.iql.IQLObjective` (Kostrikov, Nair & Levine 2021, eqs.
+5–6) and :class:`foxdqn.objectives.cql.CQLObjective` (Kumar et al. 2020, eq. 4) computed on
+``[P, B]`` batches, each member's from its own rows, networks and hyperparameters: member p's DQN
+loss is ``mean_b w_b · Huber_δp(Q_p(s, a) − y)`` with ``y = R + discount · Q'_p(s', argmax_a
+Q_p(s', a))`` (``max_a Q'_p(s', a)`` without Double DQN) and ``w_b`` its prioritized replay's
+importance weights (Schaul et al. 2016, §3.4; 1 with uniform replay); its C51 loss ``mean_b w_b ·
+CE_b`` with its target projected onto its own support; its IQN loss ``mean_b w_b · ρ_b`` with its
+κ and its quantile fractions τ, τ' drawn from its own counter-based generator. The
 members' losses are returned separately; their sum is back-propagated, which gives each member
 exactly the gradient of its own loss (members share no parameters). With them comes each row's
 unweighted |TD| (the single run's ``LossOutput.td_abs``), which prioritized replay writes back as
 the member's priorities. The arithmetic is the single run's own
 (:func:`foxdqn.objectives.dqn_forward.dqn_forward`, :func:`foxdqn.ops.dqn_td_loss.dqn_td_loss`,
+:func:`foxdqn.objectives.c51.c51_cross_entropy`, :func:`foxdqn.objectives.iqn.iqn_quantile_loss`,
 :func:`foxdqn.objectives.iql.iql_loss`, :func:`foxdqn.objectives.cql.cql_regulariser`, each with a
 leading member axis), not a copy.
 """
@@ -20,12 +26,16 @@ from __future__ import annotations
 
 import torch
 
-from foxdqn.objectives.base import LossOutput
+from foxdqn.objectives.base import LossOutput, weighted_mean
+from foxdqn.objectives.c51 import c51_cross_entropy
 from foxdqn.objectives.cql import cql_regulariser
 from foxdqn.objectives.dqn_forward import dqn_forward
+from foxdqn.objectives.iqn import iqn_quantile_loss
 from foxdqn.ops.dqn_td_loss import dqn_td_loss
 from foxdqn.objectives.iql import iql_loss
+from foxdqn.population.distributional import MemberC51Network, MemberIQNNetwork
 from foxdqn.population.network import MemberQNetwork, MemberValueNetwork
+from foxdqn.population.random import MemberRandom
 from foxdqn.replay.buffer import Batch
 
 
@@ -68,25 +78,80 @@ def member_dqn_loss(online: MemberQNetwork, target: MemberQNetwork, batch: Batch
     return loss, td_abs, f.q_s
 
 
+def _member_view(batch: Batch, members: int) -> tuple[torch.Tensor, ...]:
+    """(obs, next_obs ``[P, B, D]``, action, reward, discount ``[P, B]``) of a member-major batch."""
+    d = batch.obs.shape[-1]
+    return (batch.obs.reshape(members, -1, d), batch.next_obs.reshape(members, -1, d), batch.action.view(members, -1),
+            batch.reward.view(members, -1), batch.discount.view(members, -1))
+
+
+def member_c51_loss(online: MemberC51Network, target: MemberC51Network, batch: Batch, members: int, double: bool,
+                    *, penalty: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(loss float32 ``[P]``, td_abs float32 ``[P·B]``, expected Q of s float32 ``[P, B, A]`` with its
+    gradient) of the C51 cross-entropy (Bellemare et al. 2017, Algorithm 1) of a member-major batch
+    of ``P·B`` rows: member p's loss is ``Σ_b w_b · CE_b / B`` over its own rows (``batch.weight``:
+    ones with uniform replay, the importance weights with prioritized replay, as the single run's
+    ``C51Objective`` weighs), its target projected onto its own support
+    (:func:`foxdqn.ops.c51_project.c51_project` with the members' ``[P]`` bounds); td_abs is each
+    row's CE, detached (the single run's PER priority, Rainbow's). ``penalty``: None, or float32
+    ``[P·B, A]``, the switch penalty of each s' (:meth:`foxdqn.population.switch.MemberSwitch.target`),
+    subtracted from the Q that picks a*."""
+    ce, q = c51_cross_entropy(online, target, *_member_view(batch, members), double=double, penalty=penalty)
+    return weighted_mean(ce, batch.weight), ce.detach().view(-1), q
+
+
+def member_taus(rng: MemberRandom, batch_size: int, num_quantiles: int,
+                num_target_quantiles: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(τ float32 ``[P, B, N]``, τ' float32 ``[P, B, N']``) in [0, 1): each member's quantile
+    fractions for one IQN update, τ drawn first, then τ' (the order of a single run's
+    :class:`foxdqn.objectives.iqn.IQNObjective`), from its own counter-based generator, so member
+    p draws what a population of one of its seed draws."""
+    p = rng.num_members
+    taus = rng.uniform(batch_size * num_quantiles).view(p, batch_size, num_quantiles)
+    return taus, rng.uniform(batch_size * num_target_quantiles).view(p, batch_size, num_target_quantiles)
+
+
+def member_iqn_loss(online: MemberIQNNetwork, target: MemberIQNNetwork, batch: Batch, members: int,
+                    taus: torch.Tensor, target_taus: torch.Tensor, kappa: torch.Tensor, double: bool, *,
+                    penalty: torch.Tensor | None = None,
+                    q_grad: bool = False) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(loss float32 ``[P]``, td_abs float32 ``[P·B]``, expected Q of s float32 ``[P, B, A]``, with its
+    gradient when ``q_grad``) of the IQN quantile Huber loss (Dabney et al. 2018, eq. 3) of a
+    member-major batch of ``P·B`` rows: member p's loss is ``Σ_b w_b · ρ_b / B`` over its own rows
+    with its κ_p (weights as :func:`member_c51_loss`); td_abs is each row's ρ, detached.
+
+    ``taus``, ``target_taus``: float32 ``[P, B, N]`` and ``[P, B, N']`` (:func:`member_taus`).
+    ``kappa``: float32 ``[P]`` (``head.kappa``; :func:`foxdqn.ops.quantile_huber_loss.quantile_huber_loss`
+    takes a κ per member). ``penalty``: as :func:`member_c51_loss`."""
+    rho, q = iqn_quantile_loss(online, target, *_member_view(batch, members), taus, target_taus, kappa,
+                               double=double, penalty=penalty, q_grad=q_grad)
+    return weighted_mean(rho, batch.weight), rho.detach().view(-1), q
+
+
 def member_loss(online: MemberQNetwork, target: MemberQNetwork, batch: Batch, members: int,
                 huber_delta: torch.Tensor, double: bool, *, value: MemberValueNetwork | None = None,
                 expectile: torch.Tensor | None = None, cql_alpha: torch.Tensor | None = None,
-                penalty: torch.Tensor | None = None, weighted: bool = False) -> LossOutput:
+                penalty: torch.Tensor | None = None, weighted: bool = False, kappa: torch.Tensor | None = None,
+                taus: tuple[torch.Tensor, torch.Tensor] | None = None) -> LossOutput:
     """:class:`~foxdqn.objectives.base.LossOutput` (loss float32 ``[P]``, td_abs float32 ``[P·B]``
-    unweighted and detached, online Q of s float32 ``[P, B, A]`` detached) of the members'
-    objective on a member-major batch of ``P·B`` rows: :func:`member_dqn_loss`, or with ``value``
+    unweighted and detached, online (expected) Q of s float32 ``[P, B, A]`` detached) of the
+    members' objective on a member-major batch of ``P·B`` rows: by the online network,
+    :func:`member_c51_loss` (a :class:`~foxdqn.population.distributional.MemberC51Network`),
+    :func:`member_iqn_loss` (a :class:`~foxdqn.population.distributional.MemberIQNNetwork`, with
+    ``kappa`` and ``taus``) or :func:`member_dqn_loss`; or with ``value``
     IQL's L_Q + L_V (Kostrikov et al. 2021, eqs. 5–6; :func:`foxdqn.objectives.iql.iql_loss` with
     each member's expectile τ and its own value network); plus, with ``cql_alpha``,
     ``α_p · Σ_b w_b (logsumexp_a Q_p(s_b, a) − Q_p(s_b, a_b)) / B`` (CQL(H), Kumar et al. 2020
     eq. 4, :func:`~foxdqn.objectives.cql.cql_regulariser` of member p's own rows). IQL and CQL
     weight their rows by ``batch.weight`` as their single-run objectives do (ones with uniform
-    replay, the importance weights with prioritized replay); the DQN loss does with ``weighted``.
-    td_abs is the single run's: DQN's ``|Q(s, a) − y|`` (CQL keeps it), IQL's
-    ``|R + discount · V(s') − Q(s, a)|``.
+    replay, the importance weights with prioritized replay), and so do C51 and IQN; the DQN loss
+    does with ``weighted``. td_abs is the single run's: DQN's ``|Q(s, a) − y|`` (CQL keeps it), C51's
+    cross-entropy, IQN's ρ, IQL's ``|R + discount · V(s') − Q(s, a)|``.
 
-    Member p's loss is its single run's objective loss (``DQNObjective`` or ``IQLObjective``, in
-    ``CQLObjective`` when α > 0, with its δ, τ and α) on its rows, to float rounding; a member with
-    α = 0 adds 0 · its term (finite), i.e. its loss and gradients are those without CQL.
+    Member p's loss is its single run's objective loss (``DQNObjective``, ``C51Objective``,
+    ``IQNObjective`` or ``IQLObjective``, in ``CQLObjective`` when α > 0, with its δ, support, κ,
+    τ and α) on its rows, to float rounding; a member with α = 0 adds 0 · its term (finite), i.e.
+    its loss and gradients are those without CQL.
 
     Args:
         online, target, batch, members, huber_delta, double, penalty, weighted: as
@@ -97,15 +162,24 @@ def member_loss(online: MemberQNetwork, target: MemberQNetwork, batch: Batch, me
         expectile: with ``value``, float32 ``[P]``, each member's IQL expectile τ in (0, 1).
         cql_alpha: None (no member has ``objective.cql_alpha`` > 0), or float32 ``[P]``, each
             member's CQL α >= 0.
+        kappa, taus: with an IQN network, float32 ``[P]`` (each member's κ) and (τ, τ') of
+            :func:`member_taus`.
 
     Raises:
-        ValueError: ``value`` without ``expectile``.
+        ValueError: ``value`` without ``expectile``; an IQN network without ``kappa`` and ``taus``.
     """
     if value is not None:
         if expectile is None:
             raise ValueError("member_loss: IQL (value given) needs each member's expectile τ, float32 [P]")
         loss, td, q = iql_loss(online, target, value, batch, expectile, members=members)
         td_abs = td.detach().abs().view(-1)
+    elif isinstance(online, MemberC51Network):
+        loss, td_abs, q = member_c51_loss(online, target, batch, members, double, penalty=penalty)
+    elif isinstance(online, MemberIQNNetwork):
+        if kappa is None or taus is None:
+            raise ValueError("member_loss: IQN needs each member's κ (float32 [P]) and its τ, τ' draws")
+        loss, td_abs, q = member_iqn_loss(online, target, batch, members, *taus, kappa, double, penalty=penalty,
+                                          q_grad=cql_alpha is not None)
     else:
         loss, td_abs, q = member_dqn_loss(online, target, batch, members, huber_delta, double, penalty=penalty,
                                           weighted=weighted)

@@ -2,8 +2,8 @@
 
 :func:`build_population` turns P validated configs that share a
 :func:`~foxdqn.population.grouping.group_key` into a :class:`PopulationState`: one batched env of
-P × N envs, one :class:`~foxdqn.population.network.MemberQNetwork` (online) and its target (and
-with ``objective.iql`` a :class:`~foxdqn.population.network.MemberValueNetwork`), one
+P × N envs, one member network (online; :func:`member_network`: Q, dueling, C51 or IQN) and its
+target (and with ``objective.iql`` a :class:`~foxdqn.population.network.MemberValueNetwork`), one
 replay with a member axis (uniform or prioritized), :class:`~foxdqn.population.optim.MemberAdam`, the per-member
 hyperparameters, guard and accumulators, and the counters (int64 0-d, per member: every member
 has done the same number of env steps and updates).
@@ -16,6 +16,9 @@ from dataclasses import dataclass
 import torch
 
 from foxdqn.config.schema import TrainConfig
+from foxdqn.nn.c51 import C51Network
+from foxdqn.nn.iqn import IQNNetwork
+from foxdqn.population.distributional import MemberC51Network, MemberIQNNetwork
 from foxdqn.population.envs import build_member_env
 from foxdqn.population.member_guard import MemberGuard
 from foxdqn.population.hparams import MemberParams
@@ -85,6 +88,18 @@ def initial_networks(cfgs: list[TrainConfig], env, num_actions: int,
     return nets, values
 
 
+def member_network(nets: list[torch.nn.Module], activation: str) -> MemberQNetwork:
+    """The P classic networks ``nets`` stacked into one member network: a
+    :class:`~foxdqn.population.distributional.MemberC51Network` for C51 networks, a
+    :class:`~foxdqn.population.distributional.MemberIQNNetwork` for IQN ones, else a
+    :class:`~foxdqn.population.network.MemberQNetwork` (Q or dueling head)."""
+    if isinstance(nets[0], C51Network):
+        return MemberC51Network.from_networks(nets, activation)
+    if isinstance(nets[0], IQNNetwork):
+        return MemberIQNNetwork.from_networks(nets, activation)
+    return MemberQNetwork.from_networks(nets, activation)
+
+
 def build_population(cfgs: list[TrainConfig], market, device: torch.device) -> PopulationState:
     """The state of the population ``cfgs`` (one config per member, validated, sharing their
     group key) on ``device``; ``market``: foxdqn.data.MarketData for trading, else None."""
@@ -98,7 +113,7 @@ def build_population(cfgs: list[TrainConfig], market, device: torch.device) -> P
     env = build_member_env(cfgs, market, rng, device)
     mode = build_action_mode(cfg, env)
     nets, values = initial_networks(cfgs, env, mode.num_actions, device)
-    online = MemberQNetwork.from_networks(nets, str(cfg.model.activation))
+    online = member_network(nets, str(cfg.model.activation))
     target = copy.deepcopy(online).requires_grad_(False)
     # IQL's V: trained with Q by one Adam (a single run's extra_parameters), no target copy
     value = MemberValueNetwork.from_networks(values, str(cfg.model.activation)) if values else None

@@ -1,12 +1,13 @@
 """One collect step and one gradient update of a population (device ops only, capturable).
 
 The same steps as a single run's (:mod:`foxdqn.step.collect`, :mod:`foxdqn.step.update`), with a
-member axis: ε-greedy per member (its own ε), one env step of P × N envs, one replay row; then
-per member B samples (uniform, or by its own priorities with its importance weights), its loss
-(the (Double) DQN loss with its Huber δ, or IQL's with its expectile τ; plus CQL(H) with its α),
-its gradient clipped to its own norm, the guard's per-member skip, Adam with its lr and ε, its
-target update (its Polyak τ or hard period), and with ``replay.name=per`` its |TD| written back as
-its priorities (not for a member the guard skipped).
+member axis: ε-greedy per member (its own ε; on the expected Q of a C51 or IQN head), one env step
+of P × N envs, one replay row; then per member B samples (uniform, or by its own priorities with
+its importance weights), its loss (the (Double) DQN loss with its Huber δ, the C51 cross-entropy on
+its own support, the IQN quantile Huber loss with its κ and τ draws, or IQL's with its expectile
+τ; plus CQL(H) with its α), its gradient clipped to its own norm, the guard's per-member skip,
+Adam with its lr and ε, its target update (its Polyak τ or hard period), and with
+``replay.name=per`` its |TD| written back as its priorities (not for a member the guard skipped).
 docs/design/population.md.
 
 After backward an update runs the single run's three multi-tensor ops with ``members=P``, each
@@ -21,9 +22,10 @@ from __future__ import annotations
 
 import torch
 
+from foxdqn.objectives.base import LossOutput
 from foxdqn.ops.grad_norm import grad_norm_coefficient
 from foxdqn.ops.target_lerp import target_lerp_
-from foxdqn.population.objective import member_loss
+from foxdqn.population.objective import member_loss, member_taus
 from foxdqn.population.state import PopulationState
 from foxdqn.step.act import act
 from foxdqn.step.collect import store
@@ -50,16 +52,28 @@ def collect_step(s: PopulationState) -> None:
     s.stats.add_step(out.reward, info["episode_done"], info["episode_return"], s.env.collect_hook.trades(out))
 
 
+def population_loss(s: PopulationState, batch) -> LossOutput:
+    """:class:`~foxdqn.objectives.base.LossOutput` (loss float32 ``[P]``, td_abs ``[P·B]``, online
+    expected Q float32 ``[P, B, A]`` detached) of every member on ``batch`` (B rows each,
+    member-major): :func:`foxdqn.population.objective.member_loss` with the members'
+    hyperparameters; with ``head.name=iqn`` each member first draws its τ, then its τ', from its own
+    generator (:func:`foxdqn.population.objective.member_taus`)."""
+    h = s.cfg.head
+    b = batch.reward.shape[0] // s.members
+    taus = member_taus(s.rng, b, h.num_quantiles, h.num_target_quantiles) if h.name == "iqn" else None
+    return member_loss(s.online, s.target, batch, s.members, s.params.huber_delta, h.double, value=s.value,
+                       expectile=s.params.iql_expectile, cql_alpha=s.params.cql_alpha if s.cql else None,
+                       penalty=None if s.switch is None or s.value is not None else s.switch.target(batch),
+                       weighted=s.cfg.replay.name == "per", kappa=s.params.kappa, taus=taus)
+
+
 def update_step(s: PopulationState) -> None:
     """One gradient update of every member (skipped per member by the guard). The guard's state
     reaches the host once per iteration (:func:`publish_guard`), not per update."""
     p = s.members
     batch = s.replay.sample_members(s.cfg.agent.batch_size)
     s.optimizer.zero_grad(set_to_none=True)
-    out = member_loss(s.online, s.target, batch, p, s.params.huber_delta, s.cfg.head.double, value=s.value,
-                      expectile=s.params.iql_expectile, cql_alpha=s.params.cql_alpha if s.cql else None,
-                      penalty=None if s.switch is None or s.value is not None else s.switch.target(batch),
-                      weighted=s.cfg.replay.name == "per")
+    out = population_loss(s, batch)
     loss = out.loss
     if s.inject_nan:  # debug.inject_nan_at_step of some member: poison its loss at that update
         loss = loss + torch.where(s.updates == s.params.nan_at, float("nan"), 0.0)

@@ -92,13 +92,15 @@ def test_every_member_key_of_every_experiment_derives_as_composed(hydra_initiali
             "target.tau": "0.005", "target.period": "100", "loss.huber_delta": "1.0", "loss.reward_scale": "1.0",
             "guard.loss_clip": "1e6", "debug.inject_nan_at_step": "null", "objective.cql_alpha": "0",
             "objective.iql_expectile": "0.7", "data.augment.block_length": "50",
-            "replay.alpha": "0.6", "replay.beta_start": "0.4", "replay.eps": "1e-6"}
+            "replay.alpha": "0.6", "replay.beta_start": "0.4", "replay.eps": "1e-6", "head.v_min": "-10",
+            "head.v_max": "10", "head.kappa": "1.0"}
     other = {"seed": "5", "optim.lr": "1", "optim.adam_eps": "0.001", "optim.grad_clip": "3", "agent.gamma": "0.9",
              "explore.eps_start": "0.5", "explore.eps_end": "0.02", "explore.eps_decay_fraction": "0.3",
              "target.tau": "1", "target.period": "7", "loss.huber_delta": "2", "loss.reward_scale": "10",
              "guard.loss_clip": "100000", "debug.inject_nan_at_step": "9", "objective.cql_alpha": "0.5",
              "objective.iql_expectile": "0.9", "data.augment.block_length": "7",
-             "replay.alpha": "0.5", "replay.beta_start": "0.3", "replay.eps": "0.001"}
+             "replay.alpha": "0.5", "replay.beta_start": "0.3", "replay.eps": "0.001", "head.v_min": "-3.3",
+             "head.v_max": "7.1", "head.kappa": "0"}
     assert set(base) == set(other) == set(MEMBER_KEYS)
     for name in experiment_names():
         if name == "pong_dqn":  # its env needs ale_py to be checked

@@ -104,10 +104,26 @@ def test_group_key_differs_for_every_other_key(cartpole):
 def test_batch_refusal_accepts_the_supported_experiments(cartpole, trading):
     assert batch_refusal(cartpole) is None
     assert batch_refusal(trading) is None
+    for head in ("q", "dueling", "c51", "iqn"):  # every head trains in a population
+        assert batch_refusal(load_config([f"head={head}", "debug=smoke", "device=cpu"])) is None, head
+    for experiment in ("eurusd_c51", "eurusd_iqn"):
+        assert batch_refusal(load_config([f"+experiment={experiment}", "debug=smoke", "device=cpu"])) is None
 
 
-REFUSED = [("env.name", "bitflip"), ("env.name", "gym"), ("model.encoder", "attention"), ("head.name", "c51"),
-           ("head.name", "iqn"), ("action.mode", "branching"),
+def test_distributional_scalars_are_member_keys_and_shapes_group_keys():
+    """A sweep over C51's head.v_min / head.v_max or IQN's head.kappa stays one population; one over
+    head.atoms or IQN's quantile counts and embedding size (shapes) makes several."""
+    c51 = load_config(["+experiment=eurusd_c51", "debug=smoke", "device=cpu"])
+    assert {"head.v_min", "head.v_max", "head.kappa"} <= set(MEMBER_KEYS)
+    assert group_key(with_values(c51, head__v_min=-3.0, head__v_max=4.0)) == group_key(c51)
+    assert group_key(with_values(c51, head__atoms=21)) != group_key(c51)
+    iqn = load_config(["+experiment=eurusd_iqn", "debug=smoke", "device=cpu"])
+    assert group_key(with_values(iqn, head__kappa=0.0)) == group_key(iqn)
+    for key in ("num_quantiles", "num_target_quantiles", "num_quantiles_policy", "embedding_dim"):
+        assert group_key(with_values(iqn, **{f"head__{key}": 7})) != group_key(iqn), key
+
+
+REFUSED = [("env.name", "bitflip"), ("env.name", "gym"), ("model.encoder", "attention"), ("action.mode", "branching"),
            ("replay.her", True),
            ("regime.enabled", True), ("prune.enabled", True),
            ("optim.accumulate", 2), ("guard.max_weight", 10.0), ("guard.collapse_multiplier", 5.0),

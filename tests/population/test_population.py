@@ -124,11 +124,15 @@ def test_loss_clip_halts_only_that_member():
 
 
 def test_member_hyperparameters_are_the_member_keys():
-    from foxdqn.population.grouping import MEMBER_KEYS, SETUP_KEYS
-    from foxdqn.population.hparams import KEYS
+    from dataclasses import fields
 
-    assert set(MEMBER_KEYS) == {"seed", *SETUP_KEYS, *KEYS.values()}
+    from foxdqn.population.grouping import MEMBER_KEYS, NETWORK_KEYS, SETUP_KEYS
+    from foxdqn.population.hparams import KEYS, MemberParams
+
+    assert set(MEMBER_KEYS) == {"seed", *SETUP_KEYS, *KEYS.values(), *NETWORK_KEYS}
     assert SETUP_KEYS == ("data.augment.block_length",)  # read by population.envs.member_paths
+    assert NETWORK_KEYS == ("head.v_min", "head.v_max")  # C51's support: population.distributional
+    assert {f.name for f in fields(MemberParams)} == set(KEYS)
 
 
 def test_switch_margin_members_equal_runs_of_one_member():

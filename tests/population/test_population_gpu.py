@@ -12,6 +12,7 @@ from foxdqn.population import step as P
 from foxdqn.population.state import build_population
 from foxdqn.step.iteration import WARMUP_ITERATIONS
 
+from test_distributional import C51, IQN
 from test_population import CARTPOLE, TRADING, configs, market_for, member_tensors
 from support import iterate, no_host_sync
 
@@ -36,7 +37,7 @@ def assert_members_close(a, b, pairs, atol=1e-5):
             torch.testing.assert_close(ta[k], tb[k], atol=atol, rtol=1e-4, msg=k)
 
 
-@pytest.mark.parametrize("base", [CARTPOLE, TRADING], ids=["cartpole", "trading"])
+@pytest.mark.parametrize("base", [CARTPOLE, TRADING, C51, IQN], ids=["cartpole", "trading", "trading_c51", "trading_iqn"])
 def test_graph_equals_eager(base):
     members = [["seed=0"], ["seed=1", "optim.lr=1e-3"], ["seed=2", "agent.gamma=0.9"]]
     eager, _ = run(cuda_configs(base, members), graph=False)
@@ -57,11 +58,13 @@ def test_graph_equals_eager_with_cql_and_iql(objective):
     assert_members_close(captured, eager, [(p, p) for p in range(2)])
 
 
-def test_members_equal_populations_of_one_on_cuda():
-    members = [["seed=0"], ["seed=1", "optim.lr=1e-3"]]
-    together, _ = run(cuda_configs(CARTPOLE, members), graph=True)
-    for p, extra in enumerate(members):
-        alone, _ = run(cuda_configs(CARTPOLE, [extra]), graph=True)
+@pytest.mark.parametrize("base,extra", [(CARTPOLE, "optim.lr=1e-3"), (C51, "head.v_max=3.3"), (IQN, "head.kappa=0.3")],
+                         ids=["cartpole", "trading_c51", "trading_iqn"])
+def test_members_equal_populations_of_one_on_cuda(base, extra):
+    members = [["seed=0"], ["seed=1", extra]]
+    together, _ = run(cuda_configs(base, members), graph=True)
+    for p, member in enumerate(members):
+        alone, _ = run(cuda_configs(base, [member]), graph=True)
         assert_members_close(together, alone, [(p, 0)])
 
 
@@ -79,10 +82,12 @@ def test_prioritized_replay_graph_equals_eager():
     torch.testing.assert_close(captured.replay.per.leaves, eager.replay.per.leaves, rtol=1e-4, atol=1e-6)
 
 
-@pytest.mark.parametrize("replay", ["uniform", "per"])
-def test_captured_iteration_is_sync_free_and_one_launch(replay):
-    s, it = run(cuda_configs(CARTPOLE, [["seed=0", f"replay.name={replay}"], ["seed=1", f"replay.name={replay}"]]),
-                graph=True, iterations=WARMUP_ITERATIONS + 1)
+@pytest.mark.parametrize("base,replay", [(CARTPOLE, "uniform"), (CARTPOLE, "per"), (C51, "uniform"), (C51, "per"),
+                                         (IQN, "uniform")], ids=["cartpole", "cartpole_per", "trading_c51",
+                                                                 "trading_c51_per", "trading_iqn"])
+def test_captured_iteration_is_sync_free_and_one_launch(base, replay):
+    members = [["seed=0", f"replay.name={replay}"], ["seed=1", f"replay.name={replay}", "head.v_min=-3", "head.kappa=0"]]
+    s, it = run(cuda_configs(base, members), graph=True, iterations=WARMUP_ITERATIONS + 1)
     assert it.graph is not None
     launches = []
     real = it.graph.replay

@@ -1,0 +1,160 @@
+"""P distributional networks in one module: the C51 and IQN heads with a member axis.
+
+Member p's network is the classic :class:`foxdqn.nn.c51.C51Network` (Bellemare, Dabney & Munos
+2017, §4; Rainbow's dueling streams over logits, Hessel et al. 2018) or
+:class:`foxdqn.nn.iqn.IQNNetwork` (Dabney, Ostrovski, Silver & Munos 2018, §3.1, eq. 4) of an
+:class:`~foxdqn.nn.mlp.MLPEncoder`, with the layers of
+:class:`~foxdqn.population.network.MemberQNetwork` (weights ``[P, in, out]``, one
+``torch.baddbmm`` per layer for all members) and the interface the shared losses read
+(:func:`foxdqn.objectives.c51.c51_cross_entropy`: ``logits``, ``support``, ``v_min``, ``v_max``,
+``atoms``; :func:`foxdqn.objectives.iqn.iqn_quantile_loss`: ``encoder``, ``head``, ``policy_q``).
+Each C51 member keeps its own support (``head.v_min`` / ``head.v_max`` are member keys,
+:data:`foxdqn.population.grouping.NETWORK_KEYS`); the atom count K, IQN's embedding size n and
+policy midpoints K are shared (they give the tensors their shapes). Members never mix: every op is
+per member or per row.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+
+from foxdqn.nn.c51 import C51Network
+from foxdqn.nn.iqn import IQNNetwork
+from foxdqn.population.network import MemberQNetwork, stack_linears
+
+
+class MemberC51Network(MemberQNetwork):
+    """P C51 networks: obs float32 ``[P, M, D]`` → expected Q float32 ``[P, M, A]``,
+    Q = Σ_k softmax(logits)_k z_k (acting, evaluation, Double DQN selection).
+
+    ``logits(obs)``: float32 ``[P, M, A, K]``. Buffers (not in the state dict, they come from each
+    member's config): ``support`` float32 ``[P, 1, 1, K]``, member p's z_k = v_min_p + k·Δz_p exactly
+    as its :class:`~foxdqn.nn.c51.C51Network` computes them; ``v_min``, ``v_max`` float64 ``[P]``
+    (return units; float64 so that the projection rounds them as a single run rounds its Python
+    floats, :func:`foxdqn.ops.c51_project.support_table`).
+
+    Args:
+        weights, biases, activation, dueling, prefixes: as :class:`MemberQNetwork` (the head's
+            layers: ``logits``, or with ``dueling`` ``value`` ([K] per member) and ``advantage``).
+        num_actions: A.
+        support: float32 ``[P, K]``, each member's atoms.
+        v_min, v_max: float64 ``[P]``, each member's support bounds.
+    """
+
+    def __init__(self, weights: list[torch.Tensor], biases: list[torch.Tensor], activation: str, dueling: bool,
+                 prefixes: list[str], num_actions: int, support: torch.Tensor, v_min: torch.Tensor,
+                 v_max: torch.Tensor):
+        super().__init__(weights, biases, activation, dueling, prefixes)
+        self.num_actions, self.atoms = num_actions, support.shape[1]
+        self.register_buffer("support", support[:, None, None, :].clone(), persistent=False)  # [P, 1, 1, K]
+        self.register_buffer("v_min", v_min.clone(), persistent=False)
+        self.register_buffer("v_max", v_max.clone(), persistent=False)
+
+    @classmethod
+    def from_networks(cls, nets: list[C51Network], activation: str) -> "MemberC51Network":
+        """Stack P classic C51 networks of one architecture (weights and supports copied).
+
+        Raises:
+            ValueError: a network that is not a C51Network of an MLPEncoder, or networks with
+                different atom counts.
+        """
+        weights, biases, prefixes = stack_linears(nets, (C51Network,))
+        if len({net.atoms for net in nets}) != 1:
+            raise ValueError(f"MemberC51Network: needs C51Networks of one atom count, got {[n.atoms for n in nets]}")
+        device = weights[0].device
+        bounds = [torch.tensor([getattr(net, key) for net in nets], dtype=torch.float64, device=device)
+                  for key in ("v_min", "v_max")]
+        return cls(weights, biases, activation, nets[0].head.dueling, prefixes, nets[0].num_actions,
+                   torch.stack([net.support for net in nets]), *bounds)
+
+    def q_forward_args(self, obs: torch.Tensor) -> None:
+        """None: the fused Q kernels compute a scalar head's Q, not a distribution's mean."""
+        return None
+
+    def logits(self, obs: torch.Tensor) -> torch.Tensor:
+        """Atom logits ``[P, M, A, K]`` of obs ``[P, M, D]`` (the classic head's, with a member axis)."""
+        h = self.encoder(obs)
+        p, m = h.shape[:2]
+        if self.dueling:  # Rainbow: v + a − mean_a a, per atom
+            v = self.layer(-2, h)[:, :, None, :]  # [P, M, 1, K]
+            adv = self.layer(-1, h).view(p, m, self.num_actions, self.atoms)  # [P, M, A, K]
+            return v + adv - adv.mean(dim=2, keepdim=True)
+        return self.layer(-1, h).view(p, m, self.num_actions, self.atoms)
+
+    def expected_q(self, logits: torch.Tensor) -> torch.Tensor:
+        """Q ``[P, M, A]`` = Σ_k softmax(logits ``[P, M, A, K]``)_k z_k of each member's support."""
+        return (F.softmax(logits, dim=-1) * self.support).sum(dim=-1)
+
+    def forward(self, obs: torch.Tensor) -> torch.Tensor:
+        return self.expected_q(self.logits(obs))
+
+
+class MemberIQNNetwork(MemberQNetwork):
+    """P IQN networks: obs float32 ``[P, M, D]`` → expected Q float32 ``[P, M, A]``, the mean of
+    Z_τ over the K fixed midpoints τ_k = (k + 0.5)/K (acting, evaluation, Double DQN selection;
+    :class:`foxdqn.nn.iqn.IQNNetwork`'s policy).
+
+    ``encoder(obs)``: features ``[P, M, H]``. ``head(h, taus)``: h ``[P, M, H]``, τ float32
+    ``[P, M, N]`` in [0, 1] → Z_τ ``[P, M, N, A]`` = f(ψ(s) ⊙ φ(τ)), φ_j(τ) = ReLU(Σ_i cos(π i τ)
+    w_ij + b_j) (IQN eq. 4), f = Linear + ReLU, then Linear(H, A) or the dueling combination per τ.
+    ``policy_q(h)``: ``[P, M, A]``. Buffers (not in the state dict): ``pi_i`` float32 ``[n]``,
+    ``policy_taus`` float32 ``[K]``.
+
+    Args:
+        weights, biases, activation, dueling, prefixes: as :class:`MemberQNetwork` (the head's
+            layers: ``embedding.linear``, ``hidden``, then ``out``, or ``value`` and ``advantage``).
+        num_actions: A.
+        embedding_dim: n, the cosine basis size (``head.embedding_dim``).
+        num_quantiles_policy: K (``head.num_quantiles_policy``).
+    """
+
+    def __init__(self, weights: list[torch.Tensor], biases: list[torch.Tensor], activation: str, dueling: bool,
+                 prefixes: list[str], num_actions: int, embedding_dim: int, num_quantiles_policy: int):
+        super().__init__(weights, biases, activation, dueling, prefixes)
+        self.num_actions, self.num_quantiles_policy = num_actions, num_quantiles_policy
+        device = weights[0].device
+        pi_i = torch.arange(embedding_dim, dtype=torch.float32, device=device) * math.pi  # as CosineEmbedding's
+        k = torch.arange(num_quantiles_policy, dtype=torch.float32, device=device)
+        self.register_buffer("pi_i", pi_i, persistent=False)
+        self.register_buffer("policy_taus", (k + 0.5) / num_quantiles_policy, persistent=False)
+
+    @classmethod
+    def from_networks(cls, nets: list[IQNNetwork], activation: str) -> "MemberIQNNetwork":
+        """Stack P classic IQN networks of one architecture (their weights are copied).
+
+        Raises:
+            ValueError: a network that is not an IQNNetwork of an MLPEncoder.
+        """
+        weights, biases, prefixes = stack_linears(nets, (IQNNetwork,))
+        net = nets[0]
+        return cls(weights, biases, activation, net.head.dueling, prefixes, net.num_actions,
+                   net.head.embedding.embedding_dim, net.num_quantiles_policy)
+
+    def q_forward_args(self, obs: torch.Tensor) -> None:
+        """None: the fused Q kernels compute a scalar head's Q, not a quantile mean."""
+        return None
+
+    def head(self, h: torch.Tensor, taus: torch.Tensor) -> torch.Tensor:
+        """Z_τ ``[P, M, N, A]`` of features h ``[P, M, H]`` at τ ``[P, M, N]`` (the classic head's
+        layers with a member axis; rows ``M·N`` per member in each layer)."""
+        p, m, n = taus.shape
+        e = self.encoder_layers  # the embedding's layer, then the hidden one
+        phi = F.relu(self.layer(e, torch.cos(taus[..., None] * self.pi_i).view(p, m * n, -1)))  # [P, M·N, H]
+        x = (h[:, :, None, :] * phi.view(p, m, n, -1)).view(p, m * n, -1)  # ψ(s) ⊙ φ(τ)
+        x = F.relu(self.layer(e + 1, x))
+        if self.dueling:
+            adv = self.layer(-1, x)  # [P, M·N, A]
+            out = self.layer(-2, x) + adv - adv.mean(dim=-1, keepdim=True)
+        else:
+            out = self.layer(-1, x)
+        return out.view(p, m, n, -1)
+
+    def policy_q(self, h: torch.Tensor) -> torch.Tensor:
+        """Expected Q ``[P, M, A]`` of features h ``[P, M, H]``: the mean of Z over the K midpoints."""
+        p, m = h.shape[:2]
+        return self.head(h, self.policy_taus.expand(p, m, self.num_quantiles_policy)).mean(dim=2)
+
+    def forward(self, obs: torch.Tensor) -> torch.Tensor:
+        return self.policy_q(self.encoder(obs))
