@@ -18,8 +18,14 @@ import os
 import sys
 from pathlib import Path
 
-import pytest
-import torch
+# MKL's conditional numerical reproducibility, before torch loads MKL: a batched product then rounds
+# the same whatever its layout, which the population tests' bit-for-bit comparisons of P members
+# against populations of one rely on (without it MKL rounded a few shapes, e.g. 35 rows x 5
+# outputs, by layout)
+os.environ.setdefault("MKL_CBWR", "AVX2,STRICT")
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
 
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
