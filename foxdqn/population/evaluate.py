@@ -16,6 +16,7 @@ from foxdqn.analysis.backtest import capture_default, episode_env_count, episode
 from foxdqn.population.envs import MemberCartPoleEnv
 from foxdqn.population.network import MemberQNetwork
 from foxdqn.population.random import MemberRandom
+from foxdqn.run.finish import VAL_EPISODES, VAL_SEED_OFFSET
 
 
 class MemberGreedy(nn.Module):
@@ -29,6 +30,15 @@ class MemberGreedy(nn.Module):
     def forward(self, obs: torch.Tensor) -> torch.Tensor:
         p = self.online.num_members
         return self.online(obs.view(p, -1, obs.shape[-1])).reshape(obs.shape[0], -1)
+
+
+def member_validation(s, market) -> list[dict]:
+    """Each member's validation metrics, all members at once: trading, the agent's metrics on the
+    val split (:func:`member_walks`); episodes, ``min(20, eval.episodes)`` greedy episodes from
+    ``seed + 2`` (the single run's :data:`foxdqn.run.finish.VAL_EPISODES` and ``VAL_SEED_OFFSET``)."""
+    if s.cfg.env.name == "trading":
+        return [r["metrics"]["agent"] for r in member_walks(s, market, "val", ("agent",))]
+    return member_episodes(s, min(VAL_EPISODES, s.cfg.eval.episodes), seed_offset=VAL_SEED_OFFSET)
 
 
 def member_walks(s, market, split: str, policies: tuple[str, ...]) -> list[dict]:

@@ -70,8 +70,10 @@ SUPPORTED: tuple[tuple[str, Callable[[Any], bool], str], ...] = (
     ("optim.accumulate", (lambda v: v == 1), "1"),
     ("guard.max_weight", *_is(None)),
     ("guard.collapse_multiplier", (lambda v: v == 0), "0"),
-    ("early_stop.enabled", *_is(False)),
-    ("eval.interval_env_steps", (lambda v: v == 0), "0"),
+    # early stopping and validation during training run per member (foxdqn.population.selection), but
+    # a population has no Q-monitor divergence flag and no search pruner
+    ("early_stop.on_q_divergence", *_is(False)),
+    ("search.pruner", *_one_of(frozenset({"none"}))),
     ("resume", *_is(None)),
     ("logger.prometheus.port", *_is(None)),
     ("logger.mlflow", *_is(False)),

@@ -7,6 +7,10 @@ reads the returned flags) and p is halted: from then on every update of p is ski
 good weights, while the other members train on unchanged. Each step ends with a non-blocking copy
 of the halt state into pinned host memory, which the host reads without waiting
 (docs/design/hot_loop.md#the-contract).
+
+The host freezes a member the same way when early stopping ends it (:meth:`MemberGuard.stop`,
+codes :data:`EARLY_STOP_VAL` / :data:`EARLY_STOP_Q`, foxdqn.run.early_stop's reasons): its updates
+are skipped from then on, but it is a normal end, not a halt (:meth:`MemberGuard.reason` is None).
 """
 from __future__ import annotations
 
@@ -15,6 +19,9 @@ import torch
 #: halt codes (``MemberGuard.code``): why a member halted.
 OK, NON_FINITE, LOSS_CLIP = 0, 1, 2
 REASONS = {NON_FINITE: "non-finite loss or gradient norm (NaN/Inf)", LOSS_CLIP: "loss above guard.loss_clip"}
+#: stop codes (``MemberGuard.code``): the member was frozen by early stopping, by the host (not a halt).
+EARLY_STOP_VAL, EARLY_STOP_Q = 3, 4
+STOPS = {"early_stop_val": EARLY_STOP_VAL, "early_stop_q": EARLY_STOP_Q}
 
 
 class MemberGuard:
@@ -65,14 +72,33 @@ class MemberGuard:
         torch.stack([self.halted.to(torch.int64), self.code, self.at_update, self.at_env_steps], out=self._state)
         self.host.copy_(self._state, non_blocking=True)
 
+    def stop(self, p: int, reason: str, updates: int, env_steps: int) -> None:
+        """Freeze member ``p`` from the host between iterations (early stopping's ``reason``, a key
+        of :data:`STOPS`): every later update of ``p`` is skipped, as after a halt, and
+        :meth:`halt_point` gives (``env_steps``, ``updates``), the counts of its weights now. Writes
+        the device state and the host copy (call after a device sync: the log or eval boundary's).
+
+        Raises:
+            ValueError: ``reason`` not in :data:`STOPS`, or ``p`` already frozen.
+        """
+        if reason not in STOPS:
+            raise ValueError(f"reason must be one of {tuple(STOPS)}, got {reason!r}")
+        if int(self.host[0, p]):
+            raise ValueError(f"member {p} is already frozen")
+        values = (1, STOPS[reason], int(updates), int(env_steps))
+        for tensor, value in zip((self.halted, self.code, self.at_update, self.at_env_steps), values):
+            tensor[p] = value
+        self.host[:, p] = torch.tensor(values, dtype=torch.int64)
+
     def reason(self, p: int) -> str | None:
-        """Member ``p``'s halt reason from the host copy (None: not halted); call after a device sync
-        for an exact answer, any time for the newest published one."""
+        """Member ``p``'s halt reason from the host copy (None: not halted, or stopped by
+        :meth:`stop`, a normal end); call after a device sync for an exact answer, any time for
+        the newest published one."""
         halted, code, at = (int(v) for v in self.host[:3, p])
-        return None if not halted else f"{REASONS.get(code, 'unknown')} at update {at}"
+        return None if not halted or code in STOPS.values() else f"{REASONS.get(code, 'unknown')} at update {at}"
 
     def halt_point(self, p: int) -> tuple[int, int] | None:
-        """(env steps, updates applied) of member ``p`` when it halted, from the host copy; None:
-        not halted. The update that halted it was not applied."""
+        """(env steps, updates applied) of member ``p`` when it halted or was stopped, from the host
+        copy; None: neither. The update that halted it was not applied."""
         halted, _, at, steps = (int(v) for v in self.host[:, p])
         return (steps, at) if halted else None

@@ -7,6 +7,14 @@ interval: one device→host copy of every member's accumulators, one metrics row
 own run folder. At the end, per member: ``checkpoints/last.pt`` (its weights), then the same
 selection, evaluation and report as a single run (:func:`foxdqn.run.finish.finish`) into its own
 folder. A member halted by the guard gets ``HALTED`` and its last good weights; the others finish.
+
+With ``eval.interval_env_steps`` > 0 every member is validated at each eval boundary, all at once
+(foxdqn.population.evaluate), and each gets its ``val/*`` row; with ``early_stop.enabled`` each
+member's best weights are kept (foxdqn.population.selection), a member whose validation plateaus
+(or whose mean max-Q stays above ``early_stop.q_bound``) is frozen by the guard's mechanism
+(:meth:`~foxdqn.population.member_guard.MemberGuard.stop`) while the others train on, and the
+loop ends when every member has stopped or halted. At the end such a member is evaluated with its
+best weights (``checkpoints/best.pt``), as a single run is.
 """
 from __future__ import annotations
 
@@ -18,11 +26,12 @@ import torch
 
 from foxdqn.run.checkpoint import FORMAT, write_payload
 from foxdqn.config.schema import to_plain
-from foxdqn.run.finish import VAL_EPISODES, VAL_SEED_OFFSET, Agent, RunEnd, finish
+from foxdqn.run.finish import Agent, RunEnd, finish
 from foxdqn.io_atomic import deferred_sync, write_text_atomic
 from foxdqn.population import step as P
 from foxdqn.analysis.backtest import POLICIES
 from foxdqn.population.jobs import FINISHED, HALTED, Member, Outcome
+from foxdqn.population.selection import MemberSelection
 from foxdqn.population.state import PopulationState, build_population
 from foxdqn.population.stats import MemberStats
 from foxdqn.step.iteration import Iteration
@@ -37,26 +46,29 @@ def member_counts(s: PopulationState, p: int) -> tuple[int, int]:
     return halt if halt is not None else (int(s.env_steps.item()), int(s.updates.item()))
 
 
-def member_checkpoint(s: PopulationState, p: int, path: Path) -> Path:
+def member_checkpoint(s: PopulationState, p: int, path: Path, nets: tuple | None = None,
+                      counts: tuple[int, int] | None = None) -> Path:
     """Write member ``p``'s checkpoint: its online and target weights in a single run's layout
     (with ``objective.iql`` also ``iql_value``, its value network's weights in
     :class:`foxdqn.nn.iql_value.IQLValueNetwork`'s layout), its config and counters
     (:func:`member_counts`), and ``population`` (member index, size). It
     evaluates like any checkpoint (``python -m foxdqn.evaluate``); it holds no optimizer or replay,
     so a run cannot resume from it (:func:`foxdqn.run.resume.read_checkpoint` says so). Written
-    atomically."""
-    env_steps, updates = member_counts(s, p)
+    atomically. ``nets`` (online, target[, value]) and ``counts`` (env steps, updates) write other
+    weights than the population's current ones (the kept best: foxdqn.population.selection)."""
+    env_steps, updates = counts if counts is not None else member_counts(s, p)
+    online, target, *value = nets if nets is not None else (s.online, s.target, s.value)
     payload = {
         "format": FORMAT,
-        "online": s.online.member_state_dict(p),
-        "target": s.target.member_state_dict(p),
+        "online": online.member_state_dict(p),
+        "target": target.member_state_dict(p),
         "env_steps": env_steps,
         "updates": updates,
         "config": to_plain(s.cfgs[p]),
         "population": {"member": p, "size": s.members},
     }
-    if s.value is not None:
-        payload["iql_value"] = s.value.member_state_dict(p)
+    if value and value[0] is not None:
+        payload["iql_value"] = value[0].member_state_dict(p)
     return write_payload(path, payload)
 
 
@@ -81,7 +93,9 @@ class _Population:
         self.full = Iteration(s, self.graph, **step_fns)
         self.loggers: list = []  # foxdqn.logger.MetricsLogger per member, opened after the run folders (open_loggers)
         self.env_steps, self.host_updates = 0, 0
-        self.stopped: set[int] = set()  # members halted at an earlier log boundary: no more rows
+        self.stopped: set[int] = set()  # members halted at an earlier log boundary or early-stopped: no more rows
+        self.eval_every = max(1, cfg.eval.interval_env_steps // self.per_iter) if cfg.eval.interval_env_steps else 0
+        self.selection = MemberSelection(s)
         log.info("population of %d members (jobs %s): %s on %s (graph=%s), %d env steps each in %d iterations of "
                  "%d envs x %d steps, %d updates each", len(members), ", ".join(str(m.job_num) for m in members),
                  cfg.experiment, self.device, self.graph, self.total_iters * self.per_iter, self.total_iters,
@@ -108,17 +122,22 @@ class _Population:
                     now = time.perf_counter()
                     rate = (self.env_steps - steps_log) / max(now - t_log, 1e-9)
                     t_log, steps_log = now, self.env_steps
-                    returns = self._log_rows(rate)
+                    returns = self._log_rows(rate, last)
                     progress.update(self.env_steps, {"members": len(self.members),
                                                      "ep_ret": float(torch.tensor(returns).nanmean())})
-                if bool(self.s.guard.host[0].all()):  # every member halted: nothing left to train
+                # with early stopping the final weights are validated too (they compete for "best")
+                if self.eval_every and (((it + 1) % self.eval_every == 0 and not last) or
+                                        (self.selection.enabled and last)):
+                    self._validate(it, last)
+                if bool(self.s.guard.host[0].all()):  # every member halted or stopped: nothing left to train
                     break
                 if signals.received is not None and not last:
                     break
 
-    def _log_rows(self, rate: float) -> list[float]:
+    def _log_rows(self, rate: float, last: bool) -> list[float]:
         """One row per member that had not halted at the previous boundary, from one host copy of
-        the accumulators (the interval's one sync); returns the members' episode returns."""
+        the accumulators (the interval's one sync); returns the members' episode returns. With
+        ``early_stop.q_bound``, a member whose mean max-Q stayed high is stopped (``early_stop_q``)."""
         s = self.s
         acc = s.stats.read()  # waits for the device: the guard's host copy below is current
         returns = []
@@ -133,9 +152,44 @@ class _Population:
             row.update(epsilon=x.eps_start + (x.eps_end - x.eps_start) * frac, env_steps_per_s=rate,
                        updates=self.host_updates if halt is None else halt[1])
             logger.log(self.env_steps, {f"train/{k}": v for k, v in row.items()})
+            stopper = self.selection.stoppers[p]
             if halt is not None:
                 self.stopped.add(p)
+            elif stopper is not None and stopper.update_q(row["mean_max_q"]) and not last:
+                self._stop(p, "early_stop_q", stopper.q_detail(row["mean_max_q"]))
         return returns
+
+    def _validate(self, it: int, last: bool) -> None:
+        """The eval boundary: validate every member at once, log each running member's ``val/*`` row;
+        with early stopping keep its best weights and stop it after ``patience`` evaluations without
+        improvement (the single run's :meth:`foxdqn.run.loop._Training._eval_boundary`, per member)."""
+        from foxdqn.population.evaluate import member_validation
+
+        s, env_steps = self.s, self.env_steps
+        vals = member_validation(s, self.members[0].market)  # waits for the device: the guard's host copy is current
+        for p, metrics in enumerate(vals):
+            if p in self.stopped or s.guard.halt_point(p) is not None:
+                continue
+            self.loggers[p].log(env_steps, {f"val/{k}": v for k, v in metrics.items()})
+            stopper = self.selection.stoppers[p]
+            if stopper is None or it < self.warm_iters:  # no update yet: the weights cannot improve
+                continue
+            if stopper.update_val(env_steps, metrics):
+                self.selection.keep(s, p, env_steps, self.host_updates)
+                log.info("job %d: best val %s = %.6g at %d env steps", self.members[p].job_num, stopper.metric,
+                         stopper.best, env_steps, extra={"foxdqn_job": self.members[p].job_num, "foxdqn_detail": True})
+            if stopper.val_exhausted and not last:
+                self._stop(p, "early_stop_val", stopper.val_detail())
+
+    def _stop(self, p: int, reason: str, detail: str) -> None:
+        """End member ``p`` early: its stopper records it, the guard freezes its weights from the next
+        update on, and it logs no more rows."""
+        job = self.members[p].job_num
+        log.info("job %d stops early (%s): its weights are frozen from here", job, reason,
+                 extra={"foxdqn_job": job, "foxdqn_detail": True})
+        self.selection.stoppers[p].stop(reason, self.env_steps, detail)  # the single run's detail and log line
+        self.s.guard.stop(p, reason, self.host_updates, self.env_steps)
+        self.stopped.add(p)
 
     def close(self) -> None:
         if self.device.type == "cuda":
@@ -150,14 +204,27 @@ class _Population:
         greedy episodes, their resets drawn from the member's own generator (seed + offset), so
         ``python -m foxdqn.evaluate`` of the member's checkpoint (torch's generator) plays other
         episodes of the same distribution."""
-        from foxdqn.population.evaluate import member_episodes, member_walks
+        from foxdqn.population.evaluate import member_episodes, member_validation, member_walks
 
         s, cfg, market = self.s, self.s.cfg, self.members[0].market
+        vals = member_validation(s, market)
         if cfg.env.name == "trading":
-            vals = [r["metrics"]["agent"] for r in member_walks(s, market, "val", ("agent",))]
             return vals, member_walks(s, market, cfg.eval.split, POLICIES)
-        return (member_episodes(s, min(VAL_EPISODES, cfg.eval.episodes), seed_offset=VAL_SEED_OFFSET),
-                member_episodes(s, cfg.eval.episodes, seed_offset=1))
+        return vals, member_episodes(s, cfg.eval.episodes, seed_offset=1)
+
+    def keep_best(self) -> list[Path | None]:
+        """With early stopping, each member's ``checkpoints/best.pt`` from its kept weights, which are
+        then loaded into the population for its final evaluation (call after the members' ``last.pt``
+        are written); None for a member with nothing kept (evaluated with its last weights)."""
+        sel, paths = self.selection, []
+        for p, m in enumerate(self.members):
+            counts = sel.best_counts[p]
+            if not sel.enabled or counts is None:
+                paths.append(None)
+                continue
+            paths.append(member_checkpoint(self.s, p, m.run_dir / "checkpoints" / "best.pt", sel.best, counts))
+            sel.restore(self.s, p)
+        return paths
 
     def ensembles(self) -> dict[int, dict]:
         """The ``ensemble_policy`` summary entry of each member whose setting has two or more members
@@ -169,11 +236,12 @@ class _Population:
             return {}
         return ensemble_walks(self.s, self.members[0].market, [m.job_num for m in self.members], str(cfg.eval.ensemble))
 
-    def end_member(self, p: int, wall: float, val: dict, test: dict, ensemble: dict | None = None) -> Outcome:
-        """Checkpoint member ``p``; then HALTED (guard) or its report from its validation metrics
-        ``val``, evaluation ``test`` and its setting's ``ensemble`` entry (None: none)."""
+    def end_member(self, p: int, wall: float, ckpt: Path, val: dict, test: dict, ensemble: dict | None = None,
+                   best: Path | None = None) -> Outcome:
+        """HALTED (guard) for member ``p`` or its report from its validation metrics ``val``,
+        evaluation ``test``, its setting's ``ensemble`` entry (None: none), its last checkpoint
+        ``ckpt`` and its ``best`` checkpoint (early stopping; None: none)."""
         s, m = self.s, self.members[p]
-        ckpt = member_checkpoint(s, p, m.run_dir / "checkpoints" / "last.pt")
         reason = s.guard.reason(p)
         if reason is not None:
             write_text_atomic(m.run_dir / "HALTED", f"{reason}\n")
@@ -182,8 +250,8 @@ class _Population:
         if ensemble:
             extra["ensemble_policy"] = ensemble
         end = RunEnd(self.graph, wall, *member_counts(s, p), ckpt, overrides=list(m.overrides),
-                     name=f"job {m.job_num}: ", job=m.job_num, extra=extra,
-                     val_metrics=val, test_result=test)
+                     name=f"job {m.job_num}: ", job=m.job_num, extra=extra, val_metrics=val, test_result=test,
+                     stopper=self.selection.stoppers[p], best_path=best)
         agent = Agent(m.tc, None, s.action_mode, self.device)  # evaluated already: finish reads no network
         return Outcome(finish(agent, m.market, m.run_dir, end), FINISHED, "")
 
@@ -222,10 +290,13 @@ def train_population(members: list[Member]) -> list[Outcome]:
                     for p, m in enumerate(members):
                         member_checkpoint(run.s, p, m.run_dir / "checkpoints" / "last.pt")
             else:
-                vals, tests = run.evaluate_members()
-                ensembles = run.ensembles()
                 with deferred_sync():  # P members' checkpoints and reports, one sync at the end
-                    outcomes = [run.end_member(p, wall, vals[p], tests[p], ensembles.get(p))
+                    ckpts = [member_checkpoint(run.s, p, m.run_dir / "checkpoints" / "last.pt")
+                             for p, m in enumerate(members)]
+                    bests = run.keep_best()  # early stopping: the kept weights are evaluated
+                    vals, tests = run.evaluate_members()
+                    ensembles = run.ensembles()
+                    outcomes = [run.end_member(p, wall, ckpts[p], vals[p], tests[p], ensembles.get(p), bests[p])
                                 for p in range(len(members))]
     finally:
         for p, folder in enumerate(folders):

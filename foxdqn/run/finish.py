@@ -109,14 +109,16 @@ def selection(agent: Agent, market, stopper: EarlyStopper | None, weights: str, 
 def finish(agent: Agent, market, run_dir: Path, end: RunEnd) -> dict:
     """Select (validation), evaluate once (``eval.split``, test by default) and write the report
     into ``run_dir/eval``; returns the summary (also ``eval/summary.json``). With early stopping
-    and a best checkpoint, ``agent.online`` is loaded with the best weights first."""
+    and a best checkpoint, ``agent.online`` is loaded with the best weights first (a population
+    member, ``agent.online`` None, brings the evaluations of its best weights in ``end``)."""
     cfg, device, stopper = agent.cfg, agent.device, end.stopper
     stop = stop_summary(stopper, end.env_steps)
     evaluated = {"checkpoint": "last", "env_steps": end.env_steps, "metric": None, "value": None}
     if stopper is not None and stopper.best_env_steps is not None and end.best_path is not None \
             and end.best_path.is_file():
         best = load_checkpoint(end.best_path, map_location=device)
-        agent.online.load_state_dict(best["online"])
+        if agent.online is not None:  # None: a population member, evaluated with these weights already
+            agent.online.load_state_dict(best["online"])
         evaluated = {"checkpoint": "best", "env_steps": best["env_steps"], "metric": stopper.metric,
                      "value": stopper.best}
     if end.pruned_at is not None:

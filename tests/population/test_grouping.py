@@ -127,7 +127,7 @@ REFUSED = [("env.name", "bitflip"), ("env.name", "gym"), ("model.encoder", "atte
            ("replay.her", True),
            ("regime.enabled", True), ("prune.enabled", True),
            ("optim.accumulate", 2), ("guard.max_weight", 10.0), ("guard.collapse_multiplier", 5.0),
-           ("early_stop.enabled", True), ("eval.interval_env_steps", 100), ("resume", "auto"),
+           ("early_stop.on_q_divergence", True), ("search.pruner", "median"), ("resume", "auto"),
            ("logger.prometheus.port", 9464), ("logger.mlflow", True), ("logger.wandb", True),
            ("debug.inject_lr_spike_at_step", 3)]
 
@@ -234,3 +234,8 @@ def test_plan_refuses_max_members_below_one(cartpole):
     assert plan([], None) == []
     with pytest.raises(ValueError, match="max_members=0"):
         plan(members([cartpole]), max_members=0)
+
+
+def test_validation_during_training_and_early_stopping_are_supported(cartpole):
+    tc = with_values(cartpole, eval__interval_env_steps=100, early_stop__enabled=True, early_stop__q_bound=50.0)
+    assert batch_refusal(tc) is None
