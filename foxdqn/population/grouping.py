@@ -69,9 +69,6 @@ SUPPORTED: tuple[tuple[str, Callable[[Any], bool], str], ...] = (
     ("early_stop.enabled", *_is(False)),
     ("eval.interval_env_steps", (lambda v: v == 0), "0"),
     ("resume", *_is(None)),
-    ("logger.prometheus.port", *_is(None)),
-    ("logger.mlflow", *_is(False)),
-    ("logger.wandb", *_is(False)),
     ("debug.inject_lr_spike_at_step", *_is(None)),
 )
 
