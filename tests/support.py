@@ -492,6 +492,24 @@ def wandb_records(path: Path) -> list:
     return out
 
 
+def wandb_offline_runs(run_dir: Path, timeout: float = 30.0) -> tuple[list, list]:
+    """The offline runs' files (``run_dir/wandb/offline-run-*/run-*.wandb``, sorted) and their
+    records (:func:`wandb_records`). W&B's service process writes the file; on a loaded
+    machine its last records were seen to land after wandb.finish() returned (make test on a fresh
+    clone, 1 of 3 runs): read again until every file has its run record, for up to ``timeout`` s."""
+    import time
+
+    deadline = time.monotonic() + timeout
+    while True:
+        files = sorted((run_dir / "wandb").glob("offline-run-*/run-*.wandb"))
+        assert files, list((run_dir / "wandb").iterdir())
+        records = [wandb_records(f) for f in files]
+        whole = all(any(r.WhichOneof("record_type") == "run" for r in rs) for rs in records)
+        if whole or time.monotonic() > deadline:
+            return files, records
+        time.sleep(0.5)
+
+
 def wandb_history(records) -> list[dict]:
     """The history rows (``run.log`` calls) of :func:`wandb_records`: {key: value} with ``_step``."""
     rows = []

@@ -122,7 +122,7 @@ def test_a_port_in_use_is_refused_before_training(tmp_path):
 
 
 def test_the_loop_names_the_key_when_the_port_is_taken_after_the_check():
-    from foxdqn.run.loop import _open_prometheus
+    from foxdqn.run.trackers import open_prometheus
 
     with socket.socket() as held:
         held.bind(("127.0.0.1", 0))
@@ -130,5 +130,5 @@ def test_the_loop_names_the_key_when_the_port_is_taken_after_the_check():
         port = held.getsockname()[1]
         cfg = load_config(["debug=smoke", "device=cpu", f"logger.prometheus.port={port}"])
         with pytest.raises(ConfigError, match=f"^logger.prometheus.port={port}: .*already in use"):
-            _open_prometheus(cfg)
-    assert _open_prometheus(load_config(["debug=smoke", "device=cpu"])) is None
+            open_prometheus(cfg)
+    assert open_prometheus(load_config(["debug=smoke", "device=cpu"])) is None

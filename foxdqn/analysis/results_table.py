@@ -67,16 +67,23 @@ def _search_note(summary: dict) -> str:
     return "[bold]note:[/bold] " + "; ".join(parts)
 
 
-def _print_trackers(console, summary: dict) -> None:
-    """One line per logger run of the summary (``mlflow``: its store and run id, with the command
-    that shows it; ``wandb``: its mode, run id and folder, with the command that uploads an offline
-    run), printed just before ``outputs:``."""
+def tracker_lines(summary: dict) -> list[tuple[str, str]]:
+    """(logger, text) per logger run of the summary: ``mlflow``, its run id and store with the
+    command that shows it; ``wandb``, its mode, run id and folder with the command that uploads an
+    offline run. A single run prints them before ``outputs:``, a population member logs them."""
+    out = []
     if "mlflow" in summary:
         m = summary["mlflow"]
-        console.print(f"[bold]mlflow:[/bold] run {m['run_id']} in {m['tracking_uri']}  (mlflow ui "
-                      f"--backend-store-uri {m['tracking_uri']})", soft_wrap=True, markup=True, highlight=False)
+        out.append(("mlflow", f"run {m['run_id']} in {m['tracking_uri']}  (mlflow ui --backend-store-uri "
+                              f"{m['tracking_uri']})"))
     if "wandb" in summary and summary["wandb"]["folder"]:
         w = summary["wandb"]
         how = f"  (upload: wandb sync {w['folder']})" if w["mode"] == "offline" else ""
-        console.print(f"[bold]wandb:[/bold] {w['mode']} run {w['run_id']} in {w['folder']}{how}", soft_wrap=True,
-                      highlight=False)
+        out.append(("wandb", f"{w['mode']} run {w['run_id']} in {w['folder']}{how}"))
+    return out
+
+
+def _print_trackers(console, summary: dict) -> None:
+    """:func:`tracker_lines`, printed just before ``outputs:``."""
+    for name, text in tracker_lines(summary):
+        console.print(f"[bold]{name}:[/bold] {text}", soft_wrap=True, highlight=False)

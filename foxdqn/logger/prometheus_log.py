@@ -32,7 +32,10 @@ It is fed in two ways, neither of which touches a device tensor:
   new record, for the type check); the gauges are built from it when a scraper asks
   (:class:`_RingCollector`, on the server's thread).
 
-Every gauge carries the labels given at construction (the loop gives ``run`` and ``seed``).
+Every gauge carries the labels given at construction (the loop gives ``run`` and ``seed``). A
+population's one endpoint (foxdqn.population.train) gives ``run`` and, per row, the member's
+``member`` (its index), ``job`` (its Hydra job number) and ``seed``: one series per member, no ring
+gauges (a population has no guard ring).
 Values are converted with ``float``; ``None`` and strings are skipped; tensors are refused
 (``TypeError``), as in the other sinks.
 """
@@ -41,14 +44,15 @@ from __future__ import annotations
 import numbers
 import re
 import socket
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from foxdqn.device.host_ring import FLAG_FIELDS
 
-__all__ = ["PrometheusExporter", "probe", "metric_name", "FLAGS"]
+__all__ = ["PrometheusExporter", "LabelledRows", "probe", "metric_name", "FLAGS"]
 
 PREFIX = "foxdqn_"
+ENV_STEPS_HELP = "env steps of the last logged metrics row"
 #: The guard ring's flags exposed as ``foxdqn_guard_flag{flag=...}`` (keys of a ring record).
 FLAGS = (*FLAG_FIELDS, "skip", "halted")
 #: gauge name (after ``foxdqn_``) -> (ring record key, help text)
@@ -148,6 +152,10 @@ class PrometheusExporter:
         port: TCP port (0: any free port; :attr:`port` tells which).
         addr: address to bind (default loopback only).
         labels: label name -> value put on every gauge (e.g. ``{"run": ..., "seed": "0"}``).
+        row_labels: names of labels whose values each :meth:`log` call gives (a population's
+            ``("member", "job", "seed")``: one series per member, so members never overwrite each
+            other's gauges). Empty (a single run): every row sets the same series.
+        ring: serve the guard ring gauges (:meth:`observe`); a population has no ring (False).
 
     Raises:
         socket.gaierror: ``addr`` does not resolve.
@@ -160,23 +168,46 @@ class PrometheusExporter:
             prom.log(env_steps, {"train/loss": 0.1})  # every log boundary
     """
 
-    def __init__(self, port: int, addr: str = "127.0.0.1", labels: Mapping[str, str] | None = None) -> None:
+    def __init__(self, port: int, addr: str = "127.0.0.1", labels: Mapping[str, str] | None = None,
+                 row_labels: Sequence[str] = (), ring: bool = True) -> None:
         from prometheus_client import CollectorRegistry, Gauge, start_http_server
 
         self._Gauge = Gauge
         self.labels = {str(k): str(v) for k, v in (labels or {}).items()}
+        self.row_labels = tuple(str(n) for n in row_labels)
         self.registry = CollectorRegistry(auto_describe=True)
         self._ring = _RingCollector(self.labels)
-        self.registry.register(self._ring)
-        self._rows: dict[str, Any] = {}  # metrics.csv column -> gauge child
-        self._env_steps = self._gauge(f"{PREFIX}env_steps", "env steps of the last logged metrics row")
-        self._env_steps.set(float("nan"))  # no row yet
+        if ring:
+            self.registry.register(self._ring)
+        self._families: dict[str, Any] = {}  # gauge name -> Gauge
+        self._rows: dict[tuple[str | None, tuple[str, ...]], Any] = {}  # (column or None: env steps, row labels) -> series
+        if not self.row_labels:
+            self._series(f"{PREFIX}env_steps", ENV_STEPS_HELP, ()).set(float("nan"))  # no row yet
         self._server, self._thread = start_http_server(int(port), addr=addr, registry=self.registry)
         self.addr, self.port = addr, int(self._server.server_port)
 
-    def _gauge(self, name: str, text: str):
-        gauge = self._Gauge(name, text, tuple(self.labels), registry=self.registry)
-        return gauge.labels(**self.labels) if self.labels else gauge
+    def _series(self, name: str, text: str, values: tuple[str, ...]):
+        """The gauge ``name``'s series of this exporter's labels and the row label ``values``."""
+        gauge = self._families.get(name)
+        if gauge is None:
+            gauge = self._families[name] = self._Gauge(name, text, (*self.labels, *self.row_labels),
+                                                       registry=self.registry)
+        return gauge.labels(*self.labels.values(), *values) if self.labels or values else gauge
+
+    def rows(self, labels: Mapping[str, Any]) -> "LabelledRows":
+        """A sink whose ``log(step, metrics)`` is :meth:`log` with the row labels ``labels`` (one
+        population member's :class:`~foxdqn.logger.MetricsLogger` sink). It never closes the exporter.
+
+        Raises:
+            ValueError: the names of ``labels`` are not :attr:`row_labels`.
+        """
+        return LabelledRows(self, self._row_values(labels))
+
+    def _row_values(self, labels: Mapping[str, Any] | None) -> tuple[str, ...]:
+        given = dict(labels or {})
+        if set(given) != set(self.row_labels):
+            raise ValueError(f"row labels {sorted(given)}: this exporter's are {sorted(self.row_labels)}")
+        return tuple(str(given[n]) for n in self.row_labels)
 
     @property
     def url(self) -> str:
@@ -184,21 +215,28 @@ class PrometheusExporter:
         host = f"[{self.addr}]" if ":" in self.addr else self.addr
         return f"http://{host}:{self.port}/metrics"
 
-    def log(self, step: int, metrics: Mapping[str, Any]) -> None:
+    def log(self, step: int, metrics: Mapping[str, Any], labels: Mapping[str, Any] | None = None) -> None:
         """Set one gauge per numeric entry of a metrics row (``metric_name(column)``) and
-        ``foxdqn_env_steps`` to ``step``.
+        ``foxdqn_env_steps`` to ``step``; ``labels`` gives the values of :attr:`row_labels`
+        (None when there are none).
 
         Raises:
             TypeError: a value is a tensor or not a number.
+            ValueError: the names of ``labels`` are not :attr:`row_labels`.
         """
-        self._env_steps.set(_number("step", step))
+        values = self._row_values(labels)
+        steps = self._rows.get((None, values))  # None: no column's key
+        if steps is None:
+            steps = self._rows[(None, values)] = self._series(f"{PREFIX}env_steps", ENV_STEPS_HELP, values)
+        steps.set(_number("step", step))
         for column, value in metrics.items():
             v = _number(column, value)
             if v is None:
                 continue
-            gauge = self._rows.get(column)
+            gauge = self._rows.get((column, values))
             if gauge is None:
-                gauge = self._rows[column] = self._gauge(metric_name(column), f"metrics.csv column {column}")
+                gauge = self._rows[(column, values)] = self._series(metric_name(column), f"metrics.csv column {column}",
+                                                                    values)
             gauge.set(v)
 
     def observe(self, record: Mapping[str, Any] | None) -> None:
@@ -232,3 +270,14 @@ class PrometheusExporter:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+class LabelledRows:
+    """One population member's rows into a shared :class:`PrometheusExporter` (:meth:`PrometheusExporter.rows`)."""
+
+    def __init__(self, exporter: PrometheusExporter, values: tuple[str, ...]) -> None:
+        self.exporter, self.labels = exporter, dict(zip(exporter.row_labels, values))
+
+    def log(self, step: int, metrics: Mapping[str, Any]) -> None:
+        """:meth:`PrometheusExporter.log` of this member's row."""
+        self.exporter.log(step, metrics, self.labels)

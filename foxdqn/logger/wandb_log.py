@@ -74,8 +74,10 @@ class WandbLogger:
         id_file = run_dir / RUN_ID_FILE
         resumed = id_file.is_file()
         run_id = id_file.read_text().strip() if resumed else secrets.token_hex(4)  # 8 characters, as W&B's own
+        # reinit="create_new": a run of its own even while another is active (the members of a
+        # population log at once); this object holds it, nothing uses W&B's global run
         self.run = wandb.init(project=project, entity=entity, name=run_name, id=run_id, resume="allow", mode=mode,
-                              dir=str(run_dir), group=group, config=dict(config),
+                              dir=str(run_dir), group=group, config=dict(config), reinit="create_new",
                               settings=wandb.Settings(silent=True, console="off"))
         self.run_id, self.mode = run_id, str(mode)
         self.folder = Path(self.run.dir).parent if mode != "disabled" else None

@@ -75,9 +75,6 @@ SUPPORTED: tuple[tuple[str, Callable[[Any], bool], str], ...] = (
     ("early_stop.on_q_divergence", *_is(False)),
     ("search.pruner", *_one_of(frozenset({"none"}))),
     ("resume", *_is(None)),
-    ("logger.prometheus.port", *_is(None)),
-    ("logger.mlflow", *_is(False)),
-    ("logger.wandb", *_is(False)),
     ("debug.inject_lr_spike_at_step", *_is(None)),
 )
 

@@ -4,9 +4,13 @@
 share a :func:`~foxdqn.population.grouping.group_key` (docs/usage.md). Per iteration: one CUDA-graph
 replay for all members (eager on CPU) and a read of the guard's pinned host copy (no wait). Per log
 interval: one device→host copy of every member's accumulators, one metrics row per member into its
-own run folder. At the end, per member: ``checkpoints/last.pt`` (its weights), then the same
-selection, evaluation and report as a single run (:func:`foxdqn.run.finish.finish`) into its own
-folder. A member halted by the guard gets ``HALTED`` and its last good weights; the others finish.
+own run folder, and to its MLflow and W&B runs (``logger.mlflow``, ``logger.wandb``: one each, as a
+single run's, :class:`foxdqn.run.trackers.Trackers`) and the population's one Prometheus endpoint
+(``logger.prometheus.port``: a series per member, labelled ``member``, ``job`` and ``seed``). At the
+end, per member: ``checkpoints/last.pt`` (its weights), then the same selection, evaluation and report
+as a single run (:func:`foxdqn.run.finish.finish`) into its own folder, and its final metrics to its
+MLflow and W&B runs. A member halted by the guard gets ``HALTED`` and its last good weights (its MLflow
+run ``FAILED``, its W&B run exit code 1); the others finish.
 
 With ``eval.interval_env_steps`` > 0 every member is validated at each eval boundary, all at once
 (foxdqn.population.evaluate), and each gets its ``val/*`` row; with ``early_stop.enabled`` each
@@ -34,6 +38,7 @@ from foxdqn.population.jobs import FINISHED, HALTED, Member, Outcome
 from foxdqn.population.selection import MemberSelection
 from foxdqn.population.state import PopulationState, build_population
 from foxdqn.population.stats import MemberStats
+from foxdqn.run.trackers import Trackers, open_prometheus
 from foxdqn.step.iteration import Iteration
 
 log = logging.getLogger(__name__)
@@ -92,6 +97,9 @@ class _Population:
         self.collect_only = Iteration(s, self.graph, updates=0, **step_fns)
         self.full = Iteration(s, self.graph, **step_fns)
         self.loggers: list = []  # foxdqn.logger.MetricsLogger per member, opened after the run folders (open_loggers)
+        self.trackers: list[Trackers] = []  # each member's MLflow and W&B runs (open_loggers)
+        # the population's one endpoint, or None; a port taken since the preflight: bad input, before any folder
+        self.prometheus = open_prometheus(cfg, population=True)
         self.env_steps, self.host_updates = 0, 0
         self.stopped: set[int] = set()  # members halted at an earlier log boundary or early-stopped: no more rows
         self.eval_every = max(1, cfg.eval.interval_env_steps // self.per_iter) if cfg.eval.interval_env_steps else 0
@@ -102,10 +110,16 @@ class _Population:
                  cfg.env.num_envs, a.steps_per_iter, a.updates_per_iter)
 
     def open_loggers(self) -> None:
-        """Each member's metrics logger (metrics.csv, tb/) in its run folder."""
+        """Each member's metrics logger (metrics.csv, tb/) in its run folder, with its MLflow and
+        W&B runs and its rows of the population's Prometheus endpoint as sinks."""
         from foxdqn.logger import MetricsLogger
 
-        self.loggers = [MetricsLogger(m.run_dir, tensorboard=m.tc.logger.tensorboard) for m in self.members]
+        for p, m in enumerate(self.members):
+            self.trackers.append(Trackers(m.tc, m.run_dir, m.overrides, job=m.job_num))
+            sinks = list(self.trackers[p].sinks)
+            if self.prometheus is not None:
+                sinks.append(self.prometheus.rows({"member": p, "job": m.job_num, "seed": m.tc.seed}))
+            self.loggers.append(MetricsLogger(m.run_dir, tensorboard=m.tc.logger.tensorboard, sinks=sinks))
 
     def iterate(self, signals) -> None:
         from foxdqn.logger.progress import TrainProgress
@@ -192,10 +206,27 @@ class _Population:
         self.stopped.add(p)
 
     def close(self) -> None:
+        """Wait for the device, close every member's metrics logger and the Prometheus endpoint (idempotent)."""
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
-        for logger in self.loggers:
-            logger.close()
+        try:
+            for logger in self.loggers:
+                logger.close()
+        finally:
+            if self.prometheus is not None:
+                self.prometheus.close()
+
+    def end_trackers(self, outcomes: list[Outcome], signum: int | None) -> None:
+        """End each member's MLflow and W&B runs as its single run would: its final metrics after
+        its report (``outcomes[p]`` finished), FAILED / exit code 1 after a halt or an error,
+        KILLED / 128 + ``signum`` after a signal."""
+        for p, trackers in enumerate(self.trackers):
+            if signum is not None:
+                trackers.end("KILLED", 128 + signum)
+            elif p < len(outcomes) and outcomes[p].exit_code == FINISHED:
+                trackers.report(outcomes[p].summary, self.members[p].run_dir)
+            else:
+                trackers.end("FAILED", 1)
 
     def evaluate_members(self) -> tuple[list[dict], list[dict]]:
         """Every member's validation metrics and evaluation (``eval.split``), all members at once
@@ -246,7 +277,8 @@ class _Population:
         if reason is not None:
             write_text_atomic(m.run_dir / "HALTED", f"{reason}\n")
             return Outcome(None, HALTED, f"training halted: {reason}; last good weights saved to {ckpt}")
-        extra = {"population": {"member": p, "size": s.members, "jobs": [mm.job_num for mm in self.members]}}
+        extra = {"population": {"member": p, "size": s.members, "jobs": [mm.job_num for mm in self.members]},
+                 **self.trackers[p].summary()}
         if ensemble:
             extra["ensemble_policy"] = ensemble
         end = RunEnd(self.graph, wall, *member_counts(s, p), ckpt, overrides=list(m.overrides),
@@ -274,9 +306,14 @@ def train_population(members: list[Member]) -> list[Outcome]:
     except FoxdqnError as exc:
         return [Outcome(None, 2, str(exc)) for _ in members]
     after_kill = "a population does not resume: evaluate checkpoints/last.pt, or train again"
-    with deferred_sync():  # P folders: one sync for all their records (foxdqn.io_atomic)
-        folders = [RunFolder(m.run_dir).open(resume=False, after_kill=after_kill, config=m.tc) for m in members]
+    try:
+        with deferred_sync():  # P folders: one sync for all their records (foxdqn.io_atomic)
+            folders = [RunFolder(m.run_dir).open(resume=False, after_kill=after_kill, config=m.tc) for m in members]
+    except BaseException:
+        run.close()  # the Prometheus endpoint
+        raise
     outcomes: list[Outcome] = []
+    signals = None
     try:
         run.open_loggers()
         with _StopSignals() as signals:
@@ -299,6 +336,8 @@ def train_population(members: list[Member]) -> list[Outcome]:
                     outcomes = [run.end_member(p, wall, ckpts[p], vals[p], tests[p], ensembles.get(p), bests[p])
                                 for p in range(len(members))]
     finally:
+        run.close()  # (again: a failure before the loop leaves the endpoint open otherwise)
+        run.end_trackers(outcomes, None if signals is None else signals.received)
         for p, folder in enumerate(folders):
             folder.finish() if p < len(outcomes) else folder.release()
     if signals.received is not None:

@@ -19,21 +19,19 @@ import torch
 
 from foxdqn.run import search
 from foxdqn.run.checkpoint import restore_state, save_checkpoint
-from foxdqn.config.schema import TrainConfig, run_name, to_plain
+from foxdqn.config.schema import TrainConfig
 from foxdqn.device.host_ring import FLAG_FIELDS
 from foxdqn.run.early_stop import EarlyStopper, resolve_metric
 from foxdqn.errors import ConfigError, HaltError
-from foxdqn.run.finish import Agent, RunEnd, evaluate_val, final_metrics, finish, hparams
+from foxdqn.run.finish import Agent, RunEnd, evaluate_val, finish
+from foxdqn.run.trackers import Trackers, open_prometheus
 from foxdqn.guard.host import GuardTotals
 from foxdqn.guard.q_monitor import QTotals
 from foxdqn.io_atomic import write_text_atomic
 from foxdqn.logger import MetricsLogger
 from foxdqn.logger.detail import DETAIL
 from foxdqn.logger.diversity import CollapseMonitor, action_diversity, entropy, format_top, top_actions
-from foxdqn.logger.mlflow_log import MlflowLogger, store_folder
 from foxdqn.logger.progress import TrainProgress
-from foxdqn.logger.prometheus_log import PrometheusExporter
-from foxdqn.logger.wandb_log import WandbLogger
 from foxdqn.step import stats as S
 from foxdqn.step.iteration import make_iteration
 from foxdqn.step.state import TrainState, build_state, resolve_device
@@ -126,25 +124,6 @@ class Snapshotter:
         return row
 
 
-def _open_prometheus(cfg: TrainConfig):
-    """The run's Prometheus endpoint (foxdqn.logger.prometheus_log), or None when
-    ``logger.prometheus.port`` is null. Gauges carry the labels ``run`` and ``seed``.
-
-    Raises:
-        ConfigError: the port or address cannot be bound (one line naming the key).
-    """
-    p = cfg.logger.prometheus
-    if p.port is None:
-        return None
-    try:
-        exporter = PrometheusExporter(p.port, p.addr, {"run": run_name(cfg.experiment, cfg.data.path, cfg.env.id),
-                                                       "seed": str(cfg.seed)})
-    except OSError as exc:
-        raise p.bind_error(exc) from None
-    log.info("Prometheus metrics on %s while the run trains", exporter.url)
-    return exporter
-
-
 class Interrupted(Exception):
     """The run stopped on SIGINT or SIGTERM after its current iteration; a checkpoint was written.
 
@@ -230,24 +209,14 @@ def run_prepared(run: "_Training") -> dict:
         run.raise_if_stopped(signals, ckpt)
         summary = finish(Agent.of(run.s), market, run_dir,
                          RunEnd(run.graph, run.wall(), int(run.s.env_steps.item()), int(run.s.updates.item()), ckpt,
-                                run.stopper, run.collapse, run.best_path, extra=run.tracking(),
+                                run.stopper, run.collapse, run.best_path, extra=run.trackers.summary(),
                                 pruned_at=run.pruned_at))
         if run.trial_pruner is not None:  # this job's validation values now count for the sweep's median
             run.trial_pruner.finish(pruned=run.pruned_at is not None)
     except BaseException:  # a halt, a signal or an error: the MLflow and W&B runs say so
-        if run.mlflow is not None and not run.mlflow_finished:
-            run.mlflow.finish("FAILED")
-        if run.wandb is not None and not run.wandb_finished:
-            run.wandb.finish(1)
+        run.trackers.end("FAILED", 1)  # (a halt or a signal ended them already, as such)
         raise
-    if run.mlflow is not None:
-        run.mlflow.log(int(summary["env_steps"]), final_metrics(summary))
-        run.mlflow.finish()
-        mark("report")
-    if run.wandb is not None:
-        run.wandb.log_final(int(summary["env_steps"]), final_metrics(summary), run_dir / "eval" / "equity.png")
-        run.wandb.finish()
-        mark("report")
+    run.trackers.report(summary, run_dir)
     return summary
 
 
@@ -281,13 +250,11 @@ class _Training:
         self.full = make_iteration(s, self.graph)  # host envs (env=gym): eager collect, captured update-only graph
         self.eval_every = max(1, cfg.eval.interval_env_steps // per_iter) if cfg.eval.interval_env_steps else 0
         self.snapshot = Snapshotter(s)
-        self.mlflow, self.mlflow_finished = _mlflow_run(cfg, run_dir), False
-        self.wandb, self.wandb_finished = _wandb_run(cfg, run_dir), False
-        self.prometheus = _open_prometheus(cfg)  # None unless logger.prometheus.port; the logger closes it
+        self.trackers = Trackers(cfg, run_dir)  # the MLflow and W&B runs (logger.mlflow, logger.wandb)
+        self.prometheus = open_prometheus(cfg)  # None unless logger.prometheus.port; the logger closes it
         self.logger = MetricsLogger(run_dir, tensorboard=cfg.logger.tensorboard,
                                     resume_after=None if resume is None else int(resume["env_steps"]),
-                                    sinks=[s for s in (self.mlflow, self.wandb) if s is not None],
-                                    prometheus=self.prometheus)
+                                    sinks=self.trackers.sinks, prometheus=self.prometheus)
         self.trial_pruner, self.pruned_at = search.trial_pruner(cfg), None  # search.pruner=median in a --multirun
         self.trial_metric = resolve_metric(cfg.early_stop.metric, cfg.env.name)
         self.best_path, self.last_path = run_dir / "checkpoints" / "best.pt", run_dir / "checkpoints" / "last.pt"
@@ -296,17 +263,6 @@ class _Training:
         self.env_steps = self.start_iter * per_iter
         self.t_log, self.steps_log = time.perf_counter(), self.env_steps
         mark("build")  # foxdqn.timings; warm-up and capture are marked by the iterations
-
-    def tracking(self) -> dict:
-        """The summary's entries that say where the logger runs are: ``mlflow`` (``tracking_uri``,
-        ``run_id``) with ``logger=mlflow``, ``wandb`` (``mode``, ``run_id``, ``folder``) with ``logger=wandb``."""
-        out = {}
-        if self.mlflow is not None:
-            out["mlflow"] = {"tracking_uri": self.mlflow.uri, "run_id": self.mlflow.run_id}
-        if self.wandb is not None:
-            out["wandb"] = {"mode": self.wandb.mode, "run_id": self.wandb.run_id,
-                            "folder": None if self.wandb.folder is None else str(self.wandb.folder)}
-        return out
 
     def _restore(self, resume: dict) -> None:
         """Continue from checkpoint ``resume``: device state, loop state and the iteration to start at."""
@@ -445,39 +401,16 @@ class _Training:
 
     def raise_if_stopped(self, signals: "_StopSignals", ckpt: Path) -> None:
         """Raise HaltError after a guard halt (writing ``HALTED``), Interrupted after a signal."""
-        if self.mlflow is not None and (self.halt is not None or signals.received is not None):
-            self.mlflow.finish("FAILED" if self.halt is not None else "KILLED")
-            self.mlflow_finished = True
-        if self.wandb is not None and (self.halt is not None or signals.received is not None):
-            self.wandb.finish(1 if self.halt is not None else 128 + signals.received)
-            self.wandb_finished = True
+        if self.halt is not None:
+            self.trackers.end("FAILED", 1)
+        elif signals.received is not None:
+            self.trackers.end("KILLED", 128 + signals.received)
         if self.halt is not None:
             log.error("halted: %s", self.halt)
             write_text_atomic(self.run_dir / "HALTED", self.halt + "\n")
             raise HaltError(f"{self.halt}; last good weights saved to {ckpt}")
         if signals.received is not None and self.env_steps < self.total_iters * self.per_iter:
             raise Interrupted(signals.received, self.env_steps, ckpt)
-
-
-def _mlflow_run(cfg: TrainConfig, run_dir: Path):
-    """The run's :class:`~foxdqn.logger.mlflow_log.MlflowLogger` with ``logger.mlflow``, else None."""
-    if not cfg.logger.mlflow:
-        return None
-    overrides = " ".join(f"{k}={v}" for k, v in hparams(cfg).items() if k not in ("experiment", "seed"))
-    return MlflowLogger(run_dir, cfg.experiment, run_name(cfg.experiment, cfg.data.path, cfg.env.id), to_plain(cfg),
-                        cfg.logger.mlflow_uri, tags={"foxdqn.overrides": overrides})
-
-
-def _wandb_run(cfg: TrainConfig, run_dir: Path):
-    """The run's :class:`~foxdqn.logger.wandb_log.WandbLogger` with ``logger.wandb``, else None
-    (grouped by the sweep folder in a ``--multirun``)."""
-    if not cfg.logger.wandb:
-        return None
-    folder = store_folder(run_dir)
-    group = str(folder.resolve()) if folder != Path(run_dir) else None
-    return WandbLogger(run_dir, run_name(cfg.experiment, cfg.data.path, cfg.env.id), to_plain(cfg),
-                       mode=str(cfg.logger.wandb_mode), project=cfg.logger.wandb_project,
-                       entity=cfg.logger.wandb_entity, group=group)
 
 
 def _q_divergence_only(latest: dict, first: dict | None) -> bool:

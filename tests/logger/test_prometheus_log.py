@@ -71,6 +71,31 @@ def test_row_gauges_are_served_on_loopback(exporter):
     assert value(samples, "foxdqn_train_loss") == 0.5 and value(samples, "foxdqn_env_steps") == 1024
 
 
+def test_a_population_endpoint_keeps_one_series_per_member():
+    """Two members' rows (foxdqn.population.train: one endpoint, labelled per row) never overwrite
+    each other; an endpoint without the ring serves no ring gauge."""
+    prom = PrometheusExporter(0, "127.0.0.1", {"run": "test_run"}, row_labels=("member", "job", "seed"), ring=False)
+    try:
+        first, second = prom.rows({"member": 0, "job": 4, "seed": 0}), prom.rows({"member": 1, "job": 5, "seed": 1})
+        first.log(100, {"train/loss": 0.25, "train/epsilon": 0.5})
+        second.log(100, {"train/loss": 0.75, "train/epsilon": 0.5})
+        first.log(200, {"train/loss": 0.125})  # member 0 goes on; member 1's series keep its row
+        samples = scrape(prom.url)
+        one = (("job", "4"), ("member", "0"), ("run", "test_run"), ("seed", "0"))
+        two = (("job", "5"), ("member", "1"), ("run", "test_run"), ("seed", "1"))
+        assert samples[("foxdqn_train_loss", one)] == 0.125 and samples[("foxdqn_env_steps", one)] == 200
+        assert samples[("foxdqn_train_loss", two)] == 0.75 and samples[("foxdqn_env_steps", two)] == 100
+        assert samples[("foxdqn_train_epsilon", one)] == samples[("foxdqn_train_epsilon", two)] == 0.5
+        assert sorted(labels for name, labels in samples if name == "foxdqn_env_steps") == [one, two]
+        assert not any(name.startswith(("foxdqn_guard", "foxdqn_q_")) for name, _ in samples)
+        with pytest.raises(ValueError, match="row labels"):
+            prom.rows({"member": 2})
+        with pytest.raises(ValueError, match="row labels"):
+            prom.log(300, {"train/loss": 1.0})  # a row of no member
+    finally:
+        prom.close()
+
+
 def test_ring_gauges_show_the_newest_record(exporter):
     samples = scrape(exporter.url)  # before any record: NaN, not a reassuring 0
     assert all(math.isnan(value(samples, "foxdqn_guard_flag", flag=f)) for f in FLAGS)

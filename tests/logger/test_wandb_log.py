@@ -16,7 +16,7 @@ from foxdqn.run.loop import Interrupted, train  # noqa: E402
 from foxdqn.logger.wandb_log import RUN_ID_FILE  # noqa: E402
 from foxdqn.job.check import market_data, preflight  # noqa: E402
 
-from support import interrupt_at, wandb_history, wandb_records  # noqa: E402
+from support import interrupt_at, wandb_history, wandb_offline_runs  # noqa: E402
 
 
 def _cfg(*more):
@@ -24,28 +24,11 @@ def _cfg(*more):
                         "logger=[csv,wandb]", "log.interval_env_steps=256", "checkpoint.every_env_steps=512", *more])
 
 
-def _records(run_dir, timeout=30.0):
-    """The offline runs' files and records. W&B's service process writes the file; on a loaded
-    machine its last records were seen to land after wandb.finish() returned (make test on a fresh
-    clone, 1 of 3 runs): read again until every file has its run record, for up to ``timeout`` s."""
-    import time
-
-    deadline = time.monotonic() + timeout
-    while True:
-        files = sorted((run_dir / "wandb").glob("offline-run-*/run-*.wandb"))
-        assert files, list((run_dir / "wandb").iterdir())
-        records = [wandb_records(f) for f in files]
-        whole = all(any(r.WhichOneof("record_type") == "run" for r in rs) for rs in records)
-        if whole or time.monotonic() > deadline:
-            return files, records
-        time.sleep(0.5)
-
-
 def test_an_offline_run_has_the_config_every_row_the_final_metrics_and_the_equity_plot(tmp_path):
     cfg = _cfg()
     summary = train(cfg, market_data(cfg), tmp_path / "run")
     run_id = (tmp_path / "run" / RUN_ID_FILE).read_text().strip()
-    files, (records,) = _records(tmp_path / "run")
+    files, (records,) = wandb_offline_runs(tmp_path / "run")
     assert files[0].name == f"run-{run_id}.wandb"
     assert summary["wandb"] == {"mode": "offline", "run_id": run_id, "folder": str(files[0].parent)}
     (run,) = [r.run for r in records if r.WhichOneof("record_type") == "run"]
@@ -76,7 +59,7 @@ def test_a_signal_marks_the_run_crashed_and_resume_continues_it(tmp_path, monkey
     monkeypatch.undo()
     run_id = (run_dir / RUN_ID_FILE).read_text().strip()
     train(cfg, market, run_dir, resume=load_checkpoint(run_dir / "checkpoints" / "last.pt"))
-    files, runs = _records(run_dir)
+    files, runs = wandb_offline_runs(run_dir)
     assert [f.name for f in files] == [f"run-{run_id}.wandb"] * 2  # the same W&B run, continued
     exits = [[r.exit.exit_code for r in recs if r.WhichOneof("record_type") == "exit"] for recs in runs]
     assert exits == [[130], [0]]

@@ -128,7 +128,6 @@ REFUSED = [("env.name", "bitflip"), ("env.name", "gym"), ("model.encoder", "atte
            ("regime.enabled", True), ("prune.enabled", True),
            ("optim.accumulate", 2), ("guard.max_weight", 10.0), ("guard.collapse_multiplier", 5.0),
            ("early_stop.on_q_divergence", True), ("search.pruner", "median"), ("resume", "auto"),
-           ("logger.prometheus.port", 9464), ("logger.mlflow", True), ("logger.wandb", True),
            ("debug.inject_lr_spike_at_step", 3)]
 
 
@@ -142,6 +141,14 @@ def test_batch_refusal_names_the_key(cartpole, key, value):
     assert reason is not None and reason.startswith(f"{key}=") and "population" in reason, reason
     shown = reason.split(":")[0].split("=", 1)[1]
     assert shown == ("true" if value is True else str(value))
+
+
+def test_the_loggers_do_not_keep_a_job_out_of_a_population(cartpole):
+    """MLflow, W&B and Prometheus run in a population (foxdqn.population.train): each member gets its
+    own MLflow and W&B run, the population one endpoint with a series per member."""
+    tc = with_values(cartpole, logger__mlflow=True, logger__wandb=True)
+    tc.logger.prometheus.port = 9464
+    assert batch_refusal(tc) is None
 
 
 def members(tcs):
