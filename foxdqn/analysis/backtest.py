@@ -34,7 +34,7 @@ from foxdqn.analysis.metrics import performance_summary
 from foxdqn.analysis.significance import probabilistic_sharpe_ratio, sharpe_confidence_interval
 from foxdqn.device.chunk_graph import CHUNK_STEPS, ChunkGraph
 from foxdqn.io_atomic import write_json_atomic, write_text_atomic
-from foxdqn.step.build import build_env
+from foxdqn.step import build  # called as build.build_env: tests replace it to watch the env a walk uses
 
 # Baselines as fixed actions: exposure index 4 (+1) / 2 (flat), market order, normal urgency.
 BUY_AND_HOLD_ACTION = int(compose(torch.tensor(4), torch.tensor(0), torch.tensor(1)))
@@ -69,7 +69,7 @@ def capture_default(cfg) -> bool:
 def _walks(cfg, market, split, device, policy, num_envs: int = 1, capturable: bool = False) -> list[dict]:
     gen = torch.Generator(device=device)
     gen.manual_seed(cfg.seed)
-    env = build_env(cfg, market, split, device, gen, num_envs=num_envs, eval_mode=True)
+    env = build.build_env(cfg, market, split, device, gen, num_envs=num_envs, eval_mode=True)
     return env.run_policies(policy, capturable=capturable)
 
 
@@ -268,7 +268,7 @@ def evaluate_episodes(cfg, online: torch.nn.Module, action_mode, device: torch.d
     gen = torch.Generator(device=device)
     gen.manual_seed(cfg.seed + seed_offset)
     num_envs = episode_env_count(episodes, num_envs)
-    env = build_env(cfg, None, "test", device, gen, num_envs=num_envs)
+    env = build.build_env(cfg, None, "test", device, gen, num_envs=num_envs)
     online.eval()
     try:
         done = finished_episodes(env, lambda obs: action_mode.to_env(online(obs).argmax(dim=1), env),
