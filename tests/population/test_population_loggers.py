@@ -76,8 +76,8 @@ def population(tmp_path_factory):
     scrapes, urls = [], []
     original = population_train._Population._log_rows
 
-    def log_rows(self, rate):
-        returns = original(self, rate)
+    def log_rows(self, rate, last):
+        returns = original(self, rate, last)
         urls.append(self.prometheus.url)
         scrapes.append(scrape(self.prometheus.url))
         return returns
