@@ -6,6 +6,7 @@ from torch import nn
 
 from foxdqn.nn.heads import DuelingHead, QHead
 from foxdqn.nn.mlp import MLPEncoder
+from foxdqn.ops.backend import fused_forward
 from foxdqn.ops.mlp_chain import MAX_LAYERS, mlp_chain, mlp_chain_supported
 from foxdqn.ops.q_forward import MAX_HIDDEN, q_forward, q_forward_supported
 
@@ -73,7 +74,8 @@ class QNetwork(nn.Module):
     Args:
         encoder: features of the observations, ``[B, D] → [B, H]``.
         head: Q values of the features, ``[B, H] → [B, A]``.
-        chain_backend: when the fused ops run: ``"auto"`` (for CUDA inputs), ``"triton"`` (also
+        chain_backend: when the fused ops run: ``"auto"`` (for CUDA inputs, and CPU inputs inside
+            :func:`foxdqn.ops.backend.cpu_kernels`), ``"triton"`` (also
             for CPU inputs, in Triton's interpreter: tests) or ``"torch"`` (never). Kept as the
             attribute of the same name.
 
@@ -105,7 +107,7 @@ class QNetwork(nn.Module):
         return (weights, biases) if mlp_chain_supported(obs, weights, biases) else None
 
     def _fused_backend(self, obs: torch.Tensor) -> bool:
-        return self.chain_backend == "triton" or (self.chain_backend == "auto" and obs.is_cuda)
+        return self.chain_backend == "triton" or (self.chain_backend == "auto" and fused_forward(obs))
 
     def q_forward_args(self, obs: torch.Tensor) -> tuple[list, list, bool] | None:
         """``(weights, biases, dueling)`` with which :func:`~foxdqn.ops.q_forward.q_forward`

@@ -7,6 +7,7 @@ reads it at ``@triton.jit`` time).
 """
 from __future__ import annotations
 
+import contextlib
 import os
 
 import torch
@@ -15,6 +16,36 @@ import torch
 INTERPRET: bool = os.environ.get("TRITON_INTERPRET", "0") == "1"
 
 _BACKENDS = ("auto", "triton", "torch")
+#: what ``"auto"`` picks for CPU tensors: the torch reference, or Triton's interpreter inside
+#: :func:`cpu_kernels`
+_auto_cpu = "torch"
+
+
+@contextlib.contextmanager
+def cpu_kernels():
+    """Within the block, ``backend="auto"`` runs the Triton kernels for CPU tensors too (in Triton's
+    interpreter) and :func:`fused_forward` is True for them: a step on the CPU then calls the ops
+    a step on CUDA calls, one kernel launch each, so its launches can be counted without a GPU
+    (bench/cpu_kernels.py). For counting and tests only (the interpreter is slow); not thread-safe.
+
+    Raises:
+        RuntimeError: TRITON_INTERPRET=1 was not set before foxdqn.ops was imported.
+    """
+    global _auto_cpu
+    if not INTERPRET:
+        raise RuntimeError("cpu_kernels: needs TRITON_INTERPRET=1 set before foxdqn.ops is imported")
+    before, _auto_cpu = _auto_cpu, "triton"
+    try:
+        yield
+    finally:
+        _auto_cpu = before
+
+
+def fused_forward(t: torch.Tensor) -> bool:
+    """Whether a network takes its fused no-gradient forward (one kernel) for input ``t``: on CUDA,
+    or on the CPU inside :func:`cpu_kernels` (:class:`foxdqn.nn.qnet.QNetwork`'s
+    ``chain_backend="auto"``, :class:`foxdqn.population.network.MemberQNetwork`)."""
+    return t.is_cuda or _auto_cpu == "triton"
 
 
 def describe(t) -> str:
@@ -30,8 +61,8 @@ def resolve_backend(op: str, backend: str, t: torch.Tensor) -> str:
 
     Args:
         op: the op's name (starts the error messages).
-        backend: ``"auto"`` (``"triton"`` when ``t`` is on CUDA, else ``"torch"``), ``"triton"``
-            or ``"torch"``.
+        backend: ``"auto"`` (``"triton"`` when ``t`` is on CUDA, else ``"torch"``; ``"triton"``
+            inside :func:`cpu_kernels`), ``"triton"`` or ``"torch"``.
         t: an input of the op; its device decides ``auto`` and whether Triton can run.
 
     Raises:
@@ -41,7 +72,7 @@ def resolve_backend(op: str, backend: str, t: torch.Tensor) -> str:
     if backend not in _BACKENDS:
         raise ValueError(f"{op}: backend must be 'auto', 'triton' or 'torch', got {backend!r}")
     if backend == "auto":
-        return "triton" if t.is_cuda else "torch"
+        return "triton" if t.is_cuda else _auto_cpu
     if backend == "triton" and not t.is_cuda and not INTERPRET:
         raise RuntimeError(f"{op}: backend='triton' on CPU tensors needs TRITON_INTERPRET=1 set before "
                            "foxdqn.ops is imported")

@@ -31,6 +31,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from foxdqn.ops.backend import fused_forward
 from foxdqn.ops.relu_bias_grad import relu_bias_grad
 
 __all__ = ["linear_relu", "linear_relu_reference"]
@@ -86,7 +87,8 @@ def linear_relu(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, *, ba
         x: input ``[..., D]`` (any leading axes; non-contiguous input is copied).
         weight: ``[H, D]`` (``nn.Linear.weight``), same dtype and device.
         bias: ``[H]`` (``nn.Linear.bias``).
-        backend: ``"auto"`` (``"fused"`` for CUDA tensors, else ``"torch"``), ``"fused"``
+        backend: ``"auto"`` (``"fused"`` for CUDA tensors, and CPU ones inside
+            :func:`foxdqn.ops.backend.cpu_kernels`, else ``"torch"``), ``"fused"``
             (``torch._addmm_activation``; on CPU torch runs addmm then relu_) or ``"torch"``
             (:func:`linear_relu_reference`).
 
@@ -99,7 +101,7 @@ def linear_relu(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, *, ba
     if backend not in _BACKENDS:
         raise ValueError(f"linear_relu: backend must be 'auto', 'fused' or 'torch', got {backend!r}")
     _check(x, weight, bias)
-    if backend == "torch" or (backend == "auto" and not x.is_cuda):
+    if backend == "torch" or (backend == "auto" and not fused_forward(x)):
         return torch.relu(F.linear(x, weight, bias))
     lead = x.shape[:-1]
     y = _LinearReLU.apply(x.reshape(-1, x.shape[-1]), weight, bias)

@@ -30,6 +30,7 @@ from foxdqn.nn.heads import DuelingHead
 from foxdqn.nn.iql_value import IQLValueNetwork
 from foxdqn.nn.mlp import ACTIVATIONS, MLPEncoder
 from foxdqn.nn.qnet import QNetwork, forward_hooked
+from foxdqn.ops.backend import fused_forward
 from foxdqn.ops.dueling_combine import dueling_combine
 from foxdqn.ops.q_forward import q_forward, q_forward_supported
 
@@ -135,7 +136,7 @@ class MemberQNetwork(nn.Module):
         computes the members' Q for ``obs`` ``[P, M, D]`` (what :meth:`forward` runs then: a
         dueling ReLU network on CUDA, no gradient needed; the measured case, module docstring), or
         None. Host metadata only; :func:`foxdqn.step.act.act` reads it."""
-        if not (self.dueling and obs.is_cuda and type(self.act) is nn.ReLU) or forward_hooked([self]):
+        if not (self.dueling and fused_forward(obs) and type(self.act) is nn.ReLU) or forward_hooked([self]):
             return None
         weights, biases = list(self.weights), list(self.biases)
         return (weights, biases, True) if q_forward_supported(obs, weights, biases, True) else None
