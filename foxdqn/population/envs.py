@@ -20,15 +20,15 @@ from foxdqn.step.build import ENV_DTYPES
 
 
 class MemberCartPoleEnv(CartPoleEnv):
-    """CartPole with P × N envs; reset uniforms from ``rng`` (``[P, 4N]`` float32 per step)."""
+    """CartPole with P × N envs; reset uniforms from ``rng`` (``[P, 4N]`` per step, drawn as the
+    float64 the step takes: one kernel on CUDA)."""
 
     def __init__(self, rng: MemberRandom, envs_per_member: int, device: torch.device):
         super().__init__(rng.num_members * envs_per_member, device, torch.Generator(device=device))
         self.rng, self.envs_per_member = rng, envs_per_member
 
     def _uniform(self) -> torch.Tensor:
-        u = self.rng.uniform(4 * self.envs_per_member)
-        return u.view(self.num_envs, 4).to(torch.float64)
+        return self.rng.uniform(4 * self.envs_per_member, torch.float64).view(self.num_envs, 4)
 
 
 class MemberTradingEnv(TradingEnv):
@@ -68,7 +68,7 @@ class MemberTradingEnv(TradingEnv):
         if self.start_high == self.first_valid:
             return super()._starts()
         span = self.start_high + 1 - self.first_valid
-        return self.first_valid + self.rng.randint(span, self.envs_per_member).view(self.num_envs)
+        return self.rng.randint(span, self.envs_per_member, low=self.first_valid).view(self.num_envs)
 
 
 def member_paths(cfgs: list[TrainConfig], market, device: torch.device):

@@ -1,7 +1,8 @@
 """member_uniform / member_randint / member_keys: the contract restated with Python ints, Triton
 kernel (TRITON_INTERPRET=1 on CPU) vs torch reference bit for bit (odd shapes, counters across
-the 32-bit boundary and past it), member independence, counter shifts, statistics (shown to
-catch broken hashes), randint; GPU: kernel vs reference on CUDA and CUDA-graph capture."""
+the 32-bit boundary and past it; float64 uniforms, randint with low, the counter advanced by the
+op with a ticket), member independence, counter shifts, statistics (shown to catch broken
+hashes), randint; GPU: kernel vs reference on CUDA and CUDA-graph capture."""
 import pytest
 import torch
 
@@ -109,6 +110,68 @@ def test_the_op_does_not_advance_the_counter():
     for backend in BACKENDS:
         member_uniform(keys, counter, 10, backend=backend)
     assert int(counter) == 42
+
+
+# every form of the kernel (float32, float64, randint with low) on odd shapes: both grids (FLAT for
+# n < BLOCK, members sharing programs; blocks x members), one program and many
+FORMS = [dict(dtype=torch.float32), dict(dtype=torch.float64), dict(high=1), dict(high=6, low=17),
+         dict(high=2**24, low=2**40)]
+SHAPES = [(1, 1), (3, 5), (300, 5), (7, 129), (2, 2 * BLOCK + 3), (5, 1000)]
+
+
+def drawn(keys, counter, n, backend, ticket=None, high=None, low=0, dtype=torch.float32):
+    if high is None:
+        return member_uniform(keys, counter, n, dtype=dtype, ticket=ticket, backend=backend)
+    return member_randint(keys, counter, n, high, low=low, ticket=ticket, backend=backend)
+
+
+@pytest.mark.parametrize("form", FORMS, ids=lambda f: "-".join(f"{k}={v}" for k, v in f.items()))
+@pytest.mark.parametrize("P,n", SHAPES)
+@pytest.mark.parametrize("advance", [False, True], ids=["caller-advances", "ticket"])
+def test_every_form_kernel_equals_reference_and_advances_the_counter_with_a_ticket(form, P, n, advance):
+    keys = member_keys(range(40, 40 + P))
+    out, counters = {}, {}
+    for backend in BACKENDS:
+        counter = torch.tensor(2**32 - 7)
+        ticket = torch.zeros((), dtype=torch.int32) if advance else None
+        out[backend] = drawn(keys, counter, n, backend, ticket, **form)
+        counters[backend] = int(counter)
+        assert ticket is None or int(ticket) == 0  # zero again for the next call
+    k, r = out["triton"], out["torch"]
+    assert k.shape == (P, n) and k.dtype == r.dtype == form.get("dtype", torch.int64 if "high" in form else None)
+    assert torch.equal(k, r)
+    assert counters["triton"] == counters["torch"] == 2**32 - 7 + (n if advance else 0)
+    u = draw(keys, 2**32 - 7, n, "torch").double()  # the float32 uniforms every form is made of
+    if "high" in form:
+        assert torch.equal(r, torch.floor(u * form["high"]).long() + form.get("low", 0))
+    else:
+        assert torch.equal(r.double(), u)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_draws_with_a_ticket_follow_each_other_and_members_are_independent_of_p(backend):
+    """Two draws with the op advancing the counter are the draws at counter, then counter + n1
+    (what the caller's add_ gave), and member p draws what a population of one draws."""
+    seeds = [3, 9, 2**33, 0]
+    keys, counter, ticket = member_keys(seeds), torch.tensor(11), torch.zeros((), dtype=torch.int32)
+    a = member_uniform(keys, counter, 300, ticket=ticket, backend=backend)
+    b = member_randint(keys, counter, 7, 45, low=2, ticket=ticket, backend=backend)
+    assert int(counter) == 11 + 307
+    assert torch.equal(a, draw(keys, 11, 300, backend))
+    assert torch.equal(b, member_randint(keys, torch.tensor(311), 7, 45, backend=backend) + 2)
+    for p, s in enumerate(seeds):
+        one, c1 = member_keys([s]), torch.tensor(11)
+        t1 = torch.zeros((), dtype=torch.int32)
+        assert torch.equal(member_uniform(one, c1, 300, ticket=t1, backend=backend)[0], a[p])
+        assert torch.equal(member_randint(one, c1, 7, 45, low=2, ticket=t1, backend=backend)[0], b[p])
+
+
+def test_an_empty_draw_with_a_ticket_still_advances_the_counter():
+    for backend in BACKENDS:
+        counter = torch.tensor(5)
+        assert member_uniform(member_keys([]), counter, 9, ticket=torch.zeros((), dtype=torch.int32),
+                              backend=backend).shape == (0, 9)
+        assert int(counter) == 14
 
 
 def test_keys_of_seeds_differ():
@@ -238,6 +301,14 @@ def test_bad_high_seeds_and_backend():
             member_keys([seed])
     with pytest.raises(ValueError, match="member_uniform: backend must be"):
         member_uniform(keys, counter, 4, backend="cuda")
+    for low in (-1, 2**62 + 1, 1.0, True):
+        with pytest.raises(ValueError, match="member_randint: low must be"):
+            member_randint(keys, counter, 4, 3, low=low)
+    with pytest.raises(ValueError, match="member_uniform: dtype must be"):
+        member_uniform(keys, counter, 4, dtype=torch.float16)
+    for ticket in (torch.zeros(1, dtype=torch.int32), torch.zeros((), dtype=torch.int64), 0):
+        with pytest.raises(ValueError, match="member_uniform: ticket must be"):
+            member_uniform(keys, counter, 4, ticket=ticket)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -278,3 +349,28 @@ def test_gpu_graph_capture_advances_the_counter(backend):
     assert torch.equal(seen[0], draw(keys, 0, n, "auto"))
     assert torch.equal(seen[1], draw(keys, n, n, "auto"))
     assert not torch.equal(seen[0], seen[1])
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("P,n", [(3, 5), (64, 64), (5, 3 * BLOCK + 1), (64, 4096)])
+def test_gpu_the_op_advances_the_counter_in_a_captured_graph(P, n):
+    """With a ticket the launch advances the counter itself (one kernel): captured, each replay
+    draws the next n values per member, the uniforms and the randint, bit for bit the reference's."""
+    keys = member_keys(range(P), "cuda")
+    counter = torch.zeros((), dtype=torch.int64, device="cuda")
+    ticket = torch.zeros((), dtype=torch.int32, device="cuda")
+
+    def body():
+        return (member_uniform(keys, counter, n, dtype=torch.float64, ticket=ticket),
+                member_randint(keys, counter, n, 45, low=3, ticket=ticket))
+
+    graph, out = capture_graph(body, warmup=2)
+    counter.zero_()
+    for i in range(3):
+        with no_host_sync():
+            graph.replay()
+        torch.cuda.synchronize()
+        assert int(counter) == 2 * n * (i + 1) and int(ticket) == 0
+        start = torch.tensor(2 * n * i)
+        assert torch.equal(out[0].cpu(), member_uniform(keys.cpu(), start, n, dtype=torch.float64, backend="torch"))
+        assert torch.equal(out[1].cpu(), member_randint(keys.cpu(), start + n, n, 45, low=3, backend="torch"))
