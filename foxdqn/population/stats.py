@@ -1,15 +1,22 @@
 """Per-member monitoring accumulators of a population, read by the host once per log interval.
 
 One float64 ``[P, FIELDS]`` device tensor: collect and update steps add to it with device ops;
-:meth:`MemberStats.read` copies it to the host (the interval's one sync) and zeroes it.
+:meth:`MemberStats.read` copies it to the host (the interval's one sync) and zeroes it. A collect
+step's sums are the single run's monitor op with a member axis,
+:func:`foxdqn.ops.step_stats.step_stats` with ``members=P`` (one kernel on CUDA, which also
+advances the env-step counter), into the first ``NUM_FIELDS`` columns, in its order.
 """
 from __future__ import annotations
 
 import numpy as np
 import torch
 
-EPISODES, RETURN_SUM, REWARD_SUM, TRANSITIONS, TRADES, LOSS_SUM, GRAD_NORM_SUM, UPDATES, SKIPPED, MAX_Q_SUM = range(10)
-FIELDS = 10
+from foxdqn.ops.step_stats import NUM_FIELDS, StepStatsScratch, step_stats
+
+# the collect step's columns (step_stats's fields, in its order), then the update's
+RETURN_SUM, EPISODES, LENGTH_SUM, REWARD_SUM, TRANSITIONS, TRADES = range(NUM_FIELDS)
+LOSS_SUM, GRAD_NORM_SUM, UPDATES, SKIPPED, MAX_Q_SUM = range(NUM_FIELDS, NUM_FIELDS + 5)
+FIELDS = NUM_FIELDS + 5
 
 
 class MemberStats:
@@ -18,17 +25,16 @@ class MemberStats:
     def __init__(self, members: int, envs_per_member: int, device: torch.device):
         self.members, self.n = members, envs_per_member
         self.acc = torch.zeros(members, FIELDS, dtype=torch.float64, device=device)
-        self._transitions = torch.full((members,), float(envs_per_member), device=device)  # per step
-        self._none = torch.zeros(members, device=device)  # trades of an env without fills
+        self._scratch = StepStatsScratch(envs_per_member, device, members=members)  # the kernel's (not checkpointed)
         self._ones = torch.ones(members, device=device)  # one update
 
-    def add_step(self, reward: torch.Tensor, done: torch.Tensor, episode_return: torch.Tensor,
-                 trades: torch.Tensor | None) -> None:
-        """One collect step: ``[P·N]`` rewards (unscaled), episode-done flags, finished returns, trades."""
-        p, n = self.members, self.n
-        cols = [done.view(p, n).sum(1), episode_return.view(p, n).sum(1), reward.view(p, n).sum(1),
-                self._transitions, trades.view(p, n).sum(1) if trades is not None else self._none]
-        self.acc[:, :TRADES + 1] += torch.stack([c.to(torch.float64) for c in cols], dim=1)
+    def add_step(self, action: torch.Tensor, reward: torch.Tensor, done: torch.Tensor, episode_return: torch.Tensor,
+                 episode_length: torch.Tensor, trades: torch.Tensor | None, env_steps: torch.Tensor) -> None:
+        """One collect step: ``[P·N]`` executed actions, rewards (unscaled), episode-done flags,
+        finished returns and lengths, trades (None: an env without fills); advances ``env_steps``
+        (int64 0-d, per member) by N. One kernel on CUDA (no action histogram)."""
+        step_stats(action, reward, done, episode_return, episode_length, trades, self.acc[:, :NUM_FIELDS], None,
+                   env_steps, members=self.members, scratch=self._scratch)
 
     def add_update(self, loss: torch.Tensor, grad_norm: torch.Tensor, skip: torch.Tensor,
                    max_q: torch.Tensor) -> None:

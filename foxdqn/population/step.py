@@ -47,9 +47,9 @@ def collect_step(s: PopulationState) -> None:
     env_action = s.action_mode.to_env(action, s.env)
     out = s.env.step(env_action)
     store(s.replay, s.env.collect_hook, s.env, s.obs, action, out, prm.reward_scale)
-    s.env_steps.add_(n)
-    info = out.info
-    s.stats.add_step(out.reward, info["episode_done"], info["episode_return"], s.env.collect_hook.trades(out))
+    info = out.info  # the monitor's sums and `env_steps += N`: one kernel
+    s.stats.add_step(env_action, out.reward, info["episode_done"], info["episode_return"], info["episode_length"],
+                     s.env.collect_hook.trades(out), s.env_steps)
 
 
 def population_loss(s: PopulationState, batch) -> LossOutput:

@@ -2,8 +2,10 @@
 (small blocks; the last program's loop over the partial rows runs more than once), A = 1 to 70,
 with and without trades and the env-step counter, float32 and float64 inputs; counts are exact,
 the float64 sums agree to rounding and repeat bit for bit, the ticket is back at 0 after every
-call; out-of-range actions; argument and scratch checks; on the GPU the compiled kernel against
-the reference, bit for bit run to run, captured and replayed without host syncs, timed at N = 4,096."""
+call; out-of-range actions; argument and scratch checks; with members (a population): each
+member's row equals a call on its envs alone bit for bit, whatever P, acc rows of a wider
+tensor, no histogram; on the GPU the compiled kernel against the reference, bit for bit run to
+run, captured and replayed without host syncs, timed at N = 4,096."""
 import pytest
 import torch
 
@@ -123,6 +125,102 @@ def test_argument_errors():
     for bad in (dict(num_envs=-1), dict(num_envs=8, block=24), dict(num_envs=8, block=0)):
         with pytest.raises(ValueError, match="StepStatsScratch: (num_envs|block) must be"):
             StepStatsScratch(device="cpu", **bad)
+
+
+def _member_call(backend, case, members, a, width=NUM_FIELDS + 3, hist=True, block=16, device="cpu"):
+    """acc rows ``[P, width]`` (the step's fields first: a view of wider rows), histogram, counter,
+    after two calls."""
+    wide = torch.zeros(members, width, dtype=F64, device=device)
+    wide[:, NUM_FIELDS:] = 0.5  # columns the call must leave alone
+    actions = torch.zeros(members, a, dtype=F64, device=device) if hist else None
+    steps = torch.tensor(3, device=device)
+    n = case[0].shape[0] // members
+    scratch = StepStatsScratch(n, device, block=block, members=members)
+    for _ in range(2):
+        step_stats(*case, wide[:, :NUM_FIELDS], actions, steps, members=members, scratch=scratch, backend=backend)
+        assert not scratch.ticket.any()
+    return wide, actions, steps
+
+
+@pytest.mark.parametrize("members,n,a,dtype,block", [(1, 5, 3, F32, 16), (3, 37, 5, F64, 16), (4, 1, 2, F32, 16),
+                                                     (5, 2051, 45, F32, 16), (2, 2 * BLOCK + 3, 70, F32, BLOCK)])
+def test_members_each_equal_a_call_on_their_own_envs(members, n, a, dtype, block):
+    """Member p's row (sums, histogram) is, bit for bit, the kernel's sums of its envs alone (a
+    population of one); the kernel equals the reference (counts exact, sums to rounding); the
+    counter advances by N per member; the columns past the step's fields are untouched."""
+    case = _case(members * n, a, dtype, seed=7 * members + n)
+    (acc_k, hist_k, st_k), (acc_r, hist_r, st_r) = (_member_call(b, case, members, a, block=block)
+                                                    for b in ("triton", "torch"))
+    assert int(st_k) == int(st_r) == 3 + 2 * n
+    assert torch.equal(hist_k, hist_r) and hist_k.sum(1).tolist() == [2.0 * n] * members
+    assert (acc_k[:, NUM_FIELDS:] == 0.5).all() and torch.equal(acc_k[:, [1, 2, 4, 5]], acc_r[:, [1, 2, 4, 5]])
+    torch.testing.assert_close(acc_k, acc_r, rtol=1e-13, atol=1e-15)
+    for p in range(members):
+        own = [t[p * n:(p + 1) * n].contiguous() for t in case]
+        alone = _member_call("triton", own, 1, a, block=block)
+        assert torch.equal(alone[0][0], acc_k[p]) and torch.equal(alone[1][0], hist_k[p]), p
+        single = _accumulate("triton", [own, own], a, True, True, block=block)  # the single run's call: the same sums
+        assert torch.equal(single[0], acc_k[p, :NUM_FIELDS]) and torch.equal(single[1], hist_k[p])
+        torch.testing.assert_close(acc_r[p, :NUM_FIELDS], _accumulate("torch", [own, own], a, True, True)[0],
+                                   rtol=1e-13, atol=1e-15)
+
+
+def test_members_without_a_histogram_and_members_never_mix():
+    """actions None: the sums alone; a member whose envs all end with a huge return leaves the
+    others' rows as they were; an action out of range is not counted for another member."""
+    members, n, a = 3, 6, 4
+    case = _case(members * n, a, F32, seed=1)
+    base = _member_call("triton", case, members, a, hist=False)
+    assert base[1] is None
+    case[2][n:2 * n], case[3][n:2 * n] = True, 1e30  # member 1: done everywhere, huge returns
+    case[0][n] = a  # an action of member 1 outside [0, A): not member 2's action 0
+    changed = _member_call("triton", case, members, a)
+    assert torch.equal(changed[0][[0, 2]], base[0][[0, 2]]) and changed[0][1, 0] > 1e30
+    assert changed[1][1].sum() == 2 * (n - 1) and changed[1][2].sum() == 2 * n
+    with pytest.raises(RuntimeError):  # the reference refuses it rather than count it elsewhere
+        _member_call("torch", case, members, a)
+
+
+def test_member_argument_errors():
+    case = _case(8, 3, F32, seed=0)
+    acc, hist = torch.zeros(2, NUM_FIELDS, dtype=F64), torch.zeros(2, 3, dtype=F64)
+    with pytest.raises(ValueError, match="members must be None or an int >= 1 that divides N = 8"):
+        step_stats(*case, acc, hist, members=3)
+    with pytest.raises(ValueError, match=r"with members acc must be a float64 tensor \[P, 6\]"):
+        step_stats(*case, torch.zeros(NUM_FIELDS, dtype=F64), hist, members=2)
+    with pytest.raises(ValueError, match="with members acc must be"):
+        step_stats(*case, torch.zeros(NUM_FIELDS, 2, dtype=F64).t(), hist, members=2)  # column stride 2
+    with pytest.raises(ValueError, match="with members actions must be None or"):
+        step_stats(*case, acc, torch.zeros(3, dtype=F64), members=2)
+    with pytest.raises(ValueError, match="scratch made for members=None, the call has members=2"):
+        step_stats(*case, acc, hist, members=2, scratch=StepStatsScratch(4, "cpu"), backend="triton")
+    with pytest.raises(ValueError, match="StepStatsScratch: members must be"):
+        StepStatsScratch(4, "cpu", members=0)
+
+
+@pytest.mark.gpu
+def test_gpu_members_equal_reference_and_capture():
+    """Compiled, 64 members of 4,096 envs (16 programs each racing for their member's ticket): the
+    reference's counts, its sums to rounding, bit for bit run to run; captured and replayed."""
+    from support import capture_graph, no_host_sync
+
+    members, n, a = 64, 4096, 45
+    case = _case(members * n, a, F32, seed=3, device="cuda")
+    (acc_k, hist_k, st_k), (acc_r, hist_r, st_r) = (_member_call(b, case, members, a, block=BLOCK, device="cuda")
+                                                    for b in ("auto", "torch"))
+    torch.testing.assert_close(acc_k, acc_r, rtol=1e-12, atol=1e-15)
+    assert torch.equal(acc_k[:, [1, 2, 4, 5]], acc_r[:, [1, 2, 4, 5]]) and torch.equal(hist_k, hist_r)
+    assert int(st_k) == int(st_r) == 3 + 2 * n
+    again = _member_call("auto", case, members, a, block=BLOCK, device="cuda")
+    assert torch.equal(again[0], acc_k) and torch.equal(again[1], hist_k)
+    acc = torch.zeros(members, NUM_FIELDS, dtype=F64, device="cuda")
+    steps, scratch = torch.zeros((), dtype=I64, device="cuda"), StepStatsScratch(n, "cuda", members=members)
+    with no_host_sync():
+        graph, _ = capture_graph(lambda: step_stats(*case, acc, None, steps, members=members, scratch=scratch))
+        for _ in range(5):
+            graph.replay()
+    torch.cuda.synchronize()
+    assert int(steps) == 8 * n and acc[:, 4].tolist() == [8.0 * n] * members and not scratch.ticket.any()
 
 
 @pytest.mark.gpu
