@@ -16,8 +16,10 @@ from __future__ import annotations
 
 import torch
 
+from foxdqn.ops.member_guard import LOSS_CLIP, NON_FINITE, member_guard
+
 #: halt codes (``MemberGuard.code``): why a member halted.
-OK, NON_FINITE, LOSS_CLIP = 0, 1, 2
+OK = 0
 REASONS = {NON_FINITE: "non-finite loss or gradient norm (NaN/Inf)", LOSS_CLIP: "loss above guard.loss_clip"}
 #: stop codes (``MemberGuard.code``): the member was frozen by early stopping, by the host (not a halt).
 EARLY_STOP_VAL, EARLY_STOP_Q = 3, 4
@@ -51,20 +53,15 @@ class MemberGuard:
         self.host = torch.zeros(4, p, dtype=torch.int64, pin_memory=device.type == "cuda")
 
     def check(self, loss: torch.Tensor, grad_norm: torch.Tensor, updates: torch.Tensor,
-              env_steps: torch.Tensor) -> torch.Tensor:
+              env_steps: torch.Tensor, stats: torch.Tensor | None = None,
+              q: torch.Tensor | None = None) -> torch.Tensor:
         """The skip flags (:attr:`halted`, float32 ``[P]``) after this update's ``loss`` and ``grad_norm`` (float32 ``[P]``);
         ``updates`` (int64 0-d) is the update's number, ``env_steps`` (int64 0-d) each member's
-        env steps so far."""
-        non_finite = ~(torch.isfinite(loss) & torch.isfinite(grad_norm))
-        too_big = loss > self.loss_clip
-        bad = non_finite | too_big
-        first = bad & (self.halted == 0)
-        code = torch.where(non_finite, NON_FINITE, LOSS_CLIP)
-        self.code.copy_(torch.where(first, code, self.code))
-        self.at_update.copy_(torch.where(first, updates, self.at_update))
-        self.at_env_steps.copy_(torch.where(first, env_steps, self.at_env_steps))
-        self.halted.copy_(torch.maximum(self.halted, bad.to(torch.float32)))
-        return self.halted
+        env steps so far. With ``stats`` (float64 ``[P, 5]``, :meth:`foxdqn.population.stats.MemberStats.update_columns`)
+        and ``q`` (float32 ``[P, B, A]``, the batch's online Q) the update's monitor sums are added
+        in the same launch: :func:`foxdqn.ops.member_guard.member_guard`, one kernel on CUDA."""
+        return member_guard(loss, grad_norm, self.loss_clip, self.halted, self.code, self.at_update,
+                            self.at_env_steps, updates, env_steps, stats=stats, q=q)
 
     def publish(self) -> None:
         """Copy (halted, code, at_update, at_env_steps) to :attr:`host`, non-blocking (a captured

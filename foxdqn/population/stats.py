@@ -26,7 +26,6 @@ class MemberStats:
         self.members, self.n = members, envs_per_member
         self.acc = torch.zeros(members, FIELDS, dtype=torch.float64, device=device)
         self._scratch = StepStatsScratch(envs_per_member, device, members=members)  # the kernel's (not checkpointed)
-        self._ones = torch.ones(members, device=device)  # one update
 
     def add_step(self, action: torch.Tensor, reward: torch.Tensor, done: torch.Tensor, episode_return: torch.Tensor,
                  episode_length: torch.Tensor, trades: torch.Tensor | None, env_steps: torch.Tensor) -> None:
@@ -36,11 +35,11 @@ class MemberStats:
         step_stats(action, reward, done, episode_return, episode_length, trades, self.acc[:, :NUM_FIELDS], None,
                    env_steps, members=self.members, scratch=self._scratch)
 
-    def add_update(self, loss: torch.Tensor, grad_norm: torch.Tensor, skip: torch.Tensor,
-                   max_q: torch.Tensor) -> None:
-        """One update: float32 ``[P]`` loss, gradient norm, skip flag and mean max-Q of the batch."""
-        cols = torch.stack([loss, grad_norm, self._ones, skip, max_q], dim=1).to(torch.float64)
-        self.acc[:, LOSS_SUM:] += torch.nan_to_num(cols, nan=0.0, posinf=0.0, neginf=0.0)
+    def update_columns(self) -> torch.Tensor:
+        """float64 ``[P, 5]`` view of the update's columns (LOSS_SUM .. MAX_Q_SUM), which the guard's
+        kernel adds to (:meth:`foxdqn.population.member_guard.MemberGuard.check`: loss, gradient norm,
+        1, skip flag and mean max-Q of the batch, NaN and ±Inf as 0)."""
+        return self.acc[:, LOSS_SUM:]
 
     def read(self) -> np.ndarray:
         """Host copy (float64 ``[P, FIELDS]``) of the accumulators, which are then zeroed."""

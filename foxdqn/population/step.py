@@ -81,14 +81,15 @@ def update_step(s: PopulationState) -> None:
     # each member's clip_grad_norm_ norm and coefficient; Adam's kernel multiplies the grads by it
     # (over every trained parameter: Q's, and IQL's V after them, as a single run clips)
     grad_norm, clip = grad_norm_coefficient([w.grad for w in s.optimizer.params], s.params.grad_clip, members=p)
-    skip = s.guard.check(loss.detach(), grad_norm, s.updates, s.env_steps)
+    # the guard's skip flags and the update's monitor sums: one kernel
+    skip = s.guard.check(loss.detach(), grad_norm, s.updates, s.env_steps, s.stats.update_columns(),
+                         out.q_values)
     s.optimizer.step(skip, grad_scale=clip)
     # w = τ or the hard copy's 1, times (1 − skip); then `updates += 1`
     # (nothing below reads the counter)
     target_lerp_(list(s.target.parameters()), [w.detach() for w in s.online.parameters()], s.updates, skip,
                  s.params.tau, s.params.period, hard=s.cfg.target.update == "hard", advance=True, members=p)
     s.replay.update_priorities(batch.index, out.td_abs, skip)  # PER: each member's |TD|, unless skipped
-    s.stats.add_update(loss.detach(), grad_norm, skip, out.q_values.max(dim=2).values.mean(dim=1))
 
 
 def publish_guard(s: PopulationState) -> None:
