@@ -10,7 +10,9 @@ network, evaluation) and the network is a ReLU MLP of 1 or 2 hidden layers of wi
 dueling head of at most 64 actions, the whole forward of all P members is one kernel
 (:func:`foxdqn.ops.q_forward.q_forward`; measured at ``eurusd_dqn``'s shape, 8 members of 512
 rows: 24.5 µs against 63 for the layers below, docs/bench.md#kernels). A plain Q head (the
-CartPole populations) keeps the layers: the op takes it, but it was not timed there. Members
+CartPole populations) keeps the layers in :meth:`MemberQNetwork.forward` (the op takes it, but it
+was not timed there); the collect step's action selection fuses it too
+(:meth:`MemberQNetwork.acting_args`: one kernel in place of six). Members
 never mix: member p's outputs read only member p's parameters and inputs.
 
 :meth:`MemberQNetwork.from_networks` stacks P classic networks (so a member starts from exactly
@@ -135,11 +137,22 @@ class MemberQNetwork(nn.Module):
         """``(weights, biases, dueling)`` with which :func:`~foxdqn.ops.q_forward.q_forward`
         computes the members' Q for ``obs`` ``[P, M, D]`` (what :meth:`forward` runs then: a
         dueling ReLU network on CUDA, no gradient needed; the measured case, module docstring), or
-        None. Host metadata only; :func:`foxdqn.step.act.act` reads it."""
-        if not (self.dueling and fused_forward(obs) and type(self.act) is nn.ReLU) or forward_hooked([self]):
+        None. Host metadata only."""
+        return self._fused_args(obs) if self.dueling else None
+
+    def acting_args(self, obs: torch.Tensor) -> tuple[list, list, bool] | None:
+        """:meth:`q_forward_args` for the collect step's ε-greedy selection
+        (:func:`foxdqn.step.act.act` reads it first): there a plain Q head's ReLU network is fused
+        too (:func:`foxdqn.ops.q_forward_epsilon_greedy.q_forward_epsilon_greedy`, one kernel where
+        its layers and the selection are six), while :meth:`forward` keeps a plain head's layers
+        (the target network's Q in the loss is unchanged). Host metadata only."""
+        return self._fused_args(obs)
+
+    def _fused_args(self, obs: torch.Tensor) -> tuple[list, list, bool] | None:
+        if not (fused_forward(obs) and type(self.act) is nn.ReLU) or forward_hooked([self]):
             return None
         weights, biases = list(self.weights), list(self.biases)
-        return (weights, biases, True) if q_forward_supported(obs, weights, biases, True) else None
+        return (weights, biases, self.dueling) if q_forward_supported(obs, weights, biases, self.dueling) else None
 
     def forward(self, obs: torch.Tensor) -> torch.Tensor:
         args = self.q_forward_args(obs)

@@ -2,9 +2,9 @@
 
 One kernel where the network's forward is one of the fused ops':
 
-* :func:`foxdqn.ops.q_forward.q_forward`'s (the network says so by a ``q_forward_args(obs)``
-  method: :class:`foxdqn.nn.qnet.QNetwork` with a dueling head,
-  :class:`foxdqn.population.network.MemberQNetwork`):
+* :func:`foxdqn.ops.q_forward.q_forward`'s (the network says so by an ``acting_args(obs)`` or
+  else a ``q_forward_args(obs)`` method: :class:`foxdqn.nn.qnet.QNetwork` with a dueling head,
+  :class:`foxdqn.population.network.MemberQNetwork` with a dueling or plain head):
   :func:`foxdqn.ops.q_forward_epsilon_greedy.q_forward_epsilon_greedy`;
 * :func:`foxdqn.ops.mlp_chain.mlp_chain`'s (a ``fused_chain(obs)`` method: :class:`~foxdqn.nn.qnet.QNetwork`
   with a ReLU MLP and a plain Q head, one schedule):
@@ -57,7 +57,8 @@ def act(net: nn.Module, obs: torch.Tensor, step: torch.Tensor, start: torch.Tens
         q = net(obs)
         q = q.reshape(-1, q.shape[-1]) - penalty
         return epsilon_greedy(q, step, start, end, duration, u, backend=backend)
-    args = net.q_forward_args(obs) if backend != "torch" and hasattr(net, "q_forward_args") else None
+    fused = getattr(net, "acting_args", None) or getattr(net, "q_forward_args", None)
+    args = fused(obs) if backend != "torch" and fused is not None else None
     groups = start.shape[0] if start.dim() == 1 else 0
     if args is not None and groups == (obs.shape[0] if obs.dim() == 3 else 1):
         weights, biases, dueling = args
