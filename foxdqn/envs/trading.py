@@ -348,7 +348,8 @@ class TradingEnv:
         return StepOut(next_obs=out.next_obs, reward=out.reward, terminated=out.terminated, truncated=out.truncated,
                        obs=out.obs, info=info)
 
-    def decode_observations(self, code: Tensor, next_code: Tensor, index: Tensor) -> tuple[Tensor, Tensor]:
+    def decode_observations(self, code: Tensor, next_code: Tensor, index: Tensor,
+                            members: int | None = None) -> tuple[Tensor, Tensor]:
         """Observations of sampled state codes (the replay's decoder; sync-free, one kernel on CUDA).
 
         Args:
@@ -356,15 +357,19 @@ class TradingEnv:
                 ``info["next_state_code"]`` of :meth:`step`).
             index: int64 ``[B]`` flat replay rows ``t·N + e`` (``e`` the env of each transition:
                 it selects the env's parameter row; unused while there is one, ``G = 1``).
+            members: None, or P: the rows are a population's member-major batch
+                (:meth:`foxdqn.population.replay.MemberReplay.sample_members`).
 
         Returns:
-            ``(obs, next_obs)``, each ``[B, obs_dim]`` :attr:`obs_dtype`: the observations :meth:`step`
-            returned for those states, cast as the replay stored them, bit for bit.
+            ``(obs, next_obs)``, each ``[B, obs_dim]`` :attr:`obs_dtype` (with ``members``
+            ``[P, B/P, obs_dim]``, halves of the members' stacked pair: :func:`~foxdqn.ops.trading_observation.trading_observation`):
+            the observations :meth:`step` returned for those states, cast as the replay stored them, bit for bit.
         """
         groups = self._params.fparams.shape[0]
         group = None if groups == 1 else (index % self.num_envs) // (self.num_envs // groups)
         obs, next_obs = trading_observation((code.contiguous(), next_code.contiguous()), group, self._market,
-                                            self._params, self.obs_dtype, backend=self.decode_backend)
+                                            self._params, self.obs_dtype, backend=self.decode_backend,
+                                            members=members)
         return obs, next_obs
 
     @property

@@ -73,7 +73,7 @@ compiles the graph: the launcher runs then, Dynamo does not trace torch's precis
 
 Errors: ``ValueError`` for anything outside the contract (:func:`q_forward_supported` is False for
 it): a width above 256, A above 64, 0 or 3+ hidden layers, a dtype other than float32, x not
-contiguous, misshapen or mixed-layout weights or biases, mixed devices, an input requiring grad
+of contiguous rows, misshapen or mixed-layout weights or biases, mixed devices, an input requiring grad
 under grad mode, an unknown backend; ``RuntimeError`` for backend="triton" on CPU tensors without
 TRITON_INTERPRET=1.
 
@@ -124,7 +124,7 @@ _FITS: dict = {}  # device → SMALL_TILES once the module's tiles did not fit t
 # Triton kernel
 # ---------------------------------------------------------------------------------------------
 @triton.jit
-def _q_forward_kernel(x_ptr, q_ptr, M,
+def _q_forward_kernel(x_ptr, q_ptr, M, x_sp,
                       w1, b1, w2, b2, wv, bv, wh, bh,
                       step_ptr, start_ptr, end_ptr, duration_ptr, u_ptr,
                       w1_sp, w1_so, w1_si, b1_sp, b1_so,
@@ -135,8 +135,8 @@ def _q_forward_kernel(x_ptr, q_ptr, M,
                       P1: tl.constexpr, PA: tl.constexpr, DEPTH: tl.constexpr, DUELING: tl.constexpr,
                       BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_N: tl.constexpr, PREC: tl.constexpr,
                       ACT: tl.constexpr, RANDOM_BITS: tl.constexpr):
-    """x [P, M, D0] contiguous → q [P, M, A] contiguous for member ``program_id(1)``'s rows
-    ``program_id(0)``. Weight element (p, o, i) of a layer at ``p·sp + o·so + i·si``, bias
+    """x [P, M, D0] (rows contiguous, member p's at ``p·x_sp``) → q [P, M, A] contiguous for
+    member ``program_id(1)``'s rows ``program_id(0)``. Weight element (p, o, i) of a layer at ``p·sp + o·so + i·si``, bias
     element (p, o) at ``p·sp + o·so`` (sp = 0: one network). wh, bh: W_a, b_a (dueling) or W_q, b_q.
     ACT: instead of Q, the ε-greedy action (int64 [P, M] at q_ptr) of each row under member p's
     schedule (step, start[p], end[p], duration[p]) and uniforms u[p, 0 | 1, row]
@@ -150,7 +150,7 @@ def _q_forward_kernel(x_ptr, q_ptr, M,
     w1 += p * w1_sp
     n1 = tl.arange(0, P1)
     n1_ok = n1 < H1
-    x_rows = x_ptr + row0 * D0
+    x_rows = x_ptr + p * x_sp + rows * D0
     acc = tl.zeros([BLOCK_M, P1], dtype=tl.float32)
     for k0 in range(0, D0, BLOCK_K):
         k = k0 + tl.arange(0, BLOCK_K)
@@ -251,7 +251,8 @@ def launch_q_forward(x: Tensor, weights: list[Tensor], biases: list[Tensor], due
     act = schedule if schedule is not None else (out,) * 5  # unused pointers without the ε-greedy epilogue
     block_m = BLOCK_M  # the module's launch constants, read now (a sweep may have set them)
     warps = NUM_WARPS if w1.dim() == 3 else NUM_WARPS_LINEAR
-    args = (x, out, rows, w1, b1, w2, b2, wv, bv, wh, bh, *act, *s1, *s2, sv[0], sv[2], sv[3], *sh)
+    x_sp = x.stride(0) if x.dim() == 3 else 0  # a member stride of its own: e.g. a half of a stacked pair
+    args = (x, out, rows, x_sp, w1, b1, w2, b2, wv, bv, wh, bh, *act, *s1, *s2, sv[0], sv[2], sv[3], *sh)
     meta = dict(D0=d0, H1=h1, H2=h2, A=num_actions, P1=_pad(h1), PA=_pad(num_actions), DEPTH=depth,
                 DUELING=dueling, BLOCK_M=block_m, PREC=_prec(x), ACT=schedule is not None, RANDOM_BITS=RANDOM_BITS,
                 num_warps=warps, enable_fp_fusion=False)  # no multiply-add contraction: the ε schedule's roundings
@@ -279,6 +280,14 @@ def _layer_names(depth: int, dueling: bool) -> list[str]:
     return [f"W_{i + 1}" for i in range(depth)] + (["w_v", "W_a"] if dueling else ["W_q"])
 
 
+def _rows_contiguous(x: Tensor) -> bool:
+    """``x`` is contiguous, or ``[P, M, D0]`` whose members are contiguous ``[M, D0]`` blocks at any
+    member stride (the halves of a stacked pair ``[P, 2, M, D0]``)."""
+    if x.is_contiguous():
+        return True
+    return x.dim() == 3 and x[0].is_contiguous() and x.stride(0) >= 0
+
+
 def _problem(x, weights, biases, dueling, op: str = "q_forward") -> str | None:
     """Why the arguments are outside :func:`q_forward`'s shape, dtype and device contract, or None
     (the gradient rule is :func:`_grad_problem`'s; where the kernel can run, :func:`q_forward_supported`'s).
@@ -296,8 +305,9 @@ def _problem(x, weights, biases, dueling, op: str = "q_forward") -> str | None:
         want = "w_v and W_a" if dueling else "W_q"
         return f"{op}: weights must hold 1 or 2 hidden layers and the head ({want}), biases one per weight: got " \
                f"{len(weights)} weights and {len(biases)} biases (dueling={dueling})"
-    if x.dim() not in (2, 3) or x.dtype != torch.float32 or not x.is_contiguous():
-        return f"{op}: x must be a contiguous float32 [P, M, D0] or [M, D0] tensor, got {describe(x)}"
+    if x.dim() not in (2, 3) or x.dtype != torch.float32 or not _rows_contiguous(x):
+        return f"{op}: x must be a float32 [P, M, D0] or [M, D0] tensor with contiguous rows of D0 values " \
+               f"(contiguous [M, D0]; [P, M, D0] of any member stride), got {describe(x)}"
     members = x.shape[0] if x.dim() == 3 else 1
     if x.shape[-1] < 1:
         return f"{op}: x must have D0 >= 1 features, got {describe(x)}"
@@ -351,8 +361,8 @@ def _grad_problem(x, weights, biases, op: str = "q_forward") -> str | None:
 
 
 def q_forward_supported(x, weights, biases, dueling) -> bool:
-    """Whether :func:`q_forward` runs its kernel on these arguments: x a contiguous float32
-    ``[P, M, D0]`` / ``[M, D0]`` tensor on CUDA (or on the CPU under TRITON_INTERPRET=1), weights
+    """Whether :func:`q_forward` runs its kernel on these arguments: x a float32 ``[P, M, D0]``
+    (each member's rows contiguous, any member stride) / contiguous ``[M, D0]`` tensor on CUDA (or on the CPU under TRITON_INTERPRET=1), weights
     and biases of one layout (module docstring) on its device, 1 or 2 hidden layers of width <= 256,
     A <= 64, and no gradient to be needed (grad mode off, or no input requiring grad). Host
     metadata only (no device read); callers fall back to their modules when it is False."""
@@ -402,8 +412,9 @@ def q_forward(x: Tensor, weights: Sequence[Tensor], biases: Sequence[Tensor], *,
     """Q values of an MLP Q network (1 or 2 hidden ReLU layers, plain or dueling head), no gradient, one kernel.
 
     Args:
-        x: observations, float32 ``[P, M, D0]`` (P members) or ``[M, D0]`` (one network),
-            contiguous, any M >= 0, D0 >= 1.
+        x: observations, float32 ``[P, M, D0]`` (P members: each member's ``[M, D0]``
+            contiguous, at any member stride, e.g. a half ``pair[:, 0]`` of a stacked pair
+            ``[P, 2, M, D0]``) or contiguous ``[M, D0]`` (one network), any M >= 0, D0 >= 1.
         weights: ``[W_1, (W_2), W_q]``, or with ``dueling`` ``[W_1, (W_2), w_v, W_a]``: all
             ``nn.Linear.weight`` ``[out, in]`` (P = 1) or all population ``[P, in, out]``
             (:class:`~foxdqn.population.network.MemberQNetwork`'s); float32, any strides, on x's
@@ -420,7 +431,7 @@ def q_forward(x: Tensor, weights: Sequence[Tensor], biases: Sequence[Tensor], *,
 
     Raises:
         ValueError: outside the contract above (a width above 256, A above 64, 0 or more than 2
-            hidden layers, a dtype other than float32, a non-contiguous or misshapen x, misshapen
+            hidden layers, a dtype other than float32, an x of non-contiguous rows or misshapen, misshapen
             weights or biases or mixed layouts, mixed devices), grad mode on with any input
             requiring grad (the op has no backward; the message names the argument), an unknown
             backend.

@@ -25,7 +25,11 @@ Population
 ----------
 The one parameter the observation reads, the ruin equity (the floor of the denominator), is read
 per row from ``fparams[g]`` with ``g = group[b]`` (``group=None``: row 0, ``G = 1``), as the
-trading step reads its parameters per env group; P members' rows decode in the same launch.
+trading step reads its parameters per env group; P members' rows decode in the same launch. With
+``members=P`` (the codes of a member-major batch, ``B/P`` rows per member) the kernel stores the two
+observations of s and s' as the population's stacked pair ``[P, 2, B/P, D]`` (member p's s rows,
+then its s' rows: what :func:`foxdqn.ops.replay_gather.replay_gather` returns with ``stacked``), so
+the members' Double DQN forward reads them without a concatenation; only the addresses change.
 """
 from __future__ import annotations
 
@@ -48,7 +52,7 @@ CHUNK = 256  # window columns gathered per loop iteration (eurusd_dqn's 160 in o
 
 @triton.jit
 def _decode_rows(code_ptr, out_ptr, group_ptr, close_ptr, feat_ptr, fparams_ptr, pid, B, num_bars, W, F, OBS_DIM,
-                 HAS_GROUP: tl.constexpr, BLOCK: tl.constexpr, CHUNK: tl.constexpr, CODE_W: tl.constexpr,
+                 MROWS, GAP, HAS_GROUP: tl.constexpr, BLOCK: tl.constexpr, CHUNK: tl.constexpr, CODE_W: tl.constexpr,
                  C_T: tl.constexpr, C_UNITS: tl.constexpr, C_ENTRY: tl.constexpr, C_EQUITY: tl.constexpr,
                  FPW: tl.constexpr, RUIN: tl.constexpr, OBS_CLIP: tl.constexpr):
     b = pid * BLOCK + tl.arange(0, BLOCK)
@@ -68,8 +72,9 @@ def _decode_rows(code_ptr, out_ptr, group_ptr, close_ptr, feat_ptr, fparams_ptr,
     ruin = tl.load(fparams_ptr + grp * FPW + RUIN, mask=m, other=1.0)
     odt = out_ptr.dtype.element_ty
 
-    # account values (observation_reference's expressions and order)
-    row = b64 * OBS_DIM
+    # account values (observation_reference's expressions and order); output row b of member
+    # b // MROWS skips GAP rows per member before it (the other half of the members' pairs)
+    row = (b64 + (b64 // MROWS) * GAP) * OBS_DIM
     WF = W * F
     _store_account_obs(out_ptr, row + WF, close_ptr, t, units, entry, equity, ruin, OBS_CLIP, m)
 
@@ -84,7 +89,7 @@ def _decode_rows(code_ptr, out_ptr, group_ptr, close_ptr, feat_ptr, fparams_ptr,
 
 @triton.jit
 def _trading_observation_kernel(code_a_ptr, code_b_ptr, out_a_ptr, out_b_ptr, group_ptr, close_ptr, feat_ptr,
-                                fparams_ptr, B, num_bars, W, F, OBS_DIM,
+                                fparams_ptr, B, num_bars, W, F, OBS_DIM, MROWS, GAP,
                                 HAS_GROUP: tl.constexpr, BLOCK: tl.constexpr, CHUNK: tl.constexpr,
                                 CODE_W: tl.constexpr, C_T: tl.constexpr, C_UNITS: tl.constexpr,
                                 C_ENTRY: tl.constexpr, C_EQUITY: tl.constexpr, FPW: tl.constexpr,
@@ -92,19 +97,21 @@ def _trading_observation_kernel(code_a_ptr, code_b_ptr, out_a_ptr, out_b_ptr, gr
     pid = tl.program_id(0)
     if tl.program_id(1) == 0:  # axis 1: which code tensor (a -> out a, b -> out b)
         _decode_rows(code_a_ptr, out_a_ptr, group_ptr, close_ptr, feat_ptr, fparams_ptr, pid, B, num_bars, W, F,
-                     OBS_DIM, HAS_GROUP, BLOCK, CHUNK, CODE_W, C_T, C_UNITS, C_ENTRY, C_EQUITY, FPW, RUIN, OBS_CLIP)
+                     OBS_DIM, MROWS, GAP, HAS_GROUP, BLOCK, CHUNK, CODE_W, C_T, C_UNITS, C_ENTRY, C_EQUITY, FPW, RUIN, OBS_CLIP)
     else:
         _decode_rows(code_b_ptr, out_b_ptr, group_ptr, close_ptr, feat_ptr, fparams_ptr, pid, B, num_bars, W, F,
-                     OBS_DIM, HAS_GROUP, BLOCK, CHUNK, CODE_W, C_T, C_UNITS, C_ENTRY, C_EQUITY, FPW, RUIN, OBS_CLIP)
+                     OBS_DIM, MROWS, GAP, HAS_GROUP, BLOCK, CHUNK, CODE_W, C_T, C_UNITS, C_ENTRY, C_EQUITY, FPW, RUIN, OBS_CLIP)
 
 
 @device_op("foxdqn::trading_observation", mutates_args={"out"})
 def _trading_observation_op(code_a: Tensor, code_b: Tensor, out: Tensor, group: Tensor, close: Tensor,
                             features: Tensor, fparams: Tensor, window: int, num_features: int, has_group: bool) -> None:
-    k, b, obs_dim = out.shape
+    """``out``: the pair ``[P, k, B/P, D]`` (one run: P = 1); code row b goes to ``out[b // (B/P), half, b % (B/P)]``."""
+    members, k, rows, obs_dim = out.shape
+    b = members * rows
     wrap_triton(_trading_observation_kernel)[(triton.cdiv(b, BLOCK), k)](
-        code_a, code_b, out[0], out[-1], group, close, features, fparams, b, close.shape[0], window, num_features,
-        obs_dim,
+        code_a, code_b, out[0, 0], out[0, -1], group, close, features, fparams, b, close.shape[0], window,
+        num_features, obs_dim, rows, (k - 1) * rows,
         HAS_GROUP=has_group, BLOCK=BLOCK, CHUNK=CHUNK, CODE_W=CODE_WIDTH, C_T=CODE_T, C_UNITS=CODE_UNITS,
         C_ENTRY=CODE_ENTRY, C_EQUITY=CODE_EQUITY, FPW=FP_WIDTH, RUIN=_RUIN, OBS_CLIP=ACCOUNT_OBS_CLIP,
         num_warps=NUM_WARPS, enable_fp_fusion=False,  # no FMA contraction: the reference's roundings, bit for bit
@@ -112,21 +119,28 @@ def _trading_observation_op(code_a: Tensor, code_b: Tensor, out: Tensor, group: 
 
 
 def _trading_observation_triton(codes: tuple[Tensor, ...], group: Tensor | None, market: TradingMarket,
-                                params: TradingParams, out_dtype: torch.dtype) -> tuple[Tensor, ...]:
+                                params: TradingParams, out_dtype: torch.dtype, members: int | None) -> tuple[Tensor, ...]:
     b, dev = codes[0].shape[0], codes[0].device
-    # [1, k, B, D]: two decoded halves form the replay's stacked pair (foxdqn.ops.replay_gather.stacked_pair),
+    # [P, k, B/P, D]: two decoded halves form the replay's stacked pair (foxdqn.ops.replay_gather.stacked_pair),
     # so a Double DQN online forward reads s and s' without a concatenation
-    pair = torch.empty(1, len(codes), b, params.window * params.num_features + 2, device=dev, dtype=out_dtype)
-    out = pair[0]
+    p = members or 1
+    pair = torch.empty(p, len(codes), b // p, params.window * params.num_features + 2, device=dev, dtype=out_dtype)
     if b > 0:
-        _trading_observation_op(codes[0], codes[-1], out, group if group is not None else codes[0], market.close,
+        _trading_observation_op(codes[0], codes[-1], pair, group if group is not None else codes[0], market.close,
                                 market.features, params.fparams, params.window, params.num_features,
                                 group is not None)
-    return tuple(out.unbind(0))
+    return tuple(pair[0].unbind(0)) if members is None else _member_views(pair)
+
+
+def _member_views(out: Tensor) -> tuple[Tensor, ...]:
+    """The observations of each code tensor in ``out`` ``[P, k, B/P, D]``: ``[P, B/P, D]`` views, or
+    ``[B, D]`` for P = 1 (the layout of :func:`foxdqn.ops.replay_gather.replay_gather`'s pair)."""
+    return tuple(out[0, i] if out.shape[0] == 1 else out[:, i] for i in range(out.shape[1]))
 
 
 def trading_observation_reference(codes: tuple[Tensor, ...], group: Tensor | None, market: TradingMarket,
-                                  params: TradingParams, out_dtype: torch.dtype) -> tuple[Tensor, ...]:
+                                  params: TradingParams, out_dtype: torch.dtype,
+                                  members: int | None = None) -> tuple[Tensor, ...]:
     """Plain-torch reference of :func:`trading_observation` (same arguments): the env's
     :func:`~foxdqn.ops.trading_step.observation_reference` with a per-row ruin equity, of the
     decoded (and bar-clamped) codes, rounded to ``out_dtype``."""
@@ -137,13 +151,16 @@ def trading_observation_reference(codes: tuple[Tensor, ...], group: Tensor | Non
         t = code[:, CODE_T].to(torch.int64).clamp(params.window - 1, market.close.shape[0] - 1)
         units, entry, equity = (code[:, k].to(dt) for k in (CODE_UNITS, CODE_ENTRY, CODE_EQUITY))
         out.append(observation_reference(market, params, t, units, entry, equity, ruin=ruin).to(out_dtype))
+    if members is not None:  # the kernel's shapes (contiguous here): [P, B/P, D], or [B, D] for P = 1
+        d = out[0].shape[-1]
+        return tuple(o if members == 1 else o.view(members, -1, d) for o in out)
     return tuple(out)
 
 
 @compile_disabled
 def trading_observation(codes: tuple[Tensor, ...], group: Tensor | None, market: TradingMarket,
                         params: TradingParams, out_dtype: torch.dtype = torch.float32,
-                        backend: str = "auto") -> tuple[Tensor, ...]:
+                        backend: str = "auto", *, members: int | None = None) -> tuple[Tensor, ...]:
     """Rebuild trading observations from state codes: one kernel for one or two code tensors.
 
     Device ops only (no host reads): capturable in a CUDA graph. Shapes and dtypes are checked;
@@ -161,6 +178,8 @@ def trading_observation(codes: tuple[Tensor, ...], group: Tensor | None, market:
         out_dtype: dtype of the observations (float32: what the network reads; float64 keeps the
             env's float64 values).
         backend: "auto" (Triton for CUDA tensors, torch for CPU), "triton", "torch".
+        members: None, or P dividing B: the codes are P members' ``B/P`` rows each, member-major
+            (a population's batch, module docstring).
 
     Returns:
         One ``[B, W*F+2]`` ``out_dtype`` observation per code tensor, in order: the env's
@@ -168,20 +187,25 @@ def trading_observation(codes: tuple[Tensor, ...], group: Tensor | None, market:
         rounded to ``out_dtype``. On the Triton path two of them are the halves of one
         ``[1, 2, B, W*F+2]`` tensor, the replay's stacked pair
         (:func:`foxdqn.ops.replay_gather.stacked_pair`), which a Double DQN online forward reads
-        without a concatenation.
+        without a concatenation. With ``members`` each is ``[P, B/P, W*F+2]`` (``[B, W*F+2]`` for
+        P = 1), on the Triton path the halves of the pair ``[P, 2, B/P, W*F+2]``.
 
     Raises:
         ValueError: not one or two code tensors, a code tensor that is not ``[B, 4]`` contiguous
             float32/float64 on the market's device (the two of the same shape and dtype), a
-            ``group`` that is not int64 ``[B]`` contiguous there, a non-floating ``out_dtype``, or an
-            unknown backend.
+            ``group`` that is not int64 ``[B]`` contiguous there, a non-floating ``out_dtype``,
+            ``members`` not dividing B, or an unknown backend.
         RuntimeError: backend="triton" on CPU tensors without TRITON_INTERPRET=1.
     """
     codes = tuple(codes)
     _check_args(codes, group, market, params, out_dtype)
+    if members is not None and (isinstance(members, bool) or not isinstance(members, int) or members < 1
+                                or codes[0].shape[0] % members):
+        raise ValueError(f"trading_observation: members must be None or an int >= 1 dividing B = "
+                         f"{codes[0].shape[0]}, got {members!r}")
     if resolve_backend("trading_observation", backend, codes[0]) == "torch":
-        return trading_observation_reference(codes, group, market, params, out_dtype)
-    return _trading_observation_triton(codes, group, market, params, out_dtype)
+        return trading_observation_reference(codes, group, market, params, out_dtype, members)
+    return _trading_observation_triton(codes, group, market, params, out_dtype, members)
 
 
 def _check_args(codes, group, market, params, out_dtype) -> None:

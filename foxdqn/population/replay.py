@@ -68,11 +68,12 @@ class MemberReplay(ReplayBuffer):
         ``uniforms`` ``[P, 2, B]``, ``stacked``): obs and next_obs are ``[P, B, D]`` views of one
         ``[P, 2, B, D]`` tensor (the shape :func:`foxdqn.population.objective.member_dqn_loss`
         takes; for P = 1 ``[B, D]``). Stored state codes (:meth:`set_decoder`) are decoded into
-        ``[P·B, D]`` observations by one more kernel."""
+        the same layout, the halves of one ``[P, 2, B, D]`` tensor, by one more kernel
+        (:meth:`foxdqn.envs.trading.TradingEnv.decode_observations` with ``members``)."""
         p = self.members
         u = self.rng.uniform(2 * batch_size).view(p, 2, batch_size)
         g = replay_gather(*self._ring(), uniforms=u, stacked=self.decoder is None)
-        return self.decode(self._batch(g, self._ones(p * batch_size)))
+        return self.decode(self._batch(g, self._ones(p * batch_size)), members=p)
 
 
 class MemberPrioritizedReplay(MemberReplay):
@@ -114,7 +115,7 @@ class MemberPrioritizedReplay(MemberReplay):
         slots, weight = self.priorities.sample(self.rng.uniform(batch_size))  # [P, B]
         rows = (slots // n) * self.num_envs + self._first_column + slots % n
         g = replay_gather(*self._ring(), index=rows, stacked=self.decoder is None)
-        return self.decode(self._batch(g, weight.view(-1)))
+        return self.decode(self._batch(g, weight.view(-1)), members=self.members)
 
     def update_priorities(self, index: torch.Tensor, td_abs: torch.Tensor, skip: torch.Tensor) -> None:
         """Member p's priorities from its rows of ``index`` (int64 ``[P·B]``, the ring's rows of

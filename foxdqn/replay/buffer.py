@@ -45,7 +45,8 @@ class ReplayCodec(NamedTuple):
     dim: values per stored row.  dtype: their dtype.  decode: ``(rows, next_rows, index) ->
     (obs, next_obs)``: sampled rows ``[B, dim]`` of s and s' and their flat replay rows ``index``
     (int64 ``[B]``, ``t·N + e``) to observations ``[B, obs_dim]`` of the env's ``obs_dtype``; device
-    ops only (it runs inside the captured update).
+    ops only (it runs inside the captured update). A population's replay also passes ``members=P``
+    (its member-major batch; :meth:`ReplayBuffer.decode`'s ``decoder_args``).
     """
 
     dim: int
@@ -157,12 +158,13 @@ class ReplayBuffer:
                              "it cannot be combined with a decoder")
         self.decoder = decoder
 
-    def decode(self, batch: Batch) -> Batch:
+    def decode(self, batch: Batch, **decoder_args) -> Batch:
         """``batch`` with its stored rows decoded into observations, the rows of s' kept as
-        ``next_code`` (unchanged without a decoder)."""
+        ``next_code`` (unchanged without a decoder). ``decoder_args``: passed to the decoder (a
+        population's ``members``, :meth:`foxdqn.population.replay.MemberReplay.sample_members`)."""
         if self.decoder is None:
             return batch
-        obs, next_obs = self.decoder(batch.obs, batch.next_obs, batch.index)
+        obs, next_obs = self.decoder(batch.obs, batch.next_obs, batch.index, **decoder_args)
         return batch._replace(obs=obs, next_obs=next_obs, next_code=batch.next_obs)
 
     def set_regime(self, regime) -> None:

@@ -190,6 +190,24 @@ def test_strided_weights_and_biases():
         torch.testing.assert_close(_kernel(x, sws, sbs, True), want, rtol=0, atol=0)
 
 
+@pytest.mark.parametrize("dims,dueling", [([162, 64, 48], True), ([3, 17], False), ([5, 1, 1], True)])
+def test_members_at_any_member_stride(dims, dueling):
+    """x ``[P, M, D0]`` whose members are contiguous blocks at a member stride of their own (the
+    halves of a stacked pair ``[P, 2, M, D0]``, as the population's replay and decoder give them)
+    gives the contiguous x's Q bit for bit, and so do its ε-greedy actions."""
+    from foxdqn.ops.q_forward_epsilon_greedy import q_forward_epsilon_greedy
+
+    x, ws, bs = _case(3, 13, dims, 7, dueling, True, seed=8)
+    pair = torch.stack([x, torch.full_like(x, float("nan"))], dim=1)  # [P, 2, M, D0]; the other half never read
+    for half in (pair[:, 0], torch.stack([pair[:, 1], x], dim=1)[:, 1]):
+        assert not half.is_contiguous() and q_forward_supported(half, ws, bs, dueling)
+        assert torch.equal(_kernel(half, ws, bs, dueling), _kernel(x, ws, bs, dueling))
+    sched = dict(step=torch.tensor(3), start=torch.full((3,), 0.5), end=torch.full((3,), 0.1),
+                 duration=torch.full((3,), 10.0), u=torch.rand(3, 2, 13, generator=torch.Generator().manual_seed(1)))
+    assert torch.equal(q_forward_epsilon_greedy(pair[:, 0], ws, bs, dueling=dueling, **sched, backend="triton"),
+                       q_forward_epsilon_greedy(x, ws, bs, dueling=dueling, **sched, backend="triton"))
+
+
 @pytest.mark.parametrize("population", [False, True])
 def test_empty_rows(population):
     x, ws, bs = _case(3 if population else 1, 0, [162, 17, 5], 45, True, population)
@@ -369,9 +387,10 @@ BAD = [
                                         r"\(dueling=False\)"),  # 3 hidden layers
     (lambda a: a["weights"].__setitem__(1, torch.zeros(7, 5)), r"weights\[1\] \(W_2\) must be a float32 \[out, 6\]"),
     (lambda a: a.update(biases=a["biases"][:3]), r"got 4 weights and 3 biases"),
-    (lambda a: a.update(x=a["x"].double()), r"x must be a contiguous float32 \[P, M, D0\] or \[M, D0\] tensor, got "
-                                            r"torch.float64"),
+    (lambda a: a.update(x=a["x"].double()), r"x must be a float32 \[P, M, D0\] or \[M, D0\] tensor with contiguous "
+                                            r"rows .*, got torch.float64"),
     (lambda a: a.update(x=torch.zeros(4, 5).t()), r"x must be .*\(not contiguous\)"),
+    (lambda a: a.update(x=torch.zeros(1, 4, 10)[..., ::2]), r"x must be .*contiguous rows.*\(not contiguous\)"),
     (lambda a: a.update(x=torch.zeros(2, 2, 5, 4)), r"x must be .*got .*\[2, 2, 5, 4\]"),
     (lambda a: a.update(x=torch.zeros(5, 3)), r"weights\[0\] \(W_1\) must be a float32 \[out, 3\]"),
     (lambda a: a.update(x=torch.zeros(3, 5, 4)), r"x has P = 3 members, the nn.Linear layout"),

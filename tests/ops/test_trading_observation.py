@@ -1,6 +1,7 @@
 """trading_observation: the trading step's state codes decode to the observations the step returned,
 bit for bit (kernel in the interpreter and torch reference, on CPU; compiled on the GPU), and the
-kernel equals the reference at odd shapes, with per-row parameter groups and clamped bar indices.
+kernel equals the reference at odd shapes, with per-row parameter groups and clamped bar indices;
+with members, a population's pair [P, 2, B/P, D] holding each member's rows as a decode of its own.
 docs/design/replay.md#windowed-trading-replay."""
 import pytest
 import torch
@@ -145,6 +146,41 @@ def test_kernel_matches_reference_odd_shapes_and_groups(dtype, b):
         o, n = trading_observation((a, c), None, m, p, F32, backend="triton")
         pair = stacked_pair(o, n)
         assert pair is not None and pair.shape == (1, 2, b, 82) and torch.equal(pair.view(2 * b, -1), torch.cat([o, n]))
+
+
+@pytest.mark.parametrize("members,rows", [(1, 5), (3, 1), (3, 7), (4, 17)])
+def test_members_decode_into_the_populations_stacked_pair(members, rows):
+    """``members=P``: both backends give ``[P, B/P, D]`` observations (``[B, D]`` for P = 1) whose
+    member p rows are the decode of member p's codes alone, bit for bit; the kernel's two are the
+    halves of one ``[P, 2, B/P, D]`` pair (the replay's stacked pair: a forward reads it without a
+    concatenation); one code tensor works too; groups per row."""
+    from foxdqn.ops.replay_gather import stacked_pair
+
+    m = _market(70, 2, 5, F32)
+    p = _params(m, F32, 40, 10, False)
+    second = p.fparams.clone()
+    second[0, _RUIN] = 0.5
+    p2 = p._replace(fparams=torch.cat([p.fparams, second]).contiguous())
+    b = members * rows
+    a, c = _random_codes(b, m, p, 1, F32), _random_codes(b, m, p, 2, F32)
+    group = torch.arange(b, dtype=I64) // rows % 2  # member p's rows in group p % 2
+    shape = (b, 82) if members == 1 else (members, rows, 82)
+    for backend in BACKENDS:
+        o, n = trading_observation((a, c), group, m, p2, F32, backend=backend, members=members)
+        assert o.shape == n.shape == shape
+        for q in range(members):
+            sl = slice(q * rows, (q + 1) * rows)
+            alone = trading_observation((a[sl], c[sl]), group[sl], m, p2, F32, backend=backend)
+            assert torch.equal(o.reshape(b, 82)[sl], alone[0]) and torch.equal(n.reshape(b, 82)[sl], alone[1]), q
+        one, = trading_observation((a,), group, m, p2, F32, backend=backend, members=members)
+        assert torch.equal(one, o)
+        if backend == "triton":
+            pair = stacked_pair(o, n)
+            assert pair is not None and pair.shape == (members, 2, rows, 82)
+            assert torch.equal(pair.view(members, 2 * rows, 82),
+                               torch.cat([o.reshape(members, rows, 82), n.reshape(members, rows, 82)], dim=1))
+    with pytest.raises(ValueError, match="members must be None or an int >= 1 dividing B"):
+        trading_observation((a,), None, m, p, members=b + 1)
 
 
 def test_code_dtype_holds_the_state_exactly():
