@@ -145,7 +145,11 @@ class MemberQNetwork(nn.Module):
         (:func:`foxdqn.step.act.act` reads it first): there a plain Q head's ReLU network is fused
         too (:func:`foxdqn.ops.q_forward_epsilon_greedy.q_forward_epsilon_greedy`, one kernel where
         its layers and the selection are six), while :meth:`forward` keeps a plain head's layers
-        (the target network's Q in the loss is unchanged). Host metadata only."""
+        (the target network's Q in the loss is unchanged). A subclass whose Q is not its layers'
+        (:mod:`foxdqn.population.distributional`: it overrides :meth:`forward`) gets its own
+        :meth:`q_forward_args`. Host metadata only."""
+        if self.dueling or type(self).forward is not MemberQNetwork.forward:
+            return self.q_forward_args(obs)
         return self._fused_args(obs)
 
     def _fused_args(self, obs: torch.Tensor) -> tuple[list, list, bool] | None:

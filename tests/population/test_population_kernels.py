@@ -57,8 +57,11 @@ def test_update_adds_no_launch_outside_its_loss(launches):
 
 
 def test_launches_do_not_grow_with_members():
-    one, five = step_launches("cartpole_cleanrl", 1), step_launches("cartpole_cleanrl", 5)
-    assert one == five
+    """The same launches for 2 and 5 members (P = 1 differs on the CPU alone: its layers run as a
+    batch of two there, MemberQNetwork.layer; its collect step and the update's tail are the same)."""
+    one, two, five = (step_launches("cartpole_cleanrl", p) for p in (1, 2, 5))
+    assert two == five
+    assert one["collect"] == two["collect"] and one["update"][-4:] == two["update"][-4:] == UPDATE_TAIL
 
 
 def test_collect_step_fuses_a_plain_q_head():
@@ -90,3 +93,13 @@ def test_collect_step_fuses_a_plain_q_head():
     top2 = q.reshape(-1, q.shape[-1]).topk(2, dim=1).values
     clear = (top2[:, 0] - top2[:, 1]) > 1e-4
     assert clear.sum() > 100 and torch.equal(got[clear], want[clear])
+
+
+@pytest.mark.parametrize("head", ["c51", "iqn"])
+def test_distributional_heads_are_not_fused_for_acting(head):
+    """A C51 or IQN member network's Q is not its layers' output: acting_args is its q_forward_args
+    (None), so act() takes its own forward, also where the fused forwards run."""
+    s = build_population(configs([*CARTPOLE, f"head={head}"], [["seed=0"], ["seed=1"]]), None, torch.device("cpu"))
+    obs = torch.randn(2, 8, 4)
+    with torch.no_grad(), B.cpu_kernels():
+        assert s.online.acting_args(obs) is None and s.online.q_forward_args(obs) is None
