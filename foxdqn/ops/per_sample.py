@@ -130,11 +130,11 @@ def _per_prefix_kernel(
         bs = tl.load(block_sums_ptr + b, mask=inb & (b < last_blk), other=0.0).to(tl.float64)
         eff = tl.where(b == last_blk, partial, bs)
         s = tl.cumsum(eff, axis=0) + carry
-        m = tl.where(eff > 0, s, 0.0)
-        m = tl.maximum(tl.associative_scan(m, 0, _max_combine), carry_max)
-        tl.store(prefix_ptr + b, m, mask=inb)
+        mono = tl.where(eff > 0, s, 0.0)
+        mono = tl.maximum(tl.associative_scan(mono, 0, _max_combine), carry_max)
+        tl.store(prefix_ptr + b, mono, mask=inb)
         carry = carry + tl.sum(eff, axis=0)
-        carry_max = tl.max(m, axis=0)
+        carry_max = tl.max(mono, axis=0)
         last_nz_blk = tl.maximum(last_nz_blk, tl.max(tl.where(eff > 0, b, -1).to(tl.int64), axis=0))
 
     has = last_nz_blk >= 0
@@ -263,9 +263,9 @@ def _per_weights_kernel(logw_ptr, w_ptr, B, CHUNK: tl.constexpr):
         lw = tl.load(logw_ptr + start + offs, mask=start + offs < B, other=float("-inf"))
         mx = tl.maximum(mx, tl.max(lw, axis=0))
     for start in range(0, B, CHUNK):
-        m = start + offs < B
-        lw = tl.load(logw_ptr + start + offs, mask=m, other=0.0)
-        tl.store(w_ptr + start + offs, tl.exp2(lw - mx), mask=m)
+        inb = start + offs < B
+        lw = tl.load(logw_ptr + start + offs, mask=inb, other=0.0)
+        tl.store(w_ptr + start + offs, tl.exp2(lw - mx), mask=inb)
 
 
 @triton.jit
@@ -303,9 +303,9 @@ def _per_chunk_kernel(
     bs = tl.load(block_sums_ptr + b, mask=inb & (b < last_blk), other=0.0).to(tl.float64)
     eff = tl.where(b == last_blk, partial, bs)
     s = tl.cumsum(eff, axis=0)
-    m = tl.associative_scan(tl.where(eff > 0, s, 0.0), 0, _max_combine)
-    tl.store(local_ptr + b, m, mask=inb)
-    tl.store(chunk_mass_ptr + g, tl.max(m, axis=0))
+    mono = tl.associative_scan(tl.where(eff > 0, s, 0.0), 0, _max_combine)
+    tl.store(local_ptr + b, mono, mask=inb)
+    tl.store(chunk_mass_ptr + g, tl.max(mono, axis=0))
     tl.store(chunk_last_ptr + g, tl.max(tl.where(eff > 0, b, -1).to(tl.int64), axis=0))
 
 
@@ -340,11 +340,11 @@ def _per_carry_kernel(
         inc = c < G
         mass = tl.load(chunk_mass_ptr + c, mask=inc, other=0.0)
         s = tl.cumsum(mass, axis=0) + carry
-        m = tl.where(mass > 0, s, 0.0)
-        m = tl.maximum(tl.associative_scan(m, 0, _max_combine), carry_max)
-        tl.store(carry_ptr + c, m, mask=inc)
+        mono = tl.where(mass > 0, s, 0.0)
+        mono = tl.maximum(tl.associative_scan(mono, 0, _max_combine), carry_max)
+        tl.store(carry_ptr + c, mono, mask=inc)
         carry = carry + tl.sum(mass, axis=0)
-        carry_max = tl.max(m, axis=0)
+        carry_max = tl.max(mono, axis=0)
         last_nz_blk = tl.maximum(last_nz_blk, tl.max(tl.load(chunk_last_ptr + c, mask=inc, other=-1), axis=0))
     has = last_nz_blk >= 0
     lb = tl.maximum(last_nz_blk, 0)

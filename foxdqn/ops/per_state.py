@@ -86,7 +86,7 @@ class PERState:
         self.block = int(block)
         self.num_blocks = (self.capacity + self.block - 1) // self.block
         self.capacity_padded = self.num_blocks * self.block
-        self.device = torch.device(device)
+        self.device = torch.empty(0, device=device).device  # 'cuda' resolved to its index (cuda:0)
         self.members = None if members is None else int(members)
         lead = () if members is None else (self.members,)
         f32 = dict(dtype=torch.float32, device=self.device)
