@@ -31,8 +31,12 @@ $(VENV)/.ready: pyproject.toml
 train: venv
 	$(PY) -m foxdqn.train $(ARGS)
 
+# the CPU suite runs the Triton kernels in the interpreter, which checks less than the compiler:
+# every launch is recorded and then compiled for sm_90 on the CPU (tests/compile_kernels.py)
 test: venv
-	$(PY) -m pytest -q -m "not gpu" -n $(TEST_WORKERS) --dist loadfile $(ARGS)
+	@rm -rf .kernel-record
+	FOXDQN_KERNEL_RECORD=$(CURDIR)/.kernel-record $(PY) -m pytest -q -m "not gpu" -n $(TEST_WORKERS) --dist loadfile $(ARGS)
+	$(PY) tests/compile_kernels.py .kernel-record $(if $(ARGS),--allow-empty,)
 
 test-gpu: venv
 	$(PY) -m pytest -q -m gpu $(ARGS)

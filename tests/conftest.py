@@ -39,7 +39,19 @@ _TESTS = str(Path(__file__).parent)
 if _TESTS not in sys.path:
     sys.path.insert(0, _TESTS)
 
+# every Triton launch of this run recorded for tests/compile_kernels.py (`make test` sets it)
+_write_kernel_record = None
+if os.environ.get("FOXDQN_KERNEL_RECORD") and os.environ.get("TRITON_INTERPRET") == "1":
+    from kernel_record import install  # noqa: E402 - after the sys.path entry
+
+    _write_kernel_record = install(os.environ["FOXDQN_KERNEL_RECORD"])
+
 from support import CliServer  # noqa: E402 - after the sys.path entry
+
+
+def pytest_sessionfinish(session, exitstatus):
+    if _write_kernel_record is not None:
+        _write_kernel_record()
 
 
 def pytest_collection_modifyitems(config, items):

@@ -1,0 +1,90 @@
+"""Compiles, for a CUDA target, every Triton kernel launch that a CPU test run recorded
+(tests/kernel_record.py): ``python tests/compile_kernels.py DIR`` after
+``FOXDQN_KERNEL_RECORD=DIR pytest ...`` (``make test`` does both).
+
+Each distinct (kernel, argument types, constexpr values) goes through Triton's front end and its
+first lowering (Python AST → Triton IR → TTIR) for sm_90, on the CPU: what the interpreter does not
+check (types of loop-carried variables, constexpr misuse, unsupported operations) fails here with
+the kernel's name and Triton's message. Exit 0 when every one compiles, 1 otherwise, 2 when DIR
+holds no record (nothing was checked) unless ``--allow-empty`` is given (a run of a few tests)."""
+from __future__ import annotations
+
+import importlib
+import json
+import os
+import sys
+from pathlib import Path
+
+os.environ.pop("TRITON_INTERPRET", None)  # the kernels must be JIT functions here, not interpreted
+os.environ.setdefault("TRITON_DEFAULT_FP_FUSION", "1")  # Triton's default, set to quiet its notice
+
+
+def records(folder: Path) -> list[dict]:
+    """The distinct records of every ``*.jsonl`` file in ``folder``."""
+    unique = {}
+    for path in sorted(folder.glob("*.jsonl")):
+        for line in path.read_text().splitlines():
+            unique.setdefault(line, json.loads(line))
+    return list(unique.values())
+
+
+def compile_record(record: dict, target) -> None:
+    """Front end and TTIR lowering of one record's kernel for ``target``.
+
+    Raises:
+        Exception: Triton's compilation error (CompilationError, AssertionError, ...).
+    """
+    from triton._C.libtriton import ir
+    from triton.compiler import ASTSource
+    from triton.compiler.compiler import make_backend
+
+    fn = importlib.import_module(record["module"])
+    for part in record["name"].split("."):
+        fn = getattr(fn, part)
+    backend = make_backend(target)
+    options = backend.parse_options({})
+    context = ir.context()
+    ir.load_dialects(context)
+    backend.load_dialects(context)
+    src = ASTSource(fn=fn, signature=record["signature"], constexprs=record["constexprs"])
+    module = src.make_ir(target, options, backend.get_codegen_implementation(options), backend.get_module_map(),
+                         context)
+    stages: dict = {}
+    backend.add_stages(stages, options, src.language)
+    stages["ttir"](module, {})
+
+
+def main(argv: list[str]) -> int:
+    from triton.backends.compiler import GPUTarget
+
+    allow_empty = "--allow-empty" in argv
+    argv = [a for a in argv if a != "--allow-empty"]
+    folder = Path(argv[0]) if argv else None
+    found = records(folder) if folder is not None and folder.is_dir() else []
+    if not found and allow_empty:
+        print(f"compile_kernels: no kernel launches recorded in {folder}: nothing to compile")
+        return 0
+    if not found:
+        print(f"compile_kernels: no kernel launches recorded in {folder} (set FOXDQN_KERNEL_RECORD for the test run)",
+              file=sys.stderr)
+        return 2
+    target = GPUTarget("cuda", 90, 32)
+    failed: dict[tuple[str, str], list[dict]] = {}  # (kernel, Triton's message) → its failing launches
+    for record in found:
+        try:
+            compile_record(record, target)
+        except Exception as e:  # report every kernel that fails, not only the first
+            message = " | ".join(line.strip() for line in str(e).strip().splitlines()[-3:])
+            failed.setdefault((f"{record['module']}.{record['name']}", f"{type(e).__name__}: {message}"),
+                              []).append(record)
+    kernels = {(r["module"], r["name"]) for r in found}
+    bad = sum(len(v) for v in failed.values())
+    print(f"compile_kernels: {len(found) - bad} of {len(found)} recorded launches of {len(kernels)} kernels "
+          f"compile for sm_90")
+    for (kernel, message), launches in failed.items():
+        print(f"  FAILED {kernel} ({len(launches)} launches, e.g. constexprs {launches[0]['constexprs']}): {message}")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,74 @@
+"""tests/kernel_record.py and tests/compile_kernels.py: a launch's record names its argument types
+and constexprs; a kernel the interpreter runs but Triton cannot compile fails the check, by name."""
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import torch
+
+from kernel_record import launch_record
+
+GOOD = '''
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def total(x_ptr, out_ptr, n, BLOCK: tl.constexpr):
+    acc = tl.sum(tl.zeros([BLOCK], dtype=tl.float64), axis=0)
+    for start in range(0, n, BLOCK):
+        v = tl.load(x_ptr + start + tl.arange(0, BLOCK), mask=start + tl.arange(0, BLOCK) < n, other=0.0)
+        acc += tl.sum(v.to(tl.float64), axis=0)
+    tl.store(out_ptr, acc)
+'''
+# the PER prefix kernel's bug: a name reused in a loop with another type (the interpreter runs it)
+BAD = GOOD.replace("v = tl.load", "m = tl.load").replace("v.to(", "m.to(").replace(
+    "    acc = tl.sum(", "    m = tl.program_id(0).to(tl.int64)\n    acc = tl.sum(")
+
+
+def _kernel_fn():
+    """A plain function with GOOD's parameters (launch_record reads only the signature)."""
+    namespace: dict = {}
+    exec(compile("def total(x_ptr, out_ptr, n, BLOCK: 'tl.constexpr'): pass", "k", "exec"), namespace)
+    return namespace["total"]
+
+
+def test_launch_record_types_and_constexprs():
+    fn = _kernel_fn()
+    rec = launch_record(fn, (torch.zeros(3), torch.zeros(1, dtype=torch.float64), 3), {"BLOCK": 16, "num_warps": 4})
+    assert rec["signature"] == {"x_ptr": "*fp32", "out_ptr": "*fp64", "n": "i32", "BLOCK": "constexpr"}
+    assert rec["constexprs"] == {"BLOCK": 16}
+    assert launch_record(fn, (torch.zeros(3, dtype=torch.bool), None, 2**40, 8), {})["signature"] == {
+        "x_ptr": "*i1", "out_ptr": "constexpr", "n": "i64", "BLOCK": "constexpr"}
+
+
+def _check(tmp_path: Path, source: str) -> subprocess.CompletedProcess:
+    (tmp_path / "kmod.py").write_text(source)
+    records = tmp_path / "records"
+    records.mkdir()
+    rec = {"module": "kmod", "name": "total", "signature": {"x_ptr": "*fp32", "out_ptr": "*fp64", "n": "i32",
+                                                           "BLOCK": "constexpr"}, "constexprs": {"BLOCK": 32}}
+    (records / "w.jsonl").write_text(json.dumps(rec) + "\n")
+    script = Path(__file__).parent / "compile_kernels.py"
+    env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": str(tmp_path)}
+    return subprocess.run([sys.executable, str(script), str(records)], capture_output=True, text=True, env=env,
+                          timeout=120)
+
+
+def test_a_kernel_that_compiles_passes(tmp_path):
+    done = _check(tmp_path, GOOD)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "1 of 1 recorded launches of 1 kernels compile" in done.stdout
+
+
+def test_a_loop_carried_type_change_fails_by_name(tmp_path):
+    done = _check(tmp_path, BAD)
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert "FAILED kmod.total" in done.stdout and "Loop-carried variable m" in done.stdout
+
+
+def test_no_records_is_an_error(tmp_path):
+    script = Path(__file__).parent / "compile_kernels.py"
+    done = subprocess.run([sys.executable, str(script), str(tmp_path)], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2 and "no kernel launches recorded" in done.stderr
