@@ -1,5 +1,7 @@
-"""foxdqn.population.attention on its own (CPU): MemberAttentionEncoder is P AttentionEncoders (odd
-shapes, forward and backward), and member p of P is bit for bit a population of one."""
+"""model.encoder=attention in a population (CPU, eager): members equal populations of one bit for
+bit (every head, IQL's value network too), a member starts from its single run's weights and its
+weights load into the classic network with the same Q, a population's loss and gradients are each
+member's single-run objective's, and MemberAttentionEncoder is P AttentionEncoders (odd shapes)."""
 from __future__ import annotations
 
 import copy
@@ -8,7 +10,68 @@ import pytest
 import torch
 
 from foxdqn.nn.attention import AttentionEncoder
+from foxdqn.objectives.dqn import DQNObjective
 from foxdqn.population.attention import MemberAttentionEncoder
+from foxdqn.population.state import build_population
+from foxdqn.population.step import population_loss
+from foxdqn.step.state import build_state
+from test_distributional import C51, IQN, classic, collected, single_run_batch
+from test_population import (CPU, TRADING, assert_member_equal, assert_members_equal_runs_of_one, configs,
+                             market_for, member_tensors, run)
+
+SMALL = ["model=attention", "model.width=8", "model.heads=2", "model.layers=2"]
+ATTENTION = [*TRADING, *SMALL]
+MEMBERS = [["seed=5"], ["seed=6", "optim.lr=3e-4"], ["seed=7", "agent.gamma=0.9", "loss.reward_scale=10"]]
+SETTINGS = {
+    "dueling-mean": ATTENTION,
+    "q-last": [*ATTENTION, "head=q", "model.pooling=last"],
+    "c51": [*C51, *SMALL],
+    "iqn": [*IQN, *SMALL, "head.dueling=true"],
+    "iql": [*ATTENTION, "objective=iql"],
+}
+
+
+@pytest.mark.parametrize("name", SETTINGS)
+def test_attention_members_equal_runs_of_one_member(name):
+    """Different seeds, lr, γ and reward scales: member p of the population is bit for bit a
+    population of one (weights of the online, target and IQL value networks)."""
+    together = assert_members_equal_runs_of_one(SETTINGS[name], MEMBERS)
+    nets = [together.online, together.target] + ([together.value] if name == "iql" else [])
+    assert all(isinstance(net.attention, MemberAttentionEncoder) for net in nets)
+    assert any(k.startswith("online.encoder.blocks.1.qkv.") for k in member_tensors(together, 0))
+
+
+def test_fault_in_one_attention_member_leaves_the_others_bit_identical():
+    clean = run(configs(ATTENTION, MEMBERS))
+    faulty_members = copy.deepcopy(MEMBERS)
+    faulty_members[1].append("debug.inject_nan_at_step=4")
+    faulty = run(configs(ATTENTION, faulty_members))
+    for p in (0, 2):
+        assert_member_equal(faulty, p, clean, p)
+    assert faulty.guard.halted.tolist() == [0.0, 1.0, 0.0]
+
+
+def test_attention_member_starts_as_a_single_run_of_its_seed():
+    """Member p's initial online network is bit for bit the one a single run of its seed builds."""
+    cfgs = configs(ATTENTION, MEMBERS)
+    s = build_population(cfgs, market_for(cfgs[0]), CPU)
+    for p, cfg in enumerate(cfgs):
+        single = build_state(cfg, market_for(cfg), CPU).nets.online.state_dict()
+        mine = s.online.member_state_dict(p)
+        assert mine.keys() == single.keys()
+        for k, w in single.items():
+            assert torch.equal(mine[k], w), k
+
+
+@pytest.mark.parametrize("name", ["dueling-mean", "q-last", "c51", "iqn"])
+def test_attention_member_state_dict_loads_into_the_classic_network_with_the_same_q(name):
+    s = run(configs(SETTINGS[name], MEMBERS), iterations=3)
+    obs = s.obs.view(3, s.cfg.env.num_envs, -1)
+    q = s.online(obs)
+    for p in range(3):
+        net = classic(s, p)  # load_state_dict is strict: every key of the classic network, no other
+        assert isinstance(net.encoder, AttentionEncoder)
+        torch.testing.assert_close(net(obs[p]), q[p], rtol=1e-5, atol=1e-6)
 
 
 def member_grads(net: torch.nn.Module, p: int) -> dict[str, torch.Tensor]:
@@ -18,6 +81,32 @@ def member_grads(net: torch.nn.Module, p: int) -> dict[str, torch.Tensor]:
         for g, w in zip(grads.parameters(), net.parameters()):
             g.copy_(w.grad)
     return grads.member_state_dict(p)
+
+
+@pytest.mark.parametrize("double", [True, False])
+def test_population_loss_is_each_members_single_run_objective(double):
+    """Member p's loss, td_abs, Q and gradients are its single run's DQNObjective on the same
+    weights and rows (float tolerance: baddbmm against addmm)."""
+    s = collected(configs([*ATTENTION, f"head.double={str(double).lower()}"], MEMBERS))
+    with torch.no_grad():  # make the target differ from the online network
+        for w in s.target.parameters():
+            w.add_(0.05 * torch.randn_like(w))
+    batch = s.replay.sample_members(8)
+    out = population_loss(s, batch)
+    s.optimizer.zero_grad(set_to_none=True)
+    out.loss.sum().backward()
+    for p in range(3):
+        online = classic(s, p)
+        objective = DQNObjective(online, classic(s, p, online=False), double=double,
+                                 huber_delta=s.cfgs[p].loss.huber_delta)
+        single = objective(single_run_batch(batch, p, 8))
+        torch.testing.assert_close(out.loss[p], single.loss, rtol=1e-5, atol=1e-6)
+        torch.testing.assert_close(out.td_abs[p * 8:(p + 1) * 8], single.td_abs, rtol=1e-5, atol=1e-6)
+        torch.testing.assert_close(out.q_values[p], single.q_values, rtol=1e-5, atol=1e-6)
+        single.loss.backward()
+        grads = member_grads(s.online, p)
+        for k, w in online.named_parameters():
+            torch.testing.assert_close(grads[k], w.grad, rtol=1e-4, atol=1e-6, msg=k)
 
 
 # --------------------------------------------------------------------------- the encoder alone
