@@ -48,7 +48,7 @@ MEMBER_KEYS: tuple[str, ...] = ("seed", *SETUP_KEYS, *KEYS.values(), *NETWORK_KE
 #: head.name is supported (q, dueling, c51, iqn: foxdqn.population.state.member_network).
 POPULATION_ENVS = frozenset({"cartpole", "trading"})  # env.name
 POPULATION_ENCODERS = frozenset({"mlp", "attention"})  # model.encoder
-POPULATION_ACTION_MODES = frozenset({"factored"})  # action.mode
+POPULATION_ACTION_MODES = frozenset({"factored", "exposure_routed"})  # action.mode
 
 
 def _one_of(allowed: frozenset[str]) -> tuple[Callable[[Any], bool], str]:

@@ -106,7 +106,7 @@ def test_batch_refusal_accepts_the_supported_experiments(cartpole, trading):
     assert batch_refusal(trading) is None
     for head in ("q", "dueling", "c51", "iqn"):  # every head trains in a population
         assert batch_refusal(load_config([f"head={head}", "debug=smoke", "device=cpu"])) is None, head
-    for experiment in ("eurusd_c51", "eurusd_iqn", "eurusd_attention"):
+    for experiment in ("eurusd_c51", "eurusd_iqn", "eurusd_attention", "eurusd_routed"):
         assert batch_refusal(load_config([f"+experiment={experiment}", "debug=smoke", "device=cpu"])) is None
 
 
@@ -211,6 +211,13 @@ def test_a_seed_sweep_of_eurusd_attention_is_one_population():
     assert jobs(plan(members(tcs), cap=lambda tc, market: None)) == [[0, 1]]
     for key, value in (("width", 32), ("heads", 2), ("layers", 1), ("pooling", "last")):
         assert group_key(with_values(tcs[0], **{f"model__{key}": value})) != group_key(tcs[0]), key
+
+
+def test_a_seed_sweep_of_eurusd_routed_is_one_population():
+    """action.mode=exposure_routed trains in a population: the shipped experiment's seeds form one group."""
+    tcs = [load_config(["+experiment=eurusd_routed", "debug=smoke", "device=cpu", f"seed={s}"]) for s in (0, 1)]
+    assert all(batch_refusal(tc) is None for tc in tcs)
+    assert jobs(plan(members(tcs), cap=lambda tc, market: None)) == [[0, 1]]
 
 
 def test_prioritized_replay_groups_with_its_alpha_beta_and_eps_as_member_keys(cartpole):
