@@ -12,6 +12,8 @@ Members never mix: every op is per member or per row.
 """
 from __future__ import annotations
 
+import math
+
 import torch
 from torch import nn
 
@@ -36,9 +38,7 @@ class MemberBranchingNetwork(MemberQNetwork):
                  prefixes: list[str], branch_sizes: tuple[int, ...], attention: nn.Module | None = None):
         super().__init__(weights, biases, activation, dueling, prefixes, attention)
         self.branch_sizes = tuple(branch_sizes)
-        self.num_actions = 1
-        for n in self.branch_sizes:
-            self.num_actions *= n
+        self.num_actions = math.prod(self.branch_sizes)
 
     @classmethod
     def from_networks(cls, nets: list[BranchingNetwork], activation: str) -> "MemberBranchingNetwork":

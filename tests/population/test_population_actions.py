@@ -6,8 +6,6 @@ with the same Q, and a branching member's loss, |TD|, Q and gradients are its si
 BranchingObjective's."""
 from __future__ import annotations
 
-import copy
-
 import pytest
 import torch
 
@@ -20,9 +18,9 @@ from foxdqn.population.state import build_population
 from foxdqn.population.step import population_loss
 from foxdqn.step.state import build_state
 from test_distributional import classic, single_run_batch
-from test_population import (CPU, TRADING, assert_member_equal, assert_members_equal_runs_of_one, configs,
-                             market_for, run)
-from test_population_attention import SMALL, member_grads
+from test_population import (CPU, TRADING, assert_fault_stays_in_its_member, assert_members_equal_runs_of_one,
+                             configs, market_for, run)
+from test_population_attention import SMALL, assert_loss_is_each_members_single_run_objective
 
 ROUTED = [*TRADING, "action=exposure_routed"]
 MEMBERS = [["seed=5"], ["seed=6", "optim.lr=3e-4"], ["seed=7", "agent.gamma=0.9", "loss.reward_scale=10"]]
@@ -78,13 +76,7 @@ def test_branching_members_equal_runs_of_one_member(name):
 
 
 def test_fault_in_one_branching_member_leaves_the_others_bit_identical():
-    clean = run(configs(BRANCHING, BRANCHING_MEMBERS))
-    faulty_members = copy.deepcopy(BRANCHING_MEMBERS)
-    faulty_members[1].append("debug.inject_nan_at_step=4")
-    faulty = run(configs(BRANCHING, faulty_members))
-    for p in (0, 2):
-        assert_member_equal(faulty, p, clean, p)
-    assert faulty.guard.halted.tolist() == [0.0, 1.0, 0.0]
+    assert_fault_stays_in_its_member(BRANCHING, BRANCHING_MEMBERS)
 
 
 def test_branching_member_loads_into_the_classic_network_with_the_same_q():
@@ -108,28 +100,14 @@ def test_branching_loss_is_each_members_single_run_objective(double, replay):
     members = [[*m, f"objective.cql_alpha={a}"] for m, a in zip(BRANCHING_MEMBERS, (0.0, 0.5, 2.0))]
     s = run(configs([*BRANCHING, f"head.double={str(double).lower()}", f"replay.name={replay}"], members),
             iterations=4)  # PER: its priorities written back by updates
-    with torch.no_grad():  # make the target differ from the online network
-        for w in s.target.parameters():
-            w.add_(0.05 * torch.randn_like(w))
-    batch = s.replay.sample_members(8)
-    assert (replay == "per") == bool((batch.weight != 1).any())
-    out = population_loss(s, batch)
-    s.optimizer.zero_grad(set_to_none=True)
-    out.loss.sum().backward()
-    for p, cfg in enumerate(s.cfgs):
-        online = classic(s, p)
-        objective = BranchingObjective(online, classic(s, p, online=False), double=double,
-                                       huber_delta=cfg.loss.huber_delta)
-        if cfg.objective.cql_alpha > 0:
-            objective = CQLObjective(objective, cfg.objective.cql_alpha)
-        single = objective(single_run_batch(batch, p, 8))
-        torch.testing.assert_close(out.loss[p], single.loss, rtol=1e-5, atol=1e-6)
-        torch.testing.assert_close(out.td_abs[p * 8:(p + 1) * 8], single.td_abs, rtol=1e-5, atol=1e-6)
-        torch.testing.assert_close(out.q_values[p], single.q_values, rtol=1e-5, atol=1e-6)
-        single.loss.backward()
-        grads = member_grads(s.online, p)
-        for k, w in online.named_parameters():
-            torch.testing.assert_close(grads[k], w.grad, rtol=1e-4, atol=1e-6, msg=k)
+
+    def objective(p, online, target):
+        cfg = s.cfgs[p]
+        base = BranchingObjective(online, target, double=double, huber_delta=cfg.loss.huber_delta)
+        return CQLObjective(base, cfg.objective.cql_alpha) if cfg.objective.cql_alpha > 0 else base
+
+    batch = assert_loss_is_each_members_single_run_objective(s, objective)
+    assert (replay == "per") == bool((batch.weight != 1).any())  # PER: importance weights of its own
 
 
 def test_branching_switch_penalty_is_each_members_single_run_target():

@@ -4,8 +4,6 @@ weights load into the classic network with the same Q, a population's loss and g
 member's single-run objective's, and MemberAttentionEncoder is P AttentionEncoders (odd shapes)."""
 from __future__ import annotations
 
-import copy
-
 import pytest
 import torch
 
@@ -16,8 +14,9 @@ from foxdqn.population.state import build_population
 from foxdqn.population.step import population_loss
 from foxdqn.step.state import build_state
 from test_distributional import C51, IQN, classic, collected, single_run_batch
-from test_population import (CPU, TRADING, assert_member_equal, assert_members_equal_runs_of_one, configs,
-                             market_for, member_tensors, run)
+from test_population import (CPU, TRADING, assert_fault_stays_in_its_member, assert_member_grads_match,
+                             assert_members_equal_runs_of_one, configs, market_for, member_grads, member_tensors,
+                             perturb_target, run)
 
 SMALL = ["model=attention", "model.width=8", "model.heads=2", "model.layers=2"]
 ATTENTION = [*TRADING, *SMALL]
@@ -42,13 +41,7 @@ def test_attention_members_equal_runs_of_one_member(name):
 
 
 def test_fault_in_one_attention_member_leaves_the_others_bit_identical():
-    clean = run(configs(ATTENTION, MEMBERS))
-    faulty_members = copy.deepcopy(MEMBERS)
-    faulty_members[1].append("debug.inject_nan_at_step=4")
-    faulty = run(configs(ATTENTION, faulty_members))
-    for p in (0, 2):
-        assert_member_equal(faulty, p, clean, p)
-    assert faulty.guard.halted.tolist() == [0.0, 1.0, 0.0]
+    assert_fault_stays_in_its_member(ATTENTION, MEMBERS)
 
 
 def test_attention_member_starts_as_a_single_run_of_its_seed():
@@ -74,39 +67,36 @@ def test_attention_member_state_dict_loads_into_the_classic_network_with_the_sam
         torch.testing.assert_close(net(obs[p]), q[p], rtol=1e-5, atol=1e-6)
 
 
-def member_grads(net: torch.nn.Module, p: int) -> dict[str, torch.Tensor]:
-    """Member p's parameter gradients in the classic network's state_dict layout."""
-    grads = copy.deepcopy(net)
-    with torch.no_grad():
-        for g, w in zip(grads.parameters(), net.parameters()):
-            g.copy_(w.grad)
-    return grads.member_state_dict(p)
-
-
 @pytest.mark.parametrize("double", [True, False])
 def test_population_loss_is_each_members_single_run_objective(double):
     """Member p's loss, td_abs, Q and gradients are its single run's DQNObjective on the same
     weights and rows (float tolerance: baddbmm against addmm)."""
     s = collected(configs([*ATTENTION, f"head.double={str(double).lower()}"], MEMBERS))
-    with torch.no_grad():  # make the target differ from the online network
-        for w in s.target.parameters():
-            w.add_(0.05 * torch.randn_like(w))
-    batch = s.replay.sample_members(8)
+
+    def objective(p, online, target):
+        return DQNObjective(online, target, double=double, huber_delta=s.cfgs[p].loss.huber_delta)
+
+    assert_loss_is_each_members_single_run_objective(s, objective)
+
+
+def assert_loss_is_each_members_single_run_objective(s, objective, b=8):
+    """A batch of ``b`` rows per member against a perturbed target: member p's loss, td_abs, Q and
+    gradients equal those of ``objective(p, online, target)`` (its single run's objective on its
+    classic networks) on its rows (float tolerance: baddbmm against addmm). Returns the batch."""
+    perturb_target(s)
+    batch = s.replay.sample_members(b)
     out = population_loss(s, batch)
     s.optimizer.zero_grad(set_to_none=True)
     out.loss.sum().backward()
-    for p in range(3):
+    for p in range(s.members):
         online = classic(s, p)
-        objective = DQNObjective(online, classic(s, p, online=False), double=double,
-                                 huber_delta=s.cfgs[p].loss.huber_delta)
-        single = objective(single_run_batch(batch, p, 8))
+        single = objective(p, online, classic(s, p, online=False))(single_run_batch(batch, p, b))
         torch.testing.assert_close(out.loss[p], single.loss, rtol=1e-5, atol=1e-6)
-        torch.testing.assert_close(out.td_abs[p * 8:(p + 1) * 8], single.td_abs, rtol=1e-5, atol=1e-6)
+        torch.testing.assert_close(out.td_abs[p * b:(p + 1) * b], single.td_abs, rtol=1e-5, atol=1e-6)
         torch.testing.assert_close(out.q_values[p], single.q_values, rtol=1e-5, atol=1e-6)
         single.loss.backward()
-        grads = member_grads(s.online, p)
-        for k, w in online.named_parameters():
-            torch.testing.assert_close(grads[k], w.grad, rtol=1e-4, atol=1e-6, msg=k)
+        assert_member_grads_match(s.online, p, online)
+    return batch
 
 
 # --------------------------------------------------------------------------- the encoder alone
