@@ -6,9 +6,9 @@ Member p's network is the classic :class:`foxdqn.nn.qnet.QNetwork` of
 :class:`~foxdqn.nn.heads.QHead` / :class:`~foxdqn.nn.heads.DuelingHead` (Wang et al. 2016, eq. 9):
 every linear layer's weight is stored transposed with a leading member axis, ``[P, in, out]``, its
 bias as ``[P, 1, out]``, and the forward pass is one ``torch.baddbmm`` per layer for the whole
-population (docs/design/population.md). On CUDA, where no gradient is needed (the collect step, the target
-network, evaluation) and the network is a ReLU MLP of 1 or 2 hidden layers of width <= 256 with a
-dueling head of at most 64 actions, the whole forward of all P members is one kernel
+population (docs/design/population.md). On CUDA, where no gradient is needed (the collect step,
+the target network, evaluation) and the network is a ReLU MLP of 1 or 2 hidden layers of width
+<= 256 with a dueling head of at most 64 actions, the whole forward of all P members is one kernel
 (:func:`foxdqn.ops.q_forward.q_forward`; measured at ``eurusd_dqn``'s shape, 8 members of 512
 rows: 24.5 µs against 63 for the layers below, docs/bench.md#kernels). A plain Q head (the
 CartPole populations) keeps the layers in :meth:`MemberQNetwork.forward` (the op takes it, but it
@@ -20,9 +20,10 @@ never mix: member p's outputs read only member p's parameters and inputs.
 the weights a single run of its seed would, :func:`foxdqn.step.build.build_network`);
 :meth:`MemberQNetwork.member_state_dict` gives member p's weights back in the classic network's
 ``state_dict`` layout (evaluation, checkpoints). :class:`MemberValueNetwork` is the same for IQL's
-value network V(s) (``objective.iql``): an MLP encoder and one output. :meth:`MemberQNetwork.layer`
-and :meth:`MemberQNetwork.encoder` are the pieces the distributional heads' member networks reuse
-(:mod:`foxdqn.population.distributional`).
+value network V(s) (``objective.iql``): an MLP or attention encoder and one output.
+:meth:`MemberQNetwork.layer` and :meth:`MemberQNetwork.encoder` are the pieces the distributional
+and branching heads' member networks reuse (:mod:`foxdqn.population.distributional`,
+:mod:`foxdqn.population.branching`).
 """
 from __future__ import annotations
 
@@ -63,7 +64,7 @@ def stack_linears(nets: list[nn.Module], kinds: tuple[type, ...]) -> tuple[list[
     architecture (:func:`_linears`; their weights are copied).
 
     Raises:
-        ValueError: a network that is none of ``kinds``, or not of an MLP encoder.
+        ValueError: a network that is none of ``kinds``, or not of an MLP or attention encoder.
     """
     for net in nets:
         if not isinstance(net, kinds):
@@ -201,10 +202,10 @@ class MemberValueNetwork(MemberQNetwork):
     """P IQL state-value networks (:class:`foxdqn.nn.iql_value.IQLValueNetwork`, Kostrikov, Nair &
     Levine 2021, §4): obs float32 ``[P, M, D]`` → V float32 ``[P, M]`` (return units).
 
-    The layers of :class:`MemberQNetwork` with one output (the ``value`` Linear after the MLP
-    encoder), its last axis dropped. Build it with :meth:`from_networks` from P classic value
-    networks; :meth:`member_state_dict` gives member p's weights in the classic network's layout
-    (``encoder.net.i.*``, ``value.*``). Members never mix.
+    The layers of :class:`MemberQNetwork` with one output (the ``value`` Linear after the MLP or
+    attention encoder), its last axis dropped. Build it with :meth:`from_networks` from P classic
+    value networks; :meth:`member_state_dict` gives member p's weights in the classic network's
+    layout (``encoder.*``, ``value.*``). Members never mix.
     """
 
     def forward(self, obs: torch.Tensor) -> torch.Tensor:
