@@ -81,17 +81,18 @@ def combine_branches(branch_q: Sequence[Tensor]) -> Tensor:
     """Joint Q ``[B, Π n_d]`` = ``(1/D) Σ_d Q_d(s, a_d)`` laid out row-major (first branch slowest).
 
     Args:
-        branch_q: D tensors ``[B, n_d]``.
+        branch_q: D tensors ``[B, n_d]``, or ``[..., n_d]`` of any leading shape (a population's
+            ``[P, B, n_d]``: joint Q ``[P, B, Π n_d]``, each row's own sum).
     """
     D = len(branch_q)
-    B = branch_q[0].shape[0]
+    lead = list(branch_q[0].shape[:-1])
     total = None
     for d, q in enumerate(branch_q):
-        shape = [B] + [1] * D
-        shape[1 + d] = q.shape[1]
+        shape = lead + [1] * D
+        shape[len(lead) + d] = q.shape[-1]
         q = q.reshape(shape)                                                 # (B, 1.., n_d, ..1)
         total = q if total is None else total + q                            # broadcast → (B, n_1, .., n_D)
-    return (total / D).reshape(B, -1)
+    return (total / D).reshape(*lead, -1)
 
 
 class BranchingHead(nn.Module):

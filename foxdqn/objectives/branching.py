@@ -42,10 +42,12 @@ def branching_target(online, target, next_obs, reward, discount, double: bool = 
 
     Args:
         online, target: :class:`foxdqn.nn.branching.BranchingNetwork` (``branch_q(obs)`` → list
-            of ``[B, n_d]``).
+            of ``[B, n_d]``), or a population's
+            (:class:`foxdqn.population.branching.MemberBranchingNetwork`: every tensor here with a
+            leading member axis, ``[P, B, ...]``; each row's own argmax).
         next_obs: float32 ``[B, D_obs]``; reward, discount: float32 ``[B]``.
         double: per-branch argmax of the online network evaluated by the target network.
-        exposure_penalty: None, or float32 ``[B, n_1]``, the switch penalty of each exposure at s'
+        exposure_penalty: None, or float32 ``[B, n_1]`` (``[P, B, n_1]``), the switch penalty of each exposure at s'
             (``action.switch_margin``, :mod:`foxdqn.actions.switch`), a penalty of the joint Q
             ``(1/D) Σ_d Q_d``: the first (exposure) branch's selection is the argmax of
             ``Q_1 − D · exposure_penalty``, which picks the exposure of the joint argmax of
@@ -57,10 +59,10 @@ def branching_target(online, target, next_obs, reward, discount, double: bool = 
         if exposure_penalty is not None:
             select[0] = select[0] - len(select) * exposure_penalty
         if double or exposure_penalty is not None:
-            q_next = [qt.gather(1, qs.argmax(dim=1, keepdim=True)).squeeze(1)
+            q_next = [qt.gather(-1, qs.argmax(dim=-1, keepdim=True)).squeeze(-1)
                       for qt, qs in zip(q_next_target, select)]                     # D × (B,)
         else:
-            q_next = [qt.max(dim=1).values for qt in q_next_target]
+            q_next = [qt.max(dim=-1).values for qt in q_next_target]
         return reward + discount * torch.stack(q_next, dim=0).mean(dim=0)
 
 

@@ -74,7 +74,7 @@ import triton.language as tl
 from foxdqn.ops.backend import describe, resolve_backend
 from foxdqn.ops.argmax import tile_argmax
 
-__all__ = ["dqn_td_loss", "dqn_td_loss_reference"]
+__all__ = ["dqn_td_loss", "dqn_td_loss_reference", "huber_per_group"]
 
 
 # ----------------------------------------------------------------------------- kernel
@@ -321,6 +321,15 @@ def _check(q, q_next_target, action, reward, discount, weight, q_next_online, do
 
 
 # ----------------------------------------------------------------------------- reference
+def huber_per_group(x: torch.Tensor, huber_delta: torch.Tensor) -> torch.Tensor:
+    """Elementwise Huber penalty of ``x`` ``[G, ...]`` with group g's δ (``huber_delta`` float32
+    ``[G]``): ``½ x²`` where ``|x| <= δ_g``, else ``δ_g (|x| − ½ δ_g)`` (torch.nn.functional.huber_loss
+    with a δ per group; differentiable in ``x``)."""
+    z = x.abs()
+    delta = huber_delta.view(-1, *([1] * (x.dim() - 1)))
+    return torch.where(z <= delta, 0.5 * x * x, delta * (z - 0.5 * delta))
+
+
 def _reference(q2, q_next_target, q_next_online, action, reward, discount, weight, huber_delta, groups, stacked,
                double):
     b, a = action.shape[0], q2.shape[1]
@@ -338,10 +347,7 @@ def _reference(q2, q_next_target, q_next_online, action, reward, discount, weigh
             q_next = q_next_target.max(dim=1).values
         y = reward + discount * q_next
     if isinstance(huber_delta, torch.Tensor):  # a δ per group (the population's members)
-        x = (q_sa - y).view(groups, -1)
-        z = x.abs()
-        delta = huber_delta[:, None]
-        per = torch.where(z <= delta, 0.5 * x * x, delta * (z - 0.5 * delta))
+        per = huber_per_group((q_sa - y).view(groups, -1), huber_delta)
         if weight is not None:
             per = per * weight.view(groups, -1)
         loss = per.mean(dim=1)

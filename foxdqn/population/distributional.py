@@ -3,7 +3,7 @@
 Member p's network is the classic :class:`foxdqn.nn.c51.C51Network` (Bellemare, Dabney & Munos
 2017, §4; Rainbow's dueling streams over logits, Hessel et al. 2018) or
 :class:`foxdqn.nn.iqn.IQNNetwork` (Dabney, Ostrovski, Silver & Munos 2018, §3.1, eq. 4) of an
-:class:`~foxdqn.nn.mlp.MLPEncoder`, with the layers of
+:class:`~foxdqn.nn.mlp.MLPEncoder` or an :class:`~foxdqn.nn.attention.AttentionEncoder`, with the layers of
 :class:`~foxdqn.population.network.MemberQNetwork` (weights ``[P, in, out]``, one
 ``torch.baddbmm`` per layer for all members) and the interface the shared losses read
 (:func:`foxdqn.objectives.c51.c51_cross_entropy`: ``logits``, ``support``, ``v_min``, ``v_max``,
@@ -22,7 +22,8 @@ import torch.nn.functional as F
 
 from foxdqn.nn.c51 import C51Network
 from foxdqn.nn.iqn import IQNNetwork
-from foxdqn.population.network import MemberQNetwork, stack_linears
+from foxdqn.population.attention import MemberAttentionEncoder
+from foxdqn.population.network import MemberQNetwork, stack_encoder, stack_linears
 
 
 class MemberC51Network(MemberQNetwork):
@@ -36,8 +37,9 @@ class MemberC51Network(MemberQNetwork):
     floats, :func:`foxdqn.ops.c51_project.support_table`).
 
     Args:
-        weights, biases, activation, dueling, prefixes: as :class:`MemberQNetwork` (the head's
-            layers: ``logits``, or with ``dueling`` ``value`` ([K] per member) and ``advantage``).
+        weights, biases, activation, dueling, prefixes, attention: as :class:`MemberQNetwork`
+            (the head's layers: ``logits``, or with ``dueling`` ``value`` ([K] per member) and
+            ``advantage``).
         num_actions: A.
         support: float32 ``[P, K]``, each member's atoms.
         v_min, v_max: float64 ``[P]``, each member's support bounds.
@@ -45,8 +47,8 @@ class MemberC51Network(MemberQNetwork):
 
     def __init__(self, weights: list[torch.Tensor], biases: list[torch.Tensor], activation: str, dueling: bool,
                  prefixes: list[str], num_actions: int, support: torch.Tensor, v_min: torch.Tensor,
-                 v_max: torch.Tensor):
-        super().__init__(weights, biases, activation, dueling, prefixes)
+                 v_max: torch.Tensor, attention: MemberAttentionEncoder | None = None):
+        super().__init__(weights, biases, activation, dueling, prefixes, attention)
         self.num_actions, self.atoms = num_actions, support.shape[1]
         self.register_buffer("support", support[:, None, None, :].clone(), persistent=False)  # [P, 1, 1, K]
         self.register_buffer("v_min", v_min.clone(), persistent=False)
@@ -57,7 +59,7 @@ class MemberC51Network(MemberQNetwork):
         """Stack P classic C51 networks of one architecture (weights and supports copied).
 
         Raises:
-            ValueError: a network that is not a C51Network of an MLPEncoder, or networks with
+            ValueError: a network that is not a C51Network of an MLP or attention encoder, or networks with
                 different atom counts.
         """
         weights, biases, prefixes = stack_linears(nets, (C51Network,))
@@ -67,7 +69,7 @@ class MemberC51Network(MemberQNetwork):
         bounds = [torch.tensor([getattr(net, key) for net in nets], dtype=torch.float64, device=device)
                   for key in ("v_min", "v_max")]
         return cls(weights, biases, activation, nets[0].head.dueling, prefixes, nets[0].num_actions,
-                   torch.stack([net.support for net in nets]), *bounds)
+                   torch.stack([net.support for net in nets]), *bounds, stack_encoder(nets))
 
     def q_forward_args(self, obs: torch.Tensor) -> None:
         """None: the fused Q kernels compute a scalar head's Q, not a distribution's mean."""
@@ -103,16 +105,18 @@ class MemberIQNNetwork(MemberQNetwork):
     ``policy_taus`` float32 ``[K]``.
 
     Args:
-        weights, biases, activation, dueling, prefixes: as :class:`MemberQNetwork` (the head's
-            layers: ``embedding.linear``, ``hidden``, then ``out``, or ``value`` and ``advantage``).
+        weights, biases, activation, dueling, prefixes, attention: as :class:`MemberQNetwork`
+            (the head's layers: ``embedding.linear``, ``hidden``, then ``out``, or ``value`` and
+            ``advantage``).
         num_actions: A.
         embedding_dim: n, the cosine basis size (``head.embedding_dim``).
         num_quantiles_policy: K (``head.num_quantiles_policy``).
     """
 
     def __init__(self, weights: list[torch.Tensor], biases: list[torch.Tensor], activation: str, dueling: bool,
-                 prefixes: list[str], num_actions: int, embedding_dim: int, num_quantiles_policy: int):
-        super().__init__(weights, biases, activation, dueling, prefixes)
+                 prefixes: list[str], num_actions: int, embedding_dim: int, num_quantiles_policy: int,
+                 attention: MemberAttentionEncoder | None = None):
+        super().__init__(weights, biases, activation, dueling, prefixes, attention)
         self.num_actions, self.num_quantiles_policy = num_actions, num_quantiles_policy
         device = weights[0].device
         pi_i = torch.arange(embedding_dim, dtype=torch.float32, device=device) * math.pi  # as CosineEmbedding's
@@ -125,12 +129,12 @@ class MemberIQNNetwork(MemberQNetwork):
         """Stack P classic IQN networks of one architecture (their weights are copied).
 
         Raises:
-            ValueError: a network that is not an IQNNetwork of an MLPEncoder.
+            ValueError: a network that is not an IQNNetwork of an MLP or attention encoder.
         """
         weights, biases, prefixes = stack_linears(nets, (IQNNetwork,))
         net = nets[0]
         return cls(weights, biases, activation, net.head.dueling, prefixes, net.num_actions,
-                   net.head.embedding.embedding_dim, net.num_quantiles_policy)
+                   net.head.embedding.embedding_dim, net.num_quantiles_policy, stack_encoder(nets))
 
     def q_forward_args(self, obs: torch.Tensor) -> None:
         """None: the fused Q kernels compute a scalar head's Q, not a quantile mean."""

@@ -45,10 +45,10 @@ NETWORK_KEYS: tuple[str, ...] = ("head.v_min", "head.v_max")
 MEMBER_KEYS: tuple[str, ...] = ("seed", *SETUP_KEYS, *KEYS.values(), *NETWORK_KEYS)
 
 #: The settings the population trainer supports (every other value of these keys is refused). Every
-#: head.name is supported (q, dueling, c51, iqn: foxdqn.population.state.member_network).
+#: head.name is supported (q, dueling, c51, iqn: foxdqn.population.state.member_network), and every
+#: action.mode (factored, exposure_routed, branching: foxdqn.population.branching).
 POPULATION_ENVS = frozenset({"cartpole", "trading"})  # env.name
-POPULATION_ENCODERS = frozenset({"mlp"})  # model.encoder
-POPULATION_ACTION_MODES = frozenset({"factored"})  # action.mode
+POPULATION_ENCODERS = frozenset({"mlp", "attention"})  # model.encoder
 
 
 def _one_of(allowed: frozenset[str]) -> tuple[Callable[[Any], bool], str]:
@@ -63,7 +63,6 @@ def _is(wanted: bool | None) -> tuple[Callable[[Any], bool], str]:
 SUPPORTED: tuple[tuple[str, Callable[[Any], bool], str], ...] = (
     ("env.name", *_one_of(POPULATION_ENVS)),
     ("model.encoder", *_one_of(POPULATION_ENCODERS)),
-    ("action.mode", *_one_of(POPULATION_ACTION_MODES)),
     ("replay.her", *_is(False)),
     ("regime.enabled", *_is(False)),
     ("prune.enabled", *_is(False)),

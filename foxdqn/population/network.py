@@ -1,13 +1,14 @@
-"""P Q-networks in one module: an MLP encoder and a Q or dueling head with a member axis.
+"""P Q-networks in one module: an MLP or attention encoder and a Q or dueling head with a member axis.
 
 Member p's network is the classic :class:`foxdqn.nn.qnet.QNetwork` of
-:class:`~foxdqn.nn.mlp.MLPEncoder` and :class:`~foxdqn.nn.heads.QHead` /
-:class:`~foxdqn.nn.heads.DuelingHead` (Wang et al. 2016, eq. 9): every linear layer's weight is
-stored transposed with a leading member axis, ``[P, in, out]``, its bias as ``[P, 1, out]``, and
-the forward pass is one ``torch.baddbmm`` per layer for the whole population
-(docs/design/population.md). On CUDA, where no gradient is needed (the collect step, the target
-network, evaluation) and the network is a ReLU MLP of 1 or 2 hidden layers of width <= 256 with a
-dueling head of at most 64 actions, the whole forward of all P members is one kernel
+:class:`~foxdqn.nn.mlp.MLPEncoder` (or :class:`~foxdqn.nn.attention.AttentionEncoder`:
+:class:`~foxdqn.population.attention.MemberAttentionEncoder`, ``model.encoder=attention``) and
+:class:`~foxdqn.nn.heads.QHead` / :class:`~foxdqn.nn.heads.DuelingHead` (Wang et al. 2016, eq. 9):
+every linear layer's weight is stored transposed with a leading member axis, ``[P, in, out]``, its
+bias as ``[P, 1, out]``, and the forward pass is one ``torch.baddbmm`` per layer for the whole
+population (docs/design/population.md). On CUDA, where no gradient is needed (the collect step,
+the target network, evaluation) and the network is a ReLU MLP of 1 or 2 hidden layers of width
+<= 256 with a dueling head of at most 64 actions, the whole forward of all P members is one kernel
 (:func:`foxdqn.ops.q_forward.q_forward`; measured at ``eurusd_dqn``'s shape, 8 members of 512
 rows: 24.5 µs against 63 for the layers below, docs/bench.md#kernels). A plain Q head (the
 CartPole populations) keeps the layers in :meth:`MemberQNetwork.forward` (the op takes it, but it
@@ -19,15 +20,17 @@ never mix: member p's outputs read only member p's parameters and inputs.
 the weights a single run of its seed would, :func:`foxdqn.step.build.build_network`);
 :meth:`MemberQNetwork.member_state_dict` gives member p's weights back in the classic network's
 ``state_dict`` layout (evaluation, checkpoints). :class:`MemberValueNetwork` is the same for IQL's
-value network V(s) (``objective.iql``): an MLP encoder and one output. :meth:`MemberQNetwork.layer`
-and :meth:`MemberQNetwork.encoder` are the pieces the distributional heads' member networks reuse
-(:mod:`foxdqn.population.distributional`).
+value network V(s) (``objective.iql``): an MLP or attention encoder and one output.
+:meth:`MemberQNetwork.layer` and :meth:`MemberQNetwork.encoder` are the pieces the distributional
+and branching heads' member networks reuse (:mod:`foxdqn.population.distributional`,
+:mod:`foxdqn.population.branching`).
 """
 from __future__ import annotations
 
 import torch
 from torch import nn
 
+from foxdqn.nn.attention import AttentionEncoder
 from foxdqn.nn.heads import DuelingHead
 from foxdqn.nn.iql_value import IQLValueNetwork
 from foxdqn.nn.mlp import ACTIVATIONS, MLPEncoder
@@ -35,16 +38,21 @@ from foxdqn.nn.qnet import QNetwork, forward_hooked
 from foxdqn.ops.backend import fused_forward
 from foxdqn.ops.dueling_combine import dueling_combine
 from foxdqn.ops.q_forward import q_forward, q_forward_supported
-
+from foxdqn.population.attention import MemberAttentionEncoder
+from foxdqn.population.layers import member_linear
 
 
 def _linears(net: nn.Module) -> list[tuple[str, nn.Linear]]:
-    """(state_dict prefix, layer) of a classic network with an MLP encoder, input to output: the
-    encoder's layers, then the head's in registration order (QNetwork, C51Network, IQNNetwork), or
-    IQL's ``value`` layer (IQLValueNetwork)."""
-    if not isinstance(getattr(net, "encoder", None), MLPEncoder):
-        raise ValueError(f"MemberQNetwork: needs a network of an MLPEncoder, got {type(net).__name__}")
-    layers = [(f"encoder.net.{i}", m) for i, m in enumerate(net.encoder.net) if isinstance(m, nn.Linear)]
+    """(state_dict prefix, layer) of a classic network with an MLP or attention encoder, input to
+    output: an MLP encoder's layers (an attention encoder's are :func:`stack_encoder`'s), then the
+    head's in registration order (QNetwork, C51Network, IQNNetwork), or IQL's ``value`` layer
+    (IQLValueNetwork)."""
+    encoder = getattr(net, "encoder", None)
+    if not isinstance(encoder, (MLPEncoder, AttentionEncoder)):
+        raise ValueError(f"MemberQNetwork: needs a network of an MLPEncoder or AttentionEncoder, got "
+                         f"{type(net).__name__}")
+    layers = ([] if isinstance(encoder, AttentionEncoder) else
+              [(f"encoder.net.{i}", m) for i, m in enumerate(encoder.net) if isinstance(m, nn.Linear)])
     if isinstance(net, IQLValueNetwork):
         return layers + [("value", net.value)]
     return layers + [(f"head.{name}", m) for name, m in net.head.named_modules() if isinstance(m, nn.Linear)]
@@ -56,7 +64,7 @@ def stack_linears(nets: list[nn.Module], kinds: tuple[type, ...]) -> tuple[list[
     architecture (:func:`_linears`; their weights are copied).
 
     Raises:
-        ValueError: a network that is none of ``kinds``, or not of an MLP encoder.
+        ValueError: a network that is none of ``kinds``, or not of an MLP or attention encoder.
     """
     for net in nets:
         if not isinstance(net, kinds):
@@ -71,25 +79,39 @@ def stack_linears(nets: list[nn.Module], kinds: tuple[type, ...]) -> tuple[list[
     return weights, biases, prefixes
 
 
+def stack_encoder(nets: list[nn.Module]) -> MemberAttentionEncoder | None:
+    """The members' attention encoder (:class:`~foxdqn.population.attention.MemberAttentionEncoder`,
+    the P classic networks' ``encoder`` stacked, weights copied), or None for MLP encoders (whose
+    layers :func:`stack_linears` stacks)."""
+    if not isinstance(nets[0].encoder, AttentionEncoder):
+        return None
+    return MemberAttentionEncoder.stack([net.encoder for net in nets])
+
+
 class MemberQNetwork(nn.Module):
-    """P MLP Q networks: obs float32 ``[P, M, D]`` → Q float32 ``[P, M, A]``.
+    """P Q networks of an MLP or attention encoder: obs float32 ``[P, M, D]`` → Q float32 ``[P, M, A]``.
 
     Args:
-        weights: per linear layer (encoder layers, then the head's: ``q``, or ``value`` and
-            ``advantage``; a subclass's head its own, :mod:`foxdqn.population.distributional`) a
-            float32 ``[P, in, out]`` tensor.
+        weights: per linear layer (an MLP encoder's layers, then the head's: ``q``, or ``value``
+            and ``advantage``; a subclass's head its own, :mod:`foxdqn.population.distributional`)
+            a float32 ``[P, in, out]`` tensor.
         biases: the matching ``[P, 1, out]`` tensors.
-        activation: the hidden nonlinearity (relu | gelu | tanh | silu).
+        activation: the MLP encoder's hidden nonlinearity (relu | gelu | tanh | silu).
         dueling: the last two layers are the dueling value and advantage streams.
         prefixes: the classic ``state_dict`` prefix of each layer (``encoder.net.0``, ``head.q``, ...).
+        attention: None (an MLP encoder, its layers first in ``weights``), or the members'
+            attention encoder (:class:`~foxdqn.population.attention.MemberAttentionEncoder`;
+            ``weights`` are then the head's only). Its parameters come first in
+            :meth:`parameters`, as the classic network's encoder's do.
 
     Raises:
         ValueError: an unknown activation, or weights and biases of different lengths.
     """
 
     def __init__(self, weights: list[torch.Tensor], biases: list[torch.Tensor], activation: str, dueling: bool,
-                 prefixes: list[str]):
+                 prefixes: list[str], attention: MemberAttentionEncoder | None = None):
         super().__init__()
+        self.attention = attention  # registered first: its parameters lead, as a classic encoder's
         if activation not in ACTIVATIONS:
             raise ValueError(f"MemberQNetwork: activation={activation!r}; choose one of {', '.join(ACTIVATIONS)}")
         if not (len(weights) == len(biases) == len(prefixes)):
@@ -107,27 +129,22 @@ class MemberQNetwork(nn.Module):
         a Q or dueling head (:class:`MemberValueNetwork`: IQL value networks).
 
         Raises:
-            ValueError: another kind of network, or one without an MLP encoder.
+            ValueError: another kind of network, or one without an MLP or attention encoder.
         """
         weights, biases, prefixes = stack_linears(nets, (QNetwork, IQLValueNetwork))
-        return cls(weights, biases, activation, isinstance(getattr(nets[0], "head", None), DuelingHead), prefixes)
+        return cls(weights, biases, activation, isinstance(getattr(nets[0], "head", None), DuelingHead), prefixes,
+                   stack_encoder(nets))
 
     def layer(self, i: int, x: torch.Tensor) -> torch.Tensor:
-        """Linear layer ``i`` (negative: from the end) of every member: ``x [P, M, in] → [P, M, out]``.
-
-        On CPU a population of one computes its product as a batch of two (a discarded copy of
-        itself): torch's CPU ``baddbmm`` of a batch of one is an ``addmm``, whose one-column (the
-        dueling value stream, IQL's V) or one-row products go to a GEMV that rounds otherwise than
-        the batched GEMM every larger P gets (forward and backward), so a member of P would not
-        equal a population of one (P = 1 trains only in tests and references: a group of one job
-        runs the single-run path)."""
-        w, b = self.weights[i], self.biases[i]
-        if self.num_members == 1 and not x.is_cuda:
-            return torch.baddbmm(torch.cat([b, b]), torch.cat([x, x]), torch.cat([w, w]))[:1]
-        return torch.baddbmm(b, x, w)
+        """Linear layer ``i`` (negative: from the end) of every member: ``x [P, M, in] → [P, M, out]``
+        (:func:`~foxdqn.population.layers.member_linear`: on CPU a population of one multiplies as a
+        batch of two, so that its products round as a member's of P > 1)."""
+        return member_linear(x, self.weights[i], self.biases[i])
 
     def encoder(self, obs: torch.Tensor) -> torch.Tensor:
-        """The MLP encoder of every member: obs ``[P, M, D]`` → features ``[P, M, H]``."""
+        """The encoder of every member (MLP or attention): obs ``[P, M, D]`` → features ``[P, M, H]``."""
+        if self.attention is not None:
+            return self.attention(obs)
         h = obs
         for i in range(self.encoder_layers):
             h = self.act(self.layer(i, h))
@@ -153,6 +170,8 @@ class MemberQNetwork(nn.Module):
         return self._fused_args(obs)
 
     def _fused_args(self, obs: torch.Tensor) -> tuple[list, list, bool] | None:
+        if self.attention is not None:  # the fused kernels compute an MLP's Q only
+            return None
         if not (fused_forward(obs) and type(self.act) is nn.ReLU) or forward_hooked([self]):
             return None
         weights, biases = list(self.weights), list(self.biases)
@@ -171,7 +190,8 @@ class MemberQNetwork(nn.Module):
 
     def member_state_dict(self, p: int) -> dict[str, torch.Tensor]:
         """Member ``p``'s weights in the classic :class:`QNetwork` ``state_dict`` layout (copies)."""
-        out = {}
+        out = {} if self.attention is None else {
+            f"encoder.{key}": t for key, t in self.attention.member_state_dict(p).items()}
         for prefix, w, b in zip(self.prefixes, self.weights, self.biases):
             out[f"{prefix}.weight"] = w[p].detach().t().contiguous().clone()
             out[f"{prefix}.bias"] = b[p, 0].detach().clone()
@@ -182,10 +202,10 @@ class MemberValueNetwork(MemberQNetwork):
     """P IQL state-value networks (:class:`foxdqn.nn.iql_value.IQLValueNetwork`, Kostrikov, Nair &
     Levine 2021, §4): obs float32 ``[P, M, D]`` → V float32 ``[P, M]`` (return units).
 
-    The layers of :class:`MemberQNetwork` with one output (the ``value`` Linear after the MLP
-    encoder), its last axis dropped. Build it with :meth:`from_networks` from P classic value
-    networks; :meth:`member_state_dict` gives member p's weights in the classic network's layout
-    (``encoder.net.i.*``, ``value.*``). Members never mix.
+    The layers of :class:`MemberQNetwork` with one output (the ``value`` Linear after the MLP or
+    attention encoder), its last axis dropped. Build it with :meth:`from_networks` from P classic
+    value networks; :meth:`member_state_dict` gives member p's weights in the classic network's
+    layout (``encoder.*``, ``value.*``). Members never mix.
     """
 
     def forward(self, obs: torch.Tensor) -> torch.Tensor:

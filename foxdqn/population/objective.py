@@ -26,13 +26,16 @@ from __future__ import annotations
 
 import torch
 
+from foxdqn.nn.branching import combine_branches, factor_branches
 from foxdqn.objectives.base import LossOutput, weighted_mean
+from foxdqn.objectives.branching import branching_target
 from foxdqn.objectives.c51 import c51_cross_entropy
 from foxdqn.objectives.cql import cql_regulariser
 from foxdqn.objectives.dqn_forward import dqn_forward
 from foxdqn.objectives.iqn import iqn_quantile_loss
-from foxdqn.ops.dqn_td_loss import dqn_td_loss
+from foxdqn.ops.dqn_td_loss import dqn_td_loss, huber_per_group
 from foxdqn.objectives.iql import iql_loss
+from foxdqn.population.branching import MemberBranchingNetwork
 from foxdqn.population.distributional import MemberC51Network, MemberIQNNetwork
 from foxdqn.population.network import MemberQNetwork, MemberValueNetwork
 from foxdqn.population.random import MemberRandom
@@ -100,6 +103,32 @@ def member_c51_loss(online: MemberC51Network, target: MemberC51Network, batch: B
     return weighted_mean(ce, batch.weight), ce.detach().view(-1), q
 
 
+def member_branching_loss(online: MemberBranchingNetwork, target: MemberBranchingNetwork, batch: Batch,
+                          members: int, huber_delta: torch.Tensor, double: bool, *,
+                          penalty: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(loss float32 ``[P]``, td_abs float32 ``[P·B]``, joint Q of s float32 ``[P, B, Π n_d]`` with its
+    gradient) of the BDQ loss (Tavakoli et al. 2018; :class:`foxdqn.objectives.branching.BranchingObjective`
+    with a member axis) of a member-major batch of ``P·B`` rows: one target per row, the mean over
+    branches of the target network's Q_d at the online network's per-branch argmax of s' (eq. 6;
+    the target's own with ``double`` False, :func:`foxdqn.objectives.branching.branching_target`);
+    member p's loss is ``Σ_b w_b · (1/D) Σ_d Huber_δp(Q_d(s, a_d) − y_b) / B`` over its own rows
+    with its δ (``batch.weight``: ones with uniform replay, the importance weights with prioritized
+    replay, as the single run's objective weighs), td_abs each row's ``(1/D) Σ_d |Q_d(s, a_d) − y|``.
+    ``penalty``: None, or float32 ``[P·B, 5]``, the switch penalty of each exposure at s'
+    (:meth:`foxdqn.population.switch.MemberSwitch.target_exposures`), paid by the exposure branch's
+    selection."""
+    obs, next_obs, action, reward, discount = _member_view(batch, members)
+    q_branches = online.branch_q(obs)  # D × [P, B, n_d], grad
+    actions = factor_branches(action, online.branch_sizes)  # D × [P, B]
+    q_sa = torch.stack([q.gather(-1, a[..., None]).squeeze(-1) for q, a in zip(q_branches, actions)])  # [D, P, B]
+    exposure_penalty = None if penalty is None else penalty.view(members, -1, penalty.shape[-1])
+    y = branching_target(online, target, next_obs, reward, discount, double, exposure_penalty)  # [P, B]
+    x = (q_sa - y).transpose(0, 1)  # [P, D, B]
+    per_sample = huber_per_group(x, huber_delta).mean(dim=1)  # [P, B]
+    td_abs = x.detach().abs().mean(dim=1).reshape(-1)
+    return weighted_mean(per_sample, batch.weight), td_abs, combine_branches(q_branches)
+
+
 def member_taus(rng: MemberRandom, batch_size: int, num_quantiles: int,
                 num_target_quantiles: int) -> tuple[torch.Tensor, torch.Tensor]:
     """(τ float32 ``[P, B, N]``, τ' float32 ``[P, B, N']``) in [0, 1): each member's quantile
@@ -136,6 +165,7 @@ def member_loss(online: MemberQNetwork, target: MemberQNetwork, batch: Batch, me
     """:class:`~foxdqn.objectives.base.LossOutput` (loss float32 ``[P]``, td_abs float32 ``[P·B]``
     unweighted and detached, online (expected) Q of s float32 ``[P, B, A]`` detached) of the
     members' objective on a member-major batch of ``P·B`` rows: by the online network,
+    :func:`member_branching_loss` (a :class:`~foxdqn.population.branching.MemberBranchingNetwork`),
     :func:`member_c51_loss` (a :class:`~foxdqn.population.distributional.MemberC51Network`),
     :func:`member_iqn_loss` (a :class:`~foxdqn.population.distributional.MemberIQNNetwork`, with
     ``kappa`` and ``taus``) or :func:`member_dqn_loss`; or with ``value``
@@ -144,19 +174,21 @@ def member_loss(online: MemberQNetwork, target: MemberQNetwork, batch: Batch, me
     ``α_p · Σ_b w_b (logsumexp_a Q_p(s_b, a) − Q_p(s_b, a_b)) / B`` (CQL(H), Kumar et al. 2020
     eq. 4, :func:`~foxdqn.objectives.cql.cql_regulariser` of member p's own rows). IQL and CQL
     weight their rows by ``batch.weight`` as their single-run objectives do (ones with uniform
-    replay, the importance weights with prioritized replay), and so do C51 and IQN; the DQN loss
-    does with ``weighted``. td_abs is the single run's: DQN's ``|Q(s, a) − y|`` (CQL keeps it), C51's
-    cross-entropy, IQN's ρ, IQL's ``|R + discount · V(s') − Q(s, a)|``.
+    replay, the importance weights with prioritized replay), and so do BDQ, C51 and IQN; the DQN
+    loss does with ``weighted``. td_abs is the single run's: DQN's ``|Q(s, a) − y|`` (CQL keeps it),
+    BDQ's mean over branches of ``|Q_d(s, a_d) − y|``, C51's cross-entropy, IQN's ρ, IQL's
+    ``|R + discount · V(s') − Q(s, a)|``.
 
-    Member p's loss is its single run's objective loss (``DQNObjective``, ``C51Objective``,
-    ``IQNObjective`` or ``IQLObjective``, in ``CQLObjective`` when α > 0, with its δ, support, κ,
+    Member p's loss is its single run's objective loss (``DQNObjective``, ``BranchingObjective``,
+    ``C51Objective``, ``IQNObjective`` or ``IQLObjective``, in ``CQLObjective`` when α > 0, with its δ, support, κ,
     τ and α) on its rows, to float rounding; a member with α = 0 adds 0 · its term (finite), i.e.
     its loss and gradients are those without CQL.
 
     Args:
         online, target, batch, members, huber_delta, double, penalty, weighted: as
             :func:`member_dqn_loss` (IQL reads neither δ, ``double``, ``penalty`` nor ``weighted``:
-            its target V(s') has no argmax, and its rows are always weighted).
+            its target V(s') has no argmax, and its rows are always weighted). A branching
+            network's ``penalty`` is per exposure, ``[P·B, 5]`` (:func:`member_branching_loss`).
         value: None, or the members' IQL value networks (``objective.iql``): obs ``[P, B, D]`` →
             V ``[P, B]``, trained by the same optimizer (no target copy).
         expectile: with ``value``, float32 ``[P]``, each member's IQL expectile τ in (0, 1).
@@ -173,6 +205,8 @@ def member_loss(online: MemberQNetwork, target: MemberQNetwork, batch: Batch, me
             raise ValueError("member_loss: IQL (value given) needs each member's expectile τ, float32 [P]")
         loss, td, q = iql_loss(online, target, value, batch, expectile, members=members)
         td_abs = td.detach().abs().view(-1)
+    elif isinstance(online, MemberBranchingNetwork):
+        loss, td_abs, q = member_branching_loss(online, target, batch, members, huber_delta, double, penalty=penalty)
     elif isinstance(online, MemberC51Network):
         loss, td_abs, q = member_c51_loss(online, target, batch, members, double, penalty=penalty)
     elif isinstance(online, MemberIQNNetwork):

@@ -2,7 +2,7 @@
 
 :func:`build_population` turns P validated configs that share a
 :func:`~foxdqn.population.grouping.group_key` into a :class:`PopulationState`: one batched env of
-P × N envs, one member network (online; :func:`member_network`: Q, dueling, C51 or IQN) and its
+P × N envs, one member network (online; :func:`member_network`: Q, dueling, C51, IQN or branching) and its
 target (and with ``objective.iql`` a :class:`~foxdqn.population.network.MemberValueNetwork`), one
 replay with a member axis (uniform or prioritized), :class:`~foxdqn.population.optim.MemberAdam`, the per-member
 hyperparameters, guard and accumulators, and the counters (int64 0-d, per member: every member
@@ -16,8 +16,10 @@ from dataclasses import dataclass
 import torch
 
 from foxdqn.config.schema import TrainConfig
+from foxdqn.nn.branching import BranchingNetwork
 from foxdqn.nn.c51 import C51Network
 from foxdqn.nn.iqn import IQNNetwork
+from foxdqn.population.branching import MemberBranchingNetwork
 from foxdqn.population.distributional import MemberC51Network, MemberIQNNetwork
 from foxdqn.population.envs import build_member_env
 from foxdqn.population.member_guard import MemberGuard
@@ -90,9 +92,12 @@ def initial_networks(cfgs: list[TrainConfig], env, num_actions: int,
 
 def member_network(nets: list[torch.nn.Module], activation: str) -> MemberQNetwork:
     """The P classic networks ``nets`` stacked into one member network: a
-    :class:`~foxdqn.population.distributional.MemberC51Network` for C51 networks, a
-    :class:`~foxdqn.population.distributional.MemberIQNNetwork` for IQN ones, else a
+    :class:`~foxdqn.population.branching.MemberBranchingNetwork` for branching networks
+    (``action.mode=branching``), a :class:`~foxdqn.population.distributional.MemberC51Network` for
+    C51 networks, a :class:`~foxdqn.population.distributional.MemberIQNNetwork` for IQN ones, else a
     :class:`~foxdqn.population.network.MemberQNetwork` (Q or dueling head)."""
+    if isinstance(nets[0], BranchingNetwork):
+        return MemberBranchingNetwork.from_networks(nets, activation)
     if isinstance(nets[0], C51Network):
         return MemberC51Network.from_networks(nets, activation)
     if isinstance(nets[0], IQNNetwork):

@@ -61,10 +61,12 @@ def population_loss(s: PopulationState, batch) -> LossOutput:
     h = s.cfg.head
     b = batch.reward.shape[0] // s.members
     taus = member_taus(s.rng, b, h.num_quantiles, h.num_target_quantiles) if h.name == "iqn" else None
+    penalty = None
+    if s.switch is not None and s.value is None:  # branching: the exposure branch pays each exposure's
+        penalty = s.switch.target_exposures(batch) if s.action_mode.name == "branching" else s.switch.target(batch)
     return member_loss(s.online, s.target, batch, s.members, s.params.huber_delta, h.double, value=s.value,
                        expectile=s.params.iql_expectile, cql_alpha=s.params.cql_alpha if s.cql else None,
-                       penalty=None if s.switch is None or s.value is not None else s.switch.target(batch),
-                       weighted=s.cfg.replay.name == "per", kappa=s.params.kappa, taus=taus)
+                       penalty=penalty, weighted=s.cfg.replay.name == "per", kappa=s.params.kappa, taus=taus)
 
 
 def update_step(s: PopulationState) -> None:

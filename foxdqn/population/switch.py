@@ -43,3 +43,8 @@ class MemberSwitch:
     def target(self, batch) -> torch.Tensor:
         """float32 ``[P·B, A]``: the penalty of every action in each sampled next state s'."""
         return self._per_member(self.next_state(batch))
+
+    def target_exposures(self, batch) -> torch.Tensor:
+        """float32 ``[P·B, 5]``: the penalty of each exposure in each sampled next state s' (the
+        branching target's exposure branch pays it)."""
+        return self._per_member(self.next_state.per_exposure(batch))

@@ -52,6 +52,17 @@ def test_combine_layout_is_mean_over_branches():
                 torch.testing.assert_close(q[:, e * 9 + o * 3 + u], want)
 
 
+def test_combine_with_leading_axes_is_each_rows_combine():
+    """A population's [P, B, n_d] branches (foxdqn.population.branching): each member's joint Q is
+    its own [B, n_d] combine, bit for bit."""
+    g = torch.Generator().manual_seed(1)
+    qs = [torch.randn(3, 4, n, generator=g) for n in (5, 3, 3)]
+    q = combine_branches(qs)
+    assert q.shape == (3, 4, 45)
+    for p in range(3):
+        assert torch.equal(q[p], combine_branches([b[p] for b in qs]))
+
+
 def test_joint_argmax_is_the_per_branch_argmaxes():
     g = torch.Generator().manual_seed(1)
     qs = [torch.randn(2000, n, generator=g) for n in (5, 3, 3)]

@@ -3,8 +3,6 @@
 and a member's weights are a classic network's."""
 from __future__ import annotations
 
-import copy
-
 import pytest
 import torch
 
@@ -22,7 +20,8 @@ from foxdqn.population.step import population_loss
 from foxdqn.replay.buffer import Batch
 from foxdqn.step.build import build_network
 from support import iterate
-from test_population import CPU, TRADING, assert_member_equal, configs, market_for, member_tensors, run
+from test_population import (CPU, TRADING, assert_fault_stays_in_its_member, assert_member_equal, configs,
+                             market_for, member_tensors, run)
 
 C51 = [*TRADING, "head=c51", "head.atoms=11"]
 # -3.3, 7.1: not float32 values (the support must still be each member's own, bit for bit)
@@ -218,13 +217,7 @@ def test_members_and_ensembles_evaluate_on_expected_q(head):
 @pytest.mark.parametrize("head", HEADS)
 def test_fault_in_one_member_leaves_the_others_bit_identical(head):
     settings, members, _ = HEADS[head]
-    clean = run(configs(settings, members))
-    faulty_members = copy.deepcopy(members)
-    faulty_members[1].append("debug.inject_nan_at_step=4")
-    faulty = run(configs(settings, faulty_members))
-    for p in (0, 2):
-        assert_member_equal(faulty, p, clean, p)
-    assert faulty.guard.halted.tolist() == [0.0, 1.0, 0.0]
+    assert_fault_stays_in_its_member(settings, members)
 
 
 CQL_ALPHAS = (1.0, 0.25, 0.0)

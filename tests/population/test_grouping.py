@@ -106,7 +106,7 @@ def test_batch_refusal_accepts_the_supported_experiments(cartpole, trading):
     assert batch_refusal(trading) is None
     for head in ("q", "dueling", "c51", "iqn"):  # every head trains in a population
         assert batch_refusal(load_config([f"head={head}", "debug=smoke", "device=cpu"])) is None, head
-    for experiment in ("eurusd_c51", "eurusd_iqn"):
+    for experiment in ("eurusd_c51", "eurusd_iqn", "eurusd_attention", "eurusd_routed", "eurusd_branching"):
         assert batch_refusal(load_config([f"+experiment={experiment}", "debug=smoke", "device=cpu"])) is None
 
 
@@ -123,8 +123,7 @@ def test_distributional_scalars_are_member_keys_and_shapes_group_keys():
         assert group_key(with_values(iqn, **{f"head__{key}": 7})) != group_key(iqn), key
 
 
-REFUSED = [("env.name", "bitflip"), ("env.name", "gym"), ("model.encoder", "attention"), ("action.mode", "branching"),
-           ("replay.her", True),
+REFUSED = [("env.name", "bitflip"), ("env.name", "gym"), ("model.encoder", "nature_cnn"), ("replay.her", True),
            ("regime.enabled", True), ("prune.enabled", True),
            ("optim.accumulate", 2), ("guard.max_weight", 10.0), ("guard.collapse_multiplier", 5.0),
            ("early_stop.on_q_divergence", True), ("search.pruner", "median"), ("resume", "auto"),
@@ -201,6 +200,26 @@ def test_augmented_jobs_group_over_seeds_and_block_lengths(trading):
     tcs = [with_values(aug, seed=0), with_values(aug, seed=1, data__augment__block_length=5.0),
            with_values(aug, seed=2, data__augment__paths=4), with_values(trading, seed=3)]
     assert jobs(plan(members(tcs), cap=lambda tc, market: None)) == [[0, 1], [2], [3]]
+
+
+def test_a_seed_sweep_of_eurusd_attention_is_one_population():
+    """model.encoder=attention trains in a population (foxdqn.population.attention): the shipped
+    experiment's seeds form one group; its shapes (model.width, heads, layers, pooling) are group keys."""
+    tcs = [load_config(["+experiment=eurusd_attention", "debug=smoke", "device=cpu", f"seed={s}"]) for s in (0, 1)]
+    assert all(batch_refusal(tc) is None for tc in tcs)
+    assert jobs(plan(members(tcs), cap=lambda tc, market: None)) == [[0, 1]]
+    for key, value in (("width", 32), ("heads", 2), ("layers", 1), ("pooling", "last")):
+        assert group_key(with_values(tcs[0], **{f"model__{key}": value})) != group_key(tcs[0]), key
+
+
+@pytest.mark.parametrize("experiment", ["eurusd_routed", "eurusd_branching"])
+def test_a_seed_sweep_of_an_action_mode_experiment_is_one_population(experiment):
+    """action.mode=exposure_routed and branching train in a population: the shipped experiments'
+    seeds form one group, and the mode is a group key."""
+    tcs = [load_config([f"+experiment={experiment}", "debug=smoke", "device=cpu", f"seed={s}"]) for s in (0, 1)]
+    assert all(batch_refusal(tc) is None for tc in tcs)
+    assert jobs(plan(members(tcs), cap=lambda tc, market: None)) == [[0, 1]]
+    assert group_key(with_values(tcs[0], action__mode="factored")) != group_key(tcs[0])
 
 
 def test_prioritized_replay_groups_with_its_alpha_beta_and_eps_as_member_keys(cartpole):

@@ -2,6 +2,8 @@
 faults stay per member (CPU, eager; the GPU tests are in test_population_gpu.py)."""
 from __future__ import annotations
 
+import copy
+
 import torch
 
 from foxdqn.config.compose import load_config
@@ -57,6 +59,42 @@ def assert_members_equal_runs_of_one(base, members):
     for p, extra in enumerate(members):
         assert_member_equal(together, p, run(configs(base, [extra])), 0)
     return together
+
+
+def assert_fault_stays_in_its_member(base, members):
+    """Three members (override lists on ``base``), the second with ``debug.inject_nan_at_step=4``:
+    it halts, and the other two are bit for bit what they are without the fault."""
+    clean = run(configs(base, members))
+    faulty_members = copy.deepcopy(members)
+    faulty_members[1].append("debug.inject_nan_at_step=4")
+    faulty = run(configs(base, faulty_members))
+    for p in (0, 2):
+        assert_member_equal(faulty, p, clean, p)
+    assert faulty.guard.halted.tolist() == [0.0, 1.0, 0.0]
+
+
+def perturb_target(s, scale=0.05):
+    """Move the target network's weights off the online network's (so a loss reads both)."""
+    with torch.no_grad():
+        for w in s.target.parameters():
+            w.add_(scale * torch.randn_like(w))
+
+
+def member_grads(net, p):
+    """Member p's parameter gradients, in its classic network's state_dict layout (any member network
+    or encoder with ``member_state_dict``)."""
+    grads = copy.deepcopy(net)
+    with torch.no_grad():
+        for g, w in zip(grads.parameters(), net.parameters()):
+            g.copy_(w.grad)
+    return grads.member_state_dict(p)
+
+
+def assert_member_grads_match(net, p, single):
+    """Member p's gradients in ``net`` equal those of the classic network ``single`` (float tolerance)."""
+    grads = member_grads(net, p)
+    for k, w in single.named_parameters():
+        torch.testing.assert_close(grads[k], w.grad, rtol=1e-4, atol=1e-6, msg=k)
 
 
 def test_members_equal_runs_of_one_member_cartpole():

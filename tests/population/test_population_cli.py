@@ -105,3 +105,20 @@ def test_prioritized_replay_multirun_trains_as_one_population(train_cli, tmp_pat
         assert "name: per" in config
         alphas.add(next(line for line in config.splitlines() if line.strip().startswith("alpha:")).strip())
     assert alphas == {"alpha: 0.6", "alpha: 0.3"}
+
+
+def test_eurusd_attention_multirun_trains_as_one_population(train_cli, tmp_path):
+    """The shipped attention experiment's seeds train as one population (model.encoder=attention:
+    foxdqn.population.attention); each member's checkpoint holds a classic attention network."""
+    sweep = tmp_path / "attention"
+    res = train_cli(["--multirun", "+experiment=eurusd_attention", "debug=smoke", "device=cpu", "log.progress=false",
+                     "logger=csv", "agent.total_env_steps=1024", "agent.learning_starts=256", "seed=0,1",
+                     "hydra/launcher=population", f"hydra.sweep.dir={sweep}"], cwd=tmp_path, timeout=600)
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert "population of 2 members (jobs 0, 1)" in res.stdout + res.stderr
+    for job in (sweep / str(j) for j in range(2)):
+        summary = json.loads((job / "eval" / "summary.json").read_text())
+        assert summary["population"]["size"] == 2 and summary["updates"] > 0
+        assert math.isfinite(pd.read_csv(job / "metrics.csv").iloc[-1]["train/loss"])
+        online = load_checkpoint(job / "checkpoints" / "last.pt")["online"]
+        assert "encoder.blocks.1.qkv.weight" in online and "encoder.pos" in online

@@ -13,6 +13,7 @@ from foxdqn.population.state import build_population
 from foxdqn.step.iteration import WARMUP_ITERATIONS
 
 from test_distributional import C51, IQN
+from test_population_attention import ATTENTION
 from test_population import CARTPOLE, TRADING, configs, market_for, member_tensors
 from support import iterate, no_host_sync
 
@@ -99,8 +100,9 @@ def test_prioritized_replay_graph_equals_eager():
 
 
 @pytest.mark.parametrize("base,replay", [(CARTPOLE, "uniform"), (CARTPOLE, "per"), (C51, "uniform"), (C51, "per"),
-                                         (IQN, "uniform")], ids=["cartpole", "cartpole_per", "trading_c51",
-                                                                 "trading_c51_per", "trading_iqn"])
+                                         (IQN, "uniform"), (ATTENTION, "uniform")],
+                         ids=["cartpole", "cartpole_per", "trading_c51", "trading_c51_per", "trading_iqn",
+                              "trading_attention"])
 def test_captured_iteration_is_sync_free_and_one_launch(base, replay):
     members = [["seed=0", f"replay.name={replay}"], ["seed=1", f"replay.name={replay}", "head.v_min=-3", "head.kappa=0"]]
     s, it = run(cuda_configs(base, members), graph=True, iterations=WARMUP_ITERATIONS + 1)

@@ -1,0 +1,123 @@
+"""P attention encoders in one module: :class:`foxdqn.nn.attention.AttentionEncoder` with a member axis.
+
+Member p's encoder is the classic pre-LN Transformer encoder over the trading observation window
+(Vaswani et al. 2017, §3.1–3.3, with layer norm in front of each sublayer, Xiong et al. 2020,
+Fig. 1(b); module docstring of :mod:`foxdqn.nn.attention`), with the same parameters and the same
+math: the W bars of each observation are tokens, embedded by a Linear plus learned positions,
+passed through the blocks (multi-head self-attention, then a GELU MLP of width 4·C, each added to
+its input), normalised, pooled (mean over the tokens or the newest one) and, with the two account
+features, mapped by the output Linear and activation. Every Linear is a
+:class:`~foxdqn.population.layers.MemberLinear` (one ``baddbmm`` for all members), every layer norm
+a :class:`~foxdqn.population.layers.MemberLayerNorm`, the positions are ``[P, W, C]``, and the
+attention is one ``scaled_dot_product_attention`` over the ``P·M`` sequences (no mask, no dropout,
+as the classic module's). Members never mix: member p's features read only its parameters and
+observations.
+
+:meth:`MemberAttentionEncoder.stack` copies P classic encoders (so member p starts from the weights a
+single run of its seed builds); :meth:`MemberAttentionEncoder.member_state_dict` gives member p's
+parameters back under the classic encoder's ``state_dict`` keys. Dropout is not supported (no
+config sets ``AttentionEncoder``'s ``dropout``: it stays 0).
+"""
+from __future__ import annotations
+
+import copy
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from foxdqn.nn.attention import AttentionEncoder
+from foxdqn.population.layers import MemberLayerNorm, MemberLinear
+
+#: The classic block's layers, each a Linear or a LayerNorm (foxdqn.nn.attention._Block).
+_BLOCK_LAYERS = ("ln1", "qkv", "proj", "ln2", "fc1", "fc2")
+
+
+def _stack(layers: list[nn.Module]) -> nn.Module:
+    return (MemberLinear if isinstance(layers[0], nn.Linear) else MemberLayerNorm).stack(layers)
+
+
+class MemberAttentionBlock(nn.Module):
+    """P pre-LN blocks: x float32 ``[P, M·W, C]`` (M sequences of W tokens per member) → the same
+    shape, ``x + proj(MHSA(ln1(x)))``, then ``+ fc2(GELU(fc1(ln2(x))))``. Submodules are named as
+    the classic block's (``ln1``, ``qkv``, ``proj``, ``ln2``, ``fc1``, ``fc2``)."""
+
+    def __init__(self, layers: dict[str, nn.Module], heads: int):
+        super().__init__()
+        for name in _BLOCK_LAYERS:
+            self.add_module(name, layers[name])
+        self.heads = heads
+
+    def forward(self, x: torch.Tensor, sequences: int) -> torch.Tensor:
+        p, rows, c = x.shape
+        w, h = rows // sequences, self.heads
+        q, k, v = (t.reshape(p * sequences, w, h, c // h).transpose(1, 2)  # (P·M, H, W, C/H)
+                   for t in self.qkv(self.ln1(x)).split(c, dim=2))
+        a = F.scaled_dot_product_attention(q, k, v).transpose(1, 2).reshape(p, rows, c)
+        x = x + self.proj(a)
+        return x + self.fc2(F.gelu(self.fc1(self.ln2(x))))
+
+
+class MemberAttentionEncoder(nn.Module):
+    """P attention encoders: obs float32 ``[P, M, D]`` (D = W·F + 2) → features float32 ``[P, M, C]``.
+
+    Build it with :meth:`stack`. Parameters (module names as the classic encoder's): ``embed``
+    (Linear F → C), ``pos`` ``[P, W, C]``, ``blocks.i`` (:class:`MemberAttentionBlock`), ``ln_f``,
+    ``out`` (Linear C + 2 → C). ``out_dim`` = C.
+    """
+
+    def __init__(self, embed: MemberLinear, pos: torch.Tensor, blocks: list[MemberAttentionBlock],
+                 ln_f: MemberLayerNorm, out: MemberLinear, window: int, num_features: int, pooling: str,
+                 act: nn.Module):
+        super().__init__()
+        self.embed = embed
+        self.pos = nn.Parameter(pos)
+        self.blocks = nn.ModuleList(blocks)
+        self.ln_f = ln_f
+        self.out = out
+        self.act = act
+        self.window, self.num_features, self.pooling = window, num_features, pooling
+        self.out_dim = pos.shape[-1]
+
+    @classmethod
+    def stack(cls, encoders: list[AttentionEncoder]) -> "MemberAttentionEncoder":
+        """P classic encoders of one architecture, their parameters copied.
+
+        Raises:
+            ValueError: encoders of different sizes, pooling or activation, or with dropout > 0.
+        """
+        first = encoders[0]
+        shape = [(e.window, e.num_features, e.width, e.heads, len(e.blocks), e.pooling, type(e.act), e.obs_dim)
+                 for e in encoders]
+        if len(set(shape)) != 1:
+            raise ValueError(f"MemberAttentionEncoder: needs AttentionEncoders of one architecture, got {shape}")
+        if any(e.dropout > 0 for e in encoders):
+            raise ValueError("MemberAttentionEncoder: dropout > 0 is not supported")
+        blocks = [MemberAttentionBlock({name: _stack([getattr(e.blocks[i], name) for e in encoders])
+                                        for name in _BLOCK_LAYERS}, first.heads) for i in range(len(first.blocks))]
+        pos = torch.stack([e.pos.detach() for e in encoders]).contiguous()
+        return cls(_stack([e.embed for e in encoders]), pos, blocks, _stack([e.ln_f for e in encoders]),
+                   _stack([e.out for e in encoders]), first.window, first.num_features, first.pooling,
+                   copy.deepcopy(first.act))
+
+    def forward(self, obs: torch.Tensor) -> torch.Tensor:
+        p, m = obs.shape[:2]
+        w, f, c = self.window, self.num_features, self.out_dim
+        bars = obs[..., : w * f].reshape(p, m * w, f)  # (P, M·W, F), oldest bar first
+        account = obs[..., w * f:]  # (P, M, 2)
+        x = (self.embed(bars).view(p, m, w, c) + self.pos[:, None]).view(p, m * w, c)
+        for block in self.blocks:
+            x = block(x, m)
+        x = self.ln_f(x).view(p, m, w, c)
+        h = x.mean(dim=2) if self.pooling == "mean" else x[:, :, -1]  # (P, M, C)
+        return self.act(self.out(torch.cat([h, account], dim=-1)))
+
+    def member_state_dict(self, p: int) -> dict[str, torch.Tensor]:
+        """Member ``p``'s parameters under the classic :class:`AttentionEncoder`'s ``state_dict``
+        keys (``embed.weight``, ``pos``, ``blocks.0.qkv.bias``, ...; copies)."""
+        out = {"pos": self.pos[p].detach().clone()}
+        for name, module in self.named_modules():
+            if isinstance(module, (MemberLinear, MemberLayerNorm)):
+                out.update({f"{name}.{key}": t for key, t in module.member_state(p).items()})
+        return out
+

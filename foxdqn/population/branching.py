@@ -1,0 +1,73 @@
+"""P action-branching networks in one module: the BDQ head with a member axis (``action.mode=branching``).
+
+Member p's network is the classic :class:`foxdqn.nn.branching.BranchingNetwork` (Tavakoli, Pardo &
+Kormushev 2018, eq. 1: a shared state value V(s) plus mean-subtracted advantages per branch) of an
+MLP or attention encoder, with the layers of :class:`~foxdqn.population.network.MemberQNetwork`
+(weights ``[P, in, out]``, one ``torch.baddbmm`` per layer for all members): the branches' Linears
+(exposure 5, order type 3, urgency 3), then the value Linear. Its joint Q over the 45 factored
+actions is the classic one, ``(1/D) Σ_d Q_d(s, a_d)`` (:func:`foxdqn.nn.branching.combine_branches`
+with the member axis), which acting, evaluation, the ensembles and the monitors read; the loss reads
+:meth:`MemberBranchingNetwork.branch_q` (:func:`foxdqn.population.objective.member_branching_loss`).
+Members never mix: every op is per member or per row.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import nn
+
+from foxdqn.nn.branching import BranchingNetwork, combine_branches
+from foxdqn.population.network import MemberQNetwork, stack_encoder, stack_linears
+
+
+class MemberBranchingNetwork(MemberQNetwork):
+    """P BDQ networks: obs float32 ``[P, M, D]`` → joint Q float32 ``[P, M, Π n_d]``.
+
+    ``branch_q(obs)``: D float32 ``[P, M, n_d]``, ``V + A_d − mean A_d`` per branch (the classic
+    head's dueling aggregation; ``dueling`` False: ``A_d``).
+
+    Args:
+        weights, biases, activation, prefixes, attention: as :class:`MemberQNetwork` (the head's
+            layers: ``branches.0`` .. ``branches.{D−1}``, then with ``dueling`` ``value``).
+        dueling: the head has the shared value stream.
+        branch_sizes: ``(n_1, .., n_D)`` (trading: (5, 3, 3)).
+    """
+
+    def __init__(self, weights: list[torch.Tensor], biases: list[torch.Tensor], activation: str, dueling: bool,
+                 prefixes: list[str], branch_sizes: tuple[int, ...], attention: nn.Module | None = None):
+        super().__init__(weights, biases, activation, dueling, prefixes, attention)
+        self.branch_sizes = tuple(branch_sizes)
+        self.num_actions = math.prod(self.branch_sizes)
+
+    @classmethod
+    def from_networks(cls, nets: list[BranchingNetwork], activation: str) -> "MemberBranchingNetwork":
+        """Stack P classic branching networks of one architecture (their weights are copied).
+
+        Raises:
+            ValueError: a network that is not a BranchingNetwork of an MLP or attention encoder, or
+                one whose branches have hidden layers (``BranchingHead(branch_hidden > 0)``, which
+                no config builds).
+        """
+        weights, biases, prefixes = stack_linears(nets, (BranchingNetwork,))
+        head = nets[0].head
+        if any(not isinstance(stream, nn.Linear) for stream in head.branches):
+            raise ValueError("MemberBranchingNetwork: needs branches of one Linear each (branch_hidden=0)")
+        return cls(weights, biases, activation, head.dueling, prefixes, head.branch_sizes, stack_encoder(nets))
+
+    def q_forward_args(self, obs: torch.Tensor) -> None:
+        """None: the fused Q kernels compute a scalar head's Q, not the branches' mean."""
+        return None
+
+    def branch_q(self, obs: torch.Tensor) -> list[torch.Tensor]:
+        """Per-branch Q, D float32 ``[P, M, n_d]``, of obs ``[P, M, D]`` (the classic head's, BDQ eq. 1)."""
+        h = self.encoder(obs)
+        e = self.encoder_layers
+        outs = [self.layer(e + d, h) for d in range(len(self.branch_sizes))]
+        if not self.dueling:
+            return outs
+        v = self.layer(-1, h)  # [P, M, 1]
+        return [v + adv - adv.mean(dim=-1, keepdim=True) for adv in outs]
+
+    def forward(self, obs: torch.Tensor) -> torch.Tensor:
+        return combine_branches(self.branch_q(obs))

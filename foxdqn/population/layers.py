@@ -1,0 +1,91 @@
+"""Layers with a leading member axis: P independent ``nn.Linear`` / ``nn.LayerNorm`` in one module.
+
+Member p's layer is the classic torch layer of the same shape: a Linear's weight is stored
+transposed, ``[P, in, out]``, its bias ``[P, 1, out]``, and all members multiply in one
+``torch.baddbmm`` (:func:`member_linear`); a LayerNorm normalises each row as
+``torch.nn.LayerNorm`` does and applies member p's ``[P, 1, C]`` scale and shift. Inputs and
+outputs are ``[P, M, features]``; members never mix (every op is per member or per row).
+:meth:`MemberLinear.stack` / :meth:`MemberLayerNorm.stack` copy P classic layers, and
+``member_state(p)`` gives member p's parameters back in the classic layer's ``state_dict`` layout.
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+def member_linear(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """``x [P, M, in] @ w [P, in, out] + b [P, 1, out]`` for every member, one ``baddbmm``.
+
+    On CPU a population of one computes its product as a batch of two (a discarded copy of
+    itself): torch's CPU ``baddbmm`` of a batch of one is an ``addmm``, whose one-column (the
+    dueling value stream, IQL's V) or one-row products go to a GEMV that rounds otherwise than
+    the batched GEMM every larger P gets (forward and backward), so a member of P would not
+    equal a population of one (P = 1 trains only in tests and references: a group of one job
+    runs the single-run path)."""
+    if w.shape[0] == 1 and not x.is_cuda:
+        return torch.baddbmm(torch.cat([b, b]), torch.cat([x, x]), torch.cat([w, w]))[:1]
+    return torch.baddbmm(b, x, w)
+
+
+class MemberLinear(nn.Module):
+    """P ``nn.Linear``: x float32 ``[P, M, in]`` → ``[P, M, out]``.
+
+    Args:
+        weight: float32 ``[P, in, out]`` (each member's ``nn.Linear.weight`` transposed).
+        bias: float32 ``[P, 1, out]``.
+    """
+
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor):
+        super().__init__()
+        self.weight = nn.Parameter(weight)
+        self.bias = nn.Parameter(bias)
+
+    @classmethod
+    def stack(cls, layers: list[nn.Linear]) -> "MemberLinear":
+        """P classic layers of one shape, their parameters copied."""
+        return cls(torch.stack([m.weight.detach().t() for m in layers]).contiguous(),
+                   torch.stack([m.bias.detach()[None] for m in layers]).contiguous())
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return member_linear(x, self.weight, self.bias)
+
+    def member_state(self, p: int) -> dict[str, torch.Tensor]:
+        """Member ``p``'s ``weight`` ``[out, in]`` and ``bias`` ``[out]`` (copies)."""
+        return {"weight": self.weight[p].detach().t().contiguous().clone(), "bias": self.bias[p, 0].detach().clone()}
+
+
+class MemberLayerNorm(nn.Module):
+    """P ``nn.LayerNorm(C)``: x float32 ``[P, M, C]`` → ``[P, M, C]``, each row normalised over its
+    C features (``F.layer_norm`` without affine), then ``· weight_p + bias_p``.
+
+    Args:
+        weight, bias: float32 ``[P, 1, C]``.
+        eps: the classic layers' ε.
+    """
+
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor, eps: float):
+        super().__init__()
+        self.weight = nn.Parameter(weight)
+        self.bias = nn.Parameter(bias)
+        self.eps = eps
+
+    @classmethod
+    def stack(cls, layers: list[nn.LayerNorm]) -> "MemberLayerNorm":
+        """P classic layer norms of one width and ε, their parameters copied.
+
+        Raises:
+            ValueError: layer norms of different ε, or without an elementwise affine with bias.
+        """
+        if len({m.eps for m in layers}) != 1 or any(m.weight is None or m.bias is None for m in layers):
+            raise ValueError("MemberLayerNorm: needs LayerNorms of one ε with an elementwise affine and bias")
+        return cls(torch.stack([m.weight.detach()[None] for m in layers]).contiguous(),
+                   torch.stack([m.bias.detach()[None] for m in layers]).contiguous(), layers[0].eps)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.addcmul(self.bias, F.layer_norm(x, x.shape[-1:], eps=self.eps), self.weight)
+
+    def member_state(self, p: int) -> dict[str, torch.Tensor]:
+        """Member ``p``'s ``weight`` and ``bias`` ``[C]`` (copies)."""
+        return {"weight": self.weight[p, 0].detach().clone(), "bias": self.bias[p, 0].detach().clone()}
