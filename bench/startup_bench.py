@@ -1,8 +1,9 @@
 """Start-up section: wall time of ``python -m foxdqn.train`` outside training, run twice.
 
-Each run is a fresh process of the default experiment (eurusd_dqn) in a temporary folder; the
-first may compile Triton kernels into Triton's on-disk cache (``~/.triton/cache`` unless
-``TRITON_CACHE_DIR`` is set), the second finds it warm, which is the number issue 17 targets
+Each run is a fresh process of the default experiment (eurusd_dqn) in a temporary folder. Each
+series of runs gets an empty Triton cache of its own (``TRITON_CACHE_DIR``): the first run compiles
+every kernel it launches, as a user's first run on a fresh machine does (issue 33's cold start:
+``kernels_compiled`` counts them), the second finds them warm, which is the number issue 17 targets
 (wall minus training <= 6 s on a warm machine). A row per run: the wall time measured around
 the process (``wall_s``), the run's own ``timings.json`` (foxdqn.timings: ``total_s`` since
 process start, every phase as ``phase_<name>_s``), ``training_s`` (its ``training`` phase) and
@@ -66,30 +67,48 @@ def _series(cache_dir: str) -> list[tuple[str, dict]]:
     return [("off (as configured)", env), ("on", on)]
 
 
+def compiled_kernels(triton_cache: Path) -> int:
+    """The kernels Triton compiled into the cache folder ``triton_cache`` (its ``*.cubin`` files; 0
+    where nothing was compiled, e.g. on the CPU)."""
+    return sum(1 for _ in Path(triton_cache).rglob("*.cubin"))
+
+
 def rows(device: str = "cuda", runs: int = 2, extra: tuple[str, ...] = ()) -> list[dict]:
     """``runs`` rows (``run`` 1, 2, ...) of the default experiment on ``device`` per series
-    (:func:`_series`; a series with the cache turned on gets one more run first, which fills it)."""
+    (:func:`_series`; a series with the cache turned on gets one more run first, which fills it).
+    Each series starts from an empty Triton cache of its own (``TRITON_CACHE_DIR``), so its first
+    run pays what a user's first run on a fresh machine pays for compiling the kernels
+    (``triton_cache`` ``cold``, ``kernels_compiled`` the kernels it compiled) and the later runs
+    find them (``warm``)."""
     args = (*BASE, *(CPU if device != "cuda" else ()), *extra)
     out = []
     with tempfile.TemporaryDirectory(prefix="foxdqn-pycache-") as cache_dir:
         for cache, env in _series(cache_dir):
             extra_run = cache == "on" and env.get("PYTHONPYCACHEPREFIX") == cache_dir
-            for i in range(1, runs + 1 + extra_run):
-                with tempfile.TemporaryDirectory(prefix="foxdqn-startup-") as tmp:
-                    row = run_once(args, Path(tmp), env=env)
-                out.append({"section": "startup", "features": "eurusd_dqn", "size": " ".join(args),
-                            "provider": device, "bytecode_cache": cache, "run": i, **row})
-                print(f"startup run {i} (bytecode cache {cache}): wall {row['wall_s']:.2f} s, training "
-                      f"{row['training_s']:.2f} s, wall - training {row['wall_minus_training_s']:.2f} s", file=sys.stderr)
+            with tempfile.TemporaryDirectory(prefix="foxdqn-triton-") as triton_cache:
+                env = {**env, "TRITON_CACHE_DIR": triton_cache}
+                for i in range(1, runs + 1 + extra_run):
+                    before = compiled_kernels(triton_cache)
+                    with tempfile.TemporaryDirectory(prefix="foxdqn-startup-") as tmp:
+                        row = run_once(args, Path(tmp), env=env)
+                    compiled = compiled_kernels(triton_cache) - before
+                    out.append({"section": "startup", "features": "eurusd_dqn", "size": " ".join(args),
+                                "provider": device, "bytecode_cache": cache, "run": i,
+                                "triton_cache": "cold" if i == 1 else "warm", "kernels_compiled": compiled, **row})
+                    print(f"startup run {i} (bytecode cache {cache}, Triton cache {'cold' if i == 1 else 'warm'}): "
+                          f"wall {row['wall_s']:.2f} s, training {row['training_s']:.2f} s, wall - training "
+                          f"{row['wall_minus_training_s']:.2f} s, {compiled} kernels compiled", file=sys.stderr)
     return out
 
 
 def table(df) -> str:
     """The section's markdown: one row per run, the phases over 0.05 s as columns."""
     phases = [c for c in df.columns if c.startswith("phase_") and df[c].astype(float).max() >= 0.05]
-    cols = ["bytecode_cache", "run", "wall_s", "training_s", "wall_minus_training_s", *phases]
-    return ("## start-up: `python -m foxdqn.train`, run twice per series (the second with Triton's cache warm; "
-            "in a series that turns the bytecode cache on, one more run first fills it)\n\n"
+    cols = ["bytecode_cache", "run", "triton_cache", "kernels_compiled", "wall_s", "training_s",
+            "wall_minus_training_s", *phases]
+    return ("## start-up: `python -m foxdqn.train`, run twice per series, each series from an empty Triton cache "
+            "(the first run compiles every kernel, as on a fresh machine; the second finds them; in a series that "
+            "turns the bytecode cache on, one more run first fills it)\n\n"
             + df[[c for c in cols if c in df]].to_markdown(index=False, floatfmt=".3g"))
 
 
