@@ -28,7 +28,10 @@ import contextlib
 import os
 import sys
 
-os.environ.setdefault("TRITON_INTERPRET", "1")  # before foxdqn.ops is imported (Triton reads it at @jit)
+if __name__ == "__main__":  # the command: before foxdqn.ops is imported (Triton reads it at @jit). Not on
+    # import: a process that imports this module (a GPU test session collecting its tests) must keep
+    # its compiled kernels (tests/conftest.py sets it for the CPU suite)
+    os.environ.setdefault("TRITON_INTERPRET", "1")
 
 import torch  # noqa: E402
 

@@ -27,6 +27,7 @@ os.environ.setdefault("MKL_CBWR", "AVX2,STRICT")
 import pytest  # noqa: E402
 import torch  # noqa: E402
 
+_INTERPRET_GIVEN = os.environ.get("TRITON_INTERPRET") == "1"  # asked for by the caller
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 # JAX (the bench's peer, tests/test_bench_jax_peer.py) must not take most of the GPU's memory when
@@ -56,6 +57,11 @@ def pytest_sessionfinish(session, exitstatus):
 
 def pytest_collection_modifyitems(config, items):
     if torch.cuda.is_available():
+        if os.environ.get("TRITON_INTERPRET") == "1" and not _INTERPRET_GIVEN:
+            # a module imported while collecting turned the interpreter on: every kernel module
+            # imported after it (and torch.compile's Triton code) would run interpreted on the GPU
+            raise pytest.UsageError("TRITON_INTERPRET=1 was set while collecting the tests on a CUDA machine "
+                                    "(a module sets it at import): set it only in a command's __main__")
         return
     skip = pytest.mark.skip(reason="needs CUDA (run `make test-gpu` on a GPU machine)")
     for item in items:
