@@ -67,7 +67,6 @@ SUPPORTED: tuple[tuple[str, Callable[[Any], bool], str], ...] = (
     ("replay.her", *_is(False)),
     ("regime.enabled", *_is(False)),
     ("prune.enabled", *_is(False)),
-    ("optim.accumulate", (lambda v: v == 1), "1"),
     ("guard.max_weight", *_is(None)),
     ("guard.collapse_multiplier", (lambda v: v == 0), "0"),
     # early stopping and validation during training run per member (foxdqn.population.selection), but

@@ -8,7 +8,9 @@ its own support, the IQN quantile Huber loss with its κ and τ draws, or IQL's 
 τ; plus CQL(H) with its α), its gradient clipped to its own norm, the guard's per-member skip,
 Adam with its lr and ε, its target update (its Polyak τ or hard period), and with
 ``replay.name=per`` its |TD| written back as its priorities (not for a member the guard skipped).
-docs/design/population.md.
+With ``optim.accumulate`` = M > 1 each member's B rows are back-propagated in M micro-batches
+(:func:`accumulate_member_gradients`, the single run's :func:`foxdqn.step.update.accumulate_gradients`
+per member), then clipped, checked and stepped once. docs/design/population.md.
 
 After backward an update runs the single run's three multi-tensor ops with ``members=P``, each
 one kernel launch per 8 parameter tensors on CUDA whatever P is: the per-member gradient norm and
@@ -22,11 +24,13 @@ from __future__ import annotations
 
 import torch
 
+from foxdqn.device.scalars import device_scalar
 from foxdqn.objectives.base import LossOutput
 from foxdqn.ops.grad_norm import grad_norm_coefficient
 from foxdqn.ops.target_lerp import target_lerp_
 from foxdqn.population.objective import member_loss, member_taus
 from foxdqn.population.state import PopulationState
+from foxdqn.replay.buffer import Batch
 from foxdqn.step.act import act
 from foxdqn.step.collect import store
 
@@ -67,17 +71,64 @@ def population_loss(s: PopulationState, batch) -> LossOutput:
                        weighted=s.cfg.replay.name == "per", kappa=s.params.kappa, taus=taus)
 
 
+def member_micro_batches(batch: Batch, members: int, m: int) -> list[Batch]:
+    """Split a member-major batch of P·B rows (:meth:`MemberReplay.sample_members`) into ``m``
+    batches of P·B/m rows, member-major: micro-batch k holds each member's rows k·B/m ..
+    (k + 1)·B/m − 1 of its own B, the rows :func:`foxdqn.step.update.micro_batches` gives a single
+    run of that member (B % m == 0, checked by the config as ``optim.accumulate``). A ``[P, B, D]``
+    field (obs, next_obs) becomes ``[P, B/m, D]``, a ``[P·B, ...]`` one ``[P·B/m, ...]``; copies
+    for P > 1 (a member's rows are not adjacent then), views for P = 1; None stays None."""
+    if m == 1:
+        return [batch]
+    b = batch.reward.shape[0] // members
+    rows = b // m
+
+    def part(f: torch.Tensor | None, k: int) -> torch.Tensor | None:
+        if f is None:
+            return None
+        flat = f.shape[0] == members * b  # [P·B, ...]; else [P, B, D]
+        rest = f.shape[1:] if flat else f.shape[2:]
+        piece = f.view(members, b, *rest).narrow(1, k * rows, rows)
+        return piece.reshape(members * rows, *rest) if flat else piece.contiguous()
+
+    return [type(batch)(*(part(f, k) for f in batch)) for k in range(m)]
+
+
+def accumulate_member_gradients(s: PopulationState, batch: Batch) -> LossOutput:
+    """Zero the gradients, back-propagate ``batch`` in ``optim.accumulate`` = M micro-batches
+    (:func:`member_micro_batches`; each member's loss of a micro-batch back-propagated as ℓ_m / M,
+    the seed :func:`foxdqn.step.update.accumulate_gradients` gives a single run's), and return the
+    whole update's :class:`~foxdqn.objectives.base.LossOutput`: loss float32 ``[P]``, each member's
+    (1/M) Σ_m ℓ_m; td_abs ``[P·B]`` and q_values ``[P, B, A]`` member-major, its micro-batches' in
+    order. With ``debug.inject_nan_at_step`` a member's loss is poisoned in every micro-batch of that
+    update, as a single run's."""
+    p, m = s.members, s.cfg.optim.accumulate
+    s.optimizer.zero_grad(set_to_none=True)
+    seed = device_scalar(s.device, 1.0 / m) if m > 1 else None
+    outs = []
+    for mb in member_micro_batches(batch, p, m):
+        out = population_loss(s, mb)
+        loss = out.loss
+        if s.inject_nan:  # debug.inject_nan_at_step of some member: poison its loss at that update
+            loss = loss + torch.where(s.updates == s.params.nan_at, float("nan"), 0.0)
+        loss.sum().backward(seed)
+        outs.append(LossOutput(loss.detach(), out.td_abs, out.q_values))
+    if m == 1:
+        return outs[0]
+    total = outs[0].loss
+    for out in outs[1:]:  # a fixed order of additions per member, whatever P
+        total = total + out.loss
+    td_abs = torch.cat([out.td_abs.view(p, -1) for out in outs], dim=1).view(-1)
+    return LossOutput(total / m, td_abs, torch.cat([out.q_values for out in outs], dim=1))
+
+
 def update_step(s: PopulationState) -> None:
     """One gradient update of every member (skipped per member by the guard). The guard's state
     reaches the host once per iteration (:func:`publish_guard`), not per update."""
     p = s.members
     batch = s.replay.sample_members(s.cfg.agent.batch_size)
-    s.optimizer.zero_grad(set_to_none=True)
-    out = population_loss(s, batch)
+    out = accumulate_member_gradients(s, batch)
     loss = out.loss
-    if s.inject_nan:  # debug.inject_nan_at_step of some member: poison its loss at that update
-        loss = loss + torch.where(s.updates == s.params.nan_at, float("nan"), 0.0)
-    loss.sum().backward()
     # each member's clip_grad_norm_ norm and coefficient; Adam's kernel multiplies the grads by it
     # (over every trained parameter: Q's, and IQL's V after them, as a single run clips)
     grad_norm, clip = grad_norm_coefficient([w.grad for w in s.optimizer.params], s.params.grad_clip, members=p)

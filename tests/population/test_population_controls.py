@@ -1,0 +1,85 @@
+"""Training controls and guard checks in a population, per member: gradient accumulation
+(``optim.accumulate``). Member p of P equals a population of one of its settings bit for bit on
+CPU, and a population of one computes what a single run of the same setting computes
+(foxdqn.step.update) to float rounding."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from foxdqn.population import step as P
+from foxdqn.population.state import build_population
+from foxdqn.step.iteration import Iteration
+from foxdqn.step.state import build_state
+from foxdqn.step.update import accumulate_gradients, micro_batches
+from test_population import CARTPOLE, TRADING, assert_members_equal_runs_of_one, configs, market_for
+
+CPU = torch.device("cpu")
+MEMBERS = [["seed=0"], ["seed=1", "optim.lr=3e-3"], ["seed=2", "optim.lr=1e-4"]]
+
+
+def collected(cfgs, iterations=10):
+    """A population of ``cfgs`` after ``iterations`` collect-only iterations."""
+    s = build_population(cfgs, market_for(cfgs[0]), CPU)
+    collect = Iteration(s, False, updates=0, collect=P.collect_step, update=P.update_step,
+                        after_updates=P.publish_guard)
+    for _ in range(iterations):
+        collect()
+    return s
+
+
+def single_like(cfg, pop):
+    """A single run's state of ``cfg`` whose online and target networks hold member 0's weights of ``pop``."""
+    s = build_state(cfg, market_for(cfg), CPU)
+    s.nets.online.load_state_dict(pop.online.member_state_dict(0))
+    s.nets.target.load_state_dict(pop.target.member_state_dict(0))
+    return s
+
+
+# --- optim.accumulate ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("base", [CARTPOLE, [*TRADING, "replay=per"]], ids=["cartpole", "trading-per-3step"])
+def test_accumulating_members_equal_runs_of_one_member(base):
+    assert_members_equal_runs_of_one([*base, "optim.accumulate=2"], MEMBERS)
+
+
+def test_accumulating_iqn_members_equal_runs_of_one_member():
+    """IQN draws its τ per micro-batch, each member from its own generator."""
+    assert_members_equal_runs_of_one([*CARTPOLE, "head=iqn", "optim.accumulate=4"], MEMBERS[:2])
+
+
+def test_member_micro_batches_are_each_members_single_run_micro_batches():
+    s = collected(configs(CARTPOLE, MEMBERS))
+    batch = s.replay.sample_members(16)
+    parts = P.member_micro_batches(batch, 3, 4)
+    assert len(parts) == 4 and P.member_micro_batches(batch, 3, 1) == [batch]
+    for p in range(3):
+        rows = slice(16 * p, 16 * (p + 1))
+        mine = type(batch)(*(None if f is None else (f[p] if f.dim() == 3 else f[rows]) for f in batch))
+        for k, single in enumerate(micro_batches(mine, 4)):
+            for f, name in enumerate(batch._fields):
+                got = parts[k][f]
+                if got is None:
+                    assert single[f] is None, name
+                    continue
+                got = got[p] if got.dim() == 3 else got[4 * p:4 * (p + 1)]
+                assert torch.equal(got, single[f]), (p, k, name)
+
+
+def test_accumulated_population_of_one_is_the_single_runs_update():
+    """Loss, |TD|, Q and gradients of a population of one with optim.accumulate=4 are a single
+    run's (foxdqn.step.update.accumulate_gradients) on the same batch and weights."""
+    cfgs = configs(CARTPOLE, [["seed=3", "optim.accumulate=4"]])
+    pop = collected(cfgs)
+    single = single_like(cfgs[0], pop)
+    batch = pop.replay.sample_members(16)
+    out = P.accumulate_member_gradients(pop, batch)
+    loss, td_abs, q = accumulate_gradients(single, batch)
+    torch.testing.assert_close(out.loss[0], loss, rtol=1e-6, atol=1e-7)
+    torch.testing.assert_close(out.td_abs, td_abs, rtol=1e-6, atol=1e-7)
+    torch.testing.assert_close(out.q_values[0], q, rtol=1e-6, atol=1e-7)
+    grads = dict(single.nets.online.named_parameters())
+    for prefix, w, b in zip(pop.online.prefixes, pop.online.weights, pop.online.biases):
+        torch.testing.assert_close(w.grad[0].t(), grads[f"{prefix}.weight"].grad, rtol=1e-5, atol=1e-7)
+        torch.testing.assert_close(b.grad[0, 0], grads[f"{prefix}.bias"].grad, rtol=1e-5, atol=1e-7)
