@@ -29,6 +29,7 @@ KEYS = {
     "reward_scale": "loss.reward_scale", "loss_clip": "guard.loss_clip", "nan_at": "debug.inject_nan_at_step",
     "cql_alpha": "objective.cql_alpha", "iql_expectile": "objective.iql_expectile",
     "per_alpha": "replay.alpha", "per_beta_start": "replay.beta_start", "per_eps": "replay.eps", "kappa": "head.kappa",
+    "lr_spike_at": "debug.inject_lr_spike_at_step",
 }
 
 #: Dotted config keys read per member once, while the population is built (host values, no [P]
@@ -74,7 +75,6 @@ SUPPORTED: tuple[tuple[str, Callable[[Any], bool], str], ...] = (
     ("early_stop.on_q_divergence", *_is(False)),
     ("search.pruner", *_one_of(frozenset({"none"}))),
     ("resume", *_is(None)),
-    ("debug.inject_lr_spike_at_step", *_is(None)),
 )
 
 

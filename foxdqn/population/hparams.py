@@ -25,7 +25,8 @@ class MemberParams:
     eq. 5; read with ``objective.iql``), per_alpha / per_beta_start / per_eps (prioritized replay's
     α, β₀ and ε added to |TD|, Schaul et al. 2016 eq. 1 and §3.4; read with ``replay.name=per``),
     kappa (IQN's quantile Huber threshold κ >= 0 of ``head.kappa``, return units, Dabney et al.
-    2018 eq. 3; read with ``head.name=iqn``)."""
+    2018 eq. 3; read with ``head.name=iqn``), lr_spike_at (int64, the update whose learning rate
+    ``debug.inject_lr_spike_at_step`` multiplies by 2**100; −1 never)."""
 
     lr: torch.Tensor
     adam_eps: torch.Tensor
@@ -46,13 +47,14 @@ class MemberParams:
     per_beta_start: torch.Tensor
     per_eps: torch.Tensor
     kappa: torch.Tensor
+    lr_spike_at: torch.Tensor
 
     @classmethod
     def from_configs(cls, cfgs: list[TrainConfig], device: torch.device) -> "MemberParams":
         values = {}
         for f in fields(cls):
             column = [dotted_value(c, KEYS[f.name]) for c in cfgs]
-            if f.name in ("period", "nan_at"):
+            if f.name in ("period", "nan_at", "lr_spike_at"):
                 values[f.name] = torch.tensor([-1 if v is None else int(v) for v in column], dtype=torch.int64,
                                               device=device)
             else:

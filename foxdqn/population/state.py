@@ -36,7 +36,8 @@ ADAM_BETAS = (0.9, 0.999)  # torch.optim.Adam's defaults, as a single run uses
 class PopulationState:
     """The population's state. ``cfg`` is member 0's config (the shared keys), ``cfgs`` every
     member's; ``obs``: float32 ``[P·N, D]``, the observations to act on next; ``env_steps`` and
-    ``updates``: int64 0-d, per member. ``inject_nan``: some member has ``debug.inject_nan_at_step``.
+    ``updates``: int64 0-d, per member. ``inject_nan``: some member has ``debug.inject_nan_at_step``;
+    ``inject_lr_spike``: some member has ``debug.inject_lr_spike_at_step``.
     ``generator`` is None (members draw from ``rng``). ``eps_duration``: float32 ``[P]``, the steps
     of each member's linear ε decay (:meth:`MemberParams.eps_duration`, made once). ``switch``:
     the members' switch penalty (``action.switch_margin`` > 0), else None. ``cql``: some member has
@@ -63,6 +64,7 @@ class PopulationState:
     updates: torch.Tensor
     eps_duration: torch.Tensor
     inject_nan: bool = False
+    inject_lr_spike: bool = False
     generator: None = None
     switch: object = None  # action.switch_margin > 0: MemberSwitch (foxdqn.population.switch), else None
     cql: bool = False
@@ -135,5 +137,6 @@ def build_population(cfgs: list[TrainConfig], market, device: torch.device) -> P
         online=online, target=target, optimizer=optimizer, replay=replay, guard=MemberGuard(params.loss_clip, device),
         stats=MemberStats(len(cfgs), cfg.env.num_envs, device), env_steps=torch.zeros((), **zero),
         updates=updates, eps_duration=params.eps_duration(cfg.agent.total_env_steps),
-        inject_nan=any(c.debug.inject_nan_at_step is not None for c in cfgs), switch=switch,
+        inject_nan=any(c.debug.inject_nan_at_step is not None for c in cfgs),
+        inject_lr_spike=any(c.debug.inject_lr_spike_at_step is not None for c in cfgs), switch=switch,
         cql=any(c.objective.cql_alpha > 0 for c in cfgs), value=value)

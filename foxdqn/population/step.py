@@ -132,10 +132,16 @@ def update_step(s: PopulationState) -> None:
     # each member's clip_grad_norm_ norm and coefficient; Adam's kernel multiplies the grads by it
     # (over every trained parameter: Q's, and IQL's V after them, as a single run clips)
     grad_norm, clip = grad_norm_coefficient([w.grad for w in s.optimizer.params], s.params.grad_clip, members=p)
+    spike = None
+    if s.inject_lr_spike:  # debug.inject_lr_spike_at_step of some member: its lr x 2**100 for that update
+        spike = torch.where(s.updates == s.params.lr_spike_at, 2.0 ** 100, 1.0)
+        s.optimizer.lr.mul_(spike)
     # the guard's skip flags and the update's monitor sums: one kernel
     skip = s.guard.check(loss.detach(), grad_norm, s.updates, s.env_steps, s.stats.update_columns(),
                          out.q_values)
     s.optimizer.step(skip, grad_scale=clip)
+    if spike is not None:
+        s.optimizer.lr.div_(spike)  # a power of two: every member's lr is restored exactly
     # w = τ or the hard copy's 1, times (1 − skip); then `updates += 1`
     # (nothing below reads the counter)
     target_lerp_(list(s.target.parameters()), [w.detach() for w in s.online.parameters()], s.updates, skip,

@@ -1,5 +1,6 @@
-"""Training controls and guard checks in a population, per member: gradient accumulation
-(``optim.accumulate``). Member p of P equals a population of one of its settings bit for bit on
+"""Training controls, fault injection and guard checks in a population, per member: gradient
+accumulation (``optim.accumulate``), the learning-rate spike (``debug.inject_lr_spike_at_step``).
+Member p of P equals a population of one of its settings bit for bit on
 CPU, and a population of one computes what a single run of the same setting computes
 (foxdqn.step.update) to float rounding."""
 from __future__ import annotations
@@ -11,8 +12,9 @@ from foxdqn.population import step as P
 from foxdqn.population.state import build_population
 from foxdqn.step.iteration import Iteration
 from foxdqn.step.state import build_state
-from foxdqn.step.update import accumulate_gradients, micro_batches
-from test_population import CARTPOLE, TRADING, assert_members_equal_runs_of_one, configs, market_for
+from foxdqn.step.update import accumulate_gradients, micro_batches, update_step
+from test_population import (CARTPOLE, TRADING, assert_member_equal, assert_members_equal_runs_of_one, configs,
+                             market_for, member_tensors, run)
 
 CPU = torch.device("cpu")
 MEMBERS = [["seed=0"], ["seed=1", "optim.lr=3e-3"], ["seed=2", "optim.lr=1e-4"]]
@@ -34,6 +36,29 @@ def single_like(cfg, pop):
     s.nets.online.load_state_dict(pop.online.member_state_dict(0))
     s.nets.target.load_state_dict(pop.target.member_state_dict(0))
     return s
+
+
+def one_update(extra, base=CARTPOLE):
+    """(population of one, single run) of ``base`` + ``extra`` (seed 3) after one update on the same
+    batch from the same weights (the population's, after 10 collect-only iterations)."""
+    cfgs = configs(base, [["seed=3", *extra]])
+    pop = collected(cfgs)
+    single = single_like(cfgs[0], pop)
+    batch = pop.replay.sample_members(cfgs[0].agent.batch_size)
+    pop.replay.sample_members = lambda _: batch
+    single.replay.sample = lambda *_: batch
+    P.update_step(pop)
+    P.publish_guard(pop)
+    update_step(single)
+    return pop, single
+
+
+def assert_weights_close(pop, single, rtol=1e-5, atol=1e-6):
+    """Member 0's online and target weights against the single run's, to float rounding."""
+    for name, net in (("online", single.nets.online), ("target", single.nets.target)):
+        mine = getattr(pop, name).member_state_dict(0)
+        for k, v in net.state_dict().items():
+            torch.testing.assert_close(mine[k], v, rtol=rtol, atol=atol, msg=lambda m: f"{name}.{k}: {m}")
 
 
 # --- optim.accumulate ---------------------------------------------------------------------------
@@ -83,3 +108,27 @@ def test_accumulated_population_of_one_is_the_single_runs_update():
     for prefix, w, b in zip(pop.online.prefixes, pop.online.weights, pop.online.biases):
         torch.testing.assert_close(w.grad[0].t(), grads[f"{prefix}.weight"].grad, rtol=1e-5, atol=1e-7)
         torch.testing.assert_close(b.grad[0, 0], grads[f"{prefix}.bias"].grad, rtol=1e-5, atol=1e-7)
+
+
+# --- debug.inject_lr_spike_at_step ---------------------------------------------------------------
+
+
+def test_lr_spike_hits_only_its_member():
+    """Member 1's lr x 2**100 at update 4: it equals a population of one of its setting, the others
+    are bit-identical to a population without the spike, and every lr is restored exactly."""
+    spiked = [MEMBERS[0], [*MEMBERS[1], "debug.inject_lr_spike_at_step=4"], MEMBERS[2]]
+    together = assert_members_equal_runs_of_one(CARTPOLE, spiked)
+    clean = run(configs(CARTPOLE, MEMBERS))
+    for p in (0, 2):
+        assert_member_equal(together, p, clean, p)
+    assert torch.equal(together.optimizer.lr, together.params.lr)
+    big = max(v.abs().max() for k, v in member_tensors(together, 1).items() if k.startswith("online"))
+    assert big > 1e20  # the spike's step (the guard halts it at a later update: loss clip or NaN)
+    assert together.params.lr_spike_at.tolist() == [-1, 4, -1]
+
+
+def test_lr_spike_in_a_population_of_one_is_the_single_runs_step():
+    pop, single = one_update(["debug.inject_lr_spike_at_step=0"])
+    assert_weights_close(pop, single)
+    assert max(w.abs().max() for w in single.nets.online.parameters()) > 1e20
+    assert torch.equal(pop.optimizer.lr, single.optim.lr.view(1)) and torch.equal(pop.optimizer.lr, pop.params.lr)
