@@ -1,7 +1,10 @@
 """The training guard of a population: per member, a bad update is skipped and the member halts.
 
 Member p's update is bad when its loss or gradient norm is not finite (NaN/Inf) or its loss is
-above ``guard.loss_clip`` (p's own value), as for a single run (docs/design/guard.md). Then p's
+above ``guard.loss_clip`` (p's own value), or, with p's ``guard.max_weight``, when the weights
+its Adam step would write are not finite or some |w| is above that bound (the post-step weight
+check, :mod:`foxdqn.population.weight_check`; it fires only when no other flag fired on that
+update), as for a single run (docs/design/guard.md). Then p's
 update is skipped (Adam, target and counters untouched, :class:`~foxdqn.population.optim.MemberAdam`
 reads the returned flags) and p is halted: from then on every update of p is skipped, so p keeps its last
 good weights, while the other members train on unchanged. Each step ends with a non-blocking copy
@@ -20,10 +23,13 @@ from foxdqn.ops.member_guard import LOSS_CLIP, NON_FINITE, member_guard
 
 #: halt codes (``MemberGuard.code``): why a member halted.
 OK = 0
-REASONS = {NON_FINITE: "non-finite loss or gradient norm (NaN/Inf)", LOSS_CLIP: "loss above guard.loss_clip"}
 #: stop codes (``MemberGuard.code``): the member was frozen by early stopping, by the host (not a halt).
 EARLY_STOP_VAL, EARLY_STOP_Q = 3, 4
 STOPS = {"early_stop_val": EARLY_STOP_VAL, "early_stop_q": EARLY_STOP_Q}
+#: halt codes of the checks applied after the kernel's (:meth:`MemberGuard.check`)
+MAX_WEIGHT = 5
+REASONS = {NON_FINITE: "non-finite loss or gradient norm (NaN/Inf)", LOSS_CLIP: "loss above guard.loss_clip",
+           MAX_WEIGHT: "weights non-finite or above guard.max_weight after the step"}
 
 
 class MemberGuard:
@@ -32,6 +38,8 @@ class MemberGuard:
     Args:
         loss_clip: float32 ``[P]``, each member's ``guard.loss_clip``.
         device: where the flags live.
+        max_weight: None (no member checks its weights), or float32 ``[P]``, each member's
+            ``guard.max_weight`` (0: that member's check is off).
 
     Attributes:
         halted: float32 ``[P]``, 1 once a member halted: the skip flags of every update from then on
@@ -42,9 +50,10 @@ class MemberGuard:
         halted (−1: none).
     """
 
-    def __init__(self, loss_clip: torch.Tensor, device: torch.device):
+    def __init__(self, loss_clip: torch.Tensor, device: torch.device, max_weight: torch.Tensor | None = None):
         p = loss_clip.shape[0]
         self.loss_clip = loss_clip
+        self.max_weight = max_weight
         self.halted = torch.zeros(p, device=device)
         self.code = torch.zeros(p, dtype=torch.int64, device=device)
         self.at_update = torch.full((p,), -1, dtype=torch.int64, device=device)
@@ -54,14 +63,36 @@ class MemberGuard:
 
     def check(self, loss: torch.Tensor, grad_norm: torch.Tensor, updates: torch.Tensor,
               env_steps: torch.Tensor, stats: torch.Tensor | None = None,
-              q: torch.Tensor | None = None) -> torch.Tensor:
+              q: torch.Tensor | None = None, weight_max: torch.Tensor | None = None) -> torch.Tensor:
         """The skip flags (:attr:`halted`, float32 ``[P]``) after this update's ``loss`` and ``grad_norm`` (float32 ``[P]``);
         ``updates`` (int64 0-d) is the update's number, ``env_steps`` (int64 0-d) each member's
         env steps so far. With ``stats`` (float64 ``[P, 5]``, :meth:`foxdqn.population.stats.MemberStats.update_columns`)
         and ``q`` (float32 ``[P, B, A]``, the batch's online Q) the update's monitor sums are added
-        in the same launch: :func:`foxdqn.ops.member_guard.member_guard`, one kernel on CUDA."""
-        return member_guard(loss, grad_norm, self.loss_clip, self.halted, self.code, self.at_update,
-                            self.at_env_steps, updates, env_steps, stats=stats, q=q)
+        in the same launch: :func:`foxdqn.ops.member_guard.member_guard`, one kernel on CUDA.
+
+        ``weight_max``: with :attr:`max_weight`, float32 ``[P]``, each member's largest |w| after
+        the step (:meth:`foxdqn.population.weight_check.MemberWeightCheck.run`): a member whose
+        check is on and whose value is not <= its bound halts with :data:`MAX_WEIGHT`, unless the
+        kernel's flags fired on this update or it had halted before (the single run's
+        ``halt_weight``); its skip is counted in ``stats`` as the kernel counts the others'."""
+        member_guard(loss, grad_norm, self.loss_clip, self.halted, self.code, self.at_update,
+                     self.at_env_steps, updates, env_steps, stats=stats, q=q)
+        if weight_max is not None:
+            self._flag(~(weight_max <= self.max_weight) & (self.max_weight > 0), MAX_WEIGHT, updates, env_steps, stats)
+        return self.halted
+
+    def _flag(self, bad: torch.Tensor, code: int, updates: torch.Tensor, env_steps: torch.Tensor,
+              stats: torch.Tensor | None) -> None:
+        """Halt the members where ``bad`` (bool ``[P]``) that are not halted yet with ``code``, at
+        this update (device ops only); their skip joins ``stats``' skipped column."""
+        first = bad & (self.halted == 0)
+        self.code.copy_(torch.where(first, code, self.code))
+        self.at_update.copy_(torch.where(first, updates, self.at_update))
+        self.at_env_steps.copy_(torch.where(first, env_steps, self.at_env_steps))
+        flag = first.to(torch.float32)
+        self.halted.copy_(torch.maximum(self.halted, flag))
+        if stats is not None:
+            stats[:, 3] += flag.to(torch.float64)
 
     def publish(self) -> None:
         """Copy (halted, code, at_update, at_env_steps) to :attr:`host`, non-blocking (a captured

@@ -27,6 +27,7 @@ from foxdqn.population.optim import MemberAdam
 from foxdqn.population.random import MemberRandom
 from foxdqn.population.replay import MemberReplay, build_member_replay
 from foxdqn.population.stats import MemberStats
+from foxdqn.population.weight_check import MemberWeightCheck
 from foxdqn.step.build import attach_codec, build_action_mode, build_iql_value, build_network, replay_storage
 
 ADAM_BETAS = (0.9, 0.999)  # torch.optim.Adam's defaults, as a single run uses
@@ -44,7 +45,8 @@ class PopulationState:
     ``objective.cql_alpha`` > 0: every member's loss adds its α (``params.cql_alpha``, 0 for some)
     times its CQL(H) term. ``value``: with ``objective.iql``, the members' IQL value networks (their
     parameters follow the Q network's in ``optimizer.params``, as a single run's ``extra_parameters``
-    follow its Q network's), else None."""
+    follow its Q network's), else None. ``weight_check``: with some member's ``guard.max_weight``,
+    the members' trial Adam step (:class:`~foxdqn.population.weight_check.MemberWeightCheck`), else None."""
 
     cfg: TrainConfig
     cfgs: list[TrainConfig]
@@ -69,6 +71,7 @@ class PopulationState:
     switch: object = None  # action.switch_margin > 0: MemberSwitch (foxdqn.population.switch), else None
     cql: bool = False
     value: MemberValueNetwork | None = None  # objective.iql: the members' value networks V(s), else None
+    weight_check: MemberWeightCheck | None = None  # some member's guard.max_weight: the trial step, else None
 
     @property
     def members(self) -> int:
@@ -132,11 +135,14 @@ def build_population(cfgs: list[TrainConfig], market, device: torch.device) -> P
         from foxdqn.population.switch import MemberSwitch
 
         switch = MemberSwitch(cfg.action.switch_margin, params.reward_scale, mode.name, env, device)
+    checks_weights = any(c.guard.max_weight for c in cfgs)  # guard.max_weight: Adam's step is tried on a copy first
+    guard = MemberGuard(params.loss_clip, device, max_weight=params.max_weight if checks_weights else None)
     return PopulationState(
         cfg=cfg, cfgs=list(cfgs), device=device, rng=rng, params=params, env=env, action_mode=mode, obs=obs,
-        online=online, target=target, optimizer=optimizer, replay=replay, guard=MemberGuard(params.loss_clip, device),
+        online=online, target=target, optimizer=optimizer, replay=replay, guard=guard,
         stats=MemberStats(len(cfgs), cfg.env.num_envs, device), env_steps=torch.zeros((), **zero),
         updates=updates, eps_duration=params.eps_duration(cfg.agent.total_env_steps),
         inject_nan=any(c.debug.inject_nan_at_step is not None for c in cfgs),
         inject_lr_spike=any(c.debug.inject_lr_spike_at_step is not None for c in cfgs), switch=switch,
-        cql=any(c.objective.cql_alpha > 0 for c in cfgs), value=value)
+        cql=any(c.objective.cql_alpha > 0 for c in cfgs), value=value,
+        weight_check=MemberWeightCheck(optimizer) if checks_weights else None)

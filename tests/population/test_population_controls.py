@@ -1,5 +1,6 @@
 """Training controls, fault injection and guard checks in a population, per member: gradient
-accumulation (``optim.accumulate``), the learning-rate spike (``debug.inject_lr_spike_at_step``).
+accumulation (``optim.accumulate``), the learning-rate spike (``debug.inject_lr_spike_at_step``),
+the post-step weight check (``guard.max_weight``).
 Member p of P equals a population of one of its settings bit for bit on
 CPU, and a population of one computes what a single run of the same setting computes
 (foxdqn.step.update) to float rounding."""
@@ -132,3 +133,42 @@ def test_lr_spike_in_a_population_of_one_is_the_single_runs_step():
     assert_weights_close(pop, single)
     assert max(w.abs().max() for w in single.nets.online.parameters()) > 1e20
     assert torch.equal(pop.optimizer.lr, single.optim.lr.view(1)) and torch.equal(pop.optimizer.lr, pop.params.lr)
+
+
+# --- guard.max_weight --------------------------------------------------------------------------
+
+
+def test_weight_check_halts_only_its_member():
+    """Member 1 (bound 10, lr spike at update 4) halts at update 4 with its weights from before it;
+    member 2's check (bound 1e4) never fires and changes nothing; member 0 has none."""
+    members = [MEMBERS[0], [*MEMBERS[1], "guard.max_weight=10", "debug.inject_lr_spike_at_step=4"],
+               [*MEMBERS[2], "guard.max_weight=1e4"]]
+    together = assert_members_equal_runs_of_one(CARTPOLE, members)
+    assert together.guard.halted.tolist() == [0.0, 1.0, 0.0]
+    assert together.guard.reason(1) == "weights non-finite or above guard.max_weight after the step at update 4"
+    assert together.params.max_weight.tolist() == [0.0, 10.0, 1e4]
+    clean = run(configs(CARTPOLE, MEMBERS))
+    for p in (0, 2):
+        assert_member_equal(together, p, clean, p)
+    assert_member_equal(together, 1, run(configs(CARTPOLE, [MEMBERS[1]]), iterations=4), 0)
+    assert max(v.abs().max() for v in member_tensors(together, 1).values()) < 10
+
+
+def test_weight_check_without_a_bound_in_the_population_is_absent():
+    s = build_population(configs(CARTPOLE, MEMBERS), None, CPU)
+    assert s.weight_check is None and s.guard.max_weight is None
+
+
+@pytest.mark.parametrize("extra,halts", [(["guard.max_weight=10", "debug.inject_lr_spike_at_step=0"], True),
+                                         (["guard.max_weight=1e4"], False)], ids=["fires", "passes"])
+def test_weight_check_in_a_population_of_one_is_the_single_runs(extra, halts):
+    """The trial step's max |w| against the bound halts (or not) as the single run's halt_weight,
+    and the weights after the update are the single run's."""
+    pop, single = one_update(extra)
+    assert float(single.monitors.guard.halted) == float(pop.guard.halted[0]) == float(halts)
+    assert (pop.guard.reason(0) is not None) == halts
+    if halts:
+        first = single.monitors.guard.reader.first_halt()
+        assert "halt_weight" in single.monitors.guard.reader.halt_reason(first)
+        assert "guard.max_weight" in pop.guard.reason(0)
+    assert_weights_close(pop, single)
