@@ -30,6 +30,8 @@ KEYS = {
     "cql_alpha": "objective.cql_alpha", "iql_expectile": "objective.iql_expectile",
     "per_alpha": "replay.alpha", "per_beta_start": "replay.beta_start", "per_eps": "replay.eps", "kappa": "head.kappa",
     "lr_spike_at": "debug.inject_lr_spike_at_step", "max_weight": "guard.max_weight",
+    "collapse_multiplier": "guard.collapse_multiplier", "collapse_patience": "guard.collapse_patience",
+    "warmup_updates": "guard.warmup_updates",
 }
 
 #: Dotted config keys read per member once, while the population is built (host values, no [P]
@@ -68,7 +70,6 @@ SUPPORTED: tuple[tuple[str, Callable[[Any], bool], str], ...] = (
     ("replay.her", *_is(False)),
     ("regime.enabled", *_is(False)),
     ("prune.enabled", *_is(False)),
-    ("guard.collapse_multiplier", (lambda v: v == 0), "0"),
     # early stopping and validation during training run per member (foxdqn.population.selection), but
     # a population has no Q-monitor divergence flag and no search pruner
     ("early_stop.on_q_divergence", *_is(False)),

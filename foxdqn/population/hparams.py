@@ -27,7 +27,10 @@ class MemberParams:
     kappa (IQN's quantile Huber threshold κ >= 0 of ``head.kappa``, return units, Dabney et al.
     2018 eq. 3; read with ``head.name=iqn``), lr_spike_at (int64, the update whose learning rate
     ``debug.inject_lr_spike_at_step`` multiplies by 2**100; −1 never), max_weight (the post-step
-    weight check's bound ``guard.max_weight``; 0 for null or 0: that member's check is off)."""
+    weight check's bound ``guard.max_weight``; 0 for null or 0: that member's check is off),
+    collapse_multiplier (``guard.collapse_multiplier``, 0: the collapse check is off),
+    collapse_patience and warmup_updates (int64, ``guard.collapse_patience``,
+    ``guard.warmup_updates``)."""
 
     lr: torch.Tensor
     adam_eps: torch.Tensor
@@ -50,13 +53,16 @@ class MemberParams:
     kappa: torch.Tensor
     lr_spike_at: torch.Tensor
     max_weight: torch.Tensor
+    collapse_multiplier: torch.Tensor
+    collapse_patience: torch.Tensor
+    warmup_updates: torch.Tensor
 
     @classmethod
     def from_configs(cls, cfgs: list[TrainConfig], device: torch.device) -> "MemberParams":
         values = {}
         for f in fields(cls):
             column = [dotted_value(c, KEYS[f.name]) for c in cfgs]
-            if f.name in ("period", "nan_at", "lr_spike_at"):
+            if f.name in ("period", "nan_at", "lr_spike_at", "collapse_patience", "warmup_updates"):
                 values[f.name] = torch.tensor([-1 if v is None else int(v) for v in column], dtype=torch.int64,
                                               device=device)
             else:  # None: off (guard.max_weight)

@@ -4,7 +4,10 @@ Member p's update is bad when its loss or gradient norm is not finite (NaN/Inf) 
 above ``guard.loss_clip`` (p's own value), or, with p's ``guard.max_weight``, when the weights
 its Adam step would write are not finite or some |w| is above that bound (the post-step weight
 check, :mod:`foxdqn.population.weight_check`; it fires only when no other flag fired on that
-update), as for a single run (docs/design/guard.md). Then p's
+update), or, with p's ``guard.collapse_multiplier`` > 0, when after ``guard.warmup_updates``
+updates its (pre-clip) gradient norm stayed below ``optim.lr × guard.collapse_multiplier`` (its
+own) for more than ``guard.collapse_patience`` updates in a row (the collapse check), as for a
+single run (docs/design/guard.md). Then p's
 update is skipped (Adam, target and counters untouched, :class:`~foxdqn.population.optim.MemberAdam`
 reads the returned flags) and p is halted: from then on every update of p is skipped, so p keeps its last
 good weights, while the other members train on unchanged. Each step ends with a non-blocking copy
@@ -27,9 +30,11 @@ OK = 0
 EARLY_STOP_VAL, EARLY_STOP_Q = 3, 4
 STOPS = {"early_stop_val": EARLY_STOP_VAL, "early_stop_q": EARLY_STOP_Q}
 #: halt codes of the checks applied after the kernel's (:meth:`MemberGuard.check`)
-MAX_WEIGHT = 5
+MAX_WEIGHT, COLLAPSE = 5, 6
 REASONS = {NON_FINITE: "non-finite loss or gradient norm (NaN/Inf)", LOSS_CLIP: "loss above guard.loss_clip",
-           MAX_WEIGHT: "weights non-finite or above guard.max_weight after the step"}
+           MAX_WEIGHT: "weights non-finite or above guard.max_weight after the step",
+           COLLAPSE: "gradient collapse (norm below optim.lr x guard.collapse_multiplier for more than "
+                     "guard.collapse_patience updates)"}
 
 
 class MemberGuard:
@@ -40,6 +45,10 @@ class MemberGuard:
         device: where the flags live.
         max_weight: None (no member checks its weights), or float32 ``[P]``, each member's
             ``guard.max_weight`` (0: that member's check is off).
+        collapse: None (no member checks for a gradient collapse), or (threshold float32 ``[P]``,
+            each member's ``optim.lr × guard.collapse_multiplier`` rounded once from float64 as a
+            single run's, 0: off; warm-up int64 ``[P]``, ``guard.warmup_updates``; patience int64
+            ``[P]``, ``guard.collapse_patience``).
 
     Attributes:
         halted: float32 ``[P]``, 1 once a member halted: the skip flags of every update from then on
@@ -50,10 +59,13 @@ class MemberGuard:
         halted (−1: none).
     """
 
-    def __init__(self, loss_clip: torch.Tensor, device: torch.device, max_weight: torch.Tensor | None = None):
+    def __init__(self, loss_clip: torch.Tensor, device: torch.device, max_weight: torch.Tensor | None = None,
+                 collapse: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None):
         p = loss_clip.shape[0]
         self.loss_clip = loss_clip
         self.max_weight = max_weight
+        self.collapse = collapse
+        self.collapse_count = torch.zeros(p, dtype=torch.int64, device=device)  # collapsed updates in a row
         self.halted = torch.zeros(p, device=device)
         self.code = torch.zeros(p, dtype=torch.int64, device=device)
         self.at_update = torch.full((p,), -1, dtype=torch.int64, device=device)
@@ -74,9 +86,20 @@ class MemberGuard:
         the step (:meth:`foxdqn.population.weight_check.MemberWeightCheck.run`): a member whose
         check is on and whose value is not <= its bound halts with :data:`MAX_WEIGHT`, unless the
         kernel's flags fired on this update or it had halted before (the single run's
-        ``halt_weight``); its skip is counted in ``stats`` as the kernel counts the others'."""
+        ``halt_weight``); its skip is counted in ``stats`` as the kernel counts the others'.
+
+        With :attr:`collapse`, the single run's collapse rule per member (before the weight check,
+        which it suppresses as the single run's does): ``collapsed = updates >= warmup and
+        grad_norm < threshold``, the count of collapsed updates in a row advances (or resets to 0),
+        and a member whose count exceeds its patience halts with :data:`COLLAPSE` (the kernel's
+        NaN/Inf or loss-clip code when one fired on the same update)."""
         member_guard(loss, grad_norm, self.loss_clip, self.halted, self.code, self.at_update,
                      self.at_env_steps, updates, env_steps, stats=stats, q=q)
+        if self.collapse is not None:
+            threshold, warmup, patience = self.collapse
+            collapsed = (updates >= warmup) & (grad_norm < threshold)  # IEEE: a NaN norm never collapses
+            self.collapse_count.copy_(torch.where(collapsed, self.collapse_count + 1, 0))
+            self._flag(collapsed & (self.collapse_count > patience), COLLAPSE, updates, env_steps, stats)
         if weight_max is not None:
             self._flag(~(weight_max <= self.max_weight) & (self.max_weight > 0), MAX_WEIGHT, updates, env_steps, stats)
         return self.halted

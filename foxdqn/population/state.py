@@ -136,7 +136,13 @@ def build_population(cfgs: list[TrainConfig], market, device: torch.device) -> P
 
         switch = MemberSwitch(cfg.action.switch_margin, params.reward_scale, mode.name, env, device)
     checks_weights = any(c.guard.max_weight for c in cfgs)  # guard.max_weight: Adam's step is tried on a copy first
-    guard = MemberGuard(params.loss_clip, device, max_weight=params.max_weight if checks_weights else None)
+    collapse = None
+    if any(c.guard.collapse_multiplier for c in cfgs):  # the collapse check: lr x multiplier, as a single run rounds it
+        threshold = torch.tensor([c.optim.lr * c.guard.collapse_multiplier for c in cfgs], dtype=torch.float32,
+                                 device=device)
+        collapse = (threshold, params.warmup_updates, params.collapse_patience)
+    guard = MemberGuard(params.loss_clip, device, max_weight=params.max_weight if checks_weights else None,
+                        collapse=collapse)
     return PopulationState(
         cfg=cfg, cfgs=list(cfgs), device=device, rng=rng, params=params, env=env, action_mode=mode, obs=obs,
         online=online, target=target, optimizer=optimizer, replay=replay, guard=guard,

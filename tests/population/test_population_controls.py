@@ -1,6 +1,7 @@
 """Training controls, fault injection and guard checks in a population, per member: gradient
 accumulation (``optim.accumulate``), the learning-rate spike (``debug.inject_lr_spike_at_step``),
-the post-step weight check (``guard.max_weight``).
+the post-step weight check (``guard.max_weight``), the gradient-collapse check
+(``guard.collapse_multiplier``).
 Member p of P equals a population of one of its settings bit for bit on
 CPU, and a population of one computes what a single run of the same setting computes
 (foxdqn.step.update) to float rounding."""
@@ -171,4 +172,70 @@ def test_weight_check_in_a_population_of_one_is_the_single_runs(extra, halts):
         first = single.monitors.guard.reader.first_halt()
         assert "halt_weight" in single.monitors.guard.reader.halt_reason(first)
         assert "guard.max_weight" in pop.guard.reason(0)
+    assert_weights_close(pop, single)
+
+
+# --- guard.collapse_multiplier -------------------------------------------------------------------
+
+COLLAPSING = ["guard.collapse_multiplier=1e6", "guard.warmup_updates=2", "guard.collapse_patience=1"]
+
+
+def test_collapse_check_halts_only_its_member():
+    """Member 1's threshold (lr x 1e6) is above every gradient norm: collapsed from update 2 (its
+    warm-up) on, it halts at update 3 (count 2 > patience 1); member 2's (lr x 1e-6) never fires and
+    changes nothing; member 0 has none."""
+    members = [MEMBERS[0], [*MEMBERS[1], *COLLAPSING],
+               [*MEMBERS[2], "guard.collapse_multiplier=1e-6", "guard.warmup_updates=0", "guard.collapse_patience=3"]]
+    together = assert_members_equal_runs_of_one(CARTPOLE, members)
+    assert together.guard.halted.tolist() == [0.0, 1.0, 0.0]
+    assert together.guard.reason(1).startswith("gradient collapse") and together.guard.reason(1).endswith("update 3")
+    assert together.guard.collapse[0].tolist() == torch.tensor([0.0, 3e-3 * 1e6, 1e-4 * 1e-6]).tolist()
+    clean = run(configs(CARTPOLE, MEMBERS))
+    for p in (0, 2):
+        assert_member_equal(together, p, clean, p)
+    assert_member_equal(together, 1, run(configs(CARTPOLE, [MEMBERS[1]]), iterations=3), 0)
+
+
+def test_member_collapse_check_is_the_single_runs_guard():
+    """A scripted sequence of losses and gradient norms: each member's halts, their update and its
+    count of collapsed updates are those of a single run's TrainingGuard of its settings
+    (foxdqn.guard.host, ops.training_guard), NaN and loss-clip halts included."""
+    from foxdqn.guard.host import TrainingGuard
+    from foxdqn.population.member_guard import MemberGuard
+
+    # (threshold, warm-up, patience, loss clip) per member
+    settings = [(0.5, 0, 0, 1e6), (0.5, 2, 1, 1e6), (0.0, 0, 0, 1e6), (0.045, 1, 2, 1e6), (0.5, 0, 5, 0.9)]
+    norms = [0.1, 0.7, 0.2, 0.3, 0.1, 0.6, 0.05, 0.4, 0.01, 0.02, 0.03, float("nan")]
+    losses = [0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 1.0, 0.1, 0.2, 0.3, 0.4]
+    f32, i64 = torch.float32, torch.int64
+    col = lambda i, dtype: torch.tensor([s[i] for s in settings], dtype=dtype)  # noqa: E731
+    guard = MemberGuard(col(3, f32), CPU, collapse=(col(0, f32), col(1, i64), col(2, i64)))
+    singles = [TrainingGuard(CPU, loss_clip=clip, collapse_threshold=thr, warmup_steps=warm, patience=pat)
+               for thr, warm, pat, clip in settings]
+    halted_at = [None] * len(settings)
+    for u, (norm, loss) in enumerate(zip(norms, losses)):
+        step = torch.tensor(u, dtype=i64)
+        guard.check(torch.full((len(settings),), loss), torch.full((len(settings),), norm), step, step * 4)
+        for p, single in enumerate(singles):
+            single.check(torch.tensor(loss), torch.tensor(norm), step)
+            assert float(guard.halted[p]) == float(single.halted), (u, p)
+            if single.halted and halted_at[p] is None:
+                halted_at[p] = u
+                assert int(guard.at_update[p]) == u
+            if not single.halted:
+                assert int(guard.collapse_count[p]) == int(single.collapse_count), (u, p)
+    # at once; after warm-up and patience; threshold 0: only the NaN; a norm above resets; the loss clip first
+    assert halted_at == [0, 3, 11, 10, 7], halted_at
+    guard.publish()
+    assert [guard.reason(p).split(" (")[0] for p in range(5)] == [
+        "gradient collapse", "gradient collapse", "non-finite loss or gradient norm", "gradient collapse",
+        "loss above guard.loss_clip at update 7"]
+
+
+def test_collapse_in_a_population_of_one_is_the_single_runs():
+    pop, single = one_update(["guard.collapse_multiplier=1e6", "guard.warmup_updates=0", "guard.collapse_patience=0"])
+    assert float(single.monitors.guard.halted) == float(pop.guard.halted[0]) == 1.0
+    first = single.monitors.guard.reader.first_halt()
+    assert "halt_grad_collapse" in single.monitors.guard.reader.halt_reason(first)
+    assert pop.guard.reason(0).startswith("gradient collapse")
     assert_weights_close(pop, single)
