@@ -31,7 +31,7 @@ KEYS = {
     "per_alpha": "replay.alpha", "per_beta_start": "replay.beta_start", "per_eps": "replay.eps", "kappa": "head.kappa",
     "lr_spike_at": "debug.inject_lr_spike_at_step", "max_weight": "guard.max_weight",
     "collapse_multiplier": "guard.collapse_multiplier", "collapse_patience": "guard.collapse_patience",
-    "warmup_updates": "guard.warmup_updates",
+    "warmup_updates": "guard.warmup_updates", "q_divergence": "guard.q_divergence",
 }
 
 #: Dotted config keys read per member once, while the population is built (host values, no [P]
@@ -71,8 +71,7 @@ SUPPORTED: tuple[tuple[str, Callable[[Any], bool], str], ...] = (
     ("regime.enabled", *_is(False)),
     ("prune.enabled", *_is(False)),
     # early stopping and validation during training run per member (foxdqn.population.selection), but
-    # a population has no Q-monitor divergence flag and no search pruner
-    ("early_stop.on_q_divergence", *_is(False)),
+    # a population has no search pruner
     ("search.pruner", *_one_of(frozenset({"none"}))),
     ("resume", *_is(None)),
 )

@@ -30,7 +30,8 @@ class MemberParams:
     weight check's bound ``guard.max_weight``; 0 for null or 0: that member's check is off),
     collapse_multiplier (``guard.collapse_multiplier``, 0: the collapse check is off),
     collapse_patience and warmup_updates (int64, ``guard.collapse_patience``,
-    ``guard.warmup_updates``)."""
+    ``guard.warmup_updates``), q_divergence (the Q monitor's |Q| bound ``guard.q_divergence``;
+    read with ``early_stop.on_q_divergence``)."""
 
     lr: torch.Tensor
     adam_eps: torch.Tensor
@@ -56,6 +57,7 @@ class MemberParams:
     collapse_multiplier: torch.Tensor
     collapse_patience: torch.Tensor
     warmup_updates: torch.Tensor
+    q_divergence: torch.Tensor
 
     @classmethod
     def from_configs(cls, cfgs: list[TrainConfig], device: torch.device) -> "MemberParams":

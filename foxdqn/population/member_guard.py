@@ -14,6 +14,13 @@ good weights, while the other members train on unchanged. Each step ends with a 
 of the halt state into pinned host memory, which the host reads without waiting
 (docs/design/hot_loop.md#the-contract).
 
+With ``early_stop.on_q_divergence`` (and early stopping) each update also writes each member's
+Q-monitor divergence flag (:meth:`MemberGuard.check_q`: the batch's online Q has a non-finite
+entry or some |Q| above the member's ``guard.q_divergence``, the single run's
+:mod:`foxdqn.ops.qvalue_stats` rule), not latched; :meth:`MemberGuard.publish` copies the flag of
+the iteration's last update to :attr:`MemberGuard.q_host`, which the host reads as a single run
+reads its ring's newest record (foxdqn.population.train).
+
 The host freezes a member the same way when early stopping ends it (:meth:`MemberGuard.stop`,
 codes :data:`EARLY_STOP_VAL` / :data:`EARLY_STOP_Q`, foxdqn.run.early_stop's reasons): its updates
 are skipped from then on, but it is a normal end, not a halt (:meth:`MemberGuard.reason` is None).
@@ -56,11 +63,14 @@ class MemberGuard:
         code (:data:`REASONS`).  at_update: int64 ``[P]``, the update that halted it (−1: none).
         host: pinned (on CUDA) int64 ``[4, P]`` copy of (halted, code, at_update, at_env_steps), refreshed by
         :meth:`publish` without a wait.  at_env_steps: int64 ``[P]``, the member's env steps when it
-        halted (−1: none).
+        halted (−1: none).  q_divergence: None, or float32 ``[P]`` (each member's
+        ``guard.q_divergence``): then q_diverged (float32 ``[P]``, the last :meth:`check_q`'s flags)
+        and q_host (its pinned int64 ``[P]`` copy, refreshed by :meth:`publish`).
     """
 
     def __init__(self, loss_clip: torch.Tensor, device: torch.device, max_weight: torch.Tensor | None = None,
-                 collapse: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None):
+                 collapse: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None,
+                 q_divergence: torch.Tensor | None = None):
         p = loss_clip.shape[0]
         self.loss_clip = loss_clip
         self.max_weight = max_weight
@@ -72,6 +82,10 @@ class MemberGuard:
         self.at_env_steps = torch.full((p,), -1, dtype=torch.int64, device=device)
         self._state = torch.zeros(4, p, dtype=torch.int64, device=device)
         self.host = torch.zeros(4, p, dtype=torch.int64, pin_memory=device.type == "cuda")
+        self.q_divergence = q_divergence
+        if q_divergence is not None:
+            self.q_diverged = torch.zeros(p, device=device)
+            self.q_host = torch.zeros(p, dtype=torch.int64, pin_memory=device.type == "cuda")
 
     def check(self, loss: torch.Tensor, grad_norm: torch.Tensor, updates: torch.Tensor,
               env_steps: torch.Tensor, stats: torch.Tensor | None = None,
@@ -117,11 +131,27 @@ class MemberGuard:
         if stats is not None:
             stats[:, 3] += flag.to(torch.float64)
 
+    def check_q(self, q: torch.Tensor) -> None:
+        """Each member's Q divergence flag of this update into :attr:`q_diverged` (with
+        :attr:`q_divergence`): ``q`` float32 ``[P, B, A]`` (the batch's online Q; the expected Q
+        of a distributional head) has a NaN or ±Inf entry, or an entry with |Q| above the member's
+        threshold (strict; a NaN threshold never trips the magnitude test). Device ops only."""
+        p = q.shape[0]
+        bad = ~torch.isfinite(q) | (q.abs() > self.q_divergence.view(p, 1, 1))
+        self.q_diverged.copy_(bad.view(p, -1).any(dim=1))
+
     def publish(self) -> None:
-        """Copy (halted, code, at_update, at_env_steps) to :attr:`host`, non-blocking (a captured
-        copy on CUDA)."""
+        """Copy (halted, code, at_update, at_env_steps) to :attr:`host` (and the Q divergence flags
+        to :attr:`q_host`), non-blocking (a captured copy on CUDA)."""
         torch.stack([self.halted.to(torch.int64), self.code, self.at_update, self.at_env_steps], out=self._state)
         self.host.copy_(self._state, non_blocking=True)
+        if self.q_divergence is not None:
+            self.q_host.copy_(self.q_diverged, non_blocking=True)
+
+    def q_diverged_now(self, p: int) -> bool:
+        """Member ``p``'s Q divergence flag of the last published update (host copy; False without
+        the check)."""
+        return self.q_divergence is not None and bool(self.q_host[p])
 
     def stop(self, p: int, reason: str, updates: int, env_steps: int) -> None:
         """Freeze member ``p`` from the host between iterations (early stopping's ``reason``, a key

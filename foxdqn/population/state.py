@@ -141,8 +141,10 @@ def build_population(cfgs: list[TrainConfig], market, device: torch.device) -> P
         threshold = torch.tensor([c.optim.lr * c.guard.collapse_multiplier for c in cfgs], dtype=torch.float32,
                                  device=device)
         collapse = (threshold, params.warmup_updates, params.collapse_patience)
+    # early_stop.on_q_divergence (with early stopping): each member's Q-monitor divergence flag
+    q_stop = cfg.early_stop.enabled and cfg.early_stop.on_q_divergence
     guard = MemberGuard(params.loss_clip, device, max_weight=params.max_weight if checks_weights else None,
-                        collapse=collapse)
+                        collapse=collapse, q_divergence=params.q_divergence if q_stop else None)
     return PopulationState(
         cfg=cfg, cfgs=list(cfgs), device=device, rng=rng, params=params, env=env, action_mode=mode, obs=obs,
         online=online, target=target, optimizer=optimizer, replay=replay, guard=guard,

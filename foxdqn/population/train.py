@@ -15,7 +15,8 @@ run ``FAILED``, its W&B run exit code 1); the others finish.
 With ``eval.interval_env_steps`` > 0 every member is validated at each eval boundary, all at once
 (foxdqn.population.evaluate), and each gets its ``val/*`` row; with ``early_stop.enabled`` each
 member's best weights are kept (foxdqn.population.selection), a member whose validation plateaus
-(or whose mean max-Q stays above ``early_stop.q_bound``) is frozen by the guard's mechanism
+(or whose mean max-Q stays above ``early_stop.q_bound``, or, with ``early_stop.on_q_divergence``,
+whose last update of an iteration has the Q monitor's divergence flag) is frozen by the guard's mechanism
 (:meth:`~foxdqn.population.member_guard.MemberGuard.stop`) while the others train on, and the
 loop ends when every member has stopped or halted. At the end such a member is evaluated with its
 best weights (``checkpoints/best.pt``), as a single run is.
@@ -132,6 +133,8 @@ class _Population:
                 self.host_updates += 0 if it < self.warm_iters else cfg.agent.updates_per_iter
                 self.env_steps = (it + 1) * self.per_iter
                 last = it == self.total_iters - 1
+                if self.s.guard.q_divergence is not None and it >= self.warm_iters:
+                    self._q_divergence()
                 if (it + 1) % self.log_every == 0 or last:
                     now = time.perf_counter()
                     rate = (self.env_steps - steps_log) / max(now - t_log, 1e-9)
@@ -172,6 +175,18 @@ class _Population:
             elif stopper is not None and stopper.update_q(row["mean_max_q"]) and not last:
                 self._stop(p, "early_stop_q", stopper.q_detail(row["mean_max_q"]))
         return returns
+
+    def _q_divergence(self) -> None:
+        """``early_stop.on_q_divergence``, after an iteration: a running member whose last update's
+        Q diverged (the guard's published flag, :meth:`MemberGuard.check_q`) and whose guard did not
+        fire stops as ``early_stop_q``, as a single run stops when its ring's newest record carries
+        the Q monitor's flag alone (foxdqn.run.loop._Training._guard_fired); a member the guard
+        halted stays halted."""
+        guard = self.s.guard
+        for p in range(len(self.members)):
+            if p in self.stopped or guard.halt_point(p) is not None or not guard.q_diverged_now(p):
+                continue
+            self._stop(p, "early_stop_q", f"Q monitor: q_divergence at update {self.host_updates - 1}")
 
     def _validate(self, it: int, last: bool) -> None:
         """The eval boundary: validate every member at once, log each running member's ``val/*`` row;

@@ -1,7 +1,8 @@
 """Training controls, fault injection and guard checks in a population, per member: gradient
 accumulation (``optim.accumulate``), the learning-rate spike (``debug.inject_lr_spike_at_step``),
 the post-step weight check (``guard.max_weight``), the gradient-collapse check
-(``guard.collapse_multiplier``).
+(``guard.collapse_multiplier``), early stopping on the Q monitor's divergence flag
+(``early_stop.on_q_divergence``).
 Member p of P equals a population of one of its settings bit for bit on
 CPU, and a population of one computes what a single run of the same setting computes
 (foxdqn.step.update) to float rounding."""
@@ -239,3 +240,47 @@ def test_collapse_in_a_population_of_one_is_the_single_runs():
     assert "halt_grad_collapse" in single.monitors.guard.reader.halt_reason(first)
     assert pop.guard.reason(0).startswith("gradient collapse")
     assert_weights_close(pop, single)
+
+
+# --- early_stop.on_q_divergence -----------------------------------------------------------------
+
+
+def test_member_q_divergence_flag_is_the_single_runs_q_monitor():
+    """Per member, the flag of MemberGuard.check_q is the single run's QValueMonitor flag
+    (ops.qvalue_stats) for the same Q and threshold: NaN, ±Inf, above, at and below the bound."""
+    from foxdqn.device import ring_record as R
+    from foxdqn.guard.q_monitor import QValueMonitor
+    from foxdqn.population.member_guard import MemberGuard
+
+    q = torch.randn(6, 4, 3)
+    q[1, 2, 0] = float("nan")
+    q[2, 0, 1] = float("inf")
+    q[3, 3, 2] = -5.0  # above 4, at 5
+    q[4, 1, 1] = 5.0
+    thresholds = torch.tensor([4.0, 4.0, float("inf"), 4.0, 5.0, float("nan")])
+    guard = MemberGuard(torch.full((6,), 1e6), CPU, q_divergence=thresholds)
+    guard.check_q(q)
+    guard.publish()
+    for p in range(6):
+        mon = QValueMonitor(R.new_ring(4), CPU, threshold=float(thresholds[p]))
+        mon.update(q[p], torch.tensor(0))
+        assert guard.q_diverged_now(p) == bool(mon.ring[0, R.Q_DIVERGENCE] == 1.0), p
+    assert [guard.q_diverged_now(p) for p in range(6)] == [q[0].abs().max() > 4, True, True, True, False, False]
+
+
+def test_q_divergence_stops_a_member_as_a_population_of_one(tmp_path):
+    """Member 1's bound 1e-3 is below its first update's |Q|: it stops as early_stop_q after the
+    first iteration with updates; member 0 (the default bound) stops on its validation. Each equals a
+    population of one (metrics.csv, summary entries, checkpoints)."""
+    from test_population_early_stop import EARLY, assert_same_run, train
+
+    base = [*EARLY, "early_stop.on_q_divergence=true"]
+    members = [["seed=0"], ["seed=1", "optim.lr=3e-3", "guard.q_divergence=1e-3"]]
+    outcomes = train(base, members, tmp_path / "pop")
+    stop = outcomes[1].summary["stop"]
+    assert stop["reason"] == "early_stop_q" and stop["detail"].startswith("Q monitor: q_divergence at update ")
+    assert stop["at_env_steps"] < outcomes[0].summary["stop"]["at_env_steps"]
+    assert outcomes[0].summary["stop"]["reason"] == "early_stop_val"
+    for p, extra in enumerate(members):
+        train(base, [extra], tmp_path / f"alone{p}", jobs=[p])
+        assert_same_run(tmp_path / "pop" / str(p), tmp_path / f"alone{p}" / str(p))
