@@ -133,6 +133,7 @@ class _Population:
                 self.host_updates += 0 if it < self.warm_iters else cfg.agent.updates_per_iter
                 self.env_steps = (it + 1) * self.per_iter
                 last = it == self.total_iters - 1
+                self._halted_since()
                 if self.s.guard.q_divergence is not None and it >= self.warm_iters:
                     self._q_divergence()
                 if (it + 1) % self.log_every == 0 or last:
@@ -152,7 +153,8 @@ class _Population:
                     break
 
     def _log_rows(self, rate: float, last: bool) -> list[float]:
-        """One row per member that had not halted at the previous boundary, from one host copy of
+        """One row per member that has not halted or stopped (:meth:`_halted_since`; on CUDA a halt the
+        host copy did not show yet gets its row, with the halt's update count), from one host copy of
         the accumulators (the interval's one sync); returns the members' episode returns. With
         ``early_stop.q_bound``, a member whose mean max-Q stayed high is stopped (``early_stop_q``)."""
         s = self.s
@@ -175,6 +177,16 @@ class _Population:
             elif stopper is not None and stopper.update_q(row["mean_max_q"]) and not last:
                 self._stop(p, "early_stop_q", stopper.q_detail(row["mean_max_q"]))
         return returns
+
+    def _halted_since(self) -> None:
+        """After an iteration: a member the guard halted (the published host copy, no wait) logs no
+        more rows, from this iteration's boundary on, as a single run that polls its guard after
+        each iteration and stops before logging (foxdqn.run.loop). So a halted member's rows do not
+        depend on when the other members halt (the loop ends early once every member has)."""
+        guard = self.s.guard
+        for p in range(len(self.members)):
+            if p not in self.stopped and guard.reason(p) is not None:
+                self.stopped.add(p)
 
     def _q_divergence(self) -> None:
         """``early_stop.on_q_divergence``, after an iteration: a running member whose last update's

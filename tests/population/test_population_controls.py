@@ -284,3 +284,49 @@ def test_q_divergence_stops_a_member_as_a_population_of_one(tmp_path):
     for p, extra in enumerate(members):
         train(base, [extra], tmp_path / f"alone{p}", jobs=[p])
         assert_same_run(tmp_path / "pop" / str(p), tmp_path / f"alone{p}" / str(p))
+
+
+# --- run folders -------------------------------------------------------------------------------
+
+
+def test_guard_halts_in_run_folders_equal_populations_of_one(tmp_path):
+    """train_population with accumulation: member 1 halts on its weight bound (lr spike), member 2 on a
+    gradient collapse, member 0 finishes; each folder (metrics.csv rows, HALTED or the summary's
+    metrics, last.pt) equals a population of one of its job's, and HALTED says why."""
+    import json
+
+    from foxdqn.population.jobs import FINISHED, HALTED, Member
+    from foxdqn.population.train import train_population
+    from test_population_early_stop import metrics, weights
+
+    base = [*TRADING, "logger=csv", "agent.total_env_steps=360", "agent.learning_starts=96",
+            "log.interval_env_steps=48", "optim.accumulate=2"]
+    members = [["seed=0"], ["seed=1", "optim.lr=3e-3", "guard.max_weight=50", "debug.inject_lr_spike_at_step=5"],
+               ["seed=2", "optim.lr=1e-4", "guard.collapse_multiplier=1e9", "guard.warmup_updates=3",
+                "guard.collapse_patience=2"]]
+
+    def train(extras, folder, jobs):
+        tcs = configs(base, extras)
+        return train_population([Member(tc, market_for(tcs[0]), folder / str(j), j, list(extra))
+                                 for j, tc, extra in zip(jobs, tcs, extras)])
+
+    outcomes = train(members, tmp_path / "pop", [0, 1, 2])
+    assert [o.exit_code for o in outcomes] == [FINISHED, HALTED, HALTED], [o.message for o in outcomes]
+    halted = [(tmp_path / "pop" / str(p) / "HALTED").read_text() for p in (1, 2)]
+    assert halted == ["weights non-finite or above guard.max_weight after the step at update 5\n",
+                      "gradient collapse (norm below optim.lr x guard.collapse_multiplier for more than "
+                      "guard.collapse_patience updates) at update 5\n"]
+    for p, extra in enumerate(members):
+        alone = train([extra], tmp_path / "alone", [p])[0]
+        assert alone.exit_code == outcomes[p].exit_code and alone.message.replace("alone", "pop") == outcomes[p].message
+        a, b = tmp_path / "pop" / str(p), tmp_path / "alone" / str(p)
+        pd_a, pd_b = metrics(a), metrics(b)
+        assert pd_a.equals(pd_b), p
+        (wa, pa), (wb, pb) = weights(a / "checkpoints" / "last.pt"), weights(b / "checkpoints" / "last.pt")
+        assert (pa["env_steps"], pa["updates"]) == (pb["env_steps"], pb["updates"])
+        assert all(torch.equal(wa[k], wb[k]) for k in wa), p
+        if p == 0:
+            sa, sb = (json.loads((f / "eval" / "summary.json").read_text()) for f in (a, b))
+            assert sa["metrics"] == sb["metrics"]
+        else:
+            assert (a / "HALTED").read_text() == (b / "HALTED").read_text()
