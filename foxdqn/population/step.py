@@ -49,8 +49,9 @@ def collect_step(s: PopulationState) -> None:
         action = act(s.online, s.obs.view(p, n, -1), s.env_steps, prm.eps_start, prm.eps_end, s.eps_duration, u,
                      penalty=penalty)
     env_action = s.action_mode.to_env(action, s.env)
+    extras = s.env.collect_hook.replay_extras(s.env, s.replay)  # regime.enabled: the state's volatility ratio
     out = s.env.step(env_action)
-    store(s.replay, s.env.collect_hook, s.env, s.obs, action, out, prm.reward_scale)
+    store(s.replay, s.env.collect_hook, s.env, s.obs, action, out, prm.reward_scale, **extras)
     info = out.info  # the monitor's sums and `env_steps += N`: one kernel
     s.stats.add_step(env_action, out.reward, info["episode_done"], info["episode_return"], info["episode_length"],
                      s.env.collect_hook.trades(out), s.env_steps)
@@ -68,7 +69,8 @@ def population_loss(s: PopulationState, batch) -> LossOutput:
     return member_loss(s.online, s.target, batch, s.members, s.params.huber_delta, h.double, value=s.value,
                        expectile=s.params.iql_expectile, cql_alpha=s.params.cql_alpha if s.cql else None,
                        penalty=None if s.switch is None or s.value is not None else s.switch.target(batch),
-                       weighted=s.cfg.replay.name == "per", kappa=s.params.kappa, taus=taus)
+                       weighted=s.cfg.replay.name == "per" or s.cfg.regime.enabled, kappa=s.params.kappa,
+                       taus=taus)
 
 
 def member_micro_batches(batch: Batch, members: int, m: int) -> list[Batch]:

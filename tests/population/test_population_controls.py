@@ -2,7 +2,7 @@
 accumulation (``optim.accumulate``), the learning-rate spike (``debug.inject_lr_spike_at_step``),
 the post-step weight check (``guard.max_weight``), the gradient-collapse check
 (``guard.collapse_multiplier``), early stopping on the Q monitor's divergence flag
-(``early_stop.on_q_divergence``).
+(``early_stop.on_q_divergence``), regime weights (``regime.enabled``).
 Member p of P equals a population of one of its settings bit for bit on
 CPU, and a population of one computes what a single run of the same setting computes
 (foxdqn.step.update) to float rounding."""
@@ -330,3 +330,45 @@ def test_guard_halts_in_run_folders_equal_populations_of_one(tmp_path):
             assert sa["metrics"] == sb["metrics"]
         else:
             assert (a / "HALTED").read_text() == (b / "HALTED").read_text()
+
+
+# --- regime.enabled ----------------------------------------------------------------------------
+
+#: thresholds near 1 so that the synthetic market's bars fall in all three regimes
+REGIME = ["regime.enabled=true", "regime.low_threshold=0.95", "regime.high_threshold=1.05", "regime.weights=[3,1,0.25]"]
+
+
+@pytest.mark.parametrize("replay", ["uniform", "per"])
+def test_regime_weighted_members_equal_runs_of_one_member(replay):
+    assert_members_equal_runs_of_one([*TRADING, *REGIME, f"replay={replay}"], MEMBERS)
+
+
+def test_regime_weights_are_the_single_runs_for_the_sampled_rows():
+    """Each stored transition carries its state's volatility ratio (the single run's collect hook),
+    a sample's weight is its regime's (times PER's), and a population of one's loss on that batch is
+    the single run's objective's (which weighs by batch.weight) on the same weights."""
+    from foxdqn.replay.regime import volatility_ratio
+
+    cfgs = configs([*TRADING, *REGIME], MEMBERS)
+    s = collected(cfgs)
+    row, expected = int(s.replay.ptr), volatility_ratio(s.env.market_state()[1], s.env.median_volatility)
+    P.collect_step(s)
+    assert torch.equal(s.replay.vol_ratio[row], expected)  # every member's envs' ratios, written with the row
+    batch = s.replay.sample_members(cfgs[0].agent.batch_size)
+    ratio = s.replay.vol_ratio.view(-1)[batch.index]
+    regime = s.replay.regime
+    assert torch.equal(batch.weight, regime(ratio))
+    assert set(regime.index(ratio).tolist()) == {0, 1, 2}  # all three regimes sampled
+    pop, single = one_update(REGIME, base=TRADING)
+    assert_weights_close(pop, single)
+
+
+def test_memory_cap_counts_the_regime_column():
+    """The population's memory cap (job.memory.members_that_fit) counts each member's float32
+    volatility ratios, as the single run's precheck counts its own (job.check)."""
+    from foxdqn.job.memory import members_that_fit
+
+    plain, regime = configs(TRADING, [[], REGIME])
+    market = market_for(plain)
+    free = 10 ** 9
+    assert members_that_fit(regime, market, free) < members_that_fit(plain, market, free)
