@@ -68,7 +68,6 @@ SUPPORTED: tuple[tuple[str, Callable[[Any], bool], str], ...] = (
     ("model.encoder", *_one_of(POPULATION_ENCODERS)),
     ("action.mode", *_one_of(POPULATION_ACTION_MODES)),
     ("replay.her", *_is(False)),
-    ("prune.enabled", *_is(False)),
     # early stopping and validation during training run per member (foxdqn.population.selection), but
     # a population has no search pruner
     ("search.pruner", *_one_of(frozenset({"none"}))),

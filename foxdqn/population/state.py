@@ -24,6 +24,7 @@ from foxdqn.population.member_guard import MemberGuard
 from foxdqn.population.hparams import MemberParams
 from foxdqn.population.network import MemberQNetwork, MemberValueNetwork
 from foxdqn.population.optim import MemberAdam
+from foxdqn.population.pruning import MemberPruner
 from foxdqn.population.random import MemberRandom
 from foxdqn.population.replay import MemberReplay, build_member_replay
 from foxdqn.population.stats import MemberStats
@@ -46,7 +47,9 @@ class PopulationState:
     times its CQL(H) term. ``value``: with ``objective.iql``, the members' IQL value networks (their
     parameters follow the Q network's in ``optimizer.params``, as a single run's ``extra_parameters``
     follow its Q network's), else None. ``weight_check``: with some member's ``guard.max_weight``,
-    the members' trial Adam step (:class:`~foxdqn.population.weight_check.MemberWeightCheck`), else None."""
+    the members' trial Adam step (:class:`~foxdqn.population.weight_check.MemberWeightCheck`), else None.
+    ``pruner``: with ``prune.enabled``, the members' weight masks
+    (:class:`~foxdqn.population.pruning.MemberPruner`), else None."""
 
     cfg: TrainConfig
     cfgs: list[TrainConfig]
@@ -72,6 +75,7 @@ class PopulationState:
     cql: bool = False
     value: MemberValueNetwork | None = None  # objective.iql: the members' value networks V(s), else None
     weight_check: MemberWeightCheck | None = None  # some member's guard.max_weight: the trial step, else None
+    pruner: MemberPruner | None = None  # prune.enabled: the members' weight masks, else None
 
     @property
     def members(self) -> int:
@@ -145,6 +149,11 @@ def build_population(cfgs: list[TrainConfig], market, device: torch.device) -> P
     q_stop = cfg.early_stop.enabled and cfg.early_stop.on_q_divergence
     guard = MemberGuard(params.loss_clip, device, max_weight=params.max_weight if checks_weights else None,
                         collapse=collapse, q_divergence=params.q_divergence if q_stop else None)
+    pruner = None
+    if cfg.prune.enabled:  # the prune.* keys are group keys: one schedule, each member's own masks
+        g = cfg.prune
+        pruner = MemberPruner(online, target, g.initial_sparsity, g.final_sparsity, g.start_update, g.end_update,
+                              g.frequency, device)
     return PopulationState(
         cfg=cfg, cfgs=list(cfgs), device=device, rng=rng, params=params, env=env, action_mode=mode, obs=obs,
         online=online, target=target, optimizer=optimizer, replay=replay, guard=guard,
@@ -153,4 +162,4 @@ def build_population(cfgs: list[TrainConfig], market, device: torch.device) -> P
         inject_nan=any(c.debug.inject_nan_at_step is not None for c in cfgs),
         inject_lr_spike=any(c.debug.inject_lr_spike_at_step is not None for c in cfgs), switch=switch,
         cql=any(c.objective.cql_alpha > 0 for c in cfgs), value=value,
-        weight_check=MemberWeightCheck(optimizer) if checks_weights else None)
+        weight_check=MemberWeightCheck(optimizer) if checks_weights else None, pruner=pruner)

@@ -10,7 +10,10 @@ Adam with its lr and ε, its target update (its Polyak τ or hard period), and w
 ``replay.name=per`` its |TD| written back as its priorities (not for a member the guard skipped).
 With ``optim.accumulate`` = M > 1 each member's B rows are back-propagated in M micro-batches
 (:func:`accumulate_member_gradients`, the single run's :func:`foxdqn.step.update.accumulate_gradients`
-per member), then clipped, checked and stepped once. docs/design/population.md.
+per member), then clipped, checked and stepped once. With ``prune.enabled`` each member's weight
+matrices are pruned by its own masks (:class:`foxdqn.population.pruning.MemberPruner`, the single
+run's order: gradients masked before the clip, masks after Adam, the target after its update).
+docs/design/population.md.
 
 After backward an update runs the single run's three multi-tensor ops with ``members=P``, each
 one kernel launch per 8 parameter tensors on CUDA whatever P is: the per-member gradient norm and
@@ -131,6 +134,8 @@ def update_step(s: PopulationState) -> None:
     batch = s.replay.sample_members(s.cfg.agent.batch_size)
     out = accumulate_member_gradients(s, batch)
     loss = out.loss
+    if s.pruner is not None:  # prune.enabled: pruned entries get no gradient (norm, clip, Adam)
+        s.pruner.mask_grads()
     # each member's clip_grad_norm_ norm and coefficient; Adam's kernel multiplies the grads by it
     # (over every trained parameter: Q's, and IQL's V after them, as a single run clips)
     grad_norm, clip = grad_norm_coefficient([w.grad for w in s.optimizer.params], s.params.grad_clip, members=p)
@@ -148,10 +153,14 @@ def update_step(s: PopulationState) -> None:
     s.optimizer.step(skip, grad_scale=clip)
     if spike is not None:
         s.optimizer.lr.div_(spike)  # a power of two: every member's lr is restored exactly
+    if s.pruner is not None:  # each member's masks (when due and not skipped), applied to its weights
+        s.pruner.step(s.updates, skip)
     # w = τ or the hard copy's 1, times (1 − skip); then `updates += 1`
     # (nothing below reads the counter)
     target_lerp_(list(s.target.parameters()), [w.detach() for w in s.online.parameters()], s.updates, skip,
                  s.params.tau, s.params.period, hard=s.cfg.target.update == "hard", advance=True, members=p)
+    if s.pruner is not None:
+        s.pruner.mask_target()
     s.replay.update_priorities(batch.index, out.td_abs, skip)  # PER: each member's |TD|, unless skipped
 
 

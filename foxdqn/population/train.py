@@ -38,7 +38,7 @@ from foxdqn.analysis.backtest import POLICIES
 from foxdqn.population.jobs import FINISHED, HALTED, Member, Outcome
 from foxdqn.population.selection import MemberSelection
 from foxdqn.population.state import PopulationState, build_population
-from foxdqn.population.stats import MemberStats
+from foxdqn.population.stats import FIELDS, MemberStats
 from foxdqn.run.trackers import Trackers, open_prometheus
 from foxdqn.step.iteration import Iteration
 
@@ -158,7 +158,8 @@ class _Population:
         the accumulators (the interval's one sync); returns the members' episode returns. With
         ``early_stop.q_bound``, a member whose mean max-Q stayed high is stopped (``early_stop_q``)."""
         s = self.s
-        acc = s.stats.read()  # waits for the device: the guard's host copy below is current
+        prune = None if s.pruner is None else s.pruner.log_values(s.updates)  # [P, 2]: measured, scheduled
+        acc = s.stats.read(prune)  # waits for the device: the guard's host copy below is current
         returns = []
         for p, (logger, m) in enumerate(zip(self.loggers, self.members)):
             row = MemberStats.row(acc[p])
@@ -170,6 +171,8 @@ class _Population:
             halt = s.guard.halt_point(p)
             row.update(epsilon=x.eps_start + (x.eps_end - x.eps_start) * frac, env_steps_per_s=rate,
                        updates=self.host_updates if halt is None else halt[1])
+            if prune is not None:  # prune.enabled: the member's sparsity reached and scheduled, as a single run's
+                row["prune_sparsity"], row["prune_target_sparsity"] = acc[p][FIELDS:FIELDS + 2]
             logger.log(self.env_steps, {f"train/{k}": v for k, v in row.items()})
             stopper = self.selection.stoppers[p]
             if halt is not None:

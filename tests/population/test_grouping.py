@@ -124,8 +124,7 @@ def test_distributional_scalars_are_member_keys_and_shapes_group_keys():
 
 
 REFUSED = [("env.name", "bitflip"), ("env.name", "gym"), ("model.encoder", "attention"), ("action.mode", "branching"),
-           ("replay.her", True),
-           ("prune.enabled", True), ("search.pruner", "median"), ("resume", "auto")]
+           ("replay.her", True), ("search.pruner", "median"), ("resume", "auto")]
 
 
 def test_every_refusal_rule_is_tested():
@@ -143,7 +142,7 @@ def test_batch_refusal_names_the_key(cartpole, key, value):
 #: settings a population once refused and now trains per member (tests/population/test_population_controls.py)
 LIFTED = [("optim.accumulate", 2), ("debug.inject_lr_spike_at_step", 3), ("guard.max_weight", 10.0),
           ("guard.collapse_multiplier", 5.0), ("early_stop.on_q_divergence", True),
-          ("regime.enabled", True)]
+          ("regime.enabled", True), ("prune.enabled", True)]
 
 
 @pytest.mark.parametrize("key,value", LIFTED, ids=[f"{k}={v}" for k, v in LIFTED])

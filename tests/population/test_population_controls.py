@@ -2,7 +2,7 @@
 accumulation (``optim.accumulate``), the learning-rate spike (``debug.inject_lr_spike_at_step``),
 the post-step weight check (``guard.max_weight``), the gradient-collapse check
 (``guard.collapse_multiplier``), early stopping on the Q monitor's divergence flag
-(``early_stop.on_q_divergence``), regime weights (``regime.enabled``).
+(``early_stop.on_q_divergence``), regime weights (``regime.enabled``), gradual magnitude pruning (``prune.enabled``).
 Member p of P equals a population of one of its settings bit for bit on
 CPU, and a population of one computes what a single run of the same setting computes
 (foxdqn.step.update) to float rounding."""
@@ -290,9 +290,10 @@ def test_q_divergence_stops_a_member_as_a_population_of_one(tmp_path):
 
 
 def test_guard_halts_in_run_folders_equal_populations_of_one(tmp_path):
-    """train_population with accumulation: member 1 halts on its weight bound (lr spike), member 2 on a
-    gradient collapse, member 0 finishes; each folder (metrics.csv rows, HALTED or the summary's
-    metrics, last.pt) equals a population of one of its job's, and HALTED says why."""
+    """train_population with accumulation and pruning: member 1 halts on its weight bound (lr spike),
+    member 2 on a gradient collapse, member 0 finishes; each folder (metrics.csv rows, the pruning
+    columns included, HALTED or the summary's metrics, last.pt) equals a population of one of its
+    job's, and HALTED says why."""
     import json
 
     from foxdqn.population.jobs import FINISHED, HALTED, Member
@@ -300,7 +301,7 @@ def test_guard_halts_in_run_folders_equal_populations_of_one(tmp_path):
     from test_population_early_stop import metrics, weights
 
     base = [*TRADING, "logger=csv", "agent.total_env_steps=360", "agent.learning_starts=96",
-            "log.interval_env_steps=48", "optim.accumulate=2"]
+            "log.interval_env_steps=48", "optim.accumulate=2", *PRUNE]
     members = [["seed=0"], ["seed=1", "optim.lr=3e-3", "guard.max_weight=50", "debug.inject_lr_spike_at_step=5"],
                ["seed=2", "optim.lr=1e-4", "guard.collapse_multiplier=1e9", "guard.warmup_updates=3",
                 "guard.collapse_patience=2"]]
@@ -322,6 +323,7 @@ def test_guard_halts_in_run_folders_equal_populations_of_one(tmp_path):
         a, b = tmp_path / "pop" / str(p), tmp_path / "alone" / str(p)
         pd_a, pd_b = metrics(a), metrics(b)
         assert pd_a.equals(pd_b), p
+        assert pd_a["train/prune_target_sparsity"].max() > 0
         (wa, pa), (wb, pb) = weights(a / "checkpoints" / "last.pt"), weights(b / "checkpoints" / "last.pt")
         assert (pa["env_steps"], pa["updates"]) == (pb["env_steps"], pb["updates"])
         assert all(torch.equal(wa[k], wb[k]) for k in wa), p
@@ -372,3 +374,61 @@ def test_memory_cap_counts_the_regime_column():
     market = market_for(plain)
     free = 10 ** 9
     assert members_that_fit(regime, market, free) < members_that_fit(plain, market, free)
+
+
+# --- prune.enabled -----------------------------------------------------------------------------
+
+PRUNE = ["prune.enabled=true", "prune.initial_sparsity=0.2", "prune.final_sparsity=0.6", "prune.start_update=1",
+         "prune.end_update=7", "prune.frequency=2", "debug.fit_prune_schedule=false"]  # (smoke would shrink it)
+
+
+def test_pruned_members_equal_runs_of_one_member():
+    together = assert_members_equal_runs_of_one([*CARTPOLE, *PRUNE], MEMBERS)
+    masks = together.pruner.masks
+    for p in range(3):  # the schedule's final sparsity reached in each member's matrices, its own entries
+        for w, mask in zip(together.online.weights, masks):
+            assert int((mask[p] == 0).sum()) == int(0.6 * mask[p].numel())
+            assert bool((w[p][mask[p] == 0] == 0).all())
+    assert not torch.equal(masks[0][0], masks[0][1])
+    values = together.pruner.log_values(together.updates)
+    assert values[:, 1].tolist() == [pytest.approx(0.6)] * 3 and bool((values[:, 0] >= 0.6 - 0.01).all())
+
+
+def single_masks(single):
+    """The single run's pruner masks by parameter name."""
+    names = [n for n, w in single.nets.online.named_parameters() if w.dim() >= 2]
+    return dict(zip(names, single.pruner.masks))
+
+
+def test_member_masks_are_the_single_runs_for_the_same_weights():
+    """MemberPruner.step and the single run's MagnitudePruner.step on the same weights (rounded to
+    one decimal: many ties, broken by position in the classic [out, in] layout) give the same masks,
+    and a skipped member keeps its masks."""
+    cfgs = configs(CARTPOLE, [[*m, *PRUNE] for m in MEMBERS])
+    pop = build_population(cfgs, None, CPU)
+    with torch.no_grad():
+        for w in pop.online.weights:
+            w.copy_((w * 10).round() / 10)
+    singles = [single_like(c, pop) for c in cfgs]
+    for p, single in enumerate(singles):
+        single.nets.online.load_state_dict(pop.online.member_state_dict(p))
+    t, skip = torch.tensor(3), torch.tensor([0.0, 1.0, 0.0])
+    pop.pruner.step(t, skip)
+    for p, single in enumerate(singles):
+        single.pruner.step(t, torch.tensor(0.0))
+        masks = single_masks(single)
+        for prefix, mask in zip(pop.online.prefixes, pop.pruner.masks):
+            if p == 1:  # skipped: nothing pruned yet
+                assert bool((mask[p] == 1).all())
+            else:
+                assert torch.equal(mask[p].t(), masks[f"{prefix}.weight"]), (p, prefix)
+                assert int((mask[p] == 0).sum()) > 0
+
+
+def test_pruning_in_a_population_of_one_is_the_single_runs_update():
+    pop, single = one_update([*PRUNE, "prune.start_update=0"])
+    masks = single_masks(single)
+    for prefix, mask in zip(pop.online.prefixes, pop.pruner.masks):
+        assert torch.equal(mask[0].t(), masks[f"{prefix}.weight"]), prefix
+        assert int((mask == 0).sum()) == int(0.2 * mask.numel())
+    assert_weights_close(pop, single)
