@@ -187,7 +187,7 @@ class _Population:
         each iteration and stops before logging (foxdqn.run.loop). So a halted member's rows do not
         depend on when the other members halt (the loop ends early once every member has)."""
         guard = self.s.guard
-        for p in range(len(self.members)):
+        for p in torch.nonzero(guard.host[0]).flatten().tolist():  # halted or stopped (host copy)
             if p not in self.stopped and guard.reason(p) is not None:
                 self.stopped.add(p)
 
@@ -198,8 +198,8 @@ class _Population:
         the Q monitor's flag alone (foxdqn.run.loop._Training._guard_fired); a member the guard
         halted stays halted."""
         guard = self.s.guard
-        for p in range(len(self.members)):
-            if p in self.stopped or guard.halt_point(p) is not None or not guard.q_diverged_now(p):
+        for p in torch.nonzero(guard.q_host).flatten().tolist():  # the members whose last update diverged
+            if p in self.stopped or guard.halt_point(p) is not None:
                 continue
             self._stop(p, "early_stop_q", f"Q monitor: q_divergence at update {self.host_updates - 1}")
 
