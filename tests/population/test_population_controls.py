@@ -432,3 +432,12 @@ def test_pruning_in_a_population_of_one_is_the_single_runs_update():
         assert torch.equal(mask[0].t(), masks[f"{prefix}.weight"]), prefix
         assert int((mask == 0).sum()) == int(0.2 * mask.numel())
     assert_weights_close(pop, single)
+
+
+@pytest.mark.parametrize("extra", [["head=c51", "action.switch_margin=0.5", "optim.accumulate=2", *REGIME, "replay=per"],
+                                   ["objective.iql=true", "objective.cql_alpha=0.5", "optim.accumulate=4", *PRUNE,
+                                    "guard.max_weight=1e4", "guard.collapse_multiplier=1e-9"]],
+                         ids=["c51-switch-accumulate-regime-per", "iql-cql-accumulate-prune-guards"])
+def test_controls_together_equal_runs_of_one_member(extra):
+    """The lifted settings with each other and with the population's other features (trading)."""
+    assert_members_equal_runs_of_one([*TRADING, *extra], MEMBERS)
