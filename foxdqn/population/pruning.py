@@ -4,7 +4,7 @@ The single run's :class:`foxdqn.step.pruning.MagnitudePruner` (Zhu & Gupta 2017,
 schedule, :meth:`~foxdqn.step.pruning.MagnitudePruner.sparsity_at` and
 :meth:`~foxdqn.step.pruning.MagnitudePruner.due`, shared: the ``prune.*`` keys are group keys) with
 a member axis: one mask per member weight matrix ``[P, in, out]`` (the member network's linear
-weights; biases are never pruned, as in a single run, where they are the vectors), and member p's
+weights; its biases, vectors in a single run, are never pruned), and member p's
 slice is recomputed from member p's weights alone at the mask-update steps, unless the guard skipped
 p's update. Each member ranks its entries in the classic layout ``[out, in]`` of its single run's
 matrix (a stable argsort of |w · mask| per member, so ties fall as they do in its single run), zeroes
