@@ -41,13 +41,14 @@ def test_p64_rows_are_measured_where_the_population_trainer_takes_the_experiment
     measured = {n for n, c in cases.items() if all(note is None for m, _, note in kb.plan(c) if m == kb.POPULATION)}
     assert {"eurusd_dqn", "cartpole_cleanrl"} <= measured  # issue 33's own rows
     assert {"eurusd_c51", "eurusd_iqn"} <= measured  # the distributional heads train in populations
+    assert "eurusd_controls" in measured  # accumulation, pruning, regime weights train in populations (issue 32)
+    assert {"eurusd_attention", "eurusd_branching", "eurusd_routed"} <= measured  # encoder and action modes too
     for name, c in cases.items():
         notes = [note for m, _, note in kb.plan(c) if m == kb.POPULATION]
         if name in measured:
             assert c.refusal is None
         else:  # the refusal, word for word, on both rows
             assert notes == [c.refusal, c.refusal] and c.refusal
-    assert "regime.enabled=true" in cases["eurusd_controls"].refusal
     assert "env.name=gym" in cases["cartpole_gym"].refusal
 
 
@@ -116,7 +117,7 @@ def test_population_state_of_distinct_seeds_steps_on_cpu():
     assert int(s.env_steps) == steps + 4 and int(s.updates) == 1
 
 
-@pytest.mark.parametrize("experiment", ["eurusd_dqn", "eurusd_c51", "eurusd_iqn"])
+@pytest.mark.parametrize("experiment", ["eurusd_dqn", "eurusd_c51", "eurusd_iqn", "eurusd_controls"])
 def test_build_warms_a_trading_population_up_on_cpu(experiment):
     c = kb.Case(experiment, "trading", overrides=SMALL_TRADING)
     s = kb._build(c, 2, device="cpu")
@@ -129,8 +130,8 @@ def test_build_warms_a_single_run_up_on_cpu():
 
 
 def test_a_refused_experiment_builds_no_population():
-    with pytest.raises(ValueError, match="regime.enabled=true"):
-        make_population(["+experiment=eurusd_controls", *SMALL_TRADING], 2, "cpu", fill=False)
+    with pytest.raises(ValueError, match="env.name=gym"):
+        make_population(["+experiment=cartpole_gym", *SMALL_CARTPOLE], 2, "cpu", fill=False)
 
 
 def _fake_rows():

@@ -56,11 +56,13 @@ def members_that_fit(tc: TrainConfig, market, free: int | None) -> int | None:
     """The most members of a population of ``tc``'s settings whose device memory fits in
     :data:`REPLAY_SHARE` of ``free`` bytes (the precheck's rule, times P), 0 when not one does;
     None when ``free`` is unknown. A member needs its replay (:func:`replay_row` of the population,
-    whose codes may widen with P) and its resampled training paths (:func:`training_path_bytes`)."""
+    whose codes may widen with P, and with ``regime.enabled`` its volatility ratios) and its resampled
+    training paths (:func:`training_path_bytes`)."""
     from foxdqn.replay.buffer import replay_bytes
 
     def fit(members: int) -> int | None:
-        need = replay_bytes(tc.replay.capacity, *replay_row(tc, market, members)) + training_path_bytes(tc, market)
+        need = (replay_bytes(tc.replay.capacity, *replay_row(tc, market, members), tc.regime.enabled)
+                + training_path_bytes(tc, market))
         return replays_that_fit(need, free)
 
     most = fit(1)

@@ -29,6 +29,9 @@ KEYS = {
     "reward_scale": "loss.reward_scale", "loss_clip": "guard.loss_clip", "nan_at": "debug.inject_nan_at_step",
     "cql_alpha": "objective.cql_alpha", "iql_expectile": "objective.iql_expectile",
     "per_alpha": "replay.alpha", "per_beta_start": "replay.beta_start", "per_eps": "replay.eps", "kappa": "head.kappa",
+    "lr_spike_at": "debug.inject_lr_spike_at_step", "max_weight": "guard.max_weight",
+    "collapse_multiplier": "guard.collapse_multiplier", "collapse_patience": "guard.collapse_patience",
+    "warmup_updates": "guard.warmup_updates", "q_divergence": "guard.q_divergence",
 }
 
 #: Dotted config keys read per member once, while the population is built (host values, no [P]
@@ -64,17 +67,10 @@ SUPPORTED: tuple[tuple[str, Callable[[Any], bool], str], ...] = (
     ("env.name", *_one_of(POPULATION_ENVS)),
     ("model.encoder", *_one_of(POPULATION_ENCODERS)),
     ("replay.her", *_is(False)),
-    ("regime.enabled", *_is(False)),
-    ("prune.enabled", *_is(False)),
-    ("optim.accumulate", (lambda v: v == 1), "1"),
-    ("guard.max_weight", *_is(None)),
-    ("guard.collapse_multiplier", (lambda v: v == 0), "0"),
     # early stopping and validation during training run per member (foxdqn.population.selection), but
-    # a population has no Q-monitor divergence flag and no search pruner
-    ("early_stop.on_q_divergence", *_is(False)),
+    # a population has no search pruner
     ("search.pruner", *_one_of(frozenset({"none"}))),
     ("resume", *_is(None)),
-    ("debug.inject_lr_spike_at_step", *_is(None)),
 )
 
 

@@ -25,7 +25,13 @@ class MemberParams:
     eq. 5; read with ``objective.iql``), per_alpha / per_beta_start / per_eps (prioritized replay's
     α, β₀ and ε added to |TD|, Schaul et al. 2016 eq. 1 and §3.4; read with ``replay.name=per``),
     kappa (IQN's quantile Huber threshold κ >= 0 of ``head.kappa``, return units, Dabney et al.
-    2018 eq. 3; read with ``head.name=iqn``)."""
+    2018 eq. 3; read with ``head.name=iqn``), lr_spike_at (int64, the update whose learning rate
+    ``debug.inject_lr_spike_at_step`` multiplies by 2**100; −1 never), max_weight (the post-step
+    weight check's bound ``guard.max_weight``; 0 for null or 0: that member's check is off),
+    collapse_multiplier (``guard.collapse_multiplier``, 0: the collapse check is off),
+    collapse_patience and warmup_updates (int64, ``guard.collapse_patience``,
+    ``guard.warmup_updates``), q_divergence (the Q monitor's |Q| bound ``guard.q_divergence``;
+    read with ``early_stop.on_q_divergence``)."""
 
     lr: torch.Tensor
     adam_eps: torch.Tensor
@@ -46,17 +52,24 @@ class MemberParams:
     per_beta_start: torch.Tensor
     per_eps: torch.Tensor
     kappa: torch.Tensor
+    lr_spike_at: torch.Tensor
+    max_weight: torch.Tensor
+    collapse_multiplier: torch.Tensor
+    collapse_patience: torch.Tensor
+    warmup_updates: torch.Tensor
+    q_divergence: torch.Tensor
 
     @classmethod
     def from_configs(cls, cfgs: list[TrainConfig], device: torch.device) -> "MemberParams":
         values = {}
         for f in fields(cls):
             column = [dotted_value(c, KEYS[f.name]) for c in cfgs]
-            if f.name in ("period", "nan_at"):
+            if f.name in ("period", "nan_at", "lr_spike_at", "collapse_patience", "warmup_updates"):
                 values[f.name] = torch.tensor([-1 if v is None else int(v) for v in column], dtype=torch.int64,
                                               device=device)
-            else:
-                values[f.name] = torch.tensor([float(v) for v in column], dtype=torch.float32, device=device)
+            else:  # None: off (guard.max_weight)
+                values[f.name] = torch.tensor([0.0 if v is None else float(v) for v in column], dtype=torch.float32,
+                                              device=device)
         return cls(**values)
 
     def eps_duration(self, total_env_steps: int) -> torch.Tensor:

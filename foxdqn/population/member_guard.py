@@ -1,12 +1,25 @@
 """The training guard of a population: per member, a bad update is skipped and the member halts.
 
 Member p's update is bad when its loss or gradient norm is not finite (NaN/Inf) or its loss is
-above ``guard.loss_clip`` (p's own value), as for a single run (docs/design/guard.md). Then p's
+above ``guard.loss_clip`` (p's own value), or, with p's ``guard.max_weight``, when the weights
+its Adam step would write are not finite or some |w| is above that bound (the post-step weight
+check, :mod:`foxdqn.population.weight_check`; it fires only when no other flag fired on that
+update), or, with p's ``guard.collapse_multiplier`` > 0, when after ``guard.warmup_updates``
+updates its (pre-clip) gradient norm stayed below ``optim.lr × guard.collapse_multiplier`` (its
+own) for more than ``guard.collapse_patience`` updates in a row (the collapse check), as for a
+single run (docs/design/guard.md). Then p's
 update is skipped (Adam, target and counters untouched, :class:`~foxdqn.population.optim.MemberAdam`
 reads the returned flags) and p is halted: from then on every update of p is skipped, so p keeps its last
 good weights, while the other members train on unchanged. Each step ends with a non-blocking copy
 of the halt state into pinned host memory, which the host reads without waiting
 (docs/design/hot_loop.md#the-contract).
+
+With ``early_stop.on_q_divergence`` (and early stopping) each update also writes each member's
+Q-monitor divergence flag (:meth:`MemberGuard.check_q`: the batch's online Q has a non-finite
+entry or some |Q| above the member's ``guard.q_divergence``, the single run's
+:mod:`foxdqn.ops.qvalue_stats` rule), not latched; :meth:`MemberGuard.publish` copies the flag of
+the iteration's last update to :attr:`MemberGuard.q_host`, which the host reads as a single run
+reads its ring's newest record (foxdqn.population.train).
 
 The host freezes a member the same way when early stopping ends it (:meth:`MemberGuard.stop`,
 codes :data:`EARLY_STOP_VAL` / :data:`EARLY_STOP_Q`, foxdqn.run.early_stop's reasons): its updates
@@ -20,10 +33,15 @@ from foxdqn.ops.member_guard import LOSS_CLIP, NON_FINITE, member_guard
 
 #: halt codes (``MemberGuard.code``): why a member halted.
 OK = 0
-REASONS = {NON_FINITE: "non-finite loss or gradient norm (NaN/Inf)", LOSS_CLIP: "loss above guard.loss_clip"}
 #: stop codes (``MemberGuard.code``): the member was frozen by early stopping, by the host (not a halt).
 EARLY_STOP_VAL, EARLY_STOP_Q = 3, 4
 STOPS = {"early_stop_val": EARLY_STOP_VAL, "early_stop_q": EARLY_STOP_Q}
+#: halt codes of the checks applied after the kernel's (:meth:`MemberGuard.check`)
+MAX_WEIGHT, COLLAPSE = 5, 6
+REASONS = {NON_FINITE: "non-finite loss or gradient norm (NaN/Inf)", LOSS_CLIP: "loss above guard.loss_clip",
+           MAX_WEIGHT: "weights non-finite or above guard.max_weight after the step",
+           COLLAPSE: "gradient collapse (norm below optim.lr x guard.collapse_multiplier for more than "
+                     "guard.collapse_patience updates)"}
 
 
 class MemberGuard:
@@ -32,6 +50,12 @@ class MemberGuard:
     Args:
         loss_clip: float32 ``[P]``, each member's ``guard.loss_clip``.
         device: where the flags live.
+        max_weight: None (no member checks its weights), or float32 ``[P]``, each member's
+            ``guard.max_weight`` (0: that member's check is off).
+        collapse: None (no member checks for a gradient collapse), or (threshold float32 ``[P]``,
+            each member's ``optim.lr × guard.collapse_multiplier`` rounded once from float64 as a
+            single run's, 0: off; warm-up int64 ``[P]``, ``guard.warmup_updates``; patience int64
+            ``[P]``, ``guard.collapse_patience``).
 
     Attributes:
         halted: float32 ``[P]``, 1 once a member halted: the skip flags of every update from then on
@@ -39,35 +63,95 @@ class MemberGuard:
         code (:data:`REASONS`).  at_update: int64 ``[P]``, the update that halted it (−1: none).
         host: pinned (on CUDA) int64 ``[4, P]`` copy of (halted, code, at_update, at_env_steps), refreshed by
         :meth:`publish` without a wait.  at_env_steps: int64 ``[P]``, the member's env steps when it
-        halted (−1: none).
+        halted (−1: none).  q_divergence: None, or float32 ``[P]`` (each member's
+        ``guard.q_divergence``): then q_diverged (float32 ``[P]``, the last :meth:`check_q`'s flags)
+        and q_host (its pinned int64 ``[P]`` copy, refreshed by :meth:`publish`).
     """
 
-    def __init__(self, loss_clip: torch.Tensor, device: torch.device):
+    def __init__(self, loss_clip: torch.Tensor, device: torch.device, max_weight: torch.Tensor | None = None,
+                 collapse: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None,
+                 q_divergence: torch.Tensor | None = None):
         p = loss_clip.shape[0]
         self.loss_clip = loss_clip
+        self.max_weight = max_weight
+        self.collapse = collapse
+        self.collapse_count = torch.zeros(p, dtype=torch.int64, device=device)  # collapsed updates in a row
         self.halted = torch.zeros(p, device=device)
         self.code = torch.zeros(p, dtype=torch.int64, device=device)
         self.at_update = torch.full((p,), -1, dtype=torch.int64, device=device)
         self.at_env_steps = torch.full((p,), -1, dtype=torch.int64, device=device)
         self._state = torch.zeros(4, p, dtype=torch.int64, device=device)
         self.host = torch.zeros(4, p, dtype=torch.int64, pin_memory=device.type == "cuda")
+        self.q_divergence = q_divergence
+        if q_divergence is not None:
+            self.q_diverged = torch.zeros(p, device=device)
+            self.q_host = torch.zeros(p, dtype=torch.int64, pin_memory=device.type == "cuda")
 
     def check(self, loss: torch.Tensor, grad_norm: torch.Tensor, updates: torch.Tensor,
               env_steps: torch.Tensor, stats: torch.Tensor | None = None,
-              q: torch.Tensor | None = None) -> torch.Tensor:
+              q: torch.Tensor | None = None, weight_max: torch.Tensor | None = None) -> torch.Tensor:
         """The skip flags (:attr:`halted`, float32 ``[P]``) after this update's ``loss`` and ``grad_norm`` (float32 ``[P]``);
         ``updates`` (int64 0-d) is the update's number, ``env_steps`` (int64 0-d) each member's
         env steps so far. With ``stats`` (float64 ``[P, 5]``, :meth:`foxdqn.population.stats.MemberStats.update_columns`)
         and ``q`` (float32 ``[P, B, A]``, the batch's online Q) the update's monitor sums are added
-        in the same launch: :func:`foxdqn.ops.member_guard.member_guard`, one kernel on CUDA."""
-        return member_guard(loss, grad_norm, self.loss_clip, self.halted, self.code, self.at_update,
-                            self.at_env_steps, updates, env_steps, stats=stats, q=q)
+        in the same launch: :func:`foxdqn.ops.member_guard.member_guard`, one kernel on CUDA.
+
+        ``weight_max``: with :attr:`max_weight`, float32 ``[P]``, each member's largest |w| after
+        the step (:meth:`foxdqn.population.weight_check.MemberWeightCheck.run`): a member whose
+        check is on and whose value is not <= its bound halts with :data:`MAX_WEIGHT`, unless the
+        kernel's flags fired on this update or it had halted before (the single run's
+        ``halt_weight``); its skip is counted in ``stats`` as the kernel counts the others'.
+
+        With :attr:`collapse`, the single run's collapse rule per member (before the weight check,
+        which it suppresses as the single run's does): ``collapsed = updates >= warmup and
+        grad_norm < threshold``, the count of collapsed updates in a row advances (or resets to 0),
+        and a member whose count exceeds its patience halts with :data:`COLLAPSE` (the kernel's
+        NaN/Inf or loss-clip code when one fired on the same update)."""
+        member_guard(loss, grad_norm, self.loss_clip, self.halted, self.code, self.at_update,
+                     self.at_env_steps, updates, env_steps, stats=stats, q=q)
+        if self.collapse is not None:
+            threshold, warmup, patience = self.collapse
+            collapsed = (updates >= warmup) & (grad_norm < threshold)  # IEEE: a NaN norm never collapses
+            self.collapse_count.copy_(torch.where(collapsed, self.collapse_count + 1, 0))
+            self._flag(collapsed & (self.collapse_count > patience), COLLAPSE, updates, env_steps, stats)
+        if weight_max is not None:
+            self._flag(~(weight_max <= self.max_weight) & (self.max_weight > 0), MAX_WEIGHT, updates, env_steps, stats)
+        return self.halted
+
+    def _flag(self, bad: torch.Tensor, code: int, updates: torch.Tensor, env_steps: torch.Tensor,
+              stats: torch.Tensor | None) -> None:
+        """Halt the members where ``bad`` (bool ``[P]``) that are not halted yet with ``code``, at
+        this update (device ops only); their skip joins ``stats``' skipped column."""
+        first = bad & (self.halted == 0)
+        self.code.copy_(torch.where(first, code, self.code))
+        self.at_update.copy_(torch.where(first, updates, self.at_update))
+        self.at_env_steps.copy_(torch.where(first, env_steps, self.at_env_steps))
+        flag = first.to(torch.float32)
+        self.halted.copy_(torch.maximum(self.halted, flag))
+        if stats is not None:
+            stats[:, 3] += flag.to(torch.float64)
+
+    def check_q(self, q: torch.Tensor) -> None:
+        """Each member's Q divergence flag of this update into :attr:`q_diverged` (with
+        :attr:`q_divergence`): ``q`` float32 ``[P, B, A]`` (the batch's online Q; the expected Q
+        of a distributional head) has a NaN or ±Inf entry, or an entry with |Q| above the member's
+        threshold (strict; a NaN threshold never trips the magnitude test). Device ops only."""
+        p = q.shape[0]
+        bad = ~torch.isfinite(q) | (q.abs() > self.q_divergence.view(p, 1, 1))
+        self.q_diverged.copy_(bad.view(p, -1).any(dim=1))
 
     def publish(self) -> None:
-        """Copy (halted, code, at_update, at_env_steps) to :attr:`host`, non-blocking (a captured
-        copy on CUDA)."""
+        """Copy (halted, code, at_update, at_env_steps) to :attr:`host` (and the Q divergence flags
+        to :attr:`q_host`), non-blocking (a captured copy on CUDA)."""
         torch.stack([self.halted.to(torch.int64), self.code, self.at_update, self.at_env_steps], out=self._state)
         self.host.copy_(self._state, non_blocking=True)
+        if self.q_divergence is not None:
+            self.q_host.copy_(self.q_diverged, non_blocking=True)
+
+    def q_diverged_now(self, p: int) -> bool:
+        """Member ``p``'s Q divergence flag of the last published update (host copy; False without
+        the check)."""
+        return self.q_divergence is not None and bool(self.q_host[p])
 
     def stop(self, p: int, reason: str, updates: int, env_steps: int) -> None:
         """Freeze member ``p`` from the host between iterations (early stopping's ``reason``, a key

@@ -13,7 +13,9 @@ slots a population of one would have), its own α, ε and β₀ (``replay.alpha`
 ``replay.beta_start``, member keys), draws its B slots from it with its own uniforms, gets
 importance weights normalised by its own batch maximum, and writes its own |TD| back, unless its
 own guard flag skipped the update (:class:`~foxdqn.replay.prioritized.Priorities` with a member
-axis).
+axis). With regime weights (``regime.enabled``) each stored transition carries its state's
+volatility ratio (member p's envs' bars: its own resampled paths with ``data.augment``) and a
+sampled row's weight is multiplied by its regime's weight (:mod:`foxdqn.replay.regime`).
 """
 from __future__ import annotations
 
@@ -25,6 +27,7 @@ from foxdqn.population.hparams import MemberParams
 from foxdqn.population.random import MemberRandom
 from foxdqn.replay.buffer import Batch, ReplayBuffer
 from foxdqn.replay.prioritized import Priorities
+from foxdqn.replay.regime import RegimeWeights
 
 
 class MemberReplay(ReplayBuffer):
@@ -73,7 +76,16 @@ class MemberReplay(ReplayBuffer):
         p = self.members
         u = self.rng.uniform(2 * batch_size).view(p, 2, batch_size)
         g = replay_gather(*self._ring(), uniforms=u, stacked=self.decoder is None)
-        return self.decode(self._batch(g, self._ones(p * batch_size)), members=p)
+        return self.decode(self._batch(g, self._regime_weight(g.index, self._ones(p * batch_size))), members=p)
+
+    def _regime_weight(self, index: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+        """``weight`` (float32 ``[P·B]``) times the regime weight of each sampled row's stored
+        volatility ratio (``regime.enabled``, :meth:`~foxdqn.replay.buffer.ReplayBuffer.set_regime`:
+        ``w_b = w_b^PER · w_regime(b)``, the single run's :meth:`ReplayBuffer.sample`); ``weight``
+        itself without regime weights. ``index``: int64 ``[P·B]``, the ring's flat rows."""
+        if self.regime is None:
+            return weight
+        return weight * self.regime(self.vol_ratio.view(-1)[index])
 
 
 class MemberPrioritizedReplay(MemberReplay):
@@ -115,7 +127,7 @@ class MemberPrioritizedReplay(MemberReplay):
         slots, weight = self.priorities.sample(self.rng.uniform(batch_size))  # [P, B]
         rows = (slots // n) * self.num_envs + self._first_column + slots % n
         g = replay_gather(*self._ring(), index=rows, stacked=self.decoder is None)
-        return self.decode(self._batch(g, weight.view(-1)), members=self.members)
+        return self.decode(self._batch(g, self._regime_weight(rows.view(-1), weight.view(-1))), members=self.members)
 
     def update_priorities(self, index: torch.Tensor, td_abs: torch.Tensor, skip: torch.Tensor) -> None:
         """Member p's priorities from its rows of ``index`` (int64 ``[P·B]``, the ring's rows of
@@ -131,10 +143,17 @@ def build_member_replay(cfg: TrainConfig, params: MemberParams, rng: MemberRando
     """The population's replay for member 0's (shared) ``cfg``: :class:`MemberPrioritizedReplay`
     for ``replay.name=per`` (each member's α, β₀, ε from ``params``; β reaches 1 at the run's last
     update, as a single run's), else :class:`MemberReplay`; ``row_dim`` values of ``row_dtype`` per
-    stored state (:func:`foxdqn.step.build.replay_storage`)."""
+    stored state (:func:`foxdqn.step.build.replay_storage`). With ``regime.enabled`` (its keys are
+    group keys) the replay stores each transition's volatility ratio and weights its samples by
+    their regime (:class:`foxdqn.replay.regime.RegimeWeights`, as a single run's replay)."""
     r = cfg.replay
     args = (r.capacity, cfg.env.num_envs, row_dim, params.gamma, rng, device, r.n_step, row_dtype)
     if r.name == "per":
-        return MemberPrioritizedReplay(*args, alpha=params.per_alpha, beta_start=params.per_beta_start,
-                                       beta_updates=max(total_updates(cfg), 1), eps=params.per_eps, updates=updates)
-    return MemberReplay(*args)
+        replay = MemberPrioritizedReplay(*args, alpha=params.per_alpha, beta_start=params.per_beta_start,
+                                         beta_updates=max(total_updates(cfg), 1), eps=params.per_eps, updates=updates)
+    else:
+        replay = MemberReplay(*args)
+    if cfg.regime.enabled:
+        g = cfg.regime
+        replay.set_regime(RegimeWeights(g.low_threshold, g.high_threshold, g.weights, device))
+    return replay

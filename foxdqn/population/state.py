@@ -26,9 +26,11 @@ from foxdqn.population.member_guard import MemberGuard
 from foxdqn.population.hparams import MemberParams
 from foxdqn.population.network import MemberQNetwork, MemberValueNetwork
 from foxdqn.population.optim import MemberAdam
+from foxdqn.population.pruning import MemberPruner
 from foxdqn.population.random import MemberRandom
 from foxdqn.population.replay import MemberReplay, build_member_replay
 from foxdqn.population.stats import MemberStats
+from foxdqn.population.weight_check import MemberWeightCheck
 from foxdqn.step.build import attach_codec, build_action_mode, build_iql_value, build_network, replay_storage
 
 ADAM_BETAS = (0.9, 0.999)  # torch.optim.Adam's defaults, as a single run uses
@@ -38,14 +40,18 @@ ADAM_BETAS = (0.9, 0.999)  # torch.optim.Adam's defaults, as a single run uses
 class PopulationState:
     """The population's state. ``cfg`` is member 0's config (the shared keys), ``cfgs`` every
     member's; ``obs``: float32 ``[P·N, D]``, the observations to act on next; ``env_steps`` and
-    ``updates``: int64 0-d, per member. ``inject_nan``: some member has ``debug.inject_nan_at_step``.
+    ``updates``: int64 0-d, per member. ``inject_nan``: some member has ``debug.inject_nan_at_step``;
+    ``inject_lr_spike``: some member has ``debug.inject_lr_spike_at_step``.
     ``generator`` is None (members draw from ``rng``). ``eps_duration``: float32 ``[P]``, the steps
     of each member's linear ε decay (:meth:`MemberParams.eps_duration`, made once). ``switch``:
     the members' switch penalty (``action.switch_margin`` > 0), else None. ``cql``: some member has
     ``objective.cql_alpha`` > 0: every member's loss adds its α (``params.cql_alpha``, 0 for some)
     times its CQL(H) term. ``value``: with ``objective.iql``, the members' IQL value networks (their
     parameters follow the Q network's in ``optimizer.params``, as a single run's ``extra_parameters``
-    follow its Q network's), else None."""
+    follow its Q network's), else None. ``weight_check``: with some member's ``guard.max_weight``,
+    the members' trial Adam step (:class:`~foxdqn.population.weight_check.MemberWeightCheck`), else None.
+    ``pruner``: with ``prune.enabled``, the members' weight masks
+    (:class:`~foxdqn.population.pruning.MemberPruner`), else None."""
 
     cfg: TrainConfig
     cfgs: list[TrainConfig]
@@ -65,10 +71,13 @@ class PopulationState:
     updates: torch.Tensor
     eps_duration: torch.Tensor
     inject_nan: bool = False
+    inject_lr_spike: bool = False
     generator: None = None
     switch: object = None  # action.switch_margin > 0: MemberSwitch (foxdqn.population.switch), else None
     cql: bool = False
     value: MemberValueNetwork | None = None  # objective.iql: the members' value networks V(s), else None
+    weight_check: MemberWeightCheck | None = None  # some member's guard.max_weight: the trial step, else None
+    pruner: MemberPruner | None = None  # prune.enabled: the members' weight masks, else None
 
     @property
     def members(self) -> int:
@@ -135,10 +144,27 @@ def build_population(cfgs: list[TrainConfig], market, device: torch.device) -> P
         from foxdqn.population.switch import MemberSwitch
 
         switch = MemberSwitch(cfg.action.switch_margin, params.reward_scale, mode.name, env, device)
+    checks_weights = any(c.guard.max_weight for c in cfgs)  # guard.max_weight: Adam's step is tried on a copy first
+    collapse = None
+    if any(c.guard.collapse_multiplier for c in cfgs):  # the collapse check: lr x multiplier, as a single run rounds it
+        threshold = torch.tensor([c.optim.lr * c.guard.collapse_multiplier for c in cfgs], dtype=torch.float32,
+                                 device=device)
+        collapse = (threshold, params.warmup_updates, params.collapse_patience)
+    # early_stop.on_q_divergence (with early stopping): each member's Q-monitor divergence flag
+    q_stop = cfg.early_stop.enabled and cfg.early_stop.on_q_divergence
+    guard = MemberGuard(params.loss_clip, device, max_weight=params.max_weight if checks_weights else None,
+                        collapse=collapse, q_divergence=params.q_divergence if q_stop else None)
+    pruner = None
+    if cfg.prune.enabled:  # the prune.* keys are group keys: one schedule, each member's own masks
+        g = cfg.prune
+        pruner = MemberPruner(online, target, g.initial_sparsity, g.final_sparsity, g.start_update, g.end_update,
+                              g.frequency, device)
     return PopulationState(
         cfg=cfg, cfgs=list(cfgs), device=device, rng=rng, params=params, env=env, action_mode=mode, obs=obs,
-        online=online, target=target, optimizer=optimizer, replay=replay, guard=MemberGuard(params.loss_clip, device),
+        online=online, target=target, optimizer=optimizer, replay=replay, guard=guard,
         stats=MemberStats(len(cfgs), cfg.env.num_envs, device), env_steps=torch.zeros((), **zero),
         updates=updates, eps_duration=params.eps_duration(cfg.agent.total_env_steps),
-        inject_nan=any(c.debug.inject_nan_at_step is not None for c in cfgs), switch=switch,
-        cql=any(c.objective.cql_alpha > 0 for c in cfgs), value=value)
+        inject_nan=any(c.debug.inject_nan_at_step is not None for c in cfgs),
+        inject_lr_spike=any(c.debug.inject_lr_spike_at_step is not None for c in cfgs), switch=switch,
+        cql=any(c.objective.cql_alpha > 0 for c in cfgs), value=value,
+        weight_check=MemberWeightCheck(optimizer) if checks_weights else None, pruner=pruner)

@@ -41,9 +41,12 @@ class MemberStats:
         1, skip flag and mean max-Q of the batch, NaN and ±Inf as 0)."""
         return self.acc[:, LOSS_SUM:]
 
-    def read(self) -> np.ndarray:
-        """Host copy (float64 ``[P, FIELDS]``) of the accumulators, which are then zeroed."""
-        host = self.acc.to("cpu", copy=True).numpy()  # a copy also on CPU, where .cpu() would alias
+    def read(self, extra: torch.Tensor | None = None) -> np.ndarray:
+        """Host copy (float64 ``[P, FIELDS]``) of the accumulators, which are then zeroed; with
+        ``extra`` (float64 ``[P, K]``, e.g. the pruner's sparsities) ``[P, FIELDS + K]``, its columns
+        after the accumulators' in the same one copy."""
+        both = self.acc if extra is None else torch.cat([self.acc, extra], dim=1)
+        host = both.to("cpu", copy=True).numpy()  # a copy also on CPU, where .cpu() would alias
         self.acc.zero_()
         return host
 

@@ -8,6 +8,11 @@ its own support, the IQN quantile Huber loss with its κ and τ draws, or IQL's 
 τ; plus CQL(H) with its α), its gradient clipped to its own norm, the guard's per-member skip,
 Adam with its lr and ε, its target update (its Polyak τ or hard period), and with
 ``replay.name=per`` its |TD| written back as its priorities (not for a member the guard skipped).
+With ``optim.accumulate`` = M > 1 each member's B rows are back-propagated in M micro-batches
+(:func:`accumulate_member_gradients`, the single run's :func:`foxdqn.step.update.accumulate_gradients`
+per member), then clipped, checked and stepped once. With ``prune.enabled`` each member's weight
+matrices are pruned by its own masks (:class:`foxdqn.population.pruning.MemberPruner`, the single
+run's order: gradients masked before the clip, masks after Adam, the target after its update).
 docs/design/population.md.
 
 After backward an update runs the single run's three multi-tensor ops with ``members=P``, each
@@ -22,11 +27,13 @@ from __future__ import annotations
 
 import torch
 
+from foxdqn.device.scalars import device_scalar
 from foxdqn.objectives.base import LossOutput
 from foxdqn.ops.grad_norm import grad_norm_coefficient
 from foxdqn.ops.target_lerp import target_lerp_
 from foxdqn.population.objective import member_loss, member_taus
 from foxdqn.population.state import PopulationState
+from foxdqn.replay.buffer import Batch
 from foxdqn.step.act import act
 from foxdqn.step.collect import store
 
@@ -45,8 +52,9 @@ def collect_step(s: PopulationState) -> None:
         action = act(s.online, s.obs.view(p, n, -1), s.env_steps, prm.eps_start, prm.eps_end, s.eps_duration, u,
                      penalty=penalty)
     env_action = s.action_mode.to_env(action, s.env)
+    extras = s.env.collect_hook.replay_extras(s.env, s.replay)  # regime.enabled: the state's volatility ratio
     out = s.env.step(env_action)
-    store(s.replay, s.env.collect_hook, s.env, s.obs, action, out, prm.reward_scale)
+    store(s.replay, s.env.collect_hook, s.env, s.obs, action, out, prm.reward_scale, **extras)
     info = out.info  # the monitor's sums and `env_steps += N`: one kernel
     s.stats.add_step(env_action, out.reward, info["episode_done"], info["episode_return"], info["episode_length"],
                      s.env.collect_hook.trades(out), s.env_steps)
@@ -66,7 +74,59 @@ def population_loss(s: PopulationState, batch) -> LossOutput:
         penalty = s.switch.target_exposures(batch) if s.action_mode.name == "branching" else s.switch.target(batch)
     return member_loss(s.online, s.target, batch, s.members, s.params.huber_delta, h.double, value=s.value,
                        expectile=s.params.iql_expectile, cql_alpha=s.params.cql_alpha if s.cql else None,
-                       penalty=penalty, weighted=s.cfg.replay.name == "per", kappa=s.params.kappa, taus=taus)
+                       penalty=penalty, weighted=s.cfg.replay.name == "per" or s.cfg.regime.enabled,
+                       kappa=s.params.kappa, taus=taus)
+
+
+def member_micro_batches(batch: Batch, members: int, m: int) -> list[Batch]:
+    """Split a member-major batch of P·B rows (:meth:`MemberReplay.sample_members`) into ``m``
+    batches of P·B/m rows, member-major: micro-batch k holds each member's rows k·B/m ..
+    (k + 1)·B/m − 1 of its own B, the rows :func:`foxdqn.step.update.micro_batches` gives a single
+    run of that member (B % m == 0, checked by the config as ``optim.accumulate``). A ``[P, B, D]``
+    field (obs, next_obs) becomes ``[P, B/m, D]``, a ``[P·B, ...]`` one ``[P·B/m, ...]``; copies
+    for P > 1 (a member's rows are not adjacent then), views for P = 1; None stays None."""
+    if m == 1:
+        return [batch]
+    b = batch.reward.shape[0] // members
+    rows = b // m
+
+    def part(f: torch.Tensor | None, k: int) -> torch.Tensor | None:
+        if f is None:
+            return None
+        flat = f.shape[0] == members * b  # [P·B, ...]; else [P, B, D]
+        rest = f.shape[1:] if flat else f.shape[2:]
+        piece = f.view(members, b, *rest).narrow(1, k * rows, rows)
+        return piece.reshape(members * rows, *rest) if flat else piece.contiguous()
+
+    return [type(batch)(*(part(f, k) for f in batch)) for k in range(m)]
+
+
+def accumulate_member_gradients(s: PopulationState, batch: Batch) -> LossOutput:
+    """Zero the gradients, back-propagate ``batch`` in ``optim.accumulate`` = M micro-batches
+    (:func:`member_micro_batches`; each member's loss of a micro-batch back-propagated as ℓ_m / M,
+    the seed :func:`foxdqn.step.update.accumulate_gradients` gives a single run's), and return the
+    whole update's :class:`~foxdqn.objectives.base.LossOutput`: loss float32 ``[P]``, each member's
+    (1/M) Σ_m ℓ_m; td_abs ``[P·B]`` and q_values ``[P, B, A]`` member-major, its micro-batches' in
+    order. With ``debug.inject_nan_at_step`` a member's loss is poisoned in every micro-batch of that
+    update, as a single run's."""
+    p, m = s.members, s.cfg.optim.accumulate
+    s.optimizer.zero_grad(set_to_none=True)
+    seed = device_scalar(s.device, 1.0 / m) if m > 1 else None
+    outs = []
+    for mb in member_micro_batches(batch, p, m):
+        out = population_loss(s, mb)
+        loss = out.loss
+        if s.inject_nan:  # debug.inject_nan_at_step of some member: poison its loss at that update
+            loss = loss + torch.where(s.updates == s.params.nan_at, float("nan"), 0.0)
+        loss.sum().backward(seed)
+        outs.append(LossOutput(loss.detach(), out.td_abs, out.q_values))
+    if m == 1:
+        return outs[0]
+    total = outs[0].loss
+    for out in outs[1:]:  # a fixed order of additions per member, whatever P
+        total = total + out.loss
+    td_abs = torch.cat([out.td_abs.view(p, -1) for out in outs], dim=1).view(-1)
+    return LossOutput(total / m, td_abs, torch.cat([out.q_values for out in outs], dim=1))
 
 
 def update_step(s: PopulationState) -> None:
@@ -74,23 +134,35 @@ def update_step(s: PopulationState) -> None:
     reaches the host once per iteration (:func:`publish_guard`), not per update."""
     p = s.members
     batch = s.replay.sample_members(s.cfg.agent.batch_size)
-    s.optimizer.zero_grad(set_to_none=True)
-    out = population_loss(s, batch)
+    out = accumulate_member_gradients(s, batch)
     loss = out.loss
-    if s.inject_nan:  # debug.inject_nan_at_step of some member: poison its loss at that update
-        loss = loss + torch.where(s.updates == s.params.nan_at, float("nan"), 0.0)
-    loss.sum().backward()
+    if s.pruner is not None:  # prune.enabled: pruned entries get no gradient (norm, clip, Adam)
+        s.pruner.mask_grads()
     # each member's clip_grad_norm_ norm and coefficient; Adam's kernel multiplies the grads by it
     # (over every trained parameter: Q's, and IQL's V after them, as a single run clips)
     grad_norm, clip = grad_norm_coefficient([w.grad for w in s.optimizer.params], s.params.grad_clip, members=p)
-    # the guard's skip flags and the update's monitor sums: one kernel
+    spike = None
+    if s.inject_lr_spike:  # debug.inject_lr_spike_at_step of some member: its lr x 2**100 for that update
+        spike = torch.where(s.updates == s.params.lr_spike_at, 2.0 ** 100, 1.0)
+        s.optimizer.lr.mul_(spike)
+    if s.guard.q_divergence is not None:  # early_stop.on_q_divergence: the Q monitor's flag per member
+        s.guard.check_q(out.q_values)
+    # guard.max_weight: Adam's step (with the spike) tried on a copy, each member's max |w| after it
+    weight_max = None if s.weight_check is None else s.weight_check.run(clip)
+    # the guard's skip flags and the update's monitor sums: one kernel (and the weight check's flags)
     skip = s.guard.check(loss.detach(), grad_norm, s.updates, s.env_steps, s.stats.update_columns(),
-                         out.q_values)
+                         out.q_values, weight_max=weight_max)
     s.optimizer.step(skip, grad_scale=clip)
+    if spike is not None:
+        s.optimizer.lr.div_(spike)  # a power of two: every member's lr is restored exactly
+    if s.pruner is not None:  # each member's masks (when due and not skipped), applied to its weights
+        s.pruner.step(s.updates, skip)
     # w = τ or the hard copy's 1, times (1 − skip); then `updates += 1`
     # (nothing below reads the counter)
     target_lerp_(list(s.target.parameters()), [w.detach() for w in s.online.parameters()], s.updates, skip,
                  s.params.tau, s.params.period, hard=s.cfg.target.update == "hard", advance=True, members=p)
+    if s.pruner is not None:
+        s.pruner.mask_target()
     s.replay.update_priorities(batch.index, out.td_abs, skip)  # PER: each member's |TD|, unless skipped
 
 

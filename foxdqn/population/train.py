@@ -15,7 +15,8 @@ run ``FAILED``, its W&B run exit code 1); the others finish.
 With ``eval.interval_env_steps`` > 0 every member is validated at each eval boundary, all at once
 (foxdqn.population.evaluate), and each gets its ``val/*`` row; with ``early_stop.enabled`` each
 member's best weights are kept (foxdqn.population.selection), a member whose validation plateaus
-(or whose mean max-Q stays above ``early_stop.q_bound``) is frozen by the guard's mechanism
+(or whose mean max-Q stays above ``early_stop.q_bound``, or, with ``early_stop.on_q_divergence``,
+whose last update of an iteration has the Q monitor's divergence flag) is frozen by the guard's mechanism
 (:meth:`~foxdqn.population.member_guard.MemberGuard.stop`) while the others train on, and the
 loop ends when every member has stopped or halted. At the end such a member is evaluated with its
 best weights (``checkpoints/best.pt``), as a single run is.
@@ -37,7 +38,7 @@ from foxdqn.analysis.backtest import POLICIES
 from foxdqn.population.jobs import FINISHED, HALTED, Member, Outcome
 from foxdqn.population.selection import MemberSelection
 from foxdqn.population.state import PopulationState, build_population
-from foxdqn.population.stats import MemberStats
+from foxdqn.population.stats import FIELDS, MemberStats
 from foxdqn.run.trackers import Trackers, open_prometheus
 from foxdqn.step.iteration import Iteration
 
@@ -132,6 +133,9 @@ class _Population:
                 self.host_updates += 0 if it < self.warm_iters else cfg.agent.updates_per_iter
                 self.env_steps = (it + 1) * self.per_iter
                 last = it == self.total_iters - 1
+                self._halted_since()
+                if self.s.guard.q_divergence is not None and it >= self.warm_iters:
+                    self._q_divergence()
                 if (it + 1) % self.log_every == 0 or last:
                     now = time.perf_counter()
                     rate = (self.env_steps - steps_log) / max(now - t_log, 1e-9)
@@ -149,11 +153,13 @@ class _Population:
                     break
 
     def _log_rows(self, rate: float, last: bool) -> list[float]:
-        """One row per member that had not halted at the previous boundary, from one host copy of
+        """One row per member that has not halted or stopped (:meth:`_halted_since`; on CUDA a halt the
+        host copy did not show yet gets its row, with the halt's update count), from one host copy of
         the accumulators (the interval's one sync); returns the members' episode returns. With
         ``early_stop.q_bound``, a member whose mean max-Q stayed high is stopped (``early_stop_q``)."""
         s = self.s
-        acc = s.stats.read()  # waits for the device: the guard's host copy below is current
+        prune = None if s.pruner is None else s.pruner.log_values(s.updates)  # [P, 2]: measured, scheduled
+        acc = s.stats.read(prune)  # waits for the device: the guard's host copy below is current
         returns = []
         for p, (logger, m) in enumerate(zip(self.loggers, self.members)):
             row = MemberStats.row(acc[p])
@@ -165,6 +171,8 @@ class _Population:
             halt = s.guard.halt_point(p)
             row.update(epsilon=x.eps_start + (x.eps_end - x.eps_start) * frac, env_steps_per_s=rate,
                        updates=self.host_updates if halt is None else halt[1])
+            if prune is not None:  # prune.enabled: the member's sparsity reached and scheduled, as a single run's
+                row["prune_sparsity"], row["prune_target_sparsity"] = acc[p][FIELDS:FIELDS + 2]
             logger.log(self.env_steps, {f"train/{k}": v for k, v in row.items()})
             stopper = self.selection.stoppers[p]
             if halt is not None:
@@ -172,6 +180,28 @@ class _Population:
             elif stopper is not None and stopper.update_q(row["mean_max_q"]) and not last:
                 self._stop(p, "early_stop_q", stopper.q_detail(row["mean_max_q"]))
         return returns
+
+    def _halted_since(self) -> None:
+        """After an iteration: a member the guard halted (the published host copy, no wait) logs no
+        more rows, from this iteration's boundary on, as a single run that polls its guard after
+        each iteration and stops before logging (foxdqn.run.loop). So a halted member's rows do not
+        depend on when the other members halt (the loop ends early once every member has)."""
+        guard = self.s.guard
+        for p in torch.nonzero(guard.host[0]).flatten().tolist():  # halted or stopped (host copy)
+            if p not in self.stopped and guard.reason(p) is not None:
+                self.stopped.add(p)
+
+    def _q_divergence(self) -> None:
+        """``early_stop.on_q_divergence``, after an iteration: a running member whose last update's
+        Q diverged (the guard's published flag, :meth:`MemberGuard.check_q`) and whose guard did not
+        fire stops as ``early_stop_q``, as a single run stops when its ring's newest record carries
+        the Q monitor's flag alone (foxdqn.run.loop._Training._guard_fired); a member the guard
+        halted stays halted."""
+        guard = self.s.guard
+        for p in torch.nonzero(guard.q_host).flatten().tolist():  # the members whose last update diverged
+            if p in self.stopped or guard.halt_point(p) is not None:
+                continue
+            self._stop(p, "early_stop_q", f"Q monitor: q_divergence at update {self.host_updates - 1}")
 
     def _validate(self, it: int, last: bool) -> None:
         """The eval boundary: validate every member at once, log each running member's ``val/*`` row;

@@ -59,6 +59,11 @@ class MagnitudePruner:
         self.target_params = [tp for _, tp in pairs]
         self.masks = [torch.ones_like(p, dtype=torch.float32) for p in self.params]
         self._ranks = [torch.arange(p.numel(), device=device) for p in self.params]
+        self._schedule(initial_sparsity, final_sparsity, start_update, end_update, frequency, device)
+
+    def _schedule(self, initial_sparsity: float, final_sparsity: float, start_update: int, end_update: int,
+                  frequency: int, device: torch.device) -> None:
+        """The schedule's device constants (s_i, s_f, t0, t0 + nΔt, Δt) and nΔt."""
         f64, i64 = dict(dtype=torch.float64, device=device), dict(dtype=torch.int64, device=device)
         self.s_i = torch.tensor(float(initial_sparsity), **f64)
         self.s_f = torch.tensor(float(final_sparsity), **f64)

@@ -124,10 +124,7 @@ def test_distributional_scalars_are_member_keys_and_shapes_group_keys():
 
 
 REFUSED = [("env.name", "bitflip"), ("env.name", "gym"), ("model.encoder", "nature_cnn"), ("replay.her", True),
-           ("regime.enabled", True), ("prune.enabled", True),
-           ("optim.accumulate", 2), ("guard.max_weight", 10.0), ("guard.collapse_multiplier", 5.0),
-           ("early_stop.on_q_divergence", True), ("search.pruner", "median"), ("resume", "auto"),
-           ("debug.inject_lr_spike_at_step", 3)]
+           ("search.pruner", "median"), ("resume", "auto")]
 
 
 def test_every_refusal_rule_is_tested():
@@ -140,6 +137,19 @@ def test_batch_refusal_names_the_key(cartpole, key, value):
     assert reason is not None and reason.startswith(f"{key}=") and "population" in reason, reason
     shown = reason.split(":")[0].split("=", 1)[1]
     assert shown == ("true" if value is True else str(value))
+
+
+#: settings a population once refused and now trains per member (tests/population/test_population_controls.py)
+LIFTED = [("optim.accumulate", 2), ("debug.inject_lr_spike_at_step", 3), ("guard.max_weight", 10.0),
+          ("guard.collapse_multiplier", 5.0), ("early_stop.on_q_divergence", True),
+          ("regime.enabled", True), ("prune.enabled", True)]
+
+
+@pytest.mark.parametrize("key,value", LIFTED, ids=[f"{k}={v}" for k, v in LIFTED])
+def test_lifted_settings_join_a_population(cartpole, key, value):
+    tc = with_values(cartpole, **{key.replace(".", "__"): value})
+    assert batch_refusal(tc) is None
+    assert key not in MEMBER_KEYS or group_key(tc) == group_key(cartpole)
 
 
 def test_the_loggers_do_not_keep_a_job_out_of_a_population(cartpole):

@@ -14,14 +14,14 @@ from foxdqn.run.checkpoint import load_checkpoint
 def test_population_multirun_from_the_command_line(train_cli, tmp_path):
     sweep = tmp_path / "s"
     res = train_cli(["--multirun", "+experiment=cartpole_cleanrl", "debug=smoke", "device=cpu", "log.progress=false",
-                     "logger=csv", "seed=0,1", "debug.inject_nan_at_step=null,5", "hydra/launcher=population",
+                     "logger=csv", "seed=0,1", "debug.inject_nan_at_step=null,60", "hydra/launcher=population",
                      f"hydra.sweep.dir={sweep}"], cwd=tmp_path)
     assert res.returncode == 3, res.stderr[-3000:]  # python -m: the launcher's failures reach main()
     assert "foxdqn: error: 2 job(s) of the multirun failed" in res.stderr
     jobs = {}
     for job in sorted(p for p in sweep.iterdir() if p.name.isdigit()):
         overrides = (job / ".hydra" / "overrides.yaml").read_text()
-        jobs[job.name] = ("inject_nan_at_step=5" in overrides, job)
+        jobs[job.name] = ("inject_nan_at_step=60" in overrides, job)
     assert len(jobs) == 4 and sum(faulty for faulty, _ in jobs.values()) == 2
     total = None
     for name, (faulty, job) in sorted(jobs.items(), key=lambda kv: kv[1][0]):  # the finished members first
@@ -30,14 +30,15 @@ def test_population_multirun_from_the_command_line(train_cli, tmp_path):
         if faulty:
             assert (job / "HALTED").read_text().startswith("non-finite loss or gradient norm")
             assert not (job / "eval").exists()
-            assert ckpt["updates"] == 5  # the weights before update 5: counts of the halt, not of the run
-            assert ckpt["env_steps"] < total and metrics["train/updates"].max() <= 5
+            assert ckpt["updates"] == 60  # the weights before update 60: counts of the halt, not of the run
+            # (update 60 comes after the first log row with updates: a halted member logs no row from its halt on)
+            assert ckpt["env_steps"] < total and metrics["train/updates"].max() <= 60
             assert metrics["step"].max() < total  # its rows stopped after the halt
         else:
             own_log = (job / "train.log").read_text()
             assert f"job {name}: trained in" in own_log and own_log.count(": trained in") == 1  # its own line only
             summary = json.loads((job / "eval" / "summary.json").read_text())
-            assert summary["population"]["size"] == 4 and summary["updates"] == ckpt["updates"] > 5
+            assert summary["population"]["size"] == 4 and summary["updates"] == ckpt["updates"] > 60
             total = summary["env_steps"]
             last = metrics.iloc[-1]
             assert last["step"] == total

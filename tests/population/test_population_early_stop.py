@@ -36,7 +36,8 @@ def train(base, members, folder, jobs=None):
 
 
 def metrics(folder):
-    return pd.read_csv(folder / "metrics.csv").drop(columns=["train/env_steps_per_s"])
+    # (a member stopped before its first log row has no train/* column)
+    return pd.read_csv(folder / "metrics.csv").drop(columns=["train/env_steps_per_s"], errors="ignore")
 
 
 def weights(path):

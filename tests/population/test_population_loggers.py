@@ -30,8 +30,9 @@ from foxdqn.population.jobs import FINISHED, HALTED, Member  # noqa: E402
 
 from support import wandb_history, wandb_offline_runs  # noqa: E402
 
-#: (seed, more overrides) of each member; member 2's update 5 is NaN: it halts, the others finish
-MEMBERS = [(0, []), (1, ["optim.lr=0.0005"]), (2, ["debug.inject_nan_at_step=5"])]
+#: (seed, more overrides) of each member; member 2's update 15 is NaN: it halts (after its row at 600
+#: env steps, the first with updates; a halted member logs no row from its halt's iteration on), the others finish
+MEMBERS = [(0, []), (1, ["optim.lr=0.0005"]), (2, ["debug.inject_nan_at_step=15"])]
 JOB_OFFSET = 3
 
 

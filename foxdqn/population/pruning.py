@@ -1,0 +1,70 @@
+"""Gradual magnitude pruning of a population's online weight matrices (``prune.*``), per member.
+
+The single run's :class:`foxdqn.step.pruning.MagnitudePruner` (Zhu & Gupta 2017, eq. 1; its
+schedule, :meth:`~foxdqn.step.pruning.MagnitudePruner.sparsity_at` and
+:meth:`~foxdqn.step.pruning.MagnitudePruner.due`, shared: the ``prune.*`` keys are group keys) with
+a member axis: one mask per member weight matrix ``[P, in, out]`` (the member network's linear
+weights; its biases, vectors in a single run, are never pruned), and member p's
+slice is recomputed from member p's weights alone at the mask-update steps, unless the guard skipped
+p's update. Each member ranks its entries in the classic layout ``[out, in]`` of its single run's
+matrix (a stable argsort of |w · mask| per member, so ties fall as they do in its single run), zeroes
+the ⌊s_t · numel⌋ smallest, and so reaches exactly its single run's masks from the same weights.
+As in a single run: gradients of pruned entries are zeroed before clipping
+(:meth:`MemberPruner.mask_grads`), the masks are applied after the Adam step
+(:meth:`MemberPruner.step`) and to the target after its update (:meth:`MemberPruner.mask_target`).
+Device ops only (capturable).
+"""
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from foxdqn.population.network import MemberQNetwork
+from foxdqn.step.pruning import MagnitudePruner
+
+
+class MemberPruner(MagnitudePruner):
+    """Masks of the members' weight matrices and the (shared) schedule that grows them.
+
+    Args:
+        online, target: the population's member networks (target = copy of online).
+        initial_sparsity, final_sparsity, start_update, end_update, frequency, device: as
+            :class:`~foxdqn.step.pruning.MagnitudePruner`.
+
+    Attributes:
+        params, target_params: the member weight matrices ``[P, in, out]``, online and target.
+        masks: float32 tensors shaped like ``params`` (1 keep, 0 pruned).
+    """
+
+    def __init__(self, online: MemberQNetwork, target: MemberQNetwork, initial_sparsity: float,
+                 final_sparsity: float, start_update: int, end_update: int, frequency: int, device: torch.device):
+        self.params = list(online.weights)
+        self.target_params = list(target.weights)
+        self.masks = [torch.ones_like(w, dtype=torch.float32) for w in self.params]
+        self._ranks = [torch.arange(w[0].numel(), device=device) for w in self.params]
+        self._schedule(initial_sparsity, final_sparsity, start_update, end_update, frequency, device)
+
+    @torch.no_grad()
+    def step(self, t: Tensor, skip: Tensor) -> None:
+        """After the optimizer step of update ``t`` (int64 0-d): recompute each member's masks when
+        due and its update was not skipped (``skip`` float32 ``[P]``), then mask the online matrices."""
+        due = self.due(t) & (skip == 0)  # [P]
+        s = self.sparsity_at(t)
+        for w, mask, ranks in zip(self.params, self.masks, self._ranks):
+            p, n_in, n_out = w.shape
+            k = torch.floor(s * ranks.numel()).to(torch.int64)
+            # each member's |w · mask| in its single run's [out, in] order, ascending, ties by position
+            order = (w.detach().abs() * mask).transpose(1, 2).reshape(p, -1).argsort(dim=1, stable=True)
+            keep = (ranks >= k).to(mask.dtype).expand(p, -1)
+            fresh = torch.empty(p, n_out * n_in, dtype=mask.dtype, device=mask.device).scatter_(1, order, keep)
+            mask.copy_(torch.where(due.view(p, 1, 1), fresh.view(p, n_out, n_in).transpose(1, 2), mask))
+        torch._foreach_mul_(self.params, self.masks)
+
+    @torch.no_grad()
+    def log_values(self, t: Tensor) -> Tensor:
+        """float64 ``[P, 2]``: each member's measured sparsity of its online matrices (fraction of
+        entries == 0) and the scheduled s_t at update ``t``. Device ops."""
+        p = self.params[0].shape[0]
+        zeros = torch.stack([(w == 0).view(p, -1).sum(dim=1) for w in self.params]).sum(dim=0).to(torch.float64)
+        total = float(sum(r.numel() for r in self._ranks))
+        return torch.stack([zeros / total, self.sparsity_at(t).expand(p)], dim=1)
