@@ -47,7 +47,7 @@ MEMBER_KEYS: tuple[str, ...] = ("seed", *SETUP_KEYS, *KEYS.values(), *NETWORK_KE
 #: The settings the population trainer supports (every other value of these keys is refused). Every
 #: head.name is supported (q, dueling, c51, iqn: foxdqn.population.state.member_network), and every
 #: action.mode (factored, exposure_routed, branching: foxdqn.population.branching).
-POPULATION_ENVS = frozenset({"cartpole", "trading"})  # env.name
+POPULATION_ENVS = frozenset({"cartpole", "bitflip", "trading"})  # env.name
 POPULATION_ENCODERS = frozenset({"mlp", "attention"})  # model.encoder
 
 

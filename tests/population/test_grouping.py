@@ -106,7 +106,8 @@ def test_batch_refusal_accepts_the_supported_experiments(cartpole, trading):
     assert batch_refusal(trading) is None
     for head in ("q", "dueling", "c51", "iqn"):  # every head trains in a population
         assert batch_refusal(load_config([f"head={head}", "debug=smoke", "device=cpu"])) is None, head
-    for experiment in ("eurusd_c51", "eurusd_iqn", "eurusd_attention", "eurusd_routed", "eurusd_branching"):
+    for experiment in ("eurusd_c51", "eurusd_iqn", "eurusd_attention", "eurusd_routed", "eurusd_branching",
+                       "bitflip_dqn"):
         assert batch_refusal(load_config([f"+experiment={experiment}", "debug=smoke", "device=cpu"])) is None
 
 
@@ -123,7 +124,7 @@ def test_distributional_scalars_are_member_keys_and_shapes_group_keys():
         assert group_key(with_values(iqn, **{f"head__{key}": 7})) != group_key(iqn), key
 
 
-REFUSED = [("env.name", "bitflip"), ("env.name", "gym"), ("model.encoder", "nature_cnn"), ("replay.her", True),
+REFUSED = [("env.name", "gym"), ("model.encoder", "nature_cnn"), ("replay.her", True),
            ("regime.enabled", True), ("prune.enabled", True),
            ("optim.accumulate", 2), ("guard.max_weight", 10.0), ("guard.collapse_multiplier", 5.0),
            ("early_stop.on_q_divergence", True), ("search.pruner", "median"), ("resume", "auto"),
@@ -210,6 +211,17 @@ def test_a_seed_sweep_of_eurusd_attention_is_one_population():
     assert jobs(plan(members(tcs), cap=lambda tc, market: None)) == [[0, 1]]
     for key, value in (("width", 32), ("heads", 2), ("layers", 1), ("pooling", "last")):
         assert group_key(with_values(tcs[0], **{f"model__{key}": value})) != group_key(tcs[0]), key
+
+
+@pytest.mark.parametrize("experiment", ["bitflip_dqn"])
+def test_a_seed_sweep_of_a_bitflip_experiment_is_one_population(experiment):
+    """env.name=bitflip trains in a population (foxdqn.population.envs.MemberBitFlipEnv): the shipped
+    experiment's seeds form one group; env.n_bits (the observation's and the action space's size)
+    is a group key."""
+    tcs = [load_config([f"+experiment={experiment}", "debug=smoke", "device=cpu", f"seed={s}"]) for s in (0, 1)]
+    assert all(batch_refusal(tc) is None for tc in tcs) and tcs[0].env.name == "bitflip"
+    assert jobs(plan(members(tcs), cap=lambda tc, market: None)) == [[0, 1]]
+    assert group_key(with_values(tcs[0], env__n_bits=12)) != group_key(tcs[0])
 
 
 @pytest.mark.parametrize("experiment", ["eurusd_routed", "eurusd_branching"])
