@@ -6,8 +6,9 @@ Member p owns envs ``p·N .. (p+1)·N − 1`` of a classic env built for P·N en
 each env class draws all its randomness in one method (CartPole's reset uniforms ``_uniform``, the
 trading env's episode starts ``_starts``, bit flipping's start states and goals ``_draw_starts``),
 and the member classes below take those draws from
-:class:`~foxdqn.population.random.MemberRandom`, so member p's envs see the same draws whatever P is. With ``data.augment`` the trading env walks
-P members' resampled paths, each member's drawn from its own seed (:func:`member_paths`).
+:class:`~foxdqn.population.random.MemberRandom`, so member p's envs see the same draws whatever P
+is. With ``data.augment`` the trading env walks P members' resampled paths, each member's drawn from
+its own seed (:func:`member_paths`).
 """
 from __future__ import annotations
 
