@@ -63,7 +63,6 @@ def _is(wanted: bool | None) -> tuple[Callable[[Any], bool], str]:
 SUPPORTED: tuple[tuple[str, Callable[[Any], bool], str], ...] = (
     ("env.name", *_one_of(POPULATION_ENVS)),
     ("model.encoder", *_one_of(POPULATION_ENCODERS)),
-    ("replay.her", *_is(False)),
     ("regime.enabled", *_is(False)),
     ("prune.enabled", *_is(False)),
     ("optim.accumulate", (lambda v: v == 1), "1"),
@@ -86,7 +85,7 @@ def dotted_value(tc: "TrainConfig", dotted: str) -> Any:
 def batch_refusal(tc: "TrainConfig") -> str | None:
     """None when the population trainer supports ``tc``, else one short reason naming the first
     key (in :data:`SUPPORTED`'s order) whose value it does not support, e.g.
-    ``"replay.her=true: a population supports false only"``."""
+    ``"regime.enabled=true: a population supports false only"``."""
     for key, ok, supported in SUPPORTED:
         value = dotted_value(tc, key)
         if not ok(value):

@@ -13,7 +13,8 @@ slots a population of one would have), its own α, ε and β₀ (``replay.alpha`
 ``replay.beta_start``, member keys), draws its B slots from it with its own uniforms, gets
 importance weights normalised by its own batch maximum, and writes its own |TD| back, unless its
 own guard flag skipped the update (:class:`~foxdqn.replay.prioritized.Priorities` with a member
-axis).
+axis). With ``replay.her`` each member's sampled rows are then relabelled with its own uniforms, γ
+and reward scale (:class:`~foxdqn.population.her.MemberHindsightRelabeler`).
 """
 from __future__ import annotations
 
@@ -73,7 +74,13 @@ class MemberReplay(ReplayBuffer):
         p = self.members
         u = self.rng.uniform(2 * batch_size).view(p, 2, batch_size)
         g = replay_gather(*self._ring(), uniforms=u, stacked=self.decoder is None)
-        return self.decode(self._batch(g, self._ones(p * batch_size)), members=p)
+        return self._relabel(self.decode(self._batch(g, self._ones(p * batch_size)), members=p))
+
+    def _relabel(self, batch: Batch) -> Batch:
+        """``batch`` with each member's hindsight goals (``replay.her``: a
+        :class:`~foxdqn.population.her.MemberHindsightRelabeler` set by ``set_relabeler``; it draws
+        each member's next 2·B uniforms), else unchanged."""
+        return batch if self.relabeler is None else self.relabeler.relabel(self, batch)
 
 
 class MemberPrioritizedReplay(MemberReplay):
@@ -115,7 +122,7 @@ class MemberPrioritizedReplay(MemberReplay):
         slots, weight = self.priorities.sample(self.rng.uniform(batch_size))  # [P, B]
         rows = (slots // n) * self.num_envs + self._first_column + slots % n
         g = replay_gather(*self._ring(), index=rows, stacked=self.decoder is None)
-        return self.decode(self._batch(g, weight.view(-1)), members=self.members)
+        return self._relabel(self.decode(self._batch(g, weight.view(-1)), members=self.members))
 
     def update_priorities(self, index: torch.Tensor, td_abs: torch.Tensor, skip: torch.Tensor) -> None:
         """Member p's priorities from its rows of ``index`` (int64 ``[P·B]``, the ring's rows of

@@ -1,9 +1,13 @@
-"""Bit flipping (env.name=bitflip) in a population: P × N goal-conditioned envs, member p's start
-states and goals drawn from its own seed (foxdqn.population.envs.MemberBitFlipEnv). Checked on CPU:
+"""Bit flipping (env.name=bitflip) and hindsight experience replay (replay.her) in a population:
+P × N goal-conditioned envs, member p's start states and goals drawn from its own seed
+(foxdqn.population.envs.MemberBitFlipEnv), each member's sampled rows relabelled with its own
+uniforms, γ and reward scale (foxdqn.population.her.MemberHindsightRelabeler). Checked on CPU:
 three members with different seeds and hyperparameters equal populations of one bit for bit (weights,
-metrics.csv rows, summary metrics with the success rate); a fault stays in its member; a member's
-env steps as the single run's BitFlipEnv from the same state, and its goals are uniform over the
-states other than its start; its greedy episodes report the success rate."""
+metrics.csv rows, summary metrics with the success rate), with and without HER (uniform and
+prioritized replay); a fault stays in its member; a member's env steps as the single run's BitFlipEnv
+from the same state, and its goals are uniform over the states other than its start; its greedy
+episodes report the success rate; a member's relabelled rows are the single run's relabelling of
+the same rows and uniforms."""
 from __future__ import annotations
 
 import json
@@ -148,3 +152,84 @@ def test_member_greedy_episodes_report_the_success_rate():
     for p, cfg in enumerate(members):
         alone = member_episodes(build_population([cfg], None, CPU), 8, seed_offset=1)
         assert together[p] == alone[0] and "success_rate" in alone[0] and alone[0]["episodes"] == 8
+
+
+# ---------------------------------------------------------------- hindsight experience replay (replay.her)
+
+HER = ["+experiment=bitflip_her", *SMALL]
+
+
+@pytest.mark.parametrize("replay", [[], ["replay=per"]], ids=["uniform", "per"])
+def test_her_members_equal_runs_of_one_member(replay):
+    """replay.her in a population: each member relabels its own rows with its own uniforms, γ and
+    reward scale; members equal populations of one bit for bit, with uniform and prioritized replay."""
+    from foxdqn.population.her import MemberHindsightRelabeler
+
+    together = assert_members_equal_runs_of_one([*HER, *replay], MEMBERS)
+    assert isinstance(together.replay.relabeler, MemberHindsightRelabeler)
+
+
+def test_a_her_fault_stays_in_its_member():
+    assert_fault_stays_in_its_member(HER, [["seed=0"], ["seed=1"], ["seed=2", "loss.reward_scale=2"]])
+
+
+def test_trained_her_members_equal_populations_of_one(tmp_path):
+    base = [*HER, "logger=csv", "agent.total_env_steps=480", "log.interval_env_steps=96", "eval.episodes=8"]
+    for summary in assert_trained_members_equal_populations_of_one(base, MEMBERS, tmp_path):
+        assert "success_rate" in summary["metrics"]["agent"] and summary["updates"] > 0
+
+
+def test_her_changes_what_a_member_learns():
+    """The relabelled batch reaches the loss: the same seed with and without HER trains other weights."""
+    from test_population import member_tensors, run
+
+    plain, her = (member_tensors(run(configs(base, [["seed=0"]])), 0) for base in (BITFLIP, HER))
+    assert all(not torch.equal(plain[k], her[k]) for k in plain if k.startswith("online"))
+
+
+def sample_before_relabelling(s, batch_size):
+    """(the batch ``s.replay`` samples without relabelling, the uniforms ``[P, 2, B]`` its relabeler
+    then draws, the batch it samples with relabelling): the same draws."""
+    start = s.rng.counter.clone()
+    relabeler, s.replay.relabeler = s.replay.relabeler, None
+    raw = s.replay.sample_members(batch_size)
+    u = s.rng.uniform(2 * batch_size).view(s.members, 2, batch_size)
+    s.rng.counter.copy_(start)
+    s.replay.relabeler = relabeler
+    return raw, u, s.replay.sample_members(batch_size)
+
+
+def test_member_relabelling_is_the_single_runs():
+    """Member p's relabelled rows are the single run's HindsightRelabeler.relabel_with of its rows,
+    uniforms, γ and reward scale, bit for bit: in a population of three on the population's ring, and
+    in a population of one on a single run's ReplayBuffer holding the same transitions."""
+    from foxdqn.replay.buffer import ReplayBuffer
+    from foxdqn.replay.her import HindsightRelabeler
+    from test_population import run
+
+    b, fields = 64, ("obs", "next_obs", "action", "reward", "discount", "weight", "index")
+    s = run(configs(HER, MEMBERS), iterations=0, collect_first=12)
+    raw, u, got = sample_before_relabelling(s, b)
+    relabelled = 0
+    for p, cfg in enumerate(s.cfgs):
+        single = HindsightRelabeler(BitFlipEnv(1, cfg.env.n_bits, CPU, torch.Generator()), cfg.replay.her_k,
+                                    cfg.agent.gamma, cfg.loss.reward_scale)
+        rows = slice(p * b, (p + 1) * b)
+        mine = raw._replace(**{f: getattr(raw, f).reshape(3 * b, *getattr(raw, f).shape[2:])[rows]
+                               if getattr(raw, f).dim() == 3 else getattr(raw, f)[rows] for f in fields})
+        expected = single.relabel_with(s.replay, mine, u[p], cfg.agent.gamma, cfg.loss.reward_scale)
+        for f in fields:
+            assert torch.equal(getattr(got, f)[rows], getattr(expected, f)), (p, f)
+        relabelled += int((got.obs[rows] != mine.obs).any(dim=1).sum())
+    assert relabelled > b and (got.reward == 0).any() and (got.reward == -2).any()  # member 1's scale
+
+    one = run(configs(HER, [MEMBERS[1]]), iterations=0, collect_first=12)
+    cfg = one.cfg
+    buf = ReplayBuffer(cfg.replay.capacity, cfg.env.num_envs, one.env.obs_dim, CPU, 1, cfg.agent.gamma)
+    for name, value in one.replay.state_dict().items():
+        getattr(buf, name).copy_(value)
+    raw, u, got = sample_before_relabelling(one, b)
+    single = HindsightRelabeler(one.env, cfg.replay.her_k, cfg.agent.gamma, cfg.loss.reward_scale)
+    expected = single.relabel_with(buf, raw, u[0], single.gamma, single.reward_scale)
+    for f in fields:
+        assert torch.equal(getattr(got, f), getattr(expected, f)), f
