@@ -45,5 +45,7 @@ class MemberHindsightRelabeler(HindsightRelabeler):
         u = self.rng.uniform(2 * b).view(p, 2, b).transpose(0, 1).reshape(2, p * b)
         d = batch.obs.shape[-1]
         rows = batch._replace(obs=batch.obs.reshape(p * b, d), next_obs=batch.next_obs.reshape(p * b, d))
-        per_row = (self.gamma.repeat_interleave(b), self.reward_scale.to(torch.float32).repeat_interleave(b))
-        return self.relabel_with(buf, rows, u, *per_row)
+        # one γ and reward scale per row, its member's (expanded on the device: no host read)
+        gamma, scale = (v.to(torch.float32)[:, None].expand(p, b).reshape(p * b)
+                        for v in (self.gamma, self.reward_scale))
+        return self.relabel_with(buf, rows, u, gamma, scale)

@@ -233,3 +233,16 @@ def test_member_relabelling_is_the_single_runs():
     expected = single.relabel_with(buf, raw, u[0], single.gamma, single.reward_scale)
     for f in fields:
         assert torch.equal(getattr(got, f), getattr(expected, f)), f
+
+
+def test_a_bitflip_her_iteration_reads_nothing_back(monkeypatch):
+    """The member env's draws and the relabelling are device ops: a collect step and an update of a
+    bit-flipping population with HER (and PER) read no tensor value on the host."""
+    from foxdqn.population import step as P
+    from support import forbid_syncs
+    from test_population import run
+
+    s = run(configs([*HER, "replay=per"], MEMBERS[:2]), iterations=1)
+    forbid_syncs(monkeypatch)
+    P.collect_step(s)
+    P.update_step(s)
