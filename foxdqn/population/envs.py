@@ -1,18 +1,21 @@
 """The training environments of a population: P × N envs in one batched env.
 
 Member p owns envs ``p·N .. (p+1)·N − 1`` of a classic env built for P·N envs
-(:class:`~foxdqn.envs.cartpole.CartPoleEnv`, :class:`~foxdqn.envs.trading.TradingEnv`); envs
-never interact, so only the randomness changes: each env class draws all its randomness in one
-method (CartPole's reset uniforms ``_uniform``, the trading env's episode starts ``_starts``), and
-the member classes below take those draws from :class:`~foxdqn.population.random.MemberRandom`,
-so member p's envs see the same draws whatever P is. With ``data.augment`` the trading env walks
-P members' resampled paths, each member's drawn from its own seed (:func:`member_paths`).
+(:class:`~foxdqn.envs.cartpole.CartPoleEnv`, :class:`~foxdqn.envs.trading.TradingEnv`,
+:class:`~foxdqn.envs.bitflip.BitFlipEnv`); envs never interact, so only the randomness changes:
+each env class draws all its randomness in one method (CartPole's reset uniforms ``_uniform``, the
+trading env's episode starts ``_starts``, bit flipping's start states and goals ``_draw_starts``),
+and the member classes below take those draws from
+:class:`~foxdqn.population.random.MemberRandom`, so member p's envs see the same draws whatever P
+is. With ``data.augment`` the trading env walks P members' resampled paths, each member's drawn from
+its own seed (:func:`member_paths`).
 """
 from __future__ import annotations
 
 import torch
 
 from foxdqn.config.schema import TrainConfig
+from foxdqn.envs.bitflip import BitFlipEnv
 from foxdqn.envs.cartpole import CartPoleEnv
 from foxdqn.envs.trading import TradingEnv
 from foxdqn.population.random import MemberRandom
@@ -29,6 +32,39 @@ class MemberCartPoleEnv(CartPoleEnv):
 
     def _uniform(self) -> torch.Tensor:
         return self.rng.uniform(4 * self.envs_per_member, torch.float64).view(self.num_envs, 4)
+
+
+#: Bit flipping's goal masks: at least this many random bits of candidate masks per reset
+#: (:class:`MemberBitFlipEnv`), so that no candidate is non-zero with probability at most 2^-64.
+GOAL_MASK_BITS = 64
+
+
+class MemberBitFlipEnv(BitFlipEnv):
+    """Bit flipping with P × N envs of n bits; start states and goals from ``rng``.
+
+    Per draw (every reset and every step, as the classic env draws) member p takes its next
+    ``(1 + K)·n·N`` uniforms in one kernel (``[P, (1 + K)·n·N]``, each env's ``(1 + K)·n`` in a row),
+    ``K = ceil(64 / n)``, each a fair bit (``u < 0.5``: the uniforms have 24 random bits): the
+    first n the start state, then K candidate goal masks; the goal is ``state XOR`` the first
+    non-zero candidate, uniform over the ``2^n − 1`` non-zero masks like the classic env's goal
+    (:class:`~foxdqn.envs.bitflip.BitFlipEnv` draws one code of ``[1, 2^n)``, which
+    :meth:`MemberRandom.randint` cannot: it takes at most 2^24 values, with a bias near that).
+    Where all K candidates are zero (probability ``2^-nK ≤ 2^-64``) the mask is bit 0."""
+
+    def __init__(self, rng: MemberRandom, envs_per_member: int, n_bits: int, device: torch.device):
+        super().__init__(rng.num_members * envs_per_member, n_bits, device, torch.Generator(device=device))
+        self.rng, self.envs_per_member = rng, envs_per_member
+        self.candidates = -(-GOAL_MASK_BITS // n_bits)  # K
+
+    def _draw_starts(self) -> tuple[torch.Tensor, torch.Tensor]:
+        n, k = self.n_bits, self.candidates
+        bits = self.rng.uniform((1 + k) * n * self.envs_per_member).view(self.num_envs, 1 + k, n) < 0.5
+        state, masks = bits[:, 0], bits[:, 1:]
+        nonzero = masks.any(dim=2)  # [P·N, K]
+        first = nonzero.to(torch.int32).argmax(dim=1)  # the first non-zero candidate (0 where none is)
+        mask = masks.gather(1, first.view(-1, 1, 1).expand(-1, 1, n)).squeeze(1)
+        mask = torch.where(nonzero.any(dim=1, keepdim=True), mask, self._bit_index == 0)
+        return state, state ^ mask
 
 
 class MemberTradingEnv(TradingEnv):
@@ -82,20 +118,25 @@ def member_paths(cfgs: list[TrainConfig], market, device: torch.device):
     return paths_of(market, cfgs[0].data, source, device)
 
 
-def build_member_env(cfgs: list[TrainConfig], market, rng: MemberRandom, device: torch.device):
-    """The population's training env: ``env.num_envs`` envs per member; a trading env with
+def build_member_env(cfgs: list[TrainConfig], market, rng: MemberRandom, device: torch.device,
+                     envs_per_member: int | None = None):
+    """The population's training env: ``env.num_envs`` envs per member (``envs_per_member`` if
+    given: the greedy episodes of an episodic env, foxdqn.population.evaluate); a trading env with
     ``data.augment`` walks each member's own resampled paths (:func:`member_paths`).
 
     Raises:
-        ValueError: ``env.name`` is not cartpole or trading (grouping.POPULATION_ENVS).
+        ValueError: ``env.name`` is not cartpole, bitflip or trading (grouping.POPULATION_ENVS).
     """
     cfg = cfgs[0]
+    n = envs_per_member or cfg.env.num_envs
     if cfg.env.name == "cartpole":
-        return MemberCartPoleEnv(rng, cfg.env.num_envs, device)
+        return MemberCartPoleEnv(rng, n, device)
+    if cfg.env.name == "bitflip":
+        return MemberBitFlipEnv(rng, n, cfg.env.n_bits, device)
     if cfg.env.name == "trading":
         if cfg.data.augment.method == "none":
-            return MemberTradingEnv(rng, cfg.env.num_envs, market, cfg, device)
-        return MemberTradingEnv(rng, cfg.env.num_envs, member_paths(cfgs, market, device), cfg, device,
+            return MemberTradingEnv(rng, n, market, cfg, device)
+        return MemberTradingEnv(rng, n, member_paths(cfgs, market, device), cfg, device,
                                 paths_per_member=cfg.data.augment.paths)
-    raise ValueError(f"build_member_env: env.name={cfg.env.name!r}; the population path runs cartpole or trading "
-                     "(foxdqn.population.grouping.POPULATION_ENVS)")
+    raise ValueError(f"build_member_env: env.name={cfg.env.name!r}; the population path runs cartpole, bitflip or "
+                     "trading (foxdqn.population.grouping.POPULATION_ENVS)")

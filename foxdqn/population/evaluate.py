@@ -2,9 +2,9 @@
 
 The same evaluations as a single run's (:mod:`foxdqn.run.finish`, docs/backtest.md), batched over the
 members: a trading split is walked by P envs of one eval env, one per member, and buy-and-hold
-and flat once (:func:`foxdqn.analysis.backtest.evaluate_agents`); the greedy episodes of CartPole run
-E envs per member in one env, member p's resets drawn from its own seed (``seed + offset``, as a
-single run's evaluation seeds its generator), so member p's episodes do not depend on P.
+and flat once (:func:`foxdqn.analysis.backtest.evaluate_agents`); the greedy episodes of CartPole and
+bit flipping run E envs per member in one env, member p's resets drawn from its own seed (``seed +
+offset``, as a single run's evaluation seeds its generator), so member p's episodes do not depend on P.
 """
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ import torch
 from torch import nn
 
 from foxdqn.analysis.backtest import capture_default, episode_env_count, episode_metrics, evaluate_agents, finished_episodes
-from foxdqn.population.envs import MemberCartPoleEnv
+from foxdqn.population.envs import build_member_env
 from foxdqn.population.network import MemberQNetwork
 from foxdqn.population.random import MemberRandom
 from foxdqn.run.finish import VAL_EPISODES, VAL_SEED_OFFSET
@@ -50,14 +50,18 @@ def member_walks(s, market, split: str, policies: tuple[str, ...]) -> list[dict]
 def member_episodes(s, episodes: int, seed_offset: int, graph: bool | None = None) -> list[dict]:
     """Each member's greedy episode metrics (:func:`foxdqn.analysis.backtest.evaluate_episodes`): the first
     ``episodes / E`` finished episodes of each of its E envs (:func:`foxdqn.analysis.backtest.finished_episodes`;
-    ``graph`` as in :func:`foxdqn.analysis.backtest.evaluate`: on CUDA, capture the loop in a CUDA graph)."""
+    ``graph`` as in :func:`foxdqn.analysis.backtest.evaluate`: on CUDA, capture the loop in a CUDA graph), with
+    the success rate of a goal-conditioned env (bit flipping) as a single run's."""
     per = episode_env_count(episodes)
-    env = MemberCartPoleEnv(MemberRandom([c.seed + seed_offset for c in s.cfgs], s.device), per, s.device)
+    env = build_member_env(s.cfgs, None, MemberRandom([c.seed + seed_offset for c in s.cfgs], s.device), s.device,
+                           envs_per_member=per)
     greedy = MemberGreedy(s.online)
     done = finished_episodes(env, lambda obs: s.action_mode.to_env(greedy(obs).argmax(dim=1), env), episodes // per,
                              capturable=capture_default(s.cfg) if graph is None else bool(graph),
                              generators=(env.generator,))
     member = done["env"] // per
     lengths = done["lengths"].astype(np.float64)
-    return [episode_metrics(done["returns"][member == m].tolist(), lengths[member == m].tolist(), [], episodes)
+    success = done.get("success")
+    return [episode_metrics(done["returns"][member == m].tolist(), lengths[member == m].tolist(),
+                            [] if success is None else success[member == m].tolist(), episodes)
             for m in range(s.members)]

@@ -50,7 +50,7 @@ MEMBER_KEYS: tuple[str, ...] = ("seed", *SETUP_KEYS, *KEYS.values(), *NETWORK_KE
 #: The settings the population trainer supports (every other value of these keys is refused). Every
 #: head.name is supported (q, dueling, c51, iqn: foxdqn.population.state.member_network), and every
 #: action.mode (factored, exposure_routed, branching: foxdqn.population.branching).
-POPULATION_ENVS = frozenset({"cartpole", "trading"})  # env.name
+POPULATION_ENVS = frozenset({"cartpole", "bitflip", "trading"})  # env.name
 POPULATION_ENCODERS = frozenset({"mlp", "attention"})  # model.encoder
 
 
@@ -66,7 +66,6 @@ def _is(wanted: bool | None) -> tuple[Callable[[Any], bool], str]:
 SUPPORTED: tuple[tuple[str, Callable[[Any], bool], str], ...] = (
     ("env.name", *_one_of(POPULATION_ENVS)),
     ("model.encoder", *_one_of(POPULATION_ENCODERS)),
-    ("replay.her", *_is(False)),
     # early stopping and validation during training run per member (foxdqn.population.selection), but
     # a population has no search pruner
     ("search.pruner", *_one_of(frozenset({"none"}))),
@@ -82,7 +81,7 @@ def dotted_value(tc: "TrainConfig", dotted: str) -> Any:
 def batch_refusal(tc: "TrainConfig") -> str | None:
     """None when the population trainer supports ``tc``, else one short reason naming the first
     key (in :data:`SUPPORTED`'s order) whose value it does not support, e.g.
-    ``"replay.her=true: a population supports false only"``."""
+    ``"regime.enabled=true: a population supports false only"``."""
     for key, ok, supported in SUPPORTED:
         value = dotted_value(tc, key)
         if not ok(value):

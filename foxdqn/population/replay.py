@@ -15,7 +15,9 @@ importance weights normalised by its own batch maximum, and writes its own |TD| 
 own guard flag skipped the update (:class:`~foxdqn.replay.prioritized.Priorities` with a member
 axis). With regime weights (``regime.enabled``) each stored transition carries its state's
 volatility ratio (member p's envs' bars: its own resampled paths with ``data.augment``) and a
-sampled row's weight is multiplied by its regime's weight (:mod:`foxdqn.replay.regime`).
+sampled row's weight is multiplied by its regime's weight (:mod:`foxdqn.replay.regime`). With
+``replay.her`` each member's sampled rows are then relabelled with its own uniforms, γ and reward
+scale (:class:`~foxdqn.population.her.MemberHindsightRelabeler`).
 """
 from __future__ import annotations
 
@@ -76,7 +78,8 @@ class MemberReplay(ReplayBuffer):
         p = self.members
         u = self.rng.uniform(2 * batch_size).view(p, 2, batch_size)
         g = replay_gather(*self._ring(), uniforms=u, stacked=self.decoder is None)
-        return self.decode(self._batch(g, self._regime_weight(g.index, self._ones(p * batch_size))), members=p)
+        return self._relabel(self.decode(self._batch(g, self._regime_weight(g.index, self._ones(p * batch_size))),
+                                          members=p))
 
     def _regime_weight(self, index: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
         """``weight`` (float32 ``[P·B]``) times the regime weight of each sampled row's stored
@@ -86,6 +89,12 @@ class MemberReplay(ReplayBuffer):
         if self.regime is None:
             return weight
         return weight * self.regime(self.vol_ratio.view(-1)[index])
+
+    def _relabel(self, batch: Batch) -> Batch:
+        """``batch`` with each member's hindsight goals (``replay.her``: a
+        :class:`~foxdqn.population.her.MemberHindsightRelabeler` set by ``set_relabeler``; it draws
+        each member's next 2·B uniforms), else unchanged."""
+        return batch if self.relabeler is None else self.relabeler.relabel(self, batch)
 
 
 class MemberPrioritizedReplay(MemberReplay):
@@ -127,7 +136,8 @@ class MemberPrioritizedReplay(MemberReplay):
         slots, weight = self.priorities.sample(self.rng.uniform(batch_size))  # [P, B]
         rows = (slots // n) * self.num_envs + self._first_column + slots % n
         g = replay_gather(*self._ring(), index=rows, stacked=self.decoder is None)
-        return self.decode(self._batch(g, self._regime_weight(rows.view(-1), weight.view(-1))), members=self.members)
+        return self._relabel(self.decode(self._batch(g, self._regime_weight(rows.view(-1), weight.view(-1))),
+                                          members=self.members))
 
     def update_priorities(self, index: torch.Tensor, td_abs: torch.Tensor, skip: torch.Tensor) -> None:
         """Member p's priorities from its rows of ``index`` (int64 ``[P·B]``, the ring's rows of

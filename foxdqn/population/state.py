@@ -4,9 +4,10 @@
 :func:`~foxdqn.population.grouping.group_key` into a :class:`PopulationState`: one batched env of
 P × N envs, one member network (online; :func:`member_network`: Q, dueling, C51, IQN or branching) and its
 target (and with ``objective.iql`` a :class:`~foxdqn.population.network.MemberValueNetwork`), one
-replay with a member axis (uniform or prioritized), :class:`~foxdqn.population.optim.MemberAdam`, the per-member
-hyperparameters, guard and accumulators, and the counters (int64 0-d, per member: every member
-has done the same number of env steps and updates).
+replay with a member axis (uniform or prioritized; with ``replay.her`` its relabeler),
+:class:`~foxdqn.population.optim.MemberAdam`, the per-member hyperparameters, guard and accumulators,
+and the counters (int64 0-d, per member: every member has done the same number of env steps and
+updates).
 """
 from __future__ import annotations
 
@@ -138,6 +139,10 @@ def build_population(cfgs: list[TrainConfig], market, device: torch.device) -> P
     codec, row_dim, row_dtype = replay_storage(env)  # trading: state codes, decoded at sample time
     replay = build_member_replay(cfg, params, rng, device, updates, row_dim, row_dtype)
     attach_codec(replay, env, codec)
+    if cfg.replay.her:  # each member relabels its own rows with its own γ, reward scale and uniforms
+        from foxdqn.population.her import MemberHindsightRelabeler
+
+        replay.set_relabeler(MemberHindsightRelabeler(env, cfg.replay.her_k, params.gamma, params.reward_scale, rng))
     obs = env.reset_all().to(torch.float32).clone()
     switch = None
     if cfg.action.switch_margin > 0:  # the greedy choice's switch penalty, each member's reward scale

@@ -39,16 +39,25 @@ class HindsightRelabeler:
         self.window = int(env.max_episode_steps)
 
     def relabel(self, buf, batch, generator: torch.Generator):
-        """Batch with hindsight goals; ``buf`` is the ReplayBuffer the batch came from."""
+        """Batch with hindsight goals; ``buf`` is the ReplayBuffer the batch came from. Draws
+        ``torch.rand(2, B)`` from ``generator``, then :meth:`relabel_with` with this relabeler's γ
+        and reward scale."""
+        u = torch.rand(2, batch.index.shape[0], device=buf.device, generator=generator)
+        return self.relabel_with(buf, batch, u, self.gamma, self.reward_scale)
+
+    def relabel_with(self, buf, batch, u: torch.Tensor, gamma, reward_scale):
+        """``batch`` (``[B, D]`` obs and next_obs, ``batch.index`` its flat rows ``t·N + e`` of
+        ``buf``) with hindsight goals, from the uniforms ``u`` (float32 ``[2, B]``: row 0 picks the
+        future step, row 1 decides whether the goal is relabelled). ``gamma`` and ``reward_scale``:
+        floats, or float32 ``[B]`` tensors of one value per row (a population's members,
+        :class:`foxdqn.population.her.MemberHindsightRelabeler`). Device ops only."""
         env = self.env
-        b = batch.index.shape[0]
         t, e = batch.index // buf.num_envs, batch.index % buf.num_envs
         j = torch.arange(self.window, device=buf.device)
         tj = (t[:, None] + j[None, :]) % buf.rows  # (B, L)
         ej = e[:, None].expand_as(tj)
         same = (buf.episode[tj, ej] == buf.episode[t, e][:, None]) & (j[None, :] <= buf.age(t)[:, None])
         count = same.to(torch.int64).sum(dim=1)  # ≥ 1: j = 0 is always valid; valid j form a prefix
-        u = torch.rand(2, b, device=buf.device, generator=generator)
         pick = (u[0] * count.to(torch.float32)).to(torch.int64).clamp(max=count - 1)
         future = tj.gather(1, pick[:, None]).squeeze(1)
         achieved_future = env.achieved_goal(buf.next_obs[future, e])
@@ -56,6 +65,6 @@ class HindsightRelabeler:
         goal = torch.where(relabel, achieved_future, env.desired_goal(batch.obs))
         obs, next_obs = env.with_goal(batch.obs, goal), env.with_goal(batch.next_obs, goal)
         achieved_next = env.achieved_goal(batch.next_obs)
-        reward = env.compute_reward(achieved_next, goal) * self.reward_scale
+        reward = env.compute_reward(achieved_next, goal) * reward_scale
         terminal = env.is_success(achieved_next, goal).to(torch.float32)
-        return batch._replace(obs=obs, next_obs=next_obs, reward=reward, discount=self.gamma * (1.0 - terminal))
+        return batch._replace(obs=obs, next_obs=next_obs, reward=reward, discount=gamma * (1.0 - terminal))

@@ -106,7 +106,8 @@ def test_batch_refusal_accepts_the_supported_experiments(cartpole, trading):
     assert batch_refusal(trading) is None
     for head in ("q", "dueling", "c51", "iqn"):  # every head trains in a population
         assert batch_refusal(load_config([f"head={head}", "debug=smoke", "device=cpu"])) is None, head
-    for experiment in ("eurusd_c51", "eurusd_iqn", "eurusd_attention", "eurusd_routed", "eurusd_branching"):
+    for experiment in ("eurusd_c51", "eurusd_iqn", "eurusd_attention", "eurusd_routed", "eurusd_branching",
+                       "bitflip_dqn", "bitflip_her"):
         assert batch_refusal(load_config([f"+experiment={experiment}", "debug=smoke", "device=cpu"])) is None
 
 
@@ -123,8 +124,7 @@ def test_distributional_scalars_are_member_keys_and_shapes_group_keys():
         assert group_key(with_values(iqn, **{f"head__{key}": 7})) != group_key(iqn), key
 
 
-REFUSED = [("env.name", "bitflip"), ("env.name", "gym"), ("model.encoder", "nature_cnn"), ("replay.her", True),
-           ("search.pruner", "median"), ("resume", "auto")]
+REFUSED = [("env.name", "gym"), ("model.encoder", "nature_cnn"), ("search.pruner", "median"), ("resume", "auto")]
 
 
 def test_every_refusal_rule_is_tested():
@@ -178,8 +178,8 @@ def test_plan_groups_equal_settings_in_job_order(cartpole):
 
 def test_plan_puts_member_keys_together_and_refused_members_alone(cartpole):
     tcs = [with_values(cartpole, seed=0, optim__lr=1e-3), with_values(cartpole, seed=1, target__period=7),
-           with_values(cartpole, seed=2, replay__her=True), with_values(cartpole, seed=3, explore__eps_end=0.2),
-           with_values(cartpole, seed=4, replay__her=True)]
+           with_values(cartpole, seed=2, regime__enabled=True), with_values(cartpole, seed=3, explore__eps_end=0.2),
+           with_values(cartpole, seed=4, regime__enabled=True)]
     assert jobs(plan(members(tcs))) == [[0, 1, 3], [2], [4]]  # the two refused ones are not grouped together
 
 
@@ -220,6 +220,19 @@ def test_a_seed_sweep_of_eurusd_attention_is_one_population():
     assert jobs(plan(members(tcs), cap=lambda tc, market: None)) == [[0, 1]]
     for key, value in (("width", 32), ("heads", 2), ("layers", 1), ("pooling", "last")):
         assert group_key(with_values(tcs[0], **{f"model__{key}": value})) != group_key(tcs[0]), key
+
+
+@pytest.mark.parametrize("experiment", ["bitflip_dqn", "bitflip_her"])
+def test_a_seed_sweep_of_a_bitflip_experiment_is_one_population(experiment):
+    """env.name=bitflip trains in a population (foxdqn.population.envs.MemberBitFlipEnv), with HER
+    too (replay.her: foxdqn.population.her): the shipped experiments' seeds form one group;
+    env.n_bits (the observation's and the action space's size), replay.her and replay.her_k are
+    group keys."""
+    tcs = [load_config([f"+experiment={experiment}", "debug=smoke", "device=cpu", f"seed={s}"]) for s in (0, 1)]
+    assert all(batch_refusal(tc) is None for tc in tcs) and tcs[0].env.name == "bitflip"
+    assert jobs(plan(members(tcs), cap=lambda tc, market: None)) == [[0, 1]]
+    for key, value in (("env__n_bits", 12), ("replay__her", not tcs[0].replay.her), ("replay__her_k", 2)):
+        assert group_key(with_values(tcs[0], **{key: value})) != group_key(tcs[0]), key
 
 
 @pytest.mark.parametrize("experiment", ["eurusd_routed", "eurusd_branching"])

@@ -123,3 +123,22 @@ def test_eurusd_attention_multirun_trains_as_one_population(train_cli, tmp_path)
         assert math.isfinite(pd.read_csv(job / "metrics.csv").iloc[-1]["train/loss"])
         online = load_checkpoint(job / "checkpoints" / "last.pt")["online"]
         assert "encoder.blocks.1.qkv.weight" in online and "encoder.pos" in online
+
+
+def test_bitflip_her_multirun_trains_as_one_population(train_cli, tmp_path):
+    """The shipped HER experiment's seeds train as one population (env.name=bitflip, replay.her:
+    foxdqn.population.envs.MemberBitFlipEnv, foxdqn.population.her); each member's evaluation reports
+    its success rate and its checkpoint holds a classic Q network of the goal-conditioned observation."""
+    sweep = tmp_path / "her"
+    res = train_cli(["--multirun", "+experiment=bitflip_her", "debug=smoke", "device=cpu", "log.progress=false",
+                     "logger=csv", "seed=0,1", "hydra/launcher=population", f"hydra.sweep.dir={sweep}"], cwd=tmp_path,
+                    timeout=600)
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert "population of 2 members (jobs 0, 1)" in res.stdout + res.stderr
+    for job in (sweep / str(j) for j in range(2)):
+        summary = json.loads((job / "eval" / "summary.json").read_text())
+        assert summary["population"]["size"] == 2 and summary["updates"] > 0
+        assert 0.0 <= summary["metrics"]["agent"]["success_rate"] <= 1.0
+        assert math.isfinite(pd.read_csv(job / "metrics.csv").iloc[-1]["train/loss"])
+        online = load_checkpoint(job / "checkpoints" / "last.pt")["online"]
+        assert online["encoder.net.0.weight"].shape[1] == 60  # concat(state, goal) of 30 bits
