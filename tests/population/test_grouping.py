@@ -178,8 +178,8 @@ def test_plan_groups_equal_settings_in_job_order(cartpole):
 
 def test_plan_puts_member_keys_together_and_refused_members_alone(cartpole):
     tcs = [with_values(cartpole, seed=0, optim__lr=1e-3), with_values(cartpole, seed=1, target__period=7),
-           with_values(cartpole, seed=2, regime__enabled=True), with_values(cartpole, seed=3, explore__eps_end=0.2),
-           with_values(cartpole, seed=4, regime__enabled=True)]
+           with_values(cartpole, seed=2, search__pruner="median"), with_values(cartpole, seed=3, explore__eps_end=0.2),
+           with_values(cartpole, seed=4, search__pruner="median")]
     assert jobs(plan(members(tcs))) == [[0, 1, 3], [2], [4]]  # the two refused ones are not grouped together
 
 
