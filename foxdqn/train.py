@@ -93,7 +93,7 @@ def _run(cfg: DictConfig) -> float | None:
     if COLLECTOR.active:  # hydra/launcher=population trains the checked job later, in a group
         job = HydraConfig.get()
         COLLECTOR.add(Member(tc, market, run_dir, int(job.job.num), [str(o) for o in job.overrides.task], payload,
-                             run_id))
+                             run_id, sweep_dir=Path(job.runtime.cwd) / str(job.sweep.dir)))
         return None
     return run_job(tc, market, run_dir, payload, run_id)
 
