@@ -141,7 +141,14 @@ def trial_pruner(cfg):
         log.warning("search.pruner=median needs validation during training (eval.interval_env_steps): not pruned")
         return None
     hc = HydraConfig.get()
-    return sweep_pruner(cfg, Path(hc.sweep.dir), int(hc.job.num))
+    return sweep_pruner(cfg, sweep_folder(hc), int(hc.job.num))
+
+
+def sweep_folder(hc) -> Path:
+    """The sweep folder of the running multirun job whose Hydra config is ``hc``, absolute: a
+    relative ``hydra.sweep.dir`` is relative to the folder the multirun started in
+    (``hydra.runtime.cwd``), also when the job runs in its own folder (``hydra.job.chdir=true``)."""
+    return Path(str(hc.runtime.cwd)) / str(hc.sweep.dir)
 
 
 def sweep_pruner(cfg, folder: Path, job: int, member: bool = False) -> MedianTrialPruner:
