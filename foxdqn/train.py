@@ -61,6 +61,7 @@ from foxdqn.job.check import preflight  # noqa: E402
 from foxdqn.job.failure import FAILED_JOBS, fail, job_failed, remove_if_unused  # noqa: E402
 from foxdqn.job.run import run_job  # noqa: E402
 from foxdqn.population.jobs import COLLECTOR, Member  # noqa: E402
+from foxdqn.run.search import sweep_folder  # noqa: E402
 from foxdqn.timings import mark  # noqa: E402
 
 
@@ -93,7 +94,7 @@ def _run(cfg: DictConfig) -> float | None:
     if COLLECTOR.active:  # hydra/launcher=population trains the checked job later, in a group
         job = HydraConfig.get()
         COLLECTOR.add(Member(tc, market, run_dir, int(job.job.num), [str(o) for o in job.overrides.task], payload,
-                             run_id))
+                             run_id, sweep_dir=sweep_folder(job)))
         return None
     return run_job(tc, market, run_dir, payload, run_id)
 

@@ -260,3 +260,23 @@ def test_a_pruned_run_stops_at_its_validation_and_says_so(tmp_path, monkeypatch)
     assert summary["env_steps"] == 1024 and summary["selection"]["excluded"] == "pruned"
     assert math.isnan(objective(summary))
     assert json.loads((sweep / search.PRUNING_FOLDER / "1.json").read_text())["state"] == "pruned"
+
+
+def test_a_job_run_in_its_own_folder_prunes_against_the_sweep_folder(run, tmp_path):
+    """With ``hydra.job.chdir=true`` and a relative sweep folder the job's pruning file is still
+    ``<sweep folder>/.pruning/<job>.json`` (foxdqn.run.search.sweep_folder), where the finished
+    jobs are: a job below them is pruned."""
+    pytest.importorskip("optuna")
+    from foxdqn.io_atomic import write_json_atomic
+    from foxdqn.run.search import PRUNING_FOLDER
+
+    write_json_atomic(tmp_path / "s" / PRUNING_FOLDER / "99.json",  # a finished job far above the run
+                      {"state": "complete", "intermediate": {str(500 * k): 1e9 for k in range(1, 9)}})
+    res = run(["+experiment=cartpole_cleanrl", "debug=smoke", "device=cpu", "log.progress=false", "logger=csv",
+               "seed=0", "eval.interval_env_steps=500", "search.pruner=median", "search.n_startup_trials=1",
+               "hydra.job.chdir=true", "hydra.sweep.dir=s"], tmp_path)
+    assert res.returncode == 0, res.stderr[-3000:]
+    summary = json.loads((tmp_path / "s" / "0" / "eval" / "summary.json").read_text())
+    assert summary["stop"]["reason"] == "pruned" and summary["stop"]["at_env_steps"] == 1000
+    assert json.loads((tmp_path / "s" / PRUNING_FOLDER / "0.json").read_text())["state"] == "pruned"
+    assert not (tmp_path / "s" / "0" / "s").exists()

@@ -66,9 +66,6 @@ def _is(wanted: bool | None) -> tuple[Callable[[Any], bool], str]:
 SUPPORTED: tuple[tuple[str, Callable[[Any], bool], str], ...] = (
     ("env.name", *_one_of(POPULATION_ENVS)),
     ("model.encoder", *_one_of(POPULATION_ENCODERS)),
-    # early stopping and validation during training run per member (foxdqn.population.selection), but
-    # a population has no search pruner
-    ("search.pruner", *_one_of(frozenset({"none"}))),
     ("resume", *_is(None)),
 )
 

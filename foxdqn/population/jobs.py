@@ -39,6 +39,9 @@ class Member:
         payload: the checkpoint a ``resume=...`` job continues from (foxdqn.run.resume); None otherwise.
             Such a job never joins a population (grouping.batch_refusal).
         run_id: the id of the run a ``resume=...`` job continues (its start record); None otherwise.
+        sweep_dir: the multirun's sweep folder (``hydra.sweep.dir``, absolute), shared by its jobs:
+            where a member's median pruner (``search.pruner=median``, foxdqn.run.search) finds the
+            sweep's finished jobs; None: a member outside a multirun, never pruned.
     """
 
     tc: "TrainConfig"
@@ -48,6 +51,7 @@ class Member:
     overrides: list[str]
     payload: dict | None = None
     run_id: str | None = None
+    sweep_dir: Path | None = None
 
 
 @dataclass

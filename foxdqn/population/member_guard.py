@@ -22,8 +22,9 @@ the iteration's last update to :attr:`MemberGuard.q_host`, which the host reads 
 reads its ring's newest record (foxdqn.population.train).
 
 The host freezes a member the same way when early stopping ends it (:meth:`MemberGuard.stop`,
-codes :data:`EARLY_STOP_VAL` / :data:`EARLY_STOP_Q`, foxdqn.run.early_stop's reasons): its updates
-are skipped from then on, but it is a normal end, not a halt (:meth:`MemberGuard.reason` is None).
+codes :data:`EARLY_STOP_VAL` / :data:`EARLY_STOP_Q`, foxdqn.run.early_stop's reasons) or a search's
+median pruner does (:data:`PRUNED`, foxdqn.run.search): its updates are skipped from then on, but
+it is a normal end, not a halt (:meth:`MemberGuard.reason` is None).
 """
 from __future__ import annotations
 
@@ -33,11 +34,13 @@ from foxdqn.ops.member_guard import LOSS_CLIP, NON_FINITE, member_guard
 
 #: halt codes (``MemberGuard.code``): why a member halted.
 OK = 0
-#: stop codes (``MemberGuard.code``): the member was frozen by early stopping, by the host (not a halt).
+#: stop codes (``MemberGuard.code``): the member was frozen by the host (not a halt): by early
+#: stopping, or by the search's median pruner (``search.pruner=median``).
 EARLY_STOP_VAL, EARLY_STOP_Q = 3, 4
-STOPS = {"early_stop_val": EARLY_STOP_VAL, "early_stop_q": EARLY_STOP_Q}
 #: halt codes of the checks applied after the kernel's (:meth:`MemberGuard.check`)
 MAX_WEIGHT, COLLAPSE = 5, 6
+PRUNED = 7
+STOPS = {"early_stop_val": EARLY_STOP_VAL, "early_stop_q": EARLY_STOP_Q, "pruned": PRUNED}
 REASONS = {NON_FINITE: "non-finite loss or gradient norm (NaN/Inf)", LOSS_CLIP: "loss above guard.loss_clip",
            MAX_WEIGHT: "weights non-finite or above guard.max_weight after the step",
            COLLAPSE: "gradient collapse (norm below optim.lr x guard.collapse_multiplier for more than "
@@ -154,8 +157,8 @@ class MemberGuard:
         return self.q_divergence is not None and bool(self.q_host[p])
 
     def stop(self, p: int, reason: str, updates: int, env_steps: int) -> None:
-        """Freeze member ``p`` from the host between iterations (early stopping's ``reason``, a key
-        of :data:`STOPS`): every later update of ``p`` is skipped, as after a halt, and
+        """Freeze member ``p`` from the host between iterations (early stopping's or the pruner's
+        ``reason``, a key of :data:`STOPS`): every later update of ``p`` is skipped, as after a halt, and
         :meth:`halt_point` gives (``env_steps``, ``updates``), the counts of its weights now. Writes
         the device state and the host copy (call after a device sync: the log or eval boundary's).
 

@@ -19,7 +19,10 @@ member's best weights are kept (foxdqn.population.selection), a member whose val
 whose last update of an iteration has the Q monitor's divergence flag) is frozen by the guard's mechanism
 (:meth:`~foxdqn.population.member_guard.MemberGuard.stop`) while the others train on, and the
 loop ends when every member has stopped or halted. At the end such a member is evaluated with its
-best weights (``checkpoints/best.pt``), as a single run is.
+best weights (``checkpoints/best.pt``), as a single run is. With ``search.pruner=median`` each member
+has its own median pruner (:func:`foxdqn.run.search.member_pruner`: its job number, the sweep
+folder), fed its validation values as a single run's; a member below the median of the sweep's
+finished jobs is frozen the same way (reason ``pruned``) and reported as a pruned single run.
 """
 from __future__ import annotations
 
@@ -82,7 +85,9 @@ class _Population:
     """One call of :func:`train_population`: setup, the iteration loop, the end per member."""
 
     def __init__(self, members: list[Member]) -> None:
+        from foxdqn.run.early_stop import resolve_metric
         from foxdqn.run.loop import IterationPlan, use_graph
+        from foxdqn.run.search import member_pruner
         from foxdqn.step.state import resolve_device
 
         self.t0 = time.perf_counter()
@@ -105,6 +110,10 @@ class _Population:
         self.stopped: set[int] = set()  # members halted at an earlier log boundary or early-stopped: no more rows
         self.eval_every = max(1, cfg.eval.interval_env_steps // self.per_iter) if cfg.eval.interval_env_steps else 0
         self.selection = MemberSelection(s)
+        # search.pruner=median: each member's own pruner (its job number, the sweep folder), else Nones
+        self.trial_pruners = [member_pruner(m) for m in members]
+        self.trial_metric = resolve_metric(cfg.early_stop.metric, cfg.env.name)  # a group key
+        self.pruned_at: list[int | None] = [None] * len(members)  # env steps where the pruner stopped a member
         log.info("population of %d members (jobs %s): %s on %s (graph=%s), %d env steps each in %d iterations of "
                  "%d envs x %d steps, %d updates each", len(members), ", ".join(str(m.job_num) for m in members),
                  cfg.experiment, self.device, self.graph, self.total_iters * self.per_iter, self.total_iters,
@@ -205,8 +214,10 @@ class _Population:
 
     def _validate(self, it: int, last: bool) -> None:
         """The eval boundary: validate every member at once, log each running member's ``val/*`` row;
-        with early stopping keep its best weights and stop it after ``patience`` evaluations without
-        improvement (the single run's :meth:`foxdqn.run.loop._Training._eval_boundary`, per member)."""
+        with ``search.pruner=median`` stop it when its pruner says so (``pruned``: after the warm-up,
+        not at the end); with early stopping keep its best weights and stop it after ``patience``
+        evaluations without improvement (the single run's
+        :meth:`foxdqn.run.loop._Training._eval_boundary`, per member)."""
         from foxdqn.population.evaluate import member_validation
 
         s, env_steps = self.s, self.env_steps
@@ -215,6 +226,11 @@ class _Population:
             if p in self.stopped or s.guard.halt_point(p) is not None:
                 continue
             self.loggers[p].log(env_steps, {f"val/{k}": v for k, v in metrics.items()})
+            pruner = self.trial_pruners[p]
+            if pruner is not None and it >= self.warm_iters and not last and pruner.report(
+                    env_steps, float(metrics.get(self.trial_metric, float("nan")))):
+                self._stop(p, "pruned", "")  # below the sweep's median at this step
+                continue
             stopper = self.selection.stoppers[p]
             if stopper is None or it < self.warm_iters:  # no update yet: the weights cannot improve
                 continue
@@ -226,12 +242,16 @@ class _Population:
                 self._stop(p, "early_stop_val", stopper.val_detail())
 
     def _stop(self, p: int, reason: str, detail: str) -> None:
-        """End member ``p`` early: its stopper records it, the guard freezes its weights from the next
-        update on, and it logs no more rows."""
+        """End member ``p`` early: its stopper records it (``pruned``: :attr:`pruned_at`, whose
+        pruner logged the single run's line), the guard freezes its weights from the next update
+        on, and it logs no more rows."""
         job = self.members[p].job_num
         log.info("job %d stops early (%s): its weights are frozen from here", job, reason,
                  extra={"foxdqn_job": job, "foxdqn_detail": True})
-        self.selection.stoppers[p].stop(reason, self.env_steps, detail)  # the single run's detail and log line
+        if reason == "pruned":
+            self.pruned_at[p] = self.env_steps
+        else:
+            self.selection.stoppers[p].stop(reason, self.env_steps, detail)  # the single run's detail and log line
         self.s.guard.stop(p, reason, self.host_updates, self.env_steps)
         self.stopped.add(p)
 
@@ -301,7 +321,9 @@ class _Population:
                    best: Path | None = None) -> Outcome:
         """HALTED (guard) for member ``p`` or its report from its validation metrics ``val``,
         evaluation ``test``, its setting's ``ensemble`` entry (None: none), its last checkpoint
-        ``ckpt`` and its ``best`` checkpoint (early stopping; None: none)."""
+        ``ckpt`` and its ``best`` checkpoint (early stopping; None: none); after the report its
+        pruner's file says ``complete`` or ``pruned`` (a halted member's stays ``running``, as a
+        halted single run's)."""
         s, m = self.s, self.members[p]
         reason = s.guard.reason(p)
         if reason is not None:
@@ -313,9 +335,12 @@ class _Population:
             extra["ensemble_policy"] = ensemble
         end = RunEnd(self.graph, wall, *member_counts(s, p), ckpt, overrides=list(m.overrides),
                      name=f"job {m.job_num}: ", job=m.job_num, extra=extra, val_metrics=val, test_result=test,
-                     stopper=self.selection.stoppers[p], best_path=best)
+                     stopper=self.selection.stoppers[p], best_path=best, pruned_at=self.pruned_at[p])
         agent = Agent(m.tc, None, s.action_mode, self.device)  # evaluated already: finish reads no network
-        return Outcome(finish(agent, m.market, m.run_dir, end), FINISHED, "")
+        summary = finish(agent, m.market, m.run_dir, end)
+        if self.trial_pruners[p] is not None:  # this member's validation values now count for the sweep's median
+            self.trial_pruners[p].finish(pruned=self.pruned_at[p] is not None)
+        return Outcome(summary, FINISHED, "")
 
 
 def train_population(members: list[Member]) -> list[Outcome]:

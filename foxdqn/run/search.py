@@ -17,7 +17,10 @@ finished jobs' files: the same rule (prune when the job's best value so far is w
 median of the finished jobs' values at the same env step, after ``n_startup_trials`` finished jobs
 and ``n_warmup_steps`` env steps), decided by Optuna's code. Works with any launcher whose jobs
 share the sweep folder's file system. A pruned job stops training, is evaluated and reported as
-usual, and returns NaN (Optuna: a failed trial; the sweeper cannot mark it pruned).
+usual, and returns NaN (Optuna: a failed trial; the sweeper cannot mark it pruned). A member of a
+population (``hydra/launcher=population``) has a pruner of its own (:func:`member_pruner`: its job
+number and the sweep folder its :class:`~foxdqn.population.jobs.Member` carries); the members of one
+population run at once, so, as jobs running side by side, they do not count for each other.
 """
 from __future__ import annotations
 
@@ -58,16 +61,19 @@ class MedianTrialPruner:
         job: this job's number (``hydra.job.num``).
         search: :class:`~foxdqn.config.schema.SearchConfig` (``n_startup_trials``, ``n_warmup_steps``).
         lower_is_better: the validation metric is lower-is-better (``max_drawdown``).
+        member: the job is a member of a population (foxdqn.population.train): its pruning line
+            names it (``job N: pruned at ...``) and goes to its own log file only (``foxdqn_job``).
 
     Raises:
         ImportError: optuna is not installed.
     """
 
-    def __init__(self, folder: Path, job: int, search, lower_is_better: bool = False) -> None:
+    def __init__(self, folder: Path, job: int, search, lower_is_better: bool = False, member: bool = False) -> None:
         import optuna
 
         self.folder = Path(folder) / PRUNING_FOLDER
         self.path = self.folder / f"{int(job)}.json"
+        self.name, self.extra = (f"job {int(job)}: ", {"foxdqn_job": int(job)}) if member else ("", None)
         self.direction = "minimize" if lower_is_better else "maximize"
         self.pruner = optuna.pruners.MedianPruner(n_startup_trials=search.n_startup_trials,
                                                   n_warmup_steps=search.n_warmup_steps)
@@ -111,8 +117,8 @@ class MedianTrialPruner:
             prune = self.pruner.prune(study, create_trial(state=TrialState.RUNNING,
                                                           intermediate_values=dict(self.intermediate)))
         if prune:
-            log.warning("pruned at %d env steps: validation %.4g is below the median of %d finished jobs "
-                        "(search.pruner=median)", env_steps, value, len(study.trials))
+            log.warning("%spruned at %d env steps: validation %.4g is below the median of %d finished jobs "
+                        "(search.pruner=median)", self.name, env_steps, value, len(study.trials), extra=self.extra)
         return bool(prune)
 
     def finish(self, pruned: bool) -> None:
@@ -128,9 +134,6 @@ def trial_pruner(cfg):
     from hydra.core.hydra_config import HydraConfig
     from hydra.types import RunMode
 
-    from foxdqn.analysis.metrics import LOWER_IS_BETTER
-    from foxdqn.run.early_stop import resolve_metric
-
     if not HydraConfig.initialized() or HydraConfig.get().mode != RunMode.MULTIRUN:
         log.warning("search.pruner=median acts on the jobs of a --multirun only: this run is not pruned")
         return None
@@ -138,5 +141,41 @@ def trial_pruner(cfg):
         log.warning("search.pruner=median needs validation during training (eval.interval_env_steps): not pruned")
         return None
     hc = HydraConfig.get()
+    return sweep_pruner(cfg, sweep_folder(hc), int(hc.job.num))
+
+
+def sweep_folder(hc) -> Path:
+    """The sweep folder of the running multirun job whose Hydra config is ``hc``, absolute: a
+    relative ``hydra.sweep.dir`` is relative to the folder the multirun started in
+    (``hydra.runtime.cwd``), also when the job runs in its own folder (``hydra.job.chdir=true``)."""
+    return Path(str(hc.runtime.cwd)) / str(hc.sweep.dir)
+
+
+def sweep_pruner(cfg, folder: Path, job: int, member: bool = False) -> MedianTrialPruner:
+    """Job ``job``'s :class:`MedianTrialPruner` in the sweep folder ``folder``, on the validation
+    metric of ``cfg`` (``early_stop.metric``, resolved for the env). :func:`trial_pruner` for a
+    single run; :func:`member_pruner` for a population's member (``member``)."""
+    from foxdqn.analysis.metrics import LOWER_IS_BETTER
+    from foxdqn.run.early_stop import resolve_metric
+
     metric = resolve_metric(cfg.early_stop.metric, cfg.env.name)
-    return MedianTrialPruner(Path(hc.sweep.dir), int(hc.job.num), cfg.search, metric in LOWER_IS_BETTER)
+    return MedianTrialPruner(folder, job, cfg.search, metric in LOWER_IS_BETTER, member=member)
+
+
+def member_pruner(member) -> MedianTrialPruner | None:
+    """The :class:`MedianTrialPruner` of a population's member (:class:`foxdqn.population.jobs.Member`:
+    its job number and sweep folder) with ``search.pruner=median``; else None, as
+    :func:`trial_pruner` (a warning where the setting cannot act: no validation during training,
+    or a member that names no sweep folder)."""
+    cfg, job = member.tc, member.job_num
+    if cfg.search.pruner != "median":
+        return None
+    if member.sweep_dir is None:
+        log.warning("job %d: search.pruner=median acts on the jobs of a --multirun only: this member is not pruned",
+                    job, extra={"foxdqn_job": job})
+        return None
+    if not cfg.eval.interval_env_steps:
+        log.warning("job %d: search.pruner=median needs validation during training (eval.interval_env_steps): not "
+                    "pruned", job, extra={"foxdqn_job": job})
+        return None
+    return sweep_pruner(cfg, Path(member.sweep_dir), member.job_num, member=True)

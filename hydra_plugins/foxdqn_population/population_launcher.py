@@ -474,7 +474,8 @@ class _Derived:
         self.searchpath = [o for o in hydra_overrides if o.lstrip("+~").startswith("hydra.searchpath")]
         node = config.hydra.sweep._get_node("subdir")
         self.default_subdir = node is not None and node._value() == "${hydra.job.num}"
-        self.bases: List[Tuple[List[str], DictConfig, Dict[str, Any], Path]] = []
+        # (overrides, config, hydra.yaml, the folder of its job folder, the sweep folder) of each base job
+        self.bases: List[Tuple[List[str], DictConfig, Dict[str, Any], Path, Optional[Path]]] = []
         self.count = 0
 
     def learn(self, idx: int, overrides: List[str], sweep_config: DictConfig) -> None:
@@ -490,7 +491,7 @@ class _Derived:
         if not hydra_file.is_file():
             return
         doc = yaml.load(hydra_file.read_text(), Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
-        self.bases.append((list(overrides), sweep_config, _HydraYaml(doc), Path(added.run_dir).parent))
+        self.bases.append((list(overrides), sweep_config, _HydraYaml(doc), Path(added.run_dir).parent, added.sweep_dir))
 
     def collect(self, idx: int, overrides: List[str]) -> Optional[Tuple[DictConfig, JobReturn]]:
         """Collect job ``idx`` without Hydra, or None (see the class docstring)."""
@@ -517,7 +518,7 @@ class _Derived:
                                             "job": {"num": idx, "id": str(idx)},
                                             "overrides": {"task": list(overrides)}}})
         self.callbacks.on_job_start(config=light, task_function=self.task_function)
-        COLLECTOR.add(Member(tc, market, run_dir, idx, list(overrides)))
+        COLLECTOR.add(Member(tc, market, run_dir, idx, list(overrides), sweep_dir=base[4]))
         ret = JobReturn(overrides=list(overrides), hydra_cfg=light, working_dir=os.getcwd(),
                         task_name=base[2].task_name, status=JobStatus.COMPLETED)
         ret.return_value = None

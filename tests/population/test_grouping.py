@@ -124,7 +124,7 @@ def test_distributional_scalars_are_member_keys_and_shapes_group_keys():
         assert group_key(with_values(iqn, **{f"head__{key}": 7})) != group_key(iqn), key
 
 
-REFUSED = [("env.name", "gym"), ("model.encoder", "nature_cnn"), ("search.pruner", "median"), ("resume", "auto")]
+REFUSED = [("env.name", "gym"), ("model.encoder", "nature_cnn"), ("resume", "auto")]
 
 
 def test_every_refusal_rule_is_tested():
@@ -139,10 +139,11 @@ def test_batch_refusal_names_the_key(cartpole, key, value):
     assert shown == ("true" if value is True else str(value))
 
 
-#: settings a population once refused and now trains per member (tests/population/test_population_controls.py)
+#: settings a population once refused and now trains per member (tests/population/test_population_controls.py;
+#: the search's median pruner: tests/population/test_population_pruner.py)
 LIFTED = [("optim.accumulate", 2), ("debug.inject_lr_spike_at_step", 3), ("guard.max_weight", 10.0),
           ("guard.collapse_multiplier", 5.0), ("early_stop.on_q_divergence", True),
-          ("regime.enabled", True), ("prune.enabled", True)]
+          ("regime.enabled", True), ("prune.enabled", True), ("search.pruner", "median")]
 
 
 @pytest.mark.parametrize("key,value", LIFTED, ids=[f"{k}={v}" for k, v in LIFTED])
@@ -178,8 +179,8 @@ def test_plan_groups_equal_settings_in_job_order(cartpole):
 
 def test_plan_puts_member_keys_together_and_refused_members_alone(cartpole):
     tcs = [with_values(cartpole, seed=0, optim__lr=1e-3), with_values(cartpole, seed=1, target__period=7),
-           with_values(cartpole, seed=2, search__pruner="median"), with_values(cartpole, seed=3, explore__eps_end=0.2),
-           with_values(cartpole, seed=4, search__pruner="median")]
+           with_values(cartpole, seed=2, resume="auto"), with_values(cartpole, seed=3, explore__eps_end=0.2),
+           with_values(cartpole, seed=4, resume="auto")]
     assert jobs(plan(members(tcs))) == [[0, 1, 3], [2], [4]]  # the two refused ones are not grouped together
 
 
