@@ -6,7 +6,8 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 TORCH_VERSION ?= 2.13.0
 ARGS ?=
-# test workers (pytest-xdist; each test file stays in one worker): one per core by default
+# test workers (pytest-xdist; each test file stays in one worker, the files with the most `slow` tests
+# first: tests/conftest.py orders them, --no-loadscope-reorder keeps that order): one per core by default
 TEST_WORKERS ?= auto
 
 .PHONY: venv train test test-gpu bench sweep report clean
@@ -32,7 +33,7 @@ train: venv
 	$(PY) -m foxdqn.train $(ARGS)
 
 test: venv
-	$(PY) -m pytest -q -m "not gpu" -n $(TEST_WORKERS) --dist loadfile $(ARGS)
+	$(PY) -m pytest -q -m "not gpu" -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder $(ARGS)
 
 test-gpu: venv
 	$(PY) -m pytest -q -m gpu $(ARGS)

@@ -60,6 +60,7 @@ def fed(metrics: dict | None) -> bool:
     return all(not math.isnan(v) for name in FINITE_ONCE_FED for v in metrics[name].values())
 
 
+@pytest.mark.slow
 def test_endpoint_serves_the_metric_names_during_a_smoke_run(tmp_path):
     port = free_port()
     # a smoke run made long enough (a few seconds of training) to be scraped while it trains
@@ -94,6 +95,7 @@ def test_endpoint_serves_the_metric_names_during_a_smoke_run(tmp_path):
     probe(port)
 
 
+@pytest.mark.slow
 def test_multirun_jobs_reuse_a_fixed_port(train_cli, tmp_path):
     """The basic launcher runs jobs one after another; each closes its endpoint, so the next binds the port."""
     port = free_port()

@@ -35,6 +35,7 @@ def complete_jobs(sweep: Path) -> list[dict]:
 
 @pytest.mark.parametrize("launcher", [["hydra/launcher=joblib"], ["hydra/launcher=submitit_local"]],
                          ids=["joblib", "submitit_local"])
+@pytest.mark.slow
 def test_launcher_runs_complete_jobs(run, tmp_path, launcher):
     """A sweep's jobs run to complete job folders and the sweep ends with its report. joblib: two
     jobs on the CPU while the sweep's process sees two mocked GPUs (run_with_gpus), no n_jobs given:
@@ -80,6 +81,7 @@ def run_with_gpus(n_gpus: int, args, cwd):
                           timeout=600)
 
 
+@pytest.mark.slow
 def test_joblib_jobs_take_a_gpu_each_on_cuda(tmp_path):
     """Two mocked GPUs, three jobs, no n_jobs given: on a CUDA run (device=auto) n_jobs becomes 2 and
     each worker process takes a GPU of its own, its later job staying on it
@@ -109,6 +111,7 @@ def test_joblib_jobs_take_a_gpu_each_on_cuda(tmp_path):
     assert len(slots) == 1 and {p.name for p in slots[0].glob("gpu-*")} == {f"gpu-{g}.0.lock" for g in used}
 
 
+@pytest.mark.slow
 def test_optuna_search_maximises_the_validation_metric(run, tmp_path):
     pytest.importorskip("hydra_plugins.hydra_optuna_sweeper")
     res = run(["hparams_search=eurusd_optuna", "hydra.sweeper.n_trials=2", *SMOKE,
@@ -161,6 +164,7 @@ def test_ray_runs_the_jobs_on_a_local_ray_instance_one_gpu_each(tmp_path):
     assert placed[0][0][3] != placed[1][0][3]  # in two worker processes
 
 
+@pytest.mark.slow
 def test_submitit_slurm_writes_the_sbatch_script_the_docs_describe(tmp_path):
     """hydra/launcher=submitit_slurm, as docs/usage.md shows it, up to the cluster: a stand-in
     ``sbatch`` on PATH (and an ``srun`` that is never called) keeps the script submitit generates and refuses the job (no Slurm here), so
@@ -245,6 +249,7 @@ def test_a_run_the_search_must_not_count_returns_nan():
     assert objective({"selection": {"metric": "max_drawdown", "value": 0.2, "excluded": None}}) == -0.2
 
 
+@pytest.mark.slow
 def test_a_pruned_run_stops_at_its_validation_and_says_so(tmp_path, monkeypatch):
     """The loop feeds its validation to the pruner; a job below the finished jobs' median stops there,
     is evaluated as usual, and its summary says pruned (NaN to the sweeper)."""
