@@ -6,7 +6,8 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 TORCH_VERSION ?= 2.13.0
 ARGS ?=
-# test workers (pytest-xdist; each test file stays in one worker): one per core by default
+# test workers (pytest-xdist; each test file stays in one worker, the files with the most `slow` tests
+# first: tests/conftest.py orders them, --no-loadscope-reorder keeps that order): one per core by default
 TEST_WORKERS ?= auto
 
 .PHONY: venv train test test-gpu bench sweep report clean
@@ -35,7 +36,7 @@ train: venv
 # every launch is recorded and then compiled for sm_90 on the CPU (tests/compile_kernels.py)
 test: venv
 	@rm -rf .kernel-record
-	FOXDQN_KERNEL_RECORD=$(CURDIR)/.kernel-record $(PY) -m pytest -q -m "not gpu" -n $(TEST_WORKERS) --dist loadfile $(ARGS)
+	FOXDQN_KERNEL_RECORD=$(CURDIR)/.kernel-record $(PY) -m pytest -q -m "not gpu" -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder $(ARGS)
 	$(PY) tests/compile_kernels.py .kernel-record $(if $(ARGS),--allow-empty,)
 
 test-gpu: venv

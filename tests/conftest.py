@@ -5,7 +5,8 @@ at ``@triton.jit`` time) so that kernels run on CPU tensors in Triton's interpre
 kernels compile for the GPU; tests marked ``gpu`` run only there.
 
 Under pytest-xdist (``make test``: one worker per core) each worker runs torch on one thread, so
-that the workers do not oversubscribe the cores.
+that the workers do not oversubscribe the cores; the files with the most tests marked ``slow``
+(those of ten seconds or more on 2 busy cores) are collected first, so that the workers start on them.
 
 This folder goes on ``sys.path`` so that every test file imports the shared helpers of
 ``tests/support.py`` with ``from support import ...``.
@@ -16,6 +17,7 @@ interpreter start and import per module and pytest process (support.CliServer).
 import functools
 import os
 import sys
+from collections import Counter
 from pathlib import Path
 
 # MKL's conditional numerical reproducibility, before torch loads MKL: a batched product then rounds
@@ -56,6 +58,12 @@ def pytest_sessionfinish(session, exitstatus):
 
 
 def pytest_collection_modifyitems(config, items):
+    # the files with the most `slow` tests first, the others as collected (a stable sort: each file's
+    # tests stay together and in order): `make test` (pytest-xdist, --dist loadfile
+    # --no-loadscope-reorder) hands the files to its workers in this order, so that the long files
+    # start first and the short ones fill the workers' ends, instead of a long file last
+    slow = Counter(item.nodeid.split("::")[0] for item in items if "slow" in item.keywords)
+    items.sort(key=lambda item: -slow[item.nodeid.split("::")[0]])
     if torch.cuda.is_available():
         if os.environ.get("TRITON_INTERPRET") == "1" and not _INTERPRET_GIVEN:
             # a module imported while collecting turned the interpreter on: every kernel module

@@ -88,6 +88,7 @@ def test_summary_line_counts_judged_markets(tmp_path):
     assert md.count("\n| a |") == 3 and "| b | martingale_1h | 0 of 1 | — |" in md
 
 
+@pytest.mark.slow
 def test_smoke_run(tmp_path):
     """Two markets, 2 seeds, debug=smoke: one population per market, one row per market, oracle beside it."""
     rc = main(["--experiments", "eurusd_dqn", "--markets", "martingale_1h,ar1_1h_phi+0.2", "--seeds", "2",

@@ -42,6 +42,7 @@ def _random_return(cfg, s, episodes=50) -> float:
     ("cartpole_dqn", (), (16, 16, 32)),
     ("cartpole_cleanrl", ("agent.updates_per_iter=4",), (10, 1, 4)),
 ])
+@pytest.mark.slow
 def test_smoke_beats_random_policy(name, extra, shape):
     cfg = _cfg(name, *extra)
     assert (cfg.env.num_envs, cfg.agent.steps_per_iter, cfg.agent.updates_per_iter) == shape
@@ -52,6 +53,7 @@ def test_smoke_beats_random_policy(name, extra, shape):
     assert trained >= random + 15, (trained, random)
 
 
+@pytest.mark.slow
 def test_cartpole_zoo_smoke_trains_and_beats_random_policy(tmp_path):
     cfg = _cfg("cartpole_zoo", "logger=csv", "eval.episodes=50")
     assert (cfg.env.num_envs, cfg.agent.steps_per_iter, cfg.agent.updates_per_iter) == (1, 256, 128)

@@ -82,6 +82,7 @@ def test_bad_input_is_one_line_and_exit_2(run_dir, tmp_path, capsys, args, needl
     assert needle in err and len(err.splitlines()) <= 2
 
 
+@pytest.mark.slow
 def test_module_entry_point(run_dir):
     res = subprocess.run([sys.executable, "-m", "foxdqn.evaluate", f"checkpoint={run_dir / 'checkpoints' / 'last.pt'}",
                           "split=val"], env={**os.environ, "PYTHONPATH": str(ROOT)}, capture_output=True, text=True,

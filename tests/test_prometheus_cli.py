@@ -60,6 +60,7 @@ def fed(metrics: dict | None) -> bool:
     return all(not math.isnan(v) for name in FINITE_ONCE_FED for v in metrics[name].values())
 
 
+@pytest.mark.slow
 def test_endpoint_serves_the_metric_names_during_a_smoke_run(tmp_path):
     port = free_port()
     # a smoke run made long enough (a few seconds of training) to be scraped while it trains
@@ -94,28 +95,27 @@ def test_endpoint_serves_the_metric_names_during_a_smoke_run(tmp_path):
     probe(port)
 
 
-def test_multirun_jobs_reuse_a_fixed_port(tmp_path):
+@pytest.mark.slow
+def test_multirun_jobs_reuse_a_fixed_port(train_cli, tmp_path):
     """The basic launcher runs jobs one after another; each closes its endpoint, so the next binds the port."""
     port = free_port()
-    proc = start(["--multirun", "debug=smoke", "debug.max_env_steps=1024", "device=cpu", "log.progress=false",
-                  f"logger.prometheus.port={port}", "seed=0,1", f"hydra.sweep.dir={tmp_path / 'sweep'}"], cwd=tmp_path)
-    stdout, stderr = proc.communicate(timeout=300)
-    assert proc.returncode == 0, stderr[-2000:]
-    assert (stdout + stderr).count(f"http://127.0.0.1:{port}/metrics") == 2  # both jobs served on it
+    res = train_cli(["--multirun", "debug=smoke", "debug.max_env_steps=1024", "device=cpu", "log.progress=false",
+                     f"logger.prometheus.port={port}", "seed=0,1", f"hydra.sweep.dir={tmp_path / 'sweep'}"], cwd=tmp_path)
+    assert res.returncode == 0, res.stderr[-2000:]
+    assert (res.stdout + res.stderr).count(f"http://127.0.0.1:{port}/metrics") == 2  # both jobs served on it
     assert all((tmp_path / "sweep" / job / "eval" / "summary.json").is_file() for job in ("0", "1"))
     probe(port)
 
 
-def test_a_port_in_use_is_refused_before_training(tmp_path):
+def test_a_port_in_use_is_refused_before_training(train_cli, tmp_path):
     with socket.socket() as held:
         held.bind(("127.0.0.1", 0))
         held.listen()
         port = held.getsockname()[1]
-        proc = start(["debug=smoke", "device=cpu", f"logger.prometheus.port={port}",
-                      f"hydra.run.dir={tmp_path / 'run'}"], cwd=tmp_path)
-        stdout, stderr = proc.communicate(timeout=300)
-    assert proc.returncode == 2, stderr[-2000:]
-    lines = stderr.strip().splitlines()
+        res = train_cli(["debug=smoke", "device=cpu", f"logger.prometheus.port={port}",
+                         f"hydra.run.dir={tmp_path / 'run'}"], cwd=tmp_path)
+    assert res.returncode == 2, res.stderr[-2000:]
+    lines = res.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith(f"foxdqn: error: logger.prometheus.port={port}: ")
     assert "already in use" in lines[0]
     assert not (tmp_path / "run").exists()  # refused before any folder was made

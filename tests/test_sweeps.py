@@ -4,6 +4,7 @@ hparams_search=eurusd_optuna, and the one-line message of a launcher whose plugi
 import json
 import math
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -32,32 +33,47 @@ def complete_jobs(sweep: Path) -> list[dict]:
     return out
 
 
-@pytest.mark.parametrize("launcher", [["hydra/launcher=joblib", "hydra.launcher.n_jobs=2"],
-                                      ["hydra/launcher=submitit_local"]], ids=["joblib", "submitit_local"])
+@pytest.mark.parametrize("launcher", [["hydra/launcher=joblib"], ["hydra/launcher=submitit_local"]],
+                         ids=["joblib", "submitit_local"])
+@pytest.mark.slow
 def test_launcher_runs_complete_jobs(run, tmp_path, launcher):
-    pytest.importorskip("hydra_plugins.hydra_joblib_launcher" if "joblib" in launcher[0]
-                        else "hydra_plugins.hydra_submitit_launcher")
-    seeds = "seed=0,1" if "joblib" in launcher[0] else "seed=0"
-    res = run([*launcher, seeds, *SMOKE, f"hydra.sweep.dir={tmp_path / 's'}"], cwd=tmp_path)
+    """A sweep's jobs run to complete job folders and the sweep ends with its report. joblib: two
+    jobs on the CPU while the sweep's process sees two mocked GPUs (run_with_gpus), no n_jobs given:
+    with device=cpu the plugin's n_jobs (-1) stays and no job takes a GPU
+    (docs/usage.md#gpus-of-parallel-jobs; the CUDA case is the test below)."""
+    joblib = "joblib" in launcher[0]
+    pytest.importorskip("hydra_plugins.hydra_joblib_launcher" if joblib else "hydra_plugins.hydra_submitit_launcher")
+    args = [*launcher, "seed=0,1" if joblib else "seed=0", *SMOKE, f"hydra.sweep.dir={tmp_path / 's'}"]
+    res = run_with_gpus(2, args, cwd=tmp_path) if joblib else run(args, cwd=tmp_path)
     assert res.returncode == 0, res.stderr[-3000:]
     summaries = complete_jobs(tmp_path / "s")
-    assert len(summaries) == (2 if "joblib" in launcher[0] else 1)
+    assert len(summaries) == (2 if joblib else 1)
     seeds_run = sorted(OmegaConf.load(job / "config.yaml").seed for job in (tmp_path / "s").iterdir() if job.name.isdigit())
     assert seeds_run == list(range(len(summaries)))
     assert (tmp_path / "s" / "report.md").is_file()
     # the sweep ends with its report: no worker's teardown noise after it (Triton's nanobind leak lines)
     assert "nanobind" not in res.stderr + res.stdout
     assert res.stdout.rstrip().splitlines()[-1] == f"report: {tmp_path / 's' / 'report.md'}"
+    if joblib:  # device=cpu with GPUs present: nothing placed
+        assert "Joblib.Parallel(n_jobs=-1," in res.stdout
+        assert not any(PLACED.findall((tmp_path / "s" / str(job) / "train.log").read_text()) for job in (0, 1))
+        assert "GPU placement" not in res.stdout + res.stderr
+        assert list(tmp_path.glob("foxdqn-gpu-slots-*")) == []
+
+
+PLACED = re.compile(r"job (\d+): GPU (\S+) \(CUDA_VISIBLE_DEVICES=(\S+), held by worker process (\d+) ")
 
 
 def run_with_gpus(n_gpus: int, args, cwd):
-    """``run`` with the sweep's process seeing ``n_gpus`` mocked GPUs (foxdqn.cli.placement.gpu_count);
-    the jobs still run on the CPU, as there is no CUDA here. The GPU slot folder goes under ``cwd``
-    (TMPDIR), and loky counts 2 CPUs."""
+    """``python -m foxdqn.train --multirun ARGS`` (its exit without the interpreter's teardown
+    included) in a process of its own whose sweep process sees
+    ``n_gpus`` mocked GPUs (foxdqn.cli.placement.gpu_count); the jobs still run on the CPU, as there
+    is no CUDA here. The GPU slot folder goes under ``cwd`` (TMPDIR), and loky counts 2 CPUs."""
     from foxdqn.cli.placement import SWEEP_GPUS_ENV
 
     code = (f"import sys, foxdqn.cli.placement as p; p.gpu_count = lambda: {n_gpus}; from foxdqn.train import main; "
-            "sys.argv = ['foxdqn.train', '--multirun', *sys.argv[1:]]; main()")
+            "from foxdqn.cli.fast_exit import run_as_program; "
+            "sys.argv = ['foxdqn.train', '--multirun', *sys.argv[1:]]; run_as_program(main)")  # as python -m runs it
     env = {**os.environ, "PYTHONPATH": str(ROOT), "TMPDIR": str(cwd), "LOKY_MAX_CPU_COUNT": "2"}
     for name in ("CUDA_VISIBLE_DEVICES", SWEEP_GPUS_ENV):
         env.pop(name, None)
@@ -65,32 +81,25 @@ def run_with_gpus(n_gpus: int, args, cwd):
                           timeout=600)
 
 
-@pytest.mark.parametrize("device", ["auto", "cpu"])
-def test_joblib_jobs_take_a_gpu_each_on_cuda_and_nothing_on_cpu(tmp_path, device):
+@pytest.mark.slow
+def test_joblib_jobs_take_a_gpu_each_on_cuda(tmp_path):
     """Two mocked GPUs, three jobs, no n_jobs given: on a CUDA run (device=auto) n_jobs becomes 2 and
-    each worker process takes a GPU of its own, its later job staying on it; with device=cpu the
-    plugin's n_jobs (-1) stays and no job takes a GPU (docs/usage.md#gpus-of-parallel-jobs)."""
-    import re
-
+    each worker process takes a GPU of its own, its later job staying on it
+    (docs/usage.md#gpus-of-parallel-jobs). With device=cpu nothing is placed:
+    test_launcher_runs_complete_jobs[joblib]."""
     pytest.importorskip("hydra_plugins.hydra_joblib_launcher")
-    jobs = 3 if device == "auto" else 2  # on CPU two jobs show that nothing is placed
+    jobs = 3
     res = run_with_gpus(2, ["hydra/launcher=joblib", f"seed={','.join(map(str, range(jobs)))}", "debug=smoke",
-                            "debug.max_env_steps=1024", f"device={device}", f"hydra.sweep.dir={tmp_path / 's'}"],
+                            "debug.max_env_steps=1024", "device=auto", f"hydra.sweep.dir={tmp_path / 's'}"],
                         cwd=tmp_path)
     assert res.returncode == 0, res.stderr[-3000:]
     assert len(complete_jobs(tmp_path / "s")) == jobs
-    line = re.compile(r"job (\d+): GPU (\S+) \(CUDA_VISIBLE_DEVICES=(\S+), held by worker process (\d+) ")
     placed = {}
     for job in range(jobs):
-        found = line.findall((tmp_path / "s" / str(job) / "train.log").read_text())
+        found = PLACED.findall((tmp_path / "s" / str(job) / "train.log").read_text())
         placed[job] = found[0][1:] if found else None
         assert len(found) <= 1
     slots = list(tmp_path.glob("foxdqn-gpu-slots-*"))
-    if device == "cpu":
-        assert "Joblib.Parallel(n_jobs=-1," in res.stdout
-        assert placed == {0: None, 1: None} and "GPU placement" not in res.stdout + res.stderr
-        assert slots == []
-        return
     assert "Joblib.Parallel(n_jobs=2," in res.stdout
     assert all(placed.values()), placed
     by_worker = {}
@@ -102,6 +111,7 @@ def test_joblib_jobs_take_a_gpu_each_on_cuda_and_nothing_on_cpu(tmp_path, device
     assert len(slots) == 1 and {p.name for p in slots[0].glob("gpu-*")} == {f"gpu-{g}.0.lock" for g in used}
 
 
+@pytest.mark.slow
 def test_optuna_search_maximises_the_validation_metric(run, tmp_path):
     pytest.importorskip("hydra_plugins.hydra_optuna_sweeper")
     res = run(["hparams_search=eurusd_optuna", "hydra.sweeper.n_trials=2", *SMOKE,
@@ -154,6 +164,7 @@ def test_ray_runs_the_jobs_on_a_local_ray_instance_one_gpu_each(tmp_path):
     assert placed[0][0][3] != placed[1][0][3]  # in two worker processes
 
 
+@pytest.mark.slow
 def test_submitit_slurm_writes_the_sbatch_script_the_docs_describe(tmp_path):
     """hydra/launcher=submitit_slurm, as docs/usage.md shows it, up to the cluster: a stand-in
     ``sbatch`` on PATH (and an ``srun`` that is never called) keeps the script submitit generates and refuses the job (no Slurm here), so
@@ -238,6 +249,7 @@ def test_a_run_the_search_must_not_count_returns_nan():
     assert objective({"selection": {"metric": "max_drawdown", "value": 0.2, "excluded": None}}) == -0.2
 
 
+@pytest.mark.slow
 def test_a_pruned_run_stops_at_its_validation_and_says_so(tmp_path, monkeypatch):
     """The loop feeds its validation to the pruner; a job below the finished jobs' median stops there,
     is evaluated as usual, and its summary says pruned (NaN to the sweeper)."""

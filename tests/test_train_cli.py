@@ -34,6 +34,7 @@ def assert_outputs(run_dir: Path):
     return summary
 
 
+@pytest.mark.slow
 def test_default_smoke_writes_every_output(tmp_path):
     res = run(["debug=smoke", f"hydra.run.dir={tmp_path / 'run'}"], cwd=tmp_path)
     assert res.returncode == 0, res.stderr[-2000:]
@@ -73,6 +74,7 @@ def assert_timings(run_dir: Path, summary: dict, log: str):
     assert "start-up breakdown: wall" in log
 
 
+@pytest.mark.slow
 def test_multirun_writes_the_report(train_cli, tmp_path):
     """foxdqn.report.tables on a real 2x2 sweep (two learning rates x two seeds), written by the callback."""
     sweep = tmp_path / "sweep"

@@ -195,6 +195,7 @@ def test_atari_wrappers_path_needs_opencv():
         make_vector_env(EnvConfig(name="gym", id="ALE/Pong-v5", vectorization="sync"), 2)
 
 
+@pytest.mark.slow
 def test_pong_dqn_smoke_iterations_on_cpu():
     pytest.importorskip("ale_py")
     s, _ = small_state(["+experiment=pong_dqn", "replay.capacity=256", "agent.batch_size=8"])

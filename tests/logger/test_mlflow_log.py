@@ -30,6 +30,7 @@ def _run(uri: str, run_dir):
     return client, client.get_run((run_dir / RUN_ID_FILE).read_text().split()[0])
 
 
+@pytest.mark.slow
 def test_a_run_logs_its_rows_params_and_final_metrics(tmp_path):
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     cfg = _cfg(uri)
@@ -51,6 +52,7 @@ def test_a_run_logs_its_rows_params_and_final_metrics(tmp_path):
     assert run.data.metrics["eval/val_selection"] == pytest.approx(summary["selection"]["value"])
 
 
+@pytest.mark.slow
 def test_a_resumed_run_continues_its_mlflow_run(tmp_path, monkeypatch):
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     cfg, run_dir = _cfg(uri), tmp_path / "run"
@@ -76,6 +78,7 @@ def test_a_store_that_does_not_open_is_refused_before_any_work(tmp_path):
         preflight(_cfg(f"sqlite:///{blocker / 'mlflow.db'}"))
 
 
+@pytest.mark.slow
 def test_the_default_store_is_in_the_run_folder_and_owner_only(tmp_path, monkeypatch):
     """Null logger.mlflow_uri: mlflow.db of the run folder (mode 0600), nothing in the working folder."""
     import os
@@ -98,6 +101,7 @@ def test_the_default_store_is_in_the_run_folder_and_owner_only(tmp_path, monkeyp
     assert (tmp_path / "run" / RUN_ID_FILE).read_text().split() == [run.info.run_id, f"sqlite:///{db}"]
 
 
+@pytest.mark.slow
 def test_a_sweeps_jobs_share_the_store_of_the_sweep_folder(train_cli, tmp_path):
     """python -m foxdqn.train --multirun logger=mlflow: one mlflow.db in the sweep folder (0600) with
     both jobs' runs; each job prints its run id and the store beside outputs:."""

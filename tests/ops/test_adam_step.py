@@ -93,6 +93,7 @@ def test_shared_step_count_advances_once(backend):
 
 
 @pytest.mark.parametrize("shared", [False, True])
+@pytest.mark.slow
 def test_members_equal_separate_calls_bit_for_bit(shared):
     shapes = SHAPES["ten_with_empty"]
     params = _params(shapes, seed=9, members=3)

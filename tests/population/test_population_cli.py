@@ -6,6 +6,7 @@ import json
 import math
 
 import pandas as pd
+import pytest
 import torch
 
 from foxdqn.run.checkpoint import load_checkpoint
@@ -46,6 +47,7 @@ def test_population_multirun_from_the_command_line(train_cli, tmp_path):
             assert math.isfinite(last["train/episode_return"]) and last["train/reward_per_step"] > 0
 
 
+@pytest.mark.slow
 def test_a_multirun_composes_once_per_structure_and_derives_the_other_jobs(train_cli, tmp_path):
     """Hydra composes the first job; the others differ in values only and are derived without a
     composition (issue 33): their folders hold Hydra's .hydra/ files and their results equal the
@@ -88,6 +90,7 @@ def test_a_multirun_composes_once_per_structure_and_derives_the_other_jobs(train
         "\n", 1)[1]  # the same resolved config (the first lines name two runs)
 
 
+@pytest.mark.slow
 def test_prioritized_replay_multirun_trains_as_one_population(train_cli, tmp_path):
     """replay=per with two seeds and two α: one population of four (α is a member key), each member
     with its own folder, its finished run and its updates."""

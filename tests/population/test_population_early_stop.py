@@ -67,6 +67,7 @@ def early(tmp_path_factory):
     return folder, train(EARLY, MEMBERS, folder)
 
 
+@pytest.mark.slow
 def test_early_stopped_members_equal_populations_of_one(early, tmp_path):
     folder, outcomes = early
     stops = [o.summary["stop"] for o in outcomes]
@@ -126,6 +127,7 @@ def test_kept_weights_are_the_best_validation_ones(early):
     assert [o.summary["metrics"]["agent"]["sharpe"] for o in outcomes] != pytest.approx(last_tests)
 
 
+@pytest.mark.slow
 def test_validation_without_early_stopping_logs_every_member_and_keeps_the_last(tmp_path):
     outcomes = train(BASE, MEMBERS[:2], tmp_path / "val")
     alone = train(BASE, [MEMBERS[1]], tmp_path / "alone", jobs=[1])

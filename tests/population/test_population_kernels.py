@@ -60,6 +60,7 @@ def test_update_adds_no_launch_outside_its_loss(launches):
     assert "aten::item" not in update and "aten::_local_scalar_dense" not in update  # no host read
 
 
+@pytest.mark.slow
 def test_launches_do_not_grow_with_members():
     """The same launches for 2 and 5 members (P = 1 differs on the CPU alone: its layers run as a
     batch of two there, MemberQNetwork.layer; its collect step and the update's tail are the same)."""

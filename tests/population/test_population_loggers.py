@@ -97,6 +97,7 @@ def population(tmp_path_factory):
     return members, outcomes, scrapes, urls[0], lines.records, uri
 
 
+@pytest.mark.slow
 def test_the_members_train_with_the_loggers_on(population):
     members, outcomes, *_ = population
     assert [o.exit_code for o in outcomes] == [FINISHED, FINISHED, HALTED], [o.message for o in outcomes]

@@ -60,6 +60,7 @@ def test_interrupted_and_resumed_equals_uninterrupted(tmp_path, monkeypatch, uni
     pd.testing.assert_frame_equal(ma, mb)
 
 
+@pytest.mark.slow
 def test_resume_refuses_another_config_and_a_finished_run(train_cli, tmp_path):
     def run(*args):
         return train_cli(["debug=smoke", "log.progress=false", *args], cwd=tmp_path)

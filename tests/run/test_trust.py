@@ -161,6 +161,7 @@ def test_a_checkpoint_body_holds_only_tensors_and_plain_data():
     assert encode({"a": [1, 2.0, "s", None, (True,)], "t": torch.zeros(2)}).startswith(MAGIC)
 
 
+@pytest.mark.slow
 def test_resume_auto_keeps_the_recorded_config_of_a_run_killed_before_its_first_checkpoint(train, tmp_path):
     """The short form `resume=auto hydra.run.dir=RUN` of a run killed before its first checkpoint
     starts that run over with its own config, not the default one, and ends with the results of
@@ -328,6 +329,7 @@ def test_upgrade_refuses_a_pickle_that_names_anything_else_without_running_it(cl
     assert not marker.exists() and path.read_bytes() == before
 
 
+@pytest.mark.slow
 def test_a_second_resume_never_touches_a_run_that_is_training(train, tmp_path):
     """resume=auto into a folder whose run is still training before its first checkpoint is refused
     by the folder's lock before anything is removed: the running run is not harmed."""
@@ -405,6 +407,7 @@ def test_prices_beyond_the_accounting_range_are_refused(tmp_path):
             load_market_data(DataConfig(path=str(path)), window=8)
 
 
+@pytest.mark.slow
 def test_evaluate_writes_beside_a_checkpoint_that_is_not_in_its_own_run(cli, finished_run, tmp_path):
     loose = tmp_path / "mal" / "x.pt"
     loose.parent.mkdir()
