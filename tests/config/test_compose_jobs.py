@@ -93,14 +93,18 @@ def test_every_member_key_of_every_experiment_derives_as_composed(hydra_initiali
             "guard.loss_clip": "1e6", "debug.inject_nan_at_step": "null", "objective.cql_alpha": "0",
             "objective.iql_expectile": "0.7", "data.augment.block_length": "50",
             "replay.alpha": "0.6", "replay.beta_start": "0.4", "replay.eps": "1e-6", "head.v_min": "-10",
-            "head.v_max": "10", "head.kappa": "1.0"}
+            "head.v_max": "10", "head.kappa": "1.0", "guard.q_divergence": "1e4", "guard.max_weight": "null",
+            "guard.collapse_multiplier": "0", "guard.collapse_patience": "100", "guard.warmup_updates": "100",
+            "debug.inject_lr_spike_at_step": "null"}
     other = {"seed": "5", "optim.lr": "1", "optim.adam_eps": "0.001", "optim.grad_clip": "3", "agent.gamma": "0.9",
              "explore.eps_start": "0.5", "explore.eps_end": "0.02", "explore.eps_decay_fraction": "0.3",
              "target.tau": "1", "target.period": "7", "loss.huber_delta": "2", "loss.reward_scale": "10",
              "guard.loss_clip": "100000", "debug.inject_nan_at_step": "9", "objective.cql_alpha": "0.5",
              "objective.iql_expectile": "0.9", "data.augment.block_length": "7",
              "replay.alpha": "0.5", "replay.beta_start": "0.3", "replay.eps": "0.001", "head.v_min": "-3.3",
-             "head.v_max": "7.1", "head.kappa": "0"}
+             "head.v_max": "7.1", "head.kappa": "0", "guard.q_divergence": "50", "guard.max_weight": "20",
+             "guard.collapse_multiplier": "3", "guard.collapse_patience": "7", "guard.warmup_updates": "0",
+             "debug.inject_lr_spike_at_step": "4"}
     assert set(base) == set(other) == set(MEMBER_KEYS)
     for name in experiment_names():
         if name == "pong_dqn":  # its env needs ale_py to be checked
