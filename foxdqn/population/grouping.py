@@ -58,15 +58,10 @@ def _one_of(allowed: frozenset[str]) -> tuple[Callable[[Any], bool], str]:
     return (lambda v: str(v) in allowed), " or ".join(sorted(allowed))
 
 
-def _is(wanted: bool | None) -> tuple[Callable[[Any], bool], str]:
-    return (lambda v: v is wanted), json.dumps(wanted)
-
-
 #: (dotted key, the test its value must pass, what is supported), checked in this order.
 SUPPORTED: tuple[tuple[str, Callable[[Any], bool], str], ...] = (
     ("env.name", *_one_of(POPULATION_ENVS)),
     ("model.encoder", *_one_of(POPULATION_ENCODERS)),
-    ("resume", *_is(None)),
 )
 
 
@@ -113,11 +108,14 @@ def plan(members: Sequence["Member"], max_members: int | None = None,
          cap: Callable[["TrainConfig", Any], int | None] = memory_cap) -> list[list["Member"]]:
     """The groups to train, in the order of their first job.
 
-    Members with equal :func:`group_key` form one group, in job order, split into groups of at most
+    Members with equal :func:`group_key` that continue from the same point (new, or resumed from
+    their population checkpoints at the same env step: foxdqn.population.resume.resume_point) form
+    one group, in job order, split into groups of at most
     ``max_members`` (the first ``max_members``, then the next, ...) and of at most what fits in
     the device's memory (``cap(tc, market)``, :func:`memory_cap`). A member that
-    :func:`batch_refusal` refuses is a group of its own. A group of one is trained by the classic
-    path (foxdqn.train), a larger group by the population trainer.
+    :func:`batch_refusal` refuses, or that continues a single run's checkpoint, is a group of its
+    own. A group of one is trained by the classic path (foxdqn.train) unless it continues a
+    population checkpoint, a larger group by the population trainer.
 
     Raises:
         ValueError: ``max_members`` below 1.
@@ -127,11 +125,14 @@ def plan(members: Sequence["Member"], max_members: int | None = None,
     groups: list[list[Member]] = []
     filling: dict[str, list[Member]] = {}  # group key -> the group its next member joins
     limits: dict[str, int | None] = {}  # group key -> the most members of one of its groups
+    from foxdqn.population.resume import CLASSIC, resume_point
+
     for member in members:
-        if batch_refusal(member.tc) is not None:
+        point = resume_point(member.payload)
+        if batch_refusal(member.tc) is not None or point == CLASSIC:
             groups.append([member])
             continue
-        key = group_key(member.tc)
+        key = f"{point}|{group_key(member.tc)}"
         if key not in limits:
             caps = [n for n in (max_members, cap(member.tc, member.market)) if n is not None]
             limits[key] = min(caps) if caps else None

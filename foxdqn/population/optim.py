@@ -89,10 +89,13 @@ class MemberAdam:
         steps: float32 ``[P]``, each member's count of updates not skipped (exact up to 2**24).
         exp_avg, exp_avg_sq: one float32 tensor per param, its shape: the moment estimates.
         members: P.
+        last_good: with ``keep_last_good``, one float32 tensor per param, its shape: each member's
+            weights from before its last applied step (Adam's kernel stores them, ``prior`` of
+            :func:`~foxdqn.ops.adam_step.adam_step_`; a skipped member's stay), else None.
     """
 
     def __init__(self, params: Sequence[torch.Tensor], lr, eps=1e-8, betas: tuple[float, float] = (0.9, 0.999),
-                 *, backend: str = "auto") -> None:
+                 *, backend: str = "auto", keep_last_good: bool = False) -> None:
         """
         Args:
             params: non-empty sequence of contiguous float32 ``[P, ...]`` tensors on one device
@@ -101,6 +104,7 @@ class MemberAdam:
             eps: the denominator term(s) >= 0, likewise (torch's default 1e-8).
             betas: ``(beta1, beta2)``, each in [0, 1) (torch's default (0.9, 0.999)).
             backend: "auto" (Triton for CUDA tensors, torch reference for CPU), "triton", "torch".
+            keep_last_good: keep :attr:`last_good` (``guard.keep_last_good``: one more copy of the weights).
 
         Raises:
             ValueError: a param that is not contiguous float32 ``[P, ...]`` with the first one's P
@@ -122,6 +126,8 @@ class MemberAdam:
         self.steps = torch.zeros(members, dtype=F32, device=device)
         self.exp_avg = [torch.zeros_like(p, memory_format=torch.contiguous_format) for p in self.params]
         self.exp_avg_sq = [torch.zeros_like(p, memory_format=torch.contiguous_format) for p in self.params]
+        self.last_good = [p.detach().clone(memory_format=torch.contiguous_format) for p in self.params] \
+            if keep_last_good else None
 
     def zero_grad(self, set_to_none: bool = False) -> None:
         """Set every param's grad to zero in place (a missing grad, None, is created as zeros), or
@@ -169,7 +175,16 @@ class MemberAdam:
         beta1, beta2 = self.betas
         adam_step_(self.params, [p.grad for p in self.params], self.exp_avg, self.exp_avg_sq, [self.steps],
                    lr=self.lr, beta1=beta1, beta2=beta2, eps=self.eps, grad_scale=grad_scale, skip=skip,
-                   members=self.members, backend=self.backend)
+                   members=self.members, prior=self.last_good, backend=self.backend)
+
+    def restore_last_good(self, p: int) -> None:
+        """Put member ``p``'s :attr:`last_good` weights back into its slices of the params (after its
+        halt, before its checkpoint); the other members are untouched. No-op without the copy."""
+        if self.last_good is None:
+            return
+        with torch.no_grad():
+            for param, kept in zip(self.params, self.last_good):
+                param[p].copy_(kept[p])
 
     def _state(self) -> dict[str, torch.Tensor]:
         out = {"step": self.steps, "lr": self.lr, "eps": self.eps}

@@ -133,7 +133,8 @@ def build_population(cfgs: list[TrainConfig], market, device: torch.device) -> P
     # IQL's V: trained with Q by one Adam (a single run's extra_parameters), no target copy
     value = MemberValueNetwork.from_networks(values, str(cfg.model.activation)) if values else None
     trainable = list(online.parameters()) + ([] if value is None else list(value.parameters()))
-    optimizer = MemberAdam(trainable, params.lr, params.adam_eps, ADAM_BETAS)
+    # guard.keep_last_good: a halted member keeps its weights from before its last applied update
+    optimizer = MemberAdam(trainable, params.lr, params.adam_eps, ADAM_BETAS, keep_last_good=cfg.guard.keep_last_good)
     zero = dict(dtype=torch.int64, device=device)
     updates = torch.zeros((), **zero)  # PER's β reads it
     codec, row_dim, row_dtype = replay_storage(env)  # trading: state codes, decoded at sample time

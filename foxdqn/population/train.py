@@ -32,12 +32,11 @@ from pathlib import Path
 
 import torch
 
-from foxdqn.run.checkpoint import FORMAT, write_payload
-from foxdqn.config.schema import to_plain
 from foxdqn.run.finish import Agent, RunEnd, finish
 from foxdqn.io_atomic import deferred_sync, write_text_atomic
 from foxdqn.population import step as P
 from foxdqn.analysis.backtest import POLICIES
+from foxdqn.population.checkpoint import member_checkpoint, member_counts
 from foxdqn.population.jobs import FINISHED, HALTED, Member, Outcome
 from foxdqn.population.selection import MemberSelection
 from foxdqn.population.state import PopulationState, build_population
@@ -48,43 +47,10 @@ from foxdqn.step.iteration import Iteration
 log = logging.getLogger(__name__)
 
 
-def member_counts(s: PopulationState, p: int) -> tuple[int, int]:
-    """(env steps, updates applied) of member ``p``: the population's counters, or where the
-    member halted (its weights are those of that point)."""
-    halt = s.guard.halt_point(p)
-    return halt if halt is not None else (int(s.env_steps.item()), int(s.updates.item()))
-
-
-def member_checkpoint(s: PopulationState, p: int, path: Path, nets: tuple | None = None,
-                      counts: tuple[int, int] | None = None) -> Path:
-    """Write member ``p``'s checkpoint: its online and target weights in a single run's layout
-    (with ``objective.iql`` also ``iql_value``, its value network's weights in
-    :class:`foxdqn.nn.iql_value.IQLValueNetwork`'s layout), its config and counters
-    (:func:`member_counts`), and ``population`` (member index, size). It
-    evaluates like any checkpoint (``python -m foxdqn.evaluate``); it holds no optimizer or replay,
-    so a run cannot resume from it (:func:`foxdqn.run.resume.read_checkpoint` says so). Written
-    atomically. ``nets`` (online, target[, value]) and ``counts`` (env steps, updates) write other
-    weights than the population's current ones (the kept best: foxdqn.population.selection)."""
-    env_steps, updates = counts if counts is not None else member_counts(s, p)
-    online, target, *value = nets if nets is not None else (s.online, s.target, s.value)
-    payload = {
-        "format": FORMAT,
-        "online": online.member_state_dict(p),
-        "target": target.member_state_dict(p),
-        "env_steps": env_steps,
-        "updates": updates,
-        "config": to_plain(s.cfgs[p]),
-        "population": {"member": p, "size": s.members},
-    }
-    if value and value[0] is not None:
-        payload["iql_value"] = value[0].member_state_dict(p)
-    return write_payload(path, payload)
-
-
 class _Population:
     """One call of :func:`train_population`: setup, the iteration loop, the end per member."""
 
-    def __init__(self, members: list[Member]) -> None:
+    def __init__(self, members: list[Member], alone: bool = False) -> None:
         from foxdqn.run.early_stop import resolve_metric
         from foxdqn.run.loop import IterationPlan, use_graph
         from foxdqn.run.search import member_pruner
@@ -92,6 +58,7 @@ class _Population:
 
         self.t0 = time.perf_counter()
         self.members = members
+        self.alone = alone  # a single run (foxdqn.job.run.run_job): its outputs and lines are a single run's
         cfg = members[0].tc
         self.device = resolve_device(cfg.device)
         self.graph = use_graph(cfg, self.device)
@@ -114,30 +81,93 @@ class _Population:
         self.trial_pruners = [member_pruner(m) for m in members]
         self.trial_metric = resolve_metric(cfg.early_stop.metric, cfg.env.name)  # a group key
         self.pruned_at: list[int | None] = [None] * len(members)  # env steps where the pruner stopped a member
+        self.run_ids: list[str | None] = [m.run_id for m in members]  # each member's run id (set by train_population)
+        self.start_iter, self.wall_before, self.resumed_at = 0, 0.0, None
+        if any(m.payload is not None for m in members):
+            self._restore()
         log.info("population of %d members (jobs %s): %s on %s (graph=%s), %d env steps each in %d iterations of "
                  "%d envs x %d steps, %d updates each", len(members), ", ".join(str(m.job_num) for m in members),
                  cfg.experiment, self.device, self.graph, self.total_iters * self.per_iter, self.total_iters,
                  cfg.env.num_envs, a.steps_per_iter, a.updates_per_iter)
 
+    def _restore(self) -> None:
+        """Continue every member from its checkpoint (:func:`foxdqn.population.resume.restore_members`):
+        device state, counters, each member's early stopper, kept best weights and pruner stop; a
+        member frozen before (halted, early-stopped, pruned) stays frozen. Without the replay in the
+        checkpoints, ``agent.learning_starts`` transitions are collected first, as a single run does."""
+        import math
+
+        from foxdqn.population.resume import restore_members
+
+        point = restore_members(self.s, self.members, self.selection.best)
+        self.start_iter = point.env_steps // self.per_iter
+        self.env_steps, self.host_updates, self.resumed_at = point.env_steps, point.updates, point.env_steps
+        for p, loop in enumerate(point.loops):
+            stopper = self.selection.stoppers[p]
+            if stopper is not None and loop.get("stopper") is not None:
+                stopper.load_state_dict(loop["stopper"])
+            counts = loop.get("best_counts")
+            self.selection.best_counts[p] = None if counts is None else (int(counts[0]), int(counts[1]))
+            self.pruned_at[p] = loop.get("pruned_at")
+        self.wall_before = max(float(loop.get("wall_before", 0.0)) for loop in point.loops)
+        self.stopped = {p for p in range(len(self.members)) if int(self.s.guard.host[0, p])}
+        log.info("resuming %d members at %d env steps (iteration %d of %d)", len(self.members), point.env_steps,
+                 self.start_iter, self.total_iters)
+        if not point.replay_saved:  # an empty replay: collect agent.learning_starts transitions first
+            refill = math.ceil(self.members[0].tc.agent.learning_starts / self.per_iter)
+            self.warm_iters = max(self.warm_iters, min(self.total_iters, self.start_iter + refill))
+            log.warning("the checkpoints hold no replay (checkpoint.save_replay=false): %d collect-only iterations "
+                        "refill it before updates continue; the run is not an exact continuation", refill)
+
+    def wall(self) -> float:
+        """Training wall time in seconds, over all runs of this training (resumes included)."""
+        return self.wall_before + time.perf_counter() - self.t0
+
+    def loop_state(self, p: int) -> dict:
+        """Member ``p``'s host loop state, plain data, saved in its resumable checkpoint."""
+        stopper, counts = self.selection.stoppers[p], self.selection.best_counts[p]
+        return {"stopper": None if stopper is None else stopper.state_dict(),
+                "best_counts": None if counts is None else list(counts), "pruned_at": self.pruned_at[p],
+                "wall_before": self.wall()}
+
+    def save(self) -> list[Path]:
+        """Every member's resumable ``checkpoints/last.pt`` (:func:`member_checkpoint` with its loop
+        state), one sync for all; returns their paths."""
+        with deferred_sync():
+            return [member_checkpoint(self.s, p, m.run_dir / "checkpoints" / "last.pt", run_id=self.run_ids[p],
+                                      loop=self.loop_state(p), best=self.selection.best)
+                    for p, m in enumerate(self.members)]
+
+    def _checkpoint_due(self, it: int, last: bool) -> bool:
+        """A log boundary past a multiple of ``checkpoint.every_env_steps`` (not the last iteration),
+        the single run's rule (foxdqn.run.loop)."""
+        every = self.members[0].tc.checkpoint.every_env_steps
+        return bool(every) and not last and (it + 1) % self.log_every == 0 and \
+            self.env_steps // every > (self.env_steps - self.log_every * self.per_iter) // every
+
     def open_loggers(self) -> None:
         """Each member's metrics logger (metrics.csv, tb/) in its run folder, with its MLflow and
-        W&B runs and its rows of the population's Prometheus endpoint as sinks."""
+        W&B runs and its rows of the population's Prometheus endpoint as sinks; a resumed member's
+        rows after its checkpoint are dropped first."""
         from foxdqn.logger import MetricsLogger
 
         for p, m in enumerate(self.members):
-            self.trackers.append(Trackers(m.tc, m.run_dir, m.overrides, job=m.job_num))
+            self.trackers.append(Trackers(m.tc, m.run_dir, None, job=None) if self.alone else
+                                 Trackers(m.tc, m.run_dir, m.overrides, job=m.job_num))
             sinks = list(self.trackers[p].sinks)
             if self.prometheus is not None:
                 sinks.append(self.prometheus.rows({"member": p, "job": m.job_num, "seed": m.tc.seed}))
-            self.loggers.append(MetricsLogger(m.run_dir, tensorboard=m.tc.logger.tensorboard, sinks=sinks))
+            self.loggers.append(MetricsLogger(m.run_dir, tensorboard=m.tc.logger.tensorboard, sinks=sinks,
+                                              resume_after=self.resumed_at))
 
     def iterate(self, signals) -> None:
         from foxdqn.logger.progress import TrainProgress
 
         cfg = self.members[0].tc
-        t_log, steps_log = time.perf_counter(), 0
-        with TrainProgress(total=self.total_iters * self.per_iter, enabled=cfg.log.progress) as progress:
-            for it in range(self.total_iters):
+        t_log, steps_log = time.perf_counter(), self.env_steps
+        with TrainProgress(total=self.total_iters * self.per_iter, enabled=cfg.log.progress,
+                           initial=self.start_iter * self.per_iter) as progress:
+            for it in range(self.start_iter, self.total_iters):
                 (self.collect_only if it < self.warm_iters else self.full)()
                 self.host_updates += 0 if it < self.warm_iters else cfg.agent.updates_per_iter
                 self.env_steps = (it + 1) * self.per_iter
@@ -160,6 +190,8 @@ class _Population:
                     break
                 if signals.received is not None and not last:
                     break
+                if self._checkpoint_due(it, last):
+                    self.save()
 
     def _log_rows(self, rate: float, last: bool) -> list[float]:
         """One row per member that has not halted or stopped (:meth:`_halted_since`; on CUDA a halt the
@@ -329,12 +361,13 @@ class _Population:
         if reason is not None:
             write_text_atomic(m.run_dir / "HALTED", f"{reason}\n")
             return Outcome(None, HALTED, f"training halted: {reason}; last good weights saved to {ckpt}")
-        extra = {"population": {"member": p, "size": s.members, "jobs": [mm.job_num for mm in self.members]},
-                 **self.trackers[p].summary()}
+        extra = {} if self.alone else {
+            "population": {"member": p, "size": s.members, "jobs": [mm.job_num for mm in self.members]}}
+        extra.update(self.trackers[p].summary())
         if ensemble:
             extra["ensemble_policy"] = ensemble
-        end = RunEnd(self.graph, wall, *member_counts(s, p), ckpt, overrides=list(m.overrides),
-                     name=f"job {m.job_num}: ", job=m.job_num, extra=extra, val_metrics=val, test_result=test,
+        end = RunEnd(self.graph, wall, *member_counts(s, p), ckpt, overrides=None if self.alone else list(m.overrides),
+                     name="" if self.alone else f"job {m.job_num}: ", job=None if self.alone else m.job_num, extra=extra, val_metrics=val, test_result=test,
                      stopper=self.selection.stoppers[p], best_path=best, pruned_at=self.pruned_at[p])
         agent = Agent(m.tc, None, s.action_mode, self.device)  # evaluated already: finish reads no network
         summary = finish(agent, m.market, m.run_dir, end)
@@ -343,48 +376,84 @@ class _Population:
         return Outcome(summary, FINISHED, "")
 
 
-def train_population(members: list[Member]) -> list[Outcome]:
-    """Train ``members`` (validated configs sharing a group key, their run folders made by Hydra)
-    as one population; write each member's outputs into its run folder; return one
+def open_folders(members: list[Member]) -> list:
+    """Each member's :class:`foxdqn.run.folder.RunFolder`, opened (locked, start record, ``INCOMPLETE``)
+    as :func:`foxdqn.job.run.run_job` opens a single run's: a new run's folder must hold no run; a
+    resumed member's must be its own; a member killed before its first checkpoint starts over in
+    its folder (:func:`foxdqn.run.resume.start_over`). If one cannot be opened, those opened are
+    released and the error is raised."""
+    from foxdqn.run.folder import RunFolder, previous_outputs
+
+    folders = []
+    try:
+        with deferred_sync():  # P folders: one sync for all their records (foxdqn.io_atomic)
+            for m in members:
+                new = m.payload is None and m.run_id is None and (m.tc.resume is None or not previous_outputs(m.run_dir))
+                folders.append(RunFolder(m.run_dir).open(resume=not new, config=m.tc, run_id=m.run_id))
+                if not new and m.payload is None:  # killed before its first checkpoint: its partial outputs go
+                    from foxdqn.run.resume import start_over
+
+                    start_over(m.run_dir)
+    except BaseException:
+        for folder in folders:
+            folder.release()
+        raise
+    return folders
+
+
+def resume_hint(members: list[Member]) -> str:
+    """How to continue an interrupted population of a multirun: its same command with ``resume=auto``
+    and its sweep folder."""
+    sweep = members[0].sweep_dir or members[0].run_dir.parent
+    return f"continue with the same command and resume=auto hydra.sweep.dir={sweep}"
+
+
+def train_population(members: list[Member], alone: bool = False) -> list[Outcome]:
+    """Train ``members`` (validated configs sharing a group key, their run folders made by Hydra;
+    resumed members' with the checkpoint each continues from, ``Member.payload``) as one
+    population; write each member's outputs into its run folder; return one
     :class:`~foxdqn.population.jobs.Outcome` per member, in order (exit code 0 finished, 3 halted
-    by the guard, 2 bad input found while building: then no member trained and no folder was
-    opened). On SIGINT/SIGTERM every member's weights are saved, then the process exits with
-    128 + the signal after one line (a population does not resume).
+    by the guard, 2 bad input found while building or restoring: then no member trained and no
+    folder was opened). Every ``checkpoint.every_env_steps`` (at a log boundary) and at the end each
+    member's resumable ``checkpoints/last.pt`` is written. On SIGINT/SIGTERM every member's
+    checkpoint is written, ``INCOMPLETE`` stays, then the process exits with 128 + the signal
+    after one line saying how to resume (:func:`resume_hint`). ``alone``: ``members`` is one single
+    run (:func:`foxdqn.job.run.run_job`), whose summary, log lines and trackers are a single run's
+    (no ``population`` entry, no ``job N:`` prefix).
     """
     from foxdqn.errors import FoxdqnError
     from foxdqn.run.loop import _StopSignals
-    from foxdqn.run.folder import RunFolder
     from foxdqn.job.failure import fail
 
     try:
-        run = _Population(members)
+        run = _Population(members, alone)
     except FoxdqnError as exc:
         return [Outcome(None, 2, str(exc)) for _ in members]
-    after_kill = "a population does not resume: evaluate checkpoints/last.pt, or train again"
     try:
-        with deferred_sync():  # P folders: one sync for all their records (foxdqn.io_atomic)
-            folders = [RunFolder(m.run_dir).open(resume=False, after_kill=after_kill, config=m.tc) for m in members]
+        folders = open_folders(members)
     except BaseException:
         run.close()  # the Prometheus endpoint
         raise
+    run.run_ids = [f.run_id for f in folders]
     outcomes: list[Outcome] = []
     signals = None
+    interrupted = False
     try:
         run.open_loggers()
-        with _StopSignals() as signals:
+        with _StopSignals() as signals:  # held through the checkpoints: a signal never cuts them short
             try:
                 run.iterate(signals)
             finally:
                 run.close()
-            wall = time.perf_counter() - run.t0
-            if signals.received is not None:
-                with deferred_sync():
-                    for p, m in enumerate(members):
-                        member_checkpoint(run.s, p, m.run_dir / "checkpoints" / "last.pt")
-            else:
-                with deferred_sync():  # P members' checkpoints and reports, one sync at the end
-                    ckpts = [member_checkpoint(run.s, p, m.run_dir / "checkpoints" / "last.pt")
-                             for p, m in enumerate(members)]
+            interrupted = signals.received is not None and run.env_steps < run.total_iters * run.per_iter
+            if not interrupted:  # guard.keep_last_good: a halted member's weights from before its last applied update
+                for p in range(len(members)):
+                    if run.s.guard.reason(p) is not None:
+                        run.s.optimizer.restore_last_good(p)
+            ckpts = run.save()
+            if not interrupted:
+                wall = run.wall()
+                with deferred_sync():  # P members' reports, one sync at the end
                     bests = run.keep_best()  # early stopping: the kept weights are evaluated
                     vals, tests = run.evaluate_members()
                     ensembles = run.ensembles()
@@ -392,12 +461,16 @@ def train_population(members: list[Member]) -> list[Outcome]:
                                 for p in range(len(members))]
     finally:
         run.close()  # (again: a failure before the loop leaves the endpoint open otherwise)
-        run.end_trackers(outcomes, None if signals is None else signals.received)
+        run.end_trackers(outcomes, signals.received if interrupted else None)
         for p, folder in enumerate(folders):
             folder.finish() if p < len(outcomes) else folder.release()
-    if signals.received is not None:
+    if interrupted:
         import signal as _signal
 
-        fail(f"interrupted by {_signal.Signals(signals.received).name} at {run.env_steps} env steps; each member's "
-             f"weights are in its checkpoints/last.pt (a population does not resume)", 128 + signals.received)
+        name = _signal.Signals(signals.received).name
+        if alone:  # a single run's line (foxdqn.run.loop.Interrupted)
+            fail(f"interrupted by {name} at {run.env_steps} env steps; checkpoint {ckpts[0]}; continue with "
+                 f"resume=auto hydra.run.dir={members[0].run_dir}", 128 + signals.received)
+        fail(f"interrupted by {name} at {run.env_steps} env steps; each member's state is in its "
+             f"checkpoints/last.pt; {resume_hint(members)}", 128 + signals.received)
     return outcomes

@@ -31,17 +31,18 @@ _LOADED: dict = {}
 def read_checkpoint(path: Path) -> dict:
     """:func:`foxdqn.run.checkpoint.load_checkpoint` of ``path``, kept for the next call with the same file
     (same path, size and modification time). Raises ConfigError like it, and for a population
-    member's checkpoint (weights only: :func:`foxdqn.population.train.member_checkpoint`)."""
+    member's checkpoint that holds weights only (``population`` without ``member_state``: a
+    ``best.pt``, or one an older foxdqn wrote; :func:`foxdqn.population.checkpoint.member_checkpoint`)."""
     path = Path(path)
     stat = path.stat() if path.is_file() else None
     key = (str(path.resolve()), stat and (stat.st_size, stat.st_mtime_ns))
     if key not in _LOADED:
         _LOADED.clear()
         _LOADED[key] = load_checkpoint(path)
-    if "population" in _LOADED[key]:
-        raise ConfigError(f"resume: checkpoint {path} is a population member's (weights only, no optimizer or "
-                          "replay); a population run cannot be resumed: evaluate it with python -m foxdqn.evaluate "
-                          "checkpoint=PATH, or train again")
+    if "population" in _LOADED[key] and "member_state" not in _LOADED[key]:
+        raise ConfigError(f"resume: checkpoint {path} is a population member's weights only (no optimizer or "
+                          "replay), so it cannot be resumed: resume from the run's checkpoints/last.pt, evaluate it "
+                          "with python -m foxdqn.evaluate checkpoint=PATH, or train again")
     return _LOADED[key]
 
 

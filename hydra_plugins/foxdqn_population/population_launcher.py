@@ -170,7 +170,7 @@ class PopulationLauncher(Launcher):
                 callbacks.release(member.job_num, jobs[member.job_num][1])
             groups = [g for g in groups if len(g) == 1]
         for group in groups:
-            if len(group) == 1:
+            if len(group) == 1 and not _continues_population(group[0]):
                 self._train_alone(group[0], *jobs[group[0].job_num])
             else:
                 self._train_population(group, jobs)
@@ -287,6 +287,13 @@ class PopulationLauncher(Launcher):
             config, ret = jobs[member.job_num]
             with _as_job(config, logs=False):
                 _set_result(ret, lambda member=member, outcome=outcome: _member_value(member, outcome))
+
+
+def _continues_population(member: Any) -> bool:
+    """``member`` resumes from a population member's checkpoint (a population of one continues it)."""
+    from foxdqn.population.checkpoint import is_member_state
+
+    return is_member_state(member.payload)
 
 
 def deal(populations: List[Any], workers: int) -> List[List[Any]]:

@@ -124,7 +124,7 @@ def test_distributional_scalars_are_member_keys_and_shapes_group_keys():
         assert group_key(with_values(iqn, **{f"head__{key}": 7})) != group_key(iqn), key
 
 
-REFUSED = [("env.name", "gym"), ("model.encoder", "nature_cnn"), ("resume", "auto")]
+REFUSED = [("env.name", "gym"), ("model.encoder", "nature_cnn")]
 
 
 def test_every_refusal_rule_is_tested():
@@ -177,11 +177,32 @@ def test_plan_groups_equal_settings_in_job_order(cartpole):
     assert jobs(plan(members(tcs), max_members=3)) == [[0, 2, 4], [1, 3, 5]]
 
 
-def test_plan_puts_member_keys_together_and_refused_members_alone(cartpole):
+def test_plan_puts_member_keys_together_and_single_run_resumes_alone(cartpole):
+    """A job continuing a single run's checkpoint trains alone (the single-run path restores it)."""
     tcs = [with_values(cartpole, seed=0, optim__lr=1e-3), with_values(cartpole, seed=1, target__period=7),
            with_values(cartpole, seed=2, resume="auto"), with_values(cartpole, seed=3, explore__eps_end=0.2),
            with_values(cartpole, seed=4, resume="auto")]
-    assert jobs(plan(members(tcs))) == [[0, 1, 3], [2], [4]]  # the two refused ones are not grouped together
+    ms = members(tcs)
+    for m in (ms[2], ms[4]):
+        m.payload = {"online": {}, "env_steps": 64}  # a single run's checkpoint
+    assert jobs(plan(ms)) == [[0, 1, 3], [2], [4]]  # the two alone are not grouped together
+
+
+def member_slice(env_steps):
+    """A population member's resumable checkpoint payload at ``env_steps`` (what plan reads of it)."""
+    return {"online": {}, "member_state": {"env_steps": env_steps}}
+
+
+def test_plan_groups_resumed_members_by_where_they_continue(cartpole):
+    """resume=auto: members continuing population checkpoints at the same env step regroup (in job
+    order, whatever population they came from); members at another step, or started over, do not
+    join them."""
+    tcs = [with_values(cartpole, seed=s, resume="auto") for s in range(5)]
+    ms = members(tcs)
+    for m, steps in zip(ms, (256, 256, 128, None, 256)):
+        m.payload = None if steps is None else member_slice(steps)
+    assert jobs(plan(ms)) == [[0, 1, 4], [2], [3]]
+    assert jobs(plan(ms, max_members=2)) == [[0, 1], [2], [3], [4]]
 
 
 def test_plan_puts_a_sweep_over_cql_alpha_in_one_population(cartpole):

@@ -182,6 +182,38 @@ def test_a_skip_leaves_that_member_and_not_the_others(backend):
     assert not torch.equal(opt_a.params[0][2], opt_b.params[0][2])  # member 2 did lose an update
 
 
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_last_good_keeps_each_members_weights_from_before_its_last_applied_step(backend):
+    """keep_last_good: after each step, last_good holds each member's weights from before its last
+    applied step (a member skipped from its 3rd step on keeps those from before its 2nd);
+    restore_last_good(p) puts back member p's only."""
+    gen = torch.Generator().manual_seed(7)
+    params = new_params(gen)
+    opt = MemberAdam(params, lr=[0.01, 0.02, 0.03, 0.04], keep_last_good=True, backend=backend)
+    plain = MemberAdam([p.detach().clone() for p in params], lr=[0.01, 0.02, 0.03, 0.04], backend=backend)
+    befores = []
+    for t in range(4):
+        grads = random_grads(gen)
+        give_grads(opt, grads)
+        give_grads(plain, grads)
+        skip = torch.tensor([0.0, 0.0, 1.0 if t >= 2 else 0.0, 0.0])
+        befores.append([p.detach().clone() for p in opt.params])
+        opt.step(skip)
+        plain.step(skip)
+        for kept, before in zip(opt.last_good, befores[-1]):
+            assert torch.equal(kept[[0, 1, 3]], before[[0, 1, 3]])
+    for kept, before in zip(opt.last_good, befores[1]):
+        assert torch.equal(kept[2], before[2])  # member 2: from before its last applied step, the 2nd
+    for a, b in zip(opt.params, plain.params):
+        assert torch.equal(a, b)  # keeping the copy changes no step
+    after = [p.detach().clone() for p in opt.params]
+    opt.restore_last_good(2)
+    for p, kept, was in zip(opt.params, opt.last_good, after):
+        assert torch.equal(p[2], kept[2]) and not torch.equal(p[2], was[2])
+        assert torch.equal(p[[0, 1, 3]], was[[0, 1, 3]])
+    assert MemberAdam(new_params(gen), lr=0.01, backend=backend).last_good is None
+
+
 @pytest.mark.parametrize("backend", REFERENCE)
 def test_state_dict_round_trip_continues_identically(backend):
     gen = torch.Generator().manual_seed(6)

@@ -1,0 +1,201 @@
+"""A population member's resumable checkpoint: its slice of the population's state.
+
+Member p's ``checkpoints/last.pt`` (:func:`member_checkpoint` with
+``loop``) holds, beside its weights in a single run's layout (so ``python -m foxdqn.evaluate``
+reads it), ``member_state``: every tensor of the :class:`~foxdqn.population.state.PopulationState`
+(and of the kept best weights, early stopping) cut to member p (:func:`member_tensors`), plus the
+host loop's state. A population resumes by gathering its members' files: :func:`restore_member`
+copies member p's slice into any position of a freshly built population of the same group key, so
+the members may come back in another order or another grouping and each continues bit for bit
+(on CPU) what it would have done.
+
+Each tensor's member layout comes from :data:`LAYOUT` (its attribute path, first match):
+
+* ``member``: a member axis ``dim`` of ``width`` entries per member (1: ``[P, ...]``; ``"envs"``:
+  the member's ``env.num_envs`` columns of ``[P·N, ...]``, member-major);
+* ``shared``: the same for every member (counters, bars, schedules): saved whole in every slice,
+  restored from the slice (the counters are equal in every member's slice of one checkpoint);
+* ``position``: values that depend on the member's index in its population (its env ids, its first
+  ring column): never saved, rebuilt by :func:`~foxdqn.population.state.build_population`.
+
+A tensor no rule names is an error (:class:`LayoutError`), so new state cannot be left out silently
+(``tests/population/test_population_resume.py`` walks every supported setting). Without
+``checkpoint.save_replay`` the replay (``replay.*``) is left out, as a single run leaves it out.
+"""
+from __future__ import annotations
+
+import dataclasses
+import re
+from pathlib import Path
+from typing import Iterator
+
+import torch
+
+from foxdqn.config.schema import to_plain
+from foxdqn.errors import ConfigError
+from foxdqn.run.checkpoint import FORMAT, _walk, write_payload
+
+MEMBER, SHARED, POSITION = "member", "shared", "position"
+ENVS = "envs"  # width: the member's env.num_envs columns
+
+#: (attribute path regex, kind, member dim, width), first match wins.
+LAYOUT: tuple[tuple[str, str, int, int | str], ...] = (
+    # network buffers that are the same for every member (IQN's cosine basis and policy fractions)
+    (r"^(online|target|value|best\[\d+\])\.(pi_i|policy_taus)$", SHARED, 0, 1),
+    (r"^(online|target|value|best\[\d+\])\.", MEMBER, 0, 1),
+    (r"^(optimizer|weight_check|params|stats|switch)\.", MEMBER, 0, 1),
+    (r"^eps_duration$", MEMBER, 0, 1),
+    (r"^rng\.keys$", MEMBER, 0, 1),
+    (r"^rng\.", SHARED, 0, 1),
+    (r"^guard\.(_state|host)$", MEMBER, 1, 1),
+    (r"^guard\.", MEMBER, 0, 1),
+    (r"^pruner\.masks\[\d+\]$", MEMBER, 0, 1),
+    (r"^pruner\.", SHARED, 0, 1),
+    (r"^obs$", MEMBER, 0, ENVS),
+    (r"^env\._first_path$", POSITION, 0, 1),
+    # the envs' own state: trading (position, account, episode), CartPole (state, steps), bit flipping (state, goal)
+    (r"^env\.(t|steps|cash|units|entry_price|equity|exposure_idx|episode_return|_frozen|state|goal)$", MEMBER, 0, ENVS),
+    (r"^env\.", SHARED, 0, 1),
+    (r"^(env_steps|updates)$", SHARED, 0, 1),
+    (r"^action_mode\.", SHARED, 0, 1),
+    (r"^replay\.priorities\._env_ids$", POSITION, 0, 1),
+    (r"^replay\._first_column$", POSITION, 0, 1),
+    (r"^replay\.priorities\.per\.", MEMBER, 0, 1),
+    (r"^replay\._member_gamma_m$", MEMBER, 0, 1),
+    (r"^replay\._episode_now$", MEMBER, 0, ENVS),
+    (r"^replay\.(obs|next_obs|action|reward|terminal|ended|episode|vol_ratio)$", MEMBER, 1, ENVS),
+    (r"^replay\.", SHARED, 0, 1),
+)
+_COMPILED = tuple((re.compile(rx), kind, dim, width) for rx, kind, dim, width in LAYOUT)
+
+
+class LayoutError(RuntimeError):
+    """A state tensor that :data:`LAYOUT` does not name (a bug: new state needs a rule)."""
+
+
+def layout(path: str) -> tuple[str, int, int | str]:
+    """(kind, member dim, width) of the state tensor at attribute path ``path`` (:data:`LAYOUT`).
+
+    Raises:
+        LayoutError: no rule names ``path``.
+    """
+    for rx, kind, dim, width in _COMPILED:
+        if rx.search(path):
+            return kind, dim, width
+    raise LayoutError(f"population state tensor {path}: no member layout (add a rule to "
+                      "foxdqn.population.checkpoint.LAYOUT)")
+
+
+def state_parts(s, best: tuple | None = None) -> Iterator[tuple[str, torch.Tensor]]:
+    """Every tensor of population ``s`` (and of ``best``, the kept best networks of early stopping,
+    as ``best[i].*``), by attribute path, each once; not the bars an env rebuilds from its config
+    (``env.rebuilt_tensors``: resampled training paths)."""
+    seen = {id(t) for t in getattr(s.env, "rebuilt_tensors", ())}
+    for field in dataclasses.fields(s):
+        if field.name in ("cfg", "cfgs", "device", "generator"):
+            continue
+        yield from _walk(getattr(s, field.name), field.name, seen)
+    for i, net in enumerate(best or ()):
+        yield from _walk(net, f"best[{i}]", seen)
+
+
+def _slice(t: torch.Tensor, p: int, dim: int, width: int) -> torch.Tensor:
+    return t.narrow(dim, p * width, width)
+
+
+def _width(width: int | str, envs: int) -> int:
+    return envs if width == ENVS else int(width)
+
+
+def member_tensors(s, p: int, save_replay: bool, best: tuple | None = None) -> dict[str, torch.Tensor]:
+    """Member ``p``'s slice of population ``s``: ``{path: CPU tensor}`` for every tensor of
+    :func:`state_parts` but the ``position`` ones (and ``replay.*`` unless ``save_replay``).
+    Reads the device (call at a boundary, never inside the captured loop).
+
+    Raises:
+        LayoutError: a tensor without a rule.
+    """
+    envs, out = s.cfg.env.num_envs, {}
+    for path, t in state_parts(s, best):
+        kind, dim, width = layout(path)
+        if kind == POSITION or (not save_replay and path.startswith("replay.")):
+            continue
+        part = t if kind == SHARED else _slice(t, p, dim, _width(width, envs))
+        out[path] = part.detach().to("cpu", copy=True).contiguous()
+    return out
+
+
+def restore_member(s, p: int, saved: dict[str, torch.Tensor], save_replay: bool, where: str,
+                   best: tuple | None = None) -> None:
+    """Copy a member's slice ``saved`` (:func:`member_tensors`) into member ``p`` of population
+    ``s`` (and of ``best``), in place. ``where`` names the checkpoint in errors.
+
+    Raises:
+        ConfigError: the slice lacks a tensor or holds one of another shape or dtype (another
+            config, or a checkpoint that was not written with this population's settings).
+    """
+    envs = s.cfg.env.num_envs
+    with torch.no_grad():
+        for path, t in state_parts(s, best):
+            kind, dim, width = layout(path)
+            if kind == POSITION or (not save_replay and path.startswith("replay.")):
+                continue
+            dst = t if kind == SHARED else _slice(t, p, dim, _width(width, envs))
+            value = saved.get(path)
+            if value is None:
+                raise ConfigError(f"resume: checkpoint {where} does not hold {path}; it was not written by a "
+                                  "population of these settings")
+            if value.shape != dst.shape or value.dtype != dst.dtype:
+                raise ConfigError(f"resume: checkpoint {where}: {path} has shape {tuple(value.shape)} {value.dtype}, "
+                                  f"this population {tuple(dst.shape)} {dst.dtype}")
+            dst.copy_(value)
+
+
+def member_counts(s, p: int) -> tuple[int, int]:
+    """(env steps, updates applied) of member ``p``: the population's counters, or where the
+    member halted or stopped (its weights are those of that point)."""
+    halt = s.guard.halt_point(p)
+    return halt if halt is not None else (int(s.env_steps.item()), int(s.updates.item()))
+
+
+def member_checkpoint(s, p: int, path: Path, nets: tuple | None = None, counts: tuple[int, int] | None = None,
+                      *, run_id: str | None = None, loop: dict | None = None, best: tuple | None = None) -> Path:
+    """Write member ``p``'s checkpoint, atomically: its online and target weights in a single
+    run's layout (with ``objective.iql`` also ``iql_value``, its value network's weights in
+    :class:`foxdqn.nn.iql_value.IQLValueNetwork`'s layout), its config and counters
+    (:func:`member_counts`), ``population`` (member index, size) and ``run_id`` (its run folder's
+    id). It evaluates like any checkpoint (``python -m foxdqn.evaluate``).
+
+    With ``loop`` (the host loop's state of this member, plain data) it is also resumable:
+    ``member_state`` holds member p's slice of the population (:func:`member_tensors`, the replay
+    with ``checkpoint.save_replay``; the kept best networks ``best`` of early stopping), the
+    population's counters (``env_steps``, ``updates``: equal in every member's slice), whether the
+    replay is in it (``replay_saved``) and ``loop``. Without ``loop`` it holds weights only (a
+    ``best.pt``, or the weights ``nets`` with their ``counts``, e.g. the kept best).
+    """
+    env_steps, updates = counts if counts is not None else member_counts(s, p)
+    online, target, *value = nets if nets is not None else (s.online, s.target, s.value)
+    payload = {
+        "format": FORMAT,
+        "online": online.member_state_dict(p),
+        "target": target.member_state_dict(p),
+        "env_steps": env_steps,
+        "updates": updates,
+        "config": to_plain(s.cfgs[p]),
+        "run_id": run_id,
+        "population": {"member": p, "size": s.members},
+    }
+    if value and value[0] is not None:
+        payload["iql_value"] = value[0].member_state_dict(p)
+    if loop is not None:
+        save_replay = bool(s.cfgs[p].checkpoint.save_replay)
+        payload["member_state"] = {
+            "tensors": member_tensors(s, p, save_replay, best), "replay_saved": save_replay, "loop": loop,
+            "env_steps": int(s.env_steps.item()), "updates": int(s.updates.item())}
+    return write_payload(path, payload)
+
+
+def is_member_state(payload: dict | None) -> bool:
+    """``payload`` (a loaded checkpoint) is a population member's resumable slice (:func:`member_checkpoint`
+    with ``loop``)."""
+    return isinstance(payload, dict) and "member_state" in payload

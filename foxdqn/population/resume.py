@@ -1,0 +1,66 @@
+"""Continuing a population from its members' checkpoints (``resume=auto``, ``resume=PATH``).
+
+Each member of a resumed multirun is resolved as a single run is (:func:`foxdqn.run.resume.resolve_resume`:
+its own folder, start record, run id and the keys given again), so a resume never changes or mixes
+a run. :func:`resume_point` tells the launcher which members may continue together (the same
+group key and the same point); :func:`restore_members` copies each member's slice
+(:mod:`foxdqn.population.checkpoint`) into the freshly built population, in whatever order the
+members came back.
+"""
+from __future__ import annotations
+
+from typing import NamedTuple, Sequence
+
+from foxdqn.errors import ConfigError
+from foxdqn.population.checkpoint import is_member_state, restore_member
+
+#: resume_point of a member whose payload is a single run's checkpoint (format of foxdqn.run.checkpoint)
+CLASSIC = "classic"
+
+
+def resume_point(payload: dict | None) -> int | str | None:
+    """Where a job continues: None (a new run, or one started over), the population's env steps
+    of a member's resumable slice, or :data:`CLASSIC` for a single run's checkpoint (which only
+    the single-run path restores)."""
+    if payload is None:
+        return None
+    return int(payload["member_state"]["env_steps"]) if is_member_state(payload) else CLASSIC
+
+
+class Restored(NamedTuple):
+    """What :func:`restore_members` restored: the population's counters (env steps of one member,
+    updates), whether the replay was in the checkpoints, and each member's host loop state
+    (plain data, :meth:`foxdqn.population.train._Population.loop_state`)."""
+
+    env_steps: int
+    updates: int
+    replay_saved: bool
+    loops: list[dict]
+
+
+def restore_members(s, members: Sequence, best: tuple | None) -> Restored:
+    """Copy every member's checkpoint slice (``members[p].payload``) into member p of the built
+    population ``s`` (and of the kept best networks ``best``).
+
+    Raises:
+        ConfigError: a member without a resumable slice (a single run's checkpoint, or weights
+            only), members at different points, or a slice that does not fit this population
+            (names the member's folder).
+    """
+    payloads = [m.payload for m in members]
+    points = {resume_point(p) for p in payloads}
+    if len(points) != 1 or None in points or CLASSIC in points:
+        where = ", ".join(f"{m.run_dir} ({resume_point(m.payload)})" for m in members)
+        raise ConfigError(f"resume: the members of one population must continue from resumable population "
+                          f"checkpoints of the same env step; got {where}")
+    first = payloads[0]["member_state"]
+    saved = {bool(p["member_state"]["replay_saved"]) for p in payloads}
+    if len(saved) != 1 or any(int(p["member_state"]["updates"]) != int(first["updates"]) for p in payloads):
+        raise ConfigError("resume: the members' checkpoints disagree on the population's updates or replay; "
+                          "they were not written at one boundary")
+    replay_saved = saved.pop()
+    for p, (m, payload) in enumerate(zip(members, payloads)):
+        restore_member(s, p, payload["member_state"]["tensors"], replay_saved,
+                       str(m.run_dir / "checkpoints" / "last.pt"), best)
+    return Restored(int(first["env_steps"]), int(first["updates"]), replay_saved,
+                    [dict(p["member_state"]["loop"]) for p in payloads])

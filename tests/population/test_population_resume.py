@@ -1,0 +1,242 @@
+"""A population resumes (CPU): every member's checkpoints/last.pt holds its slice of the population,
+and a population interrupted by SIGINT/SIGTERM (or stopped at a periodic checkpoint) and resumed
+from those files, in any order or grouping of its members, ends bit for bit as the uninterrupted
+one (weights, metrics.csv rows, summary). docs/design/population.md#resume."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+
+import pandas as pd
+import pytest
+import torch
+
+from foxdqn.config.compose import load_config
+from foxdqn.population.checkpoint import ENVS, LayoutError, POSITION, SHARED, layout, state_parts
+from foxdqn.population.jobs import Member
+from foxdqn.population.state import build_population
+from foxdqn.run.checkpoint import load_checkpoint
+from foxdqn.run.resume import read_checkpoint
+from test_population import CARTPOLE, CPU, TRADING, configs, market_for
+
+TIMING = ["train/env_steps_per_s"]
+RUN = ["logger=csv", "checkpoint.save_replay=true"]
+CART_RUN = [*CARTPOLE, *RUN, "agent.total_env_steps=1024", "log.interval_env_steps=64",
+            "checkpoint.every_env_steps=128"]
+TRADE_RUN = [*TRADING, *RUN, "replay=per", "agent.total_env_steps=720", "agent.learning_starts=96",
+             "log.interval_env_steps=48", "checkpoint.every_env_steps=96", "eval.interval_env_steps=144",
+             "early_stop.enabled=true", "early_stop.patience=2"]
+MEMBERS = [["seed=0"], ["seed=1", "optim.lr=3e-3"], ["seed=2", "agent.gamma=0.9"]]
+
+#: settings whose state differs (heads, objectives, encoders, actions, replay, controls, envs)
+LAYOUT_CASES = {
+    "cartpole": CARTPOLE,
+    "iqn_cql": [*TRADING, "head=iqn", "head.num_quantiles=8", "head.num_target_quantiles=6",
+                "head.num_quantiles_policy=4", "objective.cql_alpha=1"],
+    "iql_c51": [*TRADING, "objective.iql=true"],
+    "c51": [*TRADING, "head=c51"],
+    "attention_branching": [*TRADING, "model=attention", "model.width=8", "model.heads=2", "model.layers=2",
+                            "action=branching"],
+    "routed_switch": [*TRADING, "action=exposure_routed", "action.switch_margin=0.1"],
+    "augment": [*TRADING, "data.augment.method=block_bootstrap", "data.augment.paths=3",
+                "data.augment.block_length=6"],
+    "controls": [*TRADING, "replay=per", "prune.enabled=true", "optim.accumulate=2", "regime.enabled=true",
+                 "guard.max_weight=10", "guard.collapse_multiplier=2", "early_stop.enabled=true",
+                 "early_stop.on_q_divergence=true", "eval.interval_env_steps=96"],
+    "bitflip_her_per": ["+experiment=bitflip_her", "debug=smoke", "device=cpu", "log.progress=false",
+                        "env.num_envs=4", "env.n_bits=5", "replay.capacity=512", "replay=per"],
+}
+
+
+@pytest.mark.parametrize("case", sorted(LAYOUT_CASES))
+def test_every_state_tensor_has_a_member_layout_that_scales_with_p(case):
+    """Every tensor of a population of 2 and of 3 has a LAYOUT rule; a member tensor's axis holds
+    its width per member, a shared tensor has one shape whatever P."""
+    shapes = {}
+    for members in (2, 3):
+        cfgs = configs(LAYOUT_CASES[case], [[f"seed={i}"] for i in range(members)])
+        s = build_population(cfgs, market_for(cfgs[0]), CPU)
+        shapes[members] = {k: tuple(t.shape) for k, t in state_parts(s)}
+    n = cfgs[0].env.num_envs
+    assert shapes[2].keys() == shapes[3].keys()
+    for path, two in shapes[2].items():
+        kind, dim, width = layout(path)
+        three = shapes[3][path]
+        if kind == SHARED:
+            assert two == three, path
+        elif kind != POSITION:
+            w = n if width == ENVS else width
+            assert (two[dim], three[dim]) == (2 * w, 3 * w), path
+            assert two[:dim] + two[dim + 1:] == three[:dim] + three[dim + 1:], path
+
+
+def test_a_tensor_without_a_rule_is_an_error():
+    with pytest.raises(LayoutError, match="no member layout"):
+        layout("somewhere.new_state")
+
+
+class Killed(Exception):
+    """Stands in for kill -9 in process: the loop ends at once, nothing more is written."""
+
+
+def interrupt_at(monkeypatch, iteration: int, signum: int | None) -> None:
+    """The population's training loop receives ``signum`` (a real signal, to its real handler)
+    when it calls an iteration for the ``iteration``-th time; None: :class:`Killed` is raised there."""
+    import foxdqn.population.train as train_mod
+
+    real, calls = train_mod.Iteration, {"n": 0}
+
+    class Interrupting(real):
+        def __call__(self):
+            calls["n"] += 1
+            if calls["n"] == iteration:
+                if signum is None:
+                    raise Killed
+                os.kill(os.getpid(), signum)
+            return super().__call__()
+
+    monkeypatch.setattr(train_mod, "Iteration", Interrupting)
+
+
+def members_of(cfgs, root, payloads=None):
+    """One Member per config, in ``root/<p>``; with ``payloads`` (checkpoint dicts) resumed."""
+    out = []
+    for p, tc in enumerate(cfgs):
+        payload = None if payloads is None else payloads[p]
+        out.append(Member(tc, market_for(tc), root / str(p), p, [], payload=payload,
+                          run_id=None if payload is None else payload["run_id"]))
+    return out
+
+
+def train(cfgs, root, payloads=None):
+    from foxdqn.population.train import train_population
+
+    return train_population(members_of(cfgs, root, payloads))
+
+
+def assert_same_run(a, b):
+    """Run folders ``a`` and ``b``: the same final weights, counters, metrics.csv rows and summary metrics."""
+    ca, cb = load_checkpoint(a / "checkpoints" / "last.pt"), load_checkpoint(b / "checkpoints" / "last.pt")
+    for name in ("online", "target"):
+        for key in ca[name]:
+            assert torch.equal(ca[name][key], cb[name][key]), (a, name, key)
+    assert (ca["env_steps"], ca["updates"]) == (cb["env_steps"], cb["updates"])
+    ma = pd.read_csv(a / "metrics.csv").drop(columns=TIMING)
+    mb = pd.read_csv(b / "metrics.csv").drop(columns=TIMING)
+    pd.testing.assert_frame_equal(ma, mb)  # no row twice, none lost
+    sa, sb = (json.loads((d / "eval" / "summary.json").read_text()) for d in (a, b))
+    for key in ("metrics", "env_steps", "updates", "selection", "stop"):
+        assert sa.get(key) == sb.get(key), key
+    assert not (b / "INCOMPLETE").exists()
+
+
+def interrupted_then_resumed(monkeypatch, cfgs, root, at, signum, order):
+    """Train ``cfgs`` in ``root`` until the ``at``-th iteration's signal (exit 128 + signal, INCOMPLETE
+    kept; None: killed there, the periodic checkpoint stays), then resume the members in the groups
+    ``order`` (lists of member indices)."""
+    interrupt_at(monkeypatch, at, signum)
+    with pytest.raises(Killed if signum is None else SystemExit) as stopped:
+        train(cfgs, root)
+    assert signum is None or stopped.value.code == 128 + signum
+    monkeypatch.undo()
+    payloads = [read_checkpoint(root / str(p) / "checkpoints" / "last.pt") for p in range(len(cfgs))]
+    steps = {pl["member_state"]["env_steps"] for pl in payloads}
+    assert len(steps) == 1 and 0 < steps.pop() < cfgs[0].agent.total_env_steps
+    assert all((root / str(p) / "INCOMPLETE").exists() for p in range(len(cfgs)))
+    for group in order:
+        from foxdqn.population.train import train_population
+
+        members = members_of(cfgs, root, payloads)
+        outcomes = train_population([members[p] for p in group])
+        assert [o.exit_code for o in outcomes] == [0] * len(group)
+    return payloads[0]["member_state"]["env_steps"]
+
+
+def test_cartpole_population_interrupted_and_resumed_equals_uninterrupted(tmp_path, monkeypatch, capfd):
+    cfgs = configs(CART_RUN, MEMBERS)
+    assert [o.exit_code for o in train(cfgs, tmp_path / "whole")] == [0, 0, 0]
+    # SIGINT, then resumed as two populations, in another order
+    interrupted_then_resumed(monkeypatch, cfgs, tmp_path / "cut", 70, signal.SIGINT, [[2, 0], [1]])
+    err = capfd.readouterr().err
+    assert "foxdqn: error: interrupted by SIGINT at 280 env steps; each member's state is in its" in err
+    assert "continue with the same command and resume=auto hydra.sweep.dir=" in err
+    # killed at once (no handler) after a periodic checkpoint: it continues from that checkpoint
+    assert interrupted_then_resumed(monkeypatch, cfgs, tmp_path / "killed", 150, None, [[1, 2, 0]]) == 512
+    for p in range(3):
+        assert_same_run(tmp_path / "whole" / str(p), tmp_path / "cut" / str(p))
+        assert_same_run(tmp_path / "whole" / str(p), tmp_path / "killed" / str(p))
+
+
+@pytest.mark.parametrize("at", [30, 40])  # 360 env steps: best weights kept; 480: a member early-stopped at 432
+def test_trading_per_population_with_early_stopping_resumes_bit_for_bit(tmp_path, monkeypatch, at):
+    cfgs = configs(TRADE_RUN, MEMBERS)
+    assert [o.exit_code for o in train(cfgs, tmp_path / "whole")] == [0, 0, 0]
+    interrupted_then_resumed(monkeypatch, cfgs, tmp_path / "cut", at, signal.SIGTERM, [[0, 1, 2]])
+    stopped = [json.loads((tmp_path / "whole" / str(p) / "eval" / "summary.json").read_text())["stop"]
+               for p in range(3)]
+    assert sum(s["reason"] == "early_stop_val" and s["at_env_steps"] < at * 12 for s in stopped) == (at == 40)
+    for p in range(3):
+        assert_same_run(tmp_path / "whole" / str(p), tmp_path / "cut" / str(p))
+
+
+SWEEP = ["--multirun", "+experiment=cartpole_cleanrl", "debug=smoke", "device=cpu", "log.progress=false", "logger=csv",
+         "seed=0,1", "optim.lr=1e-3", "agent.total_env_steps=16384", "checkpoint.every_env_steps=2048",
+         "checkpoint.save_replay=true", "hydra/launcher=population", "resume=auto"]
+
+
+def interrupted_sweep(sweep, cwd):
+    """The SWEEP multirun in ``sweep``, stopped by SIGINT once both members wrote a checkpoint;
+    returns its stderr."""
+    import subprocess
+    import sys
+    import time
+    from pathlib import Path
+
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
+    proc = subprocess.Popen([sys.executable, "-m", "foxdqn.train", *SWEEP, f"hydra.sweep.dir={sweep}"], cwd=cwd,
+                            env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline and not all((sweep / j / "checkpoints" / "last.pt").is_file() for j in "01"):
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=300)
+    assert proc.returncode == 130, err[-2000:]
+    return err
+
+
+@pytest.mark.slow
+def test_a_population_multirun_interrupted_continues_with_the_same_command(train_cli, tmp_path):
+    """SIGINT: every member's checkpoint, INCOMPLETE kept, one line naming the command; the same
+    command (resume=auto) regroups the members and each ends as the uninterrupted run's; a member
+    whose record was edited, or whose checkpoint is another run's, is refused with one line (exit 2)
+    and left as it was, while the others continue."""
+    import shutil
+
+    whole = train_cli([*SWEEP, f"hydra.sweep.dir={tmp_path / 'whole'}"], cwd=tmp_path, timeout=600)
+    assert whole.returncode == 0, whole.stderr[-2000:]
+    err = interrupted_sweep(tmp_path / "cut", tmp_path)
+    assert err.strip().splitlines()[-1].endswith(
+        f"continue with the same command and resume=auto hydra.sweep.dir={tmp_path / 'cut'}")
+    assert all((tmp_path / "cut" / j / "INCOMPLETE").is_file() for j in "01")
+    shutil.copytree(tmp_path / "cut", tmp_path / "edited")
+    shutil.copytree(tmp_path / "cut", tmp_path / "mixed")
+    res = train_cli([*SWEEP, f"hydra.sweep.dir={tmp_path / 'cut'}"], cwd=tmp_path, timeout=600)
+    assert res.returncode == 0, res.stderr[-2000:]
+    assert "population of 2 members (jobs 0, 1)" in res.stdout + res.stderr
+    for j in "01":
+        assert_same_run(tmp_path / "whole" / j, tmp_path / "cut" / j)
+
+    record = tmp_path / "edited" / "1" / "config.yaml"
+    record.write_text(record.read_text().replace("lr: 0.001", "lr: 0.002"))
+    shutil.copy(tmp_path / "mixed" / "0" / "checkpoints" / "last.pt", tmp_path / "mixed" / "1" / "checkpoints")
+    for sweep, said in (("edited", "config.yaml was edited after the run started"),
+                        ("mixed", "belongs to another run")):
+        before = (tmp_path / sweep / "1" / "checkpoints" / "last.pt").read_bytes()
+        res = train_cli([*SWEEP, f"hydra.sweep.dir={tmp_path / sweep}"], cwd=tmp_path, timeout=600)
+        assert res.returncode == 2, res.stderr[-2000:]
+        lines = [ln for ln in res.stderr.splitlines() if ln.startswith("foxdqn: error: job 1: ")]
+        assert len(lines) == 1 and said in lines[0], res.stderr[-2000:]
+        assert (tmp_path / sweep / "1" / "INCOMPLETE").is_file() and not (tmp_path / sweep / "1" / "eval").exists()
+        assert (tmp_path / sweep / "1" / "checkpoints" / "last.pt").read_bytes() == before
+        assert_same_run(tmp_path / "whole" / "0", tmp_path / sweep / "0")  # the other member continued alone
