@@ -1,7 +1,7 @@
 """A population resumes (CPU): every member's checkpoints/last.pt holds its slice of the population,
 and a population interrupted by SIGINT/SIGTERM (or stopped at a periodic checkpoint) and resumed
 from those files, in any order or grouping of its members, ends bit for bit as the uninterrupted
-one (weights, metrics.csv rows, summary). docs/design/population.md#resume."""
+one (weights, metrics.csv rows, summary). docs/design/population.md#what-a-population-supports ("Resume")."""
 from __future__ import annotations
 
 import json
