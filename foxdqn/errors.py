@@ -20,6 +20,15 @@ class ConfigError(FoxdqnError):
     """A configuration value is invalid or two settings are incompatible."""
 
 
+class StoppedBySignal(Exception):
+    """Training stopped on SIGINT or SIGTERM after its current iteration, its checkpoints written;
+    the message says how to continue. ``exit_code`` is 128 + ``signum`` (130, 143)."""
+
+    def __init__(self, message: str, signum: int) -> None:
+        super().__init__(message)
+        self.signum, self.exit_code = signum, 128 + signum
+
+
 class HaltError(RuntimeError):
     """Training stopped by an on-device guard flag (NaN/Inf, loss clip, gradient collapse, Q divergence)."""
 

@@ -23,8 +23,8 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("analysis",),
     ("run",),
     ("report",),
-    ("job",),
     ("population",),
+    ("job",),  # a single run trains as a population of one (foxdqn.job.run.run_job)
     ("cli",),
     ("hydra_plugins",),  # hydra_plugins/foxdqn_population: the launcher and sweeper that foxdqn.train registers
     ("train", "evaluate"),

@@ -91,3 +91,13 @@ def available_bytes(device: str) -> int | None:
     return None
 
 
+
+
+def memory_cap(tc: TrainConfig, market) -> int | None:
+    """The most members of ``tc``'s settings whose replays and resampled training paths
+    (``data.augment``: each member keeps its own) fit in 80 % of the device's free memory (the
+    single-run precheck's rule, foxdqn.job.check.preflight, times P: :func:`members_that_fit`), at
+    least 1; None when the free memory is unknown. The population launcher's cap of a group
+    (:func:`foxdqn.population.grouping.plan`)."""
+    fit = members_that_fit(tc, market, available_bytes(str(tc.device)))
+    return None if fit is None else max(1, fit)

@@ -1,5 +1,10 @@
 """One job from its run folder's start record to its summary (:func:`run_job`), and the value a
-Hydra sweeper reads from it (:func:`objective`)."""
+Hydra sweeper reads from it (:func:`objective`).
+
+A job trains as a population of one (:func:`foxdqn.population.train.train_population`) whenever
+the population supports its settings (:func:`trains_as_population`); the single-run loop
+(:mod:`foxdqn.run.loop`) remains for the settings it refuses (:func:`foxdqn.population.grouping.batch_refusal`)
+and to continue a checkpoint that loop wrote."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -21,6 +26,8 @@ def run_job(tc: TrainConfig, market, run_dir: Path, payload: dict | None = None,
     ``payload``/``run_id``: what :func:`foxdqn.run.resume.resolve_resume` continues (None, None: a new
     run). A new run whose build fails (bad input, out of memory, an unwritable file) leaves no folder.
     """
+    if trains_as_population(tc, payload):
+        return _run_as_population(tc, market, run_dir, payload, run_id)
     # start-up: foxdqn.train imports this module; the training loop (the step's Triton ops, the
     # loggers) is imported here, off the path of --help
     from foxdqn.run.loop import Interrupted, prepare, run_prepared
@@ -60,16 +67,55 @@ def run_job(tc: TrainConfig, market, run_dir: Path, payload: dict | None = None,
         fail(f"writing the run's outputs failed: {exc.filename or run_dir}: {exc.strerror or exc}")
     except (MemoryError, RuntimeError) as exc:  # allocation failures: a size setting is too large
         _release(folder)
-        if isinstance(exc, MemoryError) or "allocate" in str(exc) or "out of memory" in str(exc):
-            paths = "data.augment.paths, " if str(tc.data.augment.method) != "none" else ""
-            fail(f"out of memory: reduce {paths}replay.capacity, env.num_envs, model.hidden or agent.batch_size"
-                 + (" (no folder was left)" if folder is None else f"; {run_dir} keeps the run")
-                 + f" ({str(exc).splitlines()[0][:120]})")
+        _out_of_memory(tc, run_dir, exc, left=folder is not None)
         raise
     folder.finish()
     print_summary(summary, run_dir)
     write_timings(run_dir, summary)
     return objective(summary)
+
+
+def trains_as_population(tc: TrainConfig, payload: dict | None) -> bool:
+    """``tc`` trains as a population of one: the population supports its settings, it does not
+    continue a single-run loop's checkpoint (``payload`` of format foxdqn.run.checkpoint) and it
+    serves no Prometheus endpoint (``logger.prometheus.port``: a single run's endpoint carries the
+    guard ring's gauges, which a population has no ring for); a population member's checkpoint
+    always does."""
+    from foxdqn.population.checkpoint import is_member_state
+    from foxdqn.population.grouping import batch_refusal
+
+    if is_member_state(payload):
+        return True
+    return payload is None and batch_refusal(tc) is None and tc.logger.prometheus.port is None
+
+
+def _run_as_population(tc: TrainConfig, market, run_dir: Path, payload: dict | None, run_id: str | None) -> float:
+    """:func:`run_job` through the population trainer, P = 1 (:func:`foxdqn.job.member.job_member`):
+    the same folder, outputs, lines and exit codes as the single-run loop's (0; 2 bad input; 3 a
+    guard halt; 128 + signal interrupted, ``resume=auto`` continues)."""
+    from foxdqn.errors import StoppedBySignal
+    from foxdqn.job.member import job_member
+    from foxdqn.population.jobs import BAD_INPUT, FINISHED
+    from foxdqn.population.train import train_population
+
+    settle_heap()
+    try:
+        [outcome] = train_population([job_member(tc, market, run_dir, payload, run_id)], alone=True)
+    except StoppedBySignal as exc:  # INCOMPLETE stays: resume=auto continues
+        fail(str(exc), code=exc.exit_code)
+    except OSError as exc:  # the output folder failed under the run (disk full, file too large, removed, read-only)
+        fail(f"writing the run's outputs failed: {exc.filename or run_dir}: {exc.strerror or exc}")
+    except (MemoryError, RuntimeError) as exc:  # allocation failures: a size setting is too large
+        _out_of_memory(tc, run_dir, exc, left=(run_dir / "INCOMPLETE").exists())
+        raise
+    if outcome.exit_code == BAD_INPUT:
+        remove_if_unused(run_dir)
+        return job_failed(outcome.message, BAD_INPUT)
+    if outcome.exit_code != FINISHED:
+        return job_failed(outcome.message, outcome.exit_code)
+    print_summary(outcome.summary, run_dir)
+    write_timings(run_dir, outcome.summary)
+    return objective(outcome.summary)
 
 
 def write_timings(run_dir: Path, summary: dict) -> None:
@@ -118,6 +164,16 @@ def objective(summary: dict) -> float:
     return -value if summary["selection"]["metric"] in LOWER_IS_BETTER else value
 
 
+
+
+def _out_of_memory(tc: TrainConfig, run_dir: Path, exc: BaseException, left: bool) -> None:
+    """One line and exit 2 when ``exc`` is an allocation failure (``left``: the run folder stays,
+    else none was left); otherwise return (the caller re-raises it: a bug)."""
+    if isinstance(exc, MemoryError) or "allocate" in str(exc) or "out of memory" in str(exc):
+        paths = "data.augment.paths, " if str(tc.data.augment.method) != "none" else ""
+        fail(f"out of memory: reduce {paths}replay.capacity, env.num_envs, model.hidden or agent.batch_size"
+             + (f"; {run_dir} keeps the run" if left else " (no folder was left)")
+             + f" ({str(exc).splitlines()[0][:120]})")
 
 
 def _release(folder, finished: bool = False) -> None:

@@ -16,7 +16,13 @@ and, with ``stats`` (float64 ``[P, 5]``), in float64::
     stats[p] += [nan_to_num(loss[p]), nan_to_num(grad_norm[p]), 1, halted[p], nan_to_num(max_q[p])]
     max_q[p]  = mean_b max_a q[p, b, a]                          (float32; NaN if any q[p] is NaN)
 
-where ``nan_to_num`` maps NaN and ±Inf to 0. The reference (:func:`member_guard_reference`, the
+where ``nan_to_num`` maps NaN and ±Inf to 0; with ``q_threshold`` (float32 ``[P]``, each member's
+``guard.q_divergence``) also the Q monitor's divergence flag, not latched::
+
+    q_diverged[p] = any_b,a (not isfinite(q[p, b, a]) or |q[p, b, a]| > q_threshold[p])   (float32 0 or 1)
+
+(a NaN threshold never trips the magnitude test; the single run's :mod:`foxdqn.ops.qvalue_stats`
+rule). The reference (:func:`member_guard_reference`, the
 torch expressions the population ran before this op) is the definition. The kernel's max-Q mean
 sums the rows in another order than torch's ``mean`` (in float32 both): it may differ in the last
 bits; everything else is exact. Kernel: one program per member (reads only member p's values and
@@ -41,8 +47,9 @@ STATS_FIELDS = 5
 
 @triton.jit
 def _member_guard_kernel(loss_ptr, gn_ptr, clip_ptr, halted_ptr, code_ptr, at_update_ptr, at_env_ptr, updates_ptr,
-                         env_steps_ptr, stats_ptr, q_ptr, B, A, stats_stride, q_stride_p, q_stride_b,
-                         STATS: tl.constexpr, BLOCK_B: tl.constexpr, BLOCK_A: tl.constexpr):
+                         env_steps_ptr, stats_ptr, q_ptr, q_thr_ptr, q_div_ptr, B, A, stats_stride, q_stride_p,
+                         q_stride_b, STATS: tl.constexpr, QDIV: tl.constexpr, BLOCK_B: tl.constexpr,
+                         BLOCK_A: tl.constexpr):
     INF = float("inf")
     p = tl.program_id(0)
     loss = tl.load(loss_ptr + p)
@@ -64,6 +71,8 @@ def _member_guard_kernel(loss_ptr, gn_ptr, clip_ptr, halted_ptr, code_ptr, at_up
         cmask = cols < A
         total = tl.zeros([BLOCK_B], tl.float32)
         n_nan = tl.zeros([BLOCK_B], tl.int32)
+        n_div = tl.zeros([BLOCK_B], tl.int32)
+        thr = tl.load(q_thr_ptr + p) if QDIV else 0.0
         for b0 in range(0, B, BLOCK_B):
             r = b0 + rows
             rmask = r < B
@@ -72,6 +81,8 @@ def _member_guard_kernel(loss_ptr, gn_ptr, clip_ptr, halted_ptr, code_ptr, at_up
                         mask=m, other=-INF)
             n_nan += tl.sum(((x != x) & m).to(tl.int32), axis=1)
             total += tl.where(rmask, tl.max(tl.where(x == x, x, -INF), axis=1), 0.0)
+            if QDIV:
+                n_div += tl.sum((((x != x) | (tl.abs(x) == INF) | (tl.abs(x) > thr)) & m).to(tl.int32), axis=1)
         max_q = tl.sum(total, axis=0) / B
         max_q = tl.where(tl.sum(n_nan, axis=0) > 0, float("nan"), max_q)
         row = stats_ptr + p * stats_stride
@@ -83,6 +94,8 @@ def _member_guard_kernel(loss_ptr, gn_ptr, clip_ptr, halted_ptr, code_ptr, at_up
         tl.store(row + 2, tl.load(row + 2) + 1.0)
         tl.store(row + 3, tl.load(row + 3) + skip.to(tl.float64))
         tl.store(row + 4, tl.load(row + 4) + mq64)
+        if QDIV:
+            tl.store(q_div_ptr + p, tl.where(tl.sum(n_div, axis=0) > 0, 1.0, 0.0))
 
 
 def _blocks(A: int) -> tuple[int, int]:
@@ -90,23 +103,30 @@ def _blocks(A: int) -> tuple[int, int]:
     return max(1, min(4096 // block_a, 128)), block_a
 
 
-@device_op("foxdqn::member_guard", mutates_args={"halted", "code", "at_update", "at_env_steps", "stats"})
+@device_op("foxdqn::member_guard", mutates_args={"halted", "code", "at_update", "at_env_steps", "stats",
+                                                 "q_diverged"})
 def _member_guard_op(loss: Tensor, grad_norm: Tensor, loss_clip: Tensor, halted: Tensor, code: Tensor,
                      at_update: Tensor, at_env_steps: Tensor, updates: Tensor, env_steps: Tensor, stats: Tensor,
-                     q: Tensor, with_stats: bool) -> None:
+                     q: Tensor, q_threshold: Tensor, q_diverged: Tensor, with_stats: bool, with_qdiv: bool) -> None:
     p = loss.shape[0]
     b, a = (q.shape[1], q.shape[2]) if with_stats else (1, 1)
     block_b, block_a = _blocks(a)
     wrap_triton(_member_guard_kernel)[(p,)](
-        loss, grad_norm, loss_clip, halted, code, at_update, at_env_steps, updates, env_steps, stats, q, b, a,
-        stats.stride(0) if with_stats else 0, q.stride(0) if with_stats else 0, q.stride(1) if with_stats else 0,
-        STATS=with_stats, BLOCK_B=block_b, BLOCK_A=block_a, num_warps=4)
+        loss, grad_norm, loss_clip, halted, code, at_update, at_env_steps, updates, env_steps, stats, q, q_threshold,
+        q_diverged, b, a, stats.stride(0) if with_stats else 0, q.stride(0) if with_stats else 0,
+        q.stride(1) if with_stats else 0, STATS=with_stats, QDIV=with_qdiv, BLOCK_B=block_b, BLOCK_A=block_a,
+        num_warps=4)
 
 
 def member_guard_reference(loss: Tensor, grad_norm: Tensor, loss_clip: Tensor, halted: Tensor, code: Tensor,
                            at_update: Tensor, at_env_steps: Tensor, updates: Tensor, env_steps: Tensor,
-                           stats: Tensor | None = None, q: Tensor | None = None) -> Tensor:
+                           stats: Tensor | None = None, q: Tensor | None = None, q_threshold: Tensor | None = None,
+                           q_diverged: Tensor | None = None) -> Tensor:
     """Plain-torch reference of :func:`member_guard` (same arguments and writes). Device ops only."""
+    if q_threshold is not None:  # the Q monitor's flag (before the latch below: it reads only q)
+        p = q.shape[0]
+        diverged = ~torch.isfinite(q) | (q.abs() > q_threshold.view(p, 1, 1))
+        q_diverged.copy_(diverged.view(p, -1).any(dim=1))
     non_finite = ~(torch.isfinite(loss) & torch.isfinite(grad_norm))
     too_big = loss > loss_clip
     bad = non_finite | too_big
@@ -153,7 +173,8 @@ def _check(loss, grad_norm, loss_clip, halted, code, at_update, at_env_steps, up
 
 def member_guard(loss: Tensor, grad_norm: Tensor, loss_clip: Tensor, halted: Tensor, code: Tensor,
                  at_update: Tensor, at_env_steps: Tensor, updates: Tensor, env_steps: Tensor, *,
-                 stats: Tensor | None = None, q: Tensor | None = None, backend: str = "auto") -> Tensor:
+                 stats: Tensor | None = None, q: Tensor | None = None, q_threshold: Tensor | None = None,
+                 q_diverged: Tensor | None = None, backend: str = "auto") -> Tensor:
     """One update's guard check of P members, and with ``stats`` the update's monitor sums (the
     rules in the module docstring); one kernel launch on CUDA. Device ops only.
 
@@ -168,6 +189,8 @@ def member_guard(loss: Tensor, grad_norm: Tensor, loss_clip: Tensor, halted: Ten
             ``+= [loss, grad_norm, 1, skip, max-Q]`` (module docstring).
         q: with ``stats``, float32 ``[P, B, A]`` (any strides but a unit last one, else copied):
             the batch's online Q of s.
+        q_threshold, q_diverged: with ``q``, None or float32 ``[P]`` each: each member's
+            ``guard.q_divergence``, and the Q monitor's divergence flags written (module docstring).
         backend: "auto" (Triton for CUDA tensors, torch for CPU), "triton", "torch".
 
     Returns:
@@ -179,12 +202,30 @@ def member_guard(loss: Tensor, grad_norm: Tensor, loss_clip: Tensor, halted: Ten
         RuntimeError: backend="triton" on CPU tensors without TRITON_INTERPRET=1.
     """
     _check(loss, grad_norm, loss_clip, halted, code, at_update, at_env_steps, updates, env_steps, stats, q)
+    _check_qdiv(q, q_threshold, q_diverged, loss)
     if resolve_backend("member_guard", backend, loss) == "torch":
         return member_guard_reference(loss, grad_norm, loss_clip, halted, code, at_update, at_env_steps, updates,
-                                      env_steps, stats, q)
+                                      env_steps, stats, q, q_threshold, q_diverged)
     if q is not None and q.stride(2) != 1:
         q = q.contiguous()
+    qdiv = q_threshold is not None
     _member_guard_op(loss, grad_norm, loss_clip, halted, code, at_update, at_env_steps, updates, env_steps,
                      loss.new_empty((0, 1), dtype=torch.float64) if stats is None else stats,
-                     loss.new_empty((0, 1, 1)) if q is None else q, stats is not None)
+                     loss.new_empty((0, 1, 1)) if q is None else q, q_threshold if qdiv else loss.new_empty(0),
+                     q_diverged if qdiv else loss.new_empty(0), stats is not None, qdiv)
     return halted
+
+
+def _check_qdiv(q, q_threshold, q_diverged, loss) -> None:
+    """Raise ValueError unless ``q_threshold`` and ``q_diverged`` are both None or both float32
+    ``[P]`` on ``loss``'s device, contiguous, with ``q`` given."""
+    if q_threshold is None and q_diverged is None:
+        return
+    p, dev = loss.shape[0], loss.device
+    for name, t in (("q_threshold", q_threshold), ("q_diverged", q_diverged)):
+        if (not isinstance(t, Tensor) or t.dtype != torch.float32 or tuple(t.shape) != (p,) or t.device != dev
+                or not t.is_contiguous()):
+            raise ValueError(f"member_guard: {name} must be a contiguous float32 tensor [P] = [{p}] on {dev} "
+                             f"(with the other and q), got {describe(t) if isinstance(t, Tensor) else t!r}")
+    if q is None:
+        raise ValueError("member_guard: q_threshold and q_diverged need q (and stats)")

@@ -93,26 +93,16 @@ def group_key(tc: "TrainConfig") -> str:
     return json.dumps(values, sort_keys=True, separators=(",", ":"), default=str)
 
 
-def memory_cap(tc: "TrainConfig", market) -> int | None:
-    """The most members of ``tc``'s settings whose replays and resampled training paths
-    (``data.augment``: each member keeps its own) fit in 80 % of the device's free memory (the
-    single-run precheck's rule, foxdqn.job.check.preflight, times P:
-    :func:`foxdqn.job.memory.members_that_fit`), at least 1; None when the free memory is unknown."""
-    from foxdqn.job.memory import available_bytes, members_that_fit
-
-    fit = members_that_fit(tc, market, available_bytes(str(tc.device)))
-    return None if fit is None else max(1, fit)
-
-
 def plan(members: Sequence["Member"], max_members: int | None = None,
-         cap: Callable[["TrainConfig", Any], int | None] = memory_cap) -> list[list["Member"]]:
+         cap: Callable[["TrainConfig", Any], int | None] | None = None) -> list[list["Member"]]:
     """The groups to train, in the order of their first job.
 
     Members with equal :func:`group_key` that continue from the same point (new, or resumed from
     their population checkpoints at the same env step: foxdqn.population.resume.resume_point) form
     one group, in job order, split into groups of at most
     ``max_members`` (the first ``max_members``, then the next, ...) and of at most what fits in
-    the device's memory (``cap(tc, market)``, :func:`memory_cap`). A member that
+    the device's memory (``cap(tc, market)``: the launcher passes :func:`foxdqn.job.memory.memory_cap`;
+    None: no memory cap). A member that
     :func:`batch_refusal` refuses, or that continues a single run's checkpoint, is a group of its
     own. A group of one is trained by the classic path (foxdqn.train) unless it continues a
     population checkpoint, a larger group by the population trainer.
@@ -134,7 +124,7 @@ def plan(members: Sequence["Member"], max_members: int | None = None,
             continue
         key = f"{point}|{group_key(member.tc)}"
         if key not in limits:
-            caps = [n for n in (max_members, cap(member.tc, member.market)) if n is not None]
+            caps = [n for n in (max_members, None if cap is None else cap(member.tc, member.market)) if n is not None]
             limits[key] = min(caps) if caps else None
         group, limit = filling.get(key), limits[key]
         if group is None or (limit is not None and len(group) >= limit):

@@ -14,12 +14,13 @@ good weights, while the other members train on unchanged. Each step ends with a 
 of the halt state into pinned host memory, which the host reads without waiting
 (docs/design/hot_loop.md#the-contract).
 
-With ``early_stop.on_q_divergence`` (and early stopping) each update also writes each member's
-Q-monitor divergence flag (:meth:`MemberGuard.check_q`: the batch's online Q has a non-finite
-entry or some |Q| above the member's ``guard.q_divergence``, the single run's
-:mod:`foxdqn.ops.qvalue_stats` rule), not latched; :meth:`MemberGuard.publish` copies the flag of
-the iteration's last update to :attr:`MemberGuard.q_host`, which the host reads as a single run
-reads its ring's newest record (foxdqn.population.train).
+Each update also writes each member's Q-monitor divergence flag (:meth:`MemberGuard.check`, in
+the guard's kernel: the batch's online Q has a non-finite entry or some |Q| above the member's
+``guard.q_divergence``, the single run's :mod:`foxdqn.ops.qvalue_stats` rule), not latched;
+:meth:`MemberGuard.publish` copies the flag of the iteration's last update to
+:attr:`MemberGuard.q_host`, which the host reads as a single run reads its ring's newest record
+(foxdqn.population.train): the member halts (:meth:`MemberGuard.halt_q`), or with
+``early_stop.on_q_divergence`` stops.
 
 The host freezes a member the same way when early stopping ends it (:meth:`MemberGuard.stop`,
 codes :data:`EARLY_STOP_VAL` / :data:`EARLY_STOP_Q`, foxdqn.run.early_stop's reasons) or a search's
@@ -40,11 +41,14 @@ EARLY_STOP_VAL, EARLY_STOP_Q = 3, 4
 #: halt codes of the checks applied after the kernel's (:meth:`MemberGuard.check`)
 MAX_WEIGHT, COLLAPSE = 5, 6
 PRUNED = 7
+#: halt code set by the host (:meth:`MemberGuard.halt_q`): the Q monitor's divergence flag, as a single run halts on it
+Q_DIVERGENCE = 8
 STOPS = {"early_stop_val": EARLY_STOP_VAL, "early_stop_q": EARLY_STOP_Q, "pruned": PRUNED}
 REASONS = {NON_FINITE: "non-finite loss or gradient norm (NaN/Inf)", LOSS_CLIP: "loss above guard.loss_clip",
            MAX_WEIGHT: "weights non-finite or above guard.max_weight after the step",
            COLLAPSE: "gradient collapse (norm below optim.lr x guard.collapse_multiplier for more than "
-                     "guard.collapse_patience updates)"}
+                     "guard.collapse_patience updates)",
+           Q_DIVERGENCE: "Q monitor: q_divergence (a Q value non-finite or above guard.q_divergence)"}
 
 
 class MemberGuard:
@@ -67,7 +71,7 @@ class MemberGuard:
         host: pinned (on CUDA) int64 ``[4, P]`` copy of (halted, code, at_update, at_env_steps), refreshed by
         :meth:`publish` without a wait.  at_env_steps: int64 ``[P]``, the member's env steps when it
         halted (−1: none).  q_divergence: None, or float32 ``[P]`` (each member's
-        ``guard.q_divergence``): then q_diverged (float32 ``[P]``, the last :meth:`check_q`'s flags)
+        ``guard.q_divergence``): then q_diverged (float32 ``[P]``, the last :meth:`check`'s flags)
         and q_host (its pinned int64 ``[P]`` copy, refreshed by :meth:`publish`).
     """
 
@@ -110,8 +114,10 @@ class MemberGuard:
         grad_norm < threshold``, the count of collapsed updates in a row advances (or resets to 0),
         and a member whose count exceeds its patience halts with :data:`COLLAPSE` (the kernel's
         NaN/Inf or loss-clip code when one fired on the same update)."""
+        qdiv = self.q_divergence is not None and q is not None  # the Q monitor's flags in the same launch
         member_guard(loss, grad_norm, self.loss_clip, self.halted, self.code, self.at_update,
-                     self.at_env_steps, updates, env_steps, stats=stats, q=q)
+                     self.at_env_steps, updates, env_steps, stats=stats, q=q,
+                     q_threshold=self.q_divergence if qdiv else None, q_diverged=self.q_diverged if qdiv else None)
         if self.collapse is not None:
             threshold, warmup, patience = self.collapse
             collapsed = (updates >= warmup) & (grad_norm < threshold)  # IEEE: a NaN norm never collapses
@@ -133,15 +139,6 @@ class MemberGuard:
         self.halted.copy_(torch.maximum(self.halted, flag))
         if stats is not None:
             stats[:, 3] += flag.to(torch.float64)
-
-    def check_q(self, q: torch.Tensor) -> None:
-        """Each member's Q divergence flag of this update into :attr:`q_diverged` (with
-        :attr:`q_divergence`): ``q`` float32 ``[P, B, A]`` (the batch's online Q; the expected Q
-        of a distributional head) has a NaN or ±Inf entry, or an entry with |Q| above the member's
-        threshold (strict; a NaN threshold never trips the magnitude test). Device ops only."""
-        p = q.shape[0]
-        bad = ~torch.isfinite(q) | (q.abs() > self.q_divergence.view(p, 1, 1))
-        self.q_diverged.copy_(bad.view(p, -1).any(dim=1))
 
     def publish(self) -> None:
         """Copy (halted, code, at_update, at_env_steps) to :attr:`host` (and the Q divergence flags
@@ -174,12 +171,24 @@ class MemberGuard:
             tensor[p] = value
         self.host[:, p] = torch.tensor(values, dtype=torch.int64)
 
+    def halt_q(self, p: int, updates: int, env_steps: int) -> None:
+        """Halt member ``p`` from the host between iterations because its last update's Q diverged
+        (:meth:`check`'s published flag; code :data:`Q_DIVERGENCE`): its later updates are skipped,
+        and :meth:`halt_point` gives (``env_steps``, ``updates``), the counts of its weights now (the
+        flagged update, ``updates`` − 1, was applied). Call after a device sync, as :meth:`stop`."""
+        values = (1, Q_DIVERGENCE, int(updates), int(env_steps))
+        for tensor, value in zip((self.halted, self.code, self.at_update, self.at_env_steps), values):
+            tensor[p] = value
+        self.host[:, p] = torch.tensor(values, dtype=torch.int64)
+
     def reason(self, p: int) -> str | None:
         """Member ``p``'s halt reason from the host copy (None: not halted, or stopped by
         :meth:`stop`, a normal end); call after a device sync for an exact answer, any time for
         the newest published one."""
         halted, code, at = (int(v) for v in self.host[:3, p])
-        return None if not halted or code in STOPS.values() else f"{REASONS.get(code, 'unknown')} at update {at}"
+        if not halted or code in STOPS.values():
+            return None
+        return f"{REASONS.get(code, 'unknown')} at update {at - 1 if code == Q_DIVERGENCE else at}"
 
     def halt_point(self, p: int) -> tuple[int, int] | None:
         """(env steps, updates applied) of member ``p`` when it halted or was stopped, from the host

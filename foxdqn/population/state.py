@@ -156,10 +156,9 @@ def build_population(cfgs: list[TrainConfig], market, device: torch.device) -> P
         threshold = torch.tensor([c.optim.lr * c.guard.collapse_multiplier for c in cfgs], dtype=torch.float32,
                                  device=device)
         collapse = (threshold, params.warmup_updates, params.collapse_patience)
-    # early_stop.on_q_divergence (with early stopping): each member's Q-monitor divergence flag
-    q_stop = cfg.early_stop.enabled and cfg.early_stop.on_q_divergence
+    # each member's Q-monitor divergence flag (guard.q_divergence): a halt, or with early_stop.on_q_divergence a stop
     guard = MemberGuard(params.loss_clip, device, max_weight=params.max_weight if checks_weights else None,
-                        collapse=collapse, q_divergence=params.q_divergence if q_stop else None)
+                        collapse=collapse, q_divergence=params.q_divergence)
     pruner = None
     if cfg.prune.enabled:  # the prune.* keys are group keys: one schedule, each member's own masks
         g = cfg.prune
@@ -168,7 +167,7 @@ def build_population(cfgs: list[TrainConfig], market, device: torch.device) -> P
     return PopulationState(
         cfg=cfg, cfgs=list(cfgs), device=device, rng=rng, params=params, env=env, action_mode=mode, obs=obs,
         online=online, target=target, optimizer=optimizer, replay=replay, guard=guard,
-        stats=MemberStats(len(cfgs), cfg.env.num_envs, device), env_steps=torch.zeros((), **zero),
+        stats=MemberStats(len(cfgs), cfg.env.num_envs, device, env.num_actions), env_steps=torch.zeros((), **zero),
         updates=updates, eps_duration=params.eps_duration(cfg.agent.total_env_steps),
         inject_nan=any(c.debug.inject_nan_at_step is not None for c in cfgs),
         inject_lr_spike=any(c.debug.inject_lr_spike_at_step is not None for c in cfgs), switch=switch,

@@ -145,11 +145,10 @@ def update_step(s: PopulationState) -> None:
     if s.inject_lr_spike:  # debug.inject_lr_spike_at_step of some member: its lr x 2**100 for that update
         spike = torch.where(s.updates == s.params.lr_spike_at, 2.0 ** 100, 1.0)
         s.optimizer.lr.mul_(spike)
-    if s.guard.q_divergence is not None:  # early_stop.on_q_divergence: the Q monitor's flag per member
-        s.guard.check_q(out.q_values)
     # guard.max_weight: Adam's step (with the spike) tried on a copy, each member's max |w| after it
     weight_max = None if s.weight_check is None else s.weight_check.run(clip)
-    # the guard's skip flags and the update's monitor sums: one kernel (and the weight check's flags)
+    # the guard's skip flags, the update's monitor sums and the Q monitor's flags (guard.q_divergence): one
+    # kernel (and the weight check's flags)
     skip = s.guard.check(loss.detach(), grad_norm, s.updates, s.env_steps, s.stats.update_columns(),
                          out.q_values, weight_max=weight_max)
     s.optimizer.step(skip, grad_scale=clip)

@@ -37,12 +37,14 @@ from foxdqn.io_atomic import deferred_sync, write_text_atomic
 from foxdqn.population import step as P
 from foxdqn.analysis.backtest import POLICIES
 from foxdqn.population.checkpoint import member_checkpoint, member_counts
+from foxdqn.population.diversity import MemberDiversity
 from foxdqn.population.jobs import FINISHED, HALTED, Member, Outcome
 from foxdqn.population.selection import MemberSelection
 from foxdqn.population.state import PopulationState, build_population
 from foxdqn.population.stats import FIELDS, MemberStats
 from foxdqn.run.trackers import Trackers, open_prometheus
 from foxdqn.step.iteration import Iteration
+from foxdqn.timings import mark
 
 log = logging.getLogger(__name__)
 
@@ -77,18 +79,35 @@ class _Population:
         self.stopped: set[int] = set()  # members halted at an earlier log boundary or early-stopped: no more rows
         self.eval_every = max(1, cfg.eval.interval_env_steps // self.per_iter) if cfg.eval.interval_env_steps else 0
         self.selection = MemberSelection(s)
+        self.diversity = MemberDiversity(s.cfgs, cfg.env.name == "trading",
+                                         None if alone else [m.job_num for m in members])
+        self.recent_return = float("nan")  # a single run's progress line: the last interval's mean return
         # search.pruner=median: each member's own pruner (its job number, the sweep folder), else Nones
         self.trial_pruners = [member_pruner(m) for m in members]
         self.trial_metric = resolve_metric(cfg.early_stop.metric, cfg.env.name)  # a group key
         self.pruned_at: list[int | None] = [None] * len(members)  # env steps where the pruner stopped a member
         self.run_ids: list[str | None] = [m.run_id for m in members]  # each member's run id (set by train_population)
         self.start_iter, self.wall_before, self.resumed_at = 0, 0.0, None
+        self.closed = False  # close() has run once
         if any(m.payload is not None for m in members):
-            self._restore()
-        log.info("population of %d members (jobs %s): %s on %s (graph=%s), %d env steps each in %d iterations of "
-                 "%d envs x %d steps, %d updates each", len(members), ", ".join(str(m.job_num) for m in members),
-                 cfg.experiment, self.device, self.graph, self.total_iters * self.per_iter, self.total_iters,
-                 cfg.env.num_envs, a.steps_per_iter, a.updates_per_iter)
+            try:
+                self._restore()
+            except BaseException:  # a checkpoint that does not fit: the endpoint opened above is closed again
+                if self.prometheus is not None:
+                    self.prometheus.close()
+                raise
+        mark("build")  # foxdqn.timings, as a single run's phases; warm-up and capture are marked by the iterations
+        sizes = (self.total_iters * self.per_iter, self.total_iters, cfg.env.num_envs, a.steps_per_iter,
+                 a.updates_per_iter)
+        if alone:  # a single run's line (foxdqn.run.loop)
+            market = members[0].market
+            log.info("%s: %s on %s (graph=%s), %d env steps in %d iterations of %d envs x %d steps, %d updates each",
+                     cfg.experiment, cfg.env.name if market is None else market.source, self.device, self.graph,
+                     *sizes)
+        else:
+            log.info("population of %d members (jobs %s): %s on %s (graph=%s), %d env steps each in %d iterations "
+                     "of %d envs x %d steps, %d updates each", len(members),
+                     ", ".join(str(m.job_num) for m in members), cfg.experiment, self.device, self.graph, *sizes)
 
     def _restore(self) -> None:
         """Continue every member from its checkpoint (:func:`foxdqn.population.resume.restore_members`):
@@ -109,10 +128,13 @@ class _Population:
             counts = loop.get("best_counts")
             self.selection.best_counts[p] = None if counts is None else (int(counts[0]), int(counts[1]))
             self.pruned_at[p] = loop.get("pruned_at")
+            if loop.get("collapse") is not None:
+                self.diversity.collapse[p].load_state_dict(loop["collapse"])
+            self.recent_return = float(loop.get("recent_return", float("nan")))
         self.wall_before = max(float(loop.get("wall_before", 0.0)) for loop in point.loops)
         self.stopped = {p for p in range(len(self.members)) if int(self.s.guard.host[0, p])}
-        log.info("resuming %d members at %d env steps (iteration %d of %d)", len(self.members), point.env_steps,
-                 self.start_iter, self.total_iters)
+        log.info("resuming %sat %d env steps (iteration %d of %d)", "" if self.alone else f"{len(self.members)} members ",
+                 point.env_steps, self.start_iter, self.total_iters)
         if not point.replay_saved:  # an empty replay: collect agent.learning_starts transitions first
             refill = math.ceil(self.members[0].tc.agent.learning_starts / self.per_iter)
             self.warm_iters = max(self.warm_iters, min(self.total_iters, self.start_iter + refill))
@@ -127,6 +149,7 @@ class _Population:
         """Member ``p``'s host loop state, plain data, saved in its resumable checkpoint."""
         stopper, counts = self.selection.stoppers[p], self.selection.best_counts[p]
         return {"stopper": None if stopper is None else stopper.state_dict(),
+                "collapse": self.diversity.collapse[p].state_dict(), "recent_return": self.recent_return,
                 "best_counts": None if counts is None else list(counts), "pruned_at": self.pruned_at[p],
                 "wall_before": self.wall()}
 
@@ -180,8 +203,7 @@ class _Population:
                     rate = (self.env_steps - steps_log) / max(now - t_log, 1e-9)
                     t_log, steps_log = now, self.env_steps
                     returns = self._log_rows(rate, last)
-                    progress.update(self.env_steps, {"members": len(self.members),
-                                                     "ep_ret": float(torch.tensor(returns).nanmean())})
+                    progress.update(self.env_steps, self._progress_fields(returns))
                 # with early stopping the final weights are validated too (they compete for "best")
                 if self.eval_every and (((it + 1) % self.eval_every == 0 and not last) or
                                         (self.selection.enabled and last)):
@@ -191,7 +213,9 @@ class _Population:
                 if signals.received is not None and not last:
                     break
                 if self._checkpoint_due(it, last):
+                    mark("training")
                     self.save()
+                    mark("checkpoint")
 
     def _log_rows(self, rate: float, last: bool) -> list[float]:
         """One row per member that has not halted or stopped (:meth:`_halted_since`; on CUDA a halt the
@@ -200,27 +224,42 @@ class _Population:
         ``early_stop.q_bound``, a member whose mean max-Q stayed high is stopped (``early_stop_q``)."""
         s = self.s
         prune = None if s.pruner is None else s.pruner.log_values(s.updates)  # [P, 2]: measured, scheduled
-        acc = s.stats.read(prune)  # waits for the device: the guard's host copy below is current
-        returns = []
+        acc, counts = s.stats.read(prune)  # waits for the device: the guard's host copy below is current
+        returns, self.rows = [], []
         for p, (logger, m) in enumerate(zip(self.loggers, self.members)):
-            row = MemberStats.row(acc[p])
+            row = MemberStats.row(acc[p], self.diversity.columns(counts[p]))
             returns.append(row["episode_return"])
+            self.rows.append(row)
             if p in self.stopped:
                 continue
+            if prune is not None:  # prune.enabled: the member's sparsity reached and scheduled, as a single run's
+                row["prune_sparsity"], row["prune_target_sparsity"] = acc[p][FIELDS:FIELDS + 2]
             x = m.tc.explore  # ε of the next collect step, as the device computes it (hparams.MemberParams)
             frac = min(self.env_steps / max(x.eps_decay_fraction * m.tc.agent.total_env_steps, 1.0), 1.0)
             halt = s.guard.halt_point(p)
-            row.update(epsilon=x.eps_start + (x.eps_end - x.eps_start) * frac, env_steps_per_s=rate,
+            row.update(env_steps_per_s=rate, epsilon=x.eps_start + (x.eps_end - x.eps_start) * frac,
                        updates=self.host_updates if halt is None else halt[1])
-            if prune is not None:  # prune.enabled: the member's sparsity reached and scheduled, as a single run's
-                row["prune_sparsity"], row["prune_target_sparsity"] = acc[p][FIELDS:FIELDS + 2]
             logger.log(self.env_steps, {f"train/{k}": v for k, v in row.items()})
+            self.diversity.observe(p, row, counts[p], self.env_steps)
             stopper = self.selection.stoppers[p]
             if halt is not None:
                 self.stopped.add(p)
             elif stopper is not None and stopper.update_q(row["mean_max_q"]) and not last:
                 self._stop(p, "early_stop_q", stopper.q_detail(row["mean_max_q"]))
         return returns
+
+    def _progress_fields(self, returns: list[float]) -> dict:
+        """The progress line's fields: a single run's (ε, loss, the last interval's mean return, and
+        the normalised action entropy with ``diversity.enabled``), or the members' count and mean return."""
+        if not self.alone:
+            return {"members": len(self.members), "ep_ret": float(torch.tensor(returns).nanmean())}
+        row = self.rows[0]
+        if row["episode_return"] == row["episode_return"]:  # not NaN: an episode ended in the interval
+            self.recent_return = float(row["episode_return"])
+        fields = {"eps": row.get("epsilon", float("nan")), "loss": row["loss"], "ep_ret": self.recent_return}
+        if self.diversity.enabled:
+            fields["H"] = row["action_entropy_norm"]
+        return fields
 
     def _halted_since(self) -> None:
         """After an iteration: a member the guard halted (the published host copy, no wait) logs no
@@ -233,16 +272,20 @@ class _Population:
                 self.stopped.add(p)
 
     def _q_divergence(self) -> None:
-        """``early_stop.on_q_divergence``, after an iteration: a running member whose last update's
-        Q diverged (the guard's published flag, :meth:`MemberGuard.check_q`) and whose guard did not
-        fire stops as ``early_stop_q``, as a single run stops when its ring's newest record carries
-        the Q monitor's flag alone (foxdqn.run.loop._Training._guard_fired); a member the guard
-        halted stays halted."""
-        guard = self.s.guard
+        """After an iteration: a running member whose last update's Q diverged (the guard's published
+        flag, :meth:`MemberGuard.check`) and whose guard did not fire halts
+        (:meth:`MemberGuard.halt_q`), or with ``early_stop.on_q_divergence`` stops as ``early_stop_q``,
+        as a single run does when its ring's newest record carries the Q monitor's flag alone
+        (foxdqn.run.loop._Training._guard_fired); a member the guard halted stays halted."""
+        guard, cfg = self.s.guard, self.members[0].tc
         for p in torch.nonzero(guard.q_host).flatten().tolist():  # the members whose last update diverged
             if p in self.stopped or guard.halt_point(p) is not None:
                 continue
-            self._stop(p, "early_stop_q", f"Q monitor: q_divergence at update {self.host_updates - 1}")
+            if cfg.early_stop.enabled and cfg.early_stop.on_q_divergence:
+                self._stop(p, "early_stop_q", f"Q monitor: q_divergence at update {self.host_updates - 1}")
+                continue
+            guard.halt_q(p, self.host_updates, self.env_steps)
+            self.stopped.add(p)
 
     def _validate(self, it: int, last: bool) -> None:
         """The eval boundary: validate every member at once, log each running member's ``val/*`` row;
@@ -253,7 +296,9 @@ class _Population:
         from foxdqn.population.evaluate import member_validation
 
         s, env_steps = self.s, self.env_steps
+        mark("training")
         vals = member_validation(s, self.members[0].market)  # waits for the device: the guard's host copy is current
+        mark("validation")
         for p, metrics in enumerate(vals):
             if p in self.stopped or s.guard.halt_point(p) is not None:
                 continue
@@ -291,6 +336,9 @@ class _Population:
         """Wait for the device, close every member's metrics logger and the Prometheus endpoint (idempotent)."""
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
+        if not self.closed:
+            mark("training")  # the device has finished every iteration
+            self.closed = True
         try:
             for logger in self.loggers:
                 logger.close()
@@ -368,7 +416,8 @@ class _Population:
             extra["ensemble_policy"] = ensemble
         end = RunEnd(self.graph, wall, *member_counts(s, p), ckpt, overrides=None if self.alone else list(m.overrides),
                      name="" if self.alone else f"job {m.job_num}: ", job=None if self.alone else m.job_num, extra=extra, val_metrics=val, test_result=test,
-                     stopper=self.selection.stoppers[p], best_path=best, pruned_at=self.pruned_at[p])
+                     stopper=self.selection.stoppers[p], best_path=best, pruned_at=self.pruned_at[p],
+                     collapse=self.diversity.collapse[p])
         agent = Agent(m.tc, None, s.action_mode, self.device)  # evaluated already: finish reads no network
         summary = finish(agent, m.market, m.run_dir, end)
         if self.trial_pruners[p] is not None:  # this member's validation values now count for the sweep's median
@@ -413,17 +462,16 @@ def train_population(members: list[Member], alone: bool = False) -> list[Outcome
     resumed members' with the checkpoint each continues from, ``Member.payload``) as one
     population; write each member's outputs into its run folder; return one
     :class:`~foxdqn.population.jobs.Outcome` per member, in order (exit code 0 finished, 3 halted
-    by the guard, 2 bad input found while building or restoring: then no member trained and no
-    folder was opened). Every ``checkpoint.every_env_steps`` (at a log boundary) and at the end each
+    by the guard, 2 bad input found while building or restoring, or a run folder that cannot be
+    used: then no member trained and no folder was changed). Every ``checkpoint.every_env_steps`` (at a log boundary) and at the end each
     member's resumable ``checkpoints/last.pt`` is written. On SIGINT/SIGTERM every member's
-    checkpoint is written, ``INCOMPLETE`` stays, then the process exits with 128 + the signal
-    after one line saying how to resume (:func:`resume_hint`). ``alone``: ``members`` is one single
+    checkpoint is written, ``INCOMPLETE`` stays, then :class:`foxdqn.errors.StoppedBySignal`
+    (exit code 128 + the signal) is raised, its line saying how to resume (:func:`resume_hint`). ``alone``: ``members`` is one single
     run (:func:`foxdqn.job.run.run_job`), whose summary, log lines and trackers are a single run's
     (no ``population`` entry, no ``job N:`` prefix).
     """
-    from foxdqn.errors import FoxdqnError
+    from foxdqn.errors import FoxdqnError, StoppedBySignal
     from foxdqn.run.loop import _StopSignals
-    from foxdqn.job.failure import fail
 
     try:
         run = _Population(members, alone)
@@ -431,8 +479,11 @@ def train_population(members: list[Member], alone: bool = False) -> list[Outcome
         return [Outcome(None, 2, str(exc)) for _ in members]
     try:
         folders = open_folders(members)
-    except BaseException:
+    except FoxdqnError as exc:  # a folder that holds another run, or cannot be written: nothing was changed
         run.close()  # the Prometheus endpoint
+        return [Outcome(None, 2, str(exc)) for _ in members]
+    except BaseException:
+        run.close()
         raise
     run.run_ids = [f.run_id for f in folders]
     outcomes: list[Outcome] = []
@@ -451,6 +502,7 @@ def train_population(members: list[Member], alone: bool = False) -> list[Outcome
                     if run.s.guard.reason(p) is not None:
                         run.s.optimizer.restore_last_good(p)
             ckpts = run.save()
+            mark("checkpoint")
             if not interrupted:
                 wall = run.wall()
                 with deferred_sync():  # P members' reports, one sync at the end
@@ -469,8 +521,8 @@ def train_population(members: list[Member], alone: bool = False) -> list[Outcome
 
         name = _signal.Signals(signals.received).name
         if alone:  # a single run's line (foxdqn.run.loop.Interrupted)
-            fail(f"interrupted by {name} at {run.env_steps} env steps; checkpoint {ckpts[0]}; continue with "
-                 f"resume=auto hydra.run.dir={members[0].run_dir}", 128 + signals.received)
-        fail(f"interrupted by {name} at {run.env_steps} env steps; each member's state is in its "
-             f"checkpoints/last.pt; {resume_hint(members)}", 128 + signals.received)
+            raise StoppedBySignal(f"interrupted by {name} at {run.env_steps} env steps; checkpoint {ckpts[0]}; "
+                                  f"continue with resume=auto hydra.run.dir={members[0].run_dir}", signals.received)
+        raise StoppedBySignal(f"interrupted by {name} at {run.env_steps} env steps; each member's state is in its "
+                              f"checkpoints/last.pt; {resume_hint(members)}", signals.received)
     return outcomes

@@ -22,6 +22,7 @@ FORMAT = "[%(asctime)s][%(name)s][%(levelname)s] - %(message)s"  # Hydra's job l
 
 def run(groups: list, out: Path) -> None:
     """Train ``groups`` in turn; write their results to ``out`` (pickle, atomically)."""
+    from foxdqn.errors import StoppedBySignal
     from foxdqn.io_atomic import write_bytes_atomic
     from foxdqn.population.train import train_population
 
@@ -38,6 +39,9 @@ def run(groups: list, out: Path) -> None:
             root.addHandler(f)
         try:
             results.append(train_population(group))
+        except StoppedBySignal as exc:  # the members' checkpoints are written: this worker ends with the signal's code
+            print(f"foxdqn: error: {exc}", file=sys.stderr)
+            sys.exit(exc.exit_code)
         except Exception:  # noqa: BLE001 - a bug: reported for the group's jobs by the launcher
             results.append(traceback.format_exc())
         finally:

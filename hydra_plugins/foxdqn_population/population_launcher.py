@@ -132,6 +132,7 @@ class PopulationLauncher(Launcher):
     def launch(self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> Sequence[JobReturn]:
         """Run the jobs ``job_overrides`` (numbered from ``initial_job_idx``) as the class docstring
         says; returns their JobReturns in job order."""
+        from foxdqn.job.memory import memory_cap
         from foxdqn.population.grouping import plan
         from foxdqn.population.jobs import COLLECTOR
 
@@ -161,7 +162,7 @@ class PopulationLauncher(Launcher):
         if derived.count:
             log.info(f"{len(job_overrides)} jobs checked in {time.perf_counter() - started:.1f} s: {derived.count} "
                      f"derived from the {len(job_overrides) - derived.count} Hydra composed")
-        groups = plan(COLLECTOR.members, self.max_members)
+        groups = plan(COLLECTOR.members, self.max_members, cap=memory_cap)
         populations = [g for g in groups if len(g) > 1]
         gpus = self._worker_gpus(populations)
         if len(gpus) > 1:
@@ -274,11 +275,16 @@ class PopulationLauncher(Launcher):
         configs[0] = self._full(configs[0])  # Hydra's current config while the population trains
         with _as_population(configs):
             log.info(f"population of {len(group)} members (jobs {', '.join(str(m.job_num) for m in group)})")
+            from foxdqn.errors import StoppedBySignal
+            from foxdqn.job.failure import fail
+
             try:
                 train_population = importlib.import_module("foxdqn.population.train").train_population
                 outcomes = list(train_population(list(group)))
                 if len(outcomes) != len(group):
                     raise RuntimeError(f"train_population returned {len(outcomes)} outcomes for {len(group)} members")
+            except StoppedBySignal as exc:  # every member's checkpoint is written: the sweep ends here
+                fail(str(exc), exc.exit_code)
             except Exception as exc:  # noqa: BLE001 - a bug: reported through the JobReturns, like run_job
                 for m in group:
                     _set_result(jobs[m.job_num][1], lambda exc=exc: _raise(exc))

@@ -69,6 +69,57 @@ def test_kernel_equals_reference(P, B, A, with_stats):
         assert (wk == 0.25).all()
 
 
+def _q_case(P, B, A, seed):
+    """Q ``[P, B, A]`` (a strided view) with, among the first members, a NaN, +Inf, -Inf, an entry at
+    and one above the bound, in later row tiles too; thresholds with Inf and NaN among them."""
+    g = torch.Generator().manual_seed(seed)
+    q = torch.randn(P, 2 * B, A, generator=g)[:, :B]
+    cells = [(1, B - 1, A - 1, NAN), (2, 0, 0, INF), (3, B // 2, 0, -INF), (4, B - 1, 0, 5.0), (5, 0, A - 1, -5.5)]
+    for p, b, a, v in cells:
+        if p < P:
+            q[p, b, a] = v
+    thr = torch.full((P,), 5.0)
+    for p, v in ((2, INF), (6, NAN), (7, 0.5)):
+        if p < P:
+            thr[p] = v
+    return q, thr
+
+
+@pytest.mark.parametrize("P,B,A", SHAPES)
+def test_q_divergence_flag_kernel_equals_reference_and_the_rule(P, B, A):
+    """q_diverged: any non-finite Q or |Q| above the member's bound (strict; a NaN bound never trips
+    the magnitude test), the kernel's equal to the reference's; the other outputs as without it."""
+    q, thr = _q_case(P, B, A, seed=P * B)
+    out = {}
+    for backend in ("triton", "torch"):
+        (loss, gn, clip, _), st = _case(P, B, A, 0)
+        flags = torch.full((P,), 0.5)
+        stats = torch.zeros(P, STATS_FIELDS, dtype=torch.float64)
+        member_guard(loss, gn, clip, st["halted"], st["code"], st["at_update"], st["at_env_steps"], torch.tensor(3),
+                     torch.tensor(9), stats=stats, q=q, q_threshold=thr, q_diverged=flags, backend=backend)
+        out[backend] = flags
+    assert torch.equal(out["triton"], out["torch"])
+    rule = [bool((~torch.isfinite(q[p])).any() or (q[p].abs() > thr[p]).any()) for p in range(P)]
+    assert out["torch"].tolist() == [float(r) for r in rule]
+    expected = {1: True, 2: True, 3: True, 4: False, 5: True}
+    for p, want in expected.items():
+        if p < P and not (p == 4 and q[4].abs().max() > 5.0):
+            assert bool(out["torch"][p]) == want, p
+
+
+def test_q_divergence_arguments_are_checked():
+    (loss, gn, clip, q), st = _case(3, 4, 2, 0)
+    args = (loss, gn, clip, st["halted"], st["code"], st["at_update"], st["at_env_steps"], torch.tensor(0),
+            torch.tensor(0))
+    stats = torch.zeros(3, STATS_FIELDS, dtype=torch.float64)
+    with pytest.raises(ValueError, match="q_diverged must be"):
+        member_guard(*args, stats=stats, q=q, q_threshold=torch.ones(3), q_diverged=None)
+    with pytest.raises(ValueError, match="q_threshold must be"):
+        member_guard(*args, stats=stats, q=q, q_threshold=torch.ones(2), q_diverged=torch.zeros(3))
+    with pytest.raises(ValueError, match="need q"):
+        member_guard(*args, q_threshold=torch.ones(3), q_diverged=torch.zeros(3))
+
+
 def test_halts_and_sums_of_every_case():
     st, wide = _run("triton", 12, 9, 4, calls=2)
     # 0 NaN loss, 1 Inf norm, 2 loss above the clip, 3 -Inf loss, 4 NaN norm, 5 halted before,

@@ -1,7 +1,7 @@
 """``python tests/population/fake_trainer_run.py ARGS...``: ``python -m foxdqn.train ARGS`` with
 ``foxdqn.population.train.train_population`` replaced by a fake (for tests/population/test_launcher.py).
 
-The fake trains nothing: for each call it appends one JSON line to ``$FAKE_POPULATION_CALLS`` (the
+The fake trains nothing (a job that trains alone, ``alone=True``, gets the real trainer): for each call it appends one JSON line to ``$FAKE_POPULATION_CALLS`` (the
 members it got: job number, run folder, seed, model.hidden, optim.lr, overrides), writes an
 ``eval/summary.json`` with a ``selection`` entry (value :func:`fake_value`) into each member's run
 folder and returns the Outcomes; a member whose seed is ``$FAKE_HALT_SEED`` halts instead
@@ -25,8 +25,15 @@ def fake_value(seed: int, hidden: list[int], lr: float) -> float:
     return 1000.0 + 10.0 * seed + hidden[0] + 1e3 * lr
 
 
-def fake_train_population(members):
+#: the real trainer, which a single run (a job that trains alone: ``alone=True``) still gets
+REAL = {}
+
+
+def fake_train_population(members, alone=False):
     from foxdqn.population.jobs import Outcome
+
+    if alone:  # a job that trains alone is a population of one of the real trainer (foxdqn.job.run.run_job)
+        return REAL["train_population"](members, alone=True)
 
     with open(os.environ["FAKE_POPULATION_CALLS"], "a") as f:
         f.write(json.dumps([{"job": m.job_num, "run_dir": str(m.run_dir), "seed": m.tc.seed,
@@ -72,6 +79,7 @@ if __name__ == "__main__":
         module = types.ModuleType("foxdqn.population.train")
         sys.modules[module.__name__] = module
         foxdqn.population.train = module
+    REAL["train_population"] = module.train_population
     module.train_population = fake_train_population
 
     from foxdqn.train import main

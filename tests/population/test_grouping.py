@@ -279,7 +279,7 @@ def test_prioritized_replay_groups_with_its_alpha_beta_and_eps_as_member_keys(ca
 
 
 def test_plan_splits_what_does_not_fit_in_memory(cartpole):
-    """The memory cap (grouping.memory_cap: replays of P members in 80 % of the free memory) splits
+    """The memory cap (foxdqn.job.memory.memory_cap: replays of P members in 80 % of the free memory) splits
     a group like max_members; the smaller of the two wins."""
     tcs = [with_values(cartpole, seed=s) for s in range(5)]
     assert jobs(plan(members(tcs), cap=lambda tc, market: 2)) == [[0, 1], [2, 3], [4]]
@@ -289,7 +289,7 @@ def test_plan_splits_what_does_not_fit_in_memory(cartpole):
 
 def test_memory_cap_counts_replay_bytes_per_member(cartpole, monkeypatch):
     import foxdqn.job.memory as train
-    from foxdqn.population.grouping import memory_cap
+    from foxdqn.job.memory import memory_cap
     from foxdqn.replay.buffer import replay_bytes
 
     per_member = replay_bytes(cartpole.replay.capacity, 4)

@@ -246,8 +246,9 @@ def test_collapse_in_a_population_of_one_is_the_single_runs():
 
 
 def test_member_q_divergence_flag_is_the_single_runs_q_monitor():
-    """Per member, the flag of MemberGuard.check_q is the single run's QValueMonitor flag
-    (ops.qvalue_stats) for the same Q and threshold: NaN, ±Inf, above, at and below the bound."""
+    """Per member, the Q flag MemberGuard.check writes (ops.member_guard, in the guard's launch) is the
+    single run's QValueMonitor flag (ops.qvalue_stats) for the same Q and threshold: NaN, ±Inf,
+    above, at and below the bound."""
     from foxdqn.device import ring_record as R
     from foxdqn.guard.q_monitor import QValueMonitor
     from foxdqn.population.member_guard import MemberGuard
@@ -259,7 +260,8 @@ def test_member_q_divergence_flag_is_the_single_runs_q_monitor():
     q[4, 1, 1] = 5.0
     thresholds = torch.tensor([4.0, 4.0, float("inf"), 4.0, 5.0, float("nan")])
     guard = MemberGuard(torch.full((6,), 1e6), CPU, q_divergence=thresholds)
-    guard.check_q(q)
+    stats = torch.zeros(6, 5, dtype=torch.float64)
+    guard.check(torch.zeros(6), torch.zeros(6), torch.tensor(0), torch.tensor(0), stats, q)
     guard.publish()
     for p in range(6):
         mon = QValueMonitor(R.new_ring(4), CPU, threshold=float(thresholds[p]))

@@ -139,7 +139,7 @@ def test_a_flipped_byte_a_cut_file_and_a_damaged_header_are_refused(cli, finishe
 def test_an_older_pickled_checkpoint_is_refused_with_the_command_that_converts_it(cli, finished_run, tmp_path):
     current = load_checkpoint(finished_run / "checkpoints" / "last.pt")
     old = dict(current, format=3)  # what foxdqn wrote before: a plain torch.save, numpy floats in the loop state
-    old["loop"] = dict(old["loop"], recent_return=np.float64(old["loop"]["recent_return"]))
+    old["loop"] = {"recent_return": np.float64(-0.25), "wall_before": np.float64(1.5)}
     path = tmp_path / "old.pt"
     torch.save(old, path)
     with pytest.raises(ConfigError, match=f"python -m foxdqn.run.checkpoint upgrade {path}"):
@@ -284,7 +284,7 @@ def test_a_full_file_is_named(tmp_path):
 
 
 def test_a_build_that_fails_leaves_no_folder(tmp_path, monkeypatch, capsys):
-    from foxdqn.run import loop
+    from foxdqn.population import train as loop  # a single run builds as a population of one
     from foxdqn.config.compose import load_config
     from foxdqn.job.check import market_data
     from foxdqn.job.run import run_job
@@ -294,7 +294,7 @@ def test_a_build_that_fails_leaves_no_folder(tmp_path, monkeypatch, capsys):
     def out_of_memory(*args, **kwargs):
         raise MemoryError("can't allocate memory")
 
-    monkeypatch.setattr(loop, "prepare", out_of_memory)
+    monkeypatch.setattr(loop, "build_population", out_of_memory)
     run_dir = tmp_path / "new" / "run"
     with pytest.raises(SystemExit) as stop:
         run_job(cfg, market_data(cfg), run_dir)
