@@ -22,6 +22,8 @@ import torch.nn.functional as F
 
 from foxdqn.nn.c51 import C51Network
 from foxdqn.nn.iqn import IQNNetwork
+from foxdqn.ops import c51_epsilon_greedy as c51_op
+from foxdqn.ops import iqn_epsilon_greedy as iqn_op
 from foxdqn.population.attention import MemberAttentionEncoder
 from foxdqn.population.network import MemberQNetwork, stack_encoder, stack_linears
 
@@ -74,6 +76,22 @@ class MemberC51Network(MemberQNetwork):
     def q_forward_args(self, obs: torch.Tensor) -> None:
         """None: the fused Q kernels compute a scalar head's Q, not a distribution's mean."""
         return None
+
+    def fused_epsilon_greedy(self, obs: torch.Tensor, step: torch.Tensor, start: torch.Tensor, end: torch.Tensor,
+                             duration: torch.Tensor, u: torch.Tensor) -> torch.Tensor | None:
+        """The collect step's ε-greedy actions int64 ``[P·M]`` of obs ``[P, M, D]`` (one schedule
+        per member, :func:`foxdqn.step.act.act`'s arguments): the encoder's layers, then the head,
+        the expected Q and the selection in one kernel
+        (:func:`foxdqn.ops.c51_epsilon_greedy.c51_epsilon_greedy`); None where the fused kernels do not
+        run (:meth:`fusable`) or the sizes exceed the kernel's (H <= 256, K <= 128, A <= 64)."""
+        head = len(self.weights) - (2 if self.dueling else 1)
+        if (not self.fusable(obs) or self.atoms > c51_op.MAX_ATOMS or self.num_actions > c51_op.MAX_ACTIONS
+                or self.weights[head].shape[1] > c51_op.MAX_WIDTH):
+            return None
+        h = self.encoder(obs).contiguous()
+        return c51_op.c51_epsilon_greedy(h, list(self.weights[head:]), list(self.biases[head:]),
+                                         self.support[:, 0, 0], step=step, start=start, end=end, duration=duration,
+                                         u=u, backend="triton")
 
     def logits(self, obs: torch.Tensor) -> torch.Tensor:
         """Atom logits ``[P, M, A, K]`` of obs ``[P, M, D]`` (the classic head's, with a member axis)."""
@@ -139,6 +157,22 @@ class MemberIQNNetwork(MemberQNetwork):
     def q_forward_args(self, obs: torch.Tensor) -> None:
         """None: the fused Q kernels compute a scalar head's Q, not a quantile mean."""
         return None
+
+    def fused_epsilon_greedy(self, obs: torch.Tensor, step: torch.Tensor, start: torch.Tensor, end: torch.Tensor,
+                             duration: torch.Tensor, u: torch.Tensor) -> torch.Tensor | None:
+        """The collect step's ε-greedy actions int64 ``[P·M]`` of obs ``[P, M, D]`` (one schedule
+        per member, :func:`foxdqn.step.act.act`'s arguments): the encoder's layers, then the
+        embedding of the K policy fractions, the head at each, their mean and the selection in one
+        kernel (:func:`foxdqn.ops.iqn_epsilon_greedy.iqn_epsilon_greedy`); None where the fused
+        kernels do not run (:meth:`fusable`) or the sizes exceed the kernel's (n, H, F <= 256, A <= 64)."""
+        e = self.encoder_layers
+        sizes = (self.pi_i.shape[0], self.weights[e].shape[2], self.weights[e + 1].shape[2])
+        if not self.fusable(obs) or max(sizes) > iqn_op.MAX_WIDTH or self.num_actions > iqn_op.MAX_ACTIONS:
+            return None
+        h = self.encoder(obs).contiguous()
+        return iqn_op.iqn_epsilon_greedy(h, list(self.weights[e:]), list(self.biases[e:]), self.pi_i,
+                                         self.policy_taus, step=step, start=start, end=end, duration=duration, u=u,
+                                         backend="triton")
 
     def head(self, h: torch.Tensor, taus: torch.Tensor) -> torch.Tensor:
         """Z_τ ``[P, M, N, A]`` of features h ``[P, M, H]`` at τ ``[P, M, N]`` (the classic head's

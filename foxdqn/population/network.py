@@ -169,6 +169,13 @@ class MemberQNetwork(nn.Module):
             return self.q_forward_args(obs)
         return self._fused_args(obs)
 
+    def fusable(self, obs: torch.Tensor) -> bool:
+        """Whether a fused no-gradient kernel may replace this network's layers for ``obs``: on
+        CUDA (or on the CPU inside :func:`foxdqn.ops.backend.cpu_kernels`), with no forward hook on
+        its modules (:func:`foxdqn.nn.qnet.forward_hooked`: the kernel would skip it), no gradient
+        needed. Host metadata only."""
+        return fused_forward(obs) and not torch.is_grad_enabled() and not forward_hooked([self])
+
     def _fused_args(self, obs: torch.Tensor) -> tuple[list, list, bool] | None:
         if self.attention is not None:  # the fused kernels compute an MLP's Q only
             return None
