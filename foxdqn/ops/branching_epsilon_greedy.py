@@ -44,9 +44,9 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from foxdqn.ops.argmax import tile_argmax
 from foxdqn.ops.backend import describe, resolve_backend
-from foxdqn.ops.epsilon_greedy import RANDOM_BITS, _act, _schedule_row, check_schedule, epsilon_greedy_reference
+from foxdqn.ops.epsilon_greedy import (RANDOM_BITS, check_member_schedule, epsilon_greedy_reference,
+                                      store_member_actions)
 from foxdqn.ops.library import device_op, wrap_triton
 from foxdqn.ops.mlp_chain import _pad, _prec, _tf32
 
@@ -114,13 +114,8 @@ def _branching_epsilon_greedy_kernel(h_ptr, out_ptr, M, w0, b0, w1, b1, w2, b2, 
         total = total + _branch_q(h, w2 + p * w2_sp, b2 + p * b2_sp, w2_so, w2_si, v, jj % N2, n, n_ok, N2,
                                   PN2, DUELING, PREC)
     q = tl.math.div_rn(total, tl.full(total.shape, D, tl.float32))
-    step, start, end, duration = _schedule_row(step_ptr, start_ptr, end_ptr, duration_ptr, p)
-    u_row = u_ptr + p * (2 * M) + rows
-    u_explore = tl.load(u_row, mask=ok, other=1.0)
-    u_action = tl.load(u_row + M, mask=ok, other=0.0)
-    _, greedy = tile_argmax(q, j, j_ok[None, :], A)
-    tl.store(out_ptr + p * M + rows, _act(greedy, step, start, end, duration, u_explore, u_action, A, RANDOM_BITS),
-             mask=ok)
+    store_member_actions(q, j, j_ok, A, out_ptr, rows, ok, p, M, step_ptr, start_ptr,
+                         end_ptr, duration_ptr, u_ptr, RANDOM_BITS)
 
 
 @device_op("foxdqn::branching_epsilon_greedy", mutates_args=())
@@ -175,10 +170,7 @@ def _check(h, branches, branch_biases, value, step, start, end, duration, u) -> 
     joint = math.prod(w.shape[2] for w in branches)
     if joint > MAX_ACTIONS:
         raise ValueError(f"{op}: the joint actions Π n_d must be at most {MAX_ACTIONS}, got {joint}")
-    if isinstance(start, Tensor) and start.dim() == 1 and start.shape[0] != members:
-        raise ValueError(f"{op}: start, end and duration must hold one schedule per member (G = P = {members}), "
-                         f"got G = {start.shape[0]}")
-    check_schedule(op, members * h.shape[1], "h", h.device, step, start, end, duration, u)
+    check_member_schedule(op, h, step, start, end, duration, u)
 
 
 def branching_q_reference(h: Tensor, branches: list[Tensor], branch_biases: list[Tensor],

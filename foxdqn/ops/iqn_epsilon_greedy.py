@@ -43,9 +43,9 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from foxdqn.ops.argmax import tile_argmax
 from foxdqn.ops.backend import describe, resolve_backend
-from foxdqn.ops.epsilon_greedy import RANDOM_BITS, _act, _schedule_row, check_schedule, epsilon_greedy_reference
+from foxdqn.ops.epsilon_greedy import (RANDOM_BITS, check_member_schedule, epsilon_greedy_reference,
+                                      store_member_actions)
 from foxdqn.ops.library import device_op, wrap_triton
 from foxdqn.ops.mlp_chain import _pad, _prec, _relu, _tf32
 
@@ -118,13 +118,8 @@ def _iqn_epsilon_greedy_kernel(h_ptr, out_ptr, M, pi_ptr, tau_ptr, we, be, wh, b
             z = (value[:, None] + z) - mean[:, None]
         qsum += z
     q = qsum / K
-    step, start, end, duration = _schedule_row(step_ptr, start_ptr, end_ptr, duration_ptr, p)
-    u_row = u_ptr + p * (2 * M) + rows
-    u_explore = tl.load(u_row, mask=ok, other=1.0)
-    u_action = tl.load(u_row + M, mask=ok, other=0.0)
-    _, greedy = tile_argmax(q, a, a_ok[None, :], A)
-    tl.store(out_ptr + p * M + rows, _act(greedy, step, start, end, duration, u_explore, u_action, A, RANDOM_BITS),
-             mask=ok)
+    store_member_actions(q, a, a_ok, A, out_ptr, rows, ok, p, M, step_ptr, start_ptr,
+                         end_ptr, duration_ptr, u_ptr, RANDOM_BITS)
 
 
 @device_op("foxdqn::iqn_epsilon_greedy", mutates_args=())
@@ -181,10 +176,7 @@ def _check(h, weights, biases, pi_i, taus, step, start, end, duration, u) -> Non
                             ("F", weights[1].shape[2], MAX_WIDTH), ("A", weights[-1].shape[2], MAX_ACTIONS)):
         if not 1 <= size <= top:
             raise ValueError(f"{op}: {what} must be 1 to {top}, got {size}")
-    if isinstance(start, Tensor) and start.dim() == 1 and start.shape[0] != members:
-        raise ValueError(f"{op}: start, end and duration must hold one schedule per member (G = P = {members}), "
-                         f"got G = {start.shape[0]}")
-    check_schedule(op, members * h.shape[1], "h", h.device, step, start, end, duration, u)
+    check_member_schedule(op, h, step, start, end, duration, u)
 
 
 def iqn_policy_q_reference(h: Tensor, weights: list[Tensor], biases: list[Tensor], pi_i: Tensor,

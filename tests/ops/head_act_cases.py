@@ -28,3 +28,21 @@ def clear_rows(q: torch.Tensor, gap: float = 1e-4) -> torch.Tensor:
         return torch.ones(q.shape[0], dtype=torch.bool)
     top2 = q.topk(2, dim=1).values
     return (top2[:, 0] - top2[:, 1]) > gap
+
+
+def assert_network_acts_through_its_op(net, obs: torch.Tensor, actions: int) -> None:
+    """``net.fused_epsilon_greedy`` (a population head's network, obs ``[3, M, D]``) is None
+    outside :func:`foxdqn.ops.backend.cpu_kernels`; inside, its actions are epsilon_greedy's of
+    the network's own Q wherever that Q's argmax is clear (most rows)."""
+    from foxdqn.ops import backend as B
+    from foxdqn.ops.epsilon_greedy import epsilon_greedy
+
+    sched = schedule(obs.shape[0], obs.shape[1])
+    with torch.no_grad():
+        assert net.fused_epsilon_greedy(obs, **sched) is None
+        q = net(obs)
+        with B.cpu_kernels():
+            got = net.fused_epsilon_greedy(obs, **sched)
+    want = epsilon_greedy(q.reshape(-1, actions), **sched, backend="torch")
+    clear = clear_rows(q)
+    assert clear.float().mean() > 0.8 and torch.equal(got[clear], want[clear])

@@ -11,12 +11,10 @@ import pytest
 import torch
 
 from foxdqn.nn.branching import combine_branches
-from foxdqn.ops import backend as B
 from foxdqn.ops.branching_epsilon_greedy import branching_epsilon_greedy, branching_q_reference
-from foxdqn.ops.epsilon_greedy import epsilon_greedy
 from foxdqn.ops.member_uniform import randint_from_uniform
 
-from head_act_cases import clear_rows, schedule
+from head_act_cases import assert_network_acts_through_its_op, clear_rows, schedule
 
 
 def _case(members, rows, width, sizes, dueling, seed=0):
@@ -120,13 +118,4 @@ def test_member_network_acts_through_it(dueling):
         torch.manual_seed(seed)
         nets.append(BranchingNetwork(MLPEncoder(7, [16, 12]), BranchingHead(12, (5, 3, 3), dueling=dueling)))
     net = MemberBranchingNetwork.from_networks(nets, "relu")
-    obs = torch.randn(3, 29, 7, generator=torch.Generator().manual_seed(5))
-    sched = schedule(3, 29)
-    with torch.no_grad():
-        assert net.fused_epsilon_greedy(obs, **sched) is None
-        q = net(obs)
-        with B.cpu_kernels():
-            got = net.fused_epsilon_greedy(obs, **sched)
-    want = epsilon_greedy(q.reshape(-1, 45), **sched, backend="torch")
-    clear = clear_rows(q)
-    assert clear.sum() > 70 and torch.equal(got[clear], want[clear])
+    assert_network_acts_through_its_op(net, torch.randn(3, 29, 7, generator=torch.Generator().manual_seed(5)), 45)

@@ -9,12 +9,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from foxdqn.ops import backend as B
 from foxdqn.ops.c51_epsilon_greedy import c51_epsilon_greedy, c51_expected_q_reference
-from foxdqn.ops.epsilon_greedy import epsilon_greedy
 from foxdqn.ops.member_uniform import randint_from_uniform
 
-from head_act_cases import clear_rows, schedule
+from head_act_cases import assert_network_acts_through_its_op, clear_rows, schedule
 
 
 def _case(members, rows, width, actions, atoms, dueling, seed=0):
@@ -119,13 +117,4 @@ def test_member_network_acts_through_it(dueling):
         nets.append(C51Network(MLPEncoder(7, [16, 12]), C51Head(12, 5, atoms=11, v_min=-1.0 - seed, v_max=2.0,
                                                                        dueling=dueling)))
     net = MemberC51Network.from_networks(nets, "relu")
-    obs = torch.randn(3, 29, 7, generator=torch.Generator().manual_seed(5))
-    sched = schedule(3, 29)
-    with torch.no_grad():
-        assert net.fused_epsilon_greedy(obs, **sched) is None
-        q = net(obs)
-        with B.cpu_kernels():
-            got = net.fused_epsilon_greedy(obs, **sched)
-    want = epsilon_greedy(q.reshape(-1, 5), **sched, backend="torch")
-    clear = clear_rows(q)
-    assert clear.sum() > 70 and torch.equal(got[clear], want[clear])
+    assert_network_acts_through_its_op(net, torch.randn(3, 29, 7, generator=torch.Generator().manual_seed(5)), 5)

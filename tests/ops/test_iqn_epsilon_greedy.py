@@ -11,12 +11,10 @@ import math
 import pytest
 import torch
 
-from foxdqn.ops import backend as B
-from foxdqn.ops.epsilon_greedy import epsilon_greedy
 from foxdqn.ops.iqn_epsilon_greedy import iqn_epsilon_greedy, iqn_policy_q_reference
 from foxdqn.ops.member_uniform import randint_from_uniform
 
-from head_act_cases import clear_rows, schedule
+from head_act_cases import assert_network_acts_through_its_op, clear_rows, schedule
 
 
 def _case(members, rows, emb, width, hidden, actions, fractions, dueling, seed=0):
@@ -64,19 +62,12 @@ def test_reference_is_the_member_networks_policy_q(dueling):
                                num_quantiles_policy=6))
     net = MemberIQNNetwork.from_networks(nets, "relu")
     obs = torch.randn(3, 29, 7, generator=torch.Generator().manual_seed(5))
-    sched = schedule(3, 29)
     e = net.encoder_layers
     with torch.no_grad():
-        h = net.encoder(obs)
-        q = net(obs)
-        ref = iqn_policy_q_reference(h, list(net.weights[e:]), list(net.biases[e:]), net.pi_i, net.policy_taus)
-        assert torch.allclose(ref, q, rtol=1e-5, atol=1e-6)
-        assert net.fused_epsilon_greedy(obs, **sched) is None
-        with B.cpu_kernels():
-            got = net.fused_epsilon_greedy(obs, **sched)
-    want = epsilon_greedy(q.reshape(-1, 5), **sched, backend="torch")
-    clear = clear_rows(q)
-    assert clear.sum() > 70 and torch.equal(got[clear], want[clear])
+        ref = iqn_policy_q_reference(net.encoder(obs), list(net.weights[e:]), list(net.biases[e:]), net.pi_i,
+                                     net.policy_taus)
+        assert torch.allclose(ref, net(obs), rtol=1e-5, atol=1e-6)
+    assert_network_acts_through_its_op(net, obs, 5)
 
 
 @pytest.mark.parametrize("dueling", [False, True])
