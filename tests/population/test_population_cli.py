@@ -145,3 +145,25 @@ def test_bitflip_her_multirun_trains_as_one_population(train_cli, tmp_path):
         assert math.isfinite(pd.read_csv(job / "metrics.csv").iloc[-1]["train/loss"])
         online = load_checkpoint(job / "checkpoints" / "last.pt")["online"]
         assert online["encoder.net.0.weight"].shape[1] == 60  # concat(state, goal) of 30 bits
+
+
+def test_cartpole_gym_multirun_trains_as_one_population(train_cli, tmp_path):
+    """The shipped Gymnasium experiment's seeds train as one population (env.name=gym:
+    foxdqn.population.gym_env.MemberGymEnv, collect steps on the host); each member's checkpoint
+    holds a classic Q network and evaluates as a single run's checkpoint does."""
+    from foxdqn.evaluate import evaluate_checkpoint
+
+    sweep = tmp_path / "gym"
+    res = train_cli(["--multirun", "+experiment=cartpole_gym", "debug=smoke", "device=cpu", "log.progress=false",
+                     "logger=csv", "seed=0,1", "hydra/launcher=population", f"hydra.sweep.dir={sweep}"], cwd=tmp_path,
+                    timeout=600)
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert "population of 2 members (jobs 0, 1)" in res.stdout + res.stderr
+    for job in (sweep / str(j) for j in range(2)):
+        summary = json.loads((job / "eval" / "summary.json").read_text())
+        assert summary["population"]["size"] == 2 and summary["updates"] > 0
+        assert math.isfinite(pd.read_csv(job / "metrics.csv").iloc[-1]["train/loss"])
+        online = load_checkpoint(job / "checkpoints" / "last.pt")["online"]
+        assert online["encoder.net.0.weight"].shape[1] == 4  # CartPole-v1's observation
+    evaluated, _ = evaluate_checkpoint(sweep / "1" / "checkpoints" / "last.pt", out=tmp_path / "evaluated")
+    assert evaluated["metrics"]["agent"]["episodes"] == summary["metrics"]["agent"]["episodes"]

@@ -14,6 +14,7 @@ import pytest
 import torch
 
 from foxdqn.envs.gym_adapter import GymVectorEnv
+from foxdqn.evaluate import evaluate_checkpoint
 from foxdqn.nn.nature_cnn import NatureCNNEncoder
 from foxdqn.population.conv import MemberNatureCNN, member_conv2d
 from foxdqn.population.gym_env import MemberGymEnv, gym_seed, member_gym_seeds
@@ -70,8 +71,12 @@ def test_trained_gym_members_equal_populations_of_one(tmp_path):
 def test_trained_nature_cnn_members_equal_populations_of_one(tmp_path):
     pytest.importorskip("ale_py")
     base = [*PONG, "logger=csv", "agent.total_env_steps=96", "log.interval_env_steps=32", "eval.episodes=1"]
-    for summary in assert_trained_members_equal_populations_of_one(base, MEMBERS[:2], tmp_path):
-        assert summary["updates"] > 0
+    summaries = assert_trained_members_equal_populations_of_one(base, MEMBERS[:2], tmp_path)
+    assert all(summary["updates"] > 0 for summary in summaries)
+    # a member's checkpoint is a single run's Nature-CNN network: python -m foxdqn.evaluate plays it
+    evaluated, _ = evaluate_checkpoint(tmp_path / "together" / "1" / "checkpoints" / "last.pt",
+                                       out=tmp_path / "evaluated")
+    assert evaluated["metrics"]["agent"]["episodes"] == 1
 
 
 def test_member_envs_start_and_step_as_a_cpu_single_runs():
