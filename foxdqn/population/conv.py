@@ -121,6 +121,14 @@ class MemberNatureCNN(nn.Module):
             x = torch.relu(layer(x))
         return x
 
+    def pruned_matrices(self) -> list[tuple[nn.Parameter, bool]]:
+        """(weight, transposed) of what a single run's magnitude pruner prunes (its parameters of 2 or
+        more dimensions), in the classic encoder's parameter order: the convolution weights
+        ``[P, out, in, k, k]`` (transposed False: member p's slice is the classic layout), then the
+        fully connected weights ``[P, in, out]`` (transposed True: the classic ``[out, in]``
+        transposed; :class:`foxdqn.population.pruning.MemberPruner`)."""
+        return [(w, False) for w in self.conv_weights] + [(layer.weight, True) for layer in self.fc]
+
     def member_state_dict(self, p: int) -> dict[str, torch.Tensor]:
         """Member ``p``'s parameters in :class:`NatureCNNEncoder`'s ``state_dict`` layout (copies)."""
         out = {}

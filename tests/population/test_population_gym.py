@@ -175,3 +175,51 @@ def test_a_nature_cnn_member_loads_into_the_single_runs_network():
             torch.testing.assert_close(net(obs[p]), q[p], rtol=1e-5, atol=1e-6)
     finally:
         s.env.close()
+
+
+PRUNE = ["prune.enabled=true", "prune.initial_sparsity=0.2", "prune.final_sparsity=0.6", "prune.start_update=1",
+         "prune.end_update=7", "prune.frequency=2", "debug.fit_prune_schedule=false"]
+
+
+def test_pruned_nature_cnn_members_equal_populations_of_one():
+    """prune.enabled prunes a member's convolutions and fully connected layers too (a single run
+    prunes every parameter of 2 or more dimensions), each member its own."""
+    pytest.importorskip("ale_py")
+    together = assert_members_equal_populations_of_one([*PONG, *PRUNE], 2, iterations=8)
+    conv = together.online.member_encoder.conv_weights[0]
+    for p in range(3):
+        assert int((conv[p] == 0).sum()) == int(0.6 * conv[p].numel())
+
+
+def test_member_cnn_masks_are_the_single_runs_for_the_same_weights():
+    """MemberPruner.step and the single run's MagnitudePruner.step on the same weights (rounded: many
+    ties, broken by position in the classic layout) give the same masks, convolutions included."""
+    pytest.importorskip("ale_py")
+    from foxdqn.step.state import build_state
+
+    cfgs = configs(PONG, [[*m, *PRUNE] for m in MEMBERS[:2]])
+    pop = build_population(cfgs, None, CPU)
+    singles = []
+    try:
+        with torch.no_grad():
+            for w, _ in pop.online.member_encoder.pruned_matrices():
+                w.copy_((w * 10).round() / 10)
+        t = torch.tensor(3)
+        pop.pruner.step(t, torch.zeros(2))
+        for p, c in enumerate(cfgs):
+            single = build_state(c, None, CPU)
+            singles.append(single)
+            single.nets.online.load_state_dict(pop.online.member_state_dict(p))
+            single.pruner.step(t, torch.tensor(0.0))
+            names = [n for n, w in single.nets.online.named_parameters() if w.dim() >= 2]
+            assert names[:4] == ["encoder.conv.0.weight", "encoder.conv.2.weight", "encoder.conv.4.weight",
+                                 "encoder.fc.0.weight"]
+            assert len(names) == len(pop.pruner.masks)
+            for name, mask, single_mask in zip(names, pop.pruner.masks, single.pruner.masks):
+                classic = mask[p] if mask.dim() == 5 else mask[p].t()
+                assert torch.equal(classic, single_mask), (p, name)
+                assert int((mask[p] == 0).sum()) > 0
+    finally:
+        pop.env.close()
+        for single in singles:
+            single.rollout.env.close()
