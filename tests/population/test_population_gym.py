@@ -223,3 +223,14 @@ def test_member_cnn_masks_are_the_single_runs_for_the_same_weights():
         pop.env.close()
         for single in singles:
             single.rollout.env.close()
+
+
+@pytest.mark.parametrize("extra", [["head=c51"], ["head=iqn"], ["objective.iql=true"]], ids=["c51", "iqn", "iql"])
+def test_nature_cnn_members_equal_populations_of_one_with_every_network(extra):
+    """The distributional heads' member networks and IQL's value networks take the Nature CNN too."""
+    pytest.importorskip("ale_py")
+    members = [["seed=0", *extra], ["seed=1", "optim.lr=1e-3", *extra]]
+    together = run(configs(PONG, members), iterations=4)
+    assert isinstance(together.online.member_encoder, MemberNatureCNN)
+    for p, m in enumerate(members):
+        assert_member_equal(together, p, run(configs(PONG, [m]), iterations=4), 0)
