@@ -30,15 +30,15 @@ class MemberBranchingNetwork(MemberQNetwork):
     head's dueling aggregation; ``dueling`` False: ``A_d``).
 
     Args:
-        weights, biases, activation, prefixes, attention: as :class:`MemberQNetwork` (the head's
+        weights, biases, activation, prefixes, member_encoder: as :class:`MemberQNetwork` (the head's
             layers: ``branches.0`` .. ``branches.{D−1}``, then with ``dueling`` ``value``).
         dueling: the head has the shared value stream.
         branch_sizes: ``(n_1, .., n_D)`` (trading: (5, 3, 3)).
     """
 
     def __init__(self, weights: list[torch.Tensor], biases: list[torch.Tensor], activation: str, dueling: bool,
-                 prefixes: list[str], branch_sizes: tuple[int, ...], attention: nn.Module | None = None):
-        super().__init__(weights, biases, activation, dueling, prefixes, attention)
+                 prefixes: list[str], branch_sizes: tuple[int, ...], member_encoder: nn.Module | None = None):
+        super().__init__(weights, biases, activation, dueling, prefixes, member_encoder)
         self.branch_sizes = tuple(branch_sizes)
         self.num_actions = math.prod(self.branch_sizes)
 

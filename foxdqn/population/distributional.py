@@ -19,12 +19,12 @@ import math
 
 import torch
 import torch.nn.functional as F
+from torch import nn
 
 from foxdqn.nn.c51 import C51Network
 from foxdqn.nn.iqn import IQNNetwork
 from foxdqn.ops import c51_epsilon_greedy as c51_op
 from foxdqn.ops import iqn_epsilon_greedy as iqn_op
-from foxdqn.population.attention import MemberAttentionEncoder
 from foxdqn.population.network import MemberQNetwork, stack_encoder, stack_linears
 
 
@@ -39,7 +39,7 @@ class MemberC51Network(MemberQNetwork):
     floats, :func:`foxdqn.ops.c51_project.support_table`).
 
     Args:
-        weights, biases, activation, dueling, prefixes, attention: as :class:`MemberQNetwork`
+        weights, biases, activation, dueling, prefixes, member_encoder: as :class:`MemberQNetwork`
             (the head's layers: ``logits``, or with ``dueling`` ``value`` ([K] per member) and
             ``advantage``).
         num_actions: A.
@@ -49,8 +49,8 @@ class MemberC51Network(MemberQNetwork):
 
     def __init__(self, weights: list[torch.Tensor], biases: list[torch.Tensor], activation: str, dueling: bool,
                  prefixes: list[str], num_actions: int, support: torch.Tensor, v_min: torch.Tensor,
-                 v_max: torch.Tensor, attention: MemberAttentionEncoder | None = None):
-        super().__init__(weights, biases, activation, dueling, prefixes, attention)
+                 v_max: torch.Tensor, member_encoder: nn.Module | None = None):
+        super().__init__(weights, biases, activation, dueling, prefixes, member_encoder)
         self.num_actions, self.atoms = num_actions, support.shape[1]
         self.register_buffer("support", support[:, None, None, :].clone(), persistent=False)  # [P, 1, 1, K]
         self.register_buffer("v_min", v_min.clone(), persistent=False)
@@ -123,7 +123,7 @@ class MemberIQNNetwork(MemberQNetwork):
     ``policy_taus`` float32 ``[K]``.
 
     Args:
-        weights, biases, activation, dueling, prefixes, attention: as :class:`MemberQNetwork`
+        weights, biases, activation, dueling, prefixes, member_encoder: as :class:`MemberQNetwork`
             (the head's layers: ``embedding.linear``, ``hidden``, then ``out``, or ``value`` and
             ``advantage``).
         num_actions: A.
@@ -133,8 +133,8 @@ class MemberIQNNetwork(MemberQNetwork):
 
     def __init__(self, weights: list[torch.Tensor], biases: list[torch.Tensor], activation: str, dueling: bool,
                  prefixes: list[str], num_actions: int, embedding_dim: int, num_quantiles_policy: int,
-                 attention: MemberAttentionEncoder | None = None):
-        super().__init__(weights, biases, activation, dueling, prefixes, attention)
+                 member_encoder: nn.Module | None = None):
+        super().__init__(weights, biases, activation, dueling, prefixes, member_encoder)
         self.num_actions, self.num_quantiles_policy = num_actions, num_quantiles_policy
         device = weights[0].device
         pi_i = torch.arange(embedding_dim, dtype=torch.float32, device=device) * math.pi  # as CosineEmbedding's
