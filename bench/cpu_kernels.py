@@ -53,6 +53,8 @@ SMALL = {
                  "model.hidden=[16,8]"),
     "trading": ("debug=smoke", "env.num_envs=3", "replay.capacity=300", "agent.batch_size=8", "model.hidden=[16]",
                 "env.window=8", "env.episode_length=16"),
+    "bitflip": ("debug=smoke", "env.num_envs=4", "env.n_bits=6", "replay.capacity=512", "agent.batch_size=16",
+                "model.hidden=[16]"),
 }
 
 

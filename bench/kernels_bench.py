@@ -65,6 +65,8 @@ PHASES = ("collect", "update", "collect_only", "iteration")
 STEP_PHASES = ("collect", "update")
 #: Replays per timed block (bench.iteration_graph.replay_ms: the median of 3 blocks).
 REPS = 200
+#: replay.capacity of each member of a host env's population (the update's kernels do not depend on it)
+HOST_ENV_POPULATION_CAPACITY = 2048
 HOST_ENV_NOTE = ("host env (Gymnasium, stepped on the CPU): no device collect step to count or capture; "
                  "its update is counted")
 
@@ -132,6 +134,8 @@ def plan(c: Case) -> list[tuple[int, str, str | None]]:
     else:
         single = [(1, phase, None) for phase in PHASES]
     note = c.refusal or c.missing
+    if c.host_env and note is None:  # a population of host envs: its collect step is not captured either
+        return single + [(POPULATION, "collect", HOST_ENV_NOTE), (POPULATION, "update", None)]
     return single + [(POPULATION, phase, note) for phase in STEP_PHASES]
 
 
@@ -169,6 +173,8 @@ def _build(c: Case, members: int, device: str = "cuda"):
         s = make_state([f"+experiment={c.name}", *c.overrides, "graph=on" if device == "cuda" else "graph=off"], device)
     else:  # the shipped envs per member: the kernel count does not depend on N, the memory does
         shipped = [o for o in c.overrides if o != f"env.num_envs={TRADING_ENVS}"]
+        if c.host_env:  # nor on the replay's capacity: 64 members of pong_dqn's 100k frames would need 361 GB
+            shipped.append(f"replay.capacity={HOST_ENV_POPULATION_CAPACITY}")
         s = make_population([f"+experiment={c.name}", *shipped], members, device)
     collect, update = _steps(members)
     for _ in range(3):

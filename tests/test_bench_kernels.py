@@ -38,7 +38,8 @@ def test_every_shipped_experiment_is_planned_at_p1_and_p64(cases):
 
 
 def test_p64_rows_are_measured_where_the_population_trainer_takes_the_experiment(cases):
-    measured = {n for n, c in cases.items() if all(note is None for m, _, note in kb.plan(c) if m == kb.POPULATION)}
+    measured = {n for n, c in cases.items() if all(note in (None, kb.HOST_ENV_NOTE) for m, _, note in kb.plan(c)
+                                                   if m == kb.POPULATION)}
     assert {"eurusd_dqn", "cartpole_cleanrl"} <= measured  # issue 33's own rows
     assert {"eurusd_c51", "eurusd_iqn"} <= measured  # the distributional heads train in populations
     assert "eurusd_controls" in measured  # accumulation, pruning, regime weights train in populations (issue 32)
@@ -49,7 +50,15 @@ def test_p64_rows_are_measured_where_the_population_trainer_takes_the_experiment
             assert c.refusal is None
         else:  # the refusal, word for word, on both rows
             assert notes == [c.refusal, c.refusal] and c.refusal
-    assert "env.name=gym" in cases["cartpole_gym"].refusal
+    assert cases["cartpole_gym"].refusal is None and cases["pong_dqn"].refusal is None  # host envs in populations
+
+
+def test_a_host_env_population_notes_its_collect_step_and_counts_its_update(cases):
+    for name in ("cartpole_gym", "pong_dqn"):
+        c = cases[name]
+        if c.missing is None:
+            assert [r for r in kb.plan(c) if r[0] == kb.POPULATION] == [
+                (kb.POPULATION, "collect", kb.HOST_ENV_NOTE), (kb.POPULATION, "update", None)]
 
 
 def test_device_envs_measure_every_phase_at_p1(cases):
@@ -72,7 +81,7 @@ def test_an_experiment_whose_package_is_missing_is_a_note_not_a_gap(monkeypatch)
     c = kb.case("pong_dqn")
     assert "ale_py" in c.missing and "[atari]" in c.missing
     assert kb.plan(c) == [(1, "collect", c.missing), (1, "update", c.missing),
-                          (kb.POPULATION, "collect", c.refusal), (kb.POPULATION, "update", c.refusal)]
+                          (kb.POPULATION, "collect", c.missing), (kb.POPULATION, "update", c.missing)]
     rows = list(kb.case_rows(c))  # nothing to build: no device needed
     assert [(r["members"], r["phase"]) for r in rows] == [(1, "collect"), (1, "update"), (64, "collect"), (64, "update")]
     assert all(r["note"] and "kernels" not in r for r in rows)
@@ -130,8 +139,8 @@ def test_build_warms_a_single_run_up_on_cpu():
 
 
 def test_a_refused_experiment_builds_no_population():
-    with pytest.raises(ValueError, match="env.name=gym"):
-        make_population(["+experiment=cartpole_gym", *SMALL_CARTPOLE], 2, "cpu", fill=False)
+    with pytest.raises(ValueError, match="resume="):
+        make_population(["+experiment=cartpole_cleanrl", *SMALL_CARTPOLE, "resume=auto"], 2, "cpu", fill=False)
 
 
 def _fake_rows():

@@ -44,6 +44,7 @@ Gymnasium's vector API, threaded C++); with ``sync``/``async`` it is Gymnasium's
 from __future__ import annotations
 
 import math
+from typing import Sequence
 
 import numpy as np
 import torch
@@ -195,7 +196,8 @@ class GymVectorEnv:
         e: :class:`foxdqn.config.schema.EnvConfig` (``id``, ``vectorization``, Atari keys).
         num_envs: N ≥ 1.
         device: the training device (actions come from it, observations go to it).
-        seed: seeds the vector env's first reset (env i gets seed + i).
+        seed: seeds the vector env's first reset: an int (env i gets ``seed + i``) or a sequence of
+            ``num_envs`` ints, env i's seed (a population's envs: foxdqn.population.gym_env).
         train: training env (Atari: life-loss terminals when configured, clipped rewards) or evaluation env.
 
     Raises:
@@ -212,7 +214,7 @@ class GymVectorEnv:
     on_host = True
     collect_hook = NO_HOOK
 
-    def __init__(self, e, num_envs: int, device: torch.device, seed: int, train: bool = True):
+    def __init__(self, e, num_envs: int, device: torch.device, seed: int | Sequence[int], train: bool = True):
         self.venv = make_vector_env(e, num_envs, train=train)
         try:
             _check_spaces(e.id, self.venv.single_action_space, self.venv.single_observation_space)
@@ -220,7 +222,11 @@ class GymVectorEnv:
             self.venv.close()
             raise
         space = self.venv.single_observation_space
-        self.env_id, self.num_envs, self.device, self.seed = e.id, num_envs, torch.device(device), int(seed)
+        self.env_id, self.num_envs, self.device = e.id, num_envs, torch.device(device)
+        self.seed = int(seed) if isinstance(seed, (int, np.integer)) else [int(v) for v in seed]
+        if isinstance(self.seed, list) and len(self.seed) != num_envs:
+            self.venv.close()
+            raise ValueError(f"GymVectorEnv: {len(self.seed)} seeds for num_envs={num_envs}; pass one int or one per env")
         self.obs_shape = tuple(space.shape)
         self.obs_dim = int(math.prod(self.obs_shape))
         self.obs_dtype = _obs_dtype(space.dtype)
@@ -262,12 +268,20 @@ class GymVectorEnv:
         if self._copied is not None:
             self._copied.record(torch.cuda.current_stream(self.device))
 
+    def _reset_seed(self):
+        """The first reset's ``seed`` argument: the int, or the per-env seeds as the vector env takes
+        them (ale-py's vector env: an int64 array; Gymnasium's: a list of ints)."""
+        if isinstance(self.seed, int):
+            return self.seed
+        return np.asarray(self.seed, dtype=np.int64) if type(self.venv).__module__.startswith("ale_py") else self.seed
+
     def reset_all(self) -> Tensor:
-        """Reset every env (seeded with ``seed + i`` the first time). Returns obs ``[N, D]`` obs_dtype."""
+        """Reset every env (seeded with ``seed + i``, or the i-th of the given seeds, the first time).
+        Returns obs ``[N, D]`` obs_dtype."""
         if self._seeded:
             obs, _ = self.venv.reset()
         else:
-            obs, _ = self.venv.reset(seed=self.seed)
+            obs, _ = self.venv.reset(seed=self._reset_seed())
             self._seeded = True
         self._ep_return[:] = 0.0
         self._ep_length[:] = 0

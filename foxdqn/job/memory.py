@@ -22,7 +22,9 @@ def replays_that_fit(need: int, free: int | None) -> int | None:
 def replay_row(tc: TrainConfig, market, members: int = 1) -> tuple[int, int]:
     """(values, bytes per value) of one stored obs / next_obs row of a device env's replay: the
     trading env's state code (:mod:`foxdqn.ops.trading_code`: 4 values of its code dtype,
-    docs/design/replay.md#windowed-trading-replay), else the float32 observation. ``members``: the
+    docs/design/replay.md#windowed-trading-replay), a Gymnasium env's observation in its own dtype
+    (uint8 frames: 1 byte; :func:`foxdqn.envs.gym_adapter.describe`, which raises its ConfigError for
+    an env it refuses), else the float32 observation. ``members``: the
     population's size; with ``data.augment`` its env walks every member's paths (``members ×
     paths × training bars``), which widens the codes to float64 past 2**24 bars."""
     if tc.env.name == "trading":  # start-up: job.check imports this module on the path of --help
@@ -35,6 +37,13 @@ def replay_row(tc: TrainConfig, market, members: int = 1) -> tuple[int, int]:
         if str(tc.data.augment.method) != "none":
             num_bars *= members
         return CODE_WIDTH, state_code_dtype(dtype, num_bars).itemsize
+    if tc.env.name == "gym":  # the env's observation (Atari: uint8 frames); gymnasium for env=gym only
+        import math
+
+        from foxdqn.envs.gym_adapter import describe
+
+        spaces = describe(tc.env)
+        return math.prod(spaces["obs_shape"]), spaces["obs_dtype"].itemsize
     return {"cartpole": 4, "bitflip": 2 * tc.env.n_bits}[tc.env.name], 4  # the float32 observation
 
 

@@ -91,6 +91,24 @@ def _act(greedy, step, start, end, duration, u_explore, u_action, A, RANDOM_BITS
 
 
 @triton.jit
+def store_member_actions(q, cols, cols_ok, A, out_ptr, rows, ok, p, M, step_ptr, start_ptr, end_ptr, duration_ptr,
+                         u_ptr, RANDOM_BITS: tl.constexpr):
+    """Store the ε-greedy actions (int64, at ``out_ptr + p·M + rows`` where ``ok``) of a register
+    tile of Q rows ``q [R, C]`` (columns ``cols``, valid where ``cols_ok [C]``) of member ``p``:
+    its schedule row, its uniforms ``u[p, 0 | 1, rows]`` (u ``[P, 2, M]``), torch.argmax's greedy
+    pick (:func:`foxdqn.ops.argmax.tile_argmax`) and :func:`_act`. The epilogue of the population
+    heads' fused ops (:mod:`foxdqn.ops.c51_epsilon_greedy`, :mod:`~foxdqn.ops.iqn_epsilon_greedy`,
+    :mod:`~foxdqn.ops.branching_epsilon_greedy`)."""
+    step, start, end, duration = _schedule_row(step_ptr, start_ptr, end_ptr, duration_ptr, p)
+    u_row = u_ptr + p * (2 * M) + rows
+    u_explore = tl.load(u_row, mask=ok, other=1.0)
+    u_action = tl.load(u_row + M, mask=ok, other=0.0)
+    _, greedy = tile_argmax(q, cols, cols_ok[None, :], A)
+    tl.store(out_ptr + p * M + rows, _act(greedy, step, start, end, duration, u_explore, u_action, A, RANDOM_BITS),
+             mask=ok)
+
+
+@triton.jit
 def _epsilon_greedy_kernel(q_ptr, step_ptr, start_ptr, end_ptr, duration_ptr, u_ptr, out_ptr, N,
                            A: tl.constexpr, ENVS_PER_GROUP: tl.constexpr, Q_STRIDE0: tl.constexpr,
                            Q_STRIDE1: tl.constexpr, ONE_GROUP: tl.constexpr, ONE_GROUP_PER_PROGRAM: tl.constexpr,
@@ -202,6 +220,17 @@ def check_schedule(op: str, n: int, of: str, device: torch.device, step, start, 
     for name, t in (("step", step), ("start", start), ("end", end), ("duration", duration), ("u", u)):
         if t.device != device:
             raise ValueError(f"{op}: {name} is on {t.device}, {of} on {device}")
+
+
+def check_member_schedule(op: str, x: Tensor, step, start, end, duration, u) -> None:
+    """Raise ``ValueError`` (messages prefixed ``op``) unless step, start, end, duration and u are
+    :func:`epsilon_greedy`'s arguments with one group per member of ``x`` ``[P, M, ...]`` (G = P,
+    u ``[P, 2, M]``) on x's device: the schedule of the population heads' fused ops."""
+    members = x.shape[0]
+    if isinstance(start, Tensor) and start.dim() == 1 and start.shape[0] != members:
+        raise ValueError(f"{op}: start, end and duration must hold one schedule per member (G = P = {members}), "
+                         f"got G = {start.shape[0]}")
+    check_schedule(op, members * x.shape[1], "h", x.device, step, start, end, duration, u)
 
 
 def epsilon_greedy(q: Tensor, step: Tensor, start: Tensor, end: Tensor, duration: Tensor, u: Tensor, *,

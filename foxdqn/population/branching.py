@@ -18,6 +18,8 @@ import torch
 from torch import nn
 
 from foxdqn.nn.branching import BranchingNetwork, combine_branches
+from foxdqn.ops.branching_epsilon_greedy import (MAX_ACTIONS, MAX_BRANCHES, MAX_WIDTH,
+                                                 branching_epsilon_greedy)
 from foxdqn.population.network import MemberQNetwork, stack_encoder, stack_linears
 
 
@@ -28,15 +30,15 @@ class MemberBranchingNetwork(MemberQNetwork):
     head's dueling aggregation; ``dueling`` False: ``A_d``).
 
     Args:
-        weights, biases, activation, prefixes, attention: as :class:`MemberQNetwork` (the head's
+        weights, biases, activation, prefixes, member_encoder: as :class:`MemberQNetwork` (the head's
             layers: ``branches.0`` .. ``branches.{D−1}``, then with ``dueling`` ``value``).
         dueling: the head has the shared value stream.
         branch_sizes: ``(n_1, .., n_D)`` (trading: (5, 3, 3)).
     """
 
     def __init__(self, weights: list[torch.Tensor], biases: list[torch.Tensor], activation: str, dueling: bool,
-                 prefixes: list[str], branch_sizes: tuple[int, ...], attention: nn.Module | None = None):
-        super().__init__(weights, biases, activation, dueling, prefixes, attention)
+                 prefixes: list[str], branch_sizes: tuple[int, ...], member_encoder: nn.Module | None = None):
+        super().__init__(weights, biases, activation, dueling, prefixes, member_encoder)
         self.branch_sizes = tuple(branch_sizes)
         self.num_actions = math.prod(self.branch_sizes)
 
@@ -58,6 +60,23 @@ class MemberBranchingNetwork(MemberQNetwork):
     def q_forward_args(self, obs: torch.Tensor) -> None:
         """None: the fused Q kernels compute a scalar head's Q, not the branches' mean."""
         return None
+
+    def fused_epsilon_greedy(self, obs: torch.Tensor, step: torch.Tensor, start: torch.Tensor, end: torch.Tensor,
+                             duration: torch.Tensor, u: torch.Tensor) -> torch.Tensor | None:
+        """The collect step's ε-greedy joint actions int64 ``[P·M]`` of obs ``[P, M, D]`` (one
+        schedule per member, :func:`foxdqn.step.act.act`'s arguments): the encoder's layers, then
+        the branches, the value, the joint Q and the selection in one kernel
+        (:func:`foxdqn.ops.branching_epsilon_greedy.branching_epsilon_greedy`); None where the fused
+        kernels do not run (:meth:`fusable`) or the sizes exceed the kernel's (H <= 256, at most
+        3 branches, Π n_d <= 64)."""
+        e, d = self.encoder_layers, len(self.branch_sizes)
+        if (not self.fusable(obs) or d > MAX_BRANCHES or self.num_actions > MAX_ACTIONS
+                or self.weights[e].shape[1] > MAX_WIDTH):
+            return None
+        h = self.encoder(obs).contiguous()
+        value = [self.weights[-1], self.biases[-1]] if self.dueling else []
+        return branching_epsilon_greedy(h, list(self.weights[e:e + d]), list(self.biases[e:e + d]), value, step=step,
+                                        start=start, end=end, duration=duration, u=u, backend="triton")
 
     def branch_q(self, obs: torch.Tensor) -> list[torch.Tensor]:
         """Per-branch Q, D float32 ``[P, M, n_d]``, of obs ``[P, M, D]`` (the classic head's, BDQ eq. 1)."""

@@ -16,7 +16,10 @@ Each tensor's member layout comes from :data:`LAYOUT` (its attribute path, first
 * ``shared``: the same for every member (counters, bars, schedules): saved whole in every slice,
   restored from the slice (the counters are equal in every member's slice of one checkpoint);
 * ``position``: values that depend on the member's index in its population (its env ids, its first
-  ring column): never saved, rebuilt by :func:`~foxdqn.population.state.build_population`.
+  ring column): never saved, rebuilt by :func:`~foxdqn.population.state.build_population`;
+* ``scratch``: buffers every step overwrites before reading (``env=gym``'s host staging buffers):
+  never saved. The Gymnasium envs' own state lives in Python objects on the host, not in tensors: a
+  resumed ``env=gym`` population restarts their episodes (its replay, weights and counters continue).
 
 A tensor no rule names is an error (:class:`LayoutError`), so new state cannot be left out silently
 (``tests/population/test_population_resume.py`` walks every supported setting). Without
@@ -35,7 +38,7 @@ from foxdqn.config.schema import to_plain
 from foxdqn.errors import ConfigError
 from foxdqn.run.checkpoint import FORMAT, _walk, write_payload
 
-MEMBER, SHARED, POSITION = "member", "shared", "position"
+MEMBER, SHARED, POSITION, SCRATCH = "member", "shared", "position", "scratch"
 ENVS = "envs"  # width: the member's env.num_envs columns
 
 #: (attribute path regex, kind, member dim, width), first match wins.
@@ -53,6 +56,7 @@ LAYOUT: tuple[tuple[str, str, int, int | str], ...] = (
     (r"^pruner\.", SHARED, 0, 1),
     (r"^obs$", MEMBER, 0, ENVS),
     (r"^env\._first_path$", POSITION, 0, 1),
+    (r"^env\._(obs|next|scalars)_host$", SCRATCH, 0, 1),
     # the envs' own state: trading (position, account, episode), CartPole (state, steps), bit flipping (state, goal)
     (r"^env\.(t|steps|cash|units|entry_price|equity|exposure_idx|episode_return|_frozen|state|goal)$", MEMBER, 0, ENVS),
     (r"^env\.", SHARED, 0, 1),
@@ -118,7 +122,7 @@ def member_tensors(s, p: int, save_replay: bool, best: tuple | None = None) -> d
     envs, out = s.cfg.env.num_envs, {}
     for path, t in state_parts(s, best):
         kind, dim, width = layout(path)
-        if kind == POSITION or (not save_replay and path.startswith("replay.")):
+        if kind in (POSITION, SCRATCH) or (not save_replay and path.startswith("replay.")):
             continue
         part = t if kind == SHARED else _slice(t, p, dim, _width(width, envs))
         out[path] = part.detach().to("cpu", copy=True).contiguous()
@@ -138,7 +142,7 @@ def restore_member(s, p: int, saved: dict[str, torch.Tensor], save_replay: bool,
     with torch.no_grad():
         for path, t in state_parts(s, best):
             kind, dim, width = layout(path)
-            if kind == POSITION or (not save_replay and path.startswith("replay.")):
+            if kind in (POSITION, SCRATCH) or (not save_replay and path.startswith("replay.")):
                 continue
             dst = t if kind == SHARED else _slice(t, p, dim, _width(width, envs))
             value = saved.get(path)

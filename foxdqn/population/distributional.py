@@ -19,10 +19,12 @@ import math
 
 import torch
 import torch.nn.functional as F
+from torch import nn
 
 from foxdqn.nn.c51 import C51Network
 from foxdqn.nn.iqn import IQNNetwork
-from foxdqn.population.attention import MemberAttentionEncoder
+from foxdqn.ops import c51_epsilon_greedy as c51_op
+from foxdqn.ops import iqn_epsilon_greedy as iqn_op
 from foxdqn.population.network import MemberQNetwork, stack_encoder, stack_linears
 
 
@@ -37,7 +39,7 @@ class MemberC51Network(MemberQNetwork):
     floats, :func:`foxdqn.ops.c51_project.support_table`).
 
     Args:
-        weights, biases, activation, dueling, prefixes, attention: as :class:`MemberQNetwork`
+        weights, biases, activation, dueling, prefixes, member_encoder: as :class:`MemberQNetwork`
             (the head's layers: ``logits``, or with ``dueling`` ``value`` ([K] per member) and
             ``advantage``).
         num_actions: A.
@@ -47,8 +49,8 @@ class MemberC51Network(MemberQNetwork):
 
     def __init__(self, weights: list[torch.Tensor], biases: list[torch.Tensor], activation: str, dueling: bool,
                  prefixes: list[str], num_actions: int, support: torch.Tensor, v_min: torch.Tensor,
-                 v_max: torch.Tensor, attention: MemberAttentionEncoder | None = None):
-        super().__init__(weights, biases, activation, dueling, prefixes, attention)
+                 v_max: torch.Tensor, member_encoder: nn.Module | None = None):
+        super().__init__(weights, biases, activation, dueling, prefixes, member_encoder)
         self.num_actions, self.atoms = num_actions, support.shape[1]
         self.register_buffer("support", support[:, None, None, :].clone(), persistent=False)  # [P, 1, 1, K]
         self.register_buffer("v_min", v_min.clone(), persistent=False)
@@ -74,6 +76,22 @@ class MemberC51Network(MemberQNetwork):
     def q_forward_args(self, obs: torch.Tensor) -> None:
         """None: the fused Q kernels compute a scalar head's Q, not a distribution's mean."""
         return None
+
+    def fused_epsilon_greedy(self, obs: torch.Tensor, step: torch.Tensor, start: torch.Tensor, end: torch.Tensor,
+                             duration: torch.Tensor, u: torch.Tensor) -> torch.Tensor | None:
+        """The collect step's ε-greedy actions int64 ``[P·M]`` of obs ``[P, M, D]`` (one schedule
+        per member, :func:`foxdqn.step.act.act`'s arguments): the encoder's layers, then the head,
+        the expected Q and the selection in one kernel
+        (:func:`foxdqn.ops.c51_epsilon_greedy.c51_epsilon_greedy`); None where the fused kernels do not
+        run (:meth:`fusable`) or the sizes exceed the kernel's (H <= 256, K <= 128, A <= 64)."""
+        head = len(self.weights) - (2 if self.dueling else 1)
+        if (not self.fusable(obs) or self.atoms > c51_op.MAX_ATOMS or self.num_actions > c51_op.MAX_ACTIONS
+                or self.weights[head].shape[1] > c51_op.MAX_WIDTH):
+            return None
+        h = self.encoder(obs).contiguous()
+        return c51_op.c51_epsilon_greedy(h, list(self.weights[head:]), list(self.biases[head:]),
+                                         self.support[:, 0, 0], step=step, start=start, end=end, duration=duration,
+                                         u=u, backend="triton")
 
     def logits(self, obs: torch.Tensor) -> torch.Tensor:
         """Atom logits ``[P, M, A, K]`` of obs ``[P, M, D]`` (the classic head's, with a member axis)."""
@@ -105,7 +123,7 @@ class MemberIQNNetwork(MemberQNetwork):
     ``policy_taus`` float32 ``[K]``.
 
     Args:
-        weights, biases, activation, dueling, prefixes, attention: as :class:`MemberQNetwork`
+        weights, biases, activation, dueling, prefixes, member_encoder: as :class:`MemberQNetwork`
             (the head's layers: ``embedding.linear``, ``hidden``, then ``out``, or ``value`` and
             ``advantage``).
         num_actions: A.
@@ -115,8 +133,8 @@ class MemberIQNNetwork(MemberQNetwork):
 
     def __init__(self, weights: list[torch.Tensor], biases: list[torch.Tensor], activation: str, dueling: bool,
                  prefixes: list[str], num_actions: int, embedding_dim: int, num_quantiles_policy: int,
-                 attention: MemberAttentionEncoder | None = None):
-        super().__init__(weights, biases, activation, dueling, prefixes, attention)
+                 member_encoder: nn.Module | None = None):
+        super().__init__(weights, biases, activation, dueling, prefixes, member_encoder)
         self.num_actions, self.num_quantiles_policy = num_actions, num_quantiles_policy
         device = weights[0].device
         pi_i = torch.arange(embedding_dim, dtype=torch.float32, device=device) * math.pi  # as CosineEmbedding's
@@ -139,6 +157,22 @@ class MemberIQNNetwork(MemberQNetwork):
     def q_forward_args(self, obs: torch.Tensor) -> None:
         """None: the fused Q kernels compute a scalar head's Q, not a quantile mean."""
         return None
+
+    def fused_epsilon_greedy(self, obs: torch.Tensor, step: torch.Tensor, start: torch.Tensor, end: torch.Tensor,
+                             duration: torch.Tensor, u: torch.Tensor) -> torch.Tensor | None:
+        """The collect step's ε-greedy actions int64 ``[P·M]`` of obs ``[P, M, D]`` (one schedule
+        per member, :func:`foxdqn.step.act.act`'s arguments): the encoder's layers, then the
+        embedding of the K policy fractions, the head at each, their mean and the selection in one
+        kernel (:func:`foxdqn.ops.iqn_epsilon_greedy.iqn_epsilon_greedy`); None where the fused
+        kernels do not run (:meth:`fusable`) or the sizes exceed the kernel's (n, H, F <= 256, A <= 64)."""
+        e = self.encoder_layers
+        sizes = (self.pi_i.shape[0], self.weights[e].shape[2], self.weights[e + 1].shape[2])
+        if not self.fusable(obs) or max(sizes) > iqn_op.MAX_WIDTH or self.num_actions > iqn_op.MAX_ACTIONS:
+            return None
+        h = self.encoder(obs).contiguous()
+        return iqn_op.iqn_epsilon_greedy(h, list(self.weights[e:]), list(self.biases[e:]), self.pi_i,
+                                         self.policy_taus, step=step, start=start, end=end, duration=duration, u=u,
+                                         backend="triton")
 
     def head(self, h: torch.Tensor, taus: torch.Tensor) -> torch.Tensor:
         """Z_τ ``[P, M, N, A]`` of features h ``[P, M, H]`` at τ ``[P, M, N]`` (the classic head's

@@ -7,7 +7,8 @@ each env class draws all its randomness in one method (CartPole's reset uniforms
 trading env's episode starts ``_starts``, bit flipping's start states and goals ``_draw_starts``),
 and the member classes below take those draws from
 :class:`~foxdqn.population.random.MemberRandom`, so member p's envs see the same draws whatever P
-is. With ``data.augment`` the trading env walks P members' resampled paths, each member's drawn from
+is. Gymnasium envs (``env.name=gym``) step on the host and draw from their seeds:
+:mod:`foxdqn.population.gym_env`. With ``data.augment`` the trading env walks P members' resampled paths, each member's drawn from
 its own seed (:func:`member_paths`).
 """
 from __future__ import annotations
@@ -119,16 +120,24 @@ def member_paths(cfgs: list[TrainConfig], market, device: torch.device):
 
 
 def build_member_env(cfgs: list[TrainConfig], market, rng: MemberRandom, device: torch.device,
-                     envs_per_member: int | None = None):
+                     envs_per_member: int | None = None, seed_offset: int = 0):
     """The population's training env: ``env.num_envs`` envs per member (``envs_per_member`` if
     given: the greedy episodes of an episodic env, foxdqn.population.evaluate); a trading env with
-    ``data.augment`` walks each member's own resampled paths (:func:`member_paths`).
+    ``data.augment`` walks each member's own resampled paths (:func:`member_paths`). A Gymnasium
+    env (``env.name=gym``, :class:`foxdqn.population.gym_env.MemberGymEnv`) seeds member p's envs
+    from ``seed_p + seed_offset`` (its host envs do not draw from ``rng``); ``seed_offset`` > 0 (the
+    greedy episodes) makes an evaluation env (Atari: full games, unclipped scores), as a single run's.
 
     Raises:
-        ValueError: ``env.name`` is not cartpole, bitflip or trading (grouping.POPULATION_ENVS).
+        ValueError: ``env.name`` is not cartpole, bitflip, trading or gym.
+        ConfigError: a Gymnasium env that :class:`~foxdqn.envs.gym_adapter.GymVectorEnv` refuses.
     """
     cfg = cfgs[0]
     n = envs_per_member or cfg.env.num_envs
+    if cfg.env.name == "gym":
+        from foxdqn.population.gym_env import MemberGymEnv  # gymnasium: for env=gym only
+
+        return MemberGymEnv(cfg.env, [c.seed + seed_offset for c in cfgs], n, device, train=seed_offset == 0)
     if cfg.env.name == "cartpole":
         return MemberCartPoleEnv(rng, n, device)
     if cfg.env.name == "bitflip":
@@ -138,5 +147,5 @@ def build_member_env(cfgs: list[TrainConfig], market, rng: MemberRandom, device:
             return MemberTradingEnv(rng, n, market, cfg, device)
         return MemberTradingEnv(rng, n, member_paths(cfgs, market, device), cfg, device,
                                 paths_per_member=cfg.data.augment.paths)
-    raise ValueError(f"build_member_env: env.name={cfg.env.name!r}; the population path runs cartpole, bitflip or "
-                     "trading (foxdqn.population.grouping.POPULATION_ENVS)")
+    raise ValueError(f"build_member_env: env.name={cfg.env.name!r}; the population path runs cartpole, bitflip, "
+                     "trading or gym")

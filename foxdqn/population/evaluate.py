@@ -4,7 +4,9 @@ The same evaluations as a single run's (:mod:`foxdqn.run.finish`, docs/backtest.
 members: a trading split is walked by P envs of one eval env, one per member, and buy-and-hold
 and flat once (:func:`foxdqn.analysis.backtest.evaluate_agents`); the greedy episodes of CartPole and
 bit flipping run E envs per member in one env, member p's resets drawn from its own seed (``seed +
-offset``, as a single run's evaluation seeds its generator), so member p's episodes do not depend on P.
+offset``, as a single run's evaluation seeds its generator; Gymnasium envs: their seeds, from
+``seed + offset`` as a single run's on the CPU, foxdqn.population.gym_env), so member p's episodes do not
+depend on P.
 """
 from __future__ import annotations
 
@@ -54,11 +56,15 @@ def member_episodes(s, episodes: int, seed_offset: int, graph: bool | None = Non
     the success rate of a goal-conditioned env (bit flipping) as a single run's."""
     per = episode_env_count(episodes)
     env = build_member_env(s.cfgs, None, MemberRandom([c.seed + seed_offset for c in s.cfgs], s.device), s.device,
-                           envs_per_member=per)
+                           envs_per_member=per, seed_offset=seed_offset)
     greedy = MemberGreedy(s.online)
-    done = finished_episodes(env, lambda obs: s.action_mode.to_env(greedy(obs).argmax(dim=1), env), episodes // per,
-                             capturable=capture_default(s.cfg) if graph is None else bool(graph),
-                             generators=(env.generator,))
+    try:
+        done = finished_episodes(env, lambda obs: s.action_mode.to_env(greedy(obs).argmax(dim=1), env),
+                                 episodes // per, capturable=capture_default(s.cfg) if graph is None else bool(graph),
+                                 generators=() if env.generator is None else (env.generator,))
+    finally:
+        if env.on_host:  # a Gymnasium vector env (env=gym): its envs, threads or processes
+            env.close()
     member = done["env"] // per
     lengths = done["lengths"].astype(np.float64)
     success = done.get("success")

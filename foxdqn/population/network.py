@@ -38,20 +38,25 @@ from foxdqn.nn.qnet import QNetwork, forward_hooked
 from foxdqn.ops.backend import fused_forward
 from foxdqn.ops.dueling_combine import dueling_combine
 from foxdqn.ops.q_forward import q_forward, q_forward_supported
+from foxdqn.nn.nature_cnn import NatureCNNEncoder
 from foxdqn.population.attention import MemberAttentionEncoder
+from foxdqn.population.conv import MemberNatureCNN
 from foxdqn.population.layers import member_linear
+
+#: Classic encoders whose member version is one module (:func:`stack_encoder`), not layers of ``weights``.
+MODULE_ENCODERS = (AttentionEncoder, NatureCNNEncoder)
 
 
 def _linears(net: nn.Module) -> list[tuple[str, nn.Linear]]:
-    """(state_dict prefix, layer) of a classic network with an MLP or attention encoder, input to
-    output: an MLP encoder's layers (an attention encoder's are :func:`stack_encoder`'s), then the
+    """(state_dict prefix, layer) of a classic network with an MLP, attention or Nature-CNN encoder,
+    input to output: an MLP encoder's layers (the other encoders' are :func:`stack_encoder`'s), then the
     head's in registration order (QNetwork, C51Network, IQNNetwork), or IQL's ``value`` layer
     (IQLValueNetwork)."""
     encoder = getattr(net, "encoder", None)
-    if not isinstance(encoder, (MLPEncoder, AttentionEncoder)):
-        raise ValueError(f"MemberQNetwork: needs a network of an MLPEncoder or AttentionEncoder, got "
-                         f"{type(net).__name__}")
-    layers = ([] if isinstance(encoder, AttentionEncoder) else
+    if not isinstance(encoder, (MLPEncoder, *MODULE_ENCODERS)):
+        raise ValueError(f"MemberQNetwork: needs a network of an MLPEncoder, AttentionEncoder or NatureCNNEncoder, "
+                         f"got {type(net).__name__}")
+    layers = ([] if isinstance(encoder, MODULE_ENCODERS) else
               [(f"encoder.net.{i}", m) for i, m in enumerate(encoder.net) if isinstance(m, nn.Linear)])
     if isinstance(net, IQLValueNetwork):
         return layers + [("value", net.value)]
@@ -64,7 +69,7 @@ def stack_linears(nets: list[nn.Module], kinds: tuple[type, ...]) -> tuple[list[
     architecture (:func:`_linears`; their weights are copied).
 
     Raises:
-        ValueError: a network that is none of ``kinds``, or not of an MLP or attention encoder.
+        ValueError: a network that is none of ``kinds``, or not of an MLP, attention or Nature-CNN encoder.
     """
     for net in nets:
         if not isinstance(net, kinds):
@@ -79,17 +84,22 @@ def stack_linears(nets: list[nn.Module], kinds: tuple[type, ...]) -> tuple[list[
     return weights, biases, prefixes
 
 
-def stack_encoder(nets: list[nn.Module]) -> MemberAttentionEncoder | None:
-    """The members' attention encoder (:class:`~foxdqn.population.attention.MemberAttentionEncoder`,
-    the P classic networks' ``encoder`` stacked, weights copied), or None for MLP encoders (whose
-    layers :func:`stack_linears` stacks)."""
-    if not isinstance(nets[0].encoder, AttentionEncoder):
-        return None
-    return MemberAttentionEncoder.stack([net.encoder for net in nets])
+def stack_encoder(nets: list[nn.Module]) -> MemberAttentionEncoder | MemberNatureCNN | None:
+    """The members' encoder module, the P classic networks' ``encoder`` stacked (weights copied):
+    :class:`~foxdqn.population.attention.MemberAttentionEncoder` for attention encoders,
+    :class:`~foxdqn.population.conv.MemberNatureCNN` for Nature-CNN ones, or None for MLP encoders
+    (whose layers :func:`stack_linears` stacks)."""
+    encoders = [net.encoder for net in nets]
+    if isinstance(encoders[0], AttentionEncoder):
+        return MemberAttentionEncoder.stack(encoders)
+    if isinstance(encoders[0], NatureCNNEncoder):
+        return MemberNatureCNN.stack(encoders)
+    return None
 
 
 class MemberQNetwork(nn.Module):
-    """P Q networks of an MLP or attention encoder: obs float32 ``[P, M, D]`` → Q float32 ``[P, M, A]``.
+    """P Q networks of an MLP, attention or Nature-CNN encoder: obs float32 ``[P, M, D]`` (uint8 pixels
+    for the Nature CNN) → Q float32 ``[P, M, A]``.
 
     Args:
         weights: per linear layer (an MLP encoder's layers, then the head's: ``q``, or ``value``
@@ -99,19 +109,19 @@ class MemberQNetwork(nn.Module):
         activation: the MLP encoder's hidden nonlinearity (relu | gelu | tanh | silu).
         dueling: the last two layers are the dueling value and advantage streams.
         prefixes: the classic ``state_dict`` prefix of each layer (``encoder.net.0``, ``head.q``, ...).
-        attention: None (an MLP encoder, its layers first in ``weights``), or the members'
-            attention encoder (:class:`~foxdqn.population.attention.MemberAttentionEncoder`;
-            ``weights`` are then the head's only). Its parameters come first in
-            :meth:`parameters`, as the classic network's encoder's do.
+        member_encoder: None (an MLP encoder, its layers first in ``weights``), or the members'
+            encoder module (:func:`stack_encoder`: :class:`~foxdqn.population.attention.MemberAttentionEncoder`,
+            :class:`~foxdqn.population.conv.MemberNatureCNN`; ``weights`` are then the head's only).
+            Its parameters come first in :meth:`parameters`, as the classic network's encoder's do.
 
     Raises:
         ValueError: an unknown activation, or weights and biases of different lengths.
     """
 
     def __init__(self, weights: list[torch.Tensor], biases: list[torch.Tensor], activation: str, dueling: bool,
-                 prefixes: list[str], attention: MemberAttentionEncoder | None = None):
+                 prefixes: list[str], member_encoder: nn.Module | None = None):
         super().__init__()
-        self.attention = attention  # registered first: its parameters lead, as a classic encoder's
+        self.member_encoder = member_encoder  # registered first: its parameters lead, as a classic encoder's
         if activation not in ACTIVATIONS:
             raise ValueError(f"MemberQNetwork: activation={activation!r}; choose one of {', '.join(ACTIVATIONS)}")
         if not (len(weights) == len(biases) == len(prefixes)):
@@ -142,9 +152,9 @@ class MemberQNetwork(nn.Module):
         return member_linear(x, self.weights[i], self.biases[i])
 
     def encoder(self, obs: torch.Tensor) -> torch.Tensor:
-        """The encoder of every member (MLP or attention): obs ``[P, M, D]`` → features ``[P, M, H]``."""
-        if self.attention is not None:
-            return self.attention(obs)
+        """The encoder of every member (MLP, attention or Nature CNN): obs ``[P, M, D]`` → features ``[P, M, H]``."""
+        if self.member_encoder is not None:
+            return self.member_encoder(obs)
         h = obs
         for i in range(self.encoder_layers):
             h = self.act(self.layer(i, h))
@@ -169,8 +179,15 @@ class MemberQNetwork(nn.Module):
             return self.q_forward_args(obs)
         return self._fused_args(obs)
 
+    def fusable(self, obs: torch.Tensor) -> bool:
+        """Whether a fused no-gradient kernel may replace this network's layers for ``obs``: on
+        CUDA (or on the CPU inside :func:`foxdqn.ops.backend.cpu_kernels`), with no forward hook on
+        its modules (:func:`foxdqn.nn.qnet.forward_hooked`: the kernel would skip it), no gradient
+        needed. Host metadata only."""
+        return fused_forward(obs) and not torch.is_grad_enabled() and not forward_hooked([self])
+
     def _fused_args(self, obs: torch.Tensor) -> tuple[list, list, bool] | None:
-        if self.attention is not None:  # the fused kernels compute an MLP's Q only
+        if self.member_encoder is not None:  # the fused kernels compute an MLP's Q only
             return None
         if not (fused_forward(obs) and type(self.act) is nn.ReLU) or forward_hooked([self]):
             return None
@@ -190,8 +207,8 @@ class MemberQNetwork(nn.Module):
 
     def member_state_dict(self, p: int) -> dict[str, torch.Tensor]:
         """Member ``p``'s weights in the classic :class:`QNetwork` ``state_dict`` layout (copies)."""
-        out = {} if self.attention is None else {
-            f"encoder.{key}": t for key, t in self.attention.member_state_dict(p).items()}
+        out = {} if self.member_encoder is None else {
+            f"encoder.{key}": t for key, t in self.member_encoder.member_state_dict(p).items()}
         for prefix, w, b in zip(self.prefixes, self.weights, self.biases):
             out[f"{prefix}.weight"] = w[p].detach().t().contiguous().clone()
             out[f"{prefix}.bias"] = b[p, 0].detach().clone()

@@ -4,11 +4,14 @@ The single run's :class:`foxdqn.step.pruning.MagnitudePruner` (Zhu & Gupta 2017,
 schedule, :meth:`~foxdqn.step.pruning.MagnitudePruner.sparsity_at` and
 :meth:`~foxdqn.step.pruning.MagnitudePruner.due`, shared: the ``prune.*`` keys are group keys) with
 a member axis: one mask per member weight matrix ``[P, in, out]`` (the member network's linear
-weights; its biases, vectors in a single run, are never pruned), and member p's
+weights; with the Nature CNN, ``model.encoder=nature_cnn``, its convolution weights ``[P, out, in,
+k, k]`` and fully connected layers too, as a single run prunes every parameter of 2 or more
+dimensions: :meth:`foxdqn.population.conv.MemberNatureCNN.pruned_matrices`; its biases, vectors in
+a single run, are never pruned), and member p's
 slice is recomputed from member p's weights alone at the mask-update steps, unless the guard skipped
 p's update. Each member ranks its entries in the classic layout ``[out, in]`` of its single run's
 matrix (a stable argsort of |w · mask| per member, so ties fall as they do in its single run), zeroes
-the ⌊s_t · numel⌋ smallest, and so reaches exactly its single run's masks from the same weights.
+the ⌊s_t · numel⌋ smallest (a convolution's in its own layout), and so reaches exactly its single run's masks from the same weights.
 As in a single run: gradients of pruned entries are zeroed before clipping
 (:meth:`MemberPruner.mask_grads`), the masks are applied after the Adam step
 (:meth:`MemberPruner.step`) and to the target after its update (:meth:`MemberPruner.mask_target`).
@@ -32,14 +35,20 @@ class MemberPruner(MagnitudePruner):
             :class:`~foxdqn.step.pruning.MagnitudePruner`.
 
     Attributes:
-        params, target_params: the member weight matrices ``[P, in, out]``, online and target.
+        params, target_params: the member weight matrices ``[P, in, out]`` (a Nature CNN's convolution
+            weights ``[P, out, in, k, k]`` first), online and target.
         masks: float32 tensors shaped like ``params`` (1 keep, 0 pruned).
     """
 
     def __init__(self, online: MemberQNetwork, target: MemberQNetwork, initial_sparsity: float,
                  final_sparsity: float, start_update: int, end_update: int, frequency: int, device: torch.device):
-        self.params = list(online.weights)
-        self.target_params = list(target.weights)
+        # an encoder module's matrices first (the Nature CNN's, in the classic network's parameter order), then the layers'
+        enc, target_enc = getattr(online, "member_encoder", None), getattr(target, "member_encoder", None)
+        matrices = list(enc.pruned_matrices()) if hasattr(enc, "pruned_matrices") else []
+        target_matrices = list(target_enc.pruned_matrices()) if matrices else []
+        self.params = [w for w, _ in matrices] + list(online.weights)
+        self.target_params = [w for w, _ in target_matrices] + list(target.weights)
+        self._transposed = [t for _, t in matrices] + [True] * len(online.weights)
         self.masks = [torch.ones_like(w, dtype=torch.float32) for w in self.params]
         self._ranks = [torch.arange(w[0].numel(), device=device) for w in self.params]
         self._schedule(initial_sparsity, final_sparsity, start_update, end_update, frequency, device)
@@ -50,14 +59,18 @@ class MemberPruner(MagnitudePruner):
         due and its update was not skipped (``skip`` float32 ``[P]``), then mask the online matrices."""
         due = self.due(t) & (skip == 0)  # [P]
         s = self.sparsity_at(t)
-        for w, mask, ranks in zip(self.params, self.masks, self._ranks):
-            p, n_in, n_out = w.shape
+        for w, mask, ranks, transposed in zip(self.params, self.masks, self._ranks, self._transposed):
+            p = w.shape[0]
             k = torch.floor(s * ranks.numel()).to(torch.int64)
-            # each member's |w · mask| in its single run's [out, in] order, ascending, ties by position
-            order = (w.detach().abs() * mask).transpose(1, 2).reshape(p, -1).argsort(dim=1, stable=True)
+            # each member's |w · mask| in its single run's order ([out, in] for a Linear), ascending, ties by position
+            magnitude = w.detach().abs() * mask
+            classic = magnitude.transpose(1, 2) if transposed else magnitude
+            order = classic.reshape(p, -1).argsort(dim=1, stable=True)
             keep = (ranks >= k).to(mask.dtype).expand(p, -1)
-            fresh = torch.empty(p, n_out * n_in, dtype=mask.dtype, device=mask.device).scatter_(1, order, keep)
-            mask.copy_(torch.where(due.view(p, 1, 1), fresh.view(p, n_out, n_in).transpose(1, 2), mask))
+            fresh = torch.empty(p, ranks.numel(), dtype=mask.dtype, device=mask.device).scatter_(1, order, keep)
+            fresh = fresh.view(classic.shape)
+            fresh = fresh.transpose(1, 2) if transposed else fresh
+            mask.copy_(torch.where(due.view(p, *[1] * (w.dim() - 1)), fresh, mask))
         torch._foreach_mul_(self.params, self.masks)
 
     @torch.no_grad()

@@ -40,7 +40,8 @@ ADAM_BETAS = (0.9, 0.999)  # torch.optim.Adam's defaults, as a single run uses
 @dataclass
 class PopulationState:
     """The population's state. ``cfg`` is member 0's config (the shared keys), ``cfgs`` every
-    member's; ``obs``: float32 ``[P·N, D]``, the observations to act on next; ``env_steps`` and
+    member's; ``obs``: float32 ``[P·N, D]`` (uint8 for an env of uint8 observations: Atari frames),
+    the observations to act on next; ``env_steps`` and
     ``updates``: int64 0-d, per member. ``inject_nan``: some member has ``debug.inject_nan_at_step``;
     ``inject_lr_spike``: some member has ``debug.inject_lr_spike_at_step``.
     ``generator`` is None (members draw from ``rng``). ``eps_duration``: float32 ``[P]``, the steps
@@ -144,7 +145,8 @@ def build_population(cfgs: list[TrainConfig], market, device: torch.device) -> P
         from foxdqn.population.her import MemberHindsightRelabeler
 
         replay.set_relabeler(MemberHindsightRelabeler(env, cfg.replay.her_k, params.gamma, params.reward_scale, rng))
-    obs = env.reset_all().to(torch.float32).clone()
+    # images (a Gymnasium env's uint8 frames) stay 1 byte per value, as a single run keeps them
+    obs = env.reset_all().to(torch.uint8 if env.obs_dtype == torch.uint8 else torch.float32).clone()
     switch = None
     if cfg.action.switch_margin > 0:  # the greedy choice's switch penalty, each member's reward scale
         from foxdqn.population.switch import MemberSwitch

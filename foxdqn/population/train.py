@@ -43,7 +43,7 @@ from foxdqn.population.selection import MemberSelection
 from foxdqn.population.state import PopulationState, build_population
 from foxdqn.population.stats import FIELDS, MemberStats
 from foxdqn.run.trackers import Trackers, open_prometheus
-from foxdqn.step.iteration import Iteration
+from foxdqn.step.iteration import make_iteration
 from foxdqn.timings import mark
 
 log = logging.getLogger(__name__)
@@ -69,8 +69,9 @@ class _Population:
         # env steps of one member per iteration, iterations, collect-only ones, log interval
         self.per_iter, self.total_iters, self.warm_iters, self.log_every = IterationPlan.of(cfg)
         step_fns = dict(collect=P.collect_step, update=P.update_step, after_updates=P.publish_guard)
-        self.collect_only = Iteration(s, self.graph, updates=0, **step_fns)
-        self.full = Iteration(s, self.graph, **step_fns)
+        # env=gym: host envs, eager collect steps and a captured update-only graph (HostEnvIteration)
+        self.collect_only = make_iteration(s, self.graph, updates=0, on_host=s.env.on_host, **step_fns)
+        self.full = make_iteration(s, self.graph, on_host=s.env.on_host, **step_fns)
         self.loggers: list = []  # foxdqn.logger.MetricsLogger per member, opened after the run folders (open_loggers)
         self.trackers: list[Trackers] = []  # each member's MLflow and W&B runs (open_loggers)
         # the population's one endpoint, or None; a port taken since the preflight: bad input, before any folder
@@ -333,12 +334,15 @@ class _Population:
         self.stopped.add(p)
 
     def close(self) -> None:
-        """Wait for the device, close every member's metrics logger and the Prometheus endpoint (idempotent)."""
+        """Wait for the device, close the members' Gymnasium envs (``env.name=gym``), every member's
+        metrics logger and the Prometheus endpoint (idempotent)."""
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
         if not self.closed:
             mark("training")  # the device has finished every iteration
             self.closed = True
+        if self.s.env.on_host:  # env=gym: the members' vector env (its threads or processes)
+            self.s.env.close()
         try:
             for logger in self.loggers:
                 logger.close()

@@ -6,6 +6,9 @@ One kernel where the network's forward is one of the fused ops':
   else a ``q_forward_args(obs)`` method: :class:`foxdqn.nn.qnet.QNetwork` with a dueling head,
   :class:`foxdqn.population.network.MemberQNetwork` with a dueling or plain head):
   :func:`foxdqn.ops.q_forward_epsilon_greedy.q_forward_epsilon_greedy`;
+* a population's distributional or branching head (the network has a ``fused_epsilon_greedy``
+  method, which returns the actions, or None where it does not apply: its encoder's layers, then
+  one kernel for the head and the selection, e.g. :func:`foxdqn.ops.c51_epsilon_greedy.c51_epsilon_greedy`);
 * :func:`foxdqn.ops.mlp_chain.mlp_chain`'s (a ``fused_chain(obs)`` method: :class:`~foxdqn.nn.qnet.QNetwork`
   with a ReLU MLP and a plain Q head, one schedule):
   :func:`foxdqn.ops.mlp_chain_epsilon_greedy.mlp_chain_epsilon_greedy`.
@@ -57,9 +60,14 @@ def act(net: nn.Module, obs: torch.Tensor, step: torch.Tensor, start: torch.Tens
         q = net(obs)
         q = q.reshape(-1, q.shape[-1]) - penalty
         return epsilon_greedy(q, step, start, end, duration, u, backend=backend)
+    groups = start.shape[0] if start.dim() == 1 else 0
+    head_act = getattr(net, "fused_epsilon_greedy", None)
+    if head_act is not None and backend != "torch" and obs.dim() == 3 and groups == obs.shape[0]:
+        action = head_act(obs, step, start, end, duration, u)
+        if action is not None:
+            return action
     fused = getattr(net, "acting_args", None) or getattr(net, "q_forward_args", None)
     args = fused(obs) if backend != "torch" and fused is not None else None
-    groups = start.shape[0] if start.dim() == 1 else 0
     if args is not None and groups == (obs.shape[0] if obs.dim() == 3 else 1):
         weights, biases, dueling = args
         return q_forward_epsilon_greedy(obs, weights, biases, dueling=dueling, step=step, start=start, end=end,

@@ -91,15 +91,21 @@ class HostEnvIteration:
     :class:`Iteration` (``collect_steps=0``), captured in a CUDA graph when ``use_graph``: the
     update graph reads only the device replay and never synchronises.
 
+    ``steps``: :class:`Iteration`'s ``collect``, ``update`` and ``after_updates`` (e.g. the
+    population's, :mod:`foxdqn.population.step`: its member envs of ``env.name=gym``); the
+    ``after_updates`` call belongs to the update iteration (captured with it).
+
     Attributes:
         collect: the eager collect-only :class:`Iteration`.  update: the update-only :class:`Iteration`.
         collect_steps, updates: T and K.  graph: the update graph (None until captured / eager).
     """
 
     def __init__(self, state: TrainState, use_graph: bool, collect_steps: int | None = None,
-                 updates: int | None = None):
-        self.collect = Iteration(state, False, collect_steps=collect_steps, updates=0)
-        self.update = Iteration(state, use_graph, collect_steps=0, updates=updates)
+                 updates: int | None = None, **steps: Callable):
+        collect = {k: v for k, v in steps.items() if k == "collect"}
+        self.collect = Iteration(state, False, collect_steps=collect_steps, updates=0, **collect)
+        self.update = Iteration(state, use_graph, collect_steps=0, updates=updates,
+                                **{k: v for k, v in steps.items() if k != "collect"})
         self.collect_steps, self.updates = self.collect.collect_steps, self.update.updates
 
     @property
@@ -113,7 +119,11 @@ class HostEnvIteration:
 
 
 def make_iteration(state: TrainState, use_graph: bool, collect_steps: int | None = None,
-                   updates: int | None = None) -> Iteration | HostEnvIteration:
-    """:class:`HostEnvIteration` for a host env (``env.on_host``), else :class:`Iteration`."""
-    cls = HostEnvIteration if state.rollout.env.on_host else Iteration
-    return cls(state, use_graph, collect_steps=collect_steps, updates=updates)
+                   updates: int | None = None, *, on_host: bool | None = None,
+                   **steps: Callable) -> Iteration | HostEnvIteration:
+    """:class:`HostEnvIteration` for a host env, else :class:`Iteration`. ``on_host``: whether the
+    env steps on the host (default: a single run's ``state.rollout.env.on_host``; a population
+    passes its env's). ``steps``: :class:`Iteration`'s ``collect``, ``update`` and ``after_updates``."""
+    host = state.rollout.env.on_host if on_host is None else on_host
+    cls = HostEnvIteration if host else Iteration
+    return cls(state, use_graph, collect_steps=collect_steps, updates=updates, **steps)

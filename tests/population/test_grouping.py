@@ -107,7 +107,7 @@ def test_batch_refusal_accepts_the_supported_experiments(cartpole, trading):
     for head in ("q", "dueling", "c51", "iqn"):  # every head trains in a population
         assert batch_refusal(load_config([f"head={head}", "debug=smoke", "device=cpu"])) is None, head
     for experiment in ("eurusd_c51", "eurusd_iqn", "eurusd_attention", "eurusd_routed", "eurusd_branching",
-                       "bitflip_dqn", "bitflip_her"):
+                       "bitflip_dqn", "bitflip_her", "cartpole_gym", "pong_dqn"):
         assert batch_refusal(load_config([f"+experiment={experiment}", "debug=smoke", "device=cpu"])) is None
 
 
@@ -124,7 +124,9 @@ def test_distributional_scalars_are_member_keys_and_shapes_group_keys():
         assert group_key(with_values(iqn, **{f"head__{key}": 7})) != group_key(iqn), key
 
 
-REFUSED = [("env.name", "gym"), ("model.encoder", "nature_cnn")]
+#: (key, value) a population refuses, one per SUPPORTED rule: none now (gym, nature_cnn and resume train
+#: in a population)
+REFUSED: list[tuple[str, object]] = []
 
 
 def test_every_refusal_rule_is_tested():
@@ -140,10 +142,12 @@ def test_batch_refusal_names_the_key(cartpole, key, value):
 
 
 #: settings a population once refused and now trains per member (tests/population/test_population_controls.py;
-#: the search's median pruner: tests/population/test_population_pruner.py)
+#: the search's median pruner: tests/population/test_population_pruner.py; Gymnasium envs and the Nature
+#: CNN: tests/population/test_population_gym.py)
 LIFTED = [("optim.accumulate", 2), ("debug.inject_lr_spike_at_step", 3), ("guard.max_weight", 10.0),
           ("guard.collapse_multiplier", 5.0), ("early_stop.on_q_divergence", True),
-          ("regime.enabled", True), ("prune.enabled", True), ("search.pruner", "median")]
+          ("regime.enabled", True), ("prune.enabled", True), ("search.pruner", "median"),
+          ("env.name", "gym"), ("model.encoder", "nature_cnn")]
 
 
 @pytest.mark.parametrize("key,value", LIFTED, ids=[f"{k}={v}" for k, v in LIFTED])

@@ -36,7 +36,7 @@ def test_attention_members_equal_runs_of_one_member(name):
     population of one (weights of the online, target and IQL value networks)."""
     together = assert_members_equal_runs_of_one(SETTINGS[name], MEMBERS)
     nets = [together.online, together.target] + ([together.value] if name == "iql" else [])
-    assert all(isinstance(net.attention, MemberAttentionEncoder) for net in nets)
+    assert all(isinstance(net.member_encoder, MemberAttentionEncoder) for net in nets)
     assert any(k.startswith("online.encoder.blocks.1.qkv.") for k in member_tensors(together, 0))
 
 

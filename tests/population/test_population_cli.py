@@ -111,20 +111,30 @@ def test_prioritized_replay_multirun_trains_as_one_population(train_cli, tmp_pat
     assert alphas == {"alpha: 0.6", "alpha: 0.3"}
 
 
-def test_eurusd_attention_multirun_trains_as_one_population(train_cli, tmp_path):
-    """The shipped attention experiment's seeds train as one population (model.encoder=attention:
-    foxdqn.population.attention); each member's checkpoint holds a classic attention network."""
-    sweep = tmp_path / "attention"
-    res = train_cli(["--multirun", "+experiment=eurusd_attention", "debug=smoke", "device=cpu", "log.progress=false",
-                     "logger=csv", "agent.total_env_steps=1024", "agent.learning_starts=256", "seed=0,1",
-                     "hydra/launcher=population", f"hydra.sweep.dir={sweep}"], cwd=tmp_path, timeout=600)
+def two_seed_population(train_cli, tmp_path, experiment: str, *extra: str) -> list[tuple[dict, dict]]:
+    """Train seeds 0 and 1 of the shipped ``experiment`` (smoke, CPU, ``extra`` overrides) under
+    ``hydra/launcher=population``; check they trained as one population with finite losses and
+    return each job's (summary, online weights of last.pt)."""
+    sweep = tmp_path / experiment
+    res = train_cli(["--multirun", f"+experiment={experiment}", "debug=smoke", "device=cpu", "log.progress=false",
+                     "logger=csv", *extra, "seed=0,1", "hydra/launcher=population", f"hydra.sweep.dir={sweep}"],
+                    cwd=tmp_path, timeout=600)
     assert res.returncode == 0, res.stderr[-3000:]
     assert "population of 2 members (jobs 0, 1)" in res.stdout + res.stderr
+    jobs = []
     for job in (sweep / str(j) for j in range(2)):
         summary = json.loads((job / "eval" / "summary.json").read_text())
         assert summary["population"]["size"] == 2 and summary["updates"] > 0
         assert math.isfinite(pd.read_csv(job / "metrics.csv").iloc[-1]["train/loss"])
-        online = load_checkpoint(job / "checkpoints" / "last.pt")["online"]
+        jobs.append((summary, load_checkpoint(job / "checkpoints" / "last.pt")["online"]))
+    return jobs
+
+
+def test_eurusd_attention_multirun_trains_as_one_population(train_cli, tmp_path):
+    """The shipped attention experiment's seeds train as one population (model.encoder=attention:
+    foxdqn.population.attention); each member's checkpoint holds a classic attention network."""
+    for _, online in two_seed_population(train_cli, tmp_path, "eurusd_attention", "agent.total_env_steps=1024",
+                                         "agent.learning_starts=256"):
         assert "encoder.blocks.1.qkv.weight" in online and "encoder.pos" in online
 
 
@@ -132,16 +142,20 @@ def test_bitflip_her_multirun_trains_as_one_population(train_cli, tmp_path):
     """The shipped HER experiment's seeds train as one population (env.name=bitflip, replay.her:
     foxdqn.population.envs.MemberBitFlipEnv, foxdqn.population.her); each member's evaluation reports
     its success rate and its checkpoint holds a classic Q network of the goal-conditioned observation."""
-    sweep = tmp_path / "her"
-    res = train_cli(["--multirun", "+experiment=bitflip_her", "debug=smoke", "device=cpu", "log.progress=false",
-                     "logger=csv", "seed=0,1", "hydra/launcher=population", f"hydra.sweep.dir={sweep}"], cwd=tmp_path,
-                    timeout=600)
-    assert res.returncode == 0, res.stderr[-3000:]
-    assert "population of 2 members (jobs 0, 1)" in res.stdout + res.stderr
-    for job in (sweep / str(j) for j in range(2)):
-        summary = json.loads((job / "eval" / "summary.json").read_text())
-        assert summary["population"]["size"] == 2 and summary["updates"] > 0
+    for summary, online in two_seed_population(train_cli, tmp_path, "bitflip_her"):
         assert 0.0 <= summary["metrics"]["agent"]["success_rate"] <= 1.0
-        assert math.isfinite(pd.read_csv(job / "metrics.csv").iloc[-1]["train/loss"])
-        online = load_checkpoint(job / "checkpoints" / "last.pt")["online"]
         assert online["encoder.net.0.weight"].shape[1] == 60  # concat(state, goal) of 30 bits
+
+
+def test_cartpole_gym_multirun_trains_as_one_population(train_cli, tmp_path):
+    """The shipped Gymnasium experiment's seeds train as one population (env.name=gym:
+    foxdqn.population.gym_env.MemberGymEnv, collect steps on the host); each member's checkpoint
+    holds a classic Q network and evaluates as a single run's checkpoint does."""
+    from foxdqn.evaluate import evaluate_checkpoint
+
+    jobs = two_seed_population(train_cli, tmp_path, "cartpole_gym")
+    for _, online in jobs:
+        assert online["encoder.net.0.weight"].shape[1] == 4  # CartPole-v1's observation
+    checkpoint = tmp_path / "cartpole_gym" / "1" / "checkpoints" / "last.pt"
+    evaluated, _ = evaluate_checkpoint(checkpoint, out=tmp_path / "evaluated")
+    assert evaluated["metrics"]["agent"]["episodes"] == jobs[1][0]["metrics"]["agent"]["episodes"]

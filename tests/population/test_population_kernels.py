@@ -2,7 +2,9 @@
 foxdqn.ops.backend.cpu_kernels every op runs its Triton kernel in the interpreter and the networks
 take their fused forwards, as on CUDA), so that a change which adds launches fails here (issue 33):
 a collect step is the single run's six launches whatever P, an update adds none outside its loss
-and backward; and the collect step's fused action selection of a plain Q head."""
+and backward; the collect step's fused action selection of a plain Q head; and a C51, IQN or
+branching population's collect step: its encoder's layers, then one kernel for its head and the
+ε-greedy selection (foxdqn/ops/{c51,iqn,branching}_epsilon_greedy.py)."""
 from __future__ import annotations
 
 from collections import Counter
@@ -100,10 +102,40 @@ def test_collect_step_fuses_a_plain_q_head():
     assert clear.sum() > 100 and torch.equal(got[clear], want[clear])
 
 
+#: the small trading network's encoder (bench/cpu_kernels.py SMALL: model.hidden=[16], one hidden layer)
+ENCODER = ["aten::baddbmm", "aten::relu"]
+ENV_TAIL = ["triton::_member_uniform_kernel", "triton::_trading_step_kernel"]
+REPLAY_TAIL = ["triton::_replay_add_kernel", "triton::_step_stats_kernel"]
+HEAD_COLLECT = {  # issue 33 item 2: were 12, 17, 20 and 24 launches at P = 3 (the head's ops unfused)
+    "eurusd_c51": ["triton::_c51_epsilon_greedy_kernel"] + ENV_TAIL + REPLAY_TAIL,
+    "eurusd_iqn": ["triton::_iqn_epsilon_greedy_kernel"] + ENV_TAIL + REPLAY_TAIL,
+    "eurusd_branching": ["triton::_branching_epsilon_greedy_kernel"] + ENV_TAIL + REPLAY_TAIL,
+    "eurusd_rainbowish": ["triton::_c51_epsilon_greedy_kernel"] + ENV_TAIL + [  # PER's insert: priorities, sums
+        "aten::mul", "aten::add", "triton::_per_insert_kernel", "triton::_per_block_sum_kernel"] + REPLAY_TAIL,
+}
+
+
+@pytest.mark.parametrize("name", list(HEAD_COLLECT))
+def test_collect_step_fuses_the_head_and_selection(name):
+    """A C51 (plain or dueling, with PER), IQN or branching population's collect step: the draws,
+    the encoder's layers, one kernel for the head and the ε-greedy selection, then the env and the
+    replay, for 2 and 3 members (the list is exact: a launch added back fails here; a population
+    of one differs on the CPU alone, its encoder's layers running as a batch of two there,
+    MemberQNetwork.layer)."""
+    from foxdqn.population.step import collect_step
+    from bench.cpu_kernels import launches, small_overrides
+    from bench.harness import make_population
+
+    want = ["triton::_member_uniform_kernel"] + ENCODER + HEAD_COLLECT[name]
+    for members in (2, 3):
+        s = make_population([f"+experiment={name}", *small_overrides(name)], members, "cpu")
+        assert launches(lambda: collect_step(s)) == want, (name, members)
+
+
 @pytest.mark.parametrize("head", ["c51", "iqn"])
 def test_distributional_heads_are_not_fused_for_acting(head):
     """A C51 or IQN member network's Q is not its layers' output: acting_args is its q_forward_args
-    (None), so act() takes its own forward, also where the fused forwards run."""
+    (None), so act() takes the head's own fused op (its fused_epsilon_greedy), not q_forward's."""
     s = build_population(configs([*CARTPOLE, f"head={head}"], [["seed=0"], ["seed=1"]]), None, torch.device("cpu"))
     obs = torch.randn(2, 8, 4)
     with torch.no_grad(), B.cpu_kernels():

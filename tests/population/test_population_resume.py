@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from foxdqn.errors import StoppedBySignal
-from foxdqn.population.checkpoint import ENVS, LayoutError, POSITION, SHARED, layout, state_parts
+from foxdqn.population.checkpoint import ENVS, SCRATCH, LayoutError, POSITION, SHARED, layout, state_parts
 from foxdqn.population.jobs import Member
 from foxdqn.population.state import build_population
 from foxdqn.run.checkpoint import load_checkpoint
@@ -46,6 +46,7 @@ LAYOUT_CASES = {
     "controls": [*TRADING, "replay=per", "prune.enabled=true", "optim.accumulate=2", "regime.enabled=true",
                  "guard.max_weight=10", "guard.collapse_multiplier=2", "early_stop.enabled=true",
                  "early_stop.on_q_divergence=true", "eval.interval_env_steps=96"],
+    "gym": ["+experiment=cartpole_gym", "debug=smoke", "device=cpu", "log.progress=false", "env.num_envs=2"],
     "bitflip_her_per": ["+experiment=bitflip_her", "debug=smoke", "device=cpu", "log.progress=false",
                         "env.num_envs=4", "env.n_bits=5", "replay.capacity=512", "replay=per"],
 }
@@ -67,7 +68,7 @@ def test_every_state_tensor_has_a_member_layout_that_scales_with_p(case):
         three = shapes[3][path]
         if kind == SHARED:
             assert two == three, path
-        elif kind != POSITION:
+        elif kind not in (POSITION, SCRATCH):
             w = n if width == ENVS else width
             assert (two[dim], three[dim]) == (2 * w, 3 * w), path
             assert two[:dim] + two[dim + 1:] == three[:dim] + three[dim + 1:], path
@@ -87,18 +88,21 @@ def interrupt_at(monkeypatch, iteration: int, signum: int | None) -> None:
     when it calls an iteration for the ``iteration``-th time; None: :class:`Killed` is raised there."""
     import foxdqn.population.train as train_mod
 
-    real, calls = train_mod.Iteration, {"n": 0}
+    real, calls = train_mod.make_iteration, {"n": 0}
 
-    class Interrupting(real):
-        def __call__(self):
+    def make_iteration(*args, **kwargs):
+        fn = real(*args, **kwargs)
+
+        def interrupting():
             calls["n"] += 1
             if calls["n"] == iteration:
                 if signum is None:
                     raise Killed
                 os.kill(os.getpid(), signum)
-            return super().__call__()
+            return fn()
+        return interrupting
 
-    monkeypatch.setattr(train_mod, "Iteration", Interrupting)
+    monkeypatch.setattr(train_mod, "make_iteration", make_iteration)
 
 
 def members_of(cfgs, root, payloads=None):
