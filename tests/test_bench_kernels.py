@@ -138,9 +138,14 @@ def test_build_warms_a_single_run_up_on_cpu():
     assert not hasattr(s, "members") and int(s.updates) == 3 and s.rollout.obs.shape[0] == 4
 
 
-def test_a_refused_experiment_builds_no_population():
-    with pytest.raises(ValueError, match="resume="):
-        make_population(["+experiment=cartpole_cleanrl", *SMALL_CARTPOLE, "resume=auto"], 2, "cpu", fill=False)
+def test_a_refused_experiment_builds_no_population(monkeypatch):
+    """A setting the population trainer refuses (none does since resume joined it: a refusal rule is
+    put in for the test) builds nothing and names the key."""
+    import foxdqn.population.grouping as grouping
+
+    monkeypatch.setattr(grouping, "SUPPORTED", (("env.name", lambda v: str(v) != "cartpole", "not cartpole"),))
+    with pytest.raises(ValueError, match="env.name=cartpole: a population supports not cartpole only"):
+        make_population(["+experiment=cartpole_cleanrl", *SMALL_CARTPOLE], 2, "cpu", fill=False)
 
 
 def _fake_rows():

@@ -133,12 +133,18 @@ def test_every_refusal_rule_is_tested():
     assert {key for key, _ in REFUSED} == {key for key, _, _ in SUPPORTED}
 
 
-@pytest.mark.parametrize("key,value", REFUSED, ids=[f"{k}={v}" for k, v in REFUSED])
-def test_batch_refusal_names_the_key(cartpole, key, value):
+@pytest.mark.parametrize("key,value,accepted", [("env.name", "cartpole", "bitflip"), ("replay.her", False, True)])
+def test_batch_refusal_names_the_key(cartpole, monkeypatch, key, value, accepted):
+    """The mechanism, with a rule put in for the test (the shipped table refuses nothing): the
+    first key whose value fails its rule is named with the value and what is supported."""
+    import foxdqn.population.grouping as grouping
+
+    monkeypatch.setattr(grouping, "SUPPORTED", ((key, lambda v: v != value, "something else"),))
     reason = batch_refusal(with_values(cartpole, **{key.replace(".", "__"): value}))
     assert reason is not None and reason.startswith(f"{key}=") and "population" in reason, reason
     shown = reason.split(":")[0].split("=", 1)[1]
-    assert shown == ("true" if value is True else str(value))
+    assert shown == ("false" if value is False else str(value))
+    assert batch_refusal(with_values(cartpole, **{key.replace(".", "__"): accepted})) is None
 
 
 #: settings a population once refused and now trains per member (tests/population/test_population_controls.py;
