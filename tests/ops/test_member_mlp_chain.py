@@ -354,3 +354,83 @@ def test_gpu_kernel_counts_and_capture():
         step()
     for a, e in zip(replayed, params):
         assert torch.equal(a, e)
+
+
+# ------------------------------------------------------------------------------ MemberQNetwork
+def _members(hidden=(7, 5), activation="relu", head="q", actions=3, members=3, seed=0):
+    from foxdqn.nn.heads import DuelingHead, QHead
+    from foxdqn.nn.mlp import MLPEncoder
+    from foxdqn.nn.qnet import QNetwork
+    from foxdqn.population.network import MemberQNetwork
+
+    torch.manual_seed(seed)
+    width = hidden[-1] if hidden else 4
+    nets = [QNetwork(MLPEncoder(4, list(hidden), activation), (QHead if head == "q" else DuelingHead)(width, actions))
+            for _ in range(members)]
+    return MemberQNetwork.from_networks(nets, activation)
+
+
+@pytest.mark.parametrize("make,fused", [
+    (lambda: _members(), True),
+    (lambda: _members(hidden=()), True),  # the head alone
+    (lambda: _members(hidden=(8, 8, 8)), True),  # 4 layers
+    (lambda: _members(hidden=(8, 8, 8, 8)), False),  # 5 layers
+    (lambda: _members(hidden=(129, 5)), False),  # too wide
+    (lambda: _members(activation="tanh"), False),
+    (lambda: _members(head="dueling"), False),
+])
+def test_member_network_uses_the_op_only_when_eligible(monkeypatch, make, fused):
+    """MemberQNetwork.forward runs member_mlp_chain for a plain head's ReLU MLP where the fused
+    forwards run (here cpu_kernels), with or without a gradient to come; never on the CPU
+    outside cpu_kernels, for an obs that needs a gradient, or with a forward hook."""
+    import foxdqn.population.network as net_mod
+    from foxdqn.ops.backend import cpu_kernels
+
+    net = make()
+    obs = torch.randn(3, 6, 4)
+    calls = []
+    monkeypatch.setattr(net_mod, "member_mlp_chain", lambda *a, **k: calls.append(1) or member_mlp_chain(*a, **k))
+    net(obs)
+    assert net.chain_args(obs) is None and not calls
+    with cpu_kernels():
+        net(obs)
+        with torch.no_grad():
+            net(obs)
+        assert (net.chain_args(obs) is not None) == fused and len(calls) == 2 * int(fused)
+        calls.clear()
+        net(obs.clone().requires_grad_(True))
+        handle = net.register_forward_hook(lambda m, i, o: None)
+        net(obs)
+        handle.remove()
+        assert not calls
+
+
+def test_member_network_fused_equals_layers_with_gradients():
+    """cartpole_cleanrl's network, 3 members, a stacked [s; s'] batch: Q and every parameter's
+    gradient of the fused path equal the layers' (baddbmm) to float32 rounding; the target (a copy
+    without gradients) runs the forward kernel on its own weights."""
+    import copy
+
+    from foxdqn.ops.backend import cpu_kernels
+
+    net = _members(hidden=(120, 84), actions=2, seed=3)
+    target = copy.deepcopy(net).requires_grad_(False)
+    with torch.no_grad():
+        for p in net.parameters():
+            p.add_(0.01)
+    obs, up = torch.randn(3, 40, 4), torch.randn(3, 40, 2)
+
+    def run():
+        net.zero_grad(set_to_none=True)
+        q = net(obs)
+        q.backward(up)
+        with torch.no_grad():
+            q_target = target(obs[:, 20:])
+        return [q.detach(), q_target, *(p.grad.clone() for p in net.parameters())]
+
+    with cpu_kernels():
+        got = run()
+    want = run()
+    assert (got[0] - got[1].repeat(1, 2, 1)).abs().max() > 1e-3  # the target's own weights
+    for a, e in zip(got, want):
+        torch.testing.assert_close(a, e, rtol=1e-5, atol=2e-5)
