@@ -50,6 +50,13 @@ __all__ = ["ReplayGather", "replay_gather", "replay_gather_reference", "rows_fro
 BLOCK_B = 2  # sampled rows per program on the GPU (an H200 sweep: docs/bench.md#launch-constants)
 MAX_BLOCK_D = 256  # observation columns per tile on the GPU
 NUM_WARPS = 4  # warps per program
+#: a large batch (a population's P·B rows) doubles BLOCK_B while the grid has more programs than
+#: this (8 per H200 multiprocessor: 512 members × 128 rows are 32,768 programs of 2 rows at BLOCK_B,
+#: 16 waves of latency-bound programs, 67 µs) ...
+MAX_PROGRAMS = 1056
+#: ... up to this many rows per program, and a [rows, BLOCK_D] observation tile of at most MAX_TILE
+MAX_BLOCK_B = 64
+MAX_TILE = 4096
 
 
 class ReplayGather(NamedTuple):
@@ -144,11 +151,16 @@ def _replay_gather_kernel(
 
 
 def _blocks(rows: int, d: int, interpret: bool) -> tuple[int, int]:
-    """(BLOCK_B, BLOCK_D): small row blocks on the GPU (a batch of 256 spreads over 128 programs),
-    big tiles in the interpreter (one numpy op per tile)."""
+    """(BLOCK_B, BLOCK_D): small row blocks on the GPU (a batch of 256 spreads over 128 programs of
+    BLOCK_B rows), doubled for a large batch while the grid exceeds MAX_PROGRAMS (up to MAX_BLOCK_B
+    rows and a MAX_TILE tile: a population's P·B rows in one wave); big tiles in the interpreter
+    (one numpy op per tile). Every row is gathered alone, so the tiling changes no bit."""
     if interpret:
         return min(triton.next_power_of_2(max(rows, 1)), 256), min(triton.next_power_of_2(d), 4096)
-    return BLOCK_B, min(triton.next_power_of_2(d), MAX_BLOCK_D)
+    block_b, block_d = BLOCK_B, min(triton.next_power_of_2(d), MAX_BLOCK_D)
+    while triton.cdiv(rows, block_b) > MAX_PROGRAMS and 2 * block_b <= MAX_BLOCK_B and 2 * block_b * block_d <= MAX_TILE:
+        block_b *= 2
+    return block_b, block_d
 
 
 def _launch(store, ptr, written, gamma, n_step, uniforms, index, members, stacked, out) -> None:

@@ -11,10 +11,15 @@ the target network, evaluation) and the network is a ReLU MLP of 1 or 2 hidden l
 <= 256 with a dueling head of at most 64 actions, the whole forward of all P members is one kernel
 (:func:`foxdqn.ops.q_forward.q_forward`; measured at ``eurusd_dqn``'s shape, 8 members of 512
 rows: 24.5 µs against 63 for the layers below, docs/bench.md#kernels). A plain Q head (the
-CartPole populations) keeps the layers in :meth:`MemberQNetwork.forward` (the op takes it, but it
-was not timed there); the collect step's action selection fuses it too
-(:meth:`MemberQNetwork.acting_args`: one kernel in place of six). Members
-never mix: member p's outputs read only member p's parameters and inputs.
+CartPole populations) of a ReLU MLP of 1 to 4 layers, every width <= 128, runs on CUDA as
+:func:`foxdqn.ops.member_mlp_chain.member_mlp_chain` (:meth:`MemberQNetwork.chain_args`): the
+update's online forward with gradient is one kernel and its backward two (issue 33: the layers'
+batched GEMMs, ReLUs and autograd's elementwise kernels over ``[P, B, hidden]``), the target
+network's forward one kernel; the collect step's action selection fuses it too
+(:meth:`MemberQNetwork.acting_args`: one kernel in place of six). On the CPU (outside
+:func:`foxdqn.ops.backend.cpu_kernels`) the layers run, so that a member equals a population of
+one bit for bit (:meth:`MemberQNetwork.layer`). Members never mix: member p's outputs read only
+member p's parameters and inputs.
 
 :meth:`MemberQNetwork.from_networks` stacks P classic networks (so a member starts from exactly
 the weights a single run of its seed would, :func:`foxdqn.step.build.build_network`);
@@ -37,6 +42,7 @@ from foxdqn.nn.mlp import ACTIVATIONS, MLPEncoder
 from foxdqn.nn.qnet import QNetwork, forward_hooked
 from foxdqn.ops.backend import fused_forward
 from foxdqn.ops.dueling_combine import dueling_combine
+from foxdqn.ops.member_mlp_chain import member_mlp_chain, member_mlp_chain_supported
 from foxdqn.ops.q_forward import q_forward, q_forward_supported
 from foxdqn.nn.nature_cnn import NatureCNNEncoder
 from foxdqn.population.attention import MemberAttentionEncoder
@@ -171,8 +177,8 @@ class MemberQNetwork(nn.Module):
         """:meth:`q_forward_args` for the collect step's ε-greedy selection
         (:func:`foxdqn.step.act.act` reads it first): there a plain Q head's ReLU network is fused
         too (:func:`foxdqn.ops.q_forward_epsilon_greedy.q_forward_epsilon_greedy`, one kernel where
-        its layers and the selection are six), while :meth:`forward` keeps a plain head's layers
-        (the target network's Q in the loss is unchanged). A subclass whose Q is not its layers'
+        its layers and the selection are six), while :meth:`forward` runs a plain head's network
+        as :func:`~foxdqn.ops.member_mlp_chain.member_mlp_chain` (:meth:`chain_args`). A subclass whose Q is not its layers'
         (:mod:`foxdqn.population.distributional`: it overrides :meth:`forward`) gets its own
         :meth:`q_forward_args`. Host metadata only."""
         if self.dueling or type(self).forward is not MemberQNetwork.forward:
@@ -194,10 +200,26 @@ class MemberQNetwork(nn.Module):
         weights, biases = list(self.weights), list(self.biases)
         return (weights, biases, self.dueling) if q_forward_supported(obs, weights, biases, self.dueling) else None
 
+    def chain_args(self, obs: torch.Tensor) -> tuple[list, list] | None:
+        """``(weights, biases)`` with which :func:`~foxdqn.ops.member_mlp_chain.member_mlp_chain`
+        computes :meth:`forward` for ``obs`` ``[P, M, D]`` (with or without a gradient to come), or
+        None: a plain head (not dueling) on an MLP encoder of ReLUs, where the fused forwards run
+        (CUDA, or :func:`~foxdqn.ops.backend.cpu_kernels`), no forward hook, an ``obs`` that needs
+        no gradient, and shapes the op takes (1 to 4 layers, widths <= 128). Host metadata only."""
+        if self.dueling or self.attention is not None or obs.requires_grad:
+            return None
+        if not (fused_forward(obs) and type(self.act) is nn.ReLU) or forward_hooked([self]):
+            return None
+        weights, biases = list(self.weights), list(self.biases)
+        return (weights, biases) if member_mlp_chain_supported(obs, weights, biases) else None
+
     def forward(self, obs: torch.Tensor) -> torch.Tensor:
         args = self.q_forward_args(obs)
         if args is not None:  # no gradient needed: one kernel
             return q_forward(obs, args[0], args[1], dueling=args[2], backend="triton")
+        chain = self.chain_args(obs)
+        if chain is not None:  # forward one kernel, backward two
+            return member_mlp_chain(obs, chain[0], chain[1], backend="triton")
         h = self.encoder(obs)
         if not self.dueling:
             return self.layer(-1, h)

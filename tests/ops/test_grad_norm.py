@@ -1,14 +1,15 @@
 """grad_norm_coefficient: Triton kernel (TRITON_INTERPRET=1 on CPU) vs torch reference vs
 torch.nn.utils.clip_grad_norm_ on odd sizes (1 to 4097 elements, 1 to 10 tensors: more than one
 launch holds), empty tensors, NaN/Inf/zero gradients; members=3 = three single-member calls bit for
-bit; deterministic; the ticket back at 0; argument checks. GPU: kernel vs reference on CUDA,
+bit; deterministic; every member's ticket back at 0 (members finish on their own counters); argument checks. GPU: kernel vs reference on CUDA,
 captured in a CUDA graph = eager (and after changing max_norm in place), no host sync."""
 import pytest
 import torch
 
 from foxdqn.ops import backend as B
+import foxdqn.ops.grad_norm as gn
 from foxdqn.ops.grad_norm import grad_norm_coefficient
-from foxdqn.ops.tensor_list import MAX_SLOTS, scratch
+from foxdqn.ops.tensor_list import MAX_SLOTS
 
 from support import (MULTI_TENSOR_SHAPES, assert_close_report, capture_graph, no_host_sync, randn_list,
                      require_compiled_kernels, torch_clip)
@@ -37,7 +38,7 @@ def test_kernel_reference_and_torch_agree(shapes, max_norm):
     assert_close_report(kc, rc, rtol=4e-7, name="coef")
     expect = min(1.0, max_norm / (float(tt) + 1e-6))
     assert_close_report(kc, torch.tensor(expect, dtype=F32), rtol=1e-6, name="coef vs clip rule")
-    assert int(scratch("grad_norm_coefficient", torch.device("cpu"), 1)[1]) == 0  # ticket reset
+    assert not gn._tickets(torch.device("cpu"), 1).any()  # every member's counter reset
     again = grad_norm_coefficient(grads, bound, backend="triton")
     assert torch.equal(again[0], kt) and torch.equal(again[1], kc)  # deterministic
 
@@ -56,6 +57,26 @@ def test_members_equal_separate_calls_bit_for_bit():
     assert_close_report(total, rt, rtol=4e-7, name="total")
     assert_close_report(coef, rc, rtol=4e-7, name="coef")
     assert float(coef[1]) == 1.0 and float(coef[0]) < 1.0
+
+
+@pytest.mark.parametrize("shapes", [[(3, 700), (5,), (2000,)], [(1,)] * (MAX_SLOTS + 2), [(9,)] * MAX_SLOTS + [(0,)]],
+                         ids=["one_launch", "two_launches", "last_launch_empty"])
+def test_members_finish_on_their_own_tickets(shapes):
+    """Five members (members in the middle of the counters array, several programs each): every
+    member's total equals its own call's bits, each counter is back at 0 afterwards; also when a
+    second launch holds the last tensors, and when the last launch's tensors are all empty (one
+    program per member finishes it, no ticket)."""
+    grads = _grads(shapes, seed=7, members=5)
+    bound = torch.tensor([0.5, 1e9, 2.0, 1.0, 3.0])
+    gn._tickets(torch.device("cpu"), 64)  # a counter array longer than P
+    total, coef = grad_norm_coefficient(grads, bound, members=5, backend="triton")
+    assert not gn._tickets(torch.device("cpu"), 5).any()
+    rt, rc = grad_norm_coefficient(grads, bound, members=5, backend="torch")
+    assert_close_report(total, rt, rtol=4e-7, name="total")
+    assert_close_report(coef, rc, rtol=4e-7, name="coef")
+    for p in range(5):
+        t1, c1 = grad_norm_coefficient([g[p] for g in grads], bound[p], backend="triton")
+        assert torch.equal(total[p], t1) and torch.equal(coef[p], c1), p
 
 
 @pytest.mark.parametrize("backend", ["triton", "torch"])

@@ -9,6 +9,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+import foxdqn.ops.replay_gather as rg
 from foxdqn.ops.backend import INTERPRET
 from foxdqn.ops.replay_gather import replay_gather, replay_gather_reference, stacked_pair
 from foxdqn.replay.buffer import ReplayBuffer
@@ -124,6 +125,33 @@ def test_uniform_kernel_equals_reference_and_oracle(rows, envs, dim, written, n,
     if stacked:
         assert ker.pair.shape == (members, 2, b, dim)
         assert stacked_pair(ker.obs, ker.next_obs) is ker.pair
+
+
+def test_gpu_tiles_grow_with_the_batch():
+    """On the GPU a single run's batch keeps BLOCK_B rows per program; a population's P·B rows take
+    larger row blocks while the grid exceeds MAX_PROGRAMS (512 × 128 rows of 4 columns: 64 rows per
+    program, 1,024 programs), within MAX_TILE elements per observation tile."""
+    assert rg._blocks(256, 4, interpret=False) == (rg.BLOCK_B, 4)
+    assert rg._blocks(512 * 128, 4, interpret=False) == (64, 4)
+    assert rg._blocks(512 * 128, 162, interpret=False) == (16, 256)
+    assert rg._blocks(rg.MAX_PROGRAMS * rg.BLOCK_B + 1, 4, interpret=False) == (2 * rg.BLOCK_B, 4)
+
+
+@pytest.mark.parametrize("stacked", [False, True])
+def test_gpu_tiling_gathers_the_same_bits(monkeypatch, stacked):
+    """The kernel with the GPU's tiles (here MAX_PROGRAMS = 4: 32-row blocks over 3 × 37 rows, the
+    last block partial) gives the reference's bits, as the interpreter's one-block tiling does."""
+    ring = _ring(8, 6, 7, 30, seed=3)
+    gamma = _gamma(3, 3)
+    u = torch.rand(3, 2, 37, generator=torch.Generator().manual_seed(2))
+    ref = replay_gather_reference(*_args(ring, gamma, 3), uniforms=u, stacked=stacked)
+    monkeypatch.setattr(rg, "MAX_PROGRAMS", 4)
+    seen = []
+    monkeypatch.setattr(rg, "_blocks", lambda rows, d, interpret, real=rg._blocks: seen.append(real(rows, d, False))
+                        or seen[-1])
+    ker = replay_gather(*_args(ring, gamma, 3), uniforms=u, stacked=stacked, backend="triton")
+    assert seen == [(32, 8)]
+    _assert_same(ker, ref)
 
 
 def test_uniform_rows_are_those_of_replay_buffer_sample_index():

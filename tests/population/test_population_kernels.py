@@ -36,7 +36,13 @@ UPDATE_TAIL = ["triton::_grad_norm_kernel", "triton::_member_guard_kernel", "tri
                "triton::_target_lerp_kernel"]
 #: the loss, forwards and backward of each experiment's small network (population/objective.py, untouched
 #: here): counted whole, so that a change elsewhere cannot hide in them
-LOSS = {"cartpole_cleanrl": 24, "eurusd_dqn": 21}
+LOSS = {"cartpole_cleanrl": 8, "eurusd_dqn": 21}
+#: cartpole_cleanrl's loss: the online forward of [s; s'] and the target's of s' in member_mlp_chain
+#: (one kernel each), the TD loss, the loss sum's backward, the chain's backward (two kernels); its
+#: layers (baddbmm, relu, bmm, threshold_backward, bias sums) ran 22 launches (24 at P = 1) before
+CARTPOLE_LOSS = ["triton::_member_forward_kernel", "triton::_member_forward_kernel", "triton::_dqn_td_loss_kernel",
+                 "aten::sum", "aten::ones_like", "aten::mul", "triton::_member_dz_kernel",
+                 "triton::_member_wgrad_kernel"]
 STEP = {"cartpole_cleanrl": "triton::_cartpole_step_kernel", "eurusd_dqn": "triton::_trading_step_kernel"}
 
 
@@ -60,6 +66,8 @@ def test_update_adds_no_launch_outside_its_loss(launches):
     assert not {"aten::cat", "aten::isfinite", "aten::where", "aten::nan_to_num", "aten::stack", "aten::max",
                 "aten::copy_"} & set(loss), Counter(loss)  # the guard, the stats, the decode's concatenation
     assert "aten::item" not in update and "aten::_local_scalar_dense" not in update  # no host read
+    if name == "cartpole_cleanrl":  # the member MLP chain: its layers' launches must not come back
+        assert loss == CARTPOLE_LOSS, loss
 
 
 @pytest.mark.slow
@@ -69,24 +77,25 @@ def test_launches_do_not_grow_with_members():
     one, two, five = (step_launches("cartpole_cleanrl", p) for p in (1, 2, 5))
     assert two == five
     assert one["collect"] == two["collect"] and one["update"][-4:] == two["update"][-4:] == UPDATE_TAIL
+    assert one["update"] == two["update"]  # the fused member chain: P = 1 runs no CPU batch-of-two layers
 
 
 def test_collect_step_fuses_a_plain_q_head():
     """A plain Q head (CartPole) acts through q_forward_epsilon_greedy (acting_args) where the fused
-    forwards run, while the network's own forward keeps its layers (q_forward_args None: the
-    target's Q in the loss is unchanged); the actions are epsilon_greedy's of the layers' Q
-    wherever the argmax is clear; on the CPU outside cpu_kernels nothing is fused."""
+    forwards run, while the network's own forward runs member_mlp_chain (q_forward_args None,
+    chain_args given); the actions are epsilon_greedy's of that Q wherever the argmax is clear; on
+    the CPU outside cpu_kernels nothing is fused."""
     s = build_population(configs(CARTPOLE, [["seed=0"], ["seed=1"], ["seed=2"]]), None, torch.device("cpu"))
     net, p = s.online, s.members
     obs = torch.randn(p, 40, 4, generator=torch.Generator().manual_seed(0))
     step = torch.tensor(50)
     u = torch.rand(p, 2, 40, generator=torch.Generator().manual_seed(1))
     sched = (s.params.eps_start, s.params.eps_end, s.eps_duration, u)
-    assert net.acting_args(obs) is None and net.q_forward_args(obs) is None
+    assert net.acting_args(obs) is None and net.q_forward_args(obs) is None and net.chain_args(obs) is None
     calls = []
     real = act_mod.q_forward_epsilon_greedy
     with torch.no_grad(), B.cpu_kernels():
-        assert net.q_forward_args(obs) is None
+        assert net.q_forward_args(obs) is None and net.chain_args(obs)[0] == list(net.weights)
         weights, _, dueling = net.acting_args(obs)
         assert not dueling and weights == list(net.weights)
         act_mod.q_forward_epsilon_greedy = lambda *a, **k: calls.append(1) or real(*a, **k)

@@ -1,0 +1,400 @@
+r"""P small ReLU MLPs (1 to 4 Linear layers, every width <= 128), one per member, in one kernel; the
+backward in two. :mod:`foxdqn.ops.mlp_chain` with a member axis.
+
+Per member p (members never mix: member p's outputs and gradients read only member p's rows and
+parameters):
+
+    h_0 = x_p,   z_i = h_{i-1} W_i + b_i,   h_i = relu(z_i)  (i < n),   y_p = z_n       (forward)
+    dz_n = dy_p,   dz_i = (dz_{i+1} W_{i+1}ᵀ) ⊙ 1{h_i > 0}                              (backward 1)
+    dW_i = h_{i-1}ᵀ dz_i,   db_i = Σ_rows dz_i                                          (backward 2)
+
+x float32 [P, B, D_0], W_i [P, D_{i-1}, D_i], b_i [P, 1, D_i]: the population's layout
+(:class:`foxdqn.population.network.MemberQNetwork`, :func:`foxdqn.population.layers.member_linear`:
+each member's ``nn.Linear.weight`` transposed, its bias with a row axis; one ``torch.baddbmm`` per
+layer there). ``cartpole_cleanrl``'s 4 → 120 → 84 → 2 for all P members is one launch forward,
+where the layers run a batched GEMM per layer and a ReLU per hidden layer, and two launches
+backward, where autograd runs about five kernels per layer (threshold_backward, the dx and dW
+batched GEMMs, the bias sum, accumulation adds).
+
+Kernels (Triton), mlp_chain's with a member grid axis:
+
+* forward, a grid of (blocks of ``BLOCK_M`` rows, P members): program (r, p) loads member p's rows
+  r·BLOCK_M .. and runs the whole chain in registers with ``tl.dot`` (widths padded to powers of two
+  >= 16, masked loads; padded columns stay exactly 0), writes y and, when a gradient will be
+  needed, the post-ReLU activations h_1 .. h_{n-1} (float32 [P, B, D_i], allocated per call like
+  any autograd saved tensor);
+* backward 1, the same grid: dz_{n-1} .. dz_1 of its rows from dy, the saved h_i and W_i;
+* backward 2, a grid of (tiles, P members): program (t, p) computes dW_i and db_i of one tile of
+  ``BLOCK_N`` output units of one layer of member p, looping over member p's row blocks in a fixed
+  order (no atomics, no split-K), so every call gives the same bits.
+
+``BLOCK_M`` is the largest of 16, 32, :data:`MAX_BLOCK_M` rows (and no more than B needs) that
+still gives at least :data:`MIN_PROGRAMS` programs; ``BLOCK_N`` likewise up to
+:data:`MAX_BLOCK_N` units: few members get mlp_chain's small tiles, many members larger tiles
+(fewer re-reads of the weights and of h_i). Both are module constants read at each launch.
+
+Registration: a ``torch.autograd.Function``, differentiable w.r.t. the weights and biases (first
+order). x gets no gradient (the observations): when ``x.requires_grad`` the op runs
+:func:`member_mlp_chain_reference`, which autograd differentiates. Without a gradient to compute
+(``torch.no_grad()``, or no weight or bias requiring grad: the target network) the forward kernel
+saves nothing. Capturable in a CUDA graph: device ops only, no host reads; shapes, strides and the
+TF32 choice are read from tensor metadata and torch's flags at launch.
+
+Precision: mlp_chain's rule (its module docstring): ``tl.dot(input_precision="tf32")`` on operands
+rounded to TF32 (to nearest) where torch's float32 CUDA matmuls use TF32
+(:func:`foxdqn.ops.mlp_chain.tf32_enabled`), else ``"ieee"``; the sums run in the kernel's tile
+order, not cuBLAS's, so the results equal the reference (``torch.baddbmm``) to float rounding, not
+bit for bit: about 1e-6 relative in IEEE float32, about 1e-3 in TF32. A pre-activation within that
+rounding of 0 can fall on the other side of the ReLU in the two paths (compare gradients in IEEE
+float32 or layer by layer). Biases are added in float32 after the product; db is a float32 sum.
+
+NaN: relu keeps a NaN (``torch.relu``), and its gradient passes where h_i is NaN (autograd's
+``threshold_backward``: 0 only where h_i <= 0); a NaN in member p's rows or weights reaches no
+other member.
+
+Source: the chain rule of the Linear and ReLU layers, as autograd applies it to ``baddbmm`` +
+``relu`` (:func:`member_mlp_chain_reference`).
+"""
+from __future__ import annotations
+
+from typing import Sequence
+
+import torch
+import triton
+import triton.language as tl
+from torch import Tensor
+
+from foxdqn.ops.backend import describe, resolve_backend
+from foxdqn.ops.mlp_chain import (MAX_LAYERS, MAX_WIDTH, NUM_WARPS, _fill, _layout, _load_rows, _load_weight, _prec,
+                                  _relu, _store_rows, _tf32)
+
+__all__ = ["MAX_LAYERS", "MAX_MEMBERS", "MAX_WIDTH", "member_mlp_chain", "member_mlp_chain_reference",
+           "member_mlp_chain_supported"]
+
+MAX_MEMBERS = 65535  # P: the second grid axis (CUDA's limit on grid dimension y)
+MAX_BLOCK_M = 64  # most rows per program of the row-grid kernels
+MAX_BLOCK_N = 64  # most output units per program of the weight-gradient kernel
+MIN_PROGRAMS = 264  # tiles shrink (to 16) while a grid has fewer programs: 2 per H200 multiprocessor
+BLOCK_R = 32  # rows per step of the weight-gradient kernel's loop (mlp_chain's)
+
+
+# ---------------------------------------------------------------------------------------------
+# Triton kernels
+# ---------------------------------------------------------------------------------------------
+@triton.jit
+def _linear(h, w_ptr, b_ptr, I: tl.constexpr, O: tl.constexpr, PI: tl.constexpr, PO: tl.constexpr,
+            PREC: tl.constexpr):
+    """h [BM, PI] (0 beyond I) → h W + b [BM, PO] (0 beyond O) for one member's W [I, O], b [O]."""
+    o = tl.arange(0, PO)
+    b = tl.load(b_ptr + o, mask=o < O, other=0.0)
+    w = _load_weight(w_ptr, I, O, PI, PO)
+    return tl.dot(_tf32(h, PREC), _tf32(w, PREC), input_precision=PREC) + b[None, :]
+
+
+@triton.jit
+def _member_forward_kernel(x_ptr, x_sp, y_ptr, w1, b1, w2, b2, w3, b3, w4, b4, h1_ptr, h2_ptr, h3_ptr, B,
+                           L: tl.constexpr, D0: tl.constexpr, D1: tl.constexpr, D2: tl.constexpr,
+                           D3: tl.constexpr, D4: tl.constexpr, P0: tl.constexpr, P1: tl.constexpr,
+                           P2: tl.constexpr, P3: tl.constexpr, P4: tl.constexpr, DL: tl.constexpr,
+                           PL: tl.constexpr, BLOCK_M: tl.constexpr, SAVE: tl.constexpr, PREC: tl.constexpr):
+    """Member ``program_id(1)``'s rows of block ``program_id(0)``: x [P, B, D0] (member stride
+    ``x_sp``) → y [P, B, DL] through L layers; with SAVE also h_1 .. h_{L-1} [P, B, D_i]."""
+    p = tl.program_id(1).to(tl.int64)
+    rows = tl.program_id(0).to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)
+    ok = rows < B
+    z = _linear(_load_rows(x_ptr + p * x_sp, rows, ok, D0, P0), w1 + p * (D0 * D1), b1 + p * D1,
+                D0, D1, P0, P1, PREC)
+    if L > 1:
+        h = _relu(z)
+        if SAVE:
+            _store_rows(h1_ptr + p * B * D1, h, rows, ok, D1, P1)
+        z = _linear(h, w2 + p * (D1 * D2), b2 + p * D2, D1, D2, P1, P2, PREC)
+    if L > 2:
+        h = _relu(z)
+        if SAVE:
+            _store_rows(h2_ptr + p * B * D2, h, rows, ok, D2, P2)
+        z = _linear(h, w3 + p * (D2 * D3), b3 + p * D3, D2, D3, P2, P3, PREC)
+    if L > 3:
+        h = _relu(z)
+        if SAVE:
+            _store_rows(h3_ptr + p * B * D3, h, rows, ok, D3, P3)
+        z = _linear(h, w4 + p * (D3 * D4), b4 + p * D4, D3, D4, P3, P4, PREC)
+    _store_rows(y_ptr + p * B * DL, z, rows, ok, DL, PL)
+
+
+@triton.jit
+def _back(g, w_ptr, h_ptr, dz_ptr, rows, ok, I: tl.constexpr, O: tl.constexpr, PI: tl.constexpr,
+          PO: tl.constexpr, PREC: tl.constexpr):
+    """dz_{i+1} [BM, PO] → dz_i = (dz_{i+1} W_{i+1}ᵀ) ⊙ 1{h_i > 0} [BM, PI], stored to dz_ptr; one
+    member's W_{i+1} [I, O] (read as Wᵀ [PO, PI]: element (o, i) at i·O + o), h_i [B, I]. 0 where
+    h_i <= 0 (threshold_backward: a NaN h_i passes the gradient)."""
+    o = tl.arange(0, PO)
+    i = tl.arange(0, PI)
+    wt = tl.load(w_ptr + i[None, :] * O + o[:, None], mask=(o[:, None] < O) & (i[None, :] < I), other=0.0)
+    t = tl.dot(_tf32(g, PREC), _tf32(wt, PREC), input_precision=PREC)
+    dz = tl.where(_load_rows(h_ptr, rows, ok, I, PI) <= 0, 0.0, t)
+    _store_rows(dz_ptr, dz, rows, ok, I, PI)
+    return dz
+
+
+@triton.jit
+def _member_dz_kernel(dy_ptr, w2, w3, w4, h1_ptr, h2_ptr, h3_ptr, g1_ptr, g2_ptr, g3_ptr, B,
+                      L: tl.constexpr, D0: tl.constexpr, D1: tl.constexpr, D2: tl.constexpr, D3: tl.constexpr,
+                      D4: tl.constexpr, P0: tl.constexpr, P1: tl.constexpr, P2: tl.constexpr, P3: tl.constexpr,
+                      P4: tl.constexpr, DL: tl.constexpr, PL: tl.constexpr, BLOCK_M: tl.constexpr,
+                      PREC: tl.constexpr):
+    """Member ``program_id(1)``'s rows of block ``program_id(0)``: dy [P, B, DL] and the saved h_i
+    → dz_i [P, B, D_i] for i = L-1 .. 1 (L >= 2)."""
+    p = tl.program_id(1).to(tl.int64)
+    rows = tl.program_id(0).to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)
+    ok = rows < B
+    g = _load_rows(dy_ptr + p * B * DL, rows, ok, DL, PL)
+    if L > 3:
+        g = _back(g, w4 + p * (D3 * D4), h3_ptr + p * B * D3, g3_ptr + p * B * D3, rows, ok, D3, D4, P3, P4, PREC)
+    if L > 2:
+        g = _back(g, w3 + p * (D2 * D3), h2_ptr + p * B * D2, g2_ptr + p * B * D2, rows, ok, D2, D3, P2, P3, PREC)
+    if L > 1:
+        g = _back(g, w2 + p * (D1 * D2), h1_ptr + p * B * D1, g1_ptr + p * B * D1, rows, ok, D1, D2, P1, P2, PREC)
+
+
+@triton.jit
+def _wgrad(pid, START: tl.constexpr, T: tl.constexpr, h_ptr, g_ptr, dw_ptr, db_ptr, B, I: tl.constexpr,
+           O: tl.constexpr, PI: tl.constexpr, BN: tl.constexpr, BR: tl.constexpr, PREC: tl.constexpr):
+    """Program ``pid`` in [START, START + T): units [t·BN, (t+1)·BN) of one layer of one member
+    (t = pid − START), dW [I, O] = hᵀ dz and db [O] = Σ_rows dz over every row block in order; that
+    member's dz [B, O], h [B, I] (rows at any pointer: h_0 = x)."""
+    t = pid - START
+    if (t >= 0) & (t < T):
+        n = t * BN + tl.arange(0, BN)
+        n_ok = n < O
+        i = tl.arange(0, PI)
+        i_ok = i < I
+        acc = tl.zeros([PI, BN], dtype=tl.float32)
+        db = tl.zeros([BN], dtype=tl.float32)
+        for r0 in range(0, B, BR):
+            r = r0 + tl.arange(0, BR).to(tl.int64)
+            r_ok = r < B
+            ht = tl.load(h_ptr + r[None, :] * I + i[:, None], mask=i_ok[:, None] & r_ok[None, :], other=0.0)
+            g = tl.load(g_ptr + r[:, None] * O + n[None, :], mask=r_ok[:, None] & n_ok[None, :], other=0.0)
+            acc = tl.dot(_tf32(ht, PREC), _tf32(g, PREC), acc=acc, input_precision=PREC)  # [PI, BR] @ [BR, BN]
+            db += tl.sum(g, axis=0)
+        tl.store(dw_ptr + i[:, None] * O + n[None, :], acc, mask=i_ok[:, None] & n_ok[None, :])
+        tl.store(db_ptr + n, db, mask=n_ok)
+
+
+@triton.jit
+def _member_wgrad_kernel(x_ptr, x_sp, h1_ptr, h2_ptr, h3_ptr, g1_ptr, g2_ptr, g3_ptr, g4_ptr, dw1, db1, dw2, db2,
+                         dw3, db3, dw4, db4, B, L: tl.constexpr, D0: tl.constexpr, D1: tl.constexpr,
+                         D2: tl.constexpr, D3: tl.constexpr, D4: tl.constexpr, P0: tl.constexpr, P1: tl.constexpr,
+                         P2: tl.constexpr, P3: tl.constexpr, P4: tl.constexpr, DL: tl.constexpr, PL: tl.constexpr,
+                         N1: tl.constexpr, N2: tl.constexpr, N3: tl.constexpr, N4: tl.constexpr, T1: tl.constexpr,
+                         T2: tl.constexpr, T3: tl.constexpr, T4: tl.constexpr, BR: tl.constexpr,
+                         PREC: tl.constexpr):
+    """dW_i, db_i of member ``program_id(1)``: layer i has T_i programs of N_i units along
+    ``program_id(0)``; g_i = dz_i (g_L = dy), each [P, B, D_i]; x [P, B, D0] at member stride x_sp."""
+    pid = tl.program_id(0)
+    p = tl.program_id(1).to(tl.int64)
+    _wgrad(pid, 0, T1, x_ptr + p * x_sp, g1_ptr + p * B * D1, dw1 + p * (D0 * D1), db1 + p * D1, B, D0, D1, P0, N1,
+           BR, PREC)
+    if L > 1:
+        _wgrad(pid, T1, T2, h1_ptr + p * B * D1, g2_ptr + p * B * D2, dw2 + p * (D1 * D2), db2 + p * D2, B, D1, D2,
+               P1, N2, BR, PREC)
+    if L > 2:
+        _wgrad(pid, T1 + T2, T3, h2_ptr + p * B * D2, g3_ptr + p * B * D3, dw3 + p * (D2 * D3), db3 + p * D3, B, D2,
+               D3, P2, N3, BR, PREC)
+    if L > 3:
+        _wgrad(pid, T1 + T2 + T3, T4, h3_ptr + p * B * D3, g4_ptr + p * B * D4, dw4 + p * (D3 * D4), db4 + p * D4,
+               B, D3, D4, P3, N4, BR, PREC)
+
+
+# ---------------------------------------------------------------------------------------------
+# launchers
+# ---------------------------------------------------------------------------------------------
+def _block_m(rows: int, members: int) -> int:
+    """Rows per program of the row-grid kernels (module docstring): the largest of MAX_BLOCK_M,
+    32, 16 that B needs and that leaves at least MIN_PROGRAMS programs (16 at the least)."""
+    block = min(MAX_BLOCK_M, max(16, triton.next_power_of_2(rows)))
+    while block > 16 and members * triton.cdiv(rows, block) < MIN_PROGRAMS:
+        block //= 2
+    return block
+
+
+def _units(dims: list[int], members: int, meta: dict) -> dict:
+    """Output units per program of each layer's weight gradient (``N1`` .. ``N4``, unused layers 16):
+    the largest power of two <= MAX_BLOCK_N and the padded width that leaves at least
+    MIN_PROGRAMS programs in the grid (16 at the least)."""
+    n = len(dims) - 1
+    block = MAX_BLOCK_N
+    while block > 16 and members * sum(triton.cdiv(d, min(block, meta[f"P{i + 1}"]))
+                                       for i, d in enumerate(dims[1:])) < MIN_PROGRAMS:
+        block //= 2
+    return {f"N{i}": min(block, meta[f"P{i}"]) if i <= n else 16 for i in range(1, MAX_LAYERS + 1)}
+
+
+def _forward(x: Tensor, weights: Sequence[Tensor], biases: Sequence[Tensor], save: bool, prec: str):
+    """Launch the forward kernel: y [P, B, D_n], and the list h_1 .. h_{n-1} (empty unless ``save``)."""
+    members, rows = x.shape[0], x.shape[1]
+    dims = [x.shape[2]] + [w.shape[2] for w in weights]
+    y = x.new_empty(members, rows, dims[-1])
+    hs = [x.new_empty(members, rows, d) for d in dims[1:-1]] if save else []
+    if rows:
+        block_m = _block_m(rows, members)
+        wb = zip(_fill(weights, MAX_LAYERS, weights[0]), _fill(biases, MAX_LAYERS, biases[0]))
+        _member_forward_kernel[(triton.cdiv(rows, block_m), members)](
+            x, x.stride(0), y, *(t for pair in wb for t in pair), *_fill(hs, MAX_LAYERS - 1, y), rows,
+            **_layout(dims), BLOCK_M=block_m, SAVE=save, PREC=prec, num_warps=NUM_WARPS)
+    return y, hs
+
+
+def _backward(x: Tensor, weights: Sequence[Tensor], hs: Sequence[Tensor], dy: Tensor, prec: str):
+    """Launch the dz kernel (two layers or more) and the dW / db kernel: the lists dW_i [P, D_{i-1},
+    D_i] and db_i [P, 1, D_i]."""
+    members, rows, n = x.shape[0], x.shape[1], len(weights)
+    dims = [x.shape[2]] + [w.shape[2] for w in weights]
+    meta = _layout(dims)
+    gs = [x.new_empty(members, rows, d) for d in dims[1:-1]] + [dy]  # dz_1 .. dz_{n-1}, then dz_n = dy
+    if rows and n > 1:
+        block_m = _block_m(rows, members)
+        _member_dz_kernel[(triton.cdiv(rows, block_m), members)](
+            dy, *_fill(weights[1:], MAX_LAYERS - 1, dy), *_fill(hs, MAX_LAYERS - 1, dy),
+            *_fill(gs[:-1], MAX_LAYERS - 1, dy), rows, **meta, BLOCK_M=block_m, PREC=prec, num_warps=NUM_WARPS)
+    dws = [torch.empty_like(w) for w in weights]
+    dbs = [x.new_empty(members, 1, d) for d in dims[1:]]
+    units = _units(dims, members, meta)
+    tiles = {f"T{i}": triton.cdiv(dims[i], units[f"N{i}"]) if i <= n else 0 for i in range(1, MAX_LAYERS + 1)}
+    dw_db = zip(_fill(dws, MAX_LAYERS, dy), _fill(dbs, MAX_LAYERS, dy))
+    _member_wgrad_kernel[(sum(tiles.values()), members)](
+        x, x.stride(0), *_fill(hs, MAX_LAYERS - 1, x), *_fill(gs, MAX_LAYERS, dy), *(t for pair in dw_db for t in pair),
+        rows, **meta, **units, **tiles, BR=BLOCK_R, PREC=prec, num_warps=NUM_WARPS)
+    return dws, dbs
+
+
+class _MemberMLPChain(torch.autograd.Function):
+    """y = forward kernel(x, W, b) (saving h_1 .. h_{n-1}); backward: the dz and the dW / db kernels."""
+
+    @staticmethod
+    def forward(ctx, x, n, *params):
+        weights, biases = params[:n], params[n:]
+        ctx.n, ctx.prec = n, _prec(x)
+        y, hs = _forward(x, weights, biases, save=True, prec=ctx.prec)
+        ctx.save_for_backward(x, *weights, *hs)
+        return y
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, grad_y):
+        n, saved = ctx.n, ctx.saved_tensors
+        dws, dbs = _backward(saved[0], saved[1:n + 1], saved[n + 1:], grad_y.contiguous(), ctx.prec)
+        need = ctx.needs_input_grad[2:]
+        return (None, None, *(g if need[i] else None for i, g in enumerate([*dws, *dbs])))
+
+
+# ---------------------------------------------------------------------------------------------
+# checks
+# ---------------------------------------------------------------------------------------------
+def _rows_contiguous(x: Tensor) -> bool:
+    """``x`` [P, B, D0] of contiguous ``[B, D0]`` members at any member stride >= 0 (the halves of
+    a stacked pair ``[P, 2, B, D0]``)."""
+    return x.is_contiguous() or (x[0].is_contiguous() and x.stride(0) >= 0)
+
+
+def _problem(x, weights, biases) -> str | None:
+    """Why (x, weights, biases) is outside :func:`member_mlp_chain`'s contract, or None."""
+    op = "member_mlp_chain"
+    if not isinstance(x, Tensor):
+        return f"{op}: x must be a tensor, got {describe(x)}"
+    if not isinstance(weights, (list, tuple)) or not isinstance(biases, (list, tuple)):
+        return f"{op}: weights and biases must be lists of tensors, got {type(weights).__name__} and " \
+               f"{type(biases).__name__}"
+    n = len(weights)
+    if not 1 <= n <= MAX_LAYERS or len(biases) != n:
+        return f"{op}: weights must hold 1 to {MAX_LAYERS} layers and biases one per layer, got {n} weights and " \
+               f"{len(biases)} biases"
+    if x.dim() != 3 or x.dtype != torch.float32 or not 1 <= x.shape[0] <= MAX_MEMBERS or not _rows_contiguous(x):
+        return f"{op}: x must be a float32 [P, B, D0] tensor of contiguous members, 1 <= P <= {MAX_MEMBERS}, " \
+               f"got {describe(x)}"
+    members, width = x.shape[0], x.shape[2]
+    for i, (w, b) in enumerate(zip(weights, biases)):
+        if not isinstance(w, Tensor) or w.dim() != 3 or w.shape[:2] != (members, width) \
+                or w.dtype != torch.float32 or not w.is_contiguous() or w.device != x.device:
+            return f"{op}: weights[{i}] must be a contiguous float32 [{members}, {width}, D{i + 1}] tensor on " \
+                   f"{x.device}, got {describe(w)}"
+        if not isinstance(b, Tensor) or tuple(b.shape) != (members, 1, w.shape[2]) or b.dtype != torch.float32 \
+                or not b.is_contiguous() or b.device != x.device:
+            return f"{op}: biases[{i}] must be a contiguous float32 [{members}, 1, {w.shape[2]}] tensor on " \
+                   f"{x.device}, got {describe(b)}"
+        width = w.shape[2]
+    dims = [x.shape[2]] + [w.shape[2] for w in weights]
+    for i, d in enumerate(dims):
+        if not 1 <= d <= MAX_WIDTH:
+            what = "x" if i == 0 else f"weights[{i - 1}]"
+            return f"{op}: every width must be 1 to {MAX_WIDTH}, got D{i} = {d} ({what})"
+    return None
+
+
+def member_mlp_chain_supported(x, weights, biases) -> bool:
+    """Whether :func:`member_mlp_chain` takes ``(x, weights, biases)``: 1 to 4 layers, float32
+    tensors on one device in the population's layout with chained shapes, every width (D_0 .. D_n)
+    1 to 128, 1 to 65535 members. A metadata check only (no device read); callers fall back to
+    their own layers when it is False."""
+    return _problem(x, weights, biases) is None
+
+
+def _check(x, weights, biases) -> None:
+    problem = _problem(x, weights, biases)
+    if problem is not None:
+        raise ValueError(problem)
+
+
+# ---------------------------------------------------------------------------------------------
+# reference and public op
+# ---------------------------------------------------------------------------------------------
+def member_mlp_chain_reference(x: Tensor, weights: Sequence[Tensor], biases: Sequence[Tensor]) -> Tensor:
+    """Plain-torch :func:`member_mlp_chain` (same arguments and result): ``torch.baddbmm`` per layer
+    with ``torch.relu`` between them, differentiable by autograd (w.r.t. x too)."""
+    _check(x, weights, biases)
+    h = x
+    for i, (w, b) in enumerate(zip(weights, biases)):
+        h = torch.baddbmm(b, h, w)
+        if i < len(weights) - 1:
+            h = torch.relu(h)
+    return h
+
+
+def member_mlp_chain(x: Tensor, weights: Sequence[Tensor], biases: Sequence[Tensor], *,
+                     backend: str = "auto") -> Tensor:
+    """y_p = L_n(relu(... relu(L_1(x_p)))), L_i(h) = h W_i[p] + b_i[p], for every member p: forward
+    one kernel, backward two.
+
+    Args:
+        x: the input (observations), float32 ``[P, B, D_0]``, 1 <= P <= 65535, any B >= 0; each
+            member's ``[B, D_0]`` contiguous, the member stride any (a half of a stacked
+            ``[P, 2, B, D_0]`` pair). Gets no gradient: with ``x.requires_grad`` the op runs
+            :func:`member_mlp_chain_reference`.
+        weights: ``[W_1, ..., W_n]``, 1 <= n <= 4, W_i float32 ``[P, D_{i-1}, D_i]`` contiguous
+            (:class:`~foxdqn.population.network.MemberQNetwork`'s), on x's device; every D_i (and
+            D_0) 1 to 128.
+        biases: ``[b_1, ..., b_n]``, b_i float32 ``[P, 1, D_i]`` contiguous.
+        backend: ``"auto"`` (the Triton kernels for CUDA tensors, else the reference; the kernels
+            inside :func:`foxdqn.ops.backend.cpu_kernels`), ``"triton"`` (CPU tensors need
+            TRITON_INTERPRET=1) or ``"torch"`` (:func:`member_mlp_chain_reference`).
+
+    Returns:
+        y float32 ``[P, B, D_n]`` (contiguous), differentiable w.r.t. every weight and bias that
+        requires grad (the kernel path: first order only). Equal to the reference to float
+        rounding (module docstring). Member p's rows of y and its gradients read only member p's
+        rows, weights and biases.
+
+    Raises:
+        ValueError: outside the contract above (:func:`member_mlp_chain_supported` is False: more
+            than 4 layers, a width above 128, a dtype other than float32, non-contiguous members,
+            a misshapen tensor, mixed devices), or an unknown backend.
+        RuntimeError: backend="triton" on CPU tensors without TRITON_INTERPRET=1.
+    """
+    _check(x, weights, biases)
+    if resolve_backend("member_mlp_chain", backend, x) == "torch" or x.requires_grad:
+        return member_mlp_chain_reference(x, weights, biases)
+    params = [*weights, *biases]
+    if torch.is_grad_enabled() and any(p.requires_grad for p in params):
+        return _MemberMLPChain.apply(x, len(weights), *params)
+    return _forward(x, weights, biases, save=False, prec=_prec(x))[0]
