@@ -71,6 +71,18 @@ def test_launches_do_not_grow_with_members():
     assert one["collect"] == two["collect"] and one["update"][-4:] == two["update"][-4:] == UPDATE_TAIL
 
 
+@pytest.mark.parametrize("name", ["bitflip_dqn", "bitflip_her"])
+def test_bitflip_collect_step_is_the_single_runs_six_launches(name):
+    """Bit flipping's env step, start draw and auto-reset are one kernel (ops/bitflip_step.py; were
+    37 torch ops, 43 launches per collect step at P = 3), HER's collect step the same six."""
+    from bench.cpu_kernels import launches, small_overrides
+    from bench.harness import make_population
+    from foxdqn.population.step import collect_step
+
+    s = make_population([f"+experiment={name}", *small_overrides(name)], 3, "cpu")
+    assert launches(lambda: collect_step(s)) == [op.format(step="triton::_bitflip_step_kernel") for op in COLLECT]
+
+
 def test_collect_step_fuses_a_plain_q_head():
     """A plain Q head (CartPole) acts through q_forward_epsilon_greedy (acting_args) where the fused
     forwards run, while the network's own forward keeps its layers (q_forward_args None: the
