@@ -118,12 +118,12 @@ def test_collect_step_fuses_a_plain_q_head():
 ENCODER = ["aten::baddbmm", "aten::relu"]
 ENV_TAIL = ["triton::_member_uniform_kernel", "triton::_trading_step_kernel"]
 REPLAY_TAIL = ["triton::_replay_add_kernel", "triton::_step_stats_kernel"]
-HEAD_COLLECT = {  # issue 33 item 2: were 12, 17, 20 and 24 launches at P = 3 (the head's ops unfused)
+HEAD_COLLECT = {  # issue 33 item 2: were 12, 17, 20 and 24 launches at P = 3 (the head's ops unfused; PER's insert 4)
     "eurusd_c51": ["triton::_c51_epsilon_greedy_kernel"] + ENV_TAIL + REPLAY_TAIL,
     "eurusd_iqn": ["triton::_iqn_epsilon_greedy_kernel"] + ENV_TAIL + REPLAY_TAIL,
     "eurusd_branching": ["triton::_branching_epsilon_greedy_kernel"] + ENV_TAIL + REPLAY_TAIL,
-    "eurusd_rainbowish": ["triton::_c51_epsilon_greedy_kernel"] + ENV_TAIL + [  # PER's insert: priorities, sums
-        "aten::mul", "aten::add", "triton::_per_insert_kernel", "triton::_per_block_sum_kernel"] + REPLAY_TAIL,
+    "eurusd_rainbowish": ["triton::_c51_epsilon_greedy_kernel"] + ENV_TAIL + [  # PER's insert: one kernel (was 4)
+        "triton::_per_insert_row_kernel"] + REPLAY_TAIL,
 }
 
 
