@@ -152,3 +152,16 @@ def test_distributional_heads_are_not_fused_for_acting(head):
     obs = torch.randn(2, 8, 4)
     with torch.no_grad(), B.cpu_kernels():
         assert s.online.acting_args(obs) is None and s.online.q_forward_args(obs) is None
+
+
+#: issue 33 item 2: a population's update at P = 3 (small nets), at most this many launches; were
+#: c51 54 and rainbowish 109 with the C51 loss's ops unfused (ops/c51_loss.py: 20 forward, 4 backward)
+UPDATE_AT_MOST = {"eurusd_c51": 30, "eurusd_rainbowish": 85}
+
+
+@pytest.mark.parametrize("name", list(UPDATE_AT_MOST))
+def test_c51_update_runs_its_loss_as_two_kernels(name):
+    ops = step_launches(name, 3)["update"]
+    assert len(ops) <= UPDATE_AT_MOST[name], (len(ops), ops)
+    assert ops.count("triton::_c51_loss_fwd_kernel") == ops.count("triton::_c51_loss_bwd_kernel") == 1
+    assert not {"aten::log_softmax", "aten::softmax", "aten::argmax", "aten::stack", "aten::zeros"} & set(ops), ops
