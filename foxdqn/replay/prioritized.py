@@ -61,14 +61,17 @@ class Priorities:
         priority so far (its own member's)."""
         per_insert_row(self.per, row, self.envs)
 
+    def draw(self, rand: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """:meth:`sample` without the n-step move-back: (slots, weights) as the sums give them."""
+        return per_sample(self.per, rand, self.replay.filled() * self.envs, self.beta(self.updates))
+
     def sample(self, rand: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(slots int64, weights float32), ``rand``'s shape (``[B]``, or ``[P, B]``: member p's B
         uniforms): stratified proportional slots of the rows written so far, each sum on its
         own, with their importance weights normalised by the batch's (member's) largest; slots
         in the n−1 newest rows are moved back n−1 rows (module docstring)."""
         r = self.replay
-        size = r.filled() * self.envs
-        slots, weight = per_sample(self.per, rand, size, self.beta(self.updates))
+        slots, weight = self.draw(rand)
         if r.n_step > 1:
             t, e = slots // self.envs, slots % self.envs
             t = torch.where(r.age(t) < r.n_step - 1, (t - (r.n_step - 1)) % r.rows, t)
