@@ -107,6 +107,15 @@ class MemberC51Network(MemberQNetwork):
             return v + adv - adv.mean(dim=2, keepdim=True)
         return self.layer(-1, h).view(p, m, self.num_actions, self.atoms)
 
+    def logit_parts(self, obs: torch.Tensor) -> tuple[torch.Tensor | None, torch.Tensor]:
+        """(value stream ``[P, M, K]``, advantages ``[P, M, A, K]``) of obs ``[P, M, D]`` with the
+        dueling head, whose :meth:`logits` combine them; (None, the logits) without it. For
+        :func:`foxdqn.ops.c51_loss.c51_loss`, which combines them in its kernels."""
+        h = self.encoder(obs)
+        p, m = h.shape[:2]
+        adv = self.layer(-1, h).view(p, m, self.num_actions, self.atoms)
+        return (self.layer(-2, h) if self.dueling else None), adv
+
     def expected_q(self, logits: torch.Tensor) -> torch.Tensor:
         """Q ``[P, M, A]`` = Σ_k softmax(logits ``[P, M, A, K]``)_k z_k of each member's support."""
         return (F.softmax(logits, dim=-1) * self.support).sum(dim=-1)

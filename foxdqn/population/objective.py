@@ -110,16 +110,18 @@ def member_c51_loss(online: MemberC51Network, target: MemberC51Network, batch: B
     the ops of :func:`foxdqn.objectives.c51.c51_cross_entropy`, whose bits the tests compare."""
     if not q_grad and fused_forward(batch.obs) and online.atoms <= C51_LOSS_MAX_ATOMS:
         obs, next_obs, action, reward, discount = _member_view(batch, members)
-        logits = online.logits(obs)  # [P, B, A, K], grad
+        value, logits = online.logit_parts(obs)  # [P, B, A, K] logits (dueling: advantages, and V), grad
         with torch.no_grad():
-            target_logits = target.logits(next_obs)
-            select_logits = online.logits(next_obs) if double else None
+            target_value, target_logits = target.logit_parts(next_obs)
+            select_value, select_logits = online.logit_parts(next_obs) if double else (None, None)
         p, b, a, k = logits.shape
         flat = lambda t: None if t is None else t.reshape(p * b, a, k)  # noqa: E731
+        rows = lambda t: None if t is None else t.reshape(p * b, k)  # noqa: E731
         ce, q = c51_loss(flat(logits), action.reshape(-1), flat(target_logits), flat(select_logits),
                          None if penalty is None else penalty.reshape(p * b, a), reward.reshape(-1),
                          discount.reshape(-1), online.support.view(p, k), online.v_min, online.v_max,
-                         table=online.projection_table)
+                         table=online.projection_table, value=rows(value), target_value=rows(target_value),
+                         select_value=rows(select_value))
         ce = ce.view(p, b)
         return weighted_mean(ce, batch.weight), ce.detach().view(-1), q.view(p, b, a)
     ce, q = c51_cross_entropy(online, target, *_member_view(batch, members), double=double, penalty=penalty)

@@ -144,3 +144,35 @@ def test_compiled_kernels_match_reference_on_cuda(g, rows, a, k):
     torch.testing.assert_close(q_k, q_r, rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(ce_k[clear], ce_r[clear], rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(grad_k[clear], grad_r[clear], rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("g,rows,a,k,double", [(1, 7, 3, 51, True), (3, 5, 4, 51, False), (2, 3, 1, 2, True)])
+def test_dueling_kernel_matches_reference(g, rows, a, k, double):
+    """Rainbow's head: value streams given, the logits v + adv − mean_a adv formed in the kernels;
+    the loss, Q and the gradients of the advantages and the online value stream = autograd's of
+    the reference (dueling_logits, then the plain reference)."""
+    case = _case(g, rows, a, k, seed=50 + g * rows, double=double, penalty=True)
+    gen = torch.Generator().manual_seed(g)
+    streams = [torch.randn(g * rows, k, generator=gen) for _ in range(3)]
+    if not double:
+        streams[2] = None
+    res = {}
+    for backend in ("triton", "torch"):
+        adv = case[0].clone().requires_grad_(True)
+        v = streams[0].clone().requires_grad_(True)
+        ce, q = c51_loss(adv, *case[1:], value=v, target_value=streams[1], select_value=streams[2], backend=backend)
+        (ce * torch.linspace(0.5, 1.5, ce.shape[0])).sum().backward()
+        res[backend] = ce.detach(), q, adv.grad, v.grad
+    from foxdqn.ops.c51_loss import dueling_logits
+
+    combined = [dueling_logits(streams[0], case[0]), case[1], dueling_logits(streams[1], case[2]),
+                dueling_logits(streams[2], case[3]), *case[4:]]
+    clear = _selection_clear(combined)
+    assert clear.sum() >= max(1, g * rows // 2)
+    (ce_k, q_k, ga_k, gv_k), (ce_r, q_r, ga_r, gv_r) = res["triton"], res["torch"]
+    torch.testing.assert_close(q_k, q_r, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(ce_k[clear], ce_r[clear], rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(ga_k[clear], ga_r[clear], rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(gv_k[clear], gv_r[clear], rtol=1e-5, atol=1e-6)
+    with pytest.raises(ValueError, match="value streams"):
+        c51_loss(*case, value=streams[0])
