@@ -22,7 +22,12 @@ maximal priority seen so far. No host synchronisation, fixed shapes, CUDA-graph 
    ``max_priority`` by ``atomic_max`` over the finite raw priorities of the batch.
 
 ``per_insert`` = ``_per_insert_kernel`` (``leaves[idx] = max_priority^alpha``) + kernel 3
-without the max update.
+without the max update. ``per_insert_row`` inserts the contiguous slots ``row·N .. row·N + N − 1``
+(a replay ring's time row ``row`` of N envs, the row a device tensor) in one kernel,
+``_per_insert_row_kernel``: program ``b`` owns the ``b``-th block the range touches, writes its
+slots of the range and sums the block from the values it holds (no other program writes that
+block, so no second pass); the same leaves and, up to the f32 sum's order, the same block sums as
+``per_insert`` of those slots.
 
 Rules: duplicates -> the largest ``|td|`` wins; ``skip`` (0-d f32) != 0 -> nothing is written
 (leaves, block sums, ``max_priority`` bit-identical); indices must lie in ``[0, capacity)``
@@ -47,7 +52,8 @@ from foxdqn.ops.backend import resolve_backend
 from foxdqn.ops.library import device_op, wrap_triton
 from foxdqn.ops.per_state import PERState
 
-__all__ = ["per_update", "per_update_reference", "per_insert", "per_insert_reference"]
+__all__ = ["per_update", "per_update_reference", "per_insert", "per_insert_reference", "per_insert_row",
+           "per_insert_row_reference"]
 
 _ZERO_BLOCK = 1024  # items per program of the elementwise kernels
 _SUM_TILE = 1024  # elements per program of the block-sum kernel (ITEMS * block)
@@ -122,6 +128,26 @@ def _per_insert_kernel(leaves_ptr, idx_ptr, maxp_ptr, alpha_ptr, N, CAPACITY: tl
     m = m & (idx >= 0) & (idx < CAPACITY)
     v = _leaf_value(tl.load(maxp_ptr), tl.load(alpha_ptr))
     tl.store(leaves_ptr + idx, tl.zeros([BLOCK_N], dtype=tl.float32) + v, mask=m)
+
+
+@triton.jit
+def _per_insert_row_kernel(leaves_ptr, block_sums_ptr, row_ptr, maxp_ptr, alpha_ptr, N, CAPACITY: tl.constexpr,
+                           BLOCK: tl.constexpr):
+    num_blocks: tl.constexpr = (CAPACITY + BLOCK - 1) // BLOCK
+    m = tl.program_id(1).to(tl.int64)
+    leaves_ptr += m * (num_blocks * BLOCK)
+    block_sums_ptr += m * num_blocks
+    lo = tl.load(row_ptr).to(tl.int64) * N  # the slots lo .. lo + N - 1
+    hi = lo + N
+    blk = tl.maximum(lo, 0) // BLOCK + tl.program_id(0)
+    first = blk * BLOCK + tl.zeros([BLOCK], dtype=tl.int64)  # the block's first slot, in every lane
+    pos = first + tl.arange(0, BLOCK)
+    own = (first < hi) & (first < num_blocks * BLOCK)  # the whole block, or nothing
+    new = own & (pos >= lo) & (pos < hi) & (pos < CAPACITY)
+    v = _leaf_value(tl.load(maxp_ptr + m), tl.load(alpha_ptr + m))
+    lv = tl.where(new, v, tl.load(leaves_ptr + pos, mask=own, other=0.0))
+    tl.store(leaves_ptr + pos, lv, mask=new)
+    tl.store(block_sums_ptr + blk, tl.sum(lv, axis=0), mask=(blk * BLOCK < hi) & (blk < num_blocks))
 
 
 @triton.jit
@@ -206,6 +232,14 @@ def _per_insert_launch(leaves, block_sums, max_priority, alpha, indices, block, 
         leaves, block_sums, indices, indices, max_priority, alpha, alpha, n,  # td/eps/skip: unused dummies
         CAPACITY=capacity, BLOCK=block, ITEMS=items, HAS_SKIP=False, UPDATE_MAX=False, num_warps=4,
     )
+
+
+@device_op("foxdqn::per_insert_row", mutates_args=("leaves", "block_sums"))
+def _per_insert_row_op(leaves: torch.Tensor, block_sums: torch.Tensor, max_priority: torch.Tensor,
+                       alpha: torch.Tensor, row: torch.Tensor, n: int, block: int, capacity: int) -> None:
+    members = leaves.shape[0] if leaves.dim() == 2 else 1
+    wrap_triton(_per_insert_row_kernel)[(triton.cdiv(n, block) + 1, members)](
+        leaves, block_sums, row, max_priority, alpha, n, CAPACITY=capacity, BLOCK=block, num_warps=4)
 
 
 @device_op("foxdqn::per_update", mutates_args=("leaves", "block_sums", "max_priority"))
@@ -380,3 +414,46 @@ def per_insert(state: PERState, indices: torch.Tensor, backend: str = "auto") ->
         state.leaves, state.block_sums, state.max_priority, state.alpha, indices.contiguous(), state.block,
         state.capacity
     )
+
+
+def _row_slots(state: PERState, row: torch.Tensor, n: int) -> torch.Tensor:
+    """int64 ``[N]`` (``[P, N]``): the slots ``row·n + e`` of :func:`per_insert_row`, every member's."""
+    slots = row.to(torch.int64) * n + torch.arange(n, device=row.device)
+    return slots if state.members is None else slots.expand(state.members, n)
+
+
+def per_insert_row_reference(state: PERState, row: torch.Tensor, n: int) -> None:
+    """Plain-torch :func:`per_insert_row`: :func:`per_insert_reference` of the slots ``row·n + e``."""
+    per_insert_reference(state, _row_slots(state, row, n))
+
+
+def per_insert_row(state: PERState, row: torch.Tensor, n: int, backend: str = "auto") -> None:
+    """:func:`per_insert` of the contiguous slots ``row·n .. row·n + n − 1`` (a replay ring's time
+    row ``row`` of ``n`` envs; with P members, every member's slots), in place, in one kernel on
+    the device (module docstring): ``leaves[row·n + e] = max_priority^alpha`` (member p's), then
+    the sums of the touched blocks. Slots outside ``[0, capacity)`` are ignored by the kernel (the
+    reference raises an index error).
+
+    Args:
+        state: :class:`PERState`; ``leaves`` and ``block_sums`` are written.
+        row: int64 ``[1]`` (or 0-d) device tensor, the time row (read on the device: no host sync).
+        n: slots per row (``>= 0``), a Python int.
+        backend: ``"auto"`` | ``"triton"`` | ``"torch"``.
+
+    Raises:
+        ValueError: ``row`` not an integer tensor of one element on the state's device, or ``n`` < 0;
+            unknown backend.
+        RuntimeError: backend="triton" on CPU tensors without TRITON_INTERPRET=1.
+    """
+    if not isinstance(row, torch.Tensor) or row.numel() != 1 or row.dtype not in (torch.int64, torch.int32):
+        raise ValueError(f"per_insert_row: row must be an int64 (or int32) tensor of one element, got {row!r}")
+    if row.device != state.leaves.device:
+        raise ValueError(f"per_insert_row: row is on {row.device}, the state on {state.leaves.device}")
+    if isinstance(n, bool) or not isinstance(n, int) or n < 0:
+        raise ValueError(f"per_insert_row: n must be an int >= 0, got {n!r}")
+    if resolve_backend("per_insert_row", backend, state.leaves) == "torch":
+        per_insert_row_reference(state, row, n)
+        return
+    if n:
+        _per_insert_row_op(state.leaves, state.block_sums, state.max_priority, state.alpha, row.reshape(1), n,
+                           state.block, state.capacity)

@@ -25,6 +25,7 @@ from foxdqn.nn.c51 import C51Network
 from foxdqn.nn.iqn import IQNNetwork
 from foxdqn.ops import c51_epsilon_greedy as c51_op
 from foxdqn.ops import iqn_epsilon_greedy as iqn_op
+from foxdqn.ops.c51_project import support_table
 from foxdqn.population.network import MemberQNetwork, stack_encoder, stack_linears
 
 
@@ -44,7 +45,8 @@ class MemberC51Network(MemberQNetwork):
             ``advantage``).
         num_actions: A.
         support: float32 ``[P, K]``, each member's atoms.
-        v_min, v_max: float64 ``[P]``, each member's support bounds.
+        v_min, v_max: float64 ``[P]``, each member's support bounds (fixed: ``projection_table``,
+            float32 ``[P, 4]``, is their :func:`foxdqn.ops.c51_project.support_table`, made here).
     """
 
     def __init__(self, weights: list[torch.Tensor], biases: list[torch.Tensor], activation: str, dueling: bool,
@@ -55,6 +57,8 @@ class MemberC51Network(MemberQNetwork):
         self.register_buffer("support", support[:, None, None, :].clone(), persistent=False)  # [P, 1, 1, K]
         self.register_buffer("v_min", v_min.clone(), persistent=False)
         self.register_buffer("v_max", v_max.clone(), persistent=False)
+        # the projection's (v_min, v_max, Δz, 1/Δz) rows, made once (foxdqn.ops.c51_loss takes them)
+        self.register_buffer("projection_table", support_table(v_min, v_max, self.atoms), persistent=False)
 
     @classmethod
     def from_networks(cls, nets: list[C51Network], activation: str) -> "MemberC51Network":
@@ -102,6 +106,15 @@ class MemberC51Network(MemberQNetwork):
             adv = self.layer(-1, h).view(p, m, self.num_actions, self.atoms)  # [P, M, A, K]
             return v + adv - adv.mean(dim=2, keepdim=True)
         return self.layer(-1, h).view(p, m, self.num_actions, self.atoms)
+
+    def logit_parts(self, obs: torch.Tensor) -> tuple[torch.Tensor | None, torch.Tensor]:
+        """(value stream ``[P, M, K]``, advantages ``[P, M, A, K]``) of obs ``[P, M, D]`` with the
+        dueling head, whose :meth:`logits` combine them; (None, the logits) without it. For
+        :func:`foxdqn.ops.c51_loss.c51_loss`, which combines them in its kernels."""
+        h = self.encoder(obs)
+        p, m = h.shape[:2]
+        adv = self.layer(-1, h).view(p, m, self.num_actions, self.atoms)
+        return (self.layer(-2, h) if self.dueling else None), adv
 
     def expected_q(self, logits: torch.Tensor) -> torch.Tensor:
         """Q ``[P, M, A]`` = Σ_k softmax(logits ``[P, M, A, K]``)_k z_k of each member's support."""

@@ -16,9 +16,11 @@ from __future__ import annotations
 import torch
 
 from foxdqn.config.schema import TrainConfig
+from foxdqn.envs.base import StepOut
 from foxdqn.envs.bitflip import BitFlipEnv
 from foxdqn.envs.cartpole import CartPoleEnv
 from foxdqn.envs.trading import TradingEnv
+from foxdqn.ops.bitflip_step import bitflip_step, start_and_goal
 from foxdqn.population.random import MemberRandom
 from foxdqn.step.build import ENV_DTYPES
 
@@ -57,15 +59,23 @@ class MemberBitFlipEnv(BitFlipEnv):
         self.rng, self.envs_per_member = rng, envs_per_member
         self.candidates = -(-GOAL_MASK_BITS // n_bits)  # K
 
+    def _uniforms(self) -> torch.Tensor:
+        """The next reset draw: float32 ``[P·N, (1 + K)·n]``, env i's row its start bits, then K masks."""
+        return self.rng.uniform((1 + self.candidates) * self.n_bits * self.envs_per_member).view(self.num_envs, -1)
+
     def _draw_starts(self) -> tuple[torch.Tensor, torch.Tensor]:
-        n, k = self.n_bits, self.candidates
-        bits = self.rng.uniform((1 + k) * n * self.envs_per_member).view(self.num_envs, 1 + k, n) < 0.5
-        state, masks = bits[:, 0], bits[:, 1:]
-        nonzero = masks.any(dim=2)  # [P·N, K]
-        first = nonzero.to(torch.int32).argmax(dim=1)  # the first non-zero candidate (0 where none is)
-        mask = masks.gather(1, first.view(-1, 1, 1).expand(-1, 1, n)).squeeze(1)
-        mask = torch.where(nonzero.any(dim=1, keepdim=True), mask, self._bit_index == 0)
-        return state, state ^ mask
+        return start_and_goal(self._uniforms(), self.n_bits)
+
+    def step(self, action: torch.Tensor) -> StepOut:
+        """:meth:`BitFlipEnv.step <foxdqn.envs.bitflip.BitFlipEnv.step>` with this class's draws:
+        the members' uniforms (one kernel), then the step, the start draw and the auto-reset as one
+        kernel where the fused kernels run (:func:`foxdqn.ops.bitflip_step.bitflip_step`; its torch
+        reference, the classic env's ops, elsewhere: the same bits)."""
+        out = bitflip_step(self.state, self.goal, self.steps, action, self._uniforms(), self.dtype)
+        info = {"episode_return": out.episode_return, "episode_done": out.done,
+                "episode_length": out.episode_length, "is_success": out.is_success}
+        return StepOut(next_obs=out.next_obs, reward=out.reward, terminated=out.terminated,
+                       truncated=out.truncated, obs=out.obs, info=info)
 
 
 class MemberTradingEnv(TradingEnv):

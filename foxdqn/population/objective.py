@@ -33,6 +33,8 @@ from foxdqn.objectives.c51 import c51_cross_entropy
 from foxdqn.objectives.cql import cql_regulariser
 from foxdqn.objectives.dqn_forward import dqn_forward
 from foxdqn.objectives.iqn import iqn_quantile_loss
+from foxdqn.ops.backend import fused_forward
+from foxdqn.ops.c51_loss import MAX_ATOMS as C51_LOSS_MAX_ATOMS, c51_loss
 from foxdqn.ops.dqn_td_loss import dqn_td_loss, huber_per_group
 from foxdqn.objectives.iql import iql_loss
 from foxdqn.population.branching import MemberBranchingNetwork
@@ -89,7 +91,8 @@ def _member_view(batch: Batch, members: int) -> tuple[torch.Tensor, ...]:
 
 
 def member_c51_loss(online: MemberC51Network, target: MemberC51Network, batch: Batch, members: int, double: bool,
-                    *, penalty: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+                    *, penalty: torch.Tensor | None = None,
+                    q_grad: bool = False) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(loss float32 ``[P]``, td_abs float32 ``[P·B]``, expected Q of s float32 ``[P, B, A]`` with its
     gradient) of the C51 cross-entropy (Bellemare et al. 2017, Algorithm 1) of a member-major batch
     of ``P·B`` rows: member p's loss is ``Σ_b w_b · CE_b / B`` over its own rows (``batch.weight``:
@@ -98,7 +101,29 @@ def member_c51_loss(online: MemberC51Network, target: MemberC51Network, batch: B
     (:func:`foxdqn.ops.c51_project.c51_project` with the members' ``[P]`` bounds); td_abs is each
     row's CE, detached (the single run's PER priority, Rainbow's). ``penalty``: None, or float32
     ``[P·B, A]``, the switch penalty of each s' (:meth:`foxdqn.population.switch.MemberSwitch.target`),
-    subtracted from the Q that picks a*."""
+    subtracted from the Q that picks a*.
+
+    Where the fused kernels run (:func:`foxdqn.ops.backend.fused_forward`: CUDA, or the CPU inside
+    ``cpu_kernels``) and Q needs no gradient (``q_grad`` False: no CQL term), the selection of a*,
+    the projection and the cross-entropy are one forward and one backward kernel
+    (:func:`foxdqn.ops.c51_loss.c51_loss`, the same loss to float32 rounding); on the CPU otherwise
+    the ops of :func:`foxdqn.objectives.c51.c51_cross_entropy`, whose bits the tests compare."""
+    if not q_grad and fused_forward(batch.obs) and online.atoms <= C51_LOSS_MAX_ATOMS:
+        obs, next_obs, action, reward, discount = _member_view(batch, members)
+        value, logits = online.logit_parts(obs)  # [P, B, A, K] logits (dueling: advantages, and V), grad
+        with torch.no_grad():
+            target_value, target_logits = target.logit_parts(next_obs)
+            select_value, select_logits = online.logit_parts(next_obs) if double else (None, None)
+        p, b, a, k = logits.shape
+        flat = lambda t: None if t is None else t.reshape(p * b, a, k)  # noqa: E731
+        rows = lambda t: None if t is None else t.reshape(p * b, k)  # noqa: E731
+        ce, q = c51_loss(flat(logits), action.reshape(-1), flat(target_logits), flat(select_logits),
+                         None if penalty is None else penalty.reshape(p * b, a), reward.reshape(-1),
+                         discount.reshape(-1), online.support.view(p, k), online.v_min, online.v_max,
+                         table=online.projection_table, value=rows(value), target_value=rows(target_value),
+                         select_value=rows(select_value))
+        ce = ce.view(p, b)
+        return weighted_mean(ce, batch.weight), ce.detach().view(-1), q.view(p, b, a)
     ce, q = c51_cross_entropy(online, target, *_member_view(batch, members), double=double, penalty=penalty)
     return weighted_mean(ce, batch.weight), ce.detach().view(-1), q
 
@@ -208,7 +233,8 @@ def member_loss(online: MemberQNetwork, target: MemberQNetwork, batch: Batch, me
     elif isinstance(online, MemberBranchingNetwork):
         loss, td_abs, q = member_branching_loss(online, target, batch, members, huber_delta, double, penalty=penalty)
     elif isinstance(online, MemberC51Network):
-        loss, td_abs, q = member_c51_loss(online, target, batch, members, double, penalty=penalty)
+        loss, td_abs, q = member_c51_loss(online, target, batch, members, double, penalty=penalty,
+                                          q_grad=cql_alpha is not None)
     elif isinstance(online, MemberIQNNetwork):
         if kappa is None or taus is None:
             raise ValueError("member_loss: IQN needs each member's κ (float32 [P]) and its τ, τ' draws")

@@ -24,6 +24,7 @@ from __future__ import annotations
 import torch
 
 from foxdqn.config.schema import TrainConfig, total_updates
+from foxdqn.ops.per_rows import per_rows
 from foxdqn.ops.replay_gather import replay_gather
 from foxdqn.population.hparams import MemberParams
 from foxdqn.population.random import MemberRandom
@@ -121,7 +122,7 @@ class MemberPrioritizedReplay(MemberReplay):
         self.priorities = Priorities(self, envs_per_member, members=self.members, alpha=alpha, beta_start=beta_start,
                                      beta_updates=beta_updates, eps=eps, updates=updates)
         self.per = self.priorities.per
-        self._first_column = torch.arange(self.members, device=device)[:, None] * envs_per_member  # [P, 1]
+        self._sampled: tuple[torch.Tensor, torch.Tensor] | None = None  # (batch.index, slots) of the last sample
 
     def _after_add(self, row: torch.Tensor) -> None:
         self.priorities.insert(row)
@@ -132,19 +133,24 @@ class MemberPrioritizedReplay(MemberReplay):
         its next B uniforms (``MemberRandom.uniform(B)``), its slots ``t·N + e`` come from its own
         sum, and the ring's rows ``t·P·N + p·N + e`` are gathered by one kernel (stacked as
         :meth:`MemberReplay.sample_members`; ``batch.index`` holds those rows)."""
-        n = self.envs_per_member
-        slots, weight = self.priorities.sample(self.rng.uniform(batch_size))  # [P, B]
-        rows = (slots // n) * self.num_envs + self._first_column + slots % n
+        slots, weight = self.priorities.draw(self.rng.uniform(batch_size))  # [P, B]
+        # the n-step move-back and each member's column: one kernel (Priorities.sample's rule)
+        rows, slots = per_rows(slots, self.ptr, self.rows, self.envs_per_member, self.n_step)
         g = replay_gather(*self._ring(), index=rows, stacked=self.decoder is None)
-        return self._relabel(self.decode(self._batch(g, self._regime_weight(rows.view(-1), weight.view(-1))),
+        batch = self._relabel(self.decode(self._batch(g, self._regime_weight(rows.view(-1), weight.view(-1))),
                                           members=self.members))
+        self._sampled = (batch.index, slots)  # update_priorities reads these slots back for this index
+        return batch
 
     def update_priorities(self, index: torch.Tensor, td_abs: torch.Tensor, skip: torch.Tensor) -> None:
         """Member p's priorities from its rows of ``index`` (int64 ``[P·B]``, the ring's rows of
         :meth:`sample_members`) and ``td_abs`` (float32 ``[P·B]``, unweighted |TD|); ``skip``:
         float32 ``[P]``, the guard's flags (a flagged member's sum is left bit-identical)."""
         n, p = self.envs_per_member, self.members
-        slots = (index // self.num_envs) * n + index % n  # column p·N + e → the member's env e
+        if self._sampled is not None and index is self._sampled[0]:  # the batch just sampled: its slots
+            slots = self._sampled[1]
+        else:
+            slots = (index // self.num_envs) * n + index % n  # column p·N + e → the member's env e
         self.priorities.update(slots.view(p, -1), td_abs.view(p, -1), skip)
 
 

@@ -30,6 +30,7 @@ import torch
 from foxdqn.device.scalars import device_scalar
 from foxdqn.objectives.base import LossOutput
 from foxdqn.ops.grad_norm import grad_norm_coefficient
+from foxdqn.ops.replay_gather import stacked_pair
 from foxdqn.ops.target_lerp import target_lerp_
 from foxdqn.population.objective import member_loss, member_taus
 from foxdqn.population.state import PopulationState
@@ -83,8 +84,14 @@ def member_micro_batches(batch: Batch, members: int, m: int) -> list[Batch]:
     batches of P·B/m rows, member-major: micro-batch k holds each member's rows k·B/m ..
     (k + 1)·B/m − 1 of its own B, the rows :func:`foxdqn.step.update.micro_batches` gives a single
     run of that member (B % m == 0, checked by the config as ``optim.accumulate``). A ``[P, B, D]``
-    field (obs, next_obs) becomes ``[P, B/m, D]``, a ``[P·B, ...]`` one ``[P·B/m, ...]``; copies
-    for P > 1 (a member's rows are not adjacent then), views for P = 1; None stays None."""
+    field (obs, next_obs) becomes ``[P, B/m, D]``, a ``[P·B, ...]`` one ``[P·B/m, ...]``; None stays
+    None. Views for P = 1. For P > 1 a member's rows of a micro-batch are not adjacent: each
+    ``[P·B, ...]`` field is copied once, micro-batch-major (``[m, P, B/m, ...]``), and the micro-batches
+    are views of it; obs and next_obs, the halves of the replay's stacked pair ``[P, 2, B, D]``
+    (:func:`foxdqn.ops.replay_gather.stacked_pair`), become the halves of one ``[P, 2, B/m, D]``
+    copy per micro-batch, which the Double DQN forward reads without a concatenation (else one
+    copy each). The values, layouts and hence the losses are those of copying every field of every
+    micro-batch."""
     if m == 1:
         return [batch]
     b = batch.reward.shape[0] // members
@@ -98,7 +105,26 @@ def member_micro_batches(batch: Batch, members: int, m: int) -> list[Batch]:
         piece = f.view(members, b, *rest).narrow(1, k * rows, rows)
         return piece.reshape(members * rows, *rest) if flat else piece.contiguous()
 
-    return [type(batch)(*(part(f, k) for f in batch)) for k in range(m)]
+    if members == 1:
+        return [type(batch)(*(part(f, k) for f in batch)) for k in range(m)]
+
+    def major(f: torch.Tensor | None) -> torch.Tensor | None:  # [m, P·B/m, ...]: one copy
+        if f is None:
+            return None
+        rest = f.shape[1:]
+        return f.view(members, m, rows, *rest).transpose(0, 1).contiguous().view(m, members * rows, *rest)
+
+    fields = {name: major(f) for name, f in batch._asdict().items() if name not in ("obs", "next_obs")}
+    pair = stacked_pair(batch.obs, batch.next_obs)
+    out = []
+    for k in range(m):
+        if pair is not None:
+            halves = pair.narrow(2, k * rows, rows).contiguous().unbind(1)  # [P, 2, B/m, D]: its halves
+        else:
+            halves = part(batch.obs, k), part(batch.next_obs, k)
+        out.append(type(batch)(obs=halves[0], next_obs=halves[1],
+                               **{name: None if f is None else f[k] for name, f in fields.items()}))
+    return out
 
 
 def accumulate_member_gradients(s: PopulationState, batch: Batch) -> LossOutput:

@@ -21,7 +21,7 @@ import torch
 
 from foxdqn.ops.per_sample import per_sample
 from foxdqn.ops.per_state import PERState
-from foxdqn.ops.per_update import per_insert, per_update
+from foxdqn.ops.per_update import per_insert_row, per_update
 from foxdqn.replay.buffer import ReplayBuffer
 from foxdqn.device.schedules import LinearSchedule
 
@@ -55,13 +55,15 @@ class Priorities:
         self.replay, self.envs, self.updates = replay, envs, updates
         self.per = PERState(replay.rows * envs, device, alpha=alpha, eps=eps, members=members)
         self.beta = LinearSchedule(beta_start, 1.0, beta_updates, device)
-        ids = torch.arange(envs, device=device)
-        self._env_ids = ids if members is None else ids.repeat(members, 1)  # [N] or [P, N]
 
     def insert(self, row: torch.Tensor) -> None:
         """Give time row ``row`` (int64 ``[1]``) of every env (of every member) the maximal
         priority so far (its own member's)."""
-        per_insert(self.per, row * self.envs + self._env_ids)
+        per_insert_row(self.per, row, self.envs)
+
+    def draw(self, rand: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """:meth:`sample` without the n-step move-back: (slots, weights) as the sums give them."""
+        return per_sample(self.per, rand, self.replay.filled() * self.envs, self.beta(self.updates))
 
     def sample(self, rand: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(slots int64, weights float32), ``rand``'s shape (``[B]``, or ``[P, B]``: member p's B
@@ -69,8 +71,7 @@ class Priorities:
         own, with their importance weights normalised by the batch's (member's) largest; slots
         in the n−1 newest rows are moved back n−1 rows (module docstring)."""
         r = self.replay
-        size = r.filled() * self.envs
-        slots, weight = per_sample(self.per, rand, size, self.beta(self.updates))
+        slots, weight = self.draw(rand)
         if r.n_step > 1:
             t, e = slots // self.envs, slots % self.envs
             t = torch.where(r.age(t) < r.n_step - 1, (t - (r.n_step - 1)) % r.rows, t)

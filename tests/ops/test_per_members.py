@@ -14,7 +14,7 @@ from foxdqn.errors import ConfigError
 from foxdqn.ops import per_sample as per_sample_mod
 from foxdqn.ops.per_sample import per_sample
 from foxdqn.ops.per_state import PERState
-from foxdqn.ops.per_update import per_insert, per_update
+from foxdqn.ops.per_update import per_insert, per_insert_row, per_update
 
 BACKENDS = ["triton", "torch"]
 
@@ -150,6 +150,58 @@ def test_update_and_insert_touch_only_their_member(backend):
         assert torch.equal(st.leaves[m], one.leaves), m
         assert torch.equal(st.block_sums[m], one.block_sums), m
         assert torch.equal(st.max_priority[m], one.max_priority), m
+
+
+@pytest.mark.parametrize("members", [None, 1, 3])
+@pytest.mark.parametrize("cap,block,n,row", [(45, 8, 9, 4), (45, 8, 9, 0), (203, 16, 29, 6), (203, 16, 7, 28),
+                                             (64, 4, 1, 63), (40, 8, 40, 0), (9, 2, 3, 2)])
+def test_insert_row_is_insert_of_the_rows_slots(members, cap, block, n, row):
+    """per_insert_row (one kernel) writes the leaves per_insert writes for the slots row·n + e, bit
+    for bit, and their block sums up to the f32 sum's order; its reference is per_insert's
+    (the same bits). Odd rows and blocks, the range inside one block, over several, at the padded
+    end of the capacity, one slot, the whole capacity; member p's max priority and α its own."""
+    gen = torch.Generator().manual_seed(cap + n + row)
+    p = members or 1
+    st = member_state([torch.rand(cap, generator=gen) for _ in range(3)][:p], block)
+    st.max_priority.copy_(torch.tensor([1.5, 2.0, 3.0][:p]))
+    if members is None:
+        st = single_state(st, 0)
+    slots = torch.arange(row * n, row * n + n)
+    slots = slots if members is None else slots.expand(members, n).contiguous()
+    want = clone(st) if members else single_state(member_state([st.leaves[:cap]], block), 0)
+    if members is None:
+        want.max_priority.copy_(st.max_priority)
+    per_insert(want, slots, backend="torch")
+    for backend in ("torch", "triton"):
+        got = clone(st) if members else single_state(member_state([st.leaves[:cap]], block), 0)
+        if members is None:
+            got.max_priority.copy_(st.max_priority)
+        per_insert_row(got, torch.tensor([row]), n, backend=backend)
+        assert torch.equal(got.leaves, want.leaves), backend
+        if backend == "torch":
+            assert torch.equal(got.block_sums, want.block_sums)
+        torch.testing.assert_close(got.block_sums, want.block_sums, rtol=1e-6, atol=0.0)
+        exact = got.leaves.view(p, st.num_blocks, block).double().sum(-1).view_as(got.block_sums)
+        torch.testing.assert_close(got.block_sums.double(), exact, rtol=1e-6, atol=1e-7)
+
+
+def test_insert_row_kernel_ignores_slots_outside_the_capacity_and_checks_its_arguments():
+    st = member_state([torch.rand(20) for _ in range(2)], 4)
+    before = clone(st)
+    per_insert_row(st, torch.tensor([5]), 4, backend="triton")  # slots 20..23: padding, never written
+    assert torch.equal(st.leaves, before.leaves) and torch.equal(st.block_sums, before.block_sums)
+    per_insert_row(st, torch.tensor([3]), 0, backend="triton")  # no slot
+    assert torch.equal(st.leaves, before.leaves)
+    per_insert_row(st, torch.tensor([4]), 6, backend="triton")  # 24..29: past the padding too
+    assert torch.equal(st.leaves, before.leaves) and torch.equal(st.block_sums, before.block_sums)
+    with pytest.raises(ValueError, match="row must be"):
+        per_insert_row(st, torch.tensor([1, 2]), 4)
+    with pytest.raises(ValueError, match="row must be"):
+        per_insert_row(st, torch.tensor([1.0]), 4)
+    with pytest.raises(ValueError, match="n must be"):
+        per_insert_row(st, torch.tensor([1]), -1)
+    with pytest.raises(ValueError, match="backend"):
+        per_insert_row(st, torch.tensor([1]), 4, backend="cpu")
 
 
 @pytest.mark.parametrize("n,dup_pool", [(64, 8), (5, 200)])

@@ -3,6 +3,8 @@
 and a member's weights are a classic network's."""
 from __future__ import annotations
 
+import contextlib
+
 import pytest
 import torch
 
@@ -256,3 +258,37 @@ def test_cql_on_a_distributional_head_is_each_members_single_run_loss(head):
         for prefix, w, b in zip(s.online.prefixes, s.online.weights, s.online.biases):
             torch.testing.assert_close(w.grad[p].t(), grads[f"{prefix}.weight"], rtol=1e-4, atol=1e-6, msg=prefix)
             torch.testing.assert_close(b.grad[p, 0], grads[f"{prefix}.bias"], rtol=1e-4, atol=1e-6, msg=prefix)
+
+
+@pytest.mark.parametrize("experiment", ["eurusd_c51", "eurusd_rainbowish"])
+def test_c51_population_loss_takes_its_fused_op_where_the_kernels_run(experiment):
+    """Inside cpu_kernels a C51 population's loss is ops/c51_loss.py's two kernels (selection,
+    projection and cross-entropy; its backward), and its losses, |TD| and gradients are those of the
+    ops of c51_cross_entropy (outside) to float32 rounding: members with their own supports (plain
+    and Rainbow's dueling head, Double DQN)."""
+    from bench.cpu_kernels import launches, small_overrides
+    from bench.harness import make_population
+    from foxdqn.ops import backend as B
+    from foxdqn.population.step import collect_step, population_loss
+
+    s = make_population([f"+experiment={experiment}", *small_overrides(experiment), "head.v_min=-3", "head.v_max=4"],
+                        3, "cpu")
+    for _ in range(12):
+        collect_step(s)
+    batch = s.replay.sample_members(s.cfg.agent.batch_size)
+    outs = []
+    for fused in (False, True):
+        s.optimizer.zero_grad(set_to_none=True)
+        with B.cpu_kernels() if fused else contextlib.nullcontext():
+            out = population_loss(s, batch)
+            out.loss.sum().backward()
+        outs.append((out, [w.grad.clone() for w in s.optimizer.params]))
+    (plain, g_plain), (fused, g_fused) = outs
+    torch.testing.assert_close(fused.loss, plain.loss, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(fused.td_abs, plain.td_abs, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(fused.q_values, plain.q_values, rtol=1e-5, atol=1e-5)
+    for a, b in zip(g_fused, g_plain):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-6)
+    ops = launches(lambda: population_loss(s, batch).loss.sum().backward())
+    assert ops.count("triton::_c51_loss_fwd_kernel") == 1 and ops.count("triton::_c51_loss_bwd_kernel") == 1
+    assert not {"aten::log_softmax", "aten::softmax", "aten::argmax", "aten::gather", "aten::zeros"} & set(ops), ops

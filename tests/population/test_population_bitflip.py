@@ -122,6 +122,28 @@ def test_a_member_env_steps_as_the_single_runs_env():
         assert torch.equal(three.step(actions.repeat(3)).obs[envs:2 * envs], one.step(actions).obs)
 
 
+@pytest.mark.parametrize("n", [1, 5])
+def test_a_member_env_steps_through_its_kernel_as_through_its_reference(n):
+    """Where the fused kernels run (cpu_kernels: ops/bitflip_step.py in the interpreter) a member
+    env's steps, restarts and goals are bit for bit those of its torch reference, over 3n steps of
+    3 members."""
+    from foxdqn.ops import backend as B
+
+    fused, plain = (MemberBitFlipEnv(MemberRandom([5, 7, 9], CPU), 5, n, CPU) for _ in range(2))
+    assert torch.equal(fused.reset_all(), plain.reset_all())
+    g = torch.Generator().manual_seed(n)
+    for _ in range(3 * n):
+        actions = torch.randint(0, n, (15,), generator=g)
+        with B.cpu_kernels():
+            a = fused.step(actions)
+        b = plain.step(actions)
+        for name in ("next_obs", "obs", "reward", "terminated", "truncated"):
+            assert torch.equal(getattr(a, name), getattr(b, name)), name
+        assert all(torch.equal(a.info[k], v) for k, v in b.info.items())
+        assert torch.equal(fused.state, plain.state) and torch.equal(fused.goal, plain.goal)
+        assert torch.equal(fused.steps, plain.steps)
+
+
 @pytest.mark.parametrize("n", [1, 2, 3, 30])
 def test_member_goals_are_uniform_over_the_other_states(n):
     """Starts uniform, goals uniform over the 2^n − 1 masks other than zero (as the single run's),

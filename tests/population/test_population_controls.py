@@ -93,6 +93,13 @@ def test_member_micro_batches_are_each_members_single_run_micro_batches():
                     continue
                 got = got[p] if got.dim() == 3 else got[4 * p:4 * (p + 1)]
                 assert torch.equal(got, single[f]), (p, k, name)
+    # no copy per field and micro-batch: the [P·B] fields are views of one micro-batch-major copy,
+    # and obs, next_obs the halves of one stacked pair per micro-batch (no concatenation in the forward)
+    from foxdqn.ops.replay_gather import stacked_pair
+
+    for k, part in enumerate(parts):
+        assert stacked_pair(part.obs, part.next_obs) is not None, k
+        assert part.reward.is_contiguous() and part.reward._base is parts[0].reward._base is not None
 
 
 def test_accumulated_population_of_one_is_the_single_runs_update():

@@ -80,6 +80,18 @@ def test_launches_do_not_grow_with_members():
     assert one["update"] == two["update"]  # the fused member chain: P = 1 runs no CPU batch-of-two layers
 
 
+@pytest.mark.parametrize("name", ["bitflip_dqn", "bitflip_her"])
+def test_bitflip_collect_step_is_the_single_runs_six_launches(name):
+    """Bit flipping's env step, start draw and auto-reset are one kernel (ops/bitflip_step.py; were
+    37 torch ops, 43 launches per collect step at P = 3), HER's collect step the same six."""
+    from bench.cpu_kernels import launches, small_overrides
+    from bench.harness import make_population
+    from foxdqn.population.step import collect_step
+
+    s = make_population([f"+experiment={name}", *small_overrides(name)], 3, "cpu")
+    assert launches(lambda: collect_step(s)) == [op.format(step="triton::_bitflip_step_kernel") for op in COLLECT]
+
+
 def test_collect_step_fuses_a_plain_q_head():
     """A plain Q head (CartPole) acts through q_forward_epsilon_greedy (acting_args) where the fused
     forwards run, while the network's own forward runs member_mlp_chain (q_forward_args None,
@@ -115,12 +127,12 @@ def test_collect_step_fuses_a_plain_q_head():
 ENCODER = ["aten::baddbmm", "aten::relu"]
 ENV_TAIL = ["triton::_member_uniform_kernel", "triton::_trading_step_kernel"]
 REPLAY_TAIL = ["triton::_replay_add_kernel", "triton::_step_stats_kernel"]
-HEAD_COLLECT = {  # issue 33 item 2: were 12, 17, 20 and 24 launches at P = 3 (the head's ops unfused)
+HEAD_COLLECT = {  # issue 33 item 2: were 12, 17, 20 and 24 launches at P = 3 (the head's ops unfused; PER's insert 4)
     "eurusd_c51": ["triton::_c51_epsilon_greedy_kernel"] + ENV_TAIL + REPLAY_TAIL,
     "eurusd_iqn": ["triton::_iqn_epsilon_greedy_kernel"] + ENV_TAIL + REPLAY_TAIL,
     "eurusd_branching": ["triton::_branching_epsilon_greedy_kernel"] + ENV_TAIL + REPLAY_TAIL,
-    "eurusd_rainbowish": ["triton::_c51_epsilon_greedy_kernel"] + ENV_TAIL + [  # PER's insert: priorities, sums
-        "aten::mul", "aten::add", "triton::_per_insert_kernel", "triton::_per_block_sum_kernel"] + REPLAY_TAIL,
+    "eurusd_rainbowish": ["triton::_c51_epsilon_greedy_kernel"] + ENV_TAIL + [  # PER's insert: one kernel (was 4)
+        "triton::_per_insert_row_kernel"] + REPLAY_TAIL,
 }
 
 
@@ -149,3 +161,23 @@ def test_distributional_heads_are_not_fused_for_acting(head):
     obs = torch.randn(2, 8, 4)
     with torch.no_grad(), B.cpu_kernels():
         assert s.online.acting_args(obs) is None and s.online.q_forward_args(obs) is None
+
+
+#: issue 33 item 2: a population's update at P = 3 (small nets), at most this many launches; were
+#: c51 54, rainbowish 109 and controls 242 with the C51 loss's ops unfused (ops/c51_loss.py: 20
+#: forward and 4 backward launches, and Rainbow's dueling combine 3 + 5), PER's sampled slots turned into ring rows by 18 small ops (ops/per_rows.py)
+#: and the slots of its update recomputed (4), accumulation's micro-batches copied per field (26)
+UPDATE_AT_MOST = {"eurusd_c51": 30, "eurusd_rainbowish": 52, "eurusd_controls": 208}
+
+
+@pytest.mark.parametrize("name", list(UPDATE_AT_MOST))
+def test_update_launches_stay_fused(name):
+    ops = step_launches(name, 3)["update"]
+    assert len(ops) <= UPDATE_AT_MOST[name], (len(ops), ops)
+    if name != "eurusd_controls":  # a C51 head: its loss is two kernels
+        assert ops.count("triton::_c51_loss_fwd_kernel") == ops.count("triton::_c51_loss_bwd_kernel") == 1
+        assert not {"aten::log_softmax", "aten::softmax", "aten::argmax", "aten::stack", "aten::zeros"} & set(ops)
+    if name != "eurusd_c51":  # prioritized replay: slots to rows in one kernel, none for the update's slots
+        assert ops.count("triton::_per_rows_kernel") == 1
+        if name == "eurusd_rainbowish":  # (controls' pruning schedule keeps a remainder of its own)
+            assert not {"aten::floor_divide", "aten::remainder"} & set(ops), ops

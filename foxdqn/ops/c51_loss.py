@@ -1,0 +1,358 @@
+r"""The C51 loss of a batch in one forward and one backward kernel: a* at s', the categorical
+projection of its target distribution and the cross-entropy against the online distribution at s.
+
+Source: Bellemare, Dabney & Munos (2017), "A Distributional Perspective on Reinforcement
+Learning", Algorithm 1 (categorical algorithm), with Double DQN's selection of a* (van Hasselt et
+al. 2016) as :func:`foxdqn.objectives.c51.c51_cross_entropy` computes it. Per row r of a batch of
+R rows, with A actions of K atoms and the row's group g (a population's member: rows
+``g·R/G .. (g+1)·R/G − 1``), its atoms ``z_g`` (``support[g]``) and bounds (``table[g]``,
+:func:`foxdqn.ops.c51_project.support_table`)::
+
+    q[r, a]  = Σ_k softmax(logits[r, a])_k z_g,k                 expected Q at s (no gradient)
+    sel[r, a] = Σ_k softmax(select_logits[r, a])_k z_g,k          (Double DQN: the online net at s')
+              = Σ_k softmax(target_logits[r, a])_k z_g,k          (else: the target net at s')
+              − penalty[r, a]                                    (action.switch_margin, if given)
+    a*       = argmax_a sel[r, a]                                (the first maximum; a NaN wins, as torch.argmax)
+    m        = Φ(softmax(target_logits[r, a*]), reward_r, discount_r)   Algorithm 1's projection onto z_g
+    ce[r]    = −Σ_k m_k log softmax(logits[r, action_r])_k
+
+Φ is :func:`foxdqn.ops.c51_project.c51_project`'s, written as its hat-weight gather with the same
+roundings (``z_j = fl(fl(j·Δz) + v_min)``, ``Tz_j = fl(r + fl(d·z_j))``, ``b_j = fl(fl(Tz_j −
+v_min)·(1/Δz))`` clamped to [0, K − 1]; an all-NaN m where a p_j is NaN or ±Inf or a Tz_j is NaN).
+
+Gradient (backward kernel; only ``logits`` gets one): with p = softmax(logits[r, action_r]),
+
+    ∂ce[r] / ∂logits[r, a, k] = −m_k + p_k Σ_i m_i   for a = action_r,   0 for every other a.
+
+Kernel and reference (:func:`c51_loss_reference`, the torch ops of ``c51_cross_entropy``) agree to
+float32 rounding (exp, log and the order of the sums differ), and on a* wherever the selection's
+maximum is clear. Each program owns ``BLOCK_R`` rows and holds ``[BLOCK_R, next_pow2(K)]`` tiles
+(the projection a ``[BLOCK_R, K, K]`` one), looping over the actions: K ≤ :data:`MAX_ATOMS`.
+
+Rainbow's dueling head (Hessel et al. 2018, §"Dueling networks" per atom): given the value
+streams, each network's logits are ``v + adv − mean_a adv`` formed in the kernels, and the
+backward gives ``∂/∂v = G`` (the taken action's gradient G above) and
+``∂/∂adv_a = 1{a = action}·G − G/A``.
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+import torch.nn.functional as F
+import triton
+import triton.language as tl
+from torch import Tensor
+
+from foxdqn.ops.backend import describe, resolve_backend
+from foxdqn.ops.c51_project import _mul_rn, c51_project_reference
+from foxdqn.ops.library import device_op, wrap_triton
+
+#: The most atoms the kernels take (their [BLOCK_R, K, K] projection tile lives in registers).
+MAX_ATOMS = 128
+
+
+@triton.jit
+def _softmax_rows(x):
+    """softmax over axis 1 of a [R, BK] tile whose padding is −inf (torch's formula: exp(x − max) / Σ)."""
+    e = tl.exp(x - tl.max(x, axis=1)[:, None])
+    return e / tl.sum(e, axis=1)[:, None]
+
+
+@triton.jit
+def _mean_over_actions(adv_ptr, rows64, j, ok, A, K, DUELING: tl.constexpr, BLOCK_R: tl.constexpr,
+                       BK: tl.constexpr):
+    """(1/A) Σ_a adv[r, a, :] ([BLOCK_R, BK]; zeros without DUELING): the dueling combine's mean."""
+    acc = tl.zeros([BLOCK_R, BK], dtype=tl.float32)
+    if DUELING:
+        for a in range(0, A):
+            acc += tl.load(adv_ptr + (rows64[:, None] * A + a) * K + j[None, :], mask=ok, other=0.0)
+        acc = acc / A
+    return acc
+
+
+@triton.jit
+def _action_logits(adv_ptr, v_ptr, mean, rows64, act, j, ok, A, K, DUELING: tl.constexpr):
+    """Row r's logits of action act[r] ([BLOCK_R, BK], −inf in the padding): the tensor's own, or
+    Rainbow's v + adv − mean_a adv (DUELING)."""
+    x = tl.load(adv_ptr + (rows64[:, None] * A + act) * K + j[None, :], mask=ok, other=0.0)
+    if DUELING:
+        x = tl.load(v_ptr + rows64[:, None] * K + j[None, :], mask=ok, other=0.0) + x - mean
+    return tl.where(ok, x, float("-inf"))
+
+
+@triton.jit
+def _c51_loss_fwd_kernel(
+    logits_ptr, action_ptr, tlog_ptr, slog_ptr, pen_ptr, r_ptr, d_ptr, support_ptr, table_ptr,
+    ce_ptr, q_ptr, m_ptr, lse_ptr, v_ptr, tv_ptr, sv_ptr,
+    R, A, K, rows_per_group,
+    DOUBLE: tl.constexpr, PENALTY: tl.constexpr, DUELING: tl.constexpr, BLOCK_R: tl.constexpr, BK: tl.constexpr,
+):
+    rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
+    row_ok = rows < R
+    rows64 = rows.to(tl.int64)
+    j = tl.arange(0, BK)
+    jm = j < K
+    ok = row_ok[:, None] & jm[None, :]
+    g = (rows // rows_per_group).to(tl.int64)
+    z = tl.load(support_ptr + g[:, None] * K + j[None, :], mask=ok, other=0.0)  # the member's atoms
+    sup = table_ptr + g * 4
+    v_min = tl.load(sup, mask=row_ok, other=0.0)[:, None]
+    v_max = tl.load(sup + 1, mask=row_ok, other=1.0)[:, None]
+    dz = tl.load(sup + 2, mask=row_ok, other=1.0)[:, None]
+    inv_dz = tl.load(sup + 3, mask=row_ok, other=1.0)[:, None]
+
+    mean = _mean_over_actions(logits_ptr, rows64, j, ok, A, K, DUELING, BLOCK_R, BK)
+    t_mean = _mean_over_actions(tlog_ptr, rows64, j, ok, A, K, DUELING, BLOCK_R, BK)
+    s_mean = _mean_over_actions(slog_ptr, rows64, j, ok, A, K, DUELING and DOUBLE, BLOCK_R, BK)
+    best = tl.full([BLOCK_R], float("-inf"), tl.float32)
+    p_best = tl.zeros([BLOCK_R, BK], dtype=tl.float32)
+    for a in range(0, A):
+        act_a = tl.zeros([BLOCK_R, 1], dtype=tl.int64) + a
+        x = _action_logits(logits_ptr, v_ptr, mean, rows64, act_a, j, ok, A, K, DUELING)
+        tl.store(q_ptr + rows64 * A + a, tl.sum(tl.where(ok, _softmax_rows(x) * z, 0.0), axis=1), mask=row_ok)
+        pt = tl.where(ok, _softmax_rows(_action_logits(tlog_ptr, tv_ptr, t_mean, rows64, act_a, j, ok, A, K,
+                                                       DUELING)), 0.0)
+        if DOUBLE:
+            ps = tl.where(ok, _softmax_rows(_action_logits(slog_ptr, sv_ptr, s_mean, rows64, act_a, j, ok, A, K,
+                                                           DUELING)), 0.0)
+            sel = tl.sum(ps * z, axis=1)
+        else:
+            sel = tl.sum(pt * z, axis=1)
+        if PENALTY:
+            sel = sel - tl.load(pen_ptr + rows64 * A + a, mask=row_ok, other=0.0)
+        better = (a == 0) | (sel > best) | ((sel != sel) & (best == best))
+        best = tl.where(better, sel, best)
+        p_best = tl.where(better[:, None], pt, p_best)
+
+    # Algorithm 1's projection of p_best onto the row's support (c51_project's roundings)
+    r = tl.load(r_ptr + rows64, mask=row_ok, other=0.0)[:, None]
+    d = tl.load(d_ptr + rows64, mask=row_ok, other=0.0)[:, None]
+    zp = _mul_rn(j.to(tl.float32)[None, :], dz) + v_min
+    tz = r + _mul_rn(d, zp)
+    bad = tl.sum(tl.where(ok & ((tz != tz) | (p_best != p_best) | (tl.abs(p_best) == float("inf"))), 1, 0), axis=1)
+    tz = tl.minimum(tl.maximum(tz, v_min), v_max)
+    b = _mul_rn(tz - v_min, inv_dz)
+    b = tl.minimum(tl.maximum(b, 0.0), (K - 1) * 1.0)
+    hat = tl.maximum(1.0 - tl.abs(b[:, None, :] - j.to(tl.float32)[None, :, None]), 0.0)  # [R, i, j]
+    m = tl.sum(tl.where(ok[:, None, :], p_best[:, None, :] * hat, 0.0), axis=2)  # [R, i]
+    m = tl.where(bad[:, None] > 0, float("nan"), m)
+
+    act = tl.load(action_ptr + rows64, mask=row_ok, other=0).to(tl.int64)
+    x = _action_logits(logits_ptr, v_ptr, mean, rows64, act[:, None], j, ok, A, K, DUELING)
+    mx = tl.max(x, axis=1)
+    lse = mx + tl.log(tl.sum(tl.exp(x - mx[:, None]), axis=1))
+    ce = -tl.sum(tl.where(ok, m * (x - lse[:, None]), 0.0), axis=1)
+    tl.store(ce_ptr + rows64, ce, mask=row_ok)
+    tl.store(lse_ptr + rows64, lse, mask=row_ok)
+    tl.store(m_ptr + rows64[:, None] * K + j[None, :], m, mask=ok)
+
+
+@triton.jit
+def _c51_loss_bwd_kernel(grad_ptr, logits_ptr, v_ptr, action_ptr, m_ptr, lse_ptr, out_ptr, v_out_ptr, R, A, K,
+                         DUELING: tl.constexpr, BLOCK_R: tl.constexpr, BK: tl.constexpr):
+    rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
+    row_ok = rows < R
+    rows64 = rows.to(tl.int64)
+    j = tl.arange(0, BK)
+    ok = row_ok[:, None] & (j < K)[None, :]
+    act = tl.load(action_ptr + rows64, mask=row_ok, other=0).to(tl.int64)
+    mean = _mean_over_actions(logits_ptr, rows64, j, ok, A, K, DUELING, BLOCK_R, BK)
+    x = _action_logits(logits_ptr, v_ptr, mean, rows64, act[:, None], j, ok, A, K, DUELING)
+    p = tl.exp(x - tl.load(lse_ptr + rows64, mask=row_ok, other=0.0)[:, None])
+    m = tl.load(m_ptr + rows64[:, None] * K + j[None, :], mask=ok, other=0.0)
+    grad = tl.load(grad_ptr + rows64, mask=row_ok, other=0.0)[:, None] * (p * tl.sum(m, axis=1)[:, None] - m)
+    shared = tl.zeros([BLOCK_R, BK], dtype=tl.float32)
+    if DUELING:  # logits = v + adv − mean_a adv: ∂/∂v = the taken action's, ∂/∂adv_a = its own − their mean
+        tl.store(v_out_ptr + rows64[:, None] * K + j[None, :], grad, mask=ok)
+        shared = grad / A
+    for a in range(0, A):
+        tl.store(out_ptr + (rows64[:, None] * A + a) * K + j[None, :],
+                 tl.where(act[:, None] == a, grad, 0.0) - shared, mask=ok)
+
+
+def _blocks(k: int) -> tuple[int, int]:
+    bk = triton.next_power_of_2(k)
+    return max(1, min(16, 4096 // (bk * bk))), bk
+
+
+@device_op("foxdqn::c51_loss", mutates_args=())
+def _c51_loss_op(logits: Tensor, action: Tensor, target_logits: Tensor, select_logits: Optional[Tensor],
+                 penalty: Optional[Tensor], reward: Tensor, discount: Tensor, support: Tensor,
+                 table: Tensor, value: Optional[Tensor], target_value: Optional[Tensor],
+                 select_value: Optional[Tensor]) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    # value, target_value, select_value: None, or (dueling) [R, K], the value streams of the three
+    # networks whose advantages logits, target_logits and select_logits then are
+    r, a, k = logits.shape
+    dev = logits.device
+    ce = torch.empty(r, device=dev, dtype=torch.float32)
+    q = torch.empty(r, a, device=dev, dtype=torch.float32)
+    m = torch.empty(r, k, device=dev, dtype=torch.float32)
+    lse = torch.empty(r, device=dev, dtype=torch.float32)
+    block_r, bk = _blocks(k)
+    dueling = value is not None
+    unused = reward  # a float32 pointer the kernel does not read
+    wrap_triton(_c51_loss_fwd_kernel)[(triton.cdiv(r, block_r),)](
+        logits, action, target_logits, target_logits if select_logits is None else select_logits,
+        reward if penalty is None else penalty, reward, discount, support, table, ce, q, m, lse,
+        value if dueling else unused, target_value if dueling else unused,
+        select_value if dueling and select_value is not None else unused,
+        r, a, k, r // table.shape[0],
+        DOUBLE=select_logits is not None, PENALTY=penalty is not None, DUELING=dueling, BLOCK_R=block_r, BK=bk,
+        num_warps=4)
+    return ce, q, m, lse
+
+
+@device_op("foxdqn::c51_loss_backward", mutates_args=())
+def _c51_loss_backward_op(grad_ce: Tensor, logits: Tensor, value: Optional[Tensor], action: Tensor, m: Tensor,
+                          lse: Tensor) -> tuple[Tensor, Tensor]:
+    r, a, k = logits.shape
+    out = torch.empty_like(logits)
+    v_out = torch.empty(r if value is not None else 0, k, device=logits.device, dtype=torch.float32)
+    block_r, bk = _blocks(k)
+    wrap_triton(_c51_loss_bwd_kernel)[(triton.cdiv(r, block_r),)](
+        grad_ce.contiguous(), logits, logits if value is None else value, action, m, lse, out, v_out, r, a, k,
+        DUELING=value is not None, BLOCK_R=block_r, BK=bk, num_warps=4)
+    return out, v_out
+
+
+def _c51_loss_setup_context(ctx, inputs, output):
+    logits, action = inputs[:2]
+    ctx.save_for_backward(logits, inputs[9], action, output[2], output[3])
+    ctx.mark_non_differentiable(output[1], output[2], output[3])  # q, m, lse
+    ctx.set_materialize_grads(False)  # no zero tensors for them in the backward: three memsets fewer
+
+
+def _c51_loss_backward(ctx, grad_ce, *unused):
+    logits, value, action, m, lse = ctx.saved_tensors
+    grad = grad_v = None
+    if grad_ce is not None and (ctx.needs_input_grad[0] or ctx.needs_input_grad[9]):
+        grad, grad_v = _c51_loss_backward_op(grad_ce, logits, value, action, m, lse)
+        grad_v = grad_v if value is not None and ctx.needs_input_grad[9] else None
+    # only the online logits (advantages) and value stream get a gradient
+    return grad, None, None, None, None, None, None, None, None, grad_v, None, None
+
+
+_c51_loss_op.register_autograd(_c51_loss_backward, setup_context=_c51_loss_setup_context)
+
+
+def dueling_logits(value: Tensor | None, advantage: Tensor | None) -> Tensor | None:
+    """Rainbow's atom logits ``v + adv − mean_a adv`` (``[R, A, K]``) of a value stream ``[R, K]`` and
+    advantages ``[R, A, K]`` (the ops of :meth:`foxdqn.population.distributional.MemberC51Network.logits`);
+    ``advantage`` itself when ``value`` is None."""
+    if value is None or advantage is None:
+        return advantage
+    return value[:, None, :] + advantage - advantage.mean(dim=1, keepdim=True)
+
+
+def c51_loss_reference(logits: Tensor, action: Tensor, target_logits: Tensor, select_logits: Tensor | None,
+                       penalty: Tensor | None, reward: Tensor, discount: Tensor, support: Tensor,
+                       v_min: Tensor, v_max: Tensor, value: Tensor | None = None, target_value: Tensor | None = None,
+                       select_value: Tensor | None = None) -> tuple[Tensor, Tensor]:
+    """Plain-torch :func:`c51_loss` (``c51_cross_entropy``'s ops on ``[G, R/G, ...]`` views): the
+    same arguments, with the float64 ``[G]`` bounds for the projection in place of the table."""
+    logits, target_logits = dueling_logits(value, logits), dueling_logits(target_value, target_logits)
+    select_logits = dueling_logits(select_value, select_logits)
+    r, a, k = logits.shape
+    g = support.shape[0]
+    z = support.view(g, 1, 1, k)
+    log_p_all = F.log_softmax(logits.view(g, -1, a, k), dim=-1)
+    q = (log_p_all.exp() * z).sum(dim=-1).view(r, a)
+    log_p = log_p_all.view(r, a, k).gather(1, action.view(r, 1, 1).expand(r, 1, k)).squeeze(1)
+    with torch.no_grad():
+        p_next_all = F.softmax(target_logits.view(g, -1, a, k), dim=-1)
+        sel_p = p_next_all if select_logits is None else F.softmax(select_logits.view(g, -1, a, k), dim=-1)
+        select = (sel_p * z).sum(dim=-1).view(r, a)
+        if penalty is not None:
+            select = select - penalty.view(r, a)
+        a_star = select.argmax(dim=-1)
+        p_next = p_next_all.view(r, a, k).gather(1, a_star.view(r, 1, 1).expand(r, 1, k)).squeeze(1)
+        m = c51_project_reference(p_next, reward, discount, v_min, v_max)
+    return -(m * log_p).sum(dim=-1), q.detach()
+
+
+def c51_loss(logits: Tensor, action: Tensor, target_logits: Tensor, select_logits: Tensor | None,
+             penalty: Tensor | None, reward: Tensor, discount: Tensor, support: Tensor, v_min: Tensor,
+             v_max: Tensor, table: Tensor | None = None, value: Tensor | None = None,
+             target_value: Tensor | None = None, select_value: Tensor | None = None,
+             backend: str = "auto") -> tuple[Tensor, Tensor]:
+    """(ce float32 ``[R]`` with its gradient to ``logits``, q float32 ``[R, A]`` without one): the C51
+    loss of R rows in G groups (module docstring), one forward and one backward kernel on the device.
+
+    Args:
+        logits: float32 ``[R, A, K]`` contiguous, the online atom logits at s (may require grad).
+        action: int64 ``[R]``, the action taken (in 0..A−1).
+        target_logits: float32 ``[R, A, K]`` contiguous, the target network's logits at s'.
+        select_logits: None, or float32 ``[R, A, K]`` contiguous, the online logits at s' that pick
+            a* (Double DQN); None: the target's expected Q picks it.
+        penalty: None, or float32 ``[R, A]`` contiguous, subtracted from the Q that picks a*.
+        reward, discount: float32 ``[R]`` (R and γ^m, 0 at a terminal).
+        support: float32 ``[G, K]`` contiguous, each group's atoms z_k (G divides R).
+        v_min, v_max: float ``[G]`` tensors, each group's bounds (the reference projects with them).
+        table: None, or :func:`foxdqn.ops.c51_project.support_table` of the bounds (float32
+            ``[G, 4]``; None: made here, seven small ops: pass it to save them).
+        value, target_value, select_value: None, or (Rainbow's dueling head) float32 ``[R, K]``
+            contiguous value streams of the online, target and selecting networks (``select_value``
+            with ``select_logits``): each network's logits are then ``v + adv − mean_a adv``
+            (:func:`dueling_logits`) of its stream and ``logits`` / ``target_logits`` /
+            ``select_logits``, its advantages; ``value`` gets a gradient too.
+        backend: "auto" (Triton for CUDA tensors, torch for CPU ones), "triton" or "torch".
+
+    Raises:
+        ValueError: a wrong shape, dtype, layout or device; K > :data:`MAX_ATOMS` for the kernel; G
+            not dividing R; an unknown backend.
+        RuntimeError: backend="triton" on CPU tensors without TRITON_INTERPRET=1.
+    """
+    _check(logits, action, target_logits, select_logits, penalty, reward, discount, support, v_min, v_max)
+    _check_values(logits, value, target_value, select_value, select_logits)
+    if resolve_backend("c51_loss", backend, logits) == "torch":
+        return c51_loss_reference(logits, action, target_logits, select_logits, penalty, reward, discount, support,
+                                  v_min, v_max, value, target_value, select_value)
+    if logits.shape[-1] > MAX_ATOMS:
+        raise ValueError(f"c51_loss: the kernel takes at most {MAX_ATOMS} atoms, got {logits.shape[-1]}")
+    if table is None:
+        from foxdqn.ops.c51_project import support_table
+
+        table = support_table(v_min, v_max, logits.shape[-1])
+    ce, q, _, _ = _c51_loss_op(logits, action, target_logits, select_logits, penalty, reward.contiguous(),
+                               discount.contiguous(), support, table, value, target_value, select_value)
+    return ce, q.detach()
+
+
+def _check_values(logits, value, target_value, select_value, select_logits) -> None:
+    r, _, k = logits.shape
+    given = [v is not None for v in (value, target_value)] + ([select_value is not None] if select_logits is not None
+                                                              else [])
+    if any(given) and not all(given) or select_logits is None and select_value is not None:
+        raise ValueError("c51_loss: value streams for every network or none (select_value with select_logits only)")
+    for name, t in (("value", value), ("target_value", target_value), ("select_value", select_value)):
+        if t is None:
+            continue
+        if not isinstance(t, Tensor) or tuple(t.shape) != (r, k) or t.dtype != torch.float32 or not t.is_contiguous():
+            raise ValueError(f"c51_loss: {name} must be a contiguous float32 tensor [{r}, {k}], got {describe(t)}")
+        if t.device != logits.device:
+            raise ValueError(f"c51_loss: {name} is on {t.device}, logits on {logits.device}")
+
+
+def _check(logits, action, target_logits, select_logits, penalty, reward, discount, support, v_min, v_max) -> None:
+    if not isinstance(logits, Tensor) or logits.dim() != 3 or logits.dtype != torch.float32 \
+            or not logits.is_contiguous():
+        raise ValueError(f"c51_loss: logits must be a contiguous float32 tensor [R, A, K], got {describe(logits)}")
+    r, a, k = logits.shape
+    g = support.shape[0] if isinstance(support, Tensor) and support.dim() == 2 else 0
+    want = [("target_logits", target_logits, (r, a, k), torch.float32),
+            ("select_logits", select_logits, (r, a, k), torch.float32), ("penalty", penalty, (r, a), torch.float32),
+            ("action", action, (r,), torch.int64), ("reward", reward, (r,), torch.float32),
+            ("discount", discount, (r,), torch.float32), ("support", support, (g, k), torch.float32)]
+    for name, t, shape, dtype in want:
+        if t is None and name in ("select_logits", "penalty"):
+            continue
+        if not isinstance(t, Tensor) or tuple(t.shape) != shape or t.dtype != dtype or not t.is_contiguous():
+            raise ValueError(f"c51_loss: {name} must be a contiguous {dtype} tensor {list(shape)}, got {describe(t)}")
+        if t.device != logits.device:
+            raise ValueError(f"c51_loss: {name} is on {t.device}, logits on {logits.device}")
+    if g == 0 or r % g:
+        raise ValueError(f"c51_loss: support must be [G, K] with G dividing R = {r}, got {describe(support)}")
+    for name, t in (("v_min", v_min), ("v_max", v_max)):
+        if not isinstance(t, Tensor) or tuple(t.shape) != (g,) or not t.dtype.is_floating_point:
+            raise ValueError(f"c51_loss: {name} must be a float tensor [{g}], got {describe(t)}")

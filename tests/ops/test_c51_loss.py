@@ -1,0 +1,178 @@
+"""c51_loss: the Triton kernels (interpreter on the CPU) against the torch reference (the ops of
+foxdqn.objectives.c51.c51_cross_entropy) on odd shapes (one group, odd groups and rows, one action,
+K = 2 and 51, Double DQN or not, a penalty), the gradient against autograd's of the reference, a*
+where the selection's maximum is clear, terminal rows and rewards past the bounds, NaN rows,
+groups that never mix, argument errors; on the GPU the compiled kernels."""
+import pytest
+import torch
+
+from foxdqn.ops.c51_loss import MAX_ATOMS, c51_loss, c51_loss_reference
+from foxdqn.ops.c51_project import support_table
+
+
+def _case(g, rows, a, k, seed, double=True, penalty=False, device="cpu"):
+    gen = torch.Generator().manual_seed(seed)
+    r = g * rows
+    v_min = -torch.rand(g, generator=gen, dtype=torch.float64) * 10 - 1
+    v_max = torch.rand(g, generator=gen, dtype=torch.float64) * 10 + 1
+    support = torch.stack([torch.linspace(float(lo), float(hi), k) for lo, hi in zip(v_min, v_max)]).float()
+    logits = torch.randn(r, a, k, generator=gen) * 2
+    target = torch.randn(r, a, k, generator=gen) * 2
+    select = torch.randn(r, a, k, generator=gen) * 2 if double else None
+    pen = torch.rand(r, a, generator=gen) if penalty else None
+    action = torch.randint(0, a, (r,), generator=gen)
+    reward = torch.randn(r, generator=gen) * 5
+    reward[::5] = 100.0  # past v_max
+    discount = torch.full((r,), 0.97)
+    discount[::3] = 0.0  # terminal
+    out = [logits, action, target, select, pen, reward, discount, support, v_min, v_max]
+    return [t.to(device) if isinstance(t, torch.Tensor) else t for t in out]
+
+
+def _run(case, backend):
+    logits = case[0].clone().requires_grad_(True)
+    ce, q = c51_loss(logits, *case[1:], backend=backend)
+    (ce * torch.linspace(0.5, 1.5, ce.shape[0], device=ce.device)).sum().backward()
+    return ce.detach(), q, logits.grad
+
+
+def _selection_clear(case, margin=1e-4):
+    """Rows whose a* (the argmax of the selection Q) is clear by ``margin``."""
+    logits, action, target, select, pen, _, _, support, _, _ = case
+    g, k = support.shape
+    p = torch.softmax((target if select is None else select).view(g, -1, *target.shape[1:]), -1)
+    sel = (p * support.view(g, 1, 1, k)).sum(-1).view(target.shape[:2])
+    if pen is not None:
+        sel = sel - pen
+    if sel.shape[1] == 1:
+        return torch.ones(sel.shape[0], dtype=torch.bool)
+    top = sel.topk(2, dim=1).values
+    return (top[:, 0] - top[:, 1]) > margin
+
+
+@pytest.mark.parametrize("g,rows,a,k,double,penalty", [(1, 7, 3, 51, True, False), (3, 5, 4, 51, False, False),
+                                                        (5, 3, 1, 2, True, True), (2, 9, 5, 11, False, True),
+                                                        (1, 1, 2, 51, True, True), (3, 33, 3, 51, True, False)])
+def test_kernel_matches_reference(g, rows, a, k, double, penalty):
+    case = _case(g, rows, a, k, seed=g * 100 + rows, double=double, penalty=penalty)
+    ce_k, q_k, grad_k = _run(case, "triton")
+    ce_r, q_r, grad_r = _run(case, "torch")
+    clear = _selection_clear(case)
+    assert clear.sum() >= max(1, case[0].shape[0] // 2)
+    torch.testing.assert_close(q_k, q_r, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(ce_k[clear], ce_r[clear], rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(grad_k[clear], grad_r[clear], rtol=1e-5, atol=1e-6)
+    assert not q_k.requires_grad and ce_k.shape == (g * rows,) and grad_k.shape == case[0].shape
+
+
+def test_gradient_reaches_only_the_taken_action():
+    case = _case(2, 4, 3, 51, seed=3)
+    _, _, grad = _run(case, "triton")
+    taken = torch.nn.functional.one_hot(case[1], 3).bool()
+    assert (grad[~taken] == 0).all() and (grad[taken].abs().sum(-1) > 0).all()
+    # the gradient of a row's cross-entropy sums to 0 over its atoms (Σ_k (p_k Σm − m_k) = 0)
+    torch.testing.assert_close(grad.sum(-1), torch.zeros(8, 3), atol=1e-6, rtol=0)
+
+
+def test_groups_never_mix():
+    """Each group's rows give what a batch of that group alone gives (its own support and bounds)."""
+    case = _case(3, 6, 3, 51, seed=4)
+    ce, q, grad = _run(case, "triton")
+    for i in range(3):
+        rows = slice(6 * i, 6 * i + 6)
+        one = [t[rows].contiguous() if t is not None and t.shape[0] == 18 else t for t in case[:7]]
+        one += [case[7][i:i + 1].contiguous(), case[8][i:i + 1], case[9][i:i + 1]]
+        ce1, q1, grad1 = _run(one, "triton")
+        w = torch.linspace(0.5, 1.5, 18)[rows] / torch.linspace(0.5, 1.5, 6)
+        torch.testing.assert_close(ce[rows], ce1, rtol=0, atol=0)
+        torch.testing.assert_close(q[rows], q1, rtol=0, atol=0)
+        torch.testing.assert_close(grad[rows], grad1 * w[:, None, None], rtol=1e-6, atol=1e-7)
+
+
+def test_nan_rows_stay_in_their_row():
+    case = _case(1, 6, 3, 51, seed=5)
+    case[2][1, :, 4] = float("nan")  # the target distribution of row 1: NaN in every action
+    case[5][3] = float("nan")  # row 3's reward
+    case[0][4, case[1][4], 0] = float("nan")  # row 4's online logits at its action
+    ce_k, _, grad_k = _run(case, "triton")
+    ce_r, _, _ = _run(case, "torch")
+    assert torch.isnan(ce_k[[1, 3, 4]]).all() and torch.isnan(ce_r[[1, 3, 4]]).all()
+    fine = torch.tensor([0, 2, 5])
+    assert torch.isfinite(ce_k[fine]).all() and torch.isfinite(grad_k[fine]).all()
+
+
+def test_table_given_equals_table_made():
+    case = _case(3, 4, 3, 51, seed=6)
+    table = support_table(case[8], case[9], 51)
+    a = c51_loss(*case, backend="triton")
+    b = c51_loss(*case, table=table, backend="triton")
+    assert torch.equal(a[0], b[0]) and torch.equal(a[1], b[1])
+
+
+def test_argument_errors():
+    case = _case(2, 3, 3, 5, seed=7)
+    with pytest.raises(ValueError, match="logits must be"):
+        c51_loss(case[0].double(), *case[1:])
+    with pytest.raises(ValueError, match="action must be"):
+        c51_loss(case[0], case[1].int(), *case[2:])
+    with pytest.raises(ValueError, match="penalty must be"):
+        c51_loss(*case[:4], torch.zeros(6, 2), *case[5:])
+    with pytest.raises(ValueError, match="G dividing|support must be"):
+        c51_loss(*case[:7], torch.zeros(4, 5), *case[8:])
+    with pytest.raises(ValueError, match="v_min must be"):
+        c51_loss(*case[:8], case[8][:1], case[9])
+    with pytest.raises(ValueError, match="backend"):
+        c51_loss(*case, backend="gpu")
+    big = _case(1, 2, 2, MAX_ATOMS + 1, seed=8)
+    with pytest.raises(ValueError, match="at most"):
+        c51_loss(*big, backend="triton")
+
+
+def test_auto_is_the_reference_on_the_cpu():
+    case = _case(2, 3, 3, 7, seed=9)
+    a, b = c51_loss(*case), c51_loss_reference(*case)
+    assert torch.equal(a[0], b[0]) and torch.equal(a[1], b[1])
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("g,rows,a,k", [(1, 128, 45, 51), (64, 32, 3, 51), (3, 7, 1, 2)])
+def test_compiled_kernels_match_reference_on_cuda(g, rows, a, k):
+    case = _case(g, rows, a, k, seed=g + rows, penalty=True, device="cuda")
+    ce_k, q_k, grad_k = _run(case, "auto")
+    ce_r, q_r, grad_r = _run(case, "torch")
+    clear = _selection_clear([t.cpu() if isinstance(t, torch.Tensor) else t for t in case]).cuda()
+    torch.testing.assert_close(q_k, q_r, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(ce_k[clear], ce_r[clear], rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(grad_k[clear], grad_r[clear], rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("g,rows,a,k,double", [(1, 7, 3, 51, True), (3, 5, 4, 51, False), (2, 3, 1, 2, True)])
+def test_dueling_kernel_matches_reference(g, rows, a, k, double):
+    """Rainbow's head: value streams given, the logits v + adv − mean_a adv formed in the kernels;
+    the loss, Q and the gradients of the advantages and the online value stream = autograd's of
+    the reference (dueling_logits, then the plain reference)."""
+    case = _case(g, rows, a, k, seed=50 + g * rows, double=double, penalty=True)
+    gen = torch.Generator().manual_seed(g)
+    streams = [torch.randn(g * rows, k, generator=gen) for _ in range(3)]
+    if not double:
+        streams[2] = None
+    res = {}
+    for backend in ("triton", "torch"):
+        adv = case[0].clone().requires_grad_(True)
+        v = streams[0].clone().requires_grad_(True)
+        ce, q = c51_loss(adv, *case[1:], value=v, target_value=streams[1], select_value=streams[2], backend=backend)
+        (ce * torch.linspace(0.5, 1.5, ce.shape[0])).sum().backward()
+        res[backend] = ce.detach(), q, adv.grad, v.grad
+    from foxdqn.ops.c51_loss import dueling_logits
+
+    combined = [dueling_logits(streams[0], case[0]), case[1], dueling_logits(streams[1], case[2]),
+                dueling_logits(streams[2], case[3]), *case[4:]]
+    clear = _selection_clear(combined)
+    assert clear.sum() >= max(1, g * rows // 2)
+    (ce_k, q_k, ga_k, gv_k), (ce_r, q_r, ga_r, gv_r) = res["triton"], res["torch"]
+    torch.testing.assert_close(q_k, q_r, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(ce_k[clear], ce_r[clear], rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(ga_k[clear], ga_r[clear], rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(gv_k[clear], gv_r[clear], rtol=1e-5, atol=1e-6)
+    with pytest.raises(ValueError, match="value streams"):
+        c51_loss(*case, value=streams[0])
