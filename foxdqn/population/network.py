@@ -206,7 +206,7 @@ class MemberQNetwork(nn.Module):
         None: a plain head (not dueling) on an MLP encoder of ReLUs, where the fused forwards run
         (CUDA, or :func:`~foxdqn.ops.backend.cpu_kernels`), no forward hook, an ``obs`` that needs
         no gradient, and shapes the op takes (1 to 4 layers, widths <= 128). Host metadata only."""
-        if self.dueling or self.attention is not None or obs.requires_grad:
+        if self.dueling or self.member_encoder is not None or obs.requires_grad:
             return None
         if not (fused_forward(obs) and type(self.act) is nn.ReLU) or forward_hooked([self]):
             return None
