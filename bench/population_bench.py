@@ -12,7 +12,10 @@ Columns: experiment, launcher, graph, members (P), wall_s (command to the last s
 train_s (the training time the summaries report, shared by a population's members), env_steps_per_s
 (all members' env steps / train_s), wall_per_job_s, check_s (the population launcher's collection of
 the jobs, from its log line "N jobs checked in X s"), host_s (wall_s − train_s: start-up,
-composition, checks, evaluation and reports), greedy return or test Sharpe per member (mean, min,
+composition, checks, evaluation and reports), the population launcher's phases from the sweep's
+``timings.json`` (:data:`PHASE_COLUMNS`: imports, composition and checks, build, warm-up and
+capture, checkpoints, final evaluation, reports; seconds of the whole process, the periodic
+checkpoints inside ``train_s`` included), greedy return or test Sharpe per member (mean, min,
 max), jobs that failed.
 
 Beside each ``cartpole_cleanrl`` population row runs the JAX peer (``launcher=jax_peer``,
@@ -41,6 +44,10 @@ import numpy as np
 CASES = {"cartpole_cleanrl": (1, 16, 128, 512), "eurusd_dqn": (1, 8, 64)}
 CPU_CASES = {"cartpole_cleanrl": (2,), "eurusd_dqn": (2,)}  # with debug=smoke
 BASIC_JOBS = 2
+#: columns from the sweep's timings.json (foxdqn.timings phases, seconds of the whole process)
+PHASE_COLUMNS = {"imports_s": ("interpreter", "imports"), "compose_s": ("compose", "validate", "preflight", "data_load"),
+                 "build_s": ("build",), "warmup_s": ("warmup", "graph_capture"), "checkpoint_s": ("checkpoint",),
+                 "final_eval_s": ("final_evaluation", "validation"), "report_s": ("report", "summary")}
 #: The experiment the JAX peer runs beside (bench/peers/jax_dqn_cartpole.py), its launcher column.
 PEER_EXPERIMENT, PEER = "cartpole_cleanrl", "jax_peer"
 ROOT = Path(__file__).resolve().parents[1]
@@ -60,6 +67,7 @@ def sweep(experiment: str, members: int, launcher: str, graph: str, extra: list[
         proc = subprocess.run(cmd, capture_output=True, text=True)
         checked = re.search(r"(\d+) jobs checked in ([0-9.]+) s", proc.stdout + proc.stderr)
         files = sorted(out.glob("*/eval/summary.json"))
+        timings = json.loads((out / "timings.json").read_text()) if (out / "timings.json").is_file() else None
         summaries = [json.loads(p.read_text()) for p in files]
         wall = max((p.stat().st_mtime for p in files), default=time.time()) - start
     row = {"section": "population", "experiment": experiment, "launcher": launcher, "graph": graph,
@@ -81,6 +89,9 @@ def sweep(experiment: str, members: int, launcher: str, graph: str, extra: list[
     )
     if launcher == "population":
         row["host_s"] = round(row["wall_s"] - row["train_s"], 2)
+    if timings is not None:  # the sweep's timings.json (population launcher): where the host time went
+        row.update({column: round(sum(timings["phases"].get(k, 0.0) for k in phases), 2)
+                    for column, phases in PHASE_COLUMNS.items()})
     if scale != 1:
         row["note"] = f"{jobs} of {members} jobs run; wall_s and train_s scaled by {scale:g}"
     return row
@@ -182,8 +193,8 @@ def rows(device: str, only: tuple[str, ...] | None = None):
 def table(df) -> str:
     """Markdown: every row, and population vs basic launcher wall time as a ratio."""
     cols = [c for c in ("experiment", "launcher", "graph", "members", "wall_s", "wall_per_job_s", "train_s",
-                        "compile_s", "check_s", "host_s", "env_steps_per_s", "metric", "metric_mean", "metric_min",
-                        "metric_max", "failed", "note")
+                        "compile_s", "check_s", "host_s", *PHASE_COLUMNS, "env_steps_per_s", "metric", "metric_mean",
+                        "metric_min", "metric_max", "failed", "note")
             if c in df]
     text = "## population: a seed sweep as one population vs one job after another\n\n" + \
         df[cols].to_markdown(index=False, floatfmt=".4g")

@@ -27,6 +27,7 @@ A tensor no rule names is an error (:class:`LayoutError`), so new state cannot b
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import re
 from pathlib import Path
@@ -111,10 +112,69 @@ def _width(width: int | str, envs: int) -> int:
     return envs if width == ENVS else int(width)
 
 
-def member_tensors(s, p: int, save_replay: bool, best: tuple | None = None) -> dict[str, torch.Tensor]:
+def _kept(path: str, kind: str, save_replay: bool) -> bool:
+    return kind not in (POSITION, SCRATCH) and (save_replay or not path.startswith("replay."))
+
+
+class HostCopy:
+    """Population ``s``'s checkpointed state read to the host once, for all its members'
+    checkpoints: each tensor of :func:`state_parts` that a member's slice takes (not the
+    ``position`` and ``scratch`` ones, not the replay, which :func:`member_tensors` reads member by
+    member so that the host never holds a whole population's replay), copied whole to the CPU (one
+    device read per tensor instead of one per member), and the population's counters. Reads the
+    device: build it at a boundary, never inside the captured loop.
+
+    Attributes:
+        tensors: ``{path: CPU tensor}``, the device tensors' values at construction.
+        env_steps, updates: the population's counters (equal for every member).
+    """
+
+    def __init__(self, s, best: tuple | None = None):
+        self.tensors = {}
+        for path, t in state_parts(s, best):
+            kind, _, _ = layout(path)
+            if _kept(path, kind, save_replay=False):
+                self.tensors[path] = t.detach().to("cpu", copy=True).contiguous()
+        self.env_steps, self.updates = int(s.env_steps.item()), int(s.updates.item())
+
+    def slice(self, path: str, p: int, envs: int) -> torch.Tensor | None:
+        """Member ``p``'s part of the tensor at ``path`` (a compact copy, or the shared tensor
+        itself), or None where this copy does not hold it."""
+        t = self.tensors.get(path)
+        if t is None:
+            return None
+        kind, dim, width = layout(path)
+        return t if kind == SHARED else _slice(t, p, dim, _width(width, envs)).clone()
+
+    @contextlib.contextmanager
+    def networks(self, nets: tuple, prefixes: tuple[str, ...]):
+        """Within the block, the parameters and buffers of each network of ``nets`` are their host
+        copies (attribute path ``prefix.name``, where this copy holds it), so ``member_state_dict``
+        reads the host; the networks' own tensors are put back on exit."""
+        swapped = []
+        try:
+            for net, prefix in zip(nets, prefixes):
+                if net is None:
+                    continue
+                for name, module in net.named_modules():
+                    for store in (module._parameters, module._buffers):
+                        for key, t in store.items():
+                            host = self.tensors.get(f"{prefix}.{name}.{key}" if name else f"{prefix}.{key}")
+                            if t is not None and host is not None:
+                                swapped.append((store, key, t))
+                                store[key] = host
+            yield
+        finally:
+            for store, key, t in reversed(swapped):
+                store[key] = t
+
+
+def member_tensors(s, p: int, save_replay: bool, best: tuple | None = None,
+                   host: HostCopy | None = None) -> dict[str, torch.Tensor]:
     """Member ``p``'s slice of population ``s``: ``{path: CPU tensor}`` for every tensor of
-    :func:`state_parts` but the ``position`` ones (and ``replay.*`` unless ``save_replay``).
-    Reads the device (call at a boundary, never inside the captured loop).
+    :func:`state_parts` but the ``position`` ones (and ``replay.*`` unless ``save_replay``), taken
+    from ``host`` where it holds the tensor, else read from the device (call at a boundary, never
+    inside the captured loop).
 
     Raises:
         LayoutError: a tensor without a rule.
@@ -122,10 +182,13 @@ def member_tensors(s, p: int, save_replay: bool, best: tuple | None = None) -> d
     envs, out = s.cfg.env.num_envs, {}
     for path, t in state_parts(s, best):
         kind, dim, width = layout(path)
-        if kind in (POSITION, SCRATCH) or (not save_replay and path.startswith("replay.")):
+        if not _kept(path, kind, save_replay):
             continue
-        part = t if kind == SHARED else _slice(t, p, dim, _width(width, envs))
-        out[path] = part.detach().to("cpu", copy=True).contiguous()
+        part = None if host is None else host.slice(path, p, envs)
+        if part is None:
+            part = t if kind == SHARED else _slice(t, p, dim, _width(width, envs))
+            part = part.detach().to("cpu", copy=True).contiguous()
+        out[path] = part
     return out
 
 
@@ -142,7 +205,7 @@ def restore_member(s, p: int, saved: dict[str, torch.Tensor], save_replay: bool,
     with torch.no_grad():
         for path, t in state_parts(s, best):
             kind, dim, width = layout(path)
-            if kind in (POSITION, SCRATCH) or (not save_replay and path.startswith("replay.")):
+            if not _kept(path, kind, save_replay):
                 continue
             dst = t if kind == SHARED else _slice(t, p, dim, _width(width, envs))
             value = saved.get(path)
@@ -163,7 +226,8 @@ def member_counts(s, p: int) -> tuple[int, int]:
 
 
 def member_checkpoint(s, p: int, path: Path, nets: tuple | None = None, counts: tuple[int, int] | None = None,
-                      *, run_id: str | None = None, loop: dict | None = None, best: tuple | None = None) -> Path:
+                      *, run_id: str | None = None, loop: dict | None = None, best: tuple | None = None,
+                      host: HostCopy | None = None, config: dict | None = None) -> Path:
     """Write member ``p``'s checkpoint, atomically: its online and target weights in a single
     run's layout (with ``objective.iql`` also ``iql_value``, its value network's weights in
     :class:`foxdqn.nn.iql_value.IQLValueNetwork`'s layout), its config and counters
@@ -176,26 +240,36 @@ def member_checkpoint(s, p: int, path: Path, nets: tuple | None = None, counts: 
     population's counters (``env_steps``, ``updates``: equal in every member's slice), whether the
     replay is in it (``replay_saved``) and ``loop``. Without ``loop`` it holds weights only (a
     ``best.pt``, or the weights ``nets`` with their ``counts``, e.g. the kept best).
+
+    ``host`` (a :class:`HostCopy` of ``s`` with the same ``best``; the networks ``nets`` are then
+    ``best``'s) and ``config`` (``to_plain(s.cfgs[p])``) let the checkpoints of many members share
+    one read of the device and one conversion of each config; the file is the same without them.
     """
+    if counts is None and host is not None and s.guard.halt_point(p) is None:
+        counts = host.env_steps, host.updates
     env_steps, updates = counts if counts is not None else member_counts(s, p)
     online, target, *value = nets if nets is not None else (s.online, s.target, s.value)
-    payload = {
-        "format": FORMAT,
-        "online": online.member_state_dict(p),
-        "target": target.member_state_dict(p),
-        "env_steps": env_steps,
-        "updates": updates,
-        "config": to_plain(s.cfgs[p]),
-        "run_id": run_id,
-        "population": {"member": p, "size": s.members},
-    }
-    if value and value[0] is not None:
-        payload["iql_value"] = value[0].member_state_dict(p)
+    value_net = value[0] if value else None
+    prefixes = ("online", "target", "value") if nets is None else tuple(f"best[{i}]" for i in range(3))
+    with host.networks((online, target, value_net), prefixes) if host is not None else contextlib.nullcontext():
+        payload = {
+            "format": FORMAT,
+            "online": online.member_state_dict(p),
+            "target": target.member_state_dict(p),
+            "env_steps": env_steps,
+            "updates": updates,
+            "config": config if config is not None else to_plain(s.cfgs[p]),
+            "run_id": run_id,
+            "population": {"member": p, "size": s.members},
+        }
+        if value_net is not None:
+            payload["iql_value"] = value_net.member_state_dict(p)
     if loop is not None:
         save_replay = bool(s.cfgs[p].checkpoint.save_replay)
         payload["member_state"] = {
-            "tensors": member_tensors(s, p, save_replay, best), "replay_saved": save_replay, "loop": loop,
-            "env_steps": int(s.env_steps.item()), "updates": int(s.updates.item())}
+            "tensors": member_tensors(s, p, save_replay, best, host), "replay_saved": save_replay, "loop": loop,
+            "env_steps": host.env_steps if host is not None else int(s.env_steps.item()),
+            "updates": host.updates if host is not None else int(s.updates.item())}
     return write_payload(path, payload)
 
 

@@ -32,11 +32,12 @@ from pathlib import Path
 
 import torch
 
+from foxdqn.config.schema import to_plain
 from foxdqn.run.finish import Agent, RunEnd, finish
 from foxdqn.io_atomic import deferred_sync, write_text_atomic
 from foxdqn.population import step as P
 from foxdqn.analysis.backtest import POLICIES
-from foxdqn.population.checkpoint import member_checkpoint, member_counts
+from foxdqn.population.checkpoint import HostCopy, member_checkpoint, member_counts
 from foxdqn.population.diversity import MemberDiversity
 from foxdqn.population.jobs import FINISHED, HALTED, Member, Outcome
 from foxdqn.population.selection import MemberSelection
@@ -83,6 +84,7 @@ class _Population:
         self.diversity = MemberDiversity(s.cfgs, cfg.env.name == "trading",
                                          None if alone else [m.job_num for m in members])
         self.recent_return = float("nan")  # a single run's progress line: the last interval's mean return
+        self._plain: dict[int, dict] = {}  # plain_config's conversions
         # search.pruner=median: each member's own pruner (its job number, the sweep folder), else Nones
         self.trial_pruners = [member_pruner(m) for m in members]
         self.trial_metric = resolve_metric(cfg.early_stop.metric, cfg.env.name)  # a group key
@@ -156,11 +158,20 @@ class _Population:
 
     def save(self) -> list[Path]:
         """Every member's resumable ``checkpoints/last.pt`` (:func:`member_checkpoint` with its loop
-        state), one sync for all; returns their paths."""
+        state), from one read of the device (:class:`HostCopy`), one file-system sync for all;
+        returns their paths."""
+        host = HostCopy(self.s, self.selection.best)
         with deferred_sync():
             return [member_checkpoint(self.s, p, m.run_dir / "checkpoints" / "last.pt", run_id=self.run_ids[p],
-                                      loop=self.loop_state(p), best=self.selection.best)
+                                      loop=self.loop_state(p), best=self.selection.best, host=host,
+                                      config=self.plain_config(p))
                     for p, m in enumerate(self.members)]
+
+    def plain_config(self, p: int) -> dict:
+        """Member ``p``'s config as plain data (converted once, for all its checkpoints)."""
+        if p not in self._plain:
+            self._plain[p] = to_plain(self.s.cfgs[p])
+        return self._plain[p]
 
     def _checkpoint_due(self, it: int, last: bool) -> bool:
         """A log boundary past a multiple of ``checkpoint.every_env_steps`` (not the last iteration),
@@ -382,12 +393,14 @@ class _Population:
         then loaded into the population for its final evaluation (call after the members' ``last.pt``
         are written); None for a member with nothing kept (evaluated with its last weights)."""
         sel, paths = self.selection, []
+        host = HostCopy(self.s, sel.best) if sel.enabled and any(c is not None for c in sel.best_counts) else None
         for p, m in enumerate(self.members):
             counts = sel.best_counts[p]
             if not sel.enabled or counts is None:
                 paths.append(None)
                 continue
-            paths.append(member_checkpoint(self.s, p, m.run_dir / "checkpoints" / "best.pt", sel.best, counts))
+            paths.append(member_checkpoint(self.s, p, m.run_dir / "checkpoints" / "best.pt", sel.best, counts,
+                                           host=host, config=self.plain_config(p)))
             sel.restore(self.s, p)
         return paths
 
@@ -511,10 +524,13 @@ def train_population(members: list[Member], alone: bool = False) -> list[Outcome
                 wall = run.wall()
                 with deferred_sync():  # P members' reports, one sync at the end
                     bests = run.keep_best()  # early stopping: the kept weights are evaluated
+                    mark("checkpoint")
                     vals, tests = run.evaluate_members()
                     ensembles = run.ensembles()
+                    mark("final_evaluation")
                     outcomes = [run.end_member(p, wall, ckpts[p], vals[p], tests[p], ensembles.get(p), bests[p])
                                 for p in range(len(members))]
+                mark("report")
     finally:
         run.close()  # (again: a failure before the loop leaves the endpoint open otherwise)
         run.end_trackers(outcomes, signals.received if interrupted else None)

@@ -135,6 +135,7 @@ class PopulationLauncher(Launcher):
         from foxdqn.job.memory import memory_cap
         from foxdqn.population.grouping import plan
         from foxdqn.population.jobs import COLLECTOR
+        from foxdqn.timings import CLOCK
 
         setup_globals()
         assert self.config is not None and self.hydra_context is not None and self.task_function is not None
@@ -162,6 +163,7 @@ class PopulationLauncher(Launcher):
         if derived.count:
             log.info(f"{len(job_overrides)} jobs checked in {time.perf_counter() - started:.1f} s: {derived.count} "
                      f"derived from the {len(job_overrides) - derived.count} Hydra composed")
+        CLOCK.mark("compose")  # every job composed and checked
         groups = plan(COLLECTOR.members, self.max_members, cap=memory_cap)
         populations = [g for g in groups if len(g) > 1]
         gpus = self._worker_gpus(populations)
@@ -178,6 +180,7 @@ class PopulationLauncher(Launcher):
             for member in group:
                 callbacks.release(member.job_num, jobs[member.job_num][1])
             configure_log(self.config.hydra.hydra_logging, self.config.hydra.verbose)
+        _write_timings(Path(str(self.config.hydra.sweep.dir)), len(jobs), len(populations))
         return [ret for _, ret in (jobs[idx] for idx in sorted(jobs))]
 
     def _compose(self, idx: int, overrides: List[str]) -> DictConfig:
@@ -293,6 +296,22 @@ class PopulationLauncher(Launcher):
             config, ret = jobs[member.job_num]
             with _as_job(config, logs=False):
                 _set_result(ret, lambda member=member, outcome=outcome: _member_value(member, outcome))
+
+
+def _write_timings(sweep_dir: Path, jobs: int, populations: int) -> None:
+    """The sweep's ``timings.json``: wall seconds per phase of this process (foxdqn.timings; its
+    origin says where the clock began: process start, or the last job that trained alone), with
+    the number of jobs and of populations, and one log line."""
+    from foxdqn.io_atomic import write_json_atomic
+    from foxdqn.timings import CLOCK, format_line
+
+    CLOCK.mark("summary")
+    times = CLOCK.as_dict(jobs=jobs, populations=populations)
+    try:
+        write_json_atomic(sweep_dir / "timings.json", times)
+    except OSError as exc:  # the jobs are complete: a lost breakdown is a warning
+        log.warning(f"timings.json not written: {exc}")
+    log.info(f"sweep breakdown: {format_line(times)} ({sweep_dir / 'timings.json'})")
 
 
 def _continues_population(member: Any) -> bool:

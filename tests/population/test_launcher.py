@@ -190,6 +190,11 @@ def test_multirun_groups_jobs_into_populations(tmp_path):
     status = {row["job"]: row["status"] for row in report["jobs"]}
     assert [j for j in range(6) if status[str(j)] == "ok"] == sorted(j for j in range(6) if j not in halted)
     assert (sweep / "report.md").is_file()
+    timings = json.loads((sweep / "timings.json").read_text())  # the sweep's breakdown (foxdqn.timings)
+    assert (timings["jobs"], timings["populations"]) == (6, 2)
+    assert "summary" in timings["phases"]
+    assert timings["total_s"] == pytest.approx(sum(timings["phases"].values()), abs=0.01)
+    assert "sweep breakdown: wall" in res.stdout + res.stderr
 
 
 def test_a_job_refused_at_its_start_fails_alone(tmp_path):

@@ -74,6 +74,43 @@ def test_every_state_tensor_has_a_member_layout_that_scales_with_p(case):
             assert two[:dim] + two[dim + 1:] == three[:dim] + three[dim + 1:], path
 
 
+@pytest.mark.parametrize("case", ["cartpole", "iqn_cql", "iql_c51", "attention_branching", "controls"])
+def test_checkpoints_from_one_host_copy_equal_those_read_member_by_member(case, tmp_path):
+    """member_checkpoint with a HostCopy of the population (one device read for all members, the
+    networks' member_state_dict read from the host) writes what it writes alone, resumable and
+    best-weights checkpoints alike, and the networks keep their own tensors afterwards."""
+    import copy
+
+    from foxdqn.population.checkpoint import HostCopy, member_checkpoint
+    from test_population import run
+
+    cfgs = configs(LAYOUT_CASES[case], [[f"seed={i}"] for i in range(3)])
+    s = run(cfgs, iterations=2, collect_first=4)
+    best = tuple(None if net is None else copy.deepcopy(net) for net in (s.online, s.target, s.value))
+    with torch.no_grad():
+        for t in best[0].parameters():
+            t.mul_(0.5)
+    before = {id(t) for net in (s.online, s.target) for t in [*net.parameters(), *net.buffers()]}
+    host = HostCopy(s, best)
+    for p in range(3):
+        for kind, args in (("last", dict(loop={"p": p}, best=best, run_id="r")), ("best", dict(nets=best, counts=(5, 6)))):
+            a = load_checkpoint(member_checkpoint(s, p, tmp_path / "alone" / f"{kind}{p}.pt", **args))
+            b = load_checkpoint(member_checkpoint(s, p, tmp_path / "host" / f"{kind}{p}.pt", host=host, **args))
+            assert_payloads_equal(a, b, f"{case} {kind} member {p}")
+    assert {id(t) for net in (s.online, s.target) for t in [*net.parameters(), *net.buffers()]} == before
+
+
+def assert_payloads_equal(a, b, where):
+    if isinstance(a, dict):
+        assert a.keys() == b.keys(), where
+        for key in a:
+            assert_payloads_equal(a[key], b[key], f"{where}/{key}")
+    elif isinstance(a, torch.Tensor):
+        assert a.dtype == b.dtype and a.shape == b.shape and torch.equal(a, b), where
+    else:
+        assert a == b, where
+
+
 def test_a_tensor_without_a_rule_is_an_error():
     with pytest.raises(LayoutError, match="no member layout"):
         layout("somewhere.new_state")
