@@ -119,38 +119,36 @@ def _kept(path: str, kind: str, save_replay: bool) -> bool:
 class HostCopy:
     """Population ``s``'s checkpointed state read to the host once, for all its members'
     checkpoints: each tensor of :func:`state_parts` that a member's slice takes (not the
-    ``position`` and ``scratch`` ones, not the replay, which :func:`member_tensors` reads member by
-    member so that the host never holds a whole population's replay), copied whole to the CPU (one
-    device read per tensor instead of one per member), and the population's counters. Reads the
-    device: build it at a boundary, never inside the captured loop.
+    ``position`` and ``scratch`` ones), with its layout; the replay's stay on the device and are
+    read member by member (:func:`member_tensors`), so that the host never holds a whole
+    population's replay; the others are copied whole to the CPU (one device read per tensor
+    instead of one per member), with the population's counters. Reads the device: build it at a
+    boundary, never inside the captured loop.
 
     Attributes:
-        tensors: ``{path: CPU tensor}``, the device tensors' values at construction.
+        parts: ``[(path, kind, member dim, width, device tensor, CPU copy or None)]``.
+        tensors: ``{path: CPU copy}``, the device tensors' values at construction.
         env_steps, updates: the population's counters (equal for every member).
     """
 
     def __init__(self, s, best: tuple | None = None):
-        self.tensors = {}
+        self.parts, self.tensors = [], {}
         for path, t in state_parts(s, best):
-            kind, _, _ = layout(path)
-            if _kept(path, kind, save_replay=False):
-                self.tensors[path] = t.detach().to("cpu", copy=True).contiguous()
+            kind, dim, width = layout(path)
+            if not _kept(path, kind, save_replay=True):
+                continue
+            host = None
+            if not path.startswith("replay."):
+                host = self.tensors[path] = t.detach().to("cpu", copy=True).contiguous()
+            self.parts.append((path, kind, dim, width, t, host))
         self.env_steps, self.updates = int(s.env_steps.item()), int(s.updates.item())
-
-    def slice(self, path: str, p: int, envs: int) -> torch.Tensor | None:
-        """Member ``p``'s part of the tensor at ``path`` (a compact copy, or the shared tensor
-        itself), or None where this copy does not hold it."""
-        t = self.tensors.get(path)
-        if t is None:
-            return None
-        kind, dim, width = layout(path)
-        return t if kind == SHARED else _slice(t, p, dim, _width(width, envs)).clone()
 
     @contextlib.contextmanager
     def networks(self, nets: tuple, prefixes: tuple[str, ...]):
         """Within the block, the parameters and buffers of each network of ``nets`` are their host
         copies (attribute path ``prefix.name``, where this copy holds it), so ``member_state_dict``
-        reads the host; the networks' own tensors are put back on exit."""
+        reads the host; the networks' own tensors are put back on exit. Only for the thread that
+        owns the networks: nothing may run them inside the block."""
         swapped = []
         try:
             for net, prefix in zip(nets, prefixes):
@@ -171,24 +169,26 @@ class HostCopy:
 
 def member_tensors(s, p: int, save_replay: bool, best: tuple | None = None,
                    host: HostCopy | None = None) -> dict[str, torch.Tensor]:
-    """Member ``p``'s slice of population ``s``: ``{path: CPU tensor}`` for every tensor of
-    :func:`state_parts` but the ``position`` ones (and ``replay.*`` unless ``save_replay``), taken
-    from ``host`` where it holds the tensor, else read from the device (call at a boundary, never
-    inside the captured loop).
+    """Member ``p``'s slice of population ``s``: ``{path: CPU tensor}`` (compact copies; a
+    ``shared`` tensor whole) for every tensor of :func:`state_parts` but the ``position`` and
+    ``scratch`` ones (and ``replay.*`` unless ``save_replay``), from ``host`` (a
+    :class:`HostCopy` of ``s`` and ``best``) where it holds the tensor, else read from the device
+    (call at a boundary, never inside the captured loop).
 
     Raises:
         LayoutError: a tensor without a rule.
     """
     envs, out = s.cfg.env.num_envs, {}
-    for path, t in state_parts(s, best):
-        kind, dim, width = layout(path)
+    parts = host.parts if host is not None else (
+        (path, *layout(path), t, None) for path, t in state_parts(s, best))
+    for path, kind, dim, width, t, copy in parts:
         if not _kept(path, kind, save_replay):
             continue
-        part = None if host is None else host.slice(path, p, envs)
-        if part is None:
-            part = t if kind == SHARED else _slice(t, p, dim, _width(width, envs))
-            part = part.detach().to("cpu", copy=True).contiguous()
-        out[path] = part
+        if copy is not None:
+            out[path] = copy if kind == SHARED else _slice(copy, p, dim, _width(width, envs)).clone()
+            continue
+        part = t if kind == SHARED else _slice(t, p, dim, _width(width, envs))
+        out[path] = part.detach().to("cpu", copy=True).contiguous()
     return out
 
 
@@ -225,11 +225,11 @@ def member_counts(s, p: int) -> tuple[int, int]:
     return halt if halt is not None else (int(s.env_steps.item()), int(s.updates.item()))
 
 
-def member_checkpoint(s, p: int, path: Path, nets: tuple | None = None, counts: tuple[int, int] | None = None,
-                      *, run_id: str | None = None, loop: dict | None = None, best: tuple | None = None,
-                      host: HostCopy | None = None, config: dict | None = None) -> Path:
-    """Write member ``p``'s checkpoint, atomically: its online and target weights in a single
-    run's layout (with ``objective.iql`` also ``iql_value``, its value network's weights in
+def member_payload(s, p: int, nets: tuple | None = None, counts: tuple[int, int] | None = None,
+                   *, run_id: str | None = None, loop: dict | None = None, best: tuple | None = None,
+                   host: HostCopy | None = None, config: dict | None = None) -> dict:
+    """Member ``p``'s checkpoint payload (:func:`member_checkpoint` writes it): its online and
+    target weights in a single run's layout (with ``objective.iql`` also ``iql_value``, its value network's weights in
     :class:`foxdqn.nn.iql_value.IQLValueNetwork`'s layout), its config and counters
     (:func:`member_counts`), ``population`` (member index, size) and ``run_id`` (its run folder's
     id). It evaluates like any checkpoint (``python -m foxdqn.evaluate``).
@@ -244,6 +244,9 @@ def member_checkpoint(s, p: int, path: Path, nets: tuple | None = None, counts: 
     ``host`` (a :class:`HostCopy` of ``s`` with the same ``best``; the networks ``nets`` are then
     ``best``'s) and ``config`` (``to_plain(s.cfgs[p])``) let the checkpoints of many members share
     one read of the device and one conversion of each config; the file is the same without them.
+    The payload holds CPU tensors and plain data that training never changes (``loop`` and
+    ``config`` are the caller's: it must not change them afterwards), so another thread may write
+    it while training goes on.
     """
     if counts is None and host is not None and s.guard.halt_point(p) is None:
         counts = host.env_steps, host.updates
@@ -270,7 +273,18 @@ def member_checkpoint(s, p: int, path: Path, nets: tuple | None = None, counts: 
             "tensors": member_tensors(s, p, save_replay, best, host), "replay_saved": save_replay, "loop": loop,
             "env_steps": host.env_steps if host is not None else int(s.env_steps.item()),
             "updates": host.updates if host is not None else int(s.updates.item())}
-    return write_payload(path, payload)
+    return payload
+
+
+def member_checkpoint(s, p: int, path: Path, nets: tuple | None = None, counts: tuple[int, int] | None = None,
+                      **kwargs) -> Path:
+    """Write member ``p``'s checkpoint (:func:`member_payload`, same arguments) to ``path``,
+    atomically; returns ``path``.
+
+    Raises:
+        OSError: the file cannot be written (names the path; nothing is left behind).
+    """
+    return write_payload(path, member_payload(s, p, nets, counts, **kwargs))
 
 
 def is_member_state(payload: dict | None) -> bool:

@@ -26,6 +26,7 @@ finished jobs is frozen the same way (reason ``pruned``) and reported as a prune
 """
 from __future__ import annotations
 
+import copy
 import logging
 import time
 from pathlib import Path
@@ -37,7 +38,9 @@ from foxdqn.run.finish import Agent, RunEnd, finish
 from foxdqn.io_atomic import deferred_sync, write_text_atomic
 from foxdqn.population import step as P
 from foxdqn.analysis.backtest import POLICIES
-from foxdqn.population.checkpoint import HostCopy, member_checkpoint, member_counts
+from foxdqn.population.checkpoint import HostCopy, member_checkpoint, member_counts, member_payload
+from foxdqn.population.writer import BackgroundWriter
+from foxdqn.run.checkpoint import write_payload
 from foxdqn.population.diversity import MemberDiversity
 from foxdqn.population.jobs import FINISHED, HALTED, Member, Outcome
 from foxdqn.population.selection import MemberSelection
@@ -85,6 +88,7 @@ class _Population:
                                          None if alone else [m.job_num for m in members])
         self.recent_return = float("nan")  # a single run's progress line: the last interval's mean return
         self._plain: dict[int, dict] = {}  # plain_config's conversions
+        self.writer = BackgroundWriter()  # the periodic checkpoints
         # search.pruner=median: each member's own pruner (its job number, the sweep folder), else Nones
         self.trial_pruners = [member_pruner(m) for m in members]
         self.trial_metric = resolve_metric(cfg.early_stop.metric, cfg.env.name)  # a group key
@@ -156,16 +160,27 @@ class _Population:
                 "best_counts": None if counts is None else list(counts), "pruned_at": self.pruned_at[p],
                 "wall_before": self.wall()}
 
-    def save(self) -> list[Path]:
-        """Every member's resumable ``checkpoints/last.pt`` (:func:`member_checkpoint` with its loop
+    def save(self, background: bool = False) -> list[Path]:
+        """Every member's resumable ``checkpoints/last.pt`` (:func:`member_payload` with its loop
         state), from one read of the device (:class:`HostCopy`), one file-system sync for all;
-        returns their paths."""
-        host = HostCopy(self.s, self.selection.best)
+        returns their paths. ``background``: the payloads are taken now and written by
+        :attr:`writer` while training goes on (the periodic checkpoints); else the batch in flight
+        is waited for and these are written before returning.
+
+        Raises:
+            OSError: a checkpoint (of this batch, or of the one in flight) could not be written.
+        """
+        host, best = HostCopy(self.s, self.selection.best), self.selection.best
+        paths = [m.run_dir / "checkpoints" / "last.pt" for m in self.members]
+        payloads = [member_payload(self.s, p, run_id=self.run_ids[p], loop=copy.deepcopy(self.loop_state(p)),
+                                   best=best, host=host, config=self.plain_config(p))
+                    for p in range(len(self.members))]
+        if background:
+            self.writer.submit(list(zip(paths, payloads)))
+            return paths
+        self.writer.wait()
         with deferred_sync():
-            return [member_checkpoint(self.s, p, m.run_dir / "checkpoints" / "last.pt", run_id=self.run_ids[p],
-                                      loop=self.loop_state(p), best=self.selection.best, host=host,
-                                      config=self.plain_config(p))
-                    for p, m in enumerate(self.members)]
+            return [write_payload(path, payload) for path, payload in zip(paths, payloads)]
 
     def plain_config(self, p: int) -> dict:
         """Member ``p``'s config as plain data (converted once, for all its checkpoints)."""
@@ -226,7 +241,7 @@ class _Population:
                     break
                 if self._checkpoint_due(it, last):
                     mark("training")
-                    self.save()
+                    self.save(background=True)  # written while the next iterations run
                     mark("checkpoint")
 
     def _log_rows(self, rate: float, last: bool) -> list[float]:
@@ -532,6 +547,7 @@ def train_population(members: list[Member], alone: bool = False) -> list[Outcome
                                 for p in range(len(members))]
                 mark("report")
     finally:
+        run.writer.join()  # a periodic checkpoint still being written (its failure, if any, is raised by save)
         run.close()  # (again: a failure before the loop leaves the endpoint open otherwise)
         run.end_trackers(outcomes, signals.received if interrupted else None)
         for p, folder in enumerate(folders):

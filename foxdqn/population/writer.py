@@ -1,0 +1,65 @@
+"""Checkpoint files written in a background thread while training goes on.
+
+A population's periodic checkpoints (``checkpoint.every_env_steps``) cost about 7 ms of host time
+per member on the H200 machine, almost all of it ``torch.save`` (docs/bench.md#population): 3.7 s
+per checkpoint at 512 members, which the training loop would wait for. The payloads are taken at
+the boundary, on the host (:func:`foxdqn.population.checkpoint.member_payload`); only their
+encoding and the atomic writes run in the thread, while the main thread goes on launching
+iterations (a CUDA-graph replay releases the GIL). One batch is in flight at a time.
+"""
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+
+from foxdqn.io_atomic import deferred_sync
+from foxdqn.run.checkpoint import write_payload
+
+__all__ = ["BackgroundWriter"]
+
+
+class BackgroundWriter:
+    """Writes batches of checkpoint payloads (:func:`foxdqn.run.checkpoint.write_payload`, atomic
+    each, one file-system sync per batch) in one thread, a batch at a time."""
+
+    def __init__(self) -> None:
+        self._thread: threading.Thread | None = None
+        self._error: BaseException | None = None
+
+    def submit(self, items: list[tuple[Path, dict]]) -> None:
+        """Write ``items`` (path, payload) in the background, after the batch in flight (waited
+        for, as :meth:`wait`). The payloads must not change afterwards.
+
+        Raises:
+            OSError: the batch before failed (as :meth:`wait`).
+        """
+        self.wait()
+
+        def work() -> None:
+            try:
+                with deferred_sync():
+                    for path, payload in items:
+                        write_payload(path, payload)
+            except BaseException as exc:  # noqa: BLE001 - re-raised in the owner's thread by wait()
+                self._error = exc
+
+        self._thread = threading.Thread(target=work, name="foxdqn-checkpoints")
+        self._thread.start()
+
+    def wait(self) -> None:
+        """Block until the batch in flight is written.
+
+        Raises:
+            OSError: a file of that batch could not be written (names the path; the files
+                written before it stay, the others keep their previous content).
+        """
+        self.join()
+        if self._error is not None:
+            error, self._error = self._error, None
+            raise error
+
+    def join(self) -> None:
+        """Block until the batch in flight is written, keeping a failure for :meth:`wait`."""
+        if self._thread is not None:
+            self._thread.join()
+            self._thread = None
