@@ -184,12 +184,24 @@ def _g(v: float) -> str:
     return f"{v:.4g}" if isinstance(v, (int, float)) and math.isfinite(v) else ""
 
 
-def jobs_markdown(report: dict[str, Any]) -> str:
+#: the console shows at most this many jobs with results (the best first) and this many without;
+#: report.md has every row
+CONSOLE_JOBS = 15
+
+
+def jobs_markdown(report: dict[str, Any], limit: int | None = None) -> str:
     """The jobs table of ``report`` (:func:`build_report`) as markdown: one row per job, best
-    validation value first; empty cells where a job has no such number."""
+    validation value first; empty cells where a job has no such number. ``limit``: at most that
+    many jobs whose status is ``ok`` (the best) and that many others (failed, halted, ...), then a
+    line with the number of rows left out."""
     frame: pd.DataFrame = report["jobs"]
     if frame.empty:
         return "No job folder in this sweep.\n"
+    left_out = 0
+    if limit is not None and len(frame) > limit:
+        ok = frame["status"].eq("ok")
+        keep = (ok & (ok.cumsum() <= limit)) | (~ok & ((~ok).cumsum() <= limit))
+        left_out, frame = int((~keep).sum()), frame[keep]
     metric = report["selection"]["metric"] or "metric"
     show = pd.DataFrame({"job": frame["job"]})
     for key in report["swept"]:
@@ -204,7 +216,8 @@ def jobs_markdown(report: dict[str, Any]) -> str:
     if "test_mean_return" in frame:  # episodic envs: the greedy evaluation
         show["test mean return"] = frame["test_mean_return"].map(_g)
     show["status"] = frame["status"]
-    return show.to_markdown(index=False, disable_numparse=True) + "\n"
+    more = f"… {left_out} more jobs in report.md\n" if left_out else ""
+    return show.to_markdown(index=False, disable_numparse=True) + "\n" + more
 
 
 def settings_markdown(report: dict[str, Any]) -> str:
@@ -334,8 +347,9 @@ def write_report(sweep_dir: str | Path, job_dirs: list[Path] | None = None, plot
 
 
 def console_text(report: dict[str, Any]) -> str:
-    """What a multirun and ``python -m foxdqn.report`` print: the jobs table, the settings table
-    (when a setting has several seeds), the count of jobs without results and report.md's path."""
+    """What a multirun and ``python -m foxdqn.report`` print: the jobs table (at most
+    :data:`CONSOLE_JOBS` rows with results and as many without), the settings table (when a
+    setting has several seeds), the count of jobs without results and report.md's path."""
     frame = report["jobs"]
     if frame.empty:
         failed = uncounted = 0
@@ -343,7 +357,7 @@ def console_text(report: dict[str, Any]) -> str:
         results = frame["status"].eq("ok") | frame["excluded"] | frame["status"].str.startswith("never trades")
         failed, uncounted = int((~results).sum()), int(frame["excluded"].sum())
     settings = settings_markdown(report)
-    return (jobs_markdown(report) + (("\n" + settings) if settings else "") +
+    return (jobs_markdown(report, CONSOLE_JOBS) + (("\n" + settings) if settings else "") +
             (f"{failed} of {len(frame)} jobs without results (status column)\n" if failed else "") +
             (f"{uncounted} of {len(frame)} jobs not counted by the search (pruned or never trading on val; "
              "listed last)\n" if uncounted else "") +

@@ -181,3 +181,22 @@ def test_usage(capsys):
     assert report_cli.main([]) == 2 and "usage" in capsys.readouterr().err
     assert report_cli.main(["--help"]) == 0 and "usage" in capsys.readouterr().out
     assert math.isnan(report._num("x"))
+
+
+def test_the_console_shows_the_best_jobs_and_those_without_results_and_says_how_many_are_left(tmp_path, monkeypatch):
+    """More jobs than report.CONSOLE_JOBS: the console lists the best ones with results and the
+    failed ones, then how many rows report.md adds; report.md has every row."""
+    monkeypatch.setattr(report, "CONSOLE_JOBS", 3)
+    for num in range(7):
+        fake_job(tmp_path, str(num), [f"seed={num}"], float(num), metric="mean_return", mean_return=float(num))
+    (tmp_path / "7" / ".hydra").mkdir(parents=True)
+    (tmp_path / "7" / ".hydra" / "overrides.yaml").write_text("- seed=7\n")
+    (tmp_path / "7" / "HALTED").write_text("halt_nan at update 5\n")
+    data = report.write_report(tmp_path, plots=False)
+    out = report.console_text(data)
+    table = out.split("…")[0]
+    rows = [line.split("|")[1].strip() for line in table.splitlines() if line.startswith("| ") and "job" not in line]
+    assert rows == ["6", "5", "4", "7"]
+    assert "… 4 more jobs in report.md" in out
+    md = (tmp_path / "report.md").read_text()
+    assert "more jobs in report.md" not in md and all(f"| {j} " in md for j in range(8))
