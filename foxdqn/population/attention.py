@@ -112,6 +112,17 @@ class MemberAttentionEncoder(nn.Module):
         h = x.mean(dim=2) if self.pooling == "mean" else x[:, :, -1]  # (P, M, C)
         return self.act(self.out(torch.cat([h, account], dim=-1)))
 
+    def pruned_matrices(self) -> list[tuple[nn.Parameter, bool]]:
+        """(weight, transposed) of what a single run's magnitude pruner prunes (the classic
+        encoder's parameters of 2 or more dimensions), in its parameter order (a module's own
+        parameters before its children's): ``pos`` ``[P, W, C]`` (transposed False: member p's
+        slice is the classic layout), ``embed.weight``, each
+        block's ``qkv``, ``proj``, ``fc1`` and ``fc2`` weights, ``out.weight`` (MemberLinear weights
+        ``[P, in, out]``, transposed True: the classic ``[out, in]`` transposed;
+        :class:`foxdqn.population.pruning.MemberPruner`). Layer norms and biases are vectors: never pruned."""
+        blocks = [(getattr(block, name).weight, True) for block in self.blocks for name in ("qkv", "proj", "fc1", "fc2")]
+        return [(self.pos, False), (self.embed.weight, True), *blocks, (self.out.weight, True)]
+
     def member_state_dict(self, p: int) -> dict[str, torch.Tensor]:
         """Member ``p``'s parameters under the classic :class:`AttentionEncoder`'s ``state_dict``
         keys (``embed.weight``, ``pos``, ``blocks.0.qkv.bias``, ...; copies)."""

@@ -159,3 +159,44 @@ def test_member_attention_encoder_refuses_what_it_cannot_stack():
     dropped[1].dropout = 0.1
     with pytest.raises(ValueError, match="dropout"):
         MemberAttentionEncoder.stack(dropped)
+
+
+PRUNE = ["prune.enabled=true", "prune.initial_sparsity=0.2", "prune.final_sparsity=0.6", "prune.start_update=1",
+         "prune.end_update=7", "prune.frequency=2", "debug.fit_prune_schedule=false"]
+
+
+def test_member_attention_masks_are_the_single_runs_for_the_same_weights():
+    """prune.enabled prunes the attention encoder's matrices (embedding, positions, each block's
+    qkv, proj, fc1, fc2, output) as a single run's MagnitudePruner does (every parameter of 2 or more
+    dimensions), each member its own: on the same weights (rounded: many ties, broken by position
+    in the classic layout) the masks are the classic pruner's; a skipped member keeps its masks."""
+    from foxdqn.step.pruning import MagnitudePruner
+    from test_distributional import classic
+
+    cfgs = configs([*ATTENTION, *PRUNE], MEMBERS)
+    pop = build_population(cfgs, market_for(cfgs[0]), CPU)
+    with torch.no_grad():
+        for w in pop.pruner.params:
+            w.copy_((w * 10).round() / 10)
+    t = torch.tensor(3)
+    pop.pruner.step(t, torch.tensor([0.0, 1.0, 0.0]))
+    for p in range(3):
+        net = classic(pop, p)
+        single = MagnitudePruner(net, classic(pop, p, online=False), 0.2, 0.6, 1, 7, 2, CPU)
+        single.step(t, torch.tensor(0.0))
+        names = [n for n, w in net.named_parameters() if w.dim() >= 2]
+        assert len(names) == len(pop.pruner.masks) == 3 + 4 * 2 + len(pop.online.weights) and "encoder.pos" in names
+        for name, mask, single_mask in zip(names, pop.pruner.masks, single.masks):
+            if p == 1:  # its update was skipped: nothing pruned yet
+                assert bool((mask[p] == 1).all()), name
+                continue
+            classic_mask = mask[p] if name == "encoder.pos" else mask[p].t()
+            assert torch.equal(classic_mask, single_mask), (p, name)
+            assert int((mask[p] == 0).sum()) > 0, name
+
+
+def test_pruned_attention_members_equal_runs_of_one_member():
+    together = assert_members_equal_runs_of_one([*ATTENTION, *PRUNE], MEMBERS)
+    qkv = together.online.member_encoder.blocks[0].qkv.weight
+    for p in range(3):
+        assert int((qkv[p] == 0).sum()) == int(0.6 * qkv[p].numel())
