@@ -18,8 +18,8 @@ linear ε schedule per member. The collect step of an IQN population acts throug
 the product, cosine, three or four Linears with their ReLUs, the mean and ε-greedy were 10 to 13.
 
 Kernel (Triton): a grid of (blocks of :data:`BLOCK_M` rows, P members); program (r, p) reads only
-member p's weights and rows. Per fraction k: the cosines as a ``[BLOCK_M, n]`` tile (every row the
-same), one ``tl.dot`` with W_e gives φ_k per row, then the hidden layer in chunks of
+member p's weights and rows. Per fraction k: the cosines in chunks of :data:`BLOCK_I` as
+``[BLOCK_M, BLOCK_I]`` tiles (every row the same), each ``tl.dot`` with its W_e rows accumulating φ_k per row, then the hidden layer in chunks of
 :data:`BLOCK_N` units accumulated straight into the head (as :mod:`foxdqn.ops.q_forward`'s second
 layer), Z_k added to a ``[BLOCK_M, A]`` register tile; Q is never stored. Widths: n, H and F 1 to
 256, A 1 to 64.
@@ -55,7 +55,11 @@ MAX_WIDTH = 256  # largest n, H and F
 MAX_ACTIONS = 64  # largest A
 BLOCK_M = 16  # rows per program (tl.dot's smallest tile)
 BLOCK_N = 64  # hidden units per step of the head loop: a [H, 64] W_h tile
+BLOCK_I = 64  # cosines per step of the embedding loop: a [64, H] W_e tile
 NUM_WARPS = 4
+#: no software pipelining of the loops: with Triton's default stages the W_h tiles of eurusd_iqn
+#: (H = F = 256, n = 64) took 244 KiB of shared memory, above the H200's 227 KiB
+NUM_STAGES = 1
 
 
 @triton.jit
@@ -64,8 +68,8 @@ def _iqn_epsilon_greedy_kernel(h_ptr, out_ptr, M, pi_ptr, tau_ptr, we, be, wh, b
                                we_sp, we_so, we_si, be_sp, wh_sp, wh_so, wh_si, bh_sp,
                                wv_sp, wv_si, bv_sp, wo_sp, wo_so, wo_si, bo_sp,
                                E: tl.constexpr, H: tl.constexpr, F: tl.constexpr, A: tl.constexpr,
-                               K: tl.constexpr, PE: tl.constexpr, PH: tl.constexpr, PA: tl.constexpr,
-                               DUELING: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                               K: tl.constexpr, PH: tl.constexpr, PA: tl.constexpr,
+                               DUELING: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_I: tl.constexpr,
                                PREC: tl.constexpr, RANDOM_BITS: tl.constexpr):
     """Actions (int64 [P·M] at out_ptr) of member ``program_id(1)``'s rows ``program_id(0)``.
     wo, bo: W_o, b_o (plain) or W_a, b_a (dueling); wv, bv: w_v, b_v (dueling, else unused).
@@ -73,29 +77,29 @@ def _iqn_epsilon_greedy_kernel(h_ptr, out_ptr, M, pi_ptr, tau_ptr, we, be, wh, b
     p = tl.program_id(1).to(tl.int64)
     rows = tl.program_id(0).to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)
     ok = rows < M
-    i = tl.arange(0, PE)
-    i_ok = i < E
     n = tl.arange(0, PH)
     n_ok = n < H
     a = tl.arange(0, PA)
     a_ok = a < A
     h = tl.load(h_ptr + (p * M + rows)[:, None] * H + n[None, :], mask=ok[:, None] & n_ok[None, :], other=0.0)
-    pi = tl.load(pi_ptr + i, mask=i_ok, other=0.0)
     we += p * we_sp
     wh += p * wh_sp
     wo += p * wo_sp
     wv += p * wv_sp
-    wet = _tf32(tl.load(we + i[:, None] * we_si + n[None, :] * we_so, mask=i_ok[:, None] & n_ok[None, :], other=0.0),
-                PREC)
     bias_e = tl.load(be + p * be_sp + n, mask=n_ok, other=0.0)
     bias_o = tl.load(bo + p * bo_sp + a, mask=a_ok, other=0.0)
     qsum = tl.zeros([BLOCK_M, PA], dtype=tl.float32)
     for k in range(K):
         tau = tl.load(tau_ptr + k)
-        cos = tl.where(i_ok, tl.cos(tau * pi), 0.0)
-        cos_tile = tl.zeros([BLOCK_M, PE], dtype=tl.float32) + cos[None, :]
-        phi = tl.dot(_tf32(cos_tile, PREC), wet, input_precision=PREC) + bias_e[None, :]
-        phi = tl.where(n_ok[None, :], _relu(phi), 0.0)
+        phi = tl.zeros([BLOCK_M, PH], dtype=tl.float32)
+        for i0 in range(0, E, BLOCK_I):  # the embedding in chunks of BLOCK_I cosines: a [BLOCK_I, H] W_e tile
+            i = i0 + tl.arange(0, BLOCK_I)
+            i_ok = i < E
+            cos = tl.where(i_ok, tl.cos(tau * tl.load(pi_ptr + i, mask=i_ok, other=0.0)), 0.0)
+            cos_tile = tl.zeros([BLOCK_M, BLOCK_I], dtype=tl.float32) + cos[None, :]
+            wet = tl.load(we + i[:, None] * we_si + n[None, :] * we_so, mask=i_ok[:, None] & n_ok[None, :], other=0.0)
+            phi = tl.dot(_tf32(cos_tile, PREC), _tf32(wet, PREC), acc=phi, input_precision=PREC)
+        phi = tl.where(n_ok[None, :], _relu(phi + bias_e[None, :]), 0.0)
         x = _tf32(h * phi, PREC)
         z = tl.zeros([BLOCK_M, PA], dtype=tl.float32)
         value = tl.zeros([BLOCK_M], dtype=tl.float32)
@@ -139,9 +143,10 @@ def _iqn_epsilon_greedy_op(h: Tensor, weights: list[Tensor], biases: list[Tensor
         h, out, rows, pi_i, taus, we, be, wh, bh, wv, bv, wo, bo, step, start, end, duration, u,
         we.stride(0), we.stride(2), we.stride(1), be.stride(0), wh.stride(0), wh.stride(2), wh.stride(1), bh.stride(0),
         wv.stride(0), wv.stride(1), bv.stride(0), wo.stride(0), wo.stride(2), wo.stride(1), bo.stride(0),
-        E=pi_i.shape[0], H=width, F=hidden, A=actions, K=taus.shape[0], PE=_pad(pi_i.shape[0]), PH=_pad(width),
-        PA=_pad(actions), DUELING=dueling, BLOCK_M=BLOCK_M, BLOCK_N=min(BLOCK_N, _pad(hidden)), PREC=_prec(h),
-        RANDOM_BITS=RANDOM_BITS, num_warps=NUM_WARPS, enable_fp_fusion=False)
+        E=pi_i.shape[0], H=width, F=hidden, A=actions, K=taus.shape[0], PH=_pad(width),
+        PA=_pad(actions), DUELING=dueling, BLOCK_M=BLOCK_M, BLOCK_N=min(BLOCK_N, _pad(hidden)),
+        BLOCK_I=min(BLOCK_I, _pad(pi_i.shape[0])), PREC=_prec(h), RANDOM_BITS=RANDOM_BITS, num_warps=NUM_WARPS,
+        num_stages=NUM_STAGES, enable_fp_fusion=False)
     return out
 
 

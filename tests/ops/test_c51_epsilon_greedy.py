@@ -118,3 +118,19 @@ def test_member_network_acts_through_it(dueling):
                                                                        dueling=dueling)))
     net = MemberC51Network.from_networks(nets, "relu")
     assert_network_acts_through_its_op(net, torch.randn(3, 29, 7, generator=torch.Generator().manual_seed(5)), 5)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dueling", [False, True])
+def test_compiled_kernel_at_the_widest_shapes_matches_the_reference_on_cuda(dueling):
+    """H = MAX_WIDTH, A = MAX_ACTIONS, K = MAX_ATOMS compile within the GPU's shared memory and give
+    the reference's actions."""
+    from foxdqn.ops.c51_epsilon_greedy import MAX_ACTIONS, MAX_ATOMS, MAX_WIDTH
+
+    case = [t.cuda() if isinstance(t, torch.Tensor) else [w.cuda() for w in t]
+            for t in _case(2, 40, MAX_WIDTH, MAX_ACTIONS, MAX_ATOMS, dueling, seed=3)]
+    sched = {k: v.cuda() if isinstance(v, torch.Tensor) else v for k, v in schedule(2, 40).items()}
+    got = c51_epsilon_greedy(*case, **sched, backend="triton")
+    want = c51_epsilon_greedy(*case, **sched, backend="torch")
+    clear = clear_rows(c51_expected_q_reference(*case)).cuda()
+    assert clear.float().mean() > 0.8 and torch.equal(got[clear], want[clear])

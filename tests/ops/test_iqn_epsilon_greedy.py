@@ -1,7 +1,7 @@
 """foxdqn.ops.iqn_epsilon_greedy: the kernel (TRITON_INTERPRET=1 on CPU) gives the reference's
 actions wherever the reference's policy Q has a clear argmax (plain and dueling heads, P = 1 and
-odd P, odd rows, odd widths and fraction counts, K = 1, A = 1, hidden widths above one chunk), the
-reference is MemberIQNNetwork's policy Q, ε = 1 gives u's random actions and ε = 0 Q's argmax, a
+odd P, odd rows, odd widths and fraction counts, K = 1, A = 1, hidden widths and embedding sizes above
+one chunk), the reference is MemberIQNNetwork's policy Q, ε = 1 gives u's random actions and ε = 0 Q's argmax, a
 NaN row picks action 0, a member's actions do not depend on the others, bad arguments raise;
 MemberIQNNetwork acts through it inside cpu_kernels only and gives its own forward's actions."""
 from __future__ import annotations
@@ -30,7 +30,8 @@ def _case(members, rows, emb, width, hidden, actions, fractions, dueling, seed=0
 
 # (P, M, n, H, F, A, K, dueling)
 SHAPES = [(1, 1, 64, 16, 16, 2, 32, False), (1, 37, 64, 20, 20, 45, 8, True), (3, 19, 7, 9, 9, 5, 3, False),
-          (3, 33, 16, 24, 70, 3, 1, True), (5, 17, 1, 1, 1, 1, 2, True), (2, 16, 8, 130, 130, 64, 2, False)]
+          (3, 33, 16, 24, 70, 3, 1, True), (5, 17, 1, 1, 1, 1, 2, True), (2, 16, 8, 130, 130, 64, 2, False),
+          (2, 9, 130, 24, 24, 5, 3, True)]
 
 
 @pytest.mark.parametrize("shape", SHAPES, ids=[f"P{s[0]}-M{s[1]}-n{s[2]}-H{s[3]}-F{s[4]}-A{s[5]}-K{s[6]}-"
@@ -120,3 +121,20 @@ def test_bad_arguments(change, match):
     change(args)
     with pytest.raises(ValueError, match=match):
         iqn_epsilon_greedy(**args, backend="triton")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dueling", [False, True])
+def test_compiled_kernel_at_the_widest_shapes_matches_the_reference_on_cuda(dueling):
+    """The widths the op accepts at their maximum (n, H, F = MAX_WIDTH, A = MAX_ACTIONS; K as
+    eurusd_iqn's 32) compile within the GPU's shared memory and give the reference's actions
+    (eurusd_iqn's H = F = 256 once needed 244 KiB of it on the H200, above its 227 KiB)."""
+    from foxdqn.ops.iqn_epsilon_greedy import MAX_ACTIONS, MAX_WIDTH
+
+    h, ws, bs, pi_i, taus = (t.cuda() if isinstance(t, torch.Tensor) else [w.cuda() for w in t]
+                             for t in _case(2, 40, MAX_WIDTH, MAX_WIDTH, MAX_WIDTH, MAX_ACTIONS, 32, dueling, seed=3))
+    sched = {k: v.cuda() if isinstance(v, torch.Tensor) else v for k, v in schedule(2, 40).items()}
+    got = iqn_epsilon_greedy(h, ws, bs, pi_i, taus, **sched, backend="triton")
+    want = iqn_epsilon_greedy(h, ws, bs, pi_i, taus, **sched, backend="torch")
+    clear = clear_rows(iqn_policy_q_reference(h, ws, bs, pi_i, taus)).cuda()
+    assert clear.float().mean() > 0.8 and torch.equal(got[clear], want[clear])
