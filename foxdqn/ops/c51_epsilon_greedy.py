@@ -59,6 +59,9 @@ MAX_ATOMS = 128  # largest K
 MAX_ACTIONS = 64  # largest A: the Q tile [BLOCK_M, 64]
 BLOCK_M = 16  # rows per program (tl.dot's smallest tile): the collect step's rows are few per member
 NUM_WARPS = 4
+#: no software pipelining of the action loop: with Triton's default stages the [H, K] W tiles at
+#: the widest shapes (H = 256, K = 128: 128 KiB each) asked for more shared memory than the H200 has
+NUM_STAGES = 1
 
 
 @triton.jit
@@ -132,7 +135,8 @@ def _c51_epsilon_greedy_op(h: Tensor, weights: list[Tensor], biases: list[Tensor
         wv.stride(0), wv.stride(2), wv.stride(1), bv.stride(0), wa.stride(0), wa.stride(2), wa.stride(1), ba.stride(0),
         support.stride(0), support.stride(1),
         H=width, K=atoms, A=actions, PH=_pad(width), PK=_pad(atoms), PA=_pad(actions), DUELING=dueling,
-        BLOCK_M=BLOCK_M, PREC=_prec(h), RANDOM_BITS=RANDOM_BITS, num_warps=NUM_WARPS, enable_fp_fusion=False)
+        BLOCK_M=BLOCK_M, PREC=_prec(h), RANDOM_BITS=RANDOM_BITS, num_warps=NUM_WARPS,
+        num_stages=NUM_STAGES, enable_fp_fusion=False)
     return out
 
 
