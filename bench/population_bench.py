@@ -170,9 +170,10 @@ def peer_result_row(members: int, result: dict | None, wall: float, rc: int = 0,
     return row
 
 
-def rows(device: str, only: tuple[str, ...] | None = None):
+def rows(device: str, only: tuple[str, ...] | None = None, members: tuple[int, ...] | None = None):
     """The section's rows, one at a time (each a finished multirun, or a JAX peer run after the
-    ``cartpole_cleanrl`` row of the same P); ``only``: these experiments.
+    ``cartpole_cleanrl`` row of the same P); ``only``: these experiments; ``members``: only these
+    member counts (the basic launcher's row then runs at the largest of them).
     Eager rows (``graph=off``) run for the trading experiment only on CUDA: 50,000 eager CartPole
     iterations take minutes and say nothing the captured rows do not."""
     cases = CASES if device == "cuda" else CPU_CASES
@@ -181,12 +182,15 @@ def rows(device: str, only: tuple[str, ...] | None = None):
         if only and experiment not in only:
             continue
         peer = peer_settings(experiment, extra)
-        for members in counts:
-            yield sweep(experiment, members, "population", "auto", extra)
+        counts = tuple(c for c in counts if members is None or c in members)
+        if not counts:
+            continue
+        for members_p in counts:
+            yield sweep(experiment, members_p, "population", "auto", extra)
             if peer is not None:  # right after the foxdqn row of the same P: a cut run keeps both
-                yield peer_row(members, peer)
-            if device == "cuda" and experiment != "cartpole_cleanrl" and members <= 8:
-                yield sweep(experiment, members, "population", "off", extra)
+                yield peer_row(members_p, peer)
+            if device == "cuda" and experiment != "cartpole_cleanrl" and members_p <= 8:
+                yield sweep(experiment, members_p, "population", "off", extra)
         yield sweep(experiment, max(counts), "basic", "auto", extra)
 
 

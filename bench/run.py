@@ -46,7 +46,8 @@ def _ops_rows(device: str, only: tuple[str, ...] | None = None):
 SECTIONS = ("step", "e2e", "cartpole", "ops", "population", "kernels", "startup")
 
 
-def _section(name: str, device: str, seeds: int = 1, only: tuple[str, ...] | None = None):
+def _section(name: str, device: str, seeds: int = 1, only: tuple[str, ...] | None = None,
+             members: tuple[int, ...] | None = None):
     """The section's rows: a list, or a generator yielding them one at a time."""
     if name == "ops":
         if device != "cuda":
@@ -54,7 +55,9 @@ def _section(name: str, device: str, seeds: int = 1, only: tuple[str, ...] | Non
             return []
         return _ops_rows(device, only)
     module = importlib.import_module(f"bench.{name}_bench")
-    if name in ("population", "kernels"):
+    if name == "population":
+        return module.rows(device, only=only, members=members)
+    if name == "kernels":
         return module.rows(device, only=only)
     return module.rows(device, seeds=seeds, only=only) if name == "cartpole" else module.rows(device)
 
@@ -167,6 +170,8 @@ def main(argv=None) -> int:
                                    "population section: experiments (bench.population_bench.CASES); kernels "
                                    "section: experiments (conf/experiment/); ops section: op modules "
                                    "(bench/ops/bench_<name>.py)")
+    ap.add_argument("--members", help="population section: comma-separated member counts, a subset of each "
+                                      "experiment's (bench.population_bench.CASES); default: all")
     ap.add_argument("--tag", help="appended to the result files' name (<date>_<gpu>_<sections>-<tag>)")
     ap.add_argument("--report", metavar="CSV", help="only rebuild the .md and .png beside CSV from its rows "
                                                     "(e.g. of a run cut by a time limit)")
@@ -188,7 +193,8 @@ def main(argv=None) -> int:
     only = tuple(args.only.split(",")) if args.only else None
     stem.parent.mkdir(parents=True, exist_ok=True)
     for name in args.sections.split(","):
-        for r in _section(name.strip(), device, args.seeds, only):  # a list, or a generator of rows (cartpole)
+        members = tuple(int(m) for m in args.members.split(",")) if args.members else None
+        for r in _section(name.strip(), device, args.seeds, only, members):  # a list, or a generator of rows (cartpole)
             rows.append({**t, **r})
             write_csv(rows, stem.with_suffix(".csv"))  # after every row: a time-out keeps what ran
     _write_report(pd.DataFrame(rows), t, stem)
@@ -216,6 +222,13 @@ def _check_args(ap: argparse.ArgumentParser, args) -> None:
                      "population, kernels: their experiments)")
     if args.seeds < 1:
         ap.error(f"--seeds: must be >= 1, got {args.seeds}")
+    if args.members:
+        from bench.population_bench import CASES, CPU_CASES
+
+        counts = {c for cases in (CASES, CPU_CASES) for v in cases.values() for c in v}
+        given = args.members.split(",")
+        if not all(m.isdigit() and int(m) in counts for m in given):
+            ap.error(f"--members: {args.members!r}; allowed: comma-separated counts of {sorted(counts)}")
     if args.report:
         path = Path(args.report)
         if not path.is_file():

@@ -110,6 +110,16 @@ def test_peer_rows_follow_the_foxdqn_row_of_the_same_size(monkeypatch):
     assert rows == [("population", 1), (pb.PEER, 1), ("population", 16), (pb.PEER, 16), ("population", 128),
                     (pb.PEER, 128), ("population", 512), (pb.PEER, 512), ("basic", 512)]
     assert all(s == Settings() for s in seen)  # CUDA: cartpole_cleanrl as shipped
+    picked = [(r["launcher"], r["members"]) for r in pb.rows("cuda", only=("cartpole_cleanrl",), members=(128, 512))]
+    assert picked == [("population", 128), (pb.PEER, 128), ("population", 512), (pb.PEER, 512), ("basic", 512)]
+
+
+def test_members_must_be_counts_the_section_knows(capsys):
+    from bench.run import main
+
+    with pytest.raises(SystemExit) as info:
+        main(["--sections", "population", "--members", "128,7"])
+    assert info.value.code == 2 and "--members: '128,7'; allowed" in capsys.readouterr().err
 
 
 def _result(seeds, wall_train, compile_s, rate, rate_run, ret):
