@@ -76,17 +76,15 @@ def run_job(tc: TrainConfig, market, run_dir: Path, payload: dict | None = None,
 
 
 def trains_as_population(tc: TrainConfig, payload: dict | None) -> bool:
-    """``tc`` trains as a population of one: the population supports its settings, it does not
-    continue a single-run loop's checkpoint (``payload`` of format foxdqn.run.checkpoint) and it
-    serves no Prometheus endpoint (``logger.prometheus.port``: a single run's endpoint carries the
-    guard ring's gauges, which a population has no ring for); a population member's checkpoint
-    always does."""
+    """``tc`` trains as a population of one: the population supports its settings and it does not
+    continue a single-run loop's checkpoint (``payload`` of format foxdqn.run.checkpoint); a
+    population member's checkpoint always does."""
     from foxdqn.population.checkpoint import is_member_state
     from foxdqn.population.grouping import batch_refusal
 
     if is_member_state(payload):
         return True
-    return payload is None and batch_refusal(tc) is None and tc.logger.prometheus.port is None
+    return payload is None and batch_refusal(tc) is None
 
 
 def _run_as_population(tc: TrainConfig, market, run_dir: Path, payload: dict | None, run_id: str | None) -> float:

@@ -32,10 +32,32 @@ It is fed in two ways, neither of which touches a device tensor:
   new record, for the type check); the gauges are built from it when a scraper asks
   (:class:`_RingCollector`, on the server's thread).
 
+* :meth:`PrometheusExporter.guard` - a population member's guard state at each log boundary
+  (:meth:`foxdqn.population.member_guard.MemberGuard.gauges`: the host copy the log interval's one
+  readback made current; no read of its own), with the member's row labels:
+
+  ==================================  =====================================================
+  ``foxdqn_guard_flag{flag=F}``       1 or 0; F as above: halt_* and q_divergence name why the
+                                      member halted (latched from that update on; q_divergence
+                                      also while its last update's Q diverged), skip (its
+                                      updates are skipped: halted, early-stopped or pruned),
+                                      halted (a guard halt)
+  ``foxdqn_guard_step``               the member's newest update number (-1: no update yet)
+  ``foxdqn_guard_collapse_count``     consecutive updates with a collapsed gradient (0 while
+                                      ``guard.collapse_multiplier`` is off for every member)
+  ``foxdqn_guard_halt_updates``       updates applied when it halted or stopped (-1: running)
+  ``foxdqn_guard_halt_env_steps``     its env steps then (-1: running)
+  ==================================  =====================================================
+
+  The per-update values of a ring record (``raw_loss``, ``raw_grad_norm``, ``q_min/_max/_mean``)
+  have no per-member counterpart: the interval means are the row gauges ``foxdqn_train_loss``,
+  ``foxdqn_train_grad_norm`` and ``foxdqn_train_mean_max_q``.
+
 Every gauge carries the labels given at construction (the loop gives ``run`` and ``seed``). A
 population's one endpoint (foxdqn.population.train) gives ``run`` and, per row, the member's
 ``member`` (its index), ``job`` (its Hydra job number) and ``seed``: one series per member, no ring
-gauges (a population has no guard ring).
+gauges (a population has no guard ring; :meth:`PrometheusExporter.guard` gives its members' guard
+gauges).
 Values are converted with ``float``; ``None`` and strings are skipped; tensors are refused
 (``TypeError``), as in the other sinks.
 """
@@ -49,7 +71,7 @@ from typing import Any
 
 from foxdqn.device.host_ring import FLAG_FIELDS
 
-__all__ = ["PrometheusExporter", "LabelledRows", "probe", "metric_name", "FLAGS"]
+__all__ = ["PrometheusExporter", "LabelledRows", "probe", "metric_name", "FLAGS", "GUARD_VALUES"]
 
 PREFIX = "foxdqn_"
 ENV_STEPS_HELP = "env steps of the last logged metrics row"
@@ -63,6 +85,13 @@ _RING_VALUES = {
     "guard_raw_grad_norm": ("raw_grad_norm", "gradient norm of that update before clipping"),
     "guard_collapse_count": ("collapse_count", "consecutive updates with a collapsed gradient"),
     "guard_max_weight": ("max_weight", "max |w| after that update's step (guard.max_weight; -1: check off)"),
+}
+#: gauge name (after ``foxdqn_``) -> help text: a population member's guard values (:meth:`PrometheusExporter.guard`)
+GUARD_VALUES = {
+    "guard_step": "the member's newest update number at the last log boundary (-1: none yet)",
+    "guard_collapse_count": "the member's consecutive updates with a collapsed gradient",
+    "guard_halt_updates": "updates applied to the member when it halted or stopped (-1: running)",
+    "guard_halt_env_steps": "the member's env steps when it halted or stopped (-1: running)",
 }
 _Q_VALUES = {
     "q_min": "min over the update's B x A Q-values (return units)",
@@ -186,11 +215,12 @@ class PrometheusExporter:
         self._server, self._thread = start_http_server(int(port), addr=addr, registry=self.registry)
         self.addr, self.port = addr, int(self._server.server_port)
 
-    def _series(self, name: str, text: str, values: tuple[str, ...]):
-        """The gauge ``name``'s series of this exporter's labels and the row label ``values``."""
+    def _series(self, name: str, text: str, values: tuple[str, ...], extra: tuple[str, ...] = ()):
+        """The gauge ``name``'s series of this exporter's labels and the row label ``values`` (then
+        the values of the labels ``extra``, e.g. the guard flag's ``flag``)."""
         gauge = self._families.get(name)
         if gauge is None:
-            gauge = self._families[name] = self._Gauge(name, text, (*self.labels, *self.row_labels),
+            gauge = self._families[name] = self._Gauge(name, text, (*self.labels, *self.row_labels, *extra),
                                                        registry=self.registry)
         return gauge.labels(*self.labels.values(), *values) if self.labels or values else gauge
 
@@ -239,6 +269,25 @@ class PrometheusExporter:
                                                                     values)
             gauge.set(v)
 
+    def guard(self, values: Mapping[str, Any], labels: Mapping[str, Any] | None = None) -> None:
+        """Set a population member's guard gauges (the module docstring's second table) from
+        ``values``: each name of :data:`FLAGS` -> 0/1 and each key of :data:`GUARD_VALUES` -> a
+        number (host values, :meth:`foxdqn.population.member_guard.MemberGuard.gauges`); ``labels``
+        gives the values of :attr:`row_labels`. A missing key leaves its gauge as it was.
+
+        Raises:
+            TypeError: a value is a tensor or not a number.
+            ValueError: the names of ``labels`` are not :attr:`row_labels`.
+        """
+        row = self._row_values(labels)
+        for flag in FLAGS:
+            if flag in values:
+                self._series(f"{PREFIX}guard_flag", "guard flags of the member at the last log boundary (1 set, 0 clear)",
+                             (*row, flag), extra=("flag",)).set(_number(flag, values[flag]))
+        for name, text in GUARD_VALUES.items():
+            if name.removeprefix("guard_") in values:
+                self._series(PREFIX + name, text, row).set(_number(name, values[name.removeprefix("guard_")]))
+
     def observe(self, record: Mapping[str, Any] | None) -> None:
         """Show one guard ring record (a dict from ``HostRingReader.latest()``) from the next scrape on.
 
@@ -281,3 +330,7 @@ class LabelledRows:
     def log(self, step: int, metrics: Mapping[str, Any]) -> None:
         """:meth:`PrometheusExporter.log` of this member's row."""
         self.exporter.log(step, metrics, self.labels)
+
+    def guard(self, values: Mapping[str, Any]) -> None:
+        """:meth:`PrometheusExporter.guard` of this member's guard state."""
+        self.exporter.guard(values, self.labels)

@@ -74,6 +74,7 @@ class _Population:
         self.full = make_iteration(s, self.graph, on_host=s.env.on_host, **step_fns)
         self.loggers: list = []  # foxdqn.logger.MetricsLogger per member, opened after the run folders (open_loggers)
         self.trackers: list[Trackers] = []  # each member's MLflow and W&B runs (open_loggers)
+        self.prometheus_rows: list = []  # each member's rows and guard gauges of the endpoint (open_loggers)
         # the population's one endpoint, or None; a port taken since the preflight: bad input, before any folder
         self.prometheus = open_prometheus(cfg, population=True)
         self.env_steps, self.host_updates = 0, 0
@@ -180,7 +181,8 @@ class _Population:
                                  Trackers(m.tc, m.run_dir, m.overrides, job=m.job_num))
             sinks = list(self.trackers[p].sinks)
             if self.prometheus is not None:
-                sinks.append(self.prometheus.rows({"member": p, "job": m.job_num, "seed": m.tc.seed}))
+                self.prometheus_rows.append(self.prometheus.rows({"member": p, "job": m.job_num, "seed": m.tc.seed}))
+                sinks.append(self.prometheus_rows[p])
             self.loggers.append(MetricsLogger(m.run_dir, tensorboard=m.tc.logger.tensorboard, sinks=sinks,
                                               resume_after=self.resumed_at))
 
@@ -224,8 +226,13 @@ class _Population:
         the accumulators (the interval's one sync); returns the members' episode returns. With
         ``early_stop.q_bound``, a member whose mean max-Q stayed high is stopped (``early_stop_q``)."""
         s = self.s
-        prune = None if s.pruner is None else s.pruner.log_values(s.updates)  # [P, 2]: measured, scheduled
-        acc, counts = s.stats.read(prune)  # waits for the device: the guard's host copy below is current
+        extra = [] if s.pruner is None else [s.pruner.log_values(s.updates)]  # [P, 2]: measured, scheduled
+        if self.prometheus is not None:  # the guard's collapse counts, in the same copy
+            extra.append(s.guard.collapse_count.unsqueeze(1).to(torch.float64))
+        acc, counts = s.stats.read(torch.cat(extra, dim=1) if extra else None)  # waits for the device
+        if self.prometheus is not None:  # every member's guard gauges, halted ones too (the host copy is current)
+            for p, rows in enumerate(self.prometheus_rows):
+                rows.guard(s.guard.gauges(p, self.host_updates, acc[p][-1]))
         returns, self.rows = [], []
         for p, (logger, m) in enumerate(zip(self.loggers, self.members)):
             row = MemberStats.row(acc[p], self.diversity.columns(counts[p]))
@@ -233,7 +240,7 @@ class _Population:
             self.rows.append(row)
             if p in self.stopped:
                 continue
-            if prune is not None:  # prune.enabled: the member's sparsity reached and scheduled, as a single run's
+            if s.pruner is not None:  # prune.enabled: the member's sparsity reached and scheduled, as a single run's
                 row["prune_sparsity"], row["prune_target_sparsity"] = acc[p][FIELDS:FIELDS + 2]
             x = m.tc.explore  # ε of the next collect step, as the device computes it (hparams.MemberParams)
             frac = min(self.env_steps / max(x.eps_decay_fraction * m.tc.agent.total_env_steps, 1.0), 1.0)

@@ -96,6 +96,40 @@ def test_a_population_endpoint_keeps_one_series_per_member():
         prom.close()
 
 
+def test_member_guard_gauges_come_from_the_guard_host_copy():
+    """A population member's guard gauges (foxdqn.population.member_guard.MemberGuard.gauges, fed at
+    each log boundary): a running member, one halted by the kernel (NaN), one stopped early and one
+    halted by the Q monitor, each in its own series; only host values, tensors refused."""
+    from foxdqn.ops.member_guard import NON_FINITE
+    from foxdqn.population.member_guard import MemberGuard
+
+    guard = MemberGuard(torch.full((4,), 1e6), torch.device("cpu"), q_divergence=torch.full((4,), 1e4))
+    guard.host[:, 1] = torch.tensor([1, NON_FINITE, 7, 300])  # the kernel halted member 1 at its update 7
+    guard.stop(2, "early_stop_val", 40, 900)
+    guard.halt_q(3, 40, 900)
+    prom = PrometheusExporter(0, "127.0.0.1", {"run": "test_run"}, row_labels=("member", "job", "seed"), ring=False)
+    try:
+        rows = [prom.rows({"member": p, "job": p, "seed": 0}) for p in range(4)]
+        for p, r in enumerate(rows):
+            r.guard(guard.gauges(p, updates=40, collapse_count=p))
+        samples = scrape(prom.url)
+        with pytest.raises(TypeError, match="never tensors"):
+            rows[0].guard({"halted": torch.tensor(1.0)})
+    finally:
+        prom.close()
+
+    def series(p):
+        labels = (("job", str(p)), ("member", str(p)), ("run", "test_run"), ("seed", "0"))
+        flags = {f for f in FLAGS if samples[("foxdqn_guard_flag", tuple(sorted((*labels, ("flag", f)))))] == 1}
+        return flags, [samples[(f"foxdqn_guard_{k}", labels)] for k in ("step", "collapse_count", "halt_updates",
+                                                                        "halt_env_steps")]
+
+    assert series(0) == (set(), [39, 0, -1, -1])
+    assert series(1) == ({"halt_nan", "skip", "halted"}, [7, 1, 7, 300])
+    assert series(2) == ({"skip"}, [39, 2, 40, 900])  # a stop is not a halt
+    assert series(3) == ({"q_divergence", "skip", "halted"}, [39, 3, 40, 900])
+
+
 def test_ring_gauges_show_the_newest_record(exporter):
     samples = scrape(exporter.url)  # before any record: NaN, not a reassuring 0
     assert all(math.isnan(value(samples, "foxdqn_guard_flag", flag=f)) for f in FLAGS)
