@@ -30,9 +30,11 @@ _LOADED: dict = {}
 
 def read_checkpoint(path: Path) -> dict:
     """:func:`foxdqn.run.checkpoint.load_checkpoint` of ``path``, kept for the next call with the same file
-    (same path, size and modification time). Raises ConfigError like it, and for a population
-    member's checkpoint that holds weights only (``population`` without ``member_state``: a
-    ``best.pt``, or one an older foxdqn wrote; :func:`foxdqn.population.checkpoint.member_checkpoint`)."""
+    (same path, size and modification time). Raises ConfigError like it, and for a checkpoint
+    that cannot be continued: a population member's that holds weights only (``population``
+    without ``member_state``: a ``best.pt``, or one an older foxdqn wrote;
+    :func:`foxdqn.population.checkpoint.member_checkpoint`), or one of the single-run loop an older
+    foxdqn had (neither key; its weights still evaluate: ``python -m foxdqn.evaluate``)."""
     path = Path(path)
     stat = path.stat() if path.is_file() else None
     key = (str(path.resolve()), stat and (stat.st_size, stat.st_mtime_ns))
@@ -43,6 +45,11 @@ def read_checkpoint(path: Path) -> dict:
         raise ConfigError(f"resume: checkpoint {path} is a population member's weights only (no optimizer or "
                           "replay), so it cannot be resumed: resume from the run's checkpoints/last.pt, evaluate it "
                           "with python -m foxdqn.evaluate checkpoint=PATH, or train again")
+    if "member_state" not in _LOADED[key]:
+        _LOADED.clear()
+        raise ConfigError(f"resume: checkpoint {path} was written by the single-run training loop of an older foxdqn "
+                          "(no member_state), which this foxdqn cannot continue: start a new run (without resume=), "
+                          f"or evaluate its weights with python -m foxdqn.evaluate checkpoint={path}")
     return _LOADED[key]
 
 
