@@ -121,7 +121,7 @@ def test_a_port_in_use_is_refused_before_training(train_cli, tmp_path):
     assert not (tmp_path / "run").exists()  # refused before any folder was made
 
 
-def test_the_loop_names_the_key_when_the_port_is_taken_after_the_check():
+def test_the_trainer_names_the_key_when_the_port_is_taken_after_the_check():
     from foxdqn.run.trackers import open_prometheus
 
     with socket.socket() as held:

@@ -283,7 +283,7 @@ class AgentConfig:
 
 @dataclass
 class OptimConfig:
-    """Adam (fused, capturable) and how one gradient update is computed (foxdqn.step.update)."""
+    """Adam (fused, capturable) and how one gradient update is computed (foxdqn.population.step)."""
 
     lr: float = 3e-4  # Adam learning rate
     adam_eps: float = 1e-5  # Adam ε
@@ -386,7 +386,7 @@ class RegimeConfig:
 
 @dataclass
 class GuardConfig:
-    """On-device training guard (foxdqn.guard.host; docs/design/guard.md)."""
+    """On-device training guard (foxdqn.population.member_guard; docs/design/guard.md)."""
 
     loss_clip: float = 1.0e6  # a loss above this (or NaN/Inf) skips the update and halts
     collapse_multiplier: float = 0.0  # gradient-collapse threshold = optim.lr × multiplier (0 disables)

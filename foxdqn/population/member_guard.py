@@ -16,9 +16,9 @@ of the halt state into pinned host memory, which the host reads without waiting
 
 Each update also writes each member's Q-monitor divergence flag (:meth:`MemberGuard.check`, in
 the guard's kernel: the batch's online Q has a non-finite entry or some |Q| above the member's
-``guard.q_divergence``, the single run's :mod:`foxdqn.ops.qvalue_stats` rule), not latched;
+``guard.q_divergence``), not latched;
 :meth:`MemberGuard.publish` copies the flag of the iteration's last update to
-:attr:`MemberGuard.q_host`, which the host reads as a single run reads its ring's newest record
+:attr:`MemberGuard.q_host`, which the host reads after each iteration
 (foxdqn.population.train): the member halts (:meth:`MemberGuard.halt_q`), or with
 ``early_stop.on_q_divergence`` stops.
 

@@ -3,8 +3,8 @@
 :func:`resolve_resume` finds the run folder, its start record (``config.yaml``, written before
 anything else of the run: :mod:`foxdqn.run.folder`) and its checkpoint, refuses what cannot be
 continued (a finished run, a checkpoint outside a run folder or of another run, a setting given
-again that differs) and returns what :func:`foxdqn.run.loop.train` continues from
-(:class:`Continuation`). The start record is the truth: a resume keeps the config the run started
+again that differs, a checkpoint of the single-run loop an older foxdqn had) and returns what
+:func:`foxdqn.job.run.run_job` continues from (:class:`Continuation`). The start record is the truth: a resume keeps the config the run started
 with, whatever this call composed; only the keys of :data:`RESUME_MAY_CHANGE` that this call names
 are taken from it. A run killed before its first checkpoint starts over, in its folder, with that
 same config (:func:`start_over`, once the run holds the folder's lock).

@@ -204,7 +204,7 @@ class PopulationLauncher(Launcher):
         there are two or more populations and ``n_jobs`` allows two or more."""
         from foxdqn.cli.placement import gpu_count, visible_gpus
 
-        from foxdqn.step.state import resolve_device
+        from foxdqn.step.build import resolve_device
 
         if len(populations) < 2 or self.n_jobs == 1:
             return []

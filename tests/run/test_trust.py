@@ -289,13 +289,14 @@ def test_a_bar_that_jumps_is_refused_naming_the_file_and_row(tmp_path):
 def test_a_learning_rate_of_1e3_halts_with_the_initial_weights(tmp_path, device):
     from foxdqn.config.compose import load_config
     from foxdqn.errors import HaltError
-    from foxdqn.run.loop import train as train_run
-    from foxdqn.step.state import build_state
     from foxdqn.job.check import market_data
+    from foxdqn.population.state import build_population
+
+    from support import train_run
 
     cfg = load_config(["debug=smoke", f"device={device}", "optim.lr=1000", "log.progress=false", "logger=csv"])
-    initial = {k: v.cpu() for k, v in build_state(cfg, market_data(cfg), torch.device(device)).nets.online
-               .state_dict().items()}
+    initial = {k: v.cpu() for k, v in build_population([cfg], market_data(cfg), torch.device(device)).online
+               .member_state_dict(0).items()}
     with pytest.raises(HaltError):
         train_run(cfg, market_data(cfg), tmp_path)
     saved = load_checkpoint(tmp_path / "checkpoints" / "last.pt")
