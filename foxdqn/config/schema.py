@@ -393,7 +393,7 @@ class GuardConfig:
     collapse_patience: int = 100  # updates in a row below the collapse threshold before a halt
     warmup_updates: int = 100  # updates before the collapse check starts
     q_divergence: float = 1.0e4  # |Q| above this is a divergence (Q-value monitor)
-    ring_size: int = 64  # records in the pinned host ring (slot = update mod ring_size)
+    ring_size: int = 64  # no effect: the single-run loop's host ring is gone (kept so that older configs load)
     max_weight: Optional[float] = None  # post-step check: a step whose weights would have some |w| above this
     #                                     (or non-finite) is skipped and halts the run (null or 0 = off)
     keep_last_good: bool = True  # a halt saves the weights from before the last applied update (one copy of them)
