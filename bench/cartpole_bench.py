@@ -35,9 +35,8 @@ import numpy as np
 import pandas as pd
 import torch
 
-from bench.harness import make_state
-from foxdqn.analysis.backtest import evaluate_episodes
-from foxdqn.step.iteration import make_iteration
+from bench.harness import iteration, make_state
+from foxdqn.population.evaluate import member_episodes
 
 THRESHOLD = 475.0
 EVAL_EPISODES = 20
@@ -92,7 +91,7 @@ def _foxdqn_row(device: str, graph: bool, name: str = "cartpole_dqn", cap: int |
     cfg, a = s.cfg, s.cfg.agent
     per_iter = cfg.env.num_envs * a.steps_per_iter
     warm = math.ceil(a.learning_starts / per_iter)
-    collect, full = make_iteration(s, graph, updates=0), make_iteration(s, graph)
+    collect, full = iteration(s, graph, updates=0), iteration(s, graph)
     sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
     train_s, reached_at, last = 0.0, None, float("nan")
     t = time.perf_counter()
@@ -102,7 +101,7 @@ def _foxdqn_row(device: str, graph: bool, name: str = "cartpole_dqn", cap: int |
         if steps % every < per_iter:
             sync()
             train_s += time.perf_counter() - t
-            last = evaluate_episodes(cfg, s.nets.online, s.rollout.action_mode, s.device, episodes=EVAL_EPISODES)["mean_return"]
+            last = member_episodes(s, EVAL_EPISODES, seed_offset=1)[0]["mean_return"]
             if last >= THRESHOLD:
                 reached_at = steps
                 break

@@ -1,5 +1,5 @@
 """Kernel launches of one step counted on the CPU: what a collect step or an update would launch
-on CUDA, listed without a GPU (issue 33: the population's steps against the single run's).
+on CUDA, listed without a GPU (issue 33: a population's steps, of one member or of several).
 
 Inside :func:`foxdqn.ops.backend.cpu_kernels` every op of ``foxdqn.ops`` runs its Triton kernel
 (Triton's interpreter, ``TRITON_INTERPRET=1``) and the networks take their fused forwards, as on
@@ -19,7 +19,8 @@ cuBLAS may split a GEMM or add an epilogue kernel, a composite aten op may launc
 and memsets are not kernels there.
 
 ``python -m bench.cpu_kernels [EXPERIMENT ...]`` (default ``eurusd_dqn cartpole_cleanrl``) lists
-the launches of a single run's collect step and update and a population's (3 members), small.
+the launches of a population's collect step and update (3 members; with ``--single`` also of
+a population of one, a single run), small.
 """
 from __future__ import annotations
 
@@ -125,20 +126,13 @@ def small_overrides(experiment: str) -> tuple[str, ...]:
 
 def step_launches(experiment: str, members: int, overrides: tuple[str, ...] = ()) -> dict[str, list[str]]:
     """``{"collect": [...], "update": [...]}``: the launches of one collect step and one update of
-    ``experiment`` (with :func:`small_overrides` and ``overrides``) on the CPU, a single run's
-    (``members`` 0) or a population's of ``members`` (seeds 0 .. members − 1)."""
-    from bench.harness import make_population, make_state
+    ``experiment`` (with :func:`small_overrides` and ``overrides``) on the CPU, a population's of
+    ``members`` (seeds 0 .. members − 1; 1: a single run)."""
+    from bench.harness import make_population
+    from foxdqn.population.step import collect_step, update_step
 
     over = [f"+experiment={experiment}", *small_overrides(experiment), *overrides]
-    if members == 0:
-        from foxdqn.step.collect import collect_step
-        from foxdqn.step.update import update_step
-
-        s = make_state([*over, "graph=off"], "cpu")
-    else:
-        from foxdqn.population.step import collect_step, update_step
-
-        s = make_population(over, members, "cpu")
+    s = make_population(over, members, "cpu")
     return {"collect": launches(lambda: collect_step(s)), "update": launches(lambda: update_step(s))}
 
 
@@ -146,10 +140,10 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m bench.cpu_kernels", description=__doc__.splitlines()[0])
     ap.add_argument("experiments", nargs="*", default=["eurusd_dqn", "cartpole_cleanrl"])
     ap.add_argument("--members", type=int, default=3, help="population members (default 3)")
-    ap.add_argument("--single", action="store_true", help="also list the single run's steps")
+    ap.add_argument("--single", action="store_true", help="also list a single run's steps (a population of one)")
     args = ap.parse_args(argv)
     for name in args.experiments:
-        runs = ([("single run", 0)] if args.single else []) + [(f"population of {args.members}", args.members)]
+        runs = ([("single run", 1)] if args.single else []) + [(f"population of {args.members}", args.members)]
         for label, members in runs:
             for phase, ops in step_launches(name, members).items():
                 print(f"== {name}, {label}, {phase}: {len(ops)} launches")

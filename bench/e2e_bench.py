@@ -5,8 +5,7 @@ import time
 
 import torch
 
-from bench.harness import make_state
-from foxdqn.step.iteration import Iteration
+from bench.harness import iteration, make_state
 
 
 def _rate(it, s, iters: int) -> tuple[float, float]:
@@ -28,14 +27,14 @@ def rows(device: str = "cuda", num_envs: tuple[int, ...] = (32, 4096)) -> list[d
     for n in num_envs:
         for graph in ([False, True] if device == "cuda" else [False]):
             s = make_state([f"env.num_envs={n}", "replay.capacity=262144"], device)
-            it = Iteration(s, use_graph=graph)
+            it = iteration(s, use_graph=graph)
             iters = 200 if device == "cuda" else 20
             env_rate, upd_rate = _rate(it, s, iters)
             out.append({"section": "e2e", "features": "eurusd_dqn", "size": f"envs{n}",
                         "provider": "graph" if graph else "eager",
                         "env_steps_per_s": env_rate, "updates_per_s": upd_rate})
             # collect only (no updates): the environment + action selection + insertion rate
-            it = Iteration(s, use_graph=graph, updates=0)
+            it = iteration(s, use_graph=graph, updates=0)
             env_rate, _ = _rate(it, s, iters)
             out.append({"section": "e2e", "features": "eurusd_dqn_collect_only", "size": f"envs{n}",
                         "provider": "graph" if graph else "eager", "env_steps_per_s": env_rate})

@@ -1,5 +1,6 @@
 """Builds training states for benchmarks (synthetic bars for trading; no dataset file needed): a
-single run's (:func:`make_state`) and a population's (:func:`make_population`)."""
+single run's (:func:`make_state`: a population of one, as foxdqn.train trains it) and a
+population's (:func:`make_population`), and their iterations (:func:`iteration`)."""
 from __future__ import annotations
 
 import copy
@@ -9,7 +10,6 @@ import torch
 from foxdqn.data import market_data_from_frame
 from foxdqn.data.synthetic import make_synthetic_ohlcv
 from foxdqn.step.iteration import Iteration
-from foxdqn.step.state import build_state
 from foxdqn.config.compose import load_config
 
 
@@ -28,20 +28,28 @@ def fill_rounds(cfg, envs_per_round: int) -> int:
 
 
 def make_state(overrides: list[str], device: str, bars: int = 4000, fill: bool = True):
-    """TrainState for ``overrides`` on ``device``; ``fill`` runs collect-only iterations until the
-    replay holds a few batches."""
-    cfg = load_config([f"device={device}", "log.progress=false", *overrides])
-    s = build_state(cfg, bench_market(cfg, bars), torch.device(device))
-    if fill:
-        collect = Iteration(s, use_graph=False, updates=0)
-        for _ in range(fill_rounds(cfg, cfg.env.num_envs * cfg.agent.steps_per_iter)):
-            collect()
+    """A single run's state for ``overrides`` on ``device``: a population of one member (seed 0
+    unless ``overrides`` gives ``seed=``), :func:`make_population`."""
+    seed = next((int(o.split("=", 1)[1]) for o in overrides if o.startswith("seed=")), 0)
+    s = make_population([o for o in overrides if not o.startswith("seed=")], 1, device, bars, fill, first_seed=seed)
     return s
 
 
-def make_population(overrides: list[str], members: int, device: str, bars: int = 4000, fill: bool = True):
+def iteration(s, use_graph: bool, collect_steps: int | None = None, updates: int | None = None) -> Iteration:
+    """The training iteration of population ``s`` (:class:`~foxdqn.step.iteration.Iteration` with
+    :mod:`foxdqn.population.step`'s steps, as foxdqn.population.train builds it): T collect steps
+    (default ``agent.steps_per_iter``), K updates (default ``agent.updates_per_iter``), the
+    guard's host copy after the updates; captured in a CUDA graph with ``use_graph``."""
+    from foxdqn.population import step as P
+
+    return Iteration(s, use_graph, collect_steps, updates, collect=P.collect_step, update=P.update_step,
+                     after_updates=P.publish_guard)
+
+
+def make_population(overrides: list[str], members: int, device: str, bars: int = 4000, fill: bool = True,
+                    first_seed: int = 0):
     """PopulationState (:func:`foxdqn.population.state.build_population`) of ``members`` members of
-    ``overrides`` on ``device``, seeds 0 .. members − 1 (as a sweep ``seed=range(0,P)`` in one
+    ``overrides`` on ``device``, seeds ``first_seed`` .. ``first_seed`` + members − 1 (as a sweep ``seed=range(0,P)`` in one
     population: the config composed once, each member a copy with its own seed, as
     :class:`~foxdqn.config.compose.JobComposer` derives a job that differs only in ``seed``).
     ``fill`` runs eager population collect steps until each member's replay holds a few batches."""
@@ -54,7 +62,7 @@ def make_population(overrides: list[str], members: int, device: str, bars: int =
     if refusal is not None:
         raise ValueError(f"a population cannot train {cfg.experiment}: {refusal}")
     cfgs = []
-    for seed in range(members):
+    for seed in range(first_seed, first_seed + members):
         member = copy.deepcopy(cfg)
         member.seed = seed
         cfgs.append(member)

@@ -17,8 +17,7 @@ import time
 
 import torch
 
-from bench.harness import make_state
-from foxdqn.step.iteration import Iteration
+from bench.harness import iteration, make_state
 
 SETS = ("eurusd_dqn", "eurusd_rainbowish", "eurusd_branching", "eurusd_controls", "cartpole_dqn")
 
@@ -50,7 +49,7 @@ def graph_nodes(graph) -> int:
     return int(count.value)
 
 
-def replay_ms(it: Iteration, reps: int = 100) -> float:
+def replay_ms(it, reps: int = 100) -> float:
     """Median ms per replay of a captured iteration, 3 blocks of ``reps``, after the eager warm-up
     runs, the capture and one more replay (none of them timed)."""
     it()
@@ -73,7 +72,7 @@ def main(argv: list[str]) -> int:
     keep_graphs()
     for name in SETS:
         s = make_state([f"+experiment={name}", "graph=on", *extra], "cuda")
-        it = Iteration(s, use_graph=True)
+        it = iteration(s, use_graph=True)
         ms = replay_ms(it)
         print(json.dumps({"tree": tag, "overrides": " ".join(extra), "experiment": name,
                           "ms_per_iteration": round(ms, 4), "graph_nodes": graph_nodes(it.graph),

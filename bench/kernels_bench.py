@@ -3,9 +3,8 @@ every shipped experiment (``conf/experiment/``), at P = 1 (a single run) and P =
 
 Each experiment runs as shipped, the trading ones at ``TRADING_ENVS`` envs (the size of issue 17's
 table; a population member has the experiment's own envs, so P = 64 steps 64 × ``env.num_envs``:
-the kernel count does not depend on N). At P = 1 one
-:class:`~foxdqn.step.state.TrainState` is built (:func:`bench.harness.make_state`, the state a
-group of one trains with) and warmed up, then:
+the kernel count does not depend on N). At P = 1 a population of one is built
+(:func:`bench.harness.make_state`, the state a single run trains with) and warmed up, then:
 
 * ``kernels``, ``device_us`` and ``longest_us``: one eager call of the step under
   ``torch.profiler`` (CUDA activity): the kernels it launched (memcpy/memset and the profiler's GPU ranges of user annotations not counted), the sum
@@ -19,8 +18,7 @@ group of one trains with) and warmed up, then:
   replay's fixed cost spread over T steps) and the ``iteration`` row (its T collect steps and K
   updates in one graph).
 
-At P = ``POPULATION`` (issue 33: the kernels per iteration should not grow with P), where the
-population trainer supports the experiment (:func:`foxdqn.population.grouping.batch_refusal`), a
+At P = ``POPULATION`` (issue 33: the kernels per iteration should not grow with P) a
 :class:`~foxdqn.population.state.PopulationState` of 64 members, seeds 0..63, is built
 (:func:`bench.harness.make_population`, as ``hydra/launcher=population`` builds one) and warmed
 up, and its ``collect`` and ``update`` rows are measured as above with the population's steps
@@ -155,12 +153,9 @@ def profile_kernels(fn) -> tuple[int, float, str]:
 
 
 def _steps(members: int):
-    """(collect step, update step) of a single run (members 1) or of a population."""
-    if members == 1:
-        from foxdqn.step.collect import collect_step
-        from foxdqn.step.update import update_step
-    else:
-        from foxdqn.population.step import collect_step, update_step
+    """(collect step, update step) of a population (of one: a single run)."""
+    from foxdqn.population.step import collect_step, update_step
+
     return collect_step, update_step
 
 
@@ -214,9 +209,8 @@ def _error(exc: BaseException) -> str:
 
 def _close(s) -> None:
     """End what state ``s`` holds outside tensors (a host env's workers); None: nothing built."""
-    rollout = getattr(s, "rollout", None)  # a single run's; a population's envs are device envs
-    if rollout is not None:
-        rollout.env.close()
+    if s is not None and s.env.on_host:  # env=gym: its vector env's workers
+        s.env.close()
 
 
 def _free() -> None:

@@ -98,8 +98,7 @@ def evaluate_checkpoint(checkpoint: Path, split: str | None = None, out: Path | 
     from foxdqn.data import load_market_data
     from foxdqn.analysis.backtest import evaluate, evaluate_episodes, write_report
     from foxdqn.io_atomic import write_json_atomic
-    from foxdqn.step.build import build_action_mode, build_env, build_network
-    from foxdqn.step.state import resolve_device
+    from foxdqn.step.build import build_action_mode, build_env, build_network, resolve_device
 
     t0 = time.perf_counter()
     payload = load_checkpoint(checkpoint)
@@ -142,7 +141,7 @@ def evaluate_checkpoint(checkpoint: Path, split: str | None = None, out: Path | 
 def evaluations_folder(checkpoint: Path, payload: dict) -> Path:
     """``<run>/evaluations`` when ``checkpoint`` lies in ``<run>/checkpoints/`` and ``<run>``'s start
     record names the run that wrote it (the same run id; or neither has one: a folder of a foxdqn
-    before run ids, or of :func:`foxdqn.run.loop.train` called directly); else ``evaluations/`` beside
+    before run ids); else ``evaluations/`` beside
     the file."""
     from foxdqn.run.folder import read_record  # start-up (the comment above ALLOWED)
 

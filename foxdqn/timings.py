@@ -6,7 +6,7 @@ seconds to the named phase; a phase marked more than once (warm-up of the collec
 full iteration, say) sums its segments. A mark is one ``time.perf_counter()`` read: it never waits
 for the device. CUDA work still queued at a mark is therefore counted in the phase during which
 the host next waits for it; the marks of the hot loop sit where the host already waits (the
-synchronize before a CUDA-graph capture, :meth:`foxdqn.run.loop._Training.close`), so the training
+synchronize before a CUDA-graph capture, :meth:`foxdqn.population.train._Population.close`), so the training
 phase never gains a host synchronisation. docs/outputs.md#timingsjson lists the phases.
 
 Process start: on Linux the process's start time from ``/proc/self/stat`` (field 22, in clock

@@ -28,7 +28,6 @@ from foxdqn.nn.heads import DuelingHead, QHead
 from foxdqn.nn.mlp import MLPEncoder
 from foxdqn.nn.qnet import QNetwork
 from foxdqn.step.iteration import WARMUP_ITERATIONS, Iteration, make_iteration
-from foxdqn.step.state import build_state
 from foxdqn.config.compose import experiment_names, load_config
 
 INF = float("inf")
@@ -257,14 +256,26 @@ EXPERIMENTS = experiment_names()
 
 
 def small_state(overrides=(), bars=1200, drift=1e-4, vol=2e-3, seed=0, device="cpu"):
-    """``(state, market)``: a training state with debug=smoke caps; synthetic bars for trading."""
+    """``(state, market)``: the training state of a single run with debug=smoke caps (a population
+    of one member, :func:`foxdqn.population.state.build_population`, as foxdqn.train trains it);
+    synthetic bars for trading."""
+    from foxdqn.population.state import build_population
+
     cfg = load_config(["debug=smoke", "debug.fit_prune_schedule=false", f"device={device}", "log.progress=false",
                        *overrides])  # tests set their pruning schedules in updates
     market = None
     if cfg.env.name == "trading":
         frame = make_synthetic_ohlcv(bars, drift_per_bar=drift, vol=vol, seed=seed)
         market = market_data_from_frame(frame, cfg.data, cfg.env.window, cfg.env.episode_length)
-    return build_state(cfg, market, torch.device(device)), market
+    return build_population([cfg], market, torch.device(device)), market
+
+
+def step_fns() -> dict:
+    """The population's step functions, as :class:`~foxdqn.step.iteration.Iteration` takes them
+    (foxdqn.population.train's iterations)."""
+    from foxdqn.population import step as P
+
+    return dict(collect=P.collect_step, update=P.update_step, after_updates=P.publish_guard)
 
 
 #: Experiments that need an optional package, and the package.
@@ -287,11 +298,12 @@ def experiment_state(name, device="cpu", extra=()):
     return small_state([*over, *extra], device=device)
 
 
-def iterate(s, use_graph: bool, collect_iters: int, full_iters: int, **step_fns):
+def iterate(s, use_graph: bool, collect_iters: int, full_iters: int, **fns):
     """``collect_iters`` collect-only iterations, then ``full_iters`` full ones (captured with ``use_graph``;
-    ``step_fns``: Iteration's collect/update functions, e.g. the population's); on CUDA waits for
+    ``fns``: Iteration's collect/update/after_updates functions, default :func:`step_fns`); on CUDA waits for
     the device. Returns the full iteration (its state is ``.s``, its graph ``.graph``)."""
-    collect_it, full_it = Iteration(s, use_graph, updates=0, **step_fns), Iteration(s, use_graph, **step_fns)
+    fns = fns or step_fns()
+    collect_it, full_it = Iteration(s, use_graph, updates=0, **fns), Iteration(s, use_graph, **fns)
     for _ in range(collect_iters):
         collect_it()
     for _ in range(full_iters):
@@ -304,7 +316,9 @@ def iterate(s, use_graph: bool, collect_iters: int, full_iters: int, **step_fns)
 def captured_iteration(s):
     """Collect 4 iterations, then run the full iteration with the CUDA graph until it is captured
     (warm-up + 2 replays); returns the iteration (:func:`make_iteration`) (its ``graph`` is set)."""
-    collect, full = make_iteration(s, True, updates=0), make_iteration(s, True)
+    host = s.env.on_host
+    collect = make_iteration(s, True, updates=0, on_host=host, **step_fns())
+    full = make_iteration(s, True, on_host=host, **step_fns())
     for _ in range(4):
         collect()
     for _ in range(WARMUP_ITERATIONS + 2):
@@ -325,17 +339,51 @@ def train_eager(s, cfg) -> None:
     until ``learning_starts``, then full ones."""
     per_iter = cfg.env.num_envs * cfg.agent.steps_per_iter
     warm = math.ceil(cfg.agent.learning_starts / per_iter)
-    collect, full = Iteration(s, False, updates=0), Iteration(s, False)
+    collect, full = Iteration(s, False, updates=0, **step_fns()), Iteration(s, False, **step_fns())
     for it in range(math.ceil(cfg.agent.total_env_steps / per_iter)):
         (collect if it < warm else full)()
 
 
+def member_network(s, p: int = 0):
+    """``(network, action mode)``: member ``p``'s online weights of population ``s`` in a single
+    run's network (:func:`foxdqn.step.build.build_network`), as ``python -m foxdqn.evaluate`` loads
+    a checkpoint; the population's action mode."""
+    from foxdqn.step.build import build_network
+
+    net = build_network(s.cfgs[p], s.env, s.action_mode.num_actions).to(s.device)
+    net.load_state_dict(s.online.member_state_dict(p))
+    return net, s.action_mode
+
+
+def train_run(cfg, market, run_dir, resume: dict | None = None) -> dict:
+    """Train ``cfg`` as foxdqn.train trains a single run (a population of one, ``alone``:
+    :func:`foxdqn.population.train.train_population`) into ``run_dir`` and return its summary;
+    ``resume``: the run's checkpoint (a member's ``last.pt`` payload) to continue from.
+
+    Raises:
+        HaltError: the guard halted it (exit code 3; ``HALTED`` and its checkpoint were written).
+        ConfigError: bad input (exit code 2; the outcome's message).
+        StoppedBySignal: SIGINT/SIGTERM (exit code 128 + signal; its checkpoint was written).
+    """
+    from foxdqn.errors import ConfigError, HaltError
+    from foxdqn.population.jobs import FINISHED, HALTED, Member
+    from foxdqn.population.train import train_population
+
+    member = Member(cfg, market, Path(run_dir), 0, [], resume, None if resume is None else resume["run_id"])
+    [outcome] = train_population([member], alone=True)
+    if outcome.exit_code == HALTED:
+        raise HaltError(outcome.message)
+    if outcome.exit_code != FINISHED:
+        raise ConfigError(outcome.message)
+    return outcome.summary
+
+
 def interrupt_at(monkeypatch, iteration: int, signum: int) -> None:
-    """Make foxdqn.run.loop's training loop receive ``signum`` (a real signal, to its real handler) when
-    it calls an iteration for the ``iteration``-th time."""
+    """Make the training loop (foxdqn.population.train) receive ``signum`` (a real signal, to its real
+    handler) when it calls an iteration for the ``iteration``-th time."""
     import os
 
-    import foxdqn.run.loop as loop_mod
+    import foxdqn.population.train as loop_mod
 
     real = loop_mod.make_iteration
     calls = {"n": 0}
@@ -450,12 +498,6 @@ def torch_clip(grads, max_norm):
 def clone_all(tensors) -> list:
     """Detached copies of ``tensors``."""
     return [t.detach().clone() for t in tensors]
-
-
-def adam_state(s) -> list:
-    """Copies of the fused Adam's exp_avg, exp_avg_sq and step of every trained parameter of state ``s``."""
-    st = s.optim.optimizer.state
-    return [st[p][k].clone() for p in s.nets.trainable for k in ("exp_avg", "exp_avg_sq", "step")]
 
 
 def all_equal(xs, ys) -> bool:

@@ -134,8 +134,9 @@ def test_build_warms_a_trading_population_up_on_cpu(experiment):
 
 
 def test_build_warms_a_single_run_up_on_cpu():
+    """P = 1: a single run, a population of one (as foxdqn.train trains it)."""
     s = kb._build(kb.Case("cartpole_cleanrl", "cartpole", overrides=SMALL_CARTPOLE), 1, device="cpu")
-    assert not hasattr(s, "members") and int(s.updates) == 3 and s.rollout.obs.shape[0] == 4
+    assert s.members == 1 and int(s.updates) == 3 and s.obs.shape[0] == 4
 
 
 def test_a_refused_experiment_builds_no_population(monkeypatch):

@@ -9,9 +9,10 @@ import pytest
 
 from foxdqn.evaluate import evaluate_checkpoint, main
 from foxdqn.io_atomic import read_json
-from foxdqn.run.loop import train
 from foxdqn.config.compose import load_config
 from foxdqn.job.check import market_data
+
+from support import train_run as train
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -7,10 +7,10 @@ import pytest
 import torch
 
 from foxdqn.analysis.backtest import evaluate_episodes
-from foxdqn.step.state import build_state
 from foxdqn.config.compose import load_config
+from foxdqn.population.state import build_population
 
-from support import train_eager
+from support import member_network, train_eager
 
 BUDGET = ["device=cpu", "env.n_bits=10", "env.num_envs=16", "agent.total_env_steps=40000",
           "agent.learning_starts=2000", "agent.batch_size=128", "model.hidden=[128]", "replay.capacity=100000",
@@ -19,9 +19,10 @@ BUDGET = ["device=cpu", "env.n_bits=10", "env.num_envs=16", "agent.total_env_ste
 
 def success_rate(experiment: str) -> float:
     cfg = load_config([f"+experiment={experiment}", *BUDGET])
-    s = build_state(cfg, None, torch.device("cpu"))
+    s = build_population([cfg], None, torch.device("cpu"))
     train_eager(s, cfg)
-    return evaluate_episodes(cfg, s.nets.online, s.rollout.action_mode, torch.device("cpu"), episodes=200)["success_rate"]
+    online, mode = member_network(s)
+    return evaluate_episodes(cfg, online, mode, torch.device("cpu"), episodes=200)["success_rate"]
 
 
 @pytest.mark.slow

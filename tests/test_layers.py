@@ -18,7 +18,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("envs",),  # the trading env's collect hook writes into the replay (envs/trading_hook.py)
     ("actions",),
     ("config",),
-    ("objectives", "guard", "logger"),
+    ("objectives", "logger"),
     ("step",),
     ("analysis",),
     ("run",),

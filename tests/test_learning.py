@@ -9,10 +9,10 @@ import torch
 from foxdqn.data import market_data_from_frame
 from foxdqn.data.synthetic import make_synthetic_ohlcv
 from foxdqn.analysis.backtest import evaluate
-from foxdqn.step.state import build_state
 from foxdqn.config.compose import load_config
+from foxdqn.population.state import build_population
 
-from support import train_eager
+from support import member_network, train_eager
 
 OVERRIDES = [
     "device=cpu", "log.progress=false", "env.num_envs=16", "env.window=8", "env.episode_length=64",
@@ -39,9 +39,9 @@ def ends_long_and_beats_flat(result) -> bool:
 
 def test_short_run_ends_long_and_beats_flat():
     cfg, market = _setup()
-    s = build_state(cfg, market, torch.device("cpu"))
+    s = build_population([cfg], market, torch.device("cpu"))
     train_eager(s, cfg)
-    result = evaluate(cfg, market, s.nets.online, torch.device("cpu"), split="test")
+    result = evaluate(cfg, market, member_network(s)[0], torch.device("cpu"), split="test")
     assert ends_long_and_beats_flat(result), result["metrics"]
 
 

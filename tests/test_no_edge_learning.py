@@ -14,10 +14,10 @@ import torch
 from foxdqn.data import load_market_data
 from foxdqn.execution.orders import compose
 from foxdqn.analysis.backtest import evaluate
-from foxdqn.step.state import build_state
 from foxdqn.config.compose import load_config
+from foxdqn.population.state import build_population
 
-from support import train_eager
+from support import member_network, train_eager
 
 pytestmark = pytest.mark.slow
 
@@ -41,10 +41,10 @@ def market():
 def test_trained_agent_earns_nothing_on_a_martingale(market, seed):
     cfg = _config(seed)
     torch.manual_seed(seed)
-    s = build_state(cfg, market, torch.device("cpu"))
+    s = build_population([cfg], market, torch.device("cpu"))
     train_eager(s, cfg)
     # the agent's walk alone: its psr_vs_zero and Sharpe interval do not depend on the other policies
-    agent = evaluate(cfg, market, s.nets.online, torch.device("cpu"), split="test", policies=("agent",))
+    agent = evaluate(cfg, market, member_network(s)[0], torch.device("cpu"), split="test", policies=("agent",))
     agent = agent["metrics"]["agent"]
     assert not earns_beyond_noise(agent), agent
 

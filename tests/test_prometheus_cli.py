@@ -16,15 +16,15 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from foxdqn.config.compose import load_config
 from foxdqn.errors import ConfigError
-from foxdqn.logger.prometheus_log import FLAGS, probe
+from foxdqn.logger.prometheus_log import FLAGS, GUARD_VALUES, probe
 
 ROOT = Path(__file__).resolve().parents[1]
 ROW_GAUGES = {"foxdqn_train_loss", "foxdqn_train_grad_norm", "foxdqn_train_episode_return", "foxdqn_train_epsilon",
               "foxdqn_train_env_steps_per_s", "foxdqn_train_mean_max_q", "foxdqn_env_steps"}
-RING_GAUGES = {"foxdqn_guard_step", "foxdqn_guard_raw_loss", "foxdqn_guard_clipped_loss", "foxdqn_guard_raw_grad_norm",
-               "foxdqn_guard_collapse_count", "foxdqn_q_min", "foxdqn_q_max", "foxdqn_q_mean", "foxdqn_q_step"}
+#: the guard's gauges of a member (a single run is a population of one: foxdqn.population.train)
+GUARD_GAUGES = {"foxdqn_" + name for name in GUARD_VALUES}
 # never NaN once fed (a row's loss or episode return may be NaN: an interval without updates / finished episodes)
-FINITE_ONCE_FED = {"foxdqn_env_steps", "foxdqn_train_epsilon", "foxdqn_train_env_steps_per_s"} | RING_GAUGES
+FINITE_ONCE_FED = {"foxdqn_env_steps", "foxdqn_train_epsilon", "foxdqn_train_env_steps_per_s"} | GUARD_GAUGES
 
 
 def free_port() -> int:
@@ -54,8 +54,8 @@ def scrape(port: int) -> dict[str, dict[tuple, float]] | None:
 
 
 def fed(metrics: dict | None) -> bool:
-    """Every expected gauge is there and has a value: a log row and a ring record with Q values were seen."""
-    if metrics is None or not (ROW_GAUGES | RING_GAUGES) <= set(metrics):
+    """Every expected gauge is there and has a value: a log row and the guard's state were seen."""
+    if metrics is None or not (ROW_GAUGES | GUARD_GAUGES) <= set(metrics):
         return False
     return all(not math.isnan(v) for name in FINITE_ONCE_FED for v in metrics[name].values())
 
@@ -81,12 +81,12 @@ def test_endpoint_serves_the_metric_names_during_a_smoke_run(tmp_path):
             proc.kill()
     assert proc.returncode == 0, stderr[-2000:]
     assert seen is not None, f"the endpoint never showed every gauge with a value while the run trained:\n{stderr[-2000:]}"
-    labels = (("run", "eurusd_dqn"), ("seed", "0"))
+    labels = (("job", "0"), ("member", "0"), ("run", "eurusd_dqn"), ("seed", "0"))
     assert set(seen["foxdqn_guard_flag"]) == {tuple(sorted((*labels, ("flag", f)))) for f in FLAGS}
     assert all(v in (0.0, 1.0) for v in seen["foxdqn_guard_flag"].values())
-    assert all(set(seen[name]) == {labels} for name in ROW_GAUGES | RING_GAUGES)
-    q = {name: seen[name][labels] for name in ("foxdqn_q_min", "foxdqn_q_mean", "foxdqn_q_max")}
-    assert q["foxdqn_q_min"] <= q["foxdqn_q_mean"] <= q["foxdqn_q_max"]
+    assert all(set(seen[name]) == {labels} for name in ROW_GAUGES | GUARD_GAUGES)
+    assert seen["foxdqn_guard_halt_updates"][labels] == seen["foxdqn_guard_halt_env_steps"][labels] == -1  # running
+    assert seen["foxdqn_guard_flag"][tuple(sorted((*labels, ("flag", "halted"))))] == 0
     with open(tmp_path / "run" / "metrics.csv", newline="") as f:
         columns = next(csv.reader(f))[1:]
     assert all(name in seen for name in (f"foxdqn_{c.replace('/', '_')}" for c in columns if c.startswith("train/")))
@@ -121,7 +121,7 @@ def test_a_port_in_use_is_refused_before_training(train_cli, tmp_path):
     assert not (tmp_path / "run").exists()  # refused before any folder was made
 
 
-def test_the_loop_names_the_key_when_the_port_is_taken_after_the_check():
+def test_the_trainer_names_the_key_when_the_port_is_taken_after_the_check():
     from foxdqn.run.trackers import open_prometheus
 
     with socket.socket() as held:

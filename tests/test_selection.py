@@ -5,8 +5,9 @@ import torch
 
 from foxdqn.data import load_market_data
 from foxdqn.analysis.backtest import evaluate
-from foxdqn.run.loop import train
 from foxdqn.config.compose import load_config
+
+from support import train_run as train
 
 
 @pytest.fixture(scope="module")
@@ -23,12 +24,14 @@ def test_the_selected_value_is_the_validation_metric_of_the_evaluated_weights(sm
     assert sel == {"split": "val", "metric": "sharpe", "value": sel["value"], "weights": "last",
                    "trades": sel["trades"], "excluded": None}
     from foxdqn.run.checkpoint import load_checkpoint
-    from foxdqn.step.state import build_state
+    from foxdqn.step.build import build_action_mode, build_env, build_network
 
-    s = build_state(cfg, market, torch.device("cpu"))
-    s.nets.online.load_state_dict(load_checkpoint(run_dir / "checkpoints" / "last.pt", map_location="cpu")["online"])
-    val = evaluate(cfg, market, s.nets.online, torch.device("cpu"), split="val", action_mode=s.rollout.action_mode)
-    test = evaluate(cfg, market, s.nets.online, torch.device("cpu"), split="test", action_mode=s.rollout.action_mode)
+    env = build_env(cfg, market, "train", torch.device("cpu"), torch.Generator())
+    mode = build_action_mode(cfg, env)
+    online = build_network(cfg, env, mode.num_actions)  # a single run's network (python -m foxdqn.evaluate's)
+    online.load_state_dict(load_checkpoint(run_dir / "checkpoints" / "last.pt", map_location="cpu")["online"])
+    val = evaluate(cfg, market, online, torch.device("cpu"), split="val", action_mode=mode)
+    test = evaluate(cfg, market, online, torch.device("cpu"), split="test", action_mode=mode)
     assert sel["value"] == pytest.approx(val["metrics"]["agent"]["sharpe"])
     assert sel["trades"] == val["metrics"]["agent"]["num_trades"] > 0  # the kept weights' trades on val
     assert sel["value"] != pytest.approx(test["metrics"]["agent"]["sharpe"])

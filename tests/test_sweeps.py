@@ -257,16 +257,17 @@ def test_a_pruned_run_stops_at_its_validation_and_says_so(tmp_path, monkeypatch)
     from foxdqn.run import search
     from foxdqn.config.compose import load_config
     from foxdqn.io_atomic import write_json_atomic
-    from foxdqn.run.loop import train
     from foxdqn.job.check import market_data
     from foxdqn.job.run import objective
+
+    from support import train_run as train
 
     cfg = load_config(["debug=smoke", "debug.max_env_steps=2048", "device=cpu", "log.progress=false", "logger=csv",
                        "eval.interval_env_steps=512", "search.pruner=median", "search.n_startup_trials=1"])
     sweep = tmp_path / "sweep"
     write_json_atomic(sweep / search.PRUNING_FOLDER / "0.json",  # a finished job far above anything smoke reaches
                       {"state": "complete", "intermediate": {str(s): 1e9 for s in (512, 1024, 1536)}})
-    monkeypatch.setattr(search, "trial_pruner", lambda c: search.MedianTrialPruner(sweep, 1, c.search))
+    monkeypatch.setattr(search, "member_pruner", lambda m: search.MedianTrialPruner(sweep, 1, m.tc.search))
     summary = train(cfg, market_data(cfg), tmp_path / "run")
     assert summary["stop"]["reason"] == "pruned" and summary["stop"]["at_env_steps"] == 1024  # the first after warm-up
     assert summary["env_steps"] == 1024 and summary["selection"]["excluded"] == "pruned"

@@ -283,7 +283,7 @@ class AgentConfig:
 
 @dataclass
 class OptimConfig:
-    """Adam (fused, capturable) and how one gradient update is computed (foxdqn.step.update)."""
+    """Adam (fused, capturable) and how one gradient update is computed (foxdqn.population.step)."""
 
     lr: float = 3e-4  # Adam learning rate
     adam_eps: float = 1e-5  # Adam ε
@@ -386,14 +386,14 @@ class RegimeConfig:
 
 @dataclass
 class GuardConfig:
-    """On-device training guard (foxdqn.guard.host; docs/design/guard.md)."""
+    """On-device training guard (foxdqn.population.member_guard; docs/design/guard.md)."""
 
     loss_clip: float = 1.0e6  # a loss above this (or NaN/Inf) skips the update and halts
     collapse_multiplier: float = 0.0  # gradient-collapse threshold = optim.lr × multiplier (0 disables)
     collapse_patience: int = 100  # updates in a row below the collapse threshold before a halt
     warmup_updates: int = 100  # updates before the collapse check starts
     q_divergence: float = 1.0e4  # |Q| above this is a divergence (Q-value monitor)
-    ring_size: int = 64  # records in the pinned host ring (slot = update mod ring_size)
+    ring_size: int = 64  # no effect: the single-run loop's host ring is gone (kept so that older configs load)
     max_weight: Optional[float] = None  # post-step check: a step whose weights would have some |w| above this
     #                                     (or non-finite) is skipped and halts the run (null or 0 = off)
     keep_last_good: bool = True  # a halt saves the weights from before the last applied update (one copy of them)

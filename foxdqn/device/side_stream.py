@@ -24,8 +24,7 @@ def beside(branch: torch.cuda.Stream | None, side: Callable[[], A], main: Callab
     ``side`` and ``main`` must neither write what the other reads nor read what it writes. A tensor
     ``side`` returns was allocated on ``branch``; the current stream may use it, and the caching
     allocator may give its memory back to ``branch`` once freed: safe because every later use of
-    ``branch`` through this function or :meth:`foxdqn.step.stats.DeviceStats.snapshot` first
-    waits for the current stream. Inputs of ``side`` must stay referenced by the caller until
+    ``branch`` through this function first waits for the current stream. Inputs of ``side`` must stay referenced by the caller until
     the join is queued (the current stream frees none of them before the branch read them).
 
     Args:

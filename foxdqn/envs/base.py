@@ -7,7 +7,7 @@ through :class:`BatchedEnv`; :class:`~foxdqn.envs.TradingEnv`,
 What only one kind of env adds to a transition (the trading env: the state codes its replay
 stores instead of observations, the state's volatility regime, its order fills for the monitor)
 comes through the env's :class:`CollectHook`, so the generic collect step
-(:func:`foxdqn.step.collect.collect_step`) and the replay builders have no env-specific branch.
+(:func:`foxdqn.population.step.collect_step`) and the replay builders have no env-specific branch.
 """
 from __future__ import annotations
 
@@ -126,8 +126,8 @@ class BatchedEnv(Protocol):
 
     A device env may also define ``draw_step()``, the random draws of its next step made ahead
     (device tensors or None, no host read), which ``step(action, draws)`` then takes in place of
-    drawing them: the collect step draws them on a second stream beside the action selection
-    (:func:`foxdqn.step.collect.collect_step`). ``step(action)`` alone (``draws`` = :data:`DRAW`)
+    drawing them (a caller that draws them beside its action selection, on a second stream:
+    :func:`foxdqn.device.side_stream.beside`). ``step(action)`` alone (``draws`` = :data:`DRAW`)
     still draws them itself.
     """
 

@@ -3,7 +3,7 @@
 :class:`GymVectorEnv` wraps ``gymnasium.make_vec(env.id, num_envs, ...)`` behind the env interface
 (:class:`foxdqn.envs.base.BatchedEnv`) of the device envs: ``reset_all()`` and
 ``step(action) -> StepOut`` take and return tensors on the training device, so the collect step
-(:func:`foxdqn.step.collect.collect_step`) and the evaluation (:func:`foxdqn.analysis.backtest.evaluate_episodes`)
+(:func:`foxdqn.population.step.collect_step`) and the evaluation (:func:`foxdqn.analysis.backtest.evaluate_episodes`)
 run unchanged. The environments themselves step on the host (CPU): every env step copies the
 actions device → host once (``action.cpu()``, the one synchronisation per env step a CPU env
 needs) and the results host → device once (through pinned staging buffers on CUDA). The env

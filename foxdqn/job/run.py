@@ -1,98 +1,30 @@
 """One job from its run folder's start record to its summary (:func:`run_job`), and the value a
 Hydra sweeper reads from it (:func:`objective`).
 
-A job trains as a population of one (:func:`foxdqn.population.train.train_population`) whenever
-the population supports its settings (:func:`trains_as_population`); the single-run loop
-(:mod:`foxdqn.run.loop`) remains for the settings it refuses (:func:`foxdqn.population.grouping.batch_refusal`)
-and to continue a checkpoint that loop wrote."""
+Every job trains as a population of one (:func:`foxdqn.population.train.train_population`)."""
 from __future__ import annotations
 
 from pathlib import Path
 
 from foxdqn.analysis.results_table import print_summary
 from foxdqn.config.schema import TrainConfig
-from foxdqn.errors import FoxdqnError, HaltError
 from foxdqn.io_atomic import write_json_atomic
-from foxdqn.job.failure import fail, job_failed, remove_if_unused, remove_new_parents
-from foxdqn.run.folder import RunFolder, previous_outputs
+from foxdqn.job.failure import fail, job_failed, remove_if_unused
 from foxdqn.timings import CLOCK, format_line, mark
 
 
 def run_job(tc: TrainConfig, market, run_dir: Path, payload: dict | None = None,
             run_id: str | None = None) -> float:
-    """Open the run folder (its start record first), build, train and report one run; return its
-    :func:`objective` (NaN for a multirun job that failed, after its line).
+    """Train one run as a population of one (:func:`foxdqn.population.train.train_population`,
+    ``alone``; :func:`foxdqn.job.member.job_member`): open its run folder (its start record first),
+    build, train and report it; return its :func:`objective` (NaN for a multirun job that failed,
+    after its line). Exit codes as docs/usage.md#failure-behaviour says: 0; 2 bad input (a new run
+    whose build fails leaves no folder); 3 a guard halt; 128 + signal interrupted (``resume=auto``
+    continues).
 
     ``payload``/``run_id``: what :func:`foxdqn.run.resume.resolve_resume` continues (None, None: a new
-    run). A new run whose build fails (bad input, out of memory, an unwritable file) leaves no folder.
+    run).
     """
-    if trains_as_population(tc, payload):
-        return _run_as_population(tc, market, run_dir, payload, run_id)
-    # start-up: foxdqn.train imports this module; the training loop (the step's Triton ops, the
-    # loggers) is imported here, off the path of --help
-    from foxdqn.run.loop import Interrupted, prepare, run_prepared
-
-    folder = None
-    # a new run (else: a resume, or a killed run started over in its folder); a run folder of another run is refused
-    new = payload is None and run_id is None and (tc.resume is None or not previous_outputs(run_dir))
-    settle_heap()
-    try:
-        folder = RunFolder(run_dir).open(resume=not new, config=tc, run_id=run_id)
-        if not new and payload is None:  # a run killed before its first checkpoint: its partial outputs go
-            from foxdqn.run.resume import start_over  # start-up: checkpoints and the loggers, off --help's path
-
-            start_over(run_dir)
-        try:
-            run = prepare(tc, market, run_dir, payload, folder.run_id)
-        except Exception:  # (a signal during the build keeps the record: resume=auto starts the run over)
-            if new:  # no training step ran: nothing to continue, nothing left behind
-                folder.discard()
-                remove_new_parents()
-                folder = None
-            raise
-        summary = run_prepared(run)
-    except FoxdqnError as exc:
-        _release(folder)
-        if folder is None:
-            remove_if_unused(run_dir)
-        return job_failed(str(exc), 2)
-    except HaltError as exc:
-        _release(folder, finished=True)  # HALTED marks the end
-        return job_failed(f"training halted: {exc}", HaltError.exit_code)
-    except Interrupted as exc:
-        _release(folder)  # INCOMPLETE stays: resume=auto continues
-        fail(str(exc), code=exc.exit_code)
-    except OSError as exc:  # the output folder failed under the run (disk full, file too large, removed, read-only)
-        _release(folder)
-        fail(f"writing the run's outputs failed: {exc.filename or run_dir}: {exc.strerror or exc}")
-    except (MemoryError, RuntimeError) as exc:  # allocation failures: a size setting is too large
-        _release(folder)
-        _out_of_memory(tc, run_dir, exc, left=folder is not None)
-        raise
-    folder.finish()
-    print_summary(summary, run_dir)
-    write_timings(run_dir, summary)
-    return objective(summary)
-
-
-def trains_as_population(tc: TrainConfig, payload: dict | None) -> bool:
-    """``tc`` trains as a population of one: the population supports its settings, it does not
-    continue a single-run loop's checkpoint (``payload`` of format foxdqn.run.checkpoint) and it
-    serves no Prometheus endpoint (``logger.prometheus.port``: a single run's endpoint carries the
-    guard ring's gauges, which a population has no ring for); a population member's checkpoint
-    always does."""
-    from foxdqn.population.checkpoint import is_member_state
-    from foxdqn.population.grouping import batch_refusal
-
-    if is_member_state(payload):
-        return True
-    return payload is None and batch_refusal(tc) is None and tc.logger.prometheus.port is None
-
-
-def _run_as_population(tc: TrainConfig, market, run_dir: Path, payload: dict | None, run_id: str | None) -> float:
-    """:func:`run_job` through the population trainer, P = 1 (:func:`foxdqn.job.member.job_member`):
-    the same folder, outputs, lines and exit codes as the single-run loop's (0; 2 bad input; 3 a
-    guard halt; 128 + signal interrupted, ``resume=auto`` continues)."""
     from foxdqn.errors import StoppedBySignal
     from foxdqn.job.member import job_member
     from foxdqn.population.jobs import BAD_INPUT, FINISHED
@@ -174,8 +106,3 @@ def _out_of_memory(tc: TrainConfig, run_dir: Path, exc: BaseException, left: boo
         fail(f"out of memory: reduce {paths}replay.capacity, env.num_envs, model.hidden or agent.batch_size"
              + (f"; {run_dir} keeps the run" if left else " (no folder was left)")
              + f" ({str(exc).splitlines()[0][:120]})")
-
-
-def _release(folder, finished: bool = False) -> None:
-    if folder is not None:
-        folder.finish() if finished else folder.release()

@@ -5,9 +5,9 @@ log interval); tensors are rejected with ``TypeError``.
 
 * :class:`MetricsLogger` - one ``log(step, metrics)`` call fans out to ``run_dir/metrics.csv``
   (:class:`~foxdqn.logger.csv_log.CsvLogger`), ``run_dir/tb/``
-  (:class:`~foxdqn.logger.tensorboard_log.TensorBoardLogger`), any other sink given
-  (:class:`~foxdqn.logger.mlflow_log.MlflowLogger`) and, when given, a Prometheus endpoint
-  (:class:`~foxdqn.logger.prometheus_log.PrometheusExporter`).
+  (:class:`~foxdqn.logger.tensorboard_log.TensorBoardLogger`) and any other sink given
+  (:class:`~foxdqn.logger.mlflow_log.MlflowLogger`, a member's rows of a Prometheus endpoint:
+  :meth:`foxdqn.logger.prometheus_log.PrometheusExporter.rows`).
 * :class:`~foxdqn.logger.progress.TrainProgress` - progress bar / plain progress lines.
 """
 from __future__ import annotations
@@ -55,10 +55,8 @@ class MetricsLogger:
         tensorboard: also write TensorBoard event files under ``run_dir/tb``.
         resume_after: a resumed run's checkpoint step: the CSV rows (and TensorBoard events) logged
             after it are dropped.
-        sinks: more objects with ``log(step, metrics)`` (e.g. an MLflow run), given every row.
-        prometheus: a started :class:`~foxdqn.logger.prometheus_log.PrometheusExporter` that
-            gets every row too; the logger owns it from here (closes it in :meth:`close`, and at
-            once if this constructor fails).
+        sinks: more objects with ``log(step, metrics)`` (e.g. an MLflow run, a member's rows of a
+            Prometheus endpoint), given every row; the logger does not close them.
 
     Usage::
 
@@ -70,19 +68,13 @@ class MetricsLogger:
     """
 
     def __init__(self, run_dir: str | os.PathLike[str], tensorboard: bool = True, resume_after: int | None = None,
-                 sinks: Sequence[Any] = (), prometheus: Any = None) -> None:
-        self.prometheus = prometheus
+                 sinks: Sequence[Any] = ()) -> None:
         self.sinks = list(sinks)
-        try:
-            self.run_dir = Path(run_dir)
-            self.run_dir.mkdir(parents=True, exist_ok=True)
-            if resume_after is not None:  # a resumed run: drop the rows logged after its checkpoint
-                truncate_after(self.run_dir / "metrics.csv", resume_after)
-            self.csv = CsvLogger(self.run_dir / "metrics.csv")
-        except BaseException:
-            if prometheus is not None:
-                prometheus.close()
-            raise
+        self.run_dir = Path(run_dir)
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        if resume_after is not None:  # a resumed run: drop the rows logged after its checkpoint
+            truncate_after(self.run_dir / "metrics.csv", resume_after)
+        self.csv = CsvLogger(self.run_dir / "metrics.csv")
         self.tb: Any = None
         if tensorboard:
             try:
@@ -90,13 +82,11 @@ class MetricsLogger:
                                             purge_step=None if resume_after is None else resume_after + 1)
             except BaseException:
                 self.csv.close()
-                if prometheus is not None:
-                    prometheus.close()
                 raise
 
     def log(self, step: int, metrics: Mapping[str, Any]) -> None:
         """Write one row ``{"step": step, **metrics}`` to the CSV and each numeric value to
-        TensorBoard at ``global_step=step`` and to the Prometheus gauges.
+        TensorBoard at ``global_step=step``, and give it to every sink.
 
         Args:
             step: x value of the row (e.g. environment steps), an integer.
@@ -120,8 +110,6 @@ class MetricsLogger:
             self.tb.log(step, metrics)
         for sink in self.sinks:
             sink.log(step, metrics)
-        if self.prometheus is not None:
-            self.prometheus.log(step, metrics)
 
     def flush(self) -> None:
         """Flush TensorBoard (the CSV is flushed on every row)."""
@@ -129,14 +117,12 @@ class MetricsLogger:
             self.tb.flush()
 
     def close(self) -> None:
-        """Close every sink (idempotent); the Prometheus endpoint stops serving."""
+        """Close the CSV and TensorBoard files (idempotent)."""
         try:
             self.csv.close()
+        finally:
             if self.tb is not None:
                 self.tb.close()
-        finally:
-            if self.prometheus is not None:
-                self.prometheus.close()
 
     def __enter__(self) -> MetricsLogger:
         return self

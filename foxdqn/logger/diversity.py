@@ -1,7 +1,7 @@
 """Executed-action diversity from the per-interval action counts (host side, at log boundaries).
 
 Design: docs/design/monitors.md#action-diversity. The counts are the ones
-:class:`foxdqn.step.stats.DeviceStats` accumulates on the device (``actions``, one float64 count
+:class:`foxdqn.population.stats.MemberStats` accumulates on the device (``actions``, one float64 count
 per env action) and brings back with the log snapshot, so nothing here adds device work or a
 host synchronisation. For the trading env's 45 factored actions
 (``a = exposure * 9 + order_type * 3 + urgency``, :mod:`foxdqn.execution.orders`) the per-component

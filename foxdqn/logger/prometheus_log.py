@@ -2,42 +2,38 @@
 
 :class:`PrometheusExporter` serves ``http://ADDR:PORT/metrics`` from a daemon thread with its own
 registry (two exporters in one process, e.g. the jobs of a multirun or tests, never share gauges).
-It is fed in two ways, neither of which touches a device tensor:
+It is fed in two ways at each log boundary, neither of which touches a device tensor:
 
-* :meth:`PrometheusExporter.log` - the rows of ``metrics.csv`` at each log boundary (the host
-  values of the log interval's one readback). Column ``train/loss`` becomes the gauge
-  ``foxdqn_train_loss``: ``foxdqn_`` plus the column name with every character outside
-  ``[a-zA-Z0-9_]`` turned into ``_``. The row's step is ``foxdqn_env_steps``.
-* :meth:`PrometheusExporter.observe` - the newest complete record of the guard's pinned host ring,
-  as :meth:`foxdqn.device.host_ring.HostRingReader.latest` returns it (a dict of Python numbers; the
-  loop already polls it once per iteration). Gauges (units as in :mod:`foxdqn.device.ring_record`):
+* :meth:`PrometheusExporter.log` - the rows of ``metrics.csv`` (the host values of the log
+  interval's one readback). Column ``train/loss`` becomes the gauge ``foxdqn_train_loss``:
+  ``foxdqn_`` plus the column name with every character outside ``[a-zA-Z0-9_]`` turned into
+  ``_``. The row's step is ``foxdqn_env_steps``.
+* :meth:`PrometheusExporter.guard` - a population member's guard state
+  (:meth:`foxdqn.population.member_guard.MemberGuard.gauges`: the host copy the log interval's one
+  readback made current; no read of its own):
 
-  ==============================  =========================================================
-  ``foxdqn_guard_flag{flag=F}``   1 or 0; F in halt_nan, halt_loss_clip, halt_grad_collapse,
-                                  halt_weight, q_divergence, skip (this update skipped),
-                                  halted (latch)
-  ``foxdqn_guard_step``           the update number of the record
-  ``foxdqn_guard_raw_loss``       its TD loss as computed (loss units)
-  ``foxdqn_guard_clipped_loss``   that loss clipped at ``guard.loss_clip``
-  ``foxdqn_guard_raw_grad_norm``  its gradient norm before clipping
-  ``foxdqn_guard_collapse_count`` consecutive updates with a collapsed gradient
-  ``foxdqn_guard_max_weight``     max |w| after that update's step (``guard.max_weight``; -1: off)
-  ``foxdqn_q_min/_max/_mean``     min, max, mean over the update's B x A Q-values (return units)
-  ``foxdqn_q_step``               the update the Q gauges belong to
-  ==============================  =========================================================
+  ==================================  =====================================================
+  ``foxdqn_guard_flag{flag=F}``       1 or 0; F in halt_nan, halt_loss_clip, halt_grad_collapse,
+                                      halt_weight, q_divergence (why the member halted, latched
+                                      from that update on; q_divergence also while its last
+                                      update's Q diverged), skip (its updates are skipped: halted,
+                                      early-stopped or pruned), halted (a guard halt)
+  ``foxdqn_guard_step``               the member's newest update number (-1: no update yet)
+  ``foxdqn_guard_collapse_count``     consecutive updates with a collapsed gradient (0 while
+                                      ``guard.collapse_multiplier`` is off for every member)
+  ``foxdqn_guard_halt_updates``       updates applied when it halted or stopped (-1: running)
+  ``foxdqn_guard_halt_env_steps``     its env steps then (-1: running)
+  ==================================  =====================================================
 
-  Until the first record every one of these is NaN. A record whose Q columns were not complete
-  (``None``) leaves the Q gauges at their last values (``foxdqn_q_step`` says which update they
-  are from). The exporter only keeps a reference to the newest record (about a microsecond per
-  new record, for the type check); the gauges are built from it when a scraper asks
-  (:class:`_RingCollector`, on the server's thread).
+  Per-update values (an update's raw loss, gradient norm, Q min/max/mean) are not exported: the
+  interval means are the row gauges ``foxdqn_train_loss``, ``foxdqn_train_grad_norm`` and
+  ``foxdqn_train_mean_max_q``.
 
-Every gauge carries the labels given at construction (the loop gives ``run`` and ``seed``). A
-population's one endpoint (foxdqn.population.train) gives ``run`` and, per row, the member's
-``member`` (its index), ``job`` (its Hydra job number) and ``seed``: one series per member, no ring
-gauges (a population has no guard ring).
-Values are converted with ``float``; ``None`` and strings are skipped; tensors are refused
-(``TypeError``), as in the other sinks.
+Every gauge carries the labels given at construction (``run``) and, per row, the row labels (a
+population's endpoint, foxdqn.population.train: the member's ``member`` (its index), ``job`` (its
+Hydra job number) and ``seed``): one series per member. A single run is a population of one
+(member 0, job 0). Values are converted with ``float``; ``None`` and strings are skipped; tensors
+are refused (``TypeError``), as in the other sinks.
 """
 from __future__ import annotations
 
@@ -47,30 +43,19 @@ import socket
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from foxdqn.device.host_ring import FLAG_FIELDS
-
-__all__ = ["PrometheusExporter", "LabelledRows", "probe", "metric_name", "FLAGS"]
+__all__ = ["PrometheusExporter", "LabelledRows", "probe", "metric_name", "FLAGS", "GUARD_VALUES"]
 
 PREFIX = "foxdqn_"
 ENV_STEPS_HELP = "env steps of the last logged metrics row"
-#: The guard ring's flags exposed as ``foxdqn_guard_flag{flag=...}`` (keys of a ring record).
-FLAGS = (*FLAG_FIELDS, "skip", "halted")
-#: gauge name (after ``foxdqn_``) -> (ring record key, help text)
-_RING_VALUES = {
-    "guard_step": ("step", "update number of the newest complete guard record in the host ring"),
-    "guard_raw_loss": ("raw_loss", "TD loss of that update as computed"),
-    "guard_clipped_loss": ("clipped_loss", "TD loss of that update clipped at guard.loss_clip"),
-    "guard_raw_grad_norm": ("raw_grad_norm", "gradient norm of that update before clipping"),
-    "guard_collapse_count": ("collapse_count", "consecutive updates with a collapsed gradient"),
-    "guard_max_weight": ("max_weight", "max |w| after that update's step (guard.max_weight; -1: check off)"),
+#: The guard's flags exposed as ``foxdqn_guard_flag{flag=...}`` (keys of MemberGuard.gauges).
+FLAGS = ("halt_nan", "halt_loss_clip", "halt_grad_collapse", "halt_weight", "q_divergence", "skip", "halted")
+#: gauge name (after ``foxdqn_``) -> help text: a population member's guard values (:meth:`PrometheusExporter.guard`)
+GUARD_VALUES = {
+    "guard_step": "the member's newest update number at the last log boundary (-1: none yet)",
+    "guard_collapse_count": "the member's consecutive updates with a collapsed gradient",
+    "guard_halt_updates": "updates applied to the member when it halted or stopped (-1: running)",
+    "guard_halt_env_steps": "the member's env steps when it halted or stopped (-1: running)",
 }
-_Q_VALUES = {
-    "q_min": "min over the update's B x A Q-values (return units)",
-    "q_max": "max over the update's B x A Q-values (return units)",
-    "q_mean": "mean over the update's B x A Q-values (return units)",
-}
-
-
 def metric_name(column: str) -> str:
     """The gauge name of a metrics.csv column: ``"train/loss"`` -> ``"foxdqn_train_loss"``."""
     return PREFIX + re.sub(r"[^a-zA-Z0-9_]", "_", column)
@@ -86,50 +71,6 @@ def _number(name: str, value: Any) -> float | None:
     if not isinstance(value, numbers.Real) and not hasattr(value, "__float__"):
         raise TypeError(f"{name}: value {value!r} is not a number")
     return float(value)
-
-
-_PLAIN = (int, float, bool, type(None))
-
-
-def _check_record(record: Mapping[str, Any]) -> None:
-    """Raise TypeError unless every value of a ring record is a plain Python number (or None)."""
-    for key, value in record.items():
-        if type(value) not in _PLAIN:
-            _number(key, value)  # a tensor or a non-number raises; NumPy numbers pass
-
-
-class _RingCollector:
-    """Builds the ring gauges from the newest record at each scrape (see the module docstring)."""
-
-    def __init__(self, labels: dict[str, str]) -> None:
-        self.labels = labels
-        self.record: Mapping[str, Any] | None = None  # newest record seen
-        self.q_record: Mapping[str, Any] | None = None  # newest record with its Q columns
-
-    def collect(self):
-        from prometheus_client.core import GaugeMetricFamily
-
-        names, values, nan = list(self.labels), list(self.labels.values()), float("nan")
-        rec, q_rec = self.record, self.q_record  # one read each: the loop may replace them meanwhile
-        flag = GaugeMetricFamily(f"{PREFIX}guard_flag", "guard ring flags of the newest complete record "
-                                 "(1 set, 0 clear)", labels=[*names, "flag"])
-        for f in FLAGS:
-            flag.add_metric([*values, f], nan if rec is None or rec.get(f) is None else float(rec[f]))
-        yield flag
-        for name, (key, text) in _RING_VALUES.items():
-            value = None if rec is None else rec.get(key)
-            yield self._gauge(PREFIX + name, text, nan if value is None else float(value))
-        for key, text in _Q_VALUES.items():
-            yield self._gauge(PREFIX + key, text, nan if q_rec is None else float(q_rec[key]))
-        yield self._gauge(f"{PREFIX}q_step", "update number the foxdqn_q_* gauges belong to",
-                          nan if q_rec is None else float(q_rec["step"]))
-
-    def _gauge(self, name: str, text: str, value: float):
-        from prometheus_client.core import GaugeMetricFamily
-
-        gauge = GaugeMetricFamily(name, text, labels=list(self.labels))
-        gauge.add_metric(list(self.labels.values()), value)
-        return gauge
 
 
 def probe(port: int, addr: str = "127.0.0.1") -> None:
@@ -151,11 +92,10 @@ class PrometheusExporter:
     Args:
         port: TCP port (0: any free port; :attr:`port` tells which).
         addr: address to bind (default loopback only).
-        labels: label name -> value put on every gauge (e.g. ``{"run": ..., "seed": "0"}``).
-        row_labels: names of labels whose values each :meth:`log` call gives (a population's
-            ``("member", "job", "seed")``: one series per member, so members never overwrite each
-            other's gauges). Empty (a single run): every row sets the same series.
-        ring: serve the guard ring gauges (:meth:`observe`); a population has no ring (False).
+        labels: label name -> value put on every gauge (e.g. ``{"run": ...}``).
+        row_labels: names of labels whose values each :meth:`log` and :meth:`guard` call gives (a
+            population's ``("member", "job", "seed")``: one series per member, so members never
+            overwrite each other's gauges). Empty: every row sets the same series.
 
     Raises:
         socket.gaierror: ``addr`` does not resolve.
@@ -163,22 +103,20 @@ class PrometheusExporter:
 
     Usage::
 
-        with PrometheusExporter(9464, labels={"run": "eurusd_dqn"}) as prom:
-            prom.observe(reader.latest())           # every iteration: host ring record
-            prom.log(env_steps, {"train/loss": 0.1})  # every log boundary
+        with PrometheusExporter(9464, labels={"run": "eurusd_dqn"}, row_labels=("member",)) as prom:
+            member = prom.rows({"member": 0})
+            member.log(env_steps, {"train/loss": 0.1})  # every log boundary
+            member.guard(guard.gauges(0, updates))
     """
 
     def __init__(self, port: int, addr: str = "127.0.0.1", labels: Mapping[str, str] | None = None,
-                 row_labels: Sequence[str] = (), ring: bool = True) -> None:
+                 row_labels: Sequence[str] = ()) -> None:
         from prometheus_client import CollectorRegistry, Gauge, start_http_server
 
         self._Gauge = Gauge
         self.labels = {str(k): str(v) for k, v in (labels or {}).items()}
         self.row_labels = tuple(str(n) for n in row_labels)
         self.registry = CollectorRegistry(auto_describe=True)
-        self._ring = _RingCollector(self.labels)
-        if ring:
-            self.registry.register(self._ring)
         self._families: dict[str, Any] = {}  # gauge name -> Gauge
         self._rows: dict[tuple[str | None, tuple[str, ...]], Any] = {}  # (column or None: env steps, row labels) -> series
         if not self.row_labels:
@@ -186,11 +124,12 @@ class PrometheusExporter:
         self._server, self._thread = start_http_server(int(port), addr=addr, registry=self.registry)
         self.addr, self.port = addr, int(self._server.server_port)
 
-    def _series(self, name: str, text: str, values: tuple[str, ...]):
-        """The gauge ``name``'s series of this exporter's labels and the row label ``values``."""
+    def _series(self, name: str, text: str, values: tuple[str, ...], extra: tuple[str, ...] = ()):
+        """The gauge ``name``'s series of this exporter's labels and the row label ``values`` (then
+        the values of the labels ``extra``, e.g. the guard flag's ``flag``)."""
         gauge = self._families.get(name)
         if gauge is None:
-            gauge = self._families[name] = self._Gauge(name, text, (*self.labels, *self.row_labels),
+            gauge = self._families[name] = self._Gauge(name, text, (*self.labels, *self.row_labels, *extra),
                                                        registry=self.registry)
         return gauge.labels(*self.labels.values(), *values) if self.labels or values else gauge
 
@@ -239,22 +178,24 @@ class PrometheusExporter:
                                                                     values)
             gauge.set(v)
 
-    def observe(self, record: Mapping[str, Any] | None) -> None:
-        """Show one guard ring record (a dict from ``HostRingReader.latest()``) from the next scrape on.
-
-        None (no complete record yet) and the record already shown change nothing. A new record
-        is type-checked and kept by reference: no I/O, no lock, no device access.
+    def guard(self, values: Mapping[str, Any], labels: Mapping[str, Any] | None = None) -> None:
+        """Set a population member's guard gauges (the module docstring's second table) from
+        ``values``: each name of :data:`FLAGS` -> 0/1 and each key of :data:`GUARD_VALUES` -> a
+        number (host values, :meth:`foxdqn.population.member_guard.MemberGuard.gauges`); ``labels``
+        gives the values of :attr:`row_labels`. A missing key leaves its gauge as it was.
 
         Raises:
             TypeError: a value is a tensor or not a number.
+            ValueError: the names of ``labels`` are not :attr:`row_labels`.
         """
-        ring = self._ring
-        if record is None or (ring.record is not None and record["step"] == ring.record["step"]):
-            return
-        _check_record(record)
-        if record["q_mean"] is not None:
-            ring.q_record = record
-        ring.record = record
+        row = self._row_values(labels)
+        for flag in FLAGS:
+            if flag in values:
+                self._series(f"{PREFIX}guard_flag", "guard flags of the member at the last log boundary (1 set, 0 clear)",
+                             (*row, flag), extra=("flag",)).set(_number(flag, values[flag]))
+        for name, text in GUARD_VALUES.items():
+            if name.removeprefix("guard_") in values:
+                self._series(PREFIX + name, text, row).set(_number(name, values[name.removeprefix("guard_")]))
 
     def close(self) -> None:
         """Stop serving and free the port (idempotent; returns within about 0.5 s)."""
@@ -281,3 +222,7 @@ class LabelledRows:
     def log(self, step: int, metrics: Mapping[str, Any]) -> None:
         """:meth:`PrometheusExporter.log` of this member's row."""
         self.exporter.log(step, metrics, self.labels)
+
+    def guard(self, values: Mapping[str, Any]) -> None:
+        """:meth:`PrometheusExporter.guard` of this member's guard state."""
+        self.exporter.guard(values, self.labels)

@@ -48,8 +48,7 @@ class DQNObjective(Objective):
         huber_delta: Huber threshold δ (> 0), in reward units.
         stack_double: with ``double``, one online forward of the stacked [s; s'] batch (fewer
             kernels); False: two forwards. False for image encoders, where stacking would double
-            the convolutions' backward compute and activation memory
-            (:func:`foxdqn.step.build.build_objective` sets it from ``model.encoder``).
+            the convolutions' backward compute and activation memory.
 
     The target, the Huber loss, its weighted mean, |TD| and the gradient w.r.t. Q are one kernel on
     CUDA (:func:`foxdqn.ops.dqn_td_loss.dqn_td_loss`; its reference is the arithmetic of

@@ -19,7 +19,7 @@ rounding:
 * ``stack=False``: two online forwards, s with gradient, s' under ``torch.no_grad()``: the
   backward and the saved activations cover B rows. Chosen for image encoders
   (:class:`foxdqn.nn.nature_cnn.NatureCNNEncoder`), where the doubled convolution backward and
-  activation memory outweigh the saved launches (:func:`foxdqn.step.build.build_objective`).
+  activation memory outweigh the saved launches (``model.encoder=nature_cnn``).
 """
 from __future__ import annotations
 

@@ -24,7 +24,8 @@ rounded to float32, as ATen's ``static_cast<float>``)::
 
 ``prior`` (optional, one tensor per param) receives each applied step's input weights, bit for
 bit: the copy of the weights from before the last applied update that a halt saves
-(:mod:`foxdqn.step.last_good`), at the cost of one more store per element and no launch.
+(``guard.keep_last_good``: :attr:`foxdqn.population.optim.MemberAdam.last_good`), at the cost of one
+more store per element and no launch.
 
 ``grad_scale`` is a MULTIPLIER (the clip coefficient of :func:`foxdqn.ops.grad_norm.grad_norm_coefficient`),
 not torch's AMP divisor: ``g`` is bit for bit what ``torch._foreach_mul_(grads, coef)`` would leave

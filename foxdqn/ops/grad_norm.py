@@ -197,8 +197,8 @@ def grad_norm_coefficient(grads: Sequence[Tensor], max_norm: Tensor, *, members:
         backend: "auto" (Triton for CUDA tensors, torch reference for CPU), "triton", "torch".
 
     Returns:
-        ``(total, coef)``: new float32 tensors of ``max_norm``'s shape (0-d for a 0-d bound, as
-        :func:`foxdqn.step.grad_clip.grad_norm_and_coefficient` returns): the norm before clipping (what the
+        ``(total, coef)``: new float32 tensors of ``max_norm``'s shape (0-d for a 0-d bound): the
+        norm before clipping (what the
         guard reads) and the factor for the gradients.
 
     Raises:

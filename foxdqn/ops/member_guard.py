@@ -21,8 +21,8 @@ where ``nan_to_num`` maps NaN and ±Inf to 0; with ``q_threshold`` (float32 ``[P
 
     q_diverged[p] = any_b,a (not isfinite(q[p, b, a]) or |q[p, b, a]| > q_threshold[p])   (float32 0 or 1)
 
-(a NaN threshold never trips the magnitude test; the single run's :mod:`foxdqn.ops.qvalue_stats`
-rule). The reference (:func:`member_guard_reference`, the
+(a NaN threshold never trips the magnitude test, the rule of the single-run loop's Q monitor that
+foxdqn had before its populations). The reference (:func:`member_guard_reference`, the
 torch expressions the population ran before this op) is the definition. The kernel's max-Q mean
 sums the rows in another order than torch's ``mean`` (in float32 both): it may differ in the last
 bits; everything else is exact. Kernel: one program per member (reads only member p's values and

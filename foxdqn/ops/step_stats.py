@@ -1,4 +1,4 @@
-r"""One collect step's monitoring sums (:meth:`foxdqn.step.stats.DeviceStats.add_step`), fused into one kernel.
+r"""One collect step's monitoring sums (:meth:`foxdqn.population.stats.MemberStats.add_step`), fused into one kernel.
 
 For the N envs of one step (``done`` the envs whose episode ended on it), in float64::
 
@@ -49,7 +49,7 @@ its row, before the last program's loads of the rows. The next launch, in stream
 them. The histogram's atomics need no ordering: nothing in the launch reads ``actions``. The
 interpreter runs the programs one after the other, so there the last program is simply the last.
 The scratch is allocated once (:class:`StepStatsScratch`, kept by
-:class:`~foxdqn.step.stats.DeviceStats`, not checkpointed), never per call.
+:class:`~foxdqn.population.stats.MemberStats`, not checkpointed), never per call.
 """
 from __future__ import annotations
 
@@ -182,7 +182,7 @@ def step_stats_reference(action: Tensor, reward: Tensor, done: Tensor, episode_r
                          episode_length: Tensor, traded: Tensor | None, acc: Tensor, actions: Tensor | None,
                          env_steps: Tensor | None = None, *, members: int | None = None) -> None:
     """Plain-torch reference of :func:`step_stats` (same arguments but ``scratch``; device ops only): the former
-    ``DeviceStats.add_step`` plus the counter's ``add_``; with ``members`` the same per member (row p
+    single-run ``DeviceStats.add_step`` plus the counter's ``add_``; with ``members`` the same per member (row p
     of ``acc`` and ``actions`` from member p's envs)."""
     if members is not None:
         _member_reference(action, reward, done, episode_return, episode_length, traded, acc, actions, env_steps,
@@ -278,7 +278,7 @@ def _check_member_accumulators(acc, actions, members: int, dev) -> None:
 def _check_scratch(scratch, n: int, dev: torch.device, members: int | None = None) -> None:
     if not isinstance(scratch, StepStatsScratch):
         raise ValueError(f"step_stats: the Triton kernel needs scratch=StepStatsScratch(N, device) (made once, e.g. "
-                         f"by DeviceStats), got {type(scratch).__name__}")
+                         f"by MemberStats), got {type(scratch).__name__}")
     if scratch.members != members:
         raise ValueError(f"step_stats: scratch made for members={scratch.members}, the call has members={members}")
     per = n // (members or 1)

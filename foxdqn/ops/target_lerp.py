@@ -2,7 +2,7 @@ r"""The target networks' update θ' ← lerp(θ', θ, w) for a list of tensors, 
 update counter's advance, in one kernel launch (up to :data:`~foxdqn.ops.tensor_list.MAX_SLOTS`
 tensors per launch).
 
-Source: :mod:`foxdqn.step.target_update` (Polyak averaging, or the hard copy every C updates of
+The target update (``target.update``: Polyak averaging, or the hard copy every C updates of
 Mnih et al. 2015), whose weight rule every program evaluates itself (a pure function of the
 inputs). Per member ``p`` (one network: P = 1), ``u`` = ``updates``
 (int64 0-d, the updates done before this one)::
@@ -165,8 +165,7 @@ def target_lerp_(targets: Sequence[Tensor], sources: Sequence[Tensor], updates: 
             when ``hard``; a device value, not checked).
         hard: the hard copy (``target.update=hard``) instead of Polyak averaging.
         advance: add 1 to ``updates`` (after every read of it).
-        weight: None, or float32 of ``skip``'s shape, contiguous: written with this update's w
-            (:attr:`foxdqn.step.target_update.TargetUpdate.weight`).
+        weight: None, or float32 of ``skip``'s shape, contiguous: written with this update's w.
         members: P (1: one network).
         backend: "auto" (Triton for CUDA tensors, torch reference for CPU), "triton", "torch".
 

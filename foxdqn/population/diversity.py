@@ -1,5 +1,5 @@
-"""Each member's executed-action diversity at a log boundary, as a single run's
-(:class:`foxdqn.run.loop.Snapshotter`; docs/design/monitors.md#action-diversity).
+"""Each member's executed-action diversity at a log boundary
+(docs/design/monitors.md#action-diversity).
 
 From a member's action counts of the interval (float64 ``[A]``, :meth:`MemberStats.read
 <foxdqn.population.stats.MemberStats.read>`): its row's ``action_entropy`` always and, with

@@ -95,9 +95,9 @@ def plan(members: Sequence["Member"], max_members: int | None = None,
     ``max_members`` (the first ``max_members``, then the next, ...) and of at most what fits in
     the device's memory (``cap(tc, market)``: the launcher passes :func:`foxdqn.job.memory.memory_cap`;
     None: no memory cap). A member that
-    :func:`batch_refusal` refuses, or that continues a single run's checkpoint, is a group of its
-    own. A group of one is trained by the classic path (foxdqn.train) unless it continues a
-    population checkpoint, a larger group by the population trainer.
+    :func:`batch_refusal` refuses, or whose checkpoint is not a resumable member's, is a group of its
+    own. A group of one is trained alone (foxdqn.job.run.run_job: a population of one) unless it
+    continues a population checkpoint, a larger group by the population trainer.
 
     Raises:
         ValueError: ``max_members`` below 1.

@@ -16,9 +16,9 @@ of the halt state into pinned host memory, which the host reads without waiting
 
 Each update also writes each member's Q-monitor divergence flag (:meth:`MemberGuard.check`, in
 the guard's kernel: the batch's online Q has a non-finite entry or some |Q| above the member's
-``guard.q_divergence``, the single run's :mod:`foxdqn.ops.qvalue_stats` rule), not latched;
+``guard.q_divergence``), not latched;
 :meth:`MemberGuard.publish` copies the flag of the iteration's last update to
-:attr:`MemberGuard.q_host`, which the host reads as a single run reads its ring's newest record
+:attr:`MemberGuard.q_host`, which the host reads after each iteration
 (foxdqn.population.train): the member halts (:meth:`MemberGuard.halt_q`), or with
 ``early_stop.on_q_divergence`` stops.
 
@@ -189,6 +189,31 @@ class MemberGuard:
         if not halted or code in STOPS.values():
             return None
         return f"{REASONS.get(code, 'unknown')} at update {at - 1 if code == Q_DIVERGENCE else at}"
+
+    def gauges(self, p: int, updates: int, collapse_count: float = 0.0) -> dict[str, float]:
+        """Member ``p``'s guard state for its Prometheus gauges
+        (:meth:`foxdqn.logger.prometheus_log.PrometheusExporter.guard`), from the host copies only
+        (call after the log boundary's device sync): the flags ``halt_nan``, ``halt_loss_clip``,
+        ``halt_grad_collapse``, ``halt_weight`` (its halt's code), ``q_divergence`` (a halt on it, or
+        the last published update's flag), ``skip`` (frozen: halted or stopped), ``halted`` (a guard
+        halt, :meth:`reason`), each 0.0 or 1.0; ``step`` (its newest update number: ``updates`` − 1
+        while it runs, the update that halted it, or its last applied one when stopped or halted
+        by the Q monitor), ``collapse_count`` (as given: the host copy of
+        :attr:`collapse_count` made with the accumulators'), ``halt_updates`` and ``halt_env_steps``
+        (:meth:`halt_point`'s, −1 while it runs). ``updates``: the population's update count."""
+        frozen, code, at, steps = (int(v) for v in self.host[:, p])
+        halted = bool(frozen) and code not in STOPS.values()
+        flags = {name: float(halted and code == c) for name, c in
+                 (("halt_nan", NON_FINITE), ("halt_loss_clip", LOSS_CLIP), ("halt_grad_collapse", COLLAPSE),
+                  ("halt_weight", MAX_WEIGHT))}
+        flags["q_divergence"] = float((halted and code == Q_DIVERGENCE) or self.q_diverged_now(p))
+        if not frozen:
+            step = updates - 1
+        else:  # the kernel's halts count the update that fired; a stop or a Q halt, the updates applied
+            step = at - 1 if code in (*STOPS.values(), Q_DIVERGENCE) else at
+        return {**flags, "skip": float(frozen), "halted": float(halted), "step": float(step),
+                "collapse_count": float(collapse_count), "halt_updates": float(at if frozen else -1),
+                "halt_env_steps": float(steps if frozen else -1)}
 
     def halt_point(self, p: int) -> tuple[int, int] | None:
         """(env steps, updates applied) of member ``p`` when it halted or was stopped, from the host

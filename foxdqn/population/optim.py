@@ -132,8 +132,8 @@ class MemberAdam:
     def zero_grad(self, set_to_none: bool = False) -> None:
         """Set every param's grad to zero in place (a missing grad, None, is created as zeros), or
         with ``set_to_none`` drop them: the next backward then writes each grad instead of adding
-        into a zeroed one (no fill and no add kernels; :func:`foxdqn.step.update.accumulate_gradients`
-        says why that is safe under a CUDA graph)."""
+        into a zeroed one (no fill and no add kernels; docs/design/update.md#accumulation says why
+        that is safe under a CUDA graph)."""
         if set_to_none:
             for p in self.params:
                 p.grad = None

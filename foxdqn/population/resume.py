@@ -14,14 +14,16 @@ from typing import NamedTuple, Sequence
 from foxdqn.errors import ConfigError
 from foxdqn.population.checkpoint import is_member_state, restore_member
 
-#: resume_point of a member whose payload is a single run's checkpoint (format of foxdqn.run.checkpoint)
+#: resume_point of a member whose payload holds no resumable slice (``member_state``): a checkpoint of
+#: the single-run loop an older foxdqn had, which :func:`foxdqn.run.resume.read_checkpoint` refuses
+#: before a job gets it; :func:`restore_members` refuses it too
 CLASSIC = "classic"
 
 
 def resume_point(payload: dict | None) -> int | str | None:
     """Where a job continues: None (a new run, or one started over), the population's env steps
-    of a member's resumable slice, or :data:`CLASSIC` for a single run's checkpoint (which only
-    the single-run path restores)."""
+    of a member's resumable slice, or :data:`CLASSIC` for a checkpoint without one (never
+    restored)."""
     if payload is None:
         return None
     return int(payload["member_state"]["env_steps"]) if is_member_state(payload) else CLASSIC
@@ -43,8 +45,8 @@ def restore_members(s, members: Sequence, best: tuple | None) -> Restored:
     population ``s`` (and of the kept best networks ``best``).
 
     Raises:
-        ConfigError: a member without a resumable slice (a single run's checkpoint, or weights
-            only), members at different points, or a slice that does not fit this population
+        ConfigError: a member without a resumable slice (the older single-run loop's checkpoint,
+            or weights only), members at different points, or a slice that does not fit this population
             (names the member's folder).
     """
     payloads = [m.payload for m in members]

@@ -1,8 +1,7 @@
 """Model selection of a population's members during training: early stoppers and kept best weights.
 
-A single run with ``early_stop.enabled`` (foxdqn.run.loop, docs/design/monitors.md#early-stopping)
-keeps one :class:`foxdqn.run.early_stop.EarlyStopper` and writes ``checkpoints/best.pt`` at each
-improving validation. A population does the same per member: member p has its own stopper (its
+With ``early_stop.enabled`` (docs/design/monitors.md#early-stopping) each member keeps one
+:class:`foxdqn.run.early_stop.EarlyStopper`: member p has its own stopper (its
 own ``early_stop.*`` values) and its best weights are kept on the device, in a copy of the
 population's networks whose slice p is overwritten when p improves (:meth:`MemberSelection.keep`).
 The copies are written as each member's ``best.pt`` and loaded for its final evaluation at the end

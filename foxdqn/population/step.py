@@ -1,7 +1,6 @@
 """One collect step and one gradient update of a population (device ops only, capturable).
 
-The same steps as a single run's (:mod:`foxdqn.step.collect`, :mod:`foxdqn.step.update`), with a
-member axis: ε-greedy per member (its own ε; on the expected Q of a C51 or IQN head), one env step
+A single run's steps with a member axis (a single run is a population of one): ε-greedy per member (its own ε; on the expected Q of a C51 or IQN head), one env step
 of P × N envs, one replay row; then per member B samples (uniform, or by its own priorities with
 its importance weights), its loss (the (Double) DQN loss with its Huber δ, the C51 cross-entropy on
 its own support, the IQN quantile Huber loss with its κ and τ draws, or IQL's with its expectile
@@ -9,8 +8,7 @@ its own support, the IQN quantile Huber loss with its κ and τ draws, or IQL's 
 Adam with its lr and ε, its target update (its Polyak τ or hard period), and with
 ``replay.name=per`` its |TD| written back as its priorities (not for a member the guard skipped).
 With ``optim.accumulate`` = M > 1 each member's B rows are back-propagated in M micro-batches
-(:func:`accumulate_member_gradients`, the single run's :func:`foxdqn.step.update.accumulate_gradients`
-per member), then clipped, checked and stepped once. With ``prune.enabled`` each member's weight
+(:func:`accumulate_member_gradients`), then clipped, checked and stepped once. With ``prune.enabled`` each member's weight
 matrices are pruned by its own masks (:class:`foxdqn.population.pruning.MemberPruner`, the single
 run's order: gradients masked before the clip, masks after Adam, the target after its update).
 docs/design/population.md.
@@ -36,7 +34,22 @@ from foxdqn.population.objective import member_loss, member_taus
 from foxdqn.population.state import PopulationState
 from foxdqn.replay.buffer import Batch
 from foxdqn.step.act import act
-from foxdqn.step.collect import store
+
+
+def store(replay, hook, env, obs: torch.Tensor, action: torch.Tensor, out, reward_scale, backend: str = "auto",
+          **extras) -> None:
+    """Insert the step ``out`` of ``env``, taken from the observations ``obs`` with ``action``, into
+    ``replay`` (rewards times ``reward_scale``: a float, or a ``[G]`` tensor of one scale per group of
+    envs), then advance ``obs`` to ``out.obs`` in place.
+
+    The stored rows are the hook's (:meth:`foxdqn.envs.base.CollectHook.replay_rows`): the
+    observations, or the env's state codes (a trading env with a decoding replay); either way the
+    replay-add kernel also advances ``obs`` in its launch (:func:`foxdqn.ops.replay_add.replay_add`).
+    ``extras``: :meth:`~foxdqn.envs.base.CollectHook.replay_extras`.
+    """
+    rows, next_rows = hook.replay_rows(env, replay, obs, out)
+    replay.add(rows, action, out.reward, next_rows, out.terminated, out.truncated, reward_scale=reward_scale,
+               advance_obs=out.obs, rollout=obs, backend=backend, **extras)
 
 
 def collect_step(s: PopulationState) -> None:
@@ -82,8 +95,7 @@ def population_loss(s: PopulationState, batch) -> LossOutput:
 def member_micro_batches(batch: Batch, members: int, m: int) -> list[Batch]:
     """Split a member-major batch of P·B rows (:meth:`MemberReplay.sample_members`) into ``m``
     batches of P·B/m rows, member-major: micro-batch k holds each member's rows k·B/m ..
-    (k + 1)·B/m − 1 of its own B, the rows :func:`foxdqn.step.update.micro_batches` gives a single
-    run of that member (B % m == 0, checked by the config as ``optim.accumulate``). A ``[P, B, D]``
+    (k + 1)·B/m − 1 of its own B (B % m == 0, checked by the config as ``optim.accumulate``). A ``[P, B, D]``
     field (obs, next_obs) becomes ``[P, B/m, D]``, a ``[P·B, ...]`` one ``[P·B/m, ...]``; None stays
     None. Views for P = 1. For P > 1 a member's rows of a micro-batch are not adjacent: each
     ``[P·B, ...]`` field is copied once, micro-batch-major (``[m, P, B/m, ...]``), and the micro-batches
@@ -130,7 +142,7 @@ def member_micro_batches(batch: Batch, members: int, m: int) -> list[Batch]:
 def accumulate_member_gradients(s: PopulationState, batch: Batch) -> LossOutput:
     """Zero the gradients, back-propagate ``batch`` in ``optim.accumulate`` = M micro-batches
     (:func:`member_micro_batches`; each member's loss of a micro-batch back-propagated as ℓ_m / M,
-    the seed :func:`foxdqn.step.update.accumulate_gradients` gives a single run's), and return the
+    as a population of one does), and return the
     whole update's :class:`~foxdqn.objectives.base.LossOutput`: loss float32 ``[P]``, each member's
     (1/M) Σ_m ℓ_m; td_abs ``[P·B]`` and q_values ``[P, B, A]`` member-major, its micro-batches' in
     order. With ``debug.inject_nan_at_step`` a member's loss is poisoned in every micro-batch of that

@@ -28,8 +28,11 @@ from __future__ import annotations
 
 import copy
 import logging
+import math
+import signal
 import time
 from pathlib import Path
+from typing import NamedTuple
 
 import torch
 
@@ -53,14 +56,72 @@ from foxdqn.timings import mark
 log = logging.getLogger(__name__)
 
 
+def use_graph(cfg, device: torch.device) -> bool:
+    """Whether the iterations are captured in a CUDA graph: ``graph=on`` (CUDA only), or
+    ``graph=auto`` on CUDA.
+
+    Raises:
+        ConfigError: ``graph=on`` on a device that is not CUDA.
+    """
+    from foxdqn.errors import ConfigError
+
+    if cfg.graph == "on" and device.type != "cuda":
+        raise ConfigError("graph=on needs a CUDA device; use graph=auto or graph=off on CPU")
+    return cfg.graph == "on" or (cfg.graph == "auto" and device.type == "cuda")
+
+
+class IterationPlan(NamedTuple):
+    """The iteration counts of a run, from its config: ``per_iter`` env steps of one member's N
+    envs per iteration (N·T), ``total_iters`` iterations (at least 1), the first ``warm_iters`` of
+    them collect-only (``agent.learning_starts``), a log row every ``log_every`` iterations."""
+
+    per_iter: int
+    total_iters: int
+    warm_iters: int
+    log_every: int
+
+    @classmethod
+    def of(cls, cfg) -> "IterationPlan":
+        a = cfg.agent
+        per_iter = cfg.env.num_envs * a.steps_per_iter
+        total = max(1, math.ceil(a.total_env_steps / per_iter))
+        return cls(per_iter, total, min(total, math.ceil(a.learning_starts / per_iter)),
+                   max(1, cfg.log.interval_env_steps // per_iter))
+
+
+class StopSignals:
+    """While active, SIGINT and SIGTERM set :attr:`received` (the loop stops after its iteration and
+    writes the checkpoints) instead of killing the process; more signals while it stops are
+    ignored, so a checkpoint is never cut short. The previous handlers come back on exit. Outside
+    the main thread (where no handler can be set) it does nothing."""
+
+    def __init__(self) -> None:
+        self.received: int | None = None
+        self._old: dict = {}
+
+    def _handle(self, signum, frame) -> None:
+        self.received = self.received or signum
+
+    def __enter__(self) -> "StopSignals":
+        import threading
+
+        if threading.current_thread() is threading.main_thread():
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                self._old[sig] = signal.signal(sig, self._handle)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for sig, handler in self._old.items():
+            signal.signal(sig, handler)
+
+
 class _Population:
     """One call of :func:`train_population`: setup, the iteration loop, the end per member."""
 
     def __init__(self, members: list[Member], alone: bool = False) -> None:
         from foxdqn.run.early_stop import resolve_metric
-        from foxdqn.run.loop import IterationPlan, use_graph
         from foxdqn.run.search import member_pruner
-        from foxdqn.step.state import resolve_device
+        from foxdqn.step.build import resolve_device
 
         self.t0 = time.perf_counter()
         self.members = members
@@ -78,8 +139,9 @@ class _Population:
         self.full = make_iteration(s, self.graph, on_host=s.env.on_host, **step_fns)
         self.loggers: list = []  # foxdqn.logger.MetricsLogger per member, opened after the run folders (open_loggers)
         self.trackers: list[Trackers] = []  # each member's MLflow and W&B runs (open_loggers)
+        self.prometheus_rows: list = []  # each member's rows and guard gauges of the endpoint (open_loggers)
         # the population's one endpoint, or None; a port taken since the preflight: bad input, before any folder
-        self.prometheus = open_prometheus(cfg, population=True)
+        self.prometheus = open_prometheus(cfg)
         self.env_steps, self.host_updates = 0, 0
         self.stopped: set[int] = set()  # members halted at an earlier log boundary or early-stopped: no more rows
         self.eval_every = max(1, cfg.eval.interval_env_steps // self.per_iter) if cfg.eval.interval_env_steps else 0
@@ -106,7 +168,7 @@ class _Population:
         mark("build")  # foxdqn.timings, as a single run's phases; warm-up and capture are marked by the iterations
         sizes = (self.total_iters * self.per_iter, self.total_iters, cfg.env.num_envs, a.steps_per_iter,
                  a.updates_per_iter)
-        if alone:  # a single run's line (foxdqn.run.loop)
+        if alone:  # a single run's line
             market = members[0].market
             log.info("%s: %s on %s (graph=%s), %d env steps in %d iterations of %d envs x %d steps, %d updates each",
                      cfg.experiment, cfg.env.name if market is None else market.source, self.device, self.graph,
@@ -190,7 +252,7 @@ class _Population:
 
     def _checkpoint_due(self, it: int, last: bool) -> bool:
         """A log boundary past a multiple of ``checkpoint.every_env_steps`` (not the last iteration),
-        the single run's rule (foxdqn.run.loop)."""
+        a single run's rule too."""
         every = self.members[0].tc.checkpoint.every_env_steps
         return bool(every) and not last and (it + 1) % self.log_every == 0 and \
             self.env_steps // every > (self.env_steps - self.log_every * self.per_iter) // every
@@ -206,7 +268,8 @@ class _Population:
                                  Trackers(m.tc, m.run_dir, m.overrides, job=m.job_num))
             sinks = list(self.trackers[p].sinks)
             if self.prometheus is not None:
-                sinks.append(self.prometheus.rows({"member": p, "job": m.job_num, "seed": m.tc.seed}))
+                self.prometheus_rows.append(self.prometheus.rows({"member": p, "job": m.job_num, "seed": m.tc.seed}))
+                sinks.append(self.prometheus_rows[p])
             self.loggers.append(MetricsLogger(m.run_dir, tensorboard=m.tc.logger.tensorboard, sinks=sinks,
                                               resume_after=self.resumed_at))
 
@@ -250,8 +313,13 @@ class _Population:
         the accumulators (the interval's one sync); returns the members' episode returns. With
         ``early_stop.q_bound``, a member whose mean max-Q stayed high is stopped (``early_stop_q``)."""
         s = self.s
-        prune = None if s.pruner is None else s.pruner.log_values(s.updates)  # [P, 2]: measured, scheduled
-        acc, counts = s.stats.read(prune)  # waits for the device: the guard's host copy below is current
+        extra = [] if s.pruner is None else [s.pruner.log_values(s.updates)]  # [P, 2]: measured, scheduled
+        if self.prometheus is not None:  # the guard's collapse counts, in the same copy
+            extra.append(s.guard.collapse_count.unsqueeze(1).to(torch.float64))
+        acc, counts = s.stats.read(torch.cat(extra, dim=1) if extra else None)  # waits for the device
+        if self.prometheus is not None:  # every member's guard gauges, halted ones too (the host copy is current)
+            for p, rows in enumerate(self.prometheus_rows):
+                rows.guard(s.guard.gauges(p, self.host_updates, acc[p][-1]))
         returns, self.rows = [], []
         for p, (logger, m) in enumerate(zip(self.loggers, self.members)):
             row = MemberStats.row(acc[p], self.diversity.columns(counts[p]))
@@ -259,7 +327,7 @@ class _Population:
             self.rows.append(row)
             if p in self.stopped:
                 continue
-            if prune is not None:  # prune.enabled: the member's sparsity reached and scheduled, as a single run's
+            if s.pruner is not None:  # prune.enabled: the member's sparsity reached and scheduled, as a single run's
                 row["prune_sparsity"], row["prune_target_sparsity"] = acc[p][FIELDS:FIELDS + 2]
             x = m.tc.explore  # ε of the next collect step, as the device computes it (hparams.MemberParams)
             frac = min(self.env_steps / max(x.eps_decay_fraction * m.tc.agent.total_env_steps, 1.0), 1.0)
@@ -290,8 +358,7 @@ class _Population:
 
     def _halted_since(self) -> None:
         """After an iteration: a member the guard halted (the published host copy, no wait) logs no
-        more rows, from this iteration's boundary on, as a single run that polls its guard after
-        each iteration and stops before logging (foxdqn.run.loop). So a halted member's rows do not
+        more rows, from this iteration's boundary on. So a halted member's rows do not
         depend on when the other members halt (the loop ends early once every member has)."""
         guard = self.s.guard
         for p in torch.nonzero(guard.host[0]).flatten().tolist():  # halted or stopped (host copy)
@@ -301,9 +368,8 @@ class _Population:
     def _q_divergence(self) -> None:
         """After an iteration: a running member whose last update's Q diverged (the guard's published
         flag, :meth:`MemberGuard.check`) and whose guard did not fire halts
-        (:meth:`MemberGuard.halt_q`), or with ``early_stop.on_q_divergence`` stops as ``early_stop_q``,
-        as a single run does when its ring's newest record carries the Q monitor's flag alone
-        (foxdqn.run.loop._Training._guard_fired); a member the guard halted stays halted."""
+        (:meth:`MemberGuard.halt_q`), or with ``early_stop.on_q_divergence`` stops as ``early_stop_q``;
+        a member the guard halted stays halted."""
         guard, cfg = self.s.guard, self.members[0].tc
         for p in torch.nonzero(guard.q_host).flatten().tolist():  # the members whose last update diverged
             if p in self.stopped or guard.halt_point(p) is not None:
@@ -318,8 +384,7 @@ class _Population:
         """The eval boundary: validate every member at once, log each running member's ``val/*`` row;
         with ``search.pruner=median`` stop it when its pruner says so (``pruned``: after the warm-up,
         not at the end); with early stopping keep its best weights and stop it after ``patience``
-        evaluations without improvement (the single run's
-        :meth:`foxdqn.run.loop._Training._eval_boundary`, per member)."""
+        evaluations without improvement."""
         from foxdqn.population.evaluate import member_validation
 
         s, env_steps = self.s, self.env_steps
@@ -503,7 +568,6 @@ def train_population(members: list[Member], alone: bool = False) -> list[Outcome
     (no ``population`` entry, no ``job N:`` prefix).
     """
     from foxdqn.errors import FoxdqnError, StoppedBySignal
-    from foxdqn.run.loop import _StopSignals
 
     try:
         run = _Population(members, alone)
@@ -523,7 +587,7 @@ def train_population(members: list[Member], alone: bool = False) -> list[Outcome
     interrupted = False
     try:
         run.open_loggers()
-        with _StopSignals() as signals:  # held through the checkpoints: a signal never cuts them short
+        with StopSignals() as signals:  # held through the checkpoints: a signal never cuts them short
             try:
                 run.iterate(signals)
             finally:
@@ -553,10 +617,8 @@ def train_population(members: list[Member], alone: bool = False) -> list[Outcome
         for p, folder in enumerate(folders):
             folder.finish() if p < len(outcomes) else folder.release()
     if interrupted:
-        import signal as _signal
-
-        name = _signal.Signals(signals.received).name
-        if alone:  # a single run's line (foxdqn.run.loop.Interrupted)
+        name = signal.Signals(signals.received).name
+        if alone:  # a single run's line
             raise StoppedBySignal(f"interrupted by {name} at {run.env_steps} env steps; checkpoint {ckpts[0]}; "
                                   f"continue with resume=auto hydra.run.dir={members[0].run_dir}", signals.received)
         raise StoppedBySignal(f"interrupted by {name} at {run.env_steps} env steps; each member's state is in its "

@@ -2,15 +2,14 @@
 Adam step is tried on a scratch copy first, and a member whose weights it would make non-finite or
 larger than its own bound is halted by the guard before the step is applied.
 
-The single run's check (:class:`foxdqn.step.weight_check.WeightCheck`,
-docs/design/guard.md#after-the-step) with a member axis: per update, after the gradients, the
+The post-step weight check (docs/design/guard.md#after-the-step) with a member axis: per update, after the gradients, the
 clip coefficient and a learning-rate spike (``debug.inject_lr_spike_at_step``) are known and before
 the guard, one ``torch._foreach_copy_`` copies the parameters, both moments and the step counts of
 :class:`~foxdqn.population.optim.MemberAdam` into scratch tensors, the same Adam op
 (:func:`foxdqn.ops.adam_step.adam_step_` with ``members=P``, the optimizer's own ``[P]`` lr and ε
 tensors) steps the copy with no member skipped, and each member's largest |w| of the result is the
 integer max of the float bit patterns with the sign cleared (+Inf above every finite value, every NaN
-above +Inf: the single run's :mod:`foxdqn.ops.max_abs_bits` rule; exact and independent of the order
+above +Inf; exact and independent of the order
 of reduction, so member p's value does not depend on P). The guard
 (:meth:`foxdqn.population.member_guard.MemberGuard.check`) halts member p when that value is not
 <= its ``guard.max_weight`` (off for a member whose bound is 0 or null). The real step runs the same

@@ -1,2 +1,3 @@
-"""One run's host side: the loop that replays the captured iteration (loop.py), the end of a run
-(finish.py), checkpoints and resume, the run folder, early stopping and a search's pruning."""
+"""One run's host side, shared by every member of a population (foxdqn.population.train): the end of
+a run (finish.py), checkpoints and resume, the run folder, its MLflow / W&B / Prometheus loggers
+(trackers.py), early stopping and a search's pruning."""

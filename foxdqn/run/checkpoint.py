@@ -15,34 +15,17 @@ when loaded) is refused with the command that converts it once, :func:`upgrade_f
 allowing only the few classes an older foxdqn pickled into its loop state (:func:`_old_globals`):
 a pickle that names anything else is refused, never run.
 
-The body (:func:`save_checkpoint`, written through :func:`foxdqn.io_atomic.write_bytes_atomic`
-so that a crash or a full disk never leaves a partial file or a ``.tmp`` behind) holds:
-
-* ``online``, ``target``, ``optimizer``: the networks' and Adam's ``state_dict``;
-* ``env_steps``, ``updates``: the device counters (ints);
-* ``config``: the resolved config (:func:`foxdqn.config.schema.to_plain`; read back through
-  :func:`foxdqn.config.schema.upgrade`, so a checkpoint written before keys moved still loads);
-* ``run_id``: the run that wrote it (:mod:`foxdqn.run.folder`); a resume refuses a checkpoint of
-  another run;
-* ``tensors``: every other tensor of the :class:`~foxdqn.step.state.TrainState`, found by walking
-  its parts (env state, schedules, device accumulators, guard and Q-monitor state, target-update
-  parameters, PER tree, pruning masks, the observation to act on), each tensor once, keyed by its
-  attribute path (e.g. ``monitors.guard.acc``, ``rollout.obs``); the replay memory only with
-  ``save_replay`` (it is most of the run's memory); not the bars of resampled training paths
-  (``env.rebuilt_tensors``, ``data.augment``), which a resumed run rebuilds from its config;
-* ``generators``: the state of the run's ``torch.Generator`` and of torch's global CPU/CUDA RNGs;
-* ``loop``: the host loop's own state as plain data (the early stopper's and the collapse
-  monitor's ``state_dict``, ...);
-* ``format``: :data:`FORMAT`.
-
-:func:`restore_state` copies a checkpoint into a freshly built state of the same config (same
-shapes): resuming then replays exactly what the interrupted run would have done (on CPU, bit for
-bit when the replay was saved; tested). Reading the counters is a host sync: checkpoints are taken
-at log boundaries and at the end, never inside the steady-state loop.
+A body is written through :func:`write_payload` (:func:`foxdqn.io_atomic.write_bytes_atomic`, so
+that a crash or a full disk never leaves a partial file or a ``.tmp`` behind). A training run's
+checkpoints are its members' (:func:`foxdqn.population.checkpoint.member_checkpoint`: the weights
+``online`` / ``target``, ``config``, ``env_steps``, ``updates``, ``run_id`` and, in a resumable
+``last.pt``, ``member_state``). A checkpoint of the single-run loop an older foxdqn had (``online``,
+``target``, ``optimizer``, ``tensors``, ``generators``, ``loop``, no ``member_state``) still loads
+here: ``python -m foxdqn.evaluate`` reads its weights; a resume refuses it
+(:func:`foxdqn.run.resume.read_checkpoint`).
 """
 from __future__ import annotations
 
-import dataclasses
 import hashlib
 import io
 import json
@@ -55,20 +38,18 @@ from typing import Any, Iterator
 import torch
 
 from foxdqn.config import schema as C
-from foxdqn.config.schema import to_plain, upgrade
-from foxdqn.device import ring_record as R
+from foxdqn.config.schema import upgrade
 from foxdqn.errors import ConfigError
 from foxdqn.io_atomic import write_bytes_atomic
 from foxdqn.run.early_stop import EarlyStopper
 
-#: 4: the header with the body's SHA-256, plain data only (weights_only); 3: keys of the TrainState
-#: parts (nets., rollout., monitors., ...), parameters stored once, a pickled loop state.
+#: 4: the header with the body's SHA-256, plain data only (weights_only); 3: keys of the single-run
+#: loop's state parts (nets., rollout., monitors., ...), parameters stored once, a pickled loop state.
 FORMAT = 4
 #: The first line of every checkpoint file of format 4 and later.
 MAGIC = b"FOXDQN-CHECKPOINT\n"
 #: Types a checkpoint body may hold besides tensors (what ``torch.load(weights_only=True)`` rebuilds).
 PLAIN = (str, int, float, bool, type(None), bytes)
-_OWN = ("cfg", "device", "generator", "env_steps", "updates")  # saved as their own entries
 _SKIP_TYPES = (str, bytes, int, float, bool, type(None), torch.device, torch.dtype)
 
 
@@ -81,7 +62,7 @@ def _walk(obj: Any, path: str, seen: set[int]) -> Iterator[tuple[str, torch.Tens
         return
     if isinstance(obj, _SKIP_TYPES) or id(obj) in seen or callable(obj) and not hasattr(obj, "__dict__"):
         return
-    if getattr(type(obj), "checkpointed", True) is False:  # scratch (WeightCheck), or saved apart (step.adam.Adam)
+    if getattr(type(obj), "checkpointed", True) is False:  # scratch that is never saved
         return
     seen.add(id(obj))
     if isinstance(obj, torch.nn.Module):
@@ -101,63 +82,6 @@ def _walk(obj: Any, path: str, seen: set[int]) -> Iterator[tuple[str, torch.Tens
         return
     for name, item in vars(obj).items():
         yield from _walk(item, f"{path}.{name}", seen)
-
-
-def state_tensors(state, save_replay: bool = True) -> dict[str, torch.Tensor]:
-    """The tensors of ``state`` that :func:`restore_state` puts back, by attribute path."""
-    seen: set[int] = set()
-    for module in (state.nets.online, state.nets.target):  # saved through their state_dict
-        seen.update(id(t) for t in module.parameters())
-        seen.update(id(t) for t in module.buffers())
-    if not save_replay:
-        seen.update(id(t) for _, t in _walk(state.replay, "replay", set()))
-    # bars the env rebuilds from the config (resampled training paths: foxdqn.data.augment)
-    seen.update(id(t) for t in getattr(state.rollout.env, "rebuilt_tensors", ()))
-    out: dict[str, torch.Tensor] = {}
-    for field in dataclasses.fields(state):
-        if field.name in _OWN:
-            continue
-        out.update(_walk(getattr(state, field.name), field.name, seen))
-    return out
-
-
-def save_checkpoint(path: str | Path, state, extra: dict | None = None, *, loop: dict | None = None,
-                    save_replay: bool = False, run_id: str | None = None) -> Path:
-    """Write a checkpoint of ``state`` (:class:`~foxdqn.step.state.TrainState`) to ``path``, atomically.
-
-    Args:
-        path: destination file (parent folders are created).
-        state: the run's state.
-        extra: more top-level entries (e.g. ``{"best": ...}``), plain data.
-        loop: the host loop's state, plain data, restored by the caller on resume.
-        save_replay: include the replay memory (needed for an exact continuation).
-        run_id: the run's id (:mod:`foxdqn.run.folder`), checked on resume.
-
-    Returns:
-        ``path`` as a :class:`~pathlib.Path`.
-
-    Raises:
-        OSError: the file cannot be written (names the path; nothing is left behind).
-        TypeError: ``extra`` or ``loop`` holds something other than plain data (names its key).
-    """
-    path = Path(path)
-    payload = {
-        "format": FORMAT,
-        "online": state.nets.online.state_dict(),
-        "target": state.nets.target.state_dict(),
-        "optimizer": state.optim.optimizer.state_dict(),
-        "env_steps": int(state.env_steps.item()),
-        "updates": int(state.updates.item()),
-        "config": to_plain(state.cfg),
-        "run_id": run_id,
-        "tensors": {k: v.detach().cpu().clone() for k, v in state_tensors(state, save_replay).items()},
-        "replay_saved": bool(save_replay),
-        "generators": {"run": state.generator.get_state(), "cpu": torch.get_rng_state(),
-                       "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None},
-        "loop": loop or {},
-        **(extra or {}),
-    }
-    return write_payload(path, payload)
 
 
 def check_plain(value: Any, where: str = "checkpoint") -> None:
@@ -252,7 +176,7 @@ def decode(data: bytes, path: str | Path, map_location="cpu") -> dict:
 
 
 def load_checkpoint(path: str | Path, map_location="cpu") -> dict:
-    """Read a checkpoint written by :func:`save_checkpoint` (``online`` always present); nothing in
+    """Read a checkpoint file (:func:`write_payload`'s; ``online`` always present); nothing in
     the file is executed (:func:`decode`).
 
     Raises:
@@ -347,64 +271,6 @@ def upgrade_file(path: str | Path, out: str | Path | None = None) -> Path:
     if payload.get("format") == 3:  # the same state layout; only the loop state was pickled
         payload["format"] = FORMAT
     return write_payload(Path(out) if out is not None else path, payload)
-
-
-def _upgrade_ring(value: torch.Tensor, tensor: torch.Tensor) -> torch.Tensor:
-    """A record ring saved before the records grew from 16 to 18 columns (the post-step weight
-    check's HALT_WEIGHT, MAX_WEIGHT) gets those columns as in a fresh ring (0, -1); anything else
-    is returned as it is."""
-    if (value.dim() == 2 and tensor.dim() == 2 and value.shape[0] == tensor.shape[0] and value.shape[1] == 16
-            and tensor.shape[1] == R.RECORD_SIZE and value.dtype == tensor.dtype == R.RING_DTYPE):
-        fresh = torch.zeros(tensor.shape, dtype=R.RING_DTYPE)
-        R.reset_ring(fresh)
-        fresh[:, :16] = value
-        return fresh
-    return value
-
-
-def restore_state(state, payload: dict) -> None:
-    """Copy checkpoint ``payload`` into ``state`` (built from the same config), in place.
-
-    Raises:
-        ConfigError: the checkpoint is not a resumable one (older format) or its tensors do not
-            match this state's (another config).
-    """
-    if payload.get("format") != FORMAT:
-        raise ConfigError(f"checkpoint: format {payload.get('format')} (an older foxdqn), this one resumes format "
-                          f"{FORMAT} only; it can be evaluated but not resumed")
-    state.nets.online.load_state_dict(payload["online"])
-    state.nets.target.load_state_dict(payload["target"])
-    try:
-        state.optim.optimizer.load_state_dict(payload["optimizer"])  # copies into the run's lr tensor
-    except ValueError as e:
-        raise ConfigError(f"checkpoint: its optimizer state does not match this config ({e})") from None
-    mine = state_tensors(state, save_replay=payload["replay_saved"])
-    saved = payload["tensors"]  # may hold more: scratch buffers made lazily (e.g. a pinned snapshot copy)
-    missing = sorted(set(mine) - set(saved))
-    no_copy = [k for k in missing if k.startswith("optim.last_good.")]  # upgraded from format 3: taken afresh
-    if len(no_copy) < len(missing):
-        raise ConfigError(f"checkpoint: its training state does not match this config (no {', '.join(missing[:3])})")
-    with torch.no_grad():
-        for name, tensor in mine.items():
-            if name in no_copy:
-                continue
-            value = _upgrade_ring(saved[name], tensor)
-            if value.shape != tensor.shape or value.dtype != tensor.dtype:
-                raise ConfigError(f"checkpoint: {name} has shape {tuple(value.shape)} {value.dtype}, this config "
-                                  f"{tuple(tensor.shape)} {tensor.dtype}")
-            tensor.copy_(value)
-        state.env_steps.fill_(int(payload["env_steps"]))
-        state.updates.fill_(int(payload["updates"]))
-    if no_copy:
-        state.optim.last_good.reset()
-    gens = payload["generators"]  # RNG states are CPU byte tensors, whatever map_location the payload was read with
-    if gens["run"].numel() != state.generator.get_state().numel():
-        raise ConfigError(f"checkpoint: its random generator is not a {state.device.type} generator (the run was "
-                          f"trained on another device); resume it with the device it was trained on")
-    state.generator.set_state(gens["run"].cpu())
-    torch.set_rng_state(gens["cpu"].cpu())
-    if gens.get("cuda") is not None and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all([g.cpu() for g in gens["cuda"]])
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,7 +1,7 @@
 """The end of a training run: select on validation, evaluate once, write the report.
 
-:func:`finish` is shared by a single run (:mod:`foxdqn.run.loop`) and by each member of a population
-(:mod:`foxdqn.population.train`): it reads only an :class:`Agent` (config, greedy network, action
+:func:`finish` writes the report of each member of a population (:mod:`foxdqn.population.train`; a
+single run is a population of one): it reads only an :class:`Agent` (config, greedy network, action
 mode, device) and a :class:`RunEnd` (how the training ended), never the training state.
 docs/backtest.md says which split is read when; docs/outputs.md what is written.
 """
@@ -35,11 +35,6 @@ class Agent:
     online: torch.nn.Module | None
     action_mode: object
     device: torch.device
-
-    @classmethod
-    def of(cls, s) -> "Agent":
-        """The agent of a :class:`~foxdqn.step.state.TrainState`."""
-        return cls(s.cfg, s.nets.online, s.rollout.action_mode, s.device)
 
 
 @dataclass

@@ -3,8 +3,8 @@
 :func:`resolve_resume` finds the run folder, its start record (``config.yaml``, written before
 anything else of the run: :mod:`foxdqn.run.folder`) and its checkpoint, refuses what cannot be
 continued (a finished run, a checkpoint outside a run folder or of another run, a setting given
-again that differs) and returns what :func:`foxdqn.run.loop.train` continues from
-(:class:`Continuation`). The start record is the truth: a resume keeps the config the run started
+again that differs, a checkpoint of the single-run loop an older foxdqn had) and returns what
+:func:`foxdqn.job.run.run_job` continues from (:class:`Continuation`). The start record is the truth: a resume keeps the config the run started
 with, whatever this call composed; only the keys of :data:`RESUME_MAY_CHANGE` that this call names
 are taken from it. A run killed before its first checkpoint starts over, in its folder, with that
 same config (:func:`start_over`, once the run holds the folder's lock).
@@ -30,9 +30,11 @@ _LOADED: dict = {}
 
 def read_checkpoint(path: Path) -> dict:
     """:func:`foxdqn.run.checkpoint.load_checkpoint` of ``path``, kept for the next call with the same file
-    (same path, size and modification time). Raises ConfigError like it, and for a population
-    member's checkpoint that holds weights only (``population`` without ``member_state``: a
-    ``best.pt``, or one an older foxdqn wrote; :func:`foxdqn.population.checkpoint.member_checkpoint`)."""
+    (same path, size and modification time). Raises ConfigError like it, and for a checkpoint
+    that cannot be continued: a population member's that holds weights only (``population``
+    without ``member_state``: a ``best.pt``, or one an older foxdqn wrote;
+    :func:`foxdqn.population.checkpoint.member_checkpoint`), or one of the single-run loop an older
+    foxdqn had (neither key; its weights still evaluate: ``python -m foxdqn.evaluate``)."""
     path = Path(path)
     stat = path.stat() if path.is_file() else None
     key = (str(path.resolve()), stat and (stat.st_size, stat.st_mtime_ns))
@@ -43,6 +45,11 @@ def read_checkpoint(path: Path) -> dict:
         raise ConfigError(f"resume: checkpoint {path} is a population member's weights only (no optimizer or "
                           "replay), so it cannot be resumed: resume from the run's checkpoints/last.pt, evaluate it "
                           "with python -m foxdqn.evaluate checkpoint=PATH, or train again")
+    if "member_state" not in _LOADED[key]:
+        _LOADED.clear()
+        raise ConfigError(f"resume: checkpoint {path} was written by the single-run training loop of an older foxdqn "
+                          "(no member_state), which this foxdqn cannot continue: start a new run (without resume=), "
+                          f"or evaluate its weights with python -m foxdqn.evaluate checkpoint={path}")
     return _LOADED[key]
 
 

@@ -126,24 +126,6 @@ class MedianTrialPruner:
         self._write("pruned" if pruned else "complete")
 
 
-def trial_pruner(cfg):
-    """The run's :class:`MedianTrialPruner` with ``search.pruner=median`` in a ``--multirun`` job
-    with validation during training; else None (a warning where the setting cannot act)."""
-    if cfg.search.pruner != "median":
-        return None
-    from hydra.core.hydra_config import HydraConfig
-    from hydra.types import RunMode
-
-    if not HydraConfig.initialized() or HydraConfig.get().mode != RunMode.MULTIRUN:
-        log.warning("search.pruner=median acts on the jobs of a --multirun only: this run is not pruned")
-        return None
-    if not cfg.eval.interval_env_steps:
-        log.warning("search.pruner=median needs validation during training (eval.interval_env_steps): not pruned")
-        return None
-    hc = HydraConfig.get()
-    return sweep_pruner(cfg, sweep_folder(hc), int(hc.job.num))
-
-
 def sweep_folder(hc) -> Path:
     """The sweep folder of the running multirun job whose Hydra config is ``hc``, absolute: a
     relative ``hydra.sweep.dir`` is relative to the folder the multirun started in
@@ -153,8 +135,8 @@ def sweep_folder(hc) -> Path:
 
 def sweep_pruner(cfg, folder: Path, job: int, member: bool = False) -> MedianTrialPruner:
     """Job ``job``'s :class:`MedianTrialPruner` in the sweep folder ``folder``, on the validation
-    metric of ``cfg`` (``early_stop.metric``, resolved for the env). :func:`trial_pruner` for a
-    single run; :func:`member_pruner` for a population's member (``member``)."""
+    metric of ``cfg`` (``early_stop.metric``, resolved for the env); ``member``: a population
+    member's (:func:`member_pruner`)."""
     from foxdqn.analysis.metrics import LOWER_IS_BETTER
     from foxdqn.run.early_stop import resolve_metric
 
@@ -164,9 +146,9 @@ def sweep_pruner(cfg, folder: Path, job: int, member: bool = False) -> MedianTri
 
 def member_pruner(member) -> MedianTrialPruner | None:
     """The :class:`MedianTrialPruner` of a population's member (:class:`foxdqn.population.jobs.Member`:
-    its job number and sweep folder) with ``search.pruner=median``; else None, as
-    :func:`trial_pruner` (a warning where the setting cannot act: no validation during training,
-    or a member that names no sweep folder)."""
+    its job number and sweep folder) with ``search.pruner=median``; else None (a warning where the
+    setting cannot act: no validation during training, or a member that names no sweep folder:
+    not a job of a ``--multirun``)."""
     cfg, job = member.tc, member.job_num
     if cfg.search.pruner != "median":
         return None

@@ -1,7 +1,7 @@
 """The logger runs of one foxdqn run: its MLflow run (``logger.mlflow``), its W&B run
-(``logger.wandb``) and the Prometheus endpoint (``logger.prometheus.port``), made, fed and ended the
-same way for a single run (:mod:`foxdqn.run.loop`) and for each member of a population
-(:mod:`foxdqn.population.train`, whose members share one endpoint). docs/usage.md#loggers.
+(``logger.wandb``) and the Prometheus endpoint (``logger.prometheus.port``), made, fed and ended
+for each member of a population (:mod:`foxdqn.population.train`, whose members share one
+endpoint; a single run is a population of one). docs/usage.md#loggers.
 """
 from __future__ import annotations
 
@@ -23,11 +23,10 @@ log = logging.getLogger(__name__)
 MEMBER_LABELS = ("member", "job", "seed")
 
 
-def open_prometheus(cfg: TrainConfig, population: bool = False) -> PrometheusExporter | None:
-    """The run's Prometheus endpoint (foxdqn.logger.prometheus_log), or None when
-    ``logger.prometheus.port`` is null. A single run's gauges carry the labels ``run`` and ``seed``
-    and the guard ring's gauges; a population's (``population``) carry ``run`` and, per member's row,
-    :data:`MEMBER_LABELS`, without ring gauges.
+def open_prometheus(cfg: TrainConfig) -> PrometheusExporter | None:
+    """The population's Prometheus endpoint (foxdqn.logger.prometheus_log), or None when
+    ``logger.prometheus.port`` is null. Its gauges carry the label ``run`` and, per member's rows
+    and guard gauges, :data:`MEMBER_LABELS`.
 
     Raises:
         ConfigError: the port or address cannot be bound (one line naming the key).
@@ -36,14 +35,11 @@ def open_prometheus(cfg: TrainConfig, population: bool = False) -> PrometheusExp
     if p.port is None:
         return None
     labels = {"run": run_name(cfg.experiment, cfg.data.path, cfg.env.id)}
-    if not population:
-        labels["seed"] = str(cfg.seed)
     try:
-        exporter = PrometheusExporter(p.port, p.addr, labels, row_labels=MEMBER_LABELS if population else (),
-                                      ring=not population)
+        exporter = PrometheusExporter(p.port, p.addr, labels, row_labels=MEMBER_LABELS)
     except OSError as exc:
         raise p.bind_error(exc) from None
-    log.info("Prometheus metrics on %s while the %s trains", exporter.url, "population" if population else "run")
+    log.info("Prometheus metrics on %s while the training runs", exporter.url)
     return exporter
 
 

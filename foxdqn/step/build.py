@@ -1,4 +1,4 @@
-"""Builders: config → environment, action mode, network, objective, replay.
+"""Builders: config → device, environment, action mode, network, replay storage.
 
 Each builder reads one config group (mirroring ``conf/``) and returns a live object. The
 environments, the objectives and the training-path resampler are imported where they are built
@@ -10,23 +10,31 @@ from __future__ import annotations
 import torch
 
 from foxdqn.actions.modes import build_action_mode as _build_action_mode
-from foxdqn.actions.switch import NextStatePenalty
 from foxdqn.config.schema import TrainConfig
 from foxdqn.errors import ConfigError
 from foxdqn.nn.attention import AttentionEncoder
 from foxdqn.nn.branching import BranchingHead, BranchingNetwork
 from foxdqn.nn.c51 import C51Head, C51Network
 from foxdqn.nn.heads import DuelingHead, QHead
-from foxdqn.nn.iql_value import IQLValueNetwork
 from foxdqn.nn.iqn import IQNHead, IQNNetwork
 from foxdqn.nn.mlp import MLPEncoder
 from foxdqn.nn.nature_cnn import NatureCNNEncoder, check_obs_shape
 from foxdqn.nn.qnet import QNetwork
-from foxdqn.replay import PrioritizedReplayBuffer, ReplayBuffer
-from foxdqn.replay.her import HindsightRelabeler
-from foxdqn.replay.regime import RegimeWeights
 
 ENV_DTYPES = {"float32": torch.float32, "float64": torch.float64}
+
+
+def resolve_device(name: str) -> torch.device:
+    """``auto`` → cuda when available, else cpu; ``cpu``, ``cuda`` or ``cuda:N`` as given.
+
+    Raises:
+        ConfigError: ``cuda`` without a GPU.
+    """
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if name == "cuda" and not torch.cuda.is_available():
+        raise ConfigError("device=cuda but no CUDA device is available; use device=auto or device=cpu")
+    return torch.device(name)
 
 
 def build_env(cfg: TrainConfig, market, split: str, device: torch.device, generator: torch.Generator,
@@ -126,54 +134,11 @@ def build_network(cfg: TrainConfig, env, num_actions: int) -> torch.nn.Module:
 def build_iql_value(cfg: TrainConfig, env) -> torch.nn.Module:
     """IQL's value network obs [B, D] → V [B] (``objective.iql``,
     :class:`foxdqn.nn.iql_value.IQLValueNetwork`): an encoder of its own, built like the Q
-    network's (``model``), initialised from torch's global generator; a run builds it right
-    after its Q network (:func:`build_objective`), a population for each member after that
-    member's (:func:`foxdqn.population.state.initial_networks`)."""
+    network's (``model``), initialised from torch's global generator; a population builds one for
+    each member after that member's Q network (:func:`foxdqn.population.state.initial_networks`)."""
     from foxdqn.nn.iql_value import IQLValueNetwork
 
     return IQLValueNetwork(build_encoder(cfg, env))
-
-
-def build_objective(cfg: TrainConfig, online, target, env, generator: torch.Generator, switch=None):
-    """The loss: head's TD loss (or IQL / branching), plus CQL when ``objective.cql_alpha`` > 0.
-    The DQN loss stacks its Double DQN forwards except with ``model.encoder=nature_cnn``
-    (:class:`foxdqn.objectives.dqn.DQNObjective` ``stack_double``). ``switch``: the run's
-    :class:`foxdqn.actions.switch.SwitchPenalty` (``action.switch_margin`` > 0), which the target's
-    argmax then subtracts for the next states of ``env`` (IQL's target has no argmax)."""
-    h, o = cfg.head, cfg.objective
-    if switch is not None:
-        switch = NextStatePenalty(switch, env)
-    # start-up: the configured objective's module only (module docstring)
-    if cfg.action.mode == "branching":
-        from foxdqn.objectives.branching import BranchingObjective
-
-        objective = BranchingObjective(online, target, double=h.double, huber_delta=cfg.loss.huber_delta,
-                                       switch=switch)
-    elif o.iql:
-        from foxdqn.objectives.iql import IQLObjective
-
-        value = build_iql_value(cfg, env).to(next(online.parameters()).device)
-        objective = IQLObjective(online, target, value, o.iql_expectile)
-    elif h.name == "c51":
-        from foxdqn.objectives.c51 import C51Objective
-
-        objective = C51Objective(online, target, double=h.double, switch=switch)
-    elif h.name == "iqn":
-        from foxdqn.objectives.iqn import IQNObjective
-
-        objective = IQNObjective(online, target, h.num_quantiles, h.num_target_quantiles, h.kappa, generator,
-                                 double=h.double, switch=switch)
-    else:
-        from foxdqn.objectives.dqn import DQNObjective
-
-        # image encoder: a stacked [s; s'] forward would double the convolutions' backward and memory
-        objective = DQNObjective(online, target, double=h.double, huber_delta=cfg.loss.huber_delta,
-                                 stack_double=cfg.model.encoder != "nature_cnn", switch=switch)
-    if o.cql_alpha > 0:
-        from foxdqn.objectives.cql import CQLObjective  # start-up: with objective.cql_alpha only
-
-        objective = CQLObjective(objective, o.cql_alpha)
-    return objective
 
 
 def replay_storage(env):
@@ -191,24 +156,3 @@ def attach_codec(replay, env, codec) -> None:
     if codec is not None:
         replay.set_decoder(codec.decode)
         env.collect_hook.replay_stores_codes(env)
-
-
-def build_replay(cfg: TrainConfig, env, device: torch.device, updates: torch.Tensor, total_updates: int):
-    """Device replay: uniform or PER, n-step, HER for goal-conditioned envs, regime weights; rows of
-    the env's observations, or of its codes decoded at sample time (its hook's ``replay_codec``:
-    the trading env, docs/design/replay.md#windowed-trading-replay)."""
-    r, gamma = cfg.replay, cfg.agent.gamma
-    codec, row_dim, row_dtype = replay_storage(env)
-    if r.name == "per":
-        replay = PrioritizedReplayBuffer(r.capacity, env.num_envs, row_dim, device, r.n_step, gamma,
-                                         alpha=r.alpha, beta_start=r.beta_start, beta_updates=max(total_updates, 1),
-                                         eps=r.eps, updates=updates, obs_dtype=row_dtype)
-    else:
-        replay = ReplayBuffer(r.capacity, env.num_envs, row_dim, device, r.n_step, gamma, obs_dtype=row_dtype)
-    attach_codec(replay, env, codec)
-    if r.her:
-        replay.set_relabeler(HindsightRelabeler(env, r.her_k, gamma, cfg.loss.reward_scale))
-    if cfg.regime.enabled:
-        g = cfg.regime
-        replay.set_regime(RegimeWeights(g.low_threshold, g.high_threshold, g.weights, device))
-    return replay

@@ -9,14 +9,11 @@ Python, so there is nothing else to launch and nothing to wait for (docs/design/
 """
 from __future__ import annotations
 
-from typing import Callable
+from typing import Any, Callable
 
 import torch
 
 from foxdqn.device.capture import capture, run_on_side_stream
-from foxdqn.step.collect import collect_step
-from foxdqn.step.state import TrainState
-from foxdqn.step.update import update_step
 from foxdqn.timings import mark
 
 WARMUP_ITERATIONS = 3
@@ -26,21 +23,21 @@ class Iteration:
     """Callable training iteration.
 
     Args:
-        state: the run's :class:`TrainState`.
+        state: the training state the steps read (a population's
+            :class:`~foxdqn.population.state.PopulationState`).
         use_graph: capture into a CUDA graph (requires a CUDA device).
         collect_steps: env steps of all N envs per iteration (T; default ``agent.steps_per_iter``).
         updates: gradient updates per iteration (K; default ``agent.updates_per_iter``; 0 for the
             collect-only iterations before ``agent.learning_starts``).
-        collect, update: the step functions, called with ``state`` (default: a single run's
-            :func:`collect_step` and :func:`update_step`; the population path passes its own,
+        collect, update: the step functions, called with ``state`` (the population's,
             :mod:`foxdqn.population.step`). after_updates: called with ``state`` once after the K
             updates of an iteration that has some (e.g. the population's guard copy to the host), or
             None. ``state`` needs ``cfg``, ``device`` and ``generator``
             (a torch.Generator registered with the graph, or None).
     """
 
-    def __init__(self, state: TrainState, use_graph: bool, collect_steps: int | None = None,
-                 updates: int | None = None, *, collect: Callable = collect_step, update: Callable = update_step,
+    def __init__(self, state: Any, use_graph: bool, collect_steps: int | None = None,
+                 updates: int | None = None, *, collect: Callable, update: Callable,
                  after_updates: Callable | None = None):
         self.s = state
         self._collect, self._update, self._after_updates = collect, update, after_updates
@@ -91,7 +88,7 @@ class HostEnvIteration:
     :class:`Iteration` (``collect_steps=0``), captured in a CUDA graph when ``use_graph``: the
     update graph reads only the device replay and never synchronises.
 
-    ``steps``: :class:`Iteration`'s ``collect``, ``update`` and ``after_updates`` (e.g. the
+    ``steps``: :class:`Iteration`'s ``collect``, ``update`` and ``after_updates`` (the
     population's, :mod:`foxdqn.population.step`: its member envs of ``env.name=gym``); the
     ``after_updates`` call belongs to the update iteration (captured with it).
 
@@ -100,12 +97,11 @@ class HostEnvIteration:
         collect_steps, updates: T and K.  graph: the update graph (None until captured / eager).
     """
 
-    def __init__(self, state: TrainState, use_graph: bool, collect_steps: int | None = None,
+    def __init__(self, state: Any, use_graph: bool, collect_steps: int | None = None,
                  updates: int | None = None, **steps: Callable):
-        collect = {k: v for k, v in steps.items() if k == "collect"}
-        self.collect = Iteration(state, False, collect_steps=collect_steps, updates=0, **collect)
-        self.update = Iteration(state, use_graph, collect_steps=0, updates=updates,
-                                **{k: v for k, v in steps.items() if k != "collect"})
+        self.collect = Iteration(state, False, collect_steps=collect_steps, updates=0, collect=steps["collect"],
+                                 update=steps["update"])
+        self.update = Iteration(state, use_graph, collect_steps=0, updates=updates, **steps)  # collects nothing
         self.collect_steps, self.updates = self.collect.collect_steps, self.update.updates
 
     @property
@@ -118,12 +114,10 @@ class HostEnvIteration:
             self.update()
 
 
-def make_iteration(state: TrainState, use_graph: bool, collect_steps: int | None = None,
-                   updates: int | None = None, *, on_host: bool | None = None,
+def make_iteration(state: Any, use_graph: bool, collect_steps: int | None = None,
+                   updates: int | None = None, *, on_host: bool,
                    **steps: Callable) -> Iteration | HostEnvIteration:
-    """:class:`HostEnvIteration` for a host env, else :class:`Iteration`. ``on_host``: whether the
-    env steps on the host (default: a single run's ``state.rollout.env.on_host``; a population
-    passes its env's). ``steps``: :class:`Iteration`'s ``collect``, ``update`` and ``after_updates``."""
-    host = state.rollout.env.on_host if on_host is None else on_host
-    cls = HostEnvIteration if host else Iteration
+    """:class:`HostEnvIteration` when the env steps on the host (``on_host``), else
+    :class:`Iteration`. ``steps``: :class:`Iteration`'s ``collect``, ``update`` and ``after_updates``."""
+    cls = HostEnvIteration if on_host else Iteration
     return cls(state, use_graph, collect_steps=collect_steps, updates=updates, **steps)

@@ -88,7 +88,7 @@ class PopulationLauncher(Launcher):
        job does not grow with a Hydra composition per job;
     2. the recorded jobs are grouped (foxdqn.population.grouping.plan, ``max_members``); a group
        of one, or a job the population trainer does not support (grouping.batch_refusal), trains
-       by the classic path (foxdqn.train), a larger group by
+       alone (foxdqn.job.run.run_job: a population of one, as foxdqn.train trains a single run), a larger group by
        ``foxdqn.population.train.train_population``, with one log line per group;
     3. each job's ``JobReturn`` gets its value: foxdqn.train.objective of its summary, or NaN and
        an entry in foxdqn.train's failed jobs (so ``python -m foxdqn.train`` exits with the worst
@@ -207,7 +207,7 @@ class PopulationLauncher(Launcher):
         there are two or more populations and ``n_jobs`` allows two or more."""
         from foxdqn.cli.placement import gpu_count, visible_gpus
 
-        from foxdqn.step.state import resolve_device
+        from foxdqn.step.build import resolve_device
 
         if len(populations) < 2 or self.n_jobs == 1:
             return []
@@ -256,7 +256,7 @@ class PopulationLauncher(Launcher):
         shutil.rmtree(folder, ignore_errors=True)
 
     def _train_alone(self, member: Any, config: DictConfig, ret: JobReturn) -> None:
-        """The classic path (foxdqn.job.run.run_job) for one job, as the basic launcher would run it."""
+        """One job alone (foxdqn.job.run.run_job: a population of one), as the basic launcher would run it."""
         from foxdqn.population.grouping import batch_refusal
         from foxdqn.timings import CLOCK
         from foxdqn.job.run import run_job

@@ -12,7 +12,7 @@ from foxdqn.execution.fills import unit_switch_cost
 from foxdqn.objectives.dqn import DQNObjective, double_dqn_target
 from foxdqn.replay.buffer import Batch
 
-from support import market_from_arrays, small_state
+from support import market_from_arrays, member_network, small_state
 
 EXPO = torch.tensor(EXPOSURES, dtype=torch.float64)
 
@@ -127,7 +127,7 @@ def test_margin_zero_leaves_the_argmax_bit_for_bit():
 
 def test_margin_zero_builds_no_penalty_anywhere():
     s, _ = small_state()
-    assert s.rollout.switch is None and s.nets.objective.switch is None
+    assert s.switch is None  # neither in acting nor in the targets (foxdqn.population.switch)
 
 
 # ------------------------------------------------------------------------------------ a large margin never switches
@@ -149,21 +149,21 @@ def test_a_large_margin_keeps_every_position():
 @pytest.mark.parametrize("action", ["factored", "branching", "exposure_routed"])
 def test_a_large_margin_never_trades_in_collect_and_walks(action):
     from foxdqn.analysis.backtest import evaluate
-    from foxdqn.step.collect import collect_step
+    from foxdqn.population.step import collect_step
 
     s, market = small_state([f"action={action}", "action.switch_margin=1e9", "explore.eps_start=0",
                              "explore.eps_end=0"])
-    assert s.rollout.switch is not None and s.nets.objective.switch is not None
+    assert s.switch is not None
     for _ in range(20):
         collect_step(s)
-        assert (s.rollout.env.exposure_idx == FLAT).all()  # greedy from flat: never an order
-    result = evaluate(s.cfg, market, s.nets.online, s.device, split="val", action_mode=s.rollout.action_mode,
-                      policies=("agent",))
+        assert (s.env.exposure_idx == FLAT).all()  # greedy from flat: never an order
+    online, mode = member_network(s)
+    result = evaluate(s.cfg, market, online, s.device, split="val", action_mode=mode, policies=("agent",))
     assert result["metrics"]["agent"]["num_trades"] == 0
     s0, _ = small_state([f"action={action}", "explore.eps_start=0", "explore.eps_end=0"])
     for _ in range(20):  # the same run without the margin trades (so the test can fail)
         collect_step(s0)
-    assert (s0.rollout.env.exposure_idx != FLAT).any()
+    assert (s0.env.exposure_idx != FLAT).any()
 
 
 # ------------------------------------------------------------------------------------ the targets
@@ -226,56 +226,6 @@ def test_dqn_objective_with_the_penalty_equals_its_definition(double, stack):
     assert not torch.equal(plain, y)
 
 
-def collected(experiment, margin=1e9):
-    """A smoke state of ``experiment`` with the margin, 8 collect steps in, and one replay batch."""
-    from foxdqn.step.collect import collect_step
-
-    s, _ = small_state([f"+experiment={experiment}", f"action.switch_margin={margin}"])
-    for _ in range(8):
-        collect_step(s)
-    return s, s.replay.sample(32, s.generator)
-
-
-def test_c51_target_argmax_pays_the_penalty():
-    import torch.nn.functional as F
-
-    from foxdqn.ops.c51_project import c51_project
-
-    s, batch = collected("eurusd_c51")
-    obj, online, target = s.nets.objective, s.nets.online, s.nets.target
-    assert isinstance(obj.switch, NextStatePenalty) and batch.next_code is not None
-    pen = obj.switch(batch)
-    a_star = (online(batch.next_obs) - pen).argmax(1)  # double (the experiment's head.double)
-    assert torch.equal(action_exposures("factored")[a_star], s.rollout.env.account(batch.next_code).held)
-    with torch.no_grad():
-        log_p = F.log_softmax(online.logits(batch.obs), -1)[torch.arange(32), batch.action]
-        p_next = F.softmax(target.logits(batch.next_obs), -1)[torch.arange(32), a_star]
-        m = c51_project(p_next, batch.reward, batch.discount, online.v_min, online.v_max)
-        want = (-(m * log_p).sum(-1) * batch.weight).mean()
-        torch.testing.assert_close(obj(batch).loss, want, rtol=1e-5, atol=1e-6)
-        obj.switch = None
-        assert not torch.allclose(obj(batch).loss, want, rtol=1e-5, atol=1e-6)  # the test can fail
-
-
-def test_iqn_target_argmax_pays_the_penalty():
-    from foxdqn.ops.quantile_huber_loss import quantile_huber_loss
-
-    s, batch = collected("eurusd_iqn")
-    obj, online, target = s.nets.objective, s.nets.online, s.nets.target
-    g = torch.Generator().manual_seed(0)
-    taus = torch.rand(32, obj.num_quantiles, generator=g)
-    target_taus = torch.rand(32, obj.num_target_quantiles, generator=g)
-    with torch.no_grad():
-        a_star = (online(batch.next_obs) - obj.switch(batch)).argmax(1)
-        z_sa = online.head(online.encoder(batch.obs), taus)[torch.arange(32), :, batch.action]
-        z_next = target.head(target.encoder(batch.next_obs), target_taus)[torch.arange(32), :, a_star]
-        t = batch.reward[:, None] + batch.discount[:, None] * z_next
-        want = (quantile_huber_loss(z_sa, t, taus, obj.kappa) * batch.weight).mean()
-        torch.testing.assert_close(obj(batch, taus, target_taus).loss, want, rtol=1e-5, atol=1e-6)
-        obj.switch = None
-        assert not torch.allclose(obj(batch, taus, target_taus).loss, want, rtol=1e-5, atol=1e-6)
-
-
 def test_branching_target_scales_the_exposure_penalty_to_the_joint_q():
     from foxdqn.nn.branching import BranchingHead, BranchingNetwork, combine_branches, factor_branches
     from foxdqn.nn.mlp import MLPEncoder
@@ -313,19 +263,21 @@ def test_the_options_keep_the_loop_sync_free(monkeypatch, action):
     from foxdqn.step.build import build_env
     from foxdqn.step.iteration import Iteration
 
-    from support import forbid_syncs
+    from support import forbid_syncs, step_fns
 
     s, market = small_state([f"action={action}", "action.switch_margin=2", "data.augment.method=block_bootstrap",
                              "data.augment.paths=3"])
-    collect, full = Iteration(s, use_graph=False, updates=0), Iteration(s, use_graph=False)
+    collect, full = Iteration(s, use_graph=False, updates=0, **step_fns()), Iteration(s, use_graph=False, **step_fns())
     for _ in range(4):
         collect()
     full()
     walk = build_env(s.cfg, market, "val", s.device, torch.Generator().manual_seed(0), eval_mode=True)
+    online, _ = member_network(s)
+    switch = SwitchPenalty(s.cfg.action.switch_margin, s.cfg.loss.reward_scale, action, s.device)
     obs = walk.reset_all()
     with monkeypatch.context() as m:
         forbid_syncs(m)
         for _ in range(3):
             full()
-            walk.step((s.nets.online(obs.float()) - s.rollout.switch(walk)).argmax(1))
+            walk.step((online(obs.float()) - switch(walk)).argmax(1))
     assert int(s.updates) == 4 * s.cfg.agent.updates_per_iter

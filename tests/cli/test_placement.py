@@ -291,7 +291,7 @@ for name in ("is_available", "device_count", "init", "_lazy_init", "mem_get_info
     setattr(torch.cuda, name, boom)
 if hasattr(torch._C, "_cuda_getDeviceCount"):  # a CUDA build; setting it on a CPU build would make torch
     torch._C._cuda_getDeviceCount = boom           # believe CUDA is compiled in (torch.cuda._is_compiled)
-import foxdqn.cli.placement, foxdqn.train, foxdqn.cli.callbacks, foxdqn.report.tables, foxdqn.run.loop, foxdqn.analysis.backtest
+import foxdqn.cli.placement, foxdqn.train, foxdqn.cli.callbacks, foxdqn.report.tables, foxdqn.population.train, foxdqn.analysis.backtest
 """
     root = Path(__file__).resolve().parents[2]
     res = subprocess.run([sys.executable, "-c", code], cwd=root, env={**os.environ, "PYTHONPATH": str(root)},

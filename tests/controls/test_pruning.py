@@ -6,12 +6,11 @@ import torch
 from torch import nn
 
 from foxdqn.errors import ConfigError
-from foxdqn.run.loop import Snapshotter
 from foxdqn.step.iteration import Iteration
 from foxdqn.step.pruning import MagnitudePruner
 from foxdqn.config.compose import load_config
 
-from support import experiment_state, iterate
+from support import experiment_state, iterate, step_fns
 
 PRUNE = ["prune.enabled=true", "prune.initial_sparsity=0.1", "prune.final_sparsity=0.6",
          "prune.start_update=2", "prune.end_update=8", "prune.frequency=3"]
@@ -77,21 +76,21 @@ def test_final_sparsity_reached_and_kept_online_and_target():
         assert abs(int((p == 0).sum()) - k) <= 1
         assert bool((tp[p == 0] == 0).all())  # the target carries the online masks
     zeros_before = [(p == 0).clone() for p in s.pruner.params]
-    full = Iteration(s, False)
+    full = Iteration(s, False, **step_fns())
     for _ in range(4):  # Adam keeps moving the pruned weights; the mask puts them back
         full()
     for z, p, tp in zip(zeros_before, s.pruner.params, s.pruner.target_params):
         assert torch.equal(p == 0, z)
         assert bool((tp[z] == 0).all())
-    row = Snapshotter(s)()
-    assert row["prune_target_sparsity"] == pytest.approx(0.6)
-    assert row["prune_sparsity"] == pytest.approx(0.6, abs=0.01)
+    sparsity, scheduled = s.pruner.log_values(s.updates)[0].tolist()  # the log row's prune_* columns
+    assert scheduled == pytest.approx(0.6)
+    assert sparsity == pytest.approx(0.6, abs=0.01)
 
 
 def test_before_start_nothing_is_pruned():
     s = _run(["prune.start_update=100", "prune.end_update=200"], iters=2)
     assert all(bool((p != 0).all()) for p in s.pruner.params)
-    assert Snapshotter(s)()["prune_sparsity"] == 0.0
+    assert s.pruner.log_values(s.updates)[0, 0] == 0.0  # the log row's prune_sparsity
 
 
 @pytest.mark.parametrize("bad", [
@@ -118,10 +117,10 @@ def test_smoke_caps_shrink_the_pruning_schedule_with_the_run():
 
 
 def test_pruned_entries_get_no_gradient_and_do_not_count_in_the_clipped_norm():
-    from foxdqn.step.update import accumulate_gradients
+    from foxdqn.population.step import accumulate_member_gradients
 
     s = _run(iters=6)  # past the end: 60 % of each matrix pruned
-    accumulate_gradients(s, s.replay.sample(s.cfg.agent.batch_size, s.generator))
+    accumulate_member_gradients(s, s.replay.sample_members(s.cfg.agent.batch_size))
     raw = [p.grad.clone() for p in s.pruner.params]
     assert any(bool((g[m == 0] != 0).any()) for g, m in zip(raw, s.pruner.masks))  # the loss does reach them
     s.pruner.mask_grads()
@@ -131,7 +130,7 @@ def test_pruned_entries_get_no_gradient_and_do_not_count_in_the_clipped_norm():
 
 
 def test_update_step_masks_the_gradients_before_clipping():
-    from foxdqn.step.update import update_step
+    from foxdqn.population.step import update_step
 
     s = _run(iters=6)
     update_step(s)  # the gradients of this update stay in .grad after the Adam step

@@ -12,7 +12,7 @@ from foxdqn.replay.regime import RegimeWeights, volatility_ratio
 from foxdqn.step.iteration import Iteration
 from foxdqn.config.compose import load_config
 
-from support import experiment_state, table_q
+from support import experiment_state, step_fns, table_q
 
 W = [0.5, 1.0, 2.0]
 
@@ -81,14 +81,14 @@ def test_equal_td_equal_priorities_different_loss_contributions():
 
 def test_collect_stores_the_state_volatility_ratio():
     s, _ = experiment_state("eurusd_dqn", extra=["regime.enabled=true"])
-    env = s.rollout.env
+    env = s.env
     expected = volatility_ratio(env.market_state()[1], env.median_volatility)
-    Iteration(s, False, updates=0, collect_steps=1)()
+    Iteration(s, False, updates=0, collect_steps=1, **step_fns())()
     assert torch.equal(s.replay.vol_ratio[0], expected)
     assert not torch.equal(s.replay.vol_ratio[0], torch.ones_like(expected))
-    full = Iteration(s, False)
+    full = Iteration(s, False, **step_fns())
     for _ in range(3):
-        Iteration(s, False, updates=0)()
+        Iteration(s, False, updates=0, **step_fns())()
     full()
     assert int(s.updates) == 2
 

@@ -229,14 +229,14 @@ def test_an_eval_env_refuses_paths_and_short_paths_are_refused():
 
 
 def test_a_run_trains_on_paths_and_validates_and_tests_on_the_market():
-    from foxdqn.run.checkpoint import state_tensors
+    from foxdqn.population.checkpoint import member_tensors
     from foxdqn.step.build import build_env
 
     from support import small_state
 
     s, m = small_state(["data.augment.method=block_bootstrap", "data.augment.paths=3"])
     before = {name: np.array(getattr(m, name), copy=True) for name in ("open", "close", "features", "spread")}
-    env = s.rollout.env
+    env = s.env
     length = m.splits["train"][1]
     assert env.path_bars == length and env.num_bars == 3 * length
     assert not torch.equal(env._close[:length].double(), torch.as_tensor(m.close[:length]))  # resampled
@@ -249,15 +249,15 @@ def test_a_run_trains_on_paths_and_validates_and_tests_on_the_market():
         for name in ("_open", "_close", "_features", "_spread", "_vol"):
             assert torch.equal(getattr(a, name), getattr(b, name)), (split, name)
         assert a.path_bars is None
-    saved = state_tensors(s)
-    assert not any(name.startswith("rollout.env._close") or name.startswith("rollout.env._features")
-                   for name in saved)
-    assert "rollout.env.t" in saved and "rollout.env._close" in state_tensors(plain)
+    saved = member_tensors(s, 0, save_replay=False)  # the run's checkpoint: its paths are rebuilt, not saved
+    assert not any(name.startswith("env._close") or name.startswith("env._features") for name in saved)
+    assert "env.t" in saved and "env._close" in member_tensors(plain, 0, save_replay=False)
 
 
 def test_a_checkpoint_of_an_augmented_run_resumes_on_the_same_paths(tmp_path):
-    from foxdqn.run.checkpoint import load_checkpoint, restore_state, save_checkpoint
-    from foxdqn.step.collect import collect_step
+    from foxdqn.population.checkpoint import member_checkpoint, restore_member
+    from foxdqn.population.step import collect_step
+    from foxdqn.run.checkpoint import load_checkpoint
 
     from support import small_state
 
@@ -265,11 +265,12 @@ def test_a_checkpoint_of_an_augmented_run_resumes_on_the_same_paths(tmp_path):
     s, _ = small_state(over)
     for _ in range(30):
         collect_step(s)
-    save_checkpoint(tmp_path / "last.pt", s)
+    member_checkpoint(s, 0, tmp_path / "last.pt", loop={})
     fresh, _ = small_state(over)
-    assert torch.equal(fresh.rollout.env._close, s.rollout.env._close)  # rebuilt from the seed, not loaded
-    assert not torch.equal(fresh.rollout.env.t, s.rollout.env.t)
-    restore_state(fresh, load_checkpoint(tmp_path / "last.pt"))
+    assert torch.equal(fresh.env._close, s.env._close)  # rebuilt from the seed, not loaded
+    assert not torch.equal(fresh.env.t, s.env.t)
+    state = load_checkpoint(tmp_path / "last.pt")["member_state"]
+    restore_member(fresh, 0, state["tensors"], state["replay_saved"], "last.pt")
     for name in ("t", "steps", "units", "equity", "exposure_idx"):
-        assert torch.equal(getattr(fresh.rollout.env, name), getattr(s.rollout.env, name)), name
-    assert torch.equal(fresh.rollout.obs, s.rollout.obs)
+        assert torch.equal(getattr(fresh.env, name), getattr(s.env, name)), name
+    assert torch.equal(fresh.obs, s.obs)

@@ -10,7 +10,7 @@ from foxdqn.config.schema import EnvConfig
 from foxdqn.errors import ConfigError
 from foxdqn.step.iteration import HostEnvIteration, make_iteration
 
-from support import small_state
+from support import small_state, step_fns
 
 SHORT_ID = "FoxdqnTest/CartPoleShort-v0"  # CartPole-v1 with a 12-step time limit: both episode ends happen
 if SHORT_ID not in gym.registry:
@@ -37,11 +37,11 @@ def test_cartpole_gym_smoke_training_writes_summary(train_cli, tmp_path):
 def _reference_check(s, rows: int) -> tuple[int, int]:
     """Replay the stored actions through plain Gymnasium envs (same seeds, reset after every end)
     and compare every stored transition. Returns (terminated, truncated) counts."""
-    rep, n = s.replay, s.rollout.env.num_envs
+    rep, n = s.replay, s.env.num_envs
     counts = [0, 0]
     for i in range(n):
         env = gym.make(SHORT_ID)
-        obs, _ = env.reset(seed=s.rollout.env.seed + i)
+        obs, _ = env.reset(seed=s.env.seed[i])  # the population of one's env i: gym_seed(seed) + i
         for t in range(rows):
             a = int(rep.action[t, i])
             np.testing.assert_array_equal(rep.obs[t, i].numpy(), obs.astype(np.float32), err_msg=f"obs t={t} env={i}")
@@ -62,7 +62,7 @@ def _reference_check(s, rows: int) -> tuple[int, int]:
 def test_replay_transitions_across_autoreset_match_gymnasium():
     s, _ = small_state(["+experiment=cartpole_gym", f"env.id={SHORT_ID}", "env.num_envs=4", "explore.eps_start=0.5",
                         "explore.eps_end=0.5"])
-    it = make_iteration(s, False, updates=0)
+    it = make_iteration(s, False, updates=0, on_host=s.env.on_host, **step_fns())
     assert isinstance(it, HostEnvIteration)
     rows = 60
     for _ in range(rows):
@@ -71,7 +71,7 @@ def test_replay_transitions_across_autoreset_match_gymnasium():
     assert terminated > 0 and truncated > 0  # both kinds of episode end were stored (and checked)
     # no reset transition: every stored s is the s' of the previous row or an env's reset observation
     assert int(s.replay.written) == rows and int(s.env_steps) == rows * 4
-    s.rollout.env.close()
+    s.env.close()
 
 
 def test_adapter_step_outputs_and_episode_stats():
@@ -201,14 +201,15 @@ def test_pong_dqn_smoke_iterations_on_cpu():
     s, _ = small_state(["+experiment=pong_dqn", "replay.capacity=256", "agent.batch_size=8"])
     assert s.replay.obs.dtype == torch.uint8 and s.replay.obs.shape[-1] == 4 * 84 * 84
     assert s.cfg.model.encoder == "nature_cnn" and s.cfg.model.hidden == [64]  # smoke cap
-    collect, full = make_iteration(s, False, updates=0), make_iteration(s, False)
+    collect = make_iteration(s, False, updates=0, on_host=True, **step_fns())
+    full = make_iteration(s, False, on_host=True, **step_fns())
     for _ in range(2):
         collect()
-    before = [p.detach().clone() for p in s.nets.online.parameters()]
+    before = [p.detach().clone() for p in s.online.parameters()]
     for _ in range(2):
         full()
     assert int(s.updates) == 2 * s.cfg.agent.updates_per_iter
     assert int(s.env_steps) == 4 * s.cfg.env.num_envs
-    assert any(not torch.equal(a, b) for a, b in zip(before, s.nets.online.parameters()))
-    assert all(torch.isfinite(p).all() for p in s.nets.online.parameters())
-    s.rollout.env.close()
+    assert any(not torch.equal(a, b) for a, b in zip(before, s.online.parameters()))
+    assert all(torch.isfinite(p).all() for p in s.online.parameters())
+    s.env.close()

@@ -1,4 +1,4 @@
-"""foxdqn.logger.prometheus_log: gauges of log rows and of guard ring records, served on loopback;
+"""foxdqn.logger.prometheus_log: gauges of log rows and of population members' guard state, served on loopback;
 the port is freed on close; tensors are refused."""
 import errno
 import math
@@ -10,9 +10,6 @@ import pytest
 import torch
 from prometheus_client.parser import text_string_to_metric_families
 
-from foxdqn.device import ring_record as R
-from foxdqn.device.host_ring import HostRingReader
-from foxdqn.logger import MetricsLogger
 from foxdqn.logger.prometheus_log import FLAGS, PrometheusExporter, metric_name, probe
 
 LABELS = {"run": "test_run", "seed": "3"}
@@ -28,21 +25,6 @@ def scrape(url: str) -> dict[tuple[str, tuple], float]:
 
 def value(samples: dict, name: str, **extra) -> float:
     return samples[(name, tuple(sorted({**LABELS, **extra}.items())))]
-
-
-def ring_with(step: int, q_step: int, **flags) -> HostRingReader:
-    """A host ring holding one complete record of update ``step`` (Q columns of update ``q_step``)."""
-    ring = R.new_ring(4, pin_memory=False)
-    row = ring[step % 4]
-    row[R.Q_STEP], row[R.Q_MIN], row[R.Q_MAX], row[R.Q_MEAN] = q_step, -1.5, 2.5, 0.25
-    row[R.STEP], row[R.RAW_LOSS], row[R.CLIPPED_LOSS], row[R.RAW_GRAD_NORM], row[R.COLLAPSE_COUNT] = step, 7.0, 5.0, 0.5, 2
-    for name, col in (("halt_nan", R.HALT_NAN), ("halt_loss_clip", R.HALT_LOSS_CLIP), ("skip", R.SKIP),
-                      ("halted", R.HALTED), ("q_divergence", R.Q_DIVERGENCE)):
-        row[col] = float(flags.get(name, False))
-    if "max_weight" in flags:
-        row[R.MAX_WEIGHT] = flags["max_weight"]
-    row[R.COMMIT] = step
-    return HostRingReader(ring)
 
 
 @pytest.fixture
@@ -73,8 +55,8 @@ def test_row_gauges_are_served_on_loopback(exporter):
 
 def test_a_population_endpoint_keeps_one_series_per_member():
     """Two members' rows (foxdqn.population.train: one endpoint, labelled per row) never overwrite
-    each other; an endpoint without the ring serves no ring gauge."""
-    prom = PrometheusExporter(0, "127.0.0.1", {"run": "test_run"}, row_labels=("member", "job", "seed"), ring=False)
+    each other; no guard gauge before the trainer gives one."""
+    prom = PrometheusExporter(0, "127.0.0.1", {"run": "test_run"}, row_labels=("member", "job", "seed"))
     try:
         first, second = prom.rows({"member": 0, "job": 4, "seed": 0}), prom.rows({"member": 1, "job": 5, "seed": 1})
         first.log(100, {"train/loss": 0.25, "train/epsilon": 0.5})
@@ -96,42 +78,43 @@ def test_a_population_endpoint_keeps_one_series_per_member():
         prom.close()
 
 
-def test_ring_gauges_show_the_newest_record(exporter):
-    samples = scrape(exporter.url)  # before any record: NaN, not a reassuring 0
-    assert all(math.isnan(value(samples, "foxdqn_guard_flag", flag=f)) for f in FLAGS)
-    assert math.isnan(value(samples, "foxdqn_q_mean")) and math.isnan(value(samples, "foxdqn_guard_step"))
-    exporter.observe(None)  # no complete record yet: nothing changes
-    exporter.observe(ring_with(9, 9, halt_nan=True, halted=True).latest())
-    samples = scrape(exporter.url)
-    flags = {f: value(samples, "foxdqn_guard_flag", flag=f) for f in FLAGS}
-    assert flags == {"halt_nan": 1, "halt_loss_clip": 0, "halt_grad_collapse": 0, "halt_weight": 0, "q_divergence": 0,
-                     "skip": 0, "halted": 1}
-    assert math.isnan(value(samples, "foxdqn_guard_max_weight"))  # the weight check is off in this ring
-    assert value(samples, "foxdqn_guard_step") == 9 and value(samples, "foxdqn_guard_raw_loss") == 7.0
-    assert value(samples, "foxdqn_guard_clipped_loss") == 5.0 and value(samples, "foxdqn_guard_raw_grad_norm") == 0.5
-    assert value(samples, "foxdqn_guard_collapse_count") == 2
-    assert (value(samples, "foxdqn_q_min"), value(samples, "foxdqn_q_max"), value(samples, "foxdqn_q_mean"),
-            value(samples, "foxdqn_q_step")) == (-1.5, 2.5, 0.25, 9)
+def test_member_guard_gauges_come_from_the_guard_host_copy():
+    """A population member's guard gauges (foxdqn.population.member_guard.MemberGuard.gauges, fed at
+    each log boundary): a running member, one halted by the kernel (NaN), one stopped early and one
+    halted by the Q monitor, each in its own series; only host values, tensors refused."""
+    from foxdqn.ops.member_guard import NON_FINITE
+    from foxdqn.population.member_guard import MemberGuard
 
+    guard = MemberGuard(torch.full((4,), 1e6), torch.device("cpu"), q_divergence=torch.full((4,), 1e4))
+    guard.host[:, 1] = torch.tensor([1, NON_FINITE, 7, 300])  # the kernel halted member 1 at its update 7
+    guard.stop(2, "early_stop_val", 40, 900)
+    guard.halt_q(3, 40, 900)
+    prom = PrometheusExporter(0, "127.0.0.1", {"run": "test_run"}, row_labels=("member", "job", "seed"))
+    try:
+        rows = [prom.rows({"member": p, "job": p, "seed": 0}) for p in range(4)]
+        for p, r in enumerate(rows):
+            r.guard(guard.gauges(p, updates=40, collapse_count=p))
+        samples = scrape(prom.url)
+        with pytest.raises(TypeError, match="never tensors"):
+            rows[0].guard({"halted": torch.tensor(1.0)})
+    finally:
+        prom.close()
 
-def test_a_record_without_fresh_q_values_keeps_the_last_ones(exporter):
-    exporter.observe(ring_with(9, 9).latest())
-    newer = ring_with(10, 4, skip=True).latest()  # Q columns of another update: reported as None
-    assert newer["q_mean"] is None
-    exporter.observe(newer)
-    samples = scrape(exporter.url)
-    assert value(samples, "foxdqn_guard_step") == 10 and value(samples, "foxdqn_guard_flag", flag="skip") == 1
-    assert value(samples, "foxdqn_q_step") == 9 and value(samples, "foxdqn_q_mean") == 0.25
-    exporter.observe(ring_with(11, 11, max_weight=3.5).latest())  # a run with guard.max_weight
-    assert value(scrape(exporter.url), "foxdqn_guard_max_weight") == 3.5
+    def series(p):
+        labels = (("job", str(p)), ("member", str(p)), ("run", "test_run"), ("seed", "0"))
+        flags = {f for f in FLAGS if samples[("foxdqn_guard_flag", tuple(sorted((*labels, ("flag", f)))))] == 1}
+        return flags, [samples[(f"foxdqn_guard_{k}", labels)] for k in ("step", "collapse_count", "halt_updates",
+                                                                        "halt_env_steps")]
+
+    assert series(0) == (set(), [39, 0, -1, -1])
+    assert series(1) == ({"halt_nan", "skip", "halted"}, [7, 1, 7, 300])
+    assert series(2) == ({"skip"}, [39, 2, 40, 900])  # a stop is not a halt
+    assert series(3) == ({"q_divergence", "skip", "halted"}, [39, 3, 40, 900])
 
 
 def test_tensors_are_refused(exporter):
     with pytest.raises(TypeError, match="never tensors"):
         exporter.log(1, {"train/loss": torch.tensor(0.5)})
-    record = ring_with(3, 3).latest()
-    with pytest.raises(TypeError, match="never tensors"):
-        exporter.observe({**record, "raw_loss": torch.tensor(1.0)})
 
 
 def test_close_frees_the_port_and_is_idempotent():
@@ -167,21 +150,17 @@ def test_two_exporters_in_one_process_keep_their_own_gauges():
         assert value(scrape(b.url), "foxdqn_train_loss") == 2.0
 
 
-def test_metrics_logger_feeds_and_closes_the_exporter(tmp_path):
-    prom = PrometheusExporter(0, labels=LABELS)
-    with MetricsLogger(tmp_path / "run", tensorboard=False, prometheus=prom) as logger:
-        logger.log(64, {"train/loss": 0.125})
-        assert value(scrape(prom.url), "foxdqn_train_loss") == 0.125
-    assert (tmp_path / "run" / "metrics.csv").read_text().splitlines()[1] == "64,0.125"
-    with pytest.raises(urllib.error.URLError):
-        urllib.request.urlopen(prom.url, timeout=2)
+def test_a_members_rows_reach_the_endpoint_through_its_metrics_logger(tmp_path):
+    """A member's rows (:meth:`PrometheusExporter.rows`) are a sink of its MetricsLogger; closing the
+    logger leaves the population's endpoint serving (the trainer closes it)."""
+    from foxdqn.logger import MetricsLogger
 
-
-def test_metrics_logger_closes_the_exporter_when_it_cannot_start(tmp_path):
-    (tmp_path / "file").write_text("")
-    prom = PrometheusExporter(0)
-    with pytest.raises(OSError):
-        MetricsLogger(tmp_path / "file", tensorboard=False, prometheus=prom)
-    probe(prom.port)  # the endpoint was stopped
-    with pytest.raises(urllib.error.URLError):
-        urllib.request.urlopen(prom.url, timeout=2)
+    prom = PrometheusExporter(0, labels={"run": "test_run"}, row_labels=("member",))
+    try:
+        with MetricsLogger(tmp_path / "run", tensorboard=False, sinks=[prom.rows({"member": 0})]) as logger:
+            logger.log(64, {"train/loss": 0.125})
+        assert (tmp_path / "run" / "metrics.csv").read_text().splitlines()[1] == "64,0.125"
+        samples = scrape(prom.url)
+        assert samples[("foxdqn_train_loss", (("member", "0"), ("run", "test_run")))] == 0.125
+    finally:
+        prom.close()

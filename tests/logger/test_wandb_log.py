@@ -12,11 +12,11 @@ pytest.importorskip("wandb")
 from foxdqn.run.checkpoint import load_checkpoint  # noqa: E402
 from foxdqn.config.compose import load_config  # noqa: E402
 from foxdqn.errors import ConfigError  # noqa: E402
-from foxdqn.run.loop import Interrupted, train  # noqa: E402
+from foxdqn.errors import StoppedBySignal as Interrupted  # noqa: E402
 from foxdqn.logger.wandb_log import RUN_ID_FILE  # noqa: E402
 from foxdqn.job.check import market_data, preflight  # noqa: E402
 
-from support import interrupt_at, wandb_history, wandb_offline_runs  # noqa: E402
+from support import interrupt_at, train_run as train, wandb_history, wandb_offline_runs  # noqa: E402
 
 
 def _cfg(*more):

@@ -104,11 +104,12 @@ def test_gpu_eurusd_dqn_online_forward_kernels():
 
     from foxdqn.config.compose import load_config
     from foxdqn.data import load_market_data
-    from foxdqn.step.state import build_state
+    from foxdqn.step.build import build_action_mode, build_env, build_network
 
     cfg = load_config(["+experiment=eurusd_dqn", "device=cuda", "log.progress=false", "env.num_envs=4096"])
-    s = build_state(cfg, load_market_data(cfg.data, cfg.env.window, cfg.env.episode_length), torch.device("cuda"))
-    net = s.nets.online
+    market = load_market_data(cfg.data, cfg.env.window, cfg.env.episode_length)
+    env = build_env(cfg, market, "train", torch.device("cuda"), torch.Generator(device="cuda"))
+    net = build_network(cfg, env, build_action_mode(cfg, env).num_actions).cuda()  # a single run's network
     obs = torch.randn(4096, net.encoder.net[0].in_features, device="cuda")
     with torch.no_grad():
         n, names = cuda_kernels(lambda: net(obs))

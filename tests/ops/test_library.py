@@ -17,14 +17,14 @@ from foxdqn.ops.library import DeviceOp, compile_disabled, device_op, register_o
 
 _TRAINING_RUN_IMPORTS = textwrap.dedent("""
     import sys, torch
-    import foxdqn.train, foxdqn.run.loop, foxdqn.run.checkpoint, foxdqn.step.update, foxdqn.step.collect
+    import foxdqn.train, foxdqn.population.train, foxdqn.run.checkpoint, foxdqn.population.step
     from foxdqn.ops.quantile_huber_loss import quantile_huber_loss
     from foxdqn.ops.target_lerp import target_lerp_
-    from foxdqn.step.adam import Adam
+    from foxdqn.population.optim import MemberAdam
     q = torch.randn(3, 4, requires_grad=True)
     quantile_huber_loss(q, torch.randn(3, 5), torch.rand(3, 4), 1.0).sum().backward()
-    p = torch.nn.Parameter(torch.ones(3)); p.grad = torch.ones(3)
-    opt = Adam([p], torch.tensor(0.1)); opt.step(); opt.state_dict(); opt.zero_grad()
+    p = torch.nn.Parameter(torch.ones(1, 3)); p.grad = torch.ones(1, 3)
+    opt = MemberAdam([p], 0.1); opt.step(torch.zeros(1)); opt.state_dict(); opt.zero_grad()
     t = [torch.zeros(3)]
     target_lerp_(t, [torch.ones(3)], torch.zeros((), dtype=torch.int64), torch.zeros(()), torch.tensor(0.5),
                  torch.ones((), dtype=torch.int64), hard=False, advance=True)
@@ -199,10 +199,9 @@ def test_gpu_training_iterations_and_capture_import_neither_dynamo_nor_inductor(
     import torch._dynamo) and the iteration is captured as a graph."""
     code = textwrap.dedent("""
         import sys, torch
-        from bench.harness import make_state
-        from foxdqn.step.iteration import make_iteration
+        from bench.harness import iteration, make_state
         s = make_state(["env.num_envs=64", "guard.max_weight=1e6"], "cuda")
-        it = make_iteration(s, use_graph=True)
+        it = iteration(s, use_graph=True)
         for _ in range(3):
             it()
         torch.cuda.synchronize()

@@ -382,44 +382,6 @@ def test_qnetwork_deepcopy_runs_on_its_own_weights():
                                          "encoder.net.2.bias", "head.q.weight", "head.q.bias"]
 
 
-def test_cartpole_cleanrl_updates_fused_equal_modules(monkeypatch):
-    """cartpole_cleanrl's eager iterations (collect, Double DQN update on the stacked [s; s'] batch,
-    Adam, the target network) with the online and target networks on the fused ops (the collect
-    step's forward and ε-greedy selection in mlp_chain_epsilon_greedy, the update's forwards in
-    mlp_chain) give the losses and weights of the modules' path."""
-    from foxdqn.step import act as act_mod
-    from support import experiment_state, iterate
-
-    calls, acts = [], []
-
-    def spy(*args, **kwargs):
-        calls.append(args[0].shape[0])
-        return chain_mod.mlp_chain(*args, **kwargs)
-
-    real_act = act_mod.mlp_chain_epsilon_greedy
-    monkeypatch.setattr(qnet_mod, "mlp_chain", spy)
-    monkeypatch.setattr(act_mod, "mlp_chain_epsilon_greedy",
-                        lambda *a, **k: acts.append(a[0].shape[0]) or real_act(*a, **k))
-
-    def run(backend):
-        s, _ = experiment_state("cartpole_cleanrl")
-        for net in (s.nets.online, s.nets.target):
-            net.chain_backend = backend
-        iterate(s, use_graph=False, collect_iters=6, full_iters=4)
-        return s.monitors.guard.acc.clone(), [p.detach().clone() for p in s.nets.trainable]
-
-    acc, params = run("triton")
-    assert set(calls) == {32, 64}  # target on s' (batch 32), online on [s; s'] (64)
-    assert set(acts) == {8}  # collect (8 envs)
-    calls.clear()
-    acts.clear()
-    acc_ref, params_ref = run("torch")
-    assert not calls and not acts
-    torch.testing.assert_close(acc, acc_ref, rtol=1e-5, atol=1e-6)
-    for a, e in zip(params, params_ref):
-        torch.testing.assert_close(a, e, rtol=1e-5, atol=1e-6)
-
-
 def test_qnetwork_bad_chain_backend():
     with pytest.raises(ValueError, match=r"chain_backend must be one of auto, triton, torch, got 'cuda'"):
         QNetwork(MLPEncoder(4, [5]), QHead(5, 2), chain_backend="cuda")

@@ -236,17 +236,3 @@ def test_gpu_equals_two_ops_one_kernel_capture(matmul_precision, precision, rows
         sched[4].copy_(sched[4].flip(2))
 
     assert_replay_equals_eager(step, change)
-
-
-@pytest.mark.gpu
-def test_gpu_cartpole_collect_step_is_one_action_kernel():
-    """cartpole_cleanrl's collect step on CUDA: the forward kernel gives the actions; no
-    epsilon_greedy kernel and no GEMM."""
-    from bench.harness import make_state
-    from foxdqn.step.collect import collect_step
-    from support import cuda_kernels
-
-    s = make_state(["+experiment=cartpole_cleanrl"], "cuda")
-    n, names = cuda_kernels(lambda: collect_step(s))
-    assert any("mlp_forward" in k for k in names), names
-    assert not any("epsilon_greedy" in k or "gemm" in k for k in names), names

@@ -258,21 +258,3 @@ def test_gpu_equals_two_ops_one_kernel_capture(population):
         sched[4].copy_(sched[4].flip(2))
 
     assert_replay_equals_eager(step, change)
-
-
-@pytest.mark.gpu
-def test_gpu_collect_step_fuses_forward_and_selection():
-    """eurusd_dqn's collect step on CUDA: at 4,096 envs q_forward's kernel and no epsilon_greedy
-    kernel or GEMM (one kernel for both); at 64 envs (below Q_FORWARD_MIN_ROWS) the modules and
-    epsilon_greedy."""
-    from bench.harness import make_state
-    from foxdqn.step.collect import collect_step
-    from support import cuda_kernels
-
-    s = make_state(["+experiment=eurusd_dqn", "env.num_envs=4096"], "cuda")
-    n, names = cuda_kernels(lambda: collect_step(s))
-    assert any("q_forward" in k for k in names), names
-    assert not any("epsilon_greedy" in k or "gemm" in k for k in names), names
-    s = make_state(["+experiment=eurusd_dqn", "env.num_envs=64"], "cuda")
-    n, names = cuda_kernels(lambda: collect_step(s))
-    assert any("epsilon_greedy" in k for k in names) and not any("q_forward" in k for k in names), names

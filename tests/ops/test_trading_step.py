@@ -379,8 +379,8 @@ def test_gpu_kernels_per_env_step_and_per_collect_step():
     difference."""
     from foxdqn.config.compose import load_config
     from foxdqn.data import load_market_data
-    from foxdqn.step.collect import collect_step
-    from foxdqn.step.state import build_state
+    from foxdqn.population.state import build_population
+    from foxdqn.population.step import collect_step
 
     kenv, _ = _eurusd_envs(F32)
     kenv.reset_all()
@@ -394,11 +394,12 @@ def test_gpu_kernels_per_env_step_and_per_collect_step():
     print("env step (reference):", ref_step)
 
     cfg = load_config(["+experiment=eurusd_dqn", "device=cuda", "log.progress=false", "env.num_envs=4096"])
-    s = build_state(cfg, load_market_data(cfg.data, cfg.env.window, cfg.env.episode_length), torch.device("cuda"))
-    assert s.rollout.env.num_envs == 4096 and s.rollout.env.step_next_obs is False
+    # a single run: a population of one
+    s = build_population([cfg], load_market_data(cfg.data, cfg.env.window, cfg.env.episode_length), torch.device("cuda"))
+    assert s.env.num_envs == 4096 and s.env.step_next_obs is False
     counts = {}
     for backend in ("torch", "triton"):
-        s.rollout.env.step_backend = backend
+        s.env.step_backend = backend
         counts[backend], names = cuda_kernels(lambda: collect_step(s))
         print(f"collect step ({backend}):", counts[backend], names)
     assert counts["triton"] <= counts["torch"] - (ref_step - per_step) + 1

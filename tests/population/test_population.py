@@ -248,16 +248,16 @@ def test_iql_members_equal_runs_of_one_member_trading():
 
 
 def test_iql_value_network_starts_as_a_single_runs_and_trains():
-    """A member's V starts from the weights a single run of its seed builds (build_iql_value right
-    after the Q network), moves in training, and its expectile τ changes what it learns."""
-    from foxdqn.step.state import build_state
+    """A member's V starts from the weights a single run (a population of one) of its seed builds,
+    in IQLValueNetwork's layout, moves in training, and its expectile τ changes what it learns."""
+    from foxdqn.step.build import build_iql_value
 
     cfgs = configs([*CARTPOLE, "objective=iql"], [["seed=3"], ["seed=3", "objective.iql_expectile=0.95"]])
     s0 = build_population(cfgs, None, CPU)
-    single = build_state(cfgs[0], None, CPU)
+    single = value_tensors(build_population(cfgs[:1], None, CPU), 0)
     start = value_tensors(s0, 0)
-    assert start.keys() == single.nets.objective.value_net.state_dict().keys()
-    for k, w in single.nets.objective.value_net.state_dict().items():
+    assert start.keys() == single.keys() == build_iql_value(cfgs[0], s0.env).state_dict().keys()
+    for k, w in single.items():
         assert torch.equal(start[k], w), k
     assert_member_equal(s0, 0, s0, 1)  # one seed: the same Q networks and value networks
     s = run(cfgs)

@@ -16,7 +16,6 @@ from foxdqn.objectives.cql import CQLObjective
 from foxdqn.population.branching import MemberBranchingNetwork
 from foxdqn.population.state import build_population
 from foxdqn.population.step import population_loss
-from foxdqn.step.state import build_state
 from test_distributional import classic, single_run_batch
 from test_population import (CPU, TRADING, assert_fault_stays_in_its_member, assert_members_equal_runs_of_one,
                              configs, market_for, run)
@@ -38,10 +37,13 @@ def test_routed_members_with_a_switch_margin_equal_runs_of_one_member():
 
 
 def test_routed_member_routes_and_acts_as_its_single_run():
-    """The population routes with the single run's training-split medians, and member p's weights
-    load into its single run's network (5 actions) with the same Q."""
+    """The population routes with the single run's training-split medians (the action mode
+    foxdqn.step.build builds for the training env, as python -m foxdqn.evaluate does), and member p's
+    weights load into its single run's network (5 actions) with the same Q."""
+    from foxdqn.step.build import build_action_mode, build_env
+
     cfgs = configs(ROUTED, MEMBERS)
-    single = build_state(cfgs[0], market_for(cfgs[0]), CPU).rollout.action_mode
+    single = build_action_mode(cfgs[0], build_env(cfgs[0], market_for(cfgs[0]), "train", CPU, torch.Generator()))
     mode = build_population(cfgs, market_for(cfgs[0]), CPU).action_mode
     assert torch.equal(mode.median_spread, single.median_spread)
     assert torch.equal(mode.median_volatility, single.median_volatility)

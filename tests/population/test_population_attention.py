@@ -12,7 +12,6 @@ from foxdqn.objectives.dqn import DQNObjective
 from foxdqn.population.attention import MemberAttentionEncoder
 from foxdqn.population.state import build_population
 from foxdqn.population.step import population_loss
-from foxdqn.step.state import build_state
 from test_distributional import C51, IQN, classic, collected, single_run_batch
 from test_population import (CPU, TRADING, assert_fault_stays_in_its_member, assert_member_grads_match,
                              assert_members_equal_runs_of_one, configs, market_for, member_grads, member_tensors,
@@ -45,11 +44,12 @@ def test_fault_in_one_attention_member_leaves_the_others_bit_identical():
 
 
 def test_attention_member_starts_as_a_single_run_of_its_seed():
-    """Member p's initial online network is bit for bit the one a single run of its seed builds."""
+    """Member p's initial online network is bit for bit the one a single run (a population of one)
+    of its seed builds."""
     cfgs = configs(ATTENTION, MEMBERS)
     s = build_population(cfgs, market_for(cfgs[0]), CPU)
     for p, cfg in enumerate(cfgs):
-        single = build_state(cfg, market_for(cfg), CPU).nets.online.state_dict()
+        single = build_population([cfg], market_for(cfg), CPU).online.member_state_dict(0)
         mine = s.online.member_state_dict(p)
         assert mine.keys() == single.keys()
         for k, w in single.items():

@@ -192,14 +192,16 @@ def test_pruned_nature_cnn_members_equal_populations_of_one():
 
 
 def test_member_cnn_masks_are_the_single_runs_for_the_same_weights():
-    """MemberPruner.step and the single run's MagnitudePruner.step on the same weights (rounded: many
-    ties, broken by position in the classic layout) give the same masks, convolutions included."""
+    """MemberPruner.step and a single network's MagnitudePruner.step on the same weights (rounded:
+    many ties, broken by position in the classic layout) give the same masks, convolutions included."""
     pytest.importorskip("ale_py")
-    from foxdqn.step.state import build_state
+    import copy
+
+    from foxdqn.step.build import build_network
+    from foxdqn.step.pruning import MagnitudePruner
 
     cfgs = configs(PONG, [[*m, *PRUNE] for m in MEMBERS[:2]])
     pop = build_population(cfgs, None, CPU)
-    singles = []
     try:
         with torch.no_grad():
             for w, _ in pop.online.member_encoder.pruned_matrices():
@@ -207,22 +209,22 @@ def test_member_cnn_masks_are_the_single_runs_for_the_same_weights():
         t = torch.tensor(3)
         pop.pruner.step(t, torch.zeros(2))
         for p, c in enumerate(cfgs):
-            single = build_state(c, None, CPU)
-            singles.append(single)
-            single.nets.online.load_state_dict(pop.online.member_state_dict(p))
-            single.pruner.step(t, torch.tensor(0.0))
-            names = [n for n, w in single.nets.online.named_parameters() if w.dim() >= 2]
+            online = build_network(c, pop.env, pop.action_mode.num_actions)
+            online.load_state_dict(pop.online.member_state_dict(p))
+            r = c.prune
+            pruner = MagnitudePruner(online, copy.deepcopy(online).requires_grad_(False), r.initial_sparsity,
+                                     r.final_sparsity, r.start_update, r.end_update, r.frequency, device=CPU)
+            pruner.step(t, torch.tensor(0.0))
+            names = [n for n, w in online.named_parameters() if w.dim() >= 2]
             assert names[:4] == ["encoder.conv.0.weight", "encoder.conv.2.weight", "encoder.conv.4.weight",
                                  "encoder.fc.0.weight"]
             assert len(names) == len(pop.pruner.masks)
-            for name, mask, single_mask in zip(names, pop.pruner.masks, single.pruner.masks):
+            for name, mask, single_mask in zip(names, pop.pruner.masks, pruner.masks):
                 classic = mask[p] if mask.dim() == 5 else mask[p].t()
                 assert torch.equal(classic, single_mask), (p, name)
                 assert int((mask[p] == 0).sum()) > 0
     finally:
         pop.env.close()
-        for single in singles:
-            single.rollout.env.close()
 
 
 @pytest.mark.parametrize("extra", [["head=c51"], ["head=iqn"], ["objective.iql=true"]], ids=["c51", "iqn", "iql"])

@@ -24,6 +24,7 @@ from prometheus_client.parser import text_string_to_metric_families  # noqa: E40
 from foxdqn.config.compose import load_config  # noqa: E402
 from foxdqn.config.schema import to_plain  # noqa: E402
 from foxdqn.logger.mlflow_log import RUN_ID_FILE, flat_params  # noqa: E402
+from foxdqn.logger.prometheus_log import FLAGS, GUARD_VALUES  # noqa: E402
 from foxdqn.logger.wandb_log import RUN_ID_FILE as WANDB_ID_FILE  # noqa: E402
 from foxdqn.population import train as population_train  # noqa: E402
 from foxdqn.population.jobs import FINISHED, HALTED, Member  # noqa: E402
@@ -182,6 +183,34 @@ def test_one_prometheus_endpoint_with_a_series_per_member(population):
     assert last[("foxdqn_env_steps", labels)] == rows["step"].iloc[-1]
     steps = [v for (name, _), v in last.items() if name == "foxdqn_env_steps"]
     assert len(steps) == 3  # one series per member, no series without the member
-    assert not any(name.startswith("foxdqn_guard") or name.startswith("foxdqn_q_") for name, _ in last)
+    assert not any(name.startswith("foxdqn_q_") for name, _ in last)  # no ring record: no per-update Q gauges
     with pytest.raises(urllib.error.URLError):  # the endpoint closed with the training
         urllib.request.urlopen(url, timeout=2)
+
+
+def test_each_member_has_its_guard_gauges(population):
+    """The old single run's guard-ring gauges, per member from the guard's host copy at each log
+    boundary: member 2's NaN at update 15 shows as halt_nan, halted and skip from the boundary after
+    it on (its halt point: 15 updates applied), the others' flags stay 0 and their step advances."""
+    members, outcomes, scrapes, url, *_ = population
+    run = members[0].tc.experiment
+
+    def guard(samples, p):
+        labels = (("job", str(JOB_OFFSET + p)), ("member", str(p)), ("run", run), ("seed", str(members[p].tc.seed)))
+        flags = {f: samples[("foxdqn_guard_flag", tuple(sorted((*labels, ("flag", f)))))] for f in FLAGS}
+        values = {name: samples[("foxdqn_" + name, labels)] for name in GUARD_VALUES}
+        return flags, values
+
+    steps = []
+    for samples in scrapes:
+        for p in (0, 1):
+            flags, values = guard(samples, p)
+            assert set(flags.values()) == {0.0}, (p, flags)
+            assert values["guard_halt_updates"] == values["guard_halt_env_steps"] == -1
+            assert values["guard_collapse_count"] == 0  # the collapse check is off in this config
+        steps.append(guard(samples, 0)[1]["guard_step"])
+    assert steps == sorted(steps) and steps[0] == -1 < steps[-1]  # no update before learning_starts, then counting
+    flags, values = guard(scrapes[-1], 2)
+    assert flags == {**{f: 0.0 for f in FLAGS}, "halt_nan": 1.0, "skip": 1.0, "halted": 1.0}
+    assert values["guard_step"] == values["guard_halt_updates"] == 15 and values["guard_halt_env_steps"] > 0
+    assert guard(scrapes[0], 2)[0]["halted"] == 0.0  # before the NaN

@@ -128,18 +128,21 @@ def test_pruned_population_members_equal_populations_of_one(sweep, tmp_path):
 
 def test_a_member_is_pruned_where_its_single_run_is(tmp_path, monkeypatch):
     """With early stopping on and a finished job far above anything the runs reach, a single run
-    (foxdqn.run.loop.train) and the population's members stop at their first validation after the
-    warm-up, with the same ``stop`` entry; the kept weights before it (none) are not evaluated."""
+    (foxdqn.train's: a population of one, alone) and the population's members stop at their first
+    validation after the warm-up, with the same ``stop`` entry; the kept weights before it (none)
+    are not evaluated."""
     from foxdqn.run import search
-    from foxdqn.run.loop import train as single_train
+
+    from support import train_run as single_train
 
     base = [*EARLY, *PRUNE]
     high = {s: 1e9 for s in range(48, 720, 48)}
     finished_job(tmp_path / "single", high)
     finished_job(tmp_path / "pop", high)
     cfg = configs(base, [MEMBERS[0]])[0]
-    monkeypatch.setattr(search, "trial_pruner", lambda c: search.MedianTrialPruner(tmp_path / "single", 1, c.search))
-    single = single_train(cfg, market_for(cfg), tmp_path / "single" / "1")
+    with monkeypatch.context() as m:
+        m.setattr(search, "member_pruner", lambda member: search.MedianTrialPruner(tmp_path / "single", 1, cfg.search))
+        single = single_train(cfg, market_for(cfg), tmp_path / "single" / "1")
     assert single["stop"]["reason"] == "pruned" and single["selection"]["excluded"] == "pruned"
     outcomes = train(base, MEMBERS[:2], tmp_path / "pop", tmp_path / "pop", [1, 2])
     for o in outcomes:

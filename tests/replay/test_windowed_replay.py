@@ -1,13 +1,12 @@
 """The windowed trading replay (docs/design/replay.md#windowed-trading-replay): a training run whose
 replay stores the trading env's state codes samples the same batches, bit for bit, as the same
-run with a replay of observations, for a single run (uniform n-step, PER) and a population; the
-replay memory counts the codes."""
+run with a replay of observations, for a single run (a population of one: uniform n-step, PER) and a
+population of two; the replay memory counts the codes."""
 from __future__ import annotations
 
 import pytest
 import torch
 
-from foxdqn.replay import PrioritizedReplayBuffer, ReplayBuffer
 from foxdqn.replay.buffer import replay_bytes
 from foxdqn.job.memory import replay_row
 from support import iterate, small_state
@@ -21,14 +20,9 @@ ROWS = ("obs", "next_obs", "action", "reward", "terminal", "ended", "episode")  
 
 def _obs_replay(s):
     """A replay of observations like ``s.replay`` (same kind, capacity, n-step, γ, PER settings), without a decoder."""
-    from foxdqn.config.schema import total_updates
+    from foxdqn.population.replay import build_member_replay
 
-    r, env, c = s.replay, s.rollout.env, s.cfg.replay
-    if isinstance(r, PrioritizedReplayBuffer):
-        return PrioritizedReplayBuffer(r.capacity, r.num_envs, env.obs_dim, r.device, r.n_step, r.gamma, alpha=c.alpha,
-                                       beta_start=c.beta_start, beta_updates=max(total_updates(s.cfg), 1), eps=c.eps,
-                                       updates=s.updates)
-    return ReplayBuffer(r.capacity, r.num_envs, env.obs_dim, r.device, r.n_step, r.gamma)
+    return build_member_replay(s.cfg, s.params, s.rng, s.device, s.updates, s.env.obs_dim, torch.float32)
 
 
 def _recording(replay, sample="sample"):
@@ -57,12 +51,12 @@ def _train_alike(coded, plain, collect_iters, full_iters):
     """Give ``plain`` a replay of observations, train both states alike, and check that every
     sampled batch and the trained weights are equal bit for bit."""
     plain.replay = _obs_replay(plain)
-    plain.rollout.env.step_next_obs = True  # this replay stores the observations: the step must return next_obs
-    a, b = _recording(coded.replay), _recording(plain.replay)
+    plain.env.step_next_obs = True  # this replay stores the observations: the step must return next_obs
+    a, b = _recording(coded.replay, "sample_members"), _recording(plain.replay, "sample_members")
     for s in (coded, plain):
         iterate(s, False, collect_iters, full_iters)
     _assert_same_batches(a, b)
-    for x, y in zip(coded.nets.online.parameters(), plain.nets.online.parameters()):
+    for x, y in zip(coded.online.parameters(), plain.online.parameters()):
         assert torch.equal(x, y)
 
 
@@ -74,9 +68,9 @@ def test_training_run_samples_the_observations_an_obs_replay_samples(overrides):
     coded, market = small_state([*RUN, *overrides], bars=400)
     plain, _ = small_state([*RUN, *overrides], bars=400)
     assert coded.replay.decoder is not None and coded.replay.obs.shape[-1] == 4
-    assert coded.replay.obs.dtype == coded.rollout.env.code_dtype == torch.float32
-    assert coded.rollout.env.step_next_obs is False  # the code replay needs no next_obs from the step
-    coded.rollout.env.decode_backend = "triton"
+    assert coded.replay.obs.dtype == coded.env.code_dtype == torch.float32
+    assert coded.env.step_next_obs is False  # the code replay needs no next_obs from the step
+    coded.env.decode_backend = "triton"
     _train_alike(coded, plain, 2, 6)
     assert not torch.equal(coded.replay.obs, torch.zeros_like(coded.replay.obs))
 
@@ -90,7 +84,7 @@ def test_replay_memory_counts_the_codes():
         assert replay_row(s.cfg, market) == (4, itemsize)
         held = sum(getattr(s.replay, name).nbytes for name in ROWS)
         assert held == replay_bytes(s.replay.capacity, *replay_row(s.cfg, market))
-        obs_replay = replay_bytes(s.replay.capacity, s.rollout.env.obs_dim)
+        obs_replay = replay_bytes(s.replay.capacity, s.env.obs_dim)
         assert held < obs_replay
 
 
@@ -125,12 +119,12 @@ def test_gpu_training_run_samples_the_observations_an_obs_replay_samples():
     and a replay of observations sample the same batches and train the same weights."""
     from foxdqn.config.compose import load_config
     from foxdqn.data import load_market_data
-    from foxdqn.step.state import build_state
+    from foxdqn.population.state import build_population
 
     cfg = load_config(["+experiment=eurusd_dqn", "device=cuda", "log.progress=false", "env.num_envs=4096",
                        "agent.learning_starts=16384", "replay.capacity=65536"])
     market = load_market_data(cfg.data, cfg.env.window, cfg.env.episode_length)
-    coded, plain = (build_state(cfg, market, torch.device("cuda")) for _ in range(2))
+    coded, plain = (build_population([cfg], market, torch.device("cuda")) for _ in range(2))
     assert coded.replay.decoder is not None
     _train_alike(coded, plain, 1, 8)
 
@@ -141,12 +135,12 @@ def test_trading_hook_stores_codes_only_in_a_decoding_replay():
     from foxdqn.step.build import build_env
 
     s, market = small_state(RUN, bars=400)
-    env, hook = s.rollout.env, s.rollout.env.collect_hook
+    env, hook = s.env, s.env.collect_hook
     codec = hook.replay_codec(env)
     assert (codec.dim, codec.dtype) == (4, torch.float32)
     assert env.step_next_obs is False  # the built replay decodes: the step skips next_obs ...
     env.step_next_obs = True  # ... which this test compares the decoded codes with
-    obs = s.rollout.obs.clone()
+    obs = s.obs.clone()
     out = env.step(torch.zeros(env.num_envs, dtype=torch.int64))
     rows = hook.replay_rows(env, s.replay, obs, out)
     assert rows[0] is out.info["state_code"] and rows[1] is out.info["next_state_code"]

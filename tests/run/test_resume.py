@@ -13,11 +13,11 @@ import torch
 from omegaconf import OmegaConf
 
 from foxdqn.run.checkpoint import load_checkpoint
-from foxdqn.run.loop import Interrupted, train
 from foxdqn.config.compose import load_config
+from foxdqn.errors import StoppedBySignal as Interrupted
 from foxdqn.job.check import market_data
 
-from support import interrupt_at
+from support import interrupt_at, train_run as train
 
 ROOT = Path(__file__).resolve().parents[2]
 OVERRIDES = ["debug=smoke", "device=cpu", "log.progress=false", "logger=csv", "log.interval_env_steps=256",
@@ -137,66 +137,6 @@ def test_a_signal_outside_training_is_one_line_and_128_plus_signal(capfd, monkey
     assert stop.value.code == 143 and "SIGTERM outside training" in err and len(err.strip().splitlines()) == 1
 
 
-def test_restore_keeps_adam_reading_the_device_lr_tensor(tmp_path):
-    """restore copies the checkpoint's lr into the state's own lr tensor, which Adam's group keeps (the
-    one the weight check's trial step and any in-place lr change use)."""
-    from foxdqn.run.checkpoint import restore_state, save_checkpoint
-    from foxdqn.step.state import build_state
-
-    cfg = load_config(["debug=smoke", "device=cpu", "optim.lr=0.002"])
-    s = build_state(cfg, market_data(cfg), torch.device("cpu"))
-    save_checkpoint(tmp_path / "c.pt", s)
-    fresh = build_state(cfg, market_data(cfg), torch.device("cpu"))
-    restore_state(fresh, load_checkpoint(tmp_path / "c.pt"))
-    assert all(g["lr"] is fresh.optim.lr for g in fresh.optim.optimizer.param_groups)
-    assert float(fresh.optim.lr) == pytest.approx(0.002)
-
-
-def test_restore_names_a_mismatched_optimizer_state(tmp_path):
-    from foxdqn.run.checkpoint import restore_state, save_checkpoint
-    from foxdqn.errors import ConfigError
-    from foxdqn.step.state import build_state
-
-    cfg = load_config(["debug=smoke", "device=cpu"])
-    s = build_state(cfg, market_data(cfg), torch.device("cpu"))
-    save_checkpoint(tmp_path / "c.pt", s)
-    payload = load_checkpoint(tmp_path / "c.pt")
-    payload["optimizer"]["param_groups"][0]["params"].pop()
-    fresh = build_state(cfg, market_data(cfg), torch.device("cpu"))
-    with pytest.raises(ConfigError, match="optimizer state does not match"):
-        restore_state(fresh, payload)
-
-
-def test_restore_refuses_a_generator_of_another_device(tmp_path):
-    from foxdqn.run.checkpoint import restore_state, save_checkpoint
-    from foxdqn.errors import ConfigError
-    from foxdqn.step.state import build_state
-
-    cfg = load_config(["debug=smoke", "device=cpu"])
-    s = build_state(cfg, market_data(cfg), torch.device("cpu"))
-    save_checkpoint(tmp_path / "c.pt", s)
-    payload = load_checkpoint(tmp_path / "c.pt")
-    payload["generators"]["run"] = torch.zeros(16, dtype=torch.uint8)  # the size of a CUDA generator's state
-    with pytest.raises(ConfigError, match="not a cpu generator"):
-        restore_state(build_state(cfg, market_data(cfg), torch.device("cpu")), payload)
-
-
-def test_restore_ignores_lazy_scratch_but_refuses_missing_state(tmp_path):
-    from foxdqn.run.checkpoint import restore_state, save_checkpoint
-    from foxdqn.errors import ConfigError
-    from foxdqn.step.state import build_state
-
-    cfg = load_config(["debug=smoke", "device=cpu"])
-    s = build_state(cfg, market_data(cfg), torch.device("cpu"))
-    s.monitors.stats.scratch_made_later = torch.zeros(3)  # like a pinned copy buffer made at the first snapshot
-    payload = load_checkpoint(save_checkpoint(tmp_path / "a.pt", s, save_replay=True))
-    fresh = build_state(cfg, market_data(cfg), torch.device("cpu"))
-    restore_state(fresh, payload)  # the extra tensor is not part of a fresh state: ignored
-    del payload["tensors"]["rollout.obs"]
-    with pytest.raises(ConfigError, match="obs"):
-        restore_state(fresh, payload)
-
-
 def test_resume_without_the_replay_refills_it_before_updating(tmp_path, monkeypatch):
     cfg = load_config([*OVERRIDES[:-1], "checkpoint.save_replay=false"])
     market = market_data(cfg)
@@ -205,13 +145,14 @@ def test_resume_without_the_replay_refills_it_before_updating(tmp_path, monkeypa
         train(cfg, market, tmp_path)
     monkeypatch.undo()
     payload = load_checkpoint(tmp_path / "checkpoints" / "last.pt")
-    assert not payload["replay_saved"]
+    assert not payload["member_state"]["replay_saved"]
     summary = train(cfg, market, tmp_path, resume=payload)
     per_iter = cfg.env.num_envs * cfg.agent.steps_per_iter
     refill = -(-cfg.agent.learning_starts // per_iter)
     total = -(-cfg.agent.total_env_steps // per_iter)
-    resumed_at = payload["env_steps"] // per_iter
-    assert summary["updates"] == payload["updates"] + (total - resumed_at - refill) * cfg.agent.updates_per_iter
+    state = payload["member_state"]  # the population's counters
+    resumed_at = state["env_steps"] // per_iter
+    assert summary["updates"] == state["updates"] + (total - resumed_at - refill) * cfg.agent.updates_per_iter
     logged = pd.read_csv(tmp_path / "metrics.csv")
     assert logged["train/updates"].iloc[-1] == summary["updates"]
 

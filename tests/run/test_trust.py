@@ -153,6 +153,42 @@ def test_an_older_pickled_checkpoint_is_refused_with_the_command_that_converts_i
         upgrade_file(path)
 
 
+def old_loop_checkpoint(member: dict) -> dict:
+    """What the single-run loop of an older foxdqn wrote for the run of member checkpoint ``member``:
+    the same weights, counters, config and run id, its state under ``tensors`` / ``generators`` /
+    ``loop``, no ``population`` and no ``member_state``."""
+    keep = ("format", "online", "target", "env_steps", "updates", "config", "run_id")
+    return {**{k: member[k] for k in keep}, "optimizer": {"state": {}, "param_groups": []},
+            "tensors": {"rollout.obs": torch.zeros(2, 3)}, "generators": {}, "replay_saved": False,
+            "loop": {"stopper": None, "recent_return": -0.25, "wall_before": 1.5}}
+
+
+@pytest.mark.parametrize("entry", ["resume=auto", "resume=PATH"])
+def test_a_checkpoint_of_the_old_single_run_loop_is_refused_on_resume_and_evaluates(train, cli, finished_run,
+                                                                                   tmp_path, entry):
+    from foxdqn.run.checkpoint import write_payload
+
+    run_dir = copy_run(finished_run, tmp_path / "run")
+    ckpt = run_dir / "checkpoints" / "last.pt"
+    write_payload(ckpt, old_loop_checkpoint(load_checkpoint(ckpt)))
+    before = tree(run_dir)
+    if entry == "resume=auto":
+        res = train("resume=auto", f"hydra.run.dir={run_dir}", cwd=tmp_path)
+    else:
+        res = train(f"resume={ckpt}", f"hydra.run.dir={tmp_path / 'other'}", cwd=tmp_path)
+    assert res.returncode == 2, res.stderr[-2000:]
+    lines = res.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"foxdqn: error: resume: checkpoint {ckpt} was written by the "
+                                                   "single-run training loop"), lines
+    assert "start a new run" in lines[0] and f"python -m foxdqn.evaluate checkpoint={ckpt}" in lines[0]
+    assert tree(run_dir) == before  # nothing in the run folder changed
+    assert not (tmp_path / "other").exists()
+    res = cli("foxdqn.evaluate", [f"checkpoint={ckpt}", "split=val"], cwd=tmp_path)  # its weights still evaluate
+    assert res.returncode == 0, res.stderr[-2000:]
+    summary = json.loads((run_dir / "evaluations" / "last_val" / "summary.json").read_text())
+    assert summary["checkpoint_env_steps"] == load_checkpoint(ckpt)["env_steps"]
+
+
 def test_a_checkpoint_body_holds_only_tensors_and_plain_data():
     with pytest.raises(TypeError, match=r"checkpoint\['loop'\]\['x'\] is a numpy.float64"):
         encode({"loop": {"x": np.float64(1.0)}})
@@ -253,13 +289,14 @@ def test_a_bar_that_jumps_is_refused_naming_the_file_and_row(tmp_path):
 def test_a_learning_rate_of_1e3_halts_with_the_initial_weights(tmp_path, device):
     from foxdqn.config.compose import load_config
     from foxdqn.errors import HaltError
-    from foxdqn.run.loop import train as train_run
-    from foxdqn.step.state import build_state
     from foxdqn.job.check import market_data
+    from foxdqn.population.state import build_population
+
+    from support import train_run
 
     cfg = load_config(["debug=smoke", f"device={device}", "optim.lr=1000", "log.progress=false", "logger=csv"])
-    initial = {k: v.cpu() for k, v in build_state(cfg, market_data(cfg), torch.device(device)).nets.online
-               .state_dict().items()}
+    initial = {k: v.cpu() for k, v in build_population([cfg], market_data(cfg), torch.device(device)).online
+               .member_state_dict(0).items()}
     with pytest.raises(HaltError):
         train_run(cfg, market_data(cfg), tmp_path)
     saved = load_checkpoint(tmp_path / "checkpoints" / "last.pt")

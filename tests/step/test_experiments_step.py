@@ -1,30 +1,32 @@
-"""The eager step runs for every experiment's feature combination, without a host sync."""
+"""The eager step runs for every experiment's feature combination, without a host sync: a single
+run's iteration (a population of one, foxdqn.population.train's steps)."""
 import pytest
 import torch
 
 from foxdqn.step.iteration import make_iteration
 
-from support import EXPERIMENTS, experiment_state, forbid_syncs, sync_free_part
+from support import EXPERIMENTS, experiment_state, forbid_syncs, step_fns, sync_free_part
 
 
 @pytest.mark.parametrize("name", EXPERIMENTS)
 def test_eager_step_every_experiment(monkeypatch, name):
     s, _ = experiment_state(name)
-    collect, full = make_iteration(s, False, updates=0), make_iteration(s, False)
+    host = s.env.on_host
+    collect = make_iteration(s, False, updates=0, on_host=host, **step_fns())
+    full = make_iteration(s, False, on_host=host, **step_fns())
     for _ in range(6):
         collect()
     full()  # allocates Adam state
-    before = [p.detach().clone() for p in s.nets.online.parameters()]
+    before = [p.detach().clone() for p in s.online.parameters()]
     for _ in range(3):
         if full is not sync_free_part(full):  # host env (env=gym): its collect syncs by design
             full.collect()
         with monkeypatch.context() as m:
             forbid_syncs(m)
             sync_free_part(full)()
-            s.monitors.guard.reader.latest()
     assert int(s.updates) == 8
-    assert s.monitors.guard.reader.halt_reason(s.monitors.guard.reader.latest()) is None
-    assert any(not torch.equal(a, b) for a, b in zip(before, s.nets.online.parameters()))  # it learned something
-    assert all(torch.isfinite(p).all() for p in s.nets.online.parameters())
+    assert s.guard.reason(0) is None
+    assert any(not torch.equal(a, b) for a, b in zip(before, s.online.parameters()))  # it learned something
+    assert all(torch.isfinite(p).all() for p in s.online.parameters())
     # the target update must not attach the targets to the autograd graph
-    assert all(p.is_leaf and p.grad_fn is None for p in s.nets.target.parameters())
+    assert all(p.is_leaf and p.grad_fn is None for p in s.target.parameters())

@@ -1,6 +1,6 @@
-"""The steady-state loop never reads the device from Python.
+"""The steady-state loop (a single run: a population of one) never reads the device from Python.
 
-Inside the loop body (iterations and the guard poll) every Tensor method that copies device
+Inside the loop body (the iterations) every Tensor method that copies device
 data to the host is patched to raise. On the GPU the same property is checked with
 ``torch.cuda.set_sync_debug_mode("error")`` (tests marked gpu).
 """
@@ -9,14 +9,14 @@ import torch
 
 from foxdqn.step.iteration import Iteration
 
-from support import HostSync, forbid_syncs, small_state
+from support import HostSync, forbid_syncs, small_state, step_fns
 
 
 @pytest.mark.parametrize("head", ["q", "dueling"])
 def test_steady_state_loop_never_syncs(monkeypatch, head):
     s, _ = small_state([f"head={head}"])
-    collect = Iteration(s, use_graph=False, updates=0)
-    full = Iteration(s, use_graph=False)
+    collect = Iteration(s, use_graph=False, updates=0, **step_fns())
+    full = Iteration(s, use_graph=False, **step_fns())
     for _ in range(4):
         collect()
     full()  # first update allocates Adam state (not steady state)
@@ -24,7 +24,6 @@ def test_steady_state_loop_never_syncs(monkeypatch, head):
         forbid_syncs(m)
         for _ in range(5):
             full()
-            s.monitors.guard.reader.latest()
     assert int(s.updates) == 6 * s.cfg.agent.updates_per_iter
 
 
