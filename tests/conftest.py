@@ -61,15 +61,35 @@ def _cache_load_config() -> None:
     sees what a fresh composition gives. Not cached: calls inside an initialised Hydra (its search
     path), ``hydra.*`` overrides, overrides with interpolations (``${oc.env:...}``), configs whose
     checks asked torch about CUDA (device=cuda, graph=on: a test may patch it), and errors. Must run
-    before the test modules import load_config (``from ... import load_config`` binds it)."""
+    before the test modules import load_config (``from ... import load_config`` binds it).
+
+    A miss goes through a JobComposer (the multirun's composer: a config whose overrides differ from
+    one composed before only in plain values, ``seed=1`` for ``seed=0``, is derived from it without
+    Hydra; tests/config/test_compose_jobs.py checks that this equals composing), except in the tests
+    of tests/config/ (load_config composes there) and where it fails (load_config then gives its own
+    error)."""
     import copy
 
+    from hydra import initialize_config_dir
     from hydra.core.global_hydra import GlobalHydra
 
     from foxdqn.config import compose
     from foxdqn.config.schema import warn_ignored
+    from foxdqn.errors import ConfigError
 
-    real, cache = compose.load_config, {}
+    real, cache, composers = compose.load_config, {}, {}
+
+    def miss(overrides, config_name):
+        if os.environ.get("PYTEST_CURRENT_TEST", "").startswith("tests/config/"):
+            return real(overrides, config_name)
+        composer = composers.setdefault(config_name, compose.JobComposer(config_name))
+        try:
+            with initialize_config_dir(str(compose.conf_folder()), version_base="1.3"):
+                return composer(overrides)
+        except ConfigError:
+            return real(overrides, config_name)
+        finally:
+            GlobalHydra.instance().clear()
 
     @functools.wraps(real)
     def load_config(overrides, config_name="train"):
@@ -82,7 +102,7 @@ def _cache_load_config() -> None:
             cfg = copy.deepcopy(cache[key])
             warn_ignored(cfg)
             return cfg
-        cfg = real(overrides, config_name)
+        cfg = miss(overrides, config_name)
         if cfg.device != "cuda" and cfg.graph != "on":
             cache[key] = copy.deepcopy(cfg)
         return cfg
