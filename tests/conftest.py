@@ -82,7 +82,11 @@ def _cache_load_config() -> None:
     def miss(overrides, config_name):
         if os.environ.get("PYTEST_CURRENT_TEST", "").startswith("tests/config/"):
             return real(overrides, config_name)
-        composer = composers.setdefault(config_name, compose.JobComposer(config_name))
+        # one composer per key list: JobComposer tries each base it holds, parsing overrides with
+        # Hydra's parser (about 5-10 ms each), so the hundreds of structures a test process composes
+        # would make every miss dearer than a composition; only the same keys can derive anyway
+        keys = (config_name, *(o.split("=", 1)[0] for o in overrides))
+        composer = composers.setdefault(keys, compose.JobComposer(config_name))
         try:
             with initialize_config_dir(str(compose.conf_folder()), version_base="1.3"):
                 return composer(overrides)
