@@ -52,6 +52,71 @@ if os.environ.get("FOXDQN_KERNEL_RECORD") and os.environ.get("TRITON_INTERPRET")
 from support import CliServer  # noqa: E402 - after the sys.path entry
 
 
+def _cache_load_config() -> None:
+    """foxdqn.config.compose.load_config, memoized for this pytest process by its override list: a
+    Hydra composition and finalize cost 0.2 s on 2 busy cores and the population tests compose the
+    same configs again and again (two of their files: 173 calls, 82 distinct configs; 40 s of their
+    67 s). A hit returns a deep copy of the first call's finalized config (callers may change theirs)
+    and logs the same warnings of ignored settings again (schema.warn_ignored on the copy), so a test
+    sees what a fresh composition gives. Not cached: calls inside an initialised Hydra (its search
+    path), ``hydra.*`` overrides, overrides with interpolations (``${oc.env:...}``), configs whose
+    checks asked torch about CUDA (device=cuda, graph=on: a test may patch it), and errors. Must run
+    before the test modules import load_config (``from ... import load_config`` binds it).
+
+    A miss goes through a JobComposer (the multirun's composer: a config whose overrides differ from
+    one composed before only in plain values, ``seed=1`` for ``seed=0``, is derived from it without
+    Hydra; tests/config/test_compose_jobs.py checks that this equals composing), except in the tests
+    of tests/config/ (load_config composes there) and where it fails (load_config then gives its own
+    error)."""
+    import copy
+
+    from hydra import initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+
+    from foxdqn.config import compose
+    from foxdqn.config.schema import warn_ignored
+    from foxdqn.errors import ConfigError
+
+    real, cache, composers = compose.load_config, {}, {}
+
+    def miss(overrides, config_name):
+        if os.environ.get("PYTEST_CURRENT_TEST", "").startswith("tests/config/"):
+            return real(overrides, config_name)
+        # one composer per key list: JobComposer tries each base it holds, parsing overrides with
+        # Hydra's parser (about 5-10 ms each), so the hundreds of structures a test process composes
+        # would make every miss dearer than a composition; only the same keys can derive anyway
+        keys = (config_name, *(o.split("=", 1)[0] for o in overrides))
+        composer = composers.setdefault(keys, compose.JobComposer(config_name))
+        try:
+            with initialize_config_dir(str(compose.conf_folder()), version_base="1.3"):
+                return composer(overrides)
+        except ConfigError:
+            return real(overrides, config_name)
+        finally:
+            GlobalHydra.instance().clear()
+
+    @functools.wraps(real)
+    def load_config(overrides, config_name="train"):
+        overrides = list(overrides)
+        if (GlobalHydra.instance().is_initialized() or not all(isinstance(o, str) for o in overrides)
+                or any("${" in o or o.lstrip("+~").startswith("hydra") for o in overrides)):
+            return real(overrides, config_name)
+        key = (tuple(overrides), config_name)
+        if key in cache:
+            cfg = copy.deepcopy(cache[key])
+            warn_ignored(cfg)
+            return cfg
+        cfg = miss(overrides, config_name)
+        if cfg.device != "cuda" and cfg.graph != "on":
+            cache[key] = copy.deepcopy(cfg)
+        return cfg
+
+    compose.load_config = load_config
+
+
+_cache_load_config()
+
+
 def pytest_sessionfinish(session, exitstatus):
     if _write_kernel_record is not None:
         _write_kernel_record()

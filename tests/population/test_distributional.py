@@ -265,14 +265,16 @@ def test_c51_population_loss_takes_its_fused_op_where_the_kernels_run(experiment
     """Inside cpu_kernels a C51 population's loss is ops/c51_loss.py's two kernels (selection,
     projection and cross-entropy; its backward), and its losses, |TD| and gradients are those of the
     ops of c51_cross_entropy (outside) to float32 rounding: members with their own supports (plain
-    and Rainbow's dueling head, Double DQN)."""
+    and Rainbow's dueling head, Double DQN). 11 atoms (an odd count, masked in a block of 16; the
+    24 rows in two blocks, the second part-filled): the interpreter's cost grows with the atoms, 51
+    took 5-10 times longer; ops/test_c51_loss.py checks 51."""
     from bench.cpu_kernels import launches, small_overrides
     from bench.harness import make_population
     from foxdqn.ops import backend as B
     from foxdqn.population.step import collect_step, population_loss
 
-    s = make_population([f"+experiment={experiment}", *small_overrides(experiment), "head.v_min=-3", "head.v_max=4"],
-                        3, "cpu")
+    s = make_population([f"+experiment={experiment}", *small_overrides(experiment), "head.v_min=-3", "head.v_max=4",
+                         "head.atoms=11"], 3, "cpu")
     for _ in range(12):
         collect_step(s)
     batch = s.replay.sample_members(s.cfg.agent.batch_size)

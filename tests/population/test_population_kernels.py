@@ -149,7 +149,7 @@ def test_collect_step_fuses_the_head_and_selection(name):
 
     want = ["triton::_member_uniform_kernel"] + ENCODER + HEAD_COLLECT[name]
     for members in (2, 3):
-        s = make_population([f"+experiment={name}", *small_overrides(name)], members, "cpu")
+        s = make_population([f"+experiment={name}", *small_overrides(name), *ATOMS.get(name, ())], members, "cpu")
         assert launches(lambda: collect_step(s)) == want, (name, members)
 
 
@@ -168,11 +168,14 @@ def test_distributional_heads_are_not_fused_for_acting(head):
 #: forward and 4 backward launches, and Rainbow's dueling combine 3 + 5), PER's sampled slots turned into ring rows by 18 small ops (ops/per_rows.py)
 #: and the slots of its update recomputed (4), accumulation's micro-batches copied per field (26)
 UPDATE_AT_MOST = {"eurusd_c51": 30, "eurusd_rainbowish": 52, "eurusd_controls": 208}
+#: a C51 head's atoms here: 11 (odd, masked in a block of 16) instead of 51; the launches do not depend on
+#: them, the interpreter's time does (51 atoms: one row per program, 5-10 times longer)
+ATOMS = {"eurusd_c51": ("head.atoms=11",), "eurusd_rainbowish": ("head.atoms=11",)}
 
 
 @pytest.mark.parametrize("name", list(UPDATE_AT_MOST))
 def test_update_launches_stay_fused(name):
-    ops = step_launches(name, 3)["update"]
+    ops = step_launches(name, 3, ATOMS.get(name, ()))["update"]
     assert len(ops) <= UPDATE_AT_MOST[name], (len(ops), ops)
     if name != "eurusd_controls":  # a C51 head: its loss is two kernels
         assert ops.count("triton::_c51_loss_fwd_kernel") == ops.count("triton::_c51_loss_bwd_kernel") == 1
