@@ -5,8 +5,12 @@
 Each distinct (kernel, argument types, constexpr values) goes through Triton's front end and its
 first lowering (Python AST → Triton IR → TTIR) for sm_90, on the CPU: what the interpreter does not
 check (types of loop-carried variables, constexpr misuse, unsupported operations) fails here with
-the kernel's name and Triton's message. Exit 0 when every one compiles, 1 otherwise, 2 when DIR
-holds no record (nothing was checked) unless ``--allow-empty`` is given (a run of a few tests)."""
+the kernel's name and Triton's message. The fused kernels that hold weight tiles in shared memory
+(:data:`SHARED_CHECKED`) are also compiled to the end, with their launch options, at the widest
+shapes the run recorded for each (the largest constexpr widths): their shared memory must fit an
+H100/H200 block (:data:`MAX_SHARED`; the GPU refuses the launch otherwise, which no CPU test sees).
+Exit 0 when every one compiles and fits, 1 otherwise, 2 when DIR holds no record (nothing was
+checked) unless ``--allow-empty`` is given (a run of a few tests)."""
 from __future__ import annotations
 
 import importlib
@@ -54,6 +58,38 @@ def compile_record(record: dict, target) -> None:
     stages["ttir"](module, {})
 
 
+#: the opt-in shared memory of one block on sm_90 (H100, H200): 227 KiB
+MAX_SHARED = 232448
+#: kernels whose tiles of weights sit in shared memory: compiled to the end at their widest launch
+SHARED_CHECKED = ("_iqn_epsilon_greedy_kernel", "_c51_epsilon_greedy_kernel", "_branching_epsilon_greedy_kernel",
+                  "_q_forward_kernel")
+
+
+def widest(found: list[dict]) -> list[dict]:
+    """Per kernel of :data:`SHARED_CHECKED`, its recorded launch with the largest sum of integer
+    constexprs (the widths, paddings and block sizes)."""
+    best: dict[str, tuple[int, dict]] = {}
+    for r in found:
+        if r["name"] in SHARED_CHECKED:
+            size = sum(v for v in r["constexprs"].values() if isinstance(v, int) and not isinstance(v, bool))
+            if r["name"] not in best or size > best[r["name"]][0]:
+                best[r["name"]] = (size, r)
+    return [r for _, r in best.values()]
+
+
+def shared_bytes(record: dict, target) -> int:
+    """Shared memory (bytes) of one record's kernel compiled to the end for ``target`` with its
+    launch options (``record["options"]``; Triton's defaults where absent)."""
+    import triton
+    from triton.compiler import ASTSource
+
+    fn = importlib.import_module(record["module"])
+    for part in record["name"].split("."):
+        fn = getattr(fn, part)
+    src = ASTSource(fn=fn, signature=record["signature"], constexprs=record["constexprs"])
+    return int(triton.compile(src, target=target, options=dict(record.get("options") or {})).metadata.shared)
+
+
 def main(argv: list[str]) -> int:
     from triton.backends.compiler import GPUTarget
 
@@ -83,7 +119,20 @@ def main(argv: list[str]) -> int:
           f"compile for sm_90")
     for (kernel, message), launches in failed.items():
         print(f"  FAILED {kernel} ({len(launches)} launches, e.g. constexprs {launches[0]['constexprs']}): {message}")
-    return 1 if failed else 0
+    too_big = []
+    for record in widest([r for r in found if (r["module"], r["name"]) not in {tuple(k.rsplit(".", 1)) for k, _ in failed}]):
+        try:
+            shared = shared_bytes(record, target)
+        except Exception as e:  # noqa: BLE001 - reported like a front-end failure
+            too_big.append(f"  FAILED {record['name']} (compiled to the end): {type(e).__name__}: {str(e)[-200:]}")
+            continue
+        line = f"{record['name']} at its widest recorded launch: {shared} bytes of shared memory (limit {MAX_SHARED})"
+        print(f"compile_kernels: {line}")
+        if shared > MAX_SHARED:
+            too_big.append(f"  FAILED {line}; constexprs {record['constexprs']}")
+    for line in too_big:
+        print(line)
+    return 1 if failed or too_big else 0
 
 
 if __name__ == "__main__":

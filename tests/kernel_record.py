@@ -45,8 +45,8 @@ def _arg_type(name: str, value) -> str:
 
 def launch_record(fn, args: tuple, kwargs: dict) -> dict:
     """The record of one launch of the Python kernel function ``fn`` with ``args``/``kwargs``:
-    ``{"module", "name", "signature": {arg: type or "constexpr"}, "constexprs": {arg: value}}``.
-    Launch options (``num_warps``, ...) are not arguments and are left out.
+    ``{"module", "name", "signature": {arg: type or "constexpr"}, "constexprs": {arg: value},
+    "options": {"num_warps": n, "num_stages": s}}`` (the launch options given; not arguments).
 
     Raises:
         TypeError: an argument of a type Triton has no signature type for.
@@ -62,7 +62,9 @@ def launch_record(fn, args: tuple, kwargs: dict) -> dict:
             constexprs[name] = value.value if hasattr(value, "value") else value
         else:
             signature[name] = _arg_type(name, value)
-    return {"module": fn.__module__, "name": fn.__qualname__, "signature": signature, "constexprs": constexprs}
+    options = {k: kwargs[k] for k in ("num_warps", "num_stages") if k in kwargs}
+    return {"module": fn.__module__, "name": fn.__qualname__, "signature": signature, "constexprs": constexprs,
+            "options": options}
 
 
 def install(folder: str | os.PathLike):

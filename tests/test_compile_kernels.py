@@ -1,5 +1,7 @@
-"""tests/kernel_record.py and tests/compile_kernels.py: a launch's record names its argument types
-and constexprs; a kernel the interpreter runs but Triton cannot compile fails the check, by name."""
+"""tests/kernel_record.py and tests/compile_kernels.py: a launch's record names its argument types,
+constexprs and launch options; a kernel the interpreter runs but Triton cannot compile fails the
+check, by name, and so does a fused kernel whose widest launch needs more shared memory than an
+sm_90 block has."""
 import json
 import subprocess
 import sys
@@ -38,7 +40,7 @@ def test_launch_record_types_and_constexprs():
     fn = _kernel_fn()
     rec = launch_record(fn, (torch.zeros(3), torch.zeros(1, dtype=torch.float64), 3), {"BLOCK": 16, "num_warps": 4})
     assert rec["signature"] == {"x_ptr": "*fp32", "out_ptr": "*fp64", "n": "i32", "BLOCK": "constexpr"}
-    assert rec["constexprs"] == {"BLOCK": 16}
+    assert rec["constexprs"] == {"BLOCK": 16} and rec["options"] == {"num_warps": 4}
     assert launch_record(fn, (torch.zeros(3, dtype=torch.bool), None, 2**40, 8), {})["signature"] == {
         "x_ptr": "*i1", "out_ptr": "constexpr", "n": "i64", "BLOCK": "constexpr"}
 
@@ -72,3 +74,35 @@ def test_no_records_is_an_error(tmp_path):
     script = Path(__file__).parent / "compile_kernels.py"
     done = subprocess.run([sys.executable, str(script), str(tmp_path)], capture_output=True, text=True, timeout=120)
     assert done.returncode == 2 and "no kernel launches recorded" in done.stderr
+
+
+def test_a_fused_kernel_above_the_shared_memory_of_a_block_fails_by_name(tmp_path):
+    """The C51 collect kernel at its widest shapes: with its launch options (no pipelining) it fits;
+    with Triton's default 3 stages it needs more than MAX_SHARED, as it did on the H200."""
+    import os
+
+    import compile_kernels as ck
+
+    from foxdqn.ops import c51_epsilon_greedy as op
+
+    fn = op._c51_epsilon_greedy_kernel.fn
+    h, w, b = torch.zeros(1, 2, op.MAX_WIDTH), torch.zeros(1, op.MAX_WIDTH, 8), torch.zeros(1, 1, 8)
+    args = (h, torch.zeros(2, dtype=torch.int64), 2, w, b, w, b, torch.zeros(1, 4), torch.zeros((), dtype=torch.int64),
+            *[torch.zeros(1)] * 4, *[1] * 10)
+    consts = dict(H=op.MAX_WIDTH, K=op.MAX_ATOMS, A=op.MAX_ACTIONS, PH=op.MAX_WIDTH, PK=op.MAX_ATOMS,
+                  PA=op.MAX_ACTIONS, DUELING=True, BLOCK_M=op.BLOCK_M, PREC="tf32", RANDOM_BITS=24)
+    record = launch_record(fn, args, {**consts, "num_warps": op.NUM_WARPS, "num_stages": op.NUM_STAGES})
+    assert ck.widest([record, {**record, "name": "other"}]) == [record]
+    root = Path(__file__).resolve().parents[1]
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["PYTHONPATH"] = str(root)
+    for stages, code in ((op.NUM_STAGES, 0), (3, 1)):
+        records = tmp_path / f"records{stages}"
+        records.mkdir()
+        (records / "w.jsonl").write_text(json.dumps({**record, "options": {**record["options"], "num_stages": stages}})
+                                         + "\n")
+        done = subprocess.run([sys.executable, str(Path(__file__).parent / "compile_kernels.py"), str(records)],
+                              capture_output=True, text=True, env=env, timeout=300)
+        assert done.returncode == code, done.stdout + done.stderr
+        line = "_c51_epsilon_greedy_kernel at its widest recorded launch"
+        assert (f"FAILED {line}" in done.stdout) == (code == 1) and line in done.stdout

@@ -135,3 +135,15 @@ def test_compiled_kernel_at_the_widest_shapes_matches_the_reference_on_cuda(duel
     want = branching_epsilon_greedy(*case, **sched, backend="torch")
     clear = clear_rows(branching_q_reference(*case)).cuda()
     assert clear.float().mean() > 0.8 and torch.equal(got[clear], want[clear])
+
+
+def test_widest_shapes_equal_the_reference():
+    """H = MAX_WIDTH, three branches of 4 (CPU: recorded for tests/compile_kernels.py, which checks
+    that the compiled kernel fits the GPU's shared memory at these widths)."""
+    from foxdqn.ops.branching_epsilon_greedy import MAX_WIDTH
+
+    case = _case(1, 3, MAX_WIDTH, (4, 4, 4), True, seed=3)
+    sched = schedule(1, 3, eps=0.0)
+    got = branching_epsilon_greedy(*case, **sched, backend="triton")
+    clear = clear_rows(branching_q_reference(*case))
+    assert torch.equal(got[clear], branching_epsilon_greedy(*case, **sched, backend="torch")[clear])

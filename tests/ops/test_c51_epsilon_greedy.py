@@ -134,3 +134,15 @@ def test_compiled_kernel_at_the_widest_shapes_matches_the_reference_on_cuda(duel
     want = c51_epsilon_greedy(*case, **sched, backend="torch")
     clear = clear_rows(c51_expected_q_reference(*case)).cuda()
     assert clear.float().mean() > 0.8 and torch.equal(got[clear], want[clear])
+
+
+def test_widest_shapes_equal_the_reference():
+    """H = MAX_WIDTH, A = MAX_ACTIONS, K = MAX_ATOMS (CPU: recorded for tests/compile_kernels.py,
+    which checks that the compiled kernel fits the GPU's shared memory at these widths)."""
+    from foxdqn.ops.c51_epsilon_greedy import MAX_ACTIONS, MAX_ATOMS, MAX_WIDTH
+
+    case = _case(1, 3, MAX_WIDTH, MAX_ACTIONS, MAX_ATOMS, True, seed=3)
+    sched = schedule(1, 3, eps=0.0)
+    got = c51_epsilon_greedy(*case, **sched, backend="triton")
+    clear = clear_rows(c51_expected_q_reference(*case))
+    assert torch.equal(got[clear], c51_epsilon_greedy(*case, **sched, backend="torch")[clear])

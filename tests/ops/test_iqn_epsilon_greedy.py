@@ -138,3 +138,15 @@ def test_compiled_kernel_at_the_widest_shapes_matches_the_reference_on_cuda(duel
     want = iqn_epsilon_greedy(h, ws, bs, pi_i, taus, **sched, backend="torch")
     clear = clear_rows(iqn_policy_q_reference(h, ws, bs, pi_i, taus)).cuda()
     assert clear.float().mean() > 0.8 and torch.equal(got[clear], want[clear])
+
+
+def test_widest_shapes_equal_the_reference():
+    """n, H, F = MAX_WIDTH, A = MAX_ACTIONS, K = 32 (CPU: recorded for tests/compile_kernels.py,
+    which checks that the compiled kernel fits the GPU's shared memory at these widths)."""
+    from foxdqn.ops.iqn_epsilon_greedy import MAX_ACTIONS, MAX_WIDTH
+
+    h, ws, bs, pi_i, taus = _case(1, 3, MAX_WIDTH, MAX_WIDTH, MAX_WIDTH, MAX_ACTIONS, 32, True, seed=3)
+    sched = schedule(1, 3, eps=0.0)
+    got = iqn_epsilon_greedy(h, ws, bs, pi_i, taus, **sched, backend="triton")
+    clear = clear_rows(iqn_policy_q_reference(h, ws, bs, pi_i, taus))
+    assert torch.equal(got[clear], iqn_epsilon_greedy(h, ws, bs, pi_i, taus, **sched, backend="torch")[clear])
