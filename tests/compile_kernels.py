@@ -119,8 +119,8 @@ def main(argv: list[str]) -> int:
           f"compile for sm_90")
     for (kernel, message), launches in failed.items():
         print(f"  FAILED {kernel} ({len(launches)} launches, e.g. constexprs {launches[0]['constexprs']}): {message}")
-    too_big = []
-    for record in widest([r for r in found if (r["module"], r["name"]) not in {tuple(k.rsplit(".", 1)) for k, _ in failed}]):
+    too_big, broken = [], {kernel for kernel, _ in failed}  # a kernel that failed above is not compiled again
+    for record in widest([r for r in found if f"{r['module']}.{r['name']}" not in broken]):
         try:
             shared = shared_bytes(record, target)
         except Exception as e:  # noqa: BLE001 - reported like a front-end failure

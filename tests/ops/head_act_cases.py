@@ -46,3 +46,22 @@ def assert_network_acts_through_its_op(net, obs: torch.Tensor, actions: int) -> 
     want = epsilon_greedy(q.reshape(-1, actions), **sched, backend="torch")
     clear = clear_rows(q)
     assert clear.float().mean() > 0.8 and torch.equal(got[clear], want[clear])
+
+
+def assert_widest_case_equals_reference(op, q_reference, case: tuple, device: str = "cpu") -> None:
+    """``op`` (a fused head ε-greedy op) with ``backend="triton"`` on ``case`` (its arguments before
+    the schedule, member count 1 or 2, moved to ``device``) gives the torch backend's actions
+    wherever ``q_reference(*case)``'s argmax is clear (on CUDA, more than 80 % of the rows), greedy
+    (ε = 0) on CPU and with :func:`schedule`'s ε on CUDA."""
+    def to(x):
+        return x.to(device) if isinstance(x, torch.Tensor) else [to(t) for t in x]
+
+    case = tuple(to(x) for x in case)
+    members, rows = case[0].shape[:2]
+    sched = {k: to(v) for k, v in schedule(members, rows, eps=0.0 if device == "cpu" else None).items()}
+    got = op(*case, **sched, backend="triton")
+    want = op(*case, **sched, backend="torch")
+    clear = clear_rows(q_reference(*case)).to(device)
+    assert torch.equal(got[clear], want[clear])
+    if device != "cpu":
+        assert clear.float().mean() > 0.8

@@ -14,7 +14,8 @@ from foxdqn.nn.branching import combine_branches
 from foxdqn.ops.branching_epsilon_greedy import branching_epsilon_greedy, branching_q_reference
 from foxdqn.ops.member_uniform import randint_from_uniform
 
-from head_act_cases import assert_network_acts_through_its_op, clear_rows, schedule
+from head_act_cases import (assert_network_acts_through_its_op, assert_widest_case_equals_reference, clear_rows,
+                            schedule)
 
 
 def _case(members, rows, width, sizes, dueling, seed=0):
@@ -128,13 +129,8 @@ def test_compiled_kernel_at_the_widest_shapes_matches_the_reference_on_cuda(duel
     shared memory and give the reference's actions."""
     from foxdqn.ops.branching_epsilon_greedy import MAX_WIDTH
 
-    case = [t.cuda() if isinstance(t, torch.Tensor) else [w.cuda() for w in t]
-            for t in _case(2, 40, MAX_WIDTH, (4, 4, 4), dueling, seed=3)]
-    sched = {k: v.cuda() if isinstance(v, torch.Tensor) else v for k, v in schedule(2, 40).items()}
-    got = branching_epsilon_greedy(*case, **sched, backend="triton")
-    want = branching_epsilon_greedy(*case, **sched, backend="torch")
-    clear = clear_rows(branching_q_reference(*case)).cuda()
-    assert clear.float().mean() > 0.8 and torch.equal(got[clear], want[clear])
+    case = _case(2, 40, MAX_WIDTH, (4, 4, 4), dueling, seed=3)
+    assert_widest_case_equals_reference(branching_epsilon_greedy, branching_q_reference, case, "cuda")
 
 
 def test_widest_shapes_equal_the_reference():
@@ -143,7 +139,4 @@ def test_widest_shapes_equal_the_reference():
     from foxdqn.ops.branching_epsilon_greedy import MAX_WIDTH
 
     case = _case(1, 3, MAX_WIDTH, (4, 4, 4), True, seed=3)
-    sched = schedule(1, 3, eps=0.0)
-    got = branching_epsilon_greedy(*case, **sched, backend="triton")
-    clear = clear_rows(branching_q_reference(*case))
-    assert torch.equal(got[clear], branching_epsilon_greedy(*case, **sched, backend="torch")[clear])
+    assert_widest_case_equals_reference(branching_epsilon_greedy, branching_q_reference, case)

@@ -12,7 +12,8 @@ import torch
 from foxdqn.ops.c51_epsilon_greedy import c51_epsilon_greedy, c51_expected_q_reference
 from foxdqn.ops.member_uniform import randint_from_uniform
 
-from head_act_cases import assert_network_acts_through_its_op, clear_rows, schedule
+from head_act_cases import (assert_network_acts_through_its_op, assert_widest_case_equals_reference, clear_rows,
+                            schedule)
 
 
 def _case(members, rows, width, actions, atoms, dueling, seed=0):
@@ -127,13 +128,8 @@ def test_compiled_kernel_at_the_widest_shapes_matches_the_reference_on_cuda(duel
     the reference's actions."""
     from foxdqn.ops.c51_epsilon_greedy import MAX_ACTIONS, MAX_ATOMS, MAX_WIDTH
 
-    case = [t.cuda() if isinstance(t, torch.Tensor) else [w.cuda() for w in t]
-            for t in _case(2, 40, MAX_WIDTH, MAX_ACTIONS, MAX_ATOMS, dueling, seed=3)]
-    sched = {k: v.cuda() if isinstance(v, torch.Tensor) else v for k, v in schedule(2, 40).items()}
-    got = c51_epsilon_greedy(*case, **sched, backend="triton")
-    want = c51_epsilon_greedy(*case, **sched, backend="torch")
-    clear = clear_rows(c51_expected_q_reference(*case)).cuda()
-    assert clear.float().mean() > 0.8 and torch.equal(got[clear], want[clear])
+    case = _case(2, 40, MAX_WIDTH, MAX_ACTIONS, MAX_ATOMS, dueling, seed=3)
+    assert_widest_case_equals_reference(c51_epsilon_greedy, c51_expected_q_reference, case, "cuda")
 
 
 def test_widest_shapes_equal_the_reference():
@@ -142,7 +138,4 @@ def test_widest_shapes_equal_the_reference():
     from foxdqn.ops.c51_epsilon_greedy import MAX_ACTIONS, MAX_ATOMS, MAX_WIDTH
 
     case = _case(1, 3, MAX_WIDTH, MAX_ACTIONS, MAX_ATOMS, True, seed=3)
-    sched = schedule(1, 3, eps=0.0)
-    got = c51_epsilon_greedy(*case, **sched, backend="triton")
-    clear = clear_rows(c51_expected_q_reference(*case))
-    assert torch.equal(got[clear], c51_epsilon_greedy(*case, **sched, backend="torch")[clear])
+    assert_widest_case_equals_reference(c51_epsilon_greedy, c51_expected_q_reference, case)

@@ -14,7 +14,8 @@ import torch
 from foxdqn.ops.iqn_epsilon_greedy import iqn_epsilon_greedy, iqn_policy_q_reference
 from foxdqn.ops.member_uniform import randint_from_uniform
 
-from head_act_cases import assert_network_acts_through_its_op, clear_rows, schedule
+from head_act_cases import (assert_network_acts_through_its_op, assert_widest_case_equals_reference, clear_rows,
+                            schedule)
 
 
 def _case(members, rows, emb, width, hidden, actions, fractions, dueling, seed=0):
@@ -131,13 +132,8 @@ def test_compiled_kernel_at_the_widest_shapes_matches_the_reference_on_cuda(duel
     (eurusd_iqn's H = F = 256 once needed 244 KiB of it on the H200, above its 227 KiB)."""
     from foxdqn.ops.iqn_epsilon_greedy import MAX_ACTIONS, MAX_WIDTH
 
-    h, ws, bs, pi_i, taus = (t.cuda() if isinstance(t, torch.Tensor) else [w.cuda() for w in t]
-                             for t in _case(2, 40, MAX_WIDTH, MAX_WIDTH, MAX_WIDTH, MAX_ACTIONS, 32, dueling, seed=3))
-    sched = {k: v.cuda() if isinstance(v, torch.Tensor) else v for k, v in schedule(2, 40).items()}
-    got = iqn_epsilon_greedy(h, ws, bs, pi_i, taus, **sched, backend="triton")
-    want = iqn_epsilon_greedy(h, ws, bs, pi_i, taus, **sched, backend="torch")
-    clear = clear_rows(iqn_policy_q_reference(h, ws, bs, pi_i, taus)).cuda()
-    assert clear.float().mean() > 0.8 and torch.equal(got[clear], want[clear])
+    case = _case(2, 40, MAX_WIDTH, MAX_WIDTH, MAX_WIDTH, MAX_ACTIONS, 32, dueling, seed=3)
+    assert_widest_case_equals_reference(iqn_epsilon_greedy, iqn_policy_q_reference, case, "cuda")
 
 
 def test_widest_shapes_equal_the_reference():
@@ -145,8 +141,5 @@ def test_widest_shapes_equal_the_reference():
     which checks that the compiled kernel fits the GPU's shared memory at these widths)."""
     from foxdqn.ops.iqn_epsilon_greedy import MAX_ACTIONS, MAX_WIDTH
 
-    h, ws, bs, pi_i, taus = _case(1, 3, MAX_WIDTH, MAX_WIDTH, MAX_WIDTH, MAX_ACTIONS, 32, True, seed=3)
-    sched = schedule(1, 3, eps=0.0)
-    got = iqn_epsilon_greedy(h, ws, bs, pi_i, taus, **sched, backend="triton")
-    clear = clear_rows(iqn_policy_q_reference(h, ws, bs, pi_i, taus))
-    assert torch.equal(got[clear], iqn_epsilon_greedy(h, ws, bs, pi_i, taus, **sched, backend="torch")[clear])
+    case = _case(1, 3, MAX_WIDTH, MAX_WIDTH, MAX_WIDTH, MAX_ACTIONS, 32, True, seed=3)
+    assert_widest_case_equals_reference(iqn_epsilon_greedy, iqn_policy_q_reference, case)
