@@ -22,7 +22,8 @@ def test_sweep_sets_restores_and_ranks(monkeypatch):
         if dc.TILE == 7:  # a combination that cannot launch
             return {name: RuntimeError("out of resource") for name in fns}
         us = 1e-3 * (2.0 if dc.TILE == 512 else 1.0)  # ms: the 512 tile "slower"
-        return {name: (fn(), (us, us, us, "fake"))[1] for name, fn in fns.items()}
+        # only the op under sweep runs (at the swept tile); torch.compile's rows would only cost time
+        return {name: ((fn() if name == "triton" else None), (us, us, us, "fake"))[1] for name, fn in fns.items()}
 
     monkeypatch.setattr(common, "bench_all", fake_bench_all)
     real_rows = bm.rows

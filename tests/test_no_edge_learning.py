@@ -1,7 +1,8 @@
 """Learning check on a market with no edge: eurusd_dqn trained on ``martingale_1h`` earns nothing.
 
 Three seeds of ``+experiment=eurusd_dqn data.name=martingale_1h`` on the CPU with a 100k env-step
-budget. On the test split no seed may earn beyond noise: the probabilistic Sharpe ratio against 0
+budget, trained as one population of three (each member draws what the single run of its seed
+draws: tests/population/test_population.py). On the test split no seed may earn beyond noise: the probabilistic Sharpe ratio against 0
 stays below 0.95 and the block-bootstrap 95 % Sharpe interval reaches 0 or below.
 
 The same predicate is applied to a policy that reads the next bar's close (a look-ahead bug in
@@ -37,15 +38,25 @@ def market():
     return load_market_data(cfg.data, cfg.env.window, cfg.env.episode_length)
 
 
-@pytest.mark.parametrize("seed", [0, 1, 2])
-def test_trained_agent_earns_nothing_on_a_martingale(market, seed):
-    cfg = _config(seed)
-    torch.manual_seed(seed)
-    s = build_population([cfg], market, torch.device("cpu"))
-    train_eager(s, cfg)
+SEEDS = (0, 1, 2)
+
+
+@pytest.fixture(scope="module")
+def trained(market):
+    cfgs = [_config(seed) for seed in SEEDS]
+    s = build_population(cfgs, market, torch.device("cpu"))
+    train_eager(s, cfgs[0])
+    return s
+
+
+@pytest.mark.parametrize("member", range(len(SEEDS)))
+def test_trained_agent_earns_nothing_on_a_martingale(market, trained, member):
     # the agent's walk alone: its psr_vs_zero and Sharpe interval do not depend on the other policies
-    agent = evaluate(cfg, market, member_network(s)[0], torch.device("cpu"), split="test", policies=("agent",))
+    cfg = trained.cfgs[member]
+    agent = evaluate(cfg, market, member_network(trained, member)[0], torch.device("cpu"), split="test",
+                     policies=("agent",))
     agent = agent["metrics"]["agent"]
+    assert cfg.seed == SEEDS[member]
     assert not earns_beyond_noise(agent), agent
 
 
