@@ -19,7 +19,8 @@ unweighted |TD| (the single run's ``LossOutput.td_abs``), which prioritized repl
 the member's priorities. The arithmetic is the single run's own
 (:func:`foxdqn.objectives.dqn_forward.dqn_forward`, :func:`foxdqn.ops.dqn_td_loss.dqn_td_loss`,
 :func:`foxdqn.objectives.c51.c51_cross_entropy`, :func:`foxdqn.objectives.iqn.iqn_quantile_loss`,
-:func:`foxdqn.objectives.iql.iql_loss`, :func:`foxdqn.objectives.cql.cql_regulariser`, each with a
+:func:`foxdqn.objectives.iql.iql_loss`, :func:`foxdqn.ops.cql_loss.cql_loss` (α times
+:func:`foxdqn.objectives.cql.cql_regulariser`, in one kernel), each with a
 leading member axis), not a copy.
 """
 from __future__ import annotations
@@ -30,13 +31,13 @@ from foxdqn.nn.branching import combine_branches, factor_branches
 from foxdqn.objectives.base import LossOutput, weighted_mean
 from foxdqn.objectives.branching import branching_target
 from foxdqn.objectives.c51 import c51_cross_entropy
-from foxdqn.objectives.cql import cql_regulariser
 from foxdqn.objectives.dqn_forward import dqn_forward
 from foxdqn.objectives.iqn import iqn_quantile_loss
+from foxdqn.objectives.iql import iql_loss
 from foxdqn.ops.backend import fused_forward
+from foxdqn.ops.cql_loss import cql_loss
 from foxdqn.ops.c51_loss import MAX_ATOMS as C51_LOSS_MAX_ATOMS, c51_loss
 from foxdqn.ops.dqn_td_loss import dqn_td_loss, huber_per_group
-from foxdqn.objectives.iql import iql_loss
 from foxdqn.population.branching import MemberBranchingNetwork
 from foxdqn.population.distributional import MemberC51Network, MemberIQNNetwork
 from foxdqn.population.network import MemberQNetwork, MemberValueNetwork
@@ -197,7 +198,7 @@ def member_loss(online: MemberQNetwork, target: MemberQNetwork, batch: Batch, me
     IQL's L_Q + L_V (Kostrikov et al. 2021, eqs. 5–6; :func:`foxdqn.objectives.iql.iql_loss` with
     each member's expectile τ and its own value network); plus, with ``cql_alpha``,
     ``α_p · Σ_b w_b (logsumexp_a Q_p(s_b, a) − Q_p(s_b, a_b)) / B`` (CQL(H), Kumar et al. 2020
-    eq. 4, :func:`~foxdqn.objectives.cql.cql_regulariser` of member p's own rows). IQL and CQL
+    eq. 4, :func:`~foxdqn.ops.cql_loss.cql_loss` of member p's own rows). IQL and CQL
     weight their rows by ``batch.weight`` as their single-run objectives do (ones with uniform
     replay, the importance weights with prioritized replay), and so do BDQ, C51 and IQN; the DQN
     loss does with ``weighted``. td_abs is the single run's: DQN's ``|Q(s, a) − y|`` (CQL keeps it),
@@ -243,6 +244,6 @@ def member_loss(online: MemberQNetwork, target: MemberQNetwork, batch: Batch, me
     else:
         loss, td_abs, q = member_dqn_loss(online, target, batch, members, huber_delta, double, penalty=penalty,
                                           weighted=weighted)
-    if cql_alpha is not None:
-        loss = loss + cql_alpha * cql_regulariser(q, batch.action, batch.weight)
+    if cql_alpha is not None:  # α · CQL(H) and its gradient in one kernel (foxdqn/ops/cql_loss.py)
+        loss = loss + cql_loss(q, batch.action, batch.weight, cql_alpha)
     return LossOutput(loss, td_abs, q.detach())

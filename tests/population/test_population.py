@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 
+import pytest
 import torch
 
 from foxdqn.config.compose import load_config
@@ -224,6 +225,41 @@ def test_cql_alpha_changes_what_a_member_learns():
     s = run(configs(CARTPOLE, [["seed=0", "objective.cql_alpha=0"], ["seed=0", "objective.cql_alpha=5"]]))
     a, b = member_tensors(s, 0), member_tensors(s, 1)
     assert all(not torch.equal(a[k], b[k]) for k in a if k.startswith("online"))
+
+
+@pytest.mark.parametrize("head", ["q", "c51"])
+def test_cql_population_loss_takes_its_fused_op_where_the_kernels_run(head):
+    """Inside cpu_kernels the CQL(H) term is ops/cql_loss.py's kernel (and a multiply in backward):
+    losses, |TD| and gradients equal those of cql_regulariser's torch ops to float32 rounding, for
+    a plain Q head and a C51 head's expected Q, members with their own α (0 included)."""
+    import contextlib
+
+    from bench.cpu_kernels import launches, small_overrides
+    from bench.harness import make_population
+    from foxdqn.ops import backend as B
+
+    extra = ["head.atoms=11"] if head == "c51" else []
+    s = make_population(["+experiment=eurusd_cql", *small_overrides("eurusd_cql"), f"head={head}", *extra], 3, "cpu")
+    s.params.cql_alpha.copy_(torch.tensor([1.0, 0.0, 3.0]))
+    for _ in range(4):
+        P.collect_step(s)
+    batch = s.replay.sample_members(s.cfg.agent.batch_size)
+    outs = []
+    for fused in (False, True):
+        s.optimizer.zero_grad(set_to_none=True)
+        with B.cpu_kernels() if fused else contextlib.nullcontext():
+            out = P.population_loss(s, batch)
+            out.loss.sum().backward()
+        outs.append((out, [w.grad.clone() for w in s.optimizer.params]))
+    (plain, g_plain), (fused, g_fused) = outs
+    torch.testing.assert_close(fused.loss, plain.loss, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(fused.td_abs, plain.td_abs, rtol=1e-5, atol=1e-5)
+    for a, b in zip(g_fused, g_plain):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-6)
+    ops = launches(lambda: P.population_loss(s, batch).loss.sum().backward())
+    # (a C51 head's expected Q with gradient is its softmax's torch ops: exp there is not CQL's)
+    assert ops.count("triton::_cql_loss_kernel") == 1 and "aten::logsumexp" not in ops, ops
+    assert head == "c51" or "aten::exp" not in ops, ops
 
 
 def value_tensors(s, p):
