@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import torch
 
-from foxdqn.device.scalars import device_scalar
+from foxdqn.device.scalars import device_vector
 from foxdqn.objectives.base import LossOutput
 from foxdqn.ops.grad_norm import grad_norm_coefficient
 from foxdqn.ops.replay_gather import stacked_pair
@@ -149,14 +149,14 @@ def accumulate_member_gradients(s: PopulationState, batch: Batch) -> LossOutput:
     update, as a single run's."""
     p, m = s.members, s.cfg.optim.accumulate
     s.optimizer.zero_grad(set_to_none=True)
-    seed = device_scalar(s.device, 1.0 / m) if m > 1 else None
+    seed = device_vector(s.device, p, 1.0 / m)  # each member's dℓ/dℓ_p: no sum and no ones_like launched
     outs = []
     for mb in member_micro_batches(batch, p, m):
         out = population_loss(s, mb)
         loss = out.loss
         if s.inject_nan:  # debug.inject_nan_at_step of some member: poison its loss at that update
             loss = loss + torch.where(s.updates == s.params.nan_at, float("nan"), 0.0)
-        loss.sum().backward(seed)
+        loss.backward(seed)
         outs.append(LossOutput(loss.detach(), out.td_abs, out.q_values))
     if m == 1:
         return outs[0]
