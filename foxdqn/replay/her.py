@@ -7,6 +7,10 @@ paper's ratio of k relabelled goals per original one). The future step is found 
 gather of the next ``max_episode_steps`` rows of the env's column in the time-major replay: the
 rows of one episode are consecutive, so the valid future rows are a prefix of that window
 (same episode number, already written). Only 1-step transitions (``replay.n_step=1``).
+
+The arithmetic is :func:`foxdqn.ops.her_relabel.her_relabel`: one kernel for an env that declares the
+bit-goal layout (``her_bit_goals``, the bit-flipping env), its torch reference (the env's own goal
+methods) for any other goal-conditioned env and on the CPU.
 """
 from __future__ import annotations
 
@@ -22,7 +26,8 @@ class HindsightRelabeler:
     Args:
         env: a goal-conditioned env (``goal_conditioned = True``; ``achieved_goal(obs)``,
             ``desired_goal(obs)``, ``with_goal(obs, goal)``, ``compute_reward(achieved, goal)``,
-            ``is_success(achieved, goal)``, ``max_episode_steps``).
+            ``is_success(achieved, goal)``, ``max_episode_steps``; optionally ``her_bit_goals``
+            and ``goal_dim``: the layout :mod:`foxdqn.ops.her_relabel`'s kernel computes).
         k: relabelled goals per original goal (``replay.her_k`` ≥ 1).
         gamma: discount γ.
         reward_scale: the scale applied to env rewards at insertion.
