@@ -83,7 +83,7 @@ def _her_relabel_kernel(
     zero = tl.zeros([], dtype=tl.int64)  # int arguments to int64 (an argument equal to 1 arrives as a constexpr)
     T, N, D, G, b_in, b_u, b_out = T + zero, N + zero, D + zero, G + zero, b_in + zero, b_u + zero, b_out + zero
     obs_sp, obs_sb, next_sp, next_sb = obs_sp + zero, obs_sb + zero, next_sp + zero, next_sb + zero
-    out_group_rows = out_group_rows + zero
+    out_group_rows, window = out_group_rows + zero, window + zero
     rows = (tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)).to(tl.int64)
     ok = rows < R
     idx = tl.load(index_ptr + rows, mask=ok, other=0)
