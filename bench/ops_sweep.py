@@ -31,6 +31,7 @@ SWEEPS = {
     "dueling_combine": {"TILE": [256, 512, 1024, 2048, 4096], "NUM_WARPS": [1, 2, 4, 8]},
     "dqn_td_loss": {"TILE": [512, 1024, 2048], "MIN_PROGRAMS": [32, 64, 128], "NUM_WARPS": [1, 2, 4]},
     "replay_gather": {"BLOCK_B": [2, 4, 8, 16, 32], "MAX_BLOCK_D": [64, 128, 256], "NUM_WARPS": [1, 2, 4]},
+    "her_relabel": {"BLOCK_R": [8, 16, 32, 64], "MAX_BLOCK_D": [32, 64, 128], "NUM_WARPS": [1, 2, 4]},
     "relu_bias_grad": {"BLOCK_H": [8, 16, 32], "BLOCK_M": [32, 64, 128], "NUM_WARPS": [1, 2, 4]},
     "q_forward": {"BLOCK_M": [16, 32, 64], "NUM_WARPS": [4, 8], "NUM_WARPS_LINEAR": [4, 8], "BLOCK_K": [32, 64],
                   "BLOCK_N": [32, 64], "NUM_STAGES": [2, 3]},

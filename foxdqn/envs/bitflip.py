@@ -85,6 +85,10 @@ class BitFlipEnv:
         state, goal: ``[N, n]`` bool, current bits and goal bits.
         steps: ``[N]`` int64, steps taken in the current episode.
         goal_conditioned: ``True`` (class attribute; envs without it are not goal-conditioned).
+        her_bit_goals: ``dtype`` is float32: the goal layout hindsight relabelling computes in one
+            kernel (:mod:`foxdqn.ops.her_relabel`: the goal is the last ``goal_dim`` entries of the
+            observation, the achieved goal its first ``goal_dim``, success when all bits agree, reward
+            ``success − 1``); envs without it relabel through their goal methods.
     """
 
     goal_conditioned = True
@@ -114,6 +118,7 @@ class BitFlipEnv:
         self.max_episode_steps = n_bits
         self.device = device
         self.dtype = dtype
+        self.her_bit_goals = dtype == torch.float32
         self.generator = generator
         self._bit_index = torch.arange(n_bits, device=device, dtype=torch.long)
         self.state = torch.zeros(num_envs, n_bits, device=device, dtype=torch.bool)

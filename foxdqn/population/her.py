@@ -38,14 +38,9 @@ class MemberHindsightRelabeler(HindsightRelabeler):
 
     def relabel(self, buf, batch: Batch, generator=None) -> Batch:
         """``batch`` (P·B rows, member-major, from ``buf``'s ring) with each member's hindsight goals:
-        obs and next_obs ``[P·B, D]``, reward and discount ``[P·B]``; the rest unchanged. The
-        uniforms are the members' (``generator`` is not read)."""
+        obs and next_obs ``[P·B, D]``, or ``[P, B, D]`` halves of one ``[P, 2, B, D]`` tensor when the
+        batch's were (:meth:`~foxdqn.replay.her.HindsightRelabeler.relabel_with`), reward and discount
+        ``[P·B]``; the rest unchanged. The uniforms are the members' (``generator`` is not read)."""
         p = self.rng.num_members
-        b = batch.reward.shape[0] // p
-        u = self.rng.uniform(2 * b).view(p, 2, b).transpose(0, 1).reshape(2, p * b)
-        d = batch.obs.shape[-1]
-        rows = batch._replace(obs=batch.obs.reshape(p * b, d), next_obs=batch.next_obs.reshape(p * b, d))
-        # one γ and reward scale per row, its member's (expanded on the device: no host read)
-        gamma, scale = (v.to(torch.float32)[:, None].expand(p, b).reshape(p * b)
-                        for v in (self.gamma, self.reward_scale))
-        return self.relabel_with(buf, rows, u, gamma, scale)
+        u = self.rng.uniform(2 * (batch.reward.shape[0] // p)).view(p, 2, -1)
+        return self.relabel_with(buf, batch, u, self.gamma, self.reward_scale)

@@ -7,10 +7,17 @@ paper's ratio of k relabelled goals per original one). The future step is found 
 gather of the next ``max_episode_steps`` rows of the env's column in the time-major replay: the
 rows of one episode are consecutive, so the valid future rows are a prefix of that window
 (same episode number, already written). Only 1-step transitions (``replay.n_step=1``).
+
+The arithmetic is :func:`foxdqn.ops.her_relabel.her_relabel`: one kernel for an env that declares the
+bit-goal layout (``her_bit_goals``, the bit-flipping env), its torch reference (the env's own goal
+methods) for any other goal-conditioned env and on the CPU.
 """
 from __future__ import annotations
 
 import torch
+
+from foxdqn.ops.her_relabel import her_relabel
+from foxdqn.ops.replay_gather import stacked_pair
 
 
 class HindsightRelabeler:
@@ -19,7 +26,8 @@ class HindsightRelabeler:
     Args:
         env: a goal-conditioned env (``goal_conditioned = True``; ``achieved_goal(obs)``,
             ``desired_goal(obs)``, ``with_goal(obs, goal)``, ``compute_reward(achieved, goal)``,
-            ``is_success(achieved, goal)``, ``max_episode_steps``).
+            ``is_success(achieved, goal)``, ``max_episode_steps``; optionally ``her_bit_goals``
+            and ``goal_dim``: the layout :mod:`foxdqn.ops.her_relabel`'s kernel computes).
         k: relabelled goals per original goal (``replay.her_k`` ≥ 1).
         gamma: discount γ.
         reward_scale: the scale applied to env rewards at insertion.
@@ -37,6 +45,8 @@ class HindsightRelabeler:
         self.env, self.gamma, self.reward_scale = env, gamma, reward_scale
         self.p_relabel = k / (k + 1.0)
         self.window = int(env.max_episode_steps)
+        #: the relabelling runs as one kernel (env with the bit-goal layout, foxdqn/ops/her_relabel.py)
+        self.fused = bool(getattr(env, "her_bit_goals", False))
 
     def relabel(self, buf, batch, generator: torch.Generator):
         """Batch with hindsight goals; ``buf`` is the ReplayBuffer the batch came from. Draws
@@ -46,25 +56,19 @@ class HindsightRelabeler:
         return self.relabel_with(buf, batch, u, self.gamma, self.reward_scale)
 
     def relabel_with(self, buf, batch, u: torch.Tensor, gamma, reward_scale):
-        """``batch`` (``[B, D]`` obs and next_obs, ``batch.index`` its flat rows ``t·N + e`` of
-        ``buf``) with hindsight goals, from the uniforms ``u`` (float32 ``[2, B]``: row 0 picks the
-        future step, row 1 decides whether the goal is relabelled). ``gamma`` and ``reward_scale``:
-        floats, or float32 ``[B]`` tensors of one value per row (a population's members,
-        :class:`foxdqn.population.her.MemberHindsightRelabeler`). Device ops only."""
-        env = self.env
-        t, e = batch.index // buf.num_envs, batch.index % buf.num_envs
-        j = torch.arange(self.window, device=buf.device)
-        tj = (t[:, None] + j[None, :]) % buf.rows  # (B, L)
-        ej = e[:, None].expand_as(tj)
-        same = (buf.episode[tj, ej] == buf.episode[t, e][:, None]) & (j[None, :] <= buf.age(t)[:, None])
-        count = same.to(torch.int64).sum(dim=1)  # ≥ 1: j = 0 is always valid; valid j form a prefix
-        pick = (u[0] * count.to(torch.float32)).to(torch.int64).clamp(max=count - 1)
-        future = tj.gather(1, pick[:, None]).squeeze(1)
-        achieved_future = env.achieved_goal(buf.next_obs[future, e])
-        relabel = (u[1] < self.p_relabel)[:, None]
-        goal = torch.where(relabel, achieved_future, env.desired_goal(batch.obs))
-        obs, next_obs = env.with_goal(batch.obs, goal), env.with_goal(batch.next_obs, goal)
-        achieved_next = env.achieved_goal(batch.next_obs)
-        reward = env.compute_reward(achieved_next, goal) * reward_scale
-        terminal = env.is_success(achieved_next, goal).to(torch.float32)
-        return batch._replace(obs=obs, next_obs=next_obs, reward=reward, discount=gamma * (1.0 - terminal))
+        """``batch`` (obs and next_obs ``[R, D]``, or ``[P, B, D]`` member-major, ``batch.index`` its
+        flat rows ``t·N + e`` of ``buf``) with hindsight goals, from the uniforms ``u`` (float32
+        ``[2, R]`` or ``[P, 2, B]``: row 0 picks the future step, row 1 decides whether the goal is
+        relabelled). ``gamma`` and ``reward_scale``: floats, or float32 ``[G]`` tensors with G
+        dividing R, row r taking entry r // (R / G) (``[P]``: a population's members,
+        :class:`foxdqn.population.her.MemberHindsightRelabeler`). Obs and next_obs come back as the
+        two halves of one ``[P, 2, B, D]`` tensor when they came so
+        (:func:`foxdqn.ops.replay_gather.stacked_pair`), else ``[R, D]``.
+
+        One kernel for an env with the bit-goal layout (``her_bit_goals``), else the env's own goal
+        methods (:func:`foxdqn.ops.her_relabel.her_relabel`). Device ops only."""
+        stacked = stacked_pair(batch.obs, batch.next_obs) is not None
+        out = her_relabel(self.env, buf.episode, buf.ptr, buf.next_obs, batch.index, batch.obs, batch.next_obs, u,
+                          gamma, reward_scale, self.window, self.p_relabel, stacked=stacked,
+                          backend="auto" if self.fused else "torch")
+        return batch._replace(obs=out.obs, next_obs=out.next_obs, reward=out.reward, discount=out.discount)

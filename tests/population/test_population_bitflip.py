@@ -225,6 +225,7 @@ def test_member_relabelling_is_the_single_runs():
     """Member p's relabelled rows are the single run's HindsightRelabeler.relabel_with of its rows,
     uniforms, γ and reward scale, bit for bit: in a population of three on the population's ring, and
     in a population of one on a single run's ReplayBuffer holding the same transitions."""
+    from foxdqn.ops.replay_gather import stacked_pair
     from foxdqn.replay.buffer import ReplayBuffer
     from foxdqn.replay.her import HindsightRelabeler
     from test_population import run
@@ -232,17 +233,20 @@ def test_member_relabelling_is_the_single_runs():
     b, fields = 64, ("obs", "next_obs", "action", "reward", "discount", "weight", "index")
     s = run(configs(HER, MEMBERS), iterations=0, collect_first=12)
     raw, u, got = sample_before_relabelling(s, b)
+    # obs and next_obs come as [P, B, D], the halves of one [P, 2, B, D] tensor (a stacked pair)
+    assert stacked_pair(raw.obs, raw.next_obs) is not None and stacked_pair(got.obs, got.next_obs) is not None
     relabelled = 0
     for p, cfg in enumerate(s.cfgs):
         single = HindsightRelabeler(BitFlipEnv(1, cfg.env.n_bits, CPU, torch.Generator()), cfg.replay.her_k,
                                     cfg.agent.gamma, cfg.loss.reward_scale)
         rows = slice(p * b, (p + 1) * b)
-        mine = raw._replace(**{f: getattr(raw, f).reshape(3 * b, *getattr(raw, f).shape[2:])[rows]
-                               if getattr(raw, f).dim() == 3 else getattr(raw, f)[rows] for f in fields})
+        mine, theirs = (batch._replace(**{f: getattr(batch, f).reshape(3 * b, *getattr(batch, f).shape[2:])[rows]
+                                          if getattr(batch, f).dim() == 3 else getattr(batch, f)[rows]
+                                          for f in fields}) for batch in (raw, got))
         expected = single.relabel_with(s.replay, mine, u[p], cfg.agent.gamma, cfg.loss.reward_scale)
         for f in fields:
-            assert torch.equal(getattr(got, f)[rows], getattr(expected, f)), (p, f)
-        relabelled += int((got.obs[rows] != mine.obs).any(dim=1).sum())
+            assert torch.equal(getattr(theirs, f), getattr(expected, f)), (p, f)
+        relabelled += int((theirs.obs != mine.obs).any(dim=1).sum())
     assert relabelled > b and (got.reward == 0).any() and (got.reward == -2).any()  # member 1's scale
 
     one = run(configs(HER, [MEMBERS[1]]), iterations=0, collect_first=12)

@@ -193,3 +193,22 @@ def test_update_launches_stay_fused(name):
         assert ops.count("triton::_per_rows_kernel") == 1
         if name == "eurusd_rainbowish":  # (controls' pruning schedule keeps a remainder of its own)
             assert not {"aten::floor_divide", "aten::remainder"} & set(ops), ops
+
+
+#: issue 33: bit flipping with HER, an update at most this many launches at P = 1 and 2; were 56 and 61
+#: with the relabelling's index arithmetic, goal swap and reward in ~40 torch ops (and the member
+#: batch's reshapes at P > 1), now one kernel (foxdqn/ops/her_relabel.py): 16 at both
+HER_UPDATE_AT_MOST = 40
+
+
+@pytest.mark.parametrize("members", [1, 2])
+def test_her_update_relabels_in_one_kernel(members):
+    """bitflip_her's update: the draws, the gather, the members' relabel uniforms and one relabelling
+    kernel, whose obs and next_obs stay the halves of a stacked pair (no concatenation before the
+    forwards), then the loss of cartpole_cleanrl's member MLP chain and the update's tail."""
+    ops = step_launches("bitflip_her", members)["update"]
+    assert len(ops) <= HER_UPDATE_AT_MOST, (len(ops), ops)
+    head = UPDATE_HEAD + ["triton::_member_uniform_kernel", "triton::_her_relabel_kernel"]
+    assert ops[:len(head)] == head and ops[-len(UPDATE_TAIL):] == UPDATE_TAIL, ops
+    assert ops[len(head):-len(UPDATE_TAIL)] == CARTPOLE_LOSS, ops
+    assert "aten::item" not in ops and "aten::_local_scalar_dense" not in ops  # no host read
