@@ -165,6 +165,16 @@ def _dqn_td_loss_kernel(
                  mask=m2)
 
     # ---- the last program sums each group's partials in program order (module docstring)
+    group_sums_of_last_program(part_ptr, ticket_ptr, loss_ptr, G, NB, inv_n, SUM_G, SUM_R)
+
+
+@triton.jit
+def group_sums_of_last_program(part_ptr, ticket_ptr, loss_ptr, G, NB, inv_n, SUM_G: tl.constexpr,
+                               SUM_R: tl.constexpr):
+    """The end of a launch of ``G · NB`` programs that each stored one partial sum (program
+    ``p = g·NB + k`` into ``part_ptr[p]``): every program draws a ticket, and the last one writes
+    ``loss_ptr[g]`` = (group g's partials summed in program order, strides of SUM_R) · ``inv_n``
+    and zeroes the ticket (module docstring). Also serves :mod:`foxdqn.ops.iql_loss`."""
     tl.debug_barrier()  # every warp has stored its part before the (one-thread) ticket increment
     ticket = tl.atomic_add(ticket_ptr, 1, sem="acq_rel", scope="gpu")
     if ticket == tl.num_programs(0) - 1:
