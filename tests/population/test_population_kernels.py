@@ -4,7 +4,8 @@ take their fused forwards, as on CUDA), so that a change which adds launches fai
 a collect step is the single run's six launches whatever P, an update adds none outside its loss
 and backward; the collect step's fused action selection of a plain Q head; and a C51, IQN or
 branching population's collect step: its encoder's layers, then one kernel for its head and the
-ε-greedy selection (foxdqn/ops/{c51,iqn,branching}_epsilon_greedy.py)."""
+ε-greedy selection (foxdqn/ops/{c51,iqn,branching}_epsilon_greedy.py); a C51, Rainbow-like, controls
+or IQL population's update: at most a bound (IQL's loss one kernel, foxdqn/ops/iql_loss.py)."""
 from __future__ import annotations
 
 from collections import Counter
@@ -166,8 +167,10 @@ def test_distributional_heads_are_not_fused_for_acting(head):
 #: issue 33 item 2: a population's update at P = 3 (small nets), at most this many launches; were
 #: c51 54, rainbowish 109 and controls 242 with the C51 loss's ops unfused (ops/c51_loss.py: 20
 #: forward and 4 backward launches, and Rainbow's dueling combine 3 + 5), PER's sampled slots turned into ring rows by 18 small ops (ops/per_rows.py)
-#: and the slots of its update recomputed (4), accumulation's micro-batches copied per field (26)
-UPDATE_AT_MOST = {"eurusd_c51": 30, "eurusd_rainbowish": 52, "eurusd_controls": 208}
+#: and the slots of its update recomputed (4), accumulation's micro-batches copied per field (26);
+#: iql 64 (at P = 2) with IQL's loss arithmetic unfused (ops/iql_loss.py: two gathers, 15 forward
+#: and 13 backward ops and the gather's backward became one kernel and its backward's two multiplies)
+UPDATE_AT_MOST = {"eurusd_c51": 30, "eurusd_rainbowish": 52, "eurusd_controls": 208, "eurusd_iql": 40}
 #: a C51 head's atoms here: 11 (odd, masked in a block of 16) instead of 51; the launches do not depend on
 #: them, the interpreter's time does (51 atoms: one row per program, 5-10 times longer)
 ATOMS = {"eurusd_c51": ("head.atoms=11",), "eurusd_rainbowish": ("head.atoms=11",)}
@@ -177,10 +180,14 @@ ATOMS = {"eurusd_c51": ("head.atoms=11",), "eurusd_rainbowish": ("head.atoms=11"
 def test_update_launches_stay_fused(name):
     ops = step_launches(name, 3, ATOMS.get(name, ()))["update"]
     assert len(ops) <= UPDATE_AT_MOST[name], (len(ops), ops)
-    if name != "eurusd_controls":  # a C51 head: its loss is two kernels
+    if name == "eurusd_iql":  # IQL's L_Q + L_V, td and both gradients: one kernel, no gather or elementwise op
+        assert ops.count("triton::_iql_loss_kernel") == 1
+        assert not {"aten::gather", "aten::gather_backward", "aten::where", "aten::square", "aten::pow",
+                    "aten::mean", "aten::lt", "aten::rsub", "aten::sub", "aten::neg"} & set(ops), Counter(ops)
+    if name in ("eurusd_c51", "eurusd_rainbowish"):  # a C51 head: its loss is two kernels
         assert ops.count("triton::_c51_loss_fwd_kernel") == ops.count("triton::_c51_loss_bwd_kernel") == 1
         assert not {"aten::log_softmax", "aten::softmax", "aten::argmax", "aten::stack", "aten::zeros"} & set(ops)
-    if name != "eurusd_c51":  # prioritized replay: slots to rows in one kernel, none for the update's slots
+    if name in ("eurusd_rainbowish", "eurusd_controls"):  # prioritized replay: slots to rows in one kernel, none for the update's slots
         assert ops.count("triton::_per_rows_kernel") == 1
         if name == "eurusd_rainbowish":  # (controls' pruning schedule keeps a remainder of its own)
             assert not {"aten::floor_divide", "aten::remainder"} & set(ops), ops
