@@ -50,16 +50,13 @@ must be ordered (one stream, or graphs replayed in order), as that op's docstrin
 """
 from __future__ import annotations
 
-import math
-import numbers
-
 import torch
 import triton
 import triton.language as tl
 
 from foxdqn.ops import dqn_td_loss as _td
-from foxdqn.ops.backend import describe, resolve_backend
-from foxdqn.ops.dqn_td_loss import group_sums_of_last_program
+from foxdqn.ops.backend import check_devices, describe, flat_float32, group_count, resolve_backend
+from foxdqn.ops.dqn_td_loss import group_block_rows, group_sums_of_last_program
 
 __all__ = ["iql_loss", "iql_loss_reference", "expectile_loss"]
 
@@ -87,14 +84,11 @@ def _iql_loss_kernel(
     TAU_PER_GROUP: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_A: tl.constexpr, SUM_G: tl.constexpr,
     SUM_R: tl.constexpr,
 ):
-    pid = tl.program_id(0)
     zero = tl.zeros([], dtype=tl.int64)  # an int argument equal to 1 arrives as a constexpr
     G, Bg, A = G + zero, Bg + zero, A + zero
     q_sg, q_sb, q_sa = q_sg + zero, q_sb + zero, q_sa + zero
     qt_sg, qt_sb, qt_sa = qt_sg + zero, qt_sb + zero, qt_sa + zero
-    NB = tl.cdiv(Bg, BLOCK_R)  # row blocks per group
-    g = pid // NB
-    r0 = (pid % NB) * BLOCK_R
+    g, b, ok, NB = group_block_rows(Bg, BLOCK_R)  # this program's BLOCK_R rows b of group g
     inv_n = tl.cast(inv_n, tl.float32)
     if TAU_PER_GROUP:
         t = tl.load(tau_ptr + g)
@@ -103,9 +97,7 @@ def _iql_loss_kernel(
         t = tl.cast(tau, tl.float32)
         t_neg = tl.cast(one_minus_tau, tl.float32)  # rounded from the host's double, as torch.where's scalar
 
-    # ---- this program's BLOCK_R rows of group g
-    b = r0 + tl.arange(0, BLOCK_R)
-    ok = b < Bg
+    # ---- this program's rows: td, ∂loss/∂V, ∂loss/∂q and one partial loss sum
     row = g * Bg + b  # sample row
     a = tl.load(action_ptr + row, mask=ok, other=0)
     a_ok = ok & (a >= 0) & (a < A)
@@ -122,7 +114,7 @@ def _iql_loss_kernel(
     td = (r + disc * vn) - q_sa_v
     loss_q = td * td  # eq. 6
     loss = loss_q * w + loss_v * w
-    tl.store(part_ptr + pid, tl.sum(tl.where(ok, loss, 0.0), axis=0))
+    tl.store(part_ptr + tl.program_id(0), tl.sum(tl.where(ok, loss, 0.0), axis=0))
     tl.store(td_ptr + row, td, mask=ok)
     scale = w * inv_n
     tl.store(dv_ptr + row, -((scale * k) * (2.0 * u)), mask=ok)
@@ -212,31 +204,13 @@ def _check(q, q_target, v, v_next, action, reward, discount, weight, expectile):
         raise ValueError(f"{op}: q must have B={b} rows of A actions, got {describe(q)}")
     if tuple(q_target.shape) != tuple(q.shape) or q_target.dtype != torch.float32:
         raise ValueError(f"{op}: q_target must be float32 of q's shape {list(q.shape)}, got {describe(q_target)}")
-    if isinstance(expectile, torch.Tensor):
-        if expectile.dim() != 1 or expectile.dtype != torch.float32 or expectile.shape[0] < 1 \
-                or b % expectile.shape[0]:
-            raise ValueError(f"{op}: expectile must be a float in (0, 1) or a float32 [G] tensor with G dividing "
-                             f"B={b}, got {describe(expectile)}")
-        groups = expectile.shape[0]
-    else:
-        if isinstance(expectile, bool) or not isinstance(expectile, numbers.Real) \
-                or not (math.isfinite(expectile) and 0.0 < expectile < 1.0):
-            raise ValueError(f"{op}: expectile must be a number in (0, 1), got {expectile!r}")
-        groups = 1
+    groups = group_count(op, "expectile", expectile, b, lambda t: 0.0 < t < 1.0, "a number in (0, 1)")
     if q.dim() == 3 and q.shape[0] != groups:
         raise ValueError(f"{op}: q [G, B/G, A] must have G={groups} groups (expectile's), got {describe(q)}")
-    flat = []
-    for name, x in (("v", v), ("v_next", v_next), ("reward", reward), ("discount", discount),
-                    ("weight", weight)):
-        x = x.reshape(-1)
-        if x.shape[0] != b or x.dtype != torch.float32:
-            raise ValueError(f"{op}: {name} must be float32 [{b}], got {describe(x)}")
-        flat.append(x)
-    for name, x in (("q_target", q_target), ("v", v), ("v_next", v_next), ("action", action), ("reward", reward),
-                    ("discount", discount), ("weight", weight),
-                    ("expectile", expectile if isinstance(expectile, torch.Tensor) else None)):
-        if x is not None and x.device != q.device:
-            raise ValueError(f"{op}: {name} is on {x.device}, q on {q.device}")
+    flat = flat_float32(op, b, (("v", v), ("v_next", v_next), ("reward", reward), ("discount", discount),
+                                ("weight", weight)))
+    check_devices(op, q, (("q_target", q_target), ("v", v), ("v_next", v_next), ("action", action),
+                          ("reward", reward), ("discount", discount), ("weight", weight), ("expectile", expectile)))
     shape3 = (groups, b // groups, a)
     return q.view(shape3), q_target.view(shape3), *flat[:2], action, *flat[2:], groups
 
