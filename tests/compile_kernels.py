@@ -19,8 +19,9 @@ import os
 import sys
 from pathlib import Path
 
-os.environ.pop("TRITON_INTERPRET", None)  # the kernels must be JIT functions here, not interpreted
-os.environ.setdefault("TRITON_DEFAULT_FP_FUSION", "1")  # Triton's default, set to quiet its notice
+if __name__ == "__main__":  # the command, not a test that imports its helpers (its session interprets)
+    os.environ.pop("TRITON_INTERPRET", None)  # the kernels must be JIT functions here, not interpreted
+    os.environ.setdefault("TRITON_DEFAULT_FP_FUSION", "1")  # Triton's default, set to quiet its notice
 
 
 def records(folder: Path) -> list[dict]:

@@ -167,6 +167,21 @@ def assert_replay_equals_eager(fn, change) -> None:
     assert torch.equal(out, eager)
 
 
+def assert_replays_give(fn, eager, replays: int = 2) -> None:
+    """Capture ``fn`` (:func:`capture_graph`; ``fn`` returns a list or tuple of tensors), fill its
+    outputs with NaN, replay the graph ``replays`` times without a host sync (:func:`no_host_sync`):
+    each output must then equal ``eager`` (the tensors of an eager call) bit for bit."""
+    graph, out = capture_graph(fn)
+    for x in out:
+        x.fill_(float("nan"))
+    with no_host_sync():
+        for _ in range(replays):
+            graph.replay()
+    torch.cuda.synchronize()
+    for x, y in zip(out, eager, strict=True):
+        assert torch.equal(x, y)  # replay = eager, bit for bit
+
+
 def capture_env_step(env, action, warmup_actions=None):
     """Warm up on a side stream (sync debug mode on), then capture one ``env.step(action)``.
 

@@ -16,7 +16,9 @@ the replay distribution. For distributional heads, Q is the network's expected Q
 
 The arithmetic is :func:`iql_loss`, which a population (:func:`foxdqn.population.objective.member_loss`)
 calls with a leading member axis: each member's own Q, target and value networks, its own
-expectile τ (a ``[P]`` tensor) and means over its own B rows.
+expectile τ (a ``[P]`` tensor) and means over its own B rows. After the networks' forwards, the
+loss, td and the gradients w.r.t. Q(s, a) and V(s) are one op, :func:`foxdqn.ops.iql_loss.iql_loss`
+(one kernel on CUDA; its reference, the torch arithmetic, on the CPU).
 """
 from __future__ import annotations
 
@@ -24,22 +26,10 @@ import math
 
 import torch
 
-from foxdqn.objectives.base import LossOutput, Objective, weighted_mean
+from foxdqn.objectives.base import LossOutput, Objective
+from foxdqn.ops.iql_loss import expectile_loss, iql_loss as fused_iql_loss
 
-
-def expectile_loss(diff: torch.Tensor, tau: float | torch.Tensor) -> torch.Tensor:
-    """IQL eq. 5 asymmetric square L₂^τ(u) = |τ − 1{u < 0}| · u², elementwise.
-
-    Args:
-        diff: float32 [...] u = Q_target(s, a) − V(s).
-        tau: expectile in (0, 1): a float, or a float32 tensor that broadcasts against ``diff``
-            (a population's ``[P, 1]``, one τ per member).
-
-    Returns:
-        float32 [...], differentiable w.r.t. ``diff`` (the indicator is piecewise constant).
-    """
-    weight = torch.where(diff < 0, 1.0 - tau, tau)  # |τ − 1{u<0}|
-    return weight * diff.square()
+__all__ = ["IQLObjective", "expectile_loss", "iql_loss"]
 
 
 def iql_loss(online, target, value_net, batch, expectile_tau: float | torch.Tensor,
@@ -60,27 +50,26 @@ def iql_loss(online, target, value_net, batch, expectile_tau: float | torch.Tens
     Returns:
         ``(loss, td, q_all)``: loss float32 0-d = Σ_b w_b (L_Q,b + L_V,b) / B (``[P]`` with
         ``members``: member p's own mean over its B rows; members never mix); td float32 ``[B]``
-        (``[P, B]``) = R + discount · V(s') − Q(s, a), with gradient; q_all float32 ``[B, A]``
-        (``[P, B, A]``) online Q at s, with gradient.
+        (``[P, B]``) = R + discount · V(s') − Q(s, a), detached (the callers read |td|); q_all
+        float32 ``[B, A]`` (``[P, B, A]``) online Q at s, with gradient.
+
+    Raises:
+        ValueError: a float ``expectile_tau`` not in (0, 1); shapes or dtypes that
+            :func:`foxdqn.ops.iql_loss.iql_loss` refuses.
     """
     obs, next_obs = batch.obs, batch.next_obs
     if members is not None:
         obs, next_obs = obs.view(members, -1, obs.shape[-1]), next_obs.view(members, -1, next_obs.shape[-1])
-        if isinstance(expectile_tau, torch.Tensor):
-            expectile_tau = expectile_tau.view(members, 1)  # broadcast over each member's B rows
+        if not isinstance(expectile_tau, torch.Tensor):  # one τ for every member: loss [P] all the same
+            expectile_tau = torch.full((members,), float(expectile_tau), device=obs.device)
     q_all = online(obs)  # (B, A), with grad
-    rows = q_all.shape[:-1]  # (B,), or (P, B)
-    action = batch.action.view(rows)[..., None]  # (B, 1)
-    q_sa = q_all.gather(-1, action).squeeze(-1)  # (B,)
     v_s = value_net(obs)  # (B,), with grad
     with torch.no_grad():
-        q_target_sa = target(obs).gather(-1, action).squeeze(-1)  # (B,) Q_θ̂(s, a)
-        y = batch.reward.view(rows) + batch.discount.view(rows) * value_net(next_obs)  # (B,) eq. 6 target
-    loss_v = expectile_loss(q_target_sa - v_s, expectile_tau)  # (B,) eq. 5
-    td = y - q_sa  # (B,)
-    loss_q = td.square()  # (B,) eq. 6
-    weight = batch.weight.view(rows)
-    return weighted_mean(loss_q, weight) + weighted_mean(loss_v, weight), td, q_all
+        q_target = target(obs)  # (B, A) Q_θ̂(s, ·)
+        v_next = value_net(next_obs)  # (B,) V(s'), eq. 6 target
+    loss, td = fused_iql_loss(q_all, q_target, v_s, v_next, batch.action, batch.reward, batch.discount,
+                              batch.weight, expectile_tau)
+    return loss, td.view(q_all.shape[:-1]), q_all
 
 
 class IQLObjective(Objective):

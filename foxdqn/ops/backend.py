@@ -8,7 +8,10 @@ reads it at ``@triton.jit`` time).
 from __future__ import annotations
 
 import contextlib
+import math
+import numbers
 import os
+from typing import Callable, Iterable
 
 import torch
 
@@ -54,6 +57,52 @@ def describe(t) -> str:
     if not isinstance(t, torch.Tensor):
         return type(t).__name__
     return f"{t.dtype} {list(t.shape)}{'' if t.is_contiguous() else ' (not contiguous)'} on {t.device}"
+
+
+def group_count(op: str, name: str, value, rows: int, valid: Callable[[float], bool], want: str) -> int:
+    """The groups G of an op's per-group parameter ``value``: a float32 ``[G]`` tensor (G >= 1
+    dividing ``rows``; its device values are not checked) gives G, a finite real number for which
+    ``valid`` holds gives 1.
+
+    Raises:
+        ValueError: anything else, ``"{op}: {name} must be {want}..."``.
+    """
+    if isinstance(value, torch.Tensor):
+        if value.dim() != 1 or value.dtype != torch.float32 or value.shape[0] < 1 or rows % value.shape[0]:
+            raise ValueError(f"{op}: {name} must be {want} or a float32 [G] tensor with G dividing B={rows}, "
+                             f"got {describe(value)}")
+        return value.shape[0]
+    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not math.isfinite(value) \
+            or not valid(value):
+        raise ValueError(f"{op}: {name} must be {want}, got {value!r}")
+    return 1
+
+
+def flat_float32(op: str, rows: int, named: Iterable[tuple[str, torch.Tensor | None]]) -> list:
+    """Each ``(name, tensor)`` of ``named`` flattened (a view where it can be), None kept.
+
+    Raises:
+        ValueError: a tensor that is not float32 of ``rows`` elements.
+    """
+    out = []
+    for name, x in named:
+        if x is not None:
+            x = x.reshape(-1)
+            if x.shape[0] != rows or x.dtype != torch.float32:
+                raise ValueError(f"{op}: {name} must be float32 [{rows}], got {describe(x)}")
+        out.append(x)
+    return out
+
+
+def check_devices(op: str, q: torch.Tensor, named: Iterable[tuple[str, object]]) -> None:
+    """Every tensor of ``named`` (``(name, value)``; other values ignored) on ``q``'s device.
+
+    Raises:
+        ValueError: ``"{op}: {name} is on {device}, q on {q.device}"``.
+    """
+    for name, x in named:
+        if isinstance(x, torch.Tensor) and x.device != q.device:
+            raise ValueError(f"{op}: {name} is on {x.device}, q on {q.device}")
 
 
 def resolve_backend(op: str, backend: str, t: torch.Tensor) -> str:

@@ -63,15 +63,12 @@ graph then zeroes it (one more fill) at each replay.
 """
 from __future__ import annotations
 
-import math
-import numbers
-
 import torch
 import torch.nn.functional as F
 import triton
 import triton.language as tl
 
-from foxdqn.ops.backend import describe, resolve_backend
+from foxdqn.ops.backend import check_devices, describe, flat_float32, group_count, resolve_backend
 from foxdqn.ops.argmax import tile_argmax
 
 __all__ = ["dqn_td_loss", "dqn_td_loss_reference", "huber_per_group"]
@@ -106,9 +103,7 @@ def _dqn_td_loss_kernel(
     pid = tl.program_id(0)
     zero = tl.zeros([], dtype=tl.int64)  # an int argument equal to 1 arrives as a constexpr
     G, Bg, A = G + zero, Bg + zero, A + zero
-    NB = tl.cdiv(Bg, BLOCK_R)  # row blocks per group
-    g = pid // NB
-    r0 = (pid % NB) * BLOCK_R
+    g, b, ok, NB = group_block_rows(Bg, BLOCK_R)  # this program's BLOCK_R rows b of group g
     inv_n = tl.cast(inv_n, tl.float32)
     if DELTA_PER_GROUP:
         d = tl.load(delta_ptr + g)
@@ -118,8 +113,6 @@ def _dqn_td_loss_kernel(
     col_ok = cols < A
 
     # ---- this program's BLOCK_R rows of group g: |x|, ∂loss/∂q and one partial loss sum
-    b = r0 + tl.arange(0, BLOCK_R)
-    ok = b < Bg
     row = g * Bg + b  # sample row
     if STACKED:
         q_row = g * 2 * Bg + b
@@ -165,6 +158,28 @@ def _dqn_td_loss_kernel(
                  mask=m2)
 
     # ---- the last program sums each group's partials in program order (module docstring)
+    group_sums_of_last_program(part_ptr, ticket_ptr, loss_ptr, G, NB, inv_n, SUM_G, SUM_R)
+
+
+@triton.jit
+def group_block_rows(Bg, BLOCK_R: tl.constexpr):
+    """``(g, b, ok, NB)`` of this program of a launch of ``G · NB`` programs, ``NB = cdiv(Bg,
+    BLOCK_R)`` row blocks per group (``Bg`` int64): program ``p = g·NB + k`` takes rows
+    ``b = k·BLOCK_R + [0, BLOCK_R)`` of group g, those with ``ok`` (``b < Bg``) real. Also serves
+    :mod:`foxdqn.ops.iql_loss`."""
+    NB = tl.cdiv(Bg, BLOCK_R)
+    pid = tl.program_id(0)
+    b = (pid % NB) * BLOCK_R + tl.arange(0, BLOCK_R)
+    return pid // NB, b, b < Bg, NB
+
+
+@triton.jit
+def group_sums_of_last_program(part_ptr, ticket_ptr, loss_ptr, G, NB, inv_n, SUM_G: tl.constexpr,
+                               SUM_R: tl.constexpr):
+    """The end of a launch of ``G · NB`` programs that each stored one partial sum (program
+    ``p = g·NB + k`` into ``part_ptr[p]``): every program draws a ticket, and the last one writes
+    ``loss_ptr[g]`` = (group g's partials summed in program order, strides of SUM_R) · ``inv_n``
+    and zeroes the ticket (module docstring). Also serves :mod:`foxdqn.ops.iql_loss`."""
     tl.debug_barrier()  # every warp has stored its part before the (one-thread) ticket increment
     ticket = tl.atomic_add(ticket_ptr, 1, sem="acq_rel", scope="gpu")
     if ticket == tl.num_programs(0) - 1:
@@ -292,31 +307,10 @@ def _check(q, q_next_target, action, reward, discount, weight, q_next_online, do
         q_next_online = q_next_online.reshape(-1, a) if q_next_online.shape[-1] == a else q_next_online
         if tuple(q_next_online.shape) != (b, a) or q_next_online.dtype != torch.float32:
             raise ValueError(f"{op}: q_next_online must be float32 [{b}, {a}], got {describe(q_next_online)}")
-    flat = []
-    for name, x in (("reward", reward), ("discount", discount), ("weight", weight)):
-        if x is None:
-            flat.append(None)
-            continue
-        x = x.reshape(-1)
-        if x.shape[0] != b or x.dtype != torch.float32:
-            raise ValueError(f"{op}: {name} must be float32 [{b}], got {describe(x)}")
-        flat.append(x)
-    if isinstance(huber_delta, torch.Tensor):
-        if huber_delta.dim() != 1 or huber_delta.dtype != torch.float32 or huber_delta.shape[0] < 1 \
-                or b % huber_delta.shape[0]:
-            raise ValueError(f"{op}: huber_delta must be a float > 0 or a float32 [G] tensor with G dividing "
-                             f"B={b}, got {describe(huber_delta)}")
-        groups = huber_delta.shape[0]
-    else:
-        if isinstance(huber_delta, bool) or not isinstance(huber_delta, numbers.Real) \
-                or not math.isfinite(huber_delta) or huber_delta <= 0:
-            raise ValueError(f"{op}: huber_delta must be a finite number > 0, got {huber_delta!r}")
-        groups = 1
-    for name, x in (("q_next_target", q_next_target), ("q_next_online", q_next_online), ("action", action),
-                    ("reward", flat[0]), ("discount", flat[1]), ("weight", flat[2]),
-                    ("huber_delta", huber_delta if isinstance(huber_delta, torch.Tensor) else None)):
-        if x is not None and x.device != q.device:
-            raise ValueError(f"{op}: {name} is on {x.device}, q on {q.device}")
+    flat = flat_float32(op, b, (("reward", reward), ("discount", discount), ("weight", weight)))
+    groups = group_count(op, "huber_delta", huber_delta, b, lambda d: d > 0, "a finite number > 0")
+    check_devices(op, q, (("q_next_target", q_next_target), ("q_next_online", q_next_online), ("action", action),
+                          ("reward", flat[0]), ("discount", flat[1]), ("weight", flat[2]), ("huber_delta", huber_delta)))
     return q2, q_next_target, q_next_online, action, *flat, groups, stacked
 
 

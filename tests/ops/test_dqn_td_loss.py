@@ -18,7 +18,7 @@ from foxdqn.ops import dqn_td_loss as td_module
 from foxdqn.ops.backend import INTERPRET
 from foxdqn.ops.dqn_td_loss import dqn_td_loss, dqn_td_loss_reference
 
-from support import capture_graph, cuda_kernels, no_host_sync, require_compiled_kernels
+from support import assert_replays_give, capture_graph, cuda_kernels, no_host_sync, require_compiled_kernels
 
 _need_compiled = require_compiled_kernels(INTERPRET)
 
@@ -361,15 +361,7 @@ def test_gpu_grid_capture_equals_eager_sync_free_deterministic(b, a, groups, sta
     want_loss, want_td = dqn_td_loss_reference(q_in, *args, **kw)
     torch.testing.assert_close(eager[0], want_loss, rtol=1e-5, atol=1e-6)
     torch.testing.assert_close(eager[1], want_td, rtol=1e-5, atol=1e-6)  # fused multiply-adds
-    graph, out = capture_graph(step)
-    for x in out:
-        x.fill_(float("nan"))
-    with no_host_sync():
-        graph.replay()
-        graph.replay()
-    torch.cuda.synchronize()
-    for x, y in zip(out, eager):
-        assert torch.equal(x, y)  # replay = eager, bit for bit
+    assert_replays_give(step, eager)
 
 
 @pytest.mark.gpu

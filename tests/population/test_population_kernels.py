@@ -4,7 +4,8 @@ take their fused forwards, as on CUDA), so that a change which adds launches fai
 a collect step is the single run's six launches whatever P, an update adds none outside its loss
 and backward; the collect step's fused action selection of a plain Q head; and a C51, IQN or
 branching population's collect step: its encoder's layers, then one kernel for its head and the
-ε-greedy selection (foxdqn/ops/{c51,iqn,branching}_epsilon_greedy.py)."""
+ε-greedy selection (foxdqn/ops/{c51,iqn,branching}_epsilon_greedy.py); a C51, Rainbow-like, controls
+or IQL population's update: at most a bound (IQL's loss one kernel, foxdqn/ops/iql_loss.py)."""
 from __future__ import annotations
 
 from collections import Counter
@@ -170,8 +171,10 @@ def test_distributional_heads_are_not_fused_for_acting(head):
 #: and the slots of its update recomputed (4), accumulation's micro-batches copied per field (26)
 #: (the loss's sum and its backward's ones_like gone from all: 2 launches, 4 with controls' 2 micro-batches);
 #: eurusd_cql 46 with CQL(H)'s logsumexp, gather and means and their backward as 19 torch ops (ops/cql_loss.py: one
-#: kernel, a multiply in backward)
-UPDATE_AT_MOST = {"eurusd_c51": 28, "eurusd_rainbowish": 50, "eurusd_controls": 204, "eurusd_cql": 31}
+#: kernel, a multiply in backward); iql 64 (at P = 2) with IQL's loss arithmetic unfused (ops/iql_loss.py: two
+#: gathers, 15 forward and 13 backward ops and the gather's backward became one kernel and its backward's two
+#: multiplies)
+UPDATE_AT_MOST = {"eurusd_c51": 28, "eurusd_rainbowish": 50, "eurusd_controls": 204, "eurusd_cql": 31, "eurusd_iql": 34}
 C51_HEAD = ("eurusd_c51", "eurusd_rainbowish")
 PRIORITIZED = ("eurusd_rainbowish", "eurusd_controls")
 #: a C51 head's atoms here: 11 (odd, masked in a block of 16) instead of 51; the launches do not depend on
@@ -189,6 +192,10 @@ def test_update_launches_stay_fused(name):
     if name == "eurusd_cql":  # α · CQL(H): one kernel, no logsumexp, gather or mean of torch's
         assert ops.count("triton::_cql_loss_kernel") == 1
         assert not {"aten::logsumexp", "aten::gather", "aten::mean", "aten::exp"} & set(ops), ops
+    if name == "eurusd_iql":  # IQL's L_Q + L_V, td and both gradients: one kernel, no gather or elementwise op
+        assert ops.count("triton::_iql_loss_kernel") == 1
+        assert not {"aten::gather", "aten::gather_backward", "aten::where", "aten::square", "aten::pow",
+                    "aten::mean", "aten::lt", "aten::rsub", "aten::sub", "aten::neg"} & set(ops), Counter(ops)
     if name in PRIORITIZED:  # slots to rows in one kernel, none for the update's slots
         assert ops.count("triton::_per_rows_kernel") == 1
         if name == "eurusd_rainbowish":  # (controls' pruning schedule keeps a remainder of its own)
