@@ -146,14 +146,15 @@ def _check(q, action, weight, alpha):
 # ----------------------------------------------------------------------------- reference
 def cql_loss_reference(q: torch.Tensor, action: torch.Tensor, weight: torch.Tensor | None,
                        alpha: torch.Tensor) -> torch.Tensor:
-    """Plain-torch :func:`cql_loss` (same arguments and result), differentiable by autograd:
-    ``α · cql_regulariser(q, action, weight)`` (:mod:`foxdqn.objectives.cql`)."""
-    from foxdqn.objectives.cql import cql_regulariser
-
+    """Plain-torch :func:`cql_loss` (same arguments and result), differentiable by autograd: the
+    arithmetic of ``α · cql_regulariser(q, action, weight)`` (:mod:`foxdqn.objectives.cql`, which
+    sits above the ops and is not imported here)."""
     action, weight = _check(q, action, weight, alpha)
-    if weight is None:
-        weight = torch.ones(action.shape[0], device=q.device, dtype=torch.float32)
-    return alpha * cql_regulariser(q, action, weight)
+    g, bg, _ = q.shape
+    per_sample = torch.logsumexp(q, dim=-1) - q.gather(-1, action.view(g, bg, 1)).squeeze(-1)  # [G, B]
+    if weight is not None:
+        per_sample = per_sample * weight.view(g, bg)
+    return alpha * per_sample.mean(dim=-1)
 
 
 # ----------------------------------------------------------------------------- public
