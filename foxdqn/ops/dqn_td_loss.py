@@ -11,6 +11,15 @@ Per sample b (R_b the n-step reward sum, discount_b = γ^m or 0, foxdqn/replay/b
     loss_g = Σ_{b in group g} w_b ℓ_b / B_g
     ∂loss_g/∂Q(s_b, a) = 1{a = a_b} · w_b / B_g · clamp(x_b, −δ, δ)
 
+With ``cql_alpha`` (a population's CQL(H) members, Kumar et al. 2020, eq. 4; α_g float32 ``[G]``),
+the kernel adds each member's conservative term and its gradient in the same pass (no launch of
+its own; :mod:`foxdqn.ops.cql_loss` is the same term as an op for other heads), w_b = 1 without
+weights:
+
+    c_b    = logsumexp_a Q(s_b, a) − Q(s_b, a_b)
+    loss_g += α_g · Σ_b w_b c_b / B_g
+    ∂loss_g/∂Q(s_b, a) += α_g · w_b / B_g · (softmax_a Q(s_b, ·) − 1{a = a_b})
+
 y is a constant (no gradient through the target or the online selection). G = 1 (one run): loss is
 0-d, the mean over the batch (foxdqn.objectives.dqn.DQNObjective). G > 1 (a population of G
 members, rows g·B_g .. (g+1)·B_g − 1 are member g's): δ is a ``[G]`` tensor and loss is ``[G]``
@@ -91,6 +100,7 @@ def _dqn_td_loss_kernel(
     action_ptr, reward_ptr, discount_ptr, weight_ptr,  # [G·Bg]
     delta_ptr,  # f32 [G] (DELTA_PER_GROUP)
     delta,  # float δ (not DELTA_PER_GROUP)
+    alpha_ptr,  # f32 [G] CQL α (CQL)
     loss_ptr,  # f32 [G] out (written by the last program)
     td_ptr,  # f32 [G·Bg] out |x|
     dq_ptr,  # f32 like q, out ∂loss/∂q
@@ -98,7 +108,7 @@ def _dqn_td_loss_kernel(
     ticket_ptr,  # i32 0-d scratch, zero between launches
     G, Bg, A, inv_n,
     STACKED: tl.constexpr, DOUBLE: tl.constexpr, HAS_WEIGHT: tl.constexpr, DELTA_PER_GROUP: tl.constexpr,
-    BLOCK_R: tl.constexpr, BLOCK_A: tl.constexpr, SUM_G: tl.constexpr, SUM_R: tl.constexpr,
+    CQL: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_A: tl.constexpr, SUM_G: tl.constexpr, SUM_R: tl.constexpr,
 ):
     pid = tl.program_id(0)
     zero = tl.zeros([], dtype=tl.int64)  # an int argument equal to 1 arrives as a constexpr
@@ -148,11 +158,27 @@ def _dqn_td_loss_kernel(
         w = tl.load(weight_ptr + row, mask=ok, other=0.0)
         loss = loss * w
         scale = inv_n * w
-    tl.store(part_ptr + pid, tl.sum(tl.where(ok, loss, 0.0), axis=0))
-    tl.store(td_ptr + row, z, mask=ok)
     # huber_loss_backward: −δ where x ≤ −δ, δ where x ≥ δ, else x (NaN stays NaN)
     grad = tl.where(x <= -d, -d, tl.where(x >= d, d, x)) * scale
-    tl.store(dq_ptr + q_row[:, None] * A + cols[None, :], tl.where(hit, grad[:, None], 0.0), mask=m2)
+    dq = tl.where(hit, grad[:, None], 0.0)
+    if CQL:  # α_g · w_b (logsumexp_a Q(s_b, a) − Q(s_b, a_b)) and its gradient (module docstring)
+        alpha = tl.load(alpha_ptr + g)
+        qm = tl.where(col_ok[None, :], qs, float("-inf"))
+        top = tl.where(ok, tl.max(qm, axis=1), 0.0)
+        e = tl.exp(qm - top[:, None])  # 0 in masked columns
+        total = tl.where(ok, tl.sum(e, axis=1), 1.0)
+        c = tl.where(ok, top + tl.log(total) - q_sa, 0.0)
+        soft = e / total[:, None] - tl.where(hit, 1.0, 0.0)
+        if HAS_WEIGHT:
+            c = c * w
+            soft = soft * (alpha * scale)[:, None]
+        else:
+            soft = soft * (alpha * scale)
+        loss = loss + alpha * c
+        dq += soft
+    tl.store(part_ptr + pid, tl.sum(tl.where(ok, loss, 0.0), axis=0))
+    tl.store(td_ptr + row, z, mask=ok)
+    tl.store(dq_ptr + q_row[:, None] * A + cols[None, :], dq, mask=m2)
     if STACKED:
         tl.store(dq_ptr + next_row[:, None] * A + cols[None, :], tl.zeros([BLOCK_R, BLOCK_A], tl.float32),
                  mask=m2)
@@ -234,7 +260,7 @@ class _DQNTDLoss(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, q, q_next_target, q_next_online, action, reward, discount, weight, delta_t, delta_f,
-                groups, stacked, double):
+                groups, stacked, double, cql_alpha):
         rows = action.shape[0]
         dev = q.device
         loss = torch.empty(groups, device=dev, dtype=torch.float32)
@@ -249,10 +275,11 @@ class _DQNTDLoss(torch.autograd.Function):
             _dqn_td_loss_kernel[(programs,)](
                 q, q_next_target, q_next_online if q_next_online is not None else q_next_target,
                 action, reward, discount, weight if weight is not None else reward,
-                delta_t if delta_t is not None else reward, delta_f, loss, td_abs, dq, partials, ticket,
+                delta_t if delta_t is not None else reward, delta_f,
+                cql_alpha if cql_alpha is not None else reward, loss, td_abs, dq, partials, ticket,
                 groups, bg, q.shape[1], 1.0 / bg,
                 STACKED=stacked, DOUBLE=double, HAS_WEIGHT=weight is not None,
-                DELTA_PER_GROUP=delta_t is not None, BLOCK_R=block_r, BLOCK_A=block_a, SUM_G=sum_g, SUM_R=sum_r,
+                DELTA_PER_GROUP=delta_t is not None, CQL=cql_alpha is not None, BLOCK_R=block_r, BLOCK_A=block_a, SUM_G=sum_g, SUM_R=sum_r,
                 num_warps=NUM_WARPS)
         else:
             loss.fill_(float("nan"))  # the mean of nothing, as torch's
@@ -267,12 +294,12 @@ class _DQNTDLoss(torch.autograd.Function):
     def backward(ctx, grad_loss, grad_td):
         (dq,) = ctx.saved_tensors
         if grad_loss is None:  # the loss did not reach the backward's roots
-            return (None,) * 12
+            return (None,) * 13
         if grad_loss.dim() == 0:
             grad_q = dq * grad_loss
         else:
             grad_q = (dq.view(ctx.groups, -1) * grad_loss[:, None]).view_as(dq)
-        return grad_q, None, None, None, None, None, None, None, None, None, None, None
+        return grad_q, None, None, None, None, None, None, None, None, None, None, None, None
 
 
 # ----------------------------------------------------------------------------- checks
@@ -314,6 +341,17 @@ def _check(q, q_next_target, action, reward, discount, weight, q_next_online, do
     return q2, q_next_target, q_next_online, action, *flat, groups, stacked
 
 
+def _check_cql(cql_alpha, huber_delta, q) -> None:
+    """``cql_alpha``: None, or float32 ``[G]`` on ``q``'s device with a ``[G]`` ``huber_delta``."""
+    if cql_alpha is None:
+        return
+    if not isinstance(huber_delta, torch.Tensor) or not isinstance(cql_alpha, torch.Tensor) \
+            or cql_alpha.dtype != torch.float32 or cql_alpha.shape != huber_delta.shape or cql_alpha.device != q.device:
+        want = f"[{huber_delta.shape[0]}]" if isinstance(huber_delta, torch.Tensor) else "[G] with a [G] huber_delta"
+        raise ValueError(f"dqn_td_loss: cql_alpha must be float32 {want} (one CQL α per group) on {q.device}, "
+                         f"got {describe(cql_alpha)}")
+
+
 # ----------------------------------------------------------------------------- reference
 def huber_per_group(x: torch.Tensor, huber_delta: torch.Tensor) -> torch.Tensor:
     """Elementwise Huber penalty of ``x`` ``[G, ...]`` with group g's δ (``huber_delta`` float32
@@ -325,7 +363,7 @@ def huber_per_group(x: torch.Tensor, huber_delta: torch.Tensor) -> torch.Tensor:
 
 
 def _reference(q2, q_next_target, q_next_online, action, reward, discount, weight, huber_delta, groups, stacked,
-               double):
+               double, cql_alpha=None):
     b, a = action.shape[0], q2.shape[1]
     if stacked:
         q4 = q2.view(groups, 2, b // groups, a)
@@ -345,6 +383,11 @@ def _reference(q2, q_next_target, q_next_online, action, reward, discount, weigh
         if weight is not None:
             per = per * weight.view(groups, -1)
         loss = per.mean(dim=1)
+        if cql_alpha is not None:  # + α · CQL(H), as foxdqn.objectives.cql.cql_regulariser computes it
+            c = (torch.logsumexp(q_s, dim=-1) - q_sa).view(groups, -1)
+            if weight is not None:
+                c = c * weight.view(groups, -1)
+            loss = loss + cql_alpha * c.mean(dim=-1)
     else:
         per = F.huber_loss(q_sa, y, reduction="none", delta=float(huber_delta))
         loss = (per * weight).mean() if weight is not None else per.mean()  # objectives.base.weighted_mean
@@ -352,19 +395,21 @@ def _reference(q2, q_next_target, q_next_online, action, reward, discount, weigh
 
 
 def dqn_td_loss_reference(q, q_next_target, action, reward, discount, weight=None, *, q_next_online=None,
-                          double=True, huber_delta=1.0):
+                          double=True, huber_delta=1.0, cql_alpha=None):
     """Plain-torch :func:`dqn_td_loss` (same arguments and results), differentiable by autograd:
     today's DQNObjective / member_dqn_loss arithmetic on given Q values."""
     q2, qt, qo, action, reward, discount, weight, groups, stacked = _check(
         q, q_next_target, action, reward, discount, weight, q_next_online, double, huber_delta)
-    return _reference(q2, qt, qo, action, reward, discount, weight, huber_delta, groups, stacked, double)
+    _check_cql(cql_alpha, huber_delta, q)
+    return _reference(q2, qt, qo, action, reward, discount, weight, huber_delta, groups, stacked, double, cql_alpha)
 
 
 # ----------------------------------------------------------------------------- public
 def dqn_td_loss(q: torch.Tensor, q_next_target: torch.Tensor, action: torch.Tensor, reward: torch.Tensor,
                 discount: torch.Tensor, weight: torch.Tensor | None = None, *,
                 q_next_online: torch.Tensor | None = None, double: bool = True,
-                huber_delta: float | torch.Tensor = 1.0, backend: str = "auto") -> tuple[torch.Tensor, torch.Tensor]:
+                huber_delta: float | torch.Tensor = 1.0, cql_alpha: torch.Tensor | None = None,
+                backend: str = "auto") -> tuple[torch.Tensor, torch.Tensor]:
     """(Double) DQN Huber TD loss, its |TD| and (in backward) its gradient w.r.t. ``q``.
 
     Formulas: module docstring. One forward kernel (a grid of G·NB row-block programs; the loss is
@@ -387,6 +432,9 @@ def dqn_td_loss(q: torch.Tensor, q_next_target: torch.Tensor, action: torch.Tens
         double: Double DQN (van Hasselt et al. 2016) target; False: max_a Q_target(s', a).
         huber_delta: δ > 0 in reward units (float), or float32 ``[G]`` (G dividing B), one δ per
             group of B/G consecutive rows.
+        cql_alpha: None, or float32 ``[G]`` (with a ``[G]`` ``huber_delta``): each group's CQL α >= 0;
+            its α · CQL(H) term (module docstring) is added to the group's loss and gradient in the
+            same kernel.
         backend: ``"auto"`` (Triton for CUDA tensors, else torch), ``"triton"``, ``"torch"``.
 
     Returns:
@@ -403,12 +451,14 @@ def dqn_td_loss(q: torch.Tensor, q_next_target: torch.Tensor, action: torch.Tens
     """
     q2, qt, qo, action, reward, discount, weight, groups, stacked = _check(
         q, q_next_target, action, reward, discount, weight, q_next_online, double, huber_delta)
+    _check_cql(cql_alpha, huber_delta, q)
     if resolve_backend("dqn_td_loss", backend, q) == "torch":
-        return _reference(q2, qt, qo, action, reward, discount, weight, huber_delta, groups, stacked, double)
+        return _reference(q2, qt, qo, action, reward, discount, weight, huber_delta, groups, stacked, double,
+                          cql_alpha)
     delta_t = huber_delta.contiguous() if isinstance(huber_delta, torch.Tensor) else None
     delta_f = 1.0 if delta_t is not None else float(huber_delta)
     return _DQNTDLoss.apply(q2.contiguous(), qt.detach().contiguous(),
                             None if qo is None else qo.detach().contiguous(), action.contiguous(),
                             reward.contiguous(), discount.contiguous(),
                             None if weight is None else weight.contiguous(), delta_t, delta_f, groups, stacked,
-                            bool(double))
+                            bool(double), None if cql_alpha is None else cql_alpha.contiguous())

@@ -47,8 +47,8 @@ from foxdqn.replay.buffer import Batch
 
 def member_dqn_loss(online: MemberQNetwork, target: MemberQNetwork, batch: Batch, members: int,
                     huber_delta: torch.Tensor, double: bool, *, stack_double: bool = True,
-                    penalty: torch.Tensor | None = None,
-                    weighted: bool = False) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+                    penalty: torch.Tensor | None = None, weighted: bool = False,
+                    cql_alpha: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(loss float32 ``[P]``, td_abs float32 ``[P·B]``, online Q of s float32 ``[P, B, A]`` with its
     gradient) of a member-major batch of ``P·B`` rows (:meth:`MemberReplay.sample_members`);
     td_abs is each row's unweighted ``|Q(s, a) − y|``, detached (the PER priority signal).
@@ -69,18 +69,24 @@ def member_dqn_loss(online: MemberQNetwork, target: MemberQNetwork, batch: Batch
     :meth:`foxdqn.population.switch.MemberSwitch.target`): the target's action is then
     ``argmax_a [Q_online(s', a) − penalty]`` (Double DQN; ``Q_target`` without it) through the
     kernel's explicit selection, from two online forwards; the value bootstrapped is the
-    unpenalised ``Q_target(s', a*)``."""
+    unpenalised ``Q_target(s', a*)``.
+
+    ``cql_alpha``: None, or float32 ``[P]``: each member's α · CQL(H) (Kumar et al. 2020, eq. 4) added
+    to its loss inside the same kernel (``dqn_td_loss``'s ``cql_alpha``), weighted as the Huber loss
+    is (uniform replay's weights are ones)."""
     weight = batch.weight if weighted else None
     if penalty is None:
         f = dqn_forward(online, target, batch.obs, batch.next_obs, double=double, stack=stack_double,
                         members=members)
         loss, td_abs = dqn_td_loss(f.q, f.q_next_target, batch.action, batch.reward, batch.discount, weight,
-                                   q_next_online=f.q_next_online, double=double, huber_delta=huber_delta)
+                                   q_next_online=f.q_next_online, double=double, huber_delta=huber_delta,
+                                   cql_alpha=cql_alpha)
         return loss, td_abs, f.q_s
     f = dqn_forward(online, target, batch.obs, batch.next_obs, double=double, stack=False, members=members)
     chooser = f.q_next_online if double else f.q_next_target
     loss, td_abs = dqn_td_loss(f.q, f.q_next_target, batch.action, batch.reward, batch.discount, weight,
-                               q_next_online=chooser - penalty.view_as(chooser), double=True, huber_delta=huber_delta)
+                               q_next_online=chooser - penalty.view_as(chooser), double=True, huber_delta=huber_delta,
+                               cql_alpha=cql_alpha)
     return loss, td_abs, f.q_s
 
 
@@ -198,7 +204,8 @@ def member_loss(online: MemberQNetwork, target: MemberQNetwork, batch: Batch, me
     IQL's L_Q + L_V (Kostrikov et al. 2021, eqs. 5–6; :func:`foxdqn.objectives.iql.iql_loss` with
     each member's expectile τ and its own value network); plus, with ``cql_alpha``,
     ``α_p · Σ_b w_b (logsumexp_a Q_p(s_b, a) − Q_p(s_b, a_b)) / B`` (CQL(H), Kumar et al. 2020
-    eq. 4, :func:`~foxdqn.ops.cql_loss.cql_loss` of member p's own rows). IQL and CQL
+    eq. 4, member p's own rows: inside :func:`~foxdqn.ops.dqn_td_loss.dqn_td_loss`'s kernel for a plain Q
+    head, :func:`~foxdqn.ops.cql_loss.cql_loss` for the others). IQL and CQL
     weight their rows by ``batch.weight`` as their single-run objectives do (ones with uniform
     replay, the importance weights with prioritized replay), and so do BDQ, C51 and IQN; the DQN
     loss does with ``weighted``. td_abs is the single run's: DQN's ``|Q(s, a) − y|`` (CQL keeps it),
@@ -243,7 +250,8 @@ def member_loss(online: MemberQNetwork, target: MemberQNetwork, batch: Batch, me
                                           q_grad=cql_alpha is not None)
     else:
         loss, td_abs, q = member_dqn_loss(online, target, batch, members, huber_delta, double, penalty=penalty,
-                                          weighted=weighted)
+                                          weighted=weighted, cql_alpha=cql_alpha)
+        return LossOutput(loss, td_abs, q.detach())  # CQL(H), if any, inside the TD loss's kernel
     if cql_alpha is not None:  # α · CQL(H) and its gradient in one kernel (foxdqn/ops/cql_loss.py)
         loss = loss + cql_loss(q, batch.action, batch.weight, cql_alpha)
     return LossOutput(loss, td_abs, q.detach())

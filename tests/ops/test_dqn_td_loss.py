@@ -298,6 +298,47 @@ def test_empty_batch():
     assert q.grad.shape == (0, 3)
 
 
+@pytest.mark.parametrize("groups,bg,a,stacked,weighted,double", [
+    (1, 37, 3, False, True, True),
+    (3, 13, 45, True, True, True),  # eurusd_cql's layout: stacked [s; s'], 45 actions (BLOCK_A 64)
+    (3, 13, 4, False, False, False),
+    (2, 13, 1, True, False, True),  # one action: CQL(H)'s term is exactly 0
+])
+def test_cql_term_equals_reference(monkeypatch, groups, bg, a, stacked, weighted, double):
+    """cql_alpha adds each group's α · CQL(H) (α = 0 in one group) to its loss and gradient in the same
+    kernel: the reference (foxdqn.objectives.cql's arithmetic) to float rounding; the s' rows still get
+    no gradient; a one-action head adds nothing (logsumexp of one value is that value)."""
+    q, qo, qt, action, reward, discount, weight, _ = _grid_case(monkeypatch, groups, bg, a, 12, seed=bg + a)
+    w = weight if weighted else None
+    delta = torch.linspace(0.5, 2.0, groups)
+    alpha = torch.tensor([1.0, 0.0, 3.0][:groups]) if groups > 1 else torch.tensor([2.0])
+    up = torch.linspace(1.0, 2.0, groups)
+    kw = dict(stacked=stacked, huber_delta=delta, double=double)
+    got = _run(_kernel, q, qo, qt, action, reward, discount, w, up, cql_alpha=alpha, **kw)
+    want = _run(dqn_td_loss_reference, q, qo, qt, action, reward, discount, w, up, cql_alpha=alpha, **kw)
+    plain = _run(_kernel, q, qo, qt, action, reward, discount, w, up, **kw)
+    torch.testing.assert_close(got[0], want[0], rtol=1e-5, atol=1e-6)
+    assert torch.equal(got[1], want[1]) and torch.equal(got[1], plain[1])  # |TD| is the TD loss's alone
+    torch.testing.assert_close(got[2], want[2], rtol=1e-5, atol=1e-7)
+    if stacked:
+        assert torch.equal(got[3], torch.zeros_like(got[3]))
+    if a == 1:
+        torch.testing.assert_close(got[0], plain[0], rtol=0, atol=1e-6)
+    else:
+        assert (got[0] > plain[0])[alpha > 0].all()  # c_b > 0 for A > 1: the term adds
+        zero = alpha == 0
+        torch.testing.assert_close(got[0][zero], plain[0][zero], rtol=0, atol=0)
+
+
+def test_cql_alpha_needs_one_per_group():
+    q, qo, qt, action, reward, discount, weight, _ = _case(6, 3)
+    with pytest.raises(ValueError, match="cql_alpha must be float32 \\[2\\]"):
+        dqn_td_loss(q, qt, action, reward, discount, weight, q_next_online=qo, huber_delta=torch.ones(2),
+                    cql_alpha=torch.ones(3))
+    with pytest.raises(ValueError, match="cql_alpha must be float32 \\[G\\] with a \\[G\\] huber_delta"):
+        dqn_td_loss(q, qt, action, reward, discount, weight, q_next_online=qo, cql_alpha=torch.ones(1))
+
+
 # ------------------------------------------------------------------------------ GPU
 @pytest.mark.gpu
 @pytest.mark.parametrize("stacked", [False, True])
@@ -309,6 +350,19 @@ def test_gpu_kernel_equals_reference(stacked):
     for x, y in zip(got, want):
         if x is not None:
             torch.testing.assert_close(x, y, rtol=1e-5, atol=1e-6)  # sum order and fused multiply-adds
+
+
+@pytest.mark.gpu
+def test_gpu_cql_term_equals_reference():
+    """eurusd_cql's sizes on CUDA: 8 members of 256 stacked rows, 45 actions, importance weights."""
+    q, qo, qt, action, reward, discount, weight, _ = _case(8 * 256, 45, seed=2, device="cuda")
+    kw = dict(stacked=True, huber_delta=torch.ones(8, device="cuda"),
+              cql_alpha=torch.linspace(0.0, 2.0, 8, device="cuda"))
+    up = torch.ones(8, device="cuda")
+    got = _run(dqn_td_loss, q, qo, qt, action, reward, discount, weight, up, **kw)
+    want = _run(dqn_td_loss_reference, q, qo, qt, action, reward, discount, weight, up, **kw)
+    for x, y in zip(got, want):
+        torch.testing.assert_close(x, y, rtol=1e-5, atol=1e-6)
 
 
 @pytest.mark.gpu
