@@ -34,13 +34,28 @@ import triton.language as tl
 
 from foxdqn.ops.backend import describe, resolve_backend
 
-__all__ = ["cql_loss", "cql_loss_reference"]
+__all__ = ["cql_loss", "cql_loss_reference", "cql_rows"]
 
 TILE = 2048  #: elements of a program's [BLOCK_R, BLOCK_A] tile
 NUM_WARPS = 4  #: warps per program
 
 
 # ----------------------------------------------------------------------------- kernel
+@triton.jit
+def cql_rows(q, hit, ok, col_ok):
+    """``(c, dc)`` of a tile of Q rows ``q`` f32 ``[R, BLOCK_A]`` (any value in masked columns),
+    ``hit`` the data action's column, ``ok`` the real rows: c f32 ``[R]`` = logsumexp_a Q − Q(a_data)
+    (0 in masked rows), dc f32 ``[R, BLOCK_A]`` = softmax_a Q − 1{a = a_data}, its gradient w.r.t. the
+    row. logsumexp as torch's: the row's max, then log Σ exp(Q − max); a NaN propagates through the
+    sum. Also the CQL term of :mod:`foxdqn.ops.dqn_td_loss`'s kernel (``cql_alpha``)."""
+    qm = tl.where(col_ok[None, :], q, float("-inf"))
+    top = tl.where(ok, tl.max(qm, axis=1), 0.0)
+    e = tl.exp(qm - top[:, None])  # 0 in masked columns (exp(−inf))
+    total = tl.where(ok, tl.sum(e, axis=1), 1.0)
+    c = tl.where(ok, top + tl.log(total) - tl.sum(tl.where(hit, q, 0.0), axis=1), 0.0)
+    return c, e / total[:, None] - tl.where(hit, 1.0, 0.0)
+
+
 @triton.jit
 def _cql_loss_kernel(
     q_ptr,  # f32 [G, Bg, A] view: strides (stride_g, stride_b, 1)
@@ -67,21 +82,14 @@ def _cql_loss_kernel(
         row = g * Bg + b
         q = tl.load(q_ptr + g * stride_g + b[:, None] * stride_b + cols[None, :], mask=m2, other=float("-inf"))
         a = tl.load(action_ptr + row, mask=ok, other=0)
-        hit = cols[None, :] == a[:, None]
-        # logsumexp as torch's: the row's max, then log Σ exp(Q − max) (a NaN propagates through the sum)
-        top = tl.where(ok, tl.max(q, axis=1), 0.0)
-        e = tl.exp(q - top[:, None])  # 0 in masked columns (exp(−inf))
-        total = tl.sum(e, axis=1)
-        total = tl.where(ok, total, 1.0)
-        c = tl.where(ok, top + tl.log(total) - tl.sum(tl.where(hit, q, 0.0), axis=1), 0.0)
+        c, dc = cql_rows(q, cols[None, :] == a[:, None], ok, col_ok)
         if HAS_WEIGHT:
             w = tl.load(weight_ptr + row, mask=ok, other=0.0)
         else:
             w = tl.where(ok, 1.0, 0.0)
         acc += w * c
         scale = alpha * w * inv_n
-        grad = (e / total[:, None] - tl.where(hit, 1.0, 0.0)) * scale[:, None]
-        tl.store(dq_ptr + row[:, None] * A + cols[None, :], grad, mask=m2)
+        tl.store(dq_ptr + row[:, None] * A + cols[None, :], dc * scale[:, None], mask=m2)
     tl.store(loss_ptr + g, alpha * (tl.sum(acc, axis=0) * inv_n))
 
 

@@ -79,6 +79,7 @@ import triton.language as tl
 
 from foxdqn.ops.backend import check_devices, describe, flat_float32, group_count, resolve_backend
 from foxdqn.ops.argmax import tile_argmax
+from foxdqn.ops.cql_loss import cql_rows
 
 __all__ = ["dqn_td_loss", "dqn_td_loss_reference", "huber_per_group"]
 
@@ -163,19 +164,13 @@ def _dqn_td_loss_kernel(
     dq = tl.where(hit, grad[:, None], 0.0)
     if CQL:  # α_g · w_b (logsumexp_a Q(s_b, a) − Q(s_b, a_b)) and its gradient (module docstring)
         alpha = tl.load(alpha_ptr + g)
-        qm = tl.where(col_ok[None, :], qs, float("-inf"))
-        top = tl.where(ok, tl.max(qm, axis=1), 0.0)
-        e = tl.exp(qm - top[:, None])  # 0 in masked columns
-        total = tl.where(ok, tl.sum(e, axis=1), 1.0)
-        c = tl.where(ok, top + tl.log(total) - q_sa, 0.0)
-        soft = e / total[:, None] - tl.where(hit, 1.0, 0.0)
+        c, dc = cql_rows(qs, hit, ok, col_ok)
         if HAS_WEIGHT:
-            c = c * w
-            soft = soft * (alpha * scale)[:, None]
+            loss = loss + alpha * (c * w)
+            dq += dc * (alpha * scale)[:, None]
         else:
-            soft = soft * (alpha * scale)
-        loss = loss + alpha * c
-        dq += soft
+            loss = loss + alpha * c
+            dq += dc * (alpha * scale)
     tl.store(part_ptr + pid, tl.sum(tl.where(ok, loss, 0.0), axis=0))
     tl.store(td_ptr + row, z, mask=ok)
     tl.store(dq_ptr + q_row[:, None] * A + cols[None, :], dq, mask=m2)
