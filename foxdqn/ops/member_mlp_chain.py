@@ -28,10 +28,12 @@ Kernels (Triton), mlp_chain's with a member grid axis:
   ``BLOCK_N`` output units of one layer of member p, looping over member p's row blocks in a fixed
   order (no atomics, no split-K), so every call gives the same bits.
 
-``BLOCK_M`` is the largest of 16, 32, :data:`MAX_BLOCK_M` rows (and no more than B needs) that
-still gives at least :data:`MIN_PROGRAMS` programs; ``BLOCK_N`` likewise up to
-:data:`MAX_BLOCK_N` units: few members get mlp_chain's small tiles, many members larger tiles
-(fewer re-reads of the weights and of h_i). Both are module constants read at each launch.
+``BLOCK_M`` is the largest power of two from 16 to :data:`MAX_BLOCK_M` rows (the dz kernel:
+:data:`MAX_BLOCK_M_DZ`; no more than B needs) that still gives at least :data:`MIN_PROGRAMS`
+programs; ``BLOCK_N`` likewise up to :data:`MAX_BLOCK_N` units: few members get mlp_chain's small
+tiles, many members larger tiles (fewer re-reads of the weights and of h_i). All are module
+constants read at each launch, with :data:`NUM_WARPS` (4 here, where mlp_chain's one network
+takes 8).
 
 Registration: a ``torch.autograd.Function``, differentiable w.r.t. the weights and biases (first
 order). x gets no gradient (the observations): when ``x.requires_grad`` the op runs
@@ -65,17 +67,19 @@ import triton.language as tl
 from torch import Tensor
 
 from foxdqn.ops.backend import describe, resolve_backend
-from foxdqn.ops.mlp_chain import (MAX_LAYERS, MAX_WIDTH, NUM_WARPS, _fill, _layout, _load_rows, _load_weight, _prec,
-                                  _relu, _store_rows, _tf32)
+from foxdqn.ops.mlp_chain import (MAX_LAYERS, MAX_WIDTH, _fill, _layout, _load_rows, _load_weight, _prec, _relu,
+                                  _store_rows, _tf32)
 
 __all__ = ["MAX_LAYERS", "MAX_MEMBERS", "MAX_WIDTH", "member_mlp_chain", "member_mlp_chain_reference",
            "member_mlp_chain_supported"]
 
 MAX_MEMBERS = 65535  # P: the second grid axis (CUDA's limit on grid dimension y)
-MAX_BLOCK_M = 64  # most rows per program of the row-grid kernels
-MAX_BLOCK_N = 64  # most output units per program of the weight-gradient kernel
+MAX_BLOCK_M = 128  # most rows per program of the forward kernel (an H200 sweep: docs/bench.md#launch-constants)
+MAX_BLOCK_M_DZ = 64  # most rows per program of the dz kernel (the same sweep)
+MAX_BLOCK_N = 32  # most output units per program of the weight-gradient kernel (the same sweep)
 MIN_PROGRAMS = 264  # tiles shrink (to 16) while a grid has fewer programs: 2 per H200 multiprocessor
 BLOCK_R = 32  # rows per step of the weight-gradient kernel's loop (mlp_chain's)
+NUM_WARPS = 4  # warps per program of the three kernels (the same sweep; mlp_chain's one network takes 8)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -210,10 +214,11 @@ def _member_wgrad_kernel(x_ptr, x_sp, h1_ptr, h2_ptr, h3_ptr, g1_ptr, g2_ptr, g3
 # ---------------------------------------------------------------------------------------------
 # launchers
 # ---------------------------------------------------------------------------------------------
-def _block_m(rows: int, members: int) -> int:
-    """Rows per program of the row-grid kernels (module docstring): the largest of MAX_BLOCK_M,
-    32, 16 that B needs and that leaves at least MIN_PROGRAMS programs (16 at the least)."""
-    block = min(MAX_BLOCK_M, max(16, triton.next_power_of_2(rows)))
+def _block_m(rows: int, members: int, most: int | None = None) -> int:
+    """Rows per program of a row-grid kernel (module docstring): the largest power of two from 16
+    to ``most`` (default MAX_BLOCK_M, the forward's; the dz kernel passes MAX_BLOCK_M_DZ) that B
+    needs and that leaves at least MIN_PROGRAMS programs (16 at the least)."""
+    block = min(MAX_BLOCK_M if most is None else most, max(16, triton.next_power_of_2(rows)))
     while block > 16 and members * triton.cdiv(rows, block) < MIN_PROGRAMS:
         block //= 2
     return block
@@ -254,7 +259,7 @@ def _backward(x: Tensor, weights: Sequence[Tensor], hs: Sequence[Tensor], dy: Te
     meta = _layout(dims)
     gs = [x.new_empty(members, rows, d) for d in dims[1:-1]] + [dy]  # dz_1 .. dz_{n-1}, then dz_n = dy
     if rows and n > 1:
-        block_m = _block_m(rows, members)
+        block_m = _block_m(rows, members, MAX_BLOCK_M_DZ)
         _member_dz_kernel[(triton.cdiv(rows, block_m), members)](
             dy, *_fill(weights[1:], MAX_LAYERS - 1, dy), *_fill(hs, MAX_LAYERS - 1, dy),
             *_fill(gs[:-1], MAX_LAYERS - 1, dy), rows, **meta, BLOCK_M=block_m, PREC=prec, num_warps=NUM_WARPS)

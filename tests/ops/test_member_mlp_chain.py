@@ -216,13 +216,16 @@ def test_empty_batch():
 
 def test_tiles_grow_with_members():
     """Few members: mlp_chain's 16-row and 16-unit tiles (enough programs for the GPU); many
-    members: up to MAX_BLOCK_M rows and MAX_BLOCK_N units, never more than B or a width needs."""
-    assert mod._block_m(256, 1) == 16 and mod._block_m(256, 512) == mod.MAX_BLOCK_M == 64
+    members: up to MAX_BLOCK_M rows (the dz kernel MAX_BLOCK_M_DZ) and MAX_BLOCK_N units, never
+    more than B or a width needs."""
+    assert mod._block_m(256, 1) == 16 and mod._block_m(256, 512) == mod.MAX_BLOCK_M == 128
+    assert mod._block_m(256, 512, mod.MAX_BLOCK_M_DZ) == mod.MAX_BLOCK_M_DZ == 64
+    assert mod._block_m(128, 128) == 32 and mod._block_m(100, 512) == 128
     assert mod._block_m(256, 64) == 32 and mod._block_m(256, 16) == 16 and mod._block_m(20, 512) == 32
     dims = CARTPOLE
     meta = mod._layout(dims)
     assert [mod._units(dims, 1, meta)[f"N{i}"] for i in (1, 2, 3, 4)] == [16, 16, 16, 16]
-    assert [mod._units(dims, 512, meta)[f"N{i}"] for i in (1, 2, 3, 4)] == [64, 64, 16, 16]
+    assert [mod._units(dims, 512, meta)[f"N{i}"] for i in (1, 2, 3, 4)] == [32, 32, 16, 16]
 
 
 # ------------------------------------------------------------------------------ TF32
