@@ -597,7 +597,9 @@ def train_population(members: list[Member], alone: bool = False) -> list[Outcome
                 for p in range(len(members)):
                     if run.s.guard.reason(p) is not None:
                         run.s.optimizer.restore_last_good(p)
-            ckpts = run.save()
+            # the final checkpoints: written while the members are evaluated (their payloads are host
+            # copies taken now), on disk before any summary names them; on a signal, before returning
+            ckpts = run.save(background=not interrupted)
             mark("checkpoint")
             if not interrupted:
                 wall = run.wall()
@@ -607,6 +609,8 @@ def train_population(members: list[Member], alone: bool = False) -> list[Outcome
                     vals, tests = run.evaluate_members()
                     ensembles = run.ensembles()
                     mark("final_evaluation")
+                    run.writer.wait()  # the final checkpoints are written (a failure is raised here)
+                    mark("checkpoint")
                     outcomes = [run.end_member(p, wall, ckpts[p], vals[p], tests[p], ensembles.get(p), bests[p])
                                 for p in range(len(members))]
                 mark("report")

@@ -5,7 +5,9 @@ per member on the H200 machine, almost all of it ``torch.save`` (docs/bench.md#p
 per checkpoint at 512 members, which the training loop would wait for. The payloads are taken at
 the boundary, on the host (:func:`foxdqn.population.checkpoint.member_payload`); only their
 encoding and the atomic writes run in the thread, while the main thread goes on launching
-iterations (a CUDA-graph replay releases the GIL). One batch is in flight at a time.
+iterations (a CUDA-graph replay releases the GIL). The final checkpoints are written the same way
+while the members are evaluated, and waited for before any summary is written
+(:func:`foxdqn.population.train.train_population`). One batch is in flight at a time.
 """
 from __future__ import annotations
 

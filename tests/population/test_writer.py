@@ -42,3 +42,46 @@ def test_a_failed_write_is_raised_by_the_next_wait_or_submit_once(tmp_path):
     with pytest.raises(OSError):
         writer.submit([(tmp_path / "ok.pt", {"format": 4})])
     assert not (tmp_path / "ok.pt").exists()
+
+
+def _final_run(tmp_path, monkeypatch, fail: bool):
+    """A 2-member CartPole population with only the final checkpoints; records, per write, its
+    thread and whether any summary.json existed then; ``fail``: member 1's write raises."""
+    import foxdqn.population.writer as writer_module
+    from test_population import CARTPOLE, configs
+    from test_population_resume import train
+
+    seen, real = [], writer_module.write_payload
+
+    def write(path, payload):
+        seen.append((threading.current_thread() is threading.main_thread(),
+                     any(tmp_path.glob("*/eval/summary.json"))))
+        if fail and path.parent.parent.name == "1":
+            raise OSError(28, "No space left on device", str(path))
+        return real(path, payload)
+
+    monkeypatch.setattr(writer_module, "write_payload", write)
+    cfgs = configs([*CARTPOLE, "agent.total_env_steps=256", "checkpoint.every_env_steps=0"], [["seed=0"], ["seed=1"]])
+    return seen, cfgs, lambda: train(cfgs, tmp_path)
+
+
+def test_the_final_checkpoints_are_written_beside_the_evaluation_and_before_any_summary(tmp_path, monkeypatch):
+    from foxdqn.run.resume import read_checkpoint
+
+    seen, cfgs, run = _final_run(tmp_path, monkeypatch, fail=False)
+    outcomes = run()
+    assert [o.exit_code for o in outcomes] == [0, 0]
+    assert seen == [(False, False), (False, False)]  # the writer's thread, no summary yet
+    for p in range(2):
+        payload = read_checkpoint(tmp_path / str(p) / "checkpoints" / "last.pt")
+        assert payload["member_state"]["env_steps"] == cfgs[p].agent.total_env_steps
+        assert (tmp_path / str(p) / "eval" / "summary.json").exists()
+
+
+def test_a_final_checkpoint_that_cannot_be_written_fails_the_run_before_any_summary(tmp_path, monkeypatch):
+    _, _, run = _final_run(tmp_path, monkeypatch, fail=True)
+    with pytest.raises(OSError, match="No space left"):
+        run()
+    for p in range(2):
+        assert not (tmp_path / str(p) / "eval" / "summary.json").exists()
+        assert (tmp_path / str(p) / "INCOMPLETE").exists()
