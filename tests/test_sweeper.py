@@ -1,11 +1,14 @@
 """The basic sweeper under ``python -m foxdqn.train`` (hydra_plugins/foxdqn_population/sweeper.py):
 each batch is composed by Hydra once per structure before it launches, the rest left to foxdqn's
 check of every job."""
+import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
+import pytest
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
@@ -42,15 +45,49 @@ def test_a_batch_is_composed_once_per_structure():
     assert loader.composed == [batch[0], batch[3], batch[5]] and sweeper.composed == 3
 
 
-def test_the_multirun_runs_it(tmp_path):
+#: host time per extra job of a population sweep on a 2-core CPU (issue 33): at most this many seconds
+HOST_S_PER_EXTRA_JOB = 0.1
+
+
+@pytest.fixture(scope="module")
+def sweeps(tmp_path_factory):
+    """Population multiruns of 2 and 34 ``cartpole_cleanrl`` seeds (smoke sizes, 640 env steps each):
+    seeds → (sweep folder, wall seconds from the command to the process's end)."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    out = {}
+    for seeds in (2, 34):
+        folder = tmp_path_factory.mktemp(f"sweep{seeds}")
+        cmd = [sys.executable, "-m", "foxdqn.train", "--multirun", "+experiment=cartpole_cleanrl", "debug=smoke",
+               "device=cpu", "log.progress=false", "logger=csv", f"seed=range(0,{seeds})", "hydra/launcher=population",
+               "agent.total_env_steps=640", "agent.learning_starts=320", f"hydra.sweep.dir={folder / 's'}"]
+        start = time.perf_counter()
+        res = subprocess.run(cmd, cwd=folder, env=env, capture_output=True, text=True, timeout=300)
+        wall = time.perf_counter() - start
+        assert res.returncode == 0, res.stderr[-2000:]
+        out[seeds] = folder / "s", wall
+    return out
+
+
+def test_the_multirun_runs_it(sweeps):
     """python -m foxdqn.train's multirun instantiates it for hydra/sweeper=basic (Hydra's default);
     a search file's sweeper is untouched: tests/test_sweeps.py::test_optuna_search_maximises_the_validation_metric."""
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    cmd = [sys.executable, "-m", "foxdqn.train", "--multirun", "+experiment=cartpole_cleanrl", "debug=smoke",
-           "device=cpu", "log.progress=false", "seed=0,1", "hydra/launcher=population",
-           f"hydra.sweep.dir={tmp_path / 's'}"]
-    res = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
-    assert res.returncode == 0, res.stderr[-2000:]
-    multirun = OmegaConf.load(tmp_path / "s" / "multirun.yaml")
+    folder = sweeps[2][0]
+    multirun = OmegaConf.load(folder / "multirun.yaml")
     assert multirun.hydra.sweeper._target_ == "hydra_plugins.foxdqn_population.sweeper.FoxdqnBasicSweeper"
-    assert sorted(p.name for p in (tmp_path / "s").iterdir() if p.name.isdigit()) == ["0", "1"]
+    assert sorted(p.name for p in folder.iterdir() if p.name.isdigit()) == ["0", "1"]
+
+
+def test_host_time_per_extra_job_is_small(sweeps):
+    """Issue 33's host cost: the wall time outside training (start-up, composition and checks, build,
+    evaluation, P run folders) grows by at most HOST_S_PER_EXTRA_JOB per extra job, from 2 to 34 jobs
+    (one composition per structure, the others derived: about 0.02 s a job on a 2-core CPU, against
+    0.3-0.6 s for a Hydra composition of each). The jobs' own training (the sweep's ``training``
+    phase, timings.json) is left out."""
+    host = {}
+    for seeds, (folder, wall) in sweeps.items():
+        timings = json.loads((folder / "timings.json").read_text())
+        assert timings["jobs"] == seeds
+        host[seeds] = wall - timings["phases"]["training"]
+        assert len([p for p in folder.iterdir() if (p / "eval" / "summary.json").is_file()]) == seeds
+    per_job = (host[34] - host[2]) / 32
+    assert per_job <= HOST_S_PER_EXTRA_JOB, f"{per_job:.3f} s of host time per extra job ({host})"
