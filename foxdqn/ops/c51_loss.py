@@ -26,8 +26,9 @@ Gradient (backward kernel; only ``logits`` gets one): with p = softmax(logits[r,
 
 Kernel and reference (:func:`c51_loss_reference`, the torch ops of ``c51_cross_entropy``) agree to
 float32 rounding (exp, log and the order of the sums differ), and on a* wherever the selection's
-maximum is clear. Each program owns ``BLOCK_R`` rows and holds ``[BLOCK_R, next_pow2(K)]`` tiles
-(the projection a ``[BLOCK_R, K, K]`` one), looping over the actions: K ≤ :data:`MAX_ATOMS`.
+maximum is clear. Each program owns :data:`BLOCK_R` rows and holds ``[BLOCK_R, next_pow2(K)]``
+tiles, looping over the actions (the selection) and then over the output atoms (the projection,
+one atom's hat weights at a time): K ≤ :data:`MAX_ATOMS`.
 
 Rainbow's dueling head (Hessel et al. 2018, §"Dueling networks" per atom): given the value
 streams, each network's logits are ``v + adv − mean_a adv`` formed in the kernels, and the
@@ -48,8 +49,12 @@ from foxdqn.ops.backend import describe, resolve_backend
 from foxdqn.ops.c51_project import _mul_rn, c51_project_reference
 from foxdqn.ops.library import device_op, wrap_triton
 
-#: The most atoms the kernels take (their [BLOCK_R, K, K] projection tile lives in registers).
+#: The most atoms the kernels take (their [BLOCK_R, next_pow2(K)] tiles live in registers).
 MAX_ATOMS = 128
+#: Rows per program of both kernels, fixed (not chosen from R: a member's rows give the same bits at
+#: any P). One row per program (the earlier [BLOCK_R, K, K] projection tile allowed no more at K = 51)
+#: made the forward 1.3 ms for 64 members of 256 rows on the H200 (docs/bench.md#kernels).
+BLOCK_R = 8
 
 
 @triton.jit
@@ -134,8 +139,11 @@ def _c51_loss_fwd_kernel(
     tz = tl.minimum(tl.maximum(tz, v_min), v_max)
     b = _mul_rn(tz - v_min, inv_dz)
     b = tl.minimum(tl.maximum(b, 0.0), (K - 1) * 1.0)
-    hat = tl.maximum(1.0 - tl.abs(b[:, None, :] - j.to(tl.float32)[None, :, None]), 0.0)  # [R, i, j]
-    m = tl.sum(tl.where(ok[:, None, :], p_best[:, None, :] * hat, 0.0), axis=2)  # [R, i]
+    m = tl.zeros([BLOCK_R, BK], dtype=tl.float32)  # [R, i]: one output atom i at a time (no [R, K, K] tile)
+    for i in range(0, K):
+        hat = tl.maximum(1.0 - tl.abs(b - i * 1.0), 0.0)  # [R, j]: source atom j's share of atom i
+        m_i = tl.sum(tl.where(ok, p_best * hat, 0.0), axis=1)
+        m = tl.where(j[None, :] == i, m_i[:, None], m)
     m = tl.where(bad[:, None] > 0, float("nan"), m)
 
     act = tl.load(action_ptr + rows64, mask=row_ok, other=0).to(tl.int64)
@@ -172,8 +180,9 @@ def _c51_loss_bwd_kernel(grad_ptr, logits_ptr, v_ptr, action_ptr, m_ptr, lse_ptr
 
 
 def _blocks(k: int) -> tuple[int, int]:
-    bk = triton.next_power_of_2(k)
-    return max(1, min(16, 4096 // (bk * bk))), bk
+    """(rows per program, padded atoms): :data:`BLOCK_R` whatever R, so a row's bits do not depend on
+    how many rows (members) the batch has."""
+    return BLOCK_R, triton.next_power_of_2(k)
 
 
 @device_op("foxdqn::c51_loss", mutates_args=())
