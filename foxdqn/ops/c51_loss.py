@@ -26,9 +26,12 @@ Gradient (backward kernel; only ``logits`` gets one): with p = softmax(logits[r,
 
 Kernel and reference (:func:`c51_loss_reference`, the torch ops of ``c51_cross_entropy``) agree to
 float32 rounding (exp, log and the order of the sums differ), and on a* wherever the selection's
-maximum is clear. Each program owns :data:`BLOCK_R` rows and holds ``[BLOCK_R, next_pow2(K)]``
-tiles, looping over the actions (the selection) and then over the output atoms (the projection,
-one atom's hat weights at a time): K ≤ :data:`MAX_ATOMS`.
+maximum is clear. Each program owns ``BLOCK_R`` rows and holds ``[BLOCK_R, next_pow2(K)]`` tiles,
+looping over the actions (the selection); the projection is one ``[BLOCK_R, K, K]`` tile of hat
+weights, or with ``LOOP`` a loop over the output atoms, one atom's hat weights at a time
+(:func:`_blocks` chooses: K ≤ :data:`MAX_ATOMS`). The choice follows R, so on CUDA a row's last
+bits may depend on how many rows (members) the batch has, as a batched matmul's may
+(docs/design/population.md); on the CPU both projections give the same bits.
 
 Rainbow's dueling head (Hessel et al. 2018, §"Dueling networks" per atom): given the value
 streams, each network's logits are ``v + adv − mean_a adv`` formed in the kernels, and the
@@ -51,10 +54,13 @@ from foxdqn.ops.library import device_op, wrap_triton
 
 #: The most atoms the kernels take (their [BLOCK_R, next_pow2(K)] tiles live in registers).
 MAX_ATOMS = 128
-#: Rows per program of both kernels, fixed (not chosen from R: a member's rows give the same bits at
-#: any P). One row per program (the earlier [BLOCK_R, K, K] projection tile allowed no more at K = 51)
-#: made the forward 1.3 ms for 64 members of 256 rows on the H200 (docs/bench.md#kernels).
-BLOCK_R = 8
+#: Rows per program with the projection's loop over atoms (``LOOP``), taken where the [BLOCK_R, K, K]
+#: tile allows fewer rows and the batch still gives MIN_PROGRAMS programs of LOOP_ROWS rows. On the
+#: H200 (docs/bench.md#kernels): 64 members of 256 rows at K = 51, the forward 1,316 µs with one row
+#: per program and 463 µs with 8; one member of 256 rows 87 µs with one row (the tile) and 172 µs
+#: with 8, so one member keeps the tile.
+LOOP_ROWS = 8
+MIN_PROGRAMS = 264  # 2 programs per H200 multiprocessor
 
 
 @triton.jit
@@ -92,6 +98,7 @@ def _c51_loss_fwd_kernel(
     ce_ptr, q_ptr, m_ptr, lse_ptr, v_ptr, tv_ptr, sv_ptr,
     R, A, K, rows_per_group,
     DOUBLE: tl.constexpr, PENALTY: tl.constexpr, DUELING: tl.constexpr, BLOCK_R: tl.constexpr, BK: tl.constexpr,
+    LOOP: tl.constexpr,
 ):
     rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
     row_ok = rows < R
@@ -139,11 +146,14 @@ def _c51_loss_fwd_kernel(
     tz = tl.minimum(tl.maximum(tz, v_min), v_max)
     b = _mul_rn(tz - v_min, inv_dz)
     b = tl.minimum(tl.maximum(b, 0.0), (K - 1) * 1.0)
-    m = tl.zeros([BLOCK_R, BK], dtype=tl.float32)  # [R, i]: one output atom i at a time (no [R, K, K] tile)
-    for i in range(0, K):
-        hat = tl.maximum(1.0 - tl.abs(b - i * 1.0), 0.0)  # [R, j]: source atom j's share of atom i
-        m_i = tl.sum(tl.where(ok, p_best * hat, 0.0), axis=1)
-        m = tl.where(j[None, :] == i, m_i[:, None], m)
+    if LOOP:  # one output atom i at a time: [R, j] tiles only
+        m = tl.zeros([BLOCK_R, BK], dtype=tl.float32)  # [R, i]
+        for i in range(0, K):
+            hat = tl.maximum(1.0 - tl.abs(b - i * 1.0), 0.0)  # [R, j]: source atom j's share of atom i
+            m = tl.where(j[None, :] == i, tl.sum(tl.where(ok, p_best * hat, 0.0), axis=1)[:, None], m)
+    else:
+        hat = tl.maximum(1.0 - tl.abs(b[:, None, :] - j.to(tl.float32)[None, :, None]), 0.0)  # [R, i, j]
+        m = tl.sum(tl.where(ok[:, None, :], p_best[:, None, :] * hat, 0.0), axis=2)  # [R, i]
     m = tl.where(bad[:, None] > 0, float("nan"), m)
 
     act = tl.load(action_ptr + rows64, mask=row_ok, other=0).to(tl.int64)
@@ -179,10 +189,15 @@ def _c51_loss_bwd_kernel(grad_ptr, logits_ptr, v_ptr, action_ptr, m_ptr, lse_ptr
                  tl.where(act[:, None] == a, grad, 0.0) - shared, mask=ok)
 
 
-def _blocks(k: int) -> tuple[int, int]:
-    """(rows per program, padded atoms): :data:`BLOCK_R` whatever R, so a row's bits do not depend on
-    how many rows (members) the batch has."""
-    return BLOCK_R, triton.next_power_of_2(k)
+def _blocks(r: int, k: int) -> tuple[int, int, bool]:
+    """(rows per program, padded atoms, LOOP) for R rows of K atoms: the rows the [rows, K, K]
+    projection tile allows (at most 16 in 4,096 elements), or :data:`LOOP_ROWS` rows with the loop
+    over atoms where that is more and R gives :data:`MIN_PROGRAMS` programs of them."""
+    bk = triton.next_power_of_2(k)
+    tile = max(1, min(16, 4096 // (bk * bk)))
+    if tile < LOOP_ROWS and triton.cdiv(r, LOOP_ROWS) >= MIN_PROGRAMS:
+        return LOOP_ROWS, bk, True
+    return tile, bk, False
 
 
 @device_op("foxdqn::c51_loss", mutates_args=())
@@ -198,7 +213,7 @@ def _c51_loss_op(logits: Tensor, action: Tensor, target_logits: Tensor, select_l
     q = torch.empty(r, a, device=dev, dtype=torch.float32)
     m = torch.empty(r, k, device=dev, dtype=torch.float32)
     lse = torch.empty(r, device=dev, dtype=torch.float32)
-    block_r, bk = _blocks(k)
+    block_r, bk, loop = _blocks(r, k)
     dueling = value is not None
     unused = reward  # a float32 pointer the kernel does not read
     wrap_triton(_c51_loss_fwd_kernel)[(triton.cdiv(r, block_r),)](
@@ -208,7 +223,7 @@ def _c51_loss_op(logits: Tensor, action: Tensor, target_logits: Tensor, select_l
         select_value if dueling and select_value is not None else unused,
         r, a, k, r // table.shape[0],
         DOUBLE=select_logits is not None, PENALTY=penalty is not None, DUELING=dueling, BLOCK_R=block_r, BK=bk,
-        num_warps=4)
+        LOOP=loop, num_warps=4)
     return ce, q, m, lse
 
 
@@ -218,7 +233,7 @@ def _c51_loss_backward_op(grad_ce: Tensor, logits: Tensor, value: Optional[Tenso
     r, a, k = logits.shape
     out = torch.empty_like(logits)
     v_out = torch.empty(r if value is not None else 0, k, device=logits.device, dtype=torch.float32)
-    block_r, bk = _blocks(k)
+    block_r, bk, _ = _blocks(r, k)
     wrap_triton(_c51_loss_bwd_kernel)[(triton.cdiv(r, block_r),)](
         grad_ce.contiguous(), logits, logits if value is None else value, action, m, lse, out, v_out, r, a, k,
         DUELING=value is not None, BLOCK_R=block_r, BK=bk, num_warps=4)

@@ -135,7 +135,7 @@ def test_auto_is_the_reference_on_the_cpu():
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("g,rows,a,k", [(1, 128, 45, 51), (64, 32, 3, 51), (3, 7, 1, 2)])
+@pytest.mark.parametrize("g,rows,a,k", [(1, 128, 45, 51), (64, 32, 3, 51), (64, 48, 5, 51), (3, 7, 1, 2)])
 def test_compiled_kernels_match_reference_on_cuda(g, rows, a, k):
     case = _case(g, rows, a, k, seed=g + rows, penalty=True, device="cuda")
     ce_k, q_k, grad_k = _run(case, "auto")
@@ -176,3 +176,58 @@ def test_dueling_kernel_matches_reference(g, rows, a, k, double):
     torch.testing.assert_close(gv_k[clear], gv_r[clear], rtol=1e-5, atol=1e-6)
     with pytest.raises(ValueError, match="value streams"):
         c51_loss(*case, value=streams[0])
+
+
+def test_blocks_take_the_loop_over_atoms_only_for_many_rows():
+    """One member's batch (256 rows, K = 51) keeps the [1, K, K] projection tile; 64 members' take
+    LOOP_ROWS rows per program with the loop over atoms; small K keeps its 16-row tile."""
+    from foxdqn.ops import c51_loss as mod
+
+    assert mod._blocks(256, 51) == (1, 64, False)
+    assert mod._blocks(64 * 256, 51) == (mod.LOOP_ROWS, 64, True)
+    assert mod._blocks(64 * 256, 11) == (16, 16, False)
+    assert mod._blocks(mod.LOOP_ROWS * (mod.MIN_PROGRAMS - 1), 51)[2] is False
+
+
+@pytest.mark.parametrize("g,rows,a,k,double,penalty,dueling", [(3, 33, 4, 51, True, True, False),
+                                                                (2, 13, 3, 51, False, False, True),
+                                                                (1, 9, 2, 20, True, False, False)])
+def test_loop_over_atoms_equals_the_tile_and_the_reference(monkeypatch, g, rows, a, k, double, penalty, dueling):
+    """With the loop over output atoms forced (MIN_PROGRAMS = 1, LOOP_ROWS rows per program, rows
+    not a multiple of it): ce, Q and the gradients are bit for bit the tile's (the interpreter sums
+    each row's hat products in the same order) and equal the reference."""
+    from foxdqn.ops import c51_loss as mod
+
+    case = _case(g, rows, a, k, seed=7 * g + rows, double=double, penalty=penalty)
+    streams = [torch.randn(g * rows, k, generator=torch.Generator().manual_seed(k)) for _ in range(3)] \
+        if dueling else [None, None, None]
+    if dueling and not double:
+        streams[2] = None
+
+    def run(backend):
+        adv = case[0].clone().requires_grad_(True)
+        v = None if streams[0] is None else streams[0].clone().requires_grad_(True)
+        ce, q = c51_loss(adv, *case[1:], value=v, target_value=streams[1], select_value=streams[2], backend=backend)
+        (ce * torch.linspace(0.5, 1.5, ce.shape[0])).sum().backward()
+        return ce.detach(), q, adv.grad, None if v is None else v.grad
+
+    seen = []
+    real = mod._blocks
+    monkeypatch.setattr(mod, "_blocks", lambda r, kk: seen.append(real(r, kk)) or seen[-1])
+    tile = run("triton")
+    monkeypatch.setattr(mod, "MIN_PROGRAMS", 1)
+    loop = run("triton")
+    assert [s[2] for s in seen] == [False, False, True, True]  # forward and backward of each run
+    for t, l in zip(tile, loop):
+        assert (t is None and l is None) or torch.equal(t, l)
+    monkeypatch.undo()
+    ref = run("torch")
+    from foxdqn.ops.c51_loss import dueling_logits
+
+    combined = [dueling_logits(streams[0], case[0]), case[1], dueling_logits(streams[1], case[2]),
+                dueling_logits(streams[2], case[3]), *case[4:]]
+    clear = _selection_clear(combined)
+    assert clear.sum() >= max(1, g * rows // 2)
+    torch.testing.assert_close(loop[1], ref[1], rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(loop[0][clear], ref[0][clear], rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(loop[2][clear], ref[2][clear], rtol=1e-5, atol=1e-6)
