@@ -15,6 +15,9 @@ launch's scope did not patch (``triton.language.standard``'s helpers name ``core
 before, once per launch, and its scope is restored with the launch's (Triton leaves it patched).
 What a kernel computes is unchanged.
 
+It also memoizes ``_get_np_dtype`` (the NumPy dtype of a Triton type; called for each value the
+interpreter makes, it built its table of 19 types at every call) per scalar element type.
+
 Installed by tests/conftest.py under the interpreter only, and only where Triton's code is the code
 this replaces (:func:`install` returns False otherwise: the suite then runs Triton's own, slower).
 """
@@ -33,6 +36,8 @@ _CALL = """    def __call__(self, *args, **kwargs):
             raise InterpreterError(repr(e)) from e
 """
 _LAUNCH = ("patch_scope = _patch_lang(self.fn)", "patch_scope.restore()")
+#: SHA-256 of Triton's _get_np_dtype (3.x): a pure function of the element type
+_NP_DTYPE = "8f20d41e3207891ae9872819aff05bee11d5c9bbe24f772282cb3ac72749fc75"
 
 
 def install() -> bool:
@@ -91,4 +96,25 @@ def install() -> bool:
 
     I._patch_lang = patch_lang
     I.InterpretedFunction.__call__ = __call__
+    _memoize_np_dtype(I, tl)
     return True
+
+
+def _memoize_np_dtype(I, tl) -> None:
+    import hashlib
+
+    real = I._get_np_dtype
+    if hashlib.sha256(inspect.getsource(real).encode()).hexdigest() != _NP_DTYPE:
+        return
+    memo: dict = {}
+
+    def _get_np_dtype(tt_dtype):  # real's result, by the element type (pointer and block types are unhashable)
+        key = tt_dtype.element_ty if isinstance(tt_dtype, tl.block_type) else tt_dtype
+        if isinstance(key, tl.pointer_type):
+            return real(key)
+        found = memo.get(key)
+        if found is None:
+            found = memo[key] = real(key)
+        return found
+
+    I._get_np_dtype = _get_np_dtype
