@@ -8,6 +8,9 @@ Under pytest-xdist (``make test``: one worker per core) each worker runs torch o
 that the workers do not oversubscribe the cores; the files with the most tests marked ``slow``
 (those of ten seconds or more on 2 busy cores) are collected first, so that the workers start on them.
 
+Under the interpreter, tests/fast_interpreter.py skips the interpreter's patching of
+``triton.language`` at each call of a jit helper where its launch has patched it already.
+
 This folder goes on ``sys.path`` so that every test file imports the shared helpers of
 ``tests/support.py`` with ``from support import ...``.
 
@@ -50,6 +53,11 @@ if os.environ.get("FOXDQN_KERNEL_RECORD") and os.environ.get("TRITON_INTERPRET")
     _write_kernel_record = install(os.environ["FOXDQN_KERNEL_RECORD"])
 
 from support import CliServer  # noqa: E402 - after the sys.path entry
+
+if os.environ.get("TRITON_INTERPRET") == "1":  # the interpreter without its re-patching at each helper call
+    from fast_interpreter import install as _install_fast_interpreter  # noqa: E402
+
+    _install_fast_interpreter()
 
 
 def _cache_load_config() -> None:
