@@ -471,7 +471,8 @@ class _Population:
     def keep_best(self) -> list[Path | None]:
         """With early stopping, each member's ``checkpoints/best.pt`` from its kept weights, which are
         then loaded into the population for its final evaluation (call after the members' ``last.pt``
-        are written); None for a member with nothing kept (evaluated with its last weights)."""
+        payloads are taken: :meth:`save` copies them to the host, so they keep the last weights);
+        None for a member with nothing kept (evaluated with its last weights)."""
         sel, paths = self.selection, []
         host = HostCopy(self.s, sel.best) if sel.enabled and any(c is not None for c in sel.best_counts) else None
         for p, m in enumerate(self.members):
