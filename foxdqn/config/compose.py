@@ -11,7 +11,7 @@ from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
-from foxdqn.config.schema import TrainConfig, composition_error, finalize, finalize_object, to_object
+from foxdqn.config.schema import TrainConfig, composition_error, field_types, finalize, finalize_object, to_object
 from foxdqn.errors import ConfigError, FoxdqnError
 
 
@@ -121,19 +121,20 @@ class JobComposer:
         """The (key, value) pairs that turn the job of ``first_overrides`` (composed as
         ``first_cfg``) into the job of ``overrides``, when they differ only in values of plain
         leaves (the class docstring); else None."""
+        import copy
+
         from hydra.core.global_hydra import GlobalHydra
-        from hydra.core.override_parser.overrides_parser import OverridesParser
         from hydra.core.override_parser.types import OverrideType
 
         if len(overrides) != len(first_overrides):
             return None
-        parser, loader = _PARSER.setdefault("parser", OverridesParser.create()), GlobalHydra.instance().config_loader()
+        loader = GlobalHydra.instance().config_loader()
         changes = []
         for mine, first in zip(overrides, first_overrides):
             if mine == first:
                 continue
             try:
-                a, b = parser.parse_override(mine), parser.parse_override(first)
+                a, b = parsed_override(mine), parsed_override(first)
             except Exception:  # noqa: BLE001 - Hydra reports it when it composes
                 return None
             key = a.key_or_group
@@ -149,14 +150,28 @@ class JobComposer:
             node = OmegaConf.select(first_cfg, key, default=None, throw_on_missing=False)
             if isinstance(node, DictConfig):
                 return None
-            changes.append((key, a.value()))
+            changes.append((key, copy.deepcopy(a.value())))  # the parse is shared: never hand out its list
         return changes
 
 
-#: Hydra's override parser (made once) and whether a dotted key names a config group (asked once per
-#: key: a lookup in the config repository is slow, docs/bench.md#other-costs).
+#: Hydra's override parser (made once), each override parsed (once per text) and whether a dotted key
+#: names a config group (asked once per key: a lookup in the config repository is slow,
+#: docs/bench.md#other-costs).
 _PARSER: dict = {}
+_PARSED: dict[str, object] = {}
 _IS_GROUP: dict[str, bool] = {}
+
+
+def parsed_override(text: str):
+    """Hydra's parse of one command-line override (``hydra.core.override_parser.types.Override``),
+    parsed once per text for the process (a sweep's jobs share all but a few overrides); treat it as
+    read-only. Raises Hydra's ``OverrideParseException`` as ``OverridesParser.parse_override``."""
+    done = _PARSED.get(text)
+    if done is None:
+        from hydra.core.override_parser.overrides_parser import OverridesParser
+
+        done = _PARSED[text] = _PARSER.setdefault("parser", OverridesParser.create()).parse_override(text)
+    return done
 
 #: The composer of each config name for this process's multirun: the check of every job
 #: (foxdqn.cli.callbacks.CheckJobs) and the population launcher share it, so a job is composed once.
@@ -187,7 +202,7 @@ def set_leaf(obj: TrainConfig, dotted: str, value) -> bool:
     fields = {f.name: f for f in dataclasses.fields(node)}
     if leaf not in fields:
         return False
-    kind = typing.get_type_hints(type(node)).get(leaf)
+    kind = field_types(type(node)).get(leaf)
     optional = typing.get_origin(kind) is typing.Union and type(None) in typing.get_args(kind)
     if optional:
         kind = next(a for a in typing.get_args(kind) if a is not type(None))

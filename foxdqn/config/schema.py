@@ -21,6 +21,7 @@ searches, foxdqn.run.search), ``debug``.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import typing
 from dataclasses import dataclass, field
@@ -621,10 +622,17 @@ def validate(cfg: TrainConfig) -> None:
     _cross_checks(cfg)
 
 
+@functools.lru_cache(maxsize=None)
+def field_types(cls: type) -> dict[str, Any]:
+    """``typing.get_type_hints(cls)`` of a config dataclass, resolved once per class (resolving the
+    string annotations took 8 ms of a sweep's every job: docs/bench.md#other-costs). Treat as read-only."""
+    return typing.get_type_hints(cls)
+
+
 def _check_values(node, prefix: str = "") -> None:
     """Every float anywhere in the config is finite and every :class:`Choice` field holds one of
     its values (a TrainConfig built in Python skips OmegaConf's compose-time check)."""
-    hints = typing.get_type_hints(type(node))
+    hints = field_types(type(node))
     for f in dataclasses.fields(node):
         value, name, kind = getattr(node, f.name), f"{prefix}{f.name}", hints.get(f.name)
         if dataclasses.is_dataclass(value):

@@ -598,9 +598,10 @@ class _HydraYaml:
         """The hydra.yaml of job ``idx`` with ``overrides`` in folder ``run_dir``."""
         import yaml
         from hydra._internal.config_loader_impl import get_overrides_dirname
-        from hydra.core.override_parser.overrides_parser import OverridesParser
 
-        dirname = get_overrides_dirname(overrides=OverridesParser.create().parse_overrides(list(overrides)),
+        from foxdqn.config.compose import parsed_override
+
+        dirname = get_overrides_dirname(overrides=[parsed_override(o) for o in overrides],
                                         kv_sep=self.dirname["kv_sep"], item_sep=self.dirname["item_sep"],
                                         exclude_keys=list(self.dirname["exclude_keys"]))
         values = {"num": idx, "id": str(idx), "output_dir": str(run_dir), "task": list(overrides),

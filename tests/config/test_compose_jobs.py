@@ -38,6 +38,20 @@ def test_value_changes_equal_composition(hydra_initialised, monkeypatch):
     assert got == [to_plain(load_config(job)) for job in JOBS]
 
 
+def test_jobs_that_share_a_list_override_get_their_own_lists(hydra_initialised):
+    """The parse of an override is shared by every job that uses it (parsed once per text): a list
+    value set on one job's config is that job's own, so changing it leaves the other jobs alone."""
+    compose = JobComposer()
+    compose(JOBS[0])
+    a = compose(["+experiment=cartpole_cleanrl", "debug=smoke", "seed=3", "optim.lr=1e-3", "model.hidden=[16]"])
+    b = compose(["+experiment=cartpole_cleanrl", "debug=smoke", "seed=4", "optim.lr=1e-3", "model.hidden=[16]"])
+    assert a.model.hidden == b.model.hidden == [16] and a.model.hidden is not b.model.hidden
+    a.model.hidden.append(8)
+    c = compose(["+experiment=cartpole_cleanrl", "debug=smoke", "seed=5", "optim.lr=1e-3", "model.hidden=[16]"])
+    assert b.model.hidden == c.model.hidden == [16]
+    assert compose_module.parsed_override("model.hidden=[16]") is compose_module.parsed_override("model.hidden=[16]")
+
+
 @pytest.mark.parametrize("second", [
     ["+experiment=cartpole_cleanrl", "debug=smoke", "seed=1", "head.double=false", "debug.inject_nan_at_step=null"],
     ["+experiment=cartpole_cleanrl", "debug=smoke", "seed=1", "head.double=true", "debug.inject_nan_at_step=5"],
