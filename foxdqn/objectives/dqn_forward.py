@@ -16,6 +16,10 @@ rounding:
   compute each row on its own and draw no random numbers in their forward (every online network
   foxdqn builds: the GEMMs see 2B rows instead of B and may round differently, which can flip an
   argmax only between Q values equal to rounding).
+  A member network with ``forward_split`` (:meth:`foxdqn.population.network.MemberQNetwork.forward_split`:
+  the fused MLP chain) runs the stacked batch in one launch but returns Q of s (with gradient) and
+  of s' (a constant) apart, its backward and saved activations covering the s rows only; the loss
+  then takes them as two tensors (``q``, ``q_next_online``), the values the same bits.
 * ``stack=False``: two online forwards, s with gradient, s' under ``torch.no_grad()``: the
   backward and the saved activations cover B rows. Chosen for image encoders
   (:class:`foxdqn.nn.nature_cnn.NatureCNNEncoder`), where the doubled convolution backward and
@@ -37,9 +41,10 @@ class DQNForward(NamedTuple):
     """Q values of one (Double) DQN loss evaluation (float32; A actions; leading ``[P]`` for members).
 
     q: online Q with gradient, ``dqn_td_loss``'s ``q``: ``[B, A]`` of s, or ``[2B, A]`` (s rows,
-        then s' rows) when stacked.
+        then s' rows) when stacked (not with ``forward_split``: then ``[B, A]``).
     q_s: online Q of s with gradient, ``[B, A]`` (a view of ``q``).
-    q_next_online: online Q of s' without gradient ``[B, A]`` (Double DQN, not stacked), else None.
+    q_next_online: online Q of s' without gradient ``[B, A]`` (Double DQN, not stacked or
+        ``forward_split``), else None.
     q_next_target: target Q of s' without gradient ``[B, A]``.
     """
 
@@ -81,8 +86,14 @@ def dqn_forward(online: Callable[[Tensor], Tensor], target: Callable[[Tensor], T
             both = pair.view(members, -1, pair.shape[-1]) if members is not None else pair.view(2 * rows, -1)
         else:
             both = torch.cat([obs, next_obs], dim=axis)
-        q = online(both)  # rows of s, then of s' (per member)
-        q_s = q.narrow(axis, 0, rows)
+        split = getattr(online, "forward_split", None)
+        parts = split(both, rows) if split is not None and members is not None else None
+        if parts is not None:  # one forward launch; the backward covers the s rows only
+            q = q_s = parts[0]
+            q_next_online = parts[1]
+        else:
+            q = online(both)  # rows of s, then of s' (per member)
+            q_s = q.narrow(axis, 0, rows)
     else:
         q = q_s = online(obs)
         if double:

@@ -28,6 +28,11 @@ Kernels (Triton), mlp_chain's with a member grid axis:
   ``BLOCK_N`` output units of one layer of member p, looping over member p's row blocks in a fixed
   order (no atomics, no split-K), so every call gives the same bits.
 
+The split (:func:`member_mlp_chain_split`, the Double DQN pair ``[s; s']`` of each member): the
+same forward launch over all B rows writes rows < S to y and the others to y2, saves the
+activations of rows < S only, and the two backward kernels run over those S rows: y2 gets no
+gradient, as the loss gives the s' rows none.
+
 ``BLOCK_M`` is the largest power of two from 16 to :data:`MAX_BLOCK_M` rows (the dz kernel:
 :data:`MAX_BLOCK_M_DZ`; no more than B needs) that still gives at least :data:`MIN_PROGRAMS`
 programs; ``BLOCK_N`` likewise up to :data:`MAX_BLOCK_N` units: few members get mlp_chain's small
@@ -71,7 +76,7 @@ from foxdqn.ops.mlp_chain import (MAX_LAYERS, MAX_WIDTH, _fill, _layout, _load_r
                                   _store_rows, _tf32)
 
 __all__ = ["MAX_LAYERS", "MAX_MEMBERS", "MAX_WIDTH", "member_mlp_chain", "member_mlp_chain_reference",
-           "member_mlp_chain_supported"]
+           "member_mlp_chain_split", "member_mlp_chain_supported"]
 
 MAX_MEMBERS = 65535  # P: the second grid axis (CUDA's limit on grid dimension y)
 MAX_BLOCK_M = 128  # most rows per program of the forward kernel (an H200 sweep: docs/bench.md#launch-constants)
@@ -96,34 +101,39 @@ def _linear(h, w_ptr, b_ptr, I: tl.constexpr, O: tl.constexpr, PI: tl.constexpr,
 
 
 @triton.jit
-def _member_forward_kernel(x_ptr, x_sp, y_ptr, w1, b1, w2, b2, w3, b3, w4, b4, h1_ptr, h2_ptr, h3_ptr, B,
-                           L: tl.constexpr, D0: tl.constexpr, D1: tl.constexpr, D2: tl.constexpr,
+def _member_forward_kernel(x_ptr, x_sp, y_ptr, y2_ptr, w1, b1, w2, b2, w3, b3, w4, b4, h1_ptr, h2_ptr, h3_ptr, B,
+                           S, L: tl.constexpr, D0: tl.constexpr, D1: tl.constexpr, D2: tl.constexpr,
                            D3: tl.constexpr, D4: tl.constexpr, P0: tl.constexpr, P1: tl.constexpr,
                            P2: tl.constexpr, P3: tl.constexpr, P4: tl.constexpr, DL: tl.constexpr,
-                           PL: tl.constexpr, BLOCK_M: tl.constexpr, SAVE: tl.constexpr, PREC: tl.constexpr):
+                           PL: tl.constexpr, BLOCK_M: tl.constexpr, SAVE: tl.constexpr, SPLIT: tl.constexpr,
+                           PREC: tl.constexpr):
     """Member ``program_id(1)``'s rows of block ``program_id(0)``: x [P, B, D0] (member stride
-    ``x_sp``) → y [P, B, DL] through L layers; with SAVE also h_1 .. h_{L-1} [P, B, D_i]."""
+    ``x_sp``) → y [P, S, DL] (rows < S) through L layers; with SAVE also h_1 .. h_{L-1} [P, S, D_i]
+    of those rows; with SPLIT the rows >= S → y2 [P, B − S, DL] (nothing saved). S = B without a split."""
     p = tl.program_id(1).to(tl.int64)
     rows = tl.program_id(0).to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)
     ok = rows < B
+    head = ok & (rows < S)
     z = _linear(_load_rows(x_ptr + p * x_sp, rows, ok, D0, P0), w1 + p * (D0 * D1), b1 + p * D1,
                 D0, D1, P0, P1, PREC)
     if L > 1:
         h = _relu(z)
         if SAVE:
-            _store_rows(h1_ptr + p * B * D1, h, rows, ok, D1, P1)
+            _store_rows(h1_ptr + p * S * D1, h, rows, head, D1, P1)
         z = _linear(h, w2 + p * (D1 * D2), b2 + p * D2, D1, D2, P1, P2, PREC)
     if L > 2:
         h = _relu(z)
         if SAVE:
-            _store_rows(h2_ptr + p * B * D2, h, rows, ok, D2, P2)
+            _store_rows(h2_ptr + p * S * D2, h, rows, head, D2, P2)
         z = _linear(h, w3 + p * (D2 * D3), b3 + p * D3, D2, D3, P2, P3, PREC)
     if L > 3:
         h = _relu(z)
         if SAVE:
-            _store_rows(h3_ptr + p * B * D3, h, rows, ok, D3, P3)
+            _store_rows(h3_ptr + p * S * D3, h, rows, head, D3, P3)
         z = _linear(h, w4 + p * (D3 * D4), b4 + p * D4, D3, D4, P3, P4, PREC)
-    _store_rows(y_ptr + p * B * DL, z, rows, ok, DL, PL)
+    _store_rows(y_ptr + p * S * DL, z, rows, head, DL, PL)
+    if SPLIT:
+        _store_rows(y2_ptr + p * (B - S) * DL, z, rows - S, ok & (rows >= S), DL, PL)
 
 
 @triton.jit
@@ -236,19 +246,25 @@ def _units(dims: list[int], members: int, meta: dict) -> dict:
     return {f"N{i}": min(block, meta[f"P{i}"]) if i <= n else 16 for i in range(1, MAX_LAYERS + 1)}
 
 
-def _forward(x: Tensor, weights: Sequence[Tensor], biases: Sequence[Tensor], save: bool, prec: str):
-    """Launch the forward kernel: y [P, B, D_n], and the list h_1 .. h_{n-1} (empty unless ``save``)."""
+def _forward(x: Tensor, weights: Sequence[Tensor], biases: Sequence[Tensor], save: bool, prec: str,
+             split: int | None = None):
+    """Launch the forward kernel: y [P, S, D_n] (S = ``split``, default B), the list h_1 .. h_{n-1}
+    of those rows (empty unless ``save``) and y2 [P, B − S, D_n] of the other rows (None without a
+    ``split``)."""
     members, rows = x.shape[0], x.shape[1]
+    head = rows if split is None else split
     dims = [x.shape[2]] + [w.shape[2] for w in weights]
-    y = x.new_empty(members, rows, dims[-1])
-    hs = [x.new_empty(members, rows, d) for d in dims[1:-1]] if save else []
+    y = x.new_empty(members, head, dims[-1])
+    y2 = None if split is None else x.new_empty(members, rows - head, dims[-1])
+    hs = [x.new_empty(members, head, d) for d in dims[1:-1]] if save else []
     if rows:
         block_m = _block_m(rows, members)
         wb = zip(_fill(weights, MAX_LAYERS, weights[0]), _fill(biases, MAX_LAYERS, biases[0]))
         _member_forward_kernel[(triton.cdiv(rows, block_m), members)](
-            x, x.stride(0), y, *(t for pair in wb for t in pair), *_fill(hs, MAX_LAYERS - 1, y), rows,
-            **_layout(dims), BLOCK_M=block_m, SAVE=save, PREC=prec, num_warps=NUM_WARPS)
-    return y, hs
+            x, x.stride(0), y, y if y2 is None else y2, *(t for pair in wb for t in pair),
+            *_fill(hs, MAX_LAYERS - 1, y), rows, head, **_layout(dims), BLOCK_M=block_m, SAVE=save,
+            SPLIT=split is not None, PREC=prec, num_warps=NUM_WARPS)
+    return y, hs, y2
 
 
 def _backward(x: Tensor, weights: Sequence[Tensor], hs: Sequence[Tensor], dy: Tensor, prec: str):
@@ -281,7 +297,7 @@ class _MemberMLPChain(torch.autograd.Function):
     def forward(ctx, x, n, *params):
         weights, biases = params[:n], params[n:]
         ctx.n, ctx.prec = n, _prec(x)
-        y, hs = _forward(x, weights, biases, save=True, prec=ctx.prec)
+        y, hs, _ = _forward(x, weights, biases, save=True, prec=ctx.prec)
         ctx.save_for_backward(x, *weights, *hs)
         return y
 
@@ -292,6 +308,31 @@ class _MemberMLPChain(torch.autograd.Function):
         dws, dbs = _backward(saved[0], saved[1:n + 1], saved[n + 1:], grad_y.contiguous(), ctx.prec)
         need = ctx.needs_input_grad[2:]
         return (None, None, *(g if need[i] else None for i, g in enumerate([*dws, *dbs])))
+
+
+class _MemberMLPChainSplit(torch.autograd.Function):
+    """(y, y2) = forward kernel(x, W, b) split at row S (saving h_1 .. h_{n-1} of rows < S); y2 is a
+    constant; backward: the dz and the dW / db kernels over the S rows only."""
+
+    @staticmethod
+    def forward(ctx, x, n, split, *params):
+        weights, biases = params[:n], params[n:]
+        ctx.n, ctx.prec = n, _prec(x)
+        y, hs, y2 = _forward(x, weights, biases, save=True, prec=ctx.prec, split=split)
+        ctx.save_for_backward(x.narrow(1, 0, split), *weights, *hs)
+        ctx.mark_non_differentiable(y2)
+        ctx.set_materialize_grads(False)  # y2's gradient is never read: no zeros made for it
+        return y, y2
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, grad_y, _grad_y2):
+        n, saved = ctx.n, ctx.saved_tensors
+        if grad_y is None:
+            return (None,) * (3 + 2 * n)
+        dws, dbs = _backward(saved[0], saved[1:n + 1], saved[n + 1:], grad_y.contiguous(), ctx.prec)
+        need = ctx.needs_input_grad[3:]
+        return (None, None, None, *(g if need[i] else None for i, g in enumerate([*dws, *dbs])))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -403,3 +444,42 @@ def member_mlp_chain(x: Tensor, weights: Sequence[Tensor], biases: Sequence[Tens
     if torch.is_grad_enabled() and any(p.requires_grad for p in params):
         return _MemberMLPChain.apply(x, len(weights), *params)
     return _forward(x, weights, biases, save=False, prec=_prec(x))[0]
+
+
+def member_mlp_chain_split(x: Tensor, weights: Sequence[Tensor], biases: Sequence[Tensor], grad_rows: int, *,
+                           backend: str = "auto") -> tuple[Tensor, Tensor]:
+    """:func:`member_mlp_chain` of every row of ``x`` in one forward launch, differentiable only
+    through each member's first ``grad_rows`` rows: the Double DQN pair ``[s; s']`` of a member,
+    where the loss gives the s' rows no gradient (:func:`foxdqn.objectives.dqn_forward.dqn_forward`).
+    The forward saves the activations of those rows only, and the backward's two kernels work on
+    them only: half the rows of :func:`member_mlp_chain` on the stacked pair, the same values.
+
+    Args:
+        x, weights, biases, backend: as :func:`member_mlp_chain`.
+        grad_rows: S, ``0 <= S <= B``, the rows of each member that get a gradient.
+
+    Returns:
+        ``(y, y2)``: y float32 ``[P, S, D_n]``, rows ``0 .. S − 1`` of each member, differentiable
+        as :func:`member_mlp_chain`'s y; y2 float32 ``[P, B − S, D_n]``, rows ``S .. B − 1``, no
+        gradient (a constant, as if computed under ``torch.no_grad()``). Both equal the rows of
+        :func:`member_mlp_chain`'s y bit for bit (the same launch over the same B rows), and the
+        weight gradients equal its gradients for a y whose rows >= S get none (the sums skip rows
+        whose gradient is exactly 0). The reference (``backend="torch"``, CPU, ``x.requires_grad``):
+        :func:`member_mlp_chain_reference` of x, its rows >= S detached.
+
+    Raises:
+        ValueError: as :func:`member_mlp_chain`; ``grad_rows`` not an integer in ``[0, B]``.
+        RuntimeError: as :func:`member_mlp_chain`.
+    """
+    _check(x, weights, biases)
+    if isinstance(grad_rows, bool) or not isinstance(grad_rows, int) or not 0 <= grad_rows <= x.shape[1]:
+        raise ValueError(f"member_mlp_chain_split: grad_rows must be an integer in [0, B] = [0, {x.shape[1]}], "
+                         f"got {grad_rows!r}")
+    if resolve_backend("member_mlp_chain", backend, x) == "torch" or x.requires_grad:
+        y = member_mlp_chain_reference(x, weights, biases)
+        return y[:, :grad_rows], y[:, grad_rows:].detach()
+    params = [*weights, *biases]
+    if torch.is_grad_enabled() and any(p.requires_grad for p in params):
+        return _MemberMLPChainSplit.apply(x, len(weights), grad_rows, *params)
+    y, _, y2 = _forward(x, weights, biases, save=False, prec=_prec(x), split=grad_rows)
+    return y, y2

@@ -42,7 +42,7 @@ from foxdqn.nn.mlp import ACTIVATIONS, MLPEncoder
 from foxdqn.nn.qnet import QNetwork, forward_hooked
 from foxdqn.ops.backend import fused_forward
 from foxdqn.ops.dueling_combine import dueling_combine
-from foxdqn.ops.member_mlp_chain import member_mlp_chain, member_mlp_chain_supported
+from foxdqn.ops.member_mlp_chain import member_mlp_chain, member_mlp_chain_split, member_mlp_chain_supported
 from foxdqn.ops.q_forward import q_forward, q_forward_supported
 from foxdqn.nn.nature_cnn import NatureCNNEncoder
 from foxdqn.population.attention import MemberAttentionEncoder
@@ -226,6 +226,17 @@ class MemberQNetwork(nn.Module):
         value = self.layer(-2, h)  # [P, M, 1]
         adv = self.layer(-1, h)  # [P, M, A]
         return dueling_combine(value, adv)  # Wang et al. 2016 eq. 9, one kernel on CUDA
+
+    def forward_split(self, obs: torch.Tensor, grad_rows: int) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """:meth:`forward` of ``obs`` ``[P, M, D]`` as ``(Q of rows < grad_rows [P, grad_rows, A] with
+        gradient, Q of the other rows [P, M − grad_rows, A], a constant)`` in one forward launch whose
+        backward covers the first rows only (:func:`~foxdqn.ops.member_mlp_chain.member_mlp_chain_split`:
+        the Double DQN pair [s; s'], foxdqn.objectives.dqn_forward), where :meth:`chain_args` takes
+        ``obs``; else None (the caller runs :meth:`forward`). Host metadata only."""
+        chain = self.chain_args(obs) if type(self).forward is MemberQNetwork.forward else None
+        if chain is None:
+            return None
+        return member_mlp_chain_split(obs, chain[0], chain[1], grad_rows, backend="triton")
 
     def member_state_dict(self, p: int) -> dict[str, torch.Tensor]:
         """Member ``p``'s weights in the classic :class:`QNetwork` ``state_dict`` layout (copies)."""

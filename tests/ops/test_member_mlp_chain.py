@@ -4,7 +4,9 @@ reference, y and the gradients of every weight and bias: P = 1 and 3, B = 1, 17 
 NaN propagation; members never mix (member 1's inputs and weights changed, NaN included, leave
 member 0's y and gradients bit for bit); the same bits on every call; no gradient / frozen weights;
 an input that needs a gradient; B = 0; the TF32 path against a float64 emulation; the tile choice;
-bad arguments. GPU (`gpu` marker): kernel = reference on CUDA, three launches forward + backward,
+bad arguments. The split (member_mlp_chain_split: the rows of a Double DQN pair, a gradient for the
+first S rows only): the same bits as the whole op's y and its gradients with dy 0 beyond S, the
+reference's values, S = 0 and S = B, a stacked pair's member stride, bad S. GPU (`gpu` marker): kernel = reference on CUDA, three launches forward + backward,
 CUDA-graph capture = eager."""
 from __future__ import annotations
 
@@ -13,7 +15,8 @@ import torch
 
 import foxdqn.ops.member_mlp_chain as mod
 from foxdqn.ops.backend import INTERPRET
-from foxdqn.ops.member_mlp_chain import member_mlp_chain, member_mlp_chain_reference, member_mlp_chain_supported
+from foxdqn.ops.member_mlp_chain import (member_mlp_chain, member_mlp_chain_reference, member_mlp_chain_split,
+                                         member_mlp_chain_supported)
 
 from support import assert_close_ulps, capture_graph, no_host_sync, require_compiled_kernels, round_tf32
 
@@ -318,6 +321,26 @@ def test_gpu_kernel_equals_reference_highest(matmul_precision, members, rows):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("members,rows", [(1, 256), (512, 256), (3, 4098)])
+def test_gpu_split_is_the_whole_op_with_no_gradient_past_s(members, rows):
+    """On CUDA: member_mlp_chain_split at S = B/2 (the Double DQN pair) gives the whole op's y bit
+    for bit and its gradients for dy zeroed beyond S, in three launches."""
+    from support import cuda_kernels
+
+    x, ws, bs, up = _case(members, rows, CARTPOLE, seed=rows, device="cuda")
+    y, y2, grads = _split_run(x, ws, bs, up, rows // 2)
+    up[:, rows // 2:] = 0.0
+    whole = _run(_kernel, x, ws, bs, up)
+    assert torch.equal(torch.cat([y, y2], 1), whole[0])
+    for a, e, name in zip(grads, whole[1:], _names(3)[1:]):
+        assert torch.equal(a, e), name
+    params = [p.clone().requires_grad_(True) for p in ws + bs]
+    n, names = cuda_kernels(lambda: torch.autograd.grad(
+        member_mlp_chain_split(x, params[:3], params[3:], rows // 2)[0], params, up[:, :rows // 2]))
+    assert n == 3, names
+
+
+@pytest.mark.gpu
 def test_gpu_kernel_counts_and_capture():
     """cartpole_cleanrl's network at 64 members: forward one kernel without a gradient, forward +
     backward three; a captured forward + backward + SGD step replays to the eager bits with no
@@ -437,3 +460,105 @@ def test_member_network_fused_equals_layers_with_gradients():
     assert (got[0] - got[1].repeat(1, 2, 1)).abs().max() > 1e-3  # the target's own weights
     for a, e in zip(got, want):
         torch.testing.assert_close(a, e, rtol=1e-5, atol=2e-5)
+
+
+SPLITS = [
+    (1, 2, [4, 2], 1),  # one member, one layer, one row of each
+    (3, 34, CARTPOLE, 17),  # the Double DQN pair of 17 rows
+    (3, 260, CARTPOLE, 130),  # rows past two blocks on both sides
+    (2, 21, [9, 7, 128, 120, 2], 5),  # depth 4, a split inside a block
+    (3, 17, [4, 7, 2], 0),  # no row with a gradient
+    (3, 17, [4, 7, 2], 17),  # every row with a gradient
+]
+
+
+def _split_run(x, ws, bs, up, split, backend="triton"):
+    """y, y2 and the gradients of Σ y · up[:, :S] through member_mlp_chain_split."""
+    ws = [w.detach().clone().requires_grad_(True) for w in ws]
+    bs = [b.detach().clone().requires_grad_(True) for b in bs]
+    y, y2 = member_mlp_chain_split(x, ws, bs, split, backend=backend)
+    assert not y2.requires_grad
+    grads = torch.autograd.grad(y, ws + bs, up[:, :split]) if y.requires_grad else [torch.zeros_like(t) for t in ws + bs]
+    return y.detach(), y2, list(grads)
+
+
+@pytest.mark.parametrize("members,rows,dims,split", SPLITS,
+                         ids=[f"P{p}-B{b}-{'x'.join(map(str, d))}-S{s}" for p, b, d, s in SPLITS])
+def test_split_is_the_whole_op_with_no_gradient_past_s(members, rows, dims, split):
+    """y and y2 are the rows of member_mlp_chain's y bit for bit; the weight gradients are its
+    gradients for dy with rows >= S zeroed, bit for bit (the backward skips rows whose gradient is 0);
+    all equal the reference (its rows >= S detached) to float rounding."""
+    x, ws, bs, up = _case(members, rows, dims, seed=rows + split)
+    y, y2, grads = _split_run(x, ws, bs, up, split)
+    assert y.shape == (members, split, dims[-1]) and y2.shape == (members, rows - split, dims[-1])
+    masked = up.clone()
+    masked[:, split:] = 0
+    whole = _run(_kernel, x, ws, bs, masked)
+    assert torch.equal(y, whole[0][:, :split]) and torch.equal(y2, whole[0][:, split:])
+    for a, e, name in zip(grads, whole[1:], _names(len(ws))[1:]):
+        assert torch.equal(a, e), name
+    ref_y, ref_y2, ref_grads = _split_run(x, ws, bs, up, split, backend="torch")
+    torch.testing.assert_close(torch.cat([y, y2], 1), torch.cat([ref_y, ref_y2], 1), rtol=1e-5, atol=2e-5)
+    for a, e, name in zip(grads, ref_grads, _names(len(ws))[1:]):
+        torch.testing.assert_close(a, e, rtol=1e-5, atol=2e-5, msg=name)
+
+
+def test_split_of_a_stacked_pair_at_a_member_stride_and_without_gradient():
+    """x = the [P, 2B, D] view of a [P, 2, B, D] pair: the kernels read it in place; under no_grad
+    the split is the whole op's rows, nothing saved."""
+    pair = torch.randn(3, 2, 17, 4, generator=torch.Generator().manual_seed(5))
+    _, ws, bs, up = _case(3, 34, CARTPOLE, seed=6)
+    x = pair.view(3, 34, 4)
+    y, y2, grads = _split_run(x, ws, bs, up, 17)
+    want = _run(_kernel, x, ws, bs, torch.cat([up[:, :17], torch.zeros_like(up[:, 17:])], 1))
+    assert torch.equal(torch.cat([y, y2], 1), want[0])
+    assert all(torch.equal(a, e) for a, e in zip(grads, want[1:]))
+    with torch.no_grad():
+        a, b = member_mlp_chain_split(x, ws, bs, 17, backend="triton")
+    assert torch.equal(torch.cat([a, b], 1), want[0]) and not a.requires_grad
+
+
+@pytest.mark.parametrize("split", [-1, 18, 1.5, True])
+def test_split_bad_rows(split):
+    x, ws, bs, _ = _case(2, 17, [4, 7, 2])
+    with pytest.raises(ValueError, match="grad_rows must be an integer in \\[0, B\\] = \\[0, 17\\]"):
+        member_mlp_chain_split(x, ws, bs, split, backend="triton")
+
+
+def test_member_dqn_loss_with_the_split_equals_the_stacked_forward(monkeypatch):
+    """cartpole_cleanrl's network, 3 members, a Double DQN batch from a stacked [P, 2, B, D] pair
+    (cpu_kernels): member_dqn_loss through MemberQNetwork.forward_split (one launch, the backward
+    over the s rows) gives the loss, |TD|, Q of s and every gradient of the stacked forward (the
+    s' rows through autograd with zero gradient) bit for bit."""
+    import copy
+
+    import foxdqn.population.network as net_mod
+    from foxdqn.ops.backend import cpu_kernels
+    from foxdqn.population.objective import member_dqn_loss
+    from foxdqn.replay.buffer import Batch
+
+    net = _members(hidden=(120, 84), actions=2, seed=4)
+    target = copy.deepcopy(net).requires_grad_(False)
+    g = torch.Generator().manual_seed(7)
+    pair = torch.randn(3, 2, 16, 4, generator=g)
+    batch = Batch(obs=pair[:, 0], action=torch.randint(0, 2, (48,), generator=g), reward=torch.randn(48, generator=g),
+                  next_obs=pair[:, 1], discount=torch.full((48,), 0.99), weight=torch.ones(48),
+                  index=torch.arange(48))
+    calls = []
+    real = net_mod.member_mlp_chain_split
+
+    def run():
+        net.zero_grad(set_to_none=True)
+        loss, td, q = member_dqn_loss(net, target, batch, 3, torch.full((3,), 1.0), True)
+        loss.sum().backward()
+        return [loss.detach(), td, q.detach(), *(p.grad.clone() for p in net.parameters())]
+
+    monkeypatch.setattr(net_mod, "member_mlp_chain_split", lambda *a, **k: calls.append(1) or real(*a, **k))
+    with cpu_kernels():
+        got = run()
+        assert calls == [1]
+        monkeypatch.setattr(net_mod.MemberQNetwork, "forward_split", lambda self, obs, rows: None)
+        want = run()
+    assert got[0].shape == (3,) and (got[3] != 0).any()
+    for a, e in zip(got, want):
+        assert torch.equal(a, e)
