@@ -320,22 +320,36 @@ def finished_episodes(env, act, quota: int, *, capturable: bool = False, generat
         return records
 
     finished = np.zeros(env.num_envs, dtype=np.int64)
+    events: dict[str, list[np.ndarray]] = {}  # each chunk's finished episodes, by step, then env
 
-    def quotas_met(records: dict[str, np.ndarray]) -> bool:
-        finished[:] += records["done"].sum(axis=0)
+    def take(records: dict[str, np.ndarray]) -> bool:
+        done = records["done"]
+        rows, envs = np.nonzero(done)
+        for name, value in (("env", envs), *((n, records[n][rows, envs]) for n in records if n != "done")):
+            events.setdefault(name, []).append(value)
+        finished[:] += done.sum(axis=0)
         return bool((finished >= quota).all())
 
     use_graph = capturable and device.type == "cuda" and not env.on_host
     steps = ChunkGraph(step, device, chunk, use_graph=use_graph, generators=generators)
-    host = steps.run(max(1, quota * int(env.max_episode_steps) + 1), quotas_met)
-    done = host["done"].astype(bool)
-    keep = done & (np.cumsum(done, axis=0) <= quota)  # each env's first `quota` episodes
-    rows, envs = np.nonzero(keep)  # row-major: by step, then env
-    result = {"env": envs.astype(np.int64), "returns": host["returns"][rows, envs],
-              "lengths": host["lengths"][rows, envs].astype(np.int64)}
-    if "success" in host:
-        result["success"] = host["success"][rows, envs]
+    steps.run(max(1, quota * int(env.max_episode_steps) + 1), take, keep=False)  # only the episodes' ends kept
+    kept = {name: np.concatenate(parts) for name, parts in events.items()}
+    first = _first_per_group(kept["env"], quota)  # each env's first `quota` episodes
+    result = {"env": kept["env"][first].astype(np.int64), "returns": kept["returns"][first],
+              "lengths": kept["lengths"][first].astype(np.int64)}
+    if "success" in kept:
+        result["success"] = kept["success"][first]
     return result
+
+
+def _first_per_group(groups: np.ndarray, quota: int) -> np.ndarray:
+    """bool mask of ``groups`` (int, ``[M]``): True at the first ``quota`` occurrences of each value,
+    in array order."""
+    order = np.argsort(groups, kind="stable")  # each group's occurrences, in array order
+    ordered = groups[order]
+    rank = np.empty(groups.size, dtype=np.int64)
+    rank[order] = np.arange(groups.size) - np.searchsorted(ordered, ordered, side="left")
+    return rank < quota
 
 
 def episode_env_count(episodes: int, num_envs: int = 32) -> int:

@@ -52,6 +52,13 @@ def test_stop_sees_each_chunk_in_order_and_ends_the_run():
     assert seen == [[1, 2, 3], [4]] and host["x"].shape == (4, 2) and int(x[0]) == 6
 
 
+def test_without_keep_only_stop_sees_the_records():
+    seen = []
+    x, step = counter()
+    host = ChunkGraph(step, torch.device("cpu"), 3).run(7, lambda r: seen.append(r["x"][:, 0].tolist()), keep=False)
+    assert host == {} and seen == [[1, 2, 3], [4, 5, 6], [7]] and int(x[0]) == 9
+
+
 def test_bad_arguments():
     _, step = counter()
     cpu = torch.device("cpu")
