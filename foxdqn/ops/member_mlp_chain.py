@@ -267,15 +267,18 @@ def _forward(x: Tensor, weights: Sequence[Tensor], biases: Sequence[Tensor], sav
     return y, hs, y2
 
 
-def _backward(x: Tensor, weights: Sequence[Tensor], hs: Sequence[Tensor], dy: Tensor, prec: str):
+def _backward(x: Tensor, weights: Sequence[Tensor], hs: Sequence[Tensor], dy: Tensor, prec: str,
+              tile_rows: int | None = None):
     """Launch the dz kernel (two layers or more) and the dW / db kernel: the lists dW_i [P, D_{i-1},
-    D_i] and db_i [P, 1, D_i]."""
+    D_i] and db_i [P, 1, D_i]. ``tile_rows``: the rows the dz tile is chosen for (default x's B; the
+    split passes the forward's, so that its dz rows are computed in the whole op's tiles: the same
+    bits on a GPU, where the MMA instructions depend on the tile)."""
     members, rows, n = x.shape[0], x.shape[1], len(weights)
     dims = [x.shape[2]] + [w.shape[2] for w in weights]
     meta = _layout(dims)
     gs = [x.new_empty(members, rows, d) for d in dims[1:-1]] + [dy]  # dz_1 .. dz_{n-1}, then dz_n = dy
     if rows and n > 1:
-        block_m = _block_m(rows, members, MAX_BLOCK_M_DZ)
+        block_m = _block_m(rows if tile_rows is None else tile_rows, members, MAX_BLOCK_M_DZ)
         _member_dz_kernel[(triton.cdiv(rows, block_m), members)](
             dy, *_fill(weights[1:], MAX_LAYERS - 1, dy), *_fill(hs, MAX_LAYERS - 1, dy),
             *_fill(gs[:-1], MAX_LAYERS - 1, dy), rows, **meta, BLOCK_M=block_m, PREC=prec, num_warps=NUM_WARPS)
@@ -317,7 +320,7 @@ class _MemberMLPChainSplit(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, n, split, *params):
         weights, biases = params[:n], params[n:]
-        ctx.n, ctx.prec = n, _prec(x)
+        ctx.n, ctx.prec, ctx.rows = n, _prec(x), x.shape[1]
         y, hs, y2 = _forward(x, weights, biases, save=True, prec=ctx.prec, split=split)
         ctx.save_for_backward(x.narrow(1, 0, split), *weights, *hs)
         ctx.mark_non_differentiable(y2)
@@ -330,7 +333,7 @@ class _MemberMLPChainSplit(torch.autograd.Function):
         n, saved = ctx.n, ctx.saved_tensors
         if grad_y is None:
             return (None,) * (3 + 2 * n)
-        dws, dbs = _backward(saved[0], saved[1:n + 1], saved[n + 1:], grad_y.contiguous(), ctx.prec)
+        dws, dbs = _backward(saved[0], saved[1:n + 1], saved[n + 1:], grad_y.contiguous(), ctx.prec, ctx.rows)
         need = ctx.needs_input_grad[3:]
         return (None, None, None, *(g if need[i] else None for i, g in enumerate([*dws, *dbs])))
 
