@@ -107,6 +107,25 @@ def test_members_equal_runs_of_one_member_cartpole():
         assert torch.equal(together.obs.view(3, 4, -1)[p], alone.obs)
 
 
+def test_members_equal_runs_of_one_member_cartpole_in_the_fused_kernels(monkeypatch):
+    """Inside cpu_kernels (the CUDA path's kernels in Triton's interpreter) a Double DQN plain-Q
+    population trains through member_mlp_chain_split: each member still equals the population of
+    one of its seed, bit for bit."""
+    import foxdqn.population.network as net_mod
+    from foxdqn.ops.backend import cpu_kernels
+
+    calls = []
+    real = net_mod.member_mlp_chain_split
+    monkeypatch.setattr(net_mod, "member_mlp_chain_split", lambda *a, **k: calls.append(1) or real(*a, **k))
+    base = [*CARTPOLE, "head.double=true"]
+    members = [["seed=0"], ["seed=1", "optim.lr=1e-3", "agent.gamma=0.9"]]
+    with cpu_kernels():
+        together = run(configs(base, members), iterations=4, collect_first=10)
+        assert calls
+        for p, extra in enumerate(members):
+            assert_member_equal(together, p, run(configs(base, [extra]), iterations=4, collect_first=10), 0)
+
+
 def test_members_equal_runs_of_one_member_trading_n_step():
     assert_members_equal_runs_of_one(TRADING, [["seed=5"], ["seed=6", "explore.eps_end=0.3", "loss.reward_scale=10"]])
 
