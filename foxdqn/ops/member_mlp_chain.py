@@ -294,42 +294,25 @@ def _backward(x: Tensor, weights: Sequence[Tensor], hs: Sequence[Tensor], dy: Te
 
 
 class _MemberMLPChain(torch.autograd.Function):
-    """y = forward kernel(x, W, b) (saving h_1 .. h_{n-1}); backward: the dz and the dW / db kernels."""
-
-    @staticmethod
-    def forward(ctx, x, n, *params):
-        weights, biases = params[:n], params[n:]
-        ctx.n, ctx.prec = n, _prec(x)
-        y, hs, _ = _forward(x, weights, biases, save=True, prec=ctx.prec)
-        ctx.save_for_backward(x, *weights, *hs)
-        return y
-
-    @staticmethod
-    @torch.autograd.function.once_differentiable
-    def backward(ctx, grad_y):
-        n, saved = ctx.n, ctx.saved_tensors
-        dws, dbs = _backward(saved[0], saved[1:n + 1], saved[n + 1:], grad_y.contiguous(), ctx.prec)
-        need = ctx.needs_input_grad[2:]
-        return (None, None, *(g if need[i] else None for i, g in enumerate([*dws, *dbs])))
-
-
-class _MemberMLPChainSplit(torch.autograd.Function):
-    """(y, y2) = forward kernel(x, W, b) split at row S (saving h_1 .. h_{n-1} of rows < S); y2 is a
-    constant; backward: the dz and the dW / db kernels over the S rows only."""
+    """y = forward kernel(x, W, b), saving h_1 .. h_{n-1}; with a split row S (not None) the rows >= S
+    go to a second output y2, a constant, and only the rows < S are saved. Backward: the dz and the
+    dW / db kernels over the saved rows (dz in the tiles of the forward's rows)."""
 
     @staticmethod
     def forward(ctx, x, n, split, *params):
         weights, biases = params[:n], params[n:]
         ctx.n, ctx.prec, ctx.rows = n, _prec(x), x.shape[1]
         y, hs, y2 = _forward(x, weights, biases, save=True, prec=ctx.prec, split=split)
-        ctx.save_for_backward(x.narrow(1, 0, split), *weights, *hs)
-        ctx.mark_non_differentiable(y2)
+        ctx.save_for_backward(x if split is None else x.narrow(1, 0, split), *weights, *hs)
         ctx.set_materialize_grads(False)  # y2's gradient is never read: no zeros made for it
+        if split is None:
+            return y
+        ctx.mark_non_differentiable(y2)
         return y, y2
 
     @staticmethod
     @torch.autograd.function.once_differentiable
-    def backward(ctx, grad_y, _grad_y2):
+    def backward(ctx, grad_y, *_grad_y2):
         n, saved = ctx.n, ctx.saved_tensors
         if grad_y is None:
             return (None,) * (3 + 2 * n)
@@ -445,7 +428,7 @@ def member_mlp_chain(x: Tensor, weights: Sequence[Tensor], biases: Sequence[Tens
         return member_mlp_chain_reference(x, weights, biases)
     params = [*weights, *biases]
     if torch.is_grad_enabled() and any(p.requires_grad for p in params):
-        return _MemberMLPChain.apply(x, len(weights), *params)
+        return _MemberMLPChain.apply(x, len(weights), None, *params)
     return _forward(x, weights, biases, save=False, prec=_prec(x))[0]
 
 
@@ -483,6 +466,6 @@ def member_mlp_chain_split(x: Tensor, weights: Sequence[Tensor], biases: Sequenc
         return y[:, :grad_rows], y[:, grad_rows:].detach()
     params = [*weights, *biases]
     if torch.is_grad_enabled() and any(p.requires_grad for p in params):
-        return _MemberMLPChainSplit.apply(x, len(weights), grad_rows, *params)
+        return _MemberMLPChain.apply(x, len(weights), grad_rows, *params)
     y, _, y2 = _forward(x, weights, biases, save=False, prec=_prec(x), split=grad_rows)
     return y, y2
