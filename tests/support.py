@@ -539,6 +539,8 @@ def wandb_records(path: Path) -> list:
             pos += left
             continue
         length, kind = int.from_bytes(data[pos + 4:pos + 6], "little"), data[pos + 6]
+        if pos + 7 + length > len(data):  # a record still being written: the records before it
+            break
         chunk += data[pos + 7:pos + 7 + length]
         pos += 7 + length
         if kind in (1, 4):
@@ -553,15 +555,25 @@ def wandb_offline_runs(run_dir: Path, timeout: float = 30.0) -> tuple[list, list
     """The offline runs' files (``run_dir/wandb/offline-run-*/run-*.wandb``, sorted) and their
     records (:func:`wandb_records`). W&B's service process writes the file; on a loaded
     machine its last records were seen to land after wandb.finish() returned (make test on a fresh
-    clone, 1 of 3 runs): read again until every file has its run record, for up to ``timeout`` s."""
+    clone, 1 of 3 runs), and a record read while it was written did not parse (1 of 4): read again
+    until every file parses and has its run and exit records (``exit``: written by finish), for up
+    to ``timeout`` s."""
     import time
+
+    from google.protobuf.message import DecodeError
 
     deadline = time.monotonic() + timeout
     while True:
         files = sorted((run_dir / "wandb").glob("offline-run-*/run-*.wandb"))
         assert files, list((run_dir / "wandb").iterdir())
-        records = [wandb_records(f) for f in files]
-        whole = all(any(r.WhichOneof("record_type") == "run" for r in rs) for rs in records)
+        try:
+            records = [wandb_records(f) for f in files]
+        except DecodeError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.5)
+            continue
+        whole = all({"run", "exit"} <= {r.WhichOneof("record_type") for r in rs} for rs in records)
         if whole or time.monotonic() > deadline:
             return files, records
         time.sleep(0.5)
