@@ -80,14 +80,15 @@ def test_the_multirun_runs_it(sweeps):
 def test_host_time_per_extra_job_is_small(sweeps):
     """Issue 33's host cost: the wall time outside training (start-up, composition and checks, build,
     evaluation, P run folders) grows by at most HOST_S_PER_EXTRA_JOB per extra job, from 2 to 34 jobs
-    (one composition per structure, the others derived: about 0.02 s a job on a 2-core CPU, against
+    (one composition per structure, the others derived: about 0.05 s a job on a 2-core CPU, against
     0.3-0.6 s for a Hydra composition of each). The jobs' own training (the sweep's ``training``
-    phase, timings.json) is left out."""
+    phase, timings.json) is left out, and so are the interpreter's start and the imports, which no
+    job count changes (on 2 busy cores they vary by 0.6 s between two processes: 0.02 s a job here)."""
     host = {}
     for seeds, (folder, wall) in sweeps.items():
         timings = json.loads((folder / "timings.json").read_text())
         assert timings["jobs"] == seeds
-        host[seeds] = wall - timings["phases"]["training"]
+        host[seeds] = wall - sum(timings["phases"][k] for k in ("training", "interpreter", "imports"))
         assert len([p for p in folder.iterdir() if (p / "eval" / "summary.json").is_file()]) == seeds
     per_job = (host[34] - host[2]) / 32
     assert per_job <= HOST_S_PER_EXTRA_JOB, f"{per_job:.3f} s of host time per extra job ({host})"
