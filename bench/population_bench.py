@@ -41,7 +41,7 @@ from pathlib import Path
 import numpy as np
 
 #: (experiment, member counts) measured on CUDA; on CPU only the smallest counts run (eager).
-CASES = {"cartpole_cleanrl": (1, 16, 128, 512), "eurusd_dqn": (1, 8, 64)}
+CASES = {"cartpole_cleanrl": (1, 16, 128, 512), "eurusd_dqn": (1, 5, 8, 64)}
 CPU_CASES = {"cartpole_cleanrl": (2,), "eurusd_dqn": (2,)}  # with debug=smoke
 BASIC_JOBS = 2
 #: columns from the sweep's timings.json (foxdqn.timings phases, seconds of the whole process)
@@ -170,10 +170,14 @@ def peer_result_row(members: int, result: dict | None, wall: float, rc: int = 0,
     return row
 
 
-def rows(device: str, only: tuple[str, ...] | None = None, members: tuple[int, ...] | None = None):
+def rows(device: str, only: tuple[str, ...] | None = None, members: tuple[int, ...] | None = None,
+         warm: bool = False):
     """The section's rows, one at a time (each a finished multirun, or a JAX peer run after the
     ``cartpole_cleanrl`` row of the same P); ``only``: these experiments; ``members``: only these
-    member counts (the basic launcher's row then runs at the largest of them).
+    member counts (the basic launcher's row then runs at the largest of them); ``warm``: each
+    population row's sweep runs once untimed first, so that the timed one finds Triton's cache
+    warm for its shapes (column ``triton_cache``: ``warm``; else ``as found``: the rows before it
+    compiled what they share).
     Eager rows (``graph=off``) run for the trading experiment only on CUDA: 50,000 eager CartPole
     iterations take minutes and say nothing the captured rows do not."""
     cases = CASES if device == "cuda" else CPU_CASES
@@ -186,7 +190,10 @@ def rows(device: str, only: tuple[str, ...] | None = None, members: tuple[int, .
         if not counts:
             continue
         for members_p in counts:
-            yield sweep(experiment, members_p, "population", "auto", extra)
+            if warm:
+                sweep(experiment, members_p, "population", "auto", extra)
+            yield {**sweep(experiment, members_p, "population", "auto", extra),
+                   "triton_cache": "warm" if warm else "as found"}
             if peer is not None:  # right after the foxdqn row of the same P: a cut run keeps both
                 yield peer_row(members_p, peer)
             if device == "cuda" and experiment != "cartpole_cleanrl" and members_p <= 8:
@@ -196,7 +203,7 @@ def rows(device: str, only: tuple[str, ...] | None = None, members: tuple[int, .
 
 def table(df) -> str:
     """Markdown: every row, and population vs basic launcher wall time as a ratio."""
-    cols = [c for c in ("experiment", "launcher", "graph", "members", "wall_s", "wall_per_job_s", "train_s",
+    cols = [c for c in ("experiment", "launcher", "graph", "triton_cache", "members", "wall_s", "wall_per_job_s", "train_s",
                         "compile_s", "check_s", "host_s", *PHASE_COLUMNS, "env_steps_per_s", "metric", "metric_mean",
                         "metric_min", "metric_max", "failed", "note")
             if c in df]

@@ -47,7 +47,7 @@ SECTIONS = ("step", "e2e", "cartpole", "ops", "population", "kernels", "startup"
 
 
 def _section(name: str, device: str, seeds: int = 1, only: tuple[str, ...] | None = None,
-             members: tuple[int, ...] | None = None):
+             members: tuple[int, ...] | None = None, warm: bool = False):
     """The section's rows: a list, or a generator yielding them one at a time."""
     if name == "ops":
         if device != "cuda":
@@ -56,7 +56,7 @@ def _section(name: str, device: str, seeds: int = 1, only: tuple[str, ...] | Non
         return _ops_rows(device, only)
     module = importlib.import_module(f"bench.{name}_bench")
     if name == "population":
-        return module.rows(device, only=only, members=members)
+        return module.rows(device, only=only, members=members, warm=warm)
     if name == "kernels":
         return module.rows(device, only=only)
     return module.rows(device, seeds=seeds, only=only) if name == "cartpole" else module.rows(device)
@@ -172,6 +172,8 @@ def main(argv=None) -> int:
                                    "(bench/ops/bench_<name>.py)")
     ap.add_argument("--members", help="population section: comma-separated member counts, a subset of each "
                                       "experiment's (bench.population_bench.CASES); default: all")
+    ap.add_argument("--warm", action="store_true", help="population section: run each population sweep once "
+                                                         "untimed first (Triton's cache warm for its shapes)")
     ap.add_argument("--tag", help="appended to the result files' name (<date>_<gpu>_<sections>-<tag>)")
     ap.add_argument("--report", metavar="CSV", help="only rebuild the .md and .png beside CSV from its rows "
                                                     "(e.g. of a run cut by a time limit)")
@@ -194,7 +196,7 @@ def main(argv=None) -> int:
     stem.parent.mkdir(parents=True, exist_ok=True)
     for name in args.sections.split(","):
         members = tuple(int(m) for m in args.members.split(",")) if args.members else None
-        for r in _section(name.strip(), device, args.seeds, only, members):  # a list, or a generator of rows (cartpole)
+        for r in _section(name.strip(), device, args.seeds, only, members, args.warm):  # a list, or a generator of rows (cartpole)
             rows.append({**t, **r})
             write_csv(rows, stem.with_suffix(".csv"))  # after every row: a time-out keeps what ran
     _write_report(pd.DataFrame(rows), t, stem)

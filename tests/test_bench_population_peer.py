@@ -114,6 +114,24 @@ def test_peer_rows_follow_the_foxdqn_row_of_the_same_size(monkeypatch):
     assert picked == [("population", 128), (pb.PEER, 128), ("population", 512), (pb.PEER, 512), ("basic", 512)]
 
 
+def test_warm_runs_each_population_sweep_once_untimed_first(monkeypatch):
+    """--warm: every population row's sweep runs twice, the second one is the row (its Triton cache
+    warm); the eager and basic rows run once."""
+    calls = []
+    monkeypatch.setattr(pb, "peer_missing", lambda python=None: ["jax"])
+    monkeypatch.setattr(pb, "sweep", lambda experiment, members, launcher, graph, extra=(): calls.append(
+        (launcher, graph, members)) or {"experiment": experiment, "launcher": launcher, "graph": graph,
+                                         "members": members, "run": len(calls)})
+    rows = list(pb.rows("cuda", only=("eurusd_dqn",), members=(5,), warm=True))
+    assert calls == [("population", "auto", 5), ("population", "auto", 5), ("population", "off", 5),
+                     ("basic", "auto", 5)]
+    assert [(r["launcher"], r["graph"], r.get("triton_cache"), r["run"]) for r in rows] == [
+        ("population", "auto", "warm", 2), ("population", "off", None, 3), ("basic", "auto", None, 4)]
+    calls.clear()
+    cold = list(pb.rows("cuda", only=("eurusd_dqn",), members=(5,)))
+    assert len(calls) == 3 and cold[0]["triton_cache"] == "as found"
+
+
 def test_members_must_be_counts_the_section_knows(capsys):
     from bench.run import main
 
