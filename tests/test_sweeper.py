@@ -92,3 +92,26 @@ def test_host_time_per_extra_job_is_small(sweeps):
         assert len([p for p in folder.iterdir() if (p / "eval" / "summary.json").is_file()]) == seeds
     per_job = (host[34] - host[2]) / 32
     assert per_job <= HOST_S_PER_EXTRA_JOB, f"{per_job:.3f} s of host time per extra job ({host})"
+
+
+def test_the_launcher_takes_each_composed_job_once_and_only_from_its_own_multirun():
+    """The sweeper's check hands the jobs it composed to the population launcher (take_composed): the
+    same master config and overrides get that config once; another master config, a job the check
+    derived (not composed) or a second take gets None (the launcher composes it then)."""
+    from types import SimpleNamespace
+
+    from hydra_plugins.foxdqn_population.sweeper import sweeper_class, take_composed
+
+    batch = [["seed=0"], ["seed=1"], ["seed=3", "head=q"]]
+    master = OmegaConf.create({})
+    with initialize_config_dir(str(conf_folder()), version_base="1.3"):
+        sweeper = sweeper_class()(max_batch_size=None)
+        sweeper.hydra_context, sweeper.config = SimpleNamespace(config_loader=_Loader()), master
+        sweeper.validate_batch_is_legal(batch)
+    assert take_composed(OmegaConf.create({}), ["seed=0"]) is None  # another multirun's master config
+    first = take_composed(master, ["seed=0"])
+    assert first is not None and first.seed == 0
+    assert take_composed(master, ["seed=0"]) is None  # taken once
+    assert take_composed(master, ["seed=1"]) is None  # derived from seed=0's config, never composed
+    other = take_composed(master, ["seed=3", "head=q"])
+    assert other is not None and other.seed == 3 and other.head.name == "q"

@@ -184,8 +184,14 @@ class PopulationLauncher(Launcher):
         return [ret for _, ret in (jobs[idx] for idx in sorted(jobs))]
 
     def _compose(self, idx: int, overrides: List[str]) -> DictConfig:
-        """Job ``idx``'s whole config through Hydra (``load_sweep_config``), numbered."""
-        sweep_config = self.hydra_context.config_loader.load_sweep_config(self.config, list(overrides))
+        """Job ``idx``'s whole config through Hydra (``load_sweep_config``; the one the sweeper's check
+        composed for these overrides when there is one: :func:`~hydra_plugins.foxdqn_population.sweeper.take_composed`),
+        numbered."""
+        from hydra_plugins.foxdqn_population.sweeper import take_composed
+
+        sweep_config = take_composed(self.config, overrides)
+        if sweep_config is None:
+            sweep_config = self.hydra_context.config_loader.load_sweep_config(self.config, list(overrides))
         with open_dict(sweep_config):
             sweep_config.hydra.job.id = idx
             sweep_config.hydra.job.num = idx

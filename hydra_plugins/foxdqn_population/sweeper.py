@@ -32,6 +32,22 @@ class FoxdqnSweeperConf(BasicSweeperConf):
 ConfigStore.instance().store(group="hydra/sweeper", name="foxdqn", node=FoxdqnSweeperConf, provider="foxdqn")
 
 _CLASSES: dict = {}
+#: the batch's jobs composed by the sweeper's check: overrides → (the master config, its sweep config),
+#: handed once to the launcher (:func:`take_composed`), which would compose the same job again
+_COMPOSED: dict = {}
+
+
+def take_composed(master_config, overrides: Sequence[str]):
+    """The sweep config that this process's sweeper composed for the job ``overrides`` of the
+    multirun of ``master_config`` (the same object), removed from the hand-over; None when it did
+    not (another sweeper, another multirun, or taken already). Hydra's ``load_sweep_config`` of the
+    same master config and overrides gives the same config, so the launcher takes this one instead
+    of composing the job a second time (about 0.4 s a structure on a 2-core CPU)."""
+    found = _COMPOSED.get(tuple(overrides))
+    if found is None or found[0] is not master_config:
+        return None
+    del _COMPOSED[tuple(overrides)]
+    return found[1]
 
 
 def sweeper_class() -> type:
@@ -51,11 +67,13 @@ def sweeper_class() -> type:
                 loader = self.hydra_context.config_loader
                 bases: List[tuple] = []
                 self.composed = 0
+                _COMPOSED.clear()
                 for overrides in batch:
                     job = list(overrides)
                     if any(JobComposer.value_changes(job, first, cfg) is not None for first, cfg in bases):
                         continue
                     bases.append((job, loader.load_sweep_config(master_config=self.config, sweep_overrides=job)))
+                    _COMPOSED[tuple(job)] = (self.config, bases[-1][1])
                     self.composed += 1
 
         FoxdqnBasicSweeper.__module__, FoxdqnBasicSweeper.__qualname__ = __name__, "FoxdqnBasicSweeper"
