@@ -22,10 +22,7 @@ Kernels (Triton), mlp_chain's with a member grid axis:
   r·BLOCK_M .. and runs the whole chain in registers with ``tl.dot`` (widths padded to powers of two
   >= 16, masked loads; padded columns stay exactly 0), writes y and, when a gradient will be
   needed, the post-ReLU activations h_1 .. h_{n-1} (float32 [P, B, D_i], allocated per call like
-  any autograd saved tensor); whether it saves, and the split row below, are runtime arguments, not
-  constexprs, so that one compiled kernel per tile serves the online, target and collect forwards
-  (each constexpr variant is another cold compile on first use; Triton 3.6 took about 20 s for the
-  16-row variant that saved nothing, against 3 s for the one that saves: docs/bench.md#start-up);
+  any autograd saved tensor);
 * backward 1, the same grid: dz_{n-1} .. dz_1 of its rows from dy, the saved h_i and W_i;
 * backward 2, a grid of (tiles, P members): program (t, p) computes dW_i and db_i of one tile of
   ``BLOCK_N`` output units of one layer of member p, looping over member p's row blocks in a fixed
@@ -103,17 +100,16 @@ def _linear(h, w_ptr, b_ptr, I: tl.constexpr, O: tl.constexpr, PI: tl.constexpr,
     return tl.dot(_tf32(h, PREC), _tf32(w, PREC), input_precision=PREC) + b[None, :]
 
 
-@triton.jit(do_not_specialize=["SAVE"])
+@triton.jit
 def _member_forward_kernel(x_ptr, x_sp, y_ptr, y2_ptr, w1, b1, w2, b2, w3, b3, w4, b4, h1_ptr, h2_ptr, h3_ptr, B,
-                           S, SAVE, L: tl.constexpr, D0: tl.constexpr, D1: tl.constexpr, D2: tl.constexpr,
+                           S, L: tl.constexpr, D0: tl.constexpr, D1: tl.constexpr, D2: tl.constexpr,
                            D3: tl.constexpr, D4: tl.constexpr, P0: tl.constexpr, P1: tl.constexpr,
                            P2: tl.constexpr, P3: tl.constexpr, P4: tl.constexpr, DL: tl.constexpr,
-                           PL: tl.constexpr, BLOCK_M: tl.constexpr, PREC: tl.constexpr):
+                           PL: tl.constexpr, BLOCK_M: tl.constexpr, SAVE: tl.constexpr, SPLIT: tl.constexpr,
+                           PREC: tl.constexpr):
     """Member ``program_id(1)``'s rows of block ``program_id(0)``: x [P, B, D0] (member stride
-    ``x_sp``) → y [P, S, DL] (rows < S) through L layers; with SAVE (a runtime 0 / 1) also
-    h_1 .. h_{L-1} [P, S, D_i] of those rows; the rows >= S → y2 [P, B − S, DL] (nothing saved;
-    none when S = B, without a split). SAVE and the split are runtime values, not constexprs: one
-    compiled kernel per tile serves the online, target and collect forwards (module docstring)."""
+    ``x_sp``) → y [P, S, DL] (rows < S) through L layers; with SAVE also h_1 .. h_{L-1} [P, S, D_i]
+    of those rows; with SPLIT the rows >= S → y2 [P, B − S, DL] (nothing saved). S = B without a split."""
     p = tl.program_id(1).to(tl.int64)
     rows = tl.program_id(0).to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)
     ok = rows < B
@@ -122,21 +118,21 @@ def _member_forward_kernel(x_ptr, x_sp, y_ptr, y2_ptr, w1, b1, w2, b2, w3, b3, w
                 D0, D1, P0, P1, PREC)
     if L > 1:
         h = _relu(z)
-        if SAVE != 0:
+        if SAVE:
             _store_rows(h1_ptr + p * S * D1, h, rows, head, D1, P1)
         z = _linear(h, w2 + p * (D1 * D2), b2 + p * D2, D1, D2, P1, P2, PREC)
     if L > 2:
         h = _relu(z)
-        if SAVE != 0:
+        if SAVE:
             _store_rows(h2_ptr + p * S * D2, h, rows, head, D2, P2)
         z = _linear(h, w3 + p * (D2 * D3), b3 + p * D3, D2, D3, P2, P3, PREC)
     if L > 3:
         h = _relu(z)
-        if SAVE != 0:
+        if SAVE:
             _store_rows(h3_ptr + p * S * D3, h, rows, head, D3, P3)
         z = _linear(h, w4 + p * (D3 * D4), b4 + p * D4, D3, D4, P3, P4, PREC)
     _store_rows(y_ptr + p * S * DL, z, rows, head, DL, PL)
-    if S < B:
+    if SPLIT:
         _store_rows(y2_ptr + p * (B - S) * DL, z, rows - S, ok & (rows >= S), DL, PL)
 
 
@@ -266,8 +262,8 @@ def _forward(x: Tensor, weights: Sequence[Tensor], biases: Sequence[Tensor], sav
         wb = zip(_fill(weights, MAX_LAYERS, weights[0]), _fill(biases, MAX_LAYERS, biases[0]))
         _member_forward_kernel[(triton.cdiv(rows, block_m), members)](
             x, x.stride(0), y, y if y2 is None else y2, *(t for pair in wb for t in pair),
-            *_fill(hs, MAX_LAYERS - 1, y), rows, head, int(save), **_layout(dims), BLOCK_M=block_m, PREC=prec,
-            num_warps=NUM_WARPS)
+            *_fill(hs, MAX_LAYERS - 1, y), rows, head, **_layout(dims), BLOCK_M=block_m, SAVE=save,
+            SPLIT=split is not None, PREC=prec, num_warps=NUM_WARPS)
     return y, hs, y2
 
 
