@@ -18,6 +18,17 @@ What a kernel computes is unchanged.
 It also memoizes ``_get_np_dtype`` (the NumPy dtype of a Triton type; called for each value the
 interpreter makes, it built its table of 19 types at every call) per scalar element type.
 
+A reduction with a combine function of its own (``tl.reduce``: foxdqn/ops/argmax.py's
+``argmax_combine``) falls back in Triton's interpreter to calling the combine function once per
+element of the input, on scalars (``ReduceOps.generic_reduce``): a [128, 16] tile's argmax is 2,048
+calls of about 15 interpreted ops each, more than half of the collect step's time in the launch-count
+tests. :func:`install` runs the same combinations on whole slices instead: along the axis in the same
+order (element 0, then combine(acc, element 1), ...), each call on every other index at once, so that
+each output element goes through the same sequence of the same elementwise operations as in Triton's
+loop. For comparisons, bitwise operations and ``where`` (argmax_combine's) NumPy gives the same bits
+on arrays as on scalars; its ``maximum`` and ``minimum`` may not (the sign of a zero of a ±0 tie), so
+the scan (``ScanOps.generic_scan``; per_sample's running max) keeps Triton's loop.
+
 Installed by tests/conftest.py under the interpreter only, and only where Triton's code is the code
 this replaces (:func:`install` returns False otherwise: the suite then runs Triton's own, slower).
 """
@@ -38,6 +49,8 @@ _CALL = """    def __call__(self, *args, **kwargs):
 _LAUNCH = ("patch_scope = _patch_lang(self.fn)", "patch_scope.restore()")
 #: SHA-256 of Triton's _get_np_dtype (3.x): a pure function of the element type
 _NP_DTYPE = "8f20d41e3207891ae9872819aff05bee11d5c9bbe24f772282cb3ac72749fc75"
+#: SHA-256 of Triton's ReduceOps.generic_reduce (3.9): the per-element loop replaced
+_GENERIC_REDUCE = "982b63f20d16162f726180f8f2cfbf7df75f08cdfb85b752408b250ca2f6b2d2"
 
 
 def install() -> bool:
@@ -97,6 +110,7 @@ def install() -> bool:
     I._patch_lang = patch_lang
     I.InterpretedFunction.__call__ = __call__
     _memoize_np_dtype(I, tl)
+    _vectorize_generic_reductions(I, tl)
     return True
 
 
@@ -118,3 +132,53 @@ def _memoize_np_dtype(I, tl) -> None:
         return found
 
     I._get_np_dtype = _get_np_dtype
+
+
+def _vectorize_generic_reductions(I, tl) -> None:
+    """Replace the per-element loop of ``ReduceOps.generic_reduce`` (module docstring) where its source is
+    the one this was written against."""
+    import hashlib
+
+    import numpy as np
+
+    def same(fn, digest: str) -> bool:
+        return hashlib.sha256(inspect.getsource(fn).encode()).hexdigest() == digest
+
+    def combine(op, accs, items, dtypes, shape):
+        """``op.combine_fn`` on the slices ``accs`` and ``items`` (arrays of ``shape``): its results
+        as arrays of ``shape`` in the inputs' NumPy dtypes (Triton's loop stores each into such an array)."""
+        ret = op.combine_fn.fn(*(op.to_tensor(a, t) for a, t in zip(accs, dtypes)),
+                               *(op.to_tensor(x, t) for x, t in zip(items, dtypes)))
+        ret = ret if isinstance(ret, tuple) else (ret,)
+        out = []
+        for r, a in zip(ret, accs):
+            data = np.asarray(r.handle.data if isinstance(r, tl.core.tensor) else r)
+            data = data.reshape(shape) if data.size == a.size else np.broadcast_to(data, shape)
+            out.append(data.astype(a.dtype, copy=True))
+        return out
+
+    if same(I.ReduceOps.generic_reduce, _GENERIC_REDUCE):
+        def generic_reduce(self, input):
+            original_axis = self.axis
+            input, axis = self.unravel(input, self.axis)
+            dtypes = [arg.dtype for arg in input]
+            datas = [np.moveaxis(arg.handle.data, axis, 0) for arg in input]  # the reduced axis first
+            shape = datas[0].shape[1:]
+            accs = [np.array(d[0], dtype=d.dtype) for d in datas]
+            for k in range(1, datas[0].shape[0]):
+                accs = combine(self, accs, [np.array(d[k]) for d in datas], dtypes, shape)
+            ret = []
+            for data, dtype in zip(accs, dtypes):  # packed as Triton's generic_reduce packs its output
+                if self.keep_dims:
+                    if original_axis is not None:
+                        data = np.expand_dims(data, axis)
+                    else:
+                        for _ in range(len(input[0].handle.data.shape)):
+                            data = np.expand_dims(data, 0)
+                elif original_axis is None:
+                    data = data.item()
+                ret.append(self.to_tensor(data, dtype))
+            return ret
+
+        generic_reduce.triton = I.ReduceOps.generic_reduce  # Triton's loop (tests/test_fast_interpreter.py)
+        I.ReduceOps.generic_reduce = generic_reduce
