@@ -29,6 +29,16 @@ loop. For comparisons, bitwise operations and ``where`` (argmax_combine's) NumPy
 on arrays as on scalars; its ``maximum`` and ``minimum`` may not (the sign of a zero of a ±0 tie), so
 the scan (``ScanOps.generic_scan``; per_sample's running max) keeps Triton's loop.
 
+Last, every value the interpreter makes is a ``tl.tensor`` of a ``tl.block_type`` (hundreds of
+thousands per test file), and both constructors redo the same work from the shape: unwrapping and
+checking it (powers of two, the element limit), the type's name, a ``constexpr`` per dimension.
+:func:`install` keeps what they compute per shape (and element type's name) after the first time,
+so that a shape Triton refuses is still refused (never kept) and the attributes are the same values.
+The implicit broadcast of a binary operation (``TritonSemantic.broadcast_impl_value``) returns two
+blocks of the same shape as they are after comparing them dimension by dimension through
+``tl.tuple`` equality (a ``constexpr`` per comparison); that case, most operations of a kernel, is
+answered from the two shapes' lists of ints.
+
 Installed by tests/conftest.py under the interpreter only, and only where Triton's code is the code
 this replaces (:func:`install` returns False otherwise: the suite then runs Triton's own, slower).
 """
@@ -51,6 +61,11 @@ _LAUNCH = ("patch_scope = _patch_lang(self.fn)", "patch_scope.restore()")
 _NP_DTYPE = "8f20d41e3207891ae9872819aff05bee11d5c9bbe24f772282cb3ac72749fc75"
 #: SHA-256 of Triton's ReduceOps.generic_reduce (3.9): the per-element loop replaced
 _GENERIC_REDUCE = "982b63f20d16162f726180f8f2cfbf7df75f08cdfb85b752408b250ca2f6b2d2"
+#: SHA-256 of triton.language's block_type.__init__ and tensor.__init__ (3.9): pure functions of their shape
+_BLOCK_TYPE_INIT = "403f4b016ec5c2c37f33465d4ceab2d800bc4dcb832ce1859b0a7cd4a6f65763"
+_TENSOR_INIT = "d9b043b5c9897657533939d47e8463abec325cc6dbd13bfe621b6b681129ed7a"
+#: SHA-256 of TritonSemantic.broadcast_impl_value (3.9): two blocks of one shape come back as given
+_BROADCAST = "90c3a175f67942b0097c344a6deeef0fd43759335af2ecc095d8f82b84446909"
 
 
 def install() -> bool:
@@ -111,6 +126,7 @@ def install() -> bool:
     I.InterpretedFunction.__call__ = __call__
     _memoize_np_dtype(I, tl)
     _vectorize_generic_reductions(I, tl)
+    _memoize_shapes(tl)
     return True
 
 
@@ -182,3 +198,72 @@ def _vectorize_generic_reductions(I, tl) -> None:
 
         generic_reduce.triton = I.ReduceOps.generic_reduce  # Triton's loop (tests/test_fast_interpreter.py)
         I.ReduceOps.generic_reduce = generic_reduce
+
+
+def _memoize_shapes(tl) -> None:
+    """``tl.block_type.__init__`` and ``tl.tensor.__init__`` with what they derive from a shape of plain
+    ints kept per shape, and the implicit broadcast of two blocks of one shape answered at once (module
+    docstring), where their source is the one this was written against."""
+    import hashlib
+    import math
+
+    core = tl.core
+
+    def same(fn, digest: str) -> bool:
+        return hashlib.sha256(inspect.getsource(fn).encode()).hexdigest() == digest
+
+    if same(core.block_type.__init__, _BLOCK_TYPE_INIT):
+        real_block_type_init, by_shape = core.block_type.__init__, {}
+
+        def block_type_init(self, element_ty, shape):
+            if type(shape) is list or type(shape) is core.tuple:  # what Triton asserts (its `tuple`: tl.tuple)
+                dims = tuple([d.value if type(d) is core.constexpr else d for d in shape])
+                if all(type(d) is int for d in dims):
+                    key = (dims, str(element_ty))
+                    found = by_shape.get(key)
+                    if found is None:
+                        real_block_type_init(self, element_ty, shape)  # raises for a shape Triton refuses
+                        by_shape[key] = (self.shape.type, self.numel, self.name)
+                        return
+                    # a tl.tuple of its own, as Triton's (its shape tuple is a tl.tuple, not a builtin one)
+                    self.element_ty, self.shape = element_ty, core.tuple(list(dims), found[0])
+                    self.numel, self.name = found[1], found[2]
+                    return
+            real_block_type_init(self, element_ty, shape)
+
+        block_type_init.triton = real_block_type_init  # tests/test_fast_interpreter.py
+        core.block_type.__init__ = block_type_init
+
+    semantic = tl.semantic.TritonSemantic
+    if same(semantic.broadcast_impl_value, _BROADCAST):
+        real_broadcast = semantic.broadcast_impl_value
+
+        def broadcast_impl_value(self, lhs, rhs):
+            lhs_ty, rhs_ty = lhs.type, rhs.type
+            if (type(lhs_ty) is core.block_type and type(rhs_ty) is core.block_type
+                    and type(lhs_ty.shape) is core.tuple and type(rhs_ty.shape) is core.tuple
+                    and lhs_ty.shape.values == rhs_ty.shape.values):
+                return lhs, rhs  # what Triton's gives for blocks of one shape: no expand, no broadcast
+            return real_broadcast(self, lhs, rhs)
+
+        broadcast_impl_value.triton = real_broadcast
+        semantic.broadcast_impl_value = broadcast_impl_value
+
+    if same(core.tensor.__init__, _TENSOR_INIT):
+        real_tensor_init, by_dims = core.tensor.__init__, {}
+
+        def tensor_init(self, handle, ty):
+            self.handle = handle
+            shape = ty.shape if ty.is_block() else ()
+            dims = tuple(shape.values) if isinstance(shape, core.tuple) else tuple(shape)
+            found = by_dims.get(dims)
+            if found is None:
+                sizes = [core.constexpr(d) for d in dims]
+                found = by_dims[dims] = (core.constexpr(math.prod(dims)), sizes, core.tuple(sizes).type)
+            # as Triton's: its numel a constexpr, its shape a tl.tuple (of its own) of constexprs
+            self.numel, self.shape = found[0], core.tuple(list(found[1]), found[2])
+            self.type = ty
+            self.dtype = ty.scalar
+
+        tensor_init.triton = real_tensor_init
+        core.tensor.__init__ = tensor_init

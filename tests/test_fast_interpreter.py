@@ -1,6 +1,7 @@
-"""tests/fast_interpreter.py's reduction on whole slices gives what Triton's per-element loop gives, bit
-for bit: foxdqn/ops/argmax.py's tile_argmax (its one user) on NaN, ±inf, ±0 and ties, along a tile's
-rows and over a vector."""
+"""tests/fast_interpreter.py gives what Triton's interpreter gives: its reduction on whole slices what
+Triton's per-element loop gives, bit for bit (foxdqn/ops/argmax.py's tile_argmax, its one user, on NaN,
+±inf, ±0 and ties, along a tile's rows and over a vector); its kept shapes the attributes Triton's
+block_type and tensor constructors set, and the same refusals; its broadcast Triton's."""
 import os
 
 import pytest
@@ -68,3 +69,64 @@ def test_the_reduction_on_slices_equals_tritons_loop(monkeypatch):
     for a, b in zip(got, want):
         assert torch.equal(a, b), (a, b)
     assert got[1][3] == 15 and got[1][4] == 15 and got[-1] == 15
+
+
+def _described(value) -> dict:
+    """A block type's or tensor's attributes, a tl.tuple as its class, values and their types."""
+    def plain(v):
+        if isinstance(v, tl.core.tuple):
+            return ("tl.tuple", repr(v.values), [repr(t) for t in v.type.types], v.type.fields)
+        return (type(v).__name__, repr(v))
+    return {k: plain(v) for k, v in vars(value).items() if k != "handle"}
+
+
+def _types_and_tensors() -> list:
+    out = []
+    for shape in ([4, 8], [16], [tl.constexpr(2), 4], tl.core.tuple([4, 2]), [1, 32, 2], [4, 4]):
+        for element in (tl.float32, tl.int1, tl.pointer_type(tl.float32)):
+            block = tl.block_type(element, shape)
+            out += [_described(block), _described(tl.tensor(None, block)), _described(tl.tensor(None, element))]
+    for bad in ([3, 4], [], [2**21], (4, 4)):  # not a power of two, 0-d, too many elements, a builtin tuple
+        try:
+            tl.block_type(tl.float32, bad)
+            out.append("made")
+        except (AssertionError, TypeError, ValueError) as e:
+            out.append(repr(e))
+    return out
+
+
+def test_the_kept_shapes_give_what_tritons_constructors_give(monkeypatch):
+    """A block type's and a tensor's attributes as Triton's constructors set them, the first time and
+    from what was kept (twice), and a shape Triton refuses refused every time."""
+    fast_block, fast_tensor = tl.block_type.__init__, tl.tensor.__init__
+    if not (hasattr(fast_block, "triton") and hasattr(fast_tensor, "triton")):
+        pytest.skip("fast_interpreter did not replace this Triton's constructors")
+    got = [_types_and_tensors(), _types_and_tensors()]
+    monkeypatch.setattr(tl.block_type, "__init__", fast_block.triton)
+    monkeypatch.setattr(tl.tensor, "__init__", fast_tensor.triton)
+    want = _types_and_tensors()
+    assert got[0] == got[1] == want
+    assert sum(isinstance(x, str) and x != "made" for x in want) == 4
+
+
+def test_a_broadcast_gives_what_tritons_gives():
+    """Blocks of one shape come back as given (the fast path); other pairs go through Triton's."""
+    import numpy as np
+    from triton.language.semantic import TritonSemantic
+
+    fast = TritonSemantic.broadcast_impl_value
+    if not hasattr(fast, "triton"):
+        pytest.skip("fast_interpreter did not replace this Triton's broadcast")
+
+    def block(*shape):
+        return tl.tensor(I.TensorHandle(np.zeros(shape, np.float32), tl.float32), tl.block_type(tl.float32, list(shape)))
+
+    semantic = I.interpreter_semantic
+    a, b, row = block(4, 8), block(4, 8), block(1, 8)
+    for broadcast in (fast.triton, fast):
+        got = broadcast(semantic, a, b)
+        assert got[0] is a and got[1] is b
+    for lhs, rhs in ((a, row), (row, a)):
+        got, want = fast(semantic, lhs, rhs), fast.triton(semantic, lhs, rhs)
+        assert [str(t.type) for t in got] == [str(t.type) for t in want] == [str(a.type)] * 2
+        assert all(np.array_equal(g.handle.data, w.handle.data) for g, w in zip(got, want))
