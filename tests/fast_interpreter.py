@@ -36,8 +36,8 @@ checking it (powers of two, the element limit), the type's name, a ``constexpr``
 so that a shape Triton refuses is still refused (never kept) and the attributes are the same values.
 The implicit broadcast of a binary operation (``TritonSemantic.broadcast_impl_value``) returns two
 blocks of the same shape as they are after comparing them dimension by dimension through
-``tl.tuple`` equality (a ``constexpr`` per comparison); that case, most operations of a kernel, is
-answered from the two shapes' lists of ints.
+``tl.tuple`` equality (a ``constexpr`` per comparison); that case is answered from the two
+shapes' lists of ints (a block and a scalar, or blocks of other shapes, go through Triton's).
 
 Installed by tests/conftest.py under the interpreter only, and only where Triton's code is the code
 this replaces (:func:`install` returns False otherwise: the suite then runs Triton's own, slower).
