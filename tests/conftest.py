@@ -9,7 +9,9 @@ that the workers do not oversubscribe the cores; the files with the most tests m
 (those of ten seconds or more on 2 busy cores) are collected first, so that the workers start on them.
 
 Under the interpreter, tests/fast_interpreter.py skips the interpreter's patching of
-``triton.language`` at each call of a jit helper where its launch has patched it already.
+``triton.language`` at each call of a jit helper where its launch has patched it already, runs a
+custom-combine reduction on whole slices, and keeps what block types and tensors derive from a shape
+(what a kernel computes is unchanged: tests/test_fast_interpreter.py).
 
 This folder goes on ``sys.path`` so that every test file imports the shared helpers of
 ``tests/support.py`` with ``from support import ...``.

@@ -18,6 +18,27 @@ What a kernel computes is unchanged.
 It also memoizes ``_get_np_dtype`` (the NumPy dtype of a Triton type; called for each value the
 interpreter makes, it built its table of 19 types at every call) per scalar element type.
 
+A reduction with a combine function of its own (``tl.reduce``: foxdqn/ops/argmax.py's
+``argmax_combine``) falls back in Triton's interpreter to calling the combine function once per
+element of the input, on scalars (``ReduceOps.generic_reduce``): a [128, 16] tile's argmax is 2,048
+calls of about 15 interpreted ops each, more than half of the collect step's time in the launch-count
+tests. :func:`install` runs the same combinations on whole slices instead: along the axis in the same
+order (element 0, then combine(acc, element 1), ...), each call on every other index at once, so that
+each output element goes through the same sequence of the same elementwise operations as in Triton's
+loop. For comparisons, bitwise operations and ``where`` (argmax_combine's) NumPy gives the same bits
+on arrays as on scalars; its ``maximum`` and ``minimum`` may not (the sign of a zero of a ±0 tie), so
+the scan (``ScanOps.generic_scan``; per_sample's running max) keeps Triton's loop.
+
+Last, every value the interpreter makes is a ``tl.tensor`` of a ``tl.block_type`` (hundreds of
+thousands per test file), and both constructors redo the same work from the shape: unwrapping and
+checking it (powers of two, the element limit), the type's name, a ``constexpr`` per dimension.
+:func:`install` keeps what they compute per shape (and element type's name) after the first time,
+so that a shape Triton refuses is still refused (never kept) and the attributes are the same values.
+The implicit broadcast of a binary operation (``TritonSemantic.broadcast_impl_value``) returns two
+blocks of the same shape as they are after comparing them dimension by dimension through
+``tl.tuple`` equality (a ``constexpr`` per comparison); that case is answered from the two
+shapes' lists of ints (a block and a scalar, or blocks of other shapes, go through Triton's).
+
 Installed by tests/conftest.py under the interpreter only, and only where Triton's code is the code
 this replaces (:func:`install` returns False otherwise: the suite then runs Triton's own, slower).
 """
@@ -38,6 +59,13 @@ _CALL = """    def __call__(self, *args, **kwargs):
 _LAUNCH = ("patch_scope = _patch_lang(self.fn)", "patch_scope.restore()")
 #: SHA-256 of Triton's _get_np_dtype (3.x): a pure function of the element type
 _NP_DTYPE = "8f20d41e3207891ae9872819aff05bee11d5c9bbe24f772282cb3ac72749fc75"
+#: SHA-256 of Triton's ReduceOps.generic_reduce (3.9): the per-element loop replaced
+_GENERIC_REDUCE = "982b63f20d16162f726180f8f2cfbf7df75f08cdfb85b752408b250ca2f6b2d2"
+#: SHA-256 of triton.language's block_type.__init__ and tensor.__init__ (3.9): pure functions of their shape
+_BLOCK_TYPE_INIT = "403f4b016ec5c2c37f33465d4ceab2d800bc4dcb832ce1859b0a7cd4a6f65763"
+_TENSOR_INIT = "d9b043b5c9897657533939d47e8463abec325cc6dbd13bfe621b6b681129ed7a"
+#: SHA-256 of TritonSemantic.broadcast_impl_value (3.9): two blocks of one shape come back as given
+_BROADCAST = "90c3a175f67942b0097c344a6deeef0fd43759335af2ecc095d8f82b84446909"
 
 
 def install() -> bool:
@@ -97,6 +125,8 @@ def install() -> bool:
     I._patch_lang = patch_lang
     I.InterpretedFunction.__call__ = __call__
     _memoize_np_dtype(I, tl)
+    _vectorize_generic_reductions(I, tl)
+    _memoize_shapes(tl)
     return True
 
 
@@ -118,3 +148,122 @@ def _memoize_np_dtype(I, tl) -> None:
         return found
 
     I._get_np_dtype = _get_np_dtype
+
+
+def _vectorize_generic_reductions(I, tl) -> None:
+    """Replace the per-element loop of ``ReduceOps.generic_reduce`` (module docstring) where its source is
+    the one this was written against."""
+    import hashlib
+
+    import numpy as np
+
+    def same(fn, digest: str) -> bool:
+        return hashlib.sha256(inspect.getsource(fn).encode()).hexdigest() == digest
+
+    def combine(op, accs, items, dtypes, shape):
+        """``op.combine_fn`` on the slices ``accs`` and ``items`` (arrays of ``shape``): its results
+        as arrays of ``shape`` in the inputs' NumPy dtypes (Triton's loop stores each into such an array)."""
+        ret = op.combine_fn.fn(*(op.to_tensor(a, t) for a, t in zip(accs, dtypes)),
+                               *(op.to_tensor(x, t) for x, t in zip(items, dtypes)))
+        ret = ret if isinstance(ret, tuple) else (ret,)
+        out = []
+        for r, a in zip(ret, accs):
+            data = np.asarray(r.handle.data if isinstance(r, tl.core.tensor) else r)
+            data = data.reshape(shape) if data.size == a.size else np.broadcast_to(data, shape)
+            out.append(data.astype(a.dtype, copy=True))
+        return out
+
+    if same(I.ReduceOps.generic_reduce, _GENERIC_REDUCE):
+        def generic_reduce(self, input):
+            original_axis = self.axis
+            input, axis = self.unravel(input, self.axis)
+            dtypes = [arg.dtype for arg in input]
+            datas = [np.moveaxis(arg.handle.data, axis, 0) for arg in input]  # the reduced axis first
+            shape = datas[0].shape[1:]
+            accs = [np.array(d[0], dtype=d.dtype) for d in datas]
+            for k in range(1, datas[0].shape[0]):
+                accs = combine(self, accs, [np.array(d[k]) for d in datas], dtypes, shape)
+            ret = []
+            for data, dtype in zip(accs, dtypes):  # packed as Triton's generic_reduce packs its output
+                if self.keep_dims:
+                    if original_axis is not None:
+                        data = np.expand_dims(data, axis)
+                    else:
+                        for _ in range(len(input[0].handle.data.shape)):
+                            data = np.expand_dims(data, 0)
+                elif original_axis is None:
+                    data = data.item()
+                ret.append(self.to_tensor(data, dtype))
+            return ret
+
+        generic_reduce.triton = I.ReduceOps.generic_reduce  # Triton's loop (tests/test_fast_interpreter.py)
+        I.ReduceOps.generic_reduce = generic_reduce
+
+
+def _memoize_shapes(tl) -> None:
+    """``tl.block_type.__init__`` and ``tl.tensor.__init__`` with what they derive from a shape of plain
+    ints kept per shape, and the implicit broadcast of two blocks of one shape answered at once (module
+    docstring), where their source is the one this was written against."""
+    import hashlib
+    import math
+
+    core = tl.core
+
+    def same(fn, digest: str) -> bool:
+        return hashlib.sha256(inspect.getsource(fn).encode()).hexdigest() == digest
+
+    if same(core.block_type.__init__, _BLOCK_TYPE_INIT):
+        real_block_type_init, by_shape = core.block_type.__init__, {}
+
+        def block_type_init(self, element_ty, shape):
+            if type(shape) is list or type(shape) is core.tuple:  # what Triton asserts (its `tuple`: tl.tuple)
+                dims = tuple([d.value if type(d) is core.constexpr else d for d in shape])
+                if all(type(d) is int for d in dims):
+                    key = (dims, str(element_ty))
+                    found = by_shape.get(key)
+                    if found is None:
+                        real_block_type_init(self, element_ty, shape)  # raises for a shape Triton refuses
+                        by_shape[key] = (self.shape.type, self.numel, self.name)
+                        return
+                    # a tl.tuple of its own, as Triton's (its shape tuple is a tl.tuple, not a builtin one)
+                    self.element_ty, self.shape = element_ty, core.tuple(list(dims), found[0])
+                    self.numel, self.name = found[1], found[2]
+                    return
+            real_block_type_init(self, element_ty, shape)
+
+        block_type_init.triton = real_block_type_init  # tests/test_fast_interpreter.py
+        core.block_type.__init__ = block_type_init
+
+    semantic = tl.semantic.TritonSemantic
+    if same(semantic.broadcast_impl_value, _BROADCAST):
+        real_broadcast = semantic.broadcast_impl_value
+
+        def broadcast_impl_value(self, lhs, rhs):
+            lhs_ty, rhs_ty = lhs.type, rhs.type
+            if (type(lhs_ty) is core.block_type and type(rhs_ty) is core.block_type
+                    and type(lhs_ty.shape) is core.tuple and type(rhs_ty.shape) is core.tuple
+                    and lhs_ty.shape.values == rhs_ty.shape.values):
+                return lhs, rhs  # what Triton's gives for blocks of one shape: no expand, no broadcast
+            return real_broadcast(self, lhs, rhs)
+
+        broadcast_impl_value.triton = real_broadcast
+        semantic.broadcast_impl_value = broadcast_impl_value
+
+    if same(core.tensor.__init__, _TENSOR_INIT):
+        real_tensor_init, by_dims = core.tensor.__init__, {}
+
+        def tensor_init(self, handle, ty):
+            self.handle = handle
+            shape = ty.shape if ty.is_block() else ()
+            dims = tuple(shape.values) if isinstance(shape, core.tuple) else tuple(shape)
+            found = by_dims.get(dims)
+            if found is None:
+                sizes = [core.constexpr(d) for d in dims]
+                found = by_dims[dims] = (core.constexpr(math.prod(dims)), sizes, core.tuple(sizes).type)
+            # as Triton's: its numel a constexpr, its shape a tl.tuple (of its own) of constexprs
+            self.numel, self.shape = found[0], core.tuple(list(found[1]), found[2])
+            self.type = ty
+            self.dtype = ty.scalar
+
+        tensor_init.triton = real_tensor_init
+        core.tensor.__init__ = tensor_init

@@ -213,16 +213,23 @@ def test_cartpole_population_interrupted_and_resumed_equals_uninterrupted(tmp_pa
         assert_same_run(tmp_path / "whole" / str(p), tmp_path / "killed" / str(p))
 
 
+@pytest.fixture(scope="module")
+def trading_whole(tmp_path_factory):
+    """The uninterrupted TRADE_RUN population (read only by the tests below, which interrupt their own)."""
+    root = tmp_path_factory.mktemp("whole")
+    assert [o.exit_code for o in train(configs(TRADE_RUN, MEMBERS), root)] == [0, 0, 0]
+    return root
+
+
 @pytest.mark.parametrize("at", [30, 40])  # 360 env steps: best weights kept; 480: a member early-stopped at 432
-def test_trading_per_population_with_early_stopping_resumes_bit_for_bit(tmp_path, monkeypatch, at):
+def test_trading_per_population_with_early_stopping_resumes_bit_for_bit(tmp_path, monkeypatch, at, trading_whole):
     cfgs = configs(TRADE_RUN, MEMBERS)
-    assert [o.exit_code for o in train(cfgs, tmp_path / "whole")] == [0, 0, 0]
     interrupted_then_resumed(monkeypatch, cfgs, tmp_path / "cut", at, signal.SIGTERM, [[0, 1, 2]])
-    stopped = [json.loads((tmp_path / "whole" / str(p) / "eval" / "summary.json").read_text())["stop"]
+    stopped = [json.loads((trading_whole / str(p) / "eval" / "summary.json").read_text())["stop"]
                for p in range(3)]
     assert sum(s["reason"] == "early_stop_val" and s["at_env_steps"] < at * 12 for s in stopped) == (at == 40)
     for p in range(3):
-        assert_same_run(tmp_path / "whole" / str(p), tmp_path / "cut" / str(p))
+        assert_same_run(trading_whole / str(p), tmp_path / "cut" / str(p))
 
 
 SWEEP = ["--multirun", "+experiment=cartpole_cleanrl", "debug=smoke", "device=cpu", "log.progress=false", "logger=csv",
