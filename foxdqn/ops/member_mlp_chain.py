@@ -33,9 +33,10 @@ same forward launch over all B rows writes rows < S to y and the others to y2, s
 activations of rows < S only, and the two backward kernels run over those S rows: y2 gets no
 gradient, as the loss gives the s' rows none.
 
-``BLOCK_M`` is the largest power of two from 16 to :data:`MAX_BLOCK_M` rows (the dz kernel:
-:data:`MAX_BLOCK_M_DZ`; no more than B needs) that still gives at least :data:`MIN_PROGRAMS`
-programs; ``BLOCK_N`` likewise up to :data:`MAX_BLOCK_N` units: few members get mlp_chain's small
+``BLOCK_M`` is the largest power of two from 16 (a forward that saves nothing:
+:data:`MIN_BLOCK_M_NO_SAVE`, 32, whose 16-row variant compiles for 20 s on Triton 3.6) to
+:data:`MAX_BLOCK_M` rows (the dz kernel: :data:`MAX_BLOCK_M_DZ`; no more than B needs) that still
+gives at least :data:`MIN_PROGRAMS` programs; ``BLOCK_N`` likewise up to :data:`MAX_BLOCK_N` units: few members get mlp_chain's small
 tiles, many members larger tiles (fewer re-reads of the weights and of h_i). All are module
 constants read at each launch, with :data:`NUM_WARPS` (4 here, where mlp_chain's one network
 takes 8).
@@ -83,6 +84,9 @@ MAX_BLOCK_M = 128  # most rows per program of the forward kernel (an H200 sweep:
 MAX_BLOCK_M_DZ = 64  # most rows per program of the dz kernel (the same sweep)
 MAX_BLOCK_N = 32  # most output units per program of the weight-gradient kernel (the same sweep)
 MIN_PROGRAMS = 264  # tiles shrink (to 16) while a grid has fewer programs: 2 per H200 multiprocessor
+#: fewest rows per program of a forward that saves nothing (the target network's): Triton 3.6 takes
+#: 20-23 s to compile that variant at 16 TF32 rows on the H200, 3.7 s at 32 (docs/bench.md#start-up)
+MIN_BLOCK_M_NO_SAVE = 32
 BLOCK_R = 32  # rows per step of the weight-gradient kernel's loop (mlp_chain's)
 NUM_WARPS = 4  # warps per program of the three kernels (the same sweep; mlp_chain's one network takes 8)
 
@@ -224,12 +228,13 @@ def _member_wgrad_kernel(x_ptr, x_sp, h1_ptr, h2_ptr, h3_ptr, g1_ptr, g2_ptr, g3
 # ---------------------------------------------------------------------------------------------
 # launchers
 # ---------------------------------------------------------------------------------------------
-def _block_m(rows: int, members: int, most: int | None = None) -> int:
-    """Rows per program of a row-grid kernel (module docstring): the largest power of two from 16
-    to ``most`` (default MAX_BLOCK_M, the forward's; the dz kernel passes MAX_BLOCK_M_DZ) that B
-    needs and that leaves at least MIN_PROGRAMS programs (16 at the least)."""
-    block = min(MAX_BLOCK_M if most is None else most, max(16, triton.next_power_of_2(rows)))
-    while block > 16 and members * triton.cdiv(rows, block) < MIN_PROGRAMS:
+def _block_m(rows: int, members: int, most: int | None = None, least: int = 16) -> int:
+    """Rows per program of a row-grid kernel (module docstring): the largest power of two from
+    ``least`` (16, or MIN_BLOCK_M_NO_SAVE for a forward that saves nothing) to ``most`` (default
+    MAX_BLOCK_M, the forward's; the dz kernel passes MAX_BLOCK_M_DZ) that B needs and that leaves at
+    least MIN_PROGRAMS programs (``least`` at the least)."""
+    block = min(MAX_BLOCK_M if most is None else most, max(least, triton.next_power_of_2(rows)))
+    while block > least and members * triton.cdiv(rows, block) < MIN_PROGRAMS:
         block //= 2
     return block
 
@@ -258,7 +263,7 @@ def _forward(x: Tensor, weights: Sequence[Tensor], biases: Sequence[Tensor], sav
     y2 = None if split is None else x.new_empty(members, rows - head, dims[-1])
     hs = [x.new_empty(members, head, d) for d in dims[1:-1]] if save else []
     if rows:
-        block_m = _block_m(rows, members)
+        block_m = _block_m(rows, members, least=16 if save else MIN_BLOCK_M_NO_SAVE)
         wb = zip(_fill(weights, MAX_LAYERS, weights[0]), _fill(biases, MAX_LAYERS, biases[0]))
         _member_forward_kernel[(triton.cdiv(rows, block_m), members)](
             x, x.stride(0), y, y if y2 is None else y2, *(t for pair in wb for t in pair),
