@@ -132,33 +132,35 @@ class HostCopy:
     """
 
     def __init__(self, s, best: tuple | None = None):
-        self.parts, self.tensors = [], {}
+        self.parts, self.tensors, self._by_id = [], {}, {}
         for path, t in state_parts(s, best):
             kind, dim, width = layout(path)
             if not _kept(path, kind, save_replay=True):
                 continue
             host = None
             if not path.startswith("replay."):
-                host = self.tensors[path] = t.detach().to("cpu", copy=True).contiguous()
+                host = self.tensors[path] = self._by_id[id(t)] = t.detach().to("cpu", copy=True).contiguous()
             self.parts.append((path, kind, dim, width, t, host))
         self.env_steps, self.updates = int(s.env_steps.item()), int(s.updates.item())
 
     @contextlib.contextmanager
-    def networks(self, nets: tuple, prefixes: tuple[str, ...]):
+    def networks(self, nets: tuple):
         """Within the block, the parameters and buffers of each network of ``nets`` are their host
-        copies (attribute path ``prefix.name``, where this copy holds it), so ``member_state_dict``
-        reads the host; the networks' own tensors are put back on exit. Only for the thread that
-        owns the networks: nothing may run them inside the block."""
+        copies, so ``member_state_dict`` reads the host; the networks' own tensors are put back on
+        exit. A tensor is matched by identity, not by its path: :func:`state_parts` names each
+        tensor once, by the first path that reaches it (the IQL value network's parameters, for
+        one, as ``optimizer.params[i]``). Only for the thread that owns the networks: nothing may
+        run them inside the block."""
         swapped = []
         try:
-            for net, prefix in zip(nets, prefixes):
+            for net in nets:
                 if net is None:
                     continue
-                for name, module in net.named_modules():
+                for module in net.modules():
                     for store in (module._parameters, module._buffers):
                         for key, t in store.items():
-                            host = self.tensors.get(f"{prefix}.{name}.{key}" if name else f"{prefix}.{key}")
-                            if t is not None and host is not None:
+                            host = None if t is None else self._by_id.get(id(t))
+                            if host is not None:
                                 swapped.append((store, key, t))
                                 store[key] = host
             yield
@@ -253,8 +255,7 @@ def member_payload(s, p: int, nets: tuple | None = None, counts: tuple[int, int]
     env_steps, updates = counts if counts is not None else member_counts(s, p)
     online, target, *value = nets if nets is not None else (s.online, s.target, s.value)
     value_net = value[0] if value else None
-    prefixes = ("online", "target", "value") if nets is None else tuple(f"best[{i}]" for i in range(3))
-    with host.networks((online, target, value_net), prefixes) if host is not None else contextlib.nullcontext():
+    with host.networks((online, target, value_net)) if host is not None else contextlib.nullcontext():
         payload = {
             "format": FORMAT,
             "online": online.member_state_dict(p),

@@ -13,6 +13,9 @@ from __future__ import annotations
 
 import threading
 from pathlib import Path
+from typing import Any
+
+import torch
 
 from foxdqn.io_atomic import deferred_sync
 from foxdqn.run.checkpoint import write_payload
@@ -34,8 +37,16 @@ class BackgroundWriter:
 
         Raises:
             OSError: the batch before failed (as :meth:`wait`).
+            ValueError: a payload holds a tensor that is not on the CPU (names the file and the
+                key): the thread would read the device, and a device read from another thread
+                invalidates a CUDA-graph capture running in this one.
         """
         self.wait()
+        for path, payload in items:
+            where = _off_host(payload, "payload")
+            if where is not None:
+                raise ValueError(f"checkpoint {path}: {where} is not a CPU tensor; a payload written in the "
+                                 "background must hold host copies (foxdqn.population.checkpoint.HostCopy)")
 
         def work() -> None:
             try:
@@ -65,3 +76,15 @@ class BackgroundWriter:
         if self._thread is not None:
             self._thread.join()
             self._thread = None
+
+
+def _off_host(value: Any, where: str) -> str | None:
+    """The key path (``where[key]...``) of the first tensor in ``value`` that is not on the CPU, or None."""
+    if isinstance(value, torch.Tensor):
+        return None if value.device.type == "cpu" else f"{where} ({value.device})"
+    items = value.items() if isinstance(value, dict) else enumerate(value) if isinstance(value, (list, tuple)) else ()
+    for key, item in items:
+        found = _off_host(item, f"{where}[{key!r}]")
+        if found is not None:
+            return found
+    return None

@@ -90,14 +90,21 @@ def test_checkpoints_from_one_host_copy_equal_those_read_member_by_member(case, 
     with torch.no_grad():
         for t in best[0].parameters():
             t.mul_(0.5)
-    before = {id(t) for net in (s.online, s.target) for t in [*net.parameters(), *net.buffers()]}
+    nets = (s.online, s.target, s.value)
+    before = {id(t) for net in nets if net is not None for t in [*net.parameters(), *net.buffers()]}
     host = HostCopy(s, best)
+    copies = {id(t) for t in host.tensors.values()}
+    for group in (nets, best):  # every tensor read from the host copy (on CUDA: no device read in the writer's thread)
+        with host.networks(group):
+            for net in group:
+                for name, t in [] if net is None else [*net.named_parameters(), *net.named_buffers()]:
+                    assert id(t) in copies, f"{case}: {type(net).__name__}.{name} is not a host copy"
     for p in range(3):
         for kind, args in (("last", dict(loop={"p": p}, best=best, run_id="r")), ("best", dict(nets=best, counts=(5, 6)))):
             a = load_checkpoint(member_checkpoint(s, p, tmp_path / "alone" / f"{kind}{p}.pt", **args))
             b = load_checkpoint(member_checkpoint(s, p, tmp_path / "host" / f"{kind}{p}.pt", host=host, **args))
             assert_payloads_equal(a, b, f"{case} {kind} member {p}")
-    assert {id(t) for net in (s.online, s.target) for t in [*net.parameters(), *net.buffers()]} == before
+    assert {id(t) for net in nets if net is not None for t in [*net.parameters(), *net.buffers()]} == before
 
 
 def assert_payloads_equal(a, b, where):

@@ -85,3 +85,14 @@ def test_a_final_checkpoint_that_cannot_be_written_fails_the_run_before_any_summ
     for p in range(2):
         assert not (tmp_path / str(p) / "eval" / "summary.json").exists()
         assert (tmp_path / str(p) / "INCOMPLETE").exists()
+
+
+def test_a_payload_with_a_tensor_off_the_host_is_refused_before_the_thread_starts(tmp_path):
+    """A device tensor in a payload would be read by the writer's thread: on CUDA that read
+    invalidates the evaluation's graph capture running meanwhile (seen with eurusd_iql)."""
+    writer = BackgroundWriter()
+    payload = {"format": 4, "iql_value": {"value.weight": torch.empty(2, 3, device="meta")}, "w": torch.zeros(1)}
+    with pytest.raises(ValueError, match=r"m0/last.pt: payload\['iql_value'\]\['value.weight'\] \(meta\)"):
+        writer.submit([(tmp_path / "m0" / "last.pt", payload)])
+    assert not (tmp_path / "m0").exists()
+    writer.wait()
