@@ -231,6 +231,33 @@ def test_tiles_grow_with_members():
     assert [mod._units(dims, 512, meta)[f"N{i}"] for i in (1, 2, 3, 4)] == [32, 32, 16, 16]
 
 
+
+def test_a_forward_that_saves_nothing_takes_at_least_32_rows(monkeypatch):
+    """The target network's forward (no activations saved) never launches the 16-row tile, which
+    Triton 3.6 compiles for 20 s on the H200 (docs/bench.md#start-up); the saving forward of the
+    same batch still does, and both give the reference's y."""
+    assert mod.MIN_BLOCK_M_NO_SAVE == 32
+    assert mod._block_m(128, 1, least=mod.MIN_BLOCK_M_NO_SAVE) == 32 and mod._block_m(10, 1, least=32) == 32
+    assert mod._block_m(256, 512, least=32) == 128  # many members: the usual larger tiles
+    tiles = []
+    real = mod._member_forward_kernel
+
+    class Spy:
+        def __getitem__(self, grid):
+            def launch(*args, **meta):
+                tiles.append((meta["SAVE"], meta["BLOCK_M"]))
+                return real[grid](*args, **meta)
+            return launch
+
+    monkeypatch.setattr(mod, "_member_forward_kernel", Spy())
+    x, ws, bs, up = _case(1, 40, CARTPOLE, seed=12)
+    want = member_mlp_chain_reference(x, ws, bs)
+    torch.testing.assert_close(_kernel(x, ws, bs), want, rtol=1e-5, atol=1e-6)  # frozen weights: no save
+    trained = [w.clone().requires_grad_(True) for w in ws]
+    torch.testing.assert_close(_kernel(x, trained, bs).detach(), want, rtol=1e-5, atol=1e-6)
+    assert tiles == [(False, 32), (True, 16)]
+
+
 # ------------------------------------------------------------------------------ TF32
 def test_tf32_path_rounds_operands(monkeypatch):
     """With TF32 chosen (as on CUDA under matmul precision "high") every product's operands are
