@@ -36,8 +36,9 @@ gradient, as the loss gives the s' rows none.
 ``BLOCK_M`` is the largest power of two from 16 (a forward that saves nothing:
 :data:`MIN_BLOCK_M_NO_SAVE`, 32, whose 16-row variant compiles for 20 s on Triton 3.6) to
 :data:`MAX_BLOCK_M` rows (the dz kernel: :data:`MAX_BLOCK_M_DZ`; no more than B needs) that still
-gives at least :data:`MIN_PROGRAMS` programs; ``BLOCK_N`` likewise up to :data:`MAX_BLOCK_N` units: few members get mlp_chain's small
-tiles, many members larger tiles (fewer re-reads of the weights and of h_i). All are module
+gives at least :data:`MIN_PROGRAMS` programs; ``BLOCK_N`` likewise up to :data:`MAX_BLOCK_N`
+units: few members get mlp_chain's small tiles, many members larger tiles (fewer re-reads of the
+weights and of h_i). All are module
 constants read at each launch, with :data:`NUM_WARPS` (4 here, where mlp_chain's one network
 takes 8).
 
