@@ -127,19 +127,18 @@ class HostCopy:
 
     Attributes:
         parts: ``[(path, kind, member dim, width, device tensor, CPU copy or None)]``.
-        tensors: ``{path: CPU copy}``, the device tensors' values at construction.
         env_steps, updates: the population's counters (equal for every member).
     """
 
     def __init__(self, s, best: tuple | None = None):
-        self.parts, self.tensors, self._by_id = [], {}, {}
+        self.parts, self._by_id = [], {}  # _by_id: id(device tensor) → its CPU copy (networks())
         for path, t in state_parts(s, best):
             kind, dim, width = layout(path)
             if not _kept(path, kind, save_replay=True):
                 continue
             host = None
             if not path.startswith("replay."):
-                host = self.tensors[path] = self._by_id[id(t)] = t.detach().to("cpu", copy=True).contiguous()
+                host = self._by_id[id(t)] = t.detach().to("cpu", copy=True).contiguous()
             self.parts.append((path, kind, dim, width, t, host))
         self.env_steps, self.updates = int(s.env_steps.item()), int(s.updates.item())
 

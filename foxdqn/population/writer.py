@@ -13,12 +13,8 @@ from __future__ import annotations
 
 import threading
 from pathlib import Path
-from typing import Any
-
-import torch
-
 from foxdqn.io_atomic import deferred_sync
-from foxdqn.run.checkpoint import write_payload
+from foxdqn.run.checkpoint import _walk, write_payload
 
 __all__ = ["BackgroundWriter"]
 
@@ -43,10 +39,10 @@ class BackgroundWriter:
         """
         self.wait()
         for path, payload in items:
-            where = _off_host(payload, "payload")
-            if where is not None:
-                raise ValueError(f"checkpoint {path}: {where} is not a CPU tensor; a payload written in the "
-                                 "background must hold host copies (foxdqn.population.checkpoint.HostCopy)")
+            for where, t in _walk(payload, "payload", set()):
+                if t.device.type != "cpu":
+                    raise ValueError(f"checkpoint {path}: {where} ({t.device}) is not a CPU tensor; a payload written "
+                                     "in the background must hold host copies (foxdqn.population.checkpoint.HostCopy)")
 
         def work() -> None:
             try:
@@ -77,14 +73,3 @@ class BackgroundWriter:
             self._thread.join()
             self._thread = None
 
-
-def _off_host(value: Any, where: str) -> str | None:
-    """The key path (``where[key]...``) of the first tensor in ``value`` that is not on the CPU, or None."""
-    if isinstance(value, torch.Tensor):
-        return None if value.device.type == "cpu" else f"{where} ({value.device})"
-    items = value.items() if isinstance(value, dict) else enumerate(value) if isinstance(value, (list, tuple)) else ()
-    for key, item in items:
-        found = _off_host(item, f"{where}[{key!r}]")
-        if found is not None:
-            return found
-    return None

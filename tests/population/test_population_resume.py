@@ -93,7 +93,7 @@ def test_checkpoints_from_one_host_copy_equal_those_read_member_by_member(case, 
     nets = (s.online, s.target, s.value)
     before = {id(t) for net in nets if net is not None for t in [*net.parameters(), *net.buffers()]}
     host = HostCopy(s, best)
-    copies = {id(t) for t in host.tensors.values()}
+    copies = {id(copy) for *_, copy in host.parts if copy is not None}
     for group in (nets, best):  # every tensor read from the host copy (on CUDA: no device read in the writer's thread)
         with host.networks(group):
             for net in group:
