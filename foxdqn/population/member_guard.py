@@ -10,9 +10,9 @@ own) for more than ``guard.collapse_patience`` updates in a row (the collapse ch
 single run (docs/design/guard.md). Then p's
 update is skipped (Adam, target and counters untouched, :class:`~foxdqn.population.optim.MemberAdam`
 reads the returned flags) and p is halted: from then on every update of p is skipped, so p keeps its last
-good weights, while the other members train on unchanged. Each step ends with a non-blocking copy
-of the halt state into pinned host memory, which the host reads without waiting
-(docs/design/hot_loop.md#the-contract).
+good weights, while the other members train on unchanged. Each iteration ends with one kernel that
+stores the halt state into pinned host memory (:mod:`foxdqn.ops.member_publish`), which the host
+reads without waiting (docs/design/hot_loop.md#the-contract).
 
 Each update also writes each member's Q-monitor divergence flag (:meth:`MemberGuard.check`, in
 the guard's kernel: the batch's online Q has a non-finite entry or some |Q| above the member's
@@ -32,6 +32,7 @@ from __future__ import annotations
 import torch
 
 from foxdqn.ops.member_guard import LOSS_CLIP, NON_FINITE, member_guard
+from foxdqn.ops.member_publish import member_publish
 
 #: halt codes (``MemberGuard.code``): why a member halted.
 OK = 0
@@ -87,7 +88,6 @@ class MemberGuard:
         self.code = torch.zeros(p, dtype=torch.int64, device=device)
         self.at_update = torch.full((p,), -1, dtype=torch.int64, device=device)
         self.at_env_steps = torch.full((p,), -1, dtype=torch.int64, device=device)
-        self._state = torch.zeros(4, p, dtype=torch.int64, device=device)
         self.host = torch.zeros(4, p, dtype=torch.int64, pin_memory=device.type == "cuda")
         self.q_divergence = q_divergence
         if q_divergence is not None:
@@ -141,12 +141,11 @@ class MemberGuard:
             stats[:, 3] += flag.to(torch.float64)
 
     def publish(self) -> None:
-        """Copy (halted, code, at_update, at_env_steps) to :attr:`host` (and the Q divergence flags
-        to :attr:`q_host`), non-blocking (a captured copy on CUDA)."""
-        torch.stack([self.halted.to(torch.int64), self.code, self.at_update, self.at_env_steps], out=self._state)
-        self.host.copy_(self._state, non_blocking=True)
-        if self.q_divergence is not None:
-            self.q_host.copy_(self.q_diverged, non_blocking=True)
+        """Store (halted, code, at_update, at_env_steps) into :attr:`host` (and the Q divergence flags
+        into :attr:`q_host`) without a wait: one kernel on CUDA (:mod:`foxdqn.ops.member_publish`)."""
+        qdiv = self.q_divergence is not None
+        member_publish(self.halted, self.code, self.at_update, self.at_env_steps, self.host,
+                       q_diverged=self.q_diverged if qdiv else None, q_host=self.q_host if qdiv else None)
 
     def q_diverged_now(self, p: int) -> bool:
         """Member ``p``'s Q divergence flag of the last published update (host copy; False without
