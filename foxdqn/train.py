@@ -142,6 +142,7 @@ def main() -> None:
     from hydra.errors import HydraException
     from omegaconf.errors import OmegaConfBaseException
 
+    from foxdqn.cli.triton_key import start as start_triton_key
     from hydra_plugins.foxdqn_population.population_launcher import register
     from hydra_plugins.foxdqn_population.sweeper import register as register_sweeper
 
@@ -151,6 +152,7 @@ def main() -> None:
         signal.signal(sig, _outside_training)
     os.environ["HYDRA_FULL_ERROR"] = "1"  # Hydra raises instead of printing a multi-line report and exit 1
     mark("imports")
+    start_triton_key()  # Triton's first launch hashes its install: done in the background while Hydra composes
     try:
         _run()
     except (HydraException, OmegaConfBaseException) as exc:
