@@ -142,7 +142,7 @@ def main() -> None:
     from hydra.errors import HydraException
     from omegaconf.errors import OmegaConfBaseException
 
-    from foxdqn.cli.triton_key import start as start_triton_key
+    from foxdqn.device.triton_key import start as start_triton_key
     from hydra_plugins.foxdqn_population.population_launcher import register
     from hydra_plugins.foxdqn_population.sweeper import register as register_sweeper
 

@@ -1,4 +1,4 @@
-"""foxdqn.cli.triton_key: Triton's cache key computed in a daemon thread where CUDA is available,
+"""foxdqn.device.triton_key: Triton's cache key computed in a daemon thread where CUDA is available,
 not at all on a CPU-only machine, and a failure there never reaches the run."""
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import threading
 import torch
 import triton.runtime.cache as triton_cache
 
-from foxdqn.cli.triton_key import start
+from foxdqn.device.triton_key import start
 
 
 def _run(monkeypatch, available: bool, fails: bool = False) -> list:

@@ -52,7 +52,7 @@ def run(groups: list, out: Path) -> None:
 
 
 def main(argv: list[str]) -> int:
-    from foxdqn.cli.triton_key import start as start_triton_key
+    from foxdqn.device.triton_key import start as start_triton_key
 
     start_triton_key()  # hashed in the background while the groups are read and built
     source, out = Path(argv[0]), Path(argv[1])
