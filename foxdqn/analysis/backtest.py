@@ -161,7 +161,9 @@ def evaluate_agents(cfg, market, online: torch.nn.Module, device: torch.device, 
                     action_mode=None, policies: tuple[str, ...] = POLICIES, graph: bool | None = None,
                     reward_scales: list[float] | None = None) -> list[dict]:
     """:func:`evaluate` of P = ``agents`` greedy agents at once (a population's members): ``online``
-    maps observations ``[P, D]`` (agent p's walk in row p) to Q ``[P, A]``; the P walks run in one
+    maps observations ``[P, D]`` (agent p's walk in row p) to Q ``[P, A]`` (one whose ``needs_held`` is
+    True also gets the exposure index each walk holds, int64 ``[P]``: the ensemble's ``consensus``
+    rule, foxdqn.population.ensemble); the P walks run in one
     eval env of P envs, buy-and-hold, flat and the oracle once. ``reward_scales``: agent p's
     ``loss.reward_scale`` for its switch penalty (``action.switch_margin`` > 0; a member key of a
     population); None: ``cfg``'s for every agent. Returns P results in :func:`evaluate`'s format."""
@@ -174,9 +176,11 @@ def evaluate_agents(cfg, market, online: torch.nn.Module, device: torch.device, 
         if reward_scales:
             scale = torch.tensor(list(reward_scales), dtype=torch.float32, device=device).view(-1, 1)
 
+    held_exposure = getattr(online, "needs_held", False)  # a policy that reads the exposure index each walk holds
+
     @torch.no_grad()
     def greedy(obs, env):
-        q = online(obs.to(torch.float32))
+        q = online(obs.to(torch.float32), env.account().held) if held_exposure else online(obs.to(torch.float32))
         if switch is not None:
             q = q - (switch(env) if scale is None else switch(env) * scale)
         action = q.argmax(dim=1)

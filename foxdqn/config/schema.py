@@ -72,7 +72,7 @@ Replay = _choice("Replay", ("uniform", "per"))
 ActionMode = _choice("ActionMode", ACTION_MODES)
 TargetUpdate = _choice("TargetUpdate", ("polyak", "hard"))
 Split = _choice("Split", ("train", "val", "test"))
-EnsembleRule = _choice("EnsembleRule", ("none", "mean", "vote"))
+EnsembleRule = _choice("EnsembleRule", ("none", "mean", "vote", "consensus", "lcb"))
 Pruner = _choice("Pruner", ("none", "median"))
 WandbMode = _choice("WandbMode", ("offline", "online", "disabled"))
 EarlyStopMetric = _choice("EarlyStopMetric", ("auto", "sharpe", "sortino", "total_return", "profit_factor",
@@ -414,11 +414,18 @@ class EvalConfig:
     episodes: int = 100  # greedy episodes per evaluation of a non-trading env (20 at most during training)
     interval_env_steps: int = 0  # validation evaluations during training (0 = only at the end)
     ensemble: EnsembleRule = EnsembleRule.mean  # a population's members of one setting (seeds) also walk as one
-    #                                             agent: mean Q or vote (trading; foxdqn.population.ensemble)
+    #                                             agent: mean Q, vote, consensus or lcb (trading; foxdqn.population.ensemble)
+    ensemble_agreement: float = 0.8  # consensus: the fraction of members, in (0.5, 1], that must target one new
+    #                                  exposure for the ensemble to leave the one held
+    ensemble_kappa: float = 1.0  # lcb: a switch is made when mean - kappa * std of the members' advantages is > 0
 
     def validate(self) -> None:
         _positive(self.episodes, "eval.episodes")
         _positive(self.interval_env_steps, "eval.interval_env_steps", allow_zero=True)
+        if not (math.isfinite(self.ensemble_agreement) and 0.5 < self.ensemble_agreement <= 1.0):
+            raise ConfigError(f"eval.ensemble_agreement={self.ensemble_agreement} must be in (0.5, 1]: the fraction "
+                              "of a setting's members that must target one new exposure (eval.ensemble=consensus)")
+        _positive(self.ensemble_kappa, "eval.ensemble_kappa", allow_zero=True)
 
 
 @dataclass

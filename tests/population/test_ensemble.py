@@ -48,6 +48,132 @@ def test_vote_rule_takes_the_most_chosen_action_and_breaks_ties_by_mean_q():
     assert EnsembleGreedy(FixedQ(table), [0, 1, 2], "mean")(torch.zeros(2, 4)).argmax(dim=1)[0] == 0
 
 
+#: 6 actions over 3 exposures: actions 0, 1 target exposure 0; 2, 3 exposure 1; 4, 5 exposure 2
+EXPOSURE_OF = torch.tensor([0, 0, 1, 1, 2, 2])
+
+
+def _consensus(table, held, agreement=0.8, idx=None):
+    idx = list(range(table.shape[0])) if idx is None else idx
+    rule = EnsembleGreedy(FixedQ(table), idx, "consensus", agreement, EXPOSURE_OF)
+    assert rule.needs_held
+    return rule(torch.zeros(table.shape[1], 4), torch.tensor(held))
+
+
+def _greedy_on(exposures):
+    """[P, 1, 6] Q whose member p's greedy action targets ``exposures[p]`` (the first action of it)."""
+    table = torch.zeros(len(exposures), 1, 6)
+    for p, e in enumerate(exposures):
+        table[p, 0, 2 * e] = 1.0 + p  # and Q grows with p, so the mean Q's argmax is the last member's choice
+    return table
+
+
+def test_consensus_moves_only_where_enough_members_target_one_new_exposure():
+    """4 of 5 members on exposure 2 (need ⌈0.8·5⌉ = 4): the ensemble moves there, taking that
+    exposure's action of highest mean Q; 3 of 5: it keeps the exposure held, at that exposure's
+    action of highest mean Q (no order), although the mean Q's argmax is elsewhere."""
+    scores = _consensus(_greedy_on([2, 2, 2, 2, 0]), [1])
+    assert scores.argmax(dim=1).tolist() == [4]
+    assert torch.isinf(scores[0, :4]).all() and (scores[0, :4] < 0).all()  # other exposures: -inf
+    assert torch.equal(scores[0, 4:], _greedy_on([2, 2, 2, 2, 0]).mean(dim=0)[0, 4:])
+    table = _greedy_on([2, 2, 2, 0, 0])
+    assert table.mean(dim=0).argmax(dim=1).tolist() == [0]  # the mean rule would move to exposure 0
+    table[:, 0, 3] = 0.01  # among the held exposure's actions, action 3 has the higher mean Q
+    assert _consensus(table, [1]).argmax(dim=1).tolist() == [3]
+    assert _consensus(table, [1], agreement=0.6).argmax(dim=1).tolist() == [4]  # ⌈0.6·5⌉ = 3 agree: move
+
+
+def test_consensus_needs_no_agreement_to_stay_and_counts_only_the_ensembles_members():
+    table = _greedy_on([1, 1, 0, 0, 2])
+    assert _consensus(table, [1]).argmax(dim=1).tolist() == [2]  # nobody agrees on a move: stay on 1
+    assert _consensus(table, [0], agreement=1.0, idx=[2, 3]).argmax(dim=1).tolist() == [0]  # both on the held one
+    assert _consensus(table, [2], agreement=1.0, idx=[2, 3]).argmax(dim=1).tolist() == [0]  # both agree on 0
+    assert _consensus(table, [2], agreement=1.0, idx=[1, 2]).argmax(dim=1).tolist() == [4]  # 1 vs 0: stay on 2 (a tie at 0: the first)
+    walks = torch.cat([_greedy_on([2, 2, 2, 2, 2]), _greedy_on([0, 0, 1, 1, 2])], dim=1)  # [5, 2, 6]: two walks
+    assert _consensus(walks, [0, 0]).argmax(dim=1).tolist() == [4, 0]  # walk 0 moves to 2, walk 1 stays on 0
+
+
+def test_consensus_arguments_are_checked():
+    table = _greedy_on([0, 1])
+    with pytest.raises(ValueError, match="agreement must be in \\(0.5, 1\\]"):
+        EnsembleGreedy(FixedQ(table), [0, 1], "consensus", 0.5, EXPOSURE_OF)
+    with pytest.raises(ValueError, match="needs action_exposure"):
+        EnsembleGreedy(FixedQ(table), [0, 1], "consensus", 0.8)
+    with pytest.raises(ValueError, match="needs held"):
+        EnsembleGreedy(FixedQ(table), [0, 1], "consensus", 0.8, EXPOSURE_OF)(torch.zeros(1, 4))
+    assert not EnsembleGreedy(FixedQ(table), [0, 1], "mean").needs_held
+
+
+def test_consensus_agreement_is_validated_with_one_message():
+    from foxdqn.config.compose import load_config
+    from foxdqn.errors import ConfigError
+
+    for bad in ("0.5", "1.5"):
+        with pytest.raises(ConfigError, match="eval.ensemble_agreement=.* must be in \\(0.5, 1\\]"):
+            load_config(["debug=smoke", "device=cpu", "eval.ensemble=consensus", f"eval.ensemble_agreement={bad}"])
+    with pytest.raises(ConfigError, match="eval.ensemble_agreement=nan"):
+        load_config(["debug=smoke", "device=cpu", "eval.ensemble_agreement=nan"])
+    cfg = load_config(["debug=smoke", "device=cpu", "eval.ensemble=consensus", "action.switch_margin=1"])
+    assert cfg.eval.ensemble == "consensus" and cfg.eval.ensemble_agreement == 0.8
+
+
+def _lcb(table, held, kappa=1.0, idx=None):
+    idx = list(range(table.shape[0])) if idx is None else idx
+    rule = EnsembleGreedy(FixedQ(table), idx, "lcb", action_exposure=EXPOSURE_OF, kappa=kappa)
+    assert rule.needs_held
+    return rule(torch.zeros(table.shape[1], 4), torch.tensor(held))
+
+
+def test_lcb_switches_only_where_the_members_advantage_is_confidently_positive():
+    """Advantages over keeping exposure 0 (its best action, per member): action 4 gains 1, 2, 3
+    (mean 2, std 1), action 2 gains 3, −1, 1 (mean 1, std 2). κ = 1: action 4's bound 1 > 0, the
+    switch; κ = 2.5: every bound <= 0, keep exposure 0 at its action of highest mean Q; κ = 0:
+    the highest mean advantage (action 4)."""
+    table = torch.zeros(3, 1, 6)
+    table[:, 0, 0] = torch.tensor([1.0, 0.0, 2.0])  # the held exposure's actions 0 and 1
+    table[:, 0, 1] = torch.tensor([0.0, 0.5, 0.0])  # member 1 keeps best with action 1 (Q 0.5)
+    keep = table[:, 0, :2].amax(dim=1)  # [1, 0.5, 2]
+    table[:, 0, 4] = keep + torch.tensor([1.0, 2.0, 3.0])
+    table[:, 0, 2] = keep + torch.tensor([3.0, -1.0, 1.0])
+    table[:, 0, 3] = keep - 5.0
+    table[:, 0, 5] = keep - 5.0
+    scores = _lcb(table, [0], kappa=1.0)
+    assert scores.argmax(dim=1).tolist() == [4]
+    assert torch.isinf(scores[0, [0, 1, 2, 3, 5]]).all()  # only the chosen switch is allowed
+    assert _lcb(table, [0], kappa=2.5).argmax(dim=1).tolist() == [0]  # mean Q of action 0 is 1 > 1/6
+    assert _lcb(table, [0], kappa=0.0).argmax(dim=1).tolist() == [4]
+    advantages = table[:, 0] - keep[:, None]
+    bound = advantages.mean(dim=0) - advantages.std(dim=0)  # the rule, written out (Bessel's std)
+    assert bound[4] > 0 and bound[2] < 0 and torch.isclose(bound[4], torch.tensor(1.0))
+
+
+def test_lcb_of_one_member_is_its_greedy_action_and_kappa_is_checked():
+    table = _greedy_on([2, 0, 1])
+    for p in range(3):  # one member: no spread, a switch wherever its own greedy action leaves the held exposure
+        assert _lcb(table, [0], idx=[p]).argmax(dim=1).tolist() == [2 * [2, 0, 1][p]]
+    with pytest.raises(ValueError, match="kappa must be a finite number >= 0"):
+        EnsembleGreedy(FixedQ(table), [0, 1], "lcb", action_exposure=EXPOSURE_OF, kappa=-1.0)
+    from foxdqn.config.compose import load_config
+    from foxdqn.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="eval.ensemble_kappa=-0.5 must be >= 0"):
+        load_config(["debug=smoke", "device=cpu", "eval.ensemble=lcb", "eval.ensemble_kappa=-0.5"])
+
+
+def test_consensus_of_identical_members_walks_as_each_of_them():
+    """Two members of one seed always agree: wherever the member moves, both target its exposure,
+    and the ensemble takes that exposure's best mean-Q action, the member's own argmax; the
+    consensus walk (the held exposure from the eval env's accounts) equals the member's walk."""
+    same = configs(TRADING, [["seed=5", "eval.ensemble=consensus"], ["seed=5", "eval.ensemble=consensus"]])
+    twin = run(same)
+    market = market_for(same[0])
+    own = member_walks(twin, market, "test", ("agent",))[0]["metrics"]["agent"]
+    entry = ensemble_walks(twin, market, [0, 1], "consensus")[0]
+    assert entry["rule"] == "consensus" and entry["metrics"] == own
+    assert own["num_trades"] > 0  # the walk trades: the equality is not that of two flat walks
+    # two equal members have no spread: the lcb rule with any κ walks as each of them too
+    assert ensemble_walks(twin, market, [0, 1], "lcb")[0]["metrics"] == own
+
+
 def test_bad_rule_or_no_member_is_refused():
     with pytest.raises(ValueError, match="choose one of mean, vote"):
         EnsembleGreedy(FixedQ(torch.zeros(1, 1, 2)), [0], "median")
