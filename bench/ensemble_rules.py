@@ -20,6 +20,7 @@ on the same members, so their differences are the rules' alone. docs/bench.md#le
 from __future__ import annotations
 
 import argparse
+import re
 import sys
 from pathlib import Path
 
@@ -84,9 +85,8 @@ def compare(sweep: Path, rules: list[tuple[str, float | None]], split: str = "te
     online = MemberQNetwork.from_networks(nets, str(cfg.model.activation)).to(device)
     exposures = action_exposures(None if mode is None else mode.name, device)
     members = list(range(len(nets)))
-    synthetic = getattr(cfg.data, "synthetic", None)
-    data = market.source.split(" (")[0] + ("" if market.expected_future_return is None or synthetic is None
-                                          else f", seed {synthetic.seed}")
+    seed = re.search(r"\bseed=(\d+)", market.source)  # a generated market names its seed in its source
+    data = market.source.split(" (")[0] + (f", seed {seed.group(1)}" if seed else "")
     out = {"sweep": str(sweep), "data": data, "members": len(nets), "oracle": None, "rules": {}}
     for name, value in rules:
         agreement = value if name == "consensus" and value is not None else float(cfg.eval.ensemble_agreement)
