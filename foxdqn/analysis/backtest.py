@@ -163,7 +163,7 @@ def evaluate_agents(cfg, market, online: torch.nn.Module, device: torch.device, 
     """:func:`evaluate` of P = ``agents`` greedy agents at once (a population's members): ``online``
     maps observations ``[P, D]`` (agent p's walk in row p) to Q ``[P, A]`` (one whose ``needs_held`` is
     True also gets the exposure index each walk holds, int64 ``[P]``: the ensemble's ``consensus``
-    rule, foxdqn.population.ensemble); the P walks run in one
+    and ``lcb`` rules, foxdqn.population.ensemble); the P walks run in one
     eval env of P envs, buy-and-hold, flat and the oracle once. ``reward_scales``: agent p's
     ``loss.reward_scale`` for its switch penalty (``action.switch_margin`` > 0; a member key of a
     population); None: ``cfg``'s for every agent. Returns P results in :func:`evaluate`'s format."""
