@@ -415,9 +415,8 @@ class EvalConfig:
     interval_env_steps: int = 0  # validation evaluations during training (0 = only at the end)
     ensemble: EnsembleRule = EnsembleRule.mean  # a population's members of one setting (seeds) also walk as one
     #                                             agent: mean Q, vote, consensus or lcb (trading; foxdqn.population.ensemble)
-    ensemble_agreement: float = 0.8  # consensus: the fraction of members, in (0.5, 1], that must target one new
-    #                                  exposure for the ensemble to leave the one held
-    ensemble_kappa: float = 1.0  # lcb: a switch is made when mean - kappa * std of the members' advantages is > 0
+    ensemble_agreement: float = 0.8  # consensus: share of members, in (0.5, 1], that must agree to leave a position
+    ensemble_kappa: float = 1.0  # lcb: switch when the members' mean advantage − κ·std of it is > 0 (κ >= 0)
 
     def validate(self) -> None:
         _positive(self.episodes, "eval.episodes")
