@@ -8,7 +8,7 @@ Usage::
 Each SWEEP is the folder of a multirun whose jobs trained as one population (``hydra/launcher=population``,
 one setting, e.g. a ``bench.learnability`` market folder). The members' final weights are read
 from their ``checkpoints/last.pt`` (:func:`foxdqn.run.checkpoint.load_checkpoint`), stacked into
-one :class:`~foxdqn.population.network.MemberQNetwork`, and for every rule of ``--rules``
+one member network (:func:`foxdqn.population.state.member_network`), and for every rule of ``--rules``
 (``RULE`` or ``RULE:VALUE``: ``consensus:A`` sets ``eval.ensemble_agreement`` = A, ``lcb:K``
 ``eval.ensemble_kappa`` = K) the ensemble (:class:`foxdqn.population.ensemble.EnsembleGreedy`)
 is walked on ``--split`` by :func:`foxdqn.analysis.backtest.evaluate_agents`, the walk a
@@ -61,7 +61,7 @@ def compare(sweep: Path, rules: list[tuple[str, float | None]], split: str = "te
     from foxdqn.data import load_market_data
     from foxdqn.evaluate import config_from
     from foxdqn.population.ensemble import EnsembleGreedy
-    from foxdqn.population.network import MemberQNetwork
+    from foxdqn.population.state import member_network
     from foxdqn.run.checkpoint import load_checkpoint
     from foxdqn.step.build import build_action_mode, build_env, build_network, resolve_device
 
@@ -82,7 +82,7 @@ def compare(sweep: Path, rules: list[tuple[str, float | None]], split: str = "te
         net.load_state_dict(payload["online"])
         nets.append(net)
     env.close()
-    online = MemberQNetwork.from_networks(nets, str(cfg.model.activation)).to(device)
+    online = member_network(nets, str(cfg.model.activation)).to(device)  # C51, IQN, branching: their member class
     exposures = action_exposures(None if mode is None else mode.name, device)
     members = list(range(len(nets)))
     seed = re.search(r"\bseed=(\d+)", market.source)  # a generated market names its seed in its source

@@ -51,7 +51,7 @@ LAYOUT: tuple[tuple[str, str, int, int | str], ...] = (
     (r"^eps_duration$", MEMBER, 0, 1),
     (r"^rng\.keys$", MEMBER, 0, 1),
     (r"^rng\.", SHARED, 0, 1),
-    (r"^guard\.(_state|host)$", MEMBER, 1, 1),
+    (r"^guard\.host$", MEMBER, 1, 1),
     (r"^guard\.", MEMBER, 0, 1),
     (r"^pruner\.masks\[\d+\]$", MEMBER, 0, 1),
     (r"^pruner\.", SHARED, 0, 1),

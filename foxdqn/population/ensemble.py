@@ -46,6 +46,7 @@ import torch
 from torch import nn
 
 from foxdqn.config.schema import to_plain
+from foxdqn.execution.orders import NUM_EXPOSURES
 
 #: eval.ensemble values other than ``none``
 RULES = ("mean", "vote", "consensus", "lcb")
@@ -92,11 +93,10 @@ class EnsembleGreedy(nn.Module):
                 raise ValueError(f"ensemble kappa must be a finite number >= 0, got {kappa!r}")
             if action_exposure is None:
                 raise ValueError(f"the {rule} rule needs action_exposure (the exposure index of each action)")
-            self.kappa = float(kappa)
-            self.need = math.ceil(agreement * len(idx) - 1e-9)  # members that must agree
+            self.kappa = float(kappa)  # lcb
+            self.need = math.ceil(agreement * len(idx) - 1e-9)  # consensus: members that must agree
             self.register_buffer("action_exposure", action_exposure.to(device=device, dtype=torch.int64),
                                  persistent=False)
-            self.exposures = int(action_exposure.max()) + 1
 
     def forward(self, obs: torch.Tensor, held: torch.Tensor | None = None) -> torch.Tensor:
         p = self.online.num_members
@@ -105,15 +105,16 @@ class EnsembleGreedy(nn.Module):
         mean = q.mean(dim=0)
         if self.rule == "mean":
             return mean
-        if self.needs_held and held is None:
-            raise ValueError(f"the {self.rule} rule needs held, the exposure index each walk holds")
+        if self.needs_held:
+            if held is None:
+                raise ValueError(f"the {self.rule} rule needs held, the exposure index each walk holds")
+            held = held.to(torch.int64)
         if self.rule == "lcb":
-            return self._lcb(q, mean, held.to(torch.int64))
+            return self._lcb(q, mean, held)
         if self.rule == "consensus":
             targets = self.action_exposure[q.argmax(dim=2)]  # [K, M]: each member's greedy exposure
-            counts = torch.zeros(mean.shape[0], self.exposures, dtype=torch.int64, device=mean.device)
+            counts = torch.zeros(mean.shape[0], NUM_EXPOSURES, dtype=torch.int64, device=mean.device)
             counts.scatter_add_(1, targets.t(), torch.ones_like(targets.t()))  # [M, E]
-            held = held.to(torch.int64)
             counts.scatter_(1, held.unsqueeze(1), -1)  # staying needs no agreement
             best, where = counts.max(dim=1)
             target = torch.where(best >= self.need, where, held)  # [M]
