@@ -39,6 +39,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.common import RESULTS, run_multirun, tags
+from bench.gate_rows import as_trained
 from bench.trading_seeds import TRADING
 
 #: The no-edge target (``martingale_1h``): a mean test loss of at most this fraction ...
@@ -150,7 +151,22 @@ def market_row(experiment: str, market: Market, jobs: list[dict[str, Any]], expe
     row["policy_met"], _ = (verdict({**row, "return_mean": row["policy_return"],  # missing seeds: not met
                                      "median_trades": row["policy_trades"]})
                             if row["policy_return"] is not None else (None, ""))
+    row.update(ungated(row, summaries))
     return row
+
+
+def ungated(row: dict[str, Any], summaries: list[dict]) -> dict[str, Any]:
+    """Behind the deployment gate: the seeds and the ensemble policy as trained
+    (:func:`bench.gate_rows.as_trained`) with the row's target applied to them (``ungated_met``,
+    ``ungated_policy_met``). Empty without the gate."""
+    out = as_trained(summaries)
+    if not out:
+        return out
+    out["ungated_met"], _ = verdict({**row, "return_mean": out["ungated_return"], "median_trades": out["ungated_trades"]})
+    if "ungated_policy_return" in out:
+        out["ungated_policy_met"], _ = verdict({**row, "return_mean": out["ungated_policy_return"],
+                                               "median_trades": out["ungated_policy_trades"]})
+    return out
 
 
 def verdict(row: dict[str, Any]) -> tuple[bool | None, str]:
@@ -222,7 +238,35 @@ def to_markdown(rows: list[dict[str, Any]]) -> str:
             TARGETS[r["target"]] if r["target"] else "—",
             met + (f" ({r['why']})" if r["why"] else ""),
             "—" if r.get("policy_met") is None else ("**met**" if r["policy_met"] else "not met")]) + " |")
-    return "\n".join(lines) + "\n\n" + "\n".join(experiment_lines(rows)) + "\n"
+    text = "\n".join(lines) + "\n\n" + "\n".join(experiment_lines(rows)) + "\n"
+    if any("gate_flat" in r for r in rows):
+        text += "\n" + gate_markdown(rows)
+    return text
+
+
+def gate_markdown(rows: list[dict[str, Any]]) -> str:
+    """Behind the deployment gate: the rows above as trained (without the gate) beside the gated
+    ones (:func:`ungated`), as markdown."""
+    def met(v):
+        return "—" if v is None else ("**met**" if v else "not met")
+
+    lines = ["Deployment gate (`eval.gate`): the seeds and the ensemble policy with the gate (the table above) "
+             "and as trained, without it (the gate's last candidate, from the same runs).", "",
+             "| experiment | market | seeds flat | gated: return, trades, met | as trained: return, trades, met | "
+             "ensemble gated | ensemble as trained |", "|---|---|---|---|---|---|---|"]
+    for r in rows:
+        if "gate_flat" not in r:
+            continue
+        gated = f"{_pct(r['return_mean'])}, {_num(r['median_trades'])}, {met(r['met'])}"
+        trained = f"{_pct(r['ungated_return'])}, {_num(r['ungated_trades'])}, {met(r['ungated_met'])}"
+        eg = ("—" if r.get("policy_return") is None else
+              f"{_pct(r['policy_return'])}, {_num(r['policy_trades'])}, {met(r['policy_met'])}"
+              + (" (flat)" if r.get("gate_policy_flat") else ""))
+        et = ("—" if r.get("ungated_policy_return") is None else
+              f"{_pct(r['ungated_policy_return'])}, {_num(r['ungated_policy_trades'])}, {met(r['ungated_policy_met'])}")
+        lines.append(f"| {r['experiment']} | {r['market']} | {r['gate_flat']} of {r['seeds']} | {gated} | {trained} | "
+                     f"{eg} | {et} |")
+    return "\n".join(lines) + "\n"
 
 
 def run_pair(experiment: str, market: Market, seeds: int, out: Path, extra: list[str]) -> dict[str, Any]:

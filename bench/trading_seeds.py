@@ -24,6 +24,8 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from bench.common import RESULTS, run_multirun, tags
+from bench.gate_rows import as_trained
+from foxdqn.io_atomic import read_json
 
 TRADING = ("eurusd_dqn", "googl_dqn", "eurusd_c51", "eurusd_iqn", "eurusd_cql", "eurusd_iql", "eurusd_attention",
            "eurusd_routed", "eurusd_branching", "eurusd_rainbowish", "eurusd_controls")
@@ -35,8 +37,45 @@ def run_one(experiment: str, seeds: int, data: str | None, out: Path, extra: lis
     sweep = out / experiment
     run = run_multirun(experiment, seeds, sweep, [*extra, *([f"data.name={data}"] if data else [])])
     report = sweep / "report.json"
-    return {"experiment": experiment, **run,
-            "settings": json.loads(report.read_text())["settings"] or None if report.is_file() else None}
+    return {"experiment": experiment, **run, "gate": gate_row(sweep),
+            "settings": read_json(report)["settings"] or None if report.is_file() else None}
+
+
+def gate_row(sweep: Path) -> dict | None:
+    """Behind the deployment gate (``eval.gate.enabled``): how many of the sweep's seeds it kept flat,
+    and their mean test return and median trades as trained (bench.gate_rows.as_trained); None
+    without the gate."""
+    from foxdqn.report.seeds import find_job_dirs, read_job
+
+    summaries = [j["summary"] for j in (read_job(d) for d in find_job_dirs(sweep)) if j["summary"]]
+    out = as_trained(summaries)
+    return {**out, "seeds": len(summaries)} if out else None
+
+
+def gate_markdown(results: list[dict]) -> str:
+    """The gate's table: per experiment, seeds kept flat, and the seeds' and the ensemble policy's
+    test return and trades as trained (from the same runs); "" when no run had the gate."""
+    def pct(v):
+        return "—" if v is None else f"{v * 100:+.2f} %"
+
+    def num(v):
+        return "—" if v is None else f"{v:g}"
+
+    rows = [r for r in results if r.get("gate")]
+    if not rows:
+        return ""
+    lines = ["Deployment gate (`eval.gate`): the table above is behind it; as trained, without it (its last "
+             "candidate, from the same runs):", "",
+             "| experiment | seeds flat | as trained: mean test return, median trades | ensemble policy as trained |",
+             "|---|---|---|---|"]
+    for r in rows:
+        g = r["gate"]
+        ens = ("—" if g.get("ungated_policy_return") is None else
+               f"{pct(g['ungated_policy_return'])}, {num(g['ungated_policy_trades'])}"
+               + (" (gated: flat)" if g.get("gate_policy_flat") else ""))
+        lines.append(f"| {r['experiment']} | {g['gate_flat']} of {g['seeds']} | {pct(g['ungated_return'])}, "
+                     f"{num(g['ungated_trades'])} | {ens} |")
+    return "\n".join(lines) + "\n"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -81,6 +120,7 @@ def main(argv: list[str] | None = None) -> int:
             "block-bootstrap 95 % Sharpe interval, PSR against 0, and the PSR of its return minus buy-and-hold's. "
             "Flat earns 0 by construction. Turnover and more per run: each run's eval/summary.json.\n\n" +
             table + ("\n" + "\n".join(failed) + "\n" if failed else "") + "\n" +
+            (gate_markdown(results) + "\n" if any(r.get("gate") for r in results) else "") +
             "Wall per experiment (s): " + ", ".join(f"{r['experiment']} {r['wall_s']}" for r in results) + "\n")
     gpu = meta["gpu"].replace(" ", "-").replace(":", "-")
     stem = f"{meta['date'][:10]}_{gpu}_trading-seeds" + (f"-{args.tag}" if args.tag else "")

@@ -130,7 +130,15 @@ def evaluate_checkpoint(checkpoint: Path, split: str | None = None, out: Path | 
                    "metrics": {"agent": evaluate_episodes(cfg, online, mode, device, episodes=cfg.eval.episodes)}}
         write_json_atomic(folder / "summary.json", summary)
         return summary, folder
-    result = evaluate(cfg, market, online, device, split=split, action_mode=mode)
+    from foxdqn.analysis.gate import gate_enabled, gated_agents
+
+    if gate_enabled(cfg):  # the deployment gate the run was evaluated behind (foxdqn.analysis.gate)
+        from foxdqn.analysis.backtest import POLICIES
+
+        results, gates = gated_agents(cfg, market, online, device, 1, split, mode, POLICIES)
+        result, extra["gate"] = results[0], gates[0]
+    else:
+        result = evaluate(cfg, market, online, device, split=split, action_mode=mode)
     data_name = cfg.data.name if cfg.data.path is None else Path(cfg.data.path).name
     summary = write_report(folder, result, market, split, f"{extra['run_name']}: {data_name}, {split} split "
                            f"({checkpoint.name})", extra)

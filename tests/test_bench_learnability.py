@@ -159,3 +159,24 @@ def test_issue_34_options_go_to_every_run_and_train_as_one_population(tmp_path, 
     assert cfg.action.switch_margin == 2.0 and cfg.data.augment.method == "block_bootstrap"
     assert cfg.data.synthetic.phi == -0.2 and cfg.data.augment.paths == 32
     assert batch_refusal(cfg) is None
+
+
+def test_gated_rows_carry_the_seeds_as_trained(tmp_path):
+    """Behind eval.gate, each summary's gate entry gives the seed as trained (its last candidate): the
+    row holds both, each judged by the target, and the gate's table says how many seeds stayed flat."""
+    def gated(name, agent, trades, trained, trained_trades, chosen):
+        j = _job(tmp_path, name, agent, trades, 0.0)
+        j["summary"]["gate"] = {"chosen": chosen, "candidates": [
+            {"policy": "flat", "switch_margin": None, "test": {"total_return": 0.0, "num_trades": 0}},
+            {"policy": "agent", "switch_margin": 0.0, "test": {"total_return": trained, "num_trades": trained_trades}}]}
+        return j
+
+    row = market_row("e", MARKETS["martingale_1h"], [gated("0", 0.0, 0, -0.06, 400, "flat"),
+                                                     gated("1", -0.01, 30, -0.01, 30, "switch_margin=0")], 2)
+    assert row["met"] is True and row["gate_flat"] == 1
+    assert row["ungated_return"] == pytest.approx(-0.035) and row["ungated_trades"] == 215 and row["ungated_met"] is False
+    text = to_markdown([row])
+    assert "Deployment gate" in text and "| e | martingale_1h | 1 of 2 | +0.00 %" not in text
+    assert "| e | martingale_1h | 1 of 2 | −0.50 %".replace("−", "-") in text and "-3.50 %, 215, not met" in text
+    plain = market_row("e", MARKETS["martingale_1h"], [_job(tmp_path, "0", 0.0, 0, 0.0)], 1)
+    assert "gate_flat" not in plain and "Deployment gate" not in to_markdown([plain])

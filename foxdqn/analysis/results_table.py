@@ -44,12 +44,27 @@ def print_summary(summary: dict, run_dir: Path) -> None:
     if sel:
         line += f"; selected on val {sel['metric']} = {sel['value']:.4g}"
     console.print(line, soft_wrap=True)
-    if a.get("num_trades") == 0 or sel.get("excluded"):
+    if summary.get("gate"):
+        console.print(gate_line(summary["gate"], summary["split"]), soft_wrap=True, highlight=False)
+    elif a.get("num_trades") == 0 or sel.get("excluded"):
         console.print(_search_note(summary), soft_wrap=True, highlight=False)
     _print_trackers(console, summary)
     console.print(f"[bold]outputs:[/bold] {run_dir.resolve()}  (wall {summary['wall_time_s']} s on "
                   f"{summary['gpu'] or summary['device']})")
 
+
+
+def gate_line(gate: dict, split: str) -> str:
+    """The deployment gate's line (foxdqn.analysis.gate): what it chose on validation, and the agent as
+    trained on the evaluated split beside it."""
+    trained = gate["candidates"][-1]
+    tv, tt = trained["val"], trained[split]
+    as_trained = (f"the agent as trained: {tt['total_return'] * 100:+.2f} % with {tt['num_trades']:g} trades on {split}, "
+                  f"{tv['total_return'] * 100:+.2f} % with {tv['num_trades']:g} on val")
+    if gate["chosen"] == "flat":
+        return (f"[bold]gate:[/bold] flat on the {split} split: the agent did not beat flat on validation with PSR ≥ "
+                f"{gate['confidence']:g}; {as_trained} (eval.gate, docs/backtest.md#the-deployment-gate)")
+    return f"[bold]gate:[/bold] the agent trades ({gate['chosen']}, beats flat on validation); {as_trained}"
 
 
 def _search_note(summary: dict) -> str:

@@ -407,6 +407,27 @@ class GuardConfig:
 
 
 @dataclass
+class GateConfig:
+    """The deployment gate of a trading agent (foxdqn.analysis.gate; docs/backtest.md#the-deployment-gate): of flat,
+    the agent under larger switch margins (none by default) and the agent as trained, the simplest that validation
+    cannot tell from the best is evaluated."""
+
+    enabled: Optional[bool] = None  # evaluate flat unless the agent beats it on validation with PSR >= confidence;
+    #                                 null: on for trading, off for other envs
+    margins: List[float] = field(default_factory=list)  # also try the agent under these switch margins (> action.switch_margin)
+    confidence: float = 0.95  # keep a candidate over a simpler one only when the best beats the simpler with PSR >= this
+
+    def validate(self) -> None:
+        for i, m in enumerate(self.margins):
+            if isinstance(m, bool) or not isinstance(m, (int, float)) or not (math.isfinite(m) and m > 0):
+                raise ConfigError(f"eval.gate.margins[{i}]={m!r} must be a finite number > 0 (a switch margin, "
+                                  "action.switch_margin's units)")
+        if not (isinstance(self.confidence, (int, float)) and 0.0 < self.confidence < 1.0):
+            raise ConfigError(f"eval.gate.confidence={self.confidence!r} must be in (0, 1): the PSR the best candidate "
+                              "needs over a simpler one for the simpler one to be passed over")
+
+
+@dataclass
 class EvalConfig:
     """Out-of-sample evaluation (foxdqn.analysis.backtest)."""
 
@@ -417,8 +438,10 @@ class EvalConfig:
     #                                             agent: mean Q, vote, consensus or lcb (trading; foxdqn.population.ensemble)
     ensemble_agreement: float = 0.8  # consensus: share of members, in (0.5, 1], that must agree to leave a position
     ensemble_kappa: float = 1.0  # lcb: switch when the members' mean advantage − κ·std of it is > 0 (κ >= 0)
+    gate: GateConfig = field(default_factory=GateConfig)  # trading: flat unless validation shows trading pays
 
     def validate(self) -> None:
+        self.gate.validate()
         _positive(self.episodes, "eval.episodes")
         _positive(self.interval_env_steps, "eval.interval_env_steps", allow_zero=True)
         if not (math.isfinite(self.ensemble_agreement) and 0.5 < self.ensemble_agreement <= 1.0):
@@ -673,6 +696,8 @@ def _cross_checks(cfg: TrainConfig) -> None:
               "trading env's exposure (set it to 0 for other envs)", "trading"),
              (str(cfg.data.augment.method) != "none", f"data.augment.method={cfg.data.augment.method} resamples the "
               "trading env's bars (set it to none for other envs)", "trading"),
+             (cfg.eval.gate.enabled is True, "eval.gate.enabled=true chooses among a trading agent's policies on the validation "
+              "split (set it to false for other envs)", "trading"),
              (cfg.replay.her, "replay.her=true needs a goal-conditioned env (env.name=bitflip)", "bitflip"),
              (cfg.regime.enabled, "regime.enabled=true needs env.name=trading (it weights by the trading env's "
               "volatility regime)", "trading")]

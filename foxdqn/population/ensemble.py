@@ -158,9 +158,11 @@ def ensemble_walks(s, market, jobs: Sequence[int], rule: str) -> dict[int, dict]
     than two others has no ensemble). Returns, per member of such a setting, the summary entry
     ``ensemble_policy``: ``rule``, ``members`` (its setting's job numbers), ``split``,
     ``metrics`` (the ensemble's agent metrics on ``eval.split``, :func:`foxdqn.analysis.backtest.evaluate`'s
-    format) and ``val_metrics``; members of a one-member setting get no entry."""
+    format; behind the deployment gate with ``eval.gate.enabled``, whose choice is then in ``gate``) and
+    ``val_metrics`` (the ensemble as trained); members of a one-member setting get no entry."""
     from foxdqn.actions.switch import action_exposures
     from foxdqn.analysis.backtest import evaluate_agents
+    from foxdqn.analysis.gate import gate_enabled, gated_agents
 
     out: dict[int, dict] = {}
     for members in settings(s.cfgs):
@@ -173,10 +175,19 @@ def ensemble_walks(s, market, jobs: Sequence[int], rule: str) -> dict[int, dict]
         scale = [s.cfgs[members[0]].loss.reward_scale]  # one setting: one reward scale (its switch penalty's)
         val = evaluate_agents(s.cfg, market, greedy, s.device, 1, "val", s.action_mode, ("agent",),
                               reward_scales=scale)[0]
-        test = evaluate_agents(s.cfg, market, greedy, s.device, 1, s.cfg.eval.split, s.action_mode, ("agent",),
-                               reward_scales=scale)[0]
+        gate = None
+        if gate_enabled(s.cfg):  # the ensemble behind the deployment gate too (foxdqn.analysis.gate)
+
+            tests, gates = gated_agents(s.cfg, market, greedy, s.device, 1, s.cfg.eval.split, s.action_mode,
+                                        ("agent",), reward_scales=scale)
+            test, gate = tests[0], gates[0]
+        else:
+            test = evaluate_agents(s.cfg, market, greedy, s.device, 1, s.cfg.eval.split, s.action_mode, ("agent",),
+                                   reward_scales=scale)[0]
         entry = {"rule": rule, "members": [jobs[p] for p in members], "split": str(s.cfg.eval.split),
                  "metrics": test["metrics"]["agent"], "val_metrics": val["metrics"]["agent"]}
+        if gate is not None:
+            entry["gate"] = gate
         for p in members:
             out[p] = entry
     return out

@@ -49,6 +49,16 @@ def member_walks(s, market, split: str, policies: tuple[str, ...]) -> list[dict]
                            reward_scales=[c.loss.reward_scale for c in s.cfgs])
 
 
+def member_gated_walks(s, market, split: str, policies: tuple[str, ...]) -> tuple[list[dict], list[dict]]:
+    """Each member's :func:`member_walks` result behind the deployment gate (``eval.gate``,
+    :func:`foxdqn.analysis.gate.gated_agents`: every member's candidates walk validation and ``split`` in
+    one eval env each), and its summary entry ``gate``."""
+    from foxdqn.analysis.gate import gated_agents
+
+    return gated_agents(s.cfg, market, MemberGreedy(s.online), s.device, s.members, split, s.action_mode, policies,
+                        reward_scales=[c.loss.reward_scale for c in s.cfgs])
+
+
 def member_episodes(s, episodes: int, seed_offset: int, graph: bool | None = None) -> list[dict]:
     """Each member's greedy episode metrics (:func:`foxdqn.analysis.backtest.evaluate_episodes`): the first
     ``episodes / E`` finished episodes of each of its E envs (:func:`foxdqn.analysis.backtest.finished_episodes`;

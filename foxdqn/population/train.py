@@ -126,6 +126,7 @@ class _Population:
         self.t0 = time.perf_counter()
         self.members = members
         self.alone = alone  # a single run (foxdqn.job.run.run_job): its outputs and lines are a single run's
+        self.gates: list[dict] = []  # each member's deployment-gate summary entry (eval.gate.enabled)
         cfg = members[0].tc
         self.device = resolve_device(cfg.device)
         self.graph = use_graph(cfg, self.device)
@@ -460,10 +461,14 @@ class _Population:
         greedy episodes, their resets drawn from the member's own generator (seed + offset), so
         ``python -m foxdqn.evaluate`` of the member's checkpoint (torch's generator) plays other
         episodes of the same distribution."""
-        from foxdqn.population.evaluate import member_episodes, member_validation, member_walks
+        from foxdqn.analysis.gate import gate_enabled
+        from foxdqn.population.evaluate import member_episodes, member_gated_walks, member_validation, member_walks
 
         s, cfg, market = self.s, self.s.cfg, self.members[0].market
         vals = member_validation(s, market)
+        if gate_enabled(cfg):  # trading: the deployment gate (foxdqn.analysis.gate)
+            tests, self.gates = member_gated_walks(s, market, cfg.eval.split, POLICIES)
+            return vals, tests
         if cfg.env.name == "trading":
             return vals, member_walks(s, market, cfg.eval.split, POLICIES)
         return vals, member_episodes(s, cfg.eval.episodes, seed_offset=1)
@@ -510,6 +515,8 @@ class _Population:
         extra = {} if self.alone else {
             "population": {"member": p, "size": s.members, "jobs": [mm.job_num for mm in self.members]}}
         extra.update(self.trackers[p].summary())
+        if self.gates:
+            extra["gate"] = self.gates[p]
         if ensemble:
             extra["ensemble_policy"] = ensemble
         end = RunEnd(self.graph, wall, *member_counts(s, p), ckpt, overrides=None if self.alone else list(m.overrides),

@@ -168,6 +168,40 @@ def test_ensemble_walks_are_captured_on_cuda():
     assert entry["metrics"] == member_walks(s, market, "test", ("agent",))[0]["metrics"]["agent"]
 
 
+@pytest.mark.parametrize("rule", ["consensus", "lcb"])
+def test_ensemble_rules_reading_the_held_exposure_are_captured_on_cuda(rule):
+    """consensus and lcb read each walk's held exposure from the eval env inside the captured walk;
+    two identical members' ensemble walks as each of them."""
+    from foxdqn.population.ensemble import ensemble_walks
+    from foxdqn.population.evaluate import member_walks
+
+    cfgs = cuda_configs([*TRADING, f"eval.ensemble={rule}"], [["seed=5"], ["seed=5"]])
+    s, _ = run(cfgs, graph=True)
+    market = market_for(cfgs[0])
+    entry = ensemble_walks(s, market, [0, 1], rule)[0]
+    assert entry["metrics"] == member_walks(s, market, "test", ("agent",))[0]["metrics"]["agent"]
+
+
+def test_gated_walks_are_captured_on_cuda():
+    """The deployment gate's candidate walks (one per member and switch margin, each with its own
+    penalty scale) captured in a CUDA graph choose and walk as the same walks run eagerly."""
+    from foxdqn.analysis.backtest import POLICIES
+    from foxdqn.analysis.gate import gated_agents
+    from foxdqn.population.evaluate import MemberGreedy
+
+    cfgs = cuda_configs([*TRADING, "eval.gate.enabled=true"], [["seed=5"], ["seed=6", "loss.reward_scale=10"]])
+    s, _ = run(cfgs, graph=True)
+    market = market_for(cfgs[0])
+    out = {graph: gated_agents(s.cfg, market, MemberGreedy(s.online), CUDA, 2, "test", s.action_mode, POLICIES,
+                               reward_scales=[c.loss.reward_scale for c in cfgs], graph=graph) for graph in (True, False)}
+    (captured, cgates), (eager, egates) = out[True], out[False]
+    for p in range(2):
+        assert cgates[p]["chosen"] == egates[p]["chosen"]
+        assert [c["val"] for c in cgates[p]["candidates"]] == [c["val"] for c in egates[p]["candidates"]]
+        assert [c["test"] for c in cgates[p]["candidates"]] == [c["test"] for c in egates[p]["candidates"]]
+        assert captured[p]["metrics"]["agent"]["total_return"] == eager[p]["metrics"]["agent"]["total_return"]
+
+
 #: shipped experiments of the device envs (pong_dqn and cartpole_gym step host envs: test_population_gym.py)
 SHIPPED = [e for e in __import__("support").EXPERIMENTS if e not in ("pong_dqn", "cartpole_gym")]
 
