@@ -93,7 +93,7 @@ def test_smoke_run(tmp_path):
     """Two markets, 2 seeds, debug=smoke: one population per market, one row per market, oracle beside it."""
     rc = main(["--experiments", "eurusd_dqn", "--markets", "martingale_1h,ar1_1h_phi+0.2", "--seeds", "2",
                "--out", str(tmp_path / "runs"), "--results", str(tmp_path / "results"), "--tag", "t",
-               "--", "debug=smoke", "data.synthetic.bars=4000"])
+               "--", "debug=smoke", "data.synthetic.bars=4000", "eval.gate.enabled=false"])  # the gate's rows: above
     assert rc == 0
     (md,) = (tmp_path / "results").glob("*_learnability-t.md")
     data = json.loads(md.with_suffix(".json").read_text())

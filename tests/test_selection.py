@@ -12,7 +12,8 @@ from support import train_run as train
 
 @pytest.fixture(scope="module")
 def smoke_run(tmp_path_factory):
-    cfg = load_config(["debug=smoke", "device=cpu", "log.progress=false", "logger=csv"])
+    cfg = load_config(["debug=smoke", "device=cpu", "log.progress=false", "logger=csv",
+                       "eval.gate.enabled=false"])  # the agent as trained is evaluated (the gate: tests/analysis/test_gate.py)
     market = load_market_data(cfg.data, cfg.env.window, cfg.env.episode_length)
     run_dir = tmp_path_factory.mktemp("run")
     return cfg, market, train(cfg, market, run_dir), run_dir

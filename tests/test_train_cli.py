@@ -42,8 +42,10 @@ def test_default_smoke_writes_every_output(tmp_path):
     assert summary["experiment"] == "eurusd_dqn"
     assert "outputs:" in res.stdout
     assert "PSR(SR > 0)" in res.stdout and "selected on val sharpe" in res.stdout and "turnover (x equity/yr)" in res.stdout
-    agent = summary["metrics"]["agent"]
-    assert 0 <= agent["psr_vs_zero"] <= 1 and 0 <= agent["psr_vs_buy_and_hold"] <= 1
+    agent, gate = summary["metrics"]["agent"], summary["gate"]  # the deployment gate is on for trading
+    assert gate["chosen"] == "flat" and "gate: flat on the test split" in res.stdout  # a smoke agent shows no edge
+    assert agent["num_trades"] == 0 and gate["candidates"][-1]["test"]["num_trades"] > 0  # as trained, it trades
+    assert 0 <= agent["psr_vs_buy_and_hold"] <= 1
     assert agent["sharpe_ci95_low"] <= agent["sharpe_ci95_high"]
     assert summary["selection"]["split"] == "val" and summary["selection"]["metric"] == "sharpe"
     assert "turnover" in summary["units"]
@@ -90,7 +92,7 @@ def test_multirun_writes_the_report(train_cli, tmp_path):
     assert report["swept"] == ["optim.lr"] and len(report["jobs"]) == 4
     for values in ([e["selection"]["mean"] for e in settings], [j["val"] for j in report["jobs"]]):
         assert values == sorted(values, reverse=True)  # best validation first
-    assert all(j["status"] == "ok" for j in report["jobs"])
+    assert all(j["status"] in ("ok", "gate: flat") for j in report["jobs"])
     assert sorted(report["plots"]) == ["plots/curves_val_sharpe.png", "plots/vs_optim.lr.png"]
     assert all((sweep / p).stat().st_size > 0 for p in report["plots"])
     assert "| job" in res.stdout and f"report: {sweep / 'report.md'}" in res.stdout

@@ -18,7 +18,7 @@ the Hydra callback :class:`SweepReport` (registered in conf/train.yaml) write in
 * ``report.csv``: one row per job: ``job`` (folder name), ``setting`` (its swept overrides),
   one column per swept key, ``seed``, ``val_metric``, ``val``, ``test_<metric>`` for every agent
   metric of ``eval/summary.json`` (trading runs also ``buy_and_hold_sharpe`` and
-  ``buy_and_hold_total_return``), ``env_steps``, ``wall_time_s``, ``stop``, ``status`` (``ok``,
+  ``buy_and_hold_total_return``), ``env_steps``, ``wall_time_s``, ``stop``, ``status`` (``ok``, ``gate: flat``,
   or why the job has no results) and ``dir``;
 * ``plots/vs_<key>.png``: the validation value and the main test metric (Sharpe, or the greedy
   ``mean_return`` of an episodic env) of every job against each swept key;
@@ -120,11 +120,16 @@ def _row(job: dict, overrides: dict[str, str], swept: list[str], label: str) -> 
 
 
 def _status(summary: dict, val: float) -> str:
-    """A finished job's status: ``ok``; ``pruned at N env steps`` or ``never trades on val[ and test]``
+    """A finished job's status: ``ok``; ``gate: flat`` (the deployment gate kept it flat on the evaluated
+    split); ``pruned at N env steps`` or ``never trades on val[ and test]``
     (the search did not count it: ``selection.excluded``, foxdqn.run.search); ``never trades on test``
     (the evaluated split); ``no finite validation value``."""
     sel, stop = summary.get("selection") or {}, summary.get("stop") or {}
     never_on_test = "split" in summary and (summary["metrics"]["agent"] or {}).get("num_trades") == 0
+    if never_on_test and (summary.get("gate") or {}).get("chosen") == "flat":
+        never_on_test = False  # flat by the deployment gate's choice (foxdqn.analysis.gate), not the agent's
+        if not sel.get("excluded"):
+            return "gate: flat" if math.isfinite(val) else "no finite validation value"
     if sel.get("excluded") == "pruned":
         return f"pruned at {stop.get('at_env_steps')} env steps"
     if sel.get("excluded"):
@@ -199,7 +204,7 @@ def jobs_markdown(report: dict[str, Any], limit: int | None = None) -> str:
         return "No job folder in this sweep.\n"
     left_out = 0
     if limit is not None and len(frame) > limit:
-        ok = frame["status"].eq("ok")
+        ok = frame["status"].isin(("ok", "gate: flat"))
         keep = (ok & (ok.cumsum() <= limit)) | (~ok & ((~ok).cumsum() <= limit))
         left_out, frame = int((~keep).sum()), frame[keep]
     metric = report["selection"]["metric"] or "metric"
@@ -354,7 +359,8 @@ def console_text(report: dict[str, Any]) -> str:
     if frame.empty:
         failed = uncounted = 0
     else:  # results: ok, or a finished run the search did not count, or one that never trades
-        results = frame["status"].eq("ok") | frame["excluded"] | frame["status"].str.startswith("never trades")
+        results = (frame["status"].isin(("ok", "gate: flat")) | frame["excluded"]
+                   | frame["status"].str.startswith("never trades"))
         failed, uncounted = int((~results).sum()), int(frame["excluded"].sum())
     settings = settings_markdown(report)
     return (jobs_markdown(report, CONSOLE_JOBS) + (("\n" + settings) if settings else "") +

@@ -170,3 +170,16 @@ def test_the_gate_per_agent(ar1):
     results, gates = gated_agents(cfg, market, Two(), CPU, 2, "test", policies=("agent",))
     assert gates[0]["chosen"] != "flat" and gates[1]["chosen"] == "flat"
     assert results[1]["metrics"]["agent"]["num_trades"] == 0 and results[0]["metrics"]["agent"]["num_trades"] > 100
+
+
+def test_the_printed_gate_line():
+    from foxdqn.analysis.results_table import gate_line
+
+    trained = {"policy": "agent", "switch_margin": 0.0, "val": {"total_return": 0.31, "num_trades": 900},
+               "test": {"total_return": 0.42, "num_trades": 950}}
+    flat = {"policy": "flat", "switch_margin": None, "val": {"total_return": 0.0, "num_trades": 0},
+            "test": {"total_return": 0.0, "num_trades": 0}}
+    trading = gate_line({"chosen": "switch_margin=0", "confidence": 0.95, "candidates": [flat, trained]}, "test")
+    assert "the agent trades (switch_margin=0" in trading and "+42.00 % with 950 trades on test" in trading
+    stays = gate_line({"chosen": "flat", "confidence": 0.95, "candidates": [flat, trained]}, "test")
+    assert "flat on the test split" in stays and "PSR ≥ 0.95" in stays and "+31.00 % with 900 on val" in stays

@@ -21,6 +21,8 @@ class FixedQ(nn.Module):
     def forward(self, obs: torch.Tensor) -> torch.Tensor:
         assert obs.shape[0] == self.num_members
         return self.table[:, : obs.shape[1]]
+#: the ensembles compared with their members' own walks as trained (the gate: test_population_gate.py)
+UNGATED = [*TRADING, "eval.gate.enabled=false"]
 
 
 def test_mean_rule_takes_the_argmax_of_the_mean_q():
@@ -163,7 +165,7 @@ def test_consensus_of_identical_members_walks_as_each_of_them():
     """Two members of one seed always agree: wherever the member moves, both target its exposure,
     and the ensemble takes that exposure's best mean-Q action, the member's own argmax; the
     consensus walk (the held exposure from the eval env's accounts) equals the member's walk."""
-    same = configs(TRADING, [["seed=5", "eval.ensemble=consensus"], ["seed=5", "eval.ensemble=consensus"]])
+    same = configs(UNGATED, [["seed=5", "eval.ensemble=consensus"], ["seed=5", "eval.ensemble=consensus"]])
     twin = run(same)
     market = market_for(same[0])
     own = member_walks(twin, market, "test", ("agent",))[0]["metrics"]["agent"]
@@ -190,7 +192,7 @@ def test_settings_group_members_that_differ_in_seed_only():
 def test_an_ensemble_of_identical_members_walks_as_each_of_them():
     """Two members with the same config (same seed) hold the same weights: their ensemble's walk,
     by either rule, is each one's own walk; a third member of another setting gets no entry."""
-    cfgs = configs(TRADING, [["seed=5"], ["seed=5"], ["seed=6", "optim.lr=1e-3"]])
+    cfgs = configs(UNGATED, [["seed=5"], ["seed=5"], ["seed=6", "optim.lr=1e-3"]])
     s = run(cfgs)
     market = market_for(cfgs[0])
     own = member_walks(s, market, "test", ("agent",))

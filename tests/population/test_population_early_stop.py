@@ -20,7 +20,7 @@ from test_population import TRADING, configs, market_for
 CPU = torch.device("cpu")
 BASE = [*TRADING, "logger=csv", "agent.total_env_steps=720", "agent.learning_starts=96", "log.interval_env_steps=120",
         "eval.interval_env_steps=48"]
-EARLY = [*BASE, "early_stop.enabled=true", "early_stop.patience=2"]
+EARLY = [*BASE, "early_stop.enabled=true", "early_stop.patience=2", "eval.gate.enabled=false"]  # test: the kept weights
 MEMBERS = [["seed=0"], ["seed=1", "optim.lr=3e-3"], ["seed=2", "optim.lr=1e-4"]]
 
 
