@@ -23,7 +23,10 @@ returns (the oracle only on a generated market, docs/backtest.md#the-oracle), th
 oracle's return the agent captured (mean agent return / oracle return, where the oracle's is > 0),
 the seed ensemble's probabilistic Sharpe ratio against 0 (foxdqn.report.seeds.summarise) and whether
 the market's target (:data:`TARGETS`) is met; then one line per experiment: how many targets it
-met. Returns are fractions in the ``.json`` and percent in the ``.md``. Docs: docs/bench.md#learnability.
+met. Runs behind the deployment gate (``eval.gate``, on by default for trading) get a second table:
+the seeds and the ensemble policy with the gate and as trained, from the same runs
+(:func:`ungated`, bench.gate_rows). Returns are fractions in the ``.json`` and percent in the ``.md``.
+Docs: docs/bench.md#learnability.
 """
 from __future__ import annotations
 

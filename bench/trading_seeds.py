@@ -12,7 +12,8 @@ aggregated over seeds by foxdqn.report.seeds) is written there by the Hydra call
 each experiment's test metrics as mean ± std [min, max] over seeds, the seed ensemble's Sharpe
 interval and probabilistic Sharpe ratios, and buy-and-hold and flat on the same bars.
 Selection is on validation only: the test split is evaluated once per seed, with the weights
-the run kept.
+the run kept, behind the deployment gate (``eval.gate``, on by default for trading); a second table
+gives the seeds and their ensemble as trained, from the same runs (bench.gate_rows).
 """
 from __future__ import annotations
 

@@ -44,9 +44,10 @@ def print_summary(summary: dict, run_dir: Path) -> None:
     if sel:
         line += f"; selected on val {sel['metric']} = {sel['value']:.4g}"
     console.print(line, soft_wrap=True)
+    gated_flat = (summary.get("gate") or {}).get("chosen") == "flat"
     if summary.get("gate"):
         console.print(gate_line(summary["gate"], summary["split"]), soft_wrap=True, highlight=False)
-    elif a.get("num_trades") == 0 or sel.get("excluded"):
+    if (a.get("num_trades") == 0 and not gated_flat) or sel.get("excluded"):
         console.print(_search_note(summary), soft_wrap=True, highlight=False)
     _print_trackers(console, summary)
     console.print(f"[bold]outputs:[/bold] {run_dir.resolve()}  (wall {summary['wall_time_s']} s on "
@@ -72,7 +73,7 @@ def _search_note(summary: dict) -> str:
     selected) or that a search does not count (``selection.excluded``)."""
     sel, trades = summary.get("selection") or {}, summary["metrics"]["agent"].get("num_trades")
     parts = []
-    if trades == 0:
+    if trades == 0 and (summary.get("gate") or {}).get("chosen") != "flat":  # the gate's flat has its own line
         parts.append(f"the agent never trades on the {summary['split']} split (0 trades: its numbers are flat's)")
     if sel.get("excluded") == "pruned":
         parts.append(f"pruned at {summary['stop']['at_env_steps']} env steps by the search's median pruner: "

@@ -33,3 +33,20 @@ def test_a_run_that_never_trades_says_so_and_outputs_come_last(capsys, tmp_path,
     assert lines[-2] == "mlflow: run abc in sqlite:///x/mlflow.db  (mlflow ui --backend-store-uri sqlite:///x/mlflow.db)"
     notes = [line for line in lines if line.startswith("note:")]
     assert notes == ([note] if note else [])
+
+
+GATE = {"chosen": "flat", "confidence": 0.95, "switch_margin": None, "candidates": [
+    {"policy": "flat", "switch_margin": None, "val": {"total_return": 0.0, "num_trades": 0},
+     "test": {"total_return": 0.0, "num_trades": 0}},
+    {"policy": "agent", "switch_margin": 0.0, "val": {"total_return": -0.05, "num_trades": 400},
+     "test": {"total_return": -0.07, "num_trades": 450}}]}
+
+
+@pytest.mark.parametrize("excluded, note", [
+    (None, None),  # flat by the gate's choice: its own line, not "never trades"
+    ("never trades on val", "note: it never trades on val: not counted by a search (search.exclude_no_trades=true)")])
+def test_the_gate_line_and_the_search_note(capsys, tmp_path, excluded, note):
+    print_summary(summary(0, excluded, gate=GATE), tmp_path)
+    lines = capsys.readouterr().out.rstrip().splitlines()
+    assert [line for line in lines if line.startswith("gate: flat on the test split")]
+    assert [line for line in lines if line.startswith("note:")] == ([note] if note else [])
