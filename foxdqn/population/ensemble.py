@@ -177,7 +177,6 @@ def ensemble_walks(s, market, jobs: Sequence[int], rule: str) -> dict[int, dict]
                               reward_scales=scale)[0]
         gate = None
         if gate_enabled(s.cfg):  # the ensemble behind the deployment gate too (foxdqn.analysis.gate)
-
             tests, gates = gated_agents(s.cfg, market, greedy, s.device, 1, s.cfg.eval.split, s.action_mode,
                                         ("agent",), reward_scales=scale)
             test, gate = tests[0], gates[0]
