@@ -11,15 +11,14 @@ Candidates, simplest first (docs/backtest.md#the-deployment-gate):
 
 Every candidate walks the validation split (one eval env, one walk per agent and candidate:
 :func:`foxdqn.analysis.backtest.evaluate_agents`). With ``r_c`` candidate c's per-bar simple returns
-there, the best candidate ``b`` has the highest total validation return, and the gate takes the
-simplest candidate ``c`` whose difference from it is not significant:
-``PSR(r_b − r_c) < eval.gate.confidence``, the probabilistic Sharpe ratio against 0 of the paired
-per-bar difference (Bailey & López de Prado 2012, :func:`foxdqn.analysis.significance.probabilistic_sharpe_ratio`;
-a difference without variance, ``c = b`` among them, is not significant). This is the
-one-standard-error rule of model selection (Hastie, Tibshirani & Friedman, "The Elements of
-Statistical Learning", §7.10) with a paired test in place of the standard error: an agent trades
-on the evaluation split only where validation shows that trading beats staying flat, and with the
-fewest switches validation cannot tell from the best.
+there, a difference ``r_a − r_c`` is *significant* when :func:`paired_psr` of it is at least
+``eval.gate.confidence``. The best candidate ``b`` has the highest total validation return. The gate
+is flat unless ``r_b − r_flat`` is significant; else it takes the simplest candidate ``c`` that
+beats flat significantly and whose difference from the best, ``r_b − r_c``, is not significant.
+This is the one-standard-error rule of model selection (Hastie, Tibshirani & Friedman, "The
+Elements of Statistical Learning", §7.10) with a paired test in place of the standard error: an
+agent trades on the evaluation split only where validation shows that trading beats staying flat,
+and with the fewest switches validation cannot tell from the best.
 
 The choice reads the validation split only. Every candidate also walks the evaluation split, so
 that the summary can show what each would have made there (``gate.candidates``); the evaluated
@@ -32,7 +31,7 @@ from typing import Sequence
 
 import numpy as np
 
-__all__ = ["candidate_margins", "choose", "gate_enabled", "gated_agents"]
+__all__ = ["candidate_margins", "choose", "gate_enabled", "gated_agents", "paired_psr"]
 
 
 def gate_enabled(cfg) -> bool:
@@ -48,12 +47,30 @@ def candidate_margins(trained: float, margins: Sequence[float]) -> list[float]:
     return sorted({float(m) for m in margins if float(m) > float(trained)}, reverse=True) + [float(trained)]
 
 
+def paired_psr(diff: np.ndarray) -> float:
+    """How sure validation is that ``diff`` (per-bar return differences ``[S]``) has a positive mean:
+    the smaller of the probabilistic Sharpe ratio against 0 (Bailey & López de Prado 2012, eq. 3;
+    :func:`foxdqn.analysis.significance.probabilistic_sharpe_ratio`) and ``Φ(SR·√(S−1))``, its normal
+    approximation without the skewness and kurtosis terms. The PSR's skewness term overstates an
+    edge made of a few bars (a policy exposed on one winning bar of 933 gets PSR 0.98): the
+    smaller of the two keeps such a difference below any confidence that a fair coin would pass.
+    NaN when ``diff`` has no variance or fewer than 3 bars (not significant)."""
+    from foxdqn.analysis.significance import per_bar_sharpe, probabilistic_sharpe_ratio
+
+    diff = np.asarray(diff, dtype=np.float64)
+    psr = probabilistic_sharpe_ratio(diff)
+    sr = per_bar_sharpe(diff) if diff.size >= 3 else math.nan
+    if math.isnan(psr) or math.isnan(sr):
+        return math.nan
+    return min(psr, 0.5 * math.erfc(-sr * math.sqrt(diff.size - 1) / math.sqrt(2.0)))
+
+
 def _returns(equity: np.ndarray) -> np.ndarray:
     equity = np.asarray(equity, dtype=np.float64)
     return equity[1:] / equity[:-1] - 1.0
 
 
-def choose(equities: Sequence[np.ndarray], confidence: float) -> tuple[int, list[float]]:
+def choose(equities: Sequence[np.ndarray], confidence: float) -> tuple[int, list[float], list[float]]:
     """The gate's choice among candidates (module docstring) from their validation equity curves.
 
     Args:
@@ -63,15 +80,13 @@ def choose(equities: Sequence[np.ndarray], confidence: float) -> tuple[int, list
             simpler one with PSR ≥ ``confidence``.
 
     Returns:
-        ``(index, psr)``: the chosen candidate's index, and for each candidate the PSR of the best
-        candidate's per-bar return minus its own (NaN where the difference has no variance, the best
-        itself among them: not significant).
+        ``(index, psr_best_over, psr_over_flat)``: the chosen candidate's index and, for each
+        candidate, :func:`paired_psr` of the best candidate's per-bar return minus its own, and of
+        its own minus flat's (NaN: not significant; the best itself, flat itself).
 
     Raises:
         ValueError: no candidate, curves of different lengths, or ``confidence`` outside (0, 1).
     """
-    from foxdqn.analysis.significance import probabilistic_sharpe_ratio
-
     if not equities:
         raise ValueError("choose: no candidate")
     if not 0.0 < confidence < 1.0:
@@ -81,12 +96,13 @@ def choose(equities: Sequence[np.ndarray], confidence: float) -> tuple[int, list
         raise ValueError(f"choose: the candidates' curves differ in length: {[r.size + 1 for r in returns]}")
     totals = [float(np.asarray(e, dtype=np.float64)[-1] / np.asarray(e, dtype=np.float64)[0]) for e in equities]
     best = int(np.argmax(totals))  # the first of equal totals: the simplest
-    psr = []
-    for r in returns:
-        diff = returns[best] - r
-        psr.append(math.nan if not np.any(diff) else probabilistic_sharpe_ratio(diff))
-    chosen = next(i for i, p in enumerate(psr) if not p >= confidence)  # NaN: not significant; the best qualifies
-    return chosen, psr
+    best_over = [math.nan if not np.any(returns[best] - r) else paired_psr(returns[best] - r) for r in returns]
+    over_flat = [math.nan if not np.any(r - returns[0]) else paired_psr(r - returns[0]) for r in returns]
+    if not over_flat[best] >= confidence:  # trading does not beat flat on validation (NaN: not significant)
+        return 0, best_over, over_flat
+    chosen = next(i for i in range(1, len(returns))  # the best qualifies: it beats flat, and not itself
+                  if over_flat[i] >= confidence and not best_over[i] >= confidence)
+    return chosen, best_over, over_flat
 
 
 def _summary_of(walk: dict, market) -> dict:
@@ -114,7 +130,8 @@ def gated_agents(cfg, market, online, device, agents: int, split: str, action_mo
         per agent the summary entry ``gate``: ``confidence``, ``chosen`` (``"flat"`` or
         ``"switch_margin=M"``), ``switch_margin`` of the chosen (None for flat), and
         ``candidates``, simplest first, each with its ``policy``, ``switch_margin``, ``val`` and
-        ``<split>`` total return, Sharpe and trades, and ``psr_best_over`` (:func:`choose`).
+        ``<split>`` total return, Sharpe and trades (one ``val`` entry when ``split`` is val), and
+        ``psr_best_over`` and ``psr_over_flat`` (:func:`choose`).
     """
     from foxdqn.analysis.backtest import _metrics, evaluate_agents
 
@@ -137,14 +154,14 @@ def gated_agents(cfg, market, online, device, agents: int, split: str, action_mo
     results, gates = [], []
     for p in range(agents):
         rows_val = [val[0]["curves"]["flat"]] + [val[p * k + i]["curves"]["agent"] for i in range(k)]
-        chosen, psr = choose([w["equity"] for w in rows_val], float(gate.confidence))
+        chosen, psr, over_flat = choose([w["equity"] for w in rows_val], float(gate.confidence))
         rows_test = [test[0]["curves"]["flat"]] + [test[p * k + i]["curves"]["agent"] for i in range(k)]
         cands = []
         for i, (wv, wt) in enumerate(zip(rows_val, rows_test)):
             margin = None if i == 0 else margins[i - 1]
             cands.append({"policy": "flat" if i == 0 else "agent", "switch_margin": margin,
                           "val": _summary_of(wv, market), split: _summary_of(wt, market),
-                          "psr_best_over": psr[i]})
+                          "psr_best_over": psr[i], "psr_over_flat": over_flat[i]})
         margin = cands[chosen]["switch_margin"]
         gates.append({"confidence": float(gate.confidence), "chosen": "flat" if margin is None else f"switch_margin={margin:g}",
                       "switch_margin": margin, "candidates": cands})

@@ -62,10 +62,14 @@ def gate_line(gate: dict, split: str) -> str:
     tv, tt = trained["val"], trained[split]
     as_trained = (f"the agent as trained: {tt['total_return'] * 100:+.2f} % with {tt['num_trades']:g} trades on {split}, "
                   f"{tv['total_return'] * 100:+.2f} % with {tv['num_trades']:g} on val")
+    best = max(gate["candidates"], key=lambda c: c["val"]["total_return"])
+    others = "" if len(gate["candidates"]) <= 2 or best["policy"] == "flat" else (
+        f"; best on val: switch_margin={best['switch_margin']:g}, {best['val']['total_return'] * 100:+.2f} %")
     if gate["chosen"] == "flat":
-        return (f"[bold]gate:[/bold] flat on the {split} split: the agent did not beat flat on validation with PSR ≥ "
-                f"{gate['confidence']:g}; {as_trained} (eval.gate, docs/backtest.md#the-deployment-gate)")
-    return f"[bold]gate:[/bold] the agent trades ({gate['chosen']}, beats flat on validation); {as_trained}"
+        return (f"[bold]gate:[/bold] flat on the {split} split: no policy of the agent beat flat on validation with "
+                f"PSR ≥ {gate['confidence']:g}{others}; {as_trained} (eval.gate, docs/backtest.md#the-deployment-gate)")
+    return (f"[bold]gate:[/bold] the agent trades ({gate['chosen']}: it beats flat on validation with PSR ≥ "
+            f"{gate['confidence']:g}){others}; {as_trained}")
 
 
 def _search_note(summary: dict) -> str:

@@ -704,6 +704,11 @@ def _cross_checks(cfg: TrainConfig) -> None:
     for used, what, env_needed in needs:
         if used and env != env_needed:
             raise ConfigError(f"{what}; env.name={env!r}")
+    if cfg.eval.gate.margins and cfg.eval.gate.enabled is not False and env == "trading" and str(
+            cfg.eval.ensemble) == "vote":
+        raise ConfigError(f"eval.ensemble=vote counts the members' greedy actions, which the switch margins of "
+                          f"eval.gate.margins={list(cfg.eval.gate.margins)} do not price: use eval.ensemble=mean, or "
+                          "eval.gate.margins=[]")
     if cfg.action.switch_margin > 0 and str(cfg.eval.ensemble) == "vote":
         raise ConfigError(f"eval.ensemble=vote counts the members' greedy actions, which action.switch_margin="
                           f"{cfg.action.switch_margin} does not price: use eval.ensemble=mean (Q minus the switch "
@@ -919,6 +924,17 @@ def warn_ignored(cfg: TrainConfig) -> list[str]:
     if aug.method == "none" and changed and cfg.env.name == "trading":
         notes.append(f"data.augment.{', data.augment.'.join(changed)} set but data.augment.method='none': ignored "
                      "(they belong to data.augment.method=block_bootstrap)")
+    gate = cfg.eval.gate
+    if gate.margins and (gate.enabled is False or cfg.env.name != "trading"):
+        notes.append(f"eval.gate.margins set but the deployment gate is off (eval.gate.enabled={gate.enabled}, "
+                     f"env.name={cfg.env.name!r}): ignored")
+    elif gate.margins and any(m <= cfg.action.switch_margin for m in gate.margins):
+        notes.append(f"eval.gate.margins at or below action.switch_margin={cfg.action.switch_margin:g} are not "
+                     f"candidates (the agent as trained already uses that margin): "
+                     f"{[m for m in gate.margins if m <= cfg.action.switch_margin]} ignored")
+    if cfg.env.name == "trading" and gate.enabled is not False and str(cfg.eval.split) == "val":
+        notes.append("eval.split=val behind the deployment gate: the gate chooses and evaluates on the same split "
+                     "(the result is not out of sample)")
     if cfg.action.switch_margin > 0 and cfg.objective.iql:
         notes.append("action.switch_margin with objective.iql=true: IQL's target bootstraps V(s') and has no argmax; "
                      "the margin changes the acting only")

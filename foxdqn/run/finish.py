@@ -164,7 +164,8 @@ def finish(agent: Agent, market, run_dir: Path, end: RunEnd) -> dict:
     data_name = cfg.data.name if cfg.data.path is None else Path(cfg.data.path).name
     title = f"{extra['run_name']}: {data_name}, {cfg.eval.split} split"
     summary = write_report(run_dir / "eval", result, market, cfg.eval.split, title, extra)
-    if summary["metrics"]["agent"].get("num_trades") == 0:
+    gated_flat = (extra.get("gate") or {}).get("chosen") == "flat"  # the deployment gate's choice: its own line
+    if summary["metrics"]["agent"].get("num_trades") == 0 and not gated_flat:
         log.warning("%sthe agent never trades on the %s split (0 trades): its numbers are flat's%s", end.name,
                     cfg.eval.split, f"; excluded from the search ({chosen['excluded']})" if chosen["excluded"] else "")
     log_final(run_dir, cfg, summary, end.overrides)

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from foxdqn.analysis.backtest import evaluate, evaluate_agents
-from foxdqn.analysis.gate import candidate_margins, choose, gated_agents
+from foxdqn.analysis.gate import candidate_margins, choose, gated_agents, paired_psr
 from foxdqn.config.compose import load_config
 from foxdqn.data import load_market_data
 from foxdqn.errors import ConfigError
@@ -27,15 +27,16 @@ FLAT = curve(np.zeros(500))
 
 def test_flat_when_every_policy_loses():
     losing = [curve(-1e-4 + 1e-3 * RNG.standard_normal(500)) for _ in range(3)]
-    chosen, psr = choose([FLAT, *losing], 0.95)
+    chosen, psr, over_flat = choose([FLAT, *losing], 0.95)
     assert chosen == 0 and math.isnan(psr[0]) and all(p > 0.95 for p in psr[1:])
+    assert math.isnan(over_flat[0]) and all(p < 0.05 for p in over_flat[1:])
 
 
 def test_flat_when_the_edge_is_not_significant():
     """A policy ahead of flat on validation, but not with 95 % confidence, is passed over."""
     r = 1e-3 * RNG.standard_normal(500)
     weak = curve(r - r.mean() + 2e-5)  # per-bar Sharpe 0.02: z = 0.45
-    chosen, psr = choose([FLAT, weak], 0.95)
+    chosen, psr, _ = choose([FLAT, weak], 0.95)
     assert chosen == 0 and 0.5 < psr[0] < 0.95 and math.isnan(psr[1])
 
 
@@ -44,10 +45,38 @@ def test_the_simplest_of_those_validation_cannot_tell_from_the_best():
     strong = base - base.mean() + 3e-4  # z ≈ 6.7 against flat
     noise = 1e-4 * RNG.standard_normal(500)
     near = strong - 2e-6 - (noise - noise.mean())  # behind the best by a per-bar Sharpe of 0.02: z ≈ 0.45
-    chosen, psr = choose([FLAT, curve(near), curve(strong)], 0.95)
-    assert chosen == 1 and psr[0] > 0.999 and 0.5 < psr[1] < 0.95 and math.isnan(psr[2])
-    chosen, _ = choose([FLAT, curve(near), curve(strong)], 0.5)  # asking for little: the best survives
+    chosen, psr, over_flat = choose([FLAT, curve(near), curve(strong)], 0.95)
+    assert chosen == 1 and psr[0] > 0.999 and 0.5 < psr[1] < 0.95 and math.isnan(psr[2]) and over_flat[1] > 0.999
+    chosen, _, _ = choose([FLAT, curve(near), curve(strong)], 0.5)  # asking for little: the best survives
     assert chosen == 2
+
+
+def test_a_simpler_candidate_that_does_not_beat_flat_is_never_chosen():
+    """A noisy large-margin candidate that validation cannot tell from the best, but that lost on
+    validation, is passed over for the best (which beats flat)."""
+    rng = np.random.default_rng(0)
+    trained = np.full(2000, 1e-4) + rng.normal(0, 5e-4, 2000)
+    noisy = rng.normal(0, 4e-3, 2000)
+    chosen, psr, over_flat = choose([np.ones(2001), curve(noisy), curve(trained)], 0.95)
+    assert psr[1] < 0.95 and over_flat[1] < 0.95  # the one-standard-error rule alone would take it
+    assert chosen == 2
+
+
+def test_an_edge_of_a_few_bars_is_not_significant():
+    """The PSR's skewness term passes one winning bar of 933 (0.98); the gate's paired PSR does not,
+    and a policy exposed on a few random bars of a market without edge passes about as often as
+    the confidence allows."""
+    one = np.zeros(932)
+    one[400] = 2e-3
+    assert paired_psr(one) < 0.9
+    rng = np.random.default_rng(1)
+    for k in (1, 2, 3, 5, 10, 30):
+        passed = 0
+        for _ in range(300):
+            r = np.zeros(933)
+            r[rng.choice(933, k, replace=False)] = rng.normal(0, 2e-3, k)
+            passed += choose([np.ones(934), curve(r)], 0.95)[0] == 1
+        assert passed / 300 <= 0.08, (k, passed)
 
 
 def test_the_first_of_equal_bests_is_the_simplest():
@@ -79,6 +108,22 @@ def test_by_default_flat_against_the_agent_as_trained():
     cfg = load_config(["eval.gate.enabled=true"])
     assert cfg.eval.gate.margins == [] and cfg.eval.gate.confidence == 0.95
     assert candidate_margins(cfg.action.switch_margin, cfg.eval.gate.margins) == [0.0]
+
+
+def test_config_refuses_vote_with_gate_margins():
+    with pytest.raises(ConfigError, match="eval.ensemble=vote .* eval.gate.margins"):
+        load_config(["eval.ensemble=vote", "eval.gate.margins=[2]"])
+    assert load_config(["eval.ensemble=vote", "eval.gate.margins=[2]", "eval.gate.enabled=false"])
+
+
+def test_ignored_gate_settings_are_noted():
+    from foxdqn.config.schema import warn_ignored
+
+    notes = warn_ignored(load_config(["action.switch_margin=2", "eval.gate.margins=[1,2,4]"]))
+    assert any("[1.0, 2.0] ignored" in n for n in notes)
+    assert any("gate is off" in n for n in warn_ignored(load_config(["eval.gate.enabled=false", "eval.gate.margins=[4]"])))
+    assert any("not out of sample" in n for n in warn_ignored(load_config(["eval.split=val"])))
+    assert not [n for n in warn_ignored(load_config([])) if "gate" in n]
 
 
 def test_config_refuses_the_gate_off_trading():
