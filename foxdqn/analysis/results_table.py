@@ -67,8 +67,9 @@ def gate_line(gate: dict, split: str) -> str:
         f"; best on val: switch_margin={best['switch_margin']:g}, {best['val']['total_return'] * 100:+.2f} %")
     if gate["chosen"] == "flat":
         return (f"[bold]gate:[/bold] flat on the {split} split: no policy of the agent beat flat on validation with "
-                f"PSR ≥ {gate['confidence']:g}{others}; {as_trained} (eval.gate, docs/backtest.md#the-deployment-gate)")
-    return (f"[bold]gate:[/bold] the agent trades ({gate['chosen']}: it beats flat on validation with PSR ≥ "
+                f"confidence ≥ {gate['confidence']:g} (paired PSR){others}; {as_trained} (eval.gate, "
+                "docs/backtest.md#the-deployment-gate)")
+    return (f"[bold]gate:[/bold] the agent trades ({gate['chosen']}: it beats flat on validation with confidence ≥ "
             f"{gate['confidence']:g}){others}; {as_trained}")
 
 

@@ -227,4 +227,4 @@ def test_the_printed_gate_line():
     trading = gate_line({"chosen": "switch_margin=0", "confidence": 0.95, "candidates": [flat, trained]}, "test")
     assert "the agent trades (switch_margin=0" in trading and "+42.00 % with 950 trades on test" in trading
     stays = gate_line({"chosen": "flat", "confidence": 0.95, "candidates": [flat, trained]}, "test")
-    assert "flat on the test split" in stays and "PSR ≥ 0.95" in stays and "+31.00 % with 900 on val" in stays
+    assert "flat on the test split" in stays and "confidence ≥ 0.95 (paired PSR)" in stays and "+31.00 % with 900 on val" in stays
