@@ -9,7 +9,8 @@ import statistics
 from typing import Any
 
 
-def _finite(value: Any) -> float | None:
+def finite(value: Any) -> float | None:
+    """``value`` as a float when it is a finite number, else None (a summary's "nan", a missing value)."""
     return float(value) if isinstance(value, (int, float)) and math.isfinite(value) else None
 
 
@@ -22,7 +23,7 @@ def as_trained(summaries: list[dict]) -> dict[str, Any]:
     if not gates or any(g is None for g in gates):
         return {}
     trained = [g["candidates"][-1]["test"] for g in gates]
-    returns = [r for r in (_finite(t.get("total_return")) for t in trained) if r is not None]
+    returns = [r for r in (finite(t.get("total_return")) for t in trained) if r is not None]
     trades = [t["num_trades"] for t in trained if t.get("num_trades") is not None]
     out: dict[str, Any] = {"gate_flat": sum(g["chosen"] == "flat" for g in gates),
                            "ungated_return": statistics.fmean(returns) if returns else None,
@@ -30,6 +31,6 @@ def as_trained(summaries: list[dict]) -> dict[str, Any]:
     ens = (summaries[0].get("ensemble_policy") or {}).get("gate")
     if ens is not None:
         t = ens["candidates"][-1]["test"]
-        out.update(ungated_policy_return=_finite(t.get("total_return")), ungated_policy_trades=_finite(t.get("num_trades")),
+        out.update(ungated_policy_return=finite(t.get("total_return")), ungated_policy_trades=finite(t.get("num_trades")),
                    gate_policy_flat=ens["chosen"] == "flat")
     return out

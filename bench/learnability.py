@@ -42,7 +42,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.common import RESULTS, run_multirun, tags
-from bench.gate_rows import as_trained
+from bench.gate_rows import as_trained, finite as _finite
 from bench.trading_seeds import TRADING
 
 #: The no-edge target (``martingale_1h``): a mean test loss of at most this fraction ...
@@ -88,10 +88,6 @@ MARKETS: dict[str, Market] = {m.label: m for m in (
     Market("eurusd_1h", ("data.name=eurusd_1h",), False),
     Market("googl_1d", ("data.name=googl_1d",), False),
 )}
-
-
-def _finite(value: Any) -> float | None:
-    return float(value) if isinstance(value, (int, float)) and math.isfinite(value) else None
 
 
 def _total_return(summary: dict, policy: str) -> float | None:
