@@ -392,10 +392,11 @@ def _as_population(configs: List[DictConfig]) -> Iterator[None]:
     """The first member's config current (:func:`_as_job`, in the launching folder) and every
     member's log file receiving the log lines: each log file the first member's logging writes
     inside its job folder gets a twin in every other member's job folder. A line about one member
-    (a log record with ``foxdqn_job``, e.g. its final line) goes to that member's file only, so the
-    writes grow with P, not P²."""
+    (a log record with ``foxdqn_job``, e.g. its final line) goes to that member's file only: one
+    handler (:class:`_Twins`) holds the twins and picks the member's by its job number, so a line
+    about one member costs the same at any P, and the writes grow with P, not P²."""
     first, *others = configs
-    saved, root, twins, filtered = HydraConfig.instance().cfg, logging.getLogger(), [], []
+    saved, root, routers, filtered = HydraConfig.instance().cfg, logging.getLogger(), [], []
     HydraConfig.instance().set_config(first)
     try:
         configure_log(first.hydra.job_logging, first.hydra.verbose)
@@ -410,23 +411,17 @@ def _as_population(configs: List[DictConfig]) -> Iterator[None]:
             own = _OneJob(int(first.hydra.job.num))
             handler.addFilter(own)
             filtered.append((handler, own))  # the filter comes off at the end: the handler stays Hydra's
+            router = _Twins(handler)
+            routers.append(router)  # before the files open: a failure below still closes those opened
             for other in others:
-                twin = logging.FileHandler(Path(str(other.hydra.runtime.output_dir)) / rel, mode="a",
-                                           encoding=handler.encoding)
-                twin.setLevel(handler.level)
-                twin.setFormatter(handler.formatter)
-                for f in handler.filters:
-                    if not isinstance(f, _OneJob):
-                        twin.addFilter(f)
-                twin.addFilter(_OneJob(int(other.hydra.job.num)))
-                root.addHandler(twin)
-                twins.append(twin)
+                router.add(int(other.hydra.job.num), Path(str(other.hydra.runtime.output_dir)) / rel)
+            root.addHandler(router)
         with env_override(dict(first.hydra.job.env_set)):
             yield
     finally:
-        for twin in twins:
-            root.removeHandler(twin)
-            twin.close()
+        for router in routers:
+            root.removeHandler(router)
+            router.close()
         for handler, own in filtered:
             handler.removeFilter(own)
         HydraConfig.instance().cfg = saved
@@ -442,6 +437,44 @@ class _OneJob(logging.Filter):
     def filter(self, record: logging.LogRecord) -> bool:
         mine = getattr(record, "foxdqn_job", None)
         return mine is None or mine == self.job
+
+
+class _Twins(logging.Handler):
+    """The other members' twins of one of the first member's log files (``model``: its level,
+    formatter and filters): a record about no job in particular goes to every twin; one about job
+    N (its ``foxdqn_job``) to job N's twin only (none: a job of another population), found by its
+    number, not by asking every twin's filter."""
+
+    def __init__(self, model: logging.FileHandler) -> None:
+        super().__init__(level=model.level)
+        self.model, self.files = model, {}
+
+    def add(self, job: int, path: Path) -> None:
+        """Job ``job``'s twin: the file ``path``, appended to."""
+        twin = logging.FileHandler(path, mode="a", encoding=self.model.encoding)
+        twin.setLevel(self.model.level)
+        twin.setFormatter(self.model.formatter)
+        for f in self.model.filters:
+            if not isinstance(f, _OneJob):
+                twin.addFilter(f)
+        self.files[job] = twin
+
+    def handle(self, record: logging.LogRecord) -> bool:
+        job = getattr(record, "foxdqn_job", None)
+        if job is None:
+            for twin in self.files.values():
+                twin.handle(record)
+            return True
+        twin = self.files.get(job)
+        return bool(twin is not None and twin.handle(record))
+
+    def emit(self, record: logging.LogRecord) -> None:  # handle() writes through the twins
+        raise NotImplementedError
+
+    def close(self) -> None:
+        for twin in self.files.values():
+            twin.close()
+        super().close()
 
 
 class _JobEndAfterTraining:

@@ -24,6 +24,50 @@ SMOKE = ["+experiment=cartpole_cleanrl", "debug=smoke", "debug.max_env_steps=102
 # ---------------------------------------------------------------------------------- in process
 
 
+def test_the_twins_of_a_log_file_route_a_line_by_its_job_without_asking_every_twin(tmp_path):
+    """_Twins: a line about job N reaches job N's file only, a line about no job every file, one
+    about a job it does not hold none; the twins keep the model's level, format and its filters but
+    the first member's _OneJob; a line about one job is filtered by one twin, not by all P."""
+    import logging
+
+    from hydra_plugins.foxdqn_population.population_launcher import _OneJob, _Twins
+
+    model = logging.FileHandler(tmp_path / "first.log")
+    model.setLevel(logging.INFO)
+    model.setFormatter(logging.Formatter("[%(levelname)s] %(message)s"))
+    asked = []
+
+    class Counting(logging.Filter):
+        def filter(self, record):
+            asked.append(record.getMessage())
+            return "drop" not in record.getMessage()
+
+    model.addFilter(Counting())
+    model.addFilter(_OneJob(0))
+    twins = _Twins(model)
+    for job in (1, 2, 3):
+        twins.add(job, tmp_path / f"{job}.log")
+    assert all(not any(isinstance(f, _OneJob) for f in t.filters) for t in twins.files.values())
+    logger = logging.getLogger("test_twins")
+    logger.propagate, logger.level = False, logging.DEBUG
+    logger.addHandler(twins)
+    try:
+        logger.info("everyone")
+        asked.clear()
+        logger.info("only two", extra={"foxdqn_job": 2})
+        assert asked == ["only two"]  # one twin asked, not three
+        logger.info("another population's", extra={"foxdqn_job": 7})
+        logger.info("drop this")
+        logger.debug("below the level")
+    finally:
+        logger.removeHandler(twins)
+        twins.close()
+        model.close()
+    text = {job: (tmp_path / f"{job}.log").read_text() for job in (1, 2, 3)}
+    assert text[1] == text[3] == "[INFO] everyone\n"
+    assert text[2] == "[INFO] everyone\n[INFO] only two\n"
+
+
 def test_outcome_checks_its_code_and_summary():
     assert Outcome({"selection": {"metric": "mean_return", "value": 1.0}}, 0).message == ""
     assert Outcome(None, 3, "training halted: x").exit_code == 3
