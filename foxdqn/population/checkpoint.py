@@ -27,7 +27,7 @@ A tensor no rule names is an error (:class:`LayoutError`), so new state cannot b
 """
 from __future__ import annotations
 
-import contextlib
+import copy
 import dataclasses
 import re
 from pathlib import Path
@@ -131,7 +131,7 @@ class HostCopy:
     """
 
     def __init__(self, s, best: tuple | None = None):
-        self.parts, self._by_id = [], {}  # _by_id: id(device tensor) → its CPU copy (networks())
+        self.parts, self._by_id, self._twins = [], {}, {}  # _by_id: id(device tensor) → its CPU copy
         for path, t in state_parts(s, best):
             kind, dim, width = layout(path)
             if not _kept(path, kind, save_replay=True):
@@ -142,30 +142,36 @@ class HostCopy:
             self.parts.append((path, kind, dim, width, t, host))
         self.env_steps, self.updates = int(s.env_steps.item()), int(s.updates.item())
 
-    @contextlib.contextmanager
-    def networks(self, nets: tuple):
-        """Within the block, the parameters and buffers of each network of ``nets`` are their host
-        copies, so ``member_state_dict`` reads the host; the networks' own tensors are put back on
-        exit. A tensor is matched by identity, not by its path: :func:`state_parts` names each
-        tensor once, by the first path that reaches it (the IQL value network's parameters, for
-        one, as ``optimizer.params[i]``). Only for the thread that owns the networks: nothing may
-        run them inside the block."""
-        swapped = []
-        try:
-            for net in nets:
-                if net is None:
-                    continue
-                for module in net.modules():
-                    for store in (module._parameters, module._buffers):
-                        for key, t in store.items():
-                            host = None if t is None else self._by_id.get(id(t))
-                            if host is not None:
-                                swapped.append((store, key, t))
-                                store[key] = host
-            yield
-        finally:
-            for store, key, t in reversed(swapped):
-                store[key] = t
+    def twin(self, net: torch.nn.Module | None) -> torch.nn.Module | None:
+        """``net`` (None: None) with every parameter and buffer its host copy: a shallow copy of its
+        module tree whose parameter and buffer dicts are new, so ``member_state_dict`` reads the
+        host and the network itself is never touched (another thread may build payloads from the
+        twin while this one trains ``net``). Built once per network. A tensor is matched by
+        identity, not by its path: :func:`state_parts` names each tensor once, by the first path
+        that reaches it (the IQL value network's parameters, for one, as ``optimizer.params[i]``).
+
+        Raises:
+            ValueError: a parameter or buffer of ``net`` has no host copy (a network this copy was
+                not taken of: its twin would read the device).
+        """
+        if net is None:
+            return None
+        if id(net) not in self._twins:
+            self._twins[id(net)] = self._twin(net, type(net).__name__)
+        return self._twins[id(net)]
+
+    def _twin(self, module: torch.nn.Module, where: str) -> torch.nn.Module:
+        twin = copy.copy(module)
+        for store in ("_parameters", "_buffers"):
+            own, host = getattr(module, store), {}
+            for key, t in own.items():
+                if t is not None and id(t) not in self._by_id:
+                    raise ValueError(f"{where}.{key}: no host copy of this tensor (HostCopy of another population?)")
+                host[key] = None if t is None else self._by_id[id(t)]
+            setattr(twin, store, host)
+        twin._modules = {key: None if child is None else self._twin(child, f"{where}.{key}")
+                         for key, child in module._modules.items()}
+        return twin
 
 
 def member_tensors(s, p: int, save_replay: bool, best: tuple | None = None,
@@ -254,19 +260,20 @@ def member_payload(s, p: int, nets: tuple | None = None, counts: tuple[int, int]
     env_steps, updates = counts if counts is not None else member_counts(s, p)
     online, target, *value = nets if nets is not None else (s.online, s.target, s.value)
     value_net = value[0] if value else None
-    with host.networks((online, target, value_net)) if host is not None else contextlib.nullcontext():
-        payload = {
-            "format": FORMAT,
-            "online": online.member_state_dict(p),
-            "target": target.member_state_dict(p),
-            "env_steps": env_steps,
-            "updates": updates,
-            "config": config if config is not None else to_plain(s.cfgs[p]),
-            "run_id": run_id,
-            "population": {"member": p, "size": s.members},
-        }
-        if value_net is not None:
-            payload["iql_value"] = value_net.member_state_dict(p)
+    if host is not None:
+        online, target, value_net = (host.twin(net) for net in (online, target, value_net))
+    payload = {
+        "format": FORMAT,
+        "online": online.member_state_dict(p),
+        "target": target.member_state_dict(p),
+        "env_steps": env_steps,
+        "updates": updates,
+        "config": config if config is not None else to_plain(s.cfgs[p]),
+        "run_id": run_id,
+        "population": {"member": p, "size": s.members},
+    }
+    if value_net is not None:
+        payload["iql_value"] = value_net.member_state_dict(p)
     if loop is not None:
         save_replay = bool(s.cfgs[p].checkpoint.save_replay)
         payload["member_state"] = {

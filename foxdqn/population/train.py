@@ -34,6 +34,7 @@ import time
 from pathlib import Path
 from typing import NamedTuple
 
+import numpy as np
 import torch
 
 from foxdqn.config.schema import to_plain
@@ -226,24 +227,35 @@ class _Population:
     def save(self, background: bool = False) -> list[Path]:
         """Every member's resumable ``checkpoints/last.pt`` (:func:`member_payload` with its loop
         state), from one read of the device (:class:`HostCopy`), one file-system sync for all;
-        returns their paths. ``background``: the payloads are taken now and written by
-        :attr:`writer` while training goes on (the periodic checkpoints); else the batch in flight
-        is waited for and these are written before returning.
+        returns their paths. ``background``: the host copy, the loop states and the counts are
+        taken now; :attr:`writer` builds the payloads from them (the networks' host twins, never
+        the networks) and writes them while training goes on (the periodic checkpoints; with
+        ``checkpoint.save_replay`` the payloads are built here, as each member's replay is read
+        from the device). Else the batch in flight is waited for and these are written before
+        returning.
 
         Raises:
             OSError: a checkpoint (of this batch, or of the one in flight) could not be written.
         """
-        host, best = HostCopy(self.s, self.selection.best), self.selection.best
+        s, best = self.s, self.selection.best
+        host = HostCopy(s, best)
+        for net in (s.online, s.target, s.value):
+            host.twin(net)  # here: the writer's thread never touches the live networks
         paths = [m.run_dir / "checkpoints" / "last.pt" for m in self.members]
-        payloads = [member_payload(self.s, p, run_id=self.run_ids[p], loop=copy.deepcopy(self.loop_state(p)),
-                                   best=best, host=host, config=self.plain_config(p))
+        snapshot = [dict(run_id=self.run_ids[p], loop=copy.deepcopy(self.loop_state(p)), best=best, host=host,
+                         config=self.plain_config(p), counts=s.guard.halt_point(p) or (host.env_steps, host.updates))
                     for p in range(len(self.members))]
+
+        def payloads() -> list[tuple[Path, dict]]:
+            return [(path, member_payload(s, p, **kw)) for p, (path, kw) in enumerate(zip(paths, snapshot))]
+
         if background:
-            self.writer.submit(list(zip(paths, payloads)))
+            replay = any(cfg.checkpoint.save_replay for cfg in s.cfgs)
+            self.writer.submit(payloads() if replay else payloads)
             return paths
         self.writer.wait()
         with deferred_sync():
-            return [write_payload(path, payload) for path, payload in zip(paths, payloads)]
+            return [write_payload(path, payload) for path, payload in payloads()]
 
     def plain_config(self, p: int) -> dict:
         """Member ``p``'s config as plain data (converted once, for all its checkpoints)."""
@@ -299,7 +311,7 @@ class _Population:
                 if self.eval_every and (((it + 1) % self.eval_every == 0 and not last) or
                                         (self.selection.enabled and last)):
                     self._validate(it, last)
-                if bool(self.s.guard.host[0].all()):  # every member halted or stopped: nothing left to train
+                if self.s.guard.host.numpy()[0].all():  # every member halted or stopped: nothing left to train
                     break
                 if signals.received is not None and not last:
                     break
@@ -362,7 +374,7 @@ class _Population:
         more rows, from this iteration's boundary on. So a halted member's rows do not
         depend on when the other members halt (the loop ends early once every member has)."""
         guard = self.s.guard
-        for p in torch.nonzero(guard.host[0]).flatten().tolist():  # halted or stopped (host copy)
+        for p in np.flatnonzero(guard.host.numpy()[0]).tolist():  # halted or stopped (host copy; numpy: per iteration)
             if p not in self.stopped and guard.reason(p) is not None:
                 self.stopped.add(p)
 
@@ -372,7 +384,7 @@ class _Population:
         (:meth:`MemberGuard.halt_q`), or with ``early_stop.on_q_divergence`` stops as ``early_stop_q``;
         a member the guard halted stays halted."""
         guard, cfg = self.s.guard, self.members[0].tc
-        for p in torch.nonzero(guard.q_host).flatten().tolist():  # the members whose last update diverged
+        for p in np.flatnonzero(guard.q_host.numpy()).tolist():  # the members whose last update diverged
             if p in self.stopped or guard.halt_point(p) is not None:
                 continue
             if cfg.early_stop.enabled and cfg.early_stop.on_q_divergence:

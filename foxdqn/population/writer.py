@@ -2,10 +2,11 @@
 
 A population's periodic checkpoints (``checkpoint.every_env_steps``) cost about 7 ms of host time
 per member on the H200 machine, almost all of it ``torch.save`` (docs/bench.md#population): 3.7 s
-per checkpoint at 512 members, which the training loop would wait for. The payloads are taken at
-the boundary, on the host (:func:`foxdqn.population.checkpoint.member_payload`); only their
-encoding and the atomic writes run in the thread, while the main thread goes on launching
-iterations (a CUDA-graph replay releases the GIL). The final checkpoints are written the same way
+per checkpoint at 512 members, which the training loop would wait for. The population's state is
+copied to the host at the boundary (:class:`foxdqn.population.checkpoint.HostCopy`); the members'
+payloads are built from those copies (:func:`foxdqn.population.checkpoint.member_payload`),
+encoded and written atomically in the thread, while the main thread goes on launching iterations
+(a CUDA-graph replay releases the GIL). The final checkpoints are written the same way
 while the members are evaluated, and waited for before any summary is written
 (:func:`foxdqn.population.train.train_population`). One batch is in flight at a time.
 """
@@ -13,6 +14,8 @@ from __future__ import annotations
 
 import threading
 from pathlib import Path
+from typing import Callable
+
 from foxdqn.io_atomic import deferred_sync
 from foxdqn.run.checkpoint import _walk, write_payload
 
@@ -27,27 +30,30 @@ class BackgroundWriter:
         self._thread: threading.Thread | None = None
         self._error: BaseException | None = None
 
-    def submit(self, items: list[tuple[Path, dict]]) -> None:
+    def submit(self, items: list[tuple[Path, dict]] | Callable[[], list[tuple[Path, dict]]]) -> None:
         """Write ``items`` (path, payload) in the background, after the batch in flight (waited
-        for, as :meth:`wait`). The payloads must not change afterwards.
+        for, as :meth:`wait`). The payloads must not change afterwards. ``items`` may be a callable
+        that builds them, called in the thread: it must read host copies only (never the device,
+        nor objects this thread goes on changing).
 
         Raises:
             OSError: the batch before failed (as :meth:`wait`).
             ValueError: a payload holds a tensor that is not on the CPU (names the file and the
                 key): the thread would read the device, and a device read from another thread
-                invalidates a CUDA-graph capture running in this one.
+                invalidates a CUDA-graph capture running in this one. For a callable, the check
+                runs in the thread on what it built, and the error is raised by :meth:`wait`.
         """
         self.wait()
-        for path, payload in items:
-            for where, t in _walk(payload, "payload", set()):
-                if t.device.type != "cpu":
-                    raise ValueError(f"checkpoint {path}: {where} ({t.device}) is not a CPU tensor; a payload written "
-                                     "in the background must hold host copies (foxdqn.population.checkpoint.HostCopy)")
+        if not callable(items):
+            _check_host(items)
 
         def work() -> None:
             try:
+                batch = items() if callable(items) else items
+                if callable(items):
+                    _check_host(batch)
                 with deferred_sync():
-                    for path, payload in items:
+                    for path, payload in batch:
                         write_payload(path, payload)
             except BaseException as exc:  # noqa: BLE001 - re-raised in the owner's thread by wait()
                 self._error = exc
@@ -72,4 +78,13 @@ class BackgroundWriter:
         if self._thread is not None:
             self._thread.join()
             self._thread = None
+
+
+def _check_host(items: list[tuple[Path, dict]]) -> None:
+    """Raise ValueError naming the file and key of the first tensor of a payload that is not on the CPU."""
+    for path, payload in items:
+        for where, t in _walk(payload, "payload", set()):
+            if t.device.type != "cpu":
+                raise ValueError(f"checkpoint {path}: {where} ({t.device}) is not a CPU tensor; a payload written "
+                                 "in the background must hold host copies (foxdqn.population.checkpoint.HostCopy)")
 

@@ -77,8 +77,8 @@ def test_every_state_tensor_has_a_member_layout_that_scales_with_p(case):
 @pytest.mark.parametrize("case", ["cartpole", "iqn_cql", "iql_c51", "attention_branching", "controls"])
 def test_checkpoints_from_one_host_copy_equal_those_read_member_by_member(case, tmp_path):
     """member_checkpoint with a HostCopy of the population (one device read for all members, the
-    networks' member_state_dict read from the host) writes what it writes alone, resumable and
-    best-weights checkpoints alike, and the networks keep their own tensors afterwards."""
+    networks' member_state_dict read from their host twins) writes what it writes alone, resumable
+    and best-weights checkpoints alike, and the networks keep their own tensors afterwards."""
     import copy
 
     from foxdqn.population.checkpoint import HostCopy, member_checkpoint
@@ -95,10 +95,13 @@ def test_checkpoints_from_one_host_copy_equal_those_read_member_by_member(case, 
     host = HostCopy(s, best)
     copies = {id(copy) for *_, copy in host.parts if copy is not None}
     for group in (nets, best):  # every tensor read from the host copy (on CUDA: no device read in the writer's thread)
-        with host.networks(group):
-            for net in group:
-                for name, t in [] if net is None else [*net.named_parameters(), *net.named_buffers()]:
-                    assert id(t) in copies, f"{case}: {type(net).__name__}.{name} is not a host copy"
+        for net in group:
+            twin = host.twin(net)
+            assert (twin is None) == (net is None) and host.twin(net) is twin  # built once
+            for name, t in [] if net is None else [*twin.named_parameters(), *twin.named_buffers()]:
+                assert id(t) in copies, f"{case}: {type(net).__name__}.{name} is not a host copy"
+    with pytest.raises(ValueError, match="no host copy"):
+        host.twin(copy.deepcopy(s.online))  # a network the copy was not taken of
     for p in range(3):
         for kind, args in (("last", dict(loop={"p": p}, best=best, run_id="r")), ("best", dict(nets=best, counts=(5, 6)))):
             a = load_checkpoint(member_checkpoint(s, p, tmp_path / "alone" / f"{kind}{p}.pt", **args))

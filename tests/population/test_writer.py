@@ -96,3 +96,24 @@ def test_a_payload_with_a_tensor_off_the_host_is_refused_before_the_thread_start
         writer.submit([(tmp_path / "m0" / "last.pt", payload)])
     assert not (tmp_path / "m0").exists()
     writer.wait()
+
+
+def test_a_batch_given_as_a_callable_is_built_in_the_thread_and_its_device_tensor_raised_by_wait(tmp_path):
+    """save(background=True) hands over a builder: the payloads are built from host copies in the
+    writer's thread; a tensor off the host there is refused before any file of the batch is written."""
+    writer, built = BackgroundWriter(), []
+
+    def items():
+        built.append(threading.current_thread())
+        return [(tmp_path / "m0" / "last.pt", {"format": 4, "w": torch.ones(2)})]
+
+    writer.submit(items)
+    writer.wait()
+    assert built and built[0] is not threading.main_thread()
+    path = tmp_path / "m0" / "last.pt"
+    assert torch.equal(decode(path.read_bytes(), path)["w"], torch.ones(2))
+    writer.submit(lambda: [(tmp_path / "m1" / "last.pt", {"format": 4, "w": torch.zeros(1)}),
+                           (tmp_path / "m2" / "last.pt", {"format": 4, "w": torch.empty(1, device="meta")})])
+    with pytest.raises(ValueError, match=r"m2/last.pt: payload\['w'\] \(meta\)"):
+        writer.wait()
+    assert not (tmp_path / "m1").exists() and not (tmp_path / "m2").exists()
