@@ -161,7 +161,7 @@ def test_ensemble_walks_are_captured_on_cuda():
     from foxdqn.population.ensemble import ensemble_walks
     from foxdqn.population.evaluate import member_walks
 
-    cfgs = cuda_configs(TRADING, [["seed=5"], ["seed=5"]])
+    cfgs = cuda_configs([*TRADING, "eval.gate.enabled=false"], [["seed=5"], ["seed=5"]])  # as trained: the gate has its own test
     s, _ = run(cfgs, graph=True)
     market = market_for(cfgs[0])
     entry = ensemble_walks(s, market, [0, 1], "mean")[0]
@@ -175,7 +175,7 @@ def test_ensemble_rules_reading_the_held_exposure_are_captured_on_cuda(rule):
     from foxdqn.population.ensemble import ensemble_walks
     from foxdqn.population.evaluate import member_walks
 
-    cfgs = cuda_configs([*TRADING, f"eval.ensemble={rule}"], [["seed=5"], ["seed=5"]])
+    cfgs = cuda_configs([*TRADING, f"eval.ensemble={rule}", "eval.gate.enabled=false"], [["seed=5"], ["seed=5"]])
     s, _ = run(cfgs, graph=True)
     market = market_for(cfgs[0])
     entry = ensemble_walks(s, market, [0, 1], rule)[0]
