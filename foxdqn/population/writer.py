@@ -87,4 +87,3 @@ def _check_host(items: list[tuple[Path, dict]]) -> None:
             if t.device.type != "cpu":
                 raise ValueError(f"checkpoint {path}: {where} ({t.device}) is not a CPU tensor; a payload written "
                                  "in the background must hold host copies (foxdqn.population.checkpoint.HostCopy)")
-
