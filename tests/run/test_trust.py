@@ -197,6 +197,93 @@ def test_a_checkpoint_body_holds_only_tensors_and_plain_data():
     assert encode({"a": [1, 2.0, "s", None, (True,)], "t": torch.zeros(2)}).startswith(MAGIC)
 
 
+def _same(a, b, where="payload"):
+    assert type(a) is type(b), where
+    if isinstance(a, torch.Tensor):
+        assert a.dtype == b.dtype and a.shape == b.shape and torch.equal(a, b), where
+    elif isinstance(a, dict):
+        assert list(a) == list(b), where
+        for key in a:
+            _same(a[key], b[key], f"{where}[{key!r}]")
+    elif isinstance(a, (list, tuple)):
+        assert len(a) == len(b), where
+        for i, (x, y) in enumerate(zip(a, b)):
+            _same(x, y, f"{where}[{i}]")
+    else:
+        assert a == b, where
+
+
+def test_a_packed_body_gives_back_every_tensor_as_its_own_copy_where_it_was():
+    """Format 5: the tensors of any nesting (dicts, OrderedDicts, lists, tuples, int keys), dtypes,
+    shapes (0-d, empty, a transposed view), the same tensor twice, and a None beside them come
+    back equal, contiguous and each in its own storage; the body pickles one tensor per dtype."""
+    from collections import OrderedDict
+
+    from foxdqn.run.checkpoint import _pack, decode
+
+    shared = torch.arange(4.0)
+    payload = {"format": FORMAT, "online": OrderedDict(w=torch.arange(6.0).view(2, 3).t(), b=torch.zeros(0, 3)),
+               "loop": {"stats": [None, (1, torch.tensor(True)), {"n": None}], 3: torch.tensor(2.5, dtype=torch.float64)},
+               "twice": [shared, shared], "half": torch.ones(2, dtype=torch.bfloat16), "config": {"a": {"b": [1, "x"]}}}
+    body = _pack(payload)
+    assert sorted(body["buffers"]) == ["bfloat16", "bool", "float32", "float64"]
+    assert body["packed"]["config"] is payload["config"]  # a container without tensors is not copied
+    back = decode(encode(payload), "mem")
+    _same(payload, back)
+    tensors = [back["online"]["w"], back["online"]["b"], back["loop"]["stats"][1][1], back["loop"][3],
+               *back["twice"], back["half"]]
+    assert all(t.is_contiguous() for t in tensors)
+    assert len({t.untyped_storage().data_ptr() for t in tensors if t.numel()}) == len([t for t in tensors if t.numel()])
+
+
+def test_a_packed_index_that_does_not_fit_its_buffers_or_payload_is_refused(tmp_path):
+    """A body whose index points outside its buffer, names another dtype, repeats a tensor or
+    names a place the payload does not have is one ConfigError naming the file (behind a valid
+    header: only a crafted file gets there)."""
+    from foxdqn.run.checkpoint import _pack
+
+    def with_header(body: dict) -> bytes:
+        buffer = io.BytesIO()
+        torch.save(body, buffer)
+        raw = buffer.getvalue()
+        header = json.dumps({"format": FORMAT, "sha256": hashlib.sha256(raw).hexdigest(), "bytes": len(raw)})
+        return MAGIC + header.encode() + b"\n" + raw
+
+    def good():
+        return _pack({"online": {"w": torch.ones(3)}, "config": {}, "x": [None]})
+
+    bad = []
+    for change in (lambda b: b["tensors"][0].__setitem__(2, 1),  # offset + size past the buffer
+                   lambda b: b["tensors"][0].__setitem__(1, "int64"),  # a dtype without a buffer
+                   lambda b: b["tensors"][0].__setitem__(3, [-3]),  # a negative size
+                   lambda b: b["tensors"].append(list(b["tensors"][0])),  # the same place twice
+                   lambda b: b["tensors"][0].__setitem__(0, ["online", "v"]),  # a place the payload lacks
+                   lambda b: b["tensors"][0].__setitem__(0, ["config"]),  # where the payload holds a value
+                   lambda b: b.pop("buffers")):
+        body = good()
+        change(body)
+        bad.append(body)
+    path = tmp_path / "last.pt"
+    path.write_bytes(with_header(good()))
+    assert torch.equal(load_checkpoint(path)["online"]["w"], torch.ones(3))
+    for body in bad:
+        path.write_bytes(with_header(body))
+        with pytest.raises(ConfigError, match=rf"{path}: (its packed tensors are damaged|not a foxdqn)"):
+            load_checkpoint(path)
+
+
+def test_a_format_4_body_still_loads(tmp_path):
+    """A checkpoint an earlier foxdqn wrote in format 4 (the payload itself as the body) loads as it was."""
+    buffer = io.BytesIO()
+    torch.save({"format": 4, "online": {"w": torch.ones(2)}, "config": {}}, buffer)
+    raw = buffer.getvalue()
+    header = json.dumps({"format": 4, "sha256": hashlib.sha256(raw).hexdigest(), "bytes": len(raw)})
+    path = tmp_path / "last.pt"
+    path.write_bytes(MAGIC + header.encode() + b"\n" + raw)
+    payload = load_checkpoint(path)
+    assert payload["format"] == 4 and torch.equal(payload["online"]["w"], torch.ones(2))
+
+
 @pytest.mark.slow
 def test_resume_auto_keeps_the_recorded_config_of_a_run_killed_before_its_first_checkpoint(train, tmp_path):
     """The short form `resume=auto hydra.run.dir=RUN` of a run killed before its first checkpoint
