@@ -192,9 +192,9 @@ class MemberIQNNetwork(MemberQNetwork):
         layers with a member axis; rows ``M·N`` per member in each layer)."""
         p, m, n = taus.shape
         e = self.encoder_layers  # the embedding's layer, then the hidden one
-        phi = F.relu(self.layer(e, torch.cos(taus[..., None] * self.pi_i).view(p, m * n, -1)))  # [P, M·N, H]
+        phi = self.layer(e, torch.cos(taus[..., None] * self.pi_i).view(p, m * n, -1), relu=True)  # [P, M·N, H]
         x = (h[:, :, None, :] * phi.view(p, m, n, -1)).view(p, m * n, -1)  # ψ(s) ⊙ φ(τ)
-        x = F.relu(self.layer(e + 1, x))
+        x = self.layer(e + 1, x, relu=True)
         if self.dueling:
             adv = self.layer(-1, x)  # [P, M·N, A]
             out = self.layer(-2, x) + adv - adv.mean(dim=-1, keepdim=True)

@@ -2,7 +2,8 @@
 
 Member p's layer is the classic torch layer of the same shape: a Linear's weight is stored
 transposed, ``[P, in, out]``, its bias ``[P, 1, out]``, and all members multiply in one
-``torch.baddbmm`` (:func:`member_linear`); a LayerNorm normalises each row as
+``torch.baddbmm``, or one Triton kernel with the bias and ReLU in its epilogue where the fused
+forwards run (:func:`member_linear`); a LayerNorm normalises each row as
 ``torch.nn.LayerNorm`` does and applies member p's ``[P, 1, C]`` scale and shift. Inputs and
 outputs are ``[P, M, features]``; members never mix (every op is per member or per row).
 :meth:`MemberLinear.stack` / :meth:`MemberLayerNorm.stack` copy P classic layers, and
@@ -14,19 +15,33 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from foxdqn.ops import member_linear as member_linear_op
+from foxdqn.ops.backend import fused_forward
 
-def member_linear(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    """``x [P, M, in] @ w [P, in, out] + b [P, 1, out]`` for every member, one ``baddbmm``.
 
-    On CPU a population of one computes its product as a batch of two (a discarded copy of
-    itself): torch's CPU ``baddbmm`` of a batch of one is an ``addmm``, whose one-column (the
-    dueling value stream, IQL's V) or one-row products go to a GEMV that rounds otherwise than
-    the batched GEMM every larger P gets (forward and backward), so a member of P would not
-    equal a population of one (P = 1 trains only in tests and references: a group of one job
-    runs the single-run path)."""
+def member_linear(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor, relu: bool = False) -> torch.Tensor:
+    """``x [P, M, in] @ w [P, in, out] + b [P, 1, out]`` for every member, then ``relu`` with ``relu``.
+
+    Where the fused forwards run (:func:`~foxdqn.ops.backend.fused_forward`: CUDA), one kernel
+    with the bias and ReLU in its epilogue (:func:`foxdqn.ops.member_linear.member_linear`), where
+    ``torch.baddbmm`` launches a bias copy and a GEMM and the ReLU a third kernel, for widths the
+    kernel is fast at (:func:`~foxdqn.ops.member_linear.member_linear_preferred`: one output or a
+    multiple of 4); its tile does not depend on P, so member p of P equals a population of one there too.
+
+    Else one ``baddbmm``. On CPU a population of one computes its product as a batch of two (a
+    discarded copy of itself): torch's CPU ``baddbmm`` of a batch of one is an ``addmm``, whose
+    one-column (the dueling value stream, IQL's V) or one-row products go to a GEMV that rounds
+    otherwise than the batched GEMM every larger P gets (forward and backward), so a member of P
+    would not equal a population of one (P = 1 trains only in tests and references: a group of
+    one job runs the single-run path)."""
+    if fused_forward(x) and member_linear_op.member_linear_supported(x, w, b) \
+            and member_linear_op.member_linear_preferred(w.shape[-1]):
+        return member_linear_op.member_linear(x, w, b, relu, backend="triton")
     if w.shape[0] == 1 and not x.is_cuda:
-        return torch.baddbmm(torch.cat([b, b]), torch.cat([x, x]), torch.cat([w, w]))[:1]
-    return torch.baddbmm(b, x, w)
+        y = torch.baddbmm(torch.cat([b, b]), torch.cat([x, x]), torch.cat([w, w]))[:1]
+    else:
+        y = torch.baddbmm(b, x, w)
+    return torch.relu(y) if relu else y
 
 
 class MemberLinear(nn.Module):

@@ -151,19 +151,26 @@ class MemberQNetwork(nn.Module):
         return cls(weights, biases, activation, isinstance(getattr(nets[0], "head", None), DuelingHead), prefixes,
                    stack_encoder(nets))
 
-    def layer(self, i: int, x: torch.Tensor) -> torch.Tensor:
-        """Linear layer ``i`` (negative: from the end) of every member: ``x [P, M, in] → [P, M, out]``
-        (:func:`~foxdqn.population.layers.member_linear`: on CPU a population of one multiplies as a
-        batch of two, so that its products round as a member's of P > 1)."""
-        return member_linear(x, self.weights[i], self.biases[i])
+    def layer(self, i: int, x: torch.Tensor, relu: bool = False) -> torch.Tensor:
+        """Linear layer ``i`` (negative: from the end) of every member: ``x [P, M, in] → [P, M, out]``,
+        then a ReLU with ``relu`` (:func:`~foxdqn.population.layers.member_linear`: one kernel on
+        CUDA; on CPU a population of one multiplies as a batch of two, so that its products round
+        as a member's of P > 1)."""
+        return member_linear(x, self.weights[i], self.biases[i], relu)
+
+    def relu_fused(self) -> bool:
+        """Whether the encoder's nonlinearity is a ReLU that :meth:`layer` may apply in its
+        kernel: an ``nn.ReLU`` with no forward hook (it would not run)."""
+        return type(self.act) is nn.ReLU and not forward_hooked([self.act])
 
     def encoder(self, obs: torch.Tensor) -> torch.Tensor:
         """The encoder of every member (MLP, attention or Nature CNN): obs ``[P, M, D]`` → features ``[P, M, H]``."""
         if self.member_encoder is not None:
             return self.member_encoder(obs)
         h = obs
+        relu = self.relu_fused()
         for i in range(self.encoder_layers):
-            h = self.act(self.layer(i, h))
+            h = self.layer(i, h, relu=True) if relu else self.act(self.layer(i, h))
         return h
 
     def q_forward_args(self, obs: torch.Tensor) -> tuple[list, list, bool] | None:

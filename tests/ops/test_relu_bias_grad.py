@@ -134,3 +134,20 @@ def test_gpu_one_kernel_and_capture():
     rz, rb = relu_bias_grad_reference(dy, y)
     assert torch.equal(dz, rz)
     torch.testing.assert_close(db, rb, rtol=1e-5, atol=1e-4)
+
+
+@pytest.mark.parametrize("p,m,h", [(1, 7, 5), (3, 130, 17), (2, 0, 4)])
+def test_members_summed_apart(p, m, h):
+    """[P, M, H] (foxdqn.ops.member_linear's layers): dz as threshold_backward, db [P, 1, H] each
+    member's own rows; member 1's rows changed leave member 0's db bit for bit."""
+    g = torch.Generator().manual_seed(p * 31 + m + h)
+    dy, y = torch.randn(p, m, h, generator=g), torch.relu(torch.randn(p, m, h, generator=g))
+    dz, db = relu_bias_grad(dy, y, backend="triton")
+    rz, rb = relu_bias_grad_reference(dy, y)
+    assert dz.shape == (p, m, h) and db.shape == (p, 1, h)
+    assert torch.equal(dz, rz)
+    torch.testing.assert_close(db, rb, rtol=1e-6, atol=1e-5 * max(1, m) ** 0.5)
+    if p > 1:
+        dy2 = dy.clone()
+        dy2[1:] = 100.0
+        assert torch.equal(relu_bias_grad(dy2, y, backend="triton")[1][0], db[0])

@@ -127,7 +127,7 @@ def test_collect_step_fuses_a_plain_q_head():
 
 
 #: the small trading network's encoder (bench/cpu_kernels.py SMALL: model.hidden=[16], one hidden layer)
-ENCODER = ["aten::baddbmm", "aten::relu"]
+ENCODER = ["triton::_member_linear_kernel"]  # the bias and ReLU in its epilogue (ops/member_linear.py; were baddbmm + relu)
 ENV_TAIL = ["triton::_member_uniform_kernel", "triton::_trading_step_kernel"]
 REPLAY_TAIL = ["triton::_replay_add_kernel", "triton::_step_stats_kernel"]
 HEAD_COLLECT = {  # issue 33 item 2: were 12, 17, 20 and 24 launches at P = 3 (the head's ops unfused; PER's insert 4)

@@ -1,0 +1,213 @@
+r"""P Linear layers, one per member, with the bias and an optional ReLU in the GEMM's epilogue: one kernel.
+
+    y_p = x_p W_p + b_p          or, with ``relu``,   y_p = relu(x_p W_p + b_p)        (p = 0 .. P − 1)
+
+x float32 ``[P, M, K]``, W ``[P, K, N]`` (each member's ``nn.Linear.weight`` transposed, the
+population's layout: :class:`foxdqn.population.network.MemberQNetwork`), b ``[P, 1, N]``, y
+float32 ``[P, M, N]``. What ``torch.baddbmm(b, x, W)`` (then ``torch.relu``) computes as two or
+three kernels on CUDA: the bias broadcast copied into the output, the batched GEMM, the ReLU. A
+population's layer of any width takes this op where :mod:`foxdqn.ops.member_mlp_chain` (a whole
+network of widths <= 128) does not apply: the 256-wide encoders of the trading experiments, the
+C51 / IQN / branching heads (issue 33: kernels per update).
+
+Kernel (Triton): a grid of (blocks of ``BLOCK_M`` rows, blocks of ``BLOCK_N`` columns, P
+members); program (r, c, p) reads member p's rows and weights only (members never mix) and loops
+over K in chunks of ``BLOCK_K``, each chunk one ``tl.dot`` into a float32 accumulator, in
+increasing order. The bias is added in float32 after the products (as ``F.linear`` does), then
+the ReLU (``relu(NaN)`` is NaN, as ``torch.relu``). Any strides (no copies of x, W or b). The
+tile depends on the grid's size (:func:`_tiles`: fewer rows per program where the grid would
+leave SMs idle), so member p of P and a population of one may take different tiles, whose MMA
+sums may round differently on a GPU (as :mod:`foxdqn.ops.member_mlp_chain`'s).
+
+Precision: :mod:`foxdqn.ops.mlp_chain`'s rule. Where torch runs float32 CUDA matmuls in TF32 (the
+run's default), each operand is rounded to TF32 (to nearest) before ``tl.dot(input_precision="tf32")``;
+else IEEE float32. The sums run in another order than cuBLAS's, so y equals
+:func:`member_linear_reference` to float rounding (about 1e-6 relative in IEEE float32, 1e-3 in TF32).
+
+Backward (:class:`_MemberLinear`): autograd's for ``baddbmm`` (+ ``relu``): dz = dy · 1{y > 0}
+and db = Σ_rows dz (one kernel, :func:`foxdqn.ops.relu_bias_grad.relu_bias_grad`; db = Σ_rows dy
+without the ReLU), dx = dz Wᵀ and dW = xᵀ dz (``torch.bmm``, cuBLAS), each only when needed.
+
+Capture: device ops only; outputs ``torch.empty`` (from a graph's pool inside a capture).
+
+Source: the Linear layer and ReLU (Nair & Hinton 2010) as ``torch.nn`` defines them; the tiled
+GEMM of Triton's matrix-multiplication tutorial, with a member axis.
+"""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+from torch import Tensor
+
+from foxdqn.ops.backend import describe, resolve_backend
+from foxdqn.ops.library import wrap_triton
+from foxdqn.ops.mlp_chain import _prec, _tf32
+from foxdqn.ops.relu_bias_grad import relu_bias_grad
+
+__all__ = ["member_linear", "member_linear_preferred", "member_linear_reference", "member_linear_supported"]
+
+BLOCK_M = 128  # most rows per program (the tiles from an H200 sweep: docs/bench.md#launch-constants)
+BLOCK_N = 64  # most columns per program
+BLOCK_K = 32  # K per step of a program's loop
+NUM_WARPS = 4
+NUM_STAGES = 3
+SMALL_GRID = 264  # fewer programs than this (two waves of the H200's 132 SMs) at BLOCK_M rows: ...
+BLOCK_M_SMALL = 32  # ... BLOCK_M_SMALL rows per program instead, in NUM_STAGES_SMALL stages
+NUM_STAGES_SMALL = 4
+MAX_MEMBERS = 65535  # the grid's third axis
+
+
+@triton.jit
+def _member_linear_kernel(x_ptr, w_ptr, b_ptr, y_ptr, M, N, K, sxp, sxm, sxk, swp, swk, swn, sbp, sbn,
+                          RELU: tl.constexpr, PREC: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                          BLOCK_K: tl.constexpr):
+    p = tl.program_id(2).to(tl.int64)
+    rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+    cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    ks = tl.arange(0, BLOCK_K)
+    rm, cm = rows < M, cols < N
+    x_base = x_ptr + p * sxp + rows.to(tl.int64)[:, None] * sxm
+    w_base = w_ptr + p * swp + cols[None, :] * swn
+    acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    for k0 in range(0, K, BLOCK_K):
+        k = k0 + ks
+        km = k < K
+        a = tl.load(x_base + k[None, :] * sxk, mask=rm[:, None] & km[None, :], other=0.0)
+        w = tl.load(w_base + k.to(tl.int64)[:, None] * swk, mask=km[:, None] & cm[None, :], other=0.0)
+        acc = tl.dot(_tf32(a, PREC), _tf32(w, PREC), acc=acc, input_precision=PREC)
+    acc += tl.load(b_ptr + p * sbp + cols * sbn, mask=cm, other=0.0)[None, :]
+    if RELU:
+        acc = tl.where(acc < 0, 0.0, acc)  # relu; a NaN stays NaN
+    offs = (p * M + rows.to(tl.int64))[:, None] * N + cols[None, :]
+    tl.store(y_ptr + offs, acc, mask=rm[:, None] & cm[None, :])
+
+
+def _tile(d: int, most: int) -> int:
+    return min(most, max(16, triton.next_power_of_2(d)))
+
+
+def _tiles(members: int, m: int, n: int, k: int) -> tuple[int, int, int, int]:
+    """(BLOCK_M, BLOCK_N, BLOCK_K, stages) of a launch: BLOCK_M rows per program, or BLOCK_M_SMALL
+    where that grid would hold fewer than SMALL_GRID programs (a population of one: 8 programs of
+    128 rows for 256 × 256 leave most SMs idle)."""
+    bm, bn, bk = _tile(m, BLOCK_M), _tile(n, BLOCK_N), _tile(k, BLOCK_K)
+    if triton.cdiv(m, bm) * triton.cdiv(n, bn) * members < SMALL_GRID:
+        return _tile(m, BLOCK_M_SMALL), bn, bk, NUM_STAGES_SMALL
+    return bm, bn, bk, NUM_STAGES
+
+
+def _launch(x: Tensor, w: Tensor, b: Tensor, relu: bool) -> Tensor:
+    """y = the kernel's (x, w, b, relu): float32 [P, M, N], contiguous."""
+    members, m, k = x.shape
+    n = w.shape[2]
+    y = x.new_empty(members, m, n)
+    if m and n:
+        bm, bn, bk, stages = _tiles(members, m, n, k)
+        grid = (triton.cdiv(m, bm), triton.cdiv(n, bn), members)
+        wrap_triton(_member_linear_kernel)[grid](
+            x, w, b, y, m, n, k, x.stride(0), x.stride(1), x.stride(2), w.stride(0), w.stride(1), w.stride(2),
+            b.stride(0), b.stride(2), RELU=relu, PREC=_prec(x), BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk,
+            num_warps=NUM_WARPS, num_stages=stages)
+    return y
+
+
+def _bmm(a: Tensor, b: Tensor) -> Tensor:
+    """``torch.bmm``; on CPU a batch of one as a batch of two (:func:`foxdqn.population.layers.member_linear`:
+    torch's CPU product of a batch of one rounds otherwise than a larger batch's)."""
+    if a.shape[0] == 1 and not a.is_cuda:
+        return torch.bmm(torch.cat([a, a]), torch.cat([b, b]))[:1]
+    return torch.bmm(a, b)
+
+
+class _MemberLinear(torch.autograd.Function):
+    """y = the kernel's; backward as autograd's for baddbmm (+ relu), module docstring."""
+
+    @staticmethod
+    def forward(ctx, x, w, b, relu):
+        y = _launch(x, w, b, relu)
+        ctx.relu = relu
+        ctx.save_for_backward(x, w, y if relu else None)
+        return y
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, grad_y):
+        x, w, y = ctx.saved_tensors
+        need_x, need_w, need_b = ctx.needs_input_grad[:3]
+        if ctx.relu:  # dz and db in one kernel
+            dz, db = relu_bias_grad(grad_y, y)
+        else:
+            dz, db = grad_y, (grad_y.sum(1, keepdim=True) if need_b else None)
+        dx = _bmm(dz, w.transpose(1, 2)) if need_x else None
+        dw = _bmm(x.transpose(1, 2), dz) if need_w else None
+        return dx, dw, db if need_b else None, None
+
+
+def _problem(x, w, b) -> str | None:
+    """Why (x, w, b) is outside :func:`member_linear`'s contract, or None."""
+    op = "member_linear"
+    for name, t, dims in (("x", x, 3), ("w", w, 3), ("b", b, 3)):
+        if not isinstance(t, Tensor) or t.dim() != dims or t.dtype != torch.float32:
+            return f"{op}: {name} must be a float32 tensor of {dims} dimensions, got {describe(t)}"
+    members, _, k = x.shape
+    if not 1 <= members <= MAX_MEMBERS:
+        return f"{op}: x must hold 1 to {MAX_MEMBERS} members, got {describe(x)}"
+    if tuple(w.shape[:2]) != (members, k):
+        return f"{op}: w must be [{members}, {k}, N] (x's members and width), got {describe(w)}"
+    if tuple(b.shape) != (members, 1, w.shape[2]):
+        return f"{op}: b must be [{members}, 1, {w.shape[2]}], got {describe(b)}"
+    if not (x.device == w.device == b.device):
+        return f"{op}: x, w and b must be on one device, got {x.device}, {w.device} and {b.device}"
+    return None
+
+
+def member_linear_preferred(n: int) -> bool:
+    """Whether the kernel beats ``torch.baddbmm`` (+ ``relu``) on CUDA for ``n`` output columns:
+    ``n == 1`` or a multiple of 4. With TF32 rounding, a W whose rows are not 16-byte aligned
+    (``n % 4 != 0``: a C51 head's 45 × 51 columns) is read so slowly that the one kernel takes
+    5 times cuBLAS's bias copy + GEMM (docs/bench.md#launch-constants); callers keep baddbmm there."""
+    return n == 1 or n % 4 == 0
+
+
+def member_linear_supported(x, w, b) -> bool:
+    """Whether :func:`member_linear` takes ``(x, w, b)``: float32 ``[P, M, K]``, ``[P, K, N]``,
+    ``[P, 1, N]`` on one device, 1 <= P <= 65535. A metadata check only (no device read)."""
+    return _problem(x, w, b) is None
+
+
+def member_linear_reference(x: Tensor, w: Tensor, b: Tensor, relu: bool = False) -> Tensor:
+    """Plain torch: ``torch.baddbmm(b, x, w)``, then ``torch.relu`` with ``relu``; differentiable by autograd."""
+    y = torch.baddbmm(b, x, w)
+    return torch.relu(y) if relu else y
+
+
+def member_linear(x: Tensor, w: Tensor, b: Tensor, relu: bool = False, *, backend: str = "auto") -> Tensor:
+    """y_p = x_p W_p + b_p (then ReLU with ``relu``) for every member p, one kernel forward.
+
+    Args:
+        x: float32 ``[P, M, K]``, any strides, 1 <= P <= 65535, M, K >= 0.
+        w: float32 ``[P, K, N]`` (a member's ``nn.Linear.weight`` transposed), any strides, x's device.
+        b: float32 ``[P, 1, N]``.
+        relu: apply the ReLU after the bias.
+        backend: ``"auto"`` (the kernel for CUDA tensors, else the reference; the kernel inside
+            :func:`foxdqn.ops.backend.cpu_kernels`), ``"triton"`` (CPU tensors need
+            TRITON_INTERPRET=1) or ``"torch"`` (:func:`member_linear_reference`).
+
+    Returns:
+        y float32 ``[P, M, N]``, contiguous; differentiable w.r.t. x, w and b (first order on the
+        kernel path). Equal to the reference to float rounding (module docstring).
+
+    Raises:
+        ValueError: outside the contract above (:func:`member_linear_supported` is False), an
+            unknown backend.
+        RuntimeError: backend="triton" on CPU tensors without TRITON_INTERPRET=1.
+    """
+    problem = _problem(x, w, b)
+    if problem is not None:
+        raise ValueError(problem)
+    if resolve_backend("member_linear", backend, x) == "torch":
+        return member_linear_reference(x, w, b, relu)
+    if torch.is_grad_enabled() and (x.requires_grad or w.requires_grad or b.requires_grad):
+        return _MemberLinear.apply(x, w, b, bool(relu))
+    return _launch(x, w, b, bool(relu))

@@ -1,0 +1,190 @@
+"""foxdqn.ops.member_linear: the kernel (TRITON_INTERPRET=1 on CPU) against baddbmm (+ relu), y and
+the gradients of x, W and b: P = 1 and 3, M = 1, 17 and 70 (past a row block), K = 1, 5 and 40
+(past a K block), N = 1, 9 and 100 (past a column block), with and without the ReLU; strided x, W
+and b (a transposed weight, a half of a stacked pair); NaN kept by the ReLU; members never mix
+(member 1's inputs changed, NaN included, leave member 0's y and gradients bit for bit); P = 1
+equals member 0 of P = 3 bit for bit where their tiles agree; the tile choice; M = 0; the TF32 path against
+a float64 emulation; the population layer's use of it; bad arguments. GPU (`gpu` marker): kernel =
+reference on CUDA at the trading experiments' sizes, one kernel forward, CUDA-graph capture, no
+host sync."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+import foxdqn.ops.member_linear as mod
+from foxdqn.ops.backend import INTERPRET
+from foxdqn.ops.member_linear import member_linear, member_linear_reference, member_linear_supported
+
+from support import assert_close_ulps, capture_graph, cuda_kernels, no_host_sync, require_compiled_kernels, round_tf32
+
+_need_compiled = require_compiled_kernels(INTERPRET)
+NAN = float("nan")
+
+
+def _case(p, m, k, n, seed=0, device="cpu"):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(p, m, k, generator=g)
+    w = torch.randn(p, k, n, generator=g) / max(k, 1) ** 0.5
+    b = torch.randn(p, 1, n, generator=g) * 0.2
+    up = torch.randn(p, m, n, generator=g)
+    return x.to(device), w.to(device), b.to(device), up.to(device)
+
+
+def _run(fn, x, w, b, up, relu):
+    """y and the gradients (x, W, b) of Σ y · up."""
+    x, w, b = (t.detach().clone().requires_grad_(True) for t in (x, w, b))
+    y = fn(x, w, b, relu)
+    return [y.detach(), *torch.autograd.grad(y, (x, w, b), up)]
+
+
+def _kernel(x, w, b, relu):
+    return member_linear(x, w, b, relu, backend="triton")
+
+
+def _check(got, want, k):
+    for name, a, e in zip(("y", "dx", "dW", "db"), got, want):
+        assert a.shape == e.shape and a.dtype == torch.float32, name
+        assert_close_ulps(a, e, rtol=1e-5, ulps=8 * max(k, 4), name=name)
+
+
+@pytest.mark.parametrize("p", [1, 3])
+@pytest.mark.parametrize("m,k,n", [(1, 1, 1), (17, 5, 9), (70, 40, 100), (17, 40, 1)])
+@pytest.mark.parametrize("relu", [False, True])
+def test_kernel_equals_reference(p, m, k, n, relu):
+    x, w, b, up = _case(p, m, k, n, seed=p * 100 + m + k + n)
+    _check(_run(_kernel, x, w, b, up, relu), _run(member_linear_reference, x, w, b, up, relu), k)
+
+
+def test_strided_inputs():
+    """x a half of a stacked pair, W a transposed view, b a strided view: read through strides."""
+    x2, w, b, up = _case(3, 2 * 17, 12, 20, seed=4)
+    x, up = x2.view(3, 2, 17, 12)[:, 1], up[:, :17]  # x: member stride 2·17·12, rows contiguous
+    wt = w.transpose(1, 2).contiguous().transpose(1, 2)  # [P, K, N] with strides (K·N, 1, K)
+    bs = torch.randn(3, 1, 40)[:, :, ::2]
+    assert not x.is_contiguous() and not wt.is_contiguous() and not bs.is_contiguous()
+    _check(_run(_kernel, x, wt, bs, up, True), _run(member_linear_reference, x, wt, bs, up, True), 12)
+
+
+def test_relu_keeps_nan_and_zeroes_negatives():
+    x = torch.tensor([[[1.0], [NAN], [-1.0]]])
+    w, b = torch.ones(1, 1, 2), torch.tensor([[[0.0, -5.0]]])
+    y = member_linear(x, w, b, relu=True, backend="triton")
+    assert torch.equal(y[0, 0], torch.tensor([1.0, 0.0])) and y[0, 1].isnan().all()
+    assert torch.equal(y[0, 2], torch.tensor([0.0, 0.0]))
+
+
+def test_members_never_mix_and_p1_is_member_0():
+    x, w, b, up = _case(3, 33, 20, 18, seed=7)
+    base = _run(_kernel, x, w, b, up, True)
+    x2, w2, b2 = x.clone(), w.clone(), b.clone()
+    x2[1:], w2[1:] = 3.0, -2.0
+    x2[2, 0, 0] = NAN
+    other = _run(_kernel, x2, w2, b2, up, True)
+    assert all(torch.equal(a[0], c[0]) for a, c in zip(base, other))
+    alone = _run(_kernel, x[:1], w[:1], b[:1], up[:1], True)  # the same tile here (a small grid)
+    assert mod._tiles(1, 33, 18, 20) == mod._tiles(3, 33, 18, 20)
+    assert all(torch.equal(a[0], c[0]) for a, c in zip(base, alone))
+    again = _run(_kernel, x, w, b, up, True)
+    assert all(torch.equal(a, c) for a, c in zip(base, again))  # the same bits on every call
+
+
+def test_no_rows_and_no_gradient():
+    x, w, b, _ = _case(2, 0, 5, 7)
+    assert member_linear(x, w, b, True, backend="triton").shape == (2, 0, 7)
+    x, w, b, _ = _case(2, 9, 5, 7, seed=2)
+    with torch.no_grad():
+        y = member_linear(x, w.requires_grad_(True), b, backend="triton")
+    assert not y.requires_grad
+    assert_close_ulps(y, member_linear_reference(x, w, b).detach(), rtol=1e-5, ulps=40)
+
+
+def test_tile_choice():
+    """128 rows per program where the grid fills the GPU, 32 (4 stages) where it would not."""
+    assert mod._tiles(64, 256, 256, 256) == (128, 64, 32, 3)  # 2 · 4 · 64 = 512 programs
+    assert mod._tiles(1, 256, 256, 256) == (32, 64, 32, 4)  # 8 programs at 128 rows
+    assert mod._tiles(64, 10, 5, 3) == (16, 16, 16, 4)  # small shapes: the smallest tiles
+
+
+def test_blocks_loop(monkeypatch):
+    """Small tiles: every loop and mask of the grid (rows, columns, K) runs several times."""
+    monkeypatch.setattr(mod, "BLOCK_M", 16)
+    monkeypatch.setattr(mod, "BLOCK_N", 16)
+    monkeypatch.setattr(mod, "BLOCK_K", 16)
+    x, w, b, up = _case(2, 35, 50, 37, seed=9)
+    _check(_run(_kernel, x, w, b, up, True), _run(member_linear_reference, x, w, b, up, True), 50)
+
+
+def test_tf32_path_against_float64_emulation(monkeypatch):
+    """PREC "tf32": the operands rounded to TF32 (to nearest), products and sums in float32."""
+    monkeypatch.setattr(mod, "_prec", lambda x: "tf32")
+    x, w, b, _ = _case(2, 19, 40, 11, seed=11)
+    y = member_linear(x, w, b, True, backend="triton")
+    want = torch.relu(torch.baddbmm(b.double(), round_tf32(x).double(), round_tf32(w).double())).float()
+    assert_close_ulps(y, want, rtol=1e-5, ulps=8 * 40)
+
+
+@pytest.mark.parametrize("n,fused", [(8, True), (1, True), (5, False), (45 * 51, False)])
+def test_population_layer_takes_the_kernel_where_the_fused_forwards_run(n, fused):
+    """foxdqn.population.layers.member_linear: the kernel inside cpu_kernels (as on CUDA), with the
+    ReLU in its epilogue, for one output or a multiple of 4 (member_linear_preferred); baddbmm
+    (+ relu) for other widths and outside, the same values."""
+    from foxdqn.ops.backend import cpu_kernels
+    from foxdqn.population.layers import member_linear as layer
+
+    assert mod.member_linear_preferred(n) is fused
+    x, w, b, up = _case(3, 10, 6, n, seed=12)
+    calls = []
+    launch = mod._launch
+    try:
+        mod._launch = lambda *a: calls.append(a[3]) or launch(*a)
+        with cpu_kernels():
+            got = _run(layer, x, w, b, up, True)
+        plain = _run(layer, x, w, b, up, True)
+    finally:
+        mod._launch = launch
+    assert calls == ([True] if fused else [])
+    _check(got, plain, 6)
+
+
+@pytest.mark.parametrize("args, match", [
+    ((torch.zeros(2, 3), torch.zeros(2, 3, 4), torch.zeros(2, 1, 4)), "x must be a float32 tensor of 3"),
+    ((torch.zeros(2, 3, 5), torch.zeros(2, 4, 4), torch.zeros(2, 1, 4)), r"w must be \[2, 5, N\]"),
+    ((torch.zeros(2, 3, 5), torch.zeros(2, 5, 4), torch.zeros(2, 4)), "b must be a float32 tensor of 3"),
+    ((torch.zeros(2, 3, 5), torch.zeros(2, 5, 4), torch.zeros(2, 1, 3)), r"b must be \[2, 1, 4\]"),
+    ((torch.zeros(2, 3, 5, dtype=torch.float64), torch.zeros(2, 5, 4), torch.zeros(2, 1, 4)), "float32"),
+    ((torch.zeros(0, 3, 5), torch.zeros(0, 5, 4), torch.zeros(0, 1, 4)), "1 to 65535 members"),
+])
+def test_bad_arguments(args, match):
+    assert not member_linear_supported(*args)
+    with pytest.raises(ValueError, match=match):
+        member_linear(*args, backend="triton")
+
+
+def test_unknown_backend():
+    x, w, b, _ = _case(1, 2, 3, 4)
+    with pytest.raises(ValueError, match="backend"):
+        member_linear(x, w, b, backend="cuda")
+
+
+# ------------------------------------------------------------------------------ GPU
+@pytest.mark.gpu
+@pytest.mark.parametrize("p,m,k,n", [(1, 256, 162, 256), (64, 256, 256, 256), (64, 256, 256, 2295), (5, 32, 256, 1)])
+@pytest.mark.parametrize("relu", [False, True])
+def test_gpu_kernel_equals_reference(p, m, k, n, relu):
+    x, w, b, up = _case(p, m, k, n, seed=p + m + n, device="cuda")
+    got, want = _run(_kernel, x, w, b, up, relu), _run(member_linear_reference, x, w, b, up, relu)
+    for name, a, e in zip(("y", "dx", "dW", "db"), got, want):  # TF32 on both sides, other sums
+        torch.testing.assert_close(a, e, rtol=2e-3, atol=2e-3 * max(1.0, e.abs().max().item()), msg=name)
+
+
+@pytest.mark.gpu
+def test_gpu_one_kernel_and_capture():
+    x, w, b, _ = _case(64, 256, 256, 256, seed=3, device="cuda")
+    n, names = cuda_kernels(lambda: member_linear(x, w, b, True))
+    assert n == 1, names
+    graph, y = capture_graph(lambda: member_linear(x, w, b, True))
+    x.mul_(2.0)  # the replay reads the new values
+    with no_host_sync():
+        graph.replay()
+    assert torch.equal(y, member_linear(x, w, b, True))
