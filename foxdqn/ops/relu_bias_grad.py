@@ -86,8 +86,8 @@ def relu_bias_grad(grad_y: Tensor, y: Tensor, *, backend: str = "auto") -> tuple
     """
     if (not isinstance(grad_y, Tensor) or not isinstance(y, Tensor) or grad_y.dim() not in (2, 3)
             or grad_y.shape != y.shape or grad_y.device != y.device):
-        raise ValueError(f"relu_bias_grad: grad_y and y must be [M, H] or [P, M, H] tensors of one shape and device, got "
-                         f"{describe(grad_y)} and {describe(y)}")
+        raise ValueError(f"relu_bias_grad: grad_y and y must be [M, H] or [P, M, H] tensors of one shape and "
+                         f"device, got {describe(grad_y)} and {describe(y)}")
     if backend == "auto" and not (grad_y.dtype == y.dtype == torch.float32):
         backend = "torch"
     if resolve_backend("relu_bias_grad", backend, y) == "torch":

@@ -26,7 +26,8 @@ def member_linear(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor, relu: bool 
     with the bias and ReLU in its epilogue (:func:`foxdqn.ops.member_linear.member_linear`), where
     ``torch.baddbmm`` launches a bias copy and a GEMM and the ReLU a third kernel, for widths the
     kernel is fast at (:func:`~foxdqn.ops.member_linear.member_linear_preferred`: one output or a
-    multiple of 4); its tile does not depend on P, so member p of P equals a population of one there too.
+    multiple of 4). Its tile may depend on P (fewer rows per program where the grid would leave
+    SMs idle), so on CUDA a member of P equals a population of one to float rounding.
 
     Else one ``baddbmm``. On CPU a population of one computes its product as a batch of two (a
     discarded copy of itself): torch's CPU ``baddbmm`` of a batch of one is an ``addmm``, whose
