@@ -45,7 +45,7 @@ from foxdqn.ops.library import wrap_triton
 from foxdqn.ops.mlp_chain import _prec, _tf32
 from foxdqn.ops.relu_bias_grad import relu_bias_grad
 
-__all__ = ["member_linear", "member_linear_preferred", "member_linear_reference", "member_linear_supported"]
+__all__ = ["member_batched", "member_linear", "member_linear_preferred", "member_linear_reference", "member_linear_supported"]
 
 BLOCK_M = 128  # most rows per program (the tiles from an H200 sweep: docs/bench.md#launch-constants)
 BLOCK_N = 64  # most columns per program
@@ -112,12 +112,15 @@ def _launch(x: Tensor, w: Tensor, b: Tensor, relu: bool) -> Tensor:
     return y
 
 
-def _bmm(a: Tensor, b: Tensor) -> Tensor:
-    """``torch.bmm``; on CPU a batch of one as a batch of two (:func:`foxdqn.population.layers.member_linear`:
-    torch's CPU product of a batch of one rounds otherwise than a larger batch's)."""
-    if a.shape[0] == 1 and not a.is_cuda:
-        return torch.bmm(torch.cat([a, a]), torch.cat([b, b]))[:1]
-    return torch.bmm(a, b)
+def member_batched(op, *tensors: Tensor) -> Tensor:
+    """``op(*tensors)`` of tensors with a leading member axis (``torch.bmm``, ``torch.baddbmm``); on
+    CPU a batch of one computed as a batch of two (a discarded copy of itself): torch's CPU product
+    of a batch of one is an ``addmm``, whose one-column or one-row products go to a GEMV that rounds
+    otherwise than the batched GEMM every larger P gets, so a member of P would not equal a
+    population of one (:func:`foxdqn.population.layers.member_linear`)."""
+    if tensors[0].shape[0] == 1 and not tensors[0].is_cuda:
+        return op(*(torch.cat([t, t]) for t in tensors))[:1]
+    return op(*tensors)
 
 
 class _MemberLinear(torch.autograd.Function):
@@ -139,8 +142,8 @@ class _MemberLinear(torch.autograd.Function):
             dz, db = relu_bias_grad(grad_y, y)
         else:
             dz, db = grad_y, (grad_y.sum(1, keepdim=True) if need_b else None)
-        dx = _bmm(dz, w.transpose(1, 2)) if need_x else None
-        dw = _bmm(x.transpose(1, 2), dz) if need_w else None
+        dx = member_batched(torch.bmm, dz, w.transpose(1, 2)) if need_x else None
+        dw = member_batched(torch.bmm, x.transpose(1, 2), dz) if need_w else None
         return dx, dw, db if need_b else None, None
 
 

@@ -29,19 +29,15 @@ def member_linear(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor, relu: bool 
     multiple of 4). Its tile may depend on P (fewer rows per program where the grid would leave
     SMs idle), so on CUDA a member of P equals a population of one to float rounding.
 
-    Else one ``baddbmm``. On CPU a population of one computes its product as a batch of two (a
-    discarded copy of itself): torch's CPU ``baddbmm`` of a batch of one is an ``addmm``, whose
-    one-column (the dueling value stream, IQL's V) or one-row products go to a GEMV that rounds
-    otherwise than the batched GEMM every larger P gets (forward and backward), so a member of P
-    would not equal a population of one (P = 1 trains only in tests and references: a group of
-    one job runs the single-run path)."""
+    Else one ``baddbmm``. On CPU a population of one computes its product as a batch of two
+    (:func:`~foxdqn.ops.member_linear.member_batched`: the one-column products of the dueling value
+    stream or IQL's V would otherwise round as a GEMV, forward and backward, and a member of P would
+    not equal a population of one; P = 1 trains only in tests and references: a group of one job
+    runs the single-run path)."""
     if fused_forward(x) and member_linear_op.member_linear_supported(x, w, b) \
             and member_linear_op.member_linear_preferred(w.shape[-1]):
         return member_linear_op.member_linear(x, w, b, relu, backend="triton")
-    if w.shape[0] == 1 and not x.is_cuda:
-        y = torch.baddbmm(torch.cat([b, b]), torch.cat([x, x]), torch.cat([w, w]))[:1]
-    else:
-        y = torch.baddbmm(b, x, w)
+    y = member_linear_op.member_batched(torch.baddbmm, b, x, w)
     return torch.relu(y) if relu else y
 
 
