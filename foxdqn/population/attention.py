@@ -27,7 +27,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from foxdqn.nn.attention import AttentionEncoder
-from foxdqn.population.layers import MemberLayerNorm, MemberLinear
+from foxdqn.population.layers import MemberLayerNorm, MemberLinear, member_copy
 
 #: The classic block's layers, each a Linear or a LayerNorm (foxdqn.nn.attention._Block).
 _BLOCK_LAYERS = ("ln1", "qkv", "proj", "ln2", "fc1", "fc2")
@@ -123,12 +123,18 @@ class MemberAttentionEncoder(nn.Module):
         blocks = [(getattr(block, name).weight, True) for block in self.blocks for name in ("qkv", "proj", "fc1", "fc2")]
         return [(self.pos, False), (self.embed.weight, True), *blocks, (self.out.weight, True)]
 
-    def member_state_dict(self, p: int) -> dict[str, torch.Tensor]:
-        """Member ``p``'s parameters under the classic :class:`AttentionEncoder`'s ``state_dict``
-        keys (``embed.weight``, ``pos``, ``blocks.0.qkv.bias``, ...; copies)."""
-        out = {"pos": self.pos[p].detach().clone()}
+    def member_state_dicts(self) -> dict[str, torch.Tensor]:
+        """Every member's parameters under the classic :class:`AttentionEncoder`'s ``state_dict``
+        keys (``embed.weight``, ``pos``, ``blocks.0.qkv.bias``, ...), each with a leading member
+        axis ``[P, ...]`` (views: member p's is :meth:`member_state_dict`)."""
+        out = {"pos": self.pos.detach()}
         for name, module in self.named_modules():
             if isinstance(module, (MemberLinear, MemberLayerNorm)):
-                out.update({f"{name}.{key}": t for key, t in module.member_state(p).items()})
+                out.update({f"{name}.{key}": t for key, t in module.member_states().items()})
         return out
+
+    def member_state_dict(self, p: int) -> dict[str, torch.Tensor]:
+        """Member ``p``'s parameters under the classic :class:`AttentionEncoder`'s ``state_dict``
+        keys (contiguous copies)."""
+        return member_copy(self.member_state_dicts(), p)
 

@@ -199,6 +199,27 @@ def member_tensors(s, p: int, save_replay: bool, best: tuple | None = None,
     return out
 
 
+def member_tensor_stacks(s, host: HostCopy) -> dict[str, torch.Tensor]:
+    """Every member's :func:`member_tensors` at once (without the replay): ``{path: CPU tensor
+    [P, ...]}``, entry p of each being member p's slice (views of ``host``'s copies; a ``shared``
+    tensor expanded over the members).
+
+    Raises:
+        ValueError: a tensor it needs has no host copy (``host`` read only the replay from the device).
+    """
+    envs, members, out = s.cfg.env.num_envs, s.members, {}
+    for path, kind, dim, width, _, copy in host.parts:
+        if not _kept(path, kind, save_replay=False):
+            continue
+        if copy is None:
+            raise ValueError(f"{path}: no host copy of this tensor (HostCopy of another population?)")
+        if kind == SHARED:
+            out[path] = copy.unsqueeze(0).expand(members, *copy.shape)
+        else:
+            out[path] = copy.unflatten(dim, (members, _width(width, envs))).movedim(dim, 0)
+    return out
+
+
 def restore_member(s, p: int, saved: dict[str, torch.Tensor], save_replay: bool, where: str,
                    best: tuple | None = None) -> None:
     """Copy a member's slice ``saved`` (:func:`member_tensors`) into member ``p`` of population
@@ -255,29 +276,41 @@ def member_payload(s, p: int, nets: tuple | None = None, counts: tuple[int, int]
     ``config`` are the caller's: it must not change them afterwards), so another thread may write
     it while training goes on.
     """
+    online, target, *value = nets if nets is not None else (s.online, s.target, s.value)
+    nets = (online, target, value[0] if value else None)
+    if host is not None:
+        nets = tuple(host.twin(net) for net in nets)
+    states = tuple(None if net is None else net.member_state_dict(p) for net in nets)
+    tensors = None if loop is None else member_tensors(s, p, bool(s.cfgs[p].checkpoint.save_replay), best, host)
+    return assemble_payload(s, p, states, tensors, counts, run_id=run_id, loop=loop, host=host, config=config)
+
+
+def assemble_payload(s, p: int, states: tuple, tensors: dict | None, counts: tuple[int, int] | None = None, *,
+                     run_id: str | None = None, loop: dict | None = None, host: HostCopy | None = None,
+                     config: dict | None = None) -> dict:
+    """Member ``p``'s payload (:func:`member_payload`, same keyword arguments) around the tensors
+    given: ``states`` the (online, target, IQL value or None) networks' state dicts, ``tensors``
+    :func:`member_tensors` (used with ``loop`` only). Any tensor-valued dict may hold something
+    else in each tensor's place (:mod:`foxdqn.population.checkpoint_batch` passes every member's
+    tensors at once, or None); the rest of the payload is member ``p``'s."""
     if counts is None and host is not None and s.guard.halt_point(p) is None:
         counts = host.env_steps, host.updates
     env_steps, updates = counts if counts is not None else member_counts(s, p)
-    online, target, *value = nets if nets is not None else (s.online, s.target, s.value)
-    value_net = value[0] if value else None
-    if host is not None:
-        online, target, value_net = (host.twin(net) for net in (online, target, value_net))
     payload = {
         "format": FORMAT,
-        "online": online.member_state_dict(p),
-        "target": target.member_state_dict(p),
+        "online": states[0],
+        "target": states[1],
         "env_steps": env_steps,
         "updates": updates,
         "config": config if config is not None else to_plain(s.cfgs[p]),
         "run_id": run_id,
         "population": {"member": p, "size": s.members},
     }
-    if value_net is not None:
-        payload["iql_value"] = value_net.member_state_dict(p)
+    if states[2] is not None:
+        payload["iql_value"] = states[2]
     if loop is not None:
-        save_replay = bool(s.cfgs[p].checkpoint.save_replay)
         payload["member_state"] = {
-            "tensors": member_tensors(s, p, save_replay, best, host), "replay_saved": save_replay, "loop": loop,
+            "tensors": tensors, "replay_saved": bool(s.cfgs[p].checkpoint.save_replay), "loop": loop,
             "env_steps": host.env_steps if host is not None else int(s.env_steps.item()),
             "updates": host.updates if host is not None else int(s.updates.item())}
     return payload

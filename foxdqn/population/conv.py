@@ -23,7 +23,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from foxdqn.nn.nature_cnn import NatureCNNEncoder
-from foxdqn.population.layers import MemberLinear
+from foxdqn.population.layers import MemberLinear, member_copy
 
 
 def member_conv2d(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, stride: int,
@@ -129,13 +129,18 @@ class MemberNatureCNN(nn.Module):
         transposed; :class:`foxdqn.population.pruning.MemberPruner`)."""
         return [(w, False) for w in self.conv_weights] + [(layer.weight, True) for layer in self.fc]
 
-    def member_state_dict(self, p: int) -> dict[str, torch.Tensor]:
-        """Member ``p``'s parameters in :class:`NatureCNNEncoder`'s ``state_dict`` layout (copies)."""
+    def member_state_dicts(self) -> dict[str, torch.Tensor]:
+        """Every member's parameters in :class:`NatureCNNEncoder`'s ``state_dict`` layout, each with a
+        leading member axis ``[P, ...]`` (views: member p's is :meth:`member_state_dict`)."""
         out = {}
         for i, weight, bias in zip(self.CONV_INDICES, self.conv_weights, self.conv_biases):
-            out[f"conv.{i}.weight"] = weight[p].detach().clone()
-            out[f"conv.{i}.bias"] = bias[p].detach().clone()
+            out[f"conv.{i}.weight"] = weight.detach()
+            out[f"conv.{i}.bias"] = bias.detach()
         for j, layer in enumerate(self.fc):
-            for key, t in layer.member_state(p).items():
+            for key, t in layer.member_states().items():
                 out[f"fc.{2 * j}.{key}"] = t
         return out
+
+    def member_state_dict(self, p: int) -> dict[str, torch.Tensor]:
+        """Member ``p``'s parameters in :class:`NatureCNNEncoder`'s ``state_dict`` layout (contiguous copies)."""
+        return member_copy(self.member_state_dicts(), p)

@@ -63,9 +63,14 @@ class MemberLinear(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return member_linear(x, self.weight, self.bias)
 
+    def member_states(self) -> dict[str, torch.Tensor]:
+        """Every member's ``weight`` ``[P, out, in]`` and ``bias`` ``[P, out]`` (views: member p's
+        is :meth:`member_state`)."""
+        return {"weight": self.weight.detach().transpose(1, 2), "bias": self.bias.detach()[:, 0]}
+
     def member_state(self, p: int) -> dict[str, torch.Tensor]:
-        """Member ``p``'s ``weight`` ``[out, in]`` and ``bias`` ``[out]`` (copies)."""
-        return {"weight": self.weight[p].detach().t().contiguous().clone(), "bias": self.bias[p, 0].detach().clone()}
+        """Member ``p``'s ``weight`` ``[out, in]`` and ``bias`` ``[out]`` (contiguous copies)."""
+        return member_copy(self.member_states(), p)
 
 
 class MemberLayerNorm(nn.Module):
@@ -98,6 +103,16 @@ class MemberLayerNorm(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return torch.addcmul(self.bias, F.layer_norm(x, x.shape[-1:], eps=self.eps), self.weight)
 
+    def member_states(self) -> dict[str, torch.Tensor]:
+        """Every member's ``weight`` and ``bias`` ``[P, C]`` (views: member p's is :meth:`member_state`)."""
+        return {"weight": self.weight.detach()[:, 0], "bias": self.bias.detach()[:, 0]}
+
     def member_state(self, p: int) -> dict[str, torch.Tensor]:
-        """Member ``p``'s ``weight`` and ``bias`` ``[C]`` (copies)."""
-        return {"weight": self.weight[p, 0].detach().clone(), "bias": self.bias[p, 0].detach().clone()}
+        """Member ``p``'s ``weight`` and ``bias`` ``[C]`` (contiguous copies)."""
+        return member_copy(self.member_states(), p)
+
+
+def member_copy(states: dict[str, torch.Tensor], p: int) -> dict[str, torch.Tensor]:
+    """Member ``p``'s entry of each ``[P, ...]`` tensor of ``states`` (a ``member_states()`` or
+    ``member_state_dicts()``), as a contiguous copy."""
+    return {key: t[p].clone(memory_format=torch.contiguous_format) for key, t in states.items()}

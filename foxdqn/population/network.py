@@ -47,7 +47,7 @@ from foxdqn.ops.q_forward import q_forward, q_forward_supported
 from foxdqn.nn.nature_cnn import NatureCNNEncoder
 from foxdqn.population.attention import MemberAttentionEncoder
 from foxdqn.population.conv import MemberNatureCNN
-from foxdqn.population.layers import member_linear
+from foxdqn.population.layers import member_copy, member_linear
 
 #: Classic encoders whose member version is one module (:func:`stack_encoder`), not layers of ``weights``.
 MODULE_ENCODERS = (AttentionEncoder, NatureCNNEncoder)
@@ -245,14 +245,19 @@ class MemberQNetwork(nn.Module):
             return None
         return member_mlp_chain_split(obs, chain[0], chain[1], grad_rows, backend="triton")
 
-    def member_state_dict(self, p: int) -> dict[str, torch.Tensor]:
-        """Member ``p``'s weights in the classic :class:`QNetwork` ``state_dict`` layout (copies)."""
+    def member_state_dicts(self) -> dict[str, torch.Tensor]:
+        """Every member's weights in the classic :class:`QNetwork` ``state_dict`` layout, each with a
+        leading member axis ``[P, ...]`` (views: member p's is :meth:`member_state_dict`)."""
         out = {} if self.member_encoder is None else {
-            f"encoder.{key}": t for key, t in self.member_encoder.member_state_dict(p).items()}
+            f"encoder.{key}": t for key, t in self.member_encoder.member_state_dicts().items()}
         for prefix, w, b in zip(self.prefixes, self.weights, self.biases):
-            out[f"{prefix}.weight"] = w[p].detach().t().contiguous().clone()
-            out[f"{prefix}.bias"] = b[p, 0].detach().clone()
+            out[f"{prefix}.weight"] = w.detach().transpose(1, 2)
+            out[f"{prefix}.bias"] = b.detach()[:, 0]
         return out
+
+    def member_state_dict(self, p: int) -> dict[str, torch.Tensor]:
+        """Member ``p``'s weights in the classic :class:`QNetwork` ``state_dict`` layout (contiguous copies)."""
+        return member_copy(self.member_state_dicts(), p)
 
 
 class MemberValueNetwork(MemberQNetwork):

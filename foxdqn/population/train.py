@@ -32,7 +32,7 @@ import math
 import signal
 import time
 from pathlib import Path
-from typing import NamedTuple
+from typing import Iterator, NamedTuple
 
 import numpy as np
 import torch
@@ -43,6 +43,7 @@ from foxdqn.io_atomic import deferred_sync, write_text_atomic
 from foxdqn.population import step as P
 from foxdqn.analysis.backtest import POLICIES
 from foxdqn.population.checkpoint import HostCopy, member_checkpoint, member_counts, member_payload
+from foxdqn.population.checkpoint_batch import member_files, write_member_files
 from foxdqn.population.writer import BackgroundWriter
 from foxdqn.run.checkpoint import write_payload
 from foxdqn.population.diversity import MemberDiversity
@@ -227,12 +228,13 @@ class _Population:
     def save(self, background: bool = False) -> list[Path]:
         """Every member's resumable ``checkpoints/last.pt`` (:func:`member_payload` with its loop
         state), from one read of the device (:class:`HostCopy`), one file-system sync for all;
-        returns their paths. ``background``: the host copy, the loop states and the counts are
-        taken now; :attr:`writer` builds the payloads from them (the networks' host twins, never
-        the networks) and writes them while training goes on (the periodic checkpoints; with
-        ``checkpoint.save_replay`` the payloads are built here, as each member's replay is read
-        from the device). Else the batch in flight is waited for and these are written before
-        returning.
+        returns their paths. The files are encoded together (:func:`member_files`: every member's
+        tensors packed at once), or with ``checkpoint.save_replay`` member by member, as each
+        member's replay is read from the device. ``background``: the host copy, the loop states and
+        the counts are taken now; :attr:`writer` encodes the files from them (the networks' host
+        twins, never the networks; the payloads with the replay are built here) and writes them
+        while training goes on (the periodic checkpoints). Else the batch in flight is waited for
+        and these are written before returning.
 
         Raises:
             OSError: a checkpoint (of this batch, or of the one in flight) could not be written.
@@ -242,20 +244,26 @@ class _Population:
         for net in (s.online, s.target, s.value):
             host.twin(net)  # here: the writer's thread never touches the live networks
         paths = [m.run_dir / "checkpoints" / "last.pt" for m in self.members]
-        snapshot = [dict(run_id=self.run_ids[p], loop=copy.deepcopy(self.loop_state(p)), best=best, host=host,
-                         config=self.plain_config(p), counts=s.guard.halt_point(p) or (host.env_steps, host.updates))
-                    for p in range(len(self.members))]
+        members = [dict(run_id=self.run_ids[p], loop=copy.deepcopy(self.loop_state(p)), config=self.plain_config(p),
+                        counts=s.guard.halt_point(p) or (host.env_steps, host.updates))
+                   for p in range(len(self.members))]
+        replay = any(cfg.checkpoint.save_replay for cfg in s.cfgs)
 
-        def payloads() -> list[tuple[Path, dict]]:
-            return [(path, member_payload(s, p, **kw)) for p, (path, kw) in enumerate(zip(paths, snapshot))]
+        def payloads() -> list[tuple[Path, dict]]:  # the replay is read from the device, member by member
+            return [(path, member_payload(s, p, best=best, host=host, **kw))
+                    for p, (path, kw) in enumerate(zip(paths, members))]
+
+        def files() -> Iterator[tuple[Path, bytes]]:  # every member's tensors packed at once
+            return ((paths[p], data) for p, data in member_files(s, host, members))
 
         if background:
-            replay = any(cfg.checkpoint.save_replay for cfg in s.cfgs)
-            self.writer.submit(payloads() if replay else payloads)
+            self.writer.submit(payloads() if replay else files)
             return paths
         self.writer.wait()
         with deferred_sync():
-            return [write_payload(path, payload) for path, payload in payloads()]
+            if replay:
+                return [write_payload(path, payload) for path, payload in payloads()]
+            return write_member_files(s, host, paths, members)
 
     def plain_config(self, p: int) -> dict:
         """Member ``p``'s config as plain data (converted once, for all its checkpoints)."""

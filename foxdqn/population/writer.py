@@ -14,9 +14,9 @@ from __future__ import annotations
 
 import threading
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Iterable
 
-from foxdqn.io_atomic import deferred_sync
+from foxdqn.io_atomic import deferred_sync, write_bytes_atomic
 from foxdqn.run.checkpoint import _walk, write_payload
 
 __all__ = ["BackgroundWriter"]
@@ -30,11 +30,13 @@ class BackgroundWriter:
         self._thread: threading.Thread | None = None
         self._error: BaseException | None = None
 
-    def submit(self, items: list[tuple[Path, dict]] | Callable[[], list[tuple[Path, dict]]]) -> None:
+    def submit(self, items: list[tuple[Path, dict]] | Callable[[], Iterable[tuple[Path, dict | bytes]]]) -> None:
         """Write ``items`` (path, payload) in the background, after the batch in flight (waited
         for, as :meth:`wait`). The payloads must not change afterwards. ``items`` may be a callable
         that builds them, called in the thread: it must read host copies only (never the device,
-        nor objects this thread goes on changing).
+        nor objects this thread goes on changing); it returns a list of (path, payload), or an
+        iterable of (path, the file's bytes) (:func:`foxdqn.population.checkpoint_batch.member_files`),
+        each file written as it comes.
 
         Raises:
             OSError: the batch before failed (as :meth:`wait`).
@@ -50,11 +52,14 @@ class BackgroundWriter:
         def work() -> None:
             try:
                 batch = items() if callable(items) else items
-                if callable(items):
+                if callable(items) and isinstance(batch, list):
                     _check_host(batch)
                 with deferred_sync():
                     for path, payload in batch:
-                        write_payload(path, payload)
+                        if isinstance(payload, bytes):
+                            write_bytes_atomic(path, payload)
+                        else:
+                            write_payload(path, payload)
             except BaseException as exc:  # noqa: BLE001 - re-raised in the owner's thread by wait()
                 self._error = exc
 
@@ -83,6 +88,8 @@ class BackgroundWriter:
 def _check_host(items: list[tuple[Path, dict]]) -> None:
     """Raise ValueError naming the file and key of the first tensor of a payload that is not on the CPU."""
     for path, payload in items:
+        if isinstance(payload, bytes):
+            continue
         for where, t in _walk(payload, "payload", set()):
             if t.device.type != "cpu":
                 raise ValueError(f"checkpoint {path}: {where} ({t.device}) is not a CPU tensor; a payload written "

@@ -6,7 +6,7 @@ A checkpoint file is a header and a body (format :data:`FORMAT`, docs/outputs.md
 * the body: ``n`` bytes of ``torch.save`` of a dict of tensors and plain data only (numbers,
   strings, booleans, None, lists, tuples, dicts), so that it loads with ``torch.load(...,
   weights_only=True)``, whose unpickler builds tensors and those types and nothing else. Since
-  format 5 the payload's tensors are packed (:func:`_pack`): the body is ``{"packed": payload with
+  format 5 the payload's tensors are packed (:func:`pack`): the body is ``{"packed": payload with
   None where each tensor was, "tensors": [[keys, dtype, offset, shape], ...], "buffers": {dtype:
   one flat tensor}}``, so that ``torch.save`` pickles one tensor per dtype instead of one per state
   tensor (a population member's checkpoint holds about 90: 1.4 against 2.0 ms to encode on a 2-core
@@ -50,11 +50,11 @@ from foxdqn.errors import ConfigError
 from foxdqn.io_atomic import write_bytes_atomic
 from foxdqn.run.early_stop import EarlyStopper
 
-#: 5: the body's tensors packed, one flat buffer per dtype (:func:`_pack`); 4: the header with the
+#: 5: the body's tensors packed, one flat buffer per dtype (:func:`pack`); 4: the header with the
 #: body's SHA-256, plain data only (weights_only); 3: keys of the single-run loop's state parts
 #: (nets., rollout., monitors., ...), parameters stored once, a pickled loop state.
 FORMAT = 5
-#: The first format whose body is packed (:func:`_pack`).
+#: The first format whose body is packed (:func:`pack`).
 PACKED = 5
 #: The first line of every checkpoint file of format 4 and later.
 MAGIC = b"FOXDQN-CHECKPOINT\n"
@@ -121,18 +121,29 @@ def encode(payload: dict) -> bytes:
         TypeError: ``payload`` holds more than tensors and plain data (:func:`check_plain`).
     """
     check_plain(payload)
+    return encode_packed(pack(payload))
+
+
+def encode_packed(body: dict) -> bytes:
+    """The bytes of a checkpoint file whose body is ``body``, a packed payload (:func:`pack`'s
+    result, or one member's share of it with ``members``: its row of each buffer, a copy)."""
     buffer = io.BytesIO()
-    torch.save(_pack(payload), buffer)
-    body = buffer.getvalue()
-    header = json.dumps({"format": FORMAT, "sha256": hashlib.sha256(body).hexdigest(), "bytes": len(body)})
-    return MAGIC + header.encode() + b"\n" + body
+    torch.save(body, buffer)
+    data = buffer.getvalue()
+    header = json.dumps({"format": FORMAT, "sha256": hashlib.sha256(data).hexdigest(), "bytes": len(data)})
+    return MAGIC + header.encode() + b"\n" + data
 
 
-def _pack(payload: dict) -> dict:
+def pack(payload: dict, members: int | None = None) -> dict:
     """The body of a format-5 file (module docstring): ``payload`` with None in place of each tensor
     (containers copied only where one was), each tensor's ``[keys, dtype, offset, shape]`` (the
     dict keys and list indices that reach it, its dtype's name, its offset in that dtype's buffer),
-    and the buffers, every tensor flattened into its dtype's (CPU, detached)."""
+    and the buffers, every tensor flattened into its dtype's (CPU, detached).
+
+    ``members``: every tensor of ``payload`` has a leading axis of that many members, the same
+    payload's tensors for each (:mod:`foxdqn.population.checkpoint_batch`); the index then gives
+    one member's shapes and offsets, and each buffer is ``[members, n]``, member m's body being row
+    m of each."""
     index, flats, sizes = [], {}, {}
 
     def walk(obj: Any, keys: tuple) -> Any:  # keys: (parent's keys, key), flattened only at a tensor
@@ -143,10 +154,11 @@ def _pack(payload: dict) -> dict:
             while keys:
                 keys, key = keys
                 path.append(key)
-            flat = obj.detach().reshape(-1).to("cpu")
-            index.append([path[::-1], name, sizes.get(name, 0), list(obj.shape)])
+            shape = list(obj.shape) if members is None else list(obj.shape[1:])
+            flat = obj.detach().reshape(-1 if members is None else (members, math.prod(shape))).to("cpu")
+            index.append([path[::-1], name, sizes.get(name, 0), shape])
             flats.setdefault(name, []).append(flat)
-            sizes[name] = sizes.get(name, 0) + flat.numel()
+            sizes[name] = sizes.get(name, 0) + math.prod(shape)
             return None
         if isinstance(obj, dict):
             items = [(k, v, walk(v, (keys, k))) for k, v in obj.items()]
@@ -161,11 +173,11 @@ def _pack(payload: dict) -> dict:
         return type(obj)(new for _, _, new in items)
 
     packed = walk(payload, ())
-    return {"packed": packed, "tensors": index, "buffers": {name: torch.cat(f) for name, f in flats.items()}}
+    return {"packed": packed, "tensors": index, "buffers": {name: torch.cat(f, dim=-1) for name, f in flats.items()}}
 
 
 def _unpack(body: Any, path: str | Path) -> Any:
-    """The payload of a format-5 ``body`` (:func:`_pack`), each tensor a copy of its slice of its
+    """The payload of a format-5 ``body`` (:func:`pack`), each tensor a copy of its slice of its
     dtype's buffer.
 
     Raises:

@@ -51,16 +51,19 @@ def _final_run(tmp_path, monkeypatch, fail: bool):
     from test_population import CARTPOLE, configs
     from test_population_resume import train
 
-    seen, real = [], writer_module.write_payload
+    seen = []
 
-    def write(path, payload):
-        seen.append((threading.current_thread() is threading.main_thread(),
-                     any(tmp_path.glob("*/eval/summary.json"))))
-        if fail and path.parent.parent.name == "1":
-            raise OSError(28, "No space left on device", str(path))
-        return real(path, payload)
+    def recorded(real):
+        def write(path, payload):  # a payload (written member by member) or a file's bytes (member_files)
+            seen.append((threading.current_thread() is threading.main_thread(),
+                         any(tmp_path.glob("*/eval/summary.json"))))
+            if fail and path.parent.parent.name == "1":
+                raise OSError(28, "No space left on device", str(path))
+            return real(path, payload)
+        return write
 
-    monkeypatch.setattr(writer_module, "write_payload", write)
+    for name in ("write_payload", "write_bytes_atomic"):
+        monkeypatch.setattr(writer_module, name, recorded(getattr(writer_module, name)))
     cfgs = configs([*CARTPOLE, "agent.total_env_steps=256", "checkpoint.every_env_steps=0"], [["seed=0"], ["seed=1"]])
     return seen, cfgs, lambda: train(cfgs, tmp_path)
 

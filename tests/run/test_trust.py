@@ -219,13 +219,13 @@ def test_a_packed_body_gives_back_every_tensor_as_its_own_copy_where_it_was():
     back equal, contiguous and each in its own storage; the body pickles one tensor per dtype."""
     from collections import OrderedDict
 
-    from foxdqn.run.checkpoint import _pack, decode
+    from foxdqn.run.checkpoint import pack, decode
 
     shared = torch.arange(4.0)
     payload = {"format": FORMAT, "online": OrderedDict(w=torch.arange(6.0).view(2, 3).t(), b=torch.zeros(0, 3)),
                "loop": {"stats": [None, (1, torch.tensor(True)), {"n": None}], 3: torch.tensor(2.5, dtype=torch.float64)},
                "twice": [shared, shared], "half": torch.ones(2, dtype=torch.bfloat16), "config": {"a": {"b": [1, "x"]}}}
-    body = _pack(payload)
+    body = pack(payload)
     assert sorted(body["buffers"]) == ["bfloat16", "bool", "float32", "float64"]
     assert body["packed"]["config"] is payload["config"]  # a container without tensors is not copied
     back = decode(encode(payload), "mem")
@@ -240,7 +240,7 @@ def test_a_packed_index_that_does_not_fit_its_buffers_or_payload_is_refused(tmp_
     """A body whose index points outside its buffer, names another dtype, repeats a tensor or
     names a place the payload does not have is one ConfigError naming the file (behind a valid
     header: only a crafted file gets there)."""
-    from foxdqn.run.checkpoint import _pack
+    from foxdqn.run.checkpoint import pack
 
     def with_header(body: dict) -> bytes:
         buffer = io.BytesIO()
@@ -250,7 +250,7 @@ def test_a_packed_index_that_does_not_fit_its_buffers_or_payload_is_refused(tmp_
         return MAGIC + header.encode() + b"\n" + raw
 
     def good():
-        return _pack({"online": {"w": torch.ones(3)}, "config": {}, "x": [None]})
+        return pack({"online": {"w": torch.ones(3)}, "config": {}, "x": [None]})
 
     bad = []
     for change in (lambda b: b["tensors"][0].__setitem__(2, 1),  # offset + size past the buffer
