@@ -71,15 +71,12 @@ def new_run_id() -> str:
 def record_text(config, run_id: str) -> str:
     """The text of the start record ``config.yaml`` of the resolved config ``config``
     (:class:`foxdqn.config.schema.TrainConfig`): the id line, then the config as YAML (its plain values,
-    :func:`foxdqn.config.schema.to_plain`, in the schema's order; libyaml's dumper where PyYAML has it)."""
-    import yaml
-
-    from foxdqn.config.schema import to_plain  # start-up: torch, off the path of foxdqn.evaluate --help
-
+    :func:`foxdqn.config.schema.to_plain`, in the schema's order: :func:`foxdqn.config.yaml_text.config_yaml`)."""
     import hashlib
 
-    dumper = getattr(yaml, "CSafeDumper", yaml.SafeDumper)
-    body = yaml.dump(to_plain(config), Dumper=dumper, sort_keys=False)
+    from foxdqn.config.yaml_text import config_yaml  # start-up: torch, off the path of foxdqn.evaluate --help
+
+    body = config_yaml(config)
     return (f"# foxdqn run {run_id} sha256 {hashlib.sha256(body.encode()).hexdigest()}: the resolved config this run "
             "started with (resume continues it from here; an edit makes a resume refuse it)\n" + body)
 

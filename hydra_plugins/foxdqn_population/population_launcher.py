@@ -601,12 +601,12 @@ class _Derived:
     def _write_job_files(run_dir: Path, tc: Any, overrides: List[str], hydra_yaml: "_HydraYaml", idx: int) -> None:
         import yaml
 
-        from foxdqn.config.schema import to_plain
+        from foxdqn.config.yaml_text import config_yaml
 
         dumper = getattr(yaml, "CSafeDumper", yaml.SafeDumper)
         hydra_dir = run_dir / ".hydra"
         hydra_dir.mkdir(parents=True, exist_ok=True)
-        (hydra_dir / "config.yaml").write_text(yaml.dump(to_plain(tc), Dumper=dumper, sort_keys=False))
+        (hydra_dir / "config.yaml").write_text(config_yaml(tc))
         (hydra_dir / "hydra.yaml").write_text(hydra_yaml.render(idx, overrides, run_dir.resolve()))
         (hydra_dir / "overrides.yaml").write_text(yaml.dump(list(overrides), Dumper=dumper))  # plain writes, as Hydra
 
