@@ -11,7 +11,8 @@ from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
-from foxdqn.config.schema import TrainConfig, composition_error, field_types, finalize, finalize_object, to_object
+from foxdqn.config.schema import (TrainConfig, clone_config, composition_error, field_types, finalize, finalize_object,
+                                  to_object)
 from foxdqn.errors import ConfigError, FoxdqnError
 
 
@@ -83,10 +84,8 @@ class JobComposer:
 
     def lookup(self, overrides: list[str]) -> TrainConfig | None:
         """The finalized config of a job composed before with exactly ``overrides`` (a copy), or None."""
-        import copy
-
         done = self._done.get(tuple(overrides))
-        return None if done is None else copy.deepcopy(done)
+        return None if done is None else clone_config(done)
 
     def __call__(self, overrides: list[str]) -> TrainConfig:
         import copy
@@ -104,7 +103,7 @@ class JobComposer:
             tc = finalize(cfg)
             self._bases.append((list(overrides), copy.deepcopy(cfg), _compose(lambda: to_object(cfg))))
         else:
-            obj = copy.deepcopy(base[2])
+            obj = clone_config(base[2])
             if all(set_leaf(obj, key, value) for key, value in changes):
                 tc = finalize_object(obj)
             else:  # a value only OmegaConf converts (a list, an odd type): set it as Hydra would
@@ -112,7 +111,7 @@ class JobComposer:
                 for key, value in changes:
                     _compose(lambda: OmegaConf.update(cfg, key, value, merge=True))
                 tc = finalize(cfg)
-        self._done[tuple(overrides)] = copy.deepcopy(tc)
+        self._done[tuple(overrides)] = clone_config(tc)
         return tc
 
     @staticmethod

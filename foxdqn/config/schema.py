@@ -800,6 +800,41 @@ def to_plain(cfg: Any) -> Any:
     return cfg
 
 
+def clone_config(cfg: Any) -> Any:
+    """A deep copy of ``cfg``, a config or part of one (dataclasses, lists, tuples, dicts; numbers,
+    strings, booleans, None and choices are shared, as they are immutable), equal to
+    ``copy.deepcopy(cfg)`` for a config, whose fields never share a mutable object, at a fraction
+    of its cost (a multirun's composer copies a config three times a job:
+    :class:`foxdqn.config.compose.JobComposer`). Any other object is ``copy.deepcopy``'d."""
+    kind = type(cfg)
+    if kind in _IMMUTABLE or isinstance(cfg, Enum):
+        return cfg
+    if kind is list:
+        return [clone_config(v) for v in cfg]
+    if kind is dict:
+        return {k: clone_config(v) for k, v in cfg.items()}
+    if kind is tuple:
+        return tuple(clone_config(v) for v in cfg)
+    names = _FIELD_NAMES.get(kind)
+    if names is None:
+        if not dataclasses.is_dataclass(kind) or hasattr(kind, "__slots__"):
+            import copy
+
+            return copy.deepcopy(cfg)
+        names = _FIELD_NAMES[kind] = tuple(f.name for f in dataclasses.fields(kind))
+    new = object.__new__(kind)
+    new.__dict__.update(cfg.__dict__)
+    for name in names:
+        value = new.__dict__[name]
+        if type(value) not in _IMMUTABLE:
+            new.__dict__[name] = clone_config(value)
+    return new
+
+
+_IMMUTABLE = frozenset({int, float, str, bool, type(None), bytes})
+_FIELD_NAMES: dict[type, tuple[str, ...]] = {}
+
+
 def upgrade(values: dict) -> dict:
     """A copy of a plain config dict written before keys moved (an older checkpoint's), with
     :data:`MOVED_KEYS` applied; a current one comes back unchanged."""
