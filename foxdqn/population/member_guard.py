@@ -184,7 +184,7 @@ class MemberGuard:
         """Member ``p``'s halt reason from the host copy (None: not halted, or stopped by
         :meth:`stop`, a normal end); call after a device sync for an exact answer, any time for
         the newest published one."""
-        halted, code, at = (int(v) for v in self.host[:3, p])
+        halted, code, at = self.host_column(p)[:3]
         if not halted or code in STOPS.values():
             return None
         return f"{REASONS.get(code, 'unknown')} at update {at - 1 if code == Q_DIVERGENCE else at}"
@@ -200,7 +200,7 @@ class MemberGuard:
         by the Q monitor), ``collapse_count`` (as given: the host copy of
         :attr:`collapse_count` made with the accumulators'), ``halt_updates`` and ``halt_env_steps``
         (:meth:`halt_point`'s, −1 while it runs). ``updates``: the population's update count."""
-        frozen, code, at, steps = (int(v) for v in self.host[:, p])
+        frozen, code, at, steps = self.host_column(p)
         halted = bool(frozen) and code not in STOPS.values()
         flags = {name: float(halted and code == c) for name, c in
                  (("halt_nan", NON_FINITE), ("halt_loss_clip", LOSS_CLIP), ("halt_grad_collapse", COLLAPSE),
@@ -217,5 +217,10 @@ class MemberGuard:
     def halt_point(self, p: int) -> tuple[int, int] | None:
         """(env steps, updates applied) of member ``p`` when it halted or was stopped, from the host
         copy; None: neither. The update that halted it was not applied."""
-        halted, _, at, steps = (int(v) for v in self.host[:, p])
+        halted, _, at, steps = self.host_column(p)
         return (steps, at) if halted else None
+
+    def host_column(self, p: int) -> list[int]:
+        """Member ``p``'s column of the host copy (halted, code, at update, at env steps) as ints
+        (through numpy: a loop over a tensor's entries costs a tensor per entry)."""
+        return self.host.numpy()[:, p].tolist()
