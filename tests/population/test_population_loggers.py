@@ -80,6 +80,7 @@ def population(tmp_path_factory):
 
     def log_rows(self, rate, last):
         returns = original(self, rate, last)
+        self._write_rows()  # the boundary's rows (the loop writes them during the next iterations)
         urls.append(self.prometheus.url)
         scrapes.append(scrape(self.prometheus.url))
         return returns

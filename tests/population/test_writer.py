@@ -120,3 +120,29 @@ def test_a_batch_given_as_a_callable_is_built_in_the_thread_and_its_device_tenso
     with pytest.raises(ValueError, match=r"m2/last.pt: payload\['w'\] \(meta\)"):
         writer.wait()
     assert not (tmp_path / "m1").exists() and not (tmp_path / "m2").exists()
+
+
+def test_a_boundarys_rows_are_written_during_the_next_iterations_and_are_the_same_rows(tmp_path, monkeypatch):
+    """_log_rows leaves each member's row to _write_rows, which the loop calls after each launch
+    with a time budget: with a budget of 0 (one row per iteration) rows are still pending after a
+    boundary, and every member's metrics.csv equals the one written with no limit."""
+    import foxdqn.population.train as train_module
+    from test_population import CARTPOLE, configs
+    from test_population_resume import assert_same_run, train
+
+    cfgs = configs([*CARTPOLE, "agent.total_env_steps=512", "log.interval_env_steps=64"],
+                   [[f"seed={p}"] for p in range(3)])
+    pending, original = [], train_module._Population._log_rows
+
+    def log_rows(self, rate, last):
+        returns = original(self, rate, last)
+        pending.append(len(self.pending_rows))
+        return returns
+
+    monkeypatch.setattr(train_module._Population, "_log_rows", log_rows)
+    for name, budget in (("all", 1e9), ("one", 0.0)):
+        monkeypatch.setattr(train_module, "DEFERRED_ROWS_S", budget)
+        assert [o.exit_code for o in train(cfgs, tmp_path / name)] == [0, 0, 0]
+    assert pending and all(n == 3 for n in pending)  # every boundary's rows left to the loop
+    for p in range(3):
+        assert_same_run(tmp_path / "all" / str(p), tmp_path / "one" / str(p))
