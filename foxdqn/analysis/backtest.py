@@ -20,6 +20,7 @@ CPU the same chunks run eagerly. The results do not depend on it.
 """
 from __future__ import annotations
 
+import functools
 import logging
 from pathlib import Path
 
@@ -238,9 +239,12 @@ def _metrics(walk: dict, market, bench: dict | None) -> dict:
     }
 
 
-def write_report(out_dir: Path, result: dict, market, split: str, title: str, extra: dict) -> dict:
+def write_report(out_dir: Path, result: dict, market, split: str, title: str, extra: dict,
+                 plots: list | None = None) -> dict:
     """Write ``eval/summary.json``, ``eval/equity.csv`` and ``eval/equity.png`` atomically, in that
     order; returns the summary. A plot that cannot be drawn is a logged warning, not an error.
+    ``plots``: the plot is appended to it as a callable instead (:func:`draw_plot`'s arguments
+    bound), for the caller to draw once every report of a population is written.
 
     ``equity.csv`` has one row per equity point: ``timestamp``, then ``<policy>_equity`` (cash
     units) for every policy and ``agent_exposure`` (the exposure held during the bar that ends
@@ -266,11 +270,21 @@ def write_report(out_dir: Path, result: dict, market, split: str, title: str, ex
                           "agent_exposure": np.concatenate([[np.nan], agent["exposure"]])})
     write_json_atomic(out_dir / "summary.json", summary)  # first: a plot failure must not lose the run
     write_text_atomic(out_dir / "equity.csv", table.to_csv(index=False))
-    try:
-        plot_equity(out_dir / "equity.png", ts[index], curves, title)
-    except (ValueError, RuntimeError, OSError) as exc:
-        logging.getLogger(__name__).warning("eval/equity.png not written: %s", str(exc).splitlines()[0][:200])
+    plot = functools.partial(draw_plot, out_dir / "equity.png", ts[index], curves, title)
+    if plots is None:
+        plot()
+    else:
+        plots.append(plot)
     return summary
+
+
+def draw_plot(path: Path, timestamps, curves: dict, title: str) -> None:
+    """:func:`foxdqn.analysis.equity_plot.plot_equity`, a plot that cannot be drawn a logged warning."""
+    try:
+        plot_equity(path, timestamps, curves, title)
+    except (ValueError, RuntimeError, OSError) as exc:
+        logging.getLogger(__name__).warning("%s not written: %s", "/".join(path.parts[-2:]),
+                                            str(exc).splitlines()[0][:200])
 
 
 @torch.no_grad()

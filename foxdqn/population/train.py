@@ -160,6 +160,7 @@ class _Population:
         self._plain: dict[int, dict] = {}  # plain_config's conversions
         self.writer = BackgroundWriter()  # the periodic checkpoints
         self.pending_rows: deque = deque()  # (logger, env steps, row) that _log_rows left to _write_rows
+        self.plots: list = []  # the members' report plots, drawn once every summary is written
         # search.pruner=median: each member's own pruner (its job number, the sweep folder), else Nones
         self.trial_pruners = [member_pruner(m) for m in members]
         self.trial_metric = resolve_metric(cfg.early_stop.metric, cfg.env.name)  # a group key
@@ -570,7 +571,7 @@ class _Population:
         end = RunEnd(self.graph, wall, *member_counts(s, p), ckpt, overrides=None if self.alone else list(m.overrides),
                      name="" if self.alone else f"job {m.job_num}: ", job=None if self.alone else m.job_num, extra=extra, val_metrics=val, test_result=test,
                      stopper=self.selection.stoppers[p], best_path=best, pruned_at=self.pruned_at[p],
-                     collapse=self.diversity.collapse[p])
+                     collapse=self.diversity.collapse[p], plots=self.plots)
         agent = Agent(m.tc, None, s.action_mode, self.device)  # evaluated already: finish reads no network
         summary = finish(agent, m.market, m.run_dir, end)
         if self.trial_pruners[p] is not None:  # this member's validation values now count for the sweep's median
@@ -669,6 +670,8 @@ def train_population(members: list[Member], alone: bool = False) -> list[Outcome
                     mark("checkpoint")
                     outcomes = [run.end_member(p, wall, ckpts[p], vals[p], tests[p], ensembles.get(p), bests[p])
                                 for p in range(len(members))]
+                    for plot in run.plots:  # after every summary: the results first, then their pictures
+                        plot()
                 mark("report")
     finally:
         run.writer.join()  # a periodic checkpoint still being written (its failure, if any, is raised by save)

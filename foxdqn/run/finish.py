@@ -48,7 +48,9 @@ class RunEnd:
     ``test_result`` are the validation metrics and the evaluation (:func:`foxdqn.analysis.backtest.evaluate`'s
     result, or the episode metrics of a non-trading env) when already computed (a population
     evaluates its members together); None: :func:`finish` computes them. ``pruned_at``: the env
-    steps where a search's pruner stopped the run (foxdqn.run.search), None when it did not."""
+    steps where a search's pruner stopped the run (foxdqn.run.search), None when it did not.
+    ``plots``: a list to which the report's plot is appended for the caller to draw once every
+    member's summary is written (:func:`foxdqn.analysis.backtest.write_report`); None: drawn here."""
 
     graph: bool
     wall: float
@@ -65,6 +67,7 @@ class RunEnd:
     val_metrics: dict | None = None
     test_result: dict | None = None
     pruned_at: int | None = None
+    plots: list | None = None
 
 
 #: Validation of an episodic env: at most this many greedy episodes, from another seed offset than the
@@ -163,7 +166,7 @@ def finish(agent: Agent, market, run_dir: Path, end: RunEnd) -> dict:
     mark("final_evaluation")
     data_name = cfg.data.name if cfg.data.path is None else Path(cfg.data.path).name
     title = f"{extra['run_name']}: {data_name}, {cfg.eval.split} split"
-    summary = write_report(run_dir / "eval", result, market, cfg.eval.split, title, extra)
+    summary = write_report(run_dir / "eval", result, market, cfg.eval.split, title, extra, plots=end.plots)
     gated_flat = (extra.get("gate") or {}).get("chosen") == "flat"  # the deployment gate's choice: its own line
     if summary["metrics"]["agent"].get("num_trades") == 0 and not gated_flat:
         log.warning("%sthe agent never trades on the %s split (0 trades): its numbers are flat's%s", end.name,

@@ -146,3 +146,24 @@ def test_a_boundarys_rows_are_written_during_the_next_iterations_and_are_the_sam
     assert pending and all(n == 3 for n in pending)  # every boundary's rows left to the loop
     for p in range(3):
         assert_same_run(tmp_path / "all" / str(p), tmp_path / "one" / str(p))
+
+
+def test_every_summary_is_written_before_the_first_equity_plot(tmp_path, monkeypatch):
+    """A trading population's reports: each member's summary.json and equity.csv first, then the
+    equity plots (drawn last, each still written); a single run draws its plot in write_report."""
+    import foxdqn.analysis.backtest as backtest
+    from test_population import TRADING, configs
+    from test_population_resume import train
+
+    seen, real = [], backtest.plot_equity
+
+    def plot(path, *args):
+        seen.append(sorted(p.parent.parent.name for p in tmp_path.glob("*/eval/summary.json")))
+        return real(path, *args)
+
+    monkeypatch.setattr(backtest, "plot_equity", plot)
+    cfgs = configs([*TRADING, "agent.total_env_steps=192", "agent.learning_starts=48"],
+                   [[f"seed={p}"] for p in range(3)])
+    assert [o.exit_code for o in train(cfgs, tmp_path)] == [0, 0, 0]
+    assert seen == [["0", "1", "2"]] * 3
+    assert all((tmp_path / str(p) / "eval" / "equity.png").stat().st_size > 0 for p in range(3))
