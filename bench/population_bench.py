@@ -9,7 +9,8 @@ subprocess, timed from the command to the last job's ``eval/summary.json``:
   It runs ``BASIC_JOBS`` jobs at most; its time for P jobs is scaled from them (``note`` says so).
 
 Columns: experiment, launcher, graph, members (P), wall_s (command to the last summary.json),
-train_s (the training time the summaries report, shared by a population's members), env_steps_per_s
+exit_s (command to the process's exit: the report plots and the sweep's report come after the
+summaries), train_s (the training time the summaries report, shared by a population's members), env_steps_per_s
 (all members' env steps / train_s), wall_per_job_s, check_s (the population launcher's collection of
 the jobs, from its log line "N jobs checked in X s"), host_s (wall_s − train_s: start-up,
 composition, checks, evaluation and reports), the population launcher's phases from the sweep's
@@ -65,6 +66,7 @@ def sweep(experiment: str, members: int, launcher: str, graph: str, extra: list[
             cmd.append("hydra/launcher=population")
         start = time.time()
         proc = subprocess.run(cmd, capture_output=True, text=True)
+        exit_s = time.time() - start
         checked = re.search(r"(\d+) jobs checked in ([0-9.]+) s", proc.stdout + proc.stderr)
         files = sorted(out.glob("*/eval/summary.json"))
         timings = json.loads((out / "timings.json").read_text()) if (out / "timings.json").is_file() else None
@@ -80,7 +82,7 @@ def sweep(experiment: str, members: int, launcher: str, graph: str, extra: list[
     values = [s["metrics"]["agent"].get("mean_return", s["metrics"]["agent"].get("sharpe")) for s in summaries]
     scale = members / jobs
     row.update(
-        wall_s=round(wall * scale, 2), wall_per_job_s=round(wall / jobs, 3),
+        wall_s=round(wall * scale, 2), exit_s=round(exit_s * scale, 2), wall_per_job_s=round(wall / jobs, 3),
         train_s=round(max(train_s) if launcher == "population" else sum(train_s) * scale, 2),
         env_steps_per_s=round(steps / (max(train_s) if launcher == "population" else sum(train_s)), 1),
         metric="mean_return" if "mean_return" in summaries[0]["metrics"]["agent"] else "sharpe",
@@ -203,7 +205,7 @@ def rows(device: str, only: tuple[str, ...] | None = None, members: tuple[int, .
 
 def table(df) -> str:
     """Markdown: every row, and population vs basic launcher wall time as a ratio."""
-    cols = [c for c in ("experiment", "launcher", "graph", "triton_cache", "members", "wall_s", "wall_per_job_s", "train_s",
+    cols = [c for c in ("experiment", "launcher", "graph", "triton_cache", "members", "wall_s", "exit_s", "wall_per_job_s", "train_s",
                         "compile_s", "check_s", "host_s", *PHASE_COLUMNS, "env_steps_per_s", "metric", "metric_mean",
                         "metric_min", "metric_max", "failed", "note")
             if c in df]
