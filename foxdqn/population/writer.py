@@ -1,13 +1,13 @@
 """Checkpoint files written in a background thread while training goes on.
 
-A population's periodic checkpoints (``checkpoint.every_env_steps``) cost about 7 ms of host time
-per member on the H200 machine, almost all of it ``torch.save`` (docs/bench.md#population): 3.7 s
-per checkpoint at 512 members, which the training loop would wait for. The population's state is
-copied to the host at the boundary (:class:`foxdqn.population.checkpoint.HostCopy`); the members'
-payloads are built from those copies (:func:`foxdqn.population.checkpoint.member_payload`),
-encoded and written atomically in the thread, while the main thread goes on launching iterations
-(a CUDA-graph replay releases the GIL). The final checkpoints are written the same way
-while the members are evaluated, and waited for before any summary is written
+A population's periodic checkpoints (``checkpoint.every_env_steps``) cost milliseconds of host
+time per member (docs/bench.md#the-jax-peer): seconds per checkpoint at 512 members, which the
+training loop would wait for. The population's state is copied to the host at the boundary
+(:class:`foxdqn.population.checkpoint.HostCopy`); the members' files are encoded from those copies
+(:func:`foxdqn.population.checkpoint_batch.member_files`: every member's tensors packed at once)
+and written atomically in the thread, while the main thread goes on launching iterations (a
+CUDA-graph replay releases the GIL). The final checkpoints are written the same way while the
+members are evaluated, and waited for before any summary is written
 (:func:`foxdqn.population.train.train_population`). One batch is in flight at a time.
 """
 from __future__ import annotations
