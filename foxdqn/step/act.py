@@ -6,9 +6,10 @@ One kernel where the network's forward is one of the fused ops':
   else a ``q_forward_args(obs)`` method: :class:`foxdqn.nn.qnet.QNetwork` with a dueling head,
   :class:`foxdqn.population.network.MemberQNetwork` with a dueling or plain head):
   :func:`foxdqn.ops.q_forward_epsilon_greedy.q_forward_epsilon_greedy`;
-* a population's distributional or branching head (the network has a ``fused_epsilon_greedy``
-  method, which returns the actions, or None where it does not apply: its encoder's layers, then
-  one kernel for the head and the selection, e.g. :func:`foxdqn.ops.c51_epsilon_greedy.c51_epsilon_greedy`);
+* a population's distributional or branching head, with :data:`HEAD_KERNELS` (the network has a
+  ``fused_epsilon_greedy`` method, which returns the actions, or None where it does not apply: its
+  encoder's layers, then one kernel for the head and the selection, e.g.
+  :func:`foxdqn.ops.c51_epsilon_greedy.c51_epsilon_greedy`);
 * :func:`foxdqn.ops.mlp_chain.mlp_chain`'s (a ``fused_chain(obs)`` method: :class:`~foxdqn.nn.qnet.QNetwork`
   with a ReLU MLP and a plain Q head, one schedule):
   :func:`foxdqn.ops.mlp_chain_epsilon_greedy.mlp_chain_epsilon_greedy`.
@@ -26,6 +27,12 @@ from torch import nn
 from foxdqn.ops.epsilon_greedy import epsilon_greedy
 from foxdqn.ops.mlp_chain_epsilon_greedy import mlp_chain_epsilon_greedy
 from foxdqn.ops.q_forward_epsilon_greedy import q_forward_epsilon_greedy
+
+#: Whether a C51, IQN or branching population acts through its head's fused kernel
+#: (``fused_epsilon_greedy``). Off: on the H200 those kernels are slower than the layers and the
+#: ε-greedy kernel they replace, at every shipped size (one collect step of ``eurusd_rainbowish``
+#: at 4,096 envs 1.27 ms against 0.31; docs/bench.md#kernels); they stay, tested, until tuned.
+HEAD_KERNELS = False
 
 
 def act(net: nn.Module, obs: torch.Tensor, step: torch.Tensor, start: torch.Tensor, end: torch.Tensor,
@@ -61,7 +68,7 @@ def act(net: nn.Module, obs: torch.Tensor, step: torch.Tensor, start: torch.Tens
         q = q.reshape(-1, q.shape[-1]) - penalty
         return epsilon_greedy(q, step, start, end, duration, u, backend=backend)
     groups = start.shape[0] if start.dim() == 1 else 0
-    head_act = getattr(net, "fused_epsilon_greedy", None)
+    head_act = getattr(net, "fused_epsilon_greedy", None) if HEAD_KERNELS else None
     if head_act is not None and backend != "torch" and obs.dim() == 3 and groups == obs.shape[0]:
         action = head_act(obs, step, start, end, duration, u)
         if action is not None:

@@ -130,29 +130,44 @@ def test_collect_step_fuses_a_plain_q_head():
 ENCODER = ["triton::_member_linear_kernel"]  # the bias and ReLU in its epilogue (ops/member_linear.py; were baddbmm + relu)
 ENV_TAIL = ["triton::_member_uniform_kernel", "triton::_trading_step_kernel"]
 REPLAY_TAIL = ["triton::_replay_add_kernel", "triton::_step_stats_kernel"]
-HEAD_COLLECT = {  # issue 33 item 2: were 12, 17, 20 and 24 launches at P = 3 (the head's ops unfused; PER's insert 4)
+HEAD_COLLECT = {  # act.HEAD_KERNELS on (issue 33 item 2): were 12, 17, 20 and 24 launches at P = 3 (PER's insert 4)
     "eurusd_c51": ["triton::_c51_epsilon_greedy_kernel"] + ENV_TAIL + REPLAY_TAIL,
     "eurusd_iqn": ["triton::_iqn_epsilon_greedy_kernel"] + ENV_TAIL + REPLAY_TAIL,
     "eurusd_branching": ["triton::_branching_epsilon_greedy_kernel"] + ENV_TAIL + REPLAY_TAIL,
     "eurusd_rainbowish": ["triton::_c51_epsilon_greedy_kernel"] + ENV_TAIL + [  # PER's insert: one kernel (was 4)
         "triton::_per_insert_row_kernel"] + REPLAY_TAIL,
 }
+EPSILON = ["triton::_epsilon_greedy_kernel"]
+DUELING = ["aten::add", "aten::mean", "aten::sub"]  # v + a − mean_a a
+EXPECTED_Q = ["aten::softmax", "aten::mul", "aten::sum"]  # Σ_k softmax(logits)_k z_k
+HEAD_LAYERS = {  # act.HEAD_KERNELS off (the default): the head's layers, then the ε-greedy kernel
+    "eurusd_c51": ["aten::baddbmm"] + EXPECTED_Q + EPSILON + ENV_TAIL + REPLAY_TAIL,
+    "eurusd_iqn": ["aten::mul", "aten::cos", "triton::_member_linear_kernel", "aten::mul",  # cosine embedding ⊙ h
+                   "triton::_member_linear_kernel", "aten::baddbmm", "aten::mean"] + EPSILON + ENV_TAIL + REPLAY_TAIL,
+    "eurusd_branching": ["aten::baddbmm"] * 3 + ["triton::_member_linear_kernel"] + DUELING * 3 + [
+        "aten::add", "aten::add", "aten::div"] + EPSILON + ENV_TAIL + REPLAY_TAIL,  # joint Q: the branches' mean
+    "eurusd_rainbowish": ["aten::baddbmm"] * 2 + DUELING + EXPECTED_Q + EPSILON + ENV_TAIL + [
+        "triton::_per_insert_row_kernel"] + REPLAY_TAIL,
+}
 
 
+@pytest.mark.parametrize("fused", [False, True], ids=["layers", "head_kernels"])
 @pytest.mark.parametrize("name", list(HEAD_COLLECT))
-def test_collect_step_fuses_the_head_and_selection(name):
+def test_collect_step_of_a_distributional_or_branching_head(name, fused, monkeypatch):
     """A C51 (plain or dueling, with PER), IQN or branching population's collect step: the draws,
-    the encoder's layers, one kernel for the head and the ε-greedy selection, then the env and the
-    replay, for 2 and 3 members (the list is exact: a launch added back fails here; a population
-    of one differs on the CPU alone, its encoder's layers running as a batch of two there,
-    MemberQNetwork.layer)."""
+    the encoder's layers, then the head's layers and the ε-greedy kernel (the default,
+    act.HEAD_KERNELS off: faster on the H200) or one kernel for the head and the selection, then
+    the env and the replay, for 2 and 3 members (the list is exact: a launch added back fails here;
+    a population of one differs on the CPU alone, its encoder's layers running as a batch of two
+    there, MemberQNetwork.layer)."""
     from foxdqn.population.step import collect_step
     from bench.cpu_kernels import launches, small_overrides
     from bench.harness import make_population
 
-    want = ["triton::_member_uniform_kernel"] + ENCODER + HEAD_COLLECT[name]
+    monkeypatch.setattr(act_mod, "HEAD_KERNELS", fused)
+    want = ["triton::_member_uniform_kernel"] + ENCODER + (HEAD_COLLECT if fused else HEAD_LAYERS)[name]
     for members in (2, 3):
-        if (name, members) in SHARED:  # the same population's collect step as below (step_launches: built the same way)
+        if (name, members) in SHARED and not fused:  # the same population's collect step as below (step_launches)
             assert cached_step_launches(name, members)["collect"] == want, (name, members)
             continue
         s = make_population([f"+experiment={name}", *small_overrides(name), *ATOMS.get(name, ())], members, "cpu")
