@@ -23,12 +23,11 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Iterator
 
-import torch
-
+from foxdqn.io_atomic import write_bytes_atomic
 from foxdqn.population.checkpoint import HostCopy, assemble_payload, member_tensor_stacks
 from foxdqn.run.checkpoint import encode_packed, pack
 
-__all__ = ["member_files", "CHUNK_BYTES"]
+__all__ = ["member_files", "write_member_files", "CHUNK_BYTES"]
 
 #: Host memory for the members' packed buffers at a time (members are packed in chunks this size).
 CHUNK_BYTES = 64 << 20
@@ -82,8 +81,6 @@ def write_member_files(s, host: HostCopy, paths: list[Path], members: list[dict]
         OSError: a file cannot be written (names the path; the files before it stay).
         ValueError: as :func:`member_files`.
     """
-    from foxdqn.io_atomic import write_bytes_atomic
-
     for p, data in member_files(s, host, members):
         write_bytes_atomic(paths[p], data)
     return list(paths)
