@@ -35,6 +35,30 @@ from foxdqn.population.state import PopulationState
 from foxdqn.replay.buffer import Batch
 from foxdqn.step.act import act
 
+#: torch's engine call behind ``Tensor.backward`` (torch.autograd.backward's last step), where this
+#: torch has it under that name
+_ENGINE_BACKWARD = getattr(torch.autograd.graph, "_engine_run_backward", None)
+
+
+def backward_seeded(loss: torch.Tensor, seed: torch.Tensor) -> None:
+    """``loss.backward(seed)``: the members' losses ``[P]`` back-propagated with the seed ``[P]``
+    (each member's dℓ/dℓ_p), gradients accumulated into the leaves. Called straight on torch's
+    autograd engine, as ``torch.autograd.backward`` ends, without its Python-side check of a given
+    seed's shape, which imports ``torch.fx.experimental.symbolic_shapes`` and with it sympy (about
+    0.5 s on the first update of every process, 2-core CPU); that check is this function's
+    (metadata only). Where the engine call is missing (another torch), ``loss.backward(seed)``.
+
+    Raises:
+        ValueError: seed and loss of other shapes or dtypes.
+    """
+    if seed.shape != loss.shape or seed.dtype != loss.dtype:
+        raise ValueError(f"backward_seeded: the seed must have the loss's shape and dtype, got "
+                         f"{tuple(seed.shape)} {seed.dtype} for {tuple(loss.shape)} {loss.dtype}")
+    if _ENGINE_BACKWARD is None or not loss.requires_grad:  # torch raises its own error for the latter
+        loss.backward(seed)
+        return
+    _ENGINE_BACKWARD((loss,), (seed,), False, False, (), allow_unreachable=True, accumulate_grad=True)
+
 
 def store(replay, hook, env, obs: torch.Tensor, action: torch.Tensor, out, reward_scale, backend: str = "auto",
           **extras) -> None:
@@ -156,7 +180,7 @@ def accumulate_member_gradients(s: PopulationState, batch: Batch) -> LossOutput:
         loss = out.loss
         if s.inject_nan:  # debug.inject_nan_at_step of some member: poison its loss at that update
             loss = loss + torch.where(s.updates == s.params.nan_at, float("nan"), 0.0)
-        loss.backward(seed)
+        backward_seeded(loss, seed)
         outs.append(LossOutput(loss.detach(), out.td_abs, out.q_values))
     if m == 1:
         return outs[0]
