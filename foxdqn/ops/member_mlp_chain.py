@@ -22,8 +22,16 @@ Kernels (Triton), mlp_chain's with a member grid axis:
   r·BLOCK_M .. and runs the whole chain in registers with ``tl.dot`` (widths padded to powers of two
   >= 16, masked loads; padded columns stay exactly 0), writes y and, when a gradient will be
   needed, the post-ReLU activations h_1 .. h_{n-1} (float32 [P, B, D_i], allocated per call like
-  any autograd saved tensor);
-* backward 1, the same grid: dz_{n-1} .. dz_1 of its rows from dy, the saved h_i and W_i;
+  any autograd saved tensor). With 3 layers or more on a grid of at least :data:`MIN_PROGRAMS`
+  programs (many members), layers 2 and 3 run :data:`CHUNK_N` units of layer 2 at a time, each
+  chunk of h_2 contracted at once with its rows of W_3 (no [128, 128] weight tile or whole h_2
+  held: no register spills, as :mod:`foxdqn.ops.q_forward`'s head loop); layer 3's sums then run
+  over the chunks in order. Launched with its action epilogue, it stores
+  each row's ε-greedy action in place of y
+  (:mod:`foxdqn.ops.member_mlp_chain_epsilon_greedy`); every launch is compiled without
+  multiply-add contraction (``enable_fp_fusion=False``), so that both compute the same Q;
+* backward 1, the same grid: dz_{n-1} .. dz_1 of its rows from dy, the saved h_i and W_i (dz_2
+  and dz_1 by chunks of :data:`CHUNK_N_DZ` units of layer 2, on the forward's rule);
 * backward 2, a grid of (tiles, P members): program (t, p) computes dW_i and db_i of one tile of
   ``BLOCK_N`` output units of one layer of member p, looping over member p's row blocks in a fixed
   order (no atomics, no split-K), so every call gives the same bits.
@@ -74,6 +82,7 @@ import triton.language as tl
 from torch import Tensor
 
 from foxdqn.ops.backend import describe, resolve_backend
+from foxdqn.ops.epsilon_greedy import RANDOM_BITS, store_member_actions
 from foxdqn.ops.mlp_chain import (MAX_LAYERS, MAX_WIDTH, _fill, _layout, _load_rows, _load_weight, _prec, _relu,
                                   _store_rows, _tf32)
 
@@ -90,6 +99,14 @@ MIN_PROGRAMS = 264  # tiles shrink (to 16) while a grid has fewer programs: 2 pe
 MIN_BLOCK_M_NO_SAVE = 32
 BLOCK_R = 32  # rows per step of the weight-gradient kernel's loop (mlp_chain's)
 NUM_WARPS = 4  # warps per program of the three kernels (the same sweep; mlp_chain's one network takes 8)
+#: layer-2 units per step of the forward's chunked layers 2 and 3 (3 layers or more, a grid of at
+#: least MIN_PROGRAMS programs; 0: whole layers always) and the forward's pipelining stages (an
+#: H200 sweep at P = 512; the chunks slower at P = 1: docs/bench.md#launch-constants)
+CHUNK_N = 32
+NUM_STAGES_FORWARD = 2
+#: the same for the dz kernel's chunked dz_2 and dz_1
+CHUNK_N_DZ = 32
+NUM_STAGES_DZ = 2
 
 
 # ---------------------------------------------------------------------------------------------
@@ -106,15 +123,43 @@ def _linear(h, w_ptr, b_ptr, I: tl.constexpr, O: tl.constexpr, PI: tl.constexpr,
 
 
 @triton.jit
+def _chunked_pair(h, w2, b2, w3, h2_ptr, rows, head, D1: tl.constexpr, D2: tl.constexpr, D3: tl.constexpr,
+                  P1: tl.constexpr, P3: tl.constexpr, BLOCK_M: tl.constexpr, CHUNK: tl.constexpr,
+                  SAVE: tl.constexpr, PREC: tl.constexpr):
+    """h_1 [BM, P1] → h_2 W_3 [BM, P3] (W_3's bias not added), h_2 = relu(h_1 W_2 + b_2) computed
+    ``CHUNK`` units at a time and each chunk at once contracted with its rows of W_3 (saved to h2_ptr
+    [S, D2] with SAVE): no [P1, P2] weight tile and no whole h_2 held. One member's W_2 [D1, D2],
+    b_2 [D2], W_3 [D2, D3]."""
+    hr = _tf32(h, PREC)
+    i = tl.arange(0, P1)
+    o = tl.arange(0, P3)
+    acc = tl.zeros([BLOCK_M, P3], dtype=tl.float32)
+    for j0 in range(0, D2, CHUNK):
+        j = j0 + tl.arange(0, CHUNK)
+        j_ok = j < D2
+        w2c = tl.load(w2 + i[:, None] * D2 + j[None, :], mask=(i[:, None] < D1) & j_ok[None, :], other=0.0)
+        b2c = tl.load(b2 + j, mask=j_ok, other=0.0)
+        h2 = _relu(tl.dot(hr, _tf32(w2c, PREC), input_precision=PREC) + b2c[None, :])
+        if SAVE:
+            tl.store(h2_ptr + rows[:, None] * D2 + j[None, :], h2, mask=head[:, None] & j_ok[None, :])
+        w3c = tl.load(w3 + j[:, None] * D3 + o[None, :], mask=j_ok[:, None] & (o[None, :] < D3), other=0.0)
+        acc = tl.dot(_tf32(h2, PREC), _tf32(w3c, PREC), acc=acc, input_precision=PREC)
+    return acc
+
+
+@triton.jit
 def _member_forward_kernel(x_ptr, x_sp, y_ptr, y2_ptr, w1, b1, w2, b2, w3, b3, w4, b4, h1_ptr, h2_ptr, h3_ptr, B,
-                           S, L: tl.constexpr, D0: tl.constexpr, D1: tl.constexpr, D2: tl.constexpr,
-                           D3: tl.constexpr, D4: tl.constexpr, P0: tl.constexpr, P1: tl.constexpr,
-                           P2: tl.constexpr, P3: tl.constexpr, P4: tl.constexpr, DL: tl.constexpr,
-                           PL: tl.constexpr, BLOCK_M: tl.constexpr, SAVE: tl.constexpr, SPLIT: tl.constexpr,
-                           PREC: tl.constexpr):
+                           S, step_ptr, start_ptr, end_ptr, duration_ptr, u_ptr, L: tl.constexpr, D0: tl.constexpr,
+                           D1: tl.constexpr, D2: tl.constexpr, D3: tl.constexpr, D4: tl.constexpr, P0: tl.constexpr,
+                           P1: tl.constexpr, P2: tl.constexpr, P3: tl.constexpr, P4: tl.constexpr, DL: tl.constexpr,
+                           PL: tl.constexpr, BLOCK_M: tl.constexpr, CHUNK: tl.constexpr, SAVE: tl.constexpr,
+                           SPLIT: tl.constexpr, ACT: tl.constexpr, RANDOM_BITS: tl.constexpr, PREC: tl.constexpr):
     """Member ``program_id(1)``'s rows of block ``program_id(0)``: x [P, B, D0] (member stride
     ``x_sp``) → y [P, S, DL] (rows < S) through L layers; with SAVE also h_1 .. h_{L-1} [P, S, D_i]
-    of those rows; with SPLIT the rows >= S → y2 [P, B − S, DL] (nothing saved). S = B without a split."""
+    of those rows; with SPLIT the rows >= S → y2 [P, B − S, DL] (nothing saved). S = B without a
+    split. CHUNK > 0 (L >= 3): layers 2 and 3 by :func:`_chunked_pair`. ACT: instead of y, the
+    ε-greedy action of each row (int64 [P·B] at y_ptr) under member p's schedule and uniforms
+    ``u [P, 2, B]`` (:func:`foxdqn.ops.epsilon_greedy.store_member_actions`)."""
     p = tl.program_id(1).to(tl.int64)
     rows = tl.program_id(0).to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)
     ok = rows < B
@@ -125,20 +170,31 @@ def _member_forward_kernel(x_ptr, x_sp, y_ptr, y2_ptr, w1, b1, w2, b2, w3, b3, w
         h = _relu(z)
         if SAVE:
             _store_rows(h1_ptr + p * S * D1, h, rows, head, D1, P1)
-        z = _linear(h, w2 + p * (D1 * D2), b2 + p * D2, D1, D2, P1, P2, PREC)
-    if L > 2:
-        h = _relu(z)
-        if SAVE:
-            _store_rows(h2_ptr + p * S * D2, h, rows, head, D2, P2)
-        z = _linear(h, w3 + p * (D2 * D3), b3 + p * D3, D2, D3, P2, P3, PREC)
+        if L > 2 and CHUNK > 0:
+            o3 = tl.arange(0, P3)
+            z = _chunked_pair(h, w2 + p * (D1 * D2), b2 + p * D2, w3 + p * (D2 * D3), h2_ptr + p * S * D2, rows,
+                              head, D1, D2, D3, P1, P3, BLOCK_M, CHUNK, SAVE, PREC) \
+                + tl.load(b3 + p * D3 + o3, mask=o3 < D3, other=0.0)[None, :]
+        else:
+            z = _linear(h, w2 + p * (D1 * D2), b2 + p * D2, D1, D2, P1, P2, PREC)
+            if L > 2:
+                h = _relu(z)
+                if SAVE:
+                    _store_rows(h2_ptr + p * S * D2, h, rows, head, D2, P2)
+                z = _linear(h, w3 + p * (D2 * D3), b3 + p * D3, D2, D3, P2, P3, PREC)
     if L > 3:
         h = _relu(z)
         if SAVE:
             _store_rows(h3_ptr + p * S * D3, h, rows, head, D3, P3)
         z = _linear(h, w4 + p * (D3 * D4), b4 + p * D4, D3, D4, P3, P4, PREC)
-    _store_rows(y_ptr + p * S * DL, z, rows, head, DL, PL)
-    if SPLIT:
-        _store_rows(y2_ptr + p * (B - S) * DL, z, rows - S, ok & (rows >= S), DL, PL)
+    if ACT:
+        cols = tl.arange(0, PL)
+        store_member_actions(z, cols, cols < DL, DL, y_ptr, rows, ok, p, B, step_ptr, start_ptr, end_ptr,
+                             duration_ptr, u_ptr, RANDOM_BITS)
+    else:
+        _store_rows(y_ptr + p * S * DL, z, rows, head, DL, PL)
+        if SPLIT:
+            _store_rows(y2_ptr + p * (B - S) * DL, z, rows - S, ok & (rows >= S), DL, PL)
 
 
 @triton.jit
@@ -157,23 +213,56 @@ def _back(g, w_ptr, h_ptr, dz_ptr, rows, ok, I: tl.constexpr, O: tl.constexpr, P
 
 
 @triton.jit
+def _back_chunked_pair(g, w2, w3, h1_ptr, h2_ptr, g1_ptr, g2_ptr, rows, ok, D1: tl.constexpr, D2: tl.constexpr,
+                       D3: tl.constexpr, P1: tl.constexpr, P3: tl.constexpr, BLOCK_M: tl.constexpr,
+                       CHUNK: tl.constexpr, PREC: tl.constexpr):
+    """dz_3 [BM, P3] → dz_2 (stored to g2_ptr [B, D2], ``CHUNK`` units at a time) and dz_1 (stored
+    to g1_ptr [B, D1]): each chunk dz_2[:, j] = (dz_3 W_3ᵀ)[:, j] ⊙ 1{h_2[:, j] > 0} contracted at
+    once with W_2ᵀ's rows j (:func:`_chunked_pair`'s order backward). One member's W_2 [D1, D2],
+    W_3 [D2, D3], h_1 [B, D1], h_2 [B, D2]."""
+    gr = _tf32(g, PREC)
+    i = tl.arange(0, P1)
+    o = tl.arange(0, P3)
+    acc = tl.zeros([BLOCK_M, P1], dtype=tl.float32)
+    for j0 in range(0, D2, CHUNK):
+        j = j0 + tl.arange(0, CHUNK)
+        j_ok = j < D2
+        w3t = tl.load(w3 + j[None, :] * D3 + o[:, None], mask=(o[:, None] < D3) & j_ok[None, :], other=0.0)
+        h2 = tl.load(h2_ptr + rows[:, None] * D2 + j[None, :], mask=ok[:, None] & j_ok[None, :], other=0.0)
+        dz2 = tl.where(h2 <= 0, 0.0, tl.dot(gr, _tf32(w3t, PREC), input_precision=PREC))
+        tl.store(g2_ptr + rows[:, None] * D2 + j[None, :], dz2, mask=ok[:, None] & j_ok[None, :])
+        w2t = tl.load(w2 + i[None, :] * D2 + j[:, None], mask=j_ok[:, None] & (i[None, :] < D1), other=0.0)
+        acc = tl.dot(_tf32(dz2, PREC), _tf32(w2t, PREC), acc=acc, input_precision=PREC)
+    dz1 = tl.where(_load_rows(h1_ptr, rows, ok, D1, P1) <= 0, 0.0, acc)
+    _store_rows(g1_ptr, dz1, rows, ok, D1, P1)
+
+
+@triton.jit
 def _member_dz_kernel(dy_ptr, w2, w3, w4, h1_ptr, h2_ptr, h3_ptr, g1_ptr, g2_ptr, g3_ptr, B,
                       L: tl.constexpr, D0: tl.constexpr, D1: tl.constexpr, D2: tl.constexpr, D3: tl.constexpr,
                       D4: tl.constexpr, P0: tl.constexpr, P1: tl.constexpr, P2: tl.constexpr, P3: tl.constexpr,
                       P4: tl.constexpr, DL: tl.constexpr, PL: tl.constexpr, BLOCK_M: tl.constexpr,
-                      PREC: tl.constexpr):
+                      CHUNK: tl.constexpr, PREC: tl.constexpr):
     """Member ``program_id(1)``'s rows of block ``program_id(0)``: dy [P, B, DL] and the saved h_i
-    → dz_i [P, B, D_i] for i = L-1 .. 1 (L >= 2)."""
+    → dz_i [P, B, D_i] for i = L-1 .. 1 (L >= 2); CHUNK > 0 (L >= 3): dz_2 and dz_1 by
+    :func:`_back_chunked_pair`."""
     p = tl.program_id(1).to(tl.int64)
     rows = tl.program_id(0).to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)
     ok = rows < B
     g = _load_rows(dy_ptr + p * B * DL, rows, ok, DL, PL)
     if L > 3:
         g = _back(g, w4 + p * (D3 * D4), h3_ptr + p * B * D3, g3_ptr + p * B * D3, rows, ok, D3, D4, P3, P4, PREC)
-    if L > 2:
-        g = _back(g, w3 + p * (D2 * D3), h2_ptr + p * B * D2, g2_ptr + p * B * D2, rows, ok, D2, D3, P2, P3, PREC)
-    if L > 1:
-        g = _back(g, w2 + p * (D1 * D2), h1_ptr + p * B * D1, g1_ptr + p * B * D1, rows, ok, D1, D2, P1, P2, PREC)
+    if L > 2 and CHUNK > 0:
+        _back_chunked_pair(g, w2 + p * (D1 * D2), w3 + p * (D2 * D3), h1_ptr + p * B * D1, h2_ptr + p * B * D2,
+                           g1_ptr + p * B * D1, g2_ptr + p * B * D2, rows, ok, D1, D2, D3, P1, P3, BLOCK_M, CHUNK,
+                           PREC)
+    else:
+        if L > 2:
+            g = _back(g, w3 + p * (D2 * D3), h2_ptr + p * B * D2, g2_ptr + p * B * D2, rows, ok, D2, D3, P2, P3,
+                      PREC)
+        if L > 1:
+            g = _back(g, w2 + p * (D1 * D2), h1_ptr + p * B * D1, g1_ptr + p * B * D1, rows, ok, D1, D2, P1, P2,
+                      PREC)
 
 
 @triton.jit
@@ -240,6 +329,12 @@ def _block_m(rows: int, members: int, most: int | None = None, least: int = 16) 
     return block
 
 
+def _chunk(units: int, layers: int, grid: tuple[int, int]) -> int:
+    """The CHUNK constexpr of a row-grid launch: ``units`` (the module's CHUNK_N or CHUNK_N_DZ) for
+    3 layers or more on a grid of at least MIN_PROGRAMS programs, else 0 (whole layers)."""
+    return units if layers >= 3 and grid[0] * grid[1] >= MIN_PROGRAMS else 0
+
+
 def _units(dims: list[int], members: int, meta: dict) -> dict:
     """Output units per program of each layer's weight gradient (``N1`` .. ``N4``, unused layers 16):
     the largest power of two <= MAX_BLOCK_N and the padded width that leaves at least
@@ -253,23 +348,32 @@ def _units(dims: list[int], members: int, meta: dict) -> dict:
 
 
 def _forward(x: Tensor, weights: Sequence[Tensor], biases: Sequence[Tensor], save: bool, prec: str,
-             split: int | None = None):
+             split: int | None = None, schedule: tuple | None = None):
     """Launch the forward kernel: y [P, S, D_n] (S = ``split``, default B), the list h_1 .. h_{n-1}
     of those rows (empty unless ``save``) and y2 [P, B − S, D_n] of the other rows (None without a
-    ``split``)."""
+    ``split``); with ``schedule`` = (step, start, end, duration, u) (no save, no split) y is the
+    int64 [P·B] ε-greedy actions instead."""
     members, rows = x.shape[0], x.shape[1]
     head = rows if split is None else split
     dims = [x.shape[2]] + [w.shape[2] for w in weights]
-    y = x.new_empty(members, head, dims[-1])
+    if schedule is None:
+        y = x.new_empty(members, head, dims[-1])
+    else:
+        y = torch.empty(members * rows, dtype=torch.int64, device=x.device)
     y2 = None if split is None else x.new_empty(members, rows - head, dims[-1])
     hs = [x.new_empty(members, head, d) for d in dims[1:-1]] if save else []
     if rows:
         block_m = _block_m(rows, members, least=16 if save else MIN_BLOCK_M_NO_SAVE)
         wb = zip(_fill(weights, MAX_LAYERS, weights[0]), _fill(biases, MAX_LAYERS, biases[0]))
-        _member_forward_kernel[(triton.cdiv(rows, block_m), members)](
+        sched = schedule if schedule is not None else (x,) * 5  # unread pointers without ACT
+        grid = (triton.cdiv(rows, block_m), members)
+        _member_forward_kernel[grid](
             x, x.stride(0), y, y if y2 is None else y2, *(t for pair in wb for t in pair),
-            *_fill(hs, MAX_LAYERS - 1, y), rows, head, **_layout(dims), BLOCK_M=block_m, SAVE=save,
-            SPLIT=split is not None, PREC=prec, num_warps=NUM_WARPS)
+            *_fill(hs, MAX_LAYERS - 1, x), rows, head, *sched, **_layout(dims), BLOCK_M=block_m,
+            CHUNK=_chunk(CHUNK_N, len(weights), grid), SAVE=save, SPLIT=split is not None,
+            ACT=schedule is not None, RANDOM_BITS=RANDOM_BITS, PREC=prec, num_warps=NUM_WARPS,
+            num_stages=NUM_STAGES_FORWARD,
+            enable_fp_fusion=False)  # every launch: the ε schedule's roundings, and Q the same bits with or without it
     return y, hs, y2
 
 
@@ -285,9 +389,11 @@ def _backward(x: Tensor, weights: Sequence[Tensor], hs: Sequence[Tensor], dy: Te
     gs = [x.new_empty(members, rows, d) for d in dims[1:-1]] + [dy]  # dz_1 .. dz_{n-1}, then dz_n = dy
     if rows and n > 1:
         block_m = _block_m(rows if tile_rows is None else tile_rows, members, MAX_BLOCK_M_DZ)
-        _member_dz_kernel[(triton.cdiv(rows, block_m), members)](
+        grid = (triton.cdiv(rows, block_m), members)
+        _member_dz_kernel[grid](
             dy, *_fill(weights[1:], MAX_LAYERS - 1, dy), *_fill(hs, MAX_LAYERS - 1, dy),
-            *_fill(gs[:-1], MAX_LAYERS - 1, dy), rows, **meta, BLOCK_M=block_m, PREC=prec, num_warps=NUM_WARPS)
+            *_fill(gs[:-1], MAX_LAYERS - 1, dy), rows, **meta, BLOCK_M=block_m,
+            CHUNK=_chunk(CHUNK_N_DZ, n, grid), PREC=prec, num_warps=NUM_WARPS, num_stages=NUM_STAGES_DZ)
     dws = [torch.empty_like(w) for w in weights]
     dbs = [x.new_empty(members, 1, d) for d in dims[1:]]
     units = _units(dims, members, meta)
@@ -336,9 +442,9 @@ def _rows_contiguous(x: Tensor) -> bool:
     return x.is_contiguous() or (x[0].is_contiguous() and x.stride(0) >= 0)
 
 
-def _problem(x, weights, biases) -> str | None:
-    """Why (x, weights, biases) is outside :func:`member_mlp_chain`'s contract, or None."""
-    op = "member_mlp_chain"
+def _problem(x, weights, biases, op: str = "member_mlp_chain") -> str | None:
+    """Why (x, weights, biases) is outside :func:`member_mlp_chain`'s contract, or None (messages
+    prefixed ``op``)."""
     if not isinstance(x, Tensor):
         return f"{op}: x must be a tensor, got {describe(x)}"
     if not isinstance(weights, (list, tuple)) or not isinstance(biases, (list, tuple)):

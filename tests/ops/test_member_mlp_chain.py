@@ -78,6 +78,41 @@ def test_kernel_equals_reference_with_gradients(members, rows, dims):
         assert (z1 > 0).any() and (z1 < 0).any()
 
 
+CHUNKED = [s for s in SHAPES if len(s[2]) >= 4] + [(2, 37, [5, 33, 70, 9]), (2, 9, [3, 7, 1, 5])]
+
+
+@pytest.mark.parametrize("members,rows,dims", CHUNKED,
+                         ids=[f"P{p}-B{b}-{'x'.join(map(str, d))}" for p, b, d in CHUNKED])
+def test_chunked_layers_equal_reference_with_gradients(monkeypatch, members, rows, dims):
+    """Layers 2 and 3 by chunks of CHUNK_N units (forward) and CHUNK_N_DZ (dz), as a grid of at
+    least MIN_PROGRAMS programs takes them (MIN_PROGRAMS 1 here): y and every gradient equal the
+    reference to float rounding, through the split too (widths 70 and 7: a partial last chunk, one
+    chunk; a width 1 between)."""
+    chunks = []
+    real = mod._chunk
+    monkeypatch.setattr(mod, "MIN_PROGRAMS", 1)
+    monkeypatch.setattr(mod, "_chunk", lambda *a: chunks.append(real(*a)) or chunks[-1])
+    x, ws, bs, up = _case(members, rows, dims, seed=rows + 3 * len(dims))
+    got = _run(_kernel, x, ws, bs, up)
+    want = _run(member_mlp_chain_reference, x, ws, bs, up)
+    for a, e, name in zip(got, want, _names(len(ws))):
+        torch.testing.assert_close(a, e, rtol=1e-5, atol=2e-5, msg=name)
+    assert chunks == [mod.CHUNK_N, mod.CHUNK_N_DZ]
+    half = rows // 2
+    got = _run(lambda *a: member_mlp_chain_split(*a, half, backend="triton")[0], x, ws, bs, up[:, :half])
+    want = _run(lambda *a: member_mlp_chain_reference(*a)[:, :half], x, ws, bs, up[:, :half])
+    for a, e, name in zip(got, want, _names(len(ws))):
+        torch.testing.assert_close(a, e, rtol=1e-5, atol=2e-5, msg=f"split {name}")
+
+
+def test_chunks_only_on_a_wide_grid():
+    """Whole layers for fewer than 3 layers or a grid of fewer than MIN_PROGRAMS programs (at P = 1
+    the chunks measured slower on the H200), chunks otherwise."""
+    assert mod._chunk(32, 3, (2, 512)) == 32 and mod._chunk(32, 4, (mod.MIN_PROGRAMS, 1)) == 32
+    assert mod._chunk(32, 3, (16, 1)) == 0 and mod._chunk(32, 2, (2, 512)) == 0
+    assert mod._chunk(32, 3, (1, mod.MIN_PROGRAMS - 1)) == 0
+
+
 def test_reference_is_the_member_layers():
     """member_mlp_chain_reference is member_linear + relu as MemberQNetwork stacks them, and each
     member's y is its classic network's (nn.Linear of the transposed weight)."""
