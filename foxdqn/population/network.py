@@ -16,7 +16,8 @@ CartPole populations) of a ReLU MLP of 1 to 4 layers, every width <= 128, runs o
 update's online forward with gradient is one kernel and its backward two (issue 33: the layers'
 batched GEMMs, ReLUs and autograd's elementwise kernels over ``[P, B, hidden]``), the target
 network's forward one kernel; the collect step's action selection fuses it too
-(:meth:`MemberQNetwork.acting_args`: one kernel in place of six). On the CPU (outside
+(:meth:`MemberQNetwork.acting_chain_args`: the chain and the ε-greedy selection in one kernel). A
+plain head wider than that acts through its layers and the ε-greedy kernel. On the CPU (outside
 :func:`foxdqn.ops.backend.cpu_kernels`) the layers run, so that a member equals a population of
 one bit for bit (:meth:`MemberQNetwork.layer`). Members never mix: member p's outputs read only
 member p's parameters and inputs.
@@ -180,17 +181,17 @@ class MemberQNetwork(nn.Module):
         None. Host metadata only."""
         return self._fused_args(obs) if self.dueling else None
 
-    def acting_args(self, obs: torch.Tensor) -> tuple[list, list, bool] | None:
-        """:meth:`q_forward_args` for the collect step's ε-greedy selection
-        (:func:`foxdqn.step.act.act` reads it first): there a plain Q head's ReLU network is fused
-        too (:func:`foxdqn.ops.q_forward_epsilon_greedy.q_forward_epsilon_greedy`, one kernel where
-        its layers and the selection are six), while :meth:`forward` runs a plain head's network
-        as :func:`~foxdqn.ops.member_mlp_chain.member_mlp_chain` (:meth:`chain_args`). A subclass whose Q is not its layers'
-        (:mod:`foxdqn.population.distributional`: it overrides :meth:`forward`) gets its own
-        :meth:`q_forward_args`. Host metadata only."""
-        if self.dueling or type(self).forward is not MemberQNetwork.forward:
-            return self.q_forward_args(obs)
-        return self._fused_args(obs)
+    def acting_chain_args(self, obs: torch.Tensor) -> tuple[list, list] | None:
+        """:meth:`chain_args` for the collect step's ε-greedy selection
+        (:func:`foxdqn.step.act.act`: :func:`~foxdqn.ops.member_mlp_chain_epsilon_greedy.member_mlp_chain_epsilon_greedy`,
+        one kernel for the chain and the selection), or None: also where a subclass's Q is not its
+        layers' output (:mod:`foxdqn.population.distributional` overrides :meth:`forward`). A plain
+        head wider than the chain takes its layers then the ε-greedy kernel (on the H200 faster
+        than :func:`~foxdqn.ops.q_forward_epsilon_greedy.q_forward_epsilon_greedy` at a few rows
+        per member: docs/bench.md#kernels). Host metadata only."""
+        if type(self).forward is not MemberQNetwork.forward:
+            return None
+        return self.chain_args(obs)
 
     def fusable(self, obs: torch.Tensor) -> bool:
         """Whether a fused no-gradient kernel may replace this network's layers for ``obs``: on

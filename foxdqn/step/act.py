@@ -2,10 +2,12 @@
 
 One kernel where the network's forward is one of the fused ops':
 
-* :func:`foxdqn.ops.q_forward.q_forward`'s (the network says so by an ``acting_args(obs)`` or
-  else a ``q_forward_args(obs)`` method: :class:`foxdqn.nn.qnet.QNetwork` with a dueling head,
-  :class:`foxdqn.population.network.MemberQNetwork` with a dueling or plain head):
-  :func:`foxdqn.ops.q_forward_epsilon_greedy.q_forward_epsilon_greedy`;
+* :func:`foxdqn.ops.q_forward.q_forward`'s (the network says so by a ``q_forward_args(obs)``
+  method: :class:`foxdqn.nn.qnet.QNetwork` or :class:`foxdqn.population.network.MemberQNetwork`
+  with a dueling head): :func:`foxdqn.ops.q_forward_epsilon_greedy.q_forward_epsilon_greedy`;
+* :func:`foxdqn.ops.member_mlp_chain.member_mlp_chain`'s (an ``acting_chain_args(obs)`` method:
+  a population's plain Q head on a ReLU MLP of widths <= 128, one schedule per member):
+  :func:`foxdqn.ops.member_mlp_chain_epsilon_greedy.member_mlp_chain_epsilon_greedy`;
 * a population's distributional or branching head, with :data:`HEAD_KERNELS` (the network has a
   ``fused_epsilon_greedy`` method, which returns the actions, or None where it does not apply: its
   encoder's layers, then one kernel for the head and the selection, e.g.
@@ -25,6 +27,7 @@ import torch
 from torch import nn
 
 from foxdqn.ops.epsilon_greedy import epsilon_greedy
+from foxdqn.ops.member_mlp_chain_epsilon_greedy import member_mlp_chain_epsilon_greedy
 from foxdqn.ops.mlp_chain_epsilon_greedy import mlp_chain_epsilon_greedy
 from foxdqn.ops.q_forward_epsilon_greedy import q_forward_epsilon_greedy
 
@@ -73,12 +76,17 @@ def act(net: nn.Module, obs: torch.Tensor, step: torch.Tensor, start: torch.Tens
         action = head_act(obs, step, start, end, duration, u)
         if action is not None:
             return action
-    fused = getattr(net, "acting_args", None) or getattr(net, "q_forward_args", None)
+    fused = getattr(net, "q_forward_args", None)
     args = fused(obs) if backend != "torch" and fused is not None else None
     if args is not None and groups == (obs.shape[0] if obs.dim() == 3 else 1):
         weights, biases, dueling = args
         return q_forward_epsilon_greedy(obs, weights, biases, dueling=dueling, step=step, start=start, end=end,
                                         duration=duration, u=u, backend="triton")
+    member_chain = getattr(net, "acting_chain_args", None)
+    chain = member_chain(obs) if backend != "torch" and member_chain is not None else None
+    if chain is not None and obs.dim() == 3 and groups == obs.shape[0]:
+        return member_mlp_chain_epsilon_greedy(obs, *chain, step=step, start=start, end=end, duration=duration, u=u,
+                                               backend="triton")
     chain = net.fused_chain(obs) if backend != "torch" and hasattr(net, "fused_chain") else None
     if chain is not None and groups == 1:
         return mlp_chain_epsilon_greedy(obs, *chain, step=step, start=start, end=end, duration=duration, u=u,

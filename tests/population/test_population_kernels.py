@@ -29,7 +29,7 @@ from test_population import CARTPOLE, configs
 
 # a single run's collect step: the explore uniforms, the fused forward + ε-greedy, the env's start
 # draws, its step, the replay row, the monitor sums (bench/results/*kernels-issue33*.md: 6 on the H200)
-COLLECT = ["triton::_member_uniform_kernel", "triton::_q_forward_kernel", "triton::_member_uniform_kernel",
+COLLECT = ["triton::_member_uniform_kernel", "{act}", "triton::_member_uniform_kernel",
            "{step}", "triton::_replay_add_kernel", "triton::_step_stats_kernel"]
 # an update, outside the loss and its backward: the draws, the gather (and the trading env's
 # decode), then the gradient norm, the guard with the monitor sums, Adam, the target update
@@ -47,6 +47,9 @@ LOSS = {"cartpole_cleanrl": 6, "eurusd_dqn": 19}
 CARTPOLE_LOSS = ["triton::_member_forward_kernel", "triton::_member_forward_kernel", "triton::_dqn_td_loss_kernel",
                  "aten::mul", "triton::_member_dz_kernel", "triton::_member_wgrad_kernel"]
 STEP = {"cartpole_cleanrl": "triton::_cartpole_step_kernel", "eurusd_dqn": "triton::_trading_step_kernel"}
+#: the fused forward + ε-greedy: a plain head's member MLP chain (ops/member_mlp_chain_epsilon_greedy.py),
+#: a dueling head's q_forward (ops/q_forward_epsilon_greedy.py)
+ACT = {"cartpole_cleanrl": "triton::_member_forward_kernel", "eurusd_dqn": "triton::_q_forward_kernel"}
 
 
 @pytest.fixture(scope="module", params=["cartpole_cleanrl", "eurusd_dqn"])
@@ -56,7 +59,7 @@ def launches(request):
 
 def test_collect_step_is_the_single_runs_six_launches(launches):
     name, ops = launches
-    assert ops["collect"] == [op.format(step=STEP[name]) for op in COLLECT]
+    assert ops["collect"] == [op.format(step=STEP[name], act=ACT[name]) for op in COLLECT]
 
 
 def test_update_adds_no_launch_outside_its_loss(launches):
@@ -92,38 +95,57 @@ def test_bitflip_collect_step_is_the_single_runs_six_launches(name):
     from foxdqn.population.step import collect_step
 
     s = make_population([f"+experiment={name}", *small_overrides(name)], 3, "cpu")
-    assert launches(lambda: collect_step(s)) == [op.format(step="triton::_bitflip_step_kernel") for op in COLLECT]
+    # the small network of small_overrides acts through the member chain (the shipped 256-wide one
+    # through its layers and the ε-greedy kernel: test_a_wide_plain_head_acts_through_its_layers)
+    assert launches(lambda: collect_step(s)) == [op.format(step="triton::_bitflip_step_kernel",
+                                                           act="triton::_member_forward_kernel") for op in COLLECT]
 
 
 def test_collect_step_fuses_a_plain_q_head():
-    """A plain Q head (CartPole) acts through q_forward_epsilon_greedy (acting_args) where the fused
-    forwards run, while the network's own forward runs member_mlp_chain (q_forward_args None,
-    chain_args given); the actions are epsilon_greedy's of that Q wherever the argmax is clear; on
-    the CPU outside cpu_kernels nothing is fused."""
+    """A plain Q head (CartPole) acts through member_mlp_chain_epsilon_greedy (acting_chain_args)
+    where the fused forwards run, the chain its forward runs too (q_forward_args None); the actions
+    are epsilon_greedy's of that Q, bit for bit; on the CPU outside cpu_kernels nothing is fused."""
     s = build_population(configs(CARTPOLE, [["seed=0"], ["seed=1"], ["seed=2"]]), None, torch.device("cpu"))
     net, p = s.online, s.members
     obs = torch.randn(p, 40, 4, generator=torch.Generator().manual_seed(0))
     step = torch.tensor(50)
     u = torch.rand(p, 2, 40, generator=torch.Generator().manual_seed(1))
     sched = (s.params.eps_start, s.params.eps_end, s.eps_duration, u)
-    assert net.acting_args(obs) is None and net.q_forward_args(obs) is None and net.chain_args(obs) is None
+    assert net.acting_chain_args(obs) is None and net.q_forward_args(obs) is None and net.chain_args(obs) is None
     calls = []
-    real = act_mod.q_forward_epsilon_greedy
+    real = act_mod.member_mlp_chain_epsilon_greedy
     with torch.no_grad(), B.cpu_kernels():
-        assert net.q_forward_args(obs) is None and net.chain_args(obs)[0] == list(net.weights)
-        weights, _, dueling = net.acting_args(obs)
-        assert not dueling and weights == list(net.weights)
-        act_mod.q_forward_epsilon_greedy = lambda *a, **k: calls.append(1) or real(*a, **k)
+        assert net.q_forward_args(obs) is None and net.acting_chain_args(obs)[0] == list(net.weights)
+        act_mod.member_mlp_chain_epsilon_greedy = lambda *a, **k: calls.append(1) or real(*a, **k)
         try:
             got = act(net, obs, step, *sched)
         finally:
-            act_mod.q_forward_epsilon_greedy = real
+            act_mod.member_mlp_chain_epsilon_greedy = real
         q = net(obs)
-        want = epsilon_greedy(q.reshape(-1, q.shape[-1]), step, *sched, backend="torch")
+        want = epsilon_greedy(q.reshape(-1, q.shape[-1]), step, *sched, backend="triton")
     assert calls == [1]
-    top2 = q.reshape(-1, q.shape[-1]).topk(2, dim=1).values
-    clear = (top2[:, 0] - top2[:, 1]) > 1e-4
-    assert clear.sum() > 100 and torch.equal(got[clear], want[clear])
+    assert torch.equal(got, want)
+
+
+def test_a_wide_plain_head_acts_through_its_layers():
+    """bitflip_dqn's shipped network (60 → 256 → 30, wider than the member chain's 128): act()
+    runs its layers, then the ε-greedy kernel (not q_forward_epsilon_greedy, which measured up to
+    15 times slower at 16 rows per member on the H200: docs/bench.md#kernels); the actions are
+    epsilon_greedy's of the network's Q."""
+    from bench.harness import make_population
+    from bench.cpu_kernels import launches
+
+    s = make_population(["+experiment=bitflip_dqn", "env.num_envs=4"], 2, "cpu")
+    obs = torch.randn(2, 4, s.online.weights[0].shape[1], generator=torch.Generator().manual_seed(0))
+    u = torch.rand(2, 2, 4, generator=torch.Generator().manual_seed(1))
+    sched = (torch.tensor(7), s.params.eps_start, s.params.eps_end, s.eps_duration, u)
+    with torch.no_grad(), B.cpu_kernels():
+        assert s.online.acting_chain_args(obs) is None and s.online.q_forward_args(obs) is None
+        ops = launches(lambda: act(s.online, obs, *sched))
+        got = act(s.online, obs, *sched)
+        q = s.online(obs)
+    assert ops[-1] == "triton::_epsilon_greedy_kernel" and "triton::_q_forward_kernel" not in ops, ops
+    assert torch.equal(got, epsilon_greedy(q.reshape(-1, q.shape[-1]), *sched, backend="triton"))
 
 
 #: the small trading network's encoder (bench/cpu_kernels.py SMALL: model.hidden=[16], one hidden layer)
@@ -176,12 +198,13 @@ def test_collect_step_of_a_distributional_or_branching_head(name, fused, monkeyp
 
 @pytest.mark.parametrize("head", ["c51", "iqn"])
 def test_distributional_heads_are_not_fused_for_acting(head):
-    """A C51 or IQN member network's Q is not its layers' output: acting_args is its q_forward_args
-    (None), so act() takes the head's own fused op (its fused_epsilon_greedy), not q_forward's."""
+    """A C51 or IQN member network's Q is not its layers' output: acting_chain_args and
+    q_forward_args are None, so act() takes the head's layers (or its own fused op), not the
+    member chain's or q_forward's."""
     s = build_population(configs([*CARTPOLE, f"head={head}"], [["seed=0"], ["seed=1"]]), None, torch.device("cpu"))
     obs = torch.randn(2, 8, 4)
     with torch.no_grad(), B.cpu_kernels():
-        assert s.online.acting_args(obs) is None and s.online.q_forward_args(obs) is None
+        assert s.online.acting_chain_args(obs) is None and s.online.q_forward_args(obs) is None
 
 
 #: issue 33 item 2: a population's update at P = 3 (small nets), at most this many launches; were
