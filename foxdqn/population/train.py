@@ -50,7 +50,7 @@ from foxdqn.run.checkpoint import write_payload
 from foxdqn.population.diversity import MemberDiversity
 from foxdqn.population.jobs import FINISHED, HALTED, Member, Outcome
 from foxdqn.population.selection import MemberSelection
-from foxdqn.population.state import PopulationState, build_population
+from foxdqn.population.state import build_population
 from foxdqn.population.stats import FIELDS, MemberStats
 from foxdqn.run.trackers import Trackers, open_prometheus
 from foxdqn.step.iteration import make_iteration
