@@ -25,13 +25,16 @@ from foxdqn.nn.c51 import C51Network
 from foxdqn.nn.iqn import IQNNetwork
 from foxdqn.ops import c51_epsilon_greedy as c51_op
 from foxdqn.ops import iqn_epsilon_greedy as iqn_op
+from foxdqn.ops.c51_expected_q import c51_expected_q, c51_expected_q_fits
 from foxdqn.ops.c51_project import support_table
 from foxdqn.population.network import MemberQNetwork, stack_encoder, stack_linears
 
 
 class MemberC51Network(MemberQNetwork):
     """P C51 networks: obs float32 ``[P, M, D]`` → expected Q float32 ``[P, M, A]``,
-    Q = Σ_k softmax(logits)_k z_k (acting, evaluation, Double DQN selection).
+    Q = Σ_k softmax(logits)_k z_k (acting, evaluation, Double DQN selection). Where no gradient is
+    needed and the fused kernels run (:meth:`fusable`), the dueling combine, the softmax and the
+    expectation are one kernel (:func:`foxdqn.ops.c51_expected_q.c51_expected_q`).
 
     ``logits(obs)``: float32 ``[P, M, A, K]``. Buffers (not in the state dict, they come from each
     member's config): ``support`` float32 ``[P, 1, 1, K]``, member p's z_k = v_min_p + k·Δz_p exactly
@@ -121,6 +124,9 @@ class MemberC51Network(MemberQNetwork):
         return (F.softmax(logits, dim=-1) * self.support).sum(dim=-1)
 
     def forward(self, obs: torch.Tensor) -> torch.Tensor:
+        if self.fusable(obs) and c51_expected_q_fits(self.num_actions, self.atoms):
+            value, adv = self.logit_parts(obs)  # no gradient needed: the dueling combine, softmax and mean one kernel
+            return c51_expected_q(adv, value, self.support[:, 0, 0], backend="triton")
         return self.expected_q(self.logits(obs))
 
 

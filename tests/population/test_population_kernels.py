@@ -161,14 +161,14 @@ HEAD_COLLECT = {  # act.HEAD_KERNELS on (issue 33 item 2): were 12, 17, 20 and 2
 }
 EPSILON = ["triton::_epsilon_greedy_kernel"]
 DUELING = ["aten::add", "aten::mean", "aten::sub"]  # v + a − mean_a a
-EXPECTED_Q = ["aten::softmax", "aten::mul", "aten::sum"]  # Σ_k softmax(logits)_k z_k
+EXPECTED_Q = ["triton::_c51_expected_q_kernel"]  # Σ_k softmax(logits)_k z_k (Rainbow: after v + a − mean_a a), one kernel
 HEAD_LAYERS = {  # act.HEAD_KERNELS off (the default): the head's layers, then the ε-greedy kernel
-    "eurusd_c51": ["aten::baddbmm"] + EXPECTED_Q + EPSILON + ENV_TAIL + REPLAY_TAIL,
+    "eurusd_c51": ["aten::baddbmm"] + EXPECTED_Q + EPSILON + ENV_TAIL + REPLAY_TAIL,  # was softmax, mul, sum
     "eurusd_iqn": ["aten::mul", "aten::cos", "triton::_member_linear_kernel", "aten::mul",  # cosine embedding ⊙ h
                    "triton::_member_linear_kernel", "aten::baddbmm", "aten::mean"] + EPSILON + ENV_TAIL + REPLAY_TAIL,
     "eurusd_branching": ["aten::baddbmm"] * 3 + ["triton::_member_linear_kernel"] + DUELING * 3 + [
         "aten::add", "aten::add", "aten::div"] + EPSILON + ENV_TAIL + REPLAY_TAIL,  # joint Q: the branches' mean
-    "eurusd_rainbowish": ["aten::baddbmm"] * 2 + DUELING + EXPECTED_Q + EPSILON + ENV_TAIL + [
+    "eurusd_rainbowish": ["aten::baddbmm"] * 2 + EXPECTED_Q + EPSILON + ENV_TAIL + [  # was + DUELING + 3
         "triton::_per_insert_row_kernel"] + REPLAY_TAIL,
 }
 
@@ -205,6 +205,31 @@ def test_distributional_heads_are_not_fused_for_acting(head):
     obs = torch.randn(2, 8, 4)
     with torch.no_grad(), B.cpu_kernels():
         assert s.online.acting_chain_args(obs) is None and s.online.q_forward_args(obs) is None
+
+
+@pytest.mark.parametrize("dueling", [False, True], ids=["q", "duel"])
+def test_c51_forward_takes_the_expected_q_op_without_gradient(dueling, monkeypatch):
+    """MemberC51Network's forward: inside cpu_kernels without gradient the op (the Q of its own
+    logits to float rounding); outside cpu_kernels, or with a gradient, its torch ops."""
+    from foxdqn.population import distributional as dist
+
+    head = ["head=c51"] + (["head.dueling=true"] if dueling else [])
+    s = build_population(configs([*CARTPOLE, *head], [["seed=0"], ["seed=1"]]), None, torch.device("cpu"))
+    net = s.online
+    calls = []
+    real = dist.c51_expected_q
+    monkeypatch.setattr(dist, "c51_expected_q", lambda *a, **k: calls.append(1) or real(*a, **k))
+    obs = torch.randn(2, 9, 4, generator=torch.Generator().manual_seed(7))
+    with torch.no_grad():
+        want = net.expected_q(net.logits(obs))
+        assert torch.equal(net(obs), want) and not calls  # outside cpu_kernels: the torch ops
+        with B.cpu_kernels():
+            got = net(obs)
+    assert calls == [1]
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=2e-6)
+    with B.cpu_kernels():
+        net(obs)  # grad mode on: the torch ops (the parameters need a gradient)
+    assert calls == [1]
 
 
 #: issue 33 item 2: a population's update at P = 3 (small nets), at most this many launches; were
