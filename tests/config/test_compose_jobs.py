@@ -52,6 +52,32 @@ def test_jobs_that_share_a_list_override_get_their_own_lists(hydra_initialised):
     assert compose_module.parsed_override("model.hidden=[16]") is compose_module.parsed_override("model.hidden=[16]")
 
 
+@pytest.mark.parametrize("text", ["seed=0", "seed=17", "seed=-3", "env.num_envs=4096", "a_b.c_1=10", "seed=007",
+                                  "seed=1_000", "seed=+5", "seed=1.5", "seed=1e3", "+seed=3", "~seed=3", "seed=3,4",
+                                  "seed@pkg=3", "model=mlp", "seed=", "seed= 3", "seed=abc", "a-b=3", "seed=99999999999999999999"])
+def test_a_plain_int_override_is_built_as_hydras_parser_builds_it(text):
+    """parsed_override's fast path (``key=<decimal int>``, a seed) gives the Override Hydra's parser
+    gives (field by field, the value's type included); any other text goes to the parser."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    fast = compose_module._PLAIN_INT.fullmatch(text) is not None
+    assert fast == (text in {"seed=0", "seed=17", "seed=-3", "env.num_envs=4096", "a_b.c_1=10",
+                             "seed=99999999999999999999"})
+    compose_module._PARSED.pop(text, None)
+    try:
+        want = OverridesParser.create().parse_override(text)
+    except Exception as exc:  # noqa: BLE001 - the parser refuses it: so must parsed_override
+        with pytest.raises(type(exc)):
+            compose_module.parsed_override(text)
+        assert not fast
+        return
+    got = compose_module.parsed_override(text)
+    assert got == want and type(got.value()) is type(want.value())
+    assert got.get_key_element() == want.get_key_element()
+    if not want.is_sweep_override():
+        assert got.get_value_element_as_str() == want.get_value_element_as_str()
+
+
 @pytest.mark.parametrize("second", [
     ["+experiment=cartpole_cleanrl", "debug=smoke", "seed=1", "head.double=false", "debug.inject_nan_at_step=null"],
     ["+experiment=cartpole_cleanrl", "debug=smoke", "seed=1", "head.double=true", "debug.inject_nan_at_step=5"],
