@@ -17,7 +17,7 @@ the replay distribution. For distributional heads, Q is the network's expected Q
 The arithmetic is :func:`iql_loss`, which a population (:func:`foxdqn.population.objective.member_loss`)
 calls with a leading member axis: each member's own Q, target and value networks, its own
 expectile τ (a ``[P]`` tensor) and means over its own B rows. After the networks' forwards, the
-loss, td and the gradients w.r.t. Q(s, a) and V(s) are one op, :func:`foxdqn.ops.iql_loss.iql_loss`
+loss, |td| and the gradients w.r.t. Q(s, a) and V(s) are one op, :func:`foxdqn.ops.iql_loss.iql_loss`
 (one kernel on CUDA; its reference, the torch arithmetic, on the CPU).
 """
 from __future__ import annotations
@@ -48,9 +48,9 @@ def iql_loss(online, target, value_net, batch, expectile_tau: float | torch.Tens
         members: P for a population batch; None for one run.
 
     Returns:
-        ``(loss, td, q_all)``: loss float32 0-d = Σ_b w_b (L_Q,b + L_V,b) / B (``[P]`` with
-        ``members``: member p's own mean over its B rows; members never mix); td float32 ``[B]``
-        (``[P, B]``) = R + discount · V(s') − Q(s, a), detached (the callers read |td|); q_all
+        ``(loss, td_abs, q_all)``: loss float32 0-d = Σ_b w_b (L_Q,b + L_V,b) / B (``[P]`` with
+        ``members``: member p's own mean over its B rows; members never mix); td_abs float32 ``[B]``
+        (``[P, B]``) = |R + discount · V(s') − Q(s, a)|, detached (PER's priority signal); q_all
         float32 ``[B, A]`` (``[P, B, A]``) online Q at s, with gradient.
 
     Raises:
@@ -67,9 +67,9 @@ def iql_loss(online, target, value_net, batch, expectile_tau: float | torch.Tens
     with torch.no_grad():
         q_target = target(obs)  # (B, A) Q_θ̂(s, ·)
         v_next = value_net(next_obs)  # (B,) V(s'), eq. 6 target
-    loss, td = fused_iql_loss(q_all, q_target, v_s, v_next, batch.action, batch.reward, batch.discount,
+    loss, td_abs = fused_iql_loss(q_all, q_target, v_s, v_next, batch.action, batch.reward, batch.discount,
                               batch.weight, expectile_tau)
-    return loss, td.view(q_all.shape[:-1]), q_all
+    return loss, td_abs.view(q_all.shape[:-1]), q_all
 
 
 class IQLObjective(Objective):
@@ -99,8 +99,8 @@ class IQLObjective(Objective):
         self.expectile_tau = float(expectile_tau)
 
     def forward_with_q(self, batch) -> tuple[LossOutput, torch.Tensor]:
-        loss, td, q_all = iql_loss(self.online, self.target, self.value_net, batch, self.expectile_tau)
-        return LossOutput(loss, td.detach().abs(), q_all.detach()), q_all
+        loss, td_abs, q_all = iql_loss(self.online, self.target, self.value_net, batch, self.expectile_tau)
+        return LossOutput(loss, td_abs, q_all.detach()), q_all
 
     def forward(self, batch) -> LossOutput:
         return self.forward_with_q(batch)[0]

@@ -20,12 +20,12 @@ no gradient to Q and L_Q none to V(s). G = 1 (one run, a float τ): loss is 0-d
 g·B_g .. (g+1)·B_g − 1 are member g's): loss is ``[G]`` (foxdqn.population.objective.member_loss).
 
 Registration: a ``torch.autograd.Function``, as :mod:`foxdqn.ops.dqn_td_loss`. The forward kernel
-writes the loss, td (detached) and both gradients; backward multiplies the saved gradients by the
-upstream gradient (one multiply each). Memory: the forward allocates ∂loss/∂q (float32, ``[G·B_g,
+writes the loss, |td_b| (detached: td's only use is PER's priority signal) and both gradients;
+backward multiplies the saved gradients by the upstream gradient (one multiply each). Memory: the forward allocates ∂loss/∂q (float32, ``[G·B_g,
 A]``, contiguous whatever ``q``'s strides) and ∂loss/∂V (float32 ``[G·B_g]``) and keeps them until
 backward runs (or the graph is freed). Capturable in a CUDA graph (device ops only, fixed shapes).
 Double backward is not supported. NaN: a NaN in a row's inputs makes its loss terms, hence its
-group's loss, NaN (and its td and gradients); the other groups' stay finite; the guard skips such
+group's loss, NaN (and its |td| and gradients); the other groups' stay finite; the guard skips such
 an update.
 
 Launch: one kernel of ``G · NB`` programs, ``NB = ceil(B_g / BLOCK_R)`` row blocks per group. Unlike
@@ -34,7 +34,7 @@ at most ``dqn_td_loss.TILE`` values, halved until one group has ``MIN_PROGRAMS``
 member's blocks, its partial sums and their order, hence its loss's bits, are those of its run of
 one member whatever the population's size. Program ``p = g·NB + k`` handles rows ``k·BLOCK_R ..``
 of group g only: it reads Q(s, a) and Q_target(s, a) at the taken action only (one value a row,
-through ``q``'s strides), writes td, ∂loss/∂V and the row's ∂loss/∂q (zero off the taken action)
+through ``q``'s strides), writes |td|, ∂loss/∂V and the row's ∂loss/∂q (zero off the taken action)
 and its partial Σ w_b (L_Q,b + L_V,b) (``tl.sum``, a fixed tree) into slot p of a float32 scratch.
 The last program to finish (a ticket, as in :mod:`foxdqn.ops.dqn_td_loss`:
 ``dqn_td_loss.group_sums_of_last_program``) sums each group's partials in program order and
@@ -75,7 +75,7 @@ def _iql_loss_kernel(
     tau_ptr,  # f32 [G] (TAU_PER_GROUP)
     tau, one_minus_tau,  # float τ and 1 − τ (not TAU_PER_GROUP)
     loss_ptr,  # f32 [G] out (written by the last program)
-    td_ptr,  # f32 [G·Bg] out td
+    td_ptr,  # f32 [G·Bg] out |td|
     dq_ptr,  # f32 [G·Bg, A] contiguous, out ∂loss/∂q
     dv_ptr,  # f32 [G·Bg] out ∂loss/∂V(s)
     part_ptr,  # f32 [G·NB] scratch: program p's partial Σ w (L_Q + L_V)
@@ -115,7 +115,7 @@ def _iql_loss_kernel(
     loss_q = td * td  # eq. 6
     loss = loss_q * w + loss_v * w
     tl.store(part_ptr + tl.program_id(0), tl.sum(tl.where(ok, loss, 0.0), axis=0))
-    tl.store(td_ptr + row, td, mask=ok)
+    tl.store(td_ptr + row, tl.abs(td), mask=ok)
     scale = w * inv_n
     tl.store(dv_ptr + row, -((scale * k) * (2.0 * u)), mask=ok)
     grad = -(scale * (2.0 * td))
@@ -139,7 +139,7 @@ def _blocks(groups: int, rows_per_group: int, num_actions: int, min_programs: in
 
 
 class _IQLLoss(torch.autograd.Function):
-    """loss, td = kernel(q, ...); backward: saved ∂loss/∂q and ∂loss/∂V times the upstream gradient."""
+    """loss, |td| = kernel(q, ...); backward: saved ∂loss/∂q and ∂loss/∂V times the upstream gradient."""
 
     @staticmethod
     def forward(ctx, q3, qt3, v, v_next, action, reward, discount, weight, tau_t, tau_f, groups):
@@ -249,7 +249,7 @@ def _reference(q3, qt3, v, v_next, action, reward, discount, weight, expectile, 
     td = y - q_sa
     loss_q = td.square()  # eq. 6
     w = weight.view(rows)  # objectives.base.weighted_mean, twice
-    return (loss_q * w).mean(dim=-1) + (loss_v * w).mean(dim=-1), td.detach().reshape(-1)
+    return (loss_q * w).mean(dim=-1) + (loss_v * w).mean(dim=-1), td.detach().abs().reshape(-1)
 
 
 def iql_loss_reference(q, q_target, v, v_next, action, reward, discount, weight, expectile):
@@ -262,7 +262,7 @@ def iql_loss_reference(q, q_target, v, v_next, action, reward, discount, weight,
 def iql_loss(q: torch.Tensor, q_target: torch.Tensor, v: torch.Tensor, v_next: torch.Tensor, action: torch.Tensor,
              reward: torch.Tensor, discount: torch.Tensor, weight: torch.Tensor, expectile: float | torch.Tensor, *,
              backend: str = "auto") -> tuple[torch.Tensor, torch.Tensor]:
-    """IQL's loss L_Q + L_V (Kostrikov et al. 2021, eqs. 5–6), its td and (in backward) its
+    """IQL's loss L_Q + L_V (Kostrikov et al. 2021, eqs. 5–6), its |td| and (in backward) its
     gradients w.r.t. ``q`` (at the taken actions) and ``v``.
 
     Formulas: module docstring. One forward kernel (a grid of G·NB row-block programs; each
@@ -286,9 +286,10 @@ def iql_loss(q: torch.Tensor, q_target: torch.Tensor, v: torch.Tensor, v_next: t
         backend: ``"auto"`` (Triton for CUDA tensors, else torch), ``"triton"``, ``"torch"``.
 
     Returns:
-        (loss, td): loss float32 0-d (float τ) or ``[G]`` (tensor τ), Σ_b w_b (L_Q,b + L_V,b) / B_g
-        of each group's own rows, differentiable w.r.t. ``q`` and ``v``; td float32 ``[B]`` =
-        R + discount · V(s') − Q(s, a), detached. On the Triton backend the loss's graph holds
+        (loss, td_abs): loss float32 0-d (float τ) or ``[G]`` (tensor τ), Σ_b w_b (L_Q,b + L_V,b) / B_g
+        of each group's own rows, differentiable w.r.t. ``q`` and ``v``; td_abs float32 ``[B]`` =
+        |R + discount · V(s') − Q(s, a)|, detached (PER's priority signal: the kernel writes it, no
+        ``abs`` launch after it). On the Triton backend the loss's graph holds
         ∂loss/∂q (float32 ``[B, A]``) and ∂loss/∂V (``[B]``) from this call until backward.
 
     Raises:
@@ -302,6 +303,6 @@ def iql_loss(q: torch.Tensor, q_target: torch.Tensor, v: torch.Tensor, v_next: t
         return _reference(q3, qt3, v1, vn1, action, reward, discount, weight, expectile, groups)
     tau_t = expectile.contiguous() if isinstance(expectile, torch.Tensor) else None
     tau_f = 0.5 if tau_t is not None else float(expectile)
-    loss, td = _IQLLoss.apply(q3, qt3.detach(), v1.contiguous(), vn1.detach().contiguous(), action.contiguous(),
+    loss, td_abs = _IQLLoss.apply(q3, qt3.detach(), v1.contiguous(), vn1.detach().contiguous(), action.contiguous(),
                               reward.contiguous(), discount.contiguous(), weight.contiguous(), tau_t, tau_f, groups)
-    return loss, td
+    return loss, td_abs

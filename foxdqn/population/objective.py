@@ -236,8 +236,8 @@ def member_loss(online: MemberQNetwork, target: MemberQNetwork, batch: Batch, me
     if value is not None:
         if expectile is None:
             raise ValueError("member_loss: IQL (value given) needs each member's expectile τ, float32 [P]")
-        loss, td, q = iql_loss(online, target, value, batch, expectile, members=members)
-        td_abs = td.detach().abs().view(-1)
+        loss, td_abs, q = iql_loss(online, target, value, batch, expectile, members=members)
+        td_abs = td_abs.view(-1)  # |td|, written by the loss's kernel
     elif isinstance(online, MemberBranchingNetwork):
         loss, td_abs, q = member_branching_loss(online, target, batch, members, huber_delta, double, penalty=penalty)
     elif isinstance(online, MemberC51Network):

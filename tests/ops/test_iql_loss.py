@@ -1,5 +1,5 @@
 """foxdqn.ops.iql_loss: the fused kernel (TRITON_INTERPRET=1 on CPU) against the torch reference
-(loss, td and the gradients w.r.t. q and v against autograd of the reference), against a
+(loss, |td| and the gradients w.r.t. q and v against autograd of the reference), against a
 hand-computed case; odd group sizes and action counts, one to three groups, τ near 0 and 1 and one
 per group, u exactly 0, non-uniform weights, a NaN in one group's rows, a strided q, bad
 arguments; the grid of row blocks (many blocks, the last partial, each group's loss the same bits
@@ -154,7 +154,7 @@ def test_hand_computed():
         loss, td = iql_loss(q, *args, v, *rest, backend=backend)
         loss.backward()
         torch.testing.assert_close(loss, torch.tensor(3.08))
-        torch.testing.assert_close(td, torch.tensor([-0.6, -1.5]))
+        torch.testing.assert_close(td, torch.tensor([0.6, 1.5]))  # |td|
         torch.testing.assert_close(q.grad, torch.tensor([[0.0, 0.6], [3.0, 0.0]]))
         torch.testing.assert_close(v.grad, torch.tensor([-0.7, 0.6]))
         assert not td.requires_grad
