@@ -74,7 +74,7 @@ def test_summary_and_table_have_the_oracle_on_a_generated_market(train_cli, tmp_
     assert res.returncode == 0, res.stderr[-2000:]
     summary = json.loads((tmp_path / "run" / "eval" / "summary.json").read_text())
     assert list(summary["metrics"]) == ["agent", "buy_and_hold", "flat", "oracle"]
-    assert summary["metrics"]["oracle"]["num_trades"] > 0 and summary["bars"] == 599
+    assert summary["metrics"]["oracle"]["num_trades"] > 0 and summary["bars"] == 256  # debug.max_eval_bars
     assert summary["data"].startswith("ar1_1h (generated: ") and "phi=0.2" in summary["data"]
     header = (tmp_path / "run" / "eval" / "equity.csv").read_text().splitlines()[0]
     assert header == "timestamp,agent_equity,buy_and_hold_equity,flat_equity,oracle_equity,agent_exposure"

@@ -52,6 +52,7 @@ def test_default_smoke_writes_every_output(tmp_path):
     equity = (tmp_path / "run" / "eval" / "equity.csv").read_text().splitlines()
     assert equity[0] == "timestamp,agent_equity,buy_and_hold_equity,flat_equity,agent_exposure"
     assert len(equity) == summary["bars"] + 2
+    assert summary["bars"] == 256  # debug=smoke: debug.max_eval_bars, the test walk's first 256 bars
     log = (tmp_path / "run" / "train.log").read_text()
     assert_timings(tmp_path / "run", summary, log)
     # the console ends with the results; the action-diversity lines and the breakdown are in train.log only

@@ -214,8 +214,10 @@ def evaluate_agents(cfg, market, online: torch.nn.Module, device: torch.device, 
     walks = {name: _walks(cfg, market, split, device, chosen[name], agents if name == "agent" else 1, capturable)
              for name in policies if name in chosen}
     online.train()
-    start, end = market.splits[split]
-    steps = end - 1 - max(start, cfg.env.window - 1)  # a whole walk: first valid bar to the split's last
+    from foxdqn.envs.trading import walk_bounds  # the trading env: with a trading walk only
+
+    first_valid, last_bar = walk_bounds(market, split, cfg.env.window, cfg.debug.max_eval_bars)
+    steps = last_bar - first_valid  # a whole walk: first valid bar to the split's last (or debug.max_eval_bars)
     floor = RUIN_FRACTION * float(cfg.env.execution.initial_equity)
     walks = {name: [_to_full_length(w, steps, floor) for w in ws] for name, ws in walks.items()}
     bench = walks["buy_and_hold"][0] if "buy_and_hold" in walks else None

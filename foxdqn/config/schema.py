@@ -581,11 +581,15 @@ class DebugConfig:
     max_learning_starts: Optional[int] = None  # cap on agent.learning_starts
     max_replay_capacity: Optional[int] = None  # cap on replay.capacity
     max_hidden: Optional[int] = None  # cap on every width of model.hidden
+    max_eval_bars: Optional[int] = None  # trading: each evaluation walk (validation, test, gate) ends after this many bars
     fit_prune_schedule: bool = False  # with max_env_steps: shrink prune.start/end_update and frequency by the same ratio
     inject_nan_at_step: Optional[int] = None  # poison the loss at this update (guard test)
     inject_lr_spike_at_step: Optional[int] = None  # learning rate x 2**100 for this one update (guard.max_weight test)
 
     def validate(self) -> None:
+        if self.max_eval_bars is not None and (isinstance(self.max_eval_bars, bool) or self.max_eval_bars < 1):
+            raise ConfigError(f"debug.max_eval_bars={self.max_eval_bars} must be >= 1 (bars of an evaluation walk) "
+                              f"or null (the whole split)")
         for key in ("inject_nan_at_step", "inject_lr_spike_at_step"):
             value = getattr(self, key)
             if value is not None and value < 0:

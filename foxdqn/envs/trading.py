@@ -128,6 +128,9 @@ class TradingEnv:
         dtype: floating dtype of prices, accounting, observations and rewards.
         generator: ``torch.Generator`` on ``device``; the only source of randomness.
         eval_mode: deterministic walks through the split, one per env (see module docstring).
+        max_eval_bars: in eval mode, the walks end after this many steps at most (``last_bar =
+            min(end - 1, first_valid + max_eval_bars)``: ``debug.max_eval_bars``, a smoke run's
+            shorter evaluation); None (the default): the whole split. Ignored in training mode.
 
     Raises:
         ValueError: naming the parameter: ``num_envs``/``window``/``episode_length`` not an
@@ -187,6 +190,7 @@ class TradingEnv:
         dtype: torch.dtype = torch.float32,
         generator: torch.Generator,
         eval_mode: bool = False,
+        max_eval_bars: int | None = None,
     ) -> None:
         num_envs = positive_int(num_envs, "num_envs")
         window = positive_int(window, "window")
@@ -216,8 +220,7 @@ class TradingEnv:
         self.window = window
         self.episode_length = episode_length
         self.split = (start, end)
-        self.first_valid = max(start, window - 1)
-        self.last_bar = end - 1
+        self.first_valid, self.last_bar = walk_bounds(market, split, window, max_eval_bars if eval_mode else None)
         self.start_high = self.first_valid if eval_mode else max(self.first_valid, self.last_bar - episode_length)
         longest = self.last_bar - self.first_valid
         if self.path_bars is not None:  # path k's starts: k·L + W-1 .. k·L + L-1-episode_length
@@ -604,6 +607,18 @@ def _check_paths(path_bars: int, window: int, episode_length: int, eval_mode: bo
     if path_bars - 1 - episode_length < window - 1:
         raise ValueError(f"market: training paths of {path_bars} bars leave no start for an episode of "
                          f"episode_length={episode_length} steps after the window warm-up of {window} bars")
+
+
+def walk_bounds(market: MarketData, split: str, window: int, max_eval_bars: int | None = None) -> tuple[int, int]:
+    """``(first_valid, last_bar)`` of a walk of ``split``: ``max(start, window − 1)`` and ``end − 1``,
+    or with ``max_eval_bars`` (an eval walk of ``debug.max_eval_bars``) ``first_valid +
+    max_eval_bars`` where that is sooner. Raises ValueError as :class:`TradingEnv` (the split, or a
+    ``max_eval_bars`` that is not an integer >= 1)."""
+    start, end = _split_range(market, split, window)
+    first_valid, last_bar = max(start, window - 1), end - 1
+    if max_eval_bars is not None:
+        last_bar = min(last_bar, first_valid + positive_int(max_eval_bars, "max_eval_bars"))
+    return first_valid, last_bar
 
 
 def _split_range(market: MarketData, split: str, window: int) -> tuple[int, int]:

@@ -70,7 +70,7 @@ def build_env(cfg: TrainConfig, market, split: str, device: torch.device, genera
     return TradingEnv(
         market, split, num_envs=n, window=cfg.env.window, episode_length=cfg.env.episode_length,
         execution=cfg.env.execution, device=device, dtype=ENV_DTYPES[cfg.env.dtype], generator=generator,
-        eval_mode=eval_mode,
+        eval_mode=eval_mode, max_eval_bars=cfg.debug.max_eval_bars,
     )
 
 

@@ -82,6 +82,7 @@ def test_unknown_key_lists_the_allowed_keys():
     ("agent.learning_starts=100000 agent.total_env_steps=1000", "agent.learning_starts"),
     ("explore.eps_start=0.1 explore.eps_end=0.5", "explore.eps_end"),
     ("debug.inject_nan_at_step=-3", "debug.inject_nan_at_step"),
+    ("debug.max_eval_bars=0", "debug.max_eval_bars"),
 ])
 def test_bad_override_names_field(override, field):
     with pytest.raises(ConfigError) as info:

@@ -20,7 +20,7 @@ HAND_CFG = ExecutionConfig(
 
 
 def build_env(rows=None, *, arrays=None, features=None, window=1, split=None, num_envs=1, episode_length=1000,
-              eval_mode=True, cfg=HAND_CFG, seed=0, dtype=torch.float64, device="cpu", **market):
+              eval_mode=True, cfg=HAND_CFG, seed=0, dtype=torch.float64, device="cpu", max_eval_bars=None, **market):
     """Env from explicit bars ``rows = [(open, high, low, close, spread), ...]`` or ``arrays`` dict, on the
     bar range ``split`` (default all); ``market`` (volatility, medians) goes to :func:`market_from_arrays`."""
     if rows is not None:
@@ -41,6 +41,7 @@ def build_env(rows=None, *, arrays=None, features=None, window=1, split=None, nu
         dtype=dtype,
         generator=torch.Generator(device=torch.device(device)).manual_seed(seed),
         eval_mode=eval_mode,
+        max_eval_bars=max_eval_bars,
     )
 
 

@@ -188,6 +188,29 @@ def test_eval_mode_walks_the_split_once_deterministically(make_env, make_arrays)
     assert int(env.t[0]) == 10 and not bool(env.step(torch.tensor([22])).truncated[0])
 
 
+def test_max_eval_bars_ends_an_eval_walk_early(make_env, make_arrays):
+    """debug.max_eval_bars (a smoke run's evaluation): an eval walk of N bars at most is the first
+    N steps of the whole walk, bit for bit; a cap past the split's end walks the whole split;
+    training mode ignores it; a cap that is not an integer >= 1 is refused, naming it."""
+    arrays = make_arrays(70, seed=2)
+    whole = make_env(arrays=arrays, window=4, split=(10, 60), eval_mode=True).run_policy(_policy)
+    env = make_env(arrays=arrays, window=4, split=(10, 60), eval_mode=True, max_eval_bars=12)
+    assert (env.first_valid, env.last_bar, env.max_episode_steps) == (10, 22, 12)
+    short = env.run_policy(_policy)
+    assert short["index"].tolist() == list(range(10, 23)) and short["equity"].shape == (13,)
+    for name in ("equity", "exposure", "fills", "costs", "fees", "rewards", "actions", "traded_units", "fill_price"):
+        np.testing.assert_array_equal(short[name], whole[name][:short[name].shape[0]], err_msg=name)
+    assert short["trades"] == int(short["fills"].sum())
+    longer = make_env(arrays=arrays, window=4, split=(10, 60), eval_mode=True, max_eval_bars=500)
+    assert longer.last_bar == 59
+    np.testing.assert_array_equal(longer.run_policy(_policy)["equity"], whole["equity"])
+    train = make_env(arrays=arrays, window=4, split=(10, 60), eval_mode=False, episode_length=5, max_eval_bars=3)
+    assert train.last_bar == 59
+    for bad in (0, -1, 2.5, True):
+        with pytest.raises(ValueError, match="max_eval_bars"):
+            make_env(arrays=arrays, window=4, split=(10, 60), eval_mode=True, max_eval_bars=bad)
+
+
 def test_eval_run_policy_stops_at_ruin(make_env):
     rows = [(100.0, 101.0, 99.0, 100.0, 2e-4)] * 3 + [(100.0, 400.0, 99.0, 400.0, 2e-4)] + \
            [(400.0, 401.0, 399.0, 400.0, 2e-4)] * 4
