@@ -70,6 +70,32 @@ def test_a_loop_carried_type_change_fails_by_name(tmp_path):
     assert "FAILED kmod.total" in done.stdout and "Loop-carried variable m" in done.stdout
 
 
+def test_the_records_compiled_in_worker_processes_fail_as_in_one(tmp_path):
+    """compile_errors over forked workers (make test's run: one per core) gives each record the
+    result, and the message, it gets compiled in one process, in the records' order."""
+    (tmp_path / "kgood.py").write_text(GOOD)
+    (tmp_path / "kbad.py").write_text(BAD)
+    sig = {"x_ptr": "*fp32", "out_ptr": "*fp64", "n": "i32", "BLOCK": "constexpr"}
+    found = [{"module": m, "name": "total", "signature": sig, "constexprs": {"BLOCK": b}}
+             for m, b in (("kgood", 16), ("kbad", 16), ("kgood", 32), ("kgood", 64), ("kbad", 64))]
+    driver = tmp_path / "driver.py"
+    driver.write_text(
+        "import json, sys\n"
+        f"sys.path[:0] = [{str(tmp_path)!r}, {str(Path(__file__).parent)!r}]\n"
+        "import compile_kernels as ck\n"
+        "from triton.backends.compiler import GPUTarget\n"
+        f"found = json.loads({json.dumps(json.dumps(found))})\n"
+        "target = GPUTarget('cuda', 90, 32)\n"
+        "print(json.dumps([ck.compile_errors(found, target, workers=w) for w in (1, 2, 3)]))\n")
+    env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": str(tmp_path)}
+    done = subprocess.run([sys.executable, str(driver)], capture_output=True, text=True, env=env, timeout=300)
+    assert done.returncode == 0, done.stdout + done.stderr
+    one, two, three = json.loads(done.stdout.splitlines()[-1])
+    assert one == two == three
+    assert [e is None for e in one] == [True, False, True, True, False]
+    assert "Loop-carried variable m" in one[1] and "Loop-carried variable m" in one[4]
+
+
 def test_no_records_is_an_error(tmp_path):
     script = Path(__file__).parent / "compile_kernels.py"
     done = subprocess.run([sys.executable, str(script), str(tmp_path)], capture_output=True, text=True, timeout=120)
