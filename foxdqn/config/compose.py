@@ -81,12 +81,19 @@ class JobComposer:
         self.config_name = config_name
         self._bases: list[tuple[list[str], DictConfig, TrainConfig]] = []  # one per structure composed
         self._done: dict[tuple[str, ...], TrainConfig] = {}
+        self._raw: dict[tuple[str, ...], TrainConfig] = {}  # each job's config before finalize (caps, checks)
         self.composed = 0  # jobs composed through Hydra (the rest were derived)
 
     def lookup(self, overrides: list[str]) -> TrainConfig | None:
         """The finalized config of a job composed before with exactly ``overrides`` (a copy), or None."""
         done = self._done.get(tuple(overrides))
         return None if done is None else clone_config(done)
+
+    def raw(self, overrides: list[str]) -> TrainConfig | None:
+        """The config of a job composed before with exactly ``overrides`` as composed, before
+        :func:`finalize` (no debug caps applied: what Hydra writes to a job's ``.hydra/config.yaml``),
+        or None. Read-only: shared, not a copy."""
+        return self._raw.get(tuple(overrides))
 
     def __call__(self, overrides: list[str]) -> TrainConfig:
         import copy
@@ -102,17 +109,21 @@ class JobComposer:
             cfg = _compose(lambda: compose(self.config_name, overrides=overrides))
             self.composed += 1
             tc = finalize(cfg)
-            self._bases.append((list(overrides), copy.deepcopy(cfg), _compose(lambda: to_object(cfg))))
+            raw = _compose(lambda: to_object(cfg))
+            self._bases.append((list(overrides), copy.deepcopy(cfg), raw))
         else:
             obj = clone_config(base[2])
             if all(set_leaf(obj, key, value) for key, value in changes):
+                raw = clone_config(obj)
                 tc = finalize_object(obj)
             else:  # a value only OmegaConf converts (a list, an odd type): set it as Hydra would
                 cfg = copy.deepcopy(base[1])
                 for key, value in changes:
                     _compose(lambda: OmegaConf.update(cfg, key, value, merge=True))
+                raw = _compose(lambda: to_object(cfg))
                 tc = finalize(cfg)
         self._done[tuple(overrides)] = clone_config(tc)
+        self._raw[tuple(overrides)] = raw
         return tc
 
     @staticmethod

@@ -525,7 +525,7 @@ class _Derived:
     collected by :meth:`collect`, as ``run_job`` and foxdqn's task function would, minus the
     composition: its config from the multirun's composer (:func:`foxdqn.config.compose.sweep_composer`,
     which the check of every job filled), ``foxdqn.train.preflight``, its folder
-    ``<sweep dir>/<job number>`` with ``.hydra/config.yaml`` (the resolved config),
+    ``<sweep dir>/<job number>`` with ``.hydra/config.yaml`` (its config as composed, before foxdqn's caps),
     ``overrides.yaml`` and ``hydra.yaml`` (the first job's, with this job's number, folder and
     overrides), the callbacks' ``on_job_start`` and ``on_job_end`` with a small config (the job's
     folder, number and overrides under ``hydra``), and a :class:`~foxdqn.population.jobs.Member`.
@@ -584,7 +584,7 @@ class _Derived:
         except FoxdqnError:
             return None
         run_dir = base[3] / str(idx)
-        self._write_job_files(run_dir, tc, overrides, base[2], idx)
+        self._write_job_files(run_dir, self.composer.raw(self.searchpath + plain), overrides, base[2], idx)
         light = OmegaConf.create({"hydra": {"runtime": {"output_dir": str(run_dir)},
                                             "job": {"num": idx, "id": str(idx)},
                                             "overrides": {"task": list(overrides)}}})
@@ -598,7 +598,9 @@ class _Derived:
         return light, ret
 
     @staticmethod
-    def _write_job_files(run_dir: Path, tc: Any, overrides: List[str], hydra_yaml: "_HydraYaml", idx: int) -> None:
+    def _write_job_files(run_dir: Path, raw: Any, overrides: List[str], hydra_yaml: "_HydraYaml", idx: int) -> None:
+        """The job's ``.hydra/`` files as Hydra's run_job writes them: ``config.yaml`` (``raw``, the
+        job's config as composed, before foxdqn's caps and checks), ``hydra.yaml`` and ``overrides.yaml``."""
         import yaml
 
         from foxdqn.config.yaml_text import config_yaml
@@ -606,7 +608,7 @@ class _Derived:
         dumper = getattr(yaml, "CSafeDumper", yaml.SafeDumper)
         hydra_dir = run_dir / ".hydra"
         hydra_dir.mkdir(parents=True, exist_ok=True)
-        (hydra_dir / "config.yaml").write_text(config_yaml(tc))
+        (hydra_dir / "config.yaml").write_text(config_yaml(raw))
         (hydra_dir / "hydra.yaml").write_text(hydra_yaml.render(idx, overrides, run_dir.resolve()))
         (hydra_dir / "overrides.yaml").write_text(yaml.dump(list(overrides), Dumper=dumper))  # plain writes, as Hydra
 

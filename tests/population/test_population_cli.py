@@ -88,6 +88,9 @@ def test_a_multirun_composes_once_per_structure_and_derives_the_other_jobs(train
     assert "optim.lr=0.002" in (derived / ".hydra" / "overrides.yaml").read_text()
     assert (derived / "config.yaml").read_text().split("\n", 1)[1] == (composed / "config.yaml").read_text().split(
         "\n", 1)[1]  # the same resolved config (the first lines name two runs)
+    # Hydra's copy: the config as composed, before debug=smoke's caps, as Hydra writes it for job 0
+    mine, theirs = (yaml.safe_load((d / ".hydra" / "config.yaml").read_text()) for d in (derived, composed))
+    assert mine == theirs and mine["agent"]["total_env_steps"] == 500000 and mine["debug"]["max_env_steps"] == 4096
 
 
 @pytest.mark.slow
