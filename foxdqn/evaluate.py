@@ -17,7 +17,8 @@ given as its file stem, so evaluations with other data or costs never overwrite 
 
 The config is the checkpoint's. Overrides may change only what is evaluated, not the agent:
 ``data.*`` (another file: its own training-split statistics normalise its features), ``eval.*``,
-``env.execution.*`` (other costs), ``device``, ``seed``. Bad input (a missing or foreign checkpoint,
+``env.execution.*`` (other costs), ``device``, ``seed``, ``debug.max_eval_bars`` (a ``debug=smoke``
+checkpoint walks 256 bars; ``debug.max_eval_bars=null`` the whole split). Bad input (a missing or foreign checkpoint,
 another key, a network that does not fit the data) ends with one line on stderr and exit code 2.
 """
 from __future__ import annotations
@@ -31,9 +32,10 @@ from foxdqn.errors import ConfigError, FoxdqnError
 # foxdqn's other modules are imported inside the functions that need them (start-up: ``--help``
 # answers with a few modules of the standard library, a malformed argument without torch).
 
-ALLOWED = ("data.", "eval.", "env.execution.", "device=", "seed=")
+ALLOWED = ("data.", "eval.", "env.execution.", "device=", "seed=", "debug.max_eval_bars=")
 USAGE = ("usage: python -m foxdqn.evaluate checkpoint=PATH [split=val|test|train] [out=DIR] "
-         "[data.path=FILE | data.name=NAME] [eval.*=...] [env.execution.*=...] [device=cpu|cuda]")
+         "[data.path=FILE | data.name=NAME] [eval.*=...] [env.execution.*=...] [device=cpu|cuda] "
+         "[debug.max_eval_bars=N|null]")
 
 
 def parse_args(argv: list[str]) -> tuple[Path, str | None, Path | None, list[str]]:
@@ -60,7 +62,8 @@ def parse_args(argv: list[str]) -> tuple[Path, str | None, Path | None, list[str
             overrides.append(arg)
         else:
             raise ConfigError(f"{key}: not an evaluation setting (allowed: checkpoint, split, out, data.*, eval.*, "
-                              "env.execution.*, device, seed); the agent's own settings come from the checkpoint")
+                              "env.execution.*, device, seed, debug.max_eval_bars); the agent's own settings come "
+                              "from the checkpoint")
     if checkpoint is None:
         raise ConfigError(f"checkpoint=PATH is required; {USAGE}")
     return checkpoint, split, out, overrides

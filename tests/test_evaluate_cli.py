@@ -63,6 +63,20 @@ def test_other_split_costs_and_folder(run_dir, tmp_path):
     assert summary["period"][0] < read_json(run_dir / "eval" / "summary.json")["period"][0]
 
 
+def test_a_smoke_checkpoint_evaluates_the_whole_split_with_the_cap_lifted(run_dir, tmp_path):
+    """debug=smoke's run walked 256 bars of the test split (debug.max_eval_bars); the evaluation
+    walks the same 256 by default, and the whole split with debug.max_eval_bars=null, in a folder
+    of its own; the walk's first 256 bars are those of the run's."""
+    last = run_dir / "checkpoints" / "last.pt"
+    run = read_json(run_dir / "eval" / "summary.json")
+    whole, folder = evaluate_checkpoint(last, overrides=["debug.max_eval_bars=null"])
+    assert run["bars"] == 256 and whole["bars"] > 900 and folder.name == "last_test_max_eval_bars=null"
+    assert whole["period"][0] == run["period"][0] and whole["period"][1] > run["period"][1]
+    ours = pd.read_csv(run_dir / "eval" / "equity.csv")
+    theirs = pd.read_csv(folder / "equity.csv").iloc[:len(ours)]
+    pd.testing.assert_frame_equal(ours, theirs)
+
+
 @pytest.mark.parametrize("args, needle", [
     ([], "usage"),
     (["checkpoint=MISSING"], "no such file"),
