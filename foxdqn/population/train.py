@@ -585,14 +585,16 @@ def open_folders(members: list[Member]) -> list:
     resumed member's must be its own; a member killed before its first checkpoint starts over in
     its folder (:func:`foxdqn.run.resume.start_over`). If one cannot be opened, those opened are
     released and the error is raised."""
-    from foxdqn.run.folder import RunFolder, previous_outputs
+    from foxdqn.run.folder import RECORD, RunFolder, previous_outputs
 
     folders = []
     try:
         with deferred_sync():  # P folders: one sync for all their records (foxdqn.io_atomic)
             for m in members:
                 new = m.payload is None and m.run_id is None and (m.tc.resume is None or not previous_outputs(m.run_dir))
-                folders.append(RunFolder(m.run_dir).open(resume=not new, config=m.tc, run_id=m.run_id))
+                # a resumed run keeps its start record as it started (a resume never rewrites it)
+                record = m.tc if new or not (m.run_dir / RECORD).is_file() else None
+                folders.append(RunFolder(m.run_dir).open(resume=not new, config=record, run_id=m.run_id))
                 if not new and m.payload is None:  # killed before its first checkpoint: its partial outputs go
                     from foxdqn.run.resume import start_over
 

@@ -103,12 +103,14 @@ def test_the_printed_resume_command_continues_a_run_started_with_overrides(train
     assert proc.returncode == 130, err[-2000:]
     hint = err.strip().splitlines()[-1].split("continue with ", 1)[1].split()
     assert hint == ["resume=auto", f"hydra.run.dir={run_dir}"]
+    record = (run_dir / "config.yaml").read_bytes()  # the start record, as the run started
     clash = train_cli([*hint, "optim.lr=0.01"], cwd=tmp_path)
     assert clash.returncode == 2 and "optim.lr (0.01 here, 0.001 there)" in clash.stderr
     res = train_cli([*hint, "log.progress=false"], cwd=tmp_path, timeout=600)
     assert res.returncode == 0, res.stderr[-2000:]
     config = OmegaConf.load(run_dir / "config.yaml")
     assert config.data.name == "googl_1d" and config.optim.lr == 0.001 and config.agent.total_env_steps == 20000
+    assert (run_dir / "config.yaml").read_bytes() == record and config.resume is None  # never rewritten by a resume
     assert (run_dir / "eval" / "summary.json").is_file()
 
 
