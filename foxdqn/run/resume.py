@@ -249,13 +249,23 @@ def resume_path(value: str) -> Path:
     return path
 
 
+def _shown(value) -> str:
+    """A config value as the command line writes it: ``null``, ``true``/``false``, else its repr."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return repr(value)
+
+
 def _first_difference(a, b, key: str) -> str | None:
-    """The first dotted key (under ``key``) where ``a`` and ``b`` (plain values or nested dicts)
-    differ, as ``"key (a here, b there)"``. None when they agree."""
+    """The first dotted key (under ``key``, in ``a``'s order: the schema's) where ``a`` and ``b``
+    (plain values or nested dicts) differ, as ``"key (a here, b there)"`` (values as the command
+    line writes them: ``null``, ``true``). None when they agree."""
     if not (isinstance(a, dict) and isinstance(b, dict)):
         same = a == b or (isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)) and list(a) == list(b))
-        return None if same else f"{key} ({a!r} here, {b!r} there)"
-    for k in sorted(set(a) | set(b)):
+        return None if same else f"{key} ({_shown(a)} here, {_shown(b)} there)"
+    for k in [*a, *(k for k in b if k not in a)]:
         found = _first_difference(a.get(k), b.get(k), f"{key}.{k}")
         if found:
             return found

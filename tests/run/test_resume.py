@@ -168,3 +168,20 @@ def test_opening_a_folder_removes_temporaries_a_killed_writer_left(tmp_path):
     (tmp_path / "INCOMPLETE").write_text("killed\n")
     RunFolder(tmp_path).open(resume=True).release()
     assert not stale.exists()
+
+
+def test_a_refused_resume_names_the_first_key_in_the_schemas_order_with_its_values_as_typed():
+    """The clash message names the first differing key in the config's own order (debug.name comes
+    before debug.max_env_steps and debug.fit_prune_schedule), its values as the command line writes
+    them (null, true), not Python's (None, True)."""
+    from foxdqn.config.compose import load_config
+    from foxdqn.config.schema import to_plain
+    from foxdqn.run.resume import _first_difference
+
+    smoke, none = (to_plain(load_config([f"debug={d}"])) for d in ("smoke", "none"))
+    assert _first_difference(none["debug"], smoke["debug"], "debug") == "debug.name (null here, 'smoke' there)"
+    lifted = to_plain(load_config(["debug=smoke", "debug.max_eval_bars=null"]))
+    assert _first_difference(lifted, smoke, "config") == "config.debug.max_eval_bars (null here, 256 there)"
+    double = to_plain(load_config(["debug=smoke", "head.double=false"]))
+    assert _first_difference(smoke, double, "config") == "config.head.double (true here, false there)"
+    assert _first_difference(smoke, smoke, "config") is None
