@@ -18,8 +18,9 @@ given as its file stem, so evaluations with other data or costs never overwrite 
 The config is the checkpoint's. Overrides may change only what is evaluated, not the agent:
 ``data.*`` (another file: its own training-split statistics normalise its features), ``eval.*``,
 ``env.execution.*`` (other costs), ``device``, ``seed``, ``debug.max_eval_bars`` (a ``debug=smoke``
-checkpoint walks 256 bars; ``debug.max_eval_bars=null`` the whole split). Bad input (a missing or foreign checkpoint,
-another key, a network that does not fit the data) ends with one line on stderr and exit code 2.
+checkpoint walks 256 bars; ``debug.max_eval_bars=null`` the whole split). Bad input (a missing or
+foreign checkpoint, another key, a network that does not fit the data) ends with one line on
+stderr and exit code 2.
 """
 from __future__ import annotations
 

@@ -68,7 +68,7 @@ def iql_loss(online, target, value_net, batch, expectile_tau: float | torch.Tens
         q_target = target(obs)  # (B, A) Q_θ̂(s, ·)
         v_next = value_net(next_obs)  # (B,) V(s'), eq. 6 target
     loss, td_abs = fused_iql_loss(q_all, q_target, v_s, v_next, batch.action, batch.reward, batch.discount,
-                              batch.weight, expectile_tau)
+                                  batch.weight, expectile_tau)
     return loss, td_abs.view(q_all.shape[:-1]), q_all
 
 

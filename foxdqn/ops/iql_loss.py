@@ -21,9 +21,9 @@ g·B_g .. (g+1)·B_g − 1 are member g's): loss is ``[G]`` (foxdqn.population.o
 
 Registration: a ``torch.autograd.Function``, as :mod:`foxdqn.ops.dqn_td_loss`. The forward kernel
 writes the loss, |td_b| (detached: td's only use is PER's priority signal) and both gradients;
-backward multiplies the saved gradients by the upstream gradient (one multiply each). Memory: the forward allocates ∂loss/∂q (float32, ``[G·B_g,
-A]``, contiguous whatever ``q``'s strides) and ∂loss/∂V (float32 ``[G·B_g]``) and keeps them until
-backward runs (or the graph is freed). Capturable in a CUDA graph (device ops only, fixed shapes).
+backward multiplies the saved gradients by the upstream gradient (one multiply each). Memory: the
+forward allocates ∂loss/∂q (float32, ``[G·B_g, A]``, contiguous whatever ``q``'s strides) and
+∂loss/∂V (float32 ``[G·B_g]``) and keeps them until backward runs (or the graph is freed). Capturable in a CUDA graph (device ops only, fixed shapes).
 Double backward is not supported. NaN: a NaN in a row's inputs makes its loss terms, hence its
 group's loss, NaN (and its |td| and gradients); the other groups' stay finite; the guard skips such
 an update.
@@ -289,8 +289,8 @@ def iql_loss(q: torch.Tensor, q_target: torch.Tensor, v: torch.Tensor, v_next: t
         (loss, td_abs): loss float32 0-d (float τ) or ``[G]`` (tensor τ), Σ_b w_b (L_Q,b + L_V,b) / B_g
         of each group's own rows, differentiable w.r.t. ``q`` and ``v``; td_abs float32 ``[B]`` =
         |R + discount · V(s') − Q(s, a)|, detached (PER's priority signal: the kernel writes it, no
-        ``abs`` launch after it). On the Triton backend the loss's graph holds
-        ∂loss/∂q (float32 ``[B, A]``) and ∂loss/∂V (``[B]``) from this call until backward.
+        ``abs`` launch after it). On the Triton backend the loss's graph holds ∂loss/∂q (float32
+        ``[B, A]``) and ∂loss/∂V (``[B]``) from this call until backward.
 
     Raises:
         ValueError: wrong shapes, dtypes or devices; a float τ not in (0, 1); a ``[G]`` τ whose G
@@ -304,5 +304,6 @@ def iql_loss(q: torch.Tensor, q_target: torch.Tensor, v: torch.Tensor, v_next: t
     tau_t = expectile.contiguous() if isinstance(expectile, torch.Tensor) else None
     tau_f = 0.5 if tau_t is not None else float(expectile)
     loss, td_abs = _IQLLoss.apply(q3, qt3.detach(), v1.contiguous(), vn1.detach().contiguous(), action.contiguous(),
-                              reward.contiguous(), discount.contiguous(), weight.contiguous(), tau_t, tau_f, groups)
+                                  reward.contiguous(), discount.contiguous(), weight.contiguous(), tau_t, tau_f,
+                                  groups)
     return loss, td_abs
