@@ -172,15 +172,18 @@ class PopulationLauncher(Launcher):
             for member in (m for g in populations for m in g):
                 callbacks.release(member.job_num, jobs[member.job_num][1])
             groups = [g for g in groups if len(g) == 1]
+        trained = len(populations) if len(gpus) > 1 else 0  # populations this process (or its workers) trained
         for group in groups:
             if len(group) == 1 and not _continues_population(group[0]):
                 self._train_alone(group[0], *jobs[group[0].job_num])
             else:
                 self._train_population(group, jobs)
+                trained += 1
             for member in group:
                 callbacks.release(member.job_num, jobs[member.job_num][1])
             configure_log(self.config.hydra.hydra_logging, self.config.hydra.verbose)
-        _write_timings(Path(str(self.config.hydra.sweep.dir)), len(jobs), len(populations))
+        if trained:  # every job trained alone: each wrote its own timings.json, as a single run
+            _write_timings(Path(str(self.config.hydra.sweep.dir)), len(jobs), trained)
         return [ret for _, ret in (jobs[idx] for idx in sorted(jobs))]
 
     def _compose(self, idx: int, overrides: List[str]) -> DictConfig:

@@ -241,6 +241,20 @@ def test_multirun_groups_jobs_into_populations(tmp_path):
     assert "sweep breakdown: wall" in res.stdout + res.stderr
 
 
+def test_a_sweep_whose_jobs_all_train_alone_writes_no_sweep_timings(tmp_path):
+    """Two structures of one job each: both train alone, as single runs, each with its own
+    timings.json; the sweep writes none of its own (it would be empty: every job's time is in its
+    own file) and prints no sweep breakdown."""
+    res = run([*SMOKE, "seed=0", "model.hidden=[8],[16]", "hydra/launcher=population"], tmp_path)
+    assert res.returncode == 0, res.stderr[-3000:]
+    sweep = tmp_path / "s"
+    assert not read_lines(tmp_path / "calls.jsonl")  # no population trained
+    for j in (0, 1):
+        assert f"job {j} trains alone" in (sweep / str(j) / "train.log").read_text()
+        assert json.loads((sweep / str(j) / "timings.json").read_text())["phases"]["training"] > 0
+    assert not (sweep / "timings.json").exists() and "sweep breakdown" not in res.stdout + res.stderr
+
+
 def test_a_job_refused_at_its_start_fails_alone(tmp_path):
     """Without CheckJobs' precheck (as under Optuna) a bad job is refused when it starts: NaN, its
     folder removed, the others train; the multirun exits 2 at the end."""
