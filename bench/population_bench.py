@@ -14,7 +14,7 @@ summaries), train_s (the training time the summaries report, shared by a populat
 (all members' env steps / train_s), wall_per_job_s, check_s (the population launcher's collection of
 the jobs, from its log line "N jobs checked in X s"), host_s (wall_s − train_s: start-up,
 composition, checks, evaluation and reports), the population launcher's phases from the sweep's
-``timings.json`` (:data:`PHASE_COLUMNS`: imports, composition and checks, build, warm-up and
+``timings.json`` (P = 1: the job's own, which counts from the job's start; :data:`PHASE_COLUMNS`: imports, composition and checks, build, warm-up and
 capture, checkpoints, final evaluation, reports; seconds of the whole process, the periodic
 checkpoints inside ``train_s`` included), greedy return or test Sharpe per member (mean, min,
 max), jobs that failed.
@@ -69,7 +69,9 @@ def sweep(experiment: str, members: int, launcher: str, graph: str, extra: list[
         exit_s = time.time() - start
         checked = re.search(r"(\d+) jobs checked in ([0-9.]+) s", proc.stdout + proc.stderr)
         files = sorted(out.glob("*/eval/summary.json"))
-        timings = json.loads((out / "timings.json").read_text()) if (out / "timings.json").is_file() else None
+        # the sweep's timings.json; a sweep whose one job trained alone (P = 1) has only the job's own
+        found = next((f for f in (out / "timings.json", out / "0" / "timings.json") if f.is_file()), None)
+        timings = json.loads(found.read_text()) if found is not None and (jobs == 1 or found.parent == out) else None
         summaries = [json.loads(p.read_text()) for p in files]
         wall = max((p.stat().st_mtime for p in files), default=time.time()) - start
     row = {"section": "population", "experiment": experiment, "launcher": launcher, "graph": graph,
