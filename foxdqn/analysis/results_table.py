@@ -23,7 +23,7 @@ def print_summary(summary: dict, run_dir: Path) -> None:
         return
 
     name = summary.get("run_name", summary.get("experiment"))
-    table = Table(title=f"{name} — {summary['split']} split, {summary['bars']} bars "
+    table = Table(title=f"{name} — {summary['split']} split, {_count(summary['bars'], 'bar')} "
                         f"({summary['period'][0]} → {summary['period'][1]})")
     rows = {"total_return": "total return", "sharpe": "Sharpe (annualised)", "sortino": "Sortino (annualised)",
             "max_drawdown": "max drawdown", "profit_factor": "profit factor", "hit_rate": "hit rate",
@@ -55,13 +55,18 @@ def print_summary(summary: dict, run_dir: Path) -> None:
 
 
 
+def _count(n, noun: str) -> str:
+    """``n`` and ``noun``, plural unless n is 1: ``1 bar``, ``256 bars``, ``0 trades``."""
+    return f"{n:g} {noun}" + ("" if n == 1 else "s")
+
+
 def gate_line(gate: dict, split: str) -> str:
     """The deployment gate's line (foxdqn.analysis.gate): what it chose on validation, and the agent as
     trained on the evaluated split beside it."""
     trained = gate["candidates"][-1]
     tv, tt = trained["val"], trained[split]
-    as_trained = (f"the agent as trained: {tt['total_return'] * 100:+.2f} % with {tt['num_trades']:g} trades on {split}, "
-                  f"{tv['total_return'] * 100:+.2f} % with {tv['num_trades']:g} on val")
+    as_trained = (f"the agent as trained: {tt['total_return'] * 100:+.2f} % with {_count(tt['num_trades'], 'trade')} "
+                  f"on {split}, {tv['total_return'] * 100:+.2f} % with {tv['num_trades']:g} on val")
     best = max(gate["candidates"], key=lambda c: c["val"]["total_return"])
     others = "" if len(gate["candidates"]) <= 2 or best["policy"] == "flat" else (
         f"; best on val: switch_margin={best['switch_margin']:g}, {best['val']['total_return'] * 100:+.2f} %")

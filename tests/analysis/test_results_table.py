@@ -50,3 +50,15 @@ def test_the_gate_line_and_the_search_note(capsys, tmp_path, excluded, note):
     lines = capsys.readouterr().out.rstrip().splitlines()
     assert [line for line in lines if line.startswith("gate: flat on the test split")]
     assert [line for line in lines if line.startswith("note:")] == ([note] if note else [])
+
+
+def test_one_bar_and_one_trade_are_singular(capsys, tmp_path):
+    """The table's title and the gate's line count in words: 1 bar, 1 trade; 100 bars, 450 trades."""
+    one = {**GATE, "candidates": [GATE["candidates"][0], {**GATE["candidates"][1], "test": {"total_return": 0.01,
+                                                                                             "num_trades": 1}}]}
+    print_summary({**summary(0, None, gate=one), "bars": 1}, tmp_path)
+    out = capsys.readouterr().out
+    assert "test split, 1 bar (" in out and "with 1 trade on test," in out
+    print_summary(summary(0, None, gate=GATE), tmp_path)
+    out = capsys.readouterr().out
+    assert "test split, 100 bars (" in out and "with 450 trades on test," in out
