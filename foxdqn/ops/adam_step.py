@@ -53,7 +53,7 @@ reference (:func:`adam_step_reference`) is the same rule in float32 torch ops (m
 ``torch._foreach_*``), the moment updates as ``b·m + (1 - b)·g`` (two or three roundings in place
 of the fma, about an ulp apart; it is also the run's Adam on CPU, so it is written for speed there).
 
-Kernel count: one launch for up to 8 tensors in place of fused Adam's three (``steps += 1``, the
+Kernel count: one launch for up to 16 tensors in place of fused Adam's three (``steps += 1``, the
 fused kernel, ``steps -= found_inf``), and the clip's ``_foreach_mul_`` when ``grad_scale`` is
 passed. The grid is one program per BLOCK elements of a member's slice
 (:mod:`foxdqn.ops.tensor_list`), so ~120k parameters run on ~240 programs at BLOCK = 512 instead
@@ -101,7 +101,7 @@ from triton.language.extra import libdevice
 from foxdqn.ops.backend import INTERPRET, resolve_backend
 from foxdqn.ops.library import device_op, wrap_triton
 from foxdqn.ops.tensor_list import (MAX_SLOTS, F32, check_list, check_member_vector, check_members, describe, locate,
-                                    pick8, plan, scratch, slots)
+                                    pick16, plan, scratch, slots)
 
 BLOCK = 512  # elements of one member's slice per program (an H200 sweep: docs/bench.md#launch-constants)
 BIG_BLOCK = 1024  # the same, for launches of BIG_VALUES values or more (a population's; docs/bench.md#launch-constants)
@@ -128,10 +128,10 @@ else:
 
 
 @triton.jit
-def _next_counts(s0, s1, s2, s3, s4, s5, s6, s7, skip_ptr, q0, members, N_INC: tl.constexpr,
-                 HAS_SKIP: tl.constexpr, PB: tl.constexpr):
+def _next_counts(s0, s1, s2, s3, s4, s5, s6, s7, s8, s9, s10, s11, s12, s13, s14, s15,
+                 skip_ptr, q0, members, N_INC: tl.constexpr, HAS_SKIP: tl.constexpr, PB: tl.constexpr):
     """The advanced step counts of members ``q0 .. q0 + PB`` (those below ``members``) of the first
-    ``N_INC`` counts: ``(pointers, mask, values)`` of an ``[8, PB]`` tile, each count plus 1 where
+    ``N_INC`` counts: ``(pointers, mask, values)`` of a ``[16, PB]`` tile, each count plus 1 where
     the member is not skipped (the counts are distinct tensors whenever ``N_INC`` > 1)."""
     q = q0 + tl.arange(0, PB)
     qm = q < members
@@ -139,9 +139,22 @@ def _next_counts(s0, s1, s2, s3, s4, s5, s6, s7, skip_ptr, q0, members, N_INC: t
         inc = tl.where(tl.load(skip_ptr + q, mask=qm, other=1.0) == 0.0, 1.0, 0.0)
     else:
         inc = tl.full([PB], 1.0, tl.float32)
-    k = tl.arange(0, 8)[:, None]
-    base = tl.where(k == 0, s0, tl.where(k == 1, s1, tl.where(k == 2, s2, tl.where(k == 3, s3, tl.where(
-        k == 4, s4, tl.where(k == 5, s5, tl.where(k == 6, s6, s7)))))))
+    k = tl.arange(0, 16)[:, None]
+    base = tl.where(k == 1, s1, s0)
+    base = tl.where(k == 2, s2, base)
+    base = tl.where(k == 3, s3, base)
+    base = tl.where(k == 4, s4, base)
+    base = tl.where(k == 5, s5, base)
+    base = tl.where(k == 6, s6, base)
+    base = tl.where(k == 7, s7, base)
+    base = tl.where(k == 8, s8, base)
+    base = tl.where(k == 9, s9, base)
+    base = tl.where(k == 10, s10, base)
+    base = tl.where(k == 11, s11, base)
+    base = tl.where(k == 12, s12, base)
+    base = tl.where(k == 13, s13, base)
+    base = tl.where(k == 14, s14, base)
+    base = tl.where(k == 15, s15, base)
     ptrs = base + q[None, :]
     mask = (k < N_INC) & qm[None, :]
     return ptrs, mask, tl.load(ptrs, mask=mask, other=0.0) + inc[None, :]
@@ -167,49 +180,52 @@ def _wait_reads(ticket_ptr):
 
 
 @triton.jit
-def _advance_counts(s0, s1, s2, s3, s4, s5, s6, s7, skip_ptr, ticket_ptr, members, N_INC: tl.constexpr,
-                    HAS_SKIP: tl.constexpr, PB: tl.constexpr):
+def _advance_counts(s0, s1, s2, s3, s4, s5, s6, s7, s8, s9, s10, s11, s12, s13, s14, s15,
+                    skip_ptr, ticket_ptr, members, N_INC: tl.constexpr, HAS_SKIP: tl.constexpr, PB: tl.constexpr):
     """The launch's last program: add 1 to the first ``N_INC`` counts of each member not skipped,
     once every other program has read its count, and zero the ticket. The first ``PB`` members'
     counts are loaded before the wait (only this program writes them, so they hold their values
     until it does)."""
-    ptrs, mask, first = _next_counts(s0, s1, s2, s3, s4, s5, s6, s7, skip_ptr, 0, members, N_INC, HAS_SKIP, PB)
+    ptrs, mask, first = _next_counts(s0, s1, s2, s3, s4, s5, s6, s7, s8, s9, s10, s11, s12, s13, s14, s15,
+                                     skip_ptr, 0, members, N_INC, HAS_SKIP, PB)
     _wait_reads(ticket_ptr)
     tl.store(ptrs, first, mask=mask)
     for q0 in range(PB, members, PB):
-        ptrs, mask, later = _next_counts(s0, s1, s2, s3, s4, s5, s6, s7, skip_ptr, q0, members, N_INC, HAS_SKIP, PB)
+        ptrs, mask, later = _next_counts(s0, s1, s2, s3, s4, s5, s6, s7, s8, s9, s10, s11, s12, s13, s14, s15,
+                                         skip_ptr, q0, members, N_INC, HAS_SKIP, PB)
         tl.store(ptrs, later, mask=mask)
     tl.store(ticket_ptr, 0)
 
 
-@triton.jit(do_not_specialize=["e0", "e1", "e2", "e3", "e4", "e5", "e6", "e7", "members"])
-def _adam_step_kernel(p0, p1, p2, p3, p4, p5, p6, p7,
-                      g0, g1, g2, g3, g4, g5, g6, g7,
-                      m0, m1, m2, m3, m4, m5, m6, m7,
-                      v0, v1, v2, v3, v4, v5, v6, v7,
-                      s0, s1, s2, s3, s4, s5, s6, s7,
-                      k0, k1, k2, k3, k4, k5, k6, k7,
-                      n0, n1, n2, n3, n4, n5, n6, n7,
-                      e0, e1, e2, e3, e4, e5, e6, e7,
+@triton.jit(do_not_specialize=[*(f"e{i}" for i in range(16)), "members"])
+def _adam_step_kernel(p0, p1, p2, p3, p4, p5, p6, p7, p8, p9, p10, p11, p12, p13, p14, p15,
+                      g0, g1, g2, g3, g4, g5, g6, g7, g8, g9, g10, g11, g12, g13, g14, g15,
+                      m0, m1, m2, m3, m4, m5, m6, m7, m8, m9, m10, m11, m12, m13, m14, m15,
+                      v0, v1, v2, v3, v4, v5, v6, v7, v8, v9, v10, v11, v12, v13, v14, v15,
+                      s0, s1, s2, s3, s4, s5, s6, s7, s8, s9, s10, s11, s12, s13, s14, s15,
+                      k0, k1, k2, k3, k4, k5, k6, k7, k8, k9, k10, k11, k12, k13, k14, k15,
+                      n0, n1, n2, n3, n4, n5, n6, n7, n8, n9, n10, n11, n12, n13, n14, n15,
+                      e0, e1, e2, e3, e4, e5, e6, e7, e8, e9, e10, e11, e12, e13, e14, e15,
                       lr_ptr, eps_ptr, scale_ptr, skip_ptr, ticket_ptr, members, beta1, beta2, eps_value,
                       N_INC: tl.constexpr, HAS_SCALE: tl.constexpr, HAS_SKIP: tl.constexpr, HAS_PRIOR: tl.constexpr,
                       EPS_TENSOR: tl.constexpr, LOG_BETA1: tl.constexpr, LOG_BETA2: tl.constexpr,
                       BLOCK: tl.constexpr, PB: tl.constexpr):
     pid = tl.program_id(0)
-    slot, member, block, offs, mask, idx, live = locate(pid, n0, n1, n2, n3, n4, n5, n6, n7,
-                                                        e0, e1, e2, e3, e4, e5, e6, e7, BLOCK)
+    slot, member, block, offs, mask, idx, live = locate(
+        pid, n0, n1, n2, n3, n4, n5, n6, n7, n8, n9, n10, n11, n12, n13, n14, n15,
+        e0, e1, e2, e3, e4, e5, e6, e7, e8, e9, e10, e11, e12, e13, e14, e15, BLOCK)
     b1 = tl.zeros([], tl.float32) + beta1  # float32 scalars (a Python float argument is fp32 when launched eagerly)
     b2 = tl.zeros([], tl.float32) + beta2
-    t = tl.load(pick8(slot, s0, s1, s2, s3, s4, s5, s6, s7) + member) + 1.0
+    t = tl.load(pick16(slot, s0, s1, s2, s3, s4, s5, s6, s7, s8, s9, s10, s11, s12, s13, s14, s15) + member) + 1.0
     if EPS_TENSOR:
         eps = tl.load(eps_ptr + member)
     else:
         eps = tl.zeros([], tl.float32) + eps_value
     # the element loads do not wait on the skip (it masks only the stores)
-    pp = pick8(slot, p0, p1, p2, p3, p4, p5, p6, p7) + idx
-    gp = pick8(slot, g0, g1, g2, g3, g4, g5, g6, g7) + idx
-    mp = pick8(slot, m0, m1, m2, m3, m4, m5, m6, m7) + idx
-    vp = pick8(slot, v0, v1, v2, v3, v4, v5, v6, v7) + idx
+    pp = pick16(slot, p0, p1, p2, p3, p4, p5, p6, p7, p8, p9, p10, p11, p12, p13, p14, p15) + idx
+    gp = pick16(slot, g0, g1, g2, g3, g4, g5, g6, g7, g8, g9, g10, g11, g12, g13, g14, g15) + idx
+    mp = pick16(slot, m0, m1, m2, m3, m4, m5, m6, m7, m8, m9, m10, m11, m12, m13, m14, m15) + idx
+    vp = pick16(slot, v0, v1, v2, v3, v4, v5, v6, v7, v8, v9, v10, v11, v12, v13, v14, v15) + idx
     param = tl.load(pp, mask=mask, other=0.0)
     g = tl.load(gp, mask=mask, other=0.0)
     m = tl.load(mp, mask=mask, other=0.0)
@@ -232,9 +248,11 @@ def _adam_step_kernel(p0, p1, p2, p3, p4, p5, p6, p7,
         if pid != tl.num_programs(0) - 1:
             _signal_read(ticket_ptr)
         else:
-            _advance_counts(s0, s1, s2, s3, s4, s5, s6, s7, skip_ptr, ticket_ptr, members, N_INC, HAS_SKIP, PB)
+            _advance_counts(s0, s1, s2, s3, s4, s5, s6, s7, s8, s9, s10, s11, s12, s13, s14, s15,
+                            skip_ptr, ticket_ptr, members, N_INC, HAS_SKIP, PB)
     if HAS_PRIOR:  # the step's input weights, where the step is applied
-        tl.store(pick8(slot, k0, k1, k2, k3, k4, k5, k6, k7) + idx, tl.load(pp, mask=mask, other=0.0), mask=mask)
+        kp = pick16(slot, k0, k1, k2, k3, k4, k5, k6, k7, k8, k9, k10, k11, k12, k13, k14, k15) + idx
+        tl.store(kp, tl.load(pp, mask=mask, other=0.0), mask=mask)
     tl.store(mp, m, mask=mask)
     tl.store(vp, v, mask=mask)
     tl.store(pp, param, mask=mask)
@@ -386,7 +404,7 @@ def adam_step_(params: Sequence[Tensor], grads: Sequence[Tensor], exp_avgs: Sequ
     Rule, rounding, the step counts' single advance and the launch structure in the module
     docstring. Device ops only (no host reads): capturable in a CUDA graph (after one eager call,
     which makes the ticket); changing ``lr``, ``eps``, ``grad_scale`` or ``skip`` in place takes
-    effect at the next replay. One kernel launch per 8 tensors on CUDA.
+    effect at the next replay. One kernel launch per 16 tensors on CUDA.
 
     Args (tensors on one device):
         params: non-empty list of contiguous float32 tensors; ``[P, ...]`` with ``members`` = P > 1.

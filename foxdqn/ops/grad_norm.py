@@ -16,7 +16,7 @@ Every gradient of member ``p`` is then to be multiplied by ``coef[p]`` (by the c
 Non-finite values as torch: a NaN gives total and coef NaN; an Inf, or a sum of squares past
 float32's range, gives total Inf and coef 0 (NaN if max_norm is Inf); a zero total gives coef 1.
 
-Kernel count: one launch for up to 8 tensors (a network's list is usually one launch), in place of
+Kernel count: one launch for up to 16 tensors (a network's list is usually one launch), in place of
 ``torch._foreach_norm`` (its output fill and two kernels) and ``clip_grad_norm_``'s tail (stack,
 norm, add, reciprocal, mul, clamp): nine kernels to one, for the single run and the population
 alike (P members are more programs of the same launch).
@@ -36,7 +36,7 @@ members finish in parallel, each after its own C programs (a population of 512 m
 counters of 15 programs each, where one counter of 7,680 programs and one program summing every
 member in turn took 58 µs on the H200), and members never mix. The columns are indexed by block,
 not by finishing order, so the result is the same bit for bit from run to run (for one BLOCK and
-one compiled kernel), and member p's equals a call for member p alone. With more than 8 tensors,
+one compiled kernel), and member p's equals a call for member p alone. With more than 16 tensors,
 the launches before the last only store partials; the last launch's programs take the tickets and
 sum them all (they completed before it started, in stream order); when the last launch's tensors
 are all empty (C = 0), its grid is one program per member, which sums without a ticket. The
@@ -63,7 +63,7 @@ from torch import Tensor
 
 from foxdqn.ops.backend import resolve_backend
 from foxdqn.ops.library import device_op, wrap_triton
-from foxdqn.ops.tensor_list import (check_list, check_member_vector, check_members, locate, pick8, plan,
+from foxdqn.ops.tensor_list import (check_list, check_member_vector, check_members, locate, pick16, plan,
                                     scratch, slots)
 
 CLIP_EPS = 1e-6  # clip_grad_norm_'s eps: max_norm / (total + 1e-6)
@@ -90,24 +90,25 @@ def _finish(member, part_ptr, R, max_norm_ptr, total_ptr, coef_ptr, EPS: tl.cons
     tl.store(coef_ptr + member, tl.where(q > 1.0, 1.0, q))  # clamp(max=1) that keeps NaN
 
 
-@triton.jit(do_not_specialize=["e0", "e1", "e2", "e3", "e4", "e5", "e6", "e7",
-                               "r0", "r1", "r2", "r3", "r4", "r5", "r6", "r7", "per_member", "R"])
-def _grad_norm_kernel(g0, g1, g2, g3, g4, g5, g6, g7,
-                      n0, n1, n2, n3, n4, n5, n6, n7,
-                      e0, e1, e2, e3, e4, e5, e6, e7,
-                      r0, r1, r2, r3, r4, r5, r6, r7,
+@triton.jit(do_not_specialize=[*(f"e{i}" for i in range(16)), *(f"r{i}" for i in range(16)),
+                               "per_member", "R"])
+def _grad_norm_kernel(g0, g1, g2, g3, g4, g5, g6, g7, g8, g9, g10, g11, g12, g13, g14, g15,
+                      n0, n1, n2, n3, n4, n5, n6, n7, n8, n9, n10, n11, n12, n13, n14, n15,
+                      e0, e1, e2, e3, e4, e5, e6, e7, e8, e9, e10, e11, e12, e13, e14, e15,
+                      r0, r1, r2, r3, r4, r5, r6, r7, r8, r9, r10, r11, r12, r13, r14, r15,
                       max_norm_ptr, total_ptr, coef_ptr, part_ptr, tickets_ptr, per_member, R,
                       FINAL: tl.constexpr, EMPTY: tl.constexpr, EPS: tl.constexpr, BLOCK: tl.constexpr,
                       RB: tl.constexpr):
     """Partials of the launch's blocks; with FINAL each member's last program (its ``per_member``-th
     ticket) finishes that member; with EMPTY (FINAL, no blocks) program p finishes member p."""
     pid = tl.program_id(0)
-    slot, member, block, offs, mask, idx, live = locate(pid, n0, n1, n2, n3, n4, n5, n6, n7,
-                                                        e0, e1, e2, e3, e4, e5, e6, e7, BLOCK)
-    g = pick8(slot, g0, g1, g2, g3, g4, g5, g6, g7)
+    slot, member, block, offs, mask, idx, live = locate(
+        pid, n0, n1, n2, n3, n4, n5, n6, n7, n8, n9, n10, n11, n12, n13, n14, n15,
+        e0, e1, e2, e3, e4, e5, e6, e7, e8, e9, e10, e11, e12, e13, e14, e15, BLOCK)
+    g = pick16(slot, g0, g1, g2, g3, g4, g5, g6, g7, g8, g9, g10, g11, g12, g13, g14, g15)
     x = tl.load(g + idx, mask=mask, other=0.0)
     s = tl.sum(x * x, axis=0)
-    col = pick8(slot, r0, r1, r2, r3, r4, r5, r6, r7) + block
+    col = pick16(slot, r0, r1, r2, r3, r4, r5, r6, r7, r8, r9, r10, r11, r12, r13, r14, r15) + block
     tl.store(part_ptr + member.to(tl.int64) * R + col, s, mask=live)
 
     if FINAL:
@@ -185,7 +186,7 @@ def grad_norm_coefficient(grads: Sequence[Tensor], max_norm: Tensor, *, members:
 
     Rules, rounding and the launch structure in the module docstring. Device ops only (no host
     reads): capturable in a CUDA graph (after one eager call, which makes the scratch). One kernel
-    launch per 8 tensors on CUDA.
+    launch per 16 tensors on CUDA.
 
     Args:
         grads: non-empty list of contiguous float32 tensors on one device; with ``members`` = P > 1

@@ -26,7 +26,7 @@ where it does not return an input exactly: a NaN or Inf in the other tensor (``0
 ``-0.0`` turned into ``+0.0`` by adding ``±0``; here the hard copy is exact and a skipped update
 (guard ``skip`` = 1) leaves the targets as they are.
 
-Kernel count: one launch for up to 8 tensors in place of the weight's torch expressions (two
+Kernel count: one launch for up to 16 tensors in place of the weight's torch expressions (two
 kernels for Polyak, six for the hard copy, one for the counter) and ``torch._foreach_lerp_`` with a
 list of 0-d weights (which falls back to one kernel per tensor, 8 for eurusd_dqn): eleven kernels
 or more to one.
@@ -35,7 +35,7 @@ The counter and the ticket. Every program reads ``updates`` before its ticket; t
 draws the last ticket of the last launch (``atomic_add``, acq_rel at GPU scope after a barrier of
 its warps, as :mod:`foxdqn.ops.step_stats` argues: every other program's read precedes its
 increment, which the last program's acquire orders before its stores) writes ``weight`` and
-``updates + 1`` and zeroes the ticket. Earlier launches (more than 8 tensors) complete before, in
+``updates + 1`` and zeroes the ticket. Earlier launches (more than 16 tensors) complete before, in
 stream order. The interpreter runs the programs one after the other, so there the last program is
 the last. Scratch: the ticket of :func:`foxdqn.ops.tensor_list.scratch`, per device, made on the
 first (eager) call.
@@ -51,7 +51,7 @@ from torch import Tensor
 
 from foxdqn.ops.backend import resolve_backend
 from foxdqn.ops.library import device_op, wrap_triton
-from foxdqn.ops.tensor_list import (F32, check_list, check_member_vector, check_members, describe, locate, pick8, plan,
+from foxdqn.ops.tensor_list import (F32, check_list, check_member_vector, check_members, describe, locate, pick16, plan,
                                     scratch, slots)
 
 BLOCK = 1024  # elements of one member's slice per program
@@ -72,22 +72,23 @@ def _weight(u, q, qm, skip_ptr, tau_ptr, period_ptr, HARD: tl.constexpr):
     return base * (1.0 - tl.load(skip_ptr + q, mask=qm, other=0.0))
 
 
-@triton.jit(do_not_specialize=["e0", "e1", "e2", "e3", "e4", "e5", "e6", "e7", "members"])
-def _target_lerp_kernel(t0, t1, t2, t3, t4, t5, t6, t7,
-                        s0, s1, s2, s3, s4, s5, s6, s7,
-                        n0, n1, n2, n3, n4, n5, n6, n7,
-                        e0, e1, e2, e3, e4, e5, e6, e7,
+@triton.jit(do_not_specialize=[*(f"e{i}" for i in range(16)), "members"])
+def _target_lerp_kernel(t0, t1, t2, t3, t4, t5, t6, t7, t8, t9, t10, t11, t12, t13, t14, t15,
+                        s0, s1, s2, s3, s4, s5, s6, s7, s8, s9, s10, s11, s12, s13, s14, s15,
+                        n0, n1, n2, n3, n4, n5, n6, n7, n8, n9, n10, n11, n12, n13, n14, n15,
+                        e0, e1, e2, e3, e4, e5, e6, e7, e8, e9, e10, e11, e12, e13, e14, e15,
                         updates_ptr, skip_ptr, tau_ptr, period_ptr, weight_ptr, ticket_ptr, members,
                         HARD: tl.constexpr, FINISH: tl.constexpr, ADVANCE: tl.constexpr, HAS_WEIGHT: tl.constexpr,
                         BLOCK: tl.constexpr, PB: tl.constexpr):
     pid = tl.program_id(0)
-    slot, member, block, offs, mask, idx, live = locate(pid, n0, n1, n2, n3, n4, n5, n6, n7,
-                                                        e0, e1, e2, e3, e4, e5, e6, e7, BLOCK)
+    slot, member, block, offs, mask, idx, live = locate(
+        pid, n0, n1, n2, n3, n4, n5, n6, n7, n8, n9, n10, n11, n12, n13, n14, n15,
+        e0, e1, e2, e3, e4, e5, e6, e7, e8, e9, e10, e11, e12, e13, e14, e15, BLOCK)
     u = tl.load(updates_ptr)  # this program's only read of the counter: before its ticket
     w = tl.zeros([BLOCK], tl.float32) + _weight(u, member, member >= 0, skip_ptr, tau_ptr, period_ptr, HARD)
     mask = mask & (w != 0.0)  # w = 0: the target is left as it is (no reads, no writes)
-    tp = pick8(slot, t0, t1, t2, t3, t4, t5, t6, t7) + idx
-    sp = pick8(slot, s0, s1, s2, s3, s4, s5, s6, s7) + idx
+    tp = pick16(slot, t0, t1, t2, t3, t4, t5, t6, t7, t8, t9, t10, t11, t12, t13, t14, t15) + idx
+    sp = pick16(slot, s0, s1, s2, s3, s4, s5, s6, s7, s8, s9, s10, s11, s12, s13, s14, s15) + idx
     x = tl.load(tp, mask=mask, other=0.0)
     y = tl.load(sp, mask=mask, other=0.0)
     diff = y - x
@@ -153,7 +154,7 @@ def target_lerp_(targets: Sequence[Tensor], sources: Sequence[Tensor], updates: 
     Rules, rounding and the launch structure in the module docstring. Device ops only (no host
     reads): capturable in a CUDA graph (after one eager call, which makes the ticket); changing
     ``tau``, ``hard_period`` or ``skip`` in place takes effect at the next replay. One kernel
-    launch per 8 tensors on CUDA.
+    launch per 16 tensors on CUDA.
 
     Args (tensors on one device):
         targets: non-empty list of contiguous float32 tensors (θ'); ``[P, ...]`` with ``members`` = P > 1. Updated.

@@ -10,7 +10,7 @@ tensor; unused slots repeat the first tensor and get no programs). Slot ``k`` ow
 ``e_{k-1} + p · B_k + b`` (``B_k = ceil(n_k / BLOCK)``) handles elements ``[b·BLOCK, (b+1)·BLOCK)``
 of member ``p``'s slice, so every block lies inside one member's slice and has one member index
 (the ``[P]`` hyperparameters are read at that index). The slot of a program is the number of ends
-``e_k <= pid``; the slot's pointers are chosen by a scalar if-chain (:func:`pick8`). Programs at or
+``e_k <= pid``; the slot's pointers are chosen by a scalar if-chain (:func:`pick16`). Programs at or
 past the last end (the one program of a launch whose tensors are all empty) do no element work.
 
 Why pointer arguments and not a device table of addresses: ``.grad`` tensors are reallocated by
@@ -48,7 +48,7 @@ from torch import Tensor
 from foxdqn.ops.backend import describe
 
 #: Tensors per launch (pointer arguments per list); more tensors take more launches.
-MAX_SLOTS = 8
+MAX_SLOTS = 16
 F32 = torch.float32
 
 
@@ -56,8 +56,8 @@ F32 = torch.float32
 # Device side
 # ---------------------------------------------------------------------------------------------
 @triton.jit
-def pick8(k, a0, a1, a2, a3, a4, a5, a6, a7):
-    """``a_k`` for a scalar ``k`` in [0, 8) (any other k gives ``a0``): a scalar if-chain. The ``a``
+def pick16(k, a0, a1, a2, a3, a4, a5, a6, a7, a8, a9, a10, a11, a12, a13, a14, a15):
+    """``a_k`` for a scalar ``k`` in [0, 16) (any other k gives ``a0``): a scalar if-chain. The ``a``
     are pointers of one type or integers (``+ z`` turns an integer that Triton specialised into a
     constant, e.g. a size of 1, into a scalar of the others' type)."""
     z = k * 0
@@ -76,23 +76,43 @@ def pick8(k, a0, a1, a2, a3, a4, a5, a6, a7):
         r = a6 + z
     if k == 7:
         r = a7 + z
+    if k == 8:
+        r = a8 + z
+    if k == 9:
+        r = a9 + z
+    if k == 10:
+        r = a10 + z
+    if k == 11:
+        r = a11 + z
+    if k == 12:
+        r = a12 + z
+    if k == 13:
+        r = a13 + z
+    if k == 14:
+        r = a14 + z
+    if k == 15:
+        r = a15 + z
     return r
 
 
 @triton.jit
-def locate(pid, n0, n1, n2, n3, n4, n5, n6, n7, e0, e1, e2, e3, e4, e5, e6, e7, BLOCK: tl.constexpr):
+def locate(pid, n0, n1, n2, n3, n4, n5, n6, n7, n8, n9, n10, n11, n12, n13, n14, n15,
+           e0, e1, e2, e3, e4, e5, e6, e7, e8, e9, e10, e11, e12, e13, e14, e15, BLOCK: tl.constexpr):
     """Program ``pid``'s place (module docstring): ``(slot, member, block, offs, mask, idx, live)``.
 
-    ``slot`` in [0, 8] (8: no tensor), ``member`` its member (0 when none), ``block`` the block
+    ``slot`` in [0, 16] (16: no tensor), ``member`` its member (0 when none), ``block`` the block
     index inside the member's slice, ``offs`` [BLOCK] element offsets inside the slice, ``mask``
     the offsets inside the slice (all False when none), ``idx`` int64 flat indices into the
     tensor, ``live`` the program has a tensor."""
     slot = ((pid >= e0).to(tl.int32) + (pid >= e1).to(tl.int32) + (pid >= e2).to(tl.int32)
             + (pid >= e3).to(tl.int32) + (pid >= e4).to(tl.int32) + (pid >= e5).to(tl.int32)
-            + (pid >= e6).to(tl.int32) + (pid >= e7).to(tl.int32))
-    live = slot < 8
-    start = pick8(slot, 0, e0, e1, e2, e3, e4, e5, e6)
-    n = pick8(slot, n0, n1, n2, n3, n4, n5, n6, n7)
+            + (pid >= e6).to(tl.int32) + (pid >= e7).to(tl.int32) + (pid >= e8).to(tl.int32)
+            + (pid >= e9).to(tl.int32) + (pid >= e10).to(tl.int32) + (pid >= e11).to(tl.int32)
+            + (pid >= e12).to(tl.int32) + (pid >= e13).to(tl.int32) + (pid >= e14).to(tl.int32)
+            + (pid >= e15).to(tl.int32))
+    live = slot < 16
+    start = pick16(slot, 0, e0, e1, e2, e3, e4, e5, e6, e7, e8, e9, e10, e11, e12, e13, e14)
+    n = pick16(slot, n0, n1, n2, n3, n4, n5, n6, n7, n8, n9, n10, n11, n12, n13, n14, n15)
     n = tl.where(live, n, 0)
     per_member = tl.maximum(tl.cdiv(n, BLOCK), 1)
     b = tl.where(live, pid - start, 0)

@@ -16,7 +16,7 @@ of reduction, so member p's value does not depend on P). The guard
 op on the same inputs, so the weights it writes for a member that is not skipped are the ones that
 were checked, bit for bit.
 
-Cost with some member's check on: the copy, the trial Adam (one launch per 8 tensors on CUDA) and
+Cost with some member's check on: the copy, the trial Adam (one launch per 16 tensors on CUDA) and
 two small reductions per parameter tensor, with scratch memory of three times the parameters. Without
 it nothing of this exists. Device ops only (capturable).
 """
