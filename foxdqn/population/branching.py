@@ -78,14 +78,20 @@ class MemberBranchingNetwork(MemberQNetwork):
         return branching_epsilon_greedy(h, list(self.weights[e:e + d]), list(self.biases[e:e + d]), value, step=step,
                                         start=start, end=end, duration=duration, u=u, backend="triton")
 
-    def branch_q(self, obs: torch.Tensor) -> list[torch.Tensor]:
-        """Per-branch Q, D float32 ``[P, M, n_d]``, of obs ``[P, M, D]`` (the classic head's, BDQ eq. 1)."""
+    def head_outputs(self, obs: torch.Tensor) -> tuple[list[torch.Tensor], torch.Tensor | None]:
+        """The head's raw outputs of obs ``[P, M, D]``: (the branches' A_d, D float32 ``[P, M, n_d]``;
+        V(s) float32 ``[P, M, 1]``, None without ``dueling``): what
+        :func:`foxdqn.ops.branching_loss.branching_loss` reads."""
         h = self.encoder(obs)
         e = self.encoder_layers
         outs = [self.layer(e + d, h) for d in range(len(self.branch_sizes))]
-        if not self.dueling:
+        return outs, (self.layer(-1, h) if self.dueling else None)
+
+    def branch_q(self, obs: torch.Tensor) -> list[torch.Tensor]:
+        """Per-branch Q, D float32 ``[P, M, n_d]``, of obs ``[P, M, D]`` (the classic head's, BDQ eq. 1)."""
+        outs, v = self.head_outputs(obs)
+        if v is None:
             return outs
-        v = self.layer(-1, h)  # [P, M, 1]
         return [v + adv - adv.mean(dim=-1, keepdim=True) for adv in outs]
 
     def forward(self, obs: torch.Tensor) -> torch.Tensor:

@@ -35,6 +35,7 @@ from foxdqn.objectives.dqn_forward import dqn_forward
 from foxdqn.objectives.iqn import iqn_quantile_loss
 from foxdqn.objectives.iql import iql_loss
 from foxdqn.ops.backend import fused_forward
+from foxdqn.ops.branching_loss import MAX_BRANCHES as BRANCHING_LOSS_BRANCHES, branching_loss
 from foxdqn.ops.cql_loss import cql_loss
 from foxdqn.ops.c51_loss import MAX_ATOMS as C51_LOSS_MAX_ATOMS, c51_loss
 from foxdqn.ops.dqn_td_loss import dqn_td_loss, huber_per_group
@@ -137,9 +138,10 @@ def member_c51_loss(online: MemberC51Network, target: MemberC51Network, batch: B
 
 def member_branching_loss(online: MemberBranchingNetwork, target: MemberBranchingNetwork, batch: Batch,
                           members: int, huber_delta: torch.Tensor, double: bool, *,
-                          penalty: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(loss float32 ``[P]``, td_abs float32 ``[P·B]``, joint Q of s float32 ``[P, B, Π n_d]`` with its
-    gradient) of the BDQ loss (Tavakoli et al. 2018; :class:`foxdqn.objectives.branching.BranchingObjective`
+                          penalty: torch.Tensor | None = None,
+                          q_grad: bool = False) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(loss float32 ``[P]``, td_abs float32 ``[P·B]``, joint Q of s float32 ``[P, B, Π n_d]``) of the
+    BDQ loss (Tavakoli et al. 2018; :class:`foxdqn.objectives.branching.BranchingObjective`
     with a member axis) of a member-major batch of ``P·B`` rows: one target per row, the mean over
     branches of the target network's Q_d at the online network's per-branch argmax of s' (eq. 6;
     the target's own with ``double`` False, :func:`foxdqn.objectives.branching.branching_target`);
@@ -148,8 +150,23 @@ def member_branching_loss(online: MemberBranchingNetwork, target: MemberBranchin
     replay, as the single run's objective weighs), td_abs each row's ``(1/D) Σ_d |Q_d(s, a_d) − y|``.
     ``penalty``: None, or float32 ``[P·B, 5]``, the switch penalty of each exposure at s'
     (:meth:`foxdqn.population.switch.MemberSwitch.target_exposures`), paid by the exposure branch's
-    selection."""
+    selection.
+
+    Where the fused kernels run (:func:`foxdqn.ops.backend.fused_forward`: CUDA, or the CPU inside
+    :func:`foxdqn.ops.backend.cpu_kernels`) and ``q_grad`` is False, the joint Q is detached and the
+    loss is :func:`foxdqn.ops.branching_loss.branching_loss` of the heads' raw outputs (one kernel
+    for the dueling aggregation, the targets, the Huber terms, |td|, the joint Q and the
+    gradients); elsewhere, and with ``q_grad`` (CQL's term reads the joint Q, with its gradient),
+    the same arithmetic in torch ops."""
     obs, next_obs, action, reward, discount = _member_view(batch, members)
+    if not q_grad and fused_forward(batch.obs) and len(online.branch_sizes) <= BRANCHING_LOSS_BRANCHES:
+        heads = online.head_outputs(obs)  # grad
+        with torch.no_grad():
+            target_heads = target.head_outputs(next_obs)
+            select = online.head_outputs(next_obs) if double else target_heads
+        loss, td_abs, joint = branching_loss(heads, target_heads, select, batch.action, batch.reward,
+                                             batch.discount, batch.weight, huber_delta, penalty=penalty)
+        return loss, td_abs, joint.view(members, -1, joint.shape[-1])
     q_branches = online.branch_q(obs)  # D × [P, B, n_d], grad
     actions = factor_branches(action, online.branch_sizes)  # D × [P, B]
     q_sa = torch.stack([q.gather(-1, a[..., None]).squeeze(-1) for q, a in zip(q_branches, actions)])  # [D, P, B]
@@ -239,7 +256,8 @@ def member_loss(online: MemberQNetwork, target: MemberQNetwork, batch: Batch, me
         loss, td_abs, q = iql_loss(online, target, value, batch, expectile, members=members)
         td_abs = td_abs.view(-1)  # |td|, written by the loss's kernel
     elif isinstance(online, MemberBranchingNetwork):
-        loss, td_abs, q = member_branching_loss(online, target, batch, members, huber_delta, double, penalty=penalty)
+        loss, td_abs, q = member_branching_loss(online, target, batch, members, huber_delta, double, penalty=penalty,
+                                                q_grad=cql_alpha is not None)
     elif isinstance(online, MemberC51Network):
         loss, td_abs, q = member_c51_loss(online, target, batch, members, double, penalty=penalty,
                                           q_grad=cql_alpha is not None)

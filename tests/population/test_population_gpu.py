@@ -38,7 +38,8 @@ def assert_members_close(a, b, pairs, atol=1e-5):
             torch.testing.assert_close(ta[k], tb[k], atol=atol, rtol=1e-4 if atol else 0.0, msg=k)
 
 
-@pytest.mark.parametrize("base", [CARTPOLE, TRADING, C51, IQN], ids=["cartpole", "trading", "trading_c51", "trading_iqn"])
+@pytest.mark.parametrize("base", [CARTPOLE, TRADING, C51, IQN, [*TRADING, "action=branching", "action.switch_margin=3"]],
+                         ids=["cartpole", "trading", "trading_c51", "trading_iqn", "trading_branching"])
 def test_graph_equals_eager(base):
     members = [["seed=0"], ["seed=1", "optim.lr=1e-3"], ["seed=2", "agent.gamma=0.9"]]
     eager, _ = run(cuda_configs(base, members), graph=False)

@@ -4,8 +4,9 @@ take their fused forwards, as on CUDA), so that a change which adds launches fai
 a collect step is the single run's six launches whatever P, an update adds none outside its loss
 and backward; the collect step's fused action selection of a plain Q head; and a C51, IQN or
 branching population's collect step: its encoder's layers, then one kernel for its head and the
-ε-greedy selection (foxdqn/ops/{c51,iqn,branching}_epsilon_greedy.py); a C51, Rainbow-like, controls
-or IQL population's update: at most a bound (IQL's loss one kernel, foxdqn/ops/iql_loss.py)."""
+ε-greedy selection (foxdqn/ops/{c51,iqn,branching}_epsilon_greedy.py); a C51, Rainbow-like, controls,
+IQL or branching population's update: at most a bound (IQL's loss one kernel, foxdqn/ops/iql_loss.py;
+BDQ's, foxdqn/ops/branching_loss.py)."""
 from __future__ import annotations
 
 import functools
@@ -245,7 +246,10 @@ def test_c51_forward_takes_the_expected_q_op_without_gradient(dueling, monkeypat
 #: and bias sum one kernel) where they were baddbmm + relu: were c51 28, rainbowish 50, controls 204, cql 26, iql 34
 #: (iql 32 with PER's |td| an abs after the loss's kernel, which writes it now; 31 with 14 parameter
 #: tensors in two launches each of grad_norm, adam_step and target_lerp: tensor_list.MAX_SLOTS was 8)
-UPDATE_AT_MOST = {"eurusd_c51": 24, "eurusd_rainbowish": 46, "eurusd_controls": 196, "eurusd_cql": 24, "eurusd_iql": 29}
+#: branching 139 with BDQ's dueling aggregation per branch, factored actions, gathers, argmaxes, the
+#: mean target, Huber terms and the joint Q as ~60 torch ops and ~35 in backward (ops/branching_loss.py)
+UPDATE_AT_MOST = {"eurusd_c51": 24, "eurusd_rainbowish": 46, "eurusd_controls": 196, "eurusd_cql": 24, "eurusd_iql": 29,
+                  "eurusd_branching": 41}
 C51_HEAD = ("eurusd_c51", "eurusd_rainbowish")
 PRIORITIZED = ("eurusd_rainbowish", "eurusd_controls")
 #: a C51 head's atoms here: 11 (odd, masked in a block of 16) instead of 51; the launches do not depend on
@@ -280,6 +284,10 @@ def test_update_launches_stay_fused(name):
         assert ops.count("triton::_iql_loss_kernel") == 1
         assert not {"aten::gather", "aten::gather_backward", "aten::where", "aten::square", "aten::pow",
                     "aten::mean", "aten::lt", "aten::rsub", "aten::sub", "aten::neg", "aten::abs"} & set(ops), Counter(ops)
+    if name == "eurusd_branching":  # the loss from the heads' raw outputs: one kernel, one multiply in backward
+        assert ops.count("triton::_branching_loss_kernel") == 1
+        assert not {"aten::gather", "aten::gather_backward", "aten::argmax", "aten::stack", "aten::mean", "aten::where",
+                    "aten::div", "aten::sub", "aten::abs", "aten::sgn", "aten::neg"} & set(ops), Counter(ops)
     if name in PRIORITIZED:  # slots to rows in one kernel, none for the update's slots
         assert ops.count("triton::_per_rows_kernel") == 1
         if name == "eurusd_rainbowish":  # (controls' pruning schedule keeps a remainder of its own)
