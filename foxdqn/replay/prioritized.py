@@ -20,6 +20,7 @@ from __future__ import annotations
 import torch
 
 from foxdqn.ops.per_sample import per_sample
+from foxdqn.ops.per_schedule import per_schedule
 from foxdqn.ops.per_state import PERState
 from foxdqn.ops.per_update import per_insert_row, per_update
 from foxdqn.replay.buffer import ReplayBuffer
@@ -55,6 +56,9 @@ class Priorities:
         self.replay, self.envs, self.updates = replay, envs, updates
         self.per = PERState(replay.rows * envs, device, alpha=alpha, eps=eps, members=members)
         self.beta = LinearSchedule(beta_start, 1.0, beta_updates, device)
+        # the draw's inputs, written by one kernel before each draw (foxdqn/ops/per_schedule.py)
+        self._size = torch.zeros((), dtype=torch.int64, device=device)
+        self._beta = torch.zeros_like(self.beta.start)
 
     def insert(self, row: torch.Tensor) -> None:
         """Give time row ``row`` (int64 ``[1]``) of every env (of every member) the maximal
@@ -62,8 +66,13 @@ class Priorities:
         per_insert_row(self.per, row, self.envs)
 
     def draw(self, rand: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """:meth:`sample` without the n-step move-back: (slots, weights) as the sums give them."""
-        return per_sample(self.per, rand, self.replay.filled() * self.envs, self.beta(self.updates))
+        """:meth:`sample` without the n-step move-back: (slots, weights) as the sums give them: the
+        slots written so far (``filled() · envs``) and β at the current update, both from one
+        kernel (:func:`foxdqn.ops.per_schedule.per_schedule`), then :func:`foxdqn.ops.per_sample.per_sample`."""
+        b = self.beta
+        per_schedule(self.replay.written, self.replay.rows, self.envs, self.updates, b.start, b.end, b.duration,
+                     self._size, self._beta)
+        return per_sample(self.per, rand, self._size, self._beta)
 
     def sample(self, rand: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(slots int64, weights float32), ``rand``'s shape (``[B]``, or ``[P, B]``: member p's B
