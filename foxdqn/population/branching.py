@@ -6,8 +6,10 @@ MLP or attention encoder, with the layers of :class:`~foxdqn.population.network.
 (weights ``[P, in, out]``, one ``torch.baddbmm`` per layer for all members): the branches' Linears
 (exposure 5, order type 3, urgency 3), then the value Linear. Its joint Q over the 45 factored
 actions is the classic one, ``(1/D) Σ_d Q_d(s, a_d)`` (:func:`foxdqn.nn.branching.combine_branches`
-with the member axis), which acting, evaluation, the ensembles and the monitors read; the loss reads
-:meth:`MemberBranchingNetwork.branch_q` (:func:`foxdqn.population.objective.member_branching_loss`).
+with the member axis; without a gradient where the fused kernels run, one kernel after the heads'
+Linears, :func:`foxdqn.ops.branching_joint_q.branching_joint_q`), which acting, evaluation, the
+ensembles and the monitors read; the loss reads the heads' outputs
+(:meth:`MemberBranchingNetwork.head_outputs`, :func:`foxdqn.population.objective.member_branching_loss`).
 Members never mix: every op is per member or per row.
 """
 from __future__ import annotations
@@ -20,6 +22,7 @@ from torch import nn
 from foxdqn.nn.branching import BranchingNetwork, combine_branches
 from foxdqn.ops.branching_epsilon_greedy import (MAX_ACTIONS, MAX_BRANCHES, MAX_WIDTH,
                                                  branching_epsilon_greedy)
+from foxdqn.ops.branching_joint_q import branching_joint_q
 from foxdqn.population.network import MemberQNetwork, stack_encoder, stack_linears
 
 
@@ -95,4 +98,7 @@ class MemberBranchingNetwork(MemberQNetwork):
         return [v + adv - adv.mean(dim=-1, keepdim=True) for adv in outs]
 
     def forward(self, obs: torch.Tensor) -> torch.Tensor:
+        if self.fusable(obs) and len(self.branch_sizes) <= MAX_BRANCHES:
+            adv, value = self.head_outputs(obs)  # no gradient needed: the aggregation and joint Q one kernel
+            return branching_joint_q(adv, value, backend="triton")
         return combine_branches(self.branch_q(obs))

@@ -169,3 +169,30 @@ def test_branching_loss_kernel_equals_its_torch_ops(setting):
     torch.testing.assert_close(got.q_values, want.q_values, rtol=1e-5, atol=1e-6)
     for g, w in zip(got_grads, want_grads, strict=True):
         torch.testing.assert_close(g, w, rtol=1e-4, atol=1e-6)
+
+
+def test_branching_forward_takes_the_joint_q_kernel_without_gradient():
+    """MemberBranchingNetwork's forward (acting, evaluation, monitors): inside cpu_kernels without
+    gradient foxdqn/ops/branching_joint_q.py's kernel (its Q to float rounding); outside, or with a
+    gradient, the torch ops."""
+    from foxdqn.ops import backend as B
+    from foxdqn.population import branching as member_branching
+
+    cfgs = configs(BRANCHING, [["seed=0"], ["seed=1"]])
+    s = build_population(cfgs, market_for(cfgs[0]), CPU)
+    obs = torch.randn(2, 5, s.online.weights[0].shape[1])
+    calls = []
+    real = member_branching.branching_joint_q
+    member_branching.branching_joint_q = lambda *a, **k: calls.append(1) or real(*a, **k)
+    try:
+        with torch.no_grad():
+            want = s.online(obs)
+            with B.cpu_kernels():
+                got = s.online(obs)
+        assert calls == [1]
+        with B.cpu_kernels():
+            s.online(obs)  # grad mode: the torch ops
+        assert calls == [1]
+    finally:
+        member_branching.branching_joint_q = real
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)

@@ -167,8 +167,9 @@ HEAD_LAYERS = {  # act.HEAD_KERNELS off (the default): the head's layers, then t
     "eurusd_c51": ["aten::baddbmm"] + EXPECTED_Q + EPSILON + ENV_TAIL + REPLAY_TAIL,  # was softmax, mul, sum
     "eurusd_iqn": ["aten::mul", "aten::cos", "triton::_member_linear_kernel", "aten::mul",  # cosine embedding ⊙ h
                    "triton::_member_linear_kernel", "aten::baddbmm", "aten::mean"] + EPSILON + ENV_TAIL + REPLAY_TAIL,
-    "eurusd_branching": ["aten::baddbmm"] * 3 + ["triton::_member_linear_kernel"] + DUELING * 3 + [
-        "aten::add", "aten::add", "aten::div"] + EPSILON + ENV_TAIL + REPLAY_TAIL,  # joint Q: the branches' mean
+    # the joint Q (each branch's v + a − mean_a a, then the branches' mean) one kernel: were DUELING × 3 + add, add, div
+    "eurusd_branching": ["aten::baddbmm"] * 3 + ["triton::_member_linear_kernel", "triton::_branching_joint_q_kernel"]
+    + EPSILON + ENV_TAIL + REPLAY_TAIL,
     "eurusd_rainbowish": ["aten::baddbmm"] * 2 + EXPECTED_Q + EPSILON + ENV_TAIL + [  # was + DUELING + 3
         "triton::_per_insert_row_kernel"] + REPLAY_TAIL,
 }
