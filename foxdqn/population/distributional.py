@@ -160,6 +160,11 @@ class MemberIQNNetwork(MemberQNetwork):
         k = torch.arange(num_quantiles_policy, dtype=torch.float32, device=device)
         self.register_buffer("pi_i", pi_i, persistent=False)
         self.register_buffer("policy_taus", (k + 0.5) / num_quantiles_policy, persistent=False)
+        # cos(π i τ_k) of the K fixed policy fractions, one copy per member (the embedding layer's
+        # input in policy_q, a [P, K, n] GEMM operand): constants, computed once
+        members = weights[0].shape[0]
+        self.register_buffer("policy_cos", torch.cos(self.policy_taus[:, None] * pi_i)[None].expand(
+            members, -1, -1).contiguous(), persistent=False)
 
     @classmethod
     def from_networks(cls, nets: list[IQNNetwork], activation: str) -> "MemberIQNNetwork":
@@ -199,8 +204,14 @@ class MemberIQNNetwork(MemberQNetwork):
         p, m, n = taus.shape
         e = self.encoder_layers  # the embedding's layer, then the hidden one
         phi = self.layer(e, torch.cos(taus[..., None] * self.pi_i).view(p, m * n, -1), relu=True)  # [P, M·N, H]
-        x = (h[:, :, None, :] * phi.view(p, m, n, -1)).view(p, m * n, -1)  # ψ(s) ⊙ φ(τ)
-        x = self.layer(e + 1, x, relu=True)
+        return self._head_after_embedding(h, phi.view(p, m, n, -1))
+
+    def _head_after_embedding(self, h: torch.Tensor, phi: torch.Tensor) -> torch.Tensor:
+        """Z ``[P, M, N, A]`` of h ``[P, M, H]`` and φ(τ) ``[P, M, N, H]`` (or ``[P, 1, N, H]``, the
+        same fractions for every row): ψ(s) ⊙ φ(τ), then the hidden layer and the output."""
+        p, m, n = h.shape[0], h.shape[1], phi.shape[2]
+        x = (h[:, :, None, :] * phi).view(p, m * n, -1)  # ψ(s) ⊙ φ(τ)
+        x = self.layer(self.encoder_layers + 1, x, relu=True)
         if self.dueling:
             adv = self.layer(-1, x)  # [P, M·N, A]
             out = self.layer(-2, x) + adv - adv.mean(dim=-1, keepdim=True)
@@ -209,9 +220,12 @@ class MemberIQNNetwork(MemberQNetwork):
         return out.view(p, m, n, -1)
 
     def policy_q(self, h: torch.Tensor) -> torch.Tensor:
-        """Expected Q ``[P, M, A]`` of features h ``[P, M, H]``: the mean of Z over the K midpoints."""
-        p, m = h.shape[:2]
-        return self.head(h, self.policy_taus.expand(p, m, self.num_quantiles_policy)).mean(dim=2)
+        """Expected Q ``[P, M, A]`` of features h ``[P, M, H]``: the mean of Z over the K midpoints.
+        Their embedding φ(τ_k) is the same for every row: computed once per member (K rows, not
+        M·K) from the constant cos(π i τ_k) (``policy_cos``), then broadcast over the M rows."""
+        p = h.shape[0]
+        phi = self.layer(self.encoder_layers, self.policy_cos, relu=True)  # [P, K, H]
+        return self._head_after_embedding(h, phi.view(p, 1, self.num_quantiles_policy, -1)).mean(dim=2)
 
     def forward(self, obs: torch.Tensor) -> torch.Tensor:
         return self.policy_q(self.encoder(obs))

@@ -39,6 +39,7 @@ from foxdqn.ops.branching_loss import MAX_BRANCHES as BRANCHING_LOSS_BRANCHES, b
 from foxdqn.ops.cql_loss import cql_loss
 from foxdqn.ops.c51_loss import MAX_ATOMS as C51_LOSS_MAX_ATOMS, c51_loss
 from foxdqn.ops.dqn_td_loss import dqn_td_loss, huber_per_group
+from foxdqn.ops.iqn_loss import iqn_loss
 from foxdqn.population.branching import MemberBranchingNetwork
 from foxdqn.population.distributional import MemberC51Network, MemberIQNNetwork
 from foxdqn.population.network import MemberQNetwork, MemberValueNetwork
@@ -200,7 +201,24 @@ def member_iqn_loss(online: MemberIQNNetwork, target: MemberIQNNetwork, batch: B
 
     ``taus``, ``target_taus``: float32 ``[P, B, N]`` and ``[P, B, N']`` (:func:`member_taus`).
     ``kappa``: float32 ``[P]`` (``head.kappa``; :func:`foxdqn.ops.quantile_huber_loss.quantile_huber_loss`
-    takes a κ per member). ``penalty``: as :func:`member_c51_loss`."""
+    takes a κ per member). ``penalty``: as :func:`member_c51_loss`.
+
+    Where the fused kernels run (:func:`foxdqn.ops.backend.fused_forward`) and ``q_grad`` is False,
+    everything after the heads' forwards (the taken action's quantiles, a*, the targets, ρ, the
+    weighted mean and the gradient) is one kernel, :func:`foxdqn.ops.iqn_loss.iqn_loss`; elsewhere
+    :func:`foxdqn.objectives.iqn.iqn_quantile_loss`'s torch ops (the same arithmetic)."""
+    if not q_grad and fused_forward(batch.obs):
+        obs, next_obs = _member_view(batch, members)[:2]
+        h = online.encoder(obs)
+        z = online.head(h, taus)  # [P, B, N, A], grad
+        with torch.no_grad():  # as iqn_quantile_loss: the monitors' Q of s, then s' by both networks
+            q = online.policy_q(h)
+            h_next = target.encoder(next_obs)
+            select = online(next_obs) if double else target.policy_q(h_next)
+            z_next = target.head(h_next, target_taus)
+        loss, rho = iqn_loss(z, z_next, select, taus, batch.action, batch.reward, batch.discount, batch.weight, kappa,
+                             penalty=penalty)
+        return loss, rho, q
     rho, q = iqn_quantile_loss(online, target, *_member_view(batch, members), taus, target_taus, kappa,
                                double=double, penalty=penalty, q_grad=q_grad)
     return weighted_mean(rho, batch.weight), rho.detach().view(-1), q

@@ -22,8 +22,8 @@ from foxdqn.population.step import population_loss
 from foxdqn.replay.buffer import Batch
 from foxdqn.step.build import build_network
 from support import iterate
-from test_population import (CPU, TRADING, assert_fault_stays_in_its_member, assert_member_equal, configs,
-                             market_for, member_tensors, run)
+from test_population import (CPU, TRADING, assert_fault_stays_in_its_member, assert_fused_loss_equals_torch_ops,
+                             assert_member_equal, configs, market_for, member_tensors, run)
 
 C51 = [*TRADING, "head=c51", "head.atoms=11"]
 # -3.3, 7.1: not float32 values (the support must still be each member's own, bit for bit)
@@ -294,3 +294,16 @@ def test_c51_population_loss_takes_its_fused_op_where_the_kernels_run(experiment
     ops = launches(lambda: population_loss(s, batch).loss.sum().backward())
     assert ops.count("triton::_c51_loss_fwd_kernel") == 1 and ops.count("triton::_c51_loss_bwd_kernel") == 1
     assert not {"aten::log_softmax", "aten::softmax", "aten::argmax", "aten::gather", "aten::zeros"} & set(ops), ops
+
+
+@pytest.mark.parametrize("setting", [[], ["head.double=false"], ["action.switch_margin=3", "replay=per"]],
+                         ids=["double", "single-q", "switch-per"])
+def test_iqn_loss_kernel_equals_its_torch_ops(setting):
+    """Where the fused kernels run (inside cpu_kernels here), an IQN population's loss after its
+    heads' forwards is foxdqn/ops/iqn_loss.py's kernel; its loss, td_abs, Q and every online
+    parameter's gradient equal those of the torch ops that run elsewhere (the same τ draws: the
+    members' generator is rewound between the two)."""
+    s = run(configs([*IQN, *setting], [["seed=5"], ["seed=6", "head.kappa=0"], ["seed=7", "head.kappa=2.5"]]),
+            iterations=2)
+    assert_fused_loss_equals_torch_ops(s, s.replay.sample_members(8), population_objective, "iqn_loss",
+                                       rewind=s.rng.counter)

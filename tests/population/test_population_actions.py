@@ -17,8 +17,8 @@ from foxdqn.population.branching import MemberBranchingNetwork
 from foxdqn.population.state import build_population
 from foxdqn.population.step import population_loss
 from test_distributional import classic, single_run_batch
-from test_population import (CPU, TRADING, assert_fault_stays_in_its_member, assert_members_equal_runs_of_one,
-                             configs, market_for, run)
+from test_population import (CPU, TRADING, assert_fault_stays_in_its_member, assert_fused_loss_equals_torch_ops,
+                             assert_members_equal_runs_of_one, configs, market_for, run)
 from test_population_attention import SMALL, assert_loss_is_each_members_single_run_objective
 
 ROUTED = [*TRADING, "action=exposure_routed"]
@@ -141,34 +141,10 @@ def test_branching_loss_kernel_equals_its_torch_ops(setting):
     foxdqn/ops/branching_loss.py's kernel; its loss, td_abs, joint Q and every online parameter's
     gradient equal those of the torch ops that run elsewhere (float tolerance: the mean of A_d and
     the loss's sum in the kernel's order)."""
-    from foxdqn.ops import backend as B
     from foxdqn.population import objective as obj
 
     s = run(configs([*BRANCHING, *setting], BRANCHING_MEMBERS), iterations=2)
-    batch = s.replay.sample_members(8)
-    calls = []
-    real = obj.branching_loss
-
-    def loss_and_grads():
-        for t in s.online.parameters():
-            t.grad = None
-        out = population_loss(s, batch)
-        out.loss.sum().backward()
-        return out, [t.grad.clone() for t in s.online.parameters()]
-
-    want, want_grads = loss_and_grads()
-    obj.branching_loss = lambda *a, **k: calls.append(1) or real(*a, **k)
-    try:
-        with B.cpu_kernels():
-            got, got_grads = loss_and_grads()
-    finally:
-        obj.branching_loss = real
-    assert calls == [1]
-    torch.testing.assert_close(got.loss, want.loss, rtol=1e-5, atol=1e-6)
-    torch.testing.assert_close(got.td_abs, want.td_abs, rtol=1e-5, atol=1e-6)
-    torch.testing.assert_close(got.q_values, want.q_values, rtol=1e-5, atol=1e-6)
-    for g, w in zip(got_grads, want_grads, strict=True):
-        torch.testing.assert_close(g, w, rtol=1e-4, atol=1e-6)
+    assert_fused_loss_equals_torch_ops(s, s.replay.sample_members(8), obj, "branching_loss")
 
 
 def test_branching_forward_takes_the_joint_q_kernel_without_gradient():

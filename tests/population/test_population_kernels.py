@@ -5,8 +5,8 @@ a collect step is the single run's six launches whatever P, an update adds none 
 and backward; the collect step's fused action selection of a plain Q head; and a C51, IQN or
 branching population's collect step: its encoder's layers, then one kernel for its head and the
 ε-greedy selection (foxdqn/ops/{c51,iqn,branching}_epsilon_greedy.py); a C51, Rainbow-like, controls,
-IQL or branching population's update: at most a bound (IQL's loss one kernel, foxdqn/ops/iql_loss.py;
-BDQ's, foxdqn/ops/branching_loss.py)."""
+IQL, branching or IQN population's update: at most a bound (IQL's loss one kernel, foxdqn/ops/iql_loss.py;
+BDQ's, foxdqn/ops/branching_loss.py; IQN's, foxdqn/ops/iqn_loss.py)."""
 from __future__ import annotations
 
 import functools
@@ -165,8 +165,9 @@ DUELING = ["aten::add", "aten::mean", "aten::sub"]  # v + a − mean_a a
 EXPECTED_Q = ["triton::_c51_expected_q_kernel"]  # Σ_k softmax(logits)_k z_k (Rainbow: after v + a − mean_a a), one kernel
 HEAD_LAYERS = {  # act.HEAD_KERNELS off (the default): the head's layers, then the ε-greedy kernel
     "eurusd_c51": ["aten::baddbmm"] + EXPECTED_Q + EPSILON + ENV_TAIL + REPLAY_TAIL,  # was softmax, mul, sum
-    "eurusd_iqn": ["aten::mul", "aten::cos", "triton::_member_linear_kernel", "aten::mul",  # cosine embedding ⊙ h
-                   "triton::_member_linear_kernel", "aten::baddbmm", "aten::mean"] + EPSILON + ENV_TAIL + REPLAY_TAIL,
+    # the policy fractions' embedding (their cos a constant buffer: were mul, cos first), ⊙ h, the hidden layer, out, mean
+    "eurusd_iqn": ["triton::_member_linear_kernel", "aten::mul", "triton::_member_linear_kernel", "aten::baddbmm",
+                   "aten::mean"] + EPSILON + ENV_TAIL + REPLAY_TAIL,
     # the joint Q (each branch's v + a − mean_a a, then the branches' mean) one kernel: were DUELING × 3 + add, add, div
     "eurusd_branching": ["aten::baddbmm"] * 3 + ["triton::_member_linear_kernel", "triton::_branching_joint_q_kernel"]
     + EPSILON + ENV_TAIL + REPLAY_TAIL,
@@ -251,8 +252,10 @@ def test_c51_forward_takes_the_expected_q_op_without_gradient(dueling, monkeypat
 #: mean target, Huber terms and the joint Q as ~60 torch ops and ~35 in backward (ops/branching_loss.py)
 #: rainbowish 46 and controls 196 with PER's size and β computed by eight torch ops before each draw
 #: (ops/per_schedule.py)
+#: iqn 63 with its loss's gathers, argmax, target, two loss kernels, weighted mean and backward as 12
+#: launches (ops/iqn_loss.py) and the policy fractions' cos(π i τ) computed per call (a buffer now)
 UPDATE_AT_MOST = {"eurusd_c51": 24, "eurusd_rainbowish": 39, "eurusd_controls": 189, "eurusd_cql": 24, "eurusd_iql": 29,
-                  "eurusd_branching": 41}
+                  "eurusd_branching": 41, "eurusd_iqn": 49}
 C51_HEAD = ("eurusd_c51", "eurusd_rainbowish")
 PRIORITIZED = ("eurusd_rainbowish", "eurusd_controls")
 #: a C51 head's atoms here: 11 (odd, masked in a block of 16) instead of 51; the launches do not depend on
@@ -291,6 +294,10 @@ def test_update_launches_stay_fused(name):
         assert ops.count("triton::_branching_loss_kernel") == 1
         assert not {"aten::gather", "aten::gather_backward", "aten::argmax", "aten::stack", "aten::mean", "aten::where",
                     "aten::div", "aten::sub", "aten::abs", "aten::sgn", "aten::neg"} & set(ops), Counter(ops)
+    if name == "eurusd_iqn":  # after the heads: one kernel, one multiply in backward
+        assert ops.count("triton::_iqn_loss_kernel") == 1 and "triton::_qhl_fwd_kernel" not in ops
+        assert not {"aten::gather", "aten::gather_backward", "aten::argmax", "aten::add", "aten::div"} & set(ops)
+        assert ops.count("aten::cos") == 2, Counter(ops)  # the sampled τ and τ' only
     if name in PRIORITIZED:  # slots to rows in one kernel, none for the update's slots; size and β one kernel
         assert ops.count("triton::_per_rows_kernel") == 1 and ops.count("triton::_per_schedule_kernel") == 1
         assert ops[1:3] == ["triton::_per_schedule_kernel", "triton::_per_prefix_kernel"], ops[:4]
