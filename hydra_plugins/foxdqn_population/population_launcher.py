@@ -164,6 +164,7 @@ class PopulationLauncher(Launcher):
             log.info(f"{len(job_overrides)} jobs checked in {time.perf_counter() - started:.1f} s: {derived.count} "
                      f"derived from the {len(job_overrides) - derived.count} Hydra composed")
         CLOCK.mark("compose")  # every job composed and checked
+        _refuse_shared_folders(COLLECTOR.members)
         groups = plan(COLLECTOR.members, self.max_members, cap=memory_cap)
         populations = [g for g in groups if len(g) > 1]
         gpus = self._worker_gpus(populations)
@@ -305,6 +306,21 @@ class PopulationLauncher(Launcher):
             config, ret = jobs[member.job_num]
             with _as_job(config, logs=False):
                 _set_result(ret, lambda member=member, outcome=outcome: _member_value(member, outcome))
+
+
+def _refuse_shared_folders(members: List[Any]) -> None:
+    """Exit 2 with one line, before any job trains, when two jobs would write into one output
+    folder (a ``hydra.sweep.subdir`` that is not unique per job, e.g. ``${seed}`` with a seed
+    listed twice, or two jobs resuming one run): each would otherwise find the other's lock."""
+    first: Dict[Path, int] = {}
+    for member in members:
+        folder = Path(member.run_dir).resolve()
+        if folder in first:
+            print(f"foxdqn: error: jobs #{first[folder]} and #{member.job_num} would write into one output folder "
+                  f"{folder}: give each job a folder of its own (hydra.sweep.subdir; Hydra's default "
+                  f"${{hydra.job.num}} is one per job), or resume each run once", file=sys.stderr)
+            sys.exit(2)
+        first[folder] = member.job_num
 
 
 def _write_timings(sweep_dir: Path, jobs: int, populations: int) -> None:

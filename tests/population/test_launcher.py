@@ -290,6 +290,19 @@ def test_optuna_batch_is_one_population(tmp_path):
     assert result["best_value"] == pytest.approx(max(values))
 
 
+def test_two_jobs_of_one_folder_are_one_line_and_exit_2_before_training(tmp_path):
+    """Jobs whose hydra.sweep.subdir resolves to one folder: one line naming both jobs and the
+    folder, exit 2, nothing trained (each would otherwise fail on the other's lock)."""
+    res = run([*SMOKE, "seed=0,1", "hydra.sweep.subdir=fixed", "hydra/launcher=population"], tmp_path)
+    assert res.returncode == 2, res.stderr[-3000:]
+    errors = [line for line in res.stderr.splitlines() if line.startswith("foxdqn: error:")]
+    folder = (tmp_path / "s" / "fixed").resolve()
+    assert errors == [f"foxdqn: error: jobs #0 and #1 would write into one output folder {folder}: "
+                      "give each job a folder of its own (hydra.sweep.subdir; Hydra's default ${hydra.job.num} is one "
+                      "per job), or resume each run once"], res.stderr[-3000:]
+    assert not (tmp_path / "calls.jsonl").exists()
+
+
 def test_checkjobs_still_prechecks_every_job(tmp_path):
     res = run([*SMOKE, "seed=0,1", "optim.lr=1e-3,-1", "hydra/launcher=population"], tmp_path)
     assert res.returncode == 2
