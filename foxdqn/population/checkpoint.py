@@ -66,6 +66,8 @@ LAYOUT: tuple[tuple[str, str, int, int | str], ...] = (
     (r"^replay\.priorities\._env_ids$", POSITION, 0, 1),
     (r"^replay\._first_column$", POSITION, 0, 1),
     (r"^replay\.priorities\.per\.", MEMBER, 0, 1),
+    # the draw's filled slots and β, rewritten before each draw (ops/per_schedule.py)
+    (r"^replay\.priorities\._(size|beta)$", SCRATCH, 0, 1),
     (r"^replay\._member_gamma_m$", MEMBER, 0, 1),
     (r"^replay\._episode_now$", MEMBER, 0, ENVS),
     (r"^replay\.(obs|next_obs|action|reward|terminal|ended|episode|vol_ratio)$", MEMBER, 1, ENVS),

@@ -160,11 +160,7 @@ class MemberIQNNetwork(MemberQNetwork):
         k = torch.arange(num_quantiles_policy, dtype=torch.float32, device=device)
         self.register_buffer("pi_i", pi_i, persistent=False)
         self.register_buffer("policy_taus", (k + 0.5) / num_quantiles_policy, persistent=False)
-        # cos(π i τ_k) of the K fixed policy fractions, one copy per member (the embedding layer's
-        # input in policy_q, a [P, K, n] GEMM operand): constants, computed once
-        members = weights[0].shape[0]
-        self.register_buffer("policy_cos", torch.cos(self.policy_taus[:, None] * pi_i)[None].expand(
-            members, -1, -1).contiguous(), persistent=False)
+        self._policy_cos = self._policy_cos_of(weights[0].shape[0])
 
     @classmethod
     def from_networks(cls, nets: list[IQNNetwork], activation: str) -> "MemberIQNNetwork":
@@ -219,12 +215,22 @@ class MemberIQNNetwork(MemberQNetwork):
             out = self.layer(-1, x)
         return out.view(p, m, n, -1)
 
+    def _policy_cos_of(self, members: int) -> torch.Tensor:
+        """cos(π i τ_k) of the K policy fractions, float32 ``[P, K, n]`` (one copy per member: the
+        embedding layer's GEMM operand), on the buffers' device."""
+        return torch.cos(self.policy_taus[:, None] * self.pi_i)[None].expand(members, -1, -1).contiguous()
+
     def policy_q(self, h: torch.Tensor) -> torch.Tensor:
         """Expected Q ``[P, M, A]`` of features h ``[P, M, H]``: the mean of Z over the K midpoints.
         Their embedding φ(τ_k) is the same for every row: computed once per member (K rows, not
-        M·K) from the constant cos(π i τ_k) (``policy_cos``), then broadcast over the M rows."""
+        M·K) from the constant cos(π i τ_k), then broadcast over the M rows. That constant is a
+        plain attribute made with the network (not a buffer: no checkpoint holds or needs it),
+        made again on the first call after the network moved to another device (or for features
+        of another number of members)."""
         p = h.shape[0]
-        phi = self.layer(self.encoder_layers, self.policy_cos, relu=True)  # [P, K, H]
+        if self._policy_cos.device != self.pi_i.device or self._policy_cos.shape[0] != p:
+            self._policy_cos = self._policy_cos_of(p)
+        phi = self.layer(self.encoder_layers, self._policy_cos, relu=True)  # [P, K, H]
         return self._head_after_embedding(h, phi.view(p, 1, self.num_quantiles_policy, -1)).mean(dim=2)
 
     def forward(self, obs: torch.Tensor) -> torch.Tensor:
