@@ -34,7 +34,7 @@ import triton.language as tl
 from torch import Tensor
 
 from foxdqn.ops.backend import describe, resolve_backend
-from foxdqn.ops.branching_loss import MAX_BRANCHES, _joint_q_part, _q_tile
+from foxdqn.ops.branching_loss import MAX_BRANCHES, _joint_q_part, _q_tile, joint_q
 
 __all__ = ["branching_joint_q", "branching_joint_q_reference"]
 
@@ -91,11 +91,9 @@ def _problem(adv, value) -> str | None:
 
 def branching_joint_q_reference(adv: list[Tensor], value: Tensor | None) -> Tensor:
     """Plain torch, as :meth:`MemberBranchingNetwork.branch_q` and
-    :func:`foxdqn.nn.branching.combine_branches` compute it."""
-    from foxdqn.nn.branching import combine_branches
-
+    :func:`foxdqn.nn.branching.combine_branches` compute it (:func:`foxdqn.ops.branching_loss.joint_q`)."""
     branch_q = list(adv) if value is None else [value + a - a.mean(dim=-1, keepdim=True) for a in adv]
-    return combine_branches(branch_q)
+    return joint_q(branch_q)
 
 
 def branching_joint_q(adv: list[Tensor], value: Tensor | None, *, backend: str = "auto") -> Tensor:

@@ -40,6 +40,7 @@ from foxdqn.ops.cql_loss import cql_loss
 from foxdqn.ops.c51_loss import MAX_ATOMS as C51_LOSS_MAX_ATOMS, c51_loss
 from foxdqn.ops.dqn_td_loss import dqn_td_loss, huber_per_group
 from foxdqn.ops.iqn_loss import iqn_loss
+from foxdqn.ops.replay_gather import stacked_pair
 from foxdqn.population.branching import MemberBranchingNetwork
 from foxdqn.population.distributional import MemberC51Network, MemberIQNNetwork
 from foxdqn.population.network import MemberQNetwork, MemberValueNetwork
@@ -157,16 +158,25 @@ def member_branching_loss(online: MemberBranchingNetwork, target: MemberBranchin
     :func:`foxdqn.ops.backend.cpu_kernels`) and ``q_grad`` is False, the joint Q is detached and the
     loss is :func:`foxdqn.ops.branching_loss.branching_loss` of the heads' raw outputs (one kernel
     for the dueling aggregation, the targets, the Huber terms, |td|, the joint Q and the
-    gradients); elsewhere, and with ``q_grad`` (CQL's term reads the joint Q, with its gradient),
+    gradients; with Double DQN and the replay's stacked pair, the online network's s and s' rows
+    come from one forward of the pair, as :func:`member_dqn_loss`'s, the s' rows without
+    gradient); elsewhere, and with ``q_grad`` (CQL's term reads the joint Q, with its gradient),
     the same arithmetic in torch ops."""
     obs, next_obs, action, reward, discount = _member_view(batch, members)
     if not q_grad and fused_forward(batch.obs) and len(online.branch_sizes) <= BRANCHING_LOSS_BRANCHES:
-        heads = online.head_outputs(obs)  # grad
+        pair = stacked_pair(batch.obs, batch.next_obs) if double else None
+        if pair is not None:  # Double DQN: one online forward of the replay's [s; s'] pair, s' rows selecting
+            heads = online.head_outputs(pair.view(members, -1, pair.shape[-1]))
+            select = None
+        else:
+            heads = online.head_outputs(obs)  # grad
         with torch.no_grad():
             target_heads = target.head_outputs(next_obs)
-            select = online.head_outputs(next_obs) if double else target_heads
+            if pair is None:
+                select = online.head_outputs(next_obs) if double else target_heads
         loss, td_abs, joint = branching_loss(heads, target_heads, select, batch.action, batch.reward,
-                                             batch.discount, batch.weight, huber_delta, penalty=penalty)
+                                             batch.discount, batch.weight, huber_delta, penalty=penalty,
+                                             stacked=pair is not None)
         return loss, td_abs, joint.view(members, -1, joint.shape[-1])
     q_branches = online.branch_q(obs)  # D × [P, B, n_d], grad
     actions = factor_branches(action, online.branch_sizes)  # D × [P, B]

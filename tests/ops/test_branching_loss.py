@@ -93,6 +93,32 @@ def test_penalty_and_target_selection(double):
     assert not torch.equal(with_pen[0], without[0])
 
 
+@pytest.mark.parametrize("groups,bg,sizes", [(1, 7, (5, 3, 3)), (3, 5, (4, 7)), (2, 9, (2,))])
+def test_stacked_online_rows_equal_a_separate_selection(groups, bg, sizes):
+    """``stacked``: one online tensor of each group's s rows then its s' rows gives the loss, |td|,
+    joint Q and s rows' gradient of the s rows with the s' rows as ``select``; the s' rows' gradient
+    is zero; the reference agrees."""
+    online, target, select, action, reward, discount, weight, delta, pen = _case(groups, bg, sizes, penalty=True,
+                                                                              seed=4)
+
+    def stack(a, b):
+        return torch.stack([a, b], dim=1).reshape(groups, 2 * bg, a.shape[-1])
+    both = ([stack(a, b) for a, b in zip(online[0], select[0])], stack(online[1], select[1]))
+    leaves = [t.detach().clone().requires_grad_(True) for t in (*both[0], both[1])]
+    upstream = torch.linspace(0.5, 2.0, groups)
+    rest = (action, reward, discount, weight, delta)
+    for fn in (_kernel, branching_loss_reference):
+        loss, td, joint = fn((leaves[:-1], leaves[-1]), target, None, *rest, penalty=pen, stacked=True)
+        grads = torch.autograd.grad((loss * upstream).sum(), leaves)
+        want = _run(_kernel, online, target, select, *rest, pen, upstream)
+        _assert_close((loss.detach(), td, joint, [g.reshape(groups, 2, bg, -1)[:, 0].reshape(w.shape)
+                                                  for g, w in zip(grads, want[3])]), want)
+        assert all(torch.equal(g.reshape(groups, 2, bg, -1)[:, 1], torch.zeros(groups, bg, g.shape[-1]))
+                   for g in grads)
+    with pytest.raises(ValueError, match="stacked: select must be None"):
+        branching_loss((leaves[:-1], leaves[-1]), target, select, *rest, stacked=True, backend="triton")
+
+
 def test_hand_computed():
     """One row, two branches of 2 and 3, dueling: every number by hand."""
     adv0, adv1 = torch.tensor([[[1.0, 3.0]]]), torch.tensor([[[0.0, 3.0, 6.0]]])  # means 2 and 3

@@ -65,7 +65,7 @@ def assert_fused_loss_equals_torch_ops(s, batch, module, name, rewind=None):
     """The population's loss where the fused kernels run (inside cpu_kernels) takes ``module.name``
     (one op, patched to count its calls) and its loss, td_abs, Q and every online parameter's
     gradient equal the torch ops' that run elsewhere (float tolerance); ``rewind``: a tensor
-    restored before each loss (a counter the loss draws from)."""
+    restored before each loss (a counter the loss draws from). Returns the op's keyword arguments."""
     from foxdqn.ops import backend as B
     from foxdqn.population.step import population_loss
 
@@ -83,18 +83,19 @@ def assert_fused_loss_equals_torch_ops(s, batch, module, name, rewind=None):
         return out, [t.grad.clone() for t in s.online.parameters()]
 
     want, want_grads = loss_and_grads()
-    setattr(module, name, lambda *a, **k: calls.append(1) or real(*a, **k))
+    setattr(module, name, lambda *a, **k: calls.append(k) or real(*a, **k))
     try:
         with B.cpu_kernels():
             got, got_grads = loss_and_grads()
     finally:
         setattr(module, name, real)
-    assert calls == [1]
+    assert len(calls) == 1
     torch.testing.assert_close(got.loss, want.loss, rtol=1e-5, atol=1e-6)
     torch.testing.assert_close(got.td_abs, want.td_abs, rtol=1e-5, atol=1e-6)
     torch.testing.assert_close(got.q_values, want.q_values, rtol=1e-5, atol=1e-6)
     for g, w in zip(got_grads, want_grads, strict=True):
         torch.testing.assert_close(g, w, rtol=1e-4, atol=1e-6)
+    return calls[0]
 
 
 

@@ -140,11 +140,17 @@ def test_branching_loss_kernel_equals_its_torch_ops(setting):
     """Where the fused kernels run (inside cpu_kernels here), a branching population's loss is
     foxdqn/ops/branching_loss.py's kernel; its loss, td_abs, joint Q and every online parameter's
     gradient equal those of the torch ops that run elsewhere (float tolerance: the mean of A_d and
-    the loss's sum in the kernel's order)."""
+    the loss's sum in the kernel's order); with Double DQN the online rows of s and s' come from one
+    forward of the replay's stacked pair."""
     from foxdqn.population import objective as obj
 
+    from foxdqn.ops import backend as B
+
     s = run(configs([*BRANCHING, *setting], BRANCHING_MEMBERS), iterations=2)
-    assert_fused_loss_equals_torch_ops(s, s.replay.sample_members(8), obj, "branching_loss")
+    with B.cpu_kernels():  # the replay's kernel gathers s and s' as the halves of one stacked pair
+        batch = s.replay.sample_members(8)
+    kwargs = assert_fused_loss_equals_torch_ops(s, batch, obj, "branching_loss")
+    assert kwargs["stacked"] == ("head.double=false" not in setting)
 
 
 def test_branching_forward_takes_the_joint_q_kernel_without_gradient():

@@ -249,13 +249,14 @@ def test_c51_forward_takes_the_expected_q_op_without_gradient(dueling, monkeypat
 #: (iql 32 with PER's |td| an abs after the loss's kernel, which writes it now; 31 with 14 parameter
 #: tensors in two launches each of grad_norm, adam_step and target_lerp: tensor_list.MAX_SLOTS was 8)
 #: branching 139 with BDQ's dueling aggregation per branch, factored actions, gathers, argmaxes, the
-#: mean target, Huber terms and the joint Q as ~60 torch ops and ~35 in backward (ops/branching_loss.py)
+#: mean target, Huber terms and the joint Q as ~60 torch ops and ~35 in backward (ops/branching_loss.py),
+#: 41 with the online rows of s and s' in two forwards (one of the replay's stacked pair now)
 #: rainbowish 46 and controls 196 with PER's size and β computed by eight torch ops before each draw
 #: (ops/per_schedule.py)
 #: iqn 63 with its loss's gathers, argmax, target, two loss kernels, weighted mean and backward as 12
 #: launches (ops/iqn_loss.py) and the policy fractions' cos(π i τ) computed per call (a buffer now)
 UPDATE_AT_MOST = {"eurusd_c51": 24, "eurusd_rainbowish": 39, "eurusd_controls": 189, "eurusd_cql": 24, "eurusd_iql": 29,
-                  "eurusd_branching": 41, "eurusd_iqn": 49}
+                  "eurusd_branching": 36, "eurusd_iqn": 49}
 C51_HEAD = ("eurusd_c51", "eurusd_rainbowish")
 PRIORITIZED = ("eurusd_rainbowish", "eurusd_controls")
 #: a C51 head's atoms here: 11 (odd, masked in a block of 16) instead of 51; the launches do not depend on
