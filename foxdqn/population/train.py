@@ -594,7 +594,8 @@ def open_folders(members: list[Member]) -> list:
                 new = m.payload is None and m.run_id is None and (m.tc.resume is None or not previous_outputs(m.run_dir))
                 # a resumed run keeps its start record as it started (a resume never rewrites it)
                 record = m.tc if new or not (m.run_dir / RECORD).is_file() else None
-                folders.append(RunFolder(m.run_dir).open(resume=not new, config=record, run_id=m.run_id))
+                key = "hydra.run.dir" if m.sweep_dir is None else "hydra.sweep.dir or hydra.sweep.subdir"
+                folders.append(RunFolder(m.run_dir, key).open(resume=not new, config=record, run_id=m.run_id))
                 if not new and m.payload is None:  # killed before its first checkpoint: its partial outputs go
                     from foxdqn.run.resume import start_over
 

@@ -119,10 +119,13 @@ class RunFolder:
 
     Args:
         path: the run folder (Hydra's ``runtime.output_dir``).
+        key: the setting that chooses the folder, which the refusals tell the user to change
+            (a multirun job's: ``hydra.sweep.dir`` or ``hydra.sweep.subdir``).
     """
 
-    def __init__(self, path: str | os.PathLike[str]) -> None:
+    def __init__(self, path: str | os.PathLike[str], key: str = "hydra.run.dir") -> None:
         self.path = Path(path)
+        self.key = key  # the setting that chooses this folder, named in the refusals
         self._lock_fd: int | None = None
         self.run_id: str | None = None
 
@@ -153,19 +156,19 @@ class RunFolder:
             probe.unlink()
         except OSError as exc:
             raise RunFolderError(f"output folder {path}: cannot be written ({exc.strerror or exc}); choose another "
-                                 "hydra.run.dir") from None
+                                 f"{self.key}") from None
         free = shutil.disk_usage(path).free
         if free < MIN_FREE_BYTES:
             raise RunFolderError(f"output folder {path}: its disk has {free / 2**20:.1f} MiB free, a run needs at least "
                                  f"{MIN_FREE_BYTES // 2**20} MiB (checkpoints, logs, the report); free some space or "
-                                 "choose another hydra.run.dir")
+                                 f"choose another {self.key}")
         fd = os.open(path / LOCK, os.O_RDWR | os.O_CREAT, 0o644)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError:
             os.close(fd)
             raise RunFolderError(f"output folder {path}: another run is writing into it (lock {path / LOCK}); "
-                                 "wait for it or choose another hydra.run.dir") from None
+                                 f"wait for it or choose another {self.key}") from None
         self._lock_fd = fd
         found = previous_outputs(path)
         if found and not resume:
@@ -173,7 +176,7 @@ class RunFolder:
             hint = ("; or continue that run with resume=auto" if MARKER in found
                     else " (that run has finished)")
             raise RunFolderError(f"output folder {path}: already holds a run ({', '.join(found)}); choose another "
-                                 f"hydra.run.dir{hint}")
+                                 f"{self.key}{hint}")
         for stale in path.rglob(".*.tmp*"):  # a writer killed mid-write (kill -9) left its temporary file
             parts = _TEMP_NAME.match(stale.name)
             if parts and stale.is_file() and Path(parts["name"]).suffix == parts["suffix"]:

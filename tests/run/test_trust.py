@@ -517,6 +517,22 @@ def test_a_nearly_full_disk_is_refused_before_the_run(tmp_path, monkeypatch):
         RunFolder(tmp_path / "run").open()
 
 
+def test_refusals_name_the_setting_that_chose_the_folder(tmp_path):
+    """A single run's folder is chosen by hydra.run.dir, a multirun job's by the sweep's keys: each
+    refusal names its own (a basic-launcher sweep's job said hydra.run.dir)."""
+    from foxdqn.run.folder import MARKER, RunFolder, RunFolderError
+
+    held = RunFolder(tmp_path / "a").open()
+    for key in ("hydra.run.dir", "hydra.sweep.dir or hydra.sweep.subdir"):
+        with pytest.raises(RunFolderError, match=f"another run is writing into it .*; wait for it or choose another {key}$"):
+            RunFolder(tmp_path / "a", key).open()
+    held.release()
+    (tmp_path / "a" / MARKER).unlink(missing_ok=True)
+    (tmp_path / "a" / "metrics.csv").write_text("step\n")
+    with pytest.raises(RunFolderError, match="already holds a run .*; choose another hydra.sweep.dir or hydra.sweep.subdir"):
+        RunFolder(tmp_path / "a", "hydra.sweep.dir or hydra.sweep.subdir").open()
+
+
 def test_prices_beyond_the_accounting_range_are_refused(tmp_path):
     from foxdqn.data import DataConfig, load_market_data
     from foxdqn.data.synthetic import make_martingale_ohlcv
