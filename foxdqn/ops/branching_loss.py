@@ -227,8 +227,8 @@ def _branching_loss_kernel(
         c2 = scale * s2
         _store_grad(grad_ptr, srow, ok, a2, c2, W, N0 + N1, N2, BLOCK_N, DUELING)
         c_sum = c_sum + c2
-    if DUELING:
-        tl.store(grad_ptr + srow * W + (W - 1), c_sum, mask=ok)
+    # V's column: ∂loss/∂V(s) with dueling, else zeros (no input reads it; written so the buffer holds no garbage)
+    tl.store(grad_ptr + srow * W + (W - 1), c_sum if DUELING else tl.zeros_like(c_sum), mask=ok)
     if STACKED:  # the s' rows' gradient: zero (they select only)
         wc = tl.arange(0, BLOCK_W)
         tl.store(grad_ptr + nrow[:, None] * W + wc[None, :], tl.zeros([BLOCK_R, BLOCK_W], tl.float32),
