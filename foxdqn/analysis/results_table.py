@@ -65,8 +65,10 @@ def gate_line(gate: dict, split: str) -> str:
     trained on the evaluated split beside it."""
     trained = gate["candidates"][-1]
     tv, tt = trained["val"], trained[split]
-    as_trained = (f"the agent as trained: {tt['total_return'] * 100:+.2f} % with {_count(tt['num_trades'], 'trade')} "
-                  f"on {split}, {tv['total_return'] * 100:+.2f} % with {tv['num_trades']:g} on val")
+    as_trained = (f"the agent as trained: {tt['total_return'] * 100:+.2f} % with "
+                  f"{_count(tt['num_trades'], 'trade')} on {split}")
+    if split != "val":  # an evaluation of the validation split: one figure, not the same one twice
+        as_trained += f", {tv['total_return'] * 100:+.2f} % with {tv['num_trades']:g} on val"
     best = max(gate["candidates"], key=lambda c: c["val"]["total_return"])
     others = "" if len(gate["candidates"]) <= 2 or best["policy"] == "flat" else (
         f"; best on val: switch_margin={best['switch_margin']:g}, {best['val']['total_return'] * 100:+.2f} %")

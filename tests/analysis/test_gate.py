@@ -228,3 +228,6 @@ def test_the_printed_gate_line():
     assert "the agent trades (switch_margin=0" in trading and "+42.00 % with 950 trades on test" in trading
     stays = gate_line({"chosen": "flat", "confidence": 0.95, "candidates": [flat, trained]}, "test")
     assert "flat on the test split" in stays and "confidence ≥ 0.95 (paired PSR)" in stays and "+31.00 % with 900 on val" in stays
+    # an evaluation of the validation split gives its figure once (it said "... on val, ... on val")
+    on_val = gate_line({"chosen": "flat", "confidence": 0.95, "candidates": [flat, trained]}, "val")
+    assert "on val," not in on_val and "the agent as trained: +31.00 % with 900 trades on val (eval.gate" in on_val
