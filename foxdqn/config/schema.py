@@ -266,7 +266,7 @@ class ActionConfig:
 class AgentConfig:
     """The run's budget and DQN training schedule (Mnih et al. 2015; foxdqn.step)."""
 
-    total_env_steps: int = 400_000  # env transitions collected over the whole run (all envs)
+    total_env_steps: int = 400_000  # env transitions collected over the whole run (all envs), rounded up to whole iterations of env.num_envs × agent.steps_per_iter (10 envs: 2048 trains 2050)
     steps_per_iter: int = 4  # T env steps per env per iteration (collect phase)
     updates_per_iter: int = 1  # K gradient updates per iteration (train phase)
     learning_starts: int = 5_000  # env transitions collected before the first update
@@ -575,7 +575,7 @@ class DebugConfig:
     """Caps applied after composition (so they win over any experiment): ``debug=smoke``."""
 
     name: Optional[str] = None  # the debug option's name (smoke), for the record
-    max_env_steps: Optional[int] = None  # cap on agent.total_env_steps (and the log/eval intervals)
+    max_env_steps: Optional[int] = None  # cap on agent.total_env_steps (and the log/eval intervals), then rounded up as that key is
     max_num_envs: Optional[int] = None  # cap on env.num_envs
     max_batch_size: Optional[int] = None  # cap on agent.batch_size
     max_learning_starts: Optional[int] = None  # cap on agent.learning_starts
