@@ -39,8 +39,8 @@ def print_summary(summary: dict, run_dir: Path) -> None:
     console.print(table)
     a, sel = summary["metrics"]["agent"], summary.get("selection") or {}
     line = (f"agent Sharpe 95 % interval [{a['sharpe_ci95_low']:.3g}, {a['sharpe_ci95_high']:.3g}] (block "
-            f"bootstrap); PSR(SR > 0) = {a['psr_vs_zero']:.3f}; PSR(return - buy-and-hold > 0) = "
-            f"{a.get('psr_vs_buy_and_hold', float('nan')):.3f}")
+            f"bootstrap); PSR(SR > 0) = {_psr(a['psr_vs_zero'])}; PSR(return - buy-and-hold > 0) = "
+            f"{_psr(a.get('psr_vs_buy_and_hold', float('nan')))}")
     if sel:
         line += f"; selected on val {sel['metric']} = {sel['value']:.4g}"
     console.print(line, soft_wrap=True)
@@ -53,6 +53,12 @@ def print_summary(summary: dict, run_dir: Path) -> None:
     console.print(f"[bold]outputs:[/bold] {run_dir.resolve()}  (wall {summary['wall_time_s']} s on "
                   f"{summary['gpu'] or summary['device']})")
 
+
+
+def _psr(value) -> str:
+    """A probabilistic Sharpe ratio to 3 places, or why there is none: NaN where the returns have no
+    variance (an agent that stays flat: its Sharpe ratio is undefined)."""
+    return "n/a (returns without variance)" if value is None or value != value else f"{value:.3f}"
 
 
 def _count(n, noun: str) -> str:

@@ -62,3 +62,13 @@ def test_one_bar_and_one_trade_are_singular(capsys, tmp_path):
     print_summary(summary(0, None, gate=GATE), tmp_path)
     out = capsys.readouterr().out
     assert "test split, 100 bars (" in out and "with 450 trades on test," in out
+
+
+def test_a_psr_without_variance_says_why(capsys, tmp_path):
+    """A flat agent's returns have no variance: its PSR is NaN, printed as "n/a (...)", not "nan"."""
+    flat = summary(0, None)
+    flat["metrics"]["agent"] = {**METRICS, "num_trades": 0, "psr_vs_zero": float("nan")}
+    print_summary(flat, tmp_path)
+    line = next(x for x in capsys.readouterr().out.splitlines() if x.startswith("agent Sharpe"))
+    assert "PSR(SR > 0) = n/a (returns without variance); PSR(return - buy-and-hold > 0) = 0.100" in line
+    assert "nan" not in line
