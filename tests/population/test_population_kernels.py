@@ -323,3 +323,17 @@ def test_her_update_relabels_in_one_kernel(members):
     assert ops[:len(head)] == head and ops[-len(UPDATE_TAIL):] == UPDATE_TAIL, ops
     assert ops[len(head):-len(UPDATE_TAIL)] == CARTPOLE_LOSS, ops
     assert "aten::item" not in ops and "aten::_local_scalar_dense" not in ops  # no host read
+
+
+def test_attention_collect_step_normalises_in_one_kernel_per_layer_norm():
+    """An attention population's collect step (no gradient): each of its five layer norms (two per
+    block, the final one) is one kernel with the members' affine (ops/member_layer_norm.py), not
+    layer_norm then addcmul."""
+    from foxdqn.population.step import collect_step
+    from bench.cpu_kernels import launches, small_overrides
+    from bench.harness import make_population
+
+    s = make_population(["+experiment=eurusd_attention", *small_overrides("eurusd_attention")], 2, "cpu")
+    ops = launches(lambda: collect_step(s))
+    assert ops.count("triton::_member_layer_norm_kernel") == 5, Counter(ops)
+    assert not {"aten::layer_norm", "aten::addcmul", "aten::native_layer_norm"} & set(ops), Counter(ops)
