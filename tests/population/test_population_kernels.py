@@ -165,10 +165,12 @@ DUELING = ["aten::add", "aten::mean", "aten::sub"]  # v + a − mean_a a
 EXPECTED_Q = ["triton::_c51_expected_q_kernel"]  # Σ_k softmax(logits)_k z_k (Rainbow: after v + a − mean_a a), one kernel
 HEAD_LAYERS = {  # act.HEAD_KERNELS off (the default): the head's layers, then the ε-greedy kernel
     "eurusd_c51": ["aten::baddbmm"] + EXPECTED_Q + EPSILON + ENV_TAIL + REPLAY_TAIL,  # was softmax, mul, sum
-    # the policy fractions' embedding (their cos a constant buffer: were mul, cos first), ⊙ h, the hidden layer, out, mean
+    # the policy fractions' embedding (their cos a constant made once: were mul, cos first), ⊙ h, the hidden
+    # layer, out, mean
     "eurusd_iqn": ["triton::_member_linear_kernel", "aten::mul", "triton::_member_linear_kernel", "aten::baddbmm",
                    "aten::mean"] + EPSILON + ENV_TAIL + REPLAY_TAIL,
-    # the joint Q (each branch's v + a − mean_a a, then the branches' mean) one kernel: were DUELING × 3 + add, add, div
+    # the joint Q (each branch's v + a − mean_a a, then the branches' mean) one kernel: were DUELING × 3 and
+    # add, add, div
     "eurusd_branching": ["aten::baddbmm"] * 3 + ["triton::_member_linear_kernel", "triton::_branching_joint_q_kernel"]
     + EPSILON + ENV_TAIL + REPLAY_TAIL,
     "eurusd_rainbowish": ["aten::baddbmm"] * 2 + EXPECTED_Q + EPSILON + ENV_TAIL + [  # was + DUELING + 3
