@@ -38,7 +38,7 @@ def _case(groups, bg, sizes, dueling=True, seed=0, device="cpu", penalty=False):
     reward = torch.randn(b, generator=g) * 3
     discount = torch.where(torch.rand(b, generator=g) < 0.2, 0.0, 0.99)
     weight = torch.rand(b, generator=g) * 2 + 0.05
-    delta = torch.tensor([1.0, 0.25, 4.0][:groups])
+    delta = torch.tensor(([1.0, 0.25, 4.0] * groups)[:groups])  # one δ per group, any G
     pen = torch.rand(b, sizes[0], generator=g) * 0.5 if penalty else None
 
     def to(h):

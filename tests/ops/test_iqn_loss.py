@@ -30,7 +30,7 @@ def _case(groups, bg, n, nt, a, seed=0, device="cpu", penalty=False):
     reward = torch.randn(b, generator=g)
     discount = torch.where(torch.rand(b, generator=g) < 0.2, 0.0, 0.99)
     weight = torch.rand(b, generator=g) * 2 + 0.05
-    kappa = torch.tensor([1.0, 0.0, 2.5][:groups])
+    kappa = torch.tensor(([1.0, 0.0, 2.5] * groups)[:groups])  # one κ per group, any G
     pen = torch.rand(groups, bg, a, generator=g) if penalty else None
     out = [x.to(device) for x in (z, zt, select, taus, action, reward, discount, weight, kappa)]
     return (*out, None if pen is None else pen.to(device))
