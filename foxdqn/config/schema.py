@@ -97,6 +97,12 @@ MOVED_KEYS = {
     "agent.matmul_precision": "matmul_precision", "log.tensorboard": "logger.tensorboard",
 }
 
+#: Keys added after runs were recorded (dotted key → the value that reproduces a record without it):
+#: a resumed run keeps the behaviour it started with (:func:`upgrade`).
+ADDED_KEYS = {
+    "optim.accumulate_one_pass": False,  # before it, accumulation ran the M micro-batches as M passes
+}
+
 
 def unknown_key_message(key: str) -> str:
     """One line for an unknown dotted ``key``: the removal reason, the key it moved to, or the
@@ -290,6 +296,9 @@ class OptimConfig:
     adam_eps: float = 1e-5  # Adam ε
     grad_clip: float = 10.0  # max global gradient L2 norm
     accumulate: int = 1  # M micro-batches per update (agent.batch_size / M rows each); 1 = off
+    # true: the M micro-batches in one forward and backward (the gradient of M passes to float rounding,
+    # fewer kernels); false: M passes, each holding B/M rows' activations (less memory)
+    accumulate_one_pass: bool = True
 
     def validate(self) -> None:
         _all_positive(self, "optim", ("lr", "adam_eps", "grad_clip"))
@@ -840,11 +849,16 @@ _FIELD_NAMES: dict[type, tuple[str, ...]] = {}
 
 
 def upgrade(values: dict) -> dict:
-    """A copy of a plain config dict written before keys moved (an older checkpoint's), with
-    :data:`MOVED_KEYS` applied; a current one comes back unchanged."""
+    """A copy of a plain config dict written before keys moved or were added (an older checkpoint's
+    or start record's), with :data:`MOVED_KEYS` applied and each missing key of :data:`ADDED_KEYS`
+    set to its value from before it; a current one comes back unchanged."""
     import copy
 
     out = copy.deepcopy(values)
+    for key, before in ADDED_KEYS.items():
+        group, leaf = key.split(".")
+        if isinstance(out.get(group), dict) and leaf not in out[group]:
+            out[group][leaf] = before
     for old, new in MOVED_KEYS.items():
         group, key = old.split(".")
         if isinstance(out.get(group), dict) and key in out[group]:

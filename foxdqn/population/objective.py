@@ -190,14 +190,23 @@ def member_branching_loss(online: MemberBranchingNetwork, target: MemberBranchin
 
 
 def member_taus(rng: MemberRandom, batch_size: int, num_quantiles: int,
-                num_target_quantiles: int) -> tuple[torch.Tensor, torch.Tensor]:
+                num_target_quantiles: int, micro_batches: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
     """(τ float32 ``[P, B, N]``, τ' float32 ``[P, B, N']``) in [0, 1): each member's quantile
     fractions for one IQN update, τ drawn first, then τ' (the order of a single run's
     :class:`foxdqn.objectives.iqn.IQNObjective`), from its own counter-based generator, so member
-    p draws what a population of one of its seed draws."""
+    p draws what a population of one of its seed draws.
+
+    ``micro_batches`` = M > 1 (``optim.accumulate`` in one pass): the draws of M consecutive
+    micro-batches of B/M rows each (τ then τ' of the first, then of the second, ...), joined along
+    the rows, so one pass over B rows reads the τ that M passes would draw (B % M == 0)."""
     p = rng.num_members
-    taus = rng.uniform(batch_size * num_quantiles).view(p, batch_size, num_quantiles)
-    return taus, rng.uniform(batch_size * num_target_quantiles).view(p, batch_size, num_target_quantiles)
+    rows = batch_size // micro_batches
+    parts = [(rng.uniform(rows * num_quantiles).view(p, rows, num_quantiles),
+              rng.uniform(rows * num_target_quantiles).view(p, rows, num_target_quantiles))
+             for _ in range(micro_batches)]
+    if micro_batches == 1:
+        return parts[0]
+    return torch.cat([t for t, _ in parts], dim=1), torch.cat([t for _, t in parts], dim=1)
 
 
 def member_iqn_loss(online: MemberIQNNetwork, target: MemberIQNNetwork, batch: Batch, members: int,

@@ -98,15 +98,17 @@ def collect_step(s: PopulationState) -> None:
                      s.env.collect_hook.trades(out), s.env_steps)
 
 
-def population_loss(s: PopulationState, batch) -> LossOutput:
+def population_loss(s: PopulationState, batch, micro_batches: int = 1) -> LossOutput:
     """:class:`~foxdqn.objectives.base.LossOutput` (loss float32 ``[P]``, td_abs ``[P·B]``, online
     expected Q float32 ``[P, B, A]`` detached) of every member on ``batch`` (B rows each,
     member-major): :func:`foxdqn.population.objective.member_loss` with the members'
     hyperparameters; with ``head.name=iqn`` each member first draws its τ, then its τ', from its own
-    generator (:func:`foxdqn.population.objective.member_taus`)."""
+    generator (:func:`foxdqn.population.objective.member_taus`; with ``micro_batches`` = M those
+    of M consecutive micro-batches of B/M rows)."""
     h = s.cfg.head
     b = batch.reward.shape[0] // s.members
-    taus = member_taus(s.rng, b, h.num_quantiles, h.num_target_quantiles) if h.name == "iqn" else None
+    taus = (member_taus(s.rng, b, h.num_quantiles, h.num_target_quantiles, micro_batches)
+            if h.name == "iqn" else None)
     penalty = None
     if s.switch is not None and s.value is None:  # branching: the exposure branch pays each exposure's
         penalty = s.switch.target_exposures(batch) if s.action_mode.name == "branching" else s.switch.target(batch)
@@ -166,23 +168,31 @@ def member_micro_batches(batch: Batch, members: int, m: int) -> list[Batch]:
 def accumulate_member_gradients(s: PopulationState, batch: Batch) -> LossOutput:
     """Zero the gradients, back-propagate ``batch`` in ``optim.accumulate`` = M micro-batches
     (:func:`member_micro_batches`; each member's loss of a micro-batch back-propagated as ℓ_m / M,
-    as a population of one does), and return the
-    whole update's :class:`~foxdqn.objectives.base.LossOutput`: loss float32 ``[P]``, each member's
-    (1/M) Σ_m ℓ_m; td_abs ``[P·B]`` and q_values ``[P, B, A]`` member-major, its micro-batches' in
-    order. With ``debug.inject_nan_at_step`` a member's loss is poisoned in every micro-batch of that
-    update, as a single run's."""
+    as a population of one does), and return the whole update's
+    :class:`~foxdqn.objectives.base.LossOutput`: loss float32 ``[P]``, each member's (1/M) Σ_m ℓ_m;
+    td_abs ``[P·B]`` and q_values ``[P, B, A]`` member-major, its micro-batches' in order. With
+    ``debug.inject_nan_at_step`` a member's loss is poisoned in every micro-batch of that update, as
+    a single run's.
+
+    With ``optim.accumulate_one_pass`` (the default) the M micro-batches are one forward and one
+    backward of all B rows: every objective's loss is a weighted mean of per-row terms
+    (:func:`foxdqn.objectives.base.weighted_mean`), so (1/M) Σ_m ℓ_m is the mean over the B rows and
+    its gradient is that of the M passes to float rounding; IQN reads the τ the M passes would
+    draw (:func:`foxdqn.population.objective.member_taus`). docs/design/update.md#accumulation."""
     p, m = s.members, s.cfg.optim.accumulate
     s.optimizer.zero_grad(set_to_none=True)
-    seed = device_vector(s.device, p, 1.0 / m)  # each member's dℓ/dℓ_p: no sum and no ones_like launched
+    one_pass = m == 1 or s.cfg.optim.accumulate_one_pass
+    passes = [batch] if one_pass else member_micro_batches(batch, p, m)
+    seed = device_vector(s.device, p, 1.0 / len(passes))  # each member's dℓ/dℓ_p: no sum, no ones_like
     outs = []
-    for mb in member_micro_batches(batch, p, m):
-        out = population_loss(s, mb)
+    for mb in passes:
+        out = population_loss(s, mb, micro_batches=m if one_pass else 1)
         loss = out.loss
         if s.inject_nan:  # debug.inject_nan_at_step of some member: poison its loss at that update
             loss = loss + torch.where(s.updates == s.params.nan_at, float("nan"), 0.0)
         backward_seeded(loss, seed)
         outs.append(LossOutput(loss.detach(), out.td_abs, out.q_values))
-    if m == 1:
+    if len(outs) == 1:
         return outs[0]
     total = outs[0].loss
     for out in outs[1:]:  # a fixed order of additions per member, whatever P

@@ -186,6 +186,21 @@ def test_upgrade_moves_an_older_checkpoints_keys():
     assert from_plain(new) == cfg  # keys added since then take their defaults
 
 
+def test_upgrade_gives_a_record_without_an_added_key_the_behaviour_it_started_with():
+    """optim.accumulate_one_pass came after runs with optim.accumulate were recorded: their resume
+    keeps the M passes they started with; a current record keeps its value."""
+    from foxdqn.config.schema import to_plain, upgrade
+    from foxdqn.config.compose import from_plain
+
+    current = to_plain(load_config(["agent.batch_size=64", "optim.accumulate=4"]))
+    assert current["optim"]["accumulate_one_pass"] is True
+    assert upgrade(current) == current
+    old = to_plain(load_config(["agent.batch_size=64", "optim.accumulate=4"]))
+    del old["optim"]["accumulate_one_pass"]
+    resumed = from_plain(upgrade(old))
+    assert resumed.optim.accumulate_one_pass is False and resumed.optim.accumulate == 4
+
+
 def test_logger_group_is_combinable():
     assert load_config([]).logger.tensorboard
     assert not load_config(["logger=csv"]).logger.tensorboard

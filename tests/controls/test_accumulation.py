@@ -1,5 +1,5 @@
 """optim.accumulate: M micro-batches give the update of one batch of B rows (docs/design/update.md#accumulation),
-for a single run (a population of one: foxdqn.population.step)."""
+for a single run (a population of one: foxdqn.population.step), in M passes or in one."""
 import pytest
 import torch
 
@@ -15,11 +15,13 @@ from support import experiment_state, step_fns
 OBJECTIVES = ["eurusd_dqn", "eurusd_c51", "eurusd_iql", "eurusd_cql", "eurusd_branching"]
 
 
-def _pair(name, m, extra=()):
-    """Two identical states (same seed, same collected replay), accumulate=1 and accumulate=m."""
+def _pair(name, m, extra=(), first=1):
+    """Two identical states (same seed, same collected replay): accumulate=``first`` in one pass
+    and accumulate=m in m passes (optim.accumulate_one_pass=false)."""
     states = []
-    for acc in (1, m):
-        s, _ = experiment_state(name, extra=[f"optim.accumulate={acc}", *extra])
+    for acc, one_pass in ((first, "true"), (m, "false")):
+        s, _ = experiment_state(name, extra=[f"optim.accumulate={acc}", f"optim.accumulate_one_pass={one_pass}",
+                                             *extra])
         collect = Iteration(s, False, updates=0, **step_fns())
         for _ in range(4):
             collect()
@@ -61,6 +63,26 @@ def test_accumulated_updates_equal_one_batch_updates(name):
     assert s2.stats.acc[0, UPDATES] == s1.stats.acc[0, UPDATES] == 6
     if hasattr(s1.replay, "per"):
         torch.testing.assert_close(s2.replay.per.leaves, s1.replay.per.leaves, rtol=1e-4, atol=1e-7)
+
+
+@pytest.mark.parametrize("name", [*OBJECTIVES, "eurusd_iqn", "eurusd_controls"])
+def test_one_pass_equals_the_micro_batches_passes(name):
+    """optim.accumulate_one_pass (the default): the M micro-batches in one forward and backward give
+    the loss, |td|, Q and gradients of M passes to float rounding; IQN reads the same τ draws, and
+    both leave its generator at the same counter."""
+    one, passes = _pair(name, 4, first=4)
+    assert one.cfg.optim.accumulate_one_pass and not passes.cfg.optim.accumulate_one_pass
+    batch = one.replay.sample_members(one.cfg.agent.batch_size)
+    assert torch.equal(passes.replay.sample_members(one.cfg.agent.batch_size).index, batch.index)
+    loss1, td1, q1 = accumulate_member_gradients(one, batch)
+    loss4, td4, q4 = accumulate_member_gradients(passes, batch)
+    torch.testing.assert_close(loss1, loss4, rtol=1e-5, atol=1e-7)
+    torch.testing.assert_close(td1, td4, rtol=1e-5, atol=1e-7)
+    torch.testing.assert_close(q1, q4, rtol=1e-5, atol=1e-7)
+    assert any(p.grad.abs().sum() > 0 for p in one.optimizer.params)
+    for g1, g4 in zip([p.grad for p in one.optimizer.params], [p.grad for p in passes.optimizer.params]):
+        torch.testing.assert_close(g1, g4, rtol=1e-4, atol=1e-6)
+    assert torch.equal(one.rng.uniform(3), passes.rng.uniform(3))
 
 
 def test_micro_batches_are_consecutive_views():
