@@ -22,6 +22,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from foxdqn.ops.prune_masks import prune_masks_
 from foxdqn.population.network import MemberQNetwork
 from foxdqn.step.pruning import MagnitudePruner
 
@@ -52,26 +53,29 @@ class MemberPruner(MagnitudePruner):
         self.masks = [torch.ones_like(w, dtype=torch.float32) for w in self.params]
         self._ranks = [torch.arange(w[0].numel(), device=device) for w in self.params]
         self._schedule(initial_sparsity, final_sparsity, start_update, end_update, frequency, device)
+        self._window = (int(start_update), int(end_update), int(frequency))
+        self.k_table = self._k_table(device)
+
+    def _k_table(self, device: torch.device) -> Tensor:
+        """int64 ``[R, C]``: k = ⌊s_t · n⌋ of each mask-update step t (row
+        :func:`foxdqn.ops.prune_masks.due_row`) for each matrix (column), with the schedule's float64
+        device ops (:meth:`sparsity_at`) on ``device``, as an update would compute them."""
+        t0, t_end, freq = self._window
+        steps = list(range(t0, t_end + 1, freq))
+        if steps[-1] != t_end:
+            steps.append(t_end)
+        s = self.sparsity_at(torch.tensor(steps, dtype=torch.int64, device=device))  # [R]
+        return torch.stack([torch.floor(s * r.numel()).to(torch.int64) for r in self._ranks], dim=1).contiguous()
 
     @torch.no_grad()
     def step(self, t: Tensor, skip: Tensor) -> None:
         """After the optimizer step of update ``t`` (int64 0-d): recompute each member's masks when
-        due and its update was not skipped (``skip`` float32 ``[P]``), then mask the online matrices."""
-        due = self.due(t) & (skip == 0)  # [P]
-        s = self.sparsity_at(t)
-        for w, mask, ranks, transposed in zip(self.params, self.masks, self._ranks, self._transposed):
-            p = w.shape[0]
-            k = torch.floor(s * ranks.numel()).to(torch.int64)
-            # each member's |w · mask| in its single run's order ([out, in] for a Linear), ascending, ties by position
-            magnitude = w.detach().abs() * mask
-            classic = magnitude.transpose(1, 2) if transposed else magnitude
-            order = classic.reshape(p, -1).argsort(dim=1, stable=True)
-            keep = (ranks >= k).to(mask.dtype).expand(p, -1)
-            fresh = torch.empty(p, ranks.numel(), dtype=mask.dtype, device=mask.device).scatter_(1, order, keep)
-            fresh = fresh.view(classic.shape)
-            fresh = fresh.transpose(1, 2) if transposed else fresh
-            mask.copy_(torch.where(due.view(p, *[1] * (w.dim() - 1)), fresh, mask))
-        torch._foreach_mul_(self.params, self.masks)
+        due and its update was not skipped (``skip`` float32 ``[P]``), then mask the online matrices:
+        one :func:`foxdqn.ops.prune_masks.prune_masks_` per matrix (each member ranks |w · mask| in
+        its single run's order, ``[out, in]`` for a Linear, ascending, ties by position)."""
+        t0, t_end, freq = self._window
+        for col, (w, mask, transposed) in enumerate(zip(self.params, self.masks, self._transposed)):
+            prune_masks_(w.data, mask, t, skip, self.k_table, col, t0, t_end, freq, transposed)
 
     @torch.no_grad()
     def log_values(self, t: Tensor) -> Tensor:
