@@ -25,6 +25,7 @@ import torch
 
 from foxdqn.config.schema import TrainConfig, total_updates
 from foxdqn.ops.per_rows import per_rows
+from foxdqn.ops.regime_weight import regime_weight
 from foxdqn.ops.replay_gather import replay_gather
 from foxdqn.population.hparams import MemberParams
 from foxdqn.population.random import MemberRandom
@@ -89,7 +90,8 @@ class MemberReplay(ReplayBuffer):
         itself without regime weights. ``index``: int64 ``[P·B]``, the ring's flat rows."""
         if self.regime is None:
             return weight
-        return weight * self.regime(self.vol_ratio.view(-1)[index])
+        g = self.regime  # one kernel: the gather, the regime and the product
+        return regime_weight(self.vol_ratio.view(-1), index, weight, g.low, g.high, g.weights)
 
     def _relabel(self, batch: Batch) -> Batch:
         """``batch`` with each member's hindsight goals (``replay.her``: a

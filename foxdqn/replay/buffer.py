@@ -24,6 +24,7 @@ from typing import Callable, NamedTuple
 
 import torch
 
+from foxdqn.ops.regime_weight import regime_weight
 from foxdqn.ops.replay_add import replay_add
 from foxdqn.ops.replay_gather import replay_gather, rows_from_uniforms
 from foxdqn.ops.tensor_list import scratch
@@ -278,7 +279,8 @@ class ReplayBuffer:
             return self.decode(self._sample_stacked(batch_size, generator, stacked=self.decoder is None))
         index, weight = self.sample_index(batch_size, generator)
         if self.regime is not None:  # w_b = w_b^PER · w_regime(b) (foxdqn.replay.regime)
-            weight = weight * self.regime(self.vol_ratio.view(-1)[index])
+            g = self.regime
+            weight = regime_weight(self.vol_ratio.view(-1), index, weight, g.low, g.high, g.weights)
         batch = self.decode(self.gather(index, weight))
         if self.relabeler is not None:
             batch = self.relabeler.relabel(self, batch, generator)
