@@ -7,8 +7,8 @@ its own support, the IQN quantile Huber loss with its κ and τ draws, or IQL's 
 τ; plus CQL(H) with its α), its gradient clipped to its own norm, the guard's per-member skip,
 Adam with its lr and ε, its target update (its Polyak τ or hard period), and with
 ``replay.name=per`` its |TD| written back as its priorities (not for a member the guard skipped).
-With ``optim.accumulate`` = M > 1 each member's B rows are back-propagated in M micro-batches
-(:func:`accumulate_member_gradients`), then clipped, checked and stepped once. With ``prune.enabled`` each member's weight
+With ``optim.accumulate`` = M > 1 each member's B rows are back-propagated as M micro-batches
+(:func:`accumulate_member_gradients`: in one pass by default, or M), then clipped, checked and stepped once. With ``prune.enabled`` each member's weight
 matrices are pruned by its own masks (:class:`foxdqn.population.pruning.MemberPruner`, the single
 run's order: gradients masked before the clip, masks after Adam, the target after its update).
 docs/design/population.md.
