@@ -89,11 +89,12 @@ def config_from(payload: dict, overrides: list[str]):
 
 def evaluate_checkpoint(checkpoint: Path, split: str | None = None, out: Path | None = None,
                         overrides: list[str] = ()) -> tuple[dict, Path]:
-    """Evaluate ``checkpoint`` on ``split`` (default: the run's ``eval.split``); returns
-    ``(summary, folder)``.
+    """Evaluate ``checkpoint`` on ``split`` (default: the run's ``eval.split``; a trading run's only:
+    an episodic env has no splits); returns ``(summary, folder)``.
 
     Raises:
-        ConfigError / DataError: a bad checkpoint, override, split or data file.
+        ConfigError / DataError: a bad checkpoint, override, split (any given for an episodic env)
+            or data file.
     """
     import torch
 
@@ -107,6 +108,9 @@ def evaluate_checkpoint(checkpoint: Path, split: str | None = None, out: Path | 
     t0 = time.perf_counter()
     payload = load_checkpoint(checkpoint)
     cfg = config_from(payload, list(overrides))
+    if split is not None and cfg.env.name != "trading":
+        raise ConfigError(f"split={split}: the {cfg.env.name} env of this run has no data splits (its episodes are "
+                          "simulated); evaluate it without split=")
     split = split or cfg.eval.split
     if split not in ("train", "val", "test"):
         raise ConfigError(f"split={split!r} is not allowed; choose one of train, val, test")

@@ -14,6 +14,7 @@ import pytest
 import torch
 
 from foxdqn.envs.gym_adapter import GymVectorEnv
+from foxdqn.errors import ConfigError
 from foxdqn.evaluate import evaluate_checkpoint
 from foxdqn.nn.nature_cnn import NatureCNNEncoder
 from foxdqn.population.conv import MemberNatureCNN, member_conv2d
@@ -66,6 +67,11 @@ def test_trained_gym_members_equal_populations_of_one(tmp_path):
     base = [*GYM, "logger=csv", "agent.total_env_steps=360", "log.interval_env_steps=90", "eval.episodes=4"]
     for summary in assert_trained_members_equal_populations_of_one(base, MEMBERS, tmp_path):
         assert summary["metrics"]["agent"]["episodes"] == 4 and summary["updates"] > 0
+    # an episodic env has no data splits: python -m foxdqn.evaluate refuses a split instead of ignoring it
+    with pytest.raises(ConfigError, match="split=val: the gym env of this run has no data splits"):
+        evaluate_checkpoint(tmp_path / "together" / "1" / "checkpoints" / "last.pt", split="val",
+                            out=tmp_path / "evaluated")
+    assert not (tmp_path / "evaluated").exists()
 
 
 def test_trained_nature_cnn_members_equal_populations_of_one(tmp_path):
