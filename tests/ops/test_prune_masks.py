@@ -33,8 +33,9 @@ def _table(rows, cols, n, seed=1):
 def _both(w, mask, t, skip, table, col, window, transposed):
     got_w, got_m = w.clone(), mask.clone()
     want_w, want_m = w.clone(), mask.clone()
-    prune_masks_(got_w, got_m, torch.tensor(t), skip, table, col, *window, transposed, backend="triton")
-    prune_masks_reference(want_w, want_m, torch.tensor(t), skip, table, col, *window, transposed)
+    step = torch.tensor(t, device=w.device)
+    prune_masks_(got_w, got_m, step, skip, table, col, *window, transposed, backend="triton")
+    prune_masks_reference(want_w, want_m, step, skip, table, col, *window, transposed)
     return (got_w, got_m), (want_w, want_m)
 
 
