@@ -81,7 +81,7 @@ def _run(cfg: DictConfig) -> float | None:
     hydra_dir = Path(HydraConfig.get().runtime.output_dir)
     run_dir, payload, run_id = hydra_dir, None, None
     try:
-        tc = finalize(cfg)
+        tc = finalize(cfg, warn=cfg.get("resume") is None)  # a resume's composed config is not the run's
         if tc.resume is not None:  # the run's own settings, from its start record
             tc, run_dir, payload, run_id = resolve_resume(tc, hydra_dir, given_keys(HydraConfig.get().overrides.task),
                                                           existed=existed_before(hydra_dir))

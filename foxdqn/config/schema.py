@@ -870,8 +870,10 @@ def upgrade(values: dict) -> dict:
     return out
 
 
-def finalize(cfg: DictConfig | TrainConfig) -> TrainConfig:
-    """Composed config → validated :class:`TrainConfig` with the debug caps applied.
+def finalize(cfg: DictConfig | TrainConfig, warn: bool = True) -> TrainConfig:
+    """Composed config → validated :class:`TrainConfig` with the debug caps applied; ``warn``: log
+    the settings it ignores (:func:`warn_ignored`; off for a resume's call, whose composed config is
+    replaced by the run's own).
 
     Raises:
         ConfigError: an unknown key, an interpolation that does not resolve (``${oops}``), a value
@@ -887,12 +889,12 @@ def finalize(cfg: DictConfig | TrainConfig) -> TrainConfig:
         obj = to_object(cfg)
     except OmegaConfBaseException as exc:  # resolving ${...}: a missing key or env variable, a bad value
         raise ConfigError(composition_error(exc)) from None
-    return finalize_object(obj)
+    return finalize_object(obj, warn)
 
 
-def finalize_object(obj: TrainConfig) -> TrainConfig:
+def finalize_object(obj: TrainConfig, warn: bool = True) -> TrainConfig:
     """The part of :func:`finalize` after the conversion: the debug caps, the checks before and
-    after them, and the warnings of ignored settings, on ``obj`` (changed in place, returned).
+    after them, and (``warn``) the warnings of ignored settings, on ``obj`` (changed in place, returned).
 
     Raises:
         ConfigError: as :func:`finalize`.
@@ -901,7 +903,8 @@ def finalize_object(obj: TrainConfig) -> TrainConfig:
     validate(obj)  # sizes as written: the size caps must not hide a bad combination (batch > replay, ...)
     obj = apply_size_caps(obj)
     validate(obj)
-    warn_ignored(obj)
+    if warn:
+        warn_ignored(obj)
     return obj
 
 

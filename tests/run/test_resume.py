@@ -74,6 +74,11 @@ def test_resume_refuses_another_config_and_a_finished_run(train_cli, tmp_path):
     (tmp_path / "a" / "INCOMPLETE").write_text("pretend it was killed\n")
     other = run(f"hydra.run.dir={tmp_path / 'a'}", "resume=auto", "optim.lr=1e-3")
     assert other.returncode == 2 and "optim.lr" in other.stderr and len(other.stderr.strip().splitlines()) == 1
+    # a key the composed (default) config ignores: no warning about that config, only the refusal
+    ignored = run(f"hydra.run.dir={tmp_path / 'a'}", "resume=auto", "head.atoms=21")
+    assert ignored.returncode == 2 and "head.atoms" in ignored.stderr, ignored.stderr
+    assert len(ignored.stderr.strip().splitlines()) == 1, ignored.stderr
+    assert "WARNING" not in ignored.stdout and "WARNING" not in (tmp_path / "a" / "train.log").read_text(), ignored.stdout
     missing = train_cli([f"hydra.run.dir={tmp_path / 'b'}", "resume=auto"], cwd=tmp_path)
     assert missing.returncode == 2 and "no run in" in missing.stderr and not (tmp_path / "b").exists()
     foreign = tmp_path / "foreign.pt"
