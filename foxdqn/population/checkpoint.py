@@ -93,11 +93,19 @@ def layout(path: str) -> tuple[str, int, int | str]:
                       "foxdqn.population.checkpoint.LAYOUT)")
 
 
+#: the population's counters: named by their own fields in a checkpoint, whatever else holds them, so
+#: that they are kept without the replay (``checkpoint.save_replay=false``)
+COUNTERS = ("env_steps", "updates")
+
+
 def state_parts(s, best: tuple | None = None) -> Iterator[tuple[str, torch.Tensor]]:
     """Every tensor of population ``s`` (and of ``best``, the kept best networks of early stopping,
-    as ``best[i].*``), by attribute path, each once; not the bars an env rebuilds from its config
-    (``env.rebuilt_tensors``: resampled training paths)."""
+    as ``best[i].*``), by attribute path, each once (the counters :data:`COUNTERS` first, by their
+    own names); not the bars an env rebuilds from its config (``env.rebuilt_tensors``: resampled
+    training paths)."""
     seen = {id(t) for t in getattr(s.env, "rebuilt_tensors", ())}
+    for name in COUNTERS:  # by their own names, before a component that holds them (PER's β reads ``updates``)
+        yield from _walk(getattr(s, name), name, seen)
     for field in dataclasses.fields(s):
         if field.name in ("cfg", "cfgs", "device", "generator"):
             continue

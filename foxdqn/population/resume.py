@@ -11,8 +11,10 @@ from __future__ import annotations
 
 from typing import NamedTuple, Sequence
 
+import torch
+
 from foxdqn.errors import ConfigError
-from foxdqn.population.checkpoint import is_member_state, restore_member
+from foxdqn.population.checkpoint import COUNTERS, is_member_state, restore_member
 
 #: resume_point of a member whose payload holds no resumable slice (``member_state``): a checkpoint of
 #: the single-run loop an older foxdqn had, which :func:`foxdqn.run.resume.read_checkpoint` refuses
@@ -62,7 +64,11 @@ def restore_members(s, members: Sequence, best: tuple | None) -> Restored:
                           "they were not written at one boundary")
     replay_saved = saved.pop()
     for p, (m, payload) in enumerate(zip(members, payloads)):
-        restore_member(s, p, payload["member_state"]["tensors"], replay_saved,
-                       str(m.run_dir / "checkpoints" / "last.pt"), best)
+        state = payload["member_state"]
+        tensors = state["tensors"]
+        for name in COUNTERS:  # a checkpoint written before the counters had their own names held the
+            if name not in tensors:  # update counter as replay.priorities.updates (PER), lost without the replay
+                tensors = {**tensors, name: torch.tensor(int(state[name]), dtype=torch.int64)}
+        restore_member(s, p, tensors, replay_saved, str(m.run_dir / "checkpoints" / "last.pt"), best)
     return Restored(int(first["env_steps"]), int(first["updates"]), replay_saved,
                     [dict(p["member_state"]["loop"]) for p in payloads])

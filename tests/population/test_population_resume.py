@@ -121,6 +121,36 @@ def assert_payloads_equal(a, b, where):
         assert a == b, where
 
 
+@pytest.mark.parametrize("case", ["controls", "bitflip_her_per"])
+def test_the_counters_are_kept_without_the_replay(case):
+    """PER's β reads the population's update counter: a checkpoint without the replay
+    (checkpoint.save_replay=false) still holds it, as ``updates`` (it was named
+    replay.priorities.updates and lost, so a resumed run restarted its schedules: pruning, β, the
+    target period); a slice written before, without ``updates``, resumes from its member_state's count."""
+    from pathlib import Path
+    from types import SimpleNamespace
+
+    from foxdqn.population.checkpoint import member_tensors
+    from foxdqn.population.resume import restore_members
+
+    cfgs = configs(LAYOUT_CASES[case], [["seed=0"], ["seed=1"]])
+    s = build_population(cfgs, market_for(cfgs[0]), CPU)
+    s.updates.fill_(7)
+    s.env_steps.fill_(40)
+    paths = dict(state_parts(s))
+    assert paths["updates"] is s.updates and paths["env_steps"] is s.env_steps
+    assert s.replay.priorities.updates is s.updates  # the tensor PER's schedule reads
+    slices = [member_tensors(s, p, save_replay=False) for p in range(2)]
+    assert all(int(t["updates"]) == 7 and int(t["env_steps"]) == 40 for t in slices)
+    fresh = build_population(cfgs, market_for(cfgs[0]), CPU)
+    old = [{k: v for k, v in t.items() if k != "updates"} for t in slices]  # as written before the fix
+    members = [SimpleNamespace(payload={"member_state": {"tensors": t, "replay_saved": False, "loop": {},
+                                                        "env_steps": 40, "updates": 7}}, run_dir=tmp)
+               for t, tmp in zip(old, (Path("a"), Path("b")))]
+    restored = restore_members(fresh, members, None)
+    assert restored.updates == 7 and int(fresh.updates) == 7 and int(fresh.env_steps) == 40
+
+
 def test_a_tensor_without_a_rule_is_an_error():
     with pytest.raises(LayoutError, match="no member layout"):
         layout("somewhere.new_state")
