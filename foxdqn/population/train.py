@@ -535,7 +535,7 @@ class _Population:
                 paths.append(None)
                 continue
             paths.append(member_checkpoint(self.s, p, m.run_dir / "checkpoints" / "best.pt", sel.best, counts,
-                                           host=host, config=self.plain_config(p)))
+                                           host=host, config=self.plain_config(p), run_id=self.run_ids[p]))
             sel.restore(self.s, p)
         return paths
 

@@ -73,6 +73,11 @@ def test_val_stop_after_patience_and_best_checkpoint_is_evaluated(tmp_path, monk
     last = load_checkpoint(tmp_path / "checkpoints" / "last.pt")
     assert best["env_steps"] == 1024
     assert not all(torch.equal(last["online"][k], v) for k, v in best["online"].items())
+    # best.pt carries its run's id, so its evaluations go to the run's evaluations/ (not checkpoints/evaluations)
+    from foxdqn.evaluate import evaluations_folder
+
+    assert best["run_id"] is not None and best["run_id"] == last["run_id"]
+    assert evaluations_folder(tmp_path / "checkpoints" / "best.pt", best) == (tmp_path / "evaluations").resolve()
 
 
 def test_q_bound_stop_after_consecutive_log_intervals(tmp_path):
