@@ -936,12 +936,15 @@ def apply_schedule_caps(cfg: TrainConfig) -> TrainConfig:
 
 
 def apply_size_caps(cfg: TrainConfig) -> TrainConfig:
-    """``debug.max_num_envs``, ``max_batch_size``, ``max_replay_capacity``, ``max_hidden``, in place."""
+    """``debug.max_num_envs``, ``max_batch_size``, ``max_replay_capacity``, ``max_hidden``, in place.
+    A capped batch stays a multiple of ``optim.accumulate`` (rounded down to one, at least one
+    micro-batch of a row each), so a valid config stays valid under ``debug=smoke``."""
     d = cfg.debug
     if d.max_num_envs is not None:
         cfg.env.num_envs = min(cfg.env.num_envs, d.max_num_envs)
-    if d.max_batch_size is not None:
-        cfg.agent.batch_size = min(cfg.agent.batch_size, d.max_batch_size)
+    if d.max_batch_size is not None and cfg.agent.batch_size > d.max_batch_size:
+        m = max(1, cfg.optim.accumulate)
+        cfg.agent.batch_size = max(m, d.max_batch_size // m * m)
     if d.max_replay_capacity is not None:
         cfg.replay.capacity = min(cfg.replay.capacity, d.max_replay_capacity)
     if d.max_hidden is not None:

@@ -104,6 +104,14 @@ def test_accumulate_must_divide_the_batch(bad):
         load_config(["agent.batch_size=64", bad])
 
 
+def test_a_capped_batch_stays_a_multiple_of_the_micro_batches():
+    """debug=smoke caps the batch at 64: 96 rows in 3 micro-batches become 63, not 64 (which 3 does not divide)."""
+    cfg = load_config(["debug=smoke", "agent.batch_size=96", "optim.accumulate=3"])
+    assert cfg.debug.max_batch_size == 64 and cfg.agent.batch_size == 63
+    assert load_config(["debug=smoke", "agent.batch_size=96", "optim.accumulate=4"]).agent.batch_size == 64
+    assert load_config(["debug=smoke", "agent.batch_size=32", "optim.accumulate=4"]).agent.batch_size == 32
+
+
 def test_iqn_accumulates_with_its_own_draws_per_micro_batch():
     """IQN: the same update in distribution (τ drawn per micro-batch), not the same draws."""
     s1, s4 = _pair("eurusd_iqn", 4)
