@@ -54,6 +54,9 @@ LAYOUT: tuple[tuple[str, str, int, int | str], ...] = (
     (r"^guard\.host$", MEMBER, 1, 1),
     (r"^guard\.", MEMBER, 0, 1),
     (r"^pruner\.masks\[\d+\]$", MEMBER, 0, 1),
+    # k of each mask step, built from the schedule (ops/prune_masks.py): not saved, so a checkpoint
+    # written before the table existed resumes
+    (r"^pruner\.k_table$", SCRATCH, 0, 1),
     (r"^pruner\.", SHARED, 0, 1),
     (r"^obs$", MEMBER, 0, ENVS),
     (r"^env\._first_path$", POSITION, 0, 1),

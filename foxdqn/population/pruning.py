@@ -51,7 +51,6 @@ class MemberPruner(MagnitudePruner):
         self.target_params = [w for w, _ in target_matrices] + list(target.weights)
         self._transposed = [t for _, t in matrices] + [True] * len(online.weights)
         self.masks = [torch.ones_like(w, dtype=torch.float32) for w in self.params]
-        self._ranks = [torch.arange(w[0].numel(), device=device) for w in self.params]
         self._schedule(initial_sparsity, final_sparsity, start_update, end_update, frequency, device)
         self._window = (int(start_update), int(end_update), int(frequency))
         self.k_table = self._k_table(device)
@@ -65,7 +64,7 @@ class MemberPruner(MagnitudePruner):
         if steps[-1] != t_end:
             steps.append(t_end)
         s = self.sparsity_at(torch.tensor(steps, dtype=torch.int64, device=device))  # [R]
-        return torch.stack([torch.floor(s * r.numel()).to(torch.int64) for r in self._ranks], dim=1).contiguous()
+        return torch.stack([torch.floor(s * w[0].numel()).to(torch.int64) for w in self.params], dim=1).contiguous()
 
     @torch.no_grad()
     def step(self, t: Tensor, skip: Tensor) -> None:
@@ -83,5 +82,5 @@ class MemberPruner(MagnitudePruner):
         entries == 0) and the scheduled s_t at update ``t``. Device ops."""
         p = self.params[0].shape[0]
         zeros = torch.stack([(w == 0).view(p, -1).sum(dim=1) for w in self.params]).sum(dim=0).to(torch.float64)
-        total = float(sum(r.numel() for r in self._ranks))
+        total = float(sum(w[0].numel() for w in self.params))
         return torch.stack([zeros / total, self.sparsity_at(t).expand(p)], dim=1)

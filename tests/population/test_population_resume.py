@@ -142,6 +142,8 @@ def test_the_counters_are_kept_without_the_replay(case):
     assert s.replay.priorities.updates is s.updates  # the tensor PER's schedule reads
     slices = [member_tensors(s, p, save_replay=False) for p in range(2)]
     assert all(int(t["updates"]) == 7 and int(t["env_steps"]) == 40 for t in slices)
+    if case == "controls":  # the pruning masks' k table is built from the schedule, never saved
+        assert "pruner.k_table" in paths and not any("pruner.k_table" in t for t in slices)
     fresh = build_population(cfgs, market_for(cfgs[0]), CPU)
     old = [{k: v for k, v in t.items() if k != "updates"} for t in slices]  # as written before the fix
     members = [SimpleNamespace(payload={"member_state": {"tensors": t, "replay_saved": False, "loop": {},
