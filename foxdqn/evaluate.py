@@ -148,6 +148,9 @@ def evaluate_checkpoint(checkpoint: Path, split: str | None = None, out: Path | 
     else:
         result = evaluate(cfg, market, online, device, split=split, action_mode=mode)
     data_name = cfg.data.name if cfg.data.path is None else Path(cfg.data.path).name
+    # the run's own train or val bars: it trained on the one and chose its checkpoint (best.pt, early stop, the
+    # gate) on the other; another file's splits are all unseen
+    extra["out_of_sample"] = split == "test" or any(o.split("=", 1)[0].startswith("data.") for o in overrides)
     summary = write_report(folder, result, market, split, f"{extra['run_name']}: {data_name}, {split} split "
                            f"({checkpoint.name})", extra)
     write_trades(folder / "trades.csv", result["curves"]["agent"], market)
@@ -238,6 +241,10 @@ def main(argv: list[str] | None = None) -> int:
     from foxdqn.analysis.results_table import print_summary  # start-up (the comment above ALLOWED)
 
     print_summary({**summary, "selection": {}}, folder)
+    if summary.get("out_of_sample") is False:
+        seen = "trained on" if summary["split"] == "train" else "chose its checkpoint on (validation)"
+        print(f"foxdqn: warning: split={summary['split']} holds bars the run {seen}: this result is not out of "
+              "sample (split=test is)", file=sys.stderr)
     return 0
 
 

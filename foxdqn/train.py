@@ -55,7 +55,7 @@ from foxdqn.cli.callbacks import existed_before  # noqa: E402
 from foxdqn.cli.fast_exit import exit_worker_without_teardown  # noqa: E402
 from foxdqn.cli.placement import launcher_kind, place_sweep_job  # noqa: E402
 from foxdqn.config.compose import conf_folder  # noqa: E402
-from foxdqn.config.schema import composition_error, finalize  # noqa: E402
+from foxdqn.config.schema import composition_error, finalize, validate  # noqa: E402
 from foxdqn.errors import FoxdqnError  # noqa: E402
 from foxdqn.job.check import preflight  # noqa: E402
 from foxdqn.job.failure import FAILED_JOBS, fail, job_failed, remove_if_unused  # noqa: E402
@@ -81,10 +81,12 @@ def _run(cfg: DictConfig) -> float | None:
     hydra_dir = Path(HydraConfig.get().runtime.output_dir)
     run_dir, payload, run_id = hydra_dir, None, None
     try:
-        tc = finalize(cfg, warn=cfg.get("resume") is None)  # a resume's composed config is not the run's
+        resuming = cfg.get("resume") is not None  # a resume's composed config is not the run's: checked after
+        tc = finalize(cfg, warn=not resuming, check=not resuming)
         if tc.resume is not None:  # the run's own settings, from its start record
             tc, run_dir, payload, run_id = resolve_resume(tc, hydra_dir, given_keys(HydraConfig.get().overrides.task),
                                                           existed=existed_before(hydra_dir))
+            validate(tc)  # the run's config with the keys this call may change (or this call's, starting over)
         mark("validate")
         market = preflight(tc)
         mark("preflight")

@@ -61,6 +61,11 @@ def test_other_split_costs_and_folder(run_dir, tmp_path):
                                           ["env.execution.taker_fee_bps=5"])
     assert folder == tmp_path / "out" and summary["split"] == "val"
     assert summary["period"][0] < read_json(run_dir / "eval" / "summary.json")["period"][0]
+    assert summary["out_of_sample"] is False  # the run's validation bars (checkpoint selection)
+    other, _ = evaluate_checkpoint(run_dir / "checkpoints" / "last.pt", "val", tmp_path / "other",
+                                   ["data.name=googl_1d"])
+    test, _ = evaluate_checkpoint(run_dir / "checkpoints" / "last.pt", "test", tmp_path / "test")
+    assert other["out_of_sample"] is True and test["out_of_sample"] is True  # another file's bars; the test split
 
 
 def test_a_smoke_checkpoint_evaluates_the_whole_split_with_the_cap_lifted(run_dir, tmp_path):
@@ -104,6 +109,7 @@ def test_module_entry_point(run_dir):
                          timeout=300)
     assert res.returncode == 0, res.stderr[-2000:]
     assert "val split" in res.stdout and (run_dir / "evaluations" / "last_val" / "trades.csv").is_file()
+    assert "split=val holds bars the run chose its checkpoint on" in res.stderr and "not out of sample" in res.stderr
 
 
 def test_an_evaluation_is_titled_after_the_run_it_evaluates():

@@ -67,13 +67,6 @@ def capture_default(cfg) -> bool:
     return cfg.graph != "off"
 
 
-def _walks(cfg, market, split, device, policy, num_envs: int = 1, capturable: bool = False) -> list[dict]:
-    gen = torch.Generator(device=device)
-    gen.manual_seed(cfg.seed)
-    env = build.build_env(cfg, market, split, device, gen, num_envs=num_envs, eval_mode=True)
-    return env.run_policies(policy, capturable=capturable)
-
-
 def _to_full_length(walk: dict, length: int, floor: float) -> dict:
     """Floor the walk's equity at ``floor`` (a ruined account, which may have gone negative inside
     its last bar, is worth the ruin floor) and carry a walk that ended early to ``length`` steps:
@@ -165,8 +158,9 @@ def evaluate_agents(cfg, market, online: torch.nn.Module, device: torch.device, 
     """:func:`evaluate` of P = ``agents`` greedy agents at once (a population's members): ``online``
     maps observations ``[P, D]`` (agent p's walk in row p) to Q ``[P, A]`` (one whose ``needs_held`` is
     True also gets the exposure index each walk holds, int64 ``[P]``: the ensemble's ``consensus``
-    and ``lcb`` rules, foxdqn.population.ensemble); the P walks run in one
-    eval env of P envs, buy-and-hold, flat and the oracle once. ``reward_scales``: agent p's
+    and ``lcb`` rules, foxdqn.population.ensemble); the P walks and one walk of each other policy
+    (buy-and-hold, flat, the oracle) run in one eval env, a row each (the rows never interact: a
+    walk is the same in an env of any size). ``reward_scales``: agent p's
     ``loss.reward_scale`` for its switch penalty (``action.switch_margin`` > 0; a member key of a
     population); None: ``cfg``'s for every agent. ``switch_margins``: agent p's switch margin (>= 0; the
     deployment gate's candidates, foxdqn.analysis.gate), in place of ``action.switch_margin``; None:
@@ -196,23 +190,43 @@ def evaluate_agents(cfg, market, online: torch.nn.Module, device: torch.device, 
             scale = torch.tensor(list(reward_scales), dtype=torch.float32, device=device).view(-1, 1)
 
     held_exposure = getattr(online, "needs_held", False)  # a policy that reads the exposure index each walk holds
-
-    @torch.no_grad()
-    def greedy(obs, env):
-        q = online(obs.to(torch.float32), env.account().held) if held_exposure else online(obs.to(torch.float32))
-        if switch is not None:
-            q = q - (switch(env) if scale is None else switch(env) * scale)
-        action = q.argmax(dim=1)
-        return action if action_mode is None else action_mode.to_env(action, env)
-
-    def const(a):
-        return lambda obs, env: torch.full((obs.shape[0],), a, dtype=torch.int64, device=obs.device)
-
-    chosen = {"agent": greedy, "buy_and_hold": const(BUY_AND_HOLD_ACTION), "flat": const(FLAT_ACTION)}
+    chosen = {"buy_and_hold": BUY_AND_HOLD_ACTION, "flat": FLAT_ACTION}
     if market.expected_future_return is not None:
         chosen["oracle"] = oracle_policy(market.expected_future_return, device)
-    walks = {name: _walks(cfg, market, split, device, chosen[name], agents if name == "agent" else 1, capturable)
-             for name in policies if name in chosen}
+    names = list(dict.fromkeys(name for name in policies if name == "agent" or name in chosen))
+    first, total = {}, 0  # each policy's first env row: the agents' P rows, then one row per other policy
+    for name in sorted(names, key=lambda n: n != "agent"):
+        first[name] = total
+        total += agents if name == "agent" else 1
+    if switch is not None and scale is not None and total > agents:  # the other rows' penalty: never read
+        scale = torch.cat([scale, scale.new_ones(total - agents, 1)])
+
+    @torch.no_grad()
+    def act(obs, env):
+        """Every walk's env action, int64 [total]: the agents' greedy actions in rows 0..P-1, each other
+        policy's in its row (all walks in one eval env: each env row walks on its own)."""
+        action = torch.zeros(total, dtype=torch.int64, device=obs.device)
+        if "agent" in first:
+            x = obs[:agents].to(torch.float32)
+            q = online(x, env.account().held[:agents]) if held_exposure else online(x)
+            if total > agents:  # rows of the other policies: any action, replaced below
+                q = torch.cat([q, q.new_zeros(total - agents, q.shape[1])])
+            if switch is not None:
+                q = q - (switch(env) if scale is None else switch(env) * scale)
+            action = q.argmax(dim=1)
+            action = action if action_mode is None else action_mode.to_env(action, env)
+        for name, row in first.items():
+            if name == "oracle":
+                action[row:row + 1] = chosen[name](obs, env)[row:row + 1]
+            elif name != "agent":
+                action[row:row + 1] = chosen[name]
+        return action
+
+    gen = torch.Generator(device=device)
+    gen.manual_seed(cfg.seed)
+    env = build.build_env(cfg, market, split, device, gen, num_envs=total, eval_mode=True)
+    rows = env.run_policies(act, capturable=capturable)
+    walks = {name: rows[first[name]:first[name] + (agents if name == "agent" else 1)] for name in names}
     online.train()
     from foxdqn.envs.trading import walk_bounds  # the trading env: with a trading walk only
 

@@ -870,10 +870,13 @@ def upgrade(values: dict) -> dict:
     return out
 
 
-def finalize(cfg: DictConfig | TrainConfig, warn: bool = True) -> TrainConfig:
+def finalize(cfg: DictConfig | TrainConfig, warn: bool = True, check: bool = True) -> TrainConfig:
     """Composed config → validated :class:`TrainConfig` with the debug caps applied; ``warn``: log
     the settings it ignores (:func:`warn_ignored`; off for a resume's call, whose composed config is
-    replaced by the run's own).
+    replaced by the run's own). ``check=False``: no value or rule checks (:func:`validate`), only
+    the conversion, an unknown key and the caps: a resume's composed config, which joins keys given
+    on its command line with the default experiment's (``optim.accumulate=3`` against the default
+    batch), is checked as the run's config after :func:`foxdqn.run.resume.resolve_resume`.
 
     Raises:
         ConfigError: an unknown key, an interpolation that does not resolve (``${oops}``), a value
@@ -889,20 +892,23 @@ def finalize(cfg: DictConfig | TrainConfig, warn: bool = True) -> TrainConfig:
         obj = to_object(cfg)
     except OmegaConfBaseException as exc:  # resolving ${...}: a missing key or env variable, a bad value
         raise ConfigError(composition_error(exc)) from None
-    return finalize_object(obj, warn)
+    return finalize_object(obj, warn, check)
 
 
-def finalize_object(obj: TrainConfig, warn: bool = True) -> TrainConfig:
+def finalize_object(obj: TrainConfig, warn: bool = True, check: bool = True) -> TrainConfig:
     """The part of :func:`finalize` after the conversion: the debug caps, the checks before and
-    after them, and (``warn``) the warnings of ignored settings, on ``obj`` (changed in place, returned).
+    after them (``check``), and (``warn``) the warnings of ignored settings, on ``obj`` (changed in
+    place, returned).
 
     Raises:
         ConfigError: as :func:`finalize`.
     """
     obj = apply_schedule_caps(obj)
-    validate(obj)  # sizes as written: the size caps must not hide a bad combination (batch > replay, ...)
+    if check:
+        validate(obj)  # sizes as written: the size caps must not hide a bad combination (batch > replay, ...)
     obj = apply_size_caps(obj)
-    validate(obj)
+    if check:
+        validate(obj)
     if warn:
         warn_ignored(obj)
     return obj

@@ -1,8 +1,8 @@
 """Validation and evaluation of a population's members, all members at once.
 
 The same evaluations as a single run's (:mod:`foxdqn.run.finish`, docs/backtest.md), batched over the
-members: a trading split is walked by P envs of one eval env, one per member, and buy-and-hold
-and flat once (:func:`foxdqn.analysis.backtest.evaluate_agents`); the greedy episodes of CartPole and
+members: a trading split is walked by one eval env, a row per member and one each for buy-and-hold
+and flat (:func:`foxdqn.analysis.backtest.evaluate_agents`); the greedy episodes of CartPole and
 bit flipping run E envs per member in one env, member p's resets drawn from its own seed (``seed +
 offset``, as a single run's evaluation seeds its generator; Gymnasium envs: their seeds, from
 ``seed + offset`` as a single run's on the CPU, foxdqn.population.gym_env), so member p's episodes do not

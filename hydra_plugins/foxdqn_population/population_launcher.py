@@ -149,11 +149,11 @@ class PopulationLauncher(Launcher):
         started = time.perf_counter()
         with COLLECTOR.collecting():
             for idx, overrides in enumerate(job_overrides, start=initial_job_idx):
+                log.info(f"\t#{idx} : {' '.join(filter_overrides(overrides))}")  # every job, as Hydra's launchers
                 job = derived.collect(idx, list(overrides))
                 if job is not None:
                     jobs[idx] = job
                     continue
-                log.info(f"\t#{idx} : {' '.join(filter_overrides(overrides))}")
                 sweep_config = self._compose(idx, list(overrides))
                 jobs[idx] = sweep_config, run_job(hydra_context=context, task_function=self.task_function,
                                                   config=sweep_config, job_dir_key="hydra.sweep.dir",

@@ -74,6 +74,9 @@ def test_resume_refuses_another_config_and_a_finished_run(train_cli, tmp_path):
     (tmp_path / "a" / "INCOMPLETE").write_text("pretend it was killed\n")
     other = run(f"hydra.run.dir={tmp_path / 'a'}", "resume=auto", "optim.lr=1e-3")
     assert other.returncode == 2 and "optim.lr" in other.stderr and len(other.stderr.strip().splitlines()) == 1
+    # a key checked against the run's config, not against the default experiment's (3 does not divide its batch)
+    accum = run(f"hydra.run.dir={tmp_path / 'a'}", "resume=auto", "optim.accumulate=3")
+    assert accum.returncode == 2 and "optim.accumulate (3 here, 1 there)" in accum.stderr, accum.stderr
     # a key the composed (default) config ignores: no warning about that config, only the refusal
     ignored = run(f"hydra.run.dir={tmp_path / 'a'}", "resume=auto", "head.atoms=21")
     assert ignored.returncode == 2 and "head.atoms" in ignored.stderr, ignored.stderr
