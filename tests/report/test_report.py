@@ -140,7 +140,7 @@ def test_a_search_lists_what_it_did_not_count_last_with_rounded_values(tmp_path,
             ("0.000555555555", -0.5, {}), ("0.000333333333", -2.0, {"excluded": "pruned",
                                                                   "stop": {"reason": "pruned", "at_env_steps": 512}})]
     for num, (lr, val, extra) in enumerate(jobs):
-        fake_job(root, str(num), [f"optim.lr={lr}", f"replay.n_step={num + 1}"], val,
+        fake_job(root, str(num), [f"optim.lr={lr}", f"replay.n_step={num + 1}", f"replay.prioritized={num % 2 == 0}"], val,
                  returns=rng.normal(0, 1e-2, 100), bh_returns=rng.normal(0, 1e-2, 100), **extra)
     (root / "multirun.yaml").write_text("hydra: {}\n")
     assert report_cli.main([str(root)]) == 0
@@ -152,6 +152,7 @@ def test_a_search_lists_what_it_did_not_count_last_with_rounded_values(tmp_path,
     assert [j["optim.lr"] for j in data["jobs"]][:2] == ["0.000555555555", "0.000123456789"]  # exact in the data
     md = (root / "report.md").read_text()
     assert "| 0.0005556 " in md and "0.000555555555" not in md  # 4 significant figures in the tables
+    assert "| true " in md and "| false " in md and "False" not in md  # an Optuna boolean (Python's True) as YAML writes it
     assert "2 of 4 jobs not counted by the search" in out
 
 
