@@ -67,6 +67,15 @@ def capture_default(cfg) -> bool:
     return cfg.graph != "off"
 
 
+def _walks(cfg, market, split, device, policy, num_envs: int = 1, capturable: bool = False) -> list[dict]:
+    """``num_envs`` walks of ``split`` by ``policy`` (``TradingEnv.run_policies``) in one eval env,
+    its generator seeded with ``cfg.seed``."""
+    gen = torch.Generator(device=device)
+    gen.manual_seed(cfg.seed)
+    env = build.build_env(cfg, market, split, device, gen, num_envs=num_envs, eval_mode=True)
+    return env.run_policies(policy, capturable=capturable)
+
+
 def _to_full_length(walk: dict, length: int, floor: float) -> dict:
     """Floor the walk's equity at ``floor`` (a ruined account, which may have gone negative inside
     its last bar, is worth the ruin floor) and carry a walk that ended early to ``length`` steps:
@@ -222,10 +231,7 @@ def evaluate_agents(cfg, market, online: torch.nn.Module, device: torch.device, 
                 action[row:row + 1] = chosen[name]
         return action
 
-    gen = torch.Generator(device=device)
-    gen.manual_seed(cfg.seed)
-    env = build.build_env(cfg, market, split, device, gen, num_envs=total, eval_mode=True)
-    rows = env.run_policies(act, capturable=capturable)
+    rows = _walks(cfg, market, split, device, act, total, capturable)
     walks = {name: rows[first[name]:first[name] + (agents if name == "agent" else 1)] for name in names}
     online.train()
     from foxdqn.envs.trading import walk_bounds  # the trading env: with a trading walk only
