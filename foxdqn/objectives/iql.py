@@ -28,6 +28,7 @@ import torch
 
 from foxdqn.objectives.base import LossOutput, Objective
 from foxdqn.ops.iql_loss import expectile_loss, iql_loss as fused_iql_loss
+from foxdqn.ops.replay_gather import stacked_pair
 
 __all__ = ["IQLObjective", "expectile_loss", "iql_loss"]
 
@@ -63,10 +64,18 @@ def iql_loss(online, target, value_net, batch, expectile_tau: float | torch.Tens
         if not isinstance(expectile_tau, torch.Tensor):  # one τ for every member: loss [P] all the same
             expectile_tau = torch.full((members,), float(expectile_tau), device=obs.device)
     q_all = online(obs)  # (B, A), with grad
-    v_s = value_net(obs)  # (B,), with grad
-    with torch.no_grad():
-        q_target = target(obs)  # (B, A) Q_θ̂(s, ·)
-        v_next = value_net(next_obs)  # (B,) V(s'), eq. 6 target
+    pair_forward = getattr(value_net, "forward_pair", None) if members is not None else None
+    if pair_forward is not None:  # a population's V(s) (grad) and V(s') (eq. 6 target) in one pass
+        pair = stacked_pair(batch.obs, batch.next_obs)
+        pair = pair if pair is not None and pair.shape[0] == members else None  # member-major only
+        v_s, v_next = pair_forward(obs, next_obs, pair)
+        with torch.no_grad():
+            q_target = target(obs)  # (B, A) Q_θ̂(s, ·)
+    else:
+        v_s = value_net(obs)  # (B,), with grad
+        with torch.no_grad():
+            q_target = target(obs)  # (B, A) Q_θ̂(s, ·)
+            v_next = value_net(next_obs)  # (B,) V(s'), eq. 6 target
     loss, td_abs = fused_iql_loss(q_all, q_target, v_s, v_next, batch.action, batch.reward, batch.discount,
                                   batch.weight, expectile_tau)
     return loss, td_abs.view(q_all.shape[:-1]), q_all

@@ -28,6 +28,16 @@ Backward (:class:`_MemberLinear`): autograd's for ``baddbmm`` (+ ``relu``): dz =
 and db = Σ_rows dz (one kernel, :func:`foxdqn.ops.relu_bias_grad.relu_bias_grad`; db = Σ_rows dy
 without the ReLU), dx = dz Wᵀ and dW = xᵀ dz (``torch.bmm``, cuBLAS), each only when needed.
 
+The pair (:func:`member_linear_pair`): the same layer of two sets of rows, x_a ``[P, M_a, K]`` and
+x_b ``[P, M_b, K]`` (any strides each), in one launch: the grid's row blocks are x_a's, then
+x_b's (a program reads and writes one part: its pointers and strides chosen per program), y_a and
+y_b are separate contiguous outputs. y_a carries the gradient (its backward is the one above, over
+x_a's rows only), y_b is a constant (no zeros are made for its gradient): the online network's rows
+of s and s' where s' only selects the Double DQN target's action (C51, IQN), or IQL's V(s) and
+V(s'), in half the launches of two calls and without the doubled backward of a stacked pass
+(foxdqn.objectives.dqn_forward). The tile is chosen for both parts together, so each part equals
+:func:`member_linear` of its rows alone to float rounding.
+
 Capture: device ops only; outputs ``torch.empty`` (from a graph's pool inside a capture).
 
 Source: the Linear layer and ReLU (Nair & Hinton 2010) as ``torch.nn`` defines them; the tiled
@@ -45,7 +55,8 @@ from foxdqn.ops.library import wrap_triton
 from foxdqn.ops.mlp_chain import _prec, _tf32
 from foxdqn.ops.relu_bias_grad import relu_bias_grad
 
-__all__ = ["member_batched", "member_linear", "member_linear_preferred", "member_linear_reference", "member_linear_supported"]
+__all__ = ["member_batched", "member_linear", "member_linear_pair", "member_linear_pair_reference", "member_linear_preferred",
+           "member_linear_reference", "member_linear_supported"]
 
 BLOCK_M = 128  # most rows per program (the tiles from an H200 sweep: docs/bench.md#launch-constants)
 BLOCK_N = 64  # most columns per program
@@ -59,15 +70,20 @@ MAX_MEMBERS = 65535  # the grid's third axis
 
 
 @triton.jit
-def _member_linear_kernel(x_ptr, w_ptr, b_ptr, y_ptr, M, N, K, sxp, sxm, sxk, swp, swk, swn, sbp, sbn,
-                          RELU: tl.constexpr, PREC: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                          BLOCK_K: tl.constexpr):
+def _member_linear_kernel(xa_ptr, xb_ptr, w_ptr, b_ptr, ya_ptr, yb_ptr, MA, MB, NA, N, K, sxpa, sxma, sxka,
+                          sxpb, sxmb, sxkb, swp, swk, swn, sbp, sbn, RELU: tl.constexpr, PREC: tl.constexpr,
+                          BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    # row blocks 0 .. NA-1 are part a's (x_a -> y_a), the others part b's (x_b -> y_b; MB = 0: none)
     p = tl.program_id(2).to(tl.int64)
-    rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+    pid = tl.program_id(0)
+    in_b = pid >= NA
+    M = tl.where(in_b, MB, MA)
+    rows = tl.where(in_b, pid - NA, pid) * BLOCK_M + tl.arange(0, BLOCK_M)
     cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     ks = tl.arange(0, BLOCK_K)
     rm, cm = rows < M, cols < N
-    x_base = x_ptr + p * sxp + rows.to(tl.int64)[:, None] * sxm
+    sxp, sxm, sxk = tl.where(in_b, sxpb, sxpa), tl.where(in_b, sxmb, sxma), tl.where(in_b, sxkb, sxka)
+    x_base = tl.where(in_b, xb_ptr, xa_ptr) + p * sxp + rows.to(tl.int64)[:, None] * sxm
     w_base = w_ptr + p * swp + cols[None, :] * swn
     acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
     for k0 in range(0, K, BLOCK_K):
@@ -80,36 +96,43 @@ def _member_linear_kernel(x_ptr, w_ptr, b_ptr, y_ptr, M, N, K, sxp, sxm, sxk, sw
     if RELU:
         acc = tl.where(acc < 0, 0.0, acc)  # relu; a NaN stays NaN
     offs = (p * M + rows.to(tl.int64))[:, None] * N + cols[None, :]
-    tl.store(y_ptr + offs, acc, mask=rm[:, None] & cm[None, :])
+    tl.store(tl.where(in_b, yb_ptr, ya_ptr) + offs, acc, mask=rm[:, None] & cm[None, :])
 
 
 def _tile(d: int, most: int) -> int:
     return min(most, max(16, triton.next_power_of_2(d)))
 
 
-def _tiles(members: int, m: int, n: int, k: int) -> tuple[int, int, int, int]:
-    """(BLOCK_M, BLOCK_N, BLOCK_K, stages) of a launch: BLOCK_M rows per program, or BLOCK_M_SMALL
-    where that grid would hold fewer than SMALL_GRID programs (a population of one: 8 programs of
-    128 rows for 256 × 256 leave most SMs idle)."""
+def _tiles(members: int, m: int, n: int, k: int, rows: int | None = None) -> tuple[int, int, int, int]:
+    """(BLOCK_M, BLOCK_N, BLOCK_K, stages) of a launch of ``m`` rows per part (``rows`` in all,
+    default ``m``): BLOCK_M rows per program, or BLOCK_M_SMALL where that grid would hold fewer
+    than SMALL_GRID programs (a population of one: 8 programs of 128 rows for 256 × 256 leave most
+    SMs idle)."""
+    rows = m if rows is None else rows
     bm, bn, bk = _tile(m, BLOCK_M), _tile(n, BLOCK_N), _tile(k, BLOCK_K)
-    if triton.cdiv(m, bm) * triton.cdiv(n, bn) * members < SMALL_GRID:
+    if triton.cdiv(rows, bm) * triton.cdiv(n, bn) * members < SMALL_GRID:
         return _tile(m, BLOCK_M_SMALL), bn, bk, NUM_STAGES_SMALL
     return bm, bn, bk, NUM_STAGES
 
 
-def _launch(x: Tensor, w: Tensor, b: Tensor, relu: bool) -> Tensor:
-    """y = the kernel's (x, w, b, relu): float32 [P, M, N], contiguous."""
+def _launch(x: Tensor, w: Tensor, b: Tensor, relu: bool, x_b: Tensor | None = None) -> Tensor | tuple[Tensor, Tensor]:
+    """y = the kernel's (x, w, b, relu): float32 [P, M, N], contiguous; with ``x_b`` (float32
+    [P, M_b, K]) the rows of both in one launch, ``(y of x, y of x_b)``, each contiguous."""
     members, m, k = x.shape
     n = w.shape[2]
+    mb = 0 if x_b is None else x_b.shape[1]
     y = x.new_empty(members, m, n)
-    if m and n:
-        bm, bn, bk, stages = _tiles(members, m, n, k)
-        grid = (triton.cdiv(m, bm), triton.cdiv(n, bn), members)
+    y_b = x.new_empty(members, mb, n) if x_b is not None else y
+    xb = x if x_b is None else x_b
+    if (m or mb) and n:
+        bm, bn, bk, stages = _tiles(members, max(m, mb), n, k, m + mb)
+        na = triton.cdiv(m, bm)
+        grid = (na + triton.cdiv(mb, bm), triton.cdiv(n, bn), members)
         wrap_triton(_member_linear_kernel)[grid](
-            x, w, b, y, m, n, k, x.stride(0), x.stride(1), x.stride(2), w.stride(0), w.stride(1), w.stride(2),
-            b.stride(0), b.stride(2), RELU=relu, PREC=_prec(x), BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk,
-            num_warps=NUM_WARPS, num_stages=stages)
-    return y
+            x, xb, w, b, y, y_b, m, mb, na, n, k, x.stride(0), x.stride(1), x.stride(2), xb.stride(0), xb.stride(1),
+            xb.stride(2), w.stride(0), w.stride(1), w.stride(2), b.stride(0), b.stride(2), RELU=relu, PREC=_prec(x),
+            BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, num_warps=NUM_WARPS, num_stages=stages)
+    return y if x_b is None else (y, y_b)
 
 
 def member_batched(op, *tensors: Tensor) -> Tensor:
@@ -137,14 +160,41 @@ class _MemberLinear(torch.autograd.Function):
     @torch.autograd.function.once_differentiable
     def backward(ctx, grad_y):
         x, w, y = ctx.saved_tensors
-        need_x, need_w, need_b = ctx.needs_input_grad[:3]
-        if ctx.relu:  # dz and db in one kernel
-            dz, db = relu_bias_grad(grad_y, y)
-        else:
-            dz, db = grad_y, (grad_y.sum(1, keepdim=True) if need_b else None)
-        dx = member_batched(torch.bmm, dz, w.transpose(1, 2)) if need_x else None
-        dw = member_batched(torch.bmm, x.transpose(1, 2), dz) if need_w else None
-        return dx, dw, db if need_b else None, None
+        return _backward(ctx, grad_y, x, w, y, *ctx.needs_input_grad[:3])
+
+
+class _MemberLinearPair(torch.autograd.Function):
+    """(y_a, y_b) of the rows of x_a and x_b in one launch; backward over x_a's rows only, as
+    :class:`_MemberLinear`'s (y_b is a constant)."""
+
+    @staticmethod
+    def forward(ctx, x_a, x_b, w, b, relu):
+        y_a, y_b = _launch(x_a, w, b, relu, x_b)
+        ctx.relu = relu
+        ctx.mark_non_differentiable(y_b)
+        ctx.set_materialize_grads(False)  # y_b's gradient stays None: no zeros launched for it
+        ctx.save_for_backward(x_a, w, y_a if relu else None)
+        return y_a, y_b
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, grad_a, grad_b):
+        x_a, w, y_a = ctx.saved_tensors
+        if grad_a is None:
+            grad_a = torch.zeros_like(y_a)
+        dx, dw, db, _ = _backward(ctx, grad_a, x_a, w, y_a, ctx.needs_input_grad[0], *ctx.needs_input_grad[2:4])
+        return dx, None, dw, db, None
+
+
+def _backward(ctx, grad_y, x, w, y, need_x, need_w, need_b):
+    """(dx, dw, db, None) of one layer's rows (autograd's for baddbmm + relu; the module docstring)."""
+    if ctx.relu:  # dz and db in one kernel
+        dz, db = relu_bias_grad(grad_y, y)
+    else:
+        dz, db = grad_y, (grad_y.sum(1, keepdim=True) if need_b else None)
+    dx = member_batched(torch.bmm, dz, w.transpose(1, 2)) if need_x else None
+    dw = member_batched(torch.bmm, x.transpose(1, 2), dz) if need_w else None
+    return dx, dw, db if need_b else None, None
 
 
 def _problem(x, w, b) -> str | None:
@@ -214,3 +264,45 @@ def member_linear(x: Tensor, w: Tensor, b: Tensor, relu: bool = False, *, backen
     if torch.is_grad_enabled() and (x.requires_grad or w.requires_grad or b.requires_grad):
         return _MemberLinear.apply(x, w, b, bool(relu))
     return _launch(x, w, b, bool(relu))
+
+
+def member_linear_pair_reference(x_a: Tensor, x_b: Tensor, w: Tensor, b: Tensor,
+                                 relu: bool = False) -> tuple[Tensor, Tensor]:
+    """Plain torch: :func:`member_linear_reference` of ``x_a``, and of ``x_b`` without gradient."""
+    with torch.no_grad():
+        y_b = member_linear_reference(x_b, w, b, relu)
+    return member_linear_reference(x_a, w, b, relu), y_b
+
+
+def member_linear_pair(x_a: Tensor, x_b: Tensor, w: Tensor, b: Tensor, relu: bool = False, *,
+                       backend: str = "auto") -> tuple[Tensor, Tensor]:
+    """:func:`member_linear` of two sets of rows of the same members' layer in one launch: the
+    rows of s with gradient and of s' without (a Double DQN target's online pass, IQL's V(s')),
+    where two calls launch twice.
+
+    Args:
+        x_a: float32 ``[P, M_a, K]``, any strides: the rows whose outputs carry a gradient.
+        x_b: float32 ``[P, M_b, K]``, any strides, x_a's device: the rows whose outputs are constants.
+        w, b, relu, backend: as :func:`member_linear`.
+
+    Returns:
+        ``(y_a [P, M_a, N], y_b [P, M_b, N])``, float32, contiguous: y_a differentiable w.r.t. x_a,
+        w and b (first order; its backward covers x_a's rows only, as :func:`member_linear`'s of
+        x_a), y_b a constant. Each equal to :func:`member_linear` of its rows to float rounding (the
+        tile is chosen for both parts together, module docstring).
+
+    Raises:
+        ValueError: x_a or x_b outside :func:`member_linear`'s contract, an unknown backend.
+        RuntimeError: backend="triton" on CPU tensors without TRITON_INTERPRET=1.
+    """
+    for x in (x_a, x_b):
+        problem = _problem(x, w, b)
+        if problem is not None:
+            raise ValueError(problem)
+    if x_a.device != x_b.device:
+        raise ValueError(f"member_linear: x_a and x_b must be on one device, got {x_a.device} and {x_b.device}")
+    if resolve_backend("member_linear", backend, x_a) == "torch":
+        return member_linear_pair_reference(x_a, x_b, w, b, relu)
+    if torch.is_grad_enabled() and (x_a.requires_grad or w.requires_grad or b.requires_grad):
+        return _MemberLinearPair.apply(x_a, x_b, w, b, bool(relu))
+    return _launch(x_a, w, b, bool(relu), x_b)

@@ -119,6 +119,18 @@ class MemberC51Network(MemberQNetwork):
         adv = self.layer(-1, h).view(p, m, self.num_actions, self.atoms)
         return (self.layer(-2, h) if self.dueling else None), adv
 
+    def logit_parts_pair(self, obs: torch.Tensor, next_obs: torch.Tensor) -> tuple[tuple, tuple]:
+        """(:meth:`logit_parts` of obs with gradient, of next_obs without) of obs and next_obs
+        ``[P, B, D]`` (a Double DQN target's online pass): the encoder's layers run the rows of
+        both in one launch each (:meth:`encoder_pair`), and so do the heads where their widths take
+        the member kernel (:meth:`layer_pair`)."""
+        h_a, h_b = self.encoder_pair(obs, next_obs)
+        p = h_a.shape[0]
+        adv_a, adv_b = self.layer_pair(-1, h_a, h_b)
+        value_a, value_b = self.layer_pair(-2, h_a, h_b) if self.dueling else (None, None)
+        return ((value_a, adv_a.view(p, h_a.shape[1], self.num_actions, self.atoms)),
+                (value_b, adv_b.view(p, h_b.shape[1], self.num_actions, self.atoms)))
+
     def expected_q(self, logits: torch.Tensor) -> torch.Tensor:
         """Q ``[P, M, A]`` = Σ_k softmax(logits ``[P, M, A, K]``)_k z_k of each member's support."""
         return (F.softmax(logits, dim=-1) * self.support).sum(dim=-1)

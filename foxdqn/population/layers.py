@@ -43,6 +43,21 @@ def member_linear(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor, relu: bool 
     return torch.relu(y) if relu else y
 
 
+def member_linear_pair(x_a: torch.Tensor, x_b: torch.Tensor, w: torch.Tensor, b: torch.Tensor,
+                       relu: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`member_linear` of ``x_a`` ``[P, M_a, in]`` (with gradient) and of ``x_b`` ``[P, M_b, in]``
+    (a constant): where :func:`member_linear` takes its kernel for both, one launch
+    (:func:`foxdqn.ops.member_linear.member_linear_pair`, the backward over x_a's rows only); else
+    the two calls, x_b's under ``torch.no_grad()``."""
+    op = member_linear_op
+    if fused_forward(x_a) and op.member_linear_preferred(w.shape[-1]) \
+            and op.member_linear_supported(x_a, w, b) and op.member_linear_supported(x_b, w, b):
+        return op.member_linear_pair(x_a, x_b, w, b, relu, backend="triton")
+    with torch.no_grad():
+        y_b = member_linear(x_b, w, b, relu)
+    return member_linear(x_a, w, b, relu), y_b
+
+
 class MemberLinear(nn.Module):
     """P ``nn.Linear``: x float32 ``[P, M, in]`` → ``[P, M, out]``.
 

@@ -48,7 +48,7 @@ from foxdqn.ops.q_forward import q_forward, q_forward_supported
 from foxdqn.nn.nature_cnn import NatureCNNEncoder
 from foxdqn.population.attention import MemberAttentionEncoder
 from foxdqn.population.conv import MemberNatureCNN
-from foxdqn.population.layers import member_copy, member_linear
+from foxdqn.population.layers import member_copy, member_linear, member_linear_pair
 
 #: Classic encoders whose member version is one module (:func:`stack_encoder`), not layers of ``weights``.
 MODULE_ENCODERS = (AttentionEncoder, NatureCNNEncoder)
@@ -158,6 +158,26 @@ class MemberQNetwork(nn.Module):
         CUDA; on CPU a population of one multiplies as a batch of two, so that its products round
         as a member's of P > 1)."""
         return member_linear(x, self.weights[i], self.biases[i], relu)
+
+    def layer_pair(self, i: int, x_a: torch.Tensor, x_b: torch.Tensor,
+                   relu: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+        """:meth:`layer` ``i`` of ``x_a`` (with gradient) and of ``x_b`` (a constant) in one launch
+        where the kernel takes both (:func:`~foxdqn.population.layers.member_linear_pair`)."""
+        return member_linear_pair(x_a, x_b, self.weights[i], self.biases[i], relu)
+
+    def encoder_pair(self, obs_a: torch.Tensor, obs_b: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(:meth:`encoder` of ``obs_a`` ``[P, M_a, D]`` with gradient, of ``obs_b`` ``[P, M_b, D]``
+        without): an MLP encoder of ReLUs runs each layer's rows of both in one launch
+        (:meth:`layer_pair`: s and s' of a Double DQN target, IQL's V(s) and V(s')); any other
+        encoder runs twice, the second under ``torch.no_grad()``."""
+        if self.member_encoder is not None or not self.relu_fused():
+            with torch.no_grad():
+                h_b = self.encoder(obs_b)
+            return self.encoder(obs_a), h_b
+        h_a, h_b = obs_a, obs_b
+        for i in range(self.encoder_layers):
+            h_a, h_b = self.layer_pair(i, h_a, h_b, relu=True)
+        return h_a, h_b
 
     def relu_fused(self) -> bool:
         """Whether the encoder's nonlinearity is a ReLU that :meth:`layer` may apply in its
@@ -273,3 +293,25 @@ class MemberValueNetwork(MemberQNetwork):
 
     def forward(self, obs: torch.Tensor) -> torch.Tensor:
         return super().forward(obs).squeeze(-1)
+
+    def forward_pair(self, obs: torch.Tensor, next_obs: torch.Tensor,
+                     pair: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """(V(s) float32 ``[P, B]`` with gradient, V(s') ``[P, B]`` a constant) of obs and next_obs
+        ``[P, B, D]`` (IQL's two passes, eqs. 5 and 6): where the fused kernels run and no forward
+        hook would be skipped, the MLP chain's one launch for the replay's stacked ``pair``
+        ``[P, 2, B, D]`` (:func:`~foxdqn.ops.member_mlp_chain.member_mlp_chain_split`, widths
+        <= 128), else each layer's rows of both in one launch (:meth:`encoder_pair`, :meth:`layer_pair`:
+        wider MLPs); elsewhere two forwards, the second under ``torch.no_grad()``."""
+        if fused_forward(obs) and not forward_hooked([self]):
+            chain = self.chain_args(obs)
+            if chain is not None and pair is not None:
+                a, b = member_mlp_chain_split(pair.view(obs.shape[0], -1, pair.shape[-1]), chain[0], chain[1],
+                                              obs.shape[1], backend="triton")
+                return a.squeeze(-1), b.squeeze(-1)
+            if chain is None and self.member_encoder is None and self.relu_fused():
+                h_a, h_b = self.encoder_pair(obs, next_obs)
+                v_a, v_b = self.layer_pair(-1, h_a, h_b)
+                return v_a.squeeze(-1), v_b.squeeze(-1)
+        with torch.no_grad():
+            v_b = self(next_obs)
+        return self(obs), v_b

@@ -32,6 +32,7 @@ from foxdqn.objectives.base import LossOutput, weighted_mean
 from foxdqn.objectives.branching import branching_target
 from foxdqn.objectives.c51 import c51_cross_entropy
 from foxdqn.objectives.dqn_forward import dqn_forward
+from foxdqn.nn.qnet import forward_hooked
 from foxdqn.objectives.iqn import iqn_quantile_loss
 from foxdqn.objectives.iql import iql_loss
 from foxdqn.ops.backend import fused_forward
@@ -120,10 +121,13 @@ def member_c51_loss(online: MemberC51Network, target: MemberC51Network, batch: B
     the ops of :func:`foxdqn.objectives.c51.c51_cross_entropy`, whose bits the tests compare."""
     if not q_grad and fused_forward(batch.obs) and online.atoms <= C51_LOSS_MAX_ATOMS:
         obs, next_obs, action, reward, discount = _member_view(batch, members)
-        value, logits = online.logit_parts(obs)  # [P, B, A, K] logits (dueling: advantages, and V), grad
+        if double:  # the online network's s (grad) and s' rows, each layer's in one launch where it can
+            (value, logits), (select_value, select_logits) = online.logit_parts_pair(obs, next_obs)
+        else:
+            value, logits = online.logit_parts(obs)  # [P, B, A, K] logits (dueling: advantages, and V), grad
+            select_value = select_logits = None
         with torch.no_grad():
             target_value, target_logits = target.logit_parts(next_obs)
-            select_value, select_logits = online.logit_parts(next_obs) if double else (None, None)
         p, b, a, k = logits.shape
         flat = lambda t: None if t is None else t.reshape(p * b, a, k)  # noqa: E731
         rows = lambda t: None if t is None else t.reshape(p * b, k)  # noqa: E731
@@ -228,12 +232,16 @@ def member_iqn_loss(online: MemberIQNNetwork, target: MemberIQNNetwork, batch: B
     :func:`foxdqn.objectives.iqn.iqn_quantile_loss`'s torch ops (the same arithmetic)."""
     if not q_grad and fused_forward(batch.obs):
         obs, next_obs = _member_view(batch, members)[:2]
-        h = online.encoder(obs)
+        pair = double and not forward_hooked([online])  # online(next_obs) would run the hooks
+        h, h_online_next = online.encoder_pair(obs, next_obs) if pair else (online.encoder(obs), None)
         z = online.head(h, taus)  # [P, B, N, A], grad
         with torch.no_grad():  # as iqn_quantile_loss: the monitors' Q of s, then s' by both networks
             q = online.policy_q(h)
             h_next = target.encoder(next_obs)
-            select = online(next_obs) if double else target.policy_q(h_next)
+            if pair:
+                select = online.policy_q(h_online_next)
+            else:
+                select = online(next_obs) if double else target.policy_q(h_next)
             z_next = target.head(h_next, target_taus)
         loss, rho = iqn_loss(z, z_next, select, taus, batch.action, batch.reward, batch.discount, batch.weight, kappa,
                              penalty=penalty)

@@ -4,7 +4,9 @@ the gradients of x, W and b: P = 1 and 3, M = 1, 17 and 70 (past a row block), K
 and b (a transposed weight, a half of a stacked pair); NaN kept by the ReLU; members never mix
 (member 1's inputs changed, NaN included, leave member 0's y and gradients bit for bit); P = 1
 equals member 0 of P = 3 bit for bit where their tiles agree; the tile choice; M = 0; the TF32 path against
-a float64 emulation; the population layer's use of it; bad arguments. GPU (`gpu` marker): kernel =
+a float64 emulation; the population layer's use of it; the pair (two sets of rows, one launch, the
+second without gradient) against the reference and the kernel on each part, its launches and the
+population layer's use of it; bad arguments. GPU (`gpu` marker): kernel =
 reference on CUDA at the trading experiments' sizes, one kernel forward, CUDA-graph capture, no
 host sync."""
 from __future__ import annotations
@@ -145,6 +147,85 @@ def test_population_layer_takes_the_kernel_where_the_fused_forwards_run(n, fused
         mod._launch = launch
     assert calls == ([True] if fused else [])
     _check(got, plain, 6)
+
+
+def _run_pair(fn, x_a, x_b, w, b, up, relu):
+    """y_a, y_b and the gradients (x_a, W, b) of Σ y_a · up; y_b must carry no gradient."""
+    x_a, w, b = (t.detach().clone().requires_grad_(True) for t in (x_a, w, b))
+    y_a, y_b = fn(x_a, x_b, w, b, relu)
+    assert not y_b.requires_grad and y_a.requires_grad
+    return [y_a.detach(), y_b, *torch.autograd.grad(y_a, (x_a, w, b), up)]
+
+
+def _pair_kernel(x_a, x_b, w, b, relu):
+    return mod.member_linear_pair(x_a, x_b, w, b, relu, backend="triton")
+
+
+@pytest.mark.parametrize("p", [1, 3])
+@pytest.mark.parametrize("ma,mb", [(17, 17), (70, 5), (1, 40), (17, 0), (0, 9)])
+@pytest.mark.parametrize("relu", [False, True])
+def test_pair_equals_the_reference_and_the_kernel_on_each_part(p, ma, mb, relu):
+    """The rows of x_a and x_b (two strided parts of one tensor, rows apart) in one launch: y_a and its
+    gradients as the reference's of x_a and as the kernel's of x_a alone, y_b as either's of x_b, a
+    constant; the backward covers x_a's rows only (the gradients are x_a's)."""
+    k, n = 40, 9
+    x, w, b, _ = _case(p, ma + mb + 3, k, n, seed=p * 7 + ma + mb)
+    x_a, x_b = x[:, :ma], x[:, ma + 3:]
+    up = torch.randn(p, ma, n, generator=torch.Generator().manual_seed(ma))
+    got = _run_pair(_pair_kernel, x_a, x_b, w, b, up, relu)
+    want = _run_pair(mod.member_linear_pair_reference, x_a, x_b, w, b, up, relu)
+    alone = _run(_kernel, x_a, w, b, up, relu)
+    for name, a, e, e2 in zip(("y_a", "y_b", "dx_a", "dW", "db"), got, want, [alone[0], None, *alone[1:]]):
+        assert a.shape == e.shape and a.dtype == torch.float32 and a.is_contiguous(), name
+        assert_close_ulps(a, e, rtol=1e-5, ulps=8 * k, name=name)
+        if e2 is not None:
+            assert_close_ulps(a, e2, rtol=1e-5, ulps=8 * k, name=name)
+    assert_close_ulps(got[1], _kernel(x_b, w, b, relu), rtol=1e-5, ulps=8 * k, name="y_b alone")
+
+
+def test_pair_is_one_launch_forward_and_its_backward_launches_nothing_for_the_constant_rows():
+    """One kernel for both parts; the backward as member_linear's of x_a (no zeros for y_b's gradient)."""
+    from bench.cpu_kernels import launches
+
+    x, w, b, _ = _case(2, 30, 12, 8, seed=3)
+    w.requires_grad_(True)
+    b.requires_grad_(True)
+
+    def step():
+        y_a, y_b = mod.member_linear_pair(x[:, :20], x[:, 20:], w, b, True, backend="triton")
+        torch.autograd.grad(y_a.sum(), (w, b))
+
+    def alone():
+        y = member_linear(x[:, :20], w, b, True, backend="triton")
+        torch.autograd.grad(y.sum(), (w, b))
+
+    ops, single = launches(step), launches(alone)
+    assert ops.count("triton::_member_linear_kernel") == 1 and "aten::zeros" not in ops, ops
+    assert [o for o in ops if o != "triton::_member_linear_kernel"] == \
+        [o for o in single if o != "triton::_member_linear_kernel"]
+
+
+def test_population_pair_takes_one_launch_where_the_kernel_runs():
+    """foxdqn.population.layers.member_linear_pair: the op inside cpu_kernels for a preferred width; two
+    layer calls (the second without gradient) for another width or outside; the same values."""
+    from foxdqn.ops.backend import cpu_kernels
+    from foxdqn.population.layers import member_linear_pair as layer_pair
+
+    for n, fused in ((8, True), (5, False)):
+        x, w, b, _ = _case(3, 21, 6, n, seed=13)
+        up = torch.randn(3, 10, n)
+        calls = []
+        launch = mod._launch
+        try:
+            mod._launch = lambda *a: calls.append(len(a)) or launch(*a)
+            with cpu_kernels():
+                got = _run_pair(layer_pair, x[:, :10], x[:, 10:], w, b, up, True)
+            plain = _run_pair(layer_pair, x[:, :10], x[:, 10:], w, b, up, True)
+        finally:
+            mod._launch = launch
+        assert calls == ([5] if fused else []), (n, calls)
+        for a, e in zip(got, plain):
+            assert_close_ulps(a, e, rtol=1e-5, ulps=64)
 
 
 @pytest.mark.parametrize("args, match", [

@@ -1,0 +1,91 @@
+"""The online network's rows of s (with gradient) and of s' (constants) in one launch per layer
+(foxdqn.ops.member_linear's pair; the MLP chain's split for IQL's V at widths <= 128): encoder_pair,
+MemberValueNetwork.forward_pair and MemberC51Network.logit_parts_pair give the values and gradients
+of two passes (the second under no_grad), inside cpu_kernels (the kernels of CUDA, on the CPU), for
+an MLP wider than the chain's 128 and a narrower one; outside cpu_kernels they are the two passes."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from bench.cpu_kernels import launches, small_overrides
+from bench.harness import make_population
+from foxdqn.ops.backend import cpu_kernels
+
+from support import assert_close_ulps
+
+
+def _population(experiment: str, hidden: str):
+    over = [o for o in small_overrides(experiment) if not o.startswith("model.hidden=")]
+    return make_population([f"+experiment={experiment}", *over, f"model.hidden={hidden}", "debug.max_hidden=null"], 2,
+                           "cpu", fill=False)
+
+
+def _pair(p: int, b: int, d: int):
+    pair = torch.randn(p, 2, b, d, generator=torch.Generator().manual_seed(p * b + d))
+    return pair, pair[:, 0], pair[:, 1]
+
+
+def _check_grads(params, out_pair, out_two):
+    """The gradients of Σ out · up w.r.t. params equal between the paired and the two-pass output."""
+    up = torch.randn_like(out_two)
+    g1 = torch.autograd.grad((out_pair * up).sum(), params, allow_unused=True)
+    g2 = torch.autograd.grad((out_two * up).sum(), params, allow_unused=True)
+    for a, e in zip(g1, g2):
+        assert (a is None) == (e is None)
+        if a is not None:
+            assert_close_ulps(a, e, rtol=1e-5, ulps=256)
+
+
+@pytest.mark.parametrize("hidden", ["[16]", "[160]"])
+def test_value_pair_equals_two_passes(hidden):
+    s = _population("eurusd_iql", hidden)
+    v = s.value
+    pair, obs, nxt = _pair(2, 5, v.weights[0].shape[1])
+    with cpu_kernels():
+        a, b = v.forward_pair(obs, nxt, pair)
+        n = launches(lambda: v.forward_pair(obs, nxt, pair))
+        a2 = v(obs)
+        with torch.no_grad():
+            b2 = v(nxt)
+    assert not b.requires_grad and a.requires_grad and a.shape == b.shape == (2, 5)
+    assert_close_ulps(a.detach(), a2.detach(), rtol=1e-5, ulps=256)
+    assert_close_ulps(b, b2, rtol=1e-5, ulps=256)
+    _check_grads(list(v.parameters()), a, a2)
+    layers = len(v.weights)
+    assert len(n) == (1 if hidden == "[16]" else layers), n  # the chain's split, else one launch per layer
+    plain_a, plain_b = v.forward_pair(obs, nxt, pair)  # outside cpu_kernels: the two passes, the same values
+    assert_close_ulps(plain_a.detach(), a2.detach(), rtol=1e-5, ulps=256)
+
+
+@pytest.mark.parametrize("experiment", ["eurusd_c51", "eurusd_rainbowish"])
+def test_c51_logit_parts_pair_equals_two_passes(experiment):
+    s = _population(experiment, "[160]")
+    net = s.online
+    _, obs, nxt = _pair(2, 4, net.weights[0].shape[1])
+    with cpu_kernels():
+        (va, la), (vb, lb) = net.logit_parts_pair(obs, nxt)
+        va2, la2 = net.logit_parts(obs)
+        with torch.no_grad():
+            vb2, lb2 = net.logit_parts(nxt)
+    assert not lb.requires_grad and la.requires_grad
+    for got, want in ((la, la2), (lb, lb2)) + (((va, va2), (vb, vb2)) if net.dueling else ()):
+        assert got.shape == want.shape
+        assert_close_ulps(got.detach(), want.detach(), rtol=1e-5, ulps=256)
+    _check_grads(list(net.parameters()), la, la2)
+
+
+def test_iqn_encoder_pair_equals_two_passes_and_launches_once_per_layer():
+    s = _population("eurusd_iqn", "[160]")
+    net = s.online
+    _, obs, nxt = _pair(2, 4, net.weights[0].shape[1])
+    with cpu_kernels():
+        ha, hb = net.encoder_pair(obs, nxt)
+        n = launches(lambda: net.encoder_pair(obs, nxt))
+        ha2 = net.encoder(obs)
+        with torch.no_grad():
+            hb2 = net.encoder(nxt)
+    assert n == ["triton::_member_linear_kernel"] * net.encoder_layers
+    assert_close_ulps(ha.detach(), ha2.detach(), rtol=1e-5, ulps=256)
+    assert_close_ulps(hb, hb2, rtol=1e-5, ulps=256)
+    _check_grads(list(net.parameters()), ha, ha2)
