@@ -54,7 +54,7 @@ def parse_args(argv: list[str]) -> tuple[Path, str | None, Path | None, list[str
         if key == "checkpoint":  # a run folder means its checkpoints/last.pt, as resume=RUN does
             from foxdqn.run.resume import resume_path  # start-up: torch (the comment above ALLOWED)
 
-            checkpoint = resume_path(value)
+            checkpoint = resume_path(value, key)
         elif key == "split":
             split = value
         elif key == "out":
@@ -148,13 +148,34 @@ def evaluate_checkpoint(checkpoint: Path, split: str | None = None, out: Path | 
     else:
         result = evaluate(cfg, market, online, device, split=split, action_mode=mode)
     data_name = cfg.data.name if cfg.data.path is None else Path(cfg.data.path).name
-    # the run's own train or val bars: it trained on the one and chose its checkpoint (best.pt, early stop, the
-    # gate) on the other; another file's splits are all unseen
-    extra["out_of_sample"] = split == "test" or any(o.split("=", 1)[0].startswith("data.") for o in overrides)
+    extra["out_of_sample"] = out_of_sample(cfg, market, split, config_from(payload, []))
     summary = write_report(folder, result, market, split, f"{extra['run_name']}: {data_name}, {split} split "
                            f"({checkpoint.name})", extra)
     write_trades(folder / "trades.csv", result["curves"]["agent"], market)
     return summary, folder
+
+
+def out_of_sample(cfg, market, split: str, trained) -> bool:
+    """Whether the bars an evaluation of ``split`` walks (``cfg``'s data, ``market``) are none the run
+    saw: its training split (it trained on it) and its validation split (it chose its checkpoint on
+    it: ``best.pt``, early stopping, the deployment gate) precede its test split, so a walk of the
+    same bars (the same file or generator: ``data.name``, ``data.path``, ``data.synthetic``) is out of
+    sample when it starts at or after the first bar of the run's own test split (``trained``: the
+    run's config; another ``data.split`` moves the splits, not the bars the run saw); other bars
+    always are."""
+    from foxdqn.config.schema import to_plain  # start-up: torch (the comment above ALLOWED)
+    from foxdqn.data import load_market_data
+    from foxdqn.envs.trading import walk_bounds
+
+    mine, theirs = to_plain(cfg.data), to_plain(trained.data)
+    if any(mine[k] != theirs[k] for k in ("name", "path", "synthetic")):
+        return True
+    seen = market if mine == theirs else load_market_data(trained.data, trained.env.window, trained.env.episode_length)
+    unseen_from = int(seen.splits["val"][1])  # the first bar after the run's validation split
+    if unseen_from >= len(seen.timestamps):
+        return False
+    first = walk_bounds(market, split, cfg.env.window, cfg.debug.max_eval_bars)[0]
+    return bool(market.timestamps[first] >= seen.timestamps[unseen_from])
 
 
 def evaluations_folder(checkpoint: Path, payload: dict) -> Path:
@@ -242,9 +263,8 @@ def main(argv: list[str] | None = None) -> int:
 
     print_summary({**summary, "selection": {}}, folder)
     if summary.get("out_of_sample") is False:
-        seen = "trained on" if summary["split"] == "train" else "chose its checkpoint on (validation)"
-        print(f"foxdqn: warning: split={summary['split']} holds bars the run {seen}: this result is not out of "
-              "sample (split=test is)", file=sys.stderr)
+        print(f"foxdqn: warning: split={summary['split']} walks bars the run trained or chose its checkpoint on "
+              "(its train and val splits): this result is not out of sample (its test split is)", file=sys.stderr)
     return 0
 
 

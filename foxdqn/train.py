@@ -84,9 +84,13 @@ def _run(cfg: DictConfig) -> float | None:
         resuming = cfg.get("resume") is not None  # a resume's composed config is not the run's: checked after
         tc = finalize(cfg, warn=not resuming, check=not resuming)
         if tc.resume is not None:  # the run's own settings, from its start record
+            composed = tc
             tc, run_dir, payload, run_id = resolve_resume(tc, hydra_dir, given_keys(HydraConfig.get().overrides.task),
                                                           existed=existed_before(hydra_dir))
-            validate(tc)  # the run's config with the keys this call may change (or this call's, starting over)
+            if tc is composed:  # no run there: this call's config starts, checked and warned about as any start
+                tc = finalize(cfg)
+            else:
+                validate(tc)  # the run's config with the keys this call may change
         mark("validate")
         market = preflight(tc)
         mark("preflight")

@@ -66,6 +66,11 @@ def test_other_split_costs_and_folder(run_dir, tmp_path):
                                    ["data.name=googl_1d"])
     test, _ = evaluate_checkpoint(run_dir / "checkpoints" / "last.pt", "test", tmp_path / "test")
     assert other["out_of_sample"] is True and test["out_of_sample"] is True  # another file's bars; the test split
+    same, _ = evaluate_checkpoint(run_dir / "checkpoints" / "last.pt", "val", tmp_path / "same", ["data.name=eurusd_1h"])
+    moved, _ = evaluate_checkpoint(run_dir / "checkpoints" / "last.pt", "test", tmp_path / "moved",
+                                   ["data.split.train=0.4", "data.split.val=0.3", "data.split.test=0.3"])
+    assert same["out_of_sample"] is False  # the run's own file named again: its validation bars
+    assert moved["out_of_sample"] is False  # a "test" split that starts inside the run's validation bars
 
 
 def test_a_smoke_checkpoint_evaluates_the_whole_split_with_the_cap_lifted(run_dir, tmp_path):
@@ -84,7 +89,7 @@ def test_a_smoke_checkpoint_evaluates_the_whole_split_with_the_cap_lifted(run_di
 
 @pytest.mark.parametrize("args, needle", [
     ([], "usage"),
-    (["checkpoint=MISSING"], "no such file"),
+    (["checkpoint=MISSING"], "error: checkpoint="),  # the argument as the user named it (not resume=)
     (["checkpoint=FOREIGN"], "not a foxdqn checkpoint"),
     (["checkpoint=LAST", "optim.lr=1"], "agent"),
     (["checkpoint=LAST", "split=future"], "split"),
@@ -109,7 +114,8 @@ def test_module_entry_point(run_dir):
                          timeout=300)
     assert res.returncode == 0, res.stderr[-2000:]
     assert "val split" in res.stdout and (run_dir / "evaluations" / "last_val" / "trades.csv").is_file()
-    assert "split=val holds bars the run chose its checkpoint on" in res.stderr and "not out of sample" in res.stderr
+    assert "split=val walks bars the run trained or chose its checkpoint on" in res.stderr
+    assert "not out of sample" in res.stderr
 
 
 def test_an_evaluation_is_titled_after_the_run_it_evaluates():

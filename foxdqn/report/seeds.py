@@ -35,10 +35,18 @@ EPISODIC_METRICS = ("mean_return",)
 
 
 def _overrides(job: Path) -> list[str]:
+    """The job's ``.hydra/overrides.yaml``, a boolean written as YAML and the command line write it
+    (``true``: Hydra's sweepers write the values they parsed back with Python's ``True``)."""
     from omegaconf import OmegaConf
 
     path = job / ".hydra" / "overrides.yaml"
-    return [str(o) for o in OmegaConf.to_container(OmegaConf.load(path), resolve=False)] if path.is_file() else []
+    if not path.is_file():
+        return []
+    out = []
+    for o in OmegaConf.to_container(OmegaConf.load(path), resolve=False):
+        key, sep, value = str(o).partition("=")
+        out.append(f"{key}={value.lower()}" if sep and value in ("True", "False") else str(o))
+    return out
 
 
 def _job_order(path: Path) -> tuple:

@@ -142,11 +142,9 @@ def _status(summary: dict, val: float) -> str:
 def short(value: Any) -> str:
     """An override's value for a table or a label: a number with a fractional part or an exponent
     rounded to 4 significant figures when that is shorter (``0.000123456789`` → ``0.0001235``;
-    ``3e-4`` stays), a boolean as YAML and Hydra's own overrides write it (``True`` → ``true``: an
-    Optuna choice of booleans is written by Python), anything else as written (integers, names)."""
+    ``3e-4`` stays), anything else as written (integers, names; booleans as
+    :func:`foxdqn.report.seeds.load_jobs` reads them: ``true``)."""
     text = str(value)
-    if text in ("True", "False"):
-        return text.lower()
     if re.fullmatch(r"[+-]?(\d+\.\d*|\.\d+|\d+(\.\d*)?[eE][+-]?\d+)", text.strip()):
         rounded = f"{float(text):.4g}"
         return rounded if len(rounded) < len(text.strip()) else text

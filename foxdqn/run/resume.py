@@ -233,8 +233,9 @@ def _subtree(values: dict, dotted: str):
     return node
 
 
-def resume_path(value: str) -> Path:
-    """The checkpoint file of ``resume=PATH`` (a run folder means its ``checkpoints/last.pt``).
+def resume_path(value: str, key: str = "resume") -> Path:
+    """The checkpoint file of ``resume=PATH`` (a run folder means its ``checkpoints/last.pt``);
+    ``key``: the argument's name in the messages (``checkpoint`` for python -m foxdqn.evaluate).
 
     Raises:
         ConfigError: neither a file nor a run folder with a checkpoint.
@@ -243,9 +244,9 @@ def resume_path(value: str) -> Path:
     if path.is_dir():
         if (path / "checkpoints" / "last.pt").is_file():
             return path / "checkpoints" / "last.pt"
-        raise ConfigError(f"resume={value}: a folder without checkpoints/last.pt; give a checkpoint file or a run folder")
+        raise ConfigError(f"{key}={value}: a folder without checkpoints/last.pt; give a checkpoint file or a run folder")
     if not path.is_file():
-        raise ConfigError(f"resume={value}: no such file or run folder")
+        raise ConfigError(f"{key}={value}: no such file or run folder")
     return path
 
 

@@ -153,6 +153,7 @@ def test_a_search_lists_what_it_did_not_count_last_with_rounded_values(tmp_path,
     md = (root / "report.md").read_text()
     assert "| 0.0005556 " in md and "0.000555555555" not in md  # 4 significant figures in the tables
     assert "| true " in md and "| false " in md and "False" not in md  # an Optuna boolean (Python's True) as YAML writes it
+    assert [j["replay.prioritized"] for j in data["jobs"]] == ["true", "true", "false", "false"]  # report.json too
     assert "2 of 4 jobs not counted by the search" in out
 
 

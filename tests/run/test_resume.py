@@ -84,6 +84,9 @@ def test_resume_refuses_another_config_and_a_finished_run(train_cli, tmp_path):
     assert "WARNING" not in ignored.stdout and "WARNING" not in (tmp_path / "a" / "train.log").read_text(), ignored.stdout
     missing = train_cli([f"hydra.run.dir={tmp_path / 'b'}", "resume=auto"], cwd=tmp_path)
     assert missing.returncode == 2 and "no run in" in missing.stderr and not (tmp_path / "b").exists()
+    # no run there: this call's config starts, checked as any start's (before debug=smoke's caps too)
+    fresh = run(f"hydra.run.dir={tmp_path / 'f'}", "resume=auto", "optim.accumulate=3")
+    assert fresh.returncode == 2 and "divide agent.batch_size=128" in fresh.stderr, fresh.stderr
     foreign = tmp_path / "foreign.pt"
     foreign.write_bytes(b"not a checkpoint")
     bad = run(f"resume={foreign}")
