@@ -202,6 +202,13 @@ def to_markdown(settings: list[dict], first_column: str = "setting") -> str:
     [min, max] over seeds); ``first_column`` heads the names' column."""
     if not settings:
         return "No finished job (eval/summary.json) in this sweep.\n"
+    trading = [e for e in settings if "buy_and_hold" in e]  # a folder of both kinds: a table of each
+    episodic = [e for e in settings if "buy_and_hold" not in e]
+    return "\n".join(_table(kind, first_column) for kind in (trading, episodic) if kind)
+
+
+def _table(settings: list[dict], first_column: str) -> str:
+    """:func:`to_markdown`'s table of settings of one kind (trading, or episodic envs)."""
     trading = "buy_and_hold" in settings[0]
     lines = [f"| {first_column} | seeds | val " + str(settings[0]["selection_metric"]) + " | " +
              ("test return | test Sharpe | max drawdown | trades | ensemble Sharpe [95 % interval] | "

@@ -101,6 +101,22 @@ def test_an_episodic_sweep(tmp_path):
     assert sorted(data["plots"]) == ["plots/curves_val_mean_return.png", "plots/vs_optim.lr.png"]
 
 
+def test_a_folder_of_trading_and_episodic_runs_gets_a_seeds_table_of_each(tmp_path):
+    """Runs of both kinds in one folder (a multirun over experiments, or copied runs): one seeds table
+    of the trading settings, one of the episodic ones (the first setting's kind was every row's)."""
+    rng = np.random.default_rng(3)
+    for num, seed in enumerate((0, 1)):
+        fake_job(tmp_path, str(num), ["+experiment=eurusd_dqn", f"seed={seed}"], 0.1 * num,
+                 returns=rng.normal(0, 1e-2, 50), bh_returns=rng.normal(0, 1e-2, 50))
+    for num, seed in enumerate((0, 1), start=2):
+        fake_job(tmp_path, str(num), ["+experiment=cartpole_cleanrl", f"seed={seed}"], 30.0 + num,
+                 metric="mean_return", mean_return=40.0 + num)
+    assert report_cli.main([str(tmp_path)]) == 0
+    md = (tmp_path / "report.md").read_text()
+    assert "val mean_return | test mean return |" in md and "ensemble Sharpe" in md
+    assert "| experiment=cartpole_cleanrl | 2 |" in md and "| experiment=eurusd_dqn | 2 |" in md
+
+
 def test_one_setting_per_job_has_no_settings_table(tmp_path):
     for num, gamma in enumerate(["0.9", "0.99", "0.999"]):
         fake_job(tmp_path, str(num), [f"agent.gamma={gamma}"], float(num), metric="mean_return", mean_return=1.0)
