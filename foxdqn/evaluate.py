@@ -127,7 +127,8 @@ def evaluate_checkpoint(checkpoint: Path, split: str | None = None, out: Path | 
         raise ConfigError(f"checkpoint {checkpoint}: its network does not fit this data "
                           f"({str(exc).splitlines()[1].strip() if len(str(exc).splitlines()) > 1 else exc})") from None
     env.close()
-    folder = out or evaluations_folder(checkpoint, payload) / folder_name(checkpoint, split, overrides)
+    folder = out or free_folder(evaluations_folder(checkpoint, payload), folder_name(checkpoint, split, overrides),
+                                checkpoint, list(overrides))
     extra = {"checkpoint": str(checkpoint.resolve()), "checkpoint_env_steps": payload.get("env_steps"),
              "overrides": list(overrides), "experiment": cfg.experiment, "run_name": trained_name(payload, cfg),
              "data": market.source if market is not None else None, "device": str(device),
@@ -217,6 +218,24 @@ def folder_name(checkpoint: Path, split: str, overrides) -> str:
         key, _, value = item.partition("=")
         parts.append(Path(value).stem if key == "data.path" else f"{key.split('.')[-1]}={value}")
     return re.sub(r"[^A-Za-z0-9._=-]", "_", "_".join(parts))
+
+
+def free_folder(parent: Path, name: str, checkpoint: Path, overrides: list[str]) -> Path:
+    """``parent/name``, unless it holds an evaluation of another checkpoint or other overrides (a
+    name keeps each key's last part: ``seed=5`` and ``data.synthetic.seed=5`` are both ``seed=5``):
+    then ``name_2``, ``name_3``, ... the first free one or one of the same evaluation (evaluated again:
+    replaced)."""
+    import json
+
+    for k in range(1, 10_000):
+        folder = parent / (name if k == 1 else f"{name}_{k}")
+        try:
+            done = json.loads((folder / "summary.json").read_text())
+        except (OSError, ValueError):
+            return folder  # free (or holding no readable evaluation: written over, as before)
+        if done.get("checkpoint") == str(checkpoint.resolve()) and sorted(done.get("overrides") or []) == sorted(overrides):
+            return folder
+    raise ConfigError(f"{parent}: 9,999 evaluations named {name}_*; give out=DIR")
 
 
 def write_trades(path: Path, walk: dict, market) -> None:

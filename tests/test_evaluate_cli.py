@@ -56,6 +56,23 @@ def test_evaluations_with_other_settings_get_their_own_folder(run_dir, tmp_path)
     assert main([f"checkpoint={last}", f"out={blocker / 'sub'}"]) == 2
 
 
+def test_an_evaluation_of_other_settings_never_takes_a_folder_of_the_same_name(tmp_path):
+    """Names keep each key's last part (seed=5 for seed and data.synthetic.seed): a folder holding
+    another evaluation is kept, the new one goes to name_2; the same evaluation again replaces its own."""
+    import json
+
+    from foxdqn.evaluate import free_folder
+
+    ckpt = tmp_path / "run" / "checkpoints" / "last.pt"
+    (tmp_path / "ev" / "last_test_seed=5").mkdir(parents=True)
+    (tmp_path / "ev" / "last_test_seed=5" / "summary.json").write_text(
+        json.dumps({"checkpoint": str(ckpt.resolve()), "overrides": ["seed=5"]}))
+    assert free_folder(tmp_path / "ev", "last_test_seed=5", ckpt, ["seed=5"]).name == "last_test_seed=5"
+    assert free_folder(tmp_path / "ev", "last_test_seed=5", ckpt, ["data.synthetic.seed=5"]).name == "last_test_seed=5_2"
+    assert free_folder(tmp_path / "ev", "last_test_seed=5", tmp_path / "other.pt", ["seed=5"]).name == "last_test_seed=5_2"
+    assert free_folder(tmp_path / "ev", "last_test", ckpt, []).name == "last_test"  # a free name
+
+
 def test_other_split_costs_and_folder(run_dir, tmp_path):
     summary, folder = evaluate_checkpoint(run_dir / "checkpoints" / "last.pt", "val", tmp_path / "out",
                                           ["env.execution.taker_fee_bps=5"])
