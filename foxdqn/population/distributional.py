@@ -232,17 +232,21 @@ class MemberIQNNetwork(MemberQNetwork):
         embedding layer's GEMM operand), on the buffers' device."""
         return torch.cos(self.policy_taus[:, None] * self.pi_i)[None].expand(members, -1, -1).contiguous()
 
-    def policy_q(self, h: torch.Tensor) -> torch.Tensor:
-        """Expected Q ``[P, M, A]`` of features h ``[P, M, H]``: the mean of Z over the K midpoints.
-        Their embedding φ(τ_k) is the same for every row: computed once per member (K rows, not
-        M·K) from the constant cos(π i τ_k), then broadcast over the M rows. That constant is a
-        plain attribute made with the network (not a buffer: no checkpoint holds or needs it),
-        made again on the first call after the network moved to another device (or for features
-        of another number of members)."""
+    def policy_embedding(self, members: int) -> torch.Tensor:
+        """φ(τ_k) of the K policy midpoints, float32 ``[P, K, H]``: the same for every row, computed
+        once per member (K rows) from the constant cos(π i τ_k). That constant is a plain attribute
+        made with the network (not a buffer: no checkpoint holds or needs it), made again on the
+        first call after the network moved to another device (or for another number of members)."""
+        if self._policy_cos.device != self.pi_i.device or self._policy_cos.shape[0] != members:
+            self._policy_cos = self._policy_cos_of(members)
+        return self.layer(self.encoder_layers, self._policy_cos, relu=True)
+
+    def policy_q(self, h: torch.Tensor, phi: torch.Tensor | None = None) -> torch.Tensor:
+        """Expected Q ``[P, M, A]`` of features h ``[P, M, H]``: the mean of Z over the K midpoints,
+        their embedding ``phi`` (:meth:`policy_embedding`, computed here when None; one update's
+        passes share it) broadcast over the M rows."""
         p = h.shape[0]
-        if self._policy_cos.device != self.pi_i.device or self._policy_cos.shape[0] != p:
-            self._policy_cos = self._policy_cos_of(p)
-        phi = self.layer(self.encoder_layers, self._policy_cos, relu=True)  # [P, K, H]
+        phi = self.policy_embedding(p) if phi is None else phi
         return self._head_after_embedding(h, phi.view(p, 1, self.num_quantiles_policy, -1)).mean(dim=2)
 
     def forward(self, obs: torch.Tensor) -> torch.Tensor:

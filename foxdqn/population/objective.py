@@ -236,10 +236,11 @@ def member_iqn_loss(online: MemberIQNNetwork, target: MemberIQNNetwork, batch: B
         h, h_online_next = online.encoder_pair(obs, next_obs) if pair else (online.encoder(obs), None)
         z = online.head(h, taus)  # [P, B, N, A], grad
         with torch.no_grad():  # as iqn_quantile_loss: the monitors' Q of s, then s' by both networks
-            q = online.policy_q(h)
+            phi = online.policy_embedding(members) if pair else None  # the online passes' φ(τ_k), once
+            q = online.policy_q(h, phi)
             h_next = target.encoder(next_obs)
             if pair:
-                select = online.policy_q(h_online_next)
+                select = online.policy_q(h_online_next, phi)
             else:
                 select = online(next_obs) if double else target.policy_q(h_next)
             z_next = target.head(h_next, target_taus)
