@@ -236,12 +236,13 @@ def member_iqn_loss(online: MemberIQNNetwork, target: MemberIQNNetwork, batch: B
         h, h_online_next = online.encoder_pair(obs, next_obs) if pair else (online.encoder(obs), None)
         z = online.head(h, taus)  # [P, B, N, A], grad
         with torch.no_grad():  # as iqn_quantile_loss: the monitors' Q of s, then s' by both networks
-            phi = online.policy_embedding(members) if pair else None  # the online passes' φ(τ_k), once
-            q = online.policy_q(h, phi)
-            h_next = target.encoder(next_obs)
-            if pair:
-                select = online.policy_q(h_online_next, phi)
+            if pair:  # the monitors' Q of s and the selection's of s': one pass over both rows
+                both = online.policy_q(torch.cat([h, h_online_next], dim=1))
+                q, select = both[:, :h.shape[1]], both[:, h.shape[1]:]
             else:
+                q = online.policy_q(h)
+            h_next = target.encoder(next_obs)
+            if not pair:
                 select = online(next_obs) if double else target.policy_q(h_next)
             z_next = target.head(h_next, target_taus)
         loss, rho = iqn_loss(z, z_next, select, taus, batch.action, batch.reward, batch.discount, batch.weight, kappa,

@@ -262,9 +262,10 @@ def test_c51_forward_takes_the_expected_q_op_without_gradient(dueling, monkeypat
 #: 48 with the regime weights as 11 (ops/regime_weight.py)
 #: c51 24, rainbowish 39, iql 29, iqn 49 with the online network's s and s' rows (IQL: V's) in two passes
 #: (one launch per layer for both now: ops/member_linear.py's pair, the MLP chain's split for IQL's V);
-#: iqn 48 with the policy fractions' embedding computed for each of its two online passes
+#: iqn 48 with the policy fractions' embedding computed for each of its two online policy-Q passes (the
+#: monitors' Q of s, the selection's of s'), 47 with those passes apart (one pass over both rows now)
 UPDATE_AT_MOST = {"eurusd_c51": 23, "eurusd_rainbowish": 38, "eurusd_controls": 38, "eurusd_cql": 24, "eurusd_iql": 28,
-                  "eurusd_branching": 36, "eurusd_iqn": 47}
+                  "eurusd_branching": 36, "eurusd_iqn": 45}
 C51_HEAD = ("eurusd_c51", "eurusd_rainbowish")
 PRIORITIZED = ("eurusd_rainbowish", "eurusd_controls")
 #: a C51 head's atoms here: 11 (odd, masked in a block of 16) instead of 51; the launches do not depend on
