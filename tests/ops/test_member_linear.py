@@ -269,3 +269,23 @@ def test_gpu_one_kernel_and_capture():
     with no_host_sync():
         graph.replay()
     assert torch.equal(y, member_linear(x, w, b, True))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("p,ma,mb,k,n", [(1, 256, 256, 162, 256), (64, 256, 256, 256, 256), (5, 32, 32, 256, 1)])
+def test_gpu_pair_equals_reference_one_kernel_and_capture(p, ma, mb, k, n):
+    x, w, b, _ = _case(p, ma + mb, k, n, seed=p + ma, device="cuda")
+    up = torch.randn(p, ma, n, device="cuda")
+    x_a, x_b = x[:, :ma], x[:, ma:]
+    got = _run_pair(_pair_kernel, x_a, x_b, w, b, up, True)
+    want = _run_pair(mod.member_linear_pair_reference, x_a, x_b, w, b, up, True)
+    for name, a, e in zip(("y_a", "y_b", "dx_a", "dW", "db"), got, want):  # TF32 on both sides, other sums
+        torch.testing.assert_close(a, e, rtol=2e-3, atol=2e-3 * max(1.0, e.abs().max().item()), msg=name)
+    n_kernels, names = cuda_kernels(lambda: mod.member_linear_pair(x_a, x_b, w, b, True))
+    assert n_kernels == 1, names
+    graph, (y_a, y_b) = capture_graph(lambda: mod.member_linear_pair(x_a, x_b, w, b, True))
+    x.mul_(2.0)  # the replay reads the new values
+    with no_host_sync():
+        graph.replay()
+    want_a, want_b = mod.member_linear_pair(x_a, x_b, w, b, True)
+    assert torch.equal(y_a, want_a) and torch.equal(y_b, want_b)
