@@ -274,11 +274,17 @@ class PopulationLauncher(Launcher):
         why = batch_refusal(member.tc)
         with _as_job(self._full(config)):
             log.info(f"job {member.job_num} trains alone" + (f" ({why})" if why else ""))
-            # this job's timings.json counts from here, not from the launcher's start or an earlier group
+            # this job's timings.json counts from here, not from the launcher's start or an earlier group;
+            # the sweep's own breakdown (timings.json of the sweep) goes on after it, the job as one phase
             CLOCK.mark("launcher")
+            sweep = (CLOCK.start, CLOCK.origin, dict(CLOCK.phases), CLOCK.last)
             CLOCK.restart("population launcher: this job's training")
-            _set_result(ret, lambda: run_job(member.tc, member.market, member.run_dir, member.payload,
-                                               member.run_id))
+            try:
+                _set_result(ret, lambda: run_job(member.tc, member.market, member.run_dir, member.payload,
+                                                   member.run_id))
+            finally:
+                CLOCK.start, CLOCK.origin, CLOCK.phases, CLOCK.last = sweep
+                CLOCK.mark("jobs_alone")
 
     def _train_population(self, group: List[Any], jobs: Dict[int, Tuple[DictConfig, JobReturn]]) -> None:
         """``train_population(group)``, then each member's value (or failure) into its JobReturn. A

@@ -237,6 +237,8 @@ def test_multirun_groups_jobs_into_populations(tmp_path):
     timings = json.loads((sweep / "timings.json").read_text())  # the sweep's breakdown (foxdqn.timings)
     assert (timings["jobs"], timings["populations"]) == (6, 2)
     assert "summary" in timings["phases"]
+    # from the process start, the jobs that trained alone one phase (the last group is one of them)
+    assert timings["origin"] == "process start" and timings["phases"]["jobs_alone"] > 0 and "imports" in timings["phases"]
     assert timings["total_s"] == pytest.approx(sum(timings["phases"].values()), abs=0.01)
     assert "sweep breakdown: wall" in res.stdout + res.stderr
 
