@@ -20,7 +20,8 @@ and memsets are not kernels there.
 
 ``python -m bench.cpu_kernels [EXPERIMENT ...]`` (default ``eurusd_dqn cartpole_cleanrl``) lists
 the launches of a population's collect step and update (3 members; with ``--single`` also of
-a population of one, a single run), small.
+a population of one, a single run), small (``--shipped-widths``: the experiments' own network
+widths, whose layers take the ops the GPU runs at those widths).
 """
 from __future__ import annotations
 
@@ -117,21 +118,33 @@ def launches(fn, warmup: int = 1) -> list[str]:
     return out
 
 
-def small_overrides(experiment: str) -> tuple[str, ...]:
-    """:data:`SMALL` overrides of ``experiment``'s env (its config composed once)."""
+#: with :func:`small_overrides`' ``shipped_widths``: the experiment's own network widths (smoke's
+#: ``debug.max_hidden`` cap lifted), so the layers take the ops they take on the GPU at those widths
+#: (the MLP chain up to 128 units, the member linear kernel and cuBLAS above)
+SHIPPED_WIDTHS = ("debug.max_hidden=null",)
+
+
+def small_overrides(experiment: str, shipped_widths: bool = False) -> tuple[str, ...]:
+    """:data:`SMALL` overrides of ``experiment``'s env (its config composed once); with
+    ``shipped_widths`` without ``model.hidden`` and with :data:`SHIPPED_WIDTHS` (the experiment's
+    own network, small batches and envs)."""
     from foxdqn.config.compose import load_config
 
-    return SMALL[str(load_config([f"+experiment={experiment}"]).env.name)]
+    over = SMALL[str(load_config([f"+experiment={experiment}"]).env.name)]
+    if not shipped_widths:
+        return over
+    return tuple(o for o in over if not o.startswith("model.hidden=")) + SHIPPED_WIDTHS
 
 
-def step_launches(experiment: str, members: int, overrides: tuple[str, ...] = ()) -> dict[str, list[str]]:
+def step_launches(experiment: str, members: int, overrides: tuple[str, ...] = (),
+                  shipped_widths: bool = False) -> dict[str, list[str]]:
     """``{"collect": [...], "update": [...]}``: the launches of one collect step and one update of
     ``experiment`` (with :func:`small_overrides` and ``overrides``) on the CPU, a population's of
     ``members`` (seeds 0 .. members − 1; 1: a single run)."""
     from bench.harness import make_population
     from foxdqn.population.step import collect_step, update_step
 
-    over = [f"+experiment={experiment}", *small_overrides(experiment), *overrides]
+    over = [f"+experiment={experiment}", *small_overrides(experiment, shipped_widths), *overrides]
     s = make_population(over, members, "cpu")
     return {"collect": launches(lambda: collect_step(s)), "update": launches(lambda: update_step(s))}
 
@@ -141,11 +154,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("experiments", nargs="*", default=["eurusd_dqn", "cartpole_cleanrl"])
     ap.add_argument("--members", type=int, default=3, help="population members (default 3)")
     ap.add_argument("--single", action="store_true", help="also list a single run's steps (a population of one)")
+    ap.add_argument("--shipped-widths", action="store_true",
+                    help="the experiments' own network widths (slower; the layers' ops as on the GPU at those widths)")
     args = ap.parse_args(argv)
     for name in args.experiments:
         runs = ([("single run", 1)] if args.single else []) + [(f"population of {args.members}", args.members)]
         for label, members in runs:
-            for phase, ops in step_launches(name, members).items():
+            for phase, ops in step_launches(name, members, shipped_widths=args.shipped_widths).items():
                 print(f"== {name}, {label}, {phase}: {len(ops)} launches")
                 for op in ops:
                     print(f"    {op}")

@@ -44,3 +44,15 @@ def test_cpu_kernels_needs_the_interpreter(monkeypatch):
     with pytest.raises(RuntimeError, match="TRITON_INTERPRET=1"):
         with B.cpu_kernels():
             pass
+
+
+def test_shipped_widths_keep_the_experiments_network():
+    """--shipped-widths: no model.hidden override, smoke's hidden cap lifted (a 2 x 256 MLP of
+    eurusd_dqn stays 256 wide, where the small overrides make it 16)."""
+    from foxdqn.config.compose import load_config
+
+    small = ck.small_overrides("eurusd_dqn")
+    shipped = ck.small_overrides("eurusd_dqn", shipped_widths=True)
+    assert "model.hidden=[16]" in small and not any(o.startswith("model.hidden=") for o in shipped)
+    assert load_config(["+experiment=eurusd_dqn", *shipped]).model.hidden == [256, 256]
+    assert load_config(["+experiment=eurusd_dqn", *small]).model.hidden == [16]
