@@ -179,9 +179,9 @@ class _MemberLinearPair(torch.autograd.Function):
     @staticmethod
     @torch.autograd.function.once_differentiable
     def backward(ctx, grad_a, grad_b):
+        if grad_a is None:  # y_a reached no loss (grads are not materialised): nothing to add
+            return None, None, None, None, None
         x_a, w, y_a = ctx.saved_tensors
-        if grad_a is None:
-            grad_a = torch.zeros_like(y_a)
         dx, dw, db, _ = _backward(ctx, grad_a, x_a, w, y_a, ctx.needs_input_grad[0], *ctx.needs_input_grad[2:4])
         return dx, None, dw, db, None
 

@@ -205,6 +205,28 @@ def test_pair_is_one_launch_forward_and_its_backward_launches_nothing_for_the_co
         [o for o in single if o != "triton::_member_linear_kernel"]
 
 
+@pytest.mark.parametrize("relu", [False, True])
+def test_pair_whose_output_gets_no_gradient_adds_none(relu):
+    """A downstream op that returns no gradient for y_a (None: autograd does not materialise it): the
+    pair's backward adds nothing (it read y_a, saved only with the ReLU, and raised without one)."""
+
+    class NoGrad(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, t):
+            return t.sum()
+
+        @staticmethod
+        def backward(ctx, g):
+            return None
+
+    x, w, b, _ = _case(2, 5, 4, 8, seed=5)
+    w.requires_grad_(True)
+    b.requires_grad_(True)
+    y_a, _ = mod.member_linear_pair(x[:, :3], x[:, 3:], w, b, relu, backend="triton")
+    (NoGrad.apply(y_a) + w.sum()).backward()
+    assert torch.equal(w.grad, torch.ones_like(w)) and b.grad is None
+
+
 def test_population_pair_takes_one_launch_where_the_kernel_runs():
     """foxdqn.population.layers.member_linear_pair: the op inside cpu_kernels for a preferred width; two
     layer calls (the second without gradient) for another width or outside; the same values."""
