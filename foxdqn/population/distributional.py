@@ -241,12 +241,11 @@ class MemberIQNNetwork(MemberQNetwork):
             self._policy_cos = self._policy_cos_of(members)
         return self.layer(self.encoder_layers, self._policy_cos, relu=True)
 
-    def policy_q(self, h: torch.Tensor, phi: torch.Tensor | None = None) -> torch.Tensor:
+    def policy_q(self, h: torch.Tensor) -> torch.Tensor:
         """Expected Q ``[P, M, A]`` of features h ``[P, M, H]``: the mean of Z over the K midpoints,
-        their embedding ``phi`` (:meth:`policy_embedding`, computed here when None; one update's
-        passes share it) broadcast over the M rows."""
+        their embedding (:meth:`policy_embedding`) broadcast over the M rows."""
         p = h.shape[0]
-        phi = self.policy_embedding(p) if phi is None else phi
+        phi = self.policy_embedding(p)
         return self._head_after_embedding(h, phi.view(p, 1, self.num_quantiles_policy, -1)).mean(dim=2)
 
     def forward(self, obs: torch.Tensor) -> torch.Tensor:

@@ -28,11 +28,11 @@ from __future__ import annotations
 import torch
 
 from foxdqn.nn.branching import combine_branches, factor_branches
+from foxdqn.nn.qnet import forward_hooked
 from foxdqn.objectives.base import LossOutput, weighted_mean
 from foxdqn.objectives.branching import branching_target
 from foxdqn.objectives.c51 import c51_cross_entropy
 from foxdqn.objectives.dqn_forward import dqn_forward
-from foxdqn.nn.qnet import forward_hooked
 from foxdqn.objectives.iqn import iqn_quantile_loss
 from foxdqn.objectives.iql import iql_loss
 from foxdqn.ops.backend import fused_forward
