@@ -13,6 +13,7 @@ from bench.harness import make_population
 from foxdqn.ops.backend import cpu_kernels
 
 from support import assert_close_ulps
+from test_population import TRADING, assert_member_equal, configs, run
 
 
 def _population(experiment: str, hidden: str):
@@ -89,3 +90,35 @@ def test_iqn_encoder_pair_equals_two_passes_and_launches_once_per_layer():
     assert_close_ulps(ha.detach(), ha2.detach(), rtol=1e-5, ulps=256)
     assert_close_ulps(hb, hb2, rtol=1e-5, ulps=256)
     _check_grads(list(net.parameters()), ha, ha2)
+
+
+#: (base overrides, the op that must run in the fused update) of each loss that takes the pair
+FUSED_MEMBERS = {
+    "c51_dueling": ([*TRADING, "head=c51", "head.atoms=11", "head.dueling=true"], "member_linear_pair"),
+    "iqn": ([*TRADING, "head=iqn", "head.num_quantiles=8", "head.num_target_quantiles=6",
+             "head.num_quantiles_policy=4", "head.embedding_dim=8"], "member_linear_pair"),
+    "iql_wide": ([*TRADING, "objective=iql", "model.hidden=[160]", "debug.max_hidden=null"], "member_linear_pair"),
+    "iql_chain": ([*TRADING, "objective=iql"], "member_mlp_chain_split"),
+}
+
+
+@pytest.mark.parametrize("case", list(FUSED_MEMBERS))
+def test_members_equal_runs_of_one_member_in_the_fused_kernels(case, monkeypatch):
+    """Inside cpu_kernels (the CUDA path's kernels in Triton's interpreter) the C51, IQN and IQL
+    losses train through the pair (or, for IQL's narrow V, the MLP chain's split): each member still
+    equals the population of one of its seed, bit for bit (weights of the online, target and value
+    networks after training)."""
+    import foxdqn.ops.member_linear as linear_mod
+    import foxdqn.population.network as net_mod
+
+    base, op = FUSED_MEMBERS[case]
+    calls = []
+    module = linear_mod if op == "member_linear_pair" else net_mod
+    real = getattr(module, op)
+    monkeypatch.setattr(module, op, lambda *a, **k: calls.append(1) or real(*a, **k))
+    members = [["seed=5"], ["seed=6", "agent.gamma=0.9", "loss.reward_scale=10"]]
+    with cpu_kernels():
+        together = run(configs(base, members), iterations=2, collect_first=4)
+        assert calls, f"{op} did not run"
+        for p, extra in enumerate(members):
+            assert_member_equal(together, p, run(configs(base, [extra]), iterations=2, collect_first=4), 0)
