@@ -148,18 +148,23 @@ class PopulationLauncher(Launcher):
         derived = _Derived(self.config, callbacks, self.task_function)
         started = time.perf_counter()
         with COLLECTOR.collecting():
-            for idx, overrides in enumerate(job_overrides, start=initial_job_idx):
-                log.info(f"\t#{idx} : {' '.join(filter_overrides(overrides))}")  # every job, as Hydra's launchers
-                job = derived.collect(idx, list(overrides))
-                if job is not None:
-                    jobs[idx] = job
-                    continue
-                sweep_config = self._compose(idx, list(overrides))
-                jobs[idx] = sweep_config, run_job(hydra_context=context, task_function=self.task_function,
-                                                  config=sweep_config, job_dir_key="hydra.sweep.dir",
-                                                  job_subdir_key="hydra.sweep.subdir")
-                derived.learn(idx, list(overrides), sweep_config)
-                configure_log(self.config.hydra.hydra_logging, self.config.hydra.verbose)
+            try:
+                for idx, overrides in enumerate(job_overrides, start=initial_job_idx):
+                    log.info(f"\t#{idx} : {' '.join(filter_overrides(overrides))}")  # every job, as Hydra's launchers
+                    job = derived.collect(idx, list(overrides))
+                    if job is not None:
+                        jobs[idx] = job
+                        continue
+                    sweep_config = self._compose(idx, list(overrides))
+                    jobs[idx] = sweep_config, run_job(hydra_context=context, task_function=self.task_function,
+                                                      config=sweep_config, job_dir_key="hydra.sweep.dir",
+                                                      job_subdir_key="hydra.sweep.subdir")
+                    derived.learn(idx, list(overrides), sweep_config)
+                    configure_log(self.config.hydra.hydra_logging, self.config.hydra.verbose)
+            except BaseException:
+                derived.wait(check=False)  # no folder is left half written behind the error
+                raise
+            derived.wait()  # every job folder holds its .hydra/ files before any is opened
         if derived.count:
             log.info(f"{len(job_overrides)} jobs checked in {time.perf_counter() - started:.1f} s: {derived.count} "
                      f"derived from the {len(job_overrides) - derived.count} Hydra composed")
@@ -556,13 +561,16 @@ class _Derived:
     folder, number and overrides under ``hydra``), and a :class:`~foxdqn.population.jobs.Member`.
     A job this cannot take (bad input included) returns None: the caller runs it through Hydra, which
     reports it as usual. Writing the YAML with libyaml from plain values keeps a job's host cost to
-    milliseconds.
+    milliseconds; the files are written on a background thread (:class:`foxdqn.io_pool.IOQueue`)
+    while the next jobs are collected, and :meth:`wait` (the launcher, before any job trains)
+    waits for them.
     """
 
     def __init__(self, config: DictConfig, callbacks: Any, task_function: Any) -> None:
         from omegaconf import OmegaConf
 
         from foxdqn.config.compose import sweep_composer
+        from foxdqn.io_pool import IOQueue
 
         self.composer = sweep_composer(str(config.hydra.job.config_name))
         self.callbacks, self.task_function = callbacks, task_function
@@ -570,9 +578,11 @@ class _Derived:
         self.searchpath = [o for o in hydra_overrides if o.lstrip("+~").startswith("hydra.searchpath")]
         node = config.hydra.sweep._get_node("subdir")
         self.default_subdir = node is not None and node._value() == "${hydra.job.num}"
-        # (overrides, config, hydra.yaml, the folder of its job folder, the sweep folder) of each base job
-        self.bases: List[Tuple[List[str], DictConfig, Dict[str, Any], Path, Optional[Path]]] = []
+        # (overrides, config, hydra.yaml, the folder of its job folder, the sweep folder, the first
+        # folder resolved) of each base job
+        self.bases: List[Tuple[List[str], DictConfig, Any, Path, Optional[Path], Path]] = []
         self.count = 0
+        self.writes = IOQueue()  # the jobs' .hydra/ files, written while the next jobs are collected
 
     def learn(self, idx: int, overrides: List[str], sweep_config: DictConfig) -> None:
         """Job ``idx``, just run through Hydra, becomes a base when it was collected to train."""
@@ -587,7 +597,8 @@ class _Derived:
         if not hydra_file.is_file():
             return
         doc = yaml.load(hydra_file.read_text(), Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
-        self.bases.append((list(overrides), sweep_config, _HydraYaml(doc), Path(added.run_dir).parent, added.sweep_dir))
+        parent = Path(added.run_dir).parent
+        self.bases.append((list(overrides), sweep_config, _HydraYaml(doc), parent, added.sweep_dir, parent.resolve()))
 
     def collect(self, idx: int, overrides: List[str]) -> Optional[Tuple[DictConfig, JobReturn]]:
         """Collect job ``idx`` without Hydra, or None (see the class docstring)."""
@@ -609,7 +620,8 @@ class _Derived:
         except FoxdqnError:
             return None
         run_dir = base[3] / str(idx)
-        self._write_job_files(run_dir, self.composer.raw(self.searchpath + plain), overrides, base[2], idx)
+        texts = self._job_files(base[5] / str(idx), self.composer.raw(self.searchpath + plain), overrides, base[2], idx)
+        self.writes.submit(_write_texts, run_dir / ".hydra", texts)  # the file system's waits off this thread
         light = OmegaConf.create({"hydra": {"runtime": {"output_dir": str(run_dir)},
                                             "job": {"num": idx, "id": str(idx)},
                                             "overrides": {"task": list(overrides)}}})
@@ -622,20 +634,29 @@ class _Derived:
         self.count += 1
         return light, ret
 
+    def wait(self, check: bool = True) -> None:
+        """Every collected job's ``.hydra/`` files are written (``check``: the first failure is raised)."""
+        self.writes.wait(check)
+
     @staticmethod
-    def _write_job_files(run_dir: Path, raw: Any, overrides: List[str], hydra_yaml: "_HydraYaml", idx: int) -> None:
-        """The job's ``.hydra/`` files as Hydra's run_job writes them: ``config.yaml`` (``raw``, the
-        job's config as composed, before foxdqn's caps and checks), ``hydra.yaml`` and ``overrides.yaml``."""
+    def _job_files(run_dir: Path, raw: Any, overrides: List[str], hydra_yaml: "_HydraYaml", idx: int) -> Dict[str, str]:
+        """The texts of the job's ``.hydra/`` files as Hydra's run_job writes them: ``config.yaml``
+        (``raw``, the job's config as composed, before foxdqn's caps and checks), ``hydra.yaml``
+        (``run_dir``: the job's folder, resolved) and ``overrides.yaml``."""
         import yaml
 
         from foxdqn.config.yaml_text import config_yaml
 
         dumper = getattr(yaml, "CSafeDumper", yaml.SafeDumper)
-        hydra_dir = run_dir / ".hydra"
-        hydra_dir.mkdir(parents=True, exist_ok=True)
-        (hydra_dir / "config.yaml").write_text(config_yaml(raw))
-        (hydra_dir / "hydra.yaml").write_text(hydra_yaml.render(idx, overrides, run_dir.resolve()))
-        (hydra_dir / "overrides.yaml").write_text(yaml.dump(list(overrides), Dumper=dumper))  # plain writes, as Hydra
+        return {"config.yaml": config_yaml(raw), "hydra.yaml": hydra_yaml.render(idx, overrides, run_dir),
+                "overrides.yaml": yaml.dump(list(overrides), Dumper=dumper)}
+
+
+def _write_texts(folder: Path, texts: Dict[str, str]) -> None:
+    """``folder`` (made with its parents) with one file per (name, text) of ``texts``: plain writes, as Hydra's."""
+    folder.mkdir(parents=True, exist_ok=True)
+    for name, text in texts.items():
+        (folder / name).write_text(text)
 
 
 class _HydraYaml:
