@@ -70,11 +70,10 @@ class MemberPruner(MagnitudePruner):
     def step(self, t: Tensor, skip: Tensor) -> None:
         """After the optimizer step of update ``t`` (int64 0-d): recompute each member's masks when
         due and its update was not skipped (``skip`` float32 ``[P]``), then mask the online matrices:
-        one :func:`foxdqn.ops.prune_masks.prune_masks_` per matrix (each member ranks |w · mask| in
+        one :func:`foxdqn.ops.prune_masks.prune_masks_` for every matrix (each member ranks |w · mask| in
         its single run's order, ``[out, in]`` for a Linear, ascending, ties by position)."""
         t0, t_end, freq = self._window
-        for col, (w, mask, transposed) in enumerate(zip(self.params, self.masks, self._transposed)):
-            prune_masks_(w.data, mask, t, skip, self.k_table, col, t0, t_end, freq, transposed)
+        prune_masks_([w.data for w in self.params], self.masks, t, skip, self.k_table, t0, t_end, freq, self._transposed)
 
     @torch.no_grad()
     def log_values(self, t: Tensor) -> Tensor:

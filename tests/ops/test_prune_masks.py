@@ -3,7 +3,8 @@ as its torch reference (the stable argsort the population ran before) on odd sha
 ties (already pruned zeros, repeated magnitudes), NaN and inf weights, k = 0, steps before, between,
 at and after the schedule's window (t_end off the Δt grid), a skipped member; the reference equals
 the single run's MagnitudePruner; bad arguments are refused naming the argument. GPU (``gpu``):
-kernel = reference at a trading size, a captured replay = eager, one kernel."""
+kernel = reference at a trading size, a captured replay = eager, one kernel for two matrices. Many
+matrices in one call (two launches) equal each matrix alone."""
 from __future__ import annotations
 
 import pytest
@@ -34,7 +35,7 @@ def _both(w, mask, t, skip, table, col, window, transposed):
     got_w, got_m = w.clone(), mask.clone()
     want_w, want_m = w.clone(), mask.clone()
     step = torch.tensor(t, device=w.device)
-    prune_masks_(got_w, got_m, step, skip, table, col, *window, transposed, backend="triton")
+    prune_masks_([got_w], [got_m], step, skip, table, *window, [transposed], first_col=col, backend="triton")
     prune_masks_reference(want_w, want_m, step, skip, table, col, *window, transposed)
     return (got_w, got_m), (want_w, want_m)
 
@@ -91,7 +92,7 @@ def test_reference_equals_the_single_runs_pruner():
     steps = [t0, 5, 8, 9]
     table = torch.floor(single.sparsity_at(torch.tensor(steps)) * 66).to(torch.int64).view(-1, 1).contiguous()
     for t in (2, 3, 5, 9):
-        prune_masks_(w, mask, torch.tensor(t), torch.zeros(3), table, 0, t0, t_end, freq, True, backend="triton")
+        prune_masks_([w], [mask], torch.tensor(t), torch.zeros(3), table, t0, t_end, freq, [True], backend="triton")
     for p in range(3):
         with torch.no_grad():
             linear.weight.copy_(_weights(3, (11, 6), seed=5)[0][p].t())
@@ -110,27 +111,50 @@ def test_due_row():
 
 def _args():
     w, mask = _weights(2, (5, 4))
-    return dict(weight=w, mask=mask, t=torch.tensor(3), skip=torch.zeros(2), k_table=_table(4, 1, 20), col=0,
-                t0=0, t_end=5, freq=2, transposed=True)
+    return dict(weights=[w], masks=[mask], t=torch.tensor(3), skip=torch.zeros(2), k_table=_table(4, 1, 20),
+                first_col=0, t0=0, t_end=5, freq=2, transposed=[True])
 
 
 @pytest.mark.parametrize("change,match", [
-    (dict(weight=torch.zeros(2, 5, 4, dtype=torch.float64)), "weight must be contiguous float32"),
-    (dict(weight=torch.zeros(2, 4, 5).transpose(1, 2)), "weight must be contiguous float32"),
-    (dict(mask=torch.zeros(2, 5)), "mask must be contiguous"),
+    (dict(weights=[torch.zeros(2, 5, 4, dtype=torch.float64)]), r"weights\[0\] must be contiguous float32"),
+    (dict(weights=[torch.zeros(2, 4, 5).transpose(1, 2)]), r"weights\[0\] must be contiguous float32"),
+    (dict(masks=[torch.zeros(2, 5)]), r"masks\[0\] must be contiguous"),
+    (dict(masks=[]), "lists of one length"),
+    (dict(weights=[torch.zeros(2, 5, 4), torch.zeros(3, 5, 4)], masks=[torch.zeros(2, 5, 4), torch.zeros(3, 5, 4)],
+          transposed=[True, True], k_table=_table(4, 2, 20)), r"weights\[1\] must be contiguous float32 \[P=2"),
     (dict(t=torch.tensor(3.0)), "t must be contiguous torch.int64"),
     (dict(skip=torch.zeros(3)), "skip must be contiguous torch.float32"),
     (dict(k_table=torch.zeros(3, dtype=torch.int64)), "k_table must be contiguous int64"),
-    (dict(col=1), "col must be an int in"),
+    (dict(first_col=1), "must lie in k_table's 1 columns"),
     (dict(freq=0), "freq >= 1"),
     (dict(t0=6), "0 <= t0 <= t_end"),
     (dict(t_end=7), "one row per mask-update step"),
-    (dict(transposed=True, weight=torch.zeros(2, 5, 4, 1), mask=torch.zeros(2, 5, 4, 1)), "when transposed"),
+    (dict(weights=[torch.zeros(2, 5, 4, 1)], masks=[torch.zeros(2, 5, 4, 1)]), "when transposed"),
 ])
 def test_bad_arguments(change, match):
     args = {**_args(), **change}
     with pytest.raises(ValueError, match=match):
         prune_masks_(**args, backend="triton")
+
+
+@pytest.mark.parametrize("t", [3, 7, 8])
+def test_many_matrices_in_one_call_equal_each_alone(t):
+    """Matrices of mixed shapes and layouts (19: two launches of up to 16) in one call: each equals
+    the reference of its own column."""
+    shapes = [((7, 5), True), ((3, 2, 3, 3), False), ((9, 4), True), ((2, 6), False)] * 5
+    shapes = shapes[:19]
+    p = 2
+    pairs = [_weights(p, shape, seed=i, ties=i % 2 == 1) for i, (shape, _) in enumerate(shapes)]
+    table = _table(6, 21, 10)  # columns 2 .. 20 used
+    skip = torch.tensor([0.0, 1.0]) if t == 8 else torch.zeros(p)
+    step = torch.tensor(t)
+    got = [(w.clone(), m.clone()) for w, m in pairs]
+    prune_masks_([w for w, _ in got], [m for _, m in got], step, skip, table, *WINDOW, [tr for _, tr in shapes],
+                 first_col=2, backend="triton")
+    for i, ((w, m), (shape, tr)) in enumerate(zip(pairs, shapes)):
+        want_w, want_m = w.clone(), m.clone()
+        prune_masks_reference(want_w, want_m, step, skip, table, 2 + i, *WINDOW, tr)
+        assert torch.equal(got[i][1], want_m) and torch.equal(got[i][0], want_w), i
 
 
 @pytest.mark.gpu
@@ -146,18 +170,21 @@ def test_gpu_kernel_equals_reference(t):
 @pytest.mark.gpu
 def test_gpu_capture_equals_eager_and_one_kernel():
     w0, m0 = _weights(8, (128, 96), seed=2, device="cuda")
-    table = _table(5, 1, 128 * 96).cuda()  # t in [0, 8] every 2
+    v0, n0 = _weights(8, (96, 45), seed=3, device="cuda")
+    table = _table(5, 2, 96 * 45).cuda()  # t in [0, 8] every 2
     t, skip = torch.tensor(2, device="cuda"), torch.zeros(8, device="cuda")
-    w, mask = w0.clone(), m0.clone()
+    w, mask, w2, mask2 = w0.clone(), m0.clone(), v0.clone(), n0.clone()
 
     def step():
         w.copy_(w0)
         mask.copy_(m0)
-        prune_masks_(w, mask, t, skip, table, 0, 0, 8, 2, True)
-        return [w, mask]
+        w2.copy_(v0)
+        mask2.copy_(n0)
+        prune_masks_([w, w2], [mask, mask2], t, skip, table, 0, 8, 2, [True, False])
+        return [w, mask, w2, mask2]
 
     eager = [x.clone() for x in step()]
-    assert (eager[1] == 0).any()
+    assert (eager[1] == 0).any() and (eager[3] == 0).any()
     assert_replays_give(step, eager)
-    _, names = cuda_kernels(lambda: prune_masks_(w, mask, t, skip, table, 0, 0, 8, 2, True))
+    _, names = cuda_kernels(lambda: prune_masks_([w, w2], [mask, mask2], t, skip, table, 0, 8, 2, [True, False]))
     assert names == ["_prune_masks_kernel"], names
