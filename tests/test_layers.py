@@ -10,7 +10,7 @@ ROOT = Path(__file__).resolve().parents[1]
 #: foxdqn's rooms from the bottom layer up (docs/README.md#code-map). A module may import from its own
 #: room and from rooms of a lower rank; equal ranks do not import each other.
 LAYERS: tuple[tuple[str, ...], ...] = (
-    ("errors", "io_atomic", "timings"),
+    ("errors", "io_atomic", "io_pool", "timings"),
     ("__init__",),  # foxdqn/__init__.py starts the start-up clock (timings)
     ("device", "execution", "data"),
     ("ops",),
