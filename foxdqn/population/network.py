@@ -17,10 +17,13 @@ update's online forward with gradient is one kernel and its backward two (issue 
 batched GEMMs, ReLUs and autograd's elementwise kernels over ``[P, B, hidden]``), the target
 network's forward one kernel; the collect step's action selection fuses it too
 (:meth:`MemberQNetwork.acting_chain_args`: the chain and the ε-greedy selection in one kernel). A
-plain head wider than that acts through its layers and the ε-greedy kernel. On the CPU (outside
-:func:`foxdqn.ops.backend.cpu_kernels`) the layers run, so that a member equals a population of
-one bit for bit (:meth:`MemberQNetwork.layer`). Members never mix: member p's outputs read only
-member p's parameters and inputs.
+plain head wider than that acts through its layers and the ε-greedy kernel. With
+:data:`DUELING_HEAD_KERNELS` (off: slower today, its docstring) a dueling head's two streams and their
+combine run, where a gradient is needed, as one kernel forward and two backward
+(:func:`foxdqn.ops.member_dueling_head.member_dueling_head`; four and eight through the layers).
+On the CPU (outside :func:`foxdqn.ops.backend.cpu_kernels`) the layers run, so that a member
+equals a population of one bit for bit (:meth:`MemberQNetwork.layer`). Members never mix: member
+p's outputs read only member p's parameters and inputs.
 
 :meth:`MemberQNetwork.from_networks` stacks P classic networks (so a member starts from exactly
 the weights a single run of its seed would, :func:`foxdqn.step.build.build_network`);
@@ -43,12 +46,19 @@ from foxdqn.nn.mlp import ACTIVATIONS, MLPEncoder
 from foxdqn.nn.qnet import QNetwork, forward_hooked
 from foxdqn.ops.backend import fused_forward
 from foxdqn.ops.dueling_combine import dueling_combine
+from foxdqn.ops.member_dueling_head import member_dueling_head, member_dueling_head_supported
 from foxdqn.ops.member_mlp_chain import member_mlp_chain, member_mlp_chain_split, member_mlp_chain_supported
 from foxdqn.ops.q_forward import q_forward, q_forward_supported
 from foxdqn.nn.nature_cnn import NatureCNNEncoder
 from foxdqn.population.attention import MemberAttentionEncoder
 from foxdqn.population.conv import MemberNatureCNN
 from foxdqn.population.layers import member_copy, member_linear, member_linear_pair
+
+#: A dueling head's streams and combine through ops/member_dueling_head.py (1 launch forward, 2 backward)
+#: instead of their layers (4 and 8 on CUDA: 9 kernels fewer per update). Off: slower than the layers with
+#: the op's first launch constants (docs/bench.md#kernels); on once its sweep
+#: (``python -m bench.ops_sweep member_dueling_head``) finds constants that are not.
+DUELING_HEAD_KERNELS = False
 
 #: Classic encoders whose member version is one module (:func:`stack_encoder`), not layers of ``weights``.
 MODULE_ENCODERS = (AttentionEncoder, NatureCNNEncoder)
@@ -251,6 +261,9 @@ class MemberQNetwork(nn.Module):
         h = self.encoder(obs)
         if not self.dueling:
             return self.layer(-1, h)
+        head = (h, self.weights[-2], self.biases[-2], self.weights[-1], self.biases[-1])
+        if DUELING_HEAD_KERNELS and fused_forward(h) and member_dueling_head_supported(*head):  # one kernel
+            return member_dueling_head(*head, backend="triton")
         value = self.layer(-2, h)  # [P, M, 1]
         adv = self.layer(-1, h)  # [P, M, A]
         return dueling_combine(value, adv)  # Wang et al. 2016 eq. 9, one kernel on CUDA

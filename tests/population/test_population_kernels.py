@@ -77,6 +77,21 @@ def test_update_adds_no_launch_outside_its_loss(launches):
         assert loss == CARTPOLE_LOSS, loss
 
 
+def test_dueling_head_kernels_cut_the_update(launches, monkeypatch):
+    """network.DUELING_HEAD_KERNELS (off by default: slower with its first constants): eurusd_dqn's update
+    runs its dueling head as ops/member_dueling_head.py's three kernels, 8 launches fewer than its layers."""
+    from foxdqn.population import network
+
+    name, ops = launches
+    if name != "eurusd_dqn":
+        pytest.skip("a plain Q head")
+    monkeypatch.setattr(network, "DUELING_HEAD_KERNELS", True)
+    fused = step_launches(name, 3)["update"]
+    heads = ["triton::_dueling_head_forward_kernel", "triton::_dueling_head_dx_kernel", "triton::_dueling_head_dw_kernel"]
+    assert [fused.count(k) for k in heads] == [1, 1, 1] and not {"aten::baddbmm", "aten::add_"} & set(fused), fused
+    assert len(ops["update"]) - len(fused) == 8 and not [o for o in ops["update"] if "dueling_head" in o], ops["update"]
+
+
 @pytest.mark.slow
 def test_launches_do_not_grow_with_members():
     """The same launches for 2 and 5 members (P = 1 differs on the CPU alone: its layers run as a
