@@ -36,8 +36,8 @@ is then the one read; the guard skips an update whose loss is NaN in either).
 Registration: a ``torch.autograd.Function``, as :mod:`foxdqn.ops.iql_loss`. The forward kernel
 writes the loss, |td| (mean over branches), the joint Q and the gradient w.r.t. every branch's A_d
 and V(s), into one float32 buffer ``[B, Σ n_d + 1]`` (A_0's columns, A_1's, .., V's last); backward
-multiplies it by the upstream gradient (one multiply) and hands each input its columns (strided
-views). Memory: that buffer lives until backward runs (or the graph is freed). Capturable in a
+multiplies it by the upstream gradient (one multiply; none for a population's unit seed,
+:func:`foxdqn.device.scalars.is_ones_vector`) and hands each input its columns (strided views). Memory: that buffer lives until backward runs (or the graph is freed). Capturable in a
 CUDA graph (device ops only, fixed shapes). Double backward is not supported.
 
 Stacked (``stacked=True``): the online tensors hold ``2B`` rows, each group's B_g rows of s then its
@@ -59,6 +59,7 @@ import torch
 import triton
 import triton.language as tl
 
+from foxdqn.device.scalars import is_ones_vector
 from foxdqn.ops import dqn_td_loss as _td
 from foxdqn.ops.backend import check_devices, describe, flat_float32, group_count, resolve_backend
 from foxdqn.ops.dqn_td_loss import group_block_rows, group_sums_of_last_program, huber_per_group
@@ -299,7 +300,8 @@ class _BranchingLoss(torch.autograd.Function):
         first = 10  # the online tensors' place among forward's inputs
         if grad_loss is None:  # the loss did not reach the backward's roots
             return (None,) * (first + 3 * (d + 1))
-        scaled = (grad.view(ctx.groups, -1) * grad_loss.reshape(-1, 1)).view(grad.shape)
+        scaled = grad if is_ones_vector(grad_loss) else (  # a population's unit seed: no multiply by one
+            grad.view(ctx.groups, -1) * grad_loss.reshape(-1, 1)).view(grad.shape)
         out, col = [], 0
         for k, size in enumerate(ctx.sizes):
             out.append(scaled[:, col:col + size] if ctx.needs_input_grad[first + k] else None)

@@ -32,7 +32,8 @@ zero gradient.
 
 Registration: a ``torch.autograd.Function``. The forward kernel writes the loss, |x| (the PER
 priority signal) and ∂loss/∂q; backward is one multiply of that saved gradient by the upstream
-gradient. Memory: the forward allocates ∂loss/∂q, a float32 tensor of ``q``'s shape ``[Rq, A]``
+gradient, none where the upstream gradient is a population's unit seed
+(:func:`foxdqn.device.scalars.is_ones_vector`: the saved gradient itself, the same bits). Memory: the forward allocates ∂loss/∂q, a float32 tensor of ``q``'s shape ``[Rq, A]``
 (``Rq`` = B, or 2B when stacked), and keeps it until backward runs (or the graph is freed); the
 reference's autograd keeps only ``[B]``-sized tensors (the gather index, the Huber inputs).
 Capturable in a CUDA graph (device ops only, fixed shapes). Double backward is not supported.
@@ -77,6 +78,7 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
+from foxdqn.device.scalars import is_ones_vector
 from foxdqn.ops.backend import check_devices, describe, flat_float32, group_count, resolve_backend
 from foxdqn.ops.argmax import tile_argmax
 from foxdqn.ops.cql_loss import cql_rows
@@ -290,7 +292,9 @@ class _DQNTDLoss(torch.autograd.Function):
         (dq,) = ctx.saved_tensors
         if grad_loss is None:  # the loss did not reach the backward's roots
             return (None,) * 13
-        if grad_loss.dim() == 0:
+        if is_ones_vector(grad_loss):  # a population's unit seed: dq itself (no multiply by one)
+            grad_q = dq
+        elif grad_loss.dim() == 0:
             grad_q = dq * grad_loss
         else:
             grad_q = (dq.view(ctx.groups, -1) * grad_loss[:, None]).view_as(dq)

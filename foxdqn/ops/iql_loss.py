@@ -21,7 +21,8 @@ g·B_g .. (g+1)·B_g − 1 are member g's): loss is ``[G]`` (foxdqn.population.o
 
 Registration: a ``torch.autograd.Function``, as :mod:`foxdqn.ops.dqn_td_loss`. The forward kernel
 writes the loss, |td_b| (detached: td's only use is PER's priority signal) and both gradients;
-backward multiplies the saved gradients by the upstream gradient (one multiply each). Memory: the
+backward multiplies the saved gradients by the upstream gradient (one multiply each; none for a
+population's unit seed, :func:`foxdqn.device.scalars.is_ones_vector`). Memory: the
 forward allocates ∂loss/∂q (float32, ``[G·B_g, A]``, contiguous whatever ``q``'s strides) and
 ∂loss/∂V (float32 ``[G·B_g]``) and keeps them until backward runs (or the graph is freed). Capturable in a CUDA graph (device ops only, fixed shapes).
 Double backward is not supported. NaN: a NaN in a row's inputs makes its loss terms, hence its
@@ -54,6 +55,7 @@ import torch
 import triton
 import triton.language as tl
 
+from foxdqn.device.scalars import is_ones_vector
 from foxdqn.ops import dqn_td_loss as _td
 from foxdqn.ops.backend import check_devices, describe, flat_float32, group_count, resolve_backend
 from foxdqn.ops.dqn_td_loss import group_block_rows, group_sums_of_last_program
@@ -180,11 +182,12 @@ class _IQLLoss(torch.autograd.Function):
         if grad_loss is None:  # the loss did not reach the backward's roots
             return (None, None, *none)
         up = grad_loss.reshape(-1, 1)  # [1, 1] (0-d loss) or [G, 1]
+        unit = is_ones_vector(grad_loss)  # a population's unit seed: the saved gradients themselves
         grad_q = grad_v = None
         if ctx.needs_input_grad[0]:
-            grad_q = (dq.view(up.shape[0], -1) * up).view(ctx.q_shape)
+            grad_q = dq.view(ctx.q_shape) if unit else (dq.view(up.shape[0], -1) * up).view(ctx.q_shape)
         if ctx.needs_input_grad[2]:
-            grad_v = (dv.view(up.shape[0], -1) * up).view(ctx.v_shape)
+            grad_v = dv.view(ctx.v_shape) if unit else (dv.view(up.shape[0], -1) * up).view(ctx.v_shape)
         return grad_q, None, grad_v, *none[:8]
 
 

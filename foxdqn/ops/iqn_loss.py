@@ -30,8 +30,8 @@ maximum here, where torch's argmax picks it.
 
 Registration: a ``torch.autograd.Function`` (as :mod:`foxdqn.ops.iql_loss`). The forward writes
 the loss, ρ (detached: PER's priority signal) and the gradient w.r.t. ``z`` (float32, z's shape,
-zero off the taken action), kept until backward, which multiplies it by the upstream gradient.
-Capturable in a CUDA graph (device ops only, fixed shapes); double backward is not supported.
+zero off the taken action), kept until backward, which multiplies it by the upstream gradient
+(not a population's unit seed: :func:`foxdqn.device.scalars.is_ones_vector`). Capturable in a CUDA graph (device ops only, fixed shapes); double backward is not supported.
 
 Launch: ``G · NB`` programs of BLOCK_R rows of one group each (BLOCK_R from one group's rows alone,
 so a member's loss has the bits of its run alone whatever the population's size); scratch of
@@ -43,6 +43,7 @@ import torch
 import triton
 import triton.language as tl
 
+from foxdqn.device.scalars import is_ones_vector
 from foxdqn.ops import dqn_td_loss as _td
 from foxdqn.ops.backend import check_devices, describe, flat_float32, resolve_backend
 from foxdqn.ops.dqn_td_loss import group_block_rows, group_sums_of_last_program
@@ -188,7 +189,8 @@ class _IQNLoss(torch.autograd.Function):
         (grad,) = ctx.saved_tensors
         if grad_loss is None or not ctx.needs_input_grad[0]:
             return (None,) * 11
-        scaled = (grad.view(ctx.groups, -1) * grad_loss.reshape(-1, 1)).view(grad.shape)
+        scaled = grad if is_ones_vector(grad_loss) else (  # a population's unit seed: no multiply by one
+            grad.view(ctx.groups, -1) * grad_loss.reshape(-1, 1)).view(grad.shape)
         return (scaled,) + (None,) * 10
 
 
