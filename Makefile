@@ -1,6 +1,8 @@
 # Two set-up-and-go targets: `make train` and `make test`. Both create .venv when needed.
 # Torch: a torch the system python already has (e.g. a CUDA build) is kept through
-# --system-site-packages; otherwise torch==$(TORCH_VERSION) is installed first.
+# --system-site-packages; otherwise torch==$(TORCH_VERSION) is installed first. A python3 that runs
+# inside a virtual environment (an activated venv) counts as none: the new .venv would see its base
+# interpreter's packages, not the venv's torch, and pip would pull whatever torch is newest.
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
@@ -15,13 +17,14 @@ TEST_WORKERS ?= auto
 venv: $(VENV)/.ready
 
 $(VENV)/.ready: pyproject.toml
-	@if $(PYTHON) -c "import torch" >/dev/null 2>&1; then \
+	@if $(PYTHON) -c "import sys, torch; sys.exit(sys.prefix != sys.base_prefix)" >/dev/null 2>&1; then \
 	  echo "[foxdqn] creating $(VENV) once: keeping the torch of $(PYTHON) (--system-site-packages); pip installs"; \
 	  echo "[foxdqn] foxdqn's dev extra next (about 1 GB, triton the largest): 1-3 minutes on 2 cores"; \
 	  $(PYTHON) -m venv --system-site-packages $(VENV); \
 	else \
-	  echo "[foxdqn] creating $(VENV) once: $(PYTHON) has no torch, so pip installs torch==$(TORCH_VERSION) first (PyPI's"; \
-	  echo "[foxdqn] Linux wheel brings its CUDA libraries, about 3 GB; a CPU wheel is about 200 MB), then foxdqn's"; \
+	  echo "[foxdqn] creating $(VENV) once: $(PYTHON) has no torch of its own (or runs in a venv), so pip installs"; \
+	  echo "[foxdqn] torch==$(TORCH_VERSION) first (PyPI's Linux wheel brings its CUDA libraries, about 3 GB; a CPU wheel"; \
+	  echo "[foxdqn] is about 200 MB), then foxdqn's"; \
 	  echo "[foxdqn] dev extra (about 1 GB): 2-4 minutes with the wheels at hand, longer on a slow network"; \
 	  $(PYTHON) -m venv $(VENV) && $(PY) -m pip install -q "torch==$(TORCH_VERSION)"; \
 	fi
