@@ -12,7 +12,6 @@ import torch
 
 _SCALARS: dict[tuple[torch.device, float, torch.dtype], torch.Tensor] = {}
 _VECTORS: dict[tuple[torch.device, int, float], torch.Tensor] = {}
-_ONES: dict[int, torch.Tensor] = {}  # id -> device_vector(..., 1.0): the vectors of ones made here
 
 
 def device_scalar(device: torch.device | str, value: float, dtype: torch.dtype = torch.float32) -> torch.Tensor:
@@ -30,8 +29,6 @@ def device_vector(device: torch.device | str, length: int, value: float) -> torc
     key = (torch.device(device), int(length), float(value))
     if key not in _VECTORS:
         _VECTORS[key] = torch.full((int(length),), float(value), dtype=torch.float32, device=device)
-        if float(value) == 1.0:
-            _ONES[id(_VECTORS[key])] = _VECTORS[key]
     return _VECTORS[key]
 
 
@@ -40,4 +37,4 @@ def is_ones_vector(t) -> bool:
     or view): the backward seed of a population whose members' losses each count once
     (foxdqn.population.step.update), which a loss's backward may skip multiplying by (one launch
     fewer, the same bits). Host metadata only."""
-    return t is not None and _ONES.get(id(t)) is t
+    return any(v is t for (_, _, value), v in _VECTORS.items() if value == 1.0)

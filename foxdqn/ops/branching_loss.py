@@ -37,8 +37,9 @@ Registration: a ``torch.autograd.Function``, as :mod:`foxdqn.ops.iql_loss`. The 
 writes the loss, |td| (mean over branches), the joint Q and the gradient w.r.t. every branch's A_d
 and V(s), into one float32 buffer ``[B, Σ n_d + 1]`` (A_0's columns, A_1's, .., V's last); backward
 multiplies it by the upstream gradient (one multiply; none for a population's unit seed,
-:func:`foxdqn.device.scalars.is_ones_vector`) and hands each input its columns (strided views). Memory: that buffer lives until backward runs (or the graph is freed). Capturable in a
-CUDA graph (device ops only, fixed shapes). Double backward is not supported.
+:func:`foxdqn.device.scalars.is_ones_vector`) and hands each input its columns (strided views).
+Memory: that buffer lives until backward runs (or the graph is freed). Capturable in a CUDA graph
+(device ops only, fixed shapes). Double backward is not supported.
 
 Stacked (``stacked=True``): the online tensors hold ``2B`` rows, each group's B_g rows of s then its
 B_g rows of s' (one forward of the replay's stacked pair, as :mod:`foxdqn.ops.dqn_td_loss`'s

@@ -33,9 +33,10 @@ zero gradient.
 Registration: a ``torch.autograd.Function``. The forward kernel writes the loss, |x| (the PER
 priority signal) and ∂loss/∂q; backward is one multiply of that saved gradient by the upstream
 gradient, none where the upstream gradient is a population's unit seed
-(:func:`foxdqn.device.scalars.is_ones_vector`: the saved gradient itself, the same bits). Memory: the forward allocates ∂loss/∂q, a float32 tensor of ``q``'s shape ``[Rq, A]``
-(``Rq`` = B, or 2B when stacked), and keeps it until backward runs (or the graph is freed); the
-reference's autograd keeps only ``[B]``-sized tensors (the gather index, the Huber inputs).
+(:func:`foxdqn.device.scalars.is_ones_vector`: the saved gradient itself, the same bits).
+Memory: the forward allocates ∂loss/∂q, a float32 tensor of ``q``'s shape ``[Rq, A]`` (``Rq`` = B,
+or 2B when stacked), and keeps it until backward runs (or the graph is freed); the reference's
+autograd keeps only ``[B]``-sized tensors (the gather index, the Huber inputs).
 Capturable in a CUDA graph (device ops only, fixed shapes). Double backward is not supported.
 NaN: a NaN in a row's inputs makes its x, hence its group's loss, NaN (an argmax over a row with
 NaN picks the first NaN, as torch.argmax does); the other groups' losses stay finite; the guard

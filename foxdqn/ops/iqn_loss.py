@@ -31,7 +31,8 @@ maximum here, where torch's argmax picks it.
 Registration: a ``torch.autograd.Function`` (as :mod:`foxdqn.ops.iql_loss`). The forward writes
 the loss, ρ (detached: PER's priority signal) and the gradient w.r.t. ``z`` (float32, z's shape,
 zero off the taken action), kept until backward, which multiplies it by the upstream gradient
-(not a population's unit seed: :func:`foxdqn.device.scalars.is_ones_vector`). Capturable in a CUDA graph (device ops only, fixed shapes); double backward is not supported.
+(not a population's unit seed: :func:`foxdqn.device.scalars.is_ones_vector`). Capturable in a CUDA
+graph (device ops only, fixed shapes); double backward is not supported.
 
 Launch: ``G · NB`` programs of BLOCK_R rows of one group each (BLOCK_R from one group's rows alone,
 so a member's loss has the bits of its run alone whatever the population's size); scratch of

@@ -55,6 +55,7 @@ from torch import Tensor
 
 from foxdqn.ops.backend import describe, resolve_backend
 from foxdqn.ops.library import wrap_triton
+from foxdqn.ops.member_linear import _tile
 from foxdqn.ops.mlp_chain import _prec, _tf32
 
 __all__ = ["member_dueling_head", "member_dueling_head_reference", "member_dueling_head_supported"]
@@ -170,7 +171,7 @@ def _block_a(num_actions: int) -> int:
 
 
 def _block_m(members: int, m: int) -> int:
-    bm = min(BLOCK_M, max(16, triton.next_power_of_2(max(m, 1))))
+    bm = _tile(m, BLOCK_M)
     return bm if triton.cdiv(m, bm) * members >= SMALL_GRID else min(bm, BLOCK_M_SMALL)
 
 
@@ -183,7 +184,7 @@ def _forward(x: Tensor, w_v: Tensor, b_v: Tensor, w_a: Tensor, b_a: Tensor) -> T
         wrap_triton(_dueling_head_forward_kernel)[(triton.cdiv(m, bm), members)](
             x, w_v, b_v, w_a, b_a, q, m, a, k, x.stride(0), x.stride(1), x.stride(2), w_v.stride(0), w_v.stride(1),
             b_v.stride(0), w_a.stride(0), w_a.stride(1), w_a.stride(2), b_a.stride(0), b_a.stride(2), PREC=_prec(x),
-            BLOCK_M=bm, BLOCK_A=_block_a(a), BLOCK_K=min(BLOCK_K, max(16, triton.next_power_of_2(max(k, 1)))),
+            BLOCK_M=bm, BLOCK_A=_block_a(a), BLOCK_K=_tile(k, BLOCK_K),
             num_warps=WARPS_FORWARD, num_stages=STAGES_FORWARD)
     return q
 
