@@ -15,24 +15,33 @@ dueling population (issue 33: kernels per update; taken where
 ``foxdqn.population.network.DUELING_HEAD_KERNELS`` is on, off while these launch constants are
 slower than the layers: docs/bench.md#kernels).
 
-Kernels (Triton). The two streams are one ``[K, A + 1]`` weight tile: columns ``0 .. A − 1`` read
-from W^A, column A from W^V (no copy is made), in a tile of ``BLOCK_A = max(16, next_pow2(A + 1))``
-columns (A + 1 <= 128).
+Kernels (Triton). Each weight tile is a plain load that feeds ``tl.dot`` (on CUDA it goes from
+the software pipeline's swizzled shared memory straight into the operand layout): a tile built in
+registers from two loads (a select) or with a row reduction is written to shared memory again, and
+for W^A's rows of 45 floats (not 16-byte aligned) Triton 3.6 picks an unswizzled column-major
+layout for that round trip, whose reads conflict on one bank (the first version of these
+kernels, 2–5 times cuBLAS's time: docs/bench.md#kernels).
 
-* forward, a grid of (blocks of rows, P): a program loops over K in chunks of ``BLOCK_K``, one
-  ``tl.dot`` each into a float32 accumulator, in increasing order; adds the biases in float32
-  after the products (as ``F.linear``), then eq. 9 of Wang et al. in the reference's order:
-  ``(V + A) − mean_a A``.
+* forward, a grid of (blocks of rows, P): a program loops over K in chunks of ``BLOCK_K``, two
+  ``tl.dot`` each into float32 accumulators, in increasing order: x's chunk times W^A's
+  ``[BLOCK_K, BLOCK_A]`` tile (``BLOCK_A = max(16, next_pow2(A))``), and times a ``[BLOCK_K, 16]``
+  tile holding W^V in column 0 (zeros after); then adds the biases in float32 after the products
+  (as ``F.linear``) and applies eq. 9 of Wang et al. in the reference's order: ``(V + A) − mean_a A``.
 * dx, a grid of (blocks of rows, blocks of K, P): dz = [dQ − Σ_a dQ / A, Σ_a dQ] of the program's
-  rows (the combine's backward), then dx = dz · [W^A, W^V]ᵀ, one ``tl.dot``.
-* dW and db, a grid of (blocks of K, P): a program loops over all M rows in chunks of
-  ``BLOCK_R`` in increasing order, dW += xᵀ dz one ``tl.dot`` a chunk, db += Σ_rows dz (written
-  by the first K block's programs). The chunks are fixed (not chosen from P or the grid), so
-  member p of P equals a population of one bit for bit wherever the forward's tiles agree.
+  rows (the combine's backward), then dx = dz · [W^A, W^V]ᵀ, one ``tl.dot`` (no loop: here the
+  merged ``[K, A + 1]`` tile costs nothing measurable; ``A + 1 <= 128``).
+* dW and db, a grid of (blocks of K, P): a program loops over all M rows in chunks of ``BLOCK_R``
+  in increasing order, G += xᵀ dQ one ``tl.dot`` a chunk; then the combine's backward from G's
+  row sums u = xᵀ Σ_a dQ: dW^A = G − u / A and dW^V = u (the same sums as xᵀ dz, regrouped). The
+  first K block's programs also sum dQ's columns over the rows, c, for db^V = Σ_a c and
+  db^A = c − db^V / A. The chunks are fixed (not chosen from P or the grid), so member p of P
+  equals a population of one bit for bit wherever the forward's tiles agree.
 
 A program reads member p's rows and weights only: members never mix. Any strides of x, the
 weights and the biases (no copies). NaN or ±inf in a row propagate into that row's Q (and its
-gradients) as in the reference; NaN in W^V or b^V reaches V only through column A.
+gradients) where the reference's are non-finite (in dW, where the reference has ±inf, the
+regrouping G − u / A may give NaN); NaN in W^V or b^V reaches V, so every row's Q, as in the
+reference.
 
 Precision: :mod:`foxdqn.ops.mlp_chain`'s rule. Where torch runs float32 CUDA matmuls in TF32 (the
 run's default), each ``tl.dot`` operand is rounded to TF32 (to nearest) first; else IEEE float32.
@@ -99,24 +108,29 @@ def _dz(dq_ptr, rows, rm, cols, A, sdqm, sdqa):
 def _dueling_head_forward_kernel(x_ptr, wv_ptr, bv_ptr, wa_ptr, ba_ptr, q_ptr, M, A, K, sxp, sxm, sxk, swvp, swvk,
                                  sbvp, swap, swak, swan, sbap, sban, PREC: tl.constexpr, BLOCK_M: tl.constexpr,
                                  BLOCK_A: tl.constexpr, BLOCK_K: tl.constexpr):
+    # two dots per K step: the advantage stream's tile of W^A, the value stream's [BLOCK_K, 16] tile
+    # (W^V in column 0, 0 after); each weight tile a plain load, straight into tl.dot (module docstring)
     p = tl.program_id(1).to(tl.int64)
     rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
     cols = tl.arange(0, BLOCK_A)
+    c16 = tl.arange(0, 16)
     ks = tl.arange(0, BLOCK_K)
-    rm = rows < M
+    rm, is_a = rows < M, cols < A
     x_base = x_ptr + p * sxp + rows.to(tl.int64)[:, None] * sxm
+    wa_base = wa_ptr + p * swap + cols[None, :] * swan
     acc = tl.zeros([BLOCK_M, BLOCK_A], dtype=tl.float32)
+    acc_v = tl.zeros([BLOCK_M, 16], dtype=tl.float32)
     for k0 in range(0, K, BLOCK_K):
         k = k0 + ks
         km = k < K
-        a = tl.load(x_base + k[None, :] * sxk, mask=rm[:, None] & km[None, :], other=0.0)
-        w = _weights(wa_ptr + p * swap, wv_ptr + p * swvp, k, km, cols, A, swak, swan, swvk)
-        acc = tl.dot(_tf32(a, PREC), _tf32(w, PREC), acc=acc, input_precision=PREC)
-    is_a = cols < A
-    ba = tl.load(ba_ptr + p * sbap + cols * sban, mask=is_a, other=0.0)
-    bv = tl.load(bv_ptr + p * sbvp)
-    z = acc + tl.where(cols == A, bv, ba)[None, :]
-    v = tl.sum(tl.where(cols[None, :] == A, z, 0.0), axis=1)
+        a = _tf32(tl.load(x_base + k[None, :] * sxk, mask=rm[:, None] & km[None, :], other=0.0), PREC)
+        wa = tl.load(wa_base + k.to(tl.int64)[:, None] * swak, mask=km[:, None] & is_a[None, :], other=0.0)
+        wv = tl.load(wv_ptr + p * swvp + k.to(tl.int64)[:, None] * swvk + c16[None, :] * 0,
+                     mask=km[:, None] & (c16[None, :] == 0), other=0.0)
+        acc = tl.dot(a, _tf32(wa, PREC), acc=acc, input_precision=PREC)
+        acc_v = tl.dot(a, _tf32(wv, PREC), acc=acc_v, input_precision=PREC)
+    z = acc + tl.load(ba_ptr + p * sbap + cols * sban, mask=is_a, other=0.0)[None, :]
+    v = tl.sum(tl.where(c16[None, :] == 0, acc_v, 0.0), axis=1) + tl.load(bv_ptr + p * sbvp)  # 0 · inf columns out
     mean = tl.sum(tl.where(is_a[None, :], z, 0.0), axis=1) / (A + 0.0)
     q = (v[:, None] + z) - mean[:, None]
     offs = (p * M + rows.to(tl.int64))[:, None] * A + cols[None, :]
@@ -143,31 +157,40 @@ def _dueling_head_dx_kernel(dq_ptr, wv_ptr, wa_ptr, dx_ptr, M, A, K, sdqp, sdqm,
 def _dueling_head_dw_kernel(dq_ptr, x_ptr, dwv_ptr, dbv_ptr, dwa_ptr, dba_ptr, M, A, K, sdqp, sdqm, sdqa, sxp, sxm,
                             sxk, PREC: tl.constexpr, BLOCK_A: tl.constexpr, BLOCK_DW: tl.constexpr,
                             BLOCK_R: tl.constexpr):
+    # G = xᵀ dQ over all rows (dQ's columns < A, 0 after), then the combine's backward from G's
+    # row sums u = xᵀ Σ_a dQ: dW^A = G − u / A, dW^V = u (module docstring)
     p = tl.program_id(1).to(tl.int64)
     k = tl.program_id(0) * BLOCK_DW + tl.arange(0, BLOCK_DW)
     cols = tl.arange(0, BLOCK_A)
-    km = k < K
+    km, is_a = k < K, cols < A
     x_base = x_ptr + p * sxp + k.to(tl.int64)[:, None] * sxk
+    dq_base = dq_ptr + p * sdqp + cols[None, :] * sdqa
     acc = tl.zeros([BLOCK_DW, BLOCK_A], dtype=tl.float32)
-    db = tl.zeros([BLOCK_A], dtype=tl.float32)
     for r0 in range(0, M, BLOCK_R):
         rows = r0 + tl.arange(0, BLOCK_R)
         rm = rows < M
-        dz = _dz(dq_ptr + p * sdqp, rows, rm, cols, A, sdqm, sdqa)
         xt = tl.load(x_base + rows.to(tl.int64)[None, :] * sxm, mask=km[:, None] & rm[None, :], other=0.0)
-        acc = tl.dot(_tf32(xt, PREC), _tf32(dz, PREC), acc=acc, input_precision=PREC)
-        db += tl.sum(dz, axis=0)
-    is_a = cols < A
-    tl.store(dwa_ptr + (p * K + k.to(tl.int64))[:, None] * A + cols[None, :], acc, mask=km[:, None] & is_a[None, :])
-    tl.store(dwv_ptr + p * K + k, tl.sum(tl.where(cols[None, :] == A, acc, 0.0), axis=1), mask=km)
-    if tl.program_id(0) == 0:
-        tl.store(dba_ptr + p * A + cols, db, mask=is_a)
-        tl.store(dbv_ptr + p, tl.sum(tl.where(cols == A, db, 0.0), axis=0))
+        g = tl.load(dq_base + rows.to(tl.int64)[:, None] * sdqm, mask=rm[:, None] & is_a[None, :], other=0.0)
+        acc = tl.dot(_tf32(xt, PREC), _tf32(g, PREC), acc=acc, input_precision=PREC)
+    u = tl.sum(tl.where(is_a[None, :], acc, 0.0), axis=1)  # G's columns < A (0 · inf columns out)
+    tl.store(dwa_ptr + (p * K + k.to(tl.int64))[:, None] * A + cols[None, :], acc - (u / (A + 0.0))[:, None],
+             mask=km[:, None] & is_a[None, :])
+    tl.store(dwv_ptr + p * K + k, u, mask=km)
+    if tl.program_id(0) == 0:  # the biases: c = Σ_rows dQ, db^V = Σ_a c, db^A = c − db^V / A
+        c = tl.zeros([BLOCK_A], dtype=tl.float32)
+        for r0 in range(0, M, BLOCK_R):
+            rows = r0 + tl.arange(0, BLOCK_R)
+            g = tl.load(dq_base + rows.to(tl.int64)[:, None] * sdqm, mask=(rows < M)[:, None] & is_a[None, :],
+                        other=0.0)
+            c += tl.sum(g, axis=0)
+        s = tl.sum(c, axis=0)
+        tl.store(dba_ptr + p * A + cols, c - s / (A + 0.0), mask=is_a)
+        tl.store(dbv_ptr + p, s)
 
 
 # ----------------------------------------------------------------------------- launches
-def _block_a(num_actions: int) -> int:
-    return max(16, triton.next_power_of_2(num_actions + 1))
+def _block_a(columns: int) -> int:
+    return max(16, triton.next_power_of_2(columns))
 
 
 def _block_m(members: int, m: int) -> int:
@@ -199,7 +222,7 @@ def _dx(grad_q: Tensor, x: Tensor, w_v: Tensor, w_a: Tensor) -> Tensor:
         wrap_triton(_dueling_head_dx_kernel)[grid](
             grad_q, w_v, w_a, dx, m, a, k, grad_q.stride(0), grad_q.stride(1), grad_q.stride(2), w_v.stride(0),
             w_v.stride(1), w_a.stride(0), w_a.stride(1), w_a.stride(2), PREC=_prec(x), BLOCK_M=bm,
-            BLOCK_A=_block_a(a), BLOCK_DX=BLOCK_DX, num_warps=WARPS_DX)
+            BLOCK_A=_block_a(a + 1), BLOCK_DX=BLOCK_DX, num_warps=WARPS_DX)
     return dx
 
 

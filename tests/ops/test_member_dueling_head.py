@@ -1,8 +1,9 @@
 """foxdqn.ops.member_dueling_head: the kernels (TRITON_INTERPRET=1 on CPU) against two baddbmm and
 eq. 9, Q and the gradients of x, W^V, b^V, W^A and b^A: P = 1 and 3, M = 1, 17 and 70 (past a row
 block), K = 1, 5, 40 and 256 (past K blocks), A = 1, 2, 9, 45 and 127 (the widest tile); strided
-inputs; the loops of every block; NaN confined to its row and to V's column; members never mix and
-P = 1 equals member 0 of P = 3 bit for bit; M = 0 and K = 0; no gradient asked; the TF32 path
+inputs; the loops of every block; NaN confined to its row and to V's column; ±inf non-finite where
+the reference's are; members never mix and P = 1 equals member 0 of P = 3 bit for bit; M = 0 and
+K = 0; no gradient asked; the TF32 path
 against a float64 emulation; the population network's use of it (one launch forward, two backward,
 only where the fused forwards run); bad arguments. GPU (`gpu` marker): kernels = reference on CUDA
 at the trading experiments' sizes, kernel counts, CUDA-graph capture, no host sync."""
@@ -97,6 +98,22 @@ def test_nan_stays_in_its_row_and_in_vs_column():
     for name, g, e in zip(NAMES, got, want):
         assert torch.equal(g.isnan(), e.isnan()), name
 
+
+
+def test_inf_in_a_row_stays_where_the_reference_has_it():
+    """+inf in x's row r, in dQ's row r, or both: Q and every gradient non-finite exactly where the
+    reference's are (the kernels' padding columns, 0 · inf, reach no sum). Where the reference has
+    ±inf the regrouped dW (G − u / A) may hold NaN (inf − inf); finite entries agree."""
+    for in_x, in_dq in ((True, False), (False, True), (True, True)):
+        ts, up = _case(1, 6, 4, 5, seed=8)
+        if in_x:
+            ts[0][0, 3, 2] = float("inf")
+        if in_dq:
+            up[0, 1, 4] = float("inf")
+        got, want = _run(_kernel, ts, up), _run(member_dueling_head_reference, ts, up)
+        for name, g, e in zip(NAMES, got, want):
+            assert torch.equal(g.isfinite(), e.isfinite()), (name, in_x, in_dq)
+            assert_close_ulps(g[g.isfinite()], e[e.isfinite()], rtol=1e-5, ulps=64, name=name)
 
 def test_members_never_mix_and_p1_is_member_0():
     ts, up = _case(3, 33, 20, 18, seed=7)
