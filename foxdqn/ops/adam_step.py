@@ -100,8 +100,8 @@ from triton.language.extra import libdevice
 
 from foxdqn.ops.backend import INTERPRET, resolve_backend
 from foxdqn.ops.library import device_op, wrap_triton
-from foxdqn.ops.tensor_list import (MAX_SLOTS, F32, check_list, check_member_vector, check_members, describe, locate,
-                                    pick16, plan, scratch, slots)
+from foxdqn.ops.tensor_list import (MAX_SLOTS, F32, check_list, check_member_vector, check_members, describe, fma,
+                                    locate, pick16, plan, scratch, slots)
 
 BLOCK = 512  # elements of one member's slice per program (an H200 sweep: docs/bench.md#launch-constants)
 BIG_BLOCK = 1024  # the same, for launches of BIG_VALUES values or more (a population's; docs/bench.md#launch-constants)
@@ -239,9 +239,9 @@ def _adam_step_kernel(p0, p1, p2, p3, p4, p5, p6, p7, p8, p9, p10, p11, p12, p13
     bc1 = 1.0 - _powf(b1, t, LOG_BETA1)
     bc2_sqrt = tl.sqrt_rn(1.0 - _powf(b2, t, LOG_BETA2))
     step_size = tl.div_rn(tl.load(lr_ptr + member), bc1)
-    m = tl.fma(b1, m, tl.fma(-b1, g, g))
+    m = fma(b1, m, fma(-b1, g, g))
     gg = g * g
-    v = tl.fma(b2, v, tl.fma(-b2, gg, gg))
+    v = fma(b2, v, fma(-b2, gg, gg))
     denom = tl.sqrt_rn(v) / bc2_sqrt + eps  # Triton's "/" (module docstring, "Rounding")
     param = param - (step_size * m) / denom
     if N_INC > 0:  # the step count is read and used (module docstring, "Step counts")

@@ -51,8 +51,8 @@ from torch import Tensor
 
 from foxdqn.ops.backend import resolve_backend
 from foxdqn.ops.library import device_op, wrap_triton
-from foxdqn.ops.tensor_list import (F32, check_list, check_member_vector, check_members, describe, locate, pick16, plan,
-                                    scratch, slots)
+from foxdqn.ops.tensor_list import (F32, check_list, check_member_vector, check_members, describe, fma, locate,
+                                    pick16, plan, scratch, slots)
 
 BLOCK = 1024  # elements of one member's slice per program
 _PB = 64  # members per iteration of the last program's loop
@@ -92,7 +92,7 @@ def _target_lerp_kernel(t0, t1, t2, t3, t4, t5, t6, t7, t8, t9, t10, t11, t12, t
     x = tl.load(tp, mask=mask, other=0.0)
     y = tl.load(sp, mask=mask, other=0.0)
     diff = y - x
-    out = tl.where(tl.abs(w) < 0.5, tl.fma(w, diff, x), tl.fma(w - 1.0, diff, y))
+    out = tl.where(tl.abs(w) < 0.5, fma(w, diff, x), fma(w - 1.0, diff, y))
     tl.store(tp, tl.where(w == 1.0, y, out), mask=mask)
 
     if FINISH:

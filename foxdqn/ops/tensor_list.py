@@ -45,7 +45,7 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from foxdqn.ops.backend import describe
+from foxdqn.ops.backend import INTERPRET, describe
 
 #: Tensors per launch (pointer arguments per list); more tensors take more launches.
 MAX_SLOTS = 16
@@ -93,6 +93,35 @@ def pick16(k, a0, a1, a2, a3, a4, a5, a6, a7, a8, a9, a10, a11, a12, a13, a14, a
     if k == 15:
         r = a15 + z
     return r
+
+
+if INTERPRET:
+
+    @triton.jit
+    def fma(a, b, c):
+        """``a · b + c`` of float32 values rounded once, as CUDA's ``fma.rn.f32``. Triton's interpreter
+        rounds ``tl.fma`` twice before Triton 3.9 (the product, then the sum), so here it is computed
+        in float64: the product is exact there, the sum is rounded to odd (its error from the
+        two-sum: where it is inexact, the neighbour on the exact value's side with an odd last bit),
+        and the conversion to float32 then rounds as one rounding of the exact value would."""
+        x = a.to(tl.float64) * b.to(tl.float64)
+        y = c.to(tl.float64)
+        s = x + y
+        bb = s - x
+        err = (x - (s - bb)) + (y - bb)  # s + err == x + y exactly (Knuth's two-sum)
+        bits = s.to(tl.int64, bitcast=True)
+        away = (err > 0) == (s > 0)  # the exact value lies farther from zero than s
+        nudged = tl.where(away, bits + 1, bits - 1)
+        inexact = (err != 0) & (err == err)  # a NaN error: an inf or NaN input, left as it is
+        odd = tl.where(inexact & ((bits & 1) == 0), nudged, bits).to(tl.float64, bitcast=True)
+        return odd.to(tl.float32)
+
+else:
+
+    @triton.jit
+    def fma(a, b, c):
+        """``a · b + c`` of float32 values rounded once (``tl.fma``: CUDA's ``fma.rn.f32``)."""
+        return tl.fma(a, b, c)
 
 
 @triton.jit
