@@ -7,9 +7,11 @@ bench's rule), and what the run used before: ``torch.nn.utils.clip_grad_norm_`` 
 in-place multiply), ``torch.optim.Adam(fused=True, capturable=True)`` with ``found_inf`` (and the
 clip's ``_foreach_mul_``), ``torch._foreach_lerp_`` with a tensor weight: torch equivalents of the
 old path, not the exact one (both the clip_grad_norm_ and the Adam row include the clip's multiply;
-the lerp row leaves out the weight kernel). Training sizes: the
-parameter shapes of ``eurusd_dqn``'s network (8 tensors), for one network and for 64 population
-members (no torch library row there: torch has no per-member Adam). State evolves between calls.
+the lerp row leaves out the weight kernel). Training sizes (:data:`CASES`): the parameter shapes of
+``eurusd_dqn``'s network (8 tensors), for one network and for 64 population members (no torch
+library row there: torch has no per-member Adam), and ``cartpole_cleanrl``'s (6 tensors, 4 to 120
+values per member in 5 of them) for 512 members, its hard target copy every 50 updates. State
+evolves between calls.
 
 Run: ``python -m bench.ops.bench_update_tail`` (needs CUDA). Nothing runs at import.
 """
@@ -17,6 +19,10 @@ from __future__ import annotations
 
 from bench.ops.common import against_compile, print_table, provider_rows
 from bench.ops.training import DEFAULT, training
+
+#: (experiment, members): eurusd_dqn's network alone and 64 members (Polyak τ), cartpole_cleanrl's
+#: 512 members (the hard copy every 50 updates, as in training: 1 call in 50 copies)
+CASES = ((DEFAULT, 1), (DEFAULT, 64), ("cartpole_cleanrl", 512))
 
 
 def rows(device: str = "cuda") -> list[dict]:
@@ -28,15 +34,15 @@ def rows(device: str = "cuda") -> list[dict]:
 
     dev = torch.device(device)
     g = torch.Generator(device=dev).manual_seed(0)
-    t = training(DEFAULT, device)
     vec = dict(device=dev, dtype=torch.float32)
     out: list[dict] = []
-    for members in (1, 64):
+    for experiment, members in CASES:
+        t = training(experiment, device)
         lead = (members,) if members > 1 else ()
         shapes = [lead + tuple(s) for s in t.param_shapes]
         params = [0.05 * torch.randn(s, device=dev, generator=g) for s in shapes]
         grads = [1e-3 * torch.randn(s, device=dev, generator=g) for s in shapes]
-        size = f"{DEFAULT} P={members} {len(shapes)} tensors {sum(p.numel() for p in params)} values"
+        size = f"{experiment} P={members} {len(shapes)} tensors {sum(p.numel() for p in params)} values"
         mp = dict(members=members)
 
         max_norm = torch.full(lead, float(t.cfg.optim.grad_clip), **vec)
@@ -63,9 +69,10 @@ def rows(device: str = "cuda") -> list[dict]:
         targets = [p.clone() for p in params]
         updates = torch.zeros((), device=dev, dtype=torch.int64)
         tau = torch.full(lead, 0.005, **vec)
-        period = torch.full(lead, 1000, device=dev, dtype=torch.int64)
+        hard = t.cfg.target.update == "hard"  # the hard copy every `period` updates: w = 0 on the others
+        period = torch.full(lead, int(t.cfg.target.period) if hard else 1000, device=dev, dtype=torch.int64)
         weight = torch.zeros(lead, **vec)
-        lk = dict(hard=False, advance=True, weight=weight, **mp)
+        lk = dict(hard=hard, advance=True, weight=weight, **mp)  # hard: 1 call in `period` copies, as in training
         out += against_compile("bench_update_tail", "target_lerp_", size, target_lerp_, target_lerp_reference,
                                targets, params, updates, skip, tau, period, **lk)
 
