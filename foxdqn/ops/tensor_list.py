@@ -1,6 +1,7 @@
 r"""A list of tensors in one Triton launch: the program -> (tensor, member, block) map, the launch
 plan, the argument checks and the per-device scratch shared by the multi-tensor ops
-(:mod:`foxdqn.ops.grad_norm`, :mod:`foxdqn.ops.adam_step`, :mod:`foxdqn.ops.target_lerp`).
+(:mod:`foxdqn.ops.grad_norm`, :mod:`foxdqn.ops.adam_step`, :mod:`foxdqn.ops.target_lerp`), and
+their multiply-add rounded once under any Triton interpreter (:func:`fma`).
 
 Layout. Tensor ``k`` of a list is float32, contiguous, with ``P`` = ``members`` slices of
 ``n_k`` elements each (``[P, ...]``; P = 1 is one network, any shape). One launch takes up to
