@@ -60,7 +60,6 @@ import torch
 import triton
 import triton.language as tl
 
-from foxdqn.device.scalars import is_ones_vector
 from foxdqn.ops import dqn_td_loss as _td
 from foxdqn.ops.backend import check_devices, describe, flat_float32, group_count, resolve_backend
 from foxdqn.ops.dqn_td_loss import group_block_rows, group_sums_of_last_program, huber_per_group
@@ -301,8 +300,7 @@ class _BranchingLoss(torch.autograd.Function):
         first = 10  # the online tensors' place among forward's inputs
         if grad_loss is None:  # the loss did not reach the backward's roots
             return (None,) * (first + 3 * (d + 1))
-        scaled = grad if is_ones_vector(grad_loss) else (  # a population's unit seed: no multiply by one
-            grad.view(ctx.groups, -1) * grad_loss.reshape(-1, 1)).view(grad.shape)
+        scaled = _td.seed_scaled(grad, grad_loss, ctx.groups)
         out, col = [], 0
         for k, size in enumerate(ctx.sizes):
             out.append(scaled[:, col:col + size] if ctx.needs_input_grad[first + k] else None)

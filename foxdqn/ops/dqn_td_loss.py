@@ -219,6 +219,17 @@ def group_sums_of_last_program(part_ptr, ticket_ptr, loss_ptr, G, NB, inv_n, SUM
         tl.store(ticket_ptr, 0)
 
 
+def seed_scaled(grad: torch.Tensor, grad_loss: torch.Tensor, groups: int) -> torch.Tensor:
+    """A loss backward's saved gradient ``grad`` (``groups`` groups of rows, group-major) times each
+    group's upstream gradient ``grad_loss`` (``[groups]``, or 0-d for one group); ``grad`` itself,
+    no multiply and the same bits, where ``grad_loss`` is a population's unit seed
+    (:func:`foxdqn.device.scalars.is_ones_vector`). Shared by the losses of this module,
+    :mod:`~foxdqn.ops.iql_loss`, :mod:`~foxdqn.ops.iqn_loss` and :mod:`~foxdqn.ops.branching_loss`."""
+    if is_ones_vector(grad_loss):
+        return grad
+    return (grad.view(groups, -1) * grad_loss.reshape(-1, 1)).view(grad.shape)
+
+
 def _blocks(groups: int, rows_per_group: int, num_actions: int, min_programs: int = MIN_PROGRAMS
             ) -> tuple[int, int, int, int]:
     """(BLOCK_R, BLOCK_A, SUM_G, SUM_R) of a launch; its grid is ``groups · cdiv(rows_per_group, BLOCK_R)``
@@ -293,12 +304,7 @@ class _DQNTDLoss(torch.autograd.Function):
         (dq,) = ctx.saved_tensors
         if grad_loss is None:  # the loss did not reach the backward's roots
             return (None,) * 13
-        if is_ones_vector(grad_loss):  # a population's unit seed: dq itself (no multiply by one)
-            grad_q = dq
-        elif grad_loss.dim() == 0:
-            grad_q = dq * grad_loss
-        else:
-            grad_q = (dq.view(ctx.groups, -1) * grad_loss[:, None]).view_as(dq)
+        grad_q = seed_scaled(dq, grad_loss, ctx.groups)
         return grad_q, None, None, None, None, None, None, None, None, None, None, None, None
 
 

@@ -55,7 +55,6 @@ import torch
 import triton
 import triton.language as tl
 
-from foxdqn.device.scalars import is_ones_vector
 from foxdqn.ops import dqn_td_loss as _td
 from foxdqn.ops.backend import check_devices, describe, flat_float32, group_count, resolve_backend
 from foxdqn.ops.dqn_td_loss import group_block_rows, group_sums_of_last_program
@@ -181,13 +180,12 @@ class _IQLLoss(torch.autograd.Function):
         none = (None,) * 9
         if grad_loss is None:  # the loss did not reach the backward's roots
             return (None, None, *none)
-        up = grad_loss.reshape(-1, 1)  # [1, 1] (0-d loss) or [G, 1]
-        unit = is_ones_vector(grad_loss)  # a population's unit seed: the saved gradients themselves
+        groups = grad_loss.numel()  # 1 (0-d loss) or G
         grad_q = grad_v = None
         if ctx.needs_input_grad[0]:
-            grad_q = dq.view(ctx.q_shape) if unit else (dq.view(up.shape[0], -1) * up).view(ctx.q_shape)
+            grad_q = _td.seed_scaled(dq, grad_loss, groups).view(ctx.q_shape)
         if ctx.needs_input_grad[2]:
-            grad_v = dv.view(ctx.v_shape) if unit else (dv.view(up.shape[0], -1) * up).view(ctx.v_shape)
+            grad_v = _td.seed_scaled(dv, grad_loss, groups).view(ctx.v_shape)
         return grad_q, None, grad_v, *none[:8]
 
 

@@ -44,7 +44,6 @@ import torch
 import triton
 import triton.language as tl
 
-from foxdqn.device.scalars import is_ones_vector
 from foxdqn.ops import dqn_td_loss as _td
 from foxdqn.ops.backend import check_devices, describe, flat_float32, resolve_backend
 from foxdqn.ops.dqn_td_loss import group_block_rows, group_sums_of_last_program
@@ -190,8 +189,7 @@ class _IQNLoss(torch.autograd.Function):
         (grad,) = ctx.saved_tensors
         if grad_loss is None or not ctx.needs_input_grad[0]:
             return (None,) * 11
-        scaled = grad if is_ones_vector(grad_loss) else (  # a population's unit seed: no multiply by one
-            grad.view(ctx.groups, -1) * grad_loss.reshape(-1, 1)).view(grad.shape)
+        scaled = _td.seed_scaled(grad, grad_loss, ctx.groups)
         return (scaled,) + (None,) * 10
 
 
