@@ -14,6 +14,7 @@ checked) unless ``--allow-empty`` is given (a run of a few tests)."""
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import json
 import os
 import sys
@@ -33,6 +34,24 @@ def records(folder: Path) -> list[dict]:
     return list(unique.values())
 
 
+def kernel_of(record: dict):
+    """The JIT function a record names: from its module, or, for a kernel of a test module (pytest put
+    its folder on sys.path, this process does not), from the record's source file."""
+    try:
+        module = importlib.import_module(record["module"])
+    except ModuleNotFoundError:
+        if not record.get("file"):
+            raise
+        spec = importlib.util.spec_from_file_location(record["module"], record["file"])
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[record["module"]] = module
+        spec.loader.exec_module(module)
+    fn = module
+    for part in record["name"].split("."):
+        fn = getattr(fn, part)
+    return fn
+
+
 def compile_record(record: dict, target) -> None:
     """Front end and TTIR lowering of one record's kernel for ``target``.
 
@@ -43,9 +62,7 @@ def compile_record(record: dict, target) -> None:
     from triton.compiler import ASTSource
     from triton.compiler.compiler import make_backend
 
-    fn = importlib.import_module(record["module"])
-    for part in record["name"].split("."):
-        fn = getattr(fn, part)
+    fn = kernel_of(record)
     backend = make_backend(target)
     options = backend.parse_options({})
     context = ir.context()
@@ -115,9 +132,7 @@ def shared_bytes(record: dict, target) -> int:
     import triton
     from triton.compiler import ASTSource
 
-    fn = importlib.import_module(record["module"])
-    for part in record["name"].split("."):
-        fn = getattr(fn, part)
+    fn = kernel_of(record)
     src = ASTSource(fn=fn, signature=record["signature"], constexprs=record["constexprs"])
     return int(triton.compile(src, target=target, options=dict(record.get("options") or {})).metadata.shared)
 

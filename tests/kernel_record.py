@@ -45,8 +45,9 @@ def _arg_type(name: str, value) -> str:
 
 def launch_record(fn, args: tuple, kwargs: dict) -> dict:
     """The record of one launch of the Python kernel function ``fn`` with ``args``/``kwargs``:
-    ``{"module", "name", "signature": {arg: type or "constexpr"}, "constexprs": {arg: value},
-    "options": {"num_warps": n, "num_stages": s}}`` (the launch options given; not arguments).
+    ``{"module", "name", "file", "signature": {arg: type or "constexpr"}, "constexprs": {arg: value},
+    "options": {"num_warps": n, "num_stages": s}}`` (the launch options given; not arguments; ``file``
+    the kernel's source file, for a test module that only pytest's sys.path can import).
 
     Raises:
         TypeError: an argument of a type Triton has no signature type for.
@@ -63,8 +64,8 @@ def launch_record(fn, args: tuple, kwargs: dict) -> dict:
         else:
             signature[name] = _arg_type(name, value)
     options = {k: kwargs[k] for k in ("num_warps", "num_stages") if k in kwargs}
-    return {"module": fn.__module__, "name": fn.__qualname__, "signature": signature, "constexprs": constexprs,
-            "options": options}
+    return {"module": fn.__module__, "name": fn.__qualname__, "file": inspect.getsourcefile(fn),
+            "signature": signature, "constexprs": constexprs, "options": options}
 
 
 def install(folder: str | os.PathLike):

@@ -1,7 +1,7 @@
 """tests/kernel_record.py and tests/compile_kernels.py: a launch's record names its argument types,
-constexprs and launch options; a kernel the interpreter runs but Triton cannot compile fails the
-check, by name, and so does a fused kernel whose widest launch needs more shared memory than an
-sm_90 block has."""
+constexprs, launch options and source file (a test module's kernel compiles from it); a kernel
+the interpreter runs but Triton cannot compile fails the check, by name, and so does a fused kernel
+whose widest launch needs more shared memory than an sm_90 block has."""
 import json
 import subprocess
 import sys
@@ -63,6 +63,27 @@ def test_a_kernel_that_compiles_passes(tmp_path):
     assert done.returncode == 0, done.stdout + done.stderr
     assert "1 of 1 recorded launches of 1 kernels compile" in done.stdout
 
+
+
+def test_a_kernel_of_a_module_off_the_path_compiles_from_its_recorded_file(tmp_path):
+    """A test module's kernel (pytest put its folder on sys.path; compile_kernels's process does not
+    have it): the record's ``file`` imports it; without a file the import fails by name."""
+    folder = tmp_path / "off_path"
+    folder.mkdir()
+    (folder / "kfile.py").write_text(GOOD)
+    records = tmp_path / "records"
+    records.mkdir()
+    sig = {"x_ptr": "*fp32", "out_ptr": "*fp64", "n": "i32", "BLOCK": "constexpr"}
+    rec = {"module": "kfile", "name": "total", "file": str(folder / "kfile.py"), "signature": sig,
+           "constexprs": {"BLOCK": 32}}
+    script = Path(__file__).parent / "compile_kernels.py"
+    env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": str(tmp_path)}
+    for with_file, code in ((True, 0), (False, 1)):
+        (records / "w.jsonl").write_text(json.dumps(rec if with_file else {**rec, "file": None}) + "\n")
+        done = subprocess.run([sys.executable, str(script), str(records)], capture_output=True, text=True, env=env,
+                              timeout=120)
+        assert done.returncode == code, done.stdout + done.stderr
+    assert "FAILED kfile.total" in done.stdout and "No module named 'kfile'" in done.stdout
 
 def test_a_loop_carried_type_change_fails_by_name(tmp_path):
     done = _check(tmp_path, BAD)
