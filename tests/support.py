@@ -217,6 +217,24 @@ def require_compiled_kernels(interpret: bool):
 # ---------------------------------------------------------------------------------------------
 # builders
 # ---------------------------------------------------------------------------------------------
+def call_providers_once(monkeypatch) -> dict[str, list]:
+    """bench.ops.common.bench_all replaced for a bench module's CPU test: each provider called once
+    (``torch.compile`` not called: compiling would cost minutes on the CPU) and a fixed fake timing
+    returned. Returns ``{provider: [its results, in call order]}``, filled as the rows are made."""
+    from bench.ops import common
+
+    results: dict[str, list] = {}
+
+    def fake_bench_all(fns):
+        for name, fn in fns.items():
+            if name != "torch.compile":
+                results.setdefault(name, []).append(fn())
+        return {name: (1e-3, 1e-3, 1e-3, "fake") for name in fns}
+
+    monkeypatch.setattr(common, "bench_all", fake_bench_all)
+    return results
+
+
 def market_from_arrays(open, high, low, close, spread, features, split=None, volatility=None,  # noqa: A002
                        median_spread=0.0, median_volatility=0.0, vol_window=2) -> MarketData:
     """:class:`MarketData` made straight from ``[T]`` arrays and ``[T, F]`` features, without foxdqn.data's

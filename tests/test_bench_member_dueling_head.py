@@ -11,21 +11,12 @@ if torch.cuda.is_available():
     pytest.skip("the op runs in Triton's interpreter here (TRITON_INTERPRET=1)", allow_module_level=True)
 
 import bench.ops.bench_member_dueling_head as bm
-from bench.ops import common
+
+from support import call_providers_once
 
 
 def test_rows_time_the_op_beside_the_layers(monkeypatch):
-    results = {}
-
-    def fake_bench_all(fns):
-        out = {}
-        for name, fn in fns.items():
-            if name != "torch.compile":  # compiling would cost minutes on the CPU
-                results.setdefault(name, []).append(fn())
-            out[name] = (1e-3, 1e-3, 1e-3, "fake")
-        return out
-
-    monkeypatch.setattr(common, "bench_all", fake_bench_all)
+    results = call_providers_once(monkeypatch)
     monkeypatch.setattr(bm, "MEMBERS", (1, 3))
     rows = bm.rows("cpu")
     got = {(r["op"], r["size"].split()[0], r["provider"]) for r in rows}
