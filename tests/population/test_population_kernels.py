@@ -184,9 +184,10 @@ HEAD_LAYERS = {  # act.HEAD_KERNELS off (the default): the head's layers, then t
     # layer, out, mean
     "eurusd_iqn": ["triton::_member_linear_kernel", "aten::mul", "triton::_member_linear_kernel", "aten::baddbmm",
                    "aten::mean"] + EPSILON + ENV_TAIL + REPLAY_TAIL,
-    # the joint Q (each branch's v + a − mean_a a, then the branches' mean) one kernel: were DUELING × 3 and
-    # add, add, div
-    "eurusd_branching": ["aten::baddbmm"] * 3 + ["triton::_member_linear_kernel", "triton::_branching_joint_q_kernel"]
+    # the branches' and the value's layers one kernel (ops/member_heads.py: were baddbmm × 3 and the value's
+    # member_linear), the joint Q (each branch's v + a − mean_a a, then the branches' mean) one kernel: were
+    # DUELING × 3 and add, add, div
+    "eurusd_branching": ["triton::_member_heads_forward_kernel", "triton::_branching_joint_q_kernel"]
     + EPSILON + ENV_TAIL + REPLAY_TAIL,
     "eurusd_rainbowish": ["aten::baddbmm"] * 2 + EXPECTED_Q + EPSILON + ENV_TAIL + [  # was + DUELING + 3
         "triton::_per_insert_row_kernel"] + REPLAY_TAIL,
@@ -282,8 +283,10 @@ def test_c51_forward_takes_the_expected_q_op_without_gradient(dueling, monkeypat
 #: controls 38 with the pruning masks' step one launch a matrix (one for all of them now)
 #: controls 36, cql 24, iql 28, branching 36, iqn 45 with the loss's backward multiplying its saved
 #: gradient by the population's seed of ones (IQL: both gradients)
+#: branching 35 with its head's branches and value as layers (3 baddbmm and a member_linear per forward, 15
+#: backward launches; one kernel forward and two backward now: ops/member_heads.py)
 UPDATE_AT_MOST = {"eurusd_c51": 23, "eurusd_rainbowish": 38, "eurusd_controls": 35, "eurusd_cql": 23, "eurusd_iql": 26,
-                  "eurusd_branching": 35, "eurusd_iqn": 44}
+                  "eurusd_branching": 21, "eurusd_iqn": 44}
 C51_HEAD = ("eurusd_c51", "eurusd_rainbowish")
 PRIORITIZED = ("eurusd_rainbowish", "eurusd_controls")
 #: a C51 head's atoms here: 11 (odd, masked in a block of 16) instead of 51; the launches do not depend on
@@ -320,6 +323,8 @@ def test_update_launches_stay_fused(name):
                     "aten::mean", "aten::lt", "aten::rsub", "aten::sub", "aten::neg", "aten::abs"} & set(ops), Counter(ops)
     if name == "eurusd_branching":  # the loss from the heads' raw outputs: one kernel, its saved gradient as backward
         assert ops.count("triton::_branching_loss_kernel") == 1
+        assert [ops.count(f"triton::_member_heads_{k}_kernel") for k in ("forward", "dx", "dw")] == [2, 1, 1]
+        assert not {"aten::baddbmm", "aten::bmm"} & set(ops[:ops.index("triton::_member_heads_dw_kernel")]), ops
         assert not {"aten::gather", "aten::gather_backward", "aten::argmax", "aten::stack", "aten::mean", "aten::where",
                     "aten::div", "aten::sub", "aten::abs", "aten::sgn", "aten::neg"} & set(ops), Counter(ops)
     if name == "eurusd_iqn":  # after the heads: one kernel, its saved gradient as backward
