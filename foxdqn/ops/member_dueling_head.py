@@ -70,7 +70,12 @@ from foxdqn.ops.mlp_chain import _prec, _tf32
 
 __all__ = ["member_dueling_head", "member_dueling_head_reference", "member_dueling_head_supported"]
 
-BLOCK_M = 64  # rows per forward program where the grid holds SMALL_GRID programs, else BLOCK_M_SMALL
+#: Rows per forward program where the grid holds SMALL_GRID programs, else BLOCK_M_SMALL. Not 64: at 64
+#: rows Triton 3.6 takes Hopper's wgmma, whose B operand (W^A's tile rounded to TF32 in registers) goes
+#: back to shared memory, staged in an unswizzled column-major layout for rows of 45 floats (bank
+#: conflicts; the TTGIR compiled for sm_90 on the CPU, docs/bench.md#kernels); at 32, mma.sync's
+#: operands load from a swizzled layout.
+BLOCK_M = 32
 BLOCK_M_SMALL = 32
 SMALL_GRID = 264  # two waves of the H200's 132 SMs
 BLOCK_K = 32  # K per step of the forward's loop
