@@ -6,7 +6,7 @@ of the reference, forward only and forward + backward. Sizes: 64 members of the 
 [s; s'] (2 × ``agent.batch_size`` rows) through ``eurusd_dqn``'s hidden width (256 → 256, ReLU), and
 ``eurusd_c51``'s head (256 → 45 actions × 51 atoms, no ReLU). Forward only, at 1 and 64 members:
 the heads' widths that :func:`foxdqn.ops.member_linear.member_linear_preferred` leaves to
-``baddbmm`` (:data:`HEAD_WIDTHS`: 45 actions, the branches' 5 and 3), to see whether that rule
+``baddbmm`` (:data:`HEAD_WIDTHS`: 45 actions, C51's 51 atoms, the branches' 5 and 3), to see whether that rule
 still holds.
 
 Run: ``python -m bench.ops.bench_member_linear`` (needs CUDA). Nothing runs at import.
@@ -17,7 +17,7 @@ from bench.ops.common import against_compile, against_compile_grad, print_table
 from bench.ops.training import DEFAULT, training
 
 MEMBERS = 64
-HEAD_WIDTHS = (45, 5, 3)  #: widths that are not a multiple of 4 (member_linear_preferred: baddbmm)
+HEAD_WIDTHS = (45, 51, 5, 3)  #: widths that are not a multiple of 4 (member_linear_preferred: baddbmm)
 
 
 def rows(device: str = "cuda") -> list[dict]:

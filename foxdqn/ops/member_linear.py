@@ -107,10 +107,13 @@ def _tiles(members: int, m: int, n: int, k: int, rows: int | None = None) -> tup
     """(BLOCK_M, BLOCK_N, BLOCK_K, stages) of a launch of ``m`` rows per part (``rows`` in all,
     default ``m``): BLOCK_M rows per program, or BLOCK_M_SMALL where that grid would hold fewer
     than SMALL_GRID programs (a population of one: 8 programs of 128 rows for 256 × 256 leave most
-    SMs idle)."""
+    SMs idle) or where W's rows are not 16-byte aligned (``n % 4 != 0``: at 128 rows Triton 3.6
+    takes Hopper's wgmma, whose B operand, W's tile rounded to TF32 in registers, goes back to
+    shared memory through an unswizzled column-major layout for such rows, with bank conflicts;
+    at 32 rows mma.sync's operands load from a swizzled layout: the TTGIR compiled for sm_90)."""
     rows = m if rows is None else rows
     bm, bn, bk = _tile(m, BLOCK_M), _tile(n, BLOCK_N), _tile(k, BLOCK_K)
-    if triton.cdiv(rows, bm) * triton.cdiv(n, bn) * members < SMALL_GRID:
+    if n % 4 != 0 or triton.cdiv(rows, bm) * triton.cdiv(n, bn) * members < SMALL_GRID:
         return _tile(m, BLOCK_M_SMALL), bn, bk, NUM_STAGES_SMALL
     return bm, bn, bk, NUM_STAGES
 

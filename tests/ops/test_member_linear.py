@@ -102,10 +102,13 @@ def test_no_rows_and_no_gradient():
 
 
 def test_tile_choice():
-    """128 rows per program where the grid fills the GPU, 32 (4 stages) where it would not."""
+    """128 rows per program where the grid fills the GPU, 32 (4 stages) where it would not or where
+    W's rows are not 16-byte aligned (N % 4 != 0)."""
     assert mod._tiles(64, 256, 256, 256) == (128, 64, 32, 3)  # 2 · 4 · 64 = 512 programs
     assert mod._tiles(1, 256, 256, 256) == (32, 64, 32, 4)  # 8 programs at 128 rows
     assert mod._tiles(64, 10, 5, 3) == (16, 16, 16, 4)  # small shapes: the smallest tiles
+    assert mod._tiles(64, 256, 45 * 51, 256) == (32, 64, 32, 4)  # rows of W not 16-byte aligned: 32 rows
+    assert mod._tiles(512, 256, 1, 256) == (32, 16, 32, 4)
 
 
 def test_blocks_loop(monkeypatch):
