@@ -26,8 +26,14 @@ from foxdqn.nn.iqn import IQNNetwork
 from foxdqn.ops import c51_epsilon_greedy as c51_op
 from foxdqn.ops import iqn_epsilon_greedy as iqn_op
 from foxdqn.ops.c51_expected_q import c51_expected_q, c51_expected_q_fits
+from foxdqn.ops.backend import fused_forward
 from foxdqn.ops.c51_project import support_table
+from foxdqn.ops.member_iqn_embedding import member_iqn_embedding, member_iqn_embedding_supported
 from foxdqn.population.network import MemberQNetwork, stack_encoder, stack_linears
+
+#: An IQN population's ψ(s) ⊙ φ(τ) through ops/member_iqn_embedding.py where the fused forwards run
+#: (1 launch forward and 3 backward, against 4 and 5 through the torch ops and the embedding's layer).
+IQN_EMBEDDING_KERNEL = True
 
 
 class MemberC51Network(MemberQNetwork):
@@ -210,22 +216,40 @@ class MemberIQNNetwork(MemberQNetwork):
         """Z_τ ``[P, M, N, A]`` of features h ``[P, M, H]`` at τ ``[P, M, N]`` (the classic head's
         layers with a member axis; rows ``M·N`` per member in each layer)."""
         p, m, n = taus.shape
+        x = self._fused_mix(h, taus)
+        if x is not None:
+            return self._head_after_mix(x).view(p, m, n, -1)
         e = self.encoder_layers  # the embedding's layer, then the hidden one
         phi = self.layer(e, torch.cos(taus[..., None] * self.pi_i).view(p, m * n, -1), relu=True)  # [P, M·N, H]
         return self._head_after_embedding(h, phi.view(p, m, n, -1))
+
+    def _fused_mix(self, h: torch.Tensor, taus: torch.Tensor) -> torch.Tensor | None:
+        """ψ(s) ⊙ φ(τ) ``[P, M·N, H]`` of h ``[P, M, H]`` and τ ``[P, M, N]`` in one kernel
+        (:func:`foxdqn.ops.member_iqn_embedding.member_iqn_embedding`) where the fused forwards run
+        and :data:`IQN_EMBEDDING_KERNEL` is on; else None (the layers run)."""
+        e = self.encoder_layers
+        args = (h, taus, self.pi_i, self.weights[e], self.biases[e])
+        if IQN_EMBEDDING_KERNEL and fused_forward(h) and member_iqn_embedding_supported(*args):
+            return member_iqn_embedding(*args, backend="triton")
+        return None
 
     def _head_after_embedding(self, h: torch.Tensor, phi: torch.Tensor) -> torch.Tensor:
         """Z ``[P, M, N, A]`` of h ``[P, M, H]`` and φ(τ) ``[P, M, N, H]`` (or ``[P, 1, N, H]``, the
         same fractions for every row): ψ(s) ⊙ φ(τ), then the hidden layer and the output."""
         p, m, n = h.shape[0], h.shape[1], phi.shape[2]
         x = (h[:, :, None, :] * phi).view(p, m * n, -1)  # ψ(s) ⊙ φ(τ)
+        return self._head_after_mix(x).view(p, m, n, -1)
+
+    def _head_after_mix(self, x: torch.Tensor) -> torch.Tensor:
+        """Z ``[P, R, A]`` of ψ(s) ⊙ φ(τ) ``[P, R, H]``: the hidden layer and the output (or the
+        dueling combination)."""
         x = self.layer(self.encoder_layers + 1, x, relu=True)
         if self.dueling:
             adv = self.layer(-1, x)  # [P, M·N, A]
             out = self.layer(-2, x) + adv - adv.mean(dim=-1, keepdim=True)
         else:
             out = self.layer(-1, x)
-        return out.view(p, m, n, -1)
+        return out
 
     def _policy_cos_of(self, members: int) -> torch.Tensor:
         """cos(π i τ_k) of the K policy fractions, float32 ``[P, K, n]`` (one copy per member: the
@@ -244,9 +268,12 @@ class MemberIQNNetwork(MemberQNetwork):
     def policy_q(self, h: torch.Tensor) -> torch.Tensor:
         """Expected Q ``[P, M, A]`` of features h ``[P, M, H]``: the mean of Z over the K midpoints,
         their embedding (:meth:`policy_embedding`) broadcast over the M rows."""
-        p = h.shape[0]
+        p, m, k = h.shape[0], h.shape[1], self.num_quantiles_policy
+        x = self._fused_mix(h, self.policy_taus.expand(p, m, k))  # φ(τ_k) recomputed per row, in the kernel
+        if x is not None:
+            return self._head_after_mix(x).view(p, m, k, -1).mean(dim=2)
         phi = self.policy_embedding(p)
-        return self._head_after_embedding(h, phi.view(p, 1, self.num_quantiles_policy, -1)).mean(dim=2)
+        return self._head_after_embedding(h, phi.view(p, 1, k, -1)).mean(dim=2)
 
     def forward(self, obs: torch.Tensor) -> torch.Tensor:
         return self.policy_q(self.encoder(obs))

@@ -180,9 +180,9 @@ DUELING = ["aten::add", "aten::mean", "aten::sub"]  # v + a − mean_a a
 EXPECTED_Q = ["triton::_c51_expected_q_kernel"]  # Σ_k softmax(logits)_k z_k (Rainbow: after v + a − mean_a a), one kernel
 HEAD_LAYERS = {  # act.HEAD_KERNELS off (the default): the head's layers, then the ε-greedy kernel
     "eurusd_c51": ["aten::baddbmm"] + EXPECTED_Q + EPSILON + ENV_TAIL + REPLAY_TAIL,  # was softmax, mul, sum
-    # the policy fractions' embedding (their cos a constant made once: were mul, cos first), ⊙ h, the hidden
-    # layer, out, mean
-    "eurusd_iqn": ["triton::_member_linear_kernel", "aten::mul", "triton::_member_linear_kernel", "aten::baddbmm",
+    # ψ(s) ⊙ φ(τ_k) of the policy fractions one kernel (ops/member_iqn_embedding.py: were the embedding's
+    # layer on their constant cos, and ⊙ h; before that mul, cos first), the hidden layer, out, mean
+    "eurusd_iqn": ["triton::_iqn_embedding_forward_kernel", "triton::_member_linear_kernel", "aten::baddbmm",
                    "aten::mean"] + EPSILON + ENV_TAIL + REPLAY_TAIL,
     # the branches' and the value's layers one kernel (ops/member_heads.py: were baddbmm × 3 and the value's
     # member_linear), the joint Q (each branch's v + a − mean_a a, then the branches' mean) one kernel: were
@@ -285,8 +285,11 @@ def test_c51_forward_takes_the_expected_q_op_without_gradient(dueling, monkeypat
 #: gradient by the population's seed of ones (IQL: both gradients)
 #: branching 35 with its head's branches and value as layers (3 baddbmm and a member_linear per forward, 15
 #: backward launches; one kernel forward and two backward now: ops/member_heads.py)
+#: iqn 44 with ψ(s) ⊙ φ(τ) as torch ops and the embedding's layer in each of its three passes (mul, cos,
+#: member_linear, mul; the policy's member_linear, mul) and their backward as five launches (one kernel
+#: forward and three backward now: ops/member_iqn_embedding.py)
 UPDATE_AT_MOST = {"eurusd_c51": 23, "eurusd_rainbowish": 38, "eurusd_controls": 35, "eurusd_cql": 23, "eurusd_iql": 26,
-                  "eurusd_branching": 21, "eurusd_iqn": 44}
+                  "eurusd_branching": 16, "eurusd_iqn": 35}
 C51_HEAD = ("eurusd_c51", "eurusd_rainbowish")
 PRIORITIZED = ("eurusd_rainbowish", "eurusd_controls")
 #: a C51 head's atoms here: 11 (odd, masked in a block of 16) instead of 51; the launches do not depend on
@@ -330,7 +333,8 @@ def test_update_launches_stay_fused(name):
     if name == "eurusd_iqn":  # after the heads: one kernel, its saved gradient as backward
         assert ops.count("triton::_iqn_loss_kernel") == 1 and "triton::_qhl_fwd_kernel" not in ops
         assert not {"aten::gather", "aten::gather_backward", "aten::argmax", "aten::add", "aten::div"} & set(ops)
-        assert ops.count("aten::cos") == 2, Counter(ops)  # the sampled τ and τ' only
+        assert "aten::cos" not in ops and ops.count("triton::_iqn_embedding_forward_kernel") == 3, Counter(ops)
+        assert ops.count("triton::_iqn_embedding_backward_kernel") == 1
     if name in PRIORITIZED:  # slots to rows in one kernel, none for the update's slots; size and β one kernel
         assert ops.count("triton::_per_rows_kernel") == 1 and ops.count("triton::_per_schedule_kernel") == 1
         assert ops[1:3] == ["triton::_per_schedule_kernel", "triton::_per_prefix_kernel"], ops[:4]
