@@ -62,7 +62,7 @@ __all__ = ["member_iqn_embedding", "member_iqn_embedding_reference", "member_iqn
 #: operands load straight from registers and swizzled shared memory (docs/bench.md#kernels: at 64
 #: rows, wgmma's B operand goes back to shared memory after the TF32 rounding).
 BLOCK_M = 32
-BLOCK_N = 64  # columns of H per program (forward and backward)
+BLOCK_N = 128  # columns of H per program (forward and backward): each recomputes its rows' cosines
 BLOCK_J = 32  # fractions per step of the backward's loop over a row's N fractions
 NUM_WARPS = 4
 MAX_EMBEDDING = 128  # n: the cosine basis in one [*, 128] tile
@@ -80,11 +80,16 @@ def _cosines(taus_ptr, rows, rm, N, stm, stn, pi_ptr, e, em):
 
 
 @triton.jit
-def _pre_activation(c, w_ptr, b_ptr, e, em, cols, cm, swe, swh, sbh, PREC: tl.constexpr):
-    """z = c · W[:, cols] + b[cols] (member base pointers), float32 [len(c), len(cols)]."""
+def _weights(w_ptr, b_ptr, e, em, cols, cm, swe, swh, sbh, PREC: tl.constexpr):
+    """(W[:, cols] rounded for the product, [BLOCK_E, len(cols)]; b[cols]) of member base pointers, 0 outside."""
     w = tl.load(w_ptr + e.to(tl.int64)[:, None] * swe + cols[None, :] * swh, mask=em[:, None] & cm[None, :], other=0.0)
-    z = tl.dot(_tf32(c, PREC), _tf32(w, PREC), input_precision=PREC)
-    return z + tl.load(b_ptr + cols * sbh, mask=cm, other=0.0)[None, :]
+    return _tf32(w, PREC), tl.load(b_ptr + cols * sbh, mask=cm, other=0.0)
+
+
+@triton.jit
+def _pre_activation(c, w, b, PREC: tl.constexpr):
+    """z = c · W + b (:func:`_weights`' W and b), float32 [len(c), len(b)]."""
+    return tl.dot(_tf32(c, PREC), w, input_precision=PREC) + b[None, :]
 
 
 @triton.jit
@@ -97,7 +102,8 @@ def _iqn_embedding_forward_kernel(h_ptr, taus_ptr, pi_ptr, w_ptr, b_ptr, x_ptr, 
     e = tl.arange(0, BLOCK_E)
     rm, cm, em = rows < M * N, cols < H, e < E
     c = _cosines(taus_ptr + p * stp, rows, rm, N, stm, stn, pi_ptr, e, em)
-    z = _pre_activation(c, w_ptr + p * swp, b_ptr + p * sbp, e, em, cols, cm, swe, swh, sbh, PREC)
+    w, b = _weights(w_ptr + p * swp, b_ptr + p * sbp, e, em, cols, cm, swe, swh, sbh, PREC)
+    z = _pre_activation(c, w, b, PREC)
     phi = tl.where(z < 0, 0.0, z)  # relu; a NaN stays NaN
     psi = tl.load(h_ptr + p * shp + (rows // N).to(tl.int64)[:, None] * shm + cols[None, :] * shh,
                   mask=rm[:, None] & cm[None, :], other=0.0)
@@ -117,6 +123,7 @@ def _iqn_embedding_backward_kernel(dx_ptr, h_ptr, taus_ptr, pi_ptr, w_ptr, b_ptr
     e = tl.arange(0, BLOCK_E)
     cm, em = cols < H, e < E
     psi = tl.load(h_ptr + p * shp + m.to(tl.int64) * shm + cols * shh, mask=cm, other=0.0)
+    w, b = _weights(w_ptr + p * swp, b_ptr + p * sbp, e, em, cols, cm, swe, swh, sbh, PREC)  # once for all chunks
     dh = tl.zeros([BLOCK_N], dtype=tl.float32)
     for k0 in range(0, N, BLOCK_J):
         k = k0 + tl.arange(0, BLOCK_J)
@@ -126,7 +133,7 @@ def _iqn_embedding_backward_kernel(dx_ptr, h_ptr, taus_ptr, pi_ptr, w_ptr, b_ptr
         if tl.program_id(1) == 0:
             tl.store(cos_ptr + (p * M * N + rows.to(tl.int64))[:, None] * E + e[None, :], c,
                      mask=rm[:, None] & em[None, :])
-        z = _pre_activation(c, w_ptr + p * swp, b_ptr + p * sbp, e, em, cols, cm, swe, swh, sbh, PREC)
+        z = _pre_activation(c, w, b, PREC)
         phi = tl.where(z < 0, 0.0, z)
         mask = rm[:, None] & cm[None, :]
         g = tl.load(dx_ptr + p * sdp + rows.to(tl.int64)[:, None] * sdr + cols[None, :] * sdh, mask=mask, other=0.0)
