@@ -12,8 +12,8 @@ What the value stream's :mod:`foxdqn.ops.member_linear`, the advantage stream's 
 :mod:`foxdqn.ops.dueling_combine` compute in four kernels forward, and their backwards in eight
 (the combine's, two GEMMs and a bias sum per stream, the sum of the two dx), for the update of a
 dueling population (issue 33: kernels per update; taken where
-``foxdqn.population.network.DUELING_HEAD_KERNELS`` is on, off while these launch constants are
-slower than the layers: docs/bench.md#kernels).
+``foxdqn.population.network.DUELING_HEAD_KERNELS`` is on, the default: the network's forward +
+backward 0.71–0.89 of the layers' time on an H100, docs/bench.md#kernels).
 
 Kernels (Triton). Each weight tile is a plain load that feeds ``tl.dot`` (on CUDA it goes from
 the software pipeline's swizzled shared memory straight into the operand layout): a tile built in
@@ -78,11 +78,14 @@ __all__ = ["member_dueling_head", "member_dueling_head_reference", "member_dueli
 BLOCK_M = 32
 BLOCK_M_SMALL = 32
 SMALL_GRID = 264  # two waves of the H200's 132 SMs
-BLOCK_K = 32  # K per step of the forward's loop
+BLOCK_K = 64  # K per step of the forward's loop
 BLOCK_DX = 64  # dx columns (of K) per program
 BLOCK_DW = 32  # dW rows (of K) per program
 BLOCK_R = 32  # rows per step of the dW loop: fixed, so the sums' order does not depend on P
-STAGES_FORWARD, WARPS_FORWARD = 3, 4  # the forward's software-pipeline stages (its K loop) and warps
+#: the forward's software-pipeline stages (its K loop) and warps; with BLOCK_K 64 the fastest of 6
+#: settings at 1, 64 and 512 members on an H100 (8.1, 11.9, 162.5 µs against 10.3, 15.5, 195.2 at
+#: BLOCK_K 32 and 3 stages: docs/bench.md#launch-constants)
+STAGES_FORWARD, WARPS_FORWARD = 2, 4
 WARPS_DX = 4
 STAGES_DW, WARPS_DW = 3, 4  # the dW kernel's (its loop over rows)
 MAX_ACTIONS = 127  # A + 1 columns in one tile of at most 128

@@ -18,7 +18,7 @@ batched GEMMs, ReLUs and autograd's elementwise kernels over ``[P, B, hidden]``)
 network's forward one kernel; the collect step's action selection fuses it too
 (:meth:`MemberQNetwork.acting_chain_args`: the chain and the ε-greedy selection in one kernel). A
 plain head wider than that acts through its layers and the ε-greedy kernel. With
-:data:`DUELING_HEAD_KERNELS` (off until timed, its comment) a dueling head's two streams and their
+:data:`DUELING_HEAD_KERNELS` (on; its comment has the timing) a dueling head's two streams and their
 combine run, where a gradient is needed, as one kernel forward and two backward
 (:func:`foxdqn.ops.member_dueling_head.member_dueling_head`; four and eight through the layers).
 On the CPU (outside :func:`foxdqn.ops.backend.cpu_kernels`) the layers run, so that a member
@@ -55,10 +55,10 @@ from foxdqn.population.conv import MemberNatureCNN
 from foxdqn.population.layers import member_copy, member_linear, member_linear_pair
 
 #: A dueling head's streams and combine through ops/member_dueling_head.py (1 launch forward, 2 backward)
-#: instead of their layers (4 and 8 on CUDA: 9 kernels fewer per update). Off: the op's first version was
-#: slower than the layers, its second (weight tiles straight into tl.dot) is not yet timed
-#: (docs/bench.md#kernels; ``python -m bench.ops.bench_member_dueling_head`` times it beside the layers).
-DUELING_HEAD_KERNELS = False
+#: instead of their layers (4 and 8 on CUDA: 9 kernels fewer per update). The op's second version (weight
+#: tiles straight into tl.dot) made ``eurusd_dqn``'s network forward + backward 0.71, 0.83 and 0.89 of the
+#: layers' time at 1, 64 and 512 members on an H100 (its first version: 1.08–1.45×; docs/bench.md#kernels).
+DUELING_HEAD_KERNELS = True
 
 #: Classic encoders whose member version is one module (:func:`stack_encoder`), not layers of ``weights``.
 MODULE_ENCODERS = (AttentionEncoder, NatureCNNEncoder)

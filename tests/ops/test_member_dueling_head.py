@@ -174,9 +174,9 @@ def test_tf32_path_against_float64_emulation(monkeypatch):
 
 
 def test_population_network_takes_the_kernels_where_the_fused_forwards_run(monkeypatch):
-    """MemberQNetwork with a dueling head and DUELING_HEAD_KERNELS on: inside cpu_kernels (as on CUDA)
-    the update's forward with gradient runs the head as one launch and its backward as two; outside,
-    the layers; the same values. With the switch off (the default), the layers inside cpu_kernels too."""
+    """MemberQNetwork with a dueling head and DUELING_HEAD_KERNELS on (the default): inside cpu_kernels
+    (as on CUDA) the update's forward with gradient runs the head as one launch and its backward as
+    two; outside, the layers; the same values. With the switch off, the layers inside cpu_kernels too."""
     from bench.cpu_kernels import launches
     from foxdqn.nn.heads import DuelingHead
     from foxdqn.nn.mlp import MLPEncoder
@@ -196,10 +196,10 @@ def test_population_network_takes_the_kernels_where_the_fused_forwards_run(monke
         return [member(obs).detach(), *torch.autograd.grad(member(obs), params, up)]
 
     with cpu_kernels():
-        off = launches(lambda: torch.autograd.grad(member(obs), params, up))
-        monkeypatch.setattr(network, "DUELING_HEAD_KERNELS", True)
         got = step()
         ops = launches(lambda: torch.autograd.grad(member(obs), params, up))
+        monkeypatch.setattr(network, "DUELING_HEAD_KERNELS", False)
+        off = launches(lambda: torch.autograd.grad(member(obs), params, up))
     plain = step()
     assert not [o for o in off if "dueling_head" in o] and "triton::_dueling_forward_kernel" in off, off
     assert len(off) - len(ops) == 8, (off, ops)  # 3 launches forward and 8 backward -> 1 and 2

@@ -241,9 +241,18 @@ def test_unknown_backend():
 @pytest.mark.gpu
 @pytest.mark.parametrize("p,m,n,e,hd", [(1, 128, 32, 64, 256), (64, 128, 32, 64, 256), (5, 33, 7, 9, 40)])
 def test_gpu_kernels_equal_reference(p, m, n, e, hd):
+    """x and dh against the reference; dW and db against float64 sums with the kernel's ReLU mask
+    (x ≠ 0): a pre-activation within rounding of 0 may fall on the other side of the ReLU in the
+    kernel and in cuBLAS (at 64 members, millions of values: some do), which moves that row's
+    dz by O(1)."""
     args, up = _case(p, m, n, e, hd, seed=p + m + n, device="cuda")
     got, want = _run(_kernel, args, up), _run(member_iqn_embedding_reference, args, up)
-    for name, g, r in zip(NAMES, got, want):  # TF32 on both sides, other sums
+    h, taus, pi_i, w, b = (t.double() for t in args)
+    cos = torch.cos(taus[..., None] * pi_i).reshape(p, m * n, e)
+    dz = up.double() * h.repeat_interleave(n, dim=1) * (got[0] != 0).double()
+    want[2:] = [cos.transpose(1, 2) @ dz, dz.sum(dim=1, keepdim=True)]
+    for name, g, r in zip(NAMES, got, want):  # TF32 or IEEE on both sides, other sums
+        r = r.float()
         torch.testing.assert_close(g, r, rtol=2e-3, atol=2e-3 * max(1.0, r.abs().max().item()), msg=name)
 
 
@@ -255,7 +264,7 @@ def test_gpu_kernel_counts_and_capture():
     h, taus, pi_i, w, b = args
     params = [h.requires_grad_(True), w.requires_grad_(True), b.requires_grad_(True)]
     n, names = cuda_kernels(lambda: torch.autograd.grad(member_iqn_embedding(*args), params, up))
-    assert n <= 4, names  # forward, backward kernel, cuBLAS's bmm (one kernel or two), the bias sum
+    assert n <= 5, names  # forward, backward kernel, cuBLAS's bmm (and a memset of its own), the bias sum
     with torch.no_grad():
         graph, x = capture_graph(lambda: member_iqn_embedding(*args))
         h.mul_(2.0)  # the replay reads the new values
