@@ -61,7 +61,7 @@ TILE = 2048  #: elements of a program's pair tile [BLOCK_R, BLOCK_I, BLOCK_J] an
 def _iqn_loss_kernel(
     z_ptr,  # f32 [G·Bg, N, A] contiguous: online Z(s, τ)
     zt_ptr,  # f32 [G·Bg, N', A] contiguous: target Z'(s', τ')
-    sel_ptr,  # f32 [G·Bg, A] contiguous: the expected Q at s' that picks a*
+    sel_ptr,  # f32 [G, Bg, A], strides (ssg, ssb, ssa): the expected Q at s' that picks a*
     pen_ptr,  # f32 [G·Bg, A] (PENALISED): subtracted from sel
     tau_ptr,  # f32 [G·Bg, N] contiguous: τ
     action_ptr, reward_ptr, discount_ptr, weight_ptr,  # [G·Bg]
@@ -70,7 +70,7 @@ def _iqn_loss_kernel(
     rho_ptr,  # f32 [G·Bg] out ρ
     grad_ptr,  # f32 [G·Bg, N, A] out ∂loss/∂z
     part_ptr, ticket_ptr,  # scratch
-    G, Bg, N, NT, A, inv_n, inv_nt,
+    G, Bg, N, NT, A, inv_n, inv_nt, ssg, ssb, ssa,
     PENALISED: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_I: tl.constexpr, BLOCK_J: tl.constexpr,
     BLOCK_A: tl.constexpr, BLOCK_G: tl.constexpr, SUM_G: tl.constexpr, SUM_R: tl.constexpr,
 ):
@@ -90,7 +90,8 @@ def _iqn_loss_kernel(
     # a* of each row: the first argmax of select − penalty over the A actions
     cols = tl.arange(0, BLOCK_A)
     am = ok[:, None] & (cols < A)[None, :]
-    sel = tl.load(sel_ptr + row[:, None] * A + cols[None, :], mask=am, other=0.0)
+    sel = tl.load(sel_ptr + (g.to(tl.int64) * ssg + b.to(tl.int64) * ssb)[:, None] + cols[None, :] * ssa, mask=am,
+                  other=0.0)
     if PENALISED:
         sel = sel - tl.load(pen_ptr + row[:, None] * A + cols[None, :], mask=am, other=0.0)
     a_star = tl.argmax(tl.where(am, sel, float("-inf")), axis=1, tie_break_left=True)
@@ -174,7 +175,7 @@ class _IQNLoss(torch.autograd.Function):
             _iqn_loss_kernel[(programs,)](
                 z, z_target, select, penalty if penalty is not None else select, taus, action, reward, discount,
                 weight, kappa, loss, rho, grad, partials, ticket, groups, bg, n, nt, a, 1.0 / bg, 1.0 / nt,
-                PENALISED=penalty is not None, BLOCK_R=block_r, BLOCK_I=block_i, BLOCK_J=block_j, BLOCK_A=block_a,
+                select.stride(0), select.stride(1), select.stride(2), PENALISED=penalty is not None, BLOCK_R=block_r, BLOCK_I=block_i, BLOCK_J=block_j, BLOCK_A=block_a,
                 BLOCK_G=block_g, SUM_G=sum_g, SUM_R=sum_r, num_warps=NUM_WARPS)
         else:
             loss.fill_(float("nan"))  # the mean of nothing, as torch's
@@ -194,8 +195,10 @@ class _IQNLoss(torch.autograd.Function):
 
 
 def _check(z, z_target, select, taus, action, reward, discount, weight, kappa, penalty):
-    """Validate; returns (z [B, N, A], z_target [B, N', A], select [B, A], taus [B, N], action, reward,
-    discount, weight, kappa, penalty [B, A] or None, groups) as views."""
+    """Validate; returns (z [B, N, A], z_target [B, N', A], select [G, B/G, A], taus [B, N], action,
+    reward, discount, weight, kappa, penalty [B, A] or None, groups) as views (select: a view where
+    its layout allows, e.g. a population's [P, B, A] slice of a longer [P, 2B, A]; the kernel reads
+    its strides)."""
     op = "iqn_loss"
     action = action.reshape(-1)
     b = action.shape[0]
@@ -218,9 +221,11 @@ def _check(z, z_target, select, taus, action, reward, discount, weight, kappa, p
     check_devices(op, z, (("z_target", z_target), ("select", select), ("taus", taus), ("action", action),
                           ("reward", reward), ("discount", discount), ("weight", weight), ("kappa", kappa),
                           ("penalty", penalty)))
-    return (z.reshape(b, n, a), z_target.reshape(b, z_target.shape[-2], a), select.reshape(b, a), taus.reshape(b, n),
+    groups = kappa.shape[0]
+    return (z.reshape(b, n, a), z_target.reshape(b, z_target.shape[-2], a), select.reshape(groups, b // groups, a),
+            taus.reshape(b, n),
             action, reward,
-            discount, weight, kappa, None if penalty is None else penalty.reshape(b, a), kappa.shape[0])
+            discount, weight, kappa, None if penalty is None else penalty.reshape(b, a), groups)
 
 
 def _reference(z, z_target, select, taus, action, reward, discount, weight, kappa, penalty, groups):
@@ -228,6 +233,7 @@ def _reference(z, z_target, select, taus, action, reward, discount, weight, kapp
     n, nt = z.shape[1], z_target.shape[1]
     z_sa = z.gather(-1, action[:, None, None].expand(-1, n, 1)).squeeze(-1)  # [B, N]
     with torch.no_grad():
+        select = select.reshape(-1, select.shape[-1])
         sel = select if penalty is None else select - penalty
         a_star = sel.argmax(dim=-1)
         z_next = z_target.gather(-1, a_star[:, None, None].expand(-1, nt, 1)).squeeze(-1)  # [B, N']
@@ -252,7 +258,8 @@ def iqn_loss(z: torch.Tensor, z_target: torch.Tensor, select: torch.Tensor, taus
         z: float32 ``[..., B, N, A]`` (a population's ``[P, B/P, N, A]``), the online head's
             quantiles Z(s, τ), with gradient.
         z_target: float32 ``[..., B, N', A]``, the target head's Z'(s', τ') (a constant).
-        select: float32 ``[..., B, A]``, the expected Q at s' whose argmax is a* (the online
+        select: float32 ``[..., B, A]``, any strides (read in place where it views as ``[G, B/G, A]``),
+            the expected Q at s' whose argmax is a* (the online
             network's with Double DQN, else the target's; a constant).
         taus: float32 ``[..., B, N]``, the online quantile fractions τ in [0, 1).
         action: int64 ``[B]`` in [0, A) (a device value: not checked).
@@ -277,7 +284,7 @@ def iqn_loss(z: torch.Tensor, z_target: torch.Tensor, select: torch.Tensor, taus
     if resolve_backend("iqn_loss", backend, z) == "torch":
         return _reference(*checked)
     z3, zt3, sel, tau, action, reward, discount, weight, kappa, pen, groups = checked
-    loss, rho = _IQNLoss.apply(z3.contiguous(), zt3.detach().contiguous(), sel.detach().contiguous(),
+    loss, rho = _IQNLoss.apply(z3.contiguous(), zt3.detach().contiguous(), sel.detach(),
                                None if pen is None else pen.detach().contiguous(), tau.detach().contiguous(),
                                action.contiguous(), reward.contiguous(), discount.contiguous(), weight.contiguous(),
                                kappa.contiguous(), groups)

@@ -61,6 +61,23 @@ def test_kernel_equals_reference_with_gradients(n, nt, a, groups, bg):
     _assert_close(_run(_kernel, *case, upstream), _run(iqn_loss_reference, *case, upstream))
 
 
+def test_select_read_with_its_strides_without_a_copy():
+    """select as the population passes it, the s' half of a [P, 2B, A] pass over s and s' (a strided
+    view): the same bits as a contiguous copy, and no copy launched."""
+    from bench.cpu_kernels import launches
+
+    z, zt, select, *rest = _case(3, 5, 4, 6, 7, seed=2)
+    both = torch.cat([torch.randn(3, 5, 7), select], dim=1)
+    strided = both[:, 5:]
+    assert not strided.is_contiguous() and torch.equal(strided, select)
+    upstream = torch.ones(3)
+    got = _run(_kernel, z, zt, strided, *rest, upstream)
+    want = _run(_kernel, z, zt, select, *rest, upstream)
+    assert all(torch.equal(g, w) for g, w in zip(got, want))
+    ops = launches(lambda: _kernel(z, zt, strided, *rest[:-1], penalty=rest[-1]))
+    assert ops == ["triton::_iqn_loss_kernel"], ops
+
+
 def test_penalty_moves_the_target_action():
     *case, pen = _case(2, 13, 6, 5, 7, seed=3, penalty=True)
     for penalty in (pen, None, pen * 50):

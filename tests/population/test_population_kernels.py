@@ -289,9 +289,10 @@ def test_c51_forward_takes_the_expected_q_op_without_gradient(dueling, monkeypat
 #: backward launches; one kernel forward and two backward now: ops/member_heads.py)
 #: iqn 44 with ψ(s) ⊙ φ(τ) as torch ops and the embedding's layer in each of its three passes (mul, cos,
 #: member_linear, mul; the policy's member_linear, mul) and their backward as five launches (one kernel
-#: forward and three backward now: ops/member_iqn_embedding.py)
+#: forward and three backward now: ops/member_iqn_embedding.py); 35 with a copy of the Double DQN selection's
+#: s' rows (a slice of the policy pass over s and s': ops/iqn_loss.py reads its strides now)
 UPDATE_AT_MOST = {"eurusd_c51": 23, "eurusd_rainbowish": 38, "eurusd_controls": 35, "eurusd_cql": 23, "eurusd_iql": 26,
-                  "eurusd_branching": 16, "eurusd_iqn": 35}
+                  "eurusd_branching": 16, "eurusd_iqn": 34}
 C51_HEAD = ("eurusd_c51", "eurusd_rainbowish")
 PRIORITIZED = ("eurusd_rainbowish", "eurusd_controls")
 #: a C51 head's atoms here: 11 (odd, masked in a block of 16) instead of 51; the launches do not depend on
