@@ -175,8 +175,9 @@ class _IQNLoss(torch.autograd.Function):
             _iqn_loss_kernel[(programs,)](
                 z, z_target, select, penalty if penalty is not None else select, taus, action, reward, discount,
                 weight, kappa, loss, rho, grad, partials, ticket, groups, bg, n, nt, a, 1.0 / bg, 1.0 / nt,
-                select.stride(0), select.stride(1), select.stride(2), PENALISED=penalty is not None, BLOCK_R=block_r, BLOCK_I=block_i, BLOCK_J=block_j, BLOCK_A=block_a,
-                BLOCK_G=block_g, SUM_G=sum_g, SUM_R=sum_r, num_warps=NUM_WARPS)
+                select.stride(0), select.stride(1), select.stride(2), PENALISED=penalty is not None, BLOCK_R=block_r,
+                BLOCK_I=block_i, BLOCK_J=block_j, BLOCK_A=block_a, BLOCK_G=block_g, SUM_G=sum_g, SUM_R=sum_r,
+                num_warps=NUM_WARPS)
         else:
             loss.fill_(float("nan"))  # the mean of nothing, as torch's
         ctx.save_for_backward(grad)

@@ -330,7 +330,8 @@ def _problem(x, weights, biases) -> str | None:
             return (f"{op}: weights[{d}] must be [{members}, {k}, N] (x's members and width) with 1 <= N <= "
                     f"{MAX_WIDTH}, got {describe(w)}")
         if tuple(b.shape) != (members, 1, n):
-            return f"{op}: biases[{d}] must be [{members}, 1, {n}] (weights[{d}]'s members and columns), got {describe(b)}"
+            return (f"{op}: biases[{d}] must be [{members}, 1, {n}] (weights[{d}]'s members and columns), "
+                    f"got {describe(b)}")
         if w.device != x.device or b.device != x.device:
             return f"{op}: x, weights[{d}] and biases[{d}] must be on one device"
     return None

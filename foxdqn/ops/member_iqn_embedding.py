@@ -207,7 +207,8 @@ def _problem(h, taus, pi_i, w, b) -> str | None:
     op = "member_iqn_embedding"
     for name, t, dims in (("h", h, 3), ("taus", taus, 3), ("pi_i", pi_i, 1), ("w", w, 3), ("b", b, 3)):
         if not isinstance(t, Tensor) or t.dim() != dims or t.dtype != torch.float32:
-            return f"{op}: {name} must be a float32 tensor of {dims} dimension{'s' if dims > 1 else ''}, got {describe(t)}"
+            plural = "s" if dims > 1 else ""
+            return f"{op}: {name} must be a float32 tensor of {dims} dimension{plural}, got {describe(t)}"
     members, m, hd = h.shape
     if not 1 <= members <= MAX_MEMBERS:
         return f"{op}: h must hold 1 to {MAX_MEMBERS} members, got {describe(h)}"

@@ -267,7 +267,9 @@ class MemberIQNNetwork(MemberQNetwork):
 
     def policy_q(self, h: torch.Tensor) -> torch.Tensor:
         """Expected Q ``[P, M, A]`` of features h ``[P, M, H]``: the mean of Z over the K midpoints,
-        their embedding (:meth:`policy_embedding`) broadcast over the M rows."""
+        ψ(s) ⊙ φ(τ_k) in one kernel where :meth:`_fused_mix` runs (the midpoints an expanded view,
+        their embedding recomputed per row), else their embedding (:meth:`policy_embedding`)
+        broadcast over the M rows."""
         p, m, k = h.shape[0], h.shape[1], self.num_quantiles_policy
         x = self._fused_mix(h, self.policy_taus.expand(p, m, k))  # φ(τ_k) recomputed per row, in the kernel
         if x is not None:
