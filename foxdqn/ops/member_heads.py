@@ -55,7 +55,7 @@ from torch import Tensor
 from foxdqn.ops.backend import describe, resolve_backend
 from foxdqn.ops.library import wrap_triton
 from foxdqn.ops.member_linear import _tile
-from foxdqn.ops.mlp_chain import _prec, _tf32
+from foxdqn.ops.mlp_chain import _fill, _prec, _tf32
 
 __all__ = ["member_heads", "member_heads_reference", "member_heads_supported"]
 
@@ -222,11 +222,6 @@ def _member_heads_dw_kernel(g0, g1, g2, g3, x_ptr, dw0, dw1, dw2, dw3, db0, db1,
 
 
 # ----------------------------------------------------------------------------- launches
-def _padded(ts: Sequence, filler) -> list:
-    """``ts`` padded to MAX_HEADS entries with ``filler`` (a pointer the kernels never read)."""
-    return [*ts, *([filler] * (MAX_HEADS - len(ts)))]
-
-
 def _block_n(weights: Sequence[Tensor]) -> int:
     return max(16, triton.next_power_of_2(max(w.shape[2] for w in weights)))
 
@@ -236,12 +231,12 @@ def _block_m(m: int) -> int:
 
 
 def _widths(weights: Sequence[Tensor]) -> list[int]:
-    return _padded([w.shape[2] for w in weights], 0)
+    return _fill([w.shape[2] for w in weights], MAX_HEADS, 0)
 
 
 def _strides(ts: Sequence[Tensor]) -> list[int]:
     """The three strides of each of ``ts`` [P, *, *], padded to MAX_HEADS heads."""
-    return [s for t in _padded(ts, ts[0]) for s in (t.stride(0), t.stride(1), t.stride(2))]
+    return [s for t in _fill(ts, MAX_HEADS, ts[0]) for s in (t.stride(0), t.stride(1), t.stride(2))]
 
 
 def _forward(x: Tensor, weights: Sequence[Tensor], biases: Sequence[Tensor]) -> list[Tensor]:
@@ -249,10 +244,11 @@ def _forward(x: Tensor, weights: Sequence[Tensor], biases: Sequence[Tensor]) -> 
     ys = [x.new_empty(members, m, w.shape[2]) for w in weights]
     if m:
         bm = _block_m(m)
-        bias_strides = [s for b in _padded(biases, biases[0]) for s in (b.stride(0), b.stride(2))]
+        bias_strides = [s for b in _fill(biases, MAX_HEADS, biases[0]) for s in (b.stride(0), b.stride(2))]
         wrap_triton(_member_heads_forward_kernel)[(triton.cdiv(m, bm), members)](
-            x, *_padded(weights, x), *_padded(biases, x), *_padded(ys, x), m, k, *_widths(weights), x.stride(0),
-            x.stride(1), x.stride(2), *_strides(weights), *bias_strides, HEADS=len(weights), PREC=_prec(x),
+            x, *_fill(weights, MAX_HEADS, x), *_fill(biases, MAX_HEADS, x), *_fill(ys, MAX_HEADS, x), m, k,
+            *_widths(weights), x.stride(0), x.stride(1), x.stride(2), *_strides(weights), *bias_strides,
+            HEADS=len(weights), PREC=_prec(x),
             BLOCK_M=bm, BLOCK_N=_block_n(weights), BLOCK_K=_tile(k, BLOCK_K), num_warps=WARPS_FORWARD,
             num_stages=STAGES_FORWARD)
     return ys
@@ -265,9 +261,9 @@ def _dx(grads: Sequence[Tensor], x: Tensor, weights: Sequence[Tensor]) -> Tensor
         bm = _block_m(m)
         grid = (triton.cdiv(m, bm), triton.cdiv(k, BLOCK_DX), members)
         wrap_triton(_member_heads_dx_kernel)[grid](
-            *_padded(grads, x), *_padded(weights, x), dx, m, k, *_widths(weights), *_strides(grads), *_strides(weights),
-            HEADS=len(weights), PREC=_prec(x), BLOCK_M=bm, BLOCK_N=_block_n(weights), BLOCK_DX=BLOCK_DX,
-            num_warps=WARPS_DX)
+            *_fill(grads, MAX_HEADS, x), *_fill(weights, MAX_HEADS, x), dx, m, k, *_widths(weights),
+            *_strides(grads), *_strides(weights), HEADS=len(weights), PREC=_prec(x), BLOCK_M=bm,
+            BLOCK_N=_block_n(weights), BLOCK_DX=BLOCK_DX, num_warps=WARPS_DX)
     return dx
 
 
@@ -277,11 +273,10 @@ def _dw(grads: Sequence[Tensor], x: Tensor, widths: Sequence[int]) -> tuple[list
     dbs = [x.new_empty(members, 1, n) for n in widths]
     grid = (max(1, triton.cdiv(k, BLOCK_DW)), members)  # k = 0: one program per member writes db
     wrap_triton(_member_heads_dw_kernel)[grid](
-        *_padded(grads, x), x, *_padded(dws, x), *_padded(dbs, x), m, k, *_padded(list(widths), 0), *_strides(grads),
-        x.stride(0),
-        x.stride(1), x.stride(2), HEADS=len(widths), PREC=_prec(x),
-        BLOCK_N=max(16, triton.next_power_of_2(max(widths))), BLOCK_DW=BLOCK_DW, BLOCK_R=BLOCK_R,
-        num_warps=WARPS_DW, num_stages=STAGES_DW)
+        *_fill(grads, MAX_HEADS, x), x, *_fill(dws, MAX_HEADS, x), *_fill(dbs, MAX_HEADS, x), m, k,
+        *_fill(list(widths), MAX_HEADS, 0), *_strides(grads), x.stride(0), x.stride(1), x.stride(2),
+        HEADS=len(widths), PREC=_prec(x), BLOCK_N=max(16, triton.next_power_of_2(max(widths))), BLOCK_DW=BLOCK_DW,
+        BLOCK_R=BLOCK_R, num_warps=WARPS_DW, num_stages=STAGES_DW)
     return dws, dbs
 
 
