@@ -33,6 +33,13 @@ weights, or with ``LOOP`` a loop over the output atoms, one atom's hat weights a
 bits may depend on how many rows (members) the batch has, as a batched matmul's may
 (docs/design/population.md); on the CPU both projections give the same bits.
 
+Groups and the weighted mean: each program holds ``BLOCK_R`` rows of one group (``G · NB``
+programs, NB = cdiv(R/G, BLOCK_R)). :func:`c51_weighted_loss` also returns each group's
+importance-weighted mean ``Σ_{r in g} w_r ce_r / B_g`` with its gradient, summed by the forward's
+last program (:func:`foxdqn.ops.dqn_td_loss.group_sums_of_last_program`) and scaled into the
+backward's rows: the weighted mean of :func:`foxdqn.objectives.base.weighted_mean` without its four
+launches.
+
 Rainbow's dueling head (Hessel et al. 2018, §"Dueling networks" per atom): given the value
 streams, each network's logits are ``v + adv − mean_a adv`` formed in the kernels, and the
 backward gives ``∂/∂v = G`` (the taken action's gradient G above) and
@@ -50,6 +57,7 @@ from torch import Tensor
 
 from foxdqn.ops.backend import describe, resolve_backend
 from foxdqn.ops.c51_project import _mul_rn, c51_project_reference
+from foxdqn.ops.dqn_td_loss import _scratch, group_block_rows, group_sum_blocks, group_sums_of_last_program
 from foxdqn.ops.library import device_op, wrap_triton
 
 #: The most atoms the kernels take (their [BLOCK_R, next_pow2(K)] tiles live in registers).
@@ -96,12 +104,15 @@ def _action_logits(adv_ptr, v_ptr, mean, rows64, act, j, ok, A, K, DUELING: tl.c
 def _c51_loss_fwd_kernel(
     logits_ptr, action_ptr, tlog_ptr, slog_ptr, pen_ptr, r_ptr, d_ptr, support_ptr, table_ptr,
     ce_ptr, q_ptr, m_ptr, lse_ptr, v_ptr, tv_ptr, sv_ptr,
-    R, A, K, rows_per_group,
+    weight_ptr, loss_ptr, part_ptr, ticket_ptr,  # MEAN: w [R], loss [G] out, scratch (dqn_td_loss._scratch)
+    G, A, K, rows_per_group, inv_rows,
     DOUBLE: tl.constexpr, PENALTY: tl.constexpr, DUELING: tl.constexpr, BLOCK_R: tl.constexpr, BK: tl.constexpr,
-    LOOP: tl.constexpr,
+    LOOP: tl.constexpr, MEAN: tl.constexpr, SUM_G: tl.constexpr, SUM_R: tl.constexpr,
 ):
-    rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
-    row_ok = rows < R
+    # G · NB programs of BLOCK_R rows of one group each (dqn_td_loss.group_block_rows)
+    rows_per_group = rows_per_group + tl.zeros([], dtype=tl.int64)  # an int argument equal to 1 arrives as a constexpr
+    group, b, row_ok, NB = group_block_rows(rows_per_group, BLOCK_R)
+    rows = group * rows_per_group + b
     rows64 = rows.to(tl.int64)
     j = tl.arange(0, BK)
     jm = j < K
@@ -164,11 +175,16 @@ def _c51_loss_fwd_kernel(
     tl.store(ce_ptr + rows64, ce, mask=row_ok)
     tl.store(lse_ptr + rows64, lse, mask=row_ok)
     tl.store(m_ptr + rows64[:, None] * K + j[None, :], m, mask=ok)
+    if MEAN:  # loss[g] = Σ_b w_b ce_b / B_g: this program's part, the groups' sums by the last program
+        w = tl.load(weight_ptr + rows64, mask=row_ok, other=0.0)
+        tl.store(part_ptr + tl.program_id(0), tl.sum(tl.where(row_ok, w * ce, 0.0), axis=0))
+        group_sums_of_last_program(part_ptr, ticket_ptr, loss_ptr, G, NB, inv_rows, SUM_G, SUM_R)
 
 
 @triton.jit
-def _c51_loss_bwd_kernel(grad_ptr, logits_ptr, v_ptr, action_ptr, m_ptr, lse_ptr, out_ptr, v_out_ptr, R, A, K,
-                         DUELING: tl.constexpr, BLOCK_R: tl.constexpr, BK: tl.constexpr):
+def _c51_loss_bwd_kernel(grad_ptr, logits_ptr, v_ptr, action_ptr, m_ptr, lse_ptr, out_ptr, v_out_ptr, weight_ptr,
+                         R, A, K, rows_per_group, inv_rows,
+                         DUELING: tl.constexpr, BLOCK_R: tl.constexpr, BK: tl.constexpr, MEAN: tl.constexpr):
     rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
     row_ok = rows < R
     rows64 = rows.to(tl.int64)
@@ -179,7 +195,12 @@ def _c51_loss_bwd_kernel(grad_ptr, logits_ptr, v_ptr, action_ptr, m_ptr, lse_ptr
     x = _action_logits(logits_ptr, v_ptr, mean, rows64, act[:, None], j, ok, A, K, DUELING)
     p = tl.exp(x - tl.load(lse_ptr + rows64, mask=row_ok, other=0.0)[:, None])
     m = tl.load(m_ptr + rows64[:, None] * K + j[None, :], mask=ok, other=0.0)
-    grad = tl.load(grad_ptr + rows64, mask=row_ok, other=0.0)[:, None] * (p * tl.sum(m, axis=1)[:, None] - m)
+    if MEAN:  # ∂loss[g]/∂ce_r = w_r / B_g, times the group's upstream gradient (weighted_mean's backward)
+        up = tl.load(grad_ptr + rows64 // rows_per_group, mask=row_ok, other=0.0) * inv_rows \
+            * tl.load(weight_ptr + rows64, mask=row_ok, other=0.0)
+    else:
+        up = tl.load(grad_ptr + rows64, mask=row_ok, other=0.0)
+    grad = up[:, None] * (p * tl.sum(m, axis=1)[:, None] - m)
     shared = tl.zeros([BLOCK_R, BK], dtype=tl.float32)
     if DUELING:  # logits = v + adv − mean_a adv: ∂/∂v = the taken action's, ∂/∂adv_a = its own − their mean
         tl.store(v_out_ptr + rows64[:, None] * K + j[None, :], grad, mask=ok)
@@ -200,61 +221,76 @@ def _blocks(r: int, k: int) -> tuple[int, int, bool]:
     return tile, bk, False
 
 
-@device_op("foxdqn::c51_loss", mutates_args=())
+@device_op("foxdqn::c51_loss", mutates_args=("partials", "ticket"))
 def _c51_loss_op(logits: Tensor, action: Tensor, target_logits: Tensor, select_logits: Optional[Tensor],
                  penalty: Optional[Tensor], reward: Tensor, discount: Tensor, support: Tensor,
                  table: Tensor, value: Optional[Tensor], target_value: Optional[Tensor],
-                 select_value: Optional[Tensor]) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+                 select_value: Optional[Tensor], weight: Optional[Tensor], partials: Optional[Tensor],
+                 ticket: Optional[Tensor]) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
     # value, target_value, select_value: None, or (dueling) [R, K], the value streams of the three
-    # networks whose advantages logits, target_logits and select_logits then are
+    # networks whose advantages logits, target_logits and select_logits then are. weight: None, or
+    # [R]: the fifth output is then each group's Σ w·ce / B_g ([G]; else empty), summed through
+    # partials and ticket (:func:`_launch`'s scratch)
     r, a, k = logits.shape
+    g = table.shape[0]
     dev = logits.device
     ce = torch.empty(r, device=dev, dtype=torch.float32)
     q = torch.empty(r, a, device=dev, dtype=torch.float32)
     m = torch.empty(r, k, device=dev, dtype=torch.float32)
     lse = torch.empty(r, device=dev, dtype=torch.float32)
+    loss = torch.empty(g if weight is not None else 0, device=dev, dtype=torch.float32)
     block_r, bk, loop = _blocks(r, k)
+    nb = triton.cdiv(r // g, block_r)
+    sum_g, sum_r = group_sum_blocks(g, nb)
     dueling = value is not None
     unused = reward  # a float32 pointer the kernel does not read
-    wrap_triton(_c51_loss_fwd_kernel)[(triton.cdiv(r, block_r),)](
+    wrap_triton(_c51_loss_fwd_kernel)[(g * nb,)](
         logits, action, target_logits, target_logits if select_logits is None else select_logits,
         reward if penalty is None else penalty, reward, discount, support, table, ce, q, m, lse,
         value if dueling else unused, target_value if dueling else unused,
         select_value if dueling and select_value is not None else unused,
-        r, a, k, r // table.shape[0],
+        unused if weight is None else weight, unused if weight is None else loss,
+        unused if partials is None else partials, action if ticket is None else ticket,
+        g, a, k, r // g, g / r,
         DOUBLE=select_logits is not None, PENALTY=penalty is not None, DUELING=dueling, BLOCK_R=block_r, BK=bk,
-        LOOP=loop, num_warps=4)
-    return ce, q, m, lse
+        LOOP=loop, MEAN=weight is not None, SUM_G=sum_g, SUM_R=sum_r, num_warps=4)
+    return ce, q, m, lse, loss
 
 
 @device_op("foxdqn::c51_loss_backward", mutates_args=())
-def _c51_loss_backward_op(grad_ce: Tensor, logits: Tensor, value: Optional[Tensor], action: Tensor, m: Tensor,
-                          lse: Tensor) -> tuple[Tensor, Tensor]:
+def _c51_loss_backward_op(grad: Tensor, logits: Tensor, value: Optional[Tensor], action: Tensor, m: Tensor,
+                          lse: Tensor, weight: Optional[Tensor]) -> tuple[Tensor, Tensor]:
+    # grad: the upstream gradient of ce ([R]), or with weight that of the groups' means ([G])
     r, a, k = logits.shape
     out = torch.empty_like(logits)
     v_out = torch.empty(r if value is not None else 0, k, device=logits.device, dtype=torch.float32)
     block_r, bk, _ = _blocks(r, k)
+    groups = grad.numel() if weight is not None else 1
     wrap_triton(_c51_loss_bwd_kernel)[(triton.cdiv(r, block_r),)](
-        grad_ce.contiguous(), logits, logits if value is None else value, action, m, lse, out, v_out, r, a, k,
-        DUELING=value is not None, BLOCK_R=block_r, BK=bk, num_warps=4)
+        grad.contiguous(), logits, logits if value is None else value, action, m, lse, out, v_out,
+        lse if weight is None else weight, r, a, k, r // groups, groups / r,
+        DUELING=value is not None, BLOCK_R=block_r, BK=bk, MEAN=weight is not None, num_warps=4)
     return out, v_out
 
 
 def _c51_loss_setup_context(ctx, inputs, output):
-    logits, action = inputs[:2]
-    ctx.save_for_backward(logits, inputs[9], action, output[2], output[3])
-    ctx.mark_non_differentiable(output[1], output[2], output[3])  # q, m, lse
+    logits, action, weight = inputs[0], inputs[1], inputs[12]
+    ctx.save_for_backward(logits, inputs[9], action, output[2], output[3], weight)
+    ctx.mean = weight is not None
+    # q, m, lse; ce too where the groups' means (the fifth output) carry the gradient
+    ctx.mark_non_differentiable(*output[1:4], *((output[0],) if ctx.mean else (output[4],)))
     ctx.set_materialize_grads(False)  # no zero tensors for them in the backward: three memsets fewer
 
 
-def _c51_loss_backward(ctx, grad_ce, *unused):
-    logits, value, action, m, lse = ctx.saved_tensors
+def _c51_loss_backward(ctx, grad_ce, grad_q, grad_m, grad_lse, grad_loss):
+    logits, value, action, m, lse, weight = ctx.saved_tensors
+    upstream = grad_loss if ctx.mean else grad_ce
     grad = grad_v = None
-    if grad_ce is not None and (ctx.needs_input_grad[0] or ctx.needs_input_grad[9]):
-        grad, grad_v = _c51_loss_backward_op(grad_ce, logits, value, action, m, lse)
+    if upstream is not None and (ctx.needs_input_grad[0] or ctx.needs_input_grad[9]):
+        grad, grad_v = _c51_loss_backward_op(upstream, logits, value, action, m, lse, weight)
         grad_v = grad_v if value is not None and ctx.needs_input_grad[9] else None
     # only the online logits (advantages) and value stream get a gradient
-    return grad, None, None, None, None, None, None, None, None, grad_v, None, None
+    return (grad, None, None, None, None, None, None, None, None, grad_v) + (None,) * 5
 
 
 _c51_loss_op.register_autograd(_c51_loss_backward, setup_context=_c51_loss_setup_context)
@@ -327,20 +363,80 @@ def c51_loss(logits: Tensor, action: Tensor, target_logits: Tensor, select_logit
             not dividing R; an unknown backend.
         RuntimeError: backend="triton" on CPU tensors without TRITON_INTERPRET=1.
     """
+    args = (logits, action, target_logits, select_logits, penalty, reward, discount, support, v_min, v_max)
+    if _backend(*args, value, target_value, select_value, backend) == "torch":
+        return c51_loss_reference(*args, value, target_value, select_value)
+    ce, q, _, _, _ = _launch(*args, table, value, target_value, select_value, None)
+    return ce, q.detach()
+
+
+def c51_weighted_loss(logits: Tensor, action: Tensor, target_logits: Tensor, select_logits: Tensor | None,
+                      penalty: Tensor | None, reward: Tensor, discount: Tensor, support: Tensor, v_min: Tensor,
+                      v_max: Tensor, weight: Tensor, table: Tensor | None = None, value: Tensor | None = None,
+                      target_value: Tensor | None = None, select_value: Tensor | None = None,
+                      backend: str = "auto") -> tuple[Tensor, Tensor, Tensor]:
+    """(loss float32 ``[G]`` with its gradient to ``logits`` (and ``value``), ce float32 ``[R]``
+    detached, q float32 ``[R, A]`` detached): :func:`c51_loss` and each group's importance-weighted
+    mean ``loss_g = Σ_{r in g} w_r · ce_r / B_g`` (B_g = R/G; PER's weighting, Schaul et al. 2016,
+    §3.4; :func:`foxdqn.objectives.base.weighted_mean`'s) in the same two kernels: the forward's
+    programs each hold one group's rows and store their part, the last program sums each group's
+    parts (:func:`foxdqn.ops.dqn_td_loss.group_sums_of_last_program`), and the backward scales each
+    row's gradient by ``upstream_g · (1/B_g) · w_r`` (``(upstream_g / B_g) · w_r``, the weighted
+    mean's backward, where B_g is a power of two; within an ulp otherwise). The mean's sum runs in
+    program order, so it equals the reference's to float32 rounding. Four launches fewer per
+    update than :func:`c51_loss` and a weighted mean (a multiply and a mean, their backward's
+    divide and multiply).
+
+    Args:
+        weight: float32 ``[R]`` contiguous, each row's importance weight (ones with uniform replay).
+        the rest: as :func:`c51_loss`.
+
+    Raises:
+        ValueError: as :func:`c51_loss`, and a weight that is not float32 ``[R]`` on logits' device.
+        RuntimeError: backend="triton" on CPU tensors without TRITON_INTERPRET=1.
+
+    Scratch: :func:`foxdqn.ops.dqn_td_loss._scratch`'s partials and ticket (calls on one stream).
+    """
+    args = (logits, action, target_logits, select_logits, penalty, reward, discount, support, v_min, v_max)
+    r = logits.shape[0] if isinstance(logits, Tensor) and logits.dim() == 3 else -1
+    if not isinstance(weight, Tensor) or tuple(weight.shape) != (r,) or weight.dtype != torch.float32 \
+            or not weight.is_contiguous() or weight.device != getattr(logits, "device", None):
+        raise ValueError(f"c51_weighted_loss: weight must be a contiguous float32 tensor [{r}] on logits' "
+                         f"device, got {describe(weight)}")
+    if _backend(*args, value, target_value, select_value, backend, "c51_weighted_loss") == "torch":
+        ce, q = c51_loss_reference(*args, value, target_value, select_value)
+        return (ce.view(support.shape[0], -1) * weight.view(support.shape[0], -1)).mean(dim=-1), ce.detach(), q
+    ce, q, _, _, loss = _launch(*args, table, value, target_value, select_value, weight)
+    return loss, ce.detach(), q.detach()
+
+
+def _backend(logits, action, target_logits, select_logits, penalty, reward, discount, support, v_min, v_max,
+             value, target_value, select_value, backend, name="c51_loss") -> str:
+    """Check the arguments; "torch" or "triton" (raises for too many atoms on the kernel's path)."""
     _check(logits, action, target_logits, select_logits, penalty, reward, discount, support, v_min, v_max)
     _check_values(logits, value, target_value, select_value, select_logits)
-    if resolve_backend("c51_loss", backend, logits) == "torch":
-        return c51_loss_reference(logits, action, target_logits, select_logits, penalty, reward, discount, support,
-                                  v_min, v_max, value, target_value, select_value)
-    if logits.shape[-1] > MAX_ATOMS:
-        raise ValueError(f"c51_loss: the kernel takes at most {MAX_ATOMS} atoms, got {logits.shape[-1]}")
+    chosen = resolve_backend(name, backend, logits)
+    if chosen != "torch" and logits.shape[-1] > MAX_ATOMS:
+        raise ValueError(f"{name}: the kernel takes at most {MAX_ATOMS} atoms, got {logits.shape[-1]}")
+    return chosen
+
+
+def _launch(logits, action, target_logits, select_logits, penalty, reward, discount, support, v_min, v_max,
+            table, value, target_value, select_value, weight):
+    """The forward op's outputs (ce, q, m, lse, loss), the table made where not given and, with
+    ``weight``, the scratch of ``G · NB`` programs."""
     if table is None:
         from foxdqn.ops.c51_project import support_table
 
         table = support_table(v_min, v_max, logits.shape[-1])
-    ce, q, _, _ = _c51_loss_op(logits, action, target_logits, select_logits, penalty, reward.contiguous(),
-                               discount.contiguous(), support, table, value, target_value, select_value)
-    return ce, q.detach()
+    partials = ticket = None
+    if weight is not None:
+        r, _, k = logits.shape
+        g = support.shape[0]
+        partials, ticket = _scratch(logits.device, g * triton.cdiv(r // g, _blocks(r, k)[0]))
+    return _c51_loss_op(logits, action, target_logits, select_logits, penalty, reward.contiguous(),
+                        discount.contiguous(), support, table, value, target_value, select_value, weight, partials,
+                        ticket)
 
 
 def _check_values(logits, value, target_value, select_value, select_logits) -> None:

@@ -241,10 +241,16 @@ def _blocks(groups: int, rows_per_group: int, num_actions: int, min_programs: in
     block_r = max(1, min(triton.next_power_of_2(max(rows_per_group, 1)), TILE // block_a))
     while block_r > 1 and groups * triton.cdiv(rows_per_group, block_r) < min_programs:
         block_r //= 2
-    nb = triton.cdiv(rows_per_group, block_r)
-    sum_r = min(triton.next_power_of_2(nb), SUM_ROWS)
-    sum_g = max(1, min(triton.next_power_of_2(groups), SUM_TILE // sum_r))
-    return block_r, block_a, sum_g, sum_r
+    return (block_r, block_a, *group_sum_blocks(groups, triton.cdiv(rows_per_group, block_r)))
+
+
+def group_sum_blocks(groups: int, blocks_per_group: int) -> tuple[int, int]:
+    """(SUM_G, SUM_R) of :func:`group_sums_of_last_program` for ``groups`` groups of
+    ``blocks_per_group`` programs each: SUM_R partials per group and iteration (a power of two, at
+    most :data:`SUM_ROWS`), SUM_G groups per tile of at most :data:`SUM_TILE` elements. Also serves
+    :mod:`foxdqn.ops.iqn_loss` and :mod:`foxdqn.ops.c51_loss`."""
+    sum_r = min(triton.next_power_of_2(blocks_per_group), SUM_ROWS)
+    return max(1, min(triton.next_power_of_2(groups), SUM_TILE // sum_r)), sum_r
 
 
 _SCRATCH: dict[tuple[torch.device, int], tuple[torch.Tensor, torch.Tensor]] = {}

@@ -149,10 +149,8 @@ def _blocks(groups: int, rows_per_group: int, n: int, nt: int, actions: int, min
         block_r //= 2
     block_a = triton.next_power_of_2(actions)
     block_g = max(1, min(block_a, TILE // (block_r * block_i)))
-    nb = triton.cdiv(rows_per_group, block_r)
-    sum_r = min(triton.next_power_of_2(nb), _td.SUM_ROWS)
-    sum_g = max(1, min(triton.next_power_of_2(groups), _td.SUM_TILE // sum_r))
-    return block_r, block_i, block_j, block_a, block_g, sum_g, sum_r
+    return (block_r, block_i, block_j, block_a, block_g,
+            *_td.group_sum_blocks(groups, triton.cdiv(rows_per_group, block_r)))
 
 
 class _IQNLoss(torch.autograd.Function):

@@ -38,7 +38,7 @@ from foxdqn.objectives.iql import iql_loss
 from foxdqn.ops.backend import fused_forward
 from foxdqn.ops.branching_loss import MAX_BRANCHES as BRANCHING_LOSS_BRANCHES, branching_loss
 from foxdqn.ops.cql_loss import cql_loss
-from foxdqn.ops.c51_loss import MAX_ATOMS as C51_LOSS_MAX_ATOMS, c51_loss
+from foxdqn.ops.c51_loss import MAX_ATOMS as C51_LOSS_MAX_ATOMS, c51_weighted_loss
 from foxdqn.ops.dqn_td_loss import dqn_td_loss, huber_per_group
 from foxdqn.ops.iqn_loss import iqn_loss
 from foxdqn.ops.replay_gather import stacked_pair
@@ -116,9 +116,9 @@ def member_c51_loss(online: MemberC51Network, target: MemberC51Network, batch: B
 
     Where the fused kernels run (:func:`foxdqn.ops.backend.fused_forward`: CUDA, or the CPU inside
     ``cpu_kernels``) and Q needs no gradient (``q_grad`` False: no CQL term), the selection of a*,
-    the projection and the cross-entropy are one forward and one backward kernel
-    (:func:`foxdqn.ops.c51_loss.c51_loss`, the same loss to float32 rounding); on the CPU otherwise
-    the ops of :func:`foxdqn.objectives.c51.c51_cross_entropy`, whose bits the tests compare."""
+    the projection, the cross-entropy and the weighted mean are one forward and one backward kernel
+    (:func:`foxdqn.ops.c51_loss.c51_weighted_loss`, the same loss to float32 rounding); on the CPU
+    otherwise the ops of :func:`foxdqn.objectives.c51.c51_cross_entropy`, whose bits the tests compare."""
     if not q_grad and fused_forward(batch.obs) and online.atoms <= C51_LOSS_MAX_ATOMS:
         obs, next_obs, action, reward, discount = _member_view(batch, members)
         if double:  # the online network's s (grad) and s' rows, each layer's in one launch where it can
@@ -131,13 +131,13 @@ def member_c51_loss(online: MemberC51Network, target: MemberC51Network, batch: B
         p, b, a, k = logits.shape
         flat = lambda t: None if t is None else t.reshape(p * b, a, k)  # noqa: E731
         rows = lambda t: None if t is None else t.reshape(p * b, k)  # noqa: E731
-        ce, q = c51_loss(flat(logits), action.reshape(-1), flat(target_logits), flat(select_logits),
-                         None if penalty is None else penalty.reshape(p * b, a), reward.reshape(-1),
-                         discount.reshape(-1), online.support.view(p, k), online.v_min, online.v_max,
-                         table=online.projection_table, value=rows(value), target_value=rows(target_value),
-                         select_value=rows(select_value))
-        ce = ce.view(p, b)
-        return weighted_mean(ce, batch.weight), ce.detach().view(-1), q.view(p, b, a)
+        loss, ce, q = c51_weighted_loss(flat(logits), action.reshape(-1), flat(target_logits), flat(select_logits),
+                                        None if penalty is None else penalty.reshape(p * b, a), reward.reshape(-1),
+                                        discount.reshape(-1), online.support.view(p, k), online.v_min,
+                                        online.v_max, batch.weight.reshape(-1), table=online.projection_table,
+                                        value=rows(value), target_value=rows(target_value),
+                                        select_value=rows(select_value))
+        return loss, ce, q.view(p, b, a)
     ce, q = c51_cross_entropy(online, target, *_member_view(batch, members), double=double, penalty=penalty)
     return weighted_mean(ce, batch.weight), ce.detach().view(-1), q
 

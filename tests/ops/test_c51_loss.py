@@ -2,11 +2,12 @@
 foxdqn.objectives.c51.c51_cross_entropy) on odd shapes (one group, odd groups and rows, one action,
 K = 2 and 51, Double DQN or not, a penalty), the gradient against autograd's of the reference, a*
 where the selection's maximum is clear, terminal rows and rewards past the bounds, NaN rows,
-groups that never mix, argument errors; on the GPU the compiled kernels."""
+groups that never mix, argument errors; the weighted mean per group (c51_weighted_loss) against
+the reference's ce and weighted_mean; on the GPU the compiled kernels."""
 import pytest
 import torch
 
-from foxdqn.ops.c51_loss import MAX_ATOMS, c51_loss, c51_loss_reference
+from foxdqn.ops.c51_loss import MAX_ATOMS, c51_loss, c51_loss_reference, c51_weighted_loss
 from foxdqn.ops.c51_project import support_table
 
 
@@ -231,3 +232,119 @@ def test_loop_over_atoms_equals_the_tile_and_the_reference(monkeypatch, g, rows,
     torch.testing.assert_close(loop[1], ref[1], rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(loop[0][clear], ref[0][clear], rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(loop[2][clear], ref[2][clear], rtol=1e-5, atol=1e-6)
+
+
+def _run_weighted(case, weight, backend, streams=(None, None, None), upstream=None):
+    """(loss, ce, q, grad of the advantages/logits, grad of the value stream) of c51_weighted_loss."""
+    adv = case[0].clone().requires_grad_(True)
+    v = None if streams[0] is None else streams[0].clone().requires_grad_(True)
+    loss, ce, q = c51_weighted_loss(adv, *case[1:], weight, value=v, target_value=streams[1],
+                                    select_value=streams[2], backend=backend)
+    if upstream is None:
+        loss.backward(torch.ones_like(loss))  # a population's unit seed
+    else:
+        (loss * upstream).sum().backward()
+    return loss.detach(), ce, q, adv.grad, None if v is None else v.grad
+
+
+@pytest.mark.parametrize("g,rows,a,k,double,dueling,loop", [(1, 7, 3, 51, True, False, False),
+                                                            (3, 5, 4, 51, False, True, False),
+                                                            (5, 3, 1, 2, True, False, False),
+                                                            (2, 33, 3, 51, True, True, True),
+                                                            (4, 1, 2, 11, False, False, False)])
+def test_weighted_loss_matches_weighted_mean_of_the_reference(monkeypatch, g, rows, a, k, double, dueling, loop):
+    """loss_g = Σ w·ce / B_g of each group, ce, q and the gradients (a unit seed and a non-unit
+    upstream) = the reference's ce, weighted_mean and autograd, on rows whose a* is clear (the loss
+    of a group compared only where all its rows are clear); ``loop``: the projection's loop over
+    atoms with 8-row programs (rows not a multiple of 8: the masked tail rows add nothing)."""
+    from foxdqn.objectives.base import weighted_mean
+    from foxdqn.ops import c51_loss as mod
+
+    if loop:
+        monkeypatch.setattr(mod, "MIN_PROGRAMS", 1)
+    case = _case(g, rows, a, k, seed=11 * g + rows + k, double=double, penalty=True)
+    gen = torch.Generator().manual_seed(rows)
+    weight = torch.rand(g * rows, generator=gen) + 0.25
+    streams = [torch.randn(g * rows, k, generator=gen) for _ in range(3)] if dueling else [None, None, None]
+    if dueling and not double:
+        streams[2] = None
+    from foxdqn.ops.c51_loss import dueling_logits
+
+    combined = [dueling_logits(streams[0], case[0]), case[1], dueling_logits(streams[1], case[2]),
+                dueling_logits(streams[2], case[3]), *case[4:]]
+    clear = _selection_clear(combined)
+    assert clear.sum() >= max(1, g * rows // 2)
+    upstream = torch.linspace(0.5, 2.0, g)
+    for up in (None, upstream):
+        loss_k, ce_k, q_k, ga_k, gv_k = _run_weighted(case, weight, "triton", streams, up)
+        adv = case[0].clone().requires_grad_(True)
+        v = None if streams[0] is None else streams[0].clone().requires_grad_(True)
+        ce_r, q_r = c51_loss_reference(adv, *case[1:], value=v, target_value=streams[1], select_value=streams[2])
+        loss_r = weighted_mean(ce_r.view(g, rows), weight)
+        (loss_r * (torch.ones(g) if up is None else up)).sum().backward()
+        assert loss_k.shape == (g,) and not ce_k.requires_grad and not q_k.requires_grad
+        torch.testing.assert_close(q_k, q_r, rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(ce_k[clear], ce_r.detach()[clear], rtol=1e-5, atol=1e-5)
+        whole = clear.view(g, rows).all(dim=1)
+        torch.testing.assert_close(loss_k[whole], loss_r.detach()[whole], rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(ga_k[clear], adv.grad[clear], rtol=1e-5, atol=1e-7)
+        if dueling:
+            torch.testing.assert_close(gv_k[clear], v.grad[clear], rtol=1e-5, atol=1e-7)
+    # the kernel's per-row ce is c51_loss's, bit for bit
+    ce_plain, _, _ = _run(case, "triton")
+    if not dueling:
+        assert torch.equal(ce_k, ce_plain)
+
+
+def test_weighted_loss_groups_never_mix_and_zero_weights_count_nothing():
+    """A group's loss and gradient are those of its rows alone; a row of weight 0 adds nothing to
+    its group's loss and gets no gradient."""
+    case = _case(3, 6, 3, 51, seed=21)
+    weight = torch.rand(18, generator=torch.Generator().manual_seed(1)) + 0.5
+    weight[[2, 9]] = 0.0
+    loss, ce, _, grad, _ = _run_weighted(case, weight, "triton")
+    assert (grad[[2, 9]] == 0).all() and (grad[[0, 1, 3]].abs().sum() > 0)
+    for i in range(3):
+        rows = slice(6 * i, 6 * i + 6)
+        one = [t[rows].contiguous() if t is not None and t.shape[0] == 18 else t for t in case[:7]]
+        one += [case[7][i:i + 1].contiguous(), case[8][i:i + 1], case[9][i:i + 1]]
+        loss1, ce1, _, grad1, _ = _run_weighted(one, weight[rows].contiguous(), "triton")
+        torch.testing.assert_close(loss[i:i + 1], loss1, rtol=1e-6, atol=0)
+        assert torch.equal(ce[rows], ce1) and torch.equal(grad[rows], grad1)
+    torch.testing.assert_close(loss, (ce * weight).view(3, 6).mean(dim=1), rtol=1e-6, atol=0)
+
+
+def test_weighted_loss_argument_errors_and_auto_on_the_cpu():
+    case = _case(2, 3, 3, 5, seed=22)
+    with pytest.raises(ValueError, match="weight must be"):
+        c51_weighted_loss(*case, torch.ones(5))
+    with pytest.raises(ValueError, match="weight must be"):
+        c51_weighted_loss(*case, torch.ones(6, dtype=torch.float64))
+    with pytest.raises(ValueError, match="logits must be"):
+        c51_weighted_loss(case[0].double(), *case[1:], torch.ones(6))
+    weight = torch.rand(6)
+    loss, ce, q = c51_weighted_loss(*case, weight)  # auto: the reference on CPU tensors
+    ce_r, q_r = c51_loss_reference(*case)
+    assert torch.equal(ce, ce_r) and torch.equal(q, q_r)
+    assert torch.equal(loss, (ce_r.view(2, 3) * weight.view(2, 3)).mean(dim=1))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("g,rows,a,k", [(1, 256, 45, 51), (64, 32, 3, 51), (64, 48, 5, 51), (3, 7, 1, 2)])
+def test_compiled_weighted_loss_matches_reference_on_cuda(g, rows, a, k):
+    from foxdqn.objectives.base import weighted_mean
+
+    case = _case(g, rows, a, k, seed=g + rows, penalty=True, device="cuda")
+    weight = torch.rand(g * rows, device="cuda") + 0.25
+    upstream = torch.linspace(0.5, 2.0, g, device="cuda")
+    loss_k, ce_k, q_k, grad_k, _ = _run_weighted(case, weight, "auto", upstream=upstream)
+    adv = case[0].clone().requires_grad_(True)
+    ce_r, q_r = c51_loss_reference(adv, *case[1:])
+    loss_r = weighted_mean(ce_r.view(g, rows), weight)
+    (loss_r * upstream).sum().backward()
+    clear = _selection_clear([t.cpu() if isinstance(t, torch.Tensor) else t for t in case]).cuda()
+    whole = clear.view(g, rows).all(dim=1)
+    torch.testing.assert_close(q_k, q_r, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(ce_k[clear], ce_r.detach()[clear], rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(loss_k[whole], loss_r.detach()[whole], rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(grad_k[clear], adv.grad[clear], rtol=1e-5, atol=1e-6)
