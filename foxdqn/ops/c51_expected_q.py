@@ -35,6 +35,8 @@ for backend="triton" on CPU tensors without TRITON_INTERPRET=1.
 """
 from __future__ import annotations
 
+from typing import Optional
+
 import torch
 import torch.nn.functional as F
 import triton
@@ -52,9 +54,9 @@ NUM_WARPS = 4
 
 
 @triton.jit
-def _c51_expected_q_kernel(adv_ptr, v_ptr, z_ptr, q_ptr, M, s_ap, s_am, s_aa, s_ak, s_vp, s_vm, s_vk, s_zp, s_zk,
-                           A: tl.constexpr, K: tl.constexpr, PA: tl.constexpr, PK: tl.constexpr,
-                           DUELING: tl.constexpr):
+def _c51_expected_q_kernel(adv_ptr, v_ptr, z_ptr, q_ptr, ab_ptr, vb_ptr, M, s_ap, s_am, s_aa, s_ak, s_vp, s_vm,
+                           s_vk, s_zp, s_zk, A: tl.constexpr, K: tl.constexpr, PA: tl.constexpr, PK: tl.constexpr,
+                           DUELING: tl.constexpr, BIAS: tl.constexpr):
     """Q [P, M, A] (contiguous) of member ``program_id(1)``'s row ``program_id(0)``."""
     m = tl.program_id(0).to(tl.int64)
     p = tl.program_id(1).to(tl.int64)
@@ -64,8 +66,12 @@ def _c51_expected_q_kernel(adv_ptr, v_ptr, z_ptr, q_ptr, M, s_ap, s_am, s_aa, s_
     k_ok = k < K
     ok = a_ok[:, None] & k_ok[None, :]
     logits = tl.load(adv_ptr + p * s_ap + m * s_am + a[:, None] * s_aa + k[None, :] * s_ak, mask=ok, other=0.0)
+    if BIAS:  # member p's bias rows (contiguous [P, A·K] and [P, K])
+        logits += tl.load(ab_ptr + (p * A + a[:, None]) * K + k[None, :], mask=ok, other=0.0)
     if DUELING:
         v = tl.load(v_ptr + p * s_vp + m * s_vm + k * s_vk, mask=k_ok, other=0.0)
+        if BIAS:
+            v += tl.load(vb_ptr + p * K + k, mask=k_ok, other=0.0)
         mean = tl.sum(logits, axis=0) / A  # padded actions are 0
         logits = (v[None, :] + logits) - mean[None, :]
     top = tl.where(a_ok, tl.max(tl.where(ok, logits, float("-inf")), axis=1), 0.0)  # padded actions: 0
@@ -77,20 +83,23 @@ def _c51_expected_q_kernel(adv_ptr, v_ptr, z_ptr, q_ptr, M, s_ap, s_am, s_aa, s_
 
 
 @device_op("foxdqn::c51_expected_q", mutates_args=())
-def _c51_expected_q_op(adv: Tensor, value: Tensor, support: Tensor, dueling: bool) -> Tensor:
+def _c51_expected_q_op(adv: Tensor, value: Tensor, support: Tensor, dueling: bool, bias: Optional[Tensor],
+                       value_bias: Optional[Tensor]) -> Tensor:
     """Allocate Q and launch (arguments checked by :func:`c51_expected_q`); ``value`` is read only
-    with ``dueling`` (else any tensor: ``adv``)."""
+    with ``dueling`` (else any tensor: ``adv``), ``value_bias`` with ``dueling`` and ``bias``."""
     members, rows, actions, atoms = adv.shape
     q = torch.empty((members, rows, actions), dtype=torch.float32, device=adv.device)
     if q.numel() == 0:
         return q
     wrap_triton(_c51_expected_q_kernel)[(rows, members)](
-        adv, value, support, q, rows, *adv.stride(), *(value.stride() if dueling else (0, 0, 0)), *support.stride(),
-        A=actions, K=atoms, PA=_pad(actions), PK=_pad(atoms), DUELING=dueling, num_warps=NUM_WARPS)
+        adv, value, support, q, support if bias is None else bias, support if value_bias is None else value_bias,
+        rows, *adv.stride(), *(value.stride() if dueling else (0, 0, 0)), *support.stride(),
+        A=actions, K=atoms, PA=_pad(actions), PK=_pad(atoms), DUELING=dueling, BIAS=bias is not None,
+        num_warps=NUM_WARPS)
     return q
 
 
-def _problem(adv, value, support) -> str | None:
+def _problem(adv, value, support, bias=None, value_bias=None) -> str | None:
     """Why the arguments are outside the contract, or None."""
     op = "c51_expected_q"
     if not isinstance(adv, Tensor) or adv.dim() != 4 or adv.dtype != torch.float32:
@@ -107,7 +116,16 @@ def _problem(adv, value, support) -> str | None:
     if not isinstance(support, Tensor) or tuple(support.shape) != (members, atoms) \
             or support.dtype != torch.float32 or support.device != adv.device:
         return f"{op}: support must be a float32 [{members}, {atoms}] tensor on {adv.device}, got {describe(support)}"
-    if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (adv, value, support)):
+    if value_bias is not None and (bias is None or value is None):
+        return f"{op}: value_bias needs bias and value (the dueling head's two layers)"
+    for name, t, width in (("bias", bias, actions * atoms), ("value_bias", value_bias, atoms)):
+        if (t is not None or name == "value_bias" and bias is not None and value is not None) and (
+                not isinstance(t, Tensor) or tuple(t.shape) != (members, width) or t.dtype != torch.float32
+                or not t.is_contiguous() or t.device != adv.device):
+            return f"{op}: {name} must be a contiguous float32 [{members}, {width}] tensor on {adv.device}, " \
+                   f"got {describe(t)}"
+    if torch.is_grad_enabled() and any(t is not None and t.requires_grad
+                                       for t in (adv, value, support, bias, value_bias)):
         return f"{op}: no gradient: call it under torch.no_grad() or with inputs that need none"
     return None
 
@@ -117,19 +135,25 @@ def c51_expected_q_fits(actions: int, atoms: int) -> bool:
     return _pad(actions) * _pad(atoms) <= MAX_TILE
 
 
-def c51_expected_q_supported(adv, value, support) -> bool:
+def c51_expected_q_supported(adv, value, support, bias=None, value_bias=None) -> bool:
     """Whether :func:`c51_expected_q` takes the arguments (metadata only, no device read)."""
-    return _problem(adv, value, support) is None
+    return _problem(adv, value, support, bias, value_bias) is None
 
 
-def c51_expected_q_reference(adv: Tensor, value: Tensor | None, support: Tensor) -> Tensor:
+def c51_expected_q_reference(adv: Tensor, value: Tensor | None, support: Tensor, bias: Tensor | None = None,
+                             value_bias: Tensor | None = None) -> Tensor:
     """Plain torch, as :class:`~foxdqn.population.distributional.MemberC51Network` computes Q:
-    ``v + adv − adv.mean(dim=2)`` (dueling), then ``(softmax(logits, −1) · z).sum(−1)``."""
+    the biases added (``bias`` ``[P, A·K]`` to each row of ``adv``, ``value_bias`` ``[P, K]`` to
+    ``value``), ``v + adv − adv.mean(dim=2)`` (dueling), then ``(softmax(logits, −1) · z).sum(−1)``."""
+    if bias is not None:
+        adv = adv + bias.view(adv.shape[0], 1, *adv.shape[2:])
+        value = value if value_bias is None else value + value_bias[:, None, :]
     logits = adv if value is None else value[:, :, None, :] + adv - adv.mean(dim=2, keepdim=True)
     return (F.softmax(logits, dim=-1) * support[:, None, None, :]).sum(dim=-1)
 
 
-def c51_expected_q(adv: Tensor, value: Tensor | None, support: Tensor, *, backend: str = "auto") -> Tensor:
+def c51_expected_q(adv: Tensor, value: Tensor | None, support: Tensor, *, bias: Tensor | None = None,
+                   value_bias: Tensor | None = None, backend: str = "auto") -> Tensor:
     """Q float32 ``[P, M, A]`` of a C51 head's atom logits (module docstring), one kernel.
 
     Args:
@@ -137,6 +161,10 @@ def c51_expected_q(adv: Tensor, value: Tensor | None, support: Tensor, *, backen
             any strides; 1 <= P <= 65535.
         value: None (plain head), or the dueling head's value stream float32 ``[P, M, K]``.
         support: float32 ``[P, K]``, member p's atoms z_k (any strides).
+        bias, value_bias: None, or the head layers' biases that ``adv`` and ``value`` do not hold
+            yet (their products by ``bmm``, without ``baddbmm``'s copy of the bias into the output):
+            float32 ``[P, A·K]`` and (with ``value``) ``[P, K]``, contiguous; added as the kernel
+            loads each row (:class:`foxdqn.ops.c51_loss.C51Biases`).
         backend: ``"auto"`` (the kernel for CUDA tensors, else the reference; the kernel inside
             :func:`foxdqn.ops.backend.cpu_kernels`), ``"triton"`` (CPU tensors need
             TRITON_INTERPRET=1) or ``"torch"`` (:func:`c51_expected_q_reference`).
@@ -148,9 +176,9 @@ def c51_expected_q(adv: Tensor, value: Tensor | None, support: Tensor, *, backen
         ValueError: outside the contract (module docstring), or an unknown backend.
         RuntimeError: backend="triton" on CPU tensors without TRITON_INTERPRET=1.
     """
-    problem = _problem(adv, value, support)
+    problem = _problem(adv, value, support, bias, value_bias)
     if problem is not None:
         raise ValueError(problem)
     if resolve_backend("c51_expected_q", backend, adv) == "torch":
-        return c51_expected_q_reference(adv, value, support)
-    return _c51_expected_q_op(adv, adv if value is None else value, support, value is not None)
+        return c51_expected_q_reference(adv, value, support, bias, value_bias)
+    return _c51_expected_q_op(adv, adv if value is None else value, support, value is not None, bias, value_bias)

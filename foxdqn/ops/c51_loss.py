@@ -40,6 +40,12 @@ last program (:func:`foxdqn.ops.dqn_td_loss.group_sums_of_last_program`) and sca
 backward's rows: the weighted mean of :func:`foxdqn.objectives.base.weighted_mean` without its four
 launches.
 
+Biases (:class:`C51Biases`): the streams may come as their layers' products without the bias
+(``bmm`` in place of ``baddbmm``, whose copy of the bias into its output is a launch and a pass
+over ``[R, A·K]``); the kernels then add each group's bias row as they load a stream, so the
+logits are the ones ``baddbmm`` would have given (one float32 add of the same operands), and the
+backward returns the bias gradients as each group's rows of the stream gradients summed.
+
 Rainbow's dueling head (Hessel et al. 2018, §"Dueling networks" per atom): given the value
 streams, each network's logits are ``v + adv − mean_a adv`` formed in the kernels, and the
 backward gives ``∂/∂v = G`` (the taken action's gradient G above) and
@@ -47,7 +53,7 @@ backward gives ``∂/∂v = G`` (the taken action's gradient G above) and
 """
 from __future__ import annotations
 
-from typing import Optional
+from typing import NamedTuple, Optional
 
 import torch
 import torch.nn.functional as F
@@ -79,24 +85,38 @@ def _softmax_rows(x):
 
 
 @triton.jit
-def _mean_over_actions(adv_ptr, rows64, j, ok, A, K, DUELING: tl.constexpr, BLOCK_R: tl.constexpr,
-                       BK: tl.constexpr):
+def _load_adv(adv_ptr, ab_ptr, rows64, g, act, j, ok, A, K, BIAS: tl.constexpr):
+    """adv[r, act[r], :] ([BLOCK_R, BK], 0 in the padding), plus its group's bias row
+    ``ab[g_r, act[r]·K :]`` with BIAS (the head's output before its bias: module docstring)."""
+    x = tl.load(adv_ptr + (rows64[:, None] * A + act) * K + j[None, :], mask=ok, other=0.0)
+    if BIAS:
+        x += tl.load(ab_ptr + (g[:, None] * A + act) * K + j[None, :], mask=ok, other=0.0)
+    return x
+
+
+@triton.jit
+def _mean_over_actions(adv_ptr, ab_ptr, rows64, g, j, ok, A, K, DUELING: tl.constexpr, BIAS: tl.constexpr,
+                       BLOCK_R: tl.constexpr, BK: tl.constexpr):
     """(1/A) Σ_a adv[r, a, :] ([BLOCK_R, BK]; zeros without DUELING): the dueling combine's mean."""
     acc = tl.zeros([BLOCK_R, BK], dtype=tl.float32)
     if DUELING:
         for a in range(0, A):
-            acc += tl.load(adv_ptr + (rows64[:, None] * A + a) * K + j[None, :], mask=ok, other=0.0)
+            acc += _load_adv(adv_ptr, ab_ptr, rows64, g, a, j, ok, A, K, BIAS)
         acc = acc / A
     return acc
 
 
 @triton.jit
-def _action_logits(adv_ptr, v_ptr, mean, rows64, act, j, ok, A, K, DUELING: tl.constexpr):
+def _action_logits(adv_ptr, v_ptr, ab_ptr, vb_ptr, mean, rows64, g, act, j, ok, A, K, DUELING: tl.constexpr,
+                   BIAS: tl.constexpr):
     """Row r's logits of action act[r] ([BLOCK_R, BK], −inf in the padding): the tensor's own, or
-    Rainbow's v + adv − mean_a adv (DUELING)."""
-    x = tl.load(adv_ptr + (rows64[:, None] * A + act) * K + j[None, :], mask=ok, other=0.0)
+    Rainbow's v + adv − mean_a adv (DUELING); with BIAS each stream's bias row added first."""
+    x = _load_adv(adv_ptr, ab_ptr, rows64, g, act, j, ok, A, K, BIAS)
     if DUELING:
-        x = tl.load(v_ptr + rows64[:, None] * K + j[None, :], mask=ok, other=0.0) + x - mean
+        v = tl.load(v_ptr + rows64[:, None] * K + j[None, :], mask=ok, other=0.0)
+        if BIAS:
+            v += tl.load(vb_ptr + g[:, None] * K + j[None, :], mask=ok, other=0.0)
+        x = v + x - mean
     return tl.where(ok, x, float("-inf"))
 
 
@@ -105,9 +125,10 @@ def _c51_loss_fwd_kernel(
     logits_ptr, action_ptr, tlog_ptr, slog_ptr, pen_ptr, r_ptr, d_ptr, support_ptr, table_ptr,
     ce_ptr, q_ptr, m_ptr, lse_ptr, v_ptr, tv_ptr, sv_ptr,
     weight_ptr, loss_ptr, part_ptr, ticket_ptr,  # MEAN: w [R], loss [G] out, scratch (dqn_td_loss._scratch)
+    lb_ptr, tb_ptr, sb_ptr, vb_ptr, tvb_ptr, svb_ptr,  # BIAS: [G, A·K] logits' and [G, K] value streams' biases
     G, A, K, rows_per_group, inv_rows,
     DOUBLE: tl.constexpr, PENALTY: tl.constexpr, DUELING: tl.constexpr, BLOCK_R: tl.constexpr, BK: tl.constexpr,
-    LOOP: tl.constexpr, MEAN: tl.constexpr, SUM_G: tl.constexpr, SUM_R: tl.constexpr,
+    LOOP: tl.constexpr, MEAN: tl.constexpr, SUM_G: tl.constexpr, SUM_R: tl.constexpr, BIAS: tl.constexpr,
 ):
     # G · NB programs of BLOCK_R rows of one group each (dqn_td_loss.group_block_rows)
     rows_per_group = rows_per_group + tl.zeros([], dtype=tl.int64)  # an int argument equal to 1 arrives as a constexpr
@@ -125,20 +146,20 @@ def _c51_loss_fwd_kernel(
     dz = tl.load(sup + 2, mask=row_ok, other=1.0)[:, None]
     inv_dz = tl.load(sup + 3, mask=row_ok, other=1.0)[:, None]
 
-    mean = _mean_over_actions(logits_ptr, rows64, j, ok, A, K, DUELING, BLOCK_R, BK)
-    t_mean = _mean_over_actions(tlog_ptr, rows64, j, ok, A, K, DUELING, BLOCK_R, BK)
-    s_mean = _mean_over_actions(slog_ptr, rows64, j, ok, A, K, DUELING and DOUBLE, BLOCK_R, BK)
+    mean = _mean_over_actions(logits_ptr, lb_ptr, rows64, g, j, ok, A, K, DUELING, BIAS, BLOCK_R, BK)
+    t_mean = _mean_over_actions(tlog_ptr, tb_ptr, rows64, g, j, ok, A, K, DUELING, BIAS, BLOCK_R, BK)
+    s_mean = _mean_over_actions(slog_ptr, sb_ptr, rows64, g, j, ok, A, K, DUELING and DOUBLE, BIAS, BLOCK_R, BK)
     best = tl.full([BLOCK_R], float("-inf"), tl.float32)
     p_best = tl.zeros([BLOCK_R, BK], dtype=tl.float32)
     for a in range(0, A):
         act_a = tl.zeros([BLOCK_R, 1], dtype=tl.int64) + a
-        x = _action_logits(logits_ptr, v_ptr, mean, rows64, act_a, j, ok, A, K, DUELING)
+        x = _action_logits(logits_ptr, v_ptr, lb_ptr, vb_ptr, mean, rows64, g, act_a, j, ok, A, K, DUELING, BIAS)
         tl.store(q_ptr + rows64 * A + a, tl.sum(tl.where(ok, _softmax_rows(x) * z, 0.0), axis=1), mask=row_ok)
-        pt = tl.where(ok, _softmax_rows(_action_logits(tlog_ptr, tv_ptr, t_mean, rows64, act_a, j, ok, A, K,
-                                                       DUELING)), 0.0)
+        pt = tl.where(ok, _softmax_rows(_action_logits(tlog_ptr, tv_ptr, tb_ptr, tvb_ptr, t_mean, rows64, g, act_a, j,
+                                                       ok, A, K, DUELING, BIAS)), 0.0)
         if DOUBLE:
-            ps = tl.where(ok, _softmax_rows(_action_logits(slog_ptr, sv_ptr, s_mean, rows64, act_a, j, ok, A, K,
-                                                           DUELING)), 0.0)
+            ps = tl.where(ok, _softmax_rows(_action_logits(slog_ptr, sv_ptr, sb_ptr, svb_ptr, s_mean, rows64, g,
+                                                           act_a, j, ok, A, K, DUELING, BIAS)), 0.0)
             sel = tl.sum(ps * z, axis=1)
         else:
             sel = tl.sum(pt * z, axis=1)
@@ -168,7 +189,7 @@ def _c51_loss_fwd_kernel(
     m = tl.where(bad[:, None] > 0, float("nan"), m)
 
     act = tl.load(action_ptr + rows64, mask=row_ok, other=0).to(tl.int64)
-    x = _action_logits(logits_ptr, v_ptr, mean, rows64, act[:, None], j, ok, A, K, DUELING)
+    x = _action_logits(logits_ptr, v_ptr, lb_ptr, vb_ptr, mean, rows64, g, act[:, None], j, ok, A, K, DUELING, BIAS)
     mx = tl.max(x, axis=1)
     lse = mx + tl.log(tl.sum(tl.exp(x - mx[:, None]), axis=1))
     ce = -tl.sum(tl.where(ok, m * (x - lse[:, None]), 0.0), axis=1)
@@ -183,20 +204,22 @@ def _c51_loss_fwd_kernel(
 
 @triton.jit
 def _c51_loss_bwd_kernel(grad_ptr, logits_ptr, v_ptr, action_ptr, m_ptr, lse_ptr, out_ptr, v_out_ptr, weight_ptr,
-                         R, A, K, rows_per_group, inv_rows,
-                         DUELING: tl.constexpr, BLOCK_R: tl.constexpr, BK: tl.constexpr, MEAN: tl.constexpr):
+                         lb_ptr, vb_ptr, R, A, K, rows_per_group, inv_rows,
+                         DUELING: tl.constexpr, BLOCK_R: tl.constexpr, BK: tl.constexpr, MEAN: tl.constexpr,
+                         BIAS: tl.constexpr):
     rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
     row_ok = rows < R
     rows64 = rows.to(tl.int64)
+    g = tl.where(row_ok, rows64 // rows_per_group, 0)
     j = tl.arange(0, BK)
     ok = row_ok[:, None] & (j < K)[None, :]
     act = tl.load(action_ptr + rows64, mask=row_ok, other=0).to(tl.int64)
-    mean = _mean_over_actions(logits_ptr, rows64, j, ok, A, K, DUELING, BLOCK_R, BK)
-    x = _action_logits(logits_ptr, v_ptr, mean, rows64, act[:, None], j, ok, A, K, DUELING)
+    mean = _mean_over_actions(logits_ptr, lb_ptr, rows64, g, j, ok, A, K, DUELING, BIAS, BLOCK_R, BK)
+    x = _action_logits(logits_ptr, v_ptr, lb_ptr, vb_ptr, mean, rows64, g, act[:, None], j, ok, A, K, DUELING, BIAS)
     p = tl.exp(x - tl.load(lse_ptr + rows64, mask=row_ok, other=0.0)[:, None])
     m = tl.load(m_ptr + rows64[:, None] * K + j[None, :], mask=ok, other=0.0)
     if MEAN:  # ∂loss[g]/∂ce_r = w_r / B_g, times the group's upstream gradient (weighted_mean's backward)
-        up = tl.load(grad_ptr + rows64 // rows_per_group, mask=row_ok, other=0.0) * inv_rows \
+        up = tl.load(grad_ptr + g, mask=row_ok, other=0.0) * inv_rows \
             * tl.load(weight_ptr + rows64, mask=row_ok, other=0.0)
     else:
         up = tl.load(grad_ptr + rows64, mask=row_ok, other=0.0)
@@ -226,11 +249,14 @@ def _c51_loss_op(logits: Tensor, action: Tensor, target_logits: Tensor, select_l
                  penalty: Optional[Tensor], reward: Tensor, discount: Tensor, support: Tensor,
                  table: Tensor, value: Optional[Tensor], target_value: Optional[Tensor],
                  select_value: Optional[Tensor], weight: Optional[Tensor], partials: Optional[Tensor],
-                 ticket: Optional[Tensor]) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+                 ticket: Optional[Tensor], logits_bias: Optional[Tensor], target_bias: Optional[Tensor],
+                 select_bias: Optional[Tensor], value_bias: Optional[Tensor], target_value_bias: Optional[Tensor],
+                 select_value_bias: Optional[Tensor]) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
     # value, target_value, select_value: None, or (dueling) [R, K], the value streams of the three
     # networks whose advantages logits, target_logits and select_logits then are. weight: None, or
     # [R]: the fifth output is then each group's Σ w·ce / B_g ([G]; else empty), summed through
-    # partials and ticket (:func:`_launch`'s scratch)
+    # partials and ticket (:func:`_launch`'s scratch). The biases: all None, or C51Biases' fields
+    # ([G, A·K], [G, K]; select's with select_logits, the value streams' with value)
     r, a, k = logits.shape
     g = table.shape[0]
     dev = logits.device
@@ -244,56 +270,94 @@ def _c51_loss_op(logits: Tensor, action: Tensor, target_logits: Tensor, select_l
     sum_g, sum_r = group_sum_blocks(g, nb)
     dueling = value is not None
     unused = reward  # a float32 pointer the kernel does not read
+    biases = [unused if b is None else b for b in (logits_bias, target_bias, select_bias, value_bias,
+                                                    target_value_bias, select_value_bias)]
     wrap_triton(_c51_loss_fwd_kernel)[(g * nb,)](
         logits, action, target_logits, target_logits if select_logits is None else select_logits,
         reward if penalty is None else penalty, reward, discount, support, table, ce, q, m, lse,
         value if dueling else unused, target_value if dueling else unused,
         select_value if dueling and select_value is not None else unused,
         unused if weight is None else weight, unused if weight is None else loss,
-        unused if partials is None else partials, action if ticket is None else ticket,
+        unused if partials is None else partials, action if ticket is None else ticket, *biases,
         g, a, k, r // g, g / r,
         DOUBLE=select_logits is not None, PENALTY=penalty is not None, DUELING=dueling, BLOCK_R=block_r, BK=bk,
-        LOOP=loop, MEAN=weight is not None, SUM_G=sum_g, SUM_R=sum_r, num_warps=4)
+        LOOP=loop, MEAN=weight is not None, SUM_G=sum_g, SUM_R=sum_r, BIAS=logits_bias is not None, num_warps=4)
     return ce, q, m, lse, loss
 
 
 @device_op("foxdqn::c51_loss_backward", mutates_args=())
 def _c51_loss_backward_op(grad: Tensor, logits: Tensor, value: Optional[Tensor], action: Tensor, m: Tensor,
-                          lse: Tensor, weight: Optional[Tensor]) -> tuple[Tensor, Tensor]:
+                          lse: Tensor, weight: Optional[Tensor], logits_bias: Optional[Tensor],
+                          value_bias: Optional[Tensor], groups: int) -> tuple[Tensor, Tensor]:
     # grad: the upstream gradient of ce ([R]), or with weight that of the groups' means ([G])
     r, a, k = logits.shape
     out = torch.empty_like(logits)
     v_out = torch.empty(r if value is not None else 0, k, device=logits.device, dtype=torch.float32)
     block_r, bk, _ = _blocks(r, k)
-    groups = grad.numel() if weight is not None else 1
     wrap_triton(_c51_loss_bwd_kernel)[(triton.cdiv(r, block_r),)](
         grad.contiguous(), logits, logits if value is None else value, action, m, lse, out, v_out,
-        lse if weight is None else weight, r, a, k, r // groups, groups / r,
-        DUELING=value is not None, BLOCK_R=block_r, BK=bk, MEAN=weight is not None, num_warps=4)
+        lse if weight is None else weight, lse if logits_bias is None else logits_bias,
+        lse if value_bias is None else value_bias, r, a, k, r // groups, groups / r,
+        DUELING=value is not None, BLOCK_R=block_r, BK=bk, MEAN=weight is not None, BIAS=logits_bias is not None,
+        num_warps=4)
     return out, v_out
 
 
 def _c51_loss_setup_context(ctx, inputs, output):
     logits, action, weight = inputs[0], inputs[1], inputs[12]
-    ctx.save_for_backward(logits, inputs[9], action, output[2], output[3], weight)
+    ctx.save_for_backward(logits, inputs[9], action, output[2], output[3], weight, inputs[15], inputs[18])
     ctx.mean = weight is not None
+    ctx.groups = inputs[8].shape[0]  # the table's rows
     # q, m, lse; ce too where the groups' means (the fifth output) carry the gradient
     ctx.mark_non_differentiable(*output[1:4], *((output[0],) if ctx.mean else (output[4],)))
     ctx.set_materialize_grads(False)  # no zero tensors for them in the backward: three memsets fewer
 
 
 def _c51_loss_backward(ctx, grad_ce, grad_q, grad_m, grad_lse, grad_loss):
-    logits, value, action, m, lse, weight = ctx.saved_tensors
+    logits, value, action, m, lse, weight, logits_bias, value_bias = ctx.saved_tensors
     upstream = grad_loss if ctx.mean else grad_ce
-    grad = grad_v = None
-    if upstream is not None and (ctx.needs_input_grad[0] or ctx.needs_input_grad[9]):
-        grad, grad_v = _c51_loss_backward_op(upstream, logits, value, action, m, lse, weight)
-        grad_v = grad_v if value is not None and ctx.needs_input_grad[9] else None
-    # only the online logits (advantages) and value stream get a gradient
-    return (grad, None, None, None, None, None, None, None, None, grad_v) + (None,) * 5
+    need = ctx.needs_input_grad
+    grad = grad_v = grad_lb = grad_vb = None
+    if upstream is not None and (need[0] or need[9] or need[15] or need[18]):
+        grad, grad_v = _c51_loss_backward_op(upstream, logits, value, action, m, lse, weight, logits_bias,
+                                             value_bias, ctx.groups)
+        g = ctx.groups  # a bias row's gradient: the sum of its group's rows (baddbmm's bias gradient)
+        grad_lb = grad.view(g, -1, logits_bias.shape[-1]).sum(dim=1).view_as(logits_bias) if need[15] else None
+        grad_vb = grad_v.view(g, -1, value_bias.shape[-1]).sum(dim=1).view_as(value_bias) if need[18] else None
+        grad = grad if need[0] else None
+        grad_v = grad_v if value is not None and need[9] else None
+    # only the online logits (advantages), value stream and their biases get a gradient
+    return ((grad, None, None, None, None, None, None, None, None, grad_v) + (None,) * 5
+            + (grad_lb, None, None, grad_vb, None, None))
 
 
 _c51_loss_op.register_autograd(_c51_loss_backward, setup_context=_c51_loss_setup_context)
+
+
+class C51Biases(NamedTuple):
+    """The head layers' biases that their outputs do not hold yet (each computed by a ``bmm``
+    without its bias: ``baddbmm`` would copy the bias into its [R, A·K] output first, a launch and
+    a pass over the output), one row per group; the kernels add them as they read the logits.
+
+    Fields: ``logits``, ``target``, ``select``: float32 ``[G, A·K]`` contiguous, the bias of the
+    online, target and selecting network's logits (their advantages with the dueling head);
+    ``select`` with ``select_logits`` only. ``value``, ``target_value``, ``select_value``: float32
+    ``[G, K]`` contiguous, the value streams' (with the dueling head), else None."""
+
+    logits: Tensor
+    target: Tensor
+    select: Optional[Tensor] = None
+    value: Optional[Tensor] = None
+    target_value: Optional[Tensor] = None
+    select_value: Optional[Tensor] = None
+
+
+def _biased(t: Tensor | None, bias: Tensor | None) -> Tensor | None:
+    """``t`` ``[R, ...]`` plus group g's bias row (``bias`` ``[G, numel/R]``) on each of its rows."""
+    if t is None or bias is None:
+        return t
+    g = bias.shape[0]
+    return (t.reshape(g, -1, bias.shape[-1]) + bias[:, None, :]).view(t.shape)
 
 
 def dueling_logits(value: Tensor | None, advantage: Tensor | None) -> Tensor | None:
@@ -308,9 +372,14 @@ def dueling_logits(value: Tensor | None, advantage: Tensor | None) -> Tensor | N
 def c51_loss_reference(logits: Tensor, action: Tensor, target_logits: Tensor, select_logits: Tensor | None,
                        penalty: Tensor | None, reward: Tensor, discount: Tensor, support: Tensor,
                        v_min: Tensor, v_max: Tensor, value: Tensor | None = None, target_value: Tensor | None = None,
-                       select_value: Tensor | None = None) -> tuple[Tensor, Tensor]:
+                       select_value: Tensor | None = None, bias: C51Biases | None = None) -> tuple[Tensor, Tensor]:
     """Plain-torch :func:`c51_loss` (``c51_cross_entropy``'s ops on ``[G, R/G, ...]`` views): the
     same arguments, with the float64 ``[G]`` bounds for the projection in place of the table."""
+    if bias is not None:  # each stream plus its group's bias row, as baddbmm would have returned it
+        logits, target_logits, select_logits = (_biased(logits, bias.logits), _biased(target_logits, bias.target),
+                                                 _biased(select_logits, bias.select))
+        value, target_value, select_value = (_biased(value, bias.value), _biased(target_value, bias.target_value),
+                                              _biased(select_value, bias.select_value))
     logits, target_logits = dueling_logits(value, logits), dueling_logits(target_value, target_logits)
     select_logits = dueling_logits(select_value, select_logits)
     r, a, k = logits.shape
@@ -335,7 +404,7 @@ def c51_loss(logits: Tensor, action: Tensor, target_logits: Tensor, select_logit
              penalty: Tensor | None, reward: Tensor, discount: Tensor, support: Tensor, v_min: Tensor,
              v_max: Tensor, table: Tensor | None = None, value: Tensor | None = None,
              target_value: Tensor | None = None, select_value: Tensor | None = None,
-             backend: str = "auto") -> tuple[Tensor, Tensor]:
+             bias: C51Biases | None = None, backend: str = "auto") -> tuple[Tensor, Tensor]:
     """(ce float32 ``[R]`` with its gradient to ``logits``, q float32 ``[R, A]`` without one): the C51
     loss of R rows in G groups (module docstring), one forward and one backward kernel on the device.
 
@@ -356,6 +425,9 @@ def c51_loss(logits: Tensor, action: Tensor, target_logits: Tensor, select_logit
             with ``select_logits``): each network's logits are then ``v + adv − mean_a adv``
             (:func:`dueling_logits`) of its stream and ``logits`` / ``target_logits`` /
             ``select_logits``, its advantages; ``value`` gets a gradient too.
+        bias: None, or :class:`C51Biases`: the streams are then their layers' products without
+            the bias, which the kernels add (the reference adds it first); ``bias.logits`` and
+            ``bias.value`` get their gradients (each group's rows summed, one launch each).
         backend: "auto" (Triton for CUDA tensors, torch for CPU ones), "triton" or "torch".
 
     Raises:
@@ -364,9 +436,9 @@ def c51_loss(logits: Tensor, action: Tensor, target_logits: Tensor, select_logit
         RuntimeError: backend="triton" on CPU tensors without TRITON_INTERPRET=1.
     """
     args = (logits, action, target_logits, select_logits, penalty, reward, discount, support, v_min, v_max)
-    if _backend(*args, value, target_value, select_value, backend) == "torch":
-        return c51_loss_reference(*args, value, target_value, select_value)
-    ce, q, _, _, _ = _launch(*args, table, value, target_value, select_value, None)
+    if _backend(*args, value, target_value, select_value, bias, backend) == "torch":
+        return c51_loss_reference(*args, value, target_value, select_value, bias)
+    ce, q, _, _, _ = _launch(*args, table, value, target_value, select_value, bias, None)
     return ce, q.detach()
 
 
@@ -374,7 +446,7 @@ def c51_weighted_loss(logits: Tensor, action: Tensor, target_logits: Tensor, sel
                       penalty: Tensor | None, reward: Tensor, discount: Tensor, support: Tensor, v_min: Tensor,
                       v_max: Tensor, weight: Tensor, table: Tensor | None = None, value: Tensor | None = None,
                       target_value: Tensor | None = None, select_value: Tensor | None = None,
-                      backend: str = "auto") -> tuple[Tensor, Tensor, Tensor]:
+                      bias: C51Biases | None = None, backend: str = "auto") -> tuple[Tensor, Tensor, Tensor]:
     """(loss float32 ``[G]`` with its gradient to ``logits`` (and ``value``), ce float32 ``[R]``
     detached, q float32 ``[R, A]`` detached): :func:`c51_loss` and each group's importance-weighted
     mean ``loss_g = Σ_{r in g} w_r · ce_r / B_g`` (B_g = R/G; PER's weighting, Schaul et al. 2016,
@@ -403,18 +475,19 @@ def c51_weighted_loss(logits: Tensor, action: Tensor, target_logits: Tensor, sel
             or not weight.is_contiguous() or weight.device != getattr(logits, "device", None):
         raise ValueError(f"c51_weighted_loss: weight must be a contiguous float32 tensor [{r}] on logits' "
                          f"device, got {describe(weight)}")
-    if _backend(*args, value, target_value, select_value, backend, "c51_weighted_loss") == "torch":
-        ce, q = c51_loss_reference(*args, value, target_value, select_value)
+    if _backend(*args, value, target_value, select_value, bias, backend, "c51_weighted_loss") == "torch":
+        ce, q = c51_loss_reference(*args, value, target_value, select_value, bias)
         return (ce.view(support.shape[0], -1) * weight.view(support.shape[0], -1)).mean(dim=-1), ce.detach(), q
-    ce, q, _, _, loss = _launch(*args, table, value, target_value, select_value, weight)
+    ce, q, _, _, loss = _launch(*args, table, value, target_value, select_value, bias, weight)
     return loss, ce.detach(), q.detach()
 
 
 def _backend(logits, action, target_logits, select_logits, penalty, reward, discount, support, v_min, v_max,
-             value, target_value, select_value, backend, name="c51_loss") -> str:
+             value, target_value, select_value, bias, backend, name="c51_loss") -> str:
     """Check the arguments; "torch" or "triton" (raises for too many atoms on the kernel's path)."""
     _check(logits, action, target_logits, select_logits, penalty, reward, discount, support, v_min, v_max)
     _check_values(logits, value, target_value, select_value, select_logits)
+    _check_bias(logits, support, bias, select_logits is not None, value is not None)
     chosen = resolve_backend(name, backend, logits)
     if chosen != "torch" and logits.shape[-1] > MAX_ATOMS:
         raise ValueError(f"{name}: the kernel takes at most {MAX_ATOMS} atoms, got {logits.shape[-1]}")
@@ -422,7 +495,7 @@ def _backend(logits, action, target_logits, select_logits, penalty, reward, disc
 
 
 def _launch(logits, action, target_logits, select_logits, penalty, reward, discount, support, v_min, v_max,
-            table, value, target_value, select_value, weight):
+            table, value, target_value, select_value, bias, weight):
     """The forward op's outputs (ce, q, m, lse, loss), the table made where not given and, with
     ``weight``, the scratch of ``G · NB`` programs."""
     if table is None:
@@ -436,7 +509,29 @@ def _launch(logits, action, target_logits, select_logits, penalty, reward, disco
         partials, ticket = _scratch(logits.device, g * triton.cdiv(r // g, _blocks(r, k)[0]))
     return _c51_loss_op(logits, action, target_logits, select_logits, penalty, reward.contiguous(),
                         discount.contiguous(), support, table, value, target_value, select_value, weight, partials,
-                        ticket)
+                        ticket, *(bias if bias is not None else (None,) * 6))
+
+
+def _check_bias(logits, support, bias, double: bool, dueling: bool) -> None:
+    """A :class:`C51Biases` whose fields match the streams given (module docstring), or None."""
+    if bias is None:
+        return
+    if not isinstance(bias, C51Biases):
+        raise ValueError(f"c51_loss: bias must be None or a C51Biases, got {type(bias).__name__}")
+    _, a, k = logits.shape
+    g = support.shape[0]
+    for name, width, wanted in (("logits", a * k, True), ("target", a * k, True), ("select", a * k, double),
+                                ("value", k, dueling), ("target_value", k, dueling),
+                                ("select_value", k, dueling and double)):
+        t = getattr(bias, name)
+        if not wanted:
+            if t is not None:
+                raise ValueError(f"c51_loss: bias.{name} must be None here (no such stream is given)")
+            continue
+        if not isinstance(t, Tensor) or tuple(t.shape) != (g, width) or t.dtype != torch.float32 \
+                or not t.is_contiguous() or t.device != logits.device:
+            raise ValueError(f"c51_loss: bias.{name} must be a contiguous float32 tensor [{g}, {width}] on "
+                             f"{logits.device}, got {describe(t)}")
 
 
 def _check_values(logits, value, target_value, select_value, select_logits) -> None:

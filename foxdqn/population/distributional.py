@@ -29,6 +29,7 @@ from foxdqn.ops.c51_expected_q import c51_expected_q, c51_expected_q_fits
 from foxdqn.ops.backend import fused_forward
 from foxdqn.ops.c51_project import support_table
 from foxdqn.ops.member_iqn_embedding import member_iqn_embedding, member_iqn_embedding_supported
+from foxdqn.population.layers import member_linear_kernel_taken, member_product
 from foxdqn.population.network import MemberQNetwork, stack_encoder, stack_linears
 
 #: An IQN population's ψ(s) ⊙ φ(τ) through ops/member_iqn_embedding.py where the fused forwards run
@@ -116,26 +117,59 @@ class MemberC51Network(MemberQNetwork):
             return v + adv - adv.mean(dim=2, keepdim=True)
         return self.layer(-1, h).view(p, m, self.num_actions, self.atoms)
 
-    def logit_parts(self, obs: torch.Tensor) -> tuple[torch.Tensor | None, torch.Tensor]:
-        """(value stream ``[P, M, K]``, advantages ``[P, M, A, K]``) of obs ``[P, M, D]`` with the
-        dueling head, whose :meth:`logits` combine them; (None, the logits) without it. For
-        :func:`foxdqn.ops.c51_loss.c51_loss`, which combines them in its kernels."""
+    def logit_parts(self, obs: torch.Tensor) -> tuple[torch.Tensor | None, torch.Tensor, torch.Tensor | None,
+                                                      torch.Tensor | None]:
+        """(value stream ``[P, M, K]``, advantages ``[P, M, A, K]``, value bias, advantage bias) of
+        obs ``[P, M, D]`` with the dueling head, whose :meth:`logits` combine them; (None, the logits,
+        None, their bias) without it. For :func:`foxdqn.ops.c51_loss.c51_loss` and
+        :func:`foxdqn.ops.c51_expected_q.c51_expected_q`, which combine them in their kernels. The
+        biases (float32 ``[P, K]`` and ``[P, A·K]``, views of the parameters): where the fused
+        forwards run and no head layer takes the member kernel (:meth:`unbiased_heads`), the
+        streams are the head layers' products without their biases (``bmm``: no copy of the bias
+        into the ``[P, M, A·K]`` output), which the kernels add; else None, the streams biased."""
         h = self.encoder(obs)
         p, m = h.shape[:2]
-        adv = self.layer(-1, h).view(p, m, self.num_actions, self.atoms)
-        return (self.layer(-2, h) if self.dueling else None), adv
+        unbiased = self.unbiased_heads(h)
+        layer = (lambda i: member_product(h, self.weights[i])) if unbiased else (lambda i: self.layer(i, h))
+        adv = layer(-1).view(p, m, self.num_actions, self.atoms)
+        return (layer(-2) if self.dueling else None), adv, *self._head_biases(unbiased)
 
-    def logit_parts_pair(self, obs: torch.Tensor, next_obs: torch.Tensor) -> tuple[tuple, tuple]:
-        """(:meth:`logit_parts` of obs with gradient, of next_obs without) of obs and next_obs
-        ``[P, B, D]`` (a Double DQN target's online pass): the encoder's layers run the rows of
-        both in one launch each (:meth:`encoder_pair`), and so do the heads where their widths take
-        the member kernel (:meth:`layer_pair`)."""
+    def logit_parts_pair(self, obs: torch.Tensor, next_obs: torch.Tensor) -> tuple[tuple, tuple, tuple]:
+        """(:meth:`logit_parts`' streams of obs with gradient, of next_obs without, (value bias,
+        advantage bias)) of obs and next_obs ``[P, B, D]`` (a Double DQN target's online pass): the
+        encoder's layers run the rows of both in one launch each (:meth:`encoder_pair`), and so do
+        the heads where their widths take the member kernel (:meth:`layer_pair`); else each head is
+        two ``bmm`` (the biases returned, as :meth:`logit_parts`)."""
         h_a, h_b = self.encoder_pair(obs, next_obs)
         p = h_a.shape[0]
-        adv_a, adv_b = self.layer_pair(-1, h_a, h_b)
-        value_a, value_b = self.layer_pair(-2, h_a, h_b) if self.dueling else (None, None)
+        unbiased = self.unbiased_heads(h_a)
+
+        def pair(i: int) -> tuple[torch.Tensor, torch.Tensor]:
+            if not unbiased:
+                return self.layer_pair(i, h_a, h_b)
+            with torch.no_grad():
+                y_b = member_product(h_b, self.weights[i])
+            return member_product(h_a, self.weights[i]), y_b
+
+        adv_a, adv_b = pair(-1)
+        value_a, value_b = pair(-2) if self.dueling else (None, None)
         return ((value_a, adv_a.view(p, h_a.shape[1], self.num_actions, self.atoms)),
-                (value_b, adv_b.view(p, h_b.shape[1], self.num_actions, self.atoms)))
+                (value_b, adv_b.view(p, h_b.shape[1], self.num_actions, self.atoms)), self._head_biases(unbiased))
+
+    def unbiased_heads(self, h: torch.Tensor) -> bool:
+        """Whether :meth:`logit_parts` of features ``h`` leaves the head layers' biases to the
+        kernels: the fused forwards run and no head layer takes the member kernel, whose epilogue
+        adds its bias (:func:`~foxdqn.population.layers.member_linear_kernel_taken`)."""
+        first = len(self.weights) - (2 if self.dueling else 1)
+        return fused_forward(h) and not any(member_linear_kernel_taken(h, self.weights[i], self.biases[i])
+                                            for i in range(first, len(self.weights)))
+
+    def _head_biases(self, unbiased: bool) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+        """(value bias ``[P, K]`` or None, advantage bias ``[P, A·K]``) views, or (None, None)."""
+        if not unbiased:
+            return None, None
+        p = self.biases[-1].shape[0]
+        return (self.biases[-2].view(p, -1) if self.dueling else None), self.biases[-1].view(p, -1)
 
     def expected_q(self, logits: torch.Tensor) -> torch.Tensor:
         """Q ``[P, M, A]`` = Σ_k softmax(logits ``[P, M, A, K]``)_k z_k of each member's support."""
@@ -143,8 +177,9 @@ class MemberC51Network(MemberQNetwork):
 
     def forward(self, obs: torch.Tensor) -> torch.Tensor:
         if self.fusable(obs) and c51_expected_q_fits(self.num_actions, self.atoms):
-            value, adv = self.logit_parts(obs)  # no gradient needed: the dueling combine, softmax and mean one kernel
-            return c51_expected_q(adv, value, self.support[:, 0, 0], backend="triton")
+            value, adv, value_bias, adv_bias = self.logit_parts(obs)  # the biases, dueling combine, softmax, mean: one kernel
+            return c51_expected_q(adv, value, self.support[:, 0, 0], bias=adv_bias, value_bias=value_bias,
+                                  backend="triton")
         return self.expected_q(self.logits(obs))
 
 

@@ -36,11 +36,25 @@ def member_linear(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor, relu: bool 
     stream or IQL's V would otherwise round as a GEMV, forward and backward, and a member of P would
     not equal a population of one; P = 1 trains only in tests and references: a group of one job
     runs the single-run path)."""
-    if fused_forward(x) and member_linear_op.member_linear_supported(x, w, b) \
-            and member_linear_op.member_linear_preferred(w.shape[-1]):
+    if member_linear_kernel_taken(x, w, b):
         return member_linear_op.member_linear(x, w, b, relu, backend="triton")
     y = member_linear_op.member_batched(torch.baddbmm, b, x, w)
     return torch.relu(y) if relu else y
+
+
+def member_linear_kernel_taken(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor) -> bool:
+    """Whether :func:`member_linear` of these arguments runs its kernel (bias in the epilogue) rather
+    than ``baddbmm``: the fused forwards run and the kernel takes and is fast at the width."""
+    return fused_forward(x) and member_linear_op.member_linear_supported(x, w, b) \
+        and member_linear_op.member_linear_preferred(w.shape[-1])
+
+
+def member_product(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """``x [P, M, in] @ w [P, in, out]`` for every member, no bias: one ``bmm``
+    (:func:`~foxdqn.ops.member_linear.member_batched`). For a consumer that adds the layer's bias as
+    it reads the product (:class:`foxdqn.ops.c51_loss.C51Biases`), where ``baddbmm`` would launch
+    a copy of the bias into its output before its GEMM."""
+    return member_linear_op.member_batched(torch.bmm, x, w)
 
 
 def member_linear_pair(x_a: torch.Tensor, x_b: torch.Tensor, w: torch.Tensor, b: torch.Tensor,

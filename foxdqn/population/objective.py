@@ -38,7 +38,7 @@ from foxdqn.objectives.iql import iql_loss
 from foxdqn.ops.backend import fused_forward
 from foxdqn.ops.branching_loss import MAX_BRANCHES as BRANCHING_LOSS_BRANCHES, branching_loss
 from foxdqn.ops.cql_loss import cql_loss
-from foxdqn.ops.c51_loss import MAX_ATOMS as C51_LOSS_MAX_ATOMS, c51_weighted_loss
+from foxdqn.ops.c51_loss import MAX_ATOMS as C51_LOSS_MAX_ATOMS, C51Biases, c51_weighted_loss
 from foxdqn.ops.dqn_td_loss import dqn_td_loss, huber_per_group
 from foxdqn.ops.iqn_loss import iqn_loss
 from foxdqn.ops.replay_gather import stacked_pair
@@ -122,12 +122,18 @@ def member_c51_loss(online: MemberC51Network, target: MemberC51Network, batch: B
     if not q_grad and fused_forward(batch.obs) and online.atoms <= C51_LOSS_MAX_ATOMS:
         obs, next_obs, action, reward, discount = _member_view(batch, members)
         if double:  # the online network's s (grad) and s' rows, each layer's in one launch where it can
-            (value, logits), (select_value, select_logits) = online.logit_parts_pair(obs, next_obs)
-        else:
-            value, logits = online.logit_parts(obs)  # [P, B, A, K] logits (dueling: advantages, and V), grad
+            (value, logits), (select_value, select_logits), (value_bias, bias) = online.logit_parts_pair(obs, next_obs)
+        else:  # [P, B, A, K] logits (dueling: advantages, and V), grad; the heads' biases where not added
+            value, logits, value_bias, bias = online.logit_parts(obs)
             select_value = select_logits = None
         with torch.no_grad():
-            target_value, target_logits = target.logit_parts(next_obs)
+            target_value, target_logits, target_value_bias, target_bias = target.logit_parts(next_obs)
+        if (bias is None) != (target_bias is None):
+            raise RuntimeError("member_c51_loss: the online and target networks' heads left their biases differently")
+        biases = None if bias is None else C51Biases(
+            bias, target_bias.detach(), bias.detach() if double else None, value_bias,
+            None if target_value_bias is None else target_value_bias.detach(),
+            value_bias.detach() if double and value_bias is not None else None)
         p, b, a, k = logits.shape
         flat = lambda t: None if t is None else t.reshape(p * b, a, k)  # noqa: E731
         rows = lambda t: None if t is None else t.reshape(p * b, k)  # noqa: E731
@@ -136,7 +142,7 @@ def member_c51_loss(online: MemberC51Network, target: MemberC51Network, batch: B
                                         discount.reshape(-1), online.support.view(p, k), online.v_min,
                                         online.v_max, batch.weight.reshape(-1), table=online.projection_table,
                                         value=rows(value), target_value=rows(target_value),
-                                        select_value=rows(select_value))
+                                        select_value=rows(select_value), bias=biases)
         return loss, ce, q.view(p, b, a)
     ce, q = c51_cross_entropy(online, target, *_member_view(batch, members), double=double, penalty=penalty)
     return weighted_mean(ce, batch.weight), ce.detach().view(-1), q

@@ -3,8 +3,8 @@ softmax, product and sum, after the dueling combine) to a few ulps: plain and du
 and odd P, odd rows, A = 1, K = 1, eurusd's 45 actions × 51 atoms, the widest tile, logits of
 ±1e4 (the maximum subtracted), adv and value at strides of their own; the reference is what
 MemberC51Network computed before; a NaN logit makes its action's Q NaN (and the row's with the
-dueling head), other rows unchanged; members never mix; bad arguments and an input that needs a
-gradient raise; no rows (MemberC51Network's forward: tests/population/test_population_kernels.py). GPU (`gpu` marker): the kernel equals the reference, one launch, capture = eager."""
+dueling head), other rows unchanged; members never mix; the head's biases added in the kernel equal
+biased inputs bit for bit; bad arguments and an input that needs a gradient raise; no rows (MemberC51Network's forward: tests/population/test_population_kernels.py). GPU (`gpu` marker): the kernel equals the reference, one launch, capture = eager."""
 from __future__ import annotations
 
 import pytest
@@ -111,6 +111,36 @@ BAD = [
      r"c51_expected_q: A = 65 actions × K = 256 atoms pad to more than 16384 elements"),
     (lambda a: a.update(adv=a["adv"].requires_grad_(True)), r"c51_expected_q: no gradient"),
 ]
+
+
+@pytest.mark.parametrize("members,rows,actions,atoms,dueling", [(3, 5, 4, 7, True), (2, 9, 45, 51, False),
+                                                                 (1, 3, 1, 3, True)])
+def test_biases_in_the_kernel_equal_biased_inputs(members, rows, actions, atoms, dueling):
+    """adv and value without their layers' biases plus ``bias``/``value_bias``: bit for bit the
+    kernel's Q of the biased inputs (the same float32 adds on the interpreter), and the reference's."""
+    adv, value, support = _case(members, rows, actions, atoms, dueling, seed=7)
+    g = torch.Generator().manual_seed(8)
+    bias = torch.randn(members, actions * atoms, generator=g)
+    value_bias = torch.randn(members, atoms, generator=g) if dueling else None
+    got = c51_expected_q(adv, value, support, bias=bias, value_bias=value_bias, backend="triton")
+    biased_adv = adv + bias.view(members, 1, actions, atoms)
+    biased_value = None if value is None else value + value_bias[:, None, :]
+    assert torch.equal(got, _kernel(biased_adv, biased_value, support))
+    ref = c51_expected_q(adv, value, support, bias=bias, value_bias=value_bias, backend="torch")
+    torch.testing.assert_close(got, ref, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(ref, c51_expected_q_reference(biased_adv, biased_value, support), rtol=0, atol=0)
+
+
+def test_bias_arguments():
+    adv, value, support = _case(2, 3, 4, 5, True)
+    ok = dict(bias=torch.zeros(2, 20), value_bias=torch.zeros(2, 5))
+    assert c51_expected_q_supported(adv, value, support, **ok)
+    for bad, match in ((dict(ok, bias=torch.zeros(2, 19)), "bias must be"),
+                       (dict(ok, value_bias=None), "value_bias must be"),
+                       (dict(bias=None, value_bias=torch.zeros(2, 5)), "value_bias needs bias")):
+        assert not c51_expected_q_supported(adv, value, support, **bad)
+        with pytest.raises(ValueError, match=match):
+            c51_expected_q(adv, value, support, backend="torch", **bad)
 
 
 @pytest.mark.parametrize("change,match", BAD)

@@ -348,3 +348,77 @@ def test_compiled_weighted_loss_matches_reference_on_cuda(g, rows, a, k):
     torch.testing.assert_close(ce_k[clear], ce_r.detach()[clear], rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(loss_k[whole], loss_r.detach()[whole], rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(grad_k[clear], adv.grad[clear], rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("g,rows,a,k,double,dueling", [(3, 5, 4, 51, True, True), (2, 7, 3, 11, False, False),
+                                                       (1, 4, 2, 51, True, False), (2, 3, 1, 2, False, True)])
+def test_biases_added_in_the_kernels_equal_biased_streams(g, rows, a, k, double, dueling):
+    """Streams without their bias plus C51Biases give, bit for bit on the interpreter, the loss, ce,
+    q and the streams' gradients of the biased streams (the kernels add the same float32 operands);
+    the bias gradients are each group's rows of the stream gradients summed, and the reference
+    (which adds the biases first) agrees."""
+    from foxdqn.ops.c51_loss import C51Biases, _biased
+
+    case = _case(g, rows, a, k, seed=31 * g + rows, double=double, penalty=True)
+    gen = torch.Generator().manual_seed(a + k)
+    streams = [torch.randn(g * rows, k, generator=gen) for _ in range(3)] if dueling else [None, None, None]
+    if not double:
+        streams[2] = None
+    bias = C51Biases(*(torch.randn(g, a * k, generator=gen) for _ in range(2)),
+                     torch.randn(g, a * k, generator=gen) if double else None,
+                     *((torch.randn(g, k, generator=gen) for _ in range(2)) if dueling else (None, None)),
+                     torch.randn(g, k, generator=gen) if dueling and double else None)
+    weight = torch.rand(g * rows, generator=gen) + 0.5
+    up = torch.linspace(0.5, 1.5, g)
+
+    def run(with_bias, backend="triton"):
+        adv, v = case[0].clone().requires_grad_(True), None
+        if dueling:
+            v = streams[0].clone().requires_grad_(True)
+        lb = bias.logits.clone().requires_grad_(True)
+        vb = bias.value.clone().requires_grad_(True) if dueling else None
+        if with_bias:
+            b = bias._replace(logits=lb, value=vb)
+            args = [adv, *case[1:]]
+            kw = dict(value=v, target_value=streams[1], select_value=streams[2], bias=b)
+        else:  # the streams biased first (what baddbmm returns), no C51Biases
+            args = [_biased(adv, lb), case[1], _biased(case[2], bias.target), _biased(case[3], bias.select), *case[4:]]
+            kw = dict(value=_biased(v, vb), target_value=_biased(streams[1], bias.target_value),
+                      select_value=_biased(streams[2], bias.select_value))
+        loss, ce, q = c51_weighted_loss(*args, weight, backend=backend, **kw)
+        (loss * up).sum().backward()
+        return [loss.detach(), ce, q, adv.grad, lb.grad] + ([v.grad, vb.grad] if dueling else [])
+
+    kernel, plain, ref = run(True), run(False), run(True, "torch")
+    for x, y in zip(kernel, plain):
+        assert torch.equal(x, y)
+    torch.testing.assert_close(kernel[4], kernel[3].view(g, rows, a * k).sum(dim=1), rtol=1e-6, atol=1e-7)
+    assert (kernel[4].abs().sum() > 0) == (not dueling or a > 1)  # one action: v + adv − adv's mean is v
+    from foxdqn.ops.c51_loss import dueling_logits
+
+    combined = [dueling_logits(_biased(streams[0], bias.value), _biased(case[0], bias.logits)), case[1],
+                dueling_logits(_biased(streams[1], bias.target_value), _biased(case[2], bias.target)),
+                dueling_logits(_biased(streams[2], bias.select_value), _biased(case[3], bias.select)), *case[4:]]
+    clear = _selection_clear(combined)
+    if clear.all():  # every row's a* clear: the whole loss and the bias gradients compare
+        torch.testing.assert_close(kernel[0], ref[0], rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(kernel[4], ref[4], rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(kernel[1][clear], ref[1][clear], rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(kernel[2], ref[2], rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(kernel[3][clear], ref[3][clear], rtol=1e-5, atol=1e-6)
+
+
+def test_bias_argument_errors():
+    from foxdqn.ops.c51_loss import C51Biases
+
+    case = _case(2, 3, 3, 5, seed=40)  # Double DQN, no dueling
+    ok = C51Biases(torch.zeros(2, 15), torch.zeros(2, 15), torch.zeros(2, 15))
+    c51_loss(*case, bias=ok, backend="triton")
+    with pytest.raises(ValueError, match="bias.target must be"):
+        c51_loss(*case, bias=ok._replace(target=torch.zeros(2, 5)), backend="triton")
+    with pytest.raises(ValueError, match="bias.select must be"):
+        c51_loss(*case, bias=ok._replace(select=None), backend="triton")
+    with pytest.raises(ValueError, match="bias.value must be None"):
+        c51_loss(*case, bias=ok._replace(value=torch.zeros(2, 5)), backend="triton")
+    with pytest.raises(ValueError, match="C51Biases"):
+        c51_loss(*case, bias=(torch.zeros(2, 15),) * 3, backend="triton")

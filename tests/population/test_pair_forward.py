@@ -65,14 +65,27 @@ def test_c51_logit_parts_pair_equals_two_passes(experiment):
     net = s.online
     _, obs, nxt = _pair(2, 4, net.weights[0].shape[1])
     with cpu_kernels():
-        (va, la), (vb, lb) = net.logit_parts_pair(obs, nxt)
-        va2, la2 = net.logit_parts(obs)
+        (va, la), (vb, lb), biases = net.logit_parts_pair(obs, nxt)
+        va2, la2, *biases2 = net.logit_parts(obs)
         with torch.no_grad():
-            vb2, lb2 = net.logit_parts(nxt)
+            vb2, lb2, *_ = net.logit_parts(nxt)
     assert not lb.requires_grad and la.requires_grad
     for got, want in ((la, la2), (lb, lb2)) + (((va, va2), (vb, vb2)) if net.dueling else ()):
         assert got.shape == want.shape
         assert_close_ulps(got.detach(), want.detach(), rtol=1e-5, ulps=256)
+    # the heads' widths (A·K = 45·51, K = 51) take no member kernel: their biases are left to the loss's
+    # kernels, views of the parameters; outside cpu_kernels the streams hold them (baddbmm)
+    p = net.biases[-1].shape[0]
+    assert biases[1] is not None and biases[1].data_ptr() == net.biases[-1].data_ptr()
+    assert biases[1].shape == (p, 45 * 51)
+    assert [None if b is None else b.data_ptr() for b in biases] == [None if b is None else b.data_ptr() for b in biases2]
+    assert (biases[0] is not None) == net.dueling
+    biased_v, biased_l, *none = net.logit_parts(obs)
+    assert none == [None, None]
+    added = la2 + biases[1].view(p, 1, 45, 51)
+    assert_close_ulps(biased_l.detach(), added.detach(), rtol=1e-5, ulps=256)
+    if net.dueling:
+        assert_close_ulps(biased_v.detach(), (va2 + biases[0][:, None, :]).detach(), rtol=1e-5, ulps=256)
     _check_grads(list(net.parameters()), la, la2)
 
 

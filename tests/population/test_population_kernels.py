@@ -181,7 +181,9 @@ EPSILON = ["triton::_epsilon_greedy_kernel"]
 DUELING = ["aten::add", "aten::mean", "aten::sub"]  # v + a − mean_a a
 EXPECTED_Q = ["triton::_c51_expected_q_kernel"]  # Σ_k softmax(logits)_k z_k (Rainbow: after v + a − mean_a a), one kernel
 HEAD_LAYERS = {  # act.HEAD_KERNELS off (the default): the head's layers, then the ε-greedy kernel
-    "eurusd_c51": ["aten::baddbmm"] + EXPECTED_Q + EPSILON + ENV_TAIL + REPLAY_TAIL,  # was softmax, mul, sum
+    # the head's product without its bias (bmm: no copy of the bias into its output, a launch on CUDA), which the
+    # expected-Q kernel adds (was baddbmm; softmax, mul, sum before the kernel)
+    "eurusd_c51": ["aten::bmm"] + EXPECTED_Q + EPSILON + ENV_TAIL + REPLAY_TAIL,
     # ψ(s) ⊙ φ(τ_k) of the policy fractions one kernel (ops/member_iqn_embedding.py: were the embedding's
     # layer on their constant cos, and ⊙ h; before that mul, cos first), the hidden layer, out, mean
     "eurusd_iqn": ["triton::_iqn_embedding_forward_kernel", "triton::_member_linear_kernel", "aten::baddbmm",
@@ -191,7 +193,7 @@ HEAD_LAYERS = {  # act.HEAD_KERNELS off (the default): the head's layers, then t
     # DUELING × 3 and add, add, div
     "eurusd_branching": ["triton::_member_heads_forward_kernel", "triton::_branching_joint_q_kernel"]
     + EPSILON + ENV_TAIL + REPLAY_TAIL,
-    "eurusd_rainbowish": ["aten::baddbmm"] * 2 + EXPECTED_Q + EPSILON + ENV_TAIL + [  # was + DUELING + 3
+    "eurusd_rainbowish": ["aten::bmm"] * 2 + EXPECTED_Q + EPSILON + ENV_TAIL + [  # was + DUELING + 3
         "triton::_per_insert_row_kernel"] + REPLAY_TAIL,
 }
 
@@ -322,7 +324,7 @@ def test_update_launches_stay_fused(name):
     if name in C51_HEAD:  # its loss is two kernels
         assert ops.count("triton::_c51_loss_fwd_kernel") == ops.count("triton::_c51_loss_bwd_kernel") == 1
         assert not {"aten::log_softmax", "aten::softmax", "aten::argmax", "aten::stack", "aten::zeros",
-                    "aten::mul", "aten::mean", "aten::div"} & set(ops), Counter(ops)
+                    "aten::mul", "aten::mean", "aten::div", "aten::baddbmm"} & set(ops), Counter(ops)
     if name == "eurusd_cql":  # α · CQL(H) inside the TD loss's kernel: no launch of its own
         assert ops.count("triton::_dqn_td_loss_kernel") == 1 and "triton::_cql_loss_kernel" not in ops
         assert not {"aten::logsumexp", "aten::gather", "aten::mean", "aten::exp", "aten::add"} & set(ops), ops
