@@ -29,7 +29,7 @@ from foxdqn.ops.c51_expected_q import c51_expected_q, c51_expected_q_fits
 from foxdqn.ops.backend import fused_forward
 from foxdqn.ops.c51_project import support_table
 from foxdqn.ops.member_iqn_embedding import member_iqn_embedding, member_iqn_embedding_supported
-from foxdqn.population.layers import member_linear_kernel_taken, member_product
+from foxdqn.population.layers import member_linear_kernel_taken, member_product, member_products
 from foxdqn.population.network import MemberQNetwork, stack_encoder, stack_linears
 
 #: An IQN population's ψ(s) ⊙ φ(τ) through ops/member_iqn_embedding.py where the fused forwards run
@@ -130,9 +130,13 @@ class MemberC51Network(MemberQNetwork):
         h = self.encoder(obs)
         p, m = h.shape[:2]
         unbiased = self.unbiased_heads(h)
-        layer = (lambda i: member_product(h, self.weights[i])) if unbiased else (lambda i: self.layer(i, h))
-        adv = layer(-1).view(p, m, self.num_actions, self.atoms)
-        return (layer(-2) if self.dueling else None), adv, *self._head_biases(unbiased)
+        if unbiased and self.dueling:  # both heads' products, x's gradient in two GEMMs (member_products)
+            adv, value = member_products(h, self.weights[-1], self.weights[-2])
+        elif unbiased:
+            adv, value = member_product(h, self.weights[-1]), None
+        else:
+            adv, value = self.layer(-1, h), (self.layer(-2, h) if self.dueling else None)
+        return value, adv.view(p, m, self.num_actions, self.atoms), *self._head_biases(unbiased)
 
     def logit_parts_pair(self, obs: torch.Tensor, next_obs: torch.Tensor) -> tuple[tuple, tuple, tuple]:
         """(:meth:`logit_parts`' streams of obs with gradient, of next_obs without, (value bias,
@@ -144,15 +148,15 @@ class MemberC51Network(MemberQNetwork):
         p = h_a.shape[0]
         unbiased = self.unbiased_heads(h_a)
 
-        def pair(i: int) -> tuple[torch.Tensor, torch.Tensor]:
-            if not unbiased:
-                return self.layer_pair(i, h_a, h_b)
+        if unbiased:
             with torch.no_grad():
-                y_b = member_product(h_b, self.weights[i])
-            return member_product(h_a, self.weights[i]), y_b
-
-        adv_a, adv_b = pair(-1)
-        value_a, value_b = pair(-2) if self.dueling else (None, None)
+                adv_b = member_product(h_b, self.weights[-1])
+                value_b = member_product(h_b, self.weights[-2]) if self.dueling else None
+            adv_a, value_a = member_products(h_a, self.weights[-1], self.weights[-2]) if self.dueling \
+                else (member_product(h_a, self.weights[-1]), None)
+        else:
+            adv_a, adv_b = self.layer_pair(-1, h_a, h_b)
+            value_a, value_b = self.layer_pair(-2, h_a, h_b) if self.dueling else (None, None)
         return ((value_a, adv_a.view(p, h_a.shape[1], self.num_actions, self.atoms)),
                 (value_b, adv_b.view(p, h_b.shape[1], self.num_actions, self.atoms)), self._head_biases(unbiased))
 

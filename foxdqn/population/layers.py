@@ -49,6 +49,45 @@ def member_linear_kernel_taken(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor
         and member_linear_op.member_linear_preferred(w.shape[-1])
 
 
+class _TwoProducts(torch.autograd.Function):
+    """(x @ w_a, x @ w_b); backward: dx = g_a w_aᵀ, then g_b w_bᵀ accumulated into it by the second
+    GEMM (``baddbmm_``), where autograd would launch both products and an add."""
+
+    @staticmethod
+    def forward(ctx, x, w_a, w_b):
+        ctx.save_for_backward(x, w_a, w_b)
+        return member_product(x, w_a), member_product(x, w_b)
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, g_a, g_b):
+        x, w_a, w_b = ctx.saved_tensors
+        batched = member_linear_op.member_batched
+        dx = dw_a = dw_b = None
+        if ctx.needs_input_grad[0]:
+            dx = batched(torch.bmm, g_a, w_a.transpose(1, 2))
+            if dx.is_cuda or dx.shape[0] > 1:
+                dx.baddbmm_(g_b, w_b.transpose(1, 2))
+            else:  # a population of one on CPU: its product as a batch of two (member_batched), out of place
+                dx = batched(torch.baddbmm, dx, g_b, w_b.transpose(1, 2))
+        if ctx.needs_input_grad[1]:
+            dw_a = batched(torch.bmm, x.transpose(1, 2), g_a)
+        if ctx.needs_input_grad[2]:
+            dw_b = batched(torch.bmm, x.transpose(1, 2), g_b)
+        return dx, dw_a, dw_b
+
+
+def member_products(x: torch.Tensor, w_a: torch.Tensor, w_b: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(:func:`member_product` of ``x`` and ``w_a``, of ``x`` and ``w_b``): two heads on one input
+    (a dueling C51 head's advantages and value stream). Forward two ``bmm``; backward four GEMMs,
+    the second of x's gradient accumulating into the first's output, one launch fewer than
+    autograd's sum of the two. Gradients as autograd's of the two products (float rounding: the
+    sum rounded in the GEMM's epilogue)."""
+    if not torch.is_grad_enabled() or not any(t.requires_grad for t in (x, w_a, w_b)):
+        return member_product(x, w_a), member_product(x, w_b)
+    return _TwoProducts.apply(x, w_a, w_b)
+
+
 def member_product(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     """``x [P, M, in] @ w [P, in, out]`` for every member, no bias: one ``bmm``
     (:func:`~foxdqn.ops.member_linear.member_batched`). For a consumer that adds the layer's bias as

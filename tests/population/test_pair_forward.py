@@ -135,3 +135,34 @@ def test_members_equal_runs_of_one_member_in_the_fused_kernels(case, monkeypatch
         assert calls, f"{op} did not run"
         for p, extra in enumerate(members):
             assert_member_equal(together, p, run(configs(base, [extra]), iterations=2, collect_first=4), 0)
+
+
+@pytest.mark.parametrize("members", [1, 3])
+def test_member_products_gradients_equal_autograds_of_two_products(members):
+    """Two heads on one input (a dueling C51 head): the outputs are the two bmm's bit for bit, the
+    weights' gradients too, and x's gradient (the second GEMM accumulating into the first's
+    output) equals autograd's sum of the two to float rounding; with only some inputs needing a
+    gradient, only those get one; under no_grad it is the two products."""
+    from foxdqn.population.layers import member_product, member_products
+
+    gen = torch.Generator().manual_seed(members)
+    x = torch.randn(members, 7, 5, generator=gen)
+    w_a, w_b = torch.randn(members, 5, 9, generator=gen), torch.randn(members, 5, 3, generator=gen)
+    up_a, up_b = torch.randn(members, 7, 9, generator=gen), torch.randn(members, 7, 3, generator=gen)
+    grads = []
+    for fused in (True, False):
+        leaves = [t.clone().requires_grad_(True) for t in (x, w_a, w_b)]
+        y_a, y_b = member_products(*leaves) if fused else (member_product(leaves[0], leaves[1]),
+                                                           member_product(leaves[0], leaves[2]))
+        ((y_a * up_a).sum() + (y_b * up_b).sum()).backward()
+        grads.append([y_a.detach(), y_b.detach()] + [t.grad for t in leaves])
+    (ya, yb, gx, gwa, gwb), (ya2, yb2, gx2, gwa2, gwb2) = grads
+    assert torch.equal(ya, ya2) and torch.equal(yb, yb2) and torch.equal(gwa, gwa2) and torch.equal(gwb, gwb2)
+    torch.testing.assert_close(gx, gx2, rtol=1e-6, atol=1e-6)
+    w_only = w_a.clone().requires_grad_(True)
+    y_a, y_b = member_products(x, w_only, w_b)
+    (y_a.sum() + y_b.sum()).backward()
+    assert w_only.grad is not None and torch.equal(w_only.grad, x.transpose(1, 2) @ torch.ones(members, 7, 9))
+    with torch.no_grad():
+        y_a, y_b = member_products(x, w_a.requires_grad_(True), w_b)
+    assert not y_a.requires_grad and torch.equal(y_a, ya)
