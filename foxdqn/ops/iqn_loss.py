@@ -28,6 +28,11 @@ loss's sum over rows in program order (:func:`foxdqn.ops.dqn_td_loss.group_sums_
 so the results equal the reference to float rounding. A NaN in ``select`` is not picked as the
 maximum here, where torch's argmax picks it.
 
+Biases: ``bias`` and ``target_bias`` (``[G, A]``) are the output layers' biases where ``z`` and
+``z_target`` come without them (a ``bmm`` in place of ``baddbmm``, whose copy of the bias into the
+``[B, N, A]`` output is a launch); the kernel adds them to θ and Z' as it loads those, so θ and T_j
+are the ones the biased inputs give (one float32 add of the same operands).
+
 Registration: a ``torch.autograd.Function`` (as :mod:`foxdqn.ops.iql_loss`). The forward writes
 the loss, ρ (detached: PER's priority signal) and the gradient w.r.t. ``z`` (float32, z's shape,
 zero off the taken action), kept until backward, which multiplies it by the upstream gradient
@@ -70,9 +75,10 @@ def _iqn_loss_kernel(
     rho_ptr,  # f32 [G·Bg] out ρ
     grad_ptr,  # f32 [G·Bg, N, A] out ∂loss/∂z
     part_ptr, ticket_ptr,  # scratch
+    zb_ptr, ztb_ptr,  # f32 [G, A] (BIAS): the output layers' biases that z and z_target do not hold
     G, Bg, N, NT, A, inv_n, inv_nt, ssg, ssb, ssa,
     PENALISED: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_I: tl.constexpr, BLOCK_J: tl.constexpr,
-    BLOCK_A: tl.constexpr, BLOCK_G: tl.constexpr, SUM_G: tl.constexpr, SUM_R: tl.constexpr,
+    BLOCK_A: tl.constexpr, BLOCK_G: tl.constexpr, SUM_G: tl.constexpr, SUM_R: tl.constexpr, BIAS: tl.constexpr,
 ):
     zero = tl.zeros([], dtype=tl.int64)  # an int argument equal to 1 arrives as a constexpr
     G, Bg, N, NT, A = G + zero, Bg + zero, N + zero, NT + zero, A + zero
@@ -95,12 +101,17 @@ def _iqn_loss_kernel(
     if PENALISED:
         sel = sel - tl.load(pen_ptr + row[:, None] * A + cols[None, :], mask=am, other=0.0)
     a_star = tl.argmax(tl.where(am, sel, float("-inf")), axis=1, tie_break_left=True)
+    if BIAS:  # the group's bias of the taken action and of a*
+        theta_bias = tl.load(zb_ptr + g * A + act, mask=ok, other=0.0)
+        target_bias = tl.load(ztb_ptr + g * A + a_star, mask=ok, other=0.0)
 
     total = tl.zeros([BLOCK_R], tl.float32)
     for i0 in range(0, N, BLOCK_I):
         ii = i0 + tl.arange(0, BLOCK_I)
         mi = ok[:, None] & (ii < N)[None, :]
         theta = tl.load(z_ptr + (row[:, None] * N + ii[None, :]) * A + act[:, None], mask=mi, other=0.0)
+        if BIAS:
+            theta += theta_bias[:, None]
         tau = tl.load(tau_ptr + row[:, None] * N + ii[None, :], mask=mi, other=0.0)
         acc = tl.zeros([BLOCK_R, BLOCK_I], tl.float32)
         acc_psi = tl.zeros([BLOCK_R, BLOCK_I], tl.float32)
@@ -108,6 +119,8 @@ def _iqn_loss_kernel(
             jj = j0 + tl.arange(0, BLOCK_J)
             mj = ok[:, None] & (jj < NT)[None, :]
             zt = tl.load(zt_ptr + (row[:, None] * NT + jj[None, :]) * A + a_star[:, None], mask=mj, other=0.0)
+            if BIAS:
+                zt += target_bias[:, None]
             t = r[:, None] + disc[:, None] * zt  # T_j
             delta = t[:, None, :] - theta[:, :, None]
             weight = tl.abs(tau[:, :, None] - tl.where(delta < 0.0, 1.0, 0.0))
@@ -157,7 +170,8 @@ class _IQNLoss(torch.autograd.Function):
     """loss, ρ = kernel(z, ...); backward: the saved ∂loss/∂z times the upstream gradient."""
 
     @staticmethod
-    def forward(ctx, z, z_target, select, penalty, taus, action, reward, discount, weight, kappa, groups):
+    def forward(ctx, z, z_target, select, penalty, taus, action, reward, discount, weight, kappa, groups, bias,
+                target_bias):
         rows, n, a = z.shape
         nt = z_target.shape[1]
         dev = z.device
@@ -172,10 +186,11 @@ class _IQNLoss(torch.autograd.Function):
             partials, ticket = _td._scratch(dev, programs)
             _iqn_loss_kernel[(programs,)](
                 z, z_target, select, penalty if penalty is not None else select, taus, action, reward, discount,
-                weight, kappa, loss, rho, grad, partials, ticket, groups, bg, n, nt, a, 1.0 / bg, 1.0 / nt,
+                weight, kappa, loss, rho, grad, partials, ticket, reward if bias is None else bias,
+                reward if target_bias is None else target_bias, groups, bg, n, nt, a, 1.0 / bg, 1.0 / nt,
                 select.stride(0), select.stride(1), select.stride(2), PENALISED=penalty is not None, BLOCK_R=block_r,
                 BLOCK_I=block_i, BLOCK_J=block_j, BLOCK_A=block_a, BLOCK_G=block_g, SUM_G=sum_g, SUM_R=sum_r,
-                num_warps=NUM_WARPS)
+                BIAS=bias is not None, num_warps=NUM_WARPS)
         else:
             loss.fill_(float("nan"))  # the mean of nothing, as torch's
         ctx.save_for_backward(grad)
@@ -187,10 +202,13 @@ class _IQNLoss(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad_loss, grad_rho):
         (grad,) = ctx.saved_tensors
-        if grad_loss is None or not ctx.needs_input_grad[0]:
-            return (None,) * 11
+        need_z, need_bias = ctx.needs_input_grad[0], ctx.needs_input_grad[11]
+        if grad_loss is None or not (need_z or need_bias):
+            return (None,) * 13
         scaled = _td.seed_scaled(grad, grad_loss, ctx.groups)
-        return (scaled,) + (None,) * 10
+        # the bias row's gradient: its group's rows and fractions summed (baddbmm's bias gradient)
+        grad_bias = scaled.view(ctx.groups, -1, scaled.shape[-1]).sum(dim=1) if need_bias else None
+        return (scaled if need_z else None,) + (None,) * 10 + (grad_bias, None)
 
 
 def _check(z, z_target, select, taus, action, reward, discount, weight, kappa, penalty):
@@ -227,9 +245,14 @@ def _check(z, z_target, select, taus, action, reward, discount, weight, kappa, p
             discount, weight, kappa, None if penalty is None else penalty.reshape(b, a), groups)
 
 
-def _reference(z, z_target, select, taus, action, reward, discount, weight, kappa, penalty, groups):
-    """The population's torch ops before this op (module docstring), on rows ``[B]``."""
+def _reference(z, z_target, select, taus, action, reward, discount, weight, kappa, penalty, groups, bias=None,
+               target_bias=None):
+    """The population's torch ops before this op (module docstring), on rows ``[B]``; the biases
+    (``[G, A]``) added to each group's rows first."""
     n, nt = z.shape[1], z_target.shape[1]
+    if bias is not None:
+        z = (z.view(groups, -1, n, z.shape[-1]) + bias[:, None, None, :]).view(z.shape)
+        z_target = (z_target.view(groups, -1, nt, z.shape[-1]) + target_bias[:, None, None, :]).view(z_target.shape)
     z_sa = z.gather(-1, action[:, None, None].expand(-1, n, 1)).squeeze(-1)  # [B, N]
     with torch.no_grad():
         select = select.reshape(-1, select.shape[-1])
@@ -242,14 +265,17 @@ def _reference(z, z_target, select, taus, action, reward, discount, weight, kapp
     return loss, rho.detach()
 
 
-def iqn_loss_reference(z, z_target, select, taus, action, reward, discount, weight, kappa, *, penalty=None):
+def iqn_loss_reference(z, z_target, select, taus, action, reward, discount, weight, kappa, *, penalty=None,
+                       bias=None, target_bias=None):
     """Plain-torch :func:`iqn_loss` (same arguments and results), differentiable by autograd."""
-    return _reference(*_check(z, z_target, select, taus, action, reward, discount, weight, kappa, penalty))
+    checked = _check(z, z_target, select, taus, action, reward, discount, weight, kappa, penalty)
+    return _reference(*checked, *_check_bias(checked[0], checked[-1], bias, target_bias))
 
 
 def iqn_loss(z: torch.Tensor, z_target: torch.Tensor, select: torch.Tensor, taus: torch.Tensor, action: torch.Tensor,
              reward: torch.Tensor, discount: torch.Tensor, weight: torch.Tensor, kappa: torch.Tensor, *,
-             penalty: torch.Tensor | None = None, backend: str = "auto") -> tuple[torch.Tensor, torch.Tensor]:
+             penalty: torch.Tensor | None = None, bias: torch.Tensor | None = None,
+             target_bias: torch.Tensor | None = None, backend: str = "auto") -> tuple[torch.Tensor, torch.Tensor]:
     """IQN's weighted loss per group (eq. 3; module docstring), each row's ρ and (in backward) the
     gradient w.r.t. ``z``, in one forward kernel and one multiply in backward.
 
@@ -267,6 +293,11 @@ def iqn_loss(z: torch.Tensor, z_target: torch.Tensor, select: torch.Tensor, taus
         kappa: float32 ``[G]``, each group's κ >= 0 (values not checked), G dividing B; group g is
             rows g·B/G .. (g+1)·B/G − 1.
         penalty: None, or float32 ``[..., B, A]``, the switch penalty of s' subtracted before the argmax.
+        bias, target_bias: None, or both float32 ``[G, A]`` (any layout that views so): the output
+            layers' biases that ``z`` and ``z_target`` do not hold yet (their products by ``bmm``:
+            no copy of the bias into ``[B, N, A]`` as ``baddbmm`` launches); the kernel adds group
+            g's bias of the taken action to θ and of a* to Z' as it loads them, and ``bias`` gets
+            its gradient (its group's rows of ∂loss/∂z summed, one launch).
         backend: ``"auto"`` (Triton for CUDA tensors, else torch), ``"triton"``, ``"torch"``.
 
     Returns:
@@ -280,11 +311,25 @@ def iqn_loss(z: torch.Tensor, z_target: torch.Tensor, select: torch.Tensor, taus
         RuntimeError: backend="triton" on CPU tensors without TRITON_INTERPRET=1.
     """
     checked = _check(z, z_target, select, taus, action, reward, discount, weight, kappa, penalty)
+    bias, target_bias = _check_bias(checked[0], checked[-1], bias, target_bias)
     if resolve_backend("iqn_loss", backend, z) == "torch":
-        return _reference(*checked)
+        return _reference(*checked, bias, target_bias)
     z3, zt3, sel, tau, action, reward, discount, weight, kappa, pen, groups = checked
     loss, rho = _IQNLoss.apply(z3.contiguous(), zt3.detach().contiguous(), sel.detach(),
                                None if pen is None else pen.detach().contiguous(), tau.detach().contiguous(),
                                action.contiguous(), reward.contiguous(), discount.contiguous(), weight.contiguous(),
-                               kappa.contiguous(), groups)
+                               kappa.contiguous(), groups, bias, None if target_bias is None else target_bias.detach())
     return loss, rho
+
+
+def _check_bias(z3, groups, bias, target_bias):
+    """(bias, target_bias) as contiguous ``[G, A]`` views, or (None, None)."""
+    if bias is None and target_bias is None:
+        return None, None
+    a = z3.shape[-1]
+    for name, t in (("bias", bias), ("target_bias", target_bias)):
+        if not isinstance(t, torch.Tensor) or t.dtype != torch.float32 or t.numel() != groups * a \
+                or t.device != z3.device:
+            raise ValueError(f"iqn_loss: {name} must be float32 [{groups}, {a}] on {z3.device} (bias and "
+                             f"target_bias both or neither), got {describe(t)}")
+    return bias.reshape(groups, a).contiguous(), target_bias.reshape(groups, a).contiguous()

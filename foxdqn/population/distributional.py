@@ -262,6 +262,21 @@ class MemberIQNNetwork(MemberQNetwork):
         phi = self.layer(e, torch.cos(taus[..., None] * self.pi_i).view(p, m * n, -1), relu=True)  # [P, M·N, H]
         return self._head_after_embedding(h, phi.view(p, m, n, -1))
 
+    def head_parts(self, h: torch.Tensor, taus: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """(Z_τ ``[P, M, N, A]`` without the output layer's bias, that bias float32 ``[P, A]``, a
+        view of the parameter) of features h ``[P, M, H]`` at τ ``[P, M, N]`` where the fused
+        forwards run, the head is not dueling and its output layer takes no member kernel (for
+        :func:`foxdqn.ops.iqn_loss.iqn_loss`, which adds the bias as it reads Z: no copy of the
+        bias into Z, which ``baddbmm`` launches); else (:meth:`head`, None)."""
+        p, m, n = taus.shape
+        x = None if self.dueling else self._fused_mix(h, taus)
+        if x is None:
+            return self.head(h, taus), None
+        x = self.layer(self.encoder_layers + 1, x, relu=True)
+        if member_linear_kernel_taken(x, self.weights[-1], self.biases[-1]):
+            return self.layer(-1, x).view(p, m, n, -1), None
+        return member_product(x, self.weights[-1]).view(p, m, n, -1), self.biases[-1].view(p, -1)
+
     def _fused_mix(self, h: torch.Tensor, taus: torch.Tensor) -> torch.Tensor | None:
         """ψ(s) ⊙ φ(τ) ``[P, M·N, H]`` of h ``[P, M, H]`` and τ ``[P, M, N]`` in one kernel
         (:func:`foxdqn.ops.member_iqn_embedding.member_iqn_embedding`) where the fused forwards run

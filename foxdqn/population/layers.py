@@ -31,14 +31,20 @@ def member_linear(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor, relu: bool 
     multiple of 4). Its tile may depend on P (fewer rows per program where the grid would leave
     SMs idle), so on CUDA a member of P equals a population of one to float rounding.
 
-    Else one ``baddbmm``. On CPU a population of one computes its product as a batch of two
+    Else one ``baddbmm`` (one member on CUDA: ``addmm``, whose bias cuBLASLt adds in its epilogue;
+    ``baddbmm`` launches a copy of the bias first). On CPU a population of one computes its product as a batch of two
     (:func:`~foxdqn.ops.member_linear.member_batched`: the one-column products of the dueling value
     stream or IQL's V would otherwise round as a GEMV, forward and backward, and a member of P would
     not equal a population of one; P = 1 trains only in tests and references: a group of one job
     runs the single-run path)."""
     if member_linear_kernel_taken(x, w, b):
         return member_linear_op.member_linear(x, w, b, relu, backend="triton")
-    y = member_linear_op.member_batched(torch.baddbmm, b, x, w)
+    if x.is_cuda and x.shape[0] == 1 and x.shape[1] > 1 and x.is_contiguous():
+        # one member: addmm with the bias in cuBLASLt's epilogue (one kernel), where baddbmm copies the
+        # bias into its output before its GEMM; the squeezes and views cost no launch, forward or backward
+        y = torch.addmm(b.view(-1), x.squeeze(0), w.squeeze(0)).unsqueeze(0)
+    else:
+        y = member_linear_op.member_batched(torch.baddbmm, b, x, w)
     return torch.relu(y) if relu else y
 
 

@@ -240,7 +240,7 @@ def member_iqn_loss(online: MemberIQNNetwork, target: MemberIQNNetwork, batch: B
         obs, next_obs = _member_view(batch, members)[:2]
         pair = double and not forward_hooked([online])  # online(next_obs) would run the hooks
         h, h_online_next = online.encoder_pair(obs, next_obs) if pair else (online.encoder(obs), None)
-        z = online.head(h, taus)  # [P, B, N, A], grad
+        z, bias = online.head_parts(h, taus)  # [P, B, N, A], grad; the output layer's bias where not added
         with torch.no_grad():  # as iqn_quantile_loss: the monitors' Q of s, then s' by both networks
             if pair:  # the monitors' Q of s and the selection's of s': one pass over both rows
                 both = online.policy_q(torch.cat([h, h_online_next], dim=1))
@@ -250,9 +250,11 @@ def member_iqn_loss(online: MemberIQNNetwork, target: MemberIQNNetwork, batch: B
             h_next = target.encoder(next_obs)
             if not pair:
                 select = online(next_obs) if double else target.policy_q(h_next)
-            z_next = target.head(h_next, target_taus)
+            z_next, target_bias = target.head_parts(h_next, target_taus)
+        if (bias is None) != (target_bias is None):
+            raise RuntimeError("member_iqn_loss: the online and target heads left their output biases differently")
         loss, rho = iqn_loss(z, z_next, select, taus, batch.action, batch.reward, batch.discount, batch.weight, kappa,
-                             penalty=penalty)
+                             penalty=penalty, bias=bias, target_bias=target_bias)
         return loss, rho, q
     rho, q = iqn_quantile_loss(online, target, *_member_view(batch, members), taus, target_taus, kappa,
                                double=double, penalty=penalty, q_grad=q_grad)

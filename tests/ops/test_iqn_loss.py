@@ -158,6 +158,41 @@ def test_empty_batch():
     assert torch.isnan(loss).all() and rho.shape == (0,)
 
 
+@pytest.mark.parametrize("groups,bg,n,nt,a", [(1, 4, 5, 7, 3), (3, 5, 8, 4, 45), (2, 9, 1, 1, 1)])
+def test_biases_added_in_the_kernel_equal_biased_inputs(groups, bg, n, nt, a):
+    """z and z_target without their output layers' biases plus ``bias``/``target_bias`` ([G, A]):
+    loss, ρ and z's gradient bit for bit those of the biased inputs on the interpreter (the kernel
+    adds the same float32 operands), the bias's gradient its group's rows of z's gradient summed,
+    and the reference (which adds the biases first) agrees."""
+    z, zt, select, taus, action, reward, discount, weight, kappa, pen = _case(groups, bg, n, nt, a, seed=a + n,
+                                                                              penalty=True)
+    gen = torch.Generator().manual_seed(groups)
+    bias, target_bias = torch.randn(groups, a, generator=gen), torch.randn(groups, a, generator=gen)
+    up = torch.linspace(0.5, 1.5, groups)
+    rest = (taus, action, reward, discount, weight, kappa)
+
+    def run(backend, biased_inputs):
+        leaf, b = z.clone().requires_grad_(True), bias.clone().requires_grad_(True)
+        if biased_inputs:
+            args = (leaf + b[:, None, None, :], zt + target_bias[:, None, None, :], select, *rest)
+            loss, rho = iqn_loss(*args, penalty=pen, backend=backend)
+        else:
+            loss, rho = iqn_loss(leaf, zt, select, *rest, penalty=pen, bias=b, target_bias=target_bias, backend=backend)
+        (loss * up).sum().backward()
+        return loss.detach(), rho, leaf.grad, b.grad
+
+    kernel, plain, ref = run("triton", False), run("triton", True), run("torch", False)
+    for x, y in zip(kernel, plain):
+        assert torch.equal(x, y)
+    torch.testing.assert_close(kernel[3], kernel[2].view(groups, -1, a).sum(dim=1), rtol=1e-6, atol=1e-7)
+    _assert_close(kernel[:3], ref[:3])
+    torch.testing.assert_close(kernel[3], ref[3], rtol=1e-5, atol=1e-7)
+    with pytest.raises(ValueError, match="target_bias must be"):
+        iqn_loss(z, zt, select, *rest, bias=bias, backend="triton")
+    with pytest.raises(ValueError, match="bias must be"):
+        iqn_loss(z, zt, select, *rest, bias=bias[:, :-1] if a > 1 else bias.double(), target_bias=target_bias)
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("groups,bg,n,nt,a", [(1, 256, 32, 32, 45), (8, 256, 32, 32, 45), (3, 101, 17, 9, 5)])
 def test_gpu_kernel_equals_reference(groups, bg, n, nt, a):

@@ -166,3 +166,39 @@ def test_member_products_gradients_equal_autograds_of_two_products(members):
     with torch.no_grad():
         y_a, y_b = member_products(x, w_a.requires_grad_(True), w_b)
     assert not y_a.requires_grad and torch.equal(y_a, ya)
+
+
+@pytest.mark.gpu
+def test_one_member_linear_on_cuda_is_addmm_with_its_bias_in_the_epilogue():
+    """A population of one's layer at a width the member kernel does not take (45 columns): addmm, no
+    copy of the bias in the forward (baddbmm: a bias copy and the GEMM), equal to baddbmm to float rounding, forward and
+    backward (the bias gradient included)."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs CUDA (run `make test-gpu` on a GPU machine)")
+    from torch.profiler import ProfilerActivity, profile
+
+    from foxdqn.population.layers import member_linear
+
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    x = torch.randn(1, 256, 64, device="cuda", generator=gen)
+    w = torch.randn(1, 64, 45, device="cuda", generator=gen)
+    b = torch.randn(1, 1, 45, device="cuda", generator=gen)
+    up = torch.randn(1, 256, 45, device="cuda", generator=gen)
+    grads = []
+    for use_layer in (True, False):
+        leaves = [t.clone().requires_grad_(True) for t in (x, w, b)]
+        y = member_linear(*leaves) if use_layer else torch.baddbmm(leaves[2], leaves[0], leaves[1])
+        (y * up).sum().backward()
+        grads.append([y.detach()] + [t.grad for t in leaves])
+    for got, want in zip(*grads):
+        torch.testing.assert_close(got, want, rtol=1e-3, atol=1e-3)  # TF32 products where torch allows them
+    with torch.no_grad():
+        member_linear(x, w, b)
+        torch.cuda.synchronize()
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            member_linear(x, w, b)
+            torch.cuda.synchronize()
+    kernels = [e.name for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA
+               and not e.name.lower().startswith(("memcpy", "memset"))]
+    # no copy of the bias (baddbmm's elementwise direct_copy kernel); cuBLASLt may add a split-K reduction
+    assert not any("copy" in k for k in kernels) and 1 <= len(kernels) <= 2, kernels

@@ -348,6 +348,9 @@ def test_update_launches_stay_fused(name):
         assert not {"aten::gather", "aten::gather_backward", "aten::argmax", "aten::add", "aten::div"} & set(ops)
         assert "aten::cos" not in ops and ops.count("triton::_iqn_embedding_forward_kernel") == 3, Counter(ops)
         assert ops.count("triton::_iqn_embedding_backward_kernel") == 1
+        # Z and Z' by bmm, their output bias added in iqn_loss's kernel (no copy of the bias on CUDA); the
+        # policy pass's output layer keeps baddbmm (its Q's mean over the fractions follows)
+        assert ops.count("aten::baddbmm") == 1 and ops.count("aten::bmm") == 8, Counter(ops)
     if name in PRIORITIZED:  # slots to rows in one kernel, none for the update's slots; size and β one kernel
         assert ops.count("triton::_per_rows_kernel") == 1 and ops.count("triton::_per_schedule_kernel") == 1
         assert ops[1:3] == ["triton::_per_schedule_kernel", "triton::_per_prefix_kernel"], ops[:4]
