@@ -244,7 +244,10 @@ def _blocks(r: int, k: int) -> tuple[int, int, bool]:
     return tile, bk, False
 
 
-@device_op("foxdqn::c51_loss", mutates_args=("partials", "ticket"))
+# partials and ticket are the launch's scratch: written and read by this kernel only, the ticket back
+# at 0 when it ends, so the op is functional as seen from outside (a mutated input would make
+# torch.library refuse its autograd formula)
+@device_op("foxdqn::c51_loss", mutates_args=())
 def _c51_loss_op(logits: Tensor, action: Tensor, target_logits: Tensor, select_logits: Optional[Tensor],
                  penalty: Optional[Tensor], reward: Tensor, discount: Tensor, support: Tensor,
                  table: Tensor, value: Optional[Tensor], target_value: Optional[Tensor],
