@@ -59,6 +59,17 @@ def describe(t) -> str:
     return f"{t.dtype} {list(t.shape)}{'' if t.is_contiguous() else ' (not contiguous)'} on {t.device}"
 
 
+def float32_problem(op: str, named: Iterable[tuple[str, object, int]]) -> str | None:
+    """The first ``(name, value, dims)`` whose value is not a float32 tensor of ``dims`` dimensions,
+    as an op's error message (``"<op>: <name> must be a float32 tensor of 3 dimensions, got ..."``),
+    or None. Shared by the member ops' argument checks."""
+    for name, t, dims in named:
+        if not isinstance(t, torch.Tensor) or t.dim() != dims or t.dtype != torch.float32:
+            unit = "dimension" if dims == 1 else "dimensions"
+            return f"{op}: {name} must be a float32 tensor of {dims} {unit}, got {describe(t)}"
+    return None
+
+
 def group_count(op: str, name: str, value, rows: int, valid: Callable[[float], bool], want: str) -> int:
     """The groups G of an op's per-group parameter ``value``: a float32 ``[G]`` tensor (G >= 1
     dividing ``rows``; its device values are not checked) gives G, a finite real number for which

@@ -63,7 +63,7 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from foxdqn.ops.backend import describe, resolve_backend
+from foxdqn.ops.backend import describe, float32_problem, resolve_backend
 from foxdqn.ops.library import wrap_triton
 from foxdqn.ops.member_linear import _tile
 from foxdqn.ops.mlp_chain import _prec, _tf32
@@ -269,9 +269,10 @@ class _MemberDuelingHead(torch.autograd.Function):
 def _problem(x, w_v, b_v, w_a, b_a) -> str | None:
     """Why the arguments are outside :func:`member_dueling_head`'s contract, or None."""
     op = "member_dueling_head"
-    for name, t in (("x", x), ("w_v", w_v), ("b_v", b_v), ("w_a", w_a), ("b_a", b_a)):
-        if not isinstance(t, Tensor) or t.dim() != 3 or t.dtype != torch.float32:
-            return f"{op}: {name} must be a float32 tensor of 3 dimensions, got {describe(t)}"
+    problem = float32_problem(op, ((name, t, 3) for name, t in (("x", x), ("w_v", w_v), ("b_v", b_v), ("w_a", w_a),
+                                                               ("b_a", b_a))))
+    if problem:
+        return problem
     members, _, k = x.shape
     if not 1 <= members <= MAX_MEMBERS:
         return f"{op}: x must hold 1 to {MAX_MEMBERS} members, got {describe(x)}"

@@ -52,7 +52,7 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from foxdqn.ops.backend import describe, resolve_backend
+from foxdqn.ops.backend import describe, float32_problem, resolve_backend
 from foxdqn.ops.library import wrap_triton
 from foxdqn.ops.member_linear import _tile
 from foxdqn.ops.mlp_chain import _fill, _prec, _tf32
@@ -307,8 +307,9 @@ class _MemberHeads(torch.autograd.Function):
 def _problem(x, weights, biases) -> str | None:
     """Why the arguments are outside :func:`member_heads`'s contract, or None."""
     op = "member_heads"
-    if not isinstance(x, Tensor) or x.dim() != 3 or x.dtype != torch.float32:
-        return f"{op}: x must be a float32 tensor of 3 dimensions, got {describe(x)}"
+    problem = float32_problem(op, (("x", x, 3),))
+    if problem:
+        return problem
     weights, biases = list(weights), list(biases)
     if not 1 <= len(weights) <= MAX_HEADS or len(biases) != len(weights):
         return (f"{op}: needs 1 to {MAX_HEADS} weights and as many biases, got {len(weights)} weights and "
@@ -317,9 +318,9 @@ def _problem(x, weights, biases) -> str | None:
     if not 1 <= members <= MAX_MEMBERS:
         return f"{op}: x must hold 1 to {MAX_MEMBERS} members, got {describe(x)}"
     for d, (w, b) in enumerate(zip(weights, biases)):
-        for name, t in ((f"weights[{d}]", w), (f"biases[{d}]", b)):
-            if not isinstance(t, Tensor) or t.dim() != 3 or t.dtype != torch.float32:
-                return f"{op}: {name} must be a float32 tensor of 3 dimensions, got {describe(t)}"
+        problem = float32_problem(op, ((f"weights[{d}]", w, 3), (f"biases[{d}]", b, 3)))
+        if problem:
+            return problem
         n = w.shape[2]
         if tuple(w.shape[:2]) != (members, k) or not 1 <= n <= MAX_WIDTH:
             return (f"{op}: weights[{d}] must be [{members}, {k}, N] (x's members and width) with 1 <= N <= "

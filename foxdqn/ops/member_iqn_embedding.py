@@ -51,7 +51,7 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from foxdqn.ops.backend import describe, resolve_backend
+from foxdqn.ops.backend import describe, float32_problem, resolve_backend
 from foxdqn.ops.library import wrap_triton
 from foxdqn.ops.member_linear import _tile, member_batched
 from foxdqn.ops.mlp_chain import _prec, _tf32
@@ -205,10 +205,9 @@ class _MemberIQNEmbedding(torch.autograd.Function):
 def _problem(h, taus, pi_i, w, b) -> str | None:
     """Why the arguments are outside :func:`member_iqn_embedding`'s contract, or None."""
     op = "member_iqn_embedding"
-    for name, t, dims in (("h", h, 3), ("taus", taus, 3), ("pi_i", pi_i, 1), ("w", w, 3), ("b", b, 3)):
-        if not isinstance(t, Tensor) or t.dim() != dims or t.dtype != torch.float32:
-            plural = "s" if dims > 1 else ""
-            return f"{op}: {name} must be a float32 tensor of {dims} dimension{plural}, got {describe(t)}"
+    problem = float32_problem(op, (("h", h, 3), ("taus", taus, 3), ("pi_i", pi_i, 1), ("w", w, 3), ("b", b, 3)))
+    if problem:
+        return problem
     members, m, hd = h.shape
     if not 1 <= members <= MAX_MEMBERS:
         return f"{op}: h must hold 1 to {MAX_MEMBERS} members, got {describe(h)}"

@@ -50,7 +50,7 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from foxdqn.ops.backend import describe, resolve_backend
+from foxdqn.ops.backend import describe, float32_problem, resolve_backend
 from foxdqn.ops.library import wrap_triton
 from foxdqn.ops.mlp_chain import _prec, _tf32
 from foxdqn.ops.relu_bias_grad import relu_bias_grad
@@ -203,9 +203,9 @@ def _backward(ctx, grad_y, x, w, y, need_x, need_w, need_b):
 def _problem(x, w, b) -> str | None:
     """Why (x, w, b) is outside :func:`member_linear`'s contract, or None."""
     op = "member_linear"
-    for name, t, dims in (("x", x, 3), ("w", w, 3), ("b", b, 3)):
-        if not isinstance(t, Tensor) or t.dim() != dims or t.dtype != torch.float32:
-            return f"{op}: {name} must be a float32 tensor of {dims} dimensions, got {describe(t)}"
+    problem = float32_problem(op, (("x", x, 3), ("w", w, 3), ("b", b, 3)))
+    if problem:
+        return problem
     members, _, k = x.shape
     if not 1 <= members <= MAX_MEMBERS:
         return f"{op}: x must hold 1 to {MAX_MEMBERS} members, got {describe(x)}"
