@@ -21,25 +21,26 @@ Kernel count: one launch for up to 16 tensors (a network's list is usually one l
 norm, add, reciprocal, mul, clamp): nine kernels to one, for the single run and the population
 alike (P members are more programs of the same launch).
 
-Order of the sum and the tickets. Program ``(k, p, b)`` (tensor, member, block:
-:mod:`foxdqn.ops.tensor_list`) squares its block (each square rounded to float32), sums it with
-``tl.sum`` (a fixed tree) and stores the float32 partial at row ``p``, column ``R_k + b`` of the
-``[P, R]`` partials (``R_k`` the blocks of the tensors before ``k``). Then it takes a ticket of
-its member (``atomic_add`` on member ``p``'s int32 counter, acq_rel at GPU scope, after a barrier
-of its warps, as :mod:`foxdqn.ops.step_stats` argues: the release orders the partial's store before
-the increment, the last program's acquire orders every other program's increment, hence its
-partial, before its loads). The program that draws member ``p``'s last ticket (the launch runs
-``C`` programs per member, the same ``C`` for every member) sums member ``p``'s ``R`` partials in
-a fixed order (columns ``c ≡ j mod RB`` in increasing ``c`` into lane ``j``, then the ``RB`` lanes
-with ``tl.sum``), writes ``total[p]`` and ``coef[p]`` and zeroes member ``p``'s counter. So the
-members finish in parallel, each after its own C programs (a population of 512 members: 512
-counters of 15 programs each, where one counter of 7,680 programs and one program summing every
-member in turn took 58 µs on the H200), and members never mix. The columns are indexed by block,
-not by finishing order, so the result is the same bit for bit from run to run (for one BLOCK and
-one compiled kernel), and member p's equals a call for member p alone. With more than 16 tensors,
-the launches before the last only store partials; the last launch's programs take the tickets and
-sum them all (they completed before it started, in stream order); when the last launch's tensors
-are all empty (C = 0), its grid is one program per member, which sums without a ticket. The
+Order of the sum and the tickets. The launch is member-major (:mod:`foxdqn.ops.tensor_list`,
+"Rows"): program ``p · C + c`` takes member ``p``'s rows ``c·G .. c·G + G − 1`` (row ``R_k + b``:
+block ``b`` of tensor ``k``, ``R_k`` the blocks of the tensors before ``k``). For each row it
+squares the block (each square rounded to float32), sums it with ``tl.sum`` (a fixed tree) and
+stores the float32 partial at row ``p``, column ``R_k + b`` of the ``[P, R]`` partials. Then it
+takes a ticket of its member (``atomic_add`` on member ``p``'s int32 counter, acq_rel at GPU scope,
+after a barrier of its warps, as :mod:`foxdqn.ops.step_stats` argues: the release orders the
+partials' stores before the increment, the last program's acquire orders every other program's
+increment, hence its partials, before its loads). The program that draws member ``p``'s last
+ticket (of C) sums member ``p``'s ``R`` partials in a fixed order (columns ``c ≡ j mod RB`` in
+increasing ``c`` into lane ``j``, then the ``RB`` lanes with ``tl.sum``), writes ``total[p]`` and
+``coef[p]`` and zeroes member ``p``'s counter. So the members finish in parallel, and members never
+mix. C and G (:func:`~foxdqn.ops.tensor_list.member_chunks` with :data:`PROGRAMS` and
+:data:`MAX_ROWS`) shape the grid: 512 members of 15 rows run 8 programs of 2 rows each, 12.5 µs on
+an H100 where one program per row (7,680) took 21.2 (docs/bench.md#launch-constants). The columns are indexed by row, not by program
+or finishing order, so the result is the same bit for bit from run to run and for any C and G
+(for one BLOCK), and member p's equals a call for member p alone. With more than 16 tensors, the
+launches before the last only store partials; the last launch's programs take the tickets and sum
+them all (they completed before it started, in stream order); when the last launch's tensors are
+all empty (no rows), its grid is one program per member, which sums without a ticket. The
 interpreter runs the programs one after the other, so there the last program is the last.
 
 Rounding vs torch: torch sums each tensor's squares in its own order, takes the square root per
@@ -63,11 +64,13 @@ from torch import Tensor
 
 from foxdqn.ops.backend import resolve_backend
 from foxdqn.ops.library import device_op, wrap_triton
-from foxdqn.ops.tensor_list import (check_list, check_member_vector, check_members, locate, pick16, plan,
-                                    scratch, slots)
+from foxdqn.ops.tensor_list import (check_list, check_member_vector, check_members, member_chunks, member_row, pick16,
+                                    plan, scratch, slots)
 
 CLIP_EPS = 1e-6  # clip_grad_norm_'s eps: max_norm / (total + 1e-6)
-BLOCK = 1024  # elements of one member's slice per program
+BLOCK = 1024  # elements of a row: one partial sum (module docstring)
+PROGRAMS = 1024  # the grid a launch aims for (tensor_list.member_chunks; an H100 sweep: docs/bench.md#launch-constants)
+MAX_ROWS = 2  # rows per program at most
 _RB = 64  # partial columns per iteration of the last program's inner loop
 
 
@@ -90,26 +93,26 @@ def _finish(member, part_ptr, R, max_norm_ptr, total_ptr, coef_ptr, EPS: tl.cons
     tl.store(coef_ptr + member, tl.where(q > 1.0, 1.0, q))  # clamp(max=1) that keeps NaN
 
 
-@triton.jit(do_not_specialize=[*(f"e{i}" for i in range(16)), *(f"r{i}" for i in range(16)),
-                               "per_member", "R"])
+@triton.jit(do_not_specialize=[*(f"r{i}" for i in range(16)), "rows_in_launch", "per_member", "R"])
 def _grad_norm_kernel(g0, g1, g2, g3, g4, g5, g6, g7, g8, g9, g10, g11, g12, g13, g14, g15,
                       n0, n1, n2, n3, n4, n5, n6, n7, n8, n9, n10, n11, n12, n13, n14, n15,
-                      e0, e1, e2, e3, e4, e5, e6, e7, e8, e9, e10, e11, e12, e13, e14, e15,
                       r0, r1, r2, r3, r4, r5, r6, r7, r8, r9, r10, r11, r12, r13, r14, r15,
-                      max_norm_ptr, total_ptr, coef_ptr, part_ptr, tickets_ptr, per_member, R,
+                      max_norm_ptr, total_ptr, coef_ptr, part_ptr, tickets_ptr, rows_in_launch, per_member, R,
                       FINAL: tl.constexpr, EMPTY: tl.constexpr, EPS: tl.constexpr, BLOCK: tl.constexpr,
-                      RB: tl.constexpr):
-    """Partials of the launch's blocks; with FINAL each member's last program (its ``per_member``-th
-    ticket) finishes that member; with EMPTY (FINAL, no blocks) program p finishes member p."""
+                      G: tl.constexpr, RB: tl.constexpr):
+    """Partials of the launch's rows (program ``p · C + c``: member p's rows ``c·G ..``, C =
+    ``per_member``); with FINAL each member's last program (its C-th ticket) finishes that member;
+    with EMPTY (FINAL, no rows) program p finishes member p."""
     pid = tl.program_id(0)
-    slot, member, block, offs, mask, idx, live = locate(
-        pid, n0, n1, n2, n3, n4, n5, n6, n7, n8, n9, n10, n11, n12, n13, n14, n15,
-        e0, e1, e2, e3, e4, e5, e6, e7, e8, e9, e10, e11, e12, e13, e14, e15, BLOCK)
-    g = pick16(slot, g0, g1, g2, g3, g4, g5, g6, g7, g8, g9, g10, g11, g12, g13, g14, g15)
-    x = tl.load(g + idx, mask=mask, other=0.0)
-    s = tl.sum(x * x, axis=0)
-    col = pick16(slot, r0, r1, r2, r3, r4, r5, r6, r7, r8, r9, r10, r11, r12, r13, r14, r15) + block
-    tl.store(part_ptr + member.to(tl.int64) * R + col, s, mask=live)
+    member = pid // per_member
+    first = (pid - member * per_member) * G
+    for i in tl.static_range(G):
+        slot, col, mask, idx, live = member_row(
+            member, first + i, rows_in_launch, n0, n1, n2, n3, n4, n5, n6, n7, n8, n9, n10, n11, n12, n13, n14, n15,
+            r0, r1, r2, r3, r4, r5, r6, r7, r8, r9, r10, r11, r12, r13, r14, r15, BLOCK)
+        g = pick16(slot, g0, g1, g2, g3, g4, g5, g6, g7, g8, g9, g10, g11, g12, g13, g14, g15)
+        x = tl.load(g + idx, mask=mask, other=0.0)
+        tl.store(part_ptr + member.to(tl.int64) * R + col, tl.sum(x * x, axis=0), mask=live)
 
     if FINAL:
         if EMPTY:
@@ -124,16 +127,17 @@ def _grad_norm_kernel(g0, g1, g2, g3, g4, g5, g6, g7, g8, g9, g10, g11, g12, g13
 
 @device_op("foxdqn::grad_norm_coefficient", mutates_args={"total", "coef", "partials", "tickets"})
 def _grad_norm_op(grads: list[Tensor], max_norm: Tensor, total: Tensor, coef: Tensor, partials: Tensor,
-                  tickets: Tensor, members: int, block: int) -> None:
+                  tickets: Tensor, members: int, block: int, programs: int) -> None:
     numels = tuple(g.numel() // members for g in grads)
     launches, rows = plan(numels, members, block)
     for launch in launches:
-        per_member = sum(triton.cdiv(n, block) for n in numels[launch.first:launch.first + launch.count])
-        empty = launch.final and per_member == 0
-        wrap_triton(_grad_norm_kernel)[(members if empty else launch.programs,)](
-            *slots(grads, launch), *launch.numels, *launch.ends, *launch.rows,
-            max_norm, total, coef, partials, tickets, per_member, rows,
-            FINAL=launch.final, EMPTY=empty, EPS=CLIP_EPS, BLOCK=block, RB=_RB, num_warps=4,
+        in_launch = sum(triton.cdiv(n, block) for n in numels[launch.first:launch.first + launch.count])
+        per_member, per_program = member_chunks(in_launch, members, programs, MAX_ROWS)
+        wrap_triton(_grad_norm_kernel)[(members * per_member,)](
+            *slots(grads, launch), *launch.numels, *launch.rows,
+            max_norm, total, coef, partials, tickets, in_launch, per_member, rows,
+            FINAL=launch.final, EMPTY=launch.final and in_launch == 0, EPS=CLIP_EPS, BLOCK=block, G=per_program,
+            RB=_RB, num_warps=4,
             enable_fp_fusion=False)  # each square rounded to float32, as torch's vector_norm (docstring)
 
 
@@ -220,5 +224,6 @@ def grad_norm_coefficient(grads: Sequence[Tensor], max_norm: Tensor, *, members:
     else:
         _, rows = plan(numels, members, BLOCK)
         partials, _ = scratch(op, device, members * rows)
-        _grad_norm_op(list(grads), max_norm, total, coef, partials, _tickets(device, members), members, BLOCK)
+        _grad_norm_op(list(grads), max_norm, total, coef, partials, _tickets(device, members), members, BLOCK,
+                      PROGRAMS)
     return total, coef

@@ -31,6 +31,14 @@ kernels for Polyak, six for the hard copy, one for the counter) and ``torch._for
 list of 0-d weights (which falls back to one kernel per tensor, 8 for eurusd_dqn): eleven kernels
 or more to one.
 
+The grid is member-major (:mod:`foxdqn.ops.tensor_list`, "Rows"): program ``p · C + c`` reads
+member ``p``'s weight once and, where it is not 0, updates the member's rows ``c·G .. c·G + G − 1``
+(C and G from :func:`~foxdqn.ops.tensor_list.member_chunks` with :data:`HARD_PROGRAMS` or
+:data:`POLYAK_PROGRAMS` and :data:`MAX_ROWS`). A hard copy that is not due then costs a program per
+member and chunk: 512 members of 15 rows run 512 programs, 2.8 µs on an H100 where one program per
+row (7,680) took 16.1 µs for nothing; the due copy 26.1 against 25.1 µs
+(docs/bench.md#launch-constants).
+
 The counter and the ticket. Every program reads ``updates`` before its ticket; the program that
 draws the last ticket of the last launch (``atomic_add``, acq_rel at GPU scope after a barrier of
 its warps, as :mod:`foxdqn.ops.step_stats` argues: every other program's read precedes its
@@ -51,10 +59,16 @@ from torch import Tensor
 
 from foxdqn.ops.backend import resolve_backend
 from foxdqn.ops.library import device_op, wrap_triton
-from foxdqn.ops.tensor_list import (F32, check_list, check_member_vector, check_members, describe, fma, locate,
-                                    pick16, plan, scratch, slots)
+from foxdqn.ops.tensor_list import (F32, check_list, check_member_vector, check_members, describe, fma,
+                                    member_chunks, member_row, pick16, plan, scratch, slots)
 
-BLOCK = 1024  # elements of one member's slice per program
+BLOCK = 1024  # elements of a row (tensor_list, "Rows")
+#: the grid a launch aims for (tensor_list.member_chunks), by mode: a hard copy, rarely due, in few
+#: programs that each read their weight once; Polyak averaging, due every update, in many
+#: (an H100 sweep: docs/bench.md#launch-constants)
+HARD_PROGRAMS = 512
+POLYAK_PROGRAMS = 4096
+MAX_ROWS = 16  # rows per program at most
 _PB = 64  # members per iteration of the last program's loop
 
 
@@ -72,28 +86,32 @@ def _weight(u, q, qm, skip_ptr, tau_ptr, period_ptr, HARD: tl.constexpr):
     return base * (1.0 - tl.load(skip_ptr + q, mask=qm, other=0.0))
 
 
-@triton.jit(do_not_specialize=[*(f"e{i}" for i in range(16)), "members"])
+@triton.jit(do_not_specialize=[*(f"r{i}" for i in range(16)), "rows_in_launch", "per_member", "members"])
 def _target_lerp_kernel(t0, t1, t2, t3, t4, t5, t6, t7, t8, t9, t10, t11, t12, t13, t14, t15,
                         s0, s1, s2, s3, s4, s5, s6, s7, s8, s9, s10, s11, s12, s13, s14, s15,
                         n0, n1, n2, n3, n4, n5, n6, n7, n8, n9, n10, n11, n12, n13, n14, n15,
-                        e0, e1, e2, e3, e4, e5, e6, e7, e8, e9, e10, e11, e12, e13, e14, e15,
-                        updates_ptr, skip_ptr, tau_ptr, period_ptr, weight_ptr, ticket_ptr, members,
-                        HARD: tl.constexpr, FINISH: tl.constexpr, ADVANCE: tl.constexpr, HAS_WEIGHT: tl.constexpr,
-                        BLOCK: tl.constexpr, PB: tl.constexpr):
+                        r0, r1, r2, r3, r4, r5, r6, r7, r8, r9, r10, r11, r12, r13, r14, r15,
+                        updates_ptr, skip_ptr, tau_ptr, period_ptr, weight_ptr, ticket_ptr, rows_in_launch, per_member,
+                        members, HARD: tl.constexpr, FINISH: tl.constexpr, ADVANCE: tl.constexpr,
+                        HAS_WEIGHT: tl.constexpr, BLOCK: tl.constexpr, G: tl.constexpr, PB: tl.constexpr):
     pid = tl.program_id(0)
-    slot, member, block, offs, mask, idx, live = locate(
-        pid, n0, n1, n2, n3, n4, n5, n6, n7, n8, n9, n10, n11, n12, n13, n14, n15,
-        e0, e1, e2, e3, e4, e5, e6, e7, e8, e9, e10, e11, e12, e13, e14, e15, BLOCK)
+    member = pid // per_member
+    first = (pid - member * per_member) * G
     u = tl.load(updates_ptr)  # this program's only read of the counter: before its ticket
-    w = tl.zeros([BLOCK], tl.float32) + _weight(u, member, member >= 0, skip_ptr, tau_ptr, period_ptr, HARD)
-    mask = mask & (w != 0.0)  # w = 0: the target is left as it is (no reads, no writes)
-    tp = pick16(slot, t0, t1, t2, t3, t4, t5, t6, t7, t8, t9, t10, t11, t12, t13, t14, t15) + idx
-    sp = pick16(slot, s0, s1, s2, s3, s4, s5, s6, s7, s8, s9, s10, s11, s12, s13, s14, s15) + idx
-    x = tl.load(tp, mask=mask, other=0.0)
-    y = tl.load(sp, mask=mask, other=0.0)
-    diff = y - x
-    out = tl.where(tl.abs(w) < 0.5, fma(w, diff, x), fma(w - 1.0, diff, y))
-    tl.store(tp, tl.where(w == 1.0, y, out), mask=mask)
+    w = _weight(u, member, member >= 0, skip_ptr, tau_ptr, period_ptr, HARD)
+    if w != 0.0:  # w = 0: the target is left as it is (no reads, no writes)
+        wb = tl.zeros([BLOCK], tl.float32) + w
+        for i in tl.static_range(G):
+            slot, col, mask, idx, live = member_row(
+                member, first + i, rows_in_launch, n0, n1, n2, n3, n4, n5, n6, n7, n8, n9, n10, n11, n12, n13, n14,
+                n15, r0, r1, r2, r3, r4, r5, r6, r7, r8, r9, r10, r11, r12, r13, r14, r15, BLOCK)
+            tp = pick16(slot, t0, t1, t2, t3, t4, t5, t6, t7, t8, t9, t10, t11, t12, t13, t14, t15) + idx
+            sp = pick16(slot, s0, s1, s2, s3, s4, s5, s6, s7, s8, s9, s10, s11, s12, s13, s14, s15) + idx
+            x = tl.load(tp, mask=mask, other=0.0)
+            y = tl.load(sp, mask=mask, other=0.0)
+            diff = y - x
+            out = tl.where(tl.abs(wb) < 0.5, fma(wb, diff, x), fma(wb - 1.0, diff, y))
+            tl.store(tp, tl.where(wb == 1.0, y, out), mask=mask)
 
     if FINISH:
         tl.debug_barrier()  # every warp has read the counter before the (one-thread) ticket increment
@@ -112,14 +130,17 @@ def _target_lerp_kernel(t0, t1, t2, t3, t4, t5, t6, t7, t8, t9, t10, t11, t12, t
 @device_op("foxdqn::target_lerp_", mutates_args={"targets", "updates", "weight", "ticket"})
 def _target_lerp_op(targets: list[Tensor], sources: list[Tensor], updates: Tensor, skip: Tensor, tau: Tensor,
                     hard_period: Tensor, weight: Tensor, ticket: Tensor, members: int, hard: bool, advance: bool,
-                    has_weight: bool, block: int) -> None:
-    launches, _ = plan(tuple(t.numel() // members for t in targets), members, block)
+                    has_weight: bool, block: int, programs: int) -> None:
+    numels = tuple(t.numel() // members for t in targets)
+    launches, _ = plan(numels, members, block)
     for launch in launches:
-        wrap_triton(_target_lerp_kernel)[(launch.programs,)](
-            *slots(targets, launch), *slots(sources, launch), *launch.numels, *launch.ends,
-            updates, skip, tau, hard_period, weight, ticket, members,
+        in_launch = sum(triton.cdiv(n, block) for n in numels[launch.first:launch.first + launch.count])
+        per_member, per_program = member_chunks(in_launch, members, programs, MAX_ROWS)
+        wrap_triton(_target_lerp_kernel)[(members * per_member,)](
+            *slots(targets, launch), *slots(sources, launch), *launch.numels, *launch.rows,
+            updates, skip, tau, hard_period, weight, ticket, in_launch, per_member, members,
             HARD=hard, FINISH=launch.final and (advance or has_weight), ADVANCE=advance, HAS_WEIGHT=has_weight,
-            BLOCK=block, PB=_PB, num_warps=4)
+            BLOCK=block, G=per_program, PB=_PB, num_warps=4)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -200,4 +221,5 @@ def target_lerp_(targets: Sequence[Tensor], sources: Sequence[Tensor], updates: 
         spare, ticket = scratch(op, device, 1)  # spare: the unused weight argument when weight is None
         _target_lerp_op(list(targets), list(sources), updates, skip, tau, hard_period,
                         spare if weight is None else weight, ticket, members, bool(hard), bool(advance),
-                        weight is not None, BLOCK)
+                        weight is not None, BLOCK,
+                        HARD_PROGRAMS if hard else POLYAK_PROGRAMS)

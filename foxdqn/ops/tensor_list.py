@@ -20,6 +20,15 @@ host -> device cannot be built inside CUDA-graph capture; arguments passed at ea
 always the current tensors, and a captured launch keeps the capture-time addresses, which the
 graph's memory pool keeps fixed.
 
+Rows (member-major launches: :func:`member_row`, :func:`member_chunks`). Member ``p``'s slices
+of all tensors, cut into blocks of BLOCK elements, are its ``R`` rows, slot by slot (row ``r_k + b``
+is block ``b`` of slot ``k``, ``r_k`` = :attr:`Launch.rows`). A member-major launch runs ``C``
+programs per member; program ``p · C + c`` takes member ``p``'s rows ``c · G .. c · G + G − 1``.
+So a population of small networks (512 members of 15 rows) runs a few programs per member
+instead of one per block, and an op whose work depends on the member (the target update's weight)
+reads it once per program. An op that reduces rows stores one value per row, so its result does
+not depend on C or G.
+
 More than :data:`MAX_SLOTS` tensors: several launches (:func:`plan`), in stream order. Each op
 says which launch finishes (its "last program": found with a ticket as in
 :mod:`foxdqn.ops.step_stats`, or the highest program id that waits for the others' signals in
@@ -154,6 +163,33 @@ def locate(pid, n0, n1, n2, n3, n4, n5, n6, n7, n8, n9, n10, n11, n12, n13, n14,
     return slot, member, block, offs, mask, idx, live
 
 
+@triton.jit
+def member_row(member, r, rows_in_launch, n0, n1, n2, n3, n4, n5, n6, n7, n8, n9, n10, n11, n12, n13, n14, n15,
+               r0, r1, r2, r3, r4, r5, r6, r7, r8, r9, r10, r11, r12, r13, r14, r15, BLOCK: tl.constexpr):
+    """Row ``r`` of member ``member`` in a member-major launch (module docstring, "Rows"):
+    ``(slot, col, mask, idx, live)``.
+
+    ``r`` counts the launch's blocks of one member (``[0, rows_in_launch)``; ``live``: r is one
+    of them), ``col`` = ``r0 + r`` its row over the whole list (the partial column of
+    :mod:`foxdqn.ops.grad_norm`), ``slot`` its tensor (0 when not live), ``mask`` the block's
+    elements inside the member's slice (all False when not live), ``idx`` int64 flat indices into
+    the tensor. ``r_k``: the row of slot k's first block (:attr:`Launch.rows`)."""
+    col = r0 + r
+    slot = ((col >= r1).to(tl.int32) + (col >= r2).to(tl.int32) + (col >= r3).to(tl.int32)
+            + (col >= r4).to(tl.int32) + (col >= r5).to(tl.int32) + (col >= r6).to(tl.int32)
+            + (col >= r7).to(tl.int32) + (col >= r8).to(tl.int32) + (col >= r9).to(tl.int32)
+            + (col >= r10).to(tl.int32) + (col >= r11).to(tl.int32) + (col >= r12).to(tl.int32)
+            + (col >= r13).to(tl.int32) + (col >= r14).to(tl.int32) + (col >= r15).to(tl.int32))
+    live = r < rows_in_launch
+    slot = tl.where(live, slot, 0)
+    start = pick16(slot, r0, r1, r2, r3, r4, r5, r6, r7, r8, r9, r10, r11, r12, r13, r14, r15)
+    n = tl.where(live, pick16(slot, n0, n1, n2, n3, n4, n5, n6, n7, n8, n9, n10, n11, n12, n13, n14, n15), 0)
+    offs = (col - start) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < n
+    idx = member.to(tl.int64) * n + offs
+    return slot, col, mask, idx, live
+
+
 # ---------------------------------------------------------------------------------------------
 # Host side: the launch plan
 # ---------------------------------------------------------------------------------------------
@@ -205,6 +241,26 @@ def plan(numels: tuple[int, ...], members: int, block: int) -> tuple[tuple[Launc
         launches.append(Launch(first, len(chunk), tuple(chunk) + (0,) * pad, tuple(ends) + (end,) * pad,
                                tuple(rows) + (row,) * pad, max(1, end), first + MAX_SLOTS >= len(numels)))
     return tuple(launches), row
+
+
+@lru_cache(maxsize=256)
+def member_chunks(rows: int, members: int, programs: int, max_rows: int) -> tuple[int, int]:
+    """``(C, G)`` of a member-major launch (module docstring, "Rows") whose members have ``rows``
+    blocks each: C programs per member, each taking G consecutive rows (the last ones of a member
+    may run past its rows, masked). C = min(R, max(ceil(programs / P), ceil(R / max_rows))), so
+    the grid is about ``programs`` or more and no program takes more than ``max_rows`` rows;
+    ``(1, 0)`` when R = 0 (one program per member, no rows).
+
+    Raises:
+        ValueError: rows < 0, members < 1, programs < 1 or max_rows < 1.
+    """
+    if rows < 0 or members < 1 or programs < 1 or max_rows < 1:
+        raise ValueError(f"tensor_list.member_chunks: need rows >= 0, members, programs and max_rows >= 1; got "
+                         f"{rows}, {members}, {programs}, {max_rows}")
+    if rows == 0:
+        return 1, 0
+    c = min(rows, max(-(-programs // members), -(-rows // max_rows)))
+    return c, -(-rows // c)
 
 
 def slots(tensors: Sequence[Tensor], launch: Launch) -> list[Tensor]:

@@ -9,7 +9,7 @@ import torch
 from foxdqn.ops import backend as B
 import foxdqn.ops.grad_norm as gn
 from foxdqn.ops.grad_norm import grad_norm_coefficient
-from foxdqn.ops.tensor_list import MAX_SLOTS
+from foxdqn.ops.tensor_list import MAX_SLOTS, member_chunks
 
 from support import (MULTI_TENSOR_SHAPES, assert_close_report, capture_graph, no_host_sync, randn_list,
                      require_compiled_kernels, torch_clip)
@@ -77,6 +77,36 @@ def test_members_finish_on_their_own_tickets(shapes):
     for p in range(5):
         t1, c1 = grad_norm_coefficient([g[p] for g in grads], bound[p], backend="triton")
         assert torch.equal(total[p], t1) and torch.equal(coef[p], c1), p
+
+
+@pytest.mark.parametrize("programs,max_rows", [(1, 8), (1, 3), (4, 2), (6, 1)])
+@pytest.mark.parametrize("shapes", [[(3, 700), (5,), (2000,), (0,), (1025,)], [(9,)] * (MAX_SLOTS + 3)],
+                         ids=["one_launch", "two_launches"])
+def test_rows_per_program_do_not_change_the_bits(monkeypatch, programs, max_rows, shapes):
+    """Several rows per program (member-major chunks: C programs of G rows per member, the last
+    program of a member with rows past its end) give the bits of one row per program: the
+    partials are stored by row, so neither C nor G enters the sum."""
+    grads = _grads(shapes, seed=11, members=3)
+    bound = torch.tensor([0.5, 1e9, 2.0])
+    want = grad_norm_coefficient(grads, bound, members=3, backend="triton")  # PROGRAMS: one row per program here
+    monkeypatch.setattr(gn, "PROGRAMS", programs)
+    monkeypatch.setattr(gn, "MAX_ROWS", max_rows)
+    got = grad_norm_coefficient(grads, bound, members=3, backend="triton")
+    assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+    assert not gn._tickets(torch.device("cpu"), 3).any()
+
+
+def test_member_chunks():
+    """C programs per member of G rows: about ``programs`` programs, at most ``max_rows`` rows each,
+    never more programs than rows; no rows: one program per member."""
+    assert member_chunks(15, 512, 1024, 2) == (8, 2)  # cartpole_cleanrl's 15 rows, 512 members
+    assert member_chunks(15, 512, 512, 16) == (1, 15)
+    assert member_chunks(120, 1, 1024, 2) == (120, 1)  # one network: a program per row
+    assert member_chunks(120, 64, 512, 16) == (8, 15)
+    assert member_chunks(7, 3, 1, 3) == (3, 3)  # the last program has 2 rows past the member's 7
+    assert member_chunks(0, 5, 1024, 2) == (1, 0)
+    with pytest.raises(ValueError, match="member_chunks"):
+        member_chunks(3, 0, 1, 1)
 
 
 @pytest.mark.parametrize("backend", ["triton", "torch"])

@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from foxdqn.ops import backend as B
+import foxdqn.ops.target_lerp as tl_mod
 from foxdqn.ops.target_lerp import target_lerp_
 
 from support import MULTI_TENSOR_SHAPES, capture_graph, no_host_sync, randn_list, require_compiled_kernels
@@ -78,6 +79,28 @@ def test_members_equal_separate_calls(hard):
             assert torch.equal(a[p], b), p
     for a, b in zip(kt, rt):
         assert torch.equal(a, b)
+
+
+@pytest.mark.parametrize("programs,max_rows", [(1, 8), (1, 3), (4, 2)])
+@pytest.mark.parametrize("hard", [False, True])
+def test_rows_per_program(monkeypatch, programs, max_rows, hard):
+    """Several rows per program (member-major chunks, rows past a member's end masked; two launches
+    for more than MAX_SLOTS tensors): the reference's bits, the weights and the counter advanced
+    once; a member whose weight is 0 (skipped, or no hard copy due) keeps its targets."""
+    monkeypatch.setattr(tl_mod, "HARD_PROGRAMS", programs)
+    monkeypatch.setattr(tl_mod, "POLYAK_PROGRAMS", programs)
+    monkeypatch.setattr(tl_mod, "MAX_ROWS", max_rows)
+    for shapes in (SHAPES["ten_with_empty"], [(2, 700), (3,), (1025,)] * 6):
+        targets, sources = _pair(shapes, seed=4, members=3)
+        skip, tau, period = torch.tensor([0.0, 1.0, 0.0]), torch.tensor([0.005, 0.5, 0.7]), torch.tensor([3, 5, 2])
+        kt, ku, kw = _run(targets, sources, 9, skip, tau, period, hard, "triton", members=3)
+        rt, ru, rw = _run(targets, sources, 9, skip, tau, period, hard, "torch", members=3)
+        assert int(ku) == int(ru) == 10 and torch.equal(kw, rw)
+        for a, b, t0, s0 in zip(kt, rt, targets, sources):
+            assert torch.equal(a, b)
+            assert torch.equal(a[1], t0[1])  # skipped
+            if hard:  # update 10: member 0's copy (every 3) is not due, member 2's (every 2) is
+                assert torch.equal(a[0], t0[0]) and torch.equal(a[2], s0[2])
 
 
 def test_without_weight_and_advance():
