@@ -36,7 +36,7 @@ SWEEPS = {
     "q_forward": {"BLOCK_M": [16, 32, 64], "NUM_WARPS": [4, 8], "NUM_WARPS_LINEAR": [4, 8], "BLOCK_K": [32, 64],
                   "BLOCK_N": [32, 64], "NUM_STAGES": [2, 3]},
     "member_uniform": {"BLOCK": [128, 256, 512, 1024], "NUM_WARPS": [1, 2, 4]},
-    "adam_step": {"BLOCK": [256, 512, 1024, 2048], "BIG_BLOCK": [512, 1024, 2048], "NUM_WARPS": [2, 4, 8]},
+    "adam_step": {"BLOCK": [256, 512, 1024, 2048], "NUM_WARPS": [2, 4, 8]},
     "member_dueling_head": {"BLOCK_K": [64, 128], "STAGES_FORWARD": [1, 3], "WARPS_FORWARD": [4, 8],
                             "BLOCK_R": [64, 128], "BLOCK_DW": [32, 128], "STAGES_DW": [1, 3]},
 }

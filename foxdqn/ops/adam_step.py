@@ -55,10 +55,12 @@ of the fma, about an ulp apart; it is also the run's Adam on CPU, so it is writt
 
 Kernel count: one launch for up to 16 tensors in place of fused Adam's three (``steps += 1``, the
 fused kernel, ``steps -= found_inf``), and the clip's ``_foreach_mul_`` when ``grad_scale`` is
-passed. The grid is one program per BLOCK elements of a member's slice
-(:mod:`foxdqn.ops.tensor_list`), so ~120k parameters run on ~240 programs at BLOCK = 512 instead
-of the few blocks ``multi_tensor_apply`` launches; a call of ``BIG_VALUES`` values or more (a
-population's) takes ``BIG_BLOCK`` elements per program.
+passed. The grid is one program per row, member-major (:mod:`foxdqn.ops.tensor_list`, "Rows": a
+row is BLOCK elements of a member's slice of one tensor), so ~120k parameters run on ~240 programs
+at BLOCK = 512 instead of the few blocks ``multi_tensor_apply`` launches. Each program reads its
+member's hyperparameters once; more rows per program were slower (the stores of one row come
+before the loads of the next), and 512 elements beat 1,024 for a population of small networks
+(docs/bench.md#launch-constants).
 
 Step counts. Every program reads its tensor's ``step[p]`` and computes with ``t = step + 1``;
 nothing is written to the counts until every program has read them. Every program but the last (the
@@ -101,11 +103,9 @@ from triton.language.extra import libdevice
 from foxdqn.ops.backend import INTERPRET, resolve_backend
 from foxdqn.ops.library import device_op, wrap_triton
 from foxdqn.ops.tensor_list import (MAX_SLOTS, F32, check_list, check_member_vector, check_members, describe, fma,
-                                    locate, pick16, plan, scratch, slots)
+                                    member_row, pick16, plan, scratch, slots)
 
-BLOCK = 512  # elements of one member's slice per program (an H200 sweep: docs/bench.md#launch-constants)
-BIG_BLOCK = 1024  # the same, for launches of BIG_VALUES values or more (a population's; docs/bench.md#launch-constants)
-BIG_VALUES = 1 << 22  # values per call (all members, all tensors) from which BIG_BLOCK is used
+BLOCK = 512  # elements of a row, one program's (H200 sweeps: docs/bench.md#launch-constants)
 NUM_WARPS = 4  # warps per program
 _PB = 64  # members per iteration of the last program's loop
 
@@ -197,7 +197,7 @@ def _advance_counts(s0, s1, s2, s3, s4, s5, s6, s7, s8, s9, s10, s11, s12, s13, 
     tl.store(ticket_ptr, 0)
 
 
-@triton.jit(do_not_specialize=[*(f"e{i}" for i in range(16)), "members"])
+@triton.jit(do_not_specialize=[*(f"r{i}" for i in range(16)), "rows_in_launch", "per_member", "members"])
 def _adam_step_kernel(p0, p1, p2, p3, p4, p5, p6, p7, p8, p9, p10, p11, p12, p13, p14, p15,
                       g0, g1, g2, g3, g4, g5, g6, g7, g8, g9, g10, g11, g12, g13, g14, g15,
                       m0, m1, m2, m3, m4, m5, m6, m7, m8, m9, m10, m11, m12, m13, m14, m15,
@@ -205,22 +205,31 @@ def _adam_step_kernel(p0, p1, p2, p3, p4, p5, p6, p7, p8, p9, p10, p11, p12, p13
                       s0, s1, s2, s3, s4, s5, s6, s7, s8, s9, s10, s11, s12, s13, s14, s15,
                       k0, k1, k2, k3, k4, k5, k6, k7, k8, k9, k10, k11, k12, k13, k14, k15,
                       n0, n1, n2, n3, n4, n5, n6, n7, n8, n9, n10, n11, n12, n13, n14, n15,
-                      e0, e1, e2, e3, e4, e5, e6, e7, e8, e9, e10, e11, e12, e13, e14, e15,
-                      lr_ptr, eps_ptr, scale_ptr, skip_ptr, ticket_ptr, members, beta1, beta2, eps_value,
+                      r0, r1, r2, r3, r4, r5, r6, r7, r8, r9, r10, r11, r12, r13, r14, r15,
+                      lr_ptr, eps_ptr, scale_ptr, skip_ptr, ticket_ptr, rows_in_launch, per_member, members,
+                      beta1, beta2, eps_value,
                       N_INC: tl.constexpr, HAS_SCALE: tl.constexpr, HAS_SKIP: tl.constexpr, HAS_PRIOR: tl.constexpr,
                       EPS_TENSOR: tl.constexpr, LOG_BETA1: tl.constexpr, LOG_BETA2: tl.constexpr,
                       BLOCK: tl.constexpr, PB: tl.constexpr):
     pid = tl.program_id(0)
-    slot, member, block, offs, mask, idx, live = locate(
-        pid, n0, n1, n2, n3, n4, n5, n6, n7, n8, n9, n10, n11, n12, n13, n14, n15,
-        e0, e1, e2, e3, e4, e5, e6, e7, e8, e9, e10, e11, e12, e13, e14, e15, BLOCK)
+    member = pid // per_member  # one row per program, member-major (tensor_list, "Rows")
     b1 = tl.zeros([], tl.float32) + beta1  # float32 scalars (a Python float argument is fp32 when launched eagerly)
     b2 = tl.zeros([], tl.float32) + beta2
-    t = tl.load(pick16(slot, s0, s1, s2, s3, s4, s5, s6, s7, s8, s9, s10, s11, s12, s13, s14, s15) + member) + 1.0
     if EPS_TENSOR:
         eps = tl.load(eps_ptr + member)
     else:
         eps = tl.zeros([], tl.float32) + eps_value
+    lr = tl.load(lr_ptr + member)
+    if HAS_SCALE:
+        scale = tl.load(scale_ptr + member)
+    if HAS_SKIP:
+        # a skipped member: no writes (the skip broadcast to the block first: the interpreter
+        # cannot AND a block of bools with a scalar bool)
+        keep = (tl.zeros([BLOCK], tl.float32) + tl.load(skip_ptr + member)) == 0.0
+    slot, col, mask, idx, live = member_row(
+        member, pid - member * per_member, rows_in_launch, n0, n1, n2, n3, n4, n5, n6, n7, n8, n9, n10, n11, n12, n13,
+        n14, n15, r0, r1, r2, r3, r4, r5, r6, r7, r8, r9, r10, r11, r12, r13, r14, r15, BLOCK)
+    t = tl.load(pick16(slot, s0, s1, s2, s3, s4, s5, s6, s7, s8, s9, s10, s11, s12, s13, s14, s15) + member) + 1.0
     # the element loads do not wait on the skip (it masks only the stores)
     pp = pick16(slot, p0, p1, p2, p3, p4, p5, p6, p7, p8, p9, p10, p11, p12, p13, p14, p15) + idx
     gp = pick16(slot, g0, g1, g2, g3, g4, g5, g6, g7, g8, g9, g10, g11, g12, g13, g14, g15) + idx
@@ -231,31 +240,29 @@ def _adam_step_kernel(p0, p1, p2, p3, p4, p5, p6, p7, p8, p9, p10, p11, p12, p13
     m = tl.load(mp, mask=mask, other=0.0)
     v = tl.load(vp, mask=mask, other=0.0)
     if HAS_SCALE:
-        g = g * tl.load(scale_ptr + member)
+        g = g * scale
     if HAS_SKIP:
-        # a skipped member: no writes (the skip broadcast to the block first: the interpreter
-        # cannot AND a block of bools with a scalar bool)
-        mask = mask & ((tl.zeros([BLOCK], tl.float32) + tl.load(skip_ptr + member)) == 0.0)
+        mask = mask & keep
     bc1 = 1.0 - _powf(b1, t, LOG_BETA1)
     bc2_sqrt = tl.sqrt_rn(1.0 - _powf(b2, t, LOG_BETA2))
-    step_size = tl.div_rn(tl.load(lr_ptr + member), bc1)
+    step_size = tl.div_rn(lr, bc1)
     m = fma(b1, m, fma(-b1, g, g))
     gg = g * g
     v = fma(b2, v, fma(-b2, gg, gg))
     denom = tl.sqrt_rn(v) / bc2_sqrt + eps  # Triton's "/" (module docstring, "Rounding")
-    param = param - (step_size * m) / denom
-    if N_INC > 0:  # the step count is read and used (module docstring, "Step counts")
+    new = param - (step_size * m) / denom
+    if HAS_PRIOR:  # the step's input weights, where the step is applied
+        kp = pick16(slot, k0, k1, k2, k3, k4, k5, k6, k7, k8, k9, k10, k11, k12, k13, k14, k15) + idx
+        tl.store(kp, param, mask=mask)
+    tl.store(mp, m, mask=mask)
+    tl.store(vp, v, mask=mask)
+    tl.store(pp, new, mask=mask)
+    if N_INC > 0:  # every step count this program uses is read (module docstring, "Step counts")
         if pid != tl.num_programs(0) - 1:
             _signal_read(ticket_ptr)
         else:
             _advance_counts(s0, s1, s2, s3, s4, s5, s6, s7, s8, s9, s10, s11, s12, s13, s14, s15,
                             skip_ptr, ticket_ptr, members, N_INC, HAS_SKIP, PB)
-    if HAS_PRIOR:  # the step's input weights, where the step is applied
-        kp = pick16(slot, k0, k1, k2, k3, k4, k5, k6, k7, k8, k9, k10, k11, k12, k13, k14, k15) + idx
-        tl.store(kp, tl.load(pp, mask=mask, other=0.0), mask=mask)
-    tl.store(mp, m, mask=mask)
-    tl.store(vp, v, mask=mask)
-    tl.store(pp, param, mask=mask)
 
 
 def _f32(x: float) -> float:
@@ -275,16 +282,18 @@ def _adam_step_op(params: list[Tensor], grads: list[Tensor], exp_avgs: list[Tens
                   skip: Tensor, ticket: Tensor, eps: float, beta1: float, beta2: float, members: int,
                   has_eps_tensor: bool, has_scale: bool, has_skip: bool, has_prior: bool, block: int) -> None:
     shared = len(steps) == 1 and len(params) > 1
-    launches, _ = plan(tuple(p.numel() // members for p in params), members, block)
+    numels = tuple(p.numel() // members for p in params)
+    launches, _ = plan(numels, block)
     for launch in launches:
         if shared:
             step_slots, n_inc = [steps[0]] * MAX_SLOTS, (1 if launch.final else 0)
         else:
             step_slots, n_inc = slots(steps, launch), launch.count
-        wrap_triton(_adam_step_kernel)[(launch.programs,)](
+        in_launch = launch.row_count
+        wrap_triton(_adam_step_kernel)[(max(1, members * in_launch),)](
             *slots(params, launch), *slots(grads, launch), *slots(exp_avgs, launch), *slots(exp_avg_sqs, launch),
-            *step_slots, *slots(prior if has_prior else params, launch), *launch.numels, *launch.ends,
-            lr, eps_tensor, grad_scale, skip, ticket, members, beta1, beta2, eps,
+            *step_slots, *slots(prior if has_prior else params, launch), *launch.numels, *launch.rows,
+            lr, eps_tensor, grad_scale, skip, ticket, in_launch, max(1, in_launch), members, beta1, beta2, eps,
             N_INC=n_inc, HAS_SCALE=has_scale, HAS_SKIP=has_skip, HAS_PRIOR=has_prior, EPS_TENSOR=has_eps_tensor,
             LOG_BETA1=_log(beta1), LOG_BETA2=_log(beta2), BLOCK=block, PB=_PB, num_warps=NUM_WARPS)
 
@@ -456,4 +465,4 @@ def _adam_step_launch(params, grads, exp_avgs, exp_avg_sqs, steps, lr, beta1, be
                   eps if has_eps else lr, lr if grad_scale is None else grad_scale, lr if skip is None else skip,
                   ticket, 0.0 if has_eps else float(eps), float(beta1), float(beta2), members, has_eps,
                   grad_scale is not None, skip is not None, prior is not None,
-                  BIG_BLOCK if sum(p.numel() for p in params) >= BIG_VALUES else BLOCK)
+                  BLOCK)

@@ -129,9 +129,9 @@ def _grad_norm_kernel(g0, g1, g2, g3, g4, g5, g6, g7, g8, g9, g10, g11, g12, g13
 def _grad_norm_op(grads: list[Tensor], max_norm: Tensor, total: Tensor, coef: Tensor, partials: Tensor,
                   tickets: Tensor, members: int, block: int, programs: int) -> None:
     numels = tuple(g.numel() // members for g in grads)
-    launches, rows = plan(numels, members, block)
+    launches, rows = plan(numels, block)
     for launch in launches:
-        in_launch = sum(triton.cdiv(n, block) for n in numels[launch.first:launch.first + launch.count])
+        in_launch = launch.row_count
         per_member, per_program = member_chunks(in_launch, members, programs, MAX_ROWS)
         wrap_triton(_grad_norm_kernel)[(members * per_member,)](
             *slots(grads, launch), *launch.numels, *launch.rows,
@@ -222,7 +222,7 @@ def grad_norm_coefficient(grads: Sequence[Tensor], max_norm: Tensor, *, members:
     if resolve_backend(op, backend, grads[0]) == "torch":
         grad_norm_coefficient_reference(grads, max_norm.view(-1), total.view(-1), coef.view(-1), members)
     else:
-        _, rows = plan(numels, members, BLOCK)
+        _, rows = plan(numels, BLOCK)
         partials, _ = scratch(op, device, members * rows)
         _grad_norm_op(list(grads), max_norm, total, coef, partials, _tickets(device, members), members, BLOCK,
                       PROGRAMS)

@@ -132,9 +132,9 @@ def _target_lerp_op(targets: list[Tensor], sources: list[Tensor], updates: Tenso
                     hard_period: Tensor, weight: Tensor, ticket: Tensor, members: int, hard: bool, advance: bool,
                     has_weight: bool, block: int, programs: int) -> None:
     numels = tuple(t.numel() // members for t in targets)
-    launches, _ = plan(numels, members, block)
+    launches, _ = plan(numels, block)
     for launch in launches:
-        in_launch = sum(triton.cdiv(n, block) for n in numels[launch.first:launch.first + launch.count])
+        in_launch = launch.row_count
         per_member, per_program = member_chunks(in_launch, members, programs, MAX_ROWS)
         wrap_triton(_target_lerp_kernel)[(members * per_member,)](
             *slots(targets, launch), *slots(sources, launch), *launch.numels, *launch.rows,

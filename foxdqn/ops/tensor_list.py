@@ -1,18 +1,12 @@
-r"""A list of tensors in one Triton launch: the program -> (tensor, member, block) map, the launch
-plan, the argument checks and the per-device scratch shared by the multi-tensor ops
+r"""A list of tensors in one Triton launch: the program -> (member, rows) map, the launch plan, the argument checks and the per-device scratch shared by the multi-tensor ops
 (:mod:`foxdqn.ops.grad_norm`, :mod:`foxdqn.ops.adam_step`, :mod:`foxdqn.ops.target_lerp`), and
 their multiply-add rounded once under any Triton interpreter (:func:`fma`).
 
 Layout. Tensor ``k`` of a list is float32, contiguous, with ``P`` = ``members`` slices of
 ``n_k`` elements each (``[P, ...]``; P = 1 is one network, any shape). One launch takes up to
 :data:`MAX_SLOTS` tensors as separate pointer arguments (slot ``k`` = the launch's ``k``-th
-tensor; unused slots repeat the first tensor and get no programs). Slot ``k`` owns the programs
-``[e_{k-1}, e_k)`` (``e_{-1}`` = 0), ``P · ceil(n_k / BLOCK)`` of them, member-major: program
-``e_{k-1} + p · B_k + b`` (``B_k = ceil(n_k / BLOCK)``) handles elements ``[b·BLOCK, (b+1)·BLOCK)``
-of member ``p``'s slice, so every block lies inside one member's slice and has one member index
-(the ``[P]`` hyperparameters are read at that index). The slot of a program is the number of ends
-``e_k <= pid``; the slot's pointers are chosen by a scalar if-chain (:func:`pick16`). Programs at or
-past the last end (the one program of a launch whose tensors are all empty) do no element work.
+tensor; unused slots repeat the first tensor and own no rows); the slot's pointers are chosen by
+a scalar if-chain (:func:`pick16`).
 
 Why pointer arguments and not a device table of addresses: ``.grad`` tensors are reallocated by
 every eager backward, optimizer state is replaced by ``load_state_dict``, and a table copied
@@ -135,35 +129,6 @@ else:
 
 
 @triton.jit
-def locate(pid, n0, n1, n2, n3, n4, n5, n6, n7, n8, n9, n10, n11, n12, n13, n14, n15,
-           e0, e1, e2, e3, e4, e5, e6, e7, e8, e9, e10, e11, e12, e13, e14, e15, BLOCK: tl.constexpr):
-    """Program ``pid``'s place (module docstring): ``(slot, member, block, offs, mask, idx, live)``.
-
-    ``slot`` in [0, 16] (16: no tensor), ``member`` its member (0 when none), ``block`` the block
-    index inside the member's slice, ``offs`` [BLOCK] element offsets inside the slice, ``mask``
-    the offsets inside the slice (all False when none), ``idx`` int64 flat indices into the
-    tensor, ``live`` the program has a tensor."""
-    slot = ((pid >= e0).to(tl.int32) + (pid >= e1).to(tl.int32) + (pid >= e2).to(tl.int32)
-            + (pid >= e3).to(tl.int32) + (pid >= e4).to(tl.int32) + (pid >= e5).to(tl.int32)
-            + (pid >= e6).to(tl.int32) + (pid >= e7).to(tl.int32) + (pid >= e8).to(tl.int32)
-            + (pid >= e9).to(tl.int32) + (pid >= e10).to(tl.int32) + (pid >= e11).to(tl.int32)
-            + (pid >= e12).to(tl.int32) + (pid >= e13).to(tl.int32) + (pid >= e14).to(tl.int32)
-            + (pid >= e15).to(tl.int32))
-    live = slot < 16
-    start = pick16(slot, 0, e0, e1, e2, e3, e4, e5, e6, e7, e8, e9, e10, e11, e12, e13, e14)
-    n = pick16(slot, n0, n1, n2, n3, n4, n5, n6, n7, n8, n9, n10, n11, n12, n13, n14, n15)
-    n = tl.where(live, n, 0)
-    per_member = tl.maximum(tl.cdiv(n, BLOCK), 1)
-    b = tl.where(live, pid - start, 0)
-    member = b // per_member
-    block = b - member * per_member
-    offs = block * BLOCK + tl.arange(0, BLOCK)
-    mask = offs < n
-    idx = member.to(tl.int64) * n + offs
-    return slot, member, block, offs, mask, idx, live
-
-
-@triton.jit
 def member_row(member, r, rows_in_launch, n0, n1, n2, n3, n4, n5, n6, n7, n8, n9, n10, n11, n12, n13, n14, n15,
                r0, r1, r2, r3, r4, r5, r6, r7, r8, r9, r10, r11, r12, r13, r14, r15, BLOCK: tl.constexpr):
     """Row ``r`` of member ``member`` in a member-major launch (module docstring, "Rows"):
@@ -201,45 +166,41 @@ class Launch:
         first: index in the list of the launch's first tensor.
         count: its tensors, 1..MAX_SLOTS.
         numels: MAX_SLOTS elements per member of its slots (0 for unused slots).
-        ends: MAX_SLOTS program ends (cumulative; unused slots repeat the last end).
         rows: MAX_SLOTS row offsets: the index, among all blocks of one member's slices over the
-            whole list, of each slot's first block (the partial-row column, :mod:`foxdqn.ops.grad_norm`).
-        programs: the grid, >= 1.
+            whole list, of each slot's first block (unused slots: the launch's end; the partial
+            column of :mod:`foxdqn.ops.grad_norm`).
+        row_count: the launch's rows per member (its slots' blocks), >= 0.
         final: the last launch of the list.
     """
 
     first: int
     count: int
     numels: tuple[int, ...]
-    ends: tuple[int, ...]
     rows: tuple[int, ...]
-    programs: int
+    row_count: int
     final: bool
 
 
 @lru_cache(maxsize=256)
-def plan(numels: tuple[int, ...], members: int, block: int) -> tuple[tuple[Launch, ...], int]:
-    """The launches for tensors of ``numels[k]`` elements per member, ``members`` members, and
-    ``R``, the blocks per member over all tensors (``Σ_k ceil(numels[k] / block)``).
+def plan(numels: tuple[int, ...], block: int) -> tuple[tuple[Launch, ...], int]:
+    """The launches for tensors of ``numels[k]`` elements per member, and ``R``, the rows per
+    member over all tensors (``Σ_k ceil(numels[k] / block)``).
 
     Raises:
-        ValueError: an empty ``numels``, a negative numel, members < 1 or block < 1.
+        ValueError: an empty ``numels``, a negative numel or block < 1.
     """
-    if not numels or any(n < 0 for n in numels) or members < 1 or block < 1:
-        raise ValueError(f"tensor_list.plan: need >= 1 numels >= 0, members >= 1, block >= 1; got "
-                         f"{numels}, {members}, {block}")
+    if not numels or any(n < 0 for n in numels) or block < 1:
+        raise ValueError(f"tensor_list.plan: need >= 1 numels >= 0, block >= 1; got {numels}, {block}")
     launches, row = [], 0
     for first in range(0, len(numels), MAX_SLOTS):
         chunk = numels[first:first + MAX_SLOTS]
-        ends, rows, end = [], [], 0
+        start, rows = row, []
         for n in chunk:
             rows.append(row)
             row += triton.cdiv(n, block)
-            end += members * triton.cdiv(n, block)
-            ends.append(end)
         pad = MAX_SLOTS - len(chunk)
-        launches.append(Launch(first, len(chunk), tuple(chunk) + (0,) * pad, tuple(ends) + (end,) * pad,
-                               tuple(rows) + (row,) * pad, max(1, end), first + MAX_SLOTS >= len(numels)))
+        launches.append(Launch(first, len(chunk), tuple(chunk) + (0,) * pad, tuple(rows) + (row,) * pad,
+                               row - start, first + MAX_SLOTS >= len(numels)))
     return tuple(launches), row
 
 
