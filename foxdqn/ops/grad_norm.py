@@ -35,9 +35,9 @@ increasing ``c`` into lane ``j``, then the ``RB`` lanes with ``tl.sum``), writes
 ``coef[p]`` and zeroes member ``p``'s counter. So the members finish in parallel, and members never
 mix. C and G (:func:`~foxdqn.ops.tensor_list.member_chunks` with :data:`PROGRAMS` and
 :data:`MAX_ROWS`) shape the grid: 512 members of 15 rows run 8 programs of 2 rows each, 12.5 µs on
-an H100 where one program per row (7,680) took 21.2 (docs/bench.md#launch-constants). The columns are indexed by row, not by program
-or finishing order, so the result is the same bit for bit from run to run and for any C and G
-(for one BLOCK), and member p's equals a call for member p alone. With more than 16 tensors, the
+an H100 where one program per row (7,680) took 21.2 (docs/bench.md#launch-constants). The columns
+are indexed by row, not by program or finishing order, so the result is the same bit for bit from
+run to run and for any C and G (for one BLOCK), and member p's equals a call for member p alone. With more than 16 tensors, the
 launches before the last only store partials; the last launch's programs take the tickets and sum
 them all (they completed before it started, in stream order); when the last launch's tensors are
 all empty (no rows), its grid is one program per member, which sums without a ticket. The

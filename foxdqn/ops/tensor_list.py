@@ -1,4 +1,5 @@
-r"""A list of tensors in one Triton launch: the program -> (member, rows) map, the launch plan, the argument checks and the per-device scratch shared by the multi-tensor ops
+r"""A list of tensors in one Triton launch: the program -> (member, rows) map, the launch plan, the
+argument checks and the per-device scratch shared by the multi-tensor ops
 (:mod:`foxdqn.ops.grad_norm`, :mod:`foxdqn.ops.adam_step`, :mod:`foxdqn.ops.target_lerp`), and
 their multiply-add rounded once under any Triton interpreter (:func:`fma`).
 
