@@ -37,6 +37,7 @@ with ``.hydra/overrides.yaml`` or ``eval/summary.json``, foxdqn.report.seeds.fin
 """
 from __future__ import annotations
 
+import csv
 import logging
 import math
 import re
@@ -287,22 +288,45 @@ def _curves(report: dict[str, Any], column: str) -> dict[str, pd.DataFrame]:
     for label in labels:
         series = []
         for job_dir in groups.get(label, []):
-            path = job_dir / "metrics.csv"
-            if not path.is_file():
-                continue
-            try:
-                frame = pd.read_csv(path)
-            except (OSError, ValueError):  # an empty or torn metrics.csv: that job has no curve
-                continue
-            if column not in frame or "step" not in frame:
-                continue
-            s = pd.to_numeric(frame.set_index("step")[column], errors="coerce").dropna()
-            if s.empty:
-                continue
-            series.append(s[~s.index.duplicated(keep="last")].rename(job_dir.name))
+            values = _metric_by_step(job_dir / "metrics.csv", column)
+            if values:
+                s = pd.Series(list(values.values()), index=pd.Index(list(values), name="step"), name=job_dir.name)
+                series.append(s)
         if series:
             out[label] = pd.concat(series, axis=1)
     return out
+
+
+def _metric_by_step(path: Path, column: str) -> dict[int, float] | None:
+    """``column`` of a job's metrics.csv by env step, in file order: the rows whose step and value
+    are numbers (a NaN value skipped; of a repeated step, the last such row, at its place), as
+    ``pandas.read_csv`` then ``to_numeric(errors="coerce").dropna()`` would keep them, read with the
+    csv module (20x faster for a sweep's hundreds of short files). None: no such file, a file that
+    cannot be read or parsed (a row with more fields than the header: a torn write), or without
+    ``step`` or ``column``."""
+    try:
+        with open(path, newline="", encoding="utf-8") as fh:
+            rows = csv.reader(fh)
+            header = next(rows, None)
+            if header is None or "step" not in header or column not in header:
+                return None
+            i, k, width = header.index("step"), header.index(column), len(header)
+            values: dict[int, float] = {}
+            for row in rows:
+                if len(row) > width:
+                    return None
+                if len(row) <= max(i, k):
+                    continue
+                try:
+                    step, value = int(row[i]), float(row[k])
+                except ValueError:
+                    continue
+                if value == value:  # not NaN
+                    values.pop(step, None)  # a repeated step: the last row, at its place
+                    values[step] = value
+            return values
+    except (OSError, UnicodeDecodeError, csv.Error):
+        return None
 
 
 def _plots(sweep_dir: Path, report: dict[str, Any]) -> None:

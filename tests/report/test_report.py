@@ -71,6 +71,34 @@ def test_learning_curves_mean_and_band_over_seeds(sweep):
     assert c.loc[512].tolist() == [2.0, 0.0]  # the last validation value of each seed
 
 
+def _pandas_by_step(path, column):
+    """The learning curve's values as pandas reads them: what ``_metric_by_step`` keeps."""
+    try:
+        frame = pd.read_csv(path)
+    except (OSError, ValueError):
+        return None
+    if column not in frame or "step" not in frame:
+        return None
+    s = pd.to_numeric(frame.set_index("step")[column], errors="coerce").dropna()
+    return dict(s[~s.index.duplicated(keep="last")].items())
+
+
+@pytest.mark.parametrize("text", [
+    "step,val/sharpe,x\n256,1.5,a\n512,nan,b\n768,-2,c\n",  # a NaN value skipped
+    "step,val/sharpe\n256,1.0\n512,2.0\n256,3.0\n1024,4.0\n",  # a repeated step: the last row, at its place
+    "step,val/sharpe\n256,1.0\n512,oops\n\n768,0.5\n",  # not a number, a blank line
+    "step,val/sharpe,x\n256,1.0,a\n512\n768,0.5,c\n",  # a short row
+    "step,val/sharpe\n256,1.0\n512,2.0,9\n",  # more fields than the header: a torn file, no curve
+    "step,loss\n256,1.0\n",  # no such column
+    "",  # empty
+])
+def test_metric_by_step_keeps_what_pandas_keeps(tmp_path, text):
+    path = tmp_path / "metrics.csv"
+    path.write_text(text)
+    got, want = report._metric_by_step(path, "val/sharpe"), _pandas_by_step(path, "val/sharpe")
+    assert (got is None or got == {}) if want is None else (got == want and list(got) == list(want))
+
+
 def test_jobs_without_results_are_rows_not_crashes(sweep, capsys):
     (sweep / "4" / ".hydra").mkdir(parents=True)
     (sweep / "4" / ".hydra" / "overrides.yaml").write_text("- debug=smoke\n- optim.lr=1e-2\n- seed=0\n")
