@@ -36,14 +36,24 @@ EPISODIC_METRICS = ("mean_return",)
 
 def _overrides(job: Path) -> list[str]:
     """The job's ``.hydra/overrides.yaml``, a boolean written as YAML and the command line write it
-    (``true``: Hydra's sweepers write the values they parsed back with Python's ``True``)."""
-    from omegaconf import OmegaConf
+    (``true``: Hydra's sweepers write the values they parsed back with Python's ``True``). Read with
+    PyYAML's C loader where there is one (a sweep report reads hundreds: OmegaConf's loader took 2.5
+    ms a file on a 2-core CPU).
+
+    Raises:
+        ValueError: the file holds a scalar, not Hydra's list of overrides.
+        yaml.YAMLError: it is not YAML.
+    """
+    import yaml
 
     path = job / ".hydra" / "overrides.yaml"
     if not path.is_file():
         return []
+    doc = yaml.load(path.read_text(encoding="utf-8"), Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
+    if doc is not None and not isinstance(doc, (list, dict)):
+        raise ValueError(f"a YAML list of overrides was expected, got a {type(doc).__name__}")
     out = []
-    for o in OmegaConf.to_container(OmegaConf.load(path), resolve=False):
+    for o in doc or []:
         key, sep, value = str(o).partition("=")
         out.append(f"{key}={value.lower()}" if sep and value in ("True", "False") else str(o))
     return out

@@ -67,6 +67,26 @@ def test_job_folders_in_number_order_and_why_a_job_has_no_results(sweep):
     assert [j["dir"].name for j in sweep_seeds.load_jobs(sweep)] == ["0", "1", "2", "3"]
 
 
+@pytest.mark.parametrize("text,want", [
+    ("- optim.lr=3e-4\n- seed=2\n", ["optim.lr=3e-4", "seed=2"]),
+    ("- env.random_start=True\n- 'model.hidden=[64,64]'\n- +x=${y}\n",  # a sweeper's True; quoted; raw
+     ["env.random_start=true", "model.hidden=[64,64]", "+x=${y}"]),
+    ("", []),
+])
+def test_overrides_as_hydra_wrote_them(tmp_path, text, want):
+    (tmp_path / ".hydra").mkdir()
+    (tmp_path / ".hydra" / "overrides.yaml").write_text(text)
+    assert sweep_seeds.read_job(tmp_path)["overrides"] == want
+
+
+@pytest.mark.parametrize("text", ["just a string\n", "- [unclosed\n"])
+def test_an_overrides_file_that_is_not_a_list_is_the_jobs_problem(tmp_path, text):
+    (tmp_path / ".hydra").mkdir()
+    (tmp_path / ".hydra" / "overrides.yaml").write_text(text)
+    job = sweep_seeds.read_job(tmp_path)
+    assert job["overrides"] == [] and job["problem"].startswith("unreadable .hydra/overrides.yaml")
+
+
 def test_the_ensemble_policy_is_read_when_every_seed_holds_the_same_entry(sweep):
     import json
 
