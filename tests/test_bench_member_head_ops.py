@@ -20,14 +20,28 @@ import bench.ops.bench_member_iqn_embedding as iqn_bench
 
 from support import call_providers_once
 
+PROVIDERS = ("triton", "torch", "torch.compile", "layers")
+
+
+def _rows_of(monkeypatch, bench, members: tuple[int, ...]):
+    """(the providers' results, the bench module's rows at ``members``): the op's rows on CPU."""
+    results = call_providers_once(monkeypatch)
+    monkeypatch.setattr(bench, "MEMBERS", members)
+    return results, bench.rows("cpu")
+
+
+def _assert_a_row_per_size_and_provider(rows, op: str, members: tuple[int, ...]) -> None:
+    """A row per (op, op+grad) × member count × provider, and no other."""
+    got = {(r["op"], r["size"].split()[0], r["provider"]) for r in rows}
+    want = {(o, f"P={p}", provider) for o in (op, op + "+grad") for p in members for provider in PROVIDERS}
+    assert got == want, got ^ want
+
 
 def test_member_heads_rows_time_the_op_beside_the_layers(monkeypatch):
-    results = call_providers_once(monkeypatch)
-    monkeypatch.setattr(heads_bench, "MEMBERS", (1, 3))
-    rows = heads_bench.rows("cpu")
+    results, rows = _rows_of(monkeypatch, heads_bench, (1, 3))
     got = {(r["op"], r["size"].split()[0], r["size"].split()[1], r["provider"]) for r in rows}
     want = {(op, size, m, provider) for op in ("member_heads", "member_heads+grad") for size in ("P=1", "P=3")
-            for m in ("M=256", "M=128") for provider in ("triton", "torch", "torch.compile", "layers")}
+            for m in ("M=256", "M=128") for provider in PROVIDERS}
     assert got == want, got ^ want
     assert len(results["triton"]) == len(results["layers"]) == 8  # two sizes × two row counts, forward and + grad
     for kernel, layers in zip(results["triton"], results["layers"]):
@@ -38,13 +52,8 @@ def test_member_heads_rows_time_the_op_beside_the_layers(monkeypatch):
 
 
 def test_member_dueling_head_rows_time_the_op_beside_the_layers(monkeypatch):
-    results = call_providers_once(monkeypatch)
-    monkeypatch.setattr(dueling_bench, "MEMBERS", (1, 3))
-    rows = dueling_bench.rows("cpu")
-    got = {(r["op"], r["size"].split()[0], r["provider"]) for r in rows}
-    want = {(op, size, provider) for op in ("member_dueling_head", "member_dueling_head+grad")
-            for size in ("P=1", "P=3") for provider in ("triton", "torch", "torch.compile", "layers")}
-    assert got == want, got ^ want
+    results, rows = _rows_of(monkeypatch, dueling_bench, (1, 3))
+    _assert_a_row_per_size_and_provider(rows, "member_dueling_head", (1, 3))
     assert len(results["triton"]) == len(results["layers"]) == 4  # two sizes, forward and + grad
     for kernel, layers in zip(results["triton"], results["layers"]):
         if isinstance(kernel, torch.Tensor):  # forward: the same Q
@@ -54,13 +63,8 @@ def test_member_dueling_head_rows_time_the_op_beside_the_layers(monkeypatch):
 
 
 def test_member_iqn_embedding_rows_time_the_op_beside_the_layers(monkeypatch):
-    results = call_providers_once(monkeypatch)
-    monkeypatch.setattr(iqn_bench, "MEMBERS", (1, 2))
-    rows = iqn_bench.rows("cpu")
-    got = {(r["op"], r["size"].split()[0], r["provider"]) for r in rows}
-    want = {(op, size, provider) for op in ("member_iqn_embedding", "member_iqn_embedding+grad")
-            for size in ("P=1", "P=2") for provider in ("triton", "torch", "torch.compile", "layers")}
-    assert got == want, got ^ want
+    results, rows = _rows_of(monkeypatch, iqn_bench, (1, 2))
+    _assert_a_row_per_size_and_provider(rows, "member_iqn_embedding", (1, 2))
     assert len(results["triton"]) == len(results["layers"]) == 4  # two sizes, forward and + grad
     for kernel, layers in zip(results["triton"], results["layers"]):
         if isinstance(kernel, torch.Tensor):  # forward: the same x
