@@ -197,7 +197,7 @@ def _advance_counts(s0, s1, s2, s3, s4, s5, s6, s7, s8, s9, s10, s11, s12, s13, 
     tl.store(ticket_ptr, 0)
 
 
-@triton.jit(do_not_specialize=[*(f"r{i}" for i in range(16)), "rows_in_launch", "per_member", "members"])
+@triton.jit(do_not_specialize=[*(f"r{i}" for i in range(16)), "rows_in_launch", "members"])
 def _adam_step_kernel(p0, p1, p2, p3, p4, p5, p6, p7, p8, p9, p10, p11, p12, p13, p14, p15,
                       g0, g1, g2, g3, g4, g5, g6, g7, g8, g9, g10, g11, g12, g13, g14, g15,
                       m0, m1, m2, m3, m4, m5, m6, m7, m8, m9, m10, m11, m12, m13, m14, m15,
@@ -206,13 +206,14 @@ def _adam_step_kernel(p0, p1, p2, p3, p4, p5, p6, p7, p8, p9, p10, p11, p12, p13
                       k0, k1, k2, k3, k4, k5, k6, k7, k8, k9, k10, k11, k12, k13, k14, k15,
                       n0, n1, n2, n3, n4, n5, n6, n7, n8, n9, n10, n11, n12, n13, n14, n15,
                       r0, r1, r2, r3, r4, r5, r6, r7, r8, r9, r10, r11, r12, r13, r14, r15,
-                      lr_ptr, eps_ptr, scale_ptr, skip_ptr, ticket_ptr, rows_in_launch, per_member, members,
+                      lr_ptr, eps_ptr, scale_ptr, skip_ptr, ticket_ptr, rows_in_launch, members,
                       beta1, beta2, eps_value,
                       N_INC: tl.constexpr, HAS_SCALE: tl.constexpr, HAS_SKIP: tl.constexpr, HAS_PRIOR: tl.constexpr,
                       EPS_TENSOR: tl.constexpr, LOG_BETA1: tl.constexpr, LOG_BETA2: tl.constexpr,
                       BLOCK: tl.constexpr, PB: tl.constexpr):
     pid = tl.program_id(0)
-    member = pid // per_member  # one row per program, member-major (tensor_list, "Rows")
+    per_member = tl.maximum(rows_in_launch, 1)  # one row per program, member-major (tensor_list, "Rows")
+    member = pid // per_member
     b1 = tl.zeros([], tl.float32) + beta1  # float32 scalars (a Python float argument is fp32 when launched eagerly)
     b2 = tl.zeros([], tl.float32) + beta2
     if EPS_TENSOR:
@@ -289,11 +290,10 @@ def _adam_step_op(params: list[Tensor], grads: list[Tensor], exp_avgs: list[Tens
             step_slots, n_inc = [steps[0]] * MAX_SLOTS, (1 if launch.final else 0)
         else:
             step_slots, n_inc = slots(steps, launch), launch.count
-        in_launch = launch.row_count
-        wrap_triton(_adam_step_kernel)[(max(1, members * in_launch),)](
+        wrap_triton(_adam_step_kernel)[(max(1, members * launch.row_count),)](
             *slots(params, launch), *slots(grads, launch), *slots(exp_avgs, launch), *slots(exp_avg_sqs, launch),
             *step_slots, *slots(prior if has_prior else params, launch), *launch.numels, *launch.rows,
-            lr, eps_tensor, grad_scale, skip, ticket, in_launch, max(1, in_launch), members, beta1, beta2, eps,
+            lr, eps_tensor, grad_scale, skip, ticket, launch.row_count, members, beta1, beta2, eps,
             N_INC=n_inc, HAS_SCALE=has_scale, HAS_SKIP=has_skip, HAS_PRIOR=has_prior, EPS_TENSOR=has_eps_tensor,
             LOG_BETA1=_log(beta1), LOG_BETA2=_log(beta2), BLOCK=block, PB=_PB, num_warps=NUM_WARPS)
 
