@@ -186,9 +186,10 @@ def _check(h, weights, biases, pi_i, taus, step, start, end, duration, u) -> Non
 
 def iqn_policy_q_reference(h: Tensor, weights: list[Tensor], biases: list[Tensor], pi_i: Tensor,
                            taus: Tensor) -> Tensor:
-    """Plain torch: the expected Q float32 ``[P, M, A]`` of :func:`iqn_epsilon_greedy`, as
-    :meth:`~foxdqn.population.distributional.MemberIQNNetwork.policy_q` computes it (``torch.baddbmm``
-    per Linear on the ``M·K`` rows of each member, the mean over the K fractions)."""
+    """Plain torch: the expected Q float32 ``[P, M, A]`` of :func:`iqn_epsilon_greedy`, the mean of
+    Z over the K fractions (``torch.baddbmm`` per Linear on the ``M·K`` rows of each member).
+    :meth:`~foxdqn.population.distributional.MemberIQNNetwork.policy_q` computes the same Q with
+    its output layer on the hidden layer's means over the fractions: equal to float rounding."""
     members, rows, width = h.shape
     k = taus.shape[0]
     cos = torch.cos(taus.expand(members, rows, k)[..., None] * pi_i).view(members, rows * k, -1)

@@ -29,6 +29,7 @@ from foxdqn.ops.c51_expected_q import c51_expected_q, c51_expected_q_fits
 from foxdqn.ops.backend import fused_forward
 from foxdqn.ops.c51_project import support_table
 from foxdqn.ops.member_iqn_embedding import member_iqn_embedding, member_iqn_embedding_supported
+from foxdqn.ops.member_linear import member_linear as member_linear_kernel, member_linear_supported
 from foxdqn.population.layers import member_linear_kernel_taken, member_product, member_products
 from foxdqn.population.network import MemberQNetwork, stack_encoder, stack_linears
 
@@ -320,16 +321,32 @@ class MemberIQNNetwork(MemberQNetwork):
         return self.layer(self.encoder_layers, self._policy_cos, relu=True)
 
     def policy_q(self, h: torch.Tensor) -> torch.Tensor:
-        """Expected Q ``[P, M, A]`` of features h ``[P, M, H]``: the mean of Z over the K midpoints,
-        ψ(s) ⊙ φ(τ_k) in one kernel where :meth:`_fused_mix` runs (the midpoints an expanded view,
-        their embedding recomputed per row), else their embedding (:meth:`policy_embedding`)
-        broadcast over the M rows."""
+        """Expected Q ``[P, M, A]`` of features h ``[P, M, H]``: the mean of Z over the K midpoints.
+        The output layer (or the dueling streams) is affine in the hidden layer's activations, so
+        the mean of Z is the output layer of their mean over the K midpoints: the hidden layer runs
+        on the ``M·K`` rows, the output on the M means (K times fewer rows; equal to the mean of
+        Z to float rounding). ψ(s) ⊙ φ(τ_k) in one kernel where :meth:`_fused_mix` runs (the
+        midpoints an expanded view, their embedding recomputed per row), else their embedding
+        (:meth:`policy_embedding`) broadcast over the M rows."""
         p, m, k = h.shape[0], h.shape[1], self.num_quantiles_policy
         x = self._fused_mix(h, self.policy_taus.expand(p, m, k))  # φ(τ_k) recomputed per row, in the kernel
-        if x is not None:
-            return self._head_after_mix(x).view(p, m, k, -1).mean(dim=2)
-        phi = self.policy_embedding(p)
-        return self._head_after_embedding(h, phi.view(p, 1, k, -1)).mean(dim=2)
+        if x is None:
+            x = (h[:, :, None, :] * self.policy_embedding(p).view(p, 1, k, -1)).view(p, m * k, -1)
+        x = self.layer(self.encoder_layers + 1, x, relu=True).view(p, m, k, -1).mean(dim=2)  # [P, M, F]
+        if self.dueling:
+            adv = self._small_layer(-1, x)
+            return self._small_layer(-2, x) + adv - adv.mean(dim=-1, keepdim=True)
+        return self._small_layer(-1, x)
+
+    def _small_layer(self, i: int, x: torch.Tensor) -> torch.Tensor:
+        """:meth:`layer` ``i`` of the few rows of :meth:`policy_q`'s means: the member kernel at any
+        width where the fused forwards run (one launch with its bias; ``baddbmm`` would copy the
+        bias first, and at these few rows an unaligned width costs the kernel little), else
+        :meth:`layer`."""
+        w, b = self.weights[i], self.biases[i]
+        if fused_forward(x) and member_linear_supported(x, w, b):
+            return member_linear_kernel(x, w, b, backend="triton")
+        return self.layer(i, x)
 
     def forward(self, obs: torch.Tensor) -> torch.Tensor:
         return self.policy_q(self.encoder(obs))
