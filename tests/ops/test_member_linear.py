@@ -278,9 +278,22 @@ def test_unknown_backend():
 @pytest.mark.parametrize("p,m,k,n", [(1, 256, 162, 256), (64, 256, 256, 256), (64, 256, 256, 2295), (5, 32, 256, 1)])
 @pytest.mark.parametrize("relu", [False, True])
 def test_gpu_kernel_equals_reference(p, m, k, n, relu):
+    """TF32 on both sides, the sums in other orders: y to float rounding. With the ReLU, a
+    pre-activation within that rounding of 0 can take the other side of the ReLU in the two paths,
+    and its row of dx (and its term of dW, db) then differs by a whole gradient term: the gradients
+    are compared with the reference's formula under the kernel's own ReLU decisions (autograd's
+    ``threshold_backward``: 1{y > 0}), and the decisions with the reference's, which may differ only
+    within rounding of 0 and at a few elements."""
     x, w, b, up = _case(p, m, k, n, seed=p + m + n, device="cuda")
     got, want = _run(_kernel, x, w, b, up, relu), _run(member_linear_reference, x, w, b, up, relu)
-    for name, a, e in zip(("y", "dx", "dW", "db"), got, want):  # TF32 on both sides, other sums
+    if relu:
+        y_ref = torch.baddbmm(b, x, w)
+        flipped = (got[0] > 0) != (y_ref > 0)
+        assert flipped.sum().item() <= max(1, y_ref.numel() // 100_000), flipped.sum().item()
+        assert (y_ref[flipped].abs() <= 1e-4 * y_ref.abs().max()).all(), y_ref[flipped]
+        g = up * (got[0] > 0)
+        want = [want[0], torch.bmm(g, w.transpose(1, 2)), torch.bmm(x.transpose(1, 2), g), g.sum(1, keepdim=True)]
+    for name, a, e in zip(("y", "dx", "dW", "db"), got, want):
         torch.testing.assert_close(a, e, rtol=2e-3, atol=2e-3 * max(1.0, e.abs().max().item()), msg=name)
 
 
