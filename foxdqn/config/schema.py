@@ -671,24 +671,33 @@ def field_types(cls: type) -> dict[str, Any]:
     return typing.get_type_hints(cls)
 
 
+@functools.lru_cache(maxsize=None)
+def _value_fields(cls: type) -> tuple[tuple[str, type | None], ...]:
+    """Each field of the config dataclass ``cls`` as (name, its :class:`Choice` type or None), in
+    order: :func:`_check_values`'s plan, made once per class (a sweep checks every job's config)."""
+    hints = field_types(cls)
+    return tuple((f.name, kind if isinstance(kind, type) and issubclass(kind, Choice) else None)
+                 for f in dataclasses.fields(cls) for kind in [hints.get(f.name)])
+
+
 def _check_values(node, prefix: str = "") -> None:
     """Every float anywhere in the config is finite and every :class:`Choice` field holds one of
     its values (a TrainConfig built in Python skips OmegaConf's compose-time check)."""
-    hints = field_types(type(node))
-    for f in dataclasses.fields(node):
-        value, name, kind = getattr(node, f.name), f"{prefix}{f.name}", hints.get(f.name)
+    for field_name, choice in _value_fields(type(node)):
+        value = getattr(node, field_name)
         if dataclasses.is_dataclass(value):
-            _check_values(value, f"{name}.")
-        elif isinstance(kind, type) and issubclass(kind, Choice):
-            if value not in kind._value2member_map_:
-                raise ConfigError(f"{name}={value!r} is not allowed; choose one of {', '.join(kind._member_names_)}")
-            setattr(node, f.name, kind(value))
+            _check_values(value, f"{prefix}{field_name}.")
+        elif choice is not None:
+            if value not in choice._value2member_map_:
+                raise ConfigError(f"{prefix}{field_name}={value!r} is not allowed; choose one of "
+                                  f"{', '.join(choice._member_names_)}")
+            setattr(node, field_name, choice(value))
         elif isinstance(value, float) and not math.isfinite(value):
-            raise ConfigError(f"{name}={value} must be a finite number")
+            raise ConfigError(f"{prefix}{field_name}={value} must be a finite number")
         elif isinstance(value, (list, tuple)):
             for i, v in enumerate(value):
                 if isinstance(v, float) and not math.isfinite(v):
-                    raise ConfigError(f"{name}[{i}]={v} must be a finite number")
+                    raise ConfigError(f"{prefix}{field_name}[{i}]={v} must be a finite number")
 
 
 def _cross_checks(cfg: TrainConfig) -> None:
@@ -906,8 +915,9 @@ def finalize_object(obj: TrainConfig, warn: bool = True, check: bool = True) -> 
     obj = apply_schedule_caps(obj)
     if check:
         validate(obj)  # sizes as written: the size caps must not hide a bad combination (batch > replay, ...)
+    sizes = _capped_sizes(obj)
     obj = apply_size_caps(obj)
-    if check:
+    if check and _capped_sizes(obj) != sizes:  # again only where a cap changed a size (a sweep's every job)
         validate(obj)
     if warn:
         warn_ignored(obj)
@@ -939,6 +949,11 @@ def apply_schedule_caps(cfg: TrainConfig) -> TrainConfig:
     if d.max_learning_starts is not None:
         cfg.agent.learning_starts = min(cfg.agent.learning_starts, d.max_learning_starts)
     return cfg
+
+
+def _capped_sizes(cfg: TrainConfig) -> tuple:
+    """The values :func:`apply_size_caps` may change (a copy of the hidden widths)."""
+    return cfg.env.num_envs, cfg.agent.batch_size, cfg.replay.capacity, list(cfg.model.hidden)
 
 
 def apply_size_caps(cfg: TrainConfig) -> TrainConfig:

@@ -103,6 +103,31 @@ def test_refused_before_the_smoke_caps(overrides, needle):
         load_config(overrides)
 
 
+@pytest.mark.parametrize("sizes, debug, checks", [
+    ({}, False, 1), ({}, True, 2), ({"hidden": [32, 32]}, True, 2),  # batch and replay still capped
+    ({"num_envs": 4, "batch_size": 32, "capacity": 4096, "hidden": [32, 32]}, True, 1),  # within every cap
+])
+def test_checked_again_only_where_a_size_cap_changed_a_size(monkeypatch, sizes, debug, checks):
+    """finalize_object validates the config as written, and again after the size caps only where
+    one of them changed a size (num_envs, batch, replay capacity, hidden widths): a sweep's jobs
+    without caps are checked once each."""
+    from foxdqn.config import schema
+    from foxdqn.config.schema import clone_config
+
+    cfg = clone_config(load_config(["+experiment=eurusd_dqn"]))
+    if debug:
+        cfg.debug = clone_config(load_config(["debug=smoke"])).debug
+    cfg.env.num_envs = sizes.get("num_envs", cfg.env.num_envs)
+    cfg.agent.batch_size = sizes.get("batch_size", cfg.agent.batch_size)
+    cfg.replay.capacity = sizes.get("capacity", cfg.replay.capacity)
+    cfg.model.hidden = sizes.get("hidden", cfg.model.hidden)
+    calls, real = [], schema.validate
+    monkeypatch.setattr(schema, "validate", lambda c: (calls.append(c.agent.batch_size), real(c)))
+    out = schema.finalize_object(cfg, warn=False)
+    assert len(calls) == checks, calls
+    assert calls[-1] == out.agent.batch_size
+
+
 def test_ignored_settings_are_warned(caplog):
     from foxdqn.config.compose import load_config
 
