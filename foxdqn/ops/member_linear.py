@@ -1,6 +1,7 @@
 r"""P Linear layers, one per member, with the bias and an optional ReLU in the GEMM's epilogue: one kernel.
 
     y_p = x_p W_p + b_p          or, with ``relu``,   y_p = relu(x_p W_p + b_p)        (p = 0 .. P − 1)
+    or, with a ``residual`` r,   y_p = r_p + (x_p W_p + b_p)
 
 x float32 ``[P, M, K]``, W ``[P, K, N]`` (each member's ``nn.Linear.weight`` transposed, the
 population's layout: :class:`foxdqn.population.network.MemberQNetwork`), b ``[P, 1, N]``, y
@@ -14,7 +15,7 @@ Kernel (Triton): a grid of (blocks of ``BLOCK_M`` rows, blocks of ``BLOCK_N`` co
 members); program (r, c, p) reads member p's rows and weights only (members never mix) and loops
 over K in chunks of ``BLOCK_K``, each chunk one ``tl.dot`` into a float32 accumulator, in
 increasing order. The bias is added in float32 after the products (as ``F.linear`` does), then
-the ReLU (``relu(NaN)`` is NaN, as ``torch.relu``). Any strides (no copies of x, W or b). The
+the ReLU (``relu(NaN)`` is NaN, as ``torch.relu``), or the residual r added last. Any strides (no copies of x, W or b). The
 tile depends on the grid's size (:func:`_tiles`: fewer rows per program where the grid would
 leave SMs idle), so member p of P and a population of one may take different tiles, whose MMA
 sums may round differently on a GPU (as :mod:`foxdqn.ops.member_mlp_chain`'s).
@@ -70,9 +71,10 @@ MAX_MEMBERS = 65535  # the grid's third axis
 
 
 @triton.jit
-def _member_linear_kernel(xa_ptr, xb_ptr, w_ptr, b_ptr, ya_ptr, yb_ptr, MA, MB, NA, N, K, sxpa, sxma, sxka,
-                          sxpb, sxmb, sxkb, swp, swk, swn, sbp, sbn, RELU: tl.constexpr, PREC: tl.constexpr,
-                          BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+def _member_linear_kernel(xa_ptr, xb_ptr, w_ptr, b_ptr, ya_ptr, yb_ptr, r_ptr, MA, MB, NA, N, K, sxpa, sxma, sxka,
+                          sxpb, sxmb, sxkb, swp, swk, swn, sbp, sbn, srp, srm, srn, RELU: tl.constexpr,
+                          RESIDUAL: tl.constexpr, PREC: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                          BLOCK_K: tl.constexpr):
     # row blocks 0 .. NA-1 are part a's (x_a -> y_a), the others part b's (x_b -> y_b; MB = 0: none)
     p = tl.program_id(2).to(tl.int64)
     pid = tl.program_id(0)
@@ -95,6 +97,9 @@ def _member_linear_kernel(xa_ptr, xb_ptr, w_ptr, b_ptr, ya_ptr, yb_ptr, MA, MB, 
     acc += tl.load(b_ptr + p * sbp + cols * sbn, mask=cm, other=0.0)[None, :]
     if RELU:
         acc = tl.where(acc < 0, 0.0, acc)  # relu; a NaN stays NaN
+    if RESIDUAL:  # r + (x W + b), one part only: the same sum as torch's add of the two
+        acc += tl.load(r_ptr + p * srp + rows.to(tl.int64)[:, None] * srm + cols[None, :] * srn,
+                       mask=rm[:, None] & cm[None, :], other=0.0)
     offs = (p * M + rows.to(tl.int64))[:, None] * N + cols[None, :]
     tl.store(tl.where(in_b, yb_ptr, ya_ptr) + offs, acc, mask=rm[:, None] & cm[None, :])
 
@@ -118,23 +123,27 @@ def _tiles(members: int, m: int, n: int, k: int, rows: int | None = None) -> tup
     return bm, bn, bk, NUM_STAGES
 
 
-def _launch(x: Tensor, w: Tensor, b: Tensor, relu: bool, x_b: Tensor | None = None) -> Tensor | tuple[Tensor, Tensor]:
+def _launch(x: Tensor, w: Tensor, b: Tensor, relu: bool, x_b: Tensor | None = None,
+            residual: Tensor | None = None) -> Tensor | tuple[Tensor, Tensor]:
     """y = the kernel's (x, w, b, relu): float32 [P, M, N], contiguous; with ``x_b`` (float32
-    [P, M_b, K]) the rows of both in one launch, ``(y of x, y of x_b)``, each contiguous."""
+    [P, M_b, K]) the rows of both in one launch, ``(y of x, y of x_b)``, each contiguous; with
+    ``residual`` (float32 [P, M, N], no ``x_b``, no ReLU) ``residual + x W + b``."""
     members, m, k = x.shape
     n = w.shape[2]
     mb = 0 if x_b is None else x_b.shape[1]
     y = x.new_empty(members, m, n)
     y_b = x.new_empty(members, mb, n) if x_b is not None else y
     xb = x if x_b is None else x_b
+    r = y if residual is None else residual
     if (m or mb) and n:
         bm, bn, bk, stages = _tiles(members, max(m, mb), n, k, m + mb)
         na = triton.cdiv(m, bm)
         grid = (na + triton.cdiv(mb, bm), triton.cdiv(n, bn), members)
         wrap_triton(_member_linear_kernel)[grid](
-            x, xb, w, b, y, y_b, m, mb, na, n, k, x.stride(0), x.stride(1), x.stride(2), xb.stride(0), xb.stride(1),
-            xb.stride(2), w.stride(0), w.stride(1), w.stride(2), b.stride(0), b.stride(2), RELU=relu, PREC=_prec(x),
-            BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, num_warps=NUM_WARPS, num_stages=stages)
+            x, xb, w, b, y, y_b, r, m, mb, na, n, k, x.stride(0), x.stride(1), x.stride(2), xb.stride(0),
+            xb.stride(1), xb.stride(2), w.stride(0), w.stride(1), w.stride(2), b.stride(0), b.stride(2), r.stride(0),
+            r.stride(1), r.stride(2), RELU=relu, RESIDUAL=residual is not None, PREC=_prec(x), BLOCK_M=bm,
+            BLOCK_N=bn, BLOCK_K=bk, num_warps=NUM_WARPS, num_stages=stages)
     return y if x_b is None else (y, y_b)
 
 
@@ -153,8 +162,8 @@ class _MemberLinear(torch.autograd.Function):
     """y = the kernel's; backward as autograd's for baddbmm (+ relu), module docstring."""
 
     @staticmethod
-    def forward(ctx, x, w, b, relu):
-        y = _launch(x, w, b, relu)
+    def forward(ctx, x, w, b, relu, residual):
+        y = _launch(x, w, b, relu, residual=residual)
         ctx.relu = relu
         ctx.save_for_backward(x, w, y if relu else None)
         return y
@@ -163,7 +172,8 @@ class _MemberLinear(torch.autograd.Function):
     @torch.autograd.function.once_differentiable
     def backward(ctx, grad_y):
         x, w, y = ctx.saved_tensors
-        return _backward(ctx, grad_y, x, w, y, *ctx.needs_input_grad[:3])
+        dx, dw, db, _ = _backward(ctx, grad_y, x, w, y, *ctx.needs_input_grad[:3])
+        return dx, dw, db, None, grad_y if ctx.needs_input_grad[4] else None  # the residual's: dy itself
 
 
 class _MemberLinearPair(torch.autograd.Function):
@@ -232,20 +242,44 @@ def member_linear_supported(x, w, b) -> bool:
     return _problem(x, w, b) is None
 
 
-def member_linear_reference(x: Tensor, w: Tensor, b: Tensor, relu: bool = False) -> Tensor:
-    """Plain torch: ``torch.baddbmm(b, x, w)``, then ``torch.relu`` with ``relu``; differentiable by autograd."""
+def member_linear_reference(x: Tensor, w: Tensor, b: Tensor, relu: bool = False, *,
+                            residual: Tensor | None = None) -> Tensor:
+    """Plain torch: ``torch.baddbmm(b, x, w)``, then ``torch.relu`` with ``relu``, or ``residual +``
+    it; differentiable by autograd."""
     y = torch.baddbmm(b, x, w)
+    if residual is not None:
+        return residual + y
     return torch.relu(y) if relu else y
 
 
-def member_linear(x: Tensor, w: Tensor, b: Tensor, relu: bool = False, *, backend: str = "auto") -> Tensor:
-    """y_p = x_p W_p + b_p (then ReLU with ``relu``) for every member p, one kernel forward.
+def _residual_problem(x: Tensor, w: Tensor, residual, relu: bool) -> str | None:
+    """Why ``residual`` does not go with (x, w, relu) in :func:`member_linear`, or None."""
+    if residual is None:
+        return None
+    shape = (x.shape[0], x.shape[1], w.shape[2])
+    if not isinstance(residual, Tensor) or residual.dtype != torch.float32 or tuple(residual.shape) != shape \
+            or residual.device != x.device:
+        return f"member_linear: residual must be a float32 {list(shape)} tensor on {x.device}, got {describe(residual)}"
+    if relu:
+        return "member_linear: a residual is added to the layer's output without a ReLU (relu=False)"
+    return None
+
+
+def member_linear(x: Tensor, w: Tensor, b: Tensor, relu: bool = False, *, residual: Tensor | None = None,
+                  backend: str = "auto") -> Tensor:
+    """y_p = x_p W_p + b_p (then ReLU with ``relu``, or ``r_p +`` it with ``residual``) for every
+    member p, one kernel forward.
 
     Args:
         x: float32 ``[P, M, K]``, any strides, 1 <= P <= 65535, M, K >= 0.
         w: float32 ``[P, K, N]`` (a member's ``nn.Linear.weight`` transposed), any strides, x's device.
         b: float32 ``[P, 1, N]``.
         relu: apply the ReLU after the bias.
+        residual: None, or r float32 ``[P, M, N]`` (any strides, x's device; not with ``relu``),
+            added after the bias in the kernel's epilogue: a pre-LN Transformer block's
+            ``x + proj(...)`` (:mod:`foxdqn.population.attention`), bit for bit the sum
+            ``r + member_linear(x, w, b)`` that torch's add would form, one launch fewer.
+            Its gradient is dy.
         backend: ``"auto"`` (the kernel for CUDA tensors, else the reference; the kernel inside
             :func:`foxdqn.ops.backend.cpu_kernels`), ``"triton"`` (CPU tensors need
             TRITON_INTERPRET=1) or ``"torch"`` (:func:`member_linear_reference`).
@@ -255,18 +289,19 @@ def member_linear(x: Tensor, w: Tensor, b: Tensor, relu: bool = False, *, backen
         kernel path). Equal to the reference to float rounding (module docstring).
 
     Raises:
-        ValueError: outside the contract above (:func:`member_linear_supported` is False), an
-            unknown backend.
+        ValueError: outside the contract above (:func:`member_linear_supported` is False; a
+            residual of another shape, dtype or device, or with ``relu``), an unknown backend.
         RuntimeError: backend="triton" on CPU tensors without TRITON_INTERPRET=1.
     """
-    problem = _problem(x, w, b)
+    problem = _problem(x, w, b) or _residual_problem(x, w, residual, relu)
     if problem is not None:
         raise ValueError(problem)
     if resolve_backend("member_linear", backend, x) == "torch":
-        return member_linear_reference(x, w, b, relu)
-    if torch.is_grad_enabled() and (x.requires_grad or w.requires_grad or b.requires_grad):
-        return _MemberLinear.apply(x, w, b, bool(relu))
-    return _launch(x, w, b, bool(relu))
+        return member_linear_reference(x, w, b, relu, residual=residual)
+    grads = [t is not None and t.requires_grad for t in (x, w, b, residual)]
+    if torch.is_grad_enabled() and any(grads):
+        return _MemberLinear.apply(x, w, b, bool(relu), residual)
+    return _launch(x, w, b, bool(relu), residual=residual)
 
 
 def member_linear_pair_reference(x_a: Tensor, x_b: Tensor, w: Tensor, b: Tensor,

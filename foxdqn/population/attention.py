@@ -54,8 +54,8 @@ class MemberAttentionBlock(nn.Module):
         q, k, v = (t.reshape(p * sequences, w, h, c // h).transpose(1, 2)  # (P·M, H, W, C/H)
                    for t in self.qkv(self.ln1(x)).split(c, dim=2))
         a = F.scaled_dot_product_attention(q, k, v).transpose(1, 2).reshape(p, rows, c)
-        x = x + self.proj(a)
-        return x + self.fc2(F.gelu(self.fc1(self.ln2(x))))
+        x = self.proj(a, residual=x)  # x + proj(a): the residual added in the layer's kernel
+        return self.fc2(F.gelu(self.fc1(self.ln2(x))), residual=x)
 
 
 class MemberAttentionEncoder(nn.Module):

@@ -21,8 +21,12 @@ from foxdqn.ops import member_linear as member_linear_op
 from foxdqn.ops.backend import fused_forward
 
 
-def member_linear(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor, relu: bool = False) -> torch.Tensor:
-    """``x [P, M, in] @ w [P, in, out] + b [P, 1, out]`` for every member, then ``relu`` with ``relu``.
+def member_linear(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor, relu: bool = False,
+                  residual: torch.Tensor | None = None) -> torch.Tensor:
+    """``x [P, M, in] @ w [P, in, out] + b [P, 1, out]`` for every member, then ``relu`` with ``relu``,
+    or added to ``residual`` ``[P, M, out]`` (not with ``relu``): in the kernel's epilogue where the
+    kernel runs (:func:`foxdqn.ops.member_linear.member_linear`), else torch's add after the
+    product; the same sum either way.
 
     Where the fused forwards run (:func:`~foxdqn.ops.backend.fused_forward`: CUDA), one kernel
     with the bias and ReLU in its epilogue (:func:`foxdqn.ops.member_linear.member_linear`), where
@@ -38,13 +42,15 @@ def member_linear(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor, relu: bool 
     not equal a population of one; P = 1 trains only in tests and references: a group of one job
     runs the single-run path)."""
     if member_linear_kernel_taken(x, w, b):
-        return member_linear_op.member_linear(x, w, b, relu, backend="triton")
+        return member_linear_op.member_linear(x, w, b, relu, residual=residual, backend="triton")
     if x.is_cuda and x.shape[0] == 1 and x.shape[1] > 1 and x.is_contiguous():
         # one member: addmm with the bias in cuBLASLt's epilogue (one kernel), where baddbmm copies the
         # bias into its output before its GEMM; the squeezes and views cost no launch, forward or backward
         y = torch.addmm(b.view(-1), x.squeeze(0), w.squeeze(0)).unsqueeze(0)
     else:
         y = member_linear_op.member_batched(torch.baddbmm, b, x, w)
+    if residual is not None:
+        return residual + y
     return torch.relu(y) if relu else y
 
 
@@ -136,8 +142,9 @@ class MemberLinear(nn.Module):
         return cls(torch.stack([m.weight.detach().t() for m in layers]).contiguous(),
                    torch.stack([m.bias.detach()[None] for m in layers]).contiguous())
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return member_linear(x, self.weight, self.bias)
+    def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None) -> torch.Tensor:
+        """``x @ weight + bias``, or ``residual +`` it (:func:`member_linear`)."""
+        return member_linear(x, self.weight, self.bias, residual=residual)
 
     def member_states(self) -> dict[str, torch.Tensor]:
         """Every member's ``weight`` ``[P, out, in]`` and ``bias`` ``[P, out]`` (views: member p's

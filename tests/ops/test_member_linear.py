@@ -142,7 +142,7 @@ def test_population_layer_takes_the_kernel_where_the_fused_forwards_run(n, fused
     calls = []
     launch = mod._launch
     try:
-        mod._launch = lambda *a: calls.append(a[3]) or launch(*a)
+        mod._launch = lambda *a, **kw: calls.append(a[3]) or launch(*a, **kw)
         with cpu_kernels():
             got = _run(layer, x, w, b, up, True)
         plain = _run(layer, x, w, b, up, True)
@@ -253,6 +253,60 @@ def test_population_pair_takes_one_launch_where_the_kernel_runs():
             assert_close_ulps(a, e, rtol=1e-5, ulps=64)
 
 
+def _run_residual(fn, x, w, b, r, up):
+    """y and the gradients (x, W, b, r) of Σ y · up for y = fn(x, w, b, r)."""
+    x, w, b, r = (t.detach().clone().requires_grad_(True) for t in (x, w, b, r))
+    y = fn(x, w, b, r)
+    return [y.detach(), *torch.autograd.grad(y, (x, w, b, r), up)]
+
+
+@pytest.mark.parametrize("p,m,k,n", [(1, 1, 1, 1), (3, 17, 40, 9), (2, 70, 5, 100)])
+def test_residual_is_the_sum_torch_would_form(p, m, k, n):
+    """With a residual r the kernel stores r + (x W + b): bit for bit the kernel's layer plus r by
+    torch's add (one launch instead of two), equal to the reference to float rounding, and r's
+    gradient is dy; a strided r (a view) is read in place."""
+    x, w, b, up = _case(p, m, k, n, seed=m + n)
+    r = torch.randn(p, n, m).transpose(1, 2)  # [P, M, N], not contiguous
+    got = _run_residual(lambda *a: member_linear(*a[:3], residual=a[3], backend="triton"), x, w, b, r, up)
+    two = _run_residual(lambda *a: a[3] + member_linear(*a[:3], backend="triton"), x, w, b, r, up)
+    ref = _run_residual(lambda *a: member_linear_reference(*a[:3], residual=a[3]), x, w, b, r, up)
+    for name, a, e, t in zip(("y", "dx", "dW", "db", "dr"), got, two, ref):
+        assert torch.equal(a, e), name
+        assert_close_ulps(a, t, rtol=1e-5, ulps=8 * max(k, 4), name=name)
+    assert torch.equal(got[4], up)
+    with torch.no_grad():
+        assert torch.equal(member_linear(x, w, b, residual=r, backend="triton"), got[0])
+
+
+def test_residual_is_one_launch_in_the_population_layer():
+    """foxdqn.population.layers.member_linear with a residual: one kernel inside cpu_kernels (no add),
+    the add after the product outside; the same bits."""
+    from bench.cpu_kernels import launches
+    from foxdqn.ops.backend import cpu_kernels
+    from foxdqn.population.layers import member_linear as layer
+
+    x, w, b, up = _case(3, 10, 6, 8, seed=4)
+    r = torch.randn(3, 10, 8)
+    with cpu_kernels():
+        ops = launches(lambda: layer(x, w, b, residual=r))
+        got = layer(x, w, b, residual=r)
+        two = r + layer(x, w, b)
+    assert ops == ["triton::_member_linear_kernel"], ops
+    assert torch.equal(got, two)
+    assert torch.equal(layer(x, w, b, residual=r), r + layer(x, w, b))
+
+
+@pytest.mark.parametrize("r, relu, match", [
+    (torch.zeros(2, 3, 5), False, r"residual must be a float32 \[2, 3, 4\]"),
+    (torch.zeros(2, 3, 4, dtype=torch.float64), False, "residual must be a float32"),
+    (torch.zeros(2, 3, 4), True, "without a ReLU"),
+])
+def test_bad_residual(r, relu, match):
+    x, w, b = torch.zeros(2, 3, 5), torch.zeros(2, 5, 4), torch.zeros(2, 1, 4)
+    with pytest.raises(ValueError, match=match):
+        member_linear(x, w, b, relu, residual=r, backend="triton")
+
+
 @pytest.mark.parametrize("args, match", [
     ((torch.zeros(2, 3), torch.zeros(2, 3, 4), torch.zeros(2, 1, 4)), "x must be a float32 tensor of 3"),
     ((torch.zeros(2, 3, 5), torch.zeros(2, 4, 4), torch.zeros(2, 1, 4)), r"w must be \[2, 5, N\]"),
@@ -295,6 +349,18 @@ def test_gpu_kernel_equals_reference(p, m, k, n, relu):
         want = [want[0], torch.bmm(g, w.transpose(1, 2)), torch.bmm(x.transpose(1, 2), g), g.sum(1, keepdim=True)]
     for name, a, e in zip(("y", "dx", "dW", "db"), got, want):
         torch.testing.assert_close(a, e, rtol=2e-3, atol=2e-3 * max(1.0, e.abs().max().item()), msg=name)
+
+
+@pytest.mark.gpu
+def test_gpu_residual_is_the_sum_torch_would_form():
+    x, w, b, up = _case(64, 256, 64, 64, seed=9, device="cuda")
+    r = torch.randn(64, 256, 64, device="cuda")
+    got = _run_residual(lambda *a: member_linear(*a[:3], residual=a[3], backend="triton"), x, w, b, r, up)
+    two = _run_residual(lambda *a: a[3] + member_linear(*a[:3], backend="triton"), x, w, b, r, up)
+    for name, a, e in zip(("y", "dx", "dW", "db", "dr"), got, two):
+        assert torch.equal(a, e), name
+    n, names = cuda_kernels(lambda: member_linear(x, w, b, residual=r))
+    assert n == 1, names
 
 
 @pytest.mark.gpu
