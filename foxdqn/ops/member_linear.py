@@ -15,8 +15,8 @@ Kernel (Triton): a grid of (blocks of ``BLOCK_M`` rows, blocks of ``BLOCK_N`` co
 members); program (r, c, p) reads member p's rows and weights only (members never mix) and loops
 over K in chunks of ``BLOCK_K``, each chunk one ``tl.dot`` into a float32 accumulator, in
 increasing order. The bias is added in float32 after the products (as ``F.linear`` does), then
-the ReLU (``relu(NaN)`` is NaN, as ``torch.relu``), or the residual r added last. Any strides (no copies of x, W or b). The
-tile depends on the grid's size (:func:`_tiles`: fewer rows per program where the grid would
+the ReLU (``relu(NaN)`` is NaN, as ``torch.relu``), or the residual r added last. Any strides (no
+copies of x, W, b or r). The tile depends on the grid's size (:func:`_tiles`: fewer rows per program where the grid would
 leave SMs idle), so member p of P and a population of one may take different tiles, whose MMA
 sums may round differently on a GPU (as :mod:`foxdqn.ops.member_mlp_chain`'s).
 
