@@ -40,7 +40,12 @@ def member_linear(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor, relu: bool 
     (:func:`~foxdqn.ops.member_linear.member_batched`: the one-column products of the dueling value
     stream or IQL's V would otherwise round as a GEMV, forward and backward, and a member of P would
     not equal a population of one; P = 1 trains only in tests and references: a group of one job
-    runs the single-run path)."""
+    runs the single-run path).
+
+    Raises:
+        ValueError: ``residual`` with ``relu`` (on every path, as the kernel's op refuses it)."""
+    if residual is not None and relu:
+        raise ValueError("member_linear: a residual is added to the layer's output without a ReLU (relu=False)")
     if member_linear_kernel_taken(x, w, b):
         return member_linear_op.member_linear(x, w, b, relu, residual=residual, backend="triton")
     if x.is_cuda and x.shape[0] == 1 and x.shape[1] > 1 and x.is_contiguous():

@@ -294,6 +294,8 @@ def test_residual_is_one_launch_in_the_population_layer():
     assert ops == ["triton::_member_linear_kernel"], ops
     assert torch.equal(got, two)
     assert torch.equal(layer(x, w, b, residual=r), r + layer(x, w, b))
+    with pytest.raises(ValueError, match="without a ReLU"):  # outside the kernel too
+        layer(x, w, b, True, residual=r)
 
 
 @pytest.mark.parametrize("r, relu, match", [
