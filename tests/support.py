@@ -200,6 +200,26 @@ def capture_env_step(env, action, warmup_actions=None):
         return capture_graph(lambda: env.step(action), warmup=0, generators=(env.generator,))
 
 
+def assert_module_takes_op_without_gradient(monkeypatch, module, inputs, owner, name: str, **close) -> None:
+    """``module(*inputs)`` calls ``owner.name`` (an op, counted through a spy) once inside
+    :func:`foxdqn.ops.backend.cpu_kernels` without gradient, equal to its output outside (the
+    torch path) to ``close``'s tolerances, and not at all in grad mode (parameters that need one)."""
+    from foxdqn.ops import backend as B
+
+    calls = []
+    real = getattr(owner, name)
+    monkeypatch.setattr(owner, name, lambda *a, **k: calls.append(1) or real(*a, **k))
+    with torch.no_grad():
+        want = module(*inputs)
+        with B.cpu_kernels():
+            got = module(*inputs)
+    assert calls == [1]
+    torch.testing.assert_close(got, want, **close)
+    with B.cpu_kernels():
+        module(*inputs)  # grad mode: the torch path
+    assert calls == [1]
+
+
 def require_compiled_kernels(interpret: bool):
     """An autouse fixture (assign it to a module-level name) failing ``gpu`` tests when the op's
     Triton kernels run in the interpreter (``interpret``: ``foxdqn.ops.backend.INTERPRET``)."""

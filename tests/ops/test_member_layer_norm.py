@@ -11,7 +11,8 @@ import torch
 from foxdqn.ops.backend import INTERPRET
 from foxdqn.ops.member_layer_norm import member_layer_norm, member_layer_norm_reference
 
-from support import assert_replays_give, cuda_kernels, require_compiled_kernels
+from support import (assert_module_takes_op_without_gradient, assert_replays_give, cuda_kernels,
+                     require_compiled_kernels)
 
 _need_compiled = require_compiled_kernels(INTERPRET)
 
@@ -74,24 +75,11 @@ def test_no_gradient_bad_arguments_and_no_rows():
 
 
 def test_member_layer_norm_module_takes_it_without_gradient(monkeypatch):
-    from foxdqn.ops import backend as B
     from foxdqn.population import layers
 
     x, w, b = _case(3, 5, 16)
-    module = layers.MemberLayerNorm(w, b, 1e-5)
-    calls = []
-    real = layers.member_layer_norm_op.member_layer_norm
-    monkeypatch.setattr(layers.member_layer_norm_op, "member_layer_norm",
-                        lambda *a, **k: calls.append(1) or real(*a, **k))
-    with torch.no_grad():
-        want = module(x)
-        with B.cpu_kernels():
-            got = module(x)
-    assert calls == [1]
-    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
-    with B.cpu_kernels():
-        module(x)  # grad mode, parameters that need one: the torch ops
-    assert calls == [1]
+    assert_module_takes_op_without_gradient(monkeypatch, layers.MemberLayerNorm(w, b, 1e-5), (x,),
+                                            layers.member_layer_norm_op, "member_layer_norm", rtol=1e-5, atol=1e-5)
 
 
 @pytest.mark.gpu
