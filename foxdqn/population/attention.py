@@ -27,7 +27,13 @@ import torch.nn.functional as F
 from torch import nn
 
 from foxdqn.nn.attention import AttentionEncoder
+from foxdqn.nn.mlp import ACTIVATIONS
+from foxdqn.ops import member_attention_encoder as encoder_op
+from foxdqn.ops.backend import fused_forward
 from foxdqn.population.layers import MemberLayerNorm, MemberLinear, member_copy
+
+#: The activation of each ``model.activation`` class (the fused forward's names).
+_ACTIVATION_NAMES = {cls: name for name, cls in ACTIVATIONS.items()}
 
 #: The classic block's layers, each a Linear or a LayerNorm (foxdqn.nn.attention._Block).
 _BLOCK_LAYERS = ("ln1", "qkv", "proj", "ln2", "fc1", "fc2")
@@ -101,6 +107,9 @@ class MemberAttentionEncoder(nn.Module):
                    copy.deepcopy(first.act))
 
     def forward(self, obs: torch.Tensor) -> torch.Tensor:
+        fused = self._fused_args(obs)
+        if fused is not None:  # no gradient where the fused forwards run: len(blocks) + 1 kernels
+            return encoder_op.member_attention_encoder(*fused, backend="triton")
         p, m = obs.shape[:2]
         w, f, c = self.window, self.num_features, self.out_dim
         bars = obs[..., : w * f].reshape(p, m * w, f)  # (P, M·W, F), oldest bar first
@@ -111,6 +120,23 @@ class MemberAttentionEncoder(nn.Module):
         x = self.ln_f(x).view(p, m, w, c)
         h = x.mean(dim=2) if self.pooling == "mean" else x[:, :, -1]  # (P, M, C)
         return self.act(self.out(torch.cat([h, account], dim=-1)))
+
+    def _fused_args(self, obs: torch.Tensor) -> tuple | None:
+        """The arguments of :func:`foxdqn.ops.member_attention_encoder.member_attention_encoder` for
+        ``obs``, or None where the module's torch path runs: a gradient is needed, the fused forwards
+        do not run (:func:`~foxdqn.ops.backend.fused_forward`), or the op does not take the sizes."""
+        if torch.is_grad_enabled() or not fused_forward(obs):
+            return None
+        act = _ACTIVATION_NAMES.get(type(self.act))
+        if act is None or getattr(self.act, "approximate", "none") != "none":
+            return None
+        blocks = [encoder_op.BlockWeights(b.ln1.weight, b.ln1.bias, b.qkv.weight, b.qkv.bias, b.proj.weight,
+                                          b.proj.bias, b.ln2.weight, b.ln2.bias, b.fc1.weight, b.fc1.bias,
+                                          b.fc2.weight, b.fc2.bias, b.ln1.eps, b.ln2.eps) for b in self.blocks]
+        args = (obs, self.embed.weight, self.embed.bias, self.pos, blocks,
+                (self.ln_f.weight, self.ln_f.bias, self.ln_f.eps), self.out.weight, self.out.bias,
+                self.blocks[0].heads if blocks else 1, self.pooling, act)
+        return args if encoder_op.member_attention_encoder_supported(*args) else None
 
     def pruned_matrices(self) -> list[tuple[nn.Parameter, bool]]:
         """(weight, transposed) of what a single run's magnitude pruner prunes (the classic

@@ -386,15 +386,24 @@ def test_her_update_relabels_in_one_kernel(members):
     assert "aten::item" not in ops and "aten::_local_scalar_dense" not in ops  # no host read
 
 
-def test_attention_collect_step_normalises_in_one_kernel_per_layer_norm():
-    """An attention population's collect step (no gradient): each of its five layer norms (two per
-    block, the final one) is one kernel with the members' affine (ops/member_layer_norm.py), not
-    layer_norm then addcmul."""
-    from foxdqn.population.step import collect_step
+@pytest.mark.parametrize("layers", [1, 2])
+def test_attention_encoder_without_gradient_is_one_kernel_per_block_and_one_pooling(layers):
+    """An attention population's collect step and its update's target forward (no gradient): the
+    encoder is one kernel per block and one for the final layer norm, pooling and output Linear
+    (ops/member_attention_encoder.py): no layer norm, attention, GELU, add, mean or cat of torch's,
+    and the whole collect step within issue 33's 12 launches."""
+    from foxdqn.population.step import collect_step, update_step
     from bench.cpu_kernels import launches, small_overrides
     from bench.harness import make_population
 
-    s = make_population(["+experiment=eurusd_attention", *small_overrides("eurusd_attention")], 2, "cpu")
+    s = make_population(["+experiment=eurusd_attention", *small_overrides("eurusd_attention"), f"model.layers={layers}"],
+                        2, "cpu")
     ops = launches(lambda: collect_step(s))
-    assert ops.count("triton::_member_layer_norm_kernel") == 5, Counter(ops)
-    assert not {"aten::layer_norm", "aten::addcmul", "aten::native_layer_norm"} & set(ops), Counter(ops)
+    encoder = ["triton::_attention_block_kernel"] * layers + ["triton::_attention_pool_kernel"]
+    start = ops.index(encoder[0])
+    assert ops[start:start + len(encoder)] == encoder and len(ops) <= 12, ops
+    assert not {"aten::layer_norm", "aten::native_layer_norm", "aten::scaled_dot_product_attention", "aten::gelu",
+                "aten::mean", "aten::cat", "triton::_member_layer_norm_kernel"} & set(ops), Counter(ops)
+    update = launches(lambda: update_step(s))
+    assert update.count("triton::_attention_pool_kernel") == 1, Counter(update)  # the target's forward
+    assert update.count("triton::_attention_block_kernel") == layers, Counter(update)
