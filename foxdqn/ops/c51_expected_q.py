@@ -56,7 +56,7 @@ NUM_WARPS = 4
 @triton.jit
 def _c51_expected_q_kernel(adv_ptr, v_ptr, z_ptr, q_ptr, ab_ptr, vb_ptr, M, s_ap, s_am, s_aa, s_ak, s_vp, s_vm,
                            s_vk, s_zp, s_zk, A: tl.constexpr, K: tl.constexpr, PA: tl.constexpr, PK: tl.constexpr,
-                           DUELING: tl.constexpr, BIAS: tl.constexpr):
+                           DUELING: tl.constexpr, BIAS: tl.constexpr, VALUE_BIAS: tl.constexpr):
     """Q [P, M, A] (contiguous) of member ``program_id(1)``'s row ``program_id(0)``."""
     m = tl.program_id(0).to(tl.int64)
     p = tl.program_id(1).to(tl.int64)
@@ -70,7 +70,7 @@ def _c51_expected_q_kernel(adv_ptr, v_ptr, z_ptr, q_ptr, ab_ptr, vb_ptr, M, s_ap
         logits += tl.load(ab_ptr + (p * A + a[:, None]) * K + k[None, :], mask=ok, other=0.0)
     if DUELING:
         v = tl.load(v_ptr + p * s_vp + m * s_vm + k * s_vk, mask=k_ok, other=0.0)
-        if BIAS:
+        if VALUE_BIAS:
             v += tl.load(vb_ptr + p * K + k, mask=k_ok, other=0.0)
         mean = tl.sum(logits, axis=0) / A  # padded actions are 0
         logits = (v[None, :] + logits) - mean[None, :]
@@ -95,7 +95,7 @@ def _c51_expected_q_op(adv: Tensor, value: Tensor, support: Tensor, dueling: boo
         adv, value, support, q, support if bias is None else bias, support if value_bias is None else value_bias,
         rows, *adv.stride(), *(value.stride() if dueling else (0, 0, 0)), *support.stride(),
         A=actions, K=atoms, PA=_pad(actions), PK=_pad(atoms), DUELING=dueling, BIAS=bias is not None,
-        num_warps=NUM_WARPS)
+        VALUE_BIAS=dueling and value_bias is not None, num_warps=NUM_WARPS)
     return q
 
 
@@ -119,7 +119,7 @@ def _problem(adv, value, support, bias=None, value_bias=None) -> str | None:
     if value_bias is not None and (bias is None or value is None):
         return f"{op}: value_bias needs bias and value (the dueling head's two layers)"
     for name, t, width in (("bias", bias, actions * atoms), ("value_bias", value_bias, atoms)):
-        if (t is not None or name == "value_bias" and bias is not None and value is not None) and (
+        if t is not None and (
                 not isinstance(t, Tensor) or tuple(t.shape) != (members, width) or t.dtype != torch.float32
                 or not t.is_contiguous() or t.device != adv.device):
             return f"{op}: {name} must be a contiguous float32 [{members}, {width}] tensor on {adv.device}, " \
@@ -164,7 +164,8 @@ def c51_expected_q(adv: Tensor, value: Tensor | None, support: Tensor, *, bias: 
         bias, value_bias: None, or the head layers' biases that ``adv`` and ``value`` do not hold
             yet (their products by ``bmm``, without ``baddbmm``'s copy of the bias into the output):
             float32 ``[P, A·K]`` and (with ``value``) ``[P, K]``, contiguous; added as the kernel
-            loads each row (:class:`foxdqn.ops.c51_loss.C51Biases`).
+            loads each row (:class:`foxdqn.ops.c51_loss.C51Biases`). ``value_bias`` None with
+            ``bias``: ``value`` holds its bias (the value stream by ``member_linear``'s kernel).
         backend: ``"auto"`` (the kernel for CUDA tensors, else the reference; the kernel inside
             :func:`foxdqn.ops.backend.cpu_kernels`), ``"triton"`` (CPU tensors need
             TRITON_INTERPRET=1) or ``"torch"`` (:func:`c51_expected_q_reference`).

@@ -131,12 +131,23 @@ def test_biases_in_the_kernel_equal_biased_inputs(members, rows, actions, atoms,
     torch.testing.assert_close(ref, c51_expected_q_reference(biased_adv, biased_value, support), rtol=0, atol=0)
 
 
+def test_value_holding_its_bias_takes_the_advantage_bias_alone():
+    """``bias`` without ``value_bias`` (the value stream biased by member_linear's kernel): bit for bit
+    the kernel's Q of the biased advantages and the value as given, and the reference's."""
+    adv, value, support = _case(3, 5, 4, 7, True, seed=9)
+    bias = torch.randn(3, 28, generator=torch.Generator().manual_seed(10))
+    got = c51_expected_q(adv, value, support, bias=bias, backend="triton")
+    biased_adv = adv + bias.view(3, 1, 4, 7)
+    assert torch.equal(got, _kernel(biased_adv, value, support))
+    torch.testing.assert_close(got, c51_expected_q_reference(biased_adv, value, support), rtol=1e-5, atol=1e-5)
+
+
 def test_bias_arguments():
     adv, value, support = _case(2, 3, 4, 5, True)
     ok = dict(bias=torch.zeros(2, 20), value_bias=torch.zeros(2, 5))
     assert c51_expected_q_supported(adv, value, support, **ok)
     for bad, match in ((dict(ok, bias=torch.zeros(2, 19)), "bias must be"),
-                       (dict(ok, value_bias=None), "value_bias must be"),
+                       (dict(ok, value_bias=torch.zeros(2, 4)), "value_bias must be"),
                        (dict(bias=None, value_bias=torch.zeros(2, 5)), "value_bias needs bias")):
         assert not c51_expected_q_supported(adv, value, support, **bad)
         with pytest.raises(ValueError, match=match):
