@@ -118,8 +118,8 @@ class MemberC51Network(MemberQNetwork):
             return v + adv - adv.mean(dim=2, keepdim=True)
         return self.layer(-1, h).view(p, m, self.num_actions, self.atoms)
 
-    def logit_parts(self, obs: torch.Tensor) -> tuple[torch.Tensor | None, torch.Tensor, torch.Tensor | None,
-                                                      torch.Tensor | None]:
+    def logit_parts(self, obs: torch.Tensor, *, value_kernel: bool = False
+                    ) -> tuple[torch.Tensor | None, torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
         """(value stream ``[P, M, K]``, advantages ``[P, M, A, K]``, value bias, advantage bias) of
         obs ``[P, M, D]`` with the dueling head, whose :meth:`logits` combine them; (None, the logits,
         None, their bias) without it. For :func:`foxdqn.ops.c51_loss.c51_loss` and
@@ -127,10 +127,21 @@ class MemberC51Network(MemberQNetwork):
         biases (float32 ``[P, K]`` and ``[P, A·K]``, views of the parameters): where the fused
         forwards run and no head layer takes the member kernel (:meth:`unbiased_heads`), the
         streams are the head layers' products without their biases (``bmm``: no copy of the bias
-        into the ``[P, M, A·K]`` output), which the kernels add; else None, the streams biased."""
+        into the ``[P, M, A·K]`` output), which the kernels add; else None, the streams biased.
+
+        ``value_kernel`` (no gradient: :meth:`forward`): with the dueling head where the biases are
+        left to the kernels, the value stream (K columns) runs through
+        :func:`foxdqn.ops.member_linear.member_linear`'s kernel with its bias in the epilogue (its
+        bias returned as None): one launch, where ``bmm`` of a population of one's rows is a
+        cuBLASLt split-K pair (docs/bench.md#kernels)."""
         h = self.encoder(obs)
         p, m = h.shape[:2]
         unbiased = self.unbiased_heads(h)
+        if unbiased and self.dueling and value_kernel \
+                and member_linear_supported(h, self.weights[-2], self.biases[-2]):
+            value = member_linear_kernel(h, self.weights[-2], self.biases[-2], backend="triton")
+            adv = member_product(h, self.weights[-1]).view(p, m, self.num_actions, self.atoms)
+            return value, adv, None, self.biases[-1].view(p, -1)
         if unbiased and self.dueling:  # both heads' products, x's gradient in two GEMMs (member_products)
             adv, value = member_products(h, self.weights[-1], self.weights[-2])
         elif unbiased:
@@ -182,7 +193,8 @@ class MemberC51Network(MemberQNetwork):
 
     def forward(self, obs: torch.Tensor) -> torch.Tensor:
         if self.fusable(obs) and c51_expected_q_fits(self.num_actions, self.atoms):
-            value, adv, value_bias, adv_bias = self.logit_parts(obs)  # the biases, dueling combine, softmax, mean: one kernel
+            # the biases, dueling combine, softmax, mean: one kernel
+            value, adv, value_bias, adv_bias = self.logit_parts(obs, value_kernel=True)
             return c51_expected_q(adv, value, self.support[:, 0, 0], bias=adv_bias, value_bias=value_bias,
                                   backend="triton")
         return self.expected_q(self.logits(obs))

@@ -195,7 +195,9 @@ HEAD_LAYERS = {  # act.HEAD_KERNELS off (the default): the head's layers, then t
     # DUELING × 3 and add, add, div
     "eurusd_branching": ["triton::_member_heads_forward_kernel", "triton::_branching_joint_q_kernel"]
     + EPSILON + ENV_TAIL + REPLAY_TAIL,
-    "eurusd_rainbowish": ["aten::bmm"] * 2 + EXPECTED_Q + EPSILON + ENV_TAIL + [  # was + DUELING + 3
+    # the value stream through the member kernel, its bias in the epilogue (a split-K pair of bmm at P = 1 on
+    # CUDA), then the advantages' bmm
+    "eurusd_rainbowish": ["triton::_member_linear_kernel", "aten::bmm"] + EXPECTED_Q + EPSILON + ENV_TAIL + [  # was + DUELING + 3
         "triton::_per_insert_row_kernel"] + REPLAY_TAIL,
 }
 
