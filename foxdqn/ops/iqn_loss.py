@@ -68,7 +68,7 @@ def _iqn_loss_kernel(
     zt_ptr,  # f32 [G·Bg, N', A] contiguous: target Z'(s', τ')
     sel_ptr,  # f32 [G, Bg, A], strides (ssg, ssb, ssa): the expected Q at s' that picks a*
     pen_ptr,  # f32 [G·Bg, A] (PENALISED): subtracted from sel
-    tau_ptr,  # f32 [G·Bg, N] contiguous: τ
+    tau_ptr,  # f32 [G, Bg, N], strides (stg, N, 1): τ (a group's rows contiguous)
     action_ptr, reward_ptr, discount_ptr, weight_ptr,  # [G·Bg]
     kappa_ptr,  # f32 [G]
     loss_ptr,  # f32 [G] out (the last program)
@@ -76,7 +76,7 @@ def _iqn_loss_kernel(
     grad_ptr,  # f32 [G·Bg, N, A] out ∂loss/∂z
     part_ptr, ticket_ptr,  # scratch
     zb_ptr, ztb_ptr,  # f32 [G, A] (BIAS): the output layers' biases that z and z_target do not hold
-    G, Bg, N, NT, A, inv_n, inv_nt, ssg, ssb, ssa,
+    G, Bg, N, NT, A, inv_n, inv_nt, ssg, ssb, ssa, stg,
     PENALISED: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_I: tl.constexpr, BLOCK_J: tl.constexpr,
     BLOCK_A: tl.constexpr, BLOCK_G: tl.constexpr, SUM_G: tl.constexpr, SUM_R: tl.constexpr, BIAS: tl.constexpr,
 ):
@@ -112,7 +112,7 @@ def _iqn_loss_kernel(
         theta = tl.load(z_ptr + (row[:, None] * N + ii[None, :]) * A + act[:, None], mask=mi, other=0.0)
         if BIAS:
             theta += theta_bias[:, None]
-        tau = tl.load(tau_ptr + row[:, None] * N + ii[None, :], mask=mi, other=0.0)
+        tau = tl.load(tau_ptr + (g.to(tl.int64) * stg + b * N)[:, None] + ii[None, :], mask=mi, other=0.0)
         acc = tl.zeros([BLOCK_R, BLOCK_I], tl.float32)
         acc_psi = tl.zeros([BLOCK_R, BLOCK_I], tl.float32)
         for j0 in range(0, NT, BLOCK_J):
@@ -188,7 +188,8 @@ class _IQNLoss(torch.autograd.Function):
                 z, z_target, select, penalty if penalty is not None else select, taus, action, reward, discount,
                 weight, kappa, loss, rho, grad, partials, ticket, reward if bias is None else bias,
                 reward if target_bias is None else target_bias, groups, bg, n, nt, a, 1.0 / bg, 1.0 / nt,
-                select.stride(0), select.stride(1), select.stride(2), PENALISED=penalty is not None, BLOCK_R=block_r,
+                select.stride(0), select.stride(1), select.stride(2), taus.stride(0), PENALISED=penalty is not None,
+                BLOCK_R=block_r,
                 BLOCK_I=block_i, BLOCK_J=block_j, BLOCK_A=block_a, BLOCK_G=block_g, SUM_G=sum_g, SUM_R=sum_r,
                 BIAS=bias is not None, num_warps=NUM_WARPS)
         else:
@@ -212,10 +213,11 @@ class _IQNLoss(torch.autograd.Function):
 
 
 def _check(z, z_target, select, taus, action, reward, discount, weight, kappa, penalty):
-    """Validate; returns (z [B, N, A], z_target [B, N', A], select [G, B/G, A], taus [B, N], action,
+    """Validate; returns (z [B, N, A], z_target [B, N', A], select [G, B/G, A], taus [G, B/G, N], action,
     reward, discount, weight, kappa, penalty [B, A] or None, groups) as views (select: a view where
     its layout allows, e.g. a population's [P, B, A] slice of a longer [P, 2B, A]; the kernel reads
-    its strides)."""
+    its strides; taus: a view where it allows, e.g. a population's [P, B/P, N] slice of one draw of τ
+    and τ', the kernel reading its group stride)."""
     op = "iqn_loss"
     action = action.reshape(-1)
     b = action.shape[0]
@@ -240,7 +242,7 @@ def _check(z, z_target, select, taus, action, reward, discount, weight, kappa, p
                           ("penalty", penalty)))
     groups = kappa.shape[0]
     return (z.reshape(b, n, a), z_target.reshape(b, z_target.shape[-2], a), select.reshape(groups, b // groups, a),
-            taus.reshape(b, n),
+            taus.reshape(groups, b // groups, n),
             action, reward,
             discount, weight, kappa, None if penalty is None else penalty.reshape(b, a), groups)
 
@@ -260,7 +262,7 @@ def _reference(z, z_target, select, taus, action, reward, discount, weight, kapp
         a_star = sel.argmax(dim=-1)
         z_next = z_target.gather(-1, a_star[:, None, None].expand(-1, nt, 1)).squeeze(-1)  # [B, N']
         t = reward[:, None] + discount[:, None] * z_next
-    rho = quantile_huber_loss_reference(z_sa, t, taus, kappa)  # [B]
+    rho = quantile_huber_loss_reference(z_sa, t, taus.reshape(-1, n), kappa)  # [B]
     loss = (rho.view(groups, -1) * weight.view(groups, -1)).mean(dim=-1)  # objectives.base.weighted_mean
     return loss, rho.detach()
 
@@ -286,7 +288,8 @@ def iqn_loss(z: torch.Tensor, z_target: torch.Tensor, select: torch.Tensor, taus
         select: float32 ``[..., B, A]``, any strides (read in place where it views as ``[G, B/G, A]``),
             the expected Q at s' whose argmax is a* (the online
             network's with Double DQN, else the target's; a constant).
-        taus: float32 ``[..., B, N]``, the online quantile fractions τ in [0, 1).
+        taus: float32 ``[..., B, N]``, the online quantile fractions τ in [0, 1); read in place where
+            each group's rows are contiguous (a population's slice of a longer draw), else copied.
         action: int64 ``[B]`` in [0, A) (a device value: not checked).
         reward, discount, weight: float32 ``[B]``: the n-step reward sum, γ^m or 0, the importance
             weights (ones with uniform replay).
@@ -316,10 +319,18 @@ def iqn_loss(z: torch.Tensor, z_target: torch.Tensor, select: torch.Tensor, taus
         return _reference(*checked, bias, target_bias)
     z3, zt3, sel, tau, action, reward, discount, weight, kappa, pen, groups = checked
     loss, rho = _IQNLoss.apply(z3.contiguous(), zt3.detach().contiguous(), sel.detach(),
-                               None if pen is None else pen.detach().contiguous(), tau.detach().contiguous(),
+                               None if pen is None else pen.detach().contiguous(), _group_rows(tau.detach()),
                                action.contiguous(), reward.contiguous(), discount.contiguous(), weight.contiguous(),
                                kappa.contiguous(), groups, bias, None if target_bias is None else target_bias.detach())
     return loss, rho
+
+
+def _group_rows(taus: torch.Tensor) -> torch.Tensor:
+    """``taus`` [G, Bg, N] as the kernel reads it: each group's rows contiguous (strides (any, N, 1))."""
+    g, bg, n = taus.shape
+    if (bg == 1 or taus.stride(1) == n) and (n == 1 or taus.stride(2) == 1):
+        return taus
+    return taus.contiguous()
 
 
 def _check_bias(z3, groups, bias, target_bias):

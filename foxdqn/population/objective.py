@@ -211,12 +211,11 @@ def member_taus(rng: MemberRandom, batch_size: int, num_quantiles: int,
     the rows, so one pass over B rows reads the τ that M passes would draw (B % M == 0)."""
     p = rng.num_members
     rows = batch_size // micro_batches
-    parts = [(rng.uniform(rows * num_quantiles).view(p, rows, num_quantiles),
-              rng.uniform(rows * num_target_quantiles).view(p, rows, num_target_quantiles))
-             for _ in range(micro_batches)]
-    if micro_batches == 1:
-        return parts[0]
-    return torch.cat([t for t, _ in parts], dim=1), torch.cat([t for _, t in parts], dim=1)
+    n, nt = rows * num_quantiles, rows * num_target_quantiles
+    # one launch: the generator is counter-based, so one draw of M (n + n') values is the 2M draws' values
+    u = rng.uniform(micro_batches * (n + nt)).view(p, micro_batches, n + nt)
+    return (u[:, :, :n].reshape(p, micro_batches * rows, num_quantiles),  # views where M = 1
+            u[:, :, n:].reshape(p, micro_batches * rows, num_target_quantiles))
 
 
 def member_iqn_loss(online: MemberIQNNetwork, target: MemberIQNNetwork, batch: Batch, members: int,

@@ -78,6 +78,26 @@ def test_select_read_with_its_strides_without_a_copy():
     assert ops == ["triton::_iqn_loss_kernel"], ops
 
 
+def test_taus_read_with_their_group_stride_without_a_copy():
+    """τ as the population passes it, each member's slice of one draw of τ and τ' (a [P, B, N] view
+    whose rows are contiguous within a member): the same bits as a contiguous copy, no copy launched;
+    a τ whose rows are not contiguous (a transposed view) is copied and gives the same bits too."""
+    from bench.cpu_kernels import launches
+
+    z, zt, select, taus, *rest = _case(3, 5, 4, 6, 7, seed=3)
+    draw = torch.cat([taus.reshape(3, -1), torch.rand(3, 5 * 6)], dim=1)  # τ then τ' of each member
+    strided = draw[:, :5 * 4].view(3, 5, 4)
+    assert not strided.is_contiguous() and torch.equal(strided, taus)
+    transposed = taus.transpose(1, 2).contiguous().transpose(1, 2)
+    upstream = torch.ones(3)
+    want = _run(_kernel, z, zt, select, taus, *rest, upstream)
+    for t in (strided, transposed):
+        got = _run(_kernel, z, zt, select, t, *rest, upstream)
+        assert all(torch.equal(g, w) for g, w in zip(got, want))
+    ops = launches(lambda: _kernel(z, zt, select, strided, *rest[:-1], penalty=rest[-1]))
+    assert ops == ["triton::_iqn_loss_kernel"], ops
+
+
 def test_penalty_moves_the_target_action():
     *case, pen = _case(2, 13, 6, 5, 7, seed=3, penalty=True)
     for penalty in (pen, None, pen * 50):

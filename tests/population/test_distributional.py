@@ -125,6 +125,20 @@ def test_iqn_taus_are_each_members_own_draws(monkeypatch):
         assert not torch.equal(taus[0], taus[1])
 
 
+@pytest.mark.parametrize("micro_batches", [1, 2])
+def test_member_taus_are_one_draw_of_the_values_two_draws_per_micro_batch_would_give(micro_batches):
+    """member_taus draws τ and τ' of every micro-batch in one launch: the values of a draw of τ then
+    one of τ' per micro-batch (the generator is counter-based), the counter advanced as far."""
+    one, two = MemberRandom([5, 6, 7], torch.device("cpu")), MemberRandom([5, 6, 7], torch.device("cpu"))
+    taus, target_taus = population_objective.member_taus(one, 8, 4, 3, micro_batches)
+    rows = 8 // micro_batches
+    parts = [(two.uniform(rows * 4).view(3, rows, 4), two.uniform(rows * 3).view(3, rows, 3))
+             for _ in range(micro_batches)]
+    assert torch.equal(taus, torch.cat([t for t, _ in parts], dim=1))
+    assert torch.equal(target_taus, torch.cat([t for _, t in parts], dim=1))
+    assert one.counter.item() == two.counter.item() == 8 * 7
+
+
 def test_iqn_kappa_is_a_member_key_that_changes_training():
     s = run(configs(IQN, [["seed=5"], ["seed=5", "head.kappa=0.05"]]))
     a, b = member_tensors(s, 0), member_tensors(s, 1)

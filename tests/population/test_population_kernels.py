@@ -300,9 +300,10 @@ def test_c51_forward_takes_the_expected_q_op_without_gradient(dueling, monkeypat
 #: c51 23, rainbowish 38 with the C51 loss's importance-weighted mean per member as torch ops (mul,
 #: mean, and the backward's div and mul; inside ops/c51_loss.py's two kernels now); rainbowish 34 with the
 #: dueling head's two x-gradients summed by an add (the second GEMM accumulates into the first's now:
-#: population/layers.py's member_products)
+#: population/layers.py's member_products); iqn 34 with τ and τ' drawn in two launches (one now:
+#: population/objective.py member_taus)
 UPDATE_AT_MOST = {"eurusd_c51": 19, "eurusd_rainbowish": 33, "eurusd_controls": 35, "eurusd_cql": 23, "eurusd_iql": 26,
-                  "eurusd_branching": 16, "eurusd_iqn": 34}
+                  "eurusd_branching": 16, "eurusd_iqn": 33}
 C51_HEAD = ("eurusd_c51", "eurusd_rainbowish")
 PRIORITIZED = ("eurusd_rainbowish", "eurusd_controls")
 #: a C51 head's atoms here: 11 (odd, masked in a block of 16) instead of 51; the launches do not depend on
@@ -352,6 +353,8 @@ def test_update_launches_stay_fused(name):
         assert not {"aten::gather", "aten::gather_backward", "aten::argmax", "aten::add", "aten::div"} & set(ops)
         assert "aten::cos" not in ops and ops.count("triton::_iqn_embedding_forward_kernel") == 3, Counter(ops)
         assert ops.count("triton::_iqn_embedding_backward_kernel") == 1
+        # the rows' draw and one of τ and τ' (was one each: population/objective.py member_taus), read in place
+        assert ops.count("triton::_member_uniform_kernel") == 2 and "aten::clone" not in ops, Counter(ops)
         # Z and Z' by bmm, their output bias added in iqn_loss's kernel (no copy of the bias on CUDA); the
         # policy pass's output layer by the member kernel on the hidden layer's means over the fractions
         # (was baddbmm on every fraction's row, then the mean of Z)
