@@ -28,6 +28,7 @@ from torch import nn
 
 from foxdqn.nn.attention import AttentionEncoder
 from foxdqn.nn.mlp import ACTIVATIONS
+from foxdqn.nn.qnet import forward_hooked
 from foxdqn.ops import member_attention_encoder as encoder_op
 from foxdqn.ops.backend import fused_forward
 from foxdqn.population.layers import MemberLayerNorm, MemberLinear, member_copy
@@ -124,8 +125,10 @@ class MemberAttentionEncoder(nn.Module):
     def _fused_args(self, obs: torch.Tensor) -> tuple | None:
         """The arguments of :func:`foxdqn.ops.member_attention_encoder.member_attention_encoder` for
         ``obs``, or None where the module's torch path runs: a gradient is needed, the fused forwards
-        do not run (:func:`~foxdqn.ops.backend.fused_forward`), or the op does not take the sizes."""
-        if torch.is_grad_enabled() or not fused_forward(obs):
+        do not run (:func:`~foxdqn.ops.backend.fused_forward`), a forward hook would run in one of
+        its modules (:func:`foxdqn.nn.qnet.forward_hooked`: the kernels would skip it), or the op
+        does not take the sizes."""
+        if torch.is_grad_enabled() or not fused_forward(obs) or forward_hooked([self]):
             return None
         act = _ACTIVATION_NAMES.get(type(self.act))
         if act is None or getattr(self.act, "approximate", "none") != "none":

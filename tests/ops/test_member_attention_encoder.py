@@ -105,6 +105,7 @@ def test_population_encoder_takes_the_op_without_gradient_and_equals_its_torch_p
     """MemberAttentionEncoder: inside cpu_kernels without gradient the op's kernels (one call), equal
     to the module's torch path (layers, SDPA) to float rounding; with gradient the torch path."""
     from foxdqn.nn.attention import AttentionEncoder
+    from foxdqn.ops import backend as B
     from foxdqn.population import attention
 
     encoders = [AttentionEncoder(6 * 3 + 2, window=6, num_features=3, width=32, heads=2, layers=2,
@@ -113,6 +114,11 @@ def test_population_encoder_takes_the_op_without_gradient_and_equals_its_torch_p
     module = attention.MemberAttentionEncoder.stack(encoders)
     assert_module_takes_op_without_gradient(monkeypatch, module, (torch.randn(2, 5, 6 * 3 + 2),), attention.encoder_op,
                                             "member_attention_encoder", rtol=1e-5, atol=2e-5)
+    seen = []  # a forward hook in one of its modules: the torch path, which runs it
+    module.blocks[1].fc1.register_forward_hook(lambda *_: seen.append(1))
+    with torch.no_grad(), B.cpu_kernels():
+        module(torch.randn(2, 5, 6 * 3 + 2))
+    assert seen == [1]
 
 
 @pytest.mark.gpu
