@@ -12,8 +12,10 @@ sublayer, Xiong et al. 2020 Fig. 1(b); docstring of :mod:`foxdqn.nn.attention`):
     out = act(W_o [h | account] + b_o)                                 [C]
 
 with MHSA(u) = concat_h softmax(q_h k_hᵀ / √D) v_h, [q | k | v] = u W_qkv + b_qkv (no mask, no
-dropout). Where the module ran this as about 12 launches per block (layer norms, GEMMs, the bias
-adds, torch's attention kernel, the GELU, the residual adds) plus 6 around them, the op runs L + 1:
+dropout). Where the module ran this as 8 launches per block (two layer norms, four Linears,
+torch's attention kernel, the GELU) and 8 around them (the window's copy, the embedding, the
+position add, the final layer norm, the mean, the cat, the output Linear, its activation), the op
+runs L + 1:
 
 * the block kernel, one program per (observation, member): the observation's W tokens
   ``[W, C]`` stay in registers through the block: both layer norms, the H heads (q, k, v, the
