@@ -180,7 +180,7 @@ class ModelConfig:
     encoder: Encoder = Encoder.mlp  # mlp | attention (over the trading window) | nature_cnn (images)
     hidden: List[int] = field(default_factory=lambda: [256, 256])  # mlp widths
     activation: Activation = Activation.relu  # hidden-layer nonlinearity
-    width: int = 64  # attention: model width
+    width: int = 64  # attention: model width (a power of two of 16 to 128 with width / heads a power of two >= 16: fused no-gradient forward)
     heads: int = 4  # attention heads
     layers: int = 2  # attention blocks
     pooling: Pooling = Pooling.mean  # attention: mean | last
