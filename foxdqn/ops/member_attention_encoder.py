@@ -37,9 +37,9 @@ path. Capture: device ops only; outputs ``torch.empty``.
 
 Contract (:func:`member_attention_encoder_supported`): float32 contiguous parameters in the
 population's layouts (a Linear's weight ``[P, in, out]``, bias and layer-norm affine ``[P, 1, n]``,
-``pos`` ``[P, W, C]``); C a power of two of 16 to 128, D = C / H a power of two of at least 16,
-1 <= W <= 128, 1 <= F <= 16, 1 <= A <= 16, at least one block; pooling ``mean`` or ``last``; activation relu, gelu, tanh
-or silu. Elsewhere the module's torch path runs.
+``pos`` ``[P, W, C]``), 1 <= P <= 65535; C a power of two of 16 to 128, D = C / H a power of two
+of at least 16, 1 <= W <= 128, 1 <= F <= 16, 1 <= A <= 16, at least one block; pooling ``mean``
+or ``last``; activation relu, gelu, tanh or silu. Elsewhere the module's torch path runs.
 
 Errors: ``ValueError`` (``member_attention_encoder: ...``) outside the contract or with an input
 that needs a gradient under grad mode; ``RuntimeError`` for backend="triton" on CPU tensors without
@@ -68,6 +68,7 @@ BLOCK_HIDDEN = 64  #: MLP units per chunk of the block kernel
 BLOCK_SEQ = 16  #: observations per program of the pooling kernel
 NUM_WARPS = 4
 MAX_WINDOW, MAX_FEATURES, MAX_ACCOUNT = 128, 16, 16
+MAX_MEMBERS = 65535  #: the grid's second axis
 
 
 class BlockWeights(NamedTuple):
@@ -209,6 +210,8 @@ def _problem(obs, embed_w, embed_b, pos, blocks, ln_f, out_w, out_b, heads, pool
     if not isinstance(pos, Tensor) or pos.dim() != 3:
         return f"{op}: pos must be a float32 [P, W, C] tensor, got {describe(pos)}"
     p, w, c = pos.shape
+    if not 1 <= p <= MAX_MEMBERS:
+        return f"{op}: 1 to {MAX_MEMBERS} members (the grid's second axis), got {p}"
     if not isinstance(embed_w, Tensor) or embed_w.dim() != 3:
         return f"{op}: embed_w must be a float32 [P, F, C] tensor, got {describe(embed_w)}"
     f = embed_w.shape[1]
