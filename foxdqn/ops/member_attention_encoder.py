@@ -59,11 +59,11 @@ from torch import Tensor
 from foxdqn.ops.backend import describe, resolve_backend
 from foxdqn.ops.mlp_chain import _prec, _tf32
 
-__all__ = ["ACTIVATIONS", "BlockWeights", "member_attention_encoder", "member_attention_encoder_reference",
+__all__ = ["ACTIVATION_CODES", "BlockWeights", "member_attention_encoder", "member_attention_encoder_reference",
            "member_attention_encoder_supported"]
 
 #: The output activations the pooling kernel applies (``model.activation``), by code.
-ACTIVATIONS = {"relu": 0, "gelu": 1, "tanh": 2, "silu": 3}
+ACTIVATION_CODES = {"relu": 0, "gelu": 1, "tanh": 2, "silu": 3}
 BLOCK_HIDDEN = 64  #: MLP units per chunk of the block kernel
 BLOCK_SEQ = 16  #: observations per program of the pooling kernel
 NUM_WARPS = 4
@@ -227,8 +227,8 @@ def _problem(obs, embed_w, embed_b, pos, blocks, ln_f, out_w, out_b, heads, pool
         return f"{op}: needs at least one block, got none"
     if pooling not in ("mean", "last"):
         return f"{op}: pooling must be 'mean' or 'last', got {pooling!r}"
-    if activation not in ACTIVATIONS:
-        return f"{op}: activation must be one of {sorted(ACTIVATIONS)}, got {activation!r}"
+    if activation not in ACTIVATION_CODES:
+        return f"{op}: activation must be one of {sorted(ACTIVATION_CODES)}, got {activation!r}"
     shapes = [("embed_w", embed_w, (p, f, c)), ("embed_b", embed_b, (p, 1, c)), ("pos", pos, (p, w, c)),
               ("ln_f weight", ln_f[0], (p, 1, c)), ("ln_f bias", ln_f[1], (p, 1, c)),
               ("out_w", out_w, (p, c + a, c)), ("out_b", out_b, (p, 1, c))]
@@ -337,6 +337,6 @@ def member_attention_encoder(obs: Tensor, embed_w: Tensor, embed_b: Tensor, pos:
         x = out
     _attention_pool_kernel[(triton.cdiv(m, BLOCK_SEQ), p)](
         x, obs, ln_f[0], ln_f[1], out_w, out_b, y, m, w, obs.shape[2] - w * f, w * f, *obs.stride(), float(ln_f[2]),
-        C=c, BLOCK_SEQ=BLOCK_SEQ, BLOCK_A=16, MEAN=pooling == "mean", ACT=ACTIVATIONS[activation], PREC=prec,
+        C=c, BLOCK_SEQ=BLOCK_SEQ, BLOCK_A=16, MEAN=pooling == "mean", ACT=ACTIVATION_CODES[activation], PREC=prec,
         num_warps=NUM_WARPS)
     return y
