@@ -32,7 +32,8 @@ says which launch finishes (its "last program": found with a ticket as in
 writes.
 
 Scratch (:func:`scratch`): one float32 buffer for partial rows and one int32 ticket per
-(op, device), owned by this module for the life of the process (not checkpointed). The ticket is
+(op, device) (:func:`group_scratch`: a ticket per group of programs, for the losses' and the IQN
+embedding's bias gradients), owned by this module for the life of the process (not checkpointed). The ticket is
 zero between launches (the last program resets it), so calls of one op must not run concurrently
 on two streams of one device (the hot loop runs on one stream): they would miscount, and
 ``adam_step_``'s waiting last program could wait forever. The buffers are made on the first
@@ -293,16 +294,38 @@ def scratch(op: str, device: torch.device, floats: int) -> tuple[Tensor, Tensor]
     Raises:
         RuntimeError: the buffer must be made or grown while a CUDA graph is being captured.
     """
-    key = (op, str(device))
+    return _kept(op, device, floats, 0)
+
+
+def group_scratch(op: str, device: torch.device, floats: int, groups: int) -> tuple[Tensor, Tensor]:
+    """``(partials, tickets)`` of ``op`` on ``device``: float32 ``[>= max(floats, 1)]`` and int32
+    ``[>= groups]`` tickets, one per group of programs whose last program sums the group's partials
+    (each zero between launches: that program resets its group's), made once and kept as
+    :func:`scratch`'s.
+
+    Raises:
+        RuntimeError: the buffers must be made or grown while a CUDA graph is being captured.
+    """
+    return _kept(op, device, floats, max(int(groups), 1))
+
+
+def _kept(op: str, device: torch.device, floats: int, tickets: int) -> tuple[Tensor, Tensor]:
+    """:func:`scratch` (``tickets`` 0: a 0-d ticket) or :func:`group_scratch` (``tickets`` of them)."""
+    key = (op if not tickets else f"{op}/groups", str(device))
     have = _SCRATCH.get(key)
-    if have is not None and have[0].numel() >= floats:
+    if have is not None and have[0].numel() >= floats and have[1].numel() >= tickets:
         return have
     if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
         raise RuntimeError(f"{op}: its scratch ({floats} floats on {device}) must be made by an eager call before "
                            "CUDA-graph capture (run the captured function once eagerly, as the warm-up does)")
-    partials = torch.empty(max(floats, 1, 2 * (have[0].numel() if have else 0)), dtype=F32, device=device)
-    ticket = have[1] if have is not None else torch.zeros((), dtype=torch.int32, device=device)
+    partials = have[0] if have is not None and have[0].numel() >= floats else \
+        torch.empty(max(floats, 1, 2 * (have[0].numel() if have else 0)), dtype=F32, device=device)
+    if have is not None and have[1].numel() >= tickets:
+        ticket = have[1]
+    else:
+        ticket = torch.zeros((max(tickets, 2 * have[1].numel() if have else 0),) if tickets else (), dtype=torch.int32,
+                             device=device)
     if have is not None:
-        _RETIRED.append(have[0])
+        _RETIRED.extend(t for t, new in zip(have, (partials, ticket)) if t is not new)
     _SCRATCH[key] = (partials, ticket)
     return partials, ticket
