@@ -31,7 +31,11 @@ maximum here, where torch's argmax picks it.
 Biases: ``bias`` and ``target_bias`` (``[G, A]``) are the output layers' biases where ``z`` and
 ``z_target`` come without them (a ``bmm`` in place of ``baddbmm``, whose copy of the bias into the
 ``[B, N, A]`` output is a launch); the kernel adds them to θ and Z' as it loads those, so θ and T_j
-are the ones the biased inputs give (one float32 add of the same operands).
+are the ones the biased inputs give (one float32 add of the same operands). Where ``bias`` needs
+a gradient, the kernel also writes it: each program stores its rows' part (Σ_i ∂loss/∂Z(s_b, τ_i)
+added into the taken action's slot), and the last program of each group (a ticket per group, as
+the loss's) sums the group's parts in program order, where torch's ``sum`` of ∂loss/∂z over the
+group's rows and fractions would be a second launch.
 
 Registration: a ``torch.autograd.Function`` (as :mod:`foxdqn.ops.iql_loss`). The forward writes
 the loss, ρ (detached: PER's priority signal) and the gradient w.r.t. ``z`` (float32, z's shape,
@@ -53,6 +57,7 @@ from foxdqn.ops import dqn_td_loss as _td
 from foxdqn.ops.backend import check_devices, describe, flat_float32, resolve_backend
 from foxdqn.ops.dqn_td_loss import group_block_rows, group_sums_of_last_program
 from foxdqn.ops.quantile_huber_loss import quantile_huber_loss_reference
+from foxdqn.ops.tensor_list import group_scratch
 
 __all__ = ["iqn_loss", "iqn_loss_reference"]
 
@@ -60,6 +65,7 @@ NUM_WARPS = 4  #: warps per program
 MIN_PROGRAMS = 64  #: BLOCK_R is halved (down to 1) until one group has at least this many row blocks
 INTERPRET_MIN_PROGRAMS = 1  #: MIN_PROGRAMS in Triton's interpreter
 TILE = 2048  #: elements of a program's pair tile [BLOCK_R, BLOCK_I, BLOCK_J] and gradient tile [.., BLOCK_G]
+BIAS_TILE = 4096  #: elements of the bias gradient's sum tile [SUM_B, BLOCK_A] (a group's last program)
 
 
 @triton.jit
@@ -76,9 +82,13 @@ def _iqn_loss_kernel(
     grad_ptr,  # f32 [G·Bg, N, A] out ∂loss/∂z
     part_ptr, ticket_ptr,  # scratch
     zb_ptr, ztb_ptr,  # f32 [G, A] (BIAS): the output layers' biases that z and z_target do not hold
+    dzb_ptr,  # f32 [G, A] out (BIAS_GRAD): ∂loss/∂bias, each group's rows of ∂loss/∂z summed
+    bpart_ptr,  # f32 [G·NB, A] scratch (BIAS_GRAD): each program's part of it
+    gticket_ptr,  # i32 [G] scratch (BIAS_GRAD): each group's ticket, zero between launches
     G, Bg, N, NT, A, inv_n, inv_nt, ssg, ssb, ssa, stg,
     PENALISED: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_I: tl.constexpr, BLOCK_J: tl.constexpr,
     BLOCK_A: tl.constexpr, BLOCK_G: tl.constexpr, SUM_G: tl.constexpr, SUM_R: tl.constexpr, BIAS: tl.constexpr,
+    BIAS_GRAD: tl.constexpr, SUM_B: tl.constexpr,
 ):
     zero = tl.zeros([], dtype=tl.int64)  # an int argument equal to 1 arrives as a constexpr
     G, Bg, N, NT, A = G + zero, Bg + zero, N + zero, NT + zero, A + zero
@@ -106,6 +116,7 @@ def _iqn_loss_kernel(
         target_bias = tl.load(ztb_ptr + g * A + a_star, mask=ok, other=0.0)
 
     total = tl.zeros([BLOCK_R], tl.float32)
+    grad_rows = tl.zeros([BLOCK_R], tl.float32)  # Σ_i ∂loss/∂Z(s_b, τ_i)[a_b] (BIAS_GRAD)
     for i0 in range(0, N, BLOCK_I):
         ii = i0 + tl.arange(0, BLOCK_I)
         mi = ok[:, None] & (ii < N)[None, :]
@@ -136,6 +147,8 @@ def _iqn_loss_kernel(
         total += tl.sum(acc, axis=1)
         # ∂loss/∂Z(s, τ_i)[a]: the taken action's column, zero elsewhere (the whole [N, A] rows written)
         gi = -((w * inv_n) * inv_nt)[:, None] * acc_psi  # [BLOCK_R, BLOCK_I]
+        if BIAS_GRAD:
+            grad_rows += tl.sum(tl.where(mi, gi, 0.0), axis=1)
         for a0 in range(0, A, BLOCK_G):
             aa = a0 + tl.arange(0, BLOCK_G)
             hit = aa[None, None, :] == act[:, None, None]
@@ -145,6 +158,20 @@ def _iqn_loss_kernel(
     rho = total * inv_nt
     tl.store(rho_ptr + row, rho, mask=ok)
     tl.store(part_ptr + tl.program_id(0), tl.sum(tl.where(ok, rho * w, 0.0), axis=0))
+    if BIAS_GRAD:  # this program's rows' part of ∂loss/∂bias, then the group's last program sums them
+        hit_a = (cols[None, :] == act[:, None]) & ok[:, None]
+        tl.store(bpart_ptr + tl.program_id(0) * A + cols, tl.sum(tl.where(hit_a, grad_rows[:, None], 0.0), axis=0),
+                 mask=cols < A)
+        tl.debug_barrier()  # every warp has stored its part before the (one-thread) ticket increment
+        if tl.atomic_add(gticket_ptr + g, 1, sem="acq_rel", scope="gpu") == NB - 1:
+            kk = tl.arange(0, SUM_B)
+            slots = tl.zeros([SUM_B, BLOCK_A], tl.float32)
+            for k0 in range(0, NB, SUM_B):
+                k = k0 + kk
+                slots += tl.load(bpart_ptr + (g * NB + k)[:, None] * A + cols[None, :],
+                                 mask=(k < NB)[:, None] & (cols < A)[None, :], other=0.0)
+            tl.store(dzb_ptr + g * A + cols, tl.sum(slots, axis=0), mask=cols < A)
+            tl.store(gticket_ptr + g, 0)
     group_sums_of_last_program(part_ptr, ticket_ptr, loss_ptr, G, NB, inv_n, SUM_G, SUM_R)
 
 
@@ -178,23 +205,29 @@ class _IQNLoss(torch.autograd.Function):
         loss = torch.empty(groups, device=dev, dtype=torch.float32)
         rho = torch.empty(rows, device=dev, dtype=torch.float32)
         grad = torch.empty_like(z)
+        bias_grad = bias is not None and ctx.needs_input_grad[11]
+        grad_bias = z.new_zeros(groups, a) if bias_grad and not rows else (z.new_empty(groups, a) if bias_grad else None)
         bg = rows // groups
         if rows:
             block_r, block_i, block_j, block_a, block_g, sum_g, sum_r = _blocks(
                 groups, bg, n, nt, a, MIN_PROGRAMS if dev.type == "cuda" else INTERPRET_MIN_PROGRAMS)
-            programs = groups * triton.cdiv(bg, block_r)
+            nb = triton.cdiv(bg, block_r)
+            programs = groups * nb
             partials, ticket = _td._scratch(dev, programs)
+            parts, tickets = group_scratch("iqn_loss", dev, programs * a, groups) if bias_grad else (reward, ticket)
             _iqn_loss_kernel[(programs,)](
                 z, z_target, select, penalty if penalty is not None else select, taus, action, reward, discount,
                 weight, kappa, loss, rho, grad, partials, ticket, reward if bias is None else bias,
-                reward if target_bias is None else target_bias, groups, bg, n, nt, a, 1.0 / bg, 1.0 / nt,
+                reward if target_bias is None else target_bias, grad_bias if bias_grad else reward, parts, tickets,
+                groups, bg, n, nt, a, 1.0 / bg, 1.0 / nt,
                 select.stride(0), select.stride(1), select.stride(2), taus.stride(0), PENALISED=penalty is not None,
                 BLOCK_R=block_r,
                 BLOCK_I=block_i, BLOCK_J=block_j, BLOCK_A=block_a, BLOCK_G=block_g, SUM_G=sum_g, SUM_R=sum_r,
-                BIAS=bias is not None, num_warps=NUM_WARPS)
+                BIAS=bias is not None, BIAS_GRAD=bias_grad,
+                SUM_B=max(1, min(triton.next_power_of_2(nb), BIAS_TILE // block_a)), num_warps=NUM_WARPS)
         else:
             loss.fill_(float("nan"))  # the mean of nothing, as torch's
-        ctx.save_for_backward(grad)
+        ctx.save_for_backward(grad, grad_bias)
         ctx.groups = groups
         ctx.mark_non_differentiable(rho)
         ctx.set_materialize_grads(False)
@@ -202,14 +235,14 @@ class _IQNLoss(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad_loss, grad_rho):
-        (grad,) = ctx.saved_tensors
+        grad, grad_bias = ctx.saved_tensors
         need_z, need_bias = ctx.needs_input_grad[0], ctx.needs_input_grad[11]
         if grad_loss is None or not (need_z or need_bias):
             return (None,) * 13
-        scaled = _td.seed_scaled(grad, grad_loss, ctx.groups)
-        # the bias row's gradient: its group's rows and fractions summed (baddbmm's bias gradient)
-        grad_bias = scaled.view(ctx.groups, -1, scaled.shape[-1]).sum(dim=1) if need_bias else None
-        return (scaled if need_z else None,) + (None,) * 10 + (grad_bias, None)
+        scaled = _td.seed_scaled(grad, grad_loss, ctx.groups) if need_z else None
+        # the bias row's gradient: its group's rows and fractions summed (baddbmm's bias gradient), by the kernel
+        scaled_bias = _td.seed_scaled(grad_bias, grad_loss, ctx.groups) if need_bias else None
+        return (scaled,) + (None,) * 10 + (scaled_bias, None)
 
 
 def _check(z, z_target, select, taus, action, reward, discount, weight, kappa, penalty):
@@ -300,7 +333,7 @@ def iqn_loss(z: torch.Tensor, z_target: torch.Tensor, select: torch.Tensor, taus
             layers' biases that ``z`` and ``z_target`` do not hold yet (their products by ``bmm``:
             no copy of the bias into ``[B, N, A]`` as ``baddbmm`` launches); the kernel adds group
             g's bias of the taken action to θ and of a* to Z' as it loads them, and ``bias`` gets
-            its gradient (its group's rows of ∂loss/∂z summed, one launch).
+            its gradient (its group's rows of ∂loss/∂z summed, in the forward's kernel).
         backend: ``"auto"`` (Triton for CUDA tensors, else torch), ``"triton"``, ``"torch"``.
 
     Returns:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from foxdqn.device.scalars import device_vector
 from foxdqn.ops import iqn_loss as iqn_module
 from foxdqn.ops.backend import INTERPRET
 from foxdqn.ops.iqn_loss import iqn_loss, iqn_loss_reference
@@ -202,8 +203,9 @@ def test_biases_added_in_the_kernel_equal_biased_inputs(groups, bg, n, nt, a):
         return loss.detach(), rho, leaf.grad, b.grad
 
     kernel, plain, ref = run("triton", False), run("triton", True), run("torch", False)
-    for x, y in zip(kernel, plain):
+    for x, y in zip(kernel[:3], plain[:3]):
         assert torch.equal(x, y)
+    torch.testing.assert_close(kernel[3], plain[3], rtol=1e-6, atol=1e-7)  # the kernel's sums, another order
     torch.testing.assert_close(kernel[3], kernel[2].view(groups, -1, a).sum(dim=1), rtol=1e-6, atol=1e-7)
     _assert_close(kernel[:3], ref[:3])
     torch.testing.assert_close(kernel[3], ref[3], rtol=1e-5, atol=1e-7)
@@ -211,6 +213,32 @@ def test_biases_added_in_the_kernel_equal_biased_inputs(groups, bg, n, nt, a):
         iqn_loss(z, zt, select, *rest, bias=bias, backend="triton")
     with pytest.raises(ValueError, match="bias must be"):
         iqn_loss(z, zt, select, *rest, bias=bias[:, :-1] if a > 1 else bias.double(), target_bias=target_bias)
+
+
+@pytest.mark.parametrize("min_programs", [1, 4, 64])
+def test_bias_gradient_summed_by_each_groups_last_program(monkeypatch, min_programs):
+    """The bias's gradient from the kernel's parts (one to 17 programs per group: the group's last
+    program sums them): the reference's to float rounding, the same bits on a second call (each
+    group's ticket back at zero) and each group's the bits of its run alone."""
+    monkeypatch.setattr(iqn_module, "INTERPRET_MIN_PROGRAMS", min_programs)
+    groups, bg, n, nt, a = 3, 17, 5, 6, 7
+    z, zt, select, taus, action, reward, discount, weight, kappa, pen = _case(groups, bg, n, nt, a, seed=5)
+    bias, target_bias = torch.randn(groups, a), torch.randn(groups, a)
+    up = torch.tensor([0.5, 1.0, 2.0])
+
+    def grads(g=slice(None), backend="triton", upstream=up):
+        rows = slice(None) if g == slice(None) else slice(g.start * bg, g.stop * bg)
+        b = bias[g].clone().requires_grad_(True)
+        loss, _ = iqn_loss(z[g], zt[g], select[g], taus[g], action[rows], reward[rows], discount[rows], weight[rows],
+                           kappa[g], bias=b, target_bias=target_bias[g], backend=backend)
+        (gb,) = torch.autograd.grad((loss * upstream[g]).sum(), [b])
+        return gb
+
+    first, second, ref = grads(), grads(), grads(backend="torch")
+    assert torch.equal(first, second)
+    torch.testing.assert_close(first, ref, rtol=1e-5, atol=1e-7)
+    for g in range(groups):
+        assert torch.equal(first[g], grads(slice(g, g + 1))[0])
 
 
 @pytest.mark.gpu
@@ -236,3 +264,28 @@ def test_gpu_capture_equals_eager_and_one_kernel():
     assert_replays_give(step, eager)
     _, names = cuda_kernels(lambda: iqn_loss(case[0], *case[1:], penalty=pen))
     assert names == ["_iqn_loss_kernel"], names
+
+
+@pytest.mark.gpu
+def test_gpu_bias_gradient_in_the_forward_kernel():
+    """With a bias that needs its gradient: forward + backward replay as eager, the bias gradient
+    the reference's to float rounding, and no launch for it in backward (a unit seed: none at all)."""
+    *case, pen = _case(4, 128, 32, 32, 45, device="cuda", penalty=True)
+    gen = torch.Generator(device="cuda").manual_seed(3)
+    bias = torch.randn(4, 45, device="cuda", generator=gen).requires_grad_(True)
+    target_bias = torch.randn(4, 45, device="cuda", generator=gen)
+    leaf = case[0].clone().requires_grad_(True)
+
+    def step(backend="triton"):
+        loss, rho = iqn_loss(leaf, *case[1:], penalty=pen, bias=bias, target_bias=target_bias, backend=backend)
+        return [loss.detach(), rho, *torch.autograd.grad(loss.sum(), [leaf, bias])]
+
+    eager = [x.clone() for x in step()]
+    for x, y in zip(eager, step()):
+        assert torch.equal(x, y)
+    torch.testing.assert_close(eager[3], step("torch")[3], rtol=1e-4, atol=1e-6)
+    assert_replays_give(step, eager)
+    loss, _ = iqn_loss(leaf, *case[1:], penalty=pen, bias=bias, target_bias=target_bias)
+    seed = device_vector("cuda", 4, 1.0)
+    count, names = cuda_kernels(lambda: torch.autograd.grad(loss, [bias], seed, retain_graph=True))
+    assert count == 0, names
