@@ -19,13 +19,18 @@ Kernels (Triton).
   a program computes cos(τ_r · π i) of its rows in registers (the ``[BLOCK_M, BLOCK_E]`` operand,
   ``BLOCK_E = max(16, next_pow2(n))``, zero past n), one ``tl.dot`` with W's ``[BLOCK_E, BLOCK_N]``
   tile, adds b in float32 after the product (as ``F.linear``), the ReLU, then multiplies by row
-  m's features: x = h[m] · φ (one rounding, as torch's multiply).
+  m's features: x = h[m] · φ (one rounding, as torch's multiply). With ``h_next`` (no gradient:
+  the online network's policy pass over s and s'), rows m >= M take their features from h_next's
+  row m − M, so the two sets of rows need no concatenation.
 * backward, a grid of (M, blocks of ``BLOCK_N`` columns, P): a program takes one row m of h and its
   N fractions in chunks of ``BLOCK_J``, recomputes z = cos · W + b, and from dx writes dz = dx · h[m]
   where φ > 0 (else 0: the ReLU's backward), and dh[m] = Σ_k dx[m·N + k] · φ(τ[m, k]) summed over the
   fractions in increasing chunks (the multiply's backward with its broadcast's sum); the first
-  column block also writes cos(τ · π i) of its rows. dW = cosᵀ dz (``torch.bmm``, cuBLAS) and
-  db = Σ_rows dz (``torch.sum``) follow: three launches where the torch ops' backward takes five.
+  column block also writes cos(τ · π i) of its rows. Where b needs its gradient, each program also
+  stores its row's Σ_k dz, and the last program of each (member, column block) (a ticket each, as
+  :mod:`foxdqn.ops.dqn_td_loss`'s losses find theirs) sums the M rows' parts in row order into
+  db = Σ_rows dz. dW = cosᵀ dz (``torch.bmm``, cuBLAS) follows: two launches where the torch ops'
+  backward takes five.
 
 A program reads member p's rows and parameters only: members never mix. The tiles do not depend
 on P, so member p of P equals a population of one bit for bit. NaN or ±inf in τ or h reach only the
@@ -55,6 +60,7 @@ from foxdqn.ops.backend import describe, float32_problem, resolve_backend
 from foxdqn.ops.library import wrap_triton
 from foxdqn.ops.member_linear import _tile, member_batched
 from foxdqn.ops.mlp_chain import _prec, _tf32
+from foxdqn.ops.tensor_list import group_scratch
 
 __all__ = ["member_iqn_embedding", "member_iqn_embedding_reference", "member_iqn_embedding_supported"]
 
@@ -66,6 +72,7 @@ BLOCK_N = 128  # columns of H per program (forward and backward): each recompute
 BLOCK_J = 32  # fractions per step of the backward's loop over a row's N fractions
 NUM_WARPS = 4
 MAX_EMBEDDING = 128  # n: the cosine basis in one [*, 128] tile
+SUM_TILE = 4096  # elements of the bias gradient's sum tile [SUM_M, BLOCK_N] (a column block's last program)
 MAX_MEMBERS = 65535  # a grid axis
 
 
@@ -93,9 +100,11 @@ def _pre_activation(c, w, b, PREC: tl.constexpr):
 
 
 @triton.jit
-def _iqn_embedding_forward_kernel(h_ptr, taus_ptr, pi_ptr, w_ptr, b_ptr, x_ptr, M, N, E, H, shp, shm, shh, stp,
-                                  stm, stn, swp, swe, swh, sbp, sbh, PREC: tl.constexpr, BLOCK_M: tl.constexpr,
-                                  BLOCK_N: tl.constexpr, BLOCK_E: tl.constexpr):
+def _iqn_embedding_forward_kernel(h_ptr, h2_ptr, taus_ptr, pi_ptr, w_ptr, b_ptr, x_ptr, M, MA, N, E, H, shp, shm,
+                                  shh, sh2p, sh2m, sh2h, stp, stm, stn, swp, swe, swh, sbp, sbh, PREC: tl.constexpr,
+                                  BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_E: tl.constexpr,
+                                  PAIR: tl.constexpr):
+    # rows m < MA take ψ from h; with PAIR, rows MA .. M − 1 from h2 (row m − MA)
     p = tl.program_id(2).to(tl.int64)
     rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
     cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -105,17 +114,25 @@ def _iqn_embedding_forward_kernel(h_ptr, taus_ptr, pi_ptr, w_ptr, b_ptr, x_ptr, 
     w, b = _weights(w_ptr + p * swp, b_ptr + p * sbp, e, em, cols, cm, swe, swh, sbh, PREC)
     z = _pre_activation(c, w, b, PREC)
     phi = tl.where(z < 0, 0.0, z)  # relu; a NaN stays NaN
-    psi = tl.load(h_ptr + p * shp + (rows // N).to(tl.int64)[:, None] * shm + cols[None, :] * shh,
-                  mask=rm[:, None] & cm[None, :], other=0.0)
+    m = (rows // N).to(tl.int64)
+    if PAIR:
+        psi = tl.load(h_ptr + p * shp + m[:, None] * shm + cols[None, :] * shh,
+                      mask=(rm & (m < MA))[:, None] & cm[None, :], other=0.0)
+        psi += tl.load(h2_ptr + p * sh2p + (m - MA)[:, None] * sh2m + cols[None, :] * sh2h,
+                       mask=(rm & (m >= MA))[:, None] & cm[None, :], other=0.0)
+    else:
+        psi = tl.load(h_ptr + p * shp + m[:, None] * shm + cols[None, :] * shh, mask=rm[:, None] & cm[None, :],
+                      other=0.0)
     offs = (p * M * N + rows.to(tl.int64))[:, None] * H + cols[None, :]
     tl.store(x_ptr + offs, psi * phi, mask=rm[:, None] & cm[None, :])
 
 
 @triton.jit
-def _iqn_embedding_backward_kernel(dx_ptr, h_ptr, taus_ptr, pi_ptr, w_ptr, b_ptr, dz_ptr, dh_ptr, cos_ptr, M, N, E,
-                                   H, sdp, sdr, sdh, shp, shm, shh, stp, stm, stn, swp, swe, swh, sbp, sbh,
-                                   PREC: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_E: tl.constexpr,
-                                   BLOCK_J: tl.constexpr):
+def _iqn_embedding_backward_kernel(dx_ptr, h_ptr, taus_ptr, pi_ptr, w_ptr, b_ptr, dz_ptr, dh_ptr, cos_ptr, db_ptr,
+                                   part_ptr, ticket_ptr, M, N, E, H, sdp, sdr, sdh, shp, shm, shh, stp, stm, stn, swp,
+                                   swe, swh, sbp, sbh, PREC: tl.constexpr, BLOCK_N: tl.constexpr,
+                                   BLOCK_E: tl.constexpr, BLOCK_J: tl.constexpr, DB: tl.constexpr,
+                                   SUM_M: tl.constexpr):
     # one row m of h, its N fractions in chunks (module docstring)
     p = tl.program_id(2).to(tl.int64)
     m = tl.program_id(0)
@@ -125,6 +142,7 @@ def _iqn_embedding_backward_kernel(dx_ptr, h_ptr, taus_ptr, pi_ptr, w_ptr, b_ptr
     psi = tl.load(h_ptr + p * shp + m.to(tl.int64) * shm + cols * shh, mask=cm, other=0.0)
     w, b = _weights(w_ptr + p * swp, b_ptr + p * sbp, e, em, cols, cm, swe, swh, sbh, PREC)  # once for all chunks
     dh = tl.zeros([BLOCK_N], dtype=tl.float32)
+    db = tl.zeros([BLOCK_N], dtype=tl.float32)  # Σ_k dz[m·N + k] (DB)
     for k0 in range(0, N, BLOCK_J):
         k = k0 + tl.arange(0, BLOCK_J)
         rows = m * N + k
@@ -140,7 +158,22 @@ def _iqn_embedding_backward_kernel(dx_ptr, h_ptr, taus_ptr, pi_ptr, w_ptr, b_ptr
         dh += tl.sum(tl.where(mask, g * phi, 0.0), axis=0)
         dz = tl.where(phi > 0, g * psi[None, :], 0.0)  # the ReLU's backward (torch: where the output > 0)
         tl.store(dz_ptr + (p * M * N + rows.to(tl.int64))[:, None] * H + cols[None, :], dz, mask=mask)
+        if DB:
+            db += tl.sum(tl.where(mask, dz, 0.0), axis=0)
     tl.store(dh_ptr + (p * M + m) * H + cols, dh, mask=cm)
+    if DB:  # this row's part of db; the last program of (member, column block) sums the M parts in row order
+        tl.store(part_ptr + (p * M + m) * H + cols, db, mask=cm)
+        tl.debug_barrier()  # every warp has stored its part before the (one-thread) ticket increment
+        group = p * tl.num_programs(1) + tl.program_id(1)
+        if tl.atomic_add(ticket_ptr + group, 1, sem="acq_rel", scope="gpu") == M - 1:
+            mm = tl.arange(0, SUM_M)
+            slots = tl.zeros([SUM_M, BLOCK_N], dtype=tl.float32)
+            for m0 in range(0, M, SUM_M):
+                r = m0 + mm
+                slots += tl.load(part_ptr + (p * M + r)[:, None] * H + cols[None, :],
+                                 mask=(r < M)[:, None] & cm[None, :], other=0.0)
+            tl.store(db_ptr + p * H + cols, tl.sum(slots, axis=0), mask=cm)
+            tl.store(ticket_ptr + group, 0)
 
 
 # ----------------------------------------------------------------------------- launches
@@ -148,35 +181,46 @@ def _block_e(e: int) -> int:
     return max(16, triton.next_power_of_2(e))
 
 
-def _forward(h: Tensor, taus: Tensor, pi_i: Tensor, w: Tensor, b: Tensor) -> Tensor:
-    members, m, hd = h.shape
+def _forward(h: Tensor, taus: Tensor, pi_i: Tensor, w: Tensor, b: Tensor, h_next: Tensor | None = None) -> Tensor:
+    """x float32 [P, M·N, H] of h's rows, then h_next's (M = their rows together)."""
+    members, ma, hd = h.shape
+    m = ma + (0 if h_next is None else h_next.shape[1])
     n, e = taus.shape[2], w.shape[1]
     x = h.new_empty(members, m * n, hd)
+    h2 = h if h_next is None else h_next
     if m * n and hd:
         grid = (triton.cdiv(m * n, BLOCK_M), triton.cdiv(hd, BLOCK_N), members)
         wrap_triton(_iqn_embedding_forward_kernel)[grid](
-            h, taus, pi_i, w, b, x, m, n, e, hd, h.stride(0), h.stride(1), h.stride(2), taus.stride(0),
-            taus.stride(1), taus.stride(2), w.stride(0), w.stride(1), w.stride(2), b.stride(0), b.stride(2),
-            PREC=_prec(h), BLOCK_M=_tile(m * n, BLOCK_M), BLOCK_N=_tile(hd, BLOCK_N), BLOCK_E=_block_e(e),
-            num_warps=NUM_WARPS)
+            h, h2, taus, pi_i, w, b, x, m, ma, n, e, hd, h.stride(0), h.stride(1), h.stride(2), h2.stride(0),
+            h2.stride(1), h2.stride(2), taus.stride(0), taus.stride(1), taus.stride(2), w.stride(0), w.stride(1),
+            w.stride(2), b.stride(0), b.stride(2), PREC=_prec(h), BLOCK_M=_tile(m * n, BLOCK_M),
+            BLOCK_N=_tile(hd, BLOCK_N), BLOCK_E=_block_e(e), PAIR=h_next is not None, num_warps=NUM_WARPS)
     return x
 
 
-def _backward(dx: Tensor, h: Tensor, taus: Tensor, pi_i: Tensor, w: Tensor, b: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-    """(dz float32 [P, M·N, H], dh float32 [P, M, H], cos float32 [P, M·N, n])."""
+def _backward(dx: Tensor, h: Tensor, taus: Tensor, pi_i: Tensor, w: Tensor, b: Tensor,
+              need_b: bool = False) -> tuple[Tensor, Tensor, Tensor, Tensor | None]:
+    """(dz float32 [P, M·N, H], dh float32 [P, M, H], cos float32 [P, M·N, n], db float32
+    [P, 1, H] where ``need_b``, else None)."""
     members, m, hd = h.shape
     n, e = taus.shape[2], w.shape[1]
     if not (m * n and hd):  # no rows, fractions or columns: zeros flow back (and the empty products)
         cos = torch.cos(taus.reshape(members, m * n, 1) * pi_i)
-        return h.new_zeros(members, m * n, hd), h.new_zeros(members, m, hd), cos
+        db = h.new_zeros(members, 1, hd) if need_b else None
+        return h.new_zeros(members, m * n, hd), h.new_zeros(members, m, hd), cos, db
     dz, dh, cos = h.new_empty(members, m * n, hd), h.new_empty(members, m, hd), h.new_empty(members, m * n, e)
-    grid = (m, triton.cdiv(hd, BLOCK_N), members)
+    block_n = _tile(hd, BLOCK_N)
+    grid = (m, triton.cdiv(hd, block_n), members)
+    db = h.new_empty(members, 1, hd) if need_b else None
+    parts, tickets = group_scratch("member_iqn_embedding", h.device, members * m * hd, members * grid[1]) \
+        if need_b else (dh, dh)
     wrap_triton(_iqn_embedding_backward_kernel)[grid](
-        dx, h, taus, pi_i, w, b, dz, dh, cos, m, n, e, hd, dx.stride(0), dx.stride(1), dx.stride(2), h.stride(0),
-        h.stride(1), h.stride(2), taus.stride(0), taus.stride(1), taus.stride(2), w.stride(0), w.stride(1),
-        w.stride(2), b.stride(0), b.stride(2), PREC=_prec(h), BLOCK_N=_tile(hd, BLOCK_N), BLOCK_E=_block_e(e),
-        BLOCK_J=_tile(n, BLOCK_J), num_warps=NUM_WARPS)
-    return dz, dh, cos
+        dx, h, taus, pi_i, w, b, dz, dh, cos, dh if db is None else db, parts, tickets, m, n, e, hd, dx.stride(0),
+        dx.stride(1), dx.stride(2), h.stride(0), h.stride(1), h.stride(2), taus.stride(0), taus.stride(1),
+        taus.stride(2), w.stride(0), w.stride(1), w.stride(2), b.stride(0), b.stride(2), PREC=_prec(h),
+        BLOCK_N=block_n, BLOCK_E=_block_e(e), BLOCK_J=_tile(n, BLOCK_J), DB=need_b,
+        SUM_M=max(1, min(triton.next_power_of_2(m), SUM_TILE // block_n)), num_warps=NUM_WARPS)
+    return dz, dh, cos, db
 
 
 class _MemberIQNEmbedding(torch.autograd.Function):
@@ -195,15 +239,27 @@ class _MemberIQNEmbedding(torch.autograd.Function):
         need_h, _, _, need_w, need_b = ctx.needs_input_grad
         if not (need_h or need_w or need_b):
             return None, None, None, None, None
-        dz, dh, cos = _backward(grad_x, h, taus, pi_i, w, b)
+        dz, dh, cos, db = _backward(grad_x, h, taus, pi_i, w, b, need_b)
         dw = member_batched(torch.bmm, cos.transpose(1, 2), dz) if need_w else None
-        db = dz.sum(dim=1, keepdim=True) if need_b else None
         return (dh if need_h else None), None, None, dw, db
 
 
 # ----------------------------------------------------------------------------- checks
-def _problem(h, taus, pi_i, w, b) -> str | None:
-    """Why the arguments are outside :func:`member_iqn_embedding`'s contract, or None."""
+def _next_problem(h, h_next) -> str | None:
+    """Why ``h_next`` does not go after ``h``'s rows, or None."""
+    if h_next is None:
+        return None
+    want = f"[{h.shape[0]}, M', {h.shape[2]}]" if isinstance(h, Tensor) and h.dim() == 3 else "[P, M', H]"
+    if not isinstance(h_next, Tensor) or h_next.dtype != torch.float32 or h_next.dim() != 3 \
+            or not isinstance(h, Tensor) or h.dim() != 3 or h_next.shape[0] != h.shape[0] \
+            or h_next.shape[2] != h.shape[2] or h_next.device != h.device:
+        return f"member_iqn_embedding: h_next must be float32 {want} on h's device, got {describe(h_next)}"
+    return None
+
+
+def _problem(h, taus, pi_i, w, b, more_rows: int = 0) -> str | None:
+    """Why the arguments are outside :func:`member_iqn_embedding`'s contract, or None (``more_rows``:
+    h_next's, whose fractions ``taus`` holds after h's)."""
     op = "member_iqn_embedding"
     problem = float32_problem(op, (("h", h, 3), ("taus", taus, 3), ("pi_i", pi_i, 1), ("w", w, 3), ("b", b, 3)))
     if problem:
@@ -211,8 +267,8 @@ def _problem(h, taus, pi_i, w, b) -> str | None:
     members, m, hd = h.shape
     if not 1 <= members <= MAX_MEMBERS:
         return f"{op}: h must hold 1 to {MAX_MEMBERS} members, got {describe(h)}"
-    if tuple(taus.shape[:2]) != (members, m):
-        return f"{op}: taus must be [{members}, {m}, N] (h's members and rows), got {describe(taus)}"
+    if tuple(taus.shape[:2]) != (members, m + more_rows):
+        return f"{op}: taus must be [{members}, {m + more_rows}, N] (h's members and rows), got {describe(taus)}"
     e = pi_i.shape[0]
     if not 1 <= e <= MAX_EMBEDDING:
         return f"{op}: pi_i must hold 1 to {MAX_EMBEDDING} values (the cosine basis), got {describe(pi_i)}"
@@ -227,11 +283,13 @@ def _problem(h, taus, pi_i, w, b) -> str | None:
     return None
 
 
-def member_iqn_embedding_supported(h, taus, pi_i, w, b) -> bool:
+def member_iqn_embedding_supported(h, taus, pi_i, w, b, h_next=None) -> bool:
     """Whether :func:`member_iqn_embedding` takes the arguments: float32 ``[P, M, H]``,
-    ``[P, M, N]``, contiguous ``[n]`` (1 <= n <= 128), ``[P, n, H]``, ``[P, 1, H]`` on one device,
-    1 <= P <= 65535. A metadata check only (no device read)."""
-    return _problem(h, taus, pi_i, w, b) is None
+    ``[P, M, N]`` (``[P, M + M', N]`` with ``h_next`` ``[P, M', H]``), contiguous ``[n]``
+    (1 <= n <= 128), ``[P, n, H]``, ``[P, 1, H]`` on one device, 1 <= P <= 65535. A metadata check
+    only (no device read)."""
+    more = 0 if h_next is None or _next_problem(h, h_next) else h_next.shape[1]
+    return _next_problem(h, h_next) is None and _problem(h, taus, pi_i, w, b, more) is None
 
 
 # ----------------------------------------------------------------------------- reference
@@ -246,13 +304,18 @@ def member_iqn_embedding_reference(h: Tensor, taus: Tensor, pi_i: Tensor, w: Ten
 
 # ----------------------------------------------------------------------------- public
 def member_iqn_embedding(h: Tensor, taus: Tensor, pi_i: Tensor, w: Tensor, b: Tensor, *,
-                         backend: str = "auto") -> Tensor:
+                         h_next: Tensor | None = None, backend: str = "auto") -> Tensor:
     """ψ(s) ⊙ φ(τ) of every member's IQN head (Dabney et al. 2018, eq. 4), one kernel forward and
     three launches backward (module docstring).
 
     Args:
         h: ψ(s), float32 ``[P, M, H]``, any strides, 1 <= P <= 65535.
-        taus: τ, float32 ``[P, M, N]`` in [0, 1], any strides (an expanded view of shared fractions too).
+        taus: τ, float32 ``[P, M, N]`` in [0, 1], any strides (an expanded view of shared fractions
+            too); with ``h_next``, ``[P, M + M', N]``.
+        h_next: None, or float32 ``[P, M', H]`` (any strides, h's device): more rows after h's, as
+            if ``torch.cat([h, h_next], dim=1)`` were h, read in place by the forward kernel (the
+            online network's policy pass over s and s' in one launch, no concatenation). With a
+            gradient to compute, the concatenation and the ops' backward.
         pi_i: π·i, float32 ``[n]`` contiguous, 1 <= n <= 128.
         w, b: the embedding's Linear, float32 ``[P, n, H]`` and ``[P, 1, H]`` (a member's
             ``nn.Linear.weight`` transposed, its bias), any strides.
@@ -261,7 +324,8 @@ def member_iqn_embedding(h: Tensor, taus: Tensor, pi_i: Tensor, w: Tensor, b: Te
             TRITON_INTERPRET=1) or ``"torch"`` (:func:`member_iqn_embedding_reference`).
 
     Returns:
-        x float32 ``[P, M·N, H]``, contiguous (row m·N + k: row m's features times φ(τ[m, k]));
+        x float32 ``[P, M·N, H]`` (``[P, (M + M')·N, H]`` with ``h_next``), contiguous (row m·N + k:
+        row m's features times φ(τ[m, k]));
         differentiable w.r.t. h, w and b (first order on the kernel path; τ and π i get none).
 
     Raises:
@@ -269,11 +333,14 @@ def member_iqn_embedding(h: Tensor, taus: Tensor, pi_i: Tensor, w: Tensor, b: Te
             an unknown backend.
         RuntimeError: backend="triton" on CPU tensors without TRITON_INTERPRET=1.
     """
-    problem = _problem(h, taus, pi_i, w, b)
+    problem = _next_problem(h, h_next) or _problem(h, taus, pi_i, w, b, 0 if h_next is None else h_next.shape[1])
     if problem is not None:
         raise ValueError(problem)
+    grad = torch.is_grad_enabled() and any(t.requires_grad for t in (h, w, b, h_next) if t is not None)
+    if h_next is not None and (grad or resolve_backend("member_iqn_embedding", backend, h) == "torch"):
+        h, h_next = torch.cat([h, h_next], dim=1), None
     if resolve_backend("member_iqn_embedding", backend, h) == "torch":
         return member_iqn_embedding_reference(h, taus, pi_i, w, b)
-    if torch.is_grad_enabled() and any(t.requires_grad for t in (h, w, b)):
+    if grad:
         return _MemberIQNEmbedding.apply(h, taus, pi_i, w, b)
-    return _forward(h, taus, pi_i, w, b)
+    return _forward(h, taus, pi_i, w, b, h_next)

@@ -76,12 +76,43 @@ def test_strided_inputs_and_the_policys_shared_fractions():
     _check(_run(_kernel, args, up), _run(member_iqn_embedding_reference, args, up), 9, 8)
 
 
+
+def test_h_next_rows_read_in_place():
+    """``h_next``: the rows of h, then h_next's, as the concatenation gives them (the same bits
+    without a gradient, read in place, strided h_next included; with one, the concatenation's
+    gradient); the policy's shared fractions; bad h_next refused."""
+    (h2, taus, pi_i, w, b), up = _case(3, 11, 4, 9, 24, seed=8)
+    h, h_next = h2[:, :5], h2.view(3, 11, 24)[:, 5:].transpose(0, 0)
+    k = (torch.arange(4, dtype=torch.float32) + 0.5) / 4
+    for t in (taus, k.expand(3, 11, 4)):
+        with torch.no_grad():
+            got = member_iqn_embedding(h, t, pi_i, w, b, h_next=h_next, backend="triton")
+            cat = member_iqn_embedding(torch.cat([h, h_next], dim=1), t, pi_i, w, b, backend="triton")
+        assert torch.equal(got, cat)
+    hs = h.clone().requires_grad_(True)
+    x = member_iqn_embedding(hs, taus, pi_i, w, b, h_next=h_next, backend="triton")
+    (dh,) = torch.autograd.grad(x, [hs], up)
+    xr = member_iqn_embedding_reference(torch.cat([hs, h_next], dim=1), taus, pi_i, w, b)
+    (dr,) = torch.autograd.grad(xr, [hs], up)
+    assert_close_ulps(dh, dr, rtol=1e-5, ulps=16 * 9, name="dh")
+    with pytest.raises(ValueError, match="h_next must be"):
+        member_iqn_embedding(h, taus, pi_i, w, b, h_next=h_next[:, :, :5], backend="triton")
+    with pytest.raises(ValueError, match="taus must be"):
+        member_iqn_embedding(h, taus[:, :5], pi_i, w, b, h_next=h_next, backend="triton")
+    assert mod.member_iqn_embedding_supported(h, taus, pi_i, w, b, h_next)
+    assert not mod.member_iqn_embedding_supported(h, taus[:, :5], pi_i, w, b, h_next)
+
+
 def test_blocks_loop(monkeypatch):
-    """Small tiles: every block and mask of both grids and the backward's loop over fractions runs several times."""
-    for name, value in (("BLOCK_M", 16), ("BLOCK_N", 16), ("BLOCK_J", 16)):
+    """Small tiles: every block and mask of both grids, the backward's loop over fractions and the
+    bias gradient's loop over the rows' parts (the last program of each member and column block)
+    run several times; a second call gives the same bits (every ticket back at zero)."""
+    for name, value in (("BLOCK_M", 16), ("BLOCK_N", 16), ("BLOCK_J", 16), ("SUM_TILE", 32)):
         monkeypatch.setattr(mod, name, value)
-    args, up = _case(2, 3, 37, 20, 50, seed=9)
-    _check(_run(_kernel, args, up), _run(member_iqn_embedding_reference, args, up), 20, 37)
+    args, up = _case(2, 5, 37, 20, 50, seed=9)
+    got = _run(_kernel, args, up)
+    _check(got, _run(member_iqn_embedding_reference, args, up), 20, 37)
+    assert all(torch.equal(a, b) for a, b in zip(got, _run(_kernel, args, up)))
 
 
 def test_nan_stays_in_its_row():
@@ -264,7 +295,7 @@ def test_gpu_kernel_counts_and_capture():
     h, taus, pi_i, w, b = args
     params = [h.requires_grad_(True), w.requires_grad_(True), b.requires_grad_(True)]
     n, names = cuda_kernels(lambda: torch.autograd.grad(member_iqn_embedding(*args), params, up))
-    assert n <= 5, names  # forward, backward kernel, cuBLAS's bmm (and a memset of its own), the bias sum
+    assert n <= 4, names  # forward, backward kernel (the bias gradient in it), cuBLAS's bmm (and a memset of its own)
     with torch.no_grad():
         graph, x = capture_graph(lambda: member_iqn_embedding(*args))
         h.mul_(2.0)  # the replay reads the new values
