@@ -56,7 +56,7 @@ from foxdqn.ops.library import wrap_triton
 from foxdqn.ops.mlp_chain import _prec, _tf32
 from foxdqn.ops.relu_bias_grad import relu_bias_grad
 
-__all__ = ["member_batched", "member_linear", "member_linear_pair", "member_linear_pair_reference", "member_linear_preferred",
+__all__ = ["group_mean_fits", "member_batched", "member_linear", "member_linear_pair", "member_linear_pair_reference", "member_linear_preferred",
            "member_linear_reference", "member_linear_supported"]
 
 BLOCK_M = 128  # most rows per program (the tiles from an H200 sweep: docs/bench.md#launch-constants)
@@ -74,7 +74,7 @@ MAX_MEMBERS = 65535  # the grid's third axis
 def _member_linear_kernel(xa_ptr, xb_ptr, w_ptr, b_ptr, ya_ptr, yb_ptr, r_ptr, MA, MB, NA, N, K, sxpa, sxma, sxka,
                           sxpb, sxmb, sxkb, swp, swk, swn, sbp, sbn, srp, srm, srn, RELU: tl.constexpr,
                           RESIDUAL: tl.constexpr, PREC: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                          BLOCK_K: tl.constexpr):
+                          BLOCK_K: tl.constexpr, GROUP: tl.constexpr):
     # row blocks 0 .. NA-1 are part a's (x_a -> y_a), the others part b's (x_b -> y_b; MB = 0: none)
     p = tl.program_id(2).to(tl.int64)
     pid = tl.program_id(0)
@@ -100,8 +100,16 @@ def _member_linear_kernel(xa_ptr, xb_ptr, w_ptr, b_ptr, ya_ptr, yb_ptr, r_ptr, M
     if RESIDUAL:  # r + (x W + b), one part only: the same sum as torch's add of the two
         acc += tl.load(r_ptr + p * srp + rows.to(tl.int64)[:, None] * srm + cols[None, :] * srn,
                        mask=rm[:, None] & cm[None, :], other=0.0)
-    offs = (p * M + rows.to(tl.int64))[:, None] * N + cols[None, :]
-    tl.store(tl.where(in_b, yb_ptr, ya_ptr) + offs, acc, mask=rm[:, None] & cm[None, :])
+    if GROUP > 1:  # the mean of each GROUP consecutive rows (one part, M a multiple of GROUP)
+        mean = tl.sum(tl.reshape(tl.where(rm[:, None], acc, 0.0), [BLOCK_M // GROUP, GROUP, BLOCK_N]), axis=1)
+        mean = mean * (1.0 / GROUP)  # GROUP a power of two: the division's bits
+        groups = pid * (BLOCK_M // GROUP) + tl.arange(0, BLOCK_M // GROUP)
+        gm = groups < M // GROUP
+        offs = (p * (M // GROUP) + groups.to(tl.int64))[:, None] * N + cols[None, :]
+        tl.store(ya_ptr + offs, mean, mask=gm[:, None] & cm[None, :])
+    else:
+        offs = (p * M + rows.to(tl.int64))[:, None] * N + cols[None, :]
+        tl.store(tl.where(in_b, yb_ptr, ya_ptr) + offs, acc, mask=rm[:, None] & cm[None, :])
 
 
 def _tile(d: int, most: int) -> int:
@@ -124,26 +132,28 @@ def _tiles(members: int, m: int, n: int, k: int, rows: int | None = None) -> tup
 
 
 def _launch(x: Tensor, w: Tensor, b: Tensor, relu: bool, x_b: Tensor | None = None,
-            residual: Tensor | None = None) -> Tensor | tuple[Tensor, Tensor]:
+            residual: Tensor | None = None, group: int = 1) -> Tensor | tuple[Tensor, Tensor]:
     """y = the kernel's (x, w, b, relu): float32 [P, M, N], contiguous; with ``x_b`` (float32
     [P, M_b, K]) the rows of both in one launch, ``(y of x, y of x_b)``, each contiguous; with
-    ``residual`` (float32 [P, M, N], no ``x_b``, no ReLU) ``residual + x W + b``."""
+    ``residual`` (float32 [P, M, N], no ``x_b``, no ReLU) ``residual + x W + b``; with ``group``
+    (:func:`group_mean_fits`, no ``x_b`` or residual) the mean of each ``group`` rows, [P, M/group, N]."""
     members, m, k = x.shape
     n = w.shape[2]
     mb = 0 if x_b is None else x_b.shape[1]
-    y = x.new_empty(members, m, n)
+    y = x.new_empty(members, m // group, n)
     y_b = x.new_empty(members, mb, n) if x_b is not None else y
     xb = x if x_b is None else x_b
     r = y if residual is None else residual
     if (m or mb) and n:
         bm, bn, bk, stages = _tiles(members, max(m, mb), n, k, m + mb)
+        bm = max(bm, group)  # whole groups in a program's rows
         na = triton.cdiv(m, bm)
         grid = (na + triton.cdiv(mb, bm), triton.cdiv(n, bn), members)
         wrap_triton(_member_linear_kernel)[grid](
             x, xb, w, b, y, y_b, r, m, mb, na, n, k, x.stride(0), x.stride(1), x.stride(2), xb.stride(0),
             xb.stride(1), xb.stride(2), w.stride(0), w.stride(1), w.stride(2), b.stride(0), b.stride(2), r.stride(0),
             r.stride(1), r.stride(2), RELU=relu, RESIDUAL=residual is not None, PREC=_prec(x), BLOCK_M=bm,
-            BLOCK_N=bn, BLOCK_K=bk, num_warps=NUM_WARPS, num_stages=stages)
+            BLOCK_N=bn, BLOCK_K=bk, GROUP=group, num_warps=NUM_WARPS, num_stages=stages)
     return y if x_b is None else (y, y_b)
 
 
@@ -243,13 +253,22 @@ def member_linear_supported(x, w, b) -> bool:
 
 
 def member_linear_reference(x: Tensor, w: Tensor, b: Tensor, relu: bool = False, *,
-                            residual: Tensor | None = None) -> Tensor:
+                            residual: Tensor | None = None, group_mean: int = 1) -> Tensor:
     """Plain torch: ``torch.baddbmm(b, x, w)``, then ``torch.relu`` with ``relu``, or ``residual +``
-    it; differentiable by autograd."""
+    it; with ``group_mean`` > 1 the mean of each ``group_mean`` consecutive rows (``Tensor.mean``);
+    differentiable by autograd."""
     y = torch.baddbmm(b, x, w)
     if residual is not None:
-        return residual + y
-    return torch.relu(y) if relu else y
+        y = residual + y
+    elif relu:
+        y = torch.relu(y)
+    return y if group_mean == 1 else y.view(y.shape[0], -1, group_mean, y.shape[2]).mean(dim=2)
+
+
+def group_mean_fits(m: int, group: int) -> bool:
+    """Whether the kernel's epilogue takes the mean of ``group`` consecutive rows of ``m``: a power
+    of two of at most :data:`BLOCK_M` that divides m (a program's rows then hold whole groups)."""
+    return 1 <= group <= BLOCK_M and group & (group - 1) == 0 and m % group == 0
 
 
 def _residual_problem(x: Tensor, w: Tensor, residual, relu: bool) -> str | None:
@@ -266,7 +285,7 @@ def _residual_problem(x: Tensor, w: Tensor, residual, relu: bool) -> str | None:
 
 
 def member_linear(x: Tensor, w: Tensor, b: Tensor, relu: bool = False, *, residual: Tensor | None = None,
-                  backend: str = "auto") -> Tensor:
+                  group_mean: int = 1, backend: str = "auto") -> Tensor:
     """y_p = x_p W_p + b_p (then ReLU with ``relu``, or ``r_p +`` it with ``residual``) for every
     member p, one kernel forward.
 
@@ -280,28 +299,43 @@ def member_linear(x: Tensor, w: Tensor, b: Tensor, relu: bool = False, *, residu
             ``x + proj(...)`` (:mod:`foxdqn.population.attention`), bit for bit the sum
             ``r + member_linear(x, w, b)`` that torch's add would form, one launch fewer.
             Its gradient is dy.
+        group_mean: G >= 1 dividing M (not with ``residual``): y is the mean of each G consecutive
+            rows of the layer's output, ``[P, M/G, N]`` (IQN's expected Q over its K policy
+            fractions, :meth:`foxdqn.population.distributional.MemberIQNNetwork.policy_q`). Without a
+            gradient and where :func:`group_mean_fits`, in the kernel's epilogue (the sum of a tile's
+            rows of a group, times 1/G): one launch where ``Tensor.mean`` is a second; else the layer,
+            then ``Tensor.mean``.
         backend: ``"auto"`` (the kernel for CUDA tensors, else the reference; the kernel inside
             :func:`foxdqn.ops.backend.cpu_kernels`), ``"triton"`` (CPU tensors need
             TRITON_INTERPRET=1) or ``"torch"`` (:func:`member_linear_reference`).
 
     Returns:
-        y float32 ``[P, M, N]``, contiguous; differentiable w.r.t. x, w and b (first order on the
-        kernel path). Equal to the reference to float rounding (module docstring).
+        y float32 ``[P, M, N]`` (``[P, M/G, N]`` with ``group_mean``), contiguous; differentiable
+        w.r.t. x, w and b (first order on the kernel path). Equal to the reference to float
+        rounding (module docstring).
 
     Raises:
         ValueError: outside the contract above (:func:`member_linear_supported` is False; a
-            residual of another shape, dtype or device, or with ``relu``), an unknown backend.
+            residual of another shape, dtype or device, or with ``relu``; a ``group_mean`` that is
+            not a divisor of M, or with a residual), an unknown backend.
         RuntimeError: backend="triton" on CPU tensors without TRITON_INTERPRET=1.
     """
     problem = _problem(x, w, b) or _residual_problem(x, w, residual, relu)
+    if problem is None and (group_mean < 1 or x.shape[1] % group_mean or (group_mean > 1 and residual is not None)):
+        problem = (f"member_linear: group_mean must be a divisor >= 1 of x's {x.shape[1]} rows, without a "
+                   f"residual, got {group_mean}")
     if problem is not None:
         raise ValueError(problem)
     if resolve_backend("member_linear", backend, x) == "torch":
-        return member_linear_reference(x, w, b, relu, residual=residual)
+        return member_linear_reference(x, w, b, relu, residual=residual, group_mean=group_mean)
     grads = [t is not None and t.requires_grad for t in (x, w, b, residual)]
     if torch.is_grad_enabled() and any(grads):
-        return _MemberLinear.apply(x, w, b, bool(relu), residual)
-    return _launch(x, w, b, bool(relu), residual=residual)
+        y = _MemberLinear.apply(x, w, b, bool(relu), residual)
+    elif group_mean_fits(x.shape[1], group_mean):
+        return _launch(x, w, b, bool(relu), residual=residual, group=group_mean)
+    else:
+        y = _launch(x, w, b, bool(relu), residual=residual)
+    return y if group_mean == 1 else y.view(y.shape[0], -1, group_mean, y.shape[2]).mean(dim=2)
 
 
 def member_linear_pair_reference(x_a: Tensor, x_b: Tensor, w: Tensor, b: Tensor,

@@ -278,6 +278,41 @@ def test_residual_is_the_sum_torch_would_form(p, m, k, n):
         assert torch.equal(member_linear(x, w, b, residual=r, backend="triton"), got[0])
 
 
+
+@pytest.mark.parametrize("p,m,k,n,group", [(1, 32, 5, 9, 32), (3, 64, 40, 100, 32), (2, 12, 7, 4, 4), (1, 16, 3, 2, 1)])
+def test_group_mean_in_the_epilogue(monkeypatch, p, m, k, n, group):
+    """``group_mean``: each G rows' mean of the ReLU layer in the kernel's epilogue, the reference's
+    (the layer, then ``Tensor.mean``) to float rounding; every member's row block of 16 rows or
+    more holds whole groups (small tiles: several groups per program and several programs); with a
+    gradient the layer, then the mean; a G that is not a power of two, the layer, then the mean."""
+    monkeypatch.setattr(mod, "BLOCK_M", 16)
+    monkeypatch.setattr(mod, "BLOCK_M_SMALL", 16)
+    x, w, b, _ = _case(p, m, k, n, seed=m + group)
+    with torch.no_grad():
+        got = member_linear(x, w, b, True, group_mean=group, backend="triton")
+        layer = member_linear(x, w, b, True, backend="triton")
+    want = member_linear_reference(x, w, b, True, group_mean=group)
+    assert got.shape == (p, m // group, n)
+    assert_close_ulps(got, want, rtol=1e-5, ulps=8 * max(k, 4) * group, name="mean")
+    torch.testing.assert_close(got, layer.view(p, -1, group, n).mean(dim=2), rtol=1e-6, atol=1e-6)
+    up = torch.randn(p, m // group, n)
+    xs = [t.clone().requires_grad_(True) for t in (x, w, b)]
+    y = member_linear(*xs, True, group_mean=group, backend="triton")
+    grads = torch.autograd.grad(y, xs, up)
+    xr = [t.clone().requires_grad_(True) for t in (x, w, b)]
+    ref = torch.autograd.grad(member_linear_reference(*xr, True, group_mean=group), xr, up)
+    for a, e in zip(grads, ref):
+        assert_close_ulps(a, e, rtol=1e-5, ulps=8 * max(k, 4), name="grad")
+    with torch.no_grad():
+        three = member_linear(x[:, :12], w, b, True, group_mean=3, backend="triton")  # not a power of two
+    assert_close_ulps(three, member_linear_reference(x[:, :12], w, b, True, group_mean=3), rtol=1e-5,
+                      ulps=24 * max(k, 4), name="mean of 3")
+    with pytest.raises(ValueError, match="group_mean must be"):
+        member_linear(x, w, b, group_mean=m + 1, backend="triton")
+    with pytest.raises(ValueError, match="group_mean must be"):
+        member_linear(x, w, b, group_mean=2, residual=torch.zeros(p, m, n), backend="triton")
+
+
 def test_residual_is_one_launch_in_the_population_layer():
     """foxdqn.population.layers.member_linear with a residual: one kernel inside cpu_kernels (no add),
     the add after the product outside; the same bits."""
@@ -395,3 +430,19 @@ def test_gpu_pair_equals_reference_one_kernel_and_capture(p, ma, mb, k, n):
         graph.replay()
     want_a, want_b = mod.member_linear_pair(x_a, x_b, w, b, True)
     assert torch.equal(y_a, want_a) and torch.equal(y_b, want_b)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("p,m", [(1, 256 * 32), (64, 128 * 32)])
+def test_gpu_group_mean_one_kernel(p, m):
+    """IQN's policy pass: the hidden layer (256 → 256, ReLU) of M·K rows averaged over K = 32
+    fractions in one kernel, the reference's to TF32 rounding."""
+    x, w, b, _ = _case(p, m, 256, 256, seed=p, device="cuda")
+    with torch.no_grad():
+        n, names = cuda_kernels(lambda: member_linear(x, w, b, True, group_mean=32))
+        got = member_linear(x, w, b, True, group_mean=32)
+        layer = member_linear(x, w, b, True)
+    assert n == 1, names
+    torch.testing.assert_close(got, layer.view(p, -1, 32, 256).mean(dim=2), rtol=1e-5, atol=1e-5)
+    want = member_linear_reference(x, w, b, True, group_mean=32)
+    torch.testing.assert_close(got, want, rtol=5e-3, atol=5e-3)
