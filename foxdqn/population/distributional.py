@@ -290,14 +290,16 @@ class MemberIQNNetwork(MemberQNetwork):
             return self.layer(-1, x).view(p, m, n, -1), None
         return member_product(x, self.weights[-1]).view(p, m, n, -1), self.biases[-1].view(p, -1)
 
-    def _fused_mix(self, h: torch.Tensor, taus: torch.Tensor) -> torch.Tensor | None:
+    def _fused_mix(self, h: torch.Tensor, taus: torch.Tensor, h_next: torch.Tensor | None = None
+                   ) -> torch.Tensor | None:
         """ψ(s) ⊙ φ(τ) ``[P, M·N, H]`` of h ``[P, M, H]`` and τ ``[P, M, N]`` in one kernel
-        (:func:`foxdqn.ops.member_iqn_embedding.member_iqn_embedding`) where the fused forwards run
-        and :data:`IQN_EMBEDDING_KERNEL` is on; else None (the layers run)."""
+        (:func:`foxdqn.ops.member_iqn_embedding.member_iqn_embedding`; with ``h_next`` ``[P, M', H]``
+        its rows after h's, τ ``[P, M + M', N]``) where the fused forwards run and
+        :data:`IQN_EMBEDDING_KERNEL` is on; else None (the layers run)."""
         e = self.encoder_layers
         args = (h, taus, self.pi_i, self.weights[e], self.biases[e])
-        if IQN_EMBEDDING_KERNEL and fused_forward(h) and member_iqn_embedding_supported(*args):
-            return member_iqn_embedding(*args, backend="triton")
+        if IQN_EMBEDDING_KERNEL and fused_forward(h) and member_iqn_embedding_supported(*args, h_next):
+            return member_iqn_embedding(*args, h_next=h_next, backend="triton")
         return None
 
     def _head_after_embedding(self, h: torch.Tensor, phi: torch.Tensor) -> torch.Tensor:
@@ -332,23 +334,38 @@ class MemberIQNNetwork(MemberQNetwork):
             self._policy_cos = self._policy_cos_of(members)
         return self.layer(self.encoder_layers, self._policy_cos, relu=True)
 
-    def policy_q(self, h: torch.Tensor) -> torch.Tensor:
-        """Expected Q ``[P, M, A]`` of features h ``[P, M, H]``: the mean of Z over the K midpoints.
+    def policy_q(self, h: torch.Tensor, h_next: torch.Tensor | None = None) -> torch.Tensor:
+        """Expected Q ``[P, M, A]`` of features h ``[P, M, H]``: the mean of Z over the K midpoints
+        (with ``h_next`` ``[P, M', H]``, ``[P, M + M', A]`` of h's rows, then h_next's: one pass,
+        as of their concatenation, which :meth:`_fused_mix` reads in place).
         The output layer (or the dueling streams) is affine in the hidden layer's activations, so
         the mean of Z is the output layer of their mean over the K midpoints: the hidden layer runs
         on the ``M·K`` rows, the output on the M means (K times fewer rows; equal to the mean of
         Z to float rounding). ψ(s) ⊙ φ(τ_k) in one kernel where :meth:`_fused_mix` runs (the
         midpoints an expanded view, their embedding recomputed per row), else their embedding
         (:meth:`policy_embedding`) broadcast over the M rows."""
-        p, m, k = h.shape[0], h.shape[1], self.num_quantiles_policy
-        x = self._fused_mix(h, self.policy_taus.expand(p, m, k))  # φ(τ_k) recomputed per row, in the kernel
+        p, m, k = h.shape[0], h.shape[1] + (0 if h_next is None else h_next.shape[1]), self.num_quantiles_policy
+        x = self._fused_mix(h, self.policy_taus.expand(p, m, k), h_next)  # φ(τ_k) recomputed per row, in the kernel
         if x is None:
+            h = h if h_next is None else torch.cat([h, h_next], dim=1)
             x = (h[:, :, None, :] * self.policy_embedding(p).view(p, 1, k, -1)).view(p, m * k, -1)
-        x = self.layer(self.encoder_layers + 1, x, relu=True).view(p, m, k, -1).mean(dim=2)  # [P, M, F]
+        x = self._hidden_mean(x, k)  # [P, M, F]
         if self.dueling:
             adv = self._small_layer(-1, x)
             return self._small_layer(-2, x) + adv - adv.mean(dim=-1, keepdim=True)
         return self._small_layer(-1, x)
+
+    def _hidden_mean(self, x: torch.Tensor, k: int) -> torch.Tensor:
+        """The hidden layer's ReLU outputs of ``x`` ``[P, M·K, H]``, averaged over each row's K
+        fractions: ``[P, M, F]``. Where its member kernel runs, the op's ``group_mean`` (without a
+        gradient, the mean in the kernel's epilogue: one launch, not two); else the layer, then
+        ``Tensor.mean``."""
+        i = self.encoder_layers + 1
+        w, b = self.weights[i], self.biases[i]
+        if member_linear_kernel_taken(x, w, b):
+            return member_linear_kernel(x, w, b, True, group_mean=k, backend="triton")
+        p = x.shape[0]
+        return self.layer(i, x, relu=True).view(p, -1, k, w.shape[2]).mean(dim=2)
 
     def _small_layer(self, i: int, x: torch.Tensor) -> torch.Tensor:
         """:meth:`layer` ``i`` of the few rows of :meth:`policy_q`'s means: the member kernel at any

@@ -242,7 +242,7 @@ def member_iqn_loss(online: MemberIQNNetwork, target: MemberIQNNetwork, batch: B
         z, bias = online.head_parts(h, taus)  # [P, B, N, A], grad; the output layer's bias where not added
         with torch.no_grad():  # as iqn_quantile_loss: the monitors' Q of s, then s' by both networks
             if pair:  # the monitors' Q of s and the selection's of s': one pass over both rows
-                both = online.policy_q(torch.cat([h, h_online_next], dim=1))
+                both = online.policy_q(h, h_online_next)
                 q, select = both[:, :h.shape[1]], both[:, h.shape[1]:]
             else:
                 q = online.policy_q(h)

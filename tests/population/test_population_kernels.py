@@ -185,10 +185,11 @@ HEAD_LAYERS = {  # act.HEAD_KERNELS off (the default): the head's layers, then t
     # expected-Q kernel adds (was baddbmm; softmax, mul, sum before the kernel)
     "eurusd_c51": ["aten::bmm"] + EXPECTED_Q + EPSILON + ENV_TAIL + REPLAY_TAIL,
     # ψ(s) ⊙ φ(τ_k) of the policy fractions one kernel (ops/member_iqn_embedding.py: were the embedding's
-    # layer on their constant cos, and ⊙ h; before that mul, cos first), the hidden layer, the mean of its
-    # activations over the K fractions, the output layer on the means (the member kernel at 45 columns: was
-    # baddbmm on the M·K rows, a bias copy and a GEMM on CUDA, then the mean of Z)
-    "eurusd_iqn": ["triton::_iqn_embedding_forward_kernel", "triton::_member_linear_kernel", "aten::mean",
+    # layer on their constant cos, and ⊙ h; before that mul, cos first), the hidden layer with the mean of
+    # its activations over the K fractions in its epilogue (was aten::mean after it), the output layer on
+    # the means (the member kernel at 45 columns: was baddbmm on the M·K rows, a bias copy and a GEMM on
+    # CUDA, then the mean of Z)
+    "eurusd_iqn": ["triton::_iqn_embedding_forward_kernel", "triton::_member_linear_kernel",
                    "triton::_member_linear_kernel"] + EPSILON + ENV_TAIL + REPLAY_TAIL,
     # the branches' and the value's layers one kernel (ops/member_heads.py: were baddbmm × 3 and the value's
     # member_linear), the joint Q (each branch's v + a − mean_a a, then the branches' mean) one kernel: were
@@ -357,11 +358,15 @@ def test_update_launches_stay_fused(name):
         assert ops.count("triton::_member_uniform_kernel") == 2 and "aten::clone" not in ops, Counter(ops)
         # Z and Z' by bmm, their output bias added in iqn_loss's kernel (no copy of the bias on CUDA); the
         # policy pass's output layer by the member kernel on the hidden layer's means over the fractions
-        # (was baddbmm on every fraction's row, then the mean of Z)
+        # (was baddbmm on every fraction's row, then the mean of Z), that mean in the hidden layer's
+        # epilogue (was aten::mean), its rows of s and s' read in place by the embedding's kernel (was
+        # aten::cat); the output bias's gradient by iqn_loss's kernel and the embedding bias's by the
+        # embedding's backward kernel (were aten::sum each)
         assert "aten::baddbmm" not in ops and ops.count("aten::bmm") == 8, Counter(ops)
-        policy = ops.index("aten::mean")
-        assert ops[policy - 1:policy + 2] == ["triton::_member_linear_kernel", "aten::mean",
-                                              "triton::_member_linear_kernel"], ops
+        assert not {"aten::mean", "aten::cat", "aten::sum"} & set(ops), Counter(ops)
+        policy = ops.index("triton::_iqn_embedding_forward_kernel", ops.index("triton::_iqn_embedding_forward_kernel") + 1)
+        assert ops[policy:policy + 3] == ["triton::_iqn_embedding_forward_kernel", "triton::_member_linear_kernel",
+                                          "triton::_member_linear_kernel"], ops
     if name in PRIORITIZED:  # slots to rows in one kernel, none for the update's slots; size and β one kernel
         assert ops.count("triton::_per_rows_kernel") == 1 and ops.count("triton::_per_schedule_kernel") == 1
         assert ops[1:3] == ["triton::_per_schedule_kernel", "triton::_per_prefix_kernel"], ops[:4]
