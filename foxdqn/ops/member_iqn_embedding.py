@@ -306,7 +306,7 @@ def member_iqn_embedding_reference(h: Tensor, taus: Tensor, pi_i: Tensor, w: Ten
 def member_iqn_embedding(h: Tensor, taus: Tensor, pi_i: Tensor, w: Tensor, b: Tensor, *,
                          h_next: Tensor | None = None, backend: str = "auto") -> Tensor:
     """ψ(s) ⊙ φ(τ) of every member's IQN head (Dabney et al. 2018, eq. 4), one kernel forward and
-    three launches backward (module docstring).
+    two launches backward, the bias gradient in the first (module docstring).
 
     Args:
         h: ψ(s), float32 ``[P, M, H]``, any strides, 1 <= P <= 65535.
