@@ -65,7 +65,8 @@ NUM_WARPS = 4  #: warps per program
 MIN_PROGRAMS = 64  #: BLOCK_R is halved (down to 1) until one group has at least this many row blocks
 INTERPRET_MIN_PROGRAMS = 1  #: MIN_PROGRAMS in Triton's interpreter
 TILE = 2048  #: elements of a program's pair tile [BLOCK_R, BLOCK_I, BLOCK_J] and gradient tile [.., BLOCK_G]
-BIAS_TILE = 4096  #: elements of the bias gradient's sum tile [SUM_B, BLOCK_A] (a group's last program)
+#: elements of the bias gradient's sum tile [SUM_B, BLOCK_A] in a group's last program (docs/bench.md#launch-constants)
+BIAS_TILE = 1024
 
 
 @triton.jit
@@ -206,7 +207,9 @@ class _IQNLoss(torch.autograd.Function):
         rho = torch.empty(rows, device=dev, dtype=torch.float32)
         grad = torch.empty_like(z)
         bias_grad = bias is not None and ctx.needs_input_grad[11]
-        grad_bias = z.new_zeros(groups, a) if bias_grad and not rows else (z.new_empty(groups, a) if bias_grad else None)
+        grad_bias = None
+        if bias_grad:  # the kernel writes it; no rows: zeros, as torch's sum of nothing
+            grad_bias = z.new_empty(groups, a) if rows else z.new_zeros(groups, a)
         bg = rows // groups
         if rows:
             block_r, block_i, block_j, block_a, block_g, sum_g, sum_r = _blocks(

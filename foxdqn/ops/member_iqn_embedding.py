@@ -72,7 +72,7 @@ BLOCK_N = 128  # columns of H per program (forward and backward): each recompute
 BLOCK_J = 32  # fractions per step of the backward's loop over a row's N fractions
 NUM_WARPS = 4
 MAX_EMBEDDING = 128  # n: the cosine basis in one [*, 128] tile
-SUM_TILE = 4096  # elements of the bias gradient's sum tile [SUM_M, BLOCK_N] (a column block's last program)
+SUM_TILE = 1024  # the bias gradient's sum tile [SUM_M, BLOCK_N] (docs/bench.md#launch-constants)
 MAX_MEMBERS = 65535  # a grid axis
 
 

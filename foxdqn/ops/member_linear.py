@@ -15,7 +15,9 @@ Kernel (Triton): a grid of (blocks of ``BLOCK_M`` rows, blocks of ``BLOCK_N`` co
 members); program (r, c, p) reads member p's rows and weights only (members never mix) and loops
 over K in chunks of ``BLOCK_K``, each chunk one ``tl.dot`` into a float32 accumulator, in
 increasing order. The bias is added in float32 after the products (as ``F.linear`` does), then
-the ReLU (``relu(NaN)`` is NaN, as ``torch.relu``), or the residual r added last. Any strides (no
+the ReLU (``relu(NaN)`` is NaN, as ``torch.relu``), or the residual r added last. With
+``group_mean`` G (no gradient) a program's rows hold whole groups of G and it stores each group's
+mean (the tile's rows of the group summed, times 1/G) instead of the rows. Any strides (no
 copies of x, W, b or r). The tile depends on the grid's size (:func:`_tiles`: fewer rows per program where the grid would
 leave SMs idle), so member p of P and a population of one may take different tiles, whose MMA
 sums may round differently on a GPU (as :mod:`foxdqn.ops.member_mlp_chain`'s).
@@ -56,8 +58,8 @@ from foxdqn.ops.library import wrap_triton
 from foxdqn.ops.mlp_chain import _prec, _tf32
 from foxdqn.ops.relu_bias_grad import relu_bias_grad
 
-__all__ = ["group_mean_fits", "member_batched", "member_linear", "member_linear_pair", "member_linear_pair_reference", "member_linear_preferred",
-           "member_linear_reference", "member_linear_supported"]
+__all__ = ["group_mean_fits", "member_batched", "member_linear", "member_linear_pair", "member_linear_pair_reference",
+           "member_linear_preferred", "member_linear_reference", "member_linear_supported"]
 
 BLOCK_M = 128  # most rows per program (the tiles from an H200 sweep: docs/bench.md#launch-constants)
 BLOCK_N = 64  # most columns per program
