@@ -57,7 +57,7 @@ from foxdqn.ops import dqn_td_loss as _td
 from foxdqn.ops.backend import check_devices, describe, flat_float32, resolve_backend
 from foxdqn.ops.dqn_td_loss import group_block_rows, group_sums_of_last_program
 from foxdqn.ops.quantile_huber_loss import quantile_huber_loss_reference
-from foxdqn.ops.tensor_list import group_scratch
+from foxdqn.ops.tensor_list import group_scratch, last_of_group, sum_of_parts
 
 __all__ = ["iqn_loss", "iqn_loss_reference"]
 
@@ -163,15 +163,9 @@ def _iqn_loss_kernel(
         hit_a = (cols[None, :] == act[:, None]) & ok[:, None]
         tl.store(bpart_ptr + tl.program_id(0) * A + cols, tl.sum(tl.where(hit_a, grad_rows[:, None], 0.0), axis=0),
                  mask=cols < A)
-        tl.debug_barrier()  # every warp has stored its part before the (one-thread) ticket increment
-        if tl.atomic_add(gticket_ptr + g, 1, sem="acq_rel", scope="gpu") == NB - 1:
-            kk = tl.arange(0, SUM_B)
-            slots = tl.zeros([SUM_B, BLOCK_A], tl.float32)
-            for k0 in range(0, NB, SUM_B):
-                k = k0 + kk
-                slots += tl.load(bpart_ptr + (g * NB + k)[:, None] * A + cols[None, :],
-                                 mask=(k < NB)[:, None] & (cols < A)[None, :], other=0.0)
-            tl.store(dzb_ptr + g * A + cols, tl.sum(slots, axis=0), mask=cols < A)
+        if last_of_group(gticket_ptr + g, NB):
+            tl.store(dzb_ptr + g * A + cols, sum_of_parts(bpart_ptr, g * NB, NB, A, cols, cols < A, SUM_B, BLOCK_A),
+                     mask=cols < A)
             tl.store(gticket_ptr + g, 0)
     group_sums_of_last_program(part_ptr, ticket_ptr, loss_ptr, G, NB, inv_n, SUM_G, SUM_R)
 

@@ -60,7 +60,7 @@ from foxdqn.ops.backend import describe, float32_problem, resolve_backend
 from foxdqn.ops.library import wrap_triton
 from foxdqn.ops.member_linear import _tile, member_batched
 from foxdqn.ops.mlp_chain import _prec, _tf32
-from foxdqn.ops.tensor_list import group_scratch
+from foxdqn.ops.tensor_list import group_scratch, last_of_group, sum_of_parts
 
 __all__ = ["member_iqn_embedding", "member_iqn_embedding_reference", "member_iqn_embedding_supported"]
 
@@ -163,16 +163,9 @@ def _iqn_embedding_backward_kernel(dx_ptr, h_ptr, taus_ptr, pi_ptr, w_ptr, b_ptr
     tl.store(dh_ptr + (p * M + m) * H + cols, dh, mask=cm)
     if DB:  # this row's part of db; the last program of (member, column block) sums the M parts in row order
         tl.store(part_ptr + (p * M + m) * H + cols, db, mask=cm)
-        tl.debug_barrier()  # every warp has stored its part before the (one-thread) ticket increment
         group = p * tl.num_programs(1) + tl.program_id(1)
-        if tl.atomic_add(ticket_ptr + group, 1, sem="acq_rel", scope="gpu") == M - 1:
-            mm = tl.arange(0, SUM_M)
-            slots = tl.zeros([SUM_M, BLOCK_N], dtype=tl.float32)
-            for m0 in range(0, M, SUM_M):
-                r = m0 + mm
-                slots += tl.load(part_ptr + (p * M + r)[:, None] * H + cols[None, :],
-                                 mask=(r < M)[:, None] & cm[None, :], other=0.0)
-            tl.store(db_ptr + p * H + cols, tl.sum(slots, axis=0), mask=cm)
+        if last_of_group(ticket_ptr + group, M):
+            tl.store(db_ptr + p * H + cols, sum_of_parts(part_ptr, p * M, M, H, cols, cm, SUM_M, BLOCK_N), mask=cm)
             tl.store(ticket_ptr + group, 0)
 
 

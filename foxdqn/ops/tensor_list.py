@@ -309,6 +309,30 @@ def group_scratch(op: str, device: torch.device, floats: int, groups: int) -> tu
     return _kept(op, device, floats, max(int(groups), 1))
 
 
+@triton.jit
+def last_of_group(ticket_ptr, programs):
+    """Whether this program is the last of its group's ``programs`` to arrive (a :func:`group_scratch`
+    ticket at ``ticket_ptr``): after a barrier of its warps (every warp has stored its part), one
+    acq_rel GPU-scope increment; the last program reads the group's parts after it and must reset
+    the ticket to zero (``tl.store(ticket_ptr, 0)``) for the next launch."""
+    tl.debug_barrier()  # every warp has stored its part before the (one-thread) ticket increment
+    return tl.atomic_add(ticket_ptr, 1, sem="acq_rel", scope="gpu") == programs - 1
+
+
+@triton.jit
+def sum_of_parts(part_ptr, first, count, stride, cols, col_ok, SUM: tl.constexpr, WIDTH: tl.constexpr):
+    """Σ_k part[first + k, cols] over k < ``count`` (rows of ``stride`` floats): SUM rows a step
+    into a [SUM, WIDTH] tile of running sums, in row order, then the tile's sum over its rows;
+    float32 [WIDTH], 0 where not ``col_ok``. The order depends on ``count`` and SUM only."""
+    kk = tl.arange(0, SUM)
+    slots = tl.zeros([SUM, WIDTH], dtype=tl.float32)
+    for k0 in range(0, count, SUM):
+        k = k0 + kk
+        slots += tl.load(part_ptr + (first + k).to(tl.int64)[:, None] * stride + cols[None, :],
+                         mask=(k < count)[:, None] & col_ok[None, :], other=0.0)
+    return tl.sum(slots, axis=0)
+
+
 def _kept(op: str, device: torch.device, floats: int, tickets: int) -> tuple[Tensor, Tensor]:
     """:func:`scratch` (``tickets`` 0: a 0-d ticket) or :func:`group_scratch` (``tickets`` of them)."""
     key = (op if not tickets else f"{op}/groups", str(device))
