@@ -83,6 +83,7 @@ from foxdqn.device.scalars import is_ones_vector
 from foxdqn.ops.backend import check_devices, describe, flat_float32, group_count, resolve_backend
 from foxdqn.ops.argmax import tile_argmax
 from foxdqn.ops.cql_loss import cql_rows
+from foxdqn.ops.tensor_list import last_of_group
 
 __all__ = ["dqn_td_loss", "dqn_td_loss_reference", "huber_per_group"]
 
@@ -204,9 +205,7 @@ def group_sums_of_last_program(part_ptr, ticket_ptr, loss_ptr, G, NB, inv_n, SUM
     ``p = g·NB + k`` into ``part_ptr[p]``): every program draws a ticket, and the last one writes
     ``loss_ptr[g]`` = (group g's partials summed in program order, strides of SUM_R) · ``inv_n``
     and zeroes the ticket (module docstring). Also serves :mod:`foxdqn.ops.iql_loss`."""
-    tl.debug_barrier()  # every warp has stored its part before the (one-thread) ticket increment
-    ticket = tl.atomic_add(ticket_ptr, 1, sem="acq_rel", scope="gpu")
-    if ticket == tl.num_programs(0) - 1:
+    if last_of_group(ticket_ptr, tl.num_programs(0)):  # the whole launch is one group of tickets
         sr = tl.arange(0, SUM_R)
         for g0 in range(0, G, SUM_G):
             gg = g0 + tl.arange(0, SUM_G)

@@ -27,8 +27,8 @@ Kernels (Triton).
   where φ > 0 (else 0: the ReLU's backward), and dh[m] = Σ_k dx[m·N + k] · φ(τ[m, k]) summed over the
   fractions in increasing chunks (the multiply's backward with its broadcast's sum); the first
   column block also writes cos(τ · π i) of its rows. Where b needs its gradient, each program also
-  stores its row's Σ_k dz, and the last program of each (member, column block) (a ticket each, as
-  :mod:`foxdqn.ops.dqn_td_loss`'s losses find theirs) sums the M rows' parts in row order into
+  stores its row's Σ_k dz, and the last program of each (member, column block) (a ticket each:
+  :func:`foxdqn.ops.tensor_list.last_of_group`) sums the M rows' parts in row order into
   db = Σ_rows dz. dW = cosᵀ dz (``torch.bmm``, cuBLAS) follows: two launches where the torch ops'
   backward takes five.
 
@@ -239,15 +239,20 @@ class _MemberIQNEmbedding(torch.autograd.Function):
 
 # ----------------------------------------------------------------------------- checks
 def _next_problem(h, h_next) -> str | None:
-    """Why ``h_next`` does not go after ``h``'s rows, or None."""
+    """Why ``h_next`` does not go after ``h``'s rows, or None (h itself is checked by :func:`_problem`)."""
     if h_next is None:
         return None
-    want = f"[{h.shape[0]}, M', {h.shape[2]}]" if isinstance(h, Tensor) and h.dim() == 3 else "[P, M', H]"
-    if not isinstance(h_next, Tensor) or h_next.dtype != torch.float32 or h_next.dim() != 3 \
-            or not isinstance(h, Tensor) or h.dim() != 3 or h_next.shape[0] != h.shape[0] \
-            or h_next.shape[2] != h.shape[2] or h_next.device != h.device:
-        return f"member_iqn_embedding: h_next must be float32 {want} on h's device, got {describe(h_next)}"
+    if not (isinstance(h, Tensor) and h.dim() == 3 and isinstance(h_next, Tensor) and h_next.dtype == torch.float32
+            and h_next.dim() == 3 and h_next.shape[0] == h.shape[0] and h_next.shape[2] == h.shape[2]
+            and h_next.device == h.device):
+        return f"member_iqn_embedding: h_next must be float32 [P, M', H] of h's P and H on h's device, " \
+               f"got {describe(h_next)}"
     return None
+
+
+def _all_problems(h, taus, pi_i, w, b, h_next) -> str | None:
+    """Why the arguments (h_next included) are outside :func:`member_iqn_embedding`'s contract, or None."""
+    return _next_problem(h, h_next) or _problem(h, taus, pi_i, w, b, 0 if h_next is None else h_next.shape[1])
 
 
 def _problem(h, taus, pi_i, w, b, more_rows: int = 0) -> str | None:
@@ -281,8 +286,7 @@ def member_iqn_embedding_supported(h, taus, pi_i, w, b, h_next=None) -> bool:
     ``[P, M, N]`` (``[P, M + M', N]`` with ``h_next`` ``[P, M', H]``), contiguous ``[n]``
     (1 <= n <= 128), ``[P, n, H]``, ``[P, 1, H]`` on one device, 1 <= P <= 65535. A metadata check
     only (no device read)."""
-    more = 0 if h_next is None or _next_problem(h, h_next) else h_next.shape[1]
-    return _next_problem(h, h_next) is None and _problem(h, taus, pi_i, w, b, more) is None
+    return _all_problems(h, taus, pi_i, w, b, h_next) is None
 
 
 # ----------------------------------------------------------------------------- reference
@@ -326,7 +330,7 @@ def member_iqn_embedding(h: Tensor, taus: Tensor, pi_i: Tensor, w: Tensor, b: Te
             an unknown backend.
         RuntimeError: backend="triton" on CPU tensors without TRITON_INTERPRET=1.
     """
-    problem = _next_problem(h, h_next) or _problem(h, taus, pi_i, w, b, 0 if h_next is None else h_next.shape[1])
+    problem = _all_problems(h, taus, pi_i, w, b, h_next)
     if problem is not None:
         raise ValueError(problem)
     grad = torch.is_grad_enabled() and any(t.requires_grad for t in (h, w, b, h_next) if t is not None)

@@ -342,14 +342,14 @@ def _kept(op: str, device: torch.device, floats: int, tickets: int) -> tuple[Ten
     if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
         raise RuntimeError(f"{op}: its scratch ({floats} floats on {device}) must be made by an eager call before "
                            "CUDA-graph capture (run the captured function once eagerly, as the warm-up does)")
-    partials = have[0] if have is not None and have[0].numel() >= floats else \
-        torch.empty(max(floats, 1, 2 * (have[0].numel() if have else 0)), dtype=F32, device=device)
-    if have is not None and have[1].numel() >= tickets:
-        ticket = have[1]
-    else:
-        ticket = torch.zeros((max(tickets, 2 * have[1].numel() if have else 0),) if tickets else (), dtype=torch.int32,
-                             device=device)
-    if have is not None:
-        _RETIRED.extend(t for t, new in zip(have, (partials, ticket)) if t is not new)
+    old_partials, old_ticket = have if have is not None else (None, None)
+    partials, ticket = old_partials, old_ticket
+    if partials is None or partials.numel() < floats:
+        partials = torch.empty(max(floats, 1, 2 * (0 if old_partials is None else old_partials.numel())), dtype=F32,
+                               device=device)
+    if ticket is None or ticket.numel() < tickets:  # zero between launches: a new one starts at zero
+        grown = max(tickets, 2 * (0 if old_ticket is None else old_ticket.numel()))
+        ticket = torch.zeros((grown,) if tickets else (), dtype=torch.int32, device=device)
+    _RETIRED.extend(t for t, new in ((old_partials, partials), (old_ticket, ticket)) if t is not None and t is not new)
     _SCRATCH[key] = (partials, ticket)
     return partials, ticket
