@@ -4,8 +4,8 @@ Member p's layer is the classic torch layer of the same shape: a Linear's weight
 transposed, ``[P, in, out]``, its bias ``[P, 1, out]``, and all members multiply in one
 ``torch.baddbmm``, or one Triton kernel with the bias and ReLU in its epilogue where the fused
 forwards run (:func:`member_linear`); a LayerNorm normalises each row as
-``torch.nn.LayerNorm`` does and applies member p's ``[P, 1, C]`` scale and shift (without gradient
-where the fused forwards run, one kernel: :func:`foxdqn.ops.member_layer_norm.member_layer_norm`). Inputs and
+``torch.nn.LayerNorm`` does and applies member p's ``[P, 1, C]`` scale and shift (where the fused
+forwards run, one kernel, and one for its backward: :func:`foxdqn.ops.member_layer_norm.member_layer_norm`). Inputs and
 outputs are ``[P, M, features]``; members never mix (every op is per member or per row).
 :meth:`MemberLinear.stack` / :meth:`MemberLayerNorm.stack` copy P classic layers, and
 ``member_state(p)`` gives member p's parameters back in the classic layer's ``state_dict`` layout.
@@ -189,8 +189,8 @@ class MemberLayerNorm(nn.Module):
                    torch.stack([m.bias.detach()[None] for m in layers]).contiguous(), layers[0].eps)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if fused_forward(x) and not torch.is_grad_enabled() and x.dim() == 3 \
-                and x.shape[-1] <= member_layer_norm_op.MAX_WIDTH:  # one kernel where no gradient is needed
+        if fused_forward(x) and x.dim() == 3 and x.shape[-1] <= member_layer_norm_op.MAX_WIDTH:
+            # one kernel, and one for the backward where a gradient is needed
             return member_layer_norm_op.member_layer_norm(x, self.weight, self.bias, self.eps, backend="triton")
         return torch.addcmul(self.bias, F.layer_norm(x, x.shape[-1:], eps=self.eps), self.weight)
 
