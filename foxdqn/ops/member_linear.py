@@ -29,7 +29,9 @@ else IEEE float32. The sums run in another order than cuBLAS's, so y equals
 
 Backward (:class:`_MemberLinear`): autograd's for ``baddbmm`` (+ ``relu``): dz = dy · 1{y > 0}
 and db = Σ_rows dz (one kernel, :func:`foxdqn.ops.relu_bias_grad.relu_bias_grad`; db = Σ_rows dy
-without the ReLU), dx = dz Wᵀ and dW = xᵀ dz (``torch.bmm``, cuBLAS), each only when needed.
+without the ReLU), dx = dz Wᵀ and dW = xᵀ dz (``torch.bmm``, cuBLAS), each only when needed; with
+:data:`FUSED_BACKWARD` (off: not yet measured on a GPU) all of it in one launch
+(:func:`foxdqn.ops.member_linear_grads.member_linear_grads`).
 
 The pair (:func:`member_linear_pair`): the same layer of two sets of rows, x_a ``[P, M_a, K]`` and
 x_b ``[P, M_b, K]`` (any strides each), in one launch: the grid's row blocks are x_a's, then
@@ -53,8 +55,9 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from foxdqn.ops.backend import describe, float32_problem, resolve_backend
+from foxdqn.ops.backend import describe, float32_problem, fused_forward, resolve_backend
 from foxdqn.ops.library import wrap_triton
+from foxdqn.ops.member_linear_grads import member_linear_grads
 from foxdqn.ops.mlp_chain import _prec, _tf32
 from foxdqn.ops.relu_bias_grad import relu_bias_grad
 
@@ -70,6 +73,9 @@ SMALL_GRID = 264  # fewer programs than this (two waves of the H200's 132 SMs) a
 BLOCK_M_SMALL = 32  # ... BLOCK_M_SMALL rows per program instead, in NUM_STAGES_SMALL stages
 NUM_STAGES_SMALL = 4
 MAX_MEMBERS = 65535  # the grid's third axis
+#: the backward as one launch (ops/member_linear_grads.py) where the fused kernels run, in place of
+#: the ReLU mask with the bias sum and torch's two batched GEMMs: off until measured on a GPU
+FUSED_BACKWARD = False
 
 
 @triton.jit
@@ -213,6 +219,9 @@ class _MemberLinearPair(torch.autograd.Function):
 
 def _backward(ctx, grad_y, x, w, y, need_x, need_w, need_b):
     """(dx, dw, db, None) of one layer's rows (autograd's for baddbmm + relu; the module docstring)."""
+    if FUSED_BACKWARD and fused_forward(grad_y):  # one launch
+        return (*member_linear_grads(x, w, grad_y, y if ctx.relu else None, need_x=need_x, need_w=need_w,
+                                     need_b=need_b, backend="triton"), None)
     if ctx.relu:  # dz and db in one kernel
         dz, db = relu_bias_grad(grad_y, y)
     else:
