@@ -32,8 +32,10 @@ depends on W, F, C and H only, never on P or M: member p of P equals a populatio
 bit. Precision: :mod:`foxdqn.ops.mlp_chain`'s rule for every product (TF32-rounded operands where
 torch runs float32 CUDA matmuls in TF32, else IEEE float32); sums run in the tile's order, so the
 output equals :func:`member_attention_encoder_reference` to float rounding (about 1e-5 relative
-in IEEE float32, 1e-3 in TF32). No gradient: the training forward stays on the module's torch
-path. Capture: device ops only; outputs ``torch.empty``.
+in IEEE float32, 1e-3 in TF32). No gradient: the training forward stays on the module's layers
+(its Linears and layer norms each one kernel forward and their own backward:
+:mod:`foxdqn.ops.member_linear`, :mod:`foxdqn.ops.member_layer_norm`). Capture: device ops only;
+outputs ``torch.empty``.
 
 Contract (:func:`member_attention_encoder_supported`): float32 contiguous parameters in the
 population's layouts (a Linear's weight ``[P, in, out]``, bias and layer-norm affine ``[P, 1, n]``,
