@@ -55,7 +55,9 @@ BLOCK_K = 64  # dx: columns of K per program
 BLOCK_N = 32  # dx: N per step of the loop
 WK, WN = 64, 64  # dW: a program's tile (at most; smaller for narrow layers)
 BLOCK_R = 32  # dW: rows per step of the loop
-SLICE_ROWS = 1024  # dW: rows of a slice, at least (S = cdiv(M, SLICE_ROWS), at most MAX_SLICES)
+#: dW: rows of a slice, at least (S = M // SLICE_ROWS slices, 1 to MAX_SLICES), so that a dW program
+#: loops over about as many row steps as a dx program over N (8,192 rows: 16 slices of 16 steps)
+SLICE_ROWS = 512
 MAX_SLICES = 16
 NUM_WARPS = 4
 MAX_MEMBERS = 65535
