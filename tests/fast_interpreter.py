@@ -39,6 +39,18 @@ blocks of the same shape as they are after comparing them dimension by dimension
 ``tl.tuple`` equality (a ``constexpr`` per comparison); that case is answered from the two
 shapes' lists of ints (a block and a scalar, or blocks of other shapes, go through Triton's).
 
+Two more of every binary operation's steps are answered without Triton's general code where their
+result is known. Its type check (``TritonSemantic.binary_op_type_checking_impl``) of two tensors of
+one plain element type (neither a pointer) casts each to the computation type, which for an integer
+type, or a floating type outside a division or modulo of a narrower float than fp32, is that same type
+(``computation_type_impl``'s rules: the cast returns the tensor as it is), and then broadcasts them: the
+broadcast is what :func:`install` returns at once; any other pair (a Python number, a pointer, two
+types, a float division) goes through Triton's. An integer addition, subtraction or multiplication of
+fewer than 64 bits computes its int64 result and a range condition for ``device_assert``
+(``binary_op_sanitize_overflow_impl``), which drops it at once without the ``debug`` option (never set
+in the interpreter: ``InterpreterOptions``): :func:`install` checks what it checks before (the operands'
+one integer type) and builds the condition only where ``debug`` is set.
+
 Installed by tests/conftest.py under the interpreter only, and only where Triton's code is the code
 this replaces (:func:`install` returns False otherwise: the suite then runs Triton's own, slower).
 """
@@ -66,6 +78,16 @@ _BLOCK_TYPE_INIT = "403f4b016ec5c2c37f33465d4ceab2d800bc4dcb832ce1859b0a7cd4a6f6
 _TENSOR_INIT = "d9b043b5c9897657533939d47e8463abec325cc6dbd13bfe621b6b681129ed7a"
 #: SHA-256 of TritonSemantic.broadcast_impl_value (3.9): two blocks of one shape come back as given
 _BROADCAST = "90c3a175f67942b0097c344a6deeef0fd43759335af2ecc095d8f82b84446909"
+#: SHA-256 of TritonSemantic's binary_op_type_checking_impl, computation_type_impl, integer_promote_impl and
+#: cast (3.9): two tensors of one integer or float type come back as given, then broadcast
+_TYPE_CHECKING = ("1d2ffc4e5a2ea4a7cc5e592d9e53f37fced833cbabc648fbf67e7cfedcbb7478",
+                  "0010a93a2bd5f46236d093bdb3155ef7048f6ccf7aa31c1450d86661a4d34a6e",
+                  "7321a1ab440a9bee6928b2f3f955f667a7c23e5991f069d33b54defcf2ef375f",
+                  "b69dba3389e69c97aae804554b1ef8f78be84981d661db03ece3f63c737540a8")
+#: SHA-256 of TritonSemantic's binary_op_sanitize_overflow_impl and device_assert (3.9): the overflow
+#: condition goes to device_assert, which returns at once without the debug option
+_SANITIZE = ("bdd7f3e24aa645ab7d9560d3c8df63c971f33d54937cb3ed5851e3c7d2eb9467",
+             "361fee05925913d289320495bb4d8032d420cd732379bc642da22d5dff319dd5")
 
 
 def install() -> bool:
@@ -127,6 +149,7 @@ def install() -> bool:
     _memoize_np_dtype(I, tl)
     _vectorize_generic_reductions(I, tl)
     _memoize_shapes(tl)
+    _skip_known_type_checks(tl)
     return True
 
 
@@ -267,3 +290,70 @@ def _memoize_shapes(tl) -> None:
 
         tensor_init.triton = real_tensor_init
         core.tensor.__init__ = tensor_init
+
+
+def _skip_known_type_checks(tl) -> None:
+    """``binary_op_type_checking_impl`` of two tensors of one plain element type and
+    ``binary_op_sanitize_overflow_impl`` without the debug option answered at once (module docstring),
+    where the source of what they skip is the one this was written against."""
+    import hashlib
+
+    core = tl.core
+    semantic = tl.semantic.TritonSemantic
+
+    def same(fn, digest: str) -> bool:
+        return hashlib.sha256(inspect.getsource(fn).encode()).hexdigest() == digest
+
+    checked = (semantic.binary_op_type_checking_impl, semantic.computation_type_impl, semantic.integer_promote_impl,
+               semantic.cast)
+    if all(same(fn, digest) for fn, digest in zip(checked, _TYPE_CHECKING)):
+        real_checking = semantic.binary_op_type_checking_impl
+
+        computed: dict = {}  # computation_type_impl's result by its arguments (the types by name)
+
+        def binary_op_type_checking_impl(self, lhs, rhs, allow_lhs_ptr=False, allow_rhs_ptr=False,
+                                         arithmetic_check=True, div_or_mod=False):
+            left, right = type(lhs), type(rhs)
+            if left is core.tensor and right is core.tensor:
+                a, b = lhs.type.scalar, rhs.type.scalar
+                # plain element types (a pointer_type is a subclass) of one name: one type
+                if type(a) is core.dtype and type(b) is core.dtype and a.name == b.name and (
+                        a.is_int() or (a.is_floating() and (not div_or_mod or a.is_fp32() or a.is_fp64()))):
+                    return self.broadcast_impl_value(lhs, rhs)
+            elif arithmetic_check and ((left is core.tensor and right in (int, float))
+                                       or (right is core.tensor and left in (int, float))):
+                # a tensor of a plain type and a Python int or float (not a bool): Triton's steps, its
+                # type computation kept per pair of types, where the tensor's type is the computation's
+                tensor, number = (lhs, rhs) if left is core.tensor else (rhs, lhs)
+                ty = tensor.type.scalar
+                if type(ty) is core.dtype:
+                    number_ty = self.to_tensor_type(number)
+                    key = (ty.name, number_ty.name, left is core.tensor, div_or_mod)
+                    ret = computed.get(key)
+                    if ret is None:
+                        args = (ty, False, number_ty, True) if left is core.tensor else (number_ty, True, ty, False)
+                        ret = computed[key] = self.computation_type_impl(*args, div_or_mod)
+                    if ret.name == ty.name:  # the tensor's cast returns it as it is
+                        number = self._cast_to_computation_type(number, ret)
+                        return self.broadcast_impl_value(*((tensor, number) if left is core.tensor else (number, tensor)))
+            return real_checking(self, lhs, rhs, allow_lhs_ptr, allow_rhs_ptr, arithmetic_check, div_or_mod)
+
+        binary_op_type_checking_impl.triton = real_checking  # tests/test_fast_interpreter.py
+        semantic.binary_op_type_checking_impl = binary_op_type_checking_impl
+
+    if all(same(fn, digest) for fn, digest in zip((semantic.binary_op_sanitize_overflow_impl, semantic.device_assert),
+                                                  _SANITIZE)):
+        real_sanitize = semantic.binary_op_sanitize_overflow_impl
+
+        def binary_op_sanitize_overflow_impl(self, lhs, rhs, binary_op):
+            if lhs.type.scalar.int_bitwidth >= 64 or not self.builder.options.sanitize_overflow:
+                return
+            if self.builder.options.debug:  # device_assert keeps the condition: Triton's, in full
+                return real_sanitize(self, lhs, rhs, binary_op)
+            lhs_sca_ty = lhs.type.scalar  # Triton's checks before it builds the condition
+            rhs_sca_ty = rhs.type.scalar
+            assert lhs_sca_ty == rhs_sca_ty, f"expected matching operand types, got {lhs_sca_ty} and {rhs_sca_ty}"
+            assert lhs_sca_ty.is_int(), f"expected integer type, got {lhs_sca_ty}"
+
+        binary_op_sanitize_overflow_impl.triton = real_sanitize
+        semantic.binary_op_sanitize_overflow_impl = binary_op_sanitize_overflow_impl

@@ -127,3 +127,78 @@ def test_a_broadcast_gives_what_tritons_gives():
         got, want = fast(semantic, lhs, rhs), fast.triton(semantic, lhs, rhs)
         assert [str(t.type) for t in got] == [str(t.type) for t in want] == [str(a.type)] * 2
         assert all(np.array_equal(g.handle.data, w.handle.data) for g, w in zip(got, want))
+
+
+def _operand(kind, shape):
+    """A tensor of element type ``kind`` (a block of ``shape``, or a scalar for ``()``), or the
+    Python number ``kind`` itself."""
+    import numpy as np
+
+    if not isinstance(kind, tl.dtype):
+        return kind
+    np_type = I._get_np_dtype(kind) if not kind.is_ptr() else np.uint64
+    data = (np.arange(1, 1 + max(1, int(np.prod(shape)))) % 2).astype(np_type).reshape(shape or ())
+    return tl.tensor(I.TensorHandle(data, kind), tl.block_type(kind, list(shape)) if shape else kind)
+
+
+def _outcome(fn, *args):
+    """What ``fn(*args)`` gives: its tensors' types and data (bytes), or its exception's type and message."""
+    try:
+        out = fn(*args)
+    except Exception as e:  # noqa: BLE001 - the fast path must raise what Triton raises
+        return (type(e).__name__, str(e))
+    return None if out is None else [(str(t.type), t.handle.data.dtype.str, t.handle.data.shape, t.handle.data.tobytes()) for t in out]
+
+
+@pytest.mark.filterwarnings("ignore:overflow encountered in cast:RuntimeWarning")  # 1e300 as fp16/fp32, both ways
+def test_a_binary_operations_type_check_gives_what_tritons_gives():
+    """Every pair of a tensor (each element type, a pointer, a block or a scalar) and a tensor or a
+    Python number (bools, ints beyond int32 and uint64, floats beyond fp32, negative values), each
+    order, with and without the arithmetic check and a division: the same tensors (types and data)
+    or the same exception as Triton's type check."""
+    from triton.language.semantic import TritonSemantic
+
+    fast = TritonSemantic.binary_op_type_checking_impl
+    if not hasattr(fast, "triton"):
+        pytest.skip("fast_interpreter did not replace this Triton's binary type check")
+    types = [tl.int1, tl.int8, tl.int16, tl.int32, tl.int64, tl.uint8, tl.uint32, tl.float16, tl.bfloat16,
+             tl.float32, tl.float64, tl.pointer_type(tl.float32)]
+    numbers = [True, 0, 3, -2, 2**31, 2**40, 2**63, -2**40, 2**64, 0.5, -1.5, 1e-300, 1e300, float("nan")]
+    tensors = [_operand(t, shape) for t in types for shape in ((), (4,), (2, 4))]
+    semantic = I.interpreter_semantic
+    compared = raised = 0
+    for x in tensors:
+        for y in tensors[::2] + numbers:
+            for lhs, rhs in ((x, y), (y, x)):
+                for flags in ((False, False, True, False), (True, True, True, False), (False, False, True, True),
+                              (True, False, False, False)):
+                    got, want = _outcome(fast, semantic, lhs, rhs, *flags), _outcome(fast.triton, semantic, lhs, rhs, *flags)
+                    assert got == want, (lhs, rhs, flags, got, want)
+                    compared += 1
+                    raised += isinstance(want, tuple)
+    assert compared == 9216 and raised > 1000, raised  # pairs Triton refuses are among them
+
+
+def test_the_overflow_check_is_tritons_where_device_assert_keeps_it(monkeypatch):
+    """Without the debug option (the interpreter's) an int32 addition, subtraction or multiplication
+    leaves nothing of its overflow condition, as Triton's (device_assert drops it), and still refuses
+    operands of two types; with it set, Triton's check runs and an overflow fails."""
+    import dataclasses
+
+    from triton.language.semantic import TritonSemantic
+
+    fast = TritonSemantic.binary_op_sanitize_overflow_impl
+    if not hasattr(fast, "triton"):
+        pytest.skip("fast_interpreter did not replace this Triton's overflow check")
+    semantic = I.interpreter_semantic
+    big, one = _operand(tl.int32, (4,)), _operand(tl.int32, (4,))
+    big.handle.data[:] = 2**31 - 1
+    for op in (semantic.add, semantic.sub, semantic.mul):
+        for check in (fast, fast.triton):
+            assert check(semantic, big, one, op) is None
+            assert _outcome(check, semantic, big, _operand(tl.int16, (4,)), op)[0] == "AssertionError"
+    monkeypatch.setattr(semantic.builder, "options", dataclasses.replace(semantic.builder.options, debug=True))
+    for check in (fast, fast.triton):
+        got = _outcome(check, semantic, big, one, semantic.add)
+        assert got[0] == "AssertionError" and "int32 overflow detected for operation add" in got[1], got
+        assert check(semantic, one, one, semantic.add) is None
