@@ -1,5 +1,8 @@
 """``python tests/cli_server.py MODULE``: runs ``python -m MODULE ARGS`` many times for one
 interpreter start and one import of MODULE (support.CliServer starts it and talks to it).
+``python tests/cli_server.py SCRIPT.py``: the same for ``python SCRIPT.py ARGS`` (the script's
+folder first on ``sys.path`` instead of ``cwd``, the script not imported: it runs as ``__main__`` in
+full), the server importing what :data:`PRELOAD` lists for the script's file name.
 
 It imports MODULE (and with it what ``python -m MODULE`` imports: torch, Hydra, ...) and the
 modules of :data:`PRELOAD` that MODULE imports as it runs, then reads
@@ -11,7 +14,9 @@ itself not yet imported: its ``__main__`` block, signal handlers included, runs 
 the interpreter ends a program (threads joined, atexit, stdio flushed: foxdqn.cli.fast_exit.exit_now,
 without the teardown that follows). It waits for the child and writes its exit status (``-N``:
 killed by signal N, as subprocess gives it) as one JSON line. Environment variables are the
-server's own: a call with other ones needs a process of its own. Linux (fork).
+server's own, but for the request's ``"env"`` (optional: names and values set in the child before
+MODULE runs; for variables the command reads as it runs, never ones read at import): a call with
+other ones needs a process of its own. Linux (fork).
 """
 import importlib
 import json
@@ -38,22 +43,30 @@ PRELOAD = {
                         "matplotlib.figure", "matplotlib.backends.backend_agg",
                         "torch.fx.experimental.symbolic_shapes"),
 }
+#: tests/population/fake_trainer_run.py: python -m foxdqn.train with a fake population trainer
+PRELOAD["fake_trainer_run.py"] = ("foxdqn.train", *PRELOAD["foxdqn.train"])
 
 
 def _child(module: str, request: dict, protocol):
     protocol.close()
     os.chdir(request["cwd"])
-    sys.path[0] = os.getcwd()
+    os.environ.update(request.get("env") or {})
+    script = module.endswith(".py")
+    sys.path[0] = os.path.dirname(os.path.abspath(module)) if script else os.getcwd()
     null = os.open(os.devnull, os.O_RDONLY)
     os.dup2(null, 0)
     for fd, path in ((1, request["stdout"]), (2, request["stderr"])):
         out = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
         os.dup2(out, fd)
         os.close(out)
-    sys.argv = ["-m", *request["args"]]  # runpy puts the module's file in argv[0]
-    sys.modules.pop(module)  # as under -m: MODULE runs as __main__ first, its imports are in memory
+    sys.argv = [module if script else "-m", *request["args"]]  # runpy puts the module's file in argv[0]
+    if not script:
+        sys.modules.pop(module)  # as under -m: MODULE runs as __main__ first, its imports are in memory
     try:
-        runpy.run_module(module, run_name="__main__", alter_sys=True)
+        if script:
+            runpy.run_path(module, run_name="__main__")
+        else:
+            runpy.run_module(module, run_name="__main__", alter_sys=True)
     except SystemExit as exc:
         exit_now(exc.code)
     except BaseException:  # noqa: BLE001 - what the interpreter does with an uncaught exception
@@ -66,8 +79,9 @@ def main() -> None:
     module = sys.argv[1]
     protocol = os.fdopen(os.dup(1), "w")  # the replies; what the import prints goes to stderr
     os.dup2(2, 1)
-    importlib.import_module(module)
-    for name in PRELOAD.get(module, ()):
+    if not module.endswith(".py"):
+        importlib.import_module(module)
+    for name in PRELOAD.get(os.path.basename(module) if module.endswith(".py") else module, ()):
         importlib.import_module(name)
     for line in iter(sys.stdin.readline, ""):
         sys.stdout.flush()

@@ -632,7 +632,8 @@ def wandb_history(records) -> list[dict]:
 
 class CliServer:
     """``python -m MODULE ARGS`` calls for one interpreter start and one import of MODULE (torch,
-    Hydra: about 2.5 s a call on 2 CPU cores): :meth:`run` gives what ``subprocess.run([sys.executable,
+    Hydra: about 2.5 s a call on 2 CPU cores), or ``python SCRIPT.py ARGS`` calls for a MODULE that
+    is the path of a script: :meth:`run` gives what ``subprocess.run([sys.executable,
     "-m", MODULE, *args], cwd=cwd, env=env, capture_output=True, text=True)`` gives, from a child that
     ``tests/cli_server.py`` forks once the imports are done and that runs MODULE as ``__main__`` in
     full. For calls whose outcome does not depend on being the first thing the interpreter ran:
@@ -643,7 +644,10 @@ class CliServer:
     def __init__(self, module: str, env: dict, folder: Path) -> None:
         self.module, self.env, self.folder, self.calls, self.proc = module, env, Path(folder), 0, None
 
-    def run(self, args, cwd, env: dict | None = None, timeout: float = 300) -> subprocess.CompletedProcess:
+    def run(self, args, cwd, env: dict | None = None, timeout: float = 300,
+            environ: dict | None = None) -> subprocess.CompletedProcess:
+        """``environ``: variables set in the child before MODULE runs, for ones the command reads as it
+        runs (never at import: those need ``env``, a process of their own)."""
         assert env is None or env == self.env, "another environment needs a process of its own"
         if self.proc is None:  # at the first call
             self.proc = subprocess.Popen([sys.executable, str(Path(__file__).with_name("cli_server.py")), self.module],
@@ -651,7 +655,8 @@ class CliServer:
                                          start_new_session=True)
         self.calls += 1
         out, err = self.folder / f"{self.calls}.out", self.folder / f"{self.calls}.err"
-        request = {"args": [str(a) for a in args], "cwd": str(cwd), "stdout": str(out), "stderr": str(err)}
+        request = {"args": [str(a) for a in args], "cwd": str(cwd), "stdout": str(out), "stderr": str(err),
+                   "env": {str(k): str(v) for k, v in (environ or {}).items()}}
         self.proc.stdin.write(json.dumps(request) + "\n")
         self.proc.stdin.flush()
         if not select.select([self.proc.stdout], [], [], timeout)[0]:

@@ -14,6 +14,7 @@ import pytest
 import yaml
 
 from foxdqn.population.jobs import COLLECTOR, Collector, Member, Outcome
+from support import CliServer
 
 ROOT = Path(__file__).resolve().parents[2]
 FAKE = Path(__file__).with_name("fake_trainer_run.py")
@@ -138,11 +139,25 @@ def test_max_members_below_one_is_one_line_and_exit_2(capsys):
 # ---------------------------------------------------------------------------------- subprocesses
 
 
-def run(args, tmp_path, **env):
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "FAKE_POPULATION_CALLS": str(tmp_path / "calls.jsonl"),
-           "FAKE_JOB_ENDS": str(tmp_path / "ends.jsonl"), **env}
-    return subprocess.run([sys.executable, str(FAKE), "--multirun", *args, f"hydra.sweep.dir={tmp_path / 's'}"],
-                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+@pytest.fixture(scope="module")
+def fake_trainer(tmp_path_factory):
+    """``python tests/population/fake_trainer_run.py ARGS`` calls from one server's forked children
+    (support.CliServer: one interpreter start and import of foxdqn.train for the module's calls)."""
+    server = CliServer(str(FAKE), {**os.environ, "PYTHONPATH": str(ROOT)}, tmp_path_factory.mktemp("fake_trainer"))
+    yield server
+    server.close()
+
+
+@pytest.fixture
+def run(fake_trainer):
+    """``run(ARGS, tmp_path, **ENV)``: the fake trainer's multirun of ARGS into ``tmp_path/s``, its
+    calls and job ends logged beside, ENV the variables the fake reads as it runs (FAKE_HALT_SEED)."""
+    def call(args, tmp_path, **env):
+        env = {"FAKE_POPULATION_CALLS": str(tmp_path / "calls.jsonl"), "FAKE_JOB_ENDS": str(tmp_path / "ends.jsonl"),
+               **env}
+        return fake_trainer.run(["--multirun", *args, f"hydra.sweep.dir={tmp_path / 's'}"], cwd=tmp_path,
+                                timeout=300, environ=env)
+    return call
 
 
 def read_lines(path):
@@ -171,7 +186,7 @@ def test_plugin_scan_finds_the_launcher_beside_the_installed_plugins(tmp_path):
     assert "Error importing" not in res.stderr and "plugins scanner" not in res.stderr, res.stderr
 
 
-def test_multirun_groups_jobs_into_populations(tmp_path):
+def test_multirun_groups_jobs_into_populations(run, tmp_path):
     """seed=0,1,2 x two widths, at most 2 members: per width the first two seeds are a population
     (the fake trainer), the third trains alone (the classic path); seed 1 halts (exit 3 at the end)."""
     res = run([*SMOKE, "seed=0,1,2", "model.hidden=[8],[16]", "hydra/launcher=population",
@@ -243,7 +258,7 @@ def test_multirun_groups_jobs_into_populations(tmp_path):
     assert "sweep breakdown: wall" in res.stdout + res.stderr
 
 
-def test_a_sweep_whose_jobs_all_train_alone_writes_no_sweep_timings(tmp_path):
+def test_a_sweep_whose_jobs_all_train_alone_writes_no_sweep_timings(run, tmp_path):
     """Two structures of one job each: both train alone, as single runs, each with its own
     timings.json; the sweep writes none of its own (it would be empty: every job's time is in its
     own file) and prints no sweep breakdown."""
@@ -257,7 +272,7 @@ def test_a_sweep_whose_jobs_all_train_alone_writes_no_sweep_timings(tmp_path):
     assert not (sweep / "timings.json").exists() and "sweep breakdown" not in res.stdout + res.stderr
 
 
-def test_a_job_refused_at_its_start_fails_alone(tmp_path):
+def test_a_job_refused_at_its_start_fails_alone(run, tmp_path):
     """Without CheckJobs' precheck (as under Optuna) a bad job is refused when it starts: NaN, its
     folder removed, the others train; the multirun exits 2 at the end."""
     res = run([*SMOKE, "seed=0,1", "optim.lr=1e-3,-1", "hydra/launcher=population", "~hydra.callbacks.check_jobs"],
@@ -276,7 +291,7 @@ def test_a_job_refused_at_its_start_fails_alone(tmp_path):
     assert (sweep / "report.md").is_file()
 
 
-def test_optuna_batch_is_one_population(tmp_path):
+def test_optuna_batch_is_one_population(run, tmp_path):
     """Optuna calls launch() once per batch of n_jobs trials: each batch is a population, and each
     trial's value (the fake's validation value) reaches the sampler."""
     pytest.importorskip("hydra_plugins.hydra_optuna_sweeper")
@@ -292,7 +307,7 @@ def test_optuna_batch_is_one_population(tmp_path):
     assert result["best_value"] == pytest.approx(max(values))
 
 
-def test_two_jobs_of_one_folder_are_one_line_and_exit_2_before_training(tmp_path):
+def test_two_jobs_of_one_folder_are_one_line_and_exit_2_before_training(run, tmp_path):
     """Jobs whose hydra.sweep.subdir resolves to one folder: one line naming both jobs and the
     folder, exit 2, nothing trained (each would otherwise fail on the other's lock)."""
     res = run([*SMOKE, "seed=0,1", "hydra.sweep.subdir=fixed", "hydra/launcher=population"], tmp_path)
@@ -305,7 +320,7 @@ def test_two_jobs_of_one_folder_are_one_line_and_exit_2_before_training(tmp_path
     assert not (tmp_path / "calls.jsonl").exists()
 
 
-def test_checkjobs_still_prechecks_every_job(tmp_path):
+def test_checkjobs_still_prechecks_every_job(run, tmp_path):
     res = run([*SMOKE, "seed=0,1", "optim.lr=1e-3,-1", "hydra/launcher=population"], tmp_path)
     assert res.returncode == 2
     assert res.stderr.strip().startswith("foxdqn: error: job ") and "optim.lr=-1.0 must be > 0" in res.stderr
