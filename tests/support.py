@@ -220,6 +220,16 @@ def assert_module_takes_op_without_gradient(monkeypatch, module, inputs, owner, 
     assert calls == [1]
 
 
+def skip_module_without(name: str) -> None:
+    """At a test module's top: skip the module, as ``pytest.importorskip(name)`` does, where the
+    package ``name`` is not installed, without importing it (optuna, mlflow, wandb: seconds each,
+    in every pytest-xdist worker that collects the module while only one runs it)."""
+    import importlib.util
+
+    if importlib.util.find_spec(name) is None:
+        pytest.skip(f"could not import {name!r}: No module named {name!r}", allow_module_level=True)
+
+
 def require_compiled_kernels(interpret: bool):
     """An autouse fixture (assign it to a module-level name) failing ``gpu`` tests when the op's
     Triton kernels run in the interpreter (``interpret``: ``foxdqn.ops.backend.INTERPRET``)."""

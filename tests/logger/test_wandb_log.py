@@ -7,7 +7,9 @@ import signal
 import pandas as pd
 import pytest
 
-pytest.importorskip("wandb")
+from support import skip_module_without
+
+skip_module_without("wandb")
 
 from foxdqn.run.checkpoint import load_checkpoint  # noqa: E402
 from foxdqn.config.compose import load_config  # noqa: E402

@@ -16,8 +16,10 @@ import urllib.request
 import pandas as pd
 import pytest
 
-pytest.importorskip("mlflow")
-pytest.importorskip("wandb")
+from support import skip_module_without
+
+skip_module_without("mlflow")
+skip_module_without("wandb")
 
 from prometheus_client.parser import text_string_to_metric_families  # noqa: E402
 

@@ -16,10 +16,11 @@ from foxdqn.population.jobs import FINISHED, Member
 from foxdqn.population.train import train_population
 from foxdqn.run.checkpoint import load_checkpoint
 from foxdqn.run.search import PRUNING_FOLDER, MedianTrialPruner
+from support import skip_module_without
 from test_population import configs, market_for
 from test_population_early_stop import BASE, EARLY, MEMBERS, assert_same_run, metrics
 
-pytest.importorskip("optuna")
+skip_module_without("optuna")
 
 PRUNE = ["search.pruner=median", "search.n_startup_trials=1"]
 JOBS = [1, 2, 3]  # job 0: a finished job of the sweep, written by the test
