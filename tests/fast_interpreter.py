@@ -335,7 +335,8 @@ def _skip_known_type_checks(tl) -> None:
                         ret = computed[key] = self.computation_type_impl(*args, div_or_mod)
                     if ret.name == ty.name:  # the tensor's cast returns it as it is
                         number = self._cast_to_computation_type(number, ret)
-                        return self.broadcast_impl_value(*((tensor, number) if left is core.tensor else (number, tensor)))
+                        pair = (tensor, number) if left is core.tensor else (number, tensor)
+                        return self.broadcast_impl_value(*pair)
             return real_checking(self, lhs, rhs, allow_lhs_ptr, allow_rhs_ptr, arithmetic_check, div_or_mod)
 
         binary_op_type_checking_impl.triton = real_checking  # tests/test_fast_interpreter.py

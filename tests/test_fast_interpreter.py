@@ -147,7 +147,9 @@ def _outcome(fn, *args):
         out = fn(*args)
     except Exception as e:  # noqa: BLE001 - the fast path must raise what Triton raises
         return (type(e).__name__, str(e))
-    return None if out is None else [(str(t.type), t.handle.data.dtype.str, t.handle.data.shape, t.handle.data.tobytes()) for t in out]
+    if out is None:
+        return None
+    return [(str(t.type), t.handle.data.dtype.str, t.handle.data.shape, t.handle.data.tobytes()) for t in out]
 
 
 @pytest.mark.filterwarnings("ignore:overflow encountered in cast:RuntimeWarning")  # 1e300 as fp16/fp32, both ways
@@ -172,7 +174,8 @@ def test_a_binary_operations_type_check_gives_what_tritons_gives():
             for lhs, rhs in ((x, y), (y, x)):
                 for flags in ((False, False, True, False), (True, True, True, False), (False, False, True, True),
                               (True, False, False, False)):
-                    got, want = _outcome(fast, semantic, lhs, rhs, *flags), _outcome(fast.triton, semantic, lhs, rhs, *flags)
+                    got = _outcome(fast, semantic, lhs, rhs, *flags)
+                    want = _outcome(fast.triton, semantic, lhs, rhs, *flags)
                     assert got == want, (lhs, rhs, flags, got, want)
                     compared += 1
                     raised += isinstance(want, tuple)
