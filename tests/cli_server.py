@@ -12,8 +12,9 @@ directory ``cwd`` (first on ``sys.path``, as ``-m`` puts it), stdin from /dev/nu
 stderr into the given files, then MODULE run as ``__main__`` (runpy, as ``-m`` does, the module
 itself not yet imported: its ``__main__`` block, signal handlers included, runs in full), ending as
 the interpreter ends a program (threads joined, atexit, stdio flushed: foxdqn.cli.fast_exit.exit_now,
-without the teardown that follows). It waits for the child and writes its exit status (``-N``:
-killed by signal N, as subprocess gives it) as one JSON line. Environment variables are the
+without the teardown that follows). It writes the child's pid (``{"pid": N}``), waits for the child
+and writes its exit status (``{"status": S}``; ``-N``: killed by signal N, as subprocess gives it),
+each as one JSON line. Environment variables are the
 server's own, but for the request's ``"env"`` (optional: names and values set in the child before
 MODULE runs; for variables the command reads as it runs, never ones read at import): a call with
 other ones needs a process of its own. Linux (fork).
@@ -92,8 +93,10 @@ def main() -> None:
                 _child(module, json.loads(line), protocol)
             finally:
                 os._exit(1)  # never back into the server's loop
+        protocol.write(json.dumps({"pid": pid}) + "\n")  # for a signal to the child while it runs
+        protocol.flush()
         _, wait_status = os.waitpid(pid, 0)
-        protocol.write(json.dumps(os.waitstatus_to_exitcode(wait_status)) + "\n")
+        protocol.write(json.dumps({"status": os.waitstatus_to_exitcode(wait_status)}) + "\n")
         protocol.flush()
     os._exit(0)  # without the interpreter's teardown (Triton's nanobind prints its leak lines there)
 

@@ -165,18 +165,24 @@ def matmul_precision():
 def cli(tmp_path_factory):
     """``cli(MODULE, ARGS, cwd, timeout=300)``: the CompletedProcess (exit status, stdout, stderr)
     of ``python -m MODULE ARGS`` run in ``cwd`` with this checkout first on PYTHONPATH, from a child
-    forked by a server that imported MODULE once for this pytest process (support.CliServer). Not
-    for calls that test the process's own start (signals during the imports, timings.json's import
-    time, limits set before it starts): those need a process of their own."""
+    forked by a server that imported MODULE once for this pytest process (support.CliServer).
+    ``cli.start(MODULE, ARGS, cwd)``: the call while its child runs (support.CliProcess: its pid for
+    a signal, ``poll``, ``wait``). Not for calls that test the process's own start (signals during
+    the imports, timings.json's import time, limits set before it starts): those need a process of
+    their own."""
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
     folder, servers = tmp_path_factory.mktemp("cli"), {}
 
-    def call(module: str, args, cwd, timeout: float = 300):
+    def server(module: str) -> CliServer:
         if module not in servers:
             (folder / module).mkdir()
             servers[module] = CliServer(module, env, folder / module)
-        return servers[module].run(args, cwd=cwd, timeout=timeout)
+        return servers[module]
 
+    def call(module: str, args, cwd, timeout: float = 300):
+        return server(module).run(args, cwd=cwd, timeout=timeout)
+
+    call.start = lambda module, args, cwd, timeout=300: server(module).start(args, cwd, timeout=timeout)
     yield call
     for server in servers.values():
         server.close()

@@ -648,34 +648,55 @@ class CliServer:
     ``tests/cli_server.py`` forks once the imports are done and that runs MODULE as ``__main__`` in
     full. For calls whose outcome does not depend on being the first thing the interpreter ran:
     the exit status and output of bad input, refusals, short runs (a run's timings.json counts the
-    server's wait in ``imports``). The server starts at the first call; one call at a time;
-    :meth:`close` ends it."""
+    server's wait in ``imports``). :meth:`start` gives the child while it runs (:class:`CliProcess`:
+    its pid, for a signal). The server starts at the first call; one call at a time; :meth:`close`
+    ends it."""
 
     def __init__(self, module: str, env: dict, folder: Path) -> None:
         self.module, self.env, self.folder, self.calls, self.proc = module, env, Path(folder), 0, None
+        self._buffer = b""
 
     def run(self, args, cwd, env: dict | None = None, timeout: float = 300,
             environ: dict | None = None) -> subprocess.CompletedProcess:
         """``environ``: variables set in the child before MODULE runs, for ones the command reads as it
         runs (never at import: those need ``env``, a process of their own)."""
+        return self.start(args, cwd, env, environ, timeout=timeout).wait(timeout)
+
+    def start(self, args, cwd, env: dict | None = None, environ: dict | None = None,
+              timeout: float = 300) -> CliProcess:
+        """The call of :meth:`run` started: its child, once forked (within ``timeout`` s)."""
         assert env is None or env == self.env, "another environment needs a process of its own"
         if self.proc is None:  # at the first call
             self.proc = subprocess.Popen([sys.executable, str(Path(__file__).with_name("cli_server.py")), self.module],
-                                         env=self.env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+                                         env=self.env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                          start_new_session=True)
+            self._buffer = b""
         self.calls += 1
         out, err = self.folder / f"{self.calls}.out", self.folder / f"{self.calls}.err"
+        for path in (out, err):  # empty for a child killed before it opens them
+            path.write_text("")
         request = {"args": [str(a) for a in args], "cwd": str(cwd), "stdout": str(out), "stderr": str(err),
                    "env": {str(k): str(v) for k, v in (environ or {}).items()}}
-        self.proc.stdin.write(json.dumps(request) + "\n")
+        self.proc.stdin.write((json.dumps(request) + "\n").encode())
         self.proc.stdin.flush()
-        if not select.select([self.proc.stdout], [], [], timeout)[0]:
+        pid = self._reply(timeout, args)
+        if pid is None:
             self.close(kill=True)
             raise subprocess.TimeoutExpired(list(args), timeout)
-        line = self.proc.stdout.readline()
-        assert line, f"tests/cli_server.py {self.module} ended (exit status {self.proc.wait()})"
-        status = json.loads(line)
-        return subprocess.CompletedProcess(list(args), status, out.read_text(), err.read_text())
+        return CliProcess(self, list(args), pid["pid"], out, err)
+
+    def _reply(self, timeout: float | None, args):
+        """The server's next reply line (JSON); None where none came within ``timeout`` s (0: none
+        waiting now; None: waits)."""
+        fd = self.proc.stdout.fileno()
+        while b"\n" not in self._buffer:
+            if timeout is not None and not select.select([fd], [], [], timeout)[0]:
+                return None
+            chunk = os.read(fd, 4096)
+            assert chunk, f"tests/cli_server.py {self.module} ended (exit status {self.proc.wait()})"
+            self._buffer += chunk
+        line, self._buffer = self._buffer.split(b"\n", 1)
+        return json.loads(line)
 
     def close(self, kill: bool = False) -> None:
         """End the server: at the end of its input, or (``kill``) at once with the call it runs."""
@@ -689,3 +710,33 @@ class CliServer:
             os.killpg(self.proc.pid, signal.SIGKILL)
         self.proc.wait()
         self.proc = None  # a later call starts another
+
+
+class CliProcess:
+    """A call of :meth:`CliServer.start` while its child runs: ``pid`` (a process of its own, for
+    ``os.kill``), :meth:`poll` and :meth:`wait` as subprocess.Popen's (the exit status; ``-N``:
+    killed by signal N); the child's stdout and stderr go to files, read by :meth:`wait`."""
+
+    def __init__(self, server: CliServer, args: list, pid: int, out: Path, err: Path) -> None:
+        self.server, self.args, self.pid, self.out, self.err = server, args, pid, out, err
+        self.returncode: int | None = None
+
+    def send_signal(self, signum: int) -> None:
+        os.kill(self.pid, signum)
+
+    def poll(self) -> int | None:
+        if self.returncode is None:
+            status = self.server._reply(0, self.args)
+            self.returncode = None if status is None else status["status"]
+        return self.returncode
+
+    def wait(self, timeout: float = 300) -> subprocess.CompletedProcess:
+        """The CompletedProcess of the call (its output read back), once the child ended (within
+        ``timeout`` s, else the server and its child are killed and subprocess.TimeoutExpired raised)."""
+        if self.returncode is None:
+            status = self.server._reply(timeout, self.args)
+            if status is None:
+                self.server.close(kill=True)
+                raise subprocess.TimeoutExpired(self.args, timeout)
+            self.returncode = status["status"]
+        return subprocess.CompletedProcess(self.args, self.returncode, self.out.read_text(), self.err.read_text())

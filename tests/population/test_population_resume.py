@@ -279,28 +279,23 @@ SWEEP = ["--multirun", "+experiment=cartpole_cleanrl", "debug=smoke", "device=cp
          "checkpoint.save_replay=true", "hydra/launcher=population", "resume=auto"]
 
 
-def interrupted_sweep(sweep, cwd):
-    """The SWEEP multirun in ``sweep``, stopped by SIGINT once both members wrote a checkpoint;
-    returns its stderr."""
-    import subprocess
-    import sys
+def interrupted_sweep(cli, sweep, cwd):
+    """The SWEEP multirun in ``sweep`` (a child of conftest's ``cli`` server: the process once its
+    imports are done), stopped by SIGINT once both members wrote a checkpoint; returns its stderr."""
     import time
-    from pathlib import Path
 
-    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
-    proc = subprocess.Popen([sys.executable, "-m", "foxdqn.train", *SWEEP, f"hydra.sweep.dir={sweep}"], cwd=cwd,
-                            env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    proc = cli.start("foxdqn.train", [*SWEEP, f"hydra.sweep.dir={sweep}"], cwd=cwd)
     deadline = time.monotonic() + 300
     while time.monotonic() < deadline and not all((sweep / j / "checkpoints" / "last.pt").is_file() for j in "01"):
         time.sleep(0.05)
     proc.send_signal(signal.SIGINT)
-    _, err = proc.communicate(timeout=300)
+    err = proc.wait(timeout=300).stderr
     assert proc.returncode == 130, err[-2000:]
     return err
 
 
 @pytest.mark.slow
-def test_a_population_multirun_interrupted_continues_with_the_same_command(train_cli, tmp_path):
+def test_a_population_multirun_interrupted_continues_with_the_same_command(cli, train_cli, tmp_path):
     """SIGINT: every member's checkpoint, INCOMPLETE kept, one line naming the command; the same
     command (resume=auto) regroups the members and each ends as the uninterrupted run's; a member
     whose record was edited, or whose checkpoint is another run's, is refused with one line (exit 2)
@@ -309,7 +304,7 @@ def test_a_population_multirun_interrupted_continues_with_the_same_command(train
 
     whole = train_cli([*SWEEP, f"hydra.sweep.dir={tmp_path / 'whole'}"], cwd=tmp_path, timeout=600)
     assert whole.returncode == 0, whole.stderr[-2000:]
-    err = interrupted_sweep(tmp_path / "cut", tmp_path)
+    err = interrupted_sweep(cli, tmp_path / "cut", tmp_path)
     assert err.strip().splitlines()[-1].endswith(
         f"continue with the same command and resume=auto hydra.sweep.dir={tmp_path / 'cut'}")
     assert all((tmp_path / "cut" / j / "INCOMPLETE").is_file() for j in "01")

@@ -1,6 +1,11 @@
 """kill -9 in every phase of a run's life, each kill followed by the same command with resume=auto (a
 retry loop): every run ends with the uninterrupted run's results. A file of its own so that
-pytest-xdist (--dist loadfile) runs it beside the other resume tests."""
+pytest-xdist (--dist loadfile) runs it beside the other resume tests.
+
+The reference run and the process killed during its imports are processes of their own; the others,
+killed from Hydra's composition on, are children of conftest's ``cli`` server (support.CliServer:
+each the process ``python -m foxdqn.train`` is once its imports are done, running its main in full),
+which saves each the 2-3 s of importing torch, Hydra and foxdqn again."""
 import json
 import os
 import signal
@@ -28,14 +33,16 @@ KILLS = [("phase", "imports"), ("phase", "build"), ("steps", 0.3), ("phase", "bu
          ("file", "eval/summary.json"), ("finished", None)]
 
 
-def _phase_middle(ref_times: dict, done: float, phase: str) -> float:
+def _phase_middle(ref_times: dict, done: float, phase: str, skipped: tuple[str, ...] = ()) -> float:
     """Seconds after its start at which a process is in the middle of ``phase``: the reference run's
-    phases in order, its training loop shortened to the fraction ``1 - done`` of env steps left."""
+    phases in order but ``skipped`` (those a server's child has done before it starts: the
+    interpreter's start and the imports), its training loop shortened to the fraction ``1 - done``
+    of env steps left."""
     phases = ref_times["phases"]
     loop = phases["training"] + phases["checkpoint"]
     t = 0.0
-    for name, length in [(p, phases.get(p, 0.0)) for p in STARTUP] + [("loop", loop * (1 - done))] + \
-            [(p, phases.get(p, 0.0)) for p in AFTER]:
+    for name, length in [(p, phases.get(p, 0.0)) for p in STARTUP if p not in skipped] + \
+            [("loop", loop * (1 - done))] + [(p, phases.get(p, 0.0)) for p in AFTER]:
         if name == phase:
             return t + length / 2
         t += length
@@ -59,19 +66,19 @@ def _last_step(run_dir: Path) -> int:
 
 
 @pytest.mark.slow
-def test_kill_9_in_every_phase_then_resume_auto_end_in_the_uninterrupted_results(tmp_path):
+def test_kill_9_in_every_phase_then_resume_auto_end_in_the_uninterrupted_results(cli, tmp_path):
     """SIGKILL in every phase of a run's life (start-up before and after Hydra made the folder,
     restoring a checkpoint, training at 30/60/90% of its env steps with its checkpoint writes, the
     selection's validation, the final evaluation, the report with eval/summary.json written, after the
     run finished), each followed by the same command line with resume=auto (a retry loop): every run
     ends with the results of the run that was never killed (summary metrics, final weights,
     metrics.csv rows), holds no partial file, and a killed run is never mistaken for a finished one."""
-    args = [sys.executable, "-m", "foxdqn.train", "debug=smoke", "log.progress=false", "device=cpu", "logger=csv",
-            "checkpoint.every_env_steps=512", "checkpoint.save_replay=true", "log.interval_env_steps=256",
-            "resume=auto"]
+    python = [sys.executable, "-m", "foxdqn.train"]
+    args = ["debug=smoke", "log.progress=false", "device=cpu", "logger=csv", "checkpoint.every_env_steps=512",
+            "checkpoint.save_replay=true", "log.interval_env_steps=256", "resume=auto"]
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    ref = subprocess.run([*args, f"hydra.run.dir={tmp_path / 'ref'}"], cwd=tmp_path, env=env, capture_output=True,
-                         text=True, timeout=600)
+    ref = subprocess.run([*python, *args, f"hydra.run.dir={tmp_path / 'ref'}"], cwd=tmp_path, env=env,
+                         capture_output=True, text=True, timeout=600)
     assert ref.returncode == 0, ref.stderr[-2000:]
     ref_times = json.loads((tmp_path / "ref" / "timings.json").read_text())
     total_steps = load_checkpoint(tmp_path / "ref" / "checkpoints" / "last.pt")["env_steps"]
@@ -86,13 +93,20 @@ def test_kill_9_in_every_phase_then_resume_auto_end_in_the_uninterrupted_results
         run_dir = runs[-1]
         ckpt = run_dir / "checkpoints" / "last.pt"
         done = load_checkpoint(ckpt)["env_steps"] / total_steps if ckpt.exists() else 0.0
-        due = {"phase": lambda: time.monotonic() - t0 >= _phase_middle(ref_times, done, what),
+        # a kill during the imports: a process of its own; from the composition on: a child of the server,
+        # which starts where a process has done the phases before "compose"
+        before_compose = STARTUP[:STARTUP.index("compose")]
+        skipped = () if kind == "phase" and what in before_compose else before_compose
+        due = {"phase": lambda: time.monotonic() - t0 >= _phase_middle(ref_times, done, what, skipped),
                "steps": lambda: _last_step(run_dir) >= what * total_steps,
                "file": lambda: _written_since(run_dir / what, start),
                "finished": lambda: finished(run_dir)}[kind]
         t0, start = time.monotonic(), time.time()
-        proc = subprocess.Popen([*args, f"hydra.run.dir={run_dir}"], cwd=tmp_path, env=env,
-                                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        if skipped:
+            proc = cli.start("foxdqn.train", [*args, f"hydra.run.dir={run_dir}"], cwd=tmp_path)
+        else:
+            proc = subprocess.Popen([*python, *args, f"hydra.run.dir={run_dir}"], cwd=tmp_path, env=env,
+                                    stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
         while proc.poll() is None and not due():
             time.sleep(0.005)
         if proc.poll() is None:
@@ -100,7 +114,8 @@ def test_kill_9_in_every_phase_then_resume_auto_end_in_the_uninterrupted_results
             proc.wait()
             kills.append((kind, what))
         else:
-            assert proc.returncode == 0, proc.stderr.read()[-2000:]
+            err = proc.wait().stderr if skipped else proc.stderr.read()
+            assert proc.returncode == 0, err[-2000:]
             if not retried:  # it ended before its moment came: once more, on the next run
                 pending.insert(0, (kind, what, True))
         if finished(run_dir):  # it ended (or was killed after its end): the next kills hit a new run
@@ -117,8 +132,7 @@ def test_kill_9_in_every_phase_then_resume_auto_end_in_the_uninterrupted_results
     reference = _results(tmp_path / "ref")
     for run_dir in runs:
         if not finished(run_dir) and run_dir.exists():
-            res = subprocess.run([*args, f"hydra.run.dir={run_dir}"], cwd=tmp_path, env=env, capture_output=True,
-                                 text=True, timeout=600)
+            res = cli("foxdqn.train", [*args, f"hydra.run.dir={run_dir}"], cwd=tmp_path, timeout=600)
             assert res.returncode == 0, res.stderr[-2000:]
         if not run_dir.exists():  # killed before Hydra made the folder; the last run may not have started
             continue

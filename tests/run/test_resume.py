@@ -1,11 +1,7 @@
 """Interruption and resume (CPU): SIGINT/SIGTERM stop with a checkpoint; resuming gives the run an
 uninterrupted run would have given; kill -9 leaves checkpoints that load and continue."""
-import os
 import signal
-import subprocess
-import sys
 import time
-from pathlib import Path
 
 import pandas as pd
 import pytest
@@ -19,11 +15,9 @@ from foxdqn.job.check import market_data
 
 from support import interrupt_at, train_run as train
 
-ROOT = Path(__file__).resolve().parents[2]
 OVERRIDES = ["debug=smoke", "device=cpu", "log.progress=false", "logger=csv", "log.interval_env_steps=256",
              "checkpoint.every_env_steps=512", "checkpoint.save_replay=true"]
 TIMING = ["train/env_steps_per_s"]
-ENV = {**os.environ, "PYTHONPATH": str(ROOT)}
 
 
 @pytest.fixture(scope="module")
@@ -97,20 +91,19 @@ def test_resume_refuses_another_config_and_a_finished_run(train_cli, tmp_path):
     assert not (tmp_path / "a" / "INCOMPLETE").exists() and not (tmp_path / "c").exists()
 
 
-def test_the_printed_resume_command_continues_a_run_started_with_overrides(train_cli, tmp_path):
+def test_the_printed_resume_command_continues_a_run_started_with_overrides(cli, train_cli, tmp_path):
     """SIGINT prints 'continue with resume=auto hydra.run.dir=RUN': that command alone continues the
     run with its own settings (here another dataset, learning rate and budget), read from its
     checkpoint; a key given again must agree."""
     run_dir = tmp_path / "run"
     started = ["+experiment=googl_dqn", "optim.lr=0.001", "agent.total_env_steps=20000", "log.progress=false",
                "checkpoint.every_env_steps=2500", "log.interval_env_steps=1250", "device=cpu", "logger=csv"]
-    proc = subprocess.Popen([sys.executable, "-m", "foxdqn.train", *started, f"hydra.run.dir={run_dir}"],
-                            cwd=tmp_path, env=ENV, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    proc = cli.start("foxdqn.train", [*started, f"hydra.run.dir={run_dir}"], cwd=tmp_path)  # a child of the server
     deadline = time.monotonic() + 300
     while time.monotonic() < deadline and not (run_dir / "checkpoints" / "last.pt").is_file():
         time.sleep(0.05)
     proc.send_signal(signal.SIGINT)
-    _, err = proc.communicate(timeout=300)
+    err = proc.wait(timeout=300).stderr
     assert proc.returncode == 130, err[-2000:]
     hint = err.strip().splitlines()[-1].split("continue with ", 1)[1].split()
     assert hint == ["resume=auto", f"hydra.run.dir={run_dir}"]
