@@ -163,9 +163,10 @@ def matmul_precision():
 
 @pytest.fixture(scope="session")
 def cli(tmp_path_factory):
-    """``cli(MODULE, ARGS, cwd, timeout=300)``: the CompletedProcess (exit status, stdout, stderr)
-    of ``python -m MODULE ARGS`` run in ``cwd`` with this checkout first on PYTHONPATH, from a child
-    forked by a server that imported MODULE once for this pytest process (support.CliServer).
+    """``cli(MODULE, ARGS, cwd, timeout=300, environ=None)``: the CompletedProcess (exit status,
+    stdout, stderr) of ``python -m MODULE ARGS`` run in ``cwd`` with this checkout first on PYTHONPATH
+    (and ``environ``'s variables, for ones the command reads as it runs), from a child forked by a
+    server that imported MODULE once for this pytest process (support.CliServer).
     ``cli.start(MODULE, ARGS, cwd)``: the call while its child runs (support.CliProcess: its pid for
     a signal, ``poll``, ``wait``). Not for calls that test the process's own start (signals during
     the imports, timings.json's import time, limits set before it starts): those need a process of
@@ -179,8 +180,8 @@ def cli(tmp_path_factory):
             servers[module] = CliServer(module, env, folder / module)
         return servers[module]
 
-    def call(module: str, args, cwd, timeout: float = 300):
-        return server(module).run(args, cwd=cwd, timeout=timeout)
+    def call(module: str, args, cwd, timeout: float = 300, environ: dict | None = None):
+        return server(module).run(args, cwd=cwd, timeout=timeout, environ=environ)
 
     call.start = lambda module, args, cwd, timeout=300: server(module).start(args, cwd, timeout=timeout)
     yield call

@@ -165,7 +165,7 @@ def test_ray_runs_the_jobs_on_a_local_ray_instance_one_gpu_each(tmp_path):
 
 
 @pytest.mark.slow
-def test_submitit_slurm_writes_the_sbatch_script_the_docs_describe(tmp_path):
+def test_submitit_slurm_writes_the_sbatch_script_the_docs_describe(cli, tmp_path):
     """hydra/launcher=submitit_slurm, as docs/usage.md shows it, up to the cluster: a stand-in
     ``sbatch`` on PATH (and an ``srun`` that is never called) keeps the script submitit generates and refuses the job (no Slurm here), so
     the sweep stops there. The script asks for the partition, GPUs, CPUs and time given, and runs
@@ -177,12 +177,10 @@ def test_submitit_slurm_writes_the_sbatch_script_the_docs_describe(tmp_path):
     (bin_dir / "srun").write_text("#!/bin/sh\nexit 1\n")  # submitit looks for it to tell it is on Slurm
     for name in ("sbatch", "srun"):
         (bin_dir / name).chmod(0o755)
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "PATH": f"{bin_dir}:{os.environ['PATH']}"}
-    res = subprocess.run([sys.executable, "-m", "foxdqn.train", "--multirun", "hydra/launcher=submitit_slurm",
-                          "hydra.launcher.partition=gpu", "hydra.launcher.gpus_per_node=1",
-                          "hydra.launcher.cpus_per_task=4", "hydra.launcher.timeout_min=120", "seed=0,1", *SMOKE,
-                          f"hydra.sweep.dir={tmp_path / 's'}"], cwd=tmp_path, env=env, capture_output=True, text=True,
-                         timeout=600)
+    res = cli("foxdqn.train", ["--multirun", "hydra/launcher=submitit_slurm", "hydra.launcher.partition=gpu",
+                               "hydra.launcher.gpus_per_node=1", "hydra.launcher.cpus_per_task=4",
+                               "hydra.launcher.timeout_min=120", "seed=0,1", *SMOKE, f"hydra.sweep.dir={tmp_path / 's'}"],
+              cwd=tmp_path, timeout=600, environ={"PATH": f"{bin_dir}:{os.environ['PATH']}"})  # read as it runs
     assert res.returncode != 0 and "no Slurm here" in res.stderr  # the stand-in refused it: nothing ran
     script = (bin_dir / "submitted.sh").read_text()
     for line in ("#SBATCH --partition=gpu", "#SBATCH --gpus-per-node=1", "#SBATCH --cpus-per-task=4",
