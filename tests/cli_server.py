@@ -29,7 +29,8 @@ import traceback
 from foxdqn.cli.fast_exit import exit_now  # what the interpreter does at exit, without its teardown
 
 #: modules that a command imports inside its functions as it runs (a run's training, evaluation and report:
-#: about 0.9 s a train call, 2-3 s an evaluate call on 2 busy cores), imported by the server after MODULE
+#: about 0.9 s a train call, 2-3 s an evaluate call on 2 busy cores; tensorboard's writer and the gate
+#: another 0.15 s a smoke run on 2 idle cores), imported by the server after MODULE
 #: so that each call finds them in memory; what the call runs is the same code. Not for a module whose
 #: import starts threads (a fork copies none of them) or changes process-wide state.
 PRELOAD = {
@@ -37,7 +38,9 @@ PRELOAD = {
                      "foxdqn.run.resume", "foxdqn.population.evaluate", "foxdqn.population.ensemble",
                      "foxdqn.report.seeds", "foxdqn.report.walk_forward", "foxdqn.analysis.equity_plot",
                      "hydra_plugins.foxdqn_population.population_launcher", "matplotlib.figure",
-                     "matplotlib.backends.backend_agg", "torch.fx.experimental.symbolic_shapes"),
+                     "matplotlib.backends.backend_agg", "torch.fx.experimental.symbolic_shapes",
+                     "torch.utils.tensorboard", "foxdqn.analysis.gate", "foxdqn.data.augment", "foxdqn.job.member",
+                     "foxdqn.config.yaml_text", "hydra_plugins.foxdqn_population.sweeper"),
     "foxdqn.evaluate": ("torch", "pandas", "foxdqn.config.schema", "foxdqn.run.checkpoint", "foxdqn.data",
                         "foxdqn.analysis.backtest", "foxdqn.io_atomic", "foxdqn.step.build", "foxdqn.run.folder",
                         "foxdqn.execution.orders", "foxdqn.analysis.results_table", "foxdqn.analysis.equity_plot",
