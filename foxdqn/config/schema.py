@@ -769,10 +769,17 @@ def _early_stop_checks(cfg: TrainConfig) -> None:
 # ------------------------------------------------------------------------- from composed to typed
 
 
+@functools.lru_cache(maxsize=1)
+def _schema_keys() -> DictConfig:
+    """``OmegaConf.structured(TrainConfig)``, built once (40 ms on 2 idle cores, at every composition
+    otherwise): read for its keys only (:func:`unknown_keys`, :func:`allowed_keys`), never changed."""
+    return OmegaConf.structured(TrainConfig)
+
+
 def unknown_keys(composed: DictConfig, schema=None, prefix: str = "") -> list[str]:
     """Dotted keys of ``composed`` that the schema does not have (``+key=value`` overrides add
     them past the struct check; they would otherwise be dropped without a word)."""
-    schema = OmegaConf.structured(TrainConfig) if schema is None else schema
+    schema = _schema_keys() if schema is None else schema
     out = []
     for key in composed.keys():
         if prefix == "" and key == "hydra":
@@ -788,7 +795,7 @@ def unknown_keys(composed: DictConfig, schema=None, prefix: str = "") -> list[st
 
 def allowed_keys(dotted: str) -> list[str]:
     """Keys allowed next to ``dotted`` (its parent's schema keys)."""
-    node = OmegaConf.structured(TrainConfig)
+    node = _schema_keys()
     for part in dotted.split(".")[:-1]:
         if part not in node or not OmegaConf.is_dict(node._get_node(part)):
             break
