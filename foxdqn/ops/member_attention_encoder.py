@@ -32,9 +32,10 @@ depends on W, F, C and H only, never on P or M: member p of P equals a populatio
 bit. Precision: :mod:`foxdqn.ops.mlp_chain`'s rule for every product (TF32-rounded operands where
 torch runs float32 CUDA matmuls in TF32, else IEEE float32); sums run in the tile's order, so the
 output equals :func:`member_attention_encoder_reference` to float rounding (about 1e-5 relative
-in IEEE float32, 1e-3 in TF32). No gradient: the training forward stays on the module's layers
-(its Linears and layer norms each one kernel forward and their own backward:
-:mod:`foxdqn.ops.member_linear`, :mod:`foxdqn.ops.member_layer_norm`). Capture: device ops only;
+in IEEE float32, 1e-3 in TF32). No gradient: in the training forward each block is
+:mod:`foxdqn.ops.member_attention_block` (this block kernel, two for its backward), the embedding,
+final layer norm, pooling and output Linear the module's layers (:mod:`foxdqn.ops.member_linear`,
+:mod:`foxdqn.ops.member_layer_norm`). Capture: device ops only;
 outputs ``torch.empty``.
 
 Contract (:func:`member_attention_encoder_supported`): float32 contiguous parameters in the
@@ -109,6 +110,28 @@ def _layer_norm(x, w_ptr, b_ptr, cols, C: tl.constexpr, eps):
 
 
 @triton.jit
+def _block_input(x_ptr, obs_ptr, we_ptr, be_ptr, pos_ptr, bars_ptr, p, s, rows, toks, tm, cols, W, F, sop, som, sof,
+                 C: tl.constexpr, EMBED: tl.constexpr, STORE_BARS: tl.constexpr, BLOCK_W: tl.constexpr,
+                 BLOCK_F: tl.constexpr, PREC: tl.constexpr):
+    """The block's input [BLOCK_W, C] (0 at padded tokens): x's rows, or with EMBED the sequence's bars
+    read from the observation times W_e plus b_e plus the positions (the bars also stored [·, BLOCK_F]
+    with STORE_BARS, for dW_e)."""
+    if EMBED:
+        fs = tl.arange(0, BLOCK_F)
+        fm = fs < F
+        bars = tl.load(obs_ptr + p * sop + s * som + (toks[:, None] * F + fs[None, :]) * sof,
+                       mask=tm[:, None] & fm[None, :], other=0.0)
+        if STORE_BARS:
+            tl.store(bars_ptr + rows[:, None] * BLOCK_F + fs[None, :], bars, mask=tm[:, None])
+        we = tl.load(we_ptr + p * F * C + fs[:, None] * C + cols[None, :], mask=fm[:, None], other=0.0)
+        x = _dot(bars, we, tl.zeros([BLOCK_W, C], tl.float32), PREC) + tl.load(be_ptr + p * C + cols)[None, :]
+        x = x + tl.load(pos_ptr + p * W * C + toks[:, None] * C + cols[None, :], mask=tm[:, None], other=0.0)
+    else:
+        x = tl.load(x_ptr + rows[:, None] * C + cols[None, :], mask=tm[:, None], other=0.0)
+    return x
+
+
+@triton.jit
 def _attention_block_kernel(x_ptr, obs_ptr, we_ptr, be_ptr, pos_ptr, g1_ptr, c1_ptr, wqkv_ptr, bqkv_ptr, wp_ptr, bp_ptr,
                   g2_ptr, c2_ptr, w1_ptr, b1_ptr, w2_ptr, b2_ptr, y_ptr, M, W, F, sop, som, sof, eps1, eps2, scale,
                   EMBED: tl.constexpr, C: tl.constexpr, H: tl.constexpr, D: tl.constexpr, HIDDEN: tl.constexpr,
@@ -120,16 +143,8 @@ def _attention_block_kernel(x_ptr, obs_ptr, we_ptr, be_ptr, pos_ptr, g1_ptr, c1_
     cols = tl.arange(0, C)
     ds = tl.arange(0, D)
     rows = (p * M + s) * W + toks.to(tl.int64)  # the observation's tokens in [P·M·W, C]
-    if EMBED:  # x = bars W_e + b_e + pos, the bars read from the observation's window
-        fs = tl.arange(0, BLOCK_F)
-        fm = fs < F
-        bars = tl.load(obs_ptr + p * sop + s * som + (toks[:, None] * F + fs[None, :]) * sof,
-                       mask=tm[:, None] & fm[None, :], other=0.0)
-        we = tl.load(we_ptr + p * F * C + fs[:, None] * C + cols[None, :], mask=fm[:, None], other=0.0)
-        x = _dot(bars, we, tl.zeros([BLOCK_W, C], tl.float32), PREC) + tl.load(be_ptr + p * C + cols)[None, :]
-        x = x + tl.load(pos_ptr + p * W * C + toks[:, None] * C + cols[None, :], mask=tm[:, None], other=0.0)
-    else:
-        x = tl.load(x_ptr + rows[:, None] * C + cols[None, :], mask=tm[:, None], other=0.0)
+    x = _block_input(x_ptr, obs_ptr, we_ptr, be_ptr, pos_ptr, x_ptr, p, s, rows, toks, tm, cols, W, F, sop, som, sof,
+                     C, EMBED, False, BLOCK_W, BLOCK_F, PREC)
 
     # x + proj(MHSA(LN1(x))): each head's q, k, v from its columns of W_qkv, its output's rows of W_proj
     u = _layer_norm(x, g1_ptr + p * C, c1_ptr + p * C, cols, C, eps1)

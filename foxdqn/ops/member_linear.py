@@ -30,7 +30,7 @@ else IEEE float32. The sums run in another order than cuBLAS's, so y equals
 Backward (:class:`_MemberLinear`): autograd's for ``baddbmm`` (+ ``relu``): dz = dy · 1{y > 0}
 and db = Σ_rows dz (one kernel, :func:`foxdqn.ops.relu_bias_grad.relu_bias_grad`; db = Σ_rows dy
 without the ReLU), dx = dz Wᵀ and dW = xᵀ dz (``torch.bmm``, cuBLAS), each only when needed; with
-:data:`FUSED_BACKWARD` (off: not yet measured on a GPU) all of it in one launch
+:data:`FUSED_BACKWARD` (off: slower than this on an H200, docs/bench.md) all of it in one launch
 (:func:`foxdqn.ops.member_linear_grads.member_linear_grads`).
 
 The pair (:func:`member_linear_pair`): the same layer of two sets of rows, x_a ``[P, M_a, K]`` and
@@ -74,7 +74,7 @@ BLOCK_M_SMALL = 32  # ... BLOCK_M_SMALL rows per program instead, in NUM_STAGES_
 NUM_STAGES_SMALL = 4
 MAX_MEMBERS = 65535  # the grid's third axis
 #: the backward as one launch (ops/member_linear_grads.py) where the fused kernels run, in place of
-#: the ReLU mask with the bias sum and torch's two batched GEMMs: off until measured on a GPU
+#: the ReLU mask with the bias sum and torch's two batched GEMMs: off (slower at 4 of 6 bench sizes on an H200)
 FUSED_BACKWARD = False
 
 

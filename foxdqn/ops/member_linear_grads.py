@@ -25,7 +25,9 @@ Precision: :mod:`foxdqn.ops.mlp_chain`'s rule (TF32-rounded operands where torch
 matmuls in TF32, else IEEE float32); the sums run in the tiles' order, so dx, dW and db equal
 :func:`member_linear_grads_reference` (autograd's) to float rounding.
 
-Status: measured on no GPU yet; :data:`foxdqn.ops.member_linear.FUSED_BACKWARD` (off) makes
+Status: off. On an H200 it was slower than the layers' backward at 4 of 6 sizes of
+``bench_member_linear_grads`` (up to 3× at 64 members of a 256-wide hidden layer; docs/bench.md,
+"member_linear_grads measured"); :data:`foxdqn.ops.member_linear.FUSED_BACKWARD` (off) makes
 ``member_linear``'s backward take it.
 
 Capture: device ops only; the parts and tickets (:func:`~foxdqn.ops.tensor_list.group_scratch`)

@@ -11,7 +11,11 @@ features, mapped by the output Linear and activation. Every Linear is a
 a :class:`~foxdqn.population.layers.MemberLayerNorm`, the positions are ``[P, W, C]``, and the
 attention is one ``scaled_dot_product_attention`` over the ``P·M`` sequences (no mask, no dropout,
 as the classic module's). Members never mix: member p's features read only its parameters and
-observations.
+observations. Where the fused forwards run (:func:`foxdqn.ops.backend.fused_forward`), the encoder
+without gradient is :func:`foxdqn.ops.member_attention_encoder.member_attention_encoder` (one kernel
+per block and one for the pooling), and each block with a gradient to come is
+:func:`foxdqn.ops.member_attention_block.member_attention_block` (one kernel, two for its backward;
+the first with the embedding and positions inside).
 
 :meth:`MemberAttentionEncoder.stack` copies P classic encoders (so member p starts from the weights a
 single run of its seed builds); :meth:`MemberAttentionEncoder.member_state_dict` gives member p's
@@ -29,6 +33,7 @@ from torch import nn
 from foxdqn.nn.attention import AttentionEncoder
 from foxdqn.nn.mlp import ACTIVATIONS
 from foxdqn.nn.qnet import forward_hooked
+from foxdqn.ops import member_attention_block as block_op
 from foxdqn.ops import member_attention_encoder as encoder_op
 from foxdqn.ops.backend import fused_forward
 from foxdqn.population.layers import MemberLayerNorm, MemberLinear, member_copy
@@ -56,6 +61,9 @@ class MemberAttentionBlock(nn.Module):
         self.heads = heads
 
     def forward(self, x: torch.Tensor, sequences: int) -> torch.Tensor:
+        weights = self._fused_weights(x, sequences)
+        if weights is not None:  # one kernel, two for the backward (foxdqn.ops.member_attention_block)
+            return block_op.member_attention_block(x, weights, sequences, self.heads, backend="triton")
         p, rows, c = x.shape
         w, h = rows // sequences, self.heads
         q, k, v = (t.reshape(p * sequences, w, h, c // h).transpose(1, 2)  # (P·M, H, W, C/H)
@@ -63,6 +71,26 @@ class MemberAttentionBlock(nn.Module):
         a = F.scaled_dot_product_attention(q, k, v).transpose(1, 2).reshape(p, rows, c)
         x = self.proj(a, residual=x)  # x + proj(a): the residual added in the layer's kernel
         return self.fc2(F.gelu(self.fc1(self.ln2(x))), residual=x)
+
+    def weights(self) -> encoder_op.BlockWeights:
+        """The block's parameters as the fused ops take them."""
+        return encoder_op.BlockWeights(self.ln1.weight, self.ln1.bias, self.qkv.weight, self.qkv.bias,
+                                       self.proj.weight, self.proj.bias, self.ln2.weight, self.ln2.bias,
+                                       self.fc1.weight, self.fc1.bias, self.fc2.weight, self.fc2.bias,
+                                       self.ln1.eps, self.ln2.eps)
+
+    def _fused_weights(self, x: torch.Tensor, sequences: int, embed: tuple | None = None,
+                       hooked: tuple[nn.Module, ...] = ()) -> encoder_op.BlockWeights | None:
+        """:meth:`weights` where :func:`foxdqn.ops.member_attention_block.member_attention_block` runs
+        for ``x`` (and ``embed``), else None (the layers run): the fused forwards do not run
+        (:func:`~foxdqn.ops.backend.fused_forward`), a forward hook would run in one of the block's
+        modules or in ``hooked`` (:func:`foxdqn.nn.qnet.forward_hooked`), or the op does not take
+        the sizes."""
+        if not fused_forward(x) or forward_hooked([self, *hooked]):
+            return None
+        weights = self.weights()
+        supported = block_op.member_attention_block_supported(x, weights, sequences, self.heads, embed)
+        return weights if supported else None
 
 
 class MemberAttentionEncoder(nn.Module):
@@ -115,8 +143,15 @@ class MemberAttentionEncoder(nn.Module):
         w, f, c = self.window, self.num_features, self.out_dim
         bars = obs[..., : w * f].reshape(p, m * w, f)  # (P, M·W, F), oldest bar first
         account = obs[..., w * f:]  # (P, M, 2)
-        x = (self.embed(bars).view(p, m, w, c) + self.pos[:, None]).view(p, m * w, c)
-        for block in self.blocks:
+        blocks = list(self.blocks)
+        embed = (self.embed.weight, self.embed.bias, self.pos)
+        first = blocks[0]._fused_weights(obs, m, embed, (self.embed,)) if blocks else None
+        if first is not None:  # the embedding inside the first block's kernels
+            x = block_op.member_attention_block(obs, first, m, blocks[0].heads, embed=embed, backend="triton")
+            blocks = blocks[1:]
+        else:
+            x = (self.embed(bars).view(p, m, w, c) + self.pos[:, None]).view(p, m * w, c)
+        for block in blocks:
             x = block(x, m)
         x = self.ln_f(x).view(p, m, w, c)
         h = x.mean(dim=2) if self.pooling == "mean" else x[:, :, -1]  # (P, M, C)
@@ -133,9 +168,7 @@ class MemberAttentionEncoder(nn.Module):
         act = _ACTIVATION_NAMES.get(type(self.act))
         if act is None or getattr(self.act, "approximate", "none") != "none":
             return None
-        blocks = [encoder_op.BlockWeights(b.ln1.weight, b.ln1.bias, b.qkv.weight, b.qkv.bias, b.proj.weight,
-                                          b.proj.bias, b.ln2.weight, b.ln2.bias, b.fc1.weight, b.fc1.bias,
-                                          b.fc2.weight, b.fc2.bias, b.ln1.eps, b.ln2.eps) for b in self.blocks]
+        blocks = [b.weights() for b in self.blocks]
         args = (obs, self.embed.weight, self.embed.bias, self.pos, blocks,
                 (self.ln_f.weight, self.ln_f.bias, self.ln_f.eps), self.out.weight, self.out.bias,
                 self.blocks[0].heads if blocks else 1, self.pooling, act)

@@ -401,7 +401,8 @@ def test_attention_encoder_without_gradient_is_one_kernel_per_block_and_one_pool
     """An attention population's collect step and its update's target forward (no gradient): the
     encoder is one kernel per block and one for the final layer norm, pooling and output Linear
     (ops/member_attention_encoder.py): no layer norm, attention, GELU, add, mean or cat of torch's,
-    and the whole collect step within issue 33's 12 launches."""
+    and the whole collect step within issue 33's 12 launches. The update's online forward runs each
+    block as one kernel too, and its backward as two (ops/member_attention_block.py)."""
     from foxdqn.population.step import collect_step, update_step
     from bench.cpu_kernels import launches, small_overrides
     from bench.harness import make_population
@@ -415,7 +416,12 @@ def test_attention_encoder_without_gradient_is_one_kernel_per_block_and_one_pool
     assert ops[start:start + len(encoder)] == encoder and len(ops) <= 12, ops
     assert not {"aten::layer_norm", "aten::native_layer_norm", "aten::scaled_dot_product_attention", "aten::gelu",
                 "aten::mean", "aten::cat", "triton::_member_layer_norm_kernel"} & set(ops), Counter(ops)
-    if layers == 1:  # the update's target forward (the interpreted update's time grows with the blocks)
+    if layers == 1:  # the update (the interpreted update's time grows with the blocks): the target forward's
+        # encoder, and the online forward's block with its two backward kernels (ops/member_attention_block.py)
         update = launches(lambda: update_step(s))
         assert update.count("triton::_attention_pool_kernel") == 1, Counter(update)
-        assert update.count("triton::_attention_block_kernel") == 1, Counter(update)
+        assert update.count("triton::_attention_block_kernel") == 2, Counter(update)
+        assert update.count("triton::_attention_block_backward_kernel") == 1, Counter(update)
+        assert update.count("triton::_attention_block_weights_kernel") == 1, Counter(update)
+        assert not {"aten::scaled_dot_product_attention", "aten::gelu", "aten::native_layer_norm"} & set(update), \
+            Counter(update)
