@@ -425,3 +425,5 @@ def test_attention_encoder_without_gradient_is_one_kernel_per_block_and_one_pool
         assert update.count("triton::_attention_block_weights_kernel") == 1, Counter(update)
         assert not {"aten::scaled_dot_product_attention", "aten::gelu", "aten::native_layer_norm"} & set(update), \
             Counter(update)
+        # every gradient in the parameters' layout: a strided one is copied by autograd's accumulation
+        assert "aten::copy_" not in update, Counter(update)
