@@ -269,6 +269,8 @@ def _embed_problem(obs, weights, sequences, heads, embed) -> str | None:
     we, be, pos = embed
     p, w, c = pos.shape
     f = we.shape[1]
+    if not isinstance(sequences, int) or sequences < 1:
+        return f"{op}: at least one observation a member, got M = {sequences!r}"
     if not isinstance(obs, Tensor) or obs.dtype != torch.float32 or obs.dim() != 3 or obs.shape[0] != p \
             or obs.shape[2] < w * f or obs.shape[1] != sequences:
         return f"{op}: with embed, x must be the float32 observations [{p}, {sequences}, {w} × {f} + A], got " \

@@ -151,6 +151,8 @@ def test_bad_arguments():
                        (embed[:2], "embed must be")):
         with pytest.raises(ValueError, match=match):
             member_attention_block(obs, w, 2, 1, embed=bad, backend="triton")
+    with pytest.raises(ValueError, match="at least one observation"):
+        member_attention_block(obs[:, :0], w, 0, 1, embed=embed, backend="triton")
 
 
 def test_member_attention_block_module_trains_through_the_op(monkeypatch):
