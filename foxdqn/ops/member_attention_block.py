@@ -27,7 +27,15 @@ the GELU, the residual adds), the op runs:
 * backward, kernel 2: the block's weight and bias gradients in one launch, dW = Σ_rows inputᵀ ·
   output gradient for the four Linears (:func:`foxdqn.ops.member_linear_grads._dw_tile`'s tiles over
   slices of the rows, the last slice program of a tile summing the slices in order) and the four
-  layer-norm vectors (one program each summing the sequences' parts in order).
+  layer-norm vectors (one program each summing the sequences' parts in order), each gradient
+  contiguous in its parameter's layout (a strided one would cost a copy in autograd's accumulation).
+
+The encoder's first block takes the observations instead of x (``embed``): both kernels compute
+x⁰ = bars W_e + b_e + pos from the observation's window (read with its strides); the first stores
+the bars, the second adds W_e's gradient (Σ barsᵀ dx⁰ over the rows, its bias Σ dx⁰) and the
+positions' (Σ over the sequences of dx⁰, ``POS_COLS`` of the W·C values a program). The loops over
+heads and chunks are dynamic: unrolled, the compiler kept too many tiles live and spilled 310
+registers (docs/bench.md, "Each attention block one kernel forward and two backward").
 
 Every tile and every order of summation depends on W, C, H and M only, never on P: member p of P
 gets the bits of a population of one, and a second call the same bits. Precision:
@@ -35,7 +43,8 @@ gets the bits of a population of one, and a second call the same bits. Precision
 CUDA matmuls in TF32, else IEEE float32), so the output and the gradients equal
 :func:`member_attention_block_reference`'s (autograd through the module's math) to float rounding.
 
-Contract (:func:`member_attention_block_supported`): x float32 ``[P, M·W, C]`` contiguous, the
+Contract (:func:`member_attention_block_supported`): x float32 ``[P, M·W, C]`` contiguous (or with
+``embed`` the observations ``[P, M, W·F + A]``, M >= 1, 1 <= F <= 16), the
 weights as :class:`~foxdqn.ops.member_attention_encoder.BlockWeights` (contiguous float32 in the
 population's layouts), 1 <= P <= 65535, C a power of two of 16 to 128 and D = C / H a power of two
 of at least 16, 1 <= W <= 128. Capture: device ops only; the weight kernel's parts and tickets
