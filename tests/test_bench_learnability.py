@@ -2,7 +2,9 @@
 (eurusd_dqn, martingale_1h and ar1_1h at φ = +0.2 with 4,000 bars, 2 seeds, debug=smoke)."""
 import json
 import math
+import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import pandas as pd
@@ -89,8 +91,17 @@ def test_summary_line_counts_judged_markets(tmp_path):
 
 
 @pytest.mark.slow
-def test_smoke_run(tmp_path):
-    """Two markets, 2 seeds, debug=smoke: one population per market, one row per market, oracle beside it."""
+def test_smoke_run(tmp_path, monkeypatch, cli):
+    """Two markets, 2 seeds, debug=smoke: one population per market, one row per market, oracle beside it.
+    bench.common.run_multirun's ``python -m foxdqn.train --multirun ...`` runs in a child of conftest's
+    cli server (the same command and working folder) instead of a fresh interpreter each."""
+    import bench.common
+
+    def run(cmd, **kwargs):
+        assert cmd[:3] == [sys.executable, "-m", "foxdqn.train"] and kwargs == {"capture_output": True, "text": True}
+        return cli("foxdqn.train", cmd[3:], cwd=Path.cwd(), timeout=600)
+
+    monkeypatch.setattr(bench.common, "subprocess", SimpleNamespace(run=run))
     rc = main(["--experiments", "eurusd_dqn", "--markets", "martingale_1h,ar1_1h_phi+0.2", "--seeds", "2",
                "--out", str(tmp_path / "runs"), "--results", str(tmp_path / "results"), "--tag", "t",
                "--", "debug=smoke", "data.synthetic.bars=4000", "eval.gate.enabled=false"])  # the gate's rows: above
