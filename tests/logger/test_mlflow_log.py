@@ -25,6 +25,25 @@ def _cfg(uri: str):
                         f"logger.mlflow_uri={uri}", "log.interval_env_steps=256", "checkpoint.every_env_steps=512"])
 
 
+@pytest.fixture(scope="module")
+def store_tables(tmp_path_factory):
+    """An empty MLflow SQLite store with its tables, made once for the file: MLflow's creation of a
+    store's tables (its schema migrations, about 2.5 s on 2 cores) is MLflow's own, and a store given
+    by logger.mlflow_uri is one that exists; the stores foxdqn makes (the default store of a run
+    and of a sweep) are made anew by the tests of them below."""
+    from mlflow.tracking import MlflowClient
+
+    path = tmp_path_factory.mktemp("mlflow") / "mlflow.db"
+    MlflowClient(tracking_uri=f"sqlite:///{path}").search_experiments(max_results=1)
+    return path.read_bytes()
+
+
+def _store(tables: bytes, folder) -> str:
+    """The URI of a copy of the empty store ``tables`` in ``folder``."""
+    (folder / "mlflow.db").write_bytes(tables)
+    return f"sqlite:///{folder / 'mlflow.db'}"
+
+
 def _run(uri: str, run_dir):
     from mlflow.tracking import MlflowClient
 
@@ -33,8 +52,8 @@ def _run(uri: str, run_dir):
 
 
 @pytest.mark.slow
-def test_a_run_logs_its_rows_params_and_final_metrics(tmp_path):
-    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+def test_a_run_logs_its_rows_params_and_final_metrics(tmp_path, store_tables):
+    uri = _store(store_tables, tmp_path)
     cfg = _cfg(uri)
     summary = train(cfg, market_data(cfg), tmp_path / "run")
     client, run = _run(uri, tmp_path / "run")
@@ -55,8 +74,8 @@ def test_a_run_logs_its_rows_params_and_final_metrics(tmp_path):
 
 
 @pytest.mark.slow
-def test_a_resumed_run_continues_its_mlflow_run(tmp_path, monkeypatch):
-    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+def test_a_resumed_run_continues_its_mlflow_run(tmp_path, monkeypatch, store_tables):
+    uri = _store(store_tables, tmp_path)
     cfg, run_dir = _cfg(uri), tmp_path / "run"
     market = market_data(cfg)
     interrupt_at(monkeypatch, 20, signal.SIGINT)
