@@ -57,7 +57,7 @@ def test_interrupted_and_resumed_equals_uninterrupted(tmp_path, monkeypatch, uni
 @pytest.mark.slow
 def test_resume_refuses_another_config_and_a_finished_run(train_cli, tmp_path):
     def run(*args):
-        return train_cli(["debug=smoke", "log.progress=false", *args], cwd=tmp_path)
+        return train_cli(["debug=smoke", "debug.max_env_steps=1024", "log.progress=false", *args], cwd=tmp_path)
 
     first = run(f"hydra.run.dir={tmp_path / 'a'}")
     assert first.returncode == 0, first.stderr[-2000:]
