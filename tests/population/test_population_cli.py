@@ -53,8 +53,8 @@ def test_a_multirun_composes_once_per_structure_and_derives_the_other_jobs(train
     """Hydra composes the first job; the others differ in values only and are derived without a
     composition (issue 33): their folders hold Hydra's .hydra/ files and their results equal the
     same job composed by Hydra (here job 0 of another population)."""
-    common = ["--multirun", "+experiment=cartpole_cleanrl", "debug=smoke", "device=cpu", "log.progress=false",
-              "logger=csv", "hydra/launcher=population"]
+    common = ["--multirun", "+experiment=cartpole_cleanrl", "debug=smoke", "debug.max_env_steps=1024", "device=cpu",
+              "log.progress=false", "logger=csv", "hydra/launcher=population"]
     many = train_cli([*common, "seed=0,1,2", "optim.lr=1e-3,2e-3", f"hydra.sweep.dir={tmp_path / 'a'}"], cwd=tmp_path,
                      timeout=600)
     assert many.returncode == 0, many.stderr[-3000:]
@@ -92,7 +92,7 @@ def test_a_multirun_composes_once_per_structure_and_derives_the_other_jobs(train
         "\n", 1)[1]  # the same resolved config (the first lines name two runs)
     # Hydra's copy: the config as composed, before debug=smoke's caps, as Hydra writes it for job 0
     mine, theirs = (yaml.safe_load((d / ".hydra" / "config.yaml").read_text()) for d in (derived, composed))
-    assert mine == theirs and mine["agent"]["total_env_steps"] == 500000 and mine["debug"]["max_env_steps"] == 4096
+    assert mine == theirs and mine["agent"]["total_env_steps"] == 500000 and mine["debug"]["max_env_steps"] == 1024
 
 
 @pytest.mark.slow
@@ -100,8 +100,8 @@ def test_prioritized_replay_multirun_trains_as_one_population(train_cli, tmp_pat
     """replay=per with two seeds and two α: one population of four (α is a member key), each member
     with its own folder, its finished run and its updates."""
     sweep = tmp_path / "per"
-    res = train_cli(["--multirun", "+experiment=eurusd_dqn", "replay=per", "debug=smoke", "device=cpu",
-                     "log.progress=false", "logger=csv", "seed=0,1", "replay.alpha=0.6,0.3", "hydra/launcher=population",
+    res = train_cli(["--multirun", "+experiment=eurusd_dqn", "replay=per", "debug=smoke", "debug.max_env_steps=1024",
+                     "device=cpu", "log.progress=false", "logger=csv", "seed=0,1", "replay.alpha=0.6,0.3", "hydra/launcher=population",
                      f"hydra.sweep.dir={sweep}"], cwd=tmp_path, timeout=600)
     assert res.returncode == 0, res.stderr[-3000:]
     assert "population of 4 members (jobs 0, 1, 2, 3)" in res.stdout + res.stderr
@@ -121,8 +121,8 @@ def two_seed_population(train_cli, tmp_path, experiment: str, *extra: str) -> li
     ``hydra/launcher=population``; check they trained as one population with finite losses and
     return each job's (summary, online weights of last.pt)."""
     sweep = tmp_path / experiment
-    res = train_cli(["--multirun", f"+experiment={experiment}", "debug=smoke", "device=cpu", "log.progress=false",
-                     "logger=csv", *extra, "seed=0,1", "hydra/launcher=population", f"hydra.sweep.dir={sweep}"],
+    res = train_cli(["--multirun", f"+experiment={experiment}", "debug=smoke", "debug.max_env_steps=1024", "device=cpu",
+                     "log.progress=false", "logger=csv", *extra, "seed=0,1", "hydra/launcher=population", f"hydra.sweep.dir={sweep}"],
                     cwd=tmp_path, timeout=600)
     assert res.returncode == 0, res.stderr[-3000:]
     assert "population of 2 members (jobs 0, 1)" in res.stdout + res.stderr
