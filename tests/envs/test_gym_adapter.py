@@ -198,7 +198,7 @@ def test_atari_wrappers_path_needs_opencv():
 @pytest.mark.slow
 def test_pong_dqn_smoke_iterations_on_cpu():
     pytest.importorskip("ale_py")
-    s, _ = small_state(["+experiment=pong_dqn", "replay.capacity=256", "agent.batch_size=8"])
+    s, _ = small_state(["+experiment=pong_dqn", "replay.capacity=256", "agent.batch_size=8", "env.num_envs=4"])
     assert s.replay.obs.dtype == torch.uint8 and s.replay.obs.shape[-1] == 4 * 84 * 84
     assert s.cfg.model.encoder == "nature_cnn" and s.cfg.model.hidden == [64]  # smoke cap
     collect = make_iteration(s, False, updates=0, on_host=True, **step_fns())
