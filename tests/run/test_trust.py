@@ -289,7 +289,7 @@ def test_resume_auto_keeps_the_recorded_config_of_a_run_killed_before_its_first_
     """The short form `resume=auto hydra.run.dir=RUN` of a run killed before its first checkpoint
     starts that run over with its own config, not the default one, and ends with the results of
     the run that was never killed."""
-    started = ["+experiment=googl_dqn", *SMOKE, "agent.total_env_steps=3072", "optim.lr=0.001",
+    started = ["+experiment=googl_dqn", *SMOKE, "agent.total_env_steps=1536", "optim.lr=0.001",
                "log.interval_env_steps=512", "checkpoint.every_env_steps=1024"]
     whole = train(*started, f"hydra.run.dir={tmp_path / 'whole'}", cwd=tmp_path)
     assert whole.returncode == 0, whole.stderr[-2000:]
@@ -306,7 +306,7 @@ def test_resume_auto_keeps_the_recorded_config_of_a_run_killed_before_its_first_
         assert res.returncode == 0, res.stderr[-2000:]
         summary = json.loads((run_dir / "eval" / "summary.json").read_text())
         reference = json.loads((tmp_path / "whole" / "eval" / "summary.json").read_text())
-        assert summary["experiment"] == "googl_dqn" and summary["env_steps"] == reference["env_steps"] == 3072
+        assert summary["experiment"] == "googl_dqn" and summary["env_steps"] == reference["env_steps"] == 1536
         assert summary["metrics"]["agent"] == reference["metrics"]["agent"]
         rows, ref_rows = (pd.read_csv(d / "metrics.csv") for d in (run_dir, tmp_path / "whole"))
         drop = [c for c in ref_rows.columns if c.endswith("per_s")]
