@@ -13,9 +13,9 @@ from foxdqn.population.attention import MemberAttentionEncoder
 from foxdqn.population.state import build_population
 from foxdqn.population.step import population_loss
 from test_distributional import C51, IQN, classic, collected, single_run_batch
-from test_population import (CPU, TRADING, assert_fault_stays_in_its_member, assert_member_grads_match,
-                             assert_members_equal_runs_of_one, configs, market_for, member_grads, member_tensors,
-                             perturb_target, run)
+from test_population import (CPU, TRADING, assert_fault_stays_in_its_member, assert_member_equal,
+                             assert_member_grads_match, assert_members_equal_runs_of_one, configs, market_for,
+                             member_grads, member_tensors, perturb_target, run)
 
 SMALL = ["model=attention", "model.width=8", "model.heads=2", "model.layers=2"]
 ATTENTION = [*TRADING, *SMALL]
@@ -37,6 +37,26 @@ def test_attention_members_equal_runs_of_one_member(name):
     nets = [together.online, together.target] + ([together.value] if name == "iql" else [])
     assert all(isinstance(net.member_encoder, MemberAttentionEncoder) for net in nets)
     assert any(k.startswith("online.encoder.blocks.1.qkv.") for k in member_tensors(together, 0))
+
+
+def test_attention_members_equal_runs_of_one_member_in_the_fused_kernels(monkeypatch):
+    """Inside cpu_kernels (the CUDA path's kernels in Triton's interpreter) the encoder trains
+    through ops/member_attention_block.py (the first block with the embedding inside, the second
+    plain): member p still equals the population of one of its seed, bit for bit (online and target
+    weights after two updates)."""
+    from foxdqn.ops.backend import cpu_kernels
+    from foxdqn.population import attention
+
+    base = [*TRADING, "model=attention", "model.width=16", "model.heads=1", "model.layers=2"]
+    calls = []
+    real = attention.block_op.member_attention_block
+    monkeypatch.setattr(attention.block_op, "member_attention_block",
+                        lambda *a, **k: calls.append(k.get("embed") is not None) or real(*a, **k))
+    with cpu_kernels():
+        together = run(configs(base, MEMBERS[:2]), iterations=2, collect_first=1)
+        assert True in calls and False in calls, calls  # the embedded first block and the second
+        for p, extra in enumerate(MEMBERS[:2]):
+            assert_member_equal(together, p, run(configs(base, [extra]), iterations=2, collect_first=1), 0)
 
 
 def test_fault_in_one_attention_member_leaves_the_others_bit_identical():
