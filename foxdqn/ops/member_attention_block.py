@@ -352,7 +352,7 @@ def _launch_shape(x: Tensor, sequences: int, heads: int) -> dict:
                 BLOCK_HIDDEN=min(BLOCK_HIDDEN, 4 * c), PREC=_prec(x))
 
 
-def _input_args(x: Tensor, embed: tuple | None, sequences: int, c: int) -> tuple:
+def _input_args(x: Tensor, embed: tuple | None, sequences: int) -> tuple:
     """(x, obs, W_e, b_e, pos, W, F, obs strides) of the kernels, for x [P, M·W, C] or with embed."""
     if embed is None:
         return (x, x, x, x, x, x.shape[1] // sequences, 1, 0, 0, 0)
@@ -362,7 +362,7 @@ def _input_args(x: Tensor, embed: tuple | None, sequences: int, c: int) -> tuple
 
 def _forward(x: Tensor, b: BlockWeights, sequences: int, heads: int, embed: tuple | None) -> Tensor:
     p, c = x.shape[0], b.ln1_w.shape[-1]
-    inp, obs, we, be, pos, w, f, sop, som, sof = _input_args(x, embed, sequences, c)
+    inp, obs, we, be, pos, w, f, sop, som, sof = _input_args(x, embed, sequences)
     y = x.new_empty(p, sequences * w, c)
     _attention_block_kernel[(sequences, p)](
         inp, obs, we, be, pos, b.ln1_w, b.ln1_b, b.qkv_w, b.qkv_b, b.proj_w, b.proj_b, b.ln2_w, b.ln2_b,
@@ -380,7 +380,7 @@ def _backward(x: Tensor, dy: Tensor, b: BlockWeights, sequences: int, heads: int
     p, t, c = dy.shape
     hidden = 4 * c
     new = dy.new_empty
-    inp, obs, we, be, pos, w, f, sop, som, sof = _input_args(x, embed, sequences, c)
+    inp, obs, we, be, pos, w, f, sop, som, sof = _input_args(x, embed, sequences)
     dx, u1, a, dx1, u2 = new(p, t, c), new(p, t, c), new(p, t, c), new(p, t, c), new(p, t, c)
     dqkv, dz, g = new(p, t, 3 * c), new(p, t, hidden), new(p, t, hidden)
     ln = new(p, sequences, 4 * c)
@@ -396,12 +396,12 @@ def _backward(x: Tensor, dy: Tensor, b: BlockWeights, sequences: int, heads: int
              new(p, hidden, c), new(p, 1, c)]
     egrads = [new(p, f, c), new(p, 1, c), new(p, w, c)] if embed is not None else [dy, dy, dy]
     dln = new(4, p, 1, c)  # each vector's gradient contiguous (a strided one: a copy in autograd's accumulation)
-    layers = [(c, 3 * c), (c, c), (c, hidden), (hidden, c)]  # (K, N) of W_qkv, W_p, W1, W2 (and W_e)
-    if embed is not None:
-        layers.append((f, c))
+    layers = [(c, 3 * c), (c, c), (c, hidden), (hidden, c), (f, c)]  # (K, N) of W_qkv, W_p, W1, W2, W_e
     plans = [plan(t, k, n) for k, n in layers]  # the slices depend on T only: one S for all
     tiles = [(triton.cdiv(n, pl["WN"]), triton.cdiv(k, pl["WK"]) * triton.cdiv(n, pl["WN"]))
              for (k, n), pl in zip(layers, plans)]
+    if embed is None:
+        tiles[4] = (tiles[4][0], 0)  # no W_e programs
     s_, slice_ = plans[0]["S"], plans[0]["SLICE"]
     ends, part_rows, ticket_rows, end, prow, krow = [], [], [], 0, 0, 0
     for (twn, tw), pl in zip(tiles, plans):
@@ -411,12 +411,6 @@ def _backward(x: Tensor, dy: Tensor, b: BlockWeights, sequences: int, heads: int
         ticket_rows.append(krow)
         prow += p * tw * s_ * (pl["WK"] * pl["WN"] + pl["WN"])
         krow += p * tw
-    if embed is None:  # no W_e tiles and no position programs
-        ends.append(end)
-        tiles.append((1, 0))
-        part_rows.append(prow)
-        ticket_rows.append(krow)
-        plans.append(plans[-1])
     pos_programs = triton.cdiv(w * c, POS_COLS) if embed is not None else 0
     parts, tickets = group_scratch("member_attention_block", dy.device, prow, krow) if s_ > 1 else (dy, dy)
     _attention_block_weights_kernel[(end + pos_programs + 4, p)](
