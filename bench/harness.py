@@ -42,8 +42,7 @@ def iteration(s, use_graph: bool, collect_steps: int | None = None, updates: int
     guard's host copy after the updates; captured in a CUDA graph with ``use_graph``."""
     from foxdqn.population import step as P
 
-    return Iteration(s, use_graph, collect_steps, updates, collect=P.collect_step, update=P.update_step,
-                     after_updates=P.publish_guard)
+    return Iteration(s, use_graph, collect_steps, updates, **P.iteration_steps(s))
 
 
 def make_population(overrides: list[str], members: int, device: str, bars: int = 4000, fill: bool = True,

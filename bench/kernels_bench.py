@@ -192,7 +192,10 @@ def _measure(s, phase: str, members: int, reps: int = REPS) -> dict:
         row["kernels"], row["device_us"], row["longest_us"] = profile_kernels(lambda: fn(s))
     shape = {"collect": dict(collect_steps=1, updates=0), "update": dict(collect_steps=0, updates=1),
              "collect_only": dict(updates=0), "iteration": {}}[phase]
-    it = Iteration(s, use_graph=True, collect=collect, update=update, **shape)
+    from foxdqn.population.step import iteration_steps
+
+    # the iteration as training runs it: the collect steps beside the update where they may be
+    it = Iteration(s, use_graph=True, collect=collect, update=update, beside=iteration_steps(s)["beside"], **shape)
     row["ms"] = round(replay_ms(it, reps), 5)
     row["graph_nodes"] = graph_nodes(it.graph)
     steps = {"collect": 1, "update": 0}.get(phase, it.collect_steps)

@@ -333,11 +333,15 @@ def small_state(overrides=(), bars=1200, drift=1e-4, vol=2e-3, seed=0, device="c
     return build_population([cfg], market, torch.device(device)), market
 
 
-def step_fns() -> dict:
-    """The population's step functions, as :class:`~foxdqn.step.iteration.Iteration` takes them
-    (foxdqn.population.train's iterations)."""
+def step_fns(s=None) -> dict:
+    """The population's step functions, as :class:`~foxdqn.step.iteration.Iteration` takes them:
+    with state ``s`` foxdqn.population.train's (:func:`foxdqn.population.step.iteration_steps`: the
+    collect steps beside the update where ``s``'s config has them so); without, the collect steps,
+    then the update."""
     from foxdqn.population import step as P
 
+    if s is not None:
+        return P.iteration_steps(s)
     return dict(collect=P.collect_step, update=P.update_step, after_updates=P.publish_guard)
 
 
@@ -363,9 +367,9 @@ def experiment_state(name, device="cpu", extra=()):
 
 def iterate(s, use_graph: bool, collect_iters: int, full_iters: int, **fns):
     """``collect_iters`` collect-only iterations, then ``full_iters`` full ones (captured with ``use_graph``;
-    ``fns``: Iteration's collect/update/after_updates functions, default :func:`step_fns`); on CUDA waits for
+    ``fns``: Iteration's step functions, default :func:`step_fns` of ``s``); on CUDA waits for
     the device. Returns the full iteration (its state is ``.s``, its graph ``.graph``)."""
-    fns = fns or step_fns()
+    fns = fns or step_fns(s)
     collect_it, full_it = Iteration(s, use_graph, updates=0, **fns), Iteration(s, use_graph, **fns)
     for _ in range(collect_iters):
         collect_it()
@@ -380,8 +384,8 @@ def captured_iteration(s):
     """Collect 4 iterations, then run the full iteration with the CUDA graph until it is captured
     (warm-up + 2 replays); returns the iteration (:func:`make_iteration`) (its ``graph`` is set)."""
     host = s.env.on_host
-    collect = make_iteration(s, True, updates=0, on_host=host, **step_fns())
-    full = make_iteration(s, True, on_host=host, **step_fns())
+    collect = make_iteration(s, True, updates=0, on_host=host, **step_fns(s))
+    full = make_iteration(s, True, on_host=host, **step_fns(s))
     for _ in range(4):
         collect()
     for _ in range(WARMUP_ITERATIONS + 2):
@@ -402,7 +406,7 @@ def train_eager(s, cfg) -> None:
     until ``learning_starts``, then full ones."""
     per_iter = cfg.env.num_envs * cfg.agent.steps_per_iter
     warm = math.ceil(cfg.agent.learning_starts / per_iter)
-    collect, full = Iteration(s, False, updates=0, **step_fns()), Iteration(s, False, **step_fns())
+    collect, full = Iteration(s, False, updates=0, **step_fns(s)), Iteration(s, False, **step_fns(s))
     for it in range(math.ceil(cfg.agent.total_env_steps / per_iter)):
         (collect if it < warm else full)()
 

@@ -278,6 +278,9 @@ class AgentConfig:
     learning_starts: int = 5_000  # env transitions collected before the first update
     batch_size: int = 128  # transitions sampled per gradient update
     gamma: float = 0.99  # discount γ
+    # true: with updates_per_iter 1 and uniform replay the update samples the replay as it stood before
+    # the iteration's collect steps, which run beside it on a second CUDA stream; false: collect, then update
+    collect_beside_update: bool = True
 
     def validate(self) -> None:
         _all_positive(self, "agent", ("total_env_steps", "steps_per_iter", "updates_per_iter", "batch_size"))

@@ -1,8 +1,10 @@
 """Two pieces of device work run concurrently: one on a second stream, one on the current stream.
 
 Captured in a CUDA graph they become two parallel branches of the graph, joined where the current
-stream waits for the second (docs/design/hot_loop.md#one-graph). The collect step uses it twice:
-the env's random draws beside the action selection, the monitors' sums beside the replay insert.
+stream waits for the second (docs/design/hot_loop.md#one-graph). The warm-up of a captured function
+uses it (:func:`foxdqn.device.capture.run_on_side_stream`); the iteration's collect steps beside its
+update fork and join the same way, with the join inside the update
+(:func:`foxdqn.population.step.collect_beside_update`).
 """
 from __future__ import annotations
 

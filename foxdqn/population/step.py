@@ -23,9 +23,12 @@ as backward wrote them (Adam multiplies by the clip coefficient as it reads them
 """
 from __future__ import annotations
 
+from typing import Callable, NamedTuple
+
 import torch
 
 from foxdqn.device.scalars import device_vector
+from foxdqn.envs.base import DRAW
 from foxdqn.objectives.base import LossOutput
 from foxdqn.ops.grad_norm import grad_norm_coefficient
 from foxdqn.ops.replay_gather import stacked_pair
@@ -98,17 +101,26 @@ def collect_step(s: PopulationState) -> None:
                      s.env.collect_hook.trades(out), s.env_steps)
 
 
-def population_loss(s: PopulationState, batch, micro_batches: int = 1) -> LossOutput:
+def draw_taus(s: PopulationState, rows: int, micro_batches: int = 1) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """With ``head.name=iqn``, each member's τ then τ' for one pass over ``rows`` rows of its own
+    (:func:`foxdqn.population.objective.member_taus`; with ``micro_batches`` = M those of M
+    consecutive micro-batches of rows/M rows); None for the other heads (no draw)."""
+    h = s.cfg.head
+    if h.name != "iqn":
+        return None
+    return member_taus(s.rng, rows, h.num_quantiles, h.num_target_quantiles, micro_batches)
+
+
+def population_loss(s: PopulationState, batch, micro_batches: int = 1, taus=DRAW) -> LossOutput:
     """:class:`~foxdqn.objectives.base.LossOutput` (loss float32 ``[P]``, td_abs ``[P·B]``, online
     expected Q float32 ``[P, B, A]`` detached) of every member on ``batch`` (B rows each,
     member-major): :func:`foxdqn.population.objective.member_loss` with the members'
-    hyperparameters; with ``head.name=iqn`` each member first draws its τ, then its τ', from its own
-    generator (:func:`foxdqn.population.objective.member_taus`; with ``micro_batches`` = M those
-    of M consecutive micro-batches of B/M rows)."""
+    hyperparameters; with ``head.name=iqn`` each member's τ and τ' (:func:`draw_taus`, drawn now
+    unless ``taus`` holds the pair drawn ahead)."""
     h = s.cfg.head
     b = batch.reward.shape[0] // s.members
-    taus = (member_taus(s.rng, b, h.num_quantiles, h.num_target_quantiles, micro_batches)
-            if h.name == "iqn" else None)
+    if taus is DRAW:
+        taus = draw_taus(s, b, micro_batches)
     penalty = None
     if s.switch is not None and s.value is None:  # branching: the exposure branch pays each exposure's
         penalty = s.switch.target_exposures(batch) if s.action_mode.name == "branching" else s.switch.target(batch)
@@ -165,7 +177,7 @@ def member_micro_batches(batch: Batch, members: int, m: int) -> list[Batch]:
     return out
 
 
-def accumulate_member_gradients(s: PopulationState, batch: Batch) -> LossOutput:
+def accumulate_member_gradients(s: PopulationState, batch: Batch, taus: list | None = None) -> LossOutput:
     """Zero the gradients, back-propagate ``batch`` in ``optim.accumulate`` = M micro-batches
     (:func:`member_micro_batches`; each member's loss of a micro-batch back-propagated as ℓ_m / M,
     as a population of one does), and return the whole update's
@@ -178,15 +190,16 @@ def accumulate_member_gradients(s: PopulationState, batch: Batch) -> LossOutput:
     backward of all B rows: every objective's loss is a weighted mean of per-row terms
     (:func:`foxdqn.objectives.base.weighted_mean`), so (1/M) Σ_m ℓ_m is the mean over the B rows and
     its gradient is that of the M passes to float rounding; IQN reads the τ the M passes would
-    draw (:func:`foxdqn.population.objective.member_taus`). docs/design/update.md#accumulation."""
+    draw (:func:`foxdqn.population.objective.member_taus`). docs/design/update.md#accumulation.
+    ``taus``: each pass's τ pair drawn ahead (:attr:`UpdateDraws.taus`); None: each pass draws its own."""
     p, m = s.members, s.cfg.optim.accumulate
     s.optimizer.zero_grad(set_to_none=True)
     one_pass = m == 1 or s.cfg.optim.accumulate_one_pass
     passes = [batch] if one_pass else member_micro_batches(batch, p, m)
     seed = device_vector(s.device, p, 1.0 / len(passes))  # each member's dℓ/dℓ_p: no sum, no ones_like
     outs = []
-    for mb in passes:
-        out = population_loss(s, mb, micro_batches=m if one_pass else 1)
+    for k, mb in enumerate(passes):
+        out = population_loss(s, mb, micro_batches=m if one_pass else 1, taus=DRAW if taus is None else taus[k])
         loss = out.loss
         if s.inject_nan:  # debug.inject_nan_at_step of some member: poison its loss at that update
             loss = loss + torch.where(s.updates == s.params.nan_at, float("nan"), 0.0)
@@ -201,18 +214,47 @@ def accumulate_member_gradients(s: PopulationState, batch: Batch) -> LossOutput:
     return LossOutput(total / m, td_abs, torch.cat([out.q_values for out in outs], dim=1))
 
 
-def update_step(s: PopulationState) -> None:
+class UpdateDraws(NamedTuple):
+    """An update's random draws, made ahead of it (:func:`draw_update`): its batch (the replay's
+    sample, with any HER relabelling) and each backward pass's IQN (τ, τ') pair (None entries for
+    the other heads): one entry, or ``optim.accumulate`` = M with ``accumulate_one_pass`` false."""
+
+    batch: Batch
+    taus: list
+
+
+def draw_update(s: PopulationState) -> UpdateDraws:
+    """Every random draw of one update, in the order :func:`update_step` makes them: the batch
+    (``agent.batch_size`` rows per member, :meth:`MemberReplay.sample_members`), then the τ pair of
+    each pass. After it the update reads nothing of the replay (uniform replay) and draws nothing."""
+    b, m = s.cfg.agent.batch_size, s.cfg.optim.accumulate
+    batch = s.replay.sample_members(b)
+    if m == 1 or s.cfg.optim.accumulate_one_pass:
+        return UpdateDraws(batch, [draw_taus(s, b, m)])
+    return UpdateDraws(batch, [draw_taus(s, b // m) for _ in range(m)])
+
+
+def update_step(s: PopulationState, drawn: UpdateDraws | None = None,
+                join: Callable[[], None] | None = None) -> None:
     """One gradient update of every member (skipped per member by the guard). The guard's state
-    reaches the host once per iteration (:func:`publish_guard`), not per update."""
+    reaches the host once per iteration (:func:`publish_guard`), not per update.
+
+    ``drawn``: the update's draws made ahead (:func:`draw_update`); None: drawn now. ``join``:
+    called once the gradients and their norms are queued, before anything reads the env counters or
+    writes the weights (the guard, Adam): :func:`collect_beside_update` waits there for its
+    branch."""
     p = s.members
-    batch = s.replay.sample_members(s.cfg.agent.batch_size)
-    out = accumulate_member_gradients(s, batch)
+    drawn = draw_update(s) if drawn is None else drawn
+    batch = drawn.batch
+    out = accumulate_member_gradients(s, batch, drawn.taus)
     loss = out.loss
     if s.pruner is not None:  # prune.enabled: pruned entries get no gradient (norm, clip, Adam)
         s.pruner.mask_grads()
     # each member's clip_grad_norm_ norm and coefficient; Adam's kernel multiplies the grads by it
     # (over every trained parameter: Q's, and IQL's V after them, as a single run clips)
     grad_norm, clip = grad_norm_coefficient([w.grad for w in s.optimizer.params], s.params.grad_clip, members=p)
+    if join is not None:
+        join()
     spike = None
     if s.inject_lr_spike:  # debug.inject_lr_spike_at_step of some member: its lr x 2**100 for that update
         spike = torch.where(s.updates == s.params.lr_spike_at, 2.0 ** 100, 1.0)
@@ -235,6 +277,60 @@ def update_step(s: PopulationState) -> None:
     if s.pruner is not None:
         s.pruner.mask_target()
     s.replay.update_priorities(batch.index, out.td_abs, skip)  # PER: each member's |TD|, unless skipped
+
+
+def collect_beside_update(s: PopulationState, collect_steps: int, branch: torch.cuda.Stream | None) -> None:
+    """One iteration of ``collect_steps`` = T collect steps and one update, the collect steps on
+    ``branch`` beside the update (docs/design/hot_loop.md#the-collect-beside-the-update).
+
+    The order of its effects, on the CPU and in a CUDA graph alike: the update's draws
+    (:func:`draw_update`: the batch, from the replay as it stood before this iteration's T steps),
+    then the T collect steps (:func:`collect_step`, acting with the weights before this update),
+    then the rest of the update (:func:`update_step`). On CUDA the collect steps are forked onto
+    ``branch`` after the draws and joined before the guard: they run beside the update's forward,
+    backward and gradient norms, which read neither what they write (env state, observations, the
+    replay's rows and counters, the step monitors, ``env_steps``, the shared generator's counter)
+    nor write what they read (the online weights, which Adam writes after the join). Where the
+    update reads the replay after sampling (``replay.name=per`` writes priorities of sampled slots
+    that an insert may have overwritten), use :func:`collect_step` and :func:`update_step` in
+    turn instead (:func:`iteration_steps` does).
+
+    ``branch``: a second stream of ``s.device``, or None (the CPU): the same three parts in turn.
+    """
+    drawn = draw_update(s)
+    if branch is None:
+        for _ in range(collect_steps):
+            collect_step(s)
+        update_step(s, drawn)
+        return
+    current = torch.cuda.current_stream(branch.device)
+    branch.wait_stream(current)  # fork after the draws (the batch gathered)
+    joined = False
+
+    def join() -> None:
+        nonlocal joined
+        current.wait_stream(branch)
+        joined = True
+
+    try:
+        with torch.cuda.stream(branch):
+            for _ in range(collect_steps):
+                collect_step(s)
+        update_step(s, drawn, join=join)
+    finally:
+        if not joined:
+            join()
+
+
+def iteration_steps(s: PopulationState) -> dict:
+    """The step functions of ``s``'s training iteration (:class:`~foxdqn.step.iteration.Iteration`'s
+    keyword arguments): ``collect`` (:func:`collect_step`), ``update`` (:func:`update_step`),
+    ``after_updates`` (:func:`publish_guard`) and ``beside``: :func:`collect_beside_update` with
+    ``agent.collect_beside_update`` on and uniform replay, else None (the collect steps, then the
+    updates)."""
+    beside = s.cfg.agent.collect_beside_update and s.cfg.replay.name != "per"
+    return dict(collect=collect_step, update=update_step, after_updates=publish_guard,
+                beside=collect_beside_update if beside else None)
 
 
 def publish_guard(s: PopulationState) -> None:

@@ -141,7 +141,7 @@ class _Population:
         a = cfg.agent
         # env steps of one member per iteration, iterations, collect-only ones, log interval
         self.per_iter, self.total_iters, self.warm_iters, self.log_every = IterationPlan.of(cfg)
-        step_fns = dict(collect=P.collect_step, update=P.update_step, after_updates=P.publish_guard)
+        step_fns = P.iteration_steps(s)  # with the collect steps beside the update where they may run so
         # env=gym: host envs, eager collect steps and a captured update-only graph (HostEnvIteration)
         self.collect_only = make_iteration(s, self.graph, updates=0, on_host=s.env.on_host, **step_fns)
         self.full = make_iteration(s, self.graph, on_host=s.env.on_host, **step_fns)

@@ -34,11 +34,16 @@ class Iteration:
             updates of an iteration that has some (e.g. the population's guard copy to the host), or
             None. ``state`` needs ``cfg``, ``device`` and ``generator``
             (a torch.Generator registered with the graph, or None).
+        beside: for an iteration of T >= 1 collect steps and K = 1 update, called as
+            ``beside(state, T, branch)`` in place of the T collect calls and the update call: the
+            collect steps on ``branch`` (a second stream on CUDA, else None) beside the update
+            (:func:`foxdqn.population.step.collect_beside_update`); None: the collect calls, then
+            the update calls.
     """
 
     def __init__(self, state: Any, use_graph: bool, collect_steps: int | None = None,
                  updates: int | None = None, *, collect: Callable, update: Callable,
-                 after_updates: Callable | None = None):
+                 after_updates: Callable | None = None, beside: Callable | None = None):
         self.s = state
         self._collect, self._update, self._after_updates = collect, update, after_updates
         self.use_graph = use_graph
@@ -47,13 +52,19 @@ class Iteration:
         self.updates = a.updates_per_iter if updates is None else updates
         self.graph: torch.cuda.CUDAGraph | None = None
         self._eager_runs = 0
+        self._beside = beside if self.collect_steps and self.updates == 1 else None
+        self._branch = (torch.cuda.Stream(state.device)
+                        if self._beside is not None and state.device.type == "cuda" else None)
 
     def body(self) -> None:
         s = self.s
-        for _ in range(self.collect_steps):
-            self._collect(s)
-        for _ in range(self.updates):
-            self._update(s)
+        if self._beside is not None:
+            self._beside(s, self.collect_steps, self._branch)
+        else:
+            for _ in range(self.collect_steps):
+                self._collect(s)
+            for _ in range(self.updates):
+                self._update(s)
         if self.updates and self._after_updates is not None:
             self._after_updates(s)
 

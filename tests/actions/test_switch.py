@@ -267,7 +267,7 @@ def test_the_options_keep_the_loop_sync_free(monkeypatch, action):
 
     s, market = small_state([f"action={action}", "action.switch_margin=2", "data.augment.method=block_bootstrap",
                              "data.augment.paths=3"])
-    collect, full = Iteration(s, use_graph=False, updates=0, **step_fns()), Iteration(s, use_graph=False, **step_fns())
+    collect, full = Iteration(s, use_graph=False, updates=0, **step_fns(s)), Iteration(s, use_graph=False, **step_fns(s))
     for _ in range(4):
         collect()
     full()

@@ -22,7 +22,7 @@ def _pair(name, m, extra=(), first=1):
     for acc, one_pass in ((first, "true"), (m, "false")):
         s, _ = experiment_state(name, extra=[f"optim.accumulate={acc}", f"optim.accumulate_one_pass={one_pass}",
                                              *extra])
-        collect = Iteration(s, False, updates=0, **step_fns())
+        collect = Iteration(s, False, updates=0, **step_fns(s))
         for _ in range(4):
             collect()
         states.append(s)
@@ -50,7 +50,7 @@ def test_accumulated_updates_equal_one_batch_updates(name):
     """Whole iterations (clip, guard, Adam, target, priorities): same parameters, guard sums."""
     s1, s2 = _pair(name, 2)
     for s in (s1, s2):
-        full = Iteration(s, False, **step_fns())
+        full = Iteration(s, False, **step_fns(s))
         for _ in range(3):
             full()
     for a, b in zip(s2.online.parameters(), s1.online.parameters()):
@@ -88,7 +88,7 @@ def test_one_pass_equals_the_micro_batches_passes(name):
 def test_micro_batches_are_consecutive_views():
     s, _ = experiment_state("eurusd_dqn")
     for _ in range(3):
-        Iteration(s, False, updates=0, **step_fns())()
+        Iteration(s, False, updates=0, **step_fns(s))()
     batch = s.replay.sample_members(32)
     parts = member_micro_batches(batch, 1, 4)
     assert len(parts) == 4 and all(p.obs.shape[0] == 8 for p in parts)
@@ -126,7 +126,7 @@ def test_guard_sees_a_nan_in_one_micro_batch_and_skips_the_whole_update():
     s, _ = experiment_state("eurusd_dqn", extra=["optim.accumulate=4", "debug.inject_nan_at_step=2",
                                                  "prune.enabled=true", "prune.start_update=0",
                                                  "prune.end_update=4", "prune.frequency=1"])
-    collect, full = Iteration(s, False, updates=0, **step_fns()), Iteration(s, False, **step_fns())
+    collect, full = Iteration(s, False, updates=0, **step_fns(s)), Iteration(s, False, **step_fns(s))
     for _ in range(4):
         collect()
     full()  # updates 0, 1

@@ -76,7 +76,7 @@ def test_final_sparsity_reached_and_kept_online_and_target():
         assert abs(int((p == 0).sum()) - k) <= 1
         assert bool((tp[p == 0] == 0).all())  # the target carries the online masks
     zeros_before = [(p == 0).clone() for p in s.pruner.params]
-    full = Iteration(s, False, **step_fns())
+    full = Iteration(s, False, **step_fns(s))
     for _ in range(4):  # Adam keeps moving the pruned weights; the mask puts them back
         full()
     for z, p, tp in zip(zeros_before, s.pruner.params, s.pruner.target_params):

@@ -83,12 +83,12 @@ def test_collect_stores_the_state_volatility_ratio():
     s, _ = experiment_state("eurusd_dqn", extra=["regime.enabled=true"])
     env = s.env
     expected = volatility_ratio(env.market_state()[1], env.median_volatility)
-    Iteration(s, False, updates=0, collect_steps=1, **step_fns())()
+    Iteration(s, False, updates=0, collect_steps=1, **step_fns(s))()
     assert torch.equal(s.replay.vol_ratio[0], expected)
     assert not torch.equal(s.replay.vol_ratio[0], torch.ones_like(expected))
-    full = Iteration(s, False, **step_fns())
+    full = Iteration(s, False, **step_fns(s))
     for _ in range(3):
-        Iteration(s, False, updates=0, **step_fns())()
+        Iteration(s, False, updates=0, **step_fns(s))()
     full()
     assert int(s.updates) == 2
 

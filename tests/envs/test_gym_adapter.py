@@ -62,7 +62,7 @@ def _reference_check(s, rows: int) -> tuple[int, int]:
 def test_replay_transitions_across_autoreset_match_gymnasium():
     s, _ = small_state(["+experiment=cartpole_gym", f"env.id={SHORT_ID}", "env.num_envs=4", "explore.eps_start=0.5",
                         "explore.eps_end=0.5"])
-    it = make_iteration(s, False, updates=0, on_host=s.env.on_host, **step_fns())
+    it = make_iteration(s, False, updates=0, on_host=s.env.on_host, **step_fns(s))
     assert isinstance(it, HostEnvIteration)
     rows = 60
     for _ in range(rows):
@@ -201,8 +201,8 @@ def test_pong_dqn_smoke_iterations_on_cpu():
     s, _ = small_state(["+experiment=pong_dqn", "replay.capacity=256", "agent.batch_size=8", "env.num_envs=4"])
     assert s.replay.obs.dtype == torch.uint8 and s.replay.obs.shape[-1] == 4 * 84 * 84
     assert s.cfg.model.encoder == "nature_cnn" and s.cfg.model.hidden == [64]  # smoke cap
-    collect = make_iteration(s, False, updates=0, on_host=True, **step_fns())
-    full = make_iteration(s, False, on_host=True, **step_fns())
+    collect = make_iteration(s, False, updates=0, on_host=True, **step_fns(s))
+    full = make_iteration(s, False, on_host=True, **step_fns(s))
     for _ in range(2):
         collect()
     before = [p.detach().clone() for p in s.online.parameters()]

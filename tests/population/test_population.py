@@ -37,8 +37,7 @@ def market_for(cfg):
 def run(cfgs, iterations=12, collect_first=10):
     """A population of ``cfgs`` after ``collect_first`` collect-only and ``iterations`` full iterations."""
     s = build_population(cfgs, market_for(cfgs[0]), CPU)
-    return iterate(s, False, collect_first, iterations, collect=P.collect_step, update=P.update_step,
-                   after_updates=P.publish_guard).s
+    return iterate(s, False, collect_first, iterations).s  # training's steps (step_fns of s)
 
 
 def member_tensors(s, p):

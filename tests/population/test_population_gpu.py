@@ -19,7 +19,6 @@ from support import iterate, no_host_sync
 
 pytestmark = pytest.mark.gpu
 CUDA = torch.device("cuda")
-FNS = dict(collect=P.collect_step, update=P.update_step, after_updates=P.publish_guard)
 
 
 def cuda_configs(base, members):
@@ -27,7 +26,7 @@ def cuda_configs(base, members):
 
 
 def run(cfgs, graph: bool, iterations=10, collect_first=10):
-    full = iterate(build_population(cfgs, market_for(cfgs[0]), CUDA), graph, collect_first, iterations, **FNS)
+    full = iterate(build_population(cfgs, market_for(cfgs[0]), CUDA), graph, collect_first, iterations)
     return full.s, full
 
 
@@ -47,6 +46,30 @@ def test_graph_equals_eager(base):
     assert it.graph is not None
     assert_members_close(captured, eager, [(p, p) for p in range(3)])
     assert torch.equal(captured.rng.counter, eager.rng.counter)
+
+
+@pytest.mark.parametrize("base", [CARTPOLE, TRADING, IQN], ids=["cartpole", "trading", "trading_iqn"])
+def test_collect_beside_update_on_two_streams_equals_its_order_on_one(base):
+    """The captured iteration with the collect steps on a second stream (the default) equals, bit for
+    bit, the same order on one stream: no race between the branch and the update."""
+    members = [["seed=0"], ["seed=1", "optim.lr=1e-3"], ["seed=2", "agent.gamma=0.9"]]
+
+    def run_streams(one: bool):
+        cfgs = cuda_configs(base, members)
+        s = build_population(cfgs, market_for(cfgs[0]), CUDA)
+        steps = P.iteration_steps(s)
+        assert steps["beside"] is P.collect_beside_update
+        if one:
+            steps["beside"] = lambda st, t, branch: P.collect_beside_update(st, t, None)
+        return iterate(s, True, 10, 10, **steps)
+
+    two, one = run_streams(False), run_streams(True)
+    assert two.graph is not None and two._branch is not None
+    assert_members_close(two.s, one.s, [(p, p) for p in range(3)], atol=0.0)
+    for name in ("env_steps", "updates"):
+        assert torch.equal(getattr(two.s, name), getattr(one.s, name)), name
+    assert torch.equal(two.s.rng.counter, one.s.rng.counter)
+    assert torch.equal(two.s.replay.ptr, one.s.replay.ptr) and torch.equal(two.s.obs, one.s.obs)
 
 
 @pytest.mark.parametrize("objective", [["objective=cql"], ["objective=iql", "objective.cql_alpha=0.5"]],
@@ -219,6 +242,6 @@ def test_every_shipped_experiment_captures_at_its_own_widths(name):
     cfgs = cuda_configs([f"+experiment={name}", "log.progress=false", "replay.capacity=4096"],
                         [["seed=0"], ["seed=1", "optim.lr=1e-4"]])
     market = market_data(cfgs[0]) if cfgs[0].env.name == "trading" else None
-    full = iterate(build_population(cfgs, market, CUDA), True, 4, WARMUP_ITERATIONS + 2, **FNS)
+    full = iterate(build_population(cfgs, market, CUDA), True, 4, WARMUP_ITERATIONS + 2)
     assert full.graph is not None
     assert all(bool(torch.isfinite(t).all()) for t in full.s.online.parameters())

@@ -12,8 +12,8 @@ from support import EXPERIMENTS, experiment_state, forbid_syncs, step_fns, sync_
 def test_eager_step_every_experiment(monkeypatch, name):
     s, _ = experiment_state(name)
     host = s.env.on_host
-    collect = make_iteration(s, False, updates=0, on_host=host, **step_fns())
-    full = make_iteration(s, False, on_host=host, **step_fns())
+    collect = make_iteration(s, False, updates=0, on_host=host, **step_fns(s))
+    full = make_iteration(s, False, on_host=host, **step_fns(s))
     for _ in range(6):
         collect()
     full()  # allocates Adam state

@@ -15,8 +15,8 @@ from support import HostSync, forbid_syncs, small_state, step_fns
 @pytest.mark.parametrize("head", ["q", "dueling"])
 def test_steady_state_loop_never_syncs(monkeypatch, head):
     s, _ = small_state([f"head={head}"])
-    collect = Iteration(s, use_graph=False, updates=0, **step_fns())
-    full = Iteration(s, use_graph=False, **step_fns())
+    collect = Iteration(s, use_graph=False, updates=0, **step_fns(s))
+    full = Iteration(s, use_graph=False, **step_fns(s))
     for _ in range(4):
         collect()
     full()  # first update allocates Adam state (not steady state)
