@@ -101,6 +101,7 @@ MOVED_KEYS = {
 #: a resumed run keeps the behaviour it started with (:func:`upgrade`).
 ADDED_KEYS = {
     "optim.accumulate_one_pass": False,  # before it, accumulation ran the M micro-batches as M passes
+    "agent.collect_beside_update": False,  # before it, an iteration's update sampled after its collect steps
 }
 
 

@@ -226,6 +226,18 @@ def test_upgrade_gives_a_record_without_an_added_key_the_behaviour_it_started_wi
     assert resumed.optim.accumulate_one_pass is False and resumed.optim.accumulate == 4
 
 
+def test_a_record_from_before_the_collect_beside_the_update_resumes_in_its_order():
+    """agent.collect_beside_update came after runs were recorded: an older run, resumed, keeps
+    sampling after its collect steps (the order it trained in); a current record keeps its value."""
+    from foxdqn.config.schema import to_plain, upgrade
+    from foxdqn.config.compose import from_plain
+
+    current = to_plain(load_config(["+experiment=cartpole_cleanrl"]))
+    assert current["agent"]["collect_beside_update"] is True and upgrade(current) == current
+    del current["agent"]["collect_beside_update"]
+    assert from_plain(upgrade(current)).agent.collect_beside_update is False
+
+
 def test_logger_group_is_combinable():
     assert load_config([]).logger.tensorboard
     assert not load_config(["logger=csv"]).logger.tensorboard
