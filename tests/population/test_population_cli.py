@@ -45,7 +45,9 @@ def test_population_multirun_from_the_command_line(train_cli, tmp_path):
             last = metrics.iloc[-1]
             assert last["step"] == total
             assert metrics["train/episodes"].sum() > 0 and math.isfinite(last["train/loss"])  # real values on CPU
-            assert math.isfinite(last["train/episode_return"]) and last["train/reward_per_step"] > 0
+            assert last["train/reward_per_step"] > 0
+            returns = metrics["train/episode_return"].dropna()  # rows of intervals in which an episode ended
+            assert len(returns) > 0 and all(math.isfinite(r) and r > 0 for r in returns)
 
 
 @pytest.mark.slow
