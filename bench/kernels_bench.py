@@ -16,7 +16,12 @@ the kernel count does not depend on N). At P = 1 a population of one is built
 * ``env_steps_per_s``: N / ms for a collect step (P·N / ms at P members), and N·T / ms for the
   ``collect_only`` row (the experiment's own T collect steps in one graph, no update: one
   replay's fixed cost spread over T steps) and the ``iteration`` row (its T collect steps and K
-  updates in one graph).
+  updates in one graph, as training runs them: the collect steps beside the update where
+  :func:`foxdqn.population.step.collects_beside`, column ``collect_beside``);
+* ``iteration_in_turn``: for an experiment whose iteration runs the collect steps beside the
+  update, the same iteration with the collect steps first, then the update
+  (``agent.collect_beside_update=false``'s order), measured on the same state after the
+  ``iteration`` row: the two orders side by side in one run.
 
 At P = ``POPULATION`` (issue 33: the kernels per iteration should not grow with P) a
 :class:`~foxdqn.population.state.PopulationState` of 64 members, seeds 0..63, is built
@@ -38,7 +43,8 @@ captured) a ``collect`` row with a note, its ``update`` row measured and no ``co
 unmeasured (the traceback goes to stderr) and the section goes on with the next experiment.
 
 Rows: ``section=kernels``, ``features`` (the experiment), ``members`` (1 or 64), ``phase``
-(collect | update | collect_only | iteration), ``num_envs`` (N, per member), ``note``.
+(collect | update | collect_only | iteration | iteration_in_turn), ``num_envs`` (N, per member),
+``note``.
 :func:`table`: every experiment's collect and update kernels at P = 1 and P = 64 side by side
 with their ratio, then every row. CUDA only (kernels are what is counted). docs/bench.md#kernels.
 """
@@ -58,8 +64,9 @@ from bench.ops.training import TRADING_ENVS
 #: Members of the population rows (P = 1 is the single run).
 POPULATION = 64
 MEMBERS = (1, POPULATION)
-#: The phases measured at P = 1 (all of them) and at P = POPULATION (the first two).
-PHASES = ("collect", "update", "collect_only", "iteration")
+#: The phases measured at P = 1 (all of them; ``iteration_in_turn`` only where the iteration runs its
+#: collect steps beside its update) and at P = POPULATION (the first two).
+PHASES = ("collect", "update", "collect_only", "iteration", "iteration_in_turn")
 STEP_PHASES = ("collect", "update")
 #: Replays per timed block (bench.iteration_graph.replay_ms: the median of 3 blocks).
 REPS = 200
@@ -79,6 +86,8 @@ class Case:
     missing: why it cannot be built on this machine (a package not importable), else None.
     refusal: why the population trainer refuses it (:func:`~foxdqn.population.grouping.batch_refusal`),
     else None.
+    beside: its iteration runs the collect steps beside the update
+    (:func:`foxdqn.population.step.collects_beside`).
     """
 
     name: str
@@ -87,6 +96,7 @@ class Case:
     host_env: bool = False
     missing: str | None = None
     refusal: str | None = None
+    beside: bool = False
 
 
 def missing_packages(cfg) -> str | None:
@@ -108,11 +118,12 @@ def case(name: str) -> Case:
     """The :class:`Case` of experiment ``name`` (its config composed once, on no device)."""
     from foxdqn.config.compose import load_config
     from foxdqn.population.grouping import batch_refusal
+    from foxdqn.population.step import collects_beside
 
     cfg = load_config([f"+experiment={name}"])
     overrides = (f"env.num_envs={TRADING_ENVS}",) if cfg.env.name == "trading" else ()
     return Case(name, str(cfg.env.name), overrides, host_env=cfg.env.name == "gym", missing=missing_packages(cfg),
-                refusal=batch_refusal(cfg))
+                refusal=batch_refusal(cfg), beside=collects_beside(cfg))
 
 
 def experiments(only: tuple[str, ...] | None = None) -> list[str]:
@@ -130,7 +141,7 @@ def plan(c: Case) -> list[tuple[int, str, str | None]]:
     elif c.host_env:
         single = [(1, "collect", HOST_ENV_NOTE), (1, "update", None)]
     else:
-        single = [(1, phase, None) for phase in PHASES]
+        single = [(1, phase, None) for phase in PHASES if phase != "iteration_in_turn" or c.beside]
     note = c.refusal or c.missing
     if c.host_env and note is None:  # a population of host envs: its collect step is not captured either
         return single + [(POPULATION, "collect", HOST_ENV_NOTE), (POPULATION, "update", None)]
@@ -191,11 +202,14 @@ def _measure(s, phase: str, members: int, reps: int = REPS) -> dict:
         fn = collect if phase == "collect" else update
         row["kernels"], row["device_us"], row["longest_us"] = profile_kernels(lambda: fn(s))
     shape = {"collect": dict(collect_steps=1, updates=0), "update": dict(collect_steps=0, updates=1),
-             "collect_only": dict(updates=0), "iteration": {}}[phase]
+             "collect_only": dict(updates=0), "iteration": {}, "iteration_in_turn": {}}[phase]
     from foxdqn.population.step import iteration_steps
 
-    # the iteration as training runs it: the collect steps beside the update where they may be
-    it = Iteration(s, use_graph=True, collect=collect, update=update, beside=iteration_steps(s)["beside"], **shape)
+    # the iteration as training runs it (the collect steps beside the update where they may be), or in turn
+    beside = iteration_steps(s)["beside"] if phase != "iteration_in_turn" else None
+    it = Iteration(s, use_graph=True, collect=collect, update=update, beside=beside, **shape)
+    if phase.startswith("iteration"):
+        row["collect_beside"] = it.collect_beside
     row["ms"] = round(replay_ms(it, reps), 5)
     row["graph_nodes"] = graph_nodes(it.graph)
     steps = {"collect": 1, "update": 0}.get(phase, it.collect_steps)

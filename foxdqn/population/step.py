@@ -322,15 +322,22 @@ def collect_beside_update(s: PopulationState, collect_steps: int, branch: torch.
             join()
 
 
+def collects_beside(cfg) -> bool:
+    """Whether the full iteration of config ``cfg`` runs its collect steps beside its update
+    (:func:`collect_beside_update`): ``agent.collect_beside_update`` on, one update per iteration,
+    uniform replay and an env on the device; else the collect steps, then the updates."""
+    a = cfg.agent
+    return bool(a.collect_beside_update) and a.updates_per_iter == 1 and cfg.replay.name != "per" \
+        and cfg.env.name != "gym"
+
+
 def iteration_steps(s: PopulationState) -> dict:
     """The step functions of ``s``'s training iteration (:class:`~foxdqn.step.iteration.Iteration`'s
     keyword arguments): ``collect`` (:func:`collect_step`), ``update`` (:func:`update_step`),
-    ``after_updates`` (:func:`publish_guard`) and ``beside``: :func:`collect_beside_update` with
-    ``agent.collect_beside_update`` on and uniform replay, else None (the collect steps, then the
-    updates)."""
-    beside = s.cfg.agent.collect_beside_update and s.cfg.replay.name != "per"
+    ``after_updates`` (:func:`publish_guard`) and ``beside``: :func:`collect_beside_update` where
+    :func:`collects_beside`, else None."""
     return dict(collect=collect_step, update=update_step, after_updates=publish_guard,
-                beside=collect_beside_update if beside else None)
+                beside=collect_beside_update if collects_beside(s.cfg) else None)
 
 
 def publish_guard(s: PopulationState) -> None:

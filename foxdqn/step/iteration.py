@@ -53,8 +53,10 @@ class Iteration:
         self.graph: torch.cuda.CUDAGraph | None = None
         self._eager_runs = 0
         self._beside = beside if self.collect_steps and self.updates == 1 else None
+        #: this iteration runs ``beside`` (its collect steps beside its update)
+        self.collect_beside = self._beside is not None
         self._branch = (torch.cuda.Stream(state.device)
-                        if self._beside is not None and state.device.type == "cuda" else None)
+                        if self.collect_beside and state.device.type == "cuda" else None)
 
     def body(self) -> None:
         s = self.s

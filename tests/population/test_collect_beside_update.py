@@ -7,6 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from foxdqn.config.compose import load_config
 from foxdqn.population import step as P
 from foxdqn.population.state import build_population
 from foxdqn.step.iteration import Iteration
@@ -61,8 +62,10 @@ def test_the_collect_steps_come_first_elsewhere(extra, monkeypatch):
 
 def test_iteration_steps_choose_the_order():
     assert P.iteration_steps(state(CARTPOLE))["beside"] is P.collect_beside_update
-    assert P.iteration_steps(state(CARTPOLE, ["agent.collect_beside_update=false"]))["beside"] is None
-    assert P.iteration_steps(state(CARTPOLE, ["replay.name=per"]))["beside"] is None
+    assert P.iteration_steps(state(TRADING))["beside"] is P.collect_beside_update  # T = 4
+    for extra in (["agent.collect_beside_update=false"], ["replay.name=per"], ["agent.updates_per_iter=2"]):
+        assert P.iteration_steps(state(CARTPOLE, extra))["beside"] is None, extra
+    assert not P.collects_beside(load_config(["+experiment=cartpole_gym"]))  # a host env
 
 
 def test_the_collect_steps_act_with_the_weights_before_the_update(monkeypatch):

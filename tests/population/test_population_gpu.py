@@ -64,7 +64,7 @@ def test_collect_beside_update_on_two_streams_equals_its_order_on_one(base):
         return iterate(s, True, 10, 10, **steps)
 
     two, one = run_streams(False), run_streams(True)
-    assert two.graph is not None and two._branch is not None
+    assert two.graph is not None and one.graph is not None and two.collect_beside
     assert_members_close(two.s, one.s, [(p, p) for p in range(3)], atol=0.0)
     for name in ("env_steps", "updates"):
         assert torch.equal(getattr(two.s, name), getattr(one.s, name)), name
