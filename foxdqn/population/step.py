@@ -242,7 +242,14 @@ def update_step(s: PopulationState, drawn: UpdateDraws | None = None,
     ``drawn``: the update's draws made ahead (:func:`draw_update`); None: drawn now. ``join``:
     called once the gradients and their norms are queued, before anything reads the env counters or
     writes the weights (the guard, Adam): :func:`collect_beside_update` waits there for its
-    branch."""
+    branch.
+
+    Raises:
+        ValueError: a ``join`` without ``drawn`` (the draws would run beside the branch's, on the
+            shared generator's counter and the replay it writes).
+    """
+    if join is not None and drawn is None:
+        raise ValueError("update_step: a join needs the update's draws made before the fork (drawn=draw_update(s))")
     p = s.members
     drawn = draw_update(s) if drawn is None else drawn
     batch = drawn.batch

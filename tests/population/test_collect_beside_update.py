@@ -112,3 +112,10 @@ def test_iqn_draws_its_fractions_before_the_collect_steps(monkeypatch):
     full()
     assert [k for k, _ in order] == ["taus"] + ["collect"] * full.collect_steps
     assert order[1][1] > order[0][1]  # the first collect step drew after the fractions
+
+
+def test_a_join_without_the_draws_made_ahead_is_refused():
+    s = state(CARTPOLE)
+    iterate(s, False, 12, 0)
+    with pytest.raises(ValueError, match="a join needs the update's draws"):
+        P.update_step(s, None, join=lambda: None)
