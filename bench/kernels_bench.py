@@ -193,6 +193,7 @@ def _measure(s, phase: str, members: int, reps: int = REPS) -> dict:
     """The numbers of one row: kernels (collect, update), graph nodes and ms of ``phase``
     captured alone, env steps/s (all members')."""
     from bench.iteration_graph import graph_nodes, replay_ms
+    from foxdqn.population.step import iteration_steps
     from foxdqn.step.iteration import Iteration
 
     collect, update = _steps(members)
@@ -203,8 +204,6 @@ def _measure(s, phase: str, members: int, reps: int = REPS) -> dict:
         row["kernels"], row["device_us"], row["longest_us"] = profile_kernels(lambda: fn(s))
     shape = {"collect": dict(collect_steps=1, updates=0), "update": dict(collect_steps=0, updates=1),
              "collect_only": dict(updates=0), "iteration": {}, "iteration_in_turn": {}}[phase]
-    from foxdqn.population.step import iteration_steps
-
     # the iteration as training runs it (the collect steps beside the update where they may be), or in turn
     beside = iteration_steps(s)["beside"] if phase != "iteration_in_turn" else None
     it = Iteration(s, use_graph=True, collect=collect, update=update, beside=beside, **shape)
