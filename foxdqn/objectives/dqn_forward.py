@@ -32,6 +32,7 @@ from typing import Callable, NamedTuple
 import torch
 from torch import Tensor
 
+from foxdqn.device.side_stream import beside
 from foxdqn.ops.replay_gather import stacked_pair
 
 __all__ = ["DQNForward", "dqn_forward"]
@@ -55,7 +56,8 @@ class DQNForward(NamedTuple):
 
 
 def dqn_forward(online: Callable[[Tensor], Tensor], target: Callable[[Tensor], Tensor], obs: Tensor,
-                next_obs: Tensor, *, double: bool, stack: bool = True, members: int | None = None) -> DQNForward:
+                next_obs: Tensor, *, double: bool, stack: bool = True, members: int | None = None,
+                branch: torch.cuda.Stream | None = None) -> DQNForward:
     """Run the online and target networks for a (Double) DQN loss (module docstring).
 
     Args:
@@ -66,6 +68,11 @@ def dqn_forward(online: Callable[[Tensor], Tensor], target: Callable[[Tensor], T
         double: Double DQN: the online network also evaluates s'; False: only s.
         stack: with ``double``, one online forward of the stacked [s; s'] batch; False: two.
         members: P for a population batch (reshaped to ``[P, B, D]``); None for one run.
+        branch: a second CUDA stream of the batch's device: the target network's forward runs on
+            it beside the online forward(s) (:func:`foxdqn.device.side_stream.beside`; in a CUDA
+            graph, two branches joined before the result is returned). The same kernels on the
+            same inputs: the same bits as without it. None: one after the other on the current
+            stream (the CPU, or no stream given). The stream must be used through ``beside`` only.
 
     Returns:
         :class:`DQNForward`; with ``members`` every tensor has the leading ``[P]`` axis.
@@ -79,26 +86,30 @@ def dqn_forward(online: Callable[[Tensor], Tensor], target: Callable[[Tensor], T
         axis = 1
     else:
         axis = 0
-    rows = obs.shape[axis]
-    q_next_online = None
-    if double and stack:
-        if pair is not None:
-            both = pair.view(members, -1, pair.shape[-1]) if members is not None else pair.view(2 * rows, -1)
-        else:
-            both = torch.cat([obs, next_obs], dim=axis)
-        split = getattr(online, "forward_split", None)
-        parts = split(both, rows) if split is not None and members is not None else None
-        if parts is not None:  # one forward launch; the backward covers the s rows only
-            q = q_s = parts[0]
-            q_next_online = parts[1]
-        else:
+
+    def target_forward() -> Tensor:
+        with torch.no_grad():
+            return target(next_obs)
+
+    def online_forward() -> tuple[Tensor, Tensor, Tensor | None]:
+        rows = obs.shape[axis]
+        if double and stack:
+            if pair is not None:
+                both = pair.view(members, -1, pair.shape[-1]) if members is not None else pair.view(2 * rows, -1)
+            else:
+                both = torch.cat([obs, next_obs], dim=axis)
+            split = getattr(online, "forward_split", None)
+            parts = split(both, rows) if split is not None and members is not None else None
+            if parts is not None:  # one forward launch; the backward covers the s rows only
+                return parts[0], parts[0], parts[1]
             q = online(both)  # rows of s, then of s' (per member)
-            q_s = q.narrow(axis, 0, rows)
-    else:
-        q = q_s = online(obs)
+            return q, q.narrow(axis, 0, rows), None
+        q = online(obs)
+        q_next_online = None
         if double:
             with torch.no_grad():
                 q_next_online = online(next_obs)
-    with torch.no_grad():
-        q_next_target = target(next_obs)
+        return q, q, q_next_online
+
+    q_next_target, (q, q_s, q_next_online) = beside(branch, target_forward, online_forward)
     return DQNForward(q, q_s, q_next_online, q_next_target)

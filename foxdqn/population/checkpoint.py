@@ -110,7 +110,7 @@ def state_parts(s, best: tuple | None = None) -> Iterator[tuple[str, torch.Tenso
     for name in COUNTERS:  # by their own names, before a component that holds them (PER's β reads ``updates``)
         yield from _walk(getattr(s, name), name, seen)
     for field in dataclasses.fields(s):
-        if field.name in ("cfg", "cfgs", "device", "generator"):
+        if field.name in ("cfg", "cfgs", "device", "generator", "target_branch"):
             continue
         yield from _walk(getattr(s, field.name), field.name, seen)
     for i, net in enumerate(best or ()):

@@ -29,6 +29,7 @@ import torch
 
 from foxdqn.nn.branching import combine_branches, factor_branches
 from foxdqn.nn.qnet import forward_hooked
+from foxdqn.device.side_stream import beside
 from foxdqn.objectives.base import LossOutput, weighted_mean
 from foxdqn.objectives.branching import branching_target
 from foxdqn.objectives.c51 import c51_cross_entropy
@@ -52,7 +53,8 @@ from foxdqn.replay.buffer import Batch
 def member_dqn_loss(online: MemberQNetwork, target: MemberQNetwork, batch: Batch, members: int,
                     huber_delta: torch.Tensor, double: bool, *, stack_double: bool = True,
                     penalty: torch.Tensor | None = None, weighted: bool = False,
-                    cql_alpha: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+                    cql_alpha: torch.Tensor | None = None,
+                    branch: torch.cuda.Stream | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(loss float32 ``[P]``, td_abs float32 ``[P·B]``, online Q of s float32 ``[P, B, A]`` with its
     gradient) of a member-major batch of ``P·B`` rows (:meth:`MemberReplay.sample_members`);
     td_abs is each row's unweighted ``|Q(s, a) − y|``, detached (the PER priority signal).
@@ -77,16 +79,20 @@ def member_dqn_loss(online: MemberQNetwork, target: MemberQNetwork, batch: Batch
 
     ``cql_alpha``: None, or float32 ``[P]``: each member's α · CQL(H) (Kumar et al. 2020, eq. 4) added
     to its loss inside the same kernel (``dqn_td_loss``'s ``cql_alpha``), weighted as the Huber loss
-    is (uniform replay's weights are ones)."""
+    is (uniform replay's weights are ones).
+
+    ``branch``: None, or a second CUDA stream on which the target network's forward runs beside
+    the online forward (``dqn_forward``'s ``branch``: the same bits)."""
     weight = batch.weight if weighted else None
     if penalty is None:
         f = dqn_forward(online, target, batch.obs, batch.next_obs, double=double, stack=stack_double,
-                        members=members)
+                        members=members, branch=branch)
         loss, td_abs = dqn_td_loss(f.q, f.q_next_target, batch.action, batch.reward, batch.discount, weight,
                                    q_next_online=f.q_next_online, double=double, huber_delta=huber_delta,
                                    cql_alpha=cql_alpha)
         return loss, td_abs, f.q_s
-    f = dqn_forward(online, target, batch.obs, batch.next_obs, double=double, stack=False, members=members)
+    f = dqn_forward(online, target, batch.obs, batch.next_obs, double=double, stack=False, members=members,
+                    branch=branch)
     chooser = f.q_next_online if double else f.q_next_target
     loss, td_abs = dqn_td_loss(f.q, f.q_next_target, batch.action, batch.reward, batch.discount, weight,
                                q_next_online=chooser - penalty.view_as(chooser), double=True, huber_delta=huber_delta,
@@ -102,8 +108,8 @@ def _member_view(batch: Batch, members: int) -> tuple[torch.Tensor, ...]:
 
 
 def member_c51_loss(online: MemberC51Network, target: MemberC51Network, batch: Batch, members: int, double: bool,
-                    *, penalty: torch.Tensor | None = None,
-                    q_grad: bool = False) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+                    *, penalty: torch.Tensor | None = None, q_grad: bool = False,
+                    branch: torch.cuda.Stream | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(loss float32 ``[P]``, td_abs float32 ``[P·B]``, expected Q of s float32 ``[P, B, A]`` with its
     gradient) of the C51 cross-entropy (Bellemare et al. 2017, Algorithm 1) of a member-major batch
     of ``P·B`` rows: member p's loss is ``Σ_b w_b · CE_b / B`` over its own rows (``batch.weight``:
@@ -118,16 +124,25 @@ def member_c51_loss(online: MemberC51Network, target: MemberC51Network, batch: B
     ``cpu_kernels``) and Q needs no gradient (``q_grad`` False: no CQL term), the selection of a*,
     the projection, the cross-entropy and the weighted mean are one forward and one backward kernel
     (:func:`foxdqn.ops.c51_loss.c51_weighted_loss`, the same loss to float32 rounding); on the CPU
-    otherwise the ops of :func:`foxdqn.objectives.c51.c51_cross_entropy`, whose bits the tests compare."""
+    otherwise the ops of :func:`foxdqn.objectives.c51.c51_cross_entropy`, whose bits the tests compare.
+    ``branch``: as :func:`member_dqn_loss`'s (the fused path's target forward beside the online one)."""
     if not q_grad and fused_forward(batch.obs) and online.atoms <= C51_LOSS_MAX_ATOMS:
         obs, next_obs, action, reward, discount = _member_view(batch, members)
-        if double:  # the online network's s (grad) and s' rows, each layer's in one launch where it can
-            (value, logits), (select_value, select_logits), (value_bias, bias) = online.logit_parts_pair(obs, next_obs)
-        else:  # [P, B, A, K] logits (dueling: advantages, and V), grad; the heads' biases where not added
+
+        def online_parts():
+            if double:  # the online network's s (grad) and s' rows, each layer's in one launch where it can
+                return online.logit_parts_pair(obs, next_obs)
+            # [P, B, A, K] logits (dueling: advantages, and V), grad; the heads' biases where not added
             value, logits, value_bias, bias = online.logit_parts(obs)
-            select_value = select_logits = None
-        with torch.no_grad():
-            target_value, target_logits, target_value_bias, target_bias = target.logit_parts(next_obs)
+            return (value, logits), (None, None), (value_bias, bias)
+
+        def target_parts():
+            with torch.no_grad():
+                return target.logit_parts(next_obs)
+
+        (target_value, target_logits, target_value_bias, target_bias), \
+            ((value, logits), (select_value, select_logits), (value_bias, bias)) = beside(branch, target_parts,
+                                                                                       online_parts)
         if (bias is None) != (target_bias is None):
             raise RuntimeError("member_c51_loss: the online and target networks' heads left their biases differently")
         biases = None if bias is None else C51Biases(
@@ -150,8 +165,8 @@ def member_c51_loss(online: MemberC51Network, target: MemberC51Network, batch: B
 
 def member_branching_loss(online: MemberBranchingNetwork, target: MemberBranchingNetwork, batch: Batch,
                           members: int, huber_delta: torch.Tensor, double: bool, *,
-                          penalty: torch.Tensor | None = None,
-                          q_grad: bool = False) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+                          penalty: torch.Tensor | None = None, q_grad: bool = False,
+                          branch: torch.cuda.Stream | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(loss float32 ``[P]``, td_abs float32 ``[P·B]``, joint Q of s float32 ``[P, B, Π n_d]``) of the
     BDQ loss (Tavakoli et al. 2018; :class:`foxdqn.objectives.branching.BranchingObjective`
     with a member axis) of a member-major batch of ``P·B`` rows: one target per row, the mean over
@@ -171,19 +186,26 @@ def member_branching_loss(online: MemberBranchingNetwork, target: MemberBranchin
     gradients; with Double DQN and the replay's stacked pair, the online network's s and s' rows
     come from one forward of the pair, as :func:`member_dqn_loss`'s, the s' rows without
     gradient); elsewhere, and with ``q_grad`` (CQL's term reads the joint Q, with its gradient),
-    the same arithmetic in torch ops."""
+    the same arithmetic in torch ops. ``branch``: as :func:`member_dqn_loss`'s (the fused path's
+    target forward beside the online one)."""
     obs, next_obs, action, reward, discount = _member_view(batch, members)
     if not q_grad and fused_forward(batch.obs) and len(online.branch_sizes) <= BRANCHING_LOSS_BRANCHES:
         pair = stacked_pair(batch.obs, batch.next_obs) if double else None
-        if pair is not None:  # Double DQN: one online forward of the replay's [s; s'] pair, s' rows selecting
-            heads = online.head_outputs(pair.view(members, -1, pair.shape[-1]))
-            select = None
-        else:
+
+        def online_heads():
+            if pair is not None:  # Double DQN: one online forward of the replay's [s; s'] pair, s' rows selecting
+                return online.head_outputs(pair.view(members, -1, pair.shape[-1])), None
             heads = online.head_outputs(obs)  # grad
-        with torch.no_grad():
-            target_heads = target.head_outputs(next_obs)
-            if pair is None:
-                select = online.head_outputs(next_obs) if double else target_heads
+            with torch.no_grad():
+                return heads, online.head_outputs(next_obs) if double else None
+
+        def target_outputs():
+            with torch.no_grad():
+                return target.head_outputs(next_obs)
+
+        target_heads, (heads, select) = beside(branch, target_outputs, online_heads)
+        if pair is None and not double:
+            select = target_heads
         loss, td_abs, joint = branching_loss(heads, target_heads, select, batch.action, batch.reward,
                                              batch.discount, batch.weight, huber_delta, penalty=penalty,
                                              stacked=pair is not None)
@@ -220,8 +242,8 @@ def member_taus(rng: MemberRandom, batch_size: int, num_quantiles: int,
 
 def member_iqn_loss(online: MemberIQNNetwork, target: MemberIQNNetwork, batch: Batch, members: int,
                     taus: torch.Tensor, target_taus: torch.Tensor, kappa: torch.Tensor, double: bool, *,
-                    penalty: torch.Tensor | None = None,
-                    q_grad: bool = False) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+                    penalty: torch.Tensor | None = None, q_grad: bool = False,
+                    branch: torch.cuda.Stream | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(loss float32 ``[P]``, td_abs float32 ``[P·B]``, expected Q of s float32 ``[P, B, A]``, with its
     gradient when ``q_grad``) of the IQN quantile Huber loss (Dabney et al. 2018, eq. 3) of a
     member-major batch of ``P·B`` rows: member p's loss is ``Σ_b w_b · ρ_b / B`` over its own rows
@@ -234,22 +256,30 @@ def member_iqn_loss(online: MemberIQNNetwork, target: MemberIQNNetwork, batch: B
     Where the fused kernels run (:func:`foxdqn.ops.backend.fused_forward`) and ``q_grad`` is False,
     everything after the heads' forwards (the taken action's quantiles, a*, the targets, ρ, the
     weighted mean and the gradient) is one kernel, :func:`foxdqn.ops.iqn_loss.iqn_loss`; elsewhere
-    :func:`foxdqn.objectives.iqn.iqn_quantile_loss`'s torch ops (the same arithmetic)."""
+    :func:`foxdqn.objectives.iqn.iqn_quantile_loss`'s torch ops (the same arithmetic). ``branch``:
+    as :func:`member_dqn_loss`'s (the fused path's target forward beside the online one)."""
     if not q_grad and fused_forward(batch.obs):
         obs, next_obs = _member_view(batch, members)[:2]
         pair = double and not forward_hooked([online])  # online(next_obs) would run the hooks
-        h, h_online_next = online.encoder_pair(obs, next_obs) if pair else (online.encoder(obs), None)
-        z, bias = online.head_parts(h, taus)  # [P, B, N, A], grad; the output layer's bias where not added
-        with torch.no_grad():  # as iqn_quantile_loss: the monitors' Q of s, then s' by both networks
-            if pair:  # the monitors' Q of s and the selection's of s': one pass over both rows
-                both = online.policy_q(h, h_online_next)
-                q, select = both[:, :h.shape[1]], both[:, h.shape[1]:]
-            else:
-                q = online.policy_q(h)
-            h_next = target.encoder(next_obs)
-            if not pair:
-                select = online(next_obs) if double else target.policy_q(h_next)
-            z_next, target_bias = target.head_parts(h_next, target_taus)
+
+        def online_parts():
+            h, h_online_next = online.encoder_pair(obs, next_obs) if pair else (online.encoder(obs), None)
+            z, bias = online.head_parts(h, taus)  # [P, B, N, A], grad; the output layer's bias where not added
+            with torch.no_grad():  # as iqn_quantile_loss: the monitors' Q of s, then s' by both networks
+                if pair:  # the monitors' Q of s and the selection's of s': one pass over both rows
+                    both = online.policy_q(h, h_online_next)
+                    return z, bias, both[:, :h.shape[1]], both[:, h.shape[1]:]
+                return z, bias, online.policy_q(h), online(next_obs) if double else None
+
+        def target_parts():
+            with torch.no_grad():
+                h_next = target.encoder(next_obs)
+                select = target.policy_q(h_next) if not double else None
+                return target.head_parts(h_next, target_taus), select
+
+        ((z_next, target_bias), target_select), (z, bias, q, select) = beside(branch, target_parts, online_parts)
+        if not double:
+            select = target_select
         if (bias is None) != (target_bias is None):
             raise RuntimeError("member_iqn_loss: the online and target heads left their output biases differently")
         loss, rho = iqn_loss(z, z_next, select, taus, batch.action, batch.reward, batch.discount, batch.weight, kappa,
@@ -264,7 +294,8 @@ def member_loss(online: MemberQNetwork, target: MemberQNetwork, batch: Batch, me
                 huber_delta: torch.Tensor, double: bool, *, value: MemberValueNetwork | None = None,
                 expectile: torch.Tensor | None = None, cql_alpha: torch.Tensor | None = None,
                 penalty: torch.Tensor | None = None, weighted: bool = False, kappa: torch.Tensor | None = None,
-                taus: tuple[torch.Tensor, torch.Tensor] | None = None) -> LossOutput:
+                taus: tuple[torch.Tensor, torch.Tensor] | None = None,
+                branch: torch.cuda.Stream | None = None) -> LossOutput:
     """:class:`~foxdqn.objectives.base.LossOutput` (loss float32 ``[P]``, td_abs float32 ``[P·B]``
     unweighted and detached, online (expected) Q of s float32 ``[P, B, A]`` detached) of the
     members' objective on a member-major batch of ``P·B`` rows: by the online network,
@@ -300,6 +331,9 @@ def member_loss(online: MemberQNetwork, target: MemberQNetwork, batch: Batch, me
             member's CQL α >= 0.
         kappa, taus: with an IQN network, float32 ``[P]`` (each member's κ) and (τ, τ') of
             :func:`member_taus`.
+        branch: None, or a second CUDA stream: the target network's forward runs on it beside the
+            online forward (:func:`member_dqn_loss`; C51, IQN and branching heads on their fused
+            paths); IQL's value and target forwards and the torch-op paths run in turn.
 
     Raises:
         ValueError: ``value`` without ``expectile``; an IQN network without ``kappa`` and ``taus``.
@@ -311,18 +345,18 @@ def member_loss(online: MemberQNetwork, target: MemberQNetwork, batch: Batch, me
         td_abs = td_abs.view(-1)  # |td|, written by the loss's kernel
     elif isinstance(online, MemberBranchingNetwork):
         loss, td_abs, q = member_branching_loss(online, target, batch, members, huber_delta, double, penalty=penalty,
-                                                q_grad=cql_alpha is not None)
+                                                q_grad=cql_alpha is not None, branch=branch)
     elif isinstance(online, MemberC51Network):
         loss, td_abs, q = member_c51_loss(online, target, batch, members, double, penalty=penalty,
-                                          q_grad=cql_alpha is not None)
+                                          q_grad=cql_alpha is not None, branch=branch)
     elif isinstance(online, MemberIQNNetwork):
         if kappa is None or taus is None:
             raise ValueError("member_loss: IQN needs each member's κ (float32 [P]) and its τ, τ' draws")
         loss, td_abs, q = member_iqn_loss(online, target, batch, members, *taus, kappa, double, penalty=penalty,
-                                          q_grad=cql_alpha is not None)
+                                          q_grad=cql_alpha is not None, branch=branch)
     else:
         loss, td_abs, q = member_dqn_loss(online, target, batch, members, huber_delta, double, penalty=penalty,
-                                          weighted=weighted, cql_alpha=cql_alpha)
+                                          weighted=weighted, cql_alpha=cql_alpha, branch=branch)
         return LossOutput(loss, td_abs, q.detach())  # CQL(H), if any, inside the TD loss's kernel
     if cql_alpha is not None:  # α · CQL(H) and its gradient in one kernel (foxdqn/ops/cql_loss.py)
         loss = loss + cql_loss(q, batch.action, batch.weight, cql_alpha)

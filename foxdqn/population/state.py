@@ -53,7 +53,8 @@ class PopulationState:
     follow its Q network's), else None. ``weight_check``: with some member's ``guard.max_weight``,
     the members' trial Adam step (:class:`~foxdqn.population.weight_check.MemberWeightCheck`), else None.
     ``pruner``: with ``prune.enabled``, the members' weight masks
-    (:class:`~foxdqn.population.pruning.MemberPruner`), else None."""
+    (:class:`~foxdqn.population.pruning.MemberPruner`), else None. ``target_branch``: on CUDA a
+    second stream for the target network's forward beside the online forward (the same bits), else None."""
 
     cfg: TrainConfig
     cfgs: list[TrainConfig]
@@ -80,6 +81,9 @@ class PopulationState:
     value: MemberValueNetwork | None = None  # objective.iql: the members' value networks V(s), else None
     weight_check: MemberWeightCheck | None = None  # some member's guard.max_weight: the trial step, else None
     pruner: MemberPruner | None = None  # prune.enabled: the members' weight masks, else None
+    #: CUDA: the stream the target network's forward runs on, beside the online forward
+    #: (:func:`foxdqn.population.objective.member_loss`'s ``branch``); None on the CPU
+    target_branch: torch.cuda.Stream | None = None
 
     @property
     def members(self) -> int:
@@ -174,4 +178,5 @@ def build_population(cfgs: list[TrainConfig], market, device: torch.device) -> P
         inject_nan=any(c.debug.inject_nan_at_step is not None for c in cfgs),
         inject_lr_spike=any(c.debug.inject_lr_spike_at_step is not None for c in cfgs), switch=switch,
         cql=any(c.objective.cql_alpha > 0 for c in cfgs), value=value,
-        weight_check=MemberWeightCheck(optimizer) if checks_weights else None, pruner=pruner)
+        weight_check=MemberWeightCheck(optimizer) if checks_weights else None, pruner=pruner,
+        target_branch=torch.cuda.Stream(device) if device.type == "cuda" else None)

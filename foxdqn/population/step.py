@@ -116,7 +116,8 @@ def population_loss(s: PopulationState, batch, micro_batches: int = 1, taus=DRAW
     expected Q float32 ``[P, B, A]`` detached) of every member on ``batch`` (B rows each,
     member-major): :func:`foxdqn.population.objective.member_loss` with the members'
     hyperparameters; with ``head.name=iqn`` each member's τ and τ' (:func:`draw_taus`, drawn now
-    unless ``taus`` holds the pair drawn ahead)."""
+    unless ``taus`` holds the pair drawn ahead). On CUDA the target network's forward runs on
+    ``s.target_branch`` beside the online forward (the same bits)."""
     h = s.cfg.head
     b = batch.reward.shape[0] // s.members
     if taus is DRAW:
@@ -127,7 +128,7 @@ def population_loss(s: PopulationState, batch, micro_batches: int = 1, taus=DRAW
     return member_loss(s.online, s.target, batch, s.members, s.params.huber_delta, h.double, value=s.value,
                        expectile=s.params.iql_expectile, cql_alpha=s.params.cql_alpha if s.cql else None,
                        penalty=penalty, weighted=s.cfg.replay.name == "per" or s.cfg.regime.enabled,
-                       kappa=s.params.kappa, taus=taus)
+                       kappa=s.params.kappa, taus=taus, branch=s.target_branch)
 
 
 def member_micro_batches(batch: Batch, members: int, m: int) -> list[Batch]:

@@ -14,6 +14,7 @@ from foxdqn.step.iteration import WARMUP_ITERATIONS
 
 from test_distributional import C51, IQN
 from test_population_attention import ATTENTION
+from test_population_actions import BRANCHING
 from test_population import CARTPOLE, TRADING, configs, market_for, member_tensors
 from support import iterate, no_host_sync
 
@@ -70,6 +71,30 @@ def test_collect_beside_update_on_two_streams_equals_its_order_on_one(base):
         assert torch.equal(getattr(two.s, name), getattr(one.s, name)), name
     assert torch.equal(two.s.rng.counter, one.s.rng.counter)
     assert torch.equal(two.s.replay.ptr, one.s.replay.ptr) and torch.equal(two.s.obs, one.s.obs)
+
+
+@pytest.mark.parametrize("base", [CARTPOLE, TRADING, [*CARTPOLE, "agent.collect_beside_update=false"],
+                                  [*TRADING, "objective=cql"], C51, IQN, BRANCHING, [*IQN, "head.double=false"]],
+                         ids=["cartpole", "trading", "cartpole_in_turn", "trading_cql", "trading_c51", "trading_iqn",
+                              "trading_branching", "trading_iqn_single"])
+def test_target_forward_on_its_stream_equals_it_on_the_current_stream(base):
+    """The captured iteration with the target network's forward on ``s.target_branch`` beside the
+    online forward (the default on CUDA) equals, bit for bit, the same iteration with it on the
+    current stream: the online forward and the loss read nothing it writes before the join."""
+    members = [["seed=0"], ["seed=1", "optim.lr=1e-3"], ["seed=2", "agent.gamma=0.9"]]
+
+    def run_branch(on: bool):
+        cfgs = cuda_configs(base, members)
+        s = build_population(cfgs, market_for(cfgs[0]), CUDA)
+        assert s.target_branch is not None
+        if not on:
+            s.target_branch = None
+        return iterate(s, True, 10, 10, **P.iteration_steps(s))
+
+    two, one = run_branch(True), run_branch(False)
+    assert two.graph is not None and one.graph is not None
+    assert_members_close(two.s, one.s, [(p, p) for p in range(3)], atol=0.0)
+    assert torch.equal(two.s.rng.counter, one.s.rng.counter) and torch.equal(two.s.updates, one.s.updates)
 
 
 @pytest.mark.parametrize("objective", [["objective=cql"], ["objective=iql", "objective.cql_alpha=0.5"]],
