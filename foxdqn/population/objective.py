@@ -27,9 +27,9 @@ from __future__ import annotations
 
 import torch
 
+from foxdqn.device.side_stream import beside
 from foxdqn.nn.branching import combine_branches, factor_branches
 from foxdqn.nn.qnet import forward_hooked
-from foxdqn.device.side_stream import beside
 from foxdqn.objectives.base import LossOutput, weighted_mean
 from foxdqn.objectives.branching import branching_target
 from foxdqn.objectives.c51 import c51_cross_entropy
