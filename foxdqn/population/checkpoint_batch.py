@@ -4,16 +4,16 @@ Member p's checkpoint (:func:`foxdqn.population.checkpoint.member_payload`, pack
 :func:`foxdqn.run.checkpoint.pack`) differs from member q's only in its plain values (config,
 counters, run id, loop state) and in the contents of its tensors: the tensors' keys, dtypes and
 shapes, hence the packed body's index, are the same for every member. :func:`member_files`
-therefore packs every member's tensors at once: the payload is assembled once with each tensor a
+therefore indexes every member's tensors at once: the payload is assembled once with each tensor a
 ``[P, ...]`` stack of all members' (views of :class:`~foxdqn.population.checkpoint.HostCopy`'s
 copies: the networks' ``member_state_dicts``, :func:`~foxdqn.population.checkpoint.member_tensor_stacks`)
-and packed with a member axis, one ``[P, n]`` buffer per dtype; then each member's body is its
-own plain values around that shared index and its row of each buffer. The files are byte for byte
-those of :func:`~foxdqn.population.checkpoint.member_payload` and
+and indexed with a member axis (:func:`~foxdqn.run.checkpoint.pack_parts`); then each member's body
+is its own plain values around that shared index and its buffers, each the concatenation of its
+rows of that dtype's stacks (one copy of its tensors, straight from the host copy). The files are
+byte for byte those of :func:`~foxdqn.population.checkpoint.member_payload` and
 :func:`~foxdqn.run.checkpoint.encode` (``tests/population/test_checkpoint_batch.py``), at a
-fraction of their host time: the per-tensor slicing and packing of each member (about 1.9 of 3.3 ms
-per ``cartpole_cleanrl`` member on a 2-core CPU) is done once per chunk of members
-(docs/bench.md#population).
+fraction of their host time: the per-tensor slicing and indexing of each member (about 1.9 of 3.3
+ms per ``cartpole_cleanrl`` member on a 2-core CPU) is done once (docs/bench.md#population).
 
 The replay (``checkpoint.save_replay``) stays on the device and is read member by member:
 populations that save it write their files through ``member_payload``.
@@ -23,23 +23,22 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Iterator
 
+import torch
+
 from foxdqn.io_atomic import write_bytes_atomic
 from foxdqn.population.checkpoint import HostCopy, assemble_payload, member_tensor_stacks
-from foxdqn.run.checkpoint import encode_packed, pack
+from foxdqn.run.checkpoint import encode_packed, pack_parts
 
-__all__ = ["member_files", "write_member_files", "CHUNK_BYTES"]
-
-#: Host memory for the members' packed buffers at a time (members are packed in chunks this size).
-CHUNK_BYTES = 64 << 20
+__all__ = ["member_files", "write_member_files"]
 
 
-def member_files(s, host: HostCopy, members: list[dict], chunk_bytes: int = CHUNK_BYTES
-                 ) -> Iterator[tuple[int, bytes]]:
+def member_files(s, host: HostCopy, members: list[dict]) -> Iterator[tuple[int, bytes]]:
     """(p, the bytes of member p's checkpoint file) for every member of population ``s``, in order:
     what ``encode(member_payload(s, p, host=host, **members[p]))`` returns, with ``members[p]``
     the keyword arguments ``counts``, ``run_id``, ``loop``, ``config`` (never ``nets``: the
     networks are ``s``'s, read from ``host``; ``best``: ``host``'s). Reads ``host`` only, never the
-    device, so it may run in another thread while training goes on.
+    device, so it may run in another thread while training goes on. Host memory: one member's
+    buffers at a time, besides ``host``.
 
     Raises:
         ValueError: ``len(members)`` is not ``s.members``, some members have a ``loop`` and others
@@ -52,25 +51,20 @@ def member_files(s, host: HostCopy, members: list[dict], chunk_bytes: int = CHUN
     if any(cfg.checkpoint.save_replay for cfg in s.cfgs):
         raise ValueError("member_files: checkpoint.save_replay reads the replay from the device, member by "
                          "member (foxdqn.population.checkpoint.member_payload)")
+    if not s.members:
+        return
     nets = tuple(host.twin(net) for net in (s.online, s.target, s.value))
     states = tuple(None if net is None else net.member_state_dicts() for net in nets)
     tensors = member_tensor_stacks(s, host)
-    stacks = [*(t for d in states if d is not None for t in d.values()), *tensors.values()]
-    for t in stacks:
+    for t in [*(t for d in states if d is not None for t in d.values()), *tensors.values()]:
         if t.device.type != "cpu":  # HostCopy's twins and copies are CPU tensors: a bug otherwise
             raise ValueError(f"member_files: a {t.device} tensor in the host copy")
-    per_member = sum(t[0].numel() * t.element_size() for t in stacks) if s.members else 0
-    chunk = max(1, min(s.members, chunk_bytes // max(per_member, 1)))
+    _, index, flats = pack_parts(assemble_payload(s, 0, states, tensors, host=host, **members[0]), members=s.members)
     blanks = (tuple(None if d is None else dict.fromkeys(d) for d in states), dict.fromkeys(tensors))
-    for first in range(0, s.members, chunk):
-        last = min(first + chunk, s.members)
-        rows = (tuple(None if d is None else {k: t[first:last] for k, t in d.items()} for d in states),
-                {k: t[first:last] for k, t in tensors.items()})
-        body = pack(assemble_payload(s, first, rows[0], rows[1], host=host, **members[first]), members=last - first)
-        for p in range(first, last):
-            packed = assemble_payload(s, p, blanks[0], blanks[1], host=host, **members[p])
-            yield p, encode_packed({"packed": packed, "tensors": body["tensors"],
-                                    "buffers": {name: buf[p - first].clone() for name, buf in body["buffers"].items()}})
+    for p in range(s.members):
+        packed = assemble_payload(s, p, blanks[0], blanks[1], host=host, **members[p])
+        yield p, encode_packed({"packed": packed, "tensors": index,
+                                "buffers": {name: torch.cat([f[p] for f in fs]) for name, fs in flats.items()}})
 
 
 def write_member_files(s, host: HostCopy, paths: list[Path], members: list[dict]) -> list[Path]:

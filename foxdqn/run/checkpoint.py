@@ -129,9 +129,9 @@ def encode_packed(body: dict) -> bytes:
     result, or one member's share of it with ``members``: its row of each buffer, a copy)."""
     buffer = io.BytesIO()
     torch.save(body, buffer)
-    data = buffer.getvalue()
+    data = buffer.getbuffer()  # no copy: the body is copied once, into the file's bytes
     header = json.dumps({"format": FORMAT, "sha256": hashlib.sha256(data).hexdigest(), "bytes": len(data)})
-    return MAGIC + header.encode() + b"\n" + data
+    return b"".join((MAGIC, header.encode(), b"\n", data))
 
 
 def pack(payload: dict, members: int | None = None) -> dict:
@@ -141,9 +141,20 @@ def pack(payload: dict, members: int | None = None) -> dict:
     and the buffers, every tensor flattened into its dtype's (CPU, detached).
 
     ``members``: every tensor of ``payload`` has a leading axis of that many members, the same
-    payload's tensors for each (:mod:`foxdqn.population.checkpoint_batch`); the index then gives
-    one member's shapes and offsets, and each buffer is ``[members, n]``, member m's body being row
-    m of each."""
+    payload's tensors for each; the index then gives one member's shapes and offsets, and each
+    buffer is ``[members, n]``, member m's body being row m of each."""
+    packed, index, flats = pack_parts(payload, members)
+    return {"packed": packed, "tensors": index, "buffers": {name: torch.cat(f, dim=-1) for name, f in flats.items()}}
+
+
+def pack_parts(payload: dict, members: int | None = None) -> tuple[Any, list, dict[str, list[torch.Tensor]]]:
+    """:func:`pack`'s body before its buffers are joined: ``(packed, index, flats)``, where
+    ``flats[dtype]`` lists that dtype's tensors flattened (CPU, detached; ``[members, n_i]`` with
+    ``members``, views where the tensor was contiguous) in buffer order: the buffer is their
+    concatenation along the last axis. With ``members``, member m's buffer is therefore
+    ``torch.cat([f[m] for f in flats[dtype]])``, which
+    :func:`foxdqn.population.checkpoint_batch.member_files` builds member by member, never holding
+    the ``[members, n]`` buffer."""
     index, flats, sizes = [], {}, {}
 
     def walk(obj: Any, keys: tuple) -> Any:  # keys: (parent's keys, key), flattened only at a tensor
@@ -172,8 +183,7 @@ def pack(payload: dict, members: int | None = None) -> dict:
             return type(obj)((k, new) for k, _, new in items)
         return type(obj)(new for _, _, new in items)
 
-    packed = walk(payload, ())
-    return {"packed": packed, "tensors": index, "buffers": {name: torch.cat(f, dim=-1) for name, f in flats.items()}}
+    return walk(payload, ()), index, flats
 
 
 def _unpack(body: Any, path: str | Path) -> Any:
