@@ -73,8 +73,10 @@ def use_graph(cfg, device: torch.device) -> bool:
     return cfg.graph == "on" or (cfg.graph == "auto" and device.type == "cuda")
 
 
-#: Host seconds per iteration given to writing the last log boundary's rows (:meth:`_Population._write_rows`):
-#: about half of a 512-member cartpole_cleanrl iteration on the H200, so the host keeps ahead of the device.
+#: Host seconds per iteration, on average, given to writing the last log boundary's rows
+#: (:meth:`_Population._write_rows`): about half of a 512-member cartpole_cleanrl iteration on the
+#: H200, so the host keeps ahead of the device while a row takes longer than that (0.2-0.5 ms with
+#: TensorBoard: one row every few iterations).
 DEFERRED_ROWS_S = 2e-4
 
 class IterationPlan(NamedTuple):
@@ -160,6 +162,7 @@ class _Population:
         self._plain: dict[int, dict] = {}  # plain_config's conversions
         self.writer = BackgroundWriter()  # the periodic checkpoints
         self.pending_rows: deque = deque()  # (logger, env steps, row) that _log_rows left to _write_rows
+        self.row_credit = 0.0  # host seconds _write_rows may still spend on pending rows (its budget's sum)
         self.plots: list = []  # the members' report plots, drawn once every summary is written
         # search.pruner=median: each member's own pruner (its job number, the sweep folder), else Nones
         self.trial_pruners = [member_pruner(m) for m in members]
@@ -377,19 +380,29 @@ class _Population:
 
     def _write_rows(self, budget_s: float | None = None) -> None:
         """Write the log rows :meth:`_log_rows` left (each member's metrics logger and its sinks),
-        in order: all of them, or with ``budget_s`` those that fit in about that many seconds (at
-        least one), so that a population's rows are written while the device runs the iterations
-        after their boundary instead of keeping it idle (at 512 members, ~0.1 s a boundary on the
-        H200 machine). Every row is written before the next boundary reads the device, before a
-        checkpoint, a validation or the end of the loop."""
+        in order: all of them, or with ``budget_s`` as many as this call's credit allows, so that a
+        population's rows are written while the device runs the iterations after their boundary
+        instead of keeping it idle (at 512 members, ~0.1 s a boundary on the H200 machine). Each
+        call with ``budget_s`` adds ``budget_s`` to the credit and writes rows while it is
+        positive, each row's time taken from it: on average the loop spends ``budget_s`` a call
+        on rows, even where a row takes longer (then a row every few calls; a row per call would
+        hold the host behind the device for the whole backlog). Every row is written before the
+        next boundary reads the device, before a checkpoint, a validation or the end of the loop."""
         if not self.pending_rows:
+            self.row_credit = 0.0  # no saving up while nothing waits: the backlog starts from zero
             return
-        start = time.perf_counter()
-        while self.pending_rows:
+        if budget_s is None:
+            while self.pending_rows:
+                logger, env_steps, row = self.pending_rows.popleft()
+                logger.log(env_steps, row)
+            self.row_credit = 0.0
+            return
+        self.row_credit += budget_s
+        while self.pending_rows and self.row_credit > 0:
+            start = time.perf_counter()
             logger, env_steps, row = self.pending_rows.popleft()
             logger.log(env_steps, row)
-            if budget_s is not None and time.perf_counter() - start >= budget_s:
-                return
+            self.row_credit -= time.perf_counter() - start
 
     def _progress_fields(self, returns: list[float]) -> dict:
         """The progress line's fields: a single run's (ε, loss, the last interval's mean return, and

@@ -124,8 +124,9 @@ def test_a_batch_given_as_a_callable_is_built_in_the_thread_and_its_device_tenso
 
 def test_a_boundarys_rows_are_written_during_the_next_iterations_and_are_the_same_rows(tmp_path, monkeypatch):
     """_log_rows leaves each member's row to _write_rows, which the loop calls after each launch
-    with a time budget: with a budget of 0 (one row per iteration) rows are still pending after a
-    boundary, and every member's metrics.csv equals the one written with no limit."""
+    with a time budget: with a budget of 0 (no row between boundaries: each boundary writes the
+    last one's) rows are still pending after a boundary, and every member's metrics.csv equals the
+    one written with no limit."""
     import foxdqn.population.train as train_module
     from test_population import CARTPOLE, configs
     from test_population_resume import assert_same_run, train
@@ -146,6 +147,39 @@ def test_a_boundarys_rows_are_written_during_the_next_iterations_and_are_the_sam
     assert pending and all(n == 3 for n in pending)  # every boundary's rows left to the loop
     for p in range(3):
         assert_same_run(tmp_path / "all" / str(p), tmp_path / "one" / str(p))
+
+
+def test_rows_are_written_at_the_budgets_average_rate_when_a_row_takes_longer(monkeypatch):
+    """_write_rows with a budget keeps a credit: each call adds the budget and each row's time is
+    taken from it. Rows of 0.5 ms at 0.2 ms a call: a row every 2.5 calls on average, never two in
+    one call, so the host spends 0.2 ms a call on rows (a row each call would spend 0.5); without a
+    budget every pending row is written at once, in order."""
+    import types
+    from collections import deque
+
+    import foxdqn.population.train as train_module
+
+    clock, written = [0.0], []
+
+    class Logger:
+        def log(self, env_steps, row):
+            clock[0] += 5e-4
+            written.append((env_steps, row["n"]))
+
+    monkeypatch.setattr(train_module.time, "perf_counter", lambda: clock[0])
+    run = types.SimpleNamespace(pending_rows=deque((Logger(), 64, {"n": n}) for n in range(40)), row_credit=0.0)
+    per_call = []
+    for _ in range(25):
+        before = len(written)
+        train_module._Population._write_rows(run, 2e-4)
+        per_call.append(len(written) - before)
+    assert sum(per_call) == 10 and max(per_call) == 1
+    assert clock[0] == pytest.approx(25 * 2e-4)  # the 25 calls' budget, spent on rows
+    assert -5e-4 < run.row_credit <= 2e-4  # what is left or overrun is less than a row
+    train_module._Population._write_rows(run)
+    assert [n for _, n in written] == list(range(40)) and not run.pending_rows and run.row_credit == 0.0
+    train_module._Population._write_rows(run, 2e-4)  # nothing pending: no credit saved up
+    assert run.row_credit == 0.0
 
 
 def test_every_summary_is_written_before_the_first_equity_plot(tmp_path, monkeypatch):
