@@ -1,6 +1,6 @@
 """Hydra callbacks of ``python -m foxdqn.train`` (registered in conf/train.yaml under
 ``hydra.callbacks``): checks and settings that must happen before Hydra makes a folder or
-starts a job.
+starts a job, and the report after the last one.
 
 * :class:`CheckOutputFolder`: the run (or sweep) folder can be made, else one line and exit 2;
   Hydra writes no ``.hydra/`` copy into a run folder that holds a run, or that a resume continues.
@@ -11,6 +11,8 @@ starts a job.
   (Optuna, ...) choose their jobs as they go; their jobs are checked one by one as they start.
 * :class:`PlaceJobsOnGpus`: a ``--multirun`` with the joblib or Ray launcher on CUDA gets one GPU
   per job (:mod:`foxdqn.cli.placement`).
+* :class:`SweepReport`: after the last job of a ``--multirun``, the sweep's report
+  (:mod:`foxdqn.report.tables`).
 """
 from __future__ import annotations
 
@@ -193,3 +195,31 @@ class PlaceJobsOnGpus(Callback):
                 launcher.ray.remote.num_gpus = 1
             _log.info("GPU placement: Ray gives each job one GPU (hydra.launcher.ray.remote.num_gpus=1)")
 
+
+class SweepReport(Callback):
+    """Hydra callback: at the end of a ``--multirun``, write and print the report of the jobs this
+    multirun ran (:func:`foxdqn.report.tables.write_report`; a sweep folder reused from an earlier
+    multirun does not mix its old jobs in, when the launcher runs the jobs in this process, like
+    Hydra's basic launcher). A report that cannot be written is one warning line; the multirun's
+    exit code stays that of its jobs. The report's module (pandas, plots) is imported at the end,
+    not when Hydra instantiates the callback: a sweep of runs without market data never loads pandas
+    before its last job ends."""
+
+    def __init__(self) -> None:
+        self.job_dirs: list[Path] = []
+
+    def on_job_end(self, config, job_return=None, **kwargs) -> None:
+        self.job_dirs.append(Path(str(config.hydra.runtime.output_dir)))
+
+    def on_multirun_end(self, config, **kwargs) -> None:
+        sweep_dir = Path(str(config.hydra.sweep.dir))
+        if not sweep_dir.is_dir():
+            return
+        from foxdqn.report.tables import console_text, write_report
+
+        try:
+            report = write_report(sweep_dir, self.job_dirs or None)
+        except Exception as exc:  # noqa: BLE001 - the jobs are done; their results stay in their folders
+            print(f"foxdqn: warning: the sweep report was not written: {exc}", file=sys.stderr)
+            return
+        print(console_text(report))

@@ -6,12 +6,15 @@ naming the field (``data.vol_window``, ``data.split.train``, ...) and what is al
 Checks that need the data itself (dates inside the data range, enough rows per split) are done
 when loading and raise :class:`~foxdqn.errors.DataError`.
 """
+from __future__ import annotations
+
 import math
 from dataclasses import dataclass, field, fields
 from numbers import Integral, Real
-from typing import Optional
+from typing import TYPE_CHECKING, Optional
 
-import pandas as pd
+if TYPE_CHECKING:  # imported where a date is parsed: composing a config never loads pandas
+    import pandas as pd
 
 from foxdqn.data.builtin import BUILTIN_DATASETS, generated_names
 from foxdqn.errors import ConfigError
@@ -269,6 +272,8 @@ class DataConfig:
 
 def parse_split_date(value: object, field_name: str) -> pd.Timestamp:
     """Parse a split boundary (ISO date/time string) or raise :class:`ConfigError` naming the field."""
+    import pandas as pd
+
     try:
         ts = pd.Timestamp(value)
     except (TypeError, ValueError) as exc:

@@ -13,12 +13,16 @@
 * :func:`make_synthetic_ohlcv` -- a coarse geometric random walk with a drift (wicks drawn
   independently of the path), for data-pipeline tests and examples.
 """
+from __future__ import annotations
+
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Union
+from typing import TYPE_CHECKING, Union
 
 import numpy as np
-import pandas as pd
+
+if TYPE_CHECKING:  # imported where a frame is built: a run without market data never loads pandas
+    import pandas as pd
 
 
 def make_martingale_ohlcv(n: int, vol_per_bar: float = 1e-3, substeps: int = 64, seed: int = 0,
@@ -49,6 +53,8 @@ def make_martingale_ohlcv(n: int, vol_per_bar: float = 1e-3, substeps: int = 64,
     Raises:
         ValueError: ``n < 1``, ``substeps < 1``, ``vol_per_bar < 0`` or ``price0 <= 0``.
     """
+    import pandas as pd
+
     if n < 1 or substeps < 1 or not vol_per_bar >= 0 or not price0 > 0:
         raise ValueError(f"make_martingale_ohlcv: need n >= 1, substeps >= 1, vol_per_bar >= 0, price0 > 0; "
                          f"got n={n}, substeps={substeps}, vol_per_bar={vol_per_bar}, price0={price0}")
@@ -260,6 +266,8 @@ def _market(x: np.ndarray, s: float, expected: np.ndarray, future: np.ndarray, r
             rng: np.random.Generator, freq: str, start: str, price0: float) -> SyntheticMarket:
     """Bars whose log returns are ``x - s**2/2``, cut from a Brownian bridge per bar (steps of
     standard deviation ``s / sqrt(substeps)``) pinned at each bar's close."""
+    import pandas as pd
+
     n = x.size
     r = x - 0.5 * s * s
     steps = (s / np.sqrt(substeps)) * rng.standard_normal((n, substeps))
@@ -291,6 +299,8 @@ def make_synthetic_ohlcv(n: int, drift_per_bar: float = 0.0, vol: float = 0.01, 
         DataFrame with columns ``timestamp`` (``pd.date_range(start, periods=n, freq=freq)``),
         ``open, high, low, close, volume`` (float64), ``n`` rows.
     """
+    import pandas as pd
+
     rng = np.random.default_rng(seed)
     steps = drift_per_bar + vol * rng.standard_normal(n)
     close = 100.0 * np.exp(np.cumsum(steps))

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from foxdqn.config.schema import TrainConfig
-from foxdqn.data import load_market_data
 from foxdqn.errors import ConfigError
 from foxdqn.job.memory import available_bytes, replay_row, replays_that_fit
 from foxdqn.timings import mark
@@ -82,6 +81,8 @@ def market_data(tc: TrainConfig):
     key = (repr(tc.data), tc.env.window, tc.env.episode_length)
     if key not in _MARKETS:
         _MARKETS.clear()  # one dataset at a time: a sweep over files does not pile them up
+        from foxdqn.data import load_market_data
+
         _MARKETS[key] = load_market_data(tc.data, tc.env.window, tc.env.episode_length)
     return _MARKETS[key]
 

@@ -1,7 +1,8 @@
 """The report of a multirun or population folder: every job in one table, seeds aggregated, plots.
 
 ``python -m foxdqn.report DIR`` (``make report DIR=...``) and, at the end of every ``--multirun``,
-the Hydra callback :class:`SweepReport` (registered in conf/train.yaml) write into the folder DIR:
+the Hydra callback :class:`foxdqn.cli.callbacks.SweepReport` (registered in conf/train.yaml) write
+into the folder DIR:
 
 * ``report.md``: the *settings* table (jobs whose overrides differ only in ``seed=`` grouped;
   mean ± std [min, max] over seeds and the seed ensemble's statistics, foxdqn.report.seeds), shown
@@ -41,7 +42,6 @@ import csv
 import logging
 import math
 import re
-import sys
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -393,33 +393,3 @@ def console_text(report: dict[str, Any]) -> str:
             (f"{uncounted} of {len(frame)} jobs not counted by the search (pruned or never trading on val; "
              "listed last)\n" if uncounted else "") +
             f"report: {Path(report['sweep_dir']) / 'report.md'}")
-
-
-try:
-    from hydra.experimental.callback import Callback
-except ImportError:  # pragma: no cover - hydra is a dependency
-    Callback = object
-
-
-class SweepReport(Callback):
-    """Hydra callback: at the end of a ``--multirun``, write and print the report of the jobs this
-    multirun ran (a sweep folder reused from an earlier multirun does not mix its old jobs in, when
-    the launcher runs the jobs in this process, like Hydra's basic launcher). A report that cannot
-    be written is one warning line; the multirun's exit code stays that of its jobs."""
-
-    def __init__(self) -> None:
-        self.job_dirs: list[Path] = []
-
-    def on_job_end(self, config, job_return=None, **kwargs) -> None:
-        self.job_dirs.append(Path(str(config.hydra.runtime.output_dir)))
-
-    def on_multirun_end(self, config, **kwargs) -> None:
-        sweep_dir = Path(str(config.hydra.sweep.dir))
-        if not sweep_dir.is_dir():
-            return
-        try:
-            report = write_report(sweep_dir, self.job_dirs or None)
-        except Exception as exc:  # noqa: BLE001 - the jobs are done; their results stay in their folders
-            print(f"foxdqn: warning: the sweep report was not written: {exc}", file=sys.stderr)
-            return
-        print(console_text(report))

@@ -369,7 +369,7 @@ def deal(populations: List[Any], workers: int) -> List[List[Any]]:
 def _member_value(member: Any, outcome: Any) -> float:
     """What the task function would have returned for ``member``: the objective of its summary, or
     NaN after the job's failure line. A member's results are not printed one table per job: the
-    sweep's report prints one table at the end (foxdqn.report.tables.SweepReport)."""
+    sweep's report prints one table at the end (foxdqn.cli.callbacks.SweepReport)."""
     from foxdqn.population.jobs import BAD_INPUT, FINISHED
     from foxdqn.job.failure import job_failed, remove_if_unused
     from foxdqn.job.run import objective

@@ -10,6 +10,7 @@ import pytest
 from omegaconf import OmegaConf
 from support import fake_job
 
+from foxdqn.cli.callbacks import SweepReport
 from foxdqn.report import __main__ as report_cli
 from foxdqn.report import plots as report_plot
 from foxdqn.report import seeds as sweep_seeds
@@ -202,7 +203,7 @@ def test_a_search_lists_what_it_did_not_count_last_with_rounded_values(tmp_path,
 
 
 def test_the_callback_reports_this_multiruns_jobs_only(sweep, capsys):
-    callback = report.SweepReport()
+    callback = SweepReport()
     for num in ("2", "3"):  # 0 and 1: an earlier multirun into the same folder
         callback.on_job_end(OmegaConf.create({"hydra": {"runtime": {"output_dir": str(sweep / num)}}}))
     callback.on_multirun_end(OmegaConf.create({"hydra": {"sweep": {"dir": str(sweep)}}}))
