@@ -744,3 +744,11 @@ class CliProcess:
                 raise subprocess.TimeoutExpired(self.args, timeout)
             self.returncode = status["status"]
         return subprocess.CompletedProcess(self.args, self.returncode, self.out.read_text(), self.err.read_text())
+
+
+def fresh_python(code: str, timeout: float = 300) -> list[str]:
+    """The words ``code`` prints in a fresh interpreter (this one's, nothing imported): what a
+    start-up imports. Fails the test with its stderr when it exits non-zero."""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=timeout)
+    assert out.returncode == 0, out.stderr
+    return out.stdout.split()

@@ -2,8 +2,7 @@
 (about 0.3-0.6 s of every start on a 2-core CPU); foxdqn.data's names still load on first use."""
 from __future__ import annotations
 
-import subprocess
-import sys
+from support import fresh_python
 
 
 def test_a_cartpole_run_and_a_sweeps_callbacks_do_not_import_pandas():
@@ -17,6 +16,4 @@ def test_a_cartpole_run_and_a_sweeps_callbacks_do_not_import_pandas():
             "from foxdqn.data import load_market_data, DataConfig\n"
             "import foxdqn.data\n"
             "print(before, 'pandas' in sys.modules, callable(load_market_data), 'MarketData' in dir(foxdqn.data))\n")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
-    assert out.returncode == 0, out.stderr
-    assert out.stdout.split() == ["False", "True", "True", "True"]
+    assert fresh_python(code) == ["False", "True", "True", "True"]

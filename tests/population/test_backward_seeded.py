@@ -5,11 +5,9 @@ torch.fx.experimental.symbolic_shapes, half a second on the first update of a ru
 another shape or dtype is refused."""
 from __future__ import annotations
 
-import subprocess
-import sys
-
 import pytest
 import torch
+from support import fresh_python
 
 from foxdqn.population.step import backward_seeded
 
@@ -51,6 +49,4 @@ def test_does_not_import_sympy():
             "backward_seeded((w * w).sum(1), torch.ones(2))\n"
             "assert w.grad is not None\n"
             "print('sympy' in sys.modules)\n")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
-    assert out.returncode == 0, out.stderr
-    assert out.stdout.strip() == "False"
+    assert fresh_python(code) == ["False"]
