@@ -388,21 +388,14 @@ class _Population:
         on rows, even where a row takes longer (then a row every few calls; a row per call would
         hold the host behind the device for the whole backlog). Every row is written before the
         next boundary reads the device, before a checkpoint, a validation or the end of the loop."""
-        if not self.pending_rows:
-            self.row_credit = 0.0  # no saving up while nothing waits: the backlog starts from zero
-            return
-        if budget_s is None:
-            while self.pending_rows:
-                logger, env_steps, row = self.pending_rows.popleft()
-                logger.log(env_steps, row)
-            self.row_credit = 0.0
-            return
-        self.row_credit += budget_s
+        self.row_credit = math.inf if budget_s is None else self.row_credit + budget_s
         while self.pending_rows and self.row_credit > 0:
             start = time.perf_counter()
             logger, env_steps, row = self.pending_rows.popleft()
             logger.log(env_steps, row)
             self.row_credit -= time.perf_counter() - start
+        if not self.pending_rows:
+            self.row_credit = 0.0  # no saving up while nothing waits: the next backlog starts from zero
 
     def _progress_fields(self, returns: list[float]) -> dict:
         """The progress line's fields: a single run's (ε, loss, the last interval's mean return, and
