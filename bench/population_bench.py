@@ -11,7 +11,9 @@ subprocess, timed from the command to the last job's ``eval/summary.json``:
 Columns: experiment, launcher, graph, members (P), wall_s (command to the last summary.json),
 exit_s (command to the process's exit: the report plots and the sweep's report come after the
 summaries), train_s (the training time the summaries report, shared by a population's members), env_steps_per_s
-(all members' env steps / train_s), wall_per_job_s, check_s (the population launcher's collection of
+(all members' env steps / train_s), env_steps_per_s_run (population rows: all members' env steps / the
+training loop's seconds, :data:`RUN_PHASES` of ``timings.json``, without the build, the warm-up and the
+capture, as the peer's leaves its compile out), wall_per_job_s, check_s (the population launcher's collection of
 the jobs, from its log line "N jobs checked in X s"), host_s (wall_s − train_s: start-up,
 composition, checks, evaluation and reports), the population launcher's phases from the sweep's
 ``timings.json`` (P = 1: the job's own, which counts from the job's start; :data:`PHASE_COLUMNS`: imports, composition and checks, build, warm-up and
@@ -47,11 +49,19 @@ CPU_CASES = {"cartpole_cleanrl": (2,), "eurusd_dqn": (2,)}  # with debug=smoke
 BASIC_JOBS = 2
 #: columns from the sweep's timings.json (foxdqn.timings phases, seconds of the whole process)
 PHASE_COLUMNS = {"imports_s": ("interpreter", "imports"), "compose_s": ("compose", "validate", "preflight", "data_load"),
-                 "build_s": ("build",), "warmup_s": ("warmup", "graph_capture"), "checkpoint_s": ("checkpoint",),
+                 "build_s": ("build",), "warmup_s": ("warmup", "graph_capture"), "checkpoint_s": ("checkpoint", "periodic_checkpoint"),
                  "final_eval_s": ("final_evaluation", "validation"), "report_s": ("report", "summary")}
+#: the phases of the training loop itself: a foxdqn row's ``env_steps_per_s_run`` is its env steps over
+#: their seconds, as the peer's is its env steps over its training run without the compile
+RUN_PHASES = ("training", "periodic_checkpoint")
 #: The experiment the JAX peer runs beside (bench/peers/jax_dqn_cartpole.py), its launcher column.
 PEER_EXPERIMENT, PEER = "cartpole_cleanrl", "jax_peer"
 ROOT = Path(__file__).resolve().parents[1]
+
+
+def loop_seconds(timings: dict) -> float:
+    """Seconds of the training loop in a ``timings.json`` dict (:data:`RUN_PHASES`; 0 without them)."""
+    return sum(timings["phases"].get(k, 0.0) for k in RUN_PHASES)
 
 
 def sweep(experiment: str, members: int, launcher: str, graph: str, extra: list[str] = ()) -> dict:
@@ -96,6 +106,9 @@ def sweep(experiment: str, members: int, launcher: str, graph: str, extra: list[
     if timings is not None:  # the sweep's timings.json (population launcher): where the host time went
         row.update({column: round(sum(timings["phases"].get(k, 0.0) for k in phases), 2)
                     for column, phases in PHASE_COLUMNS.items()})
+        loop_s = loop_seconds(timings)
+        if launcher == "population" and loop_s > 0:
+            row["env_steps_per_s_run"] = round(steps / loop_s, 1)
     if scale != 1:
         row["note"] = f"{jobs} of {members} jobs run; wall_s and train_s scaled by {scale:g}"
     return row
@@ -208,8 +221,8 @@ def rows(device: str, only: tuple[str, ...] | None = None, members: tuple[int, .
 def table(df) -> str:
     """Markdown: every row, and population vs basic launcher wall time as a ratio."""
     cols = [c for c in ("experiment", "launcher", "graph", "triton_cache", "members", "wall_s", "exit_s", "wall_per_job_s", "train_s",
-                        "compile_s", "check_s", "host_s", *PHASE_COLUMNS, "env_steps_per_s", "metric", "metric_mean",
-                        "metric_min", "metric_max", "failed", "note")
+                        "compile_s", "check_s", "host_s", *PHASE_COLUMNS, "env_steps_per_s", "env_steps_per_s_run",
+                        "metric", "metric_mean", "metric_min", "metric_max", "failed", "note")
             if c in df]
     text = "## population: a seed sweep as one population vs one job after another\n\n" + \
         df[cols].to_markdown(index=False, floatfmt=".4g")
@@ -244,16 +257,21 @@ def peer_table(df) -> str:
     if not len(pairs):
         return ""
     fmt = lambda v: "" if v != v else f"{v:.4g}"  # noqa: E731 (NaN: empty)
+    run = lambda r, side: float(getattr(r, "env_steps_per_s_run" + side, float("nan")))  # noqa: E731
     lines = [f"| {int(r.members)} | {fmt(r.wall_s)} | {fmt(r.wall_s_peer)} | {fmt(r.wall_s / r.wall_s_peer)} | "
              f"{fmt(r.env_steps_per_s)} | {fmt(r.env_steps_per_s_peer)} | "
-             f"{fmt(r.env_steps_per_s / r.env_steps_per_s_peer)} | {fmt(r.compile_s_peer)} | "
+             f"{fmt(r.env_steps_per_s / r.env_steps_per_s_peer)} | {fmt(run(r, ''))} | {fmt(run(r, '_peer'))} | "
+             f"{fmt(run(r, '') / run(r, '_peer'))} | {fmt(r.compile_s_peer)} | "
              f"{fmt(r.metric_mean)} | {fmt(r.metric_mean_peer)} |" for r in pairs.itertuples()]
     return (f"## population: foxdqn / JAX peer ({PEER_EXPERIMENT}, same settings, same device, one run)\n\n"
             "The peer is PureJaxRL's DQN (bench/peers/jax_dqn_cartpole.py), its seeds vmapped in one jit. Wall: "
             "from the command to the last result (foxdqn: the last summary.json; the peer: its result file), "
             "compile included; wall foxdqn/peer > 1: the peer finished sooner. Env steps/s: training throughput, "
             "the peer's with its compile counted in (foxdqn's with its warm-up and capture); foxdqn/peer > 1: "
-            "foxdqn trained faster. Greedy return: mean over seeds.\n\n"
+            "foxdqn trained faster. Run env steps/s: the training loop alone (foxdqn: the loop's phases of "
+            "timings.json, without build, warm-up and capture; the peer: its run without the compile). "
+            "Greedy return: mean over seeds.\n\n"
             "| members | foxdqn wall s | peer wall s | wall foxdqn/peer | foxdqn env steps/s | peer env steps/s | "
-            "env steps/s foxdqn/peer | peer compile s | foxdqn greedy return | peer greedy return |\n"
-            "|---|---|---|---|---|---|---|---|---|---|\n" + "\n".join(lines))
+            "env steps/s foxdqn/peer | foxdqn run env steps/s | peer run env steps/s | run env steps/s foxdqn/peer | "
+            "peer compile s | foxdqn greedy return | peer greedy return |\n"
+            "|---|---|---|---|---|---|---|---|---|---|---|---|---|\n" + "\n".join(lines))

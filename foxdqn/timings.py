@@ -32,6 +32,7 @@ PHASES = (
     "warmup",            # eager warm-up iterations (Triton compilation, first allocations)
     "graph_capture",     # torch.cuda.graph capture of an iteration
     "training",          # the iteration loop (graph replays, guard polls, log rows)
+    "periodic_checkpoint",  # the loop's checkpoints: the device read and the loop states (a thread writes)
     "validation",        # validation passes (eval.interval_env_steps, the selection's)
     "checkpoint",        # checkpoints/last.pt and best.pt writes
     "close",             # logger flush/close, host env workers

@@ -148,13 +148,14 @@ def _result(seeds, wall_train, compile_s, rate, rate_run, ret):
 
 
 def _frame():
-    def ours(members, wall, train, rate, ret, launcher="population"):
+    def ours(members, wall, train, rate, ret, launcher="population", rate_run=None):
         return {"section": "population", "experiment": "cartpole_cleanrl", "launcher": launcher, "graph": "auto",
                 "members": members, "wall_s": wall, "wall_per_job_s": wall / members, "train_s": train,
                 "host_s": wall - train, "env_steps_per_s": rate, "metric": "mean_return", "metric_mean": ret,
-                "metric_min": ret, "metric_max": ret, "failed": 0}
+                "metric_min": ret, "metric_max": ret, "failed": 0,
+                **({} if rate_run is None else {"env_steps_per_s_run": rate_run})}
     return pd.DataFrame([
-        ours(16, 40.0, 25.0, 320_000.0, 495.0),
+        ours(16, 40.0, 25.0, 320_000.0, 495.0, rate_run=4e5),
         pb.peer_result_row(16, _result(16, 12.0, 8.0, 666_666.7, 2e6, 480.0), 20.0),
         ours(128, 54.0, 23.0, 2.78e6, 495.0), pb.peer_result_row(128, _result(128, 16.0, 9.0, 4e6, 9.1e6, 490.0), 27.0),
         ours(512, 141.0, 57.0, 4.49e6, 494.0),
@@ -182,10 +183,18 @@ def test_ratio_table_from_hand_made_rows():
     lines = peer.splitlines()
     assert lines[0] == "## population: foxdqn / JAX peer (cartpole_cleanrl, same settings, same device, one run)"
     rows = [line for line in lines if line.startswith("| ") and not line.startswith("| members")]
-    assert rows == ["| 16 | 40 | 20 | 2 | 3.2e+05 | 6.667e+05 | 0.48 | 8.5 | 495 | 480 |",
-                    "| 128 | 54 | 27 | 2 | 2.78e+06 | 4e+06 | 0.695 | 9.5 | 495 | 490 |"]  # 512: the peer failed
+    assert rows == ["| 16 | 40 | 20 | 2 | 3.2e+05 | 6.667e+05 | 0.48 | 4e+05 | 2e+06 | 0.2 | 8.5 | 495 | 480 |",
+                    # 128: no run rate of foxdqn's (a row from before the column): its cells empty
+                    "| 128 | 54 | 27 | 2 | 2.78e+06 | 4e+06 | 0.695 |  | 9.1e+06 |  | 9.5 | 495 | 490 |"]  # 512: peer failed
     assert "compile_s" in [c.strip() for c in text.splitlines()[2].split("|")]  # the rows' table: peer compile s
     assert "basic launcher wall time / population wall time" in text  # the existing ratio table stays
+
+
+def test_the_run_rate_counts_the_loop_and_its_checkpoints_only():
+    timings = {"phases": {"build": 1.0, "warmup": 0.5, "training": 16.0, "periodic_checkpoint": 1.0,
+                          "checkpoint": 0.4}}
+    assert pb.loop_seconds(timings) == 17.0
+    assert pb.loop_seconds({"phases": {"build": 1.0}}) == 0.0
 
 
 def test_without_peer_rows_the_tables_are_as_before():

@@ -39,7 +39,7 @@ def _phase_middle(ref_times: dict, done: float, phase: str, skipped: tuple[str, 
     interpreter's start and the imports), its training loop shortened to the fraction ``1 - done``
     of env steps left."""
     phases = ref_times["phases"]
-    loop = phases["training"] + phases["checkpoint"]
+    loop = phases["training"] + phases.get("periodic_checkpoint", 0.0) + phases["checkpoint"]
     t = 0.0
     for name, length in [(p, phases.get(p, 0.0)) for p in STARTUP if p not in skipped] + \
             [("loop", loop * (1 - done))] + [(p, phases.get(p, 0.0)) for p in AFTER]:
