@@ -58,6 +58,16 @@ class MemberStats:
         return host[:, :-a], host[:, -a:]
 
     @staticmethod
+    def episode_return(acc: np.ndarray) -> float:
+        """The mean return of the episodes that ended in the interval (NaN: none) of one accumulator row."""
+        return acc[RETURN_SUM] / acc[EPISODES] if acc[EPISODES] else float("nan")
+
+    @staticmethod
+    def mean_max_q(acc: np.ndarray) -> float:
+        """The updates' mean of the batch's mean max-Q (NaN: no update) of one accumulator row."""
+        return acc[MAX_Q_SUM] / acc[UPDATES] if acc[UPDATES] else float("nan")
+
+    @staticmethod
     def row(acc: np.ndarray, diversity: dict | None = None) -> dict:
         """A member's log row (``train/*`` names of a single run, in its order) from its accumulator
         row; ``diversity``: its action-diversity columns (foxdqn.population.diversity), placed as a
@@ -66,14 +76,14 @@ class MemberStats:
         rest = dict(diversity or {})
         row = {
             "episodes": acc[EPISODES],
-            "episode_return": acc[RETURN_SUM] / eps if eps else float("nan"),
+            "episode_return": MemberStats.episode_return(acc),
             "reward_per_step": acc[REWARD_SUM] / max(acc[TRANSITIONS], 1),
             "fill_rate": acc[TRADES] / max(acc[TRANSITIONS], 1),
             **({"action_entropy": rest.pop("action_entropy")} if "action_entropy" in rest else {}),
             "loss": acc[LOSS_SUM] / updates if updates else float("nan"),
             "grad_norm": acc[GRAD_NORM_SUM] / updates if updates else float("nan"),
             "skipped_updates": acc[SKIPPED],
-            "mean_max_q": acc[MAX_Q_SUM] / updates if updates else float("nan"),
+            "mean_max_q": MemberStats.mean_max_q(acc),
         }
         row.update(rest)
         return row

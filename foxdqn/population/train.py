@@ -27,6 +27,7 @@ finished jobs is frozen the same way (reason ``pruned``) and reported as a prune
 from __future__ import annotations
 
 import copy
+import functools
 import logging
 from collections import deque
 import math
@@ -161,7 +162,8 @@ class _Population:
         self.recent_return = float("nan")  # a single run's progress line: the last interval's mean return
         self._plain: dict[int, dict] = {}  # plain_config's conversions
         self.writer = BackgroundWriter()  # the periodic checkpoints
-        self.pending_rows: deque = deque()  # (logger, env steps, row) that _log_rows left to _write_rows
+        self.pinned: dict[str, torch.Tensor] = {}  # their host buffers on CUDA, reused (HostCopy)
+        self.pending_rows: deque = deque()  # what _write_rows does next: write a row, or a task after rows
         self.row_credit = 0.0  # host seconds _write_rows may still spend on pending rows (its budget's sum)
         self.plots: list = []  # the members' report plots, drawn once every summary is written
         # search.pruner=median: each member's own pruner (its job number, the sweep folder), else Nones
@@ -235,30 +237,37 @@ class _Population:
                 "best_counts": None if counts is None else list(counts), "pruned_at": self.pruned_at[p],
                 "wall_before": self.wall()}
 
-    def save(self, background: bool = False) -> list[Path]:
+    def save(self, background: bool = False, periodic: bool = False) -> list[Path]:
         """Every member's resumable ``checkpoints/last.pt`` (:func:`member_payload` with its loop
         state), from one read of the device (:class:`HostCopy`), one file-system sync for all;
         returns their paths. The files are encoded together (:func:`member_files`: every member's
         tensors packed at once), or with ``checkpoint.save_replay`` member by member, as each
-        member's replay is read from the device. ``background``: the host copy, the loop states and
-        the counts are taken now; :attr:`writer` encodes the files from them (the networks' host
-        twins, never the networks; the payloads with the replay are built here) and writes them
-        while training goes on (the periodic checkpoints). Else the batch in flight is waited for
-        and these are written before returning.
+        member's replay is read from the device. The batch in flight is waited for first: on CUDA
+        the host copy reuses its page-locked buffers (:attr:`pinned`). ``background``: the host
+        copy, the loop states and the counts are taken now; :attr:`writer` encodes the files from
+        them (the networks' host twins, never the networks; the payloads with the replay are built
+        here) and writes them while training goes on. Else these are written before returning.
+        A boundary's rows are on disk before its checkpoint: they are written first, or with
+        ``periodic`` (a checkpoint of the loop, in the background; without the replay) by the loop
+        while the device runs, and the batch is handed to the writer after them, with the collapse
+        monitors' states their rows left (:meth:`_member_row` updates them).
 
         Raises:
             OSError: a checkpoint (of this batch, or of the one in flight) could not be written.
         """
-        self._write_rows()  # a boundary's rows are on disk before its checkpoint
         s, best = self.s, self.selection.best
-        host = HostCopy(s, best)
+        replay = any(cfg.checkpoint.save_replay for cfg in s.cfgs)
+        after_rows = periodic and background and not replay and bool(self.pending_rows)
+        if not after_rows:
+            self._write_rows()  # a boundary's rows are on disk before its checkpoint
+        self.writer.wait()  # the batch in flight no longer reads the host buffers this copy reuses
+        host = HostCopy(s, best, self.pinned)
         for net in (s.online, s.target, s.value):
             host.twin(net)  # here: the writer's thread never touches the live networks
         paths = [m.run_dir / "checkpoints" / "last.pt" for m in self.members]
         members = [dict(run_id=self.run_ids[p], loop=copy.deepcopy(self.loop_state(p)), config=self.plain_config(p),
                         counts=s.guard.halt_point(p) or (host.env_steps, host.updates))
                    for p in range(len(self.members))]
-        replay = any(cfg.checkpoint.save_replay for cfg in s.cfgs)
 
         def payloads() -> list[tuple[Path, dict]]:  # the replay is read from the device, member by member
             return [(path, member_payload(s, p, best=best, host=host, **kw))
@@ -267,10 +276,17 @@ class _Population:
         def files() -> Iterator[tuple[Path, bytes]]:  # every member's tensors packed at once
             return ((paths[p], data) for p, data in member_files(s, host, members))
 
-        if background:
+        def submit_after_rows() -> None:  # the loop's task after this boundary's rows
+            for p, kw in enumerate(members):
+                kw["loop"]["collapse"] = self.diversity.collapse[p].state_dict()
+            self.writer.submit(files)
+
+        if after_rows:
+            self.pending_rows.append(submit_after_rows)
+        elif background:
             self.writer.submit(payloads() if replay else files)
+        if background:
             return paths
-        self.writer.wait()
         with deferred_sync():
             if replay:
                 return [write_payload(path, payload) for path, payload in payloads()]
@@ -337,15 +353,17 @@ class _Population:
                     break
                 if self._checkpoint_due(it, last):
                     mark("training")
-                    self.save(background=True)  # written while the next iterations run
-                    mark("checkpoint")
+                    self.save(background=True, periodic=True)  # written while the next iterations run
+                    mark("periodic_checkpoint")
             self._write_rows()
 
     def _log_rows(self, rate: float, last: bool) -> list[float]:
         """One row per member that has not halted or stopped (:meth:`_halted_since`; on CUDA a halt the
         host copy did not show yet gets its row, with the halt's update count), from one host copy of
         the accumulators (the interval's one sync); returns the members' episode returns. With
-        ``early_stop.q_bound``, a member whose mean max-Q stayed high is stopped (``early_stop_q``)."""
+        ``early_stop.q_bound``, a member whose mean max-Q stayed high is stopped (``early_stop_q``)
+        here; the rows themselves are built when :meth:`_write_rows` writes them (:meth:`_member_row`),
+        so the device waits only for the read and these decisions."""
         s = self.s
         self._write_rows()
         extra = [] if s.pruner is None else [s.pruner.log_values(s.updates)]  # [P, 2]: measured, scheduled
@@ -355,44 +373,62 @@ class _Population:
         if self.prometheus is not None:  # every member's guard gauges, halted ones too (the host copy is current)
             for p, rows in enumerate(self.prometheus_rows):
                 rows.guard(s.guard.gauges(p, self.host_updates, acc[p][-1]))
-        returns, self.rows = [], []
-        for p, (logger, m) in enumerate(zip(self.loggers, self.members)):
-            row = MemberStats.row(acc[p], self.diversity.columns(counts[p]))
-            returns.append(row["episode_return"])
-            self.rows.append(row)
+        if self.alone:  # the progress line's fields (a stopped member's row without its ε)
+            self.rows = [MemberStats.row(acc[0], self.diversity.columns(counts[0]))]
+        for p, logger in enumerate(self.loggers):
             if p in self.stopped:
                 continue
-            if s.pruner is not None:  # prune.enabled: the member's sparsity reached and scheduled, as a single run's
-                row["prune_sparsity"], row["prune_target_sparsity"] = acc[p][FIELDS:FIELDS + 2]
-            x = m.tc.explore  # ε of the next collect step, as the device computes it (hparams.MemberParams)
-            frac = min(self.env_steps / max(x.eps_decay_fraction * m.tc.agent.total_env_steps, 1.0), 1.0)
             halt = s.guard.halt_point(p)
-            row.update(env_steps_per_s=rate, epsilon=x.eps_start + (x.eps_end - x.eps_start) * frac,
-                       updates=self.host_updates if halt is None else halt[1])
-            self.pending_rows.append((logger, self.env_steps, {f"train/{k}": v for k, v in row.items()}))
-            self.diversity.observe(p, row, counts[p], self.env_steps)
+            updates = self.host_updates if halt is None else halt[1]
+            make_row = functools.partial(self._member_row, p, acc[p], counts[p], self.env_steps, rate, updates)
+            if self.alone:  # one member: its row now, for the progress line
+                self.rows[0] = make_row()
+                make_row = functools.partial(dict, self.rows[0])
+            self.pending_rows.append(functools.partial(self._write_row, logger, self.env_steps, make_row))
             stopper = self.selection.stoppers[p]
             if halt is not None:
                 self.stopped.add(p)
-            elif stopper is not None and stopper.update_q(row["mean_max_q"]) and not last:
-                self._stop(p, "early_stop_q", stopper.q_detail(row["mean_max_q"]))
-        return returns
+            elif stopper is not None and stopper.update_q(q := MemberStats.mean_max_q(acc[p])) and not last:
+                self._stop(p, "early_stop_q", stopper.q_detail(q))
+        return [MemberStats.episode_return(a) for a in acc]
+
+    def _member_row(self, p: int, acc: np.ndarray, counts: np.ndarray, env_steps: int, rate: float,
+                    updates: int) -> dict:
+        """Member ``p``'s row of the boundary at ``env_steps`` (names without ``train/``) from its
+        accumulator row and action counts, and with ``diversity.enabled`` its log-file line and its
+        collapse monitor's update: host work alone, done when :meth:`_write_rows` writes the row,
+        while the device runs."""
+        row = MemberStats.row(acc, self.diversity.columns(counts))
+        if self.s.pruner is not None:  # prune.enabled: the member's sparsity reached and scheduled, as a single run's
+            row["prune_sparsity"], row["prune_target_sparsity"] = acc[FIELDS:FIELDS + 2]
+        tc = self.members[p].tc
+        x = tc.explore  # ε of the next collect step, as the device computes it (hparams.MemberParams)
+        frac = min(env_steps / max(x.eps_decay_fraction * tc.agent.total_env_steps, 1.0), 1.0)
+        row.update(env_steps_per_s=rate, epsilon=x.eps_start + (x.eps_end - x.eps_start) * frac, updates=updates)
+        self.diversity.observe(p, row, counts, env_steps)
+        return row
+
+    @staticmethod
+    def _write_row(logger, env_steps: int, make_row) -> None:
+        """Log the row ``make_row()`` builds (names without ``train/``) at ``env_steps``."""
+        logger.log(env_steps, {f"train/{k}": v for k, v in make_row().items()})
 
     def _write_rows(self, budget_s: float | None = None) -> None:
-        """Write the log rows :meth:`_log_rows` left (each member's metrics logger and its sinks),
-        in order: all of them, or with ``budget_s`` as many as this call's credit allows, so that a
+        """Build and write the log rows :meth:`_log_rows` left (each member's metrics logger and its
+        sinks), in order, and the tasks queued after them (a periodic checkpoint's hand-over to
+        the writer, :meth:`save`): all of them, or with ``budget_s`` as many as this call's credit allows, so that a
         population's rows are written while the device runs the iterations after their boundary
         instead of keeping it idle (at 512 members, ~0.1 s a boundary on the H200 machine). Each
         call with ``budget_s`` adds ``budget_s`` to the credit and writes rows while it is
         positive, each row's time taken from it: on average the loop spends ``budget_s`` a call
         on rows, even where a row takes longer (then a row every few calls; a row per call would
         hold the host behind the device for the whole backlog). Every row is written before the
-        next boundary reads the device, before a checkpoint, a validation or the end of the loop."""
+        next boundary reads the device, before a validation, a checkpoint's files or the end of
+        the loop."""
         self.row_credit = math.inf if budget_s is None else self.row_credit + budget_s
         while self.pending_rows and self.row_credit > 0:
             start = time.perf_counter()
-            logger, env_steps, row = self.pending_rows.popleft()
-            logger.log(env_steps, row)
+            self.pending_rows.popleft()()
             self.row_credit -= time.perf_counter() - start
         if not self.pending_rows:
             self.row_credit = 0.0  # no saving up while nothing waits: the next backlog starts from zero

@@ -270,3 +270,33 @@ def test_every_shipped_experiment_captures_at_its_own_widths(name):
     full = iterate(build_population(cfgs, market, CUDA), True, 4, WARMUP_ITERATIONS + 2)
     assert full.graph is not None
     assert all(bool(torch.isfinite(t).all()) for t in full.s.online.parameters())
+
+
+def test_a_pinned_host_copy_equals_a_pageable_one_and_its_reuse_copies_the_new_state():
+    """HostCopy into reused page-locked buffers (the periodic checkpoints'): the same values as a
+    pageable copy, and a second copy into the same buffers, after more iterations, holds the new
+    state (equal to a fresh pageable copy of it), not the old one."""
+    from foxdqn.population.checkpoint import HostCopy
+
+    s, full = run(cuda_configs(CARTPOLE, [[f"seed={p}"] for p in range(3)]), graph=True)
+    pinned = {}
+
+    def same(a, b) -> bool:
+        assert [part[0] for part in a.parts] == [part[0] for part in b.parts]
+        copied = [(part[0], part[5], other[5]) for part, other in zip(a.parts, b.parts) if part[5] is not None]
+        for path, ha, hb in copied:
+            assert torch.equal(ha, hb), path
+        return bool(copied)
+
+    def weights(copy):
+        return next(part[5] for part in copy.parts if part[0] == "online.weights.0")
+
+    first = HostCopy(s, None, pinned)
+    assert pinned and all(t.is_pinned() for t in pinned.values())
+    assert same(first, HostCopy(s, None))
+    before = weights(first).clone()
+    for _ in range(5):
+        full()
+    second = HostCopy(s, None, pinned)
+    assert same(second, HostCopy(s, None)) and second.updates > first.updates
+    assert weights(second) is weights(first) and not torch.equal(weights(second), before)  # reused, new weights

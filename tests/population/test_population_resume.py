@@ -14,6 +14,7 @@ import pandas as pd
 import pytest
 import torch
 
+import foxdqn.population.train as train_module
 from foxdqn.errors import StoppedBySignal
 from foxdqn.population.checkpoint import ENVS, SCRATCH, LayoutError, POSITION, SHARED, layout, state_parts
 from foxdqn.population.jobs import Member
@@ -253,6 +254,43 @@ def test_cartpole_population_interrupted_and_resumed_equals_uninterrupted(tmp_pa
     for p in range(3):
         assert_same_run(tmp_path / "whole" / str(p), tmp_path / "cut" / str(p))
         assert_same_run(tmp_path / "whole" / str(p), tmp_path / "killed" / str(p))
+
+
+def test_a_periodic_checkpoint_waits_for_its_rows_and_holds_the_collapse_monitors_they_left(tmp_path, monkeypatch):
+    """Without the replay in the checkpoints, a periodic checkpoint goes to the writer after its
+    boundary's rows (here, with no row budget between boundaries, at the next boundary): its files
+    are written once those rows are in every metrics.csv, and each holds its member's collapse
+    monitor as the rows up to the checkpoint leave it (min_entropy 1: almost every interval low,
+    a warning at the 10th low one in a row), recomputed here from metrics.csv."""
+    from foxdqn.logger.diversity import CollapseMonitor
+    from foxdqn.population.writer import BackgroundWriter
+
+    root = tmp_path / "run"
+    cfgs = configs([*CART_RUN, "checkpoint.save_replay=false", "diversity.min_entropy=1.0", "diversity.patience=10"],
+                   MEMBERS)
+    written, submit = [], BackgroundWriter.submit
+
+    def checked_submit(writer, items):
+        rows = {int(pd.read_csv(root / str(p) / "metrics.csv")["step"].max()) for p in range(3)}
+        submit(writer, items)
+        writer.wait()
+        states = [read_checkpoint(root / str(p) / "checkpoints" / "last.pt")["member_state"] for p in range(3)]
+        written.append((rows, {s["env_steps"] for s in states}, [s["loop"]["collapse"] for s in states]))
+
+    monkeypatch.setattr(train_module, "DEFERRED_ROWS_S", 0.0)
+    monkeypatch.setattr(BackgroundWriter, "submit", checked_submit)
+    assert [o.exit_code for o in train(cfgs, root)] == [0, 0, 0]
+    # every periodic checkpoint (128 ... 896 env steps) after its boundary's rows, the final one after all
+    assert [(rows, steps) for rows, steps, _ in written] == [({x}, {x}) for x in [*range(128, 1024, 128), 1024]]
+    for p in range(3):
+        metrics = pd.read_csv(root / str(p) / "metrics.csv")
+        for _, (at,), states in written:
+            monitor = CollapseMonitor(1.0, 10)
+            for step, h in zip(metrics["step"], metrics["train/action_entropy_norm"]):
+                if step <= at:
+                    monitor.update(h, step)
+            assert states[p] == monitor.state_dict(), (p, at)
+        assert written[-1][2][p]["warnings"] == 1 and written[3][2][p]["warnings"] == 0  # the warning after 512
 
 
 @pytest.fixture(scope="module")

@@ -154,6 +154,7 @@ def test_rows_are_written_at_the_budgets_average_rate_when_a_row_takes_longer(mo
     taken from it. Rows of 0.5 ms at 0.2 ms a call: a row every 2.5 calls on average, never two in
     one call, so the host spends 0.2 ms a call on rows (a row each call would spend 0.5); without a
     budget every pending row is written at once, in order."""
+    import functools
     import types
     from collections import deque
 
@@ -164,10 +165,12 @@ def test_rows_are_written_at_the_budgets_average_rate_when_a_row_takes_longer(mo
     class Logger:
         def log(self, env_steps, row):
             clock[0] += 5e-4
-            written.append((env_steps, row["n"]))
+            written.append((env_steps, row["train/n"]))
 
     monkeypatch.setattr(train_module.time, "perf_counter", lambda: clock[0])
-    run = types.SimpleNamespace(pending_rows=deque((Logger(), 64, {"n": n}) for n in range(40)), row_credit=0.0)
+    write = train_module._Population._write_row
+    run = types.SimpleNamespace(pending_rows=deque(functools.partial(write, Logger(), 64, lambda n=n: {"n": n})
+                                                   for n in range(40)), row_credit=0.0)
     per_call = []
     for _ in range(25):
         before = len(written)
