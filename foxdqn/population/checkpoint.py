@@ -154,8 +154,8 @@ class HostCopy:
 
     With ``pinned`` (a dict the caller keeps from one copy to the next), CUDA tensors are copied
     into page-locked host buffers, one per path, made on the first copy and reused by the later
-    ones: all copies are queued at once and waited for once, several times faster than a pageable
-    copy per tensor. A reused buffer is overwritten, so the copy that used it before must no longer
+    ones: all copies are queued at once and waited for once, instead of a pageable copy that waits
+    per tensor (docs/bench.md#the-loops-host-time). A reused buffer is overwritten, so the copy that used it before must no longer
     be read (:meth:`foxdqn.population.train._Population.save` waits for the writer first).
 
     Attributes:
