@@ -248,7 +248,7 @@ class _Population:
         them (the networks' host twins, never the networks; the payloads with the replay are built
         here) and writes them while training goes on. Else these are written before returning.
         A boundary's rows are on disk before its checkpoint: they are written first, or with
-        ``periodic`` (a checkpoint of the loop, in the background; without the replay) by the loop
+        ``periodic`` (a checkpoint of the loop, always in the background; without the replay) by the loop
         while the device runs, and the batch is handed to the writer after them, with the collapse
         monitors' states their rows left (:meth:`_member_row` updates them).
 
@@ -256,8 +256,9 @@ class _Population:
             OSError: a checkpoint (of this batch, or of the one in flight) could not be written.
         """
         s, best = self.s, self.selection.best
+        background = background or periodic
         replay = any(cfg.checkpoint.save_replay for cfg in s.cfgs)
-        after_rows = periodic and background and not replay and bool(self.pending_rows)
+        after_rows = periodic and not replay and bool(self.pending_rows)
         if not after_rows:
             self._write_rows()  # a boundary's rows are on disk before its checkpoint
         self.writer.wait()  # the batch in flight no longer reads the host buffers this copy reuses
@@ -353,7 +354,7 @@ class _Population:
                     break
                 if self._checkpoint_due(it, last):
                     mark("training")
-                    self.save(background=True, periodic=True)  # written while the next iterations run
+                    self.save(periodic=True)  # written while the next iterations run
                     mark("periodic_checkpoint")
             self._write_rows()
 
