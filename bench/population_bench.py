@@ -29,6 +29,16 @@ evaluation compiled ahead of time), like foxdqn's counts its warm-up and graph c
 ``pip install -e '.[peers]'`` (jax, flax, optax, gymnax, flashbax) in the interpreter that runs
 it (``FOXDQN_PEER_PYTHON``, default this one); without them the section prints one line and runs
 on without it. ``table`` adds the foxdqn / peer ratios of the rows of one run.
+
+Python's bytecode cache (column ``bytecode_cache``): every process of the section, foxdqn's and
+the peer's alike, runs in one environment. Where this environment turns the cache off
+(``PYTHONDONTWRITEBYTECODE``, as the H200 machine's image does), each process would compile
+torch's (and JAX's) modules from source, seconds that a machine where pip installed the packages
+never pays; the section then turns it on in a folder of its own (:func:`bench.common.bytecode_cache_on`,
+``on (prefix)``), and fills it before the first row: one process that imports what foxdqn's
+sweeps import, and where the peer runs, one that imports the peer's packages (:func:`fill_bytecode`).
+``bytecode=False`` (``python -m bench.run --bytecode as-configured``) keeps the environment as it is
+(``as configured``).
 """
 from __future__ import annotations
 
@@ -42,6 +52,8 @@ import time
 from pathlib import Path
 
 import numpy as np
+
+from bench.common import bytecode_cache_on
 
 #: (experiment, member counts) measured on CUDA; on CPU only the smallest counts run (eager).
 CASES = {"cartpole_cleanrl": (1, 16, 128, 512), "eurusd_dqn": (1, 5, 8, 64)}
@@ -64,8 +76,10 @@ def loop_seconds(timings: dict) -> float:
     return sum(timings["phases"].get(k, 0.0) for k in RUN_PHASES)
 
 
-def sweep(experiment: str, members: int, launcher: str, graph: str, extra: list[str] = ()) -> dict:
-    """Run one multirun; returns the row (wall time, rates, per-member results)."""
+def sweep(experiment: str, members: int, launcher: str, graph: str, extra: list[str] = (),
+          env: dict | None = None) -> dict:
+    """Run one multirun in environment ``env`` (default this process's); returns the row (wall time,
+    rates, per-member results)."""
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "sweep"
         jobs = members if launcher == "population" else min(members, BASIC_JOBS)
@@ -75,7 +89,7 @@ def sweep(experiment: str, members: int, launcher: str, graph: str, extra: list[
         if launcher == "population":
             cmd.append("hydra/launcher=population")
         start = time.time()
-        proc = subprocess.run(cmd, capture_output=True, text=True)
+        proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
         exit_s = time.time() - start
         checked = re.search(r"(\d+) jobs checked in ([0-9.]+) s", proc.stdout + proc.stderr)
         files = sorted(out.glob("*/eval/summary.json"))
@@ -153,14 +167,15 @@ def peer_settings(experiment: str, extra: list[str] = ()):
     return settings_from_config(load_config([f"+experiment={experiment}", *extra]))
 
 
-def peer_row(members: int, settings) -> dict:
-    """Run the JAX peer on seeds 0..members-1 as a subprocess (JAX allocating GPU memory as it goes, so
-    that it leaves room for others); the row, timed from the command to its result file."""
+def peer_row(members: int, settings, env: dict | None = None) -> dict:
+    """Run the JAX peer on seeds 0..members-1 as a subprocess in environment ``env`` (default this
+    process's; JAX allocating GPU memory as it goes, so that it leaves room for others); the row,
+    timed from the command to its result file."""
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "peer.json"
         cmd = [peer_python(), "-m", "bench.peers.jax_dqn_cartpole", "--seeds", str(members),
                "--settings", settings.to_json(), "--out", str(out)]
-        env = {**os.environ, "XLA_PYTHON_CLIENT_PREALLOCATE": "false"}
+        env = {**(os.environ if env is None else env), "XLA_PYTHON_CLIENT_PREALLOCATE": "false"}
         start = time.time()
         proc = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=ROOT)
         wall = (out.stat().st_mtime if out.is_file() else time.time()) - start
@@ -188,7 +203,7 @@ def peer_result_row(members: int, result: dict | None, wall: float, rc: int = 0,
 
 
 def rows(device: str, only: tuple[str, ...] | None = None, members: tuple[int, ...] | None = None,
-         warm: bool = False):
+         warm: bool = False, bytecode: bool = True):
     """The section's rows, one at a time (each a finished multirun, or a JAX peer run after the
     ``cartpole_cleanrl`` row of the same P); ``only``: these experiments; ``members``: only these
     member counts (the basic launcher's row then runs at the largest of them); ``warm``: each
@@ -196,7 +211,33 @@ def rows(device: str, only: tuple[str, ...] | None = None, members: tuple[int, .
     warm for its shapes (column ``triton_cache``: ``warm``; else ``as found``: the rows before it
     compiled what they share).
     Eager rows (``graph=off``) run for the trading experiment only on CUDA: 50,000 eager CartPole
-    iterations take minutes and say nothing the captured rows do not."""
+    iterations take minutes and say nothing the captured rows do not. ``bytecode``: Python's bytecode
+    cache on for every process of the section (the module's docstring); False: as configured."""
+    with tempfile.TemporaryDirectory(prefix="foxdqn-pycache-") as cache_dir:
+        env = {**os.environ}
+        on = bytecode_cache_on(env, cache_dir) if bytecode else None
+        label = "on (prefix)" if on is not None else ("on" if not env.get("PYTHONDONTWRITEBYTECODE") else "as configured")
+        if on is not None:
+            fill_bytecode(on, peer=PEER_EXPERIMENT in (only or CASES) and device == "cuda")
+        for row in _rows(device, only, members, warm, env if on is None else on):
+            yield {**row, "bytecode_cache": label}
+
+
+def fill_bytecode(env: dict, peer: bool) -> None:
+    """Fill the bytecode cache of environment ``env`` (``PYTHONPYCACHEPREFIX``): one process imports
+    ``foxdqn.train`` (torch with it) and, with ``peer``, one :func:`peer_python` process imports the
+    JAX peer's packages, so that no timed row pays for writing the cache. A failed import is left to
+    the rows, which report it."""
+    subprocess.run([sys.executable, "-c", "import foxdqn.train"], capture_output=True, env=env, cwd=ROOT)
+    if peer:
+        from bench.peers import JAX_PEER_MODULES
+
+        subprocess.run([peer_python(), "-c", "import " + ", ".join(JAX_PEER_MODULES)], capture_output=True,
+                       env=env, cwd=ROOT)
+
+
+def _rows(device: str, only, members, warm: bool, env: dict):
+    """:func:`rows` in environment ``env``."""
     cases = CASES if device == "cuda" else CPU_CASES
     extra = [] if device == "cuda" else ["debug=smoke"]  # on CPU: the plumbing, not the numbers
     for experiment, counts in cases.items():
@@ -208,19 +249,19 @@ def rows(device: str, only: tuple[str, ...] | None = None, members: tuple[int, .
             continue
         for members_p in counts:
             if warm:
-                sweep(experiment, members_p, "population", "auto", extra)
-            yield {**sweep(experiment, members_p, "population", "auto", extra),
+                sweep(experiment, members_p, "population", "auto", extra, env)
+            yield {**sweep(experiment, members_p, "population", "auto", extra, env),
                    "triton_cache": "warm" if warm else "as found"}
             if peer is not None:  # right after the foxdqn row of the same P: a cut run keeps both
-                yield peer_row(members_p, peer)
+                yield peer_row(members_p, peer, env)
             if device == "cuda" and experiment != "cartpole_cleanrl" and members_p <= 8:
-                yield sweep(experiment, members_p, "population", "off", extra)
-        yield sweep(experiment, max(counts), "basic", "auto", extra)
+                yield sweep(experiment, members_p, "population", "off", extra, env)
+        yield sweep(experiment, max(counts), "basic", "auto", extra, env)
 
 
 def table(df) -> str:
     """Markdown: every row, and population vs basic launcher wall time as a ratio."""
-    cols = [c for c in ("experiment", "launcher", "graph", "triton_cache", "members", "wall_s", "exit_s", "wall_per_job_s", "train_s",
+    cols = [c for c in ("experiment", "launcher", "graph", "triton_cache", "bytecode_cache", "members", "wall_s", "exit_s", "wall_per_job_s", "train_s",
                         "compile_s", "check_s", "host_s", *PHASE_COLUMNS, "env_steps_per_s", "env_steps_per_s_run",
                         "metric", "metric_mean", "metric_min", "metric_max", "failed", "note")
             if c in df]

@@ -47,7 +47,7 @@ SECTIONS = ("step", "e2e", "cartpole", "ops", "population", "kernels", "startup"
 
 
 def _section(name: str, device: str, seeds: int = 1, only: tuple[str, ...] | None = None,
-             members: tuple[int, ...] | None = None, warm: bool = False):
+             members: tuple[int, ...] | None = None, warm: bool = False, bytecode: bool = True):
     """The section's rows: a list, or a generator yielding them one at a time."""
     if name == "ops":
         if device != "cuda":
@@ -56,7 +56,7 @@ def _section(name: str, device: str, seeds: int = 1, only: tuple[str, ...] | Non
         return _ops_rows(device, only)
     module = importlib.import_module(f"bench.{name}_bench")
     if name == "population":
-        return module.rows(device, only=only, members=members, warm=warm)
+        return module.rows(device, only=only, members=members, warm=warm, bytecode=bytecode)
     if name == "kernels":
         return module.rows(device, only=only)
     return module.rows(device, seeds=seeds, only=only) if name == "cartpole" else module.rows(device)
@@ -174,6 +174,9 @@ def main(argv=None) -> int:
                                       "experiment's (bench.population_bench.CASES); default: all")
     ap.add_argument("--warm", action="store_true", help="population section: run each population sweep once "
                                                          "untimed first (Triton's cache warm for its shapes)")
+    ap.add_argument("--bytecode", choices=("on", "as-configured"), default="on",
+                    help="population section: Python's bytecode cache for its processes, turned on in a folder of "
+                         "the section's where the environment turns it off (PYTHONDONTWRITEBYTECODE), or as configured")
     ap.add_argument("--tag", help="appended to the result files' name (<date>_<gpu>_<sections>-<tag>)")
     ap.add_argument("--report", metavar="CSV", help="only rebuild the .md and .png beside CSV from its rows "
                                                     "(e.g. of a run cut by a time limit)")
@@ -196,7 +199,8 @@ def main(argv=None) -> int:
     stem.parent.mkdir(parents=True, exist_ok=True)
     for name in args.sections.split(","):
         members = tuple(int(m) for m in args.members.split(",")) if args.members else None
-        for r in _section(name.strip(), device, args.seeds, only, members, args.warm):  # a list, or a generator of rows (cartpole)
+        for r in _section(name.strip(), device, args.seeds, only, members, args.warm,
+                          args.bytecode == "on"):  # a list, or a generator of rows (cartpole)
             rows.append({**t, **r})
             write_csv(rows, stem.with_suffix(".csv"))  # after every row: a time-out keeps what ran
     _write_report(pd.DataFrame(rows), t, stem)

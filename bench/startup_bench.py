@@ -26,6 +26,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from bench.common import bytecode_cache_on
 from foxdqn.io_atomic import read_json
 
 #: overrides of every run (progress bars off: the bench reads files, not the terminal)
@@ -60,11 +61,8 @@ def _series(cache_dir: str) -> list[tuple[str, dict]]:
     """``(bytecode_cache, environment)`` of each series: this environment as it is, and where it
     turns the bytecode cache off, the same with the cache on in ``cache_dir``."""
     env = {**os.environ}  # the child processes read the variable, not this process's -B flag
-    if not env.get("PYTHONDONTWRITEBYTECODE"):
-        return [("on", env)]
-    on = {k: v for k, v in env.items() if k != "PYTHONDONTWRITEBYTECODE"}
-    on["PYTHONPYCACHEPREFIX"] = cache_dir
-    return [("off (as configured)", env), ("on", on)]
+    on = bytecode_cache_on(env, cache_dir)
+    return [("on", env)] if on is None else [("off (as configured)", env), ("on", on)]
 
 
 def compiled_kernels(triton_cache: Path) -> int:

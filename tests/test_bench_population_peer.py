@@ -14,6 +14,13 @@ from bench.peers.jax_dqn_cartpole import Settings, main, settings_from_config
 from foxdqn.config.compose import load_config
 
 
+
+@pytest.fixture(autouse=True)
+def no_bytecode_fill(monkeypatch):
+    """The section's rows here are hand-made: no process fills a bytecode cache (where this
+    environment turns it off, ``rows`` would start two)."""
+    monkeypatch.setattr(pb, "fill_bytecode", lambda env, peer: None)
+
 def test_defaults_are_cartpole_cleanrl_and_cleanrl_s_settings():
     """The CLI's defaults are the composed cartpole_cleanrl config's, and those are CleanRL's CartPole DQN
     (cleanrl/dqn.py): 500k steps, buffer 10k, batch 128, lr 2.5e-4, γ 0.99, ε 1 → 0.05 over half the
@@ -71,7 +78,7 @@ def test_peer_missing_asks_another_interpreter(monkeypatch):
 def test_skip_is_one_line_and_no_row(monkeypatch, capsys):
     """A missing package: one line on stderr, no peer row, the foxdqn rows as before."""
     monkeypatch.setattr(pb, "peer_missing", lambda python=None: ["gymnax", "flashbax"])
-    monkeypatch.setattr(pb, "sweep", lambda experiment, members, launcher, graph, extra=(): {
+    monkeypatch.setattr(pb, "sweep", lambda experiment, members, launcher, graph, extra=(), env=None: {
         "section": "population", "experiment": experiment, "launcher": launcher, "members": members})
     monkeypatch.setattr(pb, "peer_row", lambda *a: pytest.fail("the peer ran"))
     rows = list(pb.rows("cpu"))
@@ -102,10 +109,10 @@ def test_cli_without_the_packages_says_so_in_one_line(monkeypatch, capsys):
 
 def test_peer_rows_follow_the_foxdqn_row_of_the_same_size(monkeypatch):
     monkeypatch.setattr(pb, "peer_missing", lambda python=None: [])
-    monkeypatch.setattr(pb, "sweep", lambda experiment, members, launcher, graph, extra=(): {
+    monkeypatch.setattr(pb, "sweep", lambda experiment, members, launcher, graph, extra=(), env=None: {
         "experiment": experiment, "launcher": launcher, "graph": graph, "members": members})
     seen = []
-    monkeypatch.setattr(pb, "peer_row", lambda members, s: seen.append(s) or {"launcher": pb.PEER, "members": members})
+    monkeypatch.setattr(pb, "peer_row", lambda members, s, env=None: seen.append(s) or {"launcher": pb.PEER, "members": members})
     rows = [(r["launcher"], r["members"]) for r in pb.rows("cuda", only=("cartpole_cleanrl",))]
     assert rows == [("population", 1), (pb.PEER, 1), ("population", 16), (pb.PEER, 16), ("population", 128),
                     (pb.PEER, 128), ("population", 512), (pb.PEER, 512), ("basic", 512)]
@@ -119,7 +126,7 @@ def test_warm_runs_each_population_sweep_once_untimed_first(monkeypatch):
     warm); the eager and basic rows run once."""
     calls = []
     monkeypatch.setattr(pb, "peer_missing", lambda python=None: ["jax"])
-    monkeypatch.setattr(pb, "sweep", lambda experiment, members, launcher, graph, extra=(): calls.append(
+    monkeypatch.setattr(pb, "sweep", lambda experiment, members, launcher, graph, extra=(), env=None: calls.append(
         (launcher, graph, members)) or {"experiment": experiment, "launcher": launcher, "graph": graph,
                                          "members": members, "run": len(calls)})
     rows = list(pb.rows("cuda", only=("eurusd_dqn",), members=(5,), warm=True))
@@ -130,6 +137,38 @@ def test_warm_runs_each_population_sweep_once_untimed_first(monkeypatch):
     calls.clear()
     cold = list(pb.rows("cuda", only=("eurusd_dqn",), members=(5,)))
     assert len(calls) == 3 and cold[0]["triton_cache"] == "as found"
+
+
+@pytest.mark.parametrize("configured", [None, "1"])
+def test_every_process_of_the_section_runs_in_one_environment_with_the_bytecode_cache_on(monkeypatch, configured):
+    """foxdqn's sweeps and the peer get the same environment; where it turns Python's bytecode cache
+    off, the section turns it on in a folder of its own and fills it before the first row (the label
+    says which); --bytecode as-configured keeps the environment as it is."""
+    if configured is None:
+        monkeypatch.delenv("PYTHONDONTWRITEBYTECODE", raising=False)
+    else:
+        monkeypatch.setenv("PYTHONDONTWRITEBYTECODE", configured)
+    monkeypatch.setattr(pb, "peer_missing", lambda python=None: [])
+    envs = []
+    monkeypatch.setattr(pb, "sweep", lambda experiment, members, launcher, graph, extra=(), env=None: envs.append(
+        env) or {"launcher": launcher, "members": members})
+    monkeypatch.setattr(pb, "peer_row", lambda members, s, env=None: envs.append(env) or {"launcher": pb.PEER})
+    filled = []
+    monkeypatch.setattr(pb, "fill_bytecode", lambda env, peer: filled.append((env, peer)))
+    rows = list(pb.rows("cuda", only=("cartpole_cleanrl",), members=(16,), warm=True))
+    assert len(envs) == 4 and all(e == envs[0] for e in envs)  # warm-up, row, peer, basic
+    if configured is None:
+        assert envs[0] == dict(os.environ) and {r["bytecode_cache"] for r in rows} == {"on"}
+        assert filled == []  # the cache is on already: nothing to fill
+    else:
+        assert filled == [(envs[0], True)]  # filled before the first row, the peer's packages too
+        assert "PYTHONDONTWRITEBYTECODE" not in envs[0] and envs[0]["PYTHONPYCACHEPREFIX"]
+        assert {k: v for k, v in envs[0].items() if k != "PYTHONPYCACHEPREFIX"} == {
+            k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
+        assert {r["bytecode_cache"] for r in rows} == {"on (prefix)"}
+        envs.clear()
+        rows = list(pb.rows("cuda", only=("cartpole_cleanrl",), members=(16,), bytecode=False))
+        assert envs[0] == dict(os.environ) and {r["bytecode_cache"] for r in rows} == {"as configured"}
 
 
 def test_members_must_be_counts_the_section_knows(capsys):
