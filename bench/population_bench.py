@@ -32,7 +32,7 @@ on without it. ``table`` adds the foxdqn / peer ratios of the rows of one run.
 
 Python's bytecode cache (column ``bytecode_cache``): every process of the section, foxdqn's and
 the peer's alike, runs in one environment. Where this environment turns the cache off
-(``PYTHONDONTWRITEBYTECODE``, as the H200 machine's image does), each process would compile
+(``PYTHONDONTWRITEBYTECODE``, as the GPU machines' image does), each process would compile
 torch's (and JAX's) modules from source, seconds that a machine where pip installed the packages
 never pays; the section then turns it on in a folder of its own (:func:`bench.common.bytecode_cache_on`,
 ``on (prefix)``), and fills it before the first row: one process that imports what foxdqn's
