@@ -35,7 +35,7 @@ def bytecode_cache_on(env: dict, cache_dir: str) -> dict | None:
     """``env`` with Python's bytecode cache turned on (``PYTHONDONTWRITEBYTECODE`` removed,
     ``PYTHONPYCACHEPREFIX`` = ``cache_dir``: the first process fills it, later ones load from it),
     or None where ``env`` does not turn the cache off (it is then on already). An environment that
-    turns it off (the H200 machine's image, with no ``__pycache__`` in torch's install) makes every
+    turns it off (the GPU machines' image, with no ``__pycache__`` in torch's install) makes every
     process compile torch's ~1,000 modules from source; a machine where pip installed the packages
     has their bytecode (docs/bench.md#start-up)."""
     if not env.get("PYTHONDONTWRITEBYTECODE"):

@@ -3,7 +3,7 @@
 Writes ``bench/results/<date>_<gpu>_<sections>.csv`` (every row tagged with GPU name, torch and
 triton versions and date), ``.md`` (tables with ratios measured in this run) and ``.png`` (chart). On CPU only the eager rows run; the GPU rows need CUDA.
 
-Usage: ``python -m bench.run [--sections step,e2e,cartpole,ops,population,kernels,startup] [--out DIR] [--seeds S] [--only ROWS] [--tag T]``;
+Usage: ``python -m bench.run [--sections step,e2e,cartpole,ops,population,kernels,startup] [--out DIR] [--seeds S] [--only ROWS] [--members P1,P2] [--warm] [--bytecode on|as-configured] [--tag T]``;
 ``python -m bench.run --report CSV`` rebuilds the .md and .png of a CSV (a run cut by a time limit
 has its CSV, written after every row, but no report).
 """
