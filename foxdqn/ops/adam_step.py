@@ -62,6 +62,15 @@ member's hyperparameters once; more rows per program were slower (the stores of 
 before the loads of the next), and 512 elements beat 1,024 for a population of small networks
 (docs/bench.md#launch-constants).
 
+The target update (``follow``, a :class:`foxdqn.ops.target_lerp.TargetFollow`). Each program also
+reads the update counter (before its ticket, as it reads its step count) and computes its member's
+target weight w by :func:`foxdqn.ops.target_lerp.target_weight`; where w is not 0 it moves its row
+of the target toward the param as this step stored it (the new value where applied, the old where
+skipped) by :func:`foxdqn.ops.target_lerp.lerp_toward`, the element rule of ``target_lerp_``, so
+the targets are bit for bit those of ``target_lerp_`` after the step: one launch and one read of
+the params fewer. The last program of the last launch stores the counter + 1 after its wait
+("Step counts").
+
 Step counts. Every program reads its tensor's ``step[p]`` and computes with ``t = step + 1``;
 nothing is written to the counts until every program has read them. Every program but the last (the
 highest program id) adds 1 to the launch's ticket once it has read its count, after a barrier of its
@@ -102,6 +111,7 @@ from triton.language.extra import libdevice
 
 from foxdqn.ops.backend import INTERPRET, resolve_backend
 from foxdqn.ops.library import device_op, wrap_triton
+from foxdqn.ops.target_lerp import TargetFollow, check_target_args, lerp_toward, target_lerp_reference, target_weight
 from foxdqn.ops.tensor_list import (MAX_SLOTS, F32, check_list, check_member_vector, check_members, describe, fma,
                                     member_row, pick16, plan, scratch, slots)
 
@@ -204,12 +214,14 @@ def _adam_step_kernel(p0, p1, p2, p3, p4, p5, p6, p7, p8, p9, p10, p11, p12, p13
                       v0, v1, v2, v3, v4, v5, v6, v7, v8, v9, v10, v11, v12, v13, v14, v15,
                       s0, s1, s2, s3, s4, s5, s6, s7, s8, s9, s10, s11, s12, s13, s14, s15,
                       k0, k1, k2, k3, k4, k5, k6, k7, k8, k9, k10, k11, k12, k13, k14, k15,
+                      t0, t1, t2, t3, t4, t5, t6, t7, t8, t9, t10, t11, t12, t13, t14, t15,
                       n0, n1, n2, n3, n4, n5, n6, n7, n8, n9, n10, n11, n12, n13, n14, n15,
                       r0, r1, r2, r3, r4, r5, r6, r7, r8, r9, r10, r11, r12, r13, r14, r15,
-                      lr_ptr, eps_ptr, scale_ptr, skip_ptr, ticket_ptr, rows_in_launch, members,
-                      beta1, beta2, eps_value,
+                      lr_ptr, eps_ptr, scale_ptr, skip_ptr, ticket_ptr, updates_ptr, tau_ptr, period_ptr,
+                      rows_in_launch, members, beta1, beta2, eps_value,
                       N_INC: tl.constexpr, HAS_SCALE: tl.constexpr, HAS_SKIP: tl.constexpr, HAS_PRIOR: tl.constexpr,
                       EPS_TENSOR: tl.constexpr, LOG_BETA1: tl.constexpr, LOG_BETA2: tl.constexpr,
+                      FOLLOW: tl.constexpr, HARD: tl.constexpr, ADVANCE: tl.constexpr,
                       BLOCK: tl.constexpr, PB: tl.constexpr):
     pid = tl.program_id(0)
     per_member = tl.maximum(rows_in_launch, 1)  # one row per program, member-major (tensor_list, "Rows")
@@ -227,9 +239,13 @@ def _adam_step_kernel(p0, p1, p2, p3, p4, p5, p6, p7, p8, p9, p10, p11, p12, p13
         # a skipped member: no writes (the skip broadcast to the block first: the interpreter
         # cannot AND a block of bools with a scalar bool)
         keep = (tl.zeros([BLOCK], tl.float32) + tl.load(skip_ptr + member)) == 0.0
+    if FOLLOW:  # the target update's weight (ops/target_lerp.py); the counter read before the ticket
+        u = tl.load(updates_ptr)
+        w = target_weight(u, member, member >= 0, skip_ptr, tau_ptr, period_ptr, HARD)
     slot, col, mask, idx, live = member_row(
         member, pid - member * per_member, rows_in_launch, n0, n1, n2, n3, n4, n5, n6, n7, n8, n9, n10, n11, n12, n13,
         n14, n15, r0, r1, r2, r3, r4, r5, r6, r7, r8, r9, r10, r11, r12, r13, r14, r15, BLOCK)
+    valid = mask
     t = tl.load(pick16(slot, s0, s1, s2, s3, s4, s5, s6, s7, s8, s9, s10, s11, s12, s13, s14, s15) + member) + 1.0
     # the element loads do not wait on the skip (it masks only the stores)
     pp = pick16(slot, p0, p1, p2, p3, p4, p5, p6, p7, p8, p9, p10, p11, p12, p13, p14, p15) + idx
@@ -258,12 +274,22 @@ def _adam_step_kernel(p0, p1, p2, p3, p4, p5, p6, p7, p8, p9, p10, p11, p12, p13
     tl.store(mp, m, mask=mask)
     tl.store(vp, v, mask=mask)
     tl.store(pp, new, mask=mask)
+    if FOLLOW:  # the target follows the param as stored (module docstring, "The target update")
+        if w != 0.0:
+            tp = pick16(slot, t0, t1, t2, t3, t4, t5, t6, t7, t8, t9, t10, t11, t12, t13, t14, t15) + idx
+            stored = new
+            if HAS_SKIP:  # a skipped member's params stay (and w is 0 unless its skip is NaN)
+                stored = tl.where(keep, new, param)
+            wb = tl.zeros([BLOCK], tl.float32) + w
+            tl.store(tp, lerp_toward(tl.load(tp, mask=valid, other=0.0), stored, wb), mask=valid)
     if N_INC > 0:  # every step count this program uses is read (module docstring, "Step counts")
         if pid != tl.num_programs(0) - 1:
             _signal_read(ticket_ptr)
         else:
             _advance_counts(s0, s1, s2, s3, s4, s5, s6, s7, s8, s9, s10, s11, s12, s13, s14, s15,
                             skip_ptr, ticket_ptr, members, N_INC, HAS_SKIP, PB)
+            if ADVANCE:  # every program has read the counter (the wait above)
+                tl.store(updates_ptr, u + 1)
 
 
 def _f32(x: float) -> float:
@@ -277,11 +303,13 @@ def _log(beta: float) -> float:
 
 
 @device_op("foxdqn::adam_step_",
-                         mutates_args={"params", "exp_avgs", "exp_avg_sqs", "steps", "prior", "ticket"})
+                         mutates_args={"params", "exp_avgs", "exp_avg_sqs", "steps", "prior", "targets", "ticket",
+                                       "updates"})
 def _adam_step_op(params: list[Tensor], grads: list[Tensor], exp_avgs: list[Tensor], exp_avg_sqs: list[Tensor],
-                  steps: list[Tensor], prior: list[Tensor], lr: Tensor, eps_tensor: Tensor, grad_scale: Tensor,
-                  skip: Tensor, ticket: Tensor, eps: float, beta1: float, beta2: float, members: int,
-                  has_eps_tensor: bool, has_scale: bool, has_skip: bool, has_prior: bool, block: int) -> None:
+                  steps: list[Tensor], prior: list[Tensor], targets: list[Tensor], lr: Tensor, eps_tensor: Tensor,
+                  grad_scale: Tensor, skip: Tensor, ticket: Tensor, updates: Tensor, tau: Tensor, hard_period: Tensor,
+                  eps: float, beta1: float, beta2: float, members: int, has_eps_tensor: bool, has_scale: bool,
+                  has_skip: bool, has_prior: bool, has_follow: bool, hard: bool, block: int) -> None:
     shared = len(steps) == 1 and len(params) > 1
     numels = tuple(p.numel() // members for p in params)
     launches, _ = plan(numels, block)
@@ -292,10 +320,12 @@ def _adam_step_op(params: list[Tensor], grads: list[Tensor], exp_avgs: list[Tens
             step_slots, n_inc = slots(steps, launch), launch.count
         wrap_triton(_adam_step_kernel)[(max(1, members * launch.row_count),)](
             *slots(params, launch), *slots(grads, launch), *slots(exp_avgs, launch), *slots(exp_avg_sqs, launch),
-            *step_slots, *slots(prior if has_prior else params, launch), *launch.numels, *launch.rows,
-            lr, eps_tensor, grad_scale, skip, ticket, launch.row_count, members, beta1, beta2, eps,
+            *step_slots, *slots(prior if has_prior else params, launch), *slots(targets if has_follow else params, launch),
+            *launch.numels, *launch.rows, lr, eps_tensor, grad_scale, skip, ticket, updates, tau, hard_period,
+            launch.row_count, members, beta1, beta2, eps,
             N_INC=n_inc, HAS_SCALE=has_scale, HAS_SKIP=has_skip, HAS_PRIOR=has_prior, EPS_TENSOR=has_eps_tensor,
-            LOG_BETA1=_log(beta1), LOG_BETA2=_log(beta2), BLOCK=block, PB=_PB, num_warps=NUM_WARPS)
+            LOG_BETA1=_log(beta1), LOG_BETA2=_log(beta2), FOLLOW=has_follow, HARD=hard,
+            ADVANCE=has_follow and launch.final, BLOCK=block, PB=_PB, num_warps=NUM_WARPS)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -372,7 +402,8 @@ def _advance_steps(steps: Sequence[Tensor], shared: bool, keep: Tensor | None) -
 # ---------------------------------------------------------------------------------------------
 # Public function
 # ---------------------------------------------------------------------------------------------
-def _check(params, grads, exp_avgs, exp_avg_sqs, steps, lr, beta1, beta2, eps, grad_scale, skip, members, prior):
+def _check(params, grads, exp_avgs, exp_avg_sqs, steps, lr, beta1, beta2, eps, grad_scale, skip, members, prior,
+           follow=None):
     op = "adam_step_"
     members = check_members(op, members)
     numels = check_list(op, "params", params, members)
@@ -400,6 +431,15 @@ def _check(params, grads, exp_avgs, exp_avg_sqs, steps, lr, beta1, beta2, eps, g
     for name, t in (("grad_scale", grad_scale), ("skip", skip)):
         if t is not None:
             check_member_vector(op, name, t, members, device)
+    if follow is not None:
+        if not isinstance(follow, TargetFollow) or skip is None:
+            raise ValueError(f"{op}: follow must be a TargetFollow, with a skip (the target update's), got "
+                             f"{type(follow).__name__} and skip={describe(skip) if skip is not None else None}")
+        check_list(op, "follow.targets", follow.targets, members, like=params, device=device)
+        check_target_args(f"{op} follow", follow.targets, params, follow.updates, skip, follow.tau,
+                          follow.hard_period, members)
+        if {t.data_ptr() for t in follow.targets} & {t.data_ptr() for t in params if t.numel()}:
+            raise ValueError(f"{op}: follow.targets must not share memory with params")
     return numels
 
 
@@ -407,8 +447,9 @@ def adam_step_(params: Sequence[Tensor], grads: Sequence[Tensor], exp_avgs: Sequ
                exp_avg_sqs: Sequence[Tensor], steps: Sequence[Tensor], *, lr: Tensor, beta1: float = 0.9,
                beta2: float = 0.999, eps: float | Tensor = 1e-8, grad_scale: Tensor | None = None,
                skip: Tensor | None = None, members: int = 1, prior: Sequence[Tensor] | None = None,
-               backend: str = "auto") -> None:
-    """One Adam step of every tensor of ``params`` (and of every member), in place.
+               follow: TargetFollow | None = None, backend: str = "auto") -> None:
+    """One Adam step of every tensor of ``params`` (and of every member), in place; with ``follow``
+    the target networks' update in the same launch.
 
     Rule, rounding, the step counts' single advance and the launch structure in the module
     docstring. Device ops only (no host reads): capturable in a CUDA graph (after one eager call,
@@ -435,34 +476,47 @@ def adam_step_(params: Sequence[Tensor], grads: Sequence[Tensor], exp_avgs: Sequ
         prior: None, or one tensor per param (the same shapes, contiguous float32), distinct from
             ``params``: where member ``p`` is not skipped, its params from before this step are
             copied into it; where skipped, it is left unchanged.
+        follow: None, or a :class:`~foxdqn.ops.target_lerp.TargetFollow` (needs ``skip``): one
+            target tensor per param, each moved toward its param as this step stored it by
+            :func:`~foxdqn.ops.target_lerp.target_lerp_`'s rule and weight (``skip`` its skip), and
+            ``follow.updates`` advanced by 1 after every read: what Adam then ``target_lerp_(targets,
+            params, updates, skip, tau, hard_period, hard=hard, advance=True)`` do, bit for bit, in
+            Adam's launch (module docstring, "The target update").
         backend: "auto" (Triton for CUDA tensors, torch reference for CPU), "triton", "torch".
 
     Raises:
         ValueError: a list of the wrong length, dtype, shape, layout or device; steps that are not
             distinct; a per-member tensor of the wrong dtype, shape or device; a beta outside
-            [0, 1); eps negative or not finite; ``members`` not an int >= 1; an unknown backend.
+            [0, 1); eps negative or not finite; ``members`` not an int >= 1; an unknown backend;
+            ``follow`` without ``skip``, or with arguments :func:`~foxdqn.ops.target_lerp.target_lerp_`
+            refuses, or targets that share memory with ``params``.
         RuntimeError: backend="triton" on CPU tensors without TRITON_INTERPRET=1; the first call
             on a device inside CUDA-graph capture.
     """
-    _check(params, grads, exp_avgs, exp_avg_sqs, steps, lr, beta1, beta2, eps, grad_scale, skip, members, prior)
+    _check(params, grads, exp_avgs, exp_avg_sqs, steps, lr, beta1, beta2, eps, grad_scale, skip, members, prior,
+           follow)
     with torch.no_grad():  # params are leaves that require grad
         if resolve_backend("adam_step_", backend, params[0]) == "torch":
             adam_step_reference(params, grads, exp_avgs, exp_avg_sqs, steps, lr=lr, beta1=float(beta1),
                                 beta2=float(beta2), eps=eps, grad_scale=grad_scale, skip=skip, members=members,
                                 prior=prior)
+            if follow is not None:
+                target_lerp_reference(follow.targets, params, follow.updates, skip, follow.tau, follow.hard_period,
+                                      hard=bool(follow.hard), advance=True, members=members)
         else:
             _adam_step_launch(params, grads, exp_avgs, exp_avg_sqs, steps, lr, beta1, beta2, eps, grad_scale, skip,
-                              members, prior)
+                              members, prior, follow)
 
 
 def _adam_step_launch(params, grads, exp_avgs, exp_avg_sqs, steps, lr, beta1, beta2, eps, grad_scale, skip,
-                      members, prior) -> None:
+                      members, prior, follow) -> None:
     device = params[0].device
-    _, ticket = scratch("adam_step_", device, 1)
+    spare, ticket = scratch("adam_step_", device, 1)  # spare: the unused counter argument without follow
     has_eps = isinstance(eps, Tensor)
     _adam_step_op(list(params), list(grads), list(exp_avgs), list(exp_avg_sqs), list(steps),
-                  [] if prior is None else list(prior), lr,
+                  [] if prior is None else list(prior), [] if follow is None else list(follow.targets), lr,
                   eps if has_eps else lr, lr if grad_scale is None else grad_scale, lr if skip is None else skip,
-                  ticket, 0.0 if has_eps else float(eps), float(beta1), float(beta2), members, has_eps,
-                  grad_scale is not None, skip is not None, prior is not None,
-                  BLOCK)
+                  ticket, spare if follow is None else follow.updates, lr if follow is None else follow.tau,
+                  lr if follow is None else follow.hard_period, 0.0 if has_eps else float(eps), float(beta1),
+                  float(beta2), members, has_eps, grad_scale is not None, skip is not None, prior is not None,
+                  follow is not None, bool(follow is not None and follow.hard), BLOCK)

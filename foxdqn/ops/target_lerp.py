@@ -50,7 +50,7 @@ first (eager) call.
 """
 from __future__ import annotations
 
-from typing import Sequence
+from typing import NamedTuple, Sequence
 
 import torch
 import triton
@@ -61,6 +61,19 @@ from foxdqn.ops.backend import resolve_backend
 from foxdqn.ops.library import device_op, wrap_triton
 from foxdqn.ops.tensor_list import (F32, check_list, check_member_vector, check_members, describe, fma,
                                     member_chunks, member_row, pick16, plan, scratch, slots)
+
+class TargetFollow(NamedTuple):
+    """The target update of :func:`target_lerp_` run inside :func:`foxdqn.ops.adam_step.adam_step_`'s
+    launch (its ``follow``): each of ``targets`` follows its param as the step stored it, with this
+    module's weight rule, and ``updates`` advances by 1. The arguments of :func:`target_lerp_` with
+    ``sources`` = Adam's params, ``skip`` = Adam's and ``advance`` true."""
+
+    targets: Sequence[Tensor]
+    updates: Tensor
+    tau: Tensor
+    hard_period: Tensor
+    hard: bool
+
 
 BLOCK = 1024  # elements of a row (tensor_list, "Rows")
 #: the grid a launch aims for (tensor_list.member_chunks), by mode: a hard copy, rarely due, in few
@@ -76,14 +89,25 @@ _PB = 64  # members per iteration of the last program's loop
 # Triton kernel
 # ---------------------------------------------------------------------------------------------
 @triton.jit
-def _weight(u, q, qm, skip_ptr, tau_ptr, period_ptr, HARD: tl.constexpr):
-    """w of members ``q`` (scalar or block, ``qm`` its mask): the module docstring's rule."""
+def target_weight(u, q, qm, skip_ptr, tau_ptr, period_ptr, HARD: tl.constexpr):
+    """w of members ``q`` (scalar or block, ``qm`` its mask): the module docstring's rule. Also
+    :mod:`foxdqn.ops.adam_step`'s, where the target update runs in Adam's launch."""
     if HARD:
         period = tl.load(period_ptr + q, mask=qm, other=1)
         base = tl.where((u + 1) % period == 0, 1.0, 0.0).to(tl.float32)  # == 0 whatever % rounds toward
     else:
         base = tl.load(tau_ptr + q, mask=qm, other=0.0)
     return base * (1.0 - tl.load(skip_ptr + q, mask=qm, other=0.0))
+
+
+@triton.jit
+def lerp_toward(x, y, wb):
+    """θ' of the module docstring from θ' = ``x``, θ = ``y`` and the weight block ``wb`` (w ≠ 0):
+    ``y`` where w == 1, else torch.lerp's two-sided formula with the multiply-add fused. Also
+    :mod:`foxdqn.ops.adam_step`'s."""
+    diff = y - x
+    out = tl.where(tl.abs(wb) < 0.5, fma(wb, diff, x), fma(wb - 1.0, diff, y))
+    return tl.where(wb == 1.0, y, out)
 
 
 @triton.jit(do_not_specialize=[*(f"r{i}" for i in range(16)), "rows_in_launch", "per_member", "members"])
@@ -98,7 +122,7 @@ def _target_lerp_kernel(t0, t1, t2, t3, t4, t5, t6, t7, t8, t9, t10, t11, t12, t
     member = pid // per_member
     first = (pid - member * per_member) * G
     u = tl.load(updates_ptr)  # this program's only read of the counter: before its ticket
-    w = _weight(u, member, member >= 0, skip_ptr, tau_ptr, period_ptr, HARD)
+    w = target_weight(u, member, member >= 0, skip_ptr, tau_ptr, period_ptr, HARD)
     if w != 0.0:  # w = 0: the target is left as it is (no reads, no writes)
         wb = tl.zeros([BLOCK], tl.float32) + w
         for i in tl.static_range(G):
@@ -109,9 +133,7 @@ def _target_lerp_kernel(t0, t1, t2, t3, t4, t5, t6, t7, t8, t9, t10, t11, t12, t
             sp = pick16(slot, s0, s1, s2, s3, s4, s5, s6, s7, s8, s9, s10, s11, s12, s13, s14, s15) + idx
             x = tl.load(tp, mask=mask, other=0.0)
             y = tl.load(sp, mask=mask, other=0.0)
-            diff = y - x
-            out = tl.where(tl.abs(wb) < 0.5, fma(wb, diff, x), fma(wb - 1.0, diff, y))
-            tl.store(tp, tl.where(wb == 1.0, y, out), mask=mask)
+            tl.store(tp, lerp_toward(x, y, wb), mask=mask)
 
     if FINISH:
         tl.debug_barrier()  # every warp has read the counter before the (one-thread) ticket increment
@@ -121,7 +143,7 @@ def _target_lerp_kernel(t0, t1, t2, t3, t4, t5, t6, t7, t8, t9, t10, t11, t12, t
                 for q0 in range(0, members, PB):
                     q = q0 + tl.arange(0, PB)
                     qm = q < members
-                    tl.store(weight_ptr + q, _weight(u, q, qm, skip_ptr, tau_ptr, period_ptr, HARD), mask=qm)
+                    tl.store(weight_ptr + q, target_weight(u, q, qm, skip_ptr, tau_ptr, period_ptr, HARD), mask=qm)
             if ADVANCE:
                 tl.store(updates_ptr, u + 1)
             tl.store(ticket_ptr, 0)
@@ -167,6 +189,27 @@ def target_lerp_reference(targets: Sequence[Tensor], sources: Sequence[Tensor], 
 # ---------------------------------------------------------------------------------------------
 # Public function
 # ---------------------------------------------------------------------------------------------
+def check_target_args(op: str, targets, sources, updates, skip, tau, hard_period, members) -> int:
+    """:func:`target_lerp_`'s checks of its arguments (messages prefixed ``op``); returns P.
+
+    Raises:
+        ValueError: as :func:`target_lerp_`.
+    """
+    members = check_members(op, members)
+    check_list(op, "targets", targets, members)
+    device = targets[0].device
+    check_list(op, "sources", sources, members, like=targets, device=device)
+    if (not isinstance(updates, Tensor) or updates.dtype != torch.int64 or updates.dim() != 0
+            or updates.device != device):
+        raise ValueError(f"{op}: updates must be an int64 0-d tensor on {device}, got {describe(updates)}")
+    check_member_vector(op, "skip", skip, members, device)
+    for name, t, dtype in (("tau", tau, F32), ("hard_period", hard_period, torch.int64)):
+        check_member_vector(op, name, t, members, device, dtype)
+        if t.shape != skip.shape:
+            raise ValueError(f"{op}: {name} must have skip's shape {list(skip.shape)}, got {describe(t)}")
+    return members
+
+
 def target_lerp_(targets: Sequence[Tensor], sources: Sequence[Tensor], updates: Tensor, skip: Tensor, tau: Tensor,
                  hard_period: Tensor, *, hard: bool, advance: bool, weight: Tensor | None = None, members: int = 1,
                  backend: str = "auto") -> None:
@@ -199,18 +242,8 @@ def target_lerp_(targets: Sequence[Tensor], sources: Sequence[Tensor], updates: 
             on a device inside CUDA-graph capture.
     """
     op = "target_lerp_"
-    members = check_members(op, members)
-    check_list(op, "targets", targets, members)
+    members = check_target_args(op, targets, sources, updates, skip, tau, hard_period, members)
     device = targets[0].device
-    check_list(op, "sources", sources, members, like=targets, device=device)
-    if (not isinstance(updates, Tensor) or updates.dtype != torch.int64 or updates.dim() != 0
-            or updates.device != device):
-        raise ValueError(f"{op}: updates must be an int64 0-d tensor on {device}, got {describe(updates)}")
-    check_member_vector(op, "skip", skip, members, device)
-    for name, t, dtype in (("tau", tau, F32), ("hard_period", hard_period, torch.int64)):
-        check_member_vector(op, name, t, members, device, dtype)
-        if t.shape != skip.shape:
-            raise ValueError(f"{op}: {name} must have skip's shape {list(skip.shape)}, got {describe(t)}")
     if weight is not None:
         check_member_vector(op, "weight", weight, members, device)
     with torch.no_grad():

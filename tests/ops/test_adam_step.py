@@ -3,7 +3,8 @@ over several steps with a skipped step and a clip coefficient < 1 (1 to 10 tenso
 elements, empty ones: more tensors than one launch holds); step counts advanced once per call (per
 tensor, or one shared count); members=3 = three single-member calls bit for bit; another BLOCK gives
 the same bits; a skipped member
-unchanged bit for bit, NaN gradients included; argument checks. GPU: kernel vs
+unchanged bit for bit, NaN gradients included; ``follow`` (the target update in Adam's launch) =
+Adam then target_lerp_ bit for bit; argument checks. GPU: kernel vs
 torch.optim.Adam(fused=True, capturable=True), captured in a CUDA graph = eager, replay after
 changing lr and skip in place, no host sync."""
 import pytest
@@ -249,6 +250,80 @@ def test_counts_past_one_member_tile_and_all_empty_launches(case, shared):
     _assert_tensor_close(out["triton"][0], out["torch"][0], 8, f"{case}: kernel vs reference")
 
 
+@pytest.mark.parametrize("hard", [True, False], ids=["hard", "polyak"])
+@pytest.mark.parametrize("members,shapes,shared", [
+    (1, SHAPES["ten_with_empty"], True),  # an empty tensor, sizes across blocks
+    (3, SHAPES["ten_with_empty"], True),
+    (3, [(k + 2,) for k in range(MAX_SLOTS + 1)], True),  # two launches: the counter advanced by the last
+    (3, SHAPES["two_big"], False),  # one count per tensor
+    (65, SHAPES["seven"], True),  # the last program's second tile of members
+], ids=["P1-ten", "P3-ten", "P3-two-launches", "P3-counts-per-tensor", "P65"])
+def test_follow_is_adam_then_target_lerp_bit_for_bit(hard, members, shapes, shared):
+    """``follow`` (the target update in Adam's launch) against Adam, then target_lerp_ of the same
+    targets toward the params it stored, kernel against kernel and reference against reference:
+    params, moments, step counts, targets and the update counter bit for bit over four calls, with
+    a hard copy due every second update or Polyak τ, member 1 skipped at the second call and
+    (from 3 members on) member 2's skip NaN at the third (its target then NaN in both, as
+    target_lerp_'s weight rule gives it)."""
+    from foxdqn.ops.target_lerp import TargetFollow, target_lerp_
+
+    params = _params(shapes, seed=31, members=members)
+    draws = _grad_draws(params, 4, seed=32)
+    shape = (members,) if members > 1 else ()
+    lr, scale = torch.full(shape, LR), torch.full(shape, SCALE)
+    tau = torch.linspace(0.05, 0.95, members).reshape(shape) if members > 1 else torch.tensor(0.3)
+    period = torch.full(shape, 2, dtype=torch.int64)
+    skips = [torch.zeros(shape) for _ in draws]
+    if members > 1:
+        skips[1][1] = 1.0
+        if members > 2:
+            skips[2][2] = NAN
+    else:
+        skips[1].fill_(1.0)
+    for backend in ("triton", "torch"):
+        out = {}
+        for fused in (True, False):
+            ps = [p.clone() for p in params]
+            ms, vs = [torch.zeros_like(p) for p in ps], [torch.zeros_like(p) for p in ps]
+            steps = [torch.zeros(shape)] if shared else [torch.zeros(shape) for _ in ps]
+            targets = [p.clone() * 0.5 for p in params]
+            updates = torch.zeros((), dtype=torch.int64)
+            for grads, skip in zip(draws, skips):
+                follow = TargetFollow(targets, updates, tau, period, hard) if fused else None
+                adam_step_(ps, grads, ms, vs, steps, lr=lr, grad_scale=scale, skip=skip, members=members,
+                           follow=follow, backend=backend)
+                if not fused:
+                    target_lerp_(targets, ps, updates, skip, tau, period, hard=hard, advance=True,
+                                 members=members, backend=backend)
+                if backend == "triton":
+                    assert _ticket("cpu") == 0
+            out[fused] = [*ps, *ms, *vs, *steps, *targets, updates]
+        for k, (a, b) in enumerate(zip(out[True], out[False])):
+            assert a.shape == b.shape and torch.equal(a.nan_to_num(7.0), b.nan_to_num(7.0)), (backend, k)
+            assert torch.equal(a.isnan(), b.isnan()), (backend, k)
+        assert int(out[True][-1]) == len(draws)
+        moved = [t for t, p0 in zip(out[True][-1 - len(params):-1], params) if t.numel()]
+        assert any(not torch.equal(t, p0 * 0.5) for t, p0 in zip(moved, [p for p in params if p.numel()]))
+
+
+def test_follow_argument_errors():
+    from foxdqn.ops.target_lerp import TargetFollow
+
+    p = [torch.zeros(3)]
+    g, m, v, s = [torch.zeros(3)], [torch.zeros(3)], [torch.zeros(3)], [torch.zeros(())]
+    lr, skip, u = torch.tensor(0.1), torch.zeros(()), torch.zeros((), dtype=torch.int64)
+    tau, period = torch.tensor(0.5), torch.tensor(2)
+    with pytest.raises(ValueError, match="follow must be a TargetFollow, with a skip"):
+        adam_step_(p, g, m, v, s, lr=lr, follow=TargetFollow([torch.zeros(3)], u, tau, period, True))
+    with pytest.raises(ValueError, match="follow.targets must not share memory with params"):
+        adam_step_(p, g, m, v, s, lr=lr, skip=skip, follow=TargetFollow(p, u, tau, period, True))
+    with pytest.raises(ValueError, match=r"adam_step_: follow.targets\[0\] must be .*shape \[3\]"):
+        adam_step_(p, g, m, v, s, lr=lr, skip=skip, follow=TargetFollow([torch.zeros(4)], u, tau, period, True))
+    with pytest.raises(ValueError, match="adam_step_ follow: updates must be an int64 0-d"):
+        adam_step_(p, g, m, v, s, lr=lr, skip=skip, follow=TargetFollow([torch.zeros(3)], torch.zeros(()), tau,
+                                                                          period, True))
+
+
 def test_argument_errors():
     p = [torch.zeros(3)]
     g, m, v, s = [torch.zeros(3)], [torch.zeros(3)], [torch.zeros(3)], [torch.zeros(())]
@@ -274,6 +349,58 @@ def test_argument_errors():
     with pytest.raises(ValueError, match=r"skip must be .*\[P\] = \[2\]"):
         adam_step_([torch.zeros(2, 3)], [torch.zeros(2, 3)], [torch.zeros(2, 3)], [torch.zeros(2, 3)],
                    [torch.zeros(2)], lr=torch.zeros(2), skip=torch.zeros(()), members=2)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("hard", [True, False], ids=["hard", "polyak"])
+def test_gpu_follow_is_adam_then_target_lerp_bit_for_bit(hard):
+    """On CUDA, 64 members of cartpole_cleanrl's six tensors: ``follow`` against Adam then
+    target_lerp_, every tensor and the counter bit for bit over four calls (a hard copy due every
+    second update or Polyak τ, a skipped member), eager and replayed from a CUDA graph."""
+    from foxdqn.ops.target_lerp import TargetFollow, target_lerp_
+
+    members = 64
+    shapes = [(4, 120), (1, 120), (120, 84), (1, 84), (84, 2), (1, 2)]
+    params = _params(shapes, seed=41, members=members, device="cuda")
+    draws = _grad_draws(params, 4, seed=42)
+    lr, scale = torch.full((members,), LR, device="cuda"), torch.full((members,), SCALE, device="cuda")
+    tau = torch.linspace(0.05, 0.95, members, device="cuda")
+    period = torch.full((members,), 2, dtype=torch.int64, device="cuda")
+    skip = torch.zeros(members, device="cuda")
+    states = {}
+    for name in ("fused", "apart", "graph"):
+        states[name] = ([p.clone() for p in params], [torch.zeros_like(p) for p in params],
+                        [torch.zeros_like(p) for p in params], [torch.zeros(members, device="cuda")],
+                        [p.clone() * 0.5 for p in params], torch.zeros((), dtype=torch.int64, device="cuda"))
+    grads = [g.clone() for g in draws[0]]
+
+    def call(name):
+        ps, ms, vs, st, targets, updates = states[name]
+        follow = None if name == "apart" else TargetFollow(targets, updates, tau, period, hard)
+        adam_step_(ps, grads, ms, vs, st, lr=lr, grad_scale=scale, skip=skip, members=members, follow=follow)
+        if follow is None:
+            target_lerp_(targets, ps, updates, skip, tau, period, hard=hard, advance=True, members=members)
+
+    call("graph")  # the ops' scratch, then the capture (its warm-up calls advance the graph's state too)
+    graph, _ = capture_graph(lambda: call("graph"))
+    ref = {k: [t.clone() for group in v[:5] for t in group] + [v[5].clone()] for k, v in states.items()}
+    for k in ("fused", "apart"):  # bring the eager states to the graph's state before its first replay
+        for dst, src in zip([t for group in states[k][:5] for t in group] + [states[k][5]], ref["graph"]):
+            dst.copy_(src)
+    for i, g in enumerate(draws):
+        for dst, src in zip(grads, g):
+            dst.copy_(src)
+        skip.zero_()
+        skip[3] = 1.0 if i == 1 else 0.0
+        with no_host_sync():
+            call("fused")
+            call("apart")
+            graph.replay()
+    torch.cuda.synchronize()
+    flat = {k: [t for group in v[:5] for t in group] + [v[5]] for k, v in states.items()}
+    for k, (a, b, c) in enumerate(zip(flat["fused"], flat["apart"], flat["graph"])):
+        assert torch.equal(a, b) and torch.equal(a, c), k
+    assert not all(torch.equal(t, p * 0.5) for t, p in zip(states["fused"][4], params))
 
 
 @pytest.mark.gpu
