@@ -19,6 +19,7 @@ from typing import Sequence
 import torch
 
 from foxdqn.ops.adam_step import adam_step_
+from foxdqn.ops.target_lerp import TargetFollow
 from foxdqn.ops.backend import describe, resolve_backend
 
 F32 = torch.float32
@@ -144,7 +145,8 @@ class MemberAdam:
         torch._foreach_zero_([p.grad for p in self.params])
 
     @torch.no_grad()
-    def step(self, skip: torch.Tensor, grad_scale: torch.Tensor | None = None) -> None:
+    def step(self, skip: torch.Tensor, grad_scale: torch.Tensor | None = None,
+             follow: TargetFollow | None = None) -> None:
         """One Adam update of every member whose ``skip`` is 0.0, from the params' grads.
 
         :func:`~foxdqn.ops.adam_step.adam_step_` with ``members=P`` and :attr:`steps` as the one
@@ -153,11 +155,14 @@ class MemberAdam:
         NaN too) keeps its params, moments and step count bit for bit. With ``grad_scale``, member
         ``p``'s gradients are multiplied by ``grad_scale[p]`` as they are read (the clip
         coefficient of :func:`foxdqn.ops.grad_norm.grad_norm_coefficient`); the ``.grad`` tensors
-        are not modified. Device ops only.
+        are not modified. With ``follow``, the target networks' update in the same launch
+        (:class:`~foxdqn.ops.target_lerp.TargetFollow`: what ``target_lerp_`` toward the params
+        would do after the step, bit for bit). Device ops only.
 
         Args:
             skip: float32 ``[P]`` on the params' device, contiguous.
             grad_scale: None, or float32 ``[P]`` on the params' device, contiguous.
+            follow: None, or the targets (one per param, in order) and their update's arguments.
 
         Raises:
             ValueError: ``skip`` or ``grad_scale`` not such a tensor, or a param without a grad
@@ -175,7 +180,7 @@ class MemberAdam:
         beta1, beta2 = self.betas
         adam_step_(self.params, [p.grad for p in self.params], self.exp_avg, self.exp_avg_sq, [self.steps],
                    lr=self.lr, beta1=beta1, beta2=beta2, eps=self.eps, grad_scale=grad_scale, skip=skip,
-                   members=self.members, prior=self.last_good, backend=self.backend)
+                   members=self.members, prior=self.last_good, follow=follow, backend=self.backend)
 
     def restore_last_good(self, p: int) -> None:
         """Put member ``p``'s :attr:`last_good` weights back into its slices of the params (after its

@@ -18,7 +18,8 @@ one kernel launch per 8 parameter tensors on CUDA whatever P is: the per-member 
 clip coefficient (:func:`foxdqn.ops.grad_norm.grad_norm_coefficient`); then, after the guard, Adam
 with the clip's multiply, the skip and the step counts (:meth:`foxdqn.population.optim.MemberAdam.step`,
 :func:`foxdqn.ops.adam_step.adam_step_`) and the target update with its weight and the update
-counter's ``+= 1`` (:func:`foxdqn.ops.target_lerp.target_lerp_`). The ``.grad`` tensors are left
+counter's ``+= 1`` (:func:`foxdqn.ops.target_lerp.target_lerp_`; Polyak averaging inside Adam's
+launch where the targets follow its params, :func:`target_follow`). The ``.grad`` tensors are left
 as backward wrote them (Adam multiplies by the clip coefficient as it reads them).
 """
 from __future__ import annotations
@@ -32,7 +33,7 @@ from foxdqn.envs.base import DRAW
 from foxdqn.objectives.base import LossOutput
 from foxdqn.ops.grad_norm import grad_norm_coefficient
 from foxdqn.ops.replay_gather import stacked_pair
-from foxdqn.ops.target_lerp import target_lerp_
+from foxdqn.ops.target_lerp import TargetFollow, target_lerp_
 from foxdqn.population.objective import member_loss, member_taus
 from foxdqn.population.state import PopulationState
 from foxdqn.replay.buffer import Batch
@@ -273,18 +274,35 @@ def update_step(s: PopulationState, drawn: UpdateDraws | None = None,
     # kernel (and the weight check's flags)
     skip = s.guard.check(loss.detach(), grad_norm, s.updates, s.env_steps, s.stats.update_columns(),
                          out.q_values, weight_max=weight_max)
-    s.optimizer.step(skip, grad_scale=clip)
+    # the target update: w = τ or the hard copy's 1, times (1 − skip); then `updates += 1` (nothing
+    # below reads the counter); Polyak's in Adam's launch where the targets follow its params as stored
+    follow = target_follow(s)
+    s.optimizer.step(skip, grad_scale=clip, follow=follow)
     if spike is not None:
         s.optimizer.lr.div_(spike)  # a power of two: every member's lr is restored exactly
     if s.pruner is not None:  # each member's masks (when due and not skipped), applied to its weights
         s.pruner.step(s.updates, skip)
-    # w = τ or the hard copy's 1, times (1 − skip); then `updates += 1`
-    # (nothing below reads the counter)
-    target_lerp_(list(s.target.parameters()), [w.detach() for w in s.online.parameters()], s.updates, skip,
-                 s.params.tau, s.params.period, hard=s.cfg.target.update == "hard", advance=True, members=p)
+    if follow is None:
+        target_lerp_(list(s.target.parameters()), [w.detach() for w in s.online.parameters()], s.updates, skip,
+                     s.params.tau, s.params.period, hard=s.cfg.target.update == "hard", advance=True, members=p)
     if s.pruner is not None:
         s.pruner.mask_target()
     s.replay.update_priorities(batch.index, out.td_abs, skip)  # PER: each member's |TD|, unless skipped
+
+
+def target_follow(s: PopulationState) -> TargetFollow | None:
+    """Polyak averaging as Adam's ``follow`` (:class:`~foxdqn.ops.target_lerp.TargetFollow`: one
+    launch for both, the same bits, one read of the params fewer) where the targets follow Adam's
+    params as it stores them: Adam trains exactly the online network (no IQL V after it) and no
+    pruning masks come between the step and the target update. Else None: ``target_lerp_`` after
+    the step, as for the hard copy, whose launch reads each member's weight once and skips its rows
+    when no copy is due, where inside Adam every program would (cartpole_cleanrl at P = 512: 1.008
+    of the separate launch's iteration; Polyak at P = 1 and 64: 0.98; docs/bench.md#pythons-bytecode-cache-and-levers-for-the-iteration)."""
+    online = list(s.online.parameters())
+    if s.cfg.target.update == "hard" or s.pruner is not None or len(online) != len(s.optimizer.params) \
+            or any(a is not b for a, b in zip(online, s.optimizer.params)):
+        return None
+    return TargetFollow(list(s.target.parameters()), s.updates, s.params.tau, s.params.period, False)
 
 
 def collect_beside_update(s: PopulationState, collect_steps: int, branch: torch.cuda.Stream | None) -> None:

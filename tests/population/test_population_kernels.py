@@ -33,10 +33,20 @@ from test_population import CARTPOLE, configs
 COLLECT = ["triton::_member_uniform_kernel", "{act}", "triton::_member_uniform_kernel",
            "{step}", "triton::_replay_add_kernel", "triton::_step_stats_kernel"]
 # an update, outside the loss and its backward: the draws, the gather (and the trading env's
-# decode), then the gradient norm, the guard with the monitor sums, Adam, the target update
+# decode), then the gradient norm, the guard with the monitor sums, Adam with the Polyak target
+# update in its launch (population/step.py target_follow), or Adam and the target update
 UPDATE_HEAD = ["triton::_member_uniform_kernel", "triton::_replay_gather_kernel"]
-UPDATE_TAIL = ["triton::_grad_norm_kernel", "triton::_member_guard_kernel", "triton::_adam_step_kernel",
-               "triton::_target_lerp_kernel"]
+UPDATE_TAIL = ["triton::_grad_norm_kernel", "triton::_member_guard_kernel", "triton::_adam_step_kernel"]
+#: the experiments whose target update is a launch of its own after Adam: the hard copy
+#: (cartpole_cleanrl), IQL's V trained by the same Adam (no target of its own), pruning masks
+#: between Adam and the target update (controls)
+SEPARATE_TARGET_UPDATE = {"cartpole_cleanrl", "eurusd_iql", "eurusd_controls"}
+
+
+def update_tail(name: str) -> list[str]:
+    """The last launches of experiment ``name``'s update: :data:`UPDATE_TAIL`, then the target
+    update's where it has one of its own (:data:`SEPARATE_TARGET_UPDATE`)."""
+    return UPDATE_TAIL + (["triton::_target_lerp_kernel"] if name in SEPARATE_TARGET_UPDATE else [])
 #: the loss, forwards and backward of each experiment's small network (population/objective.py, untouched
 #: here): counted whole, so that a change elsewhere cannot hide in them (eurusd_dqn 16 with its dueling
 #: head's layers: 8 with ops/member_dueling_head.py)
@@ -68,8 +78,9 @@ def test_update_adds_no_launch_outside_its_loss(launches):
     name, ops = launches
     head = UPDATE_HEAD + (["triton::_trading_observation_kernel"] if name == "eurusd_dqn" else [])
     update = ops["update"]
-    assert update[:len(head)] == head and update[-len(UPDATE_TAIL):] == UPDATE_TAIL, update
-    loss = update[len(head):-len(UPDATE_TAIL)]
+    tail = update_tail(name)
+    assert update[:len(head)] == head and update[-len(tail):] == tail, update
+    loss = update[len(head):-len(tail)]
     assert len(loss) <= LOSS[name], loss
     assert not {"aten::cat", "aten::isfinite", "aten::where", "aten::nan_to_num", "aten::stack", "aten::max",
                 "aten::copy_"} & set(loss), Counter(loss)  # the guard, the stats, the decode's concatenation
@@ -100,7 +111,8 @@ def test_launches_do_not_grow_with_members():
     batch of two there, MemberQNetwork.layer; its collect step and the update's tail are the same)."""
     one, two, five = (step_launches("cartpole_cleanrl", p) for p in (1, 2, 5))
     assert two == five
-    assert one["collect"] == two["collect"] and one["update"][-4:] == two["update"][-4:] == UPDATE_TAIL
+    tail = update_tail("cartpole_cleanrl")
+    assert one["collect"] == two["collect"] and one["update"][-len(tail):] == two["update"][-len(tail):] == tail
     assert one["update"] == two["update"]  # the fused member chain: P = 1 runs no CPU batch-of-two layers
 
 
@@ -327,8 +339,10 @@ def cached_step_launches(name: str, members: int) -> dict[str, list[str]]:
 def test_update_launches_stay_fused(name):
     ops = (cached_step_launches(name, 3) if (name, 3) in SHARED else step_launches(name, 3, ATOMS.get(name, ())))["update"]
     assert len(ops) <= UPDATE_AT_MOST[name], (len(ops), ops)
-    # every network here has at most tensor_list.MAX_SLOTS parameter tensors: one launch of each
-    assert [ops.count(k) for k in UPDATE_TAIL] == [1, 1, 1, 1], Counter(ops)
+    # every network here has at most tensor_list.MAX_SLOTS parameter tensors: one launch of each; the
+    # target update inside Adam's unless Adam trains IQL's V too or pruning masks come between them
+    assert [ops.count(k) for k in UPDATE_TAIL] == [1, 1, 1], Counter(ops)
+    assert ops.count("triton::_target_lerp_kernel") == (name in SEPARATE_TARGET_UPDATE), Counter(ops)
     if name in C51_HEAD:  # its loss is two kernels
         assert ops.count("triton::_c51_loss_fwd_kernel") == ops.count("triton::_c51_loss_bwd_kernel") == 1
         assert not {"aten::log_softmax", "aten::softmax", "aten::argmax", "aten::stack", "aten::zeros",
@@ -393,8 +407,9 @@ def test_her_update_relabels_in_one_kernel(members):
     ops = step_launches("bitflip_her", members)["update"]
     assert len(ops) <= HER_UPDATE_AT_MOST, (len(ops), ops)
     head = UPDATE_HEAD + ["triton::_member_uniform_kernel", "triton::_her_relabel_kernel"]
-    assert ops[:len(head)] == head and ops[-len(UPDATE_TAIL):] == UPDATE_TAIL, ops
-    assert ops[len(head):-len(UPDATE_TAIL)] == CARTPOLE_LOSS, ops
+    tail = update_tail("bitflip_her")
+    assert ops[:len(head)] == head and ops[-len(tail):] == tail, ops
+    assert ops[len(head):-len(tail)] == CARTPOLE_LOSS, ops
     assert "aten::item" not in ops and "aten::_local_scalar_dense" not in ops  # no host read
 
 
