@@ -306,6 +306,35 @@ def test_follow_is_adam_then_target_lerp_bit_for_bit(hard, members, shapes, shar
         assert any(not torch.equal(t, p0 * 0.5) for t, p0 in zip(moved, [p for p in params if p.numel()]))
 
 
+def test_follow_members_equal_separate_calls_bit_for_bit():
+    """With ``follow`` (Polyak, each member its own τ, member 1 skipped at the second call), member p
+    of a P = 3 kernel call is its P = 1 kernel call bit for bit: params, targets and counter."""
+    from foxdqn.ops.target_lerp import TargetFollow
+
+    params = _params(SHAPES["ten_with_empty"], seed=51, members=3)
+    draws = _grad_draws(params, 3, seed=52)
+    tau = torch.tensor([0.05, 0.5, 0.9])
+
+    def run(ps0, grads_by_call, shape, tau_p, skips):
+        ps = [p.clone() for p in ps0]
+        ms, vs = [torch.zeros_like(p) for p in ps], [torch.zeros_like(p) for p in ps]
+        steps, targets = [torch.zeros(shape)], [p.clone() * 0.5 for p in ps0]
+        updates = torch.zeros((), dtype=torch.int64)
+        for grads, skip in zip(grads_by_call, skips):
+            adam_step_(ps, grads, ms, vs, steps, lr=torch.full(shape, LR), skip=skip, members=shape[0] if shape else 1,
+                       follow=TargetFollow(targets, updates, tau_p, torch.ones(shape, dtype=torch.int64), False),
+                       backend="triton")
+        return ps, targets, updates
+
+    skips = [torch.zeros(3), torch.tensor([0.0, 1.0, 0.0]), torch.zeros(3)]
+    ps, targets, updates = run(params, draws, (3,), tau, skips)
+    for p in range(3):
+        one = run([x[p] for x in params], [[g[p] for g in d] for d in draws], (), tau[p], [s[p] for s in skips])
+        for a, b in zip(ps + targets, one[0] + one[1]):
+            assert torch.equal(a[p], b), p
+        assert int(one[2]) == int(updates) == len(draws)
+
+
 def test_follow_argument_errors():
     from foxdqn.ops.target_lerp import TargetFollow
 
