@@ -78,8 +78,11 @@ _RB = 64  # partial columns per iteration of the last program's inner loop
 # Triton kernel
 # ---------------------------------------------------------------------------------------------
 @triton.jit
-def _finish(member, part_ptr, R, max_norm_ptr, total_ptr, coef_ptr, EPS: tl.constexpr, RB: tl.constexpr):
-    """Member ``member``'s total and coef from its ``R`` partials, summed in a fixed order (docstring)."""
+def finish_member(member, part_ptr, R, max_norm_ptr, total_ptr, coef_ptr, EPS: tl.constexpr, RB: tl.constexpr):
+    """Member ``member``'s total and coef (float32, stored at ``total_ptr`` / ``coef_ptr`` + member)
+    from its ``R`` float32 partial sums of squares at ``part_ptr + member·R``, summed in a fixed order
+    (module docstring); ``max_norm_ptr + member`` its bound. Also the finish of
+    :mod:`foxdqn.ops.member_mlp_chain`'s weight-gradient kernel with a ``norm``."""
     j = tl.arange(0, RB)
     row = part_ptr + member.to(tl.int64) * R
     lanes = tl.zeros([RB], tl.float32)
@@ -116,12 +119,12 @@ def _grad_norm_kernel(g0, g1, g2, g3, g4, g5, g6, g7, g8, g9, g10, g11, g12, g13
 
     if FINAL:
         if EMPTY:
-            _finish(pid, part_ptr, R, max_norm_ptr, total_ptr, coef_ptr, EPS, RB)
+            finish_member(pid, part_ptr, R, max_norm_ptr, total_ptr, coef_ptr, EPS, RB)
         else:
             tl.debug_barrier()  # every warp's part is done before the (one-thread) ticket increment
             ticket = tl.atomic_add(tickets_ptr + member, 1, sem="acq_rel", scope="gpu")
             if ticket == per_member - 1:
-                _finish(member, part_ptr, R, max_norm_ptr, total_ptr, coef_ptr, EPS, RB)
+                finish_member(member, part_ptr, R, max_norm_ptr, total_ptr, coef_ptr, EPS, RB)
                 tl.store(tickets_ptr + member, 0)
 
 

@@ -83,10 +83,12 @@ from torch import Tensor
 
 from foxdqn.ops.backend import describe, resolve_backend
 from foxdqn.ops.epsilon_greedy import RANDOM_BITS, store_member_actions
+from foxdqn.ops.grad_norm import _RB as NORM_RB, CLIP_EPS, finish_member
 from foxdqn.ops.mlp_chain import (MAX_LAYERS, MAX_WIDTH, _fill, _layout, _load_rows, _load_weight, _prec, _relu,
                                   _store_rows, _tf32)
+from foxdqn.ops.tensor_list import check_member_vector, group_scratch, last_of_group
 
-__all__ = ["MAX_LAYERS", "MAX_MEMBERS", "MAX_WIDTH", "member_mlp_chain", "member_mlp_chain_reference",
+__all__ = ["MAX_LAYERS", "MAX_MEMBERS", "MAX_WIDTH", "ChainGradNorm", "member_mlp_chain", "member_mlp_chain_reference",
            "member_mlp_chain_split", "member_mlp_chain_supported"]
 
 MAX_MEMBERS = 65535  # P: the second grid axis (CUDA's limit on grid dimension y)
@@ -270,8 +272,10 @@ def _wgrad(pid, START: tl.constexpr, T: tl.constexpr, h_ptr, g_ptr, dw_ptr, db_p
            O: tl.constexpr, PI: tl.constexpr, BN: tl.constexpr, BR: tl.constexpr, PREC: tl.constexpr):
     """Program ``pid`` in [START, START + T): units [t·BN, (t+1)·BN) of one layer of one member
     (t = pid − START), dW [I, O] = hᵀ dz and db [O] = Σ_rows dz over every row block in order; that
-    member's dz [B, O], h [B, I] (rows at any pointer: h_0 = x)."""
+    member's dz [B, O], h [B, I] (rows at any pointer: h_0 = x). Returns the float32 sum of the
+    squares of the dW and db entries it stored (0 for a program outside the layer)."""
     t = pid - START
+    squares = tl.zeros([], dtype=tl.float32)
     if (t >= 0) & (t < T):
         n = t * BN + tl.arange(0, BN)
         n_ok = n < O
@@ -288,6 +292,8 @@ def _wgrad(pid, START: tl.constexpr, T: tl.constexpr, h_ptr, g_ptr, dw_ptr, db_p
             db += tl.sum(g, axis=0)
         tl.store(dw_ptr + i[:, None] * O + n[None, :], acc, mask=i_ok[:, None] & n_ok[None, :])
         tl.store(db_ptr + n, db, mask=n_ok)
+        squares = tl.sum(tl.sum(acc * acc, axis=1), axis=0) + tl.sum(db * db, axis=0)  # padding: exact zeros
+    return squares
 
 
 @triton.jit
@@ -297,22 +303,32 @@ def _member_wgrad_kernel(x_ptr, x_sp, h1_ptr, h2_ptr, h3_ptr, g1_ptr, g2_ptr, g3
                          P2: tl.constexpr, P3: tl.constexpr, P4: tl.constexpr, DL: tl.constexpr, PL: tl.constexpr,
                          N1: tl.constexpr, N2: tl.constexpr, N3: tl.constexpr, N4: tl.constexpr, T1: tl.constexpr,
                          T2: tl.constexpr, T3: tl.constexpr, T4: tl.constexpr, BR: tl.constexpr,
-                         PREC: tl.constexpr):
+                         PREC: tl.constexpr, part_ptr, tickets_ptr, max_norm_ptr, total_ptr, coef_ptr,
+                         NORM: tl.constexpr, EPS: tl.constexpr, RB: tl.constexpr):
     """dW_i, db_i of member ``program_id(1)``: layer i has T_i programs of N_i units along
-    ``program_id(0)``; g_i = dz_i (g_L = dy), each [P, B, D_i]; x [P, B, D0] at member stride x_sp."""
+    ``program_id(0)``; g_i = dz_i (g_L = dy), each [P, B, D_i]; x [P, B, D0] at member stride x_sp.
+    With NORM each program stores its sum of squares at column ``program_id(0)`` of member p's row
+    of ``part [P, T1 + T2 + T3 + T4]`` and takes a ticket of member p; the last finishes member p's
+    norm and clip coefficient (:func:`foxdqn.ops.grad_norm.finish_member`)."""
     pid = tl.program_id(0)
     p = tl.program_id(1).to(tl.int64)
-    _wgrad(pid, 0, T1, x_ptr + p * x_sp, g1_ptr + p * B * D1, dw1 + p * (D0 * D1), db1 + p * D1, B, D0, D1, P0, N1,
-           BR, PREC)
-    if L > 1:
-        _wgrad(pid, T1, T2, h1_ptr + p * B * D1, g2_ptr + p * B * D2, dw2 + p * (D1 * D2), db2 + p * D2, B, D1, D2,
-               P1, N2, BR, PREC)
+    squares = _wgrad(pid, 0, T1, x_ptr + p * x_sp, g1_ptr + p * B * D1, dw1 + p * (D0 * D1), db1 + p * D1, B, D0,
+                     D1, P0, N1, BR, PREC)
+    if L > 1:  # a program is in one layer: the other layers add exact zeros
+        squares += _wgrad(pid, T1, T2, h1_ptr + p * B * D1, g2_ptr + p * B * D2, dw2 + p * (D1 * D2), db2 + p * D2,
+                          B, D1, D2, P1, N2, BR, PREC)
     if L > 2:
-        _wgrad(pid, T1 + T2, T3, h2_ptr + p * B * D2, g3_ptr + p * B * D3, dw3 + p * (D2 * D3), db3 + p * D3, B, D2,
-               D3, P2, N3, BR, PREC)
+        squares += _wgrad(pid, T1 + T2, T3, h2_ptr + p * B * D2, g3_ptr + p * B * D3, dw3 + p * (D2 * D3),
+                          db3 + p * D3, B, D2, D3, P2, N3, BR, PREC)
     if L > 3:
-        _wgrad(pid, T1 + T2 + T3, T4, h3_ptr + p * B * D3, g4_ptr + p * B * D4, dw4 + p * (D3 * D4), db4 + p * D4,
-               B, D3, D4, P3, N4, BR, PREC)
+        squares += _wgrad(pid, T1 + T2 + T3, T4, h3_ptr + p * B * D3, g4_ptr + p * B * D4, dw4 + p * (D3 * D4),
+                          db4 + p * D4, B, D3, D4, P3, N4, BR, PREC)
+    if NORM:
+        tiles = T1 + T2 + T3 + T4
+        tl.store(part_ptr + p * tiles + pid, squares)
+        if last_of_group(tickets_ptr + p, tiles):
+            finish_member(p, part_ptr, tiles, max_norm_ptr, total_ptr, coef_ptr, EPS, RB)
+            tl.store(tickets_ptr + p, 0)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -378,11 +394,12 @@ def _forward(x: Tensor, weights: Sequence[Tensor], biases: Sequence[Tensor], sav
 
 
 def _backward(x: Tensor, weights: Sequence[Tensor], hs: Sequence[Tensor], dy: Tensor, prec: str,
-              tile_rows: int | None = None):
+              tile_rows: int | None = None, norm: ChainGradNorm | None = None):
     """Launch the dz kernel (two layers or more) and the dW / db kernel: the lists dW_i [P, D_{i-1},
     D_i] and db_i [P, 1, D_i]. ``tile_rows``: the rows the dz tile is chosen for (default x's B; the
     split passes the forward's, so that its dz rows are computed in the whole op's tiles: the same
-    bits on a GPU, where the MMA instructions depend on the tile)."""
+    bits on a GPU, where the MMA instructions depend on the tile). ``norm``: the dW / db kernel also
+    writes each member's gradient norm and clip coefficient into it (:class:`ChainGradNorm`)."""
     members, rows, n = x.shape[0], x.shape[1], len(weights)
     dims = [x.shape[2]] + [w.shape[2] for w in weights]
     meta = _layout(dims)
@@ -399,10 +416,61 @@ def _backward(x: Tensor, weights: Sequence[Tensor], hs: Sequence[Tensor], dy: Te
     units = _units(dims, members, meta)
     tiles = {f"T{i}": triton.cdiv(dims[i], units[f"N{i}"]) if i <= n else 0 for i in range(1, MAX_LAYERS + 1)}
     dw_db = zip(_fill(dws, MAX_LAYERS, dy), _fill(dbs, MAX_LAYERS, dy))
-    _member_wgrad_kernel[(sum(tiles.values()), members)](
+    programs = sum(tiles.values())
+    names = ("part_ptr", "tickets_ptr", "max_norm_ptr", "total_ptr", "coef_ptr")
+    if norm is None:
+        sums = dict.fromkeys(names, dy)  # unread pointers without NORM
+    else:
+        partials, tickets = group_scratch("member_mlp_chain/norm", dy.device, members * programs, members)
+        sums = dict(zip(names, (partials, tickets, norm.max_norm, norm.total, norm.coef)))
+    _member_wgrad_kernel[(programs, members)](
         x, x.stride(0), *_fill(hs, MAX_LAYERS - 1, x), *_fill(gs, MAX_LAYERS, dy), *(t for pair in dw_db for t in pair),
-        rows, **meta, **units, **tiles, BR=BLOCK_R, PREC=prec, num_warps=NUM_WARPS)
+        rows, **meta, **units, **tiles, BR=BLOCK_R, PREC=prec, **sums, NORM=norm is not None, EPS=CLIP_EPS,
+        RB=NORM_RB, num_warps=NUM_WARPS,
+        enable_fp_fusion=norm is None)  # with the norm each square rounded to float32, as grad_norm's
+    if norm is not None:
+        norm.backwards += 1
     return dws, dbs
+
+
+class ChainGradNorm:
+    """Where the backward of :func:`member_mlp_chain` / :func:`member_mlp_chain_split` also leaves
+    each member's global gradient norm and ``clip_grad_norm_``'s clip coefficient, computed by its
+    dW / db kernel (no launch of its own, no second read of the gradients).
+
+    Per member p, over every dW_i[p] and db_i[p] that backward computes (the whole chain's
+    gradient: the norm :func:`foxdqn.ops.grad_norm.grad_norm_coefficient` gives of those tensors,
+    by its rule and to a few float32 ulps, not bit for bit: the squares, each rounded to float32,
+    are summed per weight-gradient program, then the programs' sums in program order)::
+
+        total[p] = sqrt_rn(Σ dW² + Σ db²),   coef[p] = min(1, max_norm[p] / (total[p] + 1e-6))
+
+    Attributes:
+        max_norm: float32 ``[P]`` (0-d or ``[1]`` for P = 1), the bound (``optim.grad_clip``), read.
+        total, coef: float32 of max_norm's shape, written by each backward.
+        backwards: host count of the backward passes that wrote them (the caller resets it): a
+            caller that reads total and coef as the norm of its ``.grad`` checks it is 1 (one
+            backward, whose gradients are the whole ``.grad``). The reference path
+            (``backend="torch"``, ``x.requires_grad``) and a backward with no gradient for y write
+            nothing and do not count.
+
+    Raises:
+        ValueError: tensors of another dtype, shape or device.
+    """
+
+    __slots__ = ("max_norm", "total", "coef", "backwards")
+
+    def __init__(self, max_norm: Tensor, members: int):
+        op = "ChainGradNorm"
+        check_member_vector(op, "max_norm", max_norm, members, max_norm.device)
+        self.max_norm = max_norm
+        self.total = torch.zeros_like(max_norm)
+        self.coef = torch.zeros_like(max_norm)
+        self.backwards = 0
+
+    def check(self, x: Tensor) -> None:
+        """Raise ValueError unless this norm fits the op's ``x`` ``[P, B, D0]`` (members and device)."""
+        check_member_vector("member_mlp_chain", "norm.max_norm", self.max_norm, x.shape[0], x.device)
 
 
 class _MemberMLPChain(torch.autograd.Function):
@@ -411,9 +479,9 @@ class _MemberMLPChain(torch.autograd.Function):
     dW / db kernels over the saved rows (dz in the tiles of the forward's rows)."""
 
     @staticmethod
-    def forward(ctx, x, n, split, *params):
+    def forward(ctx, x, n, split, norm, *params):
         weights, biases = params[:n], params[n:]
-        ctx.n, ctx.prec, ctx.rows = n, _prec(x), x.shape[1]
+        ctx.n, ctx.prec, ctx.rows, ctx.norm = n, _prec(x), x.shape[1], norm
         y, hs, y2 = _forward(x, weights, biases, save=True, prec=ctx.prec, split=split)
         ctx.save_for_backward(x if split is None else x.narrow(1, 0, split), *weights, *hs)
         ctx.set_materialize_grads(False)  # y2's gradient is never read: no zeros made for it
@@ -427,10 +495,11 @@ class _MemberMLPChain(torch.autograd.Function):
     def backward(ctx, grad_y, *_grad_y2):
         n, saved = ctx.n, ctx.saved_tensors
         if grad_y is None:
-            return (None,) * (3 + 2 * n)
-        dws, dbs = _backward(saved[0], saved[1:n + 1], saved[n + 1:], grad_y.contiguous(), ctx.prec, ctx.rows)
-        need = ctx.needs_input_grad[3:]
-        return (None, None, None, *(g if need[i] else None for i, g in enumerate([*dws, *dbs])))
+            return (None,) * (4 + 2 * n)
+        dws, dbs = _backward(saved[0], saved[1:n + 1], saved[n + 1:], grad_y.contiguous(), ctx.prec, ctx.rows,
+                             norm=ctx.norm)
+        need = ctx.needs_input_grad[4:]
+        return (None, None, None, None, *(g if need[i] else None for i, g in enumerate([*dws, *dbs])))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -506,7 +575,7 @@ def member_mlp_chain_reference(x: Tensor, weights: Sequence[Tensor], biases: Seq
 
 
 def member_mlp_chain(x: Tensor, weights: Sequence[Tensor], biases: Sequence[Tensor], *,
-                     backend: str = "auto") -> Tensor:
+                     norm: ChainGradNorm | None = None, backend: str = "auto") -> Tensor:
     """y_p = L_n(relu(... relu(L_1(x_p)))), L_i(h) = h W_i[p] + b_i[p], for every member p: forward
     one kernel, backward two.
 
@@ -519,6 +588,8 @@ def member_mlp_chain(x: Tensor, weights: Sequence[Tensor], biases: Sequence[Tens
             (:class:`~foxdqn.population.network.MemberQNetwork`'s), on x's device; every D_i (and
             D_0) 1 to 128.
         biases: ``[b_1, ..., b_n]``, b_i float32 ``[P, 1, D_i]`` contiguous.
+        norm: None, or a :class:`ChainGradNorm` of P members on x's device, into which the
+            kernels' backward also writes each member's gradient norm and clip coefficient.
         backend: ``"auto"`` (the Triton kernels for CUDA tensors, else the reference; the kernels
             inside :func:`foxdqn.ops.backend.cpu_kernels`), ``"triton"`` (CPU tensors need
             TRITON_INTERPRET=1) or ``"torch"`` (:func:`member_mlp_chain_reference`).
@@ -532,20 +603,23 @@ def member_mlp_chain(x: Tensor, weights: Sequence[Tensor], biases: Sequence[Tens
     Raises:
         ValueError: outside the contract above (:func:`member_mlp_chain_supported` is False: more
             than 4 layers, a width above 128, a dtype other than float32, non-contiguous members,
-            a misshapen tensor, mixed devices), or an unknown backend.
+            a misshapen tensor, mixed devices), or an unknown backend; a ``norm`` of another
+            member count or device.
         RuntimeError: backend="triton" on CPU tensors without TRITON_INTERPRET=1.
     """
     _check(x, weights, biases)
+    if norm is not None:
+        norm.check(x)
     if resolve_backend("member_mlp_chain", backend, x) == "torch" or x.requires_grad:
         return member_mlp_chain_reference(x, weights, biases)
     params = [*weights, *biases]
     if torch.is_grad_enabled() and any(p.requires_grad for p in params):
-        return _MemberMLPChain.apply(x, len(weights), None, *params)
+        return _MemberMLPChain.apply(x, len(weights), None, norm, *params)
     return _forward(x, weights, biases, save=False, prec=_prec(x))[0]
 
 
 def member_mlp_chain_split(x: Tensor, weights: Sequence[Tensor], biases: Sequence[Tensor], grad_rows: int, *,
-                           backend: str = "auto") -> tuple[Tensor, Tensor]:
+                           norm: ChainGradNorm | None = None, backend: str = "auto") -> tuple[Tensor, Tensor]:
     """:func:`member_mlp_chain` of every row of ``x`` in one forward launch, differentiable only
     through each member's first ``grad_rows`` rows: the Double DQN pair ``[s; s']`` of a member,
     where the loss gives the s' rows no gradient (:func:`foxdqn.objectives.dqn_forward.dqn_forward`).
@@ -553,7 +627,7 @@ def member_mlp_chain_split(x: Tensor, weights: Sequence[Tensor], biases: Sequenc
     them only: half the rows of :func:`member_mlp_chain` on the stacked pair, the same values.
 
     Args:
-        x, weights, biases, backend: as :func:`member_mlp_chain`.
+        x, weights, biases, norm, backend: as :func:`member_mlp_chain`.
         grad_rows: S, ``0 <= S <= B``, the rows of each member that get a gradient.
 
     Returns:
@@ -573,11 +647,13 @@ def member_mlp_chain_split(x: Tensor, weights: Sequence[Tensor], biases: Sequenc
     if isinstance(grad_rows, bool) or not isinstance(grad_rows, int) or not 0 <= grad_rows <= x.shape[1]:
         raise ValueError(f"member_mlp_chain_split: grad_rows must be an integer in [0, B] = [0, {x.shape[1]}], "
                          f"got {grad_rows!r}")
+    if norm is not None:
+        norm.check(x)
     if resolve_backend("member_mlp_chain", backend, x) == "torch" or x.requires_grad:
         y = member_mlp_chain_reference(x, weights, biases)
         return y[:, :grad_rows], y[:, grad_rows:].detach()
     params = [*weights, *biases]
     if torch.is_grad_enabled() and any(p.requires_grad for p in params):
-        return _MemberMLPChain.apply(x, len(weights), grad_rows, *params)
+        return _MemberMLPChain.apply(x, len(weights), grad_rows, norm, *params)
     y, _, y2 = _forward(x, weights, biases, save=False, prec=_prec(x), split=grad_rows)
     return y, y2
