@@ -47,7 +47,8 @@ from foxdqn.nn.qnet import QNetwork, forward_hooked
 from foxdqn.ops.backend import fused_forward
 from foxdqn.ops.dueling_combine import dueling_combine
 from foxdqn.ops.member_dueling_head import member_dueling_head, member_dueling_head_supported
-from foxdqn.ops.member_mlp_chain import member_mlp_chain, member_mlp_chain_split, member_mlp_chain_supported
+from foxdqn.ops.member_mlp_chain import (ChainGradNorm, member_mlp_chain, member_mlp_chain_split,
+                                         member_mlp_chain_supported)
 from foxdqn.ops.q_forward import q_forward, q_forward_supported
 from foxdqn.nn.nature_cnn import NatureCNNEncoder
 from foxdqn.population.attention import MemberAttentionEncoder
@@ -131,9 +132,17 @@ class MemberQNetwork(nn.Module):
             :class:`~foxdqn.population.conv.MemberNatureCNN`; ``weights`` are then the head's only).
             Its parameters come first in :meth:`parameters`, as the classic network's encoder's do.
 
+    Attribute ``grad_norm``: None, or a :class:`~foxdqn.ops.member_mlp_chain.ChainGradNorm` that a
+    forward with gradient through :func:`~foxdqn.ops.member_mlp_chain.member_mlp_chain` (or its
+    split) hands to the op, whose backward then leaves each member's gradient norm and clip
+    coefficient in it (set by the population's build where the chain's gradient is all the
+    update's: :func:`foxdqn.population.state.chain_grad_norm`).
+
     Raises:
         ValueError: an unknown activation, or weights and biases of different lengths.
     """
+
+    grad_norm: ChainGradNorm | None = None
 
     def __init__(self, weights: list[torch.Tensor], biases: list[torch.Tensor], activation: str, dueling: bool,
                  prefixes: list[str], member_encoder: nn.Module | None = None):
@@ -257,7 +266,7 @@ class MemberQNetwork(nn.Module):
             return q_forward(obs, args[0], args[1], dueling=args[2], backend="triton")
         chain = self.chain_args(obs)
         if chain is not None:  # forward one kernel, backward two
-            return member_mlp_chain(obs, chain[0], chain[1], backend="triton")
+            return member_mlp_chain(obs, chain[0], chain[1], norm=self.grad_norm, backend="triton")
         h = self.encoder(obs)
         if not self.dueling:
             return self.layer(-1, h)
@@ -277,7 +286,7 @@ class MemberQNetwork(nn.Module):
         chain = self.chain_args(obs) if type(self).forward is MemberQNetwork.forward else None
         if chain is None:
             return None
-        return member_mlp_chain_split(obs, chain[0], chain[1], grad_rows, backend="triton")
+        return member_mlp_chain_split(obs, chain[0], chain[1], grad_rows, norm=self.grad_norm, backend="triton")
 
     def member_state_dicts(self) -> dict[str, torch.Tensor]:
         """Every member's weights in the classic :class:`QNetwork` ``state_dict`` layout, each with a

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 import torch
 
 from foxdqn.config.schema import TrainConfig
+from foxdqn.ops.member_mlp_chain import ChainGradNorm
 from foxdqn.nn.branching import BranchingNetwork
 from foxdqn.nn.c51 import C51Network
 from foxdqn.nn.iqn import IQNNetwork
@@ -54,7 +55,10 @@ class PopulationState:
     the members' trial Adam step (:class:`~foxdqn.population.weight_check.MemberWeightCheck`), else None.
     ``pruner``: with ``prune.enabled``, the members' weight masks
     (:class:`~foxdqn.population.pruning.MemberPruner`), else None. ``target_branch``: on CUDA a
-    second stream for the target network's forward beside the online forward (the same bits), else None."""
+    second stream for the target network's forward beside the online forward (the same bits), else None.
+    ``chain_norm``: where the online network's MLP-chain backward computes the update's whole
+    gradient, the :class:`~foxdqn.ops.member_mlp_chain.ChainGradNorm` it leaves each member's
+    gradient norm and clip coefficient in (``online.grad_norm``; :func:`chain_grad_norm`), else None."""
 
     cfg: TrainConfig
     cfgs: list[TrainConfig]
@@ -84,6 +88,7 @@ class PopulationState:
     #: CUDA: the stream the target network's forward runs on, beside the online forward
     #: (:func:`foxdqn.population.objective.member_loss`'s ``branch``); None on the CPU
     target_branch: torch.cuda.Stream | None = None
+    chain_norm: ChainGradNorm | None = None
 
     @property
     def members(self) -> int:
@@ -118,6 +123,26 @@ def member_network(nets: list[torch.nn.Module], activation: str) -> MemberQNetwo
     if isinstance(nets[0], IQNNetwork):
         return MemberIQNNetwork.from_networks(nets, activation)
     return MemberQNetwork.from_networks(nets, activation)
+
+
+def chain_grad_norm(cfg: TrainConfig, online: MemberQNetwork, trainable: list[torch.Tensor],
+                    max_norm: torch.Tensor, pruned: bool) -> ChainGradNorm | None:
+    """The :class:`~foxdqn.ops.member_mlp_chain.ChainGradNorm` of ``max_norm`` (float32 ``[P]``,
+    ``optim.grad_clip``) attached to ``online`` as its ``grad_norm``, where a backward through its
+    MLP chain can be the update's whole gradient: a plain Q head on an MLP of ReLUs (the layers
+    :func:`~foxdqn.ops.member_mlp_chain.member_mlp_chain` computes, where it runs), trained alone
+    (``trainable`` is its parameters: no IQL V), no pruning masks between the gradients and their
+    norm, one backward per update (``optim.accumulate`` 1 or ``accumulate_one_pass``). Else None.
+    :func:`foxdqn.population.step.update_step` still reads it only after exactly one backward wrote it."""
+    if type(online) is not MemberQNetwork or online.dueling or online.member_encoder is not None \
+            or type(online.act) is not torch.nn.ReLU or pruned:
+        return None
+    if [id(t) for t in trainable] != [id(t) for t in online.parameters()]:
+        return None
+    if cfg.optim.accumulate != 1 and not cfg.optim.accumulate_one_pass:
+        return None
+    online.grad_norm = ChainGradNorm(max_norm, online.num_members)
+    return online.grad_norm
 
 
 def build_population(cfgs: list[TrainConfig], market, device: torch.device) -> PopulationState:
@@ -179,4 +204,5 @@ def build_population(cfgs: list[TrainConfig], market, device: torch.device) -> P
         inject_lr_spike=any(c.debug.inject_lr_spike_at_step is not None for c in cfgs), switch=switch,
         cql=any(c.objective.cql_alpha > 0 for c in cfgs), value=value,
         weight_check=MemberWeightCheck(optimizer) if checks_weights else None, pruner=pruner,
-        target_branch=torch.cuda.Stream(device) if device.type == "cuda" else None)
+        target_branch=torch.cuda.Stream(device) if device.type == "cuda" else None,
+        chain_norm=chain_grad_norm(cfg, online, trainable, params.grad_clip, pruner is not None))

@@ -15,7 +15,8 @@ docs/design/population.md.
 
 After backward an update runs the single run's three multi-tensor ops with ``members=P``, each
 one kernel launch per 8 parameter tensors on CUDA whatever P is: the per-member gradient norm and
-clip coefficient (:func:`foxdqn.ops.grad_norm.grad_norm_coefficient`); then, after the guard, Adam
+clip coefficient (:func:`foxdqn.ops.grad_norm.grad_norm_coefficient`; none where the online MLP
+chain's weight-gradient kernel leaves them, :attr:`PopulationState.chain_norm`); then, after the guard, Adam
 with the clip's multiply, the skip and the step counts (:meth:`foxdqn.population.optim.MemberAdam.step`,
 :func:`foxdqn.ops.adam_step.adam_step_`) and the target update with its weight and the update
 counter's ``+= 1`` (:func:`foxdqn.ops.target_lerp.target_lerp_`; Polyak averaging inside Adam's
@@ -255,13 +256,20 @@ def update_step(s: PopulationState, drawn: UpdateDraws | None = None,
     p = s.members
     drawn = draw_update(s) if drawn is None else drawn
     batch = drawn.batch
+    chain = s.chain_norm
+    if chain is not None:
+        chain.backwards = 0
     out = accumulate_member_gradients(s, batch, drawn.taus)
     loss = out.loss
     if s.pruner is not None:  # prune.enabled: pruned entries get no gradient (norm, clip, Adam)
         s.pruner.mask_grads()
     # each member's clip_grad_norm_ norm and coefficient; Adam's kernel multiplies the grads by it
-    # (over every trained parameter: Q's, and IQL's V after them, as a single run clips)
-    grad_norm, clip = grad_norm_coefficient([w.grad for w in s.optimizer.params], s.params.grad_clip, members=p)
+    # (over every trained parameter: Q's, and IQL's V after them, as a single run clips); where one
+    # backward through the online MLP chain made every gradient, its weight-gradient kernel left them
+    if chain is not None and chain.backwards == 1:
+        grad_norm, clip = chain.total, chain.coef
+    else:
+        grad_norm, clip = grad_norm_coefficient([w.grad for w in s.optimizer.params], s.params.grad_clip, members=p)
     if join is not None:
         join()
     spike = None

@@ -179,9 +179,10 @@ def test_fault_in_one_member_on_cuda():
 def test_update_runs_norm_adam_and_target_as_one_kernel_each():
     """P = 20 CartPole members of 6 parameter tensors (120 member slices: torch's _foreach_norm
     would take two multi-tensor launches, the per-tensor Adam and lerp six each): per update the
-    gradient norm, Adam and the target update are one launch each (ops/grad_norm.py,
-    ops/adam_step.py, ops/target_lerp.py), and no multi-tensor-apply, lerp, per-tensor Adam,
-    clip-coefficient or target-weight kernel is left."""
+    weight gradients with their norm (ops/member_mlp_chain.py with a ChainGradNorm), Adam and the
+    target update are one launch each (ops/adam_step.py, ops/target_lerp.py), no launch of
+    ops/grad_norm.py's is left, and no multi-tensor-apply, lerp, per-tensor Adam, clip-coefficient
+    or target-weight kernel."""
     from torch.profiler import ProfilerActivity, profile
 
     s = build_population(cuda_configs(CARTPOLE, [[f"seed={i}"] for i in range(20)]), None, CUDA)
@@ -196,9 +197,9 @@ def test_update_runs_norm_adam_and_target_as_one_kernel_each():
             P.update_step(s)
         torch.cuda.synchronize()
     counts = Counter(e.name for e in prof.events() if e.device_type.name == "CUDA" and not e.is_user_annotation)
-    for kernel in ("_grad_norm_kernel", "_adam_step_kernel", "_target_lerp_kernel"):
+    for kernel in ("_member_wgrad_kernel", "_adam_step_kernel", "_target_lerp_kernel"):
         assert sum(n for name, n in counts.items() if kernel in name) == updates, (kernel, counts)
-    gone = ("multi_tensor_apply", "lpnorm", "_member_adam_kernel")
+    gone = ("multi_tensor_apply", "lpnorm", "_member_adam_kernel", "_grad_norm_kernel")
     stale = [name for name in counts
              if any(x in name for x in gone) or ("lerp" in name and "_target_lerp_kernel" not in name)]
     assert not stale, stale

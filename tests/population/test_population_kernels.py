@@ -33,10 +33,16 @@ from test_population import CARTPOLE, configs
 COLLECT = ["triton::_member_uniform_kernel", "{act}", "triton::_member_uniform_kernel",
            "{step}", "triton::_replay_add_kernel", "triton::_step_stats_kernel"]
 # an update, outside the loss and its backward: the draws, the gather (and the trading env's
-# decode), then the gradient norm, the guard with the monitor sums, Adam with the Polyak target
-# update in its launch (population/step.py target_follow), or Adam and the target update
+# decode), then the gradient norm (none where the chain's backward leaves it: CHAIN_NORM), the guard
+# with the monitor sums, Adam with the Polyak target update in its launch (population/step.py
+# target_follow), or Adam and the target update
 UPDATE_HEAD = ["triton::_member_uniform_kernel", "triton::_replay_gather_kernel"]
-UPDATE_TAIL = ["triton::_grad_norm_kernel", "triton::_member_guard_kernel", "triton::_adam_step_kernel"]
+GRAD_NORM = "triton::_grad_norm_kernel"
+UPDATE_TAIL = ["triton::_member_guard_kernel", "triton::_adam_step_kernel"]
+#: the experiments whose gradient norm and clip coefficient the online MLP chain's weight-gradient
+#: kernel leaves (population/state.py chain_grad_norm: a plain Q head on an MLP of ReLUs, trained
+#: alone): no launch of the gradient norm's own
+CHAIN_NORM = {"cartpole_cleanrl", "bitflip_her"}
 #: the experiments whose target update is a launch of its own after Adam: the hard copy
 #: (cartpole_cleanrl), IQL's V trained by the same Adam (no target of its own), pruning masks
 #: between Adam and the target update (controls)
@@ -44,9 +50,11 @@ SEPARATE_TARGET_UPDATE = {"cartpole_cleanrl", "eurusd_iql", "eurusd_controls"}
 
 
 def update_tail(name: str) -> list[str]:
-    """The last launches of experiment ``name``'s update: :data:`UPDATE_TAIL`, then the target
-    update's where it has one of its own (:data:`SEPARATE_TARGET_UPDATE`)."""
-    return UPDATE_TAIL + (["triton::_target_lerp_kernel"] if name in SEPARATE_TARGET_UPDATE else [])
+    """The last launches of experiment ``name``'s update: the gradient norm (not in
+    :data:`CHAIN_NORM`), :data:`UPDATE_TAIL`, then the target update's where it has one of its own
+    (:data:`SEPARATE_TARGET_UPDATE`)."""
+    return ([] if name in CHAIN_NORM else [GRAD_NORM]) + UPDATE_TAIL \
+        + (["triton::_target_lerp_kernel"] if name in SEPARATE_TARGET_UPDATE else [])
 #: the loss, forwards and backward of each experiment's small network (population/objective.py, untouched
 #: here): counted whole, so that a change elsewhere cannot hide in them (eurusd_dqn 16 with its dueling
 #: head's layers: 8 with ops/member_dueling_head.py)
@@ -341,7 +349,8 @@ def test_update_launches_stay_fused(name):
     assert len(ops) <= UPDATE_AT_MOST[name], (len(ops), ops)
     # every network here has at most tensor_list.MAX_SLOTS parameter tensors: one launch of each; the
     # target update inside Adam's unless Adam trains IQL's V too or pruning masks come between them
-    assert [ops.count(k) for k in UPDATE_TAIL] == [1, 1, 1], Counter(ops)
+    assert [ops.count(k) for k in UPDATE_TAIL] == [1, 1], Counter(ops)
+    assert ops.count(GRAD_NORM) == (name not in CHAIN_NORM), Counter(ops)
     assert ops.count("triton::_target_lerp_kernel") == (name in SEPARATE_TARGET_UPDATE), Counter(ops)
     if name in C51_HEAD:  # its loss is two kernels
         assert ops.count("triton::_c51_loss_fwd_kernel") == ops.count("triton::_c51_loss_bwd_kernel") == 1
