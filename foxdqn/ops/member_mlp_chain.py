@@ -34,7 +34,9 @@ Kernels (Triton), mlp_chain's with a member grid axis:
   and dz_1 by chunks of :data:`CHUNK_N_DZ` units of layer 2, on the forward's rule);
 * backward 2, a grid of (tiles, P members): program (t, p) computes dW_i and db_i of one tile of
   ``BLOCK_N`` output units of one layer of member p, looping over member p's row blocks in a fixed
-  order (no atomics, no split-K), so every call gives the same bits.
+  order (no atomics, no split-K), so every call gives the same bits. With a ``norm``
+  (:class:`ChainGradNorm`) each program also stores the sum of its tile's squares and takes one
+  ticket of its member (an atomic counter); the member's last program finishes the norm.
 
 The split (:func:`member_mlp_chain_split`, the Double DQN pair ``[s; s']`` of each member): the
 same forward launch over all B rows writes rows < S to y and the others to y2, saves the
@@ -55,7 +57,10 @@ order). x gets no gradient (the observations): when ``x.requires_grad`` the op r
 :func:`member_mlp_chain_reference`, which autograd differentiates. Without a gradient to compute
 (``torch.no_grad()``, or no weight or bias requiring grad: the target network) the forward kernel
 saves nothing. Capturable in a CUDA graph: device ops only, no host reads; shapes, strides and the
-TF32 choice are read from tensor metadata and torch's flags at launch.
+TF32 choice are read from tensor metadata and torch's flags at launch. A backward with a ``norm``
+takes its partials and tickets from :func:`foxdqn.ops.tensor_list.group_scratch`, made or grown
+by an eager call: capture it after one eager backward of at least its members × programs (a
+warm-up does that), and do not run two such backwards at once on two streams.
 
 Precision: mlp_chain's rule (its module docstring): ``tl.dot(input_precision="tf32")`` on operands
 rounded to TF32 (to nearest) where torch's float32 CUDA matmuls use TF32
@@ -439,11 +444,17 @@ class ChainGradNorm:
     dW / db kernel (no launch of its own, no second read of the gradients).
 
     Per member p, over every dW_i[p] and db_i[p] that backward computes (the whole chain's
-    gradient: the norm :func:`foxdqn.ops.grad_norm.grad_norm_coefficient` gives of those tensors,
-    by its rule and to a few float32 ulps, not bit for bit: the squares, each rounded to float32,
-    are summed per weight-gradient program, then the programs' sums in program order)::
+    gradient, also of a weight or bias that requires no grad: the norm
+    :func:`foxdqn.ops.grad_norm.grad_norm_coefficient` gives of those tensors, by its rule and to
+    a few float32 ulps, not bit for bit: the squares, each rounded to float32, are summed per
+    weight-gradient program with ``tl.sum``, then the programs' sums by grad_norm's
+    ``finish_member`` order, 64 lanes by program index, then a tree)::
 
         total[p] = sqrt_rn(Σ dW² + Σ db²),   coef[p] = min(1, max_norm[p] / (total[p] + 1e-6))
+
+    The programs' tiles widen with the member count (``_units``), so a member's total may differ
+    in its last bits between populations of other sizes, as the GPU's tiles already make its
+    gradients differ (docs/design/population.md); the same P and shapes give the same bits.
 
     Attributes:
         max_norm: float32 ``[P]`` (0-d or ``[1]`` for P = 1), the bound (``optim.grad_clip``), read.

@@ -113,3 +113,34 @@ def test_without_the_chains_kernels_the_update_launches_grad_norm():
     finally:
         P.grad_norm_coefficient = real
     assert seen.get("launched") and s.chain_norm.backwards == 0
+
+
+BITFLIP = ["+experiment=bitflip_her", "debug=smoke", "device=cpu", "log.progress=false", "env.num_envs=4",
+           "env.n_bits=6", "replay.capacity=512", "agent.batch_size=16", "model.hidden=[16]",
+           "agent.learning_starts=32"]
+FEATURES = [
+    (CARTPOLE, ("objective.cql_alpha=0.5",)),  # CQL's term inside the TD loss: through Q only
+    (CARTPOLE, ("optim.accumulate=2",)),  # two micro-batches in one pass
+    (CARTPOLE, ("guard.max_weight=100",)),  # the trial step reads the clip coefficient
+    (CARTPOLE, ("debug.inject_nan_at_step=0",)),  # a poisoned loss, finite gradients
+    (CARTPOLE, ("head.double=false",)),
+    (TRADING, ("head=q",)),
+    (TRADING, ("head=q", "action.switch_margin=3")),  # the switch penalty: two online forwards, one with grad
+    (TRADING, ("head=q", "action.switch_margin=3", "head.double=false")),
+    (TRADING, ("head=q", "replay=per")),
+    (BITFLIP, ()),  # HER's relabelled batch
+]
+
+
+@pytest.mark.parametrize("base,extra", FEATURES, ids=[" ".join(e) or b[0] for b, e in FEATURES])
+def test_the_chains_norm_is_the_norm_of_every_final_grad(base, extra):
+    """With each feature that changes the loss or the batch of a plain Q head, the norm the update
+    hands the guard is grad_norm's reference of every optimizer parameter's .grad after the update
+    (one backward wrote it)."""
+    s = _population(base, extra)
+    assert s.chain_norm is not None
+    seen, _, _ = _update_with(s, chain=True)
+    assert s.chain_norm.backwards == 1 and "launched" not in seen
+    total, coef = torch.empty(3), torch.empty(3)
+    grad_norm_coefficient_reference([w.grad for w in s.optimizer.params], s.params.grad_clip, total, coef, members=3)
+    torch.testing.assert_close(seen["norm"], total, rtol=4e-7, atol=0)

@@ -41,7 +41,8 @@ GRAD_NORM = "triton::_grad_norm_kernel"
 UPDATE_TAIL = ["triton::_member_guard_kernel", "triton::_adam_step_kernel"]
 #: the experiments whose gradient norm and clip coefficient the online MLP chain's weight-gradient
 #: kernel leaves (population/state.py chain_grad_norm: a plain Q head on an MLP of ReLUs, trained
-#: alone): no launch of the gradient norm's own
+#: alone), at the small widths of bench.cpu_kernels.small_overrides (bitflip_her's shipped 256
+#: units are over the chain's 128: its layers run and grad_norm launches): no launch of its own
 CHAIN_NORM = {"cartpole_cleanrl", "bitflip_her"}
 #: the experiments whose target update is a launch of its own after Adam: the hard copy
 #: (cartpole_cleanrl), IQL's V trained by the same Adam (no target of its own), pruning masks
