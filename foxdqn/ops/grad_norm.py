@@ -71,7 +71,7 @@ CLIP_EPS = 1e-6  # clip_grad_norm_'s eps: max_norm / (total + 1e-6)
 BLOCK = 1024  # elements of a row: one partial sum (module docstring)
 PROGRAMS = 1024  # the grid a launch aims for (tensor_list.member_chunks; an H100 sweep: docs/bench.md#launch-constants)
 MAX_ROWS = 2  # rows per program at most
-_RB = 64  # partial columns per iteration of the last program's inner loop
+FINISH_LANES = 64  #: partial columns per iteration of the last program's inner loop (finish_member's RB)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -140,7 +140,7 @@ def _grad_norm_op(grads: list[Tensor], max_norm: Tensor, total: Tensor, coef: Te
             *slots(grads, launch), *launch.numels, *launch.rows,
             max_norm, total, coef, partials, tickets, in_launch, per_member, rows,
             FINAL=launch.final, EMPTY=launch.final and in_launch == 0, EPS=CLIP_EPS, BLOCK=block, G=per_program,
-            RB=_RB, num_warps=4,
+            RB=FINISH_LANES, num_warps=4,
             enable_fp_fusion=False)  # each square rounded to float32, as torch's vector_norm (docstring)
 
 

@@ -88,7 +88,7 @@ from torch import Tensor
 
 from foxdqn.ops.backend import describe, resolve_backend
 from foxdqn.ops.epsilon_greedy import RANDOM_BITS, store_member_actions
-from foxdqn.ops.grad_norm import _RB as NORM_RB, CLIP_EPS, finish_member
+from foxdqn.ops.grad_norm import CLIP_EPS, FINISH_LANES, finish_member
 from foxdqn.ops.mlp_chain import (MAX_LAYERS, MAX_WIDTH, _fill, _layout, _load_rows, _load_weight, _prec, _relu,
                                   _store_rows, _tf32)
 from foxdqn.ops.tensor_list import check_member_vector, group_scratch, last_of_group
@@ -431,7 +431,7 @@ def _backward(x: Tensor, weights: Sequence[Tensor], hs: Sequence[Tensor], dy: Te
     _member_wgrad_kernel[(programs, members)](
         x, x.stride(0), *_fill(hs, MAX_LAYERS - 1, x), *_fill(gs, MAX_LAYERS, dy), *(t for pair in dw_db for t in pair),
         rows, **meta, **units, **tiles, BR=BLOCK_R, PREC=prec, **sums, NORM=norm is not None, EPS=CLIP_EPS,
-        RB=NORM_RB, num_warps=NUM_WARPS,
+        RB=FINISH_LANES, num_warps=NUM_WARPS,
         enable_fp_fusion=norm is None)  # with the norm each square rounded to float32, as grad_norm's
     if norm is not None:
         norm.backwards += 1
