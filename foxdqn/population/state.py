@@ -56,9 +56,9 @@ class PopulationState:
     ``pruner``: with ``prune.enabled``, the members' weight masks
     (:class:`~foxdqn.population.pruning.MemberPruner`), else None. ``target_branch``: on CUDA a
     second stream for the target network's forward beside the online forward (the same bits), else None.
-    ``chain_norm``: where the online network's MLP-chain backward computes the update's whole
+    :attr:`chain_norm`: where the online network's MLP-chain backward computes the update's whole
     gradient, the :class:`~foxdqn.ops.member_mlp_chain.ChainGradNorm` it leaves each member's
-    gradient norm and clip coefficient in (``online.grad_norm``; :func:`chain_grad_norm`), else None."""
+    gradient norm and clip coefficient in (``online.grad_norm``, :func:`chain_grad_norm`), else None."""
 
     cfg: TrainConfig
     cfgs: list[TrainConfig]
@@ -88,7 +88,11 @@ class PopulationState:
     #: CUDA: the stream the target network's forward runs on, beside the online forward
     #: (:func:`foxdqn.population.objective.member_loss`'s ``branch``); None on the CPU
     target_branch: torch.cuda.Stream | None = None
-    chain_norm: ChainGradNorm | None = None
+
+    @property
+    def chain_norm(self) -> ChainGradNorm | None:
+        """The online network's ``grad_norm`` (None where it has none): the one place it is kept."""
+        return getattr(self.online, "grad_norm", None)
 
     @property
     def members(self) -> int:
@@ -126,23 +130,22 @@ def member_network(nets: list[torch.nn.Module], activation: str) -> MemberQNetwo
 
 
 def chain_grad_norm(cfg: TrainConfig, online: MemberQNetwork, trainable: list[torch.Tensor],
-                    max_norm: torch.Tensor, pruned: bool) -> ChainGradNorm | None:
-    """The :class:`~foxdqn.ops.member_mlp_chain.ChainGradNorm` of ``max_norm`` (float32 ``[P]``,
-    ``optim.grad_clip``) attached to ``online`` as its ``grad_norm``, where a backward through its
+                    max_norm: torch.Tensor) -> None:
+    """Attach a :class:`~foxdqn.ops.member_mlp_chain.ChainGradNorm` of ``max_norm`` (float32 ``[P]``,
+    ``optim.grad_clip``) to ``online`` as its ``grad_norm``, where a backward through its
     MLP chain can be the update's whole gradient: a plain Q head on an MLP of ReLUs (the layers
     :func:`~foxdqn.ops.member_mlp_chain.member_mlp_chain` computes, where it runs), trained alone
     (``trainable`` is its parameters: no IQL V), no pruning masks between the gradients and their
-    norm, one backward per update (``optim.accumulate`` 1 or ``accumulate_one_pass``). Else None.
+    norm, one backward per update (``optim.accumulate`` 1 or ``accumulate_one_pass``); else nothing.
     :func:`foxdqn.population.step.update_step` still reads it only after exactly one backward wrote it."""
     if type(online) is not MemberQNetwork or online.dueling or online.member_encoder is not None \
-            or type(online.act) is not torch.nn.ReLU or pruned:
-        return None
+            or type(online.act) is not torch.nn.ReLU or cfg.prune.enabled:
+        return
     if [id(t) for t in trainable] != [id(t) for t in online.parameters()]:
-        return None
+        return
     if cfg.optim.accumulate != 1 and not cfg.optim.accumulate_one_pass:
-        return None
+        return
     online.grad_norm = ChainGradNorm(max_norm, online.num_members)
-    return online.grad_norm
 
 
 def build_population(cfgs: list[TrainConfig], market, device: torch.device) -> PopulationState:
@@ -190,6 +193,7 @@ def build_population(cfgs: list[TrainConfig], market, device: torch.device) -> P
     # each member's Q-monitor divergence flag (guard.q_divergence): a halt, or with early_stop.on_q_divergence a stop
     guard = MemberGuard(params.loss_clip, device, max_weight=params.max_weight if checks_weights else None,
                         collapse=collapse, q_divergence=params.q_divergence)
+    chain_grad_norm(cfg, online, trainable, params.grad_clip)
     pruner = None
     if cfg.prune.enabled:  # the prune.* keys are group keys: one schedule, each member's own masks
         g = cfg.prune
@@ -204,5 +208,4 @@ def build_population(cfgs: list[TrainConfig], market, device: torch.device) -> P
         inject_lr_spike=any(c.debug.inject_lr_spike_at_step is not None for c in cfgs), switch=switch,
         cql=any(c.objective.cql_alpha > 0 for c in cfgs), value=value,
         weight_check=MemberWeightCheck(optimizer) if checks_weights else None, pruner=pruner,
-        target_branch=torch.cuda.Stream(device) if device.type == "cuda" else None,
-        chain_norm=chain_grad_norm(cfg, online, trainable, params.grad_clip, pruner is not None))
+        target_branch=torch.cuda.Stream(device) if device.type == "cuda" else None)

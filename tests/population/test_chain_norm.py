@@ -47,9 +47,9 @@ def _update_with(s, chain: bool):
     """One update inside cpu_kernels (the kernels a CUDA update launches), with the norm from the
     chain's backward or (chain False) from grad_norm_coefficient's launch; returns (the norm that
     the update used, its coefficient, the .grad tensors, the params after the step)."""
-    saved = s.chain_norm
+    saved = s.online.grad_norm
     if not chain:
-        s.chain_norm = None
+        s.online.grad_norm = None  # the op gets no norm: grad_norm's launch
     seen = {}
     real = P.grad_norm_coefficient
 
@@ -70,7 +70,7 @@ def _update_with(s, chain: bool):
     finally:
         P.grad_norm_coefficient = real
         del s.guard.check
-        s.chain_norm = saved
+        s.online.grad_norm = saved
     grads = [w.grad.clone() for w in s.optimizer.params]
     return seen, grads, [w.detach().clone() for w in s.optimizer.params]
 
