@@ -35,7 +35,7 @@ PHASES = (
     "periodic_checkpoint",  # the loop's checkpoints: the device read and the loop states (a thread writes)
     "validation",        # validation passes (eval.interval_env_steps, the selection's)
     "checkpoint",        # checkpoints/last.pt and best.pt writes
-    "close",             # logger flush/close, host env workers
+    "close",             # the last log rows, logger flush/close, host env workers
     "final_evaluation",  # the evaluation on eval.split
     "report",            # eval/ files and plot, TensorBoard hparams, MLflow
     "summary",           # the results table on stdout, run-folder markers

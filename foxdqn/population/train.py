@@ -173,6 +173,7 @@ class _Population:
         self.run_ids: list[str | None] = [m.run_id for m in members]  # each member's run id (set by train_population)
         self.start_iter, self.wall_before, self.resumed_at = 0, 0.0, None
         self.closed = False  # close() has run once
+        self.loop_timed = False  # close() has ended the training phase (foxdqn.timings)
         if any(m.payload is not None for m in members):
             try:
                 self._restore()
@@ -356,7 +357,6 @@ class _Population:
                     mark("training")
                     self.save(periodic=True)  # written while the next iterations run
                     mark("periodic_checkpoint")
-            self._write_rows()
 
     def _log_rows(self, rate: float, last: bool) -> list[float]:
         """One row per member that has not halted or stopped (:meth:`_halted_since`; on CUDA a halt the
@@ -521,9 +521,12 @@ class _Population:
         metrics logger and the Prometheus endpoint (idempotent)."""
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
-        if not self.closed:
-            self._write_rows()
-            mark("training")  # the device has finished every iteration
+        first = not self.closed
+        if first:
+            if not self.loop_timed:
+                mark("training")  # the device has finished every iteration
+                self.loop_timed = True
+            self._write_rows()  # the last boundary's rows: host work after the loop (phase close)
             self.closed = True
         if self.s.env.on_host:  # env=gym: the members' vector env (its threads or processes)
             self.s.env.close()
@@ -533,6 +536,8 @@ class _Population:
         finally:
             if self.prometheus is not None:
                 self.prometheus.close()
+            if first:
+                mark("close")
 
     def end_trackers(self, outcomes: list[Outcome], signum: int | None) -> None:
         """End each member's MLflow and W&B runs as its single run would: its final metrics after
@@ -690,6 +695,7 @@ def train_population(members: list[Member], alone: bool = False) -> list[Outcome
     interrupted = False
     try:
         run.open_loggers()
+        mark("build")  # the run folders and loggers: built before the loop, not counted in its training phase
         with StopSignals() as signals:  # held through the checkpoints: a signal never cuts them short
             try:
                 run.iterate(signals)
