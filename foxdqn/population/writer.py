@@ -1,23 +1,21 @@
 """Checkpoint files written in a background thread while training goes on.
 
-A population's checkpoints cost milliseconds of host time per member (docs/bench.md#the-jax-peer):
-seconds per checkpoint at 512 members, which the training loop would wait for. The population's
-state is copied to the host at the boundary (:class:`foxdqn.population.checkpoint.HostCopy`), and
-the members' files are encoded from those copies (:func:`foxdqn.population.checkpoint_batch.member_files`:
-every member's tensors packed at once) and written atomically.
+A population's periodic checkpoints (``checkpoint.every_env_steps``) cost milliseconds of host
+time per member (docs/bench.md#the-jax-peer): seconds per checkpoint at 512 members, which the
+training loop would wait for. The population's state is copied to the host at the boundary
+(:class:`foxdqn.population.checkpoint.HostCopy`); the members' files are encoded from those copies
+(:func:`foxdqn.population.checkpoint_batch.member_files`: every member's tensors packed at once)
+and written atomically in the thread, while the main thread goes on launching iterations (a
+CUDA-graph replay releases the GIL). The final checkpoints are written the same way while the
+members are evaluated, and waited for before any summary is written
+(:func:`foxdqn.population.train.train_population`). One batch is in flight at a time.
 
-* The final checkpoints are encoded and written in this thread while the members are evaluated,
-  and waited for before any summary is written (:func:`foxdqn.population.train.train_population`).
-* A periodic checkpoint's files (``checkpoint.every_env_steps``, without the replay) are encoded by
-  the loop's own thread, a member at a time between iterations, and handed to this thread as they
-  come (:class:`FileStream`), which writes them. Encoding is Python that holds the GIL, and a
-  thread that holds it delays every return of the loop's thread from a CUDA-graph replay by up to
-  the interpreter's switch interval (5 ms, against 0.35 ms an iteration at 512 members): the
-  device would starve while the files are encoded. Writing is system calls, which release it.
-* With ``checkpoint.save_replay`` the payloads (the replay read member by member) are built at the
-  boundary and written by this thread.
-
-One batch is in flight at a time.
+A periodic checkpoint's files are encoded by the loop's own thread instead, a member at a time
+between iterations, and handed to this thread as they come (:class:`FileStream`): encoding is
+Python work that holds the GIL, and a thread that holds it delays every return of the loop's
+thread from a CUDA-graph replay by up to the interpreter's switch interval (5 ms, against 0.35 ms
+an iteration at 512 members), so the device would starve while the files are encoded. Writing
+them is system calls, which release it.
 """
 from __future__ import annotations
 
