@@ -46,7 +46,7 @@ from foxdqn.population import step as P
 from foxdqn.analysis.backtest import POLICIES
 from foxdqn.population.checkpoint import HostCopy, member_checkpoint, member_counts, member_payload
 from foxdqn.population.checkpoint_batch import member_files, write_member_files
-from foxdqn.population.writer import BackgroundWriter, FileStream
+from foxdqn.population.writer import BackgroundWriter
 from foxdqn.run.checkpoint import write_payload
 from foxdqn.population.diversity import MemberDiversity
 from foxdqn.population.jobs import FINISHED, HALTED, Member, Outcome
@@ -123,17 +123,6 @@ class StopSignals:
     def __exit__(self, *exc) -> None:
         for sig, handler in self._old.items():
             signal.signal(sig, handler)
-
-
-class _Steps:
-    """A pending task of :meth:`_Population._write_rows` in several steps: each call runs the next
-    step of ``steps`` (a generator); returns whether steps remain."""
-
-    def __init__(self, steps: Iterator[None]) -> None:
-        self.steps = steps
-
-    def __call__(self) -> bool:
-        return next(self.steps, StopIteration) is not StopIteration
 
 
 class _Population:
@@ -260,12 +249,9 @@ class _Population:
         them (the networks' host twins, never the networks; the payloads with the replay are built
         here) and writes them while training goes on. Else these are written before returning.
         A boundary's rows are on disk before its checkpoint: they are written first, or with
-        ``periodic`` (a checkpoint of the loop, always in the background) by the loop while the
-        device runs, and the files after them, with the collapse monitors' states their rows left
-        (:meth:`_member_row` updates them). Without the replay, a periodic checkpoint's files are
-        encoded by this thread too, a member per step between iterations (:meth:`_encode`), and
-        written by the writer as they come (:class:`FileStream`): encoded in the writer's thread,
-        they would hold the GIL that the loop needs between replays.
+        ``periodic`` (a checkpoint of the loop, always in the background; without the replay) by the loop
+        while the device runs, and the batch is handed to the writer after them, with the collapse
+        monitors' states their rows left (:meth:`_member_row` updates them).
 
         Raises:
             OSError: a checkpoint (of this batch, or of the one in flight) could not be written.
@@ -273,21 +259,17 @@ class _Population:
         s, best = self.s, self.selection.best
         background = background or periodic
         replay = any(cfg.checkpoint.save_replay for cfg in s.cfgs)
-        encode_here = periodic and not replay  # the loop encodes the files, a member per step (_encode)
-        if not encode_here:
+        after_rows = periodic and not replay and bool(self.pending_rows)
+        if not after_rows:
             self._write_rows()  # a boundary's rows are on disk before its checkpoint
         self.writer.wait()  # the batch in flight no longer reads the host buffers this copy reuses
         host = HostCopy(s, best, self.pinned)
         for net in (s.online, s.target, s.value):
             host.twin(net)  # here: the writer's thread never touches the live networks
         paths = [m.run_dir / "checkpoints" / "last.pt" for m in self.members]
-        members = [dict(run_id=self.run_ids[p], loop=copy.deepcopy(self.loop_state(p)),
-                        config=None if encode_here else self.plain_config(p),
+        members = [dict(run_id=self.run_ids[p], loop=copy.deepcopy(self.loop_state(p)), config=self.plain_config(p),
                         counts=s.guard.halt_point(p) or (host.env_steps, host.updates))
                    for p in range(len(self.members))]
-        if encode_here:
-            self.pending_rows.append(_Steps(self._encode(host, paths, members)))
-            return paths
 
         def payloads() -> list[tuple[Path, dict]]:  # the replay is read from the device, member by member
             return [(path, member_payload(s, p, best=best, host=host, **kw))
@@ -296,7 +278,14 @@ class _Population:
         def files() -> Iterator[tuple[Path, bytes]]:  # every member's tensors packed at once
             return ((paths[p], data) for p, data in member_files(s, host, members))
 
-        if background:
+        def submit_after_rows() -> None:  # the loop's task after this boundary's rows
+            for p, kw in enumerate(members):
+                kw["loop"]["collapse"] = self.diversity.collapse[p].state_dict()
+            self.writer.submit(files)
+
+        if after_rows:
+            self.pending_rows.append(submit_after_rows)
+        elif background:
             self.writer.submit(payloads() if replay else files)
         if background:
             return paths
@@ -304,25 +293,6 @@ class _Population:
             if replay:
                 return [write_payload(path, payload) for path, payload in payloads()]
             return write_member_files(s, host, paths, members)
-
-    def _encode(self, host: HostCopy, paths: list[Path], members: list[dict]) -> Iterator[None]:
-        """The steps of a periodic checkpoint's files, run by :meth:`_write_rows` after the
-        boundary's rows (one per call while the device runs; all before the next boundary reads
-        the device): each member's collapse-monitor state (as its rows left it) and its config as
-        plain data, then each member's file (:func:`member_files`, from ``host``), handed to the
-        writer as it is encoded."""
-        for p, kw in enumerate(members):
-            kw["loop"]["collapse"] = self.diversity.collapse[p].state_dict()
-            kw["config"] = self.plain_config(p)
-            yield
-        stream = FileStream()
-        self.writer.submit(stream)
-        try:
-            for p, data in member_files(self.s, host, members):
-                stream.put(paths[p], data)
-                yield
-        finally:
-            stream.close()
 
     def plain_config(self, p: int) -> dict:
         """Member ``p``'s config as plain data (converted once, for all its checkpoints)."""
@@ -446,8 +416,8 @@ class _Population:
 
     def _write_rows(self, budget_s: float | None = None) -> None:
         """Build and write the log rows :meth:`_log_rows` left (each member's metrics logger and its
-        sinks), in order, and the tasks queued after them (a periodic checkpoint's files, a member
-        per step, :meth:`save`): all of them, or with ``budget_s`` as many as this call's credit allows, so that a
+        sinks), in order, and the tasks queued after them (a periodic checkpoint's hand-over to
+        the writer, :meth:`save`): all of them, or with ``budget_s`` as many as this call's credit allows, so that a
         population's rows are written while the device runs the iterations after their boundary
         instead of keeping it idle (at 512 members, ~0.1 s a boundary on the H200 machine). Each
         call with ``budget_s`` adds ``budget_s`` to the credit and writes rows while it is
@@ -459,9 +429,7 @@ class _Population:
         self.row_credit = math.inf if budget_s is None else self.row_credit + budget_s
         while self.pending_rows and self.row_credit > 0:
             start = time.perf_counter()
-            task = self.pending_rows.popleft()
-            if task():  # a task of several steps with steps left (a periodic checkpoint's files) stays first
-                self.pending_rows.appendleft(task)
+            self.pending_rows.popleft()()
             self.row_credit -= time.perf_counter() - start
         if not self.pending_rows:
             self.row_credit = 0.0  # no saving up while nothing waits: the next backlog starts from zero

@@ -9,55 +9,17 @@ and written atomically in the thread, while the main thread goes on launching it
 CUDA-graph replay releases the GIL). The final checkpoints are written the same way while the
 members are evaluated, and waited for before any summary is written
 (:func:`foxdqn.population.train.train_population`). One batch is in flight at a time.
-
-A periodic checkpoint's files are encoded by the loop's own thread instead, a member at a time
-between iterations, and handed to this thread as they come (:class:`FileStream`): encoding is
-Python work that holds the GIL, and a thread that holds it delays every return of the loop's
-thread from a CUDA-graph replay by up to the interpreter's switch interval (5 ms, against 0.35 ms
-an iteration at 512 members), so the device would starve while the files are encoded. Writing
-them is system calls, which release it.
 """
 from __future__ import annotations
 
-import queue
 import threading
 from pathlib import Path
-from typing import Callable, Iterable, Iterator
+from typing import Callable, Iterable
 
 from foxdqn.io_atomic import deferred_sync, write_bytes_atomic
 from foxdqn.run.checkpoint import _walk, write_payload
 
-__all__ = ["BackgroundWriter", "FileStream"]
-
-
-class FileStream:
-    """(path, the file's bytes) handed from the thread that encodes them to the
-    :class:`BackgroundWriter` that writes them, as they come: :meth:`put` never waits; iterating
-    yields the items put, in order, until :meth:`close`. Given to :meth:`BackgroundWriter.submit`,
-    whose :meth:`BackgroundWriter.join` closes a stream its producer left open (an error in the
-    loop), so that the writer never waits for it forever."""
-
-    _END = object()
-
-    def __init__(self) -> None:
-        self._queue: queue.SimpleQueue = queue.SimpleQueue()
-        self.closed = False
-
-    def put(self, path: Path, data: bytes) -> None:
-        """Hand one file to the writer (after :meth:`close`: ValueError)."""
-        if self.closed:
-            raise ValueError(f"FileStream.put({path}): the stream is closed")
-        self._queue.put((path, data))
-
-    def close(self) -> None:
-        """End the stream: the writer stops after the items put so far (idempotent)."""
-        if not self.closed:
-            self.closed = True
-            self._queue.put(self._END)
-
-    def __iter__(self) -> Iterator[tuple[Path, bytes]]:
-        while (item := self._queue.get()) is not self._END:
-            yield item
+__all__ = ["BackgroundWriter"]
 
 
 class BackgroundWriter:
@@ -67,17 +29,14 @@ class BackgroundWriter:
     def __init__(self) -> None:
         self._thread: threading.Thread | None = None
         self._error: BaseException | None = None
-        self._stream: FileStream | None = None
 
-    def submit(self, items: list[tuple[Path, dict]] | Callable[[], Iterable[tuple[Path, dict | bytes]]]
-               | FileStream) -> None:
+    def submit(self, items: list[tuple[Path, dict]] | Callable[[], Iterable[tuple[Path, dict | bytes]]]) -> None:
         """Write ``items`` (path, payload) in the background, after the batch in flight (waited
         for, as :meth:`wait`). The payloads must not change afterwards. ``items`` may be a callable
         that builds them, called in the thread: it must read host copies only (never the device,
         nor objects this thread goes on changing); it returns a list of (path, payload), or an
         iterable of (path, the file's bytes) (:func:`foxdqn.population.checkpoint_batch.member_files`),
-        each file written as it comes. Or a :class:`FileStream` that the caller fills: each file is
-        written as it is put, and the batch ends when the caller closes the stream.
+        each file written as it comes.
 
         Raises:
             OSError: the batch before failed (as :meth:`wait`).
@@ -87,13 +46,12 @@ class BackgroundWriter:
                 runs in the thread on what it built, and the error is raised by :meth:`wait`.
         """
         self.wait()
-        stream = isinstance(items, FileStream)
-        if not callable(items) and not stream:
+        if not callable(items):
             _check_host(items)
 
         def work() -> None:
             try:
-                batch = items() if callable(items) and not stream else items
+                batch = items() if callable(items) else items
                 if callable(items) and isinstance(batch, list):
                     _check_host(batch)
                 with deferred_sync():
@@ -105,7 +63,6 @@ class BackgroundWriter:
             except BaseException as exc:  # noqa: BLE001 - re-raised in the owner's thread by wait()
                 self._error = exc
 
-        self._stream = items if stream else None
         self._thread = threading.Thread(target=work, name="foxdqn-checkpoints")
         self._thread.start()
 
@@ -122,21 +79,10 @@ class BackgroundWriter:
             raise error
 
     def join(self) -> None:
-        """Block until the batch in flight is written, keeping a failure for :meth:`wait`. A
-        :class:`FileStream` batch whose producer has not closed it is closed here: its files not
-        put are not written, a RuntimeError kept for :meth:`wait` (unless the batch failed first)."""
-        if self._stream is not None and not self._stream.closed:
-            self._stream.close()
-            missing = RuntimeError("a checkpoint batch was closed before every file was put (its producer stopped); "
-                                   "the files not put keep their previous content")
-        else:
-            missing = None
+        """Block until the batch in flight is written, keeping a failure for :meth:`wait`."""
         if self._thread is not None:
             self._thread.join()
             self._thread = None
-        self._stream = None
-        if missing is not None and self._error is None:
-            self._error = missing
 
 
 def _check_host(items: list[tuple[Path, dict]]) -> None:

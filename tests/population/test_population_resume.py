@@ -263,7 +263,7 @@ def test_a_periodic_checkpoint_waits_for_its_rows_and_holds_the_collapse_monitor
     monitor as the rows up to the checkpoint leave it (min_entropy 1: almost every interval low,
     a warning at the 10th low one in a row), recomputed here from metrics.csv."""
     from foxdqn.logger.diversity import CollapseMonitor
-    from foxdqn.population.writer import BackgroundWriter, FileStream
+    from foxdqn.population.writer import BackgroundWriter
 
     root = tmp_path / "run"
     cfgs = configs([*CART_RUN, "checkpoint.save_replay=false", "diversity.min_entropy=1.0", "diversity.patience=10"],
@@ -273,17 +273,9 @@ def test_a_periodic_checkpoint_waits_for_its_rows_and_holds_the_collapse_monitor
     def checked_submit(writer, items):
         rows = {int(pd.read_csv(root / str(p) / "metrics.csv")["step"].max()) for p in range(3)}
         submit(writer, items)
-
-        def check():
-            writer.wait()
-            states = [read_checkpoint(root / str(p) / "checkpoints" / "last.pt")["member_state"] for p in range(3)]
-            written.append((rows, {s["env_steps"] for s in states}, [s["loop"]["collapse"] for s in states]))
-
-        if isinstance(items, FileStream):  # a periodic checkpoint's files, put by the loop: checked once all are
-            close = items.close
-            items.close = lambda: (close(), check())
-        else:
-            check()
+        writer.wait()
+        states = [read_checkpoint(root / str(p) / "checkpoints" / "last.pt")["member_state"] for p in range(3)]
+        written.append((rows, {s["env_steps"] for s in states}, [s["loop"]["collapse"] for s in states]))
 
     monkeypatch.setattr(train_module, "DEFERRED_ROWS_S", 0.0)
     monkeypatch.setattr(BackgroundWriter, "submit", checked_submit)

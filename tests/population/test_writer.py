@@ -7,7 +7,7 @@ import threading
 import pytest
 import torch
 
-from foxdqn.population.writer import BackgroundWriter, FileStream
+from foxdqn.population.writer import BackgroundWriter
 from foxdqn.run.checkpoint import decode
 
 
@@ -42,41 +42,6 @@ def test_a_failed_write_is_raised_by_the_next_wait_or_submit_once(tmp_path):
     with pytest.raises(OSError):
         writer.submit([(tmp_path / "ok.pt", {"format": 4})])
     assert not (tmp_path / "ok.pt").exists()
-
-
-def test_a_stream_batch_writes_each_file_as_it_is_put_and_ends_when_its_producer_closes_it(tmp_path):
-    writer, stream = BackgroundWriter(), FileStream()
-    writer.submit(stream)
-    for p in range(3):
-        stream.put(tmp_path / f"m{p}.pt", bytes([p]) * 5)
-    first = tmp_path / "m0.pt"
-    for _ in range(500):  # written while the stream is still open
-        if first.is_file():
-            break
-        threading.Event().wait(0.01)
-    assert first.read_bytes() == bytes(5)
-    stream.close()
-    writer.wait()
-    assert [(tmp_path / f"m{p}.pt").read_bytes() for p in range(3)] == [bytes([p]) * 5 for p in range(3)]
-    with pytest.raises(ValueError, match="closed"):
-        stream.put(tmp_path / "late.pt", b"x")
-
-
-def test_a_stream_its_producer_left_open_is_closed_by_join_and_reported_by_wait(tmp_path):
-    writer, stream = BackgroundWriter(), FileStream()
-    writer.submit(stream)
-    stream.put(tmp_path / "m0.pt", b"abc")
-    writer.join()  # returns: the writer is not left waiting for the rest
-    assert stream.closed and (tmp_path / "m0.pt").read_bytes() == b"abc"
-    with pytest.raises(RuntimeError, match="before every file was put"):
-        writer.wait()
-    writer.wait()  # raised once
-    again = FileStream()
-    writer.submit(again)
-    again.put(tmp_path / "m1.pt", b"d")
-    again.close()
-    writer.wait()  # closed by its producer: no error
-    assert (tmp_path / "m1.pt").read_bytes() == b"d"
 
 
 def _final_run(tmp_path, monkeypatch, fail: bool):
@@ -123,41 +88,6 @@ def test_a_final_checkpoint_that_cannot_be_written_fails_the_run_before_any_summ
     for p in range(2):
         assert not (tmp_path / str(p) / "eval" / "summary.json").exists()
         assert (tmp_path / str(p) / "INCOMPLETE").exists()
-
-
-def test_a_periodic_checkpoint_is_encoded_by_the_loop_a_member_per_step_and_written_by_the_writer(tmp_path,
-                                                                                                  monkeypatch):
-    """The loop's thread encodes a periodic checkpoint's files between iterations (encoding in the
-    writer's thread would hold the GIL the loop needs between replays); each file is handed over
-    as it is encoded, one per row-budget step, and written by the writer's thread."""
-    import foxdqn.population.train as train_module
-    import foxdqn.population.writer as writer_module
-    from test_population import CARTPOLE, configs
-    from test_population_resume import train
-
-    events, encode, write = [], train_module.member_files, writer_module.write_bytes_atomic
-
-    def encoded(*args):
-        for p, data in encode(*args):
-            events.append(("encode", p, threading.current_thread() is threading.main_thread()))
-            yield p, data
-
-    def written(path, data):
-        events.append(("write", int(path.parent.parent.name), threading.current_thread() is threading.main_thread()))
-        return write(path, data)
-
-    steps, call = [], train_module._Steps.__call__
-    monkeypatch.setattr(train_module._Steps, "__call__", lambda self: steps.append(1) or call(self))
-    monkeypatch.setattr(train_module, "member_files", encoded)
-    monkeypatch.setattr(writer_module, "write_bytes_atomic", written)
-    cfgs = configs([*CARTPOLE, "agent.total_env_steps=256", "log.interval_env_steps=64", "checkpoint.every_env_steps=128",
-                    "checkpoint.save_replay=false"], [["seed=0"], ["seed=1"], ["seed=2"]])
-    assert [o.exit_code for o in train(cfgs, tmp_path)] == [0, 0, 0]
-    periodic = events[:6]  # the one periodic checkpoint (128 env steps); the final ones follow
-    assert sorted(e for e in periodic if e[0] == "encode") == [("encode", p, True) for p in range(3)]
-    assert sorted(e for e in periodic if e[0] == "write") == [("write", p, False) for p in range(3)]
-    assert len(steps) == 3 + 3 + 1  # configs, files, the step that finds none left
-    assert all(not main for kind, _, main in events[6:])  # the final checkpoints: encoded and written by the writer
 
 
 def test_a_payload_with_a_tensor_off_the_host_is_refused_before_the_thread_starts(tmp_path):
