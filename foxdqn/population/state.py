@@ -102,12 +102,15 @@ class PopulationState:
 def initial_networks(cfgs: list[TrainConfig], env, num_actions: int,
                      device: torch.device) -> tuple[list[torch.nn.Module], list[torch.nn.Module]]:
     """(Q networks, IQL value networks) of the members: member p's classic networks initialised as
-    a single run of its seed initialises them (``torch.manual_seed(seed)``, then
+    a single run of its seed initialises them (the CPU generator seeded with ``seed``, then
     :func:`foxdqn.step.build.build_network` and, with ``objective.iql``, right after it
-    :func:`foxdqn.step.build.build_iql_value`; the value list is empty without IQL)."""
+    :func:`foxdqn.step.build.build_iql_value`, both built on the CPU and moved to ``device``; the
+    value list is empty without IQL). The CPU generator alone: ``torch.manual_seed`` would also
+    queue a seeding of every accelerator backend not yet initialised (XPU, MTIA, and CUDA before
+    its first call), each with a formatted stack trace, about 1 ms a member."""
     nets, values = [], []
     for c in cfgs:
-        torch.manual_seed(c.seed)
+        torch.default_generator.manual_seed(c.seed)
         nets.append(build_network(c, env, num_actions).to(device))
         if c.objective.iql:
             values.append(build_iql_value(c, env).to(device))

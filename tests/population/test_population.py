@@ -406,3 +406,32 @@ def test_member_layers_do_not_depend_on_the_population_size():
         results.append([q.detach()[-1], x.grad[-1], *(w.grad[-1] for w in net.parameters())])
     for together, alone in zip(*results):
         assert torch.equal(together, alone)
+
+
+def test_initial_networks_are_a_single_runs_seeded_init_without_seeding_the_accelerators(monkeypatch):
+    """Member p's networks are what ``torch.manual_seed(seed)`` then ``build_network`` (and
+    ``build_iql_value``) give, and building them formats no stack trace: ``torch.manual_seed``
+    queues a lazy seeding of each accelerator backend not initialised (XPU and MTIA on a CUDA
+    machine, CUDA too before its first call), each with ``traceback.format_stack()``, ~1 ms a
+    member on the 2-core CPU."""
+    import traceback
+
+    from foxdqn.population.state import initial_networks
+    from foxdqn.step.build import build_iql_value, build_network
+
+    cfgs = configs([*CARTPOLE, "objective=iql"], [["seed=3"], ["seed=11"], ["seed=3", "optim.lr=1e-3"]])
+    s = build_population(cfgs, None, CPU)
+    actions = s.action_mode.num_actions
+    traces, format_stack = [], traceback.format_stack
+    monkeypatch.setattr(traceback, "format_stack", lambda *a, **k: traces.append(1) or format_stack(*a, **k))
+    nets, values = initial_networks(cfgs, s.env, actions, CPU)
+    assert traces == []
+    monkeypatch.undo()
+    firsts = []
+    for c, net, value in zip(cfgs, nets, values):
+        torch.manual_seed(c.seed)
+        for got, want in ((net, build_network(c, s.env, actions)), (value, build_iql_value(c, s.env))):
+            got, want = got.state_dict(), want.state_dict()
+            assert got.keys() == want.keys() and all(torch.equal(got[k], want[k]) for k in got)
+        firsts.append(next(iter(net.state_dict().values())))
+    assert torch.equal(firsts[0], firsts[2]) and not torch.equal(firsts[0], firsts[1])
