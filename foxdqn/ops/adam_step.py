@@ -245,7 +245,7 @@ def _adam_step_kernel(p0, p1, p2, p3, p4, p5, p6, p7, p8, p9, p10, p11, p12, p13
     slot, col, mask, idx, live = member_row(
         member, pid - member * per_member, rows_in_launch, n0, n1, n2, n3, n4, n5, n6, n7, n8, n9, n10, n11, n12, n13,
         n14, n15, r0, r1, r2, r3, r4, r5, r6, r7, r8, r9, r10, r11, r12, r13, r14, r15, BLOCK)
-    valid = mask
+    valid = mask  # the row's elements: the target update writes them even where the skip masks Adam's stores
     t = tl.load(pick16(slot, s0, s1, s2, s3, s4, s5, s6, s7, s8, s9, s10, s11, s12, s13, s14, s15) + member) + 1.0
     # the element loads do not wait on the skip (it masks only the stores)
     pp = pick16(slot, p0, p1, p2, p3, p4, p5, p6, p7, p8, p9, p10, p11, p12, p13, p14, p15) + idx
