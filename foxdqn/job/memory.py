@@ -100,8 +100,6 @@ def available_bytes(device: str) -> int | None:
     return None
 
 
-
-
 def memory_cap(tc: TrainConfig, market) -> int | None:
     """The most members of ``tc``'s settings whose replays and resampled training paths
     (``data.augment``: each member keeps its own) fit in 80 % of the device's free memory (the
