@@ -10,7 +10,7 @@ import pytest
 
 import bench.peers
 from bench import population_bench as pb
-from bench.peers.jax_dqn_cartpole import Settings, main, settings_from_config
+from bench.peers.jax_dqn_cartpole import Settings, main, settings_from_config, train
 from foxdqn.config.compose import load_config
 
 
@@ -45,10 +45,10 @@ def test_settings_follow_the_overrides_and_debug_caps():
 
 def test_a_config_the_peer_cannot_train_is_refused_by_name():
     cfg = load_config(["+experiment=cartpole_cleanrl", "replay.n_step=3", "target.update=polyak",
-                       "agent.updates_per_iter=2"])
+                       "agent.updates_per_iter=2", "head.double=true"])
     with pytest.raises(ValueError) as err:
         settings_from_config(cfg)
-    for key in ("replay.n_step=3", "target.update='polyak'", "agent.updates_per_iter=2"):
+    for key in ("replay.n_step=3", "target.update='polyak'", "agent.updates_per_iter=2", "head.double=True"):
         assert key in str(err.value)
 
 
@@ -105,6 +105,17 @@ def test_cli_without_the_packages_says_so_in_one_line(monkeypatch, capsys):
     assert main(["--seeds", "2"]) == 3
     assert capsys.readouterr().err.strip().splitlines() == [
         "JAX peer: jax not installed (pip install -e '.[peers]')"]
+
+
+def test_a_negative_first_seed_is_refused_before_any_import(monkeypatch, capsys):
+    """``--first-seed`` below 0: argparse's one line and exit 2, checked before the packages are
+    looked for; ``train`` raises ValueError before it imports JAX."""
+    monkeypatch.setattr(bench.peers, "missing", lambda modules=None: pytest.fail("looked for the packages"))
+    with pytest.raises(SystemExit) as exit_:
+        main(["--seeds", "2", "--first-seed", "-1"])
+    assert exit_.value.code == 2 and "--first-seed must be >= 0, got -1" in capsys.readouterr().err
+    with pytest.raises(ValueError, match="first_seed: must be >= 0, got -3"):
+        train(2, first_seed=-3)
 
 
 def test_peer_rows_follow_the_foxdqn_row_of_the_same_size(monkeypatch):

@@ -17,9 +17,9 @@ as PureJaxRL does:
 * ``done`` is gymnax's ``terminated or truncated``: like PureJaxRL (whose gymnax counted the
   time limit as terminal), a truncated episode is not bootstrapped.
 
-What differs from foxdqn's ``cartpole_cleanrl`` besides the framework: foxdqn's target is Double
-DQN's (``head.double``), its Adam has ε = 1e-5 and clips the gradient norm at 10, and it
-bootstraps through the 500-step time limit; PureJaxRL's rng slip (its ``train`` overwrites the seed
+What differs from foxdqn's ``cartpole_cleanrl`` besides the framework: foxdqn's Adam has ε = 1e-5 and
+clips the gradient norm at 10, and it bootstraps through the 500-step time limit (the target is the
+same max over the target network; a config with Double DQN's, ``head.double=true``, is refused); PureJaxRL's rng slip (its ``train`` overwrites the seed
 key with ``PRNGKey(0)``, so every seed started from one network) is not copied: each seed draws its
 own network, env and exploration keys.
 
@@ -31,7 +31,8 @@ Timing: the training and the evaluation are compiled ahead of time (``jit(...).l
 so compile and run are timed apart. ``env_steps_per_s`` counts compile in (like foxdqn's training
 time, which counts its warm-up and graph capture), ``env_steps_per_s_run`` leaves it out.
 
-Run: ``python -m bench.peers.jax_dqn_cartpole --seeds 16 [--env-steps N] [--settings JSON] [--out FILE]``
+Run: ``python -m bench.peers.jax_dqn_cartpole --seeds 16 [--first-seed K] [--env-steps N] [--settings JSON]
+[--out FILE]``
 (needs ``pip install -e '.[peers]'``). ``bench/population_bench.py`` runs it beside the
 ``cartpole_cleanrl`` population rows, with the settings read from the composed foxdqn config
 (:func:`settings_from_config`). Importing this module needs none of the JAX packages.
@@ -95,7 +96,8 @@ def settings_from_config(cfg) -> Settings:
     """
     a = cfg.agent
     wanted = {"env.name": (cfg.env.name, "cartpole"), "head.name": (str(cfg.head.name), "q"),
-              "head.dueling": (cfg.head.dueling, False), "replay.name": (str(cfg.replay.name), "uniform"),
+              "head.dueling": (cfg.head.dueling, False), "head.double": (cfg.head.double, False),
+              "replay.name": (str(cfg.replay.name), "uniform"),
               "replay.n_step": (cfg.replay.n_step, 1), "replay.her": (cfg.replay.her, False),
               "agent.steps_per_iter": (a.steps_per_iter, 1), "agent.updates_per_iter": (a.updates_per_iter, 1),
               "target.update": (str(cfg.target.update), "hard"), "loss.reward_scale": (cfg.loss.reward_scale, 1.0),
@@ -235,8 +237,9 @@ def _build(s: Settings):
     return train, evaluate
 
 
-def train(seeds: int, settings: Settings = Settings()) -> dict:
-    """Train seeds ``0 .. seeds-1`` as one vmapped, jitted program, then evaluate each greedily.
+def train(seeds: int, settings: Settings = Settings(), first_seed: int = 0) -> dict:
+    """Train seeds ``first_seed .. first_seed + seeds - 1`` as one vmapped, jitted program, then
+    evaluate each greedily.
 
     Returns a JSON-ready dict: ``returns`` (each seed's mean greedy return over
     ``settings.eval_episodes`` episodes), ``return_mean/min/max`` over seeds, ``curve`` (mean
@@ -244,16 +247,21 @@ def train(seeds: int, settings: Settings = Settings()) -> dict:
     (``compile_train_s`` + ``compile_eval_s``), ``run_s`` (training, compiled), ``eval_s``,
     ``train_s`` (``compile_train_s + run_s``), ``total_s`` (this call), env steps
     ``env_steps`` (all seeds), ``env_steps_per_s`` (over ``train_s``), ``env_steps_per_s_run``
-    (over ``run_s``), and the device, the versions and the settings.
+    (over ``run_s``), ``first_seed``, and the device, the versions and the settings.
+
+    Raises:
+        ValueError: ``seeds`` < 1 or ``first_seed`` < 0.
     """
     if seeds < 1:
         raise ValueError(f"seeds: must be >= 1, got {seeds}")
+    if first_seed < 0:
+        raise ValueError(f"first_seed: must be >= 0, got {first_seed}")
     start = time.perf_counter()
     import jax
     import numpy as np
 
     train_one, evaluate_one = _build(settings)
-    keys = jax.vmap(jax.random.PRNGKey)(np.arange(seeds))
+    keys = jax.vmap(jax.random.PRNGKey)(np.arange(first_seed, first_seed + seeds))
     eval_keys = jax.vmap(lambda k: jax.random.fold_in(k, 1))(keys)
     t0 = time.perf_counter()
     train_all = jax.jit(jax.vmap(train_one)).lower(keys).compile()
@@ -269,7 +277,8 @@ def train(seeds: int, settings: Settings = Settings()) -> dict:
     steps = seeds * settings.iterations * settings.num_envs
     device = jax.devices()[0]
     return {
-        "seeds": seeds, "env_steps_per_seed": settings.iterations * settings.num_envs, "env_steps": steps,
+        "seeds": seeds, "first_seed": first_seed, "env_steps_per_seed": settings.iterations * settings.num_envs,
+        "env_steps": steps,
         "returns": [round(float(r), 3) for r in per_seed], "return_mean": float(per_seed.mean()),
         "return_min": float(per_seed.min()), "return_max": float(per_seed.max()),
         "curve": [round(float(a / b), 2) if b else None for a, b in zip(curve_sum, curve_count)],
@@ -285,11 +294,14 @@ def train(seeds: int, settings: Settings = Settings()) -> dict:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m bench.peers.jax_dqn_cartpole", description=__doc__.splitlines()[0])
-    ap.add_argument("--seeds", type=int, default=1, help="seeds 0..S-1, vmapped in one jit")
+    ap.add_argument("--seeds", type=int, default=1, help="S seeds, vmapped in one jit")
+    ap.add_argument("--first-seed", type=int, default=0, help="the first seed (default 0: seeds 0..S-1)")
     ap.add_argument("--settings", help="JSON of Settings fields (the rest: cartpole_cleanrl's)")
     ap.add_argument("--env-steps", type=int, help="env steps per seed (overrides the settings')")
     ap.add_argument("--out", help="write the result JSON here")
     args = ap.parse_args(argv)
+    if args.first_seed < 0:
+        ap.error(f"--first-seed must be >= 0, got {args.first_seed}")
     from bench.peers import missing
 
     absent = missing()
@@ -299,7 +311,7 @@ def main(argv=None) -> int:
     settings = Settings.from_json(args.settings) if args.settings else Settings()
     if args.env_steps is not None:
         settings = dataclasses.replace(settings, total_env_steps=args.env_steps)
-    result = train(args.seeds, settings)
+    result = train(args.seeds, settings, args.first_seed)
     text = json.dumps(result)
     if args.out:
         Path(args.out).write_text(text + "\n")
