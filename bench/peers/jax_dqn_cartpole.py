@@ -18,10 +18,10 @@ as PureJaxRL does:
   time limit as terminal), a truncated episode is not bootstrapped.
 
 What differs from foxdqn's ``cartpole_cleanrl`` besides the framework: foxdqn's Adam has ε = 1e-5 and
-clips the gradient norm at 10, and it bootstraps through the 500-step time limit (the target is the
-same max over the target network; a config with Double DQN's, ``head.double=true``, is refused); PureJaxRL's rng slip (its ``train`` overwrites the seed
-key with ``PRNGKey(0)``, so every seed started from one network) is not copied: each seed draws its
-own network, env and exploration keys.
+clips the gradient norm at 10, and it bootstraps through the 500-step time limit. The target is the
+same max over the target network (a config with Double DQN's, ``head.double=true``, is refused).
+PureJaxRL's rng slip (its ``train`` overwrites the seed key with ``PRNGKey(0)``, so every seed started
+from one network) is not copied: each seed draws its own network, env and exploration keys.
 
 Evaluation: ``eval_episodes`` greedy episodes per seed (100, foxdqn's ``eval.episodes``), one in
 each of ``eval_episodes`` envs, each played to its end or the 500-step limit; the return of each
