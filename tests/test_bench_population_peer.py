@@ -107,13 +107,16 @@ def test_cli_without_the_packages_says_so_in_one_line(monkeypatch, capsys):
         "JAX peer: jax not installed (pip install -e '.[peers]')"]
 
 
-def test_a_negative_first_seed_is_refused_before_any_import(monkeypatch, capsys):
-    """``--first-seed`` below 0: argparse's one line and exit 2, checked before the packages are
-    looked for; ``train`` raises ValueError before it imports JAX."""
+def test_a_bad_seed_range_is_refused_before_any_import(monkeypatch, capsys):
+    """``--first-seed`` below 0 or ``--seeds`` below 1: argparse's one line and exit 2, checked
+    before the packages are looked for; ``train`` raises ValueError before it imports JAX."""
     monkeypatch.setattr(bench.peers, "missing", lambda modules=None: pytest.fail("looked for the packages"))
     with pytest.raises(SystemExit) as exit_:
         main(["--seeds", "2", "--first-seed", "-1"])
-    assert exit_.value.code == 2 and "--first-seed must be >= 0, got -1" in capsys.readouterr().err
+    assert exit_.value.code == 2 and "first_seed: must be >= 0, got -1" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as exit_:
+        main(["--seeds", "0"])
+    assert exit_.value.code == 2 and "seeds: must be >= 1, got 0" in capsys.readouterr().err
     with pytest.raises(ValueError, match="first_seed: must be >= 0, got -3"):
         train(2, first_seed=-3)
 

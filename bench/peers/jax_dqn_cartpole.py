@@ -237,6 +237,18 @@ def _build(s: Settings):
     return train, evaluate
 
 
+def check_seeds(seeds: int, first_seed: int) -> None:
+    """The seed range's rule, for :func:`train` and the CLI (which checks it before any import).
+
+    Raises:
+        ValueError: ``seeds`` < 1 or ``first_seed`` < 0 (naming the argument).
+    """
+    if seeds < 1:
+        raise ValueError(f"seeds: must be >= 1, got {seeds}")
+    if first_seed < 0:
+        raise ValueError(f"first_seed: must be >= 0, got {first_seed}")
+
+
 def train(seeds: int, settings: Settings = Settings(), first_seed: int = 0) -> dict:
     """Train seeds ``first_seed .. first_seed + seeds - 1`` as one vmapped, jitted program, then
     evaluate each greedily.
@@ -252,10 +264,7 @@ def train(seeds: int, settings: Settings = Settings(), first_seed: int = 0) -> d
     Raises:
         ValueError: ``seeds`` < 1 or ``first_seed`` < 0.
     """
-    if seeds < 1:
-        raise ValueError(f"seeds: must be >= 1, got {seeds}")
-    if first_seed < 0:
-        raise ValueError(f"first_seed: must be >= 0, got {first_seed}")
+    check_seeds(seeds, first_seed)
     start = time.perf_counter()
     import jax
     import numpy as np
@@ -300,8 +309,10 @@ def main(argv=None) -> int:
     ap.add_argument("--env-steps", type=int, help="env steps per seed (overrides the settings')")
     ap.add_argument("--out", help="write the result JSON here")
     args = ap.parse_args(argv)
-    if args.first_seed < 0:
-        ap.error(f"--first-seed must be >= 0, got {args.first_seed}")
+    try:
+        check_seeds(args.seeds, args.first_seed)
+    except ValueError as exc:
+        ap.error(str(exc))  # one line, exit 2
     from bench.peers import missing
 
     absent = missing()
