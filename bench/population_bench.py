@@ -18,8 +18,8 @@ the jobs, from its log line "N jobs checked in X s"), host_s (wall_s − train_s
 composition, checks, evaluation and reports), the population launcher's phases from the sweep's
 ``timings.json`` (P = 1: the job's own, which counts from the job's start; :data:`PHASE_COLUMNS`: imports, composition and checks, build, warm-up and
 capture, checkpoints, final evaluation, reports; seconds of the whole process, the periodic
-checkpoints inside ``train_s`` included), greedy return or test Sharpe per member (mean, min,
-max), jobs that failed.
+checkpoints inside ``train_s`` included), greedy return or test Sharpe per member (mean, its
+standard error ``metric_se`` (:func:`standard_error`), min, max), jobs that failed.
 
 Beside each ``cartpole_cleanrl`` population row runs the JAX peer (``launcher=jax_peer``,
 :mod:`bench.peers.jax_dqn_cartpole`: PureJaxRL's DQN with the same settings, read from the same
@@ -71,6 +71,16 @@ PEER_EXPERIMENT, PEER = "cartpole_cleanrl", "jax_peer"
 ROOT = Path(__file__).resolve().parents[1]
 
 
+def standard_error(values) -> float:
+    """The standard error of the mean of ``values`` (one number per member): the sample standard
+    deviation (ddof = 1) over √n; NaN for fewer than 2 values. A greedy mean of 512
+    ``cartpole_cleanrl`` seeds has about 2 (the seeds' returns had an sd of 41-47 in
+    docs/bench.md#cartpolecleanrl-on-cleanrls-target), so means of other seeds of the same algorithm
+    differ by that much."""
+    values = np.asarray(values, dtype=float)
+    return float(values.std(ddof=1) / np.sqrt(values.size)) if values.size > 1 else float("nan")
+
+
 def loop_seconds(timings: dict) -> float:
     """Seconds of the training loop in a ``timings.json`` dict (:data:`RUN_PHASES`; 0 without them)."""
     return sum(timings["phases"].get(k, 0.0) for k in RUN_PHASES)
@@ -112,8 +122,8 @@ def sweep(experiment: str, members: int, launcher: str, graph: str, extra: list[
         train_s=round(max(train_s) if launcher == "population" else sum(train_s) * scale, 2),
         env_steps_per_s=round(steps / (max(train_s) if launcher == "population" else sum(train_s)), 1),
         metric="mean_return" if "mean_return" in summaries[0]["metrics"]["agent"] else "sharpe",
-        metric_mean=float(np.mean(values)), metric_min=float(np.min(values)), metric_max=float(np.max(values)),
-        check_s=float(checked.group(2)) if checked else None,
+        metric_mean=float(np.mean(values)), metric_se=standard_error(values), metric_min=float(np.min(values)),
+        metric_max=float(np.max(values)), check_s=float(checked.group(2)) if checked else None,
     )
     if launcher == "population":
         row["host_s"] = round(row["wall_s"] - row["train_s"], 2)
@@ -195,8 +205,8 @@ def peer_result_row(members: int, result: dict | None, wall: float, rc: int = 0,
         wall_s=round(wall, 2), wall_per_job_s=round(wall / members, 3), train_s=result["train_s"],
         compile_s=result["compile_s"], host_s=round(wall - result["train_s"], 2),
         env_steps_per_s=result["env_steps_per_s"], env_steps_per_s_run=result["env_steps_per_s_run"],
-        metric="mean_return", metric_mean=result["return_mean"], metric_min=result["return_min"],
-        metric_max=result["return_max"],
+        metric="mean_return", metric_mean=result["return_mean"], metric_se=standard_error(result.get("returns", ())),
+        metric_min=result["return_min"], metric_max=result["return_max"],
         note=f"JAX peer, jax {result['jax']} on {result['device']}: {result['settings']['eval_episodes']} greedy "
              f"episodes per seed; train_s = {result['compile_train_s']:g} s compile + {result['run_s']:g} s run")
     return row
@@ -263,7 +273,7 @@ def table(df) -> str:
     """Markdown: every row, and population vs basic launcher wall time as a ratio."""
     cols = [c for c in ("experiment", "launcher", "graph", "triton_cache", "bytecode_cache", "members", "wall_s", "exit_s", "wall_per_job_s", "train_s",
                         "compile_s", "check_s", "host_s", *PHASE_COLUMNS, "env_steps_per_s", "env_steps_per_s_run",
-                        "metric", "metric_mean", "metric_min", "metric_max", "failed", "note")
+                        "metric", "metric_mean", "metric_se", "metric_min", "metric_max", "failed", "note")
             if c in df]
     text = "## population: a seed sweep as one population vs one job after another\n\n" + \
         df[cols].to_markdown(index=False, floatfmt=".4g")
@@ -299,11 +309,15 @@ def peer_table(df) -> str:
         return ""
     fmt = lambda v: "" if v != v else f"{v:.4g}"  # noqa: E731 (NaN: empty)
     run = lambda r, side: float(getattr(r, "env_steps_per_s_run" + side, float("nan")))  # noqa: E731
+    se = lambda r, side: float(getattr(r, "metric_se" + side, float("nan")))  # noqa: E731
+    pm = lambda v, e: fmt(v) + ("" if e != e else f" ± {e:.2g}")  # noqa: E731 (a mean ± its standard error)
     lines = [f"| {int(r.members)} | {fmt(r.wall_s)} | {fmt(r.wall_s_peer)} | {fmt(r.wall_s / r.wall_s_peer)} | "
              f"{fmt(r.env_steps_per_s)} | {fmt(r.env_steps_per_s_peer)} | "
              f"{fmt(r.env_steps_per_s / r.env_steps_per_s_peer)} | {fmt(run(r, ''))} | {fmt(run(r, '_peer'))} | "
              f"{fmt(run(r, '') / run(r, '_peer'))} | {fmt(r.compile_s_peer)} | "
-             f"{fmt(r.metric_mean)} | {fmt(r.metric_mean_peer)} |" for r in pairs.itertuples()]
+             f"{pm(r.metric_mean, se(r, ''))} | {pm(r.metric_mean_peer, se(r, '_peer'))} | "
+             f"{pm(r.metric_mean - r.metric_mean_peer, (se(r, '') ** 2 + se(r, '_peer') ** 2) ** 0.5)} |"
+             for r in pairs.itertuples()]
     return (f"## population: foxdqn / JAX peer ({PEER_EXPERIMENT}, same settings, same device, one run)\n\n"
             "The peer is PureJaxRL's DQN (bench/peers/jax_dqn_cartpole.py), its seeds vmapped in one jit. Wall: "
             "from the command to the last result (foxdqn: the last summary.json; the peer: its result file), "
@@ -311,8 +325,10 @@ def peer_table(df) -> str:
             "the peer's with its compile counted in (foxdqn's with its warm-up and capture); foxdqn/peer > 1: "
             "foxdqn trained faster. Run env steps/s: the training loop alone (foxdqn: the loop's phases of "
             "timings.json, without build, warm-up and capture; the peer: its run without the compile). "
-            "Greedy return: mean over seeds.\n\n"
+            "Greedy return: mean over seeds ± its standard error (sample sd / √seeds); the difference's is "
+            "the root sum of their squares, so a difference within about twice it is the seeds' spread, not the "
+            "implementations'.\n\n"
             "| members | foxdqn wall s | peer wall s | wall foxdqn/peer | foxdqn env steps/s | peer env steps/s | "
             "env steps/s foxdqn/peer | foxdqn run env steps/s | peer run env steps/s | run env steps/s foxdqn/peer | "
-            "peer compile s | foxdqn greedy return | peer greedy return |\n"
-            "|---|---|---|---|---|---|---|---|---|---|---|---|---|\n" + "\n".join(lines))
+            "peer compile s | foxdqn greedy return | peer greedy return | greedy return foxdqn − peer |\n"
+            "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n" + "\n".join(lines))

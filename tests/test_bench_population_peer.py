@@ -5,6 +5,7 @@ training is tested in tests/test_bench_jax_peer.py (skipped without the peers ex
 import os
 import sys
 
+import numpy as np
 import pandas as pd
 import pytest
 
@@ -236,11 +237,29 @@ def test_ratio_table_from_hand_made_rows():
     lines = peer.splitlines()
     assert lines[0] == "## population: foxdqn / JAX peer (cartpole_cleanrl, same settings, same device, one run)"
     rows = [line for line in lines if line.startswith("| ") and not line.startswith("| members")]
-    assert rows == ["| 16 | 40 | 20 | 2 | 3.2e+05 | 6.667e+05 | 0.48 | 4e+05 | 2e+06 | 0.2 | 8.5 | 495 | 480 |",
+    # no standard errors in these rows (rows from before the column, and results without ``returns``): means alone
+    assert rows == ["| 16 | 40 | 20 | 2 | 3.2e+05 | 6.667e+05 | 0.48 | 4e+05 | 2e+06 | 0.2 | 8.5 | 495 | 480 | 15 |",
                     # 128: no run rate of foxdqn's (a row from before the column): its cells empty
-                    "| 128 | 54 | 27 | 2 | 2.78e+06 | 4e+06 | 0.695 |  | 9.1e+06 |  | 9.5 | 495 | 490 |"]  # 512: peer failed
+                    "| 128 | 54 | 27 | 2 | 2.78e+06 | 4e+06 | 0.695 |  | 9.1e+06 |  | 9.5 | 495 | 490 | 5 |"]  # 512: peer failed
     assert "compile_s" in [c.strip() for c in text.splitlines()[2].split("|")]  # the rows' table: peer compile s
     assert "basic launcher wall time / population wall time" in text  # the existing ratio table stays
+
+
+def test_standard_error_of_a_greedy_mean():
+    assert pb.standard_error([490.0, 500.0, 500.0, 470.0]) == pytest.approx(np.std([490, 500, 500, 470], ddof=1) / 2)
+    assert pb.standard_error([500.0, 500.0]) == 0.0
+    assert np.isnan(pb.standard_error([500.0])) and np.isnan(pb.standard_error([]))
+
+
+def test_the_greedy_columns_give_each_mean_its_standard_error_and_the_difference_its_own():
+    peer = pb.peer_result_row(4, {**_result(4, 12.0, 8.0, 1e6, 2e6, 492.5), "returns": [500.0, 500.0, 470.0, 500.0]}, 20.0)
+    assert peer["metric_se"] == pytest.approx(7.5)  # sd 15 over √4
+    ours = {"section": "population", "experiment": "cartpole_cleanrl", "launcher": "population", "graph": "auto",
+            "members": 4, "wall_s": 10.0, "train_s": 8.0, "env_steps_per_s": 2e6, "metric": "mean_return",
+            "metric_mean": 497.5, "metric_se": 2.5, "failed": 0}
+    line = [x for x in pb.peer_table(pd.DataFrame([ours, peer])).splitlines() if x.startswith("| 4 |")][0]
+    cells = [c.strip() for c in line.strip("|").split("|")]
+    assert cells[-3:] == ["497.5 ± 2.5", "492.5 ± 7.5", "5 ± 7.9"]  # √(2.5² + 7.5²) = 7.91
 
 
 def test_the_run_rate_counts_the_loop_and_its_checkpoints_only():
