@@ -1,7 +1,7 @@
 """``make bench`` section ``population``: a seed sweep as one population against one process per job.
 
-Each row is one ``python -m foxdqn.train --multirun +experiment=E seed=0..P-1`` run as a
-subprocess, timed from the command to the last job's ``eval/summary.json``:
+Each row is one ``python -m foxdqn.train --multirun +experiment=E seed=K..K+P-1`` (``first_seed``
+K, default 0) run as a subprocess, timed from the command to the last job's ``eval/summary.json``:
 
 * ``launcher=population``: the jobs run as one population (``hydra/launcher=population``; P = 1
   is the single-run path), with ``graph=auto`` (captured on CUDA) or ``graph=off`` (eager);
@@ -87,14 +87,14 @@ def loop_seconds(timings: dict) -> float:
 
 
 def sweep(experiment: str, members: int, launcher: str, graph: str, extra: list[str] = (),
-          env: dict | None = None) -> dict:
-    """Run one multirun in environment ``env`` (default this process's); returns the row (wall time,
-    rates, per-member results)."""
+          env: dict | None = None, first_seed: int = 0) -> dict:
+    """Run one multirun of seeds ``first_seed``.. in environment ``env`` (default this process's);
+    returns the row (wall time, rates, per-member results)."""
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "sweep"
         jobs = members if launcher == "population" else min(members, BASIC_JOBS)
         cmd = [sys.executable, "-m", "foxdqn.train", "--multirun", f"+experiment={experiment}",
-               f"seed=range(0,{jobs})", "log.progress=false", "logger=csv", f"graph={graph}",
+               f"seed=range({first_seed},{first_seed + jobs})", "log.progress=false", "logger=csv", f"graph={graph}",
                f"hydra.sweep.dir={out}", *extra]
         if launcher == "population":
             cmd.append("hydra/launcher=population")
@@ -109,7 +109,8 @@ def sweep(experiment: str, members: int, launcher: str, graph: str, extra: list[
         summaries = [json.loads(p.read_text()) for p in files]
         wall = max((p.stat().st_mtime for p in files), default=time.time()) - start
     row = {"section": "population", "experiment": experiment, "launcher": launcher, "graph": graph,
-           "members": members, "jobs_run": jobs, "failed": jobs - len(summaries), "rc": proc.returncode}
+           "members": members, "first_seed": first_seed, "jobs_run": jobs, "failed": jobs - len(summaries),
+           "rc": proc.returncode}
     if not summaries:
         row["note"] = proc.stderr.strip().splitlines()[-1][:200] if proc.stderr.strip() else "no summary"
         return row
@@ -177,14 +178,14 @@ def peer_settings(experiment: str, extra: list[str] = ()):
     return settings_from_config(load_config([f"+experiment={experiment}", *extra]))
 
 
-def peer_row(members: int, settings, env: dict | None = None) -> dict:
-    """Run the JAX peer on seeds 0..members-1 as a subprocess in environment ``env`` (default this
+def peer_row(members: int, settings, env: dict | None = None, first_seed: int = 0) -> dict:
+    """Run the JAX peer on seeds first_seed..first_seed+members-1 as a subprocess in environment ``env`` (default this
     process's; JAX allocating GPU memory as it goes, so that it leaves room for others); the row,
     timed from the command to its result file."""
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "peer.json"
         cmd = [peer_python(), "-m", "bench.peers.jax_dqn_cartpole", "--seeds", str(members),
-               "--settings", settings.to_json(), "--out", str(out)]
+               "--first-seed", str(first_seed), "--settings", settings.to_json(), "--out", str(out)]
         env = {**(os.environ if env is None else env), "XLA_PYTHON_CLIENT_PREALLOCATE": "false"}
         start = time.time()
         proc = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=ROOT)
@@ -197,7 +198,8 @@ def peer_result_row(members: int, result: dict | None, wall: float, rc: int = 0,
     """The section's row of one JAX peer run: ``result`` as ``jax_dqn_cartpole.train`` returns it
     (None: the run failed; ``stderr``'s last line is the note), ``wall`` seconds from the command."""
     row = {"section": "population", "experiment": PEER_EXPERIMENT, "launcher": PEER, "graph": "jit",
-           "members": members, "jobs_run": members, "failed": 0 if result else members, "rc": rc}
+           "members": members, "first_seed": (result or {}).get("first_seed", 0), "jobs_run": members,
+           "failed": 0 if result else members, "rc": rc}
     if not result:
         row["note"] = stderr.strip().splitlines()[-1][:200] if stderr.strip() else "no result"
         return row
@@ -213,9 +215,10 @@ def peer_result_row(members: int, result: dict | None, wall: float, rc: int = 0,
 
 
 def rows(device: str, only: tuple[str, ...] | None = None, members: tuple[int, ...] | None = None,
-         warm: bool = False, bytecode: bool = True):
+         warm: bool = False, bytecode: bool = True, first_seed: int = 0):
     """The section's rows, one at a time (each a finished multirun, or a JAX peer run after the
-    ``cartpole_cleanrl`` row of the same P); ``only``: these experiments; ``members``: only these
+    ``cartpole_cleanrl`` row of the same P, on the same seeds ``first_seed``..``first_seed`` + P - 1:
+    another ``first_seed`` is another draw of seeds, column ``first_seed``); ``only``: these experiments; ``members``: only these
     member counts (the basic launcher's row then runs at the largest of them); ``warm``: each
     population row's sweep runs once untimed first, so that the timed one finds Triton's cache
     warm for its shapes (column ``triton_cache``: ``warm``; else ``as found``: the rows before it
@@ -229,7 +232,7 @@ def rows(device: str, only: tuple[str, ...] | None = None, members: tuple[int, .
         label = "on (prefix)" if on is not None else ("on" if not env.get("PYTHONDONTWRITEBYTECODE") else "as configured")
         if on is not None:
             fill_bytecode(on, peer=PEER_EXPERIMENT in (only or CASES) and device == "cuda")
-        for row in _rows(device, only, members, warm, env if on is None else on):
+        for row in _rows(device, only, members, warm, env if on is None else on, first_seed):
             yield {**row, "bytecode_cache": label}
 
 
@@ -246,7 +249,7 @@ def fill_bytecode(env: dict, peer: bool) -> None:
                        env=env, cwd=ROOT)
 
 
-def _rows(device: str, only, members, warm: bool, env: dict):
+def _rows(device: str, only, members, warm: bool, env: dict, first_seed: int = 0):
     """:func:`rows` in environment ``env``."""
     cases = CASES if device == "cuda" else CPU_CASES
     extra = [] if device == "cuda" else ["debug=smoke"]  # on CPU: the plumbing, not the numbers
@@ -259,19 +262,19 @@ def _rows(device: str, only, members, warm: bool, env: dict):
             continue
         for members_p in counts:
             if warm:
-                sweep(experiment, members_p, "population", "auto", extra, env)
-            yield {**sweep(experiment, members_p, "population", "auto", extra, env),
+                sweep(experiment, members_p, "population", "auto", extra, env, first_seed)
+            yield {**sweep(experiment, members_p, "population", "auto", extra, env, first_seed),
                    "triton_cache": "warm" if warm else "as found"}
             if peer is not None:  # right after the foxdqn row of the same P: a cut run keeps both
-                yield peer_row(members_p, peer, env)
+                yield peer_row(members_p, peer, env, first_seed)
             if device == "cuda" and experiment != "cartpole_cleanrl" and members_p <= 8:
-                yield sweep(experiment, members_p, "population", "off", extra, env)
-        yield sweep(experiment, max(counts), "basic", "auto", extra, env)
+                yield sweep(experiment, members_p, "population", "off", extra, env, first_seed)
+        yield sweep(experiment, max(counts), "basic", "auto", extra, env, first_seed)
 
 
 def table(df) -> str:
     """Markdown: every row, and population vs basic launcher wall time as a ratio."""
-    cols = [c for c in ("experiment", "launcher", "graph", "triton_cache", "bytecode_cache", "members", "wall_s", "exit_s", "wall_per_job_s", "train_s",
+    cols = [c for c in ("experiment", "launcher", "graph", "triton_cache", "bytecode_cache", "members", "first_seed", "wall_s", "exit_s", "wall_per_job_s", "train_s",
                         "compile_s", "check_s", "host_s", *PHASE_COLUMNS, "env_steps_per_s", "env_steps_per_s_run",
                         "metric", "metric_mean", "metric_se", "metric_min", "metric_max", "failed", "note")
             if c in df]

@@ -3,7 +3,7 @@
 Writes ``bench/results/<date>_<gpu>_<sections>.csv`` (every row tagged with GPU name, torch and
 triton versions and date), ``.md`` (tables with ratios measured in this run) and ``.png`` (chart). On CPU only the eager rows run; the GPU rows need CUDA.
 
-Usage: ``python -m bench.run [--sections step,e2e,cartpole,ops,population,kernels,startup] [--out DIR] [--seeds S] [--only ROWS] [--members P1,P2] [--warm] [--bytecode on|as-configured] [--tag T]``;
+Usage: ``python -m bench.run [--sections step,e2e,cartpole,ops,population,kernels,startup] [--out DIR] [--seeds S] [--only ROWS] [--members P1,P2] [--first-seed K] [--warm] [--bytecode on|as-configured] [--tag T]``;
 ``python -m bench.run --report CSV`` rebuilds the .md and .png of a CSV (a run cut by a time limit
 has its CSV, written after every row, but no report).
 """
@@ -47,7 +47,8 @@ SECTIONS = ("step", "e2e", "cartpole", "ops", "population", "kernels", "startup"
 
 
 def _section(name: str, device: str, seeds: int = 1, only: tuple[str, ...] | None = None,
-             members: tuple[int, ...] | None = None, warm: bool = False, bytecode: bool = True):
+             members: tuple[int, ...] | None = None, warm: bool = False, bytecode: bool = True,
+             first_seed: int = 0):
     """The section's rows: a list, or a generator yielding them one at a time."""
     if name == "ops":
         if device != "cuda":
@@ -56,7 +57,7 @@ def _section(name: str, device: str, seeds: int = 1, only: tuple[str, ...] | Non
         return _ops_rows(device, only)
     module = importlib.import_module(f"bench.{name}_bench")
     if name == "population":
-        return module.rows(device, only=only, members=members, warm=warm, bytecode=bytecode)
+        return module.rows(device, only=only, members=members, warm=warm, bytecode=bytecode, first_seed=first_seed)
     if name == "kernels":
         return module.rows(device, only=only)
     return module.rows(device, seeds=seeds, only=only) if name == "cartpole" else module.rows(device)
@@ -172,6 +173,9 @@ def main(argv=None) -> int:
                                    "(bench/ops/bench_<name>.py)")
     ap.add_argument("--members", help="population section: comma-separated member counts, a subset of each "
                                       "experiment's (bench.population_bench.CASES); default: all")
+    ap.add_argument("--first-seed", type=int, default=0,
+                    help="population section: each sweep (foxdqn's and the JAX peer's) trains seeds K..K+P-1 "
+                         "(default 0), e.g. another draw of seeds for the greedy returns")
     ap.add_argument("--warm", action="store_true", help="population section: run each population sweep once "
                                                          "untimed first (Triton's cache warm for its shapes)")
     ap.add_argument("--bytecode", choices=("on", "as-configured"), default="on",
@@ -200,7 +204,7 @@ def main(argv=None) -> int:
     for name in args.sections.split(","):
         members = tuple(int(m) for m in args.members.split(",")) if args.members else None
         for r in _section(name.strip(), device, args.seeds, only, members, args.warm,
-                          args.bytecode == "on"):  # a list, or a generator of rows (cartpole)
+                          args.bytecode == "on", args.first_seed):  # a list, or a generator of rows (cartpole)
             rows.append({**t, **r})
             write_csv(rows, stem.with_suffix(".csv"))  # after every row: a time-out keeps what ran
     _write_report(pd.DataFrame(rows), t, stem)
@@ -228,6 +232,8 @@ def _check_args(ap: argparse.ArgumentParser, args) -> None:
                      "population, kernels: their experiments)")
     if args.seeds < 1:
         ap.error(f"--seeds: must be >= 1, got {args.seeds}")
+    if args.first_seed < 0:
+        ap.error(f"--first-seed: must be >= 0, got {args.first_seed}")
     if args.members:
         from bench.population_bench import CASES, CPU_CASES
 

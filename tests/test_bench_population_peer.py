@@ -4,6 +4,7 @@ missing, where its rows go, and the foxdqn / peer ratio table from hand-made row
 training is tested in tests/test_bench_jax_peer.py (skipped without the peers extra)."""
 import os
 import sys
+from types import SimpleNamespace
 
 import numpy as np
 import pandas as pd
@@ -79,7 +80,7 @@ def test_peer_missing_asks_another_interpreter(monkeypatch):
 def test_skip_is_one_line_and_no_row(monkeypatch, capsys):
     """A missing package: one line on stderr, no peer row, the foxdqn rows as before."""
     monkeypatch.setattr(pb, "peer_missing", lambda python=None: ["gymnax", "flashbax"])
-    monkeypatch.setattr(pb, "sweep", lambda experiment, members, launcher, graph, extra=(), env=None: {
+    monkeypatch.setattr(pb, "sweep", lambda experiment, members, launcher, graph, extra=(), env=None, first_seed=0: {
         "section": "population", "experiment": experiment, "launcher": launcher, "members": members})
     monkeypatch.setattr(pb, "peer_row", lambda *a: pytest.fail("the peer ran"))
     rows = list(pb.rows("cpu"))
@@ -124,16 +125,20 @@ def test_a_bad_seed_range_is_refused_before_any_import(monkeypatch, capsys):
 
 def test_peer_rows_follow_the_foxdqn_row_of_the_same_size(monkeypatch):
     monkeypatch.setattr(pb, "peer_missing", lambda python=None: [])
-    monkeypatch.setattr(pb, "sweep", lambda experiment, members, launcher, graph, extra=(), env=None: {
-        "experiment": experiment, "launcher": launcher, "graph": graph, "members": members})
+    monkeypatch.setattr(pb, "sweep", lambda experiment, members, launcher, graph, extra=(), env=None, first_seed=0: {
+        "experiment": experiment, "launcher": launcher, "graph": graph, "members": members, "first_seed": first_seed})
     seen = []
-    monkeypatch.setattr(pb, "peer_row", lambda members, s, env=None: seen.append(s) or {"launcher": pb.PEER, "members": members})
+    monkeypatch.setattr(pb, "peer_row", lambda members, s, env=None, first_seed=0: seen.append(s) or {
+        "launcher": pb.PEER, "members": members, "first_seed": first_seed})
     rows = [(r["launcher"], r["members"]) for r in pb.rows("cuda", only=("cartpole_cleanrl",))]
     assert rows == [("population", 1), (pb.PEER, 1), ("population", 16), (pb.PEER, 16), ("population", 128),
                     (pb.PEER, 128), ("population", 512), (pb.PEER, 512), ("basic", 512)]
     assert all(s == Settings() for s in seen)  # CUDA: cartpole_cleanrl as shipped
     picked = [(r["launcher"], r["members"]) for r in pb.rows("cuda", only=("cartpole_cleanrl",), members=(128, 512))]
     assert picked == [("population", 128), (pb.PEER, 128), ("population", 512), (pb.PEER, 512), ("basic", 512)]
+    # another draw of seeds: every row of both sides on seeds 512..512+P-1
+    drawn = list(pb.rows("cuda", only=("cartpole_cleanrl",), members=(512,), first_seed=512))
+    assert [(r["launcher"], r["first_seed"]) for r in drawn] == [("population", 512), (pb.PEER, 512), ("basic", 512)]
 
 
 def test_warm_runs_each_population_sweep_once_untimed_first(monkeypatch):
@@ -141,7 +146,7 @@ def test_warm_runs_each_population_sweep_once_untimed_first(monkeypatch):
     warm); the eager and basic rows run once."""
     calls = []
     monkeypatch.setattr(pb, "peer_missing", lambda python=None: ["jax"])
-    monkeypatch.setattr(pb, "sweep", lambda experiment, members, launcher, graph, extra=(), env=None: calls.append(
+    monkeypatch.setattr(pb, "sweep", lambda experiment, members, launcher, graph, extra=(), env=None, first_seed=0: calls.append(
         (launcher, graph, members)) or {"experiment": experiment, "launcher": launcher, "graph": graph,
                                          "members": members, "run": len(calls)})
     rows = list(pb.rows("cuda", only=("eurusd_dqn",), members=(5,), warm=True))
@@ -165,9 +170,9 @@ def test_every_process_of_the_section_runs_in_one_environment_with_the_bytecode_
         monkeypatch.setenv("PYTHONDONTWRITEBYTECODE", configured)
     monkeypatch.setattr(pb, "peer_missing", lambda python=None: [])
     envs = []
-    monkeypatch.setattr(pb, "sweep", lambda experiment, members, launcher, graph, extra=(), env=None: envs.append(
+    monkeypatch.setattr(pb, "sweep", lambda experiment, members, launcher, graph, extra=(), env=None, first_seed=0: envs.append(
         env) or {"launcher": launcher, "members": members})
-    monkeypatch.setattr(pb, "peer_row", lambda members, s, env=None: envs.append(env) or {"launcher": pb.PEER})
+    monkeypatch.setattr(pb, "peer_row", lambda members, s, env=None, first_seed=0: envs.append(env) or {"launcher": pb.PEER})
     filled = []
     monkeypatch.setattr(pb, "fill_bytecode", lambda env, peer: filled.append((env, peer)))
     rows = list(pb.rows("cuda", only=("cartpole_cleanrl",), members=(16,), warm=True))
@@ -186,12 +191,27 @@ def test_every_process_of_the_section_runs_in_one_environment_with_the_bytecode_
         assert envs[0] == dict(os.environ) and {r["bytecode_cache"] for r in rows} == {"as configured"}
 
 
+def test_both_sides_train_the_seeds_from_first_seed(monkeypatch):
+    """The commands of a foxdqn sweep and of a peer run with first_seed=512: seeds 512..512+P-1 on both."""
+    cmds = []
+    monkeypatch.setattr(pb.subprocess, "run", lambda cmd, **kw: cmds.append(cmd) or SimpleNamespace(
+        returncode=1, stdout="", stderr="stopped by the test"))
+    assert pb.sweep("cartpole_cleanrl", 16, "population", "auto", first_seed=512)["first_seed"] == 512
+    assert pb.sweep("cartpole_cleanrl", 16, "basic", "auto", first_seed=512)["jobs_run"] == pb.BASIC_JOBS
+    pb.peer_row(16, Settings(), first_seed=512)
+    assert "seed=range(512,528)" in cmds[0] and f"seed=range(512,{512 + pb.BASIC_JOBS})" in cmds[1]
+    assert cmds[2][cmds[2].index("--seeds"):cmds[2].index("--seeds") + 4] == ["--seeds", "16", "--first-seed", "512"]
+
+
 def test_members_must_be_counts_the_section_knows(capsys):
     from bench.run import main
 
     with pytest.raises(SystemExit) as info:
         main(["--sections", "population", "--members", "128,7"])
     assert info.value.code == 2 and "--members: '128,7'; allowed" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as info:
+        main(["--sections", "population", "--first-seed", "-1"])
+    assert info.value.code == 2 and "--first-seed: must be >= 0, got -1" in capsys.readouterr().err
 
 
 def _result(seeds, wall_train, compile_s, rate, rate_run, ret):
@@ -220,6 +240,8 @@ def _frame():
 
 def test_peer_row_columns():
     row = pb.peer_result_row(16, _result(16, 12.0, 8.0, 666_666.7, 2e6, 480.0), 20.0)
+    assert row["first_seed"] == 0 and pb.peer_result_row(16, {**_result(16, 12.0, 8.0, 1e6, 2e6, 480.0),
+                                                               "first_seed": 512}, 20.0)["first_seed"] == 512
     assert (row["launcher"], row["graph"], row["wall_s"], row["train_s"], row["compile_s"], row["host_s"]) == \
         ("jax_peer", "jit", 20.0, 12.0, 8.5, 8.0)
     assert (row["metric"], row["metric_mean"], row["failed"], row["env_steps_per_s_run"]) == \
