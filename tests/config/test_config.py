@@ -349,3 +349,13 @@ def test_trading_options_are_refused_for_other_envs():
     for option in ("data.augment.method=block_bootstrap", "action.switch_margin=1"):
         with pytest.raises(ConfigError, match="trading env"):
             load_config(["+experiment=cartpole_cleanrl", "debug=smoke", "device=cpu", option])
+
+
+def test_cartpole_gym_is_cartpole_cleanrl_on_gymnasium_s_env():
+    """cartpole_gym takes cartpole_cleanrl's settings (its defaults list): the composed configs differ
+    in the experiment's name and the env group only, so a change to CleanRL's settings reaches both."""
+    import dataclasses
+
+    gym, cleanrl = (dataclasses.asdict(load_config([f"+experiment={e}"])) for e in ("cartpole_gym", "cartpole_cleanrl"))
+    assert {k for k in gym if gym[k] != cleanrl[k]} == {"experiment", "env"}
+    assert (gym["env"]["name"], gym["env"]["id"], gym["env"]["num_envs"]) == ("gym", "CartPole-v1", cleanrl["env"]["num_envs"])
