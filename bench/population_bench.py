@@ -94,8 +94,8 @@ def sweep(experiment: str, members: int, launcher: str, graph: str, extra: list[
         out = Path(tmp) / "sweep"
         jobs = members if launcher == "population" else min(members, BASIC_JOBS)
         cmd = [sys.executable, "-m", "foxdqn.train", "--multirun", f"+experiment={experiment}",
-               f"seed=range({first_seed},{first_seed + jobs})", "log.progress=false", "logger=csv", f"graph={graph}",
-               f"hydra.sweep.dir={out}", *extra]
+               f"seed=range({first_seed},{first_seed + jobs})", "log.progress=false", "logger=csv",
+               f"graph={graph}", f"hydra.sweep.dir={out}", *extra]
         if launcher == "population":
             cmd.append("hydra/launcher=population")
         start = time.time()
@@ -179,9 +179,9 @@ def peer_settings(experiment: str, extra: list[str] = ()):
 
 
 def peer_row(members: int, settings, env: dict | None = None, first_seed: int = 0) -> dict:
-    """Run the JAX peer on seeds first_seed..first_seed+members-1 as a subprocess in environment ``env`` (default this
-    process's; JAX allocating GPU memory as it goes, so that it leaves room for others); the row,
-    timed from the command to its result file."""
+    """Run the JAX peer on seeds ``first_seed``..``first_seed`` + members - 1 as a subprocess in
+    environment ``env`` (default this process's; JAX allocating GPU memory as it goes, so that it
+    leaves room for others); the row, timed from the command to its result file."""
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "peer.json"
         cmd = [peer_python(), "-m", "bench.peers.jax_dqn_cartpole", "--seeds", str(members),
@@ -218,10 +218,10 @@ def rows(device: str, only: tuple[str, ...] | None = None, members: tuple[int, .
          warm: bool = False, bytecode: bool = True, first_seed: int = 0):
     """The section's rows, one at a time (each a finished multirun, or a JAX peer run after the
     ``cartpole_cleanrl`` row of the same P, on the same seeds ``first_seed``..``first_seed`` + P - 1:
-    another ``first_seed`` is another draw of seeds, column ``first_seed``); ``only``: these experiments; ``members``: only these
-    member counts (the basic launcher's row then runs at the largest of them); ``warm``: each
-    population row's sweep runs once untimed first, so that the timed one finds Triton's cache
-    warm for its shapes (column ``triton_cache``: ``warm``; else ``as found``: the rows before it
+    another ``first_seed`` is another draw of seeds, column ``first_seed``); ``only``: these
+    experiments; ``members``: only these member counts (the basic launcher's row then runs at the
+    largest of them); ``warm``: each population row's sweep runs once untimed first, so that the
+    timed one finds Triton's cache warm for its shapes (column ``triton_cache``: ``warm``; else ``as found``: the rows before it
     compiled what they share).
     Eager rows (``graph=off``) run for the trading experiment only on CUDA: 50,000 eager CartPole
     iterations take minutes and say nothing the captured rows do not. ``bytecode``: Python's bytecode
