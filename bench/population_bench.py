@@ -221,8 +221,8 @@ def rows(device: str, only: tuple[str, ...] | None = None, members: tuple[int, .
     another ``first_seed`` is another draw of seeds, column ``first_seed``); ``only``: these
     experiments; ``members``: only these member counts (the basic launcher's row then runs at the
     largest of them); ``warm``: each population row's sweep runs once untimed first, so that the
-    timed one finds Triton's cache warm for its shapes (column ``triton_cache``: ``warm``; else ``as found``: the rows before it
-    compiled what they share).
+    timed one finds Triton's cache warm for its shapes (column ``triton_cache``: ``warm``; else
+    ``as found``: the rows before it compiled what they share).
     Eager rows (``graph=off``) run for the trading experiment only on CUDA: 50,000 eager CartPole
     iterations take minutes and say nothing the captured rows do not. ``bytecode``: Python's bytecode
     cache on for every process of the section (the module's docstring); False: as configured."""
