@@ -191,14 +191,16 @@ def peer_row(members: int, settings, env: dict | None = None, first_seed: int = 
         proc = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=ROOT)
         wall = (out.stat().st_mtime if out.is_file() else time.time()) - start
         result = json.loads(out.read_text()) if out.is_file() else None
-    return peer_result_row(members, result, wall, proc.returncode, proc.stderr)
+    return peer_result_row(members, result, wall, proc.returncode, proc.stderr, first_seed)
 
 
-def peer_result_row(members: int, result: dict | None, wall: float, rc: int = 0, stderr: str = "") -> dict:
+def peer_result_row(members: int, result: dict | None, wall: float, rc: int = 0, stderr: str = "",
+                    first_seed: int = 0) -> dict:
     """The section's row of one JAX peer run: ``result`` as ``jax_dqn_cartpole.train`` returns it
-    (None: the run failed; ``stderr``'s last line is the note), ``wall`` seconds from the command."""
+    (None: the run failed; ``stderr``'s last line is the note), ``wall`` seconds from the command;
+    ``first_seed``: the seeds asked for (the result's own where it has one)."""
     row = {"section": "population", "experiment": PEER_EXPERIMENT, "launcher": PEER, "graph": "jit",
-           "members": members, "first_seed": (result or {}).get("first_seed", 0), "jobs_run": members,
+           "members": members, "first_seed": (result or {}).get("first_seed", first_seed), "jobs_run": members,
            "failed": 0 if result else members, "rc": rc}
     if not result:
         row["note"] = stderr.strip().splitlines()[-1][:200] if stderr.strip() else "no result"
