@@ -198,7 +198,6 @@ def test_both_sides_train_the_seeds_from_first_seed(monkeypatch):
         returncode=1, stdout="", stderr="stopped by the test"))
     assert pb.sweep("cartpole_cleanrl", 16, "population", "auto", first_seed=512)["first_seed"] == 512
     assert pb.sweep("cartpole_cleanrl", 16, "basic", "auto", first_seed=512)["jobs_run"] == pb.BASIC_JOBS
-    pb.peer_row(16, Settings(), first_seed=512)
     assert pb.peer_row(16, Settings(), first_seed=512)["first_seed"] == 512  # a failed run's row names its seeds too
     assert "seed=range(512,528)" in cmds[0] and f"seed=range(512,{512 + pb.BASIC_JOBS})" in cmds[1]
     assert cmds[2][cmds[2].index("--seeds"):cmds[2].index("--seeds") + 4] == ["--seeds", "16", "--first-seed", "512"]
